@@ -1,0 +1,28 @@
+# `make run` and `make test` work on a fresh machine: each creates .venv when it
+# is missing and (re)installs the project whenever setup.py changes.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+INSTALLED := $(VENV)/.installed
+
+.PHONY: run test bench clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+$(INSTALLED): $(PY) setup.py
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test]'
+	touch $(INSTALLED)
+
+run: $(INSTALLED)
+	$(PY) examples/demo.py
+
+# pytest exits 5 when it collects no test; make fails on any non-zero exit.
+test: $(INSTALLED)
+	$(PY) -m pytest tests
+
+bench: $(INSTALLED)
+	$(PY) -m bench $(BENCH)
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -1,0 +1,1 @@
+"""Warren's benchmarks: ``python -m bench [name ...]`` runs ``bench/bench_<name>.py``."""

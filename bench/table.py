@@ -1,0 +1,85 @@
+"""The one table format every benchmark prints: figures and their ratio to a baseline.
+
+A benchmark measures a baseline (raw file appends, raw pyzmq ...) in the same run as the
+thing under test and reports ``Row``s; ratios compare figures taken minutes apart on the
+same machine, never across runs (this machine's absolute figures vary several-fold).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Row:
+    """One line of a benchmark table."""
+
+    name: str
+    figure: float
+    unit: str
+    baseline: float | None = None
+    target: float | None = None
+    note: str = ""
+
+    @property
+    def ratio(self) -> float | None:
+        if not self.baseline:
+            return None
+        return self.figure / self.baseline
+
+
+def _fmt(value: float | None) -> str:
+    if value is None:
+        return "-"
+    if value >= 100:
+        return f"{value:,.0f}"
+    if value >= 1:
+        return f"{value:.2f}"
+    return f"{value:.3g}"
+
+
+def render(title: str, rows: list[Row]) -> str:
+    """Return the table as aligned text (also valid Markdown)."""
+    header = ["what", "figure", "unit", "baseline", "ratio", "target", "note"]
+    lines = [[r.name, _fmt(r.figure), r.unit, _fmt(r.baseline),
+              _fmt(r.ratio), "" if r.target is None else f">= {r.target}",
+              ("MISSED " if r.target is not None and r.ratio is not None
+               and r.ratio < r.target else "") + r.note]
+             for r in rows]
+    widths = [max(len(h), *(len(line[i]) for line in lines)) if lines else len(h)
+              for i, h in enumerate(header)]
+    fmt = "| " + " | ".join(f"{{:<{w}}}" for w in widths) + " |"
+    out = [f"### {title}", "", fmt.format(*header),
+           "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
+    out += [fmt.format(*line) for line in lines]
+    return "\n".join(out)
+
+
+def best_of(runs: int, fn) -> float:
+    """Run ``fn`` (which returns seconds) ``runs`` times; the fastest run wins."""
+    return min(fn() for _ in range(runs))
+
+
+def percentile(samples: list[float], pct: float) -> float:
+    ordered = sorted(samples)
+    if not ordered:
+        return float("nan")
+    k = min(len(ordered) - 1, max(0, round(pct / 100 * (len(ordered) - 1))))
+    return ordered[k]
+
+
+def median(samples: list[float]) -> float:
+    return statistics.median(samples) if samples else float("nan")
+
+
+class Stopwatch:
+    """``with Stopwatch() as sw: ...`` then ``sw.seconds``."""
+
+    def __enter__(self) -> "Stopwatch":
+        self._start = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.seconds = time.perf_counter() - self._start

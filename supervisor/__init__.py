@@ -1,0 +1,1 @@
+"""Supervision trees, resource alarms and the node; also the ``warren`` command line."""
