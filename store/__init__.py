@@ -1,0 +1,38 @@
+"""The shared message store: ``.rdq`` files, index, file summary, scanner, GC, recovery.
+
+``MessageStore`` is the in-process engine (see ``store.message_store`` for the design);
+the store actors of a node wrap it. ``rewrite_combine`` is the GC's copy step, which runs
+in whatever process the caller chooses.
+"""
+
+from .combine import CombinePlan, CorruptRecord, RewriteResult, rewrite_combine
+from .errors import (
+    InvalidBody,
+    InvalidMessageId,
+    StoreClosed,
+    StoreDirectoryError,
+    StoreError,
+    StoreLocked,
+)
+from .index import Location
+from .message_store import MessageStore, SyncResult
+from .scanner import ScanResult, scan_buffer, scan_file
+
+__all__ = [
+    "CombinePlan",
+    "CorruptRecord",
+    "InvalidBody",
+    "InvalidMessageId",
+    "Location",
+    "MessageStore",
+    "RewriteResult",
+    "ScanResult",
+    "StoreClosed",
+    "StoreDirectoryError",
+    "StoreError",
+    "StoreLocked",
+    "SyncResult",
+    "rewrite_combine",
+    "scan_buffer",
+    "scan_file",
+]

@@ -1,0 +1,120 @@
+"""GC by combining two logically adjacent files, done as copy, then switch.
+
+The three steps, and who runs them:
+
+1. plan (the store): pick ``Dst`` and its right neighbour ``Src`` (both non-current, not
+   locked, their valid data fits in one file), lock both, and list the valid records of
+   each as (msg_id, offset, total_size) in offset order. See ``MessageStore.plan_combine``.
+2. rewrite (``rewrite_combine`` below; the GC process in a node): copy Dst's valid
+   records, then Src's, into ``Dst.rdt``, validating every record it copies, and
+   fdatasync it. It reads only files that no longer change (neither is current) and
+   writes only the temporary file, so it never touches a byte the index can point at and
+   the store keeps serving reads, writes and removes meanwhile.
+3. apply (the store): for each record, move its index entry only if the entry still
+   points at the old place (it may have been removed, or removed and written again
+   elsewhere, during the copy: compare and swap); recompute Dst's summary; rename
+   ``Dst.rdt`` over ``Dst.rdq``; fsync the directory; delete ``Src.rdq``; fsync again.
+
+Crash at any point and nothing live is lost: before the rename the old files are intact
+and the start deletes the stray ``.rdt``; after the rename Dst holds a copy of everything
+live in both, and Src still holds its own until it is unlinked. Dirty recovery keeps the
+last copy of each id (highest file, then offset); a record moved from Src keeps its
+newest copy in Src until Src is gone, and Src is untouched, so the winner is always a
+live copy. Data only moves left, into the older file.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from .records import HEADER, OK_MARKER, data_file_name, temp_file_name
+
+COPY_CHUNK_BYTES = 4 * 2**20     # read this much of a run of adjacent records at once
+
+Record = tuple[bytes, int, int]  # (msg_id, offset, total_size)
+
+
+class CorruptRecord(Exception):
+    """A record the index points at does not validate; the combine must be abandoned."""
+
+
+@dataclass(frozen=True)
+class CombinePlan:
+    """What the store hands the GC: both files and their valid records."""
+
+    dst: int
+    src: int
+    dst_records: tuple[Record, ...]
+    src_records: tuple[Record, ...]
+
+    @property
+    def bytes_to_move(self) -> int:
+        return sum(r[2] for r in self.dst_records) + sum(r[2] for r in self.src_records)
+
+
+@dataclass(frozen=True)
+class RewriteResult:
+    """What the GC reports back: each record's offset in the new Dst, and its size."""
+
+    dst_offsets: tuple[int, ...]
+    src_offsets: tuple[int, ...]
+    file_size: int
+
+
+def rewrite_combine(directory: str | os.PathLike, plan: CombinePlan) -> RewriteResult:
+    """Write and fdatasync ``Dst.rdt`` holding the plan's records, Dst's first."""
+    directory = os.fspath(directory)
+    temp_path = os.path.join(directory, temp_file_name(plan.dst))
+    out = os.open(temp_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        written = 0
+        offsets = []
+        for file, records in ((plan.dst, plan.dst_records), (plan.src, plan.src_records)):
+            new_offsets, written = _copy_records(
+                os.path.join(directory, data_file_name(file)), records, out, written)
+            offsets.append(tuple(new_offsets))
+        os.fdatasync(out)
+    finally:
+        os.close(out)
+    return RewriteResult(offsets[0], offsets[1], written)
+
+
+def _copy_records(path: str, records: tuple[Record, ...], out: int,
+                  written: int) -> tuple[list[int], int]:
+    new_offsets = []
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        for run in _runs(records):
+            start = run[0][1]
+            data = os.pread(fd, run[-1][1] + run[-1][2] - start, start)
+            view = memoryview(data)
+            for msg_id, offset, size in run:
+                record = view[offset - start:offset - start + size]
+                if (len(record) != size or HEADER.unpack_from(record) != (size - 9, msg_id)
+                        or record[-1] != OK_MARKER):
+                    raise CorruptRecord(f"{path} has no valid record of {msg_id.hex()} "
+                                        f"at offset {offset}")
+                new_offsets.append(written + offset - start)
+            while view:
+                view = view[os.write(out, view):]
+            written += len(data)
+    finally:
+        os.close(fd)
+    return new_offsets, written
+
+
+def _runs(records: tuple[Record, ...]):
+    """Group records into runs of adjacent ones, each at most COPY_CHUNK_BYTES unless a
+    single record is larger."""
+    run: list[Record] = []
+    run_bytes = 0
+    for record in records:
+        if run and (record[1] != run[-1][1] + run[-1][2]
+                    or run_bytes + record[2] > COPY_CHUNK_BYTES):
+            yield run
+            run, run_bytes = [], 0
+        run.append(record)
+        run_bytes += record[2]
+    if run:
+        yield run

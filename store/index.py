@@ -1,0 +1,84 @@
+"""The message index: msg_id -> (ref_count, file, offset, total_size), packed in one int.
+
+Memory and collector pauses decide how the index is held. A dict of lists costs about
+211 bytes a message and, at a million entries, a 100 ms full collection (every list is a
+GC-tracked container). Here each value is a single int below 2**120 (four 30-bit digits,
+40 bytes), keyed by the 16-byte msg_id: about 140 bytes a message in all, and no tracked
+object per entry, so the cyclic collector never walks the index.
+
+Layout, low bits first::
+
+    ref_count  20 bits   up to 1,048,575 references (fan-out to that many queues)
+    total_size 36 bits   a record of up to 64 GiB
+    offset     36 bits   an offset of up to 64 GiB inside one file
+    file       28 bits   file numbers up to 268 million; the top value means "pending"
+
+A pending entry names a record still in the write buffer (not yet handed to write(2));
+its body lives in the store's pending map and its offset is assigned when it is flushed.
+Only entries with references exist: a remove that drops the count to 0 deletes the entry,
+so a later write of the same id appends a fresh record (no resurrection of dead records).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+REF_BITS = 20
+SIZE_BITS = 36
+OFFSET_BITS = 36
+FILE_BITS = 28
+
+REF_MASK = (1 << REF_BITS) - 1
+SIZE_SHIFT = REF_BITS
+SIZE_MASK = (1 << SIZE_BITS) - 1
+OFFSET_SHIFT = SIZE_SHIFT + SIZE_BITS
+OFFSET_MASK = (1 << OFFSET_BITS) - 1
+FILE_SHIFT = OFFSET_SHIFT + OFFSET_BITS
+FILE_MASK = (1 << FILE_BITS) - 1
+
+MAX_REF_COUNT = REF_MASK
+MAX_FILE = FILE_MASK - 1
+MAX_OFFSET = OFFSET_MASK
+PENDING_FILE = FILE_MASK
+# Clearing the location fields keeps ref_count and total_size.
+LOCATION_CLEAR = ~((OFFSET_MASK << OFFSET_SHIFT) | (FILE_MASK << FILE_SHIFT))
+
+
+class Location(NamedTuple):
+    """One index entry, unpacked."""
+
+    ref_count: int
+    file: int
+    offset: int
+    total_size: int
+
+    @property
+    def pending(self) -> bool:
+        return self.file == PENDING_FILE
+
+
+def pack(ref_count: int, file: int, offset: int, total_size: int) -> int:
+    return (ref_count | (total_size << SIZE_SHIFT) | (offset << OFFSET_SHIFT)
+            | (file << FILE_SHIFT))
+
+
+def unpack(value: int) -> Location:
+    return Location(value & REF_MASK, value >> FILE_SHIFT,
+                    (value >> OFFSET_SHIFT) & OFFSET_MASK, (value >> SIZE_SHIFT) & SIZE_MASK)
+
+
+def file_of(value: int) -> int:
+    return value >> FILE_SHIFT
+
+
+def offset_of(value: int) -> int:
+    return (value >> OFFSET_SHIFT) & OFFSET_MASK
+
+
+def size_of(value: int) -> int:
+    return (value >> SIZE_SHIFT) & SIZE_MASK
+
+
+def relocate(value: int, file: int, offset: int) -> int:
+    """The same entry (refs, size) at another place."""
+    return (value & LOCATION_CLEAR) | (offset << OFFSET_SHIFT) | (file << FILE_SHIFT)

@@ -1,0 +1,727 @@
+"""The shared message store engine: RabbitMQ's msg_store as a plain in-process object.
+
+Design
+======
+
+Components. Messages live in append-only data files ``0.rdq``, ``1.rdq`` ... in the store
+directory (lower numbers are older). The *index* maps each msg_id with references to
+(ref_count, file, offset, total_size), packed in one int (``store.index``). The *file
+summary* holds, per file, its valid bytes, its size, its left and right neighbours and
+whether a GC job has it locked (``store.summary``). The *pending map* holds records not yet
+handed to write(2), in arrival order. One object owns all of it and is not thread-safe:
+the store actor of a node wraps it and is its only caller.
+
+Record format (``store.records``)::
+
+    size:u64 BE (= 16 + len(body)) | msg_id:16 | body | 0xFF      total = len(body) + 25
+
+Writes and the write buffer. ``write`` of an id without references creates a pending
+record; the pending records are handed to write(2) together once they reach the 1 MiB
+buffer size, at ``sync()``, and at ``close()``. Offsets are assigned then, so a pending
+record whose count returns to 0 before that (a write and a remove that cancel out:
+RabbitMQ's "flying" optimisation) is never written at all, and the writes that asked for
+it are reported as *ignored*. A write of an id that has references only increments its
+count and writes nothing (the body argument is not compared: one id names one body while
+its count is above 0). A remove that drops the count to 0 deletes the index entry; the
+next write of that id appends a fresh record, possibly with another body. There is no
+resurrection of dead records.
+
+Rollover. A file rolls over once its write offset reaches ``file_size_limit``: its data
+is fdatasync'd (policy "fsync"), it is closed, and ``N+1.rdq`` becomes current. A file may
+exceed the limit by one record. The current file is never deleted or combined.
+
+Confirms and durability. Each write is identified by a *ticket* (the caller's, e.g.
+``(client_ref, seq)``, or a counter). ``sync()`` flushes the buffer, fdatasyncs the current
+file and, when a file was created, renamed or deleted since the last sync, the directory;
+then it returns every ticket that is now on disk and every ticket that was ignored. With
+``sync_policy="flush"`` it only hands the data to the kernel (RabbitMQ 3.13+ behaviour).
+An fsync or write error breaks the store: it refuses every later call and writes no
+clean-shutdown files, so the next open recovers dirty. A failed fsync is never retried
+(the kernel may have dropped the dirty pages it could not write).
+
+Deletion and GC. A non-current file whose valid bytes reach 0 is deleted at once. When
+garbage exceeds ``garbage_fraction`` of all bytes on disk and there are at least 3 files,
+two logically adjacent non-current files whose valid data fits in one file are combined
+into the older one, as copy then switch (``store.combine``)::
+
+    files:  [ 3: valid 40% ] [ 5: valid 30% ] [ 8: valid 90% ] [ 9: current ]
+                  Dst    <--     Src
+    after:  [ 3: valid 70% ]                  [ 8: valid 90% ] [ 9: current ]
+
+``plan_combine`` → ``rewrite_combine`` (may run in another process while this object
+serves) → ``apply_combine``, or ``abandon_combine`` when the rewrite failed or its process
+died. ``collect_garbage`` runs the three steps in-process until nothing qualifies; with
+``auto_gc=True`` (the default) ``sync()`` does so whenever the trigger holds.
+
+Recovery. A clean ``close()`` writes the index, the file summary and a clean marker naming
+the registered clients (``store.snapshot``). An open that finds all three intact, agreeing
+with the files on disk, and naming the same clients as ``clean_clients`` (when given) loads
+them; the files are deleted before anything is served, so a crash after this open is a
+dirty start next time. Any other start is dirty: every ``.rdq`` file is scanned
+(``store.scanner``), the last complete copy of each id (highest file, then offset) is kept,
+and the current file is truncated after its last complete record (a torn tail from the
+crash). Reference counts come from ``ref_counts``, an iterable of (msg_id, count) pairs
+(a node passes a walker over its queue indexes); ids it names whose data is missing are
+dropped and counted; records it does not name are garbage. Without it every message found
+counts once, which brings back messages that were removed but whose files were not yet
+deleted or combined: a standalone store cannot tell them apart. Stray ``.rdt`` files left
+by a combine that did not finish are deleted at every start.
+
+Races this module guards against (within its one thread of control):
+
+- a write and a remove of the same id while the record is pending: the record is dropped
+  before write(2) and every ticket that asked for it is reported ignored, exactly once;
+- a remove, or a remove and a new write of the same id, while a combine copies its
+  record: apply moves an entry only if it still points at the copied place;
+- a file that empties while a combine holds it: not deleted then; apply or abandon does;
+- a crash at any step of a combine: see ``store.combine``; nothing live is lost;
+- a second store on the same directory, in this or another process: refused with
+  StoreLocked (an exclusive flock on ``.lock``, released by the kernel on death).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+from collections.abc import Hashable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import index as idx
+from . import snapshot
+from .combine import CombinePlan, CorruptRecord, RewriteResult, rewrite_combine
+from .errors import (
+    StoreClosed,
+    StoreDirectoryError,
+    StoreError,
+    StoreLocked,
+)
+from .records import (
+    HEADER,
+    MSG_ID_BYTES,
+    RECORD_OVERHEAD,
+    TEMP_SUFFIX,
+    body_of,
+    check_body,
+    check_msg_id,
+    data_file_name,
+    data_file_number,
+    temp_file_name,
+)
+from .scanner import scan_file
+from .summary import FileSummary
+
+log = logging.getLogger("warren.store")
+
+FILE_SIZE_LIMIT_BYTES = 16 * 2**20      # msg_store_file_size_limit
+WRITE_BUFFER_BYTES = 2**20              # the append buffer handed to write(2) at once
+GARBAGE_FRACTION = 0.5                  # combine when garbage exceeds this share of disk
+MIN_FILES_FOR_GC = 3
+SYNC_POLICIES = ("fsync", "flush")
+LOCK_FILE = ".lock"
+
+
+@dataclass(frozen=True)
+class SyncResult:
+    """What one ``sync()`` settled: tickets now on disk, and tickets never written."""
+
+    durable: list[Hashable] = field(default_factory=list)
+    ignored: list[Hashable] = field(default_factory=list)
+
+
+class MessageStore:
+    """A message store directory, opened and recovered. See the module docstring.
+
+    ``MessageStore(directory, file_size_limit=16 MiB, sync_policy="fsync", ref_counts=None,
+    clean_clients=None, garbage_fraction=0.5, auto_gc=True)``; a context manager whose exit
+    is ``close()``, a clean stop.
+    """
+
+    def __init__(self, directory: str | os.PathLike, *,
+                 file_size_limit: int = FILE_SIZE_LIMIT_BYTES,
+                 sync_policy: str = "fsync",
+                 ref_counts: Iterable[tuple[bytes, int]] | None = None,
+                 clean_clients: Iterable[bytes] | None = None,
+                 garbage_fraction: float = GARBAGE_FRACTION,
+                 auto_gc: bool = True,
+                 write_buffer_bytes: int = WRITE_BUFFER_BYTES) -> None:
+        if sync_policy not in SYNC_POLICIES:
+            raise ValueError(f"sync_policy must be one of {SYNC_POLICIES}, got {sync_policy!r}")
+        if not isinstance(file_size_limit, int) or not 0 < file_size_limit <= idx.MAX_OFFSET:
+            raise ValueError(f"file_size_limit must be an int in 1..{idx.MAX_OFFSET}, "
+                             f"got {file_size_limit!r}")
+        if not 0 < garbage_fraction < 1:
+            raise ValueError(f"garbage_fraction must be between 0 and 1, got {garbage_fraction!r}")
+        self.directory = os.fspath(directory)
+        self.file_size_limit = file_size_limit
+        self.sync_policy = sync_policy
+        self.garbage_fraction = garbage_fraction
+        self.auto_gc = auto_gc
+        self._write_buffer_bytes = write_buffer_bytes
+        self._fsync = sync_policy == "fsync"
+
+        self._index: dict[bytes, int] = {}           # msg_id -> packed Location
+        self._summary: dict[int, FileSummary] = {}   # file -> summary
+        self._pending: dict[bytes, bytes] = {}       # msg_id -> body, not yet written
+        self._pending_tickets: dict[bytes, list[Hashable]] = {}
+        self._pending_bytes = 0
+        self._unsynced_tickets: list[Hashable] = []  # written or counted, awaiting fsync
+        self._ignored_tickets: list[Hashable] = []
+        self._next_ticket = 0
+        self._current_file = 0
+        self._current_fd = -1
+        self._write_offset = 0                       # bytes of the current file in the kernel
+        self._data_unsynced = False
+        self._directory_unsynced = False
+        self._read_fds: dict[int, int] = {}
+        self._combine: CombinePlan | None = None
+        self._clients: set[bytes] = set()
+        self._damaged: list[dict[str, int]] = []
+        self._broken: BaseException | None = None
+        self._closed = False
+        self.counters = {"writes": 0, "reads": 0, "removes": 0, "removes_unknown": 0,
+                         "writes_ignored": 0, "gc_runs": 0, "gc_bytes_moved": 0,
+                         "files_deleted": 0}
+
+        self._dir_fd, self._lock_fd = self._open_directory()
+        try:
+            self.recovered_clean = self._recover(ref_counts, clean_clients)
+        except BaseException:
+            self._release()
+            raise
+
+    # ---------------------------------------------------------------- opening
+
+    def _open_directory(self) -> tuple[int, int]:
+        path = self.directory
+        if os.path.exists(path) and not os.path.isdir(path):
+            raise StoreDirectoryError(f"store directory {path!r} is not a directory")
+        try:
+            os.makedirs(path, exist_ok=True)
+            dir_fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        except OSError as exc:
+            raise StoreDirectoryError(f"cannot open store directory {path!r}: {exc}") from exc
+        try:
+            lock_fd = os.open(LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644, dir_fd=dir_fd)
+        except OSError as exc:
+            os.close(dir_fd)
+            raise StoreDirectoryError(
+                f"store directory {path!r} is not writable: {exc}") from exc
+        try:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(lock_fd)
+            os.close(dir_fd)
+            raise StoreLocked(f"store directory {path!r} is open in another MessageStore") from None
+        return dir_fd, lock_fd
+
+    def _recover(self, ref_counts, clean_clients) -> bool:
+        """Load the clean-shutdown files or rebuild from the data files; True if clean."""
+        names = os.listdir(self._dir_fd)
+        for name in names:
+            if name.endswith(TEMP_SUFFIX):
+                log.info("%s: deleting %s left by an unfinished combine", self.directory, name)
+                os.unlink(name, dir_fd=self._dir_fd)
+        files = sorted(n for n in map(data_file_number, names) if n is not None)
+        clean = self._load_snapshot(files, clean_clients)
+        if snapshot.delete(self._dir_fd):
+            os.fsync(self._dir_fd)
+        if not clean:
+            self._rebuild(files, ref_counts)
+        if not self._summary:
+            self._summary[0] = FileSummary()
+        self._current_file = max(self._summary)
+        self._current_fd = os.open(data_file_name(self._current_file),
+                                   os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=self._dir_fd)
+        self._write_offset = self._summary[self._current_file].file_size
+        os.ftruncate(self._current_fd, self._write_offset)
+        os.lseek(self._current_fd, self._write_offset, os.SEEK_SET)
+        os.fsync(self._dir_fd)
+        return clean
+
+    def _load_snapshot(self, files: list[int], clean_clients) -> bool:
+        try:
+            saved = snapshot.read(self._dir_fd)
+        except snapshot.SnapshotInvalid as exc:
+            if snapshot.present(self._dir_fd):
+                log.warning("%s: clean-shutdown files unusable (%s); recovering dirty",
+                            self.directory, exc)
+            return False
+        if clean_clients is not None and frozenset(clean_clients) != saved.clients:
+            log.info("%s: clients differ from the clean shutdown; recovering dirty",
+                     self.directory)
+            return False
+        problem = snapshot.mismatch(saved, self._dir_fd, files)
+        if problem is not None:
+            log.warning("%s: %s; recovering dirty", self.directory, problem)
+            return False
+        self._index = saved.index
+        self._clients = set(saved.clients)
+        self._link_summary((file, valid, size) for file, valid, size in saved.summary)
+        return True
+
+    def _rebuild(self, files: list[int], ref_counts) -> None:
+        """Dirty recovery: scan every file; keep the last copy of each id."""
+        index: dict[bytes, int] = {}
+        sizes: dict[int, int] = {}
+        for file in files:
+            path = os.path.join(self.directory, data_file_name(file))
+            found = scan_file(path)
+            sizes[file] = found.size
+            for offset, length in found.damaged:
+                self._damaged.append({"file": file, "offset": offset, "length": length})
+                log.warning("%s: %d damaged bytes at offset %d skipped",
+                            path, length, offset)
+            if file == files[-1] and found.end_of_records < found.size:
+                log.warning("%s: truncating a torn tail of %d bytes", path,
+                            found.size - found.end_of_records)
+                sizes[file] = found.end_of_records
+            base = 1 | (file << idx.FILE_SHIFT)
+            index.update(zip(found.msg_ids, [
+                base | (offset << idx.OFFSET_SHIFT) | (size << idx.SIZE_SHIFT)
+                for offset, size in zip(found.offsets, found.total_sizes)]))
+        if ref_counts is not None:
+            index = self._apply_ref_counts(index, ref_counts)
+        valid = dict.fromkeys(files, 0)
+        for value in index.values():
+            valid[value >> idx.FILE_SHIFT] += (value >> idx.SIZE_SHIFT) & idx.SIZE_MASK
+        self._index = index
+        self._link_summary((file, valid[file], sizes[file]) for file in files)
+        for file in files[:-1]:
+            if valid[file] == 0:
+                self._delete_file(file)
+        log.info("%s: dirty recovery found %d messages in %d files", self.directory,
+                 len(index), len(files))
+
+    def _apply_ref_counts(self, found: dict[bytes, int], ref_counts) -> dict[bytes, int]:
+        counts: dict[bytes, int] = {}
+        for msg_id, count in ref_counts:
+            msg_id = check_msg_id(msg_id)
+            if count > 0:
+                counts[msg_id] = counts.get(msg_id, 0) + count
+        index = {}
+        missing = 0
+        for msg_id, count in counts.items():
+            value = found.get(msg_id)
+            if value is None:
+                missing += 1
+                continue
+            if count > idx.MAX_REF_COUNT:
+                raise StoreError(f"reference count {count} of {msg_id.hex()} exceeds "
+                                 f"{idx.MAX_REF_COUNT}")
+            index[msg_id] = value - 1 + count
+        if missing:
+            log.warning("%s: %d referenced messages have no data on disk; dropped",
+                        self.directory, missing)
+        self.counters["recovery_missing"] = missing
+        return index
+
+    def _link_summary(self, entries: Iterable[tuple[int, int, int]]) -> None:
+        self._summary = {}
+        previous = None
+        for file, valid, size in entries:
+            self._summary[file] = FileSummary(valid, size, left=previous)
+            if previous is not None:
+                self._summary[previous].right = file
+            previous = file
+
+    # ---------------------------------------------------------------- public API
+
+    def write(self, msg_id: bytes, body: bytes, ticket: Hashable = None) -> Hashable:
+        """Add one reference to ``msg_id``, storing ``body`` if the id has none.
+
+        Returns the write's ticket (``ticket``, or a fresh int), which a later ``sync()``
+        reports as durable or ignored exactly once.
+        """
+        msg_id = check_msg_id(msg_id)
+        body = check_body(body)
+        self._check_usable()
+        if ticket is None:
+            ticket = self._next_ticket
+            self._next_ticket += 1
+        value = self._index.get(msg_id)
+        if value is not None:
+            if value & idx.REF_MASK == idx.MAX_REF_COUNT:
+                raise StoreError(f"{msg_id.hex()} already has {idx.MAX_REF_COUNT} references")
+            self._index[msg_id] = value + 1
+            if value >> idx.FILE_SHIFT == idx.PENDING_FILE:
+                self._pending_tickets[msg_id].append(ticket)
+            else:
+                self._unsynced_tickets.append(ticket)
+        else:
+            total = len(body) + RECORD_OVERHEAD
+            self._index[msg_id] = idx.pack(1, idx.PENDING_FILE, 0, total)
+            self._pending[msg_id] = body
+            self._pending_tickets[msg_id] = [ticket]
+            self._pending_bytes += total
+            if self._pending_bytes >= self._write_buffer_bytes:
+                self._guarded(self._flush)
+        self.counters["writes"] += 1
+        return ticket
+
+    def remove(self, msg_id: bytes) -> bool:
+        """Drop one reference to ``msg_id``; False (and nothing changes) if it has none."""
+        msg_id = check_msg_id(msg_id)
+        self._check_usable()
+        value = self._index.get(msg_id)
+        if value is None:
+            self.counters["removes_unknown"] += 1
+            return False
+        self.counters["removes"] += 1
+        if value & idx.REF_MASK > 1:
+            self._index[msg_id] = value - 1
+            return True
+        del self._index[msg_id]
+        file = value >> idx.FILE_SHIFT
+        total = (value >> idx.SIZE_SHIFT) & idx.SIZE_MASK
+        if file == idx.PENDING_FILE:
+            del self._pending[msg_id]
+            self._pending_bytes -= total
+            tickets = self._pending_tickets.pop(msg_id)
+            self._ignored_tickets.extend(tickets)
+            self.counters["writes_ignored"] += len(tickets)
+            return True
+        summary = self._summary[file]
+        summary.valid_total_size -= total
+        if summary.valid_total_size == 0 and file != self._current_file and not summary.locked:
+            self._guarded(self._delete_file, file)
+        return True
+
+    def read(self, msg_id: bytes) -> bytes | None:
+        """The body of ``msg_id``, or None if it has no references. Sees pending writes."""
+        msg_id = check_msg_id(msg_id)
+        self._check_usable()
+        value = self._index.get(msg_id)
+        if value is None:
+            return None
+        self.counters["reads"] += 1
+        file = value >> idx.FILE_SHIFT
+        if file == idx.PENDING_FILE:
+            return self._pending[msg_id]
+        offset = (value >> idx.OFFSET_SHIFT) & idx.OFFSET_MASK
+        total = (value >> idx.SIZE_SHIFT) & idx.SIZE_MASK
+        fd = self._read_fds.get(file)
+        if fd is None:
+            fd = self._read_fds[file] = os.open(data_file_name(file), os.O_RDONLY,
+                                                dir_fd=self._dir_fd)
+        body = body_of(os.pread(fd, total, offset), msg_id)
+        if body is None:
+            raise CorruptRecord(f"{data_file_name(file)} has no valid record of "
+                                f"{msg_id.hex()} at offset {offset}")
+        return body
+
+    def contains(self, msg_id: bytes) -> bool:
+        """True while ``msg_id`` has references."""
+        msg_id = check_msg_id(msg_id)
+        self._check_usable()
+        return msg_id in self._index
+
+    def location(self, msg_id: bytes) -> idx.Location | None:
+        """Where ``msg_id``'s record is (``pending`` until flushed), or None."""
+        value = self._index.get(check_msg_id(msg_id))
+        return None if value is None else idx.unpack(value)
+
+    def sync(self) -> SyncResult:
+        """Group commit: flush the buffer, fdatasync, report durable and ignored tickets."""
+        self._check_usable()
+        self._guarded(self._sync_to_disk)
+        result = SyncResult(self._unsynced_tickets, self._ignored_tickets)
+        self._unsynced_tickets, self._ignored_tickets = [], []
+        if self.auto_gc:
+            self.collect_garbage()
+        return result
+
+    def register_client(self, client_ref: bytes) -> None:
+        """Name a client in the next clean marker (a queue's persistent_ref)."""
+        if not isinstance(client_ref, bytes) or not 0 < len(client_ref) < 2**16:
+            raise ValueError(f"client_ref must be 1..65535 bytes, got {client_ref!r}")
+        self._clients.add(client_ref)
+
+    def unregister_client(self, client_ref: bytes) -> None:
+        self._clients.discard(client_ref)
+
+    @property
+    def clients(self) -> frozenset[bytes]:
+        return frozenset(self._clients)
+
+    def stats(self) -> dict[str, Any]:
+        """Counts, sizes, the per-file summary and the counters."""
+        bytes_on_disk = sum(s.file_size for s in self._summary.values())
+        valid_bytes = sum(s.valid_total_size for s in self._summary.values())
+        return {
+            "message_count": len(self._index),
+            "file_count": len(self._summary),
+            "current_file": self._current_file,
+            "bytes_on_disk": bytes_on_disk,
+            "valid_bytes": valid_bytes,
+            "pending_bytes": self._pending_bytes,
+            "garbage_fraction": self._garbage_fraction(bytes_on_disk, valid_bytes),
+            "files": {file: s.as_dict() for file, s in sorted(self._summary.items())},
+            "damaged": list(self._damaged),
+            "recovered_clean": self.recovered_clean,
+            **self.counters,
+        }
+
+    # ---------------------------------------------------------------- GC
+
+    def plan_combine(self) -> CombinePlan | None:
+        """Step 1: choose a pair, lock it, list its valid records; None if no GC is due."""
+        self._check_usable()
+        if self._combine is not None or len(self._summary) < MIN_FILES_FOR_GC:
+            return None
+        bytes_on_disk = sum(s.file_size for s in self._summary.values())
+        valid_bytes = sum(s.valid_total_size for s in self._summary.values())
+        if self._garbage_fraction(bytes_on_disk, valid_bytes) <= self.garbage_fraction:
+            return None
+        pair = self._choose_pair()
+        if pair is None:
+            return None
+        dst, src = pair
+        self._summary[dst].locked = self._summary[src].locked = True
+        self._combine = CombinePlan(dst, src, self._valid_records(dst), self._valid_records(src))
+        return self._combine
+
+    def apply_combine(self, plan: CombinePlan, result: RewriteResult) -> None:
+        """Step 3: move the entries still in place, switch the files, delete Src."""
+        if plan is not self._combine:
+            raise StoreError("apply_combine of a plan this store is not running")
+        self._check_usable()
+        moved = 0
+        index = self._index
+        for records, offsets, file in ((plan.dst_records, result.dst_offsets, plan.dst),
+                                       (plan.src_records, result.src_offsets, plan.src)):
+            for (msg_id, old_offset, size), new_offset in zip(records, offsets):
+                value = index.get(msg_id)
+                if (value is not None and value >> idx.FILE_SHIFT == file
+                        and (value >> idx.OFFSET_SHIFT) & idx.OFFSET_MASK == old_offset):
+                    index[msg_id] = idx.relocate(value, plan.dst, new_offset)
+                    moved += size
+        self._guarded(self._switch_files, plan, result.file_size, moved)
+        self.counters["gc_runs"] += 1
+        self.counters["gc_bytes_moved"] += plan.bytes_to_move
+
+    def abandon_combine(self, plan: CombinePlan) -> None:
+        """Give the job up: unlock both files, delete the ``.rdt``; planned again later."""
+        if plan is not self._combine:
+            return
+        self._combine = None
+        try:
+            os.unlink(temp_file_name(plan.dst), dir_fd=self._dir_fd)
+            self._directory_unsynced = True
+        except FileNotFoundError:
+            pass
+        for file in (plan.dst, plan.src):
+            summary = self._summary[file]
+            summary.locked = False
+            if summary.valid_total_size == 0:
+                self._guarded(self._delete_file, file)
+
+    def collect_garbage(self) -> int:
+        """Combine pairs in-process until the trigger no longer holds; the number done."""
+        done = 0
+        while (plan := self.plan_combine()) is not None:
+            try:
+                result = rewrite_combine(self.directory, plan)
+            except BaseException:
+                self.abandon_combine(plan)
+                raise
+            self.apply_combine(plan, result)
+            done += 1
+        return done
+
+    def _choose_pair(self) -> tuple[int, int] | None:
+        limit = self.file_size_limit
+        for dst, summary in sorted(self._summary.items()):
+            src = summary.right
+            if src is None or self._summary[src].right is None:
+                return None
+            neighbour = self._summary[src]
+            if (not summary.locked and not neighbour.locked
+                    and summary.valid_total_size + neighbour.valid_total_size <= limit):
+                return dst, src
+        return None
+
+    def _valid_records(self, file: int) -> tuple[tuple[bytes, int, int], ...]:
+        """The records of ``file`` the index points at, in offset order."""
+        found = scan_file(os.path.join(self.directory, data_file_name(file)))
+        index = self._index
+        valid = []
+        for msg_id, offset, size in zip(found.msg_ids, found.offsets, found.total_sizes):
+            value = index.get(msg_id)
+            if (value is not None and value >> idx.FILE_SHIFT == file
+                    and (value >> idx.OFFSET_SHIFT) & idx.OFFSET_MASK == offset):
+                valid.append((msg_id, offset, size))
+        return tuple(valid)
+
+    def _switch_files(self, plan: CombinePlan, file_size: int, moved: int) -> None:
+        dst, src = self._summary[plan.dst], self._summary[plan.src]
+        self._close_read_fd(plan.dst)
+        os.rename(temp_file_name(plan.dst), data_file_name(plan.dst),
+                  src_dir_fd=self._dir_fd, dst_dir_fd=self._dir_fd)
+        os.fsync(self._dir_fd)
+        dst.valid_total_size = moved
+        dst.file_size = file_size
+        src.valid_total_size = 0
+        self._combine = None
+        dst.locked = src.locked = False
+        self._delete_file(plan.src)
+        if dst.valid_total_size == 0:
+            self._delete_file(plan.dst)
+        os.fsync(self._dir_fd)
+        self._directory_unsynced = False
+
+    @staticmethod
+    def _garbage_fraction(bytes_on_disk: int, valid_bytes: int) -> float:
+        return (bytes_on_disk - valid_bytes) / bytes_on_disk if bytes_on_disk else 0.0
+
+    # ---------------------------------------------------------------- writing
+
+    def _flush(self) -> None:
+        """Hand every pending record to write(2), rolling over as files fill up."""
+        if not self._pending:
+            return
+        index = self._index
+        limit = self.file_size_limit
+        pack_header = HEADER.pack
+        chunks: list[bytes] = []
+        offset = self._write_offset
+        start = offset
+        tickets = self._pending_tickets
+        unsynced = self._unsynced_tickets
+        for msg_id, body in self._pending.items():
+            total = len(body) + RECORD_OVERHEAD
+            index[msg_id] = idx.relocate(index[msg_id], self._current_file, offset)
+            chunks += (pack_header(total - 9, msg_id), body, b"\xff")
+            offset += total
+            unsynced += tickets[msg_id]
+            if offset >= limit:
+                self._append(chunks, offset - start)
+                self._roll_over()
+                chunks, offset, start = [], 0, 0
+        if chunks:
+            self._append(chunks, offset - start)
+        self._pending.clear()
+        tickets.clear()
+        self._pending_bytes = 0
+
+    def _append(self, chunks: list[bytes], length: int) -> None:
+        view = memoryview(b"".join(chunks))
+        while view:
+            view = view[os.write(self._current_fd, view):]
+        self._write_offset += length
+        summary = self._summary[self._current_file]
+        summary.file_size += length
+        summary.valid_total_size += length
+        self._data_unsynced = True
+
+    def _roll_over(self) -> None:
+        old = self._current_file
+        if self._fsync and self._data_unsynced:
+            os.fdatasync(self._current_fd)
+            self._data_unsynced = False
+        os.close(self._current_fd)
+        new = old + 1
+        if new > idx.MAX_FILE:
+            raise StoreError(f"file numbers exhausted at {new}")
+        self._current_fd = os.open(data_file_name(new), os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
+                                   0o644, dir_fd=self._dir_fd)
+        self._summary[new] = FileSummary(left=old)
+        self._summary[old].right = new
+        self._current_file = new
+        self._write_offset = 0
+        self._directory_unsynced = True
+        old_summary = self._summary[old]
+        if old_summary.valid_total_size == 0 and not old_summary.locked:
+            self._delete_file(old)
+
+    def _sync_to_disk(self) -> None:
+        self._flush()
+        if self._fsync:
+            if self._data_unsynced:
+                os.fdatasync(self._current_fd)
+            if self._directory_unsynced:
+                os.fsync(self._dir_fd)
+                self._directory_unsynced = False
+        self._data_unsynced = False
+
+    def _delete_file(self, file: int) -> None:
+        summary = self._summary.pop(file)
+        if summary.left is not None:
+            self._summary[summary.left].right = summary.right
+        if summary.right is not None:
+            self._summary[summary.right].left = summary.left
+        self._close_read_fd(file)
+        os.unlink(data_file_name(file), dir_fd=self._dir_fd)
+        self._directory_unsynced = True
+        self.counters["files_deleted"] += 1
+
+    def _close_read_fd(self, file: int) -> None:
+        fd = self._read_fds.pop(file, None)
+        if fd is not None:
+            os.close(fd)
+
+    def _guarded(self, operation, *args) -> None:
+        """Run a disk operation; any OS error breaks the store (never retried)."""
+        try:
+            operation(*args)
+        except OSError as exc:
+            self._broken = exc
+            log.error("%s: %s failed (%s); the store stops and recovers dirty on next open",
+                      self.directory, operation.__name__, exc)
+            self._release()
+            raise
+
+    # ---------------------------------------------------------------- closing
+
+    def _check_usable(self) -> None:
+        if self._broken is not None:
+            raise StoreClosed(f"store {self.directory!r} failed: {self._broken}")
+        if self._closed:
+            raise StoreClosed(f"store {self.directory!r} is closed")
+
+    def close(self) -> None:
+        """Clean stop: flush, fsync, write the clean-shutdown files, release the lock."""
+        if self._closed:
+            return
+        if self._broken is not None:
+            self._release()
+            return
+        if self._combine is not None:
+            self.abandon_combine(self._combine)
+        try:
+            self._guarded(self._sync_to_disk)
+            os.fsync(self._current_fd)
+            summary = [(file, s.valid_total_size, s.file_size)
+                       for file, s in sorted(self._summary.items())]
+            snapshot.write(self._dir_fd, self._index, summary, frozenset(self._clients))
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        """Close every fd without writing anything (the lock goes with its fd)."""
+        if self._closed:
+            return
+        self._closed = True
+        fds = [*self._read_fds.values(), self._current_fd, self._lock_fd, self._dir_fd]
+        self._read_fds.clear()
+        for fd in fds:
+            if fd >= 0:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass   # closing is best effort once the store has stopped
+
+    def __enter__(self) -> "MessageStore":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"{len(self._index)} messages"
+        return f"<MessageStore {self.directory!r} {state}>"
+
+
+__all__ = ["FILE_SIZE_LIMIT_BYTES", "GARBAGE_FRACTION", "MSG_ID_BYTES", "MessageStore",
+           "SyncResult", "WRITE_BUFFER_BYTES"]

@@ -1,0 +1,108 @@
+"""A child process for the crash tests: it works on a store until the test kills it.
+
+    python -m tests.store.crash_child write DIR
+        writes batches of 50, syncs, removes the batch written five batches earlier,
+        syncs, prints the batch number; forever.
+    python -m tests.store.crash_child combine DIR POINT
+        builds a fragmented store, then SIGKILLs itself at POINT of the first combine:
+        after-plan, mid-copy, before-fsync, after-rename, before-delete.
+    python -m tests.store.crash_child hold DIR
+        opens the store, prints "open", and waits to be killed.
+"""
+
+import os
+import signal
+import sys
+import time
+
+import store.combine
+import store.message_store
+from store import MessageStore
+
+from .helpers import body, build_fragmented_store, msg_id
+
+BATCH = 50
+
+
+def batch_size(n: int) -> int:
+    return 1000 + n % 3000
+
+
+def die() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def write_forever(directory: str) -> None:
+    store_ = MessageStore(directory, file_size_limit=64 * 1024)
+    batch = 0
+    while True:
+        for n in range(batch * BATCH, (batch + 1) * BATCH):
+            store_.write(msg_id(n), body(n, batch_size(n)))
+        store_.sync()
+        if batch >= 5:
+            for n in range((batch - 5) * BATCH, (batch - 4) * BATCH):
+                store_.remove(msg_id(n))
+            store_.sync()
+        print(batch, flush=True)
+        batch += 1
+
+
+def kill_at(point: str) -> None:
+    """Arrange for this process to SIGKILL itself at one step of a combine."""
+    real_rewrite = store.message_store.rewrite_combine
+    real_pread, real_fdatasync = os.pread, os.fdatasync
+    real_rename, real_unlink = os.rename, os.unlink
+    preads = []
+
+    def rewrite_then(directory, plan):
+        if point == "after-plan":
+            die()
+        return real_rewrite(directory, plan)
+
+    def pread(fd, length, offset):
+        preads.append(offset)
+        if point == "mid-copy" and len(preads) == 2:
+            die()
+        return real_pread(fd, length, offset)
+
+    def fdatasync(fd):
+        if point == "before-fsync" and preads:
+            die()
+        return real_fdatasync(fd)
+
+    def rename(src, dst, **kwargs):
+        real_rename(src, dst, **kwargs)
+        if point == "after-rename" and str(src).endswith(".rdt"):
+            die()
+
+    def unlink(path, **kwargs):
+        if point == "before-delete" and str(path).endswith(".rdq"):
+            die()
+        return real_unlink(path, **kwargs)
+
+    store.message_store.rewrite_combine = rewrite_then
+    store.combine.os.pread = pread
+    os.fdatasync, os.rename, os.unlink = fdatasync, rename, unlink
+
+
+def combine_and_die(directory: str, point: str) -> None:
+    store_ = MessageStore(directory, file_size_limit=4096, auto_gc=False)
+    build_fragmented_store(store_)
+    kill_at(point)
+    print("combining", flush=True)
+    store_.collect_garbage()
+    print("combine finished without reaching the crash point", flush=True)
+
+
+def hold(directory: str) -> None:
+    MessageStore(directory)
+    print("open", flush=True)
+    while True:
+        time.sleep(60)
+
+
+if __name__ == "__main__":
+    command, directory, *rest = sys.argv[1:]
+    {"write": lambda: write_forever(directory),
+     "combine": lambda: combine_and_die(directory, rest[0]),
+     "hold": lambda: hold(directory)}[command]()

@@ -1,0 +1,44 @@
+"""Shared helpers for the store tests: deterministic ids and bodies, record bytes."""
+
+import hashlib
+
+from store.records import encode_record
+
+
+def msg_id(n: int, generation: int = 0) -> bytes:
+    """A 16-byte id derived from a number (MD5-sized, like RabbitMQ's guids)."""
+    return hashlib.md5(f"{generation}:{n}".encode()).digest()
+
+
+def body(n: int, size: int = 100, generation: int = 0) -> bytes:
+    """A body that tells which message and which write it came from."""
+    seed = hashlib.sha256(f"body {generation}:{n}".encode()).digest()
+    return (seed * (size // len(seed) + 1))[:size]
+
+
+def record(n: int, size: int = 100) -> bytes:
+    return encode_record(msg_id(n), body(n, size))
+
+
+def build_fragmented_store(store) -> dict[int, bytes]:
+    """Many files, more than half garbage, and ids reused with new bodies in later files.
+
+    Returns the live messages: number -> body (the latest body of a reused id).
+    """
+    live: dict[int, bytes] = {}
+    for n in range(400):
+        store.write(msg_id(n), body(n, 300))
+        live[n] = body(n, 300)
+    store.sync()
+    for n in range(400):
+        if n % 4 != 0:
+            store.remove(msg_id(n))
+            del live[n]
+    for n in range(1, 400, 8):                     # reused ids, new bodies, newer files
+        store.write(msg_id(n), body(n, 200, generation=1))
+        live[n] = body(n, 200, generation=1)
+    for n in range(400, 420):
+        store.write(msg_id(n), body(n, 300))
+        live[n] = body(n, 300)
+    store.sync()
+    return live
