@@ -57,9 +57,14 @@ def render(title: str, rows: list[Row]) -> str:
     return "\n".join(out)
 
 
-def best_of(runs: int, fn) -> float:
-    """Run ``fn`` (which returns seconds) ``runs`` times; the fastest run wins."""
-    return min(fn() for _ in range(runs))
+def best_of_alternating(baseline, subject, runs: int = 3) -> tuple[float, float]:
+    """Run two timed functions (each returns seconds) alternately ``runs`` times and keep
+    each one's fastest run: on a shared machine the fastest run is the least disturbed."""
+    baseline_times, subject_times = [], []
+    for _ in range(runs):
+        baseline_times.append(baseline())
+        subject_times.append(subject())
+    return min(baseline_times), min(subject_times)
 
 
 def percentile(samples: list[float], pct: float) -> float:

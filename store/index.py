@@ -2,9 +2,11 @@
 
 Memory and collector pauses decide how the index is held. A dict of lists costs about
 211 bytes a message and, at a million entries, a 100 ms full collection (every list is a
-GC-tracked container). Here each value is a single int below 2**120 (four 30-bit digits,
-40 bytes), keyed by the 16-byte msg_id: about 140 bytes a message in all, and no tracked
-object per entry, so the cyclic collector never walks the index.
+GC-tracked container). Here the key is the msg_id as an int (``int.from_bytes``: a 48-byte
+block, where a 16-byte ``bytes`` takes a 64-byte one, CPython aligning blocks to 16) and
+the value a single int below 2**120 (four 30-bit digits, a 48-byte block): with the dict's
+own table about 137 bytes a message, and no GC-tracked object per entry, so the cyclic
+collector never walks the index.
 
 Layout, low bits first::
 
@@ -57,22 +59,9 @@ class Location(NamedTuple):
         return self.file == PENDING_FILE
 
 
-def pack(ref_count: int, file: int, offset: int, total_size: int) -> int:
-    return (ref_count | (total_size << SIZE_SHIFT) | (offset << OFFSET_SHIFT)
-            | (file << FILE_SHIFT))
-
-
 def unpack(value: int) -> Location:
     return Location(value & REF_MASK, value >> FILE_SHIFT,
                     (value >> OFFSET_SHIFT) & OFFSET_MASK, (value >> SIZE_SHIFT) & SIZE_MASK)
-
-
-def file_of(value: int) -> int:
-    return value >> FILE_SHIFT
-
-
-def offset_of(value: int) -> int:
-    return (value >> OFFSET_SHIFT) & OFFSET_MASK
 
 
 def size_of(value: int) -> int:

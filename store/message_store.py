@@ -83,6 +83,7 @@ from __future__ import annotations
 
 import fcntl
 import logging
+import mmap
 import os
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
@@ -99,10 +100,11 @@ from .errors import (
 )
 from .records import (
     HEADER,
+    HEADER_BYTES,
+    MAX_BODY_BYTES,
     MSG_ID_BYTES,
-    RECORD_OVERHEAD,
+    OK_MARKER,
     TEMP_SUFFIX,
-    body_of,
     check_body,
     check_msg_id,
     data_file_name,
@@ -113,6 +115,15 @@ from .scanner import scan_file
 from .summary import FileSummary
 
 log = logging.getLogger("warren.store")
+
+# Hot-path copies of the index layout (module globals are one lookup, attributes two).
+_FILE_SHIFT, _PENDING_FILE = idx.FILE_SHIFT, idx.PENDING_FILE
+_SIZE_SHIFT, _SIZE_MASK = idx.SIZE_SHIFT, idx.SIZE_MASK
+_OFFSET_SHIFT, _OFFSET_MASK = idx.OFFSET_SHIFT, idx.OFFSET_MASK
+_LOCATION_CLEAR = idx.LOCATION_CLEAR
+_PENDING_ONE_REF = (idx.PENDING_FILE << idx.FILE_SHIFT) | 1
+_pack_header = HEADER.pack
+_key = int.from_bytes            # a 16-byte id as an int: 48 bytes of memory, not 64
 
 FILE_SIZE_LIMIT_BYTES = 16 * 2**20      # msg_store_file_size_limit
 WRITE_BUFFER_BYTES = 2**20              # the append buffer handed to write(2) at once
@@ -161,10 +172,12 @@ class MessageStore:
         self._write_buffer_bytes = write_buffer_bytes
         self._fsync = sync_policy == "fsync"
 
-        self._index: dict[bytes, int] = {}           # msg_id -> packed Location
+        self._index: dict[int, int] = {}             # msg_id as int -> packed Location
         self._summary: dict[int, FileSummary] = {}   # file -> summary
-        self._pending: dict[bytes, bytes] = {}       # msg_id -> body, not yet written
-        self._pending_tickets: dict[bytes, list[Hashable]] = {}
+        # Records not yet handed to write(2), keyed like the index, in arrival order.
+        self._pending: dict[int, bytes] = {}         # encoded record
+        self._pending_tickets: dict[int, Hashable] = {}      # the write that created it
+        self._pending_fan_out: dict[int, list[Hashable]] = {}  # later writes while pending
         self._pending_bytes = 0
         self._unsynced_tickets: list[Hashable] = []  # written or counted, awaiting fsync
         self._ignored_tickets: list[Hashable] = []
@@ -174,13 +187,15 @@ class MessageStore:
         self._write_offset = 0                       # bytes of the current file in the kernel
         self._data_unsynced = False
         self._directory_unsynced = False
-        self._read_fds: dict[int, int] = {}
+        self._maps: dict[int, mmap.mmap] = {}        # non-current file -> read-only map
         self._combine: CombinePlan | None = None
         self._clients: set[bytes] = set()
         self._damaged: list[dict[str, int]] = []
         self._broken: BaseException | None = None
         self._closed = False
-        self.counters = {"writes": 0, "reads": 0, "removes": 0, "removes_unknown": 0,
+        self._reads = 0                              # plain ints: the hot paths count
+        self._writes = 0
+        self.counters = {"removes": 0, "removes_unknown": 0,
                          "writes_ignored": 0, "gc_runs": 0, "gc_bytes_moved": 0,
                          "files_deleted": 0}
 
@@ -233,7 +248,7 @@ class MessageStore:
             self._summary[0] = FileSummary()
         self._current_file = max(self._summary)
         self._current_fd = os.open(data_file_name(self._current_file),
-                                   os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=self._dir_fd)
+                                   os.O_RDWR | os.O_CREAT, 0o644, dir_fd=self._dir_fd)
         self._write_offset = self._summary[self._current_file].file_size
         os.ftruncate(self._current_fd, self._write_offset)
         os.lseek(self._current_fd, self._write_offset, os.SEEK_SET)
@@ -278,7 +293,7 @@ class MessageStore:
                             found.size - found.end_of_records)
                 sizes[file] = found.end_of_records
             base = 1 | (file << idx.FILE_SHIFT)
-            index.update(zip(found.msg_ids, [
+            index.update(zip(map(_key, found.msg_ids), [
                 base | (offset << idx.OFFSET_SHIFT) | (size << idx.SIZE_SHIFT)
                 for offset, size in zip(found.offsets, found.total_sizes)]))
         if ref_counts is not None:
@@ -295,22 +310,22 @@ class MessageStore:
                  len(index), len(files))
 
     def _apply_ref_counts(self, found: dict[bytes, int], ref_counts) -> dict[bytes, int]:
-        counts: dict[bytes, int] = {}
+        counts: dict[int, int] = {}
         for msg_id, count in ref_counts:
-            msg_id = check_msg_id(msg_id)
+            key = _key(check_msg_id(msg_id))
             if count > 0:
-                counts[msg_id] = counts.get(msg_id, 0) + count
+                counts[key] = counts.get(key, 0) + count
         index = {}
         missing = 0
-        for msg_id, count in counts.items():
-            value = found.get(msg_id)
+        for key, count in counts.items():
+            value = found.get(key)
             if value is None:
                 missing += 1
                 continue
             if count > idx.MAX_REF_COUNT:
-                raise StoreError(f"reference count {count} of {msg_id.hex()} exceeds "
+                raise StoreError(f"reference count {count} of {key:032x} exceeds "
                                  f"{idx.MAX_REF_COUNT}")
-            index[msg_id] = value - 1 + count
+            index[key] = value - 1 + count
         if missing:
             log.warning("%s: %d referenced messages have no data on disk; dropped",
                         self.directory, missing)
@@ -334,52 +349,57 @@ class MessageStore:
         Returns the write's ticket (``ticket``, or a fresh int), which a later ``sync()``
         reports as durable or ignored exactly once.
         """
-        msg_id = check_msg_id(msg_id)
-        body = check_body(body)
-        self._check_usable()
+        if type(msg_id) is not bytes or len(msg_id) != MSG_ID_BYTES:
+            msg_id = check_msg_id(msg_id)
+        if type(body) is not bytes or len(body) > MAX_BODY_BYTES:
+            body = check_body(body)
+        if self._closed:
+            self._check_usable()
         if ticket is None:
             ticket = self._next_ticket
             self._next_ticket += 1
-        value = self._index.get(msg_id)
-        if value is not None:
-            if value & idx.REF_MASK == idx.MAX_REF_COUNT:
-                raise StoreError(f"{msg_id.hex()} already has {idx.MAX_REF_COUNT} references")
-            self._index[msg_id] = value + 1
-            if value >> idx.FILE_SHIFT == idx.PENDING_FILE:
-                self._pending_tickets[msg_id].append(ticket)
-            else:
-                self._unsynced_tickets.append(ticket)
-        else:
-            total = len(body) + RECORD_OVERHEAD
-            self._index[msg_id] = idx.pack(1, idx.PENDING_FILE, 0, total)
-            self._pending[msg_id] = body
-            self._pending_tickets[msg_id] = [ticket]
-            self._pending_bytes += total
+        self._writes += 1
+        key = _key(msg_id)
+        value = self._index.get(key)
+        if value is None:
+            # The record's bytes do not depend on where it lands: encode it now, once.
+            record = _pack_header(len(body) + MSG_ID_BYTES, msg_id) + body + b"\xff"
+            self._index[key] = _PENDING_ONE_REF | (len(record) << _SIZE_SHIFT)
+            self._pending[key] = record
+            self._pending_tickets[key] = ticket
+            self._pending_bytes += len(record)
             if self._pending_bytes >= self._write_buffer_bytes:
                 self._guarded(self._flush)
-        self.counters["writes"] += 1
+            return ticket
+        if value & idx.REF_MASK == idx.MAX_REF_COUNT:
+            raise StoreError(f"{msg_id.hex()} already has {idx.MAX_REF_COUNT} references")
+        self._index[key] = value + 1
+        if value >> _FILE_SHIFT == _PENDING_FILE:
+            self._pending_fan_out.setdefault(key, []).append(ticket)
+        else:
+            self._unsynced_tickets.append(ticket)
         return ticket
 
     def remove(self, msg_id: bytes) -> bool:
         """Drop one reference to ``msg_id``; False (and nothing changes) if it has none."""
-        msg_id = check_msg_id(msg_id)
+        key = _key(check_msg_id(msg_id))
         self._check_usable()
-        value = self._index.get(msg_id)
+        value = self._index.get(key)
         if value is None:
             self.counters["removes_unknown"] += 1
             return False
         self.counters["removes"] += 1
         if value & idx.REF_MASK > 1:
-            self._index[msg_id] = value - 1
+            self._index[key] = value - 1
             return True
-        del self._index[msg_id]
+        del self._index[key]
         file = value >> idx.FILE_SHIFT
         total = (value >> idx.SIZE_SHIFT) & idx.SIZE_MASK
         if file == idx.PENDING_FILE:
-            del self._pending[msg_id]
+            del self._pending[key]
             self._pending_bytes -= total
-            tickets = self._pending_tickets.pop(msg_id)
-            self._ignored_tickets.extend(tickets)
+            tickets = [self._pending_tickets.pop(key), *self._pending_fan_out.pop(key, ())]
+            self._ignored_tickets += tickets
             self.counters["writes_ignored"] += len(tickets)
             return True
         summary = self._summary[file]
@@ -390,36 +410,44 @@ class MessageStore:
 
     def read(self, msg_id: bytes) -> bytes | None:
         """The body of ``msg_id``, or None if it has no references. Sees pending writes."""
-        msg_id = check_msg_id(msg_id)
-        self._check_usable()
-        value = self._index.get(msg_id)
+        if type(msg_id) is not bytes or len(msg_id) != MSG_ID_BYTES:
+            msg_id = check_msg_id(msg_id)
+        if self._closed:
+            self._check_usable()
+        key = _key(msg_id)
+        value = self._index.get(key)
         if value is None:
             return None
-        self.counters["reads"] += 1
-        file = value >> idx.FILE_SHIFT
-        if file == idx.PENDING_FILE:
-            return self._pending[msg_id]
-        offset = (value >> idx.OFFSET_SHIFT) & idx.OFFSET_MASK
-        total = (value >> idx.SIZE_SHIFT) & idx.SIZE_MASK
-        fd = self._read_fds.get(file)
-        if fd is None:
-            fd = self._read_fds[file] = os.open(data_file_name(file), os.O_RDONLY,
-                                                dir_fd=self._dir_fd)
-        body = body_of(os.pread(fd, total, offset), msg_id)
-        if body is None:
+        self._reads += 1
+        file = value >> _FILE_SHIFT
+        if file == _PENDING_FILE:
+            return self._pending[key][HEADER_BYTES:-1]
+        total = (value >> _SIZE_SHIFT) & _SIZE_MASK
+        offset = (value >> _OFFSET_SHIFT) & _OFFSET_MASK
+        mapped = self._maps.get(file)
+        if mapped is not None:
+            record = mapped[offset:offset + total]
+        elif file == self._current_file:
+            record = os.pread(self._current_fd, total, offset)
+        else:
+            record = self._map_file(file)[offset:offset + total]
+        # A wrong place or a short read never passes for data: the whole record must be
+        # there, end in 0xFF and carry this id (checking the size field too would cost a
+        # third of a read, and a record with this id at this offset is this record).
+        if len(record) != total or record[-1] != OK_MARKER or record[8:HEADER_BYTES] != msg_id:
             raise CorruptRecord(f"{data_file_name(file)} has no valid record of "
-                                f"{msg_id.hex()} at offset {offset}")
-        return body
+                                f"{msg_id.hex()} at {idx.unpack(value)}")
+        return record[HEADER_BYTES:-1]
 
     def contains(self, msg_id: bytes) -> bool:
         """True while ``msg_id`` has references."""
-        msg_id = check_msg_id(msg_id)
+        key = _key(check_msg_id(msg_id))
         self._check_usable()
-        return msg_id in self._index
+        return key in self._index
 
     def location(self, msg_id: bytes) -> idx.Location | None:
         """Where ``msg_id``'s record is (``pending`` until flushed), or None."""
-        value = self._index.get(check_msg_id(msg_id))
+        value = self._index.get(_key(check_msg_id(msg_id)))
         return None if value is None else idx.unpack(value)
 
     def sync(self) -> SyncResult:
@@ -460,6 +488,8 @@ class MessageStore:
             "files": {file: s.as_dict() for file, s in sorted(self._summary.items())},
             "damaged": list(self._damaged),
             "recovered_clean": self.recovered_clean,
+            "reads": self._reads,
+            "writes": self._writes,
             **self.counters,
         }
 
@@ -492,10 +522,11 @@ class MessageStore:
         for records, offsets, file in ((plan.dst_records, result.dst_offsets, plan.dst),
                                        (plan.src_records, result.src_offsets, plan.src)):
             for (msg_id, old_offset, size), new_offset in zip(records, offsets):
-                value = index.get(msg_id)
+                key = _key(msg_id)
+                value = index.get(key)
                 if (value is not None and value >> idx.FILE_SHIFT == file
                         and (value >> idx.OFFSET_SHIFT) & idx.OFFSET_MASK == old_offset):
-                    index[msg_id] = idx.relocate(value, plan.dst, new_offset)
+                    index[key] = idx.relocate(value, plan.dst, new_offset)
                     moved += size
         self._guarded(self._switch_files, plan, result.file_size, moved)
         self.counters["gc_runs"] += 1
@@ -548,7 +579,7 @@ class MessageStore:
         index = self._index
         valid = []
         for msg_id, offset, size in zip(found.msg_ids, found.offsets, found.total_sizes):
-            value = index.get(msg_id)
+            value = index.get(_key(msg_id))
             if (value is not None and value >> idx.FILE_SHIFT == file
                     and (value >> idx.OFFSET_SHIFT) & idx.OFFSET_MASK == offset):
                 valid.append((msg_id, offset, size))
@@ -556,7 +587,7 @@ class MessageStore:
 
     def _switch_files(self, plan: CombinePlan, file_size: int, moved: int) -> None:
         dst, src = self._summary[plan.dst], self._summary[plan.src]
-        self._close_read_fd(plan.dst)
+        self._unmap(plan.dst)
         os.rename(temp_file_name(plan.dst), data_file_name(plan.dst),
                   src_dir_fd=self._dir_fd, dst_dir_fd=self._dir_fd)
         os.fsync(self._dir_fd)
@@ -583,30 +614,31 @@ class MessageStore:
             return
         index = self._index
         limit = self.file_size_limit
-        pack_header = HEADER.pack
-        chunks: list[bytes] = []
-        offset = self._write_offset
-        start = offset
         tickets = self._pending_tickets
         unsynced = self._unsynced_tickets
-        for msg_id, body in self._pending.items():
-            total = len(body) + RECORD_OVERHEAD
-            index[msg_id] = idx.relocate(index[msg_id], self._current_file, offset)
-            chunks += (pack_header(total - 9, msg_id), body, b"\xff")
-            offset += total
-            unsynced += tickets[msg_id]
+        records: list[bytes] = []
+        offset = start = self._write_offset
+        for key, record in self._pending.items():
+            index[key] = ((index[key] & _LOCATION_CLEAR) | (offset << _OFFSET_SHIFT)
+                          | (self._current_file << _FILE_SHIFT))
+            records.append(record)
+            unsynced.append(tickets[key])
+            offset += len(record)
             if offset >= limit:
-                self._append(chunks, offset - start)
+                self._append(records, offset - start)
                 self._roll_over()
-                chunks, offset, start = [], 0, 0
-        if chunks:
-            self._append(chunks, offset - start)
+                records, offset, start = [], 0, 0
+        if records:
+            self._append(records, offset - start)
+        for fan_out in self._pending_fan_out.values():
+            unsynced += fan_out
         self._pending.clear()
         tickets.clear()
+        self._pending_fan_out.clear()
         self._pending_bytes = 0
 
-    def _append(self, chunks: list[bytes], length: int) -> None:
-        view = memoryview(b"".join(chunks))
+    def _append(self, records: list[bytes], length: int) -> None:
+        view = memoryview(b"".join(records))
         while view:
             view = view[os.write(self._current_fd, view):]
         self._write_offset += length
@@ -624,7 +656,7 @@ class MessageStore:
         new = old + 1
         if new > idx.MAX_FILE:
             raise StoreError(f"file numbers exhausted at {new}")
-        self._current_fd = os.open(data_file_name(new), os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
+        self._current_fd = os.open(data_file_name(new), os.O_RDWR | os.O_CREAT | os.O_TRUNC,
                                    0o644, dir_fd=self._dir_fd)
         self._summary[new] = FileSummary(left=old)
         self._summary[old].right = new
@@ -651,15 +683,25 @@ class MessageStore:
             self._summary[summary.left].right = summary.right
         if summary.right is not None:
             self._summary[summary.right].left = summary.left
-        self._close_read_fd(file)
+        self._unmap(file)
         os.unlink(data_file_name(file), dir_fd=self._dir_fd)
         self._directory_unsynced = True
         self.counters["files_deleted"] += 1
 
-    def _close_read_fd(self, file: int) -> None:
-        fd = self._read_fds.pop(file, None)
-        if fd is not None:
+    def _map_file(self, file: int) -> mmap.mmap:
+        """Map a non-current file for reading. It no longer changes: the GC replaces it by
+        rename and deletes it by unlink, and a mapping outlives both (it holds the inode)."""
+        fd = os.open(data_file_name(file), os.O_RDONLY, dir_fd=self._dir_fd)
+        try:
+            mapped = self._maps[file] = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+        finally:
             os.close(fd)
+        return mapped
+
+    def _unmap(self, file: int) -> None:
+        mapped = self._maps.pop(file, None)
+        if mapped is not None:
+            mapped.close()
 
     def _guarded(self, operation, *args) -> None:
         """Run a disk operation; any OS error breaks the store (never retried)."""
@@ -675,6 +717,7 @@ class MessageStore:
     # ---------------------------------------------------------------- closing
 
     def _check_usable(self) -> None:
+        """Raise StoreClosed once the store has stopped (a failure also closes it)."""
         if self._broken is not None:
             raise StoreClosed(f"store {self.directory!r} failed: {self._broken}")
         if self._closed:
@@ -703,8 +746,10 @@ class MessageStore:
         if self._closed:
             return
         self._closed = True
-        fds = [*self._read_fds.values(), self._current_fd, self._lock_fd, self._dir_fd]
-        self._read_fds.clear()
+        for mapped in self._maps.values():
+            mapped.close()
+        self._maps.clear()
+        fds = [self._current_fd, self._lock_fd, self._dir_fd]
         for fd in fds:
             if fd >= 0:
                 try:

@@ -53,17 +53,6 @@ def total_size(body_len: int) -> int:
     return body_len + RECORD_OVERHEAD
 
 
-def body_of(record: bytes | memoryview, msg_id: bytes) -> bytes | None:
-    """The body of ``record`` (exactly one whole record) if it is valid and carries
-    ``msg_id``; None for a short read, a wrong size, a wrong id or a missing trailer."""
-    if len(record) < RECORD_OVERHEAD:
-        return None
-    size, found_id = HEADER.unpack_from(record)
-    if size + 9 != len(record) or found_id != msg_id or record[-1] != OK_MARKER:
-        return None
-    return bytes(record[HEADER_BYTES:-1])
-
-
 def data_file_name(file: int) -> str:
     return f"{file}{FILE_SUFFIX}"
 

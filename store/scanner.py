@@ -24,6 +24,7 @@ from __future__ import annotations
 import mmap
 import os
 import re
+from array import array
 from dataclasses import dataclass, field
 
 from .records import HEADER_BYTES, OK_MARKER, RECORD_OVERHEAD, SIZE_FIELD
@@ -37,8 +38,10 @@ class ScanResult:
     """What a scan found, in ascending offset order."""
 
     msg_ids: list[bytes] = field(default_factory=list)
-    offsets: list[int] = field(default_factory=list)
-    total_sizes: list[int] = field(default_factory=list)
+    # Machine-word arrays, not lists: a million records would otherwise leave a million
+    # short-lived int objects behind in the allocator's pools, next to the long-lived index.
+    offsets: array = field(default_factory=lambda: array("Q"))
+    total_sizes: array = field(default_factory=lambda: array("Q"))
     damaged: list[tuple[int, int]] = field(default_factory=list)   # (offset, length)
     end_of_records: int = 0        # offset just past the last record (0 when none)
     size: int = 0                  # bytes scanned

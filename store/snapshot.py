@@ -11,7 +11,7 @@ Format of each file (little-endian): magic (8 bytes) · version u32 · payload l
 · CRC-32 of the payload u32 · payload. Payloads:
 
 - index: count u64 · count msg_ids (16 bytes each) · count u64 low words · count u64 high
-  words of the packed index values (see ``store.index``);
+  words of the packed index values (see ``store.index``; the index keys ids as ints);
 - file summary: count u64 · count × (file u64, valid_total_size u64, file_size u64), in
   ascending file order (the last one is the current file);
 - marker: CRC of the index payload u32 · CRC of the summary payload u32 · client count
@@ -49,7 +49,7 @@ class SnapshotInvalid(Exception):
 
 @dataclass(frozen=True)
 class Snapshot:
-    index: dict[bytes, int]
+    index: dict[int, int]
     summary: list[tuple[int, int, int]]    # (file, valid_total_size, file_size)
     clients: frozenset[bytes]
 
@@ -69,22 +69,23 @@ def _words_from(data: bytes) -> array:
     return words
 
 
-def _encode_index(index: dict[bytes, int]) -> bytes:
+def _encode_index(index: dict[int, int]) -> bytes:
     values = index.values()
-    return b"".join((struct.pack("<Q", len(index)), b"".join(index),
+    return b"".join((struct.pack("<Q", len(index)),
+                     b"".join(key.to_bytes(16, "big") for key in index),
                      _little_endian_words(v & _LOW_WORD for v in values),
                      _little_endian_words(v >> 64 for v in values)))
 
 
-def _decode_index(payload: bytes) -> dict[bytes, int]:
+def _decode_index(payload: bytes) -> dict[int, int]:
     (count,) = struct.unpack_from("<Q", payload)
     ids_end = 8 + 16 * count
     if len(payload) != ids_end + 16 * count:
         raise SnapshotInvalid("index snapshot has the wrong length")
-    ids = [payload[i:i + 16] for i in range(8, ids_end, 16)]
+    keys = [int.from_bytes(payload[i:i + 16], "big") for i in range(8, ids_end, 16)]
     lows = _words_from(payload[ids_end:ids_end + 8 * count])
     highs = _words_from(payload[ids_end + 8 * count:])
-    return dict(zip(ids, [low | (high << 64) for low, high in zip(lows, highs)]))
+    return dict(zip(keys, [low | (high << 64) for low, high in zip(lows, highs)]))
 
 
 def _encode_summary(summary: list[tuple[int, int, int]]) -> bytes:
@@ -151,7 +152,7 @@ def _read_file(dir_fd: int, name: str) -> tuple[bytes, int]:
     return payload, crc
 
 
-def write(dir_fd: int, index: dict[bytes, int], summary: list[tuple[int, int, int]],
+def write(dir_fd: int, index: dict[int, int], summary: list[tuple[int, int, int]],
           clients: frozenset[bytes]) -> None:
     """Write the three files, the marker last, and fsync the directory."""
     index_crc = _write_file(dir_fd, INDEX_FILE, _encode_index(index))

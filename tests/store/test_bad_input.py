@@ -123,3 +123,12 @@ def test_a_failed_fsync_breaks_the_store_which_then_recovers_dirty(open_store, s
     with MessageStore(store_dir) as again:
         assert not again.recovered_clean
         assert again.read(msg_id(1)) == body(1)
+
+
+def test_ids_given_as_bytearray_or_memoryview_name_the_same_message(open_store):
+    store = open_store()
+    store.write(bytearray(msg_id(1)), body(1))
+    store.sync()
+    assert store.read(memoryview(msg_id(1))) == body(1)
+    assert store.read(bytearray(msg_id(1))) == body(1)
+    assert store.contains(bytearray(msg_id(1)))
