@@ -25,12 +25,13 @@ live copy. Data only moves left, into the older file.
 
 from __future__ import annotations
 
+import mmap
 import os
 from dataclasses import dataclass
 
 from .records import HEADER, OK_MARKER, data_file_name, temp_file_name
 
-COPY_CHUNK_BYTES = 4 * 2**20     # read this much of a run of adjacent records at once
+WRITE_CHUNK_BYTES = 2**20        # the copy is written out in chunks of this size
 
 Record = tuple[bytes, int, int]  # (msg_id, offset, total_size)
 
@@ -82,39 +83,30 @@ def rewrite_combine(directory: str | os.PathLike, plan: CombinePlan) -> RewriteR
 
 def _copy_records(path: str, records: tuple[Record, ...], out: int,
                   written: int) -> tuple[list[int], int]:
+    """Append ``records`` of ``path`` to ``out``, validating each; new offsets and size."""
     new_offsets = []
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        for run in _runs(records):
-            start = run[0][1]
-            data = os.pread(fd, run[-1][1] + run[-1][2] - start, start)
-            view = memoryview(data)
-            for msg_id, offset, size in run:
-                record = view[offset - start:offset - start + size]
-                if (len(record) != size or HEADER.unpack_from(record) != (size - 9, msg_id)
-                        or record[-1] != OK_MARKER):
-                    raise CorruptRecord(f"{path} has no valid record of {msg_id.hex()} "
-                                        f"at offset {offset}")
-                new_offsets.append(written + offset - start)
-            while view:
-                view = view[os.write(out, view):]
-            written += len(data)
-    finally:
-        os.close(fd)
+    buffer = bytearray()
+    if not records:
+        return new_offsets, written
+    with open(path, "rb") as source, mmap.mmap(source.fileno(), 0,
+                                               access=mmap.ACCESS_READ) as mapped:
+        for msg_id, offset, size in records:
+            end = offset + size
+            if (end > len(mapped) or mapped[end - 1] != OK_MARKER
+                    or HEADER.unpack_from(mapped, offset) != (size - 9, msg_id)):
+                raise CorruptRecord(f"{path} has no valid record of {msg_id.hex()} "
+                                    f"at offset {offset}")
+            new_offsets.append(written + len(buffer))
+            buffer += mapped[offset:end]
+            if len(buffer) >= WRITE_CHUNK_BYTES:
+                written += _write_all(out, buffer)
+                buffer.clear()
+    written += _write_all(out, buffer)
     return new_offsets, written
 
 
-def _runs(records: tuple[Record, ...]):
-    """Group records into runs of adjacent ones, each at most COPY_CHUNK_BYTES unless a
-    single record is larger."""
-    run: list[Record] = []
-    run_bytes = 0
-    for record in records:
-        if run and (record[1] != run[-1][1] + run[-1][2]
-                    or run_bytes + record[2] > COPY_CHUNK_BYTES):
-            yield run
-            run, run_bytes = [], 0
-        run.append(record)
-        run_bytes += record[2]
-    if run:
-        yield run
+def _write_all(fd: int, data: bytearray) -> int:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+    return len(data)

@@ -67,6 +67,13 @@ counts once, which brings back messages that were removed but whose files were n
 deleted or combined: a standalone store cannot tell them apart. Stray ``.rdt`` files left
 by a combine that did not finish are deleted at every start.
 
+Readers in other processes. With ``shared_readers=True`` the store keeps the shared
+file-lock table (``store.lock_table``): it publishes the current file and its flushed
+offset after every write(2), and takes a file's slot exclusively around each rename and
+delete. Readers holding a slot past a short deadline make the store defer: a combine's
+apply returns False (``collect_garbage`` retries it on its next call), an empty file is
+kept, locked, and deleted at a later sync. Deferring never blocks a write or a read.
+
 Races this module guards against (within its one thread of control):
 
 - a write and a remove of the same id while the record is pending: the record is dropped
@@ -92,6 +99,7 @@ from typing import Any
 from . import index as idx
 from . import snapshot
 from .combine import CombinePlan, CorruptRecord, RewriteResult, rewrite_combine
+from .lock_table import LockTableOwner
 from .errors import (
     StoreClosed,
     StoreDirectoryError,
@@ -156,6 +164,7 @@ class MessageStore:
                  clean_clients: Iterable[bytes] | None = None,
                  garbage_fraction: float = GARBAGE_FRACTION,
                  auto_gc: bool = True,
+                 shared_readers: bool = False,
                  write_buffer_bytes: int = WRITE_BUFFER_BYTES) -> None:
         if sync_policy not in SYNC_POLICIES:
             raise ValueError(f"sync_policy must be one of {SYNC_POLICIES}, got {sync_policy!r}")
@@ -189,6 +198,9 @@ class MessageStore:
         self._directory_unsynced = False
         self._maps: dict[int, mmap.mmap] = {}        # non-current file -> read-only map
         self._combine: CombinePlan | None = None
+        self._deferred_apply: tuple[CombinePlan, RewriteResult] | None = None
+        self._deferred_deletes: set[int] = set()     # empty files a reader kept us from
+        self._lock_table: LockTableOwner | None = None
         self._clients: set[bytes] = set()
         self._damaged: list[dict[str, int]] = []
         self._broken: BaseException | None = None
@@ -202,6 +214,9 @@ class MessageStore:
         self._dir_fd, self._lock_fd = self._open_directory()
         try:
             self.recovered_clean = self._recover(ref_counts, clean_clients)
+            if shared_readers:
+                self._lock_table = LockTableOwner(self._dir_fd)
+                self._lock_table.publish(self._current_file, self._write_offset)
         except BaseException:
             self._release()
             raise
@@ -305,7 +320,7 @@ class MessageStore:
         self._link_summary((file, valid[file], sizes[file]) for file in files)
         for file in files[:-1]:
             if valid[file] == 0:
-                self._delete_file(file)
+                self._unlink_file(file)
         log.info("%s: dirty recovery found %d messages in %d files", self.directory,
                  len(index), len(files))
 
@@ -405,7 +420,7 @@ class MessageStore:
         summary = self._summary[file]
         summary.valid_total_size -= total
         if summary.valid_total_size == 0 and file != self._current_file and not summary.locked:
-            self._guarded(self._delete_file, file)
+            self._guarded(self._delete_empty_file, file)
         return True
 
     def read(self, msg_id: bytes) -> bytes | None:
@@ -456,6 +471,10 @@ class MessageStore:
         self._guarded(self._sync_to_disk)
         result = SyncResult(self._unsynced_tickets, self._ignored_tickets)
         self._unsynced_tickets, self._ignored_tickets = [], []
+        for file in sorted(self._deferred_deletes):
+            self._deferred_deletes.discard(file)
+            self._summary[file].locked = False
+            self._guarded(self._delete_empty_file, file)
         if self.auto_gc:
             self.collect_garbage()
         return result
@@ -487,6 +506,8 @@ class MessageStore:
             "garbage_fraction": self._garbage_fraction(bytes_on_disk, valid_bytes),
             "files": {file: s.as_dict() for file, s in sorted(self._summary.items())},
             "damaged": list(self._damaged),
+            "locked_files": sum(s.locked for s in self._summary.values()),
+            "deferred_deletes": len(self._deferred_deletes),
             "recovered_clean": self.recovered_clean,
             "reads": self._reads,
             "writes": self._writes,
@@ -512,11 +533,24 @@ class MessageStore:
         self._combine = CombinePlan(dst, src, self._valid_records(dst), self._valid_records(src))
         return self._combine
 
-    def apply_combine(self, plan: CombinePlan, result: RewriteResult) -> None:
-        """Step 3: move the entries still in place, switch the files, delete Src."""
+    def apply_combine(self, plan: CombinePlan, result: RewriteResult) -> bool:
+        """Step 3: move the entries still in place, switch the files, delete Src.
+
+        False when readers in other processes kept the files past the deadline (with
+        ``shared_readers``): nothing changed, call again later.
+        """
         if plan is not self._combine:
             raise StoreError("apply_combine of a plan this store is not running")
         self._check_usable()
+        if self._lock_table is None:
+            self._apply_combine(plan, result)
+            return True
+        with self._lock_table.exclusive([plan.dst, plan.src]) as acquired:
+            if acquired:
+                self._apply_combine(plan, result)
+        return acquired
+
+    def _apply_combine(self, plan: CombinePlan, result: RewriteResult) -> None:
         moved = 0
         index = self._index
         for records, offsets, file in ((plan.dst_records, result.dst_offsets, plan.dst),
@@ -546,18 +580,26 @@ class MessageStore:
             summary = self._summary[file]
             summary.locked = False
             if summary.valid_total_size == 0:
-                self._guarded(self._delete_file, file)
+                self._guarded(self._delete_empty_file, file)
 
     def collect_garbage(self) -> int:
-        """Combine pairs in-process until the trigger no longer holds; the number done."""
+        """Combine pairs in-process until the trigger no longer holds, or until readers
+        hold a switch past its deadline (retried at the next call); the number done."""
         done = 0
+        if self._deferred_apply is not None:
+            if not self.apply_combine(*self._deferred_apply):
+                return done
+            self._deferred_apply = None
+            done += 1
         while (plan := self.plan_combine()) is not None:
             try:
                 result = rewrite_combine(self.directory, plan)
             except BaseException:
                 self.abandon_combine(plan)
                 raise
-            self.apply_combine(plan, result)
+            if not self.apply_combine(plan, result):
+                self._deferred_apply = (plan, result)
+                break
             done += 1
         return done
 
@@ -596,9 +638,9 @@ class MessageStore:
         src.valid_total_size = 0
         self._combine = None
         dst.locked = src.locked = False
-        self._delete_file(plan.src)
+        self._unlink_file(plan.src)           # the caller holds both files' slots
         if dst.valid_total_size == 0:
-            self._delete_file(plan.dst)
+            self._unlink_file(plan.dst)
         os.fsync(self._dir_fd)
         self._directory_unsynced = False
 
@@ -646,6 +688,8 @@ class MessageStore:
         summary.file_size += length
         summary.valid_total_size += length
         self._data_unsynced = True
+        if self._lock_table is not None:
+            self._lock_table.publish(self._current_file, self._write_offset)
 
     def _roll_over(self) -> None:
         old = self._current_file
@@ -663,9 +707,11 @@ class MessageStore:
         self._current_file = new
         self._write_offset = 0
         self._directory_unsynced = True
+        if self._lock_table is not None:
+            self._lock_table.publish(new, 0)
         old_summary = self._summary[old]
         if old_summary.valid_total_size == 0 and not old_summary.locked:
-            self._delete_file(old)
+            self._delete_empty_file(old)
 
     def _sync_to_disk(self) -> None:
         self._flush()
@@ -677,7 +723,20 @@ class MessageStore:
                 self._directory_unsynced = False
         self._data_unsynced = False
 
-    def _delete_file(self, file: int) -> None:
+    def _delete_empty_file(self, file: int) -> None:
+        """Delete a non-current file with no valid data, once no reader holds it; while
+        one does (past the deadline), keep it locked and retry at the next sync."""
+        if self._lock_table is None:
+            self._unlink_file(file)
+            return
+        with self._lock_table.exclusive([file]) as acquired:
+            if acquired:
+                self._unlink_file(file)
+                return
+        self._summary[file].locked = True
+        self._deferred_deletes.add(file)
+
+    def _unlink_file(self, file: int) -> None:
         summary = self._summary.pop(file)
         if summary.left is not None:
             self._summary[summary.left].right = summary.right
@@ -731,8 +790,16 @@ class MessageStore:
             self._release()
             return
         if self._combine is not None:
+            self._deferred_apply = None
             self.abandon_combine(self._combine)
         try:
+            for file in sorted(self._deferred_deletes):
+                # A reader still holds it: its open fd keeps the inode, and any read by
+                # path fails and falls back to a store that is gone; nothing is wrong.
+                log.info("%s: deleting %s at close although a reader holds it",
+                         self.directory, data_file_name(file))
+                self._unlink_file(file)
+            self._deferred_deletes.clear()
             self._guarded(self._sync_to_disk)
             os.fsync(self._current_fd)
             summary = [(file, s.valid_total_size, s.file_size)
@@ -749,6 +816,8 @@ class MessageStore:
         for mapped in self._maps.values():
             mapped.close()
         self._maps.clear()
+        if self._lock_table is not None:
+            self._lock_table.close()
         fds = [self._current_fd, self._lock_fd, self._dir_fd]
         for fd in fds:
             if fd >= 0:

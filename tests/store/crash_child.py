@@ -15,7 +15,6 @@ import signal
 import sys
 import time
 
-import store.combine
 import store.message_store
 from store import MessageStore
 
@@ -50,23 +49,24 @@ def write_forever(directory: str) -> None:
 def kill_at(point: str) -> None:
     """Arrange for this process to SIGKILL itself at one step of a combine."""
     real_rewrite = store.message_store.rewrite_combine
-    real_pread, real_fdatasync = os.pread, os.fdatasync
+    real_write, real_fdatasync = os.write, os.fdatasync
     real_rename, real_unlink = os.rename, os.unlink
-    preads = []
+    copying = []
 
     def rewrite_then(directory, plan):
         if point == "after-plan":
             die()
+        copying.append(True)
         return real_rewrite(directory, plan)
 
-    def pread(fd, length, offset):
-        preads.append(offset)
-        if point == "mid-copy" and len(preads) == 2:
+    def write(fd, data):
+        if point == "mid-copy" and copying:
+            real_write(fd, bytes(data[:len(data) // 2]))   # a torn Dst.rdt
             die()
-        return real_pread(fd, length, offset)
+        return real_write(fd, data)
 
     def fdatasync(fd):
-        if point == "before-fsync" and preads:
+        if point == "before-fsync" and copying:
             die()
         return real_fdatasync(fd)
 
@@ -81,8 +81,7 @@ def kill_at(point: str) -> None:
         return real_unlink(path, **kwargs)
 
     store.message_store.rewrite_combine = rewrite_then
-    store.combine.os.pread = pread
-    os.fdatasync, os.rename, os.unlink = fdatasync, rename, unlink
+    os.write, os.fdatasync, os.rename, os.unlink = write, fdatasync, rename, unlink
 
 
 def combine_and_die(directory: str, point: str) -> None:
