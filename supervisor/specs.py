@@ -1,0 +1,140 @@
+"""Child specs and supervisor flags, with OTP's options and defaults, validated when built.
+
+``SupervisorFlags(strategy, intensity, period_s)``
+
+- ``strategy``: ``"one_for_one"`` (restart the child that died), ``"one_for_all"``
+  (stop all the others, in reverse start order, then start all again in order),
+  ``"rest_for_one"`` (stop the children started after it, in reverse, then restart it and
+  them in order), ``"simple_one_for_one"`` (one template spec; children are added with
+  ``start_child(args)`` and each restarts alone). Default ``"one_for_one"``.
+- ``intensity`` (int >= 0, default 1) restarts within ``period_s`` (seconds > 0, default
+  5): one more and the supervisor stops all its children, in reverse order, and fails;
+  its parent treats that as the failure of a child.
+
+``ChildSpec(id, actor, args, kwargs, restart, shutdown_s, start_timeout_s,
+heartbeat_interval_s, heartbeat_timeout_s)``
+
+- ``id``: a non-empty str, unique among its siblings; also the actor's registered name.
+- ``actor``: the ``actors.ProcessActor`` subclass to run; ``args``/``kwargs`` its
+  arguments (picklable: they reach the child through the forkserver).
+- ``restart``: ``"permanent"`` (always restarted, the default), ``"transient"``
+  (restarted only after an abnormal exit: a crash, a signal, a non-zero code), or
+  ``"temporary"`` (never restarted).
+- ``shutdown_s``: seconds between the stop request and SIGTERM, and again before
+  SIGKILL (default 5); ``"brutal_kill"`` sends SIGKILL at once. A store writing its
+  recovery files wants minutes: RabbitMQ gives its message stores 600 s.
+- ``start_timeout_s``: how long a start (``on_start``, a recovery from disk) may take
+  before the child is killed and counted as failed (default 60).
+- ``heartbeat_interval_s`` / ``heartbeat_timeout_s``: once the child is ready it is
+  pinged on its control channel every interval; no answer for the timeout and it is
+  deemed hung, killed and restarted (defaults 1 s / 5 s; ``None`` disables).
+
+``SupervisorSpec(id, flags, children, restart, shutdown_s)`` nests a supervisor as a child.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from actors import ProcessActor
+
+from .errors import InvalidSpec
+
+STRATEGIES = ("one_for_one", "one_for_all", "rest_for_one", "simple_one_for_one")
+RESTARTS = ("permanent", "transient", "temporary")
+BRUTAL_KILL = "brutal_kill"
+SHUTDOWN_S = 5.0
+START_TIMEOUT_S = 60.0
+HEARTBEAT_INTERVAL_S = 1.0
+HEARTBEAT_TIMEOUT_S = 5.0
+STORE_SHUTDOWN_S = 600.0          # msg_store_shutdown_timeout
+
+
+def _positive_seconds(name: str, value: Any, allow_none: bool = False) -> None:
+    if allow_none and value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise InvalidSpec(name, value, "seconds > 0" + (" or None" if allow_none else ""))
+
+
+@dataclass(frozen=True)
+class SupervisorFlags:
+    strategy: str = "one_for_one"
+    intensity: int = 1
+    period_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        if self.strategy not in STRATEGIES:
+            raise InvalidSpec("strategy", self.strategy, f"one of {', '.join(STRATEGIES)}")
+        if isinstance(self.intensity, bool) or not isinstance(self.intensity, int) or (
+                self.intensity < 0):
+            raise InvalidSpec("intensity", self.intensity, "an int >= 0")
+        _positive_seconds("period_s", self.period_s)
+
+
+@dataclass(frozen=True)
+class ChildSpec:
+    id: str
+    actor: type[ProcessActor]
+    args: tuple = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    restart: str = "permanent"
+    shutdown_s: float | str = SHUTDOWN_S
+    start_timeout_s: float = START_TIMEOUT_S
+    heartbeat_interval_s: float | None = HEARTBEAT_INTERVAL_S
+    heartbeat_timeout_s: float | None = HEARTBEAT_TIMEOUT_S
+
+    def __post_init__(self) -> None:
+        _check_common(self.id, self.restart, self.shutdown_s)
+        if not (isinstance(self.actor, type) and issubclass(self.actor, ProcessActor)):
+            raise InvalidSpec("actor", self.actor, "a subclass of actors.ProcessActor")
+        if not isinstance(self.args, tuple):
+            raise InvalidSpec("args", self.args, "a tuple")
+        if not isinstance(self.kwargs, dict) or not all(isinstance(k, str) for k in self.kwargs):
+            raise InvalidSpec("kwargs", self.kwargs, "a dict with str keys")
+        _positive_seconds("start_timeout_s", self.start_timeout_s)
+        _positive_seconds("heartbeat_interval_s", self.heartbeat_interval_s, allow_none=True)
+        _positive_seconds("heartbeat_timeout_s", self.heartbeat_timeout_s, allow_none=True)
+        if (self.heartbeat_interval_s is None) != (self.heartbeat_timeout_s is None):
+            raise InvalidSpec("heartbeat_timeout_s", self.heartbeat_timeout_s,
+                              "None exactly when heartbeat_interval_s is None")
+        if self.heartbeat_interval_s is not None and (
+                self.heartbeat_timeout_s <= self.heartbeat_interval_s):
+            raise InvalidSpec("heartbeat_timeout_s", self.heartbeat_timeout_s,
+                              f"more than heartbeat_interval_s ({self.heartbeat_interval_s})")
+
+
+@dataclass(frozen=True)
+class SupervisorSpec:
+    id: str
+    flags: SupervisorFlags = field(default_factory=SupervisorFlags)
+    children: tuple[ChildSpec | SupervisorSpec, ...] = ()
+    restart: str = "permanent"
+    shutdown_s: float | str = 60.0
+
+    def __post_init__(self) -> None:
+        _check_common(self.id, self.restart, self.shutdown_s)
+        if not isinstance(self.flags, SupervisorFlags):
+            raise InvalidSpec("flags", self.flags, "a SupervisorFlags")
+        if not isinstance(self.children, tuple) or not all(
+                isinstance(c, (ChildSpec, SupervisorSpec)) for c in self.children):
+            raise InvalidSpec("children", self.children,
+                              "a tuple of ChildSpec and SupervisorSpec")
+        ids = [c.id for c in self.children]
+        duplicates = sorted({i for i in ids if ids.count(i) > 1})
+        if duplicates:
+            raise InvalidSpec("children", duplicates, "unique child ids")
+        if self.flags.strategy == "simple_one_for_one" and (
+                len(self.children) != 1 or not isinstance(self.children[0], ChildSpec)):
+            raise InvalidSpec("children", ids,
+                              "exactly one ChildSpec (the template) for simple_one_for_one")
+
+
+def _check_common(child_id: Any, restart: Any, shutdown_s: Any) -> None:
+    if not isinstance(child_id, str) or not child_id:
+        raise InvalidSpec("id", child_id, "a non-empty str")
+    if restart not in RESTARTS:
+        raise InvalidSpec("restart", restart, f"one of {', '.join(RESTARTS)}")
+    if shutdown_s != BRUTAL_KILL:
+        _positive_seconds("shutdown_s", shutdown_s)
