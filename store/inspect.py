@@ -64,7 +64,8 @@ def inspect_store(directory: str | os.PathLike) -> StoreReport:
         os.close(dir_fd)
     reports, last_copy = [], {}
     for file in files:
-        found = scan_file(os.path.join(directory, data_file_name(file)))
+        # A copy, not a mapping: a store starting beside us may truncate its current file.
+        found = scan_file(os.path.join(directory, data_file_name(file)), mapped=False)
         reports.append(FileReport(file, found.size, len(found.offsets), damaged=found.damaged))
         for msg_id, offset, size in zip(found.msg_ids, found.offsets, found.total_sizes):
             last_copy[msg_id] = (file, offset, size)

@@ -56,6 +56,16 @@ Races and their answers:
   file fds in the child, which opens its own on first use;
 - a reader killed holding its lock: the kernel releases it with the process's last fd of
   that description;
+- the store restarts: it renames a fresh table into place, so flags and locks of the old
+  one no longer count; a reader compares the inode of the table it maps with the one under
+  the name at its next fallback (and every ``REFRESH_EVERY_READS`` reads) and starts over
+  on the new one. The first read after a restart may therefore fall back once;
+- the store dies in the middle of updating the header (sequence left odd): the reader
+  gives up after ``SEQUENCE_RETRIES`` tries and falls back; the next store's new table
+  ends it;
+- a file combined away or deleted is never read again, so its cached fd would pin its
+  disk space: whenever a reader sees a generation move (or falls back, or every
+  ``REFRESH_EVERY_READS`` reads) it closes the fds whose generation is no longer current;
 - local filesystems only: OFD locks over NFS are not reliable.
 """
 
@@ -77,6 +87,8 @@ TABLE_FILE = "lock.table"
 SLOT_COUNT = 65536
 SWITCH_DEADLINE_SECONDS = 0.1      # how long the store polls for readers to leave
 SWITCH_POLL_SECONDS = 0.001
+REFRESH_EVERY_READS = 256           # a reader looks for a new table and stale fds this often
+SEQUENCE_RETRIES = 1000             # a header update never ends (its store died): fall back
 
 _MAGIC = b"WRNLOCKS"
 _VERSION = 1
@@ -161,13 +173,21 @@ class LockTableOwner:
                 for slot in slots:
                     self._bump_generation(slot)
         finally:
-            for slot in locked:
-                _ofd_lock(self._fd, fcntl.F_UNLCK, slot)
-            for slot in slots:
-                self._set_flag(slot, 0)
+            # The store may have stopped inside the block (a failed rename breaks it and
+            # closes the table): its lock and flags went with the file; nothing to undo.
+            if not self._map.closed:
+                for slot in locked:
+                    _ofd_lock(self._fd, fcntl.F_UNLCK, slot)
+                for slot in slots:
+                    self._set_flag(slot, 0)
 
-    def generation(self, file: int) -> int:
-        return _SLOT.unpack_from(self._map, _slot_offset(file % self.slot_count))[2]
+    def held_by_readers(self, file: int) -> bool:
+        """Whether some reader holds ``file``'s slot right now (the kernel says; nothing
+        counts readers, so this is a yes or no)."""
+        request = _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET,
+                              _slot_offset(file % self.slot_count), _SLOT_BYTES, 0)
+        answer = fcntl.fcntl(self._fd, fcntl.F_OFD_GETLK, request)
+        return _FLOCK.unpack(answer)[0] != fcntl.F_UNLCK
 
     def _set_flag(self, slot: int, value: int) -> None:
         struct.pack_into("<I", self._map, _slot_offset(slot), value)
@@ -200,17 +220,25 @@ class LockTableReader:
         self._files: dict[int, tuple[int, int]] = {}  # file -> (generation, fd)
         self.direct_reads = 0
         self.fallbacks = 0
+        self._reads_since_refresh = 0
+        self._switch_seen = False              # a generation moved: sweep after this read
         _readers.add(self)
 
     def read(self, file: int, offset: int, total_size: int, msg_id: bytes) -> bytes | None:
+        self._reads_since_refresh += 1
+        if self._reads_since_refresh >= REFRESH_EVERY_READS:
+            self._refresh()
         try:
             body = self._read(file, offset, total_size, msg_id)
         except OSError:
             body = None                  # a missing or replaced file: the store knows
         if body is None:
             self.fallbacks += 1
+            self._refresh()
         else:
             self.direct_reads += 1
+            if self._switch_seen:
+                self._refresh()
         return body
 
     def _read(self, file, offset, total_size, msg_id) -> bytes | None:
@@ -223,8 +251,9 @@ class LockTableReader:
             locked, _, generation = _SLOT.unpack_from(table, slot_at)
             if locked:
                 return None
-            current, flushed = self._current_and_flushed(table)
-            if file > current or (file == current and offset + total_size > flushed):
+            position = self._current_and_flushed(table)
+            if position is None or file > position[0] or (
+                    file == position[0] and offset + total_size > position[1]):
                 return None
             fd = self._fd_for(file, generation)
             record = os.pread(fd, total_size, offset)
@@ -251,13 +280,41 @@ class LockTableReader:
         return self._map
 
     @staticmethod
-    def _current_and_flushed(table: mmap.mmap) -> tuple[int, int]:
-        while True:
+    def _current_and_flushed(table: mmap.mmap) -> tuple[int, int] | None:
+        """The current file and its flushed offset, or None if the header stays mid-update
+        (the store died while writing it; a new store brings a new table)."""
+        for _ in range(SEQUENCE_RETRIES):
             (before,) = _WORD.unpack_from(table, _SEQUENCE_AT)
             current, flushed = struct.unpack_from("<QQ", table, _CURRENT_AT)
             (after,) = _WORD.unpack_from(table, _SEQUENCE_AT)
             if before == after and not before & 1:
                 return current, flushed
+        return None
+
+    def _refresh(self) -> None:
+        """Let go of what a restarted store or a finished switch made stale: the whole
+        table when a new store renamed a new one into place (its locks and flags are the
+        ones that count now), else the fds of files whose generation moved on (a file
+        combined away or deleted is never read again, and its fd would pin its disk
+        space)."""
+        self._reads_since_refresh = 0
+        with self._mutex:
+            self._switch_seen = False
+            if self._map is None or self._holders:
+                return                    # another thread is mid-read: next time
+            try:
+                replaced = (os.stat(os.path.join(self.directory, TABLE_FILE)).st_ino
+                            != os.fstat(self._lock_fd).st_ino)
+            except FileNotFoundError:
+                replaced = True
+            if replaced:
+                self._drop_everything()
+                return
+            for file, (generation, fd) in list(self._files.items()):
+                slot_at = _slot_offset(file % self._slot_count)
+                if _SLOT.unpack_from(self._map, slot_at)[2] != generation:
+                    del self._files[file]
+                    os.close(fd)
 
     def _acquire(self, slot: int) -> bool:
         with self._mutex:
@@ -284,6 +341,7 @@ class LockTableReader:
             fd = os.open(os.path.join(self.directory, data_file_name(file)), os.O_RDONLY)
             if cached is not None:
                 os.close(cached[1])
+                self._switch_seen = True
             self._files[file] = (generation, fd)
             return fd
 
@@ -296,18 +354,9 @@ class LockTableReader:
 
     def close(self) -> None:
         with self._mutex:
-            for _, fd in self._files.values():
-                os.close(fd)
-            self._files.clear()
-            if self._map is not None:
-                self._map.close()
-                os.close(self._lock_fd)
-                self._map, self._lock_fd = None, -1
-            self._holders.clear()
+            self._drop_everything()
 
-    def _after_fork_in_child(self) -> None:
-        """Drop everything inherited: the parent's locks must not live on in the child."""
-        self._mutex = threading.Lock()
+    def _drop_everything(self) -> None:
         for _, fd in self._files.values():
             os.close(fd)
         self._files.clear()
@@ -316,6 +365,11 @@ class LockTableReader:
             os.close(self._lock_fd)
             self._map, self._lock_fd = None, -1
         self._holders.clear()
+
+    def _after_fork_in_child(self) -> None:
+        """Drop everything inherited: the parent's locks must not live on in the child."""
+        self._mutex = threading.Lock()
+        self._drop_everything()
 
 
 _readers: weakref.WeakSet[LockTableReader] = weakref.WeakSet()

@@ -72,7 +72,8 @@ file-lock table (``store.lock_table``): it publishes the current file and its fl
 offset after every write(2), and takes a file's slot exclusively around each rename and
 delete. Readers holding a slot past a short deadline make the store defer: a combine's
 apply returns False (``collect_garbage`` retries it on its next call), an empty file is
-kept, locked, and deleted at a later sync. Deferring never blocks a write or a read.
+kept, locked, and deleted at a later sync. Retries take the slots only if they are free
+at that moment, so a stopped reader costs a sync no wait at all.
 
 Races this module guards against (within its one thread of control):
 
@@ -99,7 +100,7 @@ from typing import Any
 from . import index as idx
 from . import snapshot
 from .combine import CombinePlan, CorruptRecord, RewriteResult, rewrite_combine
-from .lock_table import LockTableOwner
+from .lock_table import SWITCH_DEADLINE_SECONDS, LockTableOwner
 from .errors import (
     StoreClosed,
     StoreDirectoryError,
@@ -153,8 +154,8 @@ class MessageStore:
     """A message store directory, opened and recovered. See the module docstring.
 
     ``MessageStore(directory, file_size_limit=16 MiB, sync_policy="fsync", ref_counts=None,
-    clean_clients=None, garbage_fraction=0.5, auto_gc=True)``; a context manager whose exit
-    is ``close()``, a clean stop.
+    clean_clients=None, garbage_fraction=0.5, auto_gc=True, shared_readers=False,
+    write_buffer_bytes=1 MiB)``; a context manager whose exit is ``close()``, a clean stop.
     """
 
     def __init__(self, directory: str | os.PathLike, *,
@@ -200,6 +201,8 @@ class MessageStore:
         self._combine: CombinePlan | None = None
         self._deferred_apply: tuple[CombinePlan, RewriteResult] | None = None
         self._deferred_deletes: set[int] = set()     # empty files a reader kept us from
+        self._uncombinable: set[int] = set()         # files whose records do not add up
+        self._unsynced_files: set[int] = set()       # rolled over, never fdatasync'd
         self._lock_table: LockTableOwner | None = None
         self._clients: set[bytes] = set()
         self._damaged: list[dict[str, int]] = []
@@ -293,7 +296,7 @@ class MessageStore:
 
     def _rebuild(self, files: list[int], ref_counts) -> None:
         """Dirty recovery: scan every file; keep the last copy of each id."""
-        index: dict[bytes, int] = {}
+        index: dict[int, int] = {}
         sizes: dict[int, int] = {}
         for file in files:
             path = os.path.join(self.directory, data_file_name(file))
@@ -462,7 +465,9 @@ class MessageStore:
 
     def location(self, msg_id: bytes) -> idx.Location | None:
         """Where ``msg_id``'s record is (``pending`` until flushed), or None."""
-        value = self._index.get(_key(check_msg_id(msg_id)))
+        key = _key(check_msg_id(msg_id))
+        self._check_usable()
+        value = self._index.get(key)
         return None if value is None else idx.unpack(value)
 
     def sync(self) -> SyncResult:
@@ -471,12 +476,16 @@ class MessageStore:
         self._guarded(self._sync_to_disk)
         result = SyncResult(self._unsynced_tickets, self._ignored_tickets)
         self._unsynced_tickets, self._ignored_tickets = [], []
-        for file in sorted(self._deferred_deletes):
-            self._deferred_deletes.discard(file)
-            self._summary[file].locked = False
-            self._guarded(self._delete_empty_file, file)
-        if self.auto_gc:
-            self.collect_garbage()
+        # What follows must not lose ``result``: those writes are on disk whatever happens.
+        try:
+            for file in sorted(self._deferred_deletes):
+                self._deferred_deletes.discard(file)
+                self._summary[file].locked = False
+                self._guarded(self._delete_empty_file, file, 0.0)
+            if self.auto_gc:
+                self.collect_garbage()
+        except (OSError, CorruptRecord) as exc:
+            log.error("%s: garbage collection failed: %s", self.directory, exc)
         return result
 
     def register_client(self, client_ref: bytes) -> None:
@@ -504,15 +513,20 @@ class MessageStore:
             "valid_bytes": valid_bytes,
             "pending_bytes": self._pending_bytes,
             "garbage_fraction": self._garbage_fraction(bytes_on_disk, valid_bytes),
-            "files": {file: s.as_dict() for file, s in sorted(self._summary.items())},
+            "files": {file: self._file_stats(file, s) for file, s in sorted(self._summary.items())},
             "damaged": list(self._damaged),
             "locked_files": sum(s.locked for s in self._summary.values()),
+            "uncombinable_files": sorted(self._uncombinable),
             "deferred_deletes": len(self._deferred_deletes),
             "recovered_clean": self.recovered_clean,
             "reads": self._reads,
             "writes": self._writes,
             **self.counters,
         }
+
+    def _file_stats(self, file: int, summary: FileSummary) -> dict[str, Any]:
+        held = self._lock_table is not None and self._lock_table.held_by_readers(file)
+        return {**summary.as_dict(), "readers": int(held)}
 
     # ---------------------------------------------------------------- GC
 
@@ -525,18 +539,21 @@ class MessageStore:
         valid_bytes = sum(s.valid_total_size for s in self._summary.values())
         if self._garbage_fraction(bytes_on_disk, valid_bytes) <= self.garbage_fraction:
             return None
-        pair = self._choose_pair()
-        if pair is None:
-            return None
-        dst, src = pair
-        self._summary[dst].locked = self._summary[src].locked = True
-        self._combine = CombinePlan(dst, src, self._valid_records(dst), self._valid_records(src))
-        return self._combine
+        while (pair := self._choose_pair()) is not None:
+            dst, src = pair
+            dst_records, src_records = self._valid_records(dst), self._valid_records(src)
+            if dst_records is None or src_records is None:
+                continue                   # a file that does not add up: try another pair
+            self._summary[dst].locked = self._summary[src].locked = True
+            self._combine = CombinePlan(dst, src, dst_records, src_records)
+            return self._combine
+        return None
 
-    def apply_combine(self, plan: CombinePlan, result: RewriteResult) -> bool:
+    def apply_combine(self, plan: CombinePlan, result: RewriteResult, *,
+                      wait_s: float = SWITCH_DEADLINE_SECONDS) -> bool:
         """Step 3: move the entries still in place, switch the files, delete Src.
 
-        False when readers in other processes kept the files past the deadline (with
+        False when readers in other processes held the files for ``wait_s`` (with
         ``shared_readers``): nothing changed, call again later.
         """
         if plan is not self._combine:
@@ -545,7 +562,7 @@ class MessageStore:
         if self._lock_table is None:
             self._apply_combine(plan, result)
             return True
-        with self._lock_table.exclusive([plan.dst, plan.src]) as acquired:
+        with self._lock_table.exclusive([plan.dst, plan.src], wait_s) as acquired:
             if acquired:
                 self._apply_combine(plan, result)
         return acquired
@@ -587,13 +604,21 @@ class MessageStore:
         hold a switch past its deadline (retried at the next call); the number done."""
         done = 0
         if self._deferred_apply is not None:
-            if not self.apply_combine(*self._deferred_apply):
-                return done
+            plan, result = self._deferred_apply
+            if plan is self._combine:
+                # A retry takes the locks only if they are free now: a reader stopped
+                # while holding one must not cost every sync a full deadline.
+                if not self.apply_combine(plan, result, wait_s=0.0):
+                    return done
+                done += 1
             self._deferred_apply = None
-            done += 1
         while (plan := self.plan_combine()) is not None:
             try:
                 result = rewrite_combine(self.directory, plan)
+            except CorruptRecord:
+                self._uncombinable.update((plan.dst, plan.src))
+                self.abandon_combine(plan)
+                raise
             except BaseException:
                 self.abandon_combine(plan)
                 raise
@@ -611,12 +636,15 @@ class MessageStore:
                 return None
             neighbour = self._summary[src]
             if (not summary.locked and not neighbour.locked
+                    and not {dst, src} & self._uncombinable
                     and summary.valid_total_size + neighbour.valid_total_size <= limit):
                 return dst, src
         return None
 
-    def _valid_records(self, file: int) -> tuple[tuple[bytes, int, int], ...]:
-        """The records of ``file`` the index points at, in offset order."""
+    def _valid_records(self, file: int) -> tuple[tuple[bytes, int, int], ...] | None:
+        """The records of ``file`` the index points at, in offset order; None (and the
+        file is never combined) when they do not add up to its valid bytes: a record the
+        scan cannot find would otherwise be left pointing into a file about to go."""
         found = scan_file(os.path.join(self.directory, data_file_name(file)))
         index = self._index
         valid = []
@@ -625,6 +653,13 @@ class MessageStore:
             if (value is not None and value >> idx.FILE_SHIFT == file
                     and (value >> idx.OFFSET_SHIFT) & idx.OFFSET_MASK == offset):
                 valid.append((msg_id, offset, size))
+        expected = self._summary[file].valid_total_size
+        if sum(r[2] for r in valid) != expected:
+            log.error("%s: %s holds %d valid bytes by the index but the scan finds %d; "
+                      "the file is damaged and will not be combined", self.directory,
+                      data_file_name(file), expected, sum(r[2] for r in valid))
+            self._uncombinable.add(file)
+            return None
         return tuple(valid)
 
     def _switch_files(self, plan: CombinePlan, file_size: int, moved: int) -> None:
@@ -693,8 +728,11 @@ class MessageStore:
 
     def _roll_over(self) -> None:
         old = self._current_file
-        if self._fsync and self._data_unsynced:
-            os.fdatasync(self._current_fd)
+        if self._data_unsynced:
+            if self._fsync:
+                os.fdatasync(self._current_fd)
+            else:
+                self._unsynced_files.add(old)
             self._data_unsynced = False
         os.close(self._current_fd)
         new = old + 1
@@ -723,13 +761,14 @@ class MessageStore:
                 self._directory_unsynced = False
         self._data_unsynced = False
 
-    def _delete_empty_file(self, file: int) -> None:
+    def _delete_empty_file(self, file: int,
+                           wait_s: float = SWITCH_DEADLINE_SECONDS) -> None:
         """Delete a non-current file with no valid data, once no reader holds it; while
-        one does (past the deadline), keep it locked and retry at the next sync."""
+        one does (for ``wait_s``), keep it locked and retry at the next sync."""
         if self._lock_table is None:
             self._unlink_file(file)
             return
-        with self._lock_table.exclusive([file]) as acquired:
+        with self._lock_table.exclusive([file], wait_s) as acquired:
             if acquired:
                 self._unlink_file(file)
                 return
@@ -737,6 +776,8 @@ class MessageStore:
         self._deferred_deletes.add(file)
 
     def _unlink_file(self, file: int) -> None:
+        self._unsynced_files.discard(file)
+        self._uncombinable.discard(file)
         summary = self._summary.pop(file)
         if summary.left is not None:
             self._summary[summary.left].right = summary.right
@@ -782,13 +823,17 @@ class MessageStore:
         if self._closed:
             raise StoreClosed(f"store {self.directory!r} is closed")
 
-    def close(self) -> None:
-        """Clean stop: flush, fsync, write the clean-shutdown files, release the lock."""
+    def close(self) -> SyncResult | None:
+        """Clean stop: flush, fsync, write the clean-shutdown files, release the lock.
+
+        Returns the settlement of the writes no ``sync()`` reported yet (None if the
+        store had already stopped).
+        """
         if self._closed:
-            return
+            return None
         if self._broken is not None:
             self._release()
-            return
+            return None
         if self._combine is not None:
             self._deferred_apply = None
             self.abandon_combine(self._combine)
@@ -802,9 +847,21 @@ class MessageStore:
             self._deferred_deletes.clear()
             self._guarded(self._sync_to_disk)
             os.fsync(self._current_fd)
+            # The marker will vouch for every file's size: with the "flush" policy files
+            # were rolled over unsynced, and must be on disk before it is written.
+            for file in sorted(self._unsynced_files):
+                fd = os.open(data_file_name(file), os.O_RDONLY, dir_fd=self._dir_fd)
+                try:
+                    os.fdatasync(fd)
+                finally:
+                    os.close(fd)
+            self._unsynced_files.clear()
             summary = [(file, s.valid_total_size, s.file_size)
                        for file, s in sorted(self._summary.items())]
             snapshot.write(self._dir_fd, self._index, summary, frozenset(self._clients))
+            settled = SyncResult(self._unsynced_tickets, self._ignored_tickets)
+            self._unsynced_tickets, self._ignored_tickets = [], []
+            return settled
         finally:
             self._release()
 

@@ -49,10 +49,6 @@ def encode_record(msg_id: bytes, body: bytes) -> bytes:
     return HEADER.pack(MSG_ID_BYTES + len(body), msg_id) + body + b"\xff"
 
 
-def total_size(body_len: int) -> int:
-    return body_len + RECORD_OVERHEAD
-
-
 def data_file_name(file: int) -> str:
     return f"{file}{FILE_SUFFIX}"
 

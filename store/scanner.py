@@ -95,15 +95,19 @@ def scan_buffer(buf: bytes | mmap.mmap) -> ScanResult:
     return result
 
 
-def scan_file(path: str | os.PathLike) -> ScanResult:
-    """Scan a file through a read-only mapping (no copy of the file into memory)."""
+def scan_file(path: str | os.PathLike, *, mapped: bool = True) -> ScanResult:
+    """Scan a file through a read-only mapping (no copy of the file into memory), or,
+    with ``mapped=False``, from a copy: for a file another process may shrink under us
+    (touching a mapping past a file's end raises SIGBUS)."""
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         if size == 0:
             return ScanResult()
-        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-            mapped.madvise(mmap.MADV_SEQUENTIAL)
-            return scan_buffer(mapped)
+        if not mapped:
+            return scan_buffer(f.read())
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as view:
+            view.madvise(mmap.MADV_SEQUENTIAL)
+            return scan_buffer(view)
 
 
 def _note_gap(buf, start: int, end: int, damaged: list[tuple[int, int]]) -> None:

@@ -3,8 +3,9 @@
 ``left``/``right`` link the files in logical order (gaps appear as files are deleted or
 combined away); the current file is the one with no right neighbour. ``locked`` marks a
 file that a GC job is combining: it is not chosen again, and not deleted when it empties
-(the job's apply or abandon deals with it). ``readers`` counts direct readers in other
-processes; the in-process engine has none.
+(the job's apply or abandon deals with it). ``stats()`` adds ``readers``: whether a reader
+in another process holds the file's slot of the shared lock table right now (1 or 0: the
+kernel's locks can be seen, not counted).
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ class FileSummary:
     left: int | None = None       # the next older file
     right: int | None = None      # the next younger file; None for the current file
     locked: bool = False
-    readers: int = 0
 
     def as_dict(self) -> dict:
         return asdict(self)

@@ -176,3 +176,136 @@ def test_a_reader_that_forks_does_not_keep_its_locks_alive_in_the_child(store_di
             grandchild.kill()
             grandchild.wait(10)
         store.close()
+
+
+def open_fds_of_deleted_files() -> list[str]:
+    links = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            links.append(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:
+            continue
+    return [link for link in links if link.endswith(".rdq (deleted)")]
+
+
+def combine_everything(store, directory):
+    while (plan := store.plan_combine()) is not None:
+        assert store.apply_combine(plan, rewrite_combine(directory, plan))
+
+
+def test_a_reader_lets_go_of_files_the_gc_deleted(store_dir):
+    store = fragmented_store(store_dir)
+    reader = LockTableReader(store_dir)
+    try:
+        for n in range(0, 400, 4):
+            p = store.location(msg_id(n))
+            assert reader.read(p.file, p.offset, p.total_size, msg_id(n)) == body(n, 300)
+        combine_everything(store, store_dir)
+        for n in range(0, 400, 4):                 # stale places: fall back, and refresh
+            p = store.location(msg_id(n))
+            reader.read(p.file, p.offset, p.total_size, msg_id(n))
+        assert open_fds_of_deleted_files() == []
+    finally:
+        reader.close()
+        store.close()
+
+
+def test_a_reader_moved_by_a_combine_reads_the_new_place_directly(store_dir):
+    store = fragmented_store(store_dir)
+    reader = LockTableReader(store_dir)
+    try:
+        plan = store.plan_combine()
+        moved = plan.src_records[0][0]
+        dst_id, dst_offset, dst_size = plan.dst_records[-1]
+        assert reader.read(plan.dst, dst_offset, dst_size, dst_id) is not None   # fd cached
+        assert store.apply_combine(plan, rewrite_combine(store_dir, plan))
+        p = store.location(moved)
+        assert p.file == plan.dst
+        assert reader.read(p.file, p.offset, p.total_size, moved) is not None
+    finally:
+        reader.close()
+        store.close()
+
+
+def test_a_reader_falls_back_when_the_store_flags_the_file_between_its_check_and_its_lock(
+        store_dir, monkeypatch):
+    with MessageStore(store_dir, shared_readers=True) as store:
+        store.write(msg_id(1), body(1))
+        store.sync()
+        p = store.location(msg_id(1))
+        reader = LockTableReader(store_dir)
+        real_acquire = reader._acquire
+
+        def acquire_then_store_flags(slot):
+            got = real_acquire(slot)
+            store._lock_table._set_flag(slot, 1)
+            return got
+
+        monkeypatch.setattr(reader, "_acquire", acquire_then_store_flags)
+        try:
+            assert reader.read(p.file, p.offset, p.total_size, msg_id(1)) is None
+        finally:
+            reader.close()
+
+
+def test_a_reader_never_reads_past_the_published_flushed_offset(store_dir):
+    with MessageStore(store_dir, shared_readers=True) as store:
+        store.write(msg_id(1), body(1))
+        store.sync()
+        p = store.location(msg_id(1))
+        reader = LockTableReader(store_dir)
+        try:
+            store._lock_table.publish(p.file, p.offset + p.total_size - 1)
+            assert reader.read(p.file, p.offset, p.total_size, msg_id(1)) is None
+            store._lock_table.publish(p.file, p.offset + p.total_size)
+            assert reader.read(p.file, p.offset, p.total_size, msg_id(1)) == body(1)
+        finally:
+            reader.close()
+
+
+def test_a_reader_follows_the_store_across_a_restart_even_one_that_died_mid_update(store_dir):
+    store = MessageStore(store_dir, shared_readers=True)
+    store.write(msg_id(1), body(1))
+    store.sync()
+    reader = LockTableReader(store_dir)
+    try:
+        p = store.location(msg_id(1))
+        assert reader.read(p.file, p.offset, p.total_size, msg_id(1)) == body(1)
+        table = store._lock_table._map
+        table[16:24] = (7).to_bytes(8, "little")           # a header update never finished
+        store._release()                                    # ... because the store died
+        started = time.monotonic()
+        assert reader.read(p.file, p.offset, p.total_size, msg_id(1)) is None
+        assert time.monotonic() - started < 1
+        with MessageStore(store_dir, shared_readers=True) as restarted:
+            restarted.write(msg_id(2), body(2))
+            restarted.sync()
+            q = restarted.location(msg_id(2))
+            reader.read(q.file, q.offset, q.total_size, msg_id(2))    # may fall back once
+            assert reader.read(q.file, q.offset, q.total_size, msg_id(2)) == body(2)
+            assert reader.direct_reads >= 2
+    finally:
+        reader.close()
+
+
+def test_a_stopped_reader_costs_later_syncs_no_wait(store_dir):
+    store = MessageStore(store_dir, file_size_limit=1000, shared_readers=True, auto_gc=False)
+    try:
+        for n in range(20):
+            store.write(msg_id(n), body(n))
+        store.sync()
+        with Reader("hold", str(store_dir), "0", "stop") as reader:
+            assert reader.line() == "held"
+            for n in range(8):
+                store.remove(msg_id(n))                  # 0.rdq empties: deferred
+            durations = []
+            for n in range(5):
+                store.write(msg_id(100 + n), body(n))
+                started = time.monotonic()
+                store.sync()
+                durations.append(time.monotonic() - started)
+            assert max(durations) < 0.05, durations
+            assert store.stats()["deferred_deletes"] == 1
+            assert store.stats()["files"][0]["readers"] == 1
+    finally:
+        store.close()

@@ -1,0 +1,163 @@
+"""The messages between store clients, the store actors and the GC actor.
+
+Every message is a frozen dataclass registered with the actor runtime's codec; a
+``bytes`` field of 64 KiB or more (a batch of records) travels as its own frame.
+
+Client → store (``msg_store_persistent`` / ``msg_store_transient``):
+
+    Register(client_ref)                  ask → StoreInfo
+    WriteBatch(client_ref, first_seq, records)
+                                          ask → Settled, answered once every write of the
+                                          batch is on disk or ignored (group commit)
+    Remove(client_ref, msg_ids)           tell
+    Read(msg_id)                          ask → Found | None
+    ReadMany(msg_ids)                     ask → list[Found | None]
+    Contains(msg_ids)                     ask → list[bool]
+    ReadsReport(client_ref, direct, fallback)   tell: the client's read counters
+    Terminate(client_ref)                 ask → None, after everything the client sent
+    ClientDying(client_ref)               tell: later writes of unknown ids are ignored,
+                                          then the client is forgotten
+    StoreStats()                          ask → dict
+
+Store → GC (``msg_store_gc``) and back:
+
+    RewriteJob(job_id, directory, dst, src, dst_records, src_records, reply_to)   tell
+    Rewritten(job_id, dst_offsets, src_offsets, file_size)                       tell
+    RewriteFailed(job_id, reason)                                                tell
+
+``records`` of a WriteBatch is the batch in ``.rdq`` layout, exactly the bytes the store
+appends (``size · msg_id · body · 0xFF`` per record), sequence numbers ``first_seq``,
+``first_seq + 1`` ... in record order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from actors import ActorRef, message
+
+
+@message
+@dataclass(frozen=True)
+class Register:
+    client_ref: bytes
+
+
+@message
+@dataclass(frozen=True)
+class StoreInfo:
+    """What a client needs to read directly: the directory and who answers."""
+
+    directory: str
+    incarnation: int
+    transient: bool
+
+
+@message
+@dataclass(frozen=True)
+class WriteBatch:
+    client_ref: bytes
+    first_seq: int
+    records: bytes
+
+
+@message
+@dataclass(frozen=True)
+class Settled:
+    """Cumulative confirm of one client's writes up to ``up_to_seq``: every seq not in
+    ``ignored`` is on disk, at the place ``locations`` gives (seq, file, offset, size)."""
+
+    client_ref: bytes
+    up_to_seq: int
+    ignored: list[int]
+    locations: list[tuple[int, int, int, int]]
+
+
+@message
+@dataclass(frozen=True)
+class Remove:
+    client_ref: bytes
+    msg_ids: list[bytes]
+
+
+@message
+@dataclass(frozen=True)
+class Read:
+    msg_id: bytes
+
+
+@message
+@dataclass(frozen=True)
+class ReadMany:
+    msg_ids: list[bytes]
+
+
+@message
+@dataclass(frozen=True)
+class Found:
+    """A body and where it lies, so the client can read it directly next time."""
+
+    body: bytes
+    file: int
+    offset: int
+    total_size: int
+
+
+@message
+@dataclass(frozen=True)
+class Contains:
+    msg_ids: list[bytes]
+
+
+@message
+@dataclass(frozen=True)
+class ReadsReport:
+    client_ref: bytes
+    direct: int
+    fallback: int
+
+
+@message
+@dataclass(frozen=True)
+class Terminate:
+    client_ref: bytes
+
+
+@message
+@dataclass(frozen=True)
+class ClientDying:
+    client_ref: bytes
+
+
+@message
+@dataclass(frozen=True)
+class StoreStats:
+    pass
+
+
+@message
+@dataclass(frozen=True)
+class RewriteJob:
+    job_id: int
+    directory: str
+    dst: int
+    src: int
+    dst_records: list[tuple[bytes, int, int]]
+    src_records: list[tuple[bytes, int, int]]
+    reply_to: ActorRef
+
+
+@message
+@dataclass(frozen=True)
+class Rewritten:
+    job_id: int
+    dst_offsets: list[int]
+    src_offsets: list[int]
+    file_size: int
+
+
+@message
+@dataclass(frozen=True)
+class RewriteFailed:
+    job_id: int
+    reason: str
