@@ -1,1 +1,69 @@
-"""The actor runtime: pykka actors living in their own OS processes, over ZeroMQ."""
+"""The actor runtime: actors in their own OS processes, talking over ZeroMQ.
+
+Define a ``ProcessActor`` subclass, create a ``Node``, ``spawn`` the actor into a process
+of its own and talk to it through the ``ActorRef`` you get back::
+
+    from actors import Node, ProcessActor
+
+    class Counter(ProcessActor):
+        def __init__(self, start: int) -> None:
+            self.total = start
+
+        def on_receive(self, message):
+            if message == "get":
+                return self.total
+            self.total += message
+
+    with Node("demo") as node:
+        counter = node.spawn(Counter, 10, name="counter")
+        counter.tell(5)
+        assert counter.ask("get") == 15
+
+The modules, each with its protocol and races in its docstring: ``actor`` (the class you
+subclass), ``ref`` (refs, tell/ask, futures), ``node`` (spawning, stopping, monitors,
+links), ``registry``, ``monitor``, ``messages`` (Down, Exit, Pong), ``codec`` (what may
+travel), ``runtime_dir``, ``exitcodes``, ``errors``.
+"""
+
+from actors.actor import DeferredReply, ProcessActor
+from actors.codec import LARGE_BODY_BYTES, message, register_message
+from actors.errors import (ActorDeadError, ActorError, AskTimeout, CodecError, InvalidSpec,
+                           MailboxFull, MessageTooLarge, RemoteError, SpawnError)
+from actors.exitcodes import (EXIT_CRASHED, EXIT_LINKED, EXIT_NORMAL, EXIT_PARENT_GONE,
+                              EXIT_START_FAILED, EXIT_TERMINATED)
+from actors.messages import Down, Exit, Pong
+from actors.monitor import Monitor
+from actors.node import Node
+from actors.ref import ActorRef, Future
+from actors.registry import Registry
+
+__all__ = [
+    "ActorDeadError",
+    "ActorError",
+    "ActorRef",
+    "AskTimeout",
+    "CodecError",
+    "DeferredReply",
+    "Down",
+    "EXIT_CRASHED",
+    "EXIT_LINKED",
+    "EXIT_NORMAL",
+    "EXIT_PARENT_GONE",
+    "EXIT_START_FAILED",
+    "EXIT_TERMINATED",
+    "Exit",
+    "Future",
+    "InvalidSpec",
+    "LARGE_BODY_BYTES",
+    "MailboxFull",
+    "MessageTooLarge",
+    "Monitor",
+    "Node",
+    "Pong",
+    "ProcessActor",
+    "Registry",
+    "RemoteError",
+    "SpawnError",
+    "message",
+    "register_message",
+]

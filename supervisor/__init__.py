@@ -1,1 +1,27 @@
-"""Supervision trees, resource alarms and the node; also the ``warren`` command line."""
+"""Supervision trees with OTP's semantics, resource alarms, and the Warren node.
+
+``Supervisor`` runs a ``SupervisorSpec`` of ``ChildSpec``s over actor processes
+(``supervisor.supervisor``); ``Node`` boots a whole broker node on a data directory
+(``supervisor.node``); ``AlarmLimits`` sets the memory and disk alarms
+(``supervisor.alarms``). ``supervisor.cli`` is the ``warren`` command.
+"""
+
+from .alarms import AlarmChange, AlarmLimits
+from .errors import InvalidSpec, NodeLocked, SupervisorError
+from .node import Node, query_status
+from .specs import ChildSpec, SupervisorFlags, SupervisorSpec
+from .supervisor import Supervisor
+
+__all__ = [
+    "AlarmChange",
+    "AlarmLimits",
+    "ChildSpec",
+    "InvalidSpec",
+    "Node",
+    "NodeLocked",
+    "Supervisor",
+    "SupervisorError",
+    "SupervisorFlags",
+    "SupervisorSpec",
+    "query_status",
+]

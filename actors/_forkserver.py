@@ -1,0 +1,253 @@
+"""The forkserver: one small single-threaded process per node that forks actor processes.
+
+Why: a freshly spawned interpreter costs 70–95 ms before it runs a line of ours; a fork of
+a process that has already imported the heavy modules costs a few milliseconds. Forking
+the node's own process is not an option: it has threads and a live ZeroMQ context, and a
+fork copies their locks in whatever state they are in. The forkserver has neither. It is
+started with ``subprocess`` (``python -c``), imports the preload modules, and from then on
+only forks.
+
+Protocol on one unix stream socket (a socketpair; the node holds the other end):
+
+    node → server   u32 length · u8 kind · payload
+                    BOOT   payload = pickle of (sys.path, preload modules, main script,
+                                               title, parent pid)
+                    SPAWN  payload = u64 token · u16 n · node endpoint (n bytes) · pickled order
+                    KILL   payload = i32 pid · i32 signal
+    server → node   fixed 17-byte records: u8 kind · u64 token · i32 pid · i32 status
+                    BOOTED  (0, 0, 0)          the preloads are imported
+                    FORKED  (token, pid, 0)    a child exists for this spawn
+                    EXITED  (0, pid, status)   a child was reaped; status is its exit code,
+                                               or minus the signal that killed it
+
+The spawn order is pickled by the node and unpickled only in the forked child: that is the
+one sanctioned use of pickle (start arguments handed to a child we created), and it keeps
+the user's modules out of the forkserver's own memory. The child reports READY or FAILED
+to the node service itself, over ZeroMQ, from a fresh context.
+
+Races and their answers:
+- The node dies (even SIGKILL): the socket reaches EOF; the server SIGKILLs every child,
+  reaps them and exits. It also exits if ``getppid`` changes (checked once a second), in
+  case the node's end leaked into another process and EOF never comes.
+- The server dies: every child has PR_SET_PDEATHSIG = SIGKILL (the server is
+  single-threaded, so "parent thread exits" means "parent exits"), and checks after the
+  prctl that its parent did not die before it.
+- KILL names a pid: the server signals it only while that pid is its own unreaped child,
+  so a recycled pid is never signalled.
+- SIGCHLD wakes the select through a wake-up pipe; every reap is reported, so no child is
+  left a zombie and the node learns exit codes and signals exactly.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+import importlib.util
+import os
+import pickle
+import select
+import signal
+import socket
+import struct
+import sys
+import traceback
+from typing import Any
+
+BOOT = 1
+SPAWN = 2
+KILL = 3
+
+BOOTED = 0
+FORKED = 1
+EXITED = 2
+
+HEADER = struct.Struct(">IB")
+REPORT = struct.Struct(">BQii")
+SPAWN_HEAD = struct.Struct(">QH")
+KILL_BODY = struct.Struct(">ii")
+
+# True while the forkserver imports the application's main script: a script that starts a
+# node at import time (no ``if __name__ == "__main__"`` guard) would otherwise start a
+# forkserver that imports the script that starts a node ... without end.
+_importing_main = False
+
+# How often the server checks that its parent is alive (seconds).
+_PARENT_CHECK_S = 1.0
+_PR_SET_PDEATHSIG = 1
+
+
+def _read_exactly(sock: socket.socket, size: int) -> bytes | None:
+    chunks = []
+    while size:
+        chunk = sock.recv(size)
+        if not chunk:
+            return None
+        chunks.append(chunk)
+        size -= len(chunk)
+    return b"".join(chunks)
+
+
+def _read_request(sock: socket.socket) -> tuple[int, bytes] | None:
+    head = _read_exactly(sock, HEADER.size)
+    if head is None:
+        return None
+    length, kind = HEADER.unpack(head)
+    payload = _read_exactly(sock, length)
+    return None if payload is None else (kind, payload)
+
+
+def set_title(title: str) -> None:
+    """Show ``title`` whole in ps and top (argv rewritten by setproctitle)."""
+    import setproctitle
+
+    setproctitle.setproctitle(title)
+
+
+def die_with_parent(expected_parent: int) -> bool:
+    """Ask for SIGKILL when the parent exits; False if it is already gone."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    return os.getppid() == expected_parent
+
+
+def serve(fd: int) -> None:
+    """The forkserver's main: boot, then fork on request until the node goes away."""
+    sock = socket.socket(fileno=fd)
+    request = _read_request(sock)
+    if request is None or request[0] != BOOT:
+        os._exit(2)
+    sys_path, preload, main_path, title, parent_pid = pickle.loads(request[1])
+    sys.path[:] = sys_path
+    set_title(title)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for module in preload:
+        importlib.import_module(module)
+    if main_path:
+        _import_main(main_path)
+    wake_read, wake_write = os.pipe()
+    os.set_blocking(wake_read, False)
+    os.set_blocking(wake_write, False)
+    signal.set_wakeup_fd(wake_write, warn_on_full_buffer=False)
+    signal.signal(signal.SIGCHLD, lambda _signum, _frame: None)
+    children: set[int] = set()
+    sock.sendall(REPORT.pack(BOOTED, 0, 0, 0))
+    watched: list[Any] = [sock, wake_read]
+    while True:
+        readable, _, _ = select.select(watched, [], [], _PARENT_CHECK_S)
+        if wake_read in readable:
+            try:
+                while os.read(wake_read, 4096):
+                    pass
+            except BlockingIOError:
+                pass  # drained; the pipe only says "reap now"
+        _reap(sock, children)
+        if os.getppid() != parent_pid:
+            break
+        if sock not in readable:
+            continue
+        request = _read_request(sock)
+        if request is None:
+            break
+        kind, payload = request
+        if kind == SPAWN:
+            pid = os.fork()
+            if pid == 0:
+                sock.close()
+                os.close(wake_read)
+                os.close(wake_write)
+                signal.set_wakeup_fd(-1)
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                os._exit(_run_child(payload))
+            children.add(pid)
+            token = SPAWN_HEAD.unpack_from(payload)[0]
+            sock.sendall(REPORT.pack(FORKED, token, pid, 0))
+        elif kind == KILL:
+            pid, signum = KILL_BODY.unpack(payload)
+            if pid in children:
+                os.kill(pid, signum)
+    for pid in children:
+        os.kill(pid, signal.SIGKILL)
+    while children:
+        pid, _status = os.waitpid(-1, 0)
+        children.discard(pid)
+    os._exit(0)
+
+
+def _import_main(path: str) -> None:
+    """Import the application's main script, so actor classes defined there unpickle.
+
+    It is imported as ``__mp_main__`` (so its ``if __name__ == "__main__"`` block does not
+    run) and also installed as ``__main__``, the module pickle names its classes by. The
+    codec registers message types of ``__mp_main__`` under ``__main__``, as the parent does.
+    """
+    global _importing_main
+    spec = importlib.util.spec_from_file_location("__mp_main__", path)
+    if spec is None or spec.loader is None:
+        return
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["__mp_main__"] = module
+    sys.modules["__main__"] = module
+    _importing_main = True
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        _importing_main = False
+
+
+def importing_main() -> bool:
+    """True while a forkserver imports the application's script (no Node may start then)."""
+    return _importing_main
+
+
+def _reap(sock: socket.socket, children: set[int]) -> None:
+    while children:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        children.discard(pid)
+        code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+        try:
+            sock.sendall(REPORT.pack(EXITED, 0, pid, code))
+        except OSError:
+            pass  # the node is gone; the main loop sees EOF and kills the rest
+
+
+def _run_child(payload: bytes) -> int:
+    """Run the forked child to its end: it must never return into the server's loop."""
+    from actors.exitcodes import EXIT_CRASHED
+
+    try:
+        code = _child(payload, os.getppid())
+    except BaseException:
+        traceback.print_exc()
+        code = EXIT_CRASHED
+    sys.stdout.flush()
+    sys.stderr.flush()
+    return code
+
+
+def _child(payload: bytes, forkserver_pid: int) -> int:
+    """Become the actor described by ``payload``; return the exit code."""
+    from actors.exitcodes import EXIT_PARENT_GONE, EXIT_START_FAILED
+
+    if not die_with_parent(forkserver_pid):
+        return EXIT_PARENT_GONE
+    token, size = SPAWN_HEAD.unpack_from(payload)
+    node_endpoint = payload[SPAWN_HEAD.size:SPAWN_HEAD.size + size].decode()
+    try:
+        order = pickle.loads(payload[SPAWN_HEAD.size + size:])
+    except Exception as exc:
+        from actors._node_client import NodeClient
+        from actors._runtime import runtime
+
+        NodeClient(node_endpoint).failed(token, type(exc).__name__, str(exc), "")
+        runtime().context.destroy(linger=1000)
+        return EXIT_START_FAILED
+    set_title(f"warren: {order.options.get('title') or order.name}")
+    from actors._loop import ActorLoop
+
+    return ActorLoop(order).run()

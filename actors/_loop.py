@@ -1,0 +1,582 @@
+"""The loop of an actor process: bind the mailboxes, start the actor, serve, tear down.
+
+Runs on the main thread of the process the forkserver forked for one actor incarnation,
+in three phases:
+
+setup     bind the data ROUTER and the control ROUTER (ROUTER_MANDATORY, ROUTER_HANDOVER,
+          bounded HWM and linger), build the actor, run ``on_start``, then tell the node
+          READY (or FAILED, and exit ``EXIT_START_FAILED``). A caller's ``spawn`` returns
+          on READY, so a ref is never handed out before its mailbox is bound.
+running   one poll over [control, data, wake pipe]. Each pass serves every waiting
+          control message first (PING, STATS, STOP, and DOWN/EXIT from the node), then
+          drains up to ``max_batch`` data messages (and about ``MAX_BATCH_BYTES``): runs
+          of tells go to ``on_receive_batch`` as one list, each ask to ``on_receive`` in
+          its place in the order. Then due timers, then ``on_idle`` if the mailbox was found empty.
+teardown  ``on_stop`` (clean stops) or nothing more (``on_failure`` ran at the crash); asks
+          still queued are answered with ActorDeadError and tells still queued are
+          counted as dropped; sockets close with a bounded linger.
+
+Races and bad input, each with its answer:
+- A frame that does not decode, has the wrong shape or names an unregistered type is
+  counted (``malformed``, ``unknown_type``) and logged; an ask among them, when its
+  request id is readable, gets an error answer. Nothing a peer sends raises out of here.
+- A message stamped with another incarnation (a pinned ref to a predecessor) is dropped
+  and counted (``dropped_stale``).
+- A reply to a caller that has gone is refused by ROUTER_MANDATORY (EHOSTUNREACH) or
+  finds its pipe full (EAGAIN): counted as ``unroutable`` and logged, never blocking.
+- A busy actor still answers heartbeats between passes because control is served first;
+  a pass handles at most ``max_batch`` messages.
+- SIGTERM while the loop polls sets a flag (the wake pipe, registered with
+  ``signal.set_wakeup_fd``, interrupts the poll) and the loop stops after the pass; while
+  the actor's code runs, it raises an exception that unwinds that code (a stop has already
+  waited its graceful timeout); either way ``on_stop`` runs and the exit is
+  ``EXIT_TERMINATED``. An actor that must not be interrupted installs its own handler.
+  SIGINT is ignored: Ctrl-C in a terminal reaches the whole process group, and stopping
+  is the node's decision.
+- A busy actor does not answer heartbeats while one handler call runs (the loop is in the
+  actor's code): a supervisor tells "busy" from "hung" by the length of the silence, so
+  handlers should hand long work to a thread or split it with ``call_later``.
+- The node's process may die without a word: PR_SET_PDEATHSIG kills us when the
+  forkserver dies, and the loop also checks ``getppid`` whenever the poll times out.
+- A deferred reply answered from another thread is queued and the wake pipe written, so
+  the sockets are only ever touched by this thread.
+"""
+
+from __future__ import annotations
+
+import collections
+import errno
+import heapq
+import itertools
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import zmq
+
+from actors import _wire
+from actors._node_client import NodeClient
+from actors._runtime import runtime
+from actors.actor import ProcessActor
+from actors.codec import Decoder, Encoder, contains_unknown
+from actors.errors import ActorDeadError, ActorError, CodecError, MessageTooLarge
+from actors.exitcodes import (EXIT_CRASHED, EXIT_LINKED, EXIT_NORMAL, EXIT_PARENT_GONE,
+                              EXIT_START_FAILED, EXIT_TERMINATED)
+from actors.messages import Down, Exit, Pong
+from actors.ref import ActorRef
+
+logger = logging.getLogger("actors")
+
+# Longest poll when nothing is due (milliseconds): how often an idle actor checks its parent.
+_IDLE_POLL_MS = 1000
+
+
+@dataclass(frozen=True)
+class SpawnOrder:
+    """Everything a forked child needs to become an actor (pickled once, by the node)."""
+
+    actor_class: type[ProcessActor]
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    name: str
+    incarnation: int
+    address: str
+    control: str
+    node: str
+    token: int
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+class _Deferred:
+    """One ask's answer, given later (``ProcessActor.defer_reply``)."""
+
+    def __init__(self, loop: ActorLoop, identity: bytes, request_id: int) -> None:
+        self._loop = loop
+        self._identity = identity
+        self._request_id = request_id
+        self._used = False
+
+    def send(self, value: Any) -> None:
+        self._finish(_wire.REPLY_OK, value)
+
+    def fail(self, exception: BaseException) -> None:
+        self._finish(_wire.REPLY_ERROR, _describe(exception))
+
+    def _finish(self, kind: int, value: Any) -> None:
+        if self._used:
+            raise ActorError("this ask was answered already")
+        self._used = True
+        self._loop.call_soon_threadsafe(
+            lambda: self._loop.reply(self._identity, kind, self._request_id, value))
+
+
+def _describe(exception: BaseException) -> list[str]:
+    remote_tb = "".join(traceback.format_exception(exception))
+    return [type(exception).__name__, str(exception), remote_tb]
+
+
+class _Crash(Exception):
+    """Raised inside the loop to leave it after an unhandled exception in the actor."""
+
+
+class _Terminated(BaseException):
+    """Raised by the SIGTERM handler to interrupt the actor's code while it is busy."""
+
+
+class ActorLoop:
+    """The running phase's state; implements ``ActorServices`` for the actor."""
+
+    def __init__(self, order: SpawnOrder) -> None:
+        self._order = order
+        self._runtime = runtime()
+        self._node = NodeClient(order.node)
+        self._encoder = Encoder()
+        self._decoder = Decoder()
+        self._thread_id = threading.get_ident()
+        self._parent_pid = os.getppid()
+        cls = order.actor_class
+        self._max_batch = int(order.options.get("max_batch", cls.max_batch))
+        self._max_bytes = int(order.options.get("max_message_bytes", cls.max_message_bytes))
+        self._mailbox_size = int(order.options.get("mailbox_size", cls.mailbox_size))
+        self._trap_exits = bool(cls.trap_exits)
+        self._stopping = False
+        self._exit_code = EXIT_NORMAL
+        self._injected: list[Any] = []
+        self._posted: collections.deque[Callable[[], None]] = collections.deque()
+        self._timers: list[tuple[float, int, Callable[[], None]]] = []
+        self._timer_ids = itertools.count()
+        self._current_ask: tuple[bytes, int] | None = None
+        self._deferred = False
+        self._delivered_since_idle = False
+        self._serving = False
+        self._in_poll = False
+        self._terminating = False
+        self.counters = {"received": 0, "batches": 0, "asks": 0, "dropped_stale": 0,
+                         "malformed": 0, "unknown_type": 0, "oversized": 0,
+                         "unroutable": 0, "dropped_at_stop": 0}
+        # Both set by _setup, before anything else reads them.
+        self.actor: ProcessActor
+        self.ref: ActorRef
+
+    # -- setup ---------------------------------------------------------------------------
+
+    def run(self) -> int:
+        """Run the three phases; return the process's exit code."""
+        wake_read, wake_write = os.pipe()
+        os.set_blocking(wake_read, False)
+        os.set_blocking(wake_write, False)
+        self._wake_read, self._wake_write = wake_read, wake_write
+        signal.set_wakeup_fd(wake_write, warn_on_full_buffer=False)
+        signal.signal(signal.SIGTERM, self._on_sigterm)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            if not self._setup():
+                return EXIT_START_FAILED
+            try:
+                self._serve()
+            except (_Crash, _Terminated):
+                pass
+            return self._teardown()
+        finally:
+            self._runtime.context.destroy(linger=_wire.LINGER_MS)
+
+    def _bind(self, kind: int, endpoint: str) -> zmq.Socket:
+        socket = self._runtime.context.socket(kind)
+        socket.linger = _wire.LINGER_MS
+        socket.router_mandatory = 1
+        socket.router_handover = 1
+        socket.rcvhwm = self._mailbox_size
+        socket.maxmsgsize = max(self._max_bytes, _wire.MAX_MESSAGE_BYTES)
+        socket.bind(endpoint)
+        return socket
+
+    def _setup(self) -> bool:
+        order = self._order
+        started = False
+        try:
+            self._data = self._bind(zmq.ROUTER, order.address)
+            self._control = self._bind(zmq.ROUTER, order.control)
+            self.ref = ActorRef(order.name, self._endpoint(self._data),
+                                self._endpoint(self._control), order.incarnation,
+                                os.getpid(), order.node)
+            self.actor = order.actor_class(*order.args, **order.kwargs)
+            self.actor.ref = self.ref
+            self.actor._services = self
+            started = True
+            self.actor.on_start()
+        except Exception as exc:
+            if started:
+                self._call_on_failure()
+            self._node.failed(order.token, *_describe(exc))
+            return False
+        self._node.ready(order.token, self.ref.address, self.ref.control, self.ref.pid)
+        return True
+
+    @staticmethod
+    def _endpoint(socket: zmq.Socket) -> str:
+        endpoint = socket.last_endpoint
+        return endpoint.decode() if isinstance(endpoint, bytes) else str(endpoint)
+
+    # -- running -------------------------------------------------------------------------
+
+    def _serve(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self._control, zmq.POLLIN)
+        poller.register(self._data, zmq.POLLIN)
+        poller.register(self._wake_read, zmq.POLLIN)
+        control, data = self._control, self._data
+        self._serving = True
+        while not self._stopping:
+            self._in_poll = True
+            try:
+                events = dict(poller.poll(self._poll_timeout_ms()))
+            finally:
+                self._in_poll = False
+            if not events and os.getppid() != self._parent_pid:
+                self._stopping = True
+                self._exit_code = EXIT_PARENT_GONE
+                break
+            if control in events:
+                self._serve_control()
+                if self._stopping:
+                    break
+            if self._wake_read in events:
+                self._run_posted()
+            if data in events or self._injected:
+                self._drain_data()
+            elif self._delivered_since_idle:
+                self._delivered_since_idle = False
+                self._guard(self.actor.on_idle)
+            if self._timers:
+                self._run_timers()
+
+    def _poll_timeout_ms(self) -> int:
+        if self._injected or self._posted:
+            return 0
+        if not self._timers:
+            return _IDLE_POLL_MS
+        wait_s = self._timers[0][0] - time.monotonic()
+        return max(0, min(_IDLE_POLL_MS, int(wait_s * 1000) + 1))
+
+    def _receive(self, socket: zmq.Socket) -> list[Any]:
+        """One message as [routing id, header, *bodies]; raises zmq.Again when none waits.
+
+        Two plain receives and the header frame's ``more`` flag, rather than
+        ``recv_multipart``, whose per-call option queries cost more than the rest of a
+        small message's handling. The header and bodies stay ``zmq.Frame``s: the codec
+        reads them through the buffer protocol, without a copy. (``_drain_data`` inlines
+        this for its hot path.)
+        """
+        identity = socket.recv(zmq.NOBLOCK)
+        header = socket.recv(zmq.NOBLOCK, copy=False)
+        frames: list[Any] = [identity, header]
+        if header.more:
+            frames += self._rest(socket)
+        return frames
+
+    @staticmethod
+    def _rest(socket: zmq.Socket) -> list[Any]:
+        bodies = []
+        more = True
+        while more:
+            body = socket.recv(zmq.NOBLOCK, copy=False)
+            bodies.append(body)
+            more = body.more
+        return bodies
+
+    def _drain_data(self) -> None:
+        recv = self._data.recv
+        decode = self._decoder.decode
+        incarnation = self._order.incarnation
+        max_bytes = self._max_bytes
+        noblock = zmq.NOBLOCK
+        tell, batch, ask = _wire.TELL, _wire.BATCH, _wire.ASK
+        tells: list[Any] = self._injected
+        self._injected = []
+        empty = False
+        received = 0
+        budget = _wire.MAX_BATCH_BYTES
+        for _ in range(self._max_batch):
+            if budget < 0:
+                break
+            try:
+                identity = recv(noblock)
+            except zmq.Again:
+                empty = True
+                break
+            received += 1
+            header = recv(noblock, copy=False)
+            frames = [header]
+            budget -= len(header)
+            if header.more:
+                frames += self._rest(self._data)
+            if len(frames) > 1 or len(header) > max_bytes:
+                size = sum(len(f) for f in frames)
+                budget -= size - len(header)
+                if size > max_bytes:
+                    self._refuse_oversized(identity, frames)
+                    continue
+            try:
+                kind, stamp, request_id, body = decode(frames)
+            except (CodecError, ValueError, TypeError, IndexError):
+                self._count_malformed("data")
+                continue
+            if stamp and stamp != incarnation:
+                self.counters["dropped_stale"] += 1
+                continue
+            if self._decoder.saw_unknown:
+                body = self._drop_unknown(identity, kind, request_id, body)
+                if body is None:
+                    continue
+            if kind == tell:
+                tells.append(body)
+            elif kind == batch and type(body) is list:
+                tells.extend(body)
+            elif kind == ask and type(request_id) is int:
+                if tells:
+                    self._deliver(tells)
+                    tells = []
+                self._answer(identity, request_id, body)
+                if self._stopping:
+                    break
+            else:
+                self._count_malformed("data")
+        self.counters["received"] += received
+        if tells:
+            self._deliver(tells)
+        if empty and self._delivered_since_idle and not self._stopping:
+            self._delivered_since_idle = False
+            self._guard(self.actor.on_idle)
+
+    def _refuse_oversized(self, identity: bytes, frames: list[Any]) -> None:
+        self.counters["oversized"] += 1
+        logger.warning("%s: refused a message of %d bytes (limit %d)", self._order.name,
+                       sum(len(f) for f in frames), self._max_bytes)
+        try:
+            kind, _stamp, request_id, _body = self._decoder.decode(frames)
+        except (CodecError, ValueError, TypeError, IndexError):
+            return
+        if kind == _wire.ASK and type(request_id) is int:
+            self.reply(identity, _wire.REPLY_ERROR, request_id, _describe(
+                MessageTooLarge(f"message exceeds {self._max_bytes} bytes")))
+
+    def _drop_unknown(self, identity: bytes, kind: Any, request_id: Any, body: Any) -> Any:
+        """Strip messages of unregistered types; answer an ask with the error."""
+        if kind == _wire.BATCH and type(body) is list:
+            kept = [m for m in body if not contains_unknown(m)]
+            self.counters["unknown_type"] += len(body) - len(kept)
+            return kept
+        self.counters["unknown_type"] += 1
+        logger.warning("%s: dropped a message of an unregistered type", self._order.name)
+        if kind == _wire.ASK and type(request_id) is int:
+            self.reply(identity, _wire.REPLY_ERROR, request_id, _describe(
+                CodecError("the message has a type this actor's process has not registered")))
+        return None
+
+    def _count_malformed(self, where: str) -> None:
+        self.counters["malformed"] += 1
+        logger.warning("%s: dropped a malformed %s frame", self._order.name, where)
+
+    def _deliver(self, tells: list[Any]) -> None:
+        self.counters["batches"] += 1
+        self._delivered_since_idle = True
+        try:
+            self.actor.on_receive_batch(tells)
+        except Exception:
+            self._crash()
+
+    def _answer(self, identity: bytes, request_id: int, message: Any) -> None:
+        self.counters["asks"] += 1
+        self._delivered_since_idle = True
+        self._current_ask = (identity, request_id)
+        self._deferred = False
+        try:
+            result = self.actor.on_receive(message)
+        except Exception as exc:
+            if not self._deferred:
+                self.reply(identity, _wire.REPLY_ERROR, request_id, _describe(exc))
+        else:
+            if not self._deferred:
+                self.reply(identity, _wire.REPLY_OK, request_id, result)
+        finally:
+            self._current_ask = None
+
+    def reply(self, identity: bytes, kind: int, request_id: int, value: Any,
+              socket: zmq.Socket | None = None) -> None:
+        """Send an answer; an answer nobody can receive is counted, never waited for."""
+        try:
+            frames = self._encoder.encode([kind, request_id, value])
+        except CodecError as exc:
+            frames = self._encoder.encode([_wire.REPLY_ERROR, request_id, _describe(exc)])
+        try:
+            (socket or self._data).send_multipart([identity, *frames], zmq.NOBLOCK,
+                                                  copy=len(frames) == 1)
+        except zmq.ZMQError as exc:
+            if exc.errno not in (errno.EHOSTUNREACH, errno.EAGAIN):
+                raise
+            self.counters["unroutable"] += 1
+            logger.warning("%s: an answer could not be routed (%s)", self._order.name,
+                           exc.strerror)
+
+    def _serve_control(self) -> None:
+        incarnation = self._order.incarnation
+        while True:
+            try:
+                frames = self._receive(self._control)
+            except zmq.Again:
+                return
+            try:
+                kind, stamp, request_id, body = self._decoder.decode(frames[1:])
+            except (CodecError, ValueError, TypeError, IndexError):
+                self._count_malformed("control")
+                continue
+            if stamp and stamp != incarnation:
+                self.counters["dropped_stale"] += 1
+                continue
+            answer = self._control_answer(kind, body)
+            if answer is not _NO_ANSWER and type(request_id) is int and request_id:
+                self.reply(frames[0], _wire.REPLY_OK, request_id, answer, self._control)
+
+    def _control_answer(self, kind: Any, body: Any) -> Any:
+        if kind == _wire.PING:
+            return Pong(self._order.incarnation, os.getpid(), self.counters["received"])
+        if kind == _wire.STATS:
+            return dict(self.counters)
+        if kind == _wire.STOP:
+            self._stopping = True
+            return None
+        if kind == _wire.DOWN and isinstance(body, Down):
+            self._runtime.mark_dead(body.ref.address, body.ref.incarnation)
+            self._injected.append(body)
+            return _NO_ANSWER
+        if kind == _wire.EXIT and isinstance(body, Exit):
+            if self._trap_exits:
+                self._injected.append(body)
+            else:
+                self._stopping = True
+                self._exit_code = EXIT_LINKED
+            return _NO_ANSWER
+        self._count_malformed("control")
+        return _NO_ANSWER
+
+    def _run_posted(self) -> None:
+        try:
+            while os.read(self._wake_read, 4096):
+                pass
+        except BlockingIOError:
+            pass  # drained: the pipe only says "look at the queue"
+        while self._posted:
+            self._guard(self._posted.popleft())
+
+    def _run_timers(self) -> None:
+        now = time.monotonic()
+        while self._timers and self._timers[0][0] <= now:
+            _due, _id, callback = heapq.heappop(self._timers)
+            self._guard(callback)
+
+    def _guard(self, callback: Callable[[], None]) -> None:
+        try:
+            callback()
+        except Exception:
+            self._crash()
+
+    def _crash(self) -> None:
+        logger.error("%s: crashed", self._order.name, exc_info=True)
+        self._call_on_failure()
+        self._exit_code = EXIT_CRASHED
+        raise _Crash
+
+    def _call_on_failure(self) -> None:
+        try:
+            self.actor.on_failure(*sys.exc_info())
+        except Exception:
+            logger.exception("%s: on_failure raised", self._order.name)
+
+    def _on_sigterm(self, _signum: int, _frame: object) -> None:
+        if self._terminating:
+            return
+        self._terminating = True
+        self._stopping = True
+        if self._exit_code == EXIT_NORMAL:
+            self._exit_code = EXIT_TERMINATED
+        if self._serving and not self._in_poll:
+            self._serving = False
+            raise _Terminated
+
+    # -- teardown ------------------------------------------------------------------------
+
+    def _teardown(self) -> int:
+        if self._exit_code != EXIT_CRASHED:
+            try:
+                self.actor.on_stop()
+            except Exception:
+                logger.exception("%s: on_stop raised", self._order.name)
+                self._exit_code = EXIT_CRASHED
+        gone = ActorDeadError(f"{self._order.name} has stopped")
+        while True:
+            try:
+                frames = self._receive(self._data)
+            except zmq.Again:
+                break
+            try:
+                kind, _stamp, request_id, _body = self._decoder.decode(frames[1:])
+            except (CodecError, ValueError, TypeError, IndexError):
+                continue
+            if kind == _wire.ASK and type(request_id) is int:
+                self.reply(frames[0], _wire.REPLY_ERROR, request_id, _describe(gone))
+            else:
+                self.counters["dropped_at_stop"] += 1
+        if self.counters["dropped_at_stop"]:
+            logger.warning("%s: %d messages were still queued at stop", self._order.name,
+                           self.counters["dropped_at_stop"])
+        return self._exit_code
+
+    # -- ActorServices -------------------------------------------------------------------
+
+    def call_soon_threadsafe(self, callback: Callable[[], None]) -> None:
+        if threading.get_ident() == self._thread_id:
+            callback()
+            return
+        self._posted.append(callback)
+        try:
+            os.write(self._wake_write, b"\0")
+        except BlockingIOError:
+            pass  # the pipe is full, so a wake-up is already pending
+
+    def defer_reply(self) -> _Deferred:
+        if self._current_ask is None:
+            raise ActorError("defer_reply() is only possible while handling an ask")
+        self._deferred = True
+        return _Deferred(self, *self._current_ask)
+
+    def call_later(self, delay_s: float, callback: Callable[[], None]) -> None:
+        heapq.heappush(self._timers, (time.monotonic() + delay_s, next(self._timer_ids),
+                                      callback))
+
+    def stop(self) -> None:
+        self._stopping = True
+
+    def monitor(self, target: ActorRef) -> None:
+        self._node.monitor(self.ref, target)
+
+    def demonitor(self, target: ActorRef) -> None:
+        self._node.demonitor(self.ref, target)
+
+    def link(self, other: ActorRef) -> None:
+        self._node.link(self.ref, other)
+
+    def whereis(self, name: str) -> ActorRef | None:
+        return self._node.whereis(name)
+
+    def register(self, name: str) -> None:
+        self._node.register(name, self.ref)
+
+
+_NO_ANSWER = object()

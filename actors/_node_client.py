@@ -1,0 +1,75 @@
+"""How an actor process (or any process) reaches the node service that spawned an actor.
+
+The node service is a ROUTER at ``ipc://<runtime dir>/node`` served by the node's own
+thread. Requests are ``[kind, request_id, body]`` (see ``actors._wire``); answers use the
+ordinary reply frames, so ``Channel.request`` serves both. READY and FAILED are one-way:
+an actor process sends one of them once, when it has started (or failed to).
+
+In the node's own process ``node_for`` returns the ``Node`` object itself, so a ref's
+``stop`` is a direct call there and a request here.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from actors import _wire
+from actors._runtime import NodeOps, runtime
+
+if TYPE_CHECKING:
+    from actors.messages import Down
+    from actors.ref import ActorRef
+
+# Extra time a remote stop request waits beyond the stop's own timeouts (seconds): the
+# node escalates to SIGTERM after ``timeout``, then SIGKILL after as long again at most.
+_STOP_REQUEST_SLACK_S = 10.0
+_REQUEST_TIMEOUT_S = 10.0
+
+
+class NodeClient:
+    """Requests to a node service from outside the node's process."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.endpoint = endpoint
+
+    def _request(self, kind: int, body: Any, timeout: float = _REQUEST_TIMEOUT_S) -> Any:
+        rt = runtime()
+        channel = rt.channel(self.endpoint)
+        request_id = next(rt.request_ids)
+        frames = channel.encoder.encode([kind, request_id, body])
+        return channel.request(frames, request_id, timeout, None)
+
+    def _notify(self, kind: int, body: Any) -> None:
+        channel = runtime().channel(self.endpoint)
+        channel.send(channel.encoder.encode([kind, 0, body]), _REQUEST_TIMEOUT_S)
+
+    def ready(self, token: int, address: str, control: str, pid: int) -> None:
+        self._notify(_wire.READY, [token, address, control, pid])
+
+    def failed(self, token: int, type_name: str, message: str, remote_traceback: str) -> None:
+        self._notify(_wire.FAILED, [token, type_name, message, remote_traceback])
+
+    def monitor(self, watcher: ActorRef, target: ActorRef) -> None:
+        self._request(_wire.MONITOR, [watcher, target])
+
+    def demonitor(self, watcher: ActorRef, target: ActorRef) -> None:
+        self._request(_wire.DEMONITOR, [watcher, target])
+
+    def link(self, first: ActorRef, second: ActorRef) -> None:
+        self._request(_wire.LINK, [first, second])
+
+    def whereis(self, name: str) -> ActorRef | None:
+        return self._request(_wire.WHEREIS, name)
+
+    def register(self, name: str, ref: ActorRef) -> None:
+        self._request(_wire.REGISTER, [name, ref])
+
+    def stop(self, ref: ActorRef, timeout: float = 5.0) -> Down:
+        return self._request(_wire.STOP_ACTOR, [ref, timeout],
+                             timeout=2 * timeout + _STOP_REQUEST_SLACK_S)
+
+
+def node_for(endpoint: str) -> NodeOps:
+    """The node serving ``endpoint``: the in-process ``Node`` or a client of it."""
+    local = runtime().nodes.get(endpoint)
+    return local if local is not None else NodeClient(endpoint)

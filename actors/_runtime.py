@@ -1,0 +1,315 @@
+"""Process-wide runtime state: the ZeroMQ context, the senders' sockets, what is known dead.
+
+One ``Runtime`` exists per process and is created on first use (and again after a fork:
+a forked child never touches its parent's context, whose I/O threads did not survive the
+fork). It owns:
+
+- ``Channel``s: one DEALER per (thread, endpoint). ZeroMQ sockets are not thread-safe, so
+  each thread sends on its own sockets; each channel also has a lock so that a ``Future``
+  resolved on another thread reads replies safely. Replies come back on the DEALER that
+  sent the request and are matched by request id. A reply nobody waits for any more (its
+  ask timed out) is dropped and counted in ``stale_replies``.
+- What this process knows about lives and deaths, per address: the newest incarnation
+  seen and whether it is alive. The node's process learns this from its forkserver; an
+  actor process learns it from the ``Down`` messages of its own monitors. A pinned ref to
+  an older incarnation, or any ref to an address whose newest incarnation is dead, is
+  known dead: asks to it fail with ``ActorDeadError`` rather than waiting for a timeout.
+- The nodes that live in this process, so that a ref's operations that need its node
+  (stop, monitor) are direct calls there and requests to the node service elsewhere.
+
+Races: a thread that ends leaves its channels open until ``forget`` closes them (a node
+closing forgets the endpoints of its actors); ``forget`` takes each channel's lock, so it
+never closes a socket under a thread that is using it, and a closed channel is replaced
+on that thread's next send.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+import time
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, Protocol
+
+import zmq
+
+from actors import _wire
+from actors.codec import Decoder, Encoder
+from actors.errors import (ActorDeadError, AskTimeout, MailboxFull, MessageTooLarge,
+                           remote_error)
+
+if TYPE_CHECKING:
+    from actors.ref import ActorRef
+
+
+# Frames at least this long (bytes) are sent without copying them. Below it a copy is
+# cheaper: a zero-copy send wakes pyzmq's garbage-collector thread when ZeroMQ releases
+# the buffer, and that thread competes for the GIL and the cores (measured: a 400 KiB
+# batch frame went ~2x slower zero-copy on two cores).
+_ZERO_COPY_BYTES = 1024 * 1024
+
+
+class NodeOps(Protocol):
+    """What a ref needs from its node: the in-process ``Node`` or a remote client of it."""
+
+    def stop(self, ref: ActorRef, timeout: float = ...) -> Any: ...
+
+
+class Channel:
+    """One DEALER to one endpoint, sending for one thread."""
+
+    def __init__(self, runtime: Runtime, endpoint: str) -> None:
+        self.endpoint = endpoint
+        self.lock = threading.Lock()
+        self.encoder = Encoder()
+        self.decoder = Decoder()
+        self.closed = False
+        self._runtime = runtime
+        # Replies that arrived for a request another caller on this channel awaits.
+        self._replies: dict[int, tuple[int, Any]] = {}
+        self._awaited: set[int] = set()
+        socket = runtime.context.socket(zmq.DEALER)
+        socket.linger = _wire.LINGER_MS
+        socket.sndhwm = _wire.DEFAULT_MAILBOX_SIZE
+        socket.copy_threshold = _ZERO_COPY_BYTES
+        socket.connect(endpoint)
+        self.socket = socket
+        self._receive_timeout_ms = -1
+
+    def send(self, frames: list[Any], timeout: float | None) -> None:
+        """Send one message; block up to ``timeout`` seconds on a full mailbox."""
+        with self.lock:
+            self._send_locked(frames, timeout)
+
+    def send_message(self, kind: int, stamp: int, message: Any, timeout: float | None) -> None:
+        """Encode and send a tell or batch: the hot path, with one try before the checks."""
+        frames = self.encoder.encode([kind, stamp, 0, message])
+        # acquire/release rather than ``with``: measurably cheaper per message here.
+        lock = self.lock
+        lock.acquire()
+        try:
+            if len(frames) == 1 and len(frames[0]) < _ZERO_COPY_BYTES:
+                try:
+                    self.socket.send(frames[0], zmq.NOBLOCK)
+                    return
+                except zmq.Again:
+                    pass  # the mailbox is full: the slow path waits for room
+            self._send_locked(frames, timeout)
+        finally:
+            lock.release()
+
+    def _send_locked(self, frames: list[Any], timeout: float | None) -> None:
+        if len(frames) > 1 and sum(len(f) for f in frames) > _wire.MAX_MESSAGE_BYTES:
+            raise MessageTooLarge(f"message of {sum(len(f) for f in frames)} bytes exceeds "
+                                  f"{_wire.MAX_MESSAGE_BYTES}")
+        if len(frames[0]) > _wire.MAX_MESSAGE_BYTES:
+            raise MessageTooLarge(f"message of {len(frames[0])} bytes exceeds "
+                                  f"{_wire.MAX_MESSAGE_BYTES}")
+        socket = self.socket
+        try:
+            self._send_now(frames)
+            return
+        except zmq.Again:
+            if timeout == 0:
+                raise MailboxFull(f"mailbox at {self.endpoint} is full") from None
+        # The HWM is reached: wait for room, then try once more (pushback, never a drop).
+        if socket.poll(None if timeout is None else int(timeout * 1000), zmq.POLLOUT):
+            self._send_now(frames)
+            return
+        raise MailboxFull(f"mailbox at {self.endpoint} stayed full for {timeout} s")
+
+    def _send_now(self, frames: list[Any]) -> None:
+        if len(frames) == 1:
+            header = frames[0]
+            # Large frames go without a copy (ZeroMQ keeps a reference until sent);
+            # small ones are cheaper copied than tracked.
+            self.socket.send(header, zmq.NOBLOCK, copy=len(header) < _ZERO_COPY_BYTES)
+        else:
+            self.socket.send_multipart(frames, zmq.NOBLOCK, copy=False)
+
+    def request(self, frames: list[Any], request_id: int, timeout: float | None,
+                target: ActorRef | None) -> Any:
+        """Send a request and wait for its reply (see ``wait``)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self.lock:
+            self._send_locked(frames, timeout)
+        return self.wait(request_id, deadline, target)
+
+    def expect(self, request_id: int) -> None:
+        """Keep the reply to ``request_id`` when another caller receives it first."""
+        with self.lock:
+            self._awaited.add(request_id)
+
+    def wait(self, request_id: int, deadline: float | None, target: ActorRef | None) -> Any:
+        """Return the reply's value, raise the remote error, ActorDeadError or AskTimeout."""
+        runtime = self._runtime
+        while True:
+            with self.lock:
+                if self.closed:
+                    raise ActorDeadError(f"{self.endpoint}: the channel was closed")
+                reply = self._replies.pop(request_id, None)
+                if reply is None:
+                    now = time.monotonic()
+                    if deadline is not None and now >= deadline:
+                        self._awaited.discard(request_id)
+                        raise AskTimeout(f"no reply from {self.endpoint} in time")
+                    slice_s = _wire.DEATH_CHECK_INTERVAL_S
+                    if deadline is not None:
+                        slice_s = min(slice_s, deadline - now)
+                    reply = self._receive_reply(request_id, int(slice_s * 1000) + 1)
+                if reply is not None:
+                    self._awaited.discard(request_id)
+            if reply is not None:
+                kind, value = reply
+                if kind == _wire.REPLY_OK:
+                    return value
+                type_name, text, remote_tb = value
+                raise remote_error(str(type_name), str(text), str(remote_tb))
+            if target is not None and runtime.known_down(target):
+                with self.lock:
+                    self._awaited.discard(request_id)
+                raise ActorDeadError(f"{target.name} (incarnation {target.incarnation}) "
+                                     f"is dead")
+
+    def _receive_reply(self, request_id: int, wait_ms: int) -> tuple[int, Any] | None:
+        """Receive replies for up to ``wait_ms``; return the one for ``request_id``.
+
+        A blocking receive with a receive timeout, rather than a poll: a poll builds a
+        poller per call, which costs more than the round trip's own work.
+        """
+        socket = self.socket
+        while True:
+            if wait_ms != self._receive_timeout_ms:
+                socket.rcvtimeo = self._receive_timeout_ms = wait_ms
+            try:
+                header = socket.recv(0, copy=False)
+            except zmq.Again:
+                return None
+            frames = [header]
+            more = header.more
+            while more:
+                body = socket.recv(0, copy=False)
+                frames.append(body)
+                more = body.more
+            wait_ms = 0
+            try:
+                kind, reply_id, value = self.decoder.decode(frames)
+            except (ValueError, TypeError):
+                self._runtime.count("malformed_replies")
+                continue
+            if reply_id == request_id:
+                return kind, value
+            if reply_id in self._awaited:
+                self._replies[reply_id] = (kind, value)
+            else:
+                self._runtime.count("stale_replies")
+
+    def close(self) -> None:
+        with self.lock:
+            if not self.closed:
+                self.closed = True
+                self.socket.close(linger=0)
+
+
+def channel_to(endpoint: str) -> Channel:
+    """This thread's channel to ``endpoint`` (the runtime's, inlined for the hot path)."""
+    current = _runtime if _runtime is not None else _create_runtime()
+    channels = getattr(current._local, "channels", None)
+    if channels is not None:
+        channel = channels.get(endpoint)
+        if channel is not None and not channel.closed:
+            return channel
+    return current.channel(endpoint)
+
+
+class Runtime:
+    """The per-process state described in the module docstring."""
+
+    def __init__(self) -> None:
+        self.context = zmq.Context()
+        self.request_ids = itertools.count(1)
+        self.nodes: dict[str, NodeOps] = {}
+        self.counters: dict[str, int] = {}
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._channels: list[Channel] = []
+        # address -> (newest incarnation seen, alive)
+        self._lives: dict[str, tuple[int, bool]] = {}
+
+    def channel(self, endpoint: str) -> Channel:
+        """This thread's DEALER to ``endpoint``, connected on first use."""
+        channels: dict[str, Channel] | None = getattr(self._local, "channels", None)
+        if channels is None:
+            channels = self._local.channels = {}
+        channel = channels.get(endpoint)
+        if channel is None or channel.closed:
+            channel = channels[endpoint] = Channel(self, endpoint)
+            with self._lock:
+                self._channels.append(channel)
+        return channel
+
+    def forget(self, endpoints: Iterable[str]) -> None:
+        """Close every thread's channels to these endpoints."""
+        gone = set(endpoints)
+        with self._lock:
+            doomed = [c for c in self._channels if c.endpoint in gone]
+            self._channels = [c for c in self._channels if c.endpoint not in gone]
+        for channel in doomed:
+            channel.close()
+
+    def count(self, counter: str, by: int = 1) -> None:
+        self.counters[counter] = self.counters.get(counter, 0) + by
+
+    def mark_alive(self, address: str, incarnation: int) -> None:
+        with self._lock:
+            known = self._lives.get(address)
+            if known is None or incarnation >= known[0]:
+                self._lives[address] = (incarnation, True)
+
+    def mark_dead(self, address: str, incarnation: int) -> None:
+        with self._lock:
+            known = self._lives.get(address)
+            if known is None or incarnation >= known[0]:
+                self._lives[address] = (incarnation, False)
+
+    def known_down(self, ref: ActorRef) -> bool:
+        """True when this process knows ``ref`` can no longer be answered."""
+        known = self._lives.get(ref.address)
+        if known is None:
+            return False
+        incarnation, alive = known
+        if ref.pinned:
+            return ref.incarnation < incarnation or (ref.incarnation == incarnation
+                                                     and not alive)
+        return not alive
+
+
+_runtime: Runtime | None = None
+_runtime_lock = threading.Lock()
+
+
+def runtime() -> Runtime:
+    """This process's runtime, created on first use (and anew in a forked child)."""
+    current = _runtime
+    if current is not None:
+        return current
+    return _create_runtime()
+
+
+def _create_runtime() -> Runtime:
+    global _runtime
+    with _runtime_lock:
+        if _runtime is None:
+            _runtime = Runtime()
+        return _runtime
+
+
+def _forget_parent_runtime() -> None:
+    # A forked child must not touch its parent's context: its I/O threads did not survive.
+    global _runtime, _runtime_lock
+    _runtime = None
+    _runtime_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_parent_runtime)

@@ -1,0 +1,155 @@
+"""``ProcessActor``: the class an application subclasses to define an actor process.
+
+The hooks are pykka's, with the same contracts, and all run on the actor process's main
+thread, one at a time:
+
+- ``__init__(*args, **kwargs)`` gets ``spawn``'s extra arguments (they reach the child
+  through the forkserver, so they must be picklable; nothing else ever is).
+- ``on_start()`` runs after the mailboxes are bound and before ``spawn`` returns; an
+  exception here makes ``spawn`` raise ``SpawnError`` with the type name and message.
+- ``on_receive(message)`` handles one message; for an ask, its return value is the
+  answer, and an exception it raises goes back to the caller while the actor carries on.
+- ``on_receive_batch(messages)`` receives, in order, the tells that were queued together
+  (everything drained in one pass of the loop between two asks). The default calls
+  ``on_receive`` for each; override it to act on a whole batch at once (one disk write,
+  one fsync, one hand-off to an in-process pykka actor). An exception raised for a tell
+  crashes the actor: ``on_failure`` runs and the process exits with ``EXIT_CRASHED``.
+- ``on_idle()`` runs whenever the loop has drained its mailbox after delivering messages
+  (the moment for a store to flush its group commit).
+- ``on_stop()`` runs on a requested stop, a SIGTERM, or a linked actor's death; it is
+  *not* called when the actor stops because of an unhandled exception.
+- ``on_failure(exception_type, exception_value, traceback)`` runs when an unhandled
+  exception stops the actor, *instead of* ``on_stop``.
+
+Services the loop offers to the actor's code: ``self.ref`` (its own ref), ``defer_reply``
+(answer an ask later, from any thread), ``call_later``, ``stop``, ``monitor``/``demonitor``
+(a ``Down`` arrives as a message), ``link``, ``whereis``/``register`` (the node's registry).
+
+Class attributes tune the mailbox: ``mailbox_size`` (messages queued per sender before the
+sender is pushed back), ``max_batch`` (messages drained per loop pass; control messages
+are looked at between passes), ``max_message_bytes``, ``trap_exits``.
+"""
+
+from __future__ import annotations
+
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+from actors import _wire
+from actors.errors import ActorError
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from actors.ref import ActorRef
+
+
+class DeferredReply(Protocol):
+    """The answer to one ask, to be given later (once), from any thread."""
+
+    def send(self, value: Any) -> None: ...
+
+    def fail(self, exception: BaseException) -> None: ...
+
+
+class ActorServices(Protocol):
+    """What the actor loop provides to the actor (implemented by ``actors._loop``)."""
+
+    def defer_reply(self) -> DeferredReply: ...
+
+    def call_later(self, delay_s: float, callback: Callable[[], None]) -> None: ...
+
+    def stop(self) -> None: ...
+
+    def monitor(self, target: ActorRef) -> None: ...
+
+    def demonitor(self, target: ActorRef) -> None: ...
+
+    def link(self, other: ActorRef) -> None: ...
+
+    def whereis(self, name: str) -> ActorRef | None: ...
+
+    def register(self, name: str) -> None: ...
+
+
+class ProcessActor:
+    """Subclass this and ``spawn`` it into its own OS process (see the module docstring)."""
+
+    # Messages queued per sender connection before that sender is pushed back.
+    mailbox_size: ClassVar[int] = _wire.DEFAULT_MAILBOX_SIZE
+    # Messages drained from the mailbox in one loop pass (a batch is at most this long).
+    max_batch: ClassVar[int] = 1024
+    # Largest message accepted, all frames together (bytes); larger ones are refused.
+    max_message_bytes: ClassVar[int] = _wire.MAX_MESSAGE_BYTES
+    # When True, a linked actor's abnormal death arrives as an Exit message instead of
+    # stopping this actor.
+    trap_exits: ClassVar[bool] = False
+
+    ref: ActorRef
+    _services: ActorServices
+
+    def on_start(self) -> None:
+        """Called once the mailboxes are bound, before ``spawn`` returns."""
+
+    def on_receive(self, message: Any) -> Any:
+        """Handle one message; for an ask, the return value is the answer."""
+        return None
+
+    def on_receive_batch(self, messages: list[Any]) -> None:
+        """Handle queued tells in order; the default hands each to ``on_receive``."""
+        for message in messages:
+            self.on_receive(message)
+
+    def on_idle(self) -> None:
+        """Called after the loop delivered messages and found the mailbox empty."""
+
+    def on_stop(self) -> None:
+        """Called on a clean stop (request, SIGTERM, linked exit), not after a crash."""
+
+    def on_failure(self, exception_type: type[BaseException] | None,
+                   exception_value: BaseException | None,
+                   traceback: TracebackType | None) -> None:
+        """Called instead of ``on_stop`` when an unhandled exception stops the actor."""
+
+    def defer_reply(self) -> DeferredReply:
+        """Inside ``on_receive`` for an ask: answer later via the returned handle.
+
+        The return value of ``on_receive`` is then ignored. The handle's ``send``/``fail``
+        may be called from any thread of this process (an in-process pykka actor, say).
+        """
+        return self._require_services().defer_reply()
+
+    def call_later(self, delay_s: float, callback: Callable[[], None]) -> None:
+        """Run ``callback`` on the actor's thread after ``delay_s`` seconds."""
+        self._require_services().call_later(delay_s, callback)
+
+    def stop(self) -> None:
+        """Stop this actor once the current batch is handled (``on_stop`` runs)."""
+        self._require_services().stop()
+
+    def monitor(self, target: ActorRef) -> None:
+        """Receive a ``Down`` message when ``target``'s incarnation exits (at once if dead)."""
+        self._require_services().monitor(target)
+
+    def demonitor(self, target: ActorRef) -> None:
+        """Stop monitoring ``target``."""
+        self._require_services().demonitor(target)
+
+    def link(self, other: ActorRef) -> None:
+        """Die with ``other`` (or, with ``trap_exits``, get an ``Exit``), and it with us."""
+        self._require_services().link(other)
+
+    def whereis(self, name: str) -> ActorRef | None:
+        """Look ``name`` up in the node's registry."""
+        return self._require_services().whereis(name)
+
+    def register(self, name: str) -> None:
+        """Register this actor under ``name`` in the node's registry."""
+        self._require_services().register(name)
+
+    def _require_services(self) -> ActorServices:
+        services = getattr(self, "_services", None)
+        if services is None:
+            raise ActorError("actor services are available only inside a spawned actor, "
+                             "from on_start on")
+        return services

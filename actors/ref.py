@@ -1,0 +1,184 @@
+"""``ActorRef``: the handle through which anyone, in any process, talks to an actor.
+
+A ref names an actor incarnation: its name, its data address, its control address, its
+incarnation number and pid, and the node service that spawned it. Refs are plain values:
+they compare by value, travel inside messages (the codec encodes them) and work in
+whichever process receives them, because sending only needs the address.
+
+Addressing an incarnation. By default a ref reaches whichever incarnation of the actor
+lives at its address: a supervisor that restarts an actor at the same address makes old
+refs work again (the DEALERs reconnect by themselves and the new process binds the same
+endpoints). ``ref.pin()`` returns a ref that names exactly this incarnation: the actor drops
+(and counts) what a pinned ref sends once a newer incarnation has taken the address, and
+callers that know of the death get ``ActorDeadError`` at once. Store clients use pinned
+refs so that no request ever reaches a restarted store that recovered without them.
+
+Ordering: messages from one thread to one actor arrive in the order sent (one DEALER per
+thread and address). Messages from different threads or processes interleave.
+
+Pushback: ``tell`` blocks while the target's mailbox is full, up to ``timeout`` seconds,
+then raises ``MailboxFull``. ZeroMQ queues messages for an actor that is not (yet or any
+more) bound; what is still queued when the sender's process closes its sockets is discarded
+after a bounded linger. Use ``ask`` or a monitor when you need to know.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from actors import _wire
+from actors._runtime import Channel, channel_to, runtime
+from actors.codec import _install_ref_type
+from actors.errors import ActorDeadError
+
+if TYPE_CHECKING:
+    from actors.messages import Down, Pong
+
+
+@dataclass(frozen=True)
+class ActorRef:
+    """A value naming one actor (see the module docstring for what "one" means)."""
+
+    name: str
+    address: str
+    control: str
+    incarnation: int
+    pid: int
+    node: str
+    pinned: bool = False
+
+    def pin(self) -> ActorRef:
+        """A ref that reaches this incarnation only."""
+        return dataclasses.replace(self, pinned=True)
+
+    def unpin(self) -> ActorRef:
+        """A ref that reaches whichever incarnation lives at this address."""
+        return dataclasses.replace(self, pinned=False)
+
+    def _check_alive(self) -> None:
+        if self.pinned and runtime().known_down(self):
+            raise ActorDeadError(f"{self.name} incarnation {self.incarnation} is dead")
+
+    @property
+    def _stamp(self) -> int:
+        return self.incarnation if self.pinned else 0
+
+    def tell(self, message: Any, timeout: float | None = _wire.DEFAULT_SEND_TIMEOUT_S) -> None:
+        """Send ``message`` without waiting for an answer.
+
+        Blocks while the mailbox is full, then raises ``MailboxFull`` after ``timeout``
+        seconds (``0``: at once; ``None``: wait as long as it takes).
+        """
+        if self.pinned:
+            self._check_alive()
+            channel_to(self.address).send_message(_wire.TELL, self.incarnation, message,
+                                                  timeout)
+        else:
+            channel_to(self.address).send_message(_wire.TELL, 0, message, timeout)
+
+    def tell_many(self, messages: Iterable[Any],
+                  timeout: float | None = _wire.DEFAULT_SEND_TIMEOUT_S) -> None:
+        """Send many messages in one frame; the actor receives them in one batch, in order."""
+        self._check_alive()
+        batch = messages if isinstance(messages, list) else list(messages)
+        if not batch:
+            return
+        channel_to(self.address).send_message(_wire.BATCH, self._stamp, batch, timeout)
+
+    def ask(self, message: Any, timeout: float | None = _wire.DEFAULT_ASK_TIMEOUT_S) -> Any:
+        """Send ``message`` and return the actor's answer.
+
+        Raises the actor's exception (as ``RemoteError``, also a subclass of the built-in
+        type for built-in exceptions), ``AskTimeout`` after ``timeout`` seconds (``None``:
+        wait forever), or ``ActorDeadError`` once this process knows the actor is dead.
+        """
+        self._check_alive()
+        rt = runtime()
+        channel = rt.channel(self.address)
+        request_id = next(rt.request_ids)
+        frames = channel.encoder.encode([_wire.ASK, self._stamp, request_id, message])
+        return channel.request(frames, request_id, timeout, self)
+
+    def ask_async(self, message: Any,
+                  timeout: float | None = _wire.DEFAULT_SEND_TIMEOUT_S) -> Future:
+        """Send ``message`` as an ask and return a ``Future`` of the answer at once.
+
+        ``timeout`` bounds only the wait for room in a full mailbox; the wait for the answer
+        is bounded by ``Future.get(timeout)``.
+        """
+        self._check_alive()
+        rt = runtime()
+        channel = rt.channel(self.address)
+        request_id = next(rt.request_ids)
+        frames = channel.encoder.encode([_wire.ASK, self._stamp, request_id, message])
+        channel.expect(request_id)
+        channel.send(frames, timeout)
+        return Future(channel, request_id, self)
+
+    def ping(self, timeout: float | None = 5.0) -> Pong:
+        """A heartbeat on the control channel, answered before any queued data message."""
+        return self._control(_wire.PING, None, timeout)
+
+    def stats(self, timeout: float | None = 5.0) -> dict[str, int]:
+        """The actor's counters: received, dropped_stale, malformed, unroutable ..."""
+        return self._control(_wire.STATS, None, timeout)
+
+    def request_stop(self, timeout: float | None = 5.0) -> None:
+        """Ask the actor to stop after its current batch (no escalation; see ``stop``)."""
+        self._control(_wire.STOP, None, timeout)
+
+    def _control(self, kind: int, body: Any, timeout: float | None) -> Any:
+        rt = runtime()
+        channel = rt.channel(self.control)
+        request_id = next(rt.request_ids)
+        frames = channel.encoder.encode([kind, self._stamp, request_id, body])
+        return channel.request(frames, request_id, timeout, self)
+
+    def stop(self, timeout: float = 5.0) -> Down:
+        """Stop the actor: a stop request, then SIGTERM after ``timeout``, then SIGKILL.
+
+        Returns the ``Down`` of the incarnation that stopped. Works from any process: the
+        actor's node does the escalation.
+        """
+        from actors._node_client import node_for
+
+        return node_for(self.node).stop(self, timeout)
+
+    def __repr__(self) -> str:
+        pin = " pinned" if self.pinned else ""
+        return f"<ActorRef {self.name} #{self.incarnation} pid {self.pid}{pin} {self.address}>"
+
+
+class Future:
+    """The answer to an ``ask_async``; ``get`` may be called from any thread."""
+
+    def __init__(self, channel: Channel, request_id: int, target: ActorRef) -> None:
+        self._channel = channel
+        self._request_id = request_id
+        self._target = target
+        self._done = False
+        self._value: Any = None
+        self._error: BaseException | None = None
+
+    def get(self, timeout: float | None = _wire.DEFAULT_ASK_TIMEOUT_S) -> Any:
+        """The answer; raises like ``ActorRef.ask`` does. Repeated calls give the same result."""
+        if not self._done:
+            deadline = None if timeout is None else time.monotonic() + timeout
+            try:
+                self._value = self._channel.wait(self._request_id, deadline, self._target)
+            except TimeoutError:
+                self._channel.expect(self._request_id)
+                raise
+            except Exception as exc:
+                self._error = exc
+            self._done = True
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
+_install_ref_type(ActorRef, tuple(f.name for f in dataclasses.fields(ActorRef)))

@@ -1,0 +1,61 @@
+"""The private runtime directory where ipc mailboxes live, and how endpoints are named.
+
+DESIGN.md §6: ipc sockets live in a short private directory (mode 0700, so other users can
+neither connect nor squat a path), named by a hash of the actor's name so that any name is
+safe and short, and every path is checked against the kernel's limit for a unix socket
+path (108 bytes including the terminating NUL; we allow at most 107).
+
+Races: a second bind on an ipc path silently steals it from the first binder. Only the
+owner of the directory binds in it: a ``Node`` creates its own directory (or is handed
+one created under its data-dir lock) and gives each actor incarnation the endpoints of
+its name; a restarted incarnation rebinds the same paths on purpose, after the previous
+one has exited.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+import tempfile
+
+from actors.errors import InvalidSpec
+
+# Longest usable unix socket path, bytes (sun_path is 108 bytes with its NUL).
+MAX_IPC_PATH_BYTES = 107
+# Hex digits of the name hash in a socket file name.
+_HASH_HEX_DIGITS = 16
+
+
+def create_runtime_dir(parent: str | None = None) -> str:
+    """Create a fresh private (0700) directory for ipc sockets and return its path.
+
+    ``parent`` defaults to ``$XDG_RUNTIME_DIR`` when it is set and short, else the system
+    temporary directory.
+    """
+    if parent is None:
+        xdg = os.environ.get("XDG_RUNTIME_DIR")
+        parent = xdg if xdg and len(xdg) < 40 and os.path.isdir(xdg) else tempfile.gettempdir()
+    path = tempfile.mkdtemp(prefix="warren-", dir=parent)
+    check_private(path)
+    return path
+
+
+def check_private(path: str) -> None:
+    """Refuse a directory that other users could write to or list."""
+    mode = os.stat(path).st_mode
+    if not stat.S_ISDIR(mode):
+        raise InvalidSpec("runtime_dir", path, "is not a directory")
+    if stat.S_IMODE(mode) & 0o077:
+        raise InvalidSpec("runtime_dir", path, f"mode {stat.S_IMODE(mode):o} is not private "
+                                               f"(0700)")
+
+
+def ipc_endpoint(runtime_dir: str, name: str, suffix: str) -> str:
+    """``ipc://<dir>/<hash of name>.<suffix>``, checked against the path limit."""
+    digest = hashlib.blake2b(name.encode("utf-8"), digest_size=_HASH_HEX_DIGITS // 2)
+    path = os.path.join(runtime_dir, f"{digest.hexdigest()}.{suffix}")
+    if len(os.fsencode(path)) > MAX_IPC_PATH_BYTES:
+        raise InvalidSpec("runtime_dir", runtime_dir,
+                          f"socket path {path!r} is longer than {MAX_IPC_PATH_BYTES} bytes")
+    return "ipc://" + path

@@ -1,0 +1,323 @@
+"""``MessageStoreActor``: msg_store_persistent and msg_store_transient as actor processes.
+
+Each wraps one ``MessageStore`` engine (with the shared lock table, so clients read files
+directly) in its own OS process, started by the node's tree (``supervisor.node``). The
+transient store empties its directory at every start. Supervised by the node's root
+(rest_for_one): a store crash restarts everything after it.
+
+Messages accepted (``store.messages``), and what each gets back:
+
+    Register(client_ref)            → StoreInfo(directory, incarnation, transient)
+    WriteBatch(client_ref, first_seq, records)
+                                    → Settled, once every write of the batch is on disk
+                                      or ignored; a malformed batch → an error, nothing
+                                      of it applied
+    Remove(client_ref, msg_ids)     (tell) one reference less each; unknown ids counted
+    Read(msg_id) / ReadMany(ids)    → Found(body, file, offset, total_size) | None each
+                                      (file -1: not yet flushed, do not cache the place)
+    Contains(ids)                   → list[bool]
+    ReadsReport(client, direct, fallback)   (tell) a client's read counters
+    Terminate(client_ref)           → None, after everything that client sent before it
+    ClientDying(client_ref)         (tell) forget the client; its writes of ids the store
+                                      does not hold are ignored from now on
+    StoreStats()                    → the engine's stats plus this actor's counters
+    Rewritten / RewriteFailed       (from the GC actor) finish or abandon a combine
+    Down (of the GC actor)          abandon the combine it was doing
+
+Sent unprompted: ``RewriteJob`` to the GC actor (``msg_store_gc``).
+
+Group commit: writes of every batch in the mailbox are applied as they are drained; when
+the mailbox is empty (``on_idle``), or at the latest ``sync_interval_ms`` after the first
+unsettled write when it never empties, one ``sync()`` (one fdatasync) settles all of them
+and every waiting batch gets its ``Settled``, cumulative for its client up to the batch's
+last sequence number, with each durable write's location. The longest wait from a batch's
+arrival to its answer is kept in ``longest_confirm_wait_ms``.
+
+GC: after a sync, and every ``gc_check_interval_s``, the store plans a combine and hands
+the valid records to the GC actor, which writes ``Dst.rdt`` while the store keeps serving.
+Its ``Rewritten`` is applied (compare-and-swap, rename, delete); if readers hold the files
+the apply is retried, without waiting, at the next idle moment. A GC that dies or fails
+mid-job: the store abandons the job (flags cleared, ``.rdt`` deleted) and plans again
+after ``gc_retry_s``.
+
+Races: ordering is per client socket, so a client's remove can never overtake its write,
+and ``Terminate`` is answered after all the client sent before it. Unlike RabbitMQ, a
+``ClientDying`` does not overtake the client's earlier messages; it stops later ones.
+A request stamped with an older incarnation of this actor is dropped and counted by the
+runtime before it reaches this code.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import shutil
+import struct
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from actors import Down, ProcessActor
+
+from .combine import CombinePlan, CorruptRecord, RewriteResult
+from .index import PENDING_FILE
+from .message_store import FILE_SIZE_LIMIT_BYTES, MessageStore
+from .messages import (ClientDying, Contains, Found, Read, ReadMany, ReadsReport, Register,
+                       Remove, Rewritten, RewriteFailed, RewriteJob, Settled, StoreInfo,
+                       StoreStats, Terminate, WriteBatch)
+from .records import HEADER_BYTES, MSG_ID_BYTES, OK_MARKER
+
+log = logging.getLogger("warren.store")
+
+SYNC_INTERVAL_MS = 25          # longest a pending confirm waits for its fsync
+GC_CHECK_INTERVAL_S = 1.0      # how often an idle store looks for garbage to combine
+GC_RETRY_S = 5.0               # after a failed or abandoned combine
+GC_NAME = "msg_store_gc"
+_SIZE = struct.Struct(">Q")
+
+
+class MessageStoreActor(ProcessActor):
+    """One store process; see the module docstring."""
+
+    def __init__(self, directory: str, *, transient: bool = False,
+                 file_size_limit: int = FILE_SIZE_LIMIT_BYTES, sync_policy: str = "fsync",
+                 sync_interval_ms: float = SYNC_INTERVAL_MS,
+                 ref_counts: Callable[[], Iterable[tuple[bytes, int]]] | None = None,
+                 gc_name: str = GC_NAME, gc_check_interval_s: float = GC_CHECK_INTERVAL_S,
+                 gc_retry_s: float = GC_RETRY_S) -> None:
+        self.directory = os.path.abspath(directory)
+        self.transient = transient
+        self.file_size_limit = file_size_limit
+        self.sync_policy = sync_policy
+        self.sync_interval_s = sync_interval_ms / 1000
+        self.ref_counts = ref_counts
+        self.gc_name = gc_name
+        self.gc_check_interval_s = gc_check_interval_s
+        self.gc_retry_s = gc_retry_s
+        self.store: MessageStore | None = None
+        # (reply, client_ref, first_seq, last_seq, arrived) of each unanswered WriteBatch
+        self._waiting: list[tuple[Any, bytes, int, int, float]] = []
+        self._sync_armed = False
+        self._dying: set[bytes] = set()
+        self._ignored_unwritten: list[tuple[bytes, int, bytes]] = []   # dying clients' writes
+        self._gc_watched: tuple[str, int] | None = None                # (address, incarnation)
+        self._job: tuple[int, CombinePlan] | None = None
+        self._deferred_apply: tuple[CombinePlan, RewriteResult] | None = None
+        self._job_ids = itertools.count(1)
+        self._gc_not_before = 0.0
+        self.counters = {"batches": 0, "malformed_batches": 0, "fallback_reads": 0,
+                         "direct_reads_reported": 0, "fallback_reads_reported": 0,
+                         "gc_jobs": 0, "gc_jobs_abandoned": 0,
+                         "longest_confirm_wait_ms": 0.0}
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def on_start(self) -> None:
+        if self.transient and os.path.isdir(self.directory):
+            shutil.rmtree(self.directory)
+        self.store = MessageStore(
+            self.directory, file_size_limit=self.file_size_limit,
+            sync_policy=self.sync_policy, auto_gc=False, shared_readers=True,
+            ref_counts=None if self.transient or self.ref_counts is None else self.ref_counts())
+        self.call_later(self.gc_check_interval_s, self._gc_tick)
+
+    def on_stop(self) -> None:
+        self._settle()
+        if self._job is not None:
+            self.store.abandon_combine(self._job[1])
+        self.store.close()
+
+    # ------------------------------------------------------------------ messages
+
+    def on_receive(self, message: Any) -> Any:
+        handler = self._handlers.get(type(message))
+        if handler is None:
+            raise TypeError(f"{type(self).__name__} does not handle {type(message).__name__}")
+        return handler(self, message)
+
+    def on_idle(self) -> None:
+        if self._waiting:
+            self._settle()
+
+    def _register(self, message: Register) -> StoreInfo:
+        self.store.register_client(message.client_ref)
+        self._dying.discard(message.client_ref)
+        return StoreInfo(self.directory, self.ref.incarnation, self.transient)
+
+    def _write_batch(self, message: WriteBatch) -> None:
+        records = message.records
+        parsed = _split_records(records)
+        if parsed is None:
+            self.counters["malformed_batches"] += 1
+            raise ValueError(f"malformed WriteBatch from {message.client_ref.hex()} at seq "
+                             f"{message.first_seq}: not whole records in .rdq layout")
+        reply = self.defer_reply()
+        client, seq, write = message.client_ref, message.first_seq, self.store.write
+        dying = client in self._dying
+        for start, end in parsed:
+            msg_id = records[start + 8:start + HEADER_BYTES]
+            if dying and not self.store.contains(msg_id):
+                self._ignored_unwritten.append((client, seq, msg_id))
+            else:
+                write(msg_id, records[start + HEADER_BYTES:end - 1], (client, seq, msg_id))
+            seq += 1
+        self.counters["batches"] += 1
+        self._waiting.append((reply, client, message.first_seq, seq - 1, time.monotonic()))
+        if not self._sync_armed:
+            self._sync_armed = True
+            self.call_later(self.sync_interval_s, self._sync_timer)
+
+    def _remove(self, message: Remove) -> None:
+        for msg_id in message.msg_ids:
+            self.store.remove(msg_id)
+
+    def _read(self, message: Read) -> Found | None:
+        self.counters["fallback_reads"] += 1
+        return self._found(message.msg_id)
+
+    def _read_many(self, message: ReadMany) -> list[Found | None]:
+        self.counters["fallback_reads"] += len(message.msg_ids)
+        return [self._found(msg_id) for msg_id in message.msg_ids]
+
+    def _found(self, msg_id: bytes) -> Found | None:
+        body = self.store.read(msg_id)
+        if body is None:
+            return None
+        place = self.store.location(msg_id)
+        if place.file == PENDING_FILE:
+            return Found(body, -1, 0, 0)
+        return Found(body, place.file, place.offset, place.total_size)
+
+    def _contains(self, message: Contains) -> list[bool]:
+        return [self.store.contains(msg_id) for msg_id in message.msg_ids]
+
+    def _reads_report(self, message: ReadsReport) -> None:
+        self.counters["direct_reads_reported"] += message.direct
+        self.counters["fallback_reads_reported"] += message.fallback
+
+    def _terminate(self, message: Terminate) -> None:
+        self.store.unregister_client(message.client_ref)
+
+    def _client_dying(self, message: ClientDying) -> None:
+        self.store.unregister_client(message.client_ref)
+        self._dying.add(message.client_ref)
+
+    def _stats(self, message: StoreStats) -> dict[str, Any]:
+        stats = self.store.stats()
+        stats.pop("files")
+        return {**stats, **self.counters, "transient": self.transient,
+                "gc_job_in_flight": self._job is not None, "clients": len(self.store.clients)}
+
+    def _rewritten(self, message: Rewritten) -> None:
+        if self._job is None or self._job[0] != message.job_id:
+            return                                         # a job abandoned since
+        plan = self._job[1]
+        self._job = None
+        result = RewriteResult(tuple(message.dst_offsets), tuple(message.src_offsets),
+                               message.file_size)
+        if not self.store.apply_combine(plan, result):
+            self._deferred_apply = (plan, result)
+
+    def _rewrite_failed(self, message: RewriteFailed) -> None:
+        if self._job is not None and self._job[0] == message.job_id:
+            log.error("%s: the GC could not rewrite: %s", self.directory, message.reason)
+            self._abandon_job()
+
+    def _down(self, message: Down) -> None:
+        if self._job is not None and message.ref.name == self.gc_name:
+            log.warning("%s: the GC died mid-combine (%s); abandoning the job",
+                        self.directory, message.reason)
+            self._abandon_job()
+
+    _handlers: dict[type, Callable[[MessageStoreActor, Any], Any]] = {
+        Register: _register, WriteBatch: _write_batch, Remove: _remove, Read: _read,
+        ReadMany: _read_many, Contains: _contains, ReadsReport: _reads_report,
+        Terminate: _terminate, ClientDying: _client_dying, StoreStats: _stats,
+        Rewritten: _rewritten, RewriteFailed: _rewrite_failed, Down: _down,
+    }
+
+    # ------------------------------------------------------------------ group commit
+
+    def _sync_timer(self) -> None:
+        self._sync_armed = False
+        if self._waiting:
+            self._settle()
+
+    def _settle(self) -> None:
+        """One sync for everything written; answer every waiting batch."""
+        result = self.store.sync()
+        places: dict[tuple[bytes, int], tuple[int, int, int, int]] = {}
+        location = self.store.location
+        for client, seq, msg_id in result.durable:
+            place = location(msg_id)
+            if place is not None and place.file != PENDING_FILE:
+                places[client, seq] = (seq, place.file, place.offset, place.total_size)
+        ignored = {(client, seq) for client, seq, _ in result.ignored}
+        ignored.update((client, seq) for client, seq, _ in self._ignored_unwritten)
+        self._ignored_unwritten = []
+        now = time.monotonic()
+        longest = self.counters["longest_confirm_wait_ms"]
+        for reply, client, first, last, arrived in self._waiting:
+            seqs = range(first, last + 1)
+            reply.send(Settled(client, last, [s for s in seqs if (client, s) in ignored],
+                               [places[client, s] for s in seqs if (client, s) in places]))
+            longest = max(longest, (now - arrived) * 1000)
+        self.counters["longest_confirm_wait_ms"] = longest
+        self._waiting = []
+        self._collect_garbage()
+
+    # ------------------------------------------------------------------ GC
+
+    def _gc_tick(self) -> None:
+        self._collect_garbage()
+        self.call_later(self.gc_check_interval_s, self._gc_tick)
+
+    def _collect_garbage(self) -> None:
+        if self._deferred_apply is not None:
+            if not self.store.apply_combine(*self._deferred_apply, wait_s=0.0):
+                return
+            self._deferred_apply = None
+        if self._job is not None or time.monotonic() < self._gc_not_before:
+            return
+        gc = self.whereis(self.gc_name)
+        if gc is None:
+            return
+        try:
+            plan = self.store.plan_combine()
+        except (OSError, CorruptRecord) as exc:
+            log.error("%s: planning a combine failed: %s", self.directory, exc)
+            self._gc_not_before = time.monotonic() + self.gc_retry_s
+            return
+        if plan is None:
+            return
+        job_id = next(self._job_ids)
+        self._job = (job_id, plan)
+        self.counters["gc_jobs"] += 1
+        if self._gc_watched != (gc.address, gc.incarnation):
+            self._gc_watched = (gc.address, gc.incarnation)
+            self.monitor(gc)
+        gc.tell(RewriteJob(job_id, self.directory, plan.dst, plan.src,
+                           list(plan.dst_records), list(plan.src_records), self.ref))
+
+    def _abandon_job(self) -> None:
+        self.store.abandon_combine(self._job[1])
+        self._job = None
+        self.counters["gc_jobs_abandoned"] += 1
+        self._gc_not_before = time.monotonic() + self.gc_retry_s
+
+
+def _split_records(records: bytes) -> list[tuple[int, int]] | None:
+    """(start, end) of each record in a batch; None unless it is whole records only."""
+    places = []
+    pos, length, unpack = 0, len(records), _SIZE.unpack_from
+    while pos < length:
+        if pos + HEADER_BYTES + 1 > length:
+            return None
+        (size,) = unpack(records, pos)
+        end = pos + size + 9
+        if size < MSG_ID_BYTES or end > length or records[end - 1] != OK_MARKER:
+            return None
+        places.append((pos, end))
+        pos = end
+    return places

@@ -1,0 +1,263 @@
+"""``Node``: one Warren broker node — the supervision tree on a data directory.
+
+``Node(data_dir)`` takes the data directory's lock (one node per directory: a second gets
+``NodeLocked``), starts the actor runtime (its forkserver and private ipc directory), and
+boots the tree of the design, with the children that exist so far::
+
+    node (rest_for_one)
+    ├── gc_sup (one_for_one)      first: a GC crash restarts the GC alone
+    │   └── msg_store_gc
+    ├── msg_store_persistent      <data_dir>/msg_store_persistent
+    ├── msg_store_transient       <data_dir>/msg_store_transient, emptied at every start
+    ├── queue_sup (one_for_one)   one child per declared queue
+    └── app_sup (one_for_one)     the application's own children, ``Node(children=...)``
+
+A store crash restarts everything after it (its clients' state is stale; a persistent
+store's crash also restarts, so empties, the transient store). The stores get minutes to
+stop and to start (``STORE_SHUTDOWN_S``, ``STORE_START_TIMEOUT_S``): writing or reading
+the recovery files of a large store takes time, and a store killed while writing them
+recovers dirty. ``ref_counts``, when given, is a picklable function the persistent store
+calls at a dirty start for its reference counts (a walker over the queue indexes).
+
+It then checks the resource alarms every ``check_interval_s`` and tells every actor of
+each change (``ProcessActor.on_alarm``), and answers ``warren status`` on a ZeroMQ REP
+socket in its runtime directory, whose address it writes to ``<data_dir>/node.json``.
+
+``close()`` (or leaving the ``with``) stops the tree in reverse order, then the runtime,
+and releases the lock. If the root supervisor gives up (its restart intensity exceeded),
+the node stops everything and ``failed`` is set; ``warren node`` then exits with
+``EXIT_NODE_FAILED``.
+
+Races: the lock is taken before anything else is created, so a second node never binds
+over the first one's ipc paths; ``node.json`` is written after the status socket is
+bound and removed before it closes, so a ``warren status`` that finds the file but no
+answer reports the node as not answering rather than hanging (its request has a timeout).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import zmq
+
+from actors import ActorError, ActorRef
+from actors import Node as ActorNode
+
+from store.gc_actor import GCActor
+from store.message_store import FILE_SIZE_LIMIT_BYTES
+from store.messages import StoreStats
+from store.store_actor import MessageStoreActor
+
+from .alarms import AlarmLimits, ResourceMonitor
+from .errors import NodeLocked
+from .specs import STORE_SHUTDOWN_S, ChildSpec, SupervisorFlags, SupervisorSpec
+from .supervisor import Supervisor
+
+log = logging.getLogger("warren.node")
+
+NODE_FILE = "node.json"
+LOCK_FILE = "node.lock"
+STATUS_TIMEOUT_MS = 5000
+STATS_TIMEOUT_S = 2.0
+ROOT_FLAGS = SupervisorFlags("rest_for_one", intensity=3, period_s=60.0)
+SUB_FLAGS = SupervisorFlags("one_for_one", intensity=10, period_s=60.0)
+STORE_START_TIMEOUT_S = 600.0
+STORES = ("msg_store_persistent", "msg_store_transient")
+PRELOAD = ("store", "store.store_actor", "store.gc_actor", "store.messages")
+
+
+class Node:
+    """A Warren node on ``data_dir``; see the module docstring."""
+
+    def __init__(self, data_dir: str | os.PathLike, *, name: str = "warren",
+                 children: Iterable[ChildSpec | SupervisorSpec] = (),
+                 alarm_limits: AlarmLimits | None = None,
+                 file_size_limit: int = FILE_SIZE_LIMIT_BYTES, sync_policy: str = "fsync",
+                 ref_counts: Callable[[], Iterable[tuple[bytes, int]]] | None = None,
+                 preload: tuple[str, ...] = ()) -> None:
+        self.data_dir = os.path.abspath(os.fspath(data_dir))
+        self.name = name
+        self.limits = alarm_limits or AlarmLimits()
+        os.makedirs(self.data_dir, exist_ok=True)
+        self._lock_fd = os.open(os.path.join(self.data_dir, LOCK_FILE),
+                                os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._lock_fd)
+            raise NodeLocked(f"a node already runs on {self.data_dir}") from None
+        self.failed = threading.Event()
+        self._closing = threading.Event()
+        self.actors: ActorNode | None = None
+        self.root: Supervisor | None = None
+        self._threads: list[threading.Thread] = []
+        try:
+            self.actors = ActorNode(name=name, preload=PRELOAD + tuple(preload))
+            store_options = {"file_size_limit": file_size_limit, "sync_policy": sync_policy}
+            stores = tuple(
+                ChildSpec(store, MessageStoreActor, (os.path.join(self.data_dir, store),),
+                          {**store_options, "transient": store == "msg_store_transient",
+                           "ref_counts": ref_counts if store == "msg_store_persistent" else None},
+                          shutdown_s=STORE_SHUTDOWN_S, start_timeout_s=STORE_START_TIMEOUT_S)
+                for store in STORES)
+            spec = SupervisorSpec("node", ROOT_FLAGS, children=(
+                SupervisorSpec("gc_sup", SUB_FLAGS, children=(ChildSpec("msg_store_gc", GCActor),)),
+                *stores,
+                SupervisorSpec("queue_sup", SUB_FLAGS),
+                SupervisorSpec("app_sup", SUB_FLAGS, children=tuple(children)),
+            ))
+            self.root = Supervisor(self.actors, spec, on_failure=self._root_failed).start()
+            self.alarms = ResourceMonitor(self.data_dir, self.limits, self._pids)
+            self._status_socket = zmq.Context.instance().socket(zmq.REP)
+            self._status_socket.linger = 0
+            self.status_endpoint = f"ipc://{self.actors.runtime_dir}/status"
+            self._status_socket.bind(self.status_endpoint)
+            self._threads = [threading.Thread(target=self._watch_resources, daemon=True,
+                                              name="warren-alarms"),
+                             threading.Thread(target=self._serve_status, daemon=True,
+                                              name="warren-status")]
+            for thread in self._threads:
+                thread.start()
+            self._write_node_file()
+        except BaseException:
+            self.close()
+            raise
+
+    # ------------------------------------------------------------------ public
+
+    @property
+    def app(self) -> Supervisor:
+        """The supervisor of the application's own children (``start_child`` adds more)."""
+        return self._supervisor("app_sup")
+
+    def store(self, name: str = "msg_store_persistent") -> ActorRef:
+        """The ref of a store actor (follows its restarts)."""
+        ref = self.actors.whereis(name)
+        if ref is None:
+            raise KeyError(f"no {name} is running")
+        return ref
+
+    def store_stats(self) -> dict[str, dict[str, Any] | None]:
+        """Each store's figures; None for a store that does not answer right now."""
+        figures: dict[str, dict[str, Any] | None] = {}
+        for name in STORES:
+            try:
+                figures[name] = self.store(name).ask(StoreStats(), timeout=STATS_TIMEOUT_S)
+            except (KeyError, ActorError):
+                figures[name] = None
+        return figures
+
+    def status(self) -> dict[str, Any]:
+        """The tree (pid, state, restarts, RSS, CPU of every actor), the stores' figures
+        and the alarms."""
+        return {"node": self.name, "pid": os.getpid(), "data_dir": self.data_dir,
+                "state": "failed" if self.failed.is_set() else "running",
+                "tree": self.root.status() if self.root else None,
+                "stores": self.store_stats() if self.root else {},
+                "alarms": sorted(self.alarms.active),
+                "readings": dict(self.alarms.readings)}
+
+    def close(self) -> None:
+        """Stop the tree (reverse order), the runtime, and release the data directory."""
+        if self._closing.is_set():
+            return
+        self._closing.set()
+        try:
+            os.unlink(os.path.join(self.data_dir, NODE_FILE))
+        except FileNotFoundError:
+            pass
+        for thread in self._threads:
+            thread.join()
+        if self.root is not None:
+            self.root.stop()
+        if self.actors is not None:
+            self.actors.close()
+        os.close(self._lock_fd)
+
+    def __enter__(self) -> Node:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ internals
+
+    def _supervisor(self, child_id: str) -> Supervisor:
+        for child in self.root._children:
+            if child.name == child_id:
+                return child.supervisor
+        raise KeyError(child_id)
+
+    def _pids(self) -> list[int]:
+        pids = [os.getpid()]
+        forkserver = getattr(self.actors, "_forkserver", None)
+        if forkserver is not None:
+            pids.append(forkserver.pid)
+        return pids + (self.root.actor_pids() if self.root else [])
+
+    def _root_failed(self, reason: str) -> None:
+        log.error("node %s: the root supervisor gave up (%s); stopping", self.name, reason)
+        self.failed.set()
+
+    def _watch_resources(self) -> None:
+        while not self._closing.wait(self.limits.check_interval_s):
+            for change in self.alarms.check():
+                log.warning("node %s: %s alarm %s (%d against a limit of %d)", self.name,
+                            change.resource, "raised" if change.raised else "cleared",
+                            change.value, change.limit)
+                for ref in self.root.actor_refs():
+                    try:
+                        ref.alarm(change.resource, change.raised)
+                    except Exception as exc:   # an actor that is going away; logged
+                        log.info("node %s: could not tell %s of the alarm: %s",
+                                 self.name, ref.name, exc)
+
+    def _serve_status(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self._status_socket, zmq.POLLIN)
+        while not self._closing.is_set():
+            if not poller.poll(100):
+                continue
+            request = self._status_socket.recv()
+            if request == b"status":
+                reply = json.dumps(self.status(), default=str).encode()
+            else:
+                reply = json.dumps({"error": f"unknown request {request[:40]!r}"}).encode()
+            self._status_socket.send(reply)
+        self._status_socket.close()
+
+    def _write_node_file(self) -> None:
+        path = os.path.join(self.data_dir, NODE_FILE)
+        with open(path + ".tmp", "w") as f:
+            json.dump({"name": self.name, "pid": os.getpid(),
+                       "status_endpoint": self.status_endpoint}, f)
+        os.rename(path + ".tmp", path)
+
+
+def query_status(data_dir: str | os.PathLike, timeout_ms: int = STATUS_TIMEOUT_MS) -> dict:
+    """Ask the node running on ``data_dir`` for its status; OSError if none answers."""
+    path = os.path.join(os.fspath(data_dir), NODE_FILE)
+    try:
+        with open(path) as f:
+            info = json.load(f)
+    except (OSError, ValueError) as exc:
+        raise OSError(f"no node is running on {data_dir} ({exc})") from exc
+    context = zmq.Context.instance()
+    socket = context.socket(zmq.REQ)
+    socket.linger = 0
+    socket.rcvtimeo = socket.sndtimeo = timeout_ms
+    try:
+        socket.connect(info["status_endpoint"])
+        socket.send(b"status")
+        return json.loads(socket.recv())
+    except zmq.ZMQError as exc:
+        raise OSError(f"the node on {data_dir} (pid {info.get('pid')}) does not answer: "
+                      f"{exc}") from exc
+    finally:
+        socket.close()

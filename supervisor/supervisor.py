@@ -1,0 +1,447 @@
+"""Supervisors: OTP's restart semantics over actor processes.
+
+A ``Supervisor`` owns the children of one ``SupervisorSpec`` (see ``supervisor.specs`` for
+every option, its allowed values and default). It lives in the node's process: two
+threads, no process of its own. Its children are actor processes spawned through the
+node's ``actors.Node`` (the forkserver's children), and nested supervisors, which are
+``Supervisor`` objects of their own. Why no process per supervisor: every actor process is
+already a child of the node's forkserver and dies with the node, so a supervisor process
+would add a hop and a failure point without isolating anything.
+
+Lifecycle:
+
+- ``start()`` starts the children in order, each ready (``on_start`` done, recovery done)
+  before the next starts; a child that fails to start stops the ones already started, in
+  reverse, and ``start()`` raises ``SupervisorError``.
+- ``stop()`` stops the children in reverse order: a stop request, SIGTERM after the
+  child's ``shutdown_s``, SIGKILL after ``shutdown_s`` more (``"brutal_kill"``: SIGKILL at
+  once). Nested supervisors stop their own children first.
+
+Watching (the event thread): every child incarnation is monitored; its ``Down`` (exit code
+or signal, SIGKILL included) arrives within the node's reaping latency. The heartbeat
+thread pings each ready child on its control channel every ``heartbeat_interval_s`` (the
+control channel is polled before the data mailbox, so a busy actor still answers); a
+child with no answer for ``heartbeat_timeout_s`` is hung (SIGSTOPped, deadlocked) and is
+killed with SIGKILL, which then counts as its crash. Heartbeats begin only once a child is
+ready: a long start is bounded by ``start_timeout_s`` alone.
+
+On a child's exit: ``temporary`` children are never restarted; ``transient`` ones only
+after an abnormal exit (not exit 0); ``permanent`` ones always. A restart is counted;
+more than ``intensity`` restarts within ``period_s`` and the supervisor stops all its
+children (reverse order), marks itself failed and tells its parent, which treats it as
+the failure of that child. The strategy decides what restarts:
+
+- one_for_one / simple_one_for_one: that child alone (same address, next incarnation:
+  old refs reach it);
+- one_for_all: every other child is stopped (reverse order), then all start in order;
+- rest_for_one: the children started after it are stopped (reverse order), then it and
+  they start again in order.
+
+A restart that fails to start counts as a restart too and is retried after
+``RETRY_DELAY_S``, until the intensity gives out.
+
+Races and their answers: a ``Down`` can arrive for an incarnation the supervisor has
+already replaced or is stopping on purpose — events name the incarnation and are applied
+only to the child's current, running incarnation. Monitor callbacks run on the node's
+service thread and only enqueue; all decisions are taken on the event thread, one at a
+time, so two deaths never interleave their restarts.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import psutil
+
+from actors import ActorError, ActorRef, Down, Monitor
+from actors import Node as ActorNode
+
+from .errors import SupervisorError
+from .specs import BRUTAL_KILL, ChildSpec, SupervisorSpec
+
+log = logging.getLogger("warren.supervisor")
+
+RETRY_DELAY_S = 0.5          # before retrying a restart whose start failed
+TICK_S = 0.1                 # how often the event thread looks for hung children
+HEARTBEAT_POLL_S = 0.05
+
+
+@dataclass(eq=False)            # children are compared by identity
+class _Child:
+    spec: ChildSpec | SupervisorSpec
+    name: str
+    args: tuple = ()                         # extra start arguments (simple_one_for_one)
+    ref: ActorRef | None = None
+    supervisor: Supervisor | None = None
+    monitor: Monitor | None = None
+    state: str = "stopped"                   # starting, running, stopping, stopped, failed
+    restarts: int = 0
+    ready_at: float = 0.0
+    last_pong: float = 0.0
+    last_ping: float = 0.0
+    generation: int = 0                      # bumped at every (re)start: names events
+
+
+@dataclass
+class _Event:
+    kind: str = field(compare=False)
+    child: _Child | None = field(default=None, compare=False)
+    generation: int = field(default=0, compare=False)
+    reason: str = field(default="", compare=False)
+    abnormal: bool = field(default=True, compare=False)
+    call: Callable[[], Any] | None = field(default=None, compare=False)
+    reply: queue.Queue | None = field(default=None, compare=False)
+
+
+class Supervisor:
+    """One supervisor of the tree. See the module docstring."""
+
+    def __init__(self, node: ActorNode, spec: SupervisorSpec, *,
+                 on_failure: Callable[[str], None] | None = None) -> None:
+        if not isinstance(spec, SupervisorSpec):
+            raise SupervisorError(f"spec must be a SupervisorSpec, got {spec!r}")
+        self.node = node
+        self.spec = spec
+        self.id = spec.id
+        self._on_failure = on_failure
+        self._children: list[_Child] = []
+        self._lock = threading.RLock()
+        self._events: queue.Queue[_Event] = queue.Queue()
+        self._restart_times: collections.deque[float] = collections.deque()
+        self._dynamic = 0
+        self._threads: list[threading.Thread] = []
+        self._stopping = threading.Event()
+        self.state = "stopped"
+        self.failure: str | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> Supervisor:
+        """Start every child in order; raise SupervisorError if one cannot start."""
+        template_only = self.spec.flags.strategy == "simple_one_for_one"
+        with self._lock:
+            self._children = [] if template_only else [
+                _Child(spec, spec.id) for spec in self.spec.children]
+        for child in list(self._children):
+            try:
+                self._start_child(child)
+            except SupervisorError:
+                self._stop_children(reversed(self._children))
+                raise
+        self.state = "running"
+        self._threads = [threading.Thread(target=self._event_loop, daemon=True,
+                                           name=f"supervisor {self.id}"),
+                         threading.Thread(target=self._heartbeat_loop, daemon=True,
+                                          name=f"heartbeats {self.id}")]
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop every child, in reverse start order, then the supervisor's threads."""
+        if self._stopping.is_set():
+            return
+        self._stopping.set()
+        self._events.put(_Event("wake"))
+        for thread in self._threads:
+            if thread is not threading.current_thread():
+                thread.join()
+        self._stop_children(reversed(self._children))
+        if self.state != "failed":
+            self.state = "stopped"
+
+    def __enter__(self) -> Supervisor:
+        return self.start()
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()
+
+    # ------------------------------------------------------------------ requests
+
+    def start_child(self, spec_or_args: ChildSpec | SupervisorSpec | tuple = ()) -> ActorRef | None:
+        """Add a child: for simple_one_for_one, the template started with extra
+        ``args``; otherwise a new spec appended after the others. Returns its ref (None
+        for a nested supervisor)."""
+        def add() -> ActorRef | None:
+            if self.spec.flags.strategy == "simple_one_for_one":
+                if not isinstance(spec_or_args, tuple):
+                    raise SupervisorError("simple_one_for_one takes start arguments, not a spec")
+                template = self.spec.children[0]
+                self._dynamic += 1
+                child = _Child(template, f"{template.id}-{self._dynamic}", spec_or_args)
+            else:
+                if not isinstance(spec_or_args, (ChildSpec, SupervisorSpec)):
+                    raise SupervisorError(f"start_child takes a spec here, got {spec_or_args!r}")
+                if any(c.spec.id == spec_or_args.id for c in self._children):
+                    raise SupervisorError(f"a child {spec_or_args.id!r} exists already")
+                child = _Child(spec_or_args, spec_or_args.id)
+            self._start_child(child)
+            with self._lock:
+                self._children.append(child)
+            return child.ref
+        return self._call(add)
+
+    def terminate_child(self, child_id: str) -> None:
+        """Stop a child and forget it (it is not restarted)."""
+        def terminate() -> None:
+            child = self._find(child_id)
+            self._stop_children([child])
+            with self._lock:
+                self._children.remove(child)
+        self._call(terminate)
+
+    def which_children(self) -> list[dict[str, Any]]:
+        """id, pid, state, restarts and incarnation of each child, in start order."""
+        with self._lock:
+            return [{"id": c.name, "pid": c.ref.pid if c.ref else None, "state": c.state,
+                     "restarts": c.restarts,
+                     "incarnation": c.ref.incarnation if c.ref else None,
+                     "ref": c.ref}
+                    for c in self._children]
+
+    def status(self) -> dict[str, Any]:
+        """This supervisor and its subtree, with each actor's RSS and CPU."""
+        with self._lock:
+            children = list(self._children)
+        rows = []
+        for child in children:
+            if child.supervisor is not None:
+                sub = child.supervisor.status()
+                sub["restarts"] = child.restarts
+                rows.append(sub)
+                continue
+            row = {"id": child.name, "kind": "worker", "state": child.state,
+                   "pid": child.ref.pid if child.ref else None, "restarts": child.restarts,
+                   "incarnation": child.ref.incarnation if child.ref else None,
+                   "rss_bytes": None, "cpu_percent": None}
+            if child.ref is not None and child.state == "running":
+                try:
+                    process = psutil.Process(child.ref.pid)
+                    row["rss_bytes"] = process.memory_info().rss
+                    row["cpu_percent"] = process.cpu_percent(interval=None)
+                except psutil.Error:
+                    pass   # exited since: the next status shows its restart
+            rows.append(row)
+        return {"id": self.id, "kind": "supervisor", "strategy": self.spec.flags.strategy,
+                "state": self.state, "failure": self.failure, "children": rows}
+
+    def actor_pids(self) -> list[int]:
+        """Pids of every running actor in this subtree."""
+        with self._lock:
+            children = list(self._children)
+        pids = []
+        for child in children:
+            if child.supervisor is not None:
+                pids += child.supervisor.actor_pids()
+            elif child.ref is not None and child.state == "running":
+                pids.append(child.ref.pid)
+        return pids
+
+    def actor_refs(self) -> list[ActorRef]:
+        """Refs of every running actor in this subtree."""
+        with self._lock:
+            children = list(self._children)
+        refs = []
+        for child in children:
+            if child.supervisor is not None:
+                refs += child.supervisor.actor_refs()
+            elif child.ref is not None and child.state == "running":
+                refs.append(child.ref)
+        return refs
+
+    def _call(self, function: Callable[[], Any]) -> Any:
+        """Run ``function`` on the event thread (where every decision is taken)."""
+        if self.state != "running":
+            raise SupervisorError(f"supervisor {self.id} is {self.state}")
+        reply: queue.Queue = queue.Queue()
+        self._events.put(_Event("call", call=function, reply=reply))
+        ok, value = reply.get()
+        if not ok:
+            raise value
+        return value
+
+    def _find(self, child_id: str) -> _Child:
+        for child in self._children:
+            if child.name == child_id:
+                return child
+        raise SupervisorError(f"supervisor {self.id} has no child {child_id!r}")
+
+    # ------------------------------------------------------------------ starting and stopping
+
+    def _start_child(self, child: _Child) -> None:
+        child.generation += 1
+        generation = child.generation
+        child.state = "starting"
+        spec = child.spec
+        try:
+            if isinstance(spec, SupervisorSpec):
+                child.supervisor = Supervisor(
+                    self.node, spec,
+                    on_failure=lambda reason: self._events.put(
+                        _Event("exit", child, generation, f"supervisor failed: {reason}")))
+                child.supervisor.start()
+            else:
+                if child.ref is not None:
+                    child.ref = self.node.restart(child.ref, start_timeout_s=spec.start_timeout_s)
+                else:
+                    child.ref = self.node.spawn(spec.actor, *spec.args, *child.args,
+                                                name=child.name,
+                                                start_timeout_s=spec.start_timeout_s,
+                                                **spec.kwargs)
+                child.monitor = self.node.monitor(
+                    child.ref, lambda down: self._events.put(
+                        _Event("exit", child, generation, down.reason, _abnormal(down))))
+        except (ActorError, SupervisorError) as exc:
+            child.state = "failed"
+            raise SupervisorError(f"{self.id}: child {child.name} failed to start: {exc}") from exc
+        now = time.monotonic()
+        child.ready_at = child.last_pong = child.last_ping = now
+        child.state = "running"
+
+    def _stop_children(self, children) -> None:
+        for child in list(children):
+            if child.state in ("stopped", "failed") and child.supervisor is None:
+                continue
+            child.state = "stopping"
+            child.generation += 1          # whatever Down comes now is expected
+            if child.supervisor is not None:
+                child.supervisor.stop()
+            elif child.ref is not None:
+                self._stop_actor(child)
+            child.state = "stopped"
+
+    def _stop_actor(self, child: _Child) -> None:
+        spec = child.spec
+        try:
+            if spec.shutdown_s == BRUTAL_KILL:
+                self.node.kill(child.ref)
+                if child.monitor is not None:
+                    child.monitor.wait(30)
+            else:
+                self.node.stop(child.ref, timeout=spec.shutdown_s)
+        except ActorError as exc:
+            log.error("%s: stopping %s failed: %s", self.id, child.name, exc)
+
+    # ------------------------------------------------------------------ the event thread
+
+    def _event_loop(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                event = self._events.get(timeout=TICK_S)
+            except queue.Empty:
+                self._kill_hung_children()
+                continue
+            if event.kind == "call":
+                try:
+                    event.reply.put((True, event.call()))
+                except Exception as exc:   # handed to the caller, who raises it
+                    event.reply.put((False, exc))
+            elif event.kind == "exit":
+                self._child_exited(event)
+            elif event.kind == "retry" and event.child.generation == event.generation:
+                self._restart(event.child)
+            self._kill_hung_children()
+        while not self._events.empty():      # callers waiting on a call get an answer
+            event = self._events.get_nowait()
+            if event.reply is not None:
+                event.reply.put((False, SupervisorError(f"supervisor {self.id} stopped")))
+
+    def _kill_hung_children(self) -> None:
+        now = time.monotonic()
+        with self._lock:
+            children = list(self._children)
+        for child in children:
+            timeout = getattr(child.spec, "heartbeat_timeout_s", None)
+            if (timeout is not None and child.state == "running"
+                    and now - child.last_pong > timeout):
+                log.warning("%s: %s (pid %d) missed heartbeats for %.1f s: killing it",
+                            self.id, child.name, child.ref.pid, now - child.last_pong)
+                child.state = "hung"
+                self.node.kill(child.ref)
+
+    def _child_exited(self, event: _Event) -> None:
+        child = event.child
+        if (child.generation != event.generation or child.state not in ("running", "hung")
+                or self._stopping.is_set() or child not in self._children):
+            return
+        abnormal = event.abnormal or child.state == "hung"
+        log.info("%s: child %s exited: %s", self.id, child.name, event.reason)
+        child.state = "stopped"
+        restart = child.spec.restart
+        if restart == "temporary" or (restart == "transient" and not abnormal):
+            if restart == "temporary":
+                with self._lock:
+                    self._children.remove(child)
+            return
+        self._restart(child)
+
+    def _restart(self, child: _Child) -> None:
+        now = time.monotonic()
+        self._restart_times.append(now)
+        while self._restart_times and now - self._restart_times[0] > self.spec.flags.period_s:
+            self._restart_times.popleft()
+        if len(self._restart_times) > self.spec.flags.intensity:
+            self._fail(f"more than {self.spec.flags.intensity} restarts in "
+                       f"{self.spec.flags.period_s} s (last: {child.name})")
+            return
+        child.restarts += 1
+        strategy = self.spec.flags.strategy
+        index = self._children.index(child)
+        if strategy in ("one_for_one", "simple_one_for_one"):
+            to_start = [child]
+        elif strategy == "one_for_all":
+            to_start = list(self._children)
+        else:
+            to_start = self._children[index:]
+        others = [c for c in to_start if c is not child]
+        self._stop_children(reversed(others))
+        for other in others:
+            other.restarts += 1
+        for restarting in to_start:
+            try:
+                self._start_child(restarting)
+            except SupervisorError as exc:
+                log.error("%s", exc)
+                retry = _Event("retry", restarting, restarting.generation)
+                threading.Timer(RETRY_DELAY_S, self._events.put, (retry,)).start()
+                return
+
+    def _fail(self, reason: str) -> None:
+        log.error("%s: giving up: %s", self.id, reason)
+        self._stopping.set()
+        self._stop_children(reversed(self._children))
+        self.state = "failed"
+        self.failure = reason
+        if self._on_failure is not None:
+            self._on_failure(reason)
+
+    # ------------------------------------------------------------------ the heartbeat thread
+
+    def _heartbeat_loop(self) -> None:
+        while not self._stopping.wait(HEARTBEAT_POLL_S):
+            with self._lock:
+                children = list(self._children)
+            for child in children:
+                interval = getattr(child.spec, "heartbeat_interval_s", None)
+                ref = child.ref
+                if (interval is None or child.state != "running" or ref is None
+                        or time.monotonic() - child.last_ping < interval):
+                    continue
+                child.last_ping = time.monotonic()
+                try:
+                    ref.pin().ping(timeout=interval)
+                except ActorError:
+                    continue       # no answer in time (or gone): the event thread decides
+                if child.ref is ref:
+                    child.last_pong = time.monotonic()
+
+
+def _abnormal(down: Down) -> bool:
+    return down.signal is not None or down.exitcode not in (0, None)

@@ -1,0 +1,43 @@
+"""Fixtures for the actor runtime's tests: a fresh node per test, closed even on failure."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from actors import Node
+from actors.runtime_dir import create_runtime_dir
+
+PRELOAD = ("tests.actors.sample_actors",)
+
+
+@pytest.fixture
+def runtime_dir() -> Iterator[str]:
+    """A private directory for ipc sockets under the system's temporary directory."""
+    path = create_runtime_dir(tempfile.gettempdir())
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def node(runtime_dir: str) -> Iterator[Node]:
+    with Node("test", runtime_dir=runtime_dir, preload=PRELOAD) as running:
+        yield running
+
+
+@pytest.fixture(params=["ipc", "tcp"])
+def transport(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+def wait_for(condition: Callable[[], object], timeout: float = 20.0) -> None:
+    """Wait until ``condition()`` is true (an outcome in another process), or fail."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{condition} did not become true within {timeout} s")
+        time.sleep(0.01)

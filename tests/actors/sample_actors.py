@@ -1,0 +1,226 @@
+"""Actor classes the tests spawn (a module of its own, so the forkserver can preload it)."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import pykka
+
+from actors import Down, Exit, ProcessActor, message
+from actors.ref import ActorRef
+
+
+@message
+@dataclass(frozen=True)
+class Put:
+    key: str
+    body: bytes
+
+
+class Point(NamedTuple):
+    x: int
+    y: int
+
+
+message(Point)
+
+
+@dataclass(frozen=True)
+class NeverRegistered:
+    """A dataclass the parent registers only after spawning (the child never does)."""
+
+    value: int
+
+
+class Recorder(ProcessActor):
+    """Keeps what it is told; answers questions about it."""
+
+    def __init__(self, label: str = "recorder") -> None:
+        self.label = label
+        self.seen: list[Any] = []
+        self.batch_sizes: list[int] = []
+        self.stored: dict[str, bytes] = {}
+        self.idle_marks: list[int] = []
+        self.batched_since_idle = False
+
+    def on_idle(self) -> None:
+        if self.batched_since_idle:
+            self.idle_marks.append(len(self.seen))
+            self.batched_since_idle = False
+
+    def on_receive_batch(self, messages: list[Any]) -> None:
+        self.batch_sizes.append(len(messages))
+        self.batched_since_idle = True
+        super().on_receive_batch(messages)
+
+    def on_receive(self, message: Any) -> Any:
+        match message:
+            case "seen":
+                return self.seen
+            case "batch_sizes":
+                return self.batch_sizes
+            case "label":
+                return self.label
+            case "pid":
+                return os.getpid()
+            case "ref":
+                return self.ref
+            case ("raise", type_name, text):
+                raise {"ValueError": ValueError, "KeyError": KeyError}.get(
+                    type_name, RuntimeError)(text)
+            case ("crash",):
+                raise RuntimeError("asked to crash")
+            case ("sleep", seconds):
+                time.sleep(seconds)
+                return "slept"
+            case ("busy", path):
+                with open(path, "w") as out:
+                    out.write("busy")
+                time.sleep(60)
+                return "rested"
+            case ("block_until", path):
+                while not os.path.exists(path):
+                    time.sleep(0.01)
+                return "released"
+            case ("ask_other", ref, question):
+                return ref.ask(question, timeout=10)
+            case ("tell_other", ref, note):
+                ref.tell(note)
+                return "told"
+            case ("whereis", name):
+                return self.whereis(name)
+            case ("register", name):
+                self.register(name)
+                return "registered"
+            case ("monitor", ref):
+                self.monitor(ref)
+                return "monitoring"
+            case ("stop_other", ref):
+                return ref.stop(timeout=5)
+            case ("remind_me", delay, note):
+                self.call_later(delay, lambda: self.seen.append(note))
+                return "scheduled"
+            case "idle_marks":
+                return self.idle_marks
+            case ("link", ref):
+                self.link(ref)
+                return "linked"
+            case Put(key=key, body=body):
+                self.stored[key] = body
+                return len(body)
+            case ("get", key):
+                return self.stored[key]
+            case Point(x=x, y=y):
+                return Point(y, x)
+            case "unanswerable":
+                return object()
+            case "later":
+                reply = self.defer_reply()
+                threading.Thread(target=lambda: reply.send("from another thread")).start()
+                return None
+            case _:
+                self.seen.append(message)
+                return message
+
+
+class SmallMailbox(Recorder):
+    max_message_bytes = 64 * 1024
+
+
+class FailsToStart(ProcessActor):
+    def on_start(self) -> None:
+        raise ValueError("no disk today")
+
+
+class TitledWorker(ProcessActor):
+    def on_receive(self, message: Any) -> Any:
+        with open(f"/proc/{os.getpid()}/cmdline", "rb") as cmdline:
+            return cmdline.read().replace(b"\0", b" ").decode().strip()
+
+
+class StopsOnSignal(Recorder):
+    """Records in a file that on_stop ran."""
+
+    def __init__(self, marker: str) -> None:
+        super().__init__()
+        self.marker = marker
+
+    def on_stop(self) -> None:
+        with open(self.marker, "w") as out:
+            out.write("stopped")
+
+
+class IgnoresStop(ProcessActor):
+    """Ignores SIGTERM and blocks its loop (writing ``marker`` first): only SIGKILL ends it."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def on_start(self) -> None:
+        import signal
+
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+    def on_receive(self, message: Any) -> Any:
+        with open(self.marker, "w") as out:
+            out.write("blocked")
+        while True:
+            time.sleep(0.05)
+
+
+class Greeter(pykka.ThreadingActor):
+    """An in-process pykka actor that forwards greetings to its neighbour."""
+
+    def __init__(self, neighbour: pykka.ActorRef[Any] | None = None) -> None:
+        super().__init__()
+        self.neighbour = neighbour
+        self.received: list[Any] = []
+
+    def on_receive(self, message: Any) -> Any:
+        if message == "received":
+            return self.received
+        self.received.append(message)
+        if self.neighbour is not None:
+            self.neighbour.tell(message)
+        return None
+
+
+class PykkaHost(ProcessActor):
+    """Hosts two pykka actors; each batch of tells reaches the first as one message."""
+
+    def on_start(self) -> None:
+        self.second = Greeter.start()
+        self.first = Greeter.start(self.second)
+
+    def on_receive_batch(self, messages: list[Any]) -> None:
+        self.first.tell(list(messages))
+
+    def on_receive(self, message: Any) -> Any:
+        if message == "received":
+            return {"first": self.first.ask("received"), "second": self.second.ask("received")}
+        return None
+
+    def on_stop(self) -> None:
+        pykka.ActorRegistry.stop_all()
+
+
+class Watcher(Recorder):
+    """Records Down and Exit messages (it traps exits)."""
+
+    trap_exits = True
+
+    def on_receive(self, message: Any) -> Any:
+        if isinstance(message, (Down, Exit)):
+            self.seen.append(message)
+            return None
+        if message == "downs":
+            return [m for m in self.seen if isinstance(m, (Down, Exit))]
+        return super().on_receive(message)
+
+
+def pinned(ref: ActorRef) -> ActorRef:
+    return ref.pin()

@@ -1,0 +1,117 @@
+"""Hostile and mistaken input: clear errors or counted drops, never a dead or hung actor."""
+
+from __future__ import annotations
+
+import random
+
+import msgpack
+import pytest
+import zmq
+
+from actors import (ActorDeadError, CodecError, MailboxFull, MessageTooLarge, Node,
+                    RemoteError, register_message)
+from actors._runtime import runtime
+from tests.actors.conftest import wait_for
+from tests.actors.sample_actors import NeverRegistered, Recorder, SmallMailbox
+
+
+def _fuzz_frames(rng: random.Random) -> list[list[bytes]]:
+    samples: list[list[bytes]] = [
+        [b""], [b"\xc1"], [b"\x00" * 3], [msgpack.packb([2, 0, "id", "x"])],
+        [msgpack.packb([3, 0, 0, "not a list"])], [msgpack.packb([99, 0, 0, None])],
+        [msgpack.packb([1, 0, 0, msgpack.ExtType(3, b"\0\0\0\7")])],
+        [msgpack.packb([1, 0, 0, msgpack.ExtType(2, b"\x91\x01")])],
+        [msgpack.packb({"a": 1})], [msgpack.packb([1, 0, 0])],
+    ]
+    samples += [[rng.randbytes(rng.randrange(1, 64)) for _ in range(rng.randrange(1, 4))]
+                for _ in range(300)]
+    return samples
+
+
+@pytest.mark.parametrize("channel", ["address", "control"])
+def test_random_frames_leave_the_actor_alive_and_answering(node: Node, channel: str) -> None:
+    ref = node.spawn(Recorder)
+    fuzzer = runtime().context.socket(zmq.DEALER)
+    try:
+        fuzzer.linger = 0
+        fuzzer.connect(getattr(ref, channel))
+        for frames in _fuzz_frames(random.Random(1234)):
+            fuzzer.send_multipart(frames)
+        ref.tell("still here")
+        assert ref.ask("seen", timeout=20) == ["still here"]
+        wait_for(lambda: ref.stats(timeout=10)["malformed"] > 0)
+        assert ref.ping(timeout=10).incarnation == ref.incarnation
+    finally:
+        fuzzer.close()
+
+
+def test_a_message_of_a_type_the_actor_does_not_know_gets_a_clear_error(node: Node) -> None:
+    ref = node.spawn(Recorder)
+    register_message(NeverRegistered)  # registered here, after the actor's process forked
+    with pytest.raises(RemoteError, match="CodecError"):
+        ref.ask(NeverRegistered(1), timeout=10)
+    ref.tell(NeverRegistered(2))
+    ref.tell_many(["kept", NeverRegistered(3)])
+    assert ref.ask("seen", timeout=10) == ["kept"]
+    assert ref.stats(timeout=10)["unknown_type"] == 3
+
+
+def test_an_unencodable_message_is_refused_before_it_leaves(node: Node) -> None:
+    ref = node.spawn(Recorder)
+    with pytest.raises(CodecError):
+        ref.tell(object())
+
+
+def test_an_oversized_message_is_refused_with_a_clear_error(node: Node) -> None:
+    ref = node.spawn(Recorder)
+    from actors import _wire
+
+    with pytest.raises(MessageTooLarge):
+        ref.tell(b"x" * (_wire.MAX_MESSAGE_BYTES + 1))
+    assert ref.ask("label", timeout=10) == "recorder"
+
+
+def test_a_message_over_the_actors_own_limit_gets_an_error_answer(node: Node) -> None:
+    ref = node.spawn(SmallMailbox)
+    with pytest.raises(MessageTooLarge):
+        ref.ask(b"x" * 100_000, timeout=10)
+    assert ref.stats(timeout=10)["oversized"] == 1
+    assert ref.ask("label", timeout=10) == "recorder"
+
+
+def test_a_full_mailbox_pushes_back_on_the_sender_and_loses_nothing(node: Node,
+                                                                   tmp_path) -> None:
+    release = tmp_path / "release"
+    ref = node.spawn(Recorder, mailbox_size=20)
+    blocked = ref.ask_async(("block_until", str(release)))
+    accepted = 0
+    with pytest.raises(MailboxFull):
+        for accepted in range(100_000):
+            ref.tell(accepted, timeout=0.2)
+    release.write_text("go")
+    assert blocked.get(timeout=20) == "released"
+    assert ref.ask("seen", timeout=20) == list(range(accepted))
+
+
+def test_a_tell_to_a_dead_pinned_ref_raises_in_a_process_that_saw_the_death(
+        node: Node) -> None:
+    ref = node.spawn(Recorder).pin()
+    ref.stop(timeout=10)
+    with pytest.raises(ActorDeadError):
+        ref.tell("anyone there?")
+
+
+def test_random_frames_at_the_node_service_leave_it_spawning_and_watching(node: Node) -> None:
+    fuzzer = runtime().context.socket(zmq.DEALER)
+    try:
+        fuzzer.linger = 0
+        fuzzer.connect(node.endpoint)
+        for frames in _fuzz_frames(random.Random(99)):
+            fuzzer.send_multipart(frames)
+        fuzzer.send_multipart([msgpack.packb([20, 0, ["token", "x", "y", "pid"]])])
+        ref = node.spawn(Recorder)
+        wait_for(lambda: node.counters["malformed"] > 0)
+        assert ref.ask("label", timeout=10) == "recorder"
+        assert node.monitor(ref).down is None
+    finally:
+        fuzzer.close()

@@ -1,0 +1,73 @@
+"""The codec, in-process: what travels, what is refused, and what hostile bytes do."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import msgpack
+import pytest
+
+from actors import ActorRef, CodecError, LARGE_BODY_BYTES, Down
+from actors.codec import Decoder, Encoder, UnknownMessage, register_message
+from tests.actors.sample_actors import Point, Put
+
+
+def round_trip(obj: object) -> object:
+    return Decoder().decode(Encoder().encode(obj))
+
+
+def test_plain_data_round_trips_and_tuples_arrive_as_lists() -> None:
+    value = {"a": [1, 2.5, None, True], 3: b"bytes", "t": (1, "x")}
+    assert round_trip(value) == {"a": [1, 2.5, None, True], 3: b"bytes", "t": [1, "x"]}
+
+
+def test_registered_dataclasses_and_namedtuples_round_trip_as_themselves() -> None:
+    assert round_trip(Put("k", b"v")) == Put("k", b"v")
+    assert round_trip([Point(1, 2)]) == [Point(1, 2)]
+
+
+def test_refs_and_runtime_messages_round_trip_inside_other_messages() -> None:
+    ref = ActorRef("a", "ipc:///x/a", "ipc:///x/b", 3, 42, "ipc:///x/n", pinned=True)
+    down = Down(ref, None, 9)
+    assert round_trip({"who": ref, "down": down}) == {"who": ref, "down": down}
+
+
+def test_a_large_body_travels_as_its_own_frame_and_not_in_the_header() -> None:
+    body = b"x" * LARGE_BODY_BYTES
+    frames = Encoder().encode(Put("k", body))
+    assert len(frames) == 2 and frames[1] is body
+    assert len(frames[0]) < 100
+    assert Decoder().decode(frames) == Put("k", body)
+
+
+def test_an_unregistered_class_is_refused_at_the_sender() -> None:
+    @dataclasses.dataclass(frozen=True)
+    class Unregistered:
+        value: int
+
+    with pytest.raises(CodecError, match="Unregistered"):
+        Encoder().encode(Unregistered(1))
+
+
+def test_a_type_unknown_to_the_receiver_decodes_to_a_placeholder_and_is_flagged() -> None:
+    ext = msgpack.ExtType(1, msgpack.packb(["some.Unknown", 1]))
+    decoder = Decoder()
+    assert decoder.decode([msgpack.packb([2, 0, 7, ext])]) == [2, 0, 7,
+                                                                UnknownMessage("some.Unknown")]
+    assert decoder.saw_unknown
+
+
+@pytest.mark.parametrize("frame", [b"\xc1", b"\x93\x01", msgpack.packb(msgpack.ExtType(9, b"")),
+                                   msgpack.packb(msgpack.ExtType(3, b"\0\0\0\5"))])
+def test_malformed_frames_raise_codec_error(frame: bytes) -> None:
+    with pytest.raises(CodecError):
+        Decoder().decode([frame])
+
+
+def test_only_frozen_dataclasses_can_be_registered() -> None:
+    @dataclasses.dataclass
+    class Mutable:
+        value: int
+
+    with pytest.raises(CodecError, match="frozen"):
+        register_message(Mutable)

@@ -1,0 +1,54 @@
+"""The control channel is served before the data mailbox, and batches are bounded."""
+
+from __future__ import annotations
+
+from actors import Node, Pong
+from tests.actors.conftest import wait_for
+from tests.actors.sample_actors import Recorder
+
+
+def test_a_heartbeat_is_answered_ahead_of_a_long_data_backlog(node: Node) -> None:
+    ref = node.spawn(Recorder, max_batch=1)
+    for _ in range(200):
+        ref.tell(("sleep", 0.02))
+    pong = ref.ping(timeout=20)
+    assert isinstance(pong, Pong) and pong.pid == ref.pid
+    assert pong.received < 200
+
+
+def test_stats_count_what_the_actor_received(node: Node) -> None:
+    ref = node.spawn(Recorder)
+    ref.tell_many(["a", "b", "c"])
+    ref.tell("d")
+    ref.ask("seen", timeout=10)
+    stats = ref.stats(timeout=10)
+    assert stats["received"] == 3 and stats["asks"] == 1 and stats["dropped_stale"] == 0
+
+
+def test_a_stop_request_overtakes_queued_messages(node: Node) -> None:
+    ref = node.spawn(Recorder, max_batch=1)
+    for _ in range(200):
+        ref.tell(("sleep", 0.02))
+    down = ref.stop(timeout=20)
+    assert down.exitcode == 0
+
+
+def test_on_idle_runs_after_the_told_messages_are_handled(node: Node) -> None:
+    ref = node.spawn(Recorder)
+    ref.tell_many(list(range(50)))
+    ref.tell("last")
+    wait_for(lambda: 51 in ref.ask("idle_marks", timeout=10))
+
+
+def test_call_later_runs_on_the_actors_thread_after_the_delay(node: Node) -> None:
+    ref = node.spawn(Recorder)
+    assert ref.ask(("remind_me", 0.05, "reminder"), timeout=10) == "scheduled"
+    wait_for(lambda: ref.ask("seen", timeout=10) == ["reminder"])
+
+
+def test_an_actor_can_stop_another_through_its_ref(node: Node) -> None:
+    stopper = node.spawn(Recorder)
+    target = node.spawn(Recorder)
+    down = stopper.ask(("stop_other", target), timeout=30)
+    assert (down.ref, down.exitcode) == (target, 0)
+    assert node.monitor(target).down == down

@@ -1,0 +1,202 @@
+"""Spawning, stopping, restarting and process hygiene, with real processes and signals."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import psutil
+import pytest
+
+from actors import (EXIT_CRASHED, EXIT_NORMAL, EXIT_TERMINATED, ActorDeadError, InvalidSpec,
+                    Node, SpawnError)
+from tests.actors.conftest import wait_for
+from tests.actors.sample_actors import (FailsToStart, IgnoresStop, Recorder, StopsOnSignal,
+                                        TitledWorker)
+
+
+def test_spawn_returns_a_ref_whose_process_is_running_and_answering(node: Node) -> None:
+    ref = node.spawn(Recorder, name="alive")
+    assert psutil.pid_exists(ref.pid)
+    assert ref.ask("pid", timeout=10) == ref.pid
+    assert node.actors() == [ref]
+
+
+def test_an_exception_in_on_start_makes_spawn_raise_with_type_and_message(node: Node) -> None:
+    with pytest.raises(SpawnError, match="ValueError: no disk today"):
+        node.spawn(FailsToStart)
+    assert node.actors() == []
+
+
+def test_spawn_validates_its_arguments_and_names_the_field(node: Node) -> None:
+    with pytest.raises(InvalidSpec, match="transport='udp'"):
+        node.spawn(Recorder, transport="udp")
+    with pytest.raises(InvalidSpec, match="actor_class"):
+        node.spawn(object)  # type: ignore[arg-type]
+    with pytest.raises(InvalidSpec, match="mailbox_size=0"):
+        node.spawn(Recorder, mailbox_size=0)
+
+
+def test_a_name_cannot_be_spawned_twice_while_its_actor_lives(node: Node) -> None:
+    node.spawn(Recorder, name="only")
+    with pytest.raises(InvalidSpec, match="already registered"):
+        node.spawn(Recorder, name="only")
+
+
+def test_each_actor_process_shows_a_readable_title(node: Node) -> None:
+    ref = node.spawn(TitledWorker, name="orders")
+    assert ref.ask("title", timeout=10) == "warren: orders"
+    assert " ".join(psutil.Process(ref.pid).cmdline()).startswith("warren: orders")
+
+
+def test_stop_runs_on_stop_and_reports_a_normal_exit(node: Node, tmp_path: Path) -> None:
+    marker = tmp_path / "marker"
+    ref = node.spawn(StopsOnSignal, str(marker))
+    down = ref.stop(timeout=10)
+    assert (down.exitcode, down.signal) == (EXIT_NORMAL, None)
+    assert marker.read_text() == "stopped"
+    assert not psutil.pid_exists(ref.pid) or psutil.Process(ref.pid).status() == "zombie"
+
+
+def test_stop_escalates_to_sigterm_which_interrupts_a_busy_actor_and_runs_on_stop(
+        node: Node, tmp_path: Path) -> None:
+    marker = tmp_path / "marker"
+    busy = tmp_path / "busy"
+    ref = node.spawn(StopsOnSignal, str(marker))
+    ref.tell(("busy", str(busy)))
+    wait_for(busy.exists)
+    down = node.stop(ref, timeout=0.5)
+    assert down.exitcode == EXIT_TERMINATED
+    assert marker.read_text() == "stopped"
+
+
+def test_stop_escalates_to_sigkill_when_sigterm_is_ignored(node: Node, tmp_path: Path) -> None:
+    marker = tmp_path / "blocked"
+    ref = node.spawn(IgnoresStop, str(marker))
+    ref.tell("block")
+    wait_for(marker.exists)
+    down = node.stop(ref, timeout=0.5)
+    assert down.signal == signal.SIGKILL
+
+
+def test_an_ask_to_a_stopped_actor_raises_actor_dead_error(node: Node) -> None:
+    ref = node.spawn(Recorder)
+    ref.stop(timeout=10)
+    with pytest.raises(ActorDeadError):
+        ref.ask("label", timeout=10)
+
+
+def test_asks_queued_when_an_actor_stops_are_answered_with_actor_dead_error(
+        node: Node) -> None:
+    ref = node.spawn(Recorder, max_batch=1)
+    ref.tell(("sleep", 0.3))
+    late = ref.ask_async("label")
+    ref.request_stop(timeout=10)
+    with pytest.raises(ActorDeadError):
+        late.get(timeout=10)
+
+
+def test_a_crash_in_a_tell_stops_the_actor_with_exit_crashed(node: Node) -> None:
+    ref = node.spawn(Recorder)
+    monitor = node.monitor(ref)
+    ref.tell(("crash",))
+    down = monitor.wait(10)
+    assert down is not None and down.exitcode == EXIT_CRASHED
+
+
+def test_an_old_ref_reaches_the_restarted_actor_at_the_same_address(node: Node,
+                                                                    transport: str) -> None:
+    old = node.spawn(Recorder, "same args", name="phoenix", transport=transport)
+    os.kill(old.pid, signal.SIGKILL)
+    assert node.monitor(old).wait(10) is not None
+    new = node.restart(old)
+    assert (new.address, new.control) == (old.address, old.control)
+    assert new.incarnation == old.incarnation + 1 and new.pid != old.pid
+    assert old.ask("label", timeout=10) == "same args"
+    assert node.whereis("phoenix") == new
+
+
+def test_a_pinned_ref_to_an_old_incarnation_is_refused_and_its_messages_dropped(
+        node: Node) -> None:
+    old = node.spawn(Recorder, name="pinned")
+    sender = node.spawn(Recorder, name="sender")
+    pinned = old.pin()
+    old.stop(timeout=10)
+    new = node.restart(old)
+    with pytest.raises(ActorDeadError):
+        pinned.tell("refused here: this process saw the death")
+    # The sender's process never heard of the restart: it sends, the new incarnation drops.
+    assert sender.ask(("tell_other", pinned, "stale"), timeout=10) == "told"
+    new.pin().tell("fresh")
+    assert new.ask("seen", timeout=10) == ["fresh"]
+    assert new.stats(timeout=10)["dropped_stale"] == 1
+
+
+def test_restart_refuses_an_incarnation_that_is_still_alive(node: Node) -> None:
+    ref = node.spawn(Recorder)
+    with pytest.raises(InvalidSpec, match="still alive"):
+        node.restart(ref)
+
+
+def test_closing_a_node_stops_its_actors_and_its_forkserver() -> None:
+    with Node("closing", preload=("tests.actors.sample_actors",)) as node:
+        refs = [node.spawn(Recorder) for _ in range(3)]
+        forkserver = psutil.Process(os.getpid()).children()
+        assert any("forkserver" in " ".join(p.cmdline()) for p in forkserver)
+    for ref in refs:
+        assert not psutil.pid_exists(ref.pid)
+    assert not os.path.exists(node.runtime_dir)
+
+
+def test_a_sigkilled_node_process_leaves_no_actor_behind(tmp_path: Path) -> None:
+    script = tmp_path / "app.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys, time
+        sys.path.insert(0, {str(Path(__file__).parents[2])!r})
+        from actors import Node
+        from tests.actors.sample_actors import Recorder
+
+        if __name__ == "__main__":
+            node = Node("doomed")
+            refs = [node.spawn(Recorder) for _ in range(2)]
+            print(" ".join(str(r.pid) for r in refs), flush=True)
+            time.sleep(600)
+    """))
+    app = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        pids = [int(p) for p in app.stdout.readline().split()]
+        descendants = psutil.Process(app.pid).children(recursive=True)
+        assert len(pids) == 2
+        app.kill()
+        app.wait(10)
+        gone, alive = psutil.wait_procs(descendants, timeout=10)
+        assert alive == []
+    finally:
+        app.kill()
+        app.wait(10)
+        app.stdout.close()
+
+
+def test_a_script_that_starts_a_node_without_a_main_guard_fails_instead_of_recursing(
+        tmp_path: Path) -> None:
+    script = tmp_path / "unguarded.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(Path(__file__).parents[2])!r})
+        from actors import Node, SpawnError
+
+        try:
+            Node("unguarded").close()
+        except SpawnError as error:
+            print("refused:", error)
+    """))
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=60)
+    # The forkserver's import of the script is where the node is refused; the script's
+    # own run then goes on, so the whole thing ends instead of forking without end.
+    assert run.returncode == 0
+    assert run.stdout.count("refused: a Node was started while the forkserver imported") == 1

@@ -1,0 +1,38 @@
+"""The private runtime directory and the names of ipc endpoints."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from actors import InvalidSpec, Node
+from actors.runtime_dir import MAX_IPC_PATH_BYTES, create_runtime_dir, ipc_endpoint
+
+
+def test_the_runtime_directory_is_private(tmp_path: Path) -> None:
+    path = create_runtime_dir(str(tmp_path))
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o700
+
+
+def test_endpoints_are_short_hashes_of_any_name(tmp_path: Path) -> None:
+    endpoint = ipc_endpoint(str(tmp_path), "queue: orders/ü " * 20, "data")
+    name = os.path.basename(endpoint)
+    assert len(name) == len("0123456789abcdef.data")
+    assert ipc_endpoint(str(tmp_path), "a", "data") != ipc_endpoint(str(tmp_path), "b", "data")
+
+
+def test_a_socket_path_over_the_kernel_limit_is_refused_with_its_path(tmp_path: Path) -> None:
+    deep = tmp_path / ("d" * (MAX_IPC_PATH_BYTES - len(str(tmp_path))))
+    with pytest.raises(InvalidSpec, match="longer than 107 bytes"):
+        ipc_endpoint(str(deep), "actor", "data")
+
+
+def test_a_node_refuses_a_runtime_directory_others_can_enter(tmp_path: Path) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o755)
+    shared.chmod(0o755)
+    with pytest.raises(InvalidSpec, match="not private"):
+        Node("shared", runtime_dir=str(shared))

@@ -1,0 +1,186 @@
+"""The stores as actor processes in a node: group commit, settlement, direct reads, and
+what survives when a store, the GC or a reader is killed or stopped."""
+
+import dataclasses
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from actors import RemoteError
+from store.client import StoreClient, StoreRestarted
+from store.messages import StoreStats, WriteBatch
+from supervisor import Node
+
+from ..waiting import wait_for
+from .helpers import body, msg_id
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def node(tmp_path):
+    with Node(tmp_path / "data", file_size_limit=64 * 1024) as running:
+        yield running
+
+
+def stats(node, name="msg_store_persistent"):
+    return node.store(name).ask(StoreStats())
+
+
+def test_every_write_is_settled_exactly_once_and_read_back_directly(node):
+    settlements = []
+    client = StoreClient(node.store(), on_settled=settlements.append)
+    for n in range(3000):
+        client.write(msg_id(n), body(n, 1000))
+    client.remove([msg_id(n) for n in range(2990, 3000)])
+    client.settle()
+    covered = [s.up_to_seq for s in settlements]
+    assert covered == sorted(covered) and covered[-1] == 2999
+    durable = {seq for s in settlements for seq, *_ in s.locations}
+    ignored = {seq for s in settlements for seq in s.ignored}
+    assert not durable & ignored and durable | ignored <= set(range(3000))
+    assert durable >= set(range(2990))
+    assert all(client.read(msg_id(n)) == body(n, 1000) for n in range(0, 2990, 7))
+    assert client.direct_reads > 0
+    assert client.read(msg_id(2995)) is None
+    client.terminate()
+    figures = stats(node)
+    assert figures["message_count"] == 2990
+    assert figures["clients"] == 0 and figures["longest_confirm_wait_ms"] > 0
+
+
+def test_back_to_back_write_remove_pairs_cost_almost_no_disk_writes(node):
+    client = StoreClient(node.store())
+    pairs = 2000
+    for n in range(pairs):
+        client.write(msg_id(n), body(n, 1000))
+        client.remove([msg_id(n)])
+    client.settle()
+    written_records = stats(node)["bytes_on_disk"] // 1025
+    assert written_records <= pairs // 100
+    client.terminate()
+
+
+def test_a_store_killed_under_write_load_keeps_every_settled_message(node):
+    settled_seqs = set()
+    client = StoreClient(node.store(), on_settled=lambda s: settled_seqs.update(
+        seq for seq, *_ in s.locations))
+    old_pid = node.store().pid
+    ids = {}
+    with pytest.raises(StoreRestarted) as restarted:
+        for n in range(200_000):
+            ids[client.write(msg_id(n), body(n, 4000))] = n
+            if n == 5000:
+                os.kill(old_pid, signal.SIGKILL)
+        client.settle()
+    assert restarted.value.in_doubt
+    assert node.store().pid != old_pid
+    assert settled_seqs
+    fresh = StoreClient(node.store())
+    for seq in sorted(settled_seqs)[::50]:
+        assert fresh.read(msg_id(ids[seq])) == body(ids[seq], 4000)
+    fresh.terminate()
+    client.terminate()
+
+
+def fill_and_fragment(client, count=600):
+    for n in range(count):
+        client.write(msg_id(n), body(n, 1000))
+    client.settle()
+    client.remove([msg_id(n) for n in range(count) if n % 4])
+    client.settle()
+    return [n for n in range(count) if n % 4 == 0]
+
+
+def test_a_gc_killed_mid_job_loses_nothing_and_the_node_carries_on(node, tmp_path):
+    gc = node.actors.whereis("msg_store_gc")
+    os.kill(gc.pid, signal.SIGSTOP)                 # it takes the job and never finishes
+    client = StoreClient(node.store())
+    live = fill_and_fragment(client)
+    wait_for(lambda: stats(node)["gc_job_in_flight"])
+    store_pid = node.store().pid
+    os.kill(gc.pid, signal.SIGKILL)
+    wait_for(lambda: stats(node)["gc_jobs_abandoned"] == 1)
+    assert not [f for f in os.listdir(tmp_path / "data" / "msg_store_persistent")
+                if f.endswith(".rdt")]
+    assert all(client.read(msg_id(n)) == body(n, 1000) for n in live)
+    wait_for(lambda: stats(node)["gc_runs"] > 0, timeout=30)   # the restarted GC's work
+    assert all(client.read(msg_id(n)) == body(n, 1000) for n in live)
+    assert node.store().pid == store_pid
+    client.terminate()
+
+
+def test_the_transient_store_is_empty_after_a_restart(node):
+    client = StoreClient(node.store("msg_store_transient"))
+    for n in range(100):
+        client.write(msg_id(n), body(n))
+    client.settle()
+    assert client.contains(msg_id(5))
+    old = node.store("msg_store_transient").pid
+    os.kill(old, signal.SIGKILL)
+    wait_for(lambda: getattr(node.actors.whereis("msg_store_transient"), "pid", old) != old)
+    assert stats(node, "msg_store_transient")["message_count"] == 0
+    fresh = StoreClient(node.store("msg_store_transient"))
+    assert not fresh.contains(msg_id(5))
+    fresh.terminate()
+
+
+def reader_process(ref, ids_file, seconds):
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.store.client_child",
+         json.dumps(dataclasses.asdict(ref)), str(ids_file), str(seconds)],
+        cwd=ROOT, stdout=subprocess.PIPE, text=True)
+
+
+def test_readers_in_other_processes_read_right_bodies_while_the_gc_combines(node, tmp_path):
+    client = StoreClient(node.store())
+    for n in range(600):
+        client.write(msg_id(n), body(n, 1000))
+    client.settle()
+    live = [n for n in range(600) if n % 4 == 0]
+    ids_file = tmp_path / "ids"
+    ids_file.write_text("".join(f"{msg_id(n).hex()} {hashlib.sha256(body(n, 1000)).hexdigest()}\n"
+                                for n in live))
+    readers = [reader_process(node.store(), ids_file, 4) for _ in range(3)]
+    victims = [reader_process(node.store(), ids_file, 60) for _ in range(2)]
+    try:
+        for process in readers + victims:
+            assert process.stdout.readline().strip() == "started"
+        os.kill(victims[0].pid, signal.SIGKILL)
+        os.kill(victims[1].pid, signal.SIGSTOP)
+        client.remove([msg_id(n) for n in range(600) if n % 4])
+        client.settle()
+        wait_for(lambda: stats(node)["gc_runs"] >= 2, timeout=30)
+        outcomes = [tuple(map(int, r.stdout.readline().split())) for r in readers]
+        client.write(msg_id(9999), body(9999))          # the store still serves
+        client.settle()
+    finally:
+        for process in readers + victims:
+            process.send_signal(signal.SIGKILL)
+            process.send_signal(signal.SIGCONT)
+            process.wait()
+            process.stdout.close()
+    assert all(wrong == 0 for _, _, wrong in outcomes), outcomes
+    assert all(direct > 0 for direct, _, _ in outcomes), outcomes
+    assert all(client.read(msg_id(n)) == body(n, 1000) for n in live)
+    client.terminate()
+
+
+def test_a_malformed_batch_is_refused_and_the_store_keeps_serving(node):
+    with pytest.raises(RemoteError, match="malformed WriteBatch"):
+        node.store().ask(WriteBatch(b"client", 0, b"\x00\x00\x00\x00\x00\x00\x00\x05abc"))
+    with pytest.raises(RemoteError, match="does not handle"):
+        node.store().ask("hello")
+    assert stats(node)["malformed_batches"] == 1
+    client = StoreClient(node.store())
+    client.write(msg_id(1), body(1))
+    client.settle()
+    assert client.read(msg_id(1)) == body(1)
+    client.terminate()

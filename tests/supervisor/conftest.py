@@ -1,0 +1,15 @@
+"""Fixtures for the supervision tests: an actor node per test, closed even on failure."""
+
+from collections.abc import Iterator
+
+import pytest
+
+from actors import Node
+
+PRELOAD = ("tests.supervisor.sample_actors",)
+
+
+@pytest.fixture
+def actor_node() -> Iterator[Node]:
+    with Node("supervision-test", preload=PRELOAD) as node:
+        yield node

@@ -1,0 +1,48 @@
+"""Actors the supervision tests run under supervisors."""
+
+import os
+import time
+
+from actors import ProcessActor
+
+
+class Worker(ProcessActor):
+    """Answers "pid"; crashes on the tell "crash"; exits normally on "quit"; appends its
+    name to ``journal`` (a file) when it stops."""
+
+    def __init__(self, name: str = "", journal: str | None = None,
+                 stop_delay_s: float = 0.0) -> None:
+        self.name = name
+        self.journal = journal
+        self.stop_delay_s = stop_delay_s
+
+    def on_receive(self, message):
+        if message == "pid":
+            return os.getpid()
+        if message == "crash":
+            raise RuntimeError("asked to crash")
+        if message == "quit":
+            self.stop()
+        return None
+
+    def on_stop(self) -> None:
+        if self.journal:
+            with open(self.journal, "a") as f:
+                f.write(f"{self.name}\n")
+        time.sleep(self.stop_delay_s)
+
+
+class SlowStarter(Worker):
+    """Takes ``start_s`` seconds in on_start, like a store recovering from disk."""
+
+    def __init__(self, start_s: float) -> None:
+        super().__init__()
+        self.start_s = start_s
+
+    def on_start(self) -> None:
+        time.sleep(self.start_s)
+
+
+class FailsToStart(ProcessActor):
+    def on_start(self) -> None:
+        raise ValueError("cannot start")

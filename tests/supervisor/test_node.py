@@ -1,0 +1,94 @@
+"""The Warren node: one per data directory, its tree and status, the command line, and
+nothing left behind when its process is killed."""
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+from supervisor import ChildSpec, Node, NodeLocked, query_status
+
+from ..waiting import wait_for
+from .sample_actors import Worker
+
+ROOT = Path(__file__).resolve().parents[2]
+WARREN = [sys.executable, "-m", "supervisor.cli"]
+
+
+def test_only_one_node_runs_on_a_data_directory(tmp_path):
+    with Node(tmp_path / "data"):
+        with pytest.raises(NodeLocked, match="already runs"):
+            Node(tmp_path / "data")
+    with Node(tmp_path / "data"):
+        pass
+
+
+def test_status_shows_the_tree_with_pids_restarts_memory_and_alarms(tmp_path):
+    with Node(tmp_path / "data", children=(ChildSpec("worker", Worker),)) as node:
+        pid = node.app.which_children()[0]["pid"]
+        os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: node.app.which_children()[0]["pid"] != pid
+                 and node.app.which_children()[0]["state"] == "running")
+        status = node.status()
+        assert status["state"] == "running" and status["alarms"] == []
+        tree = status["tree"]
+        assert [c["id"] for c in tree["children"]] == [
+            "gc_sup", "msg_store_persistent", "msg_store_transient", "queue_sup", "app_sup"]
+        assert tree["children"][0]["children"][0]["id"] == "msg_store_gc"
+        worker = tree["children"][4]["children"][0]
+        assert worker["restarts"] == 1 and worker["rss_bytes"] > 0
+        assert status["stores"]["msg_store_persistent"]["message_count"] == 0
+        assert status["stores"]["msg_store_transient"]["transient"] is True
+        queried = query_status(tmp_path / "data")
+        assert [c["id"] for c in queried["tree"]["children"]] == [
+            c["id"] for c in tree["children"]]
+
+
+def test_warren_node_and_warren_status_on_the_command_line(tmp_path):
+    data = str(tmp_path / "data")
+    node = subprocess.Popen([*WARREN, "node", "--data-dir", data], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert node.stdout.readline().startswith("node warren")
+        wait_for(lambda: os.path.exists(os.path.join(data, "node.json")))
+        shown = subprocess.run([*WARREN, "status", "--data-dir", data], cwd=ROOT,
+                               capture_output=True, text=True, timeout=30)
+        assert shown.returncode == 0, shown.stderr
+        assert "app_sup (one_for_one)" in shown.stdout and "alarms: none" in shown.stdout
+        assert "msg_store_persistent: 0 messages" in shown.stdout
+        second = subprocess.run([*WARREN, "node", "--data-dir", data], cwd=ROOT,
+                                capture_output=True, text=True, timeout=60)
+        assert second.returncode == 2 and "already runs" in second.stderr
+        node.send_signal(signal.SIGTERM)
+        assert node.wait(timeout=60) == 0
+    finally:
+        if node.poll() is None:
+            node.kill()
+            node.wait()
+        node.stdout.close()
+        node.stderr.close()
+    gone = subprocess.run([*WARREN, "status", "--data-dir", data], cwd=ROOT,
+                          capture_output=True, text=True, timeout=30)
+    assert gone.returncode == 1 and "no node is running" in gone.stderr
+
+
+def test_a_node_process_killed_with_sigkill_leaves_no_actor_behind(tmp_path):
+    node = subprocess.Popen([sys.executable, "-m", "tests.supervisor.node_child",
+                             str(tmp_path / "data")], cwd=ROOT, stdout=subprocess.PIPE,
+                            text=True)
+    try:
+        descendants = [int(pid) for pid in node.stdout.readline().split()]
+        assert len(descendants) == 6     # forkserver, GC, two stores, two application actors
+        node.send_signal(signal.SIGKILL)
+        node.wait(timeout=30)
+        wait_for(lambda: not any(psutil.pid_exists(pid) and psutil.Process(pid).status()
+                                 != psutil.STATUS_ZOMBIE for pid in descendants))
+    finally:
+        if node.poll() is None:
+            node.kill()
+            node.wait()
+        node.stdout.close()

@@ -1,0 +1,166 @@
+"""OTP's supervision semantics with real processes SIGKILLed, SIGSTOPped and stopped."""
+
+import os
+import signal
+import time
+
+import psutil
+import pytest
+
+from supervisor import ChildSpec, Supervisor, SupervisorFlags, SupervisorSpec
+from supervisor.errors import SupervisorError
+
+from ..waiting import wait_for
+from .sample_actors import FailsToStart, SlowStarter, Worker
+
+
+def pids(supervisor) -> dict[str, int]:
+    return {c["id"]: c["pid"] for c in supervisor.which_children()}
+
+
+def all_running(supervisor) -> bool:
+    return all(c["state"] == "running" for c in supervisor.which_children())
+
+
+def three(strategy, **child_options):
+    return SupervisorSpec("sup", SupervisorFlags(strategy, intensity=5, period_s=10),
+                          children=tuple(ChildSpec(n, Worker, (n,), **child_options)
+                                         for n in ("a", "b", "c")))
+
+
+@pytest.mark.parametrize("strategy,restarted", [
+    ("one_for_one", {"b"}),
+    ("one_for_all", {"a", "b", "c"}),
+    ("rest_for_one", {"b", "c"}),
+])
+def test_a_killed_child_restarts_exactly_the_children_its_strategy_names(
+        actor_node, strategy, restarted):
+    with Supervisor(actor_node, three(strategy)) as supervisor:
+        before = pids(supervisor)
+        os.kill(before["b"], signal.SIGKILL)
+        wait_for(lambda: pids(supervisor)["b"] != before["b"] and all_running(supervisor))
+        after = pids(supervisor)
+        assert {n for n in before if after[n] != before[n]} == restarted
+        assert all(not psutil.pid_exists(before[n]) for n in restarted)
+        assert actor_node.whereis("b").ask("pid") == after["b"]
+
+
+def test_an_old_ref_reaches_the_restarted_child(actor_node):
+    with Supervisor(actor_node, three("one_for_one")) as supervisor:
+        old_ref = actor_node.whereis("a")
+        old_pid = old_ref.ask("pid")
+        os.kill(old_pid, signal.SIGKILL)
+        wait_for(lambda: pids(supervisor)["a"] != old_pid and all_running(supervisor))
+        assert old_ref.ask("pid") == pids(supervisor)["a"]
+
+
+def test_simple_one_for_one_children_are_added_and_restarted_alone(actor_node):
+    spec = SupervisorSpec("pool", SupervisorFlags("simple_one_for_one", intensity=5),
+                          children=(ChildSpec("conn", Worker),))
+    with Supervisor(actor_node, spec) as supervisor:
+        first = supervisor.start_child(("one",))
+        second = supervisor.start_child(("two",))
+        before = pids(supervisor)
+        assert set(before) == {"conn-1", "conn-2"}
+        os.kill(first.pid, signal.SIGKILL)
+        wait_for(lambda: pids(supervisor)["conn-1"] != before["conn-1"] and all_running(supervisor))
+        assert pids(supervisor)["conn-2"] == second.pid
+
+
+def test_restart_intensity_exceeded_stops_every_child_and_fails_the_supervisor(actor_node):
+    failures = []
+    spec = SupervisorSpec("sup", SupervisorFlags("one_for_one", intensity=1, period_s=30),
+                          children=(ChildSpec("a", Worker), ChildSpec("b", Worker)))
+    supervisor = Supervisor(actor_node, spec, on_failure=failures.append).start()
+    try:
+        first = pids(supervisor)
+        os.kill(first["a"], signal.SIGKILL)
+        wait_for(lambda: pids(supervisor)["a"] != first["a"] and all_running(supervisor))
+        os.kill(pids(supervisor)["a"], signal.SIGKILL)
+        wait_for(lambda: supervisor.state == "failed")
+        assert "more than 1 restarts" in failures[0]
+        wait_for(lambda: not psutil.pid_exists(first["b"]))
+    finally:
+        supervisor.stop()
+
+
+def test_a_failed_child_supervisor_is_restarted_by_its_parent(actor_node):
+    inner = SupervisorSpec("inner", SupervisorFlags("one_for_one", intensity=0),
+                           children=(ChildSpec("x", Worker),))
+    outer = SupervisorSpec("outer", SupervisorFlags("one_for_one", intensity=3, period_s=30),
+                           children=(ChildSpec("y", Worker), inner))
+    with Supervisor(actor_node, outer) as supervisor:
+        x_before = actor_node.whereis("x").ask("pid")
+        y_before = actor_node.whereis("y").ask("pid")
+        os.kill(x_before, signal.SIGKILL)
+        wait_for(lambda: actor_node.whereis("x") is not None
+                 and supervisor.status()["children"][1]["state"] == "running"
+                 and supervisor.status()["children"][1]["children"][0]["state"] == "running"
+                 and supervisor.status()["children"][1]["children"][0]["pid"] != x_before)
+        assert supervisor.status()["children"][1]["restarts"] == 1
+        assert actor_node.whereis("y").ask("pid") == y_before
+
+
+def test_temporary_children_are_not_restarted_and_transient_ones_only_after_a_crash(actor_node):
+    spec = SupervisorSpec("sup", SupervisorFlags("one_for_one", intensity=5), children=(
+        ChildSpec("temp", Worker, restart="temporary"),
+        ChildSpec("trans", Worker, restart="transient"),
+        ChildSpec("trans2", Worker, restart="transient")))
+    with Supervisor(actor_node, spec) as supervisor:
+        before = pids(supervisor)
+        os.kill(before["temp"], signal.SIGKILL)
+        actor_node.whereis("trans").tell("quit")                   # a normal exit
+        actor_node.whereis("trans2").tell("crash")                 # an abnormal one
+        wait_for(lambda: "temp" not in pids(supervisor)
+                 and pids(supervisor)["trans2"] != before["trans2"]
+                 and [c["state"] for c in supervisor.which_children()] == ["stopped", "running"])
+        assert not psutil.pid_exists(before["trans"])
+
+
+def test_children_stop_in_reverse_start_order(actor_node, tmp_path):
+    journal = str(tmp_path / "journal")
+    spec = SupervisorSpec("sup", children=tuple(
+        ChildSpec(n, Worker, (n, journal)) for n in ("first", "second", "third")))
+    Supervisor(actor_node, spec).start().stop()
+    assert open(journal).read().split() == ["third", "second", "first"]
+
+
+def test_a_child_that_ignores_its_stop_is_killed_after_its_shutdown_timeout(actor_node):
+    spec = SupervisorSpec("sup", children=(
+        ChildSpec("stubborn", Worker, ("stubborn", None, 60.0), shutdown_s=0.5),))
+    supervisor = Supervisor(actor_node, spec).start()
+    pid = pids(supervisor)["stubborn"]
+    started = time.monotonic()
+    supervisor.stop()
+    assert not psutil.pid_exists(pid)
+    assert time.monotonic() - started < 10
+
+
+def test_a_sigstopped_child_is_found_hung_and_restarted(actor_node):
+    spec = SupervisorSpec("sup", SupervisorFlags("one_for_one", intensity=5), children=(
+        ChildSpec("sleepy", Worker, heartbeat_interval_s=0.2, heartbeat_timeout_s=1.0),))
+    with Supervisor(actor_node, spec) as supervisor:
+        before = pids(supervisor)["sleepy"]
+        os.kill(before, signal.SIGSTOP)
+        wait_for(lambda: pids(supervisor)["sleepy"] != before and all_running(supervisor))
+        assert not psutil.pid_exists(before)
+
+
+def test_a_slow_start_is_not_mistaken_for_a_hang(actor_node):
+    spec = SupervisorSpec("sup", children=(
+        ChildSpec("recovering", SlowStarter, (2.0,), heartbeat_interval_s=0.2,
+                  heartbeat_timeout_s=0.5),))
+    with Supervisor(actor_node, spec) as supervisor:
+        pid = pids(supervisor)["recovering"]
+        time.sleep(1.0)
+        assert pids(supervisor)["recovering"] == pid
+        assert supervisor.which_children()[0]["restarts"] == 0
+
+
+def test_a_child_that_cannot_start_fails_the_start_and_stops_its_elder_siblings(actor_node):
+    spec = SupervisorSpec("sup", children=(ChildSpec("fine", Worker),
+                                           ChildSpec("broken", FailsToStart)))
+    supervisor = Supervisor(actor_node, spec)
+    with pytest.raises(SupervisorError, match="broken failed to start"):
+        supervisor.start()
+    assert actor_node.actors() == []
