@@ -139,6 +139,11 @@ class StoreClient:
         """Writes sent or queued and not yet settled."""
         return self._in_flight_messages + len(self._batch)
 
+    @property
+    def batched(self) -> int:
+        """Writes in the current batch, not yet sent."""
+        return len(self._batch)
+
     def _settle_oldest(self) -> None:
         future, first, msg_ids, size = self._in_flight[0]
         while True:
