@@ -1,10 +1,14 @@
-"""A guided tour of Warren's message store, on an embedded store in a temporary directory.
+"""Warren end to end, on an embedded node in a temporary directory.
 
     make run            (or: .venv/bin/python examples/demo.py)
 
-It writes, reads and removes messages, runs a GC pass, kills a writing process with SIGKILL
-in the middle of its work, and shows what recovery brings back. Each step prints what
-happened and why it matters.
+A node boots its supervision tree — the GC, the persistent and transient message stores,
+each its own OS process. A client writes messages to the persistent store (batched, one
+fsync per group, every write confirmed), reads them back straight from the files, acks
+most of them, and the GC process compacts the files. Then the store process is killed
+with SIGKILL in the middle of a stream of writes: the supervisor restarts it, it recovers
+from disk, the client learns which writes were in doubt, and every confirmed message reads
+back intact. Each step prints what happened; the node's status table ends the tour.
 """
 
 from __future__ import annotations
@@ -12,133 +16,121 @@ from __future__ import annotations
 import hashlib
 import os
 import signal
-import subprocess
 import sys
 import tempfile
+import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from store import MessageStore  # noqa: E402  (the path above makes a source checkout work)
+from store.client import StoreClient, StoreRestarted  # noqa: E402  (source checkout)
+from store.messages import StoreStats  # noqa: E402
+from supervisor import Node  # noqa: E402
+from supervisor.cli import format_status  # noqa: E402
 
-FILE_SIZE_LIMIT = 64 * 1024       # small files, so rollover and GC show up quickly
-BATCH = 200
+FILE_SIZE_LIMIT = 256 * 1024      # small files, so rollover and GC show up quickly
 
 
 def msg_id(n: int) -> bytes:
-    return hashlib.md5(f"demo message {n}".encode()).digest()
+    return hashlib.md5(f"order {n}".encode()).digest()
 
 
 def body(n: int) -> bytes:
-    return f"order #{n}: ".encode() + bytes([n % 251]) * (500 + n % 1500)
+    return f"order #{n}: ".encode() + bytes([n % 251]) * (4000 + n % 3000)
 
 
 def step(title: str) -> None:
-    print(f"\n== {title}")
+    print(f"\n== {title}", flush=True)
 
 
-def files_of(directory: str) -> list[str]:
-    return sorted((n for n in os.listdir(directory) if n.endswith(".rdq")),
-                  key=lambda n: int(n[:-4]))
+def wait_until(condition, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise SystemExit("the demo waited too long; something is wrong")
+        time.sleep(0.05)
 
 
-def tour(directory: str) -> None:
-    step("1. Writing 2,000 messages (group commit: one fsync covers a whole batch)")
-    with MessageStore(directory, file_size_limit=FILE_SIZE_LIMIT) as store:
-        confirmed = 0
-        for start in range(0, 2000, BATCH):
-            for n in range(start, start + BATCH):
-                store.write(msg_id(n), body(n), ticket=n)
-            confirmed += len(store.sync().durable)
-        stats = store.stats()
-        print(f"   {confirmed} writes confirmed durable; {stats['file_count']} files of at most "
-              f"{FILE_SIZE_LIMIT // 1024} KiB ({stats['bytes_on_disk']:,} bytes)")
+def tour(node: Node) -> None:
+    figures = lambda: node.store().ask(StoreStats())  # noqa: E731
 
-        step("2. Reading them back, and a message shared by two queues")
-        assert all(store.read(msg_id(n)) == body(n) for n in range(2000))
-        store.write(msg_id(7), body(7))                       # a second queue's reference
-        store.remove(msg_id(7))
-        print(f"   all 2000 bodies read back intact; message 7, referenced twice and removed "
-              f"once, is still there: {store.contains(msg_id(7))}")
+    step("1. The node's processes")
+    for row in node.status()["tree"]["children"]:
+        pids = [c["pid"] for c in row.get("children", [])] if row["kind"] == "supervisor" \
+            else [row["pid"]]
+        print(f"   {row['id']:<22} {row['kind']:<10} pids {pids}")
 
-        step("3. A write cancelled before it reached the disk")
-        store.write(msg_id(5000), body(5000), ticket="cancelled")
-        store.remove(msg_id(5000))
-        settled = store.sync()
-        print(f"   written then removed before the sync: reported ignored {settled.ignored}, "
-              f"and no byte of it was written")
+    step("2. A client writes 5,000 messages of 4-7 KiB; each is confirmed once on disk")
+    confirmed = []
+    client = StoreClient(node.store(), on_settled=lambda s: confirmed.append(s))
+    started = time.perf_counter()
+    for n in range(5000):
+        client.write(msg_id(n), body(n))
+    client.settle()
+    elapsed = time.perf_counter() - started
+    durable = sum(len(s.locations) for s in confirmed)
+    print(f"   {durable} writes confirmed in {len(confirmed)} group commits, "
+          f"{5000 / elapsed:,.0f} msgs/s; the store has {figures()['file_count']} files")
 
-        step("4. Consumers ack two thirds of the messages; the GC combines files")
-        for n in range(2000):
-            if n % 3:
-                store.remove(msg_id(n))
-        before = store.stats()
-        print(f"   after the removes: {before['file_count']} files (a file is deleted as soon "
-              f"as it empties; none did), garbage {before['garbage_fraction']:.0%}")
-        combines = store.collect_garbage()
-        after = store.stats()
-        print(f"   GC pass: {combines} combines of adjacent files moved "
-              f"{after['gc_bytes_moved']:,} bytes; now {after['file_count']} files, garbage "
-              f"{after['garbage_fraction']:.0%}")
-        assert all(store.read(msg_id(n)) == body(n) for n in range(0, 2000, 3))
-        print("   every remaining message still reads back intact")
-    print("   closed cleanly: the index and file summary were saved for a fast restart")
+    step("3. Reading them back, straight from the files (no round trip to the store)")
+    assert all(client.read(msg_id(n)) == body(n) for n in range(5000))
+    print(f"   5000 bodies intact: {client.direct_reads} read directly, "
+          f"{client.fallback_reads} through the store")
 
-    step("5. Restart after a clean stop")
-    with MessageStore(directory, file_size_limit=FILE_SIZE_LIMIT) as store:
-        survivors = store.stats()["message_count"]
-        print(f"   recovered clean: {store.recovered_clean}, {survivors} messages")
+    step("4. Consumers ack 80% of them; the GC process combines the files")
+    before = figures()
+    client.remove([msg_id(n) for n in range(5000) if n % 5])
+    client.settle()
+    wait_until(lambda: figures()["gc_runs"] > 0 and figures()["garbage_fraction"] <= 0.5)
+    after = figures()
+    print(f"   {before['file_count']} files → {after['file_count']}; garbage "
+          f"{after['garbage_fraction']:.0%}; {after['gc_runs']} combines by msg_store_gc")
+    assert all(client.read(msg_id(n)) == body(n) for n in range(0, 5000, 5))
+    print("   every remaining message still reads back intact")
 
-    step("6. A writer process killed with SIGKILL in the middle of writing")
-    writer = subprocess.Popen([sys.executable, __file__, "--write-until-killed", directory],
-                              stdout=subprocess.PIPE, text=True)
+    step("5. The store process is killed with SIGKILL in the middle of a stream of writes")
+    store_pid = node.store().pid
+    settled_ids: list[bytes] = []
+    streaming = StoreClient(node.store(), on_settled=lambda s: settled_ids.extend(
+        msg_id(10_000 + seq) for seq, *_ in s.locations))
+    in_doubt: list[bytes] = []
     try:
-        synced_upto = 0
-        for line in writer.stdout:
-            synced_upto = int(line)
-            if synced_upto >= 10_000 + 20 * BATCH:
-                break
-        writer.send_signal(signal.SIGKILL)
-    finally:
-        writer.kill()
-        writer.wait()
-        writer.stdout.close()
-    print(f"   the writer confirmed messages up to #{synced_upto - 1}, kept writing, and was "
-          f"killed (exit {writer.returncode})")
+        for n in range(10_000, 200_000):
+            streaming.write(msg_id(n), body(n))
+            if n == 40_000:
+                os.kill(store_pid, signal.SIGKILL)
+        streaming.settle()
+    except StoreRestarted as restarted:
+        in_doubt = restarted.in_doubt
+    print(f"   {len(settled_ids)} writes had been confirmed; {len(in_doubt)} were in flight "
+          f"and are reported in doubt (send them again)")
+    print(f"   the supervisor restarted the store: pid {store_pid} → {node.store().pid}, "
+          f"recovered from disk")
 
-    step("7. Recovery after the crash")
-    with MessageStore(directory, file_size_limit=FILE_SIZE_LIMIT) as store:
-        stats = store.stats()
-        intact = sum(store.read(msg_id(n)) == body(n) for n in range(10_000, synced_upto))
-        print(f"   recovered clean: {store.recovered_clean} (no shutdown files: every file was "
-              f"scanned; {len(files_of(directory))} files)")
-        unconfirmed = stats["message_count"] - survivors - intact
-        print(f"   {intact} of {synced_upto - 10_000} confirmed messages read back intact, beside "
-              f"the {survivors} from before; {unconfirmed} written after the last confirm had "
-              f"reached the kernel and came back too")
-        assert intact == synced_upto - 10_000
+    step("6. After the restart")
+    fresh = StoreClient(node.store())
+    bodies = {msg_id(n): body(n) for n in range(10_000, 200_000)}
+    intact = sum(fresh.read(m) == bodies[m] for m in settled_ids)
+    old = sum(fresh.read(msg_id(n)) == body(n) for n in range(0, 5000, 5))
+    print(f"   {intact} of {len(settled_ids)} confirmed writes read back, and all {old} "
+          f"messages from before")
+    recovered = fresh.store.ask(StoreStats())["message_count"]
+    print(f"   the store holds {recovered} messages: those, plus {recovered - intact - old} "
+          f"in-doubt writes that had reached the disk before the kill")
+    assert intact == len(settled_ids) and old == 1000
+    for client_ in (fresh, streaming, client):
+        client_.terminate()
 
-
-def write_until_killed(directory: str) -> None:
-    store = MessageStore(directory, file_size_limit=FILE_SIZE_LIMIT)
-    n = 10_000
-    while True:
-        for m in range(n, n + BATCH):
-            store.write(msg_id(m), body(m))
-        store.sync()
-        n += BATCH
-        print(n, flush=True)
+    step("7. The node's status (a store crash restarts everything after it: rest_for_one)")
+    print("   " + format_status(node.status()).replace("\n", "\n   "))
 
 
 def main() -> None:
-    if sys.argv[1:2] == ["--write-until-killed"]:
-        write_until_killed(sys.argv[2])
-        return
-    with tempfile.TemporaryDirectory(prefix="warren-demo-") as root:
-        directory = os.path.join(root, "msg_store_persistent")
-        print(f"Warren message store demo, in {directory}")
-        tour(directory)
-        print("\nDone: nothing confirmed was lost.")
+    with tempfile.TemporaryDirectory(prefix="warren-demo-") as data_dir:
+        print(f"Warren: a node on {data_dir}")
+        with Node(data_dir, file_size_limit=FILE_SIZE_LIMIT) as node:
+            tour(node)
+        print("\nThe node stopped cleanly: every process of the tree has exited, and nothing "
+              "confirmed was lost.")
 
 
 if __name__ == "__main__":

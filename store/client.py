@@ -41,7 +41,7 @@ import os
 import struct
 from collections.abc import Callable, Iterable
 
-from actors import ActorRef, AskTimeout
+from actors import ActorDeadError, ActorError, ActorRef, AskTimeout
 
 from .errors import StoreError
 from .lock_table import LockTableReader
@@ -150,7 +150,7 @@ class StoreClient:
             try:
                 settled: Settled = future.get(timeout=self.restart_check_s)
                 break
-            except AskTimeout:
+            except (AskTimeout, ActorDeadError):
                 self._check_incarnation()
         self._in_flight.popleft()
         self._in_flight_messages -= len(msg_ids)
@@ -163,8 +163,8 @@ class StoreClient:
     def _check_incarnation(self) -> None:
         try:
             incarnation = self.store.ping(timeout=self.restart_check_s).incarnation
-        except AskTimeout:
-            return                       # busy or restarting: keep waiting
+        except ActorError:
+            return                       # busy, or down and restarting: keep waiting
         if incarnation == self.incarnation:
             return
         in_doubt = [msg_id for _, _, ids, _ in self._in_flight for msg_id in ids]

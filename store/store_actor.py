@@ -33,9 +33,10 @@ and every waiting batch gets its ``Settled``, cumulative for its client up to th
 last sequence number, with each durable write's location. The longest wait from a batch's
 arrival to its answer is kept in ``longest_confirm_wait_ms``.
 
-GC: after a sync, and every ``gc_check_interval_s``, the store plans a combine and hands
-the valid records to the GC actor, which writes ``Dst.rdt`` while the store keeps serving.
-Its ``Rewritten`` is applied (compare-and-swap, rename, delete); if readers hold the files
+GC: after a sync, after each finished combine, and every ``gc_check_interval_s``, the
+store plans a combine and hands the valid records to the GC actor, which writes
+``Dst.rdt`` while the store keeps serving. Its ``Rewritten`` is applied (compare-and-swap,
+rename, delete); if readers hold the files
 the apply is retried, without waiting, at the next idle moment. A GC that dies or fails
 mid-job: the store abandons the job (flags cleared, ``.rdt`` deleted) and plans again
 after ``gc_retry_s``.
@@ -218,6 +219,8 @@ class MessageStoreActor(ProcessActor):
                                message.file_size)
         if not self.store.apply_combine(plan, result):
             self._deferred_apply = (plan, result)
+            return
+        self._collect_garbage()            # while garbage is over the fraction, keep going
 
     def _rewrite_failed(self, message: RewriteFailed) -> None:
         if self._job is not None and self._job[0] == message.job_id:
