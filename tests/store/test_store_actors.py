@@ -184,3 +184,38 @@ def test_a_malformed_batch_is_refused_and_the_store_keeps_serving(node):
     client.settle()
     assert client.read(msg_id(1)) == body(1)
     client.terminate()
+
+
+def test_a_clean_stop_through_the_tree_makes_the_next_start_clean(tmp_path):
+    with Node(tmp_path / "data") as first:
+        client = StoreClient(first.store())
+        for n in range(100):
+            client.write(msg_id(n), body(n))
+        client.terminate()
+    with Node(tmp_path / "data") as second:
+        assert stats(second)["recovered_clean"]
+        client = StoreClient(second.store())
+        assert all(client.read(msg_id(n)) == body(n) for n in range(100))
+        client.terminate()
+
+
+def test_a_killed_store_takes_its_reference_counts_from_the_nodes_source(tmp_path, monkeypatch):
+    from .ref_counts_source import listed_ids
+
+    wanted = tmp_path / "still-referenced"
+    wanted.write_text("".join(f"{msg_id(n).hex()}\n" for n in range(0, 100, 2)))
+    monkeypatch.setenv("WARREN_TEST_REF_COUNTS", str(wanted))
+    with Node(tmp_path / "data", ref_counts=listed_ids,
+              preload=("tests.store.ref_counts_source",)) as node:
+        client = StoreClient(node.store())
+        for n in range(100):
+            client.write(msg_id(n), body(n))
+        client.settle()
+        old = node.store().pid
+        os.kill(old, signal.SIGKILL)
+        wait_for(lambda: getattr(node.actors.whereis("msg_store_persistent"), "pid", old) != old)
+        figures = stats(node)
+        assert not figures["recovered_clean"] and figures["message_count"] == 50
+        fresh = StoreClient(node.store())
+        assert fresh.contains_many([msg_id(n) for n in range(4)]) == [True, False, True, False]
+        fresh.terminate()
