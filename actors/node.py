@@ -614,7 +614,8 @@ class Node:
             try:
                 kind, request_id, body = decoder.decode(frames[1:])
                 answer = self._answer(frames[0], kind, request_id, body, timers)
-            except (CodecError, ValueError, TypeError, KeyError, IndexError) as exc:
+            except (CodecError, ValueError, TypeError, KeyError, IndexError,
+                    AttributeError) as exc:
                 self.counters["malformed"] += 1
                 logger.warning("node %s: dropped a malformed request: %s", self.name, exc)
                 continue
