@@ -247,7 +247,7 @@ class ActorLoop:
                 self._serve_control()
                 if self._stopping:
                     break
-            if self._wake_read in events:
+            if self._wake_read in events or self._posted:
                 self._run_posted()
             if data in events or self._injected:
                 self._drain_data()
@@ -455,6 +455,11 @@ class ActorLoop:
         if kind == _wire.DOWN and isinstance(body, Down):
             self._runtime.mark_dead(body.ref.address, body.ref.incarnation)
             self._injected.append(body)
+            return _NO_ANSWER
+        if (kind == _wire.ALARM and type(body) is list and len(body) == 2
+                and type(body[0]) is str and type(body[1]) is bool):
+            resource, raised = body
+            self._posted.append(lambda: self.actor.on_alarm(resource, raised))
             return _NO_ANSWER
         if kind == _wire.EXIT and isinstance(body, Exit):
             if self._trap_exits:

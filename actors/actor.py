@@ -16,6 +16,8 @@ thread, one at a time:
   crashes the actor: ``on_failure`` runs and the process exits with ``EXIT_CRASHED``.
 - ``on_idle()`` runs whenever the loop has drained its mailbox after delivering messages
   (the moment for a store to flush its group commit).
+- ``on_alarm(resource, raised)`` runs when the node raises or clears a resource alarm
+  (``ActorRef.alarm``, sent on the control channel: a busy actor hears it between batches).
 - ``on_stop()`` runs on a requested stop, a SIGTERM, or a linked actor's death; it is
   *not* called when the actor stops because of an unhandled exception.
 - ``on_failure(exception_type, exception_value, traceback)`` runs when an unhandled
@@ -102,6 +104,10 @@ class ProcessActor:
 
     def on_idle(self) -> None:
         """Called after the loop delivered messages and found the mailbox empty."""
+
+    def on_alarm(self, resource: str, raised: bool) -> None:
+        """A resource alarm of the node was raised or cleared (``resource`` is "memory" or
+        "disk"). Publishers are to be blocked while any alarm is raised."""
 
     def on_stop(self) -> None:
         """Called on a clean stop (request, SIGTERM, linked exit), not after a crash."""

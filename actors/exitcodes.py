@@ -30,7 +30,8 @@ _NAMES = {
 
 
 def describe(exitcode: int | None, signal_number: int | None) -> str:
-    """A short human reason: ``"normal"``, ``"crashed (exit 70)"``, ``"killed by SIGKILL"``."""
+    """A short human reason: ``"normal"``, ``"crashed (exit 70)"``, ``"exit 3"``,
+    ``"killed by SIGKILL"``."""
     if signal_number is not None:
         try:
             return f"killed by {signal.Signals(signal_number).name}"
@@ -38,5 +39,7 @@ def describe(exitcode: int | None, signal_number: int | None) -> str:
             return f"killed by signal {signal_number}"
     if exitcode is None:
         return "no such process"
-    name = _NAMES.get(exitcode, "exit")
-    return name if exitcode == EXIT_NORMAL else f"{name} (exit {exitcode})"
+    if exitcode == EXIT_NORMAL:
+        return _NAMES[EXIT_NORMAL]
+    name = _NAMES.get(exitcode)
+    return f"{name} (exit {exitcode})" if name else f"exit {exitcode}"

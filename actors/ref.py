@@ -127,6 +127,14 @@ class ActorRef:
         """The actor's counters: received, dropped_stale, malformed, unroutable ..."""
         return self._control(_wire.STATS, None, timeout)
 
+    def alarm(self, resource: str, raised: bool,
+              timeout: float | None = _wire.DEFAULT_SEND_TIMEOUT_S) -> None:
+        """Tell the actor a resource alarm was raised or cleared (its ``on_alarm`` runs);
+        on the control channel, without waiting for an answer."""
+        channel = runtime().channel(self.control)
+        channel.send(channel.encoder.encode([_wire.ALARM, self._stamp, 0, [resource, raised]]),
+                     timeout)
+
     def request_stop(self, timeout: float | None = 5.0) -> None:
         """Ask the actor to stop after its current batch (no escalation; see ``stop``)."""
         self._control(_wire.STOP, None, timeout)

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 
@@ -32,12 +31,3 @@ def node(runtime_dir: str) -> Iterator[Node]:
 @pytest.fixture(params=["ipc", "tcp"])
 def transport(request: pytest.FixtureRequest) -> str:
     return request.param
-
-
-def wait_for(condition: Callable[[], object], timeout: float = 20.0) -> None:
-    """Wait until ``condition()`` is true (an outcome in another process), or fail."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{condition} did not become true within {timeout} s")
-        time.sleep(0.01)

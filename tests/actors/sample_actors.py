@@ -46,6 +46,10 @@ class Recorder(ProcessActor):
         self.stored: dict[str, bytes] = {}
         self.idle_marks: list[int] = []
         self.batched_since_idle = False
+        self.alarms: list[tuple[str, bool]] = []
+
+    def on_alarm(self, resource: str, raised: bool) -> None:
+        self.alarms.append((resource, raised))
 
     def on_idle(self) -> None:
         if self.batched_since_idle:
@@ -65,6 +69,8 @@ class Recorder(ProcessActor):
                 return self.batch_sizes
             case "label":
                 return self.label
+            case "alarms":
+                return self.alarms
             case "pid":
                 return os.getpid()
             case "ref":

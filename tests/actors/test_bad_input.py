@@ -11,7 +11,7 @@ import zmq
 from actors import (ActorDeadError, CodecError, MailboxFull, MessageTooLarge, Node,
                     RemoteError, register_message)
 from actors._runtime import runtime
-from tests.actors.conftest import wait_for
+from tests.waiting import wait_for
 from tests.actors.sample_actors import NeverRegistered, Recorder, SmallMailbox
 
 

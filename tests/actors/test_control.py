@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from actors import Node, Pong
-from tests.actors.conftest import wait_for
+from tests.waiting import wait_for
 from tests.actors.sample_actors import Recorder
 
 
@@ -52,3 +52,13 @@ def test_an_actor_can_stop_another_through_its_ref(node: Node) -> None:
     down = stopper.ask(("stop_other", target), timeout=30)
     assert (down.ref, down.exitcode) == (target, 0)
     assert node.monitor(target).down == down
+
+
+def test_an_alarm_reaches_on_alarm_in_order_while_the_actor_is_busy(node: Node) -> None:
+    ref = node.spawn(Recorder, name="alarmed")
+    ref.tell(("sleep", 0.3))
+    ref.tell_many(list(range(500)))
+    ref.alarm("memory", True)
+    ref.alarm("memory", False)
+    wait_for(lambda: ref.ask("alarms") == [["memory", True], ["memory", False]])
+    assert ref.ask("seen")[-1] == 499

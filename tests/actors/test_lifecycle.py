@@ -14,7 +14,7 @@ import pytest
 
 from actors import (EXIT_CRASHED, EXIT_NORMAL, EXIT_TERMINATED, ActorDeadError, InvalidSpec,
                     Node, SpawnError)
-from tests.actors.conftest import wait_for
+from tests.waiting import wait_for
 from tests.actors.sample_actors import (FailsToStart, IgnoresStop, Recorder, StopsOnSignal,
                                         TitledWorker)
 

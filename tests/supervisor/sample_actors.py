@@ -1,5 +1,6 @@
 """Actors the supervision tests run under supervisors."""
 
+import ctypes
 import os
 import time
 
@@ -7,22 +8,33 @@ from actors import ProcessActor
 
 
 class Worker(ProcessActor):
-    """Answers "pid"; crashes on the tell "crash"; exits normally on "quit"; appends its
-    name to ``journal`` (a file) when it stops."""
+    """Answers "pid"; crashes on the tell "crash"; exits normally on "quit"; segfaults on
+    "segfault"; exits with code 3 on "exit 3"; keeps the alarms it is told of ("alarms");
+    appends its name to ``journal`` (a file) when it stops."""
 
     def __init__(self, name: str = "", journal: str | None = None,
                  stop_delay_s: float = 0.0) -> None:
         self.name = name
         self.journal = journal
         self.stop_delay_s = stop_delay_s
+        self.alarms: list[tuple[str, bool]] = []
+
+    def on_alarm(self, resource: str, raised: bool) -> None:
+        self.alarms.append((resource, raised))
 
     def on_receive(self, message):
         if message == "pid":
             return os.getpid()
+        if message == "alarms":
+            return self.alarms
         if message == "crash":
             raise RuntimeError("asked to crash")
         if message == "quit":
             self.stop()
+        if message == "segfault":
+            ctypes.string_at(0)          # a real SIGSEGV, as a broken C extension would
+        if message == "exit 3":
+            os._exit(3)
         return None
 
     def on_stop(self) -> None:

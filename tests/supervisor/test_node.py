@@ -92,3 +92,17 @@ def test_a_node_process_killed_with_sigkill_leaves_no_actor_behind(tmp_path):
             node.kill()
             node.wait()
         node.stdout.close()
+
+
+def test_every_actor_is_told_when_an_alarm_is_raised_and_when_it_clears(tmp_path):
+    from supervisor import AlarmLimits
+
+    tight = AlarmLimits(memory_limit_bytes=1, check_interval_s=0.1)
+    with Node(tmp_path / "data", children=(ChildSpec("worker", Worker),),
+              alarm_limits=tight) as node:
+        worker = node.actors.whereis("worker")
+        wait_for(lambda: worker.ask("alarms") == [["memory", True]])
+        assert node.status()["alarms"] == ["memory"]
+        node.alarms.limits = AlarmLimits(memory_limit_bytes=2**62, check_interval_s=0.1)
+        wait_for(lambda: worker.ask("alarms") == [["memory", True], ["memory", False]])
+        assert node.status()["alarms"] == []

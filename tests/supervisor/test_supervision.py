@@ -164,3 +164,17 @@ def test_a_child_that_cannot_start_fails_the_start_and_stops_its_elder_siblings(
     with pytest.raises(SupervisorError, match="broken failed to start"):
         supervisor.start()
     assert actor_node.actors() == []
+
+
+@pytest.mark.parametrize("death,reason", [("segfault", "killed by SIGSEGV"),
+                                          ("exit 3", "exit 3")])
+def test_a_child_that_segfaults_or_exits_with_a_code_is_restarted_and_says_why(
+        actor_node, death, reason, caplog):
+    spec = SupervisorSpec("sup", SupervisorFlags("one_for_one", intensity=5), children=(
+        ChildSpec("fragile", Worker, restart="transient"),))
+    with caplog.at_level("INFO", logger="warren.supervisor"):
+        with Supervisor(actor_node, spec) as supervisor:
+            before = pids(supervisor)["fragile"]
+            actor_node.whereis("fragile").tell(death)
+            wait_for(lambda: pids(supervisor)["fragile"] != before and all_running(supervisor))
+    assert f"child fragile exited: {reason}" in caplog.text
