@@ -25,8 +25,8 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class Down:
-    """An actor incarnation's process has gone: why, by exit code or by signal."""
+class _Ending:
+    """How an actor incarnation's process ended: by exit code or by signal."""
 
     ref: ActorRef
     exitcode: int | None
@@ -39,17 +39,13 @@ class Down:
 
 
 @dataclass(frozen=True)
-class Exit:
+class Down(_Ending):
+    """An actor incarnation's process has gone."""
+
+
+@dataclass(frozen=True)
+class Exit(_Ending):
     """A linked actor died abnormally (delivered only to actors with ``trap_exits = True``)."""
-
-    ref: ActorRef
-    exitcode: int | None
-    signal: int | None
-
-    @property
-    def reason(self) -> str:
-        """Same wording as ``Down.reason``."""
-        return describe(self.exitcode, self.signal)
 
 
 @dataclass(frozen=True)

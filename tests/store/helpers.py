@@ -20,6 +20,13 @@ def record(n: int, size: int = 100) -> bytes:
     return encode_record(msg_id(n), body(n, size))
 
 
+def fill(store, numbers, size: int = 100) -> None:
+    """Write messages ``numbers`` (bodies of ``size`` bytes) and sync them."""
+    for n in numbers:
+        store.write(msg_id(n), body(n, size))
+    store.sync()
+
+
 def build_fragmented_store(store) -> dict[int, bytes]:
     """Many files, more than half garbage, and ids reused with new bodies in later files.
 

@@ -9,7 +9,7 @@ from store import MessageStore, rewrite_combine
 from store.combine import CorruptRecord
 from store.records import RECORD_OVERHEAD
 
-from .helpers import body, msg_id
+from .helpers import body, fill, msg_id
 
 
 @pytest.fixture
@@ -17,9 +17,7 @@ def fragmented(open_store):
     """Files 0, 2 and 4 left (8 records of 125 bytes each when written), 5 current, and a
     combine due on files 0 and 2."""
     store = open_store(file_size_limit=1000, auto_gc=False)
-    for n in range(40):
-        store.write(msg_id(n), body(n))
-    store.sync()
+    fill(store, range(40))
     for n in range(36):
         if n not in (2, 3, 4, 16, 17, 18):
             store.remove(msg_id(n))
@@ -132,12 +130,8 @@ def test_only_one_combine_runs_at_a_time(fragmented):
 
 def test_no_combine_is_planned_below_the_garbage_fraction_or_with_fewer_than_three_files(open_store):
     store = open_store(file_size_limit=1000, auto_gc=False)
-    for n in range(10):
-        store.write(msg_id(n), body(n))
-    store.sync()
+    fill(store, range(10))
     store.remove(msg_id(0))
     assert store.plan_combine() is None                       # two files
-    for n in range(10, 24):
-        store.write(msg_id(n), body(n))
-    store.sync()
+    fill(store, range(10, 24))
     assert store.plan_combine() is None                       # little garbage

@@ -11,7 +11,7 @@ import pytest
 from store import MessageStore, rewrite_combine
 from store import message_store as message_store_module
 
-from .helpers import body, msg_id
+from .helpers import body, fill, msg_id
 
 
 @pytest.fixture
@@ -56,9 +56,7 @@ def test_a_sync_that_created_a_file_fsyncs_every_file_written_and_then_the_direc
 def test_a_combine_syncs_its_copy_renames_it_syncs_the_directory_then_deletes_src(
         open_store, store_dir, disk_calls):
     store = open_store(file_size_limit=1000, auto_gc=False)
-    for n in range(40):
-        store.write(msg_id(n), body(n))
-    store.sync()
+    fill(store, range(40))
     for n in range(36):
         if n % 8:
             store.remove(msg_id(n))
@@ -72,9 +70,7 @@ def test_a_combine_syncs_its_copy_renames_it_syncs_the_directory_then_deletes_sr
 def test_the_flush_policy_never_fsyncs_on_sync_but_a_clean_stop_syncs_every_file(
         store_dir, disk_calls):
     store = MessageStore(store_dir, file_size_limit=1000, sync_policy="flush")
-    for n in range(20):
-        store.write(msg_id(n), body(n))
-    store.sync()
+    fill(store, range(20))
     assert not [c for c in disk_calls if c[0] == "fdatasync" and c[1].endswith(".rdq")]
     store.close()
     synced = {c[1] for c in disk_calls if c[0] in ("fdatasync", "fsync")}
@@ -103,9 +99,7 @@ def test_close_reports_the_writes_no_sync_reported(store_dir):
 def test_a_gc_that_fails_inside_sync_loses_no_ticket_and_the_store_carries_on(
         open_store, monkeypatch, caplog):
     store = open_store(file_size_limit=1000)
-    for n in range(40):
-        store.write(msg_id(n), body(n))
-    store.sync()
+    fill(store, range(40))
 
     def disk_full(directory, plan):
         raise OSError(errno.ENOSPC, "No space left on device")
@@ -126,9 +120,7 @@ def test_a_gc_that_fails_inside_sync_loses_no_ticket_and_the_store_carries_on(
 def test_a_damaged_record_keeps_its_file_out_of_gc_and_loses_no_other_message(
         open_store, store_dir, caplog):
     store = open_store(file_size_limit=1000, auto_gc=False)
-    for n in range(40):
-        store.write(msg_id(n), body(n))
-    store.sync()
+    fill(store, range(40))
     place = store.location(msg_id(3))
     with open(store_dir / f"{place.file}.rdq", "r+b") as f:
         f.seek(place.offset + place.total_size - 1)
@@ -151,9 +143,7 @@ def test_a_damaged_record_keeps_its_file_out_of_gc_and_loses_no_other_message(
 def test_a_failed_rename_during_a_combine_surfaces_as_the_disk_error(open_store, store_dir,
                                                                        monkeypatch):
     store = open_store(file_size_limit=1000, auto_gc=False, shared_readers=True)
-    for n in range(40):
-        store.write(msg_id(n), body(n))
-    store.sync()
+    fill(store, range(40))
     for n in range(36):
         if n % 8:
             store.remove(msg_id(n))

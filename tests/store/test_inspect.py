@@ -8,7 +8,7 @@ import sys
 from store import MessageStore
 from store.inspect import inspect_store
 
-from .helpers import body, msg_id, record
+from .helpers import body, fill, msg_id, record
 
 
 def fingerprint(directory) -> dict[str, str]:
@@ -18,9 +18,7 @@ def fingerprint(directory) -> dict[str, str]:
 
 def test_inspect_reports_files_records_valid_and_garbage_bytes_and_damage(store_dir):
     with MessageStore(store_dir, file_size_limit=1000, auto_gc=False) as store:
-        for n in range(20):
-            store.write(msg_id(n), body(n))
-        store.sync()
+        fill(store, range(20))
         for n in range(8, 12):
             store.remove(msg_id(n))
     with open(store_dir / "2.rdq", "ab") as f:
@@ -44,9 +42,7 @@ def test_inspect_reports_files_records_valid_and_garbage_bytes_and_damage(store_
 
 def test_inspect_of_a_cleanly_stopped_store_counts_valid_bytes_from_its_index(store_dir):
     with MessageStore(store_dir, file_size_limit=1000, auto_gc=False) as store:
-        for n in range(20):
-            store.write(msg_id(n), body(n))
-        store.sync()
+        fill(store, range(20))
         for n in range(8, 12):
             store.remove(msg_id(n))
     report = inspect_store(store_dir)

@@ -15,7 +15,7 @@ import pytest
 from store import MessageStore, rewrite_combine
 from store.lock_table import LockTableReader
 
-from .helpers import body, msg_id
+from .helpers import body, fill, msg_id
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -142,9 +142,7 @@ def test_a_reader_holding_its_lock_delays_the_switch_but_never_stalls_the_store(
 def test_an_empty_file_a_reader_holds_is_deleted_at_the_next_sync_after_it_lets_go(store_dir):
     store = MessageStore(store_dir, file_size_limit=1000, shared_readers=True, auto_gc=False)
     try:
-        for n in range(20):
-            store.write(msg_id(n), body(n))
-        store.sync()
+        fill(store, range(20))
         with Reader("hold", str(store_dir), "0", "wait") as reader:
             assert reader.line() == "held"
             for n in range(8):
@@ -291,9 +289,7 @@ def test_a_reader_follows_the_store_across_a_restart_even_one_that_died_mid_upda
 def test_a_stopped_reader_costs_later_syncs_no_wait(store_dir):
     store = MessageStore(store_dir, file_size_limit=1000, shared_readers=True, auto_gc=False)
     try:
-        for n in range(20):
-            store.write(msg_id(n), body(n))
-        store.sync()
+        fill(store, range(20))
         with Reader("hold", str(store_dir), "0", "stop") as reader:
             assert reader.line() == "held"
             for n in range(8):

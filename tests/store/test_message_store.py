@@ -5,7 +5,7 @@ import os
 
 from store.records import data_file_name
 
-from .helpers import body, msg_id
+from .helpers import body, fill, msg_id
 
 
 def rdq_files(directory) -> list[int]:
@@ -142,9 +142,7 @@ def test_files_roll_over_at_the_size_limit(open_store, store_dir):
 
 def test_a_non_current_file_is_deleted_once_its_last_message_is_removed(open_store, store_dir):
     store = open_store(file_size_limit=1000, auto_gc=False)
-    for n in range(20):
-        store.write(msg_id(n), body(n))
-    store.sync()
+    fill(store, range(20))
     for n in range(8):
         store.remove(msg_id(n))
     assert rdq_files(store_dir) == [1, 2]
@@ -162,9 +160,7 @@ def test_the_current_file_is_kept_when_emptied(open_store, store_dir):
 
 def test_stats_report_sizes_counts_and_counters(open_store):
     store = open_store(file_size_limit=1000, auto_gc=False)
-    for n in range(20):
-        store.write(msg_id(n), body(n))
-    store.sync()
+    fill(store, range(20))
     store.remove(msg_id(9))
     store.read(msg_id(10))
     stats = store.stats()

@@ -10,13 +10,7 @@ from store import MessageStore
 from store.records import encode_record
 from store.snapshot import FILES, MARKER_FILE
 
-from .helpers import body, msg_id, record
-
-
-def fill(store, numbers, size=100):
-    for n in numbers:
-        store.write(msg_id(n), body(n, size))
-    store.sync()
+from .helpers import body, fill, msg_id, record
 
 
 def crash(store):
