@@ -63,7 +63,7 @@ import zmq
 
 from actors import _wire
 from actors._node_client import NodeClient
-from actors._runtime import runtime
+from actors._runtime import drain_wake_pipe, runtime
 from actors.actor import ProcessActor
 from actors.codec import Decoder, Encoder, contains_unknown
 from actors.errors import ActorDeadError, ActorError, CodecError, MessageTooLarge
@@ -472,11 +472,7 @@ class ActorLoop:
         return _NO_ANSWER
 
     def _run_posted(self) -> None:
-        try:
-            while os.read(self._wake_read, 4096):
-                pass
-        except BlockingIOError:
-            pass  # drained: the pipe only says "look at the queue"
+        drain_wake_pipe(self._wake_read)
         while self._posted:
             self._guard(self._posted.popleft())
 

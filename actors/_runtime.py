@@ -294,6 +294,15 @@ _runtime: Runtime | None = None
 _runtime_lock = threading.Lock()
 
 
+def drain_wake_pipe(fd: int) -> None:
+    """Empty a non-blocking wake-up pipe: it only says "look at the queue"."""
+    try:
+        while os.read(fd, 4096):
+            pass
+    except BlockingIOError:
+        pass  # drained
+
+
 def runtime() -> Runtime:
     """This process's runtime, created on first use (and anew in a forked child)."""
     current = _runtime

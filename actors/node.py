@@ -65,7 +65,7 @@ import zmq
 import actors
 from actors import _forkserver, _wire
 from actors._loop import SpawnOrder
-from actors._runtime import runtime
+from actors._runtime import drain_wake_pipe, runtime
 from actors.actor import ProcessActor
 from actors.codec import Decoder, Encoder
 from actors.errors import ActorError, CodecError, InvalidSpec, SpawnError
@@ -518,11 +518,7 @@ class Node:
                 if fs_fd in events and not self._forkserver_gone:
                     self._read_forkserver(timers)
                 if self._wake_read in events:
-                    try:
-                        while os.read(self._wake_read, 4096):
-                            pass
-                    except BlockingIOError:
-                        pass  # drained: the pipe only says "look at the queue"
+                    drain_wake_pipe(self._wake_read)
                 while self._posted:
                     self._posted.popleft()()
                 now = time.monotonic()

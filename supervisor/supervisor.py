@@ -234,15 +234,7 @@ class Supervisor:
 
     def actor_pids(self) -> list[int]:
         """Pids of every running actor in this subtree."""
-        with self._lock:
-            children = list(self._children)
-        pids = []
-        for child in children:
-            if child.supervisor is not None:
-                pids += child.supervisor.actor_pids()
-            elif child.ref is not None and child.state == "running":
-                pids.append(child.ref.pid)
-        return pids
+        return [ref.pid for ref in self.actor_refs()]
 
     def actor_refs(self) -> list[ActorRef]:
         """Refs of every running actor in this subtree."""
