@@ -23,28 +23,38 @@ straight from the file through the shared lock table (``store.lock_table``), and
 store when the location is unknown, the file is locked or gone, the data is not yet
 flushed, or the record fails validation; the store's answer carries the fresh location.
 
-Incarnations. While it waits for an answer, the client pings the store every
-``restart_check_s``; a new incarnation means the store restarted and recovered from
-disk, and the batches it had not settled may or may not have been written. The client
-drops its cached locations and its in-flight batches, registers again, and raises
-``StoreRestarted`` naming those writes as in doubt: send them again.
+Incarnations. Every request goes through the store's ref pinned to the incarnation the
+client registered with: a store that restarted (and recovered from disk) drops and counts
+what was meant for its predecessor instead of applying it, so nothing is applied twice.
+The client learns of a restart before it sends anything (a new store renames a fresh lock
+table into place: its inode changes) and while it waits for an answer (it pings the store
+every ``restart_check_s``; a new incarnation answers). Then it raises ``StoreRestarted``
+naming the writes and removes it had sent or queued without an answer: they may or may
+not have been applied; it drops its cached locations, and registers again on next use.
+A store silent for ``unavailable_after_s`` (its supervisor gave up) raises
+``StoreUnavailable`` the same way. (A monitor would need the client to be an actor;
+clients live in any process.)
 
 Races: a remove is sent only after the writes before it (the current batch is flushed
-first), so the store always sees them in that order; ``terminate`` is answered after the
-store has applied everything this client sent.
+first), so the store always sees them in that order. Removes are tells (a reply each
+would pile up unread); one is known applied once anything the client sent after it is
+answered, since the store handles a client's messages in order, so a remove lost with a
+dying store is reported in doubt rather than forgotten. ``settle`` ends with such an
+answer. ``terminate`` is answered after the store has applied everything this client sent.
 """
 
 from __future__ import annotations
 
 import collections
 import os
-import struct
+import time
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from actors import ActorDeadError, ActorError, ActorRef, AskTimeout
 
 from .errors import StoreError
-from .lock_table import LockTableReader
+from .lock_table import TABLE_FILE, LockTableReader
 from .messages import (ClientDying, Contains, Found, Read, ReadMany, ReadsReport, Register,
                        Remove, Settled, StoreInfo, Terminate, WriteBatch)
 from .records import HEADER, check_body, check_msg_id
@@ -54,15 +64,24 @@ MAX_IN_FLIGHT_BYTES = 32 * 2**20      # ... or bytes in flight per client
 BATCH_MESSAGES = 800                  # credit is granted back this many at a time
 BATCH_BYTES = 4 * 2**20
 RESTART_CHECK_S = 1.0
+UNAVAILABLE_AFTER_S = 300.0
 REPORT_READS_EVERY = 1000
 
 
 class StoreRestarted(StoreError):
-    """The store restarted: these writes (msg_id list) may not be on disk; send them again."""
+    """The store restarted: ``in_doubt`` writes may not be on disk (send them again), and
+    ``removes_in_doubt`` removes may not have been applied."""
 
-    def __init__(self, in_doubt: list[bytes]) -> None:
-        super().__init__(f"the store restarted; {len(in_doubt)} writes are in doubt")
+    def __init__(self, in_doubt: list[bytes], removes_in_doubt: list[bytes]) -> None:
+        super().__init__(f"the store restarted; {len(in_doubt)} writes and "
+                         f"{len(removes_in_doubt)} removes are in doubt")
         self.in_doubt = in_doubt
+        self.removes_in_doubt = removes_in_doubt
+
+
+class StoreUnavailable(StoreRestarted):
+    """The store has not answered for ``unavailable_after_s``; the same writes and removes
+    are in doubt."""
 
 
 class StoreClient:
@@ -71,8 +90,9 @@ class StoreClient:
                  batch_messages: int = BATCH_MESSAGES, batch_bytes: int = BATCH_BYTES,
                  max_in_flight: int = MAX_IN_FLIGHT,
                  max_in_flight_bytes: int = MAX_IN_FLIGHT_BYTES,
-                 restart_check_s: float = RESTART_CHECK_S) -> None:
-        self.store = store.unpin()
+                 restart_check_s: float = RESTART_CHECK_S,
+                 unavailable_after_s: float = UNAVAILABLE_AFTER_S) -> None:
+        self.store = store.unpin()                 # whoever lives at the address: pings
         self.client_ref = client_ref if client_ref is not None else os.urandom(16)
         self.on_settled = on_settled
         self.batch_messages = batch_messages
@@ -80,11 +100,13 @@ class StoreClient:
         self.max_in_flight = max_in_flight
         self.max_in_flight_bytes = max_in_flight_bytes
         self.restart_check_s = restart_check_s
+        self.unavailable_after_s = unavailable_after_s
         self._next_seq = 0
         self._batch: list[bytes] = []
         self._batch_ids: list[bytes] = []
         self._batch_bytes = 0
-        # (future, first_seq, msg_ids, bytes) of each batch sent and not yet settled
+        # (future, first_seq, msg_ids, bytes) of each batch sent and not yet settled;
+        # a remove sent and not yet known applied: (None, None, msg_ids, 0)
         self._in_flight: collections.deque = collections.deque()
         self._in_flight_messages = 0
         self._in_flight_bytes = 0
@@ -92,12 +114,32 @@ class StoreClient:
         self.direct_reads = 0
         self.fallback_reads = 0
         self._reported = (0, 0)
+        self._pinned: ActorRef | None = None
         self._register()
 
     def _register(self) -> None:
         info: StoreInfo = self.store.ask(Register(self.client_ref))
-        self.incarnation = info.incarnation
+        self._pinned = info.ref
+        self.incarnation = info.ref.incarnation
         self._reader = LockTableReader(info.directory)
+        self._table = os.path.join(info.directory, TABLE_FILE)
+        self._table_inode = os.stat(self._table).st_ino
+
+    def _send(self, send: Callable[[ActorRef], Any]) -> Any:
+        """Send through the pinned ref, after making sure the store did not restart; a
+        store this process knows is dead means waiting for the next one to answer."""
+        if self._pinned is None:
+            self._register()
+        elif os.stat(self._table).st_ino != self._table_inode:
+            self._restarted(StoreRestarted)
+        try:
+            return send(self._pinned)
+        except ActorDeadError:
+            silent_since = time.monotonic()
+            while not self._store_answers():          # raises once a new one answers
+                if time.monotonic() - silent_since > self.unavailable_after_s:
+                    self._restarted(StoreUnavailable)
+            return send(self._pinned)
 
     # ------------------------------------------------------------------ writes
 
@@ -119,7 +161,8 @@ class StoreClient:
         if self._batch:
             records = b"".join(self._batch)
             first = self._next_seq - len(self._batch)
-            future = self.store.ask_async(WriteBatch(self.client_ref, first, records))
+            request = WriteBatch(self.client_ref, first, records)
+            future = self._send(lambda store: store.ask_async(request))
             self._in_flight.append((future, first, self._batch_ids, len(records)))
             self._in_flight_messages += len(self._batch)
             self._in_flight_bytes += len(records)
@@ -129,8 +172,12 @@ class StoreClient:
             self._settle_oldest()
 
     def settle(self) -> None:
-        """Send the current batch and wait until every write sent is settled."""
+        """Send the current batch and wait until every write sent is settled and every
+        remove sent is applied."""
         self.flush()
+        if self._in_flight and self._in_flight[-1][0] is None:
+            barrier = self._send(lambda store: store.ask_async(Contains([])))
+            self._in_flight.append((barrier, None, [], 0))
         while self._in_flight:
             self._settle_oldest()
 
@@ -145,37 +192,56 @@ class StoreClient:
         return len(self._batch)
 
     def _settle_oldest(self) -> None:
-        future, first, msg_ids, size = self._in_flight[0]
+        """Wait for the oldest answer due; the removes sent before it are applied too."""
+        due = next((i for i, entry in enumerate(self._in_flight) if entry[0] is not None), None)
+        if due is None:
+            return                        # only removes: settle() adds an answer to wait for
+        future, first, msg_ids, size = self._in_flight[due]
+        silent_since = time.monotonic()
         while True:
             try:
-                settled: Settled = future.get(timeout=self.restart_check_s)
+                answer = future.get(timeout=self.restart_check_s)
                 break
             except (AskTimeout, ActorDeadError):
-                self._check_incarnation()
-        self._in_flight.popleft()
+                if self._store_answers():
+                    silent_since = time.monotonic()
+                elif time.monotonic() - silent_since > self.unavailable_after_s:
+                    self._restarted(StoreUnavailable)
+        for _ in range(due + 1):
+            self._in_flight.popleft()
+        if first is None:
+            return                        # the barrier of settle()
         self._in_flight_messages -= len(msg_ids)
         self._in_flight_bytes -= size
+        settled: Settled = answer
         for seq, file, offset, total_size in settled.locations:
             self._locations[msg_ids[seq - first]] = (file, offset, total_size)
         if self.on_settled is not None:
             self.on_settled(settled)
 
-    def _check_incarnation(self) -> None:
+    def _store_answers(self) -> bool:
+        """Ping whoever lives at the store's address: True if our incarnation answers;
+        raise StoreRestarted if another one does; False if nobody answers."""
         try:
             incarnation = self.store.ping(timeout=self.restart_check_s).incarnation
         except ActorError:
-            return                       # busy, or down and restarting: keep waiting
-        if incarnation == self.incarnation:
-            return
-        in_doubt = [msg_id for _, _, ids, _ in self._in_flight for msg_id in ids]
-        in_doubt += self._batch_ids
+            return False                  # busy, or down and restarting
+        if incarnation != self.incarnation:
+            self._restarted(StoreRestarted)
+        return True
+
+    def _restarted(self, error: type[StoreRestarted]) -> None:
+        """Give up on everything unanswered, forget the store's state, and say so."""
+        writes = [m for _, first, ids, _ in self._in_flight if first is not None for m in ids]
+        writes += self._batch_ids
+        removes = [m for future, _, ids, _ in self._in_flight if future is None for m in ids]
         self._in_flight.clear()
         self._in_flight_messages = self._in_flight_bytes = 0
         self._batch, self._batch_ids, self._batch_bytes = [], [], 0
         self._locations.clear()
         self._reader.close()
-        self._register()
-        raise StoreRestarted(in_doubt)
+        self._pinned = None                # registers again on next use
+        raise error(writes, removes)
 
     def remove(self, msg_ids: Iterable[bytes]) -> None:
         """Drop one reference to each id (after the writes sent before it)."""
@@ -183,7 +249,8 @@ class StoreClient:
         self.flush()
         for msg_id in msg_ids:
             self._locations.pop(msg_id, None)
-        self.store.tell(Remove(self.client_ref, msg_ids))
+        self._send(lambda store: store.tell(Remove(self.client_ref, msg_ids)))
+        self._in_flight.append((None, None, msg_ids, 0))
 
     # ------------------------------------------------------------------ reads
 
@@ -199,7 +266,7 @@ class StoreClient:
                 return body
         self.fallback_reads += 1
         self._maybe_report_reads()
-        return self._remember(msg_id, self.store.ask(Read(msg_id)))
+        return self._remember(msg_id, self._ask(Read(msg_id)))
 
     def read_many(self, msg_ids: list[bytes]) -> list[bytes | None]:
         """Bodies in the order asked: direct where possible, the rest in one ask."""
@@ -216,7 +283,7 @@ class StoreClient:
         self.direct_reads += len(msg_ids) - len(missing)
         if missing:
             self.fallback_reads += len(missing)
-            found = self.store.ask(ReadMany([msg_ids[i] for i in missing]))
+            found = self._ask(ReadMany([msg_ids[i] for i in missing]))
             for i, answer in zip(missing, found):
                 bodies[i] = self._remember(msg_ids[i], answer)
         self._maybe_report_reads()
@@ -234,7 +301,16 @@ class StoreClient:
 
     def contains_many(self, msg_ids: list[bytes]) -> list[bool]:
         self.flush()
-        return self.store.ask(Contains([check_msg_id(m) for m in msg_ids]))
+        return self._ask(Contains([check_msg_id(m) for m in msg_ids]))
+
+    def _ask(self, request):
+        """Ask our store incarnation; a restart found meanwhile raises StoreRestarted."""
+        future = self._send(lambda store: store.ask_async(request))
+        while True:
+            try:
+                return future.get(timeout=self.restart_check_s)
+            except (AskTimeout, ActorDeadError):
+                self._store_answers()
 
     def _maybe_report_reads(self) -> None:
         if self.direct_reads + self.fallback_reads - sum(self._reported) >= REPORT_READS_EVERY:
@@ -244,7 +320,8 @@ class StoreClient:
         direct = self.direct_reads - self._reported[0]
         fallback = self.fallback_reads - self._reported[1]
         if direct or fallback:
-            self.store.tell(ReadsReport(self.client_ref, direct, fallback))
+            report = ReadsReport(self.client_ref, direct, fallback)
+            self._send(lambda store: store.tell(report))
             self._reported = (self.direct_reads, self.fallback_reads)
 
     # ------------------------------------------------------------------ ending
@@ -253,11 +330,11 @@ class StoreClient:
         """Settle everything, then unregister (answered after all this client sent)."""
         self.settle()
         self._report_reads()
-        self.store.ask(Terminate(self.client_ref))
+        self._ask(Terminate(self.client_ref))
         self._reader.close()
 
     def delete_and_terminate(self) -> None:
         """Go away without waiting: the store ignores this client's later writes of
         messages it does not hold, and forgets it."""
-        self.store.tell(ClientDying(self.client_ref))
+        self._send(lambda store: store.tell(ClientDying(self.client_ref)))
         self._reader.close()

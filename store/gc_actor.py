@@ -2,7 +2,7 @@
 
 Accepts ``RewriteJob(job_id, directory, dst, src, dst_records, src_records, reply_to)``
 (tell) from a store actor, writes and fdatasyncs ``Dst.rdt`` (``store.combine``), and
-tells ``reply_to`` ``Rewritten(job_id, dst_offsets, src_offsets, file_size)``, or
+tells ``reply_to`` ``Rewritten(job_id, dst, src, dst_offsets, src_offsets, file_size)``, or
 ``RewriteFailed(job_id, reason)`` when a record does not validate or the disk fails. It
 touches no byte the store's index can point at, so it holds no lock and needs none; one
 job at a time, in mailbox order, for either store.
@@ -37,5 +37,6 @@ class GCActor(ProcessActor):
             log.error("GC job %d on %s failed: %s", message.job_id, message.directory, exc)
             message.reply_to.tell(RewriteFailed(message.job_id, f"{type(exc).__name__}: {exc}"))
             return
-        message.reply_to.tell(Rewritten(message.job_id, list(result.dst_offsets),
-                                        list(result.src_offsets), result.file_size))
+        message.reply_to.tell(Rewritten(message.job_id, message.dst, message.src,
+                                        list(result.dst_offsets), list(result.src_offsets),
+                                        result.file_size))

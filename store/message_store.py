@@ -558,6 +558,9 @@ class MessageStore:
         """
         if plan is not self._combine:
             raise StoreError("apply_combine of a plan this store is not running")
+        if (len(result.dst_offsets), len(result.src_offsets)) != (
+                len(plan.dst_records), len(plan.src_records)):
+            raise StoreError("apply_combine of a rewrite that does not match its plan")
         self._check_usable()
         if self._lock_table is None:
             self._apply_combine(plan, result)

@@ -22,8 +22,11 @@ Client → store (``msg_store_persistent`` / ``msg_store_transient``):
 Store → GC (``msg_store_gc``) and back:
 
     RewriteJob(job_id, directory, dst, src, dst_records, src_records, reply_to)   tell
-    Rewritten(job_id, dst_offsets, src_offsets, file_size)                       tell
+    Rewritten(job_id, dst, src, dst_offsets, src_offsets, file_size)             tell
     RewriteFailed(job_id, reason)                                                tell
+
+``reply_to`` is the store's ref pinned to its incarnation: the answer to a job of a store
+that has since restarted is dropped, never applied to the new incarnation's plan.
 
 ``records`` of a WriteBatch is the batch in ``.rdq`` layout, exactly the bytes the store
 appends (``size · msg_id · body · 0xFF`` per record), sequence numbers ``first_seq``,
@@ -46,10 +49,11 @@ class Register:
 @message
 @dataclass(frozen=True)
 class StoreInfo:
-    """What a client needs to read directly: the directory and who answers."""
+    """What a client needs: the store's ref pinned to this incarnation (so a newer one
+    never applies its requests), and the directory it reads directly."""
 
+    ref: ActorRef
     directory: str
-    incarnation: int
     transient: bool
 
 
@@ -151,6 +155,8 @@ class RewriteJob:
 @dataclass(frozen=True)
 class Rewritten:
     job_id: int
+    dst: int
+    src: int
     dst_offsets: list[int]
     src_offsets: list[int]
     file_size: int

@@ -7,7 +7,8 @@ transient store empties its directory at every start. Supervised by the node's r
 
 Messages accepted (``store.messages``), and what each gets back:
 
-    Register(client_ref)            → StoreInfo(directory, incarnation, transient)
+    Register(client_ref)            → StoreInfo(this incarnation's pinned ref, directory,
+                                      transient)
     WriteBatch(client_ref, first_seq, records)
                                     → Settled, once every write of the batch is on disk
                                       or ignored; a malformed batch → an error, nothing
@@ -41,7 +42,10 @@ the apply is retried, without waiting, at the next idle moment. A GC that dies o
 mid-job: the store abandons the job (flags cleared, ``.rdt`` deleted) and plans again
 after ``gc_retry_s``.
 
-Races: ordering is per client socket, so a client's remove can never overtake its write,
+Races: the GC answers to this incarnation's pinned ref, so the answer to a job of a
+store that has since restarted is dropped, and an answer is applied only to the job it
+names (id, Dst, Src); a ``Down`` abandons the job only if it is the GC incarnation the
+job went to. Ordering is per client socket, so a client's remove can never overtake its write,
 and ``Terminate`` is answered after all the client sent before it. Unlike RabbitMQ, a
 ``ClientDying`` does not overtake the client's earlier messages; it stops later ones.
 A request stamped with an older incarnation of this actor is dropped and counted by the
@@ -144,7 +148,7 @@ class MessageStoreActor(ProcessActor):
     def _register(self, message: Register) -> StoreInfo:
         self.store.register_client(message.client_ref)
         self._dying.discard(message.client_ref)
-        return StoreInfo(self.directory, self.ref.incarnation, self.transient)
+        return StoreInfo(self.ref.pin(), self.directory, self.transient)
 
     def _write_batch(self, message: WriteBatch) -> None:
         records = message.records
@@ -211,7 +215,8 @@ class MessageStoreActor(ProcessActor):
                 "gc_job_in_flight": self._job is not None, "clients": len(self.store.clients)}
 
     def _rewritten(self, message: Rewritten) -> None:
-        if self._job is None or self._job[0] != message.job_id:
+        if self._job is None or self._job[0] != message.job_id or (
+                message.dst, message.src) != (self._job[1].dst, self._job[1].src):
             return                                         # a job abandoned since
         plan = self._job[1]
         self._job = None
@@ -228,7 +233,8 @@ class MessageStoreActor(ProcessActor):
             self._abandon_job()
 
     def _down(self, message: Down) -> None:
-        if self._job is not None and message.ref.name == self.gc_name:
+        if self._job is not None and (message.ref.address,
+                                      message.ref.incarnation) == self._gc_watched:
             log.warning("%s: the GC died mid-combine (%s); abandoning the job",
                         self.directory, message.reason)
             self._abandon_job()
@@ -301,7 +307,7 @@ class MessageStoreActor(ProcessActor):
             self._gc_watched = (gc.address, gc.incarnation)
             self.monitor(gc)
         gc.tell(RewriteJob(job_id, self.directory, plan.dst, plan.src,
-                           list(plan.dst_records), list(plan.src_records), self.ref))
+                           list(plan.dst_records), list(plan.src_records), self.ref.pin()))
 
     def _abandon_job(self) -> None:
         self.store.abandon_combine(self._job[1])

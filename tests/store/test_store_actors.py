@@ -69,24 +69,51 @@ def test_back_to_back_write_remove_pairs_cost_almost_no_disk_writes(node):
 
 
 def test_a_store_killed_under_write_load_keeps_every_settled_message(node):
-    settled_seqs = set()
-    client = StoreClient(node.store(), on_settled=lambda s: settled_seqs.update(
-        seq for seq, *_ in s.locations))
+    settled_seqs = []
+    client = StoreClient(node.store(), on_settled=lambda s: settled_seqs.extend(
+        [seq for seq, *_ in s.locations] + s.ignored))
     old_pid = node.store().pid
-    ids = {}
+    attempted = 0                         # seq n is message n: one client, from 0
     with pytest.raises(StoreRestarted) as restarted:
         for n in range(200_000):
-            ids[client.write(msg_id(n), body(n, 4000))] = n
+            attempted = n + 1             # a write whose call raises is in doubt too
+            client.write(msg_id(n), body(n, 4000))
             if n == 5000:
                 os.kill(old_pid, signal.SIGKILL)
         client.settle()
-    assert restarted.value.in_doubt
+    number_of = {msg_id(n): n for n in range(attempted)}
+    in_doubt = [number_of[m] for m in restarted.value.in_doubt]
+    assert settled_seqs and in_doubt
+    assert sorted(settled_seqs + in_doubt) == list(range(attempted))   # each exactly once
     assert node.store().pid != old_pid
-    assert settled_seqs
     fresh = StoreClient(node.store())
-    for seq in sorted(settled_seqs)[::50]:
-        assert fresh.read(msg_id(ids[seq])) == body(ids[seq], 4000)
+    bodies = fresh.read_many([msg_id(n) for n in settled_seqs])
+    assert bodies == [body(n, 4000) for n in settled_seqs]
     fresh.terminate()
+    client.terminate()
+
+
+def test_a_write_sent_across_a_store_restart_is_never_applied_twice(node):
+    client = StoreClient(node.store())
+    old = node.store().pid
+    os.kill(old, signal.SIGSTOP)
+    for n in range(10):
+        client.write(msg_id(n), body(n))
+    client.flush()                                       # batch A: sent, never answered
+    os.kill(old, signal.SIGKILL)
+    os.kill(old, signal.SIGCONT)
+    wait_for(lambda: getattr(node.actors.whereis("msg_store_persistent"), "pid", old) != old)
+    for n in range(10, 20):
+        client.write(msg_id(n), body(n))                 # batch B, after the restart
+    with pytest.raises(StoreRestarted) as restarted:
+        client.settle()
+    assert sorted(restarted.value.in_doubt) == sorted(msg_id(n) for n in range(20))
+    for n in range(20):                                  # send them again, as told
+        client.write(msg_id(n), body(n))
+    client.settle()
+    client.remove([msg_id(n) for n in range(20)])        # one reference each: all gone
+    client.settle()
+    assert client.contains_many([msg_id(n) for n in range(20)]) == [False] * 20
     client.terminate()
 
 
