@@ -155,14 +155,16 @@ class Channel:
                     raise ActorDeadError(f"{self.endpoint}: the channel was closed")
                 reply = self._replies.pop(request_id, None)
                 if reply is None:
+                    # Even past the deadline (a zero timeout: "is it there yet?"), read what
+                    # has arrived before saying no.
                     now = time.monotonic()
-                    if deadline is not None and now >= deadline:
-                        self._awaited.discard(request_id)
-                        raise AskTimeout(f"no reply from {self.endpoint} in time")
                     slice_s = _wire.DEATH_CHECK_INTERVAL_S
                     if deadline is not None:
-                        slice_s = min(slice_s, deadline - now)
-                    reply = self._receive_reply(request_id, int(slice_s * 1000) + 1)
+                        slice_s = max(0.0, min(slice_s, deadline - now))
+                    reply = self._receive_reply(request_id, int(slice_s * 1000) + (slice_s > 0))
+                    if reply is None and deadline is not None and time.monotonic() >= deadline:
+                        self._awaited.discard(request_id)
+                        raise AskTimeout(f"no reply from {self.endpoint} in time")
                 if reply is not None:
                     self._awaited.discard(request_id)
             if reply is not None:

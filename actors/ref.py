@@ -111,17 +111,26 @@ class ActorRef:
         is bounded by ``Future.get(timeout)``.
         """
         self._check_alive()
-        rt = runtime()
-        channel = rt.channel(self.address)
-        request_id = next(rt.request_ids)
-        frames = channel.encoder.encode([_wire.ASK, self._stamp, request_id, message])
-        channel.expect(request_id)
-        channel.send(frames, timeout)
-        return Future(channel, request_id, self)
+        return self._request_async(self.address, _wire.ASK, message, timeout)
 
     def ping(self, timeout: float | None = 5.0) -> Pong:
         """A heartbeat on the control channel, answered before any queued data message."""
         return self._control(_wire.PING, None, timeout)
+
+    def ping_async(self, timeout: float | None = _wire.DEFAULT_SEND_TIMEOUT_S) -> Future:
+        """A heartbeat whose ``Pong`` arrives in a ``Future``: a watcher can have pings out
+        to many actors at once, and a hung one delays nobody else's."""
+        return self._request_async(self.control, _wire.PING, None, timeout)
+
+    def _request_async(self, endpoint: str, kind: int, body: Any,
+                       timeout: float | None) -> Future:
+        rt = runtime()
+        channel = rt.channel(endpoint)
+        request_id = next(rt.request_ids)
+        frames = channel.encoder.encode([kind, self._stamp, request_id, body])
+        channel.expect(request_id)
+        channel.send(frames, timeout)
+        return Future(channel, request_id, self)
 
     def stats(self, timeout: float | None = 5.0) -> dict[str, int]:
         """The actor's counters: received, dropped_stale, malformed, unroutable ..."""

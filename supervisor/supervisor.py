@@ -19,10 +19,11 @@ Lifecycle:
 
 Watching (the event thread): every child incarnation is monitored; its ``Down`` (exit code
 or signal, SIGKILL included) arrives within the node's reaping latency. The heartbeat
-thread pings each ready child on its control channel every ``heartbeat_interval_s`` (the
-control channel is polled before the data mailbox, so a busy actor still answers); a
-child with no answer for ``heartbeat_timeout_s`` is hung (SIGSTOPped, deadlocked) and is
-killed with SIGKILL, which then counts as its crash. Heartbeats begin only once a child is
+thread keeps one ping out to each ready child on its control channel, every
+``heartbeat_interval_s``, without waiting on any (a hung child delays nobody's heartbeat;
+the control channel is served between the actor's batches); a child with no answer for
+``heartbeat_timeout_s`` is hung (SIGSTOPped, deadlocked, one handler call running too
+long) and is killed with SIGKILL, which then counts as its crash. Heartbeats begin only once a child is
 ready: a long start is bounded by ``start_timeout_s`` alone.
 
 On a child's exit: ``temporary`` children are never restarted; ``transient`` ones only
@@ -60,7 +61,7 @@ from typing import Any
 
 import psutil
 
-from actors import ActorError, ActorRef, Down, Monitor
+from actors import ActorError, ActorRef, AskTimeout, Down, Future, Monitor
 from actors import Node as ActorNode
 
 from .errors import SupervisorError
@@ -417,22 +418,37 @@ class Supervisor:
     # ------------------------------------------------------------------ the heartbeat thread
 
     def _heartbeat_loop(self) -> None:
+        """Keep one ping out to each ready child; never wait on any one of them."""
+        out: dict[_Child, tuple[Future, ActorRef, float]] = {}
         while not self._stopping.wait(HEARTBEAT_POLL_S):
             with self._lock:
                 children = list(self._children)
             for child in children:
                 interval = getattr(child.spec, "heartbeat_interval_s", None)
                 ref = child.ref
-                if (interval is None or child.state != "running" or ref is None
-                        or time.monotonic() - child.last_ping < interval):
+                if interval is None or child.state != "running" or ref is None:
+                    out.pop(child, None)
                     continue
-                child.last_ping = time.monotonic()
-                try:
-                    ref.pin().ping(timeout=interval)
-                except ActorError:
-                    continue       # no answer in time (or gone): the event thread decides
-                if child.ref is ref:
-                    child.last_pong = time.monotonic()
+                now = time.monotonic()
+                if child in out:
+                    future, pinged, sent = out[child]
+                    try:
+                        future.get(timeout=0)
+                    except AskTimeout:
+                        if now - sent < interval:
+                            continue       # not answered yet; the event thread judges
+                    except ActorError:
+                        pass               # gone: its Down is on the way
+                    else:
+                        if pinged is child.ref:
+                            child.last_pong = now
+                    del out[child]
+                if now - child.last_ping >= interval:
+                    child.last_ping = now
+                    try:
+                        out[child] = (ref.pin().ping_async(timeout=interval), ref, now)
+                    except ActorError:
+                        continue           # its control mailbox is full or it is gone
 
 
 def _abnormal(down: Down) -> bool:

@@ -178,3 +178,20 @@ def test_a_child_that_segfaults_or_exits_with_a_code_is_restarted_and_says_why(
             actor_node.whereis("fragile").tell(death)
             wait_for(lambda: pids(supervisor)["fragile"] != before and all_running(supervisor))
     assert f"child fragile exited: {reason}" in caplog.text
+
+
+def test_hung_children_do_not_get_their_healthy_siblings_killed(actor_node):
+    spec = SupervisorSpec("sup", SupervisorFlags("one_for_one", intensity=20), children=tuple(
+        ChildSpec(f"w{n}", Worker, heartbeat_interval_s=0.2, heartbeat_timeout_s=1.0)
+        for n in range(8)))
+    with Supervisor(actor_node, spec) as supervisor:
+        before = pids(supervisor)
+        stopped = [f"w{n}" for n in range(4)]
+        for name in stopped:
+            os.kill(before[name], signal.SIGSTOP)
+        wait_for(lambda: all(pids(supervisor)[n] != before[n] for n in stopped)
+                 and all_running(supervisor))
+        time.sleep(1.5)                           # several more heartbeat rounds
+        after = pids(supervisor)
+        assert all(after[f"w{n}"] == before[f"w{n}"] for n in range(4, 8))
+        assert [c["restarts"] for c in supervisor.which_children()] == [1] * 4 + [0] * 4
