@@ -103,9 +103,9 @@ class ResourceMonitor:
 
 
 def available_memory() -> int:
-    """The machine's RAM, or the cgroup's memory limit when that is lower."""
+    """The machine's RAM, or the memory limit of this process's cgroup when lower."""
     total = psutil.virtual_memory().total
-    for path in _CGROUP_LIMIT_FILES:
+    for path in _cgroup_limit_files():
         try:
             with open(path) as f:
                 text = f.read().strip()
@@ -114,6 +114,23 @@ def available_memory() -> int:
         if text.isdigit():
             total = min(total, int(text))
     return total
+
+
+def _cgroup_limit_files() -> list[str]:
+    """The limit files of this process's own cgroup (v2 and v1), then the roots'."""
+    files = []
+    try:
+        with open("/proc/self/cgroup") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        lines = []
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":
+            files.append(f"/sys/fs/cgroup{path.rstrip('/')}/memory.max")
+        elif "memory" in controllers.split(","):
+            files.append(f"/sys/fs/cgroup/memory{path.rstrip('/')}/memory.limit_in_bytes")
+    return files + list(_CGROUP_LIMIT_FILES)
 
 
 def node_memory(pids: Iterable[int]) -> int:

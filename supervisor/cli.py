@@ -6,7 +6,8 @@
     warren store inspect DIR                   what a store directory holds; changes nothing
 
 Exit codes: 0 success; 1 no node answers on DIR; 2 bad usage, a path that is not a store
-directory, or a data directory another node holds; 3 the node's root supervisor gave up.
+directory, or a data directory another node holds; 3 the node's root supervisor gave up;
+4 the node did not start.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ EXIT_OK = 0
 EXIT_NO_NODE = 1
 EXIT_USAGE = 2
 EXIT_NODE_FAILED = 3
+EXIT_START_FAILED = 4
 
 
 def _store_inspect(args: argparse.Namespace) -> int:
@@ -49,6 +51,9 @@ def _node(args: argparse.Namespace) -> int:
     except NodeLocked as exc:
         print(f"warren: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except Exception as exc:   # reported as a line a person reads, with its own exit code
+        print(f"warren: the node did not start: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return EXIT_START_FAILED
     with node:
         print(format_status(node.status()), flush=True)
         while not stop.wait(0.2):

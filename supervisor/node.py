@@ -20,7 +20,8 @@ recovers dirty. ``ref_counts``, when given, is a picklable function the persiste
 calls at a dirty start for its reference counts (a walker over the queue indexes).
 
 It then checks the resource alarms every ``check_interval_s`` and tells every actor of
-each change (``ProcessActor.on_alarm``), and answers ``warren status`` on a ZeroMQ REP
+each change (``ProcessActor.on_alarm``), and an actor (re)started while an alarm is raised
+within one interval of its start, and answers ``warren status`` on a ZeroMQ REP
 socket in its runtime directory, whose address it writes to ``<data_dir>/node.json``.
 
 ``close()`` (or leaving the ``with``) stops the tree in reverse order, then the runtime,
@@ -68,6 +69,11 @@ STATS_TIMEOUT_S = 2.0
 ROOT_FLAGS = SupervisorFlags("rest_for_one", intensity=3, period_s=60.0)
 SUB_FLAGS = SupervisorFlags("one_for_one", intensity=10, period_s=60.0)
 STORE_START_TIMEOUT_S = 600.0
+# The stores and the GC do their disk work on their loop thread (an fsync, a combine's
+# copy): a slow disk must not make them look hung (seconds).
+STORE_HEARTBEAT_TIMEOUT_S = 60.0
+# What the runtime's close gives actors still alive after the tree stopped (seconds).
+STORE_CLOSE_TIMEOUT_S = 60.0
 STORES = ("msg_store_persistent", "msg_store_transient")
 PRELOAD = ("store", "store.store_actor", "store.gc_actor", "store.messages")
 
@@ -96,6 +102,7 @@ class Node:
         self._closing = threading.Event()
         self.actors: ActorNode | None = None
         self.root: Supervisor | None = None
+        self._status_socket: zmq.Socket | None = None
         self._threads: list[threading.Thread] = []
         try:
             self.actors = ActorNode(name=name, preload=PRELOAD + tuple(preload))
@@ -104,10 +111,12 @@ class Node:
                 ChildSpec(store, MessageStoreActor, (os.path.join(self.data_dir, store),),
                           {**store_options, "transient": store == "msg_store_transient",
                            "ref_counts": ref_counts if store == "msg_store_persistent" else None},
-                          shutdown_s=STORE_SHUTDOWN_S, start_timeout_s=STORE_START_TIMEOUT_S)
+                          shutdown_s=STORE_SHUTDOWN_S, start_timeout_s=STORE_START_TIMEOUT_S,
+                          heartbeat_timeout_s=STORE_HEARTBEAT_TIMEOUT_S)
                 for store in STORES)
             spec = SupervisorSpec("node", ROOT_FLAGS, children=(
-                SupervisorSpec("gc_sup", SUB_FLAGS, children=(ChildSpec("msg_store_gc", GCActor),)),
+                SupervisorSpec("gc_sup", SUB_FLAGS, children=(ChildSpec(
+                    "msg_store_gc", GCActor, heartbeat_timeout_s=STORE_HEARTBEAT_TIMEOUT_S),)),
                 *stores,
                 SupervisorSpec("queue_sup", SUB_FLAGS),
                 SupervisorSpec("app_sup", SUB_FLAGS, children=tuple(children)),
@@ -164,21 +173,28 @@ class Node:
                 "readings": dict(self.alarms.readings)}
 
     def close(self) -> None:
-        """Stop the tree (reverse order), the runtime, and release the data directory."""
+        """Stop the tree (reverse order), the runtime, and release the data directory;
+        each step runs even when one before it failed."""
         if self._closing.is_set():
             return
         self._closing.set()
         try:
-            os.unlink(os.path.join(self.data_dir, NODE_FILE))
-        except FileNotFoundError:
-            pass
-        for thread in self._threads:
-            thread.join()
-        if self.root is not None:
-            self.root.stop()
-        if self.actors is not None:
-            self.actors.close()
-        os.close(self._lock_fd)
+            try:
+                os.unlink(os.path.join(self.data_dir, NODE_FILE))
+            except FileNotFoundError:
+                pass
+            for thread in self._threads:
+                thread.join()
+            if self._status_socket is not None and not self._status_socket.closed:
+                self._status_socket.close()
+            if self.root is not None:
+                self.root.stop()
+        finally:
+            try:
+                if self.actors is not None:
+                    self.actors.close(timeout=STORE_CLOSE_TIMEOUT_S)
+            finally:
+                os.close(self._lock_fd)
 
     def __enter__(self) -> Node:
         return self
@@ -206,17 +222,34 @@ class Node:
         self.failed.set()
 
     def _watch_resources(self) -> None:
+        told: dict[str, tuple[int, frozenset[str]]] = {}   # address -> (incarnation, raised)
         while not self._closing.wait(self.limits.check_interval_s):
-            for change in self.alarms.check():
-                log.warning("node %s: %s alarm %s (%d against a limit of %d)", self.name,
-                            change.resource, "raised" if change.raised else "cleared",
-                            change.value, change.limit)
-                for ref in self.root.actor_refs():
-                    try:
-                        ref.alarm(change.resource, change.raised)
-                    except Exception as exc:   # an actor that is going away; logged
-                        log.info("node %s: could not tell %s of the alarm: %s",
-                                 self.name, ref.name, exc)
+            try:
+                for change in self.alarms.check():
+                    log.warning("node %s: %s alarm %s (%d against a limit of %d)", self.name,
+                                change.resource, "raised" if change.raised else "cleared",
+                                change.value, change.limit)
+                self._tell_alarms(told)
+            except Exception:   # the watch must outlive one bad reading; logged
+                log.exception("node %s: checking the resource alarms failed", self.name)
+
+    def _tell_alarms(self, told: dict[str, tuple[int, frozenset[str]]]) -> None:
+        """Bring every actor's view of the alarms up to date: a change is told to all, and
+        an actor restarted (or started) while an alarm is raised hears of it too."""
+        active = frozenset(self.alarms.active)
+        for ref in self.root.actor_refs():
+            incarnation, heard = told.get(ref.address, (ref.incarnation, frozenset()))
+            if incarnation != ref.incarnation:
+                heard = frozenset()
+            try:
+                for resource in sorted(active - heard):
+                    ref.alarm(resource, True)
+                for resource in sorted(heard - active):
+                    ref.alarm(resource, False)
+            except ActorError as exc:   # an actor going away; its successor is told next time
+                log.info("node %s: could not tell %s of the alarms: %s", self.name, ref.name, exc)
+                continue
+            told[ref.address] = (ref.incarnation, active)
 
     def _serve_status(self) -> None:
         poller = zmq.Poller()
@@ -225,10 +258,13 @@ class Node:
             if not poller.poll(100):
                 continue
             request = self._status_socket.recv()
-            if request == b"status":
+            try:
+                if request != b"status":
+                    raise ValueError(f"unknown request {request[:40]!r}")
                 reply = json.dumps(self.status(), default=str).encode()
-            else:
-                reply = json.dumps({"error": f"unknown request {request[:40]!r}"}).encode()
+            except Exception as exc:   # answered, so the asker is not left waiting
+                log.exception("node %s: a status request failed", self.name)
+                reply = json.dumps({"error": str(exc)}).encode()
             self._status_socket.send(reply)
         self._status_socket.close()
 

@@ -39,7 +39,9 @@ the failure of that child. The strategy decides what restarts:
   they start again in order.
 
 A restart that fails to start counts as a restart too and is retried after
-``RETRY_DELAY_S``, until the intensity gives out.
+``RETRY_DELAY_S``, until the intensity gives out. As in OTP, a supervisor that is itself
+restarted starts from its spec: children added with ``start_child`` are not brought back
+(whoever added them adds them again, as a queue's declaration is replayed).
 
 Races and their answers: a ``Down`` can arrive for an incarnation the supervisor has
 already replaced or is stopping on purpose — events name the incarnation and are applied
@@ -119,6 +121,7 @@ class Supervisor:
         self._dynamic = 0
         self._threads: list[threading.Thread] = []
         self._stopping = threading.Event()
+        self._stopped = threading.Event()        # every child stopped, threads done
         self.state = "stopped"
         self.failure: str | None = None
 
@@ -146,8 +149,11 @@ class Supervisor:
         return self
 
     def stop(self) -> None:
-        """Stop every child, in reverse start order, then the supervisor's threads."""
+        """Stop every child, in reverse start order, then the supervisor's threads. When a
+        stop is already under way (another caller's, or a failure's), wait for it."""
         if self._stopping.is_set():
+            if threading.current_thread() not in self._threads:
+                self._stopped.wait()
             return
         self._stopping.set()
         self._events.put(_Event("wake"))
@@ -157,6 +163,7 @@ class Supervisor:
         self._stop_children(reversed(self._children))
         if self.state != "failed":
             self.state = "stopped"
+        self._stopped.set()
 
     def __enter__(self) -> Supervisor:
         return self.start()
@@ -329,22 +336,29 @@ class Supervisor:
             try:
                 event = self._events.get(timeout=TICK_S)
             except queue.Empty:
+                event = None
+            try:
+                self._handle(event)
                 self._kill_hung_children()
-                continue
-            if event.kind == "call":
-                try:
-                    event.reply.put((True, event.call()))
-                except Exception as exc:   # handed to the caller, who raises it
-                    event.reply.put((False, exc))
-            elif event.kind == "exit":
-                self._child_exited(event)
-            elif event.kind == "retry" and event.child.generation == event.generation:
-                self._restart(event.child)
-            self._kill_hung_children()
+            except Exception:   # supervision must go on; the next event may succeed
+                log.exception("%s: handling %s failed", self.id, event)
         while not self._events.empty():      # callers waiting on a call get an answer
             event = self._events.get_nowait()
             if event.reply is not None:
                 event.reply.put((False, SupervisorError(f"supervisor {self.id} stopped")))
+
+    def _handle(self, event: _Event | None) -> None:
+        if event is None:
+            return
+        if event.kind == "call":
+            try:
+                event.reply.put((True, event.call()))
+            except Exception as exc:   # handed to the caller, who raises it
+                event.reply.put((False, exc))
+        elif event.kind == "exit":
+            self._child_exited(event)
+        elif event.kind == "retry" and event.child.generation == event.generation:
+            self._restart(event.child)
 
     def _kill_hung_children(self) -> None:
         now = time.monotonic()
@@ -412,6 +426,7 @@ class Supervisor:
         self._stop_children(reversed(self._children))
         self.state = "failed"
         self.failure = reason
+        self._stopped.set()
         if self._on_failure is not None:
             self._on_failure(reason)
 

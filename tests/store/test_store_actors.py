@@ -246,3 +246,18 @@ def test_a_killed_store_takes_its_reference_counts_from_the_nodes_source(tmp_pat
         fresh = StoreClient(node.store())
         assert fresh.contains_many([msg_id(n) for n in range(4)]) == [True, False, True, False]
         fresh.terminate()
+
+
+def test_a_request_meant_for_an_older_store_incarnation_is_dropped_and_counted(node):
+    old = node.store().pin()
+    os.kill(old.pid, signal.SIGKILL)
+    wait_for(lambda: getattr(node.actors.whereis("msg_store_persistent"), "pid", old.pid) != old.pid)
+    current = node.store()
+    before = current.stats()["dropped_stale"]
+    # From a process that has not heard of the death, the old pinned ref still sends.
+    sender = (f"import json; from actors import ActorRef; from store.messages import Remove; "
+              f"ref = ActorRef(**json.loads({json.dumps(json.dumps(dataclasses.asdict(old)))}));"
+              f"ref.tell(Remove(b'client', [bytes(16)]))")
+    subprocess.run([sys.executable, "-c", sender], cwd=ROOT, check=True, timeout=60)
+    wait_for(lambda: current.stats()["dropped_stale"] == before + 1)
+    assert stats(node)["removes_unknown"] == 0            # never applied

@@ -106,3 +106,47 @@ def test_every_actor_is_told_when_an_alarm_is_raised_and_when_it_clears(tmp_path
         node.alarms.limits = AlarmLimits(memory_limit_bytes=2**62, check_interval_s=0.1)
         wait_for(lambda: worker.ask("alarms") == [["memory", True], ["memory", False]])
         assert node.status()["alarms"] == []
+
+
+def test_a_node_whose_root_gives_up_stops_and_warren_node_exits_3(tmp_path):
+    data = str(tmp_path / "data")
+    node = subprocess.Popen([*WARREN, "node", "--data-dir", data], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert node.stdout.readline().startswith("node warren")
+
+        def transient_pid():
+            for child in query_status(data)["tree"]["children"]:
+                if child["id"] == "msg_store_transient" and child["state"] == "running":
+                    return child["pid"]
+            return None
+
+        for _ in range(4):                      # the root allows 3 restarts in 60 s
+            wait_for(lambda: transient_pid() is not None)
+            os.kill(transient_pid(), signal.SIGKILL)
+            if node.poll() is not None:
+                break
+            wait_for(lambda: node.poll() is not None or transient_pid() is not None)
+        assert node.wait(timeout=120) == 3
+        assert "gave up" in node.stderr.read()
+    finally:
+        if node.poll() is None:
+            node.kill()
+            node.wait()
+        node.stdout.close()
+        node.stderr.close()
+
+
+def test_an_actor_restarted_while_an_alarm_is_raised_is_told_of_it(tmp_path):
+    from supervisor import AlarmLimits
+
+    tight = AlarmLimits(memory_limit_bytes=1, check_interval_s=0.1)
+    with Node(tmp_path / "data", children=(ChildSpec("worker", Worker),),
+              alarm_limits=tight) as node:
+        worker = node.actors.whereis("worker")
+        wait_for(lambda: worker.ask("alarms") == [["memory", True]])
+        old = worker.ask("pid")
+        os.kill(old, signal.SIGKILL)
+        wait_for(lambda: node.app.which_children()[0]["pid"] not in (old, None)
+                 and node.app.which_children()[0]["state"] == "running")
+        wait_for(lambda: worker.ask("alarms") == [["memory", True]])

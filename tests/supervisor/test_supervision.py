@@ -146,15 +146,18 @@ def test_a_sigstopped_child_is_found_hung_and_restarted(actor_node):
         assert not psutil.pid_exists(before)
 
 
-def test_a_slow_start_is_not_mistaken_for_a_hang(actor_node):
-    spec = SupervisorSpec("sup", children=(
-        ChildSpec("recovering", SlowStarter, (2.0,), heartbeat_interval_s=0.2,
+def test_a_slow_restart_is_not_mistaken_for_a_hang(actor_node):
+    spec = SupervisorSpec("sup", SupervisorFlags("one_for_one", intensity=5), children=(
+        ChildSpec("recovering", SlowStarter, (1.5,), heartbeat_interval_s=0.2,
                   heartbeat_timeout_s=0.5),))
     with Supervisor(actor_node, spec) as supervisor:
-        pid = pids(supervisor)["recovering"]
-        time.sleep(1.0)
-        assert pids(supervisor)["recovering"] == pid
-        assert supervisor.which_children()[0]["restarts"] == 0
+        first = pids(supervisor)["recovering"]
+        os.kill(first, signal.SIGKILL)                # the restart takes 1.5 s in on_start
+        wait_for(lambda: pids(supervisor)["recovering"] != first and all_running(supervisor))
+        second = pids(supervisor)["recovering"]
+        time.sleep(1.0)                               # five heartbeat intervals, answered
+        assert pids(supervisor)["recovering"] == second
+        assert supervisor.which_children()[0]["restarts"] == 1
 
 
 def test_a_child_that_cannot_start_fails_the_start_and_stops_its_elder_siblings(actor_node):
