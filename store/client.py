@@ -5,12 +5,15 @@ goes through this process's one socket to that actor, so its writes, removes and
 terminate stay in order. Not thread-safe: one owner, as a queue process is.
 
 Writes. ``write(msg_id, body)`` appends the record, in ``.rdq`` layout, to the current
-batch and returns its sequence number. A batch goes out as one ``WriteBatch`` (one frame
+batch and returns its sequence number; ``remove(msg_ids)`` adds the removes to the batch,
+in their place. A batch goes out as one ``WriteBatch`` (one frame
 of records) when it holds ``batch_messages`` records, ``batch_bytes`` bytes, or on
 ``flush()``. In flight at most ``max_in_flight`` messages and ``max_in_flight_bytes``
-bytes (4000 and 32 MiB, RabbitMQ's credit); past them ``flush`` waits for the oldest batch
-to be settled, so a client that outruns the store is slowed, never dropped: the credit
-comes back one batch (``batch_messages``, 800) at a time.
+bytes (4000 and 32 MiB, RabbitMQ's credit), and ``MAX_IN_FLIGHT_REQUESTS`` unanswered
+requests (tiny batches: a client's socket queues only so many answers, and the store drops
+one that finds it full); past them ``flush`` waits for the oldest batch to be settled, so
+a client that outruns the store is slowed, never dropped: the credit comes back one batch
+(``batch_messages``, 800) at a time.
 
 Confirms. Each batch's answer is a ``Settled``: every write up to its last sequence
 number is on disk, except the ignored ones (written and removed again before reaching
@@ -29,18 +32,18 @@ what was meant for its predecessor instead of applying it, so nothing is applied
 The client learns of a restart before it sends anything (a new store renames a fresh lock
 table into place: its inode changes) and while it waits for an answer (it pings the store
 every ``restart_check_s``; a new incarnation answers). Then it raises ``StoreRestarted``
-naming the writes and removes it had sent or queued without an answer: they may or may
-not have been applied; it drops its cached locations, and registers again on next use.
-A store silent for ``unavailable_after_s`` (its supervisor gave up) raises
+naming the writes and removes it had sent or queued without an answer: they may or may not
+have been applied; it drops its cached locations, and registers again on next use (a
+restart with nothing in doubt raises nothing: the client just registers with the new
+store). A store silent for ``unavailable_after_s`` (its supervisor gave up) raises
 ``StoreUnavailable`` the same way. (A monitor would need the client to be an actor;
 clients live in any process.)
 
-Races: a remove is sent only after the writes before it (the current batch is flushed
-first), so the store always sees them in that order. Removes are tells (a reply each
-would pile up unread); one is known applied once anything the client sent after it is
-answered, since the store handles a client's messages in order, so a remove lost with a
-dying store is reported in doubt rather than forgotten. ``settle`` ends with such an
-answer. ``terminate`` is answered after the store has applied everything this client sent.
+Races: a remove travels in the batch, in its place among the writes (``WriteBatch``), so
+the store applies it after the writes before it and before those after it, a write and
+its remove in one batch never reach the disk, and a remove is answered with its batch: a
+remove lost with a dying store is reported in doubt, never forgotten. ``terminate`` is
+answered after the store has applied everything this client sent.
 """
 
 from __future__ import annotations
@@ -56,12 +59,15 @@ from actors import ActorDeadError, ActorError, ActorRef, AskTimeout
 from .errors import StoreError
 from .lock_table import TABLE_FILE, LockTableReader
 from .messages import (ClientDying, Contains, Found, Read, ReadMany, ReadsReport, Register,
-                       Remove, Settled, StoreInfo, Terminate, WriteBatch)
+                       Settled, StoreInfo, Terminate, WriteBatch)
 from .records import HEADER, check_body, check_msg_id
 
 MAX_IN_FLIGHT = 4000                  # msg_store_credit_disc_bound: messages ...
 MAX_IN_FLIGHT_BYTES = 32 * 2**20      # ... or bytes in flight per client
 BATCH_MESSAGES = 800                  # credit is granted back this many at a time
+# Answers a client may have outstanding: below the mailbox bound (1000), since answers
+# beyond what the client's socket queues would be dropped by the store, unroutable.
+MAX_IN_FLIGHT_REQUESTS = 256
 BATCH_BYTES = 4 * 2**20
 RESTART_CHECK_S = 1.0
 UNAVAILABLE_AFTER_S = 300.0
@@ -105,8 +111,10 @@ class StoreClient:
         self._batch: list[bytes] = []
         self._batch_ids: list[bytes] = []
         self._batch_bytes = 0
-        # (future, first_seq, msg_ids, bytes) of each batch sent and not yet settled;
-        # a remove sent and not yet known applied: (None, None, msg_ids, 0)
+        self._removes: list[tuple[int, list[bytes]]] = []   # in the batch: [after, ids]
+        self._removed = 0
+        # (future, first_seq, written msg_ids, bytes, removed msg_ids) of each batch sent
+        # and not yet answered
         self._in_flight: collections.deque = collections.deque()
         self._in_flight_messages = 0
         self._in_flight_bytes = 0
@@ -128,17 +136,19 @@ class StoreClient:
     def _send(self, send: Callable[[ActorRef], Any]) -> Any:
         """Send through the pinned ref, after making sure the store did not restart; a
         store this process knows is dead means waiting for the next one to answer."""
+        if self._pinned is not None and os.stat(self._table).st_ino != self._table_inode:
+            self._restarted(StoreRestarted)
         if self._pinned is None:
             self._register()
-        elif os.stat(self._table).st_ino != self._table_inode:
-            self._restarted(StoreRestarted)
         try:
             return send(self._pinned)
         except ActorDeadError:
             silent_since = time.monotonic()
-            while not self._store_answers():          # raises once a new one answers
+            while not self._store_answers():
                 if time.monotonic() - silent_since > self.unavailable_after_s:
                     self._restarted(StoreUnavailable)
+            if self._pinned is None:
+                self._register()
             return send(self._pinned)
 
     # ------------------------------------------------------------------ writes
@@ -152,39 +162,40 @@ class StoreClient:
         self._batch.append(HEADER.pack(len(body) + 16, msg_id) + body + b"\xff")
         self._batch_ids.append(msg_id)
         self._batch_bytes += len(body) + 25
-        if len(self._batch) >= self.batch_messages or self._batch_bytes >= self.batch_bytes:
+        if (len(self._batch) + self._removed >= self.batch_messages
+                or self._batch_bytes >= self.batch_bytes):
             self.flush()
         return seq
 
     def flush(self) -> None:
         """Send the current batch; wait while more than the credit is in flight."""
-        if self._batch:
+        if self._batch or self._removes:
             records = b"".join(self._batch)
             first = self._next_seq - len(self._batch)
-            request = WriteBatch(self.client_ref, first, records)
+            request = WriteBatch(self.client_ref, first, records, self._removes)
             future = self._send(lambda store: store.ask_async(request))
-            self._in_flight.append((future, first, self._batch_ids, len(records)))
-            self._in_flight_messages += len(self._batch)
+            removed = [m for _, ids in self._removes for m in ids]
+            self._in_flight.append((future, first, self._batch_ids, len(records), removed))
+            self._in_flight_messages += len(self._batch) + len(removed)
             self._in_flight_bytes += len(records)
             self._batch, self._batch_ids, self._batch_bytes = [], [], 0
+            self._removes, self._removed = [], 0
         while (self._in_flight_messages > self.max_in_flight
-               or self._in_flight_bytes > self.max_in_flight_bytes):
+               or self._in_flight_bytes > self.max_in_flight_bytes
+               or len(self._in_flight) > MAX_IN_FLIGHT_REQUESTS):
             self._settle_oldest()
 
     def settle(self) -> None:
-        """Send the current batch and wait until every write sent is settled and every
-        remove sent is applied."""
+        """Send the current batch; wait until every write sent is settled and every remove
+        sent is applied."""
         self.flush()
-        if self._in_flight and self._in_flight[-1][0] is None:
-            barrier = self._send(lambda store: store.ask_async(Contains([])))
-            self._in_flight.append((barrier, None, [], 0))
         while self._in_flight:
             self._settle_oldest()
 
     @property
     def unsettled(self) -> int:
-        """Writes sent or queued and not yet settled."""
-        return self._in_flight_messages + len(self._batch)
+        """Writes and removes sent or queued and not yet answered."""
+        return self._in_flight_messages + len(self._batch) + self._removed
 
     @property
     def batched(self) -> int:
@@ -192,31 +203,24 @@ class StoreClient:
         return len(self._batch)
 
     def _settle_oldest(self) -> None:
-        """Wait for the oldest answer due; the removes sent before it are applied too."""
-        due = next((i for i, entry in enumerate(self._in_flight) if entry[0] is not None), None)
-        if due is None:
-            return                        # only removes: settle() adds an answer to wait for
-        future, first, msg_ids, size = self._in_flight[due]
+        """Wait for the oldest batch's answer (its writes settled, its removes applied)."""
+        future, first, msg_ids, size, removed = self._in_flight[0]
         silent_since = time.monotonic()
         while True:
             try:
-                answer = future.get(timeout=self.restart_check_s)
+                settled: Settled = future.get(timeout=self.restart_check_s)
                 break
             except (AskTimeout, ActorDeadError):
                 if self._store_answers():
                     silent_since = time.monotonic()
                 elif time.monotonic() - silent_since > self.unavailable_after_s:
                     self._restarted(StoreUnavailable)
-        for _ in range(due + 1):
-            self._in_flight.popleft()
-        if first is None:
-            return                        # the barrier of settle()
-        self._in_flight_messages -= len(msg_ids)
+        self._in_flight.popleft()
+        self._in_flight_messages -= len(msg_ids) + len(removed)
         self._in_flight_bytes -= size
-        settled: Settled = answer
         for seq, file, offset, total_size in settled.locations:
             self._locations[msg_ids[seq - first]] = (file, offset, total_size)
-        if self.on_settled is not None:
+        if self.on_settled is not None and msg_ids:
             self.on_settled(settled)
 
     def _store_answers(self) -> bool:
@@ -226,31 +230,39 @@ class StoreClient:
             incarnation = self.store.ping(timeout=self.restart_check_s).incarnation
         except ActorError:
             return False                  # busy, or down and restarting
-        if incarnation != self.incarnation:
+        if incarnation != self.incarnation and self._pinned is not None:
             self._restarted(StoreRestarted)
         return True
 
     def _restarted(self, error: type[StoreRestarted]) -> None:
-        """Give up on everything unanswered, forget the store's state, and say so."""
-        writes = [m for _, first, ids, _ in self._in_flight if first is not None for m in ids]
-        writes += self._batch_ids
-        removes = [m for future, _, ids, _ in self._in_flight if future is None for m in ids]
+        """Give up on everything unanswered and forget the store's state; raise ``error``
+        if anything was in doubt (or the store is unavailable), else carry on: the next
+        request registers with the new store."""
+        writes = [m for _, _, ids, _, _ in self._in_flight for m in ids] + self._batch_ids
+        removes = [m for *_, removed in self._in_flight for m in removed]
+        removes += [m for _, ids in self._removes for m in ids]
         self._in_flight.clear()
         self._in_flight_messages = self._in_flight_bytes = 0
         self._batch, self._batch_ids, self._batch_bytes = [], [], 0
+        self._removes, self._removed = [], 0
         self._locations.clear()
         self._reader.close()
         self._pinned = None                # registers again on next use
-        raise error(writes, removes)
+        if writes or removes or error is StoreUnavailable:
+            raise error(writes, removes)
 
     def remove(self, msg_ids: Iterable[bytes]) -> None:
-        """Drop one reference to each id (after the writes sent before it)."""
+        """Drop one reference to each id, in order after the writes before it (it travels
+        in the batch, which ``flush``/``settle`` send)."""
         msg_ids = [check_msg_id(m) for m in msg_ids]
-        self.flush()
+        if not msg_ids:
+            return
         for msg_id in msg_ids:
             self._locations.pop(msg_id, None)
-        self._send(lambda store: store.tell(Remove(self.client_ref, msg_ids)))
-        self._in_flight.append((None, None, msg_ids, 0))
+        self._removes.append((len(self._batch), msg_ids))
+        self._removed += len(msg_ids)
+        if len(self._batch) + self._removed >= self.batch_messages:
+            self.flush()
 
     # ------------------------------------------------------------------ reads
 

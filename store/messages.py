@@ -6,10 +6,9 @@ Every message is a frozen dataclass registered with the actor runtime's codec; a
 Client → store (``msg_store_persistent`` / ``msg_store_transient``):
 
     Register(client_ref)                  ask → StoreInfo
-    WriteBatch(client_ref, first_seq, records)
+    WriteBatch(client_ref, first_seq, records, removes)
                                           ask → Settled, answered once every write of the
                                           batch is on disk or ignored (group commit)
-    Remove(client_ref, msg_ids)           tell
     Read(msg_id)                          ask → Found | None
     ReadMany(msg_ids)                     ask → list[Found | None]
     Contains(msg_ids)                     ask → list[bool]
@@ -30,7 +29,11 @@ that has since restarted is dropped, never applied to the new incarnation's plan
 
 ``records`` of a WriteBatch is the batch in ``.rdq`` layout, exactly the bytes the store
 appends (``size · msg_id · body · 0xFF`` per record), sequence numbers ``first_seq``,
-``first_seq + 1`` ... in record order.
+``first_seq + 1`` ... in record order. ``removes`` are the client's removes in their
+place among those writes: ``[after, msg_ids]`` pairs, ``after`` records of the batch being
+applied before ``msg_ids`` lose one reference each, ``after`` never decreasing. A remove
+thus always reaches the store with the writes sent before it (a write and its remove in
+one batch cost no disk write), and the client's order, id reuse included, is kept.
 """
 
 from __future__ import annotations
@@ -63,6 +66,7 @@ class WriteBatch:
     client_ref: bytes
     first_seq: int
     records: bytes
+    removes: list[tuple[int, list[bytes]]]
 
 
 @message
@@ -75,13 +79,6 @@ class Settled:
     up_to_seq: int
     ignored: list[int]
     locations: list[tuple[int, int, int, int]]
-
-
-@message
-@dataclass(frozen=True)
-class Remove:
-    client_ref: bytes
-    msg_ids: list[bytes]
 
 
 @message

@@ -9,11 +9,12 @@ Messages accepted (``store.messages``), and what each gets back:
 
     Register(client_ref)            → StoreInfo(this incarnation's pinned ref, directory,
                                       transient)
-    WriteBatch(client_ref, first_seq, records)
+    WriteBatch(client_ref, first_seq, records, removes)
                                     → Settled, once every write of the batch is on disk
-                                      or ignored; a malformed batch → an error, nothing
+                                      or ignored; the removes (one reference less each,
+                                      unknown ids counted) applied in their place among
+                                      the writes; a malformed batch → an error, nothing
                                       of it applied
-    Remove(client_ref, msg_ids)     (tell) one reference less each; unknown ids counted
     Read(msg_id) / ReadMany(ids)    → Found(body, file, offset, total_size) | None each
                                       (file -1: not yet flushed, do not cache the place)
     Contains(ids)                   → list[bool]
@@ -42,14 +43,16 @@ the apply is retried, without waiting, at the next idle moment. A GC that dies o
 mid-job: the store abandons the job (flags cleared, ``.rdt`` deleted) and plans again
 after ``gc_retry_s``.
 
-Races: the GC answers to this incarnation's pinned ref, so the answer to a job of a
-store that has since restarted is dropped, and an answer is applied only to the job it
-names (id, Dst, Src); a ``Down`` abandons the job only if it is the GC incarnation the
-job went to. Ordering is per client socket, so a client's remove can never overtake its write,
-and ``Terminate`` is answered after all the client sent before it. Unlike RabbitMQ, a
-``ClientDying`` does not overtake the client's earlier messages; it stops later ones.
-A request stamped with an older incarnation of this actor is dropped and counted by the
-runtime before it reaches this code.
+Races: a client's removes travel inside its write batches, in their place among the
+writes, so a remove is never applied before a write sent ahead of it, and a write and its
+remove in one batch never reach the disk. The GC answers to this incarnation's pinned ref,
+so the answer to a job of a store that has since restarted is dropped, and an answer is
+applied only to the job it names (id, Dst, Src); a ``Down`` abandons the job only if it is
+the GC incarnation the job went to. Ordering is per client socket, so ``Terminate`` is
+answered after all the client sent before it. Unlike RabbitMQ, a ``ClientDying`` does not
+overtake the client's earlier messages; it stops later ones. A request stamped with an
+older incarnation of this actor is dropped and counted by the runtime before it reaches
+this code.
 """
 
 from __future__ import annotations
@@ -69,7 +72,7 @@ from .combine import CombinePlan, CorruptRecord, RewriteResult
 from .index import PENDING_FILE
 from .message_store import FILE_SIZE_LIMIT_BYTES, MessageStore
 from .messages import (ClientDying, Contains, Found, Read, ReadMany, ReadsReport, Register,
-                       Remove, Rewritten, RewriteFailed, RewriteJob, Settled, StoreInfo,
+                       Rewritten, RewriteFailed, RewriteJob, Settled, StoreInfo,
                        StoreStats, Terminate, WriteBatch)
 from .records import HEADER_BYTES, MSG_ID_BYTES, OK_MARKER
 
@@ -153,14 +156,22 @@ class MessageStoreActor(ProcessActor):
     def _write_batch(self, message: WriteBatch) -> None:
         records = message.records
         parsed = _split_records(records)
-        if parsed is None:
+        if parsed is None or not _valid_removes(message.removes, len(parsed)):
             self.counters["malformed_batches"] += 1
             raise ValueError(f"malformed WriteBatch from {message.client_ref.hex()} at seq "
-                             f"{message.first_seq}: not whole records in .rdq layout")
+                             f"{message.first_seq}: not whole records in .rdq layout, or "
+                             f"removes out of place")
         reply = self.defer_reply()
         client, seq, write = message.client_ref, message.first_seq, self.store.write
         dying = client in self._dying
-        for start, end in parsed:
+        removes = list(reversed(message.removes))      # pop() takes them in order
+        for position in range(len(parsed) + 1):
+            while removes and removes[-1][0] == position:
+                for removed in removes.pop()[1]:
+                    self.store.remove(removed)
+            if position == len(parsed):
+                break
+            start, end = parsed[position]
             msg_id = records[start + 8:start + HEADER_BYTES]
             if dying and not self.store.contains(msg_id):
                 self._ignored_unwritten.append((client, seq, msg_id))
@@ -172,10 +183,6 @@ class MessageStoreActor(ProcessActor):
         if not self._sync_armed:
             self._sync_armed = True
             self.call_later(self.sync_interval_s, self._sync_timer)
-
-    def _remove(self, message: Remove) -> None:
-        for msg_id in message.msg_ids:
-            self.store.remove(msg_id)
 
     def _read(self, message: Read) -> Found | None:
         self.counters["fallback_reads"] += 1
@@ -240,7 +247,7 @@ class MessageStoreActor(ProcessActor):
             self._abandon_job()
 
     _handlers: dict[type, Callable[[MessageStoreActor, Any], Any]] = {
-        Register: _register, WriteBatch: _write_batch, Remove: _remove, Read: _read,
+        Register: _register, WriteBatch: _write_batch, Read: _read,
         ReadMany: _read_many, Contains: _contains, ReadsReport: _reads_report,
         Terminate: _terminate, ClientDying: _client_dying, StoreStats: _stats,
         Rewritten: _rewritten, RewriteFailed: _rewrite_failed, Down: _down,
@@ -314,6 +321,19 @@ class MessageStoreActor(ProcessActor):
         self._job = None
         self.counters["gc_jobs_abandoned"] += 1
         self._gc_not_before = time.monotonic() + self.gc_retry_s
+
+
+def _valid_removes(removes: Any, records: int) -> bool:
+    """Whether ``removes`` is a list of [after, msg_ids] with ``after`` in 0..records, never
+    decreasing, and each msg_id 16 bytes."""
+    previous = 0
+    for entry in removes if isinstance(removes, list) else [None]:
+        if not (isinstance(entry, list) and len(entry) == 2 and type(entry[0]) is int
+                and previous <= entry[0] <= records and isinstance(entry[1], list)
+                and all(type(m) is bytes and len(m) == MSG_ID_BYTES for m in entry[1])):
+            return False
+        previous = entry[0]
+    return True
 
 
 def _split_records(records: bytes) -> list[tuple[int, int]] | None:

@@ -23,8 +23,8 @@ thread keeps one ping out to each ready child on its control channel, every
 ``heartbeat_interval_s``, without waiting on any (a hung child delays nobody's heartbeat;
 the control channel is served between the actor's batches); a child with no answer for
 ``heartbeat_timeout_s`` is hung (SIGSTOPped, deadlocked, one handler call running too
-long) and is killed with SIGKILL, which then counts as its crash. Heartbeats begin only once a child is
-ready: a long start is bounded by ``start_timeout_s`` alone.
+long) and is killed with SIGKILL, which then counts as its crash. Heartbeats begin only
+once a child is ready: a long start is bounded by ``start_timeout_s`` alone.
 
 On a child's exit: ``temporary`` children are never restarted; ``transient`` ones only
 after an abnormal exit (not exit 0); ``permanent`` ones always. A restart is counted;

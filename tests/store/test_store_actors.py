@@ -202,10 +202,12 @@ def test_readers_in_other_processes_read_right_bodies_while_the_gc_combines(node
 
 def test_a_malformed_batch_is_refused_and_the_store_keeps_serving(node):
     with pytest.raises(RemoteError, match="malformed WriteBatch"):
-        node.store().ask(WriteBatch(b"client", 0, b"\x00\x00\x00\x00\x00\x00\x00\x05abc"))
+        node.store().ask(WriteBatch(b"client", 0, b"\x00\x00\x00\x00\x00\x00\x00\x05abc", []))
+    with pytest.raises(RemoteError, match="removes out of place"):
+        node.store().ask(WriteBatch(b"client", 0, b"", [[1, [msg_id(1)]]]))
     with pytest.raises(RemoteError, match="does not handle"):
         node.store().ask("hello")
-    assert stats(node)["malformed_batches"] == 1
+    assert stats(node)["malformed_batches"] == 2
     client = StoreClient(node.store())
     client.write(msg_id(1), body(1))
     client.settle()
@@ -255,9 +257,9 @@ def test_a_request_meant_for_an_older_store_incarnation_is_dropped_and_counted(n
     current = node.store()
     before = current.stats()["dropped_stale"]
     # From a process that has not heard of the death, the old pinned ref still sends.
-    sender = (f"import json; from actors import ActorRef; from store.messages import Remove; "
+    sender = (f"import json; from actors import ActorRef; from store.messages import Register; "
               f"ref = ActorRef(**json.loads({json.dumps(json.dumps(dataclasses.asdict(old)))}));"
-              f"ref.tell(Remove(b'client', [bytes(16)]))")
+              f"ref.tell(Register(b'stale client'))")
     subprocess.run([sys.executable, "-c", sender], cwd=ROOT, check=True, timeout=60)
     wait_for(lambda: current.stats()["dropped_stale"] == before + 1)
-    assert stats(node)["removes_unknown"] == 0            # never applied
+    assert stats(node)["clients"] == 0                    # never applied
