@@ -113,6 +113,7 @@ from .records import (
     MAX_BODY_BYTES,
     MSG_ID_BYTES,
     OK_MARKER,
+    RECORD_OVERHEAD,
     TEMP_SUFFIX,
     check_body,
     check_msg_id,
@@ -298,6 +299,8 @@ class MessageStore:
         """Dirty recovery: scan every file; keep the last copy of each id."""
         index: dict[int, int] = {}
         sizes: dict[int, int] = {}
+        found_bytes = dict.fromkeys(files, 0)     # valid bytes, if every id is found once
+        records = 0
         for file in files:
             path = os.path.join(self.directory, data_file_name(file))
             found = scan_file(path)
@@ -314,11 +317,16 @@ class MessageStore:
             index.update(zip(map(_key, found.msg_ids), [
                 base | (offset << idx.OFFSET_SHIFT) | (size << idx.SIZE_SHIFT)
                 for offset, size in zip(found.offsets, found.total_sizes)]))
+            found_bytes[file] = sum(found.total_sizes)
+            records += len(found.msg_ids)
         if ref_counts is not None:
             index = self._apply_ref_counts(index, ref_counts)
-        valid = dict.fromkeys(files, 0)
-        for value in index.values():
-            valid[value >> idx.FILE_SHIFT] += (value >> idx.SIZE_SHIFT) & idx.SIZE_MASK
+        if ref_counts is None and len(index) == records:
+            valid = found_bytes                   # no id twice: every record found is live
+        else:
+            valid = dict.fromkeys(files, 0)
+            for value in index.values():
+                valid[value >> idx.FILE_SHIFT] += (value >> idx.SIZE_SHIFT) & idx.SIZE_MASK
         self._index = index
         self._link_summary((file, valid[file], sizes[file]) for file in files)
         for file in files[:-1]:
@@ -327,7 +335,7 @@ class MessageStore:
         log.info("%s: dirty recovery found %d messages in %d files", self.directory,
                  len(index), len(files))
 
-    def _apply_ref_counts(self, found: dict[bytes, int], ref_counts) -> dict[bytes, int]:
+    def _apply_ref_counts(self, found: dict[int, int], ref_counts) -> dict[int, int]:
         counts: dict[int, int] = {}
         for msg_id, count in ref_counts:
             key = _key(check_msg_id(msg_id))
@@ -378,15 +386,16 @@ class MessageStore:
             self._next_ticket += 1
         self._writes += 1
         key = _key(msg_id)
-        value = self._index.get(key)
+        index = self._index
+        value = index.get(key)
         if value is None:
             # The record's bytes do not depend on where it lands: encode it now, once.
-            record = _pack_header(len(body) + MSG_ID_BYTES, msg_id) + body + b"\xff"
-            self._index[key] = _PENDING_ONE_REF | (len(record) << _SIZE_SHIFT)
-            self._pending[key] = record
+            size = len(body) + RECORD_OVERHEAD
+            index[key] = _PENDING_ONE_REF | (size << _SIZE_SHIFT)
+            self._pending[key] = _pack_header(size - 9, msg_id) + body + b"\xff"
             self._pending_tickets[key] = ticket
-            self._pending_bytes += len(record)
-            if self._pending_bytes >= self._write_buffer_bytes:
+            pending = self._pending_bytes = self._pending_bytes + size
+            if pending >= self._write_buffer_bytes:
                 self._guarded(self._flush)
             return ticket
         if value & idx.REF_MASK == idx.MAX_REF_COUNT:
@@ -692,32 +701,40 @@ class MessageStore:
         """Hand every pending record to write(2), rolling over as files fill up."""
         if not self._pending:
             return
-        index = self._index
-        limit = self.file_size_limit
-        tickets = self._pending_tickets
+        index, pending, tickets = self._index, self._pending, self._pending_tickets
         unsynced = self._unsynced_tickets
-        records: list[bytes] = []
         offset = start = self._write_offset
-        for key, record in self._pending.items():
-            index[key] = ((index[key] & _LOCATION_CLEAR) | (offset << _OFFSET_SHIFT)
-                          | (self._current_file << _FILE_SHIFT))
-            records.append(record)
-            unsynced.append(tickets[key])
-            offset += len(record)
-            if offset >= limit:
+        file_bits = self._current_file << _FILE_SHIFT
+        if offset + self._pending_bytes < self.file_size_limit:
+            # No rollover (the common case): one pass places the records; records and
+            # tickets then go out whole, in arrival order, as the dicts keep it.
+            for key, record in pending.items():
+                index[key] = (index[key] & _LOCATION_CLEAR) | (offset << _OFFSET_SHIFT) | file_bits
+                offset += len(record)
+            unsynced += tickets.values()
+            self._append(pending.values(), offset - start)
+        else:
+            records: list[bytes] = []
+            for key, record in pending.items():
+                index[key] = (index[key] & _LOCATION_CLEAR) | (offset << _OFFSET_SHIFT) | file_bits
+                records.append(record)
+                unsynced.append(tickets[key])
+                offset += len(record)
+                if offset >= self.file_size_limit:
+                    self._append(records, offset - start)
+                    self._roll_over()
+                    records, offset, start = [], 0, 0
+                    file_bits = self._current_file << _FILE_SHIFT
+            if records:
                 self._append(records, offset - start)
-                self._roll_over()
-                records, offset, start = [], 0, 0
-        if records:
-            self._append(records, offset - start)
         for fan_out in self._pending_fan_out.values():
             unsynced += fan_out
-        self._pending.clear()
+        pending.clear()
         tickets.clear()
         self._pending_fan_out.clear()
         self._pending_bytes = 0
 
-    def _append(self, records: list[bytes], length: int) -> None:
+    def _append(self, records: Iterable[bytes], length: int) -> None:
         view = memoryview(b"".join(records))
         while view:
             view = view[os.write(self._current_fd, view):]
