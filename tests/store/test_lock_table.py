@@ -44,6 +44,19 @@ class Reader:
         self.kill()
 
 
+@pytest.fixture
+def one_message(store_dir):
+    """A store with shared readers holding message 1, its place, and a reader."""
+    with MessageStore(store_dir, shared_readers=True) as store:
+        store.write(msg_id(1), body(1))
+        store.sync()
+        reader = LockTableReader(store_dir)
+        try:
+            yield store, store.location(msg_id(1)), reader
+        finally:
+            reader.close()
+
+
 def fragmented_store(directory, count=400):
     store = MessageStore(directory, file_size_limit=8 * 1024, auto_gc=False,
                          shared_readers=True)
@@ -56,34 +69,20 @@ def fragmented_store(directory, count=400):
     return store
 
 
-def test_a_reader_reads_a_flushed_record_directly(store_dir):
-    with MessageStore(store_dir, shared_readers=True) as store:
-        store.write(msg_id(1), body(1))
-        store.sync()
-        place = store.location(msg_id(1))
-        reader = LockTableReader(store_dir)
-        try:
-            assert reader.read(place.file, place.offset, place.total_size, msg_id(1)) == body(1)
-            assert reader.read(place.file, place.offset, place.total_size, msg_id(2)) is None
-            assert reader.read(place.file, place.offset + 1000, place.total_size, msg_id(1)) is None
-            assert (reader.direct_reads, reader.fallbacks) == (1, 2)
-        finally:
-            reader.close()
+def test_a_reader_reads_a_flushed_record_directly(one_message):
+    store, place, reader = one_message
+    assert reader.read(place.file, place.offset, place.total_size, msg_id(1)) == body(1)
+    assert reader.read(place.file, place.offset, place.total_size, msg_id(2)) is None
+    assert reader.read(place.file, place.offset + 1000, place.total_size, msg_id(1)) is None
+    assert (reader.direct_reads, reader.fallbacks) == (1, 2)
 
 
-def test_a_reader_falls_back_while_the_store_holds_the_file(store_dir):
-    with MessageStore(store_dir, shared_readers=True) as store:
-        store.write(msg_id(1), body(1))
-        store.sync()
-        place = store.location(msg_id(1))
-        reader = LockTableReader(store_dir)
-        try:
-            with store._lock_table.exclusive([place.file]) as acquired:
-                assert acquired
-                assert reader.read(place.file, place.offset, place.total_size, msg_id(1)) is None
-            assert reader.read(place.file, place.offset, place.total_size, msg_id(1)) == body(1)
-        finally:
-            reader.close()
+def test_a_reader_falls_back_while_the_store_holds_the_file(one_message):
+    store, place, reader = one_message
+    with store._lock_table.exclusive([place.file]) as acquired:
+        assert acquired
+        assert reader.read(place.file, place.offset, place.total_size, msg_id(1)) is None
+    assert reader.read(place.file, place.offset, place.total_size, msg_id(1)) == body(1)
 
 
 def test_several_readers_racing_the_gc_never_read_a_wrong_body(store_dir, tmp_path):
@@ -226,39 +225,25 @@ def test_a_reader_moved_by_a_combine_reads_the_new_place_directly(store_dir):
 
 
 def test_a_reader_falls_back_when_the_store_flags_the_file_between_its_check_and_its_lock(
-        store_dir, monkeypatch):
-    with MessageStore(store_dir, shared_readers=True) as store:
-        store.write(msg_id(1), body(1))
-        store.sync()
-        p = store.location(msg_id(1))
-        reader = LockTableReader(store_dir)
-        real_acquire = reader._acquire
+        one_message, monkeypatch):
+    store, p, reader = one_message
+    real_acquire = reader._acquire
 
-        def acquire_then_store_flags(slot):
-            got = real_acquire(slot)
-            store._lock_table._set_flag(slot, 1)
-            return got
+    def acquire_then_store_flags(slot):
+        got = real_acquire(slot)
+        store._lock_table._set_flag(slot, 1)
+        return got
 
-        monkeypatch.setattr(reader, "_acquire", acquire_then_store_flags)
-        try:
-            assert reader.read(p.file, p.offset, p.total_size, msg_id(1)) is None
-        finally:
-            reader.close()
+    monkeypatch.setattr(reader, "_acquire", acquire_then_store_flags)
+    assert reader.read(p.file, p.offset, p.total_size, msg_id(1)) is None
 
 
-def test_a_reader_never_reads_past_the_published_flushed_offset(store_dir):
-    with MessageStore(store_dir, shared_readers=True) as store:
-        store.write(msg_id(1), body(1))
-        store.sync()
-        p = store.location(msg_id(1))
-        reader = LockTableReader(store_dir)
-        try:
-            store._lock_table.publish(p.file, p.offset + p.total_size - 1)
-            assert reader.read(p.file, p.offset, p.total_size, msg_id(1)) is None
-            store._lock_table.publish(p.file, p.offset + p.total_size)
-            assert reader.read(p.file, p.offset, p.total_size, msg_id(1)) == body(1)
-        finally:
-            reader.close()
+def test_a_reader_never_reads_past_the_published_flushed_offset(one_message):
+    store, p, reader = one_message
+    store._lock_table.publish(p.file, p.offset + p.total_size - 1)
+    assert reader.read(p.file, p.offset, p.total_size, msg_id(1)) is None
+    store._lock_table.publish(p.file, p.offset + p.total_size)
+    assert reader.read(p.file, p.offset, p.total_size, msg_id(1)) == body(1)
 
 
 def test_a_reader_follows_the_store_across_a_restart_even_one_that_died_mid_update(store_dir):

@@ -1,6 +1,7 @@
 """The Warren node: one per data directory, its tree and status, the command line, and
 nothing left behind when its process is killed."""
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -10,7 +11,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from supervisor import ChildSpec, Node, NodeLocked, query_status
+from supervisor import AlarmLimits, ChildSpec, Node, NodeLocked, query_status
 
 from ..waiting import wait_for
 from .sample_actors import Worker
@@ -48,11 +49,24 @@ def test_status_shows_the_tree_with_pids_restarts_memory_and_alarms(tmp_path):
             c["id"] for c in tree["children"]]
 
 
-def test_warren_node_and_warren_status_on_the_command_line(tmp_path):
-    data = str(tmp_path / "data")
+@contextlib.contextmanager
+def warren_node(data: str):
+    """``warren node --data-dir DATA`` as a process, killed at the end if still running."""
     node = subprocess.Popen([*WARREN, "node", "--data-dir", data], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
+        yield node
+    finally:
+        if node.poll() is None:
+            node.kill()
+            node.wait()
+        node.stdout.close()
+        node.stderr.close()
+
+
+def test_warren_node_and_warren_status_on_the_command_line(tmp_path):
+    data = str(tmp_path / "data")
+    with warren_node(data) as node:
         assert node.stdout.readline().startswith("node warren")
         wait_for(lambda: os.path.exists(os.path.join(data, "node.json")))
         shown = subprocess.run([*WARREN, "status", "--data-dir", data], cwd=ROOT,
@@ -65,12 +79,6 @@ def test_warren_node_and_warren_status_on_the_command_line(tmp_path):
         assert second.returncode == 2 and "already runs" in second.stderr
         node.send_signal(signal.SIGTERM)
         assert node.wait(timeout=60) == 0
-    finally:
-        if node.poll() is None:
-            node.kill()
-            node.wait()
-        node.stdout.close()
-        node.stderr.close()
     gone = subprocess.run([*WARREN, "status", "--data-dir", data], cwd=ROOT,
                           capture_output=True, text=True, timeout=30)
     assert gone.returncode == 1 and "no node is running" in gone.stderr
@@ -94,25 +102,28 @@ def test_a_node_process_killed_with_sigkill_leaves_no_actor_behind(tmp_path):
         node.stdout.close()
 
 
-def test_every_actor_is_told_when_an_alarm_is_raised_and_when_it_clears(tmp_path):
-    from supervisor import AlarmLimits
-
+@pytest.fixture
+def alarmed(tmp_path):
+    """A node whose memory alarm is raised (a 1-byte limit), and its one worker, told."""
     tight = AlarmLimits(memory_limit_bytes=1, check_interval_s=0.1)
     with Node(tmp_path / "data", children=(ChildSpec("worker", Worker),),
               alarm_limits=tight) as node:
         worker = node.actors.whereis("worker")
         wait_for(lambda: worker.ask("alarms") == [["memory", True]])
-        assert node.status()["alarms"] == ["memory"]
-        node.alarms.limits = AlarmLimits(memory_limit_bytes=2**62, check_interval_s=0.1)
-        wait_for(lambda: worker.ask("alarms") == [["memory", True], ["memory", False]])
-        assert node.status()["alarms"] == []
+        yield node, worker
+
+
+def test_every_actor_is_told_when_an_alarm_is_raised_and_when_it_clears(alarmed):
+    node, worker = alarmed
+    assert node.status()["alarms"] == ["memory"]
+    node.alarms.limits = AlarmLimits(memory_limit_bytes=2**62, check_interval_s=0.1)
+    wait_for(lambda: worker.ask("alarms") == [["memory", True], ["memory", False]])
+    assert node.status()["alarms"] == []
 
 
 def test_a_node_whose_root_gives_up_stops_and_warren_node_exits_3(tmp_path):
     data = str(tmp_path / "data")
-    node = subprocess.Popen([*WARREN, "node", "--data-dir", data], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
+    with warren_node(data) as node:
         assert node.stdout.readline().startswith("node warren")
 
         def transient_pid():
@@ -133,24 +144,12 @@ def test_a_node_whose_root_gives_up_stops_and_warren_node_exits_3(tmp_path):
         assert len(killed) == 4
         assert node.wait(timeout=120) == 3
         assert "gave up" in node.stderr.read()
-    finally:
-        if node.poll() is None:
-            node.kill()
-            node.wait()
-        node.stdout.close()
-        node.stderr.close()
 
 
-def test_an_actor_restarted_while_an_alarm_is_raised_is_told_of_it(tmp_path):
-    from supervisor import AlarmLimits
-
-    tight = AlarmLimits(memory_limit_bytes=1, check_interval_s=0.1)
-    with Node(tmp_path / "data", children=(ChildSpec("worker", Worker),),
-              alarm_limits=tight) as node:
-        worker = node.actors.whereis("worker")
-        wait_for(lambda: worker.ask("alarms") == [["memory", True]])
-        old = worker.ask("pid")
-        os.kill(old, signal.SIGKILL)
-        wait_for(lambda: node.app.which_children()[0]["pid"] not in (old, None)
-                 and node.app.which_children()[0]["state"] == "running")
-        wait_for(lambda: worker.ask("alarms") == [["memory", True]])
+def test_an_actor_restarted_while_an_alarm_is_raised_is_told_of_it(alarmed):
+    node, worker = alarmed
+    old = worker.ask("pid")
+    os.kill(old, signal.SIGKILL)
+    wait_for(lambda: node.app.which_children()[0]["pid"] not in (old, None)
+             and node.app.which_children()[0]["state"] == "running")
+    wait_for(lambda: worker.ask("alarms") == [["memory", True]])
