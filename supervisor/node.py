@@ -29,6 +29,9 @@ and releases the lock. If the root supervisor gives up (its restart intensity ex
 the node stops everything and ``failed`` is set; ``warren node`` then exits with
 ``EXIT_NODE_FAILED``.
 
+A node killed with SIGKILL cannot clean up: the next node on the same data directory,
+holding the lock and so sure the other is dead, removes the ipc directory it left.
+
 Races: the lock is taken before anything else is created, so a second node never binds
 over the first one's ipc paths; ``node.json`` is written after the status socket is
 bound and removed before it closes, so a ``warren status`` that finds the file but no
@@ -41,6 +44,7 @@ import fcntl
 import json
 import logging
 import os
+import shutil
 import threading
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -98,6 +102,7 @@ class Node:
         except BlockingIOError:
             os.close(self._lock_fd)
             raise NodeLocked(f"a node already runs on {self.data_dir}") from None
+        self._remove_leftovers()
         self.failed = threading.Event()
         self._closing = threading.Event()
         self.actors: ActorNode | None = None
@@ -267,6 +272,22 @@ class Node:
                 reply = json.dumps({"error": str(exc)}).encode()
             self._status_socket.send(reply)
         self._status_socket.close()
+
+    def _remove_leftovers(self) -> None:
+        """A node that was killed (SIGKILL) left its node file and its ipc directory; we hold
+        the lock now, so it is dead: remove both."""
+        path = os.path.join(self.data_dir, NODE_FILE)
+        try:
+            with open(path) as f:
+                endpoint = json.load(f).get("status_endpoint", "")
+        except (OSError, ValueError, AttributeError):
+            return
+        runtime_dir = os.path.dirname(endpoint.removeprefix("ipc://"))
+        if endpoint.startswith("ipc://") and os.path.basename(runtime_dir).startswith("warren-"):
+            log.info("node %s: removing %s, left by a node that did not stop", self.name,
+                     runtime_dir)
+            shutil.rmtree(runtime_dir, ignore_errors=True)
+        os.unlink(path)
 
     def _write_node_file(self) -> None:
         path = os.path.join(self.data_dir, NODE_FILE)

@@ -2,6 +2,7 @@
 nothing left behind when its process is killed."""
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -95,6 +96,11 @@ def test_a_node_process_killed_with_sigkill_leaves_no_actor_behind(tmp_path):
         node.wait(timeout=30)
         wait_for(lambda: not any(psutil.pid_exists(pid) and psutil.Process(pid).status()
                                  != psutil.STATUS_ZOMBIE for pid in descendants))
+        with open(tmp_path / "data" / "node.json") as f:
+            left_behind = os.path.dirname(json.load(f)["status_endpoint"][len("ipc://"):])
+        assert os.path.isdir(left_behind)
+        with Node(tmp_path / "data"):                   # the next node cleans up after it
+            assert not os.path.exists(left_behind)
     finally:
         if node.poll() is None:
             node.kill()
