@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -163,12 +164,14 @@ def test_a_sigkilled_node_process_leaves_no_actor_behind(tmp_path: Path) -> None
         if __name__ == "__main__":
             node = Node("doomed")
             refs = [node.spawn(Recorder) for _ in range(2)]
-            print(" ".join(str(r.pid) for r in refs), flush=True)
+            print(node.runtime_dir, " ".join(str(r.pid) for r in refs), flush=True)
             time.sleep(600)
     """))
     app = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    runtime_dir = None
     try:
-        pids = [int(p) for p in app.stdout.readline().split()]
+        runtime_dir, *pid_text = app.stdout.readline().split()
+        pids = [int(p) for p in pid_text]
         descendants = psutil.Process(app.pid).children(recursive=True)
         assert len(pids) == 2
         app.kill()
@@ -179,6 +182,8 @@ def test_a_sigkilled_node_process_leaves_no_actor_behind(tmp_path: Path) -> None
         app.kill()
         app.wait(10)
         app.stdout.close()
+        if runtime_dir is not None:              # a SIGKILLed node cannot remove its own
+            shutil.rmtree(runtime_dir, ignore_errors=True)
 
 
 def test_a_script_that_starts_a_node_without_a_main_guard_fails_instead_of_recursing(
