@@ -117,6 +117,7 @@ def serve(fd: int) -> None:
     request = _read_request(sock)
     if request is None or request[0] != BOOT:
         os._exit(2)
+    # Trusted bytes: fd is one end of a socketpair the node made and handed only to us.
     sys_path, preload, main_path, title, parent_pid = pickle.loads(request[1])
     sys.path[:] = sys_path
     set_title(title)
@@ -239,6 +240,7 @@ def _child(payload: bytes, forkserver_pid: int) -> int:
     token, size = SPAWN_HEAD.unpack_from(payload)
     node_endpoint = payload[SPAWN_HEAD.size:SPAWN_HEAD.size + size].decode()
     try:
+        # Trusted bytes: the node's own spawn order, read from our private socketpair.
         order = pickle.loads(payload[SPAWN_HEAD.size + size:])
     except Exception as exc:
         from actors._node_client import NodeClient
