@@ -1,6 +1,7 @@
 """Readers in other processes read store files directly through the shared lock table,
 and neither they nor the store ever get wrong bytes or stall, whatever a reader does."""
 
+import contextlib
 import hashlib
 import os
 import signal
@@ -138,22 +139,30 @@ def test_a_reader_holding_its_lock_delays_the_switch_but_never_stalls_the_store(
         store.close()
 
 
-def test_an_empty_file_a_reader_holds_is_deleted_at_the_next_sync_after_it_lets_go(store_dir):
+@contextlib.contextmanager
+def file_zero_emptied_under_a_reader(store_dir, how: str):
+    """A store whose 0.rdq a reader process holds (then "wait"s or "stop"s) while all its
+    messages are removed; yields (store, reader). Both are stopped at the end."""
     store = MessageStore(store_dir, file_size_limit=1000, shared_readers=True, auto_gc=False)
     try:
         fill(store, range(20))
-        with Reader("hold", str(store_dir), "0", "wait") as reader:
+        with Reader("hold", str(store_dir), "0", how) as reader:
             assert reader.line() == "held"
             for n in range(8):
-                store.remove(msg_id(n))
-            assert "0.rdq" in os.listdir(store_dir)
-            assert store.stats()["deferred_deletes"] == 1
-            reader.kill()
+                store.remove(msg_id(n))                  # 0.rdq empties: deleting it waits
+            yield store, reader
+    finally:
+        store.close()
+
+
+def test_an_empty_file_a_reader_holds_is_deleted_at_the_next_sync_after_it_lets_go(store_dir):
+    with file_zero_emptied_under_a_reader(store_dir, "wait") as (store, reader):
+        assert "0.rdq" in os.listdir(store_dir)
+        assert store.stats()["deferred_deletes"] == 1
+        reader.kill()
         store.sync()
         assert "0.rdq" not in os.listdir(store_dir)
         assert store.stats()["deferred_deletes"] == 0
-    finally:
-        store.close()
 
 
 def test_a_reader_that_forks_does_not_keep_its_locks_alive_in_the_child(store_dir):
@@ -272,21 +281,13 @@ def test_a_reader_follows_the_store_across_a_restart_even_one_that_died_mid_upda
 
 
 def test_a_stopped_reader_costs_later_syncs_no_wait(store_dir):
-    store = MessageStore(store_dir, file_size_limit=1000, shared_readers=True, auto_gc=False)
-    try:
-        fill(store, range(20))
-        with Reader("hold", str(store_dir), "0", "stop") as reader:
-            assert reader.line() == "held"
-            for n in range(8):
-                store.remove(msg_id(n))                  # 0.rdq empties: deferred
-            durations = []
-            for n in range(5):
-                store.write(msg_id(100 + n), body(n))
-                started = time.monotonic()
-                store.sync()
-                durations.append(time.monotonic() - started)
-            assert max(durations) < 0.05, durations
-            assert store.stats()["deferred_deletes"] == 1
-            assert store.stats()["files"][0]["readers"] == 1
-    finally:
-        store.close()
+    with file_zero_emptied_under_a_reader(store_dir, "stop") as (store, _reader):
+        durations = []
+        for n in range(5):
+            store.write(msg_id(100 + n), body(n))
+            started = time.monotonic()
+            store.sync()
+            durations.append(time.monotonic() - started)
+        assert max(durations) < 0.05, durations
+        assert store.stats()["deferred_deletes"] == 1
+        assert store.stats()["files"][0]["readers"] == 1
