@@ -1,6 +1,30 @@
-"""Packaging for Warren: one distribution, four packages, one command."""
+"""Packaging for Warren: one distribution, one top-level import name (``warren``), one command.
+
+The repository keeps a folder per part (``actors/``, ``store/``, ``supervisor/``,
+``queues/``); they install beneath ``warren`` (``warren.store`` ...) so that Warren never
+claims a name another package owns (``supervisor`` is supervisord's). The ``warren``
+package itself is ``supervisor/facade/``.
+"""
 
 from setuptools import find_packages, setup
+
+PARTS = ("actors", "store", "supervisor", "queues")
+
+
+def warren_packages() -> tuple[list[str], dict[str, str]]:
+    """Every package of every part, named beneath ``warren``, and where each one lives."""
+    packages = ["warren"]
+    package_dir = {"warren": "supervisor/facade"}
+    for part in PARTS:
+        for found in find_packages(where=part, exclude=["facade"]):
+            packages.append(f"warren.{part}.{found}")
+            package_dir[f"warren.{part}.{found}"] = f"{part}/{found.replace('.', '/')}"
+        packages.append(f"warren.{part}")
+        package_dir[f"warren.{part}"] = part
+    return packages, package_dir
+
+
+PACKAGES, PACKAGE_DIR = warren_packages()
 
 setup(
     name="warren-mq",
@@ -8,8 +32,8 @@ setup(
     description="RabbitMQ's message persistence layer as Erlang-style actors in Python",
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
-    packages=find_packages(include=["actors", "actors.*", "store", "store.*",
-                                    "queues", "queues.*", "supervisor", "supervisor.*"]),
+    packages=PACKAGES,
+    package_dir=PACKAGE_DIR,
     python_requires=">=3.11",
     install_requires=[
         "msgpack>=1.0,<2",
@@ -21,5 +45,5 @@ setup(
     extras_require={
         "test": ["pytest>=7.4,<10", "pytest-timeout>=2.2,<3"],
     },
-    entry_points={"console_scripts": ["warren=supervisor.cli:main"]},
+    entry_points={"console_scripts": ["warren=warren.supervisor.cli:main"]},
 )

@@ -3,7 +3,7 @@
 Define a ``ProcessActor`` subclass, create a ``Node``, ``spawn`` the actor into a process
 of its own and talk to it through the ``ActorRef`` you get back::
 
-    from actors import Node, ProcessActor
+    from warren.actors import Node, ProcessActor
 
     class Counter(ProcessActor):
         def __init__(self, start: int) -> None:
@@ -25,17 +25,17 @@ links), ``registry``, ``monitor``, ``messages`` (Down, Exit, Pong), ``codec`` (w
 travel), ``runtime_dir``, ``exitcodes``, ``errors``.
 """
 
-from actors.actor import DeferredReply, ProcessActor
-from actors.codec import LARGE_BODY_BYTES, message, register_message
-from actors.errors import (ActorDeadError, ActorError, AskTimeout, CodecError, InvalidSpec,
+from warren.actors.actor import DeferredReply, ProcessActor
+from warren.actors.codec import LARGE_BODY_BYTES, message, register_message
+from warren.actors.errors import (ActorDeadError, ActorError, AskTimeout, CodecError, InvalidSpec,
                            MailboxFull, MessageTooLarge, RemoteError, SpawnError)
-from actors.exitcodes import (EXIT_CRASHED, EXIT_LINKED, EXIT_NORMAL, EXIT_PARENT_GONE,
+from warren.actors.exitcodes import (EXIT_CRASHED, EXIT_LINKED, EXIT_NORMAL, EXIT_PARENT_GONE,
                               EXIT_START_FAILED, EXIT_TERMINATED)
-from actors.messages import Down, Exit, Pong
-from actors.monitor import Monitor
-from actors.node import Node
-from actors.ref import ActorRef, Future
-from actors.registry import Registry
+from warren.actors.messages import Down, Exit, Pong
+from warren.actors.monitor import Monitor
+from warren.actors.node import Node
+from warren.actors.ref import ActorRef, Future
+from warren.actors.registry import Registry
 
 __all__ = [
     "ActorDeadError",

@@ -219,7 +219,7 @@ def _reap(sock: socket.socket, children: set[int]) -> None:
 
 def _run_child(payload: bytes) -> int:
     """Run the forked child to its end: it must never return into the server's loop."""
-    from actors.exitcodes import EXIT_CRASHED
+    from warren.actors.exitcodes import EXIT_CRASHED
 
     try:
         code = _child(payload, os.getppid())
@@ -233,7 +233,7 @@ def _run_child(payload: bytes) -> int:
 
 def _child(payload: bytes, forkserver_pid: int) -> int:
     """Become the actor described by ``payload``; return the exit code."""
-    from actors.exitcodes import EXIT_PARENT_GONE, EXIT_START_FAILED
+    from warren.actors.exitcodes import EXIT_PARENT_GONE, EXIT_START_FAILED
 
     if not die_with_parent(forkserver_pid):
         return EXIT_PARENT_GONE
@@ -243,13 +243,13 @@ def _child(payload: bytes, forkserver_pid: int) -> int:
         # Trusted bytes: the node's own spawn order, read from our private socketpair.
         order = pickle.loads(payload[SPAWN_HEAD.size + size:])
     except Exception as exc:
-        from actors._node_client import NodeClient
-        from actors._runtime import runtime
+        from warren.actors._node_client import NodeClient
+        from warren.actors._runtime import runtime
 
         NodeClient(node_endpoint).failed(token, type(exc).__name__, str(exc), "")
         runtime().context.destroy(linger=1000)
         return EXIT_START_FAILED
     set_title(f"warren: {order.options.get('title') or order.name}")
-    from actors._loop import ActorLoop
+    from warren.actors._loop import ActorLoop
 
     return ActorLoop(order).run()

@@ -61,18 +61,18 @@ from typing import Any
 
 import zmq
 
-from actors import _wire
-from actors._node_client import NodeClient
-from actors._runtime import drain_wake_pipe, runtime
-from actors.actor import ProcessActor
-from actors.codec import Decoder, Encoder, contains_unknown
-from actors.errors import ActorDeadError, ActorError, CodecError, MessageTooLarge
-from actors.exitcodes import (EXIT_CRASHED, EXIT_LINKED, EXIT_NORMAL, EXIT_PARENT_GONE,
+from warren.actors import _wire
+from warren.actors._node_client import NodeClient
+from warren.actors._runtime import drain_wake_pipe, runtime
+from warren.actors.actor import ProcessActor
+from warren.actors.codec import Decoder, Encoder, contains_unknown
+from warren.actors.errors import ActorDeadError, ActorError, CodecError, MessageTooLarge
+from warren.actors.exitcodes import (EXIT_CRASHED, EXIT_LINKED, EXIT_NORMAL, EXIT_PARENT_GONE,
                               EXIT_START_FAILED, EXIT_TERMINATED)
-from actors.messages import Down, Exit, Pong
-from actors.ref import ActorRef
+from warren.actors.messages import Down, Exit, Pong
+from warren.actors.ref import ActorRef
 
-logger = logging.getLogger("actors")
+logger = logging.getLogger("warren.actors")
 
 # Longest poll when nothing is due (milliseconds): how often an idle actor checks its parent.
 _IDLE_POLL_MS = 1000

@@ -1,7 +1,7 @@
 """How an actor process (or any process) reaches the node service that spawned an actor.
 
 The node service is a ROUTER at ``ipc://<runtime dir>/node`` served by the node's own
-thread. Requests are ``[kind, request_id, body]`` (see ``actors._wire``); answers use the
+thread. Requests are ``[kind, request_id, body]`` (see ``warren.actors._wire``); answers use the
 ordinary reply frames, so ``Channel.request`` serves both. READY and FAILED are one-way:
 an actor process sends one of them once, when it has started (or failed to).
 
@@ -13,12 +13,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from actors import _wire
-from actors._runtime import NodeOps, runtime
+from warren.actors import _wire
+from warren.actors._runtime import NodeOps, runtime
 
 if TYPE_CHECKING:
-    from actors.messages import Down
-    from actors.ref import ActorRef
+    from warren.actors.messages import Down
+    from warren.actors.ref import ActorRef
 
 # Extra time a remote stop request waits beyond the stop's own timeouts (seconds): the
 # node escalates to SIGTERM after ``timeout``, then SIGKILL after as long again at most.

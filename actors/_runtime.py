@@ -35,13 +35,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 import zmq
 import zmq.backend
 
-from actors import _wire
-from actors.codec import Decoder, Encoder
-from actors.errors import (ActorDeadError, AskTimeout, MailboxFull, MessageTooLarge,
+from warren.actors import _wire
+from warren.actors.codec import Decoder, Encoder
+from warren.actors.errors import (ActorDeadError, AskTimeout, MailboxFull, MessageTooLarge,
                            remote_error)
 
 if TYPE_CHECKING:
-    from actors.ref import ActorRef
+    from warren.actors.ref import ActorRef
 
 
 # The backend's send, without pyzmq's Python wrapper around it (which only adds the

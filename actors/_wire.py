@@ -1,6 +1,6 @@
 """Frame kinds and limits shared by senders, actor loops and the node service.
 
-Every header is one msgpack array encoded by ``actors.codec``; large bodies follow it as
+Every header is one msgpack array encoded by ``warren.actors.codec``; large bodies follow it as
 frames of their own. The ROUTER side sees the DEALER's routing id as an extra first frame.
 
     data mailbox    [TELL | ASK | BATCH, incarnation, request_id, body]

@@ -37,13 +37,13 @@ from __future__ import annotations
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
-from actors import _wire
-from actors.errors import ActorError
+from warren.actors import _wire
+from warren.actors.errors import ActorError
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from actors.ref import ActorRef
+    from warren.actors.ref import ActorRef
 
 
 class DeferredReply(Protocol):
@@ -55,7 +55,7 @@ class DeferredReply(Protocol):
 
 
 class ActorServices(Protocol):
-    """What the actor loop provides to the actor (implemented by ``actors._loop``)."""
+    """What the actor loop provides to the actor (implemented by ``warren.actors._loop``)."""
 
     def defer_reply(self) -> DeferredReply: ...
 

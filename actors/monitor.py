@@ -21,12 +21,12 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from actors.messages import Down
+from warren.actors.messages import Down
 
 if TYPE_CHECKING:
-    from actors.ref import ActorRef
+    from warren.actors.ref import ActorRef
 
-logger = logging.getLogger("actors")
+logger = logging.getLogger("warren.actors")
 
 Notify = Callable[[Down], None]
 

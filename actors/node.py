@@ -2,9 +2,9 @@
 
 A node is an object in the application's process (the "node process"). It owns:
 
-- a private runtime directory for ipc mailboxes (``actors.runtime_dir``), removed at close
+- a private runtime directory for ipc mailboxes (``warren.actors.runtime_dir``), removed at close
   when the node created it;
-- one forkserver process (``actors._forkserver``) that forks every actor process;
+- one forkserver process (``warren.actors._forkserver``) that forks every actor process;
 - the node service: a ROUTER at ``ipc://<runtime dir>/node`` and one thread that reads it,
   together with the forkserver's reports. Actor processes report READY/FAILED there and
   ask for monitors, links, registry look-ups and stops;
@@ -62,24 +62,23 @@ from typing import Any
 
 import zmq
 
-import actors
-from actors import _forkserver, _wire
-from actors._loop import SpawnOrder
-from actors._runtime import drain_wake_pipe, runtime
-from actors.actor import ProcessActor
-from actors.codec import Decoder, Encoder
-from actors.errors import ActorError, CodecError, InvalidSpec, SpawnError
-from actors.exitcodes import describe
-from actors.messages import Down, Exit
-from actors.monitor import Monitor, Notify
-from actors.ref import ActorRef
-from actors.registry import Registry
-from actors.runtime_dir import check_private, create_runtime_dir, ipc_endpoint
+from warren.actors import _forkserver, _wire
+from warren.actors._loop import SpawnOrder
+from warren.actors._runtime import drain_wake_pipe, runtime
+from warren.actors.actor import ProcessActor
+from warren.actors.codec import Decoder, Encoder
+from warren.actors.errors import ActorError, CodecError, InvalidSpec, SpawnError
+from warren.actors.exitcodes import describe
+from warren.actors.messages import Down, Exit
+from warren.actors.monitor import Monitor, Notify
+from warren.actors.ref import ActorRef
+from warren.actors.registry import Registry
+from warren.actors.runtime_dir import check_private, create_runtime_dir, ipc_endpoint
 
-logger = logging.getLogger("actors")
+logger = logging.getLogger("warren.actors")
 
 # Modules every forkserver imports before its first fork, so children start warm.
-DEFAULT_PRELOAD = ("actors", "actors._loop", "zmq", "msgpack", "pykka", "psutil",
+DEFAULT_PRELOAD = ("warren.actors", "warren.actors._loop", "zmq", "msgpack", "pykka", "psutil",
                    "setproctitle")
 # How long spawn waits for READY (seconds).
 DEFAULT_START_TIMEOUT_S = 30.0
@@ -182,9 +181,7 @@ class Node:
 
     def _start_forkserver(self, preload: tuple[str, ...]) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        package_root = os.path.dirname(os.path.dirname(os.path.abspath(actors.__file__)))
-        bootstrap = (f"import sys; sys.path.insert(0, {package_root!r}); "
-                     f"from actors._forkserver import serve; serve({theirs.fileno()})")
+        bootstrap = f"from warren.actors._forkserver import serve; serve({theirs.fileno()})"
         self._forkserver = subprocess.Popen([sys.executable, "-c", bootstrap],
                                             pass_fds=[theirs.fileno()], close_fds=True,
                                             stdin=subprocess.DEVNULL)
@@ -322,7 +319,7 @@ class Node:
     # -- watching ------------------------------------------------------------------------
 
     def monitor(self, target: ActorRef, notify: Notify | ActorRef | None = None) -> Monitor:
-        """Watch ``target``'s incarnation; see ``actors.monitor`` for ``notify``."""
+        """Watch ``target``'s incarnation; see ``warren.actors.monitor`` for ``notify``."""
         if isinstance(notify, ActorRef):
             watcher = notify
             monitor = Monitor(target, lambda down: self._notify_actor(watcher, _wire.DOWN, down),

@@ -30,13 +30,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from actors import _wire
-from actors._runtime import Channel, channel_to, runtime
-from actors.codec import _install_ref_type
-from actors.errors import ActorDeadError
+from warren.actors import _wire
+from warren.actors._runtime import Channel, channel_to, runtime
+from warren.actors.codec import _install_ref_type
+from warren.actors.errors import ActorDeadError
 
 if TYPE_CHECKING:
-    from actors.messages import Down, Pong
+    from warren.actors.messages import Down, Pong
 
 
 @dataclass(frozen=True)
@@ -161,7 +161,7 @@ class ActorRef:
         Returns the ``Down`` of the incarnation that stopped. Works from any process: the
         actor's node does the escalation.
         """
-        from actors._node_client import node_for
+        from warren.actors._node_client import node_for
 
         return node_for(self.node).stop(self, timeout)
 

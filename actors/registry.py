@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import threading
 
-from actors.errors import InvalidSpec
-from actors.ref import ActorRef
+from warren.actors.errors import InvalidSpec
+from warren.actors.ref import ActorRef
 
 
 class Registry:

@@ -19,7 +19,7 @@ import os
 import stat
 import tempfile
 
-from actors.errors import InvalidSpec
+from warren.actors.errors import InvalidSpec
 
 # Longest usable unix socket path, bytes (sun_path is 108 bytes with its NUL).
 MAX_IPC_PATH_BYTES = 107

@@ -27,7 +27,7 @@ from typing import Any
 import msgpack
 import zmq
 
-from actors import ActorRef, Node, ProcessActor
+from warren.actors import ActorRef, Node, ProcessActor
 from bench.table import Row, median, percentile, render
 
 ROUNDS = 3

@@ -25,8 +25,8 @@ import sys
 import tempfile
 import time
 
-from store import MessageStore
-from store.records import encode_record
+from warren.store import MessageStore
+from warren.store.records import encode_record
 
 from .table import Row, Stopwatch, best_of_alternating, render
 
@@ -137,7 +137,7 @@ def bench_random_reads(root: str, scale: int) -> list[Row]:
 RECOVER_IN_A_FRESH_PROCESS = """
 import gc, json, sys, time
 import psutil
-from store import MessageStore
+from warren.store import MessageStore
 process = psutil.Process()
 gc.collect()
 before = process.memory_info().rss

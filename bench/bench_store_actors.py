@@ -21,10 +21,10 @@ import sys
 import tempfile
 import time
 
-from store import MessageStore
-from store.client import StoreClient
-from store.messages import Read, ReadMany
-from supervisor import Node
+from warren.store import MessageStore
+from warren.store.client import StoreClient
+from warren.store.messages import Read, ReadMany
+from warren.supervisor import Node
 
 from .table import Row, Stopwatch, median, percentile, render
 

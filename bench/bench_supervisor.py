@@ -13,9 +13,9 @@ import os
 import signal
 import time
 
-from actors import Node as ActorNode
-from actors import ProcessActor
-from supervisor import ChildSpec, Supervisor, SupervisorFlags, SupervisorSpec
+from warren.actors import Node as ActorNode
+from warren.actors import ProcessActor
+from warren.supervisor import ChildSpec, Supervisor, SupervisorFlags, SupervisorSpec
 
 from .table import Row, median, percentile, render
 

@@ -12,8 +12,8 @@ import os
 import sys
 import time
 
-from actors import ActorRef
-from store.client import StoreClient
+from warren.actors import ActorRef
+from warren.store.client import StoreClient
 
 
 def main() -> None:

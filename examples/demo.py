@@ -22,10 +22,10 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from store.client import StoreClient, StoreRestarted  # noqa: E402  (source checkout)
-from store.messages import StoreStats  # noqa: E402
-from supervisor import Node  # noqa: E402
-from supervisor.cli import format_status  # noqa: E402
+from warren.store.client import StoreClient, StoreRestarted  # noqa: E402  (source checkout)
+from warren.store.messages import StoreStats  # noqa: E402
+from warren.supervisor import Node  # noqa: E402
+from warren.supervisor.cli import format_status  # noqa: E402
 
 FILE_SIZE_LIMIT = 256 * 1024      # small files, so rollover and GC show up quickly
 

@@ -21,7 +21,7 @@ import signal
 from dataclasses import dataclass
 from typing import Any
 
-from actors import ActorRef, Down, Node, ProcessActor, message
+from warren.actors import ActorRef, Down, Node, ProcessActor, message
 
 
 @message

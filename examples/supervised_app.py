@@ -18,8 +18,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from actors import ProcessActor  # noqa: E402  (the path above makes a source checkout work)
-from supervisor import ChildSpec, Node  # noqa: E402
+from warren.actors import ProcessActor  # noqa: E402  (the path above makes a source checkout work)
+from warren.supervisor import ChildSpec, Node  # noqa: E402
 
 
 class TicketCounter(ProcessActor):

@@ -1,6 +1,6 @@
 """The shared message store: ``.rdq`` files, index, file summary, scanner, GC, recovery.
 
-``MessageStore`` is the in-process engine (see ``store.message_store`` for the design);
+``MessageStore`` is the in-process engine (see ``warren.store.message_store`` for the design);
 the store actors of a node wrap it. ``rewrite_combine`` is the GC's copy step, which runs
 in whatever process the caller chooses.
 """

@@ -22,7 +22,7 @@ the disk: no I/O at all). ``settle()`` sends the current batch and waits for eve
 exactly once.
 
 Reads. A settled write's location is cached (memory only). ``read`` reads the record
-straight from the file through the shared lock table (``store.lock_table``), and asks the
+straight from the file through the shared lock table (``warren.store.lock_table``), and asks the
 store when the location is unknown, the file is locked or gone, the data is not yet
 flushed, or the record fails validation; the store's answer carries the fresh location.
 
@@ -54,7 +54,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from actors import ActorDeadError, ActorError, ActorRef, AskTimeout
+from warren.actors import ActorDeadError, ActorError, ActorRef, AskTimeout
 
 from .errors import StoreError
 from .lock_table import TABLE_FILE, LockTableReader

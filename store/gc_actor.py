@@ -1,7 +1,7 @@
 """``GCActor`` (``msg_store_gc``): the copy step of both stores' combines, in its own process.
 
 Accepts ``RewriteJob(job_id, directory, dst, src, dst_records, src_records, reply_to)``
-(tell) from a store actor, writes and fdatasyncs ``Dst.rdt`` (``store.combine``), and
+(tell) from a store actor, writes and fdatasyncs ``Dst.rdt`` (``warren.store.combine``), and
 tells ``reply_to`` ``Rewritten(job_id, dst, src, dst_offsets, src_offsets, file_size)``, or
 ``RewriteFailed(job_id, reason)`` when a record does not validate or the disk fails. It
 touches no byte the store's index can point at, so it holds no lock and needs none; one
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 
-from actors import ProcessActor
+from warren.actors import ProcessActor
 
 from .combine import CombinePlan, rewrite_combine
 from .messages import Rewritten, RewriteFailed, RewriteJob

@@ -5,13 +5,13 @@ Design
 
 Components. Messages live in append-only data files ``0.rdq``, ``1.rdq`` ... in the store
 directory (lower numbers are older). The *index* maps each msg_id with references to
-(ref_count, file, offset, total_size), packed in one int (``store.index``). The *file
+(ref_count, file, offset, total_size), packed in one int (``warren.store.index``). The *file
 summary* holds, per file, its valid bytes, its size, its left and right neighbours and
-whether a GC job has it locked (``store.summary``). The *pending map* holds records not yet
+whether a GC job has it locked (``warren.store.summary``). The *pending map* holds records not yet
 handed to write(2), in arrival order. One object owns all of it and is not thread-safe:
 the store actor of a node wraps it and is its only caller.
 
-Record format (``store.records``)::
+Record format (``warren.store.records``)::
 
     size:u64 BE (= 16 + len(body)) | msg_id:16 | body | 0xFF      total = len(body) + 25
 
@@ -42,7 +42,7 @@ clean-shutdown files, so the next open recovers dirty. A failed fsync is never r
 Deletion and GC. A non-current file whose valid bytes reach 0 is deleted at once. When
 garbage exceeds ``garbage_fraction`` of all bytes on disk and there are at least 3 files,
 two logically adjacent non-current files whose valid data fits in one file are combined
-into the older one, as copy then switch (``store.combine``)::
+into the older one, as copy then switch (``warren.store.combine``)::
 
     files:  [ 3: valid 40% ] [ 5: valid 30% ] [ 8: valid 90% ] [ 9: current ]
                   Dst    <--     Src
@@ -54,11 +54,11 @@ died. ``collect_garbage`` runs the three steps in-process until nothing qualifie
 ``auto_gc=True`` (the default) ``sync()`` does so whenever the trigger holds.
 
 Recovery. A clean ``close()`` writes the index, the file summary and a clean marker naming
-the registered clients (``store.snapshot``). An open that finds all three intact, agreeing
+the registered clients (``warren.store.snapshot``). An open that finds all three intact, agreeing
 with the files on disk, and naming the same clients as ``clean_clients`` (when given) loads
 them; the files are deleted before anything is served, so a crash after this open is a
 dirty start next time. Any other start is dirty: every ``.rdq`` file is scanned
-(``store.scanner``), the last complete copy of each id (highest file, then offset) is kept,
+(``warren.store.scanner``), the last complete copy of each id (highest file, then offset) is kept,
 and the current file is truncated after its last complete record (a torn tail from the
 crash). Reference counts come from ``ref_counts``, an iterable of (msg_id, count) pairs
 (a node passes a walker over its queue indexes); ids it names whose data is missing are
@@ -68,7 +68,7 @@ deleted or combined: a standalone store cannot tell them apart. Stray ``.rdt`` f
 by a combine that did not finish are deleted at every start.
 
 Readers in other processes. With ``shared_readers=True`` the store keeps the shared
-file-lock table (``store.lock_table``): it publishes the current file and its flushed
+file-lock table (``warren.store.lock_table``): it publishes the current file and its flushed
 offset after every write(2), and takes a file's slot exclusively around each rename and
 delete. Readers holding a slot past a short deadline make the store defer: a combine's
 apply returns False (``collect_garbage`` retries it on its next call), an empty file is
@@ -82,7 +82,7 @@ Races this module guards against (within its one thread of control):
 - a remove, or a remove and a new write of the same id, while a combine copies its
   record: apply moves an entry only if it still points at the copied place;
 - a file that empties while a combine holds it: not deleted then; apply or abandon does;
-- a crash at any step of a combine: see ``store.combine``; nothing live is lost;
+- a crash at any step of a combine: see ``warren.store.combine``; nothing live is lost;
 - a second store on the same directory, in this or another process: refused with
   StoreLocked (an exclusive flock on ``.lock``, released by the kernel on death).
 """

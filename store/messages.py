@@ -40,7 +40,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from actors import ActorRef, message
+from warren.actors import ActorRef, message
 
 
 @message

@@ -11,7 +11,7 @@ Format of each file (little-endian): magic (8 bytes) · version u32 · payload l
 · CRC-32 of the payload u32 · payload. Payloads:
 
 - index: count u64 · count msg_ids (16 bytes each) · count u64 low words · count u64 high
-  words of the packed index values (see ``store.index``; the index keys ids as ints);
+  words of the packed index values (see ``warren.store.index``; the index keys ids as ints);
 - file summary: count u64 · count × (file u64, valid_total_size u64, file_size u64), in
   ascending file order (the last one is the current file);
 - marker: CRC of the index payload u32 · CRC of the summary payload u32 · client count

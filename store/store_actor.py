@@ -1,11 +1,11 @@
 """``MessageStoreActor``: msg_store_persistent and msg_store_transient as actor processes.
 
 Each wraps one ``MessageStore`` engine (with the shared lock table, so clients read files
-directly) in its own OS process, started by the node's tree (``supervisor.node``). The
+directly) in its own OS process, started by the node's tree (``warren.supervisor.node``). The
 transient store empties its directory at every start. Supervised by the node's root
 (rest_for_one): a store crash restarts everything after it.
 
-Messages accepted (``store.messages``), and what each gets back:
+Messages accepted (``warren.store.messages``), and what each gets back:
 
     Register(client_ref)            → StoreInfo(this incarnation's pinned ref, directory,
                                       transient)
@@ -66,7 +66,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from actors import Down, ProcessActor
+from warren.actors import Down, ProcessActor
 
 from .combine import CombinePlan, CorruptRecord, RewriteResult
 from .index import PENDING_FILE

@@ -1,9 +1,9 @@
 """Supervision trees with OTP's semantics, resource alarms, and the Warren node.
 
 ``Supervisor`` runs a ``SupervisorSpec`` of ``ChildSpec``s over actor processes
-(``supervisor.supervisor``); ``Node`` boots a whole broker node on a data directory
-(``supervisor.node``); ``AlarmLimits`` sets the memory and disk alarms
-(``supervisor.alarms``). ``supervisor.cli`` is the ``warren`` command.
+(``warren.supervisor.supervisor``); ``Node`` boots a whole broker node on a data directory
+(``warren.supervisor.node``); ``AlarmLimits`` sets the memory and disk alarms
+(``warren.supervisor.alarms``). ``warren.supervisor.cli`` is the ``warren`` command.
 """
 
 from .alarms import AlarmChange, AlarmLimits

@@ -24,7 +24,7 @@ EXIT_START_FAILED = 4
 
 
 def _store_inspect(args: argparse.Namespace) -> int:
-    from store.inspect import format_report, inspect_store
+    from warren.store.inspect import format_report, inspect_store
 
     try:
         report = inspect_store(args.directory)
@@ -39,8 +39,8 @@ def _node(args: argparse.Namespace) -> int:
     import signal
     import threading
 
-    from supervisor.errors import NodeLocked
-    from supervisor.node import Node
+    from warren.supervisor.errors import NodeLocked
+    from warren.supervisor.node import Node
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     stop = threading.Event()
@@ -65,7 +65,7 @@ def _node(args: argparse.Namespace) -> int:
 def _status(args: argparse.Namespace) -> int:
     import json
 
-    from supervisor.node import query_status
+    from warren.supervisor.node import query_status
 
     try:
         status = query_status(args.data_dir)

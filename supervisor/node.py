@@ -51,13 +51,13 @@ from typing import Any
 
 import zmq
 
-from actors import ActorError, ActorRef
-from actors import Node as ActorNode
+from warren.actors import ActorError, ActorRef
+from warren.actors import Node as ActorNode
 
-from store.gc_actor import GCActor
-from store.message_store import FILE_SIZE_LIMIT_BYTES
-from store.messages import StoreStats
-from store.store_actor import MessageStoreActor
+from warren.store.gc_actor import GCActor
+from warren.store.message_store import FILE_SIZE_LIMIT_BYTES
+from warren.store.messages import StoreStats
+from warren.store.store_actor import MessageStoreActor
 
 from .alarms import AlarmLimits, ResourceMonitor
 from .errors import NodeLocked
@@ -79,7 +79,7 @@ STORE_HEARTBEAT_TIMEOUT_S = 60.0
 # What the runtime's close gives actors still alive after the tree stopped (seconds).
 STORE_CLOSE_TIMEOUT_S = 60.0
 STORES = ("msg_store_persistent", "msg_store_transient")
-PRELOAD = ("store", "store.store_actor", "store.gc_actor", "store.messages")
+PRELOAD = ("warren.store", "warren.store.store_actor", "warren.store.gc_actor", "warren.store.messages")
 
 
 class Node:

@@ -15,7 +15,7 @@
 heartbeat_interval_s, heartbeat_timeout_s)``
 
 - ``id``: a non-empty str, unique among its siblings; also the actor's registered name.
-- ``actor``: the ``actors.ProcessActor`` subclass to run; ``args``/``kwargs`` its
+- ``actor``: the ``warren.actors.ProcessActor`` subclass to run; ``args``/``kwargs`` its
   arguments (picklable: they reach the child through the forkserver).
 - ``restart``: ``"permanent"`` (always restarted, the default), ``"transient"``
   (restarted only after an abnormal exit: a crash, a signal, a non-zero code), or
@@ -37,7 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from actors import ProcessActor
+from warren.actors import ProcessActor
 
 from .errors import InvalidSpec
 

@@ -1,9 +1,9 @@
 """Supervisors: OTP's restart semantics over actor processes.
 
-A ``Supervisor`` owns the children of one ``SupervisorSpec`` (see ``supervisor.specs`` for
+A ``Supervisor`` owns the children of one ``SupervisorSpec`` (see ``warren.supervisor.specs`` for
 every option, its allowed values and default). It lives in the node's process: two
 threads, no process of its own. Its children are actor processes spawned through the
-node's ``actors.Node`` (the forkserver's children), and nested supervisors, which are
+node's ``warren.actors.Node`` (the forkserver's children), and nested supervisors, which are
 ``Supervisor`` objects of their own. Why no process per supervisor: every actor process is
 already a child of the node's forkserver and dies with the node, so a supervisor process
 would add a hop and a failure point without isolating anything.
@@ -63,8 +63,8 @@ from typing import Any
 
 import psutil
 
-from actors import ActorError, ActorRef, AskTimeout, Down, Future, Monitor
-from actors import Node as ActorNode
+from warren.actors import ActorError, ActorRef, AskTimeout, Down, Future, Monitor
+from warren.actors import Node as ActorNode
 
 from .errors import SupervisorError
 from .specs import BRUTAL_KILL, ChildSpec, SupervisorSpec

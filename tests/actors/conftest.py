@@ -8,8 +8,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from actors import Node
-from actors.runtime_dir import create_runtime_dir
+from warren.actors import Node
+from warren.actors.runtime_dir import create_runtime_dir
 
 PRELOAD = ("tests.actors.sample_actors",)
 

@@ -10,8 +10,8 @@ from typing import Any, NamedTuple
 
 import pykka
 
-from actors import Down, Exit, ProcessActor, message
-from actors.ref import ActorRef
+from warren.actors import Down, Exit, ProcessActor, message
+from warren.actors.ref import ActorRef
 
 
 @message

@@ -8,9 +8,9 @@ import msgpack
 import pytest
 import zmq
 
-from actors import (ActorDeadError, CodecError, MailboxFull, MessageTooLarge, Node,
+from warren.actors import (ActorDeadError, CodecError, MailboxFull, MessageTooLarge, Node,
                     RemoteError, register_message)
-from actors._runtime import runtime
+from warren.actors._runtime import runtime
 from tests.waiting import wait_for
 from tests.actors.sample_actors import NeverRegistered, Recorder, SmallMailbox
 
@@ -64,7 +64,7 @@ def test_an_unencodable_message_is_refused_before_it_leaves(node: Node) -> None:
 
 def test_an_oversized_message_is_refused_with_a_clear_error(node: Node) -> None:
     ref = node.spawn(Recorder)
-    from actors import _wire
+    from warren.actors import _wire
 
     with pytest.raises(MessageTooLarge):
         ref.tell(b"x" * (_wire.MAX_MESSAGE_BYTES + 1))

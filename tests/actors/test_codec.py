@@ -7,8 +7,8 @@ import dataclasses
 import msgpack
 import pytest
 
-from actors import ActorRef, CodecError, LARGE_BODY_BYTES, Down
-from actors.codec import Decoder, Encoder, UnknownMessage, register_message
+from warren.actors import ActorRef, CodecError, LARGE_BODY_BYTES, Down
+from warren.actors.codec import Decoder, Encoder, UnknownMessage, register_message
 from tests.actors.sample_actors import Point, Put
 
 

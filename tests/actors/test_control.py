@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from actors import Node, Pong
+from warren.actors import Node, Pong
 from tests.waiting import wait_for
 from tests.actors.sample_actors import Recorder
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from actors import (EXIT_CRASHED, EXIT_NORMAL, EXIT_TERMINATED, ActorDeadError, InvalidSpec,
+from warren.actors import (EXIT_CRASHED, EXIT_NORMAL, EXIT_TERMINATED, ActorDeadError, InvalidSpec,
                     Node, SpawnError)
 from tests.waiting import wait_for
 from tests.actors.sample_actors import (FailsToStart, IgnoresStop, Recorder, StopsOnSignal,
@@ -158,7 +158,7 @@ def test_a_sigkilled_node_process_leaves_no_actor_behind(tmp_path: Path) -> None
     script.write_text(textwrap.dedent(f"""
         import sys, time
         sys.path.insert(0, {str(Path(__file__).parents[2])!r})
-        from actors import Node
+        from warren.actors import Node
         from tests.actors.sample_actors import Recorder
 
         if __name__ == "__main__":
@@ -192,7 +192,7 @@ def test_a_script_that_starts_a_node_without_a_main_guard_fails_instead_of_recur
     script.write_text(textwrap.dedent(f"""
         import sys
         sys.path.insert(0, {str(Path(__file__).parents[2])!r})
-        from actors import Node, SpawnError
+        from warren.actors import Node, SpawnError
 
         try:
             Node("unguarded").close()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from actors import AskTimeout, Node, RemoteError
+from warren.actors import AskTimeout, Node, RemoteError
 from tests.actors.sample_actors import Point, Put, Recorder
 
 

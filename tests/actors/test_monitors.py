@@ -7,7 +7,7 @@ import signal
 
 import pytest
 
-from actors import ActorDeadError, EXIT_CRASHED, EXIT_LINKED, EXIT_NORMAL, Down, Exit, Node
+from warren.actors import ActorDeadError, EXIT_CRASHED, EXIT_LINKED, EXIT_NORMAL, Down, Exit, Node
 from tests.waiting import wait_for
 from tests.actors.sample_actors import Recorder, Watcher
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from actors import Node
+from warren.actors import Node
 from tests.actors.sample_actors import PykkaHost
 
 

@@ -7,8 +7,8 @@ import tempfile
 
 import pytest
 
-from actors import InvalidSpec, Node, Registry
-from actors.runtime_dir import create_runtime_dir
+from warren.actors import InvalidSpec, Node, Registry
+from warren.actors.runtime_dir import create_runtime_dir
 from tests.actors.conftest import PRELOAD
 from tests.actors.sample_actors import Recorder
 
@@ -46,7 +46,7 @@ def test_an_actor_can_register_itself_and_others_find_it(node: Node) -> None:
 
 def test_a_name_held_by_another_actor_is_not_taken_silently() -> None:
     registry = Registry()
-    from actors.ref import ActorRef
+    from warren.actors.ref import ActorRef
 
     one = ActorRef("a", "ipc:///x/1", "ipc:///x/1c", 1, 10, "ipc:///x/n")
     two = ActorRef("b", "ipc:///x/2", "ipc:///x/2c", 1, 11, "ipc:///x/n")

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from actors import InvalidSpec, Node
-from actors.runtime_dir import MAX_IPC_PATH_BYTES, create_runtime_dir, ipc_endpoint
+from warren.actors import InvalidSpec, Node
+from warren.actors.runtime_dir import MAX_IPC_PATH_BYTES, create_runtime_dir, ipc_endpoint
 
 
 def test_the_runtime_directory_is_private(tmp_path: Path) -> None:

@@ -10,8 +10,8 @@ import json
 import sys
 import time
 
-from actors import ActorRef
-from store.client import StoreClient
+from warren.actors import ActorRef
+from warren.store.client import StoreClient
 
 if __name__ == "__main__":
     ref = ActorRef(**json.loads(sys.argv[1]))

@@ -1,6 +1,6 @@
 import pytest
 
-from store import MessageStore
+from warren.store import MessageStore
 
 
 @pytest.fixture

@@ -2,7 +2,7 @@
 
 import hashlib
 
-from store.records import encode_record
+from warren.store.records import encode_record
 
 
 def msg_id(n: int, generation: int = 0) -> bytes:

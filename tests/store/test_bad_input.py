@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from store import (
+from warren.store import (
     InvalidBody,
     InvalidMessageId,
     MessageStore,

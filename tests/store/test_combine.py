@@ -5,9 +5,9 @@ import os
 
 import pytest
 
-from store import MessageStore, rewrite_combine
-from store.combine import CorruptRecord
-from store.records import RECORD_OVERHEAD
+from warren.store import MessageStore, rewrite_combine
+from warren.store.combine import CorruptRecord
+from warren.store.records import RECORD_OVERHEAD
 
 from .helpers import body, fill, msg_id
 

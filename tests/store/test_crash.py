@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from store import MessageStore, StoreLocked
+from warren.store import MessageStore, StoreLocked
 
 from .crash_child import BATCH, batch_size
 from .helpers import body, build_fragmented_store, msg_id

@@ -8,8 +8,8 @@ import stat
 
 import pytest
 
-from store import MessageStore, rewrite_combine
-from store import message_store as message_store_module
+from warren.store import MessageStore, rewrite_combine
+from warren.store import message_store as message_store_module
 
 from .helpers import body, fill, msg_id
 

@@ -5,8 +5,8 @@ import os
 import subprocess
 import sys
 
-from store import MessageStore
-from store.inspect import inspect_store
+from warren.store import MessageStore
+from warren.store.inspect import inspect_store
 
 from .helpers import body, fill, msg_id, record
 
@@ -33,7 +33,7 @@ def test_inspect_reports_files_records_valid_and_garbage_bytes_and_damage(store_
     assert files[1].records == 8
     assert files[2].damaged == [(500, 50)]
 
-    cli = subprocess.run([sys.executable, "-m", "supervisor.cli", "store", "inspect",
+    cli = subprocess.run([sys.executable, "-m", "warren.supervisor.cli", "store", "inspect",
                           str(store_dir)], capture_output=True, text=True)
     assert cli.returncode == 0
     assert "1.rdq" in cli.stdout and "50 B at 500" in cli.stdout
@@ -52,7 +52,7 @@ def test_inspect_of_a_cleanly_stopped_store_counts_valid_bytes_from_its_index(st
 
 
 def test_inspect_of_something_that_is_not_a_store_exits_with_a_usage_error(tmp_path):
-    cli = subprocess.run([sys.executable, "-m", "supervisor.cli", "store", "inspect",
+    cli = subprocess.run([sys.executable, "-m", "warren.supervisor.cli", "store", "inspect",
                           str(tmp_path / "missing")], capture_output=True, text=True)
     assert cli.returncode == 2
     assert "is not a store directory" in cli.stderr

@@ -13,8 +13,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from store import MessageStore, rewrite_combine
-from store.lock_table import LockTableReader
+from warren.store import MessageStore, rewrite_combine
+from warren.store.lock_table import LockTableReader
 
 from .helpers import body, fill, msg_id
 

@@ -3,7 +3,7 @@ deletion and GC (RabbitMQ's msg_store suite, ported)."""
 
 import os
 
-from store.records import data_file_name
+from warren.store.records import data_file_name
 
 from .helpers import body, fill, msg_id
 

@@ -6,9 +6,9 @@ import os
 
 import pytest
 
-from store import MessageStore
-from store.records import encode_record
-from store.snapshot import FILES, MARKER_FILE
+from warren.store import MessageStore
+from warren.store.records import encode_record
+from warren.store.snapshot import FILES, MARKER_FILE
 
 from .helpers import body, fill, msg_id, record
 

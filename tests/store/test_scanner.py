@@ -8,8 +8,8 @@ import struct
 
 import pytest
 
-from store import scan_buffer, scan_file
-from store.records import encode_record
+from warren.store import scan_buffer, scan_file
+from warren.store.records import encode_record
 
 from .helpers import body, msg_id, record
 

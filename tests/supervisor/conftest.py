@@ -4,7 +4,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from actors import Node
+from warren.actors import Node
 
 PRELOAD = ("tests.supervisor.sample_actors",)
 

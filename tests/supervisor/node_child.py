@@ -8,7 +8,7 @@ the node's process itself.
 import sys
 import time
 
-from supervisor import ChildSpec, Node
+from warren.supervisor import ChildSpec, Node
 
 from tests.supervisor.sample_actors import Worker
 

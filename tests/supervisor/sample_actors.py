@@ -4,7 +4,7 @@ import ctypes
 import os
 import time
 
-from actors import ProcessActor
+from warren.actors import ProcessActor
 
 
 class Worker(ProcessActor):

@@ -12,13 +12,13 @@ from pathlib import Path
 import psutil
 import pytest
 
-from supervisor import AlarmLimits, ChildSpec, Node, NodeLocked, query_status
+from warren.supervisor import AlarmLimits, ChildSpec, Node, NodeLocked, query_status
 
 from ..waiting import wait_for
 from .sample_actors import Worker
 
 ROOT = Path(__file__).resolve().parents[2]
-WARREN = [sys.executable, "-m", "supervisor.cli"]
+WARREN = [sys.executable, "-m", "warren.supervisor.cli"]
 
 
 def test_only_one_node_runs_on_a_data_directory(tmp_path):

@@ -5,10 +5,10 @@ import os
 
 import pytest
 
-from actors import ProcessActor
-from supervisor.alarms import AlarmLimits, ResourceMonitor, available_memory, node_memory
-from supervisor.errors import InvalidSpec
-from supervisor.specs import ChildSpec, SupervisorFlags, SupervisorSpec
+from warren.actors import ProcessActor
+from warren.supervisor.alarms import AlarmLimits, ResourceMonitor, available_memory, node_memory
+from warren.supervisor.errors import InvalidSpec
+from warren.supervisor.specs import ChildSpec, SupervisorFlags, SupervisorSpec
 
 
 class Worker(ProcessActor):

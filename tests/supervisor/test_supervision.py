@@ -7,8 +7,8 @@ import time
 import psutil
 import pytest
 
-from supervisor import ChildSpec, Supervisor, SupervisorFlags, SupervisorSpec
-from supervisor.errors import SupervisorError
+from warren.supervisor import ChildSpec, Supervisor, SupervisorFlags, SupervisorSpec
+from warren.supervisor.errors import SupervisorError
 
 from ..waiting import wait_for
 from .sample_actors import FailsToStart, SlowStarter, Worker
