@@ -28,7 +28,8 @@ travel), ``runtime_dir``, ``exitcodes``, ``errors``.
 from warren.actors.actor import DeferredReply, ProcessActor
 from warren.actors.codec import LARGE_BODY_BYTES, message, register_message
 from warren.actors.errors import (ActorDeadError, ActorError, AskTimeout, CodecError, InvalidSpec,
-                           MailboxFull, MessageTooLarge, RemoteError, SpawnError)
+                           MailboxFull, MessageTooLarge, RemoteError, SpawnError,
+                                  UnhandledMessage)
 from warren.actors.exitcodes import (EXIT_CRASHED, EXIT_LINKED, EXIT_NORMAL, EXIT_PARENT_GONE,
                               EXIT_START_FAILED, EXIT_TERMINATED)
 from warren.actors.messages import Down, Exit, Pong
@@ -64,6 +65,7 @@ __all__ = [
     "Registry",
     "RemoteError",
     "SpawnError",
+    "UnhandledMessage",
     "message",
     "register_message",
 ]

@@ -46,6 +46,13 @@ class InvalidSpec(ActorError, ValueError):
         self.value = value
 
 
+class UnhandledMessage(ActorError, TypeError):
+    """An actor does not handle this message: an unknown type, fields of the wrong shape,
+    or a request sent as a tell that needs an answer. Raised by the actor's own code; the
+    loop answers an ask with it and logs and counts a tell (``unhandled``), never crashing
+    the actor for what a peer sent."""
+
+
 class SpawnError(ActorError):
     """The actor process could not be started, or its ``on_start`` raised."""
 
@@ -72,7 +79,7 @@ _MIRRORED_BUILTINS = (
 )
 _MIRRORED_OWN: dict[str, type[ActorError]] = {
     cls.__name__: cls for cls in (ActorDeadError, AskTimeout, CodecError, MailboxFull,
-                                  MessageTooLarge, SpawnError)
+                                  MessageTooLarge, SpawnError, UnhandledMessage)
 }
 _mirrors: dict[str, type[RemoteError]] = {}
 
