@@ -1,4 +1,5 @@
-"""The one table format every benchmark prints: figures and their ratio to a baseline.
+"""The table every benchmark prints: figures and their ratio to a baseline, in the same
+format as the ``warren`` command's tables (``warren.supervisor.tables``).
 
 A benchmark measures a baseline (raw file appends, raw pyzmq ...) in the same run as the
 thing under test and reports ``Row``s; ratios compare figures taken minutes apart on the
@@ -10,6 +11,8 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass
+
+from warren.supervisor.tables import Column, format_table
 
 
 @dataclass(frozen=True)
@@ -40,21 +43,19 @@ def _fmt(value: float | None) -> str:
     return f"{value:.3g}"
 
 
+COLUMNS = (Column("what", wrap=True, min_width=20), Column("figure", ">"),
+           Column("baseline", ">"), Column("ratio", ">"), Column("target", ">"),
+           Column("note", wrap=True, min_width=16))
+
+
 def render(title: str, rows: list[Row]) -> str:
-    """Return the table as aligned text (also valid Markdown)."""
-    header = ["what", "figure", "unit", "baseline", "ratio", "target", "note"]
-    lines = [[r.name, _fmt(r.figure), r.unit, _fmt(r.baseline),
-              _fmt(r.ratio), "" if r.target is None else f">= {r.target}",
+    """Return the table as aligned text that fits 80 columns, under its title."""
+    cells = [[r.name, f"{_fmt(r.figure)} {r.unit}", _fmt(r.baseline), _fmt(r.ratio),
+              "" if r.target is None else f">= {r.target}",
               ("MISSED " if r.target is not None and r.ratio is not None
                and r.ratio < r.target else "") + r.note]
              for r in rows]
-    widths = [max(len(h), *(len(line[i]) for line in lines)) if lines else len(h)
-              for i, h in enumerate(header)]
-    fmt = "| " + " | ".join(f"{{:<{w}}}" for w in widths) + " |"
-    out = [f"### {title}", "", fmt.format(*header),
-           "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
-    out += [fmt.format(*line) for line in lines]
-    return "\n".join(out)
+    return f"{title}\n\n{format_table(COLUMNS, cells)}"
 
 
 def best_of_alternating(baseline, subject, runs: int = 3) -> tuple[float, float]:

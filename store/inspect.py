@@ -5,7 +5,9 @@ garbage bytes and damaged regions. Which records are valid comes from the clean-
 index when one is present and intact (what a clean start would load); otherwise from the
 rule dirty recovery uses without reference counts: the last copy of each id is valid.
 It takes no lock and writes nothing, so it may run beside a live store (its figures are
-then a moment's view).
+then a moment's view). Anything named like a data file that is not a regular file (a
+directory called ``3.rdq``) is listed and otherwise ignored. The ``warren`` command
+(``warren.supervisor.cli``) prints the report as a table.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from dataclasses import dataclass, field
 
 from . import index as idx
 from . import snapshot
+from .errors import StoreDirectoryError
+from .message_store import LOCK_FILE
 from .records import TEMP_SUFFIX, data_file_name, data_file_number
 from .scanner import scan_file
 
@@ -40,6 +44,7 @@ class StoreReport:
     files: list[FileReport]
     stray_temp_files: list[str]
     snapshot_problem: str | None
+    not_files: list[str] = field(default_factory=list)   # named like data files, but not files
 
     @property
     def message_count(self) -> int:
@@ -47,11 +52,23 @@ class StoreReport:
 
 
 def inspect_store(directory: str | os.PathLike) -> StoreReport:
+    """Report on ``directory``; ``StoreDirectoryError`` if it is not a store's directory
+    (missing, not a directory, unreadable, or holding neither data files nor a store's
+    lock file)."""
     directory = os.fspath(directory)
     if not os.path.isdir(directory):
-        raise NotADirectoryError(f"{directory!r} is not a store directory")
-    names = os.listdir(directory)
-    files = sorted(n for n in map(data_file_number, names) if n is not None)
+        raise StoreDirectoryError(f"{directory!r} is not a store directory")
+    try:
+        names = os.listdir(directory)
+    except OSError as exc:
+        raise StoreDirectoryError(f"cannot read {directory!r}: {exc.strerror}") from None
+    data_names = [n for n in names if data_file_number(n) is not None]
+    not_files = sorted(n for n in data_names
+                       if not os.path.isfile(os.path.join(directory, n)))
+    files = sorted(data_file_number(n) for n in data_names if n not in not_files)
+    if not files and LOCK_FILE not in names:
+        raise StoreDirectoryError(f"{directory!r} is not a store directory: it holds no "
+                                  f".rdq data files and no {LOCK_FILE}")
     dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     try:
         saved = snapshot.read(dir_fd)
@@ -81,25 +98,4 @@ def inspect_store(directory: str | os.PathLike) -> StoreReport:
             by_file[file].valid_records += 1
             by_file[file].valid_bytes += size
     stray = sorted(n for n in names if n.endswith(TEMP_SUFFIX))
-    return StoreReport(directory, source, reports, stray, problem)
-
-
-def format_report(report: StoreReport) -> str:
-    lines = [f"store {report.directory}",
-             f"valid records judged by: {report.validity_source}"]
-    if report.snapshot_problem:
-        lines.append(f"clean-shutdown files present but unusable: {report.snapshot_problem}")
-    lines.append(f"{'file':>10} {'bytes':>12} {'records':>8} {'valid':>8} "
-                 f"{'valid bytes':>12} {'garbage':>12}  damaged regions")
-    for f in report.files:
-        damaged = ", ".join(f"{length} B at {offset}" for offset, length in f.damaged) or "-"
-        lines.append(f"{data_file_name(f.file):>10} {f.size:>12,} {f.records:>8,} "
-                     f"{f.valid_records:>8,} {f.valid_bytes:>12,} {f.garbage_bytes:>12,}  {damaged}")
-    total = sum(f.size for f in report.files)
-    valid = sum(f.valid_bytes for f in report.files)
-    lines.append(f"{len(report.files)} files, {report.message_count:,} messages, "
-                 f"{total:,} bytes on disk, {valid:,} valid, {total - valid:,} garbage")
-    if report.stray_temp_files:
-        lines.append(f"left by an unfinished combine (deleted at next open): "
-                     f"{', '.join(report.stray_temp_files)}")
-    return "\n".join(lines)
+    return StoreReport(directory, source, reports, stray, problem, not_files)

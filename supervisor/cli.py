@@ -1,38 +1,166 @@
 """The ``warren`` command line.
 
-    warren node --data-dir DIR [--name NAME]   run a node in the foreground; Ctrl-C or
-                                                SIGTERM stops it cleanly (exit 0)
-    warren status --data-dir DIR [--json]      the tree of the node running on DIR
-    warren store inspect DIR                   what a store directory holds; changes nothing
+    warren node --data-dir DIR [--config FILE] [options]   run a node in the foreground
+    warren status --data-dir DIR [--json]                  the tree of the node on DIR
+    warren store inspect DIR                               what a store directory holds
 
-Exit codes: 0 success; 1 no node answers on DIR; 2 bad usage, a path that is not a store
-directory, or a data directory another node holds; 3 the node's root supervisor gave up;
-4 the node did not start.
+``warren node`` takes every setting ``Node`` takes, from a TOML file (``--config``) and
+from options, the options winning::
+
+    [node]
+    data_dir = "/var/lib/warren"
+    name = "warren"
+    log_level = "INFO"             # DEBUG, INFO, WARNING, ERROR
+
+    [store]
+    file_size_limit = "16MiB"      # bytes, or a size with a unit: kB MB GB KiB MiB GiB
+    sync_policy = "fsync"          # or "flush"
+
+    [alarms]
+    memory_high_watermark = 0.4    # a fraction of RAM (or of the cgroup's limit)
+    memory_limit = "2GiB"          # instead of the fraction
+    disk_free_limit = "50MB"
+    check_interval_s = 1.0
+
+A key the file does not know, a value of the wrong type or out of range, an empty
+``--data-dir`` or one whose parent directory does not exist: a one-line error and exit 2,
+before anything starts. Nothing here prints a traceback for a mistake a user can make.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
+import re
 import sys
+import textwrap
+import tomllib
+from typing import Any
+
+from warren.supervisor.tables import Column, format_table
 
 EXIT_OK = 0
 EXIT_NO_NODE = 1
 EXIT_USAGE = 2
 EXIT_NODE_FAILED = 3
 EXIT_START_FAILED = 4
+EXIT_CODES = (
+    (EXIT_OK, "success (a node stopped by Ctrl-C, SIGTERM or SIGHUP stops cleanly)"),
+    (EXIT_NO_NODE, "no node answers on the data directory"),
+    (EXIT_USAGE, "bad usage or configuration, a path that is not a store directory, or a "
+                 "data directory another node holds"),
+    (EXIT_NODE_FAILED, "the node's root supervisor gave up (restart intensity exceeded)"),
+    (EXIT_START_FAILED, "the node did not start"),
+)
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*")
+# What the config file may hold: section -> key -> the option it sets.
+_CONFIG_KEYS = {
+    "node": {"data_dir": "data_dir", "name": "name", "log_level": "log_level"},
+    "store": {"file_size_limit": "file_size_limit", "sync_policy": "sync_policy"},
+    "alarms": {"memory_high_watermark": "memory_high_watermark",
+               "memory_limit": "memory_limit", "disk_free_limit": "disk_free_limit",
+               "check_interval_s": "check_interval_s"},
+}
 
 
-def _store_inspect(args: argparse.Namespace) -> int:
-    from warren.store.inspect import format_report, inspect_store
+class UsageError(Exception):
+    """A mistake in the command line or the config file; printed as one line, exit 2."""
 
+
+def parse_size(value: Any, what: str) -> int:
+    """Bytes from an int or a string such as ``"16MiB"`` or ``"50 MB"``."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        number, unit = value, ""
+    elif isinstance(value, str) and (match := _SIZE.fullmatch(value)):
+        number, unit = float(match.group(1)), match.group(2).lower()
+    else:
+        raise UsageError(f"{what} must be a number of bytes or a size such as 16MiB, "
+                         f"got {value!r}")
+    if unit not in _UNITS:
+        raise UsageError(f"{what}: unknown unit {unit!r} (use one of kB MB GB KiB MiB GiB)")
+    return int(number * _UNITS[unit])
+
+
+def load_config(path: str) -> dict[str, Any]:
+    """The options a TOML config file sets, checked against the keys it may hold."""
     try:
-        report = inspect_store(args.directory)
-    except (NotADirectoryError, PermissionError) as exc:
-        print(f"warren: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    print(format_report(report))
-    return EXIT_OK
+        with open(path, "rb") as file:
+            document = tomllib.load(file)
+    except OSError as exc:
+        raise UsageError(f"cannot read the config file {path}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise UsageError(f"the config file {path} is not valid TOML: {exc}") from None
+    options: dict[str, Any] = {}
+    for section, values in document.items():
+        keys = _CONFIG_KEYS.get(section)
+        if keys is None or not isinstance(values, dict):
+            raise UsageError(f"{path}: unknown section [{section}] (known: "
+                             f"{', '.join(f'[{s}]' for s in _CONFIG_KEYS)})")
+        for key, value in values.items():
+            if key not in keys:
+                raise UsageError(f"{path}: unknown key {key!r} in [{section}] (known: "
+                                 f"{', '.join(keys)})")
+            options[keys[key]] = value
+    return options
+
+
+def node_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """``Node``'s keyword arguments from the config file and the options (options win)."""
+    from warren.supervisor.alarms import AlarmLimits
+    from warren.supervisor.errors import InvalidSpec
+
+    options = load_config(args.config) if args.config else {}
+    options.update({key: value for key, value in vars(args).items()
+                    if value is not None and key in _OPTION_KEYS})
+    data_dir = options.get("data_dir")
+    if not isinstance(data_dir, str) or not data_dir.strip():
+        raise UsageError("--data-dir (or data_dir in [node]) must name a directory")
+    data_dir = os.path.abspath(data_dir)
+    if os.path.exists(data_dir) and not os.path.isdir(data_dir):
+        raise UsageError(f"the data directory {data_dir} exists and is not a directory")
+    parent = os.path.dirname(data_dir)
+    if not os.path.isdir(parent):
+        raise UsageError(f"the parent of the data directory, {parent}, does not exist; "
+                         f"create it first (a mistyped path would otherwise start a new "
+                         f"empty node)")
+    settings: dict[str, Any] = {"data_dir": data_dir}
+    if "name" in options:
+        if not isinstance(options["name"], str) or not options["name"]:
+            raise UsageError(f"name must be a non-empty string, got {options['name']!r}")
+        settings["name"] = options["name"]
+    level = options.get("log_level", "WARNING")
+    if not isinstance(level, str) or level.upper() not in LOG_LEVELS:
+        raise UsageError(f"log_level must be one of {', '.join(LOG_LEVELS)}, got {level!r}")
+    settings["log_level"] = level.upper()
+    if "file_size_limit" in options:
+        settings["file_size_limit"] = parse_size(options["file_size_limit"], "file_size_limit")
+    if "sync_policy" in options:
+        if options["sync_policy"] not in ("fsync", "flush"):
+            raise UsageError(f"sync_policy must be 'fsync' or 'flush', got "
+                             f"{options['sync_policy']!r}")
+        settings["sync_policy"] = options["sync_policy"]
+    limits: dict[str, Any] = {}
+    if "memory_high_watermark" in options:
+        limits["memory_high_watermark"] = options["memory_high_watermark"]
+    if "memory_limit" in options:
+        limits["memory_limit_bytes"] = parse_size(options["memory_limit"], "memory_limit")
+    if "disk_free_limit" in options:
+        limits["disk_free_limit_bytes"] = parse_size(options["disk_free_limit"],
+                                                     "disk_free_limit")
+    if "check_interval_s" in options:
+        limits["check_interval_s"] = options["check_interval_s"]
+    try:
+        settings["alarm_limits"] = AlarmLimits(**limits)
+    except InvalidSpec as exc:
+        raise UsageError(str(exc)) from None
+    return settings
+
+
+_OPTION_KEYS = {key for keys in _CONFIG_KEYS.values() for key in keys.values()}
 
 
 def _node(args: argparse.Namespace) -> int:
@@ -42,12 +170,14 @@ def _node(args: argparse.Namespace) -> int:
     from warren.supervisor.errors import NodeLocked
     from warren.supervisor.node import Node
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    settings = node_settings(args)
+    logging.basicConfig(level=settings.pop("log_level"),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     stop = threading.Event()
-    for signum in (signal.SIGINT, signal.SIGTERM):
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, lambda *_: stop.set())
     try:
-        node = Node(args.data_dir, name=args.name)
+        node = Node(settings.pop("data_dir"), **settings)
     except NodeLocked as exc:
         print(f"warren: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -76,25 +206,27 @@ def _status(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+_STATUS_COLUMNS = (Column("actor", wrap=True, min_width=24), Column("pid", ">"),
+                   Column("state"), Column("restarts", ">"), Column("RSS MiB", ">"),
+                   Column("CPU%", ">"))
+
+
 def format_status(status: dict) -> str:
-    """The node's tree as a table a person reads."""
+    """The node's tree and its stores' figures, for a person at an 80-column terminal."""
     alarms = ", ".join(status["alarms"]) or "none"
-    lines = [f"node {status['node']} (pid {status['pid']}) on {status['data_dir']}: "
-             f"{status['state']}; alarms: {alarms}",
-             f"{'ACTOR':<40} {'PID':>7} {'STATE':<9} {'RESTARTS':>8} {'RSS MiB':>8} {'CPU%':>6}"]
+    rows: list[list[str]] = []
 
     def walk(entry: dict, prefix: str, last: bool, top: bool) -> None:
         branch = "" if top else ("└─ " if last else "├─ ")
         label = f"{prefix}{branch}{entry['id']}"
         if entry["kind"] == "supervisor":
-            label += f" ({entry['strategy']})"
-            lines.append(f"{label:<40} {'':>7} {entry['state']:<9} "
-                         f"{entry.get('restarts', 0):>8}")
+            rows.append([f"{label} ({entry['strategy']})", "", entry["state"],
+                         str(entry.get("restarts", 0)), "", ""])
         else:
             rss = f"{entry['rss_bytes'] / 2**20:.1f}" if entry["rss_bytes"] else "-"
             cpu = f"{entry['cpu_percent']:.1f}" if entry["cpu_percent"] is not None else "-"
-            lines.append(f"{label:<40} {entry['pid'] or '-':>7} {entry['state']:<9} "
-                         f"{entry['restarts']:>8} {rss:>8} {cpu:>6}")
+            rows.append([label, str(entry["pid"] or "-"), entry["state"],
+                         str(entry["restarts"]), rss, cpu])
         children = entry.get("children", [])
         inner = prefix if top else prefix + ("   " if last else "│  ")
         for i, child in enumerate(children):
@@ -102,26 +234,97 @@ def format_status(status: dict) -> str:
 
     if status.get("tree"):
         walk(status["tree"], "", True, True)
+    lines = textwrap.wrap(f"node {status['node']} (pid {status['pid']}) on "
+                          f"{status['data_dir']}: {status['state']}; alarms: {alarms}", 80)
+    lines.append(format_table(_STATUS_COLUMNS, rows))
     for name, figures in status.get("stores", {}).items():
         if figures is None:
             lines.append(f"{name}: not answering")
             continue
-        lines.append(
+        lines += textwrap.wrap(
             f"{name}: {figures['message_count']:,} messages, {figures['file_count']} files, "
             f"{figures['bytes_on_disk']:,} bytes ({figures['garbage_fraction']:.0%} garbage), "
             f"{figures['gc_runs']} GC runs, reads {figures['direct_reads_reported']:,} direct / "
             f"{figures['fallback_reads']:,} through the store, {figures['locked_files']} locked "
-            f"files, longest confirm wait {figures['longest_confirm_wait_ms']:.1f} ms")
+            f"files, longest confirm wait {figures['longest_confirm_wait_ms']:.1f} ms", 80,
+            subsequent_indent="  ")
+    return "\n".join(lines)
+
+
+def _store_inspect(args: argparse.Namespace) -> int:
+    from warren.store.errors import StoreDirectoryError
+    from warren.store.inspect import inspect_store
+
+    try:
+        report = inspect_store(args.directory)
+    except StoreDirectoryError as exc:
+        print(f"warren: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    print(format_inspection(report))
+    return EXIT_OK
+
+
+_INSPECT_COLUMNS = (Column("file", ">"), Column("bytes", ">"), Column("records", ">"),
+                    Column("valid", ">"), Column("valid bytes", ">"), Column("garbage", ">"),
+                    Column("damaged regions", wrap=True, min_width=15))
+
+
+def format_inspection(report) -> str:
+    """A ``warren.store.inspect.StoreReport`` as a person reads it."""
+    from warren.store.records import data_file_name
+
+    lines = [f"store {report.directory}", f"valid records judged by: {report.validity_source}"]
+    if report.snapshot_problem:
+        lines.append(f"clean-shutdown files present but unusable: {report.snapshot_problem}")
+    rows = [[data_file_name(f.file), f"{f.size:,}", f"{f.records:,}", f"{f.valid_records:,}",
+             f"{f.valid_bytes:,}", f"{f.garbage_bytes:,}",
+             ", ".join(f"{length} B at {offset}" for offset, length in f.damaged) or "-"]
+            for f in report.files]
+    lines.append(format_table(_INSPECT_COLUMNS, rows))
+    total = sum(f.size for f in report.files)
+    valid = sum(f.valid_bytes for f in report.files)
+    lines.append(f"{len(report.files)} files, {report.message_count:,} messages, "
+                 f"{total:,} bytes on disk, {valid:,} valid, {total - valid:,} garbage")
+    if report.stray_temp_files:
+        lines.append(f"left by an unfinished combine (deleted at next open): "
+                     f"{', '.join(report.stray_temp_files)}")
+    if report.not_files:
+        lines.append(f"not regular files, ignored: {', '.join(report.not_files)}")
     return "\n".join(lines)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="warren", description="Warren: RabbitMQ's "
-                                     "message persistence layer as Python actors")
+    codes = "\n".join(f"  {code}  {meaning}" for code, meaning in EXIT_CODES)
+    parser = argparse.ArgumentParser(
+        prog="warren", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Warren: RabbitMQ's message persistence layer as Python actors. "
+                    "Linux only (OFD locks, PR_SET_PDEATHSIG).",
+        epilog=f"exit codes:\n{codes}")
     commands = parser.add_subparsers(dest="command", required=True)
-    node = commands.add_parser("node", help="run a node in the foreground")
-    node.add_argument("--data-dir", required=True)
-    node.add_argument("--name", default="warren")
+    node = commands.add_parser(
+        "node", help="run a node in the foreground", epilog=f"exit codes:\n{codes}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Run a node in the foreground until Ctrl-C, SIGTERM or SIGHUP, which "
+                    "stop it cleanly. Settings come from --config (TOML: sections [node], "
+                    "[store], [alarms]) and the options below, which win.")
+    node.add_argument("--data-dir", help="the node's data directory (created if missing; "
+                      "its parent must exist)")
+    node.add_argument("--config", help="a TOML file of settings")
+    node.add_argument("--name", help="the node's name (default warren)")
+    node.add_argument("--log-level", choices=LOG_LEVELS, type=str.upper,
+                      help="what every actor process logs to stderr (default WARNING)")
+    node.add_argument("--file-size-limit", metavar="SIZE",
+                      help="store file size before rollover (default 16MiB)")
+    node.add_argument("--sync-policy", choices=("fsync", "flush"),
+                      help="fsync: confirm after fdatasync (default); flush: after write(2)")
+    node.add_argument("--memory-high-watermark", type=float, metavar="FRACTION",
+                      help="memory alarm at this fraction of RAM (default 0.4)")
+    node.add_argument("--memory-limit", metavar="SIZE",
+                      help="memory alarm at this size instead of the fraction")
+    node.add_argument("--disk-free-limit", metavar="SIZE",
+                      help="disk alarm below this much free space (default 50MB)")
+    node.add_argument("--check-interval-s", type=float, metavar="SECONDS",
+                      help="how often the alarms are checked (default 1)")
     node.set_defaults(handler=_node)
     status = commands.add_parser("status", help="the tree of the node running on a data dir")
     status.add_argument("--data-dir", required=True)
@@ -138,7 +341,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return args.handler(args)
+    try:
+        return args.handler(args)
+    except UsageError as exc:
+        print(f"warren: {exc}", file=sys.stderr)
+        return EXIT_USAGE
 
 
 if __name__ == "__main__":

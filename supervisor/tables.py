@@ -1,0 +1,77 @@
+"""Plain-text tables that fit a terminal: the one formatter the ``warren`` command, ``warren
+store inspect`` and the benchmarks print with.
+
+``format_table(columns, rows, width=80)`` lays the rows out under a header and a rule, two
+spaces between columns. Each ``Column`` is left- or right-aligned; a column marked
+``wrap`` may be narrowed, its cells wrapped onto continuation lines, when the table would be
+wider than ``width``. Wrapping columns give up width in proportion to their natural width,
+never below ``min_width``; a table that still does not fit (too many fixed columns) is left
+wider rather than cutting a figure. Cells are strings: callers format their numbers, so a
+figure is never rounded here behind their back.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+TERMINAL_COLUMNS = 80
+_GAP = "  "
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column: its header, alignment (``"<"`` or ``">"``), and whether it may wrap."""
+
+    name: str
+    align: str = "<"
+    wrap: bool = False
+    min_width: int = 12
+
+    def __post_init__(self) -> None:
+        if self.align not in ("<", ">"):
+            raise ValueError(f"align must be '<' or '>', got {self.align!r}")
+
+
+def format_table(columns: Sequence[Column], rows: Iterable[Sequence[str]], *,
+                 width: int = TERMINAL_COLUMNS) -> str:
+    """The rows under a header line and a rule, fitting ``width`` columns when possible."""
+    rows = [list(row) for row in rows]
+    for row in rows:
+        if len(row) != len(columns):
+            raise ValueError(f"a row has {len(row)} cells for {len(columns)} columns: {row!r}")
+    widths = [max([len(c.name), *(len(row[i]) for row in rows)])
+              for i, c in enumerate(columns)]
+    widths = _fit(columns, widths, width)
+    lines = [_join(columns, widths, [c.name for c in columns]),
+             _GAP.join("-" * w for w in widths)]
+    for row in rows:
+        cells = [textwrap.wrap(cell, w, break_on_hyphens=False) or [""]
+                 if c.wrap and len(cell) > w else [cell]
+                 for c, cell, w in zip(columns, row, widths)]
+        for depth in range(max(len(parts) for parts in cells)):
+            lines.append(_join(columns, widths,
+                               [parts[depth] if depth < len(parts) else "" for parts in cells]))
+    return "\n".join(lines)
+
+
+def _fit(columns: Sequence[Column], widths: list[int], width: int) -> list[int]:
+    """Narrow the wrapping columns, in proportion to their width, until the table fits."""
+    excess = sum(widths) + len(_GAP) * (len(widths) - 1) - width
+    wrapping = [i for i, c in enumerate(columns) if c.wrap and widths[i] > c.min_width]
+    if excess <= 0 or not wrapping:
+        return widths
+    room = sum(widths[i] - columns[i].min_width for i in wrapping)
+    fitted = list(widths)
+    for i in wrapping:
+        share = (widths[i] - columns[i].min_width) * min(1.0, excess / room)
+        fitted[i] = widths[i] - int(share + 0.999)
+    return fitted
+
+
+def _join(columns: Sequence[Column], widths: list[int], cells: list[str]) -> str:
+    return _GAP.join(f"{cell:{c.align}{w}}" for c, cell, w in zip(columns, cells, widths)).rstrip()
+
+
+__all__ = ["Column", "TERMINAL_COLUMNS", "format_table"]
