@@ -1,16 +1,26 @@
 """Suite-wide guards: every test stops every process it starts.
 
-The check runs after each test: any child of the test process that appeared during the
-test and is still alive a few seconds later fails the test, and is killed so that one
-leak does not cascade into the tests after it.
+The check runs after each test: any descendant of the test process that appeared during
+the test and is still alive a few seconds later fails the test, and is killed so that one
+leak does not cascade into the tests after it. The test process is made a child
+subreaper, so a process orphaned by a killed parent (a forkserver whose node died, say)
+is re-parented to it instead of to init, and stays in view of the check.
 """
 
+import ctypes
 import time
 
 import psutil
 import pytest
 
 GRACE_SECONDS = 5.0
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def pytest_configure(config) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER) failed")
 
 
 def _children() -> dict[int, psutil.Process]:
