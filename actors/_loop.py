@@ -26,13 +26,20 @@ Races and bad input, each with its answer:
   finds its pipe full (EAGAIN): counted as ``unroutable`` and logged, never blocking.
 - A busy actor still answers heartbeats between passes because control is served first;
   a pass handles at most ``max_batch`` messages.
-- SIGTERM while the loop polls sets a flag (the wake pipe, registered with
-  ``signal.set_wakeup_fd``, interrupts the poll) and the loop stops after the pass; while
-  the actor's code runs, it raises an exception that unwinds that code (a stop has already
-  waited its graceful timeout); either way ``on_stop`` runs and the exit is
-  ``EXIT_TERMINATED``. An actor that must not be interrupted installs its own handler.
-  SIGINT is ignored: Ctrl-C in a terminal reaches the whole process group, and stopping
-  is the node's decision.
+- SIGTERM only sets the stop flag (the wake pipe, registered with
+  ``signal.set_wakeup_fd``, interrupts a poll): the handler call in progress always runs to
+  its end, so a SIGTERM can never leave a multi-step change half done (a store that was
+  combining files would otherwise close "cleanly" over a half-applied combine). The loop
+  stops after the current pass, ``on_stop`` runs and the exit is ``EXIT_TERMINATED``. A
+  handler that never returns is ended by its supervisor's SIGKILL after ``shutdown_s``: a
+  dirty end, never a wrong one. SIGINT and SIGHUP are ignored: Ctrl-C or a closed terminal
+  reach a whole process group, and stopping is the node's decision.
+- A message the actor does not handle (its code raises ``UnhandledMessage``: an unknown
+  type, fields of the wrong shape, a request sent by tell that needs an answer) is answered
+  with that error when it came as an ask, and logged and counted (``unhandled``) when it
+  came as a tell; never a crash. Any other exception from a tell crashes the actor.
+- An exception raised after ``defer_reply()`` whose handle was not used yet is sent through
+  the handle (and logged), so the caller never waits out its timeout.
 - A busy actor does not answer heartbeats while one handler call runs (the loop is in the
   actor's code): a supervisor tells "busy" from "hung" by the length of the silence, so
   handlers should hand long work to a thread or split it with ``call_later``.
@@ -65,8 +72,9 @@ from warren.actors import _wire
 from warren.actors._node_client import NodeClient
 from warren.actors._runtime import drain_wake_pipe, runtime
 from warren.actors.actor import ProcessActor
-from warren.actors.codec import Decoder, Encoder, contains_unknown
-from warren.actors.errors import ActorDeadError, ActorError, CodecError, MessageTooLarge
+from warren.actors.codec import Decoder, Encoder, UnknownMessage, contains_unknown
+from warren.actors.errors import (ActorDeadError, ActorError, CodecError, MessageTooLarge,
+                                  UnhandledMessage)
 from warren.actors.exitcodes import (EXIT_CRASHED, EXIT_LINKED, EXIT_NORMAL, EXIT_PARENT_GONE,
                               EXIT_START_FAILED, EXIT_TERMINATED)
 from warren.actors.messages import Down, Exit, Pong
@@ -103,6 +111,10 @@ class _Deferred:
         self._request_id = request_id
         self._used = False
 
+    @property
+    def used(self) -> bool:
+        return self._used
+
     def send(self, value: Any) -> None:
         self._finish(_wire.REPLY_OK, value)
 
@@ -124,10 +136,6 @@ def _describe(exception: BaseException) -> list[str]:
 
 class _Crash(Exception):
     """Raised inside the loop to leave it after an unhandled exception in the actor."""
-
-
-class _Terminated(BaseException):
-    """Raised by the SIGTERM handler to interrupt the actor's code while it is busy."""
 
 
 class ActorLoop:
@@ -153,13 +161,10 @@ class ActorLoop:
         self._timers: list[tuple[float, int, Callable[[], None]]] = []
         self._timer_ids = itertools.count()
         self._current_ask: tuple[bytes, int] | None = None
-        self._deferred = False
+        self._deferred: _Deferred | None = None
         self._delivered_since_idle = False
-        self._serving = False
-        self._in_poll = False
-        self._terminating = False
         self.counters = {"received": 0, "batches": 0, "asks": 0, "dropped_stale": 0,
-                         "malformed": 0, "unknown_type": 0, "oversized": 0,
+                         "malformed": 0, "unknown_type": 0, "unhandled": 0, "oversized": 0,
                          "unroutable": 0, "dropped_at_stop": 0}
         # Both set by _setup, before anything else reads them.
         self.actor: ProcessActor
@@ -176,12 +181,13 @@ class ActorLoop:
         signal.set_wakeup_fd(wake_write, warn_on_full_buffer=False)
         signal.signal(signal.SIGTERM, self._on_sigterm)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
         try:
             if not self._setup():
                 return EXIT_START_FAILED
             try:
                 self._serve()
-            except (_Crash, _Terminated):
+            except _Crash:
                 pass
             return self._teardown()
         finally:
@@ -232,13 +238,10 @@ class ActorLoop:
         poller.register(self._data, zmq.POLLIN)
         poller.register(self._wake_read, zmq.POLLIN)
         control, data = self._control, self._data
-        self._serving = True
         while not self._stopping:
-            self._in_poll = True
-            try:
-                events = dict(poller.poll(self._poll_timeout_ms()))
-            finally:
-                self._in_poll = False
+            events = dict(poller.poll(self._poll_timeout_ms()))
+            if self._stopping:
+                break
             if not events and os.getppid() != self._parent_pid:
                 self._stopping = True
                 self._exit_code = EXIT_PARENT_GONE
@@ -368,16 +371,20 @@ class ActorLoop:
                 MessageTooLarge(f"message exceeds {self._max_bytes} bytes")))
 
     def _drop_unknown(self, identity: bytes, kind: Any, request_id: Any, body: Any) -> Any:
-        """Strip messages of unregistered types; answer an ask with the error."""
+        """Strip messages this process cannot build (an unregistered type, or the wrong
+        number of fields); answer an ask with the reason."""
         if kind == _wire.BATCH and type(body) is list:
             kept = [m for m in body if not contains_unknown(m)]
             self.counters["unknown_type"] += len(body) - len(kept)
+            logger.warning("%s: dropped %d messages it cannot decode from a batch",
+                           self._order.name, len(body) - len(kept))
             return kept
         self.counters["unknown_type"] += 1
-        logger.warning("%s: dropped a message of an unregistered type", self._order.name)
+        reason = body.reason if isinstance(body, UnknownMessage) else (
+            "the message holds a type this actor's process has not registered")
+        logger.warning("%s: dropped a message it cannot decode: %s", self._order.name, reason)
         if kind == _wire.ASK and type(request_id) is int:
-            self.reply(identity, _wire.REPLY_ERROR, request_id, _describe(
-                CodecError("the message has a type this actor's process has not registered")))
+            self.reply(identity, _wire.REPLY_ERROR, request_id, _describe(CodecError(reason)))
         return None
 
     def _count_malformed(self, where: str) -> None:
@@ -389,6 +396,8 @@ class ActorLoop:
         self._delivered_since_idle = True
         try:
             self.actor.on_receive_batch(tells)
+        except UnhandledMessage as exc:
+            self.unhandled(tells, exc)
         except Exception:
             self._crash()
 
@@ -396,14 +405,20 @@ class ActorLoop:
         self.counters["asks"] += 1
         self._delivered_since_idle = True
         self._current_ask = (identity, request_id)
-        self._deferred = False
+        self._deferred = None
         try:
             result = self.actor.on_receive(message)
         except Exception as exc:
-            if not self._deferred:
+            deferred = self._deferred
+            if deferred is None:
                 self.reply(identity, _wire.REPLY_ERROR, request_id, _describe(exc))
+            else:
+                logger.error("%s: %s raised after deferring its answer", self._order.name,
+                             type(message).__name__, exc_info=True)
+                if not deferred.used:
+                    deferred.fail(exc)
         else:
-            if not self._deferred:
+            if self._deferred is None:
                 self.reply(identity, _wire.REPLY_OK, request_id, result)
         finally:
             self._current_ask = None
@@ -501,15 +516,10 @@ class ActorLoop:
             logger.exception("%s: on_failure raised", self._order.name)
 
     def _on_sigterm(self, _signum: int, _frame: object) -> None:
-        if self._terminating:
-            return
-        self._terminating = True
+        # Never raise here: the actor's code may be in the middle of a multi-step change.
         self._stopping = True
         if self._exit_code == EXIT_NORMAL:
             self._exit_code = EXIT_TERMINATED
-        if self._serving and not self._in_poll:
-            self._serving = False
-            raise _Terminated
 
     # -- teardown ------------------------------------------------------------------------
 
@@ -553,9 +563,14 @@ class ActorLoop:
 
     def defer_reply(self) -> _Deferred:
         if self._current_ask is None:
-            raise ActorError("defer_reply() is only possible while handling an ask")
-        self._deferred = True
-        return _Deferred(self, *self._current_ask)
+            raise UnhandledMessage("this message needs an answer: send it with ask, not tell")
+        self._deferred = _Deferred(self, *self._current_ask)
+        return self._deferred
+
+    def unhandled(self, message: Any, error: UnhandledMessage) -> None:
+        self.counters["unhandled"] += 1
+        logger.warning("%s: ignored a %s it does not handle: %s", self._order.name,
+                       type(message).__name__, error)
 
     def call_later(self, delay_s: float, callback: Callable[[], None]) -> None:
         heapq.heappush(self._timers, (time.monotonic() + delay_s, next(self._timer_ids),

@@ -12,14 +12,17 @@ thread, one at a time:
 - ``on_receive_batch(messages)`` receives, in order, the tells that were queued together
   (everything drained in one pass of the loop between two asks). The default calls
   ``on_receive`` for each; override it to act on a whole batch at once (one disk write,
-  one fsync, one hand-off to an in-process pykka actor). An exception raised for a tell
-  crashes the actor: ``on_failure`` runs and the process exits with ``EXIT_CRASHED``.
+  one fsync, one hand-off to an in-process pykka actor). ``UnhandledMessage`` raised for
+  a tell (a message the actor does not handle) is logged and counted (``unhandled`` in
+  ``ref.stats()``); any other exception raised for a tell crashes the actor:
+  ``on_failure`` runs and the process exits with ``EXIT_CRASHED``.
 - ``on_idle()`` runs whenever the loop has drained its mailbox after delivering messages
   (the moment for a store to flush its group commit).
 - ``on_alarm(resource, raised)`` runs when the node raises or clears a resource alarm
   (``ActorRef.alarm``, sent on the control channel: a busy actor hears it between batches).
-- ``on_stop()`` runs on a requested stop, a SIGTERM, or a linked actor's death; it is
-  *not* called when the actor stops because of an unhandled exception.
+- ``on_stop()`` runs on a requested stop, a SIGTERM, or a linked actor's death, once the
+  handler call in progress has returned (a SIGTERM never interrupts the actor's code); it
+  is *not* called when the actor stops because of an unhandled exception.
 - ``on_failure(exception_type, exception_value, traceback)`` runs when an unhandled
   exception stops the actor, *instead of* ``on_stop``.
 
@@ -38,7 +41,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from warren.actors import _wire
-from warren.actors.errors import ActorError
+from warren.actors.errors import ActorError, UnhandledMessage
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -73,6 +76,8 @@ class ActorServices(Protocol):
 
     def register(self, name: str) -> None: ...
 
+    def unhandled(self, message: Any, error: UnhandledMessage) -> None: ...
+
 
 class ProcessActor:
     """Subclass this and ``spawn`` it into its own OS process (see the module docstring)."""
@@ -98,9 +103,14 @@ class ProcessActor:
         return None
 
     def on_receive_batch(self, messages: list[Any]) -> None:
-        """Handle queued tells in order; the default hands each to ``on_receive``."""
+        """Handle queued tells in order; the default hands each to ``on_receive``, and a
+        message it raises ``UnhandledMessage`` for is logged and counted, the rest still
+        handled."""
         for message in messages:
-            self.on_receive(message)
+            try:
+                self.on_receive(message)
+            except UnhandledMessage as exc:
+                self._require_services().unhandled(message, exc)
 
     def on_idle(self) -> None:
         """Called after the loop delivered messages and found the mailbox empty."""
@@ -120,7 +130,9 @@ class ProcessActor:
     def defer_reply(self) -> DeferredReply:
         """Inside ``on_receive`` for an ask: answer later via the returned handle.
 
-        The return value of ``on_receive`` is then ignored. The handle's ``send``/``fail``
+        The return value of ``on_receive`` is then ignored; an exception ``on_receive``
+        raises before the handle is used is sent through it. For a message that came as a
+        tell it raises ``UnhandledMessage`` (the sender should have asked). The handle's ``send``/``fail``
         may be called from any thread of this process (an in-process pykka actor, say).
         """
         return self._require_services().defer_reply()

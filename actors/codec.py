@@ -22,7 +22,8 @@ Races and hostile input: a peer may send any bytes. Decoding malformed bytes rai
 ``CodecError``. A registered type name this process does not know decodes to an
 ``UnknownMessage`` placeholder instead of raising, so the receiver still learns the request
 id and can answer the caller with a clear error (the loop checks
-``Decoder.saw_unknown`` after each decode). Registration is per process and happens at
+``Decoder.saw_unknown`` after each decode); so does a known type sent with the wrong
+number of fields, its placeholder saying what was wrong. Registration is per process and happens at
 import, so both ends must import the module that defines a message type; the actor
 process imports it when it unpickles its actor class.
 """
@@ -59,9 +60,11 @@ _ref_fields: tuple[str, ...] = ()
 
 @dataclasses.dataclass(frozen=True)
 class UnknownMessage:
-    """Stands in for a registered type that this process does not know."""
+    """Stands in for a message this process cannot build: a registered type it does not
+    know, or a known one with the wrong number of fields (``reason`` says which)."""
 
     type_name: str
+    reason: str = "the message has a type this actor's process has not registered"
 
 
 def register_message(cls: T, name: str | None = None) -> T:
@@ -204,6 +207,11 @@ class Decoder:
             if cls is None:
                 self.saw_unknown = True
                 return UnknownMessage(str(type_name))
+            expected = len(_field_names[cls])
+            if len(values) != expected:
+                self.saw_unknown = True
+                return UnknownMessage(str(type_name), f"{type_name} takes {expected} fields, "
+                                                      f"the message carried {len(values)}")
             try:
                 return cls(*values)
             except TypeError as exc:

@@ -10,7 +10,7 @@ from typing import Any, NamedTuple
 
 import pykka
 
-from warren.actors import Down, Exit, ProcessActor, message
+from warren.actors import Down, Exit, ProcessActor, UnhandledMessage, message
 from warren.actors.ref import ActorRef
 
 
@@ -88,6 +88,11 @@ class Recorder(ProcessActor):
                     out.write("busy")
                 time.sleep(60)
                 return "rested"
+            case ("busy_until", started, release):
+                open(started, "w").close()
+                while not os.path.exists(release):
+                    time.sleep(0.01)
+                return "released"
             case ("block_until", path):
                 while not os.path.exists(path):
                     time.sleep(0.01)
@@ -124,6 +129,14 @@ class Recorder(ProcessActor):
                 return Point(y, x)
             case "unanswerable":
                 return object()
+            case ("refuse", text):
+                raise UnhandledMessage(text)
+            case ("defer_then_raise", text):
+                self.defer_reply()
+                raise ValueError(text)
+            case ("defer",):
+                self.defer_reply()
+                return None
             case "later":
                 reply = self.defer_reply()
                 threading.Thread(target=lambda: reply.send("from another thread")).start()

@@ -9,10 +9,10 @@ import pytest
 import zmq
 
 from warren.actors import (ActorDeadError, CodecError, MailboxFull, MessageTooLarge, Node,
-                    RemoteError, register_message)
+                           RemoteError, UnhandledMessage, _wire, codec, register_message)
 from warren.actors._runtime import runtime
 from tests.waiting import wait_for
-from tests.actors.sample_actors import NeverRegistered, Recorder, SmallMailbox
+from tests.actors.sample_actors import NeverRegistered, Put, Recorder, SmallMailbox
 
 
 def _fuzz_frames(rng: random.Random) -> list[list[bytes]]:
@@ -115,3 +115,55 @@ def test_random_frames_at_the_node_service_leave_it_spawning_and_watching(node: 
         assert node.monitor(ref).down is None
     finally:
         fuzzer.close()
+
+
+def test_a_tell_the_actor_does_not_handle_is_counted_and_the_rest_of_the_batch_handled(
+        node: Node) -> None:
+    ref = node.spawn(Recorder)
+    ref.tell_many(["before", ("refuse", "not for me"), "after"])
+    ref.tell(("refuse", "nor this"))
+    assert ref.ask("seen", timeout=10) == ["before", "after"]
+    assert ref.stats(timeout=10)["unhandled"] == 2
+    assert ref.ping(timeout=10).incarnation == ref.incarnation
+
+
+def test_an_ask_the_actor_does_not_handle_gets_that_error(node: Node) -> None:
+    ref = node.spawn(Recorder)
+    with pytest.raises(UnhandledMessage, match="not for me"):
+        ref.ask(("refuse", "not for me"), timeout=10)
+    assert ref.ping(timeout=10).incarnation == ref.incarnation
+
+
+def test_a_request_that_needs_an_answer_sent_by_tell_is_counted_not_a_crash(
+        node: Node) -> None:
+    ref = node.spawn(Recorder)
+    ref.tell(("defer",))
+    wait_for(lambda: ref.stats(timeout=10)["unhandled"] == 1)
+    assert ref.ping(timeout=10).incarnation == ref.incarnation
+
+
+def test_an_exception_after_defer_reply_reaches_the_caller(node: Node) -> None:
+    ref = node.spawn(Recorder)
+    with pytest.raises(ValueError, match="broke after deferring"):
+        ref.ask(("defer_then_raise", "broke after deferring"), timeout=10)
+
+
+def test_a_message_with_the_wrong_number_of_fields_gets_an_error_naming_them(
+        node: Node) -> None:
+    ref = node.spawn(Recorder)
+    short = [_wire.ASK, 0, 7, msgpack.ExtType(1, msgpack.packb([codec._names_by_type[Put], "k"]))]
+    asker = runtime().context.socket(zmq.DEALER)
+    try:
+        asker.linger = 0
+        asker.connect(ref.address)
+        asker.send(msgpack.packb(short))
+        assert asker.poll(10_000), "no answer to a malformed ask"
+        kind, request_id, reason = msgpack.unpackb(asker.recv())
+        assert (kind, request_id) == (_wire.REPLY_ERROR, 7)
+        assert reason[0] == "CodecError" and "takes 2 fields, the message carried 1" in reason[1]
+        short[0] = _wire.TELL
+        asker.send(msgpack.packb(short))
+        wait_for(lambda: ref.stats(timeout=10)["unknown_type"] == 2)
+    finally:
+        asker.close()
+    assert ref.ping(timeout=10).incarnation == ref.incarnation

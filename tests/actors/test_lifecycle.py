@@ -63,16 +63,30 @@ def test_stop_runs_on_stop_and_reports_a_normal_exit(node: Node, tmp_path: Path)
     assert not psutil.pid_exists(ref.pid) or psutil.Process(ref.pid).status() == "zombie"
 
 
-def test_stop_escalates_to_sigterm_which_interrupts_a_busy_actor_and_runs_on_stop(
-        node: Node, tmp_path: Path) -> None:
+def test_sigterm_lets_a_busy_handler_finish_then_runs_on_stop(node: Node,
+                                                               tmp_path: Path) -> None:
     marker = tmp_path / "marker"
-    busy = tmp_path / "busy"
+    release = tmp_path / "release"
     ref = node.spawn(StopsOnSignal, str(marker))
-    ref.tell(("busy", str(busy)))
-    wait_for(busy.exists)
-    down = node.stop(ref, timeout=0.5)
+    started = tmp_path / "started"
+    answer = ref.ask_async(("busy_until", str(started), str(release)))
+    monitor = node.monitor(ref)
+    wait_for(started.exists)
+    os.kill(ref.pid, signal.SIGTERM)
+    assert monitor.wait(timeout=0.3) is None          # the handler is not interrupted ...
+    release.touch()
+    assert answer.get(timeout=10) == "released"   # ... it finishes and answers
+    down = monitor.wait(timeout=10)
     assert down.exitcode == EXIT_TERMINATED
     assert marker.read_text() == "stopped"
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGHUP])
+def test_sigint_and_sighup_leave_an_actor_running(node: Node, signum: int) -> None:
+    ref = node.spawn(Recorder)
+    os.kill(ref.pid, signum)
+    assert ref.ask("pid", timeout=10) == ref.pid
+    assert ref.ping(timeout=5).incarnation == ref.incarnation
 
 
 def test_stop_escalates_to_sigkill_when_sigterm_is_ignored(node: Node, tmp_path: Path) -> None:
