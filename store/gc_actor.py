@@ -5,7 +5,8 @@ Accepts ``RewriteJob(job_id, directory, dst, src, dst_records, src_records, repl
 tells ``reply_to`` ``Rewritten(job_id, dst, src, dst_offsets, src_offsets, file_size)``, or
 ``RewriteFailed(job_id, reason)`` when a record does not validate or the disk fails. It
 touches no byte the store's index can point at, so it holds no lock and needs none; one
-job at a time, in mailbox order, for either store.
+job at a time, in mailbox order, for either store. Anything else, or a job whose fields
+are malformed, raises ``UnhandledMessage``: logged and counted, never a crash.
 
 Supervised by ``gc_sup`` (one_for_one) under the node's root, first in the tree: a GC
 crash restarts the GC alone, and the store whose job it was abandons that job when its
@@ -15,8 +16,9 @@ monitor reports the GC's death.
 from __future__ import annotations
 
 import logging
+import os
 
-from warren.actors import ProcessActor
+from warren.actors import ActorRef, ProcessActor, UnhandledMessage
 
 from .combine import CombinePlan, rewrite_combine
 from .messages import Rewritten, RewriteFailed, RewriteJob
@@ -24,10 +26,28 @@ from .messages import Rewritten, RewriteFailed, RewriteJob
 log = logging.getLogger("warren.store")
 
 
+def _malformed_job(job: RewriteJob) -> str | None:
+    """What is wrong with a job's fields, or None."""
+    if not (type(job.job_id) is int and type(job.directory) is str and os.path.isabs(job.directory)
+            and type(job.dst) is int and type(job.src) is int and job.dst >= 0 and job.src >= 0
+            and isinstance(job.reply_to, ActorRef)):
+        return "job_id, dst and src must be ints, directory an absolute path, reply_to a ref"
+    for records in (job.dst_records, job.src_records):
+        if type(records) is not list or not all(
+                type(r) is list and len(r) == 3 and type(r[0]) is bytes and len(r[0]) == 16
+                and type(r[1]) is int and type(r[2]) is int and r[1] >= 0 and r[2] > 0
+                for r in records):
+            return "dst_records and src_records must be lists of [msg_id, offset, size]"
+    return None
+
+
 class GCActor(ProcessActor):
     def on_receive(self, message):
         if not isinstance(message, RewriteJob):
-            raise TypeError(f"GCActor does not handle {type(message).__name__}")
+            raise UnhandledMessage(f"GCActor does not handle {type(message).__name__}")
+        problem = _malformed_job(message)
+        if problem is not None:
+            raise UnhandledMessage(f"malformed RewriteJob: {problem}")
         plan = CombinePlan(message.dst, message.src,
                            tuple(tuple(r) for r in message.dst_records),
                            tuple(tuple(r) for r in message.src_records))

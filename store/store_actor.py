@@ -26,6 +26,12 @@ Messages accepted (``warren.store.messages``), and what each gets back:
     Rewritten / RewriteFailed       (from the GC actor) finish or abandon a combine
     Down (of the GC actor)          abandon the combine it was doing
 
+Anything else, a message whose fields are not what this list says (``malformed``), or a
+request that needs an answer sent by tell (a WriteBatch) raises ``UnhandledMessage``
+before anything of it is applied: an ask gets it as its error, a tell is logged and
+counted by the actor loop. A stray or mistaken message never restarts a store (which, as
+rest_for_one, would restart the transient store with it).
+
 Sent unprompted: ``RewriteJob`` to the GC actor (``msg_store_gc``).
 
 Group commit: writes of every batch in the mailbox are applied as they are drained; when
@@ -66,7 +72,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from warren.actors import Down, ProcessActor
+from warren.actors import Down, ProcessActor, UnhandledMessage
 
 from .combine import CombinePlan, CorruptRecord, RewriteResult
 from .index import PENDING_FILE
@@ -141,7 +147,13 @@ class MessageStoreActor(ProcessActor):
     def on_receive(self, message: Any) -> Any:
         handler = self._handlers.get(type(message))
         if handler is None:
-            raise TypeError(f"{type(self).__name__} does not handle {type(message).__name__}")
+            raise UnhandledMessage(f"{type(self).__name__} does not handle "
+                                   f"{type(message).__name__}")
+        problem = malformed(message)
+        if problem is not None:
+            if type(message) is WriteBatch:
+                self.counters["malformed_batches"] += 1
+            raise UnhandledMessage(f"malformed {type(message).__name__}: {problem}")
         return handler(self, message)
 
     def on_idle(self) -> None:
@@ -158,10 +170,10 @@ class MessageStoreActor(ProcessActor):
         parsed = _split_records(records)
         if parsed is None or not _valid_removes(message.removes, len(parsed)):
             self.counters["malformed_batches"] += 1
-            raise ValueError(f"malformed WriteBatch from {message.client_ref.hex()} at seq "
-                             f"{message.first_seq}: not whole records in .rdq layout, or "
-                             f"removes out of place")
-        reply = self.defer_reply()
+            raise UnhandledMessage(f"malformed WriteBatch from {message.client_ref.hex()} at "
+                                   f"seq {message.first_seq}: not whole records in .rdq "
+                                   f"layout, or removes out of place; nothing of it applied")
+        reply = self.defer_reply()        # before any write: a batch sent by tell is refused
         client, seq, write = message.client_ref, message.first_seq, self.store.write
         dying = client in self._dying
         removes = list(reversed(message.removes))      # pop() takes them in order
@@ -321,6 +333,62 @@ class MessageStoreActor(ProcessActor):
         self._job = None
         self.counters["gc_jobs_abandoned"] += 1
         self._gc_not_before = time.monotonic() + self.gc_retry_s
+
+
+def _is_id(value: Any) -> bool:
+    return type(value) is bytes and len(value) == MSG_ID_BYTES
+
+
+def _is_ids(value: Any) -> bool:
+    return type(value) is list and all(type(m) is bytes and len(m) == MSG_ID_BYTES
+                                       for m in value)
+
+
+def _is_client(value: Any) -> bool:
+    return type(value) is bytes and 0 < len(value) < 2**16
+
+
+def _is_count(value: Any) -> bool:
+    return type(value) is int and value >= 0
+
+
+def _is_offsets(value: Any) -> bool:
+    return type(value) is list and all(type(v) is int and v >= 0 for v in value)
+
+
+# What each field of each accepted message must be; a message that fails is refused whole
+# (UnhandledMessage) before anything of it is applied. A WriteBatch's records and removes
+# are checked by the pass that splits them.
+_FIELD_CHECKS: dict[type, tuple[tuple[str, Callable[[Any], bool], str], ...]] = {
+    Register: (("client_ref", _is_client, "1..65535 bytes"),),
+    WriteBatch: (("client_ref", _is_client, "1..65535 bytes"),
+                 ("first_seq", _is_count, "an int >= 0"),
+                 ("records", lambda v: type(v) is bytes, "bytes")),
+    Read: (("msg_id", _is_id, f"{MSG_ID_BYTES} bytes"),),
+    ReadMany: (("msg_ids", _is_ids, f"a list of {MSG_ID_BYTES}-byte ids"),),
+    Contains: (("msg_ids", _is_ids, f"a list of {MSG_ID_BYTES}-byte ids"),),
+    ReadsReport: (("client_ref", _is_client, "1..65535 bytes"),
+                  ("direct", _is_count, "an int >= 0"),
+                  ("fallback", _is_count, "an int >= 0")),
+    Terminate: (("client_ref", _is_client, "1..65535 bytes"),),
+    ClientDying: (("client_ref", _is_client, "1..65535 bytes"),),
+    Rewritten: (("job_id", _is_count, "an int >= 0"), ("dst", _is_count, "an int >= 0"),
+                ("src", _is_count, "an int >= 0"),
+                ("dst_offsets", _is_offsets, "a list of offsets"),
+                ("src_offsets", _is_offsets, "a list of offsets"),
+                ("file_size", _is_count, "an int >= 0")),
+    RewriteFailed: (("job_id", _is_count, "an int >= 0"),
+                    ("reason", lambda v: type(v) is str, "a str")),
+}
+
+
+def malformed(message: Any) -> str | None:
+    """What is wrong with ``message``'s fields, or None when they are all well formed."""
+    for name, check, expected in _FIELD_CHECKS.get(type(message), ()):
+        value = getattr(message, name)
+        if not check(value):
+            return f"{name} must be {expected}, got {type(value).__name__}"
+    return None
 
 
 def _valid_removes(removes: Any, records: int) -> bool:
