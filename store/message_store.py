@@ -75,6 +75,14 @@ apply returns False (``collect_garbage`` retries it on its next call), an empty 
 kept, locked, and deleted at a later sync. Retries take the slots only if they are free
 at that moment, so a stopped reader costs a sync no wait at all.
 
+Interruptions. Every multi-step change of the index and the files (a write, a remove, a
+flush and its rollovers, a file deletion, a combine's apply and switch, an abandon) runs
+as a whole or breaks the store: an exception escaping from the middle of one (an OS error,
+a KeyboardInterrupt in an embedding program, a bug) marks the store broken, so every later
+call raises StoreClosed and ``close()`` writes no clean-shutdown files; the next open
+recovers dirty from the files, which never lose a synced record. A clean snapshot thus
+only ever describes the files as they are.
+
 Races this module guards against (within its one thread of control):
 
 - a write and a remove of the same id while the record is pending: the record is dropped
@@ -388,24 +396,28 @@ class MessageStore:
         key = _key(msg_id)
         index = self._index
         value = index.get(key)
-        if value is None:
-            # The record's bytes do not depend on where it lands: encode it now, once.
-            size = len(body) + RECORD_OVERHEAD
-            index[key] = _PENDING_ONE_REF | (size << _SIZE_SHIFT)
-            self._pending[key] = _pack_header(size - 9, msg_id) + body + b"\xff"
-            self._pending_tickets[key] = ticket
-            pending = self._pending_bytes = self._pending_bytes + size
-            if pending >= self._write_buffer_bytes:
-                self._guarded(self._flush)
-            return ticket
-        if value & idx.REF_MASK == idx.MAX_REF_COUNT:
+        if value is not None and value & idx.REF_MASK == idx.MAX_REF_COUNT:
             raise StoreError(f"{msg_id.hex()} already has {idx.MAX_REF_COUNT} references")
-        self._index[key] = value + 1
-        if value >> _FILE_SHIFT == _PENDING_FILE:
-            self._pending_fan_out.setdefault(key, []).append(ticket)
-        else:
-            self._unsynced_tickets.append(ticket)
-        return ticket
+        try:
+            if value is None:
+                # The record's bytes do not depend on where it lands: encode it now, once.
+                size = len(body) + RECORD_OVERHEAD
+                index[key] = _PENDING_ONE_REF | (size << _SIZE_SHIFT)
+                self._pending[key] = _pack_header(size - 9, msg_id) + body + b"\xff"
+                self._pending_tickets[key] = ticket
+                pending = self._pending_bytes = self._pending_bytes + size
+                if pending >= self._write_buffer_bytes:
+                    self._flush()
+                return ticket
+            index[key] = value + 1
+            if value >> _FILE_SHIFT == _PENDING_FILE:
+                self._pending_fan_out.setdefault(key, []).append(ticket)
+            else:
+                self._unsynced_tickets.append(ticket)
+            return ticket
+        except BaseException as exc:
+            self._break("write", exc)
+            raise
 
     def remove(self, msg_id: bytes) -> bool:
         """Drop one reference to ``msg_id``; False (and nothing changes) if it has none."""
@@ -416,24 +428,29 @@ class MessageStore:
             self.counters["removes_unknown"] += 1
             return False
         self.counters["removes"] += 1
-        if value & idx.REF_MASK > 1:
-            self._index[key] = value - 1
+        try:
+            if value & idx.REF_MASK > 1:
+                self._index[key] = value - 1
+                return True
+            del self._index[key]
+            file = value >> idx.FILE_SHIFT
+            total = (value >> idx.SIZE_SHIFT) & idx.SIZE_MASK
+            if file == idx.PENDING_FILE:
+                del self._pending[key]
+                self._pending_bytes -= total
+                tickets = [self._pending_tickets.pop(key), *self._pending_fan_out.pop(key, ())]
+                self._ignored_tickets += tickets
+                self.counters["writes_ignored"] += len(tickets)
+                return True
+            summary = self._summary[file]
+            summary.valid_total_size -= total
+            if (summary.valid_total_size == 0 and file != self._current_file
+                    and not summary.locked):
+                self._delete_empty_file(file)
             return True
-        del self._index[key]
-        file = value >> idx.FILE_SHIFT
-        total = (value >> idx.SIZE_SHIFT) & idx.SIZE_MASK
-        if file == idx.PENDING_FILE:
-            del self._pending[key]
-            self._pending_bytes -= total
-            tickets = [self._pending_tickets.pop(key), *self._pending_fan_out.pop(key, ())]
-            self._ignored_tickets += tickets
-            self.counters["writes_ignored"] += len(tickets)
-            return True
-        summary = self._summary[file]
-        summary.valid_total_size -= total
-        if summary.valid_total_size == 0 and file != self._current_file and not summary.locked:
-            self._guarded(self._delete_empty_file, file)
-        return True
+        except BaseException as exc:
+            self._break("remove", exc)
+            raise
 
     def read(self, msg_id: bytes) -> bytes | None:
         """The body of ``msg_id``, or None if it has no references. Sees pending writes."""
@@ -553,8 +570,8 @@ class MessageStore:
             dst_records, src_records = self._valid_records(dst), self._valid_records(src)
             if dst_records is None or src_records is None:
                 continue                   # a file that does not add up: try another pair
-            self._summary[dst].locked = self._summary[src].locked = True
             self._combine = CombinePlan(dst, src, dst_records, src_records)
+            self._summary[dst].locked = self._summary[src].locked = True
             return self._combine
         return None
 
@@ -572,11 +589,11 @@ class MessageStore:
             raise StoreError("apply_combine of a rewrite that does not match its plan")
         self._check_usable()
         if self._lock_table is None:
-            self._apply_combine(plan, result)
+            self._guarded(self._apply_combine, plan, result)
             return True
         with self._lock_table.exclusive([plan.dst, plan.src], wait_s) as acquired:
             if acquired:
-                self._apply_combine(plan, result)
+                self._guarded(self._apply_combine, plan, result)
         return acquired
 
     def _apply_combine(self, plan: CombinePlan, result: RewriteResult) -> None:
@@ -591,7 +608,7 @@ class MessageStore:
                         and (value >> idx.OFFSET_SHIFT) & idx.OFFSET_MASK == old_offset):
                     index[key] = idx.relocate(value, plan.dst, new_offset)
                     moved += size
-        self._guarded(self._switch_files, plan, result.file_size, moved)
+        self._switch_files(plan, result.file_size, moved)
         self.counters["gc_runs"] += 1
         self.counters["gc_bytes_moved"] += plan.bytes_to_move
 
@@ -599,6 +616,9 @@ class MessageStore:
         """Give the job up: unlock both files, delete the ``.rdt``; planned again later."""
         if plan is not self._combine:
             return
+        self._guarded(self._abandon_combine, plan)
+
+    def _abandon_combine(self, plan: CombinePlan) -> None:
         self._combine = None
         try:
             os.unlink(temp_file_name(plan.dst), dir_fd=self._dir_fd)
@@ -609,7 +629,7 @@ class MessageStore:
             summary = self._summary[file]
             summary.locked = False
             if summary.valid_total_size == 0:
-                self._guarded(self._delete_empty_file, file)
+                self._delete_empty_file(file)
 
     def collect_garbage(self) -> int:
         """Combine pairs in-process until the trigger no longer holds, or until readers
@@ -823,16 +843,27 @@ class MessageStore:
         if mapped is not None:
             mapped.close()
 
-    def _guarded(self, operation, *args) -> None:
-        """Run a disk operation; any OS error breaks the store (never retried)."""
+    def _guarded(self, operation, *args) -> Any:
+        """Run one multi-step change of the files or the index as a whole: any exception
+        escaping it (an OS error, a KeyboardInterrupt, a bug) breaks the store."""
         try:
-            operation(*args)
-        except OSError as exc:
-            self._broken = exc
-            log.error("%s: %s failed (%s); the store stops and recovers dirty on next open",
-                      self.directory, operation.__name__, exc)
-            self._release()
+            return operation(*args)
+        except BaseException as exc:
+            self._break(operation.__name__, exc)
             raise
+
+    def _break(self, where: str, exc: BaseException) -> None:
+        """Stop the store after ``where`` was interrupted by ``exc``: the index and files
+        may disagree now, so no clean snapshot may ever describe them. Every later call
+        raises StoreClosed, ``close()`` writes nothing, and the next open recovers dirty.
+        A failed fsync is never retried: the kernel may have dropped the pages it could
+        not write."""
+        if self._broken is not None or self._closed:
+            return
+        self._broken = exc
+        log.error("%s: %s was interrupted (%s: %s); the store stops and recovers dirty on "
+                  "next open", self.directory, where, type(exc).__name__, exc)
+        self._release()
 
     # ---------------------------------------------------------------- closing
 
