@@ -13,6 +13,7 @@ from .errors import (
     StoreDirectoryError,
     StoreError,
     StoreLocked,
+    StoreTimeout,
 )
 from .index import Location
 from .message_store import MessageStore, SyncResult
@@ -31,6 +32,7 @@ __all__ = [
     "StoreDirectoryError",
     "StoreError",
     "StoreLocked",
+    "StoreTimeout",
     "SyncResult",
     "rewrite_combine",
     "scan_buffer",

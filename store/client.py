@@ -21,6 +21,11 @@ the disk: no I/O at all). ``settle()`` sends the current batch and waits for eve
 ``on_settled`` (when given) sees each ``Settled`` as it arrives. Every write is settled
 exactly once.
 
+Credit is exact: before a batch is sent, the client waits for the oldest answers until
+the batch fits the window, so at no moment are more than ``max_in_flight`` messages,
+``max_in_flight_bytes`` bytes or ``MAX_IN_FLIGHT_REQUESTS`` batches unanswered (a single
+batch larger than the whole window goes out alone).
+
 Reads. A settled write's location is cached (memory only). ``read`` reads the record
 straight from the file through the shared lock table (``warren.store.lock_table``), and asks the
 store when the location is unknown, the file is locked or gone, the data is not yet
@@ -39,6 +44,11 @@ store). A store silent for ``unavailable_after_s`` (its supervisor gave up) rais
 ``StoreUnavailable`` the same way. (A monitor would need the client to be an actor;
 clients live in any process.)
 
+Every call ends. A read, contains or terminate whose store restarted while it waited is
+asked again of the new incarnation (they change nothing, or nothing twice); one that gets
+no answer within ``call_timeout_s`` raises ``StoreTimeout``; writes end in a settlement,
+``StoreRestarted`` or ``StoreUnavailable``.
+
 Races: a remove travels in the batch, in its place among the writes (``WriteBatch``), so
 the store applies it after the writes before it and before those after it, a write and
 its remove in one batch never reach the disk, and a remove is answered with its batch: a
@@ -56,7 +66,7 @@ from typing import Any
 
 from warren.actors import ActorDeadError, ActorError, ActorRef, AskTimeout
 
-from .errors import StoreError
+from .errors import StoreError, StoreTimeout
 from .lock_table import TABLE_FILE, LockTableReader
 from .messages import (ClientDying, Contains, Found, Read, ReadMany, ReadsReport, Register,
                        Settled, StoreInfo, Terminate, WriteBatch)
@@ -71,6 +81,7 @@ MAX_IN_FLIGHT_REQUESTS = 256
 BATCH_BYTES = 4 * 2**20
 RESTART_CHECK_S = 1.0
 UNAVAILABLE_AFTER_S = 300.0
+CALL_TIMEOUT_S = 60.0                 # longest a read, contains or terminate waits
 REPORT_READS_EVERY = 1000
 
 
@@ -97,7 +108,8 @@ class StoreClient:
                  max_in_flight: int = MAX_IN_FLIGHT,
                  max_in_flight_bytes: int = MAX_IN_FLIGHT_BYTES,
                  restart_check_s: float = RESTART_CHECK_S,
-                 unavailable_after_s: float = UNAVAILABLE_AFTER_S) -> None:
+                 unavailable_after_s: float = UNAVAILABLE_AFTER_S,
+                 call_timeout_s: float = CALL_TIMEOUT_S) -> None:
         self.store = store.unpin()                 # whoever lives at the address: pings
         self.client_ref = client_ref if client_ref is not None else os.urandom(16)
         self.on_settled = on_settled
@@ -107,6 +119,7 @@ class StoreClient:
         self.max_in_flight_bytes = max_in_flight_bytes
         self.restart_check_s = restart_check_s
         self.unavailable_after_s = unavailable_after_s
+        self.call_timeout_s = call_timeout_s
         self._next_seq = 0
         self._batch: list[bytes] = []
         self._batch_ids: list[bytes] = []
@@ -168,22 +181,25 @@ class StoreClient:
         return seq
 
     def flush(self) -> None:
-        """Send the current batch; wait while more than the credit is in flight."""
-        if self._batch or self._removes:
-            records = b"".join(self._batch)
-            first = self._next_seq - len(self._batch)
-            request = WriteBatch(self.client_ref, first, records, self._removes)
-            future = self._send(lambda store: store.ask_async(request))
-            removed = [m for _, ids in self._removes for m in ids]
-            self._in_flight.append((future, first, self._batch_ids, len(records), removed))
-            self._in_flight_messages += len(self._batch) + len(removed)
-            self._in_flight_bytes += len(records)
-            self._batch, self._batch_ids, self._batch_bytes = [], [], 0
-            self._removes, self._removed = [], 0
-        while (self._in_flight_messages > self.max_in_flight
-               or self._in_flight_bytes > self.max_in_flight_bytes
-               or len(self._in_flight) > MAX_IN_FLIGHT_REQUESTS):
+        """Send the current batch, once the credit has room for it."""
+        if not (self._batch or self._removes):
+            return
+        messages = len(self._batch) + self._removed
+        while self._in_flight and (
+                self._in_flight_messages + messages > self.max_in_flight
+                or self._in_flight_bytes + self._batch_bytes > self.max_in_flight_bytes
+                or len(self._in_flight) >= MAX_IN_FLIGHT_REQUESTS):
             self._settle_oldest()
+        records = b"".join(self._batch)
+        first = self._next_seq - len(self._batch)
+        request = WriteBatch(self.client_ref, first, records, self._removes)
+        future = self._send(lambda store: store.ask_async(request))
+        removed = [m for _, ids in self._removes for m in ids]
+        self._in_flight.append((future, first, self._batch_ids, len(records), removed))
+        self._in_flight_messages += messages
+        self._in_flight_bytes += len(records)
+        self._batch, self._batch_ids, self._batch_bytes = [], [], 0
+        self._removes, self._removed = [], 0
 
     def settle(self) -> None:
         """Send the current batch; wait until every write sent is settled and every remove
@@ -196,6 +212,12 @@ class StoreClient:
     def unsettled(self) -> int:
         """Writes and removes sent or queued and not yet answered."""
         return self._in_flight_messages + len(self._batch) + self._removed
+
+    @property
+    def in_flight(self) -> int:
+        """Writes and removes sent and not yet answered (never above ``max_in_flight``,
+        but for one batch larger than the whole window)."""
+        return self._in_flight_messages
 
     @property
     def batched(self) -> int:
@@ -316,13 +338,24 @@ class StoreClient:
         return self._ask(Contains([check_msg_id(m) for m in msg_ids]))
 
     def _ask(self, request):
-        """Ask our store incarnation; a restart found meanwhile raises StoreRestarted."""
+        """Ask our store incarnation; after a restart, ask the new one again (every request
+        sent through here changes nothing, or nothing twice); StoreRestarted if writes or
+        removes were in doubt, StoreTimeout after ``call_timeout_s`` without an answer."""
+        deadline = time.monotonic() + self.call_timeout_s
         future = self._send(lambda store: store.ask_async(request))
         while True:
+            wait_s = min(self.restart_check_s, deadline - time.monotonic())
             try:
-                return future.get(timeout=self.restart_check_s)
+                return future.get(timeout=max(0.0, wait_s))
             except (AskTimeout, ActorDeadError):
                 self._store_answers()
+                if time.monotonic() >= deadline:
+                    raise StoreTimeout(
+                        f"{type(request).__name__} got no answer from the store within "
+                        f"{self.call_timeout_s:g} s; it is alive but silent (stopped, or "
+                        f"recovering); nothing was lost, ask again later") from None
+                if self._pinned is None:            # restarted: our request died with it
+                    future = self._send(lambda store: store.ask_async(request))
 
     def _maybe_report_reads(self) -> None:
         if self.direct_reads + self.fallback_reads - sum(self._reported) >= REPORT_READS_EVERY:

@@ -13,6 +13,7 @@ __all__ = [
     "StoreDirectoryError",
     "StoreError",
     "StoreLocked",
+    "StoreTimeout",
 ]
 
 
@@ -38,3 +39,9 @@ class StoreLocked(StoreError):
 
 class StoreClosed(StoreError):
     """The store was closed; open a new MessageStore on the directory."""
+
+
+class StoreTimeout(StoreError, TimeoutError):
+    """A store client's call got no answer within its ``call_timeout_s``: the store is
+    alive but silent (stopped, or stuck in a long recovery). Nothing was lost; a read or
+    contains may simply be asked again."""
