@@ -25,10 +25,18 @@ one sanctioned use of pickle (start arguments handed to a child we created), and
 the user's modules out of the forkserver's own memory. The child reports READY or FAILED
 to the node service itself, over ZeroMQ, from a fresh context.
 
+Signals. The server leads a process group of its own, which its children (the actors)
+share: a signal to the node's group (Ctrl-C in a terminal, ``timeout``, ``kill -- -PGID``)
+reaches the node alone, which stops its tree in order. The server ignores SIGTERM, SIGINT
+and SIGHUP (systemd's control-group stop signals every process at once): it ends when its
+node goes. Actors take SIGTERM as an orderly stop and ignore the other two.
+
 Races and their answers:
-- The node dies (even SIGKILL): the socket reaches EOF; the server SIGKILLs every child,
-  reaps them and exits. It also exits if ``getppid`` changes (checked once a second), in
-  case the node's end leaked into another process and EOF never comes.
+- The node dies (even SIGKILL): the socket reaches EOF; the server asks every child to
+  stop with SIGTERM (each finishes what it is doing and stops cleanly: a store writes its
+  recovery files), waits up to ``CHILD_STOP_GRACE_S``, SIGKILLs what is left, reaps them
+  all and exits. It also does so if ``getppid`` changes (checked once a second), in case
+  the node's end leaked into another process and EOF never comes.
 - The server dies: every child has PR_SET_PDEATHSIG = SIGKILL (the server is
   single-threaded, so "parent thread exits" means "parent exits"), and checks after the
   prctl that its parent did not die before it.
@@ -50,6 +58,7 @@ import signal
 import socket
 import struct
 import sys
+import time
 import traceback
 from typing import Any
 
@@ -73,6 +82,9 @@ _importing_main = False
 
 # How often the server checks that its parent is alive (seconds).
 _PARENT_CHECK_S = 1.0
+# How long the children of a dead node get to stop cleanly before SIGKILL (seconds): a
+# store writes its recovery files in well under this.
+CHILD_STOP_GRACE_S = 30.0
 _PR_SET_PDEATHSIG = 1
 
 
@@ -121,7 +133,9 @@ def serve(fd: int) -> None:
     sys_path, preload, main_path, title, parent_pid = pickle.loads(request[1])
     sys.path[:] = sys_path
     set_title(title)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    os.setpgid(0, 0)
+    for ignored in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(ignored, signal.SIG_IGN)
     for module in preload:
         importlib.import_module(module)
     if main_path:
@@ -159,6 +173,7 @@ def serve(fd: int) -> None:
                 os.close(wake_write)
                 signal.set_wakeup_fd(-1)
                 signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
                 os._exit(_run_child(payload))
             children.add(pid)
             token = SPAWN_HEAD.unpack_from(payload)[0]
@@ -167,12 +182,29 @@ def serve(fd: int) -> None:
             pid, signum = KILL_BODY.unpack(payload)
             if pid in children:
                 os.kill(pid, signum)
+    _stop_children(children)
+    os._exit(0)
+
+
+def _stop_children(children: set[int]) -> None:
+    """SIGTERM every child, reap them as they exit, SIGKILL those left after the grace."""
+    for pid in children:
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + CHILD_STOP_GRACE_S
+    while children and time.monotonic() < deadline:
+        try:
+            pid, _status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid:
+            children.discard(pid)
+        else:
+            time.sleep(0.01)
     for pid in children:
         os.kill(pid, signal.SIGKILL)
     while children:
         pid, _status = os.waitpid(-1, 0)
         children.discard(pid)
-    os._exit(0)
 
 
 def _import_main(path: str) -> None:

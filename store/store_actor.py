@@ -72,7 +72,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from warren.actors import Down, ProcessActor, UnhandledMessage
+from warren.actors import ActorError, Down, ProcessActor, UnhandledMessage
 
 from .combine import CombinePlan, CorruptRecord, RewriteResult
 from .index import PENDING_FILE
@@ -137,10 +137,14 @@ class MessageStoreActor(ProcessActor):
         self.call_later(self.gc_check_interval_s, self._gc_tick)
 
     def on_stop(self) -> None:
-        self._settle()
-        if self._job is not None:
-            self.store.abandon_combine(self._job[1])
-        self.store.close()
+        # Nothing here may wait on the node: on_stop also runs when the node has died and
+        # its forkserver asks every actor to stop (a GC job is not started now).
+        try:
+            self._settle()
+            if self._job is not None:
+                self.store.abandon_combine(self._job[1])
+        finally:
+            self.store.close()
 
     # ------------------------------------------------------------------ messages
 
@@ -159,6 +163,7 @@ class MessageStoreActor(ProcessActor):
     def on_idle(self) -> None:
         if self._waiting:
             self._settle()
+            self._collect_garbage()
 
     def _register(self, message: Register) -> StoreInfo:
         self.store.register_client(message.client_ref)
@@ -271,6 +276,7 @@ class MessageStoreActor(ProcessActor):
         self._sync_armed = False
         if self._waiting:
             self._settle()
+            self._collect_garbage()
 
     def _settle(self) -> None:
         """One sync for everything written; answer every waiting batch."""
@@ -293,7 +299,6 @@ class MessageStoreActor(ProcessActor):
             longest = max(longest, (now - arrived) * 1000)
         self.counters["longest_confirm_wait_ms"] = longest
         self._waiting = []
-        self._collect_garbage()
 
     # ------------------------------------------------------------------ GC
 
@@ -308,7 +313,11 @@ class MessageStoreActor(ProcessActor):
             self._deferred_apply = None
         if self._job is not None or time.monotonic() < self._gc_not_before:
             return
-        gc = self.whereis(self.gc_name)
+        try:
+            gc = self.whereis(self.gc_name)
+        except ActorError as exc:           # the node is busy or going: try at the next tick
+            log.info("%s: no GC this time: %s", self.directory, exc)
+            return
         if gc is None:
             return
         try:

@@ -38,6 +38,12 @@ the failure of that child. The strategy decides what restarts:
 - rest_for_one: the children started after it are stopped (reverse order), then it and
   they start again in order.
 
+A child that exited on a SIGTERM of its own (exit code ``EXIT_TERMINATED``: an operator's
+kill, or systemd stopping every process of the node at once) is restarted only
+``TERMINATED_RESTART_DELAY_S`` later, and not at all if the supervisor is stopping by
+then: a node-wide stop must not turn into restarts (nor, past the intensity, into a
+failed node).
+
 A restart that fails to start counts as a restart too and is retried after
 ``RETRY_DELAY_S``, until the intensity gives out. As in OTP, a supervisor that is itself
 restarted starts from its spec: children added with ``start_child`` are not brought back
@@ -63,7 +69,8 @@ from typing import Any
 
 import psutil
 
-from warren.actors import ActorError, ActorRef, AskTimeout, Down, Future, Monitor
+from warren.actors import (EXIT_TERMINATED, ActorError, ActorRef, AskTimeout, Down, Future,
+                           Monitor)
 from warren.actors import Node as ActorNode
 
 from .errors import SupervisorError
@@ -72,6 +79,10 @@ from .specs import BRUTAL_KILL, ChildSpec, SupervisorSpec
 log = logging.getLogger("warren.supervisor")
 
 RETRY_DELAY_S = 0.5          # before retrying a restart whose start failed
+# A child that stopped on a SIGTERM of its own is restarted only this long after (seconds):
+# when a whole node is stopped by a signal to every process (systemd's control-group
+# kill), the children see it before the node does, and must not be restarted meanwhile.
+TERMINATED_RESTART_DELAY_S = 1.0
 TICK_S = 0.1                 # how often the event thread looks for hung children
 HEARTBEAT_POLL_S = 0.05
 
@@ -101,6 +112,7 @@ class _Event:
     abnormal: bool = field(default=True, compare=False)
     call: Callable[[], Any] | None = field(default=None, compare=False)
     reply: queue.Queue | None = field(default=None, compare=False)
+    terminated: bool = field(default=False, compare=False)   # the child's own SIGTERM
 
 
 class Supervisor:
@@ -297,7 +309,8 @@ class Supervisor:
                                                 **spec.kwargs)
                 child.monitor = self.node.monitor(
                     child.ref, lambda down: self._events.put(
-                        _Event("exit", child, generation, down.reason, _abnormal(down))))
+                        _Event("exit", child, generation, down.reason, _abnormal(down),
+                               terminated=down.exitcode == EXIT_TERMINATED)))
         except (ActorError, SupervisorError) as exc:
             child.state = "failed"
             raise SupervisorError(f"{self.id}: child {child.name} failed to start: {exc}") from exc
@@ -359,6 +372,9 @@ class Supervisor:
             self._child_exited(event)
         elif event.kind == "retry" and event.child.generation == event.generation:
             self._restart(event.child)
+        elif (event.kind == "restart_terminated" and event.child.generation == event.generation
+                and event.child.state == "stopped"):
+            self._restart(event.child)
 
     def _kill_hung_children(self) -> None:
         now = time.monotonic()
@@ -386,6 +402,12 @@ class Supervisor:
             if restart == "temporary":
                 with self._lock:
                     self._children.remove(child)
+            return
+        if event.terminated:
+            later = _Event("restart_terminated", child, child.generation)
+            timer = threading.Timer(TERMINATED_RESTART_DELAY_S, self._events.put, (later,))
+            timer.daemon = True
+            timer.start()
             return
         self._restart(child)
 

@@ -1,48 +1,51 @@
 """Suite-wide guards: every test stops every process it starts.
 
 The check runs after each test: any descendant of the test process that appeared during
-the test and is still alive a few seconds later fails the test, and is killed so that one
-leak does not cascade into the tests after it. The test process is made a child
-subreaper, so a process orphaned by a killed parent (a forkserver whose node died, say)
-is re-parented to it instead of to init, and stays in view of the check.
+the test, and any Warren process (titled ``warren: ...``) that appeared during it even if
+orphaned since (a forkserver whose node was killed is re-parented away from us), still
+alive a few seconds later fails the test, and is killed so that one leak does not
+cascade into the tests after it.
 """
 
-import ctypes
 import time
 
 import psutil
 import pytest
 
 GRACE_SECONDS = 5.0
-PR_SET_CHILD_SUBREAPER = 36
 
 
-def pytest_configure(config) -> None:
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER) failed")
+def _watched() -> dict[int, psutil.Process]:
+    found = {p.pid: p for p in psutil.Process().children(recursive=True)}
+    for process in psutil.process_iter(["cmdline"]):
+        cmdline = process.info["cmdline"] or []
+        if cmdline and cmdline[0].startswith("warren: "):
+            found.setdefault(process.pid, process)
+    return found
 
 
-def _children() -> dict[int, psutil.Process]:
-    return {p.pid: p for p in psutil.Process().children(recursive=True)}
+def _alive(process: psutil.Process) -> bool:
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 @pytest.fixture(autouse=True)
 def no_process_survives_the_test():
-    before = set(_children())
+    before = set(_watched())
     yield
     deadline = time.monotonic() + GRACE_SECONDS
     survivors = []
     while time.monotonic() < deadline:
-        survivors = [p for pid, p in _children().items()
-                     if pid not in before and p.is_running()
-                     and p.status() != psutil.STATUS_ZOMBIE]
+        survivors = [p for pid, p in _watched().items() if pid not in before and _alive(p)]
         if not survivors:
             return
         time.sleep(0.05)
-    described = [f"{p.pid} {' '.join(p.cmdline())[:80]}" for p in survivors]
+    described = []
     for p in survivors:
         try:
+            described.append(f"{p.pid} {' '.join(p.cmdline())[:80]}")
             p.kill()
         except psutil.NoSuchProcess:
             pass
