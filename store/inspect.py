@@ -3,7 +3,8 @@
 Reads every ``.rdq`` file with the scanner and reports, per file, its records, valid and
 garbage bytes and damaged regions. Which records are valid comes from the clean-shutdown
 index when one is present and intact (what a clean start would load); otherwise from the
-rule dirty recovery uses without reference counts: the last copy of each id is valid.
+rule dirty recovery uses without reference counts: the last copy of each id is valid,
+unless the removal log names it.
 It takes no lock and writes nothing, so it may run beside a live store (its figures are
 then a moment's view). Anything named like a data file that is not a regular file (a
 directory called ``3.rdq``) is listed and otherwise ignored. The ``warren`` command
@@ -20,6 +21,7 @@ from . import snapshot
 from .errors import StoreDirectoryError
 from .message_store import LOCK_FILE
 from .records import TEMP_SUFFIX, data_file_name, data_file_number
+from .removal_log import read_entries
 from .scanner import scan_file
 
 
@@ -40,7 +42,7 @@ class FileReport:
 @dataclass
 class StoreReport:
     directory: str
-    validity_source: str                  # "clean-shutdown index" or "last copy of each id"
+    validity_source: str                  # "clean-shutdown index" or the dirty-recovery rule
     files: list[FileReport]
     stray_temp_files: list[str]
     snapshot_problem: str | None
@@ -91,7 +93,10 @@ def inspect_store(directory: str | os.PathLike) -> StoreReport:
         source = "clean-shutdown index"
         places = ((v >> idx.FILE_SHIFT, idx.size_of(v)) for v in saved_index.values())
     else:
-        source = "last copy of each id"
+        source = "last copy of each id, less the removal log"
+        for file, offset, msg_id in read_entries(directory):
+            if last_copy.get(msg_id, (None, None))[:2] == (file, offset):
+                del last_copy[msg_id]
         places = ((file, size) for file, _offset, size in last_copy.values())
     for file, size in places:
         if file in by_file:

@@ -63,9 +63,16 @@ and the current file is truncated after its last complete record (a torn tail fr
 crash). Reference counts come from ``ref_counts``, an iterable of (msg_id, count) pairs
 (a node passes a walker over its queue indexes); ids it names whose data is missing are
 dropped and counted; records it does not name are garbage. Without it every message found
-counts once, which brings back messages that were removed but whose files were not yet
-deleted or combined: a standalone store cannot tell them apart. Stray ``.rdt`` files left
-by a combine that did not finish are deleted at every start.
+counts once, except the records the removal log names (``warren.store.removal_log``):
+every remove that took a record in a file to zero references, written with the group
+commit, so an acknowledged message never comes back. Without a source, a recovered
+count of one is a guess the store cannot check, and a client re-sending the writes it was
+told are in doubt would add a second reference to a write that had reached the disk; so
+after such a start the first write of each recovered id *adopts* the record (reported
+durable, no I/O, no extra reference), until a remove or a clean close. (After a clean stop
+counts are exact, and what is in doubt was never applied: a clean stop answers every batch
+it applied.) Stray ``.rdt`` files left by a combine that did not finish are deleted at
+every start; anything named like a data file that is not a regular file is ignored.
 
 Readers in other processes. With ``shared_readers=True`` the store keeps the shared
 file-lock table (``warren.store.lock_table``): it publishes the current file and its flushed
@@ -101,6 +108,7 @@ import fcntl
 import logging
 import mmap
 import os
+import stat
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -129,6 +137,7 @@ from .records import (
     data_file_number,
     temp_file_name,
 )
+from .removal_log import RemovalLog
 from .scanner import scan_file
 from .summary import FileSummary
 
@@ -213,6 +222,10 @@ class MessageStore:
         self._uncombinable: set[int] = set()         # files whose records do not add up
         self._unsynced_files: set[int] = set()       # rolled over, never fdatasync'd
         self._lock_table: LockTableOwner | None = None
+        self._removals: RemovalLog | None = None
+        # Ids recovered by a dirty start without reference counts: the first write of one
+        # is taken as the re-send of the write that stored it (see "Recovery").
+        self._adoptable: set[int] = set()
         self._clients: set[bytes] = set()
         self._damaged: list[dict[str, int]] = []
         self._broken: BaseException | None = None
@@ -220,8 +233,8 @@ class MessageStore:
         self._reads = 0                              # plain ints: the hot paths count
         self._writes = 0
         self.counters = {"removes": 0, "removes_unknown": 0,
-                         "writes_ignored": 0, "gc_runs": 0, "gc_bytes_moved": 0,
-                         "files_deleted": 0}
+                         "writes_ignored": 0, "writes_adopted": 0, "gc_runs": 0,
+                         "gc_bytes_moved": 0, "files_deleted": 0, "recovery_removed": 0}
 
         self._dir_fd, self._lock_fd = self._open_directory()
         try:
@@ -265,7 +278,17 @@ class MessageStore:
             if name.endswith(TEMP_SUFFIX):
                 log.info("%s: deleting %s left by an unfinished combine", self.directory, name)
                 os.unlink(name, dir_fd=self._dir_fd)
-        files = sorted(n for n in map(data_file_number, names) if n is not None)
+        files = []
+        for name in names:
+            number = data_file_number(name)
+            if number is None:
+                continue
+            if stat.S_ISREG(os.stat(name, dir_fd=self._dir_fd).st_mode):
+                files.append(number)
+            else:
+                log.warning("%s: %s is not a regular file; ignored", self.directory, name)
+        files.sort()
+        self._removals = RemovalLog(self._dir_fd, fsync=self._fsync)
         clean = self._load_snapshot(files, clean_clients)
         if snapshot.delete(self._dir_fd):
             os.fsync(self._dir_fd)
@@ -329,6 +352,11 @@ class MessageStore:
             records += len(found.msg_ids)
         if ref_counts is not None:
             index = self._apply_ref_counts(index, ref_counts)
+        else:
+            removed = self._drop_removed(index, found_bytes)
+            if removed:
+                records -= removed
+            self._adoptable = set(index)
         if ref_counts is None and len(index) == records:
             valid = found_bytes                   # no id twice: every record found is live
         else:
@@ -342,6 +370,21 @@ class MessageStore:
                 self._unlink_file(file)
         log.info("%s: dirty recovery found %d messages in %d files", self.directory,
                  len(index), len(files))
+
+    def _drop_removed(self, index: dict[int, int], found_bytes: dict[int, int]) -> int:
+        """Drop from a dirty recovery's ``index`` the records the removal log names (their
+        bytes off ``found_bytes``); how many were dropped."""
+        dropped = 0
+        for file, offset, msg_id in self._removals.entries():
+            key = _key(msg_id)
+            value = index.get(key)
+            if (value is not None and value >> idx.FILE_SHIFT == file
+                    and (value >> idx.OFFSET_SHIFT) & idx.OFFSET_MASK == offset):
+                del index[key]
+                found_bytes[file] -= (value >> idx.SIZE_SHIFT) & idx.SIZE_MASK
+                dropped += 1
+        self.counters["recovery_removed"] = dropped
+        return dropped
 
     def _apply_ref_counts(self, found: dict[int, int], ref_counts) -> dict[int, int]:
         counts: dict[int, int] = {}
@@ -409,6 +452,11 @@ class MessageStore:
                 if pending >= self._write_buffer_bytes:
                     self._flush()
                 return ticket
+            if self._adoptable and key in self._adoptable:
+                self._adoptable.discard(key)          # the re-send of a recovered write
+                self.counters["writes_adopted"] += 1
+                self._unsynced_tickets.append(ticket)
+                return ticket
             index[key] = value + 1
             if value >> _FILE_SHIFT == _PENDING_FILE:
                 self._pending_fan_out.setdefault(key, []).append(ticket)
@@ -428,6 +476,8 @@ class MessageStore:
             self.counters["removes_unknown"] += 1
             return False
         self.counters["removes"] += 1
+        if self._adoptable:
+            self._adoptable.discard(key)
         try:
             if value & idx.REF_MASK > 1:
                 self._index[key] = value - 1
@@ -442,6 +492,7 @@ class MessageStore:
                 self._ignored_tickets += tickets
                 self.counters["writes_ignored"] += len(tickets)
                 return True
+            self._removals.note(file, (value >> _OFFSET_SHIFT) & _OFFSET_MASK, msg_id)
             summary = self._summary[file]
             summary.valid_total_size -= total
             if (summary.valid_total_size == 0 and file != self._current_file
@@ -696,6 +747,10 @@ class MessageStore:
 
     def _switch_files(self, plan: CombinePlan, file_size: int, moved: int) -> None:
         dst, src = self._summary[plan.dst], self._summary[plan.src]
+        # Before the rename: a live record moved into Dst could land where an entry says a
+        # removed record of the same id was (see warren.store.removal_log).
+        self._removals.compact(
+            keep=lambda file: file in self._summary and file not in (plan.dst, plan.src))
         self._unmap(plan.dst)
         os.rename(temp_file_name(plan.dst), data_file_name(plan.dst),
                   src_dir_fd=self._dir_fd, dst_dir_fd=self._dir_fd)
@@ -793,13 +848,17 @@ class MessageStore:
 
     def _sync_to_disk(self) -> None:
         self._flush()
+        self._removals.write()
         if self._fsync:
             if self._data_unsynced:
                 os.fdatasync(self._current_fd)
+            self._removals.sync()
             if self._directory_unsynced:
                 os.fsync(self._dir_fd)
                 self._directory_unsynced = False
         self._data_unsynced = False
+        if self._removals.due_for_compaction():
+            self._removals.compact(keep=self._summary.__contains__)
 
     def _delete_empty_file(self, file: int,
                            wait_s: float = SWITCH_DEADLINE_SECONDS) -> None:
@@ -907,6 +966,7 @@ class MessageStore:
                 finally:
                     os.close(fd)
             self._unsynced_files.clear()
+            self._removals.compact(keep=self._summary.__contains__)
             summary = [(file, s.valid_total_size, s.file_size)
                        for file, s in sorted(self._summary.items())]
             snapshot.write(self._dir_fd, self._index, summary, frozenset(self._clients))
@@ -926,6 +986,11 @@ class MessageStore:
         self._maps.clear()
         if self._lock_table is not None:
             self._lock_table.close()
+        if self._removals is not None:
+            try:
+                self._removals.close()
+            except OSError:
+                pass   # closing is best effort once the store has stopped
         fds = [self._current_fd, self._lock_fd, self._dir_fd]
         for fd in fds:
             if fd >= 0:

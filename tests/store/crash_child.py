@@ -8,6 +8,10 @@
         after-plan, mid-copy, before-fsync, after-rename, before-delete.
     python -m tests.store.crash_child hold DIR
         opens the store, prints "open", and waits to be killed.
+    python -m tests.store.crash_child churn DIR [restart]
+        writes CHURN messages, removes the odd ones, writes some removed ids again with new
+        bodies (``churned_bodies``), syncs after each step; with "restart", stops cleanly
+        and opens the store again; prints "ready", and waits to be killed.
 """
 
 import os
@@ -93,6 +97,35 @@ def combine_and_die(directory: str, point: str) -> None:
     print("combine finished without reaching the crash point", flush=True)
 
 
+CHURN = 3000
+
+
+def churned_bodies() -> dict[int, bytes]:
+    """What a churned store holds: the even messages, and every 10th odd id rewritten."""
+    live = {n: body(n) for n in range(0, CHURN, 2)}
+    live.update({n: body(n, 80, generation=1) for n in range(1, CHURN, 20)})
+    return live
+
+
+def churn(directory: str, restart: bool) -> None:
+    store_ = MessageStore(directory, file_size_limit=16 * 1024, auto_gc=False)
+    for n in range(CHURN):
+        store_.write(msg_id(n), body(n))
+    store_.sync()
+    for n in range(1, CHURN, 2):
+        store_.remove(msg_id(n))
+    store_.sync()
+    for n in range(1, CHURN, 20):
+        store_.write(msg_id(n), body(n, 80, generation=1))
+    store_.sync()
+    if restart:
+        store_.close()
+        store_ = MessageStore(directory, file_size_limit=16 * 1024, auto_gc=False)
+    print("ready", flush=True)
+    while True:
+        time.sleep(60)
+
+
 def hold(directory: str) -> None:
     MessageStore(directory)
     print("open", flush=True)
@@ -104,4 +137,5 @@ if __name__ == "__main__":
     command, directory, *rest = sys.argv[1:]
     {"write": lambda: write_forever(directory),
      "combine": lambda: combine_and_die(directory, rest[0]),
-     "hold": lambda: hold(directory)}[command]()
+     "hold": lambda: hold(directory),
+     "churn": lambda: churn(directory, rest == ["restart"])}[command]()

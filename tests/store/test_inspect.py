@@ -26,7 +26,7 @@ def test_inspect_reports_files_records_valid_and_garbage_bytes_and_damage(store_
     before = fingerprint(store_dir)
 
     report = inspect_store(store_dir)
-    assert report.validity_source == "last copy of each id"
+    assert report.validity_source == "last copy of each id, less the removal log"
     assert report.snapshot_problem == "2.rdq changed size since the clean shutdown"
     assert fingerprint(store_dir) == before
     files = {f.file: f for f in report.files}
