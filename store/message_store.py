@@ -104,6 +104,8 @@ Races this module guards against (within its one thread of control):
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import fcntl
 import logging
 import mmap
@@ -158,14 +160,36 @@ GARBAGE_FRACTION = 0.5                  # combine when garbage exceeds this shar
 MIN_FILES_FOR_GC = 3
 SYNC_POLICIES = ("fsync", "flush")
 LOCK_FILE = ".lock"
+_DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+_FALLOC_FL_KEEP_SIZE = 1
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def reserve(fd: int, length: int) -> None:
+    """Allocate the blocks of the first ``length`` bytes of ``fd`` without changing its
+    size (fallocate's KEEP_SIZE), so writes below ``length`` cannot find the disk full and
+    an fdatasync cannot fail for want of space. OSError(ENOSPC) when the disk lacks the
+    room; nothing on a filesystem that cannot reserve."""
+    if _libc.fallocate(fd, _FALLOC_FL_KEEP_SIZE, ctypes.c_long(0), ctypes.c_long(length)):
+        code = ctypes.get_errno()
+        if code not in (errno.EOPNOTSUPP, errno.ENOSYS):
+            raise OSError(code, os.strerror(code))
 
 
 @dataclass(frozen=True)
 class SyncResult:
-    """What one ``sync()`` settled: tickets now on disk, and tickets never written."""
+    """What one ``sync()`` settled: tickets now on disk, tickets never written (removed
+    again first), and tickets that failed because the disk is full (their references
+    dropped as if never written). Each ticket is reported once, in one list."""
 
     durable: list[Hashable] = field(default_factory=list)
     ignored: list[Hashable] = field(default_factory=list)
+    failed: list[Hashable] = field(default_factory=list)
+
+
+class _DiskFull(Exception):
+    """Internal: a write(2) or a new file found the disk full; its own partial effects are
+    already undone, and the records it carried are still pending."""
 
 
 class MessageStore:
@@ -209,6 +233,8 @@ class MessageStore:
         self._pending_bytes = 0
         self._unsynced_tickets: list[Hashable] = []  # written or counted, awaiting fsync
         self._ignored_tickets: list[Hashable] = []
+        self._failed_tickets: list[Hashable] = []
+        self.disk_full = False                       # the last write(2) found no space
         self._next_ticket = 0
         self._current_file = 0
         self._current_fd = -1
@@ -234,7 +260,8 @@ class MessageStore:
         self._writes = 0
         self.counters = {"removes": 0, "removes_unknown": 0,
                          "writes_ignored": 0, "writes_adopted": 0, "gc_runs": 0,
-                         "gc_bytes_moved": 0, "files_deleted": 0, "recovery_removed": 0}
+                         "gc_bytes_moved": 0, "files_deleted": 0, "recovery_removed": 0,
+                         "writes_failed_disk_full": 0}
 
         self._dir_fd, self._lock_fd = self._open_directory()
         try:
@@ -301,6 +328,13 @@ class MessageStore:
                                    os.O_RDWR | os.O_CREAT, 0o644, dir_fd=self._dir_fd)
         self._write_offset = self._summary[self._current_file].file_size
         os.ftruncate(self._current_fd, self._write_offset)
+        try:
+            reserve(self._current_fd, self.file_size_limit)
+        except OSError as exc:
+            if exc.errno not in _DISK_FULL_ERRNOS:
+                raise
+            log.warning("%s: no space to reserve the current file; writes may fail",
+                        self.directory)
         os.lseek(self._current_fd, self._write_offset, os.SEEK_SET)
         os.fsync(self._dir_fd)
         return clean
@@ -551,8 +585,8 @@ class MessageStore:
         """Group commit: flush the buffer, fdatasync, report durable and ignored tickets."""
         self._check_usable()
         self._guarded(self._sync_to_disk)
-        result = SyncResult(self._unsynced_tickets, self._ignored_tickets)
-        self._unsynced_tickets, self._ignored_tickets = [], []
+        result = SyncResult(self._unsynced_tickets, self._ignored_tickets, self._failed_tickets)
+        self._unsynced_tickets, self._ignored_tickets, self._failed_tickets = [], [], []
         # What follows must not lose ``result``: those writes are on disk whatever happens.
         try:
             for file in sorted(self._deferred_deletes):
@@ -596,6 +630,7 @@ class MessageStore:
             "uncombinable_files": sorted(self._uncombinable),
             "deferred_deletes": len(self._deferred_deletes),
             "recovered_clean": self.recovered_clean,
+            "disk_full": self.disk_full,
             "reads": self._reads,
             "writes": self._writes,
             **self.counters,
@@ -631,7 +666,8 @@ class MessageStore:
         """Step 3: move the entries still in place, switch the files, delete Src.
 
         False when readers in other processes held the files for ``wait_s`` (with
-        ``shared_readers``): nothing changed, call again later.
+        ``shared_readers``), or the disk had no room to drop the pair's removal-log
+        entries: nothing changed, call again later.
         """
         if plan is not self._combine:
             raise StoreError("apply_combine of a plan this store is not running")
@@ -639,6 +675,11 @@ class MessageStore:
                 len(plan.dst_records), len(plan.src_records)):
             raise StoreError("apply_combine of a rewrite that does not match its plan")
         self._check_usable()
+        # Before the switch: a live record moved into Dst could land where an entry says a
+        # removed record of the same id was (see warren.store.removal_log).
+        if not self._guarded(self._removals.compact, lambda file: (
+                file in self._summary and file not in (plan.dst, plan.src))):
+            return False                       # no room for the log: try again later
         if self._lock_table is None:
             self._guarded(self._apply_combine, plan, result)
             return True
@@ -747,10 +788,6 @@ class MessageStore:
 
     def _switch_files(self, plan: CombinePlan, file_size: int, moved: int) -> None:
         dst, src = self._summary[plan.dst], self._summary[plan.src]
-        # Before the rename: a live record moved into Dst could land where an entry says a
-        # removed record of the same id was (see warren.store.removal_log).
-        self._removals.compact(
-            keep=lambda file: file in self._summary and file not in (plan.dst, plan.src))
         self._unmap(plan.dst)
         os.rename(temp_file_name(plan.dst), data_file_name(plan.dst),
                   src_dir_fd=self._dir_fd, dst_dir_fd=self._dir_fd)
@@ -773,46 +810,94 @@ class MessageStore:
     # ---------------------------------------------------------------- writing
 
     def _flush(self) -> None:
-        """Hand every pending record to write(2), rolling over as files fill up."""
+        """Hand every pending record to write(2), rolling over as files fill up. On a full
+        disk the records not written fail (``SyncResult.failed``); the store goes on."""
         if not self._pending:
             return
         index, pending, tickets = self._index, self._pending, self._pending_tickets
-        unsynced = self._unsynced_tickets
         offset = start = self._write_offset
         file_bits = self._current_file << _FILE_SHIFT
-        if offset + self._pending_bytes < self.file_size_limit:
-            # No rollover (the common case): one pass places the records; records and
-            # tickets then go out whole, in arrival order, as the dicts keep it.
-            for key, record in pending.items():
+        try:
+            if offset + self._pending_bytes < self.file_size_limit:
+                # No rollover (the common case): one pass places the records; records and
+                # tickets then go out whole, in arrival order, as the dicts keep it.
+                for key, record in pending.items():
+                    index[key] = ((index[key] & _LOCATION_CLEAR) | (offset << _OFFSET_SHIFT)
+                                  | file_bits)
+                    offset += len(record)
+                self._append(pending.values(), offset - start)
+                self._pending_written(pending)
+                return
+            keys: list[int] = []
+            for key, record in list(pending.items()):
                 index[key] = (index[key] & _LOCATION_CLEAR) | (offset << _OFFSET_SHIFT) | file_bits
-                offset += len(record)
-            unsynced += tickets.values()
-            self._append(pending.values(), offset - start)
-        else:
-            records: list[bytes] = []
-            for key, record in pending.items():
-                index[key] = (index[key] & _LOCATION_CLEAR) | (offset << _OFFSET_SHIFT) | file_bits
-                records.append(record)
-                unsynced.append(tickets[key])
+                keys.append(key)
                 offset += len(record)
                 if offset >= self.file_size_limit:
-                    self._append(records, offset - start)
+                    self._append([pending[k] for k in keys], offset - start)
+                    self._pending_written(keys)
+                    keys, offset, start = [], 0, 0
                     self._roll_over()
-                    records, offset, start = [], 0, 0
                     file_bits = self._current_file << _FILE_SHIFT
-            if records:
-                self._append(records, offset - start)
-        for fan_out in self._pending_fan_out.values():
-            unsynced += fan_out
-        pending.clear()
-        tickets.clear()
+            if keys:
+                self._append([pending[k] for k in keys], offset - start)
+                self._pending_written(keys)
+        except _DiskFull:
+            self._pending_failed()
+
+    def _pending_written(self, keys: Iterable[int]) -> None:
+        """The records of ``keys`` are in the kernel: their tickets await the fsync."""
+        pending, tickets, fan_outs = self._pending, self._pending_tickets, self._pending_fan_out
+        unsynced = self._unsynced_tickets
+        if keys is pending:                    # all of them, the common case: whole dicts
+            unsynced += tickets.values()
+            for fan_out in fan_outs.values():
+                unsynced += fan_out
+            pending.clear()
+            tickets.clear()
+            fan_outs.clear()
+            self._pending_bytes = 0
+            return
+        for key in keys:
+            self._pending_bytes -= len(pending.pop(key))
+            unsynced.append(tickets.pop(key))
+            unsynced += fan_outs.pop(key, ())
+
+    def _pending_failed(self) -> None:
+        """The disk is full: every record still pending fails, its references dropped as
+        if never written."""
+        failed = self._failed_tickets
+        before = len(failed)
+        for key in self._pending:
+            del self._index[key]
+            failed.append(self._pending_tickets[key])
+            failed += self._pending_fan_out.get(key, ())
+        self._pending.clear()
+        self._pending_tickets.clear()
         self._pending_fan_out.clear()
         self._pending_bytes = 0
+        self.counters["writes_failed_disk_full"] += len(failed) - before
+        if not self.disk_full:
+            log.error("%s: the disk is full; writes fail until space is freed (reads and "
+                      "removes go on)", self.directory)
+        self.disk_full = True
 
     def _append(self, records: Iterable[bytes], length: int) -> None:
         view = memoryview(b"".join(records))
-        while view:
-            view = view[os.write(self._current_fd, view):]
+        try:
+            while view:
+                view = view[os.write(self._current_fd, view):]
+        except OSError as exc:
+            if exc.errno not in _DISK_FULL_ERRNOS:
+                raise
+            # Part of the records may have landed: cut them off, so the file ends with
+            # whole records and the next write goes where the index expects.
+            os.ftruncate(self._current_fd, self._write_offset)
+            os.lseek(self._current_fd, self._write_offset, os.SEEK_SET)
+            raise _DiskFull from exc
+        if self.disk_full:
+            log.info("%s: space is back; writes are stored again", self.directory)
+            self.disk_full = False
         self._write_offset += length
         summary = self._summary[self._current_file]
         summary.file_size += length
@@ -823,6 +908,10 @@ class MessageStore:
 
     def _roll_over(self) -> None:
         old = self._current_file
+        new = old + 1
+        if new > idx.MAX_FILE:
+            raise StoreError(f"file numbers exhausted at {new}")
+        new_fd = self._open_data_file(new)
         if self._data_unsynced:
             if self._fsync:
                 os.fdatasync(self._current_fd)
@@ -830,11 +919,7 @@ class MessageStore:
                 self._unsynced_files.add(old)
             self._data_unsynced = False
         os.close(self._current_fd)
-        new = old + 1
-        if new > idx.MAX_FILE:
-            raise StoreError(f"file numbers exhausted at {new}")
-        self._current_fd = os.open(data_file_name(new), os.O_RDWR | os.O_CREAT | os.O_TRUNC,
-                                   0o644, dir_fd=self._dir_fd)
+        self._current_fd = new_fd
         self._summary[new] = FileSummary(left=old)
         self._summary[old].right = new
         self._current_file = new
@@ -845,6 +930,27 @@ class MessageStore:
         old_summary = self._summary[old]
         if old_summary.valid_total_size == 0 and not old_summary.locked:
             self._delete_empty_file(old)
+
+    def _open_data_file(self, file: int) -> int:
+        """Create data file ``file`` with its space reserved; _DiskFull (and no file left
+        behind) when the disk cannot hold it."""
+        try:
+            fd = os.open(data_file_name(file), os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644,
+                         dir_fd=self._dir_fd)
+        except OSError as exc:
+            if exc.errno in _DISK_FULL_ERRNOS:
+                raise _DiskFull from exc
+            raise
+        try:
+            reserve(fd, self.file_size_limit)
+        except OSError as exc:
+            os.close(fd)
+            os.unlink(data_file_name(file), dir_fd=self._dir_fd)
+            if exc.errno in _DISK_FULL_ERRNOS:
+                raise _DiskFull from exc
+            raise
+        self._directory_unsynced = True
+        return fd
 
     def _sync_to_disk(self) -> None:
         self._flush()
@@ -969,9 +1075,18 @@ class MessageStore:
             self._removals.compact(keep=self._summary.__contains__)
             summary = [(file, s.valid_total_size, s.file_size)
                        for file, s in sorted(self._summary.items())]
-            snapshot.write(self._dir_fd, self._index, summary, frozenset(self._clients))
-            settled = SyncResult(self._unsynced_tickets, self._ignored_tickets)
-            self._unsynced_tickets, self._ignored_tickets = [], []
+            try:
+                snapshot.write(self._dir_fd, self._index, summary, frozenset(self._clients))
+            except OSError as exc:
+                if exc.errno not in _DISK_FULL_ERRNOS:
+                    raise
+                # The data is all on disk; only the fast start is lost.
+                log.warning("%s: no room for the clean-shutdown files; the next start "
+                            "recovers from the data files", self.directory)
+                snapshot.delete(self._dir_fd)
+            settled = SyncResult(self._unsynced_tickets, self._ignored_tickets,
+                                 self._failed_tickets)
+            self._unsynced_tickets, self._ignored_tickets, self._failed_tickets = [], [], []
             return settled
         finally:
             self._release()

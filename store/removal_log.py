@@ -34,12 +34,16 @@ Races and their answers:
   one.
 - A file is deleted: its entries name records that no longer exist and match nothing;
   file numbers only grow, so they never name a record of a later file.
+- The disk is full: entries stay buffered and are written at a later sync; a compaction
+  that finds no room leaves the log as it was (a combine then waits: it may not switch
+  files before its entries are gone).
 - A crash before ``write``: the remove was not answered yet (removes are answered with
   the sync that writes them), so bringing the record back breaks no promise.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import struct
 import zlib
@@ -74,12 +78,19 @@ class RemovalLog:
         self._buffer += _CRC.pack(zlib.crc32(head))
 
     def write(self) -> None:
-        """Hand the buffered entries to write(2)."""
+        """Hand the buffered entries to write(2); on a full disk keep them buffered for the
+        next try (a partly written entry is cut off first)."""
         if not self._buffer:
             return
         view = memoryview(self._buffer)
-        while view:
-            view = view[os.write(self._fd, view):]
+        try:
+            while view:
+                view = view[os.write(self._fd, view):]
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            os.ftruncate(self._fd, self.size)
+            return
         self.size += len(self._buffer)
         self._buffer = bytearray()
         self._unsynced = True
@@ -97,29 +108,40 @@ class RemovalLog:
         """Every intact entry on disk, in the order written: (file, offset, msg_id)."""
         return parse_entries(os.pread(self._fd, self.size, 0))
 
-    def compact(self, keep: Callable[[int], bool]) -> None:
-        """Rewrite the log with the entries whose file ``keep`` accepts."""
+    def compact(self, keep: Callable[[int], bool]) -> bool:
+        """Rewrite the log with the entries whose file ``keep`` accepts; False, and the log
+        as it was, when the disk has no room for the new one."""
         self.write()
+        if self._buffer:
+            return False
         kept = bytearray()
         for file, offset, msg_id in self.entries():
             if keep(file):
                 head = _HEAD.pack(file, offset, msg_id)
                 kept += head
                 kept += _CRC.pack(zlib.crc32(head))
-        fd = os.open(_TEMP, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644, dir_fd=self._dir_fd)
         try:
-            view = memoryview(kept)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+            fd = os.open(_TEMP, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644,
+                         dir_fd=self._dir_fd)
+            try:
+                view = memoryview(kept)
+                while view:
+                    view = view[os.write(fd, view):]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            os.unlink(_TEMP, dir_fd=self._dir_fd)
+            return False
         os.rename(_TEMP, LOG_FILE, src_dir_fd=self._dir_fd, dst_dir_fd=self._dir_fd)
         os.fsync(self._dir_fd)
         os.close(self._fd)
         self._fd = os.open(LOG_FILE, os.O_RDWR | os.O_APPEND, dir_fd=self._dir_fd)
         self.size = self._compacted_size = len(kept)
         self._unsynced = False
+        return True
 
     def close(self) -> None:
         os.close(self._fd)

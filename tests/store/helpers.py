@@ -1,6 +1,9 @@
 """Shared helpers for the store tests: deterministic ids and bodies, record bytes."""
 
+import errno
 import hashlib
+import os
+import shutil
 
 from warren.store.records import encode_record
 
@@ -49,3 +52,21 @@ def build_fragmented_store(store) -> dict[int, bytes]:
         live[n] = body(n, 300)
     store.sync()
     return live
+
+
+def fill_disk(directory, leave_bytes: int = 0):
+    """Fill the filesystem holding ``directory`` with one file until about ``leave_bytes``
+    are free (all of it for 0); the file's path, to delete when space should come back."""
+    filler = os.path.join(directory, "filler")
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        while (room := shutil.disk_usage(directory).free - leave_bytes) > 0:
+            try:
+                os.write(fd, b"\0" * min(2**20, max(4096, room)))
+            except OSError as exc:
+                if exc.errno != errno.ENOSPC:
+                    raise
+                break
+    finally:
+        os.close(fd)
+    return filler
