@@ -7,6 +7,7 @@ in whatever process the caller chooses.
 
 from .combine import CombinePlan, CorruptRecord, RewriteResult, rewrite_combine
 from .errors import (
+    DiskFull,
     InvalidBody,
     InvalidMessageId,
     StoreClosed,
@@ -14,6 +15,7 @@ from .errors import (
     StoreError,
     StoreLocked,
     StoreTimeout,
+    WritesBlocked,
 )
 from .index import Location
 from .message_store import MessageStore, SyncResult
@@ -22,6 +24,7 @@ from .scanner import ScanResult, scan_buffer, scan_file
 __all__ = [
     "CombinePlan",
     "CorruptRecord",
+    "DiskFull",
     "InvalidBody",
     "InvalidMessageId",
     "Location",
@@ -34,6 +37,7 @@ __all__ = [
     "StoreLocked",
     "StoreTimeout",
     "SyncResult",
+    "WritesBlocked",
     "rewrite_combine",
     "scan_buffer",
     "scan_file",

@@ -44,6 +44,12 @@ store). A store silent for ``unavailable_after_s`` (its supervisor gave up) rais
 ``StoreUnavailable`` the same way. (A monitor would need the client to be an actor;
 clients live in any process.)
 
+Full disk. While the node's disk alarm is raised the store asks, through the lock
+table, that writes be held: ``flush`` waits before sending a batch that holds writes
+(removes alone still go), up to ``call_timeout_s``, then raises ``WritesBlocked``. Writes
+that still meet a full disk fail alone: ``Settled.failed`` names them, and ``settle()``
+raises ``DiskFull`` with their ids once every answer is in.
+
 Every call ends. A read, contains or terminate whose store restarted while it waited is
 asked again of the new incarnation (they change nothing, or nothing twice); one that gets
 no answer within ``call_timeout_s`` raises ``StoreTimeout``; writes end in a settlement,
@@ -66,7 +72,7 @@ from typing import Any
 
 from warren.actors import ActorDeadError, ActorError, ActorRef, AskTimeout
 
-from .errors import StoreError, StoreTimeout
+from .errors import DiskFull, StoreError, StoreTimeout, WritesBlocked
 from .lock_table import TABLE_FILE, LockTableReader
 from .messages import (ClientDying, Contains, Found, Read, ReadMany, ReadsReport, Register,
                        Settled, StoreInfo, Terminate, WriteBatch)
@@ -82,6 +88,7 @@ BATCH_BYTES = 4 * 2**20
 RESTART_CHECK_S = 1.0
 UNAVAILABLE_AFTER_S = 300.0
 CALL_TIMEOUT_S = 60.0                 # longest a read, contains or terminate waits
+BLOCKED_POLL_S = 0.05                 # how often held writes look at the disk alarm
 REPORT_READS_EVERY = 1000
 
 
@@ -132,6 +139,7 @@ class StoreClient:
         self._in_flight_messages = 0
         self._in_flight_bytes = 0
         self._locations: dict[bytes, tuple[int, int, int]] = {}
+        self._failed: list[bytes] = []                      # writes the full disk refused
         self.direct_reads = 0
         self.fallback_reads = 0
         self._reported = (0, 0)
@@ -185,6 +193,8 @@ class StoreClient:
         if not (self._batch or self._removes):
             return
         messages = len(self._batch) + self._removed
+        if self._batch and self._reader.writes_blocked():
+            self._wait_while_blocked()
         while self._in_flight and (
                 self._in_flight_messages + messages > self.max_in_flight
                 or self._in_flight_bytes + self._batch_bytes > self.max_in_flight_bytes
@@ -203,10 +213,22 @@ class StoreClient:
 
     def settle(self) -> None:
         """Send the current batch; wait until every write sent is settled and every remove
-        sent is applied."""
+        sent is applied. ``DiskFull`` names the writes a full disk refused since the last
+        ``settle``."""
         self.flush()
         while self._in_flight:
             self._settle_oldest()
+        if self._failed:
+            failed, self._failed = self._failed, []
+            raise DiskFull(failed)
+
+    def _wait_while_blocked(self) -> None:
+        deadline = time.monotonic() + self.call_timeout_s
+        while self._reader.writes_blocked():
+            if time.monotonic() >= deadline:
+                raise WritesBlocked(f"the node's disk alarm has held this client's writes "
+                                    f"for {self.call_timeout_s:g} s; free disk space")
+            time.sleep(BLOCKED_POLL_S)
 
     @property
     def unsettled(self) -> int:
@@ -242,6 +264,7 @@ class StoreClient:
         self._in_flight_bytes -= size
         for seq, file, offset, total_size in settled.locations:
             self._locations[msg_ids[seq - first]] = (file, offset, total_size)
+        self._failed += [msg_ids[seq - first] for seq in settled.failed]
         if self.on_settled is not None and msg_ids:
             self.on_settled(settled)
 

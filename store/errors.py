@@ -7,6 +7,7 @@ write that was cancelled before it reached write(2) is reported as ignored by ``
 from __future__ import annotations
 
 __all__ = [
+    "DiskFull",
     "InvalidBody",
     "InvalidMessageId",
     "StoreClosed",
@@ -14,6 +15,7 @@ __all__ = [
     "StoreError",
     "StoreLocked",
     "StoreTimeout",
+    "WritesBlocked",
 ]
 
 
@@ -45,3 +47,19 @@ class StoreTimeout(StoreError, TimeoutError):
     """A store client's call got no answer within its ``call_timeout_s``: the store is
     alive but silent (stopped, or stuck in a long recovery). Nothing was lost; a read or
     contains may simply be asked again."""
+
+
+class DiskFull(StoreError):
+    """Writes that did not fit on a full disk: ``msg_ids`` hold no reference in the store.
+    Everything else is unaffected; writing resumes by itself once space is freed, so the
+    caller may send these again later."""
+
+    def __init__(self, msg_ids: list[bytes]) -> None:
+        super().__init__(f"the disk is full: {len(msg_ids)} writes were not stored; free "
+                         f"disk space (writes resume by themselves) and send them again")
+        self.msg_ids = msg_ids
+
+
+class WritesBlocked(StoreTimeout):
+    """The node's disk alarm held this client's writes for longer than its
+    ``call_timeout_s``; nothing was sent. Free disk space; the alarm then clears."""

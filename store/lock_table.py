@@ -10,7 +10,8 @@ The table is one file, ``lock.table``, in the store directory, memory-mapped by 
 (which writes it) and by every reader (which only reads it)::
 
     header, 64 bytes: magic "WRNLOCKS" · version u32 · slot count u32 · sequence u64 ·
-                      current file u64 · flushed offset u64 · zero padding
+                      current file u64 · flushed offset u64 · writes blocked u32 ·
+                      zero padding
     slot i, 16 bytes at 64 + 16·i: locked u32 · unused u32 · generation u64
 
 File N uses slot ``N mod slot count`` (65,536 slots: files sharing a slot only share its
@@ -33,6 +34,17 @@ Reader protocol (``LockTableReader.read``), per record:
    failure → fall back. Correctness rests on this check: a lock bug costs fallbacks,
    never wrong bytes;
 7. release the lock.
+
+Writes blocked: while the node's disk alarm is raised, the store sets the header's
+"writes blocked" word and its clients hold their write batches (removes, reads and
+contains still go): RabbitMQ's blocking of publishers, as client credit.
+
+The table's blocks are allocated (``posix_fallocate``) before anyone maps it: a mapping
+of a file whose blocks the disk cannot provide raises SIGBUS when touched, which is how a
+store restarted on a full disk used to die. So that a store can restart even on a full
+disk, each start also sets aside ``lock.reserve``, a file the size of the table that no
+one maps: the next start deletes it first, and the room it frees holds the new table. A
+start that still finds no room fails with a clear error, never a SIGBUS.
 
 Store protocol (``LockTableOwner.exclusive``), around each rename or delete: set the flags
 of the slots, poll for their write locks without blocking until a deadline, do the
@@ -81,9 +93,11 @@ import time
 import weakref
 from contextlib import contextmanager
 
+from .errors import StoreDirectoryError
 from .records import HEADER, HEADER_BYTES, OK_MARKER, data_file_name
 
 TABLE_FILE = "lock.table"
+RESERVE_FILE = "lock.reserve"
 SLOT_COUNT = 65536
 SWITCH_DEADLINE_SECONDS = 0.1      # how long the store polls for readers to leave
 SWITCH_POLL_SECONDS = 0.001
@@ -98,6 +112,7 @@ _SLOT = struct.Struct("<IIQ")           # locked, unused, generation
 _SLOT_BYTES = 16
 _SEQUENCE_AT = 16
 _CURRENT_AT = 24
+_BLOCKED_AT = 40
 _WORD = struct.Struct("<Q")
 _FLOCK = struct.Struct("hhqqi4x")       # struct flock: type, whence, start, len, pid
 
@@ -118,6 +133,19 @@ def _ofd_lock(fd: int, kind: int, slot: int) -> bool:
     return True
 
 
+def _set_aside(dir_fd: int, size: int) -> None:
+    """Allocate the room the next start's table will need; nothing when the disk has no
+    room now."""
+    fd = os.open(RESERVE_FILE, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644, dir_fd=dir_fd)
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError:
+        os.close(fd)
+        os.unlink(RESERVE_FILE, dir_fd=dir_fd)
+        return
+    os.close(fd)
+
+
 class LockTableOwner:
     """The store's side: creates the table, publishes the current file and flushed
     offset, and takes slots exclusively around renames and deletes."""
@@ -129,9 +157,18 @@ class LockTableOwner:
         # previous incarnation keeps its mapping of the old one, which stays valid (never
         # truncate a file someone may have mapped: touching it would raise SIGBUS).
         temp = TABLE_FILE + ".new"
+        try:
+            os.unlink(RESERVE_FILE, dir_fd=dir_fd)
+        except FileNotFoundError:
+            pass
         fd = os.open(temp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644, dir_fd=dir_fd)
         try:
-            os.ftruncate(fd, size)
+            try:
+                os.posix_fallocate(fd, 0, size)
+            except OSError as exc:
+                raise StoreDirectoryError(
+                    f"no room to create {TABLE_FILE} ({size} bytes) in the store directory: "
+                    f"{exc.strerror}; free disk space") from exc
             self._map = mmap.mmap(fd, size)
             self._map[:_HEADER.size] = _HEADER.pack(_MAGIC, _VERSION, slot_count, 0, 0, 0)
             os.rename(temp, TABLE_FILE, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
@@ -139,6 +176,7 @@ class LockTableOwner:
             os.close(fd)
             raise
         self._fd = fd
+        _set_aside(dir_fd, size)
 
     def publish(self, current_file: int, flushed_offset: int) -> None:
         """Tell readers which file is current and how much of it is written."""
@@ -147,6 +185,10 @@ class LockTableOwner:
         _WORD.pack_into(table, _SEQUENCE_AT, sequence + 1)
         struct.pack_into("<QQ", table, _CURRENT_AT, current_file, flushed_offset)
         _WORD.pack_into(table, _SEQUENCE_AT, sequence + 2)
+
+    def block_writes(self, blocked: bool) -> None:
+        """Tell clients to hold their write batches (True) or to send them again."""
+        struct.pack_into("<I", self._map, _BLOCKED_AT, int(blocked))
 
     @contextmanager
     def exclusive(self, files, deadline_seconds: float = SWITCH_DEADLINE_SECONDS):
@@ -223,6 +265,10 @@ class LockTableReader:
         self._reads_since_refresh = 0
         self._switch_seen = False              # a generation moved: sweep after this read
         _readers.add(self)
+
+    def writes_blocked(self) -> bool:
+        """Whether the store asks its clients to hold their writes (a disk alarm)."""
+        return bool(struct.unpack_from("<I", self._table(), _BLOCKED_AT)[0])
 
     def read(self, file: int, offset: int, total_size: int, msg_id: bytes) -> bytes | None:
         self._reads_since_refresh += 1

@@ -188,8 +188,13 @@ class SyncResult:
 
 
 class _DiskFull(Exception):
-    """Internal: a write(2) or a new file found the disk full; its own partial effects are
-    already undone, and the records it carried are still pending."""
+    """Internal: a write(2) or a new file found the disk full. ``landed`` records of the
+    append (in order) are in the file; the effects of the rest are undone and they are
+    still pending."""
+
+    def __init__(self, landed: int = 0) -> None:
+        super().__init__(landed)
+        self.landed = landed
 
 
 class MessageStore:
@@ -235,6 +240,7 @@ class MessageStore:
         self._ignored_tickets: list[Hashable] = []
         self._failed_tickets: list[Hashable] = []
         self.disk_full = False                       # the last write(2) found no space
+        self.writes_blocked = False                  # clients asked to hold their writes
         self._next_ticket = 0
         self._current_file = 0
         self._current_fd = -1
@@ -599,6 +605,13 @@ class MessageStore:
             log.error("%s: garbage collection failed: %s", self.directory, exc)
         return result
 
+    def block_writes(self, blocked: bool) -> None:
+        """Ask the clients that read through the lock table (``shared_readers``) to hold
+        their writes while ``blocked`` (the node's disk alarm); nothing without it."""
+        self.writes_blocked = blocked
+        if self._lock_table is not None:
+            self._lock_table.block_writes(blocked)
+
     def register_client(self, client_ref: bytes) -> None:
         """Name a client in the next clean marker (a queue's persistent_ref)."""
         if not isinstance(client_ref, bytes) or not 0 < len(client_ref) < 2**16:
@@ -631,6 +644,7 @@ class MessageStore:
             "deferred_deletes": len(self._deferred_deletes),
             "recovered_clean": self.recovered_clean,
             "disk_full": self.disk_full,
+            "writes_blocked": self.writes_blocked,
             "reads": self._reads,
             "writes": self._writes,
             **self.counters,
@@ -825,10 +839,11 @@ class MessageStore:
                     index[key] = ((index[key] & _LOCATION_CLEAR) | (offset << _OFFSET_SHIFT)
                                   | file_bits)
                     offset += len(record)
+                keys = pending
                 self._append(pending.values(), offset - start)
                 self._pending_written(pending)
                 return
-            keys: list[int] = []
+            keys = []
             for key, record in list(pending.items()):
                 index[key] = (index[key] & _LOCATION_CLEAR) | (offset << _OFFSET_SHIFT) | file_bits
                 keys.append(key)
@@ -842,7 +857,8 @@ class MessageStore:
             if keys:
                 self._append([pending[k] for k in keys], offset - start)
                 self._pending_written(keys)
-        except _DiskFull:
+        except _DiskFull as full:
+            self._pending_written(list(keys)[:full.landed])
             self._pending_failed()
 
     def _pending_written(self, keys: Iterable[int]) -> None:
@@ -883,18 +899,39 @@ class MessageStore:
         self.disk_full = True
 
     def _append(self, records: Iterable[bytes], length: int) -> None:
+        """Write ``records`` (``length`` bytes) at the end of the current file. On a full
+        disk the records that landed whole stay, the rest is cut off, and ``_DiskFull``
+        says how many landed."""
         view = memoryview(b"".join(records))
+        written = 0
         try:
             while view:
-                view = view[os.write(self._current_fd, view):]
+                count = os.write(self._current_fd, view)
+                written += count
+                view = view[count:]
         except OSError as exc:
             if exc.errno not in _DISK_FULL_ERRNOS:
                 raise
-            # Part of the records may have landed: cut them off, so the file ends with
-            # whole records and the next write goes where the index expects.
-            os.ftruncate(self._current_fd, self._write_offset)
-            os.lseek(self._current_fd, self._write_offset, os.SEEK_SET)
-            raise _DiskFull from exc
+            landed = whole = 0
+            for record in records:
+                if whole + len(record) > written:
+                    break
+                whole += len(record)
+                landed += 1
+            # The file must end with whole records, where the index expects the next one.
+            end = self._write_offset + whole
+            os.ftruncate(self._current_fd, end)
+            os.lseek(self._current_fd, end, os.SEEK_SET)
+            try:
+                reserve(self._current_fd, self.file_size_limit)  # truncating dropped it
+            except OSError:
+                pass   # no room now; the writes that need it fail until there is
+            if whole:
+                self._appended(whole)
+            raise _DiskFull(landed) from exc
+        self._appended(length)
+
+    def _appended(self, length: int) -> None:
         if self.disk_full:
             log.info("%s: space is back; writes are stored again", self.directory)
             self.disk_full = False

@@ -8,7 +8,8 @@ Client → store (``msg_store_persistent`` / ``msg_store_transient``):
     Register(client_ref)                  ask → StoreInfo
     WriteBatch(client_ref, first_seq, records, removes)
                                           ask → Settled, answered once every write of the
-                                          batch is on disk or ignored (group commit)
+                                          batch is on disk, ignored, or failed for want
+                                          of space (group commit)
     Read(msg_id)                          ask → Found | None
     ReadMany(msg_ids)                     ask → list[Found | None]
     Contains(msg_ids)                     ask → list[bool]
@@ -73,12 +74,14 @@ class WriteBatch:
 @dataclass(frozen=True)
 class Settled:
     """Cumulative confirm of one client's writes up to ``up_to_seq``: every seq not in
-    ``ignored`` is on disk, at the place ``locations`` gives (seq, file, offset, size)."""
+    ``ignored`` or ``failed`` is on disk, at the place ``locations`` gives (seq, file,
+    offset, size); ``failed`` ones did not fit on a full disk and hold no reference."""
 
     client_ref: bytes
     up_to_seq: int
     ignored: list[int]
     locations: list[tuple[int, int, int, int]]
+    failed: list[int]
 
 
 @message

@@ -10,8 +10,8 @@ Messages accepted (``warren.store.messages``), and what each gets back:
     Register(client_ref)            → StoreInfo(this incarnation's pinned ref, directory,
                                       transient)
     WriteBatch(client_ref, first_seq, records, removes)
-                                    → Settled, once every write of the batch is on disk
-                                      or ignored; the removes (one reference less each,
+                                    → Settled, once every write of the batch is on disk,
+                                      ignored, or failed because the disk is full; the removes (one reference less each,
                                       unknown ids counted) applied in their place among
                                       the writes; a malformed batch → an error, nothing
                                       of it applied
@@ -33,6 +33,11 @@ counted by the actor loop. A stray or mistaken message never restarts a store (w
 rest_for_one, would restart the transient store with it).
 
 Sent unprompted: ``RewriteJob`` to the GC actor (``msg_store_gc``).
+
+Full disk: the node's disk alarm (``on_alarm("disk", ...)``, raised below its free-space
+limit) makes the store ask its clients, through the lock table, to hold their writes
+until it clears; writes that still find the disk full fail alone (``Settled.failed``)
+and the store stays up, serving reads and removes.
 
 Group commit: writes of every batch in the mailbox are applied as they are drained; when
 the mailbox is empty (``on_idle``), or at the latest ``sync_interval_ms`` after the first
@@ -159,6 +164,12 @@ class MessageStoreActor(ProcessActor):
                 self.counters["malformed_batches"] += 1
             raise UnhandledMessage(f"malformed {type(message).__name__}: {problem}")
         return handler(self, message)
+
+    def on_alarm(self, resource: str, raised: bool) -> None:
+        if resource == "disk":
+            log.warning("%s: disk alarm %s; client writes %s", self.directory,
+                        "raised" if raised else "cleared", "held" if raised else "resume")
+            self.store.block_writes(raised)
 
     def on_idle(self) -> None:
         if self._waiting:
@@ -290,12 +301,14 @@ class MessageStoreActor(ProcessActor):
         ignored = {(client, seq) for client, seq, _ in result.ignored}
         ignored.update((client, seq) for client, seq, _ in self._ignored_unwritten)
         self._ignored_unwritten = []
+        failed = {(client, seq) for client, seq, _ in result.failed}
         now = time.monotonic()
         longest = self.counters["longest_confirm_wait_ms"]
         for reply, client, first, last, arrived in self._waiting:
             seqs = range(first, last + 1)
             reply.send(Settled(client, last, [s for s in seqs if (client, s) in ignored],
-                               [places[client, s] for s in seqs if (client, s) in places]))
+                               [places[client, s] for s in seqs if (client, s) in places],
+                               [s for s in seqs if (client, s) in failed] if failed else []))
             longest = max(longest, (now - arrived) * 1000)
         self.counters["longest_confirm_wait_ms"] = longest
         self._waiting = []
