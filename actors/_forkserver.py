@@ -11,7 +11,7 @@ Protocol on one unix stream socket (a socketpair; the node holds the other end):
 
     node → server   u32 length · u8 kind · payload
                     BOOT   payload = pickle of (sys.path, preload modules, main script,
-                                               title, parent pid)
+                                               title, parent pid, log level)
                     SPAWN  payload = u64 token · u16 n · node endpoint (n bytes) · pickled order
                     KILL   payload = i32 pid · i32 signal
     server → node   fixed 17-byte records: u8 kind · u64 token · i32 pid · i32 status
@@ -51,6 +51,7 @@ from __future__ import annotations
 import ctypes
 import importlib
 import importlib.util
+import logging
 import os
 import pickle
 import select
@@ -130,7 +131,7 @@ def serve(fd: int) -> None:
     if request is None or request[0] != BOOT:
         os._exit(2)
     # Trusted bytes: fd is one end of a socketpair the node made and handed only to us.
-    sys_path, preload, main_path, title, parent_pid = pickle.loads(request[1])
+    sys_path, preload, main_path, title, parent_pid, log_level = pickle.loads(request[1])
     sys.path[:] = sys_path
     set_title(title)
     os.setpgid(0, 0)
@@ -174,7 +175,7 @@ def serve(fd: int) -> None:
                 signal.set_wakeup_fd(-1)
                 signal.signal(signal.SIGCHLD, signal.SIG_DFL)
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
-                os._exit(_run_child(payload))
+                os._exit(_run_child(payload, log_level))
             children.add(pid)
             token = SPAWN_HEAD.unpack_from(payload)[0]
             sock.sendall(REPORT.pack(FORKED, token, pid, 0))
@@ -249,12 +250,12 @@ def _reap(sock: socket.socket, children: set[int]) -> None:
             pass  # the node is gone; the main loop sees EOF and kills the rest
 
 
-def _run_child(payload: bytes) -> int:
+def _run_child(payload: bytes, log_level: int) -> int:
     """Run the forked child to its end: it must never return into the server's loop."""
     from warren.actors.exitcodes import EXIT_CRASHED
 
     try:
-        code = _child(payload, os.getppid())
+        code = _child(payload, os.getppid(), log_level)
     except BaseException:
         traceback.print_exc()
         code = EXIT_CRASHED
@@ -263,7 +264,15 @@ def _run_child(payload: bytes) -> int:
     return code
 
 
-def _child(payload: bytes, forkserver_pid: int) -> int:
+def log_to_stderr(actor_name: str, level: int) -> None:
+    """Send this actor process's log records to stderr (the node's), at the node's level,
+    each line with its time, level, the actor's name and pid, and the logger's name."""
+    logging.basicConfig(
+        level=level, force=True, stream=sys.stderr,
+        format=f"%(asctime)s %(levelname)s {actor_name}[%(process)d] %(name)s: %(message)s")
+
+
+def _child(payload: bytes, forkserver_pid: int, log_level: int) -> int:
     """Become the actor described by ``payload``; return the exit code."""
     from warren.actors.exitcodes import EXIT_PARENT_GONE, EXIT_START_FAILED
 
@@ -282,6 +291,7 @@ def _child(payload: bytes, forkserver_pid: int) -> int:
         runtime().context.destroy(linger=1000)
         return EXIT_START_FAILED
     set_title(f"warren: {order.options.get('title') or order.name}")
+    log_to_stderr(order.name, log_level)
     from warren.actors._loop import ActorLoop
 
     return ActorLoop(order).run()

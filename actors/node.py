@@ -124,7 +124,8 @@ class Node:
 
     def __init__(self, name: str = "warren", runtime_dir: str | None = None,
                  preload: tuple[str, ...] = (),
-                 start_timeout_s: float = DEFAULT_START_TIMEOUT_S) -> None:
+                 start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
+                 log_level: int | str | None = None) -> None:
         if _forkserver.importing_main():
             raise SpawnError("a Node was started while the forkserver imported the main "
                              "script: start nodes under `if __name__ == \"__main__\":`")
@@ -132,6 +133,14 @@ class Node:
             raise InvalidSpec("name", name, "must be a non-empty string")
         if start_timeout_s <= 0:
             raise InvalidSpec("start_timeout_s", start_timeout_s, "must be positive")
+        if log_level is None:
+            log_level = logging.getLogger().getEffectiveLevel()
+        elif isinstance(log_level, str) and log_level.upper() in logging.getLevelNamesMapping():
+            log_level = logging.getLevelNamesMapping()[log_level.upper()]
+        if type(log_level) is not int:
+            raise InvalidSpec("log_level", log_level, "a logging level: DEBUG, INFO, "
+                              "WARNING, ERROR, or its number")
+        self.log_level = log_level
         self.name = name
         self.registry = Registry()
         self.start_timeout_s = start_timeout_s
@@ -191,7 +200,8 @@ class Node:
         if main_path is not None and not os.path.isfile(main_path):
             main_path = None
         boot = pickle.dumps((list(sys.path), list(DEFAULT_PRELOAD) + list(preload),
-                             main_path, f"warren: forkserver {self.name}", os.getpid()))
+                             main_path, f"warren: forkserver {self.name}", os.getpid(),
+                             self.log_level))
         ours.sendall(_forkserver.HEADER.pack(len(boot), _forkserver.BOOT) + boot)
         ours.settimeout(_FORKSERVER_BOOT_TIMEOUT_S)
         try:

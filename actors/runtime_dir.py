@@ -5,6 +5,11 @@ neither connect nor squat a path), named by a hash of the actor's name so that a
 safe and short, and every path is checked against the kernel's limit for a unix socket
 path (108 bytes including the terminating NUL; we allow at most 107).
 
+Leftovers: a node killed with SIGKILL cannot remove its directory. Each directory holds
+an ``owner`` file (the creating process's pid and start time); the next node to create
+one in the same place removes every ``warren-*`` directory of this user whose owner is
+gone. A directory without an owner file (one being created right now) is left alone.
+
 Races: a second bind on an ipc path silently steals it from the first binder. Only the
 owner of the directory binds in it: a ``Node`` creates its own directory (or is handed
 one created under its data-dir lock) and gives each actor incarnation the endpoints of
@@ -16,8 +21,11 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import stat
 import tempfile
+
+import psutil
 
 from warren.actors.errors import InvalidSpec
 
@@ -25,6 +33,8 @@ from warren.actors.errors import InvalidSpec
 MAX_IPC_PATH_BYTES = 107
 # Hex digits of the name hash in a socket file name.
 _HASH_HEX_DIGITS = 16
+_PREFIX = "warren-"
+OWNER_FILE = "owner"
 
 
 def create_runtime_dir(parent: str | None = None) -> str:
@@ -36,9 +46,43 @@ def create_runtime_dir(parent: str | None = None) -> str:
     if parent is None:
         xdg = os.environ.get("XDG_RUNTIME_DIR")
         parent = xdg if xdg and len(xdg) < 40 and os.path.isdir(xdg) else tempfile.gettempdir()
-    path = tempfile.mkdtemp(prefix="warren-", dir=parent)
+    sweep_stale_runtime_dirs(parent)
+    path = tempfile.mkdtemp(prefix=_PREFIX, dir=parent)
     check_private(path)
+    me = psutil.Process()
+    with open(os.path.join(path, OWNER_FILE), "w") as owner:
+        owner.write(f"{me.pid} {me.create_time()!r}\n")
     return path
+
+
+def sweep_stale_runtime_dirs(parent: str) -> list[str]:
+    """Remove this user's runtime directories under ``parent`` whose owner has exited;
+    the paths removed."""
+    removed = []
+    for name in os.listdir(parent):
+        path = os.path.join(parent, name)
+        if not name.startswith(_PREFIX) or not _owner_gone(path):
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed
+
+
+def _owner_gone(path: str) -> bool:
+    try:
+        info = os.lstat(path)
+        if (not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid()
+                or stat.S_IMODE(info.st_mode) != 0o700):
+            return False
+        with open(os.path.join(path, OWNER_FILE)) as owner:
+            pid_text, started_text = owner.read().split()
+        pid, started = int(pid_text), float(started_text)
+    except (OSError, ValueError):
+        return False                   # not ours, or being created: leave it alone
+    try:
+        return psutil.Process(pid).create_time() != started   # a reused pid
+    except psutil.NoSuchProcess:
+        return True
 
 
 def check_private(path: str) -> None:

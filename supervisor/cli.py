@@ -171,8 +171,9 @@ def _node(args: argparse.Namespace) -> int:
     from warren.supervisor.node import Node
 
     settings = node_settings(args)
-    logging.basicConfig(level=settings.pop("log_level"),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=settings["log_level"],
+                        format="%(asctime)s %(levelname)s node[%(process)d] %(name)s: "
+                               "%(message)s")
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, lambda *_: stop.set())

@@ -60,7 +60,7 @@ from warren.store.messages import StoreStats
 from warren.store.store_actor import MessageStoreActor
 
 from .alarms import AlarmLimits, ResourceMonitor
-from .errors import NodeLocked
+from .errors import InvalidSpec, NodeLocked
 from .specs import STORE_SHUTDOWN_S, ChildSpec, SupervisorFlags, SupervisorSpec
 from .supervisor import Supervisor
 
@@ -90,7 +90,9 @@ class Node:
                  alarm_limits: AlarmLimits | None = None,
                  file_size_limit: int = FILE_SIZE_LIMIT_BYTES, sync_policy: str = "fsync",
                  ref_counts: Callable[[], Iterable[tuple[bytes, int]]] | None = None,
-                 preload: tuple[str, ...] = ()) -> None:
+                 preload: tuple[str, ...] = (), log_level: int | str | None = None) -> None:
+        if not os.fspath(data_dir):
+            raise InvalidSpec("data_dir", data_dir, "must name a directory")
         self.data_dir = os.path.abspath(os.fspath(data_dir))
         self.name = name
         self.limits = alarm_limits or AlarmLimits()
@@ -110,7 +112,8 @@ class Node:
         self._status_socket: zmq.Socket | None = None
         self._threads: list[threading.Thread] = []
         try:
-            self.actors = ActorNode(name=name, preload=PRELOAD + tuple(preload))
+            self.actors = ActorNode(name=name, preload=PRELOAD + tuple(preload),
+                                    log_level=log_level)
             store_options = {"file_size_limit": file_size_limit, "sync_policy": sync_policy}
             stores = tuple(
                 ChildSpec(store, MessageStoreActor, (os.path.join(self.data_dir, store),),

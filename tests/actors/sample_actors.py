@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -129,6 +130,9 @@ class Recorder(ProcessActor):
                 return Point(y, x)
             case "unanswerable":
                 return object()
+            case ("log", level, text):
+                logging.getLogger("sample").log(level, text)
+                return "logged"
             case ("refuse", text):
                 raise UnhandledMessage(text)
             case ("defer_then_raise", text):

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import os
 import stat
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -36,3 +39,24 @@ def test_a_node_refuses_a_runtime_directory_others_can_enter(tmp_path: Path) -> 
     shared.chmod(0o755)
     with pytest.raises(InvalidSpec, match="not private"):
         Node("shared", runtime_dir=str(shared))
+
+
+def test_a_node_sweeps_the_runtime_directories_of_nodes_that_died(tmp_path: Path) -> None:
+    script = tmp_path / "doomed.py"
+    script.write_text(textwrap.dedent(f"""
+        import os, signal
+        from warren.actors.runtime_dir import create_runtime_dir
+        print(create_runtime_dir({str(tmp_path)!r}), flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+    """))
+    doomed = subprocess.run([sys.executable, str(script)], capture_output=True, text=True)
+    left_behind = doomed.stdout.strip()
+    assert os.path.isdir(left_behind)
+    not_ours = tmp_path / "warren-not-a-runtime-dir"
+    not_ours.mkdir(mode=0o700)
+    alive = create_runtime_dir(str(tmp_path))
+    assert not os.path.exists(left_behind)
+    assert not_ours.is_dir()                     # no owner file: not ours to judge
+    assert os.path.isdir(alive)
+    create_runtime_dir(str(tmp_path))
+    assert os.path.isdir(alive)                  # its owner (this process) lives
