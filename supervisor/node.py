@@ -107,6 +107,7 @@ class Node:
         self._remove_leftovers()
         self.failed = threading.Event()
         self._closing = threading.Event()
+        self.counters = {"malformed_status_requests": 0}
         self.actors: ActorNode | None = None
         self.root: Supervisor | None = None
         self._status_socket: zmq.Socket | None = None
@@ -260,20 +261,34 @@ class Node:
             told[ref.address] = (ref.incarnation, active)
 
     def _serve_status(self) -> None:
+        """Answer ``warren status``: exactly one frame, ``status``. Any other request, of
+        any shape, gets an error answer and is counted; nothing a peer sends ends this
+        thread."""
         poller = zmq.Poller()
         poller.register(self._status_socket, zmq.POLLIN)
         while not self._closing.is_set():
-            if not poller.poll(100):
-                continue
-            request = self._status_socket.recv()
             try:
-                if request != b"status":
-                    raise ValueError(f"unknown request {request[:40]!r}")
-                reply = json.dumps(self.status(), default=str).encode()
+                if not poller.poll(100):
+                    continue
+                request = self._status_socket.recv_multipart()
+                if request == [b"status"]:
+                    reply = json.dumps(self.status(), default=str).encode()
+                else:
+                    self.counters["malformed_status_requests"] += 1
+                    log.warning("node %s: refused a status request of %d frames (%r...)",
+                                self.name, len(request), request[0][:40])
+                    reply = json.dumps({"error": "the only request is one frame: "
+                                                 "b'status'"}).encode()
+            except zmq.ZMQError as exc:
+                log.warning("node %s: the status socket: %s", self.name, exc)
+                continue
             except Exception as exc:   # answered, so the asker is not left waiting
                 log.exception("node %s: a status request failed", self.name)
                 reply = json.dumps({"error": str(exc)}).encode()
-            self._status_socket.send(reply)
+            try:
+                self._status_socket.send(reply)
+            except zmq.ZMQError as exc:
+                log.warning("node %s: a status answer could not be sent: %s", self.name, exc)
         self._status_socket.close()
 
     def _remove_leftovers(self) -> None:

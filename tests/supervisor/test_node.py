@@ -11,6 +11,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+import zmq
 
 from warren.supervisor import AlarmLimits, ChildSpec, Node, NodeLocked, query_status
 
@@ -159,3 +160,27 @@ def test_an_actor_restarted_while_an_alarm_is_raised_is_told_of_it(alarmed):
     wait_for(lambda: node.app.which_children()[0]["pid"] not in (old, None)
              and node.app.which_children()[0]["state"] == "running")
     wait_for(lambda: worker.ask("alarms") == [["memory", True]])
+
+
+def test_malformed_status_requests_are_answered_and_the_node_keeps_answering(tmp_path):
+    with Node(tmp_path / "data") as node:
+        context = zmq.Context.instance()
+        for frames in ([b"status", b"extra"], [b"bogus"], [b""], [b"\xff" * 5000]):
+            asker = context.socket(zmq.REQ)
+            asker.linger = 0
+            asker.rcvtimeo = 5000
+            try:
+                asker.connect(node.status_endpoint)
+                asker.send_multipart(frames)
+                assert "error" in json.loads(asker.recv())
+            finally:
+                asker.close()
+        junk = context.socket(zmq.DEALER)
+        junk.linger = 0
+        try:
+            junk.connect(node.status_endpoint)
+            junk.send_multipart([b"no", b"envelope"])
+        finally:
+            junk.close()
+        assert query_status(tmp_path / "data")["state"] == "running"
+        assert node.counters["malformed_status_requests"] == 4
