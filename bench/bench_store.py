@@ -9,6 +9,7 @@
   files, both from a cold cache (each file's pages dropped with posix_fadvise DONTNEED,
   which needs no privileges; a machine-wide drop_caches would also drop everything else);
 - a GC pass (combines), in MB moved per second;
+- what the removal log costs a workload that removes everything it writes;
 - index memory per message at 1,000,000 messages, and a full collection's pause.
 
 ``--quick`` shrinks every volume by 8x (figures get noisier).
@@ -217,12 +218,42 @@ def bench_gc(root: str, scale: int) -> list[Row]:
                 "MB/s moved", note=f"{moved / 1e6:,.0f} MB in {combine.seconds:.2f} s")]
 
 
+def bench_removal_log(root: str, scale: int) -> list[Row]:
+    """What the removal log costs an ack-heavy workload: write 1 KiB, sync, remove them,
+    sync, in rounds of 1000, against the same with the log's appends skipped."""
+    count = 100_000 // scale
+    body = os.urandom(1024)
+    message_ids = ids(count, seed=17)
+
+    def run(logged: bool) -> float:
+        directory = os.path.join(root, f"removals-{logged}")
+        with MessageStore(directory, auto_gc=False) as store:
+            if not logged:
+                store._removals.note = lambda *_: None   # the baseline: no entries kept
+            with Stopwatch() as watch:
+                for start in range(0, count, MESSAGES_PER_SYNC):
+                    batch = message_ids[start:start + MESSAGES_PER_SYNC]
+                    for mid in batch:
+                        store.write(mid, body)
+                    store.sync()
+                    for mid in batch:
+                        store.remove(mid)
+                    store.sync()
+        shutil.rmtree(directory)
+        return watch.seconds
+
+    baseline, logged = best_of_alternating(lambda: run(False), lambda: run(True))
+    return [Row("write, sync, remove, sync 1 KiB with the removal log", count / logged, "msgs/s",
+                count / baseline, note="baseline: the same with the log's appends skipped")]
+
+
 def main(argv: list[str]) -> str:
     scale = 8 if "--quick" in argv else 1
     root = tempfile.mkdtemp(prefix="warren-bench-", dir=os.environ.get("WARREN_BENCH_DIR"))
     try:
         started = time.perf_counter()
         rows = bench_writes(root, scale)
+        rows += bench_removal_log(root, scale)
         rows += bench_random_reads(root, scale)
         rows += bench_gc(root, scale)
         rows += bench_recovery_and_memory(root, scale)
