@@ -2,15 +2,19 @@
 
 A node is an object in the application's process (the "node process"). It owns:
 
-- a private runtime directory for ipc mailboxes (``warren.actors.runtime_dir``), removed at close
-  when the node created it;
-- one forkserver process (``warren.actors._forkserver``) that forks every actor process;
-- the node service: a ROUTER at ``ipc://<runtime dir>/node`` and one thread that reads it,
-  together with the forkserver's reports. Actor processes report READY/FAILED there and
-  ask for monitors, links, registry look-ups and stops;
+- a private runtime directory for ipc mailboxes (``warren.actors.runtime_dir``), removed at
+  close when the node created it;
+- one forkserver process that forks every actor process (``warren.actors._forkserver``,
+  driven through ``warren.actors._forkserver_client``);
+- the node service (``warren.actors._service``): a ROUTER at ``ipc://<runtime dir>/node``
+  and one thread that reads it together with the forkserver's reports. Actor processes
+  report READY/FAILED there and ask for monitors, links, registry look-ups and stops;
 - a ``Registry`` of names (per node: two nodes never see each other's names);
-- the table of incarnations: for each address, the incarnation living there, its pid,
-  its monitors and links, and the ``Down`` of every incarnation that has exited.
+- the incarnation table (``warren.actors._lives``): for each address, the incarnation
+  living there, its pid, its monitors and links, and the ``Down`` of every incarnation
+  that has exited.
+
+This module is the public API over those parts.
 
 Spawning: ``spawn`` validates its arguments, pickles a ``SpawnOrder`` and hands it to the
 forkserver, then waits until the child reports READY (mailboxes bound, ``on_start`` done)
@@ -20,55 +24,45 @@ the same order again at the same addresses under the next incarnation number; ol
 unpinned refs reach the new incarnation.
 
 Stopping: ``stop`` sends a stop request on the control channel, sends SIGTERM after
-``timeout`` seconds, SIGKILL after ``timeout`` more, and returns the ``Down``. ``close``
-stops every actor (requests first, in parallel; then SIGKILL through the forkserver),
-stops the forkserver and the service thread, and removes the runtime directory: after
-``close`` no process of this node exists.
+``timeout`` seconds, SIGKILL after ``timeout`` more, and returns the ``Down``. Neither the
+request nor the SIGTERM interrupts the actor's code: the handler call in progress runs to
+its end, then ``on_stop``. ``close`` stops every actor (requests first, in parallel; then
+SIGKILL through the forkserver), stops the forkserver and the service thread, and removes
+the runtime directory: after ``close`` no process of this node exists.
+
+Logging: every actor process logs to the node process's stderr at ``log_level`` (default:
+the level of the node process's root logger when the node is created), each line with its
+time, level, the actor's name and pid, and the logger's name.
 
 Races and their answers:
-- An actor may exit before its READY is read (READY and the forkserver's report travel on
-  different sockets): an exit of a still-pending spawn fails the spawn after a short grace
-  period that lets a FAILED message carrying the exception arrive first.
 - Signals go through the forkserver, which signals only its own unreaped children, so a
   pid recycled after an exit is never hit.
-- The service thread never blocks: monitors' callbacks run there and must be short; a stop
-  requested by an actor process runs on a thread of its own; ``Down``/``Exit`` notices to
-  actors are sent without waiting (a full control mailbox is logged and counted).
+- ``Down``/``Exit`` notices to actors are sent without waiting: a full control mailbox is
+  logged and counted (``undeliverable_notices``), never waited on by the service thread.
 - The forkserver dying (it should not) kills every actor (PDEATHSIG); the node reports a
   ``Down`` for each and refuses further spawns.
-- A process forked from the node process (a Spark worker, say) closes its inherited copy
-  of the forkserver socket at once, so the forkserver still sees the node's EOF.
+- The races of a spawn against its own exit are in ``warren.actors._lives``; those of the
+  service thread in ``warren.actors._service``.
 """
 
 from __future__ import annotations
 
-import collections
-import functools
 import itertools
 import logging
-import os
 import pickle
 import shutil
 import signal
-import socket
-import subprocess
-import sys
-import threading
 import time
-import weakref
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
-import zmq
-
 from warren.actors import _forkserver, _wire
+from warren.actors._forkserver_client import ForkserverClient
+from warren.actors._lives import Ended, Life, Lives
 from warren.actors._loop import SpawnOrder
-from warren.actors._runtime import drain_wake_pipe, runtime
+from warren.actors._runtime import runtime
+from warren.actors._service import NodeService
 from warren.actors.actor import ProcessActor
-from warren.actors.codec import Decoder, Encoder
-from warren.actors.errors import ActorError, CodecError, InvalidSpec, SpawnError
-from warren.actors.exitcodes import describe
+from warren.actors.errors import ActorError, InvalidSpec, SpawnError
 from warren.actors.messages import Down, Exit
 from warren.actors.monitor import Monitor, Notify
 from warren.actors.ref import ActorRef
@@ -77,46 +71,13 @@ from warren.actors.runtime_dir import check_private, create_runtime_dir, ipc_end
 
 logger = logging.getLogger("warren.actors")
 
-# Modules every forkserver imports before its first fork, so children start warm.
-DEFAULT_PRELOAD = ("warren.actors", "warren.actors._loop", "zmq", "msgpack", "pykka", "psutil",
-                   "setproctitle")
 # How long spawn waits for READY (seconds).
 DEFAULT_START_TIMEOUT_S = 30.0
 # How long a stop waits at each step: request, then SIGTERM (seconds).
 DEFAULT_STOP_TIMEOUT_S = 5.0
 # How long we wait for the exit of a process sent SIGKILL (seconds).
 _KILL_WAIT_S = 10.0
-# How long an exit that beat its READY/FAILED waits for a FAILED message (seconds).
-_EXIT_BEFORE_READY_GRACE_S = 0.2
-# How long the forkserver may take to import its preloads (seconds).
-_FORKSERVER_BOOT_TIMEOUT_S = 60.0
 _TRANSPORTS = ("ipc", "tcp")
-
-_live_nodes: weakref.WeakSet[Node] = weakref.WeakSet()
-
-
-@dataclass
-class _Pending:
-    """A spawn between the order and READY/FAILED."""
-
-    order: SpawnOrder
-    done: threading.Event = field(default_factory=threading.Event)
-    pid: int = 0
-    ref: ActorRef | None = None
-    error: str | None = None
-    exit_status: int | None = None
-
-
-@dataclass
-class _Life:
-    """One incarnation that has reported READY."""
-
-    ref: ActorRef
-    order: SpawnOrder
-    exited: threading.Event = field(default_factory=threading.Event)
-    down: Down | None = None
-    monitors: list[Monitor] = field(default_factory=list)
-    links: list[ActorRef] = field(default_factory=list)
 
 
 class Node:
@@ -152,84 +113,24 @@ class Node:
         self.runtime_dir = runtime_dir
         self.endpoint = ipc_endpoint(runtime_dir, f"node:{name}", "node")
         self._runtime = runtime()
-        self._lock = threading.Lock()
+        self._lives = Lives()
         self._tokens = itertools.count(1)
-        self._pending: dict[int, _Pending] = {}
-        self._lives_by_pid: dict[int, _Life] = {}
-        self._lives_by_address: dict[str, _Life] = {}
-        self._downs: dict[tuple[str, int], Down] = {}
-        self._incarnations: dict[str, int] = {}
         self._names_seen = itertools.count(1)
-        self._posted: collections.deque[Callable[[], None]] = collections.deque()
         self._closed = False
-        self._service_done = False
-        self._forkserver_gone = False
         self.counters = {"undeliverable_notices": 0, "malformed": 0}
-        self._router = self._runtime.context.socket(zmq.ROUTER)
-        self._router.linger = _wire.LINGER_MS
-        self._router.router_mandatory = 1
-        self._router.router_handover = 1
-        self._router.bind(self.endpoint)
-        self._wake_read, self._wake_write = os.pipe()
-        os.set_blocking(self._wake_read, False)
-        os.set_blocking(self._wake_write, False)
+        self._forkserver = ForkserverClient(name, preload, log_level)
         try:
-            self._start_forkserver(preload)
+            self._service = NodeService(self)
         except BaseException:
-            self._router.close(linger=0)
-            self._close_pipe()
+            self._forkserver.close()
             raise
-        self._fs_lock = threading.Lock()
-        self._thread = threading.Thread(target=self._service, name=f"warren-node-{name}",
-                                        daemon=True)
-        self._thread.start()
+        self._service.start()
         self._runtime.nodes[self.endpoint] = self
-        _live_nodes.add(self)
 
-    # -- forkserver ----------------------------------------------------------------------
-
-    def _start_forkserver(self, preload: tuple[str, ...]) -> None:
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        bootstrap = f"from warren.actors._forkserver import serve; serve({theirs.fileno()})"
-        self._forkserver = subprocess.Popen([sys.executable, "-c", bootstrap],
-                                            pass_fds=[theirs.fileno()], close_fds=True,
-                                            stdin=subprocess.DEVNULL)
-        theirs.close()
-        self._fs_socket = ours
-        main_path = getattr(sys.modules.get("__main__"), "__file__", None)
-        if main_path is not None and not os.path.isfile(main_path):
-            main_path = None
-        boot = pickle.dumps((list(sys.path), list(DEFAULT_PRELOAD) + list(preload),
-                             main_path, f"warren: forkserver {self.name}", os.getpid(),
-                             self.log_level))
-        ours.sendall(_forkserver.HEADER.pack(len(boot), _forkserver.BOOT) + boot)
-        ours.settimeout(_FORKSERVER_BOOT_TIMEOUT_S)
-        try:
-            report = ours.recv(_forkserver.REPORT.size, socket.MSG_WAITALL)
-        except OSError:
-            report = b""
-        ours.settimeout(None)
-        if len(report) != _forkserver.REPORT.size:
-            self._forkserver.kill()
-            self._forkserver.wait()
-            ours.close()
-            raise SpawnError(f"the forkserver of node {self.name} did not start; its error "
-                             f"is on stderr (a preload module {list(preload)} failed, or the "
-                             f"main script starts a node without an "
-                             f"`if __name__ == \"__main__\":` guard)")
-        self._fs_buffer = bytearray()
-
-    def _fs_send(self, kind: int, payload: bytes) -> None:
-        with self._fs_lock:
-            if self._forkserver_gone:
-                raise SpawnError(f"the forkserver of node {self.name} is gone")
-            self._fs_socket.sendall(_forkserver.HEADER.pack(len(payload), kind) + payload)
-
-    def _signal(self, pid: int, signum: int) -> None:
-        try:
-            self._fs_send(_forkserver.KILL, _forkserver.KILL_BODY.pack(pid, signum))
-        except (OSError, SpawnError):
-            logger.warning("node %s: could not signal pid %d", self.name, pid)
+    @property
+    def forkserver_pid(self) -> int:
+        """The pid of this node's forkserver (the parent of every actor process)."""
+        return self._forkserver.pid
 
     # -- spawning ------------------------------------------------------------------------
 
@@ -277,8 +178,7 @@ class Node:
 
         The incarnation ``ref`` names must have exited (stop it first).
         """
-        with self._lock:
-            life = self._lives_by_address.get(ref.address)
+        life = self._lives.newest_at(ref.address)
         if life is None:
             raise InvalidSpec("ref", ref, "was not spawned by this node")
         if life.down is None:
@@ -295,36 +195,38 @@ class Node:
             raise SpawnError(f"node {self.name} is closed")
         timeout = self.start_timeout_s if start_timeout_s is None else start_timeout_s
         token = next(self._tokens)
-        with self._lock:
-            incarnation = self._incarnations.get(address, 0) + 1
-            if not address.endswith(":*"):
-                self._incarnations[address] = incarnation
+        incarnation = self._lives.next_incarnation(address)
         order = SpawnOrder(actor_class, tuple(args), dict(kwargs), name, incarnation,
                            address, control, self.endpoint, token, options)
         try:
             pickled = pickle.dumps(order)
         except Exception as exc:
             raise InvalidSpec("args", args, f"cannot be handed to a child: {exc}") from exc
-        node_endpoint = self.endpoint.encode()
-        pending = _Pending(order)
-        with self._lock:
-            self._pending[token] = pending
+        pending = self._lives.expect(token, order)
         try:
-            self._fs_send(_forkserver.SPAWN, _forkserver.SPAWN_HEAD.pack(
-                token, len(node_endpoint)) + node_endpoint + pickled)
+            self._forkserver.spawn(token, self.endpoint, pickled)
         except OSError as exc:
-            with self._lock:
-                self._pending.pop(token, None)
+            self._lives.give_up(token)
             raise SpawnError(f"{name}: the forkserver refused the order: {exc}") from exc
         if not pending.done.wait(timeout):
-            with self._lock:
-                self._pending.pop(token, None)
+            self._lives.give_up(token)
             if pending.pid:
-                self._signal(pending.pid, signal.SIGKILL)
+                self._forkserver.signal(pending.pid, signal.SIGKILL)
             raise SpawnError(f"{name} was not ready within {timeout} s")
         if pending.error is not None or pending.ref is None:
             raise SpawnError(f"{name} failed to start: {pending.error}")
         return pending.ref
+
+    def _report_ready(self, token: int, address: str, control: str, pid: int) -> None:
+        """A spawned process is ready (the service heard its READY): hand out its ref."""
+        ready = self._lives.ready(token, address, control, pid, self.endpoint)
+        if ready is None:
+            return
+        pending, life = ready
+        self._runtime.mark_alive(address, life.ref.incarnation)
+        self.registry.register(life.order.name, life.ref, replace=True)
+        pending.ref = life.ref
+        pending.done.set()
 
     # -- watching ------------------------------------------------------------------------
 
@@ -336,11 +238,7 @@ class Node:
                               watcher)
         else:
             monitor = Monitor(target, notify)
-        with self._lock:
-            life = self._life_of(target)
-            down = self._down_of(target, life)
-            if down is None and life is not None:
-                life.monitors.append(monitor)
+        down = self._lives.watch(target, monitor)
         if down is not None:
             monitor.resolve(down)
         return monitor
@@ -348,10 +246,7 @@ class Node:
     def demonitor(self, monitor: Monitor) -> None:
         """Cancel ``monitor``: its notify is not called any more."""
         monitor.cancel()
-        with self._lock:
-            life = self._life_of(monitor.target)
-            if life is not None and monitor in life.monitors:
-                life.monitors.remove(monitor)
+        self._lives.unwatch(monitor)
 
     def link(self, first: ActorRef, second: ActorRef) -> None:
         """When either incarnation dies abnormally, the other gets an ``Exit``.
@@ -359,18 +254,10 @@ class Node:
         An actor that does not trap exits stops on it (``EXIT_LINKED``). Linking to an
         incarnation that is already dead sends the ``Exit`` at once.
         """
-        notices: list[tuple[ActorRef, Down]] = []
-        with self._lock:
-            for one, other in ((first, second), (second, first)):
-                life = self._life_of(one)
-                down = self._down_of(one, life)
-                if down is not None:
-                    if _abnormal(down):
-                        notices.append((other, down))
-                elif life is not None:
-                    life.links.append(other)
-        for receiver, down in notices:
-            self._notify_actor(receiver, _wire.EXIT, Exit(down.ref, down.exitcode, down.signal))
+        for receiver, down in self._lives.link(first, second):
+            if _abnormal(down):
+                self._notify_actor(receiver, _wire.EXIT,
+                                   Exit(down.ref, down.exitcode, down.signal))
 
     def whereis(self, name: str) -> ActorRef | None:
         """The ref registered under ``name`` in this node, or ``None``."""
@@ -378,24 +265,21 @@ class Node:
 
     def actors(self) -> list[ActorRef]:
         """Refs of every incarnation alive now."""
-        with self._lock:
-            return [life.ref for life in self._lives_by_pid.values()]
+        return [life.ref for life in self._lives.alive()]
 
-    def _life_of(self, ref: ActorRef) -> _Life | None:
-        life = self._lives_by_address.get(ref.address)
-        if life is None or life.ref.incarnation != ref.incarnation:
-            return None
-        return life
-
-    def _down_of(self, ref: ActorRef, life: _Life | None) -> Down | None:
-        """The incarnation's Down, or None while ``life`` (its record) is alive."""
-        if life is not None:
-            return life.down
-        return self._remembered_down(ref)
-
-    def _remembered_down(self, ref: ActorRef) -> Down:
-        """The Down of a past incarnation ("no such process" for one never seen)."""
-        return self._downs.get((ref.address, ref.incarnation), Down(ref, None, None))
+    def _report_down(self, ended: Ended) -> None:
+        """An incarnation has exited (the service heard it from the forkserver): forget its
+        name, resolve its monitors, and send an ``Exit`` to its links if it died abnormally."""
+        life, down = ended.life, ended.down
+        self._runtime.mark_dead(life.ref.address, life.ref.incarnation)
+        self.registry.unregister(life.ref.name, life.ref)
+        life.exited.set()
+        for monitor in ended.monitors:
+            monitor.resolve(down)
+        if _abnormal(down):
+            notice = Exit(life.ref, down.exitcode, down.signal)
+            for other in ended.links:
+                self._notify_actor(other, _wire.EXIT, notice)
 
     def _notify_actor(self, receiver: ActorRef, kind: int, notice: Down | Exit) -> None:
         channel = self._runtime.channel(receiver.control)
@@ -410,14 +294,21 @@ class Node:
 
     def stop(self, ref: ActorRef, timeout: float = DEFAULT_STOP_TIMEOUT_S) -> Down:
         """Stop request, SIGTERM after ``timeout`` s, SIGKILL after ``timeout`` s more."""
-        with self._lock:
-            life = self._lives_by_address.get(ref.address)
-            if life is not None and ref.pinned and life.ref.incarnation != ref.incarnation:
-                life = None
-            if life is None:
-                return self._remembered_down(ref)
-        if life.down is not None:
-            return life.down
+        life = self._lives.to_stop(ref)
+        if isinstance(life, Down):
+            return life
+        self._request_stop(life)
+        for signum, wait_s in ((signal.SIGTERM, timeout), (signal.SIGKILL, timeout),
+                               (None, _KILL_WAIT_S)):
+            if life.exited.wait(wait_s):
+                break
+            if signum is not None:
+                self._forkserver.signal(life.ref.pid, signum)
+        if life.down is None:
+            raise ActorError(f"{life.ref.name} (pid {life.ref.pid}) did not exit")
+        return life.down
+
+    def _request_stop(self, life: Life) -> None:
         channel = self._runtime.channel(life.ref.control)
         try:
             channel.send(channel.encoder.encode(
@@ -425,68 +316,33 @@ class Node:
         except ActorError:
             logger.warning("node %s: %s's control mailbox is full; escalating", self.name,
                            life.ref.name)
-        for signum, wait_s in ((signal.SIGTERM, timeout), (signal.SIGKILL, timeout),
-                               (None, _KILL_WAIT_S)):
-            if life.exited.wait(wait_s):
-                break
-            if signum is not None:
-                self._signal(life.ref.pid, signum)
-        if life.down is None:
-            raise ActorError(f"{life.ref.name} (pid {life.ref.pid}) did not exit")
-        return life.down
 
     def kill(self, ref: ActorRef, signum: int = signal.SIGKILL) -> None:
         """Send ``signum`` to ``ref``'s process if it is still alive."""
-        self._signal(ref.pid, signum)
+        self._forkserver.signal(ref.pid, signum)
 
     def close(self, timeout: float = DEFAULT_STOP_TIMEOUT_S) -> None:
         """Stop every actor, then the forkserver and the service thread (idempotent)."""
         if self._closed:
             return
         self._closed = True
-        with self._lock:
-            lives = list(self._lives_by_pid.values())
+        lives = self._lives.alive()
         for life in lives:
-            channel = self._runtime.channel(life.ref.control)
-            try:
-                channel.send(channel.encoder.encode(
-                    [_wire.STOP, life.ref.incarnation, 0, None]), 0)
-            except ActorError:
-                pass  # a full control mailbox: the SIGKILL below still stops it
+            self._request_stop(life)
         deadline = time.monotonic() + timeout
         for life in lives:
             if not life.exited.wait(max(0.0, deadline - time.monotonic())):
-                self._signal(life.ref.pid, signal.SIGKILL)
+                self._forkserver.signal(life.ref.pid, signal.SIGKILL)
         for life in lives:
             life.exited.wait(_KILL_WAIT_S)
-        self._service_done = True
-        self._post(lambda: None)
-        self._thread.join(_KILL_WAIT_S)
-        try:
-            self._fs_socket.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass  # the forkserver already closed its end
-        self._fs_socket.close()
-        try:
-            self._forkserver.wait(_KILL_WAIT_S)
-        except subprocess.TimeoutExpired:
-            self._forkserver.kill()
-            self._forkserver.wait()
-        self._close_pipe()
+        self._service.stop(_KILL_WAIT_S)
+        self._forkserver.close()
         self._runtime.nodes.pop(self.endpoint, None)
-        with self._lock:
-            every_life = list(self._lives_by_address.values())
+        every_life = self._lives.newest()
         self._runtime.forget([self.endpoint] + [life.ref.address for life in every_life]
-                             + [life.ref.control for life in every_life])
+                            + [life.ref.control for life in every_life])
         if self._owns_dir:
             shutil.rmtree(self.runtime_dir, ignore_errors=True)
-
-    def _close_pipe(self) -> None:
-        for fd in (self._wake_read, self._wake_write):
-            try:
-                os.close(fd)
-            except OSError:
-                pass  # closed already
 
     def __enter__(self) -> Node:
         return self
@@ -497,233 +353,6 @@ class Node:
     def __repr__(self) -> str:
         return f"<Node {self.name} {self.runtime_dir}>"
 
-    # -- the service thread --------------------------------------------------------------
-
-    def _post(self, callback: Callable[[], None]) -> None:
-        self._posted.append(callback)
-        try:
-            os.write(self._wake_write, b"\0")
-        except (BlockingIOError, OSError):
-            pass  # full: a wake-up is pending already; closed: the thread has ended
-
-    def _service(self) -> None:
-        poller = zmq.Poller()
-        poller.register(self._router, zmq.POLLIN)
-        poller.register(self._fs_socket.fileno(), zmq.POLLIN)
-        poller.register(self._wake_read, zmq.POLLIN)
-        decoder, encoder = Decoder(), Encoder()
-        fs_fd = self._fs_socket.fileno()
-        timers: list[tuple[float, Callable[[], None]]] = []
-        while True:
-            wait_ms = 1000
-            if timers:
-                wait_ms = max(0, int((min(t for t, _ in timers) - time.monotonic()) * 1000) + 1)
-            events = dict(poller.poll(wait_ms))
-            try:
-                if self._router in events:
-                    self._serve_requests(decoder, encoder, timers)
-                if fs_fd in events and not self._forkserver_gone:
-                    self._read_forkserver(timers)
-                if self._wake_read in events:
-                    drain_wake_pipe(self._wake_read)
-                while self._posted:
-                    self._posted.popleft()()
-                now = time.monotonic()
-                for due, callback in [t for t in timers if t[0] <= now]:
-                    timers.remove((due, callback))
-                    callback()
-            except Exception:
-                logger.exception("node %s: the service thread caught an error", self.name)
-            if self._service_done:
-                break
-        self._router.close(linger=_wire.LINGER_MS)
-
-    def _read_forkserver(self, timers: list[tuple[float, Callable[[], None]]]) -> None:
-        data = self._fs_socket.recv(65536)
-        if not data:
-            self._forkserver_lost()
-            return
-        buffer = self._fs_buffer
-        buffer += data
-        size = _forkserver.REPORT.size
-        while len(buffer) >= size:
-            kind, token, pid, status = _forkserver.REPORT.unpack_from(buffer)
-            del buffer[:size]
-            if kind == _forkserver.FORKED:
-                with self._lock:
-                    pending = self._pending.get(token)
-                    if pending is not None:
-                        pending.pid = pid
-            elif kind == _forkserver.EXITED:
-                self._exited(pid, status, timers)
-
-    def _forkserver_lost(self) -> None:
-        with self._fs_lock:
-            self._forkserver_gone = True
-        logger.error("node %s: the forkserver has gone; its actors were killed", self.name)
-        with self._lock:
-            pids = list(self._lives_by_pid)
-            pending = list(self._pending.values())
-        for pid in pids:
-            self._exited(pid, -signal.SIGKILL, [])
-        for spawn in pending:
-            spawn.error = "the forkserver has gone"
-            spawn.done.set()
-
-    def _exited(self, pid: int, status: int, timers: list[tuple[float, Callable[[], None]]]
-                ) -> None:
-        exitcode, signum = (None, -status) if status < 0 else (status, None)
-        with self._lock:
-            life = self._lives_by_pid.pop(pid, None)
-            if life is None:
-                for token, pending in self._pending.items():
-                    if pending.pid == pid:
-                        pending.exit_status = status
-                        timers.append((time.monotonic() + _EXIT_BEFORE_READY_GRACE_S,
-                                       functools.partial(self._fail_pending, token)))
-                return
-            down = Down(life.ref, exitcode, signum)
-            life.down = down
-            self._downs[(life.ref.address, life.ref.incarnation)] = down
-            monitors, life.monitors = life.monitors, []
-            links = list(life.links)
-        self._runtime.mark_dead(life.ref.address, life.ref.incarnation)
-        self.registry.unregister(life.ref.name, life.ref)
-        life.exited.set()
-        for monitor in monitors:
-            monitor.resolve(down)
-        if _abnormal(down):
-            notice = Exit(life.ref, exitcode, signum)
-            for other in links:
-                self._notify_actor(other, _wire.EXIT, notice)
-
-    def _fail_pending(self, token: int) -> None:
-        with self._lock:
-            pending = self._pending.pop(token, None)
-        if pending is None:
-            return
-        status = pending.exit_status or 0
-        reason = describe(None, -status) if status < 0 else describe(status, None)
-        pending.error = f"the process exited before it was ready ({reason})"
-        pending.done.set()
-
-    def _serve_requests(self, decoder: Decoder, encoder: Encoder,
-                        timers: list[tuple[float, Callable[[], None]]]) -> None:
-        while True:
-            try:
-                frames = self._router.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            try:
-                kind, request_id, body = decoder.decode(frames[1:])
-                answer = self._answer(frames[0], kind, request_id, body, timers)
-            except (CodecError, ValueError, TypeError, KeyError, IndexError,
-                    AttributeError) as exc:
-                self.counters["malformed"] += 1
-                logger.warning("node %s: dropped a malformed request: %s", self.name, exc)
-                continue
-            if answer is not _NO_ANSWER:
-                self._reply(encoder, frames[0], request_id, _wire.REPLY_OK, answer)
-
-    def _reply(self, encoder: Encoder, identity: bytes, request_id: int, kind: int,
-               value: Any) -> None:
-        try:
-            self._router.send_multipart([identity, *encoder.encode([kind, request_id, value])],
-                                        zmq.NOBLOCK)
-        except zmq.ZMQError as exc:
-            logger.warning("node %s: an answer could not be routed (%s)", self.name,
-                           exc.strerror)
-
-    def _answer(self, identity: bytes, kind: int, request_id: int, body: Any,
-                timers: list[tuple[float, Callable[[], None]]]) -> Any:
-        if kind == _wire.READY:
-            token, address, control, pid = body
-            self._ready(token, str(address), str(control), int(pid))
-            return _NO_ANSWER
-        if kind == _wire.FAILED:
-            token, type_name, text, remote_tb = body
-            with self._lock:
-                pending = self._pending.pop(token, None)
-            if pending is not None:
-                pending.error = f"{type_name}: {text}"
-                if remote_tb:
-                    logger.error("node %s: %s failed to start:\n%s", self.name,
-                                 pending.order.name, remote_tb)
-                pending.done.set()
-            return _NO_ANSWER
-        if kind == _wire.MONITOR:
-            watcher, target = body
-            self.monitor(target, notify=watcher)
-            return None
-        if kind == _wire.DEMONITOR:
-            watcher, target = body
-            with self._lock:
-                life = self._life_of(target)
-                monitors = list(life.monitors) if life is not None else []
-            for monitor in monitors:
-                if monitor.watcher == watcher:
-                    self.demonitor(monitor)
-            return None
-        if kind == _wire.LINK:
-            first, second = body
-            self.link(first, second)
-            return None
-        if kind == _wire.WHEREIS:
-            return self.registry.whereis(str(body))
-        if kind == _wire.REGISTER:
-            name, ref = body
-            self.registry.register(str(name), ref)
-            return None
-        if kind == _wire.STOP_ACTOR:
-            ref, timeout = body
-            encoder = Encoder()
-
-            def stop_and_answer() -> None:
-                down = self.stop(ref, float(timeout))
-                self._post(lambda: self._reply(encoder, identity, request_id,
-                                               _wire.REPLY_OK, down))
-
-            threading.Thread(target=stop_and_answer, daemon=True,
-                             name=f"warren-stop-{ref.name}").start()
-            return _NO_ANSWER
-        raise ValueError(f"unknown request kind {kind!r}")
-
-    def _ready(self, token: int, address: str, control: str, pid: int) -> None:
-        with self._lock:
-            pending = self._pending.pop(token, None)
-            if pending is None:
-                return
-            order = pending.order
-            if order.address.endswith(":*"):
-                self._incarnations[address] = order.incarnation
-            ref = ActorRef(order.name, address, control, order.incarnation, pid,
-                           self.endpoint)
-            if pending.exit_status is not None:
-                pending.error = "the process exited right after it was ready"
-                pending.done.set()
-                return
-            life = _Life(ref, order)
-            self._lives_by_pid[pid] = life
-            self._lives_by_address[address] = life
-        self._runtime.mark_alive(address, order.incarnation)
-        self.registry.register(order.name, ref, replace=True)
-        pending.ref = ref
-        pending.done.set()
-
-
-_NO_ANSWER = object()
-
 
 def _abnormal(down: Down) -> bool:
     return down.signal is not None or (down.exitcode is not None and down.exitcode != 0)
-
-
-def _forget_inherited_forkservers() -> None:
-    for node in list(_live_nodes):
-        try:
-            node._fs_socket.close()
-        except OSError:
-            pass  # nothing to close in this child
-
-
-os.register_at_fork(after_in_child=_forget_inherited_forkservers)

@@ -221,9 +221,8 @@ class Node:
 
     def _pids(self) -> list[int]:
         pids = [os.getpid()]
-        forkserver = getattr(self.actors, "_forkserver", None)
-        if forkserver is not None:
-            pids.append(forkserver.pid)
+        if self.actors is not None:
+            pids.append(self.actors.forkserver_pid)
         return pids + (self.root.actor_pids() if self.root else [])
 
     def _root_failed(self, reason: str) -> None:
