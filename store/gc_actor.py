@@ -1,12 +1,22 @@
-"""``GCActor`` (``msg_store_gc``): the copy step of both stores' combines, in its own process.
+"""``GCActor`` (``msg_store_gc``): the scanning and copying of both stores' combines, in its
+own process, so neither runs on a store's thread.
 
-Accepts ``RewriteJob(job_id, directory, dst, src, dst_records, src_records, reply_to)``
-(tell) from a store actor, writes and fdatasyncs ``Dst.rdt`` (``warren.store.combine``), and
-tells ``reply_to`` ``Rewritten(job_id, dst, src, dst_offsets, src_offsets, file_size)``, or
-``RewriteFailed(job_id, reason)`` when a record does not validate or the disk fails. It
-touches no byte the store's index can point at, so it holds no lock and needs none; one
-job at a time, in mailbox order, for either store. Anything else, or a job whose fields
-are malformed, raises ``UnhandledMessage``: logged and counted, never a crash.
+Accepts (tells, from a store actor; ``warren.store.messages``):
+
+    ScanJob(job_id, directory, dst, src, reply_to)
+        scans both files and tells ``reply_to`` ``Scanned`` with every record found; the
+        scan is kept for the job.
+    RewriteJob(job_id, dst, src, dst_keep, src_keep, reply_to)
+        copies the records the keep flags select, Dst's first, into ``Dst.rdt`` and
+        fdatasyncs it (``warren.store.combine``); tells ``Rewritten(job_id, dst, src,
+        file_size)``, or ``RewriteFailed(job_id, reason)`` when a record does not
+        validate, the disk fails, or the job's scan is unknown (this GC restarted since).
+
+It touches no byte the store's index can point at (it reads files that no longer change
+and writes only the ``.rdt``), so it holds no lock and needs none. Jobs run one at a
+time, in mailbox order, for either store; one kept scan per store directory (a new
+ScanJob for a directory replaces its old scan). Anything else, or a job whose fields are
+malformed, raises ``UnhandledMessage``: logged and counted, never a crash.
 
 Supervised by ``gc_sup`` (one_for_one) under the node's root, first in the tree: a GC
 crash restarts the GC alone, and the store whose job it was abandons that job when its
@@ -15,48 +25,85 @@ monitor reports the GC's death.
 
 from __future__ import annotations
 
+import array
 import logging
 import os
 
 from warren.actors import ActorRef, ProcessActor, UnhandledMessage
 
 from .combine import CombinePlan, rewrite_combine
-from .messages import Rewritten, RewriteFailed, RewriteJob
+from .messages import RewriteFailed, RewriteJob, Rewritten, ScanJob, Scanned
+from .records import data_file_name
+from .scanner import ScanResult, scan_file
 
 log = logging.getLogger("warren.store")
 
 
-def _malformed_job(job: RewriteJob) -> str | None:
-    """What is wrong with a job's fields, or None."""
-    if not (type(job.job_id) is int and type(job.directory) is str and os.path.isabs(job.directory)
-            and type(job.dst) is int and type(job.src) is int and job.dst >= 0 and job.src >= 0
-            and isinstance(job.reply_to, ActorRef)):
-        return "job_id, dst and src must be ints, directory an absolute path, reply_to a ref"
-    for records in (job.dst_records, job.src_records):
-        if type(records) is not list or not all(
-                type(r) is list and len(r) == 3 and type(r[0]) is bytes and len(r[0]) == 16
-                and type(r[1]) is int and type(r[2]) is int and r[1] >= 0 and r[2] > 0
-                for r in records):
-            return "dst_records and src_records must be lists of [msg_id, offset, size]"
-    return None
-
-
 class GCActor(ProcessActor):
+    def __init__(self) -> None:
+        # directory -> (job_id, dst, src, dst's scan, src's scan)
+        self._scans: dict[str, tuple[int, int, int, ScanResult, ScanResult]] = {}
+
     def on_receive(self, message):
-        if not isinstance(message, RewriteJob):
-            raise UnhandledMessage(f"GCActor does not handle {type(message).__name__}")
-        problem = _malformed_job(message)
-        if problem is not None:
-            raise UnhandledMessage(f"malformed RewriteJob: {problem}")
-        plan = CombinePlan(message.dst, message.src,
-                           tuple(tuple(r) for r in message.dst_records),
-                           tuple(tuple(r) for r in message.src_records))
+        if isinstance(message, ScanJob):
+            return self._scan(message)
+        if isinstance(message, RewriteJob):
+            return self._rewrite(message)
+        raise UnhandledMessage(f"GCActor does not handle {type(message).__name__}")
+
+    def _scan(self, job: ScanJob) -> None:
+        if not (type(job.job_id) is int and type(job.directory) is str
+                and os.path.isabs(job.directory) and _is_file_number(job.dst)
+                and _is_file_number(job.src) and isinstance(job.reply_to, ActorRef)):
+            raise UnhandledMessage("malformed ScanJob: job_id, dst and src must be ints "
+                                   "and directory an absolute path")
         try:
-            result = rewrite_combine(message.directory, plan)
-        except Exception as exc:   # reported to the store, which abandons the job
-            log.error("GC job %d on %s failed: %s", message.job_id, message.directory, exc)
-            message.reply_to.tell(RewriteFailed(message.job_id, f"{type(exc).__name__}: {exc}"))
+            dst, src = (scan_file(os.path.join(job.directory, data_file_name(f)))
+                        for f in (job.dst, job.src))
+        except OSError as exc:
+            log.error("GC scan %d of %s failed: %s", job.job_id, job.directory, exc)
+            job.reply_to.tell(RewriteFailed(job.job_id, f"{type(exc).__name__}: {exc}"))
             return
-        message.reply_to.tell(Rewritten(message.job_id, message.dst, message.src,
-                                        list(result.dst_offsets), list(result.src_offsets),
-                                        result.file_size))
+        self._scans[job.directory] = (job.job_id, job.dst, job.src, dst, src)
+        job.reply_to.tell(Scanned(job.job_id, job.dst, job.src, *_packed(dst), *_packed(src)))
+
+    def _rewrite(self, job: RewriteJob) -> None:
+        if not (type(job.job_id) is int and type(job.dst_keep) is bytes
+                and type(job.src_keep) is bytes and isinstance(job.reply_to, ActorRef)):
+            raise UnhandledMessage("malformed RewriteJob: job_id must be an int, the keep "
+                                   "flags bytes and reply_to a ref")
+        kept = next(((d, scans) for d, scans in self._scans.items()
+                     if scans[:3] == (job.job_id, job.dst, job.src)), None)
+        if kept is None:
+            job.reply_to.tell(RewriteFailed(job.job_id, "no scan kept for this job (the GC "
+                                                        "restarted since it scanned)"))
+            return
+        directory, (_, dst, src, dst_scan, src_scan) = kept
+        del self._scans[directory]
+        if (len(job.dst_keep), len(job.src_keep)) != (len(dst_scan.offsets),
+                                                      len(src_scan.offsets)):
+            job.reply_to.tell(RewriteFailed(job.job_id, "keep flags do not match the scan"))
+            return
+        plan = CombinePlan(dst, src, _selected(dst_scan, job.dst_keep),
+                           _selected(src_scan, job.src_keep))
+        try:
+            result = rewrite_combine(directory, plan)
+        except Exception as exc:   # reported to the store, which abandons the job
+            log.error("GC job %d on %s failed: %s", job.job_id, directory, exc)
+            job.reply_to.tell(RewriteFailed(job.job_id, f"{type(exc).__name__}: {exc}"))
+            return
+        job.reply_to.tell(Rewritten(job.job_id, dst, src, result.file_size))
+
+
+def _is_file_number(value) -> bool:
+    return type(value) is int and value >= 0
+
+
+def _packed(found: ScanResult) -> tuple[bytes, bytes, bytes]:
+    return (b"".join(found.msg_ids), array.array("Q", found.offsets).tobytes(),
+            array.array("Q", found.total_sizes).tobytes())
+
+
+def _selected(found: ScanResult, keep: bytes) -> tuple[tuple[bytes, int, int], ...]:
+    return tuple((msg_id, offset, size) for msg_id, offset, size, flag
+                 in zip(found.msg_ids, found.offsets, found.total_sizes, keep) if flag)

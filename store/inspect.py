@@ -94,7 +94,7 @@ def inspect_store(directory: str | os.PathLike) -> StoreReport:
         places = ((v >> idx.FILE_SHIFT, idx.size_of(v)) for v in saved_index.values())
     else:
         source = "last copy of each id, less the removal log"
-        for file, offset, msg_id in read_entries(directory):
+        for file, offset, msg_id in read_entries(directory, files):
             if last_copy.get(msg_id, (None, None))[:2] == (file, offset):
                 del last_copy[msg_id]
         places = ((file, size) for file, _offset, size in last_copy.values())

@@ -48,9 +48,11 @@ into the older one, as copy then switch (``warren.store.combine``)::
                   Dst    <--     Src
     after:  [ 3: valid 70% ]                  [ 8: valid 90% ] [ 9: current ]
 
-``plan_combine`` → ``rewrite_combine`` (may run in another process while this object
-serves) → ``apply_combine``, or ``abandon_combine`` when the rewrite failed or its process
-died. ``collect_garbage`` runs the three steps in-process until nothing qualifies; with
+``plan_combine`` (or, in slices, ``choose_combine``, ``stage_combine``,
+``finish_staging``: ``warren.store.combining``) → ``rewrite_combine`` (may run in another
+process while this object serves) → ``apply_combine``, a switch of index and files in one
+step, or ``abandon_combine`` when the rewrite failed or its process died.
+``collect_garbage`` runs the steps in-process until nothing qualifies; with
 ``auto_gc=True`` (the default) ``sync()`` does so whenever the trigger holds.
 
 Recovery. A clean ``close()`` writes the index, the file summary and a clean marker naming
@@ -117,7 +119,8 @@ from typing import Any
 
 from . import index as idx
 from . import snapshot
-from .combine import CombinePlan, CorruptRecord, RewriteResult, rewrite_combine
+from .combine import CombinePlan, CorruptRecord, RewriteResult
+from .combining import Combining, Staging
 from .lock_table import SWITCH_DEADLINE_SECONDS, LockTableOwner
 from .errors import (
     StoreClosed,
@@ -157,7 +160,6 @@ _key = int.from_bytes            # a 16-byte id as an int: 48 bytes of memory, n
 FILE_SIZE_LIMIT_BYTES = 16 * 2**20      # msg_store_file_size_limit
 WRITE_BUFFER_BYTES = 2**20              # the append buffer handed to write(2) at once
 GARBAGE_FRACTION = 0.5                  # combine when garbage exceeds this share of disk
-MIN_FILES_FOR_GC = 3
 SYNC_POLICIES = ("fsync", "flush")
 LOCK_FILE = ".lock"
 _DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
@@ -197,7 +199,7 @@ class _DiskFull(Exception):
         self.landed = landed
 
 
-class MessageStore:
+class MessageStore(Combining):
     """A message store directory, opened and recovered. See the module docstring.
 
     ``MessageStore(directory, file_size_limit=16 MiB, sync_policy="fsync", ref_counts=None,
@@ -248,7 +250,9 @@ class MessageStore:
         self._data_unsynced = False
         self._directory_unsynced = False
         self._maps: dict[int, mmap.mmap] = {}        # non-current file -> read-only map
-        self._combine: CombinePlan | None = None
+        self._combine: CombinePlan | None = None     # staged and ready to copy
+        self._staging: Staging | None = None         # the combine in progress
+        self._moves: dict[int, int] | None = None    # its staged index values
         self._deferred_apply: tuple[CombinePlan, RewriteResult] | None = None
         self._deferred_deletes: set[int] = set()     # empty files a reader kept us from
         self._uncombinable: set[int] = set()         # files whose records do not add up
@@ -321,7 +325,9 @@ class MessageStore:
             else:
                 log.warning("%s: %s is not a regular file; ignored", self.directory, name)
         files.sort()
-        self._removals = RemovalLog(self._dir_fd, fsync=self._fsync)
+        self._removals = RemovalLog(self._dir_fd)
+        for stray in self._removals.stray_logs(set(files)):
+            os.unlink(stray, dir_fd=self._dir_fd)
         clean = self._load_snapshot(files, clean_clients)
         if snapshot.delete(self._dir_fd):
             os.fsync(self._dir_fd)
@@ -415,7 +421,7 @@ class MessageStore:
         """Drop from a dirty recovery's ``index`` the records the removal log names (their
         bytes off ``found_bytes``); how many were dropped."""
         dropped = 0
-        for file, offset, msg_id in self._removals.entries():
+        for file, offset, msg_id in self._removals.entries(list(found_bytes)):
             key = _key(msg_id)
             value = index.get(key)
             if (value is not None and value >> idx.FILE_SHIFT == file
@@ -498,6 +504,8 @@ class MessageStore:
                 self._unsynced_tickets.append(ticket)
                 return ticket
             index[key] = value + 1
+            if self._moves is not None and key in self._moves:
+                self._moves[key] += 1                 # a combine staged it: keep up
             if value >> _FILE_SHIFT == _PENDING_FILE:
                 self._pending_fan_out.setdefault(key, []).append(ticket)
             else:
@@ -519,12 +527,17 @@ class MessageStore:
         if self._adoptable:
             self._adoptable.discard(key)
         try:
+            moves = self._moves
             if value & idx.REF_MASK > 1:
                 self._index[key] = value - 1
+                if moves is not None and key in moves:
+                    moves[key] -= 1                   # a combine staged it: keep up
                 return True
             del self._index[key]
             file = value >> idx.FILE_SHIFT
             total = (value >> idx.SIZE_SHIFT) & idx.SIZE_MASK
+            if moves is not None and moves.pop(key, None) is not None:
+                self._staging.valid_bytes[file] -= total
             if file == idx.PENDING_FILE:
                 del self._pending[key]
                 self._pending_bytes -= total
@@ -653,173 +666,6 @@ class MessageStore:
     def _file_stats(self, file: int, summary: FileSummary) -> dict[str, Any]:
         held = self._lock_table is not None and self._lock_table.held_by_readers(file)
         return {**summary.as_dict(), "readers": int(held)}
-
-    # ---------------------------------------------------------------- GC
-
-    def plan_combine(self) -> CombinePlan | None:
-        """Step 1: choose a pair, lock it, list its valid records; None if no GC is due."""
-        self._check_usable()
-        if self._combine is not None or len(self._summary) < MIN_FILES_FOR_GC:
-            return None
-        bytes_on_disk = sum(s.file_size for s in self._summary.values())
-        valid_bytes = sum(s.valid_total_size for s in self._summary.values())
-        if self._garbage_fraction(bytes_on_disk, valid_bytes) <= self.garbage_fraction:
-            return None
-        while (pair := self._choose_pair()) is not None:
-            dst, src = pair
-            dst_records, src_records = self._valid_records(dst), self._valid_records(src)
-            if dst_records is None or src_records is None:
-                continue                   # a file that does not add up: try another pair
-            self._combine = CombinePlan(dst, src, dst_records, src_records)
-            self._summary[dst].locked = self._summary[src].locked = True
-            return self._combine
-        return None
-
-    def apply_combine(self, plan: CombinePlan, result: RewriteResult, *,
-                      wait_s: float = SWITCH_DEADLINE_SECONDS) -> bool:
-        """Step 3: move the entries still in place, switch the files, delete Src.
-
-        False when readers in other processes held the files for ``wait_s`` (with
-        ``shared_readers``), or the disk had no room to drop the pair's removal-log
-        entries: nothing changed, call again later.
-        """
-        if plan is not self._combine:
-            raise StoreError("apply_combine of a plan this store is not running")
-        if (len(result.dst_offsets), len(result.src_offsets)) != (
-                len(plan.dst_records), len(plan.src_records)):
-            raise StoreError("apply_combine of a rewrite that does not match its plan")
-        self._check_usable()
-        # Before the switch: a live record moved into Dst could land where an entry says a
-        # removed record of the same id was (see warren.store.removal_log).
-        if not self._guarded(self._removals.compact, lambda file: (
-                file in self._summary and file not in (plan.dst, plan.src))):
-            return False                       # no room for the log: try again later
-        if self._lock_table is None:
-            self._guarded(self._apply_combine, plan, result)
-            return True
-        with self._lock_table.exclusive([plan.dst, plan.src], wait_s) as acquired:
-            if acquired:
-                self._guarded(self._apply_combine, plan, result)
-        return acquired
-
-    def _apply_combine(self, plan: CombinePlan, result: RewriteResult) -> None:
-        moved = 0
-        index = self._index
-        for records, offsets, file in ((plan.dst_records, result.dst_offsets, plan.dst),
-                                       (plan.src_records, result.src_offsets, plan.src)):
-            for (msg_id, old_offset, size), new_offset in zip(records, offsets):
-                key = _key(msg_id)
-                value = index.get(key)
-                if (value is not None and value >> idx.FILE_SHIFT == file
-                        and (value >> idx.OFFSET_SHIFT) & idx.OFFSET_MASK == old_offset):
-                    index[key] = idx.relocate(value, plan.dst, new_offset)
-                    moved += size
-        self._switch_files(plan, result.file_size, moved)
-        self.counters["gc_runs"] += 1
-        self.counters["gc_bytes_moved"] += plan.bytes_to_move
-
-    def abandon_combine(self, plan: CombinePlan) -> None:
-        """Give the job up: unlock both files, delete the ``.rdt``; planned again later."""
-        if plan is not self._combine:
-            return
-        self._guarded(self._abandon_combine, plan)
-
-    def _abandon_combine(self, plan: CombinePlan) -> None:
-        self._combine = None
-        try:
-            os.unlink(temp_file_name(plan.dst), dir_fd=self._dir_fd)
-            self._directory_unsynced = True
-        except FileNotFoundError:
-            pass
-        for file in (plan.dst, plan.src):
-            summary = self._summary[file]
-            summary.locked = False
-            if summary.valid_total_size == 0:
-                self._delete_empty_file(file)
-
-    def collect_garbage(self) -> int:
-        """Combine pairs in-process until the trigger no longer holds, or until readers
-        hold a switch past its deadline (retried at the next call); the number done."""
-        done = 0
-        if self._deferred_apply is not None:
-            plan, result = self._deferred_apply
-            if plan is self._combine:
-                # A retry takes the locks only if they are free now: a reader stopped
-                # while holding one must not cost every sync a full deadline.
-                if not self.apply_combine(plan, result, wait_s=0.0):
-                    return done
-                done += 1
-            self._deferred_apply = None
-        while (plan := self.plan_combine()) is not None:
-            try:
-                result = rewrite_combine(self.directory, plan)
-            except CorruptRecord:
-                self._uncombinable.update((plan.dst, plan.src))
-                self.abandon_combine(plan)
-                raise
-            except BaseException:
-                self.abandon_combine(plan)
-                raise
-            if not self.apply_combine(plan, result):
-                self._deferred_apply = (plan, result)
-                break
-            done += 1
-        return done
-
-    def _choose_pair(self) -> tuple[int, int] | None:
-        limit = self.file_size_limit
-        for dst, summary in sorted(self._summary.items()):
-            src = summary.right
-            if src is None or self._summary[src].right is None:
-                return None
-            neighbour = self._summary[src]
-            if (not summary.locked and not neighbour.locked
-                    and not {dst, src} & self._uncombinable
-                    and summary.valid_total_size + neighbour.valid_total_size <= limit):
-                return dst, src
-        return None
-
-    def _valid_records(self, file: int) -> tuple[tuple[bytes, int, int], ...] | None:
-        """The records of ``file`` the index points at, in offset order; None (and the
-        file is never combined) when they do not add up to its valid bytes: a record the
-        scan cannot find would otherwise be left pointing into a file about to go."""
-        found = scan_file(os.path.join(self.directory, data_file_name(file)))
-        index = self._index
-        valid = []
-        for msg_id, offset, size in zip(found.msg_ids, found.offsets, found.total_sizes):
-            value = index.get(_key(msg_id))
-            if (value is not None and value >> idx.FILE_SHIFT == file
-                    and (value >> idx.OFFSET_SHIFT) & idx.OFFSET_MASK == offset):
-                valid.append((msg_id, offset, size))
-        expected = self._summary[file].valid_total_size
-        if sum(r[2] for r in valid) != expected:
-            log.error("%s: %s holds %d valid bytes by the index but the scan finds %d; "
-                      "the file is damaged and will not be combined", self.directory,
-                      data_file_name(file), expected, sum(r[2] for r in valid))
-            self._uncombinable.add(file)
-            return None
-        return tuple(valid)
-
-    def _switch_files(self, plan: CombinePlan, file_size: int, moved: int) -> None:
-        dst, src = self._summary[plan.dst], self._summary[plan.src]
-        self._unmap(plan.dst)
-        os.rename(temp_file_name(plan.dst), data_file_name(plan.dst),
-                  src_dir_fd=self._dir_fd, dst_dir_fd=self._dir_fd)
-        os.fsync(self._dir_fd)
-        dst.valid_total_size = moved
-        dst.file_size = file_size
-        src.valid_total_size = 0
-        self._combine = None
-        dst.locked = src.locked = False
-        self._unlink_file(plan.src)           # the caller holds both files' slots
-        if dst.valid_total_size == 0:
-            self._unlink_file(plan.dst)
-        os.fsync(self._dir_fd)
-        self._directory_unsynced = False
-
-    @staticmethod
-    def _garbage_fraction(bytes_on_disk: int, valid_bytes: int) -> float:
-        return (bytes_on_disk - valid_bytes) / bytes_on_disk if bytes_on_disk else 0.0
 
     # ---------------------------------------------------------------- writing
 
@@ -995,13 +841,10 @@ class MessageStore:
         if self._fsync:
             if self._data_unsynced:
                 os.fdatasync(self._current_fd)
-            self._removals.sync()
             if self._directory_unsynced:
                 os.fsync(self._dir_fd)
                 self._directory_unsynced = False
         self._data_unsynced = False
-        if self._removals.due_for_compaction():
-            self._removals.compact(keep=self._summary.__contains__)
 
     def _delete_empty_file(self, file: int,
                            wait_s: float = SWITCH_DEADLINE_SECONDS) -> None:
@@ -1027,6 +870,7 @@ class MessageStore:
             self._summary[summary.right].left = summary.left
         self._unmap(file)
         os.unlink(data_file_name(file), dir_fd=self._dir_fd)
+        self._removals.forget(file)
         self._directory_unsynced = True
         self.counters["files_deleted"] += 1
 
@@ -1087,9 +931,9 @@ class MessageStore:
         if self._broken is not None:
             self._release()
             return None
-        if self._combine is not None:
+        if self._staging is not None:
             self._deferred_apply = None
-            self.abandon_combine(self._combine)
+            self.abandon_combine()
         try:
             for file in sorted(self._deferred_deletes):
                 # A reader still holds it: its open fd keeps the inode, and any read by
@@ -1109,7 +953,6 @@ class MessageStore:
                 finally:
                     os.close(fd)
             self._unsynced_files.clear()
-            self._removals.compact(keep=self._summary.__contains__)
             summary = [(file, s.valid_total_size, s.file_size)
                        for file, s in sorted(self._summary.items())]
             try:
@@ -1138,11 +981,6 @@ class MessageStore:
         self._maps.clear()
         if self._lock_table is not None:
             self._lock_table.close()
-        if self._removals is not None:
-            try:
-                self._removals.close()
-            except OSError:
-                pass   # closing is best effort once the store has stopped
         fds = [self._current_fd, self._lock_fd, self._dir_fd]
         for fd in fds:
             if fd >= 0:

@@ -19,12 +19,20 @@ Client → store (``msg_store_persistent`` / ``msg_store_transient``):
                                           then the client is forgotten
     StoreStats()                          ask → dict
 
-Store → GC (``msg_store_gc``) and back:
+Store → GC (``msg_store_gc``) and back, one combine in two round trips:
 
-    RewriteJob(job_id, directory, dst, src, dst_records, src_records, reply_to)   tell
-    Rewritten(job_id, dst, src, dst_offsets, src_offsets, file_size)             tell
-    RewriteFailed(job_id, reason)                                                tell
+    ScanJob(job_id, directory, dst, src, reply_to)                   tell
+    Scanned(job_id, dst, src, dst_ids, dst_offsets, dst_sizes,
+            src_ids, src_offsets, src_sizes)                         tell
+    RewriteJob(job_id, dst, src, dst_keep, src_keep, reply_to)       tell
+    Rewritten(job_id, dst, src, file_size)                           tell
+    RewriteFailed(job_id, reason)                                    tell
 
+The GC scans both files and sends every record it finds: ``*_ids`` the 16-byte ids back
+to back, ``*_offsets`` and ``*_sizes`` native ``array("Q")`` bytes (both processes run on
+one machine). The store stages them against its index a slice at a time and answers with
+one keep flag (a byte, 1 = copy) per record found; the GC copies those from the scan it
+kept for the job. A GC that restarted in between has no scan and answers RewriteFailed.
 ``reply_to`` is the store's ref pinned to its incarnation: the answer to a job of a store
 that has since restarted is dropped, never applied to the new incarnation's plan.
 
@@ -141,13 +149,36 @@ class StoreStats:
 
 @message
 @dataclass(frozen=True)
-class RewriteJob:
+class ScanJob:
     job_id: int
     directory: str
     dst: int
     src: int
-    dst_records: list[tuple[bytes, int, int]]
-    src_records: list[tuple[bytes, int, int]]
+    reply_to: ActorRef
+
+
+@message
+@dataclass(frozen=True)
+class Scanned:
+    job_id: int
+    dst: int
+    src: int
+    dst_ids: bytes
+    dst_offsets: bytes
+    dst_sizes: bytes
+    src_ids: bytes
+    src_offsets: bytes
+    src_sizes: bytes
+
+
+@message
+@dataclass(frozen=True)
+class RewriteJob:
+    job_id: int
+    dst: int
+    src: int
+    dst_keep: bytes
+    src_keep: bytes
     reply_to: ActorRef
 
 
@@ -157,8 +188,6 @@ class Rewritten:
     job_id: int
     dst: int
     src: int
-    dst_offsets: list[int]
-    src_offsets: list[int]
     file_size: int
 
 

@@ -1,4 +1,4 @@
-"""The removal log: which records in the data files were removed, so that a dirty recovery
+"""The removal logs: which records in the data files were removed, so that a dirty recovery
 with no reference counts to go by does not bring acknowledged messages back.
 
 Why. A remove only changes the index in memory; the record stays in its file until the
@@ -7,36 +7,35 @@ used directly, with no queue index to walk) counts every record it finds once, s
 removed record whose file still existed came back: 1,500 live and 1,500 removed messages
 became 3,000 after a crash.
 
-Format. ``removals.log`` in the store directory, a sequence of 32-byte entries::
+Format. One log beside each data file that has removed records, ``N.removed`` for
+``N.rdq``: a sequence of 28-byte entries::
 
-    file:u32 BE | offset:u64 BE | msg_id:16 | crc32 of the 28 bytes before:u32 BE
+    offset:u64 BE | msg_id:16 | crc32 of the 24 bytes before:u32 BE
 
-naming the record (file, offset, id) that a remove took to zero references. A torn last
-entry (a crash mid-append) or a damaged one fails its length or CRC and is ignored.
+naming a record of ``N.rdq`` that a remove took to zero references. A torn last entry (a
+crash mid-append) or a damaged one fails its length or CRC and is ignored.
 
 Protocol with the store (``warren.store.message_store``):
 - ``note`` buffers an entry when a remove drops a record in a file (not a pending one,
   which never reaches the disk) to zero references: no I/O on the remove itself;
-- ``write`` appends the buffer with the group commit's flush, and ``sync`` fdatasyncs it
-  when that commit fdatasyncs the data (policy "fsync"), so a remove answered to a client
-  is on disk like the writes answered with it;
-- a dirty recovery without reference counts drops every record whose place and id an
-  entry names (``entries``);
-- ``compact`` rewrites the log with only the entries a predicate keeps (temp file, fsync,
-  rename, directory fsync): at a clean close and when the log has doubled, the entries of
-  deleted files go; before a combine switches Dst and Src, their entries go too.
+- ``write`` appends the buffered entries with the group commit, one write(2) per file
+  touched, before the removes are answered: a remove answered to a client survives the
+  store process's crash. The logs are not fdatasync'd: after an OS crash a removed
+  message may come back (at-least-once), never a live one lost;
+- a dirty recovery without reference counts drops every record an entry names
+  (``entries``);
+- a data file deleted, or combined away, takes its log with it (``forget``): no log ever
+  needs compacting, and a combine costs two unlinks, not a pass over the entries.
 
 Races and their answers:
 - A combine moves live records into Dst at new offsets: a live record could land exactly
   where a removed record of the same id (a reused id) used to be, and an old entry would
-  then drop it. Entries of Dst and Src are therefore removed *before* the rename: a crash
-  between the two can only bring a removed record back (at-least-once), never lose a live
-  one.
-- A file is deleted: its entries name records that no longer exist and match nothing;
-  file numbers only grow, so they never name a record of a later file.
-- The disk is full: entries stay buffered and are written at a later sync; a compaction
-  that finds no room leaves the log as it was (a combine then waits: it may not switch
-  files before its entries are gone).
+  then drop it. The logs of Dst and Src are therefore deleted, and the directory fsynced,
+  *before* the rename: a crash between the two can only bring a removed record back.
+- File numbers only grow, so a log never outlives its file into a later one of the same
+  number.
+- The disk is full: entries stay buffered (a partly written one is cut off) and are
+  written at a later sync.
 - A crash before ``write``: the remove was not answered yet (removes are answered with
   the sync that writes them), so bringing the record back breaks no promise.
 """
@@ -45,109 +44,91 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import struct
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
-LOG_FILE = "removals.log"
-_TEMP = LOG_FILE + ".tmp"
-_HEAD = struct.Struct(">IQ16s")
+SUFFIX = ".removed"
+_NAME = re.compile(r"^(0|[1-9][0-9]*)\.removed$")
+_HEAD = struct.Struct(">Q16s")
 _CRC = struct.Struct(">I")
 ENTRY_BYTES = _HEAD.size + _CRC.size
-# Compact when the log has grown past both this and twice its size after the last
-# compaction (bytes).
-COMPACT_AFTER_BYTES = 4 * 2**20
+
+
+def log_name(file: int) -> str:
+    return f"{file}{SUFFIX}"
 
 
 class RemovalLog:
-    """The removal log of one store directory; owned by the store's one thread."""
+    """The removal logs of one store directory; owned by the store's one thread."""
 
-    def __init__(self, dir_fd: int, *, fsync: bool) -> None:
+    def __init__(self, dir_fd: int) -> None:
         self._dir_fd = dir_fd
-        self._fsync = fsync
-        self._fd = os.open(LOG_FILE, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644,
-                           dir_fd=dir_fd)
-        self._buffer = bytearray()
-        self._unsynced = False
-        self.size = os.fstat(self._fd).st_size
-        self._compacted_size = self.size
+        self._buffers: dict[int, bytearray] = {}
 
     def note(self, file: int, offset: int, msg_id: bytes) -> None:
-        head = _HEAD.pack(file, offset, msg_id)
-        self._buffer += head
-        self._buffer += _CRC.pack(zlib.crc32(head))
+        head = _HEAD.pack(offset, msg_id)
+        buffer = self._buffers.get(file)
+        if buffer is None:
+            buffer = self._buffers[file] = bytearray()
+        buffer += head
+        buffer += _CRC.pack(zlib.crc32(head))
 
     def write(self) -> None:
-        """Hand the buffered entries to write(2); on a full disk keep them buffered for the
-        next try (a partly written entry is cut off first)."""
-        if not self._buffer:
-            return
-        view = memoryview(self._buffer)
+        """Append every buffered entry to its file's log; on a full disk keep them
+        buffered for the next try."""
+        for file in list(self._buffers):
+            if self._append(file, self._buffers[file]):
+                del self._buffers[file]
+
+    def _append(self, file: int, entries: bytearray) -> bool:
+        fd = os.open(log_name(file), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644,
+                     dir_fd=self._dir_fd)
         try:
-            while view:
-                view = view[os.write(self._fd, view):]
-        except OSError as exc:
-            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
-                raise
-            os.ftruncate(self._fd, self.size)
-            return
-        self.size += len(self._buffer)
-        self._buffer = bytearray()
-        self._unsynced = True
-
-    def sync(self) -> None:
-        """fdatasync what ``write`` appended (policy "fsync" only)."""
-        if self._unsynced and self._fsync:
-            os.fdatasync(self._fd)
-        self._unsynced = False
-
-    def due_for_compaction(self) -> bool:
-        return self.size > max(COMPACT_AFTER_BYTES, 2 * self._compacted_size)
-
-    def entries(self) -> Iterator[tuple[int, int, bytes]]:
-        """Every intact entry on disk, in the order written: (file, offset, msg_id)."""
-        return parse_entries(os.pread(self._fd, self.size, 0))
-
-    def compact(self, keep: Callable[[int], bool]) -> bool:
-        """Rewrite the log with the entries whose file ``keep`` accepts; False, and the log
-        as it was, when the disk has no room for the new one."""
-        self.write()
-        if self._buffer:
-            return False
-        kept = bytearray()
-        for file, offset, msg_id in self.entries():
-            if keep(file):
-                head = _HEAD.pack(file, offset, msg_id)
-                kept += head
-                kept += _CRC.pack(zlib.crc32(head))
-        try:
-            fd = os.open(_TEMP, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644,
-                         dir_fd=self._dir_fd)
+            size = os.fstat(fd).st_size
+            view = memoryview(entries)
             try:
-                view = memoryview(kept)
                 while view:
                     view = view[os.write(fd, view):]
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        except OSError as exc:
-            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
-                raise
-            os.unlink(_TEMP, dir_fd=self._dir_fd)
+            except OSError as exc:
+                if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                    raise
+                os.ftruncate(fd, size)
+                return False
+            return True
+        finally:
+            os.close(fd)
+
+    def forget(self, file: int) -> bool:
+        """Delete ``file``'s log and drop its buffered entries (the file is going, or its
+        records are moving); True if a log was deleted (the directory needs an fsync)."""
+        self._buffers.pop(file, None)
+        try:
+            os.unlink(log_name(file), dir_fd=self._dir_fd)
+        except FileNotFoundError:
             return False
-        os.rename(_TEMP, LOG_FILE, src_dir_fd=self._dir_fd, dst_dir_fd=self._dir_fd)
-        os.fsync(self._dir_fd)
-        os.close(self._fd)
-        self._fd = os.open(LOG_FILE, os.O_RDWR | os.O_APPEND, dir_fd=self._dir_fd)
-        self.size = self._compacted_size = len(kept)
-        self._unsynced = False
         return True
 
-    def close(self) -> None:
-        os.close(self._fd)
+    def entries(self, files) -> Iterator[tuple[int, int, bytes]]:
+        """Every intact entry on disk of the logs of ``files``: (file, offset, msg_id)."""
+        for file in files:
+            try:
+                fd = os.open(log_name(file), os.O_RDONLY, dir_fd=self._dir_fd)
+            except FileNotFoundError:
+                continue
+            with os.fdopen(fd, "rb") as log:
+                data = log.read()
+            for offset, msg_id in parse_entries(data):
+                yield file, offset, msg_id
+
+    def stray_logs(self, files) -> list[str]:
+        """Logs whose data file is gone (a crash between the two unlinks)."""
+        return [name for name in os.listdir(self._dir_fd)
+                if (match := _NAME.match(name)) and int(match.group(1)) not in files]
 
 
-def parse_entries(data: bytes) -> Iterator[tuple[int, int, bytes]]:
+def parse_entries(data: bytes) -> Iterator[tuple[int, bytes]]:
     """The intact entries in a removal log's bytes; a torn or damaged one is skipped."""
     for start in range(0, len(data) - ENTRY_BYTES + 1, ENTRY_BYTES):
         head = data[start:start + _HEAD.size]
@@ -156,11 +137,15 @@ def parse_entries(data: bytes) -> Iterator[tuple[int, int, bytes]]:
             yield _HEAD.unpack(head)
 
 
-def read_entries(directory: str) -> list[tuple[int, int, bytes]]:
-    """The intact entries of ``directory``'s removal log, read without opening a store
-    (for ``warren store inspect``); none when there is no log."""
-    try:
-        with open(os.path.join(directory, LOG_FILE), "rb") as log:
-            return list(parse_entries(log.read()))
-    except FileNotFoundError:
-        return []
+def read_entries(directory: str, files) -> list[tuple[int, int, bytes]]:
+    """The intact entries of the logs of ``files`` in ``directory``, read without opening
+    a store (for ``warren store inspect``)."""
+    entries = []
+    for file in files:
+        try:
+            with open(os.path.join(directory, log_name(file)), "rb") as log:
+                entries += [(file, offset, msg_id) for offset, msg_id
+                            in parse_entries(log.read())]
+        except FileNotFoundError:
+            continue
+    return entries

@@ -23,7 +23,8 @@ Messages accepted (``warren.store.messages``), and what each gets back:
     ClientDying(client_ref)         (tell) forget the client; its writes of ids the store
                                       does not hold are ignored from now on
     StoreStats()                    → the engine's stats plus this actor's counters
-    Rewritten / RewriteFailed       (from the GC actor) finish or abandon a combine
+    Scanned / Rewritten / RewriteFailed
+                                    (from the GC actor) stage, finish or abandon a combine
     Down (of the GC actor)          abandon the combine it was doing
 
 Anything else, a message whose fields are not what this list says (``malformed``), or a
@@ -32,7 +33,7 @@ before anything of it is applied: an ask gets it as its error, a tell is logged 
 counted by the actor loop. A stray or mistaken message never restarts a store (which, as
 rest_for_one, would restart the transient store with it).
 
-Sent unprompted: ``RewriteJob`` to the GC actor (``msg_store_gc``).
+Sent unprompted: ``ScanJob`` and ``RewriteJob`` to the GC actor (``msg_store_gc``).
 
 Full disk: the node's disk alarm (``on_alarm("disk", ...)``, raised below its free-space
 limit) makes the store ask its clients, through the lock table, to hold their writes
@@ -47,12 +48,15 @@ last sequence number, with each durable write's location. The longest wait from 
 arrival to its answer is kept in ``longest_confirm_wait_ms``.
 
 GC: after a sync, after each finished combine, and every ``gc_check_interval_s``, the
-store plans a combine and hands the valid records to the GC actor, which writes
-``Dst.rdt`` while the store keeps serving. Its ``Rewritten`` is applied (compare-and-swap,
-rename, delete); if readers hold the files
-the apply is retried, without waiting, at the next idle moment. A GC that dies or fails
-mid-job: the store abandons the job (flags cleared, ``.rdt`` deleted) and plans again
-after ``gc_retry_s``.
+store chooses a pair (from its file summary alone) and asks the GC actor to scan both
+files (``ScanJob``); it stages the ``Scanned`` records against its index
+``GC_SLICE_RECORDS`` at a time, serving its mailbox between slices, then asks the GC to
+copy what it kept (``RewriteJob``). ``Rewritten`` is applied in one step (the staged
+index values, the rename, the delete: ``warren.store.combining``); if readers hold the
+files the apply is retried, without waiting, at the next idle moment. No step holds the
+store's loop for long: the longest is kept in ``longest_gc_slice_ms``. A GC that dies or
+fails mid-job: the store abandons the job (flags cleared, ``.rdt`` deleted) and plans
+again after ``gc_retry_s``.
 
 Races: a client's removes travel inside its write batches, in their place among the
 writes, so a remove is never applied before a write sent ahead of it, and a write and its
@@ -75,21 +79,27 @@ import shutil
 import struct
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
-from warren.actors import ActorError, Down, ProcessActor, UnhandledMessage
+from warren.actors import ActorError, ActorRef, Down, ProcessActor, UnhandledMessage
 
-from .combine import CombinePlan, CorruptRecord, RewriteResult
+from .combine import CombinePlan, RewriteResult
+from .errors import StoreError
 from .index import PENDING_FILE
 from .message_store import FILE_SIZE_LIMIT_BYTES, MessageStore
 from .messages import (ClientDying, Contains, Found, Read, ReadMany, ReadsReport, Register,
-                       Rewritten, RewriteFailed, RewriteJob, Settled, StoreInfo,
+                       Rewritten, RewriteFailed, RewriteJob, ScanJob, Scanned, Settled,
+                       StoreInfo,
                        StoreStats, Terminate, WriteBatch)
 from .records import HEADER_BYTES, MSG_ID_BYTES, OK_MARKER
 
 log = logging.getLogger("warren.store")
 
 SYNC_INTERVAL_MS = 25          # longest a pending confirm waits for its fsync
+# Records of a GC scan staged against the index per loop pass: a few milliseconds of the
+# store's thread each, so confirms and reads go on between slices of a combine.
+GC_SLICE_RECORDS = 4096
 GC_CHECK_INTERVAL_S = 1.0      # how often an idle store looks for garbage to combine
 GC_RETRY_S = 5.0               # after a failed or abandoned combine
 GC_NAME = "msg_store_gc"
@@ -121,13 +131,13 @@ class MessageStoreActor(ProcessActor):
         self._dying: set[bytes] = set()
         self._ignored_unwritten: list[tuple[bytes, int, bytes]] = []   # dying clients' writes
         self._gc_watched: tuple[str, int] | None = None                # (address, incarnation)
-        self._job: tuple[int, CombinePlan] | None = None
+        self._job: _Job | None = None
         self._deferred_apply: tuple[CombinePlan, RewriteResult] | None = None
         self._job_ids = itertools.count(1)
         self._gc_not_before = 0.0
         self.counters = {"batches": 0, "malformed_batches": 0, "fallback_reads": 0,
                          "direct_reads_reported": 0, "fallback_reads_reported": 0,
-                         "gc_jobs": 0, "gc_jobs_abandoned": 0,
+                         "gc_jobs": 0, "gc_jobs_abandoned": 0, "longest_gc_slice_ms": 0.0,
                          "longest_confirm_wait_ms": 0.0}
 
     # ------------------------------------------------------------------ lifecycle
@@ -147,7 +157,7 @@ class MessageStoreActor(ProcessActor):
         try:
             self._settle()
             if self._job is not None:
-                self.store.abandon_combine(self._job[1])
+                self.store.abandon_combine()
         finally:
             self.store.close()
 
@@ -249,18 +259,72 @@ class MessageStoreActor(ProcessActor):
         return {**stats, **self.counters, "transient": self.transient,
                 "gc_job_in_flight": self._job is not None, "clients": len(self.store.clients)}
 
-    def _rewritten(self, message: Rewritten) -> None:
-        if self._job is None or self._job[0] != message.job_id or (
-                message.dst, message.src) != (self._job[1].dst, self._job[1].src):
+    def _scanned(self, message: Scanned) -> None:
+        job = self._job
+        if job is None or job.job_id != message.job_id or job.scan is not None or (
+                message.dst, message.src) != (job.dst, job.src):
             return                                         # a job abandoned since
-        plan = self._job[1]
+        views = []
+        for ids, offsets, sizes in ((message.dst_ids, message.dst_offsets, message.dst_sizes),
+                                    (message.src_ids, message.src_offsets, message.src_sizes)):
+            if len(offsets) % 8 or len(ids) != 2 * len(offsets) or len(sizes) != len(offsets):
+                log.error("%s: the GC's scan is malformed; abandoning the job",
+                          self.directory)
+                self._abandon_job()
+                return
+            views.append((ids, memoryview(offsets).cast("Q"), memoryview(sizes).cast("Q")))
+        job.scan = views
+        self.call_later(0, lambda: self._stage_slice(job))
+
+    def _stage_slice(self, job: _Job) -> None:
+        """Stage one slice of the scan against the index; then yield the loop."""
+        if self._job is not job:
+            return                                         # abandoned meanwhile
+        started = time.perf_counter()
+        part, at = job.cursor
+        ids, offsets, sizes = job.scan[part]
+        stop = min(len(offsets), at + GC_SLICE_RECORDS)
+        msg_ids = [ids[i * 16:i * 16 + 16] for i in range(at, stop)]
+        job.keep[part] += self.store.stage_combine((job.dst, job.src)[part], msg_ids,
+                                                   offsets[at:stop], sizes[at:stop])
+        job.cursor = (part + 1, 0) if stop == len(offsets) else (part, stop)
+        if job.cursor[0] < 2:
+            self.call_later(0, lambda: self._stage_slice(job))
+        else:
+            job.plan = self.store.finish_staging()
+            if job.plan is None:
+                self._job = None
+                self.counters["gc_jobs_abandoned"] += 1
+            else:
+                job.gc.tell(RewriteJob(job.job_id, job.dst, job.src, bytes(job.keep[0]),
+                                       bytes(job.keep[1]), self.ref.pin()))
+        self._note_gc_slice(started)
+
+    def _rewritten(self, message: Rewritten) -> None:
+        job = self._job
+        if job is None or job.job_id != message.job_id or job.plan is None or (
+                message.dst, message.src) != (job.dst, job.src):
+            return                                         # a job abandoned since
         self._job = None
-        result = RewriteResult(tuple(message.dst_offsets), tuple(message.src_offsets),
-                               message.file_size)
-        if not self.store.apply_combine(plan, result):
-            self._deferred_apply = (plan, result)
+        started = time.perf_counter()
+        result = RewriteResult((), (), message.file_size)
+        try:
+            applied = self.store.apply_combine(job.plan, result)
+        except StoreError as exc:
+            log.error("%s: the GC's copy does not match the plan: %s", self.directory, exc)
+            self._job = job
+            self._abandon_job()
+            return
+        self._note_gc_slice(started)
+        if not applied:
+            self._deferred_apply = (job.plan, result)
             return
         self._collect_garbage()            # while garbage is over the fraction, keep going
+
+    def _note_gc_slice(self, started: float) -> None:
+        held_ms = (time.perf_counter() - started) * 1000
+        self.counters["longest_gc_slice_ms"] = max(self.counters["longest_gc_slice_ms"],
+                                                   held_ms)
 
     def _rewrite_failed(self, message: RewriteFailed) -> None:
         if self._job is not None and self._job[0] == message.job_id:
@@ -278,7 +342,8 @@ class MessageStoreActor(ProcessActor):
         Register: _register, WriteBatch: _write_batch, Read: _read,
         ReadMany: _read_many, Contains: _contains, ReadsReport: _reads_report,
         Terminate: _terminate, ClientDying: _client_dying, StoreStats: _stats,
-        Rewritten: _rewritten, RewriteFailed: _rewrite_failed, Down: _down,
+        Scanned: _scanned, Rewritten: _rewritten, RewriteFailed: _rewrite_failed,
+        Down: _down,
     }
 
     # ------------------------------------------------------------------ group commit
@@ -333,28 +398,35 @@ class MessageStoreActor(ProcessActor):
             return
         if gc is None:
             return
-        try:
-            plan = self.store.plan_combine()
-        except (OSError, CorruptRecord) as exc:
-            log.error("%s: planning a combine failed: %s", self.directory, exc)
-            self._gc_not_before = time.monotonic() + self.gc_retry_s
+        pair = self.store.choose_combine()
+        if pair is None:
             return
-        if plan is None:
-            return
-        job_id = next(self._job_ids)
-        self._job = (job_id, plan)
+        self._job = _Job(next(self._job_ids), *pair, gc)
         self.counters["gc_jobs"] += 1
         if self._gc_watched != (gc.address, gc.incarnation):
             self._gc_watched = (gc.address, gc.incarnation)
             self.monitor(gc)
-        gc.tell(RewriteJob(job_id, self.directory, plan.dst, plan.src,
-                           list(plan.dst_records), list(plan.src_records), self.ref.pin()))
+        gc.tell(ScanJob(self._job.job_id, self.directory, *pair, self.ref.pin()))
 
     def _abandon_job(self) -> None:
-        self.store.abandon_combine(self._job[1])
+        self.store.abandon_combine()
         self._job = None
         self.counters["gc_jobs_abandoned"] += 1
         self._gc_not_before = time.monotonic() + self.gc_retry_s
+
+
+@dataclass
+class _Job:
+    """A combine this store runs with the GC: scanned, staged in slices, copied, applied."""
+
+    job_id: int
+    dst: int
+    src: int
+    gc: ActorRef
+    scan: list | None = None           # per file: (ids, offsets, sizes) from the GC
+    cursor: tuple[int, int] = (0, 0)   # (0 = Dst / 1 = Src, next record) to stage
+    keep: list[bytearray] = field(default_factory=lambda: [bytearray(), bytearray()])
+    plan: CombinePlan | None = None    # once staged: what the GC copies
 
 
 def _is_id(value: Any) -> bool:
@@ -374,10 +446,6 @@ def _is_count(value: Any) -> bool:
     return type(value) is int and value >= 0
 
 
-def _is_offsets(value: Any) -> bool:
-    return type(value) is list and all(type(v) is int and v >= 0 for v in value)
-
-
 # What each field of each accepted message must be; a message that fails is refused whole
 # (UnhandledMessage) before anything of it is applied. A WriteBatch's records and removes
 # are checked by the pass that splits them.
@@ -394,11 +462,13 @@ _FIELD_CHECKS: dict[type, tuple[tuple[str, Callable[[Any], bool], str], ...]] = 
                   ("fallback", _is_count, "an int >= 0")),
     Terminate: (("client_ref", _is_client, "1..65535 bytes"),),
     ClientDying: (("client_ref", _is_client, "1..65535 bytes"),),
+    Scanned: (("job_id", _is_count, "an int >= 0"), ("dst", _is_count, "an int >= 0"),
+              ("src", _is_count, "an int >= 0"),
+              *((name, lambda v: type(v) is bytes, "bytes") for name in (
+                  "dst_ids", "dst_offsets", "dst_sizes", "src_ids", "src_offsets",
+                  "src_sizes"))),
     Rewritten: (("job_id", _is_count, "an int >= 0"), ("dst", _is_count, "an int >= 0"),
-                ("src", _is_count, "an int >= 0"),
-                ("dst_offsets", _is_offsets, "a list of offsets"),
-                ("src_offsets", _is_offsets, "a list of offsets"),
-                ("file_size", _is_count, "an int >= 0")),
+                ("src", _is_count, "an int >= 0"), ("file_size", _is_count, "an int >= 0")),
     RewriteFailed: (("job_id", _is_count, "an int >= 0"),
                     ("reason", lambda v: type(v) is str, "a str")),
 }

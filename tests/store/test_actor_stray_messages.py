@@ -8,7 +8,7 @@ import pytest
 
 from warren.actors import UnhandledMessage
 from warren.store.client import StoreClient
-from warren.store.messages import (Contains, Read, ReadMany, Register, RewriteJob,
+from warren.store.messages import (Contains, Read, ReadMany, Register, ScanJob,
                                    StoreStats, WriteBatch)
 from warren.store.records import HEADER
 from warren.supervisor import Node
@@ -48,8 +48,7 @@ def test_stray_tells_to_the_stores_and_the_gc_are_counted_and_restart_nothing(no
     for stray in strays:
         persistent.tell(stray)
     node.actors.whereis("msg_store_gc").tell("collect everything")
-    node.actors.whereis("msg_store_gc").tell(
-        RewriteJob(1, "relative/dir", 0, 1, [["x", -1, 0]], [], persistent))
+    node.actors.whereis("msg_store_gc").tell(ScanJob(1, "relative/dir", 0, 1, persistent))
 
     wait_for(lambda: persistent.stats(timeout=10)["unhandled"] == len(strays) - 1)
     wait_for(lambda: node.actors.whereis("msg_store_gc").stats(timeout=10)["unhandled"] == 2)

@@ -9,7 +9,7 @@ import stat
 import pytest
 
 from warren.store import MessageStore, rewrite_combine
-from warren.store import message_store as message_store_module
+from warren.store import combining as combining_module
 
 from .helpers import body, fill, msg_id
 
@@ -60,15 +60,16 @@ def test_a_combine_syncs_its_copy_renames_it_syncs_the_directory_then_deletes_sr
     for n in range(36):
         if n % 8:
             store.remove(msg_id(n))
+    store.sync()                                  # the removal logs are written
     disk_calls.clear()
     assert store.collect_garbage() >= 1
     assert disk_calls[0] == ("fdatasync", "0.rdt")
     switch = disk_calls.index(("rename", "0.rdt"))
     assert disk_calls[switch:switch + 3] == [("rename", "0.rdt"), ("fsync", "dir"),
                                              ("unlink", "1.rdq")]
-    # The removal log forgets Dst's and Src's entries, durably, before the switch.
-    assert disk_calls[1:switch] == [("fsync", "removals.log.tmp"),
-                                    ("rename", "removals.log.tmp"), ("fsync", "dir")]
+    # The removal logs of Dst and Src go, durably, before the switch.
+    assert disk_calls[1:switch] == [("unlink", "0.removed"), ("unlink", "1.removed"),
+                                    ("fsync", "dir")]
 
 
 def test_the_flush_policy_never_fsyncs_on_sync_but_a_clean_stop_syncs_every_file(
@@ -108,7 +109,7 @@ def test_a_gc_that_fails_inside_sync_loses_no_ticket_and_the_store_carries_on(
     def disk_full(directory, plan):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(message_store_module, "rewrite_combine", disk_full)
+    monkeypatch.setattr(combining_module, "rewrite_combine", disk_full)
     store.write(msg_id(99), body(99), ticket="T99")
     for n in range(36):
         if n % 8:

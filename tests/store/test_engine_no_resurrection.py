@@ -4,7 +4,7 @@ message that was removed, and a re-sent in-doubt write never leaves a reference 
 import pytest
 
 from warren.store import MessageStore
-from warren.store.removal_log import LOG_FILE, read_entries
+from warren.store.removal_log import ENTRY_BYTES, log_name, read_entries
 
 from .crash_child import CHURN, churned_bodies
 from .helpers import body, msg_id
@@ -36,10 +36,13 @@ def test_the_removal_log_forgets_files_that_are_gone(store_dir):
             store.remove(msg_id(n))
         store.sync()
         files = set(store.stats()["files"])
-    entries = read_entries(str(store_dir))
-    assert entries and {file for file, _, _ in entries} <= files
+    logs = sorted(path.name for path in store_dir.glob("*.removed"))
+    assert logs and logs == sorted(log_name(file) for file in files
+                                   if (store_dir / log_name(file)).exists())
+    entries = read_entries(str(store_dir), files)
     assert 100 <= len(entries) < 150        # the 200 removes of emptied files are gone
-    assert (store_dir / LOG_FILE).stat().st_size == len(entries) * 32
+    assert sum((store_dir / name).stat().st_size for name in logs) == (
+        len(entries) * ENTRY_BYTES)
 
 
 def test_resending_in_doubt_writes_after_a_crash_then_removing_all_once_empties_the_store(
