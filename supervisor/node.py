@@ -21,7 +21,7 @@ calls at a dirty start for its reference counts (a walker over the queue indexes
 
 It then checks the resource alarms every ``check_interval_s`` and tells every actor of
 each change (``ProcessActor.on_alarm``), and an actor (re)started while an alarm is raised
-within one interval of its start, and answers ``warren status`` on a ZeroMQ REP
+within one interval of its start, and answers ``warren status`` on a ZeroMQ ROUTER
 socket in its runtime directory, whose address it writes to ``<data_dir>/node.json``.
 
 ``close()`` (or leaving the ``with``) stops the tree in reverse order, then the runtime,
@@ -132,8 +132,9 @@ class Node:
             ))
             self.root = Supervisor(self.actors, spec, on_failure=self._root_failed).start()
             self.alarms = ResourceMonitor(self.data_dir, self.limits, self._pids)
-            self._status_socket = zmq.Context.instance().socket(zmq.REP)
+            self._status_socket = zmq.Context.instance().socket(zmq.ROUTER)
             self._status_socket.linger = 0
+            self._status_socket.router_mandatory = 1
             self.status_endpoint = f"ipc://{self.actors.runtime_dir}/status"
             self._status_socket.bind(self.status_endpoint)
             self._threads = [threading.Thread(target=self._watch_resources, daemon=True,
@@ -260,34 +261,40 @@ class Node:
             told[ref.address] = (ref.incarnation, active)
 
     def _serve_status(self) -> None:
-        """Answer ``warren status``: exactly one frame, ``status``. Any other request, of
-        any shape, gets an error answer and is counted; nothing a peer sends ends this
-        thread."""
+        """Answer ``warren status``: a REQ socket's one frame, ``status``. The socket is a
+        ROUTER, not a REP: a REP drops a request without an envelope only once the poll
+        has said it is readable, so a blocking receive would then wait forever, and a
+        REP's state machine is at a peer's mercy. Any other request, of any shape, gets
+        an error answer (to its envelope, or to its sender when it has none) and is
+        counted; nothing a peer sends ends or stalls this thread."""
         poller = zmq.Poller()
         poller.register(self._status_socket, zmq.POLLIN)
         while not self._closing.is_set():
-            try:
-                if not poller.poll(100):
-                    continue
-                request = self._status_socket.recv_multipart()
-                if request == [b"status"]:
-                    reply = json.dumps(self.status(), default=str).encode()
-                else:
-                    self.counters["malformed_status_requests"] += 1
-                    log.warning("node %s: refused a status request of %d frames (%r...)",
-                                self.name, len(request), request[0][:40])
-                    reply = json.dumps({"error": "the only request is one frame: "
-                                                 "b'status'"}).encode()
-            except zmq.ZMQError as exc:
-                log.warning("node %s: the status socket: %s", self.name, exc)
+            if not poller.poll(100):
                 continue
-            except Exception as exc:   # answered, so the asker is not left waiting
-                log.exception("node %s: a status request failed", self.name)
-                reply = json.dumps({"error": str(exc)}).encode()
             try:
-                self._status_socket.send(reply)
-            except zmq.ZMQError as exc:
-                log.warning("node %s: a status answer could not be sent: %s", self.name, exc)
+                frames = self._status_socket.recv_multipart(zmq.NOBLOCK)
+            except zmq.ZMQError as exc:      # Again: nothing after all
+                log.debug("node %s: the status socket: %s", self.name, exc)
+                continue
+            envelope, request = _split_envelope(frames)
+            if request == [b"status"]:
+                try:
+                    reply = json.dumps(self.status(), default=str).encode()
+                except Exception as exc:     # answered, so the asker is not left waiting
+                    log.exception("node %s: a status request failed", self.name)
+                    reply = json.dumps({"error": str(exc)}).encode()
+            else:
+                self.counters["malformed_status_requests"] += 1
+                log.warning("node %s: refused a status request of %d frames (%r...)",
+                            self.name, len(request), request[0][:40] if request else b"")
+                reply = json.dumps({"error": "the only request is one frame: "
+                                             "b'status'"}).encode()
+            try:
+                self._status_socket.send_multipart([*envelope, reply], zmq.NOBLOCK)
+            except zmq.ZMQError as exc:      # the asker has gone, or reads nothing
+                log.warning("node %s: a status answer could not be sent: %s", self.name,
+                            exc)
         self._status_socket.close()
 
     def _remove_leftovers(self) -> None:
@@ -312,6 +319,16 @@ class Node:
             json.dump({"name": self.name, "pid": os.getpid(),
                        "status_endpoint": self.status_endpoint}, f)
         os.rename(path + ".tmp", path)
+
+
+def _split_envelope(frames: list[bytes]) -> tuple[list[bytes], list[bytes]]:
+    """A ROUTER's message as (envelope, request): the envelope ends with the empty frame a
+    REQ socket puts before its request; a message without one is answered to its
+    sender's identity alone."""
+    for index, frame in enumerate(frames[1:], start=1):
+        if not frame:
+            return frames[:index + 1], frames[index + 1:]
+    return frames[:1], frames[1:]
 
 
 def query_status(data_dir: str | os.PathLike, timeout_ms: int = STATUS_TIMEOUT_MS) -> dict:

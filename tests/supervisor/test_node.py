@@ -175,12 +175,14 @@ def test_malformed_status_requests_are_answered_and_the_node_keeps_answering(tmp
                 assert "error" in json.loads(asker.recv())
             finally:
                 asker.close()
-        junk = context.socket(zmq.DEALER)
+        junk = context.socket(zmq.DEALER)         # no envelope: answered all the same
         junk.linger = 0
+        junk.rcvtimeo = 5000
         try:
             junk.connect(node.status_endpoint)
             junk.send_multipart([b"no", b"envelope"])
+            assert "error" in json.loads(junk.recv())
         finally:
             junk.close()
         assert query_status(tmp_path / "data")["state"] == "running"
-        assert node.counters["malformed_status_requests"] == 4
+        assert node.counters["malformed_status_requests"] == 5
