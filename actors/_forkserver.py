@@ -29,7 +29,8 @@ Signals. The server leads a process group of its own, which its children (the ac
 share: a signal to the node's group (Ctrl-C in a terminal, ``timeout``, ``kill -- -PGID``)
 reaches the node alone, which stops its tree in order. The server ignores SIGTERM, SIGINT
 and SIGHUP (systemd's control-group stop signals every process at once): it ends when its
-node goes. Actors take SIGTERM as an orderly stop and ignore the other two.
+node goes. It starts with no signal blocked, whatever mask the node had. Actors take
+SIGTERM and SIGHUP as an orderly stop and ignore SIGINT.
 
 Races and their answers:
 - The node dies (even SIGKILL): the socket reaches EOF; the server asks every child to
@@ -137,6 +138,10 @@ def serve(fd: int) -> None:
     os.setpgid(0, 0)
     for ignored in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(ignored, signal.SIG_IGN)
+    # A node may be built with its stop signals blocked (so that one arriving meanwhile
+    # waits for its handler), and a blocked mask survives fork and exec: an actor forked
+    # with SIGTERM blocked would never stop on it.
+    signal.pthread_sigmask(signal.SIG_SETMASK, set())
     for module in preload:
         importlib.import_module(module)
     if main_path:

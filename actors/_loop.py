@@ -26,14 +26,16 @@ Races and bad input, each with its answer:
   finds its pipe full (EAGAIN): counted as ``unroutable`` and logged, never blocking.
 - A busy actor still answers heartbeats between passes because control is served first;
   a pass handles at most ``max_batch`` messages.
-- SIGTERM only sets the stop flag (the wake pipe, registered with
-  ``signal.set_wakeup_fd``, interrupts a poll): the handler call in progress always runs to
-  its end, so a SIGTERM can never leave a multi-step change half done (a store that was
-  combining files would otherwise close "cleanly" over a half-applied combine). The loop
-  stops after the current pass, ``on_stop`` runs and the exit is ``EXIT_TERMINATED``. A
+- SIGTERM and SIGHUP only set the stop flag (the wake pipe, registered with
+  ``signal.set_wakeup_fd``, interrupts a poll), as a stop request does: the handler call
+  in progress always runs to its end, so a signal can never leave a multi-step change
+  half done (a store that was combining files would otherwise close "cleanly" over a
+  half-applied combine). The loop stops after the current pass, ``on_stop`` runs and the
+  exit is ``EXIT_TERMINATED``; the supervisor restarts the actor as after any exit. A
   handler that never returns is ended by its supervisor's SIGKILL after ``shutdown_s``: a
-  dirty end, never a wrong one. SIGINT and SIGHUP are ignored: Ctrl-C or a closed terminal
-  reach a whole process group, and stopping is the node's decision.
+  dirty end, never a wrong one. SIGINT is ignored: Ctrl-C is the node's to act on. (Actors
+  live in their forkserver's process group, so signals to the node's group do not reach
+  them at all.)
 - A message the actor does not handle (its code raises ``UnhandledMessage``: an unknown
   type, fields of the wrong shape, a request sent by tell that needs an answer) is answered
   with that error when it came as an ask, and logged and counted (``unhandled``) when it
@@ -179,9 +181,9 @@ class ActorLoop:
         os.set_blocking(wake_write, False)
         self._wake_read, self._wake_write = wake_read, wake_write
         signal.set_wakeup_fd(wake_write, warn_on_full_buffer=False)
-        signal.signal(signal.SIGTERM, self._on_sigterm)
+        signal.signal(signal.SIGTERM, self._on_stop_signal)
+        signal.signal(signal.SIGHUP, self._on_stop_signal)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGHUP, signal.SIG_IGN)
         try:
             if not self._setup():
                 return EXIT_START_FAILED
@@ -515,7 +517,7 @@ class ActorLoop:
         except Exception:
             logger.exception("%s: on_failure raised", self._order.name)
 
-    def _on_sigterm(self, _signum: int, _frame: object) -> None:
+    def _on_stop_signal(self, _signum: int, _frame: object) -> None:
         # Never raise here: the actor's code may be in the middle of a multi-step change.
         self._stopping = True
         if self._exit_code == EXIT_NORMAL:

@@ -20,9 +20,9 @@ thread, one at a time:
   (the moment for a store to flush its group commit).
 - ``on_alarm(resource, raised)`` runs when the node raises or clears a resource alarm
   (``ActorRef.alarm``, sent on the control channel: a busy actor hears it between batches).
-- ``on_stop()`` runs on a requested stop, a SIGTERM, or a linked actor's death, once the
-  handler call in progress has returned (a SIGTERM never interrupts the actor's code); it
-  is *not* called when the actor stops because of an unhandled exception.
+- ``on_stop()`` runs on a requested stop, a SIGTERM or SIGHUP, or a linked actor's death,
+  once the handler call in progress has returned (a signal never interrupts the actor's
+  code); it is *not* called when the actor stops because of an unhandled exception.
 - ``on_failure(exception_type, exception_value, traceback)`` runs when an unhandled
   exception stops the actor, *instead of* ``on_stop``.
 
@@ -120,7 +120,8 @@ class ProcessActor:
         "disk"). Publishers are to be blocked while any alarm is raised."""
 
     def on_stop(self) -> None:
-        """Called on a clean stop (request, SIGTERM, linked exit), not after a crash."""
+        """Called on a clean stop (request, SIGTERM or SIGHUP, linked exit), not after a
+        crash."""
 
     def on_failure(self, exception_type: type[BaseException] | None,
                    exception_value: BaseException | None,

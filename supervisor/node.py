@@ -25,9 +25,25 @@ within one interval of its start, and answers ``warren status`` on a ZeroMQ ROUT
 socket in its runtime directory, whose address it writes to ``<data_dir>/node.json``.
 
 ``close()`` (or leaving the ``with``) stops the tree in reverse order, then the runtime,
-and releases the lock. If the root supervisor gives up (its restart intensity exceeded),
-the node stops everything and ``failed`` is set; ``warren node`` then exits with
-``EXIT_NODE_FAILED``.
+and releases the lock. No supervisor of the tree restarts anything once the stop has
+begun, so actors that stopped on a signal of their own meanwhile (systemd signals every
+process of the node at once) stay stopped.
+
+Running until a signal: ``run_until_signalled()`` is what a program that runs a node in
+the foreground calls (``warren node`` does) on its main thread. It installs handlers for
+SIGTERM, SIGINT and SIGHUP (``STOP_SIGNALS``), waits until one arrives or the root
+supervisor gives up, stops the node in order (``close``), restores the previous handlers
+and returns the signal's number (``None`` when the node failed). The handlers stay in
+place until the node is closed, so a second Ctrl-C while the stores write their recovery
+files does not cut the stop short. A signal that arrives while the node is being built
+is not lost if the caller blocked ``STOP_SIGNALS`` first (``signal.pthread_sigmask``):
+``run_until_signalled`` unblocks them, and a pending one is delivered at once. The
+forkserver and the actors live in a process group of their own, so a signal to the
+node's group (a terminal's Ctrl-C, ``timeout``, ``kill -- -PGID``) reaches this process
+alone; an actor that gets a SIGTERM or SIGHUP of its own stops in order.
+
+If the root supervisor gives up (its restart intensity exceeded), the node stops
+everything and ``failed`` is set; ``warren node`` then exits with ``EXIT_NODE_FAILED``.
 
 A node killed with SIGKILL cannot clean up: the next node on the same data directory,
 holding the lock and so sure the other is dead, removes the ipc directory it left.
@@ -45,6 +61,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import threading
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -60,7 +77,7 @@ from warren.store.messages import StoreStats
 from warren.store.store_actor import MessageStoreActor
 
 from .alarms import AlarmLimits, ResourceMonitor
-from .errors import InvalidSpec, NodeLocked
+from .errors import InvalidSpec, NodeLocked, SupervisorError
 from .specs import STORE_SHUTDOWN_S, ChildSpec, SupervisorFlags, SupervisorSpec
 from .supervisor import Supervisor
 
@@ -79,6 +96,8 @@ STORE_HEARTBEAT_TIMEOUT_S = 60.0
 # What the runtime's close gives actors still alive after the tree stopped (seconds).
 STORE_CLOSE_TIMEOUT_S = 60.0
 STORES = ("msg_store_persistent", "msg_store_transient")
+# What ``run_until_signalled`` stops on: a service manager's stop, Ctrl-C, a closed terminal.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 PRELOAD = ("warren.store", "warren.store.store_actor", "warren.store.gc_actor", "warren.store.messages")
 
 
@@ -106,6 +125,7 @@ class Node:
             raise NodeLocked(f"a node already runs on {self.data_dir}") from None
         self._remove_leftovers()
         self.failed = threading.Event()
+        self._stop_wanted = threading.Event()    # a stop signal arrived, or the root failed
         self._closing = threading.Event()
         self.counters = {"malformed_status_requests": 0}
         self.actors: ActorNode | None = None
@@ -182,6 +202,37 @@ class Node:
                 "alarms": sorted(self.alarms.active),
                 "readings": dict(self.alarms.readings)}
 
+    def run_until_signalled(self, signals: Iterable[int] = STOP_SIGNALS) -> int | None:
+        """Run until one of ``signals`` arrives, then stop the node in order; the signal's
+        number, or ``None`` if the root supervisor gave up first (``failed`` is set).
+
+        Call it from the main thread, where Python runs signal handlers. The handlers
+        stay until the node is closed; the previous ones are restored on return.
+        """
+        if threading.current_thread() is not threading.main_thread():
+            raise SupervisorError("run_until_signalled must be called from the main thread, "
+                                  "where Python runs signal handlers")
+        signals = tuple(signals)
+        received: list[int] = []
+
+        def stop_on(signum: int, _frame: object) -> None:
+            received.append(signum)      # a second one is noted, and changes nothing
+            self._stop_wanted.set()
+
+        previous = {signum: signal.signal(signum, stop_on) for signum in signals}
+        blocked = signal.pthread_sigmask(signal.SIG_UNBLOCK, signals)
+        try:
+            self._stop_wanted.wait()
+            if received:
+                log.warning("node %s: %s received: stopping in order", self.name,
+                            signal.Signals(received[0]).name)
+            self.close()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+        return received[0] if received else None
+
     def close(self) -> None:
         """Stop the tree (reverse order), the runtime, and release the data directory;
         each step runs even when one before it failed."""
@@ -229,6 +280,7 @@ class Node:
     def _root_failed(self, reason: str) -> None:
         log.error("node %s: the root supervisor gave up (%s); stopping", self.name, reason)
         self.failed.set()
+        self._stop_wanted.set()
 
     def _watch_resources(self) -> None:
         told: dict[str, tuple[int, frozenset[str]]] = {}   # address -> (incarnation, raised)

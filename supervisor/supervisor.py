@@ -38,11 +38,12 @@ the failure of that child. The strategy decides what restarts:
 - rest_for_one: the children started after it are stopped (reverse order), then it and
   they start again in order.
 
-A child that exited on a SIGTERM of its own (exit code ``EXIT_TERMINATED``: an operator's
-kill, or systemd stopping every process of the node at once) is restarted only
-``TERMINATED_RESTART_DELAY_S`` later, and not at all if the supervisor is stopping by
-then: a node-wide stop must not turn into restarts (nor, past the intensity, into a
-failed node).
+Once a supervisor begins to stop, neither it nor any supervisor below it restarts a
+child again, whatever the exit: a node-wide stop must not turn into restarts (nor, past
+the intensity, into a failed node). A child that exited on a signal of its own (exit code
+``EXIT_TERMINATED``: an operator's kill, or systemd stopping every process of the node
+at once) is restarted only ``TERMINATED_RESTART_DELAY_S`` later, so that when the whole
+node is being stopped, the node's own stop begins before any such restart.
 
 A restart that fails to start counts as a restart too and is retried after
 ``RETRY_DELAY_S``, until the intensity gives out. As in OTP, a supervisor that is itself
@@ -133,6 +134,7 @@ class Supervisor:
         self._dynamic = 0
         self._threads: list[threading.Thread] = []
         self._stopping = threading.Event()
+        self._no_restarts = threading.Event()    # this supervisor or one above is stopping
         self._stopped = threading.Event()        # every child stopped, threads done
         self.state = "stopped"
         self.failure: str | None = None
@@ -167,6 +169,7 @@ class Supervisor:
             if threading.current_thread() not in self._threads:
                 self._stopped.wait()
             return
+        self._refuse_restarts()
         self._stopping.set()
         self._events.put(_Event("wake"))
         for thread in self._threads:
@@ -176,6 +179,14 @@ class Supervisor:
         if self.state != "failed":
             self.state = "stopped"
         self._stopped.set()
+
+    def _refuse_restarts(self) -> None:
+        """From now on no child of this subtree is restarted (the subtree is stopping)."""
+        self._no_restarts.set()
+        with self._lock:
+            nested = [c.supervisor for c in self._children if c.supervisor is not None]
+        for supervisor in nested:
+            supervisor._refuse_restarts()
 
     def __enter__(self) -> Supervisor:
         return self.start()
@@ -412,6 +423,9 @@ class Supervisor:
         self._restart(child)
 
     def _restart(self, child: _Child) -> None:
+        if self._no_restarts.is_set():
+            log.info("%s: %s is not restarted: the tree is stopping", self.id, child.name)
+            return
         now = time.monotonic()
         self._restart_times.append(now)
         while self._restart_times and now - self._restart_times[0] > self.spec.flags.period_s:

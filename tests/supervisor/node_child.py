@@ -1,19 +1,61 @@
-"""A process running a Warren node with two application actors, for the tests that kill
-the node's process itself.
+"""A process running a Warren node with two application actors, for the tests that signal
+or kill the node's process itself.
 
-    python -m tests.supervisor.node_child DATA_DIR
-        prints the pids of the node's actors and forkserver on one line, then waits.
+    python -m tests.supervisor.node_child DATA_DIR [--messages N] [--until-signalled]
+
+Writes N persistent messages (ids ``message_id(i)``, bodies ``message_body(i)``) and waits
+until the store has confirmed them all, then prints the pids of the node's process, its
+forkserver and its actors on one line. Without ``--until-signalled`` it then waits, as an
+embedding application would, with the default reaction to every signal. With it, it runs
+as ``warren node`` does: the stop signals are blocked while the node is built, then
+``Node.run_until_signalled`` runs it; it prints the signal that stopped it and exits 0,
+or 3 if the node failed.
 """
 
+import argparse
+import signal
 import sys
 import time
 
+from warren.store.client import StoreClient
 from warren.supervisor import ChildSpec, Node
+from warren.supervisor.node import STOP_SIGNALS
 
 from tests.supervisor.sample_actors import Worker
 
+
+def message_id(i: int) -> bytes:
+    return i.to_bytes(16, "big")
+
+
+def message_body(i: int) -> bytes:
+    return b"confirmed before the stop %d" % i
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("data_dir")
+    parser.add_argument("--messages", type=int, default=0)
+    parser.add_argument("--until-signalled", action="store_true")
+    args = parser.parse_args()
+    if args.until_signalled:
+        signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    node = Node(args.data_dir, children=(ChildSpec("one", Worker), ChildSpec("two", Worker)))
+    if args.messages:
+        client = StoreClient(node.store())
+        for i in range(args.messages):
+            client.write(message_id(i), message_body(i))
+        client.settle()
+    print(*node._pids(), flush=True)
+    if not args.until_signalled:
+        while True:
+            time.sleep(60)
+    signum = node.run_until_signalled()
+    if signum is None:
+        return 3
+    print(signal.Signals(signum).name, flush=True)
+    return 0
+
+
 if __name__ == "__main__":
-    node = Node(sys.argv[1], children=(ChildSpec("one", Worker), ChildSpec("two", Worker)))
-    print(*node._pids()[1:], flush=True)
-    while True:
-        time.sleep(60)
+    sys.exit(main())

@@ -86,27 +86,19 @@ def test_warren_node_and_warren_status_on_the_command_line(tmp_path):
     assert gone.returncode == 1 and "no node is running" in gone.stderr
 
 
-def test_a_node_process_killed_with_sigkill_leaves_no_actor_behind(tmp_path):
-    node = subprocess.Popen([sys.executable, "-m", "tests.supervisor.node_child",
-                             str(tmp_path / "data")], cwd=ROOT, stdout=subprocess.PIPE,
-                            text=True)
-    try:
-        descendants = [int(pid) for pid in node.stdout.readline().split()]
-        assert len(descendants) == 6     # forkserver, GC, two stores, two application actors
-        node.send_signal(signal.SIGKILL)
-        node.wait(timeout=30)
-        wait_for(lambda: not any(psutil.pid_exists(pid) and psutil.Process(pid).status()
-                                 != psutil.STATUS_ZOMBIE for pid in descendants))
-        with open(tmp_path / "data" / "node.json") as f:
-            left_behind = os.path.dirname(json.load(f)["status_endpoint"][len("ipc://"):])
-        assert os.path.isdir(left_behind)
-        with Node(tmp_path / "data"):                   # the next node cleans up after it
-            assert not os.path.exists(left_behind)
-    finally:
-        if node.poll() is None:
-            node.kill()
-            node.wait()
-        node.stdout.close()
+def test_a_node_process_killed_with_sigkill_leaves_no_actor_behind(node_process, tmp_path):
+    node, pids = node_process(str(tmp_path / "data"))
+    descendants = pids[1:]
+    assert len(descendants) == 6     # forkserver, GC, two stores, two application actors
+    node.send_signal(signal.SIGKILL)
+    node.wait(timeout=30)
+    wait_for(lambda: not any(psutil.pid_exists(pid) and psutil.Process(pid).status()
+                             != psutil.STATUS_ZOMBIE for pid in descendants))
+    with open(tmp_path / "data" / "node.json") as f:
+        left_behind = os.path.dirname(json.load(f)["status_endpoint"][len("ipc://"):])
+    assert os.path.isdir(left_behind)
+    with Node(tmp_path / "data"):                   # the next node cleans up after it
+        assert not os.path.exists(left_behind)
 
 
 @pytest.fixture

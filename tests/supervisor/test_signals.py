@@ -1,37 +1,29 @@
 """Every ordinary way of stopping a node is an orderly stop: SIGTERM, SIGINT or SIGHUP to
 its process group (a terminal, ``timeout``, ``kill -- -PGID``) or SIGTERM to every one of
-its processes at once (systemd's control-group stop). The node exits 0, leaves no
-process behind, and its stores start clean next time."""
+its processes at once (systemd's control-group stop) reaches a program that runs the node
+with ``Node.run_until_signalled``, as ``warren node`` does. It exits 0, leaves no process
+behind, and its persistent store starts clean next time with every message it had
+confirmed. A signal to one actor stops that actor in order, and its supervisor restarts
+it."""
 
 import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import psutil
 import pytest
 
 from warren.store import MessageStore
+from warren.supervisor import Node
 
 from ..waiting import wait_for
+from .node_child import message_body, message_id
 
-ROOT = Path(__file__).resolve().parents[2]
-WARREN = [sys.executable, "-m", "warren.supervisor.cli"]
-
-
-def start_node(data: Path) -> tuple[subprocess.Popen, list[int]]:
-    node = subprocess.Popen([*WARREN, "node", "--data-dir", str(data)], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    assert node.stdout.readline().startswith("node warren")
-    family = [node.pid] + [p.pid for p in psutil.Process(node.pid).children(recursive=True)]
-    assert len(family) == 5              # node, forkserver, GC, two stores
-    return node, family
+MESSAGES = 500
 
 
 def gone(pids: list[int]) -> bool:
-    def alive(pid):
+    def alive(pid: int) -> bool:
         try:
             return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
         except psutil.NoSuchProcess:
@@ -39,56 +31,63 @@ def gone(pids: list[int]) -> bool:
     return not any(alive(pid) for pid in pids)
 
 
-def stop_and_check(node: subprocess.Popen, family: list[int], data: Path) -> None:
-    try:
-        assert node.wait(timeout=60) == 0, node.stderr.read()
-        wait_for(lambda: gone(family))
-    finally:
-        for pid in family:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        node.wait()
-        node.stdout.close()
-        node.stderr.close()
-    for store in ("msg_store_persistent", "msg_store_transient"):
-        with MessageStore(data / store) as reopened:
-            assert reopened.recovered_clean, store
+def assert_stopped_cleanly(process, family: list[int], data: Path) -> None:
+    assert process.wait(timeout=120) == 0, process.stderr_path.read_text()
+    wait_for(lambda: gone(family))
+    with MessageStore(data / "msg_store_persistent") as reopened:
+        assert reopened.recovered_clean
+        assert all(reopened.read(message_id(i)) == message_body(i) for i in range(MESSAGES))
+    with MessageStore(data / "msg_store_transient") as reopened:
+        assert reopened.recovered_clean
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
-def test_a_signal_to_the_nodes_process_group_stops_it_in_order(tmp_path, signum):
-    node, family = start_node(tmp_path / "data")
-    os.killpg(node.pid, signum)
-    stop_and_check(node, family, tmp_path / "data")
+def test_a_signal_to_the_nodes_process_group_stops_it_in_order(node_process, tmp_path,
+                                                               signum):
+    process, family = node_process(str(tmp_path / "data"), "--messages", str(MESSAGES),
+                                   "--until-signalled")
+    assert len(family) == 7              # node, forkserver, GC, two stores, two workers
+    os.killpg(process.pid, signum)
+    assert_stopped_cleanly(process, family, tmp_path / "data")
+    assert process.stdout.read().strip() == signal.Signals(signum).name
 
 
-def test_sigterm_to_every_process_of_the_node_at_once_stops_it_in_order(tmp_path):
-    node, family = start_node(tmp_path / "data")
+def test_sigterm_to_every_process_of_the_node_at_once_stops_it_in_order(node_process,
+                                                                        tmp_path):
+    process, family = node_process(str(tmp_path / "data"), "--messages", str(MESSAGES),
+                                   "--until-signalled")
     for pid in family:
         os.kill(pid, signal.SIGTERM)
-    stop_and_check(node, family, tmp_path / "data")
+    assert_stopped_cleanly(process, family, tmp_path / "data")
 
 
-def test_an_embedding_program_killed_by_a_signal_leaves_its_stores_clean(tmp_path):
-    program = subprocess.Popen([sys.executable, "-m", "tests.supervisor.node_child",
-                                str(tmp_path / "data")], cwd=ROOT, stdout=subprocess.PIPE,
-                               text=True, start_new_session=True)
-    descendants = [int(pid) for pid in program.stdout.readline().split()]
-    try:
-        program.send_signal(signal.SIGTERM)   # the default action: the program just dies
-        program.wait(timeout=30)
-        wait_for(lambda: gone(descendants))
-    finally:
-        for pid in descendants:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        if program.poll() is None:
-            program.kill()
-            program.wait()
-        program.stdout.close()
+def test_an_embedding_program_killed_by_a_signal_leaves_its_stores_clean(node_process,
+                                                                         tmp_path):
+    process, family = node_process(str(tmp_path / "data"), "--messages", str(MESSAGES))
+    process.send_signal(signal.SIGTERM)   # the default action: the program just dies
+    assert process.wait(timeout=30) == -signal.SIGTERM
+    wait_for(lambda: gone(family))
     with MessageStore(tmp_path / "data" / "msg_store_persistent") as reopened:
         assert reopened.recovered_clean
+        assert all(reopened.read(message_id(i)) == message_body(i) for i in range(MESSAGES))
+
+
+def current_incarnation(node: Node, name: str) -> int | None:
+    try:
+        return node.store(name).incarnation
+    except KeyError:
+        return None                      # between two incarnations
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_a_signal_to_one_store_stops_it_in_order_and_it_is_restarted_clean(tmp_path,
+                                                                           signum):
+    with Node(tmp_path / "data") as node:
+        first = node.store()
+        os.kill(first.pid, signum)
+        wait_for(lambda: (current_incarnation(node, "msg_store_persistent") or 0)
+                 > first.incarnation)
+        stats = node.store_stats()["msg_store_persistent"]
+        assert stats["recovered_clean"]
+        store_row = node.status()["tree"]["children"][1]
+        assert (store_row["id"], store_row["restarts"]) == ("msg_store_persistent", 1)
