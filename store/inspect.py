@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from . import index as idx
 from . import snapshot
 from .errors import StoreDirectoryError
-from .message_store import LOCK_FILE
+from .recovery import LOCK_FILE
 from .records import TEMP_SUFFIX, data_file_name, data_file_number
 from .removal_log import read_entries
 from .scanner import scan_file

@@ -92,6 +92,11 @@ call raises StoreClosed and ``close()`` writes no clean-shutdown files; the next
 recovers dirty from the files, which never lose a synced record. A clean snapshot thus
 only ever describes the files as they are.
 
+Modules. This one holds the public API, the state and closing; ``warren.store.recovery``
+opening and recovery, ``warren.store.file_changes`` the multi-step changes of the files
+(the write path, rollover, sync, deletion, and the guard that breaks the store when one
+is interrupted), ``warren.store.combining`` the store's side of GC.
+
 Races this module guards against (within its one thread of control):
 
 - a write and a remove of the same id while the record is pending: the record is dropped
@@ -106,13 +111,9 @@ Races this module guards against (within its one thread of control):
 
 from __future__ import annotations
 
-import ctypes
-import errno
-import fcntl
 import logging
 import mmap
 import os
-import stat
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -121,13 +122,10 @@ from . import index as idx
 from . import snapshot
 from .combine import CombinePlan, CorruptRecord, RewriteResult
 from .combining import Combining, Staging
-from .lock_table import SWITCH_DEADLINE_SECONDS, LockTableOwner
-from .errors import (
-    StoreClosed,
-    StoreDirectoryError,
-    StoreError,
-    StoreLocked,
-)
+from .file_changes import DISK_FULL_ERRNOS, FileChanges
+from .recovery import Recovery
+from .lock_table import LockTableOwner
+from .errors import StoreClosed, StoreError
 from .records import (
     HEADER,
     HEADER_BYTES,
@@ -135,15 +133,11 @@ from .records import (
     MSG_ID_BYTES,
     OK_MARKER,
     RECORD_OVERHEAD,
-    TEMP_SUFFIX,
     check_body,
     check_msg_id,
     data_file_name,
-    data_file_number,
-    temp_file_name,
 )
 from .removal_log import RemovalLog
-from .scanner import scan_file
 from .summary import FileSummary
 
 log = logging.getLogger("warren.store")
@@ -161,21 +155,6 @@ FILE_SIZE_LIMIT_BYTES = 16 * 2**20      # msg_store_file_size_limit
 WRITE_BUFFER_BYTES = 2**20              # the append buffer handed to write(2) at once
 GARBAGE_FRACTION = 0.5                  # combine when garbage exceeds this share of disk
 SYNC_POLICIES = ("fsync", "flush")
-LOCK_FILE = ".lock"
-_DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
-_FALLOC_FL_KEEP_SIZE = 1
-_libc = ctypes.CDLL(None, use_errno=True)
-
-
-def reserve(fd: int, length: int) -> None:
-    """Allocate the blocks of the first ``length`` bytes of ``fd`` without changing its
-    size (fallocate's KEEP_SIZE), so writes below ``length`` cannot find the disk full and
-    an fdatasync cannot fail for want of space. OSError(ENOSPC) when the disk lacks the
-    room; nothing on a filesystem that cannot reserve."""
-    if _libc.fallocate(fd, _FALLOC_FL_KEEP_SIZE, ctypes.c_long(0), ctypes.c_long(length)):
-        code = ctypes.get_errno()
-        if code not in (errno.EOPNOTSUPP, errno.ENOSYS):
-            raise OSError(code, os.strerror(code))
 
 
 @dataclass(frozen=True)
@@ -189,17 +168,7 @@ class SyncResult:
     failed: list[Hashable] = field(default_factory=list)
 
 
-class _DiskFull(Exception):
-    """Internal: a write(2) or a new file found the disk full. ``landed`` records of the
-    append (in order) are in the file; the effects of the rest are undone and they are
-    still pending."""
-
-    def __init__(self, landed: int = 0) -> None:
-        super().__init__(landed)
-        self.landed = landed
-
-
-class MessageStore(Combining):
+class MessageStore(Recovery, FileChanges, Combining):
     """A message store directory, opened and recovered. See the module docstring.
 
     ``MessageStore(directory, file_size_limit=16 MiB, sync_policy="fsync", ref_counts=None,
@@ -283,186 +252,6 @@ class MessageStore(Combining):
             self._release()
             raise
 
-    # ---------------------------------------------------------------- opening
-
-    def _open_directory(self) -> tuple[int, int]:
-        path = self.directory
-        if os.path.exists(path) and not os.path.isdir(path):
-            raise StoreDirectoryError(f"store directory {path!r} is not a directory")
-        try:
-            os.makedirs(path, exist_ok=True)
-            dir_fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-        except OSError as exc:
-            raise StoreDirectoryError(f"cannot open store directory {path!r}: {exc}") from exc
-        try:
-            lock_fd = os.open(LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644, dir_fd=dir_fd)
-        except OSError as exc:
-            os.close(dir_fd)
-            raise StoreDirectoryError(
-                f"store directory {path!r} is not writable: {exc}") from exc
-        try:
-            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(lock_fd)
-            os.close(dir_fd)
-            raise StoreLocked(f"store directory {path!r} is open in another MessageStore") from None
-        return dir_fd, lock_fd
-
-    def _recover(self, ref_counts, clean_clients) -> bool:
-        """Load the clean-shutdown files or rebuild from the data files; True if clean."""
-        names = os.listdir(self._dir_fd)
-        for name in names:
-            if name.endswith(TEMP_SUFFIX):
-                log.info("%s: deleting %s left by an unfinished combine", self.directory, name)
-                os.unlink(name, dir_fd=self._dir_fd)
-        files = []
-        for name in names:
-            number = data_file_number(name)
-            if number is None:
-                continue
-            if stat.S_ISREG(os.stat(name, dir_fd=self._dir_fd).st_mode):
-                files.append(number)
-            else:
-                log.warning("%s: %s is not a regular file; ignored", self.directory, name)
-        files.sort()
-        self._removals = RemovalLog(self._dir_fd)
-        for stray in self._removals.stray_logs(set(files)):
-            os.unlink(stray, dir_fd=self._dir_fd)
-        clean = self._load_snapshot(files, clean_clients)
-        if snapshot.delete(self._dir_fd):
-            os.fsync(self._dir_fd)
-        if not clean:
-            self._rebuild(files, ref_counts)
-        if not self._summary:
-            self._summary[0] = FileSummary()
-        self._current_file = max(self._summary)
-        self._current_fd = os.open(data_file_name(self._current_file),
-                                   os.O_RDWR | os.O_CREAT, 0o644, dir_fd=self._dir_fd)
-        self._write_offset = self._summary[self._current_file].file_size
-        os.ftruncate(self._current_fd, self._write_offset)
-        try:
-            reserve(self._current_fd, self.file_size_limit)
-        except OSError as exc:
-            if exc.errno not in _DISK_FULL_ERRNOS:
-                raise
-            log.warning("%s: no space to reserve the current file; writes may fail",
-                        self.directory)
-        os.lseek(self._current_fd, self._write_offset, os.SEEK_SET)
-        os.fsync(self._dir_fd)
-        return clean
-
-    def _load_snapshot(self, files: list[int], clean_clients) -> bool:
-        try:
-            saved = snapshot.read(self._dir_fd)
-        except snapshot.SnapshotInvalid as exc:
-            if snapshot.present(self._dir_fd):
-                log.warning("%s: clean-shutdown files unusable (%s); recovering dirty",
-                            self.directory, exc)
-            return False
-        if clean_clients is not None and frozenset(clean_clients) != saved.clients:
-            log.info("%s: clients differ from the clean shutdown; recovering dirty",
-                     self.directory)
-            return False
-        problem = snapshot.mismatch(saved, self._dir_fd, files)
-        if problem is not None:
-            log.warning("%s: %s; recovering dirty", self.directory, problem)
-            return False
-        self._index = saved.index
-        self._clients = set(saved.clients)
-        self._link_summary((file, valid, size) for file, valid, size in saved.summary)
-        return True
-
-    def _rebuild(self, files: list[int], ref_counts) -> None:
-        """Dirty recovery: scan every file; keep the last copy of each id."""
-        index: dict[int, int] = {}
-        sizes: dict[int, int] = {}
-        found_bytes = dict.fromkeys(files, 0)     # valid bytes, if every id is found once
-        records = 0
-        for file in files:
-            path = os.path.join(self.directory, data_file_name(file))
-            found = scan_file(path)
-            sizes[file] = found.size
-            for offset, length in found.damaged:
-                self._damaged.append({"file": file, "offset": offset, "length": length})
-                log.warning("%s: %d damaged bytes at offset %d skipped",
-                            path, length, offset)
-            if file == files[-1] and found.end_of_records < found.size:
-                log.warning("%s: truncating a torn tail of %d bytes", path,
-                            found.size - found.end_of_records)
-                sizes[file] = found.end_of_records
-            base = 1 | (file << idx.FILE_SHIFT)
-            index.update(zip(map(_key, found.msg_ids), [
-                base | (offset << idx.OFFSET_SHIFT) | (size << idx.SIZE_SHIFT)
-                for offset, size in zip(found.offsets, found.total_sizes)]))
-            found_bytes[file] = sum(found.total_sizes)
-            records += len(found.msg_ids)
-        if ref_counts is not None:
-            index = self._apply_ref_counts(index, ref_counts)
-        else:
-            removed = self._drop_removed(index, found_bytes)
-            if removed:
-                records -= removed
-            self._adoptable = set(index)
-        if ref_counts is None and len(index) == records:
-            valid = found_bytes                   # no id twice: every record found is live
-        else:
-            valid = dict.fromkeys(files, 0)
-            for value in index.values():
-                valid[value >> idx.FILE_SHIFT] += (value >> idx.SIZE_SHIFT) & idx.SIZE_MASK
-        self._index = index
-        self._link_summary((file, valid[file], sizes[file]) for file in files)
-        for file in files[:-1]:
-            if valid[file] == 0:
-                self._unlink_file(file)
-        log.info("%s: dirty recovery found %d messages in %d files", self.directory,
-                 len(index), len(files))
-
-    def _drop_removed(self, index: dict[int, int], found_bytes: dict[int, int]) -> int:
-        """Drop from a dirty recovery's ``index`` the records the removal log names (their
-        bytes off ``found_bytes``); how many were dropped."""
-        dropped = 0
-        for file, offset, msg_id in self._removals.entries(list(found_bytes)):
-            key = _key(msg_id)
-            value = index.get(key)
-            if (value is not None and value >> idx.FILE_SHIFT == file
-                    and (value >> idx.OFFSET_SHIFT) & idx.OFFSET_MASK == offset):
-                del index[key]
-                found_bytes[file] -= (value >> idx.SIZE_SHIFT) & idx.SIZE_MASK
-                dropped += 1
-        self.counters["recovery_removed"] = dropped
-        return dropped
-
-    def _apply_ref_counts(self, found: dict[int, int], ref_counts) -> dict[int, int]:
-        counts: dict[int, int] = {}
-        for msg_id, count in ref_counts:
-            key = _key(check_msg_id(msg_id))
-            if count > 0:
-                counts[key] = counts.get(key, 0) + count
-        index = {}
-        missing = 0
-        for key, count in counts.items():
-            value = found.get(key)
-            if value is None:
-                missing += 1
-                continue
-            if count > idx.MAX_REF_COUNT:
-                raise StoreError(f"reference count {count} of {key:032x} exceeds "
-                                 f"{idx.MAX_REF_COUNT}")
-            index[key] = value - 1 + count
-        if missing:
-            log.warning("%s: %d referenced messages have no data on disk; dropped",
-                        self.directory, missing)
-        self.counters["recovery_missing"] = missing
-        return index
-
-    def _link_summary(self, entries: Iterable[tuple[int, int, int]]) -> None:
-        self._summary = {}
-        previous = None
-        for file, valid, size in entries:
-            self._summary[file] = FileSummary(valid, size, left=previous)
-            if previous is not None:
-                self._summary[previous].right = file
-            previous = file
 
     # ---------------------------------------------------------------- public API
 
@@ -667,249 +456,6 @@ class MessageStore(Combining):
         held = self._lock_table is not None and self._lock_table.held_by_readers(file)
         return {**summary.as_dict(), "readers": int(held)}
 
-    # ---------------------------------------------------------------- writing
-
-    def _flush(self) -> None:
-        """Hand every pending record to write(2), rolling over as files fill up. On a full
-        disk the records not written fail (``SyncResult.failed``); the store goes on."""
-        if not self._pending:
-            return
-        index, pending, tickets = self._index, self._pending, self._pending_tickets
-        offset = start = self._write_offset
-        file_bits = self._current_file << _FILE_SHIFT
-        try:
-            if offset + self._pending_bytes < self.file_size_limit:
-                # No rollover (the common case): one pass places the records; records and
-                # tickets then go out whole, in arrival order, as the dicts keep it.
-                for key, record in pending.items():
-                    index[key] = ((index[key] & _LOCATION_CLEAR) | (offset << _OFFSET_SHIFT)
-                                  | file_bits)
-                    offset += len(record)
-                keys = pending
-                self._append(pending.values(), offset - start)
-                self._pending_written(pending)
-                return
-            keys = []
-            for key, record in list(pending.items()):
-                index[key] = (index[key] & _LOCATION_CLEAR) | (offset << _OFFSET_SHIFT) | file_bits
-                keys.append(key)
-                offset += len(record)
-                if offset >= self.file_size_limit:
-                    self._append([pending[k] for k in keys], offset - start)
-                    self._pending_written(keys)
-                    keys, offset, start = [], 0, 0
-                    self._roll_over()
-                    file_bits = self._current_file << _FILE_SHIFT
-            if keys:
-                self._append([pending[k] for k in keys], offset - start)
-                self._pending_written(keys)
-        except _DiskFull as full:
-            self._pending_written(list(keys)[:full.landed])
-            self._pending_failed()
-
-    def _pending_written(self, keys: Iterable[int]) -> None:
-        """The records of ``keys`` are in the kernel: their tickets await the fsync."""
-        pending, tickets, fan_outs = self._pending, self._pending_tickets, self._pending_fan_out
-        unsynced = self._unsynced_tickets
-        if keys is pending:                    # all of them, the common case: whole dicts
-            unsynced += tickets.values()
-            for fan_out in fan_outs.values():
-                unsynced += fan_out
-            pending.clear()
-            tickets.clear()
-            fan_outs.clear()
-            self._pending_bytes = 0
-            return
-        for key in keys:
-            self._pending_bytes -= len(pending.pop(key))
-            unsynced.append(tickets.pop(key))
-            unsynced += fan_outs.pop(key, ())
-
-    def _pending_failed(self) -> None:
-        """The disk is full: every record still pending fails, its references dropped as
-        if never written."""
-        failed = self._failed_tickets
-        before = len(failed)
-        for key in self._pending:
-            del self._index[key]
-            failed.append(self._pending_tickets[key])
-            failed += self._pending_fan_out.get(key, ())
-        self._pending.clear()
-        self._pending_tickets.clear()
-        self._pending_fan_out.clear()
-        self._pending_bytes = 0
-        self.counters["writes_failed_disk_full"] += len(failed) - before
-        if not self.disk_full:
-            log.error("%s: the disk is full; writes fail until space is freed (reads and "
-                      "removes go on)", self.directory)
-        self.disk_full = True
-
-    def _append(self, records: Iterable[bytes], length: int) -> None:
-        """Write ``records`` (``length`` bytes) at the end of the current file. On a full
-        disk the records that landed whole stay, the rest is cut off, and ``_DiskFull``
-        says how many landed."""
-        view = memoryview(b"".join(records))
-        written = 0
-        try:
-            while view:
-                count = os.write(self._current_fd, view)
-                written += count
-                view = view[count:]
-        except OSError as exc:
-            if exc.errno not in _DISK_FULL_ERRNOS:
-                raise
-            landed = whole = 0
-            for record in records:
-                if whole + len(record) > written:
-                    break
-                whole += len(record)
-                landed += 1
-            # The file must end with whole records, where the index expects the next one.
-            end = self._write_offset + whole
-            os.ftruncate(self._current_fd, end)
-            os.lseek(self._current_fd, end, os.SEEK_SET)
-            try:
-                reserve(self._current_fd, self.file_size_limit)  # truncating dropped it
-            except OSError:
-                pass   # no room now; the writes that need it fail until there is
-            if whole:
-                self._appended(whole)
-            raise _DiskFull(landed) from exc
-        self._appended(length)
-
-    def _appended(self, length: int) -> None:
-        if self.disk_full:
-            log.info("%s: space is back; writes are stored again", self.directory)
-            self.disk_full = False
-        self._write_offset += length
-        summary = self._summary[self._current_file]
-        summary.file_size += length
-        summary.valid_total_size += length
-        self._data_unsynced = True
-        if self._lock_table is not None:
-            self._lock_table.publish(self._current_file, self._write_offset)
-
-    def _roll_over(self) -> None:
-        old = self._current_file
-        new = old + 1
-        if new > idx.MAX_FILE:
-            raise StoreError(f"file numbers exhausted at {new}")
-        new_fd = self._open_data_file(new)
-        if self._data_unsynced:
-            if self._fsync:
-                os.fdatasync(self._current_fd)
-            else:
-                self._unsynced_files.add(old)
-            self._data_unsynced = False
-        os.close(self._current_fd)
-        self._current_fd = new_fd
-        self._summary[new] = FileSummary(left=old)
-        self._summary[old].right = new
-        self._current_file = new
-        self._write_offset = 0
-        self._directory_unsynced = True
-        if self._lock_table is not None:
-            self._lock_table.publish(new, 0)
-        old_summary = self._summary[old]
-        if old_summary.valid_total_size == 0 and not old_summary.locked:
-            self._delete_empty_file(old)
-
-    def _open_data_file(self, file: int) -> int:
-        """Create data file ``file`` with its space reserved; _DiskFull (and no file left
-        behind) when the disk cannot hold it."""
-        try:
-            fd = os.open(data_file_name(file), os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644,
-                         dir_fd=self._dir_fd)
-        except OSError as exc:
-            if exc.errno in _DISK_FULL_ERRNOS:
-                raise _DiskFull from exc
-            raise
-        try:
-            reserve(fd, self.file_size_limit)
-        except OSError as exc:
-            os.close(fd)
-            os.unlink(data_file_name(file), dir_fd=self._dir_fd)
-            if exc.errno in _DISK_FULL_ERRNOS:
-                raise _DiskFull from exc
-            raise
-        self._directory_unsynced = True
-        return fd
-
-    def _sync_to_disk(self) -> None:
-        self._flush()
-        self._removals.write()
-        if self._fsync:
-            if self._data_unsynced:
-                os.fdatasync(self._current_fd)
-            if self._directory_unsynced:
-                os.fsync(self._dir_fd)
-                self._directory_unsynced = False
-        self._data_unsynced = False
-
-    def _delete_empty_file(self, file: int,
-                           wait_s: float = SWITCH_DEADLINE_SECONDS) -> None:
-        """Delete a non-current file with no valid data, once no reader holds it; while
-        one does (for ``wait_s``), keep it locked and retry at the next sync."""
-        if self._lock_table is None:
-            self._unlink_file(file)
-            return
-        with self._lock_table.exclusive([file], wait_s) as acquired:
-            if acquired:
-                self._unlink_file(file)
-                return
-        self._summary[file].locked = True
-        self._deferred_deletes.add(file)
-
-    def _unlink_file(self, file: int) -> None:
-        self._unsynced_files.discard(file)
-        self._uncombinable.discard(file)
-        summary = self._summary.pop(file)
-        if summary.left is not None:
-            self._summary[summary.left].right = summary.right
-        if summary.right is not None:
-            self._summary[summary.right].left = summary.left
-        self._unmap(file)
-        os.unlink(data_file_name(file), dir_fd=self._dir_fd)
-        self._removals.forget(file)
-        self._directory_unsynced = True
-        self.counters["files_deleted"] += 1
-
-    def _map_file(self, file: int) -> mmap.mmap:
-        """Map a non-current file for reading. It no longer changes: the GC replaces it by
-        rename and deletes it by unlink, and a mapping outlives both (it holds the inode)."""
-        fd = os.open(data_file_name(file), os.O_RDONLY, dir_fd=self._dir_fd)
-        try:
-            mapped = self._maps[file] = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
-        finally:
-            os.close(fd)
-        return mapped
-
-    def _unmap(self, file: int) -> None:
-        mapped = self._maps.pop(file, None)
-        if mapped is not None:
-            mapped.close()
-
-    def _guarded(self, operation, *args) -> Any:
-        """Run one multi-step change of the files or the index as a whole: any exception
-        escaping it (an OS error, a KeyboardInterrupt, a bug) breaks the store."""
-        try:
-            return operation(*args)
-        except BaseException as exc:
-            self._break(operation.__name__, exc)
-            raise
-
-    def _break(self, where: str, exc: BaseException) -> None:
-        """Stop the store after ``where`` was interrupted by ``exc``: the index and files
-        may disagree now, so no clean snapshot may ever describe them. Every later call
-        raises StoreClosed, ``close()`` writes nothing, and the next open recovers dirty.
-        A failed fsync is never retried: the kernel may have dropped the pages it could
-        not write."""
-        if self._broken is not None or self._closed:
-            return
-        self._broken = exc
-        log.error("%s: %s was interrupted (%s: %s); the store stops and recovers dirty on "
-                  "next open", self.directory, where, type(exc).__name__, exc)
-        self._release()
 
     # ---------------------------------------------------------------- closing
 
@@ -958,7 +504,7 @@ class MessageStore(Combining):
             try:
                 snapshot.write(self._dir_fd, self._index, summary, frozenset(self._clients))
             except OSError as exc:
-                if exc.errno not in _DISK_FULL_ERRNOS:
+                if exc.errno not in DISK_FULL_ERRNOS:
                     raise
                 # The data is all on disk; only the fast start is lost.
                 log.warning("%s: no room for the clean-shutdown files; the next start "
