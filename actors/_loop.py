@@ -17,9 +17,12 @@ teardown  ``on_stop`` (clean stops) or nothing more (``on_failure`` ran at the c
           counted as dropped; sockets close with a bounded linger.
 
 Races and bad input, each with its answer:
-- A frame that does not decode, has the wrong shape or names an unregistered type is
-  counted (``malformed``, ``unknown_type``) and logged; an ask among them, when its
-  request id is readable, gets an error answer. Nothing a peer sends raises out of here.
+- A frame that does not decode or has the wrong shape, a registered message with the
+  wrong number of fields or values its constructor refuses, is counted (``malformed``)
+  and logged; one that names a type this process has not registered, likewise
+  (``unknown_type``). An ask among them, when its request id is readable, gets an error
+  answer naming the type and what was wrong; a tell is dropped (from a batch, it alone).
+  Nothing a peer sends raises out of here.
 - A message stamped with another incarnation (a pinned ref to a predecessor) is dropped
   and counted (``dropped_stale``).
 - A reply to a caller that has gone is refused by ROUTER_MANDATORY (EHOSTUNREACH) or
@@ -74,7 +77,7 @@ from warren.actors import _wire
 from warren.actors._node_client import NodeClient
 from warren.actors._runtime import drain_wake_pipe, runtime
 from warren.actors.actor import ProcessActor
-from warren.actors.codec import Decoder, Encoder, UnknownMessage, contains_unknown
+from warren.actors.codec import Decoder, Encoder, UnknownMessage, find_unknown
 from warren.actors.errors import (ActorDeadError, ActorError, CodecError, MessageTooLarge,
                                   UnhandledMessage)
 from warren.actors.exitcodes import (EXIT_CRASHED, EXIT_LINKED, EXIT_NORMAL, EXIT_PARENT_GONE,
@@ -373,21 +376,28 @@ class ActorLoop:
                 MessageTooLarge(f"message exceeds {self._max_bytes} bytes")))
 
     def _drop_unknown(self, identity: bytes, kind: Any, request_id: Any, body: Any) -> Any:
-        """Strip messages this process cannot build (an unregistered type, or the wrong
-        number of fields); answer an ask with the reason."""
+        """Strip messages this process cannot build (an unregistered type, or fields that
+        do not fit); answer an ask with the reason."""
         if kind == _wire.BATCH and type(body) is list:
-            kept = [m for m in body if not contains_unknown(m)]
-            self.counters["unknown_type"] += len(body) - len(kept)
-            logger.warning("%s: dropped %d messages it cannot decode from a batch",
-                           self._order.name, len(body) - len(kept))
+            kept = []
+            for message in body:
+                unknown = find_unknown(message)
+                if unknown is None:
+                    kept.append(message)
+                else:
+                    self._count_unknown(unknown)
             return kept
-        self.counters["unknown_type"] += 1
-        reason = body.reason if isinstance(body, UnknownMessage) else (
-            "the message holds a type this actor's process has not registered")
-        logger.warning("%s: dropped a message it cannot decode: %s", self._order.name, reason)
+        unknown = find_unknown(body) or UnknownMessage("?")
+        self._count_unknown(unknown)
         if kind == _wire.ASK and type(request_id) is int:
-            self.reply(identity, _wire.REPLY_ERROR, request_id, _describe(CodecError(reason)))
+            self.reply(identity, _wire.REPLY_ERROR, request_id,
+                       _describe(CodecError(unknown.reason)))
         return None
+
+    def _count_unknown(self, unknown: UnknownMessage) -> None:
+        self.counters["malformed" if unknown.malformed else "unknown_type"] += 1
+        logger.warning("%s: dropped a %s it cannot build: %s", self._order.name,
+                       unknown.type_name, unknown.reason)
 
     def _count_malformed(self, where: str) -> None:
         self.counters["malformed"] += 1

@@ -99,8 +99,14 @@ class ProcessActor:
         """Called once the mailboxes are bound, before ``spawn`` returns."""
 
     def on_receive(self, message: Any) -> Any:
-        """Handle one message; for an ask, the return value is the answer."""
-        return None
+        """Handle one message; for an ask, the return value is the answer.
+
+        Raise ``UnhandledMessage`` for a message this actor does not handle (an unknown
+        request, fields it cannot use): an ask gets it as its error, a tell is logged and
+        counted (``unhandled``), and the actor goes on. The default handles nothing.
+        """
+        raise UnhandledMessage(f"{type(self).__name__} does not handle a "
+                               f"{type(message).__name__}")
 
     def on_receive_batch(self, messages: list[Any]) -> None:
         """Handle queued tells in order; the default hands each to ``on_receive``, and a

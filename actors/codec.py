@@ -19,11 +19,12 @@ Extension types inside the header:
     3  out-of-band frame    big-endian u32 index into the frames after the header
 
 Races and hostile input: a peer may send any bytes. Decoding malformed bytes raises
-``CodecError``. A registered type name this process does not know decodes to an
+``CodecError``. A registered message this process cannot build decodes to an
 ``UnknownMessage`` placeholder instead of raising, so the receiver still learns the request
-id and can answer the caller with a clear error (the loop checks
-``Decoder.saw_unknown`` after each decode); so does a known type sent with the wrong
-number of fields, its placeholder saying what was wrong. Registration is per process and happens at
+id and can answer the caller with a clear error (the loop checks ``Decoder.saw_unknown``
+after each decode, and ``find_unknown`` says what was wrong): a type name this process
+has not registered, or a known type sent with the wrong number of fields or with values
+its constructor refuses (``malformed``). Registration is per process and happens at
 import, so both ends must import the module that defines a message type; the actor
 process imports it when it unpickles its actor class.
 """
@@ -61,10 +62,11 @@ _ref_fields: tuple[str, ...] = ()
 @dataclasses.dataclass(frozen=True)
 class UnknownMessage:
     """Stands in for a message this process cannot build: a registered type it does not
-    know, or a known one with the wrong number of fields (``reason`` says which)."""
+    know, or (``malformed``) a known one whose fields do not fit; ``reason`` says which."""
 
     type_name: str
     reason: str = "the message has a type this actor's process has not registered"
+    malformed: bool = False
 
 
 def register_message(cls: T, name: str | None = None) -> T:
@@ -211,25 +213,33 @@ class Decoder:
             if len(values) != expected:
                 self.saw_unknown = True
                 return UnknownMessage(str(type_name), f"{type_name} takes {expected} fields, "
-                                                      f"the message carried {len(values)}")
+                                                      f"the message carried {len(values)}",
+                                      malformed=True)
             try:
                 return cls(*values)
-            except TypeError as exc:
-                raise CodecError(f"{type_name}: {exc}") from exc
+            except (TypeError, ValueError) as exc:   # a field its own checks refuse
+                self.saw_unknown = True
+                return UnknownMessage(str(type_name), f"{type_name}: {exc}", malformed=True)
         if code == _EXT_REF and _ref_type is not None:
             values = self._unpack_nested(data)
             return _ref_type(*values)
         raise CodecError(f"unknown extension type {code}")
 
 
-def contains_unknown(obj: Any) -> bool:
-    """True when ``obj`` holds an ``UnknownMessage`` anywhere (the rare, slow path)."""
+def find_unknown(obj: Any) -> UnknownMessage | None:
+    """The first ``UnknownMessage`` ``obj`` holds, anywhere in it (the rare, slow path)."""
     if isinstance(obj, UnknownMessage):
-        return True
+        return obj
     if isinstance(obj, list):
-        return any(contains_unknown(item) for item in obj)
-    if isinstance(obj, dict):
-        return any(contains_unknown(v) for v in obj.values())
-    if dataclasses.is_dataclass(obj) or (isinstance(obj, tuple) and hasattr(obj, "_fields")):
-        return any(contains_unknown(getattr(obj, f)) for f in _field_names.get(type(obj), ()))
-    return False
+        items: Any = obj
+    elif isinstance(obj, dict):
+        items = obj.values()
+    elif dataclasses.is_dataclass(obj) or (isinstance(obj, tuple) and hasattr(obj, "_fields")):
+        items = [getattr(obj, f) for f in _field_names.get(type(obj), ())]
+    else:
+        return None
+    for item in items:
+        found = find_unknown(item)
+        if found is not None:
+            return found
+    return None

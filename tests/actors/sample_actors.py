@@ -30,6 +30,19 @@ class Point(NamedTuple):
 message(Point)
 
 
+@message
+@dataclass(frozen=True)
+class Span:
+    """A message whose constructor checks its fields."""
+
+    low: int
+    high: int
+
+    def __post_init__(self) -> None:
+        if self.low > self.high:
+            raise ValueError(f"low {self.low} is above high {self.high}")
+
+
 @dataclass(frozen=True)
 class NeverRegistered:
     """A dataclass the parent registers only after spawning (the child never does)."""
@@ -128,6 +141,8 @@ class Recorder(ProcessActor):
                 return self.stored[key]
             case Point(x=x, y=y):
                 return Point(y, x)
+            case Span(low=low, high=high):
+                return high - low
             case "unanswerable":
                 return object()
             case ("log", level, text):
@@ -152,6 +167,10 @@ class Recorder(ProcessActor):
 
 class SmallMailbox(Recorder):
     max_message_bytes = 64 * 1024
+
+
+class Mute(ProcessActor):
+    """Handles nothing: ProcessActor's own on_receive."""
 
 
 class FailsToStart(ProcessActor):

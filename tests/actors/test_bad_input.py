@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import random
+from collections.abc import Iterator
 
 import msgpack
 import pytest
@@ -12,7 +14,8 @@ from warren.actors import (ActorDeadError, CodecError, MailboxFull, MessageTooLa
                            RemoteError, UnhandledMessage, _wire, codec, register_message)
 from warren.actors._runtime import runtime
 from tests.waiting import wait_for
-from tests.actors.sample_actors import NeverRegistered, Put, Recorder, SmallMailbox
+from tests.actors.sample_actors import (Mute, NeverRegistered, Put, Recorder, SmallMailbox,
+                                        Span)
 
 
 def _fuzz_frames(rng: random.Random) -> list[list[bytes]]:
@@ -148,22 +151,60 @@ def test_an_exception_after_defer_reply_reaches_the_caller(node: Node) -> None:
         ref.ask(("defer_then_raise", "broke after deferring"), timeout=10)
 
 
+@contextlib.contextmanager
+def raw_sender(ref) -> Iterator[zmq.Socket]:
+    """A bare DEALER to ``ref``'s mailbox, for frames no ref would send."""
+    sender = runtime().context.socket(zmq.DEALER)
+    sender.linger = 0
+    try:
+        sender.connect(ref.address)
+        yield sender
+    finally:
+        sender.close()
+
+
+def raw_message(kind: int, cls: type, *values) -> bytes:
+    """A message of the registered type ``cls`` with exactly these field values."""
+    body = msgpack.ExtType(1, msgpack.packb([codec._names_by_type[cls], *values]))
+    return msgpack.packb([kind, 0, 7, body])
+
+
+def error_answer(sender: zmq.Socket) -> list:
+    assert sender.poll(10_000), "no answer to a malformed ask"
+    kind, request_id, error = msgpack.unpackb(sender.recv())
+    assert (kind, request_id) == (_wire.REPLY_ERROR, 7)
+    return error
+
+
 def test_a_message_with_the_wrong_number_of_fields_gets_an_error_naming_them(
         node: Node) -> None:
     ref = node.spawn(Recorder)
-    short = [_wire.ASK, 0, 7, msgpack.ExtType(1, msgpack.packb([codec._names_by_type[Put], "k"]))]
-    asker = runtime().context.socket(zmq.DEALER)
-    try:
-        asker.linger = 0
-        asker.connect(ref.address)
-        asker.send(msgpack.packb(short))
-        assert asker.poll(10_000), "no answer to a malformed ask"
-        kind, request_id, reason = msgpack.unpackb(asker.recv())
-        assert (kind, request_id) == (_wire.REPLY_ERROR, 7)
-        assert reason[0] == "CodecError" and "takes 2 fields, the message carried 1" in reason[1]
-        short[0] = _wire.TELL
-        asker.send(msgpack.packb(short))
-        wait_for(lambda: ref.stats(timeout=10)["unknown_type"] == 2)
-    finally:
-        asker.close()
+    with raw_sender(ref) as sender:
+        sender.send(raw_message(_wire.ASK, Put, "k"))
+        type_name, text, _ = error_answer(sender)
+        assert type_name == "CodecError" and "takes 2 fields, the message carried 1" in text
+        sender.send(raw_message(_wire.TELL, Put, "k"))
+        wait_for(lambda: ref.stats(timeout=10)["malformed"] == 2)
+    assert ref.ping(timeout=10).incarnation == ref.incarnation
+
+
+def test_a_message_whose_constructor_refuses_its_fields_gets_an_error_naming_the_type(
+        node: Node) -> None:
+    ref = node.spawn(Recorder)
+    with raw_sender(ref) as sender:
+        sender.send(raw_message(_wire.ASK, Span, 5, 1))
+        type_name, text, _ = error_answer(sender)
+        assert type_name == "CodecError"
+        assert "Span" in text and "low 5 is above high 1" in text
+        sender.send(raw_message(_wire.TELL, Span, 5, 1))
+        wait_for(lambda: ref.stats(timeout=10)["malformed"] == 2)
+    assert ref.ask(Span(1, 5), timeout=10) == 4
+
+
+def test_an_actor_that_handles_nothing_refuses_an_ask_and_counts_a_tell(node: Node) -> None:
+    ref = node.spawn(Mute)
+    with pytest.raises(UnhandledMessage, match="Mute does not handle a str"):
+        ref.ask("anything", timeout=10)
+    ref.tell("anything")
+    wait_for(lambda: ref.stats(timeout=10)["unhandled"] == 1)
     assert ref.ping(timeout=10).incarnation == ref.incarnation
