@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import stat
 import subprocess
 import sys
@@ -13,6 +14,8 @@ import pytest
 
 from warren.actors import InvalidSpec, Node
 from warren.actors.runtime_dir import MAX_IPC_PATH_BYTES, create_runtime_dir, ipc_endpoint
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_runtime_directory_is_private(tmp_path: Path) -> None:
@@ -60,3 +63,41 @@ def test_a_node_sweeps_the_runtime_directories_of_nodes_that_died(tmp_path: Path
     assert os.path.isdir(alive)
     create_runtime_dir(str(tmp_path))
     assert os.path.isdir(alive)                  # its owner (this process) lives
+
+
+NODE_PROGRAM = textwrap.dedent("""
+    import os, signal, sys
+    from warren.actors import Node
+    from tests.actors.sample_actors import Recorder
+
+    if __name__ == "__main__":
+        node = Node(sys.argv[1])
+        node.spawn(Recorder, name="bystander")
+        print(node.runtime_dir, flush=True)
+        if sys.argv[1] == "doomed":
+            os.kill(os.getpid(), signal.SIGKILL)
+        node.close()
+""")
+
+
+def test_the_next_node_removes_the_runtime_directory_of_a_sigkilled_node(
+        tmp_path: Path) -> None:
+    script = tmp_path / "node_program.py"
+    script.write_text(NODE_PROGRAM)
+    runs = tmp_path / "runs"            # the temporary directory both nodes use
+    runs.mkdir()
+    env = {**os.environ, "TMPDIR": str(runs), "PYTHONPATH": str(ROOT)}
+    env.pop("XDG_RUNTIME_DIR", None)
+
+    def run(name: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, str(script), name], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=60)
+
+    doomed = run("doomed")
+    assert doomed.returncode == -signal.SIGKILL, doomed.stderr
+    left_behind = doomed.stdout.strip()
+    assert os.path.dirname(left_behind) == str(runs) and os.path.isdir(left_behind)
+    following = run("following")
+    assert following.returncode == 0, following.stderr
+    assert not os.path.exists(left_behind)
+    assert not os.path.exists(following.stdout.strip())     # closed cleanly, removed
