@@ -7,8 +7,10 @@ Run it from the repository root::
 What it shows, in order: an application defines a ``Ledger`` actor (keeps balances) and a
 ``Teller`` actor (takes deposits and books them in the ledger it is given a ref to),
 spawns both as OS processes, talks to them with tell, tell_many, ask and ask_async,
-kills the ledger with SIGKILL, sees the ``Down`` from its monitor (and the teller's own
-monitor), restarts it at the same address and uses the old ref again.
+shows that a message an actor does not handle is refused (``UnhandledMessage``: the error
+of an ask; a tell is logged and counted, never a crash), kills the ledger with SIGKILL,
+sees the ``Down`` from its monitor (and the teller's own monitor), restarts it at the
+same address and uses the old ref again.
 
 Like multiprocessing, the runtime imports this script in its forkserver (to find the
 actor classes), so everything that runs belongs under ``if __name__ == "__main__"``.
@@ -21,7 +23,7 @@ import signal
 from dataclasses import dataclass
 from typing import Any
 
-from warren.actors import ActorRef, Down, Node, ProcessActor, message
+from warren.actors import ActorRef, Down, Node, ProcessActor, UnhandledMessage, message
 
 
 @message
@@ -48,7 +50,7 @@ class Ledger(ProcessActor):
             return self.balances[message.account]
         if message == "balances":
             return dict(self.balances)
-        raise ValueError(f"the ledger does not understand {message!r}")
+        raise UnhandledMessage(f"the ledger does not understand {message!r}")
 
 
 class Teller(ProcessActor):
@@ -67,9 +69,11 @@ class Teller(ProcessActor):
             return None
         if message == "notices":
             return self.notices
-        account, amount = message
-        self.ledger.tell(Deposit(account, amount))
-        return "booked"
+        match message:
+            case (str(account), int(amount)):
+                self.ledger.tell(Deposit(account, amount))
+                return "booked"
+        raise UnhandledMessage(f"a teller takes (account, amount), not {message!r}")
 
 
 def main() -> None:
@@ -85,8 +89,12 @@ def main() -> None:
         print("carol after her deposit:", future.get(timeout=5))
         try:
             ledger.ask("audit")
-        except ValueError as error:
+        except UnhandledMessage as error:
             print("the ledger refused:", error)
+        teller.tell("a stray message")
+        answer = teller.ask(("dave", 1))          # after the stray tell, in its mailbox
+        print(f"a stray tell is logged and counted, not a crash: the teller answers "
+              f"{answer!r}, unhandled = {teller.stats()['unhandled']}")
 
         monitor = node.monitor(ledger)
         os.kill(ledger.pid, signal.SIGKILL)
