@@ -6,7 +6,9 @@ a node). The steps, for a pair Dst (older) and Src (its right neighbour):
 
 1. ``choose_combine``: the trigger (garbage over ``garbage_fraction`` of the bytes on
    disk, at least 3 files) and a pair whose valid data fits one file, both non-current,
-   unlocked and not known damaged; both are locked. Cheap: the file summary only.
+   unlocked, not known damaged and not held by a reader right now (a reader stopped while
+   holding a file delays that file's combines, not every other); both are locked. Cheap:
+   the file summary, and the lock table's word on each candidate.
 2. ``stage_combine``, once per slice of each file's records as a scan found them (Dst's
    first, then Src's), in offset order: keep those the index points at, and stage the
    index value each will have in the new Dst, whose layout is fixed already (Dst's kept
@@ -265,9 +267,13 @@ class Combining:
             neighbour = self._summary[src]
             if (not summary.locked and not neighbour.locked
                     and not {dst, src} & self._uncombinable
-                    and summary.valid_total_size + neighbour.valid_total_size <= limit):
+                    and summary.valid_total_size + neighbour.valid_total_size <= limit
+                    and not self._held_by_readers(dst) and not self._held_by_readers(src)):
                 return dst, src
         return None
+
+    def _held_by_readers(self, file: int) -> bool:
+        return self._lock_table is not None and self._lock_table.held_by_readers(file)
 
     @staticmethod
     def _garbage_fraction(bytes_on_disk: int, valid_bytes: int) -> float:

@@ -52,8 +52,9 @@ store chooses a pair (from its file summary alone) and asks the GC actor to scan
 files (``ScanJob``); it stages the ``Scanned`` records against its index
 ``GC_SLICE_RECORDS`` at a time, serving its mailbox between slices, then asks the GC to
 copy what it kept (``RewriteJob``). ``Rewritten`` is applied in one step (the staged
-index values, the rename, the delete: ``warren.store.combining``); if readers hold the
-files the apply is retried, without waiting, at the next idle moment. No step holds the
+index values, the rename, the delete: ``warren.store.combining``); if readers hold either
+file past the deadline, the job is given up and the next pair no reader holds is chosen
+(a reader stopped while holding a file delays only that file). No step holds the
 store's loop for long: the longest is kept in ``longest_gc_slice_ms``. A GC that dies or
 fails mid-job: the store abandons the job (flags cleared, ``.rdt`` deleted) and plans
 again after ``gc_retry_s``.
@@ -132,7 +133,6 @@ class MessageStoreActor(ProcessActor):
         self._ignored_unwritten: list[tuple[bytes, int, bytes]] = []   # dying clients' writes
         self._gc_watched: tuple[str, int] | None = None                # (address, incarnation)
         self._job: _Job | None = None
-        self._deferred_apply: tuple[CombinePlan, RewriteResult] | None = None
         self._job_ids = itertools.count(1)
         self._gc_not_before = 0.0
         self.counters = {"batches": 0, "malformed_batches": 0, "fallback_reads": 0,
@@ -317,8 +317,10 @@ class MessageStoreActor(ProcessActor):
             return
         self._note_gc_slice(started)
         if not applied:
-            self._deferred_apply = (job.plan, result)
-            return
+            # Readers hold Dst or Src: give this pair up (the copy is cheap to redo) so
+            # that pairs no reader holds go ahead; this one is chosen again once free.
+            self._job = job
+            self._abandon_job(retry_s=0.0)
         self._collect_garbage()            # while garbage is over the fraction, keep going
 
     def _note_gc_slice(self, started: float) -> None:
@@ -385,10 +387,6 @@ class MessageStoreActor(ProcessActor):
         self.call_later(self.gc_check_interval_s, self._gc_tick)
 
     def _collect_garbage(self) -> None:
-        if self._deferred_apply is not None:
-            if not self.store.apply_combine(*self._deferred_apply, wait_s=0.0):
-                return
-            self._deferred_apply = None
         if self._job is not None or time.monotonic() < self._gc_not_before:
             return
         try:
@@ -408,11 +406,12 @@ class MessageStoreActor(ProcessActor):
             self.monitor(gc)
         gc.tell(ScanJob(self._job.job_id, self.directory, *pair, self.ref.pin()))
 
-    def _abandon_job(self) -> None:
+    def _abandon_job(self, retry_s: float | None = None) -> None:
         self.store.abandon_combine()
         self._job = None
         self.counters["gc_jobs_abandoned"] += 1
-        self._gc_not_before = time.monotonic() + self.gc_retry_s
+        self._gc_not_before = time.monotonic() + (
+            self.gc_retry_s if retry_s is None else retry_s)
 
 
 @dataclass

@@ -263,3 +263,27 @@ def test_a_request_meant_for_an_older_store_incarnation_is_dropped_and_counted(n
     subprocess.run([sys.executable, "-c", sender], cwd=ROOT, check=True, timeout=60)
     wait_for(lambda: current.stats()["dropped_stale"] == before + 1)
     assert stats(node)["clients"] == 0                    # never applied
+
+
+def test_a_reader_stopped_holding_one_file_delays_only_that_files_combines(node):
+    client = StoreClient(node.store())
+    for n in range(1000):
+        client.write(msg_id(n), body(n, 1000))
+    client.settle()
+    directory = os.path.join(node.data_dir, "msg_store_persistent")
+    holder = subprocess.Popen([sys.executable, "-m", "tests.store.reader_child", "hold",
+                               directory, "0", "stop"], cwd=ROOT, stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        client.remove([msg_id(n) for n in range(1000) if n % 4])
+        client.settle()
+        wait_for(lambda: stats(node)["gc_runs"] >= 3, timeout=30)
+        assert os.path.exists(os.path.join(directory, "0.rdq"))     # the held one waits
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.send_signal(signal.SIGCONT)
+        holder.wait()
+        holder.stdout.close()
+    assert all(client.read(msg_id(n)) == body(n, 1000) for n in range(0, 1000, 4))
+    client.terminate()
