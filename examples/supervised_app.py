@@ -6,6 +6,9 @@ A ticket counter and a greeter run as processes under a one_for_one supervisor i
 Warren node. The counter is killed with SIGKILL; the supervisor restarts it (a new process,
 the same address, so the ref the application holds still works) and the greeter is left
 alone. Then the whole node stops, children in reverse order.
+
+With ``--serve`` the node then stays up as a service would, until SIGTERM, SIGINT (Ctrl-C)
+or SIGHUP, and stops in order (``Node.run_until_signalled``).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from warren.actors import ProcessActor  # noqa: E402  (the path above makes a source checkout work)
+from warren.actors import ProcessActor, UnhandledMessage  # noqa: E402  (the path above makes a source checkout work)
 from warren.supervisor import ChildSpec, Node  # noqa: E402
 
 
@@ -34,7 +37,7 @@ class TicketCounter(ProcessActor):
             return ticket
         if message == "pid":
             return os.getpid()
-        raise ValueError(f"unknown request {message!r}")
+        raise UnhandledMessage(f"unknown request {message!r}")
 
 
 class Greeter(ProcessActor):
@@ -73,6 +76,12 @@ def main() -> None:
             print("the same ref reaches it; its count started over:", counter.ask("ticket"))
             print(f"the greeter was left alone: pid {greeter.ask('pid')} "
                   f"(was {greeter_pid})")
+            if "--serve" in sys.argv:
+                print(f"serving until a signal: kill -TERM {os.getpid()}, or Ctrl-C",
+                      flush=True)
+                signum = node.run_until_signalled()
+                print("stopped in order on", signal.Signals(signum).name if signum else
+                      "the root supervisor's failure")
         print("node stopped: every process of the tree has exited")
 
 
