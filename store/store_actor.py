@@ -132,6 +132,7 @@ class MessageStoreActor(ProcessActor):
         self._dying: set[bytes] = set()
         self._ignored_unwritten: list[tuple[bytes, int, bytes]] = []   # dying clients' writes
         self._gc_watched: tuple[str, int] | None = None                # (address, incarnation)
+        self._gc_ref: ActorRef | None = None                           # whereis(gc_name), cached
         self._job: _Job | None = None
         self._job_ids = itertools.count(1)
         self._gc_not_before = 0.0
@@ -334,6 +335,8 @@ class MessageStoreActor(ProcessActor):
             self._abandon_job()
 
     def _down(self, message: Down) -> None:
+        if (message.ref.address, message.ref.incarnation) == self._gc_watched:
+            self._gc_ref = None                # its restart is found at the next combine
         if self._job is not None and (message.ref.address,
                                       message.ref.incarnation) == self._gc_watched:
             log.warning("%s: the GC died mid-combine (%s); abandoning the job",
@@ -389,15 +392,12 @@ class MessageStoreActor(ProcessActor):
     def _collect_garbage(self) -> None:
         if self._job is not None or time.monotonic() < self._gc_not_before:
             return
-        try:
-            gc = self.whereis(self.gc_name)
-        except ActorError as exc:           # the node is busy or going: try at the next tick
-            log.info("%s: no GC this time: %s", self.directory, exc)
-            return
-        if gc is None:
-            return
         pair = self.store.choose_combine()
         if pair is None:
+            return
+        gc = self._gc()
+        if gc is None:
+            self.store.abandon_combine()
             return
         self._job = _Job(next(self._job_ids), *pair, gc)
         self.counters["gc_jobs"] += 1
@@ -405,6 +405,16 @@ class MessageStoreActor(ProcessActor):
             self._gc_watched = (gc.address, gc.incarnation)
             self.monitor(gc)
         gc.tell(ScanJob(self._job.job_id, self.directory, *pair, self.ref.pin()))
+
+    def _gc(self) -> ActorRef | None:
+        """The GC actor's ref, asked of the node only when a combine is due and the last
+        one known has died (a dead node's service must not be waited on every tick)."""
+        if self._gc_ref is None:
+            try:
+                self._gc_ref = self.whereis(self.gc_name)
+            except ActorError as exc:       # the node is busy or going: try at the next tick
+                log.info("%s: no GC this time: %s", self.directory, exc)
+        return self._gc_ref
 
     def _abandon_job(self, retry_s: float | None = None) -> None:
         self.store.abandon_combine()

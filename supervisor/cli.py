@@ -165,18 +165,16 @@ _OPTION_KEYS = {key for keys in _CONFIG_KEYS.values() for key in keys.values()}
 
 def _node(args: argparse.Namespace) -> int:
     import signal
-    import threading
 
     from warren.supervisor.errors import NodeLocked
-    from warren.supervisor.node import Node
+    from warren.supervisor.node import STOP_SIGNALS, Node
 
     settings = node_settings(args)
     logging.basicConfig(level=settings["log_level"],
                         format="%(asctime)s %(levelname)s node[%(process)d] %(name)s: "
                                "%(message)s")
-    stop = threading.Event()
-    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(signum, lambda *_: stop.set())
+    # A stop signal that arrives while the tree starts waits for the node's handler.
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     try:
         node = Node(settings.pop("data_dir"), **settings)
     except NodeLocked as exc:
@@ -187,10 +185,8 @@ def _node(args: argparse.Namespace) -> int:
         return EXIT_START_FAILED
     with node:
         print(format_status(node.status()), flush=True)
-        while not stop.wait(0.2):
-            if node.failed.is_set():
-                return EXIT_NODE_FAILED
-    return EXIT_OK
+        node.run_until_signalled(STOP_SIGNALS)
+    return EXIT_NODE_FAILED if node.failed.is_set() else EXIT_OK
 
 
 def _status(args: argparse.Namespace) -> int:
