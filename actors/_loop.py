@@ -149,7 +149,9 @@ class ActorLoop:
     def __init__(self, order: SpawnOrder) -> None:
         self._order = order
         self._runtime = runtime()
-        self._node = NodeClient(order.node)
+        # A node request that waits when the actor is told to stop is given up (the node
+        # may be dead: its forkserver asks every actor to stop then).
+        self._node = NodeClient(order.node, abandon=lambda: self._stopping)
         self._encoder = Encoder()
         self._decoder = Decoder()
         self._thread_id = threading.get_ident()
@@ -505,7 +507,9 @@ class ActorLoop:
 
     def _run_timers(self) -> None:
         now = time.monotonic()
-        while self._timers and self._timers[0][0] <= now:
+        # A stop (a signal) during one timer ends the pass: the next due timer may be one
+        # that waits on the node, which may be what is gone.
+        while self._timers and self._timers[0][0] <= now and not self._stopping:
             _due, _id, callback = heapq.heappop(self._timers)
             self._guard(callback)
 

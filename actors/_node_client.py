@@ -7,10 +7,16 @@ an actor process sends one of them once, when it has started (or failed to).
 
 In the node's own process ``node_for`` returns the ``Node`` object itself, so a ref's
 ``stop`` is a direct call there and a request here.
+
+Race: the node may be gone (killed) while an actor process asks it something; its
+forkserver then asks every actor to stop. An actor's client is given ``abandon`` (true
+once the actor is stopping): a request waiting for an answer gives up at once with
+``ActorDeadError`` instead of holding the actor's stop for the whole request timeout.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from warren.actors import _wire
@@ -29,15 +35,16 @@ _REQUEST_TIMEOUT_S = 10.0
 class NodeClient:
     """Requests to a node service from outside the node's process."""
 
-    def __init__(self, endpoint: str) -> None:
+    def __init__(self, endpoint: str, abandon: Callable[[], bool] | None = None) -> None:
         self.endpoint = endpoint
+        self._abandon = abandon
 
     def _request(self, kind: int, body: Any, timeout: float = _REQUEST_TIMEOUT_S) -> Any:
         rt = runtime()
         channel = rt.channel(self.endpoint)
         request_id = next(rt.request_ids)
         frames = channel.encoder.encode([kind, request_id, body])
-        return channel.request(frames, request_id, timeout, None)
+        return channel.request(frames, request_id, timeout, None, self._abandon)
 
     def _notify(self, kind: int, body: Any) -> None:
         channel = runtime().channel(self.endpoint)

@@ -29,7 +29,7 @@ import itertools
 import os
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
 import zmq
@@ -134,20 +134,24 @@ class Channel:
             self.socket.send_multipart(frames, zmq.NOBLOCK, copy=False)
 
     def request(self, frames: list[Any], request_id: int, timeout: float | None,
-                target: ActorRef | None) -> Any:
+                target: ActorRef | None, abandon: Callable[[], bool] | None = None) -> Any:
         """Send a request and wait for its reply (see ``wait``)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self.lock:
             self._send_locked(frames, timeout)
-        return self.wait(request_id, deadline, target)
+        return self.wait(request_id, deadline, target, abandon)
 
     def expect(self, request_id: int) -> None:
         """Keep the reply to ``request_id`` when another caller receives it first."""
         with self.lock:
             self._awaited.add(request_id)
 
-    def wait(self, request_id: int, deadline: float | None, target: ActorRef | None) -> Any:
-        """Return the reply's value, raise the remote error, ActorDeadError or AskTimeout."""
+    def wait(self, request_id: int, deadline: float | None, target: ActorRef | None,
+             abandon: Callable[[], bool] | None = None) -> Any:
+        """Return the reply's value, raise the remote error, ActorDeadError or AskTimeout.
+
+        ``abandon``, checked as often as ``target``'s death, ends the wait early with
+        ActorDeadError when it returns true."""
         runtime = self._runtime
         while True:
             with self.lock:
@@ -178,6 +182,10 @@ class Channel:
                     self._awaited.discard(request_id)
                 raise ActorDeadError(f"{target.name} (incarnation {target.incarnation}) "
                                      f"is dead")
+            if abandon is not None and abandon():
+                with self.lock:
+                    self._awaited.discard(request_id)
+                raise ActorDeadError(f"the request to {self.endpoint} was abandoned")
 
     def _receive_reply(self, request_id: int, wait_ms: int) -> tuple[int, Any] | None:
         """Receive replies for up to ``wait_ms``; return the one for ``request_id``.
