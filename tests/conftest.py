@@ -1,26 +1,40 @@
 """Suite-wide guards: every test stops every process it starts.
 
 The check runs after each test: any descendant of the test process that appeared during
-the test, and any Warren process (titled ``warren: ...``) that appeared during it even if
-orphaned since (a forkserver whose node was killed is re-parented away from us), still
-alive a few seconds later fails the test, and is killed so that one leak does not
-cascade into the tests after it.
+the test, and any Warren process (titled ``warren: ...``) of this test run that appeared
+during it even if orphaned since (a forkserver whose node was killed is re-parented away
+from us), still alive a few seconds later fails the test, and is killed so that one leak
+does not cascade into the tests after it. "Of this test run": its environment carries
+this run's ``RUN_MARKER`` (every process the suite starts inherits it), so the Warren
+processes of other programs and other test runs on the machine are never judged or killed.
 """
 
+import os
 import time
+import uuid
 
 import psutil
 import pytest
 
 GRACE_SECONDS = 5.0
+RUN_MARKER = "WARREN_TEST_RUN"
+os.environ[RUN_MARKER] = uuid.uuid4().hex
+
+
+def _ours(process: psutil.Process) -> bool:
+    try:
+        return process.environ().get(RUN_MARKER) == os.environ[RUN_MARKER]
+    except psutil.Error:
+        return False                     # gone, or not ours to read
 
 
 def _watched() -> dict[int, psutil.Process]:
     found = {p.pid: p for p in psutil.Process().children(recursive=True)}
     for process in psutil.process_iter(["cmdline"]):
         cmdline = process.info["cmdline"] or []
-        if cmdline and cmdline[0].startswith("warren: "):
-            found.setdefault(process.pid, process)
+        if (cmdline and cmdline[0].startswith("warren: ") and process.pid not in found
+                and _ours(process)):
+            found[process.pid] = process
     return found
 
 
