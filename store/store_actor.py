@@ -73,6 +73,7 @@ this code.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import logging
 import os
@@ -201,7 +202,7 @@ class MessageStoreActor(ProcessActor):
                                    f"seq {message.first_seq}: not whole records in .rdq "
                                    f"layout, or removes out of place; nothing of it applied")
         reply = self.defer_reply()        # before any write: a batch sent by tell is refused
-        client, seq, write = message.client_ref, message.first_seq, self.store.write
+        client, seq, write = message.client_ref, message.first_seq, self.store.write_record
         dying = client in self._dying
         removes = list(reversed(message.removes))      # pop() takes them in order
         for position in range(len(parsed) + 1):
@@ -215,7 +216,7 @@ class MessageStoreActor(ProcessActor):
             if dying and not self.store.contains(msg_id):
                 self._ignored_unwritten.append((client, seq, msg_id))
             else:
-                write(msg_id, records[start + HEADER_BYTES:end - 1], (client, seq, msg_id))
+                write(msg_id, records[start:end], (client, seq, msg_id))
             seq += 1
         self.counters["batches"] += 1
         self._waiting.append((reply, client, message.first_seq, seq - 1, time.monotonic()))
@@ -362,12 +363,16 @@ class MessageStoreActor(ProcessActor):
     def _settle(self) -> None:
         """One sync for everything written; answer every waiting batch."""
         result = self.store.sync()
-        places: dict[tuple[bytes, int], tuple[int, int, int, int]] = {}
-        location = self.store.location
-        for client, seq, msg_id in result.durable:
-            place = location(msg_id)
-            if place is not None and place.file != PENDING_FILE:
-                places[client, seq] = (seq, place.file, place.offset, place.total_size)
+        # Each client's durable writes, in seq order, with where each record lies.
+        durable: dict[bytes, list[tuple[int, int, int, int]]] = {}
+        for (client, seq, _), place in zip(result.durable, self.store.places(
+                [msg_id for _, _, msg_id in result.durable])):
+            if place is not None:
+                durable.setdefault(client, []).append((seq, *place))
+        seqs: dict[bytes, list[int]] = {}
+        for client, entries in durable.items():
+            entries.sort()
+            seqs[client] = [entry[0] for entry in entries]
         ignored = {(client, seq) for client, seq, _ in result.ignored}
         ignored.update((client, seq) for client, seq, _ in self._ignored_unwritten)
         self._ignored_unwritten = []
@@ -375,10 +380,13 @@ class MessageStoreActor(ProcessActor):
         now = time.monotonic()
         longest = self.counters["longest_confirm_wait_ms"]
         for reply, client, first, last, arrived in self._waiting:
-            seqs = range(first, last + 1)
-            reply.send(Settled(client, last, [s for s in seqs if (client, s) in ignored],
-                               [places[client, s] for s in seqs if (client, s) in places],
-                               [s for s in seqs if (client, s) in failed] if failed else []))
+            batch = range(first, last + 1)
+            client_seqs = seqs.get(client, ())
+            locations = durable.get(client, [])[bisect.bisect_left(client_seqs, first):
+                                                bisect.bisect_right(client_seqs, last)]
+            reply.send(Settled(
+                client, last, [s for s in batch if (client, s) in ignored] if ignored else [],
+                locations, [s for s in batch if (client, s) in failed] if failed else []))
             longest = max(longest, (now - arrived) * 1000)
         self.counters["longest_confirm_wait_ms"] = longest
         self._waiting = []
