@@ -2,6 +2,7 @@
 
 import os
 import signal
+import threading
 import time
 
 import psutil
@@ -198,3 +199,25 @@ def test_hung_children_do_not_get_their_healthy_siblings_killed(actor_node):
         after = pids(supervisor)
         assert all(after[f"w{n}"] == before[f"w{n}"] for n in range(4, 8))
         assert [c["restarts"] for c in supervisor.which_children()] == [1] * 4 + [0] * 4
+
+
+def test_a_child_that_stops_on_its_own_signal_while_its_tree_stops_is_not_restarted(
+        actor_node, tmp_path):
+    """systemd signals every process of a node at once: children stop on their own while
+    the tree's stop is still working through the others, and none may come back."""
+    journal = tmp_path / "journal"
+    spec = SupervisorSpec("root", SupervisorFlags("one_for_one", intensity=5, period_s=10),
+                          children=(
+        SupervisorSpec("inner", SupervisorFlags("one_for_one", intensity=5, period_s=10),
+                       children=(ChildSpec("early", Worker, ("early", str(journal))),)),
+        ChildSpec("slow", Worker, ("slow", str(journal), 3.0))))   # stopped first, slowly
+    root = Supervisor(actor_node, spec).start()
+    early = actor_node.whereis("early").pid
+    stopping = threading.Thread(target=root.stop)
+    stopping.start()
+    try:
+        wait_for(lambda: journal.exists() and "slow" in journal.read_text())
+        os.kill(early, signal.SIGTERM)
+    finally:
+        stopping.join()
+    assert journal.read_text().split() == ["slow", "early"]
