@@ -10,7 +10,9 @@ collector never walks the index.
 
 Layout, low bits first::
 
-    ref_count  20 bits   up to 1,048,575 references (fan-out to that many queues)
+    ref_count  19 bits   up to 524,287 references (fan-out to that many queues)
+    adoptable   1 bit    recovered by a dirty start without reference counts and not
+                         written or removed since: the next write adopts the record
     total_size 36 bits   a record of up to 64 GiB
     offset     36 bits   an offset of up to 64 GiB inside one file
     file       28 bits   file numbers up to 268 million; the top value means "pending"
@@ -30,7 +32,8 @@ SIZE_BITS = 36
 OFFSET_BITS = 36
 FILE_BITS = 28
 
-REF_MASK = (1 << REF_BITS) - 1
+REF_MASK = (1 << (REF_BITS - 1)) - 1
+ADOPTABLE = 1 << (REF_BITS - 1)        # inside the ref field, above any count
 SIZE_SHIFT = REF_BITS
 SIZE_MASK = (1 << SIZE_BITS) - 1
 OFFSET_SHIFT = SIZE_SHIFT + SIZE_BITS

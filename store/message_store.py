@@ -147,6 +147,7 @@ _FILE_SHIFT, _PENDING_FILE = idx.FILE_SHIFT, idx.PENDING_FILE
 _SIZE_SHIFT, _SIZE_MASK = idx.SIZE_SHIFT, idx.SIZE_MASK
 _OFFSET_SHIFT, _OFFSET_MASK = idx.OFFSET_SHIFT, idx.OFFSET_MASK
 _LOCATION_CLEAR = idx.LOCATION_CLEAR
+_ADOPTABLE = idx.ADOPTABLE
 _PENDING_ONE_REF = (idx.PENDING_FILE << idx.FILE_SHIFT) | 1
 _pack_header = HEADER.pack
 _key = int.from_bytes            # a 16-byte id as an int: 48 bytes of memory, not 64
@@ -228,9 +229,6 @@ class MessageStore(Recovery, FileChanges, Combining):
         self._unsynced_files: set[int] = set()       # rolled over, never fdatasync'd
         self._lock_table: LockTableOwner | None = None
         self._removals: RemovalLog | None = None
-        # Ids recovered by a dirty start without reference counts: the first write of one
-        # is taken as the re-send of the write that stored it (see "Recovery").
-        self._adoptable: set[int] = set()
         self._clients: set[bytes] = set()
         self._damaged: list[dict[str, int]] = []
         self._broken: BaseException | None = None
@@ -301,8 +299,10 @@ class MessageStore(Recovery, FileChanges, Combining):
                 if pending >= self._write_buffer_bytes:
                     self._flush()
                 return ticket
-            if self._adoptable and key in self._adoptable:
-                self._adoptable.discard(key)          # the re-send of a recovered write
+            if value & _ADOPTABLE:                    # the re-send of a recovered write
+                index[key] = value ^ _ADOPTABLE
+                if self._moves is not None and key in self._moves:
+                    self._moves[key] ^= _ADOPTABLE
                 self.counters["writes_adopted"] += 1
                 self._unsynced_tickets.append(ticket)
                 return ticket
@@ -327,8 +327,6 @@ class MessageStore(Recovery, FileChanges, Combining):
             self.counters["removes_unknown"] += 1
             return False
         self.counters["removes"] += 1
-        if self._adoptable:
-            self._adoptable.discard(key)
         try:
             moves = self._moves
             if value & idx.REF_MASK > 1:

@@ -148,7 +148,9 @@ class Recovery:
                 log.warning("%s: truncating a torn tail of %d bytes", path,
                             found.size - found.end_of_records)
                 sizes[file] = found.end_of_records
-            base = 1 | (file << idx.FILE_SHIFT)
+            # Without a source of counts each record counts once, and is adoptable: see
+            # "Recovery" in warren.store.message_store.
+            base = 1 | (file << idx.FILE_SHIFT) | (idx.ADOPTABLE if ref_counts is None else 0)
             index.update(zip(map(_key, found.msg_ids), [
                 base | (offset << idx.OFFSET_SHIFT) | (size << idx.SIZE_SHIFT)
                 for offset, size in zip(found.offsets, found.total_sizes)]))
@@ -160,7 +162,6 @@ class Recovery:
             removed = self._drop_removed(index, found_bytes)
             if removed:
                 records -= removed
-            self._adoptable = set(index)
         if ref_counts is None and len(index) == records:
             valid = found_bytes                   # no id twice: every record found is live
         else:

@@ -29,6 +29,7 @@ import zlib
 from array import array
 from dataclasses import dataclass
 
+from .index import ADOPTABLE
 from .records import data_file_name
 
 INDEX_FILE = "index.snapshot"
@@ -41,6 +42,7 @@ _PREAMBLE = struct.Struct("<8sIQI")
 _MAGIC = {INDEX_FILE: b"WRNINDEX", SUMMARY_FILE: b"WRNSUMRY", MARKER_FILE: b"WRNCLEAN"}
 _SUMMARY_ENTRY = struct.Struct("<QQQ")
 _LOW_WORD = (1 << 64) - 1
+_LOW_WORD_NOT_ADOPTABLE = _LOW_WORD & ~ADOPTABLE
 
 
 class SnapshotInvalid(Exception):
@@ -73,7 +75,8 @@ def _encode_index(index: dict[int, int]) -> bytes:
     values = index.values()
     return b"".join((struct.pack("<Q", len(index)),
                      b"".join(key.to_bytes(16, "big") for key in index),
-                     _little_endian_words(v & _LOW_WORD for v in values),
+                     # An adoption window never outlives the process that opened it.
+                     _little_endian_words(v & _LOW_WORD_NOT_ADOPTABLE for v in values),
                      _little_endian_words(v >> 64 for v in values)))
 
 
