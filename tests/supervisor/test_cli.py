@@ -14,6 +14,7 @@ from warren.supervisor.cli import UsageError, build_parser, format_status, node_
 from warren.supervisor.tables import Column, format_table
 
 from ..waiting import wait_for
+from .test_node import warren_node
 
 ROOT = Path(__file__).resolve().parents[2]
 WARREN = [sys.executable, "-m", "warren.supervisor.cli"]
@@ -90,9 +91,7 @@ def test_a_node_started_from_a_config_file_raises_the_disk_alarm_it_sets(tmp_pat
     config = tmp_path / "warren.toml"
     config.write_text(f'[node]\ndata_dir = "{data}"\n'
                       f'[alarms]\ndisk_free_limit = "1000000TB"\ncheck_interval_s = 0.1\n')
-    node = subprocess.Popen([*WARREN, "node", "--config", str(config)], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
+    with warren_node(str(data), "--config", str(config)) as node:
         assert node.stdout.readline().startswith("node warren")
 
         def alarms_shown():
@@ -101,12 +100,6 @@ def test_a_node_started_from_a_config_file_raises_the_disk_alarm_it_sets(tmp_pat
         wait_for(alarms_shown)
         node.send_signal(signal.SIGTERM)
         assert node.wait(timeout=60) == 0
-    finally:
-        if node.poll() is None:
-            node.kill()
-            node.wait()
-        node.stdout.close()
-        node.stderr.close()
 
 
 def test_inspect_of_a_directory_that_is_not_a_store_exits_2_without_a_traceback(tmp_path):

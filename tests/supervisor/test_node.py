@@ -52,9 +52,10 @@ def test_status_shows_the_tree_with_pids_restarts_memory_and_alarms(tmp_path):
 
 
 @contextlib.contextmanager
-def warren_node(data: str):
-    """``warren node --data-dir DATA`` as a process, killed at the end if still running."""
-    node = subprocess.Popen([*WARREN, "node", "--data-dir", data], cwd=ROOT,
+def warren_node(data: str, *options: str):
+    """``warren node --data-dir DATA [OPTIONS]`` as a process, killed at the end if still
+    running."""
+    node = subprocess.Popen([*WARREN, "node", "--data-dir", data, *options], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         yield node
