@@ -11,9 +11,9 @@ of records) when it holds ``batch_messages`` records, ``batch_bytes`` bytes, or 
 ``flush()``. In flight at most ``max_in_flight`` messages and ``max_in_flight_bytes``
 bytes (4000 and 32 MiB, RabbitMQ's credit), and ``MAX_IN_FLIGHT_REQUESTS`` unanswered
 requests (tiny batches: a client's socket queues only so many answers, and the store drops
-one that finds it full); past them ``flush`` waits for the oldest batch to be settled, so
-a client that outruns the store is slowed, never dropped: the credit comes back one batch
-(``batch_messages``, 800) at a time.
+one that finds it full); ``flush`` waits for the oldest batches to be settled until the
+next batch fits, so a client that outruns the store is slowed, never dropped: the credit
+comes back one batch (``batch_messages``, 800) at a time.
 
 Confirms. Each batch's answer is a ``Settled``: every write up to its last sequence
 number is on disk, except the ignored ones (written and removed again before reaching

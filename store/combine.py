@@ -2,18 +2,18 @@
 
 The three steps, and who runs them:
 
-1. plan (the store): pick ``Dst`` and its right neighbour ``Src`` (both non-current, not
-   locked, their valid data fits in one file), lock both, and list the valid records of
-   each as (msg_id, offset, total_size) in offset order. See ``MessageStore.plan_combine``.
+1. plan (the store, ``warren.store.combining``): pick ``Dst`` and its right neighbour
+   ``Src`` (both non-current, not locked, their valid data fits in one file), lock both,
+   and stage the valid records of each, (msg_id, offset, total_size) in offset order,
+   from a scan (the GC process scans in a node) checked against the index.
 2. rewrite (``rewrite_combine`` below; the GC process in a node): copy Dst's valid
    records, then Src's, into ``Dst.rdt``, validating every record it copies, and
-   fdatasync it. It reads only files that no longer change (neither is current) and
-   writes only the temporary file, so it never touches a byte the index can point at and
-   the store keeps serving reads, writes and removes meanwhile.
-3. apply (the store): for each record, move its index entry only if the entry still
-   points at the old place (it may have been removed, or removed and written again
-   elsewhere, during the copy: compare and swap); recompute Dst's summary; rename
-   ``Dst.rdt`` over ``Dst.rdq``; fsync the directory; delete ``Src.rdq``; fsync again.
+   fdatasync it, a megabyte at a time. It reads only files that no longer change (neither
+   is current) and writes only the temporary file, so it never touches a byte the index
+   can point at and the store keeps serving reads, writes and removes meanwhile.
+3. apply (the store): in one step, the staged index values (kept right through removes
+   and new references during the copy) replace the old ones, ``Dst.rdt`` is renamed over
+   ``Dst.rdq``, the directory fsynced, ``Src.rdq`` deleted, the directory fsynced again.
 
 Crash at any point and nothing live is lost: before the rename the old files are intact
 and the start deletes the stray ``.rdt``; after the rename Dst holds a copy of everything
