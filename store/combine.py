@@ -49,10 +49,6 @@ class CombinePlan:
     dst_records: tuple[Record, ...]
     src_records: tuple[Record, ...]
 
-    @property
-    def bytes_to_move(self) -> int:
-        return sum(r[2] for r in self.dst_records) + sum(r[2] for r in self.src_records)
-
 
 @dataclass(frozen=True)
 class RewriteResult:
