@@ -71,7 +71,8 @@ def test_a_combine_interrupted_while_switching_files_never_closes_clean(
     with pytest.raises(Interrupted):
         store.apply_combine(plan, result)
     monkeypatch.undo()
-    store.close()
+    assert store.close() is None
+    assert not any((store_dir / name).exists() for name in snapshot.FILES)
     reopen_and_check(store_dir, live)
 
 

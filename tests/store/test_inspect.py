@@ -8,7 +8,7 @@ import sys
 from warren.store import MessageStore
 from warren.store.inspect import inspect_store
 
-from .helpers import body, fill, msg_id, record
+from .helpers import fill, msg_id, record
 
 
 def fingerprint(directory) -> dict[str, str]:

@@ -3,7 +3,6 @@ deletion and GC (RabbitMQ's msg_store suite, ported)."""
 
 import os
 
-from warren.store.records import data_file_name
 
 from .helpers import body, fill, msg_id
 

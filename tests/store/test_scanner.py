@@ -11,7 +11,7 @@ import pytest
 from warren.store import scan_buffer, scan_file
 from warren.store.records import encode_record
 
-from .helpers import body, msg_id, record
+from .helpers import msg_id, record
 
 KIB = 1024
 MIB = 1024 * KIB
