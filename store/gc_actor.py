@@ -18,7 +18,9 @@ time, in mailbox order, for either store; one kept scan per store directory (a n
 ScanJob for a directory replaces its old scan). Anything else, or a job whose fields are
 malformed, raises ``UnhandledMessage``: logged and counted, never a crash.
 
-Supervised by ``gc_sup`` (one_for_one) under the node's root, first in the tree: a GC
+It runs at a lower CPU priority (``GC_NICENESS``) than the stores: on a machine of two
+cores, a combine's scan and copy would otherwise take the CPU from the store's group
+commits and its clients. Supervised by ``gc_sup`` (one_for_one) under the node's root, first in the tree: a GC
 crash restarts the GC alone, and the store whose job it was abandons that job when its
 monitor reports the GC's death.
 """
@@ -39,10 +41,18 @@ from .scanner import ScanResult, scan_file
 log = logging.getLogger("warren.store")
 
 
+# The GC's scans and copies are background work: on a small machine the store's loop and
+# its clients, not the GC, should get the CPU when they want it (niceness, 0..19).
+GC_NICENESS = 10
+
+
 class GCActor(ProcessActor):
     def __init__(self) -> None:
         # directory -> (job_id, dst, src, dst's scan, src's scan)
         self._scans: dict[str, tuple[int, int, int, ScanResult, ScanResult]] = {}
+
+    def on_start(self) -> None:
+        os.nice(GC_NICENESS)
 
     def on_receive(self, message):
         if isinstance(message, ScanJob):

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 
 from warren.actors import RemoteError
@@ -286,3 +287,8 @@ def test_a_reader_stopped_holding_one_file_delays_only_that_files_combines(node)
         holder.stdout.close()
     assert all(client.read(msg_id(n)) == body(n, 1000) for n in range(0, 1000, 4))
     client.terminate()
+
+
+def test_the_gc_process_runs_below_the_stores_priority(node):
+    gc = node.actors.whereis("msg_store_gc")
+    assert psutil.Process(gc.pid).nice() > psutil.Process(node.store().pid).nice()
