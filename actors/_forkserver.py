@@ -117,6 +117,23 @@ def set_title(title: str) -> None:
     setproctitle.setproctitle(title)
 
 
+# glibc's mallopt parameters, and the sizes this runtime sets them to (bytes).
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+LARGE_BUFFER_BYTES = 64 * 2**20
+
+
+def keep_large_buffers_on_the_heap() -> None:
+    """Let malloc serve buffers up to ``LARGE_BUFFER_BYTES`` from the heap and keep freed
+    ones for reuse. By default glibc maps every allocation above 128 KiB afresh and unmaps
+    it when freed, so each large frame an actor receives (a store's batch of records, a
+    MiB) costs a fresh mapping and a page fault per 4 KiB: measured at a fifth of a store
+    process's time. Inherited by every actor forked from here; nothing elsewhere."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None)
+        libc.mallopt(_M_MMAP_THRESHOLD, LARGE_BUFFER_BYTES)
+        libc.mallopt(_M_TRIM_THRESHOLD, 2 * LARGE_BUFFER_BYTES)
+
+
 def die_with_parent(expected_parent: int) -> bool:
     """Ask for SIGKILL when the parent exits; False if it is already gone."""
     if sys.platform.startswith("linux"):
@@ -136,6 +153,7 @@ def serve(fd: int) -> None:
     sys.path[:] = sys_path
     set_title(title)
     os.setpgid(0, 0)
+    keep_large_buffers_on_the_heap()
     for ignored in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(ignored, signal.SIG_IGN)
     # A node may be built with its stop signals blocked (so that one arriving meanwhile

@@ -2,10 +2,12 @@
 
     python -m bench store_actors [--quick]
 
-Writes: 1 and 2 writer processes, each with 1000 writes in flight, through the
-msg_store_persistent actor (batch → append → one fdatasync → confirm) at 4, 16 and 64 KiB
-(the sizes that reach the shared store), against the engine writing the same messages
-in-process with a sync every 1000. Confirm latency is per batch, from its first write to
+Writes: 1 and 2 writer processes, each with the client's default credit (4000 writes in
+flight), through the msg_store_persistent actor (batch → append → one fdatasync →
+confirm) at 4, 16 and 64 KiB (the sizes that reach the shared store), against the engine
+writing the same messages in-process with a sync every 1000; three alternating rounds,
+the fastest of each side kept (this machine's disk varies several-fold from one minute to
+the next). Confirm latency is per batch, from its first write to
 its settlement. Reads, one reader, one message per call: straight from the file through
 the lock table against asking the store actor, plus read_many through the actor.
 """
@@ -28,8 +30,11 @@ from warren.supervisor import Node
 
 from .table import Row, Stopwatch, median, percentile, render
 
-IN_FLIGHT = 1000
+IN_FLIGHT = 4000                      # the client's default credit (RabbitMQ's)
+ENGINE_SYNC_EVERY = 1000              # the in-process baseline's group commit
+ROUNDS = 3                            # alternating runs; the fastest of each side is kept
 TARGET_2_WRITERS_4K = 40_000          # confirmed msgs/s
+TARGET_RATIO_4K = 0.7                 # confirmed 4 KiB writes, of the in-process engine
 SIZES = [(4096, 40_000), (16384, 12_000), (65536, 3_000)]
 
 
@@ -39,7 +44,7 @@ def engine_rate(root: str, size: int, count: int) -> float:
     with MessageStore(directory, auto_gc=False) as store, Stopwatch() as watch:
         for n in range(count):
             store.write(os.urandom(16), body)
-            if n % IN_FLIGHT == IN_FLIGHT - 1:
+            if n % ENGINE_SYNC_EVERY == ENGINE_SYNC_EVERY - 1:
                 store.sync()
         store.sync()
     shutil.rmtree(directory)
@@ -110,10 +115,17 @@ def main(argv: list[str]) -> str:
         with Node(os.path.join(root, "node")) as node:
             for size, count in SIZES:
                 count //= scale
-                baseline = engine_rate(root, size, count)
                 label = f"{size // 1024} KiB"
+                best: dict[int, tuple[float, list[float]]] = {}
+                baseline = 0.0
+                for _ in range(ROUNDS):         # alternate, so both sides meet the same disk
+                    baseline = max(baseline, engine_rate(root, size, count))
+                    for writers in (1, 2):
+                        run = writers_run(node, writers, size, count)
+                        if writers not in best or run[0] > best[writers][0]:
+                            best[writers] = run
                 for writers in (1, 2):
-                    rate, latencies = writers_run(node, writers, size, count)
+                    rate, latencies = best[writers]
                     verdict = ""
                     if (size, writers) == (4096, 2):
                         verdict = (" MISSED" if rate < TARGET_2_WRITERS_4K else " met") + \
@@ -121,6 +133,7 @@ def main(argv: list[str]) -> str:
                     rows.append(Row(
                         f"{writers} writer{'s' if writers > 1 else ''} {label} → store → "
                         f"fsync → confirm", rate, "msgs/s", baseline,
+                        TARGET_RATIO_4K if size == 4096 else None,
                         note=f"{verdict} {rate * size / 1e6:,.0f} MB/s; confirm p50 "
                              f"{median(latencies):.1f} ms p99 {percentile(latencies, 99):.1f} ms"))
             for size in (4096, 65536):
