@@ -1,3 +1,34 @@
-"""Queues: one OS process per queue, its index, its own small-message store and the
-variable queue (alpha/beta/gamma/delta). Nothing lives here yet; the queue issue fills it.
+"""Queues: each queue's index, its own store for small messages, and the variable queue
+that moves messages between RAM and disk (alpha, beta, gamma, delta).
+
+``VariableQueue`` is the engine a queue process wraps (``warren.queues.variable_queue``
+has the design); ``QueueIndex`` and ``QueueStore`` are its files; ``walk_ref_counts``
+gives the persistent store the reference counts its dirty recovery needs.
 """
+
+from .errors import (CorruptMessage, InvalidMessage, MessageTooLarge, QueueClosed, QueueError,
+                     QueueLocked, UnknownDeliveryTag)
+from .message import Message, decode, encode
+from .queue_index import Entry, QueueIndex
+from .queue_store import QueueStore
+from .variable_queue import Delivery, MessageInfo, SharedStoreClient, VariableQueue
+
+__all__ = [
+    "CorruptMessage",
+    "Delivery",
+    "Entry",
+    "InvalidMessage",
+    "Message",
+    "MessageInfo",
+    "MessageTooLarge",
+    "QueueClosed",
+    "QueueError",
+    "QueueIndex",
+    "QueueLocked",
+    "QueueStore",
+    "SharedStoreClient",
+    "UnknownDeliveryTag",
+    "VariableQueue",
+    "decode",
+    "encode",
+]

@@ -1,7 +1,8 @@
 """The shared message store: ``.rdq`` files, index, file summary, scanner, GC, recovery.
 
 ``MessageStore`` is the in-process engine (see ``warren.store.message_store`` for the design);
-the store actors of a node wrap it. ``rewrite_combine`` is the GC's copy step, which runs
+the store actors of a node wrap it, and ``LocalStoreClient`` gives it the calls of the
+actors' ``StoreClient``. ``rewrite_combine`` is the GC's copy step, which runs
 in whatever process the caller chooses.
 """
 
@@ -18,7 +19,8 @@ from .errors import (
     WritesBlocked,
 )
 from .index import Location
-from .message_store import MessageStore, SyncResult
+from .local_client import LocalStoreClient
+from .message_store import MessageStore, Settlement, SyncResult
 from .scanner import ScanResult, scan_buffer, scan_file
 
 __all__ = [
@@ -27,10 +29,12 @@ __all__ = [
     "DiskFull",
     "InvalidBody",
     "InvalidMessageId",
+    "LocalStoreClient",
     "Location",
     "MessageStore",
     "RewriteResult",
     "ScanResult",
+    "Settlement",
     "StoreClosed",
     "StoreDirectoryError",
     "StoreError",

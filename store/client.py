@@ -74,6 +74,7 @@ from warren.actors import ActorDeadError, ActorError, ActorRef, AskTimeout
 
 from .errors import DiskFull, StoreError, StoreTimeout, WritesBlocked
 from .lock_table import TABLE_FILE, LockTableReader
+from .message_store import Settlement
 from .messages import (ClientDying, Contains, Found, Read, ReadMany, ReadsReport, Register,
                        Settled, StoreInfo, Terminate, WriteBatch)
 from .records import HEADER, check_body, check_msg_id
@@ -140,6 +141,7 @@ class StoreClient:
         self._in_flight_bytes = 0
         self._locations: dict[bytes, tuple[int, int, int]] = {}
         self._failed: list[bytes] = []                      # writes the full disk refused
+        self._failed_seqs: list[int] = []                   # the same, for ``settled``
         self.direct_reads = 0
         self.fallback_reads = 0
         self._reported = (0, 0)
@@ -220,7 +222,20 @@ class StoreClient:
             self._settle_oldest()
         if self._failed:
             failed, self._failed = self._failed, []
+            self._failed_seqs.clear()
             raise DiskFull(failed)
+
+    def settled(self, wait: bool = True) -> Settlement:
+        """Send the current batch; take in the answers already here (all of them, waiting,
+        when ``wait``); report how far the writes are settled. The queue engine's
+        asynchronous confirms: its sync calls this without waiting."""
+        self.flush()
+        while self._in_flight and (wait or _answered(self._in_flight[0][0])):
+            self._settle_oldest()
+        up_to = self._in_flight[0][1] if self._in_flight else self._next_seq - len(self._batch)
+        failed, self._failed_seqs = self._failed_seqs, []
+        self._failed.clear()
+        return Settlement(up_to, failed)
 
     def _wait_while_blocked(self) -> None:
         deadline = time.monotonic() + self.call_timeout_s
@@ -265,6 +280,7 @@ class StoreClient:
         for seq, file, offset, total_size in settled.locations:
             self._locations[msg_ids[seq - first]] = (file, offset, total_size)
         self._failed += [msg_ids[seq - first] for seq in settled.failed]
+        self._failed_seqs += settled.failed
         if self.on_settled is not None and msg_ids:
             self.on_settled(settled)
 
@@ -406,3 +422,14 @@ class StoreClient:
         messages it does not hold, and forgets it."""
         self._send(lambda store: store.tell(ClientDying(self.client_ref)))
         self._reader.close()
+
+
+def _answered(future) -> bool:
+    """True once ``future`` holds an answer or an error (``get`` then returns at once)."""
+    try:
+        future.get(timeout=0)
+    except AskTimeout:
+        return False
+    except Exception:                  # an error answer: _settle_oldest raises it
+        return True
+    return True

@@ -169,6 +169,17 @@ class SyncResult:
     failed: list[Hashable] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class Settlement:
+    """What a store client's ``settled()`` reports: every write whose sequence number is
+    below ``up_to`` is settled (on disk, or never written because it was removed first),
+    except ``failed`` ones (refused by a full disk; they hold no reference). Each failed
+    sequence number is reported once."""
+
+    up_to: int
+    failed: list[int] = field(default_factory=list)
+
+
 class MessageStore(Recovery, FileChanges, Combining):
     """A message store directory, opened and recovered. See the module docstring.
 

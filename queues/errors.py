@@ -1,0 +1,49 @@
+"""The queues' error hierarchy: everything the queue engine and its clients raise.
+
+Expected outcomes are values, not exceptions: fetching from an empty queue returns
+``None``; a record that fails its CRC during recovery is dropped, logged and counted.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CorruptMessage",
+    "InvalidMessage",
+    "MessageTooLarge",
+    "QueueClosed",
+    "QueueError",
+    "QueueLocked",
+    "UnknownDeliveryTag",
+]
+
+
+class QueueError(Exception):
+    """Base class of every error the queues raise."""
+
+
+class InvalidMessage(QueueError, ValueError):
+    """A message whose body or properties cannot be encoded (the error says which field)."""
+
+
+class MessageTooLarge(QueueError, ValueError):
+    """An encoded message (properties plus body) above the queue's ``max_message_bytes``."""
+
+
+class CorruptMessage(QueueError):
+    """A stored message failed its size or CRC check; it is never delivered."""
+
+
+class UnknownDeliveryTag(QueueError, KeyError):
+    """An ack or requeue of a seq id that is not awaiting an ack: never fetched, or
+    already acked or requeued."""
+
+    def __str__(self) -> str:                   # KeyError would quote the message
+        return str(self.args[0])
+
+
+class QueueClosed(QueueError):
+    """The queue was terminated, deleted, or broken by an earlier I/O error."""
+
+
+class QueueLocked(QueueError):
+    """Another queue object (in this or another process) has the directory open."""

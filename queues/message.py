@@ -1,0 +1,94 @@
+"""A message: its properties and body, and its one encoding (msgpack), used on disk and on
+the wire.
+
+Encoding: a msgpack array ``[1, message_id, headers, expiration_ms, timestamp_ms,
+content_type, persistent, body]`` (the leading 1 is the format version). Headers are a
+map from str to anything msgpack encodes (str, bytes, int, float, bool, None, lists and
+maps of those). Nothing else is accepted: a property that does not encode is refused
+with an ``InvalidMessage`` naming it, before anything is stored; bytes that do not decode
+into this shape raise ``CorruptMessage``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+from .errors import CorruptMessage, InvalidMessage
+
+__all__ = ["FORMAT_VERSION", "Message", "decode", "encode"]
+
+FORMAT_VERSION = 1
+_FIELDS = 8
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One message. ``expiration_ms`` is a per-message TTL (AMQP's ``expiration``),
+    ``timestamp_ms`` the publisher's clock, ``persistent`` asks for it to survive a restart
+    (in a durable queue)."""
+
+    body: bytes
+    message_id: str | None = None
+    headers: dict[str, Any] | None = None
+    expiration_ms: int | None = None
+    timestamp_ms: int | None = None
+    content_type: str | None = None
+    persistent: bool = True
+
+
+def _check(message: Message) -> None:
+    if not isinstance(message.body, (bytes, bytearray, memoryview)):
+        raise InvalidMessage(f"body must be bytes, got {type(message.body).__name__}")
+    for name, kind in (("message_id", str), ("content_type", str)):
+        value = getattr(message, name)
+        if value is not None and not isinstance(value, kind):
+            raise InvalidMessage(f"{name} must be a str or None, got {value!r}")
+    for name in ("expiration_ms", "timestamp_ms"):
+        value = getattr(message, name)
+        if value is not None and (type(value) is not int or not 0 <= value < 2**63):
+            raise InvalidMessage(f"{name} must be a non-negative int or None, got {value!r}")
+    if not isinstance(message.persistent, bool):
+        raise InvalidMessage(f"persistent must be a bool, got {message.persistent!r}")
+    headers = message.headers
+    if headers is not None:
+        if not isinstance(headers, dict):
+            raise InvalidMessage(f"headers must be a dict or None, got {type(headers).__name__}")
+        for key in headers:
+            if not isinstance(key, str):
+                raise InvalidMessage(f"header names must be str, got {key!r}")
+
+
+def encode(message: Message) -> bytes:
+    """The message's bytes; ``InvalidMessage`` if a property does not encode."""
+    _check(message)
+    try:
+        return msgpack.packb(
+            [FORMAT_VERSION, message.message_id, message.headers, message.expiration_ms,
+             message.timestamp_ms, message.content_type, message.persistent,
+             bytes(message.body)],
+            use_bin_type=True, strict_types=False)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise InvalidMessage(f"headers do not encode: {exc}") from None
+
+
+def decode(data: bytes) -> Message:
+    """The message encoded in ``data``; ``CorruptMessage`` if it is not one."""
+    try:
+        fields = msgpack.unpackb(data, raw=False, strict_map_key=True)
+    except (ValueError, TypeError, msgpack.ExtraData, msgpack.FormatError,
+            msgpack.StackError) as exc:
+        raise CorruptMessage(f"not an encoded message: {exc}") from None
+    if (type(fields) is not list or len(fields) != _FIELDS or fields[0] != FORMAT_VERSION
+            or type(fields[7]) is not bytes):
+        raise CorruptMessage("not an encoded message: wrong shape or version")
+    _, message_id, headers, expiration_ms, timestamp_ms, content_type, persistent, body = fields
+    message = Message(body, message_id, headers, expiration_ms, timestamp_ms, content_type,
+                      persistent)
+    try:
+        _check(message)
+    except InvalidMessage as exc:
+        raise CorruptMessage(f"not an encoded message: {exc}") from None
+    return message

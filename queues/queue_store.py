@@ -1,0 +1,291 @@
+"""``QueueStore``: one queue's own store for small messages (RabbitMQ's per-queue store v2).
+
+Messages below ``embed_msgs_below`` (4096 bytes, properties plus body) live here instead
+of the shared store: one queue, one writer, no reference counts. Segment ``<seg>.qs``
+holds the messages of seq ids ``seg*N .. seg*N+N-1``, as the index's ``<seg>.qi`` does.
+
+File: a 64-byte header (magic "WQST", version, entry count, first seq id, CRC-32 at 60),
+then records appended in write order::
+
+    size u32 | crc32 u32 of the data | data (the encoded message, ``size`` bytes)
+
+The index keeps each record's offset and size. A read checks both the size and the CRC:
+a record that fails never reaches a consumer (``CorruptMessage``; recovery drops it, logs
+and counts it). There is no per-message removal on disk: a segment file is deleted when
+its last live record goes (``remove``), which is when its index segment empties for every
+message the index holds.
+
+Writes are buffered (up to ``max_cache_bytes``, 512,000 as RabbitMQ's) and written with
+one pwrite per run of adjacent records; ``sync`` writes the buffer and fdatasyncs the
+files it touched. A record written and removed before the flush is never written.
+
+Races this module guards against (one thread of control; a queue process owns it):
+
+- a crash after a write but before its sync: the record may be missing, short or torn;
+  its index entry was not confirmed either, and recovery's CRC check drops it;
+- a crash after the last record of a segment was removed but before the unlink reached
+  the disk: recovery deletes segment files no index entry points into.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import struct
+import zlib
+from collections.abc import Iterable
+
+from .errors import CorruptMessage, QueueClosed
+from .queue_index import (DEFAULT_SEGMENT_ENTRY_COUNT, HEADER_BYTES, segment_files,
+                          unlink_quietly)
+
+__all__ = ["QueueStore"]
+
+log = logging.getLogger("warren.queues")
+
+STORE_SUFFIX = ".qs"
+MAGIC = b"WQST"
+VERSION = 1
+MAX_CACHE_BYTES = 512_000                 # classic_queue_store_v2_max_cache_size
+_HEADER = struct.Struct(">4sBIQ")
+_HEADER_CRC_AT = 60
+RECORD = struct.Struct(">II")
+RECORD_HEADER_BYTES = RECORD.size
+
+
+def store_header(segment: int, entry_count: int) -> bytes:
+    head = _HEADER.pack(MAGIC, VERSION, entry_count, segment * entry_count).ljust(
+        _HEADER_CRC_AT, b"\0")
+    return head + struct.pack(">I", zlib.crc32(head))
+
+
+class QueueStore:
+    """One queue's small-message segments, in ``directory`` (the queue's directory)."""
+
+    def __init__(self, directory: str | os.PathLike, *,
+                 segment_entry_count: int = DEFAULT_SEGMENT_ENTRY_COUNT,
+                 max_cache_bytes: int = MAX_CACHE_BYTES) -> None:
+        self.directory = os.fspath(directory)
+        self.segment_entry_count = segment_entry_count
+        self.max_cache_bytes = max_cache_bytes
+        os.makedirs(self.directory, exist_ok=True)
+        self._dir_fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY)
+        self._live: dict[int, int] = {}            # segment -> records not yet removed
+        self._ends: dict[int, int] = {}            # segment -> offset of its next record
+        self._buffer: dict[int, tuple[int, bytes]] = {}   # seq id -> (offset, record)
+        self._buffer_bytes = 0
+        self._write_fds: dict[int, int] = {}       # written since the last sync
+        self._read_fd: tuple[int, int] | None = None      # (segment, fd)
+        self._on_disk: set[int] = set(segment_files(self._dir_fd, STORE_SUFFIX))
+        self._directory_unsynced = False
+        self._closed = False
+
+    # ------------------------------------------------------------------ recovery
+
+    def recover(self, live: dict[int, int]) -> None:
+        """Take each segment's live record count (from the recovery terms, or counted from
+        the index by a scan); delete segment files without any."""
+        self._live = {int(s): int(c) for s, c in live.items() if int(c) > 0}
+        for segment in self._on_disk - set(self._live):
+            self._delete_file(segment)
+
+    def valid_records(self, segment: int, places: list[tuple[int, int]]) -> list[bool]:
+        """Whether a whole record with a good CRC is at each (offset, size): one read of
+        the segment file (recovery's check)."""
+        try:
+            with open(f"{segment}{STORE_SUFFIX}", "rb", opener=self._opener) as file:
+                data = file.read()
+        except FileNotFoundError:
+            return [False] * len(places)
+        if data[:HEADER_BYTES] != store_header(segment, self.segment_entry_count):
+            return [False] * len(places)
+        return [_record_at(data, offset, size) is not None for offset, size in places]
+
+    # ------------------------------------------------------------------ changes
+
+    def write(self, seq_id: int, data: bytes) -> int:
+        """Buffer ``data`` as the record of ``seq_id``; the offset the index keeps."""
+        if self._closed:
+            raise QueueClosed(f"queue store {self.directory!r} is closed")
+        segment = seq_id // self.segment_entry_count
+        offset = self._ends.get(segment)
+        if offset is None:
+            offset = HEADER_BYTES
+            if segment in self._on_disk:
+                offset = max(HEADER_BYTES, os.stat(f"{segment}{STORE_SUFFIX}",
+                                                   dir_fd=self._dir_fd).st_size)
+        record = RECORD.pack(len(data), zlib.crc32(data)) + data
+        self._ends[segment] = offset + len(record)
+        self._live[segment] = self._live.get(segment, 0) + 1
+        self._buffer[seq_id] = (offset, record)
+        self._buffer_bytes += len(record)
+        if self._buffer_bytes >= self.max_cache_bytes:
+            self.flush()
+        return offset
+
+    def remove(self, seq_ids: Iterable[int]) -> None:
+        """Forget the records (written or buffered); a segment file goes with its last."""
+        n = self.segment_entry_count
+        for seq_id in seq_ids:
+            segment = seq_id // n
+            buffered = self._buffer.pop(seq_id, None)
+            if buffered is not None:
+                self._buffer_bytes -= len(buffered[1])
+            count = self._live.get(segment, 0) - 1
+            if count > 0:
+                self._live[segment] = count
+                continue
+            self._live.pop(segment, None)
+            self._ends.pop(segment, None)
+            for other in [s for s in self._buffer if s // n == segment]:
+                self._buffer_bytes -= len(self._buffer.pop(other)[1])
+            if segment in self._on_disk:
+                self._delete_file(segment)
+
+    def flush(self) -> None:
+        if not self._buffer:
+            return
+        n = self.segment_entry_count
+        runs: dict[int, list[tuple[int, bytes]]] = {}
+        for seq_id, (offset, record) in self._buffer.items():
+            runs.setdefault(seq_id // n, []).append((offset, record))
+        for segment, records in runs.items():
+            records.sort()
+            fd = self._write_fd(segment)
+            start, chunk = records[0][0], [records[0][1]]
+            end = start + len(records[0][1])
+            for offset, record in records[1:]:
+                if offset != end:
+                    os.pwrite(fd, b"".join(chunk), start)
+                    start, chunk = offset, []
+                chunk.append(record)
+                end = offset + len(record)
+            os.pwrite(fd, b"".join(chunk), start)
+        self._buffer.clear()
+        self._buffer_bytes = 0
+
+    def _write_fd(self, segment: int) -> int:
+        fd = self._write_fds.get(segment)
+        if fd is None:
+            fd = os.open(f"{segment}{STORE_SUFFIX}", os.O_RDWR | os.O_CREAT, 0o644,
+                         dir_fd=self._dir_fd)
+            self._write_fds[segment] = fd
+            if segment not in self._on_disk:
+                os.pwrite(fd, store_header(segment, self.segment_entry_count), 0)
+                self._on_disk.add(segment)
+                self._directory_unsynced = True
+        return fd
+
+    def sync(self) -> None:
+        """Flush, then fdatasync every file written since the last sync."""
+        if self._closed:
+            raise QueueClosed(f"queue store {self.directory!r} is closed")
+        self.flush()
+        newest = max(self._write_fds, default=None)
+        for segment, fd in list(self._write_fds.items()):
+            os.fdatasync(fd)
+            if segment != newest:
+                os.close(fd)
+                del self._write_fds[segment]
+        if self._directory_unsynced:
+            os.fsync(self._dir_fd)
+            self._directory_unsynced = False
+
+    def _delete_file(self, segment: int) -> None:
+        fd = self._write_fds.pop(segment, None)
+        if fd is not None:
+            os.close(fd)
+        if self._read_fd is not None and self._read_fd[0] == segment:
+            os.close(self._read_fd[1])
+            self._read_fd = None
+        unlink_quietly(f"{segment}{STORE_SUFFIX}", self._dir_fd)
+        self._on_disk.discard(segment)
+        self._directory_unsynced = True
+
+    # ------------------------------------------------------------------ reads
+
+    def read(self, seq_id: int, offset: int, size: int) -> bytes:
+        """The data of ``seq_id``'s record; ``CorruptMessage`` if it is not intact."""
+        if self._closed:
+            raise QueueClosed(f"queue store {self.directory!r} is closed")
+        buffered = self._buffer.get(seq_id)
+        if buffered is not None:
+            return buffered[1][RECORD_HEADER_BYTES:]
+        segment = seq_id // self.segment_entry_count
+        fd = self._write_fds.get(segment)
+        if fd is None:
+            fd = self._reader(segment)
+        record = os.pread(fd, RECORD_HEADER_BYTES + size, offset) if fd is not None else b""
+        data = _record_at(record, 0, size)
+        if data is None:
+            raise CorruptMessage(
+                f"{self.directory}/{segment}{STORE_SUFFIX}: the record of seq id {seq_id} "
+                f"at offset {offset} is missing or fails its size or CRC check")
+        return data
+
+    def _reader(self, segment: int) -> int | None:
+        if self._read_fd is not None:
+            if self._read_fd[0] == segment:
+                return self._read_fd[1]
+            os.close(self._read_fd[1])
+            self._read_fd = None
+        try:
+            fd = os.open(f"{segment}{STORE_SUFFIX}", os.O_RDONLY, dir_fd=self._dir_fd)
+        except FileNotFoundError:
+            return None
+        self._read_fd = (segment, fd)
+        return fd
+
+    @property
+    def live_counts(self) -> dict[int, int]:
+        """Live records per segment (what the recovery terms save)."""
+        return dict(self._live)
+
+    # ------------------------------------------------------------------ ending
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        try:
+            self.sync()
+        finally:
+            self.abandon()
+
+    def delete(self) -> None:
+        """Delete every segment file."""
+        self._buffer.clear()
+        self._buffer_bytes = 0
+        self._live.clear()
+        self._ends.clear()
+        for segment in sorted(self._on_disk):
+            self._delete_file(segment)
+        os.fsync(self._dir_fd)
+        self._directory_unsynced = False
+
+    def abandon(self) -> None:
+        """Release every file without writing anything more, as a crash would."""
+        if self._closed:
+            return
+        self._closed = True
+        for fd in self._write_fds.values():
+            os.close(fd)
+        self._write_fds.clear()
+        if self._read_fd is not None:
+            os.close(self._read_fd[1])
+            self._read_fd = None
+        os.close(self._dir_fd)
+
+    def _opener(self, name: str, flags: int) -> int:
+        return os.open(name, flags, dir_fd=self._dir_fd)
+
+
+def _record_at(data: bytes, offset: int, size: int) -> bytes | None:
+    """The record's data if a whole record of ``size`` bytes with a good CRC is there."""
+    if offset < 0 or offset + RECORD_HEADER_BYTES + size > len(data):
+        return None
+    length, crc = RECORD.unpack_from(data, offset)
+    start = offset + RECORD_HEADER_BYTES
+    payload = data[start:start + size]
+    if length != size or zlib.crc32(payload) != crc:
+        return None
+    return payload
