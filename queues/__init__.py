@@ -12,6 +12,7 @@ from .message import Message, decode, encode
 from .queue_index import Entry, QueueIndex
 from .queue_store import QueueStore
 from .variable_queue import Delivery, MessageInfo, SharedStoreClient, VariableQueue
+from .walker import QueueRefCounts, node_ref_counts, walk_ref_counts
 
 __all__ = [
     "CorruptMessage",
@@ -25,10 +26,13 @@ __all__ = [
     "QueueError",
     "QueueIndex",
     "QueueLocked",
+    "QueueRefCounts",
     "QueueStore",
     "SharedStoreClient",
     "UnknownDeliveryTag",
     "VariableQueue",
     "decode",
     "encode",
+    "node_ref_counts",
+    "walk_ref_counts",
 ]

@@ -76,7 +76,6 @@ _CRC = struct.Struct(">I")
 _EMPTY_SLOT = bytes(SLOT_BYTES)
 _PERSISTENT = 1
 _SHARED = 2
-_NO_MSG_ID = bytes(16)
 
 
 class Entry(NamedTuple):
@@ -103,7 +102,7 @@ class RecoveredIndex(NamedTuple):
 
 def pack_entry(entry: Entry) -> bytes:
     flags = (_PERSISTENT if entry.persistent else 0) | (_SHARED if entry.shared else 0)
-    body = _SLOT.pack(1, flags, 0, entry.size, entry.expiry_ms, entry.msg_id or _NO_MSG_ID,
+    body = _SLOT.pack(1, flags, 0, entry.size, entry.expiry_ms, entry.msg_id,
                       entry.store_offset)
     return body + _CRC.pack(zlib.crc32(body))
 

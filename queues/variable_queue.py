@@ -439,7 +439,7 @@ class VariableQueue:
     def _write_index(self, status: MsgStatus) -> None:
         if status.index_on_disk:
             return
-        self._index.publish(Entry(status.seq_id, status.msg_id if status.shared else b"",
+        self._index.publish(Entry(status.seq_id, status.msg_id,
                                   status.shared, status.store_offset, status.size,
                                   status.persistent, status.expiry_ms))
         status.index_on_disk = True

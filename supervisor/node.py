@@ -16,8 +16,10 @@ A store crash restarts everything after it (its clients' state is stale; a persi
 store's crash also restarts, so empties, the transient store). The stores get minutes to
 stop and to start (``STORE_SHUTDOWN_S``, ``STORE_START_TIMEOUT_S``): writing or reading
 the recovery files of a large store takes time, and a store killed while writing them
-recovers dirty. ``ref_counts``, when given, is a picklable function the persistent store
-calls at a dirty start for its reference counts (a walker over the queue indexes).
+recovers dirty. ``ref_counts`` is a picklable function the persistent store calls at a
+dirty start for its reference counts; by default a walker over the queue indexes in
+``<data_dir>/queues/`` (``warren.queues.node_ref_counts``), which leaves the store its own
+stand-in counts when the node has no queues.
 
 It then checks the resource alarms every ``check_interval_s`` and tells every actor of
 each change (``ProcessActor.on_alarm``), and an actor (re)started while an alarm is raised
@@ -57,6 +59,7 @@ answer reports the node as not answering rather than hanging (its request has a 
 from __future__ import annotations
 
 import fcntl
+import functools
 import json
 import logging
 import os
@@ -71,6 +74,7 @@ import zmq
 from warren.actors import ActorError, ActorRef
 from warren.actors import Node as ActorNode
 
+from warren.queues.walker import node_ref_counts
 from warren.store.gc_actor import GCActor
 from warren.store.message_store import FILE_SIZE_LIMIT_BYTES
 from warren.store.messages import StoreStats
@@ -113,6 +117,8 @@ class Node:
         if not os.fspath(data_dir):
             raise InvalidSpec("data_dir", data_dir, "must name a directory")
         self.data_dir = os.path.abspath(os.fspath(data_dir))
+        if ref_counts is None:
+            ref_counts = functools.partial(node_ref_counts, self.data_dir)
         self.name = name
         self.limits = alarm_limits or AlarmLimits()
         os.makedirs(self.data_dir, exist_ok=True)

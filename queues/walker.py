@@ -1,0 +1,100 @@
+"""Reference counts for the shared store's dirty recovery, read from the queue indexes.
+
+When ``msg_store_persistent`` starts dirty, its own files cannot tell how many queues
+still hold each message; the queues' index files can. ``walk_ref_counts`` reads the
+segment files of every durable queue directory given and yields ``(msg_id, 1)`` for
+every entry that is present (unacked), persistent and in the shared store; the store
+sums them. Queue processes are not asked (they are stopped while the store recovers),
+and their locks are not taken: the files are only read.
+
+``client_refs`` holds the persistent client refs the queues' recovery terms name (the
+queues that stopped cleanly), for the store's clean-start check.
+
+A segment with a corrupt header is skipped, as the queue's own recovery will delete it;
+a torn slot is skipped; both are counted in ``skipped``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Iterable, Iterator
+
+from .queue_index import HEADER_BYTES, INDEX_SUFFIX, SLOT_BYTES, _unpack_slot, segment_files
+from .variable_queue import TERMS_FILE
+
+__all__ = ["QUEUES_DIR", "QueueRefCounts", "node_ref_counts", "walk_ref_counts"]
+
+log = logging.getLogger("warren.queues")
+
+QUEUES_DIR = "queues"          # a node's queue directories live in <data_dir>/queues/
+
+
+class QueueRefCounts:
+    """An iterable of (msg_id, count) over the queue directories, and their clean refs."""
+
+    def __init__(self, queue_directories: Iterable[str | os.PathLike]) -> None:
+        self.directories = [os.fspath(d) for d in queue_directories]
+        self.client_refs = frozenset(filter(None, map(_persistent_ref, self.directories)))
+        self.skipped = 0
+
+    def __iter__(self) -> Iterator[tuple[bytes, int]]:
+        for directory in self.directories:
+            yield from self._walk(directory)
+
+    def _walk(self, directory: str) -> Iterator[tuple[bytes, int]]:
+        try:
+            dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+        except FileNotFoundError:
+            return
+        try:
+            for segment in segment_files(dir_fd, INDEX_SUFFIX):
+                with open(f"{segment}{INDEX_SUFFIX}", "rb",
+                          opener=lambda name, flags: os.open(name, flags, dir_fd=dir_fd)) as f:
+                    data = f.read()
+                header = data[:HEADER_BYTES]
+                if len(header) < HEADER_BYTES or header[:4] != b"WQIX":
+                    self.skipped += 1
+                    continue
+                count = int.from_bytes(header[5:9], "big")
+                first = segment * count
+                for at in range(HEADER_BYTES, len(data) - SLOT_BYTES + 1, SLOT_BYTES):
+                    if data[at] == 0:
+                        continue
+                    try:
+                        entry = _unpack_slot(first + (at - HEADER_BYTES) // SLOT_BYTES,
+                                             data[at:at + SLOT_BYTES])
+                    except ValueError:
+                        self.skipped += 1
+                        continue
+                    if entry.persistent and entry.shared:
+                        yield entry.msg_id, 1
+        finally:
+            os.close(dir_fd)
+
+
+def walk_ref_counts(queue_directories: Iterable[str | os.PathLike]) -> QueueRefCounts:
+    """(msg_id, count) for every persistent, unacked, shared-store entry of the queues in
+    ``queue_directories``; ``.client_refs`` names the refs of the queues' clean stops."""
+    return QueueRefCounts(queue_directories)
+
+
+def node_ref_counts(data_dir: str) -> QueueRefCounts | None:
+    """The walk over a node's queue directories, or None when the node has no queues (its
+    store is then used directly, and recovers with its own stand-in counts)."""
+    root = os.path.join(data_dir, QUEUES_DIR)
+    try:
+        names = sorted(os.listdir(root))
+    except FileNotFoundError:
+        return None
+    directories = [os.path.join(root, n) for n in names if os.path.isdir(os.path.join(root, n))]
+    return walk_ref_counts(directories) if directories else None
+
+
+def _persistent_ref(directory: str) -> bytes | None:
+    try:
+        with open(os.path.join(directory, TERMS_FILE), "rb") as file:
+            return bytes.fromhex(json.loads(file.read())["persistent_ref"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
