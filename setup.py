@@ -43,7 +43,7 @@ setup(
         "setproctitle>=1.3,<2",
     ],
     extras_require={
-        "test": ["pytest>=7.4,<10", "pytest-timeout>=2.2,<3"],
+        "test": ["hypothesis>=6.100,<7", "pytest>=7.4,<10", "pytest-timeout>=2.2,<3"],
     },
     entry_points={"console_scripts": ["warren=warren.supervisor.cli:main"]},
 )

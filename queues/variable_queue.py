@@ -625,7 +625,7 @@ class VariableQueue:
 
     def _requeue_one(self, status: MsgStatus) -> None:
         seq_id, delta = status.seq_id, self.delta
-        if self.lazy or (not delta.is_empty() and seq_id >= delta.start):
+        if not delta.is_empty() and seq_id >= delta.start:
             self._to_delta(status)
         elif self.q3 and seq_id > self.q3[0].seq_id:
             self._to_beta(status)
