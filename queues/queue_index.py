@@ -100,10 +100,11 @@ class RecoveredIndex(NamedTuple):
     bad_segments: int                # files with a corrupt header, deleted
 
 
-def pack_entry(entry: Entry) -> bytes:
-    flags = (_PERSISTENT if entry.persistent else 0) | (_SHARED if entry.shared else 0)
-    body = _SLOT.pack(1, flags, 0, entry.size, entry.expiry_ms, entry.msg_id,
-                      entry.store_offset)
+def pack_slot(msg_id: bytes, shared: bool, store_offset: int, size: int, persistent: bool,
+              expiry_ms: int) -> bytes:
+    """The 48 bytes of an entry's slot."""
+    body = _SLOT.pack(1, (_PERSISTENT if persistent else 0) | (_SHARED if shared else 0), 0,
+                      size, expiry_ms, msg_id, store_offset)
     return body + _CRC.pack(zlib.crc32(body))
 
 
@@ -264,12 +265,19 @@ class QueueIndex:
 
     def publish(self, entry: Entry) -> None:
         """Add ``entry`` (buffered until the next flush)."""
+        self.publish_slot(entry.seq_id, pack_slot(entry.msg_id, entry.shared, entry.store_offset,
+                                                  entry.size, entry.persistent, entry.expiry_ms))
+
+    def publish_slot(self, seq_id: int, slot: bytes) -> None:
+        """``publish`` of an entry already packed (``pack_slot``): the queue's hot path."""
         if self._closed:
             raise QueueClosed(f"queue index {self.directory!r} is closed")
-        segment = entry.seq_id // self.segment_entry_count
-        self._segments[segment] = self._segments.get(segment, 0) + 1
-        self._buffer[entry.seq_id] = pack_entry(entry)
-        if len(self._buffer) >= self.segment_entry_count:
+        segment = seq_id // self.segment_entry_count
+        segments = self._segments
+        segments[segment] = segments.get(segment, 0) + 1
+        buffer = self._buffer
+        buffer[seq_id] = slot
+        if len(buffer) >= self.segment_entry_count:
             self.flush()
 
     def ack(self, seq_ids: Iterable[int]) -> list[int]:

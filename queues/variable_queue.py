@@ -81,7 +81,7 @@ from warren.store import Settlement
 
 from .errors import CorruptMessage, MessageTooLarge, QueueClosed, UnknownDeliveryTag
 from .message import Message, decode, encode
-from .queue_index import DEFAULT_SEGMENT_ENTRY_COUNT, Entry, QueueIndex
+from .queue_index import DEFAULT_SEGMENT_ENTRY_COUNT, Entry, QueueIndex, pack_slot
 from .queue_store import QueueStore
 
 __all__ = ["Delivery", "MessageInfo", "SharedStoreClient", "VariableQueue"]
@@ -224,6 +224,7 @@ class VariableQueue:
         self.io_batch_size = io_batch_size
         self.page_batch = page_batch
         self._clock = clock
+        self._id_prefix = os.urandom(8)
         self._index = QueueIndex(self.directory, segment_entry_count=segment_entry_count)
         self.segment_entry_count = segment_entry_count
         self._store = QueueStore(self.directory, segment_entry_count=segment_entry_count)
@@ -235,8 +236,10 @@ class VariableQueue:
         self._ram_pending: dict[int, MsgStatus] = {}      # fetched, unacked, payload in RAM
         self._disk_pending: dict[int, MsgStatus] = {}     # fetched, unacked, paged out
         self._delivery_counts: dict[int, int] = {}        # of requeued messages in delta
-        self._unconfirmed: dict[int, int] = {}            # seq id -> parts not yet durable
-        self._index_unsynced: list[int] = []              # persistent, awaiting the fsync
+        # Persistent messages await the index's fsync (``_index_unsynced``); those in the
+        # shared store also await its settlement: parts not yet durable, 2 then 1.
+        self._unconfirmed: dict[int, int] = {}
+        self._index_unsynced: list[int] = []
         self._store_unsettled: collections.deque[tuple[int, int]] = collections.deque()
         self._confirmed: list[int] = []                   # due at the next sync
         self._persistent_count = 0                        # in the queue or pending acks
@@ -393,19 +396,25 @@ class VariableQueue:
         if size > self.max_message_bytes:
             raise MessageTooLarge(f"the message encodes to {size} bytes, above this queue's "
                                   f"maximum of {self.max_message_bytes}; send a smaller one")
-        if msg_id is None:
-            msg_id = os.urandom(16)
+        seq_id = self.next_seq_id
+        if msg_id is None:                # unique: this open's random prefix, the seq id
+            msg_id = self._id_prefix + seq_id.to_bytes(8, "big")
         elif type(msg_id) is not bytes or len(msg_id) != 16:
             raise ValueError(f"msg_id must be 16 bytes, got {msg_id!r}")
-        seq_id = self.next_seq_id
         self.next_seq_id = seq_id + 1
         persistent = self.durable and bool(persistent)
-        status = MsgStatus(seq_id, msg_id, payload, size, persistent, expiry_ms or 0,
-                           size >= self.embed_msgs_below)
+        shared = size >= self.embed_msgs_below
+        status = MsgStatus(seq_id, msg_id, payload, size, persistent, expiry_ms or 0, shared)
         if persistent:
-            self._write_body(status)
-            self._write_index(status)
-            self._unconfirmed[seq_id] = 2 if status.shared else 1
+            if shared:
+                self._write_body(status)
+                self._unconfirmed[seq_id] = 2
+            else:                          # the common case, inline: no method calls
+                status.store_offset = self._store.write(seq_id, payload)
+                status.body_on_disk = True
+            self._index.publish_slot(seq_id, pack_slot(msg_id, shared, status.store_offset,
+                                                       size, True, status.expiry_ms))
+            status.index_on_disk = True
             self._index_unsynced.append(seq_id)
             self._persistent_count += 1
             self._persistent_bytes += size
@@ -439,9 +448,9 @@ class VariableQueue:
     def _write_index(self, status: MsgStatus) -> None:
         if status.index_on_disk:
             return
-        self._index.publish(Entry(status.seq_id, status.msg_id,
-                                  status.shared, status.store_offset, status.size,
-                                  status.persistent, status.expiry_ms))
+        self._index.publish_slot(status.seq_id, pack_slot(
+            status.msg_id, status.shared, status.store_offset, status.size, status.persistent,
+            status.expiry_ms))
         status.index_on_disk = True
 
     # ------------------------------------------------------------------ confirms
@@ -453,8 +462,12 @@ class VariableQueue:
         self._store.sync()
         self._index.sync()
         confirmed, self._confirmed = self._confirmed, []
+        unconfirmed = self._unconfirmed
         for seq_id in self._index_unsynced:
-            self._count_down(seq_id, confirmed)
+            if seq_id in unconfirmed:
+                self._count_down(seq_id, confirmed)
+            else:                          # in this queue's own store: durable now
+                confirmed.append(seq_id)
         self._index_unsynced = []
         if self._store_unsettled:
             settlement = self._persistent.settled(wait)
@@ -479,7 +492,7 @@ class VariableQueue:
 
     def needs_sync(self) -> bool:
         """True while a sync would confirm something."""
-        return bool(self._unconfirmed or self._confirmed)
+        return bool(self._unconfirmed or self._confirmed or self._index_unsynced)
 
     # ------------------------------------------------------------------ fetching
 
@@ -853,7 +866,8 @@ class VariableQueue:
             "pending_acks_disk": len(self._disk_pending),
             "ram_bytes": sum(s.size for s in in_ram),
             "disk_bytes": sum(s.size for s in everything if s.body_on_disk) + self.delta.bytes,
-            "unconfirmed": len(self._unconfirmed),
+            "unconfirmed": len(self._unconfirmed) + sum(
+                1 for s in self._index_unsynced if s not in self._unconfirmed),
             "persistent": self._persistent_count,
             "mode": "lazy" if self.lazy else "default",
             "target_ram_count": self._target_ram_count,
