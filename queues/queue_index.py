@@ -56,6 +56,7 @@ from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
 from .errors import QueueClosed, QueueLocked, UnknownDeliveryTag
+from .segments import SegmentFiles
 
 __all__ = ["DEFAULT_SEGMENT_ENTRY_COUNT", "Entry", "QueueIndex", "RecoveredIndex"]
 
@@ -131,24 +132,6 @@ def header_is_valid(header: bytes, segment: int, entry_count: int) -> bool:
         segment, entry_count)
 
 
-def segment_files(dir_fd: int, suffix: str) -> list[int]:
-    """The segment numbers of the files named ``<n><suffix>``, sorted."""
-    found = []
-    for name in os.listdir(dir_fd):
-        stem = name[:-len(suffix)]
-        if name.endswith(suffix) and stem.isdigit() and stem == str(int(stem)):
-            found.append(int(stem))
-    return sorted(found)
-
-
-def unlink_quietly(name: str, dir_fd: int) -> bool:
-    try:
-        os.unlink(name, dir_fd=dir_fd)
-        return True
-    except FileNotFoundError:
-        return False
-
-
 class QueueIndex:
     """One queue's index directory, locked; see the module docstring.
 
@@ -177,9 +160,8 @@ class QueueIndex:
         self._segments: dict[int, int] = {}       # segment -> unacked entries
         self._buffer: dict[int, bytes] = {}        # seq id -> packed slot, or an ack's zeros
         self._buffered_acks = 0
-        self._fds: dict[int, int] = {}             # segment -> fd, open since the last sync
-        self._on_disk: set[int] = set(segment_files(self._dir_fd, INDEX_SUFFIX))
-        self._directory_unsynced = False
+        self._files = SegmentFiles(self._dir_fd, INDEX_SUFFIX,
+                                   lambda segment: segment_header(segment, segment_entry_count))
         self._closed = False
         self.torn_slots = 0
         self._refuse_other_entry_count()
@@ -187,9 +169,8 @@ class QueueIndex:
     def _refuse_other_entry_count(self) -> None:
         """Segments written with another entry count would all read as corrupt and be
         deleted: refuse to open them instead."""
-        for segment in sorted(self._on_disk):
-            with open(f"{segment}{INDEX_SUFFIX}", "rb", opener=self._opener) as file:
-                header = file.read(HEADER_BYTES)
+        for segment in sorted(self._files.on_disk):
+            header = self._files.read_all(segment, HEADER_BYTES)
             if len(header) < _HEADER.size or header[:4] != MAGIC:
                 continue
             count = _HEADER.unpack_from(header)[2]
@@ -206,8 +187,8 @@ class QueueIndex:
         """Take the unacked counts the recovery terms saved; files they do not name are
         left over from before and deleted."""
         self._segments = {int(s): int(c) for s, c in segment_counts.items() if int(c) > 0}
-        for segment in self._on_disk - set(self._segments):
-            self._delete_file(segment)
+        for segment in self._files.on_disk - set(self._segments):
+            self._files.delete(segment)
 
     def recover_dirty(self, keep: Callable[[list[Entry]], Iterable[bool]]) -> RecoveredIndex:
         """Scan every segment: drop torn slots, and the entries ``keep`` refuses (it sees
@@ -216,15 +197,13 @@ class QueueIndex:
         n = self.segment_entry_count
         entries = torn = bad = 0
         deleted = []
-        for segment in sorted(self._on_disk):
-            name = f"{segment}{INDEX_SUFFIX}"
-            with open(name, "rb", opener=self._opener) as file:
-                data = file.read(HEADER_BYTES + n * SLOT_BYTES)
+        for segment in sorted(self._files.on_disk):
+            data = self._files.read_all(segment, HEADER_BYTES + n * SLOT_BYTES)
             if not header_is_valid(data, segment, n):
                 log.warning("%s: %s has a corrupt header; deleted with its entries",
-                            self.directory, name)
+                            self.directory, self._files.name(segment))
                 bad += 1
-                self._delete_file(segment)
+                self._files.delete(segment)
                 deleted.append(segment)
                 continue
             found: list[Entry] = []
@@ -246,11 +225,11 @@ class QueueIndex:
                 else:
                     drop.append(entry.seq_id)
             if kept == 0:
-                self._delete_file(segment)
+                self._files.delete(segment)
                 deleted.append(segment)
                 continue
             if drop:
-                fd = self._fd(segment)
+                fd = self._files.for_writing(segment)
                 for seq_id in drop:        # one zero byte marks the slot absent
                     os.pwrite(fd, b"\0", HEADER_BYTES + (seq_id - first) * SLOT_BYTES)
             self._segments[segment] = kept
@@ -298,8 +277,8 @@ class QueueIndex:
                 del self._segments[segment]
                 emptied.append(segment)
                 self._forget_buffered(segment)
-                if segment in self._on_disk:
-                    self._delete_file(segment)
+                if segment in self._files.on_disk:
+                    self._files.delete(segment)
             else:
                 self._segments[segment] = count - 1
         if self._buffered_acks >= n // 2:
@@ -332,27 +311,8 @@ class QueueIndex:
 
     def _write_run(self, first: int, slots: list[bytes]) -> None:
         segment, rel = divmod(first, self.segment_entry_count)
-        os.pwrite(self._fd(segment), b"".join(slots), HEADER_BYTES + rel * SLOT_BYTES)
-
-    def _fd(self, segment: int) -> int:
-        fd = self._fds.get(segment)
-        if fd is None:
-            name = f"{segment}{INDEX_SUFFIX}"
-            fd = os.open(name, os.O_RDWR | os.O_CREAT, 0o644, dir_fd=self._dir_fd)
-            self._fds[segment] = fd
-            if segment not in self._on_disk:
-                os.pwrite(fd, segment_header(segment, self.segment_entry_count), 0)
-                self._on_disk.add(segment)
-                self._directory_unsynced = True
-        return fd
-
-    def _delete_file(self, segment: int) -> None:
-        fd = self._fds.pop(segment, None)
-        if fd is not None:
-            os.close(fd)
-        unlink_quietly(f"{segment}{INDEX_SUFFIX}", self._dir_fd)
-        self._on_disk.discard(segment)
-        self._directory_unsynced = True
+        os.pwrite(self._files.for_writing(segment), b"".join(slots),
+                  HEADER_BYTES + rel * SLOT_BYTES)
 
     def sync(self) -> None:
         """Flush, then fdatasync what was written since the last sync (and the directory
@@ -360,15 +320,7 @@ class QueueIndex:
         if self._closed:
             raise QueueClosed(f"queue index {self.directory!r} is closed")
         self.flush()
-        newest = max(self._fds, default=None)
-        for segment, fd in list(self._fds.items()):
-            os.fdatasync(fd)
-            if segment != newest:
-                os.close(fd)
-                del self._fds[segment]
-        if self._directory_unsynced:
-            os.fsync(self._dir_fd)
-            self._directory_unsynced = False
+        self._files.sync()
 
     # ------------------------------------------------------------------ reads
 
@@ -382,7 +334,7 @@ class QueueIndex:
         while seq_id < end:
             segment = seq_id // n
             stop = min(end, (segment + 1) * n)
-            if self._segments.get(segment) and segment in self._on_disk:
+            if self._segments.get(segment) and segment in self._files.on_disk:
                 found.update(self._read_slots(segment, seq_id, stop))
             seq_id = stop
         for seq_id, slot in self._buffer.items():
@@ -396,13 +348,17 @@ class QueueIndex:
     def _read_slots(self, segment: int, start: int, stop: int) -> dict[int, Entry]:
         n = self.segment_entry_count
         rel = start - segment * n
-        fd = self._fds.get(segment)
-        if fd is None:
-            with open(f"{segment}{INDEX_SUFFIX}", "rb", buffering=0, opener=self._opener) as f:
-                data = os.pread(f.fileno(), (stop - start) * SLOT_BYTES,
-                                HEADER_BYTES + rel * SLOT_BYTES)
-        else:
+        fd = self._files.written.get(segment)
+        if fd is not None:
             data = os.pread(fd, (stop - start) * SLOT_BYTES, HEADER_BYTES + rel * SLOT_BYTES)
+        else:
+            fd = self._files.open_for_reading(segment)
+            try:
+                data = os.pread(fd, (stop - start) * SLOT_BYTES,
+                                HEADER_BYTES + rel * SLOT_BYTES) if fd is not None else b""
+            finally:
+                if fd is not None:
+                    os.close(fd)
         entries = {}
         for i in range(len(data) // SLOT_BYTES):
             at = i * SLOT_BYTES
@@ -448,16 +404,11 @@ class QueueIndex:
         self._buffer.clear()
         self._buffered_acks = 0
         self._segments.clear()
-        for segment in sorted(self._on_disk):
-            self._delete_file(segment)
-        os.fsync(self._dir_fd)
-        self._directory_unsynced = False
+        self._files.delete_all()
 
     def _release(self) -> None:
         self._closed = True
-        for fd in self._fds.values():
-            os.close(fd)
-        self._fds.clear()
+        self._files.close()
         os.close(self._lock_fd)
         os.close(self._dir_fd)
 
@@ -465,9 +416,6 @@ class QueueIndex:
         """Drop everything unwritten and release the directory, as a crash would."""
         if not self._closed:
             self._release()
-
-    def _opener(self, name: str, flags: int) -> int:
-        return os.open(name, flags, dir_fd=self._dir_fd)
 
     def __repr__(self) -> str:
         return (f"QueueIndex({self.directory!r}, segments={len(self._segments)}, "

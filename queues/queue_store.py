@@ -36,8 +36,8 @@ import zlib
 from collections.abc import Iterable
 
 from .errors import CorruptMessage, QueueClosed
-from .queue_index import (DEFAULT_SEGMENT_ENTRY_COUNT, HEADER_BYTES, segment_files,
-                          unlink_quietly)
+from .queue_index import DEFAULT_SEGMENT_ENTRY_COUNT, HEADER_BYTES
+from .segments import SegmentFiles
 
 __all__ = ["QueueStore"]
 
@@ -74,10 +74,9 @@ class QueueStore:
         self._ends: dict[int, int] = {}            # segment -> offset of its next record
         self._buffer: dict[int, tuple[int, bytes]] = {}   # seq id -> (offset, record)
         self._buffer_bytes = 0
-        self._write_fds: dict[int, int] = {}       # written since the last sync
         self._read_fd: tuple[int, int] | None = None      # (segment, fd)
-        self._on_disk: set[int] = set(segment_files(self._dir_fd, STORE_SUFFIX))
-        self._directory_unsynced = False
+        self._files = SegmentFiles(self._dir_fd, STORE_SUFFIX,
+                                   lambda segment: store_header(segment, segment_entry_count))
         self._closed = False
 
     # ------------------------------------------------------------------ recovery
@@ -86,17 +85,13 @@ class QueueStore:
         """Take each segment's live record count (from the recovery terms, or counted from
         the index by a scan); delete segment files without any."""
         self._live = {int(s): int(c) for s, c in live.items() if int(c) > 0}
-        for segment in self._on_disk - set(self._live):
+        for segment in self._files.on_disk - set(self._live):
             self._delete_file(segment)
 
     def valid_records(self, segment: int, places: list[tuple[int, int]]) -> list[bool]:
         """Whether a whole record with a good CRC is at each (offset, size): one read of
         the segment file (recovery's check)."""
-        try:
-            with open(f"{segment}{STORE_SUFFIX}", "rb", opener=self._opener) as file:
-                data = file.read()
-        except FileNotFoundError:
-            return [False] * len(places)
+        data = self._files.read_all(segment)
         if data[:HEADER_BYTES] != store_header(segment, self.segment_entry_count):
             return [False] * len(places)
         return [_record_at(data, offset, size) is not None for offset, size in places]
@@ -111,8 +106,8 @@ class QueueStore:
         offset = self._ends.get(segment)
         if offset is None:
             offset = HEADER_BYTES
-            if segment in self._on_disk:
-                offset = max(HEADER_BYTES, os.stat(f"{segment}{STORE_SUFFIX}",
+            if segment in self._files.on_disk:
+                offset = max(HEADER_BYTES, os.stat(self._files.name(segment),
                                                    dir_fd=self._dir_fd).st_size)
         record = RECORD.pack(len(data), zlib.crc32(data)) + data
         self._ends[segment] = offset + len(record)
@@ -139,7 +134,7 @@ class QueueStore:
             self._ends.pop(segment, None)
             for other in [s for s in self._buffer if s // n == segment]:
                 self._buffer_bytes -= len(self._buffer.pop(other)[1])
-            if segment in self._on_disk:
+            if segment in self._files.on_disk:
                 self._delete_file(segment)
 
     def flush(self) -> None:
@@ -151,7 +146,7 @@ class QueueStore:
             runs.setdefault(seq_id // n, []).append((offset, record))
         for segment, records in runs.items():
             records.sort()
-            fd = self._write_fd(segment)
+            fd = self._files.for_writing(segment)
             start, chunk = records[0][0], [records[0][1]]
             end = start + len(records[0][1])
             for offset, record in records[1:]:
@@ -164,43 +159,18 @@ class QueueStore:
         self._buffer.clear()
         self._buffer_bytes = 0
 
-    def _write_fd(self, segment: int) -> int:
-        fd = self._write_fds.get(segment)
-        if fd is None:
-            fd = os.open(f"{segment}{STORE_SUFFIX}", os.O_RDWR | os.O_CREAT, 0o644,
-                         dir_fd=self._dir_fd)
-            self._write_fds[segment] = fd
-            if segment not in self._on_disk:
-                os.pwrite(fd, store_header(segment, self.segment_entry_count), 0)
-                self._on_disk.add(segment)
-                self._directory_unsynced = True
-        return fd
-
     def sync(self) -> None:
         """Flush, then fdatasync every file written since the last sync."""
         if self._closed:
             raise QueueClosed(f"queue store {self.directory!r} is closed")
         self.flush()
-        newest = max(self._write_fds, default=None)
-        for segment, fd in list(self._write_fds.items()):
-            os.fdatasync(fd)
-            if segment != newest:
-                os.close(fd)
-                del self._write_fds[segment]
-        if self._directory_unsynced:
-            os.fsync(self._dir_fd)
-            self._directory_unsynced = False
+        self._files.sync()
 
     def _delete_file(self, segment: int) -> None:
-        fd = self._write_fds.pop(segment, None)
-        if fd is not None:
-            os.close(fd)
         if self._read_fd is not None and self._read_fd[0] == segment:
             os.close(self._read_fd[1])
             self._read_fd = None
-        unlink_quietly(f"{segment}{STORE_SUFFIX}", self._dir_fd)
-        self._on_disk.discard(segment)
-        self._directory_unsynced = True
+        self._files.delete(segment)
 
     # ------------------------------------------------------------------ reads
 
@@ -212,7 +182,7 @@ class QueueStore:
         if buffered is not None:
             return buffered[1][RECORD_HEADER_BYTES:]
         segment = seq_id // self.segment_entry_count
-        fd = self._write_fds.get(segment)
+        fd = self._files.written.get(segment)
         if fd is None:
             fd = self._reader(segment)
         record = os.pread(fd, RECORD_HEADER_BYTES + size, offset) if fd is not None else b""
@@ -229,11 +199,9 @@ class QueueStore:
                 return self._read_fd[1]
             os.close(self._read_fd[1])
             self._read_fd = None
-        try:
-            fd = os.open(f"{segment}{STORE_SUFFIX}", os.O_RDONLY, dir_fd=self._dir_fd)
-        except FileNotFoundError:
-            return None
-        self._read_fd = (segment, fd)
+        fd = self._files.open_for_reading(segment)
+        if fd is not None:
+            self._read_fd = (segment, fd)
         return fd
 
     @property
@@ -257,26 +225,21 @@ class QueueStore:
         self._buffer_bytes = 0
         self._live.clear()
         self._ends.clear()
-        for segment in sorted(self._on_disk):
-            self._delete_file(segment)
-        os.fsync(self._dir_fd)
-        self._directory_unsynced = False
+        if self._read_fd is not None:
+            os.close(self._read_fd[1])
+            self._read_fd = None
+        self._files.delete_all()
 
     def abandon(self) -> None:
         """Release every file without writing anything more, as a crash would."""
         if self._closed:
             return
         self._closed = True
-        for fd in self._write_fds.values():
-            os.close(fd)
-        self._write_fds.clear()
+        self._files.close()
         if self._read_fd is not None:
             os.close(self._read_fd[1])
             self._read_fd = None
         os.close(self._dir_fd)
-
-    def _opener(self, name: str, flags: int) -> int:
-        return os.open(name, flags, dir_fd=self._dir_fd)
 
 
 def _record_at(data: bytes, offset: int, size: int) -> bytes | None:

@@ -21,7 +21,8 @@ import logging
 import os
 from collections.abc import Iterable, Iterator
 
-from .queue_index import HEADER_BYTES, INDEX_SUFFIX, SLOT_BYTES, _unpack_slot, segment_files
+from .queue_index import HEADER_BYTES, INDEX_SUFFIX, SLOT_BYTES, _unpack_slot
+from .segments import segment_numbers
 from .variable_queue import TERMS_FILE
 
 __all__ = ["QUEUES_DIR", "QueueRefCounts", "node_ref_counts", "walk_ref_counts"]
@@ -49,7 +50,7 @@ class QueueRefCounts:
         except FileNotFoundError:
             return
         try:
-            for segment in segment_files(dir_fd, INDEX_SUFFIX):
+            for segment in segment_numbers(dir_fd, INDEX_SUFFIX):
                 with open(f"{segment}{INDEX_SUFFIX}", "rb",
                           opener=lambda name, flags: os.open(name, flags, dir_fd=dir_fd)) as f:
                     data = f.read()

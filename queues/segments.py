@@ -1,0 +1,101 @@
+"""``SegmentFiles``: the numbered files of one kind in a queue directory (``<seg>.qi`` of
+the index, ``<seg>.qs`` of the per-queue store), shared by both.
+
+A file is created with its header on its first write; the files written since the last
+``sync`` are fdatasync'd together (and the directory, when files came or went); all but
+the newest are closed then, so a queue holds a handful of descriptors however long it is.
+
+Race it guards against: a crash right after a file was created or deleted. The directory
+is fsynced at the next sync, before anything written there is confirmed.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+__all__ = ["SegmentFiles", "segment_numbers"]
+
+
+def segment_numbers(dir_fd: int, suffix: str) -> list[int]:
+    """The segment numbers of the files named ``<n><suffix>``, sorted."""
+    found = []
+    for name in os.listdir(dir_fd):
+        stem = name[:-len(suffix)]
+        if name.endswith(suffix) and stem.isdigit() and stem == str(int(stem)):
+            found.append(int(stem))
+    return sorted(found)
+
+
+class SegmentFiles:
+    def __init__(self, dir_fd: int, suffix: str, header: Callable[[int], bytes]) -> None:
+        self.dir_fd = dir_fd
+        self.suffix = suffix
+        self._header = header
+        self.on_disk: set[int] = set(segment_numbers(dir_fd, suffix))
+        self.written: dict[int, int] = {}          # segment -> fd, written since the sync
+        self._directory_unsynced = False
+
+    def name(self, segment: int) -> str:
+        return f"{segment}{self.suffix}"
+
+    def read_all(self, segment: int, limit: int = -1) -> bytes:
+        """The file's bytes (up to ``limit``); b"" when it does not exist."""
+        try:
+            fd = os.open(self.name(segment), os.O_RDONLY, dir_fd=self.dir_fd)
+        except FileNotFoundError:
+            return b""
+        with open(fd, "rb") as file:
+            return file.read(limit)
+
+    def open_for_reading(self, segment: int) -> int | None:
+        try:
+            return os.open(self.name(segment), os.O_RDONLY, dir_fd=self.dir_fd)
+        except FileNotFoundError:
+            return None
+
+    def for_writing(self, segment: int) -> int:
+        """The segment's fd for writing; the file is created with its header if new."""
+        fd = self.written.get(segment)
+        if fd is None:
+            fd = os.open(self.name(segment), os.O_RDWR | os.O_CREAT, 0o644, dir_fd=self.dir_fd)
+            self.written[segment] = fd
+            if segment not in self.on_disk:
+                os.pwrite(fd, self._header(segment), 0)
+                self.on_disk.add(segment)
+                self._directory_unsynced = True
+        return fd
+
+    def delete(self, segment: int) -> None:
+        fd = self.written.pop(segment, None)
+        if fd is not None:
+            os.close(fd)
+        try:
+            os.unlink(self.name(segment), dir_fd=self.dir_fd)
+        except FileNotFoundError:
+            pass                           # never written, or deleted by an earlier start
+        self.on_disk.discard(segment)
+        self._directory_unsynced = True
+
+    def delete_all(self) -> None:
+        for segment in sorted(self.on_disk):
+            self.delete(segment)
+        self.sync()
+
+    def sync(self) -> None:
+        """fdatasync every file written since the last sync, and the directory if needed."""
+        newest = max(self.written, default=None)
+        for segment, fd in list(self.written.items()):
+            os.fdatasync(fd)
+            if segment != newest:
+                os.close(fd)
+                del self.written[segment]
+        if self._directory_unsynced:
+            os.fsync(self.dir_fd)
+            self._directory_unsynced = False
+
+    def close(self) -> None:
+        """Close every descriptor without syncing (the caller synced, or is crashing)."""
+        for fd in self.written.values():
+            os.close(fd)
+        self.written.clear()
