@@ -248,15 +248,21 @@ class QueueIndex:
                                                   entry.size, entry.persistent, entry.expiry_ms))
 
     def publish_slot(self, seq_id: int, slot: bytes) -> None:
-        """``publish`` of an entry already packed (``pack_slot``): the queue's hot path."""
+        """``publish`` of an entry already packed (``pack_slot``)."""
+        self.publish_slots(seq_id, [slot])
+
+    def publish_slots(self, first_seq_id: int, slots: list[bytes]) -> None:
+        """``publish_slot`` of consecutive seq ids from ``first_seq_id``."""
         if self._closed:
             raise QueueClosed(f"queue index {self.directory!r} is closed")
-        segment = seq_id // self.segment_entry_count
-        segments = self._segments
-        segments[segment] = segments.get(segment, 0) + 1
+        n, segments = self.segment_entry_count, self._segments
+        end = first_seq_id + len(slots)
+        for segment in range(first_seq_id // n, (end - 1) // n + 1):
+            inside = min(end, (segment + 1) * n) - max(first_seq_id, segment * n)
+            segments[segment] = segments.get(segment, 0) + inside
         buffer = self._buffer
-        buffer[seq_id] = slot
-        if len(buffer) >= self.segment_entry_count:
+        buffer.update(zip(range(first_seq_id, end), slots))
+        if len(buffer) >= n:
             self.flush()
 
     def ack(self, seq_ids: Iterable[int]) -> list[int]:

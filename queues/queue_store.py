@@ -16,7 +16,7 @@ its last live record goes (``remove``), which is when its index segment empties 
 message the index holds.
 
 Writes are buffered (up to ``max_cache_bytes``, 512,000 as RabbitMQ's) and written with
-one pwrite per run of adjacent records; ``sync`` writes the buffer and fdatasyncs the
+one pwritev per run of adjacent records (headers and data as they are, no copy); ``sync`` writes the buffer and fdatasyncs the
 files it touched. A record written and removed before the flush is never written.
 
 Races this module guards against (one thread of control; a queue process owns it):
@@ -51,6 +51,7 @@ _HEADER = struct.Struct(">4sBIQ")
 _HEADER_CRC_AT = 60
 RECORD = struct.Struct(">II")
 RECORD_HEADER_BYTES = RECORD.size
+_MAX_VECTORS = 1024                       # IOV_MAX on Linux: buffers per pwritev
 
 
 def store_header(segment: int, entry_count: int) -> bytes:
@@ -72,7 +73,8 @@ class QueueStore:
         self._dir_fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY)
         self._live: dict[int, int] = {}            # segment -> records not yet removed
         self._ends: dict[int, int] = {}            # segment -> offset of its next record
-        self._buffer: dict[int, tuple[int, bytes]] = {}   # seq id -> (offset, record)
+        # seq id -> (offset, record header, data), in the order written
+        self._buffer: dict[int, tuple[int, bytes, bytes]] = {}
         self._buffer_bytes = 0
         self._read_fd: tuple[int, int] | None = None      # (segment, fd)
         self._files = SegmentFiles(self._dir_fd, STORE_SUFFIX,
@@ -100,23 +102,47 @@ class QueueStore:
 
     def write(self, seq_id: int, data: bytes) -> int:
         """Buffer ``data`` as the record of ``seq_id``; the offset the index keeps."""
+        return self.write_many(seq_id, [data])[0]
+
+    def write_many(self, first_seq_id: int, datas: list[bytes]) -> list[int]:
+        """``write`` of consecutive seq ids from ``first_seq_id``; their offsets."""
         if self._closed:
             raise QueueClosed(f"queue store {self.directory!r} is closed")
-        segment = seq_id // self.segment_entry_count
-        offset = self._ends.get(segment)
-        if offset is None:
-            offset = HEADER_BYTES
-            if segment in self._files.on_disk:
-                offset = max(HEADER_BYTES, os.stat(self._files.name(segment),
-                                                   dir_fd=self._dir_fd).st_size)
-        record = RECORD.pack(len(data), zlib.crc32(data)) + data
-        self._ends[segment] = offset + len(record)
-        self._live[segment] = self._live.get(segment, 0) + 1
-        self._buffer[seq_id] = (offset, record)
-        self._buffer_bytes += len(record)
+        n = self.segment_entry_count
+        buffer, ends, live = self._buffer, self._ends, self._live
+        pack, crc32 = RECORD.pack, zlib.crc32
+        offsets = []
+        segment = offset = None
+        added = count = 0
+        for seq_id, data in enumerate(datas, first_seq_id):
+            if seq_id // n != segment:
+                if segment is not None:
+                    ends[segment] = offset
+                    live[segment] = live.get(segment, 0) + count
+                segment, count = seq_id // n, 0
+                offset = ends.get(segment)
+                if offset is None:
+                    offset = self._end_on_disk(segment)
+            buffer[seq_id] = (offset, pack(len(data), crc32(data)), data)
+            offsets.append(offset)
+            length = RECORD_HEADER_BYTES + len(data)
+            offset += length
+            added += length
+            count += 1
+        if segment is not None:
+            ends[segment] = offset
+            live[segment] = live.get(segment, 0) + count
+        self._buffer_bytes += added
         if self._buffer_bytes >= self.max_cache_bytes:
             self.flush()
-        return offset
+        return offsets
+
+    def _end_on_disk(self, segment: int) -> int:
+        """Where a segment's next record goes when this open has not written it yet: after
+        whatever an earlier open left there."""
+        if segment not in self._files.on_disk:
+            return HEADER_BYTES
+        return max(HEADER_BYTES, os.stat(self._files.name(segment), dir_fd=self._dir_fd).st_size)
 
     def remove(self, seq_ids: Iterable[int]) -> None:
         """Forget the records (written or buffered); a segment file goes with its last."""
@@ -125,7 +151,7 @@ class QueueStore:
             segment = seq_id // n
             buffered = self._buffer.pop(seq_id, None)
             if buffered is not None:
-                self._buffer_bytes -= len(buffered[1])
+                self._buffer_bytes -= RECORD_HEADER_BYTES + len(buffered[2])
             count = self._live.get(segment, 0) - 1
             if count > 0:
                 self._live[segment] = count
@@ -133,7 +159,7 @@ class QueueStore:
             self._live.pop(segment, None)
             self._ends.pop(segment, None)
             for other in [s for s in self._buffer if s // n == segment]:
-                self._buffer_bytes -= len(self._buffer.pop(other)[1])
+                self._buffer_bytes -= RECORD_HEADER_BYTES + len(self._buffer.pop(other)[2])
             if segment in self._files.on_disk:
                 self._delete_file(segment)
 
@@ -141,21 +167,21 @@ class QueueStore:
         if not self._buffer:
             return
         n = self.segment_entry_count
-        runs: dict[int, list[tuple[int, bytes]]] = {}
-        for seq_id, (offset, record) in self._buffer.items():
-            runs.setdefault(seq_id // n, []).append((offset, record))
-        for segment, records in runs.items():
+        by_segment: dict[int, list[tuple[int, bytes, bytes]]] = {}
+        for seq_id, record in self._buffer.items():
+            by_segment.setdefault(seq_id // n, []).append(record)
+        for segment, records in by_segment.items():
             records.sort()
             fd = self._files.for_writing(segment)
-            start, chunk = records[0][0], [records[0][1]]
-            end = start + len(records[0][1])
-            for offset, record in records[1:]:
-                if offset != end:
-                    os.pwrite(fd, b"".join(chunk), start)
-                    start, chunk = offset, []
-                chunk.append(record)
-                end = offset + len(record)
-            os.pwrite(fd, b"".join(chunk), start)
+            start = end = records[0][0]
+            vectors: list[bytes] = []
+            for offset, header, data in records:
+                if offset != end or len(vectors) >= _MAX_VECTORS:
+                    os.pwritev(fd, vectors, start)
+                    start, vectors = offset, []
+                vectors += (header, data)
+                end = offset + RECORD_HEADER_BYTES + len(data)
+            os.pwritev(fd, vectors, start)
         self._buffer.clear()
         self._buffer_bytes = 0
 
@@ -180,7 +206,7 @@ class QueueStore:
             raise QueueClosed(f"queue store {self.directory!r} is closed")
         buffered = self._buffer.get(seq_id)
         if buffered is not None:
-            return buffered[1][RECORD_HEADER_BYTES:]
+            return buffered[2]
         segment = seq_id // self.segment_entry_count
         fd = self._files.written.get(segment)
         if fd is None:
