@@ -34,6 +34,7 @@ import os
 import struct
 import zlib
 from collections.abc import Iterable
+from itertools import accumulate
 
 from .errors import CorruptMessage, QueueClosed
 from .queue_index import DEFAULT_SEGMENT_ENTRY_COUNT, HEADER_BYTES
@@ -109,32 +110,32 @@ class QueueStore:
         if self._closed:
             raise QueueClosed(f"queue store {self.directory!r} is closed")
         n = self.segment_entry_count
-        buffer, ends, live = self._buffer, self._ends, self._live
-        pack, crc32 = RECORD.pack, zlib.crc32
-        offsets = []
-        segment = offset = None
-        added = count = 0
-        for seq_id, data in enumerate(datas, first_seq_id):
-            if seq_id // n != segment:
-                if segment is not None:
-                    ends[segment] = offset
-                    live[segment] = live.get(segment, 0) + count
-                segment, count = seq_id // n, 0
-                offset = ends.get(segment)
-                if offset is None:
-                    offset = self._end_on_disk(segment)
-            buffer[seq_id] = (offset, pack(len(data), crc32(data)), data)
-            offsets.append(offset)
-            length = RECORD_HEADER_BYTES + len(data)
-            offset += length
-            added += length
-            count += 1
-        if segment is not None:
-            ends[segment] = offset
-            live[segment] = live.get(segment, 0) + count
-        self._buffer_bytes += added
+        offsets: list[int] = []
+        start = 0
+        while start < len(datas):           # one run per segment the seq ids fall in
+            seq_id = first_seq_id + start
+            segment = seq_id // n
+            stop = min(len(datas), start + (segment + 1) * n - seq_id)
+            offsets += self._append_run(segment, seq_id, datas[start:stop])
+            start = stop
         if self._buffer_bytes >= self.max_cache_bytes:
             self.flush()
+        return offsets
+
+    def _append_run(self, segment: int, first_seq_id: int, datas: list[bytes]) -> list[int]:
+        pack, crc32 = RECORD.pack, zlib.crc32
+        headers = [pack(len(data), crc32(data)) for data in datas]
+        lengths = [RECORD_HEADER_BYTES + len(data) for data in datas]
+        begin = self._ends.get(segment)
+        if begin is None:
+            begin = self._end_on_disk(segment)
+        offsets = list(accumulate(lengths, initial=begin))
+        end = offsets.pop()
+        self._buffer.update(zip(range(first_seq_id, first_seq_id + len(datas)),
+                                zip(offsets, headers, datas)))
+        self._ends[segment] = end
+        self._live[segment] = self._live.get(segment, 0) + len(datas)
+        self._buffer_bytes += end - begin
         return offsets
 
     def _end_on_disk(self, segment: int) -> int:

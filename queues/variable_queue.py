@@ -73,6 +73,7 @@ import math
 import os
 import time
 from bisect import insort
+from itertools import repeat
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -182,6 +183,15 @@ class Delta:
             self.end = max(self.end, status.seq_id + 1)
         self.count += 1
         self.bytes += status.size
+
+    def add_range(self, start: int, end: int, count: int, size: int) -> None:
+        """Add ``count`` messages of ``size`` bytes in all, with seq ids from ``start`` up
+        to ``end``, none of them below the range's start."""
+        if self.is_empty():
+            self.start = start
+        self.end = max(self.end, end)
+        self.count += count
+        self.bytes += size
 
     def __repr__(self) -> str:
         return f"Delta(start={self.start}, end={self.end}, count={self.count})"
@@ -442,31 +452,37 @@ class VariableQueue:
             raise MessageTooLarge(f"a message of the batch encodes to {max(sizes)} bytes, above "
                                   f"this queue's maximum of {limit}; nothing was published")
         first = self.next_seq_id
-        if (not (self.durable and persistent) or self.lazy or self._target_ram_count != math.inf
-                or (sizes and max(sizes) >= embed)):
+        if (not payloads or not (self.durable and persistent)
+                or self._target_ram_count != math.inf or max(sizes) >= embed):
             for payload in payloads:
                 self.publish_encoded(payload, persistent=persistent, expiry_ms=expiry_ms)
             return range(first, self.next_seq_id)
+        # One pass per step, each a comprehension or map over the batch: per-message Python
+        # work is what this path is for.
         end = first + len(payloads)
+        seq_ids = range(first, end)
         offsets = self._store.write_many(first, payloads)
-        prefix, expiry = self._id_prefix, expiry_ms or 0
-        statuses = []
-        for seq_id, payload, size, offset in zip(range(first, end), payloads, sizes, offsets):
-            statuses.append(MsgStatus(seq_id, prefix + seq_id.to_bytes(8, "big"), payload, size,
-                                      True, expiry, False, offset, True))
-        slots = [pack_slot(s.msg_id, False, s.store_offset, s.size, True, expiry)
-                 for s in statuses]
-        self._index.publish_slots(first, slots)
+        prefix, expiry, count = self._id_prefix, expiry_ms or 0, len(payloads)
+        msg_ids = [prefix + seq_id.to_bytes(8, "big") for seq_id in seq_ids]
+        self._index.publish_slots(first, list(map(
+            pack_slot, msg_ids, repeat(False, count), offsets, sizes, repeat(True, count),
+            repeat(expiry, count))))
         self.next_seq_id = end
-        self._index_unsynced.extend(range(first, end))
-        self._persistent_count += len(payloads)
+        self._index_unsynced.extend(seq_ids)
+        self._persistent_count += count
         self._persistent_bytes += sum(sizes)
-        self._since_rates["ingress"] += len(payloads)
+        self._since_rates["ingress"] += count
+        if self.lazy:                      # straight to delta: nothing of them stays in RAM
+            self.delta.add_range(first, end, count, sum(sizes))
+            return seq_ids
+        statuses = map(MsgStatus, seq_ids, msg_ids, payloads, sizes, repeat(True, count),
+                       repeat(expiry, count), repeat(False, count), offsets,
+                       repeat(True, count))
         if self.q1 or self.q2 or self.q3 or not self.delta.is_empty():
             self.q1.extend(statuses)
         else:
             self.q4.extend(statuses)
-        return range(first, end)
+        return seq_ids
 
     def _client(self, status: MsgStatus) -> SharedStoreClient:
         return self._persistent if status.persistent else self._transient

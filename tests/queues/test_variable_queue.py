@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from warren.queues import (CorruptMessage, Message, MessageTooLarge, UnknownDeliveryTag,
-                           InvalidMessage)
+from warren.queues import (CorruptMessage, InvalidMessage, Message, MessageTooLarge,
+                           UnknownDeliveryTag, encode)
 
 from .helpers import N, assert_counts_add_up, drain, message, number
 
@@ -328,3 +328,27 @@ def test_a_non_durable_queue_keeps_nothing_across_a_restart(open_queue):
     assert queue.sync() == list(range(N))
     queue.terminate()
     assert len(open_queue(durable=False)) == 0
+
+
+def test_paged_transient_messages_go_to_the_transient_store_and_leave_it_when_acked(
+        open_queue, engine_stores):
+    queue = open_queue(io_batch_size=1)
+    for n in range(2 * N):
+        queue.publish(message(n, size=5000, persistent=False))
+    queue.set_ram_duration_target(0)
+    while queue.reduce_memory_use():
+        pass
+    assert engine_stores.transient.stats()["message_count"] == 2 * N
+    assert engine_stores.persistent.stats()["message_count"] == 0
+    drain(queue)
+    assert engine_stores.transient.stats()["message_count"] == 0
+
+
+def test_a_batch_with_a_message_over_the_maximum_publishes_nothing(open_queue):
+    queue = open_queue(max_message_bytes=1000)
+    small = encode(message(0))
+    with pytest.raises(MessageTooLarge, match="nothing was published"):
+        queue.publish_many([small, encode(message(1, size=2000))])
+    assert len(queue) == 0 and queue.next_seq_id == 0
+    assert list(queue.publish_many([small] * 3)) == [0, 1, 2]
+    assert queue.sync() == [0, 1, 2]
