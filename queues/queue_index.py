@@ -48,6 +48,7 @@ Races this module guards against (one thread of control; a queue process owns it
 from __future__ import annotations
 
 import fcntl
+from bisect import bisect_left
 import logging
 import os
 import struct
@@ -301,19 +302,29 @@ class QueueIndex:
         """Write the buffer out: one pwrite per run of adjacent slots."""
         if not self._buffer:
             return
-        n = self.segment_entry_count
-        run_start = previous = None
-        run: list[bytes] = []
-        for seq_id in sorted(self._buffer):
-            if previous is None or seq_id != previous + 1 or seq_id % n == 0:
-                if run:
-                    self._write_run(run_start, run)
+        n, buffer = self.segment_entry_count, self._buffer
+        keys = sorted(buffer)
+        start = 0
+        while start < len(keys):            # each segment's slots in turn
+            segment_end = (keys[start] // n + 1) * n
+            stop = bisect_left(keys, segment_end, start)
+            if keys[stop - 1] - keys[start] == stop - 1 - start:    # one run: no gap
+                self._write_run(keys[start], list(map(buffer.__getitem__, keys[start:stop])))
+            else:
+                self._write_runs(keys[start:stop])
+            start = stop
+        buffer.clear()
+        self._buffered_acks = 0
+
+    def _write_runs(self, keys: list[int]) -> None:
+        run_start, previous, run = keys[0], keys[0] - 1, []
+        for seq_id in keys:
+            if seq_id != previous + 1:
+                self._write_run(run_start, run)
                 run_start, run = seq_id, []
             run.append(self._buffer[seq_id])
             previous = seq_id
         self._write_run(run_start, run)
-        self._buffer.clear()
-        self._buffered_acks = 0
 
     def _write_run(self, first: int, slots: list[bytes]) -> None:
         segment, rel = divmod(first, self.segment_entry_count)

@@ -172,17 +172,25 @@ class QueueStore:
         for seq_id, record in self._buffer.items():
             by_segment.setdefault(seq_id // n, []).append(record)
         for segment, records in by_segment.items():
-            records.sort()
             fd = self._files.for_writing(segment)
+            # Offsets are handed out in write order: the records of a segment are one run
+            # unless a record was removed before this flush, or an earlier open wrote there.
+            first, last = records[0], records[-1]
+            length = sum(RECORD_HEADER_BYTES + len(data) for _, _, data in records)
+            if last[0] + RECORD_HEADER_BYTES + len(last[2]) - first[0] == length:
+                _write_vectors(fd, [part for _, header, data in records
+                                    for part in (header, data)], first[0])
+                continue
+            records.sort()
             start = end = records[0][0]
             vectors: list[bytes] = []
             for offset, header, data in records:
-                if offset != end or len(vectors) >= _MAX_VECTORS:
-                    os.pwritev(fd, vectors, start)
+                if offset != end:
+                    _write_vectors(fd, vectors, start)
                     start, vectors = offset, []
                 vectors += (header, data)
                 end = offset + RECORD_HEADER_BYTES + len(data)
-            os.pwritev(fd, vectors, start)
+            _write_vectors(fd, vectors, start)
         self._buffer.clear()
         self._buffer_bytes = 0
 
@@ -279,3 +287,15 @@ def _record_at(data: bytes, offset: int, size: int) -> bytes | None:
     if length != size or zlib.crc32(payload) != crc:
         return None
     return payload
+
+
+def _write_vectors(fd: int, vectors: list[bytes], offset: int) -> None:
+    """pwritev all of ``vectors`` at ``offset``, IOV_MAX buffers at a time; a short write
+    (which a regular file gives only when something is wrong) raises."""
+    for at in range(0, len(vectors), _MAX_VECTORS):
+        chunk = vectors[at:at + _MAX_VECTORS]
+        expected = sum(map(len, chunk))
+        written = os.pwritev(fd, chunk, offset)
+        if written != expected:
+            raise OSError(f"short write: {written} of {expected} bytes at offset {offset}")
+        offset += written
