@@ -1,13 +1,15 @@
 """Queues: each queue's index, its own store for small messages, and the variable queue
 that moves messages between RAM and disk (alpha, beta, gamma, delta).
 
-``VariableQueue`` is the engine a queue process wraps (``warren.queues.variable_queue``
+``VariableQueue`` is the engine a queue process (``warren.queues.queue_actor``) wraps (``warren.queues.variable_queue``
 has the design); ``QueueIndex`` and ``QueueStore`` are its files; ``walk_ref_counts``
 gives the persistent store the reference counts its dirty recovery needs.
+``warren.queues.connection`` is the client API (``warren.connect``, ``Node.connect``).
 """
 
-from .errors import (CorruptMessage, InvalidMessage, MessageTooLarge, QueueClosed, QueueError,
-                     QueueLocked, UnknownDeliveryTag)
+from .errors import (ConnectionClosed, CorruptMessage, InvalidMessage, MessageTooLarge, Nacked,
+                     NotFound, PreconditionFailed, QueueClosed, QueueError, QueueLocked,
+                     UnknownDeliveryTag)
 from .message import Message, decode, encode
 from .queue_index import Entry, QueueIndex
 from .queue_store import QueueStore
@@ -15,6 +17,7 @@ from .variable_queue import Delivery, MessageInfo, SharedStoreClient, VariableQu
 from .walker import QueueRefCounts, node_ref_counts, walk_ref_counts
 
 __all__ = [
+    "ConnectionClosed",
     "CorruptMessage",
     "Delivery",
     "Entry",
@@ -22,6 +25,9 @@ __all__ = [
     "Message",
     "MessageInfo",
     "MessageTooLarge",
+    "Nacked",
+    "NotFound",
+    "PreconditionFailed",
     "QueueClosed",
     "QueueError",
     "QueueIndex",

@@ -7,9 +7,13 @@ Expected outcomes are values, not exceptions: fetching from an empty queue retur
 from __future__ import annotations
 
 __all__ = [
+    "ConnectionClosed",
     "CorruptMessage",
     "InvalidMessage",
     "MessageTooLarge",
+    "Nacked",
+    "NotFound",
+    "PreconditionFailed",
     "QueueClosed",
     "QueueError",
     "QueueLocked",
@@ -47,3 +51,21 @@ class QueueClosed(QueueError):
 
 class QueueLocked(QueueError):
     """Another queue object (in this or another process) has the directory open."""
+
+
+class NotFound(QueueError, LookupError):
+    """No queue of that name is declared on the node: declare it first."""
+
+
+class PreconditionFailed(QueueError):
+    """A queue re-declared with other arguments than it has: declare it as it is, or
+    delete it first."""
+
+
+class Nacked(QueueError):
+    """The queue did not confirm a publish (it was deleted, or restarted with the message
+    in doubt); the message may or may not be in the queue: publish it again."""
+
+
+class ConnectionClosed(QueueError):
+    """The connection was closed; open a new one."""

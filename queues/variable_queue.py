@@ -76,7 +76,7 @@ from bisect import insort
 from itertools import repeat
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from warren.store import Settlement
 
@@ -85,7 +85,7 @@ from .message import Message, decode, encode
 from .queue_index import DEFAULT_SEGMENT_ENTRY_COUNT, Entry, QueueIndex, pack_slot
 from .queue_store import QueueStore
 
-__all__ = ["Delivery", "MessageInfo", "SharedStoreClient", "VariableQueue"]
+__all__ = ["Delivery", "Fetched", "MessageInfo", "SharedStoreClient", "VariableQueue"]
 
 log = logging.getLogger("warren.queues")
 
@@ -130,6 +130,15 @@ class Delivery:
     seq_id: int
     message: Message
     redelivered: bool
+    delivery_count: int
+    msg_id: bytes
+
+
+class Fetched(NamedTuple):
+    """A fetched message, still encoded."""
+
+    seq_id: int
+    payload: bytes
     delivery_count: int
     msg_id: bytes
 
@@ -553,6 +562,21 @@ class VariableQueue:
         """The oldest message, or None when the queue is empty. With ``ack_required`` it
         awaits ``ack`` or ``requeue`` under its seq id; without, it is gone now. A
         message whose record fails its check is dropped and ``CorruptMessage`` raised."""
+        fetched = self.fetch_encoded(ack_required)
+        if fetched is None:
+            return None
+        try:
+            message = decode(fetched.payload)
+        except CorruptMessage as exc:
+            if ack_required:
+                self.ack([fetched.seq_id])
+            self.counters["corrupt_on_read"] += 1
+            raise CorruptMessage(f"{self.directory}: message {fetched.seq_id}: {exc}") from None
+        return Delivery(fetched.seq_id, message, fetched.delivery_count > 0,
+                        fetched.delivery_count, fetched.msg_id)
+
+    def fetch_encoded(self, ack_required: bool = True) -> Fetched | None:
+        """``fetch`` without decoding: what a queue process sends on to its consumer."""
         self._check_open()
         while True:
             status = self._pop_head()
@@ -572,15 +596,7 @@ class VariableQueue:
                               self.directory, status.seq_id)
                     self._remove([status])
                     continue
-            try:
-                message = decode(payload)
-            except CorruptMessage as exc:
-                self.counters["corrupt_on_read"] += 1
-                self._remove([status])
-                raise CorruptMessage(f"{self.directory}: message {status.seq_id}: {exc}") from None
             self._since_rates["egress"] += 1
-            delivery = Delivery(status.seq_id, message, status.delivery_count > 0,
-                                status.delivery_count, status.msg_id)
             if ack_required:
                 if status.payload is None:
                     self._disk_pending[status.seq_id] = status
@@ -590,7 +606,7 @@ class VariableQueue:
                 self._remove([status])
             if self._target_ram_count != math.inf:
                 self._page(self.page_batch)
-            return delivery
+            return Fetched(status.seq_id, payload, status.delivery_count, status.msg_id)
 
     def _read_payload(self, status: MsgStatus) -> bytes | None:
         if status.shared:

@@ -58,6 +58,7 @@ answer reports the node as not answering rather than hanging (its request has a 
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import functools
 import json
@@ -74,6 +75,14 @@ import zmq
 from warren.actors import ActorError, ActorRef
 from warren.actors import Node as ActorNode
 
+from warren.queues.connection import Connection
+from warren.queues.definitions import (QueueDefinition, check_queue_name, load_definitions,
+                                       mark_transient, queue_directory,
+                                       remove_transient_queues, save_definitions)
+from warren.queues.errors import NotFound, QueueError
+from warren.queues.messages import DeleteQueue
+from warren.queues.queue_actor import QueueActor
+from warren.queues.remote_node import NODE_FILE
 from warren.queues.walker import node_ref_counts
 from warren.store.gc_actor import GCActor
 from warren.store.message_store import FILE_SIZE_LIMIT_BYTES
@@ -87,7 +96,6 @@ from .supervisor import Supervisor
 
 log = logging.getLogger("warren.node")
 
-NODE_FILE = "node.json"
 LOCK_FILE = "node.lock"
 STATUS_TIMEOUT_MS = 5000
 STATS_TIMEOUT_S = 2.0
@@ -100,9 +108,13 @@ STORE_HEARTBEAT_TIMEOUT_S = 60.0
 # What the runtime's close gives actors still alive after the tree stopped (seconds).
 STORE_CLOSE_TIMEOUT_S = 60.0
 STORES = ("msg_store_persistent", "msg_store_transient")
+# What other processes may call on the node through its control socket (warren.connect).
+CONTROL_CALLS = frozenset({"declare_queue", "delete_queue", "queue", "list_queues"})
+QUEUE_PREFIX = "queue "          # a queue's actor name, and so its title: "warren: queue orders"
 # What ``run_until_signalled`` stops on: a service manager's stop, Ctrl-C, a closed terminal.
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-PRELOAD = ("warren.store", "warren.store.store_actor", "warren.store.gc_actor", "warren.store.messages")
+PRELOAD = ("warren.store", "warren.store.store_actor", "warren.store.gc_actor", "warren.store.messages",
+           "warren.queues.queue_actor")
 
 
 class Node:
@@ -130,10 +142,13 @@ class Node:
             os.close(self._lock_fd)
             raise NodeLocked(f"a node already runs on {self.data_dir}") from None
         self._remove_leftovers()
+        self._definitions = load_definitions(self.data_dir)
+        remove_transient_queues(self.data_dir, self._definitions)
+        self._definitions_lock = threading.Lock()
         self.failed = threading.Event()
         self._stop_wanted = threading.Event()    # a stop signal arrived, or the root failed
         self._closing = threading.Event()
-        self.counters = {"malformed_status_requests": 0}
+        self.counters = {"malformed_status_requests": 0, "refused_control_calls": 0}
         self.actors: ActorNode | None = None
         self.root: Supervisor | None = None
         self._status_socket: zmq.Socket | None = None
@@ -153,7 +168,7 @@ class Node:
                 SupervisorSpec("gc_sup", SUB_FLAGS, children=(ChildSpec(
                     "msg_store_gc", GCActor, heartbeat_timeout_s=STORE_HEARTBEAT_TIMEOUT_S),)),
                 *stores,
-                SupervisorSpec("queue_sup", SUB_FLAGS),
+                self._queue_sup_spec(),
                 SupervisorSpec("app_sup", SUB_FLAGS, children=tuple(children)),
             ))
             self.root = Supervisor(self.actors, spec, on_failure=self._root_failed).start()
@@ -187,6 +202,64 @@ class Node:
         if ref is None:
             raise KeyError(f"no {name} is running")
         return ref
+
+    # ------------------------------------------------------------------ queues
+
+    def declare_queue(self, name: str, *, durable: bool = True, lazy: bool = False) -> None:
+        """Create the queue (a process under ``queue_sup``) unless it exists; a durable
+        one is kept in the definitions and started at every boot. Re-declaring with other
+        arguments raises ``PreconditionFailed``."""
+        definition = QueueDefinition(check_queue_name(name), bool(durable), bool(lazy))
+        with self._definitions_lock:
+            existing = self._definitions.get(name)
+            if existing is not None:
+                existing.check_same(definition)
+                return
+            if not definition.durable:
+                mark_transient(queue_directory(self.data_dir, name))
+            self._supervisor("queue_sup").start_child(self._queue_spec(definition))
+            self._definitions[name] = definition
+            self.root.update_child_spec(self._queue_sup_spec())
+            if definition.durable:
+                save_definitions(self.data_dir, self._definitions)
+
+    def delete_queue(self, name: str) -> int:
+        """Delete the queue, its messages and its files; how many messages it held."""
+        with self._definitions_lock:
+            if name not in self._definitions:
+                raise NotFound(f"no queue {name!r} on this node; nothing to delete")
+            count = self.queue(name).ask(DeleteQueue())
+            self._supervisor("queue_sup").terminate_child(QUEUE_PREFIX + name)
+            del self._definitions[name]
+            self.root.update_child_spec(self._queue_sup_spec())
+            save_definitions(self.data_dir, self._definitions)
+            return count
+
+    def queue(self, name: str) -> ActorRef:
+        """The ref of a queue's process (follows its restarts)."""
+        ref = self.actors.whereis(QUEUE_PREFIX + name) if name in self._definitions else None
+        if ref is None:
+            raise NotFound(f"no queue {name!r} is running on this node; declare it first")
+        return ref
+
+    def list_queues(self) -> list[str]:
+        return sorted(self._definitions)
+
+    def connect(self) -> Connection:
+        """A client connection from this process (``warren.connect`` from any other)."""
+        return Connection(self)
+
+    def _queue_sup_spec(self) -> SupervisorSpec:
+        """queue_sup with every queue declared now: what a restart of it starts."""
+        return SupervisorSpec("queue_sup", SUB_FLAGS, children=tuple(
+            self._queue_spec(d) for d in self._definitions.values()))
+
+    def _queue_spec(self, definition: QueueDefinition) -> ChildSpec:
+        return ChildSpec(QUEUE_PREFIX + definition.name, QueueActor,
+                         (definition.name, queue_directory(self.data_dir, definition.name)),
+                         {"durable": definition.durable, "lazy": definition.lazy},
+                         shutdown_s=STORE_SHUTDOWN_S, start_timeout_s=STORE_START_TIMEOUT_S,
+                         heartbeat_timeout_s=STORE_HEARTBEAT_TIMEOUT_S)
 
     def store_stats(self) -> dict[str, dict[str, Any] | None]:
         """Each store's figures; None for a store that does not answer right now."""
@@ -342,18 +415,39 @@ class Node:
                 except Exception as exc:     # answered, so the asker is not left waiting
                     log.exception("node %s: a status request failed", self.name)
                     reply = json.dumps({"error": str(exc)}).encode()
+            elif len(request) == 2 and request[0] == b"call":
+                reply = self._control_call(request[1])
             else:
                 self.counters["malformed_status_requests"] += 1
                 log.warning("node %s: refused a status request of %d frames (%r...)",
                             self.name, len(request), request[0][:40] if request else b"")
-                reply = json.dumps({"error": "the only request is one frame: "
-                                             "b'status'"}).encode()
+                reply = json.dumps({"error": "a request is one frame, b'status', or two, "
+                                             "b'call' and a JSON call"}).encode()
             try:
                 self._status_socket.send_multipart([*envelope, reply], zmq.NOBLOCK)
             except zmq.ZMQError as exc:      # the asker has gone, or reads nothing
                 log.warning("node %s: a status answer could not be sent: %s", self.name,
                             exc)
         self._status_socket.close()
+
+    def _control_call(self, body: bytes) -> bytes:
+        """A client's call on the node (``warren.connect``): ``{"op": name, "args": {...}}``
+        answered ``{"ok": result}`` or ``{"error": type name, "message": text}``."""
+        try:
+            call = json.loads(body)
+            op, args = call["op"], call.get("args", {})
+            if op not in CONTROL_CALLS or not isinstance(args, dict):
+                raise ValueError(f"no call {op!r}; the calls are {sorted(CONTROL_CALLS)}")
+            result = getattr(self, op)(**args)
+            if isinstance(result, ActorRef):
+                result = dataclasses.asdict(result)
+            return json.dumps({"ok": result}).encode()
+        except Exception as exc:             # every call is answered, whatever it holds
+            if not isinstance(exc, (QueueError, ValueError, TypeError, KeyError)):
+                log.exception("node %s: a control call failed", self.name)
+            else:
+                self.counters["refused_control_calls"] += 1
+            return json.dumps({"error": type(exc).__name__, "message": str(exc)}).encode()
 
     def _remove_leftovers(self) -> None:
         """A node that was killed (SIGKILL) left its node file and its ipc directory; we hold

@@ -228,6 +228,14 @@ class Supervisor:
                 self._children.remove(child)
         self._call(terminate)
 
+    def update_child_spec(self, spec: ChildSpec | SupervisorSpec) -> None:
+        """Start the child of ``spec.id`` from ``spec`` at its next (re)start: a supervisor
+        whose children change at run time (the node's queues) is restarted with all of
+        them, not with the ones it started with."""
+        def update() -> None:
+            self._find(spec.id).spec = spec
+        self._call(update)
+
     def which_children(self) -> list[dict[str, Any]]:
         """id, pid, state, restarts and incarnation of each child, in start order."""
         with self._lock:

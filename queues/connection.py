@@ -1,0 +1,399 @@
+"""``Connection``: what a producer or consumer uses to talk to a node's queues.
+
+A publish goes straight from this process to the queue's process (one hop) as one
+``Publish`` of encoded messages, and is answered once every message of it is confirmed.
+``publish`` waits for that; ``publish_async`` returns a ``Confirm`` at once;
+``publish_many`` sends batches and waits for all of them. At most ``max_in_flight``
+messages (4000, RabbitMQ's credit) are unconfirmed per connection: a publish beyond that
+waits for the oldest confirms first.
+
+Consumers fetch: ``get`` takes one message; ``consume(queue, prefetch=N)`` iterates,
+holding at most N deliveries unacked. Every delivery awaiting an ack is this
+connection's; ``Delivery.ack``, ``nack`` and ``reject`` settle it (``multiple=True``
+settles every earlier one the connection holds from that queue too). Settles are sent
+without waiting (the connection checks its tags itself). A connection that
+closes hands its unacked deliveries back to their queues; one whose process dies has
+them requeued by the queue within a few seconds (it checks its consumers' processes).
+
+Errors (``warren.queues.errors``): ``NotFound`` for an unknown queue, ``Nacked`` for a
+publish the queue did not confirm (it was deleted, or it restarted with the message in
+doubt: publish it again), ``UnknownDeliveryTag`` for an ack of a delivery this
+connection does not hold, ``MessageTooLarge``, ``InvalidMessage``,
+``ConnectionClosed``. A ``Connection`` is used from one thread; open one per thread or
+process.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import time
+from collections.abc import Iterable, Iterator
+from typing import Any, Protocol
+
+from warren.actors import ActorDeadError, ActorRef, AskTimeout, RemoteError
+
+from . import errors
+from .errors import ConnectionClosed, Nacked, QueueError
+from .message import Message, decode, encode
+from .messages import Fetch, Publish, Purge, QueueStats, Release, Settle
+from .variable_queue import MAX_MESSAGE_BYTES
+
+__all__ = ["Confirm", "Connection", "Consumer", "Delivery"]
+
+MAX_IN_FLIGHT = 4000                # unconfirmed messages per connection (credit)
+PUBLISH_BATCH = 500                 # messages per Publish from publish_many
+PUBLISH_BATCH_BYTES = 4 * 2**20
+CALL_TIMEOUT_S = 60.0
+IDLE_POLL_S = (0.001, 0.05)         # a consumer's wait between empty fetches: from, to
+
+
+class NodeHandle(Protocol):
+    """What a connection needs of the node (the ``Node`` object in its own process)."""
+
+    def declare_queue(self, name: str, *, durable: bool = True, lazy: bool = False) -> None: ...
+    def delete_queue(self, name: str) -> int: ...
+    def queue(self, name: str) -> ActorRef: ...
+    def list_queues(self) -> list[str]: ...
+
+
+class Confirm:
+    """The confirm of one ``publish_async``: ``result(timeout)`` returns once the message
+    is confirmed, or raises ``Nacked``."""
+
+    def __init__(self, queue: str, future: Any, size: int) -> None:
+        self.queue = queue
+        self._future = future
+        self.size = size
+        self._outcome: BaseException | None | bool = False     # False: not yet known
+
+    def result(self, timeout: float | None = None) -> None:
+        if self._outcome is False:
+            try:
+                self._future.get(timeout=timeout)
+                self._outcome = None
+            except AskTimeout:
+                raise TimeoutError(f"no confirm from queue {self.queue!r} within "
+                                   f"{timeout} s; it may still come") from None
+            except ActorDeadError:
+                self._outcome = Nacked(f"queue {self.queue!r} restarted before confirming; "
+                                       f"the message is in doubt: publish it again")
+            except RemoteError as exc:
+                self._outcome = Nacked(f"queue {self.queue!r} refused the publish: "
+                                       f"{exc.message}")
+        if self._outcome is not None:
+            raise self._outcome
+
+    def done(self) -> bool:
+        if self._outcome is not False:
+            return True
+        try:
+            self.result(timeout=0)
+        except TimeoutError:
+            return False
+        except Nacked:
+            pass
+        return True
+
+
+class Delivery:
+    """One message delivered to this connection."""
+
+    def __init__(self, connection: "Connection", queue: str, seq_id: int, message: Message,
+                 delivery_count: int, ack_required: bool) -> None:
+        self._connection = connection
+        self.queue = queue
+        self.delivery_tag = seq_id
+        self.message = message
+        self.body = message.body
+        self.headers = message.headers or {}
+        self.message_id = message.message_id
+        self.delivery_count = delivery_count
+        self.redelivered = delivery_count > 0
+        self.ack_required = ack_required
+
+    def ack(self, multiple: bool = False) -> None:
+        self._connection._settle(self, "ack", multiple)
+
+    def nack(self, requeue: bool = True, multiple: bool = False) -> None:
+        self._connection._settle(self, "requeue" if requeue else "reject", multiple)
+
+    def reject(self, requeue: bool = True) -> None:
+        self._connection._settle(self, "requeue" if requeue else "reject", False)
+
+    def __repr__(self) -> str:
+        return (f"Delivery(queue={self.queue!r}, tag={self.delivery_tag}, "
+                f"redelivered={self.redelivered}, {len(self.body)} bytes)")
+
+
+class Connection:
+    def __init__(self, node: NodeHandle, *, max_in_flight: int = MAX_IN_FLIGHT,
+                 call_timeout_s: float = CALL_TIMEOUT_S) -> None:
+        self._node = node
+        self.max_in_flight = max_in_flight
+        self.call_timeout_s = call_timeout_s
+        self.consumer_id = os.urandom(16)
+        self._pid = os.getpid()
+        self._refs: dict[str, ActorRef] = {}
+        self._in_flight: collections.deque[Confirm] = collections.deque()
+        self._unconfirmed = 0
+        self._held: dict[str, dict[int, Delivery]] = {}     # queue -> tag -> delivery
+        self._closed = False
+
+    # ------------------------------------------------------------------ declarations
+
+    def declare_queue(self, name: str, durable: bool = True, lazy: bool = False) -> None:
+        self._check_open()
+        self._node.declare_queue(name, durable=durable, lazy=lazy)
+
+    def delete_queue(self, name: str) -> int:
+        self._check_open()
+        self._refs.pop(name, None)
+        return self._node.delete_queue(name)
+
+    def list_queues(self) -> list[str]:
+        self._check_open()
+        return self._node.list_queues()
+
+    def purge_queue(self, name: str) -> int:
+        return self._ask(name, Purge())
+
+    def queue_stats(self, name: str) -> dict[str, Any]:
+        return self._ask(name, QueueStats())
+
+    # ------------------------------------------------------------------ publishing
+
+    def publish(self, queue: str, body: bytes, *, persistent: bool = True,
+                headers: dict[str, Any] | None = None, message_id: str | None = None,
+                expiration_ms: int | None = None, timeout: float | None = None) -> None:
+        """Publish one message; return once the queue confirmed it (``Nacked`` if not)."""
+        self.publish_async(queue, body, persistent=persistent, headers=headers,
+                           message_id=message_id, expiration_ms=expiration_ms).result(
+            timeout if timeout is not None else self.call_timeout_s)
+
+    def publish_async(self, queue: str, body: bytes, *, persistent: bool = True,
+                      headers: dict[str, Any] | None = None, message_id: str | None = None,
+                      expiration_ms: int | None = None) -> Confirm:
+        """Publish one message; its ``Confirm``, to wait on later."""
+        payload = self._encode(body, persistent, headers, message_id, expiration_ms)
+        return self._send(queue, [payload], persistent)
+
+    def publish_many(self, queue: str, bodies: Iterable[bytes], *, persistent: bool = True,
+                     headers: dict[str, Any] | None = None,
+                     timeout: float | None = None) -> int:
+        """Publish every body; return once all are confirmed; how many."""
+        batch: list[bytes] = []
+        size = count = 0
+        confirms = []
+        for body in bodies:
+            payload = self._encode(body, persistent, headers, None, None)
+            batch.append(payload)
+            size += len(payload)
+            if len(batch) >= PUBLISH_BATCH or size >= PUBLISH_BATCH_BYTES:
+                confirms.append(self._send(queue, batch, persistent))
+                count += len(batch)
+                batch, size = [], 0
+        if batch:
+            confirms.append(self._send(queue, batch, persistent))
+            count += len(batch)
+        deadline = time.monotonic() + (timeout if timeout is not None else self.call_timeout_s)
+        for confirm in confirms:
+            confirm.result(max(0.0, deadline - time.monotonic()))
+        return count
+
+    def wait_for_confirms(self, timeout: float | None = None) -> None:
+        """Wait until every publish of this connection is confirmed; ``Nacked`` names the
+        first that was not (the others are still waited for)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        nacked: Nacked | None = None
+        while self._in_flight:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                self._settle_oldest(left)
+            except Nacked as exc:
+                nacked = nacked or exc
+        if nacked is not None:
+            raise nacked
+
+    def _encode(self, body, persistent, headers, message_id, expiration_ms) -> bytes:
+        self._check_open()
+        payload = encode(Message(body, message_id, headers, expiration_ms,
+                                 int(time.time() * 1000), None, bool(persistent)))
+        if len(payload) > MAX_MESSAGE_BYTES:
+            raise errors.MessageTooLarge(f"the message encodes to {len(payload)} bytes, "
+                                         f"above the maximum of {MAX_MESSAGE_BYTES}")
+        return payload
+
+    def _send(self, queue: str, payloads: list[bytes], persistent: bool) -> Confirm:
+        while self._in_flight and self._unconfirmed + len(payloads) > self.max_in_flight:
+            try:
+                self._settle_oldest(self.call_timeout_s)
+            except Nacked:
+                pass                      # its own publisher learns it from its Confirm
+        ref = self._ref(queue)
+        future = ref.ask_async(Publish(payloads, persistent), timeout=self.call_timeout_s)
+        confirm = Confirm(queue, future, len(payloads))
+        self._in_flight.append(confirm)
+        self._unconfirmed += len(payloads)
+        return confirm
+
+    def _settle_oldest(self, timeout: float | None) -> None:
+        confirm = self._in_flight[0]
+        try:
+            confirm.result(timeout)
+        finally:
+            if confirm.done():
+                self._in_flight.popleft()
+                self._unconfirmed -= confirm.size
+
+    # ------------------------------------------------------------------ consuming
+
+    def get(self, queue: str, *, ack: bool = True) -> Delivery | None:
+        """The next message of ``queue``, or None when it is empty; with ``ack`` it
+        awaits ``Delivery.ack`` (or nack, reject)."""
+        deliveries = self._fetch(queue, 1, ack)
+        return deliveries[0] if deliveries else None
+
+    def consume(self, queue: str, prefetch: int = 100) -> "Consumer":
+        """Iterate over ``queue``'s messages, at most ``prefetch`` unacked at a time."""
+        if type(prefetch) is not int or prefetch < 1:
+            raise ValueError(f"prefetch must be an int >= 1, got {prefetch!r}")
+        self._ref(queue)
+        return Consumer(self, queue, prefetch)
+
+    def _fetch(self, queue: str, count: int, ack: bool) -> list[Delivery]:
+        answer = self._ask(queue, Fetch(self.consumer_id, self._pid, count, ack))
+        deliveries = [Delivery(self, queue, d.seq_id, decode(d.payload), d.delivery_count, ack)
+                      for d in answer]
+        if ack:
+            held = self._held.setdefault(queue, {})
+            for delivery in deliveries:
+                held[delivery.delivery_tag] = delivery
+        return deliveries
+
+    def held(self, queue: str) -> int:
+        """Deliveries of ``queue`` this connection holds unacked."""
+        return len(self._held.get(queue, ()))
+
+    def _settle(self, delivery: Delivery, action: str, multiple: bool) -> None:
+        self._check_open()
+        held = self._held.get(delivery.queue, {})
+        if delivery.delivery_tag not in held:
+            raise errors.UnknownDeliveryTag(
+                f"delivery {delivery.delivery_tag} of queue {delivery.queue!r} is not awaiting "
+                f"an ack from this connection (already settled, or fetched without ack)")
+        tags = ([t for t in held if t <= delivery.delivery_tag] if multiple
+                else [delivery.delivery_tag])
+        self._ref(delivery.queue).tell(Settle(self.consumer_id, sorted(tags), action),
+                                       timeout=self.call_timeout_s)
+        for tag in tags:
+            del held[tag]
+
+    def _give_back(self, queue: str, tags: list[int]) -> None:
+        """Requeue deliveries fetched but never handed to the application."""
+        self._ref(queue).tell(Settle(self.consumer_id, sorted(tags), "requeue"),
+                              timeout=self.call_timeout_s)
+        held = self._held.get(queue, {})
+        for tag in tags:
+            held.pop(tag, None)
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _ref(self, queue: str) -> ActorRef:
+        self._check_open()
+        ref = self._refs.get(queue)
+        if ref is None:
+            ref = self._refs[queue] = self._node.queue(queue)
+        return ref
+
+    def _ask(self, queue: str, request: Any) -> Any:
+        ref = self._ref(queue)
+        try:
+            return ref.ask(request, timeout=self.call_timeout_s)
+        except RemoteError as exc:
+            raise _local_error(exc) from None
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ConnectionClosed("this connection is closed; open a new one")
+
+    def close(self) -> None:
+        """Hand every unacked delivery back to its queue; later calls raise
+        ``ConnectionClosed``. Unconfirmed publishes are not waited for."""
+        if self._closed:
+            return
+        for queue, held in self._held.items():
+            if held:
+                try:
+                    self._ref(queue).tell(Release(self.consumer_id), timeout=1.0)
+                except (ActorDeadError, QueueError, OSError):
+                    pass               # the queue requeues them itself when it notices
+        self._held.clear()
+        self._closed = True
+
+    def __enter__(self) -> "Connection":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+
+class Consumer:
+    """An iterator over one queue's deliveries, with at most ``prefetch`` unacked; a
+    context manager whose exit requeues what was not acked."""
+
+    def __init__(self, connection: Connection, queue: str, prefetch: int) -> None:
+        self.connection = connection
+        self.queue = queue
+        self.prefetch = prefetch
+        self._ready: collections.deque[Delivery] = collections.deque()
+        self._closed = False
+
+    def __iter__(self) -> Iterator[Delivery]:
+        return self
+
+    def __next__(self) -> Delivery:
+        wait = IDLE_POLL_S[0]
+        while not self._ready:
+            if self._closed:
+                raise StopIteration
+            room = self.prefetch - self.connection.held(self.queue)
+            if room > 0:
+                self._ready.extend(self.connection._fetch(self.queue, room, True))
+            if not self._ready:
+                time.sleep(wait)
+                wait = min(wait * 2, IDLE_POLL_S[1])
+        return self._ready.popleft()
+
+    def get(self, timeout: float) -> Delivery | None:
+        """The next delivery within ``timeout`` seconds, or None."""
+        deadline = time.monotonic() + timeout
+        while not self._ready and time.monotonic() < deadline:
+            room = self.prefetch - self.connection.held(self.queue)
+            if room > 0:
+                self._ready.extend(self.connection._fetch(self.queue, room, True))
+            if not self._ready:
+                time.sleep(IDLE_POLL_S[0] * 10)
+        return self._ready.popleft() if self._ready else None
+
+    def cancel(self) -> None:
+        """Stop iterating; deliveries fetched but not yet handed out go back now."""
+        self._closed = True
+        if self._ready:
+            self.connection._give_back(self.queue, [d.delivery_tag for d in self._ready])
+            self._ready.clear()
+
+    def __enter__(self) -> "Consumer":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.cancel()
+
+
+_ERRORS = {name: getattr(errors, name) for name in errors.__all__}
+
+
+def _local_error(exc: RemoteError) -> Exception:
+    """A queue's error as the class of ``warren.queues.errors`` it was raised as."""
+    cls = _ERRORS.get(exc.type_name)
+    return cls(exc.message) if cls is not None else exc

@@ -1,0 +1,85 @@
+"""The messages between a queue's clients (``warren.queues.connection``) and its process
+(``warren.queues.queue_actor``).
+
+Every message is a frozen dataclass registered with the actor runtime's codec; a list of
+encoded messages travels as one msgpack frame (bodies of 64 KiB or more as frames of
+their own). ``consumer`` names a connection: the deliveries a connection holds unacked are
+its own, and go back to the queue when it closes or its process dies.
+
+    Publish(payloads, persistent)      ask → the number published, answered once every
+                                       message of the batch is confirmed (DESIGN §5)
+    Fetch(consumer, pid, count, ack_required)
+                                       ask → list[Delivered] (up to ``count``; [] when empty)
+    Settle(consumer, tags, action)     tell (or ask → the tags ignored); action "ack",
+                                       "requeue" or "reject" (reject: drop); a tag the
+                                       consumer does not hold is ignored and counted
+    Release(consumer)                  tell: requeue what the consumer holds (it closed)
+    Purge()                            ask → the number of messages purged
+    QueueStats()                       ask → dict
+    DeleteQueue()                      ask → the number of messages deleted; the queue then
+                                       refuses everything until its process is stopped
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from warren.actors import message
+
+SETTLE_ACTIONS = ("ack", "requeue", "reject")
+
+
+@message
+@dataclass(frozen=True)
+class Publish:
+    payloads: list[bytes]
+    persistent: bool
+
+
+@message
+@dataclass(frozen=True)
+class Fetch:
+    consumer: bytes
+    pid: int
+    count: int
+    ack_required: bool
+
+
+@message
+@dataclass(frozen=True)
+class Delivered:
+    seq_id: int
+    payload: bytes
+    delivery_count: int
+
+
+@message
+@dataclass(frozen=True)
+class Settle:
+    consumer: bytes
+    tags: list[int]
+    action: str
+
+
+@message
+@dataclass(frozen=True)
+class Release:
+    consumer: bytes
+
+
+@message
+@dataclass(frozen=True)
+class Purge:
+    pass
+
+
+@message
+@dataclass(frozen=True)
+class QueueStats:
+    pass
+
+
+@message
+@dataclass(frozen=True)
+class DeleteQueue:
+    pass

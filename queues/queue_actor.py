@@ -1,0 +1,309 @@
+"""``QueueActor``: one queue as an OS process (``warren: queue <name>``), wrapping the
+queue engine (``VariableQueue``) with its own clients of the node's two stores.
+
+Supervised by the node's ``queue_sup`` (one_for_one): a queue that crashes is restarted
+alone and recovers from disk (its unacked messages come back flagged redelivered); a
+store crash restarts every queue after it (the node's root is rest_for_one).
+
+Messages accepted (``warren.queues.messages``), and what each gets back:
+
+    Publish(payloads, persistent)  → the batch's size, once every message is confirmed:
+                                     group commit when the mailbox is empty, at the latest
+                                     ``sync_interval_ms`` later while shared-store writes
+                                     are unsettled
+    Fetch(consumer, pid, count, ack_required)
+                                   → up to ``count`` Delivered; those needing an ack are
+                                     held for ``consumer`` (its process ``pid``)
+    Settle(consumer, tags, action) (tell, or ask → the tags ignored) settles the tags the
+                                     consumer holds; any other tag is ignored, logged and
+                                     counted (``foreign_tags``): one connection cannot
+                                     settle another's deliveries
+    Release(consumer)              (tell) requeue what the consumer holds
+    Purge()                        → messages purged
+    QueueStats()                   → the engine's stats, the consumers and the name
+    DeleteQueue()                  → messages deleted; every later request is refused
+
+A message of another type, or whose fields are not what this list says, raises
+``UnhandledMessage`` before anything of it is applied (an ask gets it as its error; a
+tell is logged and counted): a stray or hostile message never restarts a queue.
+
+Consumers: every ``consumer_check_s`` the queue looks whether each consumer's process is
+still alive (its pid, and the process's start time, against pid reuse) and requeues
+what a dead one held: a consumer SIGKILLed mid-flight loses nothing.
+
+Alarms: under the node's memory alarm the queue's RAM duration target drops to 0 and it
+pages out; when the alarm clears the target is infinity again. The rates are folded in
+every ``RATES_INTERVAL_S`` (RabbitMQ: 5 s).
+
+A store that goes down (a ``Down`` from the monitor the queue holds on each store) makes
+the queue stop at once, without a clean stop: the node restarts it after the store, and
+it recovers dirty, checking its entries against the store.
+
+Races: a confirm is sent only after the sync that made the whole batch durable, so a
+queue killed with confirms pending leaves its publishers an ActorDeadError (their batch
+is in doubt: re-send it), never a false confirm. A Settle names its consumer, so one
+connection cannot ack another's deliveries; it travels on the same socket as that
+connection's fetches, so a fetch after an ack sees the ack applied.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+import psutil
+
+from warren.actors import Down, ProcessActor, UnhandledMessage
+from warren.store.client import StoreClient
+from warren.store.messages import StoreStats
+
+from .errors import QueueClosed
+from .messages import (SETTLE_ACTIONS, DeleteQueue, Delivered, Fetch, Publish, Purge,
+                       QueueStats, Release, Settle)
+from .variable_queue import VariableQueue
+
+__all__ = ["QueueActor"]
+
+log = logging.getLogger("warren.queues")
+
+SYNC_INTERVAL_MS = 25            # longest a pending confirm waits for its fsync
+CONSUMER_CHECK_S = 2.0           # how often dead consumers' deliveries are requeued
+RATES_INTERVAL_S = 5.0           # RAM_DURATION_UPDATE_INTERVAL
+MAX_FETCH = 10_000               # messages one Fetch may take
+# A queue gives up on a silent store sooner than an application would: the node restarts
+# the queue after the store anyway (rest_for_one).
+STORE_CLIENT_OPTIONS = {"unavailable_after_s": 10.0, "call_timeout_s": 30.0}
+
+
+class _Batch:
+    """A Publish awaiting its confirms."""
+
+    __slots__ = ("reply", "size", "left")
+
+    def __init__(self, reply: Any, size: int) -> None:
+        self.reply, self.size, self.left = reply, size, size
+
+
+class QueueActor(ProcessActor):
+    """One queue process; see the module docstring."""
+
+    def __init__(self, name: str, directory: str, *, durable: bool = True,
+                 lazy: bool = False, queue_options: dict[str, Any] | None = None,
+                 sync_interval_ms: float = SYNC_INTERVAL_MS,
+                 consumer_check_s: float = CONSUMER_CHECK_S) -> None:
+        self.queue_name = name
+        self.directory = directory
+        self.durable = durable
+        self.lazy = lazy
+        self.queue_options = dict(queue_options or {})
+        self.sync_interval_s = sync_interval_ms / 1000
+        self.consumer_check_s = consumer_check_s
+        self.queue: VariableQueue | None = None
+        self._confirms: dict[int, _Batch] = {}        # seq id -> its batch
+        self._sync_armed = False
+        self._held: dict[bytes, set[int]] = {}        # consumer -> tags awaiting its ack
+        self._owners: dict[bytes, tuple[int, float]] = {}   # consumer -> (pid, started)
+        self._deleted = False
+        self._store_down = False
+        self.counters = {"published": 0, "delivered": 0, "released": 0, "foreign_tags": 0}
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def on_start(self) -> None:
+        persistent = self.whereis("msg_store_persistent")
+        transient = self.whereis("msg_store_transient")
+        if persistent is None or transient is None:
+            raise RuntimeError(f"queue {self.queue_name}: the node's stores are not running")
+        store_clean = bool(persistent.ask(StoreStats()).get("recovered_clean"))
+        for store in (persistent, transient):
+            self.monitor(store.pin())
+        self.queue = VariableQueue(
+            self.directory, durable=self.durable, lazy=self.lazy,
+            persistent_store=lambda ref: StoreClient(persistent, ref, **STORE_CLIENT_OPTIONS),
+            transient_store=lambda ref: StoreClient(transient, ref, **STORE_CLIENT_OPTIONS),
+            shared_store_clean=store_clean, **self.queue_options)
+        self.call_later(self.consumer_check_s, self._check_consumers)
+        self.call_later(RATES_INTERVAL_S, self._update_rates)
+
+    def on_stop(self) -> None:
+        if self.queue is None or self._deleted:
+            return
+        if self._store_down:
+            # The node restarts this queue after the store; its next start recovers dirty.
+            # Nothing unconfirmed is lost that a publisher was told is safe.
+            self.queue.abandon()
+            return
+        try:
+            self._answer(self.queue.sync(wait=True))
+        finally:
+            self.queue.terminate()
+
+    def on_alarm(self, resource: str, raised: bool) -> None:
+        if resource == "memory" and self.queue is not None and not self._deleted:
+            self.queue.set_ram_duration_target(0 if raised else math.inf)
+
+    def on_idle(self) -> None:
+        if self.queue is not None and not self._deleted and self.queue.needs_sync():
+            self._sync()
+
+    # ------------------------------------------------------------------ messages
+
+    def on_receive(self, message: Any) -> Any:
+        handler = self._handlers.get(type(message))
+        if handler is None:
+            raise UnhandledMessage(f"queue {self.queue_name} does not handle "
+                                   f"{type(message).__name__}")
+        problem = _malformed(message)
+        if problem is not None:
+            raise UnhandledMessage(f"malformed {type(message).__name__}: {problem}")
+        if self._deleted:
+            raise QueueClosed(f"queue {self.queue_name} was deleted")
+        return handler(self, message)
+
+    def _publish(self, message: Publish) -> None:
+        reply = self.defer_reply()
+        seq_ids = self.queue.publish_many(message.payloads, persistent=message.persistent)
+        self.counters["published"] += len(seq_ids)
+        if not seq_ids:
+            reply.send(0)
+            return
+        batch = _Batch(reply, len(seq_ids))
+        for seq_id in seq_ids:
+            self._confirms[seq_id] = batch
+
+    def _fetch(self, message: Fetch) -> list[Delivered]:
+        out = []
+        for _ in range(message.count):
+            fetched = self.queue.fetch_encoded(message.ack_required)
+            if fetched is None:
+                break
+            out.append(Delivered(fetched.seq_id, fetched.payload, fetched.delivery_count))
+        if message.ack_required and out:
+            self._held.setdefault(message.consumer, set()).update(d.seq_id for d in out)
+            if message.consumer not in self._owners:
+                self._owners[message.consumer] = (message.pid, _started(message.pid))
+        self.counters["delivered"] += len(out)
+        return out
+
+    def _settle(self, message: Settle) -> list[int]:
+        held = self._held.get(message.consumer, set())
+        tags = list(dict.fromkeys(message.tags))
+        foreign = [tag for tag in tags if tag not in held]
+        if foreign:                    # the client checks first: a bug or a hostile peer
+            self.counters["foreign_tags"] += len(foreign)
+            log.warning("queue %s: %d delivery tags in a %s are not held by that "
+                        "connection; ignored", self.queue_name, len(foreign), message.action)
+            tags = [tag for tag in tags if tag in held]
+        if message.action == "requeue":
+            self.queue.requeue(tags)
+        else:
+            self.queue.ack(tags)
+        held.difference_update(tags)
+        return foreign
+
+    def _release(self, message: Release) -> None:
+        held = self._held.pop(message.consumer, set())
+        self._owners.pop(message.consumer, None)
+        if held:
+            self.queue.requeue(sorted(held))
+            self.counters["released"] += len(held)
+
+    def _purge(self, message: Purge) -> int:
+        return self.queue.purge()
+
+    def _stats(self, message: QueueStats) -> dict[str, Any]:
+        stats = self.queue.stats()
+        stats.update(name=self.queue_name, durable=self.durable,
+                     consumers=len(self._held), messages_ready=stats["len"],
+                     messages_unacked=stats["depth"] - stats["len"], **self.counters)
+        return stats
+
+    def _delete(self, message: DeleteQueue) -> int:
+        count = self.queue.depth
+        for batch in set(self._confirms.values()):
+            batch.reply.fail(QueueClosed(f"queue {self.queue_name} was deleted before "
+                                         f"confirming this publish"))
+        self._confirms.clear()
+        self.queue.delete()
+        self._deleted = True
+        return count
+
+    def _down(self, message: Down) -> None:
+        log.warning("queue %s: %s went down (%s); stopping, to be restarted after it",
+                    self.queue_name, message.ref.name, message.reason)
+        self._store_down = True
+        self.stop()
+
+    _handlers = {Publish: _publish, Fetch: _fetch, Settle: _settle, Release: _release,
+                 Purge: _purge, QueueStats: _stats, DeleteQueue: _delete, Down: _down}
+
+    # ------------------------------------------------------------------ confirms
+
+    def _sync(self) -> None:
+        self._answer(self.queue.sync(wait=False))
+        if self.queue.needs_sync() and not self._sync_armed:
+            self._sync_armed = True
+            self.call_later(self.sync_interval_s, self._sync_timer)
+
+    def _sync_timer(self) -> None:
+        self._sync_armed = False
+        if not self._deleted and self.queue.needs_sync():
+            self._sync()
+
+    def _answer(self, confirmed: list[int]) -> None:
+        confirms = self._confirms
+        for seq_id in confirmed:
+            batch = confirms.pop(seq_id, None)
+            if batch is not None:
+                batch.left -= 1
+                if batch.left == 0:
+                    batch.reply.send(batch.size)
+
+    # ------------------------------------------------------------------ timers
+
+    def _check_consumers(self) -> None:
+        for consumer, (pid, started) in list(self._owners.items()):
+            if _started(pid) != started:
+                log.info("queue %s: consumer process %d is gone; requeueing %d deliveries",
+                         self.queue_name, pid, len(self._held.get(consumer, ())))
+                self._release(Release(consumer))
+        self.call_later(self.consumer_check_s, self._check_consumers)
+
+    def _update_rates(self) -> None:
+        if not self._deleted:
+            self.queue.update_rates()
+        self.call_later(RATES_INTERVAL_S, self._update_rates)
+
+
+def _started(pid: int) -> float:
+    """The process's start time; 0.0 when it does not exist (so a reused pid differs)."""
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
+        return 0.0
+
+
+def _malformed(message: Any) -> str | None:
+    """What is wrong with a message's fields, or None."""
+    if isinstance(message, Publish):
+        if type(message.payloads) is not list or not all(
+                type(p) is bytes for p in message.payloads):
+            return "payloads must be a list of bytes"
+        if type(message.persistent) is not bool:
+            return "persistent must be a bool"
+    elif isinstance(message, Fetch):
+        if type(message.consumer) is not bytes or type(message.pid) is not int:
+            return "consumer must be bytes and pid an int"
+        if type(message.count) is not int or not 0 < message.count <= MAX_FETCH:
+            return f"count must be an int in 1..{MAX_FETCH}"
+        if type(message.ack_required) is not bool:
+            return "ack_required must be a bool"
+    elif isinstance(message, Settle):
+        if type(message.consumer) is not bytes or message.action not in SETTLE_ACTIONS:
+            return f"consumer must be bytes and action one of {SETTLE_ACTIONS}"
+        if type(message.tags) is not list or not all(type(t) is int for t in message.tags):
+            return "tags must be a list of ints"
+    elif isinstance(message, Release) and type(message.consumer) is not bytes:
+        return "consumer must be bytes"
+    return None

@@ -1,0 +1,77 @@
+"""``RemoteNode``: a node running in another process on this machine, as a connection
+sees it (``warren.connect(data_dir)``).
+
+The node writes ``<data_dir>/node.json`` naming its control socket (an ipc path in its
+private runtime directory). A call is one request there: ``[b"call", JSON {"op", "args"}]``,
+answered ``{"ok": result}`` or ``{"error": type name, "message": text}``; the error comes
+back as the class of ``warren.queues.errors`` it names (``NotFound``,
+``PreconditionFailed`` ...), or as a ``QueueError``. Messages then go from the
+connection straight to the queue's process: the node is asked only for declarations and
+for where a queue lives.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import zmq
+
+from warren.actors import ActorRef
+
+from . import errors
+
+__all__ = ["NODE_FILE", "NodeNotRunning", "RemoteNode"]
+
+NODE_FILE = "node.json"             # in the data directory: the node's control socket
+CALL_TIMEOUT_MS = 60_000
+
+
+class NodeNotRunning(errors.QueueError, ConnectionError):
+    """No node answers on that data directory: start one (``warren node --data-dir D``)."""
+
+
+class RemoteNode:
+    def __init__(self, data_dir: str | os.PathLike, *, timeout_ms: int = CALL_TIMEOUT_MS) -> None:
+        self.data_dir = os.fspath(data_dir)
+        self.timeout_ms = timeout_ms
+        try:
+            with open(os.path.join(self.data_dir, NODE_FILE)) as file:
+                self.endpoint = json.load(file)["status_endpoint"]
+        except (OSError, ValueError, KeyError) as exc:
+            raise NodeNotRunning(f"no node is running on {self.data_dir} ({exc}); start "
+                                 f"one with `warren node --data-dir {self.data_dir}`") from None
+        self.list_queues()                  # fail now, not at the first publish
+
+    def declare_queue(self, name: str, *, durable: bool = True, lazy: bool = False) -> None:
+        self._call("declare_queue", name=name, durable=durable, lazy=lazy)
+
+    def delete_queue(self, name: str) -> int:
+        return self._call("delete_queue", name=name)
+
+    def queue(self, name: str) -> ActorRef:
+        return ActorRef(**self._call("queue", name=name))
+
+    def list_queues(self) -> list[str]:
+        return self._call("list_queues")
+
+    def _call(self, op: str, **args: Any) -> Any:
+        socket = zmq.Context.instance().socket(zmq.REQ)
+        socket.linger = 0
+        socket.rcvtimeo = socket.sndtimeo = self.timeout_ms
+        try:
+            socket.connect(self.endpoint)
+            socket.send_multipart([b"call", json.dumps({"op": op, "args": args}).encode()])
+            answer = json.loads(socket.recv())
+        except zmq.ZMQError as exc:
+            raise NodeNotRunning(f"the node on {self.data_dir} does not answer ({exc})") from None
+        finally:
+            socket.close()
+        if "error" in answer:
+            cls = getattr(errors, answer["error"], None)
+            if not (isinstance(cls, type) and issubclass(cls, Exception)):
+                cls = ValueError if answer["error"] in ("ValueError", "TypeError") else \
+                    errors.QueueError
+            raise cls(answer.get("message", answer["error"]))
+        return answer["ok"]

@@ -1,0 +1,242 @@
+"""Queues as processes in a node, through the client API: publish with confirms, get and
+consume with acks, durable declarations, and what survives when a queue, a consumer or
+the persistent store is killed."""
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+from warren import connect
+from warren.actors import ActorDeadError, RemoteError
+from warren.queues import NotFound, PreconditionFailed, UnknownDeliveryTag
+from warren.queues.errors import ConnectionClosed
+from warren.queues.messages import Fetch
+from warren.supervisor import Node
+
+from ..waiting import wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def restarted(node, name, old_pid):
+    """True once queue ``name`` runs in a process other than ``old_pid``."""
+    try:
+        return node.queue(name).pid != old_pid
+    except NotFound:
+        return False                 # between its death and its restart
+
+
+@pytest.fixture
+def data_dir(tmp_path):
+    return tmp_path / "data"
+
+
+@pytest.fixture
+def node(data_dir):
+    with Node(data_dir) as running:
+        yield running
+
+
+def test_a_published_message_is_confirmed_fetched_and_acked(node):
+    node.declare_queue("orders")
+    connection = node.connect()
+    connection.publish("orders", b"order 1", headers={"region": "eu"}, message_id="o-1")
+    delivery = connection.get("orders")
+    assert (delivery.body, delivery.headers, delivery.message_id) == (
+        b"order 1", {"region": "eu"}, "o-1")
+    assert not delivery.redelivered
+    delivery.ack()
+    assert connection.get("orders") is None
+    stats = connection.queue_stats("orders")
+    assert (stats["messages_ready"], stats["messages_unacked"]) == (0, 0)
+
+
+def test_a_queue_is_a_process_of_its_own_titled_by_its_name(node):
+    node.declare_queue("orders")
+    process = psutil.Process(node.queue("orders").pid)
+    assert process.cmdline()[0] == "warren: queue orders"
+    assert process.pid != os.getpid()
+
+
+def test_declaring_again_is_harmless_and_with_other_arguments_refused(node):
+    node.declare_queue("orders")
+    node.declare_queue("orders")
+    with pytest.raises(PreconditionFailed, match="durable=True, lazy=False"):
+        node.declare_queue("orders", lazy=True)
+    with pytest.raises(ValueError, match="queue name"):
+        node.declare_queue("../escape")
+    assert node.list_queues() == ["orders"]
+
+
+def test_an_unknown_queue_is_a_clear_error(node):
+    connection = node.connect()
+    with pytest.raises(NotFound, match="declare it first"):
+        connection.publish("nowhere", b"x")
+
+
+def test_publish_many_and_consume_with_prefetch_see_every_message_in_order(node):
+    node.declare_queue("orders")
+    connection = node.connect()
+    assert connection.publish_many("orders", (b"%d" % n for n in range(3000))) == 3000
+    seen = []
+    with connection.consume("orders", prefetch=50) as consumer:
+        for delivery in consumer:
+            assert connection.held("orders") <= 50
+            seen.append(int(delivery.body))
+            delivery.ack()
+            if len(seen) == 3000:
+                break
+    assert seen == list(range(3000))
+
+
+def test_publish_async_confirms_arrive_and_wait_for_confirms_waits_for_all(node):
+    node.declare_queue("orders")
+    connection = node.connect()
+    confirms = [connection.publish_async("orders", b"x" * 5000) for _ in range(100)]
+    connection.wait_for_confirms(timeout=30)
+    assert all(confirm.done() for confirm in confirms)
+    assert connection.queue_stats("orders")["messages_ready"] == 100
+
+
+def test_nack_requeues_reject_drops_and_multiple_settles_the_earlier_ones(node):
+    node.declare_queue("orders")
+    connection = node.connect()
+    connection.publish_many("orders", [b"0", b"1", b"2", b"3"])
+    first, second, third, fourth = (connection.get("orders") for _ in range(4))
+    first.nack(requeue=True)
+    second.reject(requeue=False)
+    fourth.ack(multiple=True)                       # third and fourth
+    again = connection.get("orders")
+    assert (again.body, again.redelivered, again.delivery_count) == (b"0", True, 1)
+    again.ack()
+    assert connection.get("orders") is None
+    with pytest.raises(UnknownDeliveryTag, match="not awaiting an ack"):
+        third.ack()
+
+
+def test_closing_a_connection_hands_its_unacked_deliveries_back(node):
+    node.declare_queue("orders")
+    connection = node.connect()
+    connection.publish_many("orders", [b"a", b"b"])
+    assert connection.get("orders").body == b"a"
+    connection.close()
+    with pytest.raises(ConnectionClosed):
+        connection.get("orders")
+    other = node.connect()
+    wait_for(lambda: other.queue_stats("orders")["messages_ready"] == 2)
+    assert [other.get("orders", ack=False).body for _ in range(2)] == [b"a", b"b"]
+
+
+def test_a_durable_queue_and_its_messages_survive_a_restart_and_a_transient_one_does_not(
+        data_dir):
+    with Node(data_dir) as node:
+        node.declare_queue("orders")
+        node.declare_queue("scratch", durable=False)
+        connection = node.connect()
+        connection.publish_many("orders", [b"kept %d" % n for n in range(10)])
+        connection.publish("scratch", b"gone")
+        assert connection.get("orders").body == b"kept 0"     # unacked at the stop
+    with Node(data_dir) as node:
+        assert node.list_queues() == ["orders"]
+        assert not (data_dir / "queues" / "scratch").exists()
+        connection = node.connect()
+        first = connection.get("orders")
+        assert (first.body, first.redelivered) == (b"kept 0", True)
+        rest = [connection.get("orders").body for _ in range(9)]
+        assert rest == [b"kept %d" % n for n in range(1, 10)]
+
+
+def test_a_killed_queue_restarts_with_every_confirmed_message_the_unacked_redelivered(node):
+    node.declare_queue("orders")
+    connection = node.connect()
+    connection.publish_many("orders", [b"%d" % n for n in range(2 * 2048)])
+    held = connection.get("orders")
+    old = node.queue("orders").pid
+    os.kill(old, signal.SIGKILL)
+    wait_for(lambda: restarted(node, "orders", old))
+    fresh = node.connect()
+    first = fresh.get("orders")
+    assert (first.body, first.redelivered) == (held.body, True)
+    assert fresh.queue_stats("orders")["messages_ready"] == 2 * 2048 - 1
+
+
+def test_a_killed_persistent_store_restarts_the_queues_and_loses_nothing_confirmed(node):
+    node.declare_queue("orders")
+    connection = node.connect()
+    bodies = [b"%d" % n + b"x" * 5000 for n in range(200)]     # in the shared store
+    connection.publish_many("orders", bodies)
+    old_queue = node.queue("orders").pid
+    os.kill(node.store().pid, signal.SIGKILL)
+    wait_for(lambda: restarted(node, "orders", old_queue))
+    fresh = node.connect()
+    wait_for(lambda: fresh.queue_stats("orders")["messages_ready"] == 200)
+    assert [fresh.get("orders", ack=False).body for _ in range(200)] == bodies
+
+
+def test_a_consumer_process_killed_holding_deliveries_has_them_redelivered(node, data_dir):
+    node.declare_queue("orders")
+    connection = node.connect()
+    connection.publish_many("orders", [b"%d" % n for n in range(10)])
+    child = subprocess.Popen([sys.executable, "-m", "tests.queues.consumer_child",
+                              str(data_dir), "orders", "4"], cwd=ROOT,
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        taken = child.stdout.readline().split()
+        assert taken == ["0", "1", "2", "3"]
+        assert connection.queue_stats("orders")["messages_unacked"] == 4
+    finally:
+        child.kill()
+        child.wait()
+        child.stdout.close()
+    wait_for(lambda: connection.queue_stats("orders")["messages_ready"] == 10)
+    again = connection.get("orders")
+    assert (again.body, again.redelivered) == (b"0", True)
+
+
+def test_another_process_connects_by_data_directory(node, data_dir):
+    node.declare_queue("orders")
+    code = ("import sys; from warren import connect; c = connect(sys.argv[1]); "
+            "c.declare_queue('replies'); c.publish('orders', b'from afar'); "
+            "print(c.list_queues())")
+    out = subprocess.run([sys.executable, "-c", code, str(data_dir)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "['orders', 'replies']"
+    assert node.connect().get("orders").body == b"from afar"
+
+
+def test_connecting_where_no_node_runs_says_so(tmp_path):
+    with pytest.raises(ConnectionError, match="no node is running"):
+        connect(tmp_path)
+
+
+def test_a_malformed_request_is_refused_and_the_queue_keeps_serving(node):
+    node.declare_queue("orders")
+    ref = node.queue("orders")
+    with pytest.raises(RemoteError, match="count must be"):
+        ref.ask(Fetch(b"c", os.getpid(), -5, True))
+    with pytest.raises(RemoteError, match="does not handle"):
+        ref.ask("hello")
+    connection = node.connect()
+    connection.publish("orders", b"still here")
+    assert connection.get("orders").body == b"still here"
+    assert ref.pid == node.queue("orders").pid
+
+
+def test_deleting_a_queue_removes_its_process_and_files_and_later_publishes_fail(node,
+                                                                                 data_dir):
+    node.declare_queue("orders")
+    connection = node.connect()
+    connection.publish_many("orders", [b"x" * 5000] * 20)
+    pid = node.queue("orders").pid
+    assert connection.delete_queue("orders") == 20
+    assert not (data_dir / "queues" / "orders").exists()
+    wait_for(lambda: not psutil.pid_exists(pid))
+    with pytest.raises((NotFound, ActorDeadError)):
+        connection.publish("orders", b"late")
+    assert node.list_queues() == []
