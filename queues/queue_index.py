@@ -250,7 +250,14 @@ class QueueIndex:
 
     def publish_slot(self, seq_id: int, slot: bytes) -> None:
         """``publish`` of an entry already packed (``pack_slot``)."""
-        self.publish_slots(seq_id, [slot])
+        if self._closed:
+            raise QueueClosed(f"queue index {self.directory!r} is closed")
+        segments, buffer = self._segments, self._buffer
+        segment = seq_id // self.segment_entry_count
+        segments[segment] = segments.get(segment, 0) + 1
+        buffer[seq_id] = slot
+        if len(buffer) >= self.segment_entry_count:
+            self.flush()
 
     def publish_slots(self, first_seq_id: int, slots: list[bytes]) -> None:
         """``publish_slot`` of consecutive seq ids from ``first_seq_id``."""

@@ -97,13 +97,27 @@ class QueueStore:
         data = self._files.read_all(segment)
         if data[:HEADER_BYTES] != store_header(segment, self.segment_entry_count):
             return [False] * len(places)
-        return [_record_at(data, offset, size) is not None for offset, size in places]
+        view = memoryview(data)           # slices of a view copy nothing
+        return [_record_at(view, offset, size) is not None for offset, size in places]
 
     # ------------------------------------------------------------------ changes
 
     def write(self, seq_id: int, data: bytes) -> int:
         """Buffer ``data`` as the record of ``seq_id``; the offset the index keeps."""
-        return self.write_many(seq_id, [data])[0]
+        if self._closed:
+            raise QueueClosed(f"queue store {self.directory!r} is closed")
+        segment = seq_id // self.segment_entry_count
+        offset = self._ends.get(segment)
+        if offset is None:
+            offset = self._end_on_disk(segment)
+        self._buffer[seq_id] = (offset, RECORD.pack(len(data), zlib.crc32(data)), data)
+        length = RECORD_HEADER_BYTES + len(data)
+        self._ends[segment] = offset + length
+        self._live[segment] = self._live.get(segment, 0) + 1
+        self._buffer_bytes += length
+        if self._buffer_bytes >= self.max_cache_bytes:
+            self.flush()
+        return offset
 
     def write_many(self, first_seq_id: int, datas: list[bytes]) -> list[int]:
         """``write`` of consecutive seq ids from ``first_seq_id``; their offsets."""
