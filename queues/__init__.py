@@ -9,7 +9,7 @@ gives the persistent store the reference counts its dirty recovery needs.
 
 from .errors import (ConnectionClosed, CorruptMessage, InvalidMessage, MessageTooLarge, Nacked,
                      NotFound, PreconditionFailed, QueueClosed, QueueError, QueueLocked,
-                     UnknownDeliveryTag)
+                     UnknownDeliveryTag, Unroutable)
 from .message import Message, decode, encode
 from .queue_index import Entry, QueueIndex
 from .queue_store import QueueStore
@@ -36,6 +36,7 @@ __all__ = [
     "QueueStore",
     "SharedStoreClient",
     "UnknownDeliveryTag",
+    "Unroutable",
     "VariableQueue",
     "decode",
     "encode",

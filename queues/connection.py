@@ -2,6 +2,10 @@
 
 A publish goes straight from this process to the queue's process (one hop) as one
 ``Publish`` of encoded messages, and is answered once every message of it is confirmed.
+Through an exchange, the message is routed here, from the exchange's bindings (cached
+for a second), and sent to each queue it goes to; its confirm comes when every one of
+them has confirmed it. A message routed to several queues carries one id to all of them,
+so the shared store holds one copy with a reference per queue.
 ``publish`` waits for that; ``publish_async`` returns a ``Confirm`` at once;
 ``publish_many`` sends batches and waits for all of them. At most ``max_in_flight``
 messages (4000, RabbitMQ's credit) are unconfirmed per connection: a publish beyond that
@@ -19,7 +23,7 @@ Errors (``warren.queues.errors``): ``NotFound`` for an unknown queue, ``Nacked``
 publish the queue did not confirm (it was deleted, or it restarted with the message in
 doubt: publish it again), ``UnknownDeliveryTag`` for an ack of a delivery this
 connection does not hold, ``MessageTooLarge``, ``InvalidMessage``,
-``ConnectionClosed``. A ``Connection`` is used from one thread; open one per thread or
+``Unroutable``, ``ConnectionClosed``. A ``Connection`` is used from one thread; open one per thread or
 process.
 """
 
@@ -37,6 +41,7 @@ from . import errors
 from .errors import ConnectionClosed, Nacked, QueueError
 from .message import Message, decode, encode
 from .messages import Fetch, Publish, Purge, QueueStats, Release, Settle
+from .routing import route
 from .variable_queue import MAX_MESSAGE_BYTES
 
 __all__ = ["Confirm", "Connection", "Consumer", "Delivery"]
@@ -45,6 +50,7 @@ MAX_IN_FLIGHT = 4000                # unconfirmed messages per connection (credi
 PUBLISH_BATCH = 500                 # messages per Publish from publish_many
 PUBLISH_BATCH_BYTES = 4 * 2**20
 CALL_TIMEOUT_S = 60.0
+ROUTES_TTL_S = 1.0                  # how long an exchange's bindings are routed with
 IDLE_POLL_S = (0.001, 0.05)         # a consumer's wait between empty fetches: from, to
 
 
@@ -53,34 +59,43 @@ class NodeHandle(Protocol):
 
     def declare_queue(self, name: str, *, durable: bool = True, lazy: bool = False) -> None: ...
     def delete_queue(self, name: str) -> int: ...
+    def declare_exchange(self, name: str, *, kind: str = "direct",
+                         durable: bool = True) -> None: ...
+    def bind_queue(self, queue: str, exchange: str, routing_key: str = "") -> None: ...
+    def exchange(self, name: str) -> dict[str, Any]: ...
     def queue(self, name: str) -> ActorRef: ...
     def list_queues(self) -> list[str]: ...
 
 
 class Confirm:
-    """The confirm of one ``publish_async``: ``result(timeout)`` returns once the message
-    is confirmed, or raises ``Nacked``."""
+    """The confirm of one publish: ``result(timeout)`` returns once every queue the
+    message was routed to confirmed it, or raises ``Nacked``."""
 
-    def __init__(self, queue: str, future: Any, size: int) -> None:
-        self.queue = queue
-        self._future = future
+    def __init__(self, routing_key: str, futures: list[tuple[str, Any]], size: int) -> None:
+        self.routing_key = routing_key
+        self._futures = futures                      # (queue, future) per queue routed to
         self.size = size
         self._outcome: BaseException | None | bool = False     # False: not yet known
 
     def result(self, timeout: float | None = None) -> None:
         if self._outcome is False:
-            try:
-                self._future.get(timeout=timeout)
-                self._outcome = None
-            except AskTimeout:
-                raise TimeoutError(f"no confirm from queue {self.queue!r} within "
-                                   f"{timeout} s; it may still come") from None
-            except ActorDeadError:
-                self._outcome = Nacked(f"queue {self.queue!r} restarted before confirming; "
-                                       f"the message is in doubt: publish it again")
-            except RemoteError as exc:
-                self._outcome = Nacked(f"queue {self.queue!r} refused the publish: "
-                                       f"{exc.message}")
+            deadline = None if timeout is None else time.monotonic() + timeout
+            outcome = None
+            for queue, future in self._futures:
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                try:
+                    future.get(timeout=left)
+                except AskTimeout:
+                    raise TimeoutError(f"no confirm from queue {queue!r} within {timeout} s; "
+                                       f"it may still come") from None
+                except ActorDeadError:
+                    outcome = outcome or Nacked(
+                        f"queue {queue!r} restarted before confirming; the message is in "
+                        f"doubt: publish it again")
+                except RemoteError as exc:
+                    outcome = outcome or Nacked(f"queue {queue!r} refused the publish: "
+                                                f"{exc.message}")
+            self._outcome = outcome
         if self._outcome is not None:
             raise self._outcome
 
@@ -138,6 +153,7 @@ class Connection:
         self._in_flight: collections.deque[Confirm] = collections.deque()
         self._unconfirmed = 0
         self._held: dict[str, dict[int, Delivery]] = {}     # queue -> tag -> delivery
+        self._routes: dict[str, tuple[float, str, list]] = {}   # exchange -> (at, kind, bindings)
         self._closed = False
 
     # ------------------------------------------------------------------ declarations
@@ -149,7 +165,18 @@ class Connection:
     def delete_queue(self, name: str) -> int:
         self._check_open()
         self._refs.pop(name, None)
+        self._routes.clear()
         return self._node.delete_queue(name)
+
+    def declare_exchange(self, name: str, kind: str = "direct", durable: bool = True) -> None:
+        """``direct``, ``fanout`` or ``topic`` (the default exchange ``""`` always exists)."""
+        self._check_open()
+        self._node.declare_exchange(name, kind=kind, durable=durable)
+
+    def bind_queue(self, queue: str, exchange: str, routing_key: str = "") -> None:
+        self._check_open()
+        self._node.bind_queue(queue, exchange, routing_key)
+        self._routes.pop(exchange, None)
 
     def list_queues(self) -> list[str]:
         self._check_open()
@@ -163,25 +190,33 @@ class Connection:
 
     # ------------------------------------------------------------------ publishing
 
-    def publish(self, queue: str, body: bytes, *, persistent: bool = True,
-                headers: dict[str, Any] | None = None, message_id: str | None = None,
-                expiration_ms: int | None = None, timeout: float | None = None) -> None:
-        """Publish one message; return once the queue confirmed it (``Nacked`` if not)."""
-        self.publish_async(queue, body, persistent=persistent, headers=headers,
-                           message_id=message_id, expiration_ms=expiration_ms).result(
+    def publish(self, routing_key: str, body: bytes, *, exchange: str = "",
+                persistent: bool = True, headers: dict[str, Any] | None = None,
+                message_id: str | None = None, expiration_ms: int | None = None,
+                mandatory: bool = True, timeout: float | None = None) -> None:
+        """Publish one message to the queue ``routing_key`` names (the default exchange)
+        or through ``exchange``; return once every queue it went to confirmed it."""
+        self.publish_async(routing_key, body, exchange=exchange, persistent=persistent,
+                           headers=headers, message_id=message_id,
+                           expiration_ms=expiration_ms, mandatory=mandatory).result(
             timeout if timeout is not None else self.call_timeout_s)
 
-    def publish_async(self, queue: str, body: bytes, *, persistent: bool = True,
-                      headers: dict[str, Any] | None = None, message_id: str | None = None,
-                      expiration_ms: int | None = None) -> Confirm:
-        """Publish one message; its ``Confirm``, to wait on later."""
+    def publish_async(self, routing_key: str, body: bytes, *, exchange: str = "",
+                      persistent: bool = True, headers: dict[str, Any] | None = None,
+                      message_id: str | None = None, expiration_ms: int | None = None,
+                      mandatory: bool = True) -> Confirm:
+        """Publish one message; its ``Confirm``, to wait on later. ``Unroutable`` if the
+        exchange routes it nowhere and ``mandatory`` (else it is dropped, confirmed)."""
         payload = self._encode(body, persistent, headers, message_id, expiration_ms)
-        return self._send(queue, [payload], persistent)
+        queues = self._route(exchange, routing_key, mandatory)
+        return self._send(routing_key, queues, [payload], persistent)
 
-    def publish_many(self, queue: str, bodies: Iterable[bytes], *, persistent: bool = True,
-                     headers: dict[str, Any] | None = None,
-                     timeout: float | None = None) -> int:
-        """Publish every body; return once all are confirmed; how many."""
+    def publish_many(self, routing_key: str, bodies: Iterable[bytes], *, exchange: str = "",
+                     persistent: bool = True, headers: dict[str, Any] | None = None,
+                     mandatory: bool = True, timeout: float | None = None) -> int:
+        """Publish every body (all with ``routing_key``); return once all are confirmed;
+        how many."""
+        queues = self._route(exchange, routing_key, mandatory)
         batch: list[bytes] = []
         size = count = 0
         confirms = []
@@ -190,11 +225,11 @@ class Connection:
             batch.append(payload)
             size += len(payload)
             if len(batch) >= PUBLISH_BATCH or size >= PUBLISH_BATCH_BYTES:
-                confirms.append(self._send(queue, batch, persistent))
+                confirms.append(self._send(routing_key, queues, batch, persistent))
                 count += len(batch)
                 batch, size = [], 0
         if batch:
-            confirms.append(self._send(queue, batch, persistent))
+            confirms.append(self._send(routing_key, queues, batch, persistent))
             count += len(batch)
         deadline = time.monotonic() + (timeout if timeout is not None else self.call_timeout_s)
         for confirm in confirms:
@@ -224,15 +259,37 @@ class Connection:
                                          f"above the maximum of {MAX_MESSAGE_BYTES}")
         return payload
 
-    def _send(self, queue: str, payloads: list[bytes], persistent: bool) -> Confirm:
+    def _route(self, exchange: str, routing_key: str, mandatory: bool) -> list[str]:
+        """The queues a message goes to; the exchange's bindings are cached for
+        ``ROUTES_TTL_S`` (and dropped by this connection's own declarations)."""
+        self._check_open()
+        if exchange == "":
+            return [routing_key]
+        cached = self._routes.get(exchange)
+        if cached is None or time.monotonic() - cached[0] > ROUTES_TTL_S:
+            table = self._node.exchange(exchange)
+            cached = self._routes[exchange] = (time.monotonic(), table["kind"],
+                                               table["bindings"])
+        queues = route(cached[1], cached[2], routing_key)
+        if not queues and mandatory:
+            raise errors.Unroutable(f"exchange {exchange!r} routes {routing_key!r} to no "
+                                    f"queue; bind one, or publish with mandatory=False")
+        return queues
+
+    def _send(self, routing_key: str, queues: list[str], payloads: list[bytes],
+              persistent: bool) -> Confirm:
         while self._in_flight and self._unconfirmed + len(payloads) > self.max_in_flight:
             try:
                 self._settle_oldest(self.call_timeout_s)
             except Nacked:
                 pass                      # its own publisher learns it from its Confirm
-        ref = self._ref(queue)
-        future = ref.ask_async(Publish(payloads, persistent), timeout=self.call_timeout_s)
-        confirm = Confirm(queue, future, len(payloads))
+        # One id per message for all its queues: the shared store keeps one copy of a
+        # large message, with a reference per queue.
+        msg_ids = [os.urandom(16) for _ in payloads] if len(queues) > 1 else None
+        futures = [(queue, self._ref(queue).ask_async(Publish(payloads, persistent, msg_ids),
+                                                      timeout=self.call_timeout_s))
+                   for queue in queues]
+        confirm = Confirm(routing_key, futures, len(payloads))
         self._in_flight.append(confirm)
         self._unconfirmed += len(payloads)
         return confirm

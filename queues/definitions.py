@@ -1,10 +1,19 @@
-"""A node's queue definitions: which queues exist, with what arguments, durable ones kept
-across restarts in ``<data_dir>/definitions.json``.
+"""A node's definitions: its queues, exchanges and bindings, the durable ones kept across
+restarts in ``<data_dir>/definitions.json``.
 
 The file is replaced whole (temp file, fsync, rename, directory fsync), so a crash leaves
-the old definitions or the new ones, never a mix. A non-durable queue's directory holds a
-``.transient`` marker; a node deletes such directories at boot, and leaves alone (with a
-warning) any queue directory it has no definition of.
+the old definitions or the new ones, never a mix. It holds the durable queues, the
+durable exchanges, and the bindings between a durable exchange and a durable queue.
+
+A non-durable queue's directory holds a ``.transient`` marker; a node deletes such
+directories at boot, and leaves alone (with a warning) any queue directory it has no
+definition of, rather than guess.
+
+Exchanges (``warren.queues.routing``): the default exchange ``""`` routes a message to the
+queue its routing key names, and exists always; ``direct``, ``fanout`` and ``topic``
+exchanges route by their bindings. Re-declaring a queue or an exchange with other
+arguments raises ``PreconditionFailed``; binding to an unknown queue or exchange raises
+``NotFound``.
 """
 
 from __future__ import annotations
@@ -15,12 +24,14 @@ import os
 import re
 import shutil
 from dataclasses import asdict, dataclass
+from typing import Any
 
-from .errors import PreconditionFailed
+from .errors import NotFound, PreconditionFailed
+from .routing import EXCHANGE_KINDS
 from .walker import QUEUES_DIR
 
-__all__ = ["DEFINITIONS_FILE", "QueueDefinition", "check_queue_name", "load_definitions",
-           "save_definitions", "remove_transient_queues"]
+__all__ = ["DEFINITIONS_FILE", "Definitions", "ExchangeDefinition", "QueueDefinition",
+           "check_name", "queue_directory"]
 
 log = logging.getLogger("warren.queues")
 
@@ -35,66 +46,144 @@ class QueueDefinition:
     durable: bool = True
     lazy: bool = False
 
-    def check_same(self, other: "QueueDefinition") -> None:
-        if self != other:
-            raise PreconditionFailed(
-                f"queue {self.name!r} exists with durable={self.durable}, lazy={self.lazy}; "
-                f"declare it with those arguments, or delete it first")
+
+@dataclass(frozen=True)
+class ExchangeDefinition:
+    name: str
+    kind: str = "direct"
+    durable: bool = True
 
 
-def check_queue_name(name: object) -> str:
+def check_name(name: object, what: str = "queue") -> str:
     if not isinstance(name, str) or not _NAME.fullmatch(name) or name in (".", ".."):
-        raise ValueError(f"a queue name is 1 to 200 letters, digits, '_', '.' or '-'; "
+        raise ValueError(f"a {what} name is 1 to 200 letters, digits, '_', '.' or '-'; "
                          f"got {name!r}")
     return name
 
 
 def queue_directory(data_dir: str, name: str) -> str:
-    return os.path.join(data_dir, QUEUES_DIR, check_queue_name(name))
+    return os.path.join(data_dir, QUEUES_DIR, check_name(name))
 
 
-def load_definitions(data_dir: str) -> dict[str, QueueDefinition]:
-    """The durable queues declared on the node."""
-    try:
-        with open(os.path.join(data_dir, DEFINITIONS_FILE)) as file:
-            saved = json.load(file)
-    except FileNotFoundError:
-        return {}
-    return {entry["name"]: QueueDefinition(**entry) for entry in saved["queues"]}
+class Definitions:
+    """The definitions of one node; not thread-safe (the node holds a lock around it)."""
 
+    def __init__(self, data_dir: str) -> None:
+        self.data_dir = data_dir
+        self.queues: dict[str, QueueDefinition] = {}
+        self.exchanges: dict[str, ExchangeDefinition] = {}
+        self.bindings: set[tuple[str, str, str]] = set()     # (exchange, queue, key)
+        try:
+            with open(os.path.join(data_dir, DEFINITIONS_FILE)) as file:
+                saved = json.load(file)
+        except FileNotFoundError:
+            return
+        self.queues = {q["name"]: QueueDefinition(**q) for q in saved.get("queues", [])}
+        self.exchanges = {e["name"]: ExchangeDefinition(**e)
+                          for e in saved.get("exchanges", [])}
+        self.bindings = {tuple(b) for b in saved.get("bindings", [])}
 
-def save_definitions(data_dir: str, definitions: dict[str, QueueDefinition]) -> None:
-    durable = [asdict(d) for d in definitions.values() if d.durable]
-    path = os.path.join(data_dir, DEFINITIONS_FILE)
-    with open(path + ".tmp", "w") as file:
-        json.dump({"queues": durable}, file)
-        file.flush()
-        os.fsync(file.fileno())
-    os.replace(path + ".tmp", path)
-    fd = os.open(data_dir, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    # ------------------------------------------------------------------ changes
 
+    def add_queue(self, definition: QueueDefinition) -> bool:
+        """True if the queue is new; PreconditionFailed if it exists otherwise."""
+        existing = self.queues.get(definition.name)
+        if existing is not None:
+            if existing != definition:
+                raise PreconditionFailed(
+                    f"queue {definition.name!r} exists with durable={existing.durable}, "
+                    f"lazy={existing.lazy}; declare it with those arguments, or delete it "
+                    f"first")
+            return False
+        self.queues[definition.name] = definition
+        return True
 
-def mark_transient(directory: str) -> None:
-    os.makedirs(directory, exist_ok=True)
-    open(os.path.join(directory, TRANSIENT_MARKER), "w").close()
+    def remove_queue(self, name: str) -> QueueDefinition:
+        definition = self.queues.pop(name, None)
+        if definition is None:
+            raise NotFound(f"no queue {name!r} on this node; nothing to delete")
+        self.bindings = {b for b in self.bindings if b[1] != name}
+        return definition
 
+    def add_exchange(self, definition: ExchangeDefinition) -> bool:
+        if definition.kind not in EXCHANGE_KINDS:
+            raise ValueError(f"exchange kind must be one of {EXCHANGE_KINDS}, "
+                             f"got {definition.kind!r}")
+        existing = self.exchanges.get(definition.name)
+        if existing is not None:
+            if existing != definition:
+                raise PreconditionFailed(
+                    f"exchange {definition.name!r} exists with kind={existing.kind!r}, "
+                    f"durable={existing.durable}; declare it with those arguments")
+            return False
+        self.exchanges[definition.name] = definition
+        return True
 
-def remove_transient_queues(data_dir: str, durable: dict[str, QueueDefinition]) -> None:
-    """Delete the directories of non-durable queues, left by the node's last run."""
-    root = os.path.join(data_dir, QUEUES_DIR)
-    try:
-        names = os.listdir(root)
-    except FileNotFoundError:
-        return
-    for name in names:
-        directory = os.path.join(root, name)
-        if name in durable:
-            continue
-        if os.path.exists(os.path.join(directory, TRANSIENT_MARKER)):
-            shutil.rmtree(directory)
-        else:
-            log.warning("%s has no queue definition; left alone", directory)
+    def bind(self, queue: str, exchange: str, routing_key: str) -> bool:
+        if queue not in self.queues:
+            raise NotFound(f"no queue {queue!r} to bind; declare it first")
+        if exchange not in self.exchanges:
+            raise NotFound(f"no exchange {exchange!r} to bind to; declare it first")
+        if not isinstance(routing_key, str) or len(routing_key) > 255:
+            raise ValueError(f"a routing key is a str of at most 255 characters, "
+                             f"got {routing_key!r}")
+        binding = (exchange, queue, routing_key)
+        if binding in self.bindings:
+            return False
+        self.bindings.add(binding)
+        return True
+
+    # ------------------------------------------------------------------ reading
+
+    def exchange(self, name: str) -> dict[str, Any]:
+        """An exchange's kind and bindings ``[queue, routing_key]``: what a publisher
+        routes with."""
+        definition = self.exchanges.get(name)
+        if definition is None:
+            raise NotFound(f"no exchange {name!r} on this node; declare it first")
+        return {"kind": definition.kind,
+                "bindings": sorted([q, k] for e, q, k in self.bindings if e == name)}
+
+    def save(self) -> None:
+        durable_queues = {n for n, q in self.queues.items() if q.durable}
+        durable_exchanges = {n for n, e in self.exchanges.items() if e.durable}
+        saved = {
+            "queues": [asdict(self.queues[n]) for n in sorted(durable_queues)],
+            "exchanges": [asdict(self.exchanges[n]) for n in sorted(durable_exchanges)],
+            "bindings": sorted(list(b) for b in self.bindings
+                               if b[0] in durable_exchanges and b[1] in durable_queues),
+        }
+        path = os.path.join(self.data_dir, DEFINITIONS_FILE)
+        with open(path + ".tmp", "w") as file:
+            json.dump(saved, file)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(path + ".tmp", path)
+        fd = os.open(self.data_dir, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    # ------------------------------------------------------------------ directories
+
+    def mark_transient(self, name: str) -> None:
+        directory = queue_directory(self.data_dir, name)
+        os.makedirs(directory, exist_ok=True)
+        open(os.path.join(directory, TRANSIENT_MARKER), "w").close()
+
+    def remove_transient_queues(self) -> None:
+        """Delete the directories of non-durable queues left by the node's last run."""
+        root = os.path.join(self.data_dir, QUEUES_DIR)
+        try:
+            names = os.listdir(root)
+        except FileNotFoundError:
+            return
+        for name in names:
+            directory = os.path.join(root, name)
+            if name in self.queues:
+                continue
+            if os.path.exists(os.path.join(directory, TRANSIENT_MARKER)):
+                shutil.rmtree(directory)
+            else:
+                log.warning("%s has no queue definition; left alone", directory)

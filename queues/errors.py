@@ -18,6 +18,7 @@ __all__ = [
     "QueueError",
     "QueueLocked",
     "UnknownDeliveryTag",
+    "Unroutable",
 ]
 
 
@@ -69,3 +70,8 @@ class Nacked(QueueError):
 
 class ConnectionClosed(QueueError):
     """The connection was closed; open a new one."""
+
+
+class Unroutable(QueueError):
+    """A mandatory publish that its exchange routed to no queue: bind a queue, or publish
+    with ``mandatory=False`` to drop such messages."""

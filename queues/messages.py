@@ -6,8 +6,12 @@ encoded messages travels as one msgpack frame (bodies of 64 KiB or more as frame
 their own). ``consumer`` names a connection: the deliveries a connection holds unacked are
 its own, and go back to the queue when it closes or its process dies.
 
-    Publish(payloads, persistent)      ask → the number published, answered once every
-                                       message of the batch is confirmed (DESIGN §5)
+    Publish(payloads, persistent, msg_ids)
+                                       ask → the number published, answered once every
+                                       message of the batch is confirmed (DESIGN §5);
+                                       ``msg_ids`` (16 bytes each, or None) name the messages
+                                       in the shared store: one id for a message routed to
+                                       several queues, written there once
     Fetch(consumer, pid, count, ack_required)
                                        ask → list[Delivered] (up to ``count``; [] when empty)
     Settle(consumer, tags, action)     tell (or ask → the tags ignored); action "ack",
@@ -34,6 +38,7 @@ SETTLE_ACTIONS = ("ack", "requeue", "reject")
 class Publish:
     payloads: list[bytes]
     persistent: bool
+    msg_ids: list[bytes] | None = None
 
 
 @message

@@ -7,7 +7,8 @@ store crash restarts every queue after it (the node's root is rest_for_one).
 
 Messages accepted (``warren.queues.messages``), and what each gets back:
 
-    Publish(payloads, persistent)  → the batch's size, once every message is confirmed:
+    Publish(payloads, persistent, msg_ids)
+                                   → the batch's size, once every message is confirmed:
                                      group commit when the mailbox is empty, at the latest
                                      ``sync_interval_ms`` later while shared-store writes
                                      are unsettled
@@ -163,7 +164,8 @@ class QueueActor(ProcessActor):
 
     def _publish(self, message: Publish) -> None:
         reply = self.defer_reply()
-        seq_ids = self.queue.publish_many(message.payloads, persistent=message.persistent)
+        seq_ids = self.queue.publish_many(message.payloads, persistent=message.persistent,
+                                          msg_ids=message.msg_ids)
         self.counters["published"] += len(seq_ids)
         if not seq_ids:
             reply.send(0)
@@ -292,6 +294,10 @@ def _malformed(message: Any) -> str | None:
             return "payloads must be a list of bytes"
         if type(message.persistent) is not bool:
             return "persistent must be a bool"
+        if message.msg_ids is not None and (
+                type(message.msg_ids) is not list or len(message.msg_ids) != len(message.payloads)
+                or not all(type(m) is bytes and len(m) == 16 for m in message.msg_ids)):
+            return "msg_ids must be None or one 16-byte id per payload"
     elif isinstance(message, Fetch):
         if type(message.consumer) is not bytes or type(message.pid) is not int:
             return "consumer must be bytes and pid an int"

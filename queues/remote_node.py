@@ -50,6 +50,15 @@ class RemoteNode:
     def delete_queue(self, name: str) -> int:
         return self._call("delete_queue", name=name)
 
+    def declare_exchange(self, name: str, *, kind: str = "direct", durable: bool = True) -> None:
+        self._call("declare_exchange", name=name, kind=kind, durable=durable)
+
+    def bind_queue(self, queue: str, exchange: str, routing_key: str = "") -> None:
+        self._call("bind_queue", queue=queue, exchange=exchange, routing_key=routing_key)
+
+    def exchange(self, name: str) -> dict[str, Any]:
+        return self._call("exchange", name=name)
+
     def queue(self, name: str) -> ActorRef:
         return ActorRef(**self._call("queue", name=name))
 

@@ -258,6 +258,7 @@ class VariableQueue:
         self._index_unsynced: list[int] = []
         self._store_unsettled: collections.deque[tuple[int, int]] = collections.deque()
         self._confirmed: list[int] = []                   # due at the next sync
+        self._removes_unsent = False                      # shared-store removes since it
         self._persistent_count = 0                        # in the queue or pending acks
         self._persistent_bytes = 0
         self._target_ram_count: float = math.inf
@@ -448,9 +449,12 @@ class VariableQueue:
         return seq_id
 
     def publish_many(self, payloads: list[bytes], *, persistent: bool = True,
-                     expiry_ms: int | None = None) -> range:
+                     expiry_ms: int | None = None,
+                     msg_ids: list[bytes] | None = None) -> range:
         """``publish_encoded`` of a batch with one persistence and expiry (what a queue
-        process takes from one producer's frame); their seq ids. A message over the
+        process takes from one producer's frame); their seq ids. ``msg_ids`` names the
+        messages in the shared store (a message routed to several queues has one id, so
+        it is written once there). A message over the
         maximum size refuses the whole batch before anything changes. Persistent
         messages for this queue's own store, in the default mode, take one pass that
         writes their records and index slots together."""
@@ -461,10 +465,13 @@ class VariableQueue:
             raise MessageTooLarge(f"a message of the batch encodes to {max(sizes)} bytes, above "
                                   f"this queue's maximum of {limit}; nothing was published")
         first = self.next_seq_id
+        if msg_ids is not None and len(msg_ids) != len(payloads):
+            raise ValueError(f"{len(msg_ids)} msg_ids for {len(payloads)} messages")
         if (not payloads or not (self.durable and persistent)
                 or self._target_ram_count != math.inf or max(sizes) >= embed):
-            for payload in payloads:
-                self.publish_encoded(payload, persistent=persistent, expiry_ms=expiry_ms)
+            for payload, msg_id in zip(payloads, msg_ids or repeat(None)):
+                self.publish_encoded(payload, persistent=persistent, expiry_ms=expiry_ms,
+                                     msg_id=msg_id)
             return range(first, self.next_seq_id)
         # One pass per step, each a comprehension or map over the batch: per-message Python
         # work is what this path is for.
@@ -472,7 +479,8 @@ class VariableQueue:
         seq_ids = range(first, end)
         offsets = self._store.write_many(first, payloads)
         prefix, expiry, count = self._id_prefix, expiry_ms or 0, len(payloads)
-        msg_ids = [prefix + seq_id.to_bytes(8, "big") for seq_id in seq_ids]
+        if msg_ids is None:
+            msg_ids = [prefix + seq_id.to_bytes(8, "big") for seq_id in seq_ids]
         self._index.publish_slots(first, list(map(
             pack_slot, msg_ids, repeat(False, count), offsets, sizes, repeat(True, count),
             repeat(expiry, count))))
@@ -531,6 +539,11 @@ class VariableQueue:
             else:                          # in this queue's own store: durable now
                 confirmed.append(seq_id)
         self._index_unsynced = []
+        if self._removes_unsent:         # a store client batches removes: send them now
+            self._removes_unsent = False
+            self._transient.settled(False)
+            if not self._store_unsettled:
+                self._persistent.settled(False)
         if self._store_unsettled:
             settlement = self._persistent.settled(wait)
             if settlement.failed:
@@ -553,8 +566,9 @@ class VariableQueue:
             confirmed.append(seq_id)
 
     def needs_sync(self) -> bool:
-        """True while a sync would confirm something."""
-        return bool(self._unconfirmed or self._confirmed or self._index_unsynced)
+        """True while a sync would confirm something, or send removes to a store."""
+        return bool(self._unconfirmed or self._confirmed or self._index_unsynced
+                    or self._removes_unsent)
 
     # ------------------------------------------------------------------ fetching
 
@@ -732,6 +746,8 @@ class VariableQueue:
             self._persistent.remove(persistent)
         if transient:
             self._transient.remove(transient)
+        if persistent or transient:
+            self._removes_unsent = True
         for status in statuses:
             if status.persistent:
                 self._persistent_count -= 1

@@ -76,9 +76,8 @@ from warren.actors import ActorError, ActorRef
 from warren.actors import Node as ActorNode
 
 from warren.queues.connection import Connection
-from warren.queues.definitions import (QueueDefinition, check_queue_name, load_definitions,
-                                       mark_transient, queue_directory,
-                                       remove_transient_queues, save_definitions)
+from warren.queues.definitions import (Definitions, ExchangeDefinition, QueueDefinition,
+                                       check_name, queue_directory)
 from warren.queues.errors import NotFound, QueueError
 from warren.queues.messages import DeleteQueue
 from warren.queues.queue_actor import QueueActor
@@ -109,7 +108,8 @@ STORE_HEARTBEAT_TIMEOUT_S = 60.0
 STORE_CLOSE_TIMEOUT_S = 60.0
 STORES = ("msg_store_persistent", "msg_store_transient")
 # What other processes may call on the node through its control socket (warren.connect).
-CONTROL_CALLS = frozenset({"declare_queue", "delete_queue", "queue", "list_queues"})
+CONTROL_CALLS = frozenset({"declare_queue", "delete_queue", "declare_exchange", "bind_queue",
+                           "exchange", "queue", "list_queues"})
 QUEUE_PREFIX = "queue "          # a queue's actor name, and so its title: "warren: queue orders"
 # What ``run_until_signalled`` stops on: a service manager's stop, Ctrl-C, a closed terminal.
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -142,8 +142,8 @@ class Node:
             os.close(self._lock_fd)
             raise NodeLocked(f"a node already runs on {self.data_dir}") from None
         self._remove_leftovers()
-        self._definitions = load_definitions(self.data_dir)
-        remove_transient_queues(self.data_dir, self._definitions)
+        self._definitions = Definitions(self.data_dir)
+        self._definitions.remove_transient_queues()
         self._definitions_lock = threading.Lock()
         self.failed = threading.Event()
         self._stop_wanted = threading.Event()    # a stop signal arrived, or the root failed
@@ -209,50 +209,75 @@ class Node:
         """Create the queue (a process under ``queue_sup``) unless it exists; a durable
         one is kept in the definitions and started at every boot. Re-declaring with other
         arguments raises ``PreconditionFailed``."""
-        definition = QueueDefinition(check_queue_name(name), bool(durable), bool(lazy))
+        definition = QueueDefinition(check_name(name), bool(durable), bool(lazy))
         with self._definitions_lock:
-            existing = self._definitions.get(name)
-            if existing is not None:
-                existing.check_same(definition)
+            if not self._definitions.add_queue(definition):
                 return
-            if not definition.durable:
-                mark_transient(queue_directory(self.data_dir, name))
-            self._supervisor("queue_sup").start_child(self._queue_spec(definition))
-            self._definitions[name] = definition
-            self.root.update_child_spec(self._queue_sup_spec())
-            if definition.durable:
-                save_definitions(self.data_dir, self._definitions)
+            try:
+                if not definition.durable:
+                    self._definitions.mark_transient(name)
+                self._supervisor("queue_sup").start_child(self._queue_spec(definition))
+            except BaseException:
+                self._definitions.remove_queue(name)
+                raise
+            self._definitions_changed()
 
     def delete_queue(self, name: str) -> int:
-        """Delete the queue, its messages and its files; how many messages it held."""
+        """Delete the queue, its bindings, its messages and its files; how many messages
+        it held."""
         with self._definitions_lock:
-            if name not in self._definitions:
+            if name not in self._definitions.queues:
                 raise NotFound(f"no queue {name!r} on this node; nothing to delete")
             count = self.queue(name).ask(DeleteQueue())
             self._supervisor("queue_sup").terminate_child(QUEUE_PREFIX + name)
-            del self._definitions[name]
-            self.root.update_child_spec(self._queue_sup_spec())
-            save_definitions(self.data_dir, self._definitions)
+            self._definitions.remove_queue(name)
+            self._definitions_changed()
             return count
+
+    def declare_exchange(self, name: str, *, kind: str = "direct",
+                         durable: bool = True) -> None:
+        """Create an exchange (``direct``, ``fanout`` or ``topic``) unless it exists."""
+        definition = ExchangeDefinition(check_name(name, "exchange"), kind, bool(durable))
+        with self._definitions_lock:
+            if self._definitions.add_exchange(definition):
+                self._definitions_changed()
+
+    def bind_queue(self, queue: str, exchange: str, routing_key: str = "") -> None:
+        """Route ``exchange``'s messages with ``routing_key`` to ``queue``."""
+        with self._definitions_lock:
+            if self._definitions.bind(queue, exchange, routing_key):
+                self._definitions_changed()
+
+    def exchange(self, name: str) -> dict[str, Any]:
+        """An exchange's kind and bindings, which publishers route with."""
+        with self._definitions_lock:
+            return self._definitions.exchange(name)
 
     def queue(self, name: str) -> ActorRef:
         """The ref of a queue's process (follows its restarts)."""
-        ref = self.actors.whereis(QUEUE_PREFIX + name) if name in self._definitions else None
+        ref = (self.actors.whereis(QUEUE_PREFIX + name)
+               if name in self._definitions.queues else None)
         if ref is None:
             raise NotFound(f"no queue {name!r} is running on this node; declare it first")
         return ref
 
     def list_queues(self) -> list[str]:
-        return sorted(self._definitions)
+        return sorted(self._definitions.queues)
 
     def connect(self) -> Connection:
         """A client connection from this process (``warren.connect`` from any other)."""
         return Connection(self)
 
+    def _definitions_changed(self) -> None:
+        """Keep what a restart of queue_sup starts, and the durable definitions on disk,
+        in step with the definitions (under the definitions lock)."""
+        self.root.update_child_spec(self._queue_sup_spec())
+        self._definitions.save()
+
     def _queue_sup_spec(self) -> SupervisorSpec:
         """queue_sup with every queue declared now: what a restart of it starts."""
         return SupervisorSpec("queue_sup", SUB_FLAGS, children=tuple(
-            self._queue_spec(d) for d in self._definitions.values()))
+            self._queue_spec(d) for d in self._definitions.queues.values()))
 
     def _queue_spec(self, definition: QueueDefinition) -> ChildSpec:
         return ChildSpec(QUEUE_PREFIX + definition.name, QueueActor,

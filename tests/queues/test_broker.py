@@ -13,7 +13,7 @@ import pytest
 
 from warren import connect
 from warren.actors import ActorDeadError, RemoteError
-from warren.queues import NotFound, PreconditionFailed, UnknownDeliveryTag
+from warren.queues import NotFound, PreconditionFailed, UnknownDeliveryTag, Unroutable
 from warren.queues.errors import ConnectionClosed
 from warren.queues.messages import Fetch
 from warren.supervisor import Node
@@ -240,3 +240,62 @@ def test_deleting_a_queue_removes_its_process_and_files_and_later_publishes_fail
     with pytest.raises((NotFound, ActorDeadError)):
         connection.publish("orders", b"late")
     assert node.list_queues() == []
+
+
+def store_messages(node):
+    return node.store_stats()["msg_store_persistent"]["message_count"]
+
+
+def test_a_large_message_fanned_out_to_two_queues_is_stored_once_until_both_ack(node):
+    for name in ("billing", "shipping"):
+        node.declare_queue(name)
+        node.declare_exchange("orders", kind="fanout")
+        node.bind_queue(name, "orders")
+    connection = node.connect()
+    body = b"o" * 10_000
+    connection.publish("any key", body, exchange="orders")
+    assert store_messages(node) == 1
+    billing = connection.get("billing")
+    shipping = connection.get("shipping")
+    assert billing.body == shipping.body == body
+    billing.ack()
+    wait_for(lambda: connection.queue_stats("billing")["depth"] == 0)
+    assert store_messages(node) == 1                  # shipping still holds it
+    shipping.ack()
+    wait_for(lambda: store_messages(node) == 0)
+
+
+def test_direct_and_topic_exchanges_route_by_key_and_unroutable_is_refused(node):
+    for name in ("eu", "us", "audit"):
+        node.declare_queue(name)
+    node.declare_exchange("by_region", kind="direct")
+    node.bind_queue("eu", "by_region", "eu")
+    node.bind_queue("us", "by_region", "us")
+    node.declare_exchange("events", kind="topic")
+    node.bind_queue("audit", "events", "order.#")
+    node.bind_queue("eu", "events", "*.eu")
+    connection = node.connect()
+    connection.publish("eu", b"to eu", exchange="by_region")
+    connection.publish("order.created.us", b"audited", exchange="events")
+    connection.publish("refund.eu", b"eu refund", exchange="events")
+    with pytest.raises(Unroutable, match="routes 'asia' to no queue"):
+        connection.publish("asia", b"lost", exchange="by_region")
+    connection.publish("asia", b"dropped", exchange="by_region", mandatory=False)
+    bodies = {name: [] for name in ("eu", "us", "audit")}
+    for name in bodies:
+        while (delivery := connection.get(name, ack=False)) is not None:
+            bodies[name].append(delivery.body)
+    assert bodies == {"eu": [b"to eu", b"eu refund"], "us": [], "audit": [b"audited"]}
+
+
+def test_durable_exchanges_and_bindings_survive_a_restart(data_dir):
+    with Node(data_dir) as node:
+        node.declare_queue("billing")
+        node.declare_exchange("orders", kind="fanout")
+        node.bind_queue("billing", "orders")
+        with pytest.raises(PreconditionFailed, match="kind='fanout'"):
+            node.declare_exchange("orders", kind="topic")
+    with Node(data_dir) as node:
+        connection = node.connect()
+        connection.publish("", b"after restart", exchange="orders")
+        assert connection.get("billing").body == b"after restart"
