@@ -8,7 +8,7 @@ gives the persistent store the reference counts its dirty recovery needs.
 """
 
 from .errors import (ConnectionClosed, CorruptMessage, InvalidMessage, MessageTooLarge, Nacked,
-                     NotFound, PreconditionFailed, QueueClosed, QueueError, QueueLocked,
+                     NotFound, PreconditionFailed, QueueClosed, QueueDown, QueueError, QueueLocked,
                      UnknownDeliveryTag, Unroutable)
 from .message import Message, decode, encode
 from .queue_index import Entry, QueueIndex
@@ -29,6 +29,7 @@ __all__ = [
     "NotFound",
     "PreconditionFailed",
     "QueueClosed",
+    "QueueDown",
     "QueueError",
     "QueueIndex",
     "QueueLocked",

@@ -15,6 +15,7 @@ __all__ = [
     "NotFound",
     "PreconditionFailed",
     "QueueClosed",
+    "QueueDown",
     "QueueError",
     "QueueLocked",
     "UnknownDeliveryTag",
@@ -75,3 +76,8 @@ class ConnectionClosed(QueueError):
 class Unroutable(QueueError):
     """A mandatory publish that its exchange routed to no queue: bind a queue, or publish
     with ``mandatory=False`` to drop such messages."""
+
+
+class QueueDown(Nacked):
+    """The queue kept crashing and stays down; nothing published to it is taken. Restart
+    the node, or delete the queue and declare it again (the node's log says why)."""

@@ -78,7 +78,7 @@ from warren.actors import Node as ActorNode
 from warren.queues.connection import Connection
 from warren.queues.definitions import (Definitions, ExchangeDefinition, QueueDefinition,
                                        check_name, queue_directory)
-from warren.queues.errors import NotFound, QueueError
+from warren.queues.errors import NotFound, QueueDown, QueueError
 from warren.queues.messages import DeleteQueue
 from warren.queues.queue_actor import QueueActor
 from warren.queues.remote_node import NODE_FILE
@@ -109,7 +109,9 @@ STORE_CLOSE_TIMEOUT_S = 60.0
 STORES = ("msg_store_persistent", "msg_store_transient")
 # What other processes may call on the node through its control socket (warren.connect).
 CONTROL_CALLS = frozenset({"declare_queue", "delete_queue", "declare_exchange", "bind_queue",
-                           "exchange", "queue", "list_queues"})
+                           "exchange", "queue", "queue_state", "list_queues"})
+QUEUE_SUP_PREFIX = "queue_sup "   # each queue's own supervisor, under queue_sup
+QUEUE_FLAGS = SupervisorFlags("one_for_one", intensity=3, period_s=60.0)
 QUEUE_PREFIX = "queue "          # a queue's actor name, and so its title: "warren: queue orders"
 # What ``run_until_signalled`` stops on: a service manager's stop, Ctrl-C, a closed terminal.
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -228,8 +230,14 @@ class Node:
         with self._definitions_lock:
             if name not in self._definitions.queues:
                 raise NotFound(f"no queue {name!r} on this node; nothing to delete")
-            count = self.queue(name).ask(DeleteQueue())
-            self._supervisor("queue_sup").terminate_child(QUEUE_PREFIX + name)
+            try:
+                count = self.queue(name).ask(DeleteQueue())
+            except QueueDown:            # nothing runs to delete its messages: its files go
+                count = 0
+                shutil.rmtree(queue_directory(self.data_dir, name), ignore_errors=True)
+            queue_sup = self._supervisor("queue_sup")
+            if any(c["id"] == QUEUE_SUP_PREFIX + name for c in queue_sup.which_children()):
+                queue_sup.terminate_child(QUEUE_SUP_PREFIX + name)
             self._definitions.remove_queue(name)
             self._definitions_changed()
             return count
@@ -254,12 +262,25 @@ class Node:
             return self._definitions.exchange(name)
 
     def queue(self, name: str) -> ActorRef:
-        """The ref of a queue's process (follows its restarts)."""
-        ref = (self.actors.whereis(QUEUE_PREFIX + name)
-               if name in self._definitions.queues else None)
+        """The ref of a queue's process (follows its restarts); ``NotFound`` for a queue
+        never declared, ``QueueDown`` for one that kept crashing and stays down."""
+        if name not in self._definitions.queues:
+            raise NotFound(f"no queue {name!r} on this node; declare it first")
+        ref = self.actors.whereis(QUEUE_PREFIX + name)
+        if ref is None and self.queue_state(name) == "crashed":
+            raise QueueDown(f"queue {name!r} crashed {QUEUE_FLAGS.intensity + 1} times within "
+                            f"{QUEUE_FLAGS.period_s:g} s and stays down (see the node's log); "
+                            f"restart the node, or delete the queue and declare it again")
         if ref is None:
-            raise NotFound(f"no queue {name!r} is running on this node; declare it first")
+            raise NotFound(f"queue {name!r} is restarting; try again in a moment")
         return ref
+
+    def queue_state(self, name: str) -> str:
+        """``running``, ``restarting``, or ``crashed`` (it kept crashing; it stays down)."""
+        for child in self._supervisor("queue_sup").which_children():
+            if child["id"] == QUEUE_SUP_PREFIX + name:
+                return "running" if self.actors.whereis(QUEUE_PREFIX + name) else "restarting"
+        return "crashed"
 
     def list_queues(self) -> list[str]:
         return sorted(self._definitions.queues)
@@ -279,12 +300,17 @@ class Node:
         return SupervisorSpec("queue_sup", SUB_FLAGS, children=tuple(
             self._queue_spec(d) for d in self._definitions.queues.values()))
 
-    def _queue_spec(self, definition: QueueDefinition) -> ChildSpec:
-        return ChildSpec(QUEUE_PREFIX + definition.name, QueueActor,
-                         (definition.name, queue_directory(self.data_dir, definition.name)),
-                         {"durable": definition.durable, "lazy": definition.lazy},
-                         shutdown_s=STORE_SHUTDOWN_S, start_timeout_s=STORE_START_TIMEOUT_S,
-                         heartbeat_timeout_s=STORE_HEARTBEAT_TIMEOUT_S)
+    def _queue_spec(self, definition: QueueDefinition) -> SupervisorSpec:
+        """A queue under a small supervisor of its own: a queue that keeps crashing
+        exhausts that one (which, temporary, is not restarted), never queue_sup."""
+        queue = ChildSpec(QUEUE_PREFIX + definition.name, QueueActor,
+                          (definition.name, queue_directory(self.data_dir, definition.name)),
+                          {"durable": definition.durable, "lazy": definition.lazy},
+                          shutdown_s=STORE_SHUTDOWN_S, start_timeout_s=STORE_START_TIMEOUT_S,
+                          heartbeat_timeout_s=STORE_HEARTBEAT_TIMEOUT_S)
+        return SupervisorSpec(QUEUE_SUP_PREFIX + definition.name, QUEUE_FLAGS,
+                              children=(queue,), restart="temporary",
+                              shutdown_s=STORE_SHUTDOWN_S)
 
     def store_stats(self) -> dict[str, dict[str, Any] | None]:
         """Each store's figures; None for a store that does not answer right now."""
@@ -297,12 +323,14 @@ class Node:
         return figures
 
     def status(self) -> dict[str, Any]:
-        """The tree (pid, state, restarts, RSS, CPU of every actor), the stores' figures
-        and the alarms."""
+        """The tree (pid, state, restarts, RSS, CPU of every actor), the stores' figures,
+        each queue's state and the alarms."""
         return {"node": self.name, "pid": os.getpid(), "data_dir": self.data_dir,
                 "state": "failed" if self.failed.is_set() else "running",
                 "tree": self.root.status() if self.root else None,
                 "stores": self.store_stats() if self.root else {},
+                "queues": ({name: self.queue_state(name) for name in self.list_queues()}
+                           if self.root else {}),
                 "alarms": sorted(self.alarms.active),
                 "readings": dict(self.alarms.readings)}
 

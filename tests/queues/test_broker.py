@@ -13,7 +13,7 @@ import pytest
 
 from warren import connect
 from warren.actors import ActorDeadError, RemoteError
-from warren.queues import NotFound, PreconditionFailed, UnknownDeliveryTag, Unroutable
+from warren.queues import Nacked, NotFound, PreconditionFailed, UnknownDeliveryTag, Unroutable
 from warren.queues.errors import ConnectionClosed
 from warren.queues.messages import Fetch
 from warren.supervisor import Node
@@ -299,3 +299,22 @@ def test_durable_exchanges_and_bindings_survive_a_restart(data_dir):
         connection = node.connect()
         connection.publish("", b"after restart", exchange="orders")
         assert connection.get("billing").body == b"after restart"
+
+
+def test_a_queue_that_keeps_crashing_stays_down_alone_and_publishes_to_it_are_nacked(node):
+    node.declare_queue("fragile")
+    node.declare_queue("steady")
+    connection = node.connect()
+    for _ in range(4):                       # one more crash than its supervisor allows
+        pid = node.queue("fragile").pid
+        os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: node.queue_state("fragile") != "running"
+                 or node.queue("fragile").pid != pid)
+    wait_for(lambda: node.queue_state("fragile") == "crashed")
+    with pytest.raises(Nacked, match="stays down"):
+        connection.publish("fragile", b"x")
+    assert node.status()["queues"] == {"fragile": "crashed", "steady": "running"}
+    connection.publish("steady", b"fine")
+    assert connection.get("steady").body == b"fine"
+    assert node.delete_queue("fragile") == 0
+    assert node.list_queues() == ["steady"]
