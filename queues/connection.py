@@ -64,6 +64,7 @@ class NodeHandle(Protocol):
     def bind_queue(self, queue: str, exchange: str, routing_key: str = "") -> None: ...
     def exchange(self, name: str) -> dict[str, Any]: ...
     def queue(self, name: str) -> ActorRef: ...
+    def queue_state(self, name: str) -> str: ...
     def list_queues(self) -> list[str]: ...
 
 
@@ -181,6 +182,11 @@ class Connection:
     def list_queues(self) -> list[str]:
         self._check_open()
         return self._node.list_queues()
+
+    def queue_state(self, name: str) -> str:
+        """``running``, ``restarting`` or ``crashed`` (it kept crashing and stays down)."""
+        self._check_open()
+        return self._node.queue_state(name)
 
     def purge_queue(self, name: str) -> int:
         return self._ask(name, Purge())

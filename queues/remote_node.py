@@ -62,6 +62,9 @@ class RemoteNode:
     def queue(self, name: str) -> ActorRef:
         return ActorRef(**self._call("queue", name=name))
 
+    def queue_state(self, name: str) -> str:
+        return self._call("queue_state", name=name)
+
     def list_queues(self) -> list[str]:
         return self._call("list_queues")
 

@@ -3,6 +3,8 @@
     warren node --data-dir DIR [--config FILE] [options]   run a node in the foreground
     warren status --data-dir DIR [--json]                  the tree of the node on DIR
     warren store inspect DIR                               what a store directory holds
+    warren queues | publish | consume | purge | delete     a running node's queues
+                                                           (``warren.queues.commands``)
 
 ``warren node`` takes every setting ``Node`` takes, from a TOML file (``--config``) and
 from options, the options winning::
@@ -38,6 +40,7 @@ import textwrap
 import tomllib
 from typing import Any
 
+from warren.queues.commands import add_queue_commands
 from warren.supervisor.tables import Column, format_table
 
 EXIT_OK = 0
@@ -245,6 +248,10 @@ def format_status(status: dict) -> str:
             f"{figures['fallback_reads']:,} through the store, {figures['locked_files']} locked "
             f"files, longest confirm wait {figures['longest_confirm_wait_ms']:.1f} ms", 80,
             subsequent_indent="  ")
+    if status.get("queues"):
+        lines += textwrap.wrap("queues: " + ", ".join(
+            f"{name} {state}" for name, state in status["queues"].items()), 80,
+            subsequent_indent="  ")
     return "\n".join(lines)
 
 
@@ -333,6 +340,7 @@ def build_parser() -> argparse.ArgumentParser:
                                         "garbage bytes, damaged regions; changes nothing")
     inspect.add_argument("directory")
     inspect.set_defaults(handler=_store_inspect)
+    add_queue_commands(commands)
     return parser
 
 
