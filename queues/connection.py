@@ -32,10 +32,10 @@ from __future__ import annotations
 import collections
 import os
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol
 
-from warren.actors import ActorDeadError, ActorRef, AskTimeout, RemoteError
+from warren.actors import ActorDeadError, ActorError, ActorRef, AskTimeout, RemoteError
 
 from . import errors
 from .errors import ConnectionClosed, Nacked, QueueError
@@ -51,6 +51,7 @@ PUBLISH_BATCH = 500                 # messages per Publish from publish_many
 PUBLISH_BATCH_BYTES = 4 * 2**20
 CALL_TIMEOUT_S = 60.0
 ROUTES_TTL_S = 1.0                  # how long an exchange's bindings are routed with
+RESTART_CHECK_S = 1.0               # how often a wait looks whether its queue restarted
 IDLE_POLL_S = (0.001, 0.05)         # a consumer's wait between empty fetches: from, to
 
 
@@ -72,24 +73,27 @@ class Confirm:
     """The confirm of one publish: ``result(timeout)`` returns once every queue the
     message was routed to confirmed it, or raises ``Nacked``."""
 
-    def __init__(self, routing_key: str, futures: list[tuple[str, Any]], size: int) -> None:
+    def __init__(self, routing_key: str, sent: list[tuple[str, ActorRef, Any]], size: int,
+                 on_restart: Callable[[str], None]) -> None:
         self.routing_key = routing_key
-        self._futures = futures                      # (queue, future) per queue routed to
+        self._sent = sent                            # (queue, ref, future) per queue
         self.size = size
+        self._on_restart = on_restart
         self._outcome: BaseException | None | bool = False     # False: not yet known
 
     def result(self, timeout: float | None = None) -> None:
         if self._outcome is False:
             deadline = None if timeout is None else time.monotonic() + timeout
             outcome = None
-            for queue, future in self._futures:
+            for queue, ref, future in self._sent:
                 left = None if deadline is None else max(0.0, deadline - time.monotonic())
                 try:
-                    future.get(timeout=left)
-                except AskTimeout:
+                    await_answer(ref, future, left)
+                except TimeoutError:
                     raise TimeoutError(f"no confirm from queue {queue!r} within {timeout} s; "
                                        f"it may still come") from None
                 except ActorDeadError:
+                    self._on_restart(queue)
                     outcome = outcome or Nacked(
                         f"queue {queue!r} restarted before confirming; the message is in "
                         f"doubt: publish it again")
@@ -292,10 +296,12 @@ class Connection:
         # One id per message for all its queues: the shared store keeps one copy of a
         # large message, with a reference per queue.
         msg_ids = [os.urandom(16) for _ in payloads] if len(queues) > 1 else None
-        futures = [(queue, self._ref(queue).ask_async(Publish(payloads, persistent, msg_ids),
-                                                      timeout=self.call_timeout_s))
-                   for queue in queues]
-        confirm = Confirm(routing_key, futures, len(payloads))
+        sent = []
+        for queue in queues:
+            ref = self._ref(queue)
+            sent.append((queue, ref, ref.ask_async(Publish(payloads, persistent, msg_ids),
+                                                   timeout=self.call_timeout_s)))
+        confirm = Confirm(routing_key, sent, len(payloads), self._forget)
         self._in_flight.append(confirm)
         self._unconfirmed += len(payloads)
         return confirm
@@ -370,11 +376,25 @@ class Connection:
         return ref
 
     def _ask(self, queue: str, request: Any) -> Any:
-        ref = self._ref(queue)
-        try:
-            return ref.ask(request, timeout=self.call_timeout_s)
-        except RemoteError as exc:
-            raise _local_error(exc) from None
+        """Ask the queue; once more of its next incarnation if it restarted meanwhile
+        (what is asked this way changes nothing twice: a fetch lost with the old one
+        delivered nothing, the restarted queue has every message back)."""
+        for attempt in (1, 2):
+            ref = self._ref(queue)
+            try:
+                return await_answer(ref, ref.ask_async(request, timeout=self.call_timeout_s),
+                                    self.call_timeout_s)
+            except RemoteError as exc:
+                raise _local_error(exc) from None
+            except ActorDeadError:
+                self._forget(queue)
+                if attempt == 2:
+                    raise Nacked(f"queue {queue!r} restarted twice during one call; "
+                                 f"try again") from None
+
+    def _forget(self, queue: str) -> None:
+        """Drop the cached ref of a queue that restarted: the next call asks the node."""
+        self._refs.pop(queue, None)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -451,6 +471,38 @@ class Consumer:
 
     def __exit__(self, *exc_info) -> None:
         self.cancel()
+
+
+def await_answer(ref: ActorRef, future: Any, timeout: float | None) -> Any:
+    """``future``'s answer. A plain process cannot monitor the queue, so while it waits it
+    looks, every ``RESTART_CHECK_S``, whether the incarnation ``ref`` names still lives:
+    ``ActorDeadError`` once its process is gone or another incarnation answers at its
+    address (the request died with it); ``TimeoutError`` after ``timeout``."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        wait = RESTART_CHECK_S if deadline is None else max(
+            0.0, min(RESTART_CHECK_S, deadline - time.monotonic()))
+        try:
+            return future.get(timeout=wait)
+        except AskTimeout:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"{ref.name} did not answer within {timeout} s") from None
+            if not _alive(ref):
+                raise ActorDeadError(f"{ref.name} incarnation {ref.incarnation} is gone") \
+                    from None
+
+
+def _alive(ref: ActorRef) -> bool:
+    try:
+        os.kill(ref.pid, 0)               # the node runs on this machine
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass                              # alive, another user's: the ping decides
+    try:
+        return ref.unpin().ping(timeout=RESTART_CHECK_S).incarnation == ref.incarnation
+    except ActorError:
+        return True                       # busy, or between incarnations: wait on
 
 
 _ERRORS = {name: getattr(errors, name) for name in errors.__all__}
