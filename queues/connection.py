@@ -58,7 +58,7 @@ IDLE_POLL_S = (0.001, 0.05)         # a consumer's wait between empty fetches: f
 class NodeHandle(Protocol):
     """What a connection needs of the node (the ``Node`` object in its own process)."""
 
-    def declare_queue(self, name: str, *, durable: bool = True, lazy: bool = False) -> None: ...
+    def declare_queue(self, name: str, **arguments: Any) -> None: ...
     def delete_queue(self, name: str) -> int: ...
     def declare_exchange(self, name: str, *, kind: str = "direct",
                          durable: bool = True) -> None: ...
@@ -88,7 +88,12 @@ class Confirm:
             for queue, ref, future in self._sent:
                 left = None if deadline is None else max(0.0, deadline - time.monotonic())
                 try:
-                    await_answer(ref, future, left)
+                    taken = await_answer(ref, future, left)
+                    if taken < self.size:
+                        outcome = outcome or Nacked(
+                            f"queue {queue!r} is full (max_length, overflow reject-publish): "
+                            f"{self.size - taken} of {self.size} messages refused, the last "
+                            f"ones; publish them again later")
                 except TimeoutError:
                     raise TimeoutError(f"no confirm from queue {queue!r} within {timeout} s; "
                                        f"it may still come") from None
@@ -163,9 +168,15 @@ class Connection:
 
     # ------------------------------------------------------------------ declarations
 
-    def declare_queue(self, name: str, durable: bool = True, lazy: bool = False) -> None:
+    def declare_queue(self, name: str, durable: bool = True, lazy: bool = False,
+                      message_ttl_ms: int | None = None, max_length: int | None = None,
+                      overflow: str = "drop-head", dead_letter_exchange: str | None = None,
+                      auto_delete: bool = False) -> None:
         self._check_open()
-        self._node.declare_queue(name, durable=durable, lazy=lazy)
+        self._node.declare_queue(name, durable=durable, lazy=lazy,
+                                 message_ttl_ms=message_ttl_ms, max_length=max_length,
+                                 overflow=overflow, dead_letter_exchange=dead_letter_exchange,
+                                 auto_delete=auto_delete)
 
     def delete_queue(self, name: str) -> int:
         self._check_open()
@@ -217,13 +228,23 @@ class Connection:
                       mandatory: bool = True) -> Confirm:
         """Publish one message; its ``Confirm``, to wait on later. ``Unroutable`` if the
         exchange routes it nowhere and ``mandatory`` (else it is dropped, confirmed)."""
-        payload = self._encode(body, persistent, headers, message_id, expiration_ms)
+        return self.publish_message(
+            routing_key, Message(body, message_id, headers, expiration_ms,
+                                 int(time.time() * 1000), None, bool(persistent)),
+            exchange=exchange, mandatory=mandatory)
+
+    def publish_message(self, routing_key: str, message: Message, *, exchange: str = "",
+                        mandatory: bool = True) -> Confirm:
+        """``publish_async`` of a ``Message`` as it is (a dead letter keeps its properties)."""
+        payload = self._check_size(encode(message))
         queues = self._route(exchange, routing_key, mandatory)
-        return self._send(routing_key, queues, [payload], persistent)
+        return self._send(routing_key, queues, [payload], message.persistent,
+                          message.expiration_ms)
 
     def publish_many(self, routing_key: str, bodies: Iterable[bytes], *, exchange: str = "",
                      persistent: bool = True, headers: dict[str, Any] | None = None,
-                     mandatory: bool = True, timeout: float | None = None) -> int:
+                     expiration_ms: int | None = None, mandatory: bool = True,
+                     timeout: float | None = None) -> int:
         """Publish every body (all with ``routing_key``); return once all are confirmed;
         how many."""
         queues = self._route(exchange, routing_key, mandatory)
@@ -231,15 +252,16 @@ class Connection:
         size = count = 0
         confirms = []
         for body in bodies:
-            payload = self._encode(body, persistent, headers, None, None)
+            payload = self._encode(body, persistent, headers, None, expiration_ms)
             batch.append(payload)
             size += len(payload)
             if len(batch) >= PUBLISH_BATCH or size >= PUBLISH_BATCH_BYTES:
-                confirms.append(self._send(routing_key, queues, batch, persistent))
+                confirms.append(self._send(routing_key, queues, batch, persistent,
+                                           expiration_ms))
                 count += len(batch)
                 batch, size = [], 0
         if batch:
-            confirms.append(self._send(routing_key, queues, batch, persistent))
+            confirms.append(self._send(routing_key, queues, batch, persistent, expiration_ms))
             count += len(batch)
         deadline = time.monotonic() + (timeout if timeout is not None else self.call_timeout_s)
         for confirm in confirms:
@@ -261,9 +283,12 @@ class Connection:
             raise nacked
 
     def _encode(self, body, persistent, headers, message_id, expiration_ms) -> bytes:
+        return self._check_size(encode(Message(body, message_id, headers, expiration_ms,
+                                               int(time.time() * 1000), None,
+                                               bool(persistent))))
+
+    def _check_size(self, payload: bytes) -> bytes:
         self._check_open()
-        payload = encode(Message(body, message_id, headers, expiration_ms,
-                                 int(time.time() * 1000), None, bool(persistent)))
         if len(payload) > MAX_MESSAGE_BYTES:
             raise errors.MessageTooLarge(f"the message encodes to {len(payload)} bytes, "
                                          f"above the maximum of {MAX_MESSAGE_BYTES}")
@@ -287,7 +312,7 @@ class Connection:
         return queues
 
     def _send(self, routing_key: str, queues: list[str], payloads: list[bytes],
-              persistent: bool) -> Confirm:
+              persistent: bool, expiration_ms: int | None = None) -> Confirm:
         while self._in_flight and self._unconfirmed + len(payloads) > self.max_in_flight:
             try:
                 self._settle_oldest(self.call_timeout_s)
@@ -299,8 +324,9 @@ class Connection:
         sent = []
         for queue in queues:
             ref = self._ref(queue)
-            sent.append((queue, ref, ref.ask_async(Publish(payloads, persistent, msg_ids),
-                                                   timeout=self.call_timeout_s)))
+            sent.append((queue, ref, ref.ask_async(
+                Publish(payloads, persistent, msg_ids, expiration_ms),
+                timeout=self.call_timeout_s)))
         confirm = Confirm(routing_key, sent, len(payloads), self._forget)
         self._in_flight.append(confirm)
         self._unconfirmed += len(payloads)

@@ -40,11 +40,34 @@ TRANSIENT_MARKER = ".transient"
 _NAME = re.compile(r"[A-Za-z0-9_.-]{1,200}")
 
 
+OVERFLOWS = ("drop-head", "reject-publish")
+
+
 @dataclass(frozen=True)
 class QueueDefinition:
+    """A queue's arguments. ``message_ttl_ms``: how long a message may wait (None: for
+    ever); ``max_length``: how many messages may wait, the oldest dropped beyond it
+    (``overflow="drop-head"``) or new ones refused (``"reject-publish"``);
+    ``dead_letter_exchange``: where expired, rejected and dropped messages go."""
+
     name: str
     durable: bool = True
     lazy: bool = False
+    message_ttl_ms: int | None = None
+    max_length: int | None = None
+    overflow: str = "drop-head"
+    dead_letter_exchange: str | None = None
+
+    def __post_init__(self) -> None:
+        check_name(self.name)
+        for field in ("message_ttl_ms", "max_length"):
+            value = getattr(self, field)
+            if value is not None and (type(value) is not int or value < 0):
+                raise ValueError(f"{field} must be None or an int >= 0, got {value!r}")
+        if self.overflow not in OVERFLOWS:
+            raise ValueError(f"overflow must be one of {OVERFLOWS}, got {self.overflow!r}")
+        if self.dead_letter_exchange is not None:
+            check_name(self.dead_letter_exchange, "dead-letter exchange")
 
 
 @dataclass(frozen=True)
@@ -90,10 +113,11 @@ class Definitions:
         existing = self.queues.get(definition.name)
         if existing is not None:
             if existing != definition:
+                differ = ", ".join(f"{k}={v!r}" for k, v in asdict(existing).items()
+                                   if getattr(definition, k) != v)
                 raise PreconditionFailed(
-                    f"queue {definition.name!r} exists with durable={existing.durable}, "
-                    f"lazy={existing.lazy}; declare it with those arguments, or delete it "
-                    f"first")
+                    f"queue {definition.name!r} exists with {differ}; declare it with those "
+                    f"arguments, or delete it first")
             return False
         self.queues[definition.name] = definition
         return True

@@ -6,9 +6,12 @@ encoded messages travels as one msgpack frame (bodies of 64 KiB or more as frame
 their own). ``consumer`` names a connection: the deliveries a connection holds unacked are
 its own, and go back to the queue when it closes or its process dies.
 
-    Publish(payloads, persistent, msg_ids)
-                                       ask → the number published, answered once every
-                                       message of the batch is confirmed (DESIGN §5);
+    Publish(payloads, persistent, msg_ids, expiration_ms)
+                                       ask → the number taken, answered once every one
+                                       of them is confirmed (DESIGN §5); fewer than sent
+                                       when the queue is full (overflow reject-publish:
+                                       the last ones are refused); ``expiration_ms`` is the
+                                       messages' TTL;
                                        ``msg_ids`` (16 bytes each, or None) name the messages
                                        in the shared store: one id for a message routed to
                                        several queues, written there once
@@ -39,6 +42,7 @@ class Publish:
     payloads: list[bytes]
     persistent: bool
     msg_ids: list[bytes] | None = None
+    expiration_ms: int | None = None
 
 
 @message

@@ -32,6 +32,14 @@ Consumers: every ``consumer_check_s`` the queue looks whether each consumer's pr
 still alive (its pid, and the process's start time, against pid reuse) and requeues
 what a dead one held: a consumer SIGKILLed mid-flight loses nothing.
 
+Policies, from the queue's definition: ``message_ttl_ms`` (and a publish's own
+``expiration_ms``, the shorter wins) expires messages at the head, every
+``EXPIRY_CHECK_S`` and before each fetch; ``max_length`` drops the oldest messages
+(``overflow="drop-head"``) or refuses the newest (``"reject-publish"``: the Publish answer
+counts what was taken). With a ``dead_letter_exchange``, expired, dropped and rejected
+(``Settle`` "reject") messages are republished there (``warren.queues.dead_letters``)
+and acked here once confirmed there.
+
 Alarms: under the node's memory alarm the queue's RAM duration target drops to 0 and it
 pages out; when the alarm clears the target is infinity again. The rates are folded in
 every ``RATES_INTERVAL_S`` (RabbitMQ: 5 s).
@@ -51,6 +59,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from typing import Any
 
 import psutil
@@ -59,6 +68,7 @@ from warren.actors import Down, ProcessActor, UnhandledMessage
 from warren.store.client import StoreClient
 from warren.store.messages import StoreStats
 
+from .dead_letters import DeadLetters
 from .errors import QueueClosed
 from .messages import (SETTLE_ACTIONS, DeleteQueue, Delivered, Fetch, Publish, Purge,
                        QueueStats, Release, Settle)
@@ -72,6 +82,7 @@ SYNC_INTERVAL_MS = 25            # longest a pending confirm waits for its fsync
 CONSUMER_CHECK_S = 2.0           # how often dead consumers' deliveries are requeued
 RATES_INTERVAL_S = 5.0           # RAM_DURATION_UPDATE_INTERVAL
 MAX_FETCH = 10_000               # messages one Fetch may take
+EXPIRY_CHECK_S = 0.25            # how often expired messages at the head are dropped
 # A queue gives up on a silent store sooner than an application would: the node restarts
 # the queue after the store anyway (rest_for_one).
 STORE_CLIENT_OPTIONS = {"unavailable_after_s": 10.0, "call_timeout_s": 30.0}
@@ -90,13 +101,21 @@ class QueueActor(ProcessActor):
     """One queue process; see the module docstring."""
 
     def __init__(self, name: str, directory: str, *, durable: bool = True,
-                 lazy: bool = False, queue_options: dict[str, Any] | None = None,
+                 lazy: bool = False, message_ttl_ms: int | None = None,
+                 max_length: int | None = None, overflow: str = "drop-head",
+                 dead_letter_exchange: str | None = None, data_dir: str | None = None,
+                 queue_options: dict[str, Any] | None = None,
                  sync_interval_ms: float = SYNC_INTERVAL_MS,
                  consumer_check_s: float = CONSUMER_CHECK_S) -> None:
         self.queue_name = name
         self.directory = directory
         self.durable = durable
         self.lazy = lazy
+        self.message_ttl_ms = message_ttl_ms
+        self.max_length = max_length
+        self.overflow = overflow
+        self.dead_letter_exchange = dead_letter_exchange
+        self.data_dir = data_dir
         self.queue_options = dict(queue_options or {})
         self.sync_interval_s = sync_interval_ms / 1000
         self.consumer_check_s = consumer_check_s
@@ -107,7 +126,9 @@ class QueueActor(ProcessActor):
         self._owners: dict[bytes, tuple[int, float]] = {}   # consumer -> (pid, started)
         self._deleted = False
         self._store_down = False
-        self.counters = {"published": 0, "delivered": 0, "released": 0, "foreign_tags": 0}
+        self._dead: DeadLetters | None = None
+        self.counters = {"published": 0, "delivered": 0, "released": 0, "foreign_tags": 0,
+                         "expired": 0, "dropped_over_max_length": 0, "rejected_publishes": 0}
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -124,10 +145,15 @@ class QueueActor(ProcessActor):
             persistent_store=lambda ref: StoreClient(persistent, ref, **STORE_CLIENT_OPTIONS),
             transient_store=lambda ref: StoreClient(transient, ref, **STORE_CLIENT_OPTIONS),
             shared_store_clean=store_clean, **self.queue_options)
+        if self.dead_letter_exchange is not None:
+            self._dead = DeadLetters(self.data_dir, self.queue_name, self.dead_letter_exchange)
         self.call_later(self.consumer_check_s, self._check_consumers)
         self.call_later(RATES_INTERVAL_S, self._update_rates)
+        self.call_later(EXPIRY_CHECK_S, self._expiry_tick)
 
     def on_stop(self) -> None:
+        if self._dead is not None:
+            self._dead.close()
         if self.queue is None or self._deleted:
             return
         if self._store_down:
@@ -164,9 +190,19 @@ class QueueActor(ProcessActor):
 
     def _publish(self, message: Publish) -> None:
         reply = self.defer_reply()
-        seq_ids = self.queue.publish_many(message.payloads, persistent=message.persistent,
-                                          msg_ids=message.msg_ids)
+        payloads, msg_ids = message.payloads, message.msg_ids
+        if self.max_length is not None and self.overflow == "reject-publish":
+            room = max(0, self.max_length - len(self.queue))
+            payloads = payloads[:room]
+            msg_ids = msg_ids[:room] if msg_ids is not None else None
+            self.counters["rejected_publishes"] += len(message.payloads) - len(payloads)
+        ttls = [t for t in (message.expiration_ms, self.message_ttl_ms) if t is not None]
+        expiry = _now_ms() + min(ttls) if ttls else None
+        seq_ids = self.queue.publish_many(payloads, persistent=message.persistent,
+                                          msg_ids=msg_ids, expiry_ms=expiry)
         self.counters["published"] += len(seq_ids)
+        if self.max_length is not None and self.overflow == "drop-head":
+            self._drop_over_max_length()
         if not seq_ids:
             reply.send(0)
             return
@@ -175,6 +211,7 @@ class QueueActor(ProcessActor):
             self._confirms[seq_id] = batch
 
     def _fetch(self, message: Fetch) -> list[Delivered]:
+        self._expire()
         out = []
         for _ in range(message.count):
             fetched = self.queue.fetch_encoded(message.ack_required)
@@ -199,6 +236,9 @@ class QueueActor(ProcessActor):
             tags = [tag for tag in tags if tag in held]
         if message.action == "requeue":
             self.queue.requeue(tags)
+        elif message.action == "reject" and self._dead is not None:
+            # acked once the dead-letter exchange confirmed them (``_expiry_tick``)
+            self._dead.send([(t, self.queue.pending_payload(t)) for t in tags], "rejected")
         else:
             self.queue.ack(tags)
         held.difference_update(tags)
@@ -216,6 +256,8 @@ class QueueActor(ProcessActor):
 
     def _stats(self, message: QueueStats) -> dict[str, Any]:
         stats = self.queue.stats()
+        if self._dead is not None:
+            stats.update(self._dead.counters)
         stats.update(name=self.queue_name, durable=self.durable,
                      consumers=len(self._held), messages_ready=stats["len"],
                      messages_unacked=stats["depth"] - stats["len"], **self.counters)
@@ -262,6 +304,49 @@ class QueueActor(ProcessActor):
                 if batch.left == 0:
                     batch.reply.send(batch.size)
 
+    # ------------------------------------------------------------------ TTL, max-length
+
+    def _expire(self) -> None:
+        """Drop, or dead-letter, the expired messages at the head (RabbitMQ expires a
+        queue's messages at its head only)."""
+        now = _now_ms()
+
+        def expired(info) -> bool:
+            return 0 < info.expiry_ms <= now
+        if self._dead is None:
+            before = len(self.queue)
+            self.queue.drop_while(expired)
+            self.counters["expired"] += before - len(self.queue)
+            return
+        dead = []
+        room = self._dead.room()
+        while len(dead) < room and (info := self.queue.peek()) is not None and expired(info):
+            fetched = self.queue.fetch_encoded(ack_required=True)
+            dead.append((fetched.seq_id, fetched.payload))
+        self.counters["expired"] += len(dead)
+        self._dead.send(dead, "expired")
+
+    def _drop_over_max_length(self) -> None:
+        excess = len(self.queue) - self.max_length
+        if excess <= 0:
+            return
+        self.counters["dropped_over_max_length"] += excess
+        if self._dead is None:
+            for _ in range(excess):
+                self.queue.fetch_encoded(ack_required=False)
+            return
+        dead = [self.queue.fetch_encoded(ack_required=True) for _ in range(excess)]
+        self._dead.send([(f.seq_id, f.payload) for f in dead], "maxlen")
+
+    def _expiry_tick(self) -> None:
+        if not self._deleted:
+            self._expire()
+            if self._dead is not None:
+                done = self._dead.settled()
+                if done:
+                    self.queue.ack(done)
+        self.call_later(EXPIRY_CHECK_S, self._expiry_tick)
+
     # ------------------------------------------------------------------ timers
 
     def _check_consumers(self) -> None:
@@ -276,6 +361,10 @@ class QueueActor(ProcessActor):
         if not self._deleted:
             self.queue.update_rates()
         self.call_later(RATES_INTERVAL_S, self._update_rates)
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
 
 
 def _started(pid: int) -> float:
@@ -294,6 +383,9 @@ def _malformed(message: Any) -> str | None:
             return "payloads must be a list of bytes"
         if type(message.persistent) is not bool:
             return "persistent must be a bool"
+        if message.expiration_ms is not None and (
+                type(message.expiration_ms) is not int or message.expiration_ms < 0):
+            return "expiration_ms must be None or an int >= 0"
         if message.msg_ids is not None and (
                 type(message.msg_ids) is not list or len(message.msg_ids) != len(message.payloads)
                 or not all(type(m) is bytes and len(m) == 16 for m in message.msg_ids)):

@@ -44,8 +44,8 @@ class RemoteNode:
                                  f"one with `warren node --data-dir {self.data_dir}`") from None
         self.list_queues()                  # fail now, not at the first publish
 
-    def declare_queue(self, name: str, *, durable: bool = True, lazy: bool = False) -> None:
-        self._call("declare_queue", name=name, durable=durable, lazy=lazy)
+    def declare_queue(self, name: str, **arguments: Any) -> None:
+        self._call("declare_queue", name=name, **arguments)
 
     def delete_queue(self, name: str) -> int:
         return self._call("delete_queue", name=name)

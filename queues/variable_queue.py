@@ -719,6 +719,13 @@ class VariableQueue:
                                          f"or already acked or requeued")
         return [self._ram_pending.pop(s, None) or self._disk_pending.pop(s) for s in seq_ids]
 
+    def pending_payload(self, seq_id: int) -> bytes | None:
+        """The encoded message of a fetch awaiting its ack (None if its body is gone)."""
+        status = self._ram_pending.get(seq_id) or self._disk_pending.get(seq_id)
+        if status is None:
+            raise UnknownDeliveryTag(f"seq id {seq_id!r} awaits no ack")
+        return status.payload if status.payload is not None else self._read_payload(status)
+
     def _requeue_one(self, status: MsgStatus) -> None:
         seq_id, delta = status.seq_id, self.delta
         if not delta.is_empty() and seq_id >= delta.start:

@@ -207,11 +207,20 @@ class Node:
 
     # ------------------------------------------------------------------ queues
 
-    def declare_queue(self, name: str, *, durable: bool = True, lazy: bool = False) -> None:
+    def declare_queue(self, name: str, *, durable: bool = True, lazy: bool = False,
+                      message_ttl_ms: int | None = None, max_length: int | None = None,
+                      overflow: str = "drop-head", dead_letter_exchange: str | None = None,
+                      auto_delete: bool = False) -> None:
         """Create the queue (a process under ``queue_sup``) unless it exists; a durable
         one is kept in the definitions and started at every boot. Re-declaring with other
-        arguments raises ``PreconditionFailed``."""
-        definition = QueueDefinition(check_name(name), bool(durable), bool(lazy))
+        arguments raises ``PreconditionFailed``. (``auto_delete=True`` is refused: not
+        implemented yet.)"""
+        if auto_delete:
+            raise ValueError("auto_delete=True is not supported yet; delete the queue "
+                             "yourself when you are done with it")
+        definition = QueueDefinition(check_name(name), bool(durable), bool(lazy),
+                                     message_ttl_ms, max_length, overflow,
+                                     dead_letter_exchange)
         with self._definitions_lock:
             if not self._definitions.add_queue(definition):
                 return
@@ -305,7 +314,12 @@ class Node:
         exhausts that one (which, temporary, is not restarted), never queue_sup."""
         queue = ChildSpec(QUEUE_PREFIX + definition.name, QueueActor,
                           (definition.name, queue_directory(self.data_dir, definition.name)),
-                          {"durable": definition.durable, "lazy": definition.lazy},
+                          {"durable": definition.durable, "lazy": definition.lazy,
+                           "message_ttl_ms": definition.message_ttl_ms,
+                           "max_length": definition.max_length,
+                           "overflow": definition.overflow,
+                           "dead_letter_exchange": definition.dead_letter_exchange,
+                           "data_dir": self.data_dir},
                           shutdown_s=STORE_SHUTDOWN_S, start_timeout_s=STORE_START_TIMEOUT_S,
                           heartbeat_timeout_s=STORE_HEARTBEAT_TIMEOUT_S)
         return SupervisorSpec(QUEUE_SUP_PREFIX + definition.name, QUEUE_FLAGS,

@@ -66,7 +66,7 @@ def test_a_queue_is_a_process_of_its_own_titled_by_its_name(node):
 def test_declaring_again_is_harmless_and_with_other_arguments_refused(node):
     node.declare_queue("orders")
     node.declare_queue("orders")
-    with pytest.raises(PreconditionFailed, match="durable=True, lazy=False"):
+    with pytest.raises(PreconditionFailed, match="exists with lazy=False"):
         node.declare_queue("orders", lazy=True)
     with pytest.raises(ValueError, match="queue name"):
         node.declare_queue("../escape")
@@ -318,3 +318,58 @@ def test_a_queue_that_keeps_crashing_stays_down_alone_and_publishes_to_it_are_na
     assert connection.get("steady").body == b"fine"
     assert node.delete_queue("fragile") == 0
     assert node.list_queues() == ["steady"]
+
+
+def test_messages_expire_by_queue_ttl_or_their_own_whichever_is_shorter(node):
+    node.declare_queue("short", message_ttl_ms=1500)
+    connection = node.connect()
+    connection.publish("short", b"own ttl", expiration_ms=50)
+    connection.publish("short", b"queue ttl")
+    wait_for(lambda: connection.queue_stats("short")["expired"] == 1)
+    assert connection.get("short", ack=False).body == b"queue ttl"
+    connection.publish("short", b"too late")
+    wait_for(lambda: connection.queue_stats("short")["messages_ready"] == 0, timeout=10)
+    assert connection.get("short") is None
+
+
+def test_max_length_drops_the_oldest_or_refuses_the_newest(node):
+    node.declare_queue("latest", max_length=3)
+    node.declare_queue("bounded", max_length=2, overflow="reject-publish")
+    connection = node.connect()
+    connection.publish_many("latest", [b"1", b"2", b"3", b"4", b"5"])
+    assert [connection.get("latest", ack=False).body for _ in range(3)] == [b"3", b"4", b"5"]
+    connection.publish("bounded", b"a")
+    with pytest.raises(Nacked, match="1 of 2 messages refused"):
+        connection.publish_many("bounded", [b"b", b"c"])
+    with pytest.raises(Nacked, match="is full"):
+        connection.publish("bounded", b"d")
+    assert [connection.get("bounded", ack=False).body for _ in range(2)] == [b"a", b"b"]
+
+
+def test_expired_rejected_and_dropped_messages_are_dead_lettered_with_their_reason(node):
+    node.declare_exchange("dlx", kind="fanout")
+    node.declare_queue("dead")
+    node.bind_queue("dead", "dlx")
+    node.declare_queue("work", message_ttl_ms=100, max_length=5,
+                       dead_letter_exchange="dlx")
+    connection = node.connect()
+    connection.publish("work", b"expires", headers={"order": 1})
+    wait_for(lambda: connection.queue_stats("dead")["messages_ready"] == 1)
+    connection.publish_many("work", [b"%d" % n for n in range(6)], expiration_ms=60_000)
+    connection.get("work").reject(requeue=False)
+    wait_for(lambda: connection.queue_stats("dead")["messages_ready"] == 3)
+    dead = [connection.get("dead", ack=False) for _ in range(3)]
+    assert [(d.body, d.headers["x-death"][0]["reason"]) for d in dead] == [
+        (b"expires", "expired"), (b"0", "maxlen"), (b"1", "rejected")]
+    assert dead[0].headers["order"] == 1 and dead[0].headers["x-death"][0]["queue"] == "work"
+    wait_for(lambda: connection.queue_stats("work")["depth"] == 4)
+
+
+def test_queue_arguments_are_checked_when_declared(node):
+    with pytest.raises(ValueError, match="overflow must be one of"):
+        node.declare_queue("q", overflow="drop-tail")
+    with pytest.raises(ValueError, match="max_length must be None or an int >= 0"):
+        node.declare_queue("q", max_length=-1)
+    with pytest.raises(ValueError, match="auto_delete=True is not supported yet"):
+        node.declare_queue("q", auto_delete=True)
+    assert node.list_queues() == []
