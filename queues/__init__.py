@@ -7,9 +7,9 @@ gives the persistent store the reference counts its dirty recovery needs.
 ``warren.queues.connection`` is the client API (``warren.connect``, ``Node.connect``).
 """
 
-from .errors import (ConnectionClosed, CorruptMessage, InvalidMessage, MessageTooLarge, Nacked,
-                     NotFound, PreconditionFailed, QueueClosed, QueueDown, QueueError, QueueLocked,
-                     UnknownDeliveryTag, Unroutable)
+from .errors import (Blocked, ConnectionClosed, CorruptMessage, InvalidMessage,
+                     MessageTooLarge, Nacked, NotFound, PreconditionFailed, QueueClosed,
+                     QueueDown, QueueError, QueueLocked, UnknownDeliveryTag, Unroutable)
 from .message import Message, decode, encode
 from .queue_index import Entry, QueueIndex
 from .queue_store import QueueStore
@@ -17,6 +17,7 @@ from .variable_queue import Delivery, MessageInfo, SharedStoreClient, VariableQu
 from .walker import QueueRefCounts, node_ref_counts, walk_ref_counts
 
 __all__ = [
+    "Blocked",
     "ConnectionClosed",
     "CorruptMessage",
     "Delivery",

@@ -9,7 +9,8 @@ so the shared store holds one copy with a reference per queue.
 ``publish`` waits for that; ``publish_async`` returns a ``Confirm`` at once;
 ``publish_many`` sends batches and waits for all of them. At most ``max_in_flight``
 messages (4000, RabbitMQ's credit) are unconfirmed per connection: a publish beyond that
-waits for the oldest confirms first.
+waits for the oldest confirms first. While the node's memory or disk alarm is raised
+(``blocked``), a publish waits, up to ``call_timeout_s``, then raises ``Blocked``.
 
 Consumers fetch: ``get`` takes one message; ``consume(queue, prefetch=N)`` iterates,
 holding at most N deliveries unacked. Every delivery awaiting an ack is this
@@ -23,7 +24,7 @@ Errors (``warren.queues.errors``): ``NotFound`` for an unknown queue, ``Nacked``
 publish the queue did not confirm (it was deleted, or it restarted with the message in
 doubt: publish it again), ``UnknownDeliveryTag`` for an ack of a delivery this
 connection does not hold, ``MessageTooLarge``, ``InvalidMessage``,
-``Unroutable``, ``ConnectionClosed``. A ``Connection`` is used from one thread; open one per thread or
+``Unroutable``, ``Blocked``, ``ConnectionClosed``. A ``Connection`` is used from one thread; open one per thread or
 process.
 """
 
@@ -52,6 +53,7 @@ PUBLISH_BATCH_BYTES = 4 * 2**20
 CALL_TIMEOUT_S = 60.0
 ROUTES_TTL_S = 1.0                  # how long an exchange's bindings are routed with
 RESTART_CHECK_S = 1.0               # how often a wait looks whether its queue restarted
+ALARMS_READ_EVERY_S = 0.1           # how stale a publisher's view of the alarms may be
 IDLE_POLL_S = (0.001, 0.05)         # a consumer's wait between empty fetches: from, to
 
 
@@ -67,6 +69,7 @@ class NodeHandle(Protocol):
     def queue(self, name: str) -> ActorRef: ...
     def queue_state(self, name: str) -> str: ...
     def list_queues(self) -> list[str]: ...
+    def active_alarms(self) -> list[str]: ...
 
 
 class Confirm:
@@ -164,6 +167,8 @@ class Connection:
         self._unconfirmed = 0
         self._held: dict[str, dict[int, Delivery]] = {}     # queue -> tag -> delivery
         self._routes: dict[str, tuple[float, str, list]] = {}   # exchange -> (at, kind, bindings)
+        self._alarms: list[str] = []
+        self._alarms_read_at = float("-inf")
         self._closed = False
 
     # ------------------------------------------------------------------ declarations
@@ -311,8 +316,29 @@ class Connection:
                                     f"queue; bind one, or publish with mandatory=False")
         return queues
 
+    @property
+    def blocked(self) -> bool:
+        """True while a resource alarm of the node holds publishers back."""
+        now = time.monotonic()
+        if now - self._alarms_read_at > ALARMS_READ_EVERY_S:
+            self._alarms = self._node.active_alarms()
+            self._alarms_read_at = now
+        return bool(self._alarms)
+
+    def _wait_while_blocked(self) -> None:
+        deadline = time.monotonic() + self.call_timeout_s
+        while self.blocked:
+            if time.monotonic() >= deadline:
+                raise errors.Blocked(
+                    f"the node's {' and '.join(self._alarms)} alarm has held this publish for "
+                    f"{self.call_timeout_s:g} s; free the resource (consume messages, free "
+                    f"disk space) and publish again")
+            time.sleep(ALARMS_READ_EVERY_S)
+
     def _send(self, routing_key: str, queues: list[str], payloads: list[bytes],
               persistent: bool, expiration_ms: int | None = None) -> Confirm:
+        if self.blocked:
+            self._wait_while_blocked()
         while self._in_flight and self._unconfirmed + len(payloads) > self.max_in_flight:
             try:
                 self._settle_oldest(self.call_timeout_s)

@@ -7,6 +7,7 @@ Expected outcomes are values, not exceptions: fetching from an empty queue retur
 from __future__ import annotations
 
 __all__ = [
+    "Blocked",
     "ConnectionClosed",
     "CorruptMessage",
     "InvalidMessage",
@@ -81,3 +82,8 @@ class Unroutable(QueueError):
 class QueueDown(Nacked):
     """The queue kept crashing and stays down; nothing published to it is taken. Restart
     the node, or delete the queue and declare it again (the node's log says why)."""
+
+
+class Blocked(QueueError):
+    """A publish held past its timeout by a resource alarm of the node (memory or disk):
+    free the resource (consume messages, free disk space) and publish again."""

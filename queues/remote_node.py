@@ -7,13 +7,15 @@ answered ``{"ok": result}`` or ``{"error": type name, "message": text}``; the er
 back as the class of ``warren.queues.errors`` it names (``NotFound``,
 ``PreconditionFailed`` ...), or as a ``QueueError``. Messages then go from the
 connection straight to the queue's process: the node is asked only for declarations and
-for where a queue lives.
+for where a queue lives. The resource alarms raised now are in ``<data_dir>/alarms.json``,
+which publishers read (at most every 100 ms) instead of asking.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable
 from typing import Any
 
 import zmq
@@ -22,9 +24,11 @@ from warren.actors import ActorRef
 
 from . import errors
 
-__all__ = ["NODE_FILE", "NodeNotRunning", "RemoteNode"]
+__all__ = ["ALARMS_FILE", "NODE_FILE", "NodeNotRunning", "RemoteNode", "read_alarms",
+           "write_alarms"]
 
 NODE_FILE = "node.json"             # in the data directory: the node's control socket
+ALARMS_FILE = "alarms.json"         # in the data directory: the resource alarms raised now
 CALL_TIMEOUT_MS = 60_000
 
 
@@ -68,6 +72,9 @@ class RemoteNode:
     def list_queues(self) -> list[str]:
         return self._call("list_queues")
 
+    def active_alarms(self) -> list[str]:
+        return read_alarms(self.data_dir)
+
     def _call(self, op: str, **args: Any) -> Any:
         socket = zmq.Context.instance().socket(zmq.REQ)
         socket.linger = 0
@@ -87,3 +94,20 @@ class RemoteNode:
                     errors.QueueError
             raise cls(answer.get("message", answer["error"]))
         return answer["ok"]
+
+
+def write_alarms(data_dir: str, active: Iterable[str]) -> None:
+    """Publish the alarms raised now where every publisher on this machine reads them
+    (replaced whole: a reader sees the old list or the new one)."""
+    path = os.path.join(data_dir, ALARMS_FILE)
+    with open(path + ".tmp", "w") as file:
+        json.dump(sorted(active), file)
+    os.replace(path + ".tmp", path)
+
+
+def read_alarms(data_dir: str) -> list[str]:
+    try:
+        with open(os.path.join(data_dir, ALARMS_FILE)) as file:
+            return json.load(file)
+    except (OSError, ValueError):
+        return []                   # no node, or none yet: nothing holds a publisher back

@@ -81,7 +81,7 @@ from warren.queues.definitions import (Definitions, ExchangeDefinition, QueueDef
 from warren.queues.errors import NotFound, QueueDown, QueueError
 from warren.queues.messages import DeleteQueue
 from warren.queues.queue_actor import QueueActor
-from warren.queues.remote_node import NODE_FILE
+from warren.queues.remote_node import NODE_FILE, write_alarms
 from warren.queues.walker import node_ref_counts
 from warren.store.gc_actor import GCActor
 from warren.store.message_store import FILE_SIZE_LIMIT_BYTES
@@ -109,7 +109,8 @@ STORE_CLOSE_TIMEOUT_S = 60.0
 STORES = ("msg_store_persistent", "msg_store_transient")
 # What other processes may call on the node through its control socket (warren.connect).
 CONTROL_CALLS = frozenset({"declare_queue", "delete_queue", "declare_exchange", "bind_queue",
-                           "exchange", "queue", "queue_state", "list_queues"})
+                           "exchange", "queue", "queue_state", "list_queues",
+                           "active_alarms"})
 QUEUE_SUP_PREFIX = "queue_sup "   # each queue's own supervisor, under queue_sup
 QUEUE_FLAGS = SupervisorFlags("one_for_one", intensity=3, period_s=60.0)
 QUEUE_PREFIX = "queue "          # a queue's actor name, and so its title: "warren: queue orders"
@@ -186,6 +187,7 @@ class Node:
                                               name="warren-status")]
             for thread in self._threads:
                 thread.start()
+            write_alarms(self.data_dir, self.alarms.active)
             self._write_node_file()
         except BaseException:
             self.close()
@@ -270,6 +272,10 @@ class Node:
         with self._definitions_lock:
             return self._definitions.exchange(name)
 
+    def active_alarms(self) -> list[str]:
+        """The resource alarms raised now (publishers are held while any is)."""
+        return sorted(self.alarms.active)
+
     def queue(self, name: str) -> ActorRef:
         """The ref of a queue's process (follows its restarts); ``NotFound`` for a queue
         never declared, ``QueueDown`` for one that kept crashing and stays down."""
@@ -294,9 +300,10 @@ class Node:
     def list_queues(self) -> list[str]:
         return sorted(self._definitions.queues)
 
-    def connect(self) -> Connection:
-        """A client connection from this process (``warren.connect`` from any other)."""
-        return Connection(self)
+    def connect(self, **options: Any) -> Connection:
+        """A client connection from this process (``warren.connect`` from any other);
+        ``options`` are ``Connection``'s (``max_in_flight``, ``call_timeout_s``)."""
+        return Connection(self, **options)
 
     def _definitions_changed(self) -> None:
         """Keep what a restart of queue_sup starts, and the durable definitions on disk,
@@ -432,10 +439,13 @@ class Node:
         told: dict[str, tuple[int, frozenset[str]]] = {}   # address -> (incarnation, raised)
         while not self._closing.wait(self.limits.check_interval_s):
             try:
-                for change in self.alarms.check():
+                changes = self.alarms.check()
+                for change in changes:
                     log.warning("node %s: %s alarm %s (%d against a limit of %d)", self.name,
                                 change.resource, "raised" if change.raised else "cleared",
                                 change.value, change.limit)
+                if changes:
+                    write_alarms(self.data_dir, self.alarms.active)
                 self._tell_alarms(told)
             except Exception:   # the watch must outlive one bad reading; logged
                 log.exception("node %s: checking the resource alarms failed", self.name)

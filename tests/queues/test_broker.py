@@ -13,9 +13,11 @@ import pytest
 
 from warren import connect
 from warren.actors import ActorDeadError, RemoteError
-from warren.queues import Nacked, NotFound, PreconditionFailed, UnknownDeliveryTag, Unroutable
+from warren import AlarmLimits
+from warren.queues import (Blocked, Message, Nacked, NotFound, PreconditionFailed,
+                           UnknownDeliveryTag, Unroutable, encode)
 from warren.queues.errors import ConnectionClosed
-from warren.queues.messages import Fetch
+from warren.queues.messages import Fetch, Publish, QueueStats
 from warren.supervisor import Node
 
 from ..waiting import wait_for
@@ -373,3 +375,18 @@ def test_queue_arguments_are_checked_when_declared(node):
     with pytest.raises(ValueError, match="auto_delete=True is not supported yet"):
         node.declare_queue("q", auto_delete=True)
     assert node.list_queues() == []
+
+
+def test_under_a_memory_alarm_publishers_are_held_and_queues_page_out(tmp_path):
+    tight = AlarmLimits(memory_limit_bytes=1, check_interval_s=0.1)
+    with Node(tmp_path / "data", alarm_limits=tight) as node:
+        node.declare_queue("orders")
+        connection = node.connect(call_timeout_s=0.5)
+        wait_for(lambda: connection.blocked)
+        with pytest.raises(Blocked, match="memory alarm has held this publish"):
+            connection.publish("orders", b"held")
+        queue = node.queue("orders")            # a producer that ignores the alarm
+        wait_for(lambda: queue.ask(QueueStats())["target_ram_count"] == 0)
+        queue.ask(Publish([encode(Message(b"x" * 100))] * 50, True))
+        stats = queue.ask(QueueStats())
+        assert stats["alpha"] == 0 and stats["messages_ready"] == 50
