@@ -77,7 +77,7 @@ from .lock_table import TABLE_FILE, LockTableReader
 from .message_store import Settlement
 from .messages import (ClientDying, Contains, Found, Read, ReadMany, ReadsReport, Register,
                        Settled, StoreInfo, Terminate, WriteBatch)
-from .records import HEADER, check_body, check_msg_id
+from .records import HEADER, HEADER_BYTES, check_body, check_msg_id
 
 MAX_IN_FLIGHT = 4000                  # msg_store_credit_disc_bound: messages ...
 MAX_IN_FLIGHT_BYTES = 32 * 2**20      # ... or bytes in flight per client
@@ -131,6 +131,7 @@ class StoreClient:
         self._next_seq = 0
         self._batch: list[bytes] = []
         self._batch_ids: list[bytes] = []
+        self._batch_records: dict[bytes, bytes] = {}        # unsent writes, for reads
         self._batch_bytes = 0
         self._removes: list[tuple[int, list[bytes]]] = []   # in the batch: [after, ids]
         self._removed = 0
@@ -182,8 +183,10 @@ class StoreClient:
         body = check_body(body)
         seq = self._next_seq
         self._next_seq += 1
-        self._batch.append(HEADER.pack(len(body) + 16, msg_id) + body + b"\xff")
+        record = HEADER.pack(len(body) + 16, msg_id) + body + b"\xff"
+        self._batch.append(record)
         self._batch_ids.append(msg_id)
+        self._batch_records[msg_id] = record
         self._batch_bytes += len(body) + 25
         if (len(self._batch) + self._removed >= self.batch_messages
                 or self._batch_bytes >= self.batch_bytes):
@@ -211,6 +214,7 @@ class StoreClient:
         self._in_flight_messages += messages
         self._in_flight_bytes += len(records)
         self._batch, self._batch_ids, self._batch_bytes = [], [], 0
+        self._batch_records = {}
         self._removes, self._removed = [], 0
 
     def settle(self) -> None:
@@ -305,6 +309,7 @@ class StoreClient:
         self._in_flight.clear()
         self._in_flight_messages = self._in_flight_bytes = 0
         self._batch, self._batch_ids, self._batch_bytes = [], [], 0
+        self._batch_records = {}
         self._removes, self._removed = [], 0
         self._locations.clear()
         self._reader.close()
@@ -320,6 +325,7 @@ class StoreClient:
             return
         for msg_id in msg_ids:
             self._locations.pop(msg_id, None)
+            self._batch_records.pop(msg_id, None)
         self._removes.append((len(self._batch), msg_ids))
         self._removed += len(msg_ids)
         if len(self._batch) + self._removed >= self.batch_messages:
@@ -328,8 +334,12 @@ class StoreClient:
     # ------------------------------------------------------------------ reads
 
     def read(self, msg_id: bytes) -> bytes | None:
-        """The body of ``msg_id``: straight from the file when possible, else from the store."""
+        """The body of ``msg_id``: from this client's unsent batch, straight from the file
+        when possible, else from the store."""
         msg_id = check_msg_id(msg_id)
+        unsent = self._batch_records.get(msg_id)
+        if unsent is not None:
+            return unsent[HEADER_BYTES:-1]
         place = self._locations.get(msg_id)
         if place is not None:
             body = self._reader.read(place[0], place[1], place[2], msg_id)
@@ -347,6 +357,10 @@ class StoreClient:
         bodies: list[bytes | None] = [None] * len(msg_ids)
         missing = []
         for i, msg_id in enumerate(msg_ids):
+            unsent = self._batch_records.get(msg_id)
+            if unsent is not None:        # written here, not sent yet: the store has none
+                bodies[i] = unsent[HEADER_BYTES:-1]
+                continue
             place = self._locations.get(msg_id)
             body = None if place is None else self._reader.read(*place, msg_id)
             if body is None:

@@ -352,3 +352,13 @@ def test_a_batch_with_a_message_over_the_maximum_publishes_nothing(open_queue):
     assert len(queue) == 0 and queue.next_seq_id == 0
     assert list(queue.publish_many([small] * 3)) == [0, 1, 2]
     assert queue.sync() == [0, 1, 2]
+
+
+def test_a_lazy_queue_delivers_a_large_message_its_store_client_has_not_sent_yet(open_queue,
+                                                                                 stores):
+    queue = open_queue(lazy=True)
+    queue.publish(message(0, size=6000))             # batched in the client, not sent
+    delivery = queue.fetch()
+    assert number(delivery) == 0 and len(delivery.message.body) == 6000
+    queue.ack([delivery.seq_id])
+    assert queue.counters["missing_on_read"] == 0
