@@ -424,7 +424,10 @@ class Connection:
         self._check_open()
         ref = self._refs.get(queue)
         if ref is None:
-            ref = self._refs[queue] = self._node.queue(queue)
+            # Pinned: what this connection sends reaches the incarnation it knows, or
+            # nothing (its successor drops it), so a request the connection gives up as
+            # lost cannot still be applied by the next incarnation behind its back.
+            ref = self._refs[queue] = self._node.queue(queue).pin()
         return ref
 
     def _ask(self, queue: str, request: Any) -> Any:
