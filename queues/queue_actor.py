@@ -64,8 +64,9 @@ from typing import Any
 
 import psutil
 
-from warren.actors import Down, ProcessActor, UnhandledMessage
+from warren.actors import ActorError, ActorRef, Down, ProcessActor, UnhandledMessage
 from warren.store.client import StoreClient
+from warren.store.errors import StoreError
 from warren.store.messages import StoreStats
 
 from .dead_letters import DeadLetters
@@ -83,9 +84,10 @@ CONSUMER_CHECK_S = 2.0           # how often dead consumers' deliveries are requ
 RATES_INTERVAL_S = 5.0           # RAM_DURATION_UPDATE_INTERVAL
 MAX_FETCH = 10_000               # messages one Fetch may take
 EXPIRY_CHECK_S = 0.25            # how often expired messages at the head are dropped
+STORE_PING_S = 1.0               # how long a stopping queue waits for its stores' answer
 # A queue gives up on a silent store sooner than an application would: the node restarts
 # the queue after the store anyway (rest_for_one).
-STORE_CLIENT_OPTIONS = {"unavailable_after_s": 10.0, "call_timeout_s": 30.0}
+STORE_CLIENT_OPTIONS = {"unavailable_after_s": 5.0, "call_timeout_s": 5.0}
 
 
 class _Batch:
@@ -127,6 +129,7 @@ class QueueActor(ProcessActor):
         self._deleted = False
         self._store_down = False
         self._dead: DeadLetters | None = None
+        self._stores: list[ActorRef] = []            # pinned: the incarnations we work with
         self.counters = {"published": 0, "delivered": 0, "released": 0, "foreign_tags": 0,
                          "expired": 0, "dropped_over_max_length": 0, "rejected_publishes": 0}
 
@@ -138,8 +141,9 @@ class QueueActor(ProcessActor):
         if persistent is None or transient is None:
             raise RuntimeError(f"queue {self.queue_name}: the node's stores are not running")
         store_clean = bool(persistent.ask(StoreStats()).get("recovered_clean"))
-        for store in (persistent, transient):
-            self.monitor(store.pin())
+        self._stores = [persistent.pin(), transient.pin()]
+        for store in self._stores:
+            self.monitor(store)
         self.queue = VariableQueue(
             self.directory, durable=self.durable, lazy=self.lazy,
             persistent_store=lambda ref: StoreClient(persistent, ref, **STORE_CLIENT_OPTIONS),
@@ -156,15 +160,29 @@ class QueueActor(ProcessActor):
             self._dead.close()
         if self.queue is None or self._deleted:
             return
-        if self._store_down:
+        if self._store_down or not self._stores_answer():
             # The node restarts this queue after the store; its next start recovers dirty.
             # Nothing unconfirmed is lost that a publisher was told is safe.
             self.queue.abandon()
             return
         try:
             self._answer(self.queue.sync(wait=True))
-        finally:
             self.queue.terminate()
+        except (StoreError, ActorError) as exc:
+            # The store died before its Down reached us (a tree stopping everything after
+            # it); the next start recovers dirty against the restarted store.
+            log.warning("queue %s: no clean stop, the store is gone (%s)", self.queue_name, exc)
+            self.queue.abandon()
+
+    def _stores_answer(self) -> bool:
+        """Whether both stores' incarnations this queue started with still answer (a tree
+        stopping everything after a dead store stops us before its Down arrives)."""
+        try:
+            for store in self._stores:
+                store.ping(timeout=STORE_PING_S)
+        except ActorError:
+            return False
+        return True
 
     def on_alarm(self, resource: str, raised: bool) -> None:
         if resource == "memory" and self.queue is not None and not self._deleted:
