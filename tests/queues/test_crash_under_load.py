@@ -14,6 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from warren import connect
 from warren.queues import NotFound
 from warren.queues.workload import audit
 from warren.supervisor import Node
@@ -95,3 +96,61 @@ def test_an_idle_queue_process_costs_a_few_mib(tmp_path):
         # Reported in the README; the bound only catches a gross regression.
         assert max(pss) < 64 * 2**20, [p // 2**20 for p in pss]
         print(f"idle queue PSS: {sorted(pss)[4] / 2**20:.1f} MiB (median of 8)")
+
+
+def test_a_whole_node_killed_keeps_every_confirmed_message_and_flags_the_unacked(tmp_path):
+    data = tmp_path / "data"
+    node_process = subprocess.Popen(
+        [sys.executable, "-m", "tests.supervisor.node_child", str(data), "--queue", "orders"],
+        cwd=ROOT, stdout=subprocess.PIPE, text=True, start_new_session=True)
+    family = []
+    try:
+        family = [psutil.Process(int(pid)) for pid in node_process.stdout.readline().split()]
+        connection = connect(data)
+        bodies = [b"order %d" % n + b"x" * (n % 3 * 3000) for n in range(500)]
+        connection.publish_many("orders", bodies)
+        unacked = connection.get("orders")
+        for process in family:                   # every process of the node at once
+            process.kill()
+    finally:
+        for process in family:
+            try:
+                process.wait(timeout=10)
+            except psutil.Error:
+                pass
+        node_process.kill()
+        node_process.wait()
+        node_process.stdout.close()
+    with Node(data) as node:
+        fresh = node.connect()
+        first = fresh.get("orders", ack=False)
+        assert (first.body, first.redelivered) == (unacked.body, True)
+        rest = [fresh.get("orders", ack=False).body for _ in range(499)]
+        assert [first.body, *rest] == bodies
+        assert fresh.get("orders") is None
+
+
+def test_a_fanned_out_message_keeps_both_references_across_a_store_crash(tmp_path):
+    with Node(tmp_path / "data") as node:
+        node.declare_exchange("orders", kind="fanout")
+        for name in ("billing", "shipping"):
+            node.declare_queue(name)
+            node.bind_queue(name, "orders")
+        connection = node.connect()
+        bodies = [b"%d" % n + b"y" * 6000 for n in range(50)]
+        for body in bodies:
+            connection.publish("", body, exchange="orders")
+        old = node.store().pid
+        os.kill(old, signal.SIGKILL)
+        wait_for(lambda: node.queue_state("billing") == "running"
+                 and node.queue_state("shipping") == "running"
+                 and node.store().pid != old, timeout=60)
+        fresh = node.connect()
+        assert node.store_stats()["msg_store_persistent"]["message_count"] == 50
+        for name in ("billing", "shipping"):
+            got = []
+            while (delivery := fresh.get(name)) is not None:
+                got.append(delivery.body)
+                delivery.ack()
+            assert got == bodies, name
+        wait_for(lambda: node.store_stats()["msg_store_persistent"]["message_count"] == 0)

@@ -1,10 +1,11 @@
 """A process running a Warren node with two application actors, for the tests that signal
 or kill the node's process itself.
 
-    python -m tests.supervisor.node_child DATA_DIR [--messages N] [--until-signalled]
+    python -m tests.supervisor.node_child DATA_DIR [--messages N] [--queue NAME]
+                                          [--until-signalled]
 
 Writes N persistent messages (ids ``message_id(i)``, bodies ``message_body(i)``) and waits
-until the store has confirmed them all, then prints the pids of the node's process, its
+until the store has confirmed them all, declares queue NAME if asked, then prints the pids of the node's process, its
 forkserver and its actors on one line. Without ``--until-signalled`` it then waits, as an
 embedding application would, with the default reaction to every signal. With it, it runs
 as ``warren node`` does: the stop signals are blocked while the node is built, then
@@ -36,6 +37,7 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("data_dir")
     parser.add_argument("--messages", type=int, default=0)
+    parser.add_argument("--queue")
     parser.add_argument("--until-signalled", action="store_true")
     args = parser.parse_args()
     if args.until_signalled:
@@ -46,6 +48,8 @@ def main() -> int:
         for i in range(args.messages):
             client.write(message_id(i), message_body(i))
         client.settle()
+    if args.queue:
+        node.declare_queue(args.queue)
     print(*node._pids(), flush=True)
     if not args.until_signalled:
         while True:
