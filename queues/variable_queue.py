@@ -108,7 +108,7 @@ class SharedStoreClient(Protocol):
     def read_many(self, msg_ids: list[bytes]) -> list[bytes | None]: ...
     def contains_many(self, msg_ids: list[bytes]) -> list[bool]: ...
     def settled(self, wait: bool = True) -> Settlement: ...
-    def terminate(self) -> None: ...
+    def close(self) -> None: ...
     def delete_and_terminate(self) -> None: ...
 
 
@@ -996,7 +996,9 @@ class VariableQueue:
                  "persistent_ref": self._persistent.client_ref.hex()}
         _write_atomically(os.path.join(self.directory, TERMS_FILE),
                           json.dumps(terms).encode())
-        self._persistent.terminate()
+        # The persistent client stays registered: the store's clean-shutdown files name
+        # it, and the next clean start checks them against these terms' ref.
+        self._persistent.close()
         self._transient.delete_and_terminate()
         self._closed = True
 

@@ -25,7 +25,8 @@ from .queue_index import HEADER_BYTES, INDEX_SUFFIX, SLOT_BYTES, _unpack_slot
 from .segments import segment_numbers
 from .variable_queue import TERMS_FILE
 
-__all__ = ["QUEUES_DIR", "QueueRefCounts", "node_ref_counts", "walk_ref_counts"]
+__all__ = ["QUEUES_DIR", "QueueRefCounts", "node_clean_clients", "node_ref_counts",
+           "walk_ref_counts"]
 
 log = logging.getLogger("warren.queues")
 
@@ -84,13 +85,26 @@ def walk_ref_counts(queue_directories: Iterable[str | os.PathLike]) -> QueueRefC
 def node_ref_counts(data_dir: str) -> QueueRefCounts | None:
     """The walk over a node's queue directories, or None when the node has no queues (its
     store is then used directly, and recovers with its own stand-in counts)."""
+    directories = _queue_directories(data_dir)
+    return walk_ref_counts(directories) if directories else None
+
+
+def node_clean_clients(data_dir: str) -> frozenset[bytes] | None:
+    """The persistent client refs of the node's queues that stopped cleanly, which the
+    store's clean-shutdown files must name exactly for a clean start (a queue that
+    crashed since leaves its old ref there: the store then rebuilds its counts from the
+    queue indexes); None when the node has no queues."""
+    directories = _queue_directories(data_dir)
+    return QueueRefCounts(directories).client_refs if directories else None
+
+
+def _queue_directories(data_dir: str) -> list[str]:
     root = os.path.join(data_dir, QUEUES_DIR)
     try:
         names = sorted(os.listdir(root))
     except FileNotFoundError:
-        return None
-    directories = [os.path.join(root, n) for n in names if os.path.isdir(os.path.join(root, n))]
-    return walk_ref_counts(directories) if directories else None
+        return []
+    return [os.path.join(root, n) for n in names if os.path.isdir(os.path.join(root, n))]
 
 
 def _persistent_ref(directory: str) -> bytes | None:

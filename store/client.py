@@ -431,6 +431,13 @@ class StoreClient:
         self._ask(Terminate(self.client_ref))
         self._reader.close()
 
+    def close(self) -> None:
+        """Settle everything and let go, staying registered: a queue stopping cleanly,
+        whose ref the store's clean-shutdown files keep naming for its next start."""
+        self.settle()
+        self._report_reads()
+        self._reader.close()
+
     def delete_and_terminate(self) -> None:
         """Go away without waiting: the store ignores this client's later writes of
         messages it does not hold, and forgets it."""

@@ -1,7 +1,7 @@
 """``LocalStoreClient``: a store client for a ``MessageStore`` in this process.
 
 It has the calls of ``warren.store.client.StoreClient`` that a queue uses (``write``,
-``remove``, ``read``, ``read_many``, ``contains_many``, ``settled``, ``terminate``, ``delete_and_terminate``), so the queue engine runs unchanged against the
+``remove``, ``read``, ``read_many``, ``contains_many``, ``settled``, ``close``, ``terminate``, ``delete_and_terminate``), so the queue engine runs unchanged against the
 in-process engine (tests, benchmarks, embedding) or against a store actor.
 
 Several clients may share one store: each write's ticket is ``(client_ref, seq)``, and
@@ -80,6 +80,10 @@ class LocalStoreClient:
         """Settle everything, then unregister, as ``StoreClient.terminate``."""
         self.settled()
         self.store.unregister_client(self.client_ref)
+
+    def close(self) -> None:
+        """Settle everything, staying registered (as ``StoreClient.close``)."""
+        self.settled()
 
     def delete_and_terminate(self) -> None:
         self.store.unregister_client(self.client_ref)

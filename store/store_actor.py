@@ -115,6 +115,7 @@ class MessageStoreActor(ProcessActor):
                  file_size_limit: int = FILE_SIZE_LIMIT_BYTES, sync_policy: str = "fsync",
                  sync_interval_ms: float = SYNC_INTERVAL_MS,
                  ref_counts: Callable[[], Iterable[tuple[bytes, int]]] | None = None,
+                 clean_clients: Callable[[], Iterable[bytes] | None] | None = None,
                  gc_name: str = GC_NAME, gc_check_interval_s: float = GC_CHECK_INTERVAL_S,
                  gc_retry_s: float = GC_RETRY_S) -> None:
         self.directory = os.path.abspath(directory)
@@ -123,6 +124,7 @@ class MessageStoreActor(ProcessActor):
         self.sync_policy = sync_policy
         self.sync_interval_s = sync_interval_ms / 1000
         self.ref_counts = ref_counts
+        self.clean_clients = clean_clients
         self.gc_name = gc_name
         self.gc_check_interval_s = gc_check_interval_s
         self.gc_retry_s = gc_retry_s
@@ -150,7 +152,8 @@ class MessageStoreActor(ProcessActor):
         self.store = MessageStore(
             self.directory, file_size_limit=self.file_size_limit,
             sync_policy=self.sync_policy, auto_gc=False, shared_readers=True,
-            ref_counts=None if self.transient or self.ref_counts is None else self.ref_counts())
+            ref_counts=None if self.transient or self.ref_counts is None else self.ref_counts(),
+            clean_clients=None if self.clean_clients is None else self.clean_clients())
         self.call_later(self.gc_check_interval_s, self._gc_tick)
 
     def on_stop(self) -> None:

@@ -82,7 +82,7 @@ from warren.queues.errors import NotFound, QueueDown, QueueError
 from warren.queues.messages import DeleteQueue
 from warren.queues.queue_actor import QueueActor
 from warren.queues.remote_node import NODE_FILE, write_alarms
-from warren.queues.walker import node_ref_counts
+from warren.queues.walker import node_clean_clients, node_ref_counts
 from warren.store.gc_actor import GCActor
 from warren.store.message_store import FILE_SIZE_LIMIT_BYTES
 from warren.store.messages import StoreStats
@@ -163,7 +163,9 @@ class Node:
             stores = tuple(
                 ChildSpec(store, MessageStoreActor, (os.path.join(self.data_dir, store),),
                           {**store_options, "transient": store == "msg_store_transient",
-                           "ref_counts": ref_counts if store == "msg_store_persistent" else None},
+                           "ref_counts": ref_counts if store == "msg_store_persistent" else None,
+                           "clean_clients": (functools.partial(node_clean_clients, self.data_dir)
+                                             if store == "msg_store_persistent" else None)},
                           shutdown_s=STORE_SHUTDOWN_S, start_timeout_s=STORE_START_TIMEOUT_S,
                           heartbeat_timeout_s=STORE_HEARTBEAT_TIMEOUT_S)
                 for store in STORES)

@@ -390,3 +390,35 @@ def test_under_a_memory_alarm_publishers_are_held_and_queues_page_out(tmp_path):
         queue.ask(Publish([encode(Message(b"x" * 100))] * 50, True))
         stats = queue.ask(QueueStats())
         assert stats["alpha"] == 0 and stats["messages_ready"] == 50
+
+
+def persistent_store_figures(node):
+    return node.store_stats()["msg_store_persistent"]
+
+
+def test_a_clean_stop_of_a_node_with_queues_restarts_its_store_clean(data_dir):
+    with Node(data_dir) as node:
+        node.declare_queue("orders")
+        node.connect().publish_many("orders", [b"x" * 6000] * 10)
+    with Node(data_dir) as node:
+        figures = persistent_store_figures(node)
+        assert figures["recovered_clean"] and figures["message_count"] == 10
+        assert node.connect().queue_stats("orders")["messages_ready"] == 10
+
+
+def test_after_a_queue_crash_the_next_start_rebuilds_the_store_counts_from_the_queues(
+        data_dir):
+    with Node(data_dir) as node:
+        node.declare_queue("orders")
+        connection = node.connect()
+        connection.publish_many("orders", [b"x" * 6000] * 10)
+        old = node.queue("orders").pid
+        os.kill(old, signal.SIGKILL)
+        wait_for(lambda: restarted(node, "orders", old))
+    with Node(data_dir) as node:
+        figures = persistent_store_figures(node)
+        assert not figures["recovered_clean"] and figures["message_count"] == 10
+        connection = node.connect()
+        while (delivery := connection.get("orders")) is not None:
+            delivery.ack()
+        wait_for(lambda: persistent_store_figures(node)["message_count"] == 0)
