@@ -8,8 +8,8 @@ them has confirmed it. A message routed to several queues carries one id to all 
 so the shared store holds one copy with a reference per queue.
 ``publish`` waits for that; ``publish_async`` returns a ``Confirm`` at once;
 ``publish_many`` sends batches and waits for all of them. At most ``max_in_flight``
-messages (4000, RabbitMQ's credit) are unconfirmed per connection: a publish beyond that
-waits for the oldest confirms first. While the node's memory or disk alarm is raised
+messages (4000, RabbitMQ's credit) or ``max_in_flight_bytes`` (32 MiB) are unconfirmed
+per connection: a publish beyond that waits for the oldest confirms first. While the node's memory or disk alarm is raised
 (``blocked``), a publish waits, up to ``call_timeout_s``, then raises ``Blocked``.
 
 Consumers fetch: ``get`` takes one message; ``consume(queue, prefetch=N)`` iterates,
@@ -47,7 +47,8 @@ from .variable_queue import MAX_MESSAGE_BYTES
 
 __all__ = ["Confirm", "Connection", "Consumer", "Delivery"]
 
-MAX_IN_FLIGHT = 4000                # unconfirmed messages per connection (credit)
+MAX_IN_FLIGHT = 4000                # unconfirmed messages per connection (credit) ...
+MAX_IN_FLIGHT_BYTES = 32 * 2**20    # ... or bytes
 PUBLISH_BATCH = 500                 # messages per Publish from publish_many
 PUBLISH_BATCH_BYTES = 4 * 2**20
 CALL_TIMEOUT_S = 60.0
@@ -77,10 +78,11 @@ class Confirm:
     message was routed to confirmed it, or raises ``Nacked``."""
 
     def __init__(self, routing_key: str, sent: list[tuple[str, ActorRef, Any]], size: int,
-                 on_restart: Callable[[str], None]) -> None:
+                 size_bytes: int, on_restart: Callable[[str], None]) -> None:
         self.routing_key = routing_key
         self._sent = sent                            # (queue, ref, future) per queue
-        self.size = size
+        self.size = size                             # messages
+        self.bytes = size_bytes
         self._on_restart = on_restart
         self._outcome: BaseException | None | bool = False     # False: not yet known
 
@@ -156,15 +158,18 @@ class Delivery:
 
 class Connection:
     def __init__(self, node: NodeHandle, *, max_in_flight: int = MAX_IN_FLIGHT,
+                 max_in_flight_bytes: int = MAX_IN_FLIGHT_BYTES,
                  call_timeout_s: float = CALL_TIMEOUT_S) -> None:
         self._node = node
         self.max_in_flight = max_in_flight
+        self.max_in_flight_bytes = max_in_flight_bytes
         self.call_timeout_s = call_timeout_s
         self.consumer_id = os.urandom(16)
         self._pid = os.getpid()
         self._refs: dict[str, ActorRef] = {}
         self._in_flight: collections.deque[Confirm] = collections.deque()
         self._unconfirmed = 0
+        self._unconfirmed_bytes = 0
         self._held: dict[str, dict[int, Delivery]] = {}     # queue -> tag -> delivery
         self._routes: dict[str, tuple[float, str, list]] = {}   # exchange -> (at, kind, bindings)
         self._alarms: list[str] = []
@@ -339,7 +344,10 @@ class Connection:
               persistent: bool, expiration_ms: int | None = None) -> Confirm:
         if self.blocked:
             self._wait_while_blocked()
-        while self._in_flight and self._unconfirmed + len(payloads) > self.max_in_flight:
+        size = sum(map(len, payloads))
+        while self._in_flight and (
+                self._unconfirmed + len(payloads) > self.max_in_flight
+                or self._unconfirmed_bytes + size > self.max_in_flight_bytes):
             try:
                 self._settle_oldest(self.call_timeout_s)
             except Nacked:
@@ -353,9 +361,10 @@ class Connection:
             sent.append((queue, ref, ref.ask_async(
                 Publish(payloads, persistent, msg_ids, expiration_ms),
                 timeout=self.call_timeout_s)))
-        confirm = Confirm(routing_key, sent, len(payloads), self._forget)
+        confirm = Confirm(routing_key, sent, len(payloads), size, self._forget)
         self._in_flight.append(confirm)
         self._unconfirmed += len(payloads)
+        self._unconfirmed_bytes += size
         return confirm
 
     def _settle_oldest(self, timeout: float | None) -> None:
@@ -366,6 +375,7 @@ class Connection:
             if confirm.done():
                 self._in_flight.popleft()
                 self._unconfirmed -= confirm.size
+                self._unconfirmed_bytes -= confirm.bytes
 
     # ------------------------------------------------------------------ consuming
 
