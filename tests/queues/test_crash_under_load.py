@@ -154,3 +154,32 @@ def test_a_fanned_out_message_keeps_both_references_across_a_store_crash(tmp_pat
                 delivery.ack()
             assert got == bodies, name
         wait_for(lambda: node.store_stats()["msg_store_persistent"]["message_count"] == 0)
+
+
+def test_a_producer_killed_mid_batch_leaves_its_confirmed_messages_and_a_healthy_queue(
+        tmp_path):
+    data = tmp_path / "data"
+    ledger = tmp_path / "confirmed"
+    with Node(data) as node:
+        node.declare_queue("orders")
+        code = ("import sys; from warren import connect; c = connect(sys.argv[1]); "
+                "print('ready', flush=True)\n"
+                "with open(sys.argv[2], 'a', buffering=1) as out:\n"
+                "    for n in range(10**6):\n"
+                "        c.publish_many('orders', [b'%d-%d' % (n, i) for i in range(200)])\n"
+                "        out.write('%d\\n' % n)\n")
+        producer = subprocess.Popen([sys.executable, "-c", code, str(data), str(ledger)],
+                                    cwd=ROOT, stdout=subprocess.PIPE, text=True)
+        try:
+            assert producer.stdout.readline().strip() == "ready"
+            wait_for(lambda: len(lines(ledger)) >= 5)
+        finally:
+            producer.kill()
+            producer.wait()
+            producer.stdout.close()
+        batches = len(lines(ledger))
+        connection = node.connect()
+        ready = connection.queue_stats("orders")["messages_ready"]
+        assert ready >= 200 * batches            # confirmed ones, and maybe part of the next
+        connection.publish("orders", b"after")
+        assert connection.queue_stats("orders")["messages_ready"] == ready + 1
