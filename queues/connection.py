@@ -41,7 +41,7 @@ from warren.actors import ActorDeadError, ActorError, ActorRef, AskTimeout, Remo
 from . import errors
 from .errors import ConnectionClosed, Nacked, QueueError
 from .message import Message, decode, encode
-from .messages import Fetch, Publish, Purge, QueueStats, Release, Settle
+from .messages import Fetch, Publish, Purge, QueueStats, Release, Settle, Subscribe
 from .routing import route
 from .variable_queue import MAX_MESSAGE_BYTES
 
@@ -389,8 +389,12 @@ class Connection:
         """Iterate over ``queue``'s messages, at most ``prefetch`` unacked at a time."""
         if type(prefetch) is not int or prefetch < 1:
             raise ValueError(f"prefetch must be an int >= 1, got {prefetch!r}")
-        self._ref(queue)
+        self._subscribe(queue, True)
         return Consumer(self, queue, prefetch)
+
+    def _subscribe(self, queue: str, active: bool) -> None:
+        self._ref(queue).tell(Subscribe(self.consumer_id, self._pid, active),
+                              timeout=self.call_timeout_s)
 
     def _fetch(self, queue: str, count: int, ack: bool) -> list[Delivery]:
         answer = self._ask(queue, Fetch(self.consumer_id, self._pid, count, ack))
@@ -526,10 +530,13 @@ class Consumer:
 
     def cancel(self) -> None:
         """Stop iterating; deliveries fetched but not yet handed out go back now."""
+        if self._closed:
+            return
         self._closed = True
         if self._ready:
             self.connection._give_back(self.queue, [d.delivery_tag for d in self._ready])
             self._ready.clear()
+        self.connection._subscribe(self.queue, False)
 
     def __enter__(self) -> "Consumer":
         return self

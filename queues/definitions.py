@@ -48,7 +48,8 @@ class QueueDefinition:
     """A queue's arguments. ``message_ttl_ms``: how long a message may wait (None: for
     ever); ``max_length``: how many messages may wait, the oldest dropped beyond it
     (``overflow="drop-head"``) or new ones refused (``"reject-publish"``);
-    ``dead_letter_exchange``: where expired, rejected and dropped messages go."""
+    ``dead_letter_exchange``: where expired, rejected and dropped messages go;
+    ``auto_delete``: the queue deletes itself when its last consumer stops."""
 
     name: str
     durable: bool = True
@@ -57,6 +58,7 @@ class QueueDefinition:
     max_length: int | None = None
     overflow: str = "drop-head"
     dead_letter_exchange: str | None = None
+    auto_delete: bool = False
 
     def __post_init__(self) -> None:
         check_name(self.name)

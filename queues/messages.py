@@ -20,7 +20,11 @@ its own, and go back to the queue when it closes or its process dies.
     Settle(consumer, tags, action)     tell (or ask → the tags ignored); action "ack",
                                        "requeue" or "reject" (reject: drop); a tag the
                                        consumer does not hold is ignored and counted
-    Release(consumer)                  tell: requeue what the consumer holds (it closed)
+    Subscribe(consumer, pid, active)   tell: a consumer of the connection starts (active)
+                                       or stops; an auto-delete queue goes when its last
+                                       one stops
+    Release(consumer)                  tell: requeue what the consumer holds and end its
+                                       subscriptions (it closed)
     Purge()                            ask → the number of messages purged
     QueueStats()                       ask → dict
     DeleteQueue()                      ask → the number of messages deleted; the queue then
@@ -68,6 +72,14 @@ class Settle:
     consumer: bytes
     tags: list[int]
     action: str
+
+
+@message
+@dataclass(frozen=True)
+class Subscribe:
+    consumer: bytes
+    pid: int
+    active: bool
 
 
 @message

@@ -19,7 +19,11 @@ Messages accepted (``warren.queues.messages``), and what each gets back:
                                      consumer holds; any other tag is ignored, logged and
                                      counted (``foreign_tags``): one connection cannot
                                      settle another's deliveries
-    Release(consumer)              (tell) requeue what the consumer holds
+    Subscribe(consumer, pid, active)
+                                   (tell) a consumer starts or stops; an ``auto_delete``
+                                   queue deletes itself when the last one stops
+    Release(consumer)              (tell) requeue what the consumer holds, end its
+                                   subscriptions
     Purge()                        → messages purged
     QueueStats()                   → the engine's stats, the consumers and the name
     DeleteQueue()                  → messages deleted; every later request is refused
@@ -72,7 +76,7 @@ from warren.store.messages import StoreStats
 from .dead_letters import DeadLetters
 from .errors import QueueClosed
 from .messages import (SETTLE_ACTIONS, DeleteQueue, Delivered, Fetch, Publish, Purge,
-                       QueueStats, Release, Settle)
+                       QueueStats, Release, Settle, Subscribe)
 from .variable_queue import VariableQueue
 
 __all__ = ["QueueActor"]
@@ -105,7 +109,8 @@ class QueueActor(ProcessActor):
     def __init__(self, name: str, directory: str, *, durable: bool = True,
                  lazy: bool = False, message_ttl_ms: int | None = None,
                  max_length: int | None = None, overflow: str = "drop-head",
-                 dead_letter_exchange: str | None = None, data_dir: str | None = None,
+                 dead_letter_exchange: str | None = None, auto_delete: bool = False,
+                 data_dir: str | None = None,
                  queue_options: dict[str, Any] | None = None,
                  sync_interval_ms: float = SYNC_INTERVAL_MS,
                  consumer_check_s: float = CONSUMER_CHECK_S) -> None:
@@ -117,6 +122,7 @@ class QueueActor(ProcessActor):
         self.max_length = max_length
         self.overflow = overflow
         self.dead_letter_exchange = dead_letter_exchange
+        self.auto_delete = auto_delete
         self.data_dir = data_dir
         self.queue_options = dict(queue_options or {})
         self.sync_interval_s = sync_interval_ms / 1000
@@ -126,6 +132,7 @@ class QueueActor(ProcessActor):
         self._sync_armed = False
         self._held: dict[bytes, set[int]] = {}        # consumer -> tags awaiting its ack
         self._owners: dict[bytes, tuple[int, float]] = {}   # consumer -> (pid, started)
+        self._subscribers: dict[bytes, int] = {}      # connection -> its active consumers
         self._deleted = False
         self._store_down = False
         self._dead: DeadLetters | None = None
@@ -268,6 +275,26 @@ class QueueActor(ProcessActor):
         if held:
             self.queue.requeue(sorted(held))
             self.counters["released"] += len(held)
+        if self._subscribers.pop(message.consumer, 0):
+            self._maybe_auto_delete()
+
+    def _subscribe(self, message: Subscribe) -> None:
+        count = self._subscribers.get(message.consumer, 0) + (1 if message.active else -1)
+        if message.active and message.consumer not in self._owners:
+            self._owners[message.consumer] = (message.pid, _started(message.pid))
+        if count > 0:
+            self._subscribers[message.consumer] = count
+        elif self._subscribers.pop(message.consumer, None) is not None:
+            self._maybe_auto_delete()
+
+    def _maybe_auto_delete(self) -> None:
+        """An auto-delete queue whose last consumer stopped deletes itself, messages and
+        files, and ends its process (for good: the node then forgets its definition)."""
+        if self.auto_delete and not self._subscribers and not self._deleted:
+            log.info("queue %s: its last consumer stopped; deleting it (auto_delete)",
+                     self.queue_name)
+            self._delete(DeleteQueue())
+            self.stop()
 
     def _purge(self, message: Purge) -> int:
         return self.queue.purge()
@@ -277,7 +304,7 @@ class QueueActor(ProcessActor):
         if self._dead is not None:
             stats.update(self._dead.counters)
         stats.update(name=self.queue_name, durable=self.durable,
-                     consumers=len(self._held), messages_ready=stats["len"],
+                     consumers=sum(self._subscribers.values()), messages_ready=stats["len"],
                      messages_unacked=stats["depth"] - stats["len"], **self.counters)
         return stats
 
@@ -298,7 +325,8 @@ class QueueActor(ProcessActor):
         self.stop()
 
     _handlers = {Publish: _publish, Fetch: _fetch, Settle: _settle, Release: _release,
-                 Purge: _purge, QueueStats: _stats, DeleteQueue: _delete, Down: _down}
+                 Subscribe: _subscribe, Purge: _purge, QueueStats: _stats,
+                 DeleteQueue: _delete, Down: _down}
 
     # ------------------------------------------------------------------ confirms
 
@@ -422,4 +450,8 @@ def _malformed(message: Any) -> str | None:
             return "tags must be a list of ints"
     elif isinstance(message, Release) and type(message.consumer) is not bytes:
         return "consumer must be bytes"
+    elif isinstance(message, Subscribe) and (
+            type(message.consumer) is not bytes or type(message.pid) is not int
+            or type(message.active) is not bool):
+        return "consumer must be bytes, pid an int and active a bool"
     return None

@@ -217,14 +217,11 @@ class Node:
                       auto_delete: bool = False) -> None:
         """Create the queue (a process under ``queue_sup``) unless it exists; a durable
         one is kept in the definitions and started at every boot. Re-declaring with other
-        arguments raises ``PreconditionFailed``. (``auto_delete=True`` is refused: not
-        implemented yet.)"""
-        if auto_delete:
-            raise ValueError("auto_delete=True is not supported yet; delete the queue "
-                             "yourself when you are done with it")
+        arguments raises ``PreconditionFailed``. An ``auto_delete`` queue deletes itself
+        when its last consumer stops (one that never had a consumer stays)."""
         definition = QueueDefinition(check_name(name), bool(durable), bool(lazy),
                                      message_ttl_ms, max_length, overflow,
-                                     dead_letter_exchange)
+                                     dead_letter_exchange, bool(auto_delete))
         with self._definitions_lock:
             if not self._definitions.add_queue(definition):
                 return
@@ -307,6 +304,22 @@ class Node:
         ``options`` are ``Connection``'s (``max_in_flight``, ``call_timeout_s``)."""
         return Connection(self, **options)
 
+    def _forget_auto_deleted(self) -> None:
+        """Drop the definitions of auto-delete queues that deleted themselves (their
+        process ended and their directory is gone)."""
+        with self._definitions_lock:
+            for name, definition in list(self._definitions.queues.items()):
+                if (definition.auto_delete
+                        and not os.path.exists(queue_directory(self.data_dir, name))
+                        and self.actors.whereis(QUEUE_PREFIX + name) is None):
+                    queue_sup = self._supervisor("queue_sup")
+                    if any(c["id"] == QUEUE_SUP_PREFIX + name
+                           for c in queue_sup.which_children()):
+                        queue_sup.terminate_child(QUEUE_SUP_PREFIX + name)
+                    self._definitions.remove_queue(name)
+                    self._definitions_changed()
+                    log.info("node %s: queue %s deleted itself (auto_delete)", self.name, name)
+
     def _definitions_changed(self) -> None:
         """Keep what a restart of queue_sup starts, and the durable definitions on disk,
         in step with the definitions (under the definitions lock)."""
@@ -328,7 +341,10 @@ class Node:
                            "max_length": definition.max_length,
                            "overflow": definition.overflow,
                            "dead_letter_exchange": definition.dead_letter_exchange,
+                           "auto_delete": definition.auto_delete,
                            "data_dir": self.data_dir},
+                          # an auto-deleted queue's process ends normally, for good
+                          restart="transient" if definition.auto_delete else "permanent",
                           shutdown_s=STORE_SHUTDOWN_S, start_timeout_s=STORE_START_TIMEOUT_S,
                           heartbeat_timeout_s=STORE_HEARTBEAT_TIMEOUT_S)
         return SupervisorSpec(QUEUE_SUP_PREFIX + definition.name, QUEUE_FLAGS,
@@ -449,6 +465,7 @@ class Node:
                 if changes:
                     write_alarms(self.data_dir, self.alarms.active)
                 self._tell_alarms(told)
+                self._forget_auto_deleted()
             except Exception:   # the watch must outlive one bad reading; logged
                 log.exception("node %s: checking the resource alarms failed", self.name)
 

@@ -372,8 +372,6 @@ def test_queue_arguments_are_checked_when_declared(node):
         node.declare_queue("q", overflow="drop-tail")
     with pytest.raises(ValueError, match="max_length must be None or an int >= 0"):
         node.declare_queue("q", max_length=-1)
-    with pytest.raises(ValueError, match="auto_delete=True is not supported yet"):
-        node.declare_queue("q", auto_delete=True)
     assert node.list_queues() == []
 
 
@@ -422,3 +420,20 @@ def test_after_a_queue_crash_the_next_start_rebuilds_the_store_counts_from_the_q
         while (delivery := connection.get("orders")) is not None:
             delivery.ack()
         wait_for(lambda: persistent_store_figures(node)["message_count"] == 0)
+
+
+def test_an_auto_delete_queue_goes_when_its_last_consumer_stops(node, data_dir):
+    node.declare_queue("replies", auto_delete=True, durable=False)
+    connection = node.connect()
+    connection.publish("replies", b"one")
+    first = connection.consume("replies", prefetch=10)
+    second = connection.consume("replies", prefetch=10)
+    assert next(first).body == b"one"
+    assert connection.queue_stats("replies")["consumers"] == 2
+    first.cancel()
+    assert node.list_queues() == ["replies"]            # one consumer is left
+    second.cancel()
+    wait_for(lambda: node.list_queues() == [], timeout=10)
+    assert not (data_dir / "queues" / "replies").exists()
+    node.declare_queue("replies", auto_delete=True, durable=False)   # declared anew
+    assert connection.queue_stats("replies")["messages_ready"] == 0
