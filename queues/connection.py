@@ -171,6 +171,7 @@ class Connection:
         self._unconfirmed = 0
         self._unconfirmed_bytes = 0
         self._held: dict[str, dict[int, Delivery]] = {}     # queue -> tag -> delivery
+        self._subscribed: set[str] = set()                  # queues it has consumed from
         self._routes: dict[str, tuple[float, str, list]] = {}   # exchange -> (at, kind, bindings)
         self._alarms: list[str] = []
         self._alarms_read_at = float("-inf")
@@ -395,6 +396,8 @@ class Connection:
     def _subscribe(self, queue: str, active: bool) -> None:
         self._ref(queue).tell(Subscribe(self.consumer_id, self._pid, active),
                               timeout=self.call_timeout_s)
+        if active:
+            self._subscribed.add(queue)
 
     def _fetch(self, queue: str, count: int, ack: bool) -> list[Delivery]:
         answer = self._ask(queue, Fetch(self.consumer_id, self._pid, count, ack))
@@ -474,13 +477,13 @@ class Connection:
         ``ConnectionClosed``. Unconfirmed publishes are not waited for."""
         if self._closed:
             return
-        for queue, held in self._held.items():
-            if held:
-                try:
-                    self._ref(queue).tell(Release(self.consumer_id), timeout=1.0)
-                except (ActorDeadError, QueueError, OSError):
-                    pass               # the queue requeues them itself when it notices
+        for queue in sorted(self._subscribed | {q for q, held in self._held.items() if held}):
+            try:
+                self._ref(queue).tell(Release(self.consumer_id), timeout=1.0)
+            except (ActorError, QueueError, OSError):
+                pass                   # the queue requeues them itself when it notices
         self._held.clear()
+        self._subscribed.clear()
         self._closed = True
 
     def __enter__(self) -> "Connection":

@@ -437,3 +437,11 @@ def test_an_auto_delete_queue_goes_when_its_last_consumer_stops(node, data_dir):
     assert not (data_dir / "queues" / "replies").exists()
     node.declare_queue("replies", auto_delete=True, durable=False)   # declared anew
     assert connection.queue_stats("replies")["messages_ready"] == 0
+
+
+def test_closing_the_connection_of_an_auto_delete_queues_consumer_deletes_the_queue(node):
+    node.declare_queue("replies", auto_delete=True, durable=False)
+    connection = node.connect()
+    connection.consume("replies")
+    connection.close()
+    wait_for(lambda: node.list_queues() == [], timeout=10)
