@@ -9,7 +9,8 @@ so the shared store holds one copy with a reference per queue.
 ``publish`` waits for that; ``publish_async`` returns a ``Confirm`` at once;
 ``publish_many`` sends batches and waits for all of them. At most ``max_in_flight``
 messages (4000, RabbitMQ's credit) or ``max_in_flight_bytes`` (32 MiB) are unconfirmed
-per connection: a publish beyond that waits for the oldest confirms first. While the node's memory or disk alarm is raised
+per connection, in at most ``MAX_IN_FLIGHT_REQUESTS`` publishes: a publish beyond that
+waits for the oldest confirms first. While the node's memory or disk alarm is raised
 (``blocked``), a publish waits, up to ``call_timeout_s``, then raises ``Blocked``.
 
 Consumers fetch: ``get`` takes one message; ``consume(queue, prefetch=N)`` iterates,
@@ -49,6 +50,9 @@ __all__ = ["Confirm", "Connection", "Consumer", "Delivery"]
 
 MAX_IN_FLIGHT = 4000                # unconfirmed messages per connection (credit) ...
 MAX_IN_FLIGHT_BYTES = 32 * 2**20    # ... or bytes
+# Publishes awaiting their answer: below what this process's socket queues for a peer (an
+# answer beyond that would be dropped by the queue, unroutable, and waited for in vain).
+MAX_IN_FLIGHT_REQUESTS = 256
 PUBLISH_BATCH = 500                 # messages per Publish from publish_many
 PUBLISH_BATCH_BYTES = 4 * 2**20
 CALL_TIMEOUT_S = 60.0
@@ -348,7 +352,8 @@ class Connection:
         size = sum(map(len, payloads))
         while self._in_flight and (
                 self._unconfirmed + len(payloads) > self.max_in_flight
-                or self._unconfirmed_bytes + size > self.max_in_flight_bytes):
+                or self._unconfirmed_bytes + size > self.max_in_flight_bytes
+                or len(self._in_flight) >= MAX_IN_FLIGHT_REQUESTS):
             try:
                 self._settle_oldest(self.call_timeout_s)
             except Nacked:

@@ -100,9 +100,10 @@ def test_publish_async_confirms_arrive_and_wait_for_confirms_waits_for_all(node)
     node.declare_queue("orders")
     connection = node.connect()
     confirms = [connection.publish_async("orders", b"x" * 5000) for _ in range(100)]
+    confirms += [connection.publish_async("orders", b"small") for _ in range(5000)]
     connection.wait_for_confirms(timeout=30)
     assert all(confirm.done() for confirm in confirms)
-    assert connection.queue_stats("orders")["messages_ready"] == 100
+    assert connection.queue_stats("orders")["messages_ready"] == 5100
 
 
 def test_nack_requeues_reject_drops_and_multiple_settles_the_earlier_ones(node):
