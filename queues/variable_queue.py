@@ -533,11 +533,14 @@ class VariableQueue:
         self._index.sync()
         confirmed, self._confirmed = self._confirmed, []
         unconfirmed = self._unconfirmed
-        for seq_id in self._index_unsynced:
-            if seq_id in unconfirmed:
-                self._count_down(seq_id, confirmed)
-            else:                          # in this queue's own store: durable now
-                confirmed.append(seq_id)
+        if not unconfirmed:                # all in this queue's own store: durable now
+            confirmed += self._index_unsynced
+        else:
+            for seq_id in self._index_unsynced:
+                if seq_id in unconfirmed:
+                    self._count_down(seq_id, confirmed)
+                else:
+                    confirmed.append(seq_id)
         self._index_unsynced = []
         if self._removes_unsent:         # a store client batches removes: send them now
             self._removes_unsent = False
