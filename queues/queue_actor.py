@@ -83,7 +83,9 @@ __all__ = ["QueueActor"]
 
 log = logging.getLogger("warren.queues")
 
-SYNC_INTERVAL_MS = 25            # longest a pending confirm waits for its fsync
+# How soon a queue looks again for the shared store's settlement of its writes, while
+# confirms wait on it (the store answers its own group commit; no fsync happens here).
+SYNC_INTERVAL_MS = 2
 CONSUMER_CHECK_S = 2.0           # how often dead consumers' deliveries are requeued
 RATES_INTERVAL_S = 5.0           # RAM_DURATION_UPDATE_INTERVAL
 MAX_FETCH = 10_000               # messages one Fetch may take

@@ -2,8 +2,9 @@
 the index, ``<seg>.qs`` of the per-queue store), shared by both.
 
 A file is created with its header on its first write; the files written since the last
-``sync`` are fdatasync'd together (and the directory, when files came or went); all but
-the newest are closed then, so a queue holds a handful of descriptors however long it is.
+``sync`` are fdatasync'd together (and the directory, when files came or went), and a
+sync with nothing written costs nothing; all but the newest are closed then, so a queue
+holds a handful of descriptors however long it is.
 
 Race it guards against: a crash right after a file was created or deleted. The directory
 is fsynced at the next sync, before anything written there is confirmed.
@@ -33,7 +34,8 @@ class SegmentFiles:
         self.suffix = suffix
         self._header = header
         self.on_disk: set[int] = set(segment_numbers(dir_fd, suffix))
-        self.written: dict[int, int] = {}          # segment -> fd, written since the sync
+        self.written: dict[int, int] = {}          # segment -> fd, open for writing
+        self._unsynced: set[int] = set()           # segments written since the last sync
         self._directory_unsynced = False
 
     def name(self, segment: int) -> str:
@@ -55,7 +57,9 @@ class SegmentFiles:
             return None
 
     def for_writing(self, segment: int) -> int:
-        """The segment's fd for writing; the file is created with its header if new."""
+        """The segment's fd for writing; the file is created with its header if new.
+        The caller writes to it: the next ``sync`` fdatasyncs it."""
+        self._unsynced.add(segment)
         fd = self.written.get(segment)
         if fd is None:
             fd = os.open(self.name(segment), os.O_RDWR | os.O_CREAT, 0o644, dir_fd=self.dir_fd)
@@ -68,6 +72,7 @@ class SegmentFiles:
 
     def delete(self, segment: int) -> None:
         fd = self.written.pop(segment, None)
+        self._unsynced.discard(segment)
         if fd is not None:
             os.close(fd)
         try:
@@ -84,12 +89,12 @@ class SegmentFiles:
 
     def sync(self) -> None:
         """fdatasync every file written since the last sync, and the directory if needed."""
+        for segment in self._unsynced:
+            os.fdatasync(self.written[segment])
+        self._unsynced.clear()
         newest = max(self.written, default=None)
-        for segment, fd in list(self.written.items()):
-            os.fdatasync(fd)
-            if segment != newest:
-                os.close(fd)
-                del self.written[segment]
+        for segment in [s for s in self.written if s != newest]:
+            os.close(self.written.pop(segment))
         if self._directory_unsynced:
             os.fsync(self.dir_fd)
             self._directory_unsynced = False
@@ -99,3 +104,4 @@ class SegmentFiles:
         for fd in self.written.values():
             os.close(fd)
         self.written.clear()
+        self._unsynced.clear()
