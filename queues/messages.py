@@ -6,7 +6,7 @@ encoded messages travels as one msgpack frame (bodies of 64 KiB or more as frame
 their own). ``consumer`` names a connection: the deliveries a connection holds unacked are
 its own, and go back to the queue when it closes or its process dies.
 
-    Publish(payloads, persistent, msg_ids, expiration_ms)
+    Publish(payloads, persistent, msg_ids, expiration_ms, producer, sequence)
                                        ask → the number taken, answered once every one
                                        of them is confirmed (DESIGN §5); fewer than sent
                                        when the queue is full (overflow reject-publish:
@@ -14,7 +14,11 @@ its own, and go back to the queue when it closes or its process dies.
                                        messages' TTL;
                                        ``msg_ids`` (16 bytes each, or None) name the messages
                                        in the shared store: one id for a message routed to
-                                       several queues, written there once
+                                       several queues, written there once;
+                                       ``producer`` and ``sequence`` (the first message's;
+                                       the others follow one by one) deduplicate: a repeat
+                                       is confirmed, counted as taken, and not enqueued
+                                       (``warren.queues.dedup``)
     Fetch(consumer, pid, count, ack_required)
                                        ask → list[Delivered] (up to ``count``; [] when empty)
     Settle(consumer, tags, action)     tell (or ask → the tags ignored); action "ack",
@@ -47,6 +51,8 @@ class Publish:
     persistent: bool
     msg_ids: list[bytes] | None = None
     expiration_ms: int | None = None
+    producer: bytes | None = None
+    sequence: int | None = None
 
 
 @message

@@ -7,11 +7,14 @@ store crash restarts every queue after it (the node's root is rest_for_one).
 
 Messages accepted (``warren.queues.messages``), and what each gets back:
 
-    Publish(payloads, persistent, msg_ids)
+    Publish(payloads, persistent, msg_ids, expiration_ms, producer, sequence)
                                    → the batch's size, once every message is confirmed:
                                      group commit when the mailbox is empty, at the latest
                                      ``sync_interval_ms`` later while shared-store writes
-                                     are unsettled
+                                     are unsettled. With a producer, repeats of sequences
+                                     it already took are dropped (and counted as taken),
+                                     and its publishes are answered in order, once its
+                                     producer log names them (``warren.queues.dedup``)
     Fetch(consumer, pid, count, ack_required)
                                    → up to ``count`` Delivered; those needing an ack are
                                      held for ``consumer`` (its process ``pid``)
@@ -61,6 +64,7 @@ connection's fetches, so a fetch after an ack sees the ack applied.
 
 from __future__ import annotations
 
+import collections
 import logging
 import math
 import time
@@ -74,6 +78,7 @@ from warren.store.errors import StoreError
 from warren.store.messages import StoreStats
 
 from .dead_letters import DeadLetters
+from .dedup import MAX_PRODUCER_BYTES, MAX_SEQUENCE, ProducerLog, message_id
 from .errors import QueueClosed
 from .messages import (SETTLE_ACTIONS, DeleteQueue, Delivered, Fetch, Publish, Purge,
                        QueueStats, Release, Settle, Subscribe)
@@ -97,12 +102,15 @@ STORE_CLIENT_OPTIONS = {"unavailable_after_s": 5.0, "call_timeout_s": 5.0}
 
 
 class _Batch:
-    """A Publish awaiting its confirms."""
+    """A Publish awaiting its confirms: ``left`` of its messages are unconfirmed; a
+    deduplicated one names its producer and the highest sequence it accepted."""
 
-    __slots__ = ("reply", "size", "left")
+    __slots__ = ("reply", "size", "left", "producer", "high")
 
-    def __init__(self, reply: Any, size: int) -> None:
-        self.reply, self.size, self.left = reply, size, size
+    def __init__(self, reply: Any, size: int, left: int, producer: bytes | None = None,
+                 high: int = -1) -> None:
+        self.reply, self.size, self.left = reply, size, left
+        self.producer, self.high = producer, high
 
 
 class QueueActor(ProcessActor):
@@ -131,6 +139,12 @@ class QueueActor(ProcessActor):
         self.consumer_check_s = consumer_check_s
         self.queue: VariableQueue | None = None
         self._confirms: dict[int, _Batch] = {}        # seq id -> its batch
+        self._producers: ProducerLog | None = None
+        self._accepted: dict[bytes, int] = {}         # producer -> highest sequence taken
+        self._recovered_ids: set[bytes] = set()       # entries the producer log may not name
+        # A producer's batches are answered in the order they came, once its log record
+        # says so: producer -> its batches not yet answered.
+        self._producer_batches: dict[bytes, collections.deque[_Batch]] = {}
         self._sync_armed = False
         self._held: dict[bytes, set[int]] = {}        # consumer -> tags awaiting its ack
         self._owners: dict[bytes, tuple[int, float]] = {}   # consumer -> (pid, started)
@@ -140,7 +154,8 @@ class QueueActor(ProcessActor):
         self._dead: DeadLetters | None = None
         self._stores: list[ActorRef] = []            # pinned: the incarnations we work with
         self.counters = {"published": 0, "delivered": 0, "released": 0, "foreign_tags": 0,
-                         "expired": 0, "dropped_over_max_length": 0, "rejected_publishes": 0}
+                         "expired": 0, "dropped_over_max_length": 0, "rejected_publishes": 0,
+                         "repeats_dropped": 0}
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -158,6 +173,10 @@ class QueueActor(ProcessActor):
             persistent_store=lambda ref: StoreClient(persistent, ref, **STORE_CLIENT_OPTIONS),
             transient_store=lambda ref: StoreClient(transient, ref, **STORE_CLIENT_OPTIONS),
             shared_store_clean=store_clean, **self.queue_options)
+        self._producers = ProducerLog(self.directory)
+        if self._producers.existed:
+            self._recovered_ids = self.queue.msg_ids_from(self._producers.low_water)
+        self._accepted = dict(self._producers.high)
         if self.dead_letter_exchange is not None:
             self._dead = DeadLetters(self.data_dir, self.queue_name, self.dead_letter_exchange)
         self.call_later(self.consumer_check_s, self._check_consumers)
@@ -167,6 +186,8 @@ class QueueActor(ProcessActor):
     def on_stop(self) -> None:
         if self._dead is not None:
             self._dead.close()
+        if self._producers is not None and (self.queue is None or self._deleted):
+            self._producers.close()
         if self.queue is None or self._deleted:
             return
         if self._store_down or not self._stores_answer():
@@ -176,6 +197,7 @@ class QueueActor(ProcessActor):
             return
         try:
             self._answer(self.queue.sync(wait=True))
+            self._producers.close()
             self.queue.terminate()
         except (StoreError, ActorError) as exc:
             # The store died before its Down reached us (a tree stopping everything after
@@ -217,12 +239,18 @@ class QueueActor(ProcessActor):
 
     def _publish(self, message: Publish) -> None:
         reply = self.defer_reply()
-        payloads, msg_ids = message.payloads, message.msg_ids
+        payloads, msg_ids, sequences = message.payloads, message.msg_ids, None
+        repeats, high = 0, -1
+        if message.producer is not None:
+            payloads, msg_ids, sequences, repeats, high = self._without_repeats(message)
         if self.max_length is not None and self.overflow == "reject-publish":
             room = max(0, self.max_length - len(self.queue))
+            self.counters["rejected_publishes"] += max(0, len(payloads) - room)
             payloads = payloads[:room]
             msg_ids = msg_ids[:room] if msg_ids is not None else None
-            self.counters["rejected_publishes"] += len(message.payloads) - len(payloads)
+        if sequences:
+            high = max([high, *sequences[:len(payloads)]])
+            self._accepted[message.producer] = max(high, self._accepted.get(message.producer, -1))
         ttls = [t for t in (message.expiration_ms, self.message_ttl_ms) if t is not None]
         expiry = _now_ms() + min(ttls) if ttls else None
         seq_ids = self.queue.publish_many(payloads, persistent=message.persistent,
@@ -230,12 +258,40 @@ class QueueActor(ProcessActor):
         self.counters["published"] += len(seq_ids)
         if self.max_length is not None and self.overflow == "drop-head":
             self._drop_over_max_length()
-        if not seq_ids:
+        batch = _Batch(reply, len(seq_ids) + repeats, len(seq_ids), message.producer, high)
+        if message.producer is not None:
+            self._producer_batches.setdefault(message.producer, collections.deque()).append(
+                batch)
+            if not seq_ids:
+                self._answer([])
+        elif not seq_ids:
             reply.send(0)
-            return
-        batch = _Batch(reply, len(seq_ids))
         for seq_id in seq_ids:
             self._confirms[seq_id] = batch
+
+    def _without_repeats(self, message: Publish) -> tuple[list[bytes], list[bytes], list[int],
+                                                          int, int]:
+        """The messages of a deduplicated publish that are new: their payloads, ids and
+        sequences; how many were repeats; the highest sequence of a repeat found among
+        the recovered entries (durable, but not yet in the producer log)."""
+        producer, first = message.producer, message.sequence
+        accepted = self._accepted.get(producer, -1)
+        recovered = self._recovered_ids
+        payloads, msg_ids, sequences = [], [], []
+        repeats, high = 0, -1
+        for sequence, payload in enumerate(message.payloads, start=first):
+            msg_id = message_id(producer, sequence)
+            if sequence <= accepted:
+                repeats += 1
+            elif msg_id in recovered:
+                repeats += 1
+                high = accepted = sequence
+            else:
+                payloads.append(payload)
+                msg_ids.append(msg_id)
+                sequences.append(sequence)
+        self.counters["repeats_dropped"] += repeats
+        return payloads, msg_ids, sequences, repeats, high
 
     def _fetch(self, message: Fetch) -> list[Delivered]:
         self._expire()
@@ -312,10 +368,13 @@ class QueueActor(ProcessActor):
 
     def _delete(self, message: DeleteQueue) -> int:
         count = self.queue.depth
-        for batch in set(self._confirms.values()):
+        waiting = set(self._confirms.values()).union(*self._producer_batches.values())
+        for batch in waiting:
             batch.reply.fail(QueueClosed(f"queue {self.queue_name} was deleted before "
                                          f"confirming this publish"))
         self._confirms.clear()
+        self._producer_batches.clear()
+        self._producers.close()
         self.queue.delete()
         self._deleted = True
         return count
@@ -344,13 +403,33 @@ class QueueActor(ProcessActor):
             self._sync()
 
     def _answer(self, confirmed: list[int]) -> None:
+        """Answer the publishes whose messages are all confirmed now. A deduplicated
+        producer's are answered in the order they came, after the producer log names
+        their sequences (``warren.queues.dedup``)."""
         confirms = self._confirms
         for seq_id in confirmed:
             batch = confirms.pop(seq_id, None)
             if batch is not None:
                 batch.left -= 1
-                if batch.left == 0:
+                if batch.left == 0 and batch.producer is None:
                     batch.reply.send(batch.size)
+        if not self._producer_batches:
+            return
+        highs, answered = [], []
+        for producer, batches in list(self._producer_batches.items()):
+            high = -1
+            while batches and batches[0].left == 0:
+                batch = batches.popleft()
+                high = max(high, batch.high)
+                answered.append(batch)
+            if high >= 0:
+                highs.append((producer, high))
+            if not batches:
+                del self._producer_batches[producer]
+        if highs:
+            self._producers.record(highs, min(confirms) if confirms else self.queue.next_seq_id)
+        for batch in answered:
+            batch.reply.send(batch.size)
 
     # ------------------------------------------------------------------ TTL, max-length
 
@@ -438,6 +517,15 @@ def _malformed(message: Any) -> str | None:
                 type(message.msg_ids) is not list or len(message.msg_ids) != len(message.payloads)
                 or not all(type(m) is bytes and len(m) == 16 for m in message.msg_ids)):
             return "msg_ids must be None or one 16-byte id per payload"
+        if message.producer is not None or message.sequence is not None:
+            if type(message.producer) is not bytes or not 0 < len(
+                    message.producer) <= MAX_PRODUCER_BYTES:
+                return f"producer must be 1 to {MAX_PRODUCER_BYTES} bytes"
+            if type(message.sequence) is not int or not (
+                    0 <= message.sequence <= MAX_SEQUENCE - len(message.payloads)):
+                return "sequence must be an int >= 0 (the first message's) with a producer"
+            if message.msg_ids is not None:
+                return "msg_ids must be None with a producer: the queue derives them"
     elif isinstance(message, Fetch):
         if type(message.consumer) is not bytes or type(message.pid) is not int:
             return "consumer must be bytes and pid an int"

@@ -932,6 +932,11 @@ class VariableQueue:
 
     # ------------------------------------------------------------------ views
 
+    def msg_ids_from(self, seq_id: int) -> set[bytes]:
+        """The ids of the index's entries from ``seq_id`` on (what a recovered queue holds
+        that its producer log may not name yet)."""
+        return {entry.msg_id for entry in self._index.read(seq_id, self.next_seq_id)}
+
     def __len__(self) -> int:
         return len(self.q1) + len(self.q2) + self.delta.count + len(self.q3) + len(self.q4)
 
