@@ -40,10 +40,12 @@ from typing import Any, Protocol
 from warren.actors import ActorDeadError, ActorError, ActorRef, AskTimeout, RemoteError
 
 from . import errors
+from .dedup import MAX_PRODUCER_BYTES, MAX_SEQUENCE
 from .errors import ConnectionClosed, Nacked, QueueError
 from .message import Message, decode, encode
 from .messages import Fetch, Publish, Purge, QueueStats, Release, Settle, Subscribe
 from .routing import route
+from .tcp_node import RemoteQueue, TcpNode
 from .variable_queue import MAX_MESSAGE_BYTES
 
 __all__ = ["Confirm", "Connection", "Consumer", "Delivery"]
@@ -229,39 +231,53 @@ class Connection:
     def publish(self, routing_key: str, body: bytes, *, exchange: str = "",
                 persistent: bool = True, headers: dict[str, Any] | None = None,
                 message_id: str | None = None, expiration_ms: int | None = None,
-                mandatory: bool = True, timeout: float | None = None) -> None:
+                mandatory: bool = True, timeout: float | None = None,
+                producer_id: str | bytes | None = None, sequence: int | None = None) -> None:
         """Publish one message to the queue ``routing_key`` names (the default exchange)
-        or through ``exchange``; return once every queue it went to confirmed it."""
+        or through ``exchange``; return once every queue it went to confirmed it.
+
+        With ``producer_id`` and ``sequence``, each queue takes the message only if the
+        sequence is above the highest it took from that producer, and confirms a repeat
+        without enqueueing it: a producer that re-sends the same messages under the same
+        sequences, in increasing order, adds no duplicates (``warren.queues.dedup``)."""
         self.publish_async(routing_key, body, exchange=exchange, persistent=persistent,
                            headers=headers, message_id=message_id,
-                           expiration_ms=expiration_ms, mandatory=mandatory).result(
+                           expiration_ms=expiration_ms, mandatory=mandatory,
+                           producer_id=producer_id, sequence=sequence).result(
             timeout if timeout is not None else self.call_timeout_s)
 
     def publish_async(self, routing_key: str, body: bytes, *, exchange: str = "",
                       persistent: bool = True, headers: dict[str, Any] | None = None,
                       message_id: str | None = None, expiration_ms: int | None = None,
-                      mandatory: bool = True) -> Confirm:
+                      mandatory: bool = True, producer_id: str | bytes | None = None,
+                      sequence: int | None = None) -> Confirm:
         """Publish one message; its ``Confirm``, to wait on later. ``Unroutable`` if the
         exchange routes it nowhere and ``mandatory`` (else it is dropped, confirmed)."""
         return self.publish_message(
             routing_key, Message(body, message_id, headers, expiration_ms,
                                  int(time.time() * 1000), None, bool(persistent)),
-            exchange=exchange, mandatory=mandatory)
+            exchange=exchange, mandatory=mandatory, producer_id=producer_id,
+            sequence=sequence)
 
     def publish_message(self, routing_key: str, message: Message, *, exchange: str = "",
-                        mandatory: bool = True) -> Confirm:
+                        mandatory: bool = True, producer_id: str | bytes | None = None,
+                        sequence: int | None = None) -> Confirm:
         """``publish_async`` of a ``Message`` as it is (a dead letter keeps its properties)."""
+        producer = _producer(producer_id, sequence)
         payload = self._check_size(encode(message))
         queues = self._route(exchange, routing_key, mandatory)
         return self._send(routing_key, queues, [payload], message.persistent,
-                          message.expiration_ms)
+                          message.expiration_ms, producer, sequence)
 
     def publish_many(self, routing_key: str, bodies: Iterable[bytes], *, exchange: str = "",
                      persistent: bool = True, headers: dict[str, Any] | None = None,
                      expiration_ms: int | None = None, mandatory: bool = True,
-                     timeout: float | None = None) -> int:
+                     timeout: float | None = None, producer_id: str | bytes | None = None,
+                     sequence: int | None = None) -> int:
         """Publish every body (all with ``routing_key``); return once all are confirmed;
-        how many."""
+        how many. With ``producer_id``, ``sequence`` is the first body's; the others
+        follow one by one (see ``publish``)."""
+        producer = _producer(producer_id, sequence)
         queues = self._route(exchange, routing_key, mandatory)
         batch: list[bytes] = []
         size = count = 0
@@ -272,11 +288,13 @@ class Connection:
             size += len(payload)
             if len(batch) >= PUBLISH_BATCH or size >= PUBLISH_BATCH_BYTES:
                 confirms.append(self._send(routing_key, queues, batch, persistent,
-                                           expiration_ms))
+                                           expiration_ms, producer,
+                                           None if producer is None else sequence + count))
                 count += len(batch)
                 batch, size = [], 0
         if batch:
-            confirms.append(self._send(routing_key, queues, batch, persistent, expiration_ms))
+            confirms.append(self._send(routing_key, queues, batch, persistent, expiration_ms,
+                                       producer, None if producer is None else sequence + count))
             count += len(batch)
         deadline = time.monotonic() + (timeout if timeout is not None else self.call_timeout_s)
         for confirm in confirms:
@@ -346,7 +364,8 @@ class Connection:
             time.sleep(ALARMS_READ_EVERY_S)
 
     def _send(self, routing_key: str, queues: list[str], payloads: list[bytes],
-              persistent: bool, expiration_ms: int | None = None) -> Confirm:
+              persistent: bool, expiration_ms: int | None = None,
+              producer: bytes | None = None, sequence: int | None = None) -> Confirm:
         if self.blocked:
             self._wait_while_blocked()
         size = sum(map(len, payloads))
@@ -359,13 +378,15 @@ class Connection:
             except Nacked:
                 pass                      # its own publisher learns it from its Confirm
         # One id per message for all its queues: the shared store keeps one copy of a
-        # large message, with a reference per queue.
-        msg_ids = [os.urandom(16) for _ in payloads] if len(queues) > 1 else None
+        # large message, with a reference per queue (a producer's messages have ids the
+        # queues derive from their sequences).
+        msg_ids = ([os.urandom(16) for _ in payloads] if len(queues) > 1 and producer is None
+                   else None)
         sent = []
         for queue in queues:
             ref = self._ref(queue)
             sent.append((queue, ref, ref.ask_async(
-                Publish(payloads, persistent, msg_ids, expiration_ms),
+                Publish(payloads, persistent, msg_ids, expiration_ms, producer, sequence),
                 timeout=self.call_timeout_s)))
         confirm = Confirm(routing_key, sent, len(payloads), size, self._forget)
         self._in_flight.append(confirm)
@@ -490,6 +511,8 @@ class Connection:
         self._held.clear()
         self._subscribed.clear()
         self._closed = True
+        if isinstance(self._node, TcpNode):
+            self._node.close()
 
     def __enter__(self) -> "Connection":
         return self
@@ -567,12 +590,14 @@ def await_answer(ref: ActorRef, future: Any, timeout: float | None) -> Any:
         except AskTimeout:
             if deadline is not None and time.monotonic() >= deadline:
                 raise TimeoutError(f"{ref.name} did not answer within {timeout} s") from None
-            if not _alive(ref):
+            if not _alive(ref, future):
                 raise ActorDeadError(f"{ref.name} incarnation {ref.incarnation} is gone") \
                     from None
 
 
-def _alive(ref: ActorRef) -> bool:
+def _alive(ref: ActorRef | RemoteQueue, future: Any) -> bool:
+    if isinstance(ref, RemoteQueue):
+        return ref.alive(future)       # the listener looks, on the node's machine
     try:
         os.kill(ref.pid, 0)               # the node runs on this machine
     except ProcessLookupError:
@@ -583,6 +608,20 @@ def _alive(ref: ActorRef) -> bool:
         return ref.unpin().ping(timeout=RESTART_CHECK_S).incarnation == ref.incarnation
     except ActorError:
         return True                       # busy, or between incarnations: wait on
+
+
+def _producer(producer_id: str | bytes | None, sequence: int | None) -> bytes | None:
+    """A producer id as the queues take it; ValueError for a half-given or bad pair."""
+    if producer_id is None and sequence is None:
+        return None
+    producer = producer_id.encode() if isinstance(producer_id, str) else producer_id
+    if type(producer) is not bytes or not 0 < len(producer) <= MAX_PRODUCER_BYTES:
+        raise ValueError(f"producer_id must be a str or bytes of 1 to {MAX_PRODUCER_BYTES} "
+                         f"bytes, with a sequence; got {producer_id!r}")
+    if type(sequence) is not int or not 0 <= sequence <= MAX_SEQUENCE:
+        raise ValueError(f"sequence must be an int in 0..{MAX_SEQUENCE} with a producer_id "
+                         f"(the message's place in what that producer sends); got {sequence!r}")
+    return producer
 
 
 _ERRORS = {name: getattr(errors, name) for name in errors.__all__}

@@ -37,9 +37,15 @@ class NodeNotRunning(errors.QueueError, ConnectionError):
 
 
 class RemoteNode:
-    def __init__(self, data_dir: str | os.PathLike, *, timeout_ms: int = CALL_TIMEOUT_MS) -> None:
+    def __init__(self, data_dir: str | os.PathLike, *, timeout_ms: int = CALL_TIMEOUT_MS,
+                 endpoint: str | None = None) -> None:
+        """``endpoint``: the node's control socket, when the caller knows it already (a
+        process of the node itself, started before the node file is written)."""
         self.data_dir = os.fspath(data_dir)
         self.timeout_ms = timeout_ms
+        if endpoint is not None:
+            self.endpoint = endpoint
+            return
         try:
             with open(os.path.join(self.data_dir, NODE_FILE)) as file:
                 self.endpoint = json.load(file)["status_endpoint"]

@@ -2,6 +2,7 @@
 
     warren node --data-dir DIR [--config FILE] [options]   run a node in the foreground
     warren status --data-dir DIR [--json]                  the tree of the node on DIR
+    warren keys --data-dir DIR NAME [--out DIR]            a CURVE key for a remote client
     warren store inspect DIR                               what a store directory holds
     warren queues | publish | consume | purge | delete     a running node's queues
                                                            (``warren.queues.commands``)
@@ -17,6 +18,11 @@ from options, the options winning::
     [store]
     file_size_limit = "16MiB"      # bytes, or a size with a unit: kB MB GB KiB MiB GiB
     sync_policy = "fsync"          # or "flush"
+
+    [listener]
+    listen = "tcp://127.0.0.1:5673"   # remote clients (warren.connect("tcp://..."))
+    curve = false                  # require a key from `warren keys` (any non-loopback
+    insecure = false               # address needs curve, or insecure to say you mean it)
 
     [alarms]
     memory_high_watermark = 0.4    # a fraction of RAM (or of the cgroup's limit)
@@ -64,6 +70,7 @@ _SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*")
 _CONFIG_KEYS = {
     "node": {"data_dir": "data_dir", "name": "name", "log_level": "log_level"},
     "store": {"file_size_limit": "file_size_limit", "sync_policy": "sync_policy"},
+    "listener": {"listen": "listen", "curve": "curve", "insecure": "insecure"},
     "alarms": {"memory_high_watermark": "memory_high_watermark",
                "memory_limit": "memory_limit", "disk_free_limit": "disk_free_limit",
                "check_interval_s": "check_interval_s"},
@@ -146,6 +153,25 @@ def node_settings(args: argparse.Namespace) -> dict[str, Any]:
             raise UsageError(f"sync_policy must be 'fsync' or 'flush', got "
                              f"{options['sync_policy']!r}")
         settings["sync_policy"] = options["sync_policy"]
+    if "listen" in options:
+        if not isinstance(options["listen"], str):
+            raise UsageError(f"listen must be an address such as tcp://127.0.0.1:5673, got "
+                             f"{options['listen']!r}")
+        settings["listen"] = options["listen"]
+    for flag in ("curve", "insecure"):
+        if flag in options:
+            if not isinstance(options[flag], bool):
+                raise UsageError(f"{flag} must be true or false, got {options[flag]!r}")
+            settings[flag] = options[flag]
+    if settings.get("listen") is not None:
+        from warren.queues.listener import check_listen_address
+        try:
+            check_listen_address(settings["listen"], curve=settings.get("curve", False),
+                                 insecure=settings.get("insecure", False))
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+    elif settings.get("curve"):
+        raise UsageError("--curve protects a listener: pass --listen tcp://HOST:PORT too")
     limits: dict[str, Any] = {}
     if "memory_high_watermark" in options:
         limits["memory_high_watermark"] = options["memory_high_watermark"]
@@ -297,6 +323,17 @@ def format_inspection(report) -> str:
     return "\n".join(lines)
 
 
+def _keys(args: argparse.Namespace) -> int:
+    from warren.queues.keys import KeyFileError, create_client_key
+
+    try:
+        path = create_client_key(args.data_dir, args.name, args.out)
+    except KeyFileError as exc:
+        raise UsageError(str(exc)) from None
+    print(f"wrote {path}; a node started with --curve on {args.data_dir} lets it in")
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     codes = "\n".join(f"  {code}  {meaning}" for code, meaning in EXIT_CODES)
     parser = argparse.ArgumentParser(
@@ -321,6 +358,14 @@ def build_parser() -> argparse.ArgumentParser:
                       help="store file size before rollover (default 16MiB)")
     node.add_argument("--sync-policy", choices=("fsync", "flush"),
                       help="fsync: confirm after fdatasync (default); flush: after write(2)")
+    node.add_argument("--listen", metavar="tcp://HOST:PORT",
+                      help="accept remote clients there (loopback unless --curve or "
+                           "--insecure)")
+    node.add_argument("--curve", action="store_true", default=None,
+                      help="remote clients need a key (warren keys); the node's key pair is "
+                           "made in the data directory at the first start")
+    node.add_argument("--insecure", action="store_true", default=None,
+                      help="allow --listen on a non-loopback address without --curve")
     node.add_argument("--memory-high-watermark", type=float, metavar="FRACTION",
                       help="memory alarm at this fraction of RAM (default 0.4)")
     node.add_argument("--memory-limit", metavar="SIZE",
@@ -334,6 +379,16 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--data-dir", required=True)
     status.add_argument("--json", action="store_true", help="print the status as JSON")
     status.set_defaults(handler=_status)
+    keys = commands.add_parser(
+        "keys", help="make a CURVE key for a remote client and let it in",
+        description="Write NAME.key (the client's key pair and the node's public key, in "
+                    "ZeroMQ's certificate format, mode 0600) and add its public key to the "
+                    "node's authorized_keys. Clients connect with "
+                    "warren.connect('tcp://HOST:PORT', key_file='NAME.key').")
+    keys.add_argument("--data-dir", required=True, help="the node's data directory")
+    keys.add_argument("name", help="the client's name (letters, digits, _ . -)")
+    keys.add_argument("--out", default=".", help="where to write NAME.key (default: here)")
+    keys.set_defaults(handler=_keys)
     store = commands.add_parser("store", help="message store tools")
     store_commands = store.add_subparsers(dest="store_command", required=True)
     inspect = store_commands.add_parser("inspect", help="report files, records, valid and "

@@ -10,7 +10,12 @@ boots the tree of the design, with the children that exist so far::
     ├── msg_store_persistent      <data_dir>/msg_store_persistent
     ├── msg_store_transient       <data_dir>/msg_store_transient, emptied at every start
     ├── queue_sup (one_for_one)   one child per declared queue
-    └── app_sup (one_for_one)     the application's own children, ``Node(children=...)``
+    ├── app_sup (one_for_one)     the application's own children, ``Node(children=...)``
+    └── listener                  with ``listen="tcp://127.0.0.1:5673"``: remote clients
+                                  (``warren.queues.listener``; ``curve=True`` requires
+                                  their keys; a port ``*`` is any free one, kept across
+                                  the listener's restarts, and ``listen_endpoint`` says
+                                  which)
 
 A store crash restarts everything after it (its clients' state is stale; a persistent
 store's crash also restarts, so empties, the transient store). The stores get minutes to
@@ -79,6 +84,8 @@ from warren.queues.connection import Connection
 from warren.queues.definitions import (Definitions, ExchangeDefinition, QueueDefinition,
                                        check_name, queue_directory)
 from warren.queues.errors import NotFound, QueueDown, QueueError
+from warren.queues.listener import (ListenerActor, ListenerStats, check_listen_address,
+                                    with_free_port)
 from warren.queues.messages import DeleteQueue
 from warren.queues.queue_actor import QueueActor
 from warren.queues.remote_node import NODE_FILE, write_alarms
@@ -117,7 +124,7 @@ QUEUE_PREFIX = "queue "          # a queue's actor name, and so its title: "warr
 # What ``run_until_signalled`` stops on: a service manager's stop, Ctrl-C, a closed terminal.
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 PRELOAD = ("warren.store", "warren.store.store_actor", "warren.store.gc_actor", "warren.store.messages",
-           "warren.queues.queue_actor")
+           "warren.queues.queue_actor", "warren.queues.listener")
 
 
 class Node:
@@ -128,9 +135,18 @@ class Node:
                  alarm_limits: AlarmLimits | None = None,
                  file_size_limit: int = FILE_SIZE_LIMIT_BYTES, sync_policy: str = "fsync",
                  ref_counts: Callable[[], Iterable[tuple[bytes, int]]] | None = None,
-                 preload: tuple[str, ...] = (), log_level: int | str | None = None) -> None:
+                 preload: tuple[str, ...] = (), log_level: int | str | None = None,
+                 listen: str | None = None, curve: bool = False, insecure: bool = False,
+                 listener_options: dict[str, Any] | None = None) -> None:
         if not os.fspath(data_dir):
             raise InvalidSpec("data_dir", data_dir, "must name a directory")
+        if listen is not None:
+            try:
+                check_listen_address(listen, curve=curve, insecure=insecure)
+            except ValueError as exc:
+                raise InvalidSpec("listen", listen, str(exc)) from None
+        elif curve:
+            raise InvalidSpec("curve", curve, "CURVE protects a listener: pass listen too")
         self.data_dir = os.path.abspath(os.fspath(data_dir))
         if ref_counts is None:
             ref_counts = functools.partial(node_ref_counts, self.data_dir)
@@ -153,6 +169,7 @@ class Node:
         self._closing = threading.Event()
         self.counters = {"malformed_status_requests": 0, "refused_control_calls": 0}
         self.actors: ActorNode | None = None
+        self.listen_endpoint: str | None = None     # where remote clients connect
         self.root: Supervisor | None = None
         self._status_socket: zmq.Socket | None = None
         self._threads: list[threading.Thread] = []
@@ -169,19 +186,24 @@ class Node:
                           shutdown_s=STORE_SHUTDOWN_S, start_timeout_s=STORE_START_TIMEOUT_S,
                           heartbeat_timeout_s=STORE_HEARTBEAT_TIMEOUT_S)
                 for store in STORES)
+            self.status_endpoint = f"ipc://{self.actors.runtime_dir}/status"
+            listener = () if listen is None else (ChildSpec(
+                "listener", ListenerActor, (self.data_dir, with_free_port(listen)),
+                {"control_endpoint": self.status_endpoint, "curve": curve,
+                 **(listener_options or {})}),)
             spec = SupervisorSpec("node", ROOT_FLAGS, children=(
                 SupervisorSpec("gc_sup", SUB_FLAGS, children=(ChildSpec(
                     "msg_store_gc", GCActor, heartbeat_timeout_s=STORE_HEARTBEAT_TIMEOUT_S),)),
                 *stores,
                 self._queue_sup_spec(),
                 SupervisorSpec("app_sup", SUB_FLAGS, children=tuple(children)),
+                *listener,
             ))
             self.root = Supervisor(self.actors, spec, on_failure=self._root_failed).start()
             self.alarms = ResourceMonitor(self.data_dir, self.limits, self._pids)
             self._status_socket = zmq.Context.instance().socket(zmq.ROUTER)
             self._status_socket.linger = 0
             self._status_socket.router_mandatory = 1
-            self.status_endpoint = f"ipc://{self.actors.runtime_dir}/status"
             self._status_socket.bind(self.status_endpoint)
             self._threads = [threading.Thread(target=self._watch_resources, daemon=True,
                                               name="warren-alarms"),
@@ -189,6 +211,9 @@ class Node:
                                               name="warren-status")]
             for thread in self._threads:
                 thread.start()
+            if listen is not None:
+                self.listen_endpoint = self.actors.whereis("listener").ask(
+                    ListenerStats())["endpoint"]
             write_alarms(self.data_dir, self.alarms.active)
             self._write_node_file()
         except BaseException:
@@ -565,7 +590,8 @@ class Node:
         path = os.path.join(self.data_dir, NODE_FILE)
         with open(path + ".tmp", "w") as f:
             json.dump({"name": self.name, "pid": os.getpid(),
-                       "status_endpoint": self.status_endpoint}, f)
+                       "status_endpoint": self.status_endpoint,
+                       "listen_endpoint": self.listen_endpoint}, f)
         os.rename(path + ".tmp", path)
 
 
