@@ -4,10 +4,14 @@ producer, kept in ``producers.log`` in the queue's directory.
 A publish may name its producer and the sequence of its first message (the others follow
 one by one). The queue accepts a message only if its sequence is above the highest it
 has accepted from that producer; a repeat is confirmed but not enqueued. What this asks
-of a producer: every attempt sends the same messages under the same sequences, in
-increasing order (a sequence at or below the highest accepted is a repeat, even if it
-was skipped before), as Spark's retried and speculative tasks do when the sequence is
-the row's index in its partition.
+of a producer, as of Kafka's idempotent producer: its sequences start at 0 and go up by
+one, and every attempt sends the same messages under the same sequences, in the same
+order, as Spark's retried and speculative tasks do when the sequence is the row's index
+in its partition. A publish that would leave a gap (its first sequence above the highest
+taken plus one: batches pipelined before it were lost with a restart of the queue) is
+refused whole with ``OutOfSequence``, so a gap never turns the lost batches, when they
+are sent again, into "repeats". A producer unheard of (new, or forgotten: see below)
+must start at 0.
 
 The log. Each record is ``u16 producer length | producer | u64 sequence | u64 low water
 | u64 time ms | u32 crc32`` (big-endian; the CRC covers the bytes before it). A record is
@@ -78,7 +82,10 @@ class ProducerLog:
         self.high: dict[bytes, int] = {}          # producer -> highest durable sequence
         self._seen_ms: dict[bytes, int] = {}
         self.low_water = 0                        # of the last record
-        self.existed = os.path.exists(self.path)
+        try:
+            self.existed = os.path.getsize(self.path) > 0
+        except FileNotFoundError:
+            self.existed = False
         self.torn_bytes = self._load()
         self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         self._size = os.fstat(self._fd).st_size

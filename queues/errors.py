@@ -13,6 +13,7 @@ __all__ = [
     "InvalidMessage",
     "MessageTooLarge",
     "Nacked",
+    "OutOfSequence",
     "NotFound",
     "PreconditionFailed",
     "QueueClosed",
@@ -82,6 +83,12 @@ class Unroutable(QueueError):
 class QueueDown(Nacked):
     """The queue kept crashing and stays down; nothing published to it is taken. Restart
     the node, or delete the queue and declare it again (the node's log says why)."""
+
+
+class OutOfSequence(Nacked):
+    """A deduplicated publish whose first sequence leaves a gap after the highest the
+    queue took from that producer (a batch before it was lost with a restart): nothing of
+    it was taken; send again from the sequence the message names."""
 
 
 class Blocked(QueueError):

@@ -79,7 +79,7 @@ from warren.store.messages import StoreStats
 
 from .dead_letters import DeadLetters
 from .dedup import MAX_PRODUCER_BYTES, MAX_SEQUENCE, ProducerLog, message_id
-from .errors import QueueClosed
+from .errors import OutOfSequence, QueueClosed
 from .messages import (SETTLE_ACTIONS, DeleteQueue, Delivered, Fetch, Publish, Purge,
                        QueueStats, Release, Settle, Subscribe)
 from .variable_queue import VariableQueue
@@ -238,11 +238,11 @@ class QueueActor(ProcessActor):
         return handler(self, message)
 
     def _publish(self, message: Publish) -> None:
-        reply = self.defer_reply()
         payloads, msg_ids, sequences = message.payloads, message.msg_ids, None
         repeats, high = 0, -1
         if message.producer is not None:
             payloads, msg_ids, sequences, repeats, high = self._without_repeats(message)
+        reply = self.defer_reply()
         if self.max_length is not None and self.overflow == "reject-publish":
             room = max(0, self.max_length - len(self.queue))
             self.counters["rejected_publishes"] += max(0, len(payloads) - room)
@@ -276,6 +276,12 @@ class QueueActor(ProcessActor):
         the recovered entries (durable, but not yet in the producer log)."""
         producer, first = message.producer, message.sequence
         accepted = self._accepted.get(producer, -1)
+        if first > accepted + 1:
+            raise OutOfSequence(
+                f"queue {self.queue_name}: producer {producer!r} sent sequence {first} "
+                f"after {accepted}, the highest this queue took from it; nothing was taken: "
+                f"send again from {accepted + 1} (a producer's sequences start at 0 and go "
+                f"up by one)")
         recovered = self._recovered_ids
         payloads, msg_ids, sequences = [], [], []
         repeats, high = 0, -1
