@@ -12,11 +12,16 @@ registered message types only: nothing a peer sends is ever unpickled or importe
     ["call", id, op, {args}]          a node call of ``CONTROL_CALLS`` (declare_queue,
                                       exchange, queue ...); ``queue`` answers
                                       {"name", "incarnation"}, never a ref
-    ["ask", id, queue, incarnation, message]
-    ["tell", 0, queue, incarnation, message]
+    ["ask", id, boot, queue, incarnation, message]
+    ["tell", 0, boot, queue, incarnation, message]
                                       a queue message (``CLIENT_MESSAGES``) for that
                                       incarnation of the queue (an older one is dropped by
-                                      the queue, as a pinned ref's would be)
+                                      the queue, as a pinned ref's would be), through the
+                                      listener whose boot the client knows: one for an
+                                      earlier listener (left in the client's socket while
+                                      the node was down, and delivered to the restarted
+                                      node, whose queues count incarnations from 1 again)
+                                      is refused and counted (``stale``)
     ["alive", id, queue, incarnation] → [whether that incarnation still lives, boot]
     ["boot", id]                      → boot: this listener process's random id; a client
                                       that sees it change knows its requests in flight
@@ -169,7 +174,7 @@ class _Gateway:
         self.consumer_silence_s = consumer_silence_s
         self.stopping = threading.Event()
         self.counters = {"requests": 0, "malformed": 0, "refused": 0, "unanswerable": 0,
-                         "released_consumers": 0, "clients_refused": 0}
+                         "released_consumers": 0, "clients_refused": 0, "stale": 0}
         self.consumers: dict[bytes, tuple[float, set[str]]] = {}   # id -> (heard at, queues)
         self._context = zmq.Context()
         self._auth: ThreadAuthenticator | None = None
@@ -258,8 +263,17 @@ class _Gateway:
                          "the request holds a message type the listener does not know")
             return
         try:
-            if op in ("ask", "tell") and len(request) == 5:
-                self._forward(client, op, request_id, *request[2:])
+            if op in ("ask", "tell") and len(request) == 6:
+                if request[2] != self.boot:
+                    # Sent to the listener before this one (queued in the client's socket
+                    # while the node was down): the client has been told it was lost.
+                    self.counters["stale"] += 1
+                    if op == "ask":
+                        self._refuse(client, request_id, "ListenerRestarted",
+                                     "the listener restarted before this request reached "
+                                     "it; nothing of it was done")
+                    return
+                self._forward(client, op, request_id, *request[3:])
             elif op == "call" and len(request) == 4 and type(request[2]) is str \
                     and type(request[3]) is dict:
                 self._call(client, request_id, request[2], request[3])

@@ -31,7 +31,7 @@ import zmq
 
 from warren.actors import _wire
 from warren.actors.codec import Decoder, Encoder
-from warren.actors.errors import AskTimeout, CodecError, remote_error
+from warren.actors.errors import ActorDeadError, AskTimeout, CodecError, remote_error
 
 from . import errors
 from .keys import ClientKey, load_client_key
@@ -41,7 +41,7 @@ from .remote_node import NodeNotRunning
 __all__ = ["RemoteQueue", "TcpNode"]
 
 CALL_TIMEOUT_S = 60.0
-RESTART_CHECK_S = 5.0            # how long an alive check waits for the listener
+RESTART_CHECK_S = 1.0            # how often a wait looks whether the listener restarted
 CONNECT_TIMEOUT_S = 10.0
 BEAT_S = 5.0
 LINGER_MS = 1000
@@ -68,7 +68,7 @@ class TcpNode:
         self._closed = threading.Event()
         self._lost_below = 0           # requests before this id died with a listener
         try:
-            self._boot = self.wait(self.send("boot"), connect_timeout_s)
+            self.boot = self.wait(self.send("boot"), connect_timeout_s)
         except AskTimeout:
             self.close()
             hint = (" or it refuses this key (the node logs refusals)" if self._key else
@@ -116,19 +116,37 @@ class TcpNode:
         return self._call("active_alarms")
 
     def close(self) -> None:
+        """Close the socket; what is queued in it goes within ``LINGER_MS``, unless
+        answers are still awaited: the connection is then being given up, and what it
+        queued while the node was away must not reach the node later."""
         if not self._closed.is_set():
             self._closed.set()
-            self._socket.close(linger=LINGER_MS)
+            self._socket.close(linger=0 if self._awaited else LINGER_MS)
 
     # ------------------------------------------------------------------ plumbing
 
     def _call(self, op: str, timeout: float | None = None, **args: Any) -> Any:
+        """A node call's answer. While it waits, it looks every ``RESTART_CHECK_S``
+        whether the listener restarted (the call was then lost: ``ConnectionClosed``)."""
         request_id = self.send("call", op, args)
+        timeout = timeout if timeout is not None else self.call_timeout_s
+        deadline = time.monotonic() + timeout
         try:
-            return self.wait(request_id, timeout if timeout is not None else self.call_timeout_s)
-        except AskTimeout:
-            raise TimeoutError(f"the node at {self.endpoint} did not answer {op} within "
-                               f"{timeout or self.call_timeout_s:g} s") from None
+            while True:
+                try:
+                    return self.wait(request_id, min(RESTART_CHECK_S,
+                                                     max(0.0, deadline - time.monotonic())))
+                except AskTimeout:
+                    if time.monotonic() >= deadline:
+                        raise TimeoutError(f"the node at {self.endpoint} did not answer {op} "
+                                           f"within {timeout:g} s") from None
+                    if self._listener_restarted(request_id):
+                        raise errors.ConnectionClosed(
+                            f"the listener at {self.endpoint} restarted during {op}; the call "
+                            f"was lost: make it again") from None
+        except (TimeoutError, errors.ConnectionClosed):
+            self.forget(request_id)
+            raise
         except Exception as exc:
             cls = getattr(errors, getattr(exc, "type_name", ""), None)
             if isinstance(cls, type) and issubclass(cls, Exception):
@@ -176,17 +194,28 @@ class TcpNode:
         if kind == _wire.REPLY_OK:
             return value
         type_name, text, _ = value
+        if type_name == "ListenerRestarted":     # as a restarted queue's pinned ref
+            raise ActorDeadError(str(text))
         raise remote_error(str(type_name), str(text), "")
 
     def forget(self, request_id: int) -> None:
         self._awaited.discard(request_id)
         self._answers.pop(request_id, None)
 
+    def _listener_restarted(self, request_id: int) -> bool:
+        probe = self.send("boot")
+        try:
+            boot = self.wait(probe, RESTART_CHECK_S)
+        except AskTimeout:
+            self.forget(probe)
+            return False                     # away: the caller waits on
+        return self.in_flight_lost(request_id, boot)
+
     def in_flight_lost(self, request_id: int, boot: bytes) -> bool:
         """Whether ``request_id`` was lost: the listener answering now (``boot``) is not
         the one it was sent to (every request sent before a change of boot is lost)."""
-        if boot != self._boot:
-            self._boot = boot
+        if boot != self.boot:
+            self.boot = boot
             self._lost_below = next(self._ids)
         return request_id < self._lost_below
 
@@ -225,12 +254,13 @@ class RemoteQueue:
 
     def ask_async(self, message: Any, timeout: float | None = None) -> _RemoteAnswer:
         self._note_consumer(message)
-        return _RemoteAnswer(self.node, self.node.send("ask", self.name, self.incarnation,
-                                                       message))
+        return _RemoteAnswer(self.node, self.node.send("ask", self.node.boot, self.name,
+                                                       self.incarnation, message))
 
     def tell(self, message: Any, timeout: float | None = None) -> None:
         self._note_consumer(message)
-        self.node.send("tell", self.name, self.incarnation, message, answered=False)
+        self.node.send("tell", self.node.boot, self.name, self.incarnation, message,
+                       answered=False)
 
     def alive(self, answer: _RemoteAnswer) -> bool:
         """Whether the ask behind ``answer`` may still be answered: this incarnation of

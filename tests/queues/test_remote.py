@@ -173,28 +173,35 @@ def test_hostile_frames_are_answered_or_dropped_and_counted_and_the_listener_ser
     raw.connect(node.listen_endpoint)
     encoder = Encoder()
     try:
+        raw.send_multipart(encoder.encode(["boot", 1]))
+        boot = _answer(raw)[2]
         raw.send(b"\xc1 not msgpack")                              # dropped: no id to answer
         raw.send_multipart(encoder.encode({"op": "ask"}))          # not a list: dropped
-        raw.send_multipart(encoder.encode(["ask", 7, "q", 1, DeleteQueue()]))
+        raw.send_multipart(encoder.encode(["ask", 7, boot, "q", 1, DeleteQueue()]))
         kind, request_id, (type_name, text, _) = _answer(raw)
         assert (kind, request_id, type_name) == (_wire.REPLY_ERROR, 7, "UnhandledMessage")
         raw.send_multipart(encoder.encode(["call", 8, "close", {}]))
         assert _answer(raw)[2][1].startswith("no call 'close'")
         raw.send_multipart(encoder.encode(["call", 9, "declare_queue", {"name": 5}]))
         assert _answer(raw)[0] == _wire.REPLY_ERROR
-        raw.send_multipart(encoder.encode(["ask", 10, "q", 1, Publish([1, 2], True)]))
+        raw.send_multipart(encoder.encode(["ask", 10, boot, "q", 1, Publish([1, 2], True)]))
         assert "malformed Publish" in _answer(raw)[2][1]
-        raw.send_multipart(encoder.encode(["ask", 11, "q", 1, Fetch(b"c", 1, 10**9, True)]))
+        raw.send_multipart(encoder.encode(["ask", 11, boot, "q", 1,
+                                           Fetch(b"c", 1, 10**9, True)]))
         assert "count must be" in _answer(raw)[2][1]
-        raw.send_multipart(encoder.encode(["ask", 12, ["q"], "one", Publish([], True)]))
+        raw.send_multipart(encoder.encode(["ask", 12, boot, ["q"], "one", Publish([], True)]))
         assert _answer(raw)[2][0] == "ValueError"
+        # A request meant for an earlier listener (another boot) is refused, not done.
+        raw.send_multipart(encoder.encode(["ask", 13, b"earlier!", "q", 1,
+                                           Publish([b"stale"], True)]))
+        assert _answer(raw)[2][0] == "ListenerRestarted"
         raw.send_multipart([b"x" * (65 * 2**20)])                  # over the frame limit
     finally:
         raw.close()
         context.term()
     assert node.actors.whereis("listener").pid == pid
     stats = listener_stats(node)
-    assert stats["malformed"] >= 3 and stats["refused"] >= 2
+    assert stats["malformed"] >= 3 and stats["refused"] >= 2 and stats["stale"] == 1
     with connect(node.listen_endpoint) as remote:
         remote.publish("q", b"still served")
         assert remote.get("q").body == b"still served"
