@@ -277,25 +277,44 @@ class Connection:
         """Publish every body (all with ``routing_key``); return once all are confirmed;
         how many. With ``producer_id``, ``sequence`` is the first body's; the others
         follow one by one (see ``publish``)."""
+        now_ms = int(time.time() * 1000)
+        return self.publish_messages(
+            routing_key, (Message(body, None, headers, expiration_ms, now_ms, None,
+                                  bool(persistent)) for body in bodies),
+            exchange=exchange, mandatory=mandatory, timeout=timeout, producer_id=producer_id,
+            sequence=sequence)
+
+    def publish_messages(self, routing_key: str, messages: Iterable[Message], *,
+                         exchange: str = "", mandatory: bool = True,
+                         timeout: float | None = None, producer_id: str | bytes | None = None,
+                         sequence: int | None = None) -> int:
+        """``publish_many`` of ``Message`` objects, each with its own properties; sent
+        in batches of consecutive messages that share persistence and TTL."""
         producer = _producer(producer_id, sequence)
         queues = self._route(exchange, routing_key, mandatory)
         batch: list[bytes] = []
         size = count = 0
+        kind: tuple[bool, int | None] | None = None
         confirms = []
-        for body in bodies:
-            payload = self._encode(body, persistent, headers, None, expiration_ms)
+
+        def send() -> None:
+            nonlocal batch, size, count
+            confirms.append(self._send(routing_key, queues, batch, kind[0], kind[1], producer,
+                                       None if producer is None else sequence + count))
+            count += len(batch)
+            batch, size = [], 0
+
+        for message in messages:
+            if batch and (message.persistent, message.expiration_ms) != kind:
+                send()
+            kind = (message.persistent, message.expiration_ms)
+            payload = self._check_size(encode(message))
             batch.append(payload)
             size += len(payload)
             if len(batch) >= PUBLISH_BATCH or size >= PUBLISH_BATCH_BYTES:
-                confirms.append(self._send(routing_key, queues, batch, persistent,
-                                           expiration_ms, producer,
-                                           None if producer is None else sequence + count))
-                count += len(batch)
-                batch, size = [], 0
+                send()
         if batch:
-            confirms.append(self._send(routing_key, queues, batch, persistent, expiration_ms,
-                                       producer, None if producer is None else sequence + count))
-            count += len(batch)
+            send()
         deadline = time.monotonic() + (timeout if timeout is not None else self.call_timeout_s)
         for confirm in confirms:
             confirm.result(max(0.0, deadline - time.monotonic()))
@@ -314,11 +333,6 @@ class Connection:
                 nacked = nacked or exc
         if nacked is not None:
             raise nacked
-
-    def _encode(self, body, persistent, headers, message_id, expiration_ms) -> bytes:
-        return self._check_size(encode(Message(body, message_id, headers, expiration_ms,
-                                               int(time.time() * 1000), None,
-                                               bool(persistent))))
 
     def _check_size(self, payload: bytes) -> bytes:
         self._check_open()
@@ -383,11 +397,18 @@ class Connection:
         msg_ids = ([os.urandom(16) for _ in payloads] if len(queues) > 1 and producer is None
                    else None)
         sent = []
+        publish = Publish(payloads, persistent, msg_ids, expiration_ms, producer, sequence)
         for queue in queues:
-            ref = self._ref(queue)
-            sent.append((queue, ref, ref.ask_async(
-                Publish(payloads, persistent, msg_ids, expiration_ms, producer, sequence),
-                timeout=self.call_timeout_s)))
+            for attempt in (1, 2):
+                ref = self._ref(queue)
+                try:
+                    sent.append((queue, ref, ref.ask_async(publish,
+                                                           timeout=self.call_timeout_s)))
+                    break
+                except ActorDeadError:      # known dead already: ask the node again
+                    self._forget(queue)
+                    if attempt == 2:
+                        raise Nacked(f"queue {queue!r} is restarting; publish again") from None
         confirm = Confirm(routing_key, sent, len(payloads), size, self._forget)
         self._in_flight.append(confirm)
         self._unconfirmed += len(payloads)
