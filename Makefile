@@ -11,7 +11,7 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 
 $(INSTALLED): $(PY) setup.py
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test]'
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test,spark,plot]'
 	touch $(INSTALLED)
 
 run: $(INSTALLED)

@@ -1,7 +1,8 @@
 """Suite-wide guards: every test stops every process it starts.
 
 The check runs after each test: any descendant of the test process that appeared during
-the test, and any Warren process (titled ``warren: ...``) of this test run that appeared
+the test (but not one a process already running before it started: a module fixture's
+Spark JVM forks its Python workers as it needs them, and the fixture stops them all), and any Warren process (titled ``warren: ...``) of this test run that appeared
 during it even if orphaned since (a forkserver whose node was killed is re-parented away
 from us), still alive a few seconds later fails the test, and is killed so that one leak
 does not cascade into the tests after it. "Of this test run": its environment carries
@@ -45,6 +46,17 @@ def _alive(process: psutil.Process) -> bool:
         return False
 
 
+def _started_by_a_fixture(process: psutil.Process, before: set[int]) -> bool:
+    """Whether ``process`` descends from a process that was running before the test (not
+    this one): a longer-lived fixture's (a Spark JVM's Python workers), which stops it."""
+    try:
+        ancestors = process.parents()
+    except psutil.Error:
+        return False
+    me = os.getpid()
+    return any(a.pid in before and a.pid != me for a in ancestors)
+
+
 @pytest.fixture(autouse=True)
 def no_process_survives_the_test():
     before = set(_watched())
@@ -52,7 +64,8 @@ def no_process_survives_the_test():
     deadline = time.monotonic() + GRACE_SECONDS
     survivors = []
     while time.monotonic() < deadline:
-        survivors = [p for pid, p in _watched().items() if pid not in before and _alive(p)]
+        survivors = [p for pid, p in _watched().items() if pid not in before and _alive(p)
+                     and not _started_by_a_fixture(p, before)]
         if not survivors:
             return
         time.sleep(0.05)

@@ -2,10 +2,10 @@
 or kill the node's process itself.
 
     python -m tests.supervisor.node_child DATA_DIR [--messages N] [--queue NAME]
-                                          [--until-signalled]
+                                          [--listen ADDR] [--until-signalled]
 
 Writes N persistent messages (ids ``message_id(i)``, bodies ``message_body(i)``) and waits
-until the store has confirmed them all, declares queue NAME if asked, then prints the pids of the node's process, its
+until the store has confirmed them all, declares queue NAME if asked (listening on ADDR if asked), then prints the pids of the node's process, its
 forkserver and its actors on one line. Without ``--until-signalled`` it then waits, as an
 embedding application would, with the default reaction to every signal. With it, it runs
 as ``warren node`` does: the stop signals are blocked while the node is built, then
@@ -38,11 +38,13 @@ def main() -> int:
     parser.add_argument("data_dir")
     parser.add_argument("--messages", type=int, default=0)
     parser.add_argument("--queue")
+    parser.add_argument("--listen")
     parser.add_argument("--until-signalled", action="store_true")
     args = parser.parse_args()
     if args.until_signalled:
         signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
-    node = Node(args.data_dir, children=(ChildSpec("one", Worker), ChildSpec("two", Worker)))
+    node = Node(args.data_dir, children=(ChildSpec("one", Worker), ChildSpec("two", Worker)),
+                listen=args.listen)
     if args.messages:
         client = StoreClient(node.store())
         for i in range(args.messages):
