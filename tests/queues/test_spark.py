@@ -186,3 +186,22 @@ def test_partition_publisher_serves_spark_3_style_foreach_partition(spark, node)
         partition_publisher(node.listen_endpoint, queue="orders", producer="legacy"))
     assert drain(node, "orders") == Counter({b"%d" % i: 1 for i in range(1_000)})
     assert os.environ["SPARK_LOCAL_IP"] == "127.0.0.1"
+
+
+def test_a_streaming_write_publishes_each_micro_batch_once(spark, node, tmp_path):
+    node.declare_queue("stream")
+    source = tmp_path / "incoming"
+    source.mkdir()
+    for batch in range(3):
+        (source / f"part-{batch}.json").write_text(
+            "".join(f'{{"body": "event {batch}-{i}"}}\n' for i in range(100)))
+    query = (spark.readStream.schema("body string").option("maxFilesPerTrigger", 1)
+             .json(str(source))
+             .writeStream.format("warren").option("endpoint", node.listen_endpoint)
+             .option("queue", "stream")
+             .option("checkpointLocation", str(tmp_path / "checkpoint"))
+             .trigger(availableNow=True).start())
+    query.awaitTermination(timeout=120)
+    assert query.exception() is None
+    expected = Counter({f"event {b}-{i}".encode(): 1 for b in range(3) for i in range(100)})
+    assert drain(node, "stream") == expected
