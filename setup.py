@@ -46,7 +46,7 @@ setup(
         "test": ["hypothesis>=6.100,<7", "pytest>=7.4,<10", "pytest-timeout>=2.2,<3"],
         # Spark executors as producers (warren.queues.spark): Spark 4's Python data
         # sources, which hand the writer Arrow batches.
-        "spark": ["pyspark>=4.0,<5", "pyarrow>=15"],
+        "spark": ["pyspark>=4.0,<5", "pyarrow>=15", "pandas>=2.2,<3"],
         # The chaos report's plot.
         "plot": ["matplotlib>=3.7,<4"],
     },

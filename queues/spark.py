@@ -324,10 +324,12 @@ class WarrenStreamWriter(DataSourceStreamWriter):
 
 def _report(what: str, job: str, target: Target, messages: list) -> None:
     done = [m for m in messages if isinstance(m, PartitionWritten)]
+    retried = sorted(m.partition for m in done if m.attempt > 0)
+    where = f"queue {target.queue!r}" if target.queue else f"exchange {target.exchange!r}"
     line = (f"warren: write {job} {what} {sum(m.rows for m in done):,} rows from "
-            f"{len(done)} of {len(messages)} partitions into "
-            f"{'queue ' + repr(target.queue) if target.queue else 'exchange ' + repr(target.exchange)}"
-            f" ({sum(m.retries for m in done)} chunks re-sent)")
+            f"{len(done)} of {len(messages)} partitions into {where} (tasks run again: "
+            f"{', '.join(map(str, retried)) or 'none'}; chunks re-sent to a node that was "
+            f"away: {sum(m.retries for m in done)})")
     log.info("%s", line)
     print(line, file=sys.stderr, flush=True)
 
