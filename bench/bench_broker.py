@@ -42,6 +42,7 @@ from warren.queues.connection import MAX_IN_FLIGHT_REQUESTS
 from warren.supervisor import Node
 
 from .table import Row, median, percentile, render
+from .together import time_together
 
 SIZES = {"1 KiB": 1024, "16 KiB": 16384}
 COUNTS = {"1 KiB": 40_000, "16 KiB": 10_000}
@@ -153,16 +154,7 @@ def four_producers(node: Node, size: int, count: int) -> float:
                                    str(count // 4), str(size)], stdin=subprocess.PIPE,
                                   stdout=subprocess.PIPE, text=True) for queue in queues]
     try:
-        for producer in producers:
-            producer.stdout.readline()
-        started = time.perf_counter()
-        for producer in producers:
-            producer.stdin.write("go\n")
-            producer.stdin.flush()
-        for producer in producers:
-            if producer.stdout.readline().strip() != "done":
-                raise RuntimeError("a producer failed")
-        return count // 4 * 4 / (time.perf_counter() - started)
+        return count // 4 * 4 / time_together(producers)
     finally:
         for producer in producers:
             producer.kill()

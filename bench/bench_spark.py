@@ -31,7 +31,8 @@ import time
 
 from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterCommitMessage
 
-from bench.table import Row, render
+from .table import Row, render
+from .together import time_together
 from warren.queues.spark import local_session
 from warren.supervisor import Node
 
@@ -95,15 +96,7 @@ def plain_processes(endpoint: str, rows: int) -> float:
                                   stdout=subprocess.PIPE, text=True)
                  for start, count in ((0, half), (half, rows - half))]
     try:
-        for producer in producers:
-            producer.stdout.readline()
-        started = time.perf_counter()
-        for producer in producers:
-            producer.stdin.write("go\n")
-            producer.stdin.flush()
-        for producer in producers:
-            producer.stdout.readline()
-        return rows / (time.perf_counter() - started)
+        return rows / time_together(producers)
     finally:
         for producer in producers:
             producer.kill()

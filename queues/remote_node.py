@@ -24,8 +24,8 @@ from warren.actors import ActorRef
 
 from . import errors
 
-__all__ = ["ALARMS_FILE", "NODE_FILE", "NodeNotRunning", "RemoteNode", "read_alarms",
-           "write_alarms"]
+__all__ = ["ALARMS_FILE", "NODE_FILE", "NodeCalls", "NodeNotRunning", "RemoteNode",
+           "read_alarms", "write_alarms"]
 
 NODE_FILE = "node.json"             # in the data directory: the node's control socket
 ALARMS_FILE = "alarms.json"         # in the data directory: the resource alarms raised now
@@ -36,7 +36,36 @@ class NodeNotRunning(errors.QueueError, ConnectionError):
     """No node answers on that data directory: start one (``warren node --data-dir D``)."""
 
 
-class RemoteNode:
+class NodeCalls:
+    """The node's calls as a connection makes them, for a node in another process: each
+    is one ``_call(op, **args)`` that the subclass carries there."""
+
+    def _call(self, op: str, **args: Any) -> Any:
+        raise NotImplementedError
+
+    def declare_queue(self, name: str, **arguments: Any) -> None:
+        self._call("declare_queue", name=name, **arguments)
+
+    def delete_queue(self, name: str) -> int:
+        return self._call("delete_queue", name=name)
+
+    def declare_exchange(self, name: str, *, kind: str = "direct", durable: bool = True) -> None:
+        self._call("declare_exchange", name=name, kind=kind, durable=durable)
+
+    def bind_queue(self, queue: str, exchange: str, routing_key: str = "") -> None:
+        self._call("bind_queue", queue=queue, exchange=exchange, routing_key=routing_key)
+
+    def exchange(self, name: str) -> dict[str, Any]:
+        return self._call("exchange", name=name)
+
+    def queue_state(self, name: str) -> str:
+        return self._call("queue_state", name=name)
+
+    def list_queues(self) -> list[str]:
+        return self._call("list_queues")
+
+
+class RemoteNode(NodeCalls):
     def __init__(self, data_dir: str | os.PathLike, *, timeout_ms: int = CALL_TIMEOUT_MS,
                  endpoint: str | None = None) -> None:
         """``endpoint``: the node's control socket, when the caller knows it already (a
@@ -54,29 +83,8 @@ class RemoteNode:
                                  f"one with `warren node --data-dir {self.data_dir}`") from None
         self.list_queues()                  # fail now, not at the first publish
 
-    def declare_queue(self, name: str, **arguments: Any) -> None:
-        self._call("declare_queue", name=name, **arguments)
-
-    def delete_queue(self, name: str) -> int:
-        return self._call("delete_queue", name=name)
-
-    def declare_exchange(self, name: str, *, kind: str = "direct", durable: bool = True) -> None:
-        self._call("declare_exchange", name=name, kind=kind, durable=durable)
-
-    def bind_queue(self, queue: str, exchange: str, routing_key: str = "") -> None:
-        self._call("bind_queue", queue=queue, exchange=exchange, routing_key=routing_key)
-
-    def exchange(self, name: str) -> dict[str, Any]:
-        return self._call("exchange", name=name)
-
     def queue(self, name: str) -> ActorRef:
         return ActorRef(**self._call("queue", name=name))
-
-    def queue_state(self, name: str) -> str:
-        return self._call("queue_state", name=name)
-
-    def list_queues(self) -> list[str]:
-        return self._call("list_queues")
 
     def active_alarms(self) -> list[str]:
         return read_alarms(self.data_dir)

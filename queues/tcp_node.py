@@ -36,7 +36,7 @@ from warren.actors.errors import ActorDeadError, AskTimeout, CodecError, remote_
 from . import errors
 from .keys import ClientKey, load_client_key
 from .messages import Fetch, Subscribe
-from .remote_node import NodeNotRunning
+from .remote_node import NodeCalls, NodeNotRunning
 
 __all__ = ["RemoteQueue", "TcpNode"]
 
@@ -47,7 +47,7 @@ BEAT_S = 5.0
 LINGER_MS = 1000
 
 
-class TcpNode:
+class TcpNode(NodeCalls):
     def __init__(self, endpoint: str, *, key_file: str | os.PathLike | None = None,
                  call_timeout_s: float = CALL_TIMEOUT_S,
                  connect_timeout_s: float = CONNECT_TIMEOUT_S) -> None:
@@ -87,30 +87,9 @@ class TcpNode:
 
     # ------------------------------------------------------------------ NodeHandle
 
-    def declare_queue(self, name: str, **arguments: Any) -> None:
-        self._call("declare_queue", name=name, **arguments)
-
-    def delete_queue(self, name: str) -> int:
-        return self._call("delete_queue", name=name)
-
-    def declare_exchange(self, name: str, *, kind: str = "direct", durable: bool = True) -> None:
-        self._call("declare_exchange", name=name, kind=kind, durable=durable)
-
-    def bind_queue(self, queue: str, exchange: str, routing_key: str = "") -> None:
-        self._call("bind_queue", queue=queue, exchange=exchange, routing_key=routing_key)
-
-    def exchange(self, name: str) -> dict[str, Any]:
-        return self._call("exchange", name=name)
-
     def queue(self, name: str) -> RemoteQueue:
         answer = self._call("queue", name=name)
         return RemoteQueue(self, name, answer["incarnation"])
-
-    def queue_state(self, name: str) -> str:
-        return self._call("queue_state", name=name)
-
-    def list_queues(self) -> list[str]:
-        return self._call("list_queues")
 
     def active_alarms(self) -> list[str]:
         return self._call("active_alarms")
@@ -282,21 +261,11 @@ class RemoteQueue:
 
 
 class _RemoteAnswer:
-    """The answer to one ask, as a ``Future``: ``get(timeout)``."""
+    """The answer to one ask, as a ``Future``: ``get(timeout)`` (``AskTimeout`` while it
+    has not come; its callers keep what it gave)."""
 
     def __init__(self, node: TcpNode, request_id: int) -> None:
         self._node, self.request_id = node, request_id
-        self._done, self._value, self._error = False, None, None
 
     def get(self, timeout: float | None = None) -> Any:
-        if not self._done:
-            try:
-                self._value = self._node.wait(self.request_id, timeout)
-            except AskTimeout:
-                raise
-            except Exception as exc:
-                self._error = exc
-            self._done = True
-        if self._error is not None:
-            raise self._error
-        return self._value
+        return self._node.wait(self.request_id, timeout)
