@@ -149,6 +149,8 @@ class ActorLoop:
     def __init__(self, order: SpawnOrder) -> None:
         self._order = order
         self._runtime = runtime()
+        if "curve" in order.options:          # this actor's node keeps tcp to its own
+            self._runtime.curve = tuple(order.options["curve"])
         # A node request that waits when the actor is told to stop is given up (the node
         # may be dead: its forkserver asks every actor to stop then).
         self._node = NodeClient(order.node, abandon=lambda: self._stopping)
@@ -207,6 +209,9 @@ class ActorLoop:
         socket.router_handover = 1
         socket.rcvhwm = self._mailbox_size
         socket.maxmsgsize = max(self._max_bytes, _wire.MAX_MESSAGE_BYTES)
+        if self._runtime.curve is not None and endpoint.startswith("tcp://"):
+            socket.curve_server = True
+            socket.curve_publickey, socket.curve_secretkey = self._runtime.curve
         socket.bind(endpoint)
         return socket
 

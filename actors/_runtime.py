@@ -16,6 +16,10 @@ fork). It owns:
   known dead: asks to it fail with ``ActorDeadError`` rather than waiting for a timeout.
 - The nodes that live in this process, so that a ref's operations that need its node
   (stop, monitor) are direct calls there and requests to the node service elsewhere.
+- The CURVE key pair of a node that keeps its tcp actors to its own processes: each
+  such actor binds as a CURVE server with it, and every process of the node connects to
+  tcp endpoints with it as client and server key. A process outside the node has neither
+  key, so its handshake fails and nothing it sends reaches the actor.
 
 Races: a thread that ends leaves its channels open until ``forget`` closes them (a node
 closing forgets the endpoints of its actors); ``forget`` takes each channel's lock, so it
@@ -78,6 +82,10 @@ class Channel:
         socket.linger = _wire.LINGER_MS
         socket.sndhwm = _wire.DEFAULT_MAILBOX_SIZE
         socket.copy_threshold = _ZERO_COPY_BYTES
+        if runtime.curve is not None and endpoint.startswith("tcp://"):
+            public, secret = runtime.curve
+            socket.curve_publickey, socket.curve_secretkey = public, secret
+            socket.curve_serverkey = public
         socket.connect(endpoint)
         self.socket = socket
         self._receive_timeout_ms = -1
@@ -251,6 +259,9 @@ class Runtime:
         self._channels: list[Channel] = []
         # address -> (newest incarnation seen, alive)
         self._lives: dict[str, tuple[int, bool]] = {}
+        # The CURVE key pair of the node this process belongs to, when that node keeps its
+        # tcp actors to itself (``Node(curve=True)``): every tcp channel uses it.
+        self.curve: tuple[bytes, bytes] | None = None
 
     def channel(self, endpoint: str) -> Channel:
         """This thread's DEALER to ``endpoint``, connected on first use."""

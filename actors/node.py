@@ -30,6 +30,13 @@ its end, then ``on_stop``. ``close`` stops every actor (requests first, in paral
 SIGKILL through the forkserver), stops the forkserver and the service thread, and removes
 the runtime directory: after ``close`` no process of this node exists.
 
+Keeping tcp actors to the node: ``Node(curve=True)`` makes a CURVE key pair in memory and
+gives it to every actor it spawns (inside the pickled spawn order, through the
+forkserver's private pipe). Its tcp actors bind as CURVE servers with it, and its
+processes (the node's own included) connect to tcp endpoints with it, so a process that
+is not the node's cannot complete a handshake with them: its frames never reach the
+actor. One node per process may do this (the key pair is the process's).
+
 Logging: every actor process logs to the node process's stderr at ``log_level`` (default:
 the level of the node process's root logger when the node is created), each line with its
 time, level, the actor's name and pid, and the logger's name.
@@ -54,6 +61,8 @@ import shutil
 import signal
 import time
 from typing import Any
+
+import zmq
 
 from warren.actors import _forkserver, _wire
 from warren.actors._forkserver_client import ForkserverClient
@@ -86,7 +95,7 @@ class Node:
     def __init__(self, name: str = "warren", runtime_dir: str | None = None,
                  preload: tuple[str, ...] = (),
                  start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
-                 log_level: int | str | None = None) -> None:
+                 log_level: int | str | None = None, curve: bool = False) -> None:
         if _forkserver.importing_main():
             raise SpawnError("a Node was started while the forkserver imported the main "
                              "script: start nodes under `if __name__ == \"__main__\":`")
@@ -113,6 +122,12 @@ class Node:
         self.runtime_dir = runtime_dir
         self.endpoint = ipc_endpoint(runtime_dir, f"node:{name}", "node")
         self._runtime = runtime()
+        self._curve: tuple[bytes, bytes] | None = None
+        if curve:
+            if self._runtime.curve is not None:
+                raise InvalidSpec("curve", curve, "one node of a process may keep its tcp "
+                                  "actors to itself; this process has one already")
+            self._curve = self._runtime.curve = zmq.curve_keypair()
         self._lives = Lives()
         self._tokens = itertools.count(1)
         self._names_seen = itertools.count(1)
@@ -142,8 +157,9 @@ class Node:
         """Start ``actor_class(*args, **kwargs)`` in a new process; return its ref once ready.
 
         ``name`` registers the actor (default: the class name and a number). ``transport``
-        is ``"ipc"`` (a socket in the runtime directory) or ``"tcp"`` (a free port on
-        ``host``, loopback unless told otherwise). ``mailbox_size`` and ``max_batch``
+        is ``"ipc"`` (a socket in the runtime directory, which only this user can reach)
+        or ``"tcp"`` (a free port on ``host``, loopback unless told otherwise; any local
+        user can reach it unless the node was made with ``curve=True``). ``mailbox_size`` and ``max_batch``
         override the class's. ``title`` replaces the name in the process title.
         """
         if not (isinstance(actor_class, type) and issubclass(actor_class, ProcessActor)):
@@ -165,6 +181,8 @@ class Node:
                 options[option] = value
         if title is not None:
             options["title"] = title
+        if self._curve is not None:
+            options["curve"] = self._curve
         if transport == "ipc":
             address = ipc_endpoint(self.runtime_dir, name, "data")
             control = ipc_endpoint(self.runtime_dir, name, "ctl")
@@ -337,6 +355,8 @@ class Node:
             life.exited.wait(_KILL_WAIT_S)
         self._service.stop(_KILL_WAIT_S)
         self._forkserver.close()
+        if self._curve is not None and self._runtime.curve == self._curve:
+            self._runtime.curve = None
         self._runtime.nodes.pop(self.endpoint, None)
         every_life = self._lives.newest()
         self._runtime.forget([self.endpoint] + [life.ref.address for life in every_life]

@@ -106,3 +106,38 @@ def test_an_answer_that_cannot_be_encoded_becomes_a_codec_error_for_the_caller(
 def test_an_actor_can_answer_an_ask_later_from_another_thread(node: Node) -> None:
     ref = node.spawn(Recorder)
     assert ref.ask("later", timeout=10) == "from another thread"
+
+
+INTRUDER = """
+import sys, zmq
+from warren.actors import _wire
+from warren.actors.codec import Encoder
+socket = zmq.Context().socket(zmq.DEALER)
+socket.linger = 0
+socket.connect(sys.argv[1])
+socket.send_multipart(Encoder().encode([_wire.TELL, 0, 0, "intruder"]))
+socket.send_multipart(Encoder().encode([_wire.ASK, 0, 1, "seen"]))
+print("answered" if socket.poll(3000) else "silent", flush=True)
+"""
+
+
+@pytest.mark.parametrize("curve", [False, True])
+def test_a_curve_node_keeps_its_tcp_actors_from_other_processes(runtime_dir: str,
+                                                                curve: bool) -> None:
+    import subprocess
+    import sys
+
+    from tests.actors.conftest import PRELOAD
+
+    with Node("guarded", runtime_dir=runtime_dir, preload=PRELOAD, curve=curve) as node:
+        ref = node.spawn(Recorder, transport="tcp")
+        ref.tell("from the node")
+        outsider = subprocess.run([sys.executable, "-c", INTRUDER, ref.address],
+                                  capture_output=True, text=True, timeout=60)
+        seen = ref.ask("seen", timeout=10)
+    if curve:
+        assert outsider.stdout.strip() == "silent"
+        assert seen == ["from the node"]
+    else:                                   # what curve=True prevents
+        assert outsider.stdout.strip() == "answered"
+        assert seen == ["from the node", "intruder"]
