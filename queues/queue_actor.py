@@ -79,7 +79,7 @@ from warren.store.messages import StoreStats
 
 from .dead_letters import DeadLetters
 from .dedup import MAX_PRODUCER_BYTES, MAX_SEQUENCE, ProducerLog, message_id
-from .errors import OutOfSequence, QueueClosed
+from .errors import CorruptMessage, OutOfSequence, QueueClosed
 from .messages import (SETTLE_ACTIONS, DeleteQueue, Delivered, Fetch, Publish, Purge,
                        QueueStats, Release, Settle, Subscribe)
 from .variable_queue import VariableQueue
@@ -303,7 +303,10 @@ class QueueActor(ProcessActor):
         self._expire()
         out = []
         for _ in range(message.count):
-            fetched = self.queue.fetch_encoded(message.ack_required)
+            try:
+                fetched = self.queue.fetch_encoded(message.ack_required)
+            except CorruptMessage:
+                continue               # dropped, logged and counted: never delivered
             if fetched is None:
                 break
             out.append(Delivered(fetched.seq_id, fetched.payload, fetched.delivery_count))
@@ -365,6 +368,7 @@ class QueueActor(ProcessActor):
 
     def _stats(self, message: QueueStats) -> dict[str, Any]:
         stats = self.queue.stats()
+        stats.update(self.queue.counters)       # what recovery and reads dropped, and why
         if self._dead is not None:
             stats.update(self._dead.counters)
         stats.update(name=self.queue_name, durable=self.durable,

@@ -21,7 +21,8 @@ Slot, 48 bytes (all big-endian)::
     0 u32 | crc32 of the 44 bytes before u32
 
 ``size`` is the encoded message's length; ``store_offset`` is where its record starts in
-the per-queue store's ``<seg>.qs`` (0 for a body in the shared store). An all-zero slot, or
+the per-queue store's ``<seg>.qs``, or, for a body in the shared store (whose records have
+no checksum), the body's CRC-32, checked when it is read back. An all-zero slot, or
 one past the end of the file, is absent. A slot whose CRC fails is a torn write: dropped
 and counted. An ack overwrites the slot with zeros; there is no fsync for acks (an ack
 lost with a crash redelivers the message: at-least-once).

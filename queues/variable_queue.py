@@ -72,6 +72,7 @@ import logging
 import math
 import os
 import time
+import zlib
 from bisect import insort
 from itertools import repeat
 from collections.abc import Callable, Iterable
@@ -508,6 +509,9 @@ class VariableQueue:
         if status.body_on_disk:
             return
         if status.shared:
+            # The shared store's records carry no checksum (RabbitMQ's format): the index
+            # keeps the body's CRC-32 where an embedded body keeps its offset.
+            status.store_offset = zlib.crc32(status.payload)
             ticket = self._client(status).write(status.msg_id, status.payload)
             if status.persistent:
                 self._store_unsettled.append((ticket, status.seq_id))
@@ -603,8 +607,9 @@ class VariableQueue:
             if payload is None:
                 try:
                     payload = self._read_payload(status)
-                except CorruptMessage:
+                except CorruptMessage as exc:
                     self.counters["corrupt_on_read"] += 1
+                    log.error("%s; the message is dropped", exc)
                     self._remove([status])
                     raise
                 if payload is None:
@@ -626,8 +631,15 @@ class VariableQueue:
             return Fetched(status.seq_id, payload, status.delivery_count, status.msg_id)
 
     def _read_payload(self, status: MsgStatus) -> bytes | None:
+        """The body from disk; None if the shared store has lost it; ``CorruptMessage``
+        if it fails its size or CRC check."""
         if status.shared:
-            return self._client(status).read_many([status.msg_id])[0]
+            payload = self._client(status).read_many([status.msg_id])[0]
+            if payload is not None and (len(payload) != status.size or (
+                    status.store_offset and zlib.crc32(payload) != status.store_offset)):
+                raise CorruptMessage(f"{self.directory}: the body of seq id {status.seq_id} "
+                                     f"in the shared store fails its size or CRC check")
+            return payload
         return self._store.read(status.seq_id, status.store_offset, status.size)
 
     def peek(self) -> MessageInfo | None:
@@ -727,7 +739,13 @@ class VariableQueue:
         status = self._ram_pending.get(seq_id) or self._disk_pending.get(seq_id)
         if status is None:
             raise UnknownDeliveryTag(f"seq id {seq_id!r} awaits no ack")
-        return status.payload if status.payload is not None else self._read_payload(status)
+        if status.payload is not None:
+            return status.payload
+        try:
+            return self._read_payload(status)
+        except CorruptMessage:
+            self.counters["corrupt_on_read"] += 1
+            return None
 
     def _requeue_one(self, status: MsgStatus) -> None:
         seq_id, delta = status.seq_id, self.delta
@@ -738,7 +756,12 @@ class VariableQueue:
             _merge(self.q3, status)
         else:
             if status.payload is None:
-                status.payload = self._read_payload(status)
+                try:
+                    status.payload = self._read_payload(status)
+                except CorruptMessage:
+                    self.counters["corrupt_on_read"] += 1
+                    self._remove([status])
+                    return
                 if status.payload is None:
                     self.counters["missing_on_read"] += 1
                     self._remove([status])

@@ -446,3 +446,23 @@ def test_closing_the_connection_of_an_auto_delete_queues_consumer_deletes_the_qu
     connection.consume("replies")
     connection.close()
     wait_for(lambda: node.list_queues() == [], timeout=10)
+
+
+def test_a_byte_flipped_in_a_stopped_nodes_store_is_never_delivered(data_dir):
+    bodies = [b"%d:" % n + b"x" * 6000 for n in range(3)]   # in the shared store
+    with Node(data_dir) as node:
+        node.declare_queue("orders")
+        node.connect().publish_many("orders", bodies)
+    path = data_dir / "msg_store_persistent" / "0.rdq"
+    data = path.read_bytes()
+    at = data.index(b"1:xxxx") + 3000
+    with open(path, "r+b") as file:
+        file.seek(at)
+        file.write(bytes([data[at] ^ 0x01]))
+    with Node(data_dir) as node:
+        connection = node.connect()
+        with connection.consume("orders", prefetch=3) as consumer:
+            got = [consumer.get(timeout=10) for _ in range(2)]
+            assert consumer.get(timeout=0.5) is None
+        assert sorted(d.body for d in got) == [bodies[0], bodies[2]]
+        assert connection.queue_stats("orders")["corrupt_on_read"] == 1

@@ -362,3 +362,25 @@ def test_a_lazy_queue_delivers_a_large_message_its_store_client_has_not_sent_yet
     assert number(delivery) == 0 and len(delivery.message.body) == 6000
     queue.ack([delivery.seq_id])
     assert queue.counters["missing_on_read"] == 0
+
+
+def test_a_body_flipped_in_the_shared_store_is_never_delivered_and_the_queue_goes_on(
+        open_queue, stores):
+    queue = open_queue()
+    for n in range(3):
+        queue.publish(message(n, size=6000))          # above 4 KiB: in the shared store
+    queue.set_ram_duration_target(0)                  # bodies only on disk now
+    queue.sync()
+    store = os.path.join(stores.root if stores.kind == "engine" else
+                         os.path.join(stores.node.data_dir), "msg_store_persistent")
+    path = os.path.join(store, "0.rdq")
+    with open(path, "r+b") as file:
+        data = file.read()
+        at = data.index(b"1:xxxx") + 3000             # the middle of message 1's body
+        file.seek(at)
+        file.write(bytes([data[at] ^ 0x01]))
+    assert number(queue.fetch()) == 0
+    with pytest.raises(CorruptMessage, match="seq id 1 in the shared store"):
+        queue.fetch()
+    assert [number(d) for d in drain(queue)] == [2]
+    assert queue.counters["corrupt_on_read"] == 1
