@@ -140,11 +140,9 @@ def test_a_fanned_out_message_keeps_both_references_across_a_store_crash(tmp_pat
         bodies = [b"%d" % n + b"y" * 6000 for n in range(50)]
         for body in bodies:
             connection.publish("", body, exchange="orders")
-        old = node.store().pid
-        os.kill(old, signal.SIGKILL)
+        kill_and_wait(node, "msg_store_persistent")
         wait_for(lambda: node.queue_state("billing") == "running"
-                 and node.queue_state("shipping") == "running"
-                 and node.store().pid != old, timeout=60)
+                 and node.queue_state("shipping") == "running", timeout=60)
         fresh = node.connect()
         assert node.store_stats()["msg_store_persistent"]["message_count"] == 50
         for name in ("billing", "shipping"):
