@@ -1,0 +1,213 @@
+"""Fault injection for crash-recovery runs: seeded fault schedules, and the faults that
+land on a node's processes and files.
+
+A schedule is a list of ``Fault`` (when, which kind, which processes, a seed of its own
+for the choices it makes), drawn from one seed: the same seed gives the same schedule,
+so a run that failed can be repeated fault for fault. The faults:
+
+- ``kill``: SIGKILL one actor process whose name matches a pattern (``queue *``,
+  ``msg_store_persistent``); its supervisor restarts it and it recovers from disk;
+- ``stop``: SIGSTOP one such process: it answers nothing, its supervisor's heartbeat
+  gives up on it and kills it, and the fault sends SIGCONT when it is released (a
+  process the supervisor already killed is gone by then);
+- ``node``: SIGKILL every process of a node at once (the node's own, its forkserver, its
+  actors), as the kernel's OOM killer or a power cut would;
+- ``torn``: with the node stopped, cut the tail of one of its store or queue files at a
+  random byte, as a crash in the middle of a write leaves it;
+- ``flip``: with the node stopped, flip one bit of one byte of such a file.
+
+Processes are found from the node's process (its descendants, titled ``warren: <name>``),
+never by name across the machine, so a fault never lands on another node's or program's
+processes. A pattern that matches none of them is an error, said before anything is done.
+
+Races: a process can exit between being listed and being signalled; the signal then
+finds no process and the fault is reported as not landed (``FaultMissed``), never sent
+to a pid the kernel reused, because the victim is signalled through its psutil handle,
+which checks the process's start time first.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import random
+import signal
+from dataclasses import dataclass
+
+import psutil
+
+__all__ = ["FAULT_KINDS", "FILE_FAULTS", "Fault", "FaultMissed", "damage_file",
+           "kill_process", "kill_processes", "matching", "node_processes", "schedule",
+           "stop_process"]
+
+FAULT_KINDS = ("kill", "stop", "node", "torn", "flip")
+FILE_FAULTS = ("torn", "flip")            # these need the node stopped first
+PROCESS_FAULTS = ("kill", "stop")         # these take a pattern
+TITLE_PREFIX = "warren: "
+# The files a torn write or a flipped byte may hit: the shared stores' data files and the
+# queues' index and per-queue store segments.
+DAMAGEABLE = ("msg_store_persistent/*.rdq", "queues/*/*.qi", "queues/*/*.qs")
+
+
+class FaultMissed(RuntimeError):
+    """A fault that could not land (its process exited first, or nothing matched)."""
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One fault of a schedule: ``at_s`` seconds from the start."""
+
+    at_s: float
+    kind: str
+    pattern: str          # process name pattern (kill, stop), else ""
+    seed: int             # for the process, file and byte it picks
+
+    def __str__(self) -> str:
+        target = f" {self.pattern!r}" if self.pattern else ""
+        return f"{self.at_s:7.2f} s  {self.kind}{target}"
+
+
+def schedule(seed: int, duration_s: float, kinds: tuple[str, ...] | list[str], *,
+             patterns: tuple[str, ...] = ("queue *", "msg_store_*"),
+             every_s: tuple[float, float] = (1.0, 3.0)) -> list[Fault]:
+    """Faults at random intervals of ``every_s`` (seconds, from, to) over ``duration_s``,
+    each of a kind drawn from ``kinds`` and, for kill and stop, a pattern from
+    ``patterns``; ``ValueError`` for a kind that does not exist or a duration of 0."""
+    unknown = sorted(set(kinds) - set(FAULT_KINDS))
+    if unknown or not kinds:
+        raise ValueError(f"unknown fault kinds {unknown or list(kinds)}; the kinds are "
+                         f"{', '.join(FAULT_KINDS)}")
+    if not isinstance(duration_s, (int, float)) or duration_s <= 0:
+        raise ValueError(f"the duration must be a positive number of seconds, not "
+                         f"{duration_s!r}")
+    if not patterns or not 0 < every_s[0] <= every_s[1]:
+        raise ValueError("give at least one pattern, and an interval 0 < from <= to")
+    rng = random.Random(seed)
+    faults = []
+    at = rng.uniform(*every_s)
+    while at < duration_s:
+        kind = rng.choice(list(kinds))
+        pattern = rng.choice(patterns) if kind in PROCESS_FAULTS else ""
+        faults.append(Fault(round(at, 3), kind, pattern, rng.getrandbits(32)))
+        at += rng.uniform(*every_s)
+    return faults
+
+
+def node_processes(node_pid: int) -> list[psutil.Process]:
+    """The node's process and every process under it (forkserver, actors)."""
+    try:
+        node = psutil.Process(node_pid)
+        return [node, *node.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _title(process: psutil.Process) -> str:
+    try:
+        cmdline = process.cmdline()
+    except psutil.Error:
+        return ""
+    return cmdline[0] if cmdline else ""
+
+
+def matching(processes: list[psutil.Process], pattern: str) -> list[psutil.Process]:
+    """The actor processes (titled ``warren: <name>``) whose name matches ``pattern``
+    (shell-style: ``queue *``); the forkserver is never one of them."""
+    found = []
+    for process in processes:
+        title = _title(process)
+        if title.startswith(TITLE_PREFIX):
+            name = title[len(TITLE_PREFIX):]
+            if not name.startswith("forkserver") and fnmatch.fnmatchcase(name, pattern):
+                found.append(process)
+    return found
+
+
+def _pick(processes: list[psutil.Process], pattern: str, seed: int) -> psutil.Process:
+    found = sorted(matching(processes, pattern), key=_title)
+    if not found:
+        names = sorted({_title(p)[len(TITLE_PREFIX):] for p in processes
+                        if _title(p).startswith(TITLE_PREFIX)})
+        raise FaultMissed(f"no process of the node matches {pattern!r}; its processes are "
+                          f"{', '.join(names) or 'none'}")
+    return random.Random(seed).choice(found)
+
+
+def kill_process(processes: list[psutil.Process], pattern: str, seed: int) -> str:
+    """SIGKILL one process matching ``pattern``; the name of the one killed."""
+    victim = _pick(processes, pattern, seed)
+    name = _title(victim)
+    try:
+        victim.send_signal(signal.SIGKILL)
+    except psutil.NoSuchProcess:
+        raise FaultMissed(f"{name} exited before the SIGKILL") from None
+    return name
+
+
+def stop_process(processes: list[psutil.Process], pattern: str,
+                 seed: int) -> tuple[str, psutil.Process]:
+    """SIGSTOP one process matching ``pattern``; its name and handle (for ``SIGCONT``)."""
+    victim = _pick(processes, pattern, seed)
+    name = _title(victim)
+    try:
+        victim.send_signal(signal.SIGSTOP)
+    except psutil.NoSuchProcess:
+        raise FaultMissed(f"{name} exited before the SIGSTOP") from None
+    return name, victim
+
+
+def kill_processes(processes: list[psutil.Process],
+                   timeout_s: float = 10.0) -> list[psutil.Process]:
+    """SIGKILL them all at once (a whole node) and wait for their end; those still
+    alive after ``timeout_s`` (none, unless the kernel is stuck)."""
+    for process in processes:
+        try:
+            process.send_signal(signal.SIGKILL)
+        except psutil.NoSuchProcess:
+            pass                      # gone already: its parent's death took it
+    _, alive = psutil.wait_procs(processes, timeout=timeout_s)
+    return alive
+
+
+def damage_file(data_dir: str | os.PathLike, kind: str, seed: int) -> tuple[str, int]:
+    """Tear (cut the tail) or flip (one bit of one byte) one of a stopped node's store and
+    queue files, picked with ``seed``; (its path, the offset). ``FaultMissed`` when the
+    node has no such file yet."""
+    if kind not in FILE_FAULTS:
+        raise ValueError(f"damage_file does {' and '.join(FILE_FAULTS)}, not {kind!r}")
+    root = os.fspath(data_dir)
+    candidates = []
+    for pattern in DAMAGEABLE:
+        directory, _, name_pattern = pattern.rpartition("/")
+        for parent in sorted(_expand(root, directory)):
+            for name in sorted(os.listdir(parent)):
+                path = os.path.join(parent, name)
+                if fnmatch.fnmatchcase(name, name_pattern) and os.path.getsize(path) > 0:
+                    candidates.append(path)
+    if not candidates:
+        raise FaultMissed(f"{root} has no store or queue file to damage yet")
+    rng = random.Random(seed)
+    path = rng.choice(candidates)
+    size = os.path.getsize(path)
+    offset = rng.randrange(size)
+    with open(path, "r+b") as file:
+        if kind == "torn":
+            file.truncate(offset)
+        else:
+            file.seek(offset)
+            byte = file.read(1)[0]
+            file.seek(offset)
+            file.write(bytes([byte ^ (1 << rng.randrange(8))]))
+        file.flush()
+        os.fsync(file.fileno())
+    return path, offset
+
+
+def _expand(root: str, directory: str) -> list[str]:
+    """The directories ``directory`` (a path with ``*`` parts) names under ``root``."""
+    found = [root]
+    for part in directory.split("/"):
+        found = [os.path.join(base, name) for base in found if os.path.isdir(base)
+                 for name in sorted(os.listdir(base))
+                 if fnmatch.fnmatchcase(name, part) and os.path.isdir(os.path.join(base, name))]
+    return found
