@@ -82,13 +82,31 @@ class ProducerLog:
         self.high: dict[bytes, int] = {}          # producer -> highest durable sequence
         self._seen_ms: dict[bytes, int] = {}
         self.low_water = 0                        # of the last record
-        try:
-            self.existed = os.path.getsize(self.path) > 0
-        except FileNotFoundError:
-            self.existed = False
+        # The file is made before the first deduplicated publish is taken, so a queue
+        # without one has no tail of ids to collect at its start.
+        self.existed = os.path.exists(self.path)
         self.torn_bytes = self._load()
+        self._fd = -1
+        self._size = 0
+        if self.existed:
+            self._open()
+
+    def _open(self) -> None:
         self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         self._size = os.fstat(self._fd).st_size
+
+    def begin(self) -> None:
+        """Make the (empty) log, durably, before the queue takes its first deduplicated
+        publish: from then on a start collects the recovered ids."""
+        if self._fd >= 0:
+            return
+        self._open()
+        directory = os.open(os.path.dirname(self.path), os.O_RDONLY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
+        self.existed = True
 
     def _load(self) -> int:
         try:
@@ -128,6 +146,7 @@ class ProducerLog:
             chunks.append(_record(producer, self.high[producer], low_water, now_ms))
         if not chunks:
             return
+        self.begin()
         data = b"".join(chunks)
         os.write(self._fd, data)
         os.fdatasync(self._fd)

@@ -248,9 +248,13 @@ class QueueActor(ProcessActor):
             self.counters["rejected_publishes"] += max(0, len(payloads) - room)
             payloads = payloads[:room]
             msg_ids = msg_ids[:room] if msg_ids is not None else None
-        if sequences:
-            high = max([high, *sequences[:len(payloads)]])
-            self._accepted[message.producer] = max(high, self._accepted.get(message.producer, -1))
+        if message.producer is not None:
+            # The highest taken: of the new messages kept, or of the repeats found among
+            # the recovered entries (durable, not yet in the producer log).
+            if payloads:
+                high = max(high, sequences[len(payloads) - 1])
+            if high > self._accepted.get(message.producer, -1):
+                self._accepted[message.producer] = high
         ttls = [t for t in (message.expiration_ms, self.message_ttl_ms) if t is not None]
         expiry = _now_ms() + min(ttls) if ttls else None
         seq_ids = self.queue.publish_many(payloads, persistent=message.persistent,
@@ -275,6 +279,7 @@ class QueueActor(ProcessActor):
         sequences; how many were repeats; the highest sequence of a repeat found among
         the recovered entries (durable, but not yet in the producer log)."""
         producer, first = message.producer, message.sequence
+        self._producers.begin()
         accepted = self._accepted.get(producer, -1)
         if first > accepted + 1:
             raise OutOfSequence(

@@ -466,3 +466,19 @@ def test_a_byte_flipped_in_a_stopped_nodes_store_is_never_delivered(data_dir):
             assert consumer.get(timeout=0.5) is None
         assert sorted(d.body for d in got) == [bodies[0], bodies[2]]
         assert connection.queue_stats("orders")["corrupt_on_read"] == 1
+
+
+def test_repeats_found_among_recovered_messages_count_as_taken(data_dir):
+    """A queue killed after its messages were durable but before its producer log named
+    them: the ids recovered from the index tell the repeats, and the producer goes on."""
+    with Node(data_dir) as node:
+        node.declare_queue("orders")
+        node.connect().publish_many("orders", [b"%d" % n for n in range(1000)],
+                                    producer_id="p", sequence=0)
+    (data_dir / "queues" / "orders" / "producers.log").write_bytes(b"")
+    with Node(data_dir) as node:
+        connection = node.connect()
+        connection.publish_many("orders", [b"%d" % n for n in range(1500)],
+                                producer_id="p", sequence=0)
+        stats = connection.queue_stats("orders")
+        assert (stats["len"], stats["repeats_dropped"]) == (1500, 1000)
