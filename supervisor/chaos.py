@@ -133,27 +133,26 @@ def _pick(processes: list[psutil.Process], pattern: str, seed: int) -> psutil.Pr
     return random.Random(seed).choice(found)
 
 
-def kill_process(processes: list[psutil.Process], pattern: str, seed: int) -> str:
-    """SIGKILL one process matching ``pattern``; the name of the one killed."""
+def _signal_one(processes: list[psutil.Process], pattern: str, seed: int,
+                signum: signal.Signals) -> tuple[str, psutil.Process]:
     victim = _pick(processes, pattern, seed)
     name = _title(victim)
     try:
-        victim.send_signal(signal.SIGKILL)
+        victim.send_signal(signum)
     except psutil.NoSuchProcess:
-        raise FaultMissed(f"{name} exited before the SIGKILL") from None
-    return name
+        raise FaultMissed(f"{name} exited before the {signum.name}") from None
+    return name, victim
+
+
+def kill_process(processes: list[psutil.Process], pattern: str, seed: int) -> str:
+    """SIGKILL one process matching ``pattern``; the name of the one killed."""
+    return _signal_one(processes, pattern, seed, signal.SIGKILL)[0]
 
 
 def stop_process(processes: list[psutil.Process], pattern: str,
                  seed: int) -> tuple[str, psutil.Process]:
     """SIGSTOP one process matching ``pattern``; its name and handle (for ``SIGCONT``)."""
-    victim = _pick(processes, pattern, seed)
-    name = _title(victim)
-    try:
-        victim.send_signal(signal.SIGSTOP)
-    except psutil.NoSuchProcess:
-        raise FaultMissed(f"{name} exited before the SIGSTOP") from None
-    return name, victim
+    return _signal_one(processes, pattern, seed, signal.SIGSTOP)
 
 
 def kill_processes(processes: list[psutil.Process],
