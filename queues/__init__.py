@@ -4,12 +4,16 @@ that moves messages between RAM and disk (alpha, beta, gamma, delta).
 ``VariableQueue`` is the engine a queue process (``warren.queues.queue_actor``) wraps (``warren.queues.variable_queue``
 has the design); ``QueueIndex`` and ``QueueStore`` are its files; ``walk_ref_counts``
 gives the persistent store the reference counts its dirty recovery needs.
-``warren.queues.connection`` is the client API (``warren.connect``, ``Node.connect``).
+``warren.queues.connection`` is the client API (``warren.connect``, ``Node.connect``);
+``warren.queues.listener`` and ``warren.queues.tcp_node`` carry it over tcp,
+``warren.queues.dedup`` deduplicates producers, ``warren.queues.spark`` is the Spark data
+source (it imports pyspark: the ``spark`` extra).
 """
 
 from .errors import (Blocked, ConnectionClosed, CorruptMessage, InvalidMessage,
-                     MessageTooLarge, Nacked, NotFound, PreconditionFailed, QueueClosed,
-                     QueueDown, QueueError, QueueLocked, UnknownDeliveryTag, Unroutable)
+                     MessageTooLarge, Nacked, NotFound, OutOfSequence, PreconditionFailed,
+                     QueueClosed, QueueDown, QueueError, QueueLocked, UnknownDeliveryTag,
+                     Unroutable)
 from .message import Message, decode, encode
 from .queue_index import Entry, QueueIndex
 from .queue_store import QueueStore
@@ -28,6 +32,7 @@ __all__ = [
     "MessageTooLarge",
     "Nacked",
     "NotFound",
+    "OutOfSequence",
     "PreconditionFailed",
     "QueueClosed",
     "QueueDown",
