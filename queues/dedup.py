@@ -25,7 +25,7 @@ Races it guards against:
 - A queue killed after its index made a batch durable but before the batch's record was
   written: the messages come back at recovery, the log does not name them, and the
   producer re-sends them. Every message of a deduplicated publish is stored under an id
-  derived from (producer, sequence) (``message_id``), so the queue collects the ids of
+  derived from (producer, sequence) (``message_ids``), so the queue collects the ids of
   its entries from the last record's low water on (``tail``) and drops a re-sent message
   whose id is among them.
 - A torn record at the end (a crash mid-append): its CRC fails; it and what follows are
@@ -48,7 +48,7 @@ import time
 import zlib
 from collections.abc import Iterable
 
-__all__ = ["LOG_FILE", "MAX_PRODUCER_BYTES", "MAX_SEQUENCE", "ProducerLog", "message_id"]
+__all__ = ["LOG_FILE", "MAX_PRODUCER_BYTES", "MAX_SEQUENCE", "ProducerLog", "message_ids"]
 
 log = logging.getLogger("warren.queues")
 
@@ -62,11 +62,18 @@ _FIELDS = struct.Struct(">QQQ")
 _CRC = struct.Struct(">I")
 
 
-def message_id(producer: bytes, sequence: int) -> bytes:
-    """The shared-store id of a deduplicated message: the same for every attempt and every
-    queue it is routed to, and as unlikely to collide as a random id."""
-    return hashlib.blake2b(_LENGTH.pack(len(producer)) + producer + sequence.to_bytes(8, "big"),
-                           digest_size=16, person=b"warren-dedup").digest()
+def message_ids(producer: bytes, first: int, count: int) -> list[bytes]:
+    """The shared-store ids of ``count`` deduplicated messages from sequence ``first``: the
+    same for every attempt and every queue they are routed to, and as unlikely to collide
+    as random ids (a keyed BLAKE2b of producer and sequence; the producer hashed once)."""
+    base = hashlib.blake2b(_LENGTH.pack(len(producer)) + producer, digest_size=16,
+                           person=b"warren-dedup")
+    ids = []
+    for sequence in range(first, first + count):
+        hasher = base.copy()
+        hasher.update(sequence.to_bytes(8, "big"))
+        ids.append(hasher.digest())
+    return ids
 
 
 def _record(producer: bytes, sequence: int, low_water: int, at_ms: int) -> bytes:

@@ -78,7 +78,7 @@ from warren.store.errors import StoreError
 from warren.store.messages import StoreStats
 
 from .dead_letters import DeadLetters
-from .dedup import MAX_PRODUCER_BYTES, MAX_SEQUENCE, ProducerLog, message_id
+from .dedup import MAX_PRODUCER_BYTES, MAX_SEQUENCE, ProducerLog, message_ids
 from .errors import CorruptMessage, OutOfSequence, QueueClosed
 from .messages import (SETTLE_ACTIONS, DeleteQueue, Delivered, Fetch, Publish, Purge,
                        QueueStats, Release, Settle, Subscribe)
@@ -290,8 +290,9 @@ class QueueActor(ProcessActor):
         recovered = self._recovered_ids
         payloads, msg_ids, sequences = [], [], []
         repeats, high = 0, -1
-        for sequence, payload in enumerate(message.payloads, start=first):
-            msg_id = message_id(producer, sequence)
+        ids = message_ids(producer, first, len(message.payloads))
+        for sequence, payload, msg_id in zip(range(first, first + len(ids)), message.payloads,
+                                             ids):
             if sequence <= accepted:
                 repeats += 1
             elif msg_id in recovered:
