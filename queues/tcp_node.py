@@ -7,6 +7,14 @@ uses as it uses a local queue's pinned ref (``ask_async``, ``tell``), plus ``ali
 which asks the listener whether that incarnation of the queue still lives. Answers are
 matched by request id; an answer nobody waits for any more is dropped.
 
+Restarts. The listener's boot id is learnt at connect. Every alive check and every
+overdue node call asks for it again: a new one means the listener restarted, and every
+request sent before that moment was lost with it (a publish is then in doubt: ``Nacked``;
+a fetch is asked again). Queue requests carry the boot they were meant for, so a request
+left in this socket while the node was down is refused by the restarted listener rather
+than done late, after the publisher was told to send it again. A connection given up with
+answers still awaited closes without linger, for the same reason.
+
 A connection's consumers are kept alive by a beat (``BEAT_S``) sent from a thread of
 its own, on a socket of its own, while it has consumed: the listener releases a remote
 consumer it has not heard of for 30 s, so a client that dies loses no message for long.
