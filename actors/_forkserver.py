@@ -10,9 +10,12 @@ only forks.
 Protocol on one unix stream socket (a socketpair; the node holds the other end):
 
     node → server   u32 length · u8 kind · payload
-                    BOOT   payload = pickle of (sys.path, preload modules, main script,
-                                               title, parent pid, log level)
-                    SPAWN  payload = u64 token · u16 n · node endpoint (n bytes) · pickled order
+                    BOOT   payload = JSON {sys_path, preload, main, title, parent_pid,
+                                           log_level, key}: ``key`` (hex, 32 random bytes)
+                                           signs every later spawn order
+                    SPAWN  payload = u64 token · u16 n · node endpoint (n bytes) ·
+                                     HMAC-SHA256 of the order under ``key`` (32 bytes) ·
+                                     pickled order
                     KILL   payload = i32 pid · i32 signal
     server → node   fixed 17-byte records: u8 kind · u64 token · i32 pid · i32 status
                     BOOTED  (0, 0, 0)          the preloads are imported
@@ -22,8 +25,14 @@ Protocol on one unix stream socket (a socketpair; the node holds the other end):
 
 The spawn order is pickled by the node and unpickled only in the forked child: that is the
 one sanctioned use of pickle (start arguments handed to a child we created), and it keeps
-the user's modules out of the forkserver's own memory. The child reports READY or FAILED
-to the node service itself, over ZeroMQ, from a fresh context.
+the user's modules out of the forkserver's own memory. The socket is an anonymous
+socketpair, not a path: only the node holds the other end (its end is not inherited by
+what the node execs, and a process forked from the node closes its copy at once; each
+actor closes the server's end after its fork). On top of that, the server forks only for
+an order whose HMAC under the BOOT key checks out, so the bytes a child unpickles are
+the node's, whatever else might write to the socket; the BOOT message itself is JSON.
+The child reports READY or FAILED to the node service itself, over ZeroMQ, from a fresh
+context.
 
 Signals. The server leads a process group of its own, which its children (the actors)
 share: a signal to the node's group (Ctrl-C in a terminal, ``timeout``, ``kill -- -PGID``)
@@ -50,8 +59,11 @@ Races and their answers:
 from __future__ import annotations
 
 import ctypes
+import hashlib
+import hmac
 import importlib
 import importlib.util
+import json
 import logging
 import os
 import pickle
@@ -76,6 +88,7 @@ HEADER = struct.Struct(">IB")
 REPORT = struct.Struct(">BQii")
 SPAWN_HEAD = struct.Struct(">QH")
 KILL_BODY = struct.Struct(">ii")
+SIGNATURE_BYTES = 32
 
 # True while the forkserver imports the application's main script: a script that starts a
 # node at import time (no ``if __name__ == "__main__"`` guard) would otherwise start a
@@ -148,8 +161,10 @@ def serve(fd: int) -> None:
     request = _read_request(sock)
     if request is None or request[0] != BOOT:
         os._exit(2)
-    # Trusted bytes: fd is one end of a socketpair the node made and handed only to us.
-    sys_path, preload, main_path, title, parent_pid, log_level = pickle.loads(request[1])
+    boot = json.loads(request[1])
+    sys_path, preload, main_path = boot["sys_path"], boot["preload"], boot["main"]
+    title, parent_pid, log_level = boot["title"], boot["parent_pid"], boot["log_level"]
+    key = bytes.fromhex(boot["key"])
     sys.path[:] = sys_path
     set_title(title)
     os.setpgid(0, 0)
@@ -189,7 +204,10 @@ def serve(fd: int) -> None:
         if request is None:
             break
         kind, payload = request
-        if kind == SPAWN:
+        if kind == SPAWN and not signed(key, payload):
+            print("warren forkserver: refused a spawn order that is not the node's (its "
+                  "signature does not check out)", file=sys.stderr, flush=True)
+        elif kind == SPAWN:
             pid = os.fork()
             if pid == 0:
                 sock.close()
@@ -208,6 +226,24 @@ def serve(fd: int) -> None:
                 os.kill(pid, signum)
     _stop_children(children)
     os._exit(0)
+
+
+def order_offset(payload: bytes) -> int:
+    """Where the signature starts in a SPAWN payload (after token, length, endpoint)."""
+    return SPAWN_HEAD.size + SPAWN_HEAD.unpack_from(payload)[1]
+
+
+def sign(key: bytes, order: bytes) -> bytes:
+    return hmac.new(key, order, hashlib.sha256).digest()
+
+
+def signed(key: bytes, payload: bytes) -> bool:
+    """Whether a SPAWN payload's order carries the node's signature."""
+    if len(payload) < SPAWN_HEAD.size:
+        return False
+    at = order_offset(payload)
+    mac, order = payload[at:at + SIGNATURE_BYTES], payload[at + SIGNATURE_BYTES:]
+    return len(mac) == SIGNATURE_BYTES and hmac.compare_digest(mac, sign(key, order))
 
 
 def _stop_children(children: set[int]) -> None:
@@ -304,8 +340,8 @@ def _child(payload: bytes, forkserver_pid: int, log_level: int) -> int:
     token, size = SPAWN_HEAD.unpack_from(payload)
     node_endpoint = payload[SPAWN_HEAD.size:SPAWN_HEAD.size + size].decode()
     try:
-        # Trusted bytes: the node's own spawn order, read from our private socketpair.
-        order = pickle.loads(payload[SPAWN_HEAD.size + size:])
+        # The node's own order: the server checked its signature before forking us.
+        order = pickle.loads(payload[order_offset(payload) + SIGNATURE_BYTES:])
     except Exception as exc:
         from warren.actors._node_client import NodeClient
         from warren.actors._runtime import runtime

@@ -19,9 +19,9 @@ Races and their answers:
 
 from __future__ import annotations
 
+import json
 import logging
 import os
-import pickle
 import socket
 import subprocess
 import sys
@@ -62,9 +62,12 @@ class ForkserverClient:
         main_path = getattr(sys.modules.get("__main__"), "__file__", None)
         if main_path is not None and not os.path.isfile(main_path):
             main_path = None
-        boot = pickle.dumps((list(sys.path), list(DEFAULT_PRELOAD) + list(preload),
-                             main_path, f"warren: forkserver {node_name}", os.getpid(),
-                             log_level))
+        self._key = os.urandom(32)
+        boot = json.dumps({"sys_path": list(sys.path),
+                           "preload": list(DEFAULT_PRELOAD) + list(preload),
+                           "main": main_path, "title": f"warren: forkserver {node_name}",
+                           "parent_pid": os.getpid(), "log_level": log_level,
+                           "key": self._key.hex()}).encode()
         ours.sendall(_forkserver.HEADER.pack(len(boot), _forkserver.BOOT) + boot)
         ours.settimeout(_BOOT_TIMEOUT_S)
         try:
@@ -93,7 +96,7 @@ class ForkserverClient:
         """Order a fork for the spawn ``token``; OSError or SpawnError if it cannot go."""
         endpoint = node_endpoint.encode()
         self._send(_forkserver.SPAWN, _forkserver.SPAWN_HEAD.pack(token, len(endpoint))
-                   + endpoint + pickled_order)
+                   + endpoint + _forkserver.sign(self._key, pickled_order) + pickled_order)
 
     def signal(self, pid: int, signum: int) -> None:
         """Have the server send ``signum`` to its child ``pid`` (if still its own)."""

@@ -208,3 +208,32 @@ def test_an_actor_that_handles_nothing_refuses_an_ask_and_counts_a_tell(node: No
     ref.tell("anything")
     wait_for(lambda: ref.stats(timeout=10)["unhandled"] == 1)
     assert ref.ping(timeout=10).incarnation == ref.incarnation
+
+
+class _Plants:
+    """Unpickled, it would create the file its path names: what a forged order could do."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def test_a_spawn_order_without_the_nodes_signature_is_never_unpickled(node: Node,
+                                                                      tmp_path) -> None:
+    import pickle
+    import time
+
+    from warren.actors import _forkserver
+
+    planted = tmp_path / "planted"
+    order = pickle.dumps(_Plants(str(planted)))
+    endpoint = node.endpoint.encode()
+    forged = (_forkserver.SPAWN_HEAD.pack(99, len(endpoint)) + endpoint
+              + bytes(_forkserver.SIGNATURE_BYTES) + order)
+    node._forkserver._send(_forkserver.SPAWN, forged)
+    time.sleep(1.0)
+    assert not planted.exists()
+    # The server refused that one and goes on: the node still spawns.
+    assert node.spawn(Recorder, "after").ask("label", timeout=10) == "after"
