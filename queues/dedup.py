@@ -48,6 +48,8 @@ import time
 import zlib
 from collections.abc import Iterable
 
+from .durable_files import fsync_directory, write_atomically
+
 __all__ = ["LOG_FILE", "MAX_PRODUCER_BYTES", "MAX_SEQUENCE", "ProducerLog", "message_ids"]
 
 log = logging.getLogger("warren.queues")
@@ -108,11 +110,7 @@ class ProducerLog:
         if self._fd >= 0:
             return
         self._open()
-        directory = os.open(os.path.dirname(self.path), os.O_RDONLY)
-        try:
-            os.fsync(directory)
-        finally:
-            os.close(directory)
+        fsync_directory(os.path.dirname(self.path))
         self.existed = True
 
     def _load(self) -> int:
@@ -168,17 +166,7 @@ class ProducerLog:
         keep = {p: s for p, s in self.high.items()
                 if now_ms - self._seen_ms.get(p, now_ms) <= FORGET_AFTER_S * 1000}
         data = b"".join(_record(p, s, low_water, self._seen_ms[p]) for p, s in keep.items())
-        temporary = self.path + ".tmp"
-        with open(temporary, "wb") as file:
-            file.write(data)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temporary, self.path)
-        directory = os.open(os.path.dirname(self.path), os.O_RDONLY)
-        try:
-            os.fsync(directory)
-        finally:
-            os.close(directory)
+        write_atomically(self.path, data)
         os.close(self._fd)
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
         self.high = keep

@@ -26,6 +26,7 @@ import shutil
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from .durable_files import write_atomically
 from .errors import NotFound, PreconditionFailed
 from .routing import EXCHANGE_KINDS
 from .walker import QUEUES_DIR
@@ -179,17 +180,8 @@ class Definitions:
             "bindings": sorted(list(b) for b in self.bindings
                                if b[0] in durable_exchanges and b[1] in durable_queues),
         }
-        path = os.path.join(self.data_dir, DEFINITIONS_FILE)
-        with open(path + ".tmp", "w") as file:
-            json.dump(saved, file)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(path + ".tmp", path)
-        fd = os.open(self.data_dir, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        write_atomically(os.path.join(self.data_dir, DEFINITIONS_FILE),
+                         json.dumps(saved).encode())
 
     # ------------------------------------------------------------------ directories
 

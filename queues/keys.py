@@ -29,6 +29,8 @@ import time
 import zmq
 from zmq.utils import z85
 
+from .durable_files import write_atomically
+
 __all__ = ["AUTHORIZED_FILE", "ClientKey", "KeyFileError", "authorized_keys", "create_client_key",
            "load_client_key", "node_keys"]
 
@@ -57,24 +59,13 @@ class ClientKey:
 
 
 def _certificate(comment: str, metadata: dict[str, str], public: bytes,
-                 secret: bytes | None) -> str:
+                 secret: bytes | None) -> bytes:
     lines = [f"#   {comment}", "", "metadata"]
     lines += [f'    {key} = "{value}"' for key, value in metadata.items()]
     lines += ["curve", f'    public-key = "{public.decode()}"']
     if secret is not None:
         lines.append(f'    secret-key = "{secret.decode()}"')
-    return "\n".join(lines) + "\n"
-
-
-def _write_private(path: str, text: str, mode: int) -> None:
-    temporary = f"{path}.{os.getpid()}.tmp"
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    try:
-        os.write(fd, text.encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(temporary, path)
+    return ("\n".join(lines) + "\n").encode()
 
 
 def _read_certificate(path: str) -> dict[str, str]:
@@ -105,11 +96,10 @@ def node_keys(data_dir: str | os.PathLike) -> tuple[bytes, bytes]:
     path = os.path.join(os.fspath(data_dir), NODE_SECRET_FILE)
     if not os.path.exists(path):
         public, secret = zmq.curve_keypair()
-        _write_private(path, _certificate("Warren node key pair: keep it secret",
-                                          {"name": "node"}, public, secret), 0o600)
-        _write_private(os.path.join(os.fspath(data_dir), NODE_PUBLIC_FILE),
-                       _certificate("Warren node public key", {"name": "node"}, public, None),
-                       0o644)
+        write_atomically(path, _certificate("Warren node key pair: keep it secret",
+                                            {"name": "node"}, public, secret), 0o600)
+        write_atomically(os.path.join(os.fspath(data_dir), NODE_PUBLIC_FILE),
+                         _certificate("Warren node public key", {"name": "node"}, public, None))
     fields = _read_certificate(path)
     if not (_valid_key(fields.get("public-key")) and _valid_key(fields.get("secret-key"))):
         raise KeyFileError(f"{path} holds no CURVE key pair; remove it to have a new one made "
@@ -147,7 +137,7 @@ def create_client_key(data_dir: str | os.PathLike, name: str,
                         f"{os.path.join(data_dir, AUTHORIZED_FILE)}) to make a new one")
     server, _ = node_keys(data_dir)
     public, secret = zmq.curve_keypair()
-    _write_private(path, _certificate(
+    write_atomically(path, _certificate(
         "Warren client key: whoever holds this file is this client",
         {"name": name, "server-key": server.decode(),
          "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},

@@ -81,6 +81,7 @@ from typing import Any, NamedTuple, Protocol
 
 from warren.store import Settlement
 
+from .durable_files import fsync_directory, write_atomically
 from .errors import CorruptMessage, MessageTooLarge, QueueClosed, UnknownDeliveryTag
 from .message import Message, decode, encode
 from .queue_index import DEFAULT_SEGMENT_ENTRY_COUNT, Entry, QueueIndex, pack_slot
@@ -330,7 +331,7 @@ class VariableQueue:
                         self.directory, exc)
             terms = None
         os.unlink(path)
-        _fsync_directory(self.directory)
+        fsync_directory(self.directory)
         if terms is not None and (not isinstance(terms, dict)
                                   or terms.get("version") != TERMS_VERSION
                                   or terms.get("segment_entry_count")
@@ -1025,7 +1026,7 @@ class VariableQueue:
                  "store_segments": self._store.live_counts,
                  "delivery_counts": delivery_counts,
                  "persistent_ref": self._persistent.client_ref.hex()}
-        _write_atomically(os.path.join(self.directory, TERMS_FILE),
+        write_atomically(os.path.join(self.directory, TERMS_FILE),
                           json.dumps(terms).encode())
         # The persistent client stays registered: the store's clean-shutdown files name
         # it, and the next clean start checks them against these terms' ref.
@@ -1082,21 +1083,3 @@ def _merge(queue: collections.deque, status: MsgStatus) -> None:
         insort(items, status, key=lambda s: s.seq_id)
         queue.clear()
         queue.extend(items)
-
-
-def _write_atomically(path: str, data: bytes) -> None:
-    temp = path + ".tmp"
-    with open(temp, "wb") as file:
-        file.write(data)
-        file.flush()
-        os.fsync(file.fileno())
-    os.replace(temp, path)
-    _fsync_directory(os.path.dirname(path))
-
-
-def _fsync_directory(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

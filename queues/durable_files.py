@@ -1,0 +1,39 @@
+"""Small files replaced whole and durably: recovery terms, definitions, the producer log's
+compaction, key files.
+
+``write_atomically`` writes a temporary file beside the target (named with this process's
+pid, so two writers never share one), fsyncs it, renames it over the target and fsyncs
+the directory: a reader, or a start after a crash at any point, finds the old file or
+the new one, never a mix.
+"""
+
+from __future__ import annotations
+
+import os
+
+__all__ = ["fsync_directory", "write_atomically"]
+
+
+def fsync_directory(path: str | os.PathLike) -> None:
+    """Make the directory's entries (files created, renamed, deleted) durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomically(path: str | os.PathLike, data: bytes, mode: int = 0o644) -> None:
+    """Replace ``path`` with ``data`` (a new file gets ``mode``), durably."""
+    path = os.fspath(path)
+    temporary = f"{path}.{os.getpid()}.tmp"
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(temporary, path)
+    fsync_directory(os.path.dirname(path) or ".")
