@@ -287,17 +287,18 @@ class QueueActor(ProcessActor):
                 f"after {accepted}, the highest this queue took from it; nothing was taken: "
                 f"send again from {accepted + 1} (a producer's sequences start at 0 and go "
                 f"up by one)")
+        # Those up to ``accepted`` are repeats without a look; the rest are new unless the
+        # index recovered them.
+        start = min(accepted + 1 - first, len(message.payloads))
+        repeats, high = start, -1
         recovered = self._recovered_ids
         payloads, msg_ids, sequences = [], [], []
-        repeats, high = 0, -1
-        ids = message_ids(producer, first, len(message.payloads))
-        for sequence, payload, msg_id in zip(range(first, first + len(ids)), message.payloads,
-                                             ids):
-            if sequence <= accepted:
+        ids = message_ids(producer, first + start, len(message.payloads) - start)
+        for sequence, payload, msg_id in zip(range(first + start, first + len(message.payloads)),
+                                             message.payloads[start:], ids):
+            if msg_id in recovered:
                 repeats += 1
-            elif msg_id in recovered:
-                repeats += 1
-                high = accepted = sequence
+                high = sequence
             else:
                 payloads.append(payload)
                 msg_ids.append(msg_id)
