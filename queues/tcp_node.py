@@ -182,6 +182,9 @@ class TcpNode(NodeCalls):
             return value
         type_name, text, _ = value
         if type_name == "ListenerRestarted":     # as a restarted queue's pinned ref
+            # Sent to a listener before this one: learn the new one's boot, so that what
+            # this connection sends next is taken.
+            self._listener_restarted(request_id)
             raise ActorDeadError(str(text))
         raise remote_error(str(type_name), str(text), "")
 

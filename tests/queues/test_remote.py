@@ -15,7 +15,7 @@ import zmq
 from warren import connect
 from warren.actors import _wire
 from warren.actors.codec import Encoder
-from warren.queues import NotFound
+from warren.queues import Nacked, NotFound
 from warren.queues.keys import AUTHORIZED_FILE, KeyFileError, create_client_key
 from warren.queues.listener import ListenerStats
 from warren.queues.messages import DeleteQueue, Fetch, Publish
@@ -285,4 +285,25 @@ def test_a_listener_killed_mid_publish_restarts_on_its_port_and_dedup_keeps_one_
     assert nacked >= 1
     assert node.actors.whereis("listener").pid != pid
     assert remote.queue_stats("events")["len"] == sent
+    remote.close()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_a_listener_stopped_by_a_signal_comes_back_and_an_idle_client_goes_on(node, signum):
+    node.declare_queue("orders")
+    remote = connect(node.listen_endpoint)
+    remote.publish("orders", b"before")
+    pid = node.actors.whereis("listener").pid
+    os.kill(pid, signum)
+    wait_for(lambda: getattr(node.actors.whereis("listener"), "pid", pid) != pid, timeout=30)
+    sent = 0
+    for _ in range(5):               # the first may be in doubt: the listener changed
+        try:
+            remote.publish("orders", b"after", producer_id="idle", sequence=0)
+            sent += 1
+            break
+        except Nacked:
+            continue
+    assert sent == 1
+    assert [remote.get("orders").body for _ in range(2)] == [b"before", b"after"]
     remote.close()
