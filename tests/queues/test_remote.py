@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import zmq
 
-from warren import connect
+from warren import AlarmLimits, connect
 from warren.actors import _wire
 from warren.actors.codec import Encoder
-from warren.queues import Nacked, NotFound
+from warren.queues import Blocked, Nacked, NotFound
 from warren.queues.keys import AUTHORIZED_FILE, KeyFileError, create_client_key
 from warren.queues.listener import ListenerStats
 from warren.queues.messages import DeleteQueue, Fetch, Publish
@@ -307,3 +307,14 @@ def test_a_listener_stopped_by_a_signal_comes_back_and_an_idle_client_goes_on(no
     assert sent == 1
     assert [remote.get("orders").body for _ in range(2)] == [b"before", b"after"]
     remote.close()
+
+
+def test_under_a_disk_alarm_a_remote_publisher_is_held_then_told(tmp_path):
+    full = AlarmLimits(disk_free_limit_bytes=2**60, check_interval_s=0.1)  # the disk "full"
+    with Node(tmp_path / "data", alarm_limits=full, listen=LOOPBACK_ANY_PORT) as node:
+        node.declare_queue("orders")
+        with connect(node.listen_endpoint, call_timeout_s=0.5) as remote:
+            wait_for(lambda: remote.blocked)
+            with pytest.raises(Blocked, match="disk alarm has held this publish"):
+                remote.publish("orders", b"held")
+        assert node.connect().queue_stats("orders")["len"] == 0
