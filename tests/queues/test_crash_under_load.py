@@ -38,7 +38,9 @@ def lines(path):
 
 
 def kill_and_wait(node, victim):
-    """SIGKILL the actor ``victim`` names and wait for its successor."""
+    """SIGKILL the actor ``victim`` names (once it runs: a kill before may still be
+    restarting it) and wait for its successor."""
+    wait_for(lambda: node.actors.whereis(victim) is not None, timeout=60)
     old = node.actors.whereis(victim).pid
     os.kill(old, signal.SIGKILL)
 
