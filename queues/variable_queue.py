@@ -80,6 +80,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
 from warren.store import Settlement
+from warren.store.disk_faults import slow_sync
 
 from .durable_files import fsync_directory, write_atomically
 from .errors import CorruptMessage, MessageTooLarge, QueueClosed, UnknownDeliveryTag
@@ -534,6 +535,7 @@ class VariableQueue:
         """Group commit; the seq ids confirmed since the last call, each once. Without
         ``wait``, shared-store writes not yet settled are confirmed by a later call."""
         self._check_open()
+        slow_sync()
         self._store.sync()
         self._index.sync()
         confirmed, self._confirmed = self._confirmed, []

@@ -35,19 +35,29 @@ SIZES = (40, 900, 6000)               # bytes of padding: small, and past 4 KiB
 RETRY_S = 0.05
 
 
-def body_of(message_id: str) -> bytes:
-    """The body of message ``message_id``: a small order event, padded with its digest."""
+def body_of(message_id: str, size: int | None = None) -> bytes:
+    """The body of message ``message_id``: a small order event, padded with its digest to
+    ``size`` bytes (at least the event's), or by one of ``SIZES``."""
     n = int(message_id.rsplit("-", 1)[1])
-    event = json.dumps({"order": message_id, "customer": f"c{n % 97}",
-                        "amount_cents": 100 + n * 37 % 90_000}).encode()
+    fields = {"order": message_id, "customer": f"c{n % 97}",
+              "amount_cents": 100 + n * 37 % 90_000}
+    if size is not None:
+        fields["size"] = size
+    event = json.dumps(fields).encode()
     digest = hashlib.sha256(message_id.encode()).hexdigest().encode()
-    return event + b"\n" + (digest * 200)[:SIZES[n % len(SIZES)]]
+    padding = SIZES[n % len(SIZES)] if size is None else max(0, size - len(event) - 1)
+    return event + b"\n" + (digest * (padding // len(digest) + 1))[:padding]
 
 
 def checked_id(body: bytes) -> str:
     """The id of the message ``body`` is; AssertionError if the body is damaged."""
-    message_id = json.loads(body.split(b"\n", 1)[0])["order"]
-    if body != body_of(message_id):
+    try:
+        event = json.loads(body.split(b"\n", 1)[0])
+        message_id = event["order"]
+        expected = body_of(message_id, event.get("size"))
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError):
+        raise AssertionError(f"a damaged body: {body[:60]!r}") from None
+    if body != expected:
         raise AssertionError(f"the body of {message_id} is damaged")
     return message_id
 

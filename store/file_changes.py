@@ -32,6 +32,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from . import index as idx
+from .disk_faults import slow_sync
 from .errors import StoreError
 from .lock_table import SWITCH_DEADLINE_SECONDS
 from .records import data_file_name
@@ -242,6 +243,7 @@ class FileChanges:
         self._flush()
         self._removals.write()
         if self._fsync:
+            slow_sync()
             if self._data_unsynced:
                 os.fdatasync(self._current_fd)
             if self._directory_unsynced:

@@ -10,7 +10,8 @@ A ``ResourceMonitor`` measures, each time ``check()`` is called (the node calls 
   ``memory_high_watermark`` (default 0.4) of the machine's RAM, or of the cgroup's memory
   limit when that is lower (a container), or an absolute ``memory_limit_bytes``;
 - disk: the free bytes of the filesystem holding the data directory, against
-  ``disk_free_limit_bytes`` (default 50 MB).
+  ``disk_free_limit_bytes`` (default 50 MB); none while a harness says the disk is full
+  (``warren.store.disk_faults``).
 
 Crossing a limit raises that resource's alarm; going back under it clears it. ``check()``
 returns only the changes, so the node tells every actor once per change (publishers are
@@ -25,6 +26,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import psutil
+
+from warren.store.disk_faults import disk_full
 
 from .errors import InvalidSpec
 
@@ -87,7 +90,7 @@ class ResourceMonitor:
     def check(self) -> list[AlarmChange]:
         """Measure both resources; return the alarms that changed since the last check."""
         memory, memory_limit = node_memory(self.node_pids()), self.limits.memory_limit()
-        free = psutil.disk_usage(self.data_dir).free
+        free = 0 if disk_full() else psutil.disk_usage(self.data_dir).free
         self.readings = {"memory_bytes": memory, "memory_limit_bytes": memory_limit,
                          "disk_free_bytes": free,
                          "disk_free_limit_bytes": self.limits.disk_free_limit_bytes}

@@ -12,9 +12,16 @@ so a run that failed can be repeated fault for fault. The faults:
   process the supervisor already killed is gone by then);
 - ``node``: SIGKILL every process of a node at once (the node's own, its forkserver, its
   actors), as the kernel's OOM killer or a power cut would;
-- ``torn``: with the node stopped, cut the tail of one of its store or queue files at a
-  random byte, as a crash in the middle of a write leaves it;
-- ``flip``: with the node stopped, flip one bit of one byte of such a file.
+- ``torn``: with the node stopped, cut one of its store or queue files at a random byte
+  of its last page (``TORN_TAIL_BYTES``), as a crash in the middle of a write leaves it:
+  the disk wrote the start of the write and not the rest;
+- ``flip``: with the node stopped, flip one bit of one byte of such a file;
+- ``full`` and ``slow``: the disk is full, or slow to sync, for a while
+  (``warren.store.disk_faults``; ``warren.supervisor.chaos_run`` turns them on and off).
+
+A schedule keeps under the restart intensity of the supervisors it tests when given
+``limits`` (at most so many process faults on a pattern in any so many seconds): a
+supervisor that gives up is then a finding of the run, not the schedule's doing.
 
 Processes are found from the node's process (its descendants, titled ``warren: <name>``),
 never by name across the machine, so a fault never lands on another node's or program's
@@ -32,21 +39,25 @@ import fnmatch
 import os
 import random
 import signal
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import psutil
 
-__all__ = ["FAULT_KINDS", "FILE_FAULTS", "Fault", "FaultMissed", "damage_file",
-           "kill_process", "kill_processes", "matching", "node_processes", "schedule",
+__all__ = ["DISK_FAULTS", "FAULT_KINDS", "FILE_FAULTS", "PROCESS_FAULTS", "Fault", "FaultMissed", "damage_file",
+           "is_alive", "kill_process", "kill_processes", "matching", "node_processes", "schedule",
            "stop_process"]
 
-FAULT_KINDS = ("kill", "stop", "node", "torn", "flip")
+FAULT_KINDS = ("kill", "stop", "node", "torn", "flip", "full", "slow")
 FILE_FAULTS = ("torn", "flip")            # these need the node stopped first
 PROCESS_FAULTS = ("kill", "stop")         # these take a pattern
+DISK_FAULTS = ("full", "slow")            # these last a while, then end
 TITLE_PREFIX = "warren: "
 # The files a torn write or a flipped byte may hit: the shared stores' data files and the
 # queues' index and per-queue store segments.
 DAMAGEABLE = ("msg_store_persistent/*.rdq", "queues/*/*.qi", "queues/*/*.qs")
+TORN_TAIL_BYTES = 4096
 
 
 class FaultMissed(RuntimeError):
@@ -69,10 +80,13 @@ class Fault:
 
 def schedule(seed: int, duration_s: float, kinds: tuple[str, ...] | list[str], *,
              patterns: tuple[str, ...] = ("queue *", "msg_store_*"),
-             every_s: tuple[float, float] = (1.0, 3.0)) -> list[Fault]:
+             every_s: tuple[float, float] = (1.0, 3.0),
+             limits: dict[str, tuple[int, float]] | None = None) -> list[Fault]:
     """Faults at random intervals of ``every_s`` (seconds, from, to) over ``duration_s``,
     each of a kind drawn from ``kinds`` and, for kill and stop, a pattern from
-    ``patterns``; ``ValueError`` for a kind that does not exist or a duration of 0."""
+    ``patterns`` that has had fewer than ``count`` faults in the last ``period_s`` when
+    ``limits`` gives it ``(count, period_s)`` (a slot none may take gets another kind, or
+    no fault); ``ValueError`` for a kind that does not exist or a duration of 0."""
     unknown = sorted(set(kinds) - set(FAULT_KINDS))
     if unknown or not kinds:
         raise ValueError(f"unknown fault kinds {unknown or list(kinds)}; the kinds are "
@@ -82,13 +96,26 @@ def schedule(seed: int, duration_s: float, kinds: tuple[str, ...] | list[str], *
                          f"{duration_s!r}")
     if not patterns or not 0 < every_s[0] <= every_s[1]:
         raise ValueError("give at least one pattern, and an interval 0 < from <= to")
+    limits = limits or {}
     rng = random.Random(seed)
-    faults = []
+    faults: list[Fault] = []
     at = rng.uniform(*every_s)
     while at < duration_s:
         kind = rng.choice(list(kinds))
-        pattern = rng.choice(patterns) if kind in PROCESS_FAULTS else ""
-        faults.append(Fault(round(at, 3), kind, pattern, rng.getrandbits(32)))
+        pattern = ""
+        if kind in PROCESS_FAULTS:
+            free = [p for p in patterns if p not in limits or sum(
+                1 for f in faults if f.pattern == p and f.at_s > at - limits[p][1]
+            ) < limits[p][0]]
+            others = [k for k in kinds if k not in PROCESS_FAULTS]
+            if free:
+                pattern = rng.choice(free)
+            elif others:
+                kind = rng.choice(others)
+            else:
+                kind = ""
+        if kind:
+            faults.append(Fault(round(at, 3), kind, pattern, rng.getrandbits(32)))
         at += rng.uniform(*every_s)
     return faults
 
@@ -158,20 +185,35 @@ def stop_process(processes: list[psutil.Process], pattern: str,
 def kill_processes(processes: list[psutil.Process],
                    timeout_s: float = 10.0) -> list[psutil.Process]:
     """SIGKILL them all at once (a whole node) and wait for their end; those still
-    alive after ``timeout_s`` (none, unless the kernel is stuck)."""
+    alive after ``timeout_s`` (none, unless the kernel is stuck). A zombie is dead: it
+    holds no file, lock or socket any more, only its exit status for a parent to read."""
     for process in processes:
         try:
             process.send_signal(signal.SIGKILL)
         except psutil.NoSuchProcess:
             pass                      # gone already: its parent's death took it
-    _, alive = psutil.wait_procs(processes, timeout=timeout_s)
+    deadline = time.monotonic() + timeout_s
+    alive = [p for p in processes if is_alive(p)]
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.005)
+        alive = [p for p in alive if is_alive(p)]
     return alive
 
 
-def damage_file(data_dir: str | os.PathLike, kind: str, seed: int) -> tuple[str, int]:
-    """Tear (cut the tail) or flip (one bit of one byte) one of a stopped node's store and
-    queue files, picked with ``seed``; (its path, the offset). ``FaultMissed`` when the
-    node has no such file yet."""
+def is_alive(process: psutil.Process) -> bool:
+    """Whether it runs (a zombie does not; a pid reused since is another process)."""
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def damage_file(data_dir: str | os.PathLike, kind: str, seed: int, *,
+                before: Callable[[str, str, int], None] | None = None) -> tuple[str, int]:
+    """Tear (cut in the last page) or flip (one bit of one byte anywhere) one of a stopped
+    node's store and queue files, picked with ``seed``; (its path, the offset).
+    ``before(path, kind, offset)`` is called before the file is damaged (a harness notes
+    what the damage may destroy). ``FaultMissed`` when the node has no such file yet."""
     if kind not in FILE_FAULTS:
         raise ValueError(f"damage_file does {' and '.join(FILE_FAULTS)}, not {kind!r}")
     root = os.fspath(data_dir)
@@ -188,7 +230,9 @@ def damage_file(data_dir: str | os.PathLike, kind: str, seed: int) -> tuple[str,
     rng = random.Random(seed)
     path = rng.choice(candidates)
     size = os.path.getsize(path)
-    offset = rng.randrange(size)
+    offset = rng.randrange(max(0, size - TORN_TAIL_BYTES) if kind == "torn" else 0, size)
+    if before is not None:
+        before(path, kind, offset)
     with open(path, "r+b") as file:
         if kind == "torn":
             file.truncate(offset)

@@ -3,6 +3,9 @@
     warren node --data-dir DIR [--config FILE] [options]   run a node in the foreground
     warren status --data-dir DIR [--json]                  the tree of the node on DIR
     warren keys --data-dir DIR NAME [--out DIR]            a CURVE key for a remote client
+    warren chaos --data-dir DIR [--duration S] [--faults K,K] [--seed N] [--report DIR]
+                                                           a node under faults and load,
+                                                           then its invariants checked
     warren store inspect DIR                               what a store directory holds
     warren queues | publish | consume | purge | delete     a running node's queues
                                                            (``warren.queues.commands``)
@@ -14,6 +17,9 @@ from options, the options winning::
     data_dir = "/var/lib/warren"
     name = "warren"
     log_level = "INFO"             # DEBUG, INFO, WARNING, ERROR
+    heartbeat_timeout_s = 60       # a store, GC or queue silent this long is killed
+    children = "myapp.tree:children"   # the application's tree: a function returning
+                                       # ChildSpecs and SupervisorSpecs (under app_sup)
 
     [store]
     file_size_limit = "16MiB"      # bytes, or a size with a unit: kB MB GB KiB MiB GiB
@@ -54,6 +60,7 @@ EXIT_NO_NODE = 1
 EXIT_USAGE = 2
 EXIT_NODE_FAILED = 3
 EXIT_START_FAILED = 4
+EXIT_INTERRUPTED = 130
 EXIT_CODES = (
     (EXIT_OK, "success (a node stopped by Ctrl-C, SIGTERM or SIGHUP stops cleanly)"),
     (EXIT_NO_NODE, "no node answers on the data directory"),
@@ -61,6 +68,7 @@ EXIT_CODES = (
                  "data directory another node holds"),
     (EXIT_NODE_FAILED, "the node's root supervisor gave up (restart intensity exceeded)"),
     (EXIT_START_FAILED, "the node did not start"),
+    (EXIT_INTERRUPTED, "interrupted (Ctrl-C, SIGTERM, SIGHUP); everything started is stopped"),
 )
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
@@ -68,7 +76,8 @@ _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
 _SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*")
 # What the config file may hold: section -> key -> the option it sets.
 _CONFIG_KEYS = {
-    "node": {"data_dir": "data_dir", "name": "name", "log_level": "log_level"},
+    "node": {"data_dir": "data_dir", "name": "name", "log_level": "log_level",
+             "heartbeat_timeout_s": "heartbeat_timeout_s", "children": "children"},
     "store": {"file_size_limit": "file_size_limit", "sync_policy": "sync_policy"},
     "listener": {"listen": "listen", "curve": "curve", "insecure": "insecure"},
     "alarms": {"memory_high_watermark": "memory_high_watermark",
@@ -146,6 +155,14 @@ def node_settings(args: argparse.Namespace) -> dict[str, Any]:
     if not isinstance(level, str) or level.upper() not in LOG_LEVELS:
         raise UsageError(f"log_level must be one of {', '.join(LOG_LEVELS)}, got {level!r}")
     settings["log_level"] = level.upper()
+    if "children" in options:
+        settings["children"] = application_children(options["children"])
+    if "heartbeat_timeout_s" in options:
+        timeout = options["heartbeat_timeout_s"]
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 2:
+            raise UsageError(f"heartbeat_timeout_s must be a number of seconds >= 2, got "
+                             f"{timeout!r}")
+        settings["heartbeat_timeout_s"] = timeout
     if "file_size_limit" in options:
         settings["file_size_limit"] = parse_size(options["file_size_limit"], "file_size_limit")
     if "sync_policy" in options:
@@ -189,7 +206,36 @@ def node_settings(args: argparse.Namespace) -> dict[str, Any]:
     return settings
 
 
+FAULT_KINDS_HELP = ("kill (SIGKILL an actor)", "stop (SIGSTOP it until its supervisor "
+                    "kills it)", "node (SIGKILL the whole node)", "torn (a file's tail cut)",
+                    "flip (a bit flipped)", "full (the disk alarm)", "slow (slow syncs)")
 _OPTION_KEYS = {key for keys in _CONFIG_KEYS.values() for key in keys.values()}
+
+
+def application_children(target: Any) -> tuple:
+    """The specs that ``"module:function"`` returns, checked: the application's tree (a
+    module of the current directory, or an installed one)."""
+    import importlib
+
+    from warren.supervisor.specs import ChildSpec, SupervisorSpec
+
+    if not isinstance(target, str) or target.count(":") != 1 or not all(target.split(":")):
+        raise UsageError(f"children must name a function as module:function, got {target!r}")
+    module_name, function_name = target.split(":")
+    if os.getcwd() not in sys.path:          # the application's own modules, as python -m
+        sys.path.insert(0, os.getcwd())
+    try:
+        function = getattr(importlib.import_module(module_name), function_name)
+    except ImportError as exc:
+        raise UsageError(f"children: cannot import {module_name}: {exc}") from None
+    except AttributeError:
+        raise UsageError(f"children: {module_name} has no {function_name}") from None
+    children = tuple(function())
+    wrong = [c for c in children if not isinstance(c, (ChildSpec, SupervisorSpec))]
+    if wrong:
+        raise UsageError(f"children: {target}() must return ChildSpecs and SupervisorSpecs, "
+                         f"not {wrong[0]!r}")
+    return children
 
 
 def _node(args: argparse.Namespace) -> int:
@@ -334,6 +380,95 @@ def _keys(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# What a node's data directory holds: a directory with files but none of these is not one.
+_NODE_FILES = ("node.lock", "definitions.json", "msg_store_persistent")
+_RANGE = re.compile(r"\s*([^.\s]+)\s*\.\.\s*([^.\s]+)\s*")
+
+
+def check_chaos_data_dir(path: str) -> str:
+    """The absolute data directory of a chaos run: new, empty, or a node's that no node
+    holds now; UsageError otherwise."""
+    data_dir = os.path.abspath(path)
+    if not os.path.isdir(os.path.dirname(data_dir)):
+        raise UsageError(f"the parent of the data directory, {os.path.dirname(data_dir)}, "
+                         f"does not exist")
+    if os.path.exists(data_dir):
+        if not os.path.isdir(data_dir):
+            raise UsageError(f"{data_dir} is not a directory")
+        entries = os.listdir(data_dir)
+        if entries and not any(name in entries for name in _NODE_FILES):
+            raise UsageError(f"{data_dir} is not a node's data directory (it has files, but "
+                             f"none of {', '.join(_NODE_FILES)}): give a new or empty "
+                             f"directory, or a node's")
+        if "node.lock" in entries:
+            import fcntl
+
+            with open(os.path.join(data_dir, "node.lock"), "a") as lock:
+                try:
+                    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    raise UsageError(f"a node runs on {data_dir}: stop it first, or give "
+                                     f"another directory") from None
+    return data_dir
+
+
+def parse_range(value: str, what: str, parse) -> tuple:
+    """``"A..B"`` (or one value) as (from, to), each parsed by ``parse``; from <= to."""
+    match = _RANGE.fullmatch(value)
+    low, high = (match.group(1), match.group(2)) if match else (value, value)
+    low, high = parse(low), parse(high)
+    if not 0 < low <= high:
+        raise UsageError(f"{what} must be a range FROM..TO with 0 < FROM <= TO, got {value!r}")
+    return low, high
+
+
+def _positive_seconds(value: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise UsageError(f"expected a number of seconds, got {value!r}") from None
+    if not seconds > 0:
+        raise UsageError(f"a duration must be more than 0 seconds, got {value!r}")
+    return seconds
+
+
+def _chaos(args: argparse.Namespace) -> int:
+    import random
+
+    from warren.queues.chaos_workload import run_chaos
+    from warren.queues.variable_queue import MAX_MESSAGE_BYTES
+    from warren.supervisor.chaos import FAULT_KINDS
+
+    data_dir = check_chaos_data_dir(args.data_dir)
+    duration = _positive_seconds(args.duration)
+    kinds = [k.strip() for k in args.faults.split(",") if k.strip()]
+    unknown = sorted(set(kinds) - set(FAULT_KINDS))
+    if unknown or not kinds:
+        raise UsageError(f"unknown fault {', '.join(unknown) or repr(args.faults)}; the "
+                         f"faults are {', '.join(FAULT_KINDS)}")
+    sizes = parse_range(args.size, "--size", lambda v: parse_size(v, "--size"))
+    if sizes[1] > MAX_MESSAGE_BYTES:
+        raise UsageError(f"--size: a message holds at most {MAX_MESSAGE_BYTES:,} bytes")
+    every = parse_range(args.every, "--every", _positive_seconds)
+    for flag in ("producers", "consumers"):
+        if getattr(args, flag) < 1:
+            raise UsageError(f"--{flag} must be at least 1")
+    patterns = tuple(p.strip() for p in args.patterns.split(",") if p.strip())
+    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**31)
+    try:
+        document = run_chaos(data_dir, duration_s=duration, kinds=kinds,
+                             producers=args.producers, consumers=args.consumers,
+                             sizes=sizes, seed=seed, patterns=patterns, every_s=every,
+                             report_dir=args.report)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    except KeyboardInterrupt:
+        print("warren: chaos interrupted: the node and the workload are stopped",
+              file=sys.stderr)
+        return EXIT_INTERRUPTED
+    return EXIT_OK if document["ok"] else EXIT_NO_NODE
+
+
 def build_parser() -> argparse.ArgumentParser:
     codes = "\n".join(f"  {code}  {meaning}" for code, meaning in EXIT_CODES)
     parser = argparse.ArgumentParser(
@@ -354,6 +489,12 @@ def build_parser() -> argparse.ArgumentParser:
     node.add_argument("--name", help="the node's name (default warren)")
     node.add_argument("--log-level", choices=LOG_LEVELS, type=str.upper,
                       help="what every actor process logs to stderr (default WARNING)")
+    node.add_argument("--children", metavar="MODULE:FUNCTION",
+                      help="the application's tree: a function returning the ChildSpecs "
+                           "and SupervisorSpecs to run under app_sup")
+    node.add_argument("--heartbeat-timeout-s", type=float, metavar="SECONDS",
+                      help="kill and restart a store, GC or queue that does not answer "
+                           "heartbeats this long (default 60)")
     node.add_argument("--file-size-limit", metavar="SIZE",
                       help="store file size before rollover (default 16MiB)")
     node.add_argument("--sync-policy", choices=("fsync", "flush"),
@@ -389,6 +530,36 @@ def build_parser() -> argparse.ArgumentParser:
     keys.add_argument("name", help="the client's name (letters, digits, _ . -)")
     keys.add_argument("--out", default=".", help="where to write NAME.key (default: here)")
     keys.set_defaults(handler=_keys)
+    chaos = commands.add_parser(
+        "chaos", help="run a node under faults and load, then check nothing was lost",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=textwrap.fill(
+                    "Start a node on --data-dir (new, empty, or a stopped node's), run "
+                    "producers with confirms and consumers with acks over tcp across a "
+                    "default, a lazy and a fanout pair of queues, land seeded faults, then "
+                    "drain and check: every confirmed message consumed with its body, "
+                    "every duplicate flagged redelivered, no wrong bytes, the node healthy. "
+                    f"Faults: {', '.join(FAULT_KINDS_HELP)}.", 78),
+        epilog="exit codes:\n  0  every invariant held\n  1  an invariant failed (the "
+               "report says which)\n  2  bad usage\n  130  interrupted")
+    chaos.add_argument("--data-dir", required=True, help="the node's data directory")
+    chaos.add_argument("--duration", default="60", metavar="SECONDS",
+                       help="how long faults land (default 60)")
+    chaos.add_argument("--faults", default="kill,stop,node,torn", metavar="KIND,KIND",
+                       help="which faults (default kill,stop,node,torn)")
+    chaos.add_argument("--producers", type=int, default=4, help="default 4")
+    chaos.add_argument("--consumers", type=int, default=2, help="default 2")
+    chaos.add_argument("--size", default="1KiB..64KiB", metavar="FROM..TO",
+                       help="body sizes (default 1KiB..64KiB)")
+    chaos.add_argument("--seed", type=int, help="the schedule's seed (default: a random "
+                       "one, printed, to repeat the run)")
+    chaos.add_argument("--patterns", default="queue *,msg_store_*", metavar="PATTERN,...",
+                       help="which actors kill and stop aim at (default 'queue *,msg_store_*')")
+    chaos.add_argument("--every", default="1..3", metavar="FROM..TO",
+                       help="seconds between faults (default 1..3)")
+    chaos.add_argument("--report", metavar="DIR",
+                       help="write report.json, report.txt and throughput.png there")
+    chaos.set_defaults(handler=_chaos)
     store = commands.add_parser("store", help="message store tools")
     store_commands = store.add_subparsers(dest="store_command", required=True)
     inspect = store_commands.add_parser("inspect", help="report files, records, valid and "

@@ -108,8 +108,10 @@ STATS_TIMEOUT_S = 2.0
 ROOT_FLAGS = SupervisorFlags("rest_for_one", intensity=3, period_s=60.0)
 SUB_FLAGS = SupervisorFlags("one_for_one", intensity=10, period_s=60.0)
 STORE_START_TIMEOUT_S = 600.0
-# The stores and the GC do their disk work on their loop thread (an fsync, a combine's
-# copy): a slow disk must not make them look hung (seconds).
+# The stores, the GC and the queues do their disk work on their loop thread (an fsync, a
+# combine's copy): a slow disk must not make them look hung (seconds; ``Node``'s
+# ``heartbeat_timeout_s``, which a crash-recovery harness lowers to see a frozen one
+# replaced within its run).
 STORE_HEARTBEAT_TIMEOUT_S = 60.0
 # What the runtime's close gives actors still alive after the tree stopped (seconds).
 STORE_CLOSE_TIMEOUT_S = 60.0
@@ -137,7 +139,8 @@ class Node:
                  ref_counts: Callable[[], Iterable[tuple[bytes, int]]] | None = None,
                  preload: tuple[str, ...] = (), log_level: int | str | None = None,
                  listen: str | None = None, curve: bool = False, insecure: bool = False,
-                 listener_options: dict[str, Any] | None = None) -> None:
+                 listener_options: dict[str, Any] | None = None,
+                 heartbeat_timeout_s: float = STORE_HEARTBEAT_TIMEOUT_S) -> None:
         if not os.fspath(data_dir):
             raise InvalidSpec("data_dir", data_dir, "must name a directory")
         if listen is not None:
@@ -147,6 +150,10 @@ class Node:
                 raise InvalidSpec("listen", listen, str(exc)) from None
         elif curve:
             raise InvalidSpec("curve", curve, "CURVE protects a listener: pass listen too")
+        if not isinstance(heartbeat_timeout_s, (int, float)) or heartbeat_timeout_s < 2:
+            raise InvalidSpec("heartbeat_timeout_s", heartbeat_timeout_s,
+                              "seconds >= 2 (heartbeats go every second)")
+        self._heartbeat_timeout_s = float(heartbeat_timeout_s)
         self.data_dir = os.path.abspath(os.fspath(data_dir))
         if ref_counts is None:
             ref_counts = functools.partial(node_ref_counts, self.data_dir)
@@ -184,7 +191,7 @@ class Node:
                            "clean_clients": (functools.partial(node_clean_clients, self.data_dir)
                                              if store == "msg_store_persistent" else None)},
                           shutdown_s=STORE_SHUTDOWN_S, start_timeout_s=STORE_START_TIMEOUT_S,
-                          heartbeat_timeout_s=STORE_HEARTBEAT_TIMEOUT_S)
+                          heartbeat_timeout_s=self._heartbeat_timeout_s)
                 for store in STORES)
             self.status_endpoint = f"ipc://{self.actors.runtime_dir}/status"
             listener = () if listen is None else (ChildSpec(
@@ -193,7 +200,7 @@ class Node:
                  **(listener_options or {})}),)
             spec = SupervisorSpec("node", ROOT_FLAGS, children=(
                 SupervisorSpec("gc_sup", SUB_FLAGS, children=(ChildSpec(
-                    "msg_store_gc", GCActor, heartbeat_timeout_s=STORE_HEARTBEAT_TIMEOUT_S),)),
+                    "msg_store_gc", GCActor, heartbeat_timeout_s=self._heartbeat_timeout_s),)),
                 *stores,
                 self._queue_sup_spec(),
                 SupervisorSpec("app_sup", SUB_FLAGS, children=tuple(children)),
@@ -371,7 +378,7 @@ class Node:
                           # an auto-deleted queue's process ends normally, for good
                           restart="transient" if definition.auto_delete else "permanent",
                           shutdown_s=STORE_SHUTDOWN_S, start_timeout_s=STORE_START_TIMEOUT_S,
-                          heartbeat_timeout_s=STORE_HEARTBEAT_TIMEOUT_S)
+                          heartbeat_timeout_s=self._heartbeat_timeout_s)
         return SupervisorSpec(QUEUE_SUP_PREFIX + definition.name, QUEUE_FLAGS,
                               children=(queue,), restart="temporary",
                               shutdown_s=STORE_SHUTDOWN_S)

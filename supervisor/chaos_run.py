@@ -1,0 +1,414 @@
+"""Running a node under a fault schedule: the harness behind ``warren chaos`` and the
+``warren_chaos`` pytest fixture.
+
+``NodeUnderTest`` runs ``warren node`` on a data directory as a child process (its own
+children, ``--children module:function``, and any other option of ``warren node``), with
+the disk-fault file of ``warren.store.disk_faults`` in its environment. ``run_faults``
+then lands each fault of a schedule (``warren.supervisor.chaos.schedule``) at its time:
+
+- ``kill`` / ``stop``: one actor process matching the fault's pattern; a stopped one is
+  resumed once its supervisor has killed it (or after twice the heartbeat timeout);
+- ``node``: SIGKILL every process of the node, then start it again;
+- ``torn`` / ``flip``: SIGKILL the node, damage one of its files, start it again;
+- ``full`` / ``slow``: the disk is full (the disk alarm goes off) or every group commit
+  takes ``SLOW_SYNC_S`` longer, for one to three seconds.
+
+After each crash fault it waits until the node is healthy again (every actor of its tree
+running, the victim replaced) and notes how long that took: the recovery time. Between
+faults it samples the caller's counters (``sample``, for the throughput plot) every
+``SAMPLE_EVERY_S``. Every fault is logged, with its time, to the ``warren.chaos`` logger
+and in the result's events, so a failed run can be read and repeated from its seed.
+
+Nothing is left behind: the node and every process it started are stopped when the run
+ends, fails or is interrupted (SIGINT, SIGTERM or SIGHUP to the harness become
+``KeyboardInterrupt`` while it runs: the node is stopped and the signal's exit follows);
+the node is started with PR_SET_PDEATHSIG, so even a SIGKILLed harness takes it along.
+
+Races: a fault is aimed at the processes of the node as they are when it lands (listed
+again each time), so a victim restarted since the last fault is found under its new pid;
+a victim that exits before the signal makes the fault ``missed``, not a kill of a reused
+pid (psutil checks the start time). A node killed while it was starting is started again
+like any other.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import psutil
+
+from warren.actors._forkserver import die_with_parent
+from warren.queues.remote_node import NODE_FILE
+from warren.store.disk_faults import ENVIRONMENT_VARIABLE, write_faults
+
+from . import chaos
+from .node import query_status
+
+__all__ = ["ChaosResult", "Event", "NodeUnderTest", "harness_signals", "run_faults"]
+
+log = logging.getLogger("warren.chaos")
+
+START_TIMEOUT_S = 120.0          # a node's start, recovery included
+HEALTH_TIMEOUT_S = 120.0         # from a crash fault to every actor running again
+STOP_TIMEOUT_S = 60.0            # a node's clean stop before it is killed
+SAMPLE_EVERY_S = 0.5
+SLOW_SYNC_S = 0.05               # what a slow disk adds to every group commit
+DISK_FAULT_HOLD_S = (1.0, 3.0)   # how long a full or slow disk lasts
+POLL_S = 0.05
+CHAOS_HEARTBEAT_TIMEOUT_S = 5.0  # so that a stopped store or queue is replaced in a run
+
+
+@dataclass
+class Event:
+    """One fault as it landed: when (seconds from the start), what, on what, and how long
+    the node took to be healthy again (None for a fault that did not land)."""
+
+    at_s: float
+    kind: str
+    target: str
+    landed: bool
+    detail: str = ""
+    recovery_s: float | None = None
+
+
+@dataclass
+class ChaosResult:
+    """What a run did: its faults, the samples of the caller's counters, the restarts."""
+
+    seed: int
+    duration_s: float
+    events: list[Event] = field(default_factory=list)
+    samples: list[tuple[float, dict[str, int]]] = field(default_factory=list)
+    restarts: int = 0              # actor restarts by supervisors, summed over node lives
+    node_starts: int = 0
+    healthy_at_end: bool = False
+    problems: list[str] = field(default_factory=list)
+
+    def faults_by_kind(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for event in self.events:
+            if event.landed:
+                counts[event.kind] = counts.get(event.kind, 0) + 1
+        return counts
+
+    def recovery_times(self) -> list[float]:
+        return sorted(e.recovery_s for e in self.events if e.recovery_s is not None)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"seed": self.seed, "duration_s": self.duration_s,
+                "events": [asdict(e) for e in self.events],
+                "samples": [[t, counts] for t, counts in self.samples],
+                "restarts": self.restarts, "node_starts": self.node_starts,
+                "healthy_at_end": self.healthy_at_end, "problems": self.problems}
+
+
+class NodeUnderTest:
+    """``warren node`` on ``data_dir`` as a child process, started, killed and started again
+    by the harness; ``close()`` stops it and everything it started, whatever its state."""
+
+    def __init__(self, data_dir: str | os.PathLike, *, options: tuple[str, ...] = (),
+                 log_path: str | os.PathLike | None = None,
+                 heartbeat_timeout_s: float = CHAOS_HEARTBEAT_TIMEOUT_S) -> None:
+        self.data_dir = os.path.abspath(os.fspath(data_dir))
+        self.faults_file = os.path.join(os.path.dirname(self.data_dir),
+                                        f".{os.path.basename(self.data_dir)}.disk-faults")
+        self.heartbeat_timeout_s = heartbeat_timeout_s
+        self._argv = [sys.executable, "-m", "warren.supervisor.cli", "node", "--data-dir",
+                      self.data_dir, "--heartbeat-timeout-s", str(heartbeat_timeout_s),
+                      *options]
+        self._log_path = log_path
+        self._process: subprocess.Popen | None = None
+        self._restarts_before = 0          # restarts counted by the node's earlier lives
+        self._restarts_now = 0             # ... and by this one, when last asked
+        self.starts = 0
+        write_faults(self.faults_file)
+
+    @property
+    def pid(self) -> int:
+        if self._process is None:
+            raise RuntimeError("the node is not running")
+        return self._process.pid
+
+    def start(self, wait: bool = True, timeout_s: float = START_TIMEOUT_S) -> None:
+        """Start the node and (``wait``) wait until every actor of its tree runs."""
+        parent = os.getpid()
+        log_file = open(self._log_path, "ab") if self._log_path else subprocess.DEVNULL
+        try:
+            self._process = subprocess.Popen(
+                self._argv, stdin=subprocess.DEVNULL, stdout=log_file,
+                stderr=log_file if self._log_path else None,
+                env={**os.environ, ENVIRONMENT_VARIABLE: self.faults_file},
+                preexec_fn=lambda: die_with_parent(parent))
+        finally:
+            if self._log_path:
+                log_file.close()
+        self.starts += 1
+        deadline = time.monotonic() + timeout_s
+        while wait and not self.healthy():
+            if self._process.poll() is not None:
+                raise RuntimeError(f"the node on {self.data_dir} exited with "
+                                   f"{self._process.returncode} while starting")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the node on {self.data_dir} did not start within "
+                                   f"{timeout_s:.0f} s")
+            time.sleep(POLL_S)
+
+    def status(self) -> dict | None:
+        """The node's status, or None when it does not answer."""
+        if self._process is None or self._process.poll() is not None:
+            return None
+        try:
+            status = query_status(self.data_dir, timeout_ms=3000)
+        except OSError:
+            return None
+        if status.get("pid") != self._process.pid:
+            return None
+        if status.get("tree") is not None:
+            self._restarts_now = _restarts(status["tree"])
+        return status
+
+    def healthy(self, status: dict | None = None) -> bool:
+        """Whether the node runs and every actor of its tree is running."""
+        status = status or self.status()
+        return (status is not None and status["state"] == "running"
+                and status.get("tree") is not None
+                and all(state == "running" for _, _, state in _actors(status["tree"])))
+
+    def actor_pids(self) -> dict[str, int | None]:
+        status = self.status()
+        return {} if status is None else {name: pid for name, pid, _ in
+                                          _actors(status["tree"])}
+
+    def restarts(self) -> int:
+        """Restarts by the node's supervisors over all its lives so far (as last seen)."""
+        self.status()
+        return self._restarts_before + self._restarts_now
+
+    def processes(self) -> list[psutil.Process]:
+        return chaos.node_processes(self.pid)
+
+    def kill(self) -> None:
+        """SIGKILL every process of the node at once, as a power cut."""
+        if self._process is None:
+            return
+        self._restarts_before, self._restarts_now = self._restarts_before + \
+            self._restarts_now, 0
+        survivors = chaos.kill_processes(self.processes())
+        self._process.wait()
+        self._process = None
+        # Its status address is dead: a status query would wait for its timeout.
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(self.data_dir, NODE_FILE))
+        if survivors:
+            raise RuntimeError(f"processes of the node outlived SIGKILL: "
+                               f"{[p.pid for p in survivors]}")
+
+    def close(self) -> None:
+        """Stop the node cleanly (SIGTERM), or kill it all when it will not stop."""
+        if self._process is None:
+            return
+        family = self.processes()
+        if self._process.poll() is None:
+            self.restarts()
+            for process in family:               # a stopped actor must run to stop
+                with contextlib.suppress(psutil.Error):
+                    process.resume()
+            self._process.send_signal(signal.SIGTERM)
+            try:
+                self._process.wait(STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                log.error("the node on %s did not stop within %.0f s: killing it",
+                          self.data_dir, STOP_TIMEOUT_S)
+        chaos.kill_processes([p for p in family if chaos.is_alive(p)])
+        self._process.wait()
+        self._process = None
+        with contextlib.suppress(OSError):
+            os.unlink(self.faults_file)
+
+    def __enter__(self) -> NodeUnderTest:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+
+def _actors(entry: dict) -> Iterator[tuple[str, int | None, str]]:
+    if entry.get("kind") == "supervisor":
+        if entry["state"] != "running":
+            yield entry["id"], None, entry["state"]
+        for child in entry.get("children", []):
+            yield from _actors(child)
+    else:
+        yield entry["id"], entry.get("pid"), entry["state"]
+
+
+def _restarts(entry: dict) -> int:
+    return entry.get("restarts", 0) + sum(_restarts(c) for c in entry.get("children", []))
+
+
+@contextlib.contextmanager
+def harness_signals() -> Iterator[None]:
+    """SIGTERM and SIGHUP raise KeyboardInterrupt (as SIGINT does) while the harness runs,
+    so its ``finally`` stops what it started; the previous handlers come back after."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    previous = {s: signal.signal(s, interrupt) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+@dataclass
+class _Watch:
+    """A fault whose end the run is watching for: a crash fault until the node is healthy
+    with its victim replaced, a stopped process until it is gone (or given up on)."""
+
+    event: Event
+    actor: str | None = None             # None: the whole node
+    old_pid: int | None = None
+    stopped: psutil.Process | None = None
+    resume_at: float = 0.0               # seconds from the start
+
+
+def run_faults(node: NodeUnderTest, faults: list[chaos.Fault], duration_s: float, *,
+               seed: int = 0, sample: Callable[[], dict[str, int]] | None = None,
+               before_damage: Callable[[str, str, int], None] | None = None) -> ChaosResult:
+    """Land ``faults`` on the running ``node`` over ``duration_s``, each at its time (a
+    fault may land while the node still recovers from the last: that is part of the
+    test), then wait for the node to be healthy; see the module docstring.
+    ``before_damage(path, kind, offset)`` is told which file a torn or flipped fault is
+    about to damage, and where (so a workload can note what the damage may destroy)."""
+    result = ChaosResult(seed=seed, duration_s=duration_s)
+    start = time.monotonic()
+    watching: list[_Watch] = []
+
+    def now() -> float:
+        return time.monotonic() - start
+
+    def tick() -> None:
+        if sample and (not result.samples or now() - result.samples[-1][0] >= SAMPLE_EVERY_S):
+            result.samples.append((round(now(), 3), sample()))
+        for watch in [w for w in watching if w.stopped is not None]:
+            if not chaos.is_alive(watch.stopped) or now() >= watch.resume_at:
+                with contextlib.suppress(psutil.Error):
+                    watch.stopped.resume()
+                watch.stopped = None
+        if watching:
+            status = node.status()
+            if node.healthy(status):
+                pids = {name: pid for name, pid, _ in _actors(status["tree"])}
+                for watch in list(watching):
+                    if watch.stopped is None and (watch.actor is None or pids.get(
+                            watch.actor) != watch.old_pid):
+                        watch.event.recovery_s = round(now() - watch.event.at_s, 3)
+                        _log(watch.event)
+                        watching.remove(watch)
+
+    def wait_until(at_s: float) -> None:
+        while (left := at_s - now()) > 0:
+            tick()
+            time.sleep(min(left, POLL_S))
+
+    for fault in faults:
+        wait_until(fault.at_s)
+        event, watch = _land(node, fault, round(now(), 3), before_damage, wait_until)
+        result.events.append(event)
+        if watch is None:
+            _log(event)
+        else:
+            watching.append(watch)
+    wait_until(duration_s)
+    deadline = now() + HEALTH_TIMEOUT_S
+    while watching and now() < deadline:
+        tick()
+        time.sleep(POLL_S)
+    for watch in watching:
+        watch.event.detail = (watch.event.detail + "; " if watch.event.detail else "") + \
+            f"not healthy again within {HEALTH_TIMEOUT_S:.0f} s"
+        result.problems.append(f"{watch.event.kind} at {watch.event.at_s:.2f} s: the node "
+                               f"was not healthy again within {HEALTH_TIMEOUT_S:.0f} s")
+        _log(watch.event)
+    if sample:
+        result.samples.append((round(now(), 3), sample()))
+    return result
+
+
+def _log(event: Event) -> None:
+    log.warning("chaos %7.2f s: %s %s%s%s", event.at_s, event.kind, event.target,
+                "" if event.landed else f" (missed: {event.detail})",
+                f"; healthy again in {event.recovery_s:.2f} s"
+                if event.recovery_s is not None else "")
+
+
+def _land(node: NodeUnderTest, fault: chaos.Fault, at: float,
+          before_damage: Callable[[str, str, int], None] | None,
+          wait_until: Callable[[float], None]) -> tuple[Event, _Watch | None]:
+    rng = random.Random(fault.seed)
+    if fault.kind in chaos.DISK_FAULTS:
+        hold = rng.uniform(*DISK_FAULT_HOLD_S)
+        if fault.kind == "full":
+            write_faults(node.faults_file, disk_full=True)
+        else:
+            write_faults(node.faults_file, sync_delay_s=SLOW_SYNC_S)
+        try:
+            seen = _wait_for(lambda: "disk" in ((node.status() or {}).get("alarms") or ()),
+                             hold + 5) if fault.kind == "full" else True
+            wait_until(at + hold)
+        finally:
+            write_faults(node.faults_file)
+        detail = (f"for {hold:.1f} s" if seen else "the disk alarm did not go off")
+        return Event(at, fault.kind, "disk", seen, detail), None
+    if fault.kind in chaos.PROCESS_FAULTS:
+        before = node.actor_pids()
+        stopped = None
+        try:
+            if fault.kind == "kill":
+                name = chaos.kill_process(node.processes(), fault.pattern, fault.seed)
+            else:
+                name, stopped = chaos.stop_process(node.processes(), fault.pattern,
+                                                   fault.seed)
+        except chaos.FaultMissed as exc:
+            return Event(at, fault.kind, fault.pattern, False, str(exc)), None
+        actor = name[len(chaos.TITLE_PREFIX):]
+        event = Event(at, fault.kind, actor, True)
+        return event, _Watch(event, actor, before.get(actor), stopped,
+                             at + 2 * node.heartbeat_timeout_s)
+    node.kill()
+    event = Event(at, fault.kind, "node", True)
+    if fault.kind in chaos.FILE_FAULTS:
+        try:
+            path, offset = chaos.damage_file(node.data_dir, fault.kind, fault.seed,
+                                             before=before_damage)
+            event.target, event.detail = os.path.relpath(path, node.data_dir), \
+                f"at byte {offset}"
+        except chaos.FaultMissed as exc:
+            event.landed, event.detail = False, f"the node was killed, but {exc}"
+    node.start(wait=False)
+    return event, _Watch(event)
+
+
+def _wait_for(condition: Callable[[], bool], timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(POLL_S)
+    return True
