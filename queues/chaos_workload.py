@@ -130,11 +130,12 @@ class Verdict:
 
 
 class ChaosWorkload:
-    """The workload's processes and ledgers in ``directory``, against ``node``."""
+    """The workload's processes and ledgers in ``directory``, against the node listening
+    on ``endpoint``."""
 
-    def __init__(self, node: NodeUnderTest, directory: str, endpoint: str, *,
+    def __init__(self, directory: str, endpoint: str, *,
                  producers: int, consumers: int, sizes: tuple[int, int]) -> None:
-        self.node, self.directory, self.endpoint = node, directory, endpoint
+        self.directory, self.endpoint = directory, endpoint
         self.producers, self.consumers, self.sizes = producers, consumers, sizes
         self._processes: list[subprocess.Popen] = []
         self._counted: dict[str, tuple[int, int]] = {}     # ledger -> (offset, lines)
@@ -323,7 +324,7 @@ def run_chaos(data_dir: str, *, duration_s: float, kinds: list[str], producers: 
         f"bodies of {sizes[0]:,} to {sizes[1]:,} bytes; node on {data_dir} at {endpoint}")
     node = NodeUnderTest(data_dir, options=("--listen", endpoint),
                          log_path=os.path.join(run_dir, "node.log"))
-    workload = ChaosWorkload(node, run_dir, endpoint, producers=producers,
+    workload = ChaosWorkload(run_dir, endpoint, producers=producers,
                              consumers=consumers, sizes=sizes)
     with harness_signals():
         try:

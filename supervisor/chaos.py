@@ -45,9 +45,9 @@ from dataclasses import dataclass
 
 import psutil
 
-__all__ = ["DISK_FAULTS", "FAULT_KINDS", "FILE_FAULTS", "PROCESS_FAULTS", "Fault", "FaultMissed", "damage_file",
-           "is_alive", "kill_process", "kill_processes", "matching", "node_processes", "schedule",
-           "stop_process"]
+__all__ = ["DISK_FAULTS", "FAULT_KINDS", "FILE_FAULTS", "PROCESS_FAULTS", "Fault",
+           "FaultMissed", "actor_name", "damage_file", "is_alive", "kill_process",
+           "kill_processes", "matching", "node_processes", "schedule", "stop_process"]
 
 FAULT_KINDS = ("kill", "stop", "node", "torn", "flip", "full", "slow")
 FILE_FAULTS = ("torn", "flip")            # these need the node stopped first
@@ -127,6 +127,11 @@ def node_processes(node_pid: int) -> list[psutil.Process]:
         return [node, *node.children(recursive=True)]
     except psutil.NoSuchProcess:
         return []
+
+
+def actor_name(process: psutil.Process) -> str:
+    """The actor name in a process's title (``warren: queue orders``: ``queue orders``)."""
+    return _title(process)[len(TITLE_PREFIX):]
 
 
 def _title(process: psutil.Process) -> str:

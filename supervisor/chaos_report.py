@@ -84,8 +84,9 @@ def format_report(document: dict) -> str:
              if key not in skip and not key.endswith("_ids")]
     rows.append(["node healthy at the end", "yes" if document["healthy"] else "NO"])
     lines += ["", format_table((Column("outcome"), Column("", wrap=True)), rows)]
+    # A list (of ids, of failures) is counted in the table and its first items follow it.
     for key, value in document.items():
-        if key.endswith("_ids") and value:
+        if key not in skip and isinstance(value, list) and value:
             shown = ", ".join(value[:LISTED_IDS])
             more = f" and {len(value) - LISTED_IDS} more" if len(value) > LISTED_IDS else ""
             lines.append(f"{key.replace('_', ' ')}: {shown}{more}")

@@ -55,7 +55,8 @@ from warren.store.disk_faults import ENVIRONMENT_VARIABLE, write_faults
 from . import chaos
 from .node import query_status
 
-__all__ = ["ChaosResult", "Event", "NodeUnderTest", "harness_signals", "run_faults"]
+__all__ = ["ChaosResult", "Event", "NodeUnderTest", "harness_signals", "run_faults",
+           "run_tree"]
 
 log = logging.getLogger("warren.chaos")
 
@@ -148,7 +149,10 @@ class NodeUnderTest:
             self._process = subprocess.Popen(
                 self._argv, stdin=subprocess.DEVNULL, stdout=log_file,
                 stderr=log_file if self._log_path else None,
-                env={**os.environ, ENVIRONMENT_VARIABLE: self.faults_file},
+                env={**os.environ, ENVIRONMENT_VARIABLE: self.faults_file,
+                     # the application's modules, as the caller imports them
+                     "PYTHONPATH": os.pathsep.join(
+                         [os.getcwd(), *filter(None, [os.environ.get("PYTHONPATH")])])},
                 preexec_fn=lambda: die_with_parent(parent))
         finally:
             if self._log_path:
@@ -286,6 +290,26 @@ class _Watch:
     old_pid: int | None = None
     stopped: psutil.Process | None = None
     resume_at: float = 0.0               # seconds from the start
+    disk_until: float | None = None      # a full or slow disk: when it ends
+
+
+class _Disk:
+    """The disk faults in force, written to the node's fault file when they change."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.until = {"full": 0.0, "slow": 0.0}
+        self._written = (False, False)
+
+    def hold(self, kind: str, until: float) -> None:
+        self.until[kind] = max(self.until[kind], until)
+
+    def update(self, now: float) -> None:
+        wanted = (now < self.until["full"], now < self.until["slow"])
+        if wanted != self._written:
+            write_faults(self.path, disk_full=wanted[0],
+                         sync_delay_s=SLOW_SYNC_S if wanted[1] else 0.0)
+            self._written = wanted
 
 
 def run_faults(node: NodeUnderTest, faults: list[chaos.Fault], duration_s: float, *,
@@ -299,6 +323,7 @@ def run_faults(node: NodeUnderTest, faults: list[chaos.Fault], duration_s: float
     result = ChaosResult(seed=seed, duration_s=duration_s)
     start = time.monotonic()
     watching: list[_Watch] = []
+    disk = _Disk(node.faults_file)
 
     def now() -> float:
         return time.monotonic() - start
@@ -306,6 +331,17 @@ def run_faults(node: NodeUnderTest, faults: list[chaos.Fault], duration_s: float
     def tick() -> None:
         if sample and (not result.samples or now() - result.samples[-1][0] >= SAMPLE_EVERY_S):
             result.samples.append((round(now(), 3), sample()))
+        disk.update(now())
+        for watch in [w for w in watching if w.disk_until is not None]:
+            event = watch.event
+            if event.kind == "full" and not event.landed and "disk" in (
+                    (node.status() or {}).get("alarms") or ()):
+                event.landed, event.detail = True, "the disk alarm went off"
+            if now() >= watch.disk_until:
+                if not event.landed:
+                    event.detail = "the disk alarm did not go off"
+                _log(event)
+                watching.remove(watch)
         for watch in [w for w in watching if w.stopped is not None]:
             if not chaos.is_alive(watch.stopped) or now() >= watch.resume_at:
                 with contextlib.suppress(psutil.Error):
@@ -316,7 +352,8 @@ def run_faults(node: NodeUnderTest, faults: list[chaos.Fault], duration_s: float
             if node.healthy(status):
                 pids = {name: pid for name, pid, _ in _actors(status["tree"])}
                 for watch in list(watching):
-                    if watch.stopped is None and (watch.actor is None or pids.get(
+                    if watch.disk_until is None and watch.stopped is None and (
+                            watch.actor is None or pids.get(
                             watch.actor) != watch.old_pid):
                         watch.event.recovery_s = round(now() - watch.event.at_s, 3)
                         _log(watch.event)
@@ -329,13 +366,13 @@ def run_faults(node: NodeUnderTest, faults: list[chaos.Fault], duration_s: float
 
     for fault in faults:
         wait_until(fault.at_s)
-        event, watch = _land(node, fault, round(now(), 3), before_damage, wait_until)
+        event, watch = _land(node, fault, round(now(), 3), before_damage, disk)
         result.events.append(event)
         if watch is None:
             _log(event)
         else:
             watching.append(watch)
-    wait_until(duration_s)
+    wait_until(max(duration_s, *disk.until.values()))
     deadline = now() + HEALTH_TIMEOUT_S
     while watching and now() < deadline:
         tick()
@@ -360,22 +397,17 @@ def _log(event: Event) -> None:
 
 def _land(node: NodeUnderTest, fault: chaos.Fault, at: float,
           before_damage: Callable[[str, str, int], None] | None,
-          wait_until: Callable[[float], None]) -> tuple[Event, _Watch | None]:
+          disk: _Disk) -> tuple[Event, _Watch | None]:
     rng = random.Random(fault.seed)
     if fault.kind in chaos.DISK_FAULTS:
-        hold = rng.uniform(*DISK_FAULT_HOLD_S)
-        if fault.kind == "full":
-            write_faults(node.faults_file, disk_full=True)
-        else:
-            write_faults(node.faults_file, sync_delay_s=SLOW_SYNC_S)
-        try:
-            seen = _wait_for(lambda: "disk" in ((node.status() or {}).get("alarms") or ()),
-                             hold + 5) if fault.kind == "full" else True
-            wait_until(at + hold)
-        finally:
-            write_faults(node.faults_file)
-        detail = (f"for {hold:.1f} s" if seen else "the disk alarm did not go off")
-        return Event(at, fault.kind, "disk", seen, detail), None
+        hold = round(rng.uniform(*DISK_FAULT_HOLD_S), 1)
+        disk.hold(fault.kind, at + hold)
+        disk.update(at)
+        # A slow disk has landed once the file says so; a full one once the alarm is seen.
+        event = Event(at, fault.kind, f"disk for {hold} s", fault.kind == "slow",
+                      f"{SLOW_SYNC_S * 1000:.0f} ms added to every sync"
+                      if fault.kind == "slow" else "")
+        return event, _Watch(event, disk_until=at + hold)
     if fault.kind in chaos.PROCESS_FAULTS:
         before = node.actor_pids()
         stopped = None
@@ -405,10 +437,49 @@ def _land(node: NodeUnderTest, fault: chaos.Fault, at: float,
     return event, _Watch(event)
 
 
-def _wait_for(condition: Callable[[], bool], timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(POLL_S)
-    return True
+def run_tree(data_dir: str | os.PathLike, children: str, *, kinds: tuple[str, ...] | list[str],
+             duration_s: float, seed: int, patterns: tuple[str, ...],
+             check: Callable[[str], list[str] | None],
+             every_s: tuple[float, float] = (1.0, 3.0),
+             limits: dict[str, tuple[int, float]] | None = None,
+             sample: Callable[[str], dict[str, int]] | None = None,
+             node_options: tuple[str, ...] = (),
+             report_dir: str | os.PathLike | None = None) -> dict:
+    """An application's tree (``children``: ``"module:function"``, the function taking
+    the data directory and returning its ChildSpecs and SupervisorSpecs) on a node under
+    a seeded schedule, then ``check(data_dir)`` on the stopped node's files: the problems
+    it finds (a list of lines, or an AssertionError's message). The report document
+    (``warren.supervisor.chaos_report``): ``ok`` only when the check found nothing, every
+    fault's recovery ended and the node was healthy at the end. ValueError, before
+    anything starts, for a bad kind, duration or interval, and, before the first fault,
+    for a pattern that matches none of the node's processes."""
+    from .chaos_report import report_document, write_report
+
+    faults = chaos.schedule(seed, duration_s, kinds, patterns=patterns, every_s=every_s,
+                            limits=limits or {p: (2, 60.0) for p in patterns})
+    data_dir = os.path.abspath(os.fspath(data_dir))
+    node = NodeUnderTest(data_dir, options=("--children", children, *node_options),
+                         log_path=f"{data_dir}.node.log")
+    with harness_signals():
+        try:
+            node.start()
+            processes = node.processes()
+            for pattern in patterns:
+                if not chaos.matching(processes, pattern):
+                    names = sorted(chaos.actor_name(p) for p in chaos.matching(processes, "*"))
+                    raise ValueError(f"the pattern {pattern!r} matches no process of the "
+                                     f"node; its processes are {', '.join(names)}")
+            result = run_faults(node, faults, duration_s, seed=seed,
+                                sample=None if sample is None else lambda: sample(data_dir))
+            result.healthy_at_end = node.healthy()
+            result.restarts, result.node_starts = node.restarts(), node.starts
+        finally:
+            node.close()
+    try:
+        found = list(check(data_dir) or ())
+    except AssertionError as exc:
+        found = [str(exc) or "the check failed"]
+    document = report_document(result, {"invariant_failures": found}, not found)
+    if report_dir is not None:
+        document = write_report(report_dir, document)
+    return document

@@ -18,8 +18,9 @@ from options, the options winning::
     name = "warren"
     log_level = "INFO"             # DEBUG, INFO, WARNING, ERROR
     heartbeat_timeout_s = 60       # a store, GC or queue silent this long is killed
-    children = "myapp.tree:children"   # the application's tree: a function returning
-                                       # ChildSpecs and SupervisorSpecs (under app_sup)
+    children = "myapp.tree:children"   # the application's tree: a function of the data
+                                       # directory returning ChildSpecs and
+                                       # SupervisorSpecs (run under app_sup)
 
     [store]
     file_size_limit = "16MiB"      # bytes, or a size with a unit: kB MB GB KiB MiB GiB
@@ -156,7 +157,7 @@ def node_settings(args: argparse.Namespace) -> dict[str, Any]:
         raise UsageError(f"log_level must be one of {', '.join(LOG_LEVELS)}, got {level!r}")
     settings["log_level"] = level.upper()
     if "children" in options:
-        settings["children"] = application_children(options["children"])
+        settings["children"] = application_children(options["children"], data_dir)
     if "heartbeat_timeout_s" in options:
         timeout = options["heartbeat_timeout_s"]
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 2:
@@ -212,9 +213,10 @@ FAULT_KINDS_HELP = ("kill (SIGKILL an actor)", "stop (SIGSTOP it until its super
 _OPTION_KEYS = {key for keys in _CONFIG_KEYS.values() for key in keys.values()}
 
 
-def application_children(target: Any) -> tuple:
-    """The specs that ``"module:function"`` returns, checked: the application's tree (a
-    module of the current directory, or an installed one)."""
+def application_children(target: Any, data_dir: str) -> tuple:
+    """The specs that ``"module:function"`` returns when called with the data directory,
+    checked: the application's tree (a module of the current directory, or an installed
+    one)."""
     import importlib
 
     from warren.supervisor.specs import ChildSpec, SupervisorSpec
@@ -230,7 +232,7 @@ def application_children(target: Any) -> tuple:
         raise UsageError(f"children: cannot import {module_name}: {exc}") from None
     except AttributeError:
         raise UsageError(f"children: {module_name} has no {function_name}") from None
-    children = tuple(function())
+    children = tuple(function(data_dir))
     wrong = [c for c in children if not isinstance(c, (ChildSpec, SupervisorSpec))]
     if wrong:
         raise UsageError(f"children: {target}() must return ChildSpecs and SupervisorSpecs, "
@@ -490,8 +492,8 @@ def build_parser() -> argparse.ArgumentParser:
     node.add_argument("--log-level", choices=LOG_LEVELS, type=str.upper,
                       help="what every actor process logs to stderr (default WARNING)")
     node.add_argument("--children", metavar="MODULE:FUNCTION",
-                      help="the application's tree: a function returning the ChildSpecs "
-                           "and SupervisorSpecs to run under app_sup")
+                      help="the application's tree: a function of the data directory "
+                           "returning the ChildSpecs and SupervisorSpecs to run under app_sup")
     node.add_argument("--heartbeat-timeout-s", type=float, metavar="SECONDS",
                       help="kill and restart a store, GC or queue that does not answer "
                            "heartbeats this long (default 60)")

@@ -1,0 +1,279 @@
+"""The crash-recovery harness as a user meets it: ``warren chaos`` on Warren's own
+workload, the ``warren_chaos`` fixture on an application of its own (the example ledger,
+and a broken one the harness must catch), disk faults that land, bad input refused
+before anything starts, and no process left behind when the harness is interrupted."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from warren.queues.chaos_workload import ChaosWorkload, pattern_limits
+from warren.queues.dedup import message_ids
+from warren.queues.errors import Blocked
+from warren.queues.queue_index import HEADER_BYTES, SLOT_BYTES
+from warren.queues.workload import body_of
+from warren.store.disk_faults import ENVIRONMENT_VARIABLE, write_faults
+from warren.supervisor import Node
+from warren.supervisor.chaos import is_alive, kill_processes
+
+from ..waiting import wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
+WARREN = [sys.executable, "-m", "warren.supervisor.cli"]
+sys.path.insert(0, str(ROOT))
+from examples import chaos_ledger  # noqa: E402  (the example is the application under test)
+
+
+def warren(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([*WARREN, *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+# ------------------------------------------------------------------ the fixture
+
+
+def test_the_ledger_keeps_every_deposit_through_kills_stops_and_node_kills(warren_chaos):
+    report = warren_chaos.run("examples.chaos_ledger:children", check=chaos_ledger.check,
+                              kinds=("kill", "stop", "node"), patterns=("ledger", "teller"),
+                              duration_s=8, seed=11, every_s=(0.7, 1.5),
+                              sample=chaos_ledger.deposits)
+    assert report["ok"], warren_chaos.text(report)
+    assert report["faults"] >= 4 and report["invariant_failures"] == []
+    assert report["restarts"] >= 1 and report["node_starts"] >= 1
+    assert report["samples"][-1][1]["confirmed"] > 0        # deposits went on
+    run = Path(warren_chaos.directory) / "chaos-1"
+    assert json.loads((run / "report" / "report.json").read_text())["ok"] is True
+    assert (run / "report" / "throughput.png").stat().st_size > 10_000
+    assert "PASSED" in (run / "report" / "report.txt").read_text()
+
+
+def test_a_ledger_that_answers_before_it_writes_is_caught_losing_deposits(warren_chaos):
+    report = warren_chaos.run("examples.chaos_ledger:broken_children",
+                              check=chaos_ledger.check, kinds=("kill",),
+                              patterns=("ledger",), duration_s=5, seed=3)
+    assert not report["ok"]
+    assert report["faults"] >= 1
+    assert any("was acknowledged but is not in the ledger" in line
+               for line in report["invariant_failures"])
+    assert "FAILED" in warren_chaos.text(report)
+
+
+def test_the_same_seed_lands_the_same_faults_on_the_same_actors(warren_chaos):
+    runs = [warren_chaos.run("examples.chaos_ledger:children", check=chaos_ledger.check,
+                             kinds=("kill", "stop"), patterns=("ledger", "teller"),
+                             duration_s=4, seed=5, every_s=(0.5, 1.0))
+            for _ in range(2)]
+    landed = [[(e["kind"], e["target"]) for e in run["events"]] for run in runs]
+    assert landed[0] == landed[1] and len(landed[0]) >= 3
+    assert all(run["ok"] for run in runs)
+
+
+def test_a_pattern_that_matches_no_process_is_refused_before_any_fault(warren_chaos):
+    with pytest.raises(ValueError, match="matches no process of the node"):
+        warren_chaos.run("examples.chaos_ledger:children", check=chaos_ledger.check,
+                         patterns=("ledgr",), duration_s=5, seed=1)
+
+
+# ------------------------------------------------------------------ disk faults
+
+
+@pytest.fixture
+def disk_faults(tmp_path, monkeypatch):
+    """A node whose disk faults a file in tmp_path decides."""
+    path = tmp_path / "disk-faults"
+    write_faults(path)
+    monkeypatch.setenv(ENVIRONMENT_VARIABLE, str(path))
+    return path
+
+
+def test_a_slow_disk_delays_every_confirm_until_it_ends(tmp_path, disk_faults):
+    with Node(tmp_path / "data") as node:
+        node.declare_queue("orders")
+        connection = node.connect()
+        write_faults(disk_faults, sync_delay_s=0.3)
+        started = time.monotonic()
+        for n in range(3):
+            connection.publish("orders", b"slow %d" % n)
+        assert time.monotonic() - started >= 0.9                 # every commit waited
+        write_faults(disk_faults)
+        started = time.monotonic()
+        for n in range(10):
+            connection.publish("orders", b"fast %d" % n)
+        assert time.monotonic() - started < 10 * 0.3             # none did any more
+        assert node.queue_state("orders") == "running"
+
+
+def test_a_full_disk_raises_the_disk_alarm_holds_publishers_and_clears(tmp_path, disk_faults):
+    with Node(tmp_path / "data") as node:
+        node.declare_queue("orders")
+        connection = node.connect(call_timeout_s=1.5)
+        write_faults(disk_faults, disk_full=True)
+        wait_for(lambda: "disk" in node.active_alarms(), timeout=10)
+        with pytest.raises(Blocked):
+            connection.publish("orders", b"refused while full")
+        write_faults(disk_faults)
+        wait_for(lambda: not node.active_alarms(), timeout=10)
+        connection.publish("orders", b"taken again")
+        assert [connection.get("orders").body] == [b"taken again"]
+
+
+# ------------------------------------------------------------------ warren chaos
+
+
+def test_warren_chaos_rides_through_every_kind_of_fault_and_reports_it(tmp_path):
+    # The short seeded run CI makes (make chaos runs a long one).
+    report_dir = tmp_path / "report"
+    run = warren("chaos", "--data-dir", str(tmp_path / "data"), "--duration", "14",
+                 "--seed", "341", "--faults", "kill,stop,node,torn,flip,full,slow",
+                 "--every", "1..2", "--producers", "3", "--consumers", "2",
+                 "--size", "1KiB..16KiB", "--report", str(report_dir), timeout=300)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    report = json.loads((report_dir / "report.json").read_text())
+    for key in ("faults", "confirmed", "consumed", "lost", "duplicates", "wrong_bodies"):
+        assert isinstance(report[key], int), key
+    assert report["faults"] >= 5 and report["confirmed"] > 100
+    assert report["lost"] == 0 and report["wrong_bodies"] == 0
+    assert report["unflagged_duplicates"] == 0 and report["healthy"] is True
+    assert report["consumed"] >= report["confirmed"] - report["destroyed"]
+    assert report["recovery_p50_s"] is not None and report["restarts"] >= 1
+    assert (report_dir / "throughput.png").stat().st_size > 10_000
+    assert "PASSED: seed 341" in run.stdout
+    assert set(report["faults_by_kind"]) == {"kill", "stop", "node", "torn", "flip", "full",
+                                             "slow"}
+
+
+@pytest.mark.parametrize("args, complaint", [
+    (["--faults", "kill,meteor"], "unknown fault meteor"),
+    (["--duration", "0"], "more than 0 seconds"),
+    (["--patterns", "queue nothing"], "matches no process of the node"),
+    (["--size", "64KiB..1KiB"], "0 < FROM <= TO"),
+    (["--producers", "0"], "--producers must be at least 1"),
+])
+def test_bad_chaos_input_is_refused_before_anything_starts(tmp_path, args, complaint):
+    data_dir = tmp_path / "data"
+    refused = warren("chaos", "--data-dir", str(data_dir), *args)
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert complaint in refused.stderr and "Traceback" not in refused.stderr
+    assert not data_dir.exists()                       # nothing was started or made
+
+
+def test_chaos_refuses_a_directory_that_is_not_a_nodes_or_one_a_node_holds(tmp_path):
+    stranger = tmp_path / "photos"
+    stranger.mkdir()
+    (stranger / "cat.jpg").write_bytes(b"\xff\xd8")
+    refused = warren("chaos", "--data-dir", str(stranger))
+    assert refused.returncode == 2 and "is not a node's data directory" in refused.stderr
+    assert sorted(os.listdir(stranger)) == ["cat.jpg"]
+    with Node(tmp_path / "busy"):
+        refused = warren("chaos", "--data-dir", str(tmp_path / "busy"))
+    assert refused.returncode == 2 and "a node runs on" in refused.stderr
+
+
+def _family(pid: int) -> list[psutil.Process]:
+    try:
+        return [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_an_interrupted_chaos_run_leaves_no_process_behind(tmp_path, signum):
+    harness = subprocess.Popen([*WARREN, "chaos", "--data-dir", str(tmp_path / "data"),
+                                "--duration", "60", "--seed", "1", "--faults", "kill"],
+                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True)
+    family: list[psutil.Process] = []
+    try:
+        # Running: the node, its actors and the workload's producers and consumers.
+        wait_for(lambda: len(_family(harness.pid)) >= 12, timeout=60)
+        family = _family(harness.pid)
+        harness.send_signal(signum)
+        out, err = harness.communicate(timeout=90)
+        assert harness.returncode == 130, out[-2000:] + err[-2000:]
+        assert "interrupted" in err
+        wait_for(lambda: not [p for p in family if is_alive(p)], timeout=10)
+    finally:
+        if harness.poll() is None:
+            harness.kill()
+            harness.communicate()
+        kill_processes([p for p in family if is_alive(p)])
+
+
+def test_a_sigkilled_harness_takes_its_node_and_workload_along(tmp_path):
+    harness = subprocess.Popen([*WARREN, "chaos", "--data-dir", str(tmp_path / "data"),
+                                "--duration", "60", "--seed", "1", "--faults", "kill"],
+                               cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    family: list[psutil.Process] = []
+    try:
+        wait_for(lambda: len(_family(harness.pid)) >= 12, timeout=60)
+        family = _family(harness.pid)
+        harness.kill()
+        harness.wait()
+        # The node and the workload die with it (PR_SET_PDEATHSIG); the node's actors
+        # follow their forkserver as soon as it sees the node gone.
+        wait_for(lambda: not [p for p in family if is_alive(p)], timeout=40)
+    finally:
+        if harness.poll() is None:
+            harness.kill()
+            harness.wait()
+        kill_processes([p for p in family if is_alive(p)])
+
+
+# ------------------------------------------------------------------ the verdict can fail
+
+
+def _write(path: Path, lines: list[str]) -> None:
+    path.write_text("".join(line + "\n" for line in lines))
+
+
+def test_the_workload_verdict_names_lost_unflagged_and_wrong_messages(tmp_path):
+    workload = ChaosWorkload(str(tmp_path), "tcp://127.0.0.1:1", producers=2,
+                             consumers=1, sizes=(1024, 2048))
+    _write(tmp_path / "producer0.ledger", ["p0-0", "p0-1", "p0-2", "p0-3"])   # default
+    _write(tmp_path / "producer0.ledger.resent", ["p0-3"])
+    _write(tmp_path / "producer1.ledger", ["p1-0"])                            # lazy
+    _write(tmp_path / "consumer0.ledger", [
+        "chaos.default p0-0 0", "chaos.default p0-0 1",      # a flagged redelivery: fine
+        "chaos.default p0-1 0", "chaos.default p0-1 0",      # twice, unflagged: a failure
+        "chaos.default p0-3 0", "chaos.default p0-3 0",      # re-sent by its producer: fine
+        "chaos.lazy ? wrong",                                # a wrong body: a failure
+    ])
+    verdict = workload.verdict()
+    assert not verdict.ok
+    assert verdict.lost == ["chaos.default p0-2", "chaos.lazy p1-0"]
+    assert verdict.unflagged == ["chaos.default p0-1"] and verdict.duplicates == 3
+    assert verdict.wrong_bodies == 1 and verdict.confirmed == 5
+
+
+def test_only_what_a_damaged_file_held_is_counted_destroyed_rather_than_lost(tmp_path):
+    workload = ChaosWorkload(str(tmp_path), "tcp://127.0.0.1:1", producers=1,
+                             consumers=1, sizes=(100, 200))
+    _write(tmp_path / "producer0.ledger", [f"p0-{n}" for n in range(6)])
+    _write(tmp_path / "consumer0.ledger", [])
+    bodies = tmp_path / "1.rdq"                   # bodies, the cut in the fourth one
+    chunks = [b"HEAD" + body_of(f"p0-{n}", 150) for n in range(4)]
+    bodies.write_bytes(b"".join(chunks))
+    workload.note_damage(str(bodies), "torn", len(b"".join(chunks[:3])) + 60)
+    index = tmp_path / "chaos.default" / "0.qi"   # index entries of p0-4 and p0-5
+    index.parent.mkdir()
+    slots = b"".join(bytes(16) + message_ids(b"p0", n, 1)[0] + bytes(16) for n in (4, 5))
+    index.write_bytes(bytes(HEADER_BYTES) + slots)
+    workload.note_damage(str(index), "torn", HEADER_BYTES + SLOT_BYTES + 3)
+    verdict = workload.verdict()
+    assert verdict.destroyed == ["chaos.default p0-3", "chaos.default p0-5"]
+    assert verdict.lost == ["chaos.default p0-0", "chaos.default p0-1",
+                            "chaos.default p0-2", "chaos.default p0-4"]
+
+
+def test_fault_patterns_get_limits_under_their_supervisors_intensity():
+    assert pattern_limits(("queue *", "msg_store_*")) == {"queue *": (3, 60.0),
+                                                         "msg_store_*": (2, 60.0)}
+    with pytest.raises(ValueError, match="matches no process"):
+        pattern_limits(("queue orders",))
