@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
 
-.PHONY: run test bench clean
+.PHONY: run test bench chaos clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,12 @@ test: $(INSTALLED)
 
 bench: $(INSTALLED)
 	$(PY) -m bench $(BENCH)
+
+# Five minutes of every fault on a fresh node; the report lands in build/chaos/report.
+CHAOS_ARGS ?= --duration 300 --faults kill,stop,node,torn,flip,full,slow
+chaos: $(INSTALLED)
+	rm -rf build/chaos && mkdir -p build/chaos
+	$(PY) -m warren.supervisor.cli chaos --data-dir build/chaos/data --report build/chaos/report $(CHAOS_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

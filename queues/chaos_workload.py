@@ -8,7 +8,8 @@ the fanout exchange ``chaos.fanout``. Producer ``i`` (a process, ``pI``) publish
 default queue, the lazy queue and the fanout exchange in turn (by ``i``), one persistent
 message at a time with confirms, under ``producer_id=pI`` and ``sequence=n``, so a
 publish re-sent after a fault is a repeat the queue drops; every confirmed id goes to its
-ledger, every re-sent one to ``.resent``. The body of ``pI-n`` is an order event padded
+ledger, every re-sent one to ``.resent``. (``pI`` is prefixed by the run's own id, so a
+node's data directory can take run after run.) The body of ``pI-n`` is an order event padded
 by its digest to a size drawn, from its id, in the ``--size`` range: a consumer checks
 each body against its id and writes ``queue id redelivered`` (or ``queue ? wrong``).
 Consumers share the queues among themselves (every queue has one) and ack each message
@@ -33,7 +34,6 @@ written before its ack, so a message can be consumed twice but never acked unrec
 from __future__ import annotations
 
 import fnmatch
-import hashlib
 import os
 import re
 import signal
@@ -41,10 +41,9 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
-from warren.actors import ActorError
 from warren.actors._forkserver import die_with_parent
 from warren.supervisor import chaos
 from warren.supervisor.chaos_report import (format_report, report_document,
@@ -52,12 +51,11 @@ from warren.supervisor.chaos_report import (format_report, report_document,
 from warren.supervisor.chaos_run import NodeUnderTest, harness_signals, run_faults
 
 from .dedup import message_ids
-from .errors import QueueError
 from .queue_index import HEADER_BYTES, SLOT_BYTES
-from .workload import RETRY_S, body_of, checked_id
+from .workload import consume, ledger_lines, produce
 
 __all__ = ["QUEUES", "TARGETS", "ChaosWorkload", "Verdict", "actor_names", "pattern_limits",
-           "run_chaos", "size_of"]
+           "run_chaos"]
 
 DEFAULT_QUEUE, LAZY_QUEUE, EXCHANGE = "chaos.default", "chaos.lazy", "chaos.fanout"
 FANOUT_QUEUES = ("chaos.fanout.1", "chaos.fanout.2")
@@ -66,8 +64,7 @@ QUEUES = (DEFAULT_QUEUE, LAZY_QUEUE, *FANOUT_QUEUES)
 TARGETS = (("", DEFAULT_QUEUE, (DEFAULT_QUEUE,)), ("", LAZY_QUEUE, (LAZY_QUEUE,)),
            (EXCHANGE, "", FANOUT_QUEUES))
 DRAIN_IDLE_S = 20.0        # consumers drain until nothing new arrives this long
-PUBLISH_TIMEOUT_S = 30.0
-_ORDER = re.compile(rb'\{"order": "(p\d+-\d+)"')
+_ORDER = re.compile(rb'\{"order": "([0-9a-f]+p\d+-\d+)"')
 _MSG_ID_AT = 16            # where a queue index slot keeps the message id (16 bytes)
 # Process faults a pattern may take in a period: under the restart intensity of the node's
 # supervisors (3 in 60 s for the root and for each queue's), so a supervisor giving up is
@@ -75,13 +72,6 @@ _MSG_ID_AT = 16            # where a queue index slot keeps the message id (16 b
 # root a restart for the rest.
 QUEUE_PATTERN_LIMIT, OTHER_PATTERN_LIMIT = (3, 60.0), (2, 60.0)
 RUN_DIR = "chaos-run"      # in the data directory: the ledgers and the node's log
-
-
-def size_of(message_id: str, sizes: tuple[int, int]) -> int:
-    """The body size of ``message_id``, drawn from its id within ``sizes`` (from, to)."""
-    low, high = sizes
-    digest = hashlib.blake2b(message_id.encode(), digest_size=8).digest()
-    return low + int.from_bytes(digest, "big") % (high - low + 1)
 
 
 def actor_names() -> list[str]:
@@ -137,6 +127,9 @@ class ChaosWorkload:
                  producers: int, consumers: int, sizes: tuple[int, int]) -> None:
         self.directory, self.endpoint = directory, endpoint
         self.producers, self.consumers, self.sizes = producers, consumers, sizes
+        # Producer ids of this run only: a node's queues remember earlier runs' producers
+        # (deduplication) and may still hold their messages.
+        self.run_id = os.urandom(3).hex()
         self._processes: list[subprocess.Popen] = []
         self._counted: dict[str, tuple[int, int]] = {}     # ledger -> (offset, lines)
         self._destroyed_ids: set[str] = set()              # bodies in a damaged file
@@ -167,7 +160,7 @@ class ChaosWorkload:
                 QUEUES[j % len(QUEUES)]]
             self._spawn("consume", self.endpoint, self.ledger("consumer", j), *mine)
         for i in range(self.producers):
-            self._spawn("produce", self.endpoint, f"p{i}", str(i % len(TARGETS)),
+            self._spawn("produce", self.endpoint, f"{self.run_id}p{i}", str(i % len(TARGETS)),
                         str(self.sizes[0]), str(self.sizes[1]), self.ledger("producer", i))
 
     def _spawn(self, *argv: str) -> None:
@@ -257,18 +250,18 @@ class ChaosWorkload:
         pairs = set()
         for i in range(self.producers):
             queues = TARGETS[i % len(TARGETS)][2]
-            for message_id in _lines(self.ledger("producer", i)):
+            for message_id in ledger_lines(self.ledger("producer", i)):
                 pairs.update((queue, message_id) for queue in queues)
         return pairs
 
     def verdict(self) -> Verdict:
         expected = self._expected()
         resent = {m for i in range(self.producers)
-                  for m in _lines(self.ledger("producer", i) + ".resent")}
+                  for m in ledger_lines(self.ledger("producer", i) + ".resent")}
         result = Verdict(confirmed=len(expected))
         seen: set[tuple[str, str]] = set()
         for j in range(self.consumers):
-            for line in _lines(self.ledger("consumer", j)):
+            for line in ledger_lines(self.ledger("consumer", j)):
                 queue, message_id, redelivered = line.split()
                 result.consumed += 1
                 if message_id == "?":
@@ -294,14 +287,6 @@ class ChaosWorkload:
             return False
         producer, sequence = message_id.rsplit("-", 1)
         return message_ids(producer.encode(), int(sequence), 1)[0] in slots
-
-
-def _lines(path: str) -> list[str]:
-    try:
-        with open(path) as file:
-            return file.read().split("\n")[:-1]
-    except FileNotFoundError:
-        return []
 
 
 def run_chaos(data_dir: str, *, duration_s: float, kinds: list[str], producers: int,
@@ -376,23 +361,8 @@ def _produce(endpoint: str, name: str, target: int, sizes: tuple[int, int],
     exchange, routing_key, _ = TARGETS[target]
     connection = connect(endpoint, connect_timeout_s=60)
     print("ready", flush=True)
-    n = 0
-    with open(ledger, "a", buffering=1) as confirmed, \
-            open(ledger + ".resent", "a", buffering=1) as resent:
-        while True:
-            message_id = f"{name}-{n}"
-            body = body_of(message_id, size_of(message_id, sizes))
-            while True:
-                try:
-                    connection.publish(routing_key, body, exchange=exchange,
-                                       producer_id=name, sequence=n,
-                                       timeout=PUBLISH_TIMEOUT_S)
-                    break
-                except (QueueError, ActorError, TimeoutError):
-                    resent.write(message_id + "\n")
-                    time.sleep(RETRY_S)
-            confirmed.write(message_id + "\n")
-            n += 1
+    produce(connection, routing_key, name, None, ledger, exchange, sizes=sizes,
+            deduplicate=True)
 
 
 def _consume(endpoint: str, ledger: str, queues: list[str]) -> None:
@@ -400,30 +370,7 @@ def _consume(endpoint: str, ledger: str, queues: list[str]) -> None:
 
     connection = connect(endpoint, connect_timeout_s=60)
     print("ready", flush=True)
-    with open(ledger, "a", buffering=1) as consumed:
-        for queue in _round_robin(queues):
-            try:
-                delivery = connection.get(queue)
-            except (QueueError, ActorError, TimeoutError):
-                time.sleep(RETRY_S)
-                continue
-            if delivery is None:
-                time.sleep(0.005)
-                continue
-            try:
-                line = f"{queue} {checked_id(delivery.body)} {int(delivery.redelivered)}"
-            except AssertionError:
-                line = f"{queue} ? wrong"
-            consumed.write(line + "\n")
-            try:
-                delivery.ack()
-            except (QueueError, ActorError):
-                pass                  # the queue restarted: it delivers the message again
-
-
-def _round_robin(queues: list[str]) -> Iterator[str]:
-    while True:
-        yield from queues
+    consume(connection, queues, ledger)
 
 
 def main(argv: list[str]) -> None:

@@ -18,6 +18,7 @@ prints ``ready`` once connected.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import sys
 import time
@@ -29,7 +30,8 @@ from .connection import Connection
 from .errors import QueueError
 from .remote_node import RemoteNode
 
-__all__ = ["Audit", "audit", "body_of", "checked_id", "consume", "produce"]
+__all__ = ["Audit", "audit", "body_of", "checked_id", "consume", "ledger_lines", "produce",
+           "size_of"]
 
 SIZES = (40, 900, 6000)               # bytes of padding: small, and past 4 KiB
 RETRY_S = 0.05
@@ -62,16 +64,29 @@ def checked_id(body: bytes) -> str:
     return message_id
 
 
-def produce(connection: Connection, routing_key: str, name: str, count: int, ledger: str,
-            exchange: str = "") -> None:
+def size_of(message_id: str, sizes: tuple[int, int]) -> int:
+    """The body size of ``message_id``, drawn from its id within ``sizes`` (from, to)."""
+    low, high = sizes
+    digest = hashlib.blake2b(message_id.encode(), digest_size=8).digest()
+    return low + int.from_bytes(digest, "big") % (high - low + 1)
+
+
+def produce(connection: Connection, routing_key: str, name: str, count: int | None,
+            ledger: str, exchange: str = "", *, sizes: tuple[int, int] | None = None,
+            deduplicate: bool = False) -> None:
+    """Publish ``count`` messages (None: until killed) ``NAME-0``, ``NAME-1`` ..., of
+    ``sizes`` (from, to) bytes or the ``SIZES``; with ``deduplicate``, under producer id
+    ``name`` and sequence ``n``, so a re-send is a repeat the queue drops."""
     with open(ledger, "a", buffering=1) as confirmed, \
             open(ledger + ".resent", "a", buffering=1) as resent:
-        for n in range(count):
+        for n in itertools.count() if count is None else range(count):
             message_id = f"{name}-{n}"
+            body = body_of(message_id, None if sizes is None else size_of(message_id, sizes))
+            dedup = {"producer_id": name, "sequence": n} if deduplicate else {}
             while True:
                 try:
-                    connection.publish(routing_key, body_of(message_id), exchange=exchange,
-                                       timeout=30)
+                    connection.publish(routing_key, body, exchange=exchange, timeout=30,
+                                       **dedup)
                     break
                 except (QueueError, ActorError, TimeoutError):
                     resent.write(message_id + "\n")
@@ -79,22 +94,33 @@ def produce(connection: Connection, routing_key: str, name: str, count: int, led
             confirmed.write(message_id + "\n")
 
 
-def consume(connection: Connection, queue: str, ledger: str,
+def consume(connection: Connection, queues: str | list[str], ledger: str,
             stop_after_idle_s: float | None = None) -> None:
-    """Ack every message of ``queue``; until killed, or idle for ``stop_after_idle_s``."""
+    """Ack every message of ``queues`` (one name, or several taken in turn); until
+    killed, or idle for ``stop_after_idle_s``. Each delivery is a ledger line, ``id
+    redelivered`` or ``? wrong`` for a damaged body, after the queue's name when
+    ``queues`` is a list, written before the ack."""
+    names = [queues] if isinstance(queues, str) else list(queues)
     idle_since = time.monotonic()
     with open(ledger, "a", buffering=1) as consumed:
-        while stop_after_idle_s is None or time.monotonic() - idle_since < stop_after_idle_s:
+        for queue in itertools.cycle(names):
+            if stop_after_idle_s is not None and (
+                    time.monotonic() - idle_since >= stop_after_idle_s):
+                return
             try:
                 delivery = connection.get(queue)
             except (QueueError, ActorError, TimeoutError):
                 time.sleep(RETRY_S)
                 continue
             if delivery is None:
-                time.sleep(0.01)
+                time.sleep(0.005)
                 continue
             idle_since = time.monotonic()
-            consumed.write(f"{checked_id(delivery.body)} {int(delivery.redelivered)}\n")
+            try:
+                line = f"{checked_id(delivery.body)} {int(delivery.redelivered)}"
+            except AssertionError:
+                line = "? wrong"
+            consumed.write(line + "\n" if isinstance(queues, str) else f"{queue} {line}\n")
             try:
                 delivery.ack()
             except (QueueError, ActorError):
@@ -115,7 +141,8 @@ class Audit:
         return not self.lost and not self.unflagged_duplicates
 
 
-def _lines(path: str) -> list[str]:
+def ledger_lines(path: str) -> list[str]:
+    """The whole lines of a ledger (none if it does not exist yet)."""
     try:
         with open(path) as file:
             return file.read().split("\n")[:-1]
@@ -124,11 +151,11 @@ def _lines(path: str) -> list[str]:
 
 
 def audit(producer_ledgers: list[str], consumer_ledger: str) -> Audit:
-    confirmed = {m for path in producer_ledgers for m in _lines(path)}
-    resent = {m for path in producer_ledgers for m in _lines(path + ".resent")}
+    confirmed = {m for path in producer_ledgers for m in ledger_lines(path)}
+    resent = {m for path in producer_ledgers for m in ledger_lines(path + ".resent")}
     result = Audit(confirmed=len(confirmed))
     seen: set[str] = set()
-    for line in _lines(consumer_ledger):
+    for line in ledger_lines(consumer_ledger):
         message_id, redelivered = line.split()
         result.consumed += 1
         result.redelivered += redelivered == "1"

@@ -183,18 +183,25 @@ def _family(pid: int) -> list[psutil.Process]:
         return []
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
-def test_an_interrupted_chaos_run_leaves_no_process_behind(tmp_path, signum):
+@pytest.mark.parametrize("signum, to_group", [
+    (signal.SIGINT, False), (signal.SIGTERM, False), (signal.SIGHUP, False),
+    (signal.SIGTERM, True),          # systemd's stop: every process of the group at once
+    (signal.SIGHUP, True),           # a closed terminal
+])
+def test_an_interrupted_chaos_run_leaves_no_process_behind(tmp_path, signum, to_group):
     harness = subprocess.Popen([*WARREN, "chaos", "--data-dir", str(tmp_path / "data"),
                                 "--duration", "60", "--seed", "1", "--faults", "kill"],
                                cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True)
+                               text=True, start_new_session=True)
     family: list[psutil.Process] = []
     try:
         # Running: the node, its actors and the workload's producers and consumers.
         wait_for(lambda: len(_family(harness.pid)) >= 12, timeout=60)
         family = _family(harness.pid)
-        harness.send_signal(signum)
+        if to_group:
+            os.killpg(harness.pid, signum)
+        else:
+            harness.send_signal(signum)
         out, err = harness.communicate(timeout=90)
         assert harness.returncode == 130, out[-2000:] + err[-2000:]
         assert "interrupted" in err
@@ -255,21 +262,21 @@ def test_the_workload_verdict_names_lost_unflagged_and_wrong_messages(tmp_path):
 def test_only_what_a_damaged_file_held_is_counted_destroyed_rather_than_lost(tmp_path):
     workload = ChaosWorkload(str(tmp_path), "tcp://127.0.0.1:1", producers=1,
                              consumers=1, sizes=(100, 200))
-    _write(tmp_path / "producer0.ledger", [f"p0-{n}" for n in range(6)])
+    _write(tmp_path / "producer0.ledger", [f"ab12p0-{n}" for n in range(6)])
     _write(tmp_path / "consumer0.ledger", [])
     bodies = tmp_path / "1.rdq"                   # bodies, the cut in the fourth one
-    chunks = [b"HEAD" + body_of(f"p0-{n}", 150) for n in range(4)]
+    chunks = [b"HEAD" + body_of(f"ab12p0-{n}", 150) for n in range(4)]
     bodies.write_bytes(b"".join(chunks))
     workload.note_damage(str(bodies), "torn", len(b"".join(chunks[:3])) + 60)
     index = tmp_path / "chaos.default" / "0.qi"   # index entries of p0-4 and p0-5
     index.parent.mkdir()
-    slots = b"".join(bytes(16) + message_ids(b"p0", n, 1)[0] + bytes(16) for n in (4, 5))
+    slots = b"".join(bytes(16) + message_ids(b"ab12p0", n, 1)[0] + bytes(16) for n in (4, 5))
     index.write_bytes(bytes(HEADER_BYTES) + slots)
     workload.note_damage(str(index), "torn", HEADER_BYTES + SLOT_BYTES + 3)
     verdict = workload.verdict()
-    assert verdict.destroyed == ["chaos.default p0-3", "chaos.default p0-5"]
-    assert verdict.lost == ["chaos.default p0-0", "chaos.default p0-1",
-                            "chaos.default p0-2", "chaos.default p0-4"]
+    assert verdict.destroyed == ["chaos.default ab12p0-3", "chaos.default ab12p0-5"]
+    assert verdict.lost == ["chaos.default ab12p0-0", "chaos.default ab12p0-1",
+                            "chaos.default ab12p0-2", "chaos.default ab12p0-4"]
 
 
 def test_fault_patterns_get_limits_under_their_supervisors_intensity():

@@ -157,3 +157,40 @@ def test_a_size_needs_a_known_unit():
         settings_from("--data-dir", "/tmp/x", "--file-size-limit", "3 furlongs")
     assert settings_from("--data-dir", "/tmp/x", "--file-size-limit", "1.5MB")[
         "file_size_limit"] == 1_500_000
+
+
+@pytest.mark.parametrize("target, complaint", [
+    ("tests.supervisor.sample_actors", "as module:function"),
+    ("tests.no_such_module:children", "cannot import tests.no_such_module"),
+    ("tests.supervisor.sample_actors:no_such_function", "has no no_such_function"),
+    ("tests.supervisor.test_cli:not_specs", "must return ChildSpecs and SupervisorSpecs"),
+])
+def test_an_application_tree_that_cannot_be_had_is_refused_in_one_line(tmp_path, target,
+                                                                        complaint):
+    refused = warren("node", "--data-dir", str(tmp_path / "data"), "--children", target)
+    assert refused.returncode == 2 and complaint in refused.stderr
+    assert "Traceback" not in refused.stderr and not (tmp_path / "data").exists()
+
+
+def not_specs(data_dir):
+    return ["a worker, in words"]
+
+
+def test_the_application_tree_is_called_with_the_data_directory(tmp_path):
+    settings = settings_from("--data-dir", str(tmp_path / "data"), "--children",
+                             "tests.supervisor.test_cli:tree_of")
+    (child,) = settings["children"]
+    assert child.id == "worker" and child.args == (str(tmp_path / "data"),)
+
+
+def tree_of(data_dir):
+    from warren.supervisor import ChildSpec
+
+    from .sample_actors import Worker
+    return [ChildSpec("worker", Worker, (data_dir,))]
+
+
+@pytest.mark.parametrize("value", ["1", "0", "-5"])
+def test_a_heartbeat_timeout_under_two_seconds_is_refused(tmp_path, value):
+    with pytest.raises(UsageError, match="heartbeat_timeout_s must be a number of seconds >= 2"):
+        settings_from("--data-dir", str(tmp_path / "data"), "--heartbeat-timeout-s", value)
