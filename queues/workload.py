@@ -102,6 +102,7 @@ def consume(connection: Connection, queues: str | list[str], ledger: str,
     ``queues`` is a list, written before the ack."""
     names = [queues] if isinstance(queues, str) else list(queues)
     idle_since = time.monotonic()
+    empty = 0                         # queues found empty in a row: a round of them, a nap
     with open(ledger, "a", buffering=1) as consumed:
         for queue in itertools.cycle(names):
             if stop_after_idle_s is not None and (
@@ -113,9 +114,12 @@ def consume(connection: Connection, queues: str | list[str], ledger: str,
                 time.sleep(RETRY_S)
                 continue
             if delivery is None:
-                time.sleep(0.005)
+                empty += 1
+                if empty >= len(names):
+                    empty = 0
+                    time.sleep(0.005)
                 continue
-            idle_since = time.monotonic()
+            empty, idle_since = 0, time.monotonic()
             try:
                 line = f"{checked_id(delivery.body)} {int(delivery.redelivered)}"
             except AssertionError:

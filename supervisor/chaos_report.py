@@ -27,6 +27,10 @@ from .tables import Column, format_table
 __all__ = ["format_report", "report_document", "write_report"]
 
 LISTED_IDS = 20          # ids of lost or unflagged messages shown on the terminal
+PLOT_WINDOWS = 200       # a run's plot shows rates over this many windows at most
+LABELLED_FAULTS = 30     # more faults than this are told apart by colour alone
+FAULT_COLOURS = {"kill": "red", "stop": "orange", "node": "black", "torn": "purple",
+                 "flip": "magenta", "full": "teal", "slow": "olive"}
 
 
 def report_document(result: ChaosResult, invariants: dict[str, Any], ok: bool) -> dict:
@@ -120,21 +124,30 @@ def _plot(document: dict, path: str) -> str:
         return "none: matplotlib is not installed (pip install 'warren-mq[plot]')"
     samples = document["samples"]
     figure, axes = pyplot.subplots(figsize=(11, 4.5), dpi=100)
+    # Rates over windows of a 200th of the run (at least a sample's interval): a long
+    # run's line stays readable.
+    window = max(document["duration_s"] / PLOT_WINDOWS, 0.0)
     for series, colour in (("confirmed", "tab:blue"), ("consumed", "tab:green")):
         points = [(t, counts[series]) for t, counts in samples if series in counts]
-        rates = [(t1, (n1 - n0) / (t1 - t0)) for (t0, n0), (t1, n1) in zip(points, points[1:])
+        kept = points[:1]
+        for point in points[1:]:
+            if point[0] - kept[-1][0] >= window:
+                kept.append(point)
+        rates = [(t1, (n1 - n0) / (t1 - t0)) for (t0, n0), (t1, n1) in zip(kept, kept[1:])
                  if t1 > t0]
         if rates:
             axes.plot(*zip(*rates), label=f"{series} / s", color=colour, linewidth=1.2)
-    colours = {"kill": "red", "stop": "orange", "node": "black", "torn": "purple",
-               "flip": "magenta", "full": "brown", "slow": "grey"}
     top = axes.get_ylim()[1] or 1
-    for event in document["events"]:
-        if event["landed"]:
-            axes.axvline(event["at_s"], color=colours.get(event["kind"], "black"),
-                         linestyle="--", linewidth=0.8)
+    landed = [e for e in document["events"] if e["landed"]]
+    for event in landed:
+        colour = FAULT_COLOURS.get(event["kind"], "black")
+        axes.axvline(event["at_s"], color=colour, linestyle="--", linewidth=0.8)
+        if len(landed) <= LABELLED_FAULTS:
             axes.text(event["at_s"], top * 0.98, f" {event['kind']}", rotation=90,
-                      va="top", fontsize=7, color=colours.get(event["kind"], "black"))
+                      va="top", fontsize=7, color=colour)
+    for kind in sorted({e["kind"] for e in landed}):       # a legend entry per fault kind
+        axes.plot([], [], color=FAULT_COLOURS.get(kind, "black"), linestyle="--",
+                  linewidth=0.8, label=kind)
     axes.set_xlabel("seconds from the start")
     axes.set_ylabel("messages per second")
     axes.set_title(f"{'passed' if document['ok'] else 'FAILED'}: seed {document['seed']}, "
@@ -142,7 +155,7 @@ def _plot(document: dict, path: str) -> str:
     axes.set_xlim(0, max(document["duration_s"], samples[-1][0] if samples else 0))
     axes.set_ylim(bottom=0)
     if axes.get_legend_handles_labels()[0]:
-        axes.legend(loc="lower right")
+        axes.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
     figure.tight_layout()
     figure.savefig(path)
     pyplot.close(figure)

@@ -68,6 +68,7 @@ SLOW_SYNC_S = 0.05               # what a slow disk adds to every group commit
 DISK_FAULT_HOLD_S = (1.0, 3.0)   # how long a full or slow disk lasts
 POLL_S = 0.05
 CHAOS_HEARTBEAT_TIMEOUT_S = 5.0  # so that a stopped store or queue is replaced in a run
+DISK_FAULTS_FILE = "chaos-disk-faults.json"   # in the data directory, while a run lasts
 
 
 @dataclass
@@ -122,8 +123,8 @@ class NodeUnderTest:
                  log_path: str | os.PathLike | None = None,
                  heartbeat_timeout_s: float = CHAOS_HEARTBEAT_TIMEOUT_S) -> None:
         self.data_dir = os.path.abspath(os.fspath(data_dir))
-        self.faults_file = os.path.join(os.path.dirname(self.data_dir),
-                                        f".{os.path.basename(self.data_dir)}.disk-faults")
+        os.makedirs(self.data_dir, exist_ok=True)
+        self.faults_file = os.path.join(self.data_dir, DISK_FAULTS_FILE)
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self._argv = [sys.executable, "-m", "warren.supervisor.cli", "node", "--data-dir",
                       self.data_dir, "--heartbeat-timeout-s", str(heartbeat_timeout_s),
@@ -220,6 +221,8 @@ class NodeUnderTest:
 
     def close(self) -> None:
         """Stop the node cleanly (SIGTERM), or kill it all when it will not stop."""
+        with contextlib.suppress(OSError):
+            os.unlink(self.faults_file)
         if self._process is None:
             return
         family = self.processes()
@@ -237,8 +240,6 @@ class NodeUnderTest:
         chaos.kill_processes([p for p in family if chaos.is_alive(p)])
         self._process.wait()
         self._process = None
-        with contextlib.suppress(OSError):
-            os.unlink(self.faults_file)
 
     def __enter__(self) -> NodeUnderTest:
         return self
@@ -263,16 +264,21 @@ def _restarts(entry: dict) -> int:
 
 @contextlib.contextmanager
 def harness_signals() -> Iterator[None]:
-    """SIGTERM and SIGHUP raise KeyboardInterrupt (as SIGINT does) while the harness runs,
-    so its ``finally`` stops what it started; the previous handlers come back after."""
+    """SIGINT, SIGTERM and SIGHUP raise KeyboardInterrupt while the harness runs, so its
+    ``finally`` stops what it started; the signals that follow are ignored until then
+    (systemd signals every process of the group, a user presses Ctrl-C twice: the stop
+    must not be cut short and leave processes). The previous handlers come back after."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
     def interrupt(signum: int, _frame: object) -> None:
+        for other in signals:
+            signal.signal(other, signal.SIG_IGN)
         raise KeyboardInterrupt(signal.Signals(signum).name)
 
-    previous = {s: signal.signal(s, interrupt) for s in (signal.SIGTERM, signal.SIGHUP)}
+    previous = {s: signal.signal(s, interrupt) for s in signals}
     try:
         yield
     finally:
@@ -459,7 +465,7 @@ def run_tree(data_dir: str | os.PathLike, children: str, *, kinds: tuple[str, ..
                             limits=limits or {p: (2, 60.0) for p in patterns})
     data_dir = os.path.abspath(os.fspath(data_dir))
     node = NodeUnderTest(data_dir, options=("--children", children, *node_options),
-                         log_path=f"{data_dir}.node.log")
+                         log_path=os.path.join(data_dir, "chaos-node.log"))
     with harness_signals():
         try:
             node.start()
