@@ -137,26 +137,28 @@ def _plot(document: dict, path: str) -> str:
                  if t1 > t0]
         if rates:
             axes.plot(*zip(*rates), label=f"{series} / s", color=colour, linewidth=1.2)
-    top = axes.get_ylim()[1] or 1
     landed = [e for e in document["events"] if e["landed"]]
     for event in landed:
         colour = FAULT_COLOURS.get(event["kind"], "black")
         axes.axvline(event["at_s"], color=colour, linestyle="--", linewidth=0.8)
         if len(landed) <= LABELLED_FAULTS:
-            axes.text(event["at_s"], top * 0.98, f" {event['kind']}", rotation=90,
-                      va="top", fontsize=7, color=colour)
+            axes.text(event["at_s"], 0.98, f" {event['kind']}", rotation=90, va="top",
+                      fontsize=7, color=colour, transform=axes.get_xaxis_transform())
     for kind in sorted({e["kind"] for e in landed}):       # a legend entry per fault kind
         axes.plot([], [], color=FAULT_COLOURS.get(kind, "black"), linestyle="--",
                   linewidth=0.8, label=kind)
     axes.set_xlabel("seconds from the start")
-    axes.set_ylabel("messages per second")
+    if any(line.get_label().endswith(" / s") for line in axes.get_lines()):
+        axes.set_ylabel("messages per second")
+    else:
+        axes.set_ylabel("(no throughput sampled)")
+        axes.set_yticks([])
     axes.set_title(f"{'passed' if document['ok'] else 'FAILED'}: seed {document['seed']}, "
                    f"{document['faults']} faults, {document['restarts']} restarts")
     axes.set_xlim(0, max(document["duration_s"], samples[-1][0] if samples else 0))
     axes.set_ylim(bottom=0)
     if axes.get_legend_handles_labels()[0]:
         axes.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
-    figure.tight_layout()
-    figure.savefig(path)
+    figure.savefig(path, bbox_inches="tight")
     pyplot.close(figure)
     return path

@@ -66,9 +66,11 @@ STOP_TIMEOUT_S = 60.0            # a node's clean stop before it is killed
 SAMPLE_EVERY_S = 0.5
 SLOW_SYNC_S = 0.05               # what a slow disk adds to every group commit
 DISK_FAULT_HOLD_S = (1.0, 3.0)   # how long a full or slow disk lasts
+DISK_ALARM_GRACE_S = 3.0         # how late a full disk's alarm may be seen
 POLL_S = 0.05
 CHAOS_HEARTBEAT_TIMEOUT_S = 5.0  # so that a stopped store or queue is replaced in a run
 DISK_FAULTS_FILE = "chaos-disk-faults.json"   # in the data directory, while a run lasts
+VICTIM_WAIT_S = 5.0              # how long a kill or stop waits for a process to match
 
 
 @dataclass
@@ -343,7 +345,8 @@ def run_faults(node: NodeUnderTest, faults: list[chaos.Fault], duration_s: float
             if event.kind == "full" and not event.landed and "disk" in (
                     (node.status() or {}).get("alarms") or ()):
                 event.landed, event.detail = True, "the disk alarm went off"
-            if now() >= watch.disk_until:
+            # The node checks its disk every second: a short full disk may be seen late.
+            if now() >= watch.disk_until + (0 if event.landed else DISK_ALARM_GRACE_S):
                 if not event.landed:
                     event.detail = "the disk alarm did not go off"
                 _log(event)
@@ -417,14 +420,21 @@ def _land(node: NodeUnderTest, fault: chaos.Fault, at: float,
     if fault.kind in chaos.PROCESS_FAULTS:
         before = node.actor_pids()
         stopped = None
-        try:
-            if fault.kind == "kill":
-                name = chaos.kill_process(node.processes(), fault.pattern, fault.seed)
-            else:
-                name, stopped = chaos.stop_process(node.processes(), fault.pattern,
-                                                   fault.seed)
-        except chaos.FaultMissed as exc:
-            return Event(at, fault.kind, fault.pattern, False, str(exc)), None
+        # A node that is starting again has not spawned its actors yet: the fault waits
+        # for one to match (and lands on it while it recovers), up to VICTIM_WAIT_S.
+        deadline = time.monotonic() + VICTIM_WAIT_S
+        while True:
+            try:
+                if fault.kind == "kill":
+                    name = chaos.kill_process(node.processes(), fault.pattern, fault.seed)
+                else:
+                    name, stopped = chaos.stop_process(node.processes(), fault.pattern,
+                                                       fault.seed)
+                break
+            except chaos.FaultMissed as exc:
+                if time.monotonic() > deadline:
+                    return Event(at, fault.kind, fault.pattern, False, str(exc)), None
+                time.sleep(POLL_S)
         actor = name[len(chaos.TITLE_PREFIX):]
         event = Event(at, fault.kind, actor, True)
         return event, _Watch(event, actor, before.get(actor), stopped,
