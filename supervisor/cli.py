@@ -468,6 +468,11 @@ def _chaos(args: argparse.Namespace) -> int:
         print("warren: chaos interrupted: the node and the workload are stopped",
               file=sys.stderr)
         return EXIT_INTERRUPTED
+    except (RuntimeError, TimeoutError, OSError) as exc:
+        # The node would not start (or start again) on the data directory: nothing runs.
+        print(f"warren: chaos stopped: {exc}; the node's log is in "
+              f"{os.path.join(data_dir, 'chaos-run', 'node.log')}", file=sys.stderr)
+        return EXIT_START_FAILED
     return EXIT_OK if document["ok"] else EXIT_NO_NODE
 
 
@@ -543,7 +548,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "every duplicate flagged redelivered, no wrong bytes, the node healthy. "
                     f"Faults: {', '.join(FAULT_KINDS_HELP)}.", 78),
         epilog="exit codes:\n  0  every invariant held\n  1  an invariant failed (the "
-               "report says which)\n  2  bad usage\n  130  interrupted")
+               "report says which)\n  2  bad usage\n  4  the node did not start\n"
+               "  130  interrupted")
     chaos.add_argument("--data-dir", required=True, help="the node's data directory")
     chaos.add_argument("--duration", default="60", metavar="SECONDS",
                        help="how long faults land (default 60)")

@@ -176,6 +176,16 @@ def test_chaos_refuses_a_directory_that_is_not_a_nodes_or_one_a_node_holds(tmp_p
     assert refused.returncode == 2 and "a node runs on" in refused.stderr
 
 
+def test_a_node_that_will_not_start_ends_the_run_with_one_line_and_its_log(tmp_path):
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    (data_dir / "msg_store_persistent").write_text("a file where the store's directory goes")
+    failed = warren("chaos", "--data-dir", str(data_dir), "--duration", "5")
+    assert failed.returncode == 4 and "Traceback" not in failed.stderr
+    assert "exited with 4 while starting" in failed.stderr
+    assert "msg_store_persistent" in (data_dir / "chaos-run" / "node.log").read_text()
+
+
 def _family(pid: int) -> list[psutil.Process]:
     try:
         return [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
