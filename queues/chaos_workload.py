@@ -132,7 +132,8 @@ class ChaosWorkload:
         self.run_id = os.urandom(3).hex()
         self._processes: list[subprocess.Popen] = []
         self._counted: dict[str, tuple[int, int]] = {}     # ledger -> (offset, lines)
-        self._destroyed_ids: set[str] = set()              # bodies in a damaged file
+        # Bodies in a damaged file, by queue (None: the shared store, every queue's).
+        self._destroyed_ids: dict[str | None, set[str]] = {}
         self._destroyed_slots: dict[str, set[bytes]] = {}  # queue -> index entries
         os.makedirs(directory, exist_ok=True)
 
@@ -199,8 +200,10 @@ class ChaosWorkload:
         with open(path, "rb") as file:
             data = file.read()
         whole = kind != "torn" or offset < HEADER_BYTES
+        parent = os.path.dirname(path)
+        queue = (os.path.basename(parent)
+                 if os.path.basename(os.path.dirname(parent)) == "queues" else None)
         if path.endswith(".qi"):
-            queue = os.path.basename(os.path.dirname(path))
             slots = self._destroyed_slots.setdefault(queue, set())
             first = HEADER_BYTES if whole else (
                 HEADER_BYTES + (offset - HEADER_BYTES) // SLOT_BYTES * SLOT_BYTES)
@@ -210,7 +213,8 @@ class ChaosWorkload:
         # A body starts with its event: the last one starting before the cut is the one
         # the cut lands in (or the one before it, when the cut is in a record's header).
         start = 0 if whole else max(0, data.rfind(b'{"order": ', 0, offset + 1))
-        self._destroyed_ids.update(m.decode() for m in _ORDER.findall(data, start))
+        self._destroyed_ids.setdefault(queue, set()).update(
+            m.decode() for m in _ORDER.findall(data, start))
 
     def stop_producers(self) -> None:
         for process in self._processes:
@@ -280,7 +284,7 @@ class ChaosWorkload:
         return result
 
     def _destroyed(self, queue: str, message_id: str) -> bool:
-        if message_id in self._destroyed_ids:
+        if any(message_id in self._destroyed_ids.get(key, ()) for key in (queue, None)):
             return True
         slots = self._destroyed_slots.get(queue)
         if not slots:

@@ -274,15 +274,21 @@ def test_only_what_a_damaged_file_held_is_counted_destroyed_rather_than_lost(tmp
                              consumers=1, sizes=(100, 200))
     _write(tmp_path / "producer0.ledger", [f"ab12p0-{n}" for n in range(6)])
     _write(tmp_path / "consumer0.ledger", [])
-    bodies = tmp_path / "1.rdq"                   # bodies, the cut in the fourth one
+    bodies = tmp_path / "msg_store_persistent" / "1.rdq"   # the cut in the fourth body
+    bodies.parent.mkdir()
     chunks = [b"HEAD" + body_of(f"ab12p0-{n}", 150) for n in range(4)]
     bodies.write_bytes(b"".join(chunks))
     workload.note_damage(str(bodies), "torn", len(b"".join(chunks[:3])) + 60)
-    index = tmp_path / "chaos.default" / "0.qi"   # index entries of p0-4 and p0-5
-    index.parent.mkdir()
+    index = tmp_path / "queues" / "chaos.default" / "0.qi"   # entries of p0-4 and p0-5
+    index.parent.mkdir(parents=True)
     slots = b"".join(bytes(16) + message_ids(b"ab12p0", n, 1)[0] + bytes(16) for n in (4, 5))
     index.write_bytes(bytes(HEADER_BYTES) + slots)
     workload.note_damage(str(index), "torn", HEADER_BYTES + SLOT_BYTES + 3)
+    # A queue's own store file held p0-0 and p0-1 for that queue alone.
+    own = tmp_path / "queues" / "chaos.lazy" / "0.qs"
+    own.parent.mkdir()
+    own.write_bytes(b"".join(b"HEAD" + body_of(f"ab12p0-{n}", 150) for n in (0, 1)))
+    workload.note_damage(str(own), "flip", 10)
     verdict = workload.verdict()
     assert verdict.destroyed == ["chaos.default ab12p0-3", "chaos.default ab12p0-5"]
     assert verdict.lost == ["chaos.default ab12p0-0", "chaos.default ab12p0-1",
