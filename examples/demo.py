@@ -24,7 +24,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from warren.queues.commands import format_queues  # noqa: E402  (source checkout)
-from warren.queues.workload import audit  # noqa: E402
+from warren.queues.workload import Producer, audit  # noqa: E402
 from warren.supervisor import Node  # noqa: E402
 from warren.supervisor.cli import format_status  # noqa: E402
 
@@ -100,9 +100,10 @@ def tour(node: Node, work: str) -> None:
     consumers = {q: os.path.join(work, f"consumer-{q}") for q in QUEUES}
     processes = []
     try:
-        processes += [start("produce", node.data_dir, "", f"p{i}", ORDERS_PER_PRODUCER,
-                            ledger, "orders") for i, ledger in enumerate(producers)]
-        processes += [start("consume", node.data_dir, q, consumers[q]) for q in QUEUES]
+        processes += [start("produce", node.data_dir, "", f"p{i}", ledger,
+                            "--count", ORDERS_PER_PRODUCER, "--exchange", "orders")
+                      for i, ledger in enumerate(producers)]
+        processes += [start("consume", node.data_dir, consumers[q], q) for q in QUEUES]
         started = time.monotonic()
         confirmed = lambda: sum(lines(p) for p in producers)      # noqa: E731
         wait_until(lambda: confirmed() >= 1500)
@@ -131,8 +132,9 @@ def tour(node: Node, work: str) -> None:
     step("6. The ledgers")
     lost = 0
     for queue in QUEUES:
-        result = audit(producers, consumers[queue])
-        lost += len(result.lost) + len(result.unflagged_duplicates)
+        result = audit([Producer(f"p{i}", ledger, (queue,)) for i, ledger in enumerate(producers)],
+                       [consumers[queue]])
+        lost += len(result.lost) + len(result.unflagged)
         print(f"   {queue:<9} confirmed {result.confirmed:,}, consumed {result.consumed:,}, "
               f"redelivered {result.redelivered:,}, duplicates {result.duplicates:,}, "
               f"lost {len(result.lost)}")

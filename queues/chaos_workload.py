@@ -4,57 +4,54 @@ invariants.
 
 The node listens on a loopback port the run picks; its queues are ``chaos.default``,
 ``chaos.lazy`` (lazy mode) and ``chaos.fanout.1`` / ``chaos.fanout.2``, both bound to
-the fanout exchange ``chaos.fanout``. Producer ``i`` (a process, ``pI``) publishes to the
-default queue, the lazy queue and the fanout exchange in turn (by ``i``), one persistent
-message at a time with confirms, under ``producer_id=pI`` and ``sequence=n``, so a
-publish re-sent after a fault is a repeat the queue drops; every confirmed id goes to its
-ledger, every re-sent one to ``.resent``. (``pI`` is prefixed by the run's own id, so a
-node's data directory can take run after run.) The body of ``pI-n`` is an order event padded
-by its digest to a size drawn, from its id, in the ``--size`` range: a consumer checks
-each body against its id and writes ``queue id redelivered`` (or ``queue ? wrong``).
-Consumers share the queues among themselves (every queue has one) and ack each message
-after writing its line, so a consumer killed in between sees it again, redelivered.
+the fanout exchange ``chaos.fanout``. Producer ``i`` (a process of
+``warren.queues.workload``, ``pI``) publishes to the default queue, the lazy queue and
+the fanout exchange in turn (by ``i``), one persistent message at a time with confirms,
+under ``producer_id=pI`` and ``sequence=n``, so a publish re-sent after a fault is a
+repeat the queue drops. (``pI`` is prefixed by the run's own id, so a node's data
+directory can take run after run; body sizes are drawn from the seed, so a run repeated
+with its seed publishes the same bytes.) Consumers share the queues among themselves
+(every queue has one) and check each body against its id.
 
-After the faults, producers stop, consumers drain what is left, and ``Verdict`` says:
-
-- ``lost``: confirmed messages no consumer got from a queue they went to, other than
-  those a torn or flipped file destroyed (``destroyed``: a damaged file held their body
-  or their index entry; a store with one copy cannot give those back, and the run counts
-  them apart);
-- ``duplicates`` / ``unflagged``: a message consumed again from a queue must carry the
-  redelivered flag, unless its producer re-sent it (at-least-once);
-- ``wrong_bodies``: a delivered body unlike the one published: never allowed;
-- the node ends healthy (every actor running).
-
-Races: a fault between a publish and its confirm leaves the message in doubt: it is not in
-the ledger (so it cannot be lost), and its re-send is deduplicated. A consumer's line is
-written before its ack, so a message can be consumed twice but never acked unrecorded.
+After the faults, producers stop, consumers drain the queues until they are empty, and
+``warren.queues.workload.audit`` says what was ``lost``, ``unflagged`` (consumed again
+without the redelivered flag), ``misrouted`` or wrong. Confirmed messages that a torn or
+flipped file destroyed are counted apart (``destroyed``): a store with one copy cannot
+give those back. Before it damages a file the harness tells ``note_damage`` where, and
+the damage excuses only what it can reach: a cut, the record it lands in and every one
+after it; a flipped bit, the record it lands in (one of two neighbours, where the bit
+falls between two bodies); a file's damaged header, the whole file. A queue's own files
+excuse that queue's messages; the shared store's, every queue's. A workload process
+that dies during the run is a problem of the run.
 """
 
 from __future__ import annotations
 
+import bisect
 import fnmatch
 import os
 import re
-import signal
-import socket
 import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
 
-from warren.actors._forkserver import die_with_parent
+from warren.actors import ActorError
+from warren.store.store_actor import GC_NAME
 from warren.supervisor import chaos
 from warren.supervisor.chaos_report import (format_report, report_document,
                                             write_report)
-from warren.supervisor.chaos_run import NodeUnderTest, harness_signals, run_faults
+from warren.supervisor.chaos_run import (NodeUnderTest, check_data_dir, harness_signals,
+                                         run_faults, spawn_with_parent)
+from warren.supervisor.node import LISTENER_NAME, QUEUE_PREFIX, STORES
 
 from .dedup import message_ids
+from .errors import QueueError
+from .listener import with_free_port
 from .queue_index import HEADER_BYTES, SLOT_BYTES
-from .workload import consume, ledger_lines, produce
+from .workload import Audit, Producer, audit
 
-__all__ = ["QUEUES", "TARGETS", "ChaosWorkload", "Verdict", "actor_names", "pattern_limits",
+__all__ = ["QUEUES", "TARGETS", "ChaosWorkload", "actor_names", "pattern_limits",
            "run_chaos"]
 
 DEFAULT_QUEUE, LAZY_QUEUE, EXCHANGE = "chaos.default", "chaos.lazy", "chaos.fanout"
@@ -63,7 +60,9 @@ QUEUES = (DEFAULT_QUEUE, LAZY_QUEUE, *FANOUT_QUEUES)
 # What producer i publishes to, by i modulo 3: (exchange, routing key, the queues it reaches)
 TARGETS = (("", DEFAULT_QUEUE, (DEFAULT_QUEUE,)), ("", LAZY_QUEUE, (LAZY_QUEUE,)),
            (EXCHANGE, "", FANOUT_QUEUES))
-DRAIN_IDLE_S = 20.0        # consumers drain until nothing new arrives this long
+DRAIN_IDLE_S = 20.0        # draining ends when the queues stay as they are this long
+DRAIN_POLL_S = 0.5
+STOP_WAIT_S = 30.0         # a workload process told to stop, before it is killed
 _ORDER = re.compile(rb'\{"order": "([0-9a-f]+p\d+-\d+)"')
 _MSG_ID_AT = 16            # where a queue index slot keeps the message id (16 bytes)
 # Process faults a pattern may take in a period: under the restart intensity of the node's
@@ -71,13 +70,12 @@ _MSG_ID_AT = 16            # where a queue index slot keeps the message id (16 b
 # the run's finding. A pattern naming queues only may take 3; any other 2, leaving the
 # root a restart for the rest.
 QUEUE_PATTERN_LIMIT, OTHER_PATTERN_LIMIT = (3, 60.0), (2, 60.0)
-RUN_DIR = "chaos-run"      # in the data directory: the ledgers and the node's log
+RUN_DIR = "chaos-run"      # in the data directory: the ledgers and the logs
 
 
 def actor_names() -> list[str]:
-    """The actor names of a node running this workload (for checking fault patterns)."""
-    return ["msg_store_gc", "msg_store_persistent", "msg_store_transient", "listener",
-            *(f"queue {q}" for q in QUEUES)]
+    """The actor names of a node running this workload: the ones it must end with."""
+    return [GC_NAME, *STORES, LISTENER_NAME, *(QUEUE_PREFIX + q for q in QUEUES)]
 
 
 def pattern_limits(patterns: tuple[str, ...]) -> dict[str, tuple[int, float]]:
@@ -89,48 +87,26 @@ def pattern_limits(patterns: tuple[str, ...]) -> dict[str, tuple[int, float]]:
         if not matched:
             raise ValueError(f"the pattern {pattern!r} matches no process of the node; its "
                              f"processes are {', '.join(names)}")
-        limits[pattern] = (QUEUE_PATTERN_LIMIT if all(n.startswith("queue ") for n in matched)
+        limits[pattern] = (QUEUE_PATTERN_LIMIT
+                           if all(n.startswith(QUEUE_PREFIX) for n in matched)
                            else OTHER_PATTERN_LIMIT)
     return limits
-
-
-@dataclass
-class Verdict:
-    confirmed: int = 0               # (queue, message) pairs confirmed
-    consumed: int = 0                # deliveries recorded
-    lost: list[str] = field(default_factory=list)
-    destroyed: list[str] = field(default_factory=list)
-    duplicates: int = 0
-    unflagged: list[str] = field(default_factory=list)
-    wrong_bodies: int = 0
-
-    @property
-    def ok(self) -> bool:
-        return not self.lost and not self.unflagged and not self.wrong_bodies
-
-    def invariants(self) -> dict:
-        """The report's counts (and the ids behind the failing ones)."""
-        figures = asdict(self)
-        return {"confirmed": self.confirmed, "consumed": self.consumed,
-                "lost": len(self.lost), "duplicates": self.duplicates,
-                "unflagged_duplicates": len(self.unflagged),
-                "wrong_bodies": self.wrong_bodies, "destroyed": len(self.destroyed),
-                "lost_ids": figures["lost"], "unflagged_ids": figures["unflagged"],
-                "destroyed_ids": figures["destroyed"]}
 
 
 class ChaosWorkload:
     """The workload's processes and ledgers in ``directory``, against the node listening
     on ``endpoint``."""
 
-    def __init__(self, directory: str, endpoint: str, *,
-                 producers: int, consumers: int, sizes: tuple[int, int]) -> None:
+    def __init__(self, directory: str, endpoint: str, *, producers: int, consumers: int,
+                 sizes: tuple[int, int], seed: int = 0) -> None:
         self.directory, self.endpoint = directory, endpoint
-        self.producers, self.consumers, self.sizes = producers, consumers, sizes
+        self.producers, self.consumers, self.sizes, self.seed = producers, consumers, sizes, seed
         # Producer ids of this run only: a node's queues remember earlier runs' producers
         # (deduplication) and may still hold their messages.
         self.run_id = os.urandom(3).hex()
-        self._processes: list[subprocess.Popen] = []
+        self._producers: list[subprocess.Popen] = []
+        self._consumers: list[subprocess.Popen] = []
+        self.problems: list[str] = []
         self._counted: dict[str, tuple[int, int]] = {}     # ledger -> (offset, lines)
         # Bodies in a damaged file, by queue (None: the shared store, every queue's).
         self._destroyed_ids: dict[str | None, set[str]] = {}
@@ -140,10 +116,17 @@ class ChaosWorkload:
     def ledger(self, role: str, index: int) -> str:
         return os.path.join(self.directory, f"{role}{index}.ledger")
 
-    def declare(self) -> None:
+    def producer(self, index: int) -> Producer:
+        return Producer(f"{self.run_id}p{index}", self.ledger("producer", index),
+                        TARGETS[index % len(TARGETS)][2])
+
+    def connect(self):
         from warren import connect
 
-        connection = connect(self.endpoint)
+        return connect(self.endpoint, connect_timeout_s=60)
+
+    def declare(self) -> None:
+        connection = self.connect()
         try:
             connection.declare_queue(DEFAULT_QUEUE)
             connection.declare_queue(LAZY_QUEUE, lazy=True)
@@ -159,20 +142,26 @@ class ChaosWorkload:
         for j in range(self.consumers):
             mine = [q for k, q in enumerate(QUEUES) if k % self.consumers == j] or [
                 QUEUES[j % len(QUEUES)]]
-            self._spawn("consume", self.endpoint, self.ledger("consumer", j), *mine)
+            self._consumers.append(self._spawn(
+                "consume", self.endpoint, self.ledger("consumer", j), *mine))
         for i in range(self.producers):
-            self._spawn("produce", self.endpoint, f"{self.run_id}p{i}", str(i % len(TARGETS)),
-                        str(self.sizes[0]), str(self.sizes[1]), self.ledger("producer", i))
+            exchange, routing_key, _ = TARGETS[i % len(TARGETS)]
+            producer = self.producer(i)
+            self._producers.append(self._spawn(
+                "produce", self.endpoint, routing_key, producer.name, producer.ledger,
+                "--exchange", exchange, "--sizes", *map(str, self.sizes),
+                "--size-key", f"{self.seed}p{i}", "--deduplicate"))
 
-    def _spawn(self, *argv: str) -> None:
-        parent = os.getpid()
-        process = subprocess.Popen(
-            [sys.executable, "-m", "warren.queues.chaos_workload", *argv],
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True,
-            preexec_fn=lambda: die_with_parent(parent))
-        self._processes.append(process)
+    def _spawn(self, *argv: str) -> subprocess.Popen:
+        with open(os.path.join(self.directory, "workload.log"), "ab") as log:
+            process = spawn_with_parent([sys.executable, "-m", "warren.queues.workload", *argv],
+                                        stdout=subprocess.PIPE, stderr=log, text=True)
         if process.stdout.readline().strip() != "ready":
-            raise RuntimeError(f"a workload process did not start: {' '.join(argv)}")
+            process.kill()
+            process.wait()
+            raise RuntimeError(f"a workload process did not start: {' '.join(argv)} (see "
+                               f"{os.path.join(self.directory, 'workload.log')})")
+        return process
 
     def sample(self) -> dict[str, int]:
         """Lines in the producers' and the consumers' ledgers so far (cheap: new bytes)."""
@@ -194,96 +183,32 @@ class ChaosWorkload:
         return self._counted[path][1]
 
     def note_damage(self, path: str, kind: str, offset: int) -> None:
-        """Before a torn or flipped fault: what it may destroy. A cut destroys the record
-        it lands in and every one after it (the whole file if it cuts the header); a flipped
-        bit may cost the whole file (a flipped length loses the records after it)."""
+        """Before a torn or flipped fault: what it may destroy (see the module docstring)."""
         with open(path, "rb") as file:
             data = file.read()
-        whole = kind != "torn" or offset < HEADER_BYTES
         parent = os.path.dirname(path)
         queue = (os.path.basename(parent)
                  if os.path.basename(os.path.dirname(parent)) == "queues" else None)
+        header = 0 if path.endswith(".rdq") else HEADER_BYTES   # the shared store's: none
+        whole = offset < header
         if path.endswith(".qi"):
+            hit = HEADER_BYTES + (offset - HEADER_BYTES) // SLOT_BYTES * SLOT_BYTES
+            first, last = (HEADER_BYTES, len(data)) if whole else (
+                hit, len(data) if kind == "torn" else hit + SLOT_BYTES)
             slots = self._destroyed_slots.setdefault(queue, set())
-            first = HEADER_BYTES if whole else (
-                HEADER_BYTES + (offset - HEADER_BYTES) // SLOT_BYTES * SLOT_BYTES)
-            for at in range(first, len(data) - SLOT_BYTES + 1, SLOT_BYTES):
+            for at in range(first, min(last, len(data) - SLOT_BYTES + 1), SLOT_BYTES):
                 slots.add(data[at + _MSG_ID_AT:at + _MSG_ID_AT + 16])
             return
-        # A body starts with its event: the last one starting before the cut is the one
-        # the cut lands in (or the one before it, when the cut is in a record's header).
-        start = 0 if whole else max(0, data.rfind(b'{"order": ', 0, offset + 1))
-        self._destroyed_ids.setdefault(queue, set()).update(
-            m.decode() for m in _ORDER.findall(data, start))
+        # Bodies start with their event: the last one starting at or before the damage is
+        # the record it lands in, unless it lands in the next record's framing.
+        events = [(m.start(), m.group(1).decode()) for m in _ORDER.finditer(data)]
+        starts = [at for at, _ in events]
+        hit = max(0, bisect.bisect_right(starts, offset) - 1)
+        reached = events if whole else events[hit:] if kind == "torn" else events[hit:hit + 2]
+        self._destroyed_ids.setdefault(queue, set()).update(m for _, m in reached)
 
-    def stop_producers(self) -> None:
-        for process in self._processes:
-            if process.args[3] == "produce":
-                process.send_signal(signal.SIGTERM)
-        for process in self._processes:
-            if process.args[3] == "produce":
-                process.wait(30)
-
-    def drain(self) -> None:
-        """Wait until the consumers got every confirmed message (but those a damaged file
-        destroyed), or nothing new for ``DRAIN_IDLE_S``."""
-        last, since = -1, time.monotonic()
-        while time.monotonic() - since < DRAIN_IDLE_S:
-            consumed = self.sample()["consumed"]
-            if consumed != last:
-                last, since = consumed, time.monotonic()
-                if not self.verdict().lost:
-                    return
-            time.sleep(0.5)
-
-    def close(self) -> None:
-        """Stop every workload process (SIGTERM, then SIGKILL)."""
-        for process in self._processes:
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-        for process in self._processes:
-            try:
-                process.wait(10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-            process.stdout.close()
-        self._processes.clear()
-
-    def _expected(self) -> set[tuple[str, str]]:
-        pairs = set()
-        for i in range(self.producers):
-            queues = TARGETS[i % len(TARGETS)][2]
-            for message_id in ledger_lines(self.ledger("producer", i)):
-                pairs.update((queue, message_id) for queue in queues)
-        return pairs
-
-    def verdict(self) -> Verdict:
-        expected = self._expected()
-        resent = {m for i in range(self.producers)
-                  for m in ledger_lines(self.ledger("producer", i) + ".resent")}
-        result = Verdict(confirmed=len(expected))
-        seen: set[tuple[str, str]] = set()
-        for j in range(self.consumers):
-            for line in ledger_lines(self.ledger("consumer", j)):
-                queue, message_id, redelivered = line.split()
-                result.consumed += 1
-                if message_id == "?":
-                    result.wrong_bodies += 1
-                    continue
-                pair = (queue, message_id)
-                if pair in seen:
-                    result.duplicates += 1
-                    if redelivered != "1" and message_id not in resent:
-                        result.unflagged.append(f"{queue} {message_id}")
-                seen.add(pair)
-        for queue, message_id in sorted(expected - seen):
-            name = f"{queue} {message_id}"
-            (result.destroyed if self._destroyed(queue, message_id)
-             else result.lost).append(name)
-        return result
-
-    def _destroyed(self, queue: str, message_id: str) -> bool:
+    def destroyed(self, queue: str, message_id: str) -> bool:
+        """Whether a damaged file held ``message_id``'s body or ``queue``'s entry of it."""
         if any(message_id in self._destroyed_ids.get(key, ()) for key in (queue, None)):
             return True
         slots = self._destroyed_slots.get(queue)
@@ -292,6 +217,57 @@ class ChaosWorkload:
         producer, sequence = message_id.rsplit("-", 1)
         return message_ids(producer.encode(), int(sequence), 1)[0] in slots
 
+    def stop_producers(self) -> None:
+        self._stop(self._producers, "producer")
+
+    def drain(self) -> None:
+        """Let the consumers empty every queue (ready and unacked); give up when the
+        queues and the ledgers stay as they are for ``DRAIN_IDLE_S``."""
+        connection = self.connect()
+        try:
+            last, since = None, time.monotonic()
+            while time.monotonic() - since < DRAIN_IDLE_S:
+                depths = []
+                for queue in QUEUES:
+                    try:
+                        depths.append(connection.queue_stats(queue)["depth"])
+                    except (QueueError, ActorError, TimeoutError):
+                        depths.append(None)          # restarting, or down
+                if all(depth == 0 for depth in depths):
+                    return
+                now = (tuple(depths), self.sample()["consumed"])
+                if now != last:
+                    last, since = now, time.monotonic()
+                time.sleep(DRAIN_POLL_S)
+        finally:
+            connection.close()
+
+    def close(self) -> None:
+        """Stop every workload process (SIGTERM, then SIGKILL)."""
+        self.stop_producers()
+        self._stop(self._consumers, "consumer")
+
+    def _stop(self, processes: list[subprocess.Popen], role: str) -> None:
+        for index, process in enumerate(processes):
+            if process.poll() is not None:
+                self.problems.append(f"{role} {index} exited with {process.returncode} "
+                                     f"during the run (see workload.log)")
+            else:
+                process.terminate()
+        for process in processes:
+            try:
+                process.wait(STOP_WAIT_S)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+            process.stdout.close()
+        processes.clear()
+
+    def audit(self) -> Audit:
+        return audit([self.producer(i) for i in range(self.producers)],
+                     [self.ledger("consumer", j) for j in range(self.consumers)],
+                     self.destroyed)
+
 
 def run_chaos(data_dir: str, *, duration_s: float, kinds: list[str], producers: int,
               consumers: int, sizes: tuple[int, int], seed: int,
@@ -299,26 +275,29 @@ def run_chaos(data_dir: str, *, duration_s: float, kinds: list[str], producers: 
               every_s: tuple[float, float] = (1.0, 3.0), report_dir: str | None = None,
               say: Callable[[str], None] = print) -> dict:
     """The whole run; its report document (``ok`` says whether every invariant held).
-    ValueError, before anything starts, for a bad fault kind, pattern or duration."""
+    ValueError, before anything starts, for a bad fault kind, pattern or duration, or a
+    data directory that is not a node's."""
     faults = chaos.schedule(seed, duration_s, kinds, patterns=patterns, every_s=every_s,
                             limits=pattern_limits(patterns))
+    data_dir = check_data_dir(data_dir)
     run_dir = os.path.join(data_dir, RUN_DIR)
     if os.path.isdir(run_dir):
         for name in os.listdir(run_dir):
             os.unlink(os.path.join(run_dir, name))
     os.makedirs(run_dir, exist_ok=True)
-    endpoint = f"tcp://127.0.0.1:{free_loopback_port()}"
+    endpoint = with_free_port("tcp://127.0.0.1:*")
     say(f"chaos: seed {seed}, {len(faults)} faults over {duration_s:g} s "
         f"({', '.join(sorted(set(kinds)))}), {producers} producers, {consumers} consumers, "
         f"bodies of {sizes[0]:,} to {sizes[1]:,} bytes; node on {data_dir} at {endpoint}")
     node = NodeUnderTest(data_dir, options=("--listen", endpoint),
                          log_path=os.path.join(run_dir, "node.log"))
-    workload = ChaosWorkload(run_dir, endpoint, producers=producers,
-                             consumers=consumers, sizes=sizes)
+    workload = ChaosWorkload(run_dir, endpoint, producers=producers, consumers=consumers,
+                             sizes=sizes, seed=seed)
     with harness_signals():
         try:
             node.start()
             workload.declare()
+            node.expect(actor_names())
             workload.start()
             result = run_faults(node, faults, duration_s, seed=seed, sample=workload.sample,
                                 before_damage=workload.note_damage)
@@ -330,67 +309,10 @@ def run_chaos(data_dir: str, *, duration_s: float, kinds: list[str], producers: 
         finally:
             workload.close()
             node.close()
-    verdict = workload.verdict()
-    document = report_document(result, verdict.invariants(), verdict.ok)
+    result.problems += workload.problems
+    verdict = workload.audit()
+    document = report_document(result, verdict.counts(), verdict.ok)
     if report_dir is not None:
         document = write_report(report_dir, document)
     say(format_report(document))
     return document
-
-
-def free_loopback_port() -> int:
-    """A tcp port free on 127.0.0.1 now (the node binds it for the whole run)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-# ------------------------------------------------------------------ the processes
-
-class _Stop(Exception):
-    pass
-
-
-def _stop_on_sigterm() -> None:
-    def stop(_signum: int, _frame: object) -> None:
-        raise _Stop
-
-    signal.signal(signal.SIGTERM, stop)
-
-
-def _produce(endpoint: str, name: str, target: int, sizes: tuple[int, int],
-             ledger: str) -> None:
-    from warren import connect
-
-    exchange, routing_key, _ = TARGETS[target]
-    connection = connect(endpoint, connect_timeout_s=60)
-    print("ready", flush=True)
-    produce(connection, routing_key, name, None, ledger, exchange, sizes=sizes,
-            deduplicate=True)
-
-
-def _consume(endpoint: str, ledger: str, queues: list[str]) -> None:
-    from warren import connect
-
-    connection = connect(endpoint, connect_timeout_s=60)
-    print("ready", flush=True)
-    consume(connection, queues, ledger)
-
-
-def main(argv: list[str]) -> None:
-    _stop_on_sigterm()
-    try:
-        if argv[0] == "produce":
-            _produce(argv[1], argv[2], int(argv[3]), (int(argv[4]), int(argv[5])), argv[6])
-        elif argv[0] == "consume":
-            _consume(argv[1], argv[2], argv[3:])
-        else:
-            raise SystemExit(f"unknown role {argv[0]!r}: produce or consume")
-    except (_Stop, KeyboardInterrupt):
-        # Every ledger line is written whole (line buffering); leave without waiting for
-        # the connection's sockets, which a node that is away would hold up.
-        os._exit(0)
-
-
-if __name__ == "__main__":
-    main(sys.argv[1:])

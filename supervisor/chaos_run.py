@@ -14,7 +14,10 @@ then lands each fault of a schedule (``warren.supervisor.chaos.schedule``) at it
   takes ``SLOW_SYNC_S`` longer, for one to three seconds.
 
 After each crash fault it waits until the node is healthy again (every actor of its tree
-running, the victim replaced) and notes how long that took: the recovery time. Between
+running, none of the actors it is expected to have missing, the victim replaced) and notes
+how long that took: the recovery time. A stopped actor its supervisor never replaced is
+resumed after twice the heartbeat timeout, and the fault says so. A full disk whose alarm
+never goes off is a problem of the run. Between
 faults it samples the caller's counters (``sample``, for the throughput plot) every
 ``SAMPLE_EVERY_S``. Every fault is logged, with its time, to the ``warren.chaos`` logger
 and in the result's events, so a failed run can be read and repeated from its seed.
@@ -22,7 +25,13 @@ and in the result's events, so a failed run can be read and repeated from its se
 Nothing is left behind: the node and every process it started are stopped when the run
 ends, fails or is interrupted (SIGINT, SIGTERM or SIGHUP to the harness become
 ``KeyboardInterrupt`` while it runs: the node is stopped and the signal's exit follows);
-the node is started with PR_SET_PDEATHSIG, so even a SIGKILLed harness takes it along.
+the node is started with PR_SET_PDEATHSIG (``spawn_with_parent``), so even a SIGKILLed
+harness takes it along, and the processes it was seen with are remembered, so those
+a node that died on its own left behind are stopped too.
+
+``check_data_dir`` refuses, before anything starts, a directory that holds files but is
+not a node's (a run damages files and deletes queues' data: never a stranger's) and one
+a running node holds.
 
 Races: a fault is aimed at the processes of the node as they are when it lands (listed
 again each time), so a victim restarted since the last fault is found under its new pid;
@@ -34,6 +43,7 @@ like any other.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import logging
 import os
 import random
@@ -42,21 +52,22 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import psutil
 
 from warren.actors._forkserver import die_with_parent
+from warren.queues.definitions import DEFINITIONS_FILE
 from warren.queues.remote_node import NODE_FILE
 from warren.store.disk_faults import ENVIRONMENT_VARIABLE, write_faults
 
 from . import chaos
 from .node import query_status
 
-__all__ = ["ChaosResult", "Event", "NodeUnderTest", "harness_signals", "run_faults",
-           "run_tree"]
+__all__ = ["ChaosResult", "Event", "NodeUnderTest", "check_data_dir", "harness_signals",
+           "run_faults", "run_tree", "spawn_with_parent"]
 
 log = logging.getLogger("warren.chaos")
 
@@ -71,6 +82,47 @@ POLL_S = 0.05
 CHAOS_HEARTBEAT_TIMEOUT_S = 5.0  # so that a stopped store or queue is replaced in a run
 DISK_FAULTS_FILE = "chaos-disk-faults.json"   # in the data directory, while a run lasts
 VICTIM_WAIT_S = 5.0              # how long a kill or stop waits for a process to match
+# What a node's data directory holds: a directory with files but none of these is not one.
+NODE_FILES = ("node.lock", DEFINITIONS_FILE, "msg_store_persistent")
+
+
+def check_data_dir(path: str | os.PathLike) -> str:
+    """The absolute data directory of a run: new, empty, or a node's that no node holds
+    now; ValueError otherwise (before anything is made or started)."""
+    data_dir = os.path.abspath(os.fspath(path))
+    if not os.path.isdir(os.path.dirname(data_dir)):
+        raise ValueError(f"the parent of the data directory, {os.path.dirname(data_dir)}, "
+                         f"does not exist")
+    if not os.path.exists(data_dir):
+        return data_dir
+    if not os.path.isdir(data_dir):
+        raise ValueError(f"{data_dir} is not a directory")
+    entries = os.listdir(data_dir)
+    if entries and not any(name in entries for name in NODE_FILES):
+        raise ValueError(f"{data_dir} is not a node's data directory (it has files, but none "
+                         f"of {', '.join(NODE_FILES)}): give a new or empty directory, or a "
+                         f"node's")
+    if "node.lock" in entries:
+        with open(os.path.join(data_dir, "node.lock"), "a") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise ValueError(f"a node runs on {data_dir}: stop it first, or give another "
+                                 f"directory") from None
+    return data_dir
+
+
+def spawn_with_parent(argv: list[str], **popen_options: Any) -> subprocess.Popen:
+    """``subprocess.Popen(argv)`` of a process the kernel kills when this one dies (and
+    that never starts if this one died while it was being forked)."""
+    parent = os.getpid()
+
+    def bind_to_parent() -> None:
+        if not die_with_parent(parent):
+            os._exit(1)
+
+    return subprocess.Popen(argv, stdin=subprocess.DEVNULL, preexec_fn=bind_to_parent,
+                            **popen_options)
 
 
 @dataclass
@@ -135,6 +187,8 @@ class NodeUnderTest:
         self._process: subprocess.Popen | None = None
         self._restarts_before = 0          # restarts counted by the node's earlier lives
         self._restarts_now = 0             # ... and by this one, when last asked
+        self._seen: dict[int, psutil.Process] = {}   # the node's processes, as listed
+        self.expected: frozenset[str] = frozenset()  # actors healthy() insists on
         self.starts = 0
         write_faults(self.faults_file)
 
@@ -145,18 +199,15 @@ class NodeUnderTest:
         return self._process.pid
 
     def start(self, wait: bool = True, timeout_s: float = START_TIMEOUT_S) -> None:
-        """Start the node and (``wait``) wait until every actor of its tree runs."""
-        parent = os.getpid()
+        """Start the node and (``wait``) wait until it is healthy."""
         log_file = open(self._log_path, "ab") if self._log_path else subprocess.DEVNULL
         try:
-            self._process = subprocess.Popen(
-                self._argv, stdin=subprocess.DEVNULL, stdout=log_file,
-                stderr=log_file if self._log_path else None,
+            self._process = spawn_with_parent(
+                self._argv, stdout=log_file, stderr=log_file if self._log_path else None,
                 env={**os.environ, ENVIRONMENT_VARIABLE: self.faults_file,
                      # the application's modules, as the caller imports them
                      "PYTHONPATH": os.pathsep.join(
-                         [os.getcwd(), *filter(None, [os.environ.get("PYTHONPATH")])])},
-                preexec_fn=lambda: die_with_parent(parent))
+                         [os.getcwd(), *filter(None, [os.environ.get("PYTHONPATH")])])})
         finally:
             if self._log_path:
                 log_file.close()
@@ -170,6 +221,8 @@ class NodeUnderTest:
                 raise TimeoutError(f"the node on {self.data_dir} did not start within "
                                    f"{timeout_s:.0f} s")
             time.sleep(POLL_S)
+        if wait:
+            self.processes()
 
     def status(self) -> dict | None:
         """The node's status, or None when it does not answer."""
@@ -186,11 +239,18 @@ class NodeUnderTest:
         return status
 
     def healthy(self, status: dict | None = None) -> bool:
-        """Whether the node runs and every actor of its tree is running."""
+        """Whether the node runs, every actor of its tree is running, and none of the
+        ``expected`` ones is missing (a queue whose supervisor gave up leaves the tree)."""
         status = status or self.status()
-        return (status is not None and status["state"] == "running"
-                and status.get("tree") is not None
-                and all(state == "running" for _, _, state in _actors(status["tree"])))
+        if status is None or status["state"] != "running" or status.get("tree") is None:
+            return False
+        states = {name: state for name, _, state in _actors(status["tree"])}
+        return (all(state == "running" for state in states.values())
+                and self.expected <= states.keys())
+
+    def expect(self, names: Iterable[str]) -> None:
+        """From now on the node is healthy only with every one of these actors running."""
+        self.expected = frozenset(names)
 
     def actor_pids(self) -> dict[str, int | None]:
         status = self.status()
@@ -203,7 +263,10 @@ class NodeUnderTest:
         return self._restarts_before + self._restarts_now
 
     def processes(self) -> list[psutil.Process]:
-        return chaos.node_processes(self.pid)
+        """The node's processes now (remembered, for ``close``)."""
+        found = chaos.node_processes(self.pid)
+        self._seen.update((p.pid, p) for p in found)
+        return found
 
     def kill(self) -> None:
         """SIGKILL every process of the node at once, as a power cut."""
@@ -214,6 +277,7 @@ class NodeUnderTest:
         survivors = chaos.kill_processes(self.processes())
         self._process.wait()
         self._process = None
+        self._seen.clear()
         # Its status address is dead: a status query would wait for its timeout.
         with contextlib.suppress(OSError):
             os.unlink(os.path.join(self.data_dir, NODE_FILE))
@@ -227,7 +291,9 @@ class NodeUnderTest:
             os.unlink(self.faults_file)
         if self._process is None:
             return
-        family = self.processes()
+        # A node that died on its own no longer has its actors below it: the ones seen
+        # before are stopped too (psutil tells a pid reused since from them).
+        family = [*{**self._seen, **{p.pid: p for p in self.processes()}}.values()]
         if self._process.poll() is None:
             self.restarts()
             for process in family:               # a stopped actor must run to stop
@@ -242,12 +308,7 @@ class NodeUnderTest:
         chaos.kill_processes([p for p in family if chaos.is_alive(p)])
         self._process.wait()
         self._process = None
-
-    def __enter__(self) -> NodeUnderTest:
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self.close()
+        self._seen.clear()
 
 
 def _actors(entry: dict) -> Iterator[tuple[str, int | None, str]]:
@@ -298,6 +359,7 @@ class _Watch:
     old_pid: int | None = None
     stopped: psutil.Process | None = None
     resume_at: float = 0.0               # seconds from the start
+    resumed: bool = False                # its supervisor never replaced it: resumed
     disk_until: float | None = None      # a full or slow disk: when it ends
 
 
@@ -349,12 +411,18 @@ def run_faults(node: NodeUnderTest, faults: list[chaos.Fault], duration_s: float
             if now() >= watch.disk_until + (0 if event.landed else DISK_ALARM_GRACE_S):
                 if not event.landed:
                     event.detail = "the disk alarm did not go off"
+                    result.problems.append(f"full at {event.at_s:.2f} s: the disk read as "
+                                           f"full, and the disk alarm did not go off")
                 _log(event)
                 watching.remove(watch)
         for watch in [w for w in watching if w.stopped is not None]:
             if not chaos.is_alive(watch.stopped) or now() >= watch.resume_at:
                 with contextlib.suppress(psutil.Error):
                     watch.stopped.resume()
+                if chaos.is_alive(watch.stopped):
+                    watch.resumed = True
+                    watch.event.detail = (f"resumed after {now() - watch.event.at_s:.1f} s: "
+                                          f"its supervisor had not replaced it")
                 watch.stopped = None
         if watching:
             status = node.status()
@@ -362,11 +430,12 @@ def run_faults(node: NodeUnderTest, faults: list[chaos.Fault], duration_s: float
                 pids = {name: pid for name, pid, _ in _actors(status["tree"])}
                 for watch in list(watching):
                     if watch.disk_until is None and watch.stopped is None and (
-                            watch.actor is None or pids.get(
-                            watch.actor) != watch.old_pid):
+                            watch.actor is None or watch.actor in pids and (
+                                watch.resumed or pids[watch.actor] != watch.old_pid)):
                         watch.event.recovery_s = round(now() - watch.event.at_s, 3)
                         _log(watch.event)
                         watching.remove(watch)
+                        node.processes()           # remembered, for close()
 
     def wait_until(at_s: float) -> None:
         while (left := at_s - now()) > 0:
@@ -466,19 +535,21 @@ def run_tree(data_dir: str | os.PathLike, children: str, *, kinds: tuple[str, ..
     a seeded schedule, then ``check(data_dir)`` on the stopped node's files: the problems
     it finds (a list of lines, or an AssertionError's message). The report document
     (``warren.supervisor.chaos_report``): ``ok`` only when the check found nothing, every
-    fault's recovery ended and the node was healthy at the end. ValueError, before
-    anything starts, for a bad kind, duration or interval, and, before the first fault,
-    for a pattern that matches none of the node's processes."""
+    fault's recovery ended and the node was healthy at the end, with every actor it
+    started with. ValueError, before anything starts, for a bad kind, duration or
+    interval or a data directory that is not a node's (``check_data_dir``), and, before
+    the first fault, for a pattern that matches none of the node's processes."""
     from .chaos_report import report_document, write_report
 
     faults = chaos.schedule(seed, duration_s, kinds, patterns=patterns, every_s=every_s,
                             limits=limits or {p: (2, 60.0) for p in patterns})
-    data_dir = os.path.abspath(os.fspath(data_dir))
+    data_dir = check_data_dir(data_dir)
     node = NodeUnderTest(data_dir, options=("--children", children, *node_options),
                          log_path=os.path.join(data_dir, "chaos-node.log"))
     with harness_signals():
         try:
             node.start()
+            node.expect(node.actor_pids())
             processes = node.processes()
             for pattern in patterns:
                 if not chaos.matching(processes, pattern):

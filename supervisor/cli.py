@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import re
 import sys
@@ -58,13 +59,14 @@ from warren.supervisor.tables import Column, format_table
 
 EXIT_OK = 0
 EXIT_NO_NODE = 1
+EXIT_INVARIANT_FAILED = 1        # warren chaos
 EXIT_USAGE = 2
 EXIT_NODE_FAILED = 3
 EXIT_START_FAILED = 4
 EXIT_INTERRUPTED = 130
 EXIT_CODES = (
     (EXIT_OK, "success (a node stopped by Ctrl-C, SIGTERM or SIGHUP stops cleanly)"),
-    (EXIT_NO_NODE, "no node answers on the data directory"),
+    (EXIT_NO_NODE, "no node answers on the data directory (chaos: an invariant failed)"),
     (EXIT_USAGE, "bad usage or configuration, a path that is not a store directory, or a "
                  "data directory another node holds"),
     (EXIT_NODE_FAILED, "the node's root supervisor gave up (restart intensity exceeded)"),
@@ -382,36 +384,8 @@ def _keys(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-# What a node's data directory holds: a directory with files but none of these is not one.
-_NODE_FILES = ("node.lock", "definitions.json", "msg_store_persistent")
-_RANGE = re.compile(r"\s*([^.\s]+)\s*\.\.\s*([^.\s]+)\s*")
-
-
-def check_chaos_data_dir(path: str) -> str:
-    """The absolute data directory of a chaos run: new, empty, or a node's that no node
-    holds now; UsageError otherwise."""
-    data_dir = os.path.abspath(path)
-    if not os.path.isdir(os.path.dirname(data_dir)):
-        raise UsageError(f"the parent of the data directory, {os.path.dirname(data_dir)}, "
-                         f"does not exist")
-    if os.path.exists(data_dir):
-        if not os.path.isdir(data_dir):
-            raise UsageError(f"{data_dir} is not a directory")
-        entries = os.listdir(data_dir)
-        if entries and not any(name in entries for name in _NODE_FILES):
-            raise UsageError(f"{data_dir} is not a node's data directory (it has files, but "
-                             f"none of {', '.join(_NODE_FILES)}): give a new or empty "
-                             f"directory, or a node's")
-        if "node.lock" in entries:
-            import fcntl
-
-            with open(os.path.join(data_dir, "node.lock"), "a") as lock:
-                try:
-                    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    raise UsageError(f"a node runs on {data_dir}: stop it first, or give "
-                                     f"another directory") from None
-    return data_dir
+ENVELOPE_ROOM = 2**16           # what a chaos body leaves of a message for its properties
+_RANGE = re.compile(r"\s*(\S+?)\s*\.\.\s*(\S+)\s*")
 
 
 def parse_range(value: str, what: str, parse) -> tuple:
@@ -429,28 +403,23 @@ def _positive_seconds(value: str) -> float:
         seconds = float(value)
     except ValueError:
         raise UsageError(f"expected a number of seconds, got {value!r}") from None
-    if not seconds > 0:
-        raise UsageError(f"a duration must be more than 0 seconds, got {value!r}")
+    if not 0 < seconds < math.inf:
+        raise UsageError(f"a duration must be more than 0 seconds, and finite, got {value!r}")
     return seconds
 
 
 def _chaos(args: argparse.Namespace) -> int:
     import random
 
-    from warren.queues.chaos_workload import run_chaos
+    from warren.queues.chaos_workload import RUN_DIR, run_chaos
     from warren.queues.variable_queue import MAX_MESSAGE_BYTES
-    from warren.supervisor.chaos import FAULT_KINDS
 
-    data_dir = check_chaos_data_dir(args.data_dir)
     duration = _positive_seconds(args.duration)
     kinds = [k.strip() for k in args.faults.split(",") if k.strip()]
-    unknown = sorted(set(kinds) - set(FAULT_KINDS))
-    if unknown or not kinds:
-        raise UsageError(f"unknown fault {', '.join(unknown) or repr(args.faults)}; the "
-                         f"faults are {', '.join(FAULT_KINDS)}")
     sizes = parse_range(args.size, "--size", lambda v: parse_size(v, "--size"))
-    if sizes[1] > MAX_MESSAGE_BYTES:
-        raise UsageError(f"--size: a message holds at most {MAX_MESSAGE_BYTES:,} bytes")
+    if sizes[1] > MAX_MESSAGE_BYTES - ENVELOPE_ROOM:
+        raise UsageError(f"--size: a body may take at most {MAX_MESSAGE_BYTES - ENVELOPE_ROOM:,} "
+                         f"bytes (a message holds {MAX_MESSAGE_BYTES:,} with its properties)")
     every = parse_range(args.every, "--every", _positive_seconds)
     for flag in ("producers", "consumers"):
         if getattr(args, flag) < 1:
@@ -458,7 +427,7 @@ def _chaos(args: argparse.Namespace) -> int:
     patterns = tuple(p.strip() for p in args.patterns.split(",") if p.strip())
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**31)
     try:
-        document = run_chaos(data_dir, duration_s=duration, kinds=kinds,
+        document = run_chaos(args.data_dir, duration_s=duration, kinds=kinds,
                              producers=args.producers, consumers=args.consumers,
                              sizes=sizes, seed=seed, patterns=patterns, every_s=every,
                              report_dir=args.report)
@@ -470,10 +439,10 @@ def _chaos(args: argparse.Namespace) -> int:
         return EXIT_INTERRUPTED
     except (RuntimeError, TimeoutError, OSError) as exc:
         # The node would not start (or start again) on the data directory: nothing runs.
-        print(f"warren: chaos stopped: {exc}; the node's log is in "
-              f"{os.path.join(data_dir, 'chaos-run', 'node.log')}", file=sys.stderr)
+        print(f"warren: chaos stopped: {exc}; the logs are in "
+              f"{os.path.join(os.path.abspath(args.data_dir), RUN_DIR)}", file=sys.stderr)
         return EXIT_START_FAILED
-    return EXIT_OK if document["ok"] else EXIT_NO_NODE
+    return EXIT_OK if document["ok"] else EXIT_INVARIANT_FAILED
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -116,6 +116,7 @@ STORE_HEARTBEAT_TIMEOUT_S = 60.0
 # What the runtime's close gives actors still alive after the tree stopped (seconds).
 STORE_CLOSE_TIMEOUT_S = 60.0
 STORES = ("msg_store_persistent", "msg_store_transient")
+LISTENER_NAME = "listener"       # the actor remote clients reach (Node(listen=...))
 # What other processes may call on the node through its control socket (warren.connect).
 CONTROL_CALLS = frozenset({"declare_queue", "delete_queue", "declare_exchange", "bind_queue",
                            "exchange", "queue", "queue_state", "list_queues",
@@ -195,7 +196,7 @@ class Node:
                 for store in STORES)
             self.status_endpoint = f"ipc://{self.actors.runtime_dir}/status"
             listener = () if listen is None else (ChildSpec(
-                "listener", ListenerActor, (self.data_dir, with_free_port(listen)),
+                LISTENER_NAME, ListenerActor, (self.data_dir, with_free_port(listen)),
                 {"control_endpoint": self.status_endpoint, "curve": curve,
                  **(listener_options or {})}),)
             spec = SupervisorSpec("node", ROOT_FLAGS, children=(
@@ -219,7 +220,7 @@ class Node:
             for thread in self._threads:
                 thread.start()
             if listen is not None:
-                self.listen_endpoint = self.actors.whereis("listener").ask(
+                self.listen_endpoint = self.actors.whereis(LISTENER_NAME).ask(
                     ListenerStats())["endpoint"]
             write_alarms(self.data_dir, self.alarms.active)
             self._write_node_file()

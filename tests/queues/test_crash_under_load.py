@@ -16,7 +16,7 @@ import pytest
 
 from warren import connect
 from warren.queues import NotFound
-from warren.queues.workload import audit
+from warren.queues.workload import Producer, audit
 from warren.supervisor import Node
 
 from ..waiting import wait_for
@@ -59,9 +59,9 @@ def test_every_confirmed_message_is_consumed_whatever_is_killed_under_load(tmp_p
     with Node(data, file_size_limit=256 * 1024) as node:
         node.declare_queue("orders")
         try:
-            children = [start("produce", data, "orders", f"p{i}", PER_PRODUCER, path)
+            children = [start("produce", data, "orders", f"p{i}", path, "--count", PER_PRODUCER)
                         for i, path in enumerate(confirmed_paths)]
-            children.append(start("consume", data, "orders", consumed_path))
+            children.append(start("consume", data, consumed_path, "orders"))
             victims = ("queue orders", "msg_store_persistent", "msg_store_gc", "queue orders")
             for round_, victim in enumerate(victims, 1):       # every 150 confirms, a kill
                 wait_for(lambda: sum(len(lines(p)) for p in confirmed_paths) >= 150 * round_,
@@ -82,10 +82,11 @@ def test_every_confirmed_message_is_consumed_whatever_is_killed_under_load(tmp_p
                 child.kill()
                 child.wait()
                 child.stdout.close()
-    result = audit([str(p) for p in confirmed_paths], str(consumed_path))
+    result = audit([Producer(f"p{i}", str(p), ("orders",)) for i, p in enumerate(confirmed_paths)],
+                   [str(consumed_path)])
     assert result.confirmed == 2 * PER_PRODUCER
     assert not result.lost, f"{len(result.lost)} confirmed messages never consumed"
-    assert not result.unflagged_duplicates
+    assert not result.unflagged and result.wrong_bodies == 0
 
 
 def test_an_idle_queue_process_costs_a_few_mib(tmp_path):

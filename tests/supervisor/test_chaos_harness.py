@@ -21,7 +21,8 @@ from warren.queues.queue_index import HEADER_BYTES, SLOT_BYTES
 from warren.queues.workload import body_of
 from warren.store.disk_faults import ENVIRONMENT_VARIABLE, write_faults
 from warren.supervisor import Node
-from warren.supervisor.chaos import is_alive, kill_processes
+from warren.supervisor.chaos import is_alive, kill_processes, node_processes
+from warren.supervisor.chaos_run import NodeUnderTest
 
 from ..waiting import wait_for
 
@@ -130,7 +131,7 @@ def test_a_full_disk_raises_the_disk_alarm_holds_publishers_and_clears(tmp_path,
 def test_warren_chaos_rides_through_every_kind_of_fault_and_reports_it(tmp_path):
     # The short seeded run CI makes (make chaos runs a long one).
     report_dir = tmp_path / "report"
-    run = warren("chaos", "--data-dir", str(tmp_path / "data"), "--duration", "14",
+    run = warren("chaos", "--data-dir", str(tmp_path / "data"), "--duration", "20",
                  "--seed", "341", "--faults", "kill,stop,node,torn,flip,full,slow",
                  "--every", "1..2", "--producers", "3", "--consumers", "2",
                  "--size", "1KiB..16KiB", "--report", str(report_dir), timeout=300)
@@ -139,8 +140,9 @@ def test_warren_chaos_rides_through_every_kind_of_fault_and_reports_it(tmp_path)
     for key in ("faults", "confirmed", "consumed", "lost", "duplicates", "wrong_bodies"):
         assert isinstance(report[key], int), key
     assert report["faults"] >= 5 and report["confirmed"] > 100
-    assert report["lost"] == 0 and report["wrong_bodies"] == 0
+    assert report["lost"] == 0 and report["wrong_bodies"] == 0 and report["misrouted"] == 0
     assert report["unflagged_duplicates"] == 0 and report["healthy"] is True
+    assert report["problems"] == []
     assert report["consumed"] >= report["confirmed"] - report["destroyed"]
     assert report["recovery_p50_s"] is not None and report["restarts"] >= 1
     assert (report_dir / "throughput.png").stat().st_size > 10_000
@@ -150,8 +152,10 @@ def test_warren_chaos_rides_through_every_kind_of_fault_and_reports_it(tmp_path)
 
 
 @pytest.mark.parametrize("args, complaint", [
-    (["--faults", "kill,meteor"], "unknown fault meteor"),
+    (["--faults", "kill,meteor"], "unknown fault kinds ['meteor']"),
     (["--duration", "0"], "more than 0 seconds"),
+    (["--duration", "inf"], "and finite"),
+    (["--every", "2..0.5"], "0 < FROM <= TO"),
     (["--patterns", "queue nothing"], "matches no process of the node"),
     (["--size", "64KiB..1KiB"], "0 < FROM <= TO"),
     (["--producers", "0"], "--producers must be at least 1"),
@@ -186,15 +190,9 @@ def test_a_node_that_will_not_start_ends_the_run_with_one_line_and_its_log(tmp_p
     assert "msg_store_persistent" in (data_dir / "chaos-run" / "node.log").read_text()
 
 
-def _family(pid: int) -> list[psutil.Process]:
-    try:
-        return [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return []
-
-
 @pytest.mark.parametrize("signum, to_group", [
     (signal.SIGINT, False), (signal.SIGTERM, False), (signal.SIGHUP, False),
+    (signal.SIGINT, True),           # Ctrl-C in the terminal: the whole foreground group
     (signal.SIGTERM, True),          # systemd's stop: every process of the group at once
     (signal.SIGHUP, True),           # a closed terminal
 ])
@@ -206,8 +204,8 @@ def test_an_interrupted_chaos_run_leaves_no_process_behind(tmp_path, signum, to_
     family: list[psutil.Process] = []
     try:
         # Running: the node, its actors and the workload's producers and consumers.
-        wait_for(lambda: len(_family(harness.pid)) >= 12, timeout=60)
-        family = _family(harness.pid)
+        wait_for(lambda: len(node_processes(harness.pid)) >= 12, timeout=60)
+        family = node_processes(harness.pid)
         if to_group:
             os.killpg(harness.pid, signum)
         else:
@@ -229,8 +227,8 @@ def test_a_sigkilled_harness_takes_its_node_and_workload_along(tmp_path):
                                cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     family: list[psutil.Process] = []
     try:
-        wait_for(lambda: len(_family(harness.pid)) >= 12, timeout=60)
-        family = _family(harness.pid)
+        wait_for(lambda: len(node_processes(harness.pid)) >= 12, timeout=60)
+        family = node_processes(harness.pid)
         harness.kill()
         harness.wait()
         # The node and the workload die with it (PR_SET_PDEATHSIG); the node's actors
@@ -250,49 +248,79 @@ def _write(path: Path, lines: list[str]) -> None:
     path.write_text("".join(line + "\n" for line in lines))
 
 
-def test_the_workload_verdict_names_lost_unflagged_and_wrong_messages(tmp_path):
+def test_the_audit_names_lost_unflagged_misrouted_and_wrong_messages(tmp_path):
     workload = ChaosWorkload(str(tmp_path), "tcp://127.0.0.1:1", producers=2,
                              consumers=1, sizes=(1024, 2048))
-    _write(tmp_path / "producer0.ledger", ["p0-0", "p0-1", "p0-2", "p0-3"])   # default
-    _write(tmp_path / "producer0.ledger.resent", ["p0-3"])
-    _write(tmp_path / "producer1.ledger", ["p1-0"])                            # lazy
+    p0, p1 = workload.producer(0).name, workload.producer(1).name     # default, lazy
+    _write(tmp_path / "producer0.ledger", [f"{p0}-{n}" for n in range(4)])
+    _write(tmp_path / "producer0.ledger.resent", [f"{p0}-3"])
+    _write(tmp_path / "producer1.ledger", [f"{p1}-0", f"{p1}-1"])
     _write(tmp_path / "consumer0.ledger", [
-        "chaos.default p0-0 0", "chaos.default p0-0 1",      # a flagged redelivery: fine
-        "chaos.default p0-1 0", "chaos.default p0-1 0",      # twice, unflagged: a failure
-        "chaos.default p0-3 0", "chaos.default p0-3 0",      # re-sent by its producer: fine
-        "chaos.lazy ? wrong",                                # a wrong body: a failure
+        f"chaos.default {p0}-0 0", f"chaos.default {p0}-0 1",   # a flagged redelivery: fine
+        f"chaos.default {p0}-1 0", f"chaos.default {p0}-1 0",   # twice, unflagged: a failure
+        f"chaos.default {p0}-3 0", f"chaos.default {p0}-3 0",   # sent twice in doubt: fine
+        f"chaos.lazy {p1}-0 0", f"chaos.fanout.1 {p1}-1 0",    # the second went astray
+        "chaos.lazy ? wrong",                                   # a wrong body: a failure
+        "chaos.lazy 0a0a0ap0-7 0",                              # an earlier run's: counted
     ])
-    verdict = workload.verdict()
-    assert not verdict.ok
-    assert verdict.lost == ["chaos.default p0-2", "chaos.lazy p1-0"]
-    assert verdict.unflagged == ["chaos.default p0-1"] and verdict.duplicates == 3
-    assert verdict.wrong_bodies == 1 and verdict.confirmed == 5
+    audit = workload.audit()
+    assert not audit.ok
+    assert audit.lost == [f"chaos.default {p0}-2", f"chaos.lazy {p1}-1"]
+    assert audit.unflagged == [f"chaos.default {p0}-1"] and audit.duplicates == 3
+    assert audit.misrouted == [f"chaos.fanout.1 {p1}-1"]
+    assert audit.wrong_bodies == 1 and audit.confirmed == 6 and audit.consumed == 10
 
 
 def test_only_what_a_damaged_file_held_is_counted_destroyed_rather_than_lost(tmp_path):
     workload = ChaosWorkload(str(tmp_path), "tcp://127.0.0.1:1", producers=1,
                              consumers=1, sizes=(100, 200))
-    _write(tmp_path / "producer0.ledger", [f"ab12p0-{n}" for n in range(6)])
+    p0 = workload.producer(0).name
+    _write(tmp_path / "producer0.ledger", [f"{p0}-{n}" for n in range(12)])
     _write(tmp_path / "consumer0.ledger", [])
-    bodies = tmp_path / "msg_store_persistent" / "1.rdq"   # the cut in the fourth body
+    # The shared store: a cut in the fourth of four bodies takes it and what follows.
+    bodies = tmp_path / "msg_store_persistent" / "1.rdq"
     bodies.parent.mkdir()
-    chunks = [b"HEAD" + body_of(f"ab12p0-{n}", 150) for n in range(4)]
+    chunks = [b"HEAD" + body_of(f"{p0}-{n}", 150) for n in range(4)]
     bodies.write_bytes(b"".join(chunks))
     workload.note_damage(str(bodies), "torn", len(b"".join(chunks[:3])) + 60)
-    index = tmp_path / "queues" / "chaos.default" / "0.qi"   # entries of p0-4 and p0-5
+    # A queue's index: a flip in the slot of 4 takes 4 alone; a cut in the slot of 7
+    # takes 7 and 8.
+    index = tmp_path / "queues" / "chaos.default" / "0.qi"
     index.parent.mkdir(parents=True)
-    slots = b"".join(bytes(16) + message_ids(b"ab12p0", n, 1)[0] + bytes(16) for n in (4, 5))
+    slots = b"".join(bytes(16) + message_ids(p0.encode(), n, 1)[0] + bytes(16)
+                     for n in (4, 5, 6, 7, 8))
     index.write_bytes(bytes(HEADER_BYTES) + slots)
-    workload.note_damage(str(index), "torn", HEADER_BYTES + SLOT_BYTES + 3)
-    # A queue's own store file held p0-0 and p0-1 for that queue alone.
-    own = tmp_path / "queues" / "chaos.lazy" / "0.qs"
-    own.parent.mkdir()
-    own.write_bytes(b"".join(b"HEAD" + body_of(f"ab12p0-{n}", 150) for n in (0, 1)))
-    workload.note_damage(str(own), "flip", 10)
-    verdict = workload.verdict()
-    assert verdict.destroyed == ["chaos.default ab12p0-3", "chaos.default ab12p0-5"]
-    assert verdict.lost == ["chaos.default ab12p0-0", "chaos.default ab12p0-1",
-                            "chaos.default ab12p0-2", "chaos.default ab12p0-4"]
+    workload.note_damage(str(index), "flip", HEADER_BYTES + 20)
+    workload.note_damage(str(index), "torn", HEADER_BYTES + 3 * SLOT_BYTES + 5)
+    # Queues' own store files: a flip inside the body of 9 takes it (or its neighbour
+    # 10, where the bit may fall in 10's framing), not 11; a flipped header takes the
+    # whole file, but only for its queue.
+    own = tmp_path / "queues" / "chaos.default" / "1.qs"
+    records = [b"HEAD" + body_of(f"{p0}-{n}", 150) for n in (9, 10, 11)]
+    own.write_bytes(bytes(HEADER_BYTES) + b"".join(records))
+    workload.note_damage(str(own), "flip", HEADER_BYTES + 30)
+    other = tmp_path / "queues" / "chaos.lazy" / "0.qs"
+    other.parent.mkdir()
+    other.write_bytes(bytes(HEADER_BYTES) + b"HEAD" + body_of(f"{p0}-0", 150))
+    workload.note_damage(str(other), "flip", 10)
+    audit = workload.audit()
+    assert audit.destroyed == [f"chaos.default {p0}-{n}" for n in (10, 3, 4, 7, 8, 9)]
+    assert audit.lost == [f"chaos.default {p0}-{n}" for n in (0, 1, 11, 2, 5, 6)]
+
+
+def test_a_node_missing_an_actor_it_must_have_is_not_healthy(tmp_path):
+    node = NodeUnderTest(tmp_path / "data")
+    try:
+        node.start()
+        assert node.healthy()
+        node.expect(["msg_store_persistent", "queue orders"])   # never declared
+        assert not node.healthy()
+        node.expect(["msg_store_persistent", "msg_store_gc"])
+        assert node.healthy()
+        family = node.processes()
+    finally:
+        node.close()
+    assert not [p for p in family if is_alive(p)]
 
 
 def test_fault_patterns_get_limits_under_their_supervisors_intensity():
