@@ -211,6 +211,9 @@ class QueueIndex:
             found: list[Entry] = []
             drop: list[int] = []
             first = segment * n
+            cut_short = (len(data) - HEADER_BYTES) % SLOT_BYTES
+            if cut_short and data[len(data) - cut_short] != 0:
+                torn += 1                  # the file ends in a slot cut short: it is gone
             for rel in range((len(data) - HEADER_BYTES) // SLOT_BYTES):
                 at = HEADER_BYTES + rel * SLOT_BYTES
                 if data[at] == 0:

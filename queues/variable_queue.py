@@ -85,8 +85,9 @@ from warren.store.disk_faults import slow_sync
 from .durable_files import fsync_directory, write_atomically
 from .errors import CorruptMessage, MessageTooLarge, QueueClosed, UnknownDeliveryTag
 from .message import Message, decode, encode
-from .queue_index import DEFAULT_SEGMENT_ENTRY_COUNT, Entry, QueueIndex, pack_slot
-from .queue_store import QueueStore
+from .queue_index import (DEFAULT_SEGMENT_ENTRY_COUNT, INDEX_SUFFIX, Entry, QueueIndex,
+                          pack_slot)
+from .queue_store import STORE_SUFFIX, QueueStore
 
 __all__ = ["Delivery", "Fetched", "MessageInfo", "SharedStoreClient", "VariableQueue"]
 
@@ -290,6 +291,12 @@ class VariableQueue:
         self._persistent = persistent_store(persistent_ref)
         self._transient = transient_store(os.urandom(16))
         clean = terms is not None and shared_store_clean
+        if clean and terms.get("file_sizes") != self._segment_file_sizes():
+            # Cut or grown since the clean stop (a torn copy, a restored backup): the
+            # counts in the terms may name entries that are gone. Only a scan knows.
+            log.warning("%s: segment files changed size since the clean stop; recovering "
+                        "dirty", self.directory)
+            clean = False
         if clean:
             self._index.recover_clean({int(s): c for s, c in terms["segments"].items()})
             self._store.recover({int(s): c for s, c in terms["store_segments"].items()})
@@ -317,6 +324,10 @@ class VariableQueue:
                      self.counters["dropped_missing"], self.counters["dropped_corrupt"],
                      self.counters["torn_slots"], self.counters["bad_segments"])
         self.recovered_clean = clean
+
+    def _segment_file_sizes(self) -> dict[str, int]:
+        return {entry.name: entry.stat().st_size for entry in os.scandir(self.directory)
+                if entry.name.endswith((INDEX_SUFFIX, STORE_SUFFIX))}
 
     def _take_terms(self) -> dict[str, Any] | None:
         """The recovery terms of a clean stop, deleted from disk (a crash from now on is
@@ -1027,7 +1038,8 @@ class VariableQueue:
                  "segments": self._index.segment_counts(),
                  "store_segments": self._store.live_counts,
                  "delivery_counts": delivery_counts,
-                 "persistent_ref": self._persistent.client_ref.hex()}
+                 "persistent_ref": self._persistent.client_ref.hex(),
+                 "file_sizes": self._segment_file_sizes()}
         write_atomically(os.path.join(self.directory, TERMS_FILE),
                           json.dumps(terms).encode())
         # The persistent client stays registered: the store's clean-shutdown files name

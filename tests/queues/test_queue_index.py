@@ -244,4 +244,5 @@ def test_a_damaged_segment_is_dropped_or_repaired_and_recovery_finishes(
     assert survivors == expected_first[damage] + list(range(N, 2 * N))
     assert found.entries == len(survivors)
     assert (found.torn, found.bad_segments) == {
-        "torn_slot": (1, 0), "corrupt_header": (0, 1)}.get(damage, (0, 0))
+        "torn_slot": (1, 0), "corrupt_header": (0, 1),
+        "truncated": (1, 0)}.get(damage, (0, 0))      # the slot cut short is counted

@@ -68,6 +68,22 @@ def test_a_body_file_cut_mid_record_loses_only_the_records_it_cut(open_queue):
     assert [number(d) for d in drain(queue)] == list(range(N - 1))
 
 
+def test_an_index_cut_after_a_clean_stop_is_recovered_by_a_scan_that_says_so(open_queue,
+                                                                             caplog):
+    queue = open_queue()
+    for n in range(N):
+        queue.publish(message(n, size=100))
+    queue.sync()
+    queue.terminate()                       # clean: the terms count N messages
+    path = os.path.join(queue.directory, "0.qi")
+    os.truncate(path, os.path.getsize(path) - 48 * 3 - 20)   # 3 slots and part of one
+    with caplog.at_level(logging.WARNING, logger="warren.queues"):
+        queue = open_queue()
+    assert not queue.recovered_clean and queue.counters["torn_slots"] == 1
+    assert [number(d) for d in drain(queue)] == list(range(N - 4))
+    assert "changed size since the clean stop" in caplog.text
+
+
 def test_a_segment_with_a_corrupt_header_is_dropped_and_the_others_recover(open_queue):
     queue = open_queue()
     for n in range(3 * N):

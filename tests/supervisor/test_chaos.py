@@ -19,6 +19,9 @@ from ..waiting import wait_for
 from .sample_actors import Worker
 
 ROOT = Path(__file__).resolve().parents[2]
+# What a queue's stats count of the messages recovery and reads dropped.
+DROP_COUNTERS = ("dropped_missing", "dropped_corrupt", "torn_slots", "bad_segments",
+                 "corrupt_on_read", "missing_on_read")
 
 
 def queue_pid(node, name):
@@ -108,6 +111,7 @@ def test_a_damaged_file_of_a_stopped_node_never_delivers_wrong_bytes(tmp_path, k
     for seed in range(4):
         path, offset = damage_file(data, kind, seed)
         assert os.path.exists(path) and offset >= 0
+    kept, noticed = 0, 0
     with Node(data) as node:
         connection = node.connect()
         for queue in ("orders", "audit"):
@@ -116,6 +120,11 @@ def test_a_damaged_file_of_a_stopped_node_never_delivers_wrong_bytes(tmp_path, k
                 delivered.append(checked_id(delivery.body))     # raises on wrong bytes
             assert set(delivered) <= set(ids) and len(delivered) == len(set(delivered))
             assert node.queue_state(queue) == "running"
+            kept += len(delivered)
+            stats = connection.queue_stats(queue)
+            noticed += sum(stats[k] for k in DROP_COUNTERS)
+    # The damage cost messages, and the queues that lost them said so.
+    assert kept < 2 * len(ids) and noticed > 0
 
 
 def test_damage_needs_a_file_to_damage(tmp_path):
