@@ -52,7 +52,8 @@ raises ``DiskFull`` with their ids once every answer is in.
 
 Every call ends. A read, contains or terminate whose store restarted while it waited is
 asked again of the new incarnation (they change nothing, or nothing twice); one that gets
-no answer within ``call_timeout_s`` raises ``StoreTimeout``; writes end in a settlement,
+no answer within ``call_timeout_s`` raises ``StoreTimeout``, and so does a client made
+(registered) while its store is silent; writes end in a settlement,
 ``StoreRestarted`` or ``StoreUnavailable``.
 
 Races: a remove travels in the batch, in its place among the writes (``WriteBatch``), so
@@ -150,7 +151,13 @@ class StoreClient:
         self._register()
 
     def _register(self) -> None:
-        info: StoreInfo = self.store.ask(Register(self.client_ref))
+        try:
+            info: StoreInfo = self.store.ask(Register(self.client_ref),
+                                             timeout=self.call_timeout_s)
+        except AskTimeout:
+            raise StoreTimeout(f"the store did not register this client within "
+                               f"{self.call_timeout_s:g} s; it is alive but silent (stopped, "
+                               f"or recovering); ask again later") from None
         self._pinned = info.ref
         self.incarnation = info.ref.incarnation
         self._reader = LockTableReader(info.directory)

@@ -99,6 +99,20 @@ def test_a_call_to_a_silent_store_ends_with_a_timeout_and_loses_nothing(node):
     client.terminate()
 
 
+def test_a_client_made_while_its_store_is_silent_gets_a_timeout_not_a_long_wait(node):
+    # A queue restarting beside a frozen store waited the runtime's 30 s for its
+    # registration, and held its whole supervision tree up meanwhile.
+    with stopped(node.store().pid):
+        made = in_thread(lambda: StoreClient(node.store(), call_timeout_s=1.5))
+        with pytest.raises(StoreTimeout, match="alive but silent"):
+            made(timeout=10)
+    client = StoreClient(node.store(), call_timeout_s=1.5)
+    client.write(msg_id(1), body(1))
+    client.settle()
+    assert client.read(msg_id(1)) == body(1)
+    client.terminate()
+
+
 def test_no_more_than_the_window_is_ever_unanswered(node):
     window = 1000
     client = StoreClient(node.store(), batch_messages=300, max_in_flight=window)
