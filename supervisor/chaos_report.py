@@ -21,7 +21,7 @@ import os
 import statistics
 from typing import Any
 
-from .chaos_run import ChaosResult
+from .chaos_run import SAMPLE_EVERY_S, ChaosResult
 from .tables import Column, format_table
 
 __all__ = ["format_report", "report_document", "write_report"]
@@ -126,7 +126,7 @@ def _plot(document: dict, path: str) -> str:
     figure, axes = pyplot.subplots(figsize=(11, 4.5), dpi=100)
     # Rates over windows of a 200th of the run (at least a sample's interval): a long
     # run's line stays readable.
-    window = max(document["duration_s"] / PLOT_WINDOWS, 0.0)
+    window = max(document["duration_s"] / PLOT_WINDOWS, SAMPLE_EVERY_S)
     for series, colour in (("confirmed", "tab:blue"), ("consumed", "tab:green")):
         points = [(t, counts[series]) for t, counts in samples if series in counts]
         kept = points[:1]
