@@ -529,14 +529,15 @@ def run_tree(data_dir: str | os.PathLike, children: str, *, kinds: tuple[str, ..
              limits: dict[str, tuple[int, float]] | None = None,
              sample: Callable[[str], dict[str, int]] | None = None,
              node_options: tuple[str, ...] = (),
-             report_dir: str | os.PathLike | None = None) -> dict:
+             report_dir: str | os.PathLike | None = None,
+             expect: Iterable[str] | None = None) -> dict:
     """An application's tree (``children``: ``"module:function"``, the function taking
     the data directory and returning its ChildSpecs and SupervisorSpecs) on a node under
     a seeded schedule, then ``check(data_dir)`` on the stopped node's files: the problems
     it finds (a list of lines, or an AssertionError's message). The report document
     (``warren.supervisor.chaos_report``): ``ok`` only when the check found nothing, every
-    fault's recovery ended and the node was healthy at the end, with every actor it
-    started with. ValueError, before anything starts, for a bad kind, duration or
+    fault's recovery ended and the node was healthy at the end, with every actor named
+    in ``expect`` (by default, every one it started with). ValueError, before anything starts, for a bad kind, duration or
     interval or a data directory that is not a node's (``check_data_dir``), and, before
     the first fault, for a pattern that matches none of the node's processes."""
     from .chaos_report import report_document, write_report
@@ -549,7 +550,7 @@ def run_tree(data_dir: str | os.PathLike, children: str, *, kinds: tuple[str, ..
     with harness_signals():
         try:
             node.start()
-            node.expect(node.actor_pids())
+            node.expect(node.actor_pids() if expect is None else expect)
             processes = node.processes()
             for pattern in patterns:
                 if not chaos.matching(processes, pattern):
