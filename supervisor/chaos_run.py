@@ -17,7 +17,8 @@ After each crash fault it waits until the node is healthy again (every actor of 
 running, none of the actors it is expected to have missing, the victim replaced) and notes
 how long that took: the recovery time. A stopped actor its supervisor never replaced is
 resumed after twice the heartbeat timeout, and the fault says so. A full disk whose alarm
-never goes off is a problem of the run. Between
+never goes off, though the node ran on it for ``DISK_ALARM_DUE_S``, is a problem of the
+run (one the node spent restarting from a crash fault is a missed fault). Between
 faults it samples the caller's counters (``sample``, for the throughput plot) every
 ``SAMPLE_EVERY_S``. Every fault is logged, with its time, to the ``warren.chaos`` logger
 and in the result's events, so a failed run can be read and repeated from its seed.
@@ -78,6 +79,7 @@ SAMPLE_EVERY_S = 0.5
 SLOW_SYNC_S = 0.05               # what a slow disk adds to every group commit
 DISK_FAULT_HOLD_S = (1.0, 3.0)   # how long a full or slow disk lasts
 DISK_ALARM_GRACE_S = 3.0         # how late a full disk's alarm may be seen
+DISK_ALARM_DUE_S = 2.5           # a node up this long on a full disk has raised its alarm
 POLL_S = 0.05
 CHAOS_HEARTBEAT_TIMEOUT_S = 5.0  # so that a stopped store or queue is replaced in a run
 DISK_FAULTS_FILE = "chaos-disk-faults.json"   # in the data directory, while a run lasts
@@ -361,6 +363,8 @@ class _Watch:
     resume_at: float = 0.0               # seconds from the start
     resumed: bool = False                # its supervisor never replaced it: resumed
     disk_until: float | None = None      # a full or slow disk: when it ends
+    full_since: float | None = None      # the node up on the full disk since
+    alarm_due: bool = False              # ... for DISK_ALARM_DUE_S: its alarm must go off
 
 
 class _Disk:
@@ -404,15 +408,24 @@ def run_faults(node: NodeUnderTest, faults: list[chaos.Fault], duration_s: float
         disk.update(now())
         for watch in [w for w in watching if w.disk_until is not None]:
             event = watch.event
-            if event.kind == "full" and not event.landed and "disk" in (
-                    (node.status() or {}).get("alarms") or ()):
-                event.landed, event.detail = True, "the disk alarm went off"
+            if event.kind == "full" and not event.landed:
+                status = node.status()
+                if status is not None and "disk" in (status.get("alarms") or ()):
+                    event.landed, event.detail = True, "the disk alarm went off"
+                elif status is not None and now() < watch.disk_until:
+                    if watch.full_since is None:
+                        watch.full_since = now()
+                    watch.alarm_due |= now() - watch.full_since >= DISK_ALARM_DUE_S
+                else:
+                    watch.full_since = None      # the node is away (a crash fault)
             # The node checks its disk every second: a short full disk may be seen late.
             if now() >= watch.disk_until + (0 if event.landed else DISK_ALARM_GRACE_S):
-                if not event.landed:
+                if not event.landed and watch.alarm_due:
                     event.detail = "the disk alarm did not go off"
                     result.problems.append(f"full at {event.at_s:.2f} s: the disk read as "
                                            f"full, and the disk alarm did not go off")
+                elif not event.landed:
+                    event.detail = "the node was away while the disk was full"
                 _log(event)
                 watching.remove(watch)
         for watch in [w for w in watching if w.stopped is not None]:

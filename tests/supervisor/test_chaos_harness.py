@@ -21,8 +21,8 @@ from warren.queues.queue_index import HEADER_BYTES, SLOT_BYTES
 from warren.queues.workload import body_of
 from warren.store.disk_faults import ENVIRONMENT_VARIABLE, write_faults
 from warren.supervisor import Node
-from warren.supervisor.chaos import is_alive, kill_processes, node_processes
-from warren.supervisor.chaos_run import NodeUnderTest
+from warren.supervisor.chaos import Fault, is_alive, kill_processes, node_processes
+from warren.supervisor.chaos_run import NodeUnderTest, run_faults
 
 from ..waiting import wait_for
 
@@ -123,6 +123,24 @@ def test_a_full_disk_raises_the_disk_alarm_holds_publishers_and_clears(tmp_path,
         wait_for(lambda: not node.active_alarms(), timeout=10)
         connection.publish("orders", b"taken again")
         assert [connection.get("orders").body] == [b"taken again"]
+
+
+@pytest.mark.parametrize("disk_free_limit, alarmed", [("50MB", True), ("0", False)])
+def test_a_full_disk_the_node_never_alarms_on_is_a_problem_of_the_run(tmp_path,
+                                                                      disk_free_limit, alarmed):
+    # A limit of 0 bytes never trips: a node that ignores its disk must fail the run.
+    full = Fault(0.5, "full", "", 2)                      # seed 2: held for 2.9 s
+    node = NodeUnderTest(tmp_path / "data", options=("--disk-free-limit", disk_free_limit))
+    try:
+        node.start()
+        result = run_faults(node, [full], duration_s=1.0)
+    finally:
+        node.close()
+    [event] = result.events
+    assert event.landed is alarmed
+    assert bool(result.problems) is not alarmed
+    if not alarmed:
+        assert "the disk alarm did not go off" in result.problems[0]
 
 
 # ------------------------------------------------------------------ warren chaos
