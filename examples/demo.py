@@ -134,12 +134,14 @@ def tour(node: Node, work: str) -> None:
     for queue in QUEUES:
         result = audit([Producer(f"p{i}", ledger, (queue,)) for i, ledger in enumerate(producers)],
                        [consumers[queue]])
-        lost += len(result.lost) + len(result.unflagged)
+        lost += len(result.lost) + len(result.unflagged) + len(result.misrouted) + \
+            result.wrong_bodies
         print(f"   {queue:<9} confirmed {result.confirmed:,}, consumed {result.consumed:,}, "
               f"redelivered {result.redelivered:,}, duplicates {result.duplicates:,}, "
               f"lost {len(result.lost)}")
     if lost:
-        raise SystemExit(f"{lost} confirmed orders were lost or came back unflagged")
+        raise SystemExit(f"{lost} confirmed orders were lost, came back unflagged, went "
+                         f"astray or came back damaged")
 
     step("7. The node's status")
     print("   " + format_status(node.status()).replace("\n", "\n   "))

@@ -41,8 +41,8 @@ from warren.store.store_actor import GC_NAME
 from warren.supervisor import chaos
 from warren.supervisor.chaos_report import (format_report, report_document,
                                             write_report)
-from warren.supervisor.chaos_run import (NodeUnderTest, check_data_dir, harness_signals,
-                                         run_faults, spawn_with_parent)
+from warren.supervisor.chaos_run import (RUN_DIR, NodeUnderTest, check_data_dir,
+                                         harness_signals, run_faults, spawn_with_parent)
 from warren.supervisor.node import LISTENER_NAME, QUEUE_PREFIX, STORES
 
 from .dedup import message_ids
@@ -51,7 +51,7 @@ from .listener import with_free_port
 from .queue_index import HEADER_BYTES, SLOT_BYTES
 from .workload import Audit, Producer, audit
 
-__all__ = ["QUEUES", "TARGETS", "ChaosWorkload", "actor_names", "pattern_limits",
+__all__ = ["QUEUES", "RUN_DIR", "TARGETS", "ChaosWorkload", "actor_names", "pattern_limits",
            "run_chaos"]
 
 DEFAULT_QUEUE, LAZY_QUEUE, EXCHANGE = "chaos.default", "chaos.lazy", "chaos.fanout"
@@ -70,7 +70,6 @@ _MSG_ID_AT = 16            # where a queue index slot keeps the message id (16 b
 # the run's finding. A pattern naming queues only may take 3; any other 2, leaving the
 # root a restart for the rest.
 QUEUE_PATTERN_LIMIT, OTHER_PATTERN_LIMIT = (3, 60.0), (2, 60.0)
-RUN_DIR = "chaos-run"      # in the data directory: the ledgers and the logs
 
 
 def actor_names() -> list[str]:
@@ -223,7 +222,10 @@ class ChaosWorkload:
     def drain(self) -> None:
         """Let the consumers empty every queue (ready and unacked); give up when the
         queues and the ledgers stay as they are for ``DRAIN_IDLE_S``."""
-        connection = self.connect()
+        try:
+            connection = self.connect()
+        except OSError:
+            return                  # no node to drain: the verdict and its health say so
         try:
             last, since = None, time.monotonic()
             while time.monotonic() - since < DRAIN_IDLE_S:

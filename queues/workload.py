@@ -3,11 +3,11 @@ confirmed and what was consumed, so that a crash-recovery run can say what was l
 
 A producer publishes messages ``NAME-0``, ``NAME-1`` ... whose bodies check themselves
 (an order event, then a digest of the message id padding it to a size), one at a time;
-each confirmed id goes to its ledger. A publish the node refused outright (its alarm held
-it past the timeout, the queue was between incarnations) is sent again; one left in
-doubt (no answer, or the queue restarted before confirming) is sent again and its id
-noted in the ledger's ``.resent`` file, since its first attempt may have reached the
-queue too. A consumer acks everything it gets and writes ``queue id redelivered`` lines.
+each confirmed id goes to its ledger. A publish refused before anything was sent (the
+node's alarm held it past the timeout, no queue is bound) is sent again; any other that
+failed (no answer, a queue restarted before confirming, or between incarnations) is sent
+again and its id noted in the ledger's ``.resent`` file, since its first attempt may have
+reached a queue too. A consumer acks everything it gets and writes ``queue id redelivered`` lines.
 ``audit`` compares the ledgers: a confirmed message never consumed from a queue it went
 to is lost; a message consumed twice from a queue must be flagged redelivered the second
 time, unless its producer sent it twice; a message consumed from a queue it was not
@@ -43,16 +43,16 @@ from dataclasses import dataclass, field
 from warren.actors import ActorError
 
 from .connection import Connection
-from .errors import (Blocked, InvalidMessage, MessageTooLarge, NotFound, OutOfSequence,
-                     QueueDown, QueueError, Unroutable)
+from .errors import Blocked, InvalidMessage, MessageTooLarge, QueueError, Unroutable
 
 __all__ = ["Audit", "Producer", "audit", "body_of", "checked_id", "consume", "ledger_lines",
            "produce", "size_of"]
 
 SIZES = (40, 900, 6000)               # bytes of padding: small, and past 4 KiB
 RETRY_S = 0.05
-# Publishes the node refused before taking them: sending them again makes no duplicate.
-REFUSED = (Blocked, NotFound, OutOfSequence, QueueDown, Unroutable)
+# Publishes refused before anything was sent (a fanout publish that fails on its second
+# queue may be in the first): sending them again makes no duplicate.
+REFUSED = (Blocked, Unroutable)
 
 
 def body_of(message_id: str, size: int | None = None) -> bytes:
@@ -122,11 +122,12 @@ def produce(connection: Connection, routing_key: str, name: str, count: int | No
             confirmed.write(message_id + "\n")
 
 
-def consume(connection: Connection, queues: list[str], ledger: str,
+def consume(connection: Connection, queues: str | list[str], ledger: str,
             stop_after_idle_s: float | None = None) -> None:
-    """Ack every message of ``queues`` (taken in turn); until stopped, or idle for
-    ``stop_after_idle_s``. Each delivery is a ledger line, ``queue id redelivered`` (or
-    ``queue ? wrong`` for a damaged body), written before the ack."""
+    """Ack every message of ``queues`` (one name, or several taken in turn); until
+    stopped, or idle for ``stop_after_idle_s``. Each delivery is a ledger line, ``queue id
+    redelivered`` (or ``queue ? wrong`` for a damaged body), written before the ack."""
+    queues = [queues] if isinstance(queues, str) else queues
     idle_since = time.monotonic()
     empty = 0                         # queues found empty in a row: a round of them, a nap
     with open(ledger, "a", buffering=1) as consumed:

@@ -52,9 +52,9 @@ raises ``DiskFull`` with their ids once every answer is in.
 
 Every call ends. A read, contains or terminate whose store restarted while it waited is
 asked again of the new incarnation (they change nothing, or nothing twice); one that gets
-no answer within ``call_timeout_s`` raises ``StoreTimeout``, and so does a client made
-(registered) while its store is silent; writes end in a settlement,
-``StoreRestarted`` or ``StoreUnavailable``.
+no answer within ``call_timeout_s`` raises ``StoreTimeout``, and so does registering with
+a silent store (a client made, or any call after a restart of its store); writes end in
+a settlement, ``StoreRestarted``, ``StoreUnavailable`` or that ``StoreTimeout``.
 
 Races: a remove travels in the batch, in its place among the writes (``WriteBatch``), so
 the store applies it after the writes before it and before those after it, a write and

@@ -16,7 +16,7 @@ then lands each fault of a schedule (``warren.supervisor.chaos.schedule``) at it
 After each crash fault it waits until the node is healthy again (every actor of its tree
 running, none of the actors it is expected to have missing, the victim replaced) and notes
 how long that took: the recovery time. A stopped actor its supervisor never replaced is
-resumed after twice the heartbeat timeout, and the fault says so. A full disk whose alarm
+resumed after twice the heartbeat timeout, a problem of the run. A full disk whose alarm
 never goes off, though the node ran on it for ``DISK_ALARM_DUE_S``, is a problem of the
 run (one the node spent restarting from a crash fault is a missed fault). Between
 faults it samples the caller's counters (``sample``, for the throughput plot) every
@@ -86,6 +86,9 @@ DISK_FAULTS_FILE = "chaos-disk-faults.json"   # in the data directory, while a r
 VICTIM_WAIT_S = 5.0              # how long a kill or stop waits for a process to match
 # What a node's data directory holds: a directory with files but none of these is not one.
 NODE_FILES = ("node.lock", DEFINITIONS_FILE, "msg_store_persistent")
+NODE_LOG = "chaos-node.log"      # run_tree's node log, in the data directory
+RUN_DIR = "chaos-run"            # warren chaos's ledgers and logs, in the data directory
+HARNESS_FILES = (NODE_LOG, RUN_DIR, DISK_FAULTS_FILE)   # what a run leaves beside a node's
 
 
 def check_data_dir(path: str | os.PathLike) -> str:
@@ -99,7 +102,7 @@ def check_data_dir(path: str | os.PathLike) -> str:
         return data_dir
     if not os.path.isdir(data_dir):
         raise ValueError(f"{data_dir} is not a directory")
-    entries = os.listdir(data_dir)
+    entries = [name for name in os.listdir(data_dir) if name not in HARNESS_FILES]
     if entries and not any(name in entries for name in NODE_FILES):
         raise ValueError(f"{data_dir} is not a node's data directory (it has files, but none "
                          f"of {', '.join(NODE_FILES)}): give a new or empty directory, or a "
@@ -270,13 +273,18 @@ class NodeUnderTest:
         self._seen.update((p.pid, p) for p in found)
         return found
 
+    def _family(self) -> list[psutil.Process]:
+        """Its processes now and those seen before: a node that died on its own no longer
+        has its actors below it (psutil tells a pid reused since from them)."""
+        return [*{**self._seen, **{p.pid: p for p in self.processes()}}.values()]
+
     def kill(self) -> None:
         """SIGKILL every process of the node at once, as a power cut."""
         if self._process is None:
             return
         self._restarts_before, self._restarts_now = self._restarts_before + \
             self._restarts_now, 0
-        survivors = chaos.kill_processes(self.processes())
+        survivors = chaos.kill_processes(self._family())
         self._process.wait()
         self._process = None
         self._seen.clear()
@@ -293,9 +301,7 @@ class NodeUnderTest:
             os.unlink(self.faults_file)
         if self._process is None:
             return
-        # A node that died on its own no longer has its actors below it: the ones seen
-        # before are stopped too (psutil tells a pid reused since from them).
-        family = [*{**self._seen, **{p.pid: p for p in self.processes()}}.values()]
+        family = self._family()
         if self._process.poll() is None:
             self.restarts()
             for process in family:               # a stopped actor must run to stop
@@ -436,6 +442,9 @@ def run_faults(node: NodeUnderTest, faults: list[chaos.Fault], duration_s: float
                     watch.resumed = True
                     watch.event.detail = (f"resumed after {now() - watch.event.at_s:.1f} s: "
                                           f"its supervisor had not replaced it")
+                    result.problems.append(
+                        f"stop at {watch.event.at_s:.2f} s: {watch.actor} answered no "
+                        f"heartbeat and its supervisor did not replace it")
                 watch.stopped = None
         if watching:
             status = node.status()
@@ -559,7 +568,7 @@ def run_tree(data_dir: str | os.PathLike, children: str, *, kinds: tuple[str, ..
                             limits=limits or {p: (2, 60.0) for p in patterns})
     data_dir = check_data_dir(data_dir)
     node = NodeUnderTest(data_dir, options=("--children", children, *node_options),
-                         log_path=os.path.join(data_dir, "chaos-node.log"))
+                         log_path=os.path.join(data_dir, NODE_LOG))
     with harness_signals():
         try:
             node.start()

@@ -5,6 +5,7 @@ import os
 import time
 
 from warren.actors import ProcessActor
+from warren.supervisor import ChildSpec
 
 
 class Worker(ProcessActor):
@@ -58,3 +59,8 @@ class SlowStarter(Worker):
 class FailsToStart(ProcessActor):
     def on_start(self) -> None:
         raise ValueError("cannot start")
+
+
+def unwatched_worker(data_dir):
+    """A tree of one worker with no heartbeat: frozen, it is never replaced."""
+    return (ChildSpec("worker", Worker, heartbeat_interval_s=None, heartbeat_timeout_s=None),)

@@ -22,7 +22,7 @@ from warren.queues.workload import body_of
 from warren.store.disk_faults import ENVIRONMENT_VARIABLE, write_faults
 from warren.supervisor import Node
 from warren.supervisor.chaos import Fault, is_alive, kill_processes, node_processes
-from warren.supervisor.chaos_run import NodeUnderTest, run_faults
+from warren.supervisor.chaos_run import NodeUnderTest, check_data_dir, run_faults
 
 from ..waiting import wait_for
 
@@ -74,6 +74,15 @@ def test_the_same_seed_lands_the_same_faults_on_the_same_actors(warren_chaos):
     landed = [[(e["kind"], e["target"]) for e in run["events"]] for run in runs]
     assert landed[0] == landed[1] and len(landed[0]) >= 3
     assert all(run["ok"] for run in runs)
+
+
+def test_a_frozen_actor_its_supervisor_never_replaces_fails_the_run(warren_chaos):
+    report = warren_chaos.run("tests.supervisor.sample_actors:unwatched_worker",
+                              check=lambda data_dir: [], kinds=("stop",),
+                              patterns=("worker",), duration_s=1.5, seed=1, every_s=(0.5, 1.0))
+    assert not report["ok"] and report["events"]
+    assert all("its supervisor had not replaced it" in e["detail"] for e in report["events"])
+    assert any("did not replace it" in problem for problem in report["problems"])
 
 
 def test_a_pattern_that_matches_no_process_is_refused_before_any_fault(warren_chaos):
@@ -196,6 +205,11 @@ def test_chaos_refuses_a_directory_that_is_not_a_nodes_or_one_a_node_holds(tmp_p
     with Node(tmp_path / "busy"):
         refused = warren("chaos", "--data-dir", str(tmp_path / "busy"))
     assert refused.returncode == 2 and "a node runs on" in refused.stderr
+    # What an earlier run left before its node could start does not make a stranger.
+    retried = tmp_path / "retried"
+    (retried / "chaos-run").mkdir(parents=True)
+    (retried / "chaos-node.log").write_text("usage: unknown module 'myap.tree'\n")
+    assert check_data_dir(retried) == str(retried)
 
 
 def test_a_node_that_will_not_start_ends_the_run_with_one_line_and_its_log(tmp_path):
