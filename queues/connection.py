@@ -239,7 +239,8 @@ class Connection:
         With ``producer_id`` and ``sequence``, each queue takes the message only if the
         sequence is above the highest it took from that producer, and confirms a repeat
         without enqueueing it: a producer that re-sends the same messages under the same
-        sequences, in increasing order, adds no duplicates (``warren.queues.dedup``)."""
+        sequences, in increasing order, adds no duplicates (``warren.queues.dedup``). Such
+        a message carries no publish timestamp: every attempt must be the same bytes."""
         self.publish_async(routing_key, body, exchange=exchange, persistent=persistent,
                            headers=headers, message_id=message_id,
                            expiration_ms=expiration_ms, mandatory=mandatory,
@@ -255,7 +256,7 @@ class Connection:
         exchange routes it nowhere and ``mandatory`` (else it is dropped, confirmed)."""
         return self.publish_message(
             routing_key, Message(body, message_id, headers, expiration_ms,
-                                 int(time.time() * 1000), None, bool(persistent)),
+                                 _stamp(producer_id), None, bool(persistent)),
             exchange=exchange, mandatory=mandatory, producer_id=producer_id,
             sequence=sequence)
 
@@ -277,9 +278,9 @@ class Connection:
         """Publish every body (all with ``routing_key``); return once all are confirmed;
         how many. With ``producer_id``, ``sequence`` is the first body's; the others
         follow one by one (see ``publish``)."""
-        now_ms = int(time.time() * 1000)
+        stamp = _stamp(producer_id)
         return self.publish_messages(
-            routing_key, (Message(body, None, headers, expiration_ms, now_ms, None,
+            routing_key, (Message(body, None, headers, expiration_ms, stamp, None,
                                   bool(persistent)) for body in bodies),
             exchange=exchange, mandatory=mandatory, timeout=timeout, producer_id=producer_id,
             sequence=sequence)
@@ -629,6 +630,16 @@ def _alive(ref: ActorRef | RemoteQueue, future: Any) -> bool:
         return ref.unpin().ping(timeout=RESTART_CHECK_S).incarnation == ref.incarnation
     except ActorError:
         return True                       # busy, or between incarnations: wait on
+
+
+def _stamp(producer_id: str | bytes | None) -> int | None:
+    """The publish timestamp a message gets: now, but none for a deduplicated one. Its
+    shared-store id is derived from (producer, sequence), the same for every attempt, and
+    the store keeps one copy per id: an attempt stamped a moment later would be other
+    bytes under that id, and a queue taking the second attempt (a fanout whose first
+    attempt reached only some queues) would read the first's bytes and find them failing
+    its CRC."""
+    return None if producer_id is not None else int(time.time() * 1000)
 
 
 def _producer(producer_id: str | bytes | None, sequence: int | None) -> bytes | None:

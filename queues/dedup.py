@@ -28,6 +28,13 @@ Races it guards against:
   derived from (producer, sequence) (``message_ids``), so the queue collects the ids of
   its entries from the last record's low water on (``tail``) and drops a re-sent message
   whose id is among them.
+- One id, two byte strings. The shared store keeps one copy per id, and a derived id is
+  the same for every attempt and every queue: an attempt that encoded differently (the
+  connection stamping each with its own time) was stored under the first attempt's bytes
+  for a queue that took only the second (a fanout whose first attempt reached one queue),
+  and that queue's CRC refused them: a confirmed message dropped. A deduplicated message
+  therefore carries no connection-stamped timestamp, and the producer's promise (the same
+  message under the same sequence) covers every property it gives.
 - A torn record at the end (a crash mid-append): its CRC fails; it and what follows are
   cut off. Its messages were not confirmed yet, and the tail covers them.
 - Growth: past ``COMPACT_BYTES`` the log is rewritten (temporary file, fsync, rename)

@@ -214,7 +214,7 @@ def _messages(columns: dict[str, list], target: Target, where: str,
     keys = columns.get("routing_key", nothing)
     headers = columns.get("headers", nothing)
     ids = columns.get("message_id", nothing)
-    now_ms, persistent = int(time.time() * 1000), target.persistent
+    persistent = target.persistent
     default_key = target.queue if target.exchange is None else target.routing_key
     out = []
     for index, body in enumerate(bodies):
@@ -232,7 +232,9 @@ def _messages(columns: dict[str, list], target: Target, where: str,
         if isinstance(row_headers, list):      # Arrow gives a map as (key, value) pairs
             row_headers = dict(row_headers)
         key = (keys[index] or default_key) if target.exchange is not None else default_key
-        out.append((key, Message(body, ids[index], row_headers or None, None, now_ms, None,
+        # No timestamp: a retried task must publish the same bytes (see the connection's
+        # ``_stamp``).
+        out.append((key, Message(body, ids[index], row_headers or None, None, None, None,
                                  persistent)))
     return out
 
