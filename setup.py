@@ -44,7 +44,7 @@ setup(
     ],
     extras_require={
         "test": ["hypothesis>=6.100,<7", "pytest>=7.4,<10", "pytest-timeout>=2.2,<3"],
-        # Spark executors as producers (warren.queues.spark): Spark 4's Python data
+        # Spark executors as producers (warren.queues.client.spark): Spark 4's Python data
         # sources, which hand the writer Arrow batches.
         "spark": ["pyspark>=4.0,<5", "pyarrow>=15", "pandas>=2.2,<3"],
         # The chaos report's plot.
@@ -52,5 +52,5 @@ setup(
     },
     entry_points={"console_scripts": ["warren=warren.supervisor.cli:main"],
                   # the warren_chaos fixture, for the tests of applications built on Warren
-                  "pytest11": ["warren_chaos=warren.supervisor.pytest_plugin"]},
+                  "pytest11": ["warren_chaos=warren.supervisor.chaos.pytest_plugin"]},
 )

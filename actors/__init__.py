@@ -25,18 +25,18 @@ links), ``registry``, ``monitor``, ``messages`` (Down, Exit, Pong), ``codec`` (w
 travel), ``runtime_dir``, ``exitcodes``, ``errors``.
 """
 
-from warren.actors.actor import DeferredReply, ProcessActor
-from warren.actors.codec import LARGE_BODY_BYTES, message, register_message
-from warren.actors.errors import (ActorDeadError, ActorError, AskTimeout, CodecError, InvalidSpec,
+from .actor import DeferredReply, ProcessActor
+from .codec import LARGE_BODY_BYTES, message, register_message
+from .errors import (ActorDeadError, ActorError, AskTimeout, CodecError, InvalidSpec,
                            MailboxFull, MessageTooLarge, RemoteError, SpawnError,
                                   UnhandledMessage)
-from warren.actors.exitcodes import (EXIT_CRASHED, EXIT_LINKED, EXIT_NORMAL, EXIT_PARENT_GONE,
+from .exitcodes import (EXIT_CRASHED, EXIT_LINKED, EXIT_NORMAL, EXIT_PARENT_GONE,
                               EXIT_START_FAILED, EXIT_TERMINATED)
-from warren.actors.messages import Down, Exit, Pong
-from warren.actors.monitor import Monitor
-from warren.actors.node import Node
-from warren.actors.ref import ActorRef, Future
-from warren.actors.registry import Registry
+from .messages import Down, Exit, Pong
+from .monitor import Monitor
+from .node import Node
+from .ref import ActorRef, Future
+from .registry import Registry
 
 __all__ = [
     "ActorDeadError",

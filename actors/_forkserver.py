@@ -76,6 +76,8 @@ import time
 import traceback
 from typing import Any
 
+from .process import die_with_parent
+
 BOOT = 1
 SPAWN = 2
 KILL = 3
@@ -100,7 +102,6 @@ _PARENT_CHECK_S = 1.0
 # How long the children of a dead node get to stop cleanly before SIGKILL (seconds): a
 # store writes its recovery files in well under this.
 CHILD_STOP_GRACE_S = 30.0
-_PR_SET_PDEATHSIG = 1
 
 
 def _read_exactly(sock: socket.socket, size: int) -> bytes | None:
@@ -145,14 +146,6 @@ def keep_large_buffers_on_the_heap() -> None:
         libc = ctypes.CDLL(None)
         libc.mallopt(_M_MMAP_THRESHOLD, LARGE_BUFFER_BYTES)
         libc.mallopt(_M_TRIM_THRESHOLD, 2 * LARGE_BUFFER_BYTES)
-
-
-def die_with_parent(expected_parent: int) -> bool:
-    """Ask for SIGKILL when the parent exits; False if it is already gone."""
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    return os.getppid() == expected_parent
 
 
 def serve(fd: int) -> None:
@@ -311,7 +304,7 @@ def _reap(sock: socket.socket, children: set[int]) -> None:
 
 def _run_child(payload: bytes, log_level: int) -> int:
     """Run the forked child to its end: it must never return into the server's loop."""
-    from warren.actors.exitcodes import EXIT_CRASHED
+    from .exitcodes import EXIT_CRASHED
 
     try:
         code = _child(payload, os.getppid(), log_level)
@@ -333,7 +326,7 @@ def log_to_stderr(actor_name: str, level: int) -> None:
 
 def _child(payload: bytes, forkserver_pid: int, log_level: int) -> int:
     """Become the actor described by ``payload``; return the exit code."""
-    from warren.actors.exitcodes import EXIT_PARENT_GONE, EXIT_START_FAILED
+    from .exitcodes import EXIT_PARENT_GONE, EXIT_START_FAILED
 
     if not die_with_parent(forkserver_pid):
         return EXIT_PARENT_GONE
@@ -343,14 +336,14 @@ def _child(payload: bytes, forkserver_pid: int, log_level: int) -> int:
         # The node's own order: the server checked its signature before forking us.
         order = pickle.loads(payload[order_offset(payload) + SIGNATURE_BYTES:])
     except Exception as exc:
-        from warren.actors._node_client import NodeClient
-        from warren.actors._runtime import runtime
+        from ._node_client import NodeClient
+        from ._runtime import runtime
 
         NodeClient(node_endpoint).failed(token, type(exc).__name__, str(exc), "")
         runtime().context.destroy(linger=1000)
         return EXIT_START_FAILED
     set_title(f"warren: {order.options.get('title') or order.name}")
     log_to_stderr(order.name, log_level)
-    from warren.actors._loop import ActorLoop
+    from ._loop import ActorLoop
 
     return ActorLoop(order).run()

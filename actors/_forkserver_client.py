@@ -28,8 +28,8 @@ import sys
 import threading
 import weakref
 
-from warren.actors import _forkserver
-from warren.actors.errors import SpawnError
+from . import _forkserver
+from .errors import SpawnError
 
 logger = logging.getLogger("warren.actors")
 

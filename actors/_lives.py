@@ -25,10 +25,10 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
-from warren.actors._loop import SpawnOrder
-from warren.actors.messages import Down
-from warren.actors.monitor import Monitor
-from warren.actors.ref import ActorRef
+from ._loop import SpawnOrder
+from .messages import Down
+from .monitor import Monitor
+from .ref import ActorRef
 
 
 @dataclass

@@ -73,17 +73,18 @@ from typing import Any
 
 import zmq
 
-from warren.actors import _wire
-from warren.actors._node_client import NodeClient
-from warren.actors._runtime import drain_wake_pipe, runtime
-from warren.actors.actor import ProcessActor
-from warren.actors.codec import Decoder, Encoder, UnknownMessage, find_unknown
-from warren.actors.errors import (ActorDeadError, ActorError, CodecError, MessageTooLarge,
+from . import wire
+from ._node_client import NodeClient
+from ._runtime import runtime
+from .process import drain_wake_pipe
+from .actor import ProcessActor
+from .codec import Decoder, Encoder, UnknownMessage, find_unknown
+from .errors import (ActorDeadError, ActorError, CodecError, MessageTooLarge,
                                   UnhandledMessage)
-from warren.actors.exitcodes import (EXIT_CRASHED, EXIT_LINKED, EXIT_NORMAL, EXIT_PARENT_GONE,
+from .exitcodes import (EXIT_CRASHED, EXIT_LINKED, EXIT_NORMAL, EXIT_PARENT_GONE,
                               EXIT_START_FAILED, EXIT_TERMINATED)
-from warren.actors.messages import Down, Exit, Pong
-from warren.actors.ref import ActorRef
+from .messages import Down, Exit, Pong
+from .ref import ActorRef
 
 logger = logging.getLogger("warren.actors")
 
@@ -121,10 +122,10 @@ class _Deferred:
         return self._used
 
     def send(self, value: Any) -> None:
-        self._finish(_wire.REPLY_OK, value)
+        self._finish(wire.REPLY_OK, value)
 
     def fail(self, exception: BaseException) -> None:
-        self._finish(_wire.REPLY_ERROR, _describe(exception))
+        self._finish(wire.REPLY_ERROR, _describe(exception))
 
     def _finish(self, kind: int, value: Any) -> None:
         if self._used:
@@ -200,15 +201,15 @@ class ActorLoop:
                 pass
             return self._teardown()
         finally:
-            self._runtime.context.destroy(linger=_wire.LINGER_MS)
+            self._runtime.context.destroy(linger=wire.LINGER_MS)
 
     def _bind(self, kind: int, endpoint: str) -> zmq.Socket:
         socket = self._runtime.context.socket(kind)
-        socket.linger = _wire.LINGER_MS
+        socket.linger = wire.LINGER_MS
         socket.router_mandatory = 1
         socket.router_handover = 1
         socket.rcvhwm = self._mailbox_size
-        socket.maxmsgsize = max(self._max_bytes, _wire.MAX_MESSAGE_BYTES)
+        socket.maxmsgsize = max(self._max_bytes, wire.MAX_MESSAGE_BYTES)
         if self._runtime.curve is not None and endpoint.startswith("tcp://"):
             socket.curve_server = True
             socket.curve_publickey, socket.curve_secretkey = self._runtime.curve
@@ -312,12 +313,12 @@ class ActorLoop:
         incarnation = self._order.incarnation
         max_bytes = self._max_bytes
         noblock = zmq.NOBLOCK
-        tell, batch, ask = _wire.TELL, _wire.BATCH, _wire.ASK
+        tell, batch, ask = wire.TELL, wire.BATCH, wire.ASK
         tells: list[Any] = self._injected
         self._injected = []
         empty = False
         received = 0
-        budget = _wire.MAX_BATCH_BYTES
+        budget = wire.MAX_BATCH_BYTES
         for _ in range(self._max_batch):
             if budget < 0:
                 break
@@ -378,14 +379,14 @@ class ActorLoop:
             kind, _stamp, request_id, _body = self._decoder.decode(frames)
         except (CodecError, ValueError, TypeError, IndexError):
             return
-        if kind == _wire.ASK and type(request_id) is int:
-            self.reply(identity, _wire.REPLY_ERROR, request_id, _describe(
+        if kind == wire.ASK and type(request_id) is int:
+            self.reply(identity, wire.REPLY_ERROR, request_id, _describe(
                 MessageTooLarge(f"message exceeds {self._max_bytes} bytes")))
 
     def _drop_unknown(self, identity: bytes, kind: Any, request_id: Any, body: Any) -> Any:
         """Strip messages this process cannot build (an unregistered type, or fields that
         do not fit); answer an ask with the reason."""
-        if kind == _wire.BATCH and type(body) is list:
+        if kind == wire.BATCH and type(body) is list:
             kept = []
             for message in body:
                 unknown = find_unknown(message)
@@ -396,8 +397,8 @@ class ActorLoop:
             return kept
         unknown = find_unknown(body) or UnknownMessage("?")
         self._count_unknown(unknown)
-        if kind == _wire.ASK and type(request_id) is int:
-            self.reply(identity, _wire.REPLY_ERROR, request_id,
+        if kind == wire.ASK and type(request_id) is int:
+            self.reply(identity, wire.REPLY_ERROR, request_id,
                        _describe(CodecError(unknown.reason)))
         return None
 
@@ -430,7 +431,7 @@ class ActorLoop:
         except Exception as exc:
             deferred = self._deferred
             if deferred is None:
-                self.reply(identity, _wire.REPLY_ERROR, request_id, _describe(exc))
+                self.reply(identity, wire.REPLY_ERROR, request_id, _describe(exc))
             else:
                 logger.error("%s: %s raised after deferring its answer", self._order.name,
                              type(message).__name__, exc_info=True)
@@ -438,7 +439,7 @@ class ActorLoop:
                     deferred.fail(exc)
         else:
             if self._deferred is None:
-                self.reply(identity, _wire.REPLY_OK, request_id, result)
+                self.reply(identity, wire.REPLY_OK, request_id, result)
         finally:
             self._current_ask = None
 
@@ -448,7 +449,7 @@ class ActorLoop:
         try:
             frames = self._encoder.encode([kind, request_id, value])
         except CodecError as exc:
-            frames = self._encoder.encode([_wire.REPLY_ERROR, request_id, _describe(exc)])
+            frames = self._encoder.encode([wire.REPLY_ERROR, request_id, _describe(exc)])
         try:
             (socket or self._data).send_multipart([identity, *frames], zmq.NOBLOCK,
                                                   copy=len(frames) == 1)
@@ -476,26 +477,26 @@ class ActorLoop:
                 continue
             answer = self._control_answer(kind, body)
             if answer is not _NO_ANSWER and type(request_id) is int and request_id:
-                self.reply(frames[0], _wire.REPLY_OK, request_id, answer, self._control)
+                self.reply(frames[0], wire.REPLY_OK, request_id, answer, self._control)
 
     def _control_answer(self, kind: Any, body: Any) -> Any:
-        if kind == _wire.PING:
+        if kind == wire.PING:
             return Pong(self._order.incarnation, os.getpid(), self.counters["received"])
-        if kind == _wire.STATS:
+        if kind == wire.STATS:
             return dict(self.counters)
-        if kind == _wire.STOP:
+        if kind == wire.STOP:
             self._stopping = True
             return None
-        if kind == _wire.DOWN and isinstance(body, Down):
+        if kind == wire.DOWN and isinstance(body, Down):
             self._runtime.mark_dead(body.ref.address, body.ref.incarnation)
             self._injected.append(body)
             return _NO_ANSWER
-        if (kind == _wire.ALARM and type(body) is list and len(body) == 2
+        if (kind == wire.ALARM and type(body) is list and len(body) == 2
                 and type(body[0]) is str and type(body[1]) is bool):
             resource, raised = body
             self._posted.append(lambda: self.actor.on_alarm(resource, raised))
             return _NO_ANSWER
-        if kind == _wire.EXIT and isinstance(body, Exit):
+        if kind == wire.EXIT and isinstance(body, Exit):
             if self._trap_exits:
                 self._injected.append(body)
             else:
@@ -561,8 +562,8 @@ class ActorLoop:
                 kind, _stamp, request_id, _body = self._decoder.decode(frames[1:])
             except (CodecError, ValueError, TypeError, IndexError):
                 continue
-            if kind == _wire.ASK and type(request_id) is int:
-                self.reply(frames[0], _wire.REPLY_ERROR, request_id, _describe(gone))
+            if kind == wire.ASK and type(request_id) is int:
+                self.reply(frames[0], wire.REPLY_ERROR, request_id, _describe(gone))
             else:
                 self.counters["dropped_at_stop"] += 1
         if self.counters["dropped_at_stop"]:

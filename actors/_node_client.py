@@ -1,7 +1,7 @@
 """How an actor process (or any process) reaches the node service that spawned an actor.
 
 The node service is a ROUTER at ``ipc://<runtime dir>/node`` served by the node's own
-thread. Requests are ``[kind, request_id, body]`` (see ``warren.actors._wire``); answers use the
+thread. Requests are ``[kind, request_id, body]`` (see ``warren.actors.wire``); answers use the
 ordinary reply frames, so ``Channel.request`` serves both. READY and FAILED are one-way:
 an actor process sends one of them once, when it has started (or failed to).
 
@@ -19,12 +19,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from warren.actors import _wire
-from warren.actors._runtime import NodeOps, runtime
+from . import wire
+from ._runtime import NodeOps, runtime
 
 if TYPE_CHECKING:
-    from warren.actors.messages import Down
-    from warren.actors.ref import ActorRef
+    from .messages import Down
+    from .ref import ActorRef
 
 # Extra time a remote stop request waits beyond the stop's own timeouts (seconds): the
 # node escalates to SIGTERM after ``timeout``, then SIGKILL after as long again at most.
@@ -51,28 +51,28 @@ class NodeClient:
         channel.send(channel.encoder.encode([kind, 0, body]), _REQUEST_TIMEOUT_S)
 
     def ready(self, token: int, address: str, control: str, pid: int) -> None:
-        self._notify(_wire.READY, [token, address, control, pid])
+        self._notify(wire.READY, [token, address, control, pid])
 
     def failed(self, token: int, type_name: str, message: str, remote_traceback: str) -> None:
-        self._notify(_wire.FAILED, [token, type_name, message, remote_traceback])
+        self._notify(wire.FAILED, [token, type_name, message, remote_traceback])
 
     def monitor(self, watcher: ActorRef, target: ActorRef) -> None:
-        self._request(_wire.MONITOR, [watcher, target])
+        self._request(wire.MONITOR, [watcher, target])
 
     def demonitor(self, watcher: ActorRef, target: ActorRef) -> None:
-        self._request(_wire.DEMONITOR, [watcher, target])
+        self._request(wire.DEMONITOR, [watcher, target])
 
     def link(self, first: ActorRef, second: ActorRef) -> None:
-        self._request(_wire.LINK, [first, second])
+        self._request(wire.LINK, [first, second])
 
     def whereis(self, name: str) -> ActorRef | None:
-        return self._request(_wire.WHEREIS, name)
+        return self._request(wire.WHEREIS, name)
 
     def register(self, name: str, ref: ActorRef) -> None:
-        self._request(_wire.REGISTER, [name, ref])
+        self._request(wire.REGISTER, [name, ref])
 
     def stop(self, ref: ActorRef, timeout: float = 5.0) -> Down:
-        return self._request(_wire.STOP_ACTOR, [ref, timeout],
+        return self._request(wire.STOP_ACTOR, [ref, timeout],
                              timeout=2 * timeout + _STOP_REQUEST_SLACK_S)
 
 

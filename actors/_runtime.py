@@ -39,13 +39,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 import zmq
 import zmq.backend
 
-from warren.actors import _wire
-from warren.actors.codec import Decoder, Encoder
-from warren.actors.errors import (ActorDeadError, AskTimeout, MailboxFull, MessageTooLarge,
+from . import wire
+from .codec import Decoder, Encoder
+from .errors import (ActorDeadError, AskTimeout, MailboxFull, MessageTooLarge,
                            remote_error)
 
 if TYPE_CHECKING:
-    from warren.actors.ref import ActorRef
+    from .ref import ActorRef
 
 
 # The backend's send, without pyzmq's Python wrapper around it (which only adds the
@@ -79,8 +79,8 @@ class Channel:
         self._replies: dict[int, tuple[int, Any]] = {}
         self._awaited: set[int] = set()
         socket = runtime.context.socket(zmq.DEALER)
-        socket.linger = _wire.LINGER_MS
-        socket.sndhwm = _wire.DEFAULT_MAILBOX_SIZE
+        socket.linger = wire.LINGER_MS
+        socket.sndhwm = wire.DEFAULT_MAILBOX_SIZE
         socket.copy_threshold = _ZERO_COPY_BYTES
         if runtime.curve is not None and endpoint.startswith("tcp://"):
             public, secret = runtime.curve
@@ -113,12 +113,12 @@ class Channel:
             lock.release()
 
     def _send_locked(self, frames: list[Any], timeout: float | None) -> None:
-        if len(frames) > 1 and sum(len(f) for f in frames) > _wire.MAX_MESSAGE_BYTES:
+        if len(frames) > 1 and sum(len(f) for f in frames) > wire.MAX_MESSAGE_BYTES:
             raise MessageTooLarge(f"message of {sum(len(f) for f in frames)} bytes exceeds "
-                                  f"{_wire.MAX_MESSAGE_BYTES}")
-        if len(frames[0]) > _wire.MAX_MESSAGE_BYTES:
+                                  f"{wire.MAX_MESSAGE_BYTES}")
+        if len(frames[0]) > wire.MAX_MESSAGE_BYTES:
             raise MessageTooLarge(f"message of {len(frames[0])} bytes exceeds "
-                                  f"{_wire.MAX_MESSAGE_BYTES}")
+                                  f"{wire.MAX_MESSAGE_BYTES}")
         socket = self.socket
         try:
             self._send_now(frames)
@@ -170,7 +170,7 @@ class Channel:
                     # Even past the deadline (a zero timeout: "is it there yet?"), read what
                     # has arrived before saying no.
                     now = time.monotonic()
-                    slice_s = _wire.DEATH_CHECK_INTERVAL_S
+                    slice_s = wire.DEATH_CHECK_INTERVAL_S
                     if deadline is not None:
                         slice_s = max(0.0, min(slice_s, deadline - now))
                     reply = self._receive_reply(request_id, int(slice_s * 1000) + (slice_s > 0))
@@ -181,7 +181,7 @@ class Channel:
                     self._awaited.discard(request_id)
             if reply is not None:
                 kind, value = reply
-                if kind == _wire.REPLY_OK:
+                if kind == wire.REPLY_OK:
                     return value
                 type_name, text, remote_tb = value
                 raise remote_error(str(type_name), str(text), str(remote_tb))
@@ -314,14 +314,6 @@ class Runtime:
 _runtime: Runtime | None = None
 _runtime_lock = threading.Lock()
 
-
-def drain_wake_pipe(fd: int) -> None:
-    """Empty a non-blocking wake-up pipe: it only says "look at the queue"."""
-    try:
-        while os.read(fd, 4096):
-            pass
-    except BlockingIOError:
-        pass  # drained
 
 
 def runtime() -> Runtime:

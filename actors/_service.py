@@ -40,15 +40,15 @@ from typing import TYPE_CHECKING, Any
 
 import zmq
 
-from warren.actors import _forkserver, _wire
-from warren.actors._lives import Ended, Pending
-from warren.actors._runtime import drain_wake_pipe
-from warren.actors.codec import Decoder, Encoder
-from warren.actors.errors import CodecError
-from warren.actors.exitcodes import describe
+from . import _forkserver, wire
+from ._lives import Ended, Pending
+from .process import drain_wake_pipe
+from .codec import Decoder, Encoder
+from .errors import CodecError
+from .exitcodes import describe
 
 if TYPE_CHECKING:
-    from warren.actors.node import Node
+    from .node import Node
 
 logger = logging.getLogger("warren.actors")
 
@@ -68,7 +68,7 @@ class NodeService:
         self._lives = node._lives
         self._forkserver = node._forkserver
         self._router = node._runtime.context.socket(zmq.ROUTER)
-        self._router.linger = _wire.LINGER_MS
+        self._router.linger = wire.LINGER_MS
         self._router.router_mandatory = 1
         self._router.router_handover = 1
         self._router.bind(node.endpoint)
@@ -135,7 +135,7 @@ class NodeService:
                 logger.exception("node %s: the service thread caught an error", self._node.name)
             if self._done:
                 break
-        self._router.close(linger=_wire.LINGER_MS)
+        self._router.close(linger=wire.LINGER_MS)
 
     # -- the forkserver's reports --------------------------------------------------------
 
@@ -193,7 +193,7 @@ class NodeService:
                                exc)
                 continue
             if answer is not _NO_ANSWER:
-                self._reply(encoder, frames[0], request_id, _wire.REPLY_OK, answer)
+                self._reply(encoder, frames[0], request_id, wire.REPLY_OK, answer)
 
     def _reply(self, encoder: Encoder, identity: bytes, request_id: int, kind: int,
                value: Any) -> None:
@@ -206,11 +206,11 @@ class NodeService:
 
     def _answer(self, identity: bytes, kind: int, request_id: int, body: Any) -> Any:
         node = self._node
-        if kind == _wire.READY:
+        if kind == wire.READY:
             token, address, control, pid = body
             node._report_ready(token, str(address), str(control), int(pid))
             return _NO_ANSWER
-        if kind == _wire.FAILED:
+        if kind == wire.FAILED:
             token, type_name, text, remote_tb = body
             pending = self._lives.give_up(token)
             if pending is not None:
@@ -219,34 +219,34 @@ class NodeService:
                                  pending.order.name, remote_tb)
                 pending.fail(f"{type_name}: {text}")
             return _NO_ANSWER
-        if kind == _wire.MONITOR:
+        if kind == wire.MONITOR:
             watcher, target = body
             node.monitor(target, notify=watcher)
             return None
-        if kind == _wire.DEMONITOR:
+        if kind == wire.DEMONITOR:
             watcher, target = body
             for monitor in self._lives.monitors_of(target):
                 if monitor.watcher == watcher:
                     node.demonitor(monitor)
             return None
-        if kind == _wire.LINK:
+        if kind == wire.LINK:
             first, second = body
             node.link(first, second)
             return None
-        if kind == _wire.WHEREIS:
+        if kind == wire.WHEREIS:
             return node.registry.whereis(str(body))
-        if kind == _wire.REGISTER:
+        if kind == wire.REGISTER:
             name, ref = body
             node.registry.register(str(name), ref)
             return None
-        if kind == _wire.STOP_ACTOR:
+        if kind == wire.STOP_ACTOR:
             ref, timeout = body
             encoder = Encoder()
 
             def stop_and_answer() -> None:
                 down = node.stop(ref, float(timeout))
                 self.post(lambda: self._reply(encoder, identity, request_id,
-                                              _wire.REPLY_OK, down))
+                                              wire.REPLY_OK, down))
 
             threading.Thread(target=stop_and_answer, daemon=True,
                              name=f"warren-stop-{ref.name}").start()

@@ -40,13 +40,13 @@ from __future__ import annotations
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
-from warren.actors import _wire
-from warren.actors.errors import ActorError, UnhandledMessage
+from . import wire
+from .errors import ActorError, UnhandledMessage
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from warren.actors.ref import ActorRef
+    from .ref import ActorRef
 
 
 class DeferredReply(Protocol):
@@ -83,11 +83,11 @@ class ProcessActor:
     """Subclass this and ``spawn`` it into its own OS process (see the module docstring)."""
 
     # Messages queued per sender connection before that sender is pushed back.
-    mailbox_size: ClassVar[int] = _wire.DEFAULT_MAILBOX_SIZE
+    mailbox_size: ClassVar[int] = wire.DEFAULT_MAILBOX_SIZE
     # Messages drained from the mailbox in one loop pass (a batch is at most this long).
     max_batch: ClassVar[int] = 1024
     # Largest message accepted, all frames together (bytes); larger ones are refused.
-    max_message_bytes: ClassVar[int] = _wire.MAX_MESSAGE_BYTES
+    max_message_bytes: ClassVar[int] = wire.MAX_MESSAGE_BYTES
     # When True, a linked actor's abnormal death arrives as an Exit message instead of
     # stopping this actor.
     trap_exits: ClassVar[bool] = False

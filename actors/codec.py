@@ -37,7 +37,7 @@ from typing import Any, TypeVar
 
 import msgpack
 
-from warren.actors.errors import CodecError
+from .errors import CodecError
 
 # A bytes value at least this long (bytes) travels as its own frame (DESIGN.md §6).
 LARGE_BODY_BYTES = 64 * 1024

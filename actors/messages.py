@@ -17,11 +17,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from warren.actors.codec import register_message
-from warren.actors.exitcodes import describe
+from .codec import register_message
+from .exitcodes import describe
 
 if TYPE_CHECKING:
-    from warren.actors.ref import ActorRef
+    from .ref import ActorRef
 
 
 @dataclass(frozen=True)

@@ -21,10 +21,10 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from warren.actors.messages import Down
+from .messages import Down
 
 if TYPE_CHECKING:
-    from warren.actors.ref import ActorRef
+    from .ref import ActorRef
 
 logger = logging.getLogger("warren.actors")
 

@@ -64,19 +64,19 @@ from typing import Any
 
 import zmq
 
-from warren.actors import _forkserver, _wire
-from warren.actors._forkserver_client import ForkserverClient
-from warren.actors._lives import Ended, Life, Lives
-from warren.actors._loop import SpawnOrder
-from warren.actors._runtime import runtime
-from warren.actors._service import NodeService
-from warren.actors.actor import ProcessActor
-from warren.actors.errors import ActorError, InvalidSpec, SpawnError
-from warren.actors.messages import Down, Exit
-from warren.actors.monitor import Monitor, Notify
-from warren.actors.ref import ActorRef
-from warren.actors.registry import Registry
-from warren.actors.runtime_dir import check_private, create_runtime_dir, ipc_endpoint
+from . import _forkserver, wire
+from ._forkserver_client import ForkserverClient
+from ._lives import Ended, Life, Lives
+from ._loop import SpawnOrder
+from ._runtime import runtime
+from ._service import NodeService
+from .actor import ProcessActor
+from .errors import ActorError, InvalidSpec, SpawnError
+from .messages import Down, Exit
+from .monitor import Monitor, Notify
+from .ref import ActorRef
+from .registry import Registry
+from .runtime_dir import check_private, create_runtime_dir, ipc_endpoint
 
 logger = logging.getLogger("warren.actors")
 
@@ -252,7 +252,7 @@ class Node:
         """Watch ``target``'s incarnation; see ``warren.actors.monitor`` for ``notify``."""
         if isinstance(notify, ActorRef):
             watcher = notify
-            monitor = Monitor(target, lambda down: self._notify_actor(watcher, _wire.DOWN, down),
+            monitor = Monitor(target, lambda down: self._notify_actor(watcher, wire.DOWN, down),
                               watcher)
         else:
             monitor = Monitor(target, notify)
@@ -274,7 +274,7 @@ class Node:
         """
         for receiver, down in self._lives.link(first, second):
             if _abnormal(down):
-                self._notify_actor(receiver, _wire.EXIT,
+                self._notify_actor(receiver, wire.EXIT,
                                    Exit(down.ref, down.exitcode, down.signal))
 
     def whereis(self, name: str) -> ActorRef | None:
@@ -297,7 +297,7 @@ class Node:
         if _abnormal(down):
             notice = Exit(life.ref, down.exitcode, down.signal)
             for other in ended.links:
-                self._notify_actor(other, _wire.EXIT, notice)
+                self._notify_actor(other, wire.EXIT, notice)
 
     def _notify_actor(self, receiver: ActorRef, kind: int, notice: Down | Exit) -> None:
         channel = self._runtime.channel(receiver.control)
@@ -330,7 +330,7 @@ class Node:
         channel = self._runtime.channel(life.ref.control)
         try:
             channel.send(channel.encoder.encode(
-                [_wire.STOP, life.ref.incarnation, 0, None]), 0)
+                [wire.STOP, life.ref.incarnation, 0, None]), 0)
         except ActorError:
             logger.warning("node %s: %s's control mailbox is full; escalating", self.name,
                            life.ref.name)

@@ -30,13 +30,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from warren.actors import _wire
-from warren.actors._runtime import Channel, channel_to, runtime
-from warren.actors.codec import _install_ref_type
-from warren.actors.errors import ActorDeadError
+from . import wire
+from ._runtime import Channel, channel_to, runtime
+from .codec import _install_ref_type
+from .errors import ActorDeadError
 
 if TYPE_CHECKING:
-    from warren.actors.messages import Down, Pong
+    from .messages import Down, Pong
 
 
 @dataclass(frozen=True)
@@ -67,7 +67,7 @@ class ActorRef:
     def _stamp(self) -> int:
         return self.incarnation if self.pinned else 0
 
-    def tell(self, message: Any, timeout: float | None = _wire.DEFAULT_SEND_TIMEOUT_S) -> None:
+    def tell(self, message: Any, timeout: float | None = wire.DEFAULT_SEND_TIMEOUT_S) -> None:
         """Send ``message`` without waiting for an answer.
 
         Blocks while the mailbox is full, then raises ``MailboxFull`` after ``timeout``
@@ -75,21 +75,21 @@ class ActorRef:
         """
         if self.pinned:
             self._check_alive()
-            channel_to(self.address).send_message(_wire.TELL, self.incarnation, message,
+            channel_to(self.address).send_message(wire.TELL, self.incarnation, message,
                                                   timeout)
         else:
-            channel_to(self.address).send_message(_wire.TELL, 0, message, timeout)
+            channel_to(self.address).send_message(wire.TELL, 0, message, timeout)
 
     def tell_many(self, messages: Iterable[Any],
-                  timeout: float | None = _wire.DEFAULT_SEND_TIMEOUT_S) -> None:
+                  timeout: float | None = wire.DEFAULT_SEND_TIMEOUT_S) -> None:
         """Send many messages in one frame; the actor receives them in one batch, in order."""
         self._check_alive()
         batch = messages if isinstance(messages, list) else list(messages)
         if not batch:
             return
-        channel_to(self.address).send_message(_wire.BATCH, self._stamp, batch, timeout)
+        channel_to(self.address).send_message(wire.BATCH, self._stamp, batch, timeout)
 
-    def ask(self, message: Any, timeout: float | None = _wire.DEFAULT_ASK_TIMEOUT_S) -> Any:
+    def ask(self, message: Any, timeout: float | None = wire.DEFAULT_ASK_TIMEOUT_S) -> Any:
         """Send ``message`` and return the actor's answer.
 
         Raises the actor's exception (as ``RemoteError``, also a subclass of the built-in
@@ -100,27 +100,27 @@ class ActorRef:
         rt = runtime()
         channel = rt.channel(self.address)
         request_id = next(rt.request_ids)
-        frames = channel.encoder.encode([_wire.ASK, self._stamp, request_id, message])
+        frames = channel.encoder.encode([wire.ASK, self._stamp, request_id, message])
         return channel.request(frames, request_id, timeout, self)
 
     def ask_async(self, message: Any,
-                  timeout: float | None = _wire.DEFAULT_SEND_TIMEOUT_S) -> Future:
+                  timeout: float | None = wire.DEFAULT_SEND_TIMEOUT_S) -> Future:
         """Send ``message`` as an ask and return a ``Future`` of the answer at once.
 
         ``timeout`` bounds only the wait for room in a full mailbox; the wait for the answer
         is bounded by ``Future.get(timeout)``.
         """
         self._check_alive()
-        return self._request_async(self.address, _wire.ASK, message, timeout)
+        return self._request_async(self.address, wire.ASK, message, timeout)
 
     def ping(self, timeout: float | None = 5.0) -> Pong:
         """A heartbeat on the control channel, answered before any queued data message."""
-        return self._control(_wire.PING, None, timeout)
+        return self._control(wire.PING, None, timeout)
 
-    def ping_async(self, timeout: float | None = _wire.DEFAULT_SEND_TIMEOUT_S) -> Future:
+    def ping_async(self, timeout: float | None = wire.DEFAULT_SEND_TIMEOUT_S) -> Future:
         """A heartbeat whose ``Pong`` arrives in a ``Future``: a watcher can have pings out
         to many actors at once, and a hung one delays nobody else's."""
-        return self._request_async(self.control, _wire.PING, None, timeout)
+        return self._request_async(self.control, wire.PING, None, timeout)
 
     def _request_async(self, endpoint: str, kind: int, body: Any,
                        timeout: float | None) -> Future:
@@ -134,19 +134,19 @@ class ActorRef:
 
     def stats(self, timeout: float | None = 5.0) -> dict[str, int]:
         """The actor's counters: received, dropped_stale, malformed, unroutable ..."""
-        return self._control(_wire.STATS, None, timeout)
+        return self._control(wire.STATS, None, timeout)
 
     def alarm(self, resource: str, raised: bool,
-              timeout: float | None = _wire.DEFAULT_SEND_TIMEOUT_S) -> None:
+              timeout: float | None = wire.DEFAULT_SEND_TIMEOUT_S) -> None:
         """Tell the actor a resource alarm was raised or cleared (its ``on_alarm`` runs);
         on the control channel, without waiting for an answer."""
         channel = runtime().channel(self.control)
-        channel.send(channel.encoder.encode([_wire.ALARM, self._stamp, 0, [resource, raised]]),
+        channel.send(channel.encoder.encode([wire.ALARM, self._stamp, 0, [resource, raised]]),
                      timeout)
 
     def request_stop(self, timeout: float | None = 5.0) -> None:
         """Ask the actor to stop after its current batch (no escalation; see ``stop``)."""
-        self._control(_wire.STOP, None, timeout)
+        self._control(wire.STOP, None, timeout)
 
     def _control(self, kind: int, body: Any, timeout: float | None) -> Any:
         rt = runtime()
@@ -161,7 +161,7 @@ class ActorRef:
         Returns the ``Down`` of the incarnation that stopped. Works from any process: the
         actor's node does the escalation.
         """
-        from warren.actors._node_client import node_for
+        from ._node_client import node_for
 
         return node_for(self.node).stop(self, timeout)
 
@@ -181,7 +181,7 @@ class Future:
         self._value: Any = None
         self._error: BaseException | None = None
 
-    def get(self, timeout: float | None = _wire.DEFAULT_ASK_TIMEOUT_S) -> Any:
+    def get(self, timeout: float | None = wire.DEFAULT_ASK_TIMEOUT_S) -> Any:
         """The answer; raises like ``ActorRef.ask`` does. Repeated calls give the same result."""
         if not self._done:
             deadline = None if timeout is None else time.monotonic() + timeout

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import threading
 
-from warren.actors.errors import InvalidSpec
-from warren.actors.ref import ActorRef
+from .errors import InvalidSpec
+from .ref import ActorRef
 
 
 class Registry:

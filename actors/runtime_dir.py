@@ -27,7 +27,7 @@ import tempfile
 
 import psutil
 
-from warren.actors.errors import InvalidSpec
+from .errors import InvalidSpec
 
 # Longest usable unix socket path, bytes (sun_path is 108 bytes with its NUL).
 MAX_IPC_PATH_BYTES = 107

@@ -18,7 +18,7 @@ import tempfile
 import time
 
 from warren.store.client import StoreClient
-from warren.store.messages import StoreStats
+from warren.store.protocol import StoreStats
 from warren.supervisor import Node
 
 from .table import Row, median, percentile, render

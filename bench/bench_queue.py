@@ -49,7 +49,7 @@ import time
 import psutil
 
 from warren.queues import Message, VariableQueue, encode
-from warren.queues.variable_queue import EMBED_MSGS_BELOW
+from warren.queues.engine.variable_queue import EMBED_MSGS_BELOW
 from warren.store import LocalStoreClient, MessageStore
 
 from .bench_store import drop_cache

@@ -33,7 +33,7 @@ from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterComm
 
 from .table import Row, render
 from .together import time_together
-from warren.queues.spark import local_session
+from warren.queues.client.spark import local_session
 from warren.supervisor import Node
 
 TARGET = round(1 / 1.3, 2)

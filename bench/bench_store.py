@@ -27,7 +27,7 @@ import tempfile
 import time
 
 from warren.store import MessageStore
-from warren.store.records import encode_record
+from warren.store.engine.records import encode_record
 
 from .table import Row, Stopwatch, best_of_alternating, render
 

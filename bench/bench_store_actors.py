@@ -25,7 +25,7 @@ import time
 
 from warren.store import MessageStore
 from warren.store.client import StoreClient
-from warren.store.messages import Read, ReadMany
+from warren.store.protocol import Read, ReadMany
 from warren.supervisor import Node
 
 from .table import Row, Stopwatch, median, percentile, render

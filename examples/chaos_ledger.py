@@ -20,7 +20,7 @@ disk in batches a little later, as a cache in front of a database would. Killing
 loses deposits it already acknowledged, and the harness reports them.
 
 The same run from a test, with the ``warren_chaos`` fixture that ``pip install warren-mq``
-adds to pytest (see ``tests/supervisor/test_chaos_harness.py``)::
+adds to pytest (see ``tests/supervisor/chaos/test_harness.py``)::
 
     def test_the_ledger_never_loses_a_deposit(warren_chaos):
         report = warren_chaos.run("examples.chaos_ledger:children", check=check,
@@ -166,8 +166,8 @@ def deposits(data_dir: str) -> dict[str, int]:
 
 
 def main() -> int:
-    from warren.supervisor.chaos_report import format_report
-    from warren.supervisor.chaos_run import run_tree
+    from warren.supervisor.chaos.report import format_report
+    from warren.supervisor.chaos.run import run_tree
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--broken", action="store_true", help="run the hasty ledger")

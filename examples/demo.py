@@ -23,10 +23,10 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from warren.queues.commands import format_queues  # noqa: E402  (source checkout)
-from warren.queues.workload import Producer, audit  # noqa: E402
+from warren.supervisor.cli.queues import format_queues  # noqa: E402  (source checkout)
+from warren.supervisor.chaos.workload import Producer, audit  # noqa: E402
 from warren.supervisor import Node  # noqa: E402
-from warren.supervisor.cli import format_status  # noqa: E402
+from warren.supervisor.cli.main import format_status  # noqa: E402
 
 ORDERS_PER_PRODUCER = 2500
 QUEUES = ("billing", "shipping")
@@ -54,8 +54,8 @@ def lines(path: str) -> int:
 
 
 def start(*arguments: object) -> subprocess.Popen:
-    """A producer or consumer of ``warren.queues.workload`` in a process of its own."""
-    process = subprocess.Popen([sys.executable, "-m", "warren.queues.workload",
+    """A producer or consumer of ``warren.supervisor.chaos.workload`` in a process of its own."""
+    process = subprocess.Popen([sys.executable, "-m", "warren.supervisor.chaos.workload",
                                 *map(str, arguments)], stdout=subprocess.PIPE, text=True)
     process.stdout.readline()                                     # "ready"
     return process

@@ -1,12 +1,12 @@
 """The shared message store: ``.rdq`` files, index, file summary, scanner, GC, recovery.
 
-``MessageStore`` is the in-process engine (see ``warren.store.message_store`` for the design);
+``MessageStore`` is the in-process engine (see ``warren.store.engine.message_store`` for the design);
 the store actors of a node wrap it, and ``LocalStoreClient`` gives it the calls of the
 actors' ``StoreClient``. ``rewrite_combine`` is the GC's copy step, which runs
 in whatever process the caller chooses.
 """
 
-from .combine import CombinePlan, CorruptRecord, RewriteResult, rewrite_combine
+from .engine.rewrite import CombinePlan, CorruptRecord, RewriteResult, rewrite_combine
 from .errors import (
     DiskFull,
     InvalidBody,
@@ -18,10 +18,10 @@ from .errors import (
     StoreTimeout,
     WritesBlocked,
 )
-from .index import Location
+from .engine.index import Location
 from .local_client import LocalStoreClient
-from .message_store import MessageStore, Settlement, SyncResult
-from .scanner import ScanResult, scan_buffer, scan_file
+from .engine.message_store import MessageStore, Settlement, SyncResult
+from .engine.scanner import ScanResult, scan_buffer, scan_file
 
 __all__ = [
     "CombinePlan",

@@ -27,7 +27,7 @@ the batch fits the window, so at no moment are more than ``max_in_flight`` messa
 batch larger than the whole window goes out alone).
 
 Reads. A settled write's location is cached (memory only). ``read`` reads the record
-straight from the file through the shared lock table (``warren.store.lock_table``), and asks the
+straight from the file through the shared lock table (``warren.store.engine.lock_table``), and asks the
 store when the location is unknown, the file is locked or gone, the data is not yet
 flushed, or the record fails validation; the store's answer carries the fresh location.
 
@@ -74,11 +74,11 @@ from typing import Any
 from warren.actors import ActorDeadError, ActorError, ActorRef, AskTimeout
 
 from .errors import DiskFull, StoreError, StoreTimeout, WritesBlocked
-from .lock_table import TABLE_FILE, LockTableReader
-from .message_store import Settlement
-from .messages import (ClientDying, Contains, Found, Read, ReadMany, ReadsReport, Register,
+from .engine.lock_table import TABLE_FILE, LockTableReader
+from .engine.message_store import Settlement
+from .protocol import (ClientDying, Contains, Found, Read, ReadMany, ReadsReport, Register,
                        Settled, StoreInfo, Terminate, WriteBatch)
-from .records import HEADER, HEADER_BYTES, check_body, check_msg_id
+from .engine.records import HEADER, HEADER_BYTES, check_body, check_msg_id
 
 MAX_IN_FLIGHT = 4000                  # msg_store_credit_disc_bound: messages ...
 MAX_IN_FLIGHT_BYTES = 32 * 2**20      # ... or bytes in flight per client

@@ -1,14 +1,14 @@
 """``GCActor`` (``msg_store_gc``): the scanning and copying of both stores' combines, in its
 own process, so neither runs on a store's thread.
 
-Accepts (tells, from a store actor; ``warren.store.messages``):
+Accepts (tells, from a store actor; ``warren.store.protocol``):
 
     ScanJob(job_id, directory, dst, src, reply_to)
         scans both files and tells ``reply_to`` ``Scanned`` with every record found; the
         scan is kept for the job.
     RewriteJob(job_id, dst, src, dst_keep, src_keep, reply_to)
         copies the records the keep flags select, Dst's first, into ``Dst.rdt`` and
-        fdatasyncs it (``warren.store.combine``); tells ``Rewritten(job_id, dst, src,
+        fdatasyncs it (``warren.store.engine.rewrite``); tells ``Rewritten(job_id, dst, src,
         file_size)``, or ``RewriteFailed(job_id, reason)`` when a record does not
         validate, the disk fails, or the job's scan is unknown (this GC restarted since).
 
@@ -33,10 +33,10 @@ import os
 
 from warren.actors import ActorRef, ProcessActor, UnhandledMessage
 
-from .combine import CombinePlan, rewrite_combine
-from .messages import RewriteFailed, RewriteJob, Rewritten, ScanJob, Scanned
-from .records import data_file_name
-from .scanner import ScanResult, scan_file
+from .engine.rewrite import CombinePlan, rewrite_combine
+from .protocol import RewriteFailed, RewriteJob, Rewritten, ScanJob, Scanned
+from .engine.records import data_file_name
+from .engine.scanner import ScanResult, scan_file
 
 log = logging.getLogger("warren.store")
 

@@ -16,7 +16,7 @@ import os
 import weakref
 from collections.abc import Iterable
 
-from .message_store import MessageStore, Settlement
+from .engine.message_store import MessageStore, Settlement
 
 __all__ = ["LocalStoreClient"]
 

@@ -1,11 +1,11 @@
 """``MessageStoreActor``: msg_store_persistent and msg_store_transient as actor processes.
 
 Each wraps one ``MessageStore`` engine (with the shared lock table, so clients read files
-directly) in its own OS process, started by the node's tree (``warren.supervisor.node``). The
+directly) in its own OS process, started by the node's tree (``warren.supervisor.node.node``). The
 transient store empties its directory at every start. Supervised by the node's root
 (rest_for_one): a store crash restarts everything after it.
 
-Messages accepted (``warren.store.messages``), and what each gets back:
+Messages accepted (``warren.store.protocol``), and what each gets back:
 
     Register(client_ref)            → StoreInfo(this incarnation's pinned ref, directory,
                                       transient)
@@ -52,7 +52,7 @@ store chooses a pair (from its file summary alone) and asks the GC actor to scan
 files (``ScanJob``); it stages the ``Scanned`` records against its index
 ``GC_SLICE_RECORDS`` at a time, serving its mailbox between slices, then asks the GC to
 copy what it kept (``RewriteJob``). ``Rewritten`` is applied in one step (the staged
-index values, the rename, the delete: ``warren.store.combining``); if readers hold either
+index values, the rename, the delete: ``warren.store.engine.gc``); if readers hold either
 file past the deadline, the job is given up and the next pair no reader holds is chosen
 (a reader stopped while holding a file delays only that file). No step holds the
 store's loop for long: the longest is kept in ``longest_gc_slice_ms``. A GC that dies or
@@ -86,15 +86,15 @@ from typing import Any
 
 from warren.actors import ActorError, ActorRef, Down, ProcessActor, UnhandledMessage
 
-from .combine import CombinePlan, RewriteResult
+from .engine.rewrite import CombinePlan, RewriteResult
 from .errors import StoreError
-from .index import PENDING_FILE
-from .message_store import FILE_SIZE_LIMIT_BYTES, MessageStore
-from .messages import (ClientDying, Contains, Found, Read, ReadMany, ReadsReport, Register,
+from .engine.index import PENDING_FILE
+from .engine.message_store import FILE_SIZE_LIMIT_BYTES, MessageStore
+from .protocol import (ClientDying, Contains, Found, Read, ReadMany, ReadsReport, Register,
                        Rewritten, RewriteFailed, RewriteJob, ScanJob, Scanned, Settled,
                        StoreInfo,
                        StoreStats, Terminate, WriteBatch)
-from .records import HEADER_BYTES, MSG_ID_BYTES, OK_MARKER
+from .engine.records import HEADER_BYTES, MSG_ID_BYTES, OK_MARKER
 
 log = logging.getLogger("warren.store")
 

@@ -2,13 +2,13 @@
 
 ``Supervisor`` runs a ``SupervisorSpec`` of ``ChildSpec``s over actor processes
 (``warren.supervisor.supervisor``); ``Node`` boots a whole broker node on a data directory
-(``warren.supervisor.node``); ``AlarmLimits`` sets the memory and disk alarms
-(``warren.supervisor.alarms``). ``warren.supervisor.cli`` is the ``warren`` command.
+(``warren.supervisor.node.node``); ``AlarmLimits`` sets the memory and disk alarms
+(``warren.supervisor.node.alarms``). ``warren.supervisor.cli.main`` is the ``warren`` command.
 """
 
-from .alarms import AlarmChange, AlarmLimits
+from .node.alarms import AlarmChange, AlarmLimits
 from .errors import InvalidSpec, NodeLocked, SupervisorError
-from .node import Node, query_status
+from .node.node import Node, query_status
 from .specs import ChildSpec, SupervisorFlags, SupervisorSpec
 from .supervisor import Supervisor
 

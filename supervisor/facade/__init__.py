@@ -16,13 +16,13 @@ import name only.
 import os
 from typing import Any
 
-from warren.queues.connection import Connection
+from warren.queues.client.connection import Connection
 from warren.queues.message import Message
-from warren.queues.remote_node import RemoteNode
-from warren.queues.tcp_node import TcpNode
+from warren.queues.client.ipc_node import RemoteNode
+from warren.queues.client.tcp_node import TcpNode
 from warren.store.client import StoreClient, StoreRestarted
-from warren.supervisor.alarms import AlarmLimits
-from warren.supervisor.node import Node
+from warren.supervisor.node.alarms import AlarmLimits
+from warren.supervisor.node.node import Node
 
 __all__ = ["AlarmLimits", "Connection", "Message", "Node", "StoreClient", "StoreRestarted",
            "connect"]

@@ -11,7 +11,7 @@ import pytest
 import zmq
 
 from warren.actors import (ActorDeadError, CodecError, MailboxFull, MessageTooLarge, Node,
-                           RemoteError, UnhandledMessage, _wire, codec, register_message)
+                           RemoteError, UnhandledMessage, wire, codec, register_message)
 from warren.actors._runtime import runtime
 from tests.waiting import wait_for
 from tests.actors.sample_actors import (Mute, NeverRegistered, Put, Recorder, SmallMailbox,
@@ -67,10 +67,10 @@ def test_an_unencodable_message_is_refused_before_it_leaves(node: Node) -> None:
 
 def test_an_oversized_message_is_refused_with_a_clear_error(node: Node) -> None:
     ref = node.spawn(Recorder)
-    from warren.actors import _wire
+    from warren.actors import wire
 
     with pytest.raises(MessageTooLarge):
-        ref.tell(b"x" * (_wire.MAX_MESSAGE_BYTES + 1))
+        ref.tell(b"x" * (wire.MAX_MESSAGE_BYTES + 1))
     assert ref.ask("label", timeout=10) == "recorder"
 
 
@@ -172,7 +172,7 @@ def raw_message(kind: int, cls: type, *values) -> bytes:
 def error_answer(sender: zmq.Socket) -> list:
     assert sender.poll(10_000), "no answer to a malformed ask"
     kind, request_id, error = msgpack.unpackb(sender.recv())
-    assert (kind, request_id) == (_wire.REPLY_ERROR, 7)
+    assert (kind, request_id) == (wire.REPLY_ERROR, 7)
     return error
 
 
@@ -180,10 +180,10 @@ def test_a_message_with_the_wrong_number_of_fields_gets_an_error_naming_them(
         node: Node) -> None:
     ref = node.spawn(Recorder)
     with raw_sender(ref) as sender:
-        sender.send(raw_message(_wire.ASK, Put, "k"))
+        sender.send(raw_message(wire.ASK, Put, "k"))
         type_name, text, _ = error_answer(sender)
         assert type_name == "CodecError" and "takes 2 fields, the message carried 1" in text
-        sender.send(raw_message(_wire.TELL, Put, "k"))
+        sender.send(raw_message(wire.TELL, Put, "k"))
         wait_for(lambda: ref.stats(timeout=10)["malformed"] == 2)
     assert ref.ping(timeout=10).incarnation == ref.incarnation
 
@@ -192,11 +192,11 @@ def test_a_message_whose_constructor_refuses_its_fields_gets_an_error_naming_the
         node: Node) -> None:
     ref = node.spawn(Recorder)
     with raw_sender(ref) as sender:
-        sender.send(raw_message(_wire.ASK, Span, 5, 1))
+        sender.send(raw_message(wire.ASK, Span, 5, 1))
         type_name, text, _ = error_answer(sender)
         assert type_name == "CodecError"
         assert "Span" in text and "low 5 is above high 1" in text
-        sender.send(raw_message(_wire.TELL, Span, 5, 1))
+        sender.send(raw_message(wire.TELL, Span, 5, 1))
         wait_for(lambda: ref.stats(timeout=10)["malformed"] == 2)
     assert ref.ask(Span(1, 5), timeout=10) == 4
 

@@ -110,13 +110,13 @@ def test_an_actor_can_answer_an_ask_later_from_another_thread(node: Node) -> Non
 
 INTRUDER = """
 import sys, zmq
-from warren.actors import _wire
+from warren.actors import wire
 from warren.actors.codec import Encoder
 socket = zmq.Context().socket(zmq.DEALER)
 socket.linger = 0
 socket.connect(sys.argv[1])
-socket.send_multipart(Encoder().encode([_wire.TELL, 0, 0, "intruder"]))
-socket.send_multipart(Encoder().encode([_wire.ASK, 0, 1, "seen"]))
+socket.send_multipart(Encoder().encode([wire.TELL, 0, 0, "intruder"]))
+socket.send_multipart(Encoder().encode([wire.ASK, 0, 1, "seen"]))
 print("answered" if socket.poll(3000) else "silent", flush=True)
 """
 

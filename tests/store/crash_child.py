@@ -19,7 +19,7 @@ import signal
 import sys
 import time
 
-import warren.store.combining
+import warren.store.engine.gc
 from warren.store import MessageStore
 
 from .helpers import body, build_fragmented_store, msg_id
@@ -52,7 +52,7 @@ def write_forever(directory: str) -> None:
 
 def kill_at(point: str) -> None:
     """Arrange for this process to SIGKILL itself at one step of a combine."""
-    real_rewrite = warren.store.combining.rewrite_combine
+    real_rewrite = warren.store.engine.gc.rewrite_combine
     real_write, real_fdatasync = os.write, os.fdatasync
     real_rename, real_unlink = os.rename, os.unlink
     copying = []
@@ -84,7 +84,7 @@ def kill_at(point: str) -> None:
             die()
         return real_unlink(path, **kwargs)
 
-    warren.store.combining.rewrite_combine = rewrite_then
+    warren.store.engine.gc.rewrite_combine = rewrite_then
     os.write, os.fdatasync, os.rename, os.unlink = write, fdatasync, rename, unlink
 
 

@@ -5,7 +5,7 @@ import hashlib
 import os
 import shutil
 
-from warren.store.records import encode_record
+from warren.store.engine.records import encode_record
 
 
 def msg_id(n: int, generation: int = 0) -> bytes:

@@ -15,7 +15,7 @@ import signal
 import sys
 import time
 
-from warren.store.lock_table import LockTableReader
+from warren.store.engine.lock_table import LockTableReader
 
 
 def read_loop(directory: str, locations: str, seconds: float) -> None:

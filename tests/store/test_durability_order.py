@@ -9,7 +9,7 @@ import stat
 import pytest
 
 from warren.store import MessageStore, rewrite_combine
-from warren.store import combining as combining_module
+from warren.store.engine import gc as gc_module
 
 from .helpers import body, fill, msg_id
 
@@ -109,7 +109,7 @@ def test_a_gc_that_fails_inside_sync_loses_no_ticket_and_the_store_carries_on(
     def disk_full(directory, plan):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(combining_module, "rewrite_combine", disk_full)
+    monkeypatch.setattr(gc_module, "rewrite_combine", disk_full)
     store.write(msg_id(99), body(99), ticket="T99")
     for n in range(36):
         if n % 8:

@@ -15,7 +15,7 @@ import pytest
 
 from warren.actors import RemoteError
 from warren.store.client import StoreClient, StoreRestarted
-from warren.store.messages import StoreStats, WriteBatch
+from warren.store.protocol import StoreStats, WriteBatch
 from warren.supervisor import Node
 
 from ..waiting import wait_for
@@ -257,7 +257,7 @@ def test_a_request_meant_for_an_older_store_incarnation_is_dropped_and_counted(n
     current = node.store()
     before = current.stats()["dropped_stale"]
     # From a process that has not heard of the death, the old pinned ref still sends.
-    sender = (f"import json; from warren.actors import ActorRef; from warren.store.messages import Register; "
+    sender = (f"import json; from warren.actors import ActorRef; from warren.store.protocol import Register; "
               f"ref = ActorRef(**json.loads({json.dumps(json.dumps(dataclasses.asdict(old)))}));"
               f"ref.tell(Register(b'stale client'))")
     subprocess.run([sys.executable, "-c", sender], cwd=ROOT, check=True, timeout=60)

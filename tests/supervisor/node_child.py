@@ -20,7 +20,7 @@ import time
 
 from warren.store.client import StoreClient
 from warren.supervisor import ChildSpec, Node
-from warren.supervisor.node import STOP_SIGNALS
+from warren.supervisor.node.node import STOP_SIGNALS
 
 from tests.supervisor.sample_actors import Worker
 

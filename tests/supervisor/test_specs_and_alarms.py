@@ -6,7 +6,7 @@ import os
 import pytest
 
 from warren.actors import ProcessActor
-from warren.supervisor.alarms import AlarmLimits, ResourceMonitor, available_memory, node_memory
+from warren.supervisor.node.alarms import AlarmLimits, ResourceMonitor, available_memory, node_memory
 from warren.supervisor.errors import InvalidSpec
 from warren.supervisor.specs import ChildSpec, SupervisorFlags, SupervisorSpec
 

@@ -1,0 +1,82 @@
+"""``DeadLetters``: a queue's dead messages (expired, rejected, dropped by max-length)
+republished to its dead-letter exchange, and acked in the queue once confirmed there.
+
+Each dead message gets an ``x-death`` header (a list, newest first, of
+``{"queue", "reason", "time_ms"}``) and loses its per-message expiration; it is routed
+with the queue's name as routing key. The queue publishes like any producer, through a
+connection to its node, without waiting: the confirms are collected by ``settled()``,
+which the queue calls from a timer, so a dead-letter exchange that routes back to the
+same queue cannot deadlock it. A publish the exchange routes nowhere is confirmed and the
+message dropped (as RabbitMQ does); one that is nacked is dropped and logged.
+
+At most ``MAX_PENDING`` dead messages are in flight; beyond that ``room()`` is 0 and the
+queue leaves its expired messages in place until the next round.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+
+from ..client.connection import Confirm, Connection
+from ..errors import Nacked
+from ..message import decode
+from ..client.ipc_node import RemoteNode
+
+__all__ = ["DeadLetters"]
+
+log = logging.getLogger("warren.queues")
+
+MAX_PENDING = 1000
+
+
+class DeadLetters:
+    def __init__(self, data_dir: str, queue_name: str, exchange: str) -> None:
+        self.data_dir = data_dir
+        self.queue_name = queue_name
+        self.exchange = exchange
+        self._connection: Connection | None = None
+        self._pending: list[tuple[Confirm, int]] = []     # (its confirm, seq id in the queue)
+        self.counters = {"dead_lettered": 0, "dead_letters_nacked": 0}
+
+    def room(self) -> int:
+        return max(0, MAX_PENDING - len(self._pending))
+
+    def send(self, dead: list[tuple[int, bytes]], reason: str) -> None:
+        """Republish each (seq id, encoded message); ack them later, when ``settled``."""
+        if not dead:
+            return
+        if self._connection is None:
+            self._connection = Connection(RemoteNode(self.data_dir))
+        death = {"queue": self.queue_name, "reason": reason, "time_ms": int(time.time() * 1000)}
+        for seq_id, payload in dead:
+            message = decode(payload)
+            headers = dict(message.headers or {})
+            headers["x-death"] = [death, *headers.get("x-death", [])]
+            message = dataclasses.replace(message, headers=headers, expiration_ms=None)
+            confirm = self._connection.publish_message(
+                self.queue_name, message, exchange=self.exchange, mandatory=False)
+            self._pending.append((confirm, seq_id))
+
+    def settled(self) -> list[int]:
+        """The seq ids whose dead letters are settled (confirmed, or nacked and dropped)."""
+        done, waiting = [], []
+        for confirm, seq_id in self._pending:
+            if not confirm.done():
+                waiting.append((confirm, seq_id))
+                continue
+            try:
+                confirm.result(0)
+                self.counters["dead_lettered"] += 1
+            except Nacked as exc:
+                self.counters["dead_letters_nacked"] += 1
+                log.error("queue %s: a dead letter was not taken (%s); dropped",
+                          self.queue_name, exc)
+            done.append(seq_id)
+        self._pending = waiting
+        return done
+
+    def close(self) -> None:
+        if self._connection is not None:
+            self._connection.close()

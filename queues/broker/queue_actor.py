@@ -1,0 +1,564 @@
+"""``QueueActor``: one queue as an OS process (``warren: queue <name>``), wrapping the
+queue engine (``VariableQueue``) with its own clients of the node's two stores.
+
+Supervised by the node's ``queue_sup`` (one_for_one): a queue that crashes is restarted
+alone and recovers from disk (its unacked messages come back flagged redelivered); a
+store crash restarts every queue after it (the node's root is rest_for_one).
+
+Messages accepted (``warren.queues.protocol``), and what each gets back:
+
+    Publish(payloads, persistent, msg_ids, expiration_ms, producer, sequence)
+                                   → the batch's size, once every message is confirmed:
+                                     group commit when the mailbox is empty, at the latest
+                                     ``sync_interval_ms`` later while shared-store writes
+                                     are unsettled. With a producer, repeats of sequences
+                                     it already took are dropped (and counted as taken),
+                                     and its publishes are answered in order, once its
+                                     producer log names them (``warren.queues.broker.dedup``)
+    Fetch(consumer, pid, count, ack_required)
+                                   → up to ``count`` Delivered; those needing an ack are
+                                     held for ``consumer`` (its process ``pid``)
+    Settle(consumer, tags, action) (tell, or ask → the tags ignored) settles the tags the
+                                     consumer holds; any other tag is ignored, logged and
+                                     counted (``foreign_tags``): one connection cannot
+                                     settle another's deliveries
+    Subscribe(consumer, pid, active)
+                                   (tell) a consumer starts or stops; an ``auto_delete``
+                                   queue deletes itself when the last one stops
+    Release(consumer)              (tell) requeue what the consumer holds, end its
+                                   subscriptions
+    Purge()                        → messages purged
+    QueueStats()                   → the engine's stats, the consumers and the name
+    DeleteQueue()                  → messages deleted; every later request is refused
+
+A message of another type, or whose fields are not what this list says, raises
+``UnhandledMessage`` before anything of it is applied (an ask gets it as its error; a
+tell is logged and counted): a stray or hostile message never restarts a queue.
+
+Consumers: every ``consumer_check_s`` the queue looks whether each consumer's process is
+still alive (its pid, and the process's start time, against pid reuse) and requeues
+what a dead one held: a consumer SIGKILLed mid-flight loses nothing.
+
+Policies, from the queue's definition: ``message_ttl_ms`` (and a publish's own
+``expiration_ms``, the shorter wins) expires messages at the head, every
+``EXPIRY_CHECK_S`` and before each fetch; ``max_length`` drops the oldest messages
+(``overflow="drop-head"``) or refuses the newest (``"reject-publish"``: the Publish answer
+counts what was taken). With a ``dead_letter_exchange``, expired, dropped and rejected
+(``Settle`` "reject") messages are republished there (``warren.queues.broker.dead_letters``)
+and acked here once confirmed there.
+
+Alarms: under the node's memory alarm the queue's RAM duration target drops to 0 and it
+pages out; when the alarm clears the target is infinity again. The rates are folded in
+every ``RATES_INTERVAL_S`` (RabbitMQ: 5 s).
+
+A store that goes down (a ``Down`` from the monitor the queue holds on each store) makes
+the queue stop at once, without a clean stop: the node restarts it after the store, and
+it recovers dirty, checking its entries against the store.
+
+Races: a confirm is sent only after the sync that made the whole batch durable, so a
+queue killed with confirms pending leaves its publishers an ActorDeadError (their batch
+is in doubt: re-send it), never a false confirm. A Settle names its consumer, so one
+connection cannot ack another's deliveries; it travels on the same socket as that
+connection's fetches, so a fetch after an ack sees the ack applied.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import math
+import time
+from typing import Any
+
+import psutil
+
+from warren.actors import ActorError, ActorRef, Down, ProcessActor, UnhandledMessage
+from warren.store.client import StoreClient
+from warren.store.errors import StoreError
+from warren.store.protocol import StoreStats
+
+from .dead_letters import DeadLetters
+from .dedup import MAX_PRODUCER_BYTES, MAX_SEQUENCE, ProducerLog, message_ids
+from ..errors import CorruptMessage, OutOfSequence, QueueClosed
+from ..protocol import (SETTLE_ACTIONS, DeleteQueue, Delivered, Fetch, Publish, Purge,
+                       QueueStats, Release, Settle, Subscribe)
+from ..engine.variable_queue import VariableQueue
+
+__all__ = ["QueueActor"]
+
+log = logging.getLogger("warren.queues")
+
+# How soon a queue looks again for the shared store's settlement of its writes, while
+# confirms wait on it (the store answers its own group commit; no fsync happens here).
+SYNC_INTERVAL_MS = 2
+CONSUMER_CHECK_S = 2.0           # how often dead consumers' deliveries are requeued
+RATES_INTERVAL_S = 5.0           # RAM_DURATION_UPDATE_INTERVAL
+MAX_FETCH = 10_000               # messages one Fetch may take
+EXPIRY_CHECK_S = 0.25            # how often expired messages at the head are dropped
+STORE_PING_S = 1.0               # how long a stopping queue waits for its stores' answer
+# A queue gives up on a silent store sooner than an application would: the node restarts
+# the queue after the store anyway (rest_for_one).
+STORE_CLIENT_OPTIONS = {"unavailable_after_s": 5.0, "call_timeout_s": 5.0}
+
+
+class _Batch:
+    """A Publish awaiting its confirms: ``left`` of its messages are unconfirmed; a
+    deduplicated one names its producer and the highest sequence it accepted."""
+
+    __slots__ = ("reply", "size", "left", "producer", "high")
+
+    def __init__(self, reply: Any, size: int, left: int, producer: bytes | None = None,
+                 high: int = -1) -> None:
+        self.reply, self.size, self.left = reply, size, left
+        self.producer, self.high = producer, high
+
+
+class QueueActor(ProcessActor):
+    """One queue process; see the module docstring."""
+
+    def __init__(self, name: str, directory: str, *, durable: bool = True,
+                 lazy: bool = False, message_ttl_ms: int | None = None,
+                 max_length: int | None = None, overflow: str = "drop-head",
+                 dead_letter_exchange: str | None = None, auto_delete: bool = False,
+                 data_dir: str | None = None,
+                 queue_options: dict[str, Any] | None = None,
+                 sync_interval_ms: float = SYNC_INTERVAL_MS,
+                 consumer_check_s: float = CONSUMER_CHECK_S) -> None:
+        self.queue_name = name
+        self.directory = directory
+        self.durable = durable
+        self.lazy = lazy
+        self.message_ttl_ms = message_ttl_ms
+        self.max_length = max_length
+        self.overflow = overflow
+        self.dead_letter_exchange = dead_letter_exchange
+        self.auto_delete = auto_delete
+        self.data_dir = data_dir
+        self.queue_options = dict(queue_options or {})
+        self.sync_interval_s = sync_interval_ms / 1000
+        self.consumer_check_s = consumer_check_s
+        self.queue: VariableQueue | None = None
+        self._confirms: dict[int, _Batch] = {}        # seq id -> its batch
+        self._producers: ProducerLog | None = None
+        self._accepted: dict[bytes, int] = {}         # producer -> highest sequence taken
+        self._recovered_ids: set[bytes] = set()       # entries the producer log may not name
+        # A producer's batches are answered in the order they came, once its log record
+        # says so: producer -> its batches not yet answered.
+        self._producer_batches: dict[bytes, collections.deque[_Batch]] = {}
+        self._sync_armed = False
+        self._held: dict[bytes, set[int]] = {}        # consumer -> tags awaiting its ack
+        self._owners: dict[bytes, tuple[int, float]] = {}   # consumer -> (pid, started)
+        self._subscribers: dict[bytes, int] = {}      # connection -> its active consumers
+        self._deleted = False
+        self._store_down = False
+        self._dead: DeadLetters | None = None
+        self._stores: list[ActorRef] = []            # pinned: the incarnations we work with
+        self.counters = {"published": 0, "delivered": 0, "released": 0, "foreign_tags": 0,
+                         "expired": 0, "dropped_over_max_length": 0, "rejected_publishes": 0,
+                         "repeats_dropped": 0}
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def on_start(self) -> None:
+        persistent = self.whereis("msg_store_persistent")
+        transient = self.whereis("msg_store_transient")
+        if persistent is None or transient is None:
+            raise RuntimeError(f"queue {self.queue_name}: the node's stores are not running")
+        store_clean = bool(persistent.ask(StoreStats()).get("recovered_clean"))
+        self._stores = [persistent.pin(), transient.pin()]
+        for store in self._stores:
+            self.monitor(store)
+        self.queue = VariableQueue(
+            self.directory, durable=self.durable, lazy=self.lazy,
+            persistent_store=lambda ref: StoreClient(persistent, ref, **STORE_CLIENT_OPTIONS),
+            transient_store=lambda ref: StoreClient(transient, ref, **STORE_CLIENT_OPTIONS),
+            shared_store_clean=store_clean, **self.queue_options)
+        self._producers = ProducerLog(self.directory)
+        if self._producers.existed:
+            self._recovered_ids = self.queue.msg_ids_from(self._producers.low_water)
+        self._accepted = dict(self._producers.high)
+        if self.dead_letter_exchange is not None:
+            self._dead = DeadLetters(self.data_dir, self.queue_name, self.dead_letter_exchange)
+        self.call_later(self.consumer_check_s, self._check_consumers)
+        self.call_later(RATES_INTERVAL_S, self._update_rates)
+        self.call_later(EXPIRY_CHECK_S, self._expiry_tick)
+
+    def on_stop(self) -> None:
+        if self._dead is not None:
+            self._dead.close()
+        if self._producers is not None and (self.queue is None or self._deleted):
+            self._producers.close()
+        if self.queue is None or self._deleted:
+            return
+        if self._store_down or not self._stores_answer():
+            # The node restarts this queue after the store; its next start recovers dirty.
+            # Nothing unconfirmed is lost that a publisher was told is safe.
+            self.queue.abandon()
+            return
+        try:
+            self._answer(self.queue.sync(wait=True))
+            self._producers.close()
+            self.queue.terminate()
+        except (StoreError, ActorError) as exc:
+            # The store died before its Down reached us (a tree stopping everything after
+            # it); the next start recovers dirty against the restarted store.
+            log.warning("queue %s: no clean stop, the store is gone (%s)", self.queue_name, exc)
+            self.queue.abandon()
+
+    def _stores_answer(self) -> bool:
+        """Whether both stores' incarnations this queue started with still answer (a tree
+        stopping everything after a dead store stops us before its Down arrives)."""
+        try:
+            for store in self._stores:
+                store.ping(timeout=STORE_PING_S)
+        except ActorError:
+            return False
+        return True
+
+    def on_alarm(self, resource: str, raised: bool) -> None:
+        if resource == "memory" and self.queue is not None and not self._deleted:
+            self.queue.set_ram_duration_target(0 if raised else math.inf)
+
+    def on_idle(self) -> None:
+        if self.queue is not None and not self._deleted and self.queue.needs_sync():
+            self._sync()
+
+    # ------------------------------------------------------------------ messages
+
+    def on_receive(self, message: Any) -> Any:
+        handler = self._handlers.get(type(message))
+        if handler is None:
+            raise UnhandledMessage(f"queue {self.queue_name} does not handle "
+                                   f"{type(message).__name__}")
+        problem = _malformed(message)
+        if problem is not None:
+            raise UnhandledMessage(f"malformed {type(message).__name__}: {problem}")
+        if self._deleted:
+            raise QueueClosed(f"queue {self.queue_name} was deleted")
+        return handler(self, message)
+
+    def _publish(self, message: Publish) -> None:
+        payloads, msg_ids, sequences = message.payloads, message.msg_ids, None
+        repeats, high = 0, -1
+        if message.producer is not None:
+            payloads, msg_ids, sequences, repeats, high = self._without_repeats(message)
+        reply = self.defer_reply()
+        if self.max_length is not None and self.overflow == "reject-publish":
+            room = max(0, self.max_length - len(self.queue))
+            self.counters["rejected_publishes"] += max(0, len(payloads) - room)
+            payloads = payloads[:room]
+            msg_ids = msg_ids[:room] if msg_ids is not None else None
+        if message.producer is not None:
+            # The highest taken: of the new messages kept, or of the repeats found among
+            # the recovered entries (durable, not yet in the producer log).
+            if payloads:
+                high = max(high, sequences[len(payloads) - 1])
+            if high > self._accepted.get(message.producer, -1):
+                self._accepted[message.producer] = high
+        ttls = [t for t in (message.expiration_ms, self.message_ttl_ms) if t is not None]
+        expiry = _now_ms() + min(ttls) if ttls else None
+        seq_ids = self.queue.publish_many(payloads, persistent=message.persistent,
+                                          msg_ids=msg_ids, expiry_ms=expiry)
+        self.counters["published"] += len(seq_ids)
+        if self.max_length is not None and self.overflow == "drop-head":
+            self._drop_over_max_length()
+        batch = _Batch(reply, len(seq_ids) + repeats, len(seq_ids), message.producer, high)
+        if message.producer is not None:
+            self._producer_batches.setdefault(message.producer, collections.deque()).append(
+                batch)
+            if not seq_ids:
+                self._answer([])
+        elif not seq_ids:
+            reply.send(0)
+        for seq_id in seq_ids:
+            self._confirms[seq_id] = batch
+
+    def _without_repeats(self, message: Publish) -> tuple[list[bytes], list[bytes], list[int],
+                                                          int, int]:
+        """The messages of a deduplicated publish that are new: their payloads, ids and
+        sequences; how many were repeats; the highest sequence of a repeat found among
+        the recovered entries (durable, but not yet in the producer log)."""
+        producer, first = message.producer, message.sequence
+        self._producers.begin()
+        accepted = self._accepted.get(producer, -1)
+        if first > accepted + 1:
+            raise OutOfSequence(
+                f"queue {self.queue_name}: producer {producer!r} sent sequence {first} "
+                f"after {accepted}, the highest this queue took from it; nothing was taken: "
+                f"send again from {accepted + 1} (a producer's sequences start at 0 and go "
+                f"up by one)")
+        # Those up to ``accepted`` are repeats without a look; the rest are new unless the
+        # index recovered them.
+        start = min(accepted + 1 - first, len(message.payloads))
+        repeats, high = start, -1
+        recovered = self._recovered_ids
+        payloads, msg_ids, sequences = [], [], []
+        ids = message_ids(producer, first + start, len(message.payloads) - start)
+        for sequence, payload, msg_id in zip(range(first + start, first + len(message.payloads)),
+                                             message.payloads[start:], ids):
+            if msg_id in recovered:
+                repeats += 1
+                high = sequence
+            else:
+                payloads.append(payload)
+                msg_ids.append(msg_id)
+                sequences.append(sequence)
+        self.counters["repeats_dropped"] += repeats
+        return payloads, msg_ids, sequences, repeats, high
+
+    def _fetch(self, message: Fetch) -> list[Delivered]:
+        self._expire()
+        out = []
+        for _ in range(message.count):
+            try:
+                fetched = self.queue.fetch_encoded(message.ack_required)
+            except CorruptMessage:
+                continue               # dropped, logged and counted: never delivered
+            if fetched is None:
+                break
+            out.append(Delivered(fetched.seq_id, fetched.payload, fetched.delivery_count))
+        if message.ack_required and out:
+            self._held.setdefault(message.consumer, set()).update(d.seq_id for d in out)
+            if message.consumer not in self._owners:
+                self._owners[message.consumer] = (message.pid, _started(message.pid))
+        self.counters["delivered"] += len(out)
+        return out
+
+    def _settle(self, message: Settle) -> list[int]:
+        held = self._held.get(message.consumer, set())
+        tags = list(dict.fromkeys(message.tags))
+        foreign = [tag for tag in tags if tag not in held]
+        if foreign:                    # the client checks first: a bug or a hostile peer
+            self.counters["foreign_tags"] += len(foreign)
+            log.warning("queue %s: %d delivery tags in a %s are not held by that "
+                        "connection; ignored", self.queue_name, len(foreign), message.action)
+            tags = [tag for tag in tags if tag in held]
+        if message.action == "requeue":
+            self.queue.requeue(tags)
+        elif message.action == "reject" and self._dead is not None:
+            # acked once the dead-letter exchange confirmed them (``_expiry_tick``)
+            self._dead.send([(t, self.queue.pending_payload(t)) for t in tags], "rejected")
+        else:
+            self.queue.ack(tags)
+        held.difference_update(tags)
+        return foreign
+
+    def _release(self, message: Release) -> None:
+        held = self._held.pop(message.consumer, set())
+        self._owners.pop(message.consumer, None)
+        if held:
+            self.queue.requeue(sorted(held))
+            self.counters["released"] += len(held)
+        if self._subscribers.pop(message.consumer, 0):
+            self._maybe_auto_delete()
+
+    def _subscribe(self, message: Subscribe) -> None:
+        count = self._subscribers.get(message.consumer, 0) + (1 if message.active else -1)
+        if message.active and message.consumer not in self._owners:
+            self._owners[message.consumer] = (message.pid, _started(message.pid))
+        if count > 0:
+            self._subscribers[message.consumer] = count
+        elif self._subscribers.pop(message.consumer, None) is not None:
+            self._maybe_auto_delete()
+
+    def _maybe_auto_delete(self) -> None:
+        """An auto-delete queue whose last consumer stopped deletes itself, messages and
+        files, and ends its process (for good: the node then forgets its definition)."""
+        if self.auto_delete and not self._subscribers and not self._deleted:
+            log.info("queue %s: its last consumer stopped; deleting it (auto_delete)",
+                     self.queue_name)
+            self._delete(DeleteQueue())
+            self.stop()
+
+    def _purge(self, message: Purge) -> int:
+        return self.queue.purge()
+
+    def _stats(self, message: QueueStats) -> dict[str, Any]:
+        stats = self.queue.stats()
+        stats.update(self.queue.counters)       # what recovery and reads dropped, and why
+        if self._dead is not None:
+            stats.update(self._dead.counters)
+        stats.update(name=self.queue_name, durable=self.durable,
+                     consumers=sum(self._subscribers.values()), messages_ready=stats["len"],
+                     messages_unacked=stats["depth"] - stats["len"], **self.counters)
+        return stats
+
+    def _delete(self, message: DeleteQueue) -> int:
+        count = self.queue.depth
+        waiting = set(self._confirms.values()).union(*self._producer_batches.values())
+        for batch in waiting:
+            batch.reply.fail(QueueClosed(f"queue {self.queue_name} was deleted before "
+                                         f"confirming this publish"))
+        self._confirms.clear()
+        self._producer_batches.clear()
+        self._producers.close()
+        self.queue.delete()
+        self._deleted = True
+        return count
+
+    def _down(self, message: Down) -> None:
+        log.warning("queue %s: %s went down (%s); stopping, to be restarted after it",
+                    self.queue_name, message.ref.name, message.reason)
+        self._store_down = True
+        self.stop()
+
+    _handlers = {Publish: _publish, Fetch: _fetch, Settle: _settle, Release: _release,
+                 Subscribe: _subscribe, Purge: _purge, QueueStats: _stats,
+                 DeleteQueue: _delete, Down: _down}
+
+    # ------------------------------------------------------------------ confirms
+
+    def _sync(self) -> None:
+        self._answer(self.queue.sync(wait=False))
+        if self.queue.needs_sync() and not self._sync_armed:
+            self._sync_armed = True
+            self.call_later(self.sync_interval_s, self._sync_timer)
+
+    def _sync_timer(self) -> None:
+        self._sync_armed = False
+        if not self._deleted and self.queue.needs_sync():
+            self._sync()
+
+    def _answer(self, confirmed: list[int]) -> None:
+        """Answer the publishes whose messages are all confirmed now. A deduplicated
+        producer's are answered in the order they came, after the producer log names
+        their sequences (``warren.queues.broker.dedup``)."""
+        confirms = self._confirms
+        for seq_id in confirmed:
+            batch = confirms.pop(seq_id, None)
+            if batch is not None:
+                batch.left -= 1
+                if batch.left == 0 and batch.producer is None:
+                    batch.reply.send(batch.size)
+        if not self._producer_batches:
+            return
+        highs, answered = [], []
+        for producer, batches in list(self._producer_batches.items()):
+            high = -1
+            while batches and batches[0].left == 0:
+                batch = batches.popleft()
+                high = max(high, batch.high)
+                answered.append(batch)
+            if high >= 0:
+                highs.append((producer, high))
+            if not batches:
+                del self._producer_batches[producer]
+        if highs:
+            self._producers.record(highs, min(confirms) if confirms else self.queue.next_seq_id)
+        for batch in answered:
+            batch.reply.send(batch.size)
+
+    # ------------------------------------------------------------------ TTL, max-length
+
+    def _expire(self) -> None:
+        """Drop, or dead-letter, the expired messages at the head (RabbitMQ expires a
+        queue's messages at its head only)."""
+        now = _now_ms()
+
+        def expired(info) -> bool:
+            return 0 < info.expiry_ms <= now
+        if self._dead is None:
+            before = len(self.queue)
+            self.queue.drop_while(expired)
+            self.counters["expired"] += before - len(self.queue)
+            return
+        dead = []
+        room = self._dead.room()
+        while len(dead) < room and (info := self.queue.peek()) is not None and expired(info):
+            fetched = self.queue.fetch_encoded(ack_required=True)
+            dead.append((fetched.seq_id, fetched.payload))
+        self.counters["expired"] += len(dead)
+        self._dead.send(dead, "expired")
+
+    def _drop_over_max_length(self) -> None:
+        excess = len(self.queue) - self.max_length
+        if excess <= 0:
+            return
+        self.counters["dropped_over_max_length"] += excess
+        if self._dead is None:
+            for _ in range(excess):
+                self.queue.fetch_encoded(ack_required=False)
+            return
+        dead = [self.queue.fetch_encoded(ack_required=True) for _ in range(excess)]
+        self._dead.send([(f.seq_id, f.payload) for f in dead], "maxlen")
+
+    def _expiry_tick(self) -> None:
+        if not self._deleted:
+            self._expire()
+            if self._dead is not None:
+                done = self._dead.settled()
+                if done:
+                    self.queue.ack(done)
+        self.call_later(EXPIRY_CHECK_S, self._expiry_tick)
+
+    # ------------------------------------------------------------------ timers
+
+    def _check_consumers(self) -> None:
+        for consumer, (pid, started) in list(self._owners.items()):
+            if _started(pid) != started:
+                log.info("queue %s: consumer process %d is gone; requeueing %d deliveries",
+                         self.queue_name, pid, len(self._held.get(consumer, ())))
+                self._release(Release(consumer))
+        self.call_later(self.consumer_check_s, self._check_consumers)
+
+    def _update_rates(self) -> None:
+        if not self._deleted:
+            self.queue.update_rates()
+        self.call_later(RATES_INTERVAL_S, self._update_rates)
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _started(pid: int) -> float:
+    """The process's start time; 0.0 when it does not exist (so a reused pid differs)."""
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
+        return 0.0
+
+
+def _malformed(message: Any) -> str | None:
+    """What is wrong with a message's fields, or None."""
+    if isinstance(message, Publish):
+        if type(message.payloads) is not list or not all(
+                type(p) is bytes for p in message.payloads):
+            return "payloads must be a list of bytes"
+        if type(message.persistent) is not bool:
+            return "persistent must be a bool"
+        if message.expiration_ms is not None and (
+                type(message.expiration_ms) is not int or message.expiration_ms < 0):
+            return "expiration_ms must be None or an int >= 0"
+        if message.msg_ids is not None and (
+                type(message.msg_ids) is not list or len(message.msg_ids) != len(message.payloads)
+                or not all(type(m) is bytes and len(m) == 16 for m in message.msg_ids)):
+            return "msg_ids must be None or one 16-byte id per payload"
+        if message.producer is not None or message.sequence is not None:
+            if type(message.producer) is not bytes or not 0 < len(
+                    message.producer) <= MAX_PRODUCER_BYTES:
+                return f"producer must be 1 to {MAX_PRODUCER_BYTES} bytes"
+            if type(message.sequence) is not int or not (
+                    0 <= message.sequence <= MAX_SEQUENCE - len(message.payloads)):
+                return "sequence must be an int >= 0 (the first message's) with a producer"
+            if message.msg_ids is not None:
+                return "msg_ids must be None with a producer: the queue derives them"
+    elif isinstance(message, Fetch):
+        if type(message.consumer) is not bytes or type(message.pid) is not int:
+            return "consumer must be bytes and pid an int"
+        if type(message.count) is not int or not 0 < message.count <= MAX_FETCH:
+            return f"count must be an int in 1..{MAX_FETCH}"
+        if type(message.ack_required) is not bool:
+            return "ack_required must be a bool"
+    elif isinstance(message, Settle):
+        if type(message.consumer) is not bytes or message.action not in SETTLE_ACTIONS:
+            return f"consumer must be bytes and action one of {SETTLE_ACTIONS}"
+        if type(message.tags) is not list or not all(type(t) is int for t in message.tags):
+            return "tags must be a list of ints"
+    elif isinstance(message, Release) and type(message.consumer) is not bytes:
+        return "consumer must be bytes"
+    elif isinstance(message, Subscribe) and (
+            type(message.consumer) is not bytes or type(message.pid) is not int
+            or type(message.active) is not bool):
+        return "consumer must be bytes, pid an int and active a bool"
+    return None

@@ -1,0 +1,665 @@
+"""``Connection``: what a producer or consumer uses to talk to a node's queues.
+
+A publish goes straight from this process to the queue's process (one hop) as one
+``Publish`` of encoded messages, and is answered once every message of it is confirmed.
+Through an exchange, the message is routed here, from the exchange's bindings (cached
+for a second), and sent to each queue it goes to; its confirm comes when every one of
+them has confirmed it. A message routed to several queues carries one id to all of them,
+so the shared store holds one copy with a reference per queue.
+``publish`` waits for that; ``publish_async`` returns a ``Confirm`` at once;
+``publish_many`` sends batches and waits for all of them. At most ``max_in_flight``
+messages (4000, RabbitMQ's credit) or ``max_in_flight_bytes`` (32 MiB) are unconfirmed
+per connection, in at most ``MAX_IN_FLIGHT_REQUESTS`` publishes: a publish beyond that
+waits for the oldest confirms first. While the node's memory or disk alarm is raised
+(``blocked``), a publish waits, up to ``call_timeout_s``, then raises ``Blocked``.
+
+Consumers fetch: ``get`` takes one message; ``consume(queue, prefetch=N)`` iterates,
+holding at most N deliveries unacked. Every delivery awaiting an ack is this
+connection's; ``Delivery.ack``, ``nack`` and ``reject`` settle it (``multiple=True``
+settles every earlier one the connection holds from that queue too). Settles are sent
+without waiting (the connection checks its tags itself). A connection that
+closes hands its unacked deliveries back to their queues; one whose process dies has
+them requeued by the queue within a few seconds (it checks its consumers' processes).
+
+Errors (``warren.queues.errors``): ``NotFound`` for an unknown queue, ``Nacked`` for a
+publish the queue did not confirm (it was deleted, or it restarted with the message in
+doubt: publish it again), ``UnknownDeliveryTag`` for an ack of a delivery this
+connection does not hold, ``MessageTooLarge``, ``InvalidMessage``,
+``Unroutable``, ``Blocked``, ``ConnectionClosed``. A ``Connection`` is used from one thread; open one per thread or
+process.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, Protocol
+
+from warren.actors import ActorDeadError, ActorError, ActorRef, AskTimeout, RemoteError
+
+from .. import errors
+from ..broker.dedup import MAX_PRODUCER_BYTES, MAX_SEQUENCE
+from ..errors import ConnectionClosed, Nacked, QueueError
+from ..message import Message, decode, encode
+from ..protocol import Fetch, Publish, Purge, QueueStats, Release, Settle, Subscribe
+from ..routing import route
+from .tcp_node import RemoteQueue, TcpNode
+from ..engine.variable_queue import MAX_MESSAGE_BYTES
+
+__all__ = ["Confirm", "Connection", "Consumer", "Delivery"]
+
+MAX_IN_FLIGHT = 4000                # unconfirmed messages per connection (credit) ...
+MAX_IN_FLIGHT_BYTES = 32 * 2**20    # ... or bytes
+# Publishes awaiting their answer: below what this process's socket queues for a peer (an
+# answer beyond that would be dropped by the queue, unroutable, and waited for in vain).
+MAX_IN_FLIGHT_REQUESTS = 256
+PUBLISH_BATCH = 500                 # messages per Publish from publish_many
+PUBLISH_BATCH_BYTES = 4 * 2**20
+CALL_TIMEOUT_S = 60.0
+ROUTES_TTL_S = 1.0                  # how long an exchange's bindings are routed with
+RESTART_CHECK_S = 1.0               # how often a wait looks whether its queue restarted
+ALARMS_READ_EVERY_S = 0.1           # how stale a publisher's view of the alarms may be
+IDLE_POLL_S = (0.001, 0.05)         # a consumer's wait between empty fetches: from, to
+
+
+class NodeHandle(Protocol):
+    """What a connection needs of the node (the ``Node`` object in its own process)."""
+
+    def declare_queue(self, name: str, **arguments: Any) -> None: ...
+    def delete_queue(self, name: str) -> int: ...
+    def declare_exchange(self, name: str, *, kind: str = "direct",
+                         durable: bool = True) -> None: ...
+    def bind_queue(self, queue: str, exchange: str, routing_key: str = "") -> None: ...
+    def exchange(self, name: str) -> dict[str, Any]: ...
+    def queue(self, name: str) -> ActorRef: ...
+    def queue_state(self, name: str) -> str: ...
+    def list_queues(self) -> list[str]: ...
+    def active_alarms(self) -> list[str]: ...
+
+
+class Confirm:
+    """The confirm of one publish: ``result(timeout)`` returns once every queue the
+    message was routed to confirmed it, or raises ``Nacked``."""
+
+    def __init__(self, routing_key: str, sent: list[tuple[str, ActorRef, Any]], size: int,
+                 size_bytes: int, on_restart: Callable[[str], None]) -> None:
+        self.routing_key = routing_key
+        self._sent = sent                            # (queue, ref, future) per queue
+        self.size = size                             # messages
+        self.bytes = size_bytes
+        self._on_restart = on_restart
+        self._outcome: BaseException | None | bool = False     # False: not yet known
+
+    def result(self, timeout: float | None = None) -> None:
+        if self._outcome is False:
+            deadline = None if timeout is None else time.monotonic() + timeout
+            outcome = None
+            for queue, ref, future in self._sent:
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                try:
+                    taken = await_answer(ref, future, left)
+                    if taken < self.size:
+                        outcome = outcome or Nacked(
+                            f"queue {queue!r} is full (max_length, overflow reject-publish): "
+                            f"{self.size - taken} of {self.size} messages refused, the last "
+                            f"ones; publish them again later")
+                except TimeoutError:
+                    raise TimeoutError(f"no confirm from queue {queue!r} within {timeout} s; "
+                                       f"it may still come") from None
+                except ActorDeadError:
+                    self._on_restart(queue)
+                    outcome = outcome or Nacked(
+                        f"queue {queue!r} restarted before confirming; the message is in "
+                        f"doubt: publish it again")
+                except RemoteError as exc:
+                    outcome = outcome or Nacked(f"queue {queue!r} refused the publish: "
+                                                f"{exc.message}")
+            self._outcome = outcome
+        if self._outcome is not None:
+            raise self._outcome
+
+    def done(self) -> bool:
+        if self._outcome is not False:
+            return True
+        try:
+            self.result(timeout=0)
+        except TimeoutError:
+            return False
+        except Nacked:
+            pass
+        return True
+
+
+class Delivery:
+    """One message delivered to this connection."""
+
+    def __init__(self, connection: "Connection", queue: str, seq_id: int, message: Message,
+                 delivery_count: int, ack_required: bool) -> None:
+        self._connection = connection
+        self.queue = queue
+        self.delivery_tag = seq_id
+        self.message = message
+        self.body = message.body
+        self.headers = message.headers or {}
+        self.message_id = message.message_id
+        self.delivery_count = delivery_count
+        self.redelivered = delivery_count > 0
+        self.ack_required = ack_required
+
+    def ack(self, multiple: bool = False) -> None:
+        self._connection._settle(self, "ack", multiple)
+
+    def nack(self, requeue: bool = True, multiple: bool = False) -> None:
+        self._connection._settle(self, "requeue" if requeue else "reject", multiple)
+
+    def reject(self, requeue: bool = True) -> None:
+        self._connection._settle(self, "requeue" if requeue else "reject", False)
+
+    def __repr__(self) -> str:
+        return (f"Delivery(queue={self.queue!r}, tag={self.delivery_tag}, "
+                f"redelivered={self.redelivered}, {len(self.body)} bytes)")
+
+
+class Connection:
+    def __init__(self, node: NodeHandle, *, max_in_flight: int = MAX_IN_FLIGHT,
+                 max_in_flight_bytes: int = MAX_IN_FLIGHT_BYTES,
+                 call_timeout_s: float = CALL_TIMEOUT_S) -> None:
+        self._node = node
+        self.max_in_flight = max_in_flight
+        self.max_in_flight_bytes = max_in_flight_bytes
+        self.call_timeout_s = call_timeout_s
+        self.consumer_id = os.urandom(16)
+        self._pid = os.getpid()
+        self._refs: dict[str, ActorRef] = {}
+        self._in_flight: collections.deque[Confirm] = collections.deque()
+        self._unconfirmed = 0
+        self._unconfirmed_bytes = 0
+        self._held: dict[str, dict[int, Delivery]] = {}     # queue -> tag -> delivery
+        self._subscribed: set[str] = set()                  # queues it has consumed from
+        self._routes: dict[str, tuple[float, str, list]] = {}   # exchange -> (at, kind, bindings)
+        self._alarms: list[str] = []
+        self._alarms_read_at = float("-inf")
+        self._closed = False
+
+    # ------------------------------------------------------------------ declarations
+
+    def declare_queue(self, name: str, durable: bool = True, lazy: bool = False,
+                      message_ttl_ms: int | None = None, max_length: int | None = None,
+                      overflow: str = "drop-head", dead_letter_exchange: str | None = None,
+                      auto_delete: bool = False) -> None:
+        self._check_open()
+        self._node.declare_queue(name, durable=durable, lazy=lazy,
+                                 message_ttl_ms=message_ttl_ms, max_length=max_length,
+                                 overflow=overflow, dead_letter_exchange=dead_letter_exchange,
+                                 auto_delete=auto_delete)
+
+    def delete_queue(self, name: str) -> int:
+        self._check_open()
+        self._refs.pop(name, None)
+        self._routes.clear()
+        return self._node.delete_queue(name)
+
+    def declare_exchange(self, name: str, kind: str = "direct", durable: bool = True) -> None:
+        """``direct``, ``fanout`` or ``topic`` (the default exchange ``""`` always exists)."""
+        self._check_open()
+        self._node.declare_exchange(name, kind=kind, durable=durable)
+
+    def bind_queue(self, queue: str, exchange: str, routing_key: str = "") -> None:
+        self._check_open()
+        self._node.bind_queue(queue, exchange, routing_key)
+        self._routes.pop(exchange, None)
+
+    def list_queues(self) -> list[str]:
+        self._check_open()
+        return self._node.list_queues()
+
+    def queue_state(self, name: str) -> str:
+        """``running``, ``restarting`` or ``crashed`` (it kept crashing and stays down)."""
+        self._check_open()
+        return self._node.queue_state(name)
+
+    def purge_queue(self, name: str) -> int:
+        return self._ask(name, Purge())
+
+    def queue_stats(self, name: str) -> dict[str, Any]:
+        return self._ask(name, QueueStats())
+
+    # ------------------------------------------------------------------ publishing
+
+    def publish(self, routing_key: str, body: bytes, *, exchange: str = "",
+                persistent: bool = True, headers: dict[str, Any] | None = None,
+                message_id: str | None = None, expiration_ms: int | None = None,
+                mandatory: bool = True, timeout: float | None = None,
+                producer_id: str | bytes | None = None, sequence: int | None = None) -> None:
+        """Publish one message to the queue ``routing_key`` names (the default exchange)
+        or through ``exchange``; return once every queue it went to confirmed it.
+
+        With ``producer_id`` and ``sequence``, each queue takes the message only if the
+        sequence is above the highest it took from that producer, and confirms a repeat
+        without enqueueing it: a producer that re-sends the same messages under the same
+        sequences, in increasing order, adds no duplicates (``warren.queues.broker.dedup``). Such
+        a message carries no publish timestamp: every attempt must be the same bytes."""
+        self.publish_async(routing_key, body, exchange=exchange, persistent=persistent,
+                           headers=headers, message_id=message_id,
+                           expiration_ms=expiration_ms, mandatory=mandatory,
+                           producer_id=producer_id, sequence=sequence).result(
+            timeout if timeout is not None else self.call_timeout_s)
+
+    def publish_async(self, routing_key: str, body: bytes, *, exchange: str = "",
+                      persistent: bool = True, headers: dict[str, Any] | None = None,
+                      message_id: str | None = None, expiration_ms: int | None = None,
+                      mandatory: bool = True, producer_id: str | bytes | None = None,
+                      sequence: int | None = None) -> Confirm:
+        """Publish one message; its ``Confirm``, to wait on later. ``Unroutable`` if the
+        exchange routes it nowhere and ``mandatory`` (else it is dropped, confirmed)."""
+        return self.publish_message(
+            routing_key, Message(body, message_id, headers, expiration_ms,
+                                 _stamp(producer_id), None, bool(persistent)),
+            exchange=exchange, mandatory=mandatory, producer_id=producer_id,
+            sequence=sequence)
+
+    def publish_message(self, routing_key: str, message: Message, *, exchange: str = "",
+                        mandatory: bool = True, producer_id: str | bytes | None = None,
+                        sequence: int | None = None) -> Confirm:
+        """``publish_async`` of a ``Message`` as it is (a dead letter keeps its properties)."""
+        producer = _producer(producer_id, sequence)
+        payload = self._check_size(encode(message))
+        queues = self._route(exchange, routing_key, mandatory)
+        return self._send(routing_key, queues, [payload], message.persistent,
+                          message.expiration_ms, producer, sequence)
+
+    def publish_many(self, routing_key: str, bodies: Iterable[bytes], *, exchange: str = "",
+                     persistent: bool = True, headers: dict[str, Any] | None = None,
+                     expiration_ms: int | None = None, mandatory: bool = True,
+                     timeout: float | None = None, producer_id: str | bytes | None = None,
+                     sequence: int | None = None) -> int:
+        """Publish every body (all with ``routing_key``); return once all are confirmed;
+        how many. With ``producer_id``, ``sequence`` is the first body's; the others
+        follow one by one (see ``publish``)."""
+        stamp = _stamp(producer_id)
+        return self.publish_messages(
+            routing_key, (Message(body, None, headers, expiration_ms, stamp, None,
+                                  bool(persistent)) for body in bodies),
+            exchange=exchange, mandatory=mandatory, timeout=timeout, producer_id=producer_id,
+            sequence=sequence)
+
+    def publish_messages(self, routing_key: str, messages: Iterable[Message], *,
+                         exchange: str = "", mandatory: bool = True,
+                         timeout: float | None = None, producer_id: str | bytes | None = None,
+                         sequence: int | None = None) -> int:
+        """``publish_many`` of ``Message`` objects, each with its own properties; sent
+        in batches of consecutive messages that share persistence and TTL."""
+        producer = _producer(producer_id, sequence)
+        queues = self._route(exchange, routing_key, mandatory)
+        batch: list[bytes] = []
+        size = count = 0
+        kind: tuple[bool, int | None] | None = None
+        confirms = []
+
+        def send() -> None:
+            nonlocal batch, size, count
+            confirms.append(self._send(routing_key, queues, batch, kind[0], kind[1], producer,
+                                       None if producer is None else sequence + count))
+            count += len(batch)
+            batch, size = [], 0
+
+        for message in messages:
+            if batch and (message.persistent, message.expiration_ms) != kind:
+                send()
+            kind = (message.persistent, message.expiration_ms)
+            payload = self._check_size(encode(message))
+            batch.append(payload)
+            size += len(payload)
+            if len(batch) >= PUBLISH_BATCH or size >= PUBLISH_BATCH_BYTES:
+                send()
+        if batch:
+            send()
+        deadline = time.monotonic() + (timeout if timeout is not None else self.call_timeout_s)
+        for confirm in confirms:
+            confirm.result(max(0.0, deadline - time.monotonic()))
+        return count
+
+    def wait_for_confirms(self, timeout: float | None = None) -> None:
+        """Wait until every publish of this connection is confirmed; ``Nacked`` names the
+        first that was not (the others are still waited for)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        nacked: Nacked | None = None
+        while self._in_flight:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                self._settle_oldest(left)
+            except Nacked as exc:
+                nacked = nacked or exc
+        if nacked is not None:
+            raise nacked
+
+    def _check_size(self, payload: bytes) -> bytes:
+        self._check_open()
+        if len(payload) > MAX_MESSAGE_BYTES:
+            raise errors.MessageTooLarge(f"the message encodes to {len(payload)} bytes, "
+                                         f"above the maximum of {MAX_MESSAGE_BYTES}")
+        return payload
+
+    def _route(self, exchange: str, routing_key: str, mandatory: bool) -> list[str]:
+        """The queues a message goes to; the exchange's bindings are cached for
+        ``ROUTES_TTL_S`` (and dropped by this connection's own declarations)."""
+        self._check_open()
+        if exchange == "":
+            return [routing_key]
+        cached = self._routes.get(exchange)
+        if cached is None or time.monotonic() - cached[0] > ROUTES_TTL_S:
+            table = self._node.exchange(exchange)
+            cached = self._routes[exchange] = (time.monotonic(), table["kind"],
+                                               table["bindings"])
+        queues = route(cached[1], cached[2], routing_key)
+        if not queues and mandatory:
+            raise errors.Unroutable(f"exchange {exchange!r} routes {routing_key!r} to no "
+                                    f"queue; bind one, or publish with mandatory=False")
+        return queues
+
+    @property
+    def blocked(self) -> bool:
+        """True while a resource alarm of the node holds publishers back."""
+        now = time.monotonic()
+        if now - self._alarms_read_at > ALARMS_READ_EVERY_S:
+            self._alarms = self._node.active_alarms()
+            self._alarms_read_at = now
+        return bool(self._alarms)
+
+    def _wait_while_blocked(self) -> None:
+        deadline = time.monotonic() + self.call_timeout_s
+        while self.blocked:
+            if time.monotonic() >= deadline:
+                raise errors.Blocked(
+                    f"the node's {' and '.join(self._alarms)} alarm has held this publish for "
+                    f"{self.call_timeout_s:g} s; free the resource (consume messages, free "
+                    f"disk space) and publish again")
+            time.sleep(ALARMS_READ_EVERY_S)
+
+    def _send(self, routing_key: str, queues: list[str], payloads: list[bytes],
+              persistent: bool, expiration_ms: int | None = None,
+              producer: bytes | None = None, sequence: int | None = None) -> Confirm:
+        if self.blocked:
+            self._wait_while_blocked()
+        size = sum(map(len, payloads))
+        while self._in_flight and (
+                self._unconfirmed + len(payloads) > self.max_in_flight
+                or self._unconfirmed_bytes + size > self.max_in_flight_bytes
+                or len(self._in_flight) >= MAX_IN_FLIGHT_REQUESTS):
+            try:
+                self._settle_oldest(self.call_timeout_s)
+            except Nacked:
+                pass                      # its own publisher learns it from its Confirm
+        # One id per message for all its queues: the shared store keeps one copy of a
+        # large message, with a reference per queue (a producer's messages have ids the
+        # queues derive from their sequences).
+        msg_ids = ([os.urandom(16) for _ in payloads] if len(queues) > 1 and producer is None
+                   else None)
+        sent = []
+        publish = Publish(payloads, persistent, msg_ids, expiration_ms, producer, sequence)
+        for queue in queues:
+            for attempt in (1, 2):
+                ref = self._ref(queue)
+                try:
+                    sent.append((queue, ref, ref.ask_async(publish,
+                                                           timeout=self.call_timeout_s)))
+                    break
+                except ActorDeadError:      # known dead already: ask the node again
+                    self._forget(queue)
+                    if attempt == 2:
+                        raise Nacked(f"queue {queue!r} is restarting; publish again") from None
+        confirm = Confirm(routing_key, sent, len(payloads), size, self._forget)
+        self._in_flight.append(confirm)
+        self._unconfirmed += len(payloads)
+        self._unconfirmed_bytes += size
+        return confirm
+
+    def _settle_oldest(self, timeout: float | None) -> None:
+        confirm = self._in_flight[0]
+        try:
+            confirm.result(timeout)
+        finally:
+            if confirm.done():
+                self._in_flight.popleft()
+                self._unconfirmed -= confirm.size
+                self._unconfirmed_bytes -= confirm.bytes
+
+    # ------------------------------------------------------------------ consuming
+
+    def get(self, queue: str, *, ack: bool = True) -> Delivery | None:
+        """The next message of ``queue``, or None when it is empty; with ``ack`` it
+        awaits ``Delivery.ack`` (or nack, reject)."""
+        deliveries = self._fetch(queue, 1, ack)
+        return deliveries[0] if deliveries else None
+
+    def consume(self, queue: str, prefetch: int = 100) -> "Consumer":
+        """Iterate over ``queue``'s messages, at most ``prefetch`` unacked at a time."""
+        if type(prefetch) is not int or prefetch < 1:
+            raise ValueError(f"prefetch must be an int >= 1, got {prefetch!r}")
+        self._subscribe(queue, True)
+        return Consumer(self, queue, prefetch)
+
+    def _subscribe(self, queue: str, active: bool) -> None:
+        self._ref(queue).tell(Subscribe(self.consumer_id, self._pid, active),
+                              timeout=self.call_timeout_s)
+        if active:
+            self._subscribed.add(queue)
+
+    def _fetch(self, queue: str, count: int, ack: bool) -> list[Delivery]:
+        answer = self._ask(queue, Fetch(self.consumer_id, self._pid, count, ack))
+        deliveries = [Delivery(self, queue, d.seq_id, decode(d.payload), d.delivery_count, ack)
+                      for d in answer]
+        if ack:
+            held = self._held.setdefault(queue, {})
+            for delivery in deliveries:
+                held[delivery.delivery_tag] = delivery
+        return deliveries
+
+    def held(self, queue: str) -> int:
+        """Deliveries of ``queue`` this connection holds unacked."""
+        return len(self._held.get(queue, ()))
+
+    def _settle(self, delivery: Delivery, action: str, multiple: bool) -> None:
+        self._check_open()
+        held = self._held.get(delivery.queue, {})
+        if delivery.delivery_tag not in held:
+            raise errors.UnknownDeliveryTag(
+                f"delivery {delivery.delivery_tag} of queue {delivery.queue!r} is not awaiting "
+                f"an ack from this connection (already settled, or fetched without ack)")
+        tags = ([t for t in held if t <= delivery.delivery_tag] if multiple
+                else [delivery.delivery_tag])
+        self._ref(delivery.queue).tell(Settle(self.consumer_id, sorted(tags), action),
+                                       timeout=self.call_timeout_s)
+        for tag in tags:
+            del held[tag]
+
+    def _give_back(self, queue: str, tags: list[int]) -> None:
+        """Requeue deliveries fetched but never handed to the application."""
+        self._ref(queue).tell(Settle(self.consumer_id, sorted(tags), "requeue"),
+                              timeout=self.call_timeout_s)
+        held = self._held.get(queue, {})
+        for tag in tags:
+            held.pop(tag, None)
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _ref(self, queue: str) -> ActorRef:
+        self._check_open()
+        ref = self._refs.get(queue)
+        if ref is None:
+            # Pinned: what this connection sends reaches the incarnation it knows, or
+            # nothing (its successor drops it), so a request the connection gives up as
+            # lost cannot still be applied by the next incarnation behind its back.
+            ref = self._refs[queue] = self._node.queue(queue).pin()
+        return ref
+
+    def _ask(self, queue: str, request: Any) -> Any:
+        """Ask the queue; once more of its next incarnation if it restarted meanwhile
+        (what is asked this way changes nothing twice: a fetch lost with the old one
+        delivered nothing, the restarted queue has every message back)."""
+        for attempt in (1, 2):
+            ref = self._ref(queue)
+            try:
+                return await_answer(ref, ref.ask_async(request, timeout=self.call_timeout_s),
+                                    self.call_timeout_s)
+            except RemoteError as exc:
+                raise _local_error(exc) from None
+            except ActorDeadError:
+                self._forget(queue)
+                if attempt == 2:
+                    raise Nacked(f"queue {queue!r} restarted twice during one call; "
+                                 f"try again") from None
+
+    def _forget(self, queue: str) -> None:
+        """Drop the cached ref of a queue that restarted: the next call asks the node."""
+        self._refs.pop(queue, None)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ConnectionClosed("this connection is closed; open a new one")
+
+    def close(self) -> None:
+        """Hand every unacked delivery back to its queue; later calls raise
+        ``ConnectionClosed``. Unconfirmed publishes are not waited for."""
+        if self._closed:
+            return
+        for queue in sorted(self._subscribed | {q for q, held in self._held.items() if held}):
+            try:
+                self._ref(queue).tell(Release(self.consumer_id), timeout=1.0)
+            except (ActorError, QueueError, OSError):
+                pass                   # the queue requeues them itself when it notices
+        self._held.clear()
+        self._subscribed.clear()
+        self._closed = True
+        if isinstance(self._node, TcpNode):
+            self._node.close()
+
+    def __enter__(self) -> "Connection":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+
+class Consumer:
+    """An iterator over one queue's deliveries, with at most ``prefetch`` unacked; a
+    context manager whose exit requeues what was not acked."""
+
+    def __init__(self, connection: Connection, queue: str, prefetch: int) -> None:
+        self.connection = connection
+        self.queue = queue
+        self.prefetch = prefetch
+        self._ready: collections.deque[Delivery] = collections.deque()
+        self._closed = False
+
+    def __iter__(self) -> Iterator[Delivery]:
+        return self
+
+    def __next__(self) -> Delivery:
+        wait = IDLE_POLL_S[0]
+        while not self._ready:
+            if self._closed:
+                raise StopIteration
+            room = self.prefetch - self.connection.held(self.queue)
+            if room > 0:
+                self._ready.extend(self.connection._fetch(self.queue, room, True))
+            if not self._ready:
+                time.sleep(wait)
+                wait = min(wait * 2, IDLE_POLL_S[1])
+        return self._ready.popleft()
+
+    def get(self, timeout: float) -> Delivery | None:
+        """The next delivery within ``timeout`` seconds, or None."""
+        deadline = time.monotonic() + timeout
+        while not self._ready and time.monotonic() < deadline:
+            room = self.prefetch - self.connection.held(self.queue)
+            if room > 0:
+                self._ready.extend(self.connection._fetch(self.queue, room, True))
+            if not self._ready:
+                time.sleep(IDLE_POLL_S[0] * 10)
+        return self._ready.popleft() if self._ready else None
+
+    def cancel(self) -> None:
+        """Stop iterating; deliveries fetched but not yet handed out go back now."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._ready:
+            self.connection._give_back(self.queue, [d.delivery_tag for d in self._ready])
+            self._ready.clear()
+        self.connection._subscribe(self.queue, False)
+
+    def __enter__(self) -> "Consumer":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.cancel()
+
+
+def await_answer(ref: ActorRef, future: Any, timeout: float | None) -> Any:
+    """``future``'s answer. A plain process cannot monitor the queue, so while it waits it
+    looks, every ``RESTART_CHECK_S``, whether the incarnation ``ref`` names still lives:
+    ``ActorDeadError`` once its process is gone or another incarnation answers at its
+    address (the request died with it); ``TimeoutError`` after ``timeout``."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        wait = RESTART_CHECK_S if deadline is None else max(
+            0.0, min(RESTART_CHECK_S, deadline - time.monotonic()))
+        try:
+            return future.get(timeout=wait)
+        except AskTimeout:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"{ref.name} did not answer within {timeout} s") from None
+            if not _alive(ref, future):
+                raise ActorDeadError(f"{ref.name} incarnation {ref.incarnation} is gone") \
+                    from None
+
+
+def _alive(ref: ActorRef | RemoteQueue, future: Any) -> bool:
+    if isinstance(ref, RemoteQueue):
+        return ref.alive(future)       # the listener looks, on the node's machine
+    try:
+        os.kill(ref.pid, 0)               # the node runs on this machine
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass                              # alive, another user's: the ping decides
+    try:
+        return ref.unpin().ping(timeout=RESTART_CHECK_S).incarnation == ref.incarnation
+    except ActorError:
+        return True                       # busy, or between incarnations: wait on
+
+
+def _stamp(producer_id: str | bytes | None) -> int | None:
+    """The publish timestamp a message gets: now, but none for a deduplicated one. Its
+    shared-store id is derived from (producer, sequence), the same for every attempt, and
+    the store keeps one copy per id: an attempt stamped a moment later would be other
+    bytes under that id, and a queue taking the second attempt (a fanout whose first
+    attempt reached only some queues) would read the first's bytes and find them failing
+    its CRC."""
+    return None if producer_id is not None else int(time.time() * 1000)
+
+
+def _producer(producer_id: str | bytes | None, sequence: int | None) -> bytes | None:
+    """A producer id as the queues take it; ValueError for a half-given or bad pair."""
+    if producer_id is None and sequence is None:
+        return None
+    producer = producer_id.encode() if isinstance(producer_id, str) else producer_id
+    if type(producer) is not bytes or not 0 < len(producer) <= MAX_PRODUCER_BYTES:
+        raise ValueError(f"producer_id must be a str or bytes of 1 to {MAX_PRODUCER_BYTES} "
+                         f"bytes, with a sequence; got {producer_id!r}")
+    if type(sequence) is not int or not 0 <= sequence <= MAX_SEQUENCE:
+        raise ValueError(f"sequence must be an int in 0..{MAX_SEQUENCE} with a producer_id "
+                         f"(the message's place in what that producer sends); got {sequence!r}")
+    return producer
+
+
+_ERRORS = {name: getattr(errors, name) for name in errors.__all__}
+
+
+def _local_error(exc: RemoteError) -> Exception:
+    """A queue's error as the class of ``warren.queues.errors`` it was raised as."""
+    cls = _ERRORS.get(exc.type_name)
+    return cls(exc.message) if cls is not None else exc

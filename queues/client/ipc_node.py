@@ -1,0 +1,127 @@
+"""``RemoteNode``: a node running in another process on this machine, as a connection
+sees it (``warren.connect(data_dir)``).
+
+The node writes ``<data_dir>/node.json`` naming its control socket (an ipc path in its
+private runtime directory). A call is one request there: ``[b"call", JSON {"op", "args"}]``,
+answered ``{"ok": result}`` or ``{"error": type name, "message": text}``; the error comes
+back as the class of ``warren.queues.errors`` it names (``NotFound``,
+``PreconditionFailed`` ...), or as a ``QueueError``. Messages then go from the
+connection straight to the queue's process: the node is asked only for declarations and
+for where a queue lives. The resource alarms raised now are in ``<data_dir>/alarms.json``,
+which publishers read (at most every 100 ms) instead of asking.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable
+from typing import Any
+
+import zmq
+
+from warren.actors import ActorRef
+
+from .. import errors
+
+__all__ = ["ALARMS_FILE", "NODE_FILE", "NodeCalls", "NodeNotRunning", "RemoteNode",
+           "read_alarms", "write_alarms"]
+
+NODE_FILE = "node.json"             # in the data directory: the node's control socket
+ALARMS_FILE = "alarms.json"         # in the data directory: the resource alarms raised now
+CALL_TIMEOUT_MS = 60_000
+
+
+class NodeNotRunning(errors.QueueError, ConnectionError):
+    """No node answers on that data directory: start one (``warren node --data-dir D``)."""
+
+
+class NodeCalls:
+    """The node's calls as a connection makes them, for a node in another process: each
+    is one ``_call(op, **args)`` that the subclass carries there."""
+
+    def _call(self, op: str, **args: Any) -> Any:
+        raise NotImplementedError
+
+    def declare_queue(self, name: str, **arguments: Any) -> None:
+        self._call("declare_queue", name=name, **arguments)
+
+    def delete_queue(self, name: str) -> int:
+        return self._call("delete_queue", name=name)
+
+    def declare_exchange(self, name: str, *, kind: str = "direct", durable: bool = True) -> None:
+        self._call("declare_exchange", name=name, kind=kind, durable=durable)
+
+    def bind_queue(self, queue: str, exchange: str, routing_key: str = "") -> None:
+        self._call("bind_queue", queue=queue, exchange=exchange, routing_key=routing_key)
+
+    def exchange(self, name: str) -> dict[str, Any]:
+        return self._call("exchange", name=name)
+
+    def queue_state(self, name: str) -> str:
+        return self._call("queue_state", name=name)
+
+    def list_queues(self) -> list[str]:
+        return self._call("list_queues")
+
+
+class RemoteNode(NodeCalls):
+    def __init__(self, data_dir: str | os.PathLike, *, timeout_ms: int = CALL_TIMEOUT_MS,
+                 endpoint: str | None = None) -> None:
+        """``endpoint``: the node's control socket, when the caller knows it already (a
+        process of the node itself, started before the node file is written)."""
+        self.data_dir = os.fspath(data_dir)
+        self.timeout_ms = timeout_ms
+        if endpoint is not None:
+            self.endpoint = endpoint
+            return
+        try:
+            with open(os.path.join(self.data_dir, NODE_FILE)) as file:
+                self.endpoint = json.load(file)["status_endpoint"]
+        except (OSError, ValueError, KeyError) as exc:
+            raise NodeNotRunning(f"no node is running on {self.data_dir} ({exc}); start "
+                                 f"one with `warren node --data-dir {self.data_dir}`") from None
+        self.list_queues()                  # fail now, not at the first publish
+
+    def queue(self, name: str) -> ActorRef:
+        return ActorRef(**self._call("queue", name=name))
+
+    def active_alarms(self) -> list[str]:
+        return read_alarms(self.data_dir)
+
+    def _call(self, op: str, **args: Any) -> Any:
+        socket = zmq.Context.instance().socket(zmq.REQ)
+        socket.linger = 0
+        socket.rcvtimeo = socket.sndtimeo = self.timeout_ms
+        try:
+            socket.connect(self.endpoint)
+            socket.send_multipart([b"call", json.dumps({"op": op, "args": args}).encode()])
+            answer = json.loads(socket.recv())
+        except zmq.ZMQError as exc:
+            raise NodeNotRunning(f"the node on {self.data_dir} does not answer ({exc})") from None
+        finally:
+            socket.close()
+        if "error" in answer:
+            cls = getattr(errors, answer["error"], None)
+            if not (isinstance(cls, type) and issubclass(cls, Exception)):
+                cls = ValueError if answer["error"] in ("ValueError", "TypeError") else \
+                    errors.QueueError
+            raise cls(answer.get("message", answer["error"]))
+        return answer["ok"]
+
+
+def write_alarms(data_dir: str, active: Iterable[str]) -> None:
+    """Publish the alarms raised now where every publisher on this machine reads them
+    (replaced whole: a reader sees the old list or the new one)."""
+    path = os.path.join(data_dir, ALARMS_FILE)
+    with open(path + ".tmp", "w") as file:
+        json.dump(sorted(active), file)
+    os.replace(path + ".tmp", path)
+
+
+def read_alarms(data_dir: str) -> list[str]:
+    try:
+        with open(os.path.join(data_dir, ALARMS_FILE)) as file:
+            return json.load(file)
+    except (OSError, ValueError):
+        return []                   # no node, or none yet: nothing holds a publisher back

@@ -1,0 +1,406 @@
+"""Spark executors as remote producers: a PySpark (4.x) data source named ``warren``.
+
+    from warren.queues.client.spark import register
+    register(spark)
+    (df.write.format("warren").mode("append")
+       .option("endpoint", "tcp://broker:5673").option("queue", "orders").save())
+
+Needs ``pip install warren-mq[spark]`` (pyspark and pyarrow) on the driver and the
+executors, and a node listening there (``warren node --listen ...``).
+
+Columns: ``body`` (binary or string, never null) and, optionally, ``routing_key``
+(string; with an exchange, each row's own), ``headers`` (a map of string to string) and
+``message_id`` (string). Any other column is refused before anything is sent (select the
+columns first). Options: ``endpoint`` (required), ``queue`` or ``exchange`` (exactly one),
+``routing_key`` (for an exchange, rows without their own), ``key_file`` (a CURVE key from
+``warren keys``, readable on every executor), ``persistent`` (true), ``mandatory`` (true:
+a row the exchange routes to no queue fails the job; false: it is dropped), ``producer``
+(a name for the job: see below), ``timeout_s`` (120: how long a task retries a node that
+is down before it fails the job).
+
+Exactly once, per row. Each task is a producer, ``<job>/<partition>``, and a row's
+sequence is its index in the partition, so a retried task, a speculative copy, or a
+micro-batch replayed after a failure re-sends the same rows under the same sequences and
+the queues drop the repeats (``warren.queues.broker.dedup``). ``<job>`` is a random id made when
+the write is planned, unless the ``producer`` option names the job: give one to make a
+re-run of a failed job (not only its retried tasks) add no duplicates. This relies on
+Spark's own contract for retried tasks: a partition yields the same rows in the same
+order every time (a source that does not, such as an unordered shuffle of a
+non-deterministic input, must be sorted within partitions or checkpointed first).
+
+A task returns only once every row it sent is confirmed (fsynced by every queue it went
+to). A node down or restarting is retried, with the same sequences, for ``timeout_s``;
+then the task fails with the node's last error. The driver's commit logs the totals
+(``warren.spark`` logger, and stderr); an abort logs what the finished tasks published.
+
+Streaming: ``df.writeStream.format("warren")`` writes each micro-batch the same way, the
+producer being ``<query>/<batch>/<partition>``.
+
+Spark 3 (no Python data sources): ``df.foreachPartition(partition_publisher(endpoint,
+queue="orders", producer="daily-orders"))`` does the same per partition.
+
+Settings measured here for a local session kept on loopback and quiet: ``PYSPARK_PYTHON``
+naming the venv's python, ``SPARK_LOCAL_IP=127.0.0.1``, ``spark.driver.host`` and
+``spark.driver.bindAddress`` 127.0.0.1, ``spark.ui.enabled`` false (``local_session``).
+Sockets are created inside the task, never on the driver, and linger at most 1 s, so a
+failed task does not hang.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from pyspark.sql.datasource import (DataSource, DataSourceArrowWriter, DataSourceStreamWriter,
+                                    WriterCommitMessage)
+from pyspark.sql.types import BinaryType, MapType, StringType, StructType
+
+__all__ = ["WarrenDataSource", "local_session", "partition_publisher", "register"]
+
+log = logging.getLogger("warren.spark")
+
+COLUMNS = {"body": (BinaryType, StringType), "routing_key": (StringType,),
+           "headers": (MapType,), "message_id": (StringType,)}
+DEFAULT_TIMEOUT_S = 120.0
+RETRY_PAUSE_S = (0.2, 5.0)          # between attempts: from, to
+BATCH_ROWS = 5000                   # rows published (and confirmed) per chunk
+
+
+class WarrenWriteError(RuntimeError):
+    """A write that cannot go on; the message says which row or setting, and why."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """Where and how a task publishes (picklable: it travels to the executors)."""
+
+    endpoint: str
+    queue: str | None
+    exchange: str | None
+    routing_key: str
+    key_file: str | None
+    persistent: bool
+    timeout_s: float
+    mandatory: bool = True
+
+    @classmethod
+    def from_options(cls, options: dict[str, str]) -> Target:
+        endpoint = options.get("endpoint")
+        if not endpoint or not endpoint.startswith("tcp://"):
+            raise WarrenWriteError("option endpoint is required: the node's listener, "
+                                   "tcp://host:port (warren node --listen ...)")
+        queue, exchange = options.get("queue"), options.get("exchange")
+        if (queue is None) == (exchange is None):
+            raise WarrenWriteError("give exactly one of the options queue and exchange")
+        flags = {}
+        for flag in ("persistent", "mandatory"):
+            flags[flag] = options.get(flag, "true").lower()
+            if flags[flag] not in ("true", "false"):
+                raise WarrenWriteError(f"option {flag} is true or false, not {flags[flag]!r}")
+        try:
+            timeout_s = float(options.get("timeout_s", DEFAULT_TIMEOUT_S))
+        except ValueError:
+            raise WarrenWriteError(f"option timeout_s is a number of seconds, not "
+                                   f"{options['timeout_s']!r}") from None
+        if timeout_s <= 0:
+            raise WarrenWriteError("option timeout_s must be positive")
+        return cls(endpoint, queue, exchange, options.get("routing_key", queue or ""),
+                   options.get("key_file"), flags["persistent"] == "true", timeout_s,
+                   flags["mandatory"] == "true")
+
+
+def check_schema(schema: StructType) -> list[str]:
+    """The columns a write publishes, in order; ``WarrenWriteError`` for any other."""
+    names = []
+    for field in schema.fields:
+        allowed = COLUMNS.get(field.name)
+        if allowed is None:
+            raise WarrenWriteError(
+                f"column {field.name!r} is not one Warren publishes; select body (binary or "
+                f"string) and any of routing_key, headers, message_id first")
+        if not isinstance(field.dataType, allowed):
+            raise WarrenWriteError(f"column {field.name!r} is {field.dataType.simpleString()}; "
+                                   f"it must be {' or '.join(a.typeName() for a in allowed)}")
+        names.append(field.name)
+    if "body" not in names:
+        raise WarrenWriteError("the DataFrame has no body column (binary or string): the "
+                               "message bodies")
+    return names
+
+
+@dataclasses.dataclass
+class PartitionWritten(WriterCommitMessage):
+    """What one task published: its partition, attempt and rows (all confirmed)."""
+
+    partition: int
+    attempt: int
+    rows: int
+    retries: int
+
+
+def publish_columns(target: Target, producer: str, chunks: Iterable[dict[str, list]],
+                    where: str) -> tuple[int, int]:
+    """Publish the rows of ``chunks`` (column name -> values, at most ``BATCH_ROWS`` rows
+    each) as producer ``producer``, each chunk confirmed before the next; a chunk that
+    fails is sent again, under the same sequences, until ``target.timeout_s`` has passed
+    without progress. (rows, retries)."""
+    from warren import connect
+
+    connection = None
+    sequence = retries = 0
+    try:
+        for columns in chunks:
+            messages = _messages(columns, target, where, sequence)
+            deadline = time.monotonic() + target.timeout_s
+            pause = RETRY_PAUSE_S[0]
+            while True:
+                try:
+                    if connection is None:
+                        connection = connect(target.endpoint, key_file=target.key_file)
+                    _publish_chunk(connection, target, messages, producer, sequence)
+                    break
+                except Exception as exc:
+                    if not _retryable(exc) or time.monotonic() + pause > deadline:
+                        raise WarrenWriteError(
+                            f"{where}: rows {sequence}..{sequence + len(messages) - 1} were "
+                            f"not confirmed: {type(exc).__name__}: {exc} (after {retries} "
+                            f"retries; the {sequence} rows before them are confirmed)") \
+                            from None
+                    retries += 1
+                    log.warning("%s: %s; publishing rows %d.. again in %.1f s", where, exc,
+                                sequence, pause)
+                    if connection is not None:
+                        connection.close()
+                        connection = None
+                    time.sleep(pause)
+                    pause = min(pause * 2, RETRY_PAUSE_S[1])
+            sequence += len(messages)
+        return sequence, retries
+    finally:
+        if connection is not None:
+            connection.close()
+
+
+def _publish_chunk(connection, target: Target, messages: list, producer: str,
+                   sequence: int) -> None:
+    """Runs of consecutive messages with one routing key go as one ``publish_messages``."""
+    start = 0
+    while start < len(messages):
+        key = messages[start][0]
+        end = start
+        while end < len(messages) and messages[end][0] == key:
+            end += 1
+        connection.publish_messages(key, [m for _, m in messages[start:end]],
+                                    exchange=target.exchange or "", producer_id=producer,
+                                    sequence=sequence + start, mandatory=target.mandatory)
+        start = end
+
+
+def _messages(columns: dict[str, list], target: Target, where: str,
+              first: int) -> list[tuple[str, Any]]:
+    """(routing key, Message) for each row of a chunk; ``WarrenWriteError`` names the
+    first row that cannot be published."""
+    from ..message import Message
+
+    bodies = columns["body"]
+    count = len(bodies)
+    nothing = [None] * count
+    keys = columns.get("routing_key", nothing)
+    headers = columns.get("headers", nothing)
+    ids = columns.get("message_id", nothing)
+    persistent = target.persistent
+    default_key = target.queue if target.exchange is None else target.routing_key
+    out = []
+    for index, body in enumerate(bodies):
+        if type(body) is not bytes:
+            if isinstance(body, str):
+                body = body.encode()
+            elif isinstance(body, (bytearray, memoryview)):
+                body = bytes(body)
+            else:
+                raise WarrenWriteError(
+                    f"{where}, row {first + index}: body is "
+                    f"{'null' if body is None else type(body).__name__}; every row needs a "
+                    f"binary or string body")
+        row_headers = headers[index]
+        if isinstance(row_headers, list):      # Arrow gives a map as (key, value) pairs
+            row_headers = dict(row_headers)
+        key = (keys[index] or default_key) if target.exchange is not None else default_key
+        # No timestamp: a retried task must publish the same bytes (see the connection's
+        # ``_stamp``).
+        out.append((key, Message(body, ids[index], row_headers or None, None, None, None,
+                                 persistent)))
+    return out
+
+
+def _retryable(exc: Exception) -> bool:
+    """Whether a failed chunk may succeed if sent again: the node or a queue was away, or
+    restarted with it in doubt; not a mistake in the write itself."""
+    from warren.actors import ActorError
+    from ..errors import Blocked, ConnectionClosed, Nacked
+    from .ipc_node import NodeNotRunning
+
+    return isinstance(exc, (Nacked, NodeNotRunning, ConnectionClosed, Blocked, TimeoutError,
+                            ActorError, OSError))
+
+
+def _arrow_chunks(batches: Iterator[Any]) -> Iterator[dict[str, list]]:
+    for batch in batches:
+        for start in range(0, batch.num_rows, BATCH_ROWS):
+            part = batch.slice(start, BATCH_ROWS)
+            yield {name: part.column(i).to_pylist() for i, name in enumerate(part.schema.names)}
+
+
+def _row_chunks(rows: Iterable[Any]) -> Iterator[dict[str, list]]:
+    columns: dict[str, list] = {}
+    count = 0
+    for row in rows:
+        for name, value in row.asDict().items():
+            columns.setdefault(name, []).append(value)
+        count += 1
+        if count == BATCH_ROWS:
+            yield columns
+            columns, count = {}, 0
+    if count:
+        yield columns
+
+
+def _task() -> tuple[int, int]:
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    return context.partitionId(), context.attemptNumber()
+
+
+class WarrenWriter(DataSourceArrowWriter):
+    """A batch write: runs ``write`` on the executors, ``commit``/``abort`` on the driver."""
+
+    def __init__(self, target: Target, job: str) -> None:
+        self.target, self.job = target, job
+
+    def write(self, iterator: Iterator[Any]) -> PartitionWritten:
+        partition, attempt = _task()
+        rows, retries = publish_columns(self.target, f"{self.job}/{partition}",
+                                        _arrow_chunks(iterator),
+                                        f"partition {partition} (attempt {attempt})")
+        return PartitionWritten(partition, attempt, rows, retries)
+
+    def commit(self, messages: list[PartitionWritten | None]) -> None:
+        _report("published", self.job, self.target, messages)
+
+    def abort(self, messages: list[PartitionWritten | None]) -> None:
+        _report("FAILED; the finished tasks published", self.job, self.target, messages)
+
+
+class WarrenStreamWriter(DataSourceStreamWriter):
+    """A streaming write: each micro-batch as a batch write whose producers name it."""
+
+    def __init__(self, target: Target, job: str) -> None:
+        self.target, self.job = target, job
+
+    def write(self, iterator: Iterator[Any]) -> PartitionWritten:
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        batch = context.getLocalProperty("streaming.sql.batchId") or "0"
+        query = context.getLocalProperty("sql.streaming.queryId") or self.job
+        partition, attempt = context.partitionId(), context.attemptNumber()
+        rows, retries = publish_columns(
+            self.target, f"{query}/{batch}/{partition}", _row_chunks(iterator),
+            f"micro-batch {batch}, partition {partition} (attempt {attempt})")
+        return PartitionWritten(partition, attempt, rows, retries)
+
+    def commit(self, messages: list[PartitionWritten | None], batchId: int) -> None:
+        _report(f"micro-batch {batchId} published", self.job, self.target, messages)
+
+    def abort(self, messages: list[PartitionWritten | None], batchId: int) -> None:
+        _report(f"micro-batch {batchId} FAILED; the finished tasks published", self.job,
+                self.target, messages)
+
+
+def _report(what: str, job: str, target: Target, messages: list) -> None:
+    done = [m for m in messages if isinstance(m, PartitionWritten)]
+    retried = sorted(m.partition for m in done if m.attempt > 0)
+    where = f"queue {target.queue!r}" if target.queue else f"exchange {target.exchange!r}"
+    line = (f"warren: write {job} {what} {sum(m.rows for m in done):,} rows from "
+            f"{len(done)} of {len(messages)} partitions into {where} (tasks run again: "
+            f"{', '.join(map(str, retried)) or 'none'}; chunks re-sent to a node that was "
+            f"away: {sum(m.retries for m in done)})")
+    log.info("%s", line)
+    print(line, file=sys.stderr, flush=True)
+
+
+class WarrenDataSource(DataSource):
+    """``format("warren")``: see the module docstring for the columns and options."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "warren"
+
+    def writer(self, schema: StructType, overwrite: bool) -> WarrenWriter:
+        return WarrenWriter(*self._plan(schema, overwrite))
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> WarrenStreamWriter:
+        return WarrenStreamWriter(*self._plan(schema, overwrite))
+
+    def _plan(self, schema: StructType, overwrite: bool) -> tuple[Target, str]:
+        if overwrite:
+            raise WarrenWriteError("a queue cannot be overwritten: use mode(\"append\")")
+        check_schema(schema)
+        target = Target.from_options(dict(self.options))
+        job = self.options.get("producer") or uuid.uuid4().hex
+        return target, job
+
+
+def register(spark) -> None:
+    """Make ``format("warren")`` known to this session."""
+    spark.dataSource.register(WarrenDataSource)
+
+
+def partition_publisher(endpoint: str, *, producer: str, queue: str | None = None,
+                        exchange: str | None = None, routing_key: str | None = None,
+                        key_file: str | None = None, persistent: bool = True,
+                        timeout_s: float = DEFAULT_TIMEOUT_S) -> Callable[[Iterable], None]:
+    """For Spark 3: a function for ``df.foreachPartition`` that publishes each partition
+    as producer ``<producer>/<partition>`` (give the job a stable name)."""
+    options = {"endpoint": endpoint, "persistent": str(persistent).lower(),
+               "timeout_s": str(timeout_s)}
+    for name, value in (("queue", queue), ("exchange", exchange),
+                        ("routing_key", routing_key), ("key_file", key_file)):
+        if value is not None:
+            options[name] = value
+    target = Target.from_options(options)
+    if not producer:
+        raise WarrenWriteError("partition_publisher needs a producer name for the job")
+
+    def publish_partition(rows: Iterable) -> None:
+        partition, attempt = _task()
+        publish_columns(target, f"{producer}/{partition}", _row_chunks(rows),
+                        f"partition {partition} (attempt {attempt})")
+
+    return publish_partition
+
+
+def local_session(app_name: str = "warren", cores: int = 2, max_failures: int = 2):
+    """A local SparkSession kept on loopback and quiet, its workers on this python;
+    ``local[cores, max_failures]`` retries a failed task ``max_failures - 1`` times."""
+    from pyspark.sql import SparkSession
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    spark = (SparkSession.builder.master(f"local[{cores},{max_failures}]").appName(app_name)
+             .config("spark.driver.host", "127.0.0.1")
+             .config("spark.driver.bindAddress", "127.0.0.1")
+             .config("spark.ui.enabled", "false")
+             .config("spark.ui.showConsoleProgress", "false")
+             .getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    register(spark)
+    return spark

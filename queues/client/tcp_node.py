@@ -1,0 +1,282 @@
+"""``TcpNode``: a node reached over tcp through its listener, as a ``Connection`` sees it
+(``warren.connect("tcp://host:5673", key_file="me.key")``).
+
+It speaks the listener's protocol (``warren.queues.broker.listener``) over one DEALER socket:
+node calls wait for their answer; a queue is a ``RemoteQueue``, which a ``Connection``
+uses as it uses a local queue's pinned ref (``ask_async``, ``tell``), plus ``alive``,
+which asks the listener whether that incarnation of the queue still lives. Answers are
+matched by request id; an answer nobody waits for any more is dropped.
+
+Restarts. The listener's boot id is learnt at connect. Every alive check and every
+overdue node call asks for it again: a new one means the listener restarted, and every
+request sent before that moment was lost with it (a publish is then in doubt: ``Nacked``;
+a fetch is asked again). Queue requests carry the boot they were meant for, so a request
+left in this socket while the node was down is refused by the restarted listener rather
+than done late, after the publisher was told to send it again. A connection given up with
+answers still awaited closes without linger, for the same reason.
+
+A connection's consumers are kept alive by a beat (``BEAT_S``) sent from a thread of
+its own, on a socket of its own, while it has consumed: the listener releases a remote
+consumer it has not heard of for 30 s, so a client that dies loses no message for long.
+
+Use from one thread (as a ``Connection``); create it where it is used (in a Spark
+partition function, not on the driver). Its sockets linger ``LINGER_MS`` at most, so a
+process with unsent frames still exits.
+
+Errors: ``NodeNotRunning`` when nothing answers at the address within ``connect_timeout_s``
+(no listener there, or a key the node refuses: CURVE refusals are silent on the wire, the
+node logs them); ``KeyFileError`` for a key file that cannot be used.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Any
+
+import zmq
+
+from warren.actors import wire
+from warren.actors.codec import Decoder, Encoder
+from warren.actors.errors import ActorDeadError, AskTimeout, CodecError, remote_error
+
+from .. import errors
+from .keys import ClientKey, load_client_key
+from ..protocol import Fetch, Subscribe
+from .ipc_node import NodeCalls, NodeNotRunning
+
+__all__ = ["RemoteQueue", "TcpNode"]
+
+CALL_TIMEOUT_S = 60.0
+RESTART_CHECK_S = 1.0            # how often a wait looks whether the listener restarted
+CONNECT_TIMEOUT_S = 10.0
+BEAT_S = 5.0
+LINGER_MS = 1000
+
+
+class TcpNode(NodeCalls):
+    def __init__(self, endpoint: str, *, key_file: str | os.PathLike | None = None,
+                 call_timeout_s: float = CALL_TIMEOUT_S,
+                 connect_timeout_s: float = CONNECT_TIMEOUT_S) -> None:
+        if not isinstance(endpoint, str) or not endpoint.startswith("tcp://"):
+            raise ValueError(f"a remote node's address is tcp://host:port; got {endpoint!r}")
+        self.endpoint = endpoint
+        self.call_timeout_s = call_timeout_s
+        self._key: ClientKey | None = load_client_key(key_file) if key_file is not None else None
+        self._context = zmq.Context.instance()
+        self._socket = self._open_socket()
+        self._encoder = Encoder()
+        self._decoder = Decoder()
+        self._ids = iter(range(1, 2**62))
+        self._answers: dict[int, tuple[int, Any]] = {}   # arrived before their turn
+        self._awaited: set[int] = set()
+        self._consumers: set[bytes] = set()
+        self._beat: threading.Thread | None = None
+        self._closed = threading.Event()
+        self._lost_below = 0           # requests before this id died with a listener
+        try:
+            self.boot = self.wait(self.send("boot"), connect_timeout_s)
+        except AskTimeout:
+            self.close()
+            hint = (" or it refuses this key (the node logs refusals)" if self._key else
+                    " or it wants a key (connect with key_file=...)")
+            raise NodeNotRunning(f"no Warren listener answered at {endpoint} within "
+                                 f"{connect_timeout_s:g} s: no node listens there (start one "
+                                 f"with `warren node --listen {endpoint}`),{hint}") from None
+
+    def _open_socket(self) -> zmq.Socket:
+        socket = self._context.socket(zmq.DEALER)
+        socket.linger = LINGER_MS
+        if self._key is not None:
+            self._key.apply(socket)
+        socket.connect(self.endpoint)
+        return socket
+
+    # ------------------------------------------------------------------ NodeHandle
+
+    def queue(self, name: str) -> RemoteQueue:
+        answer = self._call("queue", name=name)
+        return RemoteQueue(self, name, answer["incarnation"])
+
+    def active_alarms(self) -> list[str]:
+        return self._call("active_alarms")
+
+    def close(self) -> None:
+        """Close the socket; what is queued in it goes within ``LINGER_MS``, unless
+        answers are still awaited: the connection is then being given up, and what it
+        queued while the node was away must not reach the node later."""
+        if not self._closed.is_set():
+            self._closed.set()
+            self._socket.close(linger=0 if self._awaited else LINGER_MS)
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _call(self, op: str, timeout: float | None = None, **args: Any) -> Any:
+        """A node call's answer. While it waits, it looks every ``RESTART_CHECK_S``
+        whether the listener restarted (the call was then lost: ``ConnectionClosed``)."""
+        request_id = self.send("call", op, args)
+        timeout = timeout if timeout is not None else self.call_timeout_s
+        deadline = time.monotonic() + timeout
+        try:
+            while True:
+                try:
+                    return self.wait(request_id, min(RESTART_CHECK_S,
+                                                     max(0.0, deadline - time.monotonic())))
+                except AskTimeout:
+                    if time.monotonic() >= deadline:
+                        raise TimeoutError(f"the node at {self.endpoint} did not answer {op} "
+                                           f"within {timeout:g} s") from None
+                    if self._listener_restarted(request_id):
+                        raise errors.ConnectionClosed(
+                            f"the listener at {self.endpoint} restarted during {op}; the call "
+                            f"was lost: make it again") from None
+        except (TimeoutError, errors.ConnectionClosed):
+            self.forget(request_id)
+            raise
+        except Exception as exc:
+            cls = getattr(errors, getattr(exc, "type_name", ""), None)
+            if isinstance(cls, type) and issubclass(cls, Exception):
+                raise cls(exc.message) from None
+            raise
+
+    def send(self, op: str, *args: Any, answered: bool = True) -> int:
+        """Send a request; its id (0 when no answer comes)."""
+        if self._closed.is_set():
+            raise errors.ConnectionClosed(f"the connection to {self.endpoint} is closed")
+        request_id = next(self._ids) if answered else 0
+        frames = self._encoder.encode([op, request_id, *args])
+        if answered:
+            self._awaited.add(request_id)
+        try:
+            self._socket.send_multipart(frames, copy=False)
+        except zmq.ZMQError as exc:
+            self._awaited.discard(request_id)
+            raise errors.ConnectionClosed(f"cannot send to {self.endpoint}: {exc}") from None
+        return request_id
+
+    def wait(self, request_id: int, timeout: float | None) -> Any:
+        """The answer to ``request_id``; the remote error; ``AskTimeout`` after ``timeout``
+        (the answer may still be waited for again)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while request_id not in self._answers:
+            left = -1 if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
+            if not self._socket.poll(left):
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise AskTimeout(f"no answer from {self.endpoint} in time")
+                continue
+            while True:
+                try:
+                    frames = self._socket.recv_multipart(zmq.NOBLOCK, copy=False)
+                except zmq.Again:
+                    break
+                try:
+                    kind, answer_id, value = self._decoder.decode(frames)
+                except (CodecError, ValueError, TypeError):
+                    continue                 # nothing a listener sends; not ours to trust
+                if answer_id in self._awaited:
+                    self._answers[answer_id] = (kind, value)
+        self._awaited.discard(request_id)
+        kind, value = self._answers.pop(request_id)
+        if kind == wire.REPLY_OK:
+            return value
+        type_name, text, _ = value
+        if type_name == "ListenerRestarted":     # as a restarted queue's pinned ref
+            # Sent to a listener before this one: learn the new one's boot, so that what
+            # this connection sends next is taken.
+            self._listener_restarted(request_id)
+            raise ActorDeadError(str(text))
+        raise remote_error(str(type_name), str(text), "")
+
+    def forget(self, request_id: int) -> None:
+        self._awaited.discard(request_id)
+        self._answers.pop(request_id, None)
+
+    def _listener_restarted(self, request_id: int) -> bool:
+        probe = self.send("boot")
+        try:
+            boot = self.wait(probe, RESTART_CHECK_S)
+        except AskTimeout:
+            self.forget(probe)
+            return False                     # away: the caller waits on
+        return self.in_flight_lost(request_id, boot)
+
+    def in_flight_lost(self, request_id: int, boot: bytes) -> bool:
+        """Whether ``request_id`` was lost: the listener answering now (``boot``) is not
+        the one it was sent to (every request sent before a change of boot is lost)."""
+        if boot != self.boot:
+            self.boot = boot
+            self._lost_below = next(self._ids)
+        return request_id < self._lost_below
+
+    def consuming(self, consumer: bytes) -> None:
+        """Keep ``consumer`` alive at the listener from now on."""
+        if consumer in self._consumers:
+            return
+        self._consumers.add(consumer)
+        if self._beat is None:
+            self._beat = threading.Thread(target=self._beat_loop, name="warren-beat",
+                                          daemon=True)
+            self._beat.start()
+
+    def _beat_loop(self) -> None:
+        socket = self._open_socket()
+        encoder = Encoder()
+        try:
+            while not self._closed.wait(BEAT_S):
+                try:
+                    socket.send_multipart(encoder.encode(["beat", 0, sorted(self._consumers)]),
+                                          zmq.NOBLOCK)
+                except zmq.ZMQError:
+                    pass                     # the listener is away; the next beat tries again
+        finally:
+            socket.close(linger=0)
+
+
+class RemoteQueue:
+    """One incarnation of a queue behind a listener, used as a pinned ref is."""
+
+    def __init__(self, node: TcpNode, name: str, incarnation: int) -> None:
+        self.node, self.name, self.incarnation = node, name, incarnation
+
+    def pin(self) -> RemoteQueue:
+        return self
+
+    def ask_async(self, message: Any, timeout: float | None = None) -> _RemoteAnswer:
+        self._note_consumer(message)
+        return _RemoteAnswer(self.node, self.node.send("ask", self.node.boot, self.name,
+                                                       self.incarnation, message))
+
+    def tell(self, message: Any, timeout: float | None = None) -> None:
+        self._note_consumer(message)
+        self.node.send("tell", self.node.boot, self.name, self.incarnation, message,
+                       answered=False)
+
+    def alive(self, answer: _RemoteAnswer) -> bool:
+        """Whether the ask behind ``answer`` may still be answered: this incarnation of
+        the queue lives, and the listener it went through has not restarted since."""
+        request_id = self.node.send("alive", self.name, self.incarnation)
+        try:
+            alive, boot = self.node.wait(request_id, RESTART_CHECK_S)
+        except AskTimeout:
+            self.node.forget(request_id)
+            return True                      # the listener is busy or away: wait on
+        return alive and not self.node.in_flight_lost(answer.request_id, boot)
+
+    def _note_consumer(self, message: Any) -> None:
+        if isinstance(message, (Fetch, Subscribe)):
+            self.node.consuming(message.consumer)
+
+    def __repr__(self) -> str:
+        return f"<RemoteQueue {self.name} #{self.incarnation} at {self.node.endpoint}>"
+
+
+class _RemoteAnswer:
+    """The answer to one ask, as a ``Future``: ``get(timeout)`` (``AskTimeout`` while it
+    has not come; its callers keep what it gave)."""
+
+    def __init__(self, node: TcpNode, request_id: int) -> None:
+        self._node, self.request_id = node, request_id
+
+    def get(self, timeout: float | None = None) -> Any:
+        return self._node.wait(self.request_id, timeout)

@@ -1,0 +1,1099 @@
+"""``VariableQueue``: one queue's messages, moved between RAM and disk as memory allows
+(RabbitMQ's backing queue, in its alpha/beta/gamma/delta design of seed 001).
+
+States. Every message in the queue is in one of four states:
+
+- alpha: its encoded message is in RAM (and maybe on disk too);
+- beta: its message is on disk only, its position (``MsgStatus``) in RAM, no index entry;
+- gamma: a beta whose index entry is on disk as well;
+- delta: nothing in RAM; it is an entry in a run of the index, ``Delta``.
+
+Queues. The messages are held, oldest first, in ``q4 · q3 · delta · q2 · q1``: q4 and q1
+hold alphas, q3 and q2 betas and gammas, delta a range of seq ids with a count::
+
+    fetch <-  [ q4: alphas ] [ q3: betas, gammas ] [ delta ] [ q2: betas, gammas ] [ q1: alphas ]  <- publish
+                                      ^ loaded one segment at a time when q3 drains
+
+A publish goes to q4 while everything else is empty, else to q1; a fetch takes q4's head,
+else q3's; when q3 drains, the next segment of delta is read into q3 (as gammas), and
+when delta empties q2 joins q3, then q1 moves to q4. A lazy queue publishes straight to
+delta (message and index entry written at once); switching a queue to lazy pages every
+message out; switching back lets new messages stay in RAM again.
+
+Paging. The node sets a RAM duration target (seconds; infinity by default, 0 under a
+memory alarm). With the ingress and egress rates (``update_rates``, every few seconds) it
+gives ``target_ram_count``, the messages (alphas and pending acks) RAM may hold. Each
+operation pages at most ``page_batch`` messages: pending acks to disk first, then alphas
+to betas (q1's oldest to q2, or to q3 while delta is empty; q4's newest to q3's front);
+and once betas exceed the permitted count by ``io_batch_size`` (RabbitMQ's
+msg_store_io_batch_size), betas to delta (q2 first, then q3's newest), writing their index
+entries. ``reduce_memory_use`` runs one more batch and says whether more is left.
+
+Storage. A message whose encoding (properties plus body) is below ``embed_msgs_below``
+goes to the queue's own store (``QueueStore``), a larger one to the shared store:
+``msg_store_persistent`` for a persistent message in a durable queue, else
+``msg_store_transient``. Both are reached through a store client (``LocalStoreClient`` for
+a ``MessageStore`` in this process, ``StoreClient`` for a store actor) with the same calls.
+Persistent messages in a durable queue have their message and index entry written on
+arrival; transient ones only when paged.
+
+Confirms. ``sync()`` is the group commit: it fdatasyncs the queue's store and index, asks
+the persistent store client how far its writes are settled (waiting for it, or not), and
+returns the seq ids that became confirmed, each once: a persistent message of a durable
+queue once its message and its index entry are on disk; any other message at the first
+sync after its publish.
+
+Recovery. ``terminate()`` writes the recovery terms (``recovery.json``: next seq id, the
+persistent count and bytes, per-segment counts, delivery counts, the persistent client
+ref), and the next open with terms and a clean shared store starts without reading the
+index: everything is in delta, and transient entries met while loading it are dropped.
+Without terms (a crash) or after a dirty shared store, every segment is scanned: entries
+of transient messages, whose shared-store message is missing (one batched contains), or
+whose per-queue record fails its size or CRC check are dropped, and every recovered
+message is flagged redelivered. The terms are deleted at open, so a crash afterwards
+always recovers dirty.
+
+Races this module guards against (one thread of control; a queue process owns it):
+
+- a crash between a publish and its sync: nothing was confirmed; what reached the disk
+  is checked entry by entry at the next open;
+- an ack or requeue of a tag twice, or of a tag never fetched: ``UnknownDeliveryTag``
+  before anything changes;
+- a requeue while the queue pages: a requeued message goes back by seq id into q4, q3 or
+  delta, whichever holds its neighbours, so order is kept;
+- a pending ack whose seq id lies inside delta's range: skipped when delta is read.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import math
+import os
+import time
+import zlib
+from bisect import insort
+from itertools import repeat
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, NamedTuple, Protocol
+
+from warren.store import Settlement
+from warren.store.disk_faults import slow_sync
+
+from ..durable_files import fsync_directory, write_atomically
+from ..errors import CorruptMessage, MessageTooLarge, QueueClosed, UnknownDeliveryTag
+from ..message import Message, decode, encode
+from .queue_index import (DEFAULT_SEGMENT_ENTRY_COUNT, INDEX_SUFFIX, Entry, QueueIndex,
+                          pack_slot)
+from .queue_store import STORE_SUFFIX, QueueStore
+
+__all__ = ["Delivery", "Fetched", "MessageInfo", "SharedStoreClient", "VariableQueue"]
+
+log = logging.getLogger("warren.queues")
+
+EMBED_MSGS_BELOW = 4096                 # bytes: queue_index_embed_msgs_below
+MAX_MESSAGE_BYTES = 128 * 2**20         # RabbitMQ's max_message_size
+IO_BATCH_SIZE = 4096                    # msg_store_io_batch_size: betas to delta
+PAGE_BATCH = 8000                       # messages paged per operation (2 × credit)
+TERMS_FILE = "recovery.json"
+TERMS_VERSION = 1
+RATE_SMOOTHING = 0.5                    # weight of the newest rate sample
+
+
+class SharedStoreClient(Protocol):
+    """What the queue needs of a shared store: ``LocalStoreClient`` and ``StoreClient``."""
+
+    client_ref: bytes
+
+    def write(self, msg_id: bytes, body: bytes) -> int: ...
+    def remove(self, msg_ids: Iterable[bytes]) -> None: ...
+    def read_many(self, msg_ids: list[bytes]) -> list[bytes | None]: ...
+    def contains_many(self, msg_ids: list[bytes]) -> list[bool]: ...
+    def settled(self, wait: bool = True) -> Settlement: ...
+    def close(self) -> None: ...
+    def delete_and_terminate(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class MessageInfo:
+    """What is known of a message without reading it (for TTL predicates)."""
+
+    seq_id: int
+    expiry_ms: int           # 0: never expires
+    size: int
+    persistent: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """A fetched message. ``seq_id`` is its ack tag; ``delivery_count`` counts the
+    deliveries before this one (requeues, and crashes that left it unacked)."""
+
+    seq_id: int
+    message: Message
+    redelivered: bool
+    delivery_count: int
+    msg_id: bytes
+
+
+class Fetched(NamedTuple):
+    """A fetched message, still encoded."""
+
+    seq_id: int
+    payload: bytes
+    delivery_count: int
+    msg_id: bytes
+
+
+class MsgStatus:
+    """One message's place in RAM: alpha while ``payload`` is set, else beta or gamma."""
+
+    __slots__ = ("seq_id", "msg_id", "payload", "size", "persistent", "expiry_ms", "shared",
+                 "store_offset", "body_on_disk", "index_on_disk", "delivery_count")
+
+    def __init__(self, seq_id: int, msg_id: bytes, payload: bytes | None, size: int,
+                 persistent: bool, expiry_ms: int, shared: bool, store_offset: int = 0,
+                 on_disk: bool = False) -> None:
+        self.seq_id = seq_id
+        self.msg_id = msg_id
+        self.payload = payload
+        self.size = size
+        self.persistent = persistent
+        self.expiry_ms = expiry_ms
+        self.shared = shared
+        self.store_offset = store_offset
+        self.body_on_disk = self.index_on_disk = on_disk
+        self.delivery_count = 0
+
+    @classmethod
+    def from_entry(cls, entry: Entry) -> "MsgStatus":
+        return cls(entry.seq_id, entry.msg_id, None, entry.size, entry.persistent,
+                   entry.expiry_ms, entry.shared, entry.store_offset, True)
+
+    def info(self) -> MessageInfo:
+        return MessageInfo(self.seq_id, self.expiry_ms, self.size, self.persistent)
+
+
+class Delta:
+    """The messages with nothing in RAM: ``count`` index entries with ``start <= seq id <
+    end`` (not every seq id in the range is one: some were acked, some are pending acks)."""
+
+    __slots__ = ("start", "end", "count", "bytes")
+
+    def __init__(self, start: int = 0, end: int = 0, count: int = 0, size: int = 0) -> None:
+        self.start, self.end, self.count, self.bytes = start, end, count, size
+
+    def is_empty(self) -> bool:
+        return self.start >= self.end
+
+    def add(self, status: MsgStatus) -> None:
+        if self.is_empty():
+            self.start, self.end = status.seq_id, status.seq_id + 1
+        else:
+            self.start = min(self.start, status.seq_id)
+            self.end = max(self.end, status.seq_id + 1)
+        self.count += 1
+        self.bytes += status.size
+
+    def add_range(self, start: int, end: int, count: int, size: int) -> None:
+        """Add ``count`` messages of ``size`` bytes in all, with seq ids from ``start`` up
+        to ``end``, none of them below the range's start."""
+        if self.is_empty():
+            self.start = start
+        self.end = max(self.end, end)
+        self.count += count
+        self.bytes += size
+
+    def __repr__(self) -> str:
+        return f"Delta(start={self.start}, end={self.end}, count={self.count})"
+
+
+class VariableQueue:
+    """One queue's messages; see the module docstring.
+
+    ``VariableQueue(directory, persistent_store=f, transient_store=g, ...)``: ``f`` and
+    ``g`` take a client ref (bytes) and return a store client on ``msg_store_persistent``
+    and ``msg_store_transient`` (``lambda ref: LocalStoreClient(store, ref)``, or
+    ``lambda ref: StoreClient(store_actor, ref)``). ``shared_store_clean`` says whether
+    the persistent store recovered from a clean stop (a dirty one means a full scan here).
+    """
+
+    def __init__(self, directory: str | os.PathLike, *,
+                 persistent_store: Callable[[bytes], SharedStoreClient],
+                 transient_store: Callable[[bytes], SharedStoreClient],
+                 durable: bool = True, lazy: bool = False,
+                 segment_entry_count: int = DEFAULT_SEGMENT_ENTRY_COUNT,
+                 embed_msgs_below: int = EMBED_MSGS_BELOW,
+                 max_message_bytes: int = MAX_MESSAGE_BYTES,
+                 io_batch_size: int = IO_BATCH_SIZE, page_batch: int = PAGE_BATCH,
+                 shared_store_clean: bool = True,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        for name, value, low in (("embed_msgs_below", embed_msgs_below, 0),
+                                 ("max_message_bytes", max_message_bytes, 1),
+                                 ("io_batch_size", io_batch_size, 1),
+                                 ("page_batch", page_batch, 1)):
+            if type(value) is not int or value < low:
+                raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+        self.directory = os.fspath(directory)
+        self.durable = durable
+        self.lazy = lazy
+        self.embed_msgs_below = embed_msgs_below
+        self.max_message_bytes = max_message_bytes
+        self.io_batch_size = io_batch_size
+        self.page_batch = page_batch
+        self._clock = clock
+        self._id_prefix = os.urandom(8)
+        self._index = QueueIndex(self.directory, segment_entry_count=segment_entry_count)
+        self.segment_entry_count = segment_entry_count
+        self._store = QueueStore(self.directory, segment_entry_count=segment_entry_count)
+        self.q1: collections.deque[MsgStatus] = collections.deque()
+        self.q2: collections.deque[MsgStatus] = collections.deque()
+        self.delta = Delta()
+        self.q3: collections.deque[MsgStatus] = collections.deque()
+        self.q4: collections.deque[MsgStatus] = collections.deque()
+        self._ram_pending: dict[int, MsgStatus] = {}      # fetched, unacked, payload in RAM
+        self._disk_pending: dict[int, MsgStatus] = {}     # fetched, unacked, paged out
+        self._delivery_counts: dict[int, int] = {}        # of requeued messages in delta
+        # Persistent messages await the index's fsync (``_index_unsynced``); those in the
+        # shared store also await its settlement: parts not yet durable, 2 then 1.
+        self._unconfirmed: dict[int, int] = {}
+        self._index_unsynced: list[int] = []
+        self._store_unsettled: collections.deque[tuple[int, int]] = collections.deque()
+        self._confirmed: list[int] = []                   # due at the next sync
+        self._removes_unsent = False                      # shared-store removes since it
+        self._persistent_count = 0                        # in the queue or pending acks
+        self._persistent_bytes = 0
+        self._target_ram_count: float = math.inf
+        self._duration_target: float = math.inf
+        self._rates = {"ingress": 0.0, "egress": 0.0, "ack": 0.0}
+        self._since_rates = {"ingress": 0, "egress": 0, "ack": 0}
+        self._rates_at = clock()
+        self._closed = False
+        self.counters = {"recovered": 0, "dropped_transient": 0, "dropped_missing": 0,
+                         "dropped_corrupt": 0, "torn_slots": 0, "bad_segments": 0,
+                         "corrupt_on_read": 0, "missing_on_read": 0, "store_write_failed": 0,
+                         "delta_lost": 0}
+        try:
+            self._open(persistent_store, transient_store, shared_store_clean)
+        except BaseException:
+            self.abandon()
+            raise
+
+    # ------------------------------------------------------------------ recovery
+
+    def _open(self, persistent_store, transient_store, shared_store_clean: bool) -> None:
+        started = time.monotonic()
+        had_files = any(name.endswith(".qi") for name in os.listdir(self.directory))
+        terms = self._take_terms()
+        persistent_ref = bytes.fromhex(terms["persistent_ref"]) if terms else os.urandom(16)
+        self._persistent = persistent_store(persistent_ref)
+        self._transient = transient_store(os.urandom(16))
+        clean = terms is not None and shared_store_clean
+        if clean and terms.get("file_sizes") != self._segment_file_sizes():
+            # Cut or grown since the clean stop (a torn copy, a restored backup): the
+            # counts in the terms may name entries that are gone. Only a scan knows.
+            log.warning("%s: segment files changed size since the clean stop; recovering "
+                        "dirty", self.directory)
+            clean = False
+        if clean:
+            self._index.recover_clean({int(s): c for s, c in terms["segments"].items()})
+            self._store.recover({int(s): c for s, c in terms["store_segments"].items()})
+            self.next_seq_id = terms["next_seq_id"]
+            self._persistent_count = terms["persistent_count"]
+            self._persistent_bytes = terms["persistent_bytes"]
+            self._delivery_counts = {int(s): c for s, c in terms["delivery_counts"].items()}
+            self._redeliver_below = 0
+        else:
+            self._recover_dirty()
+        self.transient_threshold = self.next_seq_id
+        if self._persistent_count:
+            low = self._index.bounds()[0]
+            self.delta = Delta(low, self.next_seq_id, self._persistent_count,
+                               self._persistent_bytes)
+        elif self._index.bounds() != (0, 0):      # only transient entries are left
+            self.delta = Delta(self._index.bounds()[0], self.next_seq_id)
+        self.counters["recovered"] = self._persistent_count
+        if terms is not None or had_files:
+            log.info("%s: recovered %d messages (%d bytes) %s in %.3f s; dropped %d transient, "
+                     "%d missing from the shared store, %d failing their CRC, %d torn index "
+                     "slots, %d corrupt segments", self.directory, self._persistent_count,
+                     self._persistent_bytes, "clean" if clean else "dirty",
+                     time.monotonic() - started, self.counters["dropped_transient"],
+                     self.counters["dropped_missing"], self.counters["dropped_corrupt"],
+                     self.counters["torn_slots"], self.counters["bad_segments"])
+        self.recovered_clean = clean
+
+    def _segment_file_sizes(self) -> dict[str, int]:
+        return {entry.name: entry.stat().st_size for entry in os.scandir(self.directory)
+                if entry.name.endswith((INDEX_SUFFIX, STORE_SUFFIX))}
+
+    def _take_terms(self) -> dict[str, Any] | None:
+        """The recovery terms of a clean stop, deleted from disk (a crash from now on is
+        a dirty stop); None if there are none or they do not read."""
+        path = os.path.join(self.directory, TERMS_FILE)
+        try:
+            with open(path, "rb") as file:
+                terms = json.loads(file.read())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as exc:
+            log.warning("%s: recovery terms unreadable (%s); recovering dirty",
+                        self.directory, exc)
+            terms = None
+        os.unlink(path)
+        fsync_directory(self.directory)
+        if terms is not None and (not isinstance(terms, dict)
+                                  or terms.get("version") != TERMS_VERSION
+                                  or terms.get("segment_entry_count")
+                                  != self.segment_entry_count):
+            log.warning("%s: recovery terms of another version or layout; recovering dirty",
+                        self.directory)
+            return None
+        return terms
+
+    def _recover_dirty(self) -> None:
+        counters = self.counters
+        store_live: dict[int, int] = {}
+        shared: list[Entry] = []
+        kept_bytes = 0
+        n = self.segment_entry_count
+
+        def keep(entries: list[Entry]) -> list[bool]:
+            nonlocal kept_bytes
+            verdicts = []
+            in_store = [(i, e) for i, e in enumerate(entries) if e.persistent and not e.shared]
+            valid = self._store.valid_records(
+                entries[0].seq_id // n, [(e.store_offset, e.size) for _, e in in_store]
+            ) if in_store else []
+            valid_at = {i: ok for (i, _), ok in zip(in_store, valid)}
+            for i, entry in enumerate(entries):
+                if not entry.persistent:
+                    counters["dropped_transient"] += 1
+                    verdicts.append(False)
+                elif entry.shared:
+                    shared.append(entry)
+                    verdicts.append(True)
+                elif valid_at[i]:
+                    segment = entry.seq_id // n
+                    store_live[segment] = store_live.get(segment, 0) + 1
+                    kept_bytes += entry.size
+                    verdicts.append(True)
+                else:
+                    counters["dropped_corrupt"] += 1
+                    verdicts.append(False)
+            return verdicts
+
+        recovered = self._index.recover_dirty(keep)
+        counters["torn_slots"] += recovered.torn
+        counters["bad_segments"] += recovered.bad_segments
+        if counters["dropped_corrupt"]:
+            log.warning("%s: %d messages failed their size or CRC check; dropped",
+                        self.directory, counters["dropped_corrupt"])
+        missing: list[Entry] = []
+        if shared:
+            present = self._persistent.contains_many([e.msg_id for e in shared])
+            missing = [e for e, found in zip(shared, present) if not found]
+        if missing:
+            self._index.ack(e.seq_id for e in missing)
+            self._index.sync()
+            counters["dropped_missing"] += len(missing)
+            log.warning("%s: %d messages are missing from the shared store; dropped",
+                        self.directory, len(missing))
+        self._store.recover(store_live)
+        self._persistent_count = recovered.entries - len(missing)
+        self._persistent_bytes = (kept_bytes + sum(e.size for e in shared)
+                                  - sum(e.size for e in missing))
+        high = self._index.bounds()[1]
+        self.next_seq_id = high
+        self._redeliver_below = high
+        self._delivery_counts = {}
+
+    # ------------------------------------------------------------------ publishing
+
+    def publish(self, message: Message, *, expiry_ms: int | None = None,
+                msg_id: bytes | None = None) -> int:
+        """Add ``message``; its seq id. ``expiry_ms`` is an absolute deadline (ms) for
+        TTL predicates, ``msg_id`` the shared-store id (a fresh one if None)."""
+        return self.publish_encoded(encode(message), persistent=message.persistent,
+                                    expiry_ms=expiry_ms, msg_id=msg_id)
+
+    def publish_encoded(self, payload: bytes, *, persistent: bool,
+                        expiry_ms: int | None = None, msg_id: bytes | None = None) -> int:
+        """``publish`` for a message already encoded (``warren.queues.message.encode``)."""
+        self._check_open()
+        size = len(payload)
+        if size > self.max_message_bytes:
+            raise MessageTooLarge(f"the message encodes to {size} bytes, above this queue's "
+                                  f"maximum of {self.max_message_bytes}; send a smaller one")
+        seq_id = self.next_seq_id
+        if msg_id is None:                # unique: this open's random prefix, the seq id
+            msg_id = self._id_prefix + seq_id.to_bytes(8, "big")
+        elif type(msg_id) is not bytes or len(msg_id) != 16:
+            raise ValueError(f"msg_id must be 16 bytes, got {msg_id!r}")
+        self.next_seq_id = seq_id + 1
+        persistent = self.durable and bool(persistent)
+        shared = size >= self.embed_msgs_below
+        status = MsgStatus(seq_id, msg_id, payload, size, persistent, expiry_ms or 0, shared)
+        if persistent:
+            if shared:
+                self._write_body(status)
+                self._unconfirmed[seq_id] = 2
+            else:                          # the common case, inline: no method calls
+                status.store_offset = self._store.write(seq_id, payload)
+                status.body_on_disk = True
+            self._index.publish_slot(seq_id, pack_slot(msg_id, shared, status.store_offset,
+                                                       size, True, status.expiry_ms))
+            status.index_on_disk = True
+            self._index_unsynced.append(seq_id)
+            self._persistent_count += 1
+            self._persistent_bytes += size
+        else:
+            self._confirmed.append(seq_id)
+        self._since_rates["ingress"] += 1
+        if self.lazy:
+            self._to_delta(status)
+        elif self.q1 or self.q2 or self.q3 or not self.delta.is_empty():
+            self.q1.append(status)
+        else:
+            self.q4.append(status)
+        if self._target_ram_count != math.inf:
+            self._page(self.page_batch)
+        return seq_id
+
+    def publish_many(self, payloads: list[bytes], *, persistent: bool = True,
+                     expiry_ms: int | None = None,
+                     msg_ids: list[bytes] | None = None) -> range:
+        """``publish_encoded`` of a batch with one persistence and expiry (what a queue
+        process takes from one producer's frame); their seq ids. ``msg_ids`` names the
+        messages in the shared store (a message routed to several queues has one id, so
+        it is written once there). A message over the
+        maximum size refuses the whole batch before anything changes. Persistent
+        messages for this queue's own store, in the default mode, take one pass that
+        writes their records and index slots together."""
+        self._check_open()
+        limit, embed = self.max_message_bytes, self.embed_msgs_below
+        sizes = [len(payload) for payload in payloads]
+        if sizes and max(sizes) > limit:
+            raise MessageTooLarge(f"a message of the batch encodes to {max(sizes)} bytes, above "
+                                  f"this queue's maximum of {limit}; nothing was published")
+        first = self.next_seq_id
+        if msg_ids is not None and len(msg_ids) != len(payloads):
+            raise ValueError(f"{len(msg_ids)} msg_ids for {len(payloads)} messages")
+        if (not payloads or not (self.durable and persistent)
+                or self._target_ram_count != math.inf or max(sizes) >= embed):
+            for payload, msg_id in zip(payloads, msg_ids or repeat(None)):
+                self.publish_encoded(payload, persistent=persistent, expiry_ms=expiry_ms,
+                                     msg_id=msg_id)
+            return range(first, self.next_seq_id)
+        # One pass per step, each a comprehension or map over the batch: per-message Python
+        # work is what this path is for.
+        end = first + len(payloads)
+        seq_ids = range(first, end)
+        offsets = self._store.write_many(first, payloads)
+        prefix, expiry, count = self._id_prefix, expiry_ms or 0, len(payloads)
+        if msg_ids is None:
+            msg_ids = [prefix + seq_id.to_bytes(8, "big") for seq_id in seq_ids]
+        self._index.publish_slots(first, list(map(
+            pack_slot, msg_ids, repeat(False, count), offsets, sizes, repeat(True, count),
+            repeat(expiry, count))))
+        self.next_seq_id = end
+        self._index_unsynced.extend(seq_ids)
+        self._persistent_count += count
+        self._persistent_bytes += sum(sizes)
+        self._since_rates["ingress"] += count
+        if self.lazy:                      # straight to delta: nothing of them stays in RAM
+            self.delta.add_range(first, end, count, sum(sizes))
+            return seq_ids
+        statuses = map(MsgStatus, seq_ids, msg_ids, payloads, sizes, repeat(True, count),
+                       repeat(expiry, count), repeat(False, count), offsets,
+                       repeat(True, count))
+        if self.q1 or self.q2 or self.q3 or not self.delta.is_empty():
+            self.q1.extend(statuses)
+        else:
+            self.q4.extend(statuses)
+        return seq_ids
+
+    def _client(self, status: MsgStatus) -> SharedStoreClient:
+        return self._persistent if status.persistent else self._transient
+
+    def _write_body(self, status: MsgStatus) -> None:
+        if status.body_on_disk:
+            return
+        if status.shared:
+            # The shared store's records carry no checksum (RabbitMQ's format): the index
+            # keeps the body's CRC-32 where an embedded body keeps its offset.
+            status.store_offset = zlib.crc32(status.payload)
+            ticket = self._client(status).write(status.msg_id, status.payload)
+            if status.persistent:
+                self._store_unsettled.append((ticket, status.seq_id))
+        else:
+            status.store_offset = self._store.write(status.seq_id, status.payload)
+        status.body_on_disk = True
+
+    def _write_index(self, status: MsgStatus) -> None:
+        if status.index_on_disk:
+            return
+        self._index.publish_slot(status.seq_id, pack_slot(
+            status.msg_id, status.shared, status.store_offset, status.size, status.persistent,
+            status.expiry_ms))
+        status.index_on_disk = True
+
+    # ------------------------------------------------------------------ confirms
+
+    def sync(self, wait: bool = True) -> list[int]:
+        """Group commit; the seq ids confirmed since the last call, each once. Without
+        ``wait``, shared-store writes not yet settled are confirmed by a later call."""
+        self._check_open()
+        slow_sync()
+        self._store.sync()
+        self._index.sync()
+        confirmed, self._confirmed = self._confirmed, []
+        unconfirmed = self._unconfirmed
+        if not unconfirmed:                # all in this queue's own store: durable now
+            confirmed += self._index_unsynced
+        else:
+            for seq_id in self._index_unsynced:
+                if seq_id in unconfirmed:
+                    self._count_down(seq_id, confirmed)
+                else:
+                    confirmed.append(seq_id)
+        self._index_unsynced = []
+        if self._removes_unsent:         # a store client batches removes: send them now
+            self._removes_unsent = False
+            self._transient.settled(False)
+            if not self._store_unsettled:
+                self._persistent.settled(False)
+        if self._store_unsettled:
+            settlement = self._persistent.settled(wait)
+            if settlement.failed:
+                self.counters["store_write_failed"] += len(settlement.failed)
+                log.error("%s: the shared store refused %d writes (disk full); those messages "
+                          "are dropped when their turn comes", self.directory,
+                          len(settlement.failed))
+            unsettled = self._store_unsettled
+            while unsettled and unsettled[0][0] < settlement.up_to:
+                self._count_down(unsettled.popleft()[1], confirmed)
+        confirmed.sort()
+        return confirmed
+
+    def _count_down(self, seq_id: int, confirmed: list[int]) -> None:
+        left = self._unconfirmed[seq_id] - 1
+        if left:
+            self._unconfirmed[seq_id] = left
+        else:
+            del self._unconfirmed[seq_id]
+            confirmed.append(seq_id)
+
+    def needs_sync(self) -> bool:
+        """True while a sync would confirm something, or send removes to a store."""
+        return bool(self._unconfirmed or self._confirmed or self._index_unsynced
+                    or self._removes_unsent)
+
+    # ------------------------------------------------------------------ fetching
+
+    def fetch(self, ack_required: bool = True) -> Delivery | None:
+        """The oldest message, or None when the queue is empty. With ``ack_required`` it
+        awaits ``ack`` or ``requeue`` under its seq id; without, it is gone now. A
+        message whose record fails its check is dropped and ``CorruptMessage`` raised."""
+        fetched = self.fetch_encoded(ack_required)
+        if fetched is None:
+            return None
+        try:
+            message = decode(fetched.payload)
+        except CorruptMessage as exc:
+            if ack_required:
+                self.ack([fetched.seq_id])
+            self.counters["corrupt_on_read"] += 1
+            raise CorruptMessage(f"{self.directory}: message {fetched.seq_id}: {exc}") from None
+        return Delivery(fetched.seq_id, message, fetched.delivery_count > 0,
+                        fetched.delivery_count, fetched.msg_id)
+
+    def fetch_encoded(self, ack_required: bool = True) -> Fetched | None:
+        """``fetch`` without decoding: what a queue process sends on to its consumer."""
+        self._check_open()
+        while True:
+            status = self._pop_head()
+            if status is None:
+                return None
+            payload = status.payload
+            if payload is None:
+                try:
+                    payload = self._read_payload(status)
+                except CorruptMessage as exc:
+                    self.counters["corrupt_on_read"] += 1
+                    log.error("%s; the message is dropped", exc)
+                    self._remove([status])
+                    raise
+                if payload is None:
+                    self.counters["missing_on_read"] += 1
+                    log.error("%s: message %d is missing from the shared store; dropped",
+                              self.directory, status.seq_id)
+                    self._remove([status])
+                    continue
+            self._since_rates["egress"] += 1
+            if ack_required:
+                if status.payload is None:
+                    self._disk_pending[status.seq_id] = status
+                else:
+                    self._ram_pending[status.seq_id] = status
+            else:
+                self._remove([status])
+            if self._target_ram_count != math.inf:
+                self._page(self.page_batch)
+            return Fetched(status.seq_id, payload, status.delivery_count, status.msg_id)
+
+    def _read_payload(self, status: MsgStatus) -> bytes | None:
+        """The body from disk; None if the shared store has lost it; ``CorruptMessage``
+        if it fails its size or CRC check."""
+        if status.shared:
+            payload = self._client(status).read_many([status.msg_id])[0]
+            if payload is not None and (len(payload) != status.size or (
+                    status.store_offset and zlib.crc32(payload) != status.store_offset)):
+                raise CorruptMessage(f"{self.directory}: the body of seq id {status.seq_id} "
+                                     f"in the shared store fails its size or CRC check")
+            return payload
+        return self._store.read(status.seq_id, status.store_offset, status.size)
+
+    def peek(self) -> MessageInfo | None:
+        """What is known of the oldest message without reading it; None when empty."""
+        self._check_open()
+        status = self._head()
+        return None if status is None else status.info()
+
+    def _head(self) -> MsgStatus | None:
+        if self.q4:
+            return self.q4[0]
+        if not self.q3:
+            self._load_delta()
+            if not self.q3 and self.q1:
+                self.q4, self.q1 = self.q1, self.q4
+                return self.q4[0]
+        return self.q3[0] if self.q3 else None
+
+    def _pop_head(self) -> MsgStatus | None:
+        status = self._head()
+        if status is None:
+            return None
+        if self.q4:
+            return self.q4.popleft()
+        return self.q3.popleft()
+
+    def _load_delta(self) -> None:
+        """Read delta into q3, one segment at a time, until q3 holds something; when delta
+        holds no more messages, read the rest of its range (entries to drop) and let q2
+        join q3."""
+        delta, n = self.delta, self.segment_entry_count
+        while (not self.q3 or delta.count == 0) and not delta.is_empty():
+            stop = min(delta.end, (delta.start // n + 1) * n)
+            entries = self._index.read(delta.start, stop)
+            delta.start = stop
+            dropped = []
+            for entry in entries:
+                seq_id = entry.seq_id
+                if seq_id in self._ram_pending or seq_id in self._disk_pending:
+                    continue
+                status = MsgStatus.from_entry(entry)
+                if not entry.persistent and seq_id < self.transient_threshold:
+                    dropped.append(status)        # its store was wiped by the restart
+                    continue
+                count = self._delivery_counts.pop(seq_id, 0)
+                if seq_id < self._redeliver_below:
+                    count = max(count, 1)
+                status.delivery_count = count
+                self.q3.append(status)
+                delta.count -= 1
+                delta.bytes -= entry.size
+            if dropped:
+                self.counters["dropped_transient"] += len(dropped)
+                self._remove(dropped)
+        if delta.is_empty() and delta.count:
+            log.error("%s: delta's range ended with %d messages unaccounted for; the index "
+                      "lost them", self.directory, delta.count)
+            self.counters["delta_lost"] += delta.count
+            delta.count = 0
+        if delta.count == 0:
+            self.delta = Delta()
+            self.q3.extend(self.q2)
+            self.q2.clear()
+
+    # ------------------------------------------------------------------ acks
+
+    def ack(self, seq_ids: Iterable[int]) -> None:
+        """Forget fetched messages for good. ``UnknownDeliveryTag`` (and nothing changes)
+        for a seq id that awaits no ack."""
+        statuses = self._take_pending(seq_ids)
+        self._since_rates["ack"] += len(statuses)
+        self._remove(statuses)
+
+    def requeue(self, seq_ids: Iterable[int]) -> None:
+        """Put fetched messages back, in seq-id order before newer ones, flagged
+        redelivered with their delivery count raised by one."""
+        statuses = sorted(self._take_pending(seq_ids), key=lambda s: s.seq_id)
+        for status in statuses:
+            status.delivery_count += 1
+            self._requeue_one(status)
+        if self._target_ram_count != math.inf:
+            self._page(self.page_batch)
+
+    def _take_pending(self, seq_ids: Iterable[int]) -> list[MsgStatus]:
+        self._check_open()
+        seq_ids = list(seq_ids)
+        if len(set(seq_ids)) != len(seq_ids):
+            raise UnknownDeliveryTag(f"seq ids repeated in one call: {seq_ids}")
+        for seq_id in seq_ids:
+            if seq_id not in self._ram_pending and seq_id not in self._disk_pending:
+                raise UnknownDeliveryTag(f"seq id {seq_id!r} awaits no ack: never fetched, "
+                                         f"or already acked or requeued")
+        return [self._ram_pending.pop(s, None) or self._disk_pending.pop(s) for s in seq_ids]
+
+    def pending_payload(self, seq_id: int) -> bytes | None:
+        """The encoded message of a fetch awaiting its ack (None if its body is gone)."""
+        status = self._ram_pending.get(seq_id) or self._disk_pending.get(seq_id)
+        if status is None:
+            raise UnknownDeliveryTag(f"seq id {seq_id!r} awaits no ack")
+        if status.payload is not None:
+            return status.payload
+        try:
+            return self._read_payload(status)
+        except CorruptMessage:
+            self.counters["corrupt_on_read"] += 1
+            return None
+
+    def _requeue_one(self, status: MsgStatus) -> None:
+        seq_id, delta = status.seq_id, self.delta
+        if not delta.is_empty() and seq_id >= delta.start:
+            self._to_delta(status)
+        elif self.q3 and seq_id > self.q3[0].seq_id:
+            self._to_beta(status)
+            _merge(self.q3, status)
+        else:
+            if status.payload is None:
+                try:
+                    status.payload = self._read_payload(status)
+                except CorruptMessage:
+                    self.counters["corrupt_on_read"] += 1
+                    self._remove([status])
+                    return
+                if status.payload is None:
+                    self.counters["missing_on_read"] += 1
+                    self._remove([status])
+                    return
+            _merge(self.q4, status)
+
+    def _remove(self, statuses: list[MsgStatus]) -> None:
+        """Drop the messages' index entries, records and shared-store references."""
+        self._index.ack(s.seq_id for s in statuses if s.index_on_disk)
+        self._store.remove(s.seq_id for s in statuses if s.body_on_disk and not s.shared)
+        persistent = [s.msg_id for s in statuses if s.shared and s.body_on_disk and s.persistent]
+        transient = [s.msg_id for s in statuses
+                     if s.shared and s.body_on_disk and not s.persistent]
+        if persistent:
+            self._persistent.remove(persistent)
+        if transient:
+            self._transient.remove(transient)
+        if persistent or transient:
+            self._removes_unsent = True
+        for status in statuses:
+            if status.persistent:
+                self._persistent_count -= 1
+                self._persistent_bytes -= status.size
+
+    # ------------------------------------------------------------------ TTL, purge
+
+    def drop_while(self, predicate: Callable[[MessageInfo], bool]) -> MessageInfo | None:
+        """Drop messages from the head while ``predicate`` holds (expired ones, for
+        TTL); the first message it refused (left in place), or None when empty."""
+        self._check_open()
+        while True:
+            status = self._head()
+            if status is None or not predicate(status.info()):
+                return None if status is None else status.info()
+            self._remove([self._pop_head()])
+
+    def fetch_while(self, predicate: Callable[[MessageInfo], bool]) -> list[Delivery]:
+        """Fetch (awaiting acks) from the head while ``predicate`` holds: expired messages
+        for dead-lettering, acked once they are re-published."""
+        deliveries = []
+        while True:
+            info = self.peek()
+            if info is None or not predicate(info):
+                return deliveries
+            delivery = self.fetch(ack_required=True)
+            if delivery is not None:
+                deliveries.append(delivery)
+
+    def purge(self) -> int:
+        """Drop every message waiting in the queue (not those awaiting acks); how many."""
+        self._check_open()
+        purged = 0
+        for queue in (self.q4, self.q3, self.q2, self.q1):
+            purged += len(queue)
+            self._remove(list(queue))
+            queue.clear()
+        delta, n = self.delta, self.segment_entry_count
+        start = delta.start
+        while start < delta.end:
+            stop = min(delta.end, (start // n + 1) * n)
+            statuses = [MsgStatus.from_entry(e) for e in self._index.read(start, stop)
+                        if e.seq_id not in self._ram_pending
+                        and e.seq_id not in self._disk_pending]
+            stale = [s for s in statuses
+                     if not s.persistent and s.seq_id < self.transient_threshold]
+            purged += len(statuses) - len(stale)
+            self._remove(statuses)
+            start = stop
+        self.delta = Delta()
+        self._delivery_counts.clear()
+        return purged
+
+    # ------------------------------------------------------------------ memory
+
+    def set_ram_duration_target(self, seconds: float) -> None:
+        """How many seconds of messages RAM should hold (``math.inf``: no limit; 0 under
+        a memory alarm); pages one batch at once, the rest with later operations or
+        ``reduce_memory_use``."""
+        if not (seconds == math.inf or (isinstance(seconds, (int, float)) and seconds >= 0)):
+            raise ValueError(f"the RAM duration target must be >= 0 or math.inf, got {seconds!r}")
+        self._duration_target = seconds
+        self._update_target()
+        self.reduce_memory_use()
+
+    def _update_target(self) -> None:
+        if self._duration_target == math.inf:
+            self._target_ram_count = math.inf
+        else:
+            self._target_ram_count = int(self._duration_target * sum(self._rates.values()))
+
+    def update_rates(self) -> None:
+        """Fold the operations since the last call into the smoothed rates (call every
+        few seconds; RabbitMQ does every 5) and recompute the RAM target."""
+        now = self._clock()
+        elapsed = now - self._rates_at
+        if elapsed <= 0:
+            return
+        for name, count in self._since_rates.items():
+            sample = count / elapsed
+            self._rates[name] = RATE_SMOOTHING * sample + (1 - RATE_SMOOTHING) * self._rates[name]
+            self._since_rates[name] = 0
+        self._rates_at = now
+        self._update_target()
+
+    def ram_duration(self) -> float:
+        """Seconds of messages in RAM at the current rates (inf when idle)."""
+        rate = sum(self._rates.values())
+        in_ram = len(self.q1) + len(self.q4) + len(self._ram_pending)
+        return math.inf if rate == 0 else in_ram / rate
+
+    def reduce_memory_use(self) -> bool:
+        """Page one batch towards the target; True if more is left to page."""
+        self._check_open()
+        return self._page(self.page_batch)
+
+    def _page(self, limit: int) -> bool:
+        target = self._target_ram_count
+        if target == math.inf:
+            return False
+        excess = len(self.q1) + len(self.q4) + len(self._ram_pending) - target
+        quota = min(excess, limit)
+        while quota > 0 and self._ram_pending:
+            seq_id = next(iter(self._ram_pending))
+            status = self._ram_pending.pop(seq_id)
+            self._write_body(status)
+            status.payload = None
+            self._disk_pending[seq_id] = status
+            quota -= 1
+        while quota > 0 and self.q1:
+            status = self.q1.popleft()
+            self._to_beta(status)
+            (self.q2 if not self.delta.is_empty() else self.q3).append(status)
+            quota -= 1
+        while quota > 0 and self.q4:
+            status = self.q4.pop()
+            self._to_beta(status)
+            self.q3.appendleft(status)
+            quota -= 1
+        betas = len(self.q2) + len(self.q3)
+        surplus = betas - self._permitted_betas()
+        if surplus > 0 and (surplus >= self.io_batch_size or target == 0):
+            moved = min(surplus, limit)
+            while moved and self.q2:
+                self._to_delta(self.q2.popleft())
+                moved -= 1
+            while moved and self.q3:
+                self._to_delta(self.q3.pop())
+                moved -= 1
+            surplus -= min(surplus, limit)
+        excess = len(self.q1) + len(self.q4) + len(self._ram_pending) - target
+        return excess > 0 or (surplus > 0 and (surplus >= self.io_batch_size or target == 0))
+
+    def _permitted_betas(self) -> float:
+        """Betas and gammas allowed to stay in RAM: at a target of 0, what is left of q3's
+        first segment; else RabbitMQ's max(N, B - B²/(B + target)), B = betas + delta."""
+        target, n = self._target_ram_count, self.segment_entry_count
+        if target == 0:
+            return min(len(self.q3), n - self.q3[0].seq_id % n) if self.q3 else 0
+        betas = len(self.q2) + len(self.q3) + self.delta.count
+        return max(n, betas - betas * betas / (betas + target)) if betas else 0
+
+    def _to_beta(self, status: MsgStatus) -> None:
+        self._write_body(status)
+        status.payload = None
+
+    def _to_delta(self, status: MsgStatus) -> None:
+        self._write_body(status)
+        self._write_index(status)
+        status.payload = None
+        if status.delivery_count:
+            self._delivery_counts[status.seq_id] = status.delivery_count
+        self.delta.add(status)
+
+    def set_lazy(self, lazy: bool) -> None:
+        """Switch modes while in use: to lazy pages every waiting message to delta."""
+        self._check_open()
+        self.lazy = bool(lazy)
+        if not self.lazy:
+            return
+        for status in list(self.q4) + list(self.q3):
+            self._write_body(status)
+            self._write_index(status)
+        for status in list(self.q2) + list(self.q1):
+            self._write_body(status)
+            self._write_index(status)
+        pushed = [*self.q4, *self.q3, *self.q2, *self.q1]
+        for queue in (self.q1, self.q2, self.q3, self.q4):
+            queue.clear()
+        for status in pushed:
+            self._to_delta(status)
+
+    # ------------------------------------------------------------------ views
+
+    def msg_ids_from(self, seq_id: int) -> set[bytes]:
+        """The ids of the index's entries from ``seq_id`` on (what a recovered queue holds
+        that its producer log may not name yet)."""
+        return {entry.msg_id for entry in self._index.read(seq_id, self.next_seq_id)}
+
+    def __len__(self) -> int:
+        return len(self.q1) + len(self.q2) + self.delta.count + len(self.q3) + len(self.q4)
+
+    @property
+    def depth(self) -> int:
+        """Messages waiting plus messages awaiting acks."""
+        return len(self) + len(self._ram_pending) + len(self._disk_pending)
+
+    @property
+    def pending_acks(self) -> int:
+        return len(self._ram_pending) + len(self._disk_pending)
+
+    def stats(self) -> dict[str, Any]:
+        """Counts per state and per queue (each set adds up to ``len``), pending acks in
+        RAM and on disk, RAM and disk bytes, the target and the rates."""
+        middle = list(self.q2) + list(self.q3)
+        gamma = sum(1 for s in middle if s.index_on_disk)
+        in_ram = [*self.q1, *self.q4, *self._ram_pending.values()]
+        everything = [*self.q1, *middle, *self.q4, *self._ram_pending.values(),
+                      *self._disk_pending.values()]
+        return {
+            "len": len(self), "depth": self.depth,
+            "alpha": len(self.q1) + len(self.q4), "beta": len(middle) - gamma,
+            "gamma": gamma, "delta": self.delta.count,
+            "q1": len(self.q1), "q2": len(self.q2), "q3": len(self.q3), "q4": len(self.q4),
+            "pending_acks_ram": len(self._ram_pending),
+            "pending_acks_disk": len(self._disk_pending),
+            "ram_bytes": sum(s.size for s in in_ram),
+            "disk_bytes": sum(s.size for s in everything if s.body_on_disk) + self.delta.bytes,
+            "unconfirmed": len(self._unconfirmed) + sum(
+                1 for s in self._index_unsynced if s not in self._unconfirmed),
+            "persistent": self._persistent_count,
+            "mode": "lazy" if self.lazy else "default",
+            "target_ram_count": self._target_ram_count,
+            "rates": dict(self._rates),
+        }
+
+    # ------------------------------------------------------------------ ending
+
+    def terminate(self) -> None:
+        """Clean stop: make everything durable, write the recovery terms, release."""
+        if self._closed:
+            return
+        transient_in_store = [s.seq_id for s in self._all_statuses()
+                              if not s.persistent and s.body_on_disk and not s.shared
+                              and not s.index_on_disk]
+        self._store.remove(transient_in_store)
+        self._persistent.settled(True)
+        self._store.close()
+        self._index.close()
+        delivery_counts = dict(self._delivery_counts)
+        for status in self._all_statuses():
+            if status.persistent and status.delivery_count:
+                delivery_counts[status.seq_id] = status.delivery_count
+        for status in [*self._ram_pending.values(), *self._disk_pending.values()]:
+            if status.persistent:
+                delivery_counts[status.seq_id] = status.delivery_count + 1
+        terms = {"version": TERMS_VERSION, "segment_entry_count": self.segment_entry_count,
+                 "next_seq_id": self.next_seq_id,
+                 "persistent_count": self._persistent_count,
+                 "persistent_bytes": self._persistent_bytes,
+                 "segments": self._index.segment_counts(),
+                 "store_segments": self._store.live_counts,
+                 "delivery_counts": delivery_counts,
+                 "persistent_ref": self._persistent.client_ref.hex(),
+                 "file_sizes": self._segment_file_sizes()}
+        write_atomically(os.path.join(self.directory, TERMS_FILE),
+                          json.dumps(terms).encode())
+        # The persistent client stays registered: the store's clean-shutdown files name
+        # it, and the next clean start checks them against these terms' ref.
+        self._persistent.close()
+        self._transient.delete_and_terminate()
+        self._closed = True
+
+    def _all_statuses(self) -> list[MsgStatus]:
+        return [*self.q4, *self.q3, *self.q2, *self.q1, *self._ram_pending.values(),
+                *self._disk_pending.values()]
+
+    def delete(self) -> None:
+        """Delete the queue: every message, its files and its shared-store references."""
+        self._check_open()
+        for status in [*self._ram_pending.values(), *self._disk_pending.values()]:
+            self._remove([status])
+        self._ram_pending.clear()
+        self._disk_pending.clear()
+        self.purge()
+        self._persistent.settled(True)
+        self._index.delete()
+        self._store.delete()
+        self._persistent.delete_and_terminate()
+        self._transient.delete_and_terminate()
+        self.abandon()
+        for name in os.listdir(self.directory):
+            os.unlink(os.path.join(self.directory, name))
+        os.rmdir(self.directory)
+
+    def abandon(self) -> None:
+        """Release the files without writing anything more, as a crash would (tests)."""
+        self._closed = True
+        for part in ("_store", "_index"):
+            if hasattr(self, part):
+                getattr(self, part).abandon()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise QueueClosed(f"queue {self.directory!r} is closed")
+
+    def __repr__(self) -> str:
+        return (f"VariableQueue({self.directory!r}, len={len(self)}, "
+                f"mode={'lazy' if self.lazy else 'default'})")
+
+
+def _merge(queue: collections.deque, status: MsgStatus) -> None:
+    """Insert ``status`` into ``queue`` (sorted by seq id); requeues usually go in front."""
+    if not queue or status.seq_id < queue[0].seq_id:
+        queue.appendleft(status)
+    elif status.seq_id > queue[-1].seq_id:
+        queue.append(status)
+    else:
+        items = list(queue)
+        insort(items, status, key=lambda s: s.seq_id)
+        queue.clear()
+        queue.extend(items)

@@ -1,0 +1,151 @@
+"""The removal logs: which records in the data files were removed, so that a dirty recovery
+with no reference counts to go by does not bring acknowledged messages back.
+
+Why. A remove only changes the index in memory; the record stays in its file until the
+file is deleted or combined. A dirty recovery that is given no reference counts (a store
+used directly, with no queue index to walk) counts every record it finds once, so every
+removed record whose file still existed came back: 1,500 live and 1,500 removed messages
+became 3,000 after a crash.
+
+Format. One log beside each data file that has removed records, ``N.removed`` for
+``N.rdq``: a sequence of 28-byte entries::
+
+    offset:u64 BE | msg_id:16 | crc32 of the 24 bytes before:u32 BE
+
+naming a record of ``N.rdq`` that a remove took to zero references. A torn last entry (a
+crash mid-append) or a damaged one fails its length or CRC and is ignored.
+
+Protocol with the store (``warren.store.engine.message_store``):
+- ``note`` buffers an entry when a remove drops a record in a file (not a pending one,
+  which never reaches the disk) to zero references: no I/O on the remove itself;
+- ``write`` appends the buffered entries with the group commit, one write(2) per file
+  touched, before the removes are answered: a remove answered to a client survives the
+  store process's crash. The logs are not fdatasync'd: after an OS crash a removed
+  message may come back (at-least-once), never a live one lost;
+- a dirty recovery without reference counts drops every record an entry names
+  (``entries``);
+- a data file deleted, or combined away, takes its log with it (``forget``): no log ever
+  needs compacting, and a combine costs two unlinks, not a pass over the entries.
+
+Races and their answers:
+- A combine moves live records into Dst at new offsets: a live record could land exactly
+  where a removed record of the same id (a reused id) used to be, and an old entry would
+  then drop it. The logs of Dst and Src are therefore deleted, and the directory fsynced,
+  *before* the rename: a crash between the two can only bring a removed record back.
+- File numbers only grow, so a log never outlives its file into a later one of the same
+  number.
+- The disk is full: entries stay buffered (a partly written one is cut off) and are
+  written at a later sync.
+- A crash before ``write``: the remove was not answered yet (removes are answered with
+  the sync that writes them), so bringing the record back breaks no promise.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import struct
+import zlib
+from collections.abc import Iterator
+
+SUFFIX = ".removed"
+_NAME = re.compile(r"^(0|[1-9][0-9]*)\.removed$")
+_HEAD = struct.Struct(">Q16s")
+_CRC = struct.Struct(">I")
+ENTRY_BYTES = _HEAD.size + _CRC.size
+
+
+def log_name(file: int) -> str:
+    return f"{file}{SUFFIX}"
+
+
+class RemovalLog:
+    """The removal logs of one store directory; owned by the store's one thread."""
+
+    def __init__(self, dir_fd: int) -> None:
+        self._dir_fd = dir_fd
+        self._buffers: dict[int, bytearray] = {}
+
+    def note(self, file: int, offset: int, msg_id: bytes) -> None:
+        head = _HEAD.pack(offset, msg_id)
+        buffer = self._buffers.get(file)
+        if buffer is None:
+            buffer = self._buffers[file] = bytearray()
+        buffer += head
+        buffer += _CRC.pack(zlib.crc32(head))
+
+    def write(self) -> None:
+        """Append every buffered entry to its file's log; on a full disk keep them
+        buffered for the next try."""
+        for file in list(self._buffers):
+            if self._append(file, self._buffers[file]):
+                del self._buffers[file]
+
+    def _append(self, file: int, entries: bytearray) -> bool:
+        fd = os.open(log_name(file), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644,
+                     dir_fd=self._dir_fd)
+        try:
+            size = os.fstat(fd).st_size
+            view = memoryview(entries)
+            try:
+                while view:
+                    view = view[os.write(fd, view):]
+            except OSError as exc:
+                if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                    raise
+                os.ftruncate(fd, size)
+                return False
+            return True
+        finally:
+            os.close(fd)
+
+    def forget(self, file: int) -> bool:
+        """Delete ``file``'s log and drop its buffered entries (the file is going, or its
+        records are moving); True if a log was deleted (the directory needs an fsync)."""
+        self._buffers.pop(file, None)
+        try:
+            os.unlink(log_name(file), dir_fd=self._dir_fd)
+        except FileNotFoundError:
+            return False
+        return True
+
+    def entries(self, files) -> Iterator[tuple[int, int, bytes]]:
+        """Every intact entry on disk of the logs of ``files``: (file, offset, msg_id)."""
+        for file in files:
+            try:
+                fd = os.open(log_name(file), os.O_RDONLY, dir_fd=self._dir_fd)
+            except FileNotFoundError:
+                continue
+            with os.fdopen(fd, "rb") as log:
+                data = log.read()
+            for offset, msg_id in parse_entries(data):
+                yield file, offset, msg_id
+
+    def stray_logs(self, files) -> list[str]:
+        """Logs whose data file is gone (a crash between the two unlinks)."""
+        return [name for name in os.listdir(self._dir_fd)
+                if (match := _NAME.match(name)) and int(match.group(1)) not in files]
+
+
+def parse_entries(data: bytes) -> Iterator[tuple[int, bytes]]:
+    """The intact entries in a removal log's bytes; a torn or damaged one is skipped."""
+    for start in range(0, len(data) - ENTRY_BYTES + 1, ENTRY_BYTES):
+        head = data[start:start + _HEAD.size]
+        (crc,) = _CRC.unpack_from(data, start + _HEAD.size)
+        if zlib.crc32(head) == crc:
+            yield _HEAD.unpack(head)
+
+
+def read_entries(directory: str, files) -> list[tuple[int, int, bytes]]:
+    """The intact entries of the logs of ``files`` in ``directory``, read without opening
+    a store (for ``warren store inspect``)."""
+    entries = []
+    for file in files:
+        try:
+            with open(os.path.join(directory, log_name(file)), "rb") as log:
+                entries += [(file, offset, msg_id) for offset, msg_id
+                            in parse_entries(log.read())]
+        except FileNotFoundError:
+            continue
+    return entries

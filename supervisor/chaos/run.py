@@ -1,0 +1,595 @@
+"""Running a node under a fault schedule: the harness behind ``warren chaos`` and the
+``warren_chaos`` pytest fixture.
+
+``NodeUnderTest`` runs ``warren node`` on a data directory as a child process (its own
+children, ``--children module:function``, and any other option of ``warren node``), with
+the disk-fault file of ``warren.store.disk_faults`` in its environment. ``run_faults``
+then lands each fault of a schedule (``warren.supervisor.chaos.faults.schedule``) at its time:
+
+- ``kill`` / ``stop``: one actor process matching the fault's pattern; a stopped one is
+  resumed once its supervisor has killed it (or after twice the heartbeat timeout);
+- ``node``: SIGKILL every process of the node, then start it again;
+- ``torn`` / ``flip``: SIGKILL the node, damage one of its files, start it again;
+- ``full`` / ``slow``: the disk is full (the disk alarm goes off) or every group commit
+  takes ``SLOW_SYNC_S`` longer, for one to three seconds.
+
+After each crash fault it waits until the node is healthy again (every actor of its tree
+running, none of the actors it is expected to have missing, the victim replaced) and notes
+how long that took: the recovery time. A stopped actor its supervisor never replaced is
+resumed after twice the heartbeat timeout, a problem of the run. A full disk whose alarm
+never goes off, though the node ran on it for ``DISK_ALARM_DUE_S``, is a problem of the
+run (one the node spent restarting from a crash fault is a missed fault). Between
+faults it samples the caller's counters (``sample``, for the throughput plot) every
+``SAMPLE_EVERY_S``. Every fault is logged, with its time, to the ``warren.chaos`` logger
+and in the result's events, so a failed run can be read and repeated from its seed.
+
+Nothing is left behind: the node and every process it started are stopped when the run
+ends, fails or is interrupted (SIGINT, SIGTERM or SIGHUP to the harness become
+``KeyboardInterrupt`` while it runs: the node is stopped and the signal's exit follows);
+the node is started with PR_SET_PDEATHSIG (``spawn_with_parent``), so even a SIGKILLed
+harness takes it along, and the processes it was seen with are remembered, so those
+a node that died on its own left behind are stopped too.
+
+``check_data_dir`` refuses, before anything starts, a directory that holds files but is
+not a node's (a run damages files and deletes queues' data: never a stranger's) and one
+a running node holds.
+
+Races: a fault is aimed at the processes of the node as they are when it lands (listed
+again each time), so a victim restarted since the last fault is found under its new pid;
+a victim that exits before the signal makes the fault ``missed``, not a kill of a reused
+pid (psutil checks the start time). A node killed while it was starting is started again
+like any other.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import psutil
+
+from warren.actors.process import die_with_parent
+from warren.queues.broker.definitions import DEFINITIONS_FILE
+from warren.queues.client.ipc_node import NODE_FILE
+from warren.store.disk_faults import ENVIRONMENT_VARIABLE, write_faults
+
+from . import faults as chaos
+from ..node.node import query_status
+
+__all__ = ["ChaosResult", "Event", "NodeUnderTest", "check_data_dir", "harness_signals",
+           "run_faults", "run_tree", "spawn_with_parent"]
+
+log = logging.getLogger("warren.chaos")
+
+START_TIMEOUT_S = 120.0          # a node's start, recovery included
+HEALTH_TIMEOUT_S = 120.0         # from a crash fault to every actor running again
+STOP_TIMEOUT_S = 60.0            # a node's clean stop before it is killed
+SAMPLE_EVERY_S = 0.5
+SLOW_SYNC_S = 0.05               # what a slow disk adds to every group commit
+DISK_FAULT_HOLD_S = (1.0, 3.0)   # how long a full or slow disk lasts
+DISK_ALARM_GRACE_S = 3.0         # how late a full disk's alarm may be seen
+DISK_ALARM_DUE_S = 2.5           # a node up this long on a full disk has raised its alarm
+POLL_S = 0.05
+CHAOS_HEARTBEAT_TIMEOUT_S = 5.0  # so that a stopped store or queue is replaced in a run
+DISK_FAULTS_FILE = "chaos-disk-faults.json"   # in the data directory, while a run lasts
+VICTIM_WAIT_S = 5.0              # how long a kill or stop waits for a process to match
+# What a node's data directory holds: a directory with files but none of these is not one.
+NODE_FILES = ("node.lock", DEFINITIONS_FILE, "msg_store_persistent")
+NODE_LOG = "chaos-node.log"      # run_tree's node log, in the data directory
+RUN_DIR = "chaos-run"            # warren chaos's ledgers and logs, in the data directory
+HARNESS_FILES = (NODE_LOG, RUN_DIR, DISK_FAULTS_FILE)   # what a run leaves beside a node's
+
+
+def check_data_dir(path: str | os.PathLike) -> str:
+    """The absolute data directory of a run: new, empty, or a node's that no node holds
+    now; ValueError otherwise (before anything is made or started)."""
+    data_dir = os.path.abspath(os.fspath(path))
+    if not os.path.isdir(os.path.dirname(data_dir)):
+        raise ValueError(f"the parent of the data directory, {os.path.dirname(data_dir)}, "
+                         f"does not exist")
+    if not os.path.exists(data_dir):
+        return data_dir
+    if not os.path.isdir(data_dir):
+        raise ValueError(f"{data_dir} is not a directory")
+    entries = [name for name in os.listdir(data_dir) if name not in HARNESS_FILES]
+    if entries and not any(name in entries for name in NODE_FILES):
+        raise ValueError(f"{data_dir} is not a node's data directory (it has files, but none "
+                         f"of {', '.join(NODE_FILES)}): give a new or empty directory, or a "
+                         f"node's")
+    if "node.lock" in entries:
+        with open(os.path.join(data_dir, "node.lock"), "a") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise ValueError(f"a node runs on {data_dir}: stop it first, or give another "
+                                 f"directory") from None
+    return data_dir
+
+
+def spawn_with_parent(argv: list[str], **popen_options: Any) -> subprocess.Popen:
+    """``subprocess.Popen(argv)`` of a process the kernel kills when this one dies (and
+    that never starts if this one died while it was being forked)."""
+    parent = os.getpid()
+
+    def bind_to_parent() -> None:
+        if not die_with_parent(parent):
+            os._exit(1)
+
+    return subprocess.Popen(argv, stdin=subprocess.DEVNULL, preexec_fn=bind_to_parent,
+                            **popen_options)
+
+
+@dataclass
+class Event:
+    """One fault as it landed: when (seconds from the start), what, on what, and how long
+    the node took to be healthy again (None for a fault that did not land)."""
+
+    at_s: float
+    kind: str
+    target: str
+    landed: bool
+    detail: str = ""
+    recovery_s: float | None = None
+
+
+@dataclass
+class ChaosResult:
+    """What a run did: its faults, the samples of the caller's counters, the restarts."""
+
+    seed: int
+    duration_s: float
+    events: list[Event] = field(default_factory=list)
+    samples: list[tuple[float, dict[str, int]]] = field(default_factory=list)
+    restarts: int = 0              # actor restarts by supervisors, summed over node lives
+    node_starts: int = 0
+    healthy_at_end: bool = False
+    problems: list[str] = field(default_factory=list)
+
+    def faults_by_kind(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for event in self.events:
+            if event.landed:
+                counts[event.kind] = counts.get(event.kind, 0) + 1
+        return counts
+
+    def recovery_times(self) -> list[float]:
+        return sorted(e.recovery_s for e in self.events if e.recovery_s is not None)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"seed": self.seed, "duration_s": self.duration_s,
+                "events": [asdict(e) for e in self.events],
+                "samples": [[t, counts] for t, counts in self.samples],
+                "restarts": self.restarts, "node_starts": self.node_starts,
+                "healthy_at_end": self.healthy_at_end, "problems": self.problems}
+
+
+class NodeUnderTest:
+    """``warren node`` on ``data_dir`` as a child process, started, killed and started again
+    by the harness; ``close()`` stops it and everything it started, whatever its state."""
+
+    def __init__(self, data_dir: str | os.PathLike, *, options: tuple[str, ...] = (),
+                 log_path: str | os.PathLike | None = None,
+                 heartbeat_timeout_s: float = CHAOS_HEARTBEAT_TIMEOUT_S) -> None:
+        self.data_dir = os.path.abspath(os.fspath(data_dir))
+        os.makedirs(self.data_dir, exist_ok=True)
+        self.faults_file = os.path.join(self.data_dir, DISK_FAULTS_FILE)
+        self.heartbeat_timeout_s = heartbeat_timeout_s
+        self._argv = [sys.executable, "-m", "warren.supervisor.cli", "node", "--data-dir",
+                      self.data_dir, "--heartbeat-timeout-s", str(heartbeat_timeout_s),
+                      *options]
+        self._log_path = log_path
+        self._process: subprocess.Popen | None = None
+        self._restarts_before = 0          # restarts counted by the node's earlier lives
+        self._restarts_now = 0             # ... and by this one, when last asked
+        self._seen: dict[int, psutil.Process] = {}   # the node's processes, as listed
+        self.expected: frozenset[str] = frozenset()  # actors healthy() insists on
+        self.starts = 0
+        write_faults(self.faults_file)
+
+    @property
+    def pid(self) -> int:
+        if self._process is None:
+            raise RuntimeError("the node is not running")
+        return self._process.pid
+
+    def start(self, wait: bool = True, timeout_s: float = START_TIMEOUT_S) -> None:
+        """Start the node and (``wait``) wait until it is healthy."""
+        log_file = open(self._log_path, "ab") if self._log_path else subprocess.DEVNULL
+        try:
+            self._process = spawn_with_parent(
+                self._argv, stdout=log_file, stderr=log_file if self._log_path else None,
+                env={**os.environ, ENVIRONMENT_VARIABLE: self.faults_file,
+                     # the application's modules, as the caller imports them
+                     "PYTHONPATH": os.pathsep.join(
+                         [os.getcwd(), *filter(None, [os.environ.get("PYTHONPATH")])])})
+        finally:
+            if self._log_path:
+                log_file.close()
+        self.starts += 1
+        deadline = time.monotonic() + timeout_s
+        while wait and not self.healthy():
+            if self._process.poll() is not None:
+                raise RuntimeError(f"the node on {self.data_dir} exited with "
+                                   f"{self._process.returncode} while starting")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the node on {self.data_dir} did not start within "
+                                   f"{timeout_s:.0f} s")
+            time.sleep(POLL_S)
+        if wait:
+            self.processes()
+
+    def status(self) -> dict | None:
+        """The node's status, or None when it does not answer."""
+        if self._process is None or self._process.poll() is not None:
+            return None
+        try:
+            status = query_status(self.data_dir, timeout_ms=3000)
+        except OSError:
+            return None
+        if status.get("pid") != self._process.pid:
+            return None
+        if status.get("tree") is not None:
+            self._restarts_now = _restarts(status["tree"])
+        return status
+
+    def healthy(self, status: dict | None = None) -> bool:
+        """Whether the node runs, every actor of its tree is running, and none of the
+        ``expected`` ones is missing (a queue whose supervisor gave up leaves the tree)."""
+        status = status or self.status()
+        if status is None or status["state"] != "running" or status.get("tree") is None:
+            return False
+        states = {name: state for name, _, state in _actors(status["tree"])}
+        return (all(state == "running" for state in states.values())
+                and self.expected <= states.keys())
+
+    def expect(self, names: Iterable[str]) -> None:
+        """From now on the node is healthy only with every one of these actors running."""
+        self.expected = frozenset(names)
+
+    def actor_pids(self) -> dict[str, int | None]:
+        status = self.status()
+        return {} if status is None else {name: pid for name, pid, _ in
+                                          _actors(status["tree"])}
+
+    def restarts(self) -> int:
+        """Restarts by the node's supervisors over all its lives so far (as last seen)."""
+        self.status()
+        return self._restarts_before + self._restarts_now
+
+    def processes(self) -> list[psutil.Process]:
+        """The node's processes now (remembered, for ``close``)."""
+        found = chaos.node_processes(self.pid)
+        self._seen.update((p.pid, p) for p in found)
+        return found
+
+    def _family(self) -> list[psutil.Process]:
+        """Its processes now and those seen before: a node that died on its own no longer
+        has its actors below it (psutil tells a pid reused since from them)."""
+        return [*{**self._seen, **{p.pid: p for p in self.processes()}}.values()]
+
+    def kill(self) -> None:
+        """SIGKILL every process of the node at once, as a power cut."""
+        if self._process is None:
+            return
+        self._restarts_before, self._restarts_now = self._restarts_before + \
+            self._restarts_now, 0
+        survivors = chaos.kill_processes(self._family())
+        self._process.wait()
+        self._process = None
+        self._seen.clear()
+        # Its status address is dead: a status query would wait for its timeout.
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(self.data_dir, NODE_FILE))
+        if survivors:
+            raise RuntimeError(f"processes of the node outlived SIGKILL: "
+                               f"{[p.pid for p in survivors]}")
+
+    def close(self) -> None:
+        """Stop the node cleanly (SIGTERM), or kill it all when it will not stop."""
+        with contextlib.suppress(OSError):
+            os.unlink(self.faults_file)
+        if self._process is None:
+            return
+        family = self._family()
+        if self._process.poll() is None:
+            self.restarts()
+            for process in family:               # a stopped actor must run to stop
+                with contextlib.suppress(psutil.Error):
+                    process.resume()
+            self._process.send_signal(signal.SIGTERM)
+            try:
+                self._process.wait(STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                log.error("the node on %s did not stop within %.0f s: killing it",
+                          self.data_dir, STOP_TIMEOUT_S)
+        chaos.kill_processes([p for p in family if chaos.is_alive(p)])
+        self._process.wait()
+        self._process = None
+        self._seen.clear()
+
+
+def _actors(entry: dict) -> Iterator[tuple[str, int | None, str]]:
+    if entry.get("kind") == "supervisor":
+        if entry["state"] != "running":
+            yield entry["id"], None, entry["state"]
+        for child in entry.get("children", []):
+            yield from _actors(child)
+    else:
+        yield entry["id"], entry.get("pid"), entry["state"]
+
+
+def _restarts(entry: dict) -> int:
+    return entry.get("restarts", 0) + sum(_restarts(c) for c in entry.get("children", []))
+
+
+@contextlib.contextmanager
+def harness_signals() -> Iterator[None]:
+    """SIGINT, SIGTERM and SIGHUP raise KeyboardInterrupt while the harness runs, so its
+    ``finally`` stops what it started; the signals that follow are ignored until then
+    (systemd signals every process of the group, a user presses Ctrl-C twice: the stop
+    must not be cut short and leave processes). The previous handlers come back after."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+    def interrupt(signum: int, _frame: object) -> None:
+        for other in signals:
+            signal.signal(other, signal.SIG_IGN)
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    previous = {s: signal.signal(s, interrupt) for s in signals}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+@dataclass
+class _Watch:
+    """A fault whose end the run is watching for: a crash fault until the node is healthy
+    with its victim replaced, a stopped process until it is gone (or given up on)."""
+
+    event: Event
+    actor: str | None = None             # None: the whole node
+    old_pid: int | None = None
+    stopped: psutil.Process | None = None
+    resume_at: float = 0.0               # seconds from the start
+    resumed: bool = False                # its supervisor never replaced it: resumed
+    disk_until: float | None = None      # a full or slow disk: when it ends
+    full_since: float | None = None      # the node up on the full disk since
+    alarm_due: bool = False              # ... for DISK_ALARM_DUE_S: its alarm must go off
+
+
+class _Disk:
+    """The disk faults in force, written to the node's fault file when they change."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.until = {"full": 0.0, "slow": 0.0}
+        self._written = (False, False)
+
+    def hold(self, kind: str, until: float) -> None:
+        self.until[kind] = max(self.until[kind], until)
+
+    def update(self, now: float) -> None:
+        wanted = (now < self.until["full"], now < self.until["slow"])
+        if wanted != self._written:
+            write_faults(self.path, disk_full=wanted[0],
+                         sync_delay_s=SLOW_SYNC_S if wanted[1] else 0.0)
+            self._written = wanted
+
+
+def run_faults(node: NodeUnderTest, faults: list[chaos.Fault], duration_s: float, *,
+               seed: int = 0, sample: Callable[[], dict[str, int]] | None = None,
+               before_damage: Callable[[str, str, int], None] | None = None) -> ChaosResult:
+    """Land ``faults`` on the running ``node`` over ``duration_s``, each at its time (a
+    fault may land while the node still recovers from the last: that is part of the
+    test), then wait for the node to be healthy; see the module docstring.
+    ``before_damage(path, kind, offset)`` is told which file a torn or flipped fault is
+    about to damage, and where (so a workload can note what the damage may destroy)."""
+    result = ChaosResult(seed=seed, duration_s=duration_s)
+    start = time.monotonic()
+    watching: list[_Watch] = []
+    disk = _Disk(node.faults_file)
+
+    def now() -> float:
+        return time.monotonic() - start
+
+    def tick() -> None:
+        if sample and (not result.samples or now() - result.samples[-1][0] >= SAMPLE_EVERY_S):
+            result.samples.append((round(now(), 3), sample()))
+        disk.update(now())
+        for watch in [w for w in watching if w.disk_until is not None]:
+            event = watch.event
+            if event.kind == "full" and not event.landed:
+                status = node.status()
+                if status is not None and "disk" in (status.get("alarms") or ()):
+                    event.landed, event.detail = True, "the disk alarm went off"
+                elif status is not None and now() < watch.disk_until:
+                    if watch.full_since is None:
+                        watch.full_since = now()
+                    watch.alarm_due |= now() - watch.full_since >= DISK_ALARM_DUE_S
+                else:
+                    watch.full_since = None      # the node is away (a crash fault)
+            # The node checks its disk every second: a short full disk may be seen late.
+            if now() >= watch.disk_until + (0 if event.landed else DISK_ALARM_GRACE_S):
+                if not event.landed and watch.alarm_due:
+                    event.detail = "the disk alarm did not go off"
+                    result.problems.append(f"full at {event.at_s:.2f} s: the disk read as "
+                                           f"full, and the disk alarm did not go off")
+                elif not event.landed:
+                    event.detail = "the node was away while the disk was full"
+                _log(event)
+                watching.remove(watch)
+        for watch in [w for w in watching if w.stopped is not None]:
+            if not chaos.is_alive(watch.stopped) or now() >= watch.resume_at:
+                with contextlib.suppress(psutil.Error):
+                    watch.stopped.resume()
+                if chaos.is_alive(watch.stopped):
+                    watch.resumed = True
+                    watch.event.detail = (f"resumed after {now() - watch.event.at_s:.1f} s: "
+                                          f"its supervisor had not replaced it")
+                    result.problems.append(
+                        f"stop at {watch.event.at_s:.2f} s: {watch.actor} answered no "
+                        f"heartbeat and its supervisor did not replace it")
+                watch.stopped = None
+        if watching:
+            status = node.status()
+            if node.healthy(status):
+                pids = {name: pid for name, pid, _ in _actors(status["tree"])}
+                for watch in list(watching):
+                    if watch.disk_until is None and watch.stopped is None and (
+                            watch.actor is None or watch.actor in pids and (
+                                watch.resumed or pids[watch.actor] != watch.old_pid)):
+                        watch.event.recovery_s = round(now() - watch.event.at_s, 3)
+                        _log(watch.event)
+                        watching.remove(watch)
+                        node.processes()           # remembered, for close()
+
+    def wait_until(at_s: float) -> None:
+        while (left := at_s - now()) > 0:
+            tick()
+            time.sleep(min(left, POLL_S))
+
+    for fault in faults:
+        wait_until(fault.at_s)
+        event, watch = _land(node, fault, round(now(), 3), before_damage, disk)
+        result.events.append(event)
+        if watch is None:
+            _log(event)
+        else:
+            watching.append(watch)
+    wait_until(max(duration_s, *disk.until.values()))
+    deadline = now() + HEALTH_TIMEOUT_S
+    while watching and now() < deadline:
+        tick()
+        time.sleep(POLL_S)
+    for watch in watching:
+        watch.event.detail = (watch.event.detail + "; " if watch.event.detail else "") + \
+            f"not healthy again within {HEALTH_TIMEOUT_S:.0f} s"
+        result.problems.append(f"{watch.event.kind} at {watch.event.at_s:.2f} s: the node "
+                               f"was not healthy again within {HEALTH_TIMEOUT_S:.0f} s")
+        _log(watch.event)
+    if sample:
+        result.samples.append((round(now(), 3), sample()))
+    return result
+
+
+def _log(event: Event) -> None:
+    log.warning("chaos %7.2f s: %s %s%s%s", event.at_s, event.kind, event.target,
+                "" if event.landed else f" (missed: {event.detail})",
+                f"; healthy again in {event.recovery_s:.2f} s"
+                if event.recovery_s is not None else "")
+
+
+def _land(node: NodeUnderTest, fault: chaos.Fault, at: float,
+          before_damage: Callable[[str, str, int], None] | None,
+          disk: _Disk) -> tuple[Event, _Watch | None]:
+    rng = random.Random(fault.seed)
+    if fault.kind in chaos.DISK_FAULTS:
+        hold = round(rng.uniform(*DISK_FAULT_HOLD_S), 1)
+        disk.hold(fault.kind, at + hold)
+        disk.update(at)
+        # A slow disk has landed once the file says so; a full one once the alarm is seen.
+        event = Event(at, fault.kind, f"disk for {hold} s", fault.kind == "slow",
+                      f"{SLOW_SYNC_S * 1000:.0f} ms added to every sync"
+                      if fault.kind == "slow" else "")
+        return event, _Watch(event, disk_until=at + hold)
+    if fault.kind in chaos.PROCESS_FAULTS:
+        before = node.actor_pids()
+        stopped = None
+        # A node that is starting again has not spawned its actors yet: the fault waits
+        # for one to match (and lands on it while it recovers), up to VICTIM_WAIT_S.
+        deadline = time.monotonic() + VICTIM_WAIT_S
+        while True:
+            try:
+                if fault.kind == "kill":
+                    name = chaos.kill_process(node.processes(), fault.pattern, fault.seed)
+                else:
+                    name, stopped = chaos.stop_process(node.processes(), fault.pattern,
+                                                       fault.seed)
+                break
+            except chaos.FaultMissed as exc:
+                if time.monotonic() > deadline:
+                    return Event(at, fault.kind, fault.pattern, False, str(exc)), None
+                time.sleep(POLL_S)
+        actor = name[len(chaos.TITLE_PREFIX):]
+        event = Event(at, fault.kind, actor, True)
+        return event, _Watch(event, actor, before.get(actor), stopped,
+                             at + 2 * node.heartbeat_timeout_s)
+    node.kill()
+    event = Event(at, fault.kind, "node", True)
+    if fault.kind in chaos.FILE_FAULTS:
+        try:
+            path, offset = chaos.damage_file(node.data_dir, fault.kind, fault.seed,
+                                             before=before_damage)
+            event.target, event.detail = os.path.relpath(path, node.data_dir), \
+                f"at byte {offset}"
+        except chaos.FaultMissed as exc:
+            event.landed, event.detail = False, f"the node was killed, but {exc}"
+    node.start(wait=False)
+    return event, _Watch(event)
+
+
+def run_tree(data_dir: str | os.PathLike, children: str, *, kinds: tuple[str, ...] | list[str],
+             duration_s: float, seed: int, patterns: tuple[str, ...],
+             check: Callable[[str], list[str] | None],
+             every_s: tuple[float, float] = (1.0, 3.0),
+             limits: dict[str, tuple[int, float]] | None = None,
+             sample: Callable[[str], dict[str, int]] | None = None,
+             node_options: tuple[str, ...] = (),
+             report_dir: str | os.PathLike | None = None,
+             expect: Iterable[str] | None = None) -> dict:
+    """An application's tree (``children``: ``"module:function"``, the function taking
+    the data directory and returning its ChildSpecs and SupervisorSpecs) on a node under
+    a seeded schedule, then ``check(data_dir)`` on the stopped node's files: the problems
+    it finds (a list of lines, or an AssertionError's message). The report document
+    (``warren.supervisor.chaos.report``): ``ok`` only when the check found nothing, every
+    fault's recovery ended and the node was healthy at the end, with every actor named
+    in ``expect`` (by default, every one it started with). ValueError, before anything starts, for a bad kind, duration or
+    interval or a data directory that is not a node's (``check_data_dir``), and, before
+    the first fault, for a pattern that matches none of the node's processes."""
+    from .report import report_document, write_report
+
+    faults = chaos.schedule(seed, duration_s, kinds, patterns=patterns, every_s=every_s,
+                            limits=limits or {p: (2, 60.0) for p in patterns})
+    data_dir = check_data_dir(data_dir)
+    node = NodeUnderTest(data_dir, options=("--children", children, *node_options),
+                         log_path=os.path.join(data_dir, NODE_LOG))
+    with harness_signals():
+        try:
+            node.start()
+            node.expect(node.actor_pids() if expect is None else expect)
+            processes = node.processes()
+            for pattern in patterns:
+                if not chaos.matching(processes, pattern):
+                    names = sorted(chaos.actor_name(p) for p in chaos.matching(processes, "*"))
+                    raise ValueError(f"the pattern {pattern!r} matches no process of the "
+                                     f"node; its processes are {', '.join(names)}")
+            result = run_faults(node, faults, duration_s, seed=seed,
+                                sample=None if sample is None else lambda: sample(data_dir))
+            result.healthy_at_end = node.healthy()
+            result.restarts, result.node_starts = node.restarts(), node.starts
+        finally:
+            node.close()
+    try:
+        found = list(check(data_dir) or ())
+    except AssertionError as exc:
+        found = [str(exc) or "the check failed"]
+    document = report_document(result, {"invariant_failures": found}, not found)
+    if report_dir is not None:
+        document = write_report(report_dir, document)
+    return document

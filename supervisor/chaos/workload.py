@@ -1,0 +1,292 @@
+"""Warren's own workload: producers and consumers that keep ledgers of what was
+confirmed and what was consumed, so that a crash-recovery run can say what was lost.
+
+A producer publishes messages ``NAME-0``, ``NAME-1`` ... whose bodies check themselves
+(an order event, then a digest of the message id padding it to a size), one at a time;
+each confirmed id goes to its ledger. A publish refused before anything was sent (the
+node's alarm held it past the timeout, no queue is bound) is sent again; any other that
+failed (no answer, a queue restarted before confirming, or between incarnations) is sent
+again and its id noted in the ledger's ``.resent`` file, since its first attempt may have
+reached a queue too. A consumer acks everything it gets and writes ``queue id redelivered`` lines.
+``audit`` compares the ledgers: a confirmed message never consumed from a queue it went
+to is lost; a message consumed twice from a queue must be flagged redelivered the second
+time, unless its producer sent it twice; a message consumed from a queue it was not
+routed to is misrouted; a body unlike its id's is wrong.
+
+Run one as a process of its own (it prints ``ready`` once connected, and stops on
+SIGTERM, every ledger line it wrote whole)::
+
+    python -m warren.supervisor.chaos.workload produce NODE ROUTING_KEY NAME LEDGER [--count N]
+        [--exchange E] [--sizes FROM TO] [--size-key KEY] [--deduplicate]
+    python -m warren.supervisor.chaos.workload consume NODE LEDGER QUEUE [QUEUE ...]
+
+``NODE`` is a node's data directory or a listener's ``tcp://`` address.
+
+Races: a consumer's line is written before its ack, so a message can be recorded twice
+but never acked unrecorded; a producer's line is written after the confirm, so a message
+in its ledger is one the node promised to keep.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import itertools
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from warren.actors import ActorError
+
+from warren.queues.client.connection import Connection
+from warren.queues.errors import Blocked, InvalidMessage, MessageTooLarge, QueueError, Unroutable
+
+__all__ = ["Audit", "Producer", "audit", "body_of", "checked_id", "consume", "ledger_lines",
+           "produce", "size_of"]
+
+SIZES = (40, 900, 6000)               # bytes of padding: small, and past 4 KiB
+RETRY_S = 0.05
+# Publishes refused before anything was sent (a fanout publish that fails on its second
+# queue may be in the first): sending them again makes no duplicate.
+REFUSED = (Blocked, Unroutable)
+
+
+def body_of(message_id: str, size: int | None = None) -> bytes:
+    """The body of message ``message_id``: a small order event, padded with its digest to
+    ``size`` bytes (at least the event's), or by one of ``SIZES``."""
+    n = int(message_id.rsplit("-", 1)[1])
+    fields = {"order": message_id, "customer": f"c{n % 97}",
+              "amount_cents": 100 + n * 37 % 90_000}
+    if size is not None:
+        fields["size"] = size
+    event = json.dumps(fields).encode()
+    digest = hashlib.sha256(message_id.encode()).hexdigest().encode()
+    padding = SIZES[n % len(SIZES)] if size is None else max(0, size - len(event) - 1)
+    return event + b"\n" + (digest * (padding // len(digest) + 1))[:padding]
+
+
+def checked_id(body: bytes) -> str:
+    """The id of the message ``body`` is; AssertionError if the body is damaged."""
+    try:
+        event = json.loads(body.split(b"\n", 1)[0])
+        message_id = event["order"]
+        expected = body_of(message_id, event.get("size"))
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError):
+        raise AssertionError(f"a damaged body: {body[:60]!r}") from None
+    if body != expected:
+        raise AssertionError(f"the body of {message_id} is damaged")
+    return message_id
+
+
+def size_of(message_id: str, sizes: tuple[int, int]) -> int:
+    """The body size of ``message_id``, drawn from its id within ``sizes`` (from, to)."""
+    low, high = sizes
+    digest = hashlib.blake2b(message_id.encode(), digest_size=8).digest()
+    return low + int.from_bytes(digest, "big") % (high - low + 1)
+
+
+def produce(connection: Connection, routing_key: str, name: str, count: int | None,
+            ledger: str, exchange: str = "", *, sizes: tuple[int, int] | None = None,
+            size_key: str | None = None, deduplicate: bool = False) -> None:
+    """Publish ``count`` messages (None: until stopped) ``NAME-0``, ``NAME-1`` ..., of
+    ``sizes`` (from, to) bytes or the ``SIZES``; a size is drawn from ``SIZE_KEY-n``
+    (``size_key``, by default the name), so a run given the same key publishes the same
+    bytes. With ``deduplicate``, under producer id ``name`` and sequence ``n``, so a
+    re-send is a repeat the queue drops. A publish refused (the node's alarm held it,
+    the queue was between incarnations) is sent again; one in doubt (no answer, or the
+    queue restarted before confirming it) is sent again and noted in ``.resent``."""
+    size_key = name if size_key is None else size_key
+    with open(ledger, "a", buffering=1) as confirmed, \
+            open(ledger + ".resent", "a", buffering=1) as resent:
+        for n in itertools.count() if count is None else range(count):
+            message_id = f"{name}-{n}"
+            body = body_of(message_id, None if sizes is None else
+                           size_of(f"{size_key}-{n}", sizes))
+            dedup = {"producer_id": name, "sequence": n} if deduplicate else {}
+            while True:
+                try:
+                    connection.publish(routing_key, body, exchange=exchange, timeout=30,
+                                       **dedup)
+                    break
+                except (InvalidMessage, MessageTooLarge):
+                    raise                 # the workload's own mistake: no retry cures it
+                except REFUSED:
+                    time.sleep(RETRY_S)
+                except (QueueError, ActorError, TimeoutError):
+                    resent.write(message_id + "\n")
+                    time.sleep(RETRY_S)
+            confirmed.write(message_id + "\n")
+
+
+def consume(connection: Connection, queues: str | list[str], ledger: str,
+            stop_after_idle_s: float | None = None) -> None:
+    """Ack every message of ``queues`` (one name, or several taken in turn); until
+    stopped, or idle for ``stop_after_idle_s``. Each delivery is a ledger line, ``queue id
+    redelivered`` (or ``queue ? wrong`` for a damaged body), written before the ack."""
+    queues = [queues] if isinstance(queues, str) else queues
+    idle_since = time.monotonic()
+    empty = 0                         # queues found empty in a row: a round of them, a nap
+    with open(ledger, "a", buffering=1) as consumed:
+        for queue in itertools.cycle(queues):
+            if stop_after_idle_s is not None and (
+                    time.monotonic() - idle_since >= stop_after_idle_s):
+                return
+            try:
+                delivery = connection.get(queue)
+            except (QueueError, ActorError, TimeoutError):
+                time.sleep(RETRY_S)
+                continue
+            if delivery is None:
+                empty += 1
+                if empty >= len(queues):
+                    empty = 0
+                    time.sleep(0.005)
+                continue
+            empty, idle_since = 0, time.monotonic()
+            try:
+                line = f"{checked_id(delivery.body)} {int(delivery.redelivered)}"
+            except AssertionError:
+                line = "? wrong"
+            consumed.write(f"{queue} {line}\n")
+            try:
+                delivery.ack()
+            except (QueueError, ActorError, TimeoutError):
+                pass                  # the queue restarted: it delivers the message again
+
+
+@dataclass(frozen=True)
+class Producer:
+    """A producer as the audit knows it: its name, its ledger, the queues it reaches."""
+
+    name: str
+    ledger: str
+    queues: tuple[str, ...]
+
+
+@dataclass
+class Audit:
+    """The ledgers compared: counts of (queue, message) pairs, and the failing ones."""
+
+    confirmed: int = 0               # pairs confirmed
+    consumed: int = 0                # deliveries recorded
+    redelivered: int = 0
+    duplicates: int = 0              # deliveries of a pair seen before
+    wrong_bodies: int = 0
+    lost: list[str] = field(default_factory=list)
+    destroyed: list[str] = field(default_factory=list)
+    unflagged: list[str] = field(default_factory=list)
+    misrouted: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not (self.lost or self.unflagged or self.misrouted or self.wrong_bodies)
+
+    def counts(self) -> dict:
+        """A report's figures, and the ids behind the failing ones."""
+        return {"confirmed": self.confirmed, "consumed": self.consumed,
+                "lost": len(self.lost), "duplicates": self.duplicates,
+                "unflagged_duplicates": len(self.unflagged),
+                "misrouted": len(self.misrouted), "wrong_bodies": self.wrong_bodies,
+                "destroyed": len(self.destroyed), "lost_ids": self.lost,
+                "unflagged_ids": self.unflagged, "misrouted_ids": self.misrouted,
+                "destroyed_ids": self.destroyed}
+
+
+def ledger_lines(path: str) -> list[str]:
+    """The whole lines of a ledger (none if it does not exist yet)."""
+    try:
+        with open(path) as file:
+            return file.read().split("\n")[:-1]
+    except FileNotFoundError:
+        return []
+
+
+def audit(producers: list[Producer], consumer_ledgers: list[str],
+          destroyed: Callable[[str, str], bool] | None = None) -> Audit:
+    """What the ledgers say. A confirmed message that was not consumed from a queue it
+    reached is lost, unless ``destroyed(queue, id)`` says damage on disk took it; a
+    message consumed twice from a queue must be flagged redelivered the second time,
+    unless its producer sent it twice (in doubt); a message of these producers consumed
+    from a queue it does not reach is misrouted. Messages of other producers (an
+    earlier run's, still in the queues) count as consumed and nothing else."""
+    routes = {producer.name: producer.queues for producer in producers}
+    expected = {(queue, message_id) for producer in producers
+                for message_id in ledger_lines(producer.ledger) for queue in producer.queues}
+    resent = {m for producer in producers for m in ledger_lines(producer.ledger + ".resent")}
+    result = Audit(confirmed=len(expected))
+    seen: set[tuple[str, str]] = set()
+    for path in consumer_ledgers:
+        for line in ledger_lines(path):
+            queue, message_id, redelivered = line.split()
+            result.consumed += 1
+            if message_id == "?":
+                result.wrong_bodies += 1
+                continue
+            result.redelivered += redelivered == "1"
+            pair = (queue, message_id)
+            if pair in seen:
+                result.duplicates += 1
+                if redelivered != "1" and message_id not in resent:
+                    result.unflagged.append(f"{queue} {message_id}")
+            seen.add(pair)
+            reaches = routes.get(message_id.rsplit("-", 1)[0])
+            if reaches is not None and queue not in reaches:
+                result.misrouted.append(f"{queue} {message_id}")
+    for queue, message_id in sorted(expected - seen):
+        name = f"{queue} {message_id}"
+        (result.destroyed if destroyed is not None and destroyed(queue, message_id)
+         else result.lost).append(name)
+    return result
+
+
+class _Stop(Exception):
+    pass
+
+
+def _stop(_signum: int, _frame: object) -> None:
+    raise _Stop
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(prog="python -m warren.supervisor.chaos.workload")
+    roles = parser.add_subparsers(dest="role", required=True)
+    producer = roles.add_parser("produce")
+    producer.add_argument("node", help="a node's data directory or tcp:// address")
+    producer.add_argument("routing_key")
+    producer.add_argument("name")
+    producer.add_argument("ledger")
+    producer.add_argument("--count", type=int, help="default: until stopped")
+    producer.add_argument("--exchange", default="")
+    producer.add_argument("--sizes", type=int, nargs=2, metavar=("FROM", "TO"))
+    producer.add_argument("--size-key")
+    producer.add_argument("--deduplicate", action="store_true")
+    consumer = roles.add_parser("consume")
+    consumer.add_argument("node")
+    consumer.add_argument("ledger")
+    consumer.add_argument("queues", nargs="+")
+    args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, _stop)
+    from warren import connect
+
+    options = {"connect_timeout_s": 60} if args.node.startswith("tcp://") else {}
+    try:
+        connection = connect(args.node, **options)
+        print("ready", flush=True)
+        if args.role == "produce":
+            produce(connection, args.routing_key, args.name, args.count, args.ledger,
+                    args.exchange, sizes=None if args.sizes is None else tuple(args.sizes),
+                    size_key=args.size_key, deduplicate=args.deduplicate)
+        else:
+            consume(connection, args.queues, args.ledger)
+    except (_Stop, KeyboardInterrupt):
+        # Every ledger line is written whole (line buffering); leave without waiting for
+        # the connection's sockets, which a node that is away would hold up.
+        os._exit(0)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

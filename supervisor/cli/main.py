@@ -1,0 +1,560 @@
+"""The ``warren`` command line.
+
+    warren node --data-dir DIR [--config FILE] [options]   run a node in the foreground
+    warren status --data-dir DIR [--json]                  the tree of the node on DIR
+    warren keys --data-dir DIR NAME [--out DIR]            a CURVE key for a remote client
+    warren chaos --data-dir DIR [--duration S] [--faults K,K] [--seed N] [--report DIR]
+                                                           a node under faults and load,
+                                                           then its invariants checked
+    warren store inspect DIR                               what a store directory holds
+    warren queues | publish | consume | purge | delete     a running node's queues
+                                                           (``warren.supervisor.cli.queues``)
+
+``warren node`` takes every setting ``Node`` takes, from a TOML file (``--config``) and
+from options, the options winning::
+
+    [node]
+    data_dir = "/var/lib/warren"
+    name = "warren"
+    log_level = "INFO"             # DEBUG, INFO, WARNING, ERROR
+    heartbeat_timeout_s = 60       # a store, GC or queue silent this long is killed
+    children = "myapp.tree:children"   # the application's tree: a function of the data
+                                       # directory returning ChildSpecs and
+                                       # SupervisorSpecs (run under app_sup)
+
+    [store]
+    file_size_limit = "16MiB"      # bytes, or a size with a unit: kB MB GB KiB MiB GiB
+    sync_policy = "fsync"          # or "flush"
+
+    [listener]
+    listen = "tcp://127.0.0.1:5673"   # remote clients (warren.connect("tcp://..."))
+    curve = false                  # require a key from `warren keys` (any non-loopback
+    insecure = false               # address needs curve, or insecure to say you mean it)
+
+    [alarms]
+    memory_high_watermark = 0.4    # a fraction of RAM (or of the cgroup's limit)
+    memory_limit = "2GiB"          # instead of the fraction
+    disk_free_limit = "50MB"
+    check_interval_s = 1.0
+
+A key the file does not know, a value of the wrong type or out of range, an empty
+``--data-dir`` or one whose parent directory does not exist: a one-line error and exit 2,
+before anything starts. Nothing here prints a traceback for a mistake a user can make.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import os
+import re
+import sys
+import textwrap
+import tomllib
+from typing import Any
+
+from .queues import add_queue_commands
+from ..tables import Column, format_table
+
+EXIT_OK = 0
+EXIT_NO_NODE = 1
+EXIT_INVARIANT_FAILED = 1        # warren chaos
+EXIT_USAGE = 2
+EXIT_NODE_FAILED = 3
+EXIT_START_FAILED = 4
+EXIT_INTERRUPTED = 130
+EXIT_CODES = (
+    (EXIT_OK, "success (a node stopped by Ctrl-C, SIGTERM or SIGHUP stops cleanly)"),
+    (EXIT_NO_NODE, "no node answers on the data directory (chaos: an invariant failed)"),
+    (EXIT_USAGE, "bad usage or configuration, a path that is not a store directory, or a "
+                 "data directory another node holds"),
+    (EXIT_NODE_FAILED, "the node's root supervisor gave up (restart intensity exceeded)"),
+    (EXIT_START_FAILED, "the node did not start"),
+    (EXIT_INTERRUPTED, "interrupted (Ctrl-C, SIGTERM, SIGHUP); everything started is stopped"),
+)
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*")
+# What the config file may hold: section -> key -> the option it sets.
+_CONFIG_KEYS = {
+    "node": {"data_dir": "data_dir", "name": "name", "log_level": "log_level",
+             "heartbeat_timeout_s": "heartbeat_timeout_s", "children": "children"},
+    "store": {"file_size_limit": "file_size_limit", "sync_policy": "sync_policy"},
+    "listener": {"listen": "listen", "curve": "curve", "insecure": "insecure"},
+    "alarms": {"memory_high_watermark": "memory_high_watermark",
+               "memory_limit": "memory_limit", "disk_free_limit": "disk_free_limit",
+               "check_interval_s": "check_interval_s"},
+}
+
+
+class UsageError(Exception):
+    """A mistake in the command line or the config file; printed as one line, exit 2."""
+
+
+def parse_size(value: Any, what: str) -> int:
+    """Bytes from an int or a string such as ``"16MiB"`` or ``"50 MB"``."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        number, unit = value, ""
+    elif isinstance(value, str) and (match := _SIZE.fullmatch(value)):
+        number, unit = float(match.group(1)), match.group(2).lower()
+    else:
+        raise UsageError(f"{what} must be a number of bytes or a size such as 16MiB, "
+                         f"got {value!r}")
+    if unit not in _UNITS:
+        raise UsageError(f"{what}: unknown unit {unit!r} (use one of kB MB GB KiB MiB GiB)")
+    return int(number * _UNITS[unit])
+
+
+def load_config(path: str) -> dict[str, Any]:
+    """The options a TOML config file sets, checked against the keys it may hold."""
+    try:
+        with open(path, "rb") as file:
+            document = tomllib.load(file)
+    except OSError as exc:
+        raise UsageError(f"cannot read the config file {path}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise UsageError(f"the config file {path} is not valid TOML: {exc}") from None
+    options: dict[str, Any] = {}
+    for section, values in document.items():
+        keys = _CONFIG_KEYS.get(section)
+        if keys is None or not isinstance(values, dict):
+            raise UsageError(f"{path}: unknown section [{section}] (known: "
+                             f"{', '.join(f'[{s}]' for s in _CONFIG_KEYS)})")
+        for key, value in values.items():
+            if key not in keys:
+                raise UsageError(f"{path}: unknown key {key!r} in [{section}] (known: "
+                                 f"{', '.join(keys)})")
+            options[keys[key]] = value
+    return options
+
+
+def node_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """``Node``'s keyword arguments from the config file and the options (options win)."""
+    from ..node.alarms import AlarmLimits
+    from ..errors import InvalidSpec
+
+    options = load_config(args.config) if args.config else {}
+    options.update({key: value for key, value in vars(args).items()
+                    if value is not None and key in _OPTION_KEYS})
+    data_dir = options.get("data_dir")
+    if not isinstance(data_dir, str) or not data_dir.strip():
+        raise UsageError("--data-dir (or data_dir in [node]) must name a directory")
+    data_dir = os.path.abspath(data_dir)
+    if os.path.exists(data_dir) and not os.path.isdir(data_dir):
+        raise UsageError(f"the data directory {data_dir} exists and is not a directory")
+    parent = os.path.dirname(data_dir)
+    if not os.path.isdir(parent):
+        raise UsageError(f"the parent of the data directory, {parent}, does not exist; "
+                         f"create it first (a mistyped path would otherwise start a new "
+                         f"empty node)")
+    settings: dict[str, Any] = {"data_dir": data_dir}
+    if "name" in options:
+        if not isinstance(options["name"], str) or not options["name"]:
+            raise UsageError(f"name must be a non-empty string, got {options['name']!r}")
+        settings["name"] = options["name"]
+    level = options.get("log_level", "WARNING")
+    if not isinstance(level, str) or level.upper() not in LOG_LEVELS:
+        raise UsageError(f"log_level must be one of {', '.join(LOG_LEVELS)}, got {level!r}")
+    settings["log_level"] = level.upper()
+    if "children" in options:
+        settings["children"] = application_children(options["children"], data_dir)
+    if "heartbeat_timeout_s" in options:
+        timeout = options["heartbeat_timeout_s"]
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 2:
+            raise UsageError(f"heartbeat_timeout_s must be a number of seconds >= 2, got "
+                             f"{timeout!r}")
+        settings["heartbeat_timeout_s"] = timeout
+    if "file_size_limit" in options:
+        settings["file_size_limit"] = parse_size(options["file_size_limit"], "file_size_limit")
+    if "sync_policy" in options:
+        if options["sync_policy"] not in ("fsync", "flush"):
+            raise UsageError(f"sync_policy must be 'fsync' or 'flush', got "
+                             f"{options['sync_policy']!r}")
+        settings["sync_policy"] = options["sync_policy"]
+    if "listen" in options:
+        if not isinstance(options["listen"], str):
+            raise UsageError(f"listen must be an address such as tcp://127.0.0.1:5673, got "
+                             f"{options['listen']!r}")
+        settings["listen"] = options["listen"]
+    for flag in ("curve", "insecure"):
+        if flag in options:
+            if not isinstance(options[flag], bool):
+                raise UsageError(f"{flag} must be true or false, got {options[flag]!r}")
+            settings[flag] = options[flag]
+    if settings.get("listen") is not None:
+        from warren.queues.broker.listener import check_listen_address
+        try:
+            check_listen_address(settings["listen"], curve=settings.get("curve", False),
+                                 insecure=settings.get("insecure", False))
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+    elif settings.get("curve"):
+        raise UsageError("--curve protects a listener: pass --listen tcp://HOST:PORT too")
+    limits: dict[str, Any] = {}
+    if "memory_high_watermark" in options:
+        limits["memory_high_watermark"] = options["memory_high_watermark"]
+    if "memory_limit" in options:
+        limits["memory_limit_bytes"] = parse_size(options["memory_limit"], "memory_limit")
+    if "disk_free_limit" in options:
+        limits["disk_free_limit_bytes"] = parse_size(options["disk_free_limit"],
+                                                     "disk_free_limit")
+    if "check_interval_s" in options:
+        limits["check_interval_s"] = options["check_interval_s"]
+    try:
+        settings["alarm_limits"] = AlarmLimits(**limits)
+    except InvalidSpec as exc:
+        raise UsageError(str(exc)) from None
+    return settings
+
+
+FAULT_KINDS_HELP = ("kill (SIGKILL an actor)", "stop (SIGSTOP it until its supervisor "
+                    "kills it)", "node (SIGKILL the whole node)", "torn (a file's tail cut)",
+                    "flip (a bit flipped)", "full (the disk alarm)", "slow (slow syncs)")
+_OPTION_KEYS = {key for keys in _CONFIG_KEYS.values() for key in keys.values()}
+
+
+def application_children(target: Any, data_dir: str) -> tuple:
+    """The specs that ``"module:function"`` returns when called with the data directory,
+    checked: the application's tree (a module of the current directory, or an installed
+    one)."""
+    import importlib
+
+    from ..specs import ChildSpec, SupervisorSpec
+
+    if not isinstance(target, str) or target.count(":") != 1 or not all(target.split(":")):
+        raise UsageError(f"children must name a function as module:function, got {target!r}")
+    module_name, function_name = target.split(":")
+    if os.getcwd() not in sys.path:          # the application's own modules, as python -m
+        sys.path.insert(0, os.getcwd())
+    try:
+        function = getattr(importlib.import_module(module_name), function_name)
+    except ImportError as exc:
+        raise UsageError(f"children: cannot import {module_name}: {exc}") from None
+    except AttributeError:
+        raise UsageError(f"children: {module_name} has no {function_name}") from None
+    children = tuple(function(data_dir))
+    wrong = [c for c in children if not isinstance(c, (ChildSpec, SupervisorSpec))]
+    if wrong:
+        raise UsageError(f"children: {target}() must return ChildSpecs and SupervisorSpecs, "
+                         f"not {wrong[0]!r}")
+    return children
+
+
+def _node(args: argparse.Namespace) -> int:
+    import signal
+
+    from ..errors import NodeLocked
+    from ..node.node import STOP_SIGNALS, Node
+
+    settings = node_settings(args)
+    logging.basicConfig(level=settings["log_level"],
+                        format="%(asctime)s %(levelname)s node[%(process)d] %(name)s: "
+                               "%(message)s")
+    # A stop signal that arrives while the tree starts waits for the node's handler.
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        node = Node(settings.pop("data_dir"), **settings)
+    except NodeLocked as exc:
+        print(f"warren: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except Exception as exc:   # reported as a line a person reads, with its own exit code
+        print(f"warren: the node did not start: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return EXIT_START_FAILED
+    with node:
+        print(format_status(node.status()), flush=True)
+        node.run_until_signalled(STOP_SIGNALS)
+    return EXIT_NODE_FAILED if node.failed.is_set() else EXIT_OK
+
+
+def _status(args: argparse.Namespace) -> int:
+    import json
+
+    from ..node.node import query_status
+
+    try:
+        status = query_status(args.data_dir)
+    except OSError as exc:
+        print(f"warren: {exc}", file=sys.stderr)
+        return EXIT_NO_NODE
+    print(json.dumps(status, indent=2) if args.json else format_status(status))
+    return EXIT_OK
+
+
+_STATUS_COLUMNS = (Column("actor", wrap=True, min_width=24), Column("pid", ">"),
+                   Column("state"), Column("restarts", ">"), Column("RSS MiB", ">"),
+                   Column("CPU%", ">"))
+
+
+def format_status(status: dict) -> str:
+    """The node's tree and its stores' figures, for a person at an 80-column terminal."""
+    alarms = ", ".join(status["alarms"]) or "none"
+    rows: list[list[str]] = []
+
+    def walk(entry: dict, prefix: str, last: bool, top: bool) -> None:
+        branch = "" if top else ("└─ " if last else "├─ ")
+        label = f"{prefix}{branch}{entry['id']}"
+        if entry["kind"] == "supervisor":
+            rows.append([f"{label} ({entry['strategy']})", "", entry["state"],
+                         str(entry.get("restarts", 0)), "", ""])
+        else:
+            rss = f"{entry['rss_bytes'] / 2**20:.1f}" if entry["rss_bytes"] else "-"
+            cpu = f"{entry['cpu_percent']:.1f}" if entry["cpu_percent"] is not None else "-"
+            rows.append([label, str(entry["pid"] or "-"), entry["state"],
+                         str(entry["restarts"]), rss, cpu])
+        children = entry.get("children", [])
+        inner = prefix if top else prefix + ("   " if last else "│  ")
+        for i, child in enumerate(children):
+            walk(child, inner, i == len(children) - 1, False)
+
+    if status.get("tree"):
+        walk(status["tree"], "", True, True)
+    lines = textwrap.wrap(f"node {status['node']} (pid {status['pid']}) on "
+                          f"{status['data_dir']}: {status['state']}; alarms: {alarms}", 80)
+    lines.append(format_table(_STATUS_COLUMNS, rows))
+    for name, figures in status.get("stores", {}).items():
+        if figures is None:
+            lines.append(f"{name}: not answering")
+            continue
+        lines += textwrap.wrap(
+            f"{name}: {figures['message_count']:,} messages, {figures['file_count']} files, "
+            f"{figures['bytes_on_disk']:,} bytes ({figures['garbage_fraction']:.0%} garbage), "
+            f"{figures['gc_runs']} GC runs, reads {figures['direct_reads_reported']:,} direct / "
+            f"{figures['fallback_reads']:,} through the store, {figures['locked_files']} locked "
+            f"files, longest confirm wait {figures['longest_confirm_wait_ms']:.1f} ms", 80,
+            subsequent_indent="  ")
+    if status.get("queues"):
+        lines += textwrap.wrap("queues: " + ", ".join(
+            f"{name} {state}" for name, state in status["queues"].items()), 80,
+            subsequent_indent="  ")
+    return "\n".join(lines)
+
+
+def _store_inspect(args: argparse.Namespace) -> int:
+    from warren.store.errors import StoreDirectoryError
+    from warren.store.engine.inspect import inspect_store
+
+    try:
+        report = inspect_store(args.directory)
+    except StoreDirectoryError as exc:
+        print(f"warren: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    print(format_inspection(report))
+    return EXIT_OK
+
+
+_INSPECT_COLUMNS = (Column("file", ">"), Column("bytes", ">"), Column("records", ">"),
+                    Column("valid", ">"), Column("valid bytes", ">"), Column("garbage", ">"),
+                    Column("damaged regions", wrap=True, min_width=15))
+
+
+def format_inspection(report) -> str:
+    """A ``warren.store.engine.inspect.StoreReport`` as a person reads it."""
+    from warren.store.engine.records import data_file_name
+
+    lines = [f"store {report.directory}", f"valid records judged by: {report.validity_source}"]
+    if report.snapshot_problem:
+        lines.append(f"clean-shutdown files present but unusable: {report.snapshot_problem}")
+    rows = [[data_file_name(f.file), f"{f.size:,}", f"{f.records:,}", f"{f.valid_records:,}",
+             f"{f.valid_bytes:,}", f"{f.garbage_bytes:,}",
+             ", ".join(f"{length} B at {offset}" for offset, length in f.damaged) or "-"]
+            for f in report.files]
+    lines.append(format_table(_INSPECT_COLUMNS, rows))
+    total = sum(f.size for f in report.files)
+    valid = sum(f.valid_bytes for f in report.files)
+    lines.append(f"{len(report.files)} files, {report.message_count:,} messages, "
+                 f"{total:,} bytes on disk, {valid:,} valid, {total - valid:,} garbage")
+    if report.stray_temp_files:
+        lines.append(f"left by an unfinished combine (deleted at next open): "
+                     f"{', '.join(report.stray_temp_files)}")
+    if report.not_files:
+        lines.append(f"not regular files, ignored: {', '.join(report.not_files)}")
+    return "\n".join(lines)
+
+
+def _keys(args: argparse.Namespace) -> int:
+    from warren.queues.client.keys import KeyFileError, create_client_key
+
+    try:
+        path = create_client_key(args.data_dir, args.name, args.out)
+    except KeyFileError as exc:
+        raise UsageError(str(exc)) from None
+    print(f"wrote {path}; a node started with --curve on {args.data_dir} lets it in")
+    return EXIT_OK
+
+
+ENVELOPE_ROOM = 2**16           # what a chaos body leaves of a message for its properties
+_RANGE = re.compile(r"\s*(\S+?)\s*\.\.\s*(\S+)\s*")
+
+
+def parse_range(value: str, what: str, parse) -> tuple:
+    """``"A..B"`` (or one value) as (from, to), each parsed by ``parse``; from <= to."""
+    match = _RANGE.fullmatch(value)
+    low, high = (match.group(1), match.group(2)) if match else (value, value)
+    low, high = parse(low), parse(high)
+    if not 0 < low <= high:
+        raise UsageError(f"{what} must be a range FROM..TO with 0 < FROM <= TO, got {value!r}")
+    return low, high
+
+
+def _positive_seconds(value: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise UsageError(f"expected a number of seconds, got {value!r}") from None
+    if not 0 < seconds < math.inf:
+        raise UsageError(f"a duration must be more than 0 seconds, and finite, got {value!r}")
+    return seconds
+
+
+def _chaos(args: argparse.Namespace) -> int:
+    import random
+
+    from ..chaos.broker_run import RUN_DIR, run_chaos
+    from warren.queues.engine.variable_queue import MAX_MESSAGE_BYTES
+
+    duration = _positive_seconds(args.duration)
+    kinds = [k.strip() for k in args.faults.split(",") if k.strip()]
+    sizes = parse_range(args.size, "--size", lambda v: parse_size(v, "--size"))
+    if sizes[1] > MAX_MESSAGE_BYTES - ENVELOPE_ROOM:
+        raise UsageError(f"--size: a body may take at most {MAX_MESSAGE_BYTES - ENVELOPE_ROOM:,} "
+                         f"bytes (a message holds {MAX_MESSAGE_BYTES:,} with its properties)")
+    every = parse_range(args.every, "--every", _positive_seconds)
+    for flag in ("producers", "consumers"):
+        if getattr(args, flag) < 1:
+            raise UsageError(f"--{flag} must be at least 1")
+    patterns = tuple(p.strip() for p in args.patterns.split(",") if p.strip())
+    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**31)
+    try:
+        document = run_chaos(args.data_dir, duration_s=duration, kinds=kinds,
+                             producers=args.producers, consumers=args.consumers,
+                             sizes=sizes, seed=seed, patterns=patterns, every_s=every,
+                             report_dir=args.report)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    except KeyboardInterrupt:
+        print("warren: chaos interrupted: the node and the workload are stopped",
+              file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except (RuntimeError, TimeoutError, OSError) as exc:
+        # The node would not start (or start again) on the data directory: nothing runs.
+        print(f"warren: chaos stopped: {exc}; the logs are in "
+              f"{os.path.join(os.path.abspath(args.data_dir), RUN_DIR)}", file=sys.stderr)
+        return EXIT_START_FAILED
+    return EXIT_OK if document["ok"] else EXIT_INVARIANT_FAILED
+
+
+def build_parser() -> argparse.ArgumentParser:
+    codes = "\n".join(f"  {code}  {meaning}" for code, meaning in EXIT_CODES)
+    parser = argparse.ArgumentParser(
+        prog="warren", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Warren: RabbitMQ's message persistence layer as Python actors. "
+                    "Linux only (OFD locks, PR_SET_PDEATHSIG).",
+        epilog=f"exit codes:\n{codes}")
+    commands = parser.add_subparsers(dest="command", required=True)
+    node = commands.add_parser(
+        "node", help="run a node in the foreground", epilog=f"exit codes:\n{codes}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Run a node in the foreground until Ctrl-C, SIGTERM or SIGHUP, which "
+                    "stop it cleanly. Settings come from --config (TOML: sections [node], "
+                    "[store], [alarms]) and the options below, which win.")
+    node.add_argument("--data-dir", help="the node's data directory (created if missing; "
+                      "its parent must exist)")
+    node.add_argument("--config", help="a TOML file of settings")
+    node.add_argument("--name", help="the node's name (default warren)")
+    node.add_argument("--log-level", choices=LOG_LEVELS, type=str.upper,
+                      help="what every actor process logs to stderr (default WARNING)")
+    node.add_argument("--children", metavar="MODULE:FUNCTION",
+                      help="the application's tree: a function of the data directory "
+                           "returning the ChildSpecs and SupervisorSpecs to run under app_sup")
+    node.add_argument("--heartbeat-timeout-s", type=float, metavar="SECONDS",
+                      help="kill and restart a store, GC or queue that does not answer "
+                           "heartbeats this long (default 60)")
+    node.add_argument("--file-size-limit", metavar="SIZE",
+                      help="store file size before rollover (default 16MiB)")
+    node.add_argument("--sync-policy", choices=("fsync", "flush"),
+                      help="fsync: confirm after fdatasync (default); flush: after write(2)")
+    node.add_argument("--listen", metavar="tcp://HOST:PORT",
+                      help="accept remote clients there (loopback unless --curve or "
+                           "--insecure)")
+    node.add_argument("--curve", action="store_true", default=None,
+                      help="remote clients need a key (warren keys); the node's key pair is "
+                           "made in the data directory at the first start")
+    node.add_argument("--insecure", action="store_true", default=None,
+                      help="allow --listen on a non-loopback address without --curve")
+    node.add_argument("--memory-high-watermark", type=float, metavar="FRACTION",
+                      help="memory alarm at this fraction of RAM (default 0.4)")
+    node.add_argument("--memory-limit", metavar="SIZE",
+                      help="memory alarm at this size instead of the fraction")
+    node.add_argument("--disk-free-limit", metavar="SIZE",
+                      help="disk alarm below this much free space (default 50MB)")
+    node.add_argument("--check-interval-s", type=float, metavar="SECONDS",
+                      help="how often the alarms are checked (default 1)")
+    node.set_defaults(handler=_node)
+    status = commands.add_parser("status", help="the tree of the node running on a data dir")
+    status.add_argument("--data-dir", required=True)
+    status.add_argument("--json", action="store_true", help="print the status as JSON")
+    status.set_defaults(handler=_status)
+    keys = commands.add_parser(
+        "keys", help="make a CURVE key for a remote client and let it in",
+        description="Write NAME.key (the client's key pair and the node's public key, in "
+                    "ZeroMQ's certificate format, mode 0600) and add its public key to the "
+                    "node's authorized_keys. Clients connect with "
+                    "warren.connect('tcp://HOST:PORT', key_file='NAME.key').")
+    keys.add_argument("--data-dir", required=True, help="the node's data directory")
+    keys.add_argument("name", help="the client's name (letters, digits, _ . -)")
+    keys.add_argument("--out", default=".", help="where to write NAME.key (default: here)")
+    keys.set_defaults(handler=_keys)
+    chaos = commands.add_parser(
+        "chaos", help="run a node under faults and load, then check nothing was lost",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=textwrap.fill(
+                    "Start a node on --data-dir (new, empty, or a stopped node's), run "
+                    "producers with confirms and consumers with acks over tcp across a "
+                    "default, a lazy and a fanout pair of queues, land seeded faults, then "
+                    "drain and check: every confirmed message consumed with its body, "
+                    "every duplicate flagged redelivered, no wrong bytes, the node healthy. "
+                    f"Faults: {', '.join(FAULT_KINDS_HELP)}.", 78),
+        epilog="exit codes:\n  0  every invariant held\n  1  an invariant failed (the "
+               "report says which)\n  2  bad usage\n  4  the node did not start\n"
+               "  130  interrupted")
+    chaos.add_argument("--data-dir", required=True, help="the node's data directory")
+    chaos.add_argument("--duration", default="60", metavar="SECONDS",
+                       help="how long faults land (default 60)")
+    chaos.add_argument("--faults", default="kill,stop,node,torn", metavar="KIND,KIND",
+                       help="which faults (default kill,stop,node,torn)")
+    chaos.add_argument("--producers", type=int, default=4, help="default 4")
+    chaos.add_argument("--consumers", type=int, default=2, help="default 2")
+    chaos.add_argument("--size", default="1KiB..64KiB", metavar="FROM..TO",
+                       help="body sizes (default 1KiB..64KiB)")
+    chaos.add_argument("--seed", type=int, help="the schedule's seed (default: a random "
+                       "one, printed, to repeat the run)")
+    chaos.add_argument("--patterns", default="queue *,msg_store_*", metavar="PATTERN,...",
+                       help="which actors kill and stop aim at (default 'queue *,msg_store_*')")
+    chaos.add_argument("--every", default="1..3", metavar="FROM..TO",
+                       help="seconds between faults (default 1..3)")
+    chaos.add_argument("--report", metavar="DIR",
+                       help="write report.json, report.txt and throughput.png there")
+    chaos.set_defaults(handler=_chaos)
+    store = commands.add_parser("store", help="message store tools")
+    store_commands = store.add_subparsers(dest="store_command", required=True)
+    inspect = store_commands.add_parser("inspect", help="report files, records, valid and "
+                                        "garbage bytes, damaged regions; changes nothing")
+    inspect.add_argument("directory")
+    inspect.set_defaults(handler=_store_inspect)
+    add_queue_commands(commands)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.handler(args)
+    except UsageError as exc:
+        print(f"warren: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

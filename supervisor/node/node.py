@@ -1,0 +1,636 @@
+"""``Node``: one Warren broker node — the supervision tree on a data directory.
+
+``Node(data_dir)`` takes the data directory's lock (one node per directory: a second gets
+``NodeLocked``), starts the actor runtime (its forkserver and private ipc directory), and
+boots the tree of the design, with the children that exist so far::
+
+    node (rest_for_one)
+    ├── gc_sup (one_for_one)      first: a GC crash restarts the GC alone
+    │   └── msg_store_gc
+    ├── msg_store_persistent      <data_dir>/msg_store_persistent
+    ├── msg_store_transient       <data_dir>/msg_store_transient, emptied at every start
+    ├── queue_sup (one_for_one)   one child per declared queue
+    ├── app_sup (one_for_one)     the application's own children, ``Node(children=...)``
+    └── listener                  with ``listen="tcp://127.0.0.1:5673"``: remote clients
+                                  (``warren.queues.broker.listener``; ``curve=True`` requires
+                                  their keys; a port ``*`` is any free one, kept across
+                                  the listener's restarts, and ``listen_endpoint`` says
+                                  which)
+
+A store crash restarts everything after it (its clients' state is stale; a persistent
+store's crash also restarts, so empties, the transient store). The stores get minutes to
+stop and to start (``STORE_SHUTDOWN_S``, ``STORE_START_TIMEOUT_S``): writing or reading
+the recovery files of a large store takes time, and a store killed while writing them
+recovers dirty. ``ref_counts`` is a picklable function the persistent store calls at a
+dirty start for its reference counts; by default a walker over the queue indexes in
+``<data_dir>/queues/`` (``warren.queues.node_ref_counts``), which leaves the store its own
+stand-in counts when the node has no queues.
+
+It then checks the resource alarms every ``check_interval_s`` and tells every actor of
+each change (``ProcessActor.on_alarm``), and an actor (re)started while an alarm is raised
+within one interval of its start, and answers ``warren status`` on a ZeroMQ ROUTER
+socket in its runtime directory, whose address it writes to ``<data_dir>/node.json``.
+
+``close()`` (or leaving the ``with``) stops the tree in reverse order, then the runtime,
+and releases the lock. No supervisor of the tree restarts anything once the stop has
+begun, so actors that stopped on a signal of their own meanwhile (systemd signals every
+process of the node at once) stay stopped.
+
+Running until a signal: ``run_until_signalled()`` is what a program that runs a node in
+the foreground calls (``warren node`` does) on its main thread. It installs handlers for
+SIGTERM, SIGINT and SIGHUP (``STOP_SIGNALS``), waits until one arrives or the root
+supervisor gives up, stops the node in order (``close``), restores the previous handlers
+and returns the signal's number (``None`` when the node failed). The handlers stay in
+place until the node is closed, so a second Ctrl-C while the stores write their recovery
+files does not cut the stop short. A signal that arrives while the node is being built
+is not lost if the caller blocked ``STOP_SIGNALS`` first (``signal.pthread_sigmask``):
+``run_until_signalled`` unblocks them, and a pending one is delivered at once. The
+forkserver and the actors live in a process group of their own, so a signal to the
+node's group (a terminal's Ctrl-C, ``timeout``, ``kill -- -PGID``) reaches this process
+alone; an actor that gets a SIGTERM or SIGHUP of its own stops in order.
+
+If the root supervisor gives up (its restart intensity exceeded), the node stops
+everything and ``failed`` is set; ``warren node`` then exits with ``EXIT_NODE_FAILED``.
+
+A node killed with SIGKILL cannot clean up: the next node on the same data directory,
+holding the lock and so sure the other is dead, removes the ipc directory it left.
+
+Races: the lock is taken before anything else is created, so a second node never binds
+over the first one's ipc paths; ``node.json`` is written after the status socket is
+bound and removed before it closes, so a ``warren status`` that finds the file but no
+answer reports the node as not answering rather than hanging (its request has a timeout).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import functools
+import json
+import logging
+import os
+import shutil
+import signal
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import zmq
+
+from warren.actors import ActorError, ActorRef
+from warren.actors import Node as ActorNode
+
+from warren.queues.client.connection import Connection
+from warren.queues.broker.definitions import (Definitions, ExchangeDefinition, QueueDefinition,
+                                       check_name, queue_directory)
+from warren.queues.errors import NotFound, QueueDown, QueueError
+from warren.queues.broker.listener import (ListenerActor, ListenerStats, check_listen_address,
+                                    with_free_port)
+from warren.queues.protocol import DeleteQueue
+from warren.queues.broker.queue_actor import QueueActor
+from warren.queues.client.ipc_node import NODE_FILE, write_alarms
+from warren.queues.engine.ref_counts import node_clean_clients, node_ref_counts
+from warren.store.gc_actor import GCActor
+from warren.store.engine.message_store import FILE_SIZE_LIMIT_BYTES
+from warren.store.protocol import StoreStats
+from warren.store.store_actor import MessageStoreActor
+
+from .alarms import AlarmLimits, ResourceMonitor
+from ..errors import InvalidSpec, NodeLocked, SupervisorError
+from ..specs import STORE_SHUTDOWN_S, ChildSpec, SupervisorFlags, SupervisorSpec
+from ..supervisor import Supervisor
+
+log = logging.getLogger("warren.node")
+
+LOCK_FILE = "node.lock"
+STATUS_TIMEOUT_MS = 5000
+STATS_TIMEOUT_S = 2.0
+ROOT_FLAGS = SupervisorFlags("rest_for_one", intensity=3, period_s=60.0)
+SUB_FLAGS = SupervisorFlags("one_for_one", intensity=10, period_s=60.0)
+STORE_START_TIMEOUT_S = 600.0
+# The stores, the GC and the queues do their disk work on their loop thread (an fsync, a
+# combine's copy): a slow disk must not make them look hung (seconds; ``Node``'s
+# ``heartbeat_timeout_s``, which a crash-recovery harness lowers to see a frozen one
+# replaced within its run).
+STORE_HEARTBEAT_TIMEOUT_S = 60.0
+# What the runtime's close gives actors still alive after the tree stopped (seconds).
+STORE_CLOSE_TIMEOUT_S = 60.0
+STORES = ("msg_store_persistent", "msg_store_transient")
+LISTENER_NAME = "listener"       # the actor remote clients reach (Node(listen=...))
+# What other processes may call on the node through its control socket (warren.connect).
+CONTROL_CALLS = frozenset({"declare_queue", "delete_queue", "declare_exchange", "bind_queue",
+                           "exchange", "queue", "queue_state", "list_queues",
+                           "active_alarms"})
+QUEUE_SUP_PREFIX = "queue_sup "   # each queue's own supervisor, under queue_sup
+QUEUE_FLAGS = SupervisorFlags("one_for_one", intensity=3, period_s=60.0)
+QUEUE_PREFIX = "queue "          # a queue's actor name, and so its title: "warren: queue orders"
+# What ``run_until_signalled`` stops on: a service manager's stop, Ctrl-C, a closed terminal.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+PRELOAD = ("warren.store", "warren.store.store_actor", "warren.store.gc_actor", "warren.store.protocol",
+           "warren.queues.broker.queue_actor", "warren.queues.broker.listener")
+
+
+class Node:
+    """A Warren node on ``data_dir``; see the module docstring."""
+
+    def __init__(self, data_dir: str | os.PathLike, *, name: str = "warren",
+                 children: Iterable[ChildSpec | SupervisorSpec] = (),
+                 alarm_limits: AlarmLimits | None = None,
+                 file_size_limit: int = FILE_SIZE_LIMIT_BYTES, sync_policy: str = "fsync",
+                 ref_counts: Callable[[], Iterable[tuple[bytes, int]]] | None = None,
+                 preload: tuple[str, ...] = (), log_level: int | str | None = None,
+                 listen: str | None = None, curve: bool = False, insecure: bool = False,
+                 listener_options: dict[str, Any] | None = None,
+                 heartbeat_timeout_s: float = STORE_HEARTBEAT_TIMEOUT_S) -> None:
+        if not os.fspath(data_dir):
+            raise InvalidSpec("data_dir", data_dir, "must name a directory")
+        if listen is not None:
+            try:
+                check_listen_address(listen, curve=curve, insecure=insecure)
+            except ValueError as exc:
+                raise InvalidSpec("listen", listen, str(exc)) from None
+        elif curve:
+            raise InvalidSpec("curve", curve, "CURVE protects a listener: pass listen too")
+        if not isinstance(heartbeat_timeout_s, (int, float)) or heartbeat_timeout_s < 2:
+            raise InvalidSpec("heartbeat_timeout_s", heartbeat_timeout_s,
+                              "seconds >= 2 (heartbeats go every second)")
+        self._heartbeat_timeout_s = float(heartbeat_timeout_s)
+        self.data_dir = os.path.abspath(os.fspath(data_dir))
+        if ref_counts is None:
+            ref_counts = functools.partial(node_ref_counts, self.data_dir)
+        self.name = name
+        self.limits = alarm_limits or AlarmLimits()
+        os.makedirs(self.data_dir, exist_ok=True)
+        self._lock_fd = os.open(os.path.join(self.data_dir, LOCK_FILE),
+                                os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._lock_fd)
+            raise NodeLocked(f"a node already runs on {self.data_dir}") from None
+        self._remove_leftovers()
+        self._definitions = Definitions(self.data_dir)
+        self._definitions.remove_transient_queues()
+        self._definitions_lock = threading.Lock()
+        self.failed = threading.Event()
+        self._stop_wanted = threading.Event()    # a stop signal arrived, or the root failed
+        self._closing = threading.Event()
+        self.counters = {"malformed_status_requests": 0, "refused_control_calls": 0}
+        self.actors: ActorNode | None = None
+        self.listen_endpoint: str | None = None     # where remote clients connect
+        self.root: Supervisor | None = None
+        self._status_socket: zmq.Socket | None = None
+        self._threads: list[threading.Thread] = []
+        try:
+            self.actors = ActorNode(name=name, preload=PRELOAD + tuple(preload),
+                                    log_level=log_level)
+            store_options = {"file_size_limit": file_size_limit, "sync_policy": sync_policy}
+            stores = tuple(
+                ChildSpec(store, MessageStoreActor, (os.path.join(self.data_dir, store),),
+                          {**store_options, "transient": store == "msg_store_transient",
+                           "ref_counts": ref_counts if store == "msg_store_persistent" else None,
+                           "clean_clients": (functools.partial(node_clean_clients, self.data_dir)
+                                             if store == "msg_store_persistent" else None)},
+                          shutdown_s=STORE_SHUTDOWN_S, start_timeout_s=STORE_START_TIMEOUT_S,
+                          heartbeat_timeout_s=self._heartbeat_timeout_s)
+                for store in STORES)
+            self.status_endpoint = f"ipc://{self.actors.runtime_dir}/status"
+            listener = () if listen is None else (ChildSpec(
+                LISTENER_NAME, ListenerActor, (self.data_dir, with_free_port(listen)),
+                {"control_endpoint": self.status_endpoint, "curve": curve,
+                 **(listener_options or {})}),)
+            spec = SupervisorSpec("node", ROOT_FLAGS, children=(
+                SupervisorSpec("gc_sup", SUB_FLAGS, children=(ChildSpec(
+                    "msg_store_gc", GCActor, heartbeat_timeout_s=self._heartbeat_timeout_s),)),
+                *stores,
+                self._queue_sup_spec(),
+                SupervisorSpec("app_sup", SUB_FLAGS, children=tuple(children)),
+                *listener,
+            ))
+            self.root = Supervisor(self.actors, spec, on_failure=self._root_failed).start()
+            self.alarms = ResourceMonitor(self.data_dir, self.limits, self._pids)
+            self._status_socket = zmq.Context.instance().socket(zmq.ROUTER)
+            self._status_socket.linger = 0
+            self._status_socket.router_mandatory = 1
+            self._status_socket.bind(self.status_endpoint)
+            self._threads = [threading.Thread(target=self._watch_resources, daemon=True,
+                                              name="warren-alarms"),
+                             threading.Thread(target=self._serve_status, daemon=True,
+                                              name="warren-status")]
+            for thread in self._threads:
+                thread.start()
+            if listen is not None:
+                self.listen_endpoint = self.actors.whereis(LISTENER_NAME).ask(
+                    ListenerStats())["endpoint"]
+            write_alarms(self.data_dir, self.alarms.active)
+            self._write_node_file()
+        except BaseException:
+            self.close()
+            raise
+
+    # ------------------------------------------------------------------ public
+
+    @property
+    def app(self) -> Supervisor:
+        """The supervisor of the application's own children (``start_child`` adds more)."""
+        return self._supervisor("app_sup")
+
+    def store(self, name: str = "msg_store_persistent") -> ActorRef:
+        """The ref of a store actor (follows its restarts)."""
+        ref = self.actors.whereis(name)
+        if ref is None:
+            raise KeyError(f"no {name} is running")
+        return ref
+
+    # ------------------------------------------------------------------ queues
+
+    def declare_queue(self, name: str, *, durable: bool = True, lazy: bool = False,
+                      message_ttl_ms: int | None = None, max_length: int | None = None,
+                      overflow: str = "drop-head", dead_letter_exchange: str | None = None,
+                      auto_delete: bool = False) -> None:
+        """Create the queue (a process under ``queue_sup``) unless it exists; a durable
+        one is kept in the definitions and started at every boot. Re-declaring with other
+        arguments raises ``PreconditionFailed``. An ``auto_delete`` queue deletes itself
+        when its last consumer stops (one that never had a consumer stays)."""
+        definition = QueueDefinition(check_name(name), bool(durable), bool(lazy),
+                                     message_ttl_ms, max_length, overflow,
+                                     dead_letter_exchange, bool(auto_delete))
+        with self._definitions_lock:
+            if not self._definitions.add_queue(definition):
+                return
+            try:
+                if not definition.durable:
+                    self._definitions.mark_transient(name)
+                self._supervisor("queue_sup").start_child(self._queue_spec(definition))
+            except BaseException:
+                self._definitions.remove_queue(name)
+                raise
+            self._definitions_changed()
+
+    def delete_queue(self, name: str) -> int:
+        """Delete the queue, its bindings, its messages and its files; how many messages
+        it held."""
+        with self._definitions_lock:
+            if name not in self._definitions.queues:
+                raise NotFound(f"no queue {name!r} on this node; nothing to delete")
+            try:
+                count = self.queue(name).ask(DeleteQueue())
+            except QueueDown:            # nothing runs to delete its messages: its files go
+                count = 0
+                shutil.rmtree(queue_directory(self.data_dir, name), ignore_errors=True)
+            queue_sup = self._supervisor("queue_sup")
+            if any(c["id"] == QUEUE_SUP_PREFIX + name for c in queue_sup.which_children()):
+                queue_sup.terminate_child(QUEUE_SUP_PREFIX + name)
+            self._definitions.remove_queue(name)
+            self._definitions_changed()
+            return count
+
+    def declare_exchange(self, name: str, *, kind: str = "direct",
+                         durable: bool = True) -> None:
+        """Create an exchange (``direct``, ``fanout`` or ``topic``) unless it exists."""
+        definition = ExchangeDefinition(check_name(name, "exchange"), kind, bool(durable))
+        with self._definitions_lock:
+            if self._definitions.add_exchange(definition):
+                self._definitions_changed()
+
+    def bind_queue(self, queue: str, exchange: str, routing_key: str = "") -> None:
+        """Route ``exchange``'s messages with ``routing_key`` to ``queue``."""
+        with self._definitions_lock:
+            if self._definitions.bind(queue, exchange, routing_key):
+                self._definitions_changed()
+
+    def exchange(self, name: str) -> dict[str, Any]:
+        """An exchange's kind and bindings, which publishers route with."""
+        with self._definitions_lock:
+            return self._definitions.exchange(name)
+
+    def active_alarms(self) -> list[str]:
+        """The resource alarms raised now (publishers are held while any is)."""
+        return sorted(self.alarms.active)
+
+    def queue(self, name: str) -> ActorRef:
+        """The ref of a queue's process (follows its restarts); ``NotFound`` for a queue
+        never declared, ``QueueDown`` for one that kept crashing and stays down."""
+        if name not in self._definitions.queues:
+            raise NotFound(f"no queue {name!r} on this node; declare it first")
+        ref = self.actors.whereis(QUEUE_PREFIX + name)
+        if ref is None and self.queue_state(name) == "crashed":
+            raise QueueDown(f"queue {name!r} crashed {QUEUE_FLAGS.intensity + 1} times within "
+                            f"{QUEUE_FLAGS.period_s:g} s and stays down (see the node's log); "
+                            f"restart the node, or delete the queue and declare it again")
+        if ref is None:
+            raise NotFound(f"queue {name!r} is restarting; try again in a moment")
+        return ref
+
+    def queue_state(self, name: str) -> str:
+        """``running``, ``restarting``, or ``crashed`` (it kept crashing; it stays down)."""
+        for child in self._supervisor("queue_sup").which_children():
+            if child["id"] == QUEUE_SUP_PREFIX + name:
+                return "running" if self.actors.whereis(QUEUE_PREFIX + name) else "restarting"
+        return "crashed"
+
+    def list_queues(self) -> list[str]:
+        return sorted(self._definitions.queues)
+
+    def connect(self, **options: Any) -> Connection:
+        """A client connection from this process (``warren.connect`` from any other);
+        ``options`` are ``Connection``'s (``max_in_flight``, ``call_timeout_s``)."""
+        return Connection(self, **options)
+
+    def _forget_auto_deleted(self) -> None:
+        """Drop the definitions of auto-delete queues that deleted themselves (their
+        process ended and their directory is gone)."""
+        with self._definitions_lock:
+            for name, definition in list(self._definitions.queues.items()):
+                if (definition.auto_delete
+                        and not os.path.exists(queue_directory(self.data_dir, name))
+                        and self.actors.whereis(QUEUE_PREFIX + name) is None):
+                    queue_sup = self._supervisor("queue_sup")
+                    if any(c["id"] == QUEUE_SUP_PREFIX + name
+                           for c in queue_sup.which_children()):
+                        queue_sup.terminate_child(QUEUE_SUP_PREFIX + name)
+                    self._definitions.remove_queue(name)
+                    self._definitions_changed()
+                    log.info("node %s: queue %s deleted itself (auto_delete)", self.name, name)
+
+    def _definitions_changed(self) -> None:
+        """Keep what a restart of queue_sup starts, and the durable definitions on disk,
+        in step with the definitions (under the definitions lock)."""
+        self.root.update_child_spec(self._queue_sup_spec())
+        self._definitions.save()
+
+    def _queue_sup_spec(self) -> SupervisorSpec:
+        """queue_sup with every queue declared now: what a restart of it starts."""
+        return SupervisorSpec("queue_sup", SUB_FLAGS, children=tuple(
+            self._queue_spec(d) for d in self._definitions.queues.values()))
+
+    def _queue_spec(self, definition: QueueDefinition) -> SupervisorSpec:
+        """A queue under a small supervisor of its own: a queue that keeps crashing
+        exhausts that one (which, temporary, is not restarted), never queue_sup."""
+        queue = ChildSpec(QUEUE_PREFIX + definition.name, QueueActor,
+                          (definition.name, queue_directory(self.data_dir, definition.name)),
+                          {"durable": definition.durable, "lazy": definition.lazy,
+                           "message_ttl_ms": definition.message_ttl_ms,
+                           "max_length": definition.max_length,
+                           "overflow": definition.overflow,
+                           "dead_letter_exchange": definition.dead_letter_exchange,
+                           "auto_delete": definition.auto_delete,
+                           "data_dir": self.data_dir},
+                          # an auto-deleted queue's process ends normally, for good
+                          restart="transient" if definition.auto_delete else "permanent",
+                          shutdown_s=STORE_SHUTDOWN_S, start_timeout_s=STORE_START_TIMEOUT_S,
+                          heartbeat_timeout_s=self._heartbeat_timeout_s)
+        return SupervisorSpec(QUEUE_SUP_PREFIX + definition.name, QUEUE_FLAGS,
+                              children=(queue,), restart="temporary",
+                              shutdown_s=STORE_SHUTDOWN_S)
+
+    def store_stats(self) -> dict[str, dict[str, Any] | None]:
+        """Each store's figures; None for a store that does not answer right now."""
+        figures: dict[str, dict[str, Any] | None] = {}
+        for name in STORES:
+            try:
+                figures[name] = self.store(name).ask(StoreStats(), timeout=STATS_TIMEOUT_S)
+            except (KeyError, ActorError):
+                figures[name] = None
+        return figures
+
+    def status(self) -> dict[str, Any]:
+        """The tree (pid, state, restarts, RSS, CPU of every actor), the stores' figures,
+        each queue's state and the alarms."""
+        return {"node": self.name, "pid": os.getpid(), "data_dir": self.data_dir,
+                "state": "failed" if self.failed.is_set() else "running",
+                "tree": self.root.status() if self.root else None,
+                "stores": self.store_stats() if self.root else {},
+                "queues": ({name: self.queue_state(name) for name in self.list_queues()}
+                           if self.root else {}),
+                "alarms": sorted(self.alarms.active),
+                "readings": dict(self.alarms.readings)}
+
+    def run_until_signalled(self, signals: Iterable[int] = STOP_SIGNALS) -> int | None:
+        """Run until one of ``signals`` arrives, then stop the node in order; the signal's
+        number, or ``None`` if the root supervisor gave up first (``failed`` is set).
+
+        Call it from the main thread, where Python runs signal handlers. The handlers
+        stay until the node is closed; the previous ones are restored on return.
+        """
+        if threading.current_thread() is not threading.main_thread():
+            raise SupervisorError("run_until_signalled must be called from the main thread, "
+                                  "where Python runs signal handlers")
+        signals = tuple(signals)
+        received: list[int] = []
+
+        def stop_on(signum: int, _frame: object) -> None:
+            received.append(signum)      # a second one is noted, and changes nothing
+            self._stop_wanted.set()
+
+        previous = {signum: signal.signal(signum, stop_on) for signum in signals}
+        blocked = signal.pthread_sigmask(signal.SIG_UNBLOCK, signals)
+        try:
+            self._stop_wanted.wait()
+            if received:
+                log.warning("node %s: %s received: stopping in order", self.name,
+                            signal.Signals(received[0]).name)
+            self.close()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+        return received[0] if received else None
+
+    def close(self) -> None:
+        """Stop the tree (reverse order), the runtime, and release the data directory;
+        each step runs even when one before it failed."""
+        if self._closing.is_set():
+            return
+        self._closing.set()
+        try:
+            try:
+                os.unlink(os.path.join(self.data_dir, NODE_FILE))
+            except FileNotFoundError:
+                pass
+            for thread in self._threads:
+                thread.join()
+            if self._status_socket is not None and not self._status_socket.closed:
+                self._status_socket.close()
+            if self.root is not None:
+                self.root.stop()
+        finally:
+            try:
+                if self.actors is not None:
+                    self.actors.close(timeout=STORE_CLOSE_TIMEOUT_S)
+            finally:
+                os.close(self._lock_fd)
+
+    def __enter__(self) -> Node:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ internals
+
+    def _supervisor(self, child_id: str) -> Supervisor:
+        for child in self.root._children:
+            if child.name == child_id:
+                return child.supervisor
+        raise KeyError(child_id)
+
+    def _pids(self) -> list[int]:
+        pids = [os.getpid()]
+        if self.actors is not None:
+            pids.append(self.actors.forkserver_pid)
+        return pids + (self.root.actor_pids() if self.root else [])
+
+    def _root_failed(self, reason: str) -> None:
+        log.error("node %s: the root supervisor gave up (%s); stopping", self.name, reason)
+        self.failed.set()
+        self._stop_wanted.set()
+
+    def _watch_resources(self) -> None:
+        told: dict[str, tuple[int, frozenset[str]]] = {}   # address -> (incarnation, raised)
+        while not self._closing.wait(self.limits.check_interval_s):
+            try:
+                changes = self.alarms.check()
+                for change in changes:
+                    log.warning("node %s: %s alarm %s (%d against a limit of %d)", self.name,
+                                change.resource, "raised" if change.raised else "cleared",
+                                change.value, change.limit)
+                if changes:
+                    write_alarms(self.data_dir, self.alarms.active)
+                self._tell_alarms(told)
+                self._forget_auto_deleted()
+            except Exception:   # the watch must outlive one bad reading; logged
+                log.exception("node %s: checking the resource alarms failed", self.name)
+
+    def _tell_alarms(self, told: dict[str, tuple[int, frozenset[str]]]) -> None:
+        """Bring every actor's view of the alarms up to date: a change is told to all, and
+        an actor restarted (or started) while an alarm is raised hears of it too."""
+        active = frozenset(self.alarms.active)
+        for ref in self.root.actor_refs():
+            incarnation, heard = told.get(ref.address, (ref.incarnation, frozenset()))
+            if incarnation != ref.incarnation:
+                heard = frozenset()
+            try:
+                for resource in sorted(active - heard):
+                    ref.alarm(resource, True)
+                for resource in sorted(heard - active):
+                    ref.alarm(resource, False)
+            except ActorError as exc:   # an actor going away; its successor is told next time
+                log.info("node %s: could not tell %s of the alarms: %s", self.name, ref.name, exc)
+                continue
+            told[ref.address] = (ref.incarnation, active)
+
+    def _serve_status(self) -> None:
+        """Answer ``warren status``: a REQ socket's one frame, ``status``. The socket is a
+        ROUTER, not a REP: a REP drops a request without an envelope only once the poll
+        has said it is readable, so a blocking receive would then wait forever, and a
+        REP's state machine is at a peer's mercy. Any other request, of any shape, gets
+        an error answer (to its envelope, or to its sender when it has none) and is
+        counted; nothing a peer sends ends or stalls this thread."""
+        poller = zmq.Poller()
+        poller.register(self._status_socket, zmq.POLLIN)
+        while not self._closing.is_set():
+            if not poller.poll(100):
+                continue
+            try:
+                frames = self._status_socket.recv_multipart(zmq.NOBLOCK)
+            except zmq.ZMQError as exc:      # Again: nothing after all
+                log.debug("node %s: the status socket: %s", self.name, exc)
+                continue
+            envelope, request = _split_envelope(frames)
+            if request == [b"status"]:
+                try:
+                    reply = json.dumps(self.status(), default=str).encode()
+                except Exception as exc:     # answered, so the asker is not left waiting
+                    log.exception("node %s: a status request failed", self.name)
+                    reply = json.dumps({"error": str(exc)}).encode()
+            elif len(request) == 2 and request[0] == b"call":
+                reply = self._control_call(request[1])
+            else:
+                self.counters["malformed_status_requests"] += 1
+                log.warning("node %s: refused a status request of %d frames (%r...)",
+                            self.name, len(request), request[0][:40] if request else b"")
+                reply = json.dumps({"error": "a request is one frame, b'status', or two, "
+                                             "b'call' and a JSON call"}).encode()
+            try:
+                self._status_socket.send_multipart([*envelope, reply], zmq.NOBLOCK)
+            except zmq.ZMQError as exc:      # the asker has gone, or reads nothing
+                log.warning("node %s: a status answer could not be sent: %s", self.name,
+                            exc)
+        self._status_socket.close()
+
+    def _control_call(self, body: bytes) -> bytes:
+        """A client's call on the node (``warren.connect``): ``{"op": name, "args": {...}}``
+        answered ``{"ok": result}`` or ``{"error": type name, "message": text}``."""
+        try:
+            call = json.loads(body)
+            op, args = call["op"], call.get("args", {})
+            if op not in CONTROL_CALLS or not isinstance(args, dict):
+                raise ValueError(f"no call {op!r}; the calls are {sorted(CONTROL_CALLS)}")
+            result = getattr(self, op)(**args)
+            if isinstance(result, ActorRef):
+                result = dataclasses.asdict(result)
+            return json.dumps({"ok": result}).encode()
+        except Exception as exc:             # every call is answered, whatever it holds
+            if not isinstance(exc, (QueueError, ValueError, TypeError, KeyError)):
+                log.exception("node %s: a control call failed", self.name)
+            else:
+                self.counters["refused_control_calls"] += 1
+            return json.dumps({"error": type(exc).__name__, "message": str(exc)}).encode()
+
+    def _remove_leftovers(self) -> None:
+        """A node that was killed (SIGKILL) left its node file and its ipc directory; we hold
+        the lock now, so it is dead: remove both."""
+        path = os.path.join(self.data_dir, NODE_FILE)
+        try:
+            with open(path) as f:
+                endpoint = json.load(f).get("status_endpoint", "")
+        except (OSError, ValueError, AttributeError):
+            return
+        runtime_dir = os.path.dirname(endpoint.removeprefix("ipc://"))
+        if endpoint.startswith("ipc://") and os.path.basename(runtime_dir).startswith("warren-"):
+            log.info("node %s: removing %s, left by a node that did not stop", self.name,
+                     runtime_dir)
+            shutil.rmtree(runtime_dir, ignore_errors=True)
+        os.unlink(path)
+
+    def _write_node_file(self) -> None:
+        path = os.path.join(self.data_dir, NODE_FILE)
+        with open(path + ".tmp", "w") as f:
+            json.dump({"name": self.name, "pid": os.getpid(),
+                       "status_endpoint": self.status_endpoint,
+                       "listen_endpoint": self.listen_endpoint}, f)
+        os.rename(path + ".tmp", path)
+
+
+def _split_envelope(frames: list[bytes]) -> tuple[list[bytes], list[bytes]]:
+    """A ROUTER's message as (envelope, request): the envelope ends with the empty frame a
+    REQ socket puts before its request; a message without one is answered to its
+    sender's identity alone."""
+    for index, frame in enumerate(frames[1:], start=1):
+        if not frame:
+            return frames[:index + 1], frames[index + 1:]
+    return frames[:1], frames[1:]
+
+
+def query_status(data_dir: str | os.PathLike, timeout_ms: int = STATUS_TIMEOUT_MS) -> dict:
+    """Ask the node running on ``data_dir`` for its status; OSError if none answers."""
+    path = os.path.join(os.fspath(data_dir), NODE_FILE)
+    try:
+        with open(path) as f:
+            info = json.load(f)
+    except (OSError, ValueError) as exc:
+        raise OSError(f"no node is running on {data_dir} ({exc})") from exc
+    context = zmq.Context.instance()
+    socket = context.socket(zmq.REQ)
+    socket.linger = 0
+    socket.rcvtimeo = socket.sndtimeo = timeout_ms
+    try:
+        socket.connect(info["status_endpoint"])
+        socket.send(b"status")
+        return json.loads(socket.recv())
+    except zmq.ZMQError as exc:
+        raise OSError(f"the node on {data_dir} (pid {info.get('pid')}) does not answer: "
+                      f"{exc}") from exc
+    finally:
+        socket.close()

@@ -1,0 +1,75 @@
+"""Messages' one encoding, and the per-queue store's records: every record carries its
+size and CRC, and one that fails either is never handed out."""
+
+import pytest
+
+from warren.queues import CorruptMessage, InvalidMessage, Message, QueueStore, decode, encode
+from warren.queues.engine.queue_store import RECORD_HEADER_BYTES
+
+
+def test_every_property_survives_encoding():
+    message = Message(b"\x00body", message_id="m-1", headers={"k": [1, "two", b"3", None]},
+                      expiration_ms=60000, timestamp_ms=1_700_000_000_000,
+                      content_type="application/json", persistent=False)
+    assert decode(encode(message)) == message
+
+
+@pytest.mark.parametrize("message, field", [
+    (Message("text"), "body"),
+    (Message(b"x", message_id=5), "message_id"),
+    (Message(b"x", headers={"k": {1, 2}}), "headers"),
+    (Message(b"x", headers={1: "v"}), "header names"),
+    (Message(b"x", expiration_ms=-1), "expiration_ms"),
+    (Message(b"x", persistent="yes"), "persistent"),
+])
+def test_a_property_that_does_not_encode_is_refused_by_name(message, field):
+    with pytest.raises(InvalidMessage, match=field):
+        encode(message)
+
+
+@pytest.mark.parametrize("data", [b"", b"\xc1", b"\x93\x01\x02\x03", encode(Message(b"x"))[:-1]])
+def test_bytes_that_are_not_a_message_do_not_decode(data):
+    with pytest.raises(CorruptMessage):
+        decode(data)
+
+
+def test_records_read_back_from_the_buffer_and_from_disk(tmp_path):
+    store = QueueStore(tmp_path, segment_entry_count=16)
+    places = {seq: store.write(seq, b"record %d" % seq) for seq in range(40)}
+    assert store.read(3, places[3], len(b"record 3")) == b"record 3"
+    store.sync()
+    assert all(store.read(s, places[s], len(b"record %d" % s)) == b"record %d" % s
+               for s in range(40))
+    store.close()
+
+
+def test_a_record_written_and_removed_before_the_flush_is_never_written(tmp_path):
+    store = QueueStore(tmp_path, segment_entry_count=16)
+    store.write(0, b"kept")
+    store.write(1, b"gone")
+    store.remove([1])
+    store.sync()
+    assert (tmp_path / "0.qs").stat().st_size == 64 + RECORD_HEADER_BYTES + 4
+    store.remove([0])
+    assert not (tmp_path / "0.qs").exists()
+    store.close()
+
+
+@pytest.mark.parametrize("damage", ["flipped_byte", "cut_mid_record", "offset_past_end"])
+def test_a_damaged_record_raises_a_clear_error_on_read(tmp_path, damage):
+    store = QueueStore(tmp_path, segment_entry_count=16)
+    offset = store.write(0, b"precious")
+    store.sync()
+    path = tmp_path / "0.qs"
+    data = bytearray(path.read_bytes())
+    if damage == "flipped_byte":
+        data[-1] ^= 1
+    elif damage == "cut_mid_record":
+        data = data[:-3]
+    else:
+        offset += 4096
+    path.write_bytes(bytes(data))
+    with pytest.raises(CorruptMessage, match="seq id 0 at offset"):
+        store.read(0, offset, len(b"precious"))
+    assert store.valid_records(0, [(offset, len(b"precious"))]) == [False]
+    store.close()

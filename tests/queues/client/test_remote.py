@@ -1,0 +1,320 @@
+"""Remote clients over tcp through the node's listener, with and without CURVE keys;
+hostile frames; and publisher deduplication across kills of the queue and the listener."""
+
+import os
+import signal
+import stat
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import zmq
+
+from warren import AlarmLimits, connect
+from warren.actors import wire
+from warren.actors.codec import Encoder
+from warren.queues import Blocked, Nacked, NotFound
+from warren.queues.client.keys import AUTHORIZED_FILE, KeyFileError, create_client_key
+from warren.queues.broker.listener import ListenerStats
+from warren.queues.protocol import DeleteQueue, Fetch, Publish
+from warren.queues.client.ipc_node import NodeNotRunning
+from warren.supervisor import Node
+from warren.supervisor.errors import InvalidSpec
+
+from ...waiting import wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
+WARREN = [sys.executable, "-m", "warren.supervisor.cli"]
+LOOPBACK_ANY_PORT = "tcp://127.0.0.1:*"
+
+
+@pytest.fixture
+def data_dir(tmp_path):
+    return tmp_path / "data"
+
+
+@pytest.fixture
+def node(data_dir):
+    with Node(data_dir, listen=LOOPBACK_ANY_PORT,
+              listener_options={"consumer_silence_s": 2.0}) as running:
+        yield running
+
+
+@pytest.fixture
+def curve_node(data_dir):
+    with Node(data_dir, listen=LOOPBACK_ANY_PORT, curve=True) as running:
+        yield running
+
+
+def listener_stats(node):
+    return node.actors.whereis("listener").ask(ListenerStats())
+
+
+def test_a_remote_client_declares_publishes_consumes_and_acks_like_a_local_one(node):
+    with connect(node.listen_endpoint) as remote:
+        remote.declare_exchange("events", kind="fanout")
+        for queue in ("billing", "shipping"):
+            remote.declare_queue(queue)
+            remote.bind_queue(queue, "events")
+        remote.publish("", b"order 1", exchange="events", headers={"region": "eu"})
+        assert remote.publish_many("billing", [b"b%d" % i for i in range(1000)]) == 1000
+        assert sorted(remote.list_queues()) == ["billing", "shipping"]
+        first = remote.get("shipping")
+        assert (first.body, first.headers) == (b"order 1", {"region": "eu"})
+        first.ack()
+        bodies = []
+        with remote.consume("billing", prefetch=50) as consumer:
+            for delivery in consumer:
+                bodies.append(delivery.body)
+                delivery.ack()
+                if len(bodies) == 1001:
+                    break
+        assert bodies == [b"order 1"] + [b"b%d" % i for i in range(1000)]
+        assert remote.queue_stats("billing")["depth"] == 0
+        with pytest.raises(NotFound):
+            remote.publish("nowhere", b"x")
+    local = node.connect()
+    assert local.get("shipping") is None
+
+
+def test_a_remote_consumer_killed_holding_deliveries_has_them_redelivered(node):
+    node.declare_queue("jobs")
+    node.connect().publish_many("jobs", [b"j1", b"j2", b"j3"])
+    child = subprocess.Popen([sys.executable, "-m", "tests.queues.consumer_child",
+                              node.listen_endpoint, "jobs", "2"], cwd=ROOT,
+                             stdout=subprocess.PIPE)
+    try:
+        assert child.stdout.readline().split() == [b"j1", b"j2"]
+        child.kill()
+        child.wait()
+        local = node.connect()
+        # The listener releases a consumer it has not heard of for consumer_silence_s.
+        wait_for(lambda: local.queue_stats("jobs")["messages_ready"] == 3, timeout=30)
+        again = [local.get("jobs") for _ in range(3)]
+        assert sorted(d.body for d in again) == [b"j1", b"j2", b"j3"]
+        assert sorted(d.redelivered for d in again) == [False, True, True]
+    finally:
+        child.kill()
+        child.wait()
+        child.stdout.close()
+
+
+def test_a_client_with_a_key_is_let_in_and_one_without_or_with_an_unknown_key_is_refused(
+        curve_node, data_dir, tmp_path):
+    secret = os.path.join(data_dir, "node.key_secret")
+    assert stat.S_IMODE(os.stat(secret).st_mode) == 0o600
+    key = create_client_key(data_dir, "alice", tmp_path)
+    assert stat.S_IMODE(os.stat(key).st_mode) == 0o600
+    with connect(curve_node.listen_endpoint, key_file=key) as alice:
+        alice.declare_queue("private")
+        alice.publish("private", b"secret")
+        assert alice.get("private").body == b"secret"
+    with pytest.raises(NodeNotRunning, match="wants a key"):
+        connect(curve_node.listen_endpoint, connect_timeout_s=1.0)
+    # A key made for another node: the handshake fails (it names another node's key).
+    other = tmp_path / "other"
+    other.mkdir()
+    stranger = create_client_key(other, "stranger", tmp_path)
+    with pytest.raises(NodeNotRunning, match="refuses this key"):
+        connect(curve_node.listen_endpoint, key_file=stranger, connect_timeout_s=1.0)
+    # Removing alice's line from authorized_keys shuts her out from her next connection
+    # on: the node refuses her key, logs it and counts it.
+    path = os.path.join(data_dir, AUTHORIZED_FILE)
+    with open(path) as file:
+        kept = [line for line in file if not line.rstrip().endswith(" alice")]
+    with open(path, "w") as file:
+        file.writelines(kept)
+    with pytest.raises(NodeNotRunning, match="refuses this key"):
+        connect(curve_node.listen_endpoint, key_file=key, connect_timeout_s=1.0)
+    assert listener_stats(curve_node)["clients_refused"] >= 1
+
+
+def test_warren_keys_writes_a_private_key_file_and_refuses_bad_names_and_overwrites(
+        data_dir, tmp_path):
+    data_dir.mkdir()
+    made = subprocess.run([*WARREN, "keys", "--data-dir", str(data_dir), "spark-executor",
+                           "--out", str(tmp_path)], cwd=ROOT, capture_output=True, timeout=60)
+    assert made.returncode == 0, made.stderr
+    text = (tmp_path / "spark-executor.key").read_text()
+    assert "public-key" in text and "secret-key" in text and "server-key" in text
+    assert (data_dir / AUTHORIZED_FILE).read_text().split()[1] == "spark-executor"
+    for name in ("../escape", "", "a b"):
+        bad = subprocess.run([*WARREN, "keys", "--data-dir", str(data_dir), name, "--out",
+                              str(tmp_path)], cwd=ROOT, capture_output=True, timeout=60)
+        assert bad.returncode == 2 and b"key name" in bad.stderr, bad.stderr
+    again = subprocess.run([*WARREN, "keys", "--data-dir", str(data_dir), "spark-executor",
+                            "--out", str(tmp_path)], cwd=ROOT, capture_output=True, timeout=60)
+    assert again.returncode == 2 and b"exists" in again.stderr
+    (tmp_path / "broken.key").write_text("curve\n    public-key = \"short\"\n")
+    with pytest.raises(KeyFileError, match="not a Warren client key"):
+        connect("tcp://127.0.0.1:1", key_file=tmp_path / "broken.key")
+
+
+def test_a_listener_on_a_non_loopback_address_needs_curve_or_an_explicit_insecure(data_dir):
+    with pytest.raises(InvalidSpec, match="not a loopback address"):
+        Node(data_dir, listen="tcp://0.0.0.0:5673")
+    with pytest.raises(InvalidSpec, match="tcp://host:port"):
+        Node(data_dir, listen="ipc:///tmp/x")
+    refused = subprocess.run([*WARREN, "node", "--data-dir", str(data_dir), "--listen",
+                              "tcp://0.0.0.0:5673"], cwd=ROOT, capture_output=True, timeout=60)
+    assert refused.returncode == 2 and b"--insecure" in refused.stderr
+    assert not data_dir.exists()            # refused before anything started
+
+
+def test_hostile_frames_are_answered_or_dropped_and_counted_and_the_listener_serves_on(node):
+    node.declare_queue("q")
+    pid = node.actors.whereis("listener").pid
+    context = zmq.Context()
+    raw = context.socket(zmq.DEALER)
+    raw.linger = 0
+    raw.rcvtimeo = 5000
+    raw.connect(node.listen_endpoint)
+    encoder = Encoder()
+    try:
+        raw.send_multipart(encoder.encode(["boot", 1]))
+        boot = _answer(raw)[2]
+        raw.send(b"\xc1 not msgpack")                              # dropped: no id to answer
+        raw.send_multipart(encoder.encode({"op": "ask"}))          # not a list: dropped
+        raw.send_multipart(encoder.encode(["ask", 7, boot, "q", 1, DeleteQueue()]))
+        kind, request_id, (type_name, text, _) = _answer(raw)
+        assert (kind, request_id, type_name) == (wire.REPLY_ERROR, 7, "UnhandledMessage")
+        raw.send_multipart(encoder.encode(["call", 8, "close", {}]))
+        assert _answer(raw)[2][1].startswith("no call 'close'")
+        raw.send_multipart(encoder.encode(["call", 9, "declare_queue", {"name": 5}]))
+        assert _answer(raw)[0] == wire.REPLY_ERROR
+        raw.send_multipart(encoder.encode(["ask", 10, boot, "q", 1, Publish([1, 2], True)]))
+        assert "malformed Publish" in _answer(raw)[2][1]
+        raw.send_multipart(encoder.encode(["ask", 11, boot, "q", 1,
+                                           Fetch(b"c", 1, 10**9, True)]))
+        assert "count must be" in _answer(raw)[2][1]
+        raw.send_multipart(encoder.encode(["ask", 12, boot, ["q"], "one", Publish([], True)]))
+        assert _answer(raw)[2][0] == "ValueError"
+        # A request meant for an earlier listener (another boot) is refused, not done.
+        raw.send_multipart(encoder.encode(["ask", 13, b"earlier!", "q", 1,
+                                           Publish([b"stale"], True)]))
+        assert _answer(raw)[2][0] == "ListenerRestarted"
+        raw.send_multipart([b"x" * (65 * 2**20)])                  # over the frame limit
+    finally:
+        raw.close()
+        context.term()
+    assert node.actors.whereis("listener").pid == pid
+    stats = listener_stats(node)
+    assert stats["malformed"] >= 3 and stats["refused"] >= 2 and stats["stale"] == 1
+    with connect(node.listen_endpoint) as remote:
+        remote.publish("q", b"still served")
+        assert remote.get("q").body == b"still served"
+
+
+def _answer(socket):
+    from warren.actors.codec import Decoder
+    return Decoder().decode(socket.recv_multipart())
+
+
+def test_a_producer_resending_after_a_queue_sigkill_adds_no_duplicates(node):
+    node.declare_queue("orders")
+    remote = connect(node.listen_endpoint)
+    total, chunk = 40_000, 500
+    kill_at = [5_000, 20_000]
+    progress = {"sent": 0}
+    stop = threading.Event()
+
+    def kill_the_queue_at_each_mark():
+        for mark in kill_at:
+            while progress["sent"] < mark and not stop.is_set():
+                stop.wait(0.001)
+            pid = node.queue("orders").pid
+            os.kill(pid, signal.SIGKILL)
+            wait_for(lambda: node.queue_state("orders") == "running"
+                     and node.queue("orders").pid != pid)
+
+    killer = threading.Thread(target=kill_the_queue_at_each_mark)
+    killer.start()
+    attempts = 0
+    try:
+        while progress["sent"] < total:
+            # Each attempt re-sends everything from the start, as a retried task does.
+            attempts += 1
+            assert attempts < 20
+            try:
+                for start in range(0, total, chunk):
+                    remote.publish_many("orders", [b"order %d" % i
+                                                   for i in range(start, start + chunk)],
+                                        producer_id="job-1/partition-0", sequence=start)
+                    progress["sent"] = max(progress["sent"], start + chunk)
+            except Exception:
+                continue
+    finally:
+        stop.set()
+        killer.join()
+    assert attempts >= 3                      # both kills landed mid-publish
+    remote.close()
+    local = node.connect()
+    stats = local.queue_stats("orders")
+    assert stats["len"] == total
+    bodies = []
+    while (delivery := local.get("orders", ack=False)) is not None:
+        bodies.append(delivery.body)
+    assert sorted(bodies) == sorted(b"order %d" % i for i in range(total))
+
+
+def test_a_listener_killed_mid_publish_restarts_on_its_port_and_dedup_keeps_one_copy(node):
+    node.declare_queue("events")
+    remote = connect(node.listen_endpoint)
+    pid = node.actors.whereis("listener").pid
+    killed = threading.Event()
+
+    def kill_the_listener():
+        os.kill(pid, signal.SIGKILL)
+        killed.set()
+
+    threading.Timer(0.2, kill_the_listener).start()
+    sent, nacked = 0, 0
+    while True:
+        try:
+            remote.publish_many("events", [b"e%d" % i for i in range(sent, sent + 500)],
+                                producer_id="p", sequence=sent)
+        except Exception:            # in doubt: the same batch again, until confirmed
+            nacked += 1
+            assert nacked < 10
+            continue
+        sent += 500
+        if killed.is_set() and sent >= 10_000:
+            break
+    assert nacked >= 1
+    assert node.actors.whereis("listener").pid != pid
+    assert remote.queue_stats("events")["len"] == sent
+    remote.close()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_a_listener_stopped_by_a_signal_comes_back_and_an_idle_client_goes_on(node, signum):
+    node.declare_queue("orders")
+    remote = connect(node.listen_endpoint)
+    remote.publish("orders", b"before")
+    pid = node.actors.whereis("listener").pid
+    os.kill(pid, signum)
+    wait_for(lambda: getattr(node.actors.whereis("listener"), "pid", pid) != pid, timeout=30)
+    sent = 0
+    for _ in range(5):               # the first may be in doubt: the listener changed
+        try:
+            remote.publish("orders", b"after", producer_id="idle", sequence=0)
+            sent += 1
+            break
+        except Nacked:
+            continue
+    assert sent == 1
+    assert [remote.get("orders").body for _ in range(2)] == [b"before", b"after"]
+    remote.close()
+
+
+def test_under_a_disk_alarm_a_remote_publisher_is_held_then_told(tmp_path):
+    full = AlarmLimits(disk_free_limit_bytes=2**60, check_interval_s=0.1)  # the disk "full"
+    with Node(tmp_path / "data", alarm_limits=full, listen=LOOPBACK_ANY_PORT) as node:
+        node.declare_queue("orders")
+        with connect(node.listen_endpoint, call_timeout_s=0.5) as remote:
+            wait_for(lambda: remote.blocked)
+            with pytest.raises(Blocked, match="disk alarm has held this publish"):
+                remote.publish("orders", b"held")
+        assert node.connect().queue_stats("orders")["len"] == 0

@@ -1,0 +1,178 @@
+"""What a queue brings back after a clean stop, a dropped object and a SIGKILLed process,
+with damaged files; and the reference counts the shared store takes from the queues."""
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from warren.queues import VariableQueue, walk_ref_counts
+from warren.store import LocalStoreClient, MessageStore
+from warren.store.client import StoreClient
+from warren.store.protocol import StoreStats
+from warren.supervisor import Node
+
+from ...waiting import wait_for
+from ..helpers import N, drain, message, number
+
+ROOT = Path(__file__).resolve().parents[2]
+SIZE_LARGE = 5000                # above embed_msgs_below: in the shared store
+
+
+def test_dirty_recovery_drops_entries_whose_shared_message_is_missing(open_queue,
+                                                                       engine_stores, caplog):
+    queue = open_queue()
+    msg_ids = [os.urandom(16) for _ in range(6)]
+    for n, msg_id in enumerate(msg_ids):
+        queue.publish(message(n, size=5000), msg_id=msg_id)
+    queue.sync()
+    queue.abandon()
+    engine_stores.persistent.remove(msg_ids[2])
+    engine_stores.persistent.remove(msg_ids[4])
+    with caplog.at_level(logging.INFO, logger="warren.queues"):
+        queue = open_queue()
+    assert queue.counters["dropped_missing"] == 2
+    assert [number(d) for d in drain(queue)] == [0, 1, 3, 5]
+    assert "2 missing from the shared store" in caplog.text and "dirty" in caplog.text
+
+
+def test_dirty_recovery_drops_records_failing_their_crc_and_keeps_the_rest(open_queue,
+                                                                           caplog):
+    queue = open_queue()
+    for n in range(3 * N):
+        queue.publish(message(n, size=100))
+    queue.sync()
+    queue.abandon()
+    path = os.path.join(queue.directory, "1.qs")
+    with open(path, "r+b") as file:          # the first record of segment 1: message N
+        file.seek(64 + 8 + 30)
+        file.write(b"\xff\xfe")
+    with caplog.at_level(logging.WARNING, logger="warren.queues"):
+        queue = open_queue()
+    assert queue.counters["dropped_corrupt"] == 1
+    assert [number(d) for d in drain(queue)] == [n for n in range(3 * N) if n != N]
+    assert "failed their size or CRC check" in caplog.text
+
+
+def test_a_body_file_cut_mid_record_loses_only_the_records_it_cut(open_queue):
+    queue = open_queue()
+    for n in range(N):
+        queue.publish(message(n, size=100))
+    queue.sync()
+    queue.abandon()
+    path = os.path.join(queue.directory, "0.qs")
+    os.truncate(path, os.path.getsize(path) - 50)
+    queue = open_queue()
+    assert [number(d) for d in drain(queue)] == list(range(N - 1))
+
+
+def test_an_index_cut_after_a_clean_stop_is_recovered_by_a_scan_that_says_so(open_queue,
+                                                                             caplog):
+    queue = open_queue()
+    for n in range(N):
+        queue.publish(message(n, size=100))
+    queue.sync()
+    queue.terminate()                       # clean: the terms count N messages
+    path = os.path.join(queue.directory, "0.qi")
+    os.truncate(path, os.path.getsize(path) - 48 * 3 - 20)   # 3 slots and part of one
+    with caplog.at_level(logging.WARNING, logger="warren.queues"):
+        queue = open_queue()
+    assert not queue.recovered_clean and queue.counters["torn_slots"] == 1
+    assert [number(d) for d in drain(queue)] == list(range(N - 4))
+    assert "changed size since the clean stop" in caplog.text
+
+
+def test_a_segment_with_a_corrupt_header_is_dropped_and_the_others_recover(open_queue):
+    queue = open_queue()
+    for n in range(3 * N):
+        queue.publish(message(n, size=SIZE_LARGE if n % 2 else 10))
+    queue.sync()
+    queue.abandon()
+    with open(os.path.join(queue.directory, "1.qi"), "r+b") as file:
+        file.write(b"GARBAGE!")
+    queue = open_queue()
+    assert queue.counters["bad_segments"] == 1
+    assert [number(d) for d in drain(queue)] == list(range(N)) + list(range(2 * N, 3 * N))
+
+
+def test_a_queue_process_killed_while_publishing_keeps_every_confirmed_message(tmp_path):
+    child = subprocess.Popen([sys.executable, "-m", "tests.queues.queue_child", str(tmp_path)],
+                             cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        confirmed_file = tmp_path / "confirmed"
+        wait_for(lambda: confirmed_file.exists()
+                 and confirmed_file.read_text().count("\n") >= 400, timeout=60)
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+        child.stdout.close()
+    confirmed = {int(line) for line in confirmed_file.read_text().split()}
+    persistent = MessageStore(tmp_path / "msg_store_persistent")
+    transient = MessageStore(tmp_path / "msg_store_transient")
+    queue = VariableQueue(tmp_path / "queues" / "q", segment_entry_count=16,
+                          persistent_store=lambda ref: LocalStoreClient(persistent, ref),
+                          transient_store=lambda ref: LocalStoreClient(transient, ref),
+                          shared_store_clean=persistent.recovered_clean)
+    try:
+        back = drain(queue)
+        numbers = [number(d) for d in back]
+        assert confirmed <= set(numbers)
+        assert numbers == sorted(numbers) and all(n % 5 != 0 for n in numbers)
+        assert all(d.redelivered for d in back)
+    finally:
+        queue.terminate()
+        persistent.close()
+        transient.close()
+
+
+def test_the_walker_counts_each_queue_holding_a_shared_message(tmp_path):
+    store = MessageStore(tmp_path / "msg_store_persistent")
+    transient = MessageStore(tmp_path / "msg_store_transient")
+    queues = [VariableQueue(tmp_path / "queues" / name, segment_entry_count=N,
+                            persistent_store=lambda ref: LocalStoreClient(store, ref),
+                            transient_store=lambda ref: LocalStoreClient(transient, ref))
+              for name in ("a", "b")]
+    shared_id, only_a, small = os.urandom(16), os.urandom(16), os.urandom(16)
+    for queue in queues:
+        queue.publish(message(0, size=5000), msg_id=shared_id)
+    queues[0].publish(message(1, size=5000), msg_id=only_a)
+    queues[0].publish(message(2, size=10), msg_id=small)            # in a's own store
+    queues[0].publish(message(3, size=5000, persistent=False))        # transient
+    acked = queues[1].fetch()
+    queues[1].ack([acked.seq_id])
+    queues[0].terminate()
+    queues[1].abandon()
+    store.close()
+    walk = walk_ref_counts([tmp_path / "queues" / "a", tmp_path / "queues" / "b"])
+    counted = {}
+    for msg_id, count in walk:
+        counted[msg_id] = counted.get(msg_id, 0) + count
+    assert counted == {shared_id: 1, only_a: 1}
+    assert len(walk.client_refs) == 1
+    transient.close()
+
+
+def test_a_killed_store_of_a_node_with_queues_takes_its_counts_from_their_indexes(tmp_path):
+    with Node(tmp_path / "data") as node:
+        queue = VariableQueue(
+            tmp_path / "data" / "queues" / "orders", segment_entry_count=N,
+            persistent_store=lambda ref: StoreClient(node.store("msg_store_persistent"), ref),
+            transient_store=lambda ref: StoreClient(node.store("msg_store_transient"), ref))
+        for n in range(20):
+            queue.publish(message(n, size=5000))
+        queue.sync()
+        queue.ack([queue.fetch().seq_id for _ in range(5)])
+        queue.sync()
+        stray = StoreClient(node.store())
+        for n in range(30):
+            stray.write(os.urandom(16), b"no queue holds this")
+        stray.settle()
+        queue.abandon()
+        old = node.store().pid
+        os.kill(old, signal.SIGKILL)
+        wait_for(lambda: getattr(node.actors.whereis("msg_store_persistent"), "pid", old) != old)
+        figures = node.store("msg_store_persistent").ask(StoreStats())
+        assert not figures["recovered_clean"] and figures["message_count"] == 15

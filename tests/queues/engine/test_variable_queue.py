@@ -1,0 +1,386 @@
+"""The variable queue: confirms, fetch and ack, requeue order, TTL, purge, paging between
+RAM and disk, lazy mode, and restarts (RabbitMQ's variable-queue cases of
+backing_queue_SUITE, with 16-entry segments)."""
+
+import json
+import math
+import os
+import time
+
+import pytest
+
+from warren.queues import (CorruptMessage, InvalidMessage, Message, MessageTooLarge,
+                           UnknownDeliveryTag, encode)
+
+from ..helpers import N, assert_counts_add_up, drain, message, number
+
+SIZES = [10, 5000]                 # below and above embed_msgs_below (4096)
+
+
+def test_a_persistent_message_is_confirmed_once_by_the_sync_that_makes_it_durable(open_queue):
+    queue = open_queue()
+    seqs = [queue.publish(message(n, size=SIZES[n % 2])) for n in range(3 * N)]
+    assert queue.needs_sync()
+    assert queue.sync() == seqs
+    assert queue.sync() == [] and not queue.needs_sync()
+
+
+def test_confirms_come_from_the_store_actor_as_from_the_engine(open_queue, stores):
+    queue = open_queue()
+    seqs = [queue.publish(message(n, size=SIZES[n % 2])) for n in range(200)]
+    confirmed = queue.sync(wait=False)
+    confirmed += queue.sync(wait=True)
+    assert sorted(confirmed) == seqs and len(set(confirmed)) == len(seqs)
+    assert [number(d) for d in drain(queue)] == list(range(200))
+
+
+def test_transient_messages_are_confirmed_at_the_first_sync(open_queue):
+    queue = open_queue()
+    seqs = [queue.publish(message(n, persistent=False)) for n in range(5)]
+    assert queue.sync() == seqs
+
+
+def test_a_message_fetched_without_ack_is_gone_and_with_ack_awaits_it(open_queue):
+    queue = open_queue()
+    for n in range(3):
+        queue.publish(message(n))
+    gone = queue.fetch(ack_required=False)
+    kept = queue.fetch(ack_required=True)
+    assert (len(queue), queue.depth) == (1, 2)
+    queue.ack([kept.seq_id])
+    assert (number(gone), number(kept), len(queue), queue.depth) == (0, 1, 1, 1)
+
+
+def test_acks_and_requeues_of_tags_not_awaiting_one_are_refused_and_change_nothing(open_queue):
+    queue = open_queue()
+    for n in range(3):
+        queue.publish(message(n))
+    first = queue.fetch()
+    with pytest.raises(UnknownDeliveryTag, match="never fetched"):
+        queue.requeue([2])
+    with pytest.raises(UnknownDeliveryTag):
+        queue.ack([first.seq_id, 99])
+    queue.ack([first.seq_id])
+    with pytest.raises(UnknownDeliveryTag, match="already acked"):
+        queue.ack([first.seq_id])
+    assert (len(queue), queue.depth) == (2, 2)
+
+
+def test_requeued_messages_come_back_first_in_seq_order_flagged_with_their_count(open_queue):
+    queue = open_queue()
+    for n in range(5 * N):
+        queue.publish(message(n, size=SIZES[n % 2]))
+    fetched = [queue.fetch() for _ in range(3 * N)]
+    queue.requeue([d.seq_id for d in fetched[N:2 * N][::-1]])          # a subset, backwards
+    for d in fetched[2 * N:3 * N]:
+        queue.requeue([d.seq_id])                                       # one by one
+    queue.requeue([d.seq_id for d in fetched[:N // 2]])                 # in halves
+    queue.requeue([d.seq_id for d in fetched[N // 2:N]])
+    for n in range(5 * N, 5 * N + 5):
+        queue.publish(message(n))
+    again = drain(queue)
+    assert [number(d) for d in again] == list(range(5 * N + 5))
+    assert [d.redelivered for d in again] == [True] * 3 * N + [False] * (2 * N + 5)
+    assert all(d.delivery_count == 1 for d in again[:3 * N])
+    assert len(queue) == queue.depth == 0
+
+
+def test_a_message_requeued_twice_counts_two_deliveries(open_queue):
+    queue = open_queue()
+    queue.publish(message(0))
+    for _ in range(2):
+        queue.requeue([queue.fetch().seq_id])
+    assert queue.fetch().delivery_count == 2
+
+
+def test_drop_and_fetch_while_a_predicate_holds_stop_at_the_first_it_refuses(open_queue):
+    queue = open_queue()
+    for n in range(1, 11):
+        queue.publish(message(n), expiry_ms=n)
+    first = [queue.fetch() for _ in range(5)]
+    queue.requeue([d.seq_id for d in first])
+    refused = queue.drop_while(lambda info: info.expiry_ms <= 5)
+    assert refused.expiry_ms == 6 and len(queue) == 5
+    expired = queue.fetch_while(lambda info: info.expiry_ms <= 7)
+    assert [number(d) for d in expired] == [6, 7]
+    assert [number(d) for d in drain(queue)] == [8, 9, 10]
+    assert queue.drop_while(lambda info: True) is None
+
+
+def test_drop_while_then_a_clean_restart_keeps_the_rest(open_queue):
+    queue = open_queue()
+    for n in range(2000):
+        queue.publish(message(n), expiry_ms=n)
+    queue.drop_while(lambda info: info.expiry_ms < 5)
+    queue.terminate()
+    queue = open_queue()
+    assert queue.recovered_clean and len(queue) == 1995
+    assert [number(d) for d in drain(queue)] == list(range(5, 2000))
+
+
+def test_a_restart_with_a_huge_next_seq_id_and_no_data_is_fast_and_empty(open_queue, tmp_path):
+    open_queue().terminate()
+    terms_path = tmp_path / "queues" / "q" / "recovery.json"
+    terms = json.loads(terms_path.read_text())
+    terms["next_seq_id"] = 10**11
+    terms_path.write_text(json.dumps(terms))
+    started = time.monotonic()
+    queue = open_queue()
+    assert time.monotonic() - started < 0.5
+    assert len(queue) == 0 and queue.fetch() is None
+    assert queue.publish(message(0)) == 10**11
+
+
+def test_purge_drops_the_waiting_messages_and_leaves_those_awaiting_acks(open_queue):
+    queue = open_queue()
+    for n in range(10):
+        queue.publish(message(n))
+    fetched = [queue.fetch() for _ in range(6)]
+    assert queue.purge() == 4
+    assert (len(queue), queue.depth) == (0, 6)
+    queue.requeue([d.seq_id for d in fetched[:2]])
+    assert (len(queue), queue.depth) == (2, 6)
+    queue.ack([d.seq_id for d in fetched[2:]])
+    assert (len(queue), queue.depth) == (2, 2)
+
+
+def test_a_purge_reaches_messages_paged_out_to_delta(open_queue, engine_stores):
+    queue = open_queue(io_batch_size=1)
+    for n in range(5 * N):
+        queue.publish(message(n, size=SIZES[n % 2]))
+    queue.set_ram_duration_target(0)
+    while queue.reduce_memory_use():
+        pass
+    assert queue.stats()["delta"] > 0
+    assert queue.purge() == 5 * N and len(queue) == 0
+    queue.sync()
+    assert engine_stores.persistent.stats()["message_count"] == 0
+    assert not [f for f in os.listdir(queue.directory) if f.endswith((".qi", ".qs"))]
+
+
+def test_deleting_a_queue_of_large_messages_frees_them_in_the_shared_store(open_queue,
+                                                                           engine_stores):
+    queue = open_queue()
+    for n in range(30):
+        queue.publish(message(n, size=2**20))
+    queue.sync()
+    queue.fetch()
+    directory = queue.directory
+    queue.delete()
+    assert not os.path.exists(directory)
+    assert engine_stores.persistent.stats()["message_count"] == 0
+
+
+def test_small_messages_stay_in_the_queues_files_and_large_ones_go_to_the_shared_store(
+        open_queue, engine_stores):
+    queue = open_queue(embed_msgs_below=100)
+    queue.publish(message(0, size=50))
+    queue.sync()
+    assert engine_stores.persistent.stats()["message_count"] == 0
+    assert os.listdir(queue.directory).count("0.qs") == 1
+    queue.publish(message(1, size=150))
+    queue.sync()
+    assert engine_stores.persistent.stats()["message_count"] == 1
+
+
+def test_a_message_over_the_maximum_size_is_refused_and_nothing_is_stored(open_queue):
+    queue = open_queue(max_message_bytes=1000)
+    with pytest.raises(MessageTooLarge, match="above this queue's maximum of 1000"):
+        queue.publish(message(0, size=2000))
+    with pytest.raises(InvalidMessage, match="headers"):
+        queue.publish(Message(b"x", headers={"k": object()}))
+    assert len(queue) == 0 and queue.sync() == [] and queue.next_seq_id == 0
+
+
+def test_a_record_failing_its_crc_is_never_delivered_and_the_queue_goes_on(open_queue):
+    queue = open_queue()
+    for n in range(3):
+        queue.publish(message(n, size=100))
+    queue.set_ram_duration_target(0)            # bodies only on disk now
+    queue.sync()
+    path = os.path.join(queue.directory, "0.qs")
+    with open(path, "r+b") as file:
+        file.seek(64 + 8 + 20)
+        byte = file.read(1)
+        file.seek(64 + 8 + 20)
+        file.write(bytes([byte[0] ^ 0xFF]))
+    with pytest.raises(CorruptMessage, match="seq id 0"):
+        queue.fetch()
+    assert [number(d) for d in drain(queue)] == [1, 2]
+    assert queue.counters["corrupt_on_read"] == 1
+
+
+def test_at_a_ram_target_of_zero_one_segment_stays_in_q3_and_the_rest_in_delta(open_queue):
+    queue = open_queue(io_batch_size=4)
+    for n in range(N * 3 // 2):
+        queue.publish(message(n, persistent=n % 2 == 0))
+    queue.set_ram_duration_target(0)
+    while queue.reduce_memory_use():
+        pass
+    stats = assert_counts_add_up(queue)
+    assert (stats["q3"], stats["alpha"], stats["ram_bytes"]) == (N, 0, 0)
+    assert (queue.delta.start, queue.delta.count, queue.delta.end) == (N, N // 2, N * 3 // 2)
+    assert [number(d) for d in drain(queue)] == list(range(N * 3 // 2))
+
+
+def test_a_queue_churning_under_changing_ram_targets_drains_completely(open_queue):
+    clock = [0.0]
+    queue = open_queue(io_batch_size=4, page_batch=50, clock=lambda: clock[0])
+    published = consumed = 0
+    for target in (0.25, 0, 0.25, math.inf, 0, math.inf):
+        for _ in range(3):
+            for _ in range(40):
+                queue.publish(message(published, size=SIZES[published % 2],
+                                      persistent=published % 3 != 0))
+                published += 1
+            for _ in range(25):
+                delivery = queue.fetch()
+                if delivery is not None:
+                    assert number(delivery) == consumed
+                    consumed += 1
+                    queue.ack([delivery.seq_id])
+            clock[0] += 1.0
+            queue.update_rates()
+            queue.set_ram_duration_target(target)
+            assert_counts_add_up(queue)
+    assert [number(d) for d in drain(queue)] == list(range(consumed, published))
+    assert len(queue) == queue.depth == 0
+
+
+def test_a_lazy_queue_keeps_nothing_in_ram_and_switches_modes_while_in_use(open_queue):
+    queue = open_queue(lazy=True)
+    for n in range(2 * N):
+        queue.publish(message(n, size=SIZES[n % 2], persistent=n % 3 != 0))
+    stats = assert_counts_add_up(queue)
+    assert (stats["delta"], stats["ram_bytes"], stats["mode"]) == (2 * N, 0, "lazy")
+    first = [queue.fetch() for _ in range(3)]
+    queue.set_lazy(False)
+    for n in range(2 * N, 3 * N):
+        queue.publish(message(n))
+    queue.requeue([d.seq_id for d in first])
+    queue.set_lazy(True)
+    assert assert_counts_add_up(queue)["alpha"] == 0
+    queue.set_lazy(False)
+    assert [number(d) for d in drain(queue)] == list(range(3 * N))
+
+
+def test_counts_of_every_state_add_up_to_the_length_while_paging(open_queue):
+    queue = open_queue(io_batch_size=2, page_batch=7)
+    for n in range(4 * N):
+        queue.publish(message(n, size=SIZES[n % 2], persistent=n % 2 == 0))
+    queue.set_ram_duration_target(0)
+    seen = set()
+    while True:
+        stats = assert_counts_add_up(queue)
+        seen |= {state for state in ("alpha", "beta", "gamma", "delta") if stats[state]}
+        if not queue.reduce_memory_use():
+            break
+    assert seen == {"alpha", "beta", "gamma", "delta"}
+
+
+def test_a_clean_restart_reads_no_index_and_brings_unacked_messages_back_redelivered(
+        open_queue, stores):
+    queue = open_queue()
+    for n in range(3 * N):
+        queue.publish(message(n, size=SIZES[n % 2], persistent=n % 4 != 0))
+    queue.sync()
+    fetched = [queue.fetch() for _ in range(5)]
+    queue.ack([fetched[0].seq_id])
+    queue.terminate()
+    queue = open_queue()
+    assert queue.recovered_clean and queue.stats()["delta"] == len(queue)
+    again = drain(queue)
+    survivors = [n for n in range(1, 3 * N) if n % 4 != 0]
+    assert [number(d) for d in again] == survivors
+    assert [d.delivery_count for d in again[:3]] == [1, 1, 1]          # 1, 2, 3 were fetched
+    assert not any(d.redelivered for d in again[3:])
+
+
+def test_a_dirty_restart_drops_transients_and_flags_every_survivor_redelivered(open_queue):
+    queue = open_queue()
+    for n in range(2 * N):
+        queue.publish(message(n))
+        queue.publish(message(2 * N + n, persistent=False))
+    queue.sync()
+    drain(queue, ack=False)
+    queue.abandon()
+    queue = open_queue()
+    assert not queue.recovered_clean and len(queue) == 2 * N
+    again = drain(queue)
+    assert [number(d) for d in again] == list(range(2 * N))
+    assert all(d.redelivered for d in again)
+
+
+def test_requeued_transients_are_gone_after_a_dirty_restart(open_queue):
+    queue = open_queue()
+    for n in range(4):
+        queue.publish(message(n, persistent=False))
+    queue.requeue([queue.fetch().seq_id, queue.fetch().seq_id])
+    queue.sync()
+    queue.abandon()
+    assert len(open_queue()) == 0
+
+
+def test_a_non_durable_queue_keeps_nothing_across_a_restart(open_queue):
+    queue = open_queue(durable=False)
+    for n in range(N):
+        queue.publish(message(n, size=SIZES[n % 2]))
+    assert queue.sync() == list(range(N))
+    queue.terminate()
+    assert len(open_queue(durable=False)) == 0
+
+
+def test_paged_transient_messages_go_to_the_transient_store_and_leave_it_when_acked(
+        open_queue, engine_stores):
+    queue = open_queue(io_batch_size=1)
+    for n in range(2 * N):
+        queue.publish(message(n, size=5000, persistent=False))
+    queue.set_ram_duration_target(0)
+    while queue.reduce_memory_use():
+        pass
+    assert engine_stores.transient.stats()["message_count"] == 2 * N
+    assert engine_stores.persistent.stats()["message_count"] == 0
+    drain(queue)
+    assert engine_stores.transient.stats()["message_count"] == 0
+
+
+def test_a_batch_with_a_message_over_the_maximum_publishes_nothing(open_queue):
+    queue = open_queue(max_message_bytes=1000)
+    small = encode(message(0))
+    with pytest.raises(MessageTooLarge, match="nothing was published"):
+        queue.publish_many([small, encode(message(1, size=2000))])
+    assert len(queue) == 0 and queue.next_seq_id == 0
+    assert list(queue.publish_many([small] * 3)) == [0, 1, 2]
+    assert queue.sync() == [0, 1, 2]
+
+
+def test_a_lazy_queue_delivers_a_large_message_its_store_client_has_not_sent_yet(open_queue,
+                                                                                 stores):
+    queue = open_queue(lazy=True)
+    queue.publish(message(0, size=6000))             # batched in the client, not sent
+    delivery = queue.fetch()
+    assert number(delivery) == 0 and len(delivery.message.body) == 6000
+    queue.ack([delivery.seq_id])
+    assert queue.counters["missing_on_read"] == 0
+
+
+def test_a_body_flipped_in_the_shared_store_is_never_delivered_and_the_queue_goes_on(
+        open_queue, stores):
+    queue = open_queue()
+    for n in range(3):
+        queue.publish(message(n, size=6000))          # above 4 KiB: in the shared store
+    queue.set_ram_duration_target(0)                  # bodies only on disk now
+    queue.sync()
+    store = os.path.join(stores.root if stores.kind == "engine" else
+                         os.path.join(stores.node.data_dir), "msg_store_persistent")
+    path = os.path.join(store, "0.rdq")
+    with open(path, "r+b") as file:
+        data = file.read()
+        at = data.index(b"1:xxxx") + 3000             # the middle of message 1's body
+        file.seek(at)
+        file.write(bytes([data[at] ^ 0x01]))
+    assert number(queue.fetch()) == 0
+    with pytest.raises(CorruptMessage, match="seq id 1 in the shared store"):
+        queue.fetch()
+    assert [number(d) for d in drain(queue)] == [2]
+    assert queue.counters["corrupt_on_read"] == 1
