@@ -50,7 +50,9 @@ setup(
         # The chaos report's plot.
         "plot": ["matplotlib>=3.7,<4"],
     },
-    entry_points={"console_scripts": ["warren=warren.supervisor.cli:main"],
-                  # the warren_chaos fixture, for the tests of applications built on Warren
-                  "pytest11": ["warren_chaos=warren.supervisor.chaos.pytest_plugin"]},
+    entry_points={
+        "console_scripts": ["warren=warren.supervisor.cli:main"],
+        # the warren_chaos fixture, for the tests of applications built on Warren
+        "pytest11": ["warren_chaos=warren.supervisor.chaos.pytest_plugin"],
+    },
 )

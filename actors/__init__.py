@@ -27,11 +27,26 @@ travel), ``runtime_dir``, ``exitcodes``, ``errors``.
 
 from .actor import DeferredReply, ProcessActor
 from .codec import LARGE_BODY_BYTES, message, register_message
-from .errors import (ActorDeadError, ActorError, AskTimeout, CodecError, InvalidSpec,
-                           MailboxFull, MessageTooLarge, RemoteError, SpawnError,
-                                  UnhandledMessage)
-from .exitcodes import (EXIT_CRASHED, EXIT_LINKED, EXIT_NORMAL, EXIT_PARENT_GONE,
-                              EXIT_START_FAILED, EXIT_TERMINATED)
+from .errors import (
+    ActorDeadError,
+    ActorError,
+    AskTimeout,
+    CodecError,
+    InvalidSpec,
+    MailboxFull,
+    MessageTooLarge,
+    RemoteError,
+    SpawnError,
+    UnhandledMessage,
+)
+from .exitcodes import (
+    EXIT_CRASHED,
+    EXIT_LINKED,
+    EXIT_NORMAL,
+    EXIT_PARENT_GONE,
+    EXIT_START_FAILED,
+    EXIT_TERMINATED,
+)
 from .messages import Down, Exit, Pong
 from .monitor import Monitor
 from .node import Node

@@ -198,8 +198,12 @@ def serve(fd: int) -> None:
             break
         kind, payload = request
         if kind == SPAWN and not signed(key, payload):
-            print("warren forkserver: refused a spawn order that is not the node's (its "
-                  "signature does not check out)", file=sys.stderr, flush=True)
+            print(
+                "warren forkserver: refused a spawn order that is not the node's (its "
+                "signature does not check out)",
+                file=sys.stderr,
+                flush=True,
+            )
         elif kind == SPAWN:
             pid = os.fork()
             if pid == 0:
@@ -235,7 +239,7 @@ def signed(key: bytes, payload: bytes) -> bool:
     if len(payload) < SPAWN_HEAD.size:
         return False
     at = order_offset(payload)
-    mac, order = payload[at:at + SIGNATURE_BYTES], payload[at + SIGNATURE_BYTES:]
+    mac, order = payload[at : at + SIGNATURE_BYTES], payload[at + SIGNATURE_BYTES :]
     return len(mac) == SIGNATURE_BYTES and hmac.compare_digest(mac, sign(key, order))
 
 
@@ -320,8 +324,11 @@ def log_to_stderr(actor_name: str, level: int) -> None:
     """Send this actor process's log records to stderr (the node's), at the node's level,
     each line with its time, level, the actor's name and pid, and the logger's name."""
     logging.basicConfig(
-        level=level, force=True, stream=sys.stderr,
-        format=f"%(asctime)s %(levelname)s {actor_name}[%(process)d] %(name)s: %(message)s")
+        level=level,
+        force=True,
+        stream=sys.stderr,
+        format=f"%(asctime)s %(levelname)s {actor_name}[%(process)d] %(name)s: %(message)s",
+    )
 
 
 def _child(payload: bytes, forkserver_pid: int, log_level: int) -> int:
@@ -331,10 +338,10 @@ def _child(payload: bytes, forkserver_pid: int, log_level: int) -> int:
     if not die_with_parent(forkserver_pid):
         return EXIT_PARENT_GONE
     token, size = SPAWN_HEAD.unpack_from(payload)
-    node_endpoint = payload[SPAWN_HEAD.size:SPAWN_HEAD.size + size].decode()
+    node_endpoint = payload[SPAWN_HEAD.size : SPAWN_HEAD.size + size].decode()
     try:
         # The node's own order: the server checked its signature before forking us.
-        order = pickle.loads(payload[order_offset(payload) + SIGNATURE_BYTES:])
+        order = pickle.loads(payload[order_offset(payload) + SIGNATURE_BYTES :])
     except Exception as exc:
         from ._node_client import NodeClient
         from ._runtime import runtime

@@ -34,8 +34,15 @@ from .errors import SpawnError
 logger = logging.getLogger("warren.actors")
 
 # Modules every forkserver imports before its first fork, so children start warm.
-DEFAULT_PRELOAD = ("warren.actors", "warren.actors._loop", "zmq", "msgpack", "pykka", "psutil",
-                   "setproctitle")
+DEFAULT_PRELOAD = (
+    "warren.actors",
+    "warren.actors._loop",
+    "zmq",
+    "msgpack",
+    "pykka",
+    "psutil",
+    "setproctitle",
+)
 # How long the forkserver may take to import its preloads (seconds).
 _BOOT_TIMEOUT_S = 60.0
 # How long close waits for the forkserver to exit before killing it (seconds).
@@ -54,20 +61,29 @@ class ForkserverClient:
         self._buffer = bytearray()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         bootstrap = f"from warren.actors._forkserver import serve; serve({theirs.fileno()})"
-        self.process = subprocess.Popen([sys.executable, "-c", bootstrap],
-                                        pass_fds=[theirs.fileno()], close_fds=True,
-                                        stdin=subprocess.DEVNULL)
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", bootstrap],
+            pass_fds=[theirs.fileno()],
+            close_fds=True,
+            stdin=subprocess.DEVNULL,
+        )
         theirs.close()
         self._socket = ours
         main_path = getattr(sys.modules.get("__main__"), "__file__", None)
         if main_path is not None and not os.path.isfile(main_path):
             main_path = None
         self._key = os.urandom(32)
-        boot = json.dumps({"sys_path": list(sys.path),
-                           "preload": list(DEFAULT_PRELOAD) + list(preload),
-                           "main": main_path, "title": f"warren: forkserver {node_name}",
-                           "parent_pid": os.getpid(), "log_level": log_level,
-                           "key": self._key.hex()}).encode()
+        boot = json.dumps(
+            {
+                "sys_path": list(sys.path),
+                "preload": list(DEFAULT_PRELOAD) + list(preload),
+                "main": main_path,
+                "title": f"warren: forkserver {node_name}",
+                "parent_pid": os.getpid(),
+                "log_level": log_level,
+                "key": self._key.hex(),
+            }
+        ).encode()
         ours.sendall(_forkserver.HEADER.pack(len(boot), _forkserver.BOOT) + boot)
         ours.settimeout(_BOOT_TIMEOUT_S)
         try:
@@ -79,10 +95,12 @@ class ForkserverClient:
             self.process.kill()
             self.process.wait()
             ours.close()
-            raise SpawnError(f"the forkserver of node {node_name} did not start; its error "
-                             f"is on stderr (a preload module {list(preload)} failed, or the "
-                             f"main script starts a node without an "
-                             f"`if __name__ == \"__main__\":` guard)")
+            raise SpawnError(
+                f"the forkserver of node {node_name} did not start; its error "
+                f"is on stderr (a preload module {list(preload)} failed, or the "
+                f"main script starts a node without an "
+                f'`if __name__ == "__main__":` guard)'
+            )
         _live_clients.add(self)
 
     @property
@@ -95,8 +113,13 @@ class ForkserverClient:
     def spawn(self, token: int, node_endpoint: str, pickled_order: bytes) -> None:
         """Order a fork for the spawn ``token``; OSError or SpawnError if it cannot go."""
         endpoint = node_endpoint.encode()
-        self._send(_forkserver.SPAWN, _forkserver.SPAWN_HEAD.pack(token, len(endpoint))
-                   + endpoint + _forkserver.sign(self._key, pickled_order) + pickled_order)
+        self._send(
+            _forkserver.SPAWN,
+            _forkserver.SPAWN_HEAD.pack(token, len(endpoint))
+            + endpoint
+            + _forkserver.sign(self._key, pickled_order)
+            + pickled_order,
+        )
 
     def signal(self, pid: int, signum: int) -> None:
         """Have the server send ``signum`` to its child ``pid`` (if still its own)."""

@@ -109,8 +109,9 @@ class Lives:
             if pending is not None:
                 pending.pid = pid
 
-    def ready(self, token: int, address: str, control: str, pid: int,
-              node_endpoint: str) -> tuple[Pending, Life] | None:
+    def ready(
+        self, token: int, address: str, control: str, pid: int, node_endpoint: str
+    ) -> tuple[Pending, Life] | None:
         """Record the life of a spawn that reported READY. ``None`` when nobody waits for
         it any more, or when its process has exited already (the spawn is failed)."""
         with self._lock:
@@ -123,8 +124,7 @@ class Lives:
             if pending.exit_status is not None:
                 pending.fail("the process exited right after it was ready")
                 return None
-            ref = ActorRef(order.name, address, control, order.incarnation, pid,
-                           node_endpoint)
+            ref = ActorRef(order.name, address, control, order.incarnation, pid, node_endpoint)
             life = Life(ref, order)
             self._by_pid[pid] = life
             self._by_address[address] = life

@@ -76,14 +76,19 @@ import zmq
 from . import wire
 from ._node_client import NodeClient
 from ._runtime import runtime
-from .process import drain_wake_pipe
 from .actor import ProcessActor
 from .codec import Decoder, Encoder, UnknownMessage, find_unknown
-from .errors import (ActorDeadError, ActorError, CodecError, MessageTooLarge,
-                                  UnhandledMessage)
-from .exitcodes import (EXIT_CRASHED, EXIT_LINKED, EXIT_NORMAL, EXIT_PARENT_GONE,
-                              EXIT_START_FAILED, EXIT_TERMINATED)
+from .errors import ActorDeadError, ActorError, CodecError, MessageTooLarge, UnhandledMessage
+from .exitcodes import (
+    EXIT_CRASHED,
+    EXIT_LINKED,
+    EXIT_NORMAL,
+    EXIT_PARENT_GONE,
+    EXIT_START_FAILED,
+    EXIT_TERMINATED,
+)
 from .messages import Down, Exit, Pong
+from .process import drain_wake_pipe
 from .ref import ActorRef
 
 logger = logging.getLogger("warren.actors")
@@ -132,7 +137,8 @@ class _Deferred:
             raise ActorError("this ask was answered already")
         self._used = True
         self._loop.call_soon_threadsafe(
-            lambda: self._loop.reply(self._identity, kind, self._request_id, value))
+            lambda: self._loop.reply(self._identity, kind, self._request_id, value)
+        )
 
 
 def _describe(exception: BaseException) -> list[str]:
@@ -150,7 +156,7 @@ class ActorLoop:
     def __init__(self, order: SpawnOrder) -> None:
         self._order = order
         self._runtime = runtime()
-        if "curve" in order.options:          # this actor's node keeps tcp to its own
+        if "curve" in order.options:  # this actor's node keeps tcp to its own
             self._runtime.curve = tuple(order.options["curve"])
         # A node request that waits when the actor is told to stop is given up (the node
         # may be dead: its forkserver asks every actor to stop then).
@@ -173,9 +179,18 @@ class ActorLoop:
         self._current_ask: tuple[bytes, int] | None = None
         self._deferred: _Deferred | None = None
         self._delivered_since_idle = False
-        self.counters = {"received": 0, "batches": 0, "asks": 0, "dropped_stale": 0,
-                         "malformed": 0, "unknown_type": 0, "unhandled": 0, "oversized": 0,
-                         "unroutable": 0, "dropped_at_stop": 0}
+        self.counters = {
+            "received": 0,
+            "batches": 0,
+            "asks": 0,
+            "dropped_stale": 0,
+            "malformed": 0,
+            "unknown_type": 0,
+            "unhandled": 0,
+            "oversized": 0,
+            "unroutable": 0,
+            "dropped_at_stop": 0,
+        }
         # Both set by _setup, before anything else reads them.
         self.actor: ProcessActor
         self.ref: ActorRef
@@ -222,9 +237,14 @@ class ActorLoop:
         try:
             self._data = self._bind(zmq.ROUTER, order.address)
             self._control = self._bind(zmq.ROUTER, order.control)
-            self.ref = ActorRef(order.name, self._endpoint(self._data),
-                                self._endpoint(self._control), order.incarnation,
-                                os.getpid(), order.node)
+            self.ref = ActorRef(
+                order.name,
+                self._endpoint(self._data),
+                self._endpoint(self._control),
+                order.incarnation,
+                os.getpid(),
+                order.node,
+            )
             self.actor = order.actor_class(*order.args, **order.kwargs)
             self.actor.ref = self.ref
             self.actor._services = self
@@ -373,15 +393,23 @@ class ActorLoop:
 
     def _refuse_oversized(self, identity: bytes, frames: list[Any]) -> None:
         self.counters["oversized"] += 1
-        logger.warning("%s: refused a message of %d bytes (limit %d)", self._order.name,
-                       sum(len(f) for f in frames), self._max_bytes)
+        logger.warning(
+            "%s: refused a message of %d bytes (limit %d)",
+            self._order.name,
+            sum(len(f) for f in frames),
+            self._max_bytes,
+        )
         try:
             kind, _stamp, request_id, _body = self._decoder.decode(frames)
         except (CodecError, ValueError, TypeError, IndexError):
             return
         if kind == wire.ASK and type(request_id) is int:
-            self.reply(identity, wire.REPLY_ERROR, request_id, _describe(
-                MessageTooLarge(f"message exceeds {self._max_bytes} bytes")))
+            self.reply(
+                identity,
+                wire.REPLY_ERROR,
+                request_id,
+                _describe(MessageTooLarge(f"message exceeds {self._max_bytes} bytes")),
+            )
 
     def _drop_unknown(self, identity: bytes, kind: Any, request_id: Any, body: Any) -> Any:
         """Strip messages this process cannot build (an unregistered type, or fields that
@@ -398,14 +426,19 @@ class ActorLoop:
         unknown = find_unknown(body) or UnknownMessage("?")
         self._count_unknown(unknown)
         if kind == wire.ASK and type(request_id) is int:
-            self.reply(identity, wire.REPLY_ERROR, request_id,
-                       _describe(CodecError(unknown.reason)))
+            self.reply(
+                identity, wire.REPLY_ERROR, request_id, _describe(CodecError(unknown.reason))
+            )
         return None
 
     def _count_unknown(self, unknown: UnknownMessage) -> None:
         self.counters["malformed" if unknown.malformed else "unknown_type"] += 1
-        logger.warning("%s: dropped a %s it cannot build: %s", self._order.name,
-                       unknown.type_name, unknown.reason)
+        logger.warning(
+            "%s: dropped a %s it cannot build: %s",
+            self._order.name,
+            unknown.type_name,
+            unknown.reason,
+        )
 
     def _count_malformed(self, where: str) -> None:
         self.counters["malformed"] += 1
@@ -433,8 +466,12 @@ class ActorLoop:
             if deferred is None:
                 self.reply(identity, wire.REPLY_ERROR, request_id, _describe(exc))
             else:
-                logger.error("%s: %s raised after deferring its answer", self._order.name,
-                             type(message).__name__, exc_info=True)
+                logger.error(
+                    "%s: %s raised after deferring its answer",
+                    self._order.name,
+                    type(message).__name__,
+                    exc_info=True,
+                )
                 if not deferred.used:
                     deferred.fail(exc)
         else:
@@ -443,22 +480,28 @@ class ActorLoop:
         finally:
             self._current_ask = None
 
-    def reply(self, identity: bytes, kind: int, request_id: int, value: Any,
-              socket: zmq.Socket | None = None) -> None:
+    def reply(
+        self,
+        identity: bytes,
+        kind: int,
+        request_id: int,
+        value: Any,
+        socket: zmq.Socket | None = None,
+    ) -> None:
         """Send an answer; an answer nobody can receive is counted, never waited for."""
         try:
             frames = self._encoder.encode([kind, request_id, value])
         except CodecError as exc:
             frames = self._encoder.encode([wire.REPLY_ERROR, request_id, _describe(exc)])
         try:
-            (socket or self._data).send_multipart([identity, *frames], zmq.NOBLOCK,
-                                                  copy=len(frames) == 1)
+            (socket or self._data).send_multipart(
+                [identity, *frames], zmq.NOBLOCK, copy=len(frames) == 1
+            )
         except zmq.ZMQError as exc:
             if exc.errno not in (errno.EHOSTUNREACH, errno.EAGAIN):
                 raise
             self.counters["unroutable"] += 1
-            logger.warning("%s: an answer could not be routed (%s)", self._order.name,
-                           exc.strerror)
+            logger.warning("%s: an answer could not be routed (%s)", self._order.name, exc.strerror)
 
     def _serve_control(self) -> None:
         incarnation = self._order.incarnation
@@ -491,8 +534,13 @@ class ActorLoop:
             self._runtime.mark_dead(body.ref.address, body.ref.incarnation)
             self._injected.append(body)
             return _NO_ANSWER
-        if (kind == wire.ALARM and type(body) is list and len(body) == 2
-                and type(body[0]) is str and type(body[1]) is bool):
+        if (
+            kind == wire.ALARM
+            and type(body) is list
+            and len(body) == 2
+            and type(body[0]) is str
+            and type(body[1]) is bool
+        ):
             resource, raised = body
             self._posted.append(lambda: self.actor.on_alarm(resource, raised))
             return _NO_ANSWER
@@ -567,8 +615,11 @@ class ActorLoop:
             else:
                 self.counters["dropped_at_stop"] += 1
         if self.counters["dropped_at_stop"]:
-            logger.warning("%s: %d messages were still queued at stop", self._order.name,
-                           self.counters["dropped_at_stop"])
+            logger.warning(
+                "%s: %d messages were still queued at stop",
+                self._order.name,
+                self.counters["dropped_at_stop"],
+            )
         return self._exit_code
 
     # -- ActorServices -------------------------------------------------------------------
@@ -591,12 +642,15 @@ class ActorLoop:
 
     def unhandled(self, message: Any, error: UnhandledMessage) -> None:
         self.counters["unhandled"] += 1
-        logger.warning("%s: ignored a %s it does not handle: %s", self._order.name,
-                       type(message).__name__, error)
+        logger.warning(
+            "%s: ignored a %s it does not handle: %s",
+            self._order.name,
+            type(message).__name__,
+            error,
+        )
 
     def call_later(self, delay_s: float, callback: Callable[[], None]) -> None:
-        heapq.heappush(self._timers, (time.monotonic() + delay_s, next(self._timer_ids),
-                                      callback))
+        heapq.heappush(self._timers, (time.monotonic() + delay_s, next(self._timer_ids), callback))
 
     def stop(self) -> None:
         self._stopping = True

@@ -72,8 +72,9 @@ class NodeClient:
         self._request(wire.REGISTER, [name, ref])
 
     def stop(self, ref: ActorRef, timeout: float = 5.0) -> Down:
-        return self._request(wire.STOP_ACTOR, [ref, timeout],
-                             timeout=2 * timeout + _STOP_REQUEST_SLACK_S)
+        return self._request(
+            wire.STOP_ACTOR, [ref, timeout], timeout=2 * timeout + _STOP_REQUEST_SLACK_S
+        )
 
 
 def node_for(endpoint: str) -> NodeOps:

@@ -41,8 +41,7 @@ import zmq.backend
 
 from . import wire
 from .codec import Decoder, Encoder
-from .errors import (ActorDeadError, AskTimeout, MailboxFull, MessageTooLarge,
-                           remote_error)
+from .errors import ActorDeadError, AskTimeout, MailboxFull, MessageTooLarge, remote_error
 
 if TYPE_CHECKING:
     from .ref import ActorRef
@@ -114,11 +113,13 @@ class Channel:
 
     def _send_locked(self, frames: list[Any], timeout: float | None) -> None:
         if len(frames) > 1 and sum(len(f) for f in frames) > wire.MAX_MESSAGE_BYTES:
-            raise MessageTooLarge(f"message of {sum(len(f) for f in frames)} bytes exceeds "
-                                  f"{wire.MAX_MESSAGE_BYTES}")
+            raise MessageTooLarge(
+                f"message of {sum(len(f) for f in frames)} bytes exceeds {wire.MAX_MESSAGE_BYTES}"
+            )
         if len(frames[0]) > wire.MAX_MESSAGE_BYTES:
-            raise MessageTooLarge(f"message of {len(frames[0])} bytes exceeds "
-                                  f"{wire.MAX_MESSAGE_BYTES}")
+            raise MessageTooLarge(
+                f"message of {len(frames[0])} bytes exceeds {wire.MAX_MESSAGE_BYTES}"
+            )
         socket = self.socket
         try:
             self._send_now(frames)
@@ -141,8 +142,14 @@ class Channel:
         else:
             self.socket.send_multipart(frames, zmq.NOBLOCK, copy=False)
 
-    def request(self, frames: list[Any], request_id: int, timeout: float | None,
-                target: ActorRef | None, abandon: Callable[[], bool] | None = None) -> Any:
+    def request(
+        self,
+        frames: list[Any],
+        request_id: int,
+        timeout: float | None,
+        target: ActorRef | None,
+        abandon: Callable[[], bool] | None = None,
+    ) -> Any:
         """Send a request and wait for its reply (see ``wait``)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self.lock:
@@ -154,8 +161,13 @@ class Channel:
         with self.lock:
             self._awaited.add(request_id)
 
-    def wait(self, request_id: int, deadline: float | None, target: ActorRef | None,
-             abandon: Callable[[], bool] | None = None) -> Any:
+    def wait(
+        self,
+        request_id: int,
+        deadline: float | None,
+        target: ActorRef | None,
+        abandon: Callable[[], bool] | None = None,
+    ) -> Any:
         """Return the reply's value, raise the remote error, ActorDeadError or AskTimeout.
 
         ``abandon``, checked as often as ``target``'s death, ends the wait early with
@@ -188,8 +200,7 @@ class Channel:
             if target is not None and runtime.known_down(target):
                 with self.lock:
                     self._awaited.discard(request_id)
-                raise ActorDeadError(f"{target.name} (incarnation {target.incarnation}) "
-                                     f"is dead")
+                raise ActorDeadError(f"{target.name} (incarnation {target.incarnation}) is dead")
             if abandon is not None and abandon():
                 with self.lock:
                     self._awaited.discard(request_id)
@@ -306,14 +317,12 @@ class Runtime:
             return False
         incarnation, alive = known
         if ref.pinned:
-            return ref.incarnation < incarnation or (ref.incarnation == incarnation
-                                                     and not alive)
+            return ref.incarnation < incarnation or (ref.incarnation == incarnation and not alive)
         return not alive
 
 
 _runtime: Runtime | None = None
 _runtime_lock = threading.Lock()
-
 
 
 def runtime() -> Runtime:

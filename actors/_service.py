@@ -42,10 +42,10 @@ import zmq
 
 from . import _forkserver, wire
 from ._lives import Ended, Pending
-from .process import drain_wake_pipe
 from .codec import Decoder, Encoder
 from .errors import CodecError
 from .exitcodes import describe
+from .process import drain_wake_pipe
 
 if TYPE_CHECKING:
     from .node import Node
@@ -78,8 +78,9 @@ class NodeService:
         self._posted: collections.deque[Callable[[], None]] = collections.deque()
         self._timers: list[tuple[float, Callable[[], None]]] = []
         self._done = False
-        self._thread = threading.Thread(target=self._serve, name=f"warren-node-{node.name}",
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=self._serve, name=f"warren-node-{node.name}", daemon=True
+        )
 
     def start(self) -> None:
         self._thread.start()
@@ -152,8 +153,7 @@ class NodeService:
 
     def _forkserver_lost(self) -> None:
         self._forkserver.mark_gone()
-        logger.error("node %s: the forkserver has gone; its actors were killed",
-                     self._node.name)
+        logger.error("node %s: the forkserver has gone; its actors were killed", self._node.name)
         for pid in self._lives.every_pid():
             self._exited(pid, -signal.SIGKILL)
         for pending in self._lives.every_pending():
@@ -162,8 +162,12 @@ class NodeService:
     def _exited(self, pid: int, status: int) -> None:
         ended = self._lives.exited(pid, status)
         if isinstance(ended, Pending):
-            self._timers.append((time.monotonic() + EXIT_BEFORE_READY_GRACE_S,
-                                 functools.partial(self._fail_pending, ended.token)))
+            self._timers.append(
+                (
+                    time.monotonic() + EXIT_BEFORE_READY_GRACE_S,
+                    functools.partial(self._fail_pending, ended.token),
+                )
+            )
         elif isinstance(ended, Ended):
             self._node._report_down(ended)
 
@@ -186,23 +190,24 @@ class NodeService:
             try:
                 kind, request_id, body = decoder.decode(frames[1:])
                 answer = self._answer(frames[0], kind, request_id, body)
-            except (CodecError, ValueError, TypeError, KeyError, IndexError,
-                    AttributeError) as exc:
+            except (CodecError, ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:
                 self._node.counters["malformed"] += 1
-                logger.warning("node %s: dropped a malformed request: %s", self._node.name,
-                               exc)
+                logger.warning("node %s: dropped a malformed request: %s", self._node.name, exc)
                 continue
             if answer is not _NO_ANSWER:
                 self._reply(encoder, frames[0], request_id, wire.REPLY_OK, answer)
 
-    def _reply(self, encoder: Encoder, identity: bytes, request_id: int, kind: int,
-               value: Any) -> None:
+    def _reply(
+        self, encoder: Encoder, identity: bytes, request_id: int, kind: int, value: Any
+    ) -> None:
         try:
-            self._router.send_multipart([identity, *encoder.encode([kind, request_id, value])],
-                                        zmq.NOBLOCK)
+            self._router.send_multipart(
+                [identity, *encoder.encode([kind, request_id, value])], zmq.NOBLOCK
+            )
         except zmq.ZMQError as exc:
-            logger.warning("node %s: an answer could not be routed (%s)", self._node.name,
-                           exc.strerror)
+            logger.warning(
+                "node %s: an answer could not be routed (%s)", self._node.name, exc.strerror
+            )
 
     def _answer(self, identity: bytes, kind: int, request_id: int, body: Any) -> Any:
         node = self._node
@@ -215,8 +220,9 @@ class NodeService:
             pending = self._lives.give_up(token)
             if pending is not None:
                 if remote_tb:
-                    logger.error("node %s: %s failed to start:\n%s", node.name,
-                                 pending.order.name, remote_tb)
+                    logger.error(
+                        "node %s: %s failed to start:\n%s", node.name, pending.order.name, remote_tb
+                    )
                 pending.fail(f"{type_name}: {text}")
             return _NO_ANSWER
         if kind == wire.MONITOR:
@@ -245,10 +251,10 @@ class NodeService:
 
             def stop_and_answer() -> None:
                 down = node.stop(ref, float(timeout))
-                self.post(lambda: self._reply(encoder, identity, request_id,
-                                              wire.REPLY_OK, down))
+                self.post(lambda: self._reply(encoder, identity, request_id, wire.REPLY_OK, down))
 
-            threading.Thread(target=stop_and_answer, daemon=True,
-                             name=f"warren-stop-{ref.name}").start()
+            threading.Thread(
+                target=stop_and_answer, daemon=True, name=f"warren-stop-{ref.name}"
+            ).start()
             return _NO_ANSWER
         raise ValueError(f"unknown request kind {kind!r}")

@@ -105,8 +105,7 @@ class ProcessActor:
         request, fields it cannot use): an ask gets it as its error, a tell is logged and
         counted (``unhandled``), and the actor goes on. The default handles nothing.
         """
-        raise UnhandledMessage(f"{type(self).__name__} does not handle a "
-                               f"{type(message).__name__}")
+        raise UnhandledMessage(f"{type(self).__name__} does not handle a {type(message).__name__}")
 
     def on_receive_batch(self, messages: list[Any]) -> None:
         """Handle queued tells in order; the default hands each to ``on_receive``, and a
@@ -129,9 +128,12 @@ class ProcessActor:
         """Called on a clean stop (request, SIGTERM or SIGHUP, linked exit), not after a
         crash."""
 
-    def on_failure(self, exception_type: type[BaseException] | None,
-                   exception_value: BaseException | None,
-                   traceback: TracebackType | None) -> None:
+    def on_failure(
+        self,
+        exception_type: type[BaseException] | None,
+        exception_value: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
         """Called instead of ``on_stop`` when an unhandled exception stops the actor."""
 
     def defer_reply(self) -> DeferredReply:
@@ -175,6 +177,7 @@ class ProcessActor:
     def _require_services(self) -> ActorServices:
         services = getattr(self, "_services", None)
         if services is None:
-            raise ActorError("actor services are available only inside a spawned actor, "
-                             "from on_start on")
+            raise ActorError(
+                "actor services are available only inside a spawned actor, from on_start on"
+            )
         return services

@@ -116,8 +116,7 @@ class Encoder:
     def __init__(self, large_body_bytes: int = LARGE_BODY_BYTES) -> None:
         self._large = large_body_bytes
         self._frames: list[Any] = []
-        self._packer = msgpack.Packer(default=self._default, strict_types=True,
-                                      autoreset=True)
+        self._packer = msgpack.Packer(default=self._default, strict_types=True, autoreset=True)
 
     def encode(self, obj: Any) -> list[Any]:
         """Return ``[header, *large_bodies]``."""
@@ -152,8 +151,9 @@ class Encoder:
                 values.append(value)
             return msgpack.ExtType(_EXT_MESSAGE, self._pack_nested(values))
         if cls is _ref_type:
-            return msgpack.ExtType(_EXT_REF, self._pack_nested(
-                [getattr(obj, f) for f in _ref_fields]))
+            return msgpack.ExtType(
+                _EXT_REF, self._pack_nested([getattr(obj, f) for f in _ref_fields])
+            )
         if isinstance(obj, (tuple, list)):
             return list(obj)
         if isinstance(obj, dict):
@@ -170,8 +170,10 @@ class Encoder:
             return str(obj)
         if isinstance(obj, bytes):
             return bytes(obj)
-        raise CodecError(f"cannot encode {cls.__module__}.{cls.__qualname__}: register it "
-                         f"with @actors.message, or send plain data")
+        raise CodecError(
+            f"cannot encode {cls.__module__}.{cls.__qualname__}: register it "
+            f"with @actors.message, or send plain data"
+        )
 
 
 class Decoder:
@@ -186,8 +188,9 @@ class Decoder:
         self._frames = frames
         self.saw_unknown = False
         try:
-            return msgpack.unpackb(frames[0], ext_hook=self._ext_hook, raw=False,
-                                   strict_map_key=False)
+            return msgpack.unpackb(
+                frames[0], ext_hook=self._ext_hook, raw=False, strict_map_key=False
+            )
         except CodecError:
             raise
         except Exception as exc:  # msgpack raises many types on hostile bytes
@@ -212,12 +215,14 @@ class Decoder:
             expected = len(_field_names[cls])
             if len(values) != expected:
                 self.saw_unknown = True
-                return UnknownMessage(str(type_name), f"{type_name} takes {expected} fields, "
-                                                      f"the message carried {len(values)}",
-                                      malformed=True)
+                return UnknownMessage(
+                    str(type_name),
+                    f"{type_name} takes {expected} fields, the message carried {len(values)}",
+                    malformed=True,
+                )
             try:
                 return cls(*values)
-            except (TypeError, ValueError) as exc:   # a field its own checks refuse
+            except (TypeError, ValueError) as exc:  # a field its own checks refuse
                 self.saw_unknown = True
                 return UnknownMessage(str(type_name), f"{type_name}: {exc}", malformed=True)
         if code == _EXT_REF and _ref_type is not None:

@@ -73,13 +73,31 @@ class RemoteError(ActorError):
 # RemoteError: the caller's process may not be able to import them, and a peer must never
 # choose what we import.
 _MIRRORED_BUILTINS = (
-    "ArithmeticError", "AssertionError", "AttributeError", "Exception", "IndexError",
-    "KeyError", "LookupError", "NotImplementedError", "OverflowError", "RuntimeError",
-    "TypeError", "ValueError", "ZeroDivisionError",
+    "ArithmeticError",
+    "AssertionError",
+    "AttributeError",
+    "Exception",
+    "IndexError",
+    "KeyError",
+    "LookupError",
+    "NotImplementedError",
+    "OverflowError",
+    "RuntimeError",
+    "TypeError",
+    "ValueError",
+    "ZeroDivisionError",
 )
 _MIRRORED_OWN: dict[str, type[ActorError]] = {
-    cls.__name__: cls for cls in (ActorDeadError, AskTimeout, CodecError, MailboxFull,
-                                  MessageTooLarge, SpawnError, UnhandledMessage)
+    cls.__name__: cls
+    for cls in (
+        ActorDeadError,
+        AskTimeout,
+        CodecError,
+        MailboxFull,
+        MessageTooLarge,
+        SpawnError,
+        UnhandledMessage,
+    )
 }
 _mirrors: dict[str, type[RemoteError]] = {}
 

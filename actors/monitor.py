@@ -34,8 +34,9 @@ Notify = Callable[[Down], None]
 class Monitor:
     """A pending or resolved watch on ``target``; ``wait`` returns its ``Down``."""
 
-    def __init__(self, target: ActorRef, notify: Notify | None,
-                 watcher: ActorRef | None = None) -> None:
+    def __init__(
+        self, target: ActorRef, notify: Notify | None, watcher: ActorRef | None = None
+    ) -> None:
         self.target = target
         # The actor this monitor notifies, when it is held on an actor's behalf.
         self.watcher = watcher

@@ -92,13 +92,20 @@ _TRANSPORTS = ("ipc", "tcp")
 class Node:
     """Spawns, watches and stops actor processes (see the module docstring)."""
 
-    def __init__(self, name: str = "warren", runtime_dir: str | None = None,
-                 preload: tuple[str, ...] = (),
-                 start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
-                 log_level: int | str | None = None, curve: bool = False) -> None:
+    def __init__(
+        self,
+        name: str = "warren",
+        runtime_dir: str | None = None,
+        preload: tuple[str, ...] = (),
+        start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
+        log_level: int | str | None = None,
+        curve: bool = False,
+    ) -> None:
         if _forkserver.importing_main():
-            raise SpawnError("a Node was started while the forkserver imported the main "
-                             "script: start nodes under `if __name__ == \"__main__\":`")
+            raise SpawnError(
+                "a Node was started while the forkserver imported the main "
+                'script: start nodes under `if __name__ == "__main__":`'
+            )
         if not name or not isinstance(name, str):
             raise InvalidSpec("name", name, "must be a non-empty string")
         if start_timeout_s <= 0:
@@ -108,8 +115,11 @@ class Node:
         elif isinstance(log_level, str) and log_level.upper() in logging.getLevelNamesMapping():
             log_level = logging.getLevelNamesMapping()[log_level.upper()]
         if type(log_level) is not int:
-            raise InvalidSpec("log_level", log_level, "a logging level: DEBUG, INFO, "
-                              "WARNING, ERROR, or its number")
+            raise InvalidSpec(
+                "log_level",
+                log_level,
+                "a logging level: DEBUG, INFO, WARNING, ERROR, or its number",
+            )
         self.log_level = log_level
         self.name = name
         self.registry = Registry()
@@ -125,8 +135,12 @@ class Node:
         self._curve: tuple[bytes, bytes] | None = None
         if curve:
             if self._runtime.curve is not None:
-                raise InvalidSpec("curve", curve, "one node of a process may keep its tcp "
-                                  "actors to itself; this process has one already")
+                raise InvalidSpec(
+                    "curve",
+                    curve,
+                    "one node of a process may keep its tcp "
+                    "actors to itself; this process has one already",
+                )
             self._curve = self._runtime.curve = zmq.curve_keypair()
         self._lives = Lives()
         self._tokens = itertools.count(1)
@@ -149,11 +163,19 @@ class Node:
 
     # -- spawning ------------------------------------------------------------------------
 
-    def spawn(self, actor_class: type[ProcessActor], *args: Any, name: str | None = None,
-              transport: str = "ipc", host: str = "127.0.0.1",
-              mailbox_size: int | None = None, max_batch: int | None = None,
-              title: str | None = None, start_timeout_s: float | None = None,
-              **kwargs: Any) -> ActorRef:
+    def spawn(
+        self,
+        actor_class: type[ProcessActor],
+        *args: Any,
+        name: str | None = None,
+        transport: str = "ipc",
+        host: str = "127.0.0.1",
+        mailbox_size: int | None = None,
+        max_batch: int | None = None,
+        title: str | None = None,
+        start_timeout_s: float | None = None,
+        **kwargs: Any,
+    ) -> ActorRef:
         """Start ``actor_class(*args, **kwargs)`` in a new process; return its ref once ready.
 
         ``name`` registers the actor (default: the class name and a number). ``transport``
@@ -188,8 +210,9 @@ class Node:
             control = ipc_endpoint(self.runtime_dir, name, "ctl")
         else:
             address = control = f"tcp://{host}:*"
-        return self._spawn_order(actor_class, args, kwargs, name, address, control, options,
-                                 start_timeout_s)
+        return self._spawn_order(
+            actor_class, args, kwargs, name, address, control, options, start_timeout_s
+        )
 
     def restart(self, ref: ActorRef, start_timeout_s: float | None = None) -> ActorRef:
         """Spawn ``ref``'s actor again, same arguments and addresses, next incarnation.
@@ -202,20 +225,45 @@ class Node:
         if life.down is None:
             raise InvalidSpec("ref", ref, "is still alive: stop it before restarting it")
         order = life.order
-        return self._spawn_order(order.actor_class, order.args, order.kwargs, order.name,
-                                 life.ref.address, life.ref.control, order.options,
-                                 start_timeout_s)
+        return self._spawn_order(
+            order.actor_class,
+            order.args,
+            order.kwargs,
+            order.name,
+            life.ref.address,
+            life.ref.control,
+            order.options,
+            start_timeout_s,
+        )
 
-    def _spawn_order(self, actor_class: type[ProcessActor], args: tuple[Any, ...],
-                     kwargs: dict[str, Any], name: str, address: str, control: str,
-                     options: dict[str, Any], start_timeout_s: float | None) -> ActorRef:
+    def _spawn_order(
+        self,
+        actor_class: type[ProcessActor],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        name: str,
+        address: str,
+        control: str,
+        options: dict[str, Any],
+        start_timeout_s: float | None,
+    ) -> ActorRef:
         if self._closed:
             raise SpawnError(f"node {self.name} is closed")
         timeout = self.start_timeout_s if start_timeout_s is None else start_timeout_s
         token = next(self._tokens)
         incarnation = self._lives.next_incarnation(address)
-        order = SpawnOrder(actor_class, tuple(args), dict(kwargs), name, incarnation,
-                           address, control, self.endpoint, token, options)
+        order = SpawnOrder(
+            actor_class,
+            tuple(args),
+            dict(kwargs),
+            name,
+            incarnation,
+            address,
+            control,
+            self.endpoint,
+            token,
+            options,
+        )
         try:
             pickled = pickle.dumps(order)
         except Exception as exc:
@@ -252,8 +300,9 @@ class Node:
         """Watch ``target``'s incarnation; see ``warren.actors.monitor`` for ``notify``."""
         if isinstance(notify, ActorRef):
             watcher = notify
-            monitor = Monitor(target, lambda down: self._notify_actor(watcher, wire.DOWN, down),
-                              watcher)
+            monitor = Monitor(
+                target, lambda down: self._notify_actor(watcher, wire.DOWN, down), watcher
+            )
         else:
             monitor = Monitor(target, notify)
         down = self._lives.watch(target, monitor)
@@ -274,8 +323,7 @@ class Node:
         """
         for receiver, down in self._lives.link(first, second):
             if _abnormal(down):
-                self._notify_actor(receiver, wire.EXIT,
-                                   Exit(down.ref, down.exitcode, down.signal))
+                self._notify_actor(receiver, wire.EXIT, Exit(down.ref, down.exitcode, down.signal))
 
     def whereis(self, name: str) -> ActorRef | None:
         """The ref registered under ``name`` in this node, or ``None``."""
@@ -305,8 +353,12 @@ class Node:
             channel.send(channel.encoder.encode([kind, receiver.incarnation, 0, notice]), 0)
         except ActorError:
             self.counters["undeliverable_notices"] += 1
-            logger.warning("node %s: could not tell %s that %s is down", self.name,
-                           receiver.name, notice.ref.name)
+            logger.warning(
+                "node %s: could not tell %s that %s is down",
+                self.name,
+                receiver.name,
+                notice.ref.name,
+            )
 
     # -- stopping ------------------------------------------------------------------------
 
@@ -316,8 +368,11 @@ class Node:
         if isinstance(life, Down):
             return life
         self._request_stop(life)
-        for signum, wait_s in ((signal.SIGTERM, timeout), (signal.SIGKILL, timeout),
-                               (None, _KILL_WAIT_S)):
+        for signum, wait_s in (
+            (signal.SIGTERM, timeout),
+            (signal.SIGKILL, timeout),
+            (None, _KILL_WAIT_S),
+        ):
             if life.exited.wait(wait_s):
                 break
             if signum is not None:
@@ -329,11 +384,11 @@ class Node:
     def _request_stop(self, life: Life) -> None:
         channel = self._runtime.channel(life.ref.control)
         try:
-            channel.send(channel.encoder.encode(
-                [wire.STOP, life.ref.incarnation, 0, None]), 0)
+            channel.send(channel.encoder.encode([wire.STOP, life.ref.incarnation, 0, None]), 0)
         except ActorError:
-            logger.warning("node %s: %s's control mailbox is full; escalating", self.name,
-                           life.ref.name)
+            logger.warning(
+                "node %s: %s's control mailbox is full; escalating", self.name, life.ref.name
+            )
 
     def kill(self, ref: ActorRef, signum: int = signal.SIGKILL) -> None:
         """Send ``signum`` to ``ref``'s process if it is still alive."""
@@ -359,8 +414,11 @@ class Node:
             self._runtime.curve = None
         self._runtime.nodes.pop(self.endpoint, None)
         every_life = self._lives.newest()
-        self._runtime.forget([self.endpoint] + [life.ref.address for life in every_life]
-                            + [life.ref.control for life in every_life])
+        self._runtime.forget(
+            [self.endpoint]
+            + [life.ref.address for life in every_life]
+            + [life.ref.control for life in every_life]
+        )
         if self._owns_dir:
             shutil.rmtree(self.runtime_dir, ignore_errors=True)
 

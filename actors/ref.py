@@ -75,13 +75,13 @@ class ActorRef:
         """
         if self.pinned:
             self._check_alive()
-            channel_to(self.address).send_message(wire.TELL, self.incarnation, message,
-                                                  timeout)
+            channel_to(self.address).send_message(wire.TELL, self.incarnation, message, timeout)
         else:
             channel_to(self.address).send_message(wire.TELL, 0, message, timeout)
 
-    def tell_many(self, messages: Iterable[Any],
-                  timeout: float | None = wire.DEFAULT_SEND_TIMEOUT_S) -> None:
+    def tell_many(
+        self, messages: Iterable[Any], timeout: float | None = wire.DEFAULT_SEND_TIMEOUT_S
+    ) -> None:
         """Send many messages in one frame; the actor receives them in one batch, in order."""
         self._check_alive()
         batch = messages if isinstance(messages, list) else list(messages)
@@ -103,8 +103,9 @@ class ActorRef:
         frames = channel.encoder.encode([wire.ASK, self._stamp, request_id, message])
         return channel.request(frames, request_id, timeout, self)
 
-    def ask_async(self, message: Any,
-                  timeout: float | None = wire.DEFAULT_SEND_TIMEOUT_S) -> Future:
+    def ask_async(
+        self, message: Any, timeout: float | None = wire.DEFAULT_SEND_TIMEOUT_S
+    ) -> Future:
         """Send ``message`` as an ask and return a ``Future`` of the answer at once.
 
         ``timeout`` bounds only the wait for room in a full mailbox; the wait for the answer
@@ -122,8 +123,7 @@ class ActorRef:
         to many actors at once, and a hung one delays nobody else's."""
         return self._request_async(self.control, wire.PING, None, timeout)
 
-    def _request_async(self, endpoint: str, kind: int, body: Any,
-                       timeout: float | None) -> Future:
+    def _request_async(self, endpoint: str, kind: int, body: Any, timeout: float | None) -> Future:
         rt = runtime()
         channel = rt.channel(endpoint)
         request_id = next(rt.request_ids)
@@ -136,13 +136,15 @@ class ActorRef:
         """The actor's counters: received, dropped_stale, malformed, unroutable ..."""
         return self._control(wire.STATS, None, timeout)
 
-    def alarm(self, resource: str, raised: bool,
-              timeout: float | None = wire.DEFAULT_SEND_TIMEOUT_S) -> None:
+    def alarm(
+        self, resource: str, raised: bool, timeout: float | None = wire.DEFAULT_SEND_TIMEOUT_S
+    ) -> None:
         """Tell the actor a resource alarm was raised or cleared (its ``on_alarm`` runs);
         on the control channel, without waiting for an answer."""
         channel = runtime().channel(self.control)
-        channel.send(channel.encoder.encode([wire.ALARM, self._stamp, 0, [resource, raised]]),
-                     timeout)
+        channel.send(
+            channel.encoder.encode([wire.ALARM, self._stamp, 0, [resource, raised]]), timeout
+        )
 
     def request_stop(self, timeout: float | None = 5.0) -> None:
         """Ask the actor to stop after its current batch (no escalation; see ``stop``)."""

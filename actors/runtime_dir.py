@@ -71,16 +71,19 @@ def sweep_stale_runtime_dirs(parent: str) -> list[str]:
 def _owner_gone(path: str) -> bool:
     try:
         info = os.lstat(path)
-        if (not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid()
-                or stat.S_IMODE(info.st_mode) != 0o700):
+        if (
+            not stat.S_ISDIR(info.st_mode)
+            or info.st_uid != os.getuid()
+            or stat.S_IMODE(info.st_mode) != 0o700
+        ):
             return False
         with open(os.path.join(path, OWNER_FILE)) as owner:
             pid_text, started_text = owner.read().split()
         pid, started = int(pid_text), float(started_text)
     except (OSError, ValueError):
-        return False                   # not ours, or being created: leave it alone
+        return False  # not ours, or being created: leave it alone
     try:
-        return psutil.Process(pid).create_time() != started   # a reused pid
+        return psutil.Process(pid).create_time() != started  # a reused pid
     except psutil.NoSuchProcess:
         return True
 
@@ -91,8 +94,7 @@ def check_private(path: str) -> None:
     if not stat.S_ISDIR(mode):
         raise InvalidSpec("runtime_dir", path, "is not a directory")
     if stat.S_IMODE(mode) & 0o077:
-        raise InvalidSpec("runtime_dir", path, f"mode {stat.S_IMODE(mode):o} is not private "
-                                               f"(0700)")
+        raise InvalidSpec("runtime_dir", path, f"mode {stat.S_IMODE(mode):o} is not private (0700)")
 
 
 def ipc_endpoint(runtime_dir: str, name: str, suffix: str) -> str:
@@ -100,6 +102,9 @@ def ipc_endpoint(runtime_dir: str, name: str, suffix: str) -> str:
     digest = hashlib.blake2b(name.encode("utf-8"), digest_size=_HASH_HEX_DIGITS // 2)
     path = os.path.join(runtime_dir, f"{digest.hexdigest()}.{suffix}")
     if len(os.fsencode(path)) > MAX_IPC_PATH_BYTES:
-        raise InvalidSpec("runtime_dir", runtime_dir,
-                          f"socket path {path!r} is longer than {MAX_IPC_PATH_BYTES} bytes")
+        raise InvalidSpec(
+            "runtime_dir",
+            runtime_dir,
+            f"socket path {path!r} is longer than {MAX_IPC_PATH_BYTES} bytes",
+        )
     return "ipc://" + path

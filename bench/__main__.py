@@ -11,9 +11,11 @@ import bench
 
 
 def main(argv: list[str]) -> int:
-    available = sorted(m.name.removeprefix("bench_")
-                       for m in pkgutil.iter_modules(bench.__path__)
-                       if m.name.startswith("bench_"))
+    available = sorted(
+        m.name.removeprefix("bench_")
+        for m in pkgutil.iter_modules(bench.__path__)
+        if m.name.startswith("bench_")
+    )
     names = [a for a in argv if not a.startswith("-")] or available
     unknown = [n for n in names if n not in available]
     if unknown:

@@ -27,8 +27,8 @@ from typing import Any
 import msgpack
 import zmq
 
-from warren.actors import ActorRef, Node, ProcessActor
 from bench.table import Row, median, percentile, render
+from warren.actors import ActorRef, Node, ProcessActor
 
 ROUNDS = 3
 BATCH = 100
@@ -101,7 +101,8 @@ class _RawSink:
         self.done = context.socket(zmq.PULL)
         self.done.bind(done_endpoint)
         self.child = multiprocessing.get_context("spawn").Process(
-            target=_raw_sink, args=(pull_endpoint, done_endpoint, batched))
+            target=_raw_sink, args=(pull_endpoint, done_endpoint, batched)
+        )
         self.child.start()
         self.push = context.socket(zmq.PUSH)
         self.push.connect(pull_endpoint)
@@ -150,8 +151,9 @@ def _actor_rate(sink: ActorRef, payload: bytes, count: int, batched: bool) -> fl
     return count / (time.perf_counter() - start)
 
 
-def _tell_rates(node: Node, context: zmq.Context, directory: str, payload: bytes,
-                count: int, batched: bool) -> tuple[float, float]:
+def _tell_rates(
+    node: Node, context: zmq.Context, directory: str, payload: bytes, count: int, batched: bool
+) -> tuple[float, float]:
     """Best (ours, raw) rates; the rounds alternate so that both see the same machine."""
     raw = _RawSink(context, directory, batched)
     sink = node.spawn(Sink)
@@ -166,8 +168,9 @@ def _tell_rates(node: Node, context: zmq.Context, directory: str, payload: bytes
     return ours_best, raw_best
 
 
-def _ask_latencies(node: Node, context: zmq.Context, directory: str
-                   ) -> tuple[list[float], list[float]]:
+def _ask_latencies(
+    node: Node, context: zmq.Context, directory: str
+) -> tuple[list[float], list[float]]:
     """(ours, raw) round trips, taken alternately."""
     endpoint = f"ipc://{directory}/raw-echo"
     child = multiprocessing.get_context("spawn").Process(target=_raw_echo, args=(endpoint,))
@@ -213,29 +216,63 @@ def _spawn_times(node: Node) -> list[float]:
 def main(argv: list[str]) -> str:
     rows: list[Row] = []
     context = zmq.Context()
-    with tempfile.TemporaryDirectory(prefix="warren-bench-") as directory, \
-            Node("bench", preload=("bench.bench_actors",)) as node:
+    with (
+        tempfile.TemporaryDirectory(prefix="warren-bench-") as directory,
+        Node("bench", preload=("bench.bench_actors",)) as node,
+    ):
         for label, size in SIZES.items():
             payload = os.urandom(size)
-            ours, raw = _tell_rates(node, context, directory, payload, SINGLE_COUNT[label],
-                                    batched=False)
-            rows.append(Row(f"tell {label}, one per call", ours, "msgs/s", raw,
-                            TARGET_SINGLE, "baseline: PUSH/PULL, one frame per message"))
-            ours, raw = _tell_rates(node, context, directory, payload, BATCHED_COUNT[label],
-                                    batched=True)
-            rows.append(Row(f"tell_many {label}, {BATCH} per call", ours, "msgs/s", raw,
-                            TARGET_BATCHED, f"baseline: PUSH/PULL, {BATCH} msgpacked per frame"))
+            ours, raw = _tell_rates(
+                node, context, directory, payload, SINGLE_COUNT[label], batched=False
+            )
+            rows.append(
+                Row(
+                    f"tell {label}, one per call",
+                    ours,
+                    "msgs/s",
+                    raw,
+                    TARGET_SINGLE,
+                    "baseline: PUSH/PULL, one frame per message",
+                )
+            )
+            ours, raw = _tell_rates(
+                node, context, directory, payload, BATCHED_COUNT[label], batched=True
+            )
+            rows.append(
+                Row(
+                    f"tell_many {label}, {BATCH} per call",
+                    ours,
+                    "msgs/s",
+                    raw,
+                    TARGET_BATCHED,
+                    f"baseline: PUSH/PULL, {BATCH} msgpacked per frame",
+                )
+            )
         ours_ask, raw_ask = _ask_latencies(node, context, directory)
         for label, pct in (("median", 50.0), ("p99", 99.0)):
             ours_us = percentile(ours_ask, pct) * 1e6
             raw_us = percentile(raw_ask, pct) * 1e6
             verdict = "met" if ours_us <= TARGET_ASK_LATENCY * raw_us else "MISSED"
-            rows.append(Row(f"ask round trip, {label}", ours_us, "µs", raw_us, None,
-                            f"baseline: DEALER/ROUTER echo; target <= "
-                            f"{TARGET_ASK_LATENCY}x baseline: {verdict}"))
+            rows.append(
+                Row(
+                    f"ask round trip, {label}",
+                    ours_us,
+                    "µs",
+                    raw_us,
+                    None,
+                    f"baseline: DEALER/ROUTER echo; target <= "
+                    f"{TARGET_ASK_LATENCY}x baseline: {verdict}",
+                )
+            )
         spawns = _spawn_times(node)
-        rows.append(Row("spawn to ready, median", median(spawns) * 1e3, "ms",
-                        note="forkserver child: mailboxes bound, on_start done"))
+        rows.append(
+            Row(
+                "spawn to ready, median",
+                median(spawns) * 1e3,
+                "ms",
+                note="forkserver child: mailboxes bound, on_start done",
+            )
+        )
         rows.append(Row("spawn to ready, p99", percentile(spawns, 99.0) * 1e3, "ms"))
     context.destroy(linger=0)
     return render("actors: two processes on one machine (ipc)", rows)

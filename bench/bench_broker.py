@@ -150,9 +150,15 @@ def four_producers(node: Node, size: int, count: int) -> float:
     queues = [f"four-{n}" for n in range(4)]
     for queue in queues:
         node.declare_queue(queue)
-    producers = [subprocess.Popen([sys.executable, "-c", PRODUCER, node.data_dir, queue,
-                                   str(count // 4), str(size)], stdin=subprocess.PIPE,
-                                  stdout=subprocess.PIPE, text=True) for queue in queues]
+    producers = [
+        subprocess.Popen(
+            [sys.executable, "-c", PRODUCER, node.data_dir, queue, str(count // 4), str(size)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for queue in queues
+    ]
     try:
         return count // 4 * 4 / time_together(producers)
     finally:
@@ -167,12 +173,16 @@ def restart_with_backlog(root: str, count: int) -> tuple[float, int]:
     """Seconds from ``Node(...)`` to the first message fetched, after SIGKILLing every
     process of a node holding ``count`` × 1 KiB; and how many it then holds."""
     data_dir = os.path.join(root, "backlog")
-    node = subprocess.Popen([sys.executable, "-m", "warren.supervisor.cli", "node",
-                             "--data-dir", data_dir], stdout=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    node = subprocess.Popen(
+        [sys.executable, "-m", "warren.supervisor.cli", "node", "--data-dir", data_dir],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
-        node.stdout.readline()                                 # the status table follows
+        node.stdout.readline()  # the status table follows
         from warren import connect
+
         deadline = time.monotonic() + 60
         while True:
             try:
@@ -206,8 +216,12 @@ def idle_queue_pss(node: Node) -> float:
     for n in range(8):
         node.declare_queue(f"idle-{n}")
     time.sleep(0.5)
-    return median([psutil.Process(node.queue(f"idle-{n}").pid).memory_full_info().pss
-                   for n in range(8)]) / 2**20
+    return (
+        median(
+            [psutil.Process(node.queue(f"idle-{n}").pid).memory_full_info().pss for n in range(8)]
+        )
+        / 2**20
+    )
 
 
 def met(figure: float, target: float, floor: bool = True) -> str:
@@ -229,30 +243,65 @@ def main(argv: list[str]) -> str:
                 queue = f"one-{size}"
                 node.declare_queue(queue)
                 publish, consume = publish_and_consume(node, queue, body, count)
-                rows.append(Row(f"publish+confirm {label}, 1 producer → 1 queue", publish,
-                                "msgs/s", baseline, None, "baseline: the bare pipeline; "
-                                + (met(publish, PUBLISH_TARGET) if size == 1024 else "")))
-                rows.append(Row(f"consume+ack {label}, prefetch 100", consume, "msgs/s",
-                                None, None, met(consume, CONSUME_TARGET) if size == 1024
-                                else ""))
-            rows.append(Row("publish+confirm 1 KiB, 4 producers → 4 queues",
-                            four_producers(node, 1024, COUNTS["1 KiB"] // scale), "msgs/s"))
+                rows.append(
+                    Row(
+                        f"publish+confirm {label}, 1 producer → 1 queue",
+                        publish,
+                        "msgs/s",
+                        baseline,
+                        None,
+                        "baseline: the bare pipeline; "
+                        + (met(publish, PUBLISH_TARGET) if size == 1024 else ""),
+                    )
+                )
+                rows.append(
+                    Row(
+                        f"consume+ack {label}, prefetch 100",
+                        consume,
+                        "msgs/s",
+                        None,
+                        None,
+                        met(consume, CONSUME_TARGET) if size == 1024 else "",
+                    )
+                )
+            rows.append(
+                Row(
+                    "publish+confirm 1 KiB, 4 producers → 4 queues",
+                    four_producers(node, 1024, COUNTS["1 KiB"] // scale),
+                    "msgs/s",
+                )
+            )
             node.declare_queue("latency")
-            confirm, end_to_end = latencies(node, "latency", b"x" * 1024,
-                                            LATENCY_SAMPLES // scale)
+            confirm, end_to_end = latencies(node, "latency", b"x" * 1024, LATENCY_SAMPLES // scale)
             for name, samples in (("confirm", confirm), ("end to end", end_to_end)):
                 rows.append(Row(f"{name} latency 1 KiB, p50", median(samples) * 1000, "ms"))
-                rows.append(Row(f"{name} latency 1 KiB, p99", percentile(samples, 99) * 1000,
-                                "ms"))
+                rows.append(Row(f"{name} latency 1 KiB, p99", percentile(samples, 99) * 1000, "ms"))
             pss = idle_queue_pss(node)
-            rows.append(Row("idle queue process, PSS", pss, "MiB", None, None,
-                            met(pss, IDLE_PSS_TARGET_MIB, floor=False)))
+            rows.append(
+                Row(
+                    "idle queue process, PSS",
+                    pss,
+                    "MiB",
+                    None,
+                    None,
+                    met(pss, IDLE_PSS_TARGET_MIB, floor=False),
+                )
+            )
         elapsed, held = restart_with_backlog(root, BACKLOG // scale)
-        rows.append(Row(f"restart after SIGKILL with {held:,} x 1 KiB, to the first "
-                        f"message", elapsed, "s", None, None,
-                        met(elapsed, RESTART_TARGET_S, floor=False)))
+        rows.append(
+            Row(
+                f"restart after SIGKILL with {held:,} x 1 KiB, to the first message",
+                elapsed,
+                "s",
+                None,
+                None,
+                met(elapsed, RESTART_TARGET_S, floor=False),
+            )
+        )
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    return render(f"broker: publish, consume, latency, restart "
-                  f"({time.monotonic() - started:.0f} s{', quick volumes' if scale > 1 else ''})",
-                  rows)
+    return render(
+        f"broker: publish, consume, latency, restart "
+        f"({time.monotonic() - started:.0f} s{', quick volumes' if scale > 1 else ''})",
+        rows,
+    )

@@ -72,8 +72,12 @@ def main(argv: list[str]) -> str:
 
             def combined() -> bool:
                 figures = store.ask(StoreStats())
-                return (figures["gc_runs"] > runs_before and not figures["gc_job_in_flight"]
-                        and figures["garbage_fraction"] <= 0.5)
+                return (
+                    figures["gc_runs"] > runs_before
+                    and not figures["gc_job_in_flight"]
+                    and figures["garbage_fraction"] <= 0.5
+                )
+
             started = time.monotonic()
             during = probe(prober, lambda: combined() or time.monotonic() - started > 120)
             figures = store.ask(StoreStats())
@@ -82,16 +86,32 @@ def main(argv: list[str]) -> str:
     finally:
         shutil.rmtree(root, ignore_errors=True)
     runs = figures["gc_runs"] - runs_before
-    note = (f"{runs} combines of {FILE_BYTES // scale // 2**20} MiB files of "
-            f"{BODY_BYTES} B messages; {len(during)} confirms during them")
-    rows = [Row("confirm p50 while the GC combines", median(during), "ms", median(quiet),
-                note="baseline: the same probe, no GC running"),
-            Row("confirm p99 while the GC combines", percentile(during, 99), "ms",
-                percentile(quiet, 99), note=f"target <= {TARGET_P99_MS:g} ms: "
-                f"{'met' if percentile(during, 99) <= TARGET_P99_MS else 'MISSED'}"),
-            Row("confirm max while the GC combines", max(during), "ms", max(quiet),
-                note=note),
-            Row("longest hold of the store's loop by one GC step",
-                figures["longest_gc_slice_ms"], "ms", note="a staging slice or the switch; "
-                "target about 20 ms")]
+    note = (
+        f"{runs} combines of {FILE_BYTES // scale // 2**20} MiB files of "
+        f"{BODY_BYTES} B messages; {len(during)} confirms during them"
+    )
+    rows = [
+        Row(
+            "confirm p50 while the GC combines",
+            median(during),
+            "ms",
+            median(quiet),
+            note="baseline: the same probe, no GC running",
+        ),
+        Row(
+            "confirm p99 while the GC combines",
+            percentile(during, 99),
+            "ms",
+            percentile(quiet, 99),
+            note=f"target <= {TARGET_P99_MS:g} ms: "
+            f"{'met' if percentile(during, 99) <= TARGET_P99_MS else 'MISSED'}",
+        ),
+        Row("confirm max while the GC combines", max(during), "ms", max(quiet), note=note),
+        Row(
+            "longest hold of the store's loop by one GC step",
+            figures["longest_gc_slice_ms"],
+            "ms",
+            note="a staging slice or the switch; target about 20 ms",
+        ),
+    ]
     return render("confirm latency during GC (store actor, 100 B messages)", rows)

@@ -59,11 +59,11 @@ MIB = 2**20
 SIZES = [(100, 200_000), (1024, 100_000), (16384, 20_000)]
 PUBLISHES_PER_SYNC = 1000
 PUBLISH_BATCH = 100
-PUBLISH_TARGET = {1024: 0.3}              # of raw appends
+PUBLISH_TARGET = {1024: 0.3}  # of raw appends
 BACKLOG = 1_000_000
 BACKLOG_BODY = 1024
-DELTA_BYTES_TARGET = 10                   # RSS per message in delta
-DIRTY_RECOVERY_TARGET_S = 5.0             # for BACKLOG messages
+DELTA_BYTES_TARGET = 10  # RSS per message in delta
+DIRTY_RECOVERY_TARGET_S = 5.0  # for BACKLOG messages
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -147,17 +147,21 @@ class Stores:
         self.queue_directory = os.path.join(root, "queues", "q")
 
     def open_queue(self, lazy: bool = False) -> VariableQueue:
-        return VariableQueue(self.queue_directory, lazy=lazy,
-                             persistent_store=lambda ref: LocalStoreClient(self.persistent, ref),
-                             transient_store=lambda ref: LocalStoreClient(self.transient, ref))
+        return VariableQueue(
+            self.queue_directory,
+            lazy=lazy,
+            persistent_store=lambda ref: LocalStoreClient(self.persistent, ref),
+            transient_store=lambda ref: LocalStoreClient(self.transient, ref),
+        )
 
     def close(self) -> None:
         self.persistent.close()
         self.transient.close()
 
 
-def queue_pass(root: str, messages: list[bytes], lazy: bool,
-               batch: int | None) -> tuple[float, float | None]:
+def queue_pass(
+    root: str, messages: list[bytes], lazy: bool, batch: int | None
+) -> tuple[float, float | None]:
     """Publish every message (one at a time, or ``batch`` per ``publish_many``) with a sync
     every ``PUBLISHES_PER_SYNC``, then, for one-at-a-time publishes, fetch and ack each
     until the queue is empty (the batched publishes leave the same queue behind: its drain
@@ -177,7 +181,7 @@ def queue_pass(root: str, messages: list[bytes], lazy: bool,
                         confirmed += len(queue.sync())
             else:
                 for start in range(0, len(messages), batch):
-                    count += len(queue.publish_many(messages[start:start + batch]))
+                    count += len(queue.publish_many(messages[start : start + batch]))
                     if count % PUBLISHES_PER_SYNC == 0:
                         confirmed += len(queue.sync())
             confirmed += len(queue.sync())
@@ -192,7 +196,7 @@ def queue_pass(root: str, messages: list[bytes], lazy: bool,
             assert fetched == len(messages), f"{fetched} of {len(messages)} fetched"
         queue.terminate()
     finally:
-        queue.abandon()                   # a no-op after terminate; releases on a failure
+        queue.abandon()  # a no-op after terminate; releases on a failure
         stores.close()
     shutil.rmtree(directory)
     return publishes.seconds, None if drain is None else drain.seconds
@@ -203,7 +207,7 @@ def throughput_rows(root: str, scale: int) -> list[Row]:
     for size, count in SIZES:
         count //= scale
         messages = payloads(size, count)
-        own_store = len(messages[0]) < EMBED_MSGS_BELOW      # else publish_many falls back
+        own_store = len(messages[0]) < EMBED_MSGS_BELOW  # else publish_many falls back
         name = label(size)
 
         def compare(run) -> tuple[Pass, Pass, float, float]:
@@ -216,26 +220,62 @@ def throughput_rows(root: str, scale: int) -> list[Row]:
         for lazy in (False, True):
             mode = "lazy" if lazy else "default"
             _, queue, raw_seconds, queue_seconds = compare(
-                lambda: queue_pass(root, messages, lazy, None))
-            rows.append(Row(f"publish+sync {name}, {mode}", count / queue_seconds, "msgs/s",
-                            count / raw_seconds, PUBLISH_TARGET.get(size),
-                            f"one at a time; {store_seconds / queue_seconds:.2f} of the "
-                            f"store engine"))
+                lambda: queue_pass(root, messages, lazy, None)
+            )
+            rows.append(
+                Row(
+                    f"publish+sync {name}, {mode}",
+                    count / queue_seconds,
+                    "msgs/s",
+                    count / raw_seconds,
+                    PUBLISH_TARGET.get(size),
+                    f"one at a time; {store_seconds / queue_seconds:.2f} of the store engine",
+                )
+            )
             if not lazy and own_store:
                 _, _, b_raw_seconds, batched_seconds = compare(
-                    lambda: queue_pass(root, messages, lazy, PUBLISH_BATCH))
-                rows.append(Row(f"publish+sync {name}, {mode}, batches of {PUBLISH_BATCH}",
-                                count / batched_seconds, "msgs/s", count / b_raw_seconds,
-                                PUBLISH_TARGET.get(size),
-                                f"publish_many; {store_seconds / batched_seconds:.2f} of the "
-                                f"store engine"))
-            rows.append(Row(f"fetch+ack {name}, {mode}", count / queue.fastest_read, "msgs/s",
-                            count / store.fastest_read, None,
-                            "baseline: the store engine's read+remove"))
-        rows.append(Row(f"store engine write+sync {name}", count / store_seconds, "msgs/s",
-                        count / s_raw_seconds, None, "baseline: raw appends"))
-        rows.append(Row(f"store engine read+remove {name}", count / store.fastest_read, "msgs/s",
-                        count / s_raw.fastest_read, None, "baseline: raw read-back"))
+                    lambda: queue_pass(root, messages, lazy, PUBLISH_BATCH)
+                )
+                rows.append(
+                    Row(
+                        f"publish+sync {name}, {mode}, batches of {PUBLISH_BATCH}",
+                        count / batched_seconds,
+                        "msgs/s",
+                        count / b_raw_seconds,
+                        PUBLISH_TARGET.get(size),
+                        f"publish_many; {store_seconds / batched_seconds:.2f} of the store engine",
+                    )
+                )
+            rows.append(
+                Row(
+                    f"fetch+ack {name}, {mode}",
+                    count / queue.fastest_read,
+                    "msgs/s",
+                    count / store.fastest_read,
+                    None,
+                    "baseline: the store engine's read+remove",
+                )
+            )
+        rows.append(
+            Row(
+                f"store engine write+sync {name}",
+                count / store_seconds,
+                "msgs/s",
+                count / s_raw_seconds,
+                None,
+                "baseline: raw appends",
+            )
+        )
+        rows.append(
+            Row(
+                f"store engine read+remove {name}",
+                count / store.fastest_read,
+                "msgs/s",
+                count / s_raw.fastest_read,
+                None,
+                "baseline: raw read-back",
+            )
+        )
     return rows
 
 
@@ -292,17 +332,24 @@ def build_backlog(root: str, count: int, target: float, recover: bool) -> dict:
     gc.collect()
     rss_growth = process.memory_info().rss - rss_before
     stats = queue.stats()
-    result = {"seconds": publishes.seconds, "rss_growth": rss_growth,
-              "stats": {k: stats[k] for k in ("len", "alpha", "beta", "gamma", "delta")}}
+    result = {
+        "seconds": publishes.seconds,
+        "rss_growth": rss_growth,
+        "stats": {k: stats[k] for k in ("len", "alpha", "beta", "gamma", "delta")},
+    }
     if recover:
         directory = stores.queue_directory
-        result["bytes"] = sum(os.path.getsize(os.path.join(directory, name))
-                              for name in os.listdir(directory))
+        result["bytes"] = sum(
+            os.path.getsize(os.path.join(directory, name)) for name in os.listdir(directory)
+        )
         queue.terminate()
         with Stopwatch() as clean:
             queue = stores.open_queue()
-        result["clean"] = {"seconds": clean.seconds, "clean": queue.recovered_clean,
-                           "len": len(queue)}
+        result["clean"] = {
+            "seconds": clean.seconds,
+            "clean": queue.recovered_clean,
+            "len": len(queue),
+        }
         for cache in ("warm", "cold"):
             queue.abandon()
             if cache == "cold":
@@ -312,8 +359,12 @@ def build_backlog(root: str, count: int, target: float, recover: bool) -> dict:
                 drop_cache(os.path.join(directory, name) for name in os.listdir(directory))
             with Stopwatch() as dirty:
                 queue = stores.open_queue()
-            result[cache] = {"seconds": dirty.seconds, "clean": queue.recovered_clean,
-                             "len": len(queue), "raw_seconds": raw_seconds}
+            result[cache] = {
+                "seconds": dirty.seconds,
+                "clean": queue.recovered_clean,
+                "len": len(queue),
+                "raw_seconds": raw_seconds,
+            }
     queue.terminate()
     stores.close()
     return result
@@ -322,8 +373,12 @@ def build_backlog(root: str, count: int, target: float, recover: bool) -> dict:
 def in_fresh_process(**arguments) -> dict:
     """``build_backlog(**arguments)`` in a new interpreter, so that nothing this process
     allocated before weighs on its RSS figures."""
-    done = subprocess.run([sys.executable, "-m", "bench.bench_queue", "--child",
-                           json.dumps(arguments)], cwd=REPO_ROOT, capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.bench_queue", "--child", json.dumps(arguments)],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+    )
     if done.returncode:
         raise RuntimeError(f"the backlog process failed ({done.returncode}):\n{done.stderr}")
     return json.loads(done.stdout)
@@ -337,50 +392,87 @@ def at_most(figure: float, limit: float, unit: str) -> str:
 def backlog_rows(root: str, scale: int) -> list[Row]:
     count = BACKLOG // scale
     message_bytes = len(next(backlog_messages(1)))
-    needed = 3 * count * (message_bytes + 64)      # a raw file or a queue, with margin
+    needed = 3 * count * (message_bytes + 64)  # a raw file or a queue, with margin
     free = shutil.disk_usage(root).free
     if free < needed:
-        raise RuntimeError(f"the backlog needs {needed / 1e9:.1f} GB free in {root}, "
-                           f"{free / 1e9:.1f} GB are; set WARREN_BENCH_DIR elsewhere")
+        raise RuntimeError(
+            f"the backlog needs {needed / 1e9:.1f} GB free in {root}, "
+            f"{free / 1e9:.1f} GB are; set WARREN_BENCH_DIR elsewhere"
+        )
     rows = []
     for target in (math.inf, 0):
         raw_seconds = raw_backlog_seconds(root, count)
         directory = os.path.join(root, f"backlog-{target}")
-        built = in_fresh_process(root=directory, count=count, target=target,
-                                 recover=target == 0)
+        built = in_fresh_process(root=directory, count=count, target=target, recover=target == 0)
         shutil.rmtree(directory)
         stats, per_message = built["stats"], built["rss_growth"] / count
         assert stats["len"] == count, stats
         if target == math.inf:
             assert stats["alpha"] == count, stats
-            rows.append(Row(f"publish+sync {count:,} x 1 KiB, RAM target inf",
-                            count / built["seconds"], "msgs/s", count / raw_seconds, None,
-                            f"{built['seconds']:.1f} s; baseline: raw appends"))
-            rows.append(Row(f"RSS per message, {count:,} in alpha", per_message, "bytes",
-                            note=f"{message_bytes:,} B of it the message, "
-                                 f"{per_message - message_bytes:,.0f} B the rest"))
+            rows.append(
+                Row(
+                    f"publish+sync {count:,} x 1 KiB, RAM target inf",
+                    count / built["seconds"],
+                    "msgs/s",
+                    count / raw_seconds,
+                    None,
+                    f"{built['seconds']:.1f} s; baseline: raw appends",
+                )
+            )
+            rows.append(
+                Row(
+                    f"RSS per message, {count:,} in alpha",
+                    per_message,
+                    "bytes",
+                    note=f"{message_bytes:,} B of it the message, "
+                    f"{per_message - message_bytes:,.0f} B the rest",
+                )
+            )
             continue
         assert stats["alpha"] == 0 and stats["delta"] + stats["gamma"] == count, stats
-        rows.append(Row(f"publish+sync {count:,} x 1 KiB, RAM target 0",
-                        count / built["seconds"], "msgs/s", count / raw_seconds, None,
-                        f"{built['seconds']:.1f} s (paging included); baseline: raw "
-                        f"appends"))
-        rows.append(Row(f"RSS per message, {stats['delta']:,} of {count:,} in delta",
-                        per_message, "bytes",
-                        note=f"{at_most(per_message, DELTA_BYTES_TARGET, 'B')}; "
-                             f"{stats['gamma']:,} gammas left: q3's head segment"))
+        rows.append(
+            Row(
+                f"publish+sync {count:,} x 1 KiB, RAM target 0",
+                count / built["seconds"],
+                "msgs/s",
+                count / raw_seconds,
+                None,
+                f"{built['seconds']:.1f} s (paging included); baseline: raw appends",
+            )
+        )
+        rows.append(
+            Row(
+                f"RSS per message, {stats['delta']:,} of {count:,} in delta",
+                per_message,
+                "bytes",
+                note=f"{at_most(per_message, DELTA_BYTES_TARGET, 'B')}; "
+                f"{stats['gamma']:,} gammas left: q3's head segment",
+            )
+        )
         clean = built["clean"]
         assert clean["clean"] and clean["len"] == count, clean
-        rows.append(Row("reopen after a clean stop", clean["seconds"], "s",
-                        note="recovery terms: no index read"))
+        rows.append(
+            Row(
+                "reopen after a clean stop",
+                clean["seconds"],
+                "s",
+                note="recovery terms: no index read",
+            )
+        )
         limit = DIRTY_RECOVERY_TARGET_S * count / BACKLOG
         gigabytes = built["bytes"] / 1e9
         for cache in ("warm", "cold"):
             dirty = built[cache]
             assert not dirty["clean"] and dirty["len"] == count, dirty
-            rows.append(Row(f"reopen after a dirty stop, {cache} cache", dirty["seconds"], "s",
-                            note=f"{at_most(dirty['seconds'], limit, 's')}; raw read of the "
-                                 f"{gigabytes:.2f} GB of files {dirty['raw_seconds']:.2f} s"))
+            rows.append(
+                Row(
+                    f"reopen after a dirty stop, {cache} cache",
+                    dirty["seconds"],
+                    "s",
+                    note=f"{at_most(dirty['seconds'], limit, 's')}; raw read of the "
+                    f"{gigabytes:.2f} GB of files {dirty['raw_seconds']:.2f} s",
+                )
+            )
     return rows
 
 
@@ -396,12 +488,20 @@ def main(argv: list[str]) -> str:
         second = time.perf_counter() - started - first
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    return "\n\n".join([
-        render(f"queue engine: publish+sync, fetch+ack (sync every {PUBLISHES_PER_SYNC:,}) "
-               f"vs raw Python I/O ({first:.0f} s, {volumes} volumes)", throughput),
-        render(f"queue engine: a 1 KiB backlog in RAM and in delta, its recovery "
-               f"({second:.0f} s, {volumes} volumes)", backlog),
-    ])
+    return "\n\n".join(
+        [
+            render(
+                f"queue engine: publish+sync, fetch+ack (sync every {PUBLISHES_PER_SYNC:,}) "
+                f"vs raw Python I/O ({first:.0f} s, {volumes} volumes)",
+                throughput,
+            ),
+            render(
+                f"queue engine: a 1 KiB backlog in RAM and in delta, its recovery "
+                f"({second:.0f} s, {volumes} volumes)",
+                backlog,
+            ),
+        ]
+    )
 
 
 if __name__ == "__main__":

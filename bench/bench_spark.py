@@ -31,10 +31,11 @@ import time
 
 from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterCommitMessage
 
-from .table import Row, render
-from .together import time_together
 from warren.queues.client.spark import local_session
 from warren.supervisor import Node
+
+from .table import Row, render
+from .together import time_together
 
 TARGET = round(1 / 1.3, 2)
 PASSES = 3
@@ -91,10 +92,15 @@ def best_rate(rows: int, run) -> float:
 def plain_processes(endpoint: str, rows: int) -> float:
     """Rows per second of two plain Python producers publishing ``rows`` bodies."""
     half = rows // 2
-    producers = [subprocess.Popen([sys.executable, "-c", PRODUCER, endpoint, str(start),
-                                   str(count)], stdin=subprocess.PIPE,
-                                  stdout=subprocess.PIPE, text=True)
-                 for start, count in ((0, half), (half, rows - half))]
+    producers = [
+        subprocess.Popen(
+            [sys.executable, "-c", PRODUCER, endpoint, str(start), str(count)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for start, count in ((0, half), (half, rows - half))
+    ]
     try:
         return rows / time_together(producers)
     finally:
@@ -108,24 +114,34 @@ def main(argv: list[str]) -> str:
     started = time.perf_counter()
     spark = local_session("warren-bench", cores=2, max_failures=1)
     spark.dataSource.register(EmptySink)
-    with tempfile.TemporaryDirectory(prefix="warren-bench-spark-") as root, \
-            Node(os.path.join(root, "data"), listen="tcp://127.0.0.1:*") as node:
+    with (
+        tempfile.TemporaryDirectory(prefix="warren-bench-spark-") as root,
+        Node(os.path.join(root, "data"), listen="tcp://127.0.0.1:*") as node,
+    ):
         node.declare_queue("bench")
         connection = node.connect()
-        frame = spark.range(rows, numPartitions=4).selectExpr(
-            "to_json(named_struct('order_id', id, 'customer', "
-            "concat('C', lpad(cast(id % 50000 as string), 5, '0')), "
-            "'amount', id % 997 + 0.25, 'currency', 'EUR', "
-            "'placed_at', '2026-01-01T00:00:00.000Z')) as body").cache()
+        frame = (
+            spark.range(rows, numPartitions=4)
+            .selectExpr(
+                "to_json(named_struct('order_id', id, 'customer', "
+                "concat('C', lpad(cast(id % 50000 as string), 5, '0')), "
+                "'amount', id % 997 + 0.25, 'currency', 'EUR', "
+                "'placed_at', '2026-01-01T00:00:00.000Z')) as body"
+            )
+            .cache()
+        )
         frame.count()
-        iterate = best_rate(rows, lambda: frame.foreachPartition(
-            lambda partition: sum(1 for _ in partition)))
-        empty = best_rate(rows, lambda: frame.write.format("warren_bench_empty")
-                          .mode("append").save())
+        iterate = best_rate(
+            rows, lambda: frame.foreachPartition(lambda partition: sum(1 for _ in partition))
+        )
+        empty = best_rate(
+            rows, lambda: frame.write.format("warren_bench_empty").mode("append").save()
+        )
 
         def publish() -> None:
             frame.write.format("warren").mode("append").option(
-                "endpoint", node.listen_endpoint).option("queue", "bench").save()
+                "endpoint", node.listen_endpoint
+            ).option("queue", "bench").save()
             connection.purge_queue("bench")
 
         published = best_rate(rows, publish)
@@ -134,19 +150,41 @@ def main(argv: list[str]) -> str:
         connection.close()
         spark.stop()
     table = [
-        Row("Spark iterates the rows in Python (foreachPartition)", iterate, "rows/s",
-            note="the baseline"),
-        Row("a Python data source that publishes nothing", empty, "rows/s", iterate,
-            note="Arrow batches to an empty writer"),
-        Row("format(\"warren\") into a durable queue, every row confirmed", published,
-            "rows/s", iterate, TARGET,
+        Row(
+            "Spark iterates the rows in Python (foreachPartition)",
+            iterate,
+            "rows/s",
+            note="the baseline",
+        ),
+        Row(
+            "a Python data source that publishes nothing",
+            empty,
+            "rows/s",
+            iterate,
+            note="Arrow batches to an empty writer",
+        ),
+        Row(
+            'format("warren") into a durable queue, every row confirmed',
+            published,
+            "rows/s",
+            iterate,
+            TARGET,
             note=f"publishing adds {100 * (iterate / published - 1):.0f} % to Spark's "
-                 f"iteration time (target <= 30 %)"),
-        Row("two plain Python processes, publish_many over tcp", plain, "rows/s", iterate,
-            note="the same bodies, without Spark"),
+            f"iteration time (target <= 30 %)",
+        ),
+        Row(
+            "two plain Python processes, publish_many over tcp",
+            plain,
+            "rows/s",
+            iterate,
+            note="the same bodies, without Spark",
+        ),
     ]
-    return render(f"spark: {rows:,} rows of ~120 B, local[2], 4 partitions "
-                  f"({time.perf_counter() - started:.0f} s)", table)
+    return render(
+        f"spark: {rows:,} rows of ~120 B, local[2], 4 partitions "
+        f"({time.perf_counter() - started:.0f} s)",
+        table,
+    )
 
 
 if __name__ == "__main__":

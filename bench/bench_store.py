@@ -54,8 +54,10 @@ def drop_cache(paths) -> None:
 
 
 def rdq_paths(directory: str) -> list[str]:
-    return sorted((os.path.join(directory, n) for n in os.listdir(directory)
-                   if n.endswith(".rdq")), key=lambda p: int(os.path.basename(p)[:-4]))
+    return sorted(
+        (os.path.join(directory, n) for n in os.listdir(directory) if n.endswith(".rdq")),
+        key=lambda p: int(os.path.basename(p)[:-4]),
+    )
 
 
 def bench_writes(root: str, scale: int) -> list[Row]:
@@ -90,9 +92,16 @@ def bench_writes(root: str, scale: int) -> list[Row]:
 
         raw_seconds, engine_seconds = best_of_alternating(raw, engine)
         label = f"{size} B" if size < 1024 else f"{size // 1024} KiB"
-        rows.append(Row(f"write+sync {label} (sync every {per_sync})", count / engine_seconds,
-                        "msgs/s", count / raw_seconds, WRITE_TARGETS.get(size),
-                        f"{count * (size + 25) / engine_seconds / 1e6:,.0f} MB/s"))
+        rows.append(
+            Row(
+                f"write+sync {label} (sync every {per_sync})",
+                count / engine_seconds,
+                "msgs/s",
+                count / raw_seconds,
+                WRITE_TARGETS.get(size),
+                f"{count * (size + 25) / engine_seconds / 1e6:,.0f} MB/s",
+            )
+        )
     return rows
 
 
@@ -107,8 +116,10 @@ def bench_random_reads(root: str, scale: int) -> list[Row]:
         store.sync()
         order = [random.Random(3).choice(message_ids) for _ in range(reads)]
         places = [store.location(mid) for mid in order]
-        fds = {file: os.open(os.path.join(directory, f"{file}.rdq"), os.O_RDONLY)
-               for file in {p.file for p in places}}
+        fds = {
+            file: os.open(os.path.join(directory, f"{file}.rdq"), os.O_RDONLY)
+            for file in {p.file for p in places}
+        }
         known = [(fds[p.file], p.total_size, p.offset) for p in places]
 
         def raw() -> float:
@@ -131,8 +142,16 @@ def bench_random_reads(root: str, scale: int) -> list[Row]:
             for fd in fds.values():
                 os.close(fd)
     shutil.rmtree(directory)
-    return [Row("random read by id, 1 KiB (page cache)", reads / engine_seconds, "msgs/s",
-                reads / raw_seconds, 0.5, "baseline: os.pread at known offsets")]
+    return [
+        Row(
+            "random read by id, 1 KiB (page cache)",
+            reads / engine_seconds,
+            "msgs/s",
+            reads / raw_seconds,
+            0.5,
+            "baseline: os.pread at known offsets",
+        )
+    ]
 
 
 RECOVER_IN_A_FRESH_PROCESS = """
@@ -168,7 +187,7 @@ def bench_recovery_and_memory(root: str, scale: int) -> list[Row]:
         if n % 10_000 == 0:
             store.sync()
     store.sync()
-    store._release()                       # stop as a crash would: no clean-shutdown files
+    store._release()  # stop as a crash would: no clean-shutdown files
     paths = rdq_paths(directory)
     total_bytes = sum(os.path.getsize(p) for p in paths)
 
@@ -179,20 +198,34 @@ def bench_recovery_and_memory(root: str, scale: int) -> list[Row]:
                 while f.read(4 * MIB):
                     pass
     drop_cache(paths)
-    measured = json.loads(subprocess.run(
-        [sys.executable, "-c", RECOVER_IN_A_FRESH_PROCESS, directory],
-        check=True, capture_output=True, text=True).stdout)
+    measured = json.loads(
+        subprocess.run(
+            [sys.executable, "-c", RECOVER_IN_A_FRESH_PROCESS, directory],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+    )
     shutil.rmtree(directory)
     assert measured["messages"] == count, (measured["messages"], count)
     engine_seconds = measured["seconds"]
     gib = total_bytes / 2**30
     return [
-        Row(f"dirty recovery, {gib:.2f} GiB of 1 KiB msgs (cold)",
-            total_bytes / engine_seconds / 1e6, "MB/s", total_bytes / raw.seconds / 1e6, 0.3,
-            f"{engine_seconds:.2f} s vs raw read {raw.seconds:.2f} s"),
-        Row(f"index memory per message at {count:,}", measured["rss_growth"] / count, "bytes",
+        Row(
+            f"dirty recovery, {gib:.2f} GiB of 1 KiB msgs (cold)",
+            total_bytes / engine_seconds / 1e6,
+            "MB/s",
+            total_bytes / raw.seconds / 1e6,
+            0.3,
+            f"{engine_seconds:.2f} s vs raw read {raw.seconds:.2f} s",
+        ),
+        Row(
+            f"index memory per message at {count:,}",
+            measured["rss_growth"] / count,
+            "bytes",
             note=f"RSS growth of a fresh process; objects alone "
-                 f"{measured['accounted'] / count:.0f} B; target <= 150"),
+            f"{measured['accounted'] / count:.0f} B; target <= 150",
+        ),
         Row("full gc.collect() pause with that index", measured["gc_pause"] * 1000, "ms"),
     ]
 
@@ -214,8 +247,14 @@ def bench_gc(root: str, scale: int) -> list[Row]:
             runs = store.collect_garbage()
         moved = store.stats()["gc_bytes_moved"]
     shutil.rmtree(directory)
-    return [Row(f"GC: {runs} combines of 4 MiB files, 1/3 valid", moved / combine.seconds / 1e6,
-                "MB/s moved", note=f"{moved / 1e6:,.0f} MB in {combine.seconds:.2f} s")]
+    return [
+        Row(
+            f"GC: {runs} combines of 4 MiB files, 1/3 valid",
+            moved / combine.seconds / 1e6,
+            "MB/s moved",
+            note=f"{moved / 1e6:,.0f} MB in {combine.seconds:.2f} s",
+        )
+    ]
 
 
 def bench_removal_log(root: str, scale: int) -> list[Row]:
@@ -229,10 +268,10 @@ def bench_removal_log(root: str, scale: int) -> list[Row]:
         directory = os.path.join(root, f"removals-{logged}")
         with MessageStore(directory, auto_gc=False) as store:
             if not logged:
-                store._removals.note = lambda *_: None   # the baseline: no entries kept
+                store._removals.note = lambda *_: None  # the baseline: no entries kept
             with Stopwatch() as watch:
                 for start in range(0, count, MESSAGES_PER_SYNC):
-                    batch = message_ids[start:start + MESSAGES_PER_SYNC]
+                    batch = message_ids[start : start + MESSAGES_PER_SYNC]
                     for mid in batch:
                         store.write(mid, body)
                     store.sync()
@@ -243,8 +282,15 @@ def bench_removal_log(root: str, scale: int) -> list[Row]:
         return watch.seconds
 
     baseline, logged = best_of_alternating(lambda: run(False), lambda: run(True))
-    return [Row("write, sync, remove, sync 1 KiB with the removal log", count / logged, "msgs/s",
-                count / baseline, note="baseline: the same with the log's appends skipped")]
+    return [
+        Row(
+            "write, sync, remove, sync 1 KiB with the removal log",
+            count / logged,
+            "msgs/s",
+            count / baseline,
+            note="baseline: the same with the log's appends skipped",
+        )
+    ]
 
 
 def main(argv: list[str]) -> str:
@@ -257,8 +303,10 @@ def main(argv: list[str]) -> str:
         rows += bench_random_reads(root, scale)
         rows += bench_gc(root, scale)
         rows += bench_recovery_and_memory(root, scale)
-        title = (f"store engine vs raw Python I/O ({time.perf_counter() - started:.0f} s, "
-                 f"{'quick' if scale > 1 else 'full'} volumes)")
+        title = (
+            f"store engine vs raw Python I/O ({time.perf_counter() - started:.0f} s, "
+            f"{'quick' if scale > 1 else 'full'} volumes)"
+        )
         return render(title, rows)
     finally:
         shutil.rmtree(root, ignore_errors=True)

@@ -30,11 +30,11 @@ from warren.supervisor import Node
 
 from .table import Row, Stopwatch, median, percentile, render
 
-IN_FLIGHT = 4000                      # the client's default credit (RabbitMQ's)
-ENGINE_SYNC_EVERY = 1000              # the in-process baseline's group commit
-ROUNDS = 3                            # alternating runs; the fastest of each side is kept
-TARGET_2_WRITERS_4K = 40_000          # confirmed msgs/s
-TARGET_RATIO_4K = 0.7                 # confirmed 4 KiB writes, of the in-process engine
+IN_FLIGHT = 4000  # the client's default credit (RabbitMQ's)
+ENGINE_SYNC_EVERY = 1000  # the in-process baseline's group commit
+ROUNDS = 3  # alternating runs; the fastest of each side is kept
+TARGET_2_WRITERS_4K = 40_000  # confirmed msgs/s
+TARGET_RATIO_4K = 0.7  # confirmed 4 KiB writes, of the in-process engine
 SIZES = [(4096, 40_000), (16384, 12_000), (65536, 3_000)]
 
 
@@ -53,10 +53,23 @@ def engine_rate(root: str, size: int, count: int) -> float:
 
 def writers_run(node: Node, writers: int, size: int, count: int) -> tuple[float, list[float]]:
     ref = json.dumps(dataclasses.asdict(node.store()))
-    processes = [subprocess.Popen([sys.executable, "-m", "bench.store_writer", ref, str(size),
-                                   str(count), str(IN_FLIGHT)], stdin=subprocess.PIPE,
-                                  stdout=subprocess.PIPE, text=True)
-                 for _ in range(writers)]
+    processes = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "bench.store_writer",
+                ref,
+                str(size),
+                str(count),
+                str(IN_FLIGHT),
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(writers)
+    ]
     try:
         for p in processes:
             assert p.stdout.readline().strip() == "ready"
@@ -92,19 +105,34 @@ def read_rows(node: Node, size: int, count: int) -> list[Row]:
             store.ask(Read(msg_id))
     with Stopwatch() as many:
         for i in range(0, count, 100):
-            store.ask(ReadMany(ids[i:i + 100]))
+            store.ask(ReadMany(ids[i : i + 100]))
     assert client.direct_reads >= count * 0.99, client.direct_reads
     client.remove(ids)
     client.terminate()
     label = f"{size // 1024} KiB"
-    return [Row(f"read {label}, direct through the lock table", count / direct.seconds,
-                "msgs/s", count / through_actor.seconds, 3.0,
-                "baseline: one ask to the store per read"),
-            Row(f"read {label}, direct through the lock table", count / direct.seconds,
-                "msgs/s", count / many.seconds,
-                note="baseline: read_many through the store, 100 per ask"),
-            Row(f"read {label}, read_many through the store (100 per ask)",
-                count / many.seconds, "msgs/s", count / through_actor.seconds)]
+    return [
+        Row(
+            f"read {label}, direct through the lock table",
+            count / direct.seconds,
+            "msgs/s",
+            count / through_actor.seconds,
+            3.0,
+            "baseline: one ask to the store per read",
+        ),
+        Row(
+            f"read {label}, direct through the lock table",
+            count / direct.seconds,
+            "msgs/s",
+            count / many.seconds,
+            note="baseline: read_many through the store, 100 per ask",
+        ),
+        Row(
+            f"read {label}, read_many through the store (100 per ask)",
+            count / many.seconds,
+            "msgs/s",
+            count / through_actor.seconds,
+        ),
+    ]
 
 
 def main(argv: list[str]) -> str:
@@ -118,7 +146,7 @@ def main(argv: list[str]) -> str:
                 label = f"{size // 1024} KiB"
                 best: dict[int, tuple[float, list[float]]] = {}
                 baseline = 0.0
-                for _ in range(ROUNDS):         # alternate, so both sides meet the same disk
+                for _ in range(ROUNDS):  # alternate, so both sides meet the same disk
                     baseline = max(baseline, engine_rate(root, size, count))
                     for writers in (1, 2):
                         run = writers_run(node, writers, size, count)
@@ -128,14 +156,21 @@ def main(argv: list[str]) -> str:
                     rate, latencies = best[writers]
                     verdict = ""
                     if (size, writers) == (4096, 2):
-                        verdict = (" MISSED" if rate < TARGET_2_WRITERS_4K else " met") + \
-                            f" target >= {TARGET_2_WRITERS_4K:,} msgs/s;"
-                    rows.append(Row(
-                        f"{writers} writer{'s' if writers > 1 else ''} {label} → store → "
-                        f"fsync → confirm", rate, "msgs/s", baseline,
-                        TARGET_RATIO_4K if size == 4096 else None,
-                        note=f"{verdict} {rate * size / 1e6:,.0f} MB/s; confirm p50 "
-                             f"{median(latencies):.1f} ms p99 {percentile(latencies, 99):.1f} ms"))
+                        verdict = (
+                            " MISSED" if rate < TARGET_2_WRITERS_4K else " met"
+                        ) + f" target >= {TARGET_2_WRITERS_4K:,} msgs/s;"
+                    rows.append(
+                        Row(
+                            f"{writers} writer{'s' if writers > 1 else ''} {label} → store → "
+                            f"fsync → confirm",
+                            rate,
+                            "msgs/s",
+                            baseline,
+                            TARGET_RATIO_4K if size == 4096 else None,
+                            note=f"{verdict} {rate * size / 1e6:,.0f} MB/s; confirm p50 "
+                            f"{median(latencies):.1f} ms p99 {percentile(latencies, 99):.1f} ms",
+                        )
+                    )
             for size in (4096, 65536):
                 rows += read_rows(node, size, 20_000 // scale)
     finally:

@@ -33,9 +33,11 @@ def main(argv: list[str]) -> str:
             ref = node.spawn(Idle, name=f"idle-{n}")
             spawns.append(time.perf_counter() - started)
             node.stop(ref)
-        spec = SupervisorSpec("bench", SupervisorFlags("one_for_one", intensity=rounds + 1,
-                                                       period_s=3600),
-                              children=(ChildSpec("victim", Idle),))
+        spec = SupervisorSpec(
+            "bench",
+            SupervisorFlags("one_for_one", intensity=rounds + 1, period_s=3600),
+            children=(ChildSpec("victim", Idle),),
+        )
         restarts = []
         with Supervisor(node, spec) as supervisor:
             for _ in range(rounds):
@@ -50,9 +52,19 @@ def main(argv: list[str]) -> str:
                 restarts.append(time.perf_counter() - started)
     ms = 1000
     rows = [
-        Row("restart, SIGKILL to ready (median)", median(restarts) * ms, "ms",
-            median(spawns) * ms, note="baseline: spawn to ready, median"),
-        Row("restart, SIGKILL to ready (p99)", percentile(restarts, 99) * ms, "ms",
-            percentile(spawns, 99) * ms, note="baseline: spawn to ready, p99"),
+        Row(
+            "restart, SIGKILL to ready (median)",
+            median(restarts) * ms,
+            "ms",
+            median(spawns) * ms,
+            note="baseline: spawn to ready, median",
+        ),
+        Row(
+            "restart, SIGKILL to ready (p99)",
+            percentile(restarts, 99) * ms,
+            "ms",
+            percentile(spawns, 99) * ms,
+            note="baseline: spawn to ready, p99",
+        ),
     ]
     return render(f"supervisor restart latency ({rounds} rounds)", rows)

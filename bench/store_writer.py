@@ -22,14 +22,13 @@ def main() -> None:
     batch = min(800, max(1, in_flight // 4))
     started_at: dict[int, float] = {}
     latencies: list[float] = []
-    next_first = [0]                 # batches settle in order: each starts after the last
+    next_first = [0]  # batches settle in order: each starts after the last
 
     def settled(s) -> None:
         latencies.append((time.perf_counter() - started_at.pop(next_first[0])) * 1000)
         next_first[0] = s.up_to_seq + 1
 
-    client = StoreClient(ref, on_settled=settled, batch_messages=batch,
-                         max_in_flight=in_flight)
+    client = StoreClient(ref, on_settled=settled, batch_messages=batch, max_in_flight=in_flight)
     body = os.urandom(size)
     ids = [os.urandom(16) for _ in range(count)]
     print("ready", flush=True)

@@ -43,18 +43,34 @@ def _fmt(value: float | None) -> str:
     return f"{value:.3g}"
 
 
-COLUMNS = (Column("what", wrap=True, min_width=20), Column("figure", ">"),
-           Column("baseline", ">"), Column("ratio", ">"), Column("target", ">"),
-           Column("note", wrap=True, min_width=16))
+COLUMNS = (
+    Column("what", wrap=True, min_width=20),
+    Column("figure", ">"),
+    Column("baseline", ">"),
+    Column("ratio", ">"),
+    Column("target", ">"),
+    Column("note", wrap=True, min_width=16),
+)
 
 
 def render(title: str, rows: list[Row]) -> str:
     """Return the table as aligned text that fits 80 columns, under its title."""
-    cells = [[r.name, f"{_fmt(r.figure)} {r.unit}", _fmt(r.baseline), _fmt(r.ratio),
-              "" if r.target is None else f">= {r.target}",
-              ("MISSED " if r.target is not None and r.ratio is not None
-               and r.ratio < r.target else "") + r.note]
-             for r in rows]
+    cells = [
+        [
+            r.name,
+            f"{_fmt(r.figure)} {r.unit}",
+            _fmt(r.baseline),
+            _fmt(r.ratio),
+            "" if r.target is None else f">= {r.target}",
+            (
+                "MISSED "
+                if r.target is not None and r.ratio is not None and r.ratio < r.target
+                else ""
+            )
+            + r.note,
+        ]
+        for r in rows
+    ]
     return f"{title}\n\n{format_table(COLUMNS, cells)}"
 
 
@@ -83,7 +99,7 @@ def median(samples: list[float]) -> float:
 class Stopwatch:
     """``with Stopwatch() as sw: ...`` then ``sw.seconds``."""
 
-    def __enter__(self) -> "Stopwatch":
+    def __enter__(self) -> Stopwatch:
         self._start = time.perf_counter()
         return self
 

@@ -44,7 +44,7 @@ from warren.actors import ActorError, ProcessActor, UnhandledMessage  # noqa: E4
 from warren.supervisor import ChildSpec  # noqa: E402
 
 LEDGER, RECEIPTS = "ledger.log", "receipts.log"
-APP_DIR = "ledger-app"          # in the node's data directory
+APP_DIR = "ledger-app"  # in the node's data directory
 ASK_TIMEOUT_S = 2.0
 HASTY_FLUSH_S = 0.5
 
@@ -59,8 +59,9 @@ class Ledger(ProcessActor):
 
     def __init__(self, directory: str) -> None:
         os.makedirs(directory, exist_ok=True)
-        self.fd = os.open(os.path.join(directory, LEDGER),
-                          os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self.fd = os.open(
+            os.path.join(directory, LEDGER), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644
+        )
 
     def on_receive(self, message):
         if isinstance(message, list) and len(message) == 3 and message[0] == "deposit":
@@ -114,7 +115,7 @@ class Teller(ProcessActor):
                 raise ActorError("no ledger yet")
             ledger.ask(["deposit", self.next, self.next], timeout=ASK_TIMEOUT_S)
         except (ActorError, TimeoutError):
-            self.call_later(0.05, self.deposit)       # restarting: try the same one again
+            self.call_later(0.05, self.deposit)  # restarting: try the same one again
             return
         _append(self.fd, f"{self.next}\n")
         self.next += 1
@@ -177,11 +178,17 @@ def main() -> int:
     args = parser.parse_args()
     os.chdir(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     with tempfile.TemporaryDirectory(prefix="warren-ledger-") as tmp:
-        report = run_tree(os.path.join(tmp, "data"),
-                          f"examples.chaos_ledger:{'broken_children' if args.broken else 'children'}",
-                          kinds=("kill", "node"), patterns=("ledger", "teller"),
-                          duration_s=args.duration, seed=args.seed, check=check,
-                          sample=deposits, report_dir=args.report)
+        report = run_tree(
+            os.path.join(tmp, "data"),
+            f"examples.chaos_ledger:{'broken_children' if args.broken else 'children'}",
+            kinds=("kill", "node"),
+            patterns=("ledger", "teller"),
+            duration_s=args.duration,
+            seed=args.seed,
+            check=check,
+            sample=deposits,
+            report_dir=args.report,
+        )
     print(format_report(report))
     return 0 if report["ok"] else 1
 

@@ -23,14 +23,14 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from warren.supervisor.cli.queues import format_queues  # noqa: E402  (source checkout)
-from warren.supervisor.chaos.workload import Producer, audit  # noqa: E402
 from warren.supervisor import Node  # noqa: E402
+from warren.supervisor.chaos.workload import Producer, audit  # noqa: E402
 from warren.supervisor.cli.main import format_status  # noqa: E402
+from warren.supervisor.cli.queues import format_queues  # noqa: E402  (source checkout)
 
 ORDERS_PER_PRODUCER = 2500
 QUEUES = ("billing", "shipping")
-FILE_SIZE_LIMIT = 1024 * 1024      # small store files, so rollover and GC show up
+FILE_SIZE_LIMIT = 1024 * 1024  # small store files, so rollover and GC show up
 
 
 def step(title: str) -> None:
@@ -55,9 +55,12 @@ def lines(path: str) -> int:
 
 def start(*arguments: object) -> subprocess.Popen:
     """A producer or consumer of ``warren.supervisor.chaos.workload`` in a process of its own."""
-    process = subprocess.Popen([sys.executable, "-m", "warren.supervisor.chaos.workload",
-                                *map(str, arguments)], stdout=subprocess.PIPE, text=True)
-    process.stdout.readline()                                     # "ready"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "warren.supervisor.chaos.workload", *map(str, arguments)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    process.stdout.readline()  # "ready"
     return process
 
 
@@ -65,15 +68,19 @@ def kill(node: Node, actor: str) -> None:
     old = node.actors.whereis(actor).pid
     os.kill(old, signal.SIGKILL)
     wait_until(lambda: getattr(node.actors.whereis(actor), "pid", old) != old)
-    print(f"   SIGKILL {actor} (pid {old}): restarted as pid "
-          f"{node.actors.whereis(actor).pid}, recovered from disk")
+    print(
+        f"   SIGKILL {actor} (pid {old}): restarted as pid "
+        f"{node.actors.whereis(actor).pid}, recovered from disk"
+    )
 
 
 def queue_rows(node: Node) -> list[dict]:
     connection = node.connect()
     try:
-        return [{"name": q, "state": node.queue_state(q), "stats": connection.queue_stats(q)}
-                for q in QUEUES]
+        return [
+            {"name": q, "state": node.queue_state(q), "stats": connection.queue_stats(q)}
+            for q in QUEUES
+        ]
     finally:
         connection.close()
 
@@ -81,8 +88,11 @@ def queue_rows(node: Node) -> list[dict]:
 def tour(node: Node, work: str) -> None:
     step("1. The node's processes")
     for row in node.status()["tree"]["children"]:
-        pids = [c["pid"] for c in row.get("children", [])] if row["kind"] == "supervisor" \
+        pids = (
+            [c["pid"] for c in row.get("children", [])]
+            if row["kind"] == "supervisor"
             else [row["pid"]]
+        )
         print(f"   {row['id']:<22} {row['kind']:<10} pids {pids}")
 
     step("2. A fanout exchange 'orders' into two queues, one of them lazy")
@@ -91,21 +101,36 @@ def tour(node: Node, work: str) -> None:
     node.declare_queue("shipping", lazy=True)
     for queue in QUEUES:
         node.bind_queue(queue, "orders")
-    print("   queue processes: " + ", ".join(
-        f"warren: queue {q} (pid {node.queue(q).pid})" for q in QUEUES))
+    print(
+        "   queue processes: "
+        + ", ".join(f"warren: queue {q} (pid {node.queue(q).pid})" for q in QUEUES)
+    )
 
-    step(f"3. Two producer processes publish {2 * ORDERS_PER_PRODUCER:,} orders; "
-         f"a consumer process drains each queue")
+    step(
+        f"3. Two producer processes publish {2 * ORDERS_PER_PRODUCER:,} orders; "
+        f"a consumer process drains each queue"
+    )
     producers = [os.path.join(work, f"producer-{i}") for i in range(2)]
     consumers = {q: os.path.join(work, f"consumer-{q}") for q in QUEUES}
     processes = []
     try:
-        processes += [start("produce", node.data_dir, "", f"p{i}", ledger,
-                            "--count", ORDERS_PER_PRODUCER, "--exchange", "orders")
-                      for i, ledger in enumerate(producers)]
+        processes += [
+            start(
+                "produce",
+                node.data_dir,
+                "",
+                f"p{i}",
+                ledger,
+                "--count",
+                ORDERS_PER_PRODUCER,
+                "--exchange",
+                "orders",
+            )
+            for i, ledger in enumerate(producers)
+        ]
         processes += [start("consume", node.data_dir, consumers[q], q) for q in QUEUES]
         started = time.monotonic()
-        confirmed = lambda: sum(lines(p) for p in producers)      # noqa: E731
+        confirmed = lambda: sum(lines(p) for p in producers)  # noqa: E731
         wait_until(lambda: confirmed() >= 1500)
         print(f"   {confirmed():,} orders confirmed so far")
         print("   " + format_queues(queue_rows(node)).replace("\n", "\n   "))
@@ -121,8 +146,10 @@ def tour(node: Node, work: str) -> None:
             producer.wait(timeout=300)
         elapsed = time.monotonic() - started
         wait_until(lambda: all(r["stats"]["depth"] == 0 for r in queue_rows(node)))
-        print(f"   {confirmed():,} orders confirmed in {elapsed:.1f} s "
-              f"({confirmed() / elapsed:,.0f}/s, each to both queues, one at a time)")
+        print(
+            f"   {confirmed():,} orders confirmed in {elapsed:.1f} s "
+            f"({confirmed() / elapsed:,.0f}/s, each to both queues, one at a time)"
+        )
     finally:
         for process in processes:
             process.kill()
@@ -132,16 +159,23 @@ def tour(node: Node, work: str) -> None:
     step("6. The ledgers")
     lost = 0
     for queue in QUEUES:
-        result = audit([Producer(f"p{i}", ledger, (queue,)) for i, ledger in enumerate(producers)],
-                       [consumers[queue]])
-        lost += len(result.lost) + len(result.unflagged) + len(result.misrouted) + \
-            result.wrong_bodies
-        print(f"   {queue:<9} confirmed {result.confirmed:,}, consumed {result.consumed:,}, "
-              f"redelivered {result.redelivered:,}, duplicates {result.duplicates:,}, "
-              f"lost {len(result.lost)}")
+        result = audit(
+            [Producer(f"p{i}", ledger, (queue,)) for i, ledger in enumerate(producers)],
+            [consumers[queue]],
+        )
+        lost += (
+            len(result.lost) + len(result.unflagged) + len(result.misrouted) + result.wrong_bodies
+        )
+        print(
+            f"   {queue:<9} confirmed {result.confirmed:,}, consumed {result.consumed:,}, "
+            f"redelivered {result.redelivered:,}, duplicates {result.duplicates:,}, "
+            f"lost {len(result.lost)}"
+        )
     if lost:
-        raise SystemExit(f"{lost} confirmed orders were lost, came back unflagged, went "
-                         f"astray or came back damaged")
+        raise SystemExit(
+            f"{lost} confirmed orders were lost, came back unflagged, went "
+            f"astray or came back damaged"
+        )
 
     step("7. The node's status")
     print("   " + format_status(node.status()).replace("\n", "\n   "))
@@ -153,8 +187,10 @@ def main() -> None:
         print(f"Warren: a node on {data_dir}")
         with Node(data_dir, file_size_limit=FILE_SIZE_LIMIT) as node:
             tour(node, work)
-        print("\nThe node stopped cleanly: every process of the tree has exited, and no "
-              "confirmed order was lost.")
+        print(
+            "\nThe node stopped cleanly: every process of the tree has exited, and no "
+            "confirmed order was lost."
+        )
 
 
 if __name__ == "__main__":

@@ -92,9 +92,11 @@ def main() -> None:
         except UnhandledMessage as error:
             print("the ledger refused:", error)
         teller.tell("a stray message")
-        answer = teller.ask(("dave", 1))          # after the stray tell, in its mailbox
-        print(f"a stray tell is logged and counted, not a crash: the teller answers "
-              f"{answer!r}, unhandled = {teller.stats()['unhandled']}")
+        answer = teller.ask(("dave", 1))  # after the stray tell, in its mailbox
+        print(
+            f"a stray tell is logged and counted, not a crash: the teller answers "
+            f"{answer!r}, unhandled = {teller.stats()['unhandled']}"
+        )
 
         monitor = node.monitor(ledger)
         os.kill(ledger.pid, signal.SIGKILL)

@@ -99,28 +99,37 @@ def main() -> None:
         print(f"node on {data_dir}, listening on {node.listen_endpoint}", flush=True)
         spark = local_session("warren-spark-pipeline", cores=2, max_failures=2)
         # Four Arrow batches a partition: the failing attempt fails after two of them.
-        spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch",
-                       max(100, args.rows // args.partitions // 4))
-        spark.sparkContext.setLogLevel("FATAL")     # the failing attempt is on purpose
+        spark.conf.set(
+            "spark.sql.execution.arrow.maxRecordsPerBatch",
+            max(100, args.rows // args.partitions // 4),
+        )
+        spark.sparkContext.setLogLevel("FATAL")  # the failing attempt is on purpose
         events = spark.range(args.rows, numPartitions=args.partitions).selectExpr(
             "id as order_id",
             "concat('C', lpad(cast(id * 7919 % 50000 as string), 5, '0')) as customer",
             "round(5 + (id * 2654435761 % 100000) / 200.0, 2) as amount",
             "element_at(array('EUR', 'USD', 'GBP'), cast(id % 3 as int) + 1) as currency",
-            "timestamp_millis(1767225600000 + id * 37) as placed_at")
+            "timestamp_millis(1767225600000 + id * 37) as placed_at",
+        )
         bodies = events.selectExpr("to_json(struct(*)) as body")
         bodies = bodies.mapInArrow(fail_the_first_attempt_halfway, bodies.schema)
         tallies = {queue: Tally(args.rows) for queue in QUEUES}
         done = threading.Event()
-        consumers = [threading.Thread(target=consume, args=(node, q, tallies[q], done))
-                     for q in QUEUES]
+        consumers = [
+            threading.Thread(target=consume, args=(node, q, tallies[q], done)) for q in QUEUES
+        ]
         for thread in consumers:
             thread.start()
         started = time.monotonic()
         try:
-            (bodies.write.format("warren").mode("append")
-             .option("endpoint", node.listen_endpoint).option("exchange", "orders")
-             .option("producer", "orders-2026-01-01").save())
+            (
+                bodies.write.format("warren")
+                .mode("append")
+                .option("endpoint", node.listen_endpoint)
+                .option("exchange", "orders")
+                .option("producer", "orders-2026-01-01")
+                .save()
+            )
             published_in = time.monotonic() - started
         finally:
             done.set()
@@ -128,14 +137,18 @@ def main() -> None:
                 thread.join()
             spark.stop()
         drained_in = max(t.last_at for t in tallies.values()) - started
-        print(f"\npublished {args.rows:,} rows into {len(QUEUES)} queues in "
-              f"{published_in:.1f} s: {args.rows / published_in:,.0f} rows/s "
-              f"({len(QUEUES) * args.rows / published_in:,.0f} messages/s); the first "
-              f"attempt of partition {FAILING_PARTITION} failed halfway and was run again")
+        print(
+            f"\npublished {args.rows:,} rows into {len(QUEUES)} queues in "
+            f"{published_in:.1f} s: {args.rows / published_in:,.0f} rows/s "
+            f"({len(QUEUES) * args.rows / published_in:,.0f} messages/s); the first "
+            f"attempt of partition {FAILING_PARTITION} failed halfway and was run again"
+        )
         print(f"{'queue':<10} {'consumed':>10} {'duplicates':>10} {'lost':>6} {'wrong':>6}")
         for queue, tally in tallies.items():
-            print(f"{queue:<10} {tally.consumed:>10,} {tally.duplicates:>10} {tally.lost:>6} "
-                  f"{tally.wrong:>6}")
+            print(
+                f"{queue:<10} {tally.consumed:>10,} {tally.duplicates:>10} {tally.lost:>6} "
+                f"{tally.wrong:>6}"
+            )
         print(f"every message consumed and acked {drained_in:.1f} s after the job started")
         if any(t.duplicates or t.lost or t.wrong for t in tallies.values()):
             raise SystemExit("duplicates, losses or wrong bodies: this must not happen")

@@ -71,17 +71,19 @@ def main() -> None:
             started = time.monotonic()
             os.kill(counter_pid, signal.SIGKILL)
             row = wait_for_restart(node, "ticket_counter", counter_pid)
-            print(f"restarted as pid {row['pid']} (incarnation {row['incarnation']}) in "
-                  f"{(time.monotonic() - started) * 1000:.0f} ms; restarts: {row['restarts']}")
+            print(
+                f"restarted as pid {row['pid']} (incarnation {row['incarnation']}) in "
+                f"{(time.monotonic() - started) * 1000:.0f} ms; restarts: {row['restarts']}"
+            )
             print("the same ref reaches it; its count started over:", counter.ask("ticket"))
-            print(f"the greeter was left alone: pid {greeter.ask('pid')} "
-                  f"(was {greeter_pid})")
+            print(f"the greeter was left alone: pid {greeter.ask('pid')} (was {greeter_pid})")
             if "--serve" in sys.argv:
-                print(f"serving until a signal: kill -TERM {os.getpid()}, or Ctrl-C",
-                      flush=True)
+                print(f"serving until a signal: kill -TERM {os.getpid()}, or Ctrl-C", flush=True)
                 signum = node.run_until_signalled()
-                print("stopped in order on", signal.Signals(signum).name if signum else
-                      "the root supervisor's failure")
+                print(
+                    "stopped in order on",
+                    signal.Signals(signum).name if signum else "the root supervisor's failure",
+                )
         print("node stopped: every process of the tree has exited")
 
 

@@ -10,15 +10,28 @@ gives the persistent store the reference counts its dirty recovery needs.
 source (it imports pyspark: the ``spark`` extra).
 """
 
-from .errors import (Blocked, ConnectionClosed, CorruptMessage, InvalidMessage,
-                     MessageTooLarge, Nacked, NotFound, OutOfSequence, PreconditionFailed,
-                     QueueClosed, QueueDown, QueueError, QueueLocked, UnknownDeliveryTag,
-                     Unroutable)
-from .message import Message, decode, encode
 from .engine.queue_index import Entry, QueueIndex
 from .engine.queue_store import QueueStore
-from .engine.variable_queue import Delivery, MessageInfo, SharedStoreClient, VariableQueue
 from .engine.ref_counts import QueueRefCounts, node_ref_counts, walk_ref_counts
+from .engine.variable_queue import Delivery, MessageInfo, SharedStoreClient, VariableQueue
+from .errors import (
+    Blocked,
+    ConnectionClosed,
+    CorruptMessage,
+    InvalidMessage,
+    MessageTooLarge,
+    Nacked,
+    NotFound,
+    OutOfSequence,
+    PreconditionFailed,
+    QueueClosed,
+    QueueDown,
+    QueueError,
+    QueueLocked,
+    UnknownDeliveryTag,
+    Unroutable,
+)
+from .message import Message, decode, encode
 
 __all__ = [
     "Blocked",

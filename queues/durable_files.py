@@ -31,7 +31,7 @@ def write_atomically(path: str | os.PathLike, data: bytes, mode: int = 0o644) ->
     try:
         view = memoryview(data)
         while view:
-            view = view[os.write(fd, view):]
+            view = view[os.write(fd, view) :]
         os.fsync(fd)
     finally:
         os.close(fd)

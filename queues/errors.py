@@ -45,7 +45,7 @@ class UnknownDeliveryTag(QueueError, KeyError):
     """An ack or requeue of a seq id that is not awaiting an ack: never fetched, or
     already acked or requeued."""
 
-    def __str__(self) -> str:                   # KeyError would quote the message
+    def __str__(self) -> str:  # KeyError would quote the message
         return str(self.args[0])
 
 

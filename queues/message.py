@@ -66,10 +66,19 @@ def encode(message: Message) -> bytes:
     _check(message)
     try:
         return msgpack.packb(
-            [FORMAT_VERSION, message.message_id, message.headers, message.expiration_ms,
-             message.timestamp_ms, message.content_type, message.persistent,
-             bytes(message.body)],
-            use_bin_type=True, strict_types=False)
+            [
+                FORMAT_VERSION,
+                message.message_id,
+                message.headers,
+                message.expiration_ms,
+                message.timestamp_ms,
+                message.content_type,
+                message.persistent,
+                bytes(message.body),
+            ],
+            use_bin_type=True,
+            strict_types=False,
+        )
     except (TypeError, ValueError, OverflowError) as exc:
         raise InvalidMessage(f"headers do not encode: {exc}") from None
 
@@ -78,15 +87,25 @@ def decode(data: bytes) -> Message:
     """The message encoded in ``data``; ``CorruptMessage`` if it is not one."""
     try:
         fields = msgpack.unpackb(data, raw=False, strict_map_key=True)
-    except (ValueError, TypeError, msgpack.ExtraData, msgpack.FormatError,
-            msgpack.StackError) as exc:
+    except (
+        ValueError,
+        TypeError,
+        msgpack.ExtraData,
+        msgpack.FormatError,
+        msgpack.StackError,
+    ) as exc:
         raise CorruptMessage(f"not an encoded message: {exc}") from None
-    if (type(fields) is not list or len(fields) != _FIELDS or fields[0] != FORMAT_VERSION
-            or type(fields[7]) is not bytes):
+    if (
+        type(fields) is not list
+        or len(fields) != _FIELDS
+        or fields[0] != FORMAT_VERSION
+        or type(fields[7]) is not bytes
+    ):
         raise CorruptMessage("not an encoded message: wrong shape or version")
     _, message_id, headers, expiration_ms, timestamp_ms, content_type, persistent, body = fields
-    message = Message(body, message_id, headers, expiration_ms, timestamp_ms, content_type,
-                      persistent)
+    message = Message(
+        body, message_id, headers, expiration_ms, timestamp_ms, content_type, persistent
+    )
     try:
         _check(message)
     except InvalidMessage as exc:

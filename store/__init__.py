@@ -6,7 +6,10 @@ actors' ``StoreClient``. ``rewrite_combine`` is the GC's copy step, which runs
 in whatever process the caller chooses.
 """
 
+from .engine.index import Location
+from .engine.message_store import MessageStore, Settlement, SyncResult
 from .engine.rewrite import CombinePlan, CorruptRecord, RewriteResult, rewrite_combine
+from .engine.scanner import ScanResult, scan_buffer, scan_file
 from .errors import (
     DiskFull,
     InvalidBody,
@@ -18,10 +21,7 @@ from .errors import (
     StoreTimeout,
     WritesBlocked,
 )
-from .engine.index import Location
 from .local_client import LocalStoreClient
-from .engine.message_store import MessageStore, Settlement, SyncResult
-from .engine.scanner import ScanResult, scan_buffer, scan_file
 
 __all__ = [
     "CombinePlan",

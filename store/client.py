@@ -73,24 +73,35 @@ from typing import Any
 
 from warren.actors import ActorDeadError, ActorError, ActorRef, AskTimeout
 
-from .errors import DiskFull, StoreError, StoreTimeout, WritesBlocked
 from .engine.lock_table import TABLE_FILE, LockTableReader
 from .engine.message_store import Settlement
-from .protocol import (ClientDying, Contains, Found, Read, ReadMany, ReadsReport, Register,
-                       Settled, StoreInfo, Terminate, WriteBatch)
 from .engine.records import HEADER, HEADER_BYTES, check_body, check_msg_id
+from .errors import DiskFull, StoreError, StoreTimeout, WritesBlocked
+from .protocol import (
+    ClientDying,
+    Contains,
+    Found,
+    Read,
+    ReadMany,
+    ReadsReport,
+    Register,
+    Settled,
+    StoreInfo,
+    Terminate,
+    WriteBatch,
+)
 
-MAX_IN_FLIGHT = 4000                  # msg_store_credit_disc_bound: messages ...
-MAX_IN_FLIGHT_BYTES = 32 * 2**20      # ... or bytes in flight per client
-BATCH_MESSAGES = 800                  # credit is granted back this many at a time
+MAX_IN_FLIGHT = 4000  # msg_store_credit_disc_bound: messages ...
+MAX_IN_FLIGHT_BYTES = 32 * 2**20  # ... or bytes in flight per client
+BATCH_MESSAGES = 800  # credit is granted back this many at a time
 # Answers a client may have outstanding: below the mailbox bound (1000), since answers
 # beyond what the client's socket queues would be dropped by the store, unroutable.
 MAX_IN_FLIGHT_REQUESTS = 256
 BATCH_BYTES = 4 * 2**20
 RESTART_CHECK_S = 1.0
 UNAVAILABLE_AFTER_S = 300.0
-CALL_TIMEOUT_S = 60.0                 # longest a read, contains or terminate waits
-BLOCKED_POLL_S = 0.05                 # how often held writes look at the disk alarm
+CALL_TIMEOUT_S = 60.0  # longest a read, contains or terminate waits
+BLOCKED_POLL_S = 0.05  # how often held writes look at the disk alarm
 REPORT_READS_EVERY = 1000
 
 
@@ -99,8 +110,10 @@ class StoreRestarted(StoreError):
     ``removes_in_doubt`` removes may not have been applied."""
 
     def __init__(self, in_doubt: list[bytes], removes_in_doubt: list[bytes]) -> None:
-        super().__init__(f"the store restarted; {len(in_doubt)} writes and "
-                         f"{len(removes_in_doubt)} removes are in doubt")
+        super().__init__(
+            f"the store restarted; {len(in_doubt)} writes and "
+            f"{len(removes_in_doubt)} removes are in doubt"
+        )
         self.in_doubt = in_doubt
         self.removes_in_doubt = removes_in_doubt
 
@@ -111,15 +124,21 @@ class StoreUnavailable(StoreRestarted):
 
 
 class StoreClient:
-    def __init__(self, store: ActorRef, client_ref: bytes | None = None, *,
-                 on_settled: Callable[[Settled], None] | None = None,
-                 batch_messages: int = BATCH_MESSAGES, batch_bytes: int = BATCH_BYTES,
-                 max_in_flight: int = MAX_IN_FLIGHT,
-                 max_in_flight_bytes: int = MAX_IN_FLIGHT_BYTES,
-                 restart_check_s: float = RESTART_CHECK_S,
-                 unavailable_after_s: float = UNAVAILABLE_AFTER_S,
-                 call_timeout_s: float = CALL_TIMEOUT_S) -> None:
-        self.store = store.unpin()                 # whoever lives at the address: pings
+    def __init__(
+        self,
+        store: ActorRef,
+        client_ref: bytes | None = None,
+        *,
+        on_settled: Callable[[Settled], None] | None = None,
+        batch_messages: int = BATCH_MESSAGES,
+        batch_bytes: int = BATCH_BYTES,
+        max_in_flight: int = MAX_IN_FLIGHT,
+        max_in_flight_bytes: int = MAX_IN_FLIGHT_BYTES,
+        restart_check_s: float = RESTART_CHECK_S,
+        unavailable_after_s: float = UNAVAILABLE_AFTER_S,
+        call_timeout_s: float = CALL_TIMEOUT_S,
+    ) -> None:
+        self.store = store.unpin()  # whoever lives at the address: pings
         self.client_ref = client_ref if client_ref is not None else os.urandom(16)
         self.on_settled = on_settled
         self.batch_messages = batch_messages
@@ -132,9 +151,9 @@ class StoreClient:
         self._next_seq = 0
         self._batch: list[bytes] = []
         self._batch_ids: list[bytes] = []
-        self._batch_records: dict[bytes, bytes] = {}        # unsent writes, for reads
+        self._batch_records: dict[bytes, bytes] = {}  # unsent writes, for reads
         self._batch_bytes = 0
-        self._removes: list[tuple[int, list[bytes]]] = []   # in the batch: [after, ids]
+        self._removes: list[tuple[int, list[bytes]]] = []  # in the batch: [after, ids]
         self._removed = 0
         # (future, first_seq, written msg_ids, bytes, removed msg_ids) of each batch sent
         # and not yet answered
@@ -142,8 +161,8 @@ class StoreClient:
         self._in_flight_messages = 0
         self._in_flight_bytes = 0
         self._locations: dict[bytes, tuple[int, int, int]] = {}
-        self._failed: list[bytes] = []                      # writes the full disk refused
-        self._failed_seqs: list[int] = []                   # the same, for ``settled``
+        self._failed: list[bytes] = []  # writes the full disk refused
+        self._failed_seqs: list[int] = []  # the same, for ``settled``
         self.direct_reads = 0
         self.fallback_reads = 0
         self._reported = (0, 0)
@@ -152,12 +171,13 @@ class StoreClient:
 
     def _register(self) -> None:
         try:
-            info: StoreInfo = self.store.ask(Register(self.client_ref),
-                                             timeout=self.call_timeout_s)
+            info: StoreInfo = self.store.ask(Register(self.client_ref), timeout=self.call_timeout_s)
         except AskTimeout:
-            raise StoreTimeout(f"the store did not register this client within "
-                               f"{self.call_timeout_s:g} s; it is alive but silent (stopped, "
-                               f"or recovering); ask again later") from None
+            raise StoreTimeout(
+                f"the store did not register this client within "
+                f"{self.call_timeout_s:g} s; it is alive but silent (stopped, "
+                f"or recovering); ask again later"
+            ) from None
         self._pinned = info.ref
         self.incarnation = info.ref.incarnation
         self._reader = LockTableReader(info.directory)
@@ -195,8 +215,10 @@ class StoreClient:
         self._batch_ids.append(msg_id)
         self._batch_records[msg_id] = record
         self._batch_bytes += len(body) + 25
-        if (len(self._batch) + self._removed >= self.batch_messages
-                or self._batch_bytes >= self.batch_bytes):
+        if (
+            len(self._batch) + self._removed >= self.batch_messages
+            or self._batch_bytes >= self.batch_bytes
+        ):
             self.flush()
         return seq
 
@@ -208,9 +230,10 @@ class StoreClient:
         if self._batch and self._reader.writes_blocked():
             self._wait_while_blocked()
         while self._in_flight and (
-                self._in_flight_messages + messages > self.max_in_flight
-                or self._in_flight_bytes + self._batch_bytes > self.max_in_flight_bytes
-                or len(self._in_flight) >= MAX_IN_FLIGHT_REQUESTS):
+            self._in_flight_messages + messages > self.max_in_flight
+            or self._in_flight_bytes + self._batch_bytes > self.max_in_flight_bytes
+            or len(self._in_flight) >= MAX_IN_FLIGHT_REQUESTS
+        ):
             self._settle_oldest()
         records = b"".join(self._batch)
         first = self._next_seq - len(self._batch)
@@ -252,8 +275,10 @@ class StoreClient:
         deadline = time.monotonic() + self.call_timeout_s
         while self._reader.writes_blocked():
             if time.monotonic() >= deadline:
-                raise WritesBlocked(f"the node's disk alarm has held this client's writes "
-                                    f"for {self.call_timeout_s:g} s; free disk space")
+                raise WritesBlocked(
+                    f"the node's disk alarm has held this client's writes "
+                    f"for {self.call_timeout_s:g} s; free disk space"
+                )
             time.sleep(BLOCKED_POLL_S)
 
     @property
@@ -301,7 +326,7 @@ class StoreClient:
         try:
             incarnation = self.store.ping(timeout=self.restart_check_s).incarnation
         except ActorError:
-            return False                  # busy, or down and restarting
+            return False  # busy, or down and restarting
         if incarnation != self.incarnation and self._pinned is not None:
             self._restarted(StoreRestarted)
         return True
@@ -320,7 +345,7 @@ class StoreClient:
         self._removes, self._removed = [], 0
         self._locations.clear()
         self._reader.close()
-        self._pinned = None                # registers again on next use
+        self._pinned = None  # registers again on next use
         if writes or removes or error is StoreUnavailable:
             raise error(writes, removes)
 
@@ -365,7 +390,7 @@ class StoreClient:
         missing = []
         for i, msg_id in enumerate(msg_ids):
             unsent = self._batch_records.get(msg_id)
-            if unsent is not None:        # written here, not sent yet: the store has none
+            if unsent is not None:  # written here, not sent yet: the store has none
                 bodies[i] = unsent[HEADER_BYTES:-1]
                 continue
             place = self._locations.get(msg_id)
@@ -413,8 +438,9 @@ class StoreClient:
                     raise StoreTimeout(
                         f"{type(request).__name__} got no answer from the store within "
                         f"{self.call_timeout_s:g} s; it is alive but silent (stopped, or "
-                        f"recovering); nothing was lost, ask again later") from None
-                if self._pinned is None:            # restarted: our request died with it
+                        f"recovering); nothing was lost, ask again later"
+                    ) from None
+                if self._pinned is None:  # restarted: our request died with it
                     future = self._send(lambda store: store.ask_async(request))
 
     def _maybe_report_reads(self) -> None:
@@ -458,6 +484,6 @@ def _answered(future) -> bool:
         future.get(timeout=0)
     except AskTimeout:
         return False
-    except Exception:                  # an error answer: _settle_oldest raises it
+    except Exception:  # an error answer: _settle_oldest raises it
         return True
     return True

@@ -65,8 +65,9 @@ def disk_full() -> bool:
     return bool(path) and _current(path).get("disk_full") is True
 
 
-def write_faults(path: str | os.PathLike, *, sync_delay_s: float = 0.0,
-                 disk_full: bool = False) -> None:
+def write_faults(
+    path: str | os.PathLike, *, sync_delay_s: float = 0.0, disk_full: bool = False
+) -> None:
     """The harness's side: say which disk faults are on, atomically."""
     path = os.fspath(path)
     temporary = f"{path}.{os.getpid()}.tmp"

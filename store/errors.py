@@ -55,8 +55,10 @@ class DiskFull(StoreError):
     caller may send these again later."""
 
     def __init__(self, msg_ids: list[bytes]) -> None:
-        super().__init__(f"the disk is full: {len(msg_ids)} writes were not stored; free "
-                         f"disk space (writes resume by themselves) and send them again")
+        super().__init__(
+            f"the disk is full: {len(msg_ids)} writes were not stored; free "
+            f"disk space (writes resume by themselves) and send them again"
+        )
         self.msg_ids = msg_ids
 
 

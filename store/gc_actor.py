@@ -33,10 +33,10 @@ import os
 
 from warren.actors import ActorRef, ProcessActor, UnhandledMessage
 
-from .engine.rewrite import CombinePlan, rewrite_combine
-from .protocol import RewriteFailed, RewriteJob, Rewritten, ScanJob, Scanned
 from .engine.records import data_file_name
+from .engine.rewrite import CombinePlan, rewrite_combine
 from .engine.scanner import ScanResult, scan_file
+from .protocol import RewriteFailed, RewriteJob, Rewritten, ScanJob, Scanned
 
 log = logging.getLogger("warren.store")
 
@@ -62,14 +62,22 @@ class GCActor(ProcessActor):
         raise UnhandledMessage(f"GCActor does not handle {type(message).__name__}")
 
     def _scan(self, job: ScanJob) -> None:
-        if not (type(job.job_id) is int and type(job.directory) is str
-                and os.path.isabs(job.directory) and _is_file_number(job.dst)
-                and _is_file_number(job.src) and isinstance(job.reply_to, ActorRef)):
-            raise UnhandledMessage("malformed ScanJob: job_id, dst and src must be ints "
-                                   "and directory an absolute path")
+        if not (
+            type(job.job_id) is int
+            and type(job.directory) is str
+            and os.path.isabs(job.directory)
+            and _is_file_number(job.dst)
+            and _is_file_number(job.src)
+            and isinstance(job.reply_to, ActorRef)
+        ):
+            raise UnhandledMessage(
+                "malformed ScanJob: job_id, dst and src must be ints and directory an absolute path"
+            )
         try:
-            dst, src = (scan_file(os.path.join(job.directory, data_file_name(f)))
-                        for f in (job.dst, job.src))
+            dst, src = (
+                scan_file(os.path.join(job.directory, data_file_name(f)))
+                for f in (job.dst, job.src)
+            )
         except OSError as exc:
             log.error("GC scan %d of %s failed: %s", job.job_id, job.directory, exc)
             job.reply_to.tell(RewriteFailed(job.job_id, f"{type(exc).__name__}: {exc}"))
@@ -78,27 +86,42 @@ class GCActor(ProcessActor):
         job.reply_to.tell(Scanned(job.job_id, job.dst, job.src, *_packed(dst), *_packed(src)))
 
     def _rewrite(self, job: RewriteJob) -> None:
-        if not (type(job.job_id) is int and type(job.dst_keep) is bytes
-                and type(job.src_keep) is bytes and isinstance(job.reply_to, ActorRef)):
-            raise UnhandledMessage("malformed RewriteJob: job_id must be an int, the keep "
-                                   "flags bytes and reply_to a ref")
-        kept = next(((d, scans) for d, scans in self._scans.items()
-                     if scans[:3] == (job.job_id, job.dst, job.src)), None)
+        if not (
+            type(job.job_id) is int
+            and type(job.dst_keep) is bytes
+            and type(job.src_keep) is bytes
+            and isinstance(job.reply_to, ActorRef)
+        ):
+            raise UnhandledMessage(
+                "malformed RewriteJob: job_id must be an int, the keep "
+                "flags bytes and reply_to a ref"
+            )
+        kept = next(
+            (
+                (d, scans)
+                for d, scans in self._scans.items()
+                if scans[:3] == (job.job_id, job.dst, job.src)
+            ),
+            None,
+        )
         if kept is None:
-            job.reply_to.tell(RewriteFailed(job.job_id, "no scan kept for this job (the GC "
-                                                        "restarted since it scanned)"))
+            job.reply_to.tell(
+                RewriteFailed(
+                    job.job_id, "no scan kept for this job (the GC restarted since it scanned)"
+                )
+            )
             return
         directory, (_, dst, src, dst_scan, src_scan) = kept
         del self._scans[directory]
-        if (len(job.dst_keep), len(job.src_keep)) != (len(dst_scan.offsets),
-                                                      len(src_scan.offsets)):
+        if (len(job.dst_keep), len(job.src_keep)) != (len(dst_scan.offsets), len(src_scan.offsets)):
             job.reply_to.tell(RewriteFailed(job.job_id, "keep flags do not match the scan"))
             return
-        plan = CombinePlan(dst, src, _selected(dst_scan, job.dst_keep),
-                           _selected(src_scan, job.src_keep))
+        plan = CombinePlan(
+            dst, src, _selected(dst_scan, job.dst_keep), _selected(src_scan, job.src_keep)
+        )
         try:
             result = rewrite_combine(directory, plan)
-        except Exception as exc:   # reported to the store, which abandons the job
+        except Exception as exc:  # reported to the store, which abandons the job
             log.error("GC job %d on %s failed: %s", job.job_id, directory, exc)
             job.reply_to.tell(RewriteFailed(job.job_id, f"{type(exc).__name__}: {exc}"))
             return
@@ -110,10 +133,16 @@ def _is_file_number(value) -> bool:
 
 
 def _packed(found: ScanResult) -> tuple[bytes, bytes, bytes]:
-    return (b"".join(found.msg_ids), array.array("Q", found.offsets).tobytes(),
-            array.array("Q", found.total_sizes).tobytes())
+    return (
+        b"".join(found.msg_ids),
+        array.array("Q", found.offsets).tobytes(),
+        array.array("Q", found.total_sizes).tobytes(),
+    )
 
 
 def _selected(found: ScanResult, keep: bytes) -> tuple[tuple[bytes, int, int], ...]:
-    return tuple((msg_id, offset, size) for msg_id, offset, size, flag
-                 in zip(found.msg_ids, found.offsets, found.total_sizes, keep) if flag)
+    return tuple(
+        (msg_id, offset, size)
+        for msg_id, offset, size, flag in zip(found.msg_ids, found.offsets, found.total_sizes, keep)
+        if flag
+    )

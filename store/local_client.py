@@ -21,8 +21,9 @@ from .engine.message_store import MessageStore, Settlement
 __all__ = ["LocalStoreClient"]
 
 # Every live client of each store, so that one client's sync settles them all.
-_CLIENTS: "weakref.WeakKeyDictionary[MessageStore, weakref.WeakValueDictionary]" = (
-    weakref.WeakKeyDictionary())
+_CLIENTS: weakref.WeakKeyDictionary[MessageStore, weakref.WeakValueDictionary] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 class LocalStoreClient:
@@ -71,7 +72,7 @@ class LocalStoreClient:
         result = self.store.sync()
         for client in list(clients.values()):
             client._settled_up_to = client._next_seq
-        for ticket in result.failed:           # other callers' tickets are theirs to see
+        for ticket in result.failed:  # other callers' tickets are theirs to see
             client = clients.get(ticket[0]) if type(ticket) is tuple else None
             if client is not None:
                 client._failed.append(ticket[1])

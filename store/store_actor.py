@@ -86,24 +86,39 @@ from typing import Any
 
 from warren.actors import ActorError, ActorRef, Down, ProcessActor, UnhandledMessage
 
-from .engine.rewrite import CombinePlan, RewriteResult
-from .errors import StoreError
 from .engine.index import PENDING_FILE
 from .engine.message_store import FILE_SIZE_LIMIT_BYTES, MessageStore
-from .protocol import (ClientDying, Contains, Found, Read, ReadMany, ReadsReport, Register,
-                       Rewritten, RewriteFailed, RewriteJob, ScanJob, Scanned, Settled,
-                       StoreInfo,
-                       StoreStats, Terminate, WriteBatch)
 from .engine.records import HEADER_BYTES, MSG_ID_BYTES, OK_MARKER
+from .engine.rewrite import CombinePlan, RewriteResult
+from .errors import StoreError
+from .protocol import (
+    ClientDying,
+    Contains,
+    Found,
+    Read,
+    ReadMany,
+    ReadsReport,
+    Register,
+    RewriteFailed,
+    RewriteJob,
+    Rewritten,
+    ScanJob,
+    Scanned,
+    Settled,
+    StoreInfo,
+    StoreStats,
+    Terminate,
+    WriteBatch,
+)
 
 log = logging.getLogger("warren.store")
 
-SYNC_INTERVAL_MS = 25          # longest a pending confirm waits for its fsync
+SYNC_INTERVAL_MS = 25  # longest a pending confirm waits for its fsync
 # Records of a GC scan staged against the index per loop pass: a few milliseconds of the
 # store's thread each, so confirms and reads go on between slices of a combine.
 GC_SLICE_RECORDS = 4096
-GC_CHECK_INTERVAL_S = 1.0      # how often an idle store looks for garbage to combine
-GC_RETRY_S = 5.0               # after a failed or abandoned combine
+GC_CHECK_INTERVAL_S = 1.0  # how often an idle store looks for garbage to combine
+GC_RETRY_S = 5.0  # after a failed or abandoned combine
 GC_NAME = "msg_store_gc"
 _SIZE = struct.Struct(">Q")
 
@@ -111,13 +126,20 @@ _SIZE = struct.Struct(">Q")
 class MessageStoreActor(ProcessActor):
     """One store process; see the module docstring."""
 
-    def __init__(self, directory: str, *, transient: bool = False,
-                 file_size_limit: int = FILE_SIZE_LIMIT_BYTES, sync_policy: str = "fsync",
-                 sync_interval_ms: float = SYNC_INTERVAL_MS,
-                 ref_counts: Callable[[], Iterable[tuple[bytes, int]]] | None = None,
-                 clean_clients: Callable[[], Iterable[bytes] | None] | None = None,
-                 gc_name: str = GC_NAME, gc_check_interval_s: float = GC_CHECK_INTERVAL_S,
-                 gc_retry_s: float = GC_RETRY_S) -> None:
+    def __init__(
+        self,
+        directory: str,
+        *,
+        transient: bool = False,
+        file_size_limit: int = FILE_SIZE_LIMIT_BYTES,
+        sync_policy: str = "fsync",
+        sync_interval_ms: float = SYNC_INTERVAL_MS,
+        ref_counts: Callable[[], Iterable[tuple[bytes, int]]] | None = None,
+        clean_clients: Callable[[], Iterable[bytes] | None] | None = None,
+        gc_name: str = GC_NAME,
+        gc_check_interval_s: float = GC_CHECK_INTERVAL_S,
+        gc_retry_s: float = GC_RETRY_S,
+    ) -> None:
         self.directory = os.path.abspath(directory)
         self.transient = transient
         self.file_size_limit = file_size_limit
@@ -133,16 +155,23 @@ class MessageStoreActor(ProcessActor):
         self._waiting: list[tuple[Any, bytes, int, int, float]] = []
         self._sync_armed = False
         self._dying: set[bytes] = set()
-        self._ignored_unwritten: list[tuple[bytes, int, bytes]] = []   # dying clients' writes
-        self._gc_watched: tuple[str, int] | None = None                # (address, incarnation)
-        self._gc_ref: ActorRef | None = None                           # whereis(gc_name), cached
+        self._ignored_unwritten: list[tuple[bytes, int, bytes]] = []  # dying clients' writes
+        self._gc_watched: tuple[str, int] | None = None  # (address, incarnation)
+        self._gc_ref: ActorRef | None = None  # whereis(gc_name), cached
         self._job: _Job | None = None
         self._job_ids = itertools.count(1)
         self._gc_not_before = 0.0
-        self.counters = {"batches": 0, "malformed_batches": 0, "fallback_reads": 0,
-                         "direct_reads_reported": 0, "fallback_reads_reported": 0,
-                         "gc_jobs": 0, "gc_jobs_abandoned": 0, "longest_gc_slice_ms": 0.0,
-                         "longest_confirm_wait_ms": 0.0}
+        self.counters = {
+            "batches": 0,
+            "malformed_batches": 0,
+            "fallback_reads": 0,
+            "direct_reads_reported": 0,
+            "fallback_reads_reported": 0,
+            "gc_jobs": 0,
+            "gc_jobs_abandoned": 0,
+            "longest_gc_slice_ms": 0.0,
+            "longest_confirm_wait_ms": 0.0,
+        }
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -150,10 +179,14 @@ class MessageStoreActor(ProcessActor):
         if self.transient and os.path.isdir(self.directory):
             shutil.rmtree(self.directory)
         self.store = MessageStore(
-            self.directory, file_size_limit=self.file_size_limit,
-            sync_policy=self.sync_policy, auto_gc=False, shared_readers=True,
+            self.directory,
+            file_size_limit=self.file_size_limit,
+            sync_policy=self.sync_policy,
+            auto_gc=False,
+            shared_readers=True,
             ref_counts=None if self.transient or self.ref_counts is None else self.ref_counts(),
-            clean_clients=None if self.clean_clients is None else self.clean_clients())
+            clean_clients=None if self.clean_clients is None else self.clean_clients(),
+        )
         self.call_later(self.gc_check_interval_s, self._gc_tick)
 
     def on_stop(self) -> None:
@@ -171,8 +204,9 @@ class MessageStoreActor(ProcessActor):
     def on_receive(self, message: Any) -> Any:
         handler = self._handlers.get(type(message))
         if handler is None:
-            raise UnhandledMessage(f"{type(self).__name__} does not handle "
-                                   f"{type(message).__name__}")
+            raise UnhandledMessage(
+                f"{type(self).__name__} does not handle {type(message).__name__}"
+            )
         problem = malformed(message)
         if problem is not None:
             if type(message) is WriteBatch:
@@ -182,8 +216,12 @@ class MessageStoreActor(ProcessActor):
 
     def on_alarm(self, resource: str, raised: bool) -> None:
         if resource == "disk":
-            log.warning("%s: disk alarm %s; client writes %s", self.directory,
-                        "raised" if raised else "cleared", "held" if raised else "resume")
+            log.warning(
+                "%s: disk alarm %s; client writes %s",
+                self.directory,
+                "raised" if raised else "cleared",
+                "held" if raised else "resume",
+            )
             self.store.block_writes(raised)
 
     def on_idle(self) -> None:
@@ -201,13 +239,15 @@ class MessageStoreActor(ProcessActor):
         parsed = _split_records(records)
         if parsed is None or not _valid_removes(message.removes, len(parsed)):
             self.counters["malformed_batches"] += 1
-            raise UnhandledMessage(f"malformed WriteBatch from {message.client_ref.hex()} at "
-                                   f"seq {message.first_seq}: not whole records in .rdq "
-                                   f"layout, or removes out of place; nothing of it applied")
-        reply = self.defer_reply()        # before any write: a batch sent by tell is refused
+            raise UnhandledMessage(
+                f"malformed WriteBatch from {message.client_ref.hex()} at "
+                f"seq {message.first_seq}: not whole records in .rdq "
+                f"layout, or removes out of place; nothing of it applied"
+            )
+        reply = self.defer_reply()  # before any write: a batch sent by tell is refused
         client, seq, write = message.client_ref, message.first_seq, self.store.write_record
         dying = client in self._dying
-        removes = list(reversed(message.removes))      # pop() takes them in order
+        removes = list(reversed(message.removes))  # pop() takes them in order
         for position in range(len(parsed) + 1):
             while removes and removes[-1][0] == position:
                 for removed in removes.pop()[1]:
@@ -215,7 +255,7 @@ class MessageStoreActor(ProcessActor):
             if position == len(parsed):
                 break
             start, end = parsed[position]
-            msg_id = records[start + 8:start + HEADER_BYTES]
+            msg_id = records[start + 8 : start + HEADER_BYTES]
             if dying and not self.store.contains(msg_id):
                 self._ignored_unwritten.append((client, seq, msg_id))
             else:
@@ -261,20 +301,30 @@ class MessageStoreActor(ProcessActor):
     def _stats(self, message: StoreStats) -> dict[str, Any]:
         stats = self.store.stats()
         stats.pop("files")
-        return {**stats, **self.counters, "transient": self.transient,
-                "gc_job_in_flight": self._job is not None, "clients": len(self.store.clients)}
+        return {
+            **stats,
+            **self.counters,
+            "transient": self.transient,
+            "gc_job_in_flight": self._job is not None,
+            "clients": len(self.store.clients),
+        }
 
     def _scanned(self, message: Scanned) -> None:
         job = self._job
-        if job is None or job.job_id != message.job_id or job.scan is not None or (
-                message.dst, message.src) != (job.dst, job.src):
-            return                                         # a job abandoned since
+        if (
+            job is None
+            or job.job_id != message.job_id
+            or job.scan is not None
+            or (message.dst, message.src) != (job.dst, job.src)
+        ):
+            return  # a job abandoned since
         views = []
-        for ids, offsets, sizes in ((message.dst_ids, message.dst_offsets, message.dst_sizes),
-                                    (message.src_ids, message.src_offsets, message.src_sizes)):
+        for ids, offsets, sizes in (
+            (message.dst_ids, message.dst_offsets, message.dst_sizes),
+            (message.src_ids, message.src_offsets, message.src_sizes),
+        ):
             if len(offsets) % 8 or len(ids) != 2 * len(offsets) or len(sizes) != len(offsets):
-                log.error("%s: the GC's scan is malformed; abandoning the job",
-                          self.directory)
+                log.error("%s: the GC's scan is malformed; abandoning the job", self.directory)
                 self._abandon_job()
                 return
             views.append((ids, memoryview(offsets).cast("Q"), memoryview(sizes).cast("Q")))
@@ -284,14 +334,15 @@ class MessageStoreActor(ProcessActor):
     def _stage_slice(self, job: _Job) -> None:
         """Stage one slice of the scan against the index; then yield the loop."""
         if self._job is not job:
-            return                                         # abandoned meanwhile
+            return  # abandoned meanwhile
         started = time.perf_counter()
         part, at = job.cursor
         ids, offsets, sizes = job.scan[part]
         stop = min(len(offsets), at + GC_SLICE_RECORDS)
-        msg_ids = [ids[i * 16:i * 16 + 16] for i in range(at, stop)]
-        job.keep[part] += self.store.stage_combine((job.dst, job.src)[part], msg_ids,
-                                                   offsets[at:stop], sizes[at:stop])
+        msg_ids = [ids[i * 16 : i * 16 + 16] for i in range(at, stop)]
+        job.keep[part] += self.store.stage_combine(
+            (job.dst, job.src)[part], msg_ids, offsets[at:stop], sizes[at:stop]
+        )
         job.cursor = (part + 1, 0) if stop == len(offsets) else (part, stop)
         if job.cursor[0] < 2:
             self.call_later(0, lambda: self._stage_slice(job))
@@ -301,15 +352,27 @@ class MessageStoreActor(ProcessActor):
                 self._job = None
                 self.counters["gc_jobs_abandoned"] += 1
             else:
-                job.gc.tell(RewriteJob(job.job_id, job.dst, job.src, bytes(job.keep[0]),
-                                       bytes(job.keep[1]), self.ref.pin()))
+                job.gc.tell(
+                    RewriteJob(
+                        job.job_id,
+                        job.dst,
+                        job.src,
+                        bytes(job.keep[0]),
+                        bytes(job.keep[1]),
+                        self.ref.pin(),
+                    )
+                )
         self._note_gc_slice(started)
 
     def _rewritten(self, message: Rewritten) -> None:
         job = self._job
-        if job is None or job.job_id != message.job_id or job.plan is None or (
-                message.dst, message.src) != (job.dst, job.src):
-            return                                         # a job abandoned since
+        if (
+            job is None
+            or job.job_id != message.job_id
+            or job.plan is None
+            or (message.dst, message.src) != (job.dst, job.src)
+        ):
+            return  # a job abandoned since
         self._job = None
         started = time.perf_counter()
         result = RewriteResult((), (), message.file_size)
@@ -326,12 +389,11 @@ class MessageStoreActor(ProcessActor):
             # that pairs no reader holds go ahead; this one is chosen again once free.
             self._job = job
             self._abandon_job(retry_s=0.0)
-        self._collect_garbage()            # while garbage is over the fraction, keep going
+        self._collect_garbage()  # while garbage is over the fraction, keep going
 
     def _note_gc_slice(self, started: float) -> None:
         held_ms = (time.perf_counter() - started) * 1000
-        self.counters["longest_gc_slice_ms"] = max(self.counters["longest_gc_slice_ms"],
-                                                   held_ms)
+        self.counters["longest_gc_slice_ms"] = max(self.counters["longest_gc_slice_ms"], held_ms)
 
     def _rewrite_failed(self, message: RewriteFailed) -> None:
         if self._job is not None and self._job[0] == message.job_id:
@@ -340,18 +402,31 @@ class MessageStoreActor(ProcessActor):
 
     def _down(self, message: Down) -> None:
         if (message.ref.address, message.ref.incarnation) == self._gc_watched:
-            self._gc_ref = None                # its restart is found at the next combine
-        if self._job is not None and (message.ref.address,
-                                      message.ref.incarnation) == self._gc_watched:
-            log.warning("%s: the GC died mid-combine (%s); abandoning the job",
-                        self.directory, message.reason)
+            self._gc_ref = None  # its restart is found at the next combine
+        if (
+            self._job is not None
+            and (message.ref.address, message.ref.incarnation) == self._gc_watched
+        ):
+            log.warning(
+                "%s: the GC died mid-combine (%s); abandoning the job",
+                self.directory,
+                message.reason,
+            )
             self._abandon_job()
 
     _handlers: dict[type, Callable[[MessageStoreActor, Any], Any]] = {
-        Register: _register, WriteBatch: _write_batch, Read: _read,
-        ReadMany: _read_many, Contains: _contains, ReadsReport: _reads_report,
-        Terminate: _terminate, ClientDying: _client_dying, StoreStats: _stats,
-        Scanned: _scanned, Rewritten: _rewritten, RewriteFailed: _rewrite_failed,
+        Register: _register,
+        WriteBatch: _write_batch,
+        Read: _read,
+        ReadMany: _read_many,
+        Contains: _contains,
+        ReadsReport: _reads_report,
+        Terminate: _terminate,
+        ClientDying: _client_dying,
+        StoreStats: _stats,
+        Scanned: _scanned,
+        Rewritten: _rewritten,
+        RewriteFailed: _rewrite_failed,
         Down: _down,
     }
 
@@ -368,8 +443,9 @@ class MessageStoreActor(ProcessActor):
         result = self.store.sync()
         # Each client's durable writes, in seq order, with where each record lies.
         durable: dict[bytes, list[tuple[int, int, int, int]]] = {}
-        for (client, seq, _), place in zip(result.durable, self.store.places(
-                [msg_id for _, _, msg_id in result.durable])):
+        for (client, seq, _), place in zip(
+            result.durable, self.store.places([msg_id for _, _, msg_id in result.durable])
+        ):
             if place is not None:
                 durable.setdefault(client, []).append((seq, *place))
         seqs: dict[bytes, list[int]] = {}
@@ -385,11 +461,18 @@ class MessageStoreActor(ProcessActor):
         for reply, client, first, last, arrived in self._waiting:
             batch = range(first, last + 1)
             client_seqs = seqs.get(client, ())
-            locations = durable.get(client, [])[bisect.bisect_left(client_seqs, first):
-                                                bisect.bisect_right(client_seqs, last)]
-            reply.send(Settled(
-                client, last, [s for s in batch if (client, s) in ignored] if ignored else [],
-                locations, [s for s in batch if (client, s) in failed] if failed else []))
+            locations = durable.get(client, [])[
+                bisect.bisect_left(client_seqs, first) : bisect.bisect_right(client_seqs, last)
+            ]
+            reply.send(
+                Settled(
+                    client,
+                    last,
+                    [s for s in batch if (client, s) in ignored] if ignored else [],
+                    locations,
+                    [s for s in batch if (client, s) in failed] if failed else [],
+                )
+            )
             longest = max(longest, (now - arrived) * 1000)
         self.counters["longest_confirm_wait_ms"] = longest
         self._waiting = []
@@ -423,7 +506,7 @@ class MessageStoreActor(ProcessActor):
         if self._gc_ref is None:
             try:
                 self._gc_ref = self.whereis(self.gc_name)
-            except ActorError as exc:       # the node is busy or going: try at the next tick
+            except ActorError as exc:  # the node is busy or going: try at the next tick
                 log.info("%s: no GC this time: %s", self.directory, exc)
         return self._gc_ref
 
@@ -431,8 +514,7 @@ class MessageStoreActor(ProcessActor):
         self.store.abandon_combine()
         self._job = None
         self.counters["gc_jobs_abandoned"] += 1
-        self._gc_not_before = time.monotonic() + (
-            self.gc_retry_s if retry_s is None else retry_s)
+        self._gc_not_before = time.monotonic() + (self.gc_retry_s if retry_s is None else retry_s)
 
 
 @dataclass
@@ -443,10 +525,10 @@ class _Job:
     dst: int
     src: int
     gc: ActorRef
-    scan: list | None = None           # per file: (ids, offsets, sizes) from the GC
-    cursor: tuple[int, int] = (0, 0)   # (0 = Dst / 1 = Src, next record) to stage
+    scan: list | None = None  # per file: (ids, offsets, sizes) from the GC
+    cursor: tuple[int, int] = (0, 0)  # (0 = Dst / 1 = Src, next record) to stage
     keep: list[bytearray] = field(default_factory=lambda: [bytearray(), bytearray()])
-    plan: CombinePlan | None = None    # once staged: what the GC copies
+    plan: CombinePlan | None = None  # once staged: what the GC copies
 
 
 def _is_id(value: Any) -> bool:
@@ -454,8 +536,7 @@ def _is_id(value: Any) -> bool:
 
 
 def _is_ids(value: Any) -> bool:
-    return type(value) is list and all(type(m) is bytes and len(m) == MSG_ID_BYTES
-                                       for m in value)
+    return type(value) is list and all(type(m) is bytes and len(m) == MSG_ID_BYTES for m in value)
 
 
 def _is_client(value: Any) -> bool:
@@ -471,26 +552,47 @@ def _is_count(value: Any) -> bool:
 # are checked by the pass that splits them.
 _FIELD_CHECKS: dict[type, tuple[tuple[str, Callable[[Any], bool], str], ...]] = {
     Register: (("client_ref", _is_client, "1..65535 bytes"),),
-    WriteBatch: (("client_ref", _is_client, "1..65535 bytes"),
-                 ("first_seq", _is_count, "an int >= 0"),
-                 ("records", lambda v: type(v) is bytes, "bytes")),
+    WriteBatch: (
+        ("client_ref", _is_client, "1..65535 bytes"),
+        ("first_seq", _is_count, "an int >= 0"),
+        ("records", lambda v: type(v) is bytes, "bytes"),
+    ),
     Read: (("msg_id", _is_id, f"{MSG_ID_BYTES} bytes"),),
     ReadMany: (("msg_ids", _is_ids, f"a list of {MSG_ID_BYTES}-byte ids"),),
     Contains: (("msg_ids", _is_ids, f"a list of {MSG_ID_BYTES}-byte ids"),),
-    ReadsReport: (("client_ref", _is_client, "1..65535 bytes"),
-                  ("direct", _is_count, "an int >= 0"),
-                  ("fallback", _is_count, "an int >= 0")),
+    ReadsReport: (
+        ("client_ref", _is_client, "1..65535 bytes"),
+        ("direct", _is_count, "an int >= 0"),
+        ("fallback", _is_count, "an int >= 0"),
+    ),
     Terminate: (("client_ref", _is_client, "1..65535 bytes"),),
     ClientDying: (("client_ref", _is_client, "1..65535 bytes"),),
-    Scanned: (("job_id", _is_count, "an int >= 0"), ("dst", _is_count, "an int >= 0"),
-              ("src", _is_count, "an int >= 0"),
-              *((name, lambda v: type(v) is bytes, "bytes") for name in (
-                  "dst_ids", "dst_offsets", "dst_sizes", "src_ids", "src_offsets",
-                  "src_sizes"))),
-    Rewritten: (("job_id", _is_count, "an int >= 0"), ("dst", _is_count, "an int >= 0"),
-                ("src", _is_count, "an int >= 0"), ("file_size", _is_count, "an int >= 0")),
-    RewriteFailed: (("job_id", _is_count, "an int >= 0"),
-                    ("reason", lambda v: type(v) is str, "a str")),
+    Scanned: (
+        ("job_id", _is_count, "an int >= 0"),
+        ("dst", _is_count, "an int >= 0"),
+        ("src", _is_count, "an int >= 0"),
+        *(
+            (name, lambda v: type(v) is bytes, "bytes")
+            for name in (
+                "dst_ids",
+                "dst_offsets",
+                "dst_sizes",
+                "src_ids",
+                "src_offsets",
+                "src_sizes",
+            )
+        ),
+    ),
+    Rewritten: (
+        ("job_id", _is_count, "an int >= 0"),
+        ("dst", _is_count, "an int >= 0"),
+        ("src", _is_count, "an int >= 0"),
+        ("file_size", _is_count, "an int >= 0"),
+    ),
+    RewriteFailed: (
+        ("job_id", _is_count, "an int >= 0"),
+        ("reason", lambda v: type(v) is str, "a str"),
+    ),
 }
 
 
@@ -508,9 +610,14 @@ def _valid_removes(removes: Any, records: int) -> bool:
     decreasing, and each msg_id 16 bytes."""
     previous = 0
     for entry in removes if isinstance(removes, list) else [None]:
-        if not (isinstance(entry, list) and len(entry) == 2 and type(entry[0]) is int
-                and previous <= entry[0] <= records and isinstance(entry[1], list)
-                and all(type(m) is bytes and len(m) == MSG_ID_BYTES for m in entry[1])):
+        if not (
+            isinstance(entry, list)
+            and len(entry) == 2
+            and type(entry[0]) is int
+            and previous <= entry[0] <= records
+            and isinstance(entry[1], list)
+            and all(type(m) is bytes and len(m) == MSG_ID_BYTES for m in entry[1])
+        ):
             return False
         previous = entry[0]
     return True

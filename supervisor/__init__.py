@@ -6,8 +6,8 @@
 (``warren.supervisor.node.alarms``). ``warren.supervisor.cli.main`` is the ``warren`` command.
 """
 
-from .node.alarms import AlarmChange, AlarmLimits
 from .errors import InvalidSpec, NodeLocked, SupervisorError
+from .node.alarms import AlarmChange, AlarmLimits
 from .node.node import Node, query_status
 from .specs import ChildSpec, SupervisorFlags, SupervisorSpec
 from .supervisor import Supervisor

@@ -48,7 +48,7 @@ SHUTDOWN_S = 5.0
 START_TIMEOUT_S = 60.0
 HEARTBEAT_INTERVAL_S = 1.0
 HEARTBEAT_TIMEOUT_S = 5.0
-STORE_SHUTDOWN_S = 600.0          # msg_store_shutdown_timeout
+STORE_SHUTDOWN_S = 600.0  # msg_store_shutdown_timeout
 
 
 def _positive_seconds(name: str, value: Any, allow_none: bool = False) -> None:
@@ -67,8 +67,11 @@ class SupervisorFlags:
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
             raise InvalidSpec("strategy", self.strategy, f"one of {', '.join(STRATEGIES)}")
-        if isinstance(self.intensity, bool) or not isinstance(self.intensity, int) or (
-                self.intensity < 0):
+        if (
+            isinstance(self.intensity, bool)
+            or not isinstance(self.intensity, int)
+            or (self.intensity < 0)
+        ):
             raise InvalidSpec("intensity", self.intensity, "an int >= 0")
         _positive_seconds("period_s", self.period_s)
 
@@ -97,12 +100,19 @@ class ChildSpec:
         _positive_seconds("heartbeat_interval_s", self.heartbeat_interval_s, allow_none=True)
         _positive_seconds("heartbeat_timeout_s", self.heartbeat_timeout_s, allow_none=True)
         if (self.heartbeat_interval_s is None) != (self.heartbeat_timeout_s is None):
-            raise InvalidSpec("heartbeat_timeout_s", self.heartbeat_timeout_s,
-                              "None exactly when heartbeat_interval_s is None")
+            raise InvalidSpec(
+                "heartbeat_timeout_s",
+                self.heartbeat_timeout_s,
+                "None exactly when heartbeat_interval_s is None",
+            )
         if self.heartbeat_interval_s is not None and (
-                self.heartbeat_timeout_s <= self.heartbeat_interval_s):
-            raise InvalidSpec("heartbeat_timeout_s", self.heartbeat_timeout_s,
-                              f"more than heartbeat_interval_s ({self.heartbeat_interval_s})")
+            self.heartbeat_timeout_s <= self.heartbeat_interval_s
+        ):
+            raise InvalidSpec(
+                "heartbeat_timeout_s",
+                self.heartbeat_timeout_s,
+                f"more than heartbeat_interval_s ({self.heartbeat_interval_s})",
+            )
 
 
 @dataclass(frozen=True)
@@ -118,17 +128,19 @@ class SupervisorSpec:
         if not isinstance(self.flags, SupervisorFlags):
             raise InvalidSpec("flags", self.flags, "a SupervisorFlags")
         if not isinstance(self.children, tuple) or not all(
-                isinstance(c, (ChildSpec, SupervisorSpec)) for c in self.children):
-            raise InvalidSpec("children", self.children,
-                              "a tuple of ChildSpec and SupervisorSpec")
+            isinstance(c, (ChildSpec, SupervisorSpec)) for c in self.children
+        ):
+            raise InvalidSpec("children", self.children, "a tuple of ChildSpec and SupervisorSpec")
         ids = [c.id for c in self.children]
         duplicates = sorted({i for i in ids if ids.count(i) > 1})
         if duplicates:
             raise InvalidSpec("children", duplicates, "unique child ids")
         if self.flags.strategy == "simple_one_for_one" and (
-                len(self.children) != 1 or not isinstance(self.children[0], ChildSpec)):
-            raise InvalidSpec("children", ids,
-                              "exactly one ChildSpec (the template) for simple_one_for_one")
+            len(self.children) != 1 or not isinstance(self.children[0], ChildSpec)
+        ):
+            raise InvalidSpec(
+                "children", ids, "exactly one ChildSpec (the template) for simple_one_for_one"
+            )
 
 
 def _check_common(child_id: Any, restart: Any, shutdown_s: Any) -> None:

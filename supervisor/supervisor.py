@@ -70,8 +70,7 @@ from typing import Any
 
 import psutil
 
-from warren.actors import (EXIT_TERMINATED, ActorError, ActorRef, AskTimeout, Down, Future,
-                           Monitor)
+from warren.actors import EXIT_TERMINATED, ActorError, ActorRef, AskTimeout, Down, Future, Monitor
 from warren.actors import Node as ActorNode
 
 from .errors import SupervisorError
@@ -79,29 +78,29 @@ from .specs import BRUTAL_KILL, ChildSpec, SupervisorSpec
 
 log = logging.getLogger("warren.supervisor")
 
-RETRY_DELAY_S = 0.5          # before retrying a restart whose start failed
+RETRY_DELAY_S = 0.5  # before retrying a restart whose start failed
 # A child that stopped on a SIGTERM of its own is restarted only this long after (seconds):
 # when a whole node is stopped by a signal to every process (systemd's control-group
 # kill), the children see it before the node does, and must not be restarted meanwhile.
 TERMINATED_RESTART_DELAY_S = 1.0
-TICK_S = 0.1                 # how often the event thread looks for hung children
+TICK_S = 0.1  # how often the event thread looks for hung children
 HEARTBEAT_POLL_S = 0.05
 
 
-@dataclass(eq=False)            # children are compared by identity
+@dataclass(eq=False)  # children are compared by identity
 class _Child:
     spec: ChildSpec | SupervisorSpec
     name: str
-    args: tuple = ()                         # extra start arguments (simple_one_for_one)
+    args: tuple = ()  # extra start arguments (simple_one_for_one)
     ref: ActorRef | None = None
     supervisor: Supervisor | None = None
     monitor: Monitor | None = None
-    state: str = "stopped"                   # starting, running, stopping, stopped, failed
+    state: str = "stopped"  # starting, running, stopping, stopped, failed
     restarts: int = 0
     ready_at: float = 0.0
     last_pong: float = 0.0
     last_ping: float = 0.0
-    generation: int = 0                      # bumped at every (re)start: names events
+    generation: int = 0  # bumped at every (re)start: names events
 
 
 @dataclass
@@ -113,14 +112,19 @@ class _Event:
     abnormal: bool = field(default=True, compare=False)
     call: Callable[[], Any] | None = field(default=None, compare=False)
     reply: queue.Queue | None = field(default=None, compare=False)
-    terminated: bool = field(default=False, compare=False)   # the child's own SIGTERM
+    terminated: bool = field(default=False, compare=False)  # the child's own SIGTERM
 
 
 class Supervisor:
     """One supervisor of the tree. See the module docstring."""
 
-    def __init__(self, node: ActorNode, spec: SupervisorSpec, *,
-                 on_failure: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        node: ActorNode,
+        spec: SupervisorSpec,
+        *,
+        on_failure: Callable[[str], None] | None = None,
+    ) -> None:
         if not isinstance(spec, SupervisorSpec):
             raise SupervisorError(f"spec must be a SupervisorSpec, got {spec!r}")
         self.node = node
@@ -134,8 +138,8 @@ class Supervisor:
         self._dynamic = 0
         self._threads: list[threading.Thread] = []
         self._stopping = threading.Event()
-        self._no_restarts = threading.Event()    # this supervisor or one above is stopping
-        self._stopped = threading.Event()        # every child stopped, threads done
+        self._no_restarts = threading.Event()  # this supervisor or one above is stopping
+        self._stopped = threading.Event()  # every child stopped, threads done
         self.state = "stopped"
         self.failure: str | None = None
 
@@ -145,8 +149,9 @@ class Supervisor:
         """Start every child in order; raise SupervisorError if one cannot start."""
         template_only = self.spec.flags.strategy == "simple_one_for_one"
         with self._lock:
-            self._children = [] if template_only else [
-                _Child(spec, spec.id) for spec in self.spec.children]
+            self._children = (
+                [] if template_only else [_Child(spec, spec.id) for spec in self.spec.children]
+            )
         for child in list(self._children):
             try:
                 self._start_child(child)
@@ -154,10 +159,12 @@ class Supervisor:
                 self._stop_children(reversed(self._children))
                 raise
         self.state = "running"
-        self._threads = [threading.Thread(target=self._event_loop, daemon=True,
-                                           name=f"supervisor {self.id}"),
-                         threading.Thread(target=self._heartbeat_loop, daemon=True,
-                                          name=f"heartbeats {self.id}")]
+        self._threads = [
+            threading.Thread(target=self._event_loop, daemon=True, name=f"supervisor {self.id}"),
+            threading.Thread(
+                target=self._heartbeat_loop, daemon=True, name=f"heartbeats {self.id}"
+            ),
+        ]
         for thread in self._threads:
             thread.start()
         return self
@@ -200,6 +207,7 @@ class Supervisor:
         """Add a child: for simple_one_for_one, the template started with extra
         ``args``; otherwise a new spec appended after the others. Returns its ref (None
         for a nested supervisor)."""
+
         def add() -> ActorRef | None:
             if self.spec.flags.strategy == "simple_one_for_one":
                 if not isinstance(spec_or_args, tuple):
@@ -217,33 +225,44 @@ class Supervisor:
             with self._lock:
                 self._children.append(child)
             return child.ref
+
         return self._call(add)
 
     def terminate_child(self, child_id: str) -> None:
         """Stop a child and forget it (it is not restarted)."""
+
         def terminate() -> None:
             child = self._find(child_id)
             self._stop_children([child])
             with self._lock:
                 self._children.remove(child)
+
         self._call(terminate)
 
     def update_child_spec(self, spec: ChildSpec | SupervisorSpec) -> None:
         """Start the child of ``spec.id`` from ``spec`` at its next (re)start: a supervisor
         whose children change at run time (the node's queues) is restarted with all of
         them, not with the ones it started with."""
+
         def update() -> None:
             self._find(spec.id).spec = spec
+
         self._call(update)
 
     def which_children(self) -> list[dict[str, Any]]:
         """id, pid, state, restarts and incarnation of each child, in start order."""
         with self._lock:
-            return [{"id": c.name, "pid": c.ref.pid if c.ref else None, "state": c.state,
-                     "restarts": c.restarts,
-                     "incarnation": c.ref.incarnation if c.ref else None,
-                     "ref": c.ref}
-                    for c in self._children]
+            return [
+                {
+                    "id": c.name,
+                    "pid": c.ref.pid if c.ref else None,
+                    "state": c.state,
+                    "restarts": c.restarts,
+                    "incarnation": c.ref.incarnation if c.ref else None,
+                    "ref": c.ref,
+                }
+                for c in self._children
+            ]
 
     def status(self) -> dict[str, Any]:
         """This supervisor and its subtree, with each actor's RSS and CPU."""
@@ -256,20 +275,32 @@ class Supervisor:
                 sub["restarts"] = child.restarts
                 rows.append(sub)
                 continue
-            row = {"id": child.name, "kind": "worker", "state": child.state,
-                   "pid": child.ref.pid if child.ref else None, "restarts": child.restarts,
-                   "incarnation": child.ref.incarnation if child.ref else None,
-                   "rss_bytes": None, "cpu_percent": None}
+            row = {
+                "id": child.name,
+                "kind": "worker",
+                "state": child.state,
+                "pid": child.ref.pid if child.ref else None,
+                "restarts": child.restarts,
+                "incarnation": child.ref.incarnation if child.ref else None,
+                "rss_bytes": None,
+                "cpu_percent": None,
+            }
             if child.ref is not None and child.state == "running":
                 try:
                     process = psutil.Process(child.ref.pid)
                     row["rss_bytes"] = process.memory_info().rss
                     row["cpu_percent"] = process.cpu_percent(interval=None)
                 except psutil.Error:
-                    pass   # exited since: the next status shows its restart
+                    pass  # exited since: the next status shows its restart
             rows.append(row)
-        return {"id": self.id, "kind": "supervisor", "strategy": self.spec.flags.strategy,
-                "state": self.state, "failure": self.failure, "children": rows}
+        return {
+            "id": self.id,
+            "kind": "supervisor",
+            "strategy": self.spec.flags.strategy,
+            "state": self.state,
+            "failure": self.failure,
+            "children": rows,
+        }
 
     def actor_pids(self) -> list[int]:
         """Pids of every running actor in this subtree."""
@@ -314,22 +345,38 @@ class Supervisor:
         try:
             if isinstance(spec, SupervisorSpec):
                 child.supervisor = Supervisor(
-                    self.node, spec,
+                    self.node,
+                    spec,
                     on_failure=lambda reason: self._events.put(
-                        _Event("exit", child, generation, f"supervisor failed: {reason}")))
+                        _Event("exit", child, generation, f"supervisor failed: {reason}")
+                    ),
+                )
                 child.supervisor.start()
             else:
                 if child.ref is not None:
                     child.ref = self.node.restart(child.ref, start_timeout_s=spec.start_timeout_s)
                 else:
-                    child.ref = self.node.spawn(spec.actor, *spec.args, *child.args,
-                                                name=child.name,
-                                                start_timeout_s=spec.start_timeout_s,
-                                                **spec.kwargs)
+                    child.ref = self.node.spawn(
+                        spec.actor,
+                        *spec.args,
+                        *child.args,
+                        name=child.name,
+                        start_timeout_s=spec.start_timeout_s,
+                        **spec.kwargs,
+                    )
                 child.monitor = self.node.monitor(
-                    child.ref, lambda down: self._events.put(
-                        _Event("exit", child, generation, down.reason, _abnormal(down),
-                               terminated=down.exitcode == EXIT_TERMINATED)))
+                    child.ref,
+                    lambda down: self._events.put(
+                        _Event(
+                            "exit",
+                            child,
+                            generation,
+                            down.reason,
+                            _abnormal(down),
+                            terminated=down.exitcode == EXIT_TERMINATED,
+                        )
+                    ),
+                )
         except (ActorError, SupervisorError) as exc:
             child.state = "failed"
             raise SupervisorError(f"{self.id}: child {child.name} failed to start: {exc}") from exc
@@ -342,7 +389,7 @@ class Supervisor:
             if child.state in ("stopped", "failed") and child.supervisor is None:
                 continue
             child.state = "stopping"
-            child.generation += 1          # whatever Down comes now is expected
+            child.generation += 1  # whatever Down comes now is expected
             if child.supervisor is not None:
                 child.supervisor.stop()
             elif child.ref is not None:
@@ -372,9 +419,9 @@ class Supervisor:
             try:
                 self._handle(event)
                 self._kill_hung_children()
-            except Exception:   # supervision must go on; the next event may succeed
+            except Exception:  # supervision must go on; the next event may succeed
                 log.exception("%s: handling %s failed", self.id, event)
-        while not self._events.empty():      # callers waiting on a call get an answer
+        while not self._events.empty():  # callers waiting on a call get an answer
             event = self._events.get_nowait()
             if event.reply is not None:
                 event.reply.put((False, SupervisorError(f"supervisor {self.id} stopped")))
@@ -385,14 +432,17 @@ class Supervisor:
         if event.kind == "call":
             try:
                 event.reply.put((True, event.call()))
-            except Exception as exc:   # handed to the caller, who raises it
+            except Exception as exc:  # handed to the caller, who raises it
                 event.reply.put((False, exc))
         elif event.kind == "exit":
             self._child_exited(event)
         elif event.kind == "retry" and event.child.generation == event.generation:
             self._restart(event.child)
-        elif (event.kind == "restart_terminated" and event.child.generation == event.generation
-                and event.child.state == "stopped"):
+        elif (
+            event.kind == "restart_terminated"
+            and event.child.generation == event.generation
+            and event.child.state == "stopped"
+        ):
             self._restart(event.child)
 
     def _kill_hung_children(self) -> None:
@@ -401,17 +451,25 @@ class Supervisor:
             children = list(self._children)
         for child in children:
             timeout = getattr(child.spec, "heartbeat_timeout_s", None)
-            if (timeout is not None and child.state == "running"
-                    and now - child.last_pong > timeout):
-                log.warning("%s: %s (pid %d) missed heartbeats for %.1f s: killing it",
-                            self.id, child.name, child.ref.pid, now - child.last_pong)
+            if timeout is not None and child.state == "running" and now - child.last_pong > timeout:
+                log.warning(
+                    "%s: %s (pid %d) missed heartbeats for %.1f s: killing it",
+                    self.id,
+                    child.name,
+                    child.ref.pid,
+                    now - child.last_pong,
+                )
                 child.state = "hung"
                 self.node.kill(child.ref)
 
     def _child_exited(self, event: _Event) -> None:
         child = event.child
-        if (child.generation != event.generation or child.state not in ("running", "hung")
-                or self._stopping.is_set() or child not in self._children):
+        if (
+            child.generation != event.generation
+            or child.state not in ("running", "hung")
+            or self._stopping.is_set()
+            or child not in self._children
+        ):
             return
         abnormal = event.abnormal or child.state == "hung"
         log.info("%s: child %s exited: %s", self.id, child.name, event.reason)
@@ -439,8 +497,10 @@ class Supervisor:
         while self._restart_times and now - self._restart_times[0] > self.spec.flags.period_s:
             self._restart_times.popleft()
         if len(self._restart_times) > self.spec.flags.intensity:
-            self._fail(f"more than {self.spec.flags.intensity} restarts in "
-                       f"{self.spec.flags.period_s} s (last: {child.name})")
+            self._fail(
+                f"more than {self.spec.flags.intensity} restarts in "
+                f"{self.spec.flags.period_s} s (last: {child.name})"
+            )
             return
         child.restarts += 1
         strategy = self.spec.flags.strategy
@@ -495,9 +555,9 @@ class Supervisor:
                         future.get(timeout=0)
                     except AskTimeout:
                         if now - sent < interval:
-                            continue       # not answered yet; the event thread judges
+                            continue  # not answered yet; the event thread judges
                     except ActorError:
-                        pass               # gone: its Down is on the way
+                        pass  # gone: its Down is on the way
                     else:
                         if pinged is child.ref:
                             child.last_pong = now
@@ -507,7 +567,7 @@ class Supervisor:
                     try:
                         out[child] = (ref.pin().ping_async(timeout=interval), ref, now)
                     except ActorError:
-                        continue           # its control mailbox is full or it is gone
+                        continue  # its control mailbox is full or it is gone
 
 
 def _abnormal(down: Down) -> bool:

@@ -34,25 +34,30 @@ class Column:
             raise ValueError(f"align must be '<' or '>', got {self.align!r}")
 
 
-def format_table(columns: Sequence[Column], rows: Iterable[Sequence[str]], *,
-                 width: int = TERMINAL_COLUMNS) -> str:
+def format_table(
+    columns: Sequence[Column], rows: Iterable[Sequence[str]], *, width: int = TERMINAL_COLUMNS
+) -> str:
     """The rows under a header line and a rule, fitting ``width`` columns when possible."""
     rows = [list(row) for row in rows]
     for row in rows:
         if len(row) != len(columns):
             raise ValueError(f"a row has {len(row)} cells for {len(columns)} columns: {row!r}")
-    widths = [max([len(c.name), *(len(row[i]) for row in rows)])
-              for i, c in enumerate(columns)]
+    widths = [max([len(c.name), *(len(row[i]) for row in rows)]) for i, c in enumerate(columns)]
     widths = _fit(columns, widths, width)
-    lines = [_join(columns, widths, [c.name for c in columns]),
-             _GAP.join("-" * w for w in widths)]
+    lines = [_join(columns, widths, [c.name for c in columns]), _GAP.join("-" * w for w in widths)]
     for row in rows:
-        cells = [textwrap.wrap(cell, w, break_on_hyphens=False) or [""]
-                 if c.wrap and len(cell) > w else [cell]
-                 for c, cell, w in zip(columns, row, widths)]
+        cells = [
+            textwrap.wrap(cell, w, break_on_hyphens=False) or [""]
+            if c.wrap and len(cell) > w
+            else [cell]
+            for c, cell, w in zip(columns, row, widths)
+        ]
         for depth in range(max(len(parts) for parts in cells)):
-            lines.append(_join(columns, widths,
-                               [parts[depth] if depth < len(parts) else "" for parts in cells]))
+            lines.append(
+                _join(
+                    columns, widths, [parts[depth] if depth < len(parts) else "" for parts in cells]
+                )
+            )
     return "\n".join(lines)
 
 

@@ -26,15 +26,19 @@ def _ours(process: psutil.Process) -> bool:
     try:
         return process.environ().get(RUN_MARKER) == os.environ[RUN_MARKER]
     except psutil.Error:
-        return False                     # gone, or not ours to read
+        return False  # gone, or not ours to read
 
 
 def _watched() -> dict[int, psutil.Process]:
     found = {p.pid: p for p in psutil.Process().children(recursive=True)}
     for process in psutil.process_iter(["cmdline"]):
         cmdline = process.info["cmdline"] or []
-        if (cmdline and cmdline[0].startswith("warren: ") and process.pid not in found
-                and _ours(process)):
+        if (
+            cmdline
+            and cmdline[0].startswith("warren: ")
+            and process.pid not in found
+            and _ours(process)
+        ):
             found[process.pid] = process
     return found
 
@@ -64,8 +68,11 @@ def no_process_survives_the_test():
     deadline = time.monotonic() + GRACE_SECONDS
     survivors = []
     while time.monotonic() < deadline:
-        survivors = [p for pid, p in _watched().items() if pid not in before and _alive(p)
-                     and not _started_by_a_fixture(p, before)]
+        survivors = [
+            p
+            for pid, p in _watched().items()
+            if pid not in before and _alive(p) and not _started_by_a_fixture(p, before)
+        ]
         if not survivors:
             return
         time.sleep(0.05)

@@ -34,24 +34,49 @@ START_A_NODE = textwrap.dedent("""
 
 
 def run(*command, cwd: Path, timeout: float = 300) -> str:
-    done = subprocess.run([str(c) for c in command], cwd=cwd, capture_output=True,
-                          text=True, timeout=timeout)
+    done = subprocess.run(
+        [str(c) for c in command], cwd=cwd, capture_output=True, text=True, timeout=timeout
+    )
     assert done.returncode == 0, f"{command}\n{done.stdout}\n{done.stderr}"
     return done.stdout
 
 
 @pytest.mark.slow
 def test_the_wheel_installs_beside_supervisord_and_survives_its_uninstall(tmp_path):
-    source = tmp_path / "source"          # a copy: building writes build/ and egg-info
-    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(
-        ".git", ".venv", "build", "*.egg-info", "__pycache__", ".pytest_cache"))
-    run(sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps",
-        "--wheel-dir", tmp_path / "dist", source, cwd=tmp_path)
+    source = tmp_path / "source"  # a copy: building writes build/ and egg-info
+    shutil.copytree(
+        ROOT,
+        source,
+        ignore=shutil.ignore_patterns(
+            ".git", ".venv", "build", "*.egg-info", "__pycache__", ".pytest_cache"
+        ),
+    )
+    run(
+        sys.executable,
+        "-m",
+        "pip",
+        "wheel",
+        "--quiet",
+        "--no-deps",
+        "--wheel-dir",
+        tmp_path / "dist",
+        source,
+        cwd=tmp_path,
+    )
     wheel = next((tmp_path / "dist").glob("warren_mq-*.whl"))
     run(sys.executable, "-m", "venv", tmp_path / "venv", cwd=tmp_path)
     python = tmp_path / "venv" / "bin" / "python"
-    run(python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", wheel,
-        "supervisor", cwd=tmp_path)
+    run(
+        python,
+        "-m",
+        "pip",
+        "install",
+        "--quiet",
+        "--disable-pip-version-check",
+        wheel,
+        "supervisor",
+        cwd=tmp_path,
+    )
     assert "both import" in run(python, "-c", IMPORT_BOTH, cwd=tmp_path)
 
     run(python, "-m", "pip", "uninstall", "--yes", "--quiet", "supervisor", cwd=tmp_path)

@@ -20,9 +20,9 @@ import logging
 import time
 
 from ..client.connection import Confirm, Connection
+from ..client.ipc_node import RemoteNode
 from ..errors import Nacked
 from ..message import decode
-from ..client.ipc_node import RemoteNode
 
 __all__ = ["DeadLetters"]
 
@@ -37,7 +37,7 @@ class DeadLetters:
         self.queue_name = queue_name
         self.exchange = exchange
         self._connection: Connection | None = None
-        self._pending: list[tuple[Confirm, int]] = []     # (its confirm, seq id in the queue)
+        self._pending: list[tuple[Confirm, int]] = []  # (its confirm, seq id in the queue)
         self.counters = {"dead_lettered": 0, "dead_letters_nacked": 0}
 
     def room(self) -> int:
@@ -56,7 +56,8 @@ class DeadLetters:
             headers["x-death"] = [death, *headers.get("x-death", [])]
             message = dataclasses.replace(message, headers=headers, expiration_ms=None)
             confirm = self._connection.publish_message(
-                self.queue_name, message, exchange=self.exchange, mandatory=False)
+                self.queue_name, message, exchange=self.exchange, mandatory=False
+            )
             self._pending.append((confirm, seq_id))
 
     def settled(self) -> list[int]:
@@ -71,8 +72,9 @@ class DeadLetters:
                 self.counters["dead_lettered"] += 1
             except Nacked as exc:
                 self.counters["dead_letters_nacked"] += 1
-                log.error("queue %s: a dead letter was not taken (%s); dropped",
-                          self.queue_name, exc)
+                log.error(
+                    "queue %s: a dead letter was not taken (%s); dropped", self.queue_name, exc
+                )
             done.append(seq_id)
         self._pending = waiting
         return done

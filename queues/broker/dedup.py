@@ -65,7 +65,7 @@ LOG_FILE = "producers.log"
 MAX_PRODUCER_BYTES = 1024
 MAX_SEQUENCE = 2**63 - 1
 COMPACT_BYTES = 4 * 2**20
-FORGET_AFTER_S = 7 * 24 * 3600        # Kafka forgets an idle idempotent producer after 7 days
+FORGET_AFTER_S = 7 * 24 * 3600  # Kafka forgets an idle idempotent producer after 7 days
 _LENGTH = struct.Struct(">H")
 _FIELDS = struct.Struct(">QQQ")
 _CRC = struct.Struct(">I")
@@ -75,8 +75,9 @@ def message_ids(producer: bytes, first: int, count: int) -> list[bytes]:
     """The shared-store ids of ``count`` deduplicated messages from sequence ``first``: the
     same for every attempt and every queue they are routed to, and as unlikely to collide
     as random ids (a keyed BLAKE2b of producer and sequence; the producer hashed once)."""
-    base = hashlib.blake2b(_LENGTH.pack(len(producer)) + producer, digest_size=16,
-                           person=b"warren-dedup")
+    base = hashlib.blake2b(
+        _LENGTH.pack(len(producer)) + producer, digest_size=16, person=b"warren-dedup"
+    )
     ids = []
     for sequence in range(first, first + count):
         hasher = base.copy()
@@ -95,9 +96,9 @@ class ProducerLog:
 
     def __init__(self, directory: str | os.PathLike) -> None:
         self.path = os.path.join(os.fspath(directory), LOG_FILE)
-        self.high: dict[bytes, int] = {}          # producer -> highest durable sequence
+        self.high: dict[bytes, int] = {}  # producer -> highest durable sequence
         self._seen_ms: dict[bytes, int] = {}
-        self.low_water = 0                        # of the last record
+        self.low_water = 0  # of the last record
         # The file is made before the first deduplicated publish is taken, so a queue
         # without one has no tail of ids to collect at its start.
         self.existed = os.path.exists(self.path)
@@ -131,16 +132,21 @@ class ProducerLog:
             (length,) = _LENGTH.unpack_from(data, at)
             end = at + _LENGTH.size + length + _FIELDS.size
             if end + _CRC.size > len(data) or _CRC.unpack_from(data, end)[0] != zlib.crc32(
-                    data[at:end]):
+                data[at:end]
+            ):
                 break
-            producer = bytes(data[at + _LENGTH.size:at + _LENGTH.size + length])
+            producer = bytes(data[at + _LENGTH.size : at + _LENGTH.size + length])
             sequence, self.low_water, at_ms = _FIELDS.unpack_from(data, end - _FIELDS.size)
             self.high[producer] = max(sequence, self.high.get(producer, -1))
             self._seen_ms[producer] = at_ms
             at = end + _CRC.size
         if at < len(data):
-            log.warning("%s: cut off %d bytes after the last whole record (a write torn by "
-                        "a crash; its messages were not confirmed)", self.path, len(data) - at)
+            log.warning(
+                "%s: cut off %d bytes after the last whole record (a write torn by "
+                "a crash; its messages were not confirmed)",
+                self.path,
+                len(data) - at,
+            )
             with open(self.path, "r+b") as file:
                 file.truncate(at)
                 os.fdatasync(file.fileno())
@@ -170,8 +176,11 @@ class ProducerLog:
     def compact(self, low_water: int) -> None:
         """Rewrite the log with one record per producer heard of in ``FORGET_AFTER_S``."""
         now_ms = int(time.time() * 1000)
-        keep = {p: s for p, s in self.high.items()
-                if now_ms - self._seen_ms.get(p, now_ms) <= FORGET_AFTER_S * 1000}
+        keep = {
+            p: s
+            for p, s in self.high.items()
+            if now_ms - self._seen_ms.get(p, now_ms) <= FORGET_AFTER_S * 1000
+        }
         data = b"".join(_record(p, s, low_water, self._seen_ms[p]) for p, s in keep.items())
         write_atomically(self.path, data)
         os.close(self._fd)

@@ -27,12 +27,18 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from ..durable_files import write_atomically
+from ..engine.ref_counts import QUEUES_DIR
 from ..errors import NotFound, PreconditionFailed
 from ..routing import EXCHANGE_KINDS
-from ..engine.ref_counts import QUEUES_DIR
 
-__all__ = ["DEFINITIONS_FILE", "Definitions", "ExchangeDefinition", "QueueDefinition",
-           "check_name", "queue_directory"]
+__all__ = [
+    "DEFINITIONS_FILE",
+    "Definitions",
+    "ExchangeDefinition",
+    "QueueDefinition",
+    "check_name",
+    "queue_directory",
+]
 
 log = logging.getLogger("warren.queues")
 
@@ -82,8 +88,9 @@ class ExchangeDefinition:
 
 def check_name(name: object, what: str = "queue") -> str:
     if not isinstance(name, str) or not _NAME.fullmatch(name) or name in (".", ".."):
-        raise ValueError(f"a {what} name is 1 to 200 letters, digits, '_', '.' or '-'; "
-                         f"got {name!r}")
+        raise ValueError(
+            f"a {what} name is 1 to 200 letters, digits, '_', '.' or '-'; got {name!r}"
+        )
     return name
 
 
@@ -98,15 +105,14 @@ class Definitions:
         self.data_dir = data_dir
         self.queues: dict[str, QueueDefinition] = {}
         self.exchanges: dict[str, ExchangeDefinition] = {}
-        self.bindings: set[tuple[str, str, str]] = set()     # (exchange, queue, key)
+        self.bindings: set[tuple[str, str, str]] = set()  # (exchange, queue, key)
         try:
             with open(os.path.join(data_dir, DEFINITIONS_FILE)) as file:
                 saved = json.load(file)
         except FileNotFoundError:
             return
         self.queues = {q["name"]: QueueDefinition(**q) for q in saved.get("queues", [])}
-        self.exchanges = {e["name"]: ExchangeDefinition(**e)
-                          for e in saved.get("exchanges", [])}
+        self.exchanges = {e["name"]: ExchangeDefinition(**e) for e in saved.get("exchanges", [])}
         self.bindings = {tuple(b) for b in saved.get("bindings", [])}
 
     # ------------------------------------------------------------------ changes
@@ -116,11 +122,13 @@ class Definitions:
         existing = self.queues.get(definition.name)
         if existing is not None:
             if existing != definition:
-                differ = ", ".join(f"{k}={v!r}" for k, v in asdict(existing).items()
-                                   if getattr(definition, k) != v)
+                differ = ", ".join(
+                    f"{k}={v!r}" for k, v in asdict(existing).items() if getattr(definition, k) != v
+                )
                 raise PreconditionFailed(
                     f"queue {definition.name!r} exists with {differ}; declare it with those "
-                    f"arguments, or delete it first")
+                    f"arguments, or delete it first"
+                )
             return False
         self.queues[definition.name] = definition
         return True
@@ -134,14 +142,16 @@ class Definitions:
 
     def add_exchange(self, definition: ExchangeDefinition) -> bool:
         if definition.kind not in EXCHANGE_KINDS:
-            raise ValueError(f"exchange kind must be one of {EXCHANGE_KINDS}, "
-                             f"got {definition.kind!r}")
+            raise ValueError(
+                f"exchange kind must be one of {EXCHANGE_KINDS}, got {definition.kind!r}"
+            )
         existing = self.exchanges.get(definition.name)
         if existing is not None:
             if existing != definition:
                 raise PreconditionFailed(
                     f"exchange {definition.name!r} exists with kind={existing.kind!r}, "
-                    f"durable={existing.durable}; declare it with those arguments")
+                    f"durable={existing.durable}; declare it with those arguments"
+                )
             return False
         self.exchanges[definition.name] = definition
         return True
@@ -152,8 +162,9 @@ class Definitions:
         if exchange not in self.exchanges:
             raise NotFound(f"no exchange {exchange!r} to bind to; declare it first")
         if not isinstance(routing_key, str) or len(routing_key) > 255:
-            raise ValueError(f"a routing key is a str of at most 255 characters, "
-                             f"got {routing_key!r}")
+            raise ValueError(
+                f"a routing key is a str of at most 255 characters, got {routing_key!r}"
+            )
         binding = (exchange, queue, routing_key)
         if binding in self.bindings:
             return False
@@ -168,8 +179,10 @@ class Definitions:
         definition = self.exchanges.get(name)
         if definition is None:
             raise NotFound(f"no exchange {name!r} on this node; declare it first")
-        return {"kind": definition.kind,
-                "bindings": sorted([q, k] for e, q, k in self.bindings if e == name)}
+        return {
+            "kind": definition.kind,
+            "bindings": sorted([q, k] for e, q, k in self.bindings if e == name),
+        }
 
     def save(self) -> None:
         durable_queues = {n for n, q in self.queues.items() if q.durable}
@@ -177,11 +190,13 @@ class Definitions:
         saved = {
             "queues": [asdict(self.queues[n]) for n in sorted(durable_queues)],
             "exchanges": [asdict(self.exchanges[n]) for n in sorted(durable_exchanges)],
-            "bindings": sorted(list(b) for b in self.bindings
-                               if b[0] in durable_exchanges and b[1] in durable_queues),
+            "bindings": sorted(
+                list(b)
+                for b in self.bindings
+                if b[0] in durable_exchanges and b[1] in durable_queues
+            ),
         }
-        write_atomically(os.path.join(self.data_dir, DEFINITIONS_FILE),
-                         json.dumps(saved).encode())
+        write_atomically(os.path.join(self.data_dir, DEFINITIONS_FILE), json.dumps(saved).encode())
 
     # ------------------------------------------------------------------ directories
 

@@ -65,30 +65,45 @@ from typing import Any
 import zmq
 from zmq.auth.thread import ThreadAuthenticator
 
-from warren.actors import ProcessActor, UnhandledMessage, message
-from warren.actors import wire
-from warren.actors.process import drain_wake_pipe
+from warren.actors import ProcessActor, UnhandledMessage, message, wire
 from warren.actors.codec import Decoder, Encoder
 from warren.actors.errors import CodecError
 from warren.actors.exitcodes import EXIT_CRASHED
+from warren.actors.process import drain_wake_pipe
 
 from .. import errors
+from ..client.ipc_node import RemoteNode, read_alarms
 from ..client.keys import AUTHORIZED_FILE, authorized_keys, node_keys
 from ..protocol import Fetch, Publish, Purge, QueueStats, Release, Settle, Subscribe
-from ..client.ipc_node import RemoteNode, read_alarms
 
-__all__ = ["CLIENT_MESSAGES", "ListenerActor", "ListenerStats", "check_listen_address",
-           "with_free_port"]
+__all__ = [
+    "CLIENT_MESSAGES",
+    "ListenerActor",
+    "ListenerStats",
+    "check_listen_address",
+    "with_free_port",
+]
 
 log = logging.getLogger("warren.queues")
 
 CLIENT_MESSAGES = (Publish, Fetch, Settle, Subscribe, Release, Purge, QueueStats)
-NODE_CALLS = frozenset({"declare_queue", "delete_queue", "declare_exchange", "bind_queue",
-                        "exchange", "queue", "queue_state", "list_queues", "active_alarms"})
+NODE_CALLS = frozenset(
+    {
+        "declare_queue",
+        "delete_queue",
+        "declare_exchange",
+        "bind_queue",
+        "exchange",
+        "queue",
+        "queue_state",
+        "list_queues",
+        "active_alarms",
+    }
+)
 MAX_FRAME_BYTES = wire.MAX_MESSAGE_BYTES + 2**20
-CONSUMER_SILENCE_S = 30.0        # a remote consumer unheard of this long is released
-SWEEP_S = 5.0                    # how often silent consumers are looked for
-SEND_TIMEOUT_S = 5.0             # how long a full queue mailbox may hold the gateway
+CONSUMER_SILENCE_S = 30.0  # a remote consumer unheard of this long is released
+SWEEP_S = 5.0  # how often silent consumers are looked for
+SEND_TIMEOUT_S = 5.0  # how long a full queue mailbox may hold the gateway
 NODE_CALL_THREADS = 4
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]", "::1")
 
@@ -104,14 +119,18 @@ def check_listen_address(endpoint: str, *, curve: bool, insecure: bool) -> None:
     anything but loopback needs ``curve`` or an explicit ``insecure``."""
     if not isinstance(endpoint, str) or not endpoint.startswith("tcp://"):
         raise ValueError(f"listen on a tcp address, tcp://host:port; got {endpoint!r}")
-    host, _, port = endpoint[len("tcp://"):].rpartition(":")
+    host, _, port = endpoint[len("tcp://") :].rpartition(":")
     if not host or not (port == "*" or port.isdigit() and 0 < int(port) < 65536):
-        raise ValueError(f"listen on tcp://host:port with a port in 1..65535 (or *, any free "
-                         f"one); got {endpoint!r}")
+        raise ValueError(
+            f"listen on tcp://host:port with a port in 1..65535 (or *, any free "
+            f"one); got {endpoint!r}"
+        )
     if host not in LOOPBACK_HOSTS and not curve and not insecure:
-        raise ValueError(f"{endpoint} is not a loopback address: anyone who reaches it could "
-                         f"publish and consume. Pass --curve (clients then need a key from "
-                         f"`warren keys`), or --insecure if the network is yours alone")
+        raise ValueError(
+            f"{endpoint} is not a loopback address: anyone who reaches it could "
+            f"publish and consume. Pass --curve (clients then need a key from "
+            f"`warren keys`), or --insecure if the network is yours alone"
+        )
 
 
 def with_free_port(endpoint: str) -> str:
@@ -120,16 +139,25 @@ def with_free_port(endpoint: str) -> str:
     host, _, port = endpoint.rpartition(":")
     if port != "*":
         return endpoint
-    with socket.socket(socket.AF_INET6 if ":" in host[len("tcp://"):] else socket.AF_INET) as probe:
-        probe.bind((host[len("tcp://"):].strip("[]"), 0))
+    with socket.socket(
+        socket.AF_INET6 if ":" in host[len("tcp://") :] else socket.AF_INET
+    ) as probe:
+        probe.bind((host[len("tcp://") :].strip("[]"), 0))
         return f"{host}:{probe.getsockname()[1]}"
 
 
 class ListenerActor(ProcessActor):
     """The listener process; see the module docstring."""
 
-    def __init__(self, data_dir: str, endpoint: str, *, control_endpoint: str,
-                 curve: bool = False, consumer_silence_s: float = CONSUMER_SILENCE_S) -> None:
+    def __init__(
+        self,
+        data_dir: str,
+        endpoint: str,
+        *,
+        control_endpoint: str,
+        curve: bool = False,
+        consumer_silence_s: float = CONSUMER_SILENCE_S,
+    ) -> None:
         self.data_dir = data_dir
         self.endpoint = endpoint
         self.control_endpoint = control_endpoint
@@ -139,17 +167,22 @@ class ListenerActor(ProcessActor):
         self._thread: threading.Thread | None = None
 
     def on_start(self) -> None:
-        self._gateway = _Gateway(self.data_dir, self.endpoint, self.control_endpoint,
-                                 self.curve, self.consumer_silence_s)
-        self._thread = threading.Thread(target=self._gateway.run, name="warren-gateway",
-                                        daemon=True)
+        self._gateway = _Gateway(
+            self.data_dir, self.endpoint, self.control_endpoint, self.curve, self.consumer_silence_s
+        )
+        self._thread = threading.Thread(
+            target=self._gateway.run, name="warren-gateway", daemon=True
+        )
         self._thread.start()
 
     def on_receive(self, message: Any) -> Any:
         if isinstance(message, ListenerStats):
-            return {"endpoint": self._gateway.bound, "curve": self.curve,
-                    "clients_consuming": len(self._gateway.consumers),
-                    **self._gateway.counters}
+            return {
+                "endpoint": self._gateway.bound,
+                "curve": self.curve,
+                "clients_consuming": len(self._gateway.consumers),
+                **self._gateway.counters,
+            }
         raise UnhandledMessage(f"the listener does not handle {type(message).__name__}")
 
     def on_stop(self) -> None:
@@ -168,14 +201,27 @@ class ListenerActor(ProcessActor):
 class _Gateway:
     """The gateway thread's state; every socket here is used by that thread alone."""
 
-    def __init__(self, data_dir: str, endpoint: str, control_endpoint: str,
-                 curve: bool, consumer_silence_s: float) -> None:
+    def __init__(
+        self,
+        data_dir: str,
+        endpoint: str,
+        control_endpoint: str,
+        curve: bool,
+        consumer_silence_s: float,
+    ) -> None:
         self.data_dir = data_dir
         self.consumer_silence_s = consumer_silence_s
         self.stopping = threading.Event()
-        self.counters = {"requests": 0, "malformed": 0, "refused": 0, "unanswerable": 0,
-                         "released_consumers": 0, "clients_refused": 0, "stale": 0}
-        self.consumers: dict[bytes, tuple[float, set[str]]] = {}   # id -> (heard at, queues)
+        self.counters = {
+            "requests": 0,
+            "malformed": 0,
+            "refused": 0,
+            "unanswerable": 0,
+            "released_consumers": 0,
+            "clients_refused": 0,
+            "stale": 0,
+        }
+        self.consumers: dict[bytes, tuple[float, set[str]]] = {}  # id -> (heard at, queues)
         self._context = zmq.Context()
         self._auth: ThreadAuthenticator | None = None
         self._router = self._context.socket(zmq.ROUTER)
@@ -186,8 +232,9 @@ class _Gateway:
             public, secret = node_keys(data_dir)
             self._auth = ThreadAuthenticator(self._context, log=log)
             self._auth.start()
-            self._auth.configure_curve_callback("*", credentials_provider=_Authorized(
-                data_dir, self.counters))
+            self._auth.configure_curve_callback(
+                "*", credentials_provider=_Authorized(data_dir, self.counters)
+            )
             self._router.curve_server = True
             self._router.curve_publickey = public
             self._router.curve_secretkey = secret
@@ -198,16 +245,17 @@ class _Gateway:
             raise OSError(f"the listener cannot bind {endpoint}: {exc}") from None
         self.bound = self._router.getsockopt_string(zmq.LAST_ENDPOINT)
         self._node = RemoteNode(data_dir, endpoint=control_endpoint)
-        self._pool = concurrent.futures.ThreadPoolExecutor(NODE_CALL_THREADS,
-                                                           thread_name_prefix="warren-node-call")
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            NODE_CALL_THREADS, thread_name_prefix="warren-node-call"
+        )
         self._done: queue_module.SimpleQueue = queue_module.SimpleQueue()
         self._wake_read, self._wake_write = os.pipe()
         os.set_blocking(self._wake_read, False)
         self._decoder = Decoder()
         self._encoder = Encoder()
-        self._addresses: dict[str, str] = {}                  # queue -> its data address
-        self._dealers: dict[str, zmq.Socket] = {}             # address -> DEALER
-        self._forwarded: dict[int, tuple[bytes, int]] = {}    # our id -> (client, its id)
+        self._addresses: dict[str, str] = {}  # queue -> its data address
+        self._dealers: dict[str, zmq.Socket] = {}  # address -> DEALER
+        self._forwarded: dict[int, tuple[bytes, int]] = {}  # our id -> (client, its id)
         self._ids = iter(range(1, 2**62))
         self._pid = os.getpid()
         self.boot = os.urandom(8)
@@ -253,14 +301,22 @@ class _Gateway:
             self._serve(client, request)
 
     def _serve(self, client: bytes, request: Any) -> None:
-        if (type(request) is not list or len(request) < 2 or type(request[0]) is not str
-                or type(request[1]) is not int):
+        if (
+            type(request) is not list
+            or len(request) < 2
+            or type(request[0]) is not str
+            or type(request[1]) is not int
+        ):
             self._malformed(client, None, "a request is a list [op, id, ...]")
             return
         op, request_id = request[0], request[1]
         if self._decoder.saw_unknown:
-            self._refuse(client, request_id, "UnhandledMessage",
-                         "the request holds a message type the listener does not know")
+            self._refuse(
+                client,
+                request_id,
+                "UnhandledMessage",
+                "the request holds a message type the listener does not know",
+            )
             return
         try:
             if op in ("ask", "tell") and len(request) == 6:
@@ -269,13 +325,21 @@ class _Gateway:
                     # while the node was down): the client has been told it was lost.
                     self.counters["stale"] += 1
                     if op == "ask":
-                        self._refuse(client, request_id, "ListenerRestarted",
-                                     "the listener restarted before this request reached "
-                                     "it; nothing of it was done")
+                        self._refuse(
+                            client,
+                            request_id,
+                            "ListenerRestarted",
+                            "the listener restarted before this request reached "
+                            "it; nothing of it was done",
+                        )
                     return
                 self._forward(client, op, request_id, *request[3:])
-            elif op == "call" and len(request) == 4 and type(request[2]) is str \
-                    and type(request[3]) is dict:
+            elif (
+                op == "call"
+                and len(request) == 4
+                and type(request[2]) is str
+                and type(request[3]) is dict
+            ):
                 self._call(client, request_id, request[2], request[3])
             elif op == "alive" and len(request) == 4:
                 queue, incarnation = request[2], request[3]
@@ -290,27 +354,34 @@ class _Gateway:
                     if consumer in self.consumers:
                         self.consumers[consumer] = (now, self.consumers[consumer][1])
             else:
-                self._malformed(client, request_id, f"no request {op!r} of {len(request)} "
-                                                    f"parts")
+                self._malformed(client, request_id, f"no request {op!r} of {len(request)} parts")
         except (ValueError, TypeError) as exc:
             self._malformed(client, request_id, str(exc))
 
     # ------------------------------------------------------------------ queues
 
-    def _forward(self, client: bytes, op: str, request_id: int, queue: Any,
-                 incarnation: Any, message: Any) -> None:
+    def _forward(
+        self, client: bytes, op: str, request_id: int, queue: Any, incarnation: Any, message: Any
+    ) -> None:
         if type(queue) is not str or type(incarnation) is not int or incarnation < 1:
             raise ValueError("a queue message names the queue and its incarnation (>= 1)")
         if type(message) not in CLIENT_MESSAGES:
-            self._refuse(client, request_id, "UnhandledMessage",
-                         f"a remote client may not send {type(message).__name__}")
+            self._refuse(
+                client,
+                request_id,
+                "UnhandledMessage",
+                f"a remote client may not send {type(message).__name__}",
+            )
             return
         if isinstance(message, (Fetch, Subscribe)):
             message = dataclasses.replace(message, pid=self._pid)
             if type(message.consumer) is bytes and (
-                    isinstance(message, Subscribe) or message.ack_required):
+                isinstance(message, Subscribe) or message.ack_required
+            ):
                 self.consumers[message.consumer] = (
-                    time.monotonic(), self.consumers.get(message.consumer, (0, set()))[1] | {queue})
+                    time.monotonic(),
+                    self.consumers.get(message.consumer, (0, set()))[1] | {queue},
+                )
         elif isinstance(message, Release):
             self.consumers.pop(message.consumer, None)
         address = self._addresses.get(queue)
@@ -330,8 +401,12 @@ class _Gateway:
             frames = self._encoder.encode([wire.TELL, incarnation, 0, message])
         if not self._send_to_queue(address, frames) and op == "ask":
             del self._forwarded[ours]
-            self._refuse(client, request_id, "MailboxFull",
-                         f"queue {queue!r} did not take the request within {SEND_TIMEOUT_S} s")
+            self._refuse(
+                client,
+                request_id,
+                "MailboxFull",
+                f"queue {queue!r} did not take the request within {SEND_TIMEOUT_S} s",
+            )
 
     def _send_to_queue(self, address: str, frames: list[Any]) -> bool:
         dealer = self._dealers.get(address)
@@ -371,8 +446,12 @@ class _Gateway:
             if now - heard_at > self.consumer_silence_s:
                 del self.consumers[consumer]
                 self.counters["released_consumers"] += 1
-                log.info("listener: a remote consumer was silent for %.0f s; its deliveries "
-                         "go back to %s", now - heard_at, ", ".join(sorted(queues)))
+                log.info(
+                    "listener: a remote consumer was silent for %.0f s; its deliveries "
+                    "go back to %s",
+                    now - heard_at,
+                    ", ".join(sorted(queues)),
+                )
                 frames = self._encoder.encode([wire.TELL, 0, 0, Release(consumer)])
                 for queue in queues:
                     if queue in self._addresses:
@@ -382,8 +461,12 @@ class _Gateway:
 
     def _call(self, client: bytes, request_id: int, op: str, args: dict) -> None:
         if op not in NODE_CALLS:
-            self._refuse(client, request_id, "ValueError",
-                         f"no call {op!r}; the calls are {sorted(NODE_CALLS)}")
+            self._refuse(
+                client,
+                request_id,
+                "ValueError",
+                f"no call {op!r}; the calls are {sorted(NODE_CALLS)}",
+            )
         elif op == "active_alarms":
             self._answer(client, wire.REPLY_OK, request_id, read_alarms(self.data_dir))
         else:
@@ -392,8 +475,11 @@ class _Gateway:
     def _node_call(self, op: str, args: dict) -> Any:
         if op == "queue":
             ref = self._node.queue(**args)
-            return {"name": args.get("name"), "incarnation": ref.incarnation,
-                    "address": ref.address}
+            return {
+                "name": args.get("name"),
+                "incarnation": ref.incarnation,
+                "address": ref.address,
+            }
         return getattr(self._node, op)(**args)
 
     def _alive(self, queue: str, incarnation: int) -> list:
@@ -402,7 +488,7 @@ class _Gateway:
         except errors.NotFound:
             return [False, self.boot]
         except errors.QueueError:
-            return [True, self.boot]         # between incarnations: wait on
+            return [True, self.boot]  # between incarnations: wait on
         if ref.incarnation != incarnation:
             return [False, self.boot]
         try:
@@ -415,10 +501,11 @@ class _Gateway:
         def run() -> None:
             try:
                 result = (wire.REPLY_OK, function(*args))
-            except Exception as exc:         # every call is answered, whatever it holds
+            except Exception as exc:  # every call is answered, whatever it holds
                 result = (wire.REPLY_ERROR, [type(exc).__name__, str(exc), ""])
             self._done.put((client, request_id, result))
             os.write(self._wake_write, b"x")
+
         self._pool.submit(run)
 
     def _send_node_answers(self) -> None:
@@ -428,8 +515,12 @@ class _Gateway:
                 client, request_id, (kind, value) = self._done.get_nowait()
             except queue_module.Empty:
                 return
-            if kind == wire.REPLY_OK and isinstance(value, dict) and "address" in value \
-                    and "incarnation" in value:
+            if (
+                kind == wire.REPLY_OK
+                and isinstance(value, dict)
+                and "address" in value
+                and "incarnation" in value
+            ):
                 self._addresses[value["name"]] = value.pop("address")
             self._answer(client, kind, request_id, value)
 
@@ -437,9 +528,10 @@ class _Gateway:
 
     def _answer(self, client: bytes, kind: int, request_id: int, value: Any) -> None:
         try:
-            self._router.send_multipart([client, *self._encoder.encode(
-                [kind, request_id, value])], zmq.NOBLOCK, copy=False)
-        except zmq.ZMQError:                 # the client has gone, or reads nothing
+            self._router.send_multipart(
+                [client, *self._encoder.encode([kind, request_id, value])], zmq.NOBLOCK, copy=False
+            )
+        except zmq.ZMQError:  # the client has gone, or reads nothing
             self.counters["unanswerable"] += 1
 
     def _refuse(self, client: bytes, request_id: int, type_name: str, text: str) -> None:
@@ -485,6 +577,5 @@ class _Authorized:
         if key in self._keys:
             return True
         self.counters["clients_refused"] += 1
-        log.warning("listener: refused a client whose key %s is not in %s", key.decode(),
-                    self.path)
+        log.warning("listener: refused a client whose key %s is not in %s", key.decode(), self.path)
         return False

@@ -77,12 +77,22 @@ from warren.store.client import StoreClient
 from warren.store.errors import StoreError
 from warren.store.protocol import StoreStats
 
+from ..engine.variable_queue import VariableQueue
+from ..errors import CorruptMessage, OutOfSequence, QueueClosed
+from ..protocol import (
+    SETTLE_ACTIONS,
+    DeleteQueue,
+    Delivered,
+    Fetch,
+    Publish,
+    Purge,
+    QueueStats,
+    Release,
+    Settle,
+    Subscribe,
+)
 from .dead_letters import DeadLetters
 from .dedup import MAX_PRODUCER_BYTES, MAX_SEQUENCE, ProducerLog, message_ids
-from ..errors import CorruptMessage, OutOfSequence, QueueClosed
-from ..protocol import (SETTLE_ACTIONS, DeleteQueue, Delivered, Fetch, Publish, Purge,
-                       QueueStats, Release, Settle, Subscribe)
-from ..engine.variable_queue import VariableQueue
 
 __all__ = ["QueueActor"]
 
@@ -91,11 +101,11 @@ log = logging.getLogger("warren.queues")
 # How soon a queue looks again for the shared store's settlement of its writes, while
 # confirms wait on it (the store answers its own group commit; no fsync happens here).
 SYNC_INTERVAL_MS = 2
-CONSUMER_CHECK_S = 2.0           # how often dead consumers' deliveries are requeued
-RATES_INTERVAL_S = 5.0           # RAM_DURATION_UPDATE_INTERVAL
-MAX_FETCH = 10_000               # messages one Fetch may take
-EXPIRY_CHECK_S = 0.25            # how often expired messages at the head are dropped
-STORE_PING_S = 1.0               # how long a stopping queue waits for its stores' answer
+CONSUMER_CHECK_S = 2.0  # how often dead consumers' deliveries are requeued
+RATES_INTERVAL_S = 5.0  # RAM_DURATION_UPDATE_INTERVAL
+MAX_FETCH = 10_000  # messages one Fetch may take
+EXPIRY_CHECK_S = 0.25  # how often expired messages at the head are dropped
+STORE_PING_S = 1.0  # how long a stopping queue waits for its stores' answer
 # A queue gives up on a silent store sooner than an application would: the node restarts
 # the queue after the store anyway (rest_for_one).
 STORE_CLIENT_OPTIONS = {"unavailable_after_s": 5.0, "call_timeout_s": 5.0}
@@ -107,8 +117,9 @@ class _Batch:
 
     __slots__ = ("reply", "size", "left", "producer", "high")
 
-    def __init__(self, reply: Any, size: int, left: int, producer: bytes | None = None,
-                 high: int = -1) -> None:
+    def __init__(
+        self, reply: Any, size: int, left: int, producer: bytes | None = None, high: int = -1
+    ) -> None:
         self.reply, self.size, self.left = reply, size, left
         self.producer, self.high = producer, high
 
@@ -116,14 +127,23 @@ class _Batch:
 class QueueActor(ProcessActor):
     """One queue process; see the module docstring."""
 
-    def __init__(self, name: str, directory: str, *, durable: bool = True,
-                 lazy: bool = False, message_ttl_ms: int | None = None,
-                 max_length: int | None = None, overflow: str = "drop-head",
-                 dead_letter_exchange: str | None = None, auto_delete: bool = False,
-                 data_dir: str | None = None,
-                 queue_options: dict[str, Any] | None = None,
-                 sync_interval_ms: float = SYNC_INTERVAL_MS,
-                 consumer_check_s: float = CONSUMER_CHECK_S) -> None:
+    def __init__(
+        self,
+        name: str,
+        directory: str,
+        *,
+        durable: bool = True,
+        lazy: bool = False,
+        message_ttl_ms: int | None = None,
+        max_length: int | None = None,
+        overflow: str = "drop-head",
+        dead_letter_exchange: str | None = None,
+        auto_delete: bool = False,
+        data_dir: str | None = None,
+        queue_options: dict[str, Any] | None = None,
+        sync_interval_ms: float = SYNC_INTERVAL_MS,
+        consumer_check_s: float = CONSUMER_CHECK_S,
+    ) -> None:
         self.queue_name = name
         self.directory = directory
         self.durable = durable
@@ -138,24 +158,31 @@ class QueueActor(ProcessActor):
         self.sync_interval_s = sync_interval_ms / 1000
         self.consumer_check_s = consumer_check_s
         self.queue: VariableQueue | None = None
-        self._confirms: dict[int, _Batch] = {}        # seq id -> its batch
+        self._confirms: dict[int, _Batch] = {}  # seq id -> its batch
         self._producers: ProducerLog | None = None
-        self._accepted: dict[bytes, int] = {}         # producer -> highest sequence taken
-        self._recovered_ids: set[bytes] = set()       # entries the producer log may not name
+        self._accepted: dict[bytes, int] = {}  # producer -> highest sequence taken
+        self._recovered_ids: set[bytes] = set()  # entries the producer log may not name
         # A producer's batches are answered in the order they came, once its log record
         # says so: producer -> its batches not yet answered.
         self._producer_batches: dict[bytes, collections.deque[_Batch]] = {}
         self._sync_armed = False
-        self._held: dict[bytes, set[int]] = {}        # consumer -> tags awaiting its ack
-        self._owners: dict[bytes, tuple[int, float]] = {}   # consumer -> (pid, started)
-        self._subscribers: dict[bytes, int] = {}      # connection -> its active consumers
+        self._held: dict[bytes, set[int]] = {}  # consumer -> tags awaiting its ack
+        self._owners: dict[bytes, tuple[int, float]] = {}  # consumer -> (pid, started)
+        self._subscribers: dict[bytes, int] = {}  # connection -> its active consumers
         self._deleted = False
         self._store_down = False
         self._dead: DeadLetters | None = None
-        self._stores: list[ActorRef] = []            # pinned: the incarnations we work with
-        self.counters = {"published": 0, "delivered": 0, "released": 0, "foreign_tags": 0,
-                         "expired": 0, "dropped_over_max_length": 0, "rejected_publishes": 0,
-                         "repeats_dropped": 0}
+        self._stores: list[ActorRef] = []  # pinned: the incarnations we work with
+        self.counters = {
+            "published": 0,
+            "delivered": 0,
+            "released": 0,
+            "foreign_tags": 0,
+            "expired": 0,
+            "dropped_over_max_length": 0,
+            "rejected_publishes": 0,
+            "repeats_dropped": 0,
+        }
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -169,10 +196,14 @@ class QueueActor(ProcessActor):
         for store in self._stores:
             self.monitor(store)
         self.queue = VariableQueue(
-            self.directory, durable=self.durable, lazy=self.lazy,
+            self.directory,
+            durable=self.durable,
+            lazy=self.lazy,
             persistent_store=lambda ref: StoreClient(persistent, ref, **STORE_CLIENT_OPTIONS),
             transient_store=lambda ref: StoreClient(transient, ref, **STORE_CLIENT_OPTIONS),
-            shared_store_clean=store_clean, **self.queue_options)
+            shared_store_clean=store_clean,
+            **self.queue_options,
+        )
         self._producers = ProducerLog(self.directory)
         if self._producers.existed:
             self._recovered_ids = self.queue.msg_ids_from(self._producers.low_water)
@@ -228,8 +259,9 @@ class QueueActor(ProcessActor):
     def on_receive(self, message: Any) -> Any:
         handler = self._handlers.get(type(message))
         if handler is None:
-            raise UnhandledMessage(f"queue {self.queue_name} does not handle "
-                                   f"{type(message).__name__}")
+            raise UnhandledMessage(
+                f"queue {self.queue_name} does not handle {type(message).__name__}"
+            )
         problem = _malformed(message)
         if problem is not None:
             raise UnhandledMessage(f"malformed {type(message).__name__}: {problem}")
@@ -257,15 +289,15 @@ class QueueActor(ProcessActor):
                 self._accepted[message.producer] = high
         ttls = [t for t in (message.expiration_ms, self.message_ttl_ms) if t is not None]
         expiry = _now_ms() + min(ttls) if ttls else None
-        seq_ids = self.queue.publish_many(payloads, persistent=message.persistent,
-                                          msg_ids=msg_ids, expiry_ms=expiry)
+        seq_ids = self.queue.publish_many(
+            payloads, persistent=message.persistent, msg_ids=msg_ids, expiry_ms=expiry
+        )
         self.counters["published"] += len(seq_ids)
         if self.max_length is not None and self.overflow == "drop-head":
             self._drop_over_max_length()
         batch = _Batch(reply, len(seq_ids) + repeats, len(seq_ids), message.producer, high)
         if message.producer is not None:
-            self._producer_batches.setdefault(message.producer, collections.deque()).append(
-                batch)
+            self._producer_batches.setdefault(message.producer, collections.deque()).append(batch)
             if not seq_ids:
                 self._answer([])
         elif not seq_ids:
@@ -273,8 +305,9 @@ class QueueActor(ProcessActor):
         for seq_id in seq_ids:
             self._confirms[seq_id] = batch
 
-    def _without_repeats(self, message: Publish) -> tuple[list[bytes], list[bytes], list[int],
-                                                          int, int]:
+    def _without_repeats(
+        self, message: Publish
+    ) -> tuple[list[bytes], list[bytes], list[int], int, int]:
         """The messages of a deduplicated publish that are new: their payloads, ids and
         sequences; how many were repeats; the highest sequence of a repeat found among
         the recovered entries (durable, but not yet in the producer log)."""
@@ -286,7 +319,8 @@ class QueueActor(ProcessActor):
                 f"queue {self.queue_name}: producer {producer!r} sent sequence {first} "
                 f"after {accepted}, the highest this queue took from it; nothing was taken: "
                 f"send again from {accepted + 1} (a producer's sequences start at 0 and go "
-                f"up by one)")
+                f"up by one)"
+            )
         # Those up to ``accepted`` are repeats without a look; the rest are new unless the
         # index recovered them.
         start = min(accepted + 1 - first, len(message.payloads))
@@ -294,8 +328,9 @@ class QueueActor(ProcessActor):
         recovered = self._recovered_ids
         payloads, msg_ids, sequences = [], [], []
         ids = message_ids(producer, first + start, len(message.payloads) - start)
-        for sequence, payload, msg_id in zip(range(first + start, first + len(message.payloads)),
-                                             message.payloads[start:], ids):
+        for sequence, payload, msg_id in zip(
+            range(first + start, first + len(message.payloads)), message.payloads[start:], ids
+        ):
             if msg_id in recovered:
                 repeats += 1
                 high = sequence
@@ -313,7 +348,7 @@ class QueueActor(ProcessActor):
             try:
                 fetched = self.queue.fetch_encoded(message.ack_required)
             except CorruptMessage:
-                continue               # dropped, logged and counted: never delivered
+                continue  # dropped, logged and counted: never delivered
             if fetched is None:
                 break
             out.append(Delivered(fetched.seq_id, fetched.payload, fetched.delivery_count))
@@ -328,10 +363,14 @@ class QueueActor(ProcessActor):
         held = self._held.get(message.consumer, set())
         tags = list(dict.fromkeys(message.tags))
         foreign = [tag for tag in tags if tag not in held]
-        if foreign:                    # the client checks first: a bug or a hostile peer
+        if foreign:  # the client checks first: a bug or a hostile peer
             self.counters["foreign_tags"] += len(foreign)
-            log.warning("queue %s: %d delivery tags in a %s are not held by that "
-                        "connection; ignored", self.queue_name, len(foreign), message.action)
+            log.warning(
+                "queue %s: %d delivery tags in a %s are not held by that connection; ignored",
+                self.queue_name,
+                len(foreign),
+                message.action,
+            )
             tags = [tag for tag in tags if tag in held]
         if message.action == "requeue":
             self.queue.requeue(tags)
@@ -365,8 +404,9 @@ class QueueActor(ProcessActor):
         """An auto-delete queue whose last consumer stopped deletes itself, messages and
         files, and ends its process (for good: the node then forgets its definition)."""
         if self.auto_delete and not self._subscribers and not self._deleted:
-            log.info("queue %s: its last consumer stopped; deleting it (auto_delete)",
-                     self.queue_name)
+            log.info(
+                "queue %s: its last consumer stopped; deleting it (auto_delete)", self.queue_name
+            )
             self._delete(DeleteQueue())
             self.stop()
 
@@ -375,20 +415,26 @@ class QueueActor(ProcessActor):
 
     def _stats(self, message: QueueStats) -> dict[str, Any]:
         stats = self.queue.stats()
-        stats.update(self.queue.counters)       # what recovery and reads dropped, and why
+        stats.update(self.queue.counters)  # what recovery and reads dropped, and why
         if self._dead is not None:
             stats.update(self._dead.counters)
-        stats.update(name=self.queue_name, durable=self.durable,
-                     consumers=sum(self._subscribers.values()), messages_ready=stats["len"],
-                     messages_unacked=stats["depth"] - stats["len"], **self.counters)
+        stats.update(
+            name=self.queue_name,
+            durable=self.durable,
+            consumers=sum(self._subscribers.values()),
+            messages_ready=stats["len"],
+            messages_unacked=stats["depth"] - stats["len"],
+            **self.counters,
+        )
         return stats
 
     def _delete(self, message: DeleteQueue) -> int:
         count = self.queue.depth
         waiting = set(self._confirms.values()).union(*self._producer_batches.values())
         for batch in waiting:
-            batch.reply.fail(QueueClosed(f"queue {self.queue_name} was deleted before "
-                                         f"confirming this publish"))
+            batch.reply.fail(
+                QueueClosed(f"queue {self.queue_name} was deleted before confirming this publish")
+            )
         self._confirms.clear()
         self._producer_batches.clear()
         self._producers.close()
@@ -397,14 +443,26 @@ class QueueActor(ProcessActor):
         return count
 
     def _down(self, message: Down) -> None:
-        log.warning("queue %s: %s went down (%s); stopping, to be restarted after it",
-                    self.queue_name, message.ref.name, message.reason)
+        log.warning(
+            "queue %s: %s went down (%s); stopping, to be restarted after it",
+            self.queue_name,
+            message.ref.name,
+            message.reason,
+        )
         self._store_down = True
         self.stop()
 
-    _handlers = {Publish: _publish, Fetch: _fetch, Settle: _settle, Release: _release,
-                 Subscribe: _subscribe, Purge: _purge, QueueStats: _stats,
-                 DeleteQueue: _delete, Down: _down}
+    _handlers = {
+        Publish: _publish,
+        Fetch: _fetch,
+        Settle: _settle,
+        Release: _release,
+        Subscribe: _subscribe,
+        Purge: _purge,
+        QueueStats: _stats,
+        DeleteQueue: _delete,
+        Down: _down,
+    }
 
     # ------------------------------------------------------------------ confirms
 
@@ -457,6 +515,7 @@ class QueueActor(ProcessActor):
 
         def expired(info) -> bool:
             return 0 < info.expiry_ms <= now
+
         if self._dead is None:
             before = len(self.queue)
             self.queue.drop_while(expired)
@@ -496,8 +555,12 @@ class QueueActor(ProcessActor):
     def _check_consumers(self) -> None:
         for consumer, (pid, started) in list(self._owners.items()):
             if _started(pid) != started:
-                log.info("queue %s: consumer process %d is gone; requeueing %d deliveries",
-                         self.queue_name, pid, len(self._held.get(consumer, ())))
+                log.info(
+                    "queue %s: consumer process %d is gone; requeueing %d deliveries",
+                    self.queue_name,
+                    pid,
+                    len(self._held.get(consumer, ())),
+                )
                 self._release(Release(consumer))
         self.call_later(self.consumer_check_s, self._check_consumers)
 
@@ -523,23 +586,30 @@ def _malformed(message: Any) -> str | None:
     """What is wrong with a message's fields, or None."""
     if isinstance(message, Publish):
         if type(message.payloads) is not list or not all(
-                type(p) is bytes for p in message.payloads):
+            type(p) is bytes for p in message.payloads
+        ):
             return "payloads must be a list of bytes"
         if type(message.persistent) is not bool:
             return "persistent must be a bool"
         if message.expiration_ms is not None and (
-                type(message.expiration_ms) is not int or message.expiration_ms < 0):
+            type(message.expiration_ms) is not int or message.expiration_ms < 0
+        ):
             return "expiration_ms must be None or an int >= 0"
         if message.msg_ids is not None and (
-                type(message.msg_ids) is not list or len(message.msg_ids) != len(message.payloads)
-                or not all(type(m) is bytes and len(m) == 16 for m in message.msg_ids)):
+            type(message.msg_ids) is not list
+            or len(message.msg_ids) != len(message.payloads)
+            or not all(type(m) is bytes and len(m) == 16 for m in message.msg_ids)
+        ):
             return "msg_ids must be None or one 16-byte id per payload"
         if message.producer is not None or message.sequence is not None:
-            if type(message.producer) is not bytes or not 0 < len(
-                    message.producer) <= MAX_PRODUCER_BYTES:
+            if (
+                type(message.producer) is not bytes
+                or not 0 < len(message.producer) <= MAX_PRODUCER_BYTES
+            ):
                 return f"producer must be 1 to {MAX_PRODUCER_BYTES} bytes"
             if type(message.sequence) is not int or not (
-                    0 <= message.sequence <= MAX_SEQUENCE - len(message.payloads)):
+                0 <= message.sequence <= MAX_SEQUENCE - len(message.payloads)
+            ):
                 return "sequence must be an int >= 0 (the first message's) with a producer"
             if message.msg_ids is not None:
                 return "msg_ids must be None with a producer: the queue derives them"
@@ -558,7 +628,9 @@ def _malformed(message: Any) -> str | None:
     elif isinstance(message, Release) and type(message.consumer) is not bytes:
         return "consumer must be bytes"
     elif isinstance(message, Subscribe) and (
-            type(message.consumer) is not bytes or type(message.pid) is not int
-            or type(message.active) is not bool):
+        type(message.consumer) is not bytes
+        or type(message.pid) is not int
+        or type(message.active) is not bool
+    ):
         return "consumer must be bytes, pid an int and active a bool"
     return None

@@ -41,27 +41,27 @@ from warren.actors import ActorDeadError, ActorError, ActorRef, AskTimeout, Remo
 
 from .. import errors
 from ..broker.dedup import MAX_PRODUCER_BYTES, MAX_SEQUENCE
+from ..engine.variable_queue import MAX_MESSAGE_BYTES
 from ..errors import ConnectionClosed, Nacked, QueueError
 from ..message import Message, decode, encode
 from ..protocol import Fetch, Publish, Purge, QueueStats, Release, Settle, Subscribe
 from ..routing import route
 from .tcp_node import RemoteQueue, TcpNode
-from ..engine.variable_queue import MAX_MESSAGE_BYTES
 
 __all__ = ["Confirm", "Connection", "Consumer", "Delivery"]
 
-MAX_IN_FLIGHT = 4000                # unconfirmed messages per connection (credit) ...
-MAX_IN_FLIGHT_BYTES = 32 * 2**20    # ... or bytes
+MAX_IN_FLIGHT = 4000  # unconfirmed messages per connection (credit) ...
+MAX_IN_FLIGHT_BYTES = 32 * 2**20  # ... or bytes
 # Publishes awaiting their answer: below what this process's socket queues for a peer (an
 # answer beyond that would be dropped by the queue, unroutable, and waited for in vain).
 MAX_IN_FLIGHT_REQUESTS = 256
-PUBLISH_BATCH = 500                 # messages per Publish from publish_many
+PUBLISH_BATCH = 500  # messages per Publish from publish_many
 PUBLISH_BATCH_BYTES = 4 * 2**20
 CALL_TIMEOUT_S = 60.0
-ROUTES_TTL_S = 1.0                  # how long an exchange's bindings are routed with
-RESTART_CHECK_S = 1.0               # how often a wait looks whether its queue restarted
-ALARMS_READ_EVERY_S = 0.1           # how stale a publisher's view of the alarms may be
-IDLE_POLL_S = (0.001, 0.05)         # a consumer's wait between empty fetches: from, to
+ROUTES_TTL_S = 1.0  # how long an exchange's bindings are routed with
+RESTART_CHECK_S = 1.0  # how often a wait looks whether its queue restarted
+ALARMS_READ_EVERY_S = 0.1  # how stale a publisher's view of the alarms may be
+IDLE_POLL_S = (0.001, 0.05)  # a consumer's wait between empty fetches: from, to
 
 
 class NodeHandle(Protocol):
@@ -69,8 +69,9 @@ class NodeHandle(Protocol):
 
     def declare_queue(self, name: str, **arguments: Any) -> None: ...
     def delete_queue(self, name: str) -> int: ...
-    def declare_exchange(self, name: str, *, kind: str = "direct",
-                         durable: bool = True) -> None: ...
+    def declare_exchange(
+        self, name: str, *, kind: str = "direct", durable: bool = True
+    ) -> None: ...
     def bind_queue(self, queue: str, exchange: str, routing_key: str = "") -> None: ...
     def exchange(self, name: str) -> dict[str, Any]: ...
     def queue(self, name: str) -> ActorRef: ...
@@ -83,14 +84,20 @@ class Confirm:
     """The confirm of one publish: ``result(timeout)`` returns once every queue the
     message was routed to confirmed it, or raises ``Nacked``."""
 
-    def __init__(self, routing_key: str, sent: list[tuple[str, ActorRef, Any]], size: int,
-                 size_bytes: int, on_restart: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        routing_key: str,
+        sent: list[tuple[str, ActorRef, Any]],
+        size: int,
+        size_bytes: int,
+        on_restart: Callable[[str], None],
+    ) -> None:
         self.routing_key = routing_key
-        self._sent = sent                            # (queue, ref, future) per queue
-        self.size = size                             # messages
+        self._sent = sent  # (queue, ref, future) per queue
+        self.size = size  # messages
         self.bytes = size_bytes
         self._on_restart = on_restart
-        self._outcome: BaseException | None | bool = False     # False: not yet known
+        self._outcome: BaseException | None | bool = False  # False: not yet known
 
     def result(self, timeout: float | None = None) -> None:
         if self._outcome is False:
@@ -104,18 +111,22 @@ class Confirm:
                         outcome = outcome or Nacked(
                             f"queue {queue!r} is full (max_length, overflow reject-publish): "
                             f"{self.size - taken} of {self.size} messages refused, the last "
-                            f"ones; publish them again later")
+                            f"ones; publish them again later"
+                        )
                 except TimeoutError:
-                    raise TimeoutError(f"no confirm from queue {queue!r} within {timeout} s; "
-                                       f"it may still come") from None
+                    raise TimeoutError(
+                        f"no confirm from queue {queue!r} within {timeout} s; it may still come"
+                    ) from None
                 except ActorDeadError:
                     self._on_restart(queue)
                     outcome = outcome or Nacked(
                         f"queue {queue!r} restarted before confirming; the message is in "
-                        f"doubt: publish it again")
+                        f"doubt: publish it again"
+                    )
                 except RemoteError as exc:
-                    outcome = outcome or Nacked(f"queue {queue!r} refused the publish: "
-                                                f"{exc.message}")
+                    outcome = outcome or Nacked(
+                        f"queue {queue!r} refused the publish: {exc.message}"
+                    )
             self._outcome = outcome
         if self._outcome is not None:
             raise self._outcome
@@ -135,8 +146,15 @@ class Confirm:
 class Delivery:
     """One message delivered to this connection."""
 
-    def __init__(self, connection: "Connection", queue: str, seq_id: int, message: Message,
-                 delivery_count: int, ack_required: bool) -> None:
+    def __init__(
+        self,
+        connection: Connection,
+        queue: str,
+        seq_id: int,
+        message: Message,
+        delivery_count: int,
+        ack_required: bool,
+    ) -> None:
         self._connection = connection
         self.queue = queue
         self.delivery_tag = seq_id
@@ -158,14 +176,21 @@ class Delivery:
         self._connection._settle(self, "requeue" if requeue else "reject", False)
 
     def __repr__(self) -> str:
-        return (f"Delivery(queue={self.queue!r}, tag={self.delivery_tag}, "
-                f"redelivered={self.redelivered}, {len(self.body)} bytes)")
+        return (
+            f"Delivery(queue={self.queue!r}, tag={self.delivery_tag}, "
+            f"redelivered={self.redelivered}, {len(self.body)} bytes)"
+        )
 
 
 class Connection:
-    def __init__(self, node: NodeHandle, *, max_in_flight: int = MAX_IN_FLIGHT,
-                 max_in_flight_bytes: int = MAX_IN_FLIGHT_BYTES,
-                 call_timeout_s: float = CALL_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        node: NodeHandle,
+        *,
+        max_in_flight: int = MAX_IN_FLIGHT,
+        max_in_flight_bytes: int = MAX_IN_FLIGHT_BYTES,
+        call_timeout_s: float = CALL_TIMEOUT_S,
+    ) -> None:
         self._node = node
         self.max_in_flight = max_in_flight
         self.max_in_flight_bytes = max_in_flight_bytes
@@ -176,24 +201,37 @@ class Connection:
         self._in_flight: collections.deque[Confirm] = collections.deque()
         self._unconfirmed = 0
         self._unconfirmed_bytes = 0
-        self._held: dict[str, dict[int, Delivery]] = {}     # queue -> tag -> delivery
-        self._subscribed: set[str] = set()                  # queues it has consumed from
-        self._routes: dict[str, tuple[float, str, list]] = {}   # exchange -> (at, kind, bindings)
+        self._held: dict[str, dict[int, Delivery]] = {}  # queue -> tag -> delivery
+        self._subscribed: set[str] = set()  # queues it has consumed from
+        self._routes: dict[str, tuple[float, str, list]] = {}  # exchange -> (at, kind, bindings)
         self._alarms: list[str] = []
         self._alarms_read_at = float("-inf")
         self._closed = False
 
     # ------------------------------------------------------------------ declarations
 
-    def declare_queue(self, name: str, durable: bool = True, lazy: bool = False,
-                      message_ttl_ms: int | None = None, max_length: int | None = None,
-                      overflow: str = "drop-head", dead_letter_exchange: str | None = None,
-                      auto_delete: bool = False) -> None:
+    def declare_queue(
+        self,
+        name: str,
+        durable: bool = True,
+        lazy: bool = False,
+        message_ttl_ms: int | None = None,
+        max_length: int | None = None,
+        overflow: str = "drop-head",
+        dead_letter_exchange: str | None = None,
+        auto_delete: bool = False,
+    ) -> None:
         self._check_open()
-        self._node.declare_queue(name, durable=durable, lazy=lazy,
-                                 message_ttl_ms=message_ttl_ms, max_length=max_length,
-                                 overflow=overflow, dead_letter_exchange=dead_letter_exchange,
-                                 auto_delete=auto_delete)
+        self._node.declare_queue(
+            name,
+            durable=durable,
+            lazy=lazy,
+            message_ttl_ms=message_ttl_ms,
+            max_length=max_length,
+            overflow=overflow,
+            dead_letter_exchange=dead_letter_exchange,
+            auto_delete=auto_delete,
+        )
 
     def delete_queue(self, name: str) -> int:
         self._check_open()
@@ -228,11 +266,21 @@ class Connection:
 
     # ------------------------------------------------------------------ publishing
 
-    def publish(self, routing_key: str, body: bytes, *, exchange: str = "",
-                persistent: bool = True, headers: dict[str, Any] | None = None,
-                message_id: str | None = None, expiration_ms: int | None = None,
-                mandatory: bool = True, timeout: float | None = None,
-                producer_id: str | bytes | None = None, sequence: int | None = None) -> None:
+    def publish(
+        self,
+        routing_key: str,
+        body: bytes,
+        *,
+        exchange: str = "",
+        persistent: bool = True,
+        headers: dict[str, Any] | None = None,
+        message_id: str | None = None,
+        expiration_ms: int | None = None,
+        mandatory: bool = True,
+        timeout: float | None = None,
+        producer_id: str | bytes | None = None,
+        sequence: int | None = None,
+    ) -> None:
         """Publish one message to the queue ``routing_key`` names (the default exchange)
         or through ``exchange``; return once every queue it went to confirmed it.
 
@@ -241,54 +289,118 @@ class Connection:
         without enqueueing it: a producer that re-sends the same messages under the same
         sequences, in increasing order, adds no duplicates (``warren.queues.broker.dedup``). Such
         a message carries no publish timestamp: every attempt must be the same bytes."""
-        self.publish_async(routing_key, body, exchange=exchange, persistent=persistent,
-                           headers=headers, message_id=message_id,
-                           expiration_ms=expiration_ms, mandatory=mandatory,
-                           producer_id=producer_id, sequence=sequence).result(
-            timeout if timeout is not None else self.call_timeout_s)
+        self.publish_async(
+            routing_key,
+            body,
+            exchange=exchange,
+            persistent=persistent,
+            headers=headers,
+            message_id=message_id,
+            expiration_ms=expiration_ms,
+            mandatory=mandatory,
+            producer_id=producer_id,
+            sequence=sequence,
+        ).result(timeout if timeout is not None else self.call_timeout_s)
 
-    def publish_async(self, routing_key: str, body: bytes, *, exchange: str = "",
-                      persistent: bool = True, headers: dict[str, Any] | None = None,
-                      message_id: str | None = None, expiration_ms: int | None = None,
-                      mandatory: bool = True, producer_id: str | bytes | None = None,
-                      sequence: int | None = None) -> Confirm:
+    def publish_async(
+        self,
+        routing_key: str,
+        body: bytes,
+        *,
+        exchange: str = "",
+        persistent: bool = True,
+        headers: dict[str, Any] | None = None,
+        message_id: str | None = None,
+        expiration_ms: int | None = None,
+        mandatory: bool = True,
+        producer_id: str | bytes | None = None,
+        sequence: int | None = None,
+    ) -> Confirm:
         """Publish one message; its ``Confirm``, to wait on later. ``Unroutable`` if the
         exchange routes it nowhere and ``mandatory`` (else it is dropped, confirmed)."""
         return self.publish_message(
-            routing_key, Message(body, message_id, headers, expiration_ms,
-                                 _stamp(producer_id), None, bool(persistent)),
-            exchange=exchange, mandatory=mandatory, producer_id=producer_id,
-            sequence=sequence)
+            routing_key,
+            Message(
+                body,
+                message_id,
+                headers,
+                expiration_ms,
+                _stamp(producer_id),
+                None,
+                bool(persistent),
+            ),
+            exchange=exchange,
+            mandatory=mandatory,
+            producer_id=producer_id,
+            sequence=sequence,
+        )
 
-    def publish_message(self, routing_key: str, message: Message, *, exchange: str = "",
-                        mandatory: bool = True, producer_id: str | bytes | None = None,
-                        sequence: int | None = None) -> Confirm:
+    def publish_message(
+        self,
+        routing_key: str,
+        message: Message,
+        *,
+        exchange: str = "",
+        mandatory: bool = True,
+        producer_id: str | bytes | None = None,
+        sequence: int | None = None,
+    ) -> Confirm:
         """``publish_async`` of a ``Message`` as it is (a dead letter keeps its properties)."""
         producer = _producer(producer_id, sequence)
         payload = self._check_size(encode(message))
         queues = self._route(exchange, routing_key, mandatory)
-        return self._send(routing_key, queues, [payload], message.persistent,
-                          message.expiration_ms, producer, sequence)
+        return self._send(
+            routing_key,
+            queues,
+            [payload],
+            message.persistent,
+            message.expiration_ms,
+            producer,
+            sequence,
+        )
 
-    def publish_many(self, routing_key: str, bodies: Iterable[bytes], *, exchange: str = "",
-                     persistent: bool = True, headers: dict[str, Any] | None = None,
-                     expiration_ms: int | None = None, mandatory: bool = True,
-                     timeout: float | None = None, producer_id: str | bytes | None = None,
-                     sequence: int | None = None) -> int:
+    def publish_many(
+        self,
+        routing_key: str,
+        bodies: Iterable[bytes],
+        *,
+        exchange: str = "",
+        persistent: bool = True,
+        headers: dict[str, Any] | None = None,
+        expiration_ms: int | None = None,
+        mandatory: bool = True,
+        timeout: float | None = None,
+        producer_id: str | bytes | None = None,
+        sequence: int | None = None,
+    ) -> int:
         """Publish every body (all with ``routing_key``); return once all are confirmed;
         how many. With ``producer_id``, ``sequence`` is the first body's; the others
         follow one by one (see ``publish``)."""
         stamp = _stamp(producer_id)
         return self.publish_messages(
-            routing_key, (Message(body, None, headers, expiration_ms, stamp, None,
-                                  bool(persistent)) for body in bodies),
-            exchange=exchange, mandatory=mandatory, timeout=timeout, producer_id=producer_id,
-            sequence=sequence)
+            routing_key,
+            (
+                Message(body, None, headers, expiration_ms, stamp, None, bool(persistent))
+                for body in bodies
+            ),
+            exchange=exchange,
+            mandatory=mandatory,
+            timeout=timeout,
+            producer_id=producer_id,
+            sequence=sequence,
+        )
 
-    def publish_messages(self, routing_key: str, messages: Iterable[Message], *,
-                         exchange: str = "", mandatory: bool = True,
-                         timeout: float | None = None, producer_id: str | bytes | None = None,
-                         sequence: int | None = None) -> int:
+    def publish_messages(
+        self,
+        routing_key: str,
+        messages: Iterable[Message],
+        *,
+        exchange: str = "",
+        mandatory: bool = True,
+        timeout: float | None = None,
+        producer_id: str | bytes | None = None,
+        sequence: int | None = None,
+    ) -> int:
         """``publish_many`` of ``Message`` objects, each with its own properties; sent
         in batches of consecutive messages that share persistence and TTL."""
         producer = _producer(producer_id, sequence)
@@ -300,8 +412,17 @@ class Connection:
 
         def send() -> None:
             nonlocal batch, size, count
-            confirms.append(self._send(routing_key, queues, batch, kind[0], kind[1], producer,
-                                       None if producer is None else sequence + count))
+            confirms.append(
+                self._send(
+                    routing_key,
+                    queues,
+                    batch,
+                    kind[0],
+                    kind[1],
+                    producer,
+                    None if producer is None else sequence + count,
+                )
+            )
             count += len(batch)
             batch, size = [], 0
 
@@ -338,8 +459,10 @@ class Connection:
     def _check_size(self, payload: bytes) -> bytes:
         self._check_open()
         if len(payload) > MAX_MESSAGE_BYTES:
-            raise errors.MessageTooLarge(f"the message encodes to {len(payload)} bytes, "
-                                         f"above the maximum of {MAX_MESSAGE_BYTES}")
+            raise errors.MessageTooLarge(
+                f"the message encodes to {len(payload)} bytes, "
+                f"above the maximum of {MAX_MESSAGE_BYTES}"
+            )
         return payload
 
     def _route(self, exchange: str, routing_key: str, mandatory: bool) -> list[str]:
@@ -351,12 +474,13 @@ class Connection:
         cached = self._routes.get(exchange)
         if cached is None or time.monotonic() - cached[0] > ROUTES_TTL_S:
             table = self._node.exchange(exchange)
-            cached = self._routes[exchange] = (time.monotonic(), table["kind"],
-                                               table["bindings"])
+            cached = self._routes[exchange] = (time.monotonic(), table["kind"], table["bindings"])
         queues = route(cached[1], cached[2], routing_key)
         if not queues and mandatory:
-            raise errors.Unroutable(f"exchange {exchange!r} routes {routing_key!r} to no "
-                                    f"queue; bind one, or publish with mandatory=False")
+            raise errors.Unroutable(
+                f"exchange {exchange!r} routes {routing_key!r} to no "
+                f"queue; bind one, or publish with mandatory=False"
+            )
         return queues
 
     @property
@@ -375,38 +499,47 @@ class Connection:
                 raise errors.Blocked(
                     f"the node's {' and '.join(self._alarms)} alarm has held this publish for "
                     f"{self.call_timeout_s:g} s; free the resource (consume messages, free "
-                    f"disk space) and publish again")
+                    f"disk space) and publish again"
+                )
             time.sleep(ALARMS_READ_EVERY_S)
 
-    def _send(self, routing_key: str, queues: list[str], payloads: list[bytes],
-              persistent: bool, expiration_ms: int | None = None,
-              producer: bytes | None = None, sequence: int | None = None) -> Confirm:
+    def _send(
+        self,
+        routing_key: str,
+        queues: list[str],
+        payloads: list[bytes],
+        persistent: bool,
+        expiration_ms: int | None = None,
+        producer: bytes | None = None,
+        sequence: int | None = None,
+    ) -> Confirm:
         if self.blocked:
             self._wait_while_blocked()
         size = sum(map(len, payloads))
         while self._in_flight and (
-                self._unconfirmed + len(payloads) > self.max_in_flight
-                or self._unconfirmed_bytes + size > self.max_in_flight_bytes
-                or len(self._in_flight) >= MAX_IN_FLIGHT_REQUESTS):
+            self._unconfirmed + len(payloads) > self.max_in_flight
+            or self._unconfirmed_bytes + size > self.max_in_flight_bytes
+            or len(self._in_flight) >= MAX_IN_FLIGHT_REQUESTS
+        ):
             try:
                 self._settle_oldest(self.call_timeout_s)
             except Nacked:
-                pass                      # its own publisher learns it from its Confirm
+                pass  # its own publisher learns it from its Confirm
         # One id per message for all its queues: the shared store keeps one copy of a
         # large message, with a reference per queue (a producer's messages have ids the
         # queues derive from their sequences).
-        msg_ids = ([os.urandom(16) for _ in payloads] if len(queues) > 1 and producer is None
-                   else None)
+        msg_ids = (
+            [os.urandom(16) for _ in payloads] if len(queues) > 1 and producer is None else None
+        )
         sent = []
         publish = Publish(payloads, persistent, msg_ids, expiration_ms, producer, sequence)
         for queue in queues:
             for attempt in (1, 2):
                 ref = self._ref(queue)
                 try:
-                    sent.append((queue, ref, ref.ask_async(publish,
-                                                           timeout=self.call_timeout_s)))
+                    sent.append((queue, ref, ref.ask_async(publish, timeout=self.call_timeout_s)))
                     break
-                except ActorDeadError:      # known dead already: ask the node again
+                except ActorDeadError:  # known dead already: ask the node again
                     self._forget(queue)
                     if attempt == 2:
                         raise Nacked(f"queue {queue!r} is restarting; publish again") from None
@@ -434,7 +567,7 @@ class Connection:
         deliveries = self._fetch(queue, 1, ack)
         return deliveries[0] if deliveries else None
 
-    def consume(self, queue: str, prefetch: int = 100) -> "Consumer":
+    def consume(self, queue: str, prefetch: int = 100) -> Consumer:
         """Iterate over ``queue``'s messages, at most ``prefetch`` unacked at a time."""
         if type(prefetch) is not int or prefetch < 1:
             raise ValueError(f"prefetch must be an int >= 1, got {prefetch!r}")
@@ -442,15 +575,18 @@ class Connection:
         return Consumer(self, queue, prefetch)
 
     def _subscribe(self, queue: str, active: bool) -> None:
-        self._ref(queue).tell(Subscribe(self.consumer_id, self._pid, active),
-                              timeout=self.call_timeout_s)
+        self._ref(queue).tell(
+            Subscribe(self.consumer_id, self._pid, active), timeout=self.call_timeout_s
+        )
         if active:
             self._subscribed.add(queue)
 
     def _fetch(self, queue: str, count: int, ack: bool) -> list[Delivery]:
         answer = self._ask(queue, Fetch(self.consumer_id, self._pid, count, ack))
-        deliveries = [Delivery(self, queue, d.seq_id, decode(d.payload), d.delivery_count, ack)
-                      for d in answer]
+        deliveries = [
+            Delivery(self, queue, d.seq_id, decode(d.payload), d.delivery_count, ack)
+            for d in answer
+        ]
         if ack:
             held = self._held.setdefault(queue, {})
             for delivery in deliveries:
@@ -467,18 +603,22 @@ class Connection:
         if delivery.delivery_tag not in held:
             raise errors.UnknownDeliveryTag(
                 f"delivery {delivery.delivery_tag} of queue {delivery.queue!r} is not awaiting "
-                f"an ack from this connection (already settled, or fetched without ack)")
-        tags = ([t for t in held if t <= delivery.delivery_tag] if multiple
-                else [delivery.delivery_tag])
-        self._ref(delivery.queue).tell(Settle(self.consumer_id, sorted(tags), action),
-                                       timeout=self.call_timeout_s)
+                f"an ack from this connection (already settled, or fetched without ack)"
+            )
+        tags = (
+            [t for t in held if t <= delivery.delivery_tag] if multiple else [delivery.delivery_tag]
+        )
+        self._ref(delivery.queue).tell(
+            Settle(self.consumer_id, sorted(tags), action), timeout=self.call_timeout_s
+        )
         for tag in tags:
             del held[tag]
 
     def _give_back(self, queue: str, tags: list[int]) -> None:
         """Requeue deliveries fetched but never handed to the application."""
-        self._ref(queue).tell(Settle(self.consumer_id, sorted(tags), "requeue"),
-                              timeout=self.call_timeout_s)
+        self._ref(queue).tell(
+            Settle(self.consumer_id, sorted(tags), "requeue"), timeout=self.call_timeout_s
+        )
         held = self._held.get(queue, {})
         for tag in tags:
             held.pop(tag, None)
@@ -502,15 +642,17 @@ class Connection:
         for attempt in (1, 2):
             ref = self._ref(queue)
             try:
-                return await_answer(ref, ref.ask_async(request, timeout=self.call_timeout_s),
-                                    self.call_timeout_s)
+                return await_answer(
+                    ref, ref.ask_async(request, timeout=self.call_timeout_s), self.call_timeout_s
+                )
             except RemoteError as exc:
                 raise _local_error(exc) from None
             except ActorDeadError:
                 self._forget(queue)
                 if attempt == 2:
-                    raise Nacked(f"queue {queue!r} restarted twice during one call; "
-                                 f"try again") from None
+                    raise Nacked(
+                        f"queue {queue!r} restarted twice during one call; try again"
+                    ) from None
 
     def _forget(self, queue: str) -> None:
         """Drop the cached ref of a queue that restarted: the next call asks the node."""
@@ -529,14 +671,14 @@ class Connection:
             try:
                 self._ref(queue).tell(Release(self.consumer_id), timeout=1.0)
             except (ActorError, QueueError, OSError):
-                pass                   # the queue requeues them itself when it notices
+                pass  # the queue requeues them itself when it notices
         self._held.clear()
         self._subscribed.clear()
         self._closed = True
         if isinstance(self._node, TcpNode):
             self._node.close()
 
-    def __enter__(self) -> "Connection":
+    def __enter__(self) -> Connection:
         return self
 
     def __exit__(self, *exc_info) -> None:
@@ -591,7 +733,7 @@ class Consumer:
             self._ready.clear()
         self.connection._subscribe(self.queue, False)
 
-    def __enter__(self) -> "Consumer":
+    def __enter__(self) -> Consumer:
         return self
 
     def __exit__(self, *exc_info) -> None:
@@ -605,31 +747,33 @@ def await_answer(ref: ActorRef, future: Any, timeout: float | None) -> Any:
     address (the request died with it); ``TimeoutError`` after ``timeout``."""
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
-        wait = RESTART_CHECK_S if deadline is None else max(
-            0.0, min(RESTART_CHECK_S, deadline - time.monotonic()))
+        wait = (
+            RESTART_CHECK_S
+            if deadline is None
+            else max(0.0, min(RESTART_CHECK_S, deadline - time.monotonic()))
+        )
         try:
             return future.get(timeout=wait)
         except AskTimeout:
             if deadline is not None and time.monotonic() >= deadline:
                 raise TimeoutError(f"{ref.name} did not answer within {timeout} s") from None
             if not _alive(ref, future):
-                raise ActorDeadError(f"{ref.name} incarnation {ref.incarnation} is gone") \
-                    from None
+                raise ActorDeadError(f"{ref.name} incarnation {ref.incarnation} is gone") from None
 
 
 def _alive(ref: ActorRef | RemoteQueue, future: Any) -> bool:
     if isinstance(ref, RemoteQueue):
-        return ref.alive(future)       # the listener looks, on the node's machine
+        return ref.alive(future)  # the listener looks, on the node's machine
     try:
-        os.kill(ref.pid, 0)               # the node runs on this machine
+        os.kill(ref.pid, 0)  # the node runs on this machine
     except ProcessLookupError:
         return False
     except PermissionError:
-        pass                              # alive, another user's: the ping decides
+        pass  # alive, another user's: the ping decides
     try:
         return ref.unpin().ping(timeout=RESTART_CHECK_S).incarnation == ref.incarnation
     except ActorError:
-        return True                       # busy, or between incarnations: wait on
+        return True  # busy, or between incarnations: wait on
 
 
 def _stamp(producer_id: str | bytes | None) -> int | None:
@@ -648,11 +792,15 @@ def _producer(producer_id: str | bytes | None, sequence: int | None) -> bytes | 
         return None
     producer = producer_id.encode() if isinstance(producer_id, str) else producer_id
     if type(producer) is not bytes or not 0 < len(producer) <= MAX_PRODUCER_BYTES:
-        raise ValueError(f"producer_id must be a str or bytes of 1 to {MAX_PRODUCER_BYTES} "
-                         f"bytes, with a sequence; got {producer_id!r}")
+        raise ValueError(
+            f"producer_id must be a str or bytes of 1 to {MAX_PRODUCER_BYTES} "
+            f"bytes, with a sequence; got {producer_id!r}"
+        )
     if type(sequence) is not int or not 0 <= sequence <= MAX_SEQUENCE:
-        raise ValueError(f"sequence must be an int in 0..{MAX_SEQUENCE} with a producer_id "
-                         f"(the message's place in what that producer sends); got {sequence!r}")
+        raise ValueError(
+            f"sequence must be an int in 0..{MAX_SEQUENCE} with a producer_id "
+            f"(the message's place in what that producer sends); got {sequence!r}"
+        )
     return producer
 
 

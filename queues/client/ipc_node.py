@@ -24,11 +24,18 @@ from warren.actors import ActorRef
 
 from .. import errors
 
-__all__ = ["ALARMS_FILE", "NODE_FILE", "NodeCalls", "NodeNotRunning", "RemoteNode",
-           "read_alarms", "write_alarms"]
+__all__ = [
+    "ALARMS_FILE",
+    "NODE_FILE",
+    "NodeCalls",
+    "NodeNotRunning",
+    "RemoteNode",
+    "read_alarms",
+    "write_alarms",
+]
 
-NODE_FILE = "node.json"             # in the data directory: the node's control socket
-ALARMS_FILE = "alarms.json"         # in the data directory: the resource alarms raised now
+NODE_FILE = "node.json"  # in the data directory: the node's control socket
+ALARMS_FILE = "alarms.json"  # in the data directory: the resource alarms raised now
 CALL_TIMEOUT_MS = 60_000
 
 
@@ -66,8 +73,13 @@ class NodeCalls:
 
 
 class RemoteNode(NodeCalls):
-    def __init__(self, data_dir: str | os.PathLike, *, timeout_ms: int = CALL_TIMEOUT_MS,
-                 endpoint: str | None = None) -> None:
+    def __init__(
+        self,
+        data_dir: str | os.PathLike,
+        *,
+        timeout_ms: int = CALL_TIMEOUT_MS,
+        endpoint: str | None = None,
+    ) -> None:
         """``endpoint``: the node's control socket, when the caller knows it already (a
         process of the node itself, started before the node file is written)."""
         self.data_dir = os.fspath(data_dir)
@@ -79,9 +91,11 @@ class RemoteNode(NodeCalls):
             with open(os.path.join(self.data_dir, NODE_FILE)) as file:
                 self.endpoint = json.load(file)["status_endpoint"]
         except (OSError, ValueError, KeyError) as exc:
-            raise NodeNotRunning(f"no node is running on {self.data_dir} ({exc}); start "
-                                 f"one with `warren node --data-dir {self.data_dir}`") from None
-        self.list_queues()                  # fail now, not at the first publish
+            raise NodeNotRunning(
+                f"no node is running on {self.data_dir} ({exc}); start "
+                f"one with `warren node --data-dir {self.data_dir}`"
+            ) from None
+        self.list_queues()  # fail now, not at the first publish
 
     def queue(self, name: str) -> ActorRef:
         return ActorRef(**self._call("queue", name=name))
@@ -104,8 +118,11 @@ class RemoteNode(NodeCalls):
         if "error" in answer:
             cls = getattr(errors, answer["error"], None)
             if not (isinstance(cls, type) and issubclass(cls, Exception)):
-                cls = ValueError if answer["error"] in ("ValueError", "TypeError") else \
-                    errors.QueueError
+                cls = (
+                    ValueError
+                    if answer["error"] in ("ValueError", "TypeError")
+                    else errors.QueueError
+                )
             raise cls(answer.get("message", answer["error"]))
         return answer["ok"]
 
@@ -124,4 +141,4 @@ def read_alarms(data_dir: str) -> list[str]:
         with open(os.path.join(data_dir, ALARMS_FILE)) as file:
             return json.load(file)
     except (OSError, ValueError):
-        return []                   # no node, or none yet: nothing holds a publisher back
+        return []  # no node, or none yet: nothing holds a publisher back

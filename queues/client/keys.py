@@ -31,8 +31,15 @@ from zmq.utils import z85
 
 from ..durable_files import write_atomically
 
-__all__ = ["AUTHORIZED_FILE", "ClientKey", "KeyFileError", "authorized_keys", "create_client_key",
-           "load_client_key", "node_keys"]
+__all__ = [
+    "AUTHORIZED_FILE",
+    "ClientKey",
+    "KeyFileError",
+    "authorized_keys",
+    "create_client_key",
+    "load_client_key",
+    "node_keys",
+]
 
 NODE_SECRET_FILE = "node.key_secret"
 NODE_PUBLIC_FILE = "node.key"
@@ -58,8 +65,9 @@ class ClientKey:
         socket.curve_serverkey = self.server
 
 
-def _certificate(comment: str, metadata: dict[str, str], public: bytes,
-                 secret: bytes | None) -> bytes:
+def _certificate(
+    comment: str, metadata: dict[str, str], public: bytes, secret: bytes | None
+) -> bytes:
     lines = [f"#   {comment}", "", "metadata"]
     lines += [f'    {key} = "{value}"' for key, value in metadata.items()]
     lines += ["curve", f'    public-key = "{public.decode()}"']
@@ -96,14 +104,21 @@ def node_keys(data_dir: str | os.PathLike) -> tuple[bytes, bytes]:
     path = os.path.join(os.fspath(data_dir), NODE_SECRET_FILE)
     if not os.path.exists(path):
         public, secret = zmq.curve_keypair()
-        write_atomically(path, _certificate("Warren node key pair: keep it secret",
-                                            {"name": "node"}, public, secret), 0o600)
-        write_atomically(os.path.join(os.fspath(data_dir), NODE_PUBLIC_FILE),
-                         _certificate("Warren node public key", {"name": "node"}, public, None))
+        write_atomically(
+            path,
+            _certificate("Warren node key pair: keep it secret", {"name": "node"}, public, secret),
+            0o600,
+        )
+        write_atomically(
+            os.path.join(os.fspath(data_dir), NODE_PUBLIC_FILE),
+            _certificate("Warren node public key", {"name": "node"}, public, None),
+        )
     fields = _read_certificate(path)
     if not (_valid_key(fields.get("public-key")) and _valid_key(fields.get("secret-key"))):
-        raise KeyFileError(f"{path} holds no CURVE key pair; remove it to have a new one made "
-                        f"(every client key must then be made again)")
+        raise KeyFileError(
+            f"{path} holds no CURVE key pair; remove it to have a new one made "
+            f"(every client key must then be made again)"
+        )
     return fields["public-key"].encode(), fields["secret-key"].encode()
 
 
@@ -122,28 +137,43 @@ def authorized_keys(data_dir: str | os.PathLike) -> dict[bytes, str]:
     return keys
 
 
-def create_client_key(data_dir: str | os.PathLike, name: str,
-                      out_dir: str | os.PathLike = ".") -> str:
+def create_client_key(
+    data_dir: str | os.PathLike, name: str, out_dir: str | os.PathLike = "."
+) -> str:
     """Make ``NAME.key`` in ``out_dir`` and let its public key in; its path."""
     if not isinstance(name, str) or not _NAME.match(name):
-        raise KeyFileError(f"a key name is 1 to 64 letters, digits, '_', '.' or '-', starting "
-                        f"with a letter or digit; got {name!r}")
+        raise KeyFileError(
+            f"a key name is 1 to 64 letters, digits, '_', '.' or '-', starting "
+            f"with a letter or digit; got {name!r}"
+        )
     data_dir = os.fspath(data_dir)
     if not os.path.isdir(data_dir):
         raise KeyFileError(f"{data_dir} is not a directory; name the node's data directory")
     path = os.path.join(os.fspath(out_dir), f"{name}.key")
     if os.path.exists(path):
-        raise KeyFileError(f"{path} exists; remove it first (and its line in "
-                        f"{os.path.join(data_dir, AUTHORIZED_FILE)}) to make a new one")
+        raise KeyFileError(
+            f"{path} exists; remove it first (and its line in "
+            f"{os.path.join(data_dir, AUTHORIZED_FILE)}) to make a new one"
+        )
     server, _ = node_keys(data_dir)
     public, secret = zmq.curve_keypair()
-    write_atomically(path, _certificate(
-        "Warren client key: whoever holds this file is this client",
-        {"name": name, "server-key": server.decode(),
-         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},
-        public, secret), 0o600)
-    fd = os.open(os.path.join(data_dir, AUTHORIZED_FILE), os.O_WRONLY | os.O_CREAT | os.O_APPEND,
-                 0o600)
+    write_atomically(
+        path,
+        _certificate(
+            "Warren client key: whoever holds this file is this client",
+            {
+                "name": name,
+                "server-key": server.decode(),
+                "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            },
+            public,
+            secret,
+        ),
+        0o600,
+    )
+    fd = os.open(
+        os.path.join(data_dir, AUTHORIZED_FILE), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600
+    )
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         os.write(fd, f"{public.decode()} {name}\n".encode())
@@ -159,8 +189,14 @@ def load_client_key(path: str | os.PathLike) -> ClientKey:
     fields = _read_certificate(path)
     for field in ("public-key", "secret-key", "server-key"):
         if not _valid_key(fields.get(field)):
-            raise KeyFileError(f"{path} is not a Warren client key file: its {field} is "
-                            f"missing or malformed (make one with `warren keys --data-dir D "
-                            f"NAME`)")
-    return ClientKey(fields["public-key"].encode(), fields["secret-key"].encode(),
-                     fields["server-key"].encode(), fields.get("name", ""))
+            raise KeyFileError(
+                f"{path} is not a Warren client key file: its {field} is "
+                f"missing or malformed (make one with `warren keys --data-dir D "
+                f"NAME`)"
+            )
+    return ClientKey(
+        fields["public-key"].encode(),
+        fields["secret-key"].encode(),
+        fields["server-key"].encode(),
+        fields.get("name", ""),
+    )

@@ -57,19 +57,27 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from pyspark.sql.datasource import (DataSource, DataSourceArrowWriter, DataSourceStreamWriter,
-                                    WriterCommitMessage)
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceArrowWriter,
+    DataSourceStreamWriter,
+    WriterCommitMessage,
+)
 from pyspark.sql.types import BinaryType, MapType, StringType, StructType
 
 __all__ = ["WarrenDataSource", "local_session", "partition_publisher", "register"]
 
 log = logging.getLogger("warren.spark")
 
-COLUMNS = {"body": (BinaryType, StringType), "routing_key": (StringType,),
-           "headers": (MapType,), "message_id": (StringType,)}
+COLUMNS = {
+    "body": (BinaryType, StringType),
+    "routing_key": (StringType,),
+    "headers": (MapType,),
+    "message_id": (StringType,),
+}
 DEFAULT_TIMEOUT_S = 120.0
-RETRY_PAUSE_S = (0.2, 5.0)          # between attempts: from, to
-BATCH_ROWS = 5000                   # rows published (and confirmed) per chunk
+RETRY_PAUSE_S = (0.2, 5.0)  # between attempts: from, to
+BATCH_ROWS = 5000  # rows published (and confirmed) per chunk
 
 
 class WarrenWriteError(RuntimeError):
@@ -93,8 +101,10 @@ class Target:
     def from_options(cls, options: dict[str, str]) -> Target:
         endpoint = options.get("endpoint")
         if not endpoint or not endpoint.startswith("tcp://"):
-            raise WarrenWriteError("option endpoint is required: the node's listener, "
-                                   "tcp://host:port (warren node --listen ...)")
+            raise WarrenWriteError(
+                "option endpoint is required: the node's listener, "
+                "tcp://host:port (warren node --listen ...)"
+            )
         queue, exchange = options.get("queue"), options.get("exchange")
         if (queue is None) == (exchange is None):
             raise WarrenWriteError("give exactly one of the options queue and exchange")
@@ -106,13 +116,21 @@ class Target:
         try:
             timeout_s = float(options.get("timeout_s", DEFAULT_TIMEOUT_S))
         except ValueError:
-            raise WarrenWriteError(f"option timeout_s is a number of seconds, not "
-                                   f"{options['timeout_s']!r}") from None
+            raise WarrenWriteError(
+                f"option timeout_s is a number of seconds, not {options['timeout_s']!r}"
+            ) from None
         if timeout_s <= 0:
             raise WarrenWriteError("option timeout_s must be positive")
-        return cls(endpoint, queue, exchange, options.get("routing_key", queue or ""),
-                   options.get("key_file"), flags["persistent"] == "true", timeout_s,
-                   flags["mandatory"] == "true")
+        return cls(
+            endpoint,
+            queue,
+            exchange,
+            options.get("routing_key", queue or ""),
+            options.get("key_file"),
+            flags["persistent"] == "true",
+            timeout_s,
+            flags["mandatory"] == "true",
+        )
 
 
 def check_schema(schema: StructType) -> list[str]:
@@ -123,14 +141,18 @@ def check_schema(schema: StructType) -> list[str]:
         if allowed is None:
             raise WarrenWriteError(
                 f"column {field.name!r} is not one Warren publishes; select body (binary or "
-                f"string) and any of routing_key, headers, message_id first")
+                f"string) and any of routing_key, headers, message_id first"
+            )
         if not isinstance(field.dataType, allowed):
-            raise WarrenWriteError(f"column {field.name!r} is {field.dataType.simpleString()}; "
-                                   f"it must be {' or '.join(a.typeName() for a in allowed)}")
+            raise WarrenWriteError(
+                f"column {field.name!r} is {field.dataType.simpleString()}; "
+                f"it must be {' or '.join(a.typeName() for a in allowed)}"
+            )
         names.append(field.name)
     if "body" not in names:
-        raise WarrenWriteError("the DataFrame has no body column (binary or string): the "
-                               "message bodies")
+        raise WarrenWriteError(
+            "the DataFrame has no body column (binary or string): the message bodies"
+        )
     return names
 
 
@@ -144,8 +166,9 @@ class PartitionWritten(WriterCommitMessage):
     retries: int
 
 
-def publish_columns(target: Target, producer: str, chunks: Iterable[dict[str, list]],
-                    where: str) -> tuple[int, int]:
+def publish_columns(
+    target: Target, producer: str, chunks: Iterable[dict[str, list]], where: str
+) -> tuple[int, int]:
     """Publish the rows of ``chunks`` (column name -> values, at most ``BATCH_ROWS`` rows
     each) as producer ``producer``, each chunk confirmed before the next; a chunk that
     fails is sent again, under the same sequences, until ``target.timeout_s`` has passed
@@ -170,11 +193,12 @@ def publish_columns(target: Target, producer: str, chunks: Iterable[dict[str, li
                         raise WarrenWriteError(
                             f"{where}: rows {sequence}..{sequence + len(messages) - 1} were "
                             f"not confirmed: {type(exc).__name__}: {exc} (after {retries} "
-                            f"retries; the {sequence} rows before them are confirmed)") \
-                            from None
+                            f"retries; the {sequence} rows before them are confirmed)"
+                        ) from None
                     retries += 1
-                    log.warning("%s: %s; publishing rows %d.. again in %.1f s", where, exc,
-                                sequence, pause)
+                    log.warning(
+                        "%s: %s; publishing rows %d.. again in %.1f s", where, exc, sequence, pause
+                    )
                     if connection is not None:
                         connection.close()
                         connection = None
@@ -187,8 +211,9 @@ def publish_columns(target: Target, producer: str, chunks: Iterable[dict[str, li
             connection.close()
 
 
-def _publish_chunk(connection, target: Target, messages: list, producer: str,
-                   sequence: int) -> None:
+def _publish_chunk(
+    connection, target: Target, messages: list, producer: str, sequence: int
+) -> None:
     """Runs of consecutive messages with one routing key go as one ``publish_messages``."""
     start = 0
     while start < len(messages):
@@ -196,14 +221,20 @@ def _publish_chunk(connection, target: Target, messages: list, producer: str,
         end = start
         while end < len(messages) and messages[end][0] == key:
             end += 1
-        connection.publish_messages(key, [m for _, m in messages[start:end]],
-                                    exchange=target.exchange or "", producer_id=producer,
-                                    sequence=sequence + start, mandatory=target.mandatory)
+        connection.publish_messages(
+            key,
+            [m for _, m in messages[start:end]],
+            exchange=target.exchange or "",
+            producer_id=producer,
+            sequence=sequence + start,
+            mandatory=target.mandatory,
+        )
         start = end
 
 
-def _messages(columns: dict[str, list], target: Target, where: str,
-              first: int) -> list[tuple[str, Any]]:
+def _messages(
+    columns: dict[str, list], target: Target, where: str, first: int
+) -> list[tuple[str, Any]]:
     """(routing key, Message) for each row of a chunk; ``WarrenWriteError`` names the
     first row that cannot be published."""
     from ..message import Message
@@ -227,15 +258,17 @@ def _messages(columns: dict[str, list], target: Target, where: str,
                 raise WarrenWriteError(
                     f"{where}, row {first + index}: body is "
                     f"{'null' if body is None else type(body).__name__}; every row needs a "
-                    f"binary or string body")
+                    f"binary or string body"
+                )
         row_headers = headers[index]
-        if isinstance(row_headers, list):      # Arrow gives a map as (key, value) pairs
+        if isinstance(row_headers, list):  # Arrow gives a map as (key, value) pairs
             row_headers = dict(row_headers)
         key = (keys[index] or default_key) if target.exchange is not None else default_key
         # No timestamp: a retried task must publish the same bytes (see the connection's
         # ``_stamp``).
-        out.append((key, Message(body, ids[index], row_headers or None, None, None, None,
-                                 persistent)))
+        out.append(
+            (key, Message(body, ids[index], row_headers or None, None, None, None, persistent))
+        )
     return out
 
 
@@ -243,11 +276,13 @@ def _retryable(exc: Exception) -> bool:
     """Whether a failed chunk may succeed if sent again: the node or a queue was away, or
     restarted with it in doubt; not a mistake in the write itself."""
     from warren.actors import ActorError
+
     from ..errors import Blocked, ConnectionClosed, Nacked
     from .ipc_node import NodeNotRunning
 
-    return isinstance(exc, (Nacked, NodeNotRunning, ConnectionClosed, Blocked, TimeoutError,
-                            ActorError, OSError))
+    return isinstance(
+        exc, (Nacked, NodeNotRunning, ConnectionClosed, Blocked, TimeoutError, ActorError, OSError)
+    )
 
 
 def _arrow_chunks(batches: Iterator[Any]) -> Iterator[dict[str, list]]:
@@ -286,9 +321,12 @@ class WarrenWriter(DataSourceArrowWriter):
 
     def write(self, iterator: Iterator[Any]) -> PartitionWritten:
         partition, attempt = _task()
-        rows, retries = publish_columns(self.target, f"{self.job}/{partition}",
-                                        _arrow_chunks(iterator),
-                                        f"partition {partition} (attempt {attempt})")
+        rows, retries = publish_columns(
+            self.target,
+            f"{self.job}/{partition}",
+            _arrow_chunks(iterator),
+            f"partition {partition} (attempt {attempt})",
+        )
         return PartitionWritten(partition, attempt, rows, retries)
 
     def commit(self, messages: list[PartitionWritten | None]) -> None:
@@ -312,26 +350,35 @@ class WarrenStreamWriter(DataSourceStreamWriter):
         query = context.getLocalProperty("sql.streaming.queryId") or self.job
         partition, attempt = context.partitionId(), context.attemptNumber()
         rows, retries = publish_columns(
-            self.target, f"{query}/{batch}/{partition}", _row_chunks(iterator),
-            f"micro-batch {batch}, partition {partition} (attempt {attempt})")
+            self.target,
+            f"{query}/{batch}/{partition}",
+            _row_chunks(iterator),
+            f"micro-batch {batch}, partition {partition} (attempt {attempt})",
+        )
         return PartitionWritten(partition, attempt, rows, retries)
 
     def commit(self, messages: list[PartitionWritten | None], batchId: int) -> None:
         _report(f"micro-batch {batchId} published", self.job, self.target, messages)
 
     def abort(self, messages: list[PartitionWritten | None], batchId: int) -> None:
-        _report(f"micro-batch {batchId} FAILED; the finished tasks published", self.job,
-                self.target, messages)
+        _report(
+            f"micro-batch {batchId} FAILED; the finished tasks published",
+            self.job,
+            self.target,
+            messages,
+        )
 
 
 def _report(what: str, job: str, target: Target, messages: list) -> None:
     done = [m for m in messages if isinstance(m, PartitionWritten)]
     retried = sorted(m.partition for m in done if m.attempt > 0)
     where = f"queue {target.queue!r}" if target.queue else f"exchange {target.exchange!r}"
-    line = (f"warren: write {job} {what} {sum(m.rows for m in done):,} rows from "
-            f"{len(done)} of {len(messages)} partitions into {where} (tasks run again: "
-            f"{', '.join(map(str, retried)) or 'none'}; chunks re-sent to a node that was "
-            f"away: {sum(m.retries for m in done)})")
+    line = (
+        f"warren: write {job} {what} {sum(m.rows for m in done):,} rows from "
+        f"{len(done)} of {len(messages)} partitions into {where} (tasks run again: "
+        f"{', '.join(map(str, retried)) or 'none'}; chunks re-sent to a node that was "
+        f"away: {sum(m.retries for m in done)})"
+    )
     log.info("%s", line)
     print(line, file=sys.stderr, flush=True)
 
@@ -351,7 +398,7 @@ class WarrenDataSource(DataSource):
 
     def _plan(self, schema: StructType, overwrite: bool) -> tuple[Target, str]:
         if overwrite:
-            raise WarrenWriteError("a queue cannot be overwritten: use mode(\"append\")")
+            raise WarrenWriteError('a queue cannot be overwritten: use mode("append")')
         check_schema(schema)
         target = Target.from_options(dict(self.options))
         job = self.options.get("producer") or uuid.uuid4().hex
@@ -363,16 +410,30 @@ def register(spark) -> None:
     spark.dataSource.register(WarrenDataSource)
 
 
-def partition_publisher(endpoint: str, *, producer: str, queue: str | None = None,
-                        exchange: str | None = None, routing_key: str | None = None,
-                        key_file: str | None = None, persistent: bool = True,
-                        timeout_s: float = DEFAULT_TIMEOUT_S) -> Callable[[Iterable], None]:
+def partition_publisher(
+    endpoint: str,
+    *,
+    producer: str,
+    queue: str | None = None,
+    exchange: str | None = None,
+    routing_key: str | None = None,
+    key_file: str | None = None,
+    persistent: bool = True,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+) -> Callable[[Iterable], None]:
     """For Spark 3: a function for ``df.foreachPartition`` that publishes each partition
     as producer ``<producer>/<partition>`` (give the job a stable name)."""
-    options = {"endpoint": endpoint, "persistent": str(persistent).lower(),
-               "timeout_s": str(timeout_s)}
-    for name, value in (("queue", queue), ("exchange", exchange),
-                        ("routing_key", routing_key), ("key_file", key_file)):
+    options = {
+        "endpoint": endpoint,
+        "persistent": str(persistent).lower(),
+        "timeout_s": str(timeout_s),
+    }
+    for name, value in (
+        ("queue", queue),
+        ("exchange", exchange),
+        ("routing_key", routing_key),
+        ("key_file", key_file),
+    ):
         if value is not None:
             options[name] = value
     target = Target.from_options(options)
@@ -381,8 +442,12 @@ def partition_publisher(endpoint: str, *, producer: str, queue: str | None = Non
 
     def publish_partition(rows: Iterable) -> None:
         partition, attempt = _task()
-        publish_columns(target, f"{producer}/{partition}", _row_chunks(rows),
-                        f"partition {partition} (attempt {attempt})")
+        publish_columns(
+            target,
+            f"{producer}/{partition}",
+            _row_chunks(rows),
+            f"partition {partition} (attempt {attempt})",
+        )
 
     return publish_partition
 
@@ -395,12 +460,15 @@ def local_session(app_name: str = "warren", cores: int = 2, max_failures: int = 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    spark = (SparkSession.builder.master(f"local[{cores},{max_failures}]").appName(app_name)
-             .config("spark.driver.host", "127.0.0.1")
-             .config("spark.driver.bindAddress", "127.0.0.1")
-             .config("spark.ui.enabled", "false")
-             .config("spark.ui.showConsoleProgress", "false")
-             .getOrCreate())
+    spark = (
+        SparkSession.builder.master(f"local[{cores},{max_failures}]")
+        .appName(app_name)
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .getOrCreate()
+    )
     spark.sparkContext.setLogLevel("ERROR")
     register(spark)
     return spark

@@ -42,23 +42,28 @@ from warren.actors.codec import Decoder, Encoder
 from warren.actors.errors import ActorDeadError, AskTimeout, CodecError, remote_error
 
 from .. import errors
-from .keys import ClientKey, load_client_key
 from ..protocol import Fetch, Subscribe
 from .ipc_node import NodeCalls, NodeNotRunning
+from .keys import ClientKey, load_client_key
 
 __all__ = ["RemoteQueue", "TcpNode"]
 
 CALL_TIMEOUT_S = 60.0
-RESTART_CHECK_S = 1.0            # how often a wait looks whether the listener restarted
+RESTART_CHECK_S = 1.0  # how often a wait looks whether the listener restarted
 CONNECT_TIMEOUT_S = 10.0
 BEAT_S = 5.0
 LINGER_MS = 1000
 
 
 class TcpNode(NodeCalls):
-    def __init__(self, endpoint: str, *, key_file: str | os.PathLike | None = None,
-                 call_timeout_s: float = CALL_TIMEOUT_S,
-                 connect_timeout_s: float = CONNECT_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        endpoint: str,
+        *,
+        key_file: str | os.PathLike | None = None,
+        call_timeout_s: float = CALL_TIMEOUT_S,
+        connect_timeout_s: float = CONNECT_TIMEOUT_S,
+    ) -> None:
         if not isinstance(endpoint, str) or not endpoint.startswith("tcp://"):
             raise ValueError(f"a remote node's address is tcp://host:port; got {endpoint!r}")
         self.endpoint = endpoint
@@ -69,21 +74,26 @@ class TcpNode(NodeCalls):
         self._encoder = Encoder()
         self._decoder = Decoder()
         self._ids = iter(range(1, 2**62))
-        self._answers: dict[int, tuple[int, Any]] = {}   # arrived before their turn
+        self._answers: dict[int, tuple[int, Any]] = {}  # arrived before their turn
         self._awaited: set[int] = set()
         self._consumers: set[bytes] = set()
         self._beat: threading.Thread | None = None
         self._closed = threading.Event()
-        self._lost_below = 0           # requests before this id died with a listener
+        self._lost_below = 0  # requests before this id died with a listener
         try:
             self.boot = self.wait(self.send("boot"), connect_timeout_s)
         except AskTimeout:
             self.close()
-            hint = (" or it refuses this key (the node logs refusals)" if self._key else
-                    " or it wants a key (connect with key_file=...)")
-            raise NodeNotRunning(f"no Warren listener answered at {endpoint} within "
-                                 f"{connect_timeout_s:g} s: no node listens there (start one "
-                                 f"with `warren node --listen {endpoint}`),{hint}") from None
+            hint = (
+                " or it refuses this key (the node logs refusals)"
+                if self._key
+                else " or it wants a key (connect with key_file=...)"
+            )
+            raise NodeNotRunning(
+                f"no Warren listener answered at {endpoint} within "
+                f"{connect_timeout_s:g} s: no node listens there (start one "
+                f"with `warren node --listen {endpoint}`),{hint}"
+            ) from None
 
     def _open_socket(self) -> zmq.Socket:
         socket = self._context.socket(zmq.DEALER)
@@ -121,16 +131,19 @@ class TcpNode(NodeCalls):
         try:
             while True:
                 try:
-                    return self.wait(request_id, min(RESTART_CHECK_S,
-                                                     max(0.0, deadline - time.monotonic())))
+                    return self.wait(
+                        request_id, min(RESTART_CHECK_S, max(0.0, deadline - time.monotonic()))
+                    )
                 except AskTimeout:
                     if time.monotonic() >= deadline:
-                        raise TimeoutError(f"the node at {self.endpoint} did not answer {op} "
-                                           f"within {timeout:g} s") from None
+                        raise TimeoutError(
+                            f"the node at {self.endpoint} did not answer {op} within {timeout:g} s"
+                        ) from None
                     if self._listener_restarted(request_id):
                         raise errors.ConnectionClosed(
                             f"the listener at {self.endpoint} restarted during {op}; the call "
-                            f"was lost: make it again") from None
+                            f"was lost: make it again"
+                        ) from None
         except (TimeoutError, errors.ConnectionClosed):
             self.forget(request_id)
             raise
@@ -173,7 +186,7 @@ class TcpNode(NodeCalls):
                 try:
                     kind, answer_id, value = self._decoder.decode(frames)
                 except (CodecError, ValueError, TypeError):
-                    continue                 # nothing a listener sends; not ours to trust
+                    continue  # nothing a listener sends; not ours to trust
                 if answer_id in self._awaited:
                     self._answers[answer_id] = (kind, value)
         self._awaited.discard(request_id)
@@ -181,7 +194,7 @@ class TcpNode(NodeCalls):
         if kind == wire.REPLY_OK:
             return value
         type_name, text, _ = value
-        if type_name == "ListenerRestarted":     # as a restarted queue's pinned ref
+        if type_name == "ListenerRestarted":  # as a restarted queue's pinned ref
             # Sent to a listener before this one: learn the new one's boot, so that what
             # this connection sends next is taken.
             self._listener_restarted(request_id)
@@ -198,7 +211,7 @@ class TcpNode(NodeCalls):
             boot = self.wait(probe, RESTART_CHECK_S)
         except AskTimeout:
             self.forget(probe)
-            return False                     # away: the caller waits on
+            return False  # away: the caller waits on
         return self.in_flight_lost(request_id, boot)
 
     def in_flight_lost(self, request_id: int, boot: bytes) -> bool:
@@ -215,8 +228,7 @@ class TcpNode(NodeCalls):
             return
         self._consumers.add(consumer)
         if self._beat is None:
-            self._beat = threading.Thread(target=self._beat_loop, name="warren-beat",
-                                          daemon=True)
+            self._beat = threading.Thread(target=self._beat_loop, name="warren-beat", daemon=True)
             self._beat.start()
 
     def _beat_loop(self) -> None:
@@ -225,10 +237,11 @@ class TcpNode(NodeCalls):
         try:
             while not self._closed.wait(BEAT_S):
                 try:
-                    socket.send_multipart(encoder.encode(["beat", 0, sorted(self._consumers)]),
-                                          zmq.NOBLOCK)
+                    socket.send_multipart(
+                        encoder.encode(["beat", 0, sorted(self._consumers)]), zmq.NOBLOCK
+                    )
                 except zmq.ZMQError:
-                    pass                     # the listener is away; the next beat tries again
+                    pass  # the listener is away; the next beat tries again
         finally:
             socket.close(linger=0)
 
@@ -244,13 +257,13 @@ class RemoteQueue:
 
     def ask_async(self, message: Any, timeout: float | None = None) -> _RemoteAnswer:
         self._note_consumer(message)
-        return _RemoteAnswer(self.node, self.node.send("ask", self.node.boot, self.name,
-                                                       self.incarnation, message))
+        return _RemoteAnswer(
+            self.node, self.node.send("ask", self.node.boot, self.name, self.incarnation, message)
+        )
 
     def tell(self, message: Any, timeout: float | None = None) -> None:
         self._note_consumer(message)
-        self.node.send("tell", self.node.boot, self.name, self.incarnation, message,
-                       answered=False)
+        self.node.send("tell", self.node.boot, self.name, self.incarnation, message, answered=False)
 
     def alive(self, answer: _RemoteAnswer) -> bool:
         """Whether the ask behind ``answer`` may still be answered: this incarnation of
@@ -260,7 +273,7 @@ class RemoteQueue:
             alive, boot = self.node.wait(request_id, RESTART_CHECK_S)
         except AskTimeout:
             self.node.forget(request_id)
-            return True                      # the listener is busy or away: wait on
+            return True  # the listener is busy or away: wait on
         return alive and not self.node.in_flight_lost(answer.request_id, boot)
 
     def _note_consumer(self, message: Any) -> None:

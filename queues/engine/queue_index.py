@@ -49,11 +49,11 @@ Races this module guards against (one thread of control; a queue process owns it
 from __future__ import annotations
 
 import fcntl
-from bisect import bisect_left
 import logging
 import os
 import struct
 import zlib
+from bisect import bisect_left
 from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
@@ -64,7 +64,7 @@ __all__ = ["DEFAULT_SEGMENT_ENTRY_COUNT", "Entry", "QueueIndex", "RecoveredIndex
 
 log = logging.getLogger("warren.queues")
 
-DEFAULT_SEGMENT_ENTRY_COUNT = 2048        # RabbitMQ 3.10+ (16384 before: 25-35 % more memory)
+DEFAULT_SEGMENT_ENTRY_COUNT = 2048  # RabbitMQ 3.10+ (16384 before: 25-35 % more memory)
 MAX_SEGMENT_ENTRY_COUNT = 2**20
 INDEX_SUFFIX = ".qi"
 LOCK_FILE = ".lock"
@@ -74,7 +74,7 @@ HEADER_BYTES = 64
 _HEADER = struct.Struct(">4sBIQ")
 _HEADER_CRC_AT = 60
 SLOT_BYTES = 48
-_SLOT = struct.Struct(">BBHIQ16sQ4x")     # the 44 bytes the slot's CRC covers
+_SLOT = struct.Struct(">BBHIQ16sQ4x")  # the 44 bytes the slot's CRC covers
 _CRC = struct.Struct(">I")
 _EMPTY_SLOT = bytes(SLOT_BYTES)
 _PERSISTENT = 1
@@ -98,16 +98,24 @@ class RecoveredIndex(NamedTuple):
     """What a dirty scan found and dropped."""
 
     entries: int
-    deleted_segments: list[int]      # the caller deletes their per-queue store files too
-    torn: int                        # slots whose CRC failed
-    bad_segments: int                # files with a corrupt header, deleted
+    deleted_segments: list[int]  # the caller deletes their per-queue store files too
+    torn: int  # slots whose CRC failed
+    bad_segments: int  # files with a corrupt header, deleted
 
 
-def pack_slot(msg_id: bytes, shared: bool, store_offset: int, size: int, persistent: bool,
-              expiry_ms: int) -> bytes:
+def pack_slot(
+    msg_id: bytes, shared: bool, store_offset: int, size: int, persistent: bool, expiry_ms: int
+) -> bytes:
     """The 48 bytes of an entry's slot."""
-    body = _SLOT.pack(1, (_PERSISTENT if persistent else 0) | (_SHARED if shared else 0), 0,
-                      size, expiry_ms, msg_id, store_offset)
+    body = _SLOT.pack(
+        1,
+        (_PERSISTENT if persistent else 0) | (_SHARED if shared else 0),
+        0,
+        size,
+        expiry_ms,
+        msg_id,
+        store_offset,
+    )
     return body + _CRC.pack(zlib.crc32(body))
 
 
@@ -119,8 +127,9 @@ def _unpack_slot(seq_id: int, slot: bytes) -> Entry | None:
     if slot[0] != 1 or _CRC.unpack_from(slot, 44)[0] != zlib.crc32(body):
         raise ValueError("torn slot")
     _, flags, _, size, expiry, msg_id, offset = _SLOT.unpack(body)
-    return Entry(seq_id, msg_id, bool(flags & _SHARED), offset, size,
-                 bool(flags & _PERSISTENT), expiry)
+    return Entry(
+        seq_id, msg_id, bool(flags & _SHARED), offset, size, bool(flags & _PERSISTENT), expiry
+    )
 
 
 def segment_header(segment: int, entry_count: int) -> bytes:
@@ -131,7 +140,8 @@ def segment_header(segment: int, entry_count: int) -> bytes:
 
 def header_is_valid(header: bytes, segment: int, entry_count: int) -> bool:
     return len(header) >= HEADER_BYTES and header[:HEADER_BYTES] == segment_header(
-        segment, entry_count)
+        segment, entry_count
+    )
 
 
 class QueueIndex:
@@ -141,12 +151,20 @@ class QueueIndex:
     ``recover_dirty(keep)``; a new queue's empty directory needs neither.
     """
 
-    def __init__(self, directory: str | os.PathLike, *,
-                 segment_entry_count: int = DEFAULT_SEGMENT_ENTRY_COUNT) -> None:
-        if (type(segment_entry_count) is not int
-                or not 1 <= segment_entry_count <= MAX_SEGMENT_ENTRY_COUNT):
-            raise ValueError(f"segment_entry_count must be an int in 1..{MAX_SEGMENT_ENTRY_COUNT}, "
-                             f"got {segment_entry_count!r}")
+    def __init__(
+        self,
+        directory: str | os.PathLike,
+        *,
+        segment_entry_count: int = DEFAULT_SEGMENT_ENTRY_COUNT,
+    ) -> None:
+        if (
+            type(segment_entry_count) is not int
+            or not 1 <= segment_entry_count <= MAX_SEGMENT_ENTRY_COUNT
+        ):
+            raise ValueError(
+                f"segment_entry_count must be an int in 1..{MAX_SEGMENT_ENTRY_COUNT}, "
+                f"got {segment_entry_count!r}"
+            )
         self.directory = os.fspath(directory)
         self.segment_entry_count = segment_entry_count
         os.makedirs(self.directory, exist_ok=True)
@@ -157,13 +175,15 @@ class QueueIndex:
         except BlockingIOError:
             os.close(self._lock_fd)
             os.close(self._dir_fd)
-            raise QueueLocked(f"queue directory {self.directory!r} is open in another "
-                              f"queue") from None
-        self._segments: dict[int, int] = {}       # segment -> unacked entries
-        self._buffer: dict[int, bytes] = {}        # seq id -> packed slot, or an ack's zeros
+            raise QueueLocked(
+                f"queue directory {self.directory!r} is open in another queue"
+            ) from None
+        self._segments: dict[int, int] = {}  # segment -> unacked entries
+        self._buffer: dict[int, bytes] = {}  # seq id -> packed slot, or an ack's zeros
         self._buffered_acks = 0
-        self._files = SegmentFiles(self._dir_fd, INDEX_SUFFIX,
-                                   lambda segment: segment_header(segment, segment_entry_count))
+        self._files = SegmentFiles(
+            self._dir_fd, INDEX_SUFFIX, lambda segment: segment_header(segment, segment_entry_count)
+        )
         self._closed = False
         self.torn_slots = 0
         self._refuse_other_entry_count()
@@ -178,9 +198,11 @@ class QueueIndex:
             count = _HEADER.unpack_from(header)[2]
             if header_is_valid(header, segment, count) and count != self.segment_entry_count:
                 self._release()
-                raise ValueError(f"{self.directory} holds segments of {count} entries; open "
-                                 f"it with segment_entry_count={count}, not "
-                                 f"{self.segment_entry_count}")
+                raise ValueError(
+                    f"{self.directory} holds segments of {count} entries; open "
+                    f"it with segment_entry_count={count}, not "
+                    f"{self.segment_entry_count}"
+                )
             return
 
     # ------------------------------------------------------------------ recovery
@@ -202,8 +224,11 @@ class QueueIndex:
         for segment in sorted(self._files.on_disk):
             data = self._files.read_all(segment, HEADER_BYTES + n * SLOT_BYTES)
             if not header_is_valid(data, segment, n):
-                log.warning("%s: %s has a corrupt header; deleted with its entries",
-                            self.directory, self._files.name(segment))
+                log.warning(
+                    "%s: %s has a corrupt header; deleted with its entries",
+                    self.directory,
+                    self._files.name(segment),
+                )
                 bad += 1
                 self._files.delete(segment)
                 deleted.append(segment)
@@ -213,13 +238,13 @@ class QueueIndex:
             first = segment * n
             cut_short = (len(data) - HEADER_BYTES) % SLOT_BYTES
             if cut_short and data[len(data) - cut_short] != 0:
-                torn += 1                  # the file ends in a slot cut short: it is gone
+                torn += 1  # the file ends in a slot cut short: it is gone
             for rel in range((len(data) - HEADER_BYTES) // SLOT_BYTES):
                 at = HEADER_BYTES + rel * SLOT_BYTES
                 if data[at] == 0:
                     continue
                 try:
-                    found.append(_unpack_slot(first + rel, data[at:at + SLOT_BYTES]))
+                    found.append(_unpack_slot(first + rel, data[at : at + SLOT_BYTES]))
                 except ValueError:
                     torn += 1
                     drop.append(first + rel)
@@ -235,7 +260,7 @@ class QueueIndex:
                 continue
             if drop:
                 fd = self._files.for_writing(segment)
-                for seq_id in drop:        # one zero byte marks the slot absent
+                for seq_id in drop:  # one zero byte marks the slot absent
                     os.pwrite(fd, b"\0", HEADER_BYTES + (seq_id - first) * SLOT_BYTES)
             self._segments[segment] = kept
             entries += kept
@@ -249,8 +274,17 @@ class QueueIndex:
 
     def publish(self, entry: Entry) -> None:
         """Add ``entry`` (buffered until the next flush)."""
-        self.publish_slot(entry.seq_id, pack_slot(entry.msg_id, entry.shared, entry.store_offset,
-                                                  entry.size, entry.persistent, entry.expiry_ms))
+        self.publish_slot(
+            entry.seq_id,
+            pack_slot(
+                entry.msg_id,
+                entry.shared,
+                entry.store_offset,
+                entry.size,
+                entry.persistent,
+                entry.expiry_ms,
+            ),
+        )
 
     def publish_slot(self, seq_id: int, slot: bytes) -> None:
         """``publish`` of an entry already packed (``pack_slot``)."""
@@ -316,10 +350,10 @@ class QueueIndex:
         n, buffer = self.segment_entry_count, self._buffer
         keys = sorted(buffer)
         start = 0
-        while start < len(keys):            # each segment's slots in turn
+        while start < len(keys):  # each segment's slots in turn
             segment_end = (keys[start] // n + 1) * n
             stop = bisect_left(keys, segment_end, start)
-            if keys[stop - 1] - keys[start] == stop - 1 - start:    # one run: no gap
+            if keys[stop - 1] - keys[start] == stop - 1 - start:  # one run: no gap
                 self._write_run(keys[start], list(map(buffer.__getitem__, keys[start:stop])))
             else:
                 self._write_runs(keys[start:stop])
@@ -339,8 +373,9 @@ class QueueIndex:
 
     def _write_run(self, first: int, slots: list[bytes]) -> None:
         segment, rel = divmod(first, self.segment_entry_count)
-        os.pwrite(self._files.for_writing(segment), b"".join(slots),
-                  HEADER_BYTES + rel * SLOT_BYTES)
+        os.pwrite(
+            self._files.for_writing(segment), b"".join(slots), HEADER_BYTES + rel * SLOT_BYTES
+        )
 
     def sync(self) -> None:
         """Flush, then fdatasync what was written since the last sync (and the directory
@@ -382,8 +417,11 @@ class QueueIndex:
         else:
             fd = self._files.open_for_reading(segment)
             try:
-                data = os.pread(fd, (stop - start) * SLOT_BYTES,
-                                HEADER_BYTES + rel * SLOT_BYTES) if fd is not None else b""
+                data = (
+                    os.pread(fd, (stop - start) * SLOT_BYTES, HEADER_BYTES + rel * SLOT_BYTES)
+                    if fd is not None
+                    else b""
+                )
             finally:
                 if fd is not None:
                     os.close(fd)
@@ -393,11 +431,10 @@ class QueueIndex:
             if data[at] == 0:
                 continue
             try:
-                entry = _unpack_slot(start + i, data[at:at + SLOT_BYTES])
+                entry = _unpack_slot(start + i, data[at : at + SLOT_BYTES])
             except ValueError:
                 self.torn_slots += 1
-                log.error("%s: index slot of seq id %d is torn; skipped", self.directory,
-                          start + i)
+                log.error("%s: index slot of seq id %d is torn; skipped", self.directory, start + i)
                 continue
             entries[start + i] = entry
         return entries
@@ -446,5 +483,7 @@ class QueueIndex:
             self._release()
 
     def __repr__(self) -> str:
-        return (f"QueueIndex({self.directory!r}, segments={len(self._segments)}, "
-                f"buffered={len(self._buffer)})")
+        return (
+            f"QueueIndex({self.directory!r}, segments={len(self._segments)}, "
+            f"buffered={len(self._buffer)})"
+        )

@@ -47,39 +47,45 @@ log = logging.getLogger("warren.queues")
 STORE_SUFFIX = ".qs"
 MAGIC = b"WQST"
 VERSION = 1
-MAX_CACHE_BYTES = 512_000                 # classic_queue_store_v2_max_cache_size
+MAX_CACHE_BYTES = 512_000  # classic_queue_store_v2_max_cache_size
 _HEADER = struct.Struct(">4sBIQ")
 _HEADER_CRC_AT = 60
 RECORD = struct.Struct(">II")
 RECORD_HEADER_BYTES = RECORD.size
-_MAX_VECTORS = 1024                       # IOV_MAX on Linux: buffers per pwritev
+_MAX_VECTORS = 1024  # IOV_MAX on Linux: buffers per pwritev
 
 
 def store_header(segment: int, entry_count: int) -> bytes:
     head = _HEADER.pack(MAGIC, VERSION, entry_count, segment * entry_count).ljust(
-        _HEADER_CRC_AT, b"\0")
+        _HEADER_CRC_AT, b"\0"
+    )
     return head + struct.pack(">I", zlib.crc32(head))
 
 
 class QueueStore:
     """One queue's small-message segments, in ``directory`` (the queue's directory)."""
 
-    def __init__(self, directory: str | os.PathLike, *,
-                 segment_entry_count: int = DEFAULT_SEGMENT_ENTRY_COUNT,
-                 max_cache_bytes: int = MAX_CACHE_BYTES) -> None:
+    def __init__(
+        self,
+        directory: str | os.PathLike,
+        *,
+        segment_entry_count: int = DEFAULT_SEGMENT_ENTRY_COUNT,
+        max_cache_bytes: int = MAX_CACHE_BYTES,
+    ) -> None:
         self.directory = os.fspath(directory)
         self.segment_entry_count = segment_entry_count
         self.max_cache_bytes = max_cache_bytes
         os.makedirs(self.directory, exist_ok=True)
         self._dir_fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY)
-        self._live: dict[int, int] = {}            # segment -> records not yet removed
-        self._ends: dict[int, int] = {}            # segment -> offset of its next record
+        self._live: dict[int, int] = {}  # segment -> records not yet removed
+        self._ends: dict[int, int] = {}  # segment -> offset of its next record
         # seq id -> (offset, record header, data), in the order written
         self._buffer: dict[int, tuple[int, bytes, bytes]] = {}
         self._buffer_bytes = 0
-        self._read_fd: tuple[int, int] | None = None      # (segment, fd)
-        self._files = SegmentFiles(self._dir_fd, STORE_SUFFIX,
-                                   lambda segment: store_header(segment, segment_entry_count))
+        self._read_fd: tuple[int, int] | None = None  # (segment, fd)
+        self._files = SegmentFiles(
+            self._dir_fd, STORE_SUFFIX, lambda segment: store_header(segment, segment_entry_count)
+        )
         self._closed = False
 
     # ------------------------------------------------------------------ recovery
@@ -97,7 +103,7 @@ class QueueStore:
         data = self._files.read_all(segment)
         if data[:HEADER_BYTES] != store_header(segment, self.segment_entry_count):
             return [False] * len(places)
-        view = memoryview(data)           # slices of a view copy nothing
+        view = memoryview(data)  # slices of a view copy nothing
         return [_record_at(view, offset, size) is not None for offset, size in places]
 
     # ------------------------------------------------------------------ changes
@@ -126,7 +132,7 @@ class QueueStore:
         n = self.segment_entry_count
         offsets: list[int] = []
         start = 0
-        while start < len(datas):           # one run per segment the seq ids fall in
+        while start < len(datas):  # one run per segment the seq ids fall in
             seq_id = first_seq_id + start
             segment = seq_id // n
             stop = min(len(datas), start + (segment + 1) * n - seq_id)
@@ -145,8 +151,9 @@ class QueueStore:
             begin = self._end_on_disk(segment)
         offsets = list(accumulate(lengths, initial=begin))
         end = offsets.pop()
-        self._buffer.update(zip(range(first_seq_id, first_seq_id + len(datas)),
-                                zip(offsets, headers, datas)))
+        self._buffer.update(
+            zip(range(first_seq_id, first_seq_id + len(datas)), zip(offsets, headers, datas))
+        )
         self._ends[segment] = end
         self._live[segment] = self._live.get(segment, 0) + len(datas)
         self._buffer_bytes += end - begin
@@ -192,8 +199,9 @@ class QueueStore:
             first, last = records[0], records[-1]
             length = sum(RECORD_HEADER_BYTES + len(data) for _, _, data in records)
             if last[0] + RECORD_HEADER_BYTES + len(last[2]) - first[0] == length:
-                _write_vectors(fd, [part for _, header, data in records
-                                    for part in (header, data)], first[0])
+                _write_vectors(
+                    fd, [part for _, header, data in records for part in (header, data)], first[0]
+                )
                 continue
             records.sort()
             start = end = records[0][0]
@@ -239,7 +247,8 @@ class QueueStore:
         if data is None:
             raise CorruptMessage(
                 f"{self.directory}/{segment}{STORE_SUFFIX}: the record of seq id {seq_id} "
-                f"at offset {offset} is missing or fails its size or CRC check")
+                f"at offset {offset} is missing or fails its size or CRC check"
+            )
         return data
 
     def _reader(self, segment: int) -> int | None:
@@ -297,7 +306,7 @@ def _record_at(data: bytes, offset: int, size: int) -> bytes | None:
         return None
     length, crc = RECORD.unpack_from(data, offset)
     start = offset + RECORD_HEADER_BYTES
-    payload = data[start:start + size]
+    payload = data[start : start + size]
     if length != size or zlib.crc32(payload) != crc:
         return None
     return payload
@@ -307,7 +316,7 @@ def _write_vectors(fd: int, vectors: list[bytes], offset: int) -> None:
     """pwritev all of ``vectors`` at ``offset``, IOV_MAX buffers at a time; a short write
     (which a regular file gives only when something is wrong) raises."""
     for at in range(0, len(vectors), _MAX_VECTORS):
-        chunk = vectors[at:at + _MAX_VECTORS]
+        chunk = vectors[at : at + _MAX_VECTORS]
         expected = sum(map(len, chunk))
         written = os.pwritev(fd, chunk, offset)
         if written != expected:

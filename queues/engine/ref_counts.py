@@ -25,12 +25,17 @@ from .queue_index import HEADER_BYTES, INDEX_SUFFIX, SLOT_BYTES, _unpack_slot
 from .segments import segment_numbers
 from .variable_queue import TERMS_FILE
 
-__all__ = ["QUEUES_DIR", "QueueRefCounts", "node_clean_clients", "node_ref_counts",
-           "walk_ref_counts"]
+__all__ = [
+    "QUEUES_DIR",
+    "QueueRefCounts",
+    "node_clean_clients",
+    "node_ref_counts",
+    "walk_ref_counts",
+]
 
 log = logging.getLogger("warren.queues")
 
-QUEUES_DIR = "queues"          # a node's queue directories live in <data_dir>/queues/
+QUEUES_DIR = "queues"  # a node's queue directories live in <data_dir>/queues/
 
 
 class QueueRefCounts:
@@ -52,8 +57,11 @@ class QueueRefCounts:
             return
         try:
             for segment in segment_numbers(dir_fd, INDEX_SUFFIX):
-                with open(f"{segment}{INDEX_SUFFIX}", "rb",
-                          opener=lambda name, flags: os.open(name, flags, dir_fd=dir_fd)) as f:
+                with open(
+                    f"{segment}{INDEX_SUFFIX}",
+                    "rb",
+                    opener=lambda name, flags: os.open(name, flags, dir_fd=dir_fd),
+                ) as f:
                     data = f.read()
                 header = data[:HEADER_BYTES]
                 if len(header) < HEADER_BYTES or header[:4] != b"WQIX":
@@ -65,8 +73,9 @@ class QueueRefCounts:
                     if data[at] == 0:
                         continue
                     try:
-                        entry = _unpack_slot(first + (at - HEADER_BYTES) // SLOT_BYTES,
-                                             data[at:at + SLOT_BYTES])
+                        entry = _unpack_slot(
+                            first + (at - HEADER_BYTES) // SLOT_BYTES, data[at : at + SLOT_BYTES]
+                        )
                     except ValueError:
                         self.skipped += 1
                         continue

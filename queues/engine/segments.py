@@ -22,7 +22,7 @@ def segment_numbers(dir_fd: int, suffix: str) -> list[int]:
     """The segment numbers of the files named ``<n><suffix>``, sorted."""
     found = []
     for name in os.listdir(dir_fd):
-        stem = name[:-len(suffix)]
+        stem = name[: -len(suffix)]
         if name.endswith(suffix) and stem.isdigit() and stem == str(int(stem)):
             found.append(int(stem))
     return sorted(found)
@@ -34,8 +34,8 @@ class SegmentFiles:
         self.suffix = suffix
         self._header = header
         self.on_disk: set[int] = set(segment_numbers(dir_fd, suffix))
-        self.written: dict[int, int] = {}          # segment -> fd, open for writing
-        self._unsynced: set[int] = set()           # segments written since the last sync
+        self.written: dict[int, int] = {}  # segment -> fd, open for writing
+        self._unsynced: set[int] = set()  # segments written since the last sync
         self._directory_unsynced = False
 
     def name(self, segment: int) -> str:
@@ -78,7 +78,7 @@ class SegmentFiles:
         try:
             os.unlink(self.name(segment), dir_fd=self.dir_fd)
         except FileNotFoundError:
-            pass                           # never written, or deleted by an earlier start
+            pass  # never written, or deleted by an earlier start
         self.on_disk.discard(segment)
         self._directory_unsynced = True
 

@@ -74,9 +74,9 @@ import os
 import time
 import zlib
 from bisect import insort
-from itertools import repeat
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Any, NamedTuple, Protocol
 
 from warren.store import Settlement
@@ -85,21 +85,20 @@ from warren.store.disk_faults import slow_sync
 from ..durable_files import fsync_directory, write_atomically
 from ..errors import CorruptMessage, MessageTooLarge, QueueClosed, UnknownDeliveryTag
 from ..message import Message, decode, encode
-from .queue_index import (DEFAULT_SEGMENT_ENTRY_COUNT, INDEX_SUFFIX, Entry, QueueIndex,
-                          pack_slot)
+from .queue_index import DEFAULT_SEGMENT_ENTRY_COUNT, INDEX_SUFFIX, Entry, QueueIndex, pack_slot
 from .queue_store import STORE_SUFFIX, QueueStore
 
 __all__ = ["Delivery", "Fetched", "MessageInfo", "SharedStoreClient", "VariableQueue"]
 
 log = logging.getLogger("warren.queues")
 
-EMBED_MSGS_BELOW = 4096                 # bytes: queue_index_embed_msgs_below
-MAX_MESSAGE_BYTES = 128 * 2**20         # RabbitMQ's max_message_size
-IO_BATCH_SIZE = 4096                    # msg_store_io_batch_size: betas to delta
-PAGE_BATCH = 8000                       # messages paged per operation (2 × credit)
+EMBED_MSGS_BELOW = 4096  # bytes: queue_index_embed_msgs_below
+MAX_MESSAGE_BYTES = 128 * 2**20  # RabbitMQ's max_message_size
+IO_BATCH_SIZE = 4096  # msg_store_io_batch_size: betas to delta
+PAGE_BATCH = 8000  # messages paged per operation (2 × credit)
 TERMS_FILE = "recovery.json"
 TERMS_VERSION = 1
-RATE_SMOOTHING = 0.5                    # weight of the newest rate sample
+RATE_SMOOTHING = 0.5  # weight of the newest rate sample
 
 
 class SharedStoreClient(Protocol):
@@ -121,7 +120,7 @@ class MessageInfo:
     """What is known of a message without reading it (for TTL predicates)."""
 
     seq_id: int
-    expiry_ms: int           # 0: never expires
+    expiry_ms: int  # 0: never expires
     size: int
     persistent: bool
 
@@ -150,12 +149,32 @@ class Fetched(NamedTuple):
 class MsgStatus:
     """One message's place in RAM: alpha while ``payload`` is set, else beta or gamma."""
 
-    __slots__ = ("seq_id", "msg_id", "payload", "size", "persistent", "expiry_ms", "shared",
-                 "store_offset", "body_on_disk", "index_on_disk", "delivery_count")
+    __slots__ = (
+        "seq_id",
+        "msg_id",
+        "payload",
+        "size",
+        "persistent",
+        "expiry_ms",
+        "shared",
+        "store_offset",
+        "body_on_disk",
+        "index_on_disk",
+        "delivery_count",
+    )
 
-    def __init__(self, seq_id: int, msg_id: bytes, payload: bytes | None, size: int,
-                 persistent: bool, expiry_ms: int, shared: bool, store_offset: int = 0,
-                 on_disk: bool = False) -> None:
+    def __init__(
+        self,
+        seq_id: int,
+        msg_id: bytes,
+        payload: bytes | None,
+        size: int,
+        persistent: bool,
+        expiry_ms: int,
+        shared: bool,
+        store_offset: int = 0,
+        on_disk: bool = False,
+    ) -> None:
         self.seq_id = seq_id
         self.msg_id = msg_id
         self.payload = payload
@@ -168,9 +187,18 @@ class MsgStatus:
         self.delivery_count = 0
 
     @classmethod
-    def from_entry(cls, entry: Entry) -> "MsgStatus":
-        return cls(entry.seq_id, entry.msg_id, None, entry.size, entry.persistent,
-                   entry.expiry_ms, entry.shared, entry.store_offset, True)
+    def from_entry(cls, entry: Entry) -> MsgStatus:
+        return cls(
+            entry.seq_id,
+            entry.msg_id,
+            None,
+            entry.size,
+            entry.persistent,
+            entry.expiry_ms,
+            entry.shared,
+            entry.store_offset,
+            True,
+        )
 
     def info(self) -> MessageInfo:
         return MessageInfo(self.seq_id, self.expiry_ms, self.size, self.persistent)
@@ -220,20 +248,28 @@ class VariableQueue:
     the persistent store recovered from a clean stop (a dirty one means a full scan here).
     """
 
-    def __init__(self, directory: str | os.PathLike, *,
-                 persistent_store: Callable[[bytes], SharedStoreClient],
-                 transient_store: Callable[[bytes], SharedStoreClient],
-                 durable: bool = True, lazy: bool = False,
-                 segment_entry_count: int = DEFAULT_SEGMENT_ENTRY_COUNT,
-                 embed_msgs_below: int = EMBED_MSGS_BELOW,
-                 max_message_bytes: int = MAX_MESSAGE_BYTES,
-                 io_batch_size: int = IO_BATCH_SIZE, page_batch: int = PAGE_BATCH,
-                 shared_store_clean: bool = True,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        for name, value, low in (("embed_msgs_below", embed_msgs_below, 0),
-                                 ("max_message_bytes", max_message_bytes, 1),
-                                 ("io_batch_size", io_batch_size, 1),
-                                 ("page_batch", page_batch, 1)):
+    def __init__(
+        self,
+        directory: str | os.PathLike,
+        *,
+        persistent_store: Callable[[bytes], SharedStoreClient],
+        transient_store: Callable[[bytes], SharedStoreClient],
+        durable: bool = True,
+        lazy: bool = False,
+        segment_entry_count: int = DEFAULT_SEGMENT_ENTRY_COUNT,
+        embed_msgs_below: int = EMBED_MSGS_BELOW,
+        max_message_bytes: int = MAX_MESSAGE_BYTES,
+        io_batch_size: int = IO_BATCH_SIZE,
+        page_batch: int = PAGE_BATCH,
+        shared_store_clean: bool = True,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        for name, value, low in (
+            ("embed_msgs_below", embed_msgs_below, 0),
+            ("max_message_bytes", max_message_bytes, 1),
+            ("io_batch_size", io_batch_size, 1),
+            ("page_batch", page_batch, 1),
+        ):
             if type(value) is not int or value < low:
                 raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
         self.directory = os.fspath(directory)
@@ -253,17 +289,17 @@ class VariableQueue:
         self.delta = Delta()
         self.q3: collections.deque[MsgStatus] = collections.deque()
         self.q4: collections.deque[MsgStatus] = collections.deque()
-        self._ram_pending: dict[int, MsgStatus] = {}      # fetched, unacked, payload in RAM
-        self._disk_pending: dict[int, MsgStatus] = {}     # fetched, unacked, paged out
-        self._delivery_counts: dict[int, int] = {}        # of requeued messages in delta
+        self._ram_pending: dict[int, MsgStatus] = {}  # fetched, unacked, payload in RAM
+        self._disk_pending: dict[int, MsgStatus] = {}  # fetched, unacked, paged out
+        self._delivery_counts: dict[int, int] = {}  # of requeued messages in delta
         # Persistent messages await the index's fsync (``_index_unsynced``); those in the
         # shared store also await its settlement: parts not yet durable, 2 then 1.
         self._unconfirmed: dict[int, int] = {}
         self._index_unsynced: list[int] = []
         self._store_unsettled: collections.deque[tuple[int, int]] = collections.deque()
-        self._confirmed: list[int] = []                   # due at the next sync
-        self._removes_unsent = False                      # shared-store removes since it
-        self._persistent_count = 0                        # in the queue or pending acks
+        self._confirmed: list[int] = []  # due at the next sync
+        self._removes_unsent = False  # shared-store removes since it
+        self._persistent_count = 0  # in the queue or pending acks
         self._persistent_bytes = 0
         self._target_ram_count: float = math.inf
         self._duration_target: float = math.inf
@@ -271,10 +307,18 @@ class VariableQueue:
         self._since_rates = {"ingress": 0, "egress": 0, "ack": 0}
         self._rates_at = clock()
         self._closed = False
-        self.counters = {"recovered": 0, "dropped_transient": 0, "dropped_missing": 0,
-                         "dropped_corrupt": 0, "torn_slots": 0, "bad_segments": 0,
-                         "corrupt_on_read": 0, "missing_on_read": 0, "store_write_failed": 0,
-                         "delta_lost": 0}
+        self.counters = {
+            "recovered": 0,
+            "dropped_transient": 0,
+            "dropped_missing": 0,
+            "dropped_corrupt": 0,
+            "torn_slots": 0,
+            "bad_segments": 0,
+            "corrupt_on_read": 0,
+            "missing_on_read": 0,
+            "store_write_failed": 0,
+            "delta_lost": 0,
+        }
         try:
             self._open(persistent_store, transient_store, shared_store_clean)
         except BaseException:
@@ -294,8 +338,10 @@ class VariableQueue:
         if clean and terms.get("file_sizes") != self._segment_file_sizes():
             # Cut or grown since the clean stop (a torn copy, a restored backup): the
             # counts in the terms may name entries that are gone. Only a scan knows.
-            log.warning("%s: segment files changed size since the clean stop; recovering "
-                        "dirty", self.directory)
+            log.warning(
+                "%s: segment files changed size since the clean stop; recovering dirty",
+                self.directory,
+            )
             clean = False
         if clean:
             self._index.recover_clean({int(s): c for s, c in terms["segments"].items()})
@@ -310,24 +356,36 @@ class VariableQueue:
         self.transient_threshold = self.next_seq_id
         if self._persistent_count:
             low = self._index.bounds()[0]
-            self.delta = Delta(low, self.next_seq_id, self._persistent_count,
-                               self._persistent_bytes)
-        elif self._index.bounds() != (0, 0):      # only transient entries are left
+            self.delta = Delta(
+                low, self.next_seq_id, self._persistent_count, self._persistent_bytes
+            )
+        elif self._index.bounds() != (0, 0):  # only transient entries are left
             self.delta = Delta(self._index.bounds()[0], self.next_seq_id)
         self.counters["recovered"] = self._persistent_count
         if terms is not None or had_files:
-            log.info("%s: recovered %d messages (%d bytes) %s in %.3f s; dropped %d transient, "
-                     "%d missing from the shared store, %d failing their CRC, %d torn index "
-                     "slots, %d corrupt segments", self.directory, self._persistent_count,
-                     self._persistent_bytes, "clean" if clean else "dirty",
-                     time.monotonic() - started, self.counters["dropped_transient"],
-                     self.counters["dropped_missing"], self.counters["dropped_corrupt"],
-                     self.counters["torn_slots"], self.counters["bad_segments"])
+            log.info(
+                "%s: recovered %d messages (%d bytes) %s in %.3f s; dropped %d transient, "
+                "%d missing from the shared store, %d failing their CRC, %d torn index "
+                "slots, %d corrupt segments",
+                self.directory,
+                self._persistent_count,
+                self._persistent_bytes,
+                "clean" if clean else "dirty",
+                time.monotonic() - started,
+                self.counters["dropped_transient"],
+                self.counters["dropped_missing"],
+                self.counters["dropped_corrupt"],
+                self.counters["torn_slots"],
+                self.counters["bad_segments"],
+            )
         self.recovered_clean = clean
 
     def _segment_file_sizes(self) -> dict[str, int]:
-        return {entry.name: entry.stat().st_size for entry in os.scandir(self.directory)
-                if entry.name.endswith((INDEX_SUFFIX, STORE_SUFFIX))}
+        return {
+            entry.name: entry.stat().st_size
+            for entry in os.scandir(self.directory)
+            if entry.name.endswith((INDEX_SUFFIX, STORE_SUFFIX))
+        }
 
     def _take_terms(self) -> dict[str, Any] | None:
         """The recovery terms of a clean stop, deleted from disk (a crash from now on is
@@ -339,17 +397,18 @@ class VariableQueue:
         except FileNotFoundError:
             return None
         except (OSError, ValueError) as exc:
-            log.warning("%s: recovery terms unreadable (%s); recovering dirty",
-                        self.directory, exc)
+            log.warning("%s: recovery terms unreadable (%s); recovering dirty", self.directory, exc)
             terms = None
         os.unlink(path)
         fsync_directory(self.directory)
-        if terms is not None and (not isinstance(terms, dict)
-                                  or terms.get("version") != TERMS_VERSION
-                                  or terms.get("segment_entry_count")
-                                  != self.segment_entry_count):
-            log.warning("%s: recovery terms of another version or layout; recovering dirty",
-                        self.directory)
+        if terms is not None and (
+            not isinstance(terms, dict)
+            or terms.get("version") != TERMS_VERSION
+            or terms.get("segment_entry_count") != self.segment_entry_count
+        ):
+            log.warning(
+                "%s: recovery terms of another version or layout; recovering dirty", self.directory
+            )
             return None
         return terms
 
@@ -364,9 +423,13 @@ class VariableQueue:
             nonlocal kept_bytes
             verdicts = []
             in_store = [(i, e) for i, e in enumerate(entries) if e.persistent and not e.shared]
-            valid = self._store.valid_records(
-                entries[0].seq_id // n, [(e.store_offset, e.size) for _, e in in_store]
-            ) if in_store else []
+            valid = (
+                self._store.valid_records(
+                    entries[0].seq_id // n, [(e.store_offset, e.size) for _, e in in_store]
+                )
+                if in_store
+                else []
+            )
             valid_at = {i: ok for (i, _), ok in zip(in_store, valid)}
             for i, entry in enumerate(entries):
                 if not entry.persistent:
@@ -389,8 +452,11 @@ class VariableQueue:
         counters["torn_slots"] += recovered.torn
         counters["bad_segments"] += recovered.bad_segments
         if counters["dropped_corrupt"]:
-            log.warning("%s: %d messages failed their size or CRC check; dropped",
-                        self.directory, counters["dropped_corrupt"])
+            log.warning(
+                "%s: %d messages failed their size or CRC check; dropped",
+                self.directory,
+                counters["dropped_corrupt"],
+            )
         missing: list[Entry] = []
         if shared:
             present = self._persistent.contains_many([e.msg_id for e in shared])
@@ -399,12 +465,16 @@ class VariableQueue:
             self._index.ack(e.seq_id for e in missing)
             self._index.sync()
             counters["dropped_missing"] += len(missing)
-            log.warning("%s: %d messages are missing from the shared store; dropped",
-                        self.directory, len(missing))
+            log.warning(
+                "%s: %d messages are missing from the shared store; dropped",
+                self.directory,
+                len(missing),
+            )
         self._store.recover(store_live)
         self._persistent_count = recovered.entries - len(missing)
-        self._persistent_bytes = (kept_bytes + sum(e.size for e in shared)
-                                  - sum(e.size for e in missing))
+        self._persistent_bytes = (
+            kept_bytes + sum(e.size for e in shared) - sum(e.size for e in missing)
+        )
         high = self._index.bounds()[1]
         self.next_seq_id = high
         self._redeliver_below = high
@@ -412,23 +482,33 @@ class VariableQueue:
 
     # ------------------------------------------------------------------ publishing
 
-    def publish(self, message: Message, *, expiry_ms: int | None = None,
-                msg_id: bytes | None = None) -> int:
+    def publish(
+        self, message: Message, *, expiry_ms: int | None = None, msg_id: bytes | None = None
+    ) -> int:
         """Add ``message``; its seq id. ``expiry_ms`` is an absolute deadline (ms) for
         TTL predicates, ``msg_id`` the shared-store id (a fresh one if None)."""
-        return self.publish_encoded(encode(message), persistent=message.persistent,
-                                    expiry_ms=expiry_ms, msg_id=msg_id)
+        return self.publish_encoded(
+            encode(message), persistent=message.persistent, expiry_ms=expiry_ms, msg_id=msg_id
+        )
 
-    def publish_encoded(self, payload: bytes, *, persistent: bool,
-                        expiry_ms: int | None = None, msg_id: bytes | None = None) -> int:
+    def publish_encoded(
+        self,
+        payload: bytes,
+        *,
+        persistent: bool,
+        expiry_ms: int | None = None,
+        msg_id: bytes | None = None,
+    ) -> int:
         """``publish`` for a message already encoded (``warren.queues.message.encode``)."""
         self._check_open()
         size = len(payload)
         if size > self.max_message_bytes:
-            raise MessageTooLarge(f"the message encodes to {size} bytes, above this queue's "
-                                  f"maximum of {self.max_message_bytes}; send a smaller one")
+            raise MessageTooLarge(
+                f"the message encodes to {size} bytes, above this queue's "
+                f"maximum of {self.max_message_bytes}; send a smaller one"
+            )
         seq_id = self.next_seq_id
-        if msg_id is None:                # unique: this open's random prefix, the seq id
+        if msg_id is None:  # unique: this open's random prefix, the seq id
             msg_id = self._id_prefix + seq_id.to_bytes(8, "big")
         elif type(msg_id) is not bytes or len(msg_id) != 16:
             raise ValueError(f"msg_id must be 16 bytes, got {msg_id!r}")
@@ -440,11 +520,12 @@ class VariableQueue:
             if shared:
                 self._write_body(status)
                 self._unconfirmed[seq_id] = 2
-            else:                          # the common case, inline: no method calls
+            else:  # the common case, inline: no method calls
                 status.store_offset = self._store.write(seq_id, payload)
                 status.body_on_disk = True
-            self._index.publish_slot(seq_id, pack_slot(msg_id, shared, status.store_offset,
-                                                       size, True, status.expiry_ms))
+            self._index.publish_slot(
+                seq_id, pack_slot(msg_id, shared, status.store_offset, size, True, status.expiry_ms)
+            )
             status.index_on_disk = True
             self._index_unsynced.append(seq_id)
             self._persistent_count += 1
@@ -462,9 +543,14 @@ class VariableQueue:
             self._page(self.page_batch)
         return seq_id
 
-    def publish_many(self, payloads: list[bytes], *, persistent: bool = True,
-                     expiry_ms: int | None = None,
-                     msg_ids: list[bytes] | None = None) -> range:
+    def publish_many(
+        self,
+        payloads: list[bytes],
+        *,
+        persistent: bool = True,
+        expiry_ms: int | None = None,
+        msg_ids: list[bytes] | None = None,
+    ) -> range:
         """``publish_encoded`` of a batch with one persistence and expiry (what a queue
         process takes from one producer's frame); their seq ids. ``msg_ids`` names the
         messages in the shared store (a message routed to several queues has one id, so
@@ -476,16 +562,23 @@ class VariableQueue:
         limit, embed = self.max_message_bytes, self.embed_msgs_below
         sizes = [len(payload) for payload in payloads]
         if sizes and max(sizes) > limit:
-            raise MessageTooLarge(f"a message of the batch encodes to {max(sizes)} bytes, above "
-                                  f"this queue's maximum of {limit}; nothing was published")
+            raise MessageTooLarge(
+                f"a message of the batch encodes to {max(sizes)} bytes, above "
+                f"this queue's maximum of {limit}; nothing was published"
+            )
         first = self.next_seq_id
         if msg_ids is not None and len(msg_ids) != len(payloads):
             raise ValueError(f"{len(msg_ids)} msg_ids for {len(payloads)} messages")
-        if (not payloads or not (self.durable and persistent)
-                or self._target_ram_count != math.inf or max(sizes) >= embed):
+        if (
+            not payloads
+            or not (self.durable and persistent)
+            or self._target_ram_count != math.inf
+            or max(sizes) >= embed
+        ):
             for payload, msg_id in zip(payloads, msg_ids or repeat(None)):
-                self.publish_encoded(payload, persistent=persistent, expiry_ms=expiry_ms,
-                                     msg_id=msg_id)
+                self.publish_encoded(
+                    payload, persistent=persistent, expiry_ms=expiry_ms, msg_id=msg_id
+                )
             return range(first, self.next_seq_id)
         # One pass per step, each a comprehension or map over the batch: per-message Python
         # work is what this path is for.
@@ -495,20 +588,40 @@ class VariableQueue:
         prefix, expiry, count = self._id_prefix, expiry_ms or 0, len(payloads)
         if msg_ids is None:
             msg_ids = [prefix + seq_id.to_bytes(8, "big") for seq_id in seq_ids]
-        self._index.publish_slots(first, list(map(
-            pack_slot, msg_ids, repeat(False, count), offsets, sizes, repeat(True, count),
-            repeat(expiry, count))))
+        self._index.publish_slots(
+            first,
+            list(
+                map(
+                    pack_slot,
+                    msg_ids,
+                    repeat(False, count),
+                    offsets,
+                    sizes,
+                    repeat(True, count),
+                    repeat(expiry, count),
+                )
+            ),
+        )
         self.next_seq_id = end
         self._index_unsynced.extend(seq_ids)
         self._persistent_count += count
         self._persistent_bytes += sum(sizes)
         self._since_rates["ingress"] += count
-        if self.lazy:                      # straight to delta: nothing of them stays in RAM
+        if self.lazy:  # straight to delta: nothing of them stays in RAM
             self.delta.add_range(first, end, count, sum(sizes))
             return seq_ids
-        statuses = map(MsgStatus, seq_ids, msg_ids, payloads, sizes, repeat(True, count),
-                       repeat(expiry, count), repeat(False, count), offsets,
-                       repeat(True, count))
+        statuses = map(
+            MsgStatus,
+            seq_ids,
+            msg_ids,
+            payloads,
+            sizes,
+            repeat(True, count),
+            repeat(expiry, count),
+            repeat(False, count),
+            offsets,
+            repeat(True, count),
+        )
         if self.q1 or self.q2 or self.q3 or not self.delta.is_empty():
             self.q1.extend(statuses)
         else:
@@ -535,9 +648,17 @@ class VariableQueue:
     def _write_index(self, status: MsgStatus) -> None:
         if status.index_on_disk:
             return
-        self._index.publish_slot(status.seq_id, pack_slot(
-            status.msg_id, status.shared, status.store_offset, status.size, status.persistent,
-            status.expiry_ms))
+        self._index.publish_slot(
+            status.seq_id,
+            pack_slot(
+                status.msg_id,
+                status.shared,
+                status.store_offset,
+                status.size,
+                status.persistent,
+                status.expiry_ms,
+            ),
+        )
         status.index_on_disk = True
 
     # ------------------------------------------------------------------ confirms
@@ -551,7 +672,7 @@ class VariableQueue:
         self._index.sync()
         confirmed, self._confirmed = self._confirmed, []
         unconfirmed = self._unconfirmed
-        if not unconfirmed:                # all in this queue's own store: durable now
+        if not unconfirmed:  # all in this queue's own store: durable now
             confirmed += self._index_unsynced
         else:
             for seq_id in self._index_unsynced:
@@ -560,7 +681,7 @@ class VariableQueue:
                 else:
                     confirmed.append(seq_id)
         self._index_unsynced = []
-        if self._removes_unsent:         # a store client batches removes: send them now
+        if self._removes_unsent:  # a store client batches removes: send them now
             self._removes_unsent = False
             self._transient.settled(False)
             if not self._store_unsettled:
@@ -569,9 +690,12 @@ class VariableQueue:
             settlement = self._persistent.settled(wait)
             if settlement.failed:
                 self.counters["store_write_failed"] += len(settlement.failed)
-                log.error("%s: the shared store refused %d writes (disk full); those messages "
-                          "are dropped when their turn comes", self.directory,
-                          len(settlement.failed))
+                log.error(
+                    "%s: the shared store refused %d writes (disk full); those messages "
+                    "are dropped when their turn comes",
+                    self.directory,
+                    len(settlement.failed),
+                )
             unsettled = self._store_unsettled
             while unsettled and unsettled[0][0] < settlement.up_to:
                 self._count_down(unsettled.popleft()[1], confirmed)
@@ -588,8 +712,9 @@ class VariableQueue:
 
     def needs_sync(self) -> bool:
         """True while a sync would confirm something, or send removes to a store."""
-        return bool(self._unconfirmed or self._confirmed or self._index_unsynced
-                    or self._removes_unsent)
+        return bool(
+            self._unconfirmed or self._confirmed or self._index_unsynced or self._removes_unsent
+        )
 
     # ------------------------------------------------------------------ fetching
 
@@ -607,8 +732,13 @@ class VariableQueue:
                 self.ack([fetched.seq_id])
             self.counters["corrupt_on_read"] += 1
             raise CorruptMessage(f"{self.directory}: message {fetched.seq_id}: {exc}") from None
-        return Delivery(fetched.seq_id, message, fetched.delivery_count > 0,
-                        fetched.delivery_count, fetched.msg_id)
+        return Delivery(
+            fetched.seq_id,
+            message,
+            fetched.delivery_count > 0,
+            fetched.delivery_count,
+            fetched.msg_id,
+        )
 
     def fetch_encoded(self, ack_required: bool = True) -> Fetched | None:
         """``fetch`` without decoding: what a queue process sends on to its consumer."""
@@ -628,8 +758,11 @@ class VariableQueue:
                     raise
                 if payload is None:
                     self.counters["missing_on_read"] += 1
-                    log.error("%s: message %d is missing from the shared store; dropped",
-                              self.directory, status.seq_id)
+                    log.error(
+                        "%s: message %d is missing from the shared store; dropped",
+                        self.directory,
+                        status.seq_id,
+                    )
                     self._remove([status])
                     continue
             self._since_rates["egress"] += 1
@@ -649,10 +782,14 @@ class VariableQueue:
         if it fails its size or CRC check."""
         if status.shared:
             payload = self._client(status).read_many([status.msg_id])[0]
-            if payload is not None and (len(payload) != status.size or (
-                    status.store_offset and zlib.crc32(payload) != status.store_offset)):
-                raise CorruptMessage(f"{self.directory}: the body of seq id {status.seq_id} "
-                                     f"in the shared store fails its size or CRC check")
+            if payload is not None and (
+                len(payload) != status.size
+                or (status.store_offset and zlib.crc32(payload) != status.store_offset)
+            ):
+                raise CorruptMessage(
+                    f"{self.directory}: the body of seq id {status.seq_id} "
+                    f"in the shared store fails its size or CRC check"
+                )
             return payload
         return self._store.read(status.seq_id, status.store_offset, status.size)
 
@@ -696,7 +833,7 @@ class VariableQueue:
                     continue
                 status = MsgStatus.from_entry(entry)
                 if not entry.persistent and seq_id < self.transient_threshold:
-                    dropped.append(status)        # its store was wiped by the restart
+                    dropped.append(status)  # its store was wiped by the restart
                     continue
                 count = self._delivery_counts.pop(seq_id, 0)
                 if seq_id < self._redeliver_below:
@@ -709,8 +846,11 @@ class VariableQueue:
                 self.counters["dropped_transient"] += len(dropped)
                 self._remove(dropped)
         if delta.is_empty() and delta.count:
-            log.error("%s: delta's range ended with %d messages unaccounted for; the index "
-                      "lost them", self.directory, delta.count)
+            log.error(
+                "%s: delta's range ended with %d messages unaccounted for; the index lost them",
+                self.directory,
+                delta.count,
+            )
             self.counters["delta_lost"] += delta.count
             delta.count = 0
         if delta.count == 0:
@@ -744,8 +884,9 @@ class VariableQueue:
             raise UnknownDeliveryTag(f"seq ids repeated in one call: {seq_ids}")
         for seq_id in seq_ids:
             if seq_id not in self._ram_pending and seq_id not in self._disk_pending:
-                raise UnknownDeliveryTag(f"seq id {seq_id!r} awaits no ack: never fetched, "
-                                         f"or already acked or requeued")
+                raise UnknownDeliveryTag(
+                    f"seq id {seq_id!r} awaits no ack: never fetched, or already acked or requeued"
+                )
         return [self._ram_pending.pop(s, None) or self._disk_pending.pop(s) for s in seq_ids]
 
     def pending_payload(self, seq_id: int) -> bytes | None:
@@ -787,8 +928,7 @@ class VariableQueue:
         self._index.ack(s.seq_id for s in statuses if s.index_on_disk)
         self._store.remove(s.seq_id for s in statuses if s.body_on_disk and not s.shared)
         persistent = [s.msg_id for s in statuses if s.shared and s.body_on_disk and s.persistent]
-        transient = [s.msg_id for s in statuses
-                     if s.shared and s.body_on_disk and not s.persistent]
+        transient = [s.msg_id for s in statuses if s.shared and s.body_on_disk and not s.persistent]
         if persistent:
             self._persistent.remove(persistent)
         if transient:
@@ -836,11 +976,14 @@ class VariableQueue:
         start = delta.start
         while start < delta.end:
             stop = min(delta.end, (start // n + 1) * n)
-            statuses = [MsgStatus.from_entry(e) for e in self._index.read(start, stop)
-                        if e.seq_id not in self._ram_pending
-                        and e.seq_id not in self._disk_pending]
-            stale = [s for s in statuses
-                     if not s.persistent and s.seq_id < self.transient_threshold]
+            statuses = [
+                MsgStatus.from_entry(e)
+                for e in self._index.read(start, stop)
+                if e.seq_id not in self._ram_pending and e.seq_id not in self._disk_pending
+            ]
+            stale = [
+                s for s in statuses if not s.persistent and s.seq_id < self.transient_threshold
+            ]
             purged += len(statuses) - len(stale)
             self._remove(statuses)
             start = stop
@@ -992,19 +1135,30 @@ class VariableQueue:
         middle = list(self.q2) + list(self.q3)
         gamma = sum(1 for s in middle if s.index_on_disk)
         in_ram = [*self.q1, *self.q4, *self._ram_pending.values()]
-        everything = [*self.q1, *middle, *self.q4, *self._ram_pending.values(),
-                      *self._disk_pending.values()]
+        everything = [
+            *self.q1,
+            *middle,
+            *self.q4,
+            *self._ram_pending.values(),
+            *self._disk_pending.values(),
+        ]
         return {
-            "len": len(self), "depth": self.depth,
-            "alpha": len(self.q1) + len(self.q4), "beta": len(middle) - gamma,
-            "gamma": gamma, "delta": self.delta.count,
-            "q1": len(self.q1), "q2": len(self.q2), "q3": len(self.q3), "q4": len(self.q4),
+            "len": len(self),
+            "depth": self.depth,
+            "alpha": len(self.q1) + len(self.q4),
+            "beta": len(middle) - gamma,
+            "gamma": gamma,
+            "delta": self.delta.count,
+            "q1": len(self.q1),
+            "q2": len(self.q2),
+            "q3": len(self.q3),
+            "q4": len(self.q4),
             "pending_acks_ram": len(self._ram_pending),
             "pending_acks_disk": len(self._disk_pending),
             "ram_bytes": sum(s.size for s in in_ram),
             "disk_bytes": sum(s.size for s in everything if s.body_on_disk) + self.delta.bytes,
-            "unconfirmed": len(self._unconfirmed) + sum(
-                1 for s in self._index_unsynced if s not in self._unconfirmed),
+            "unconfirmed": len(self._unconfirmed)
+            + sum(1 for s in self._index_unsynced if s not in self._unconfirmed),
             "persistent": self._persistent_count,
             "mode": "lazy" if self.lazy else "default",
             "target_ram_count": self._target_ram_count,
@@ -1017,9 +1171,11 @@ class VariableQueue:
         """Clean stop: make everything durable, write the recovery terms, release."""
         if self._closed:
             return
-        transient_in_store = [s.seq_id for s in self._all_statuses()
-                              if not s.persistent and s.body_on_disk and not s.shared
-                              and not s.index_on_disk]
+        transient_in_store = [
+            s.seq_id
+            for s in self._all_statuses()
+            if not s.persistent and s.body_on_disk and not s.shared and not s.index_on_disk
+        ]
         self._store.remove(transient_in_store)
         self._persistent.settled(True)
         self._store.close()
@@ -1031,17 +1187,19 @@ class VariableQueue:
         for status in [*self._ram_pending.values(), *self._disk_pending.values()]:
             if status.persistent:
                 delivery_counts[status.seq_id] = status.delivery_count + 1
-        terms = {"version": TERMS_VERSION, "segment_entry_count": self.segment_entry_count,
-                 "next_seq_id": self.next_seq_id,
-                 "persistent_count": self._persistent_count,
-                 "persistent_bytes": self._persistent_bytes,
-                 "segments": self._index.segment_counts(),
-                 "store_segments": self._store.live_counts,
-                 "delivery_counts": delivery_counts,
-                 "persistent_ref": self._persistent.client_ref.hex(),
-                 "file_sizes": self._segment_file_sizes()}
-        write_atomically(os.path.join(self.directory, TERMS_FILE),
-                          json.dumps(terms).encode())
+        terms = {
+            "version": TERMS_VERSION,
+            "segment_entry_count": self.segment_entry_count,
+            "next_seq_id": self.next_seq_id,
+            "persistent_count": self._persistent_count,
+            "persistent_bytes": self._persistent_bytes,
+            "segments": self._index.segment_counts(),
+            "store_segments": self._store.live_counts,
+            "delivery_counts": delivery_counts,
+            "persistent_ref": self._persistent.client_ref.hex(),
+            "file_sizes": self._segment_file_sizes(),
+        }
+        write_atomically(os.path.join(self.directory, TERMS_FILE), json.dumps(terms).encode())
         # The persistent client stays registered: the store's clean-shutdown files name
         # it, and the next clean start checks them against these terms' ref.
         self._persistent.close()
@@ -1049,8 +1207,14 @@ class VariableQueue:
         self._closed = True
 
     def _all_statuses(self) -> list[MsgStatus]:
-        return [*self.q4, *self.q3, *self.q2, *self.q1, *self._ram_pending.values(),
-                *self._disk_pending.values()]
+        return [
+            *self.q4,
+            *self.q3,
+            *self.q2,
+            *self.q1,
+            *self._ram_pending.values(),
+            *self._disk_pending.values(),
+        ]
 
     def delete(self) -> None:
         """Delete the queue: every message, its files and its shared-store references."""
@@ -1082,8 +1246,10 @@ class VariableQueue:
             raise QueueClosed(f"queue {self.directory!r} is closed")
 
     def __repr__(self) -> str:
-        return (f"VariableQueue({self.directory!r}, len={len(self)}, "
-                f"mode={'lazy' if self.lazy else 'default'})")
+        return (
+            f"VariableQueue({self.directory!r}, len={len(self)}, "
+            f"mode={'lazy' if self.lazy else 'default'})"
+        )
 
 
 def _merge(queue: collections.deque, status: MsgStatus) -> None:

@@ -31,9 +31,9 @@ import os
 from collections.abc import Iterable
 from typing import Any
 
-from . import index as idx
 from ..disk_faults import slow_sync
 from ..errors import StoreError
+from . import index as idx
 from .lock_table import SWITCH_DEADLINE_SECONDS
 from .records import data_file_name
 from .summary import FileSummary
@@ -86,8 +86,9 @@ class FileChanges:
                 # No rollover (the common case): one pass places the records; records and
                 # tickets then go out whole, in arrival order, as the dicts keep it.
                 for key, record in pending.items():
-                    index[key] = ((index[key] & _LOCATION_CLEAR) | (offset << _OFFSET_SHIFT)
-                                  | file_bits)
+                    index[key] = (
+                        (index[key] & _LOCATION_CLEAR) | (offset << _OFFSET_SHIFT) | file_bits
+                    )
                     offset += len(record)
                 keys = pending
                 self._append(pending.values(), offset - start)
@@ -108,14 +109,14 @@ class FileChanges:
                 self._append([pending[k] for k in keys], offset - start)
                 self._pending_written(keys)
         except DiskFull as full:
-            self._pending_written(list(keys)[:full.landed])
+            self._pending_written(list(keys)[: full.landed])
             self._pending_failed()
 
     def _pending_written(self, keys: Iterable[int]) -> None:
         """The records of ``keys`` are in the kernel: their tickets await the fsync."""
         pending, tickets, fan_outs = self._pending, self._pending_tickets, self._pending_fan_out
         unsynced = self._unsynced_tickets
-        if keys is pending:                    # all of them, the common case: whole dicts
+        if keys is pending:  # all of them, the common case: whole dicts
             unsynced += tickets.values()
             for fan_out in fan_outs.values():
                 unsynced += fan_out
@@ -144,8 +145,10 @@ class FileChanges:
         self._pending_bytes = 0
         self.counters["writes_failed_disk_full"] += len(failed) - before
         if not self.disk_full:
-            log.error("%s: the disk is full; writes fail until space is freed (reads and "
-                      "removes go on)", self.directory)
+            log.error(
+                "%s: the disk is full; writes fail until space is freed (reads and removes go on)",
+                self.directory,
+            )
         self.disk_full = True
 
     def _append(self, records: Iterable[bytes], length: int) -> None:
@@ -175,7 +178,7 @@ class FileChanges:
             try:
                 reserve(self._current_fd, self.file_size_limit)  # truncating dropped it
             except OSError:
-                pass   # no room now; the writes that need it fail until there is
+                pass  # no room now; the writes that need it fail until there is
             if whole:
                 self._appended(whole)
             raise DiskFull(landed) from exc
@@ -222,8 +225,12 @@ class FileChanges:
         """Create data file ``file`` with its space reserved; DiskFull (and no file left
         behind) when the disk cannot hold it."""
         try:
-            fd = os.open(data_file_name(file), os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644,
-                         dir_fd=self._dir_fd)
+            fd = os.open(
+                data_file_name(file),
+                os.O_RDWR | os.O_CREAT | os.O_TRUNC,
+                0o644,
+                dir_fd=self._dir_fd,
+            )
         except OSError as exc:
             if exc.errno in DISK_FULL_ERRNOS:
                 raise DiskFull from exc
@@ -251,8 +258,7 @@ class FileChanges:
                 self._directory_unsynced = False
         self._data_unsynced = False
 
-    def _delete_empty_file(self, file: int,
-                           wait_s: float = SWITCH_DEADLINE_SECONDS) -> None:
+    def _delete_empty_file(self, file: int, wait_s: float = SWITCH_DEADLINE_SECONDS) -> None:
         """Delete a non-current file with no valid data, once no reader holds it; while
         one does (for ``wait_s``), keep it locked and retry at the next sync."""
         if self._lock_table is None:
@@ -312,6 +318,11 @@ class FileChanges:
         if self._broken is not None or self._closed:
             return
         self._broken = exc
-        log.error("%s: %s was interrupted (%s: %s); the store stops and recovers dirty on "
-                  "next open", self.directory, where, type(exc).__name__, exc)
+        log.error(
+            "%s: %s was interrupted (%s: %s); the store stops and recovers dirty on next open",
+            self.directory,
+            where,
+            type(exc).__name__,
+            exc,
+        )
         self._release()

@@ -51,11 +51,11 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from . import index as idx
-from .rewrite import CombinePlan, CorruptRecord, Record, RewriteResult, rewrite_combine
 from ..errors import StoreError
+from . import index as idx
 from .lock_table import SWITCH_DEADLINE_SECONDS
 from .records import data_file_name, temp_file_name
+from .rewrite import CombinePlan, CorruptRecord, Record, RewriteResult, rewrite_combine
 from .scanner import scan_file
 
 if TYPE_CHECKING:
@@ -73,10 +73,10 @@ class Staging:
 
     dst: int
     src: int
-    moves: dict[int, int] = field(default_factory=dict)   # key -> value after the switch
-    records: dict[int, list[Record]] = field(default_factory=dict)   # file -> to copy
+    moves: dict[int, int] = field(default_factory=dict)  # key -> value after the switch
+    records: dict[int, list[Record]] = field(default_factory=dict)  # file -> to copy
     valid_bytes: dict[int, int] = field(default_factory=dict)  # file -> staged, still live
-    next_offset: int = 0                                   # where the next one lands
+    next_offset: int = 0  # where the next one lands
     src_started: bool = False
 
 
@@ -96,21 +96,25 @@ class Combining:
         if pair is None:
             return None
         dst, src = pair
-        self._staging = Staging(dst, src, records={dst: [], src: []},
-                                valid_bytes={dst: 0, src: 0})
+        self._staging = Staging(dst, src, records={dst: [], src: []}, valid_bytes={dst: 0, src: 0})
         self._moves = self._staging.moves
         self._summary[dst].locked = self._summary[src].locked = True
         return pair
 
-    def stage_combine(self, file: int, msg_ids: Sequence[bytes], offsets: Sequence[int],
-                      sizes: Sequence[int]) -> bytearray:
+    def stage_combine(
+        self, file: int, msg_ids: Sequence[bytes], offsets: Sequence[int], sizes: Sequence[int]
+    ) -> bytearray:
         """Step 2, one slice: stage the records of ``file`` (Dst's slices before Src's,
         each in offset order) that the index points at; one flag per record, 1 = copy."""
         staging = self._staging
-        if staging is None or file not in (staging.dst, staging.src) or (
-                file == staging.dst and staging.src_started):
-            raise StoreError(f"stage_combine of file {file}: not the next file of the "
-                             f"combine in progress")
+        if (
+            staging is None
+            or file not in (staging.dst, staging.src)
+            or (file == staging.dst and staging.src_started)
+        ):
+            raise StoreError(
+                f"stage_combine of file {file}: not the next file of the combine in progress"
+            )
         staging.src_started = file == staging.src
         index, moves, records = self._index, staging.moves, staging.records[file]
         file_shift, offset_shift, offset_mask = idx.FILE_SHIFT, idx.OFFSET_SHIFT, idx.OFFSET_MASK
@@ -121,8 +125,11 @@ class Combining:
         for i, (msg_id, offset, size) in enumerate(zip(msg_ids, offsets, sizes)):
             key = _key(msg_id)
             value = index.get(key)
-            if (value is not None and value >> file_shift == file
-                    and (value >> offset_shift) & offset_mask == offset):
+            if (
+                value is not None
+                and value >> file_shift == file
+                and (value >> offset_shift) & offset_mask == offset
+            ):
                 moves[key] = relocate(value, dst, new_offset)
                 records.append((msg_id, offset, size))
                 new_offset += size
@@ -139,15 +146,23 @@ class Combining:
         for file in (staging.dst, staging.src):
             expected = self._summary[file].valid_total_size
             if staging.valid_bytes[file] != expected:
-                log.error("%s: %s holds %d valid bytes by the index but the scan finds %d; "
-                          "the file is damaged and will not be combined", self.directory,
-                          data_file_name(file), expected, staging.valid_bytes[file])
+                log.error(
+                    "%s: %s holds %d valid bytes by the index but the scan finds %d; "
+                    "the file is damaged and will not be combined",
+                    self.directory,
+                    data_file_name(file),
+                    expected,
+                    staging.valid_bytes[file],
+                )
                 self._uncombinable.add(file)
                 self._guarded(self._abandon_combine)
                 return None
-        self._combine = CombinePlan(staging.dst, staging.src,
-                                    tuple(staging.records[staging.dst]),
-                                    tuple(staging.records[staging.src]))
+        self._combine = CombinePlan(
+            staging.dst,
+            staging.src,
+            tuple(staging.records[staging.dst]),
+            tuple(staging.records[staging.src]),
+        )
         return self._combine
 
     def plan_combine(self) -> CombinePlan | None:
@@ -161,8 +176,9 @@ class Combining:
                 return plan
         return None
 
-    def apply_combine(self, plan: CombinePlan, result: RewriteResult, *,
-                      wait_s: float = SWITCH_DEADLINE_SECONDS) -> bool:
+    def apply_combine(
+        self, plan: CombinePlan, result: RewriteResult, *, wait_s: float = SWITCH_DEADLINE_SECONDS
+    ) -> bool:
         """Step 5: switch the index, the files and the summary in one step.
 
         False when readers in other processes held the files for ``wait_s`` (with
@@ -171,8 +187,10 @@ class Combining:
         if plan is not self._combine:
             raise StoreError("apply_combine of a plan this store is not running")
         if result.file_size != self._staging.next_offset:
-            raise StoreError(f"apply_combine of a rewrite of {result.file_size} bytes; the "
-                             f"plan's records hold {self._staging.next_offset}")
+            raise StoreError(
+                f"apply_combine of a rewrite of {result.file_size} bytes; the "
+                f"plan's records hold {self._staging.next_offset}"
+            )
         self._check_usable()
         if self._lock_table is None:
             self._guarded(self._switch_files, plan, result.file_size)
@@ -192,15 +210,19 @@ class Combining:
             os.fsync(self._dir_fd)
         self._index.update(staging.moves)
         self._unmap(plan.dst)
-        os.rename(temp_file_name(plan.dst), data_file_name(plan.dst),
-                  src_dir_fd=self._dir_fd, dst_dir_fd=self._dir_fd)
+        os.rename(
+            temp_file_name(plan.dst),
+            data_file_name(plan.dst),
+            src_dir_fd=self._dir_fd,
+            dst_dir_fd=self._dir_fd,
+        )
         os.fsync(self._dir_fd)
         dst.valid_total_size = sum(staging.valid_bytes.values())
         dst.file_size = file_size
         src.valid_total_size = 0
         self._combine = self._staging = self._moves = None
         dst.locked = src.locked = False
-        self._unlink_file(plan.src)           # the caller holds both files' slots
+        self._unlink_file(plan.src)  # the caller holds both files' slots
         if dst.valid_total_size == 0:
             self._unlink_file(plan.dst)
         os.fsync(self._dir_fd)
@@ -265,10 +287,14 @@ class Combining:
             if src is None or self._summary[src].right is None:
                 return None
             neighbour = self._summary[src]
-            if (not summary.locked and not neighbour.locked
-                    and not {dst, src} & self._uncombinable
-                    and summary.valid_total_size + neighbour.valid_total_size <= limit
-                    and not self._held_by_readers(dst) and not self._held_by_readers(src)):
+            if (
+                not summary.locked
+                and not neighbour.locked
+                and not {dst, src} & self._uncombinable
+                and summary.valid_total_size + neighbour.valid_total_size <= limit
+                and not self._held_by_readers(dst)
+                and not self._held_by_readers(src)
+            ):
                 return dst, src
         return None
 

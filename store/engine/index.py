@@ -33,7 +33,7 @@ OFFSET_BITS = 36
 FILE_BITS = 28
 
 REF_MASK = (1 << (REF_BITS - 1)) - 1
-ADOPTABLE = 1 << (REF_BITS - 1)        # inside the ref field, above any count
+ADOPTABLE = 1 << (REF_BITS - 1)  # inside the ref field, above any count
 SIZE_SHIFT = REF_BITS
 SIZE_MASK = (1 << SIZE_BITS) - 1
 OFFSET_SHIFT = SIZE_SHIFT + SIZE_BITS
@@ -63,8 +63,12 @@ class Location(NamedTuple):
 
 
 def unpack(value: int) -> Location:
-    return Location(value & REF_MASK, value >> FILE_SHIFT,
-                    (value >> OFFSET_SHIFT) & OFFSET_MASK, (value >> SIZE_SHIFT) & SIZE_MASK)
+    return Location(
+        value & REF_MASK,
+        value >> FILE_SHIFT,
+        (value >> OFFSET_SHIFT) & OFFSET_MASK,
+        (value >> SIZE_SHIFT) & SIZE_MASK,
+    )
 
 
 def size_of(value: int) -> int:

@@ -16,11 +16,11 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from ..errors import StoreDirectoryError
 from . import index as idx
 from . import snapshot
-from ..errors import StoreDirectoryError
-from .recovery import LOCK_FILE
 from .records import TEMP_SUFFIX, data_file_name, data_file_number
+from .recovery import LOCK_FILE
 from .removal_log import read_entries
 from .scanner import scan_file
 
@@ -42,11 +42,11 @@ class FileReport:
 @dataclass
 class StoreReport:
     directory: str
-    validity_source: str                  # "clean-shutdown index" or the dirty-recovery rule
+    validity_source: str  # "clean-shutdown index" or the dirty-recovery rule
     files: list[FileReport]
     stray_temp_files: list[str]
     snapshot_problem: str | None
-    not_files: list[str] = field(default_factory=list)   # named like data files, but not files
+    not_files: list[str] = field(default_factory=list)  # named like data files, but not files
 
     @property
     def message_count(self) -> int:
@@ -65,12 +65,13 @@ def inspect_store(directory: str | os.PathLike) -> StoreReport:
     except OSError as exc:
         raise StoreDirectoryError(f"cannot read {directory!r}: {exc.strerror}") from None
     data_names = [n for n in names if data_file_number(n) is not None]
-    not_files = sorted(n for n in data_names
-                       if not os.path.isfile(os.path.join(directory, n)))
+    not_files = sorted(n for n in data_names if not os.path.isfile(os.path.join(directory, n)))
     files = sorted(data_file_number(n) for n in data_names if n not in not_files)
     if not files and LOCK_FILE not in names:
-        raise StoreDirectoryError(f"{directory!r} is not a store directory: it holds no "
-                                  f".rdq data files and no {LOCK_FILE}")
+        raise StoreDirectoryError(
+            f"{directory!r} is not a store directory: it holds no "
+            f".rdq data files and no {LOCK_FILE}"
+        )
     dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     try:
         saved = snapshot.read(dir_fd)

@@ -99,22 +99,22 @@ from .records import HEADER, HEADER_BYTES, OK_MARKER, data_file_name
 TABLE_FILE = "lock.table"
 RESERVE_FILE = "lock.reserve"
 SLOT_COUNT = 65536
-SWITCH_DEADLINE_SECONDS = 0.1      # how long the store polls for readers to leave
+SWITCH_DEADLINE_SECONDS = 0.1  # how long the store polls for readers to leave
 SWITCH_POLL_SECONDS = 0.001
-REFRESH_EVERY_READS = 256           # a reader looks for a new table and stale fds this often
-SEQUENCE_RETRIES = 1000             # a header update never ends (its store died): fall back
+REFRESH_EVERY_READS = 256  # a reader looks for a new table and stale fds this often
+SEQUENCE_RETRIES = 1000  # a header update never ends (its store died): fall back
 
 _MAGIC = b"WRNLOCKS"
 _VERSION = 1
-_HEADER = struct.Struct("<8sIIQQQ")     # magic, version, slots, sequence, current, flushed
+_HEADER = struct.Struct("<8sIIQQQ")  # magic, version, slots, sequence, current, flushed
 _HEADER_BYTES = 64
-_SLOT = struct.Struct("<IIQ")           # locked, unused, generation
+_SLOT = struct.Struct("<IIQ")  # locked, unused, generation
 _SLOT_BYTES = 16
 _SEQUENCE_AT = 16
 _CURRENT_AT = 24
 _BLOCKED_AT = 40
 _WORD = struct.Struct("<Q")
-_FLOCK = struct.Struct("hhqqi4x")       # struct flock: type, whence, start, len, pid
+_FLOCK = struct.Struct("hhqqi4x")  # struct flock: type, whence, start, len, pid
 
 
 def _slot_offset(slot: int) -> int:
@@ -168,9 +168,10 @@ class LockTableOwner:
             except OSError as exc:
                 raise StoreDirectoryError(
                     f"no room to create {TABLE_FILE} ({size} bytes) in the store directory: "
-                    f"{exc.strerror}; free disk space") from exc
+                    f"{exc.strerror}; free disk space"
+                ) from exc
             self._map = mmap.mmap(fd, size)
-            self._map[:_HEADER.size] = _HEADER.pack(_MAGIC, _VERSION, slot_count, 0, 0, 0)
+            self._map[: _HEADER.size] = _HEADER.pack(_MAGIC, _VERSION, slot_count, 0, 0, 0)
             os.rename(temp, TABLE_FILE, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
         except BaseException:
             os.close(fd)
@@ -226,8 +227,9 @@ class LockTableOwner:
     def held_by_readers(self, file: int) -> bool:
         """Whether some reader holds ``file``'s slot right now (the kernel says; nothing
         counts readers, so this is a yes or no)."""
-        request = _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET,
-                              _slot_offset(file % self.slot_count), _SLOT_BYTES, 0)
+        request = _FLOCK.pack(
+            fcntl.F_WRLCK, os.SEEK_SET, _slot_offset(file % self.slot_count), _SLOT_BYTES, 0
+        )
         answer = fcntl.fcntl(self._fd, fcntl.F_OFD_GETLK, request)
         return _FLOCK.unpack(answer)[0] != fcntl.F_UNLCK
 
@@ -258,12 +260,12 @@ class LockTableReader:
         self._lock_fd = -1
         self._map: mmap.mmap | None = None
         self._slot_count = 0
-        self._holders: dict[int, int] = {}           # slot -> threads holding its lock
+        self._holders: dict[int, int] = {}  # slot -> threads holding its lock
         self._files: dict[int, tuple[int, int]] = {}  # file -> (generation, fd)
         self.direct_reads = 0
         self.fallbacks = 0
         self._reads_since_refresh = 0
-        self._switch_seen = False              # a generation moved: sweep after this read
+        self._switch_seen = False  # a generation moved: sweep after this read
         _readers.add(self)
 
     def writes_blocked(self) -> bool:
@@ -277,7 +279,7 @@ class LockTableReader:
         try:
             body = self._read(file, offset, total_size, msg_id)
         except OSError:
-            body = None                  # a missing or replaced file: the store knows
+            body = None  # a missing or replaced file: the store knows
         if body is None:
             self.fallbacks += 1
             self._refresh()
@@ -298,16 +300,22 @@ class LockTableReader:
             if locked:
                 return None
             position = self._current_and_flushed(table)
-            if position is None or file > position[0] or (
-                    file == position[0] and offset + total_size > position[1]):
+            if (
+                position is None
+                or file > position[0]
+                or (file == position[0] and offset + total_size > position[1])
+            ):
                 return None
             fd = self._fd_for(file, generation)
             record = os.pread(fd, total_size, offset)
         finally:
             self._release(slot)
-        if (len(record) != total_size or total_size < HEADER_BYTES + 1
-                or record[-1] != OK_MARKER
-                or HEADER.unpack_from(record) != (total_size - 9, msg_id)):
+        if (
+            len(record) != total_size
+            or total_size < HEADER_BYTES + 1
+            or record[-1] != OK_MARKER
+            or HEADER.unpack_from(record) != (total_size - 9, msg_id)
+        ):
             return None
         return record[HEADER_BYTES:-1]
 
@@ -347,10 +355,12 @@ class LockTableReader:
         with self._mutex:
             self._switch_seen = False
             if self._map is None or self._holders:
-                return                    # another thread is mid-read: next time
+                return  # another thread is mid-read: next time
             try:
-                replaced = (os.stat(os.path.join(self.directory, TABLE_FILE)).st_ino
-                            != os.fstat(self._lock_fd).st_ino)
+                replaced = (
+                    os.stat(os.path.join(self.directory, TABLE_FILE)).st_ino
+                    != os.fstat(self._lock_fd).st_ino
+                )
             except FileNotFoundError:
                 replaced = True
             if replaced:

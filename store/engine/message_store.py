@@ -118,14 +118,12 @@ from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..errors import StoreClosed, StoreError
 from . import index as idx
 from . import snapshot
-from .rewrite import CombinePlan, CorruptRecord, RewriteResult
-from .gc import Combining, Staging
 from .file_changes import DISK_FULL_ERRNOS, FileChanges
-from .recovery import Recovery
+from .gc import Combining, Staging
 from .lock_table import LockTableOwner
-from ..errors import StoreClosed, StoreError
 from .records import (
     HEADER,
     HEADER_BYTES,
@@ -137,7 +135,9 @@ from .records import (
     check_msg_id,
     data_file_name,
 )
+from .recovery import Recovery
 from .removal_log import RemovalLog
+from .rewrite import CombinePlan, CorruptRecord, RewriteResult
 from .summary import FileSummary
 
 log = logging.getLogger("warren.store")
@@ -150,11 +150,11 @@ _LOCATION_CLEAR = idx.LOCATION_CLEAR
 _ADOPTABLE = idx.ADOPTABLE
 _PENDING_ONE_REF = (idx.PENDING_FILE << idx.FILE_SHIFT) | 1
 _pack_header = HEADER.pack
-_key = int.from_bytes            # a 16-byte id as an int: 48 bytes of memory, not 64
+_key = int.from_bytes  # a 16-byte id as an int: 48 bytes of memory, not 64
 
-FILE_SIZE_LIMIT_BYTES = 16 * 2**20      # msg_store_file_size_limit
-WRITE_BUFFER_BYTES = 2**20              # the append buffer handed to write(2) at once
-GARBAGE_FRACTION = 0.5                  # combine when garbage exceeds this share of disk
+FILE_SIZE_LIMIT_BYTES = 16 * 2**20  # msg_store_file_size_limit
+WRITE_BUFFER_BYTES = 2**20  # the append buffer handed to write(2) at once
+GARBAGE_FRACTION = 0.5  # combine when garbage exceeds this share of disk
 SYNC_POLICIES = ("fsync", "flush")
 
 
@@ -188,20 +188,25 @@ class MessageStore(Recovery, FileChanges, Combining):
     write_buffer_bytes=1 MiB)``; a context manager whose exit is ``close()``, a clean stop.
     """
 
-    def __init__(self, directory: str | os.PathLike, *,
-                 file_size_limit: int = FILE_SIZE_LIMIT_BYTES,
-                 sync_policy: str = "fsync",
-                 ref_counts: Iterable[tuple[bytes, int]] | None = None,
-                 clean_clients: Iterable[bytes] | None = None,
-                 garbage_fraction: float = GARBAGE_FRACTION,
-                 auto_gc: bool = True,
-                 shared_readers: bool = False,
-                 write_buffer_bytes: int = WRITE_BUFFER_BYTES) -> None:
+    def __init__(
+        self,
+        directory: str | os.PathLike,
+        *,
+        file_size_limit: int = FILE_SIZE_LIMIT_BYTES,
+        sync_policy: str = "fsync",
+        ref_counts: Iterable[tuple[bytes, int]] | None = None,
+        clean_clients: Iterable[bytes] | None = None,
+        garbage_fraction: float = GARBAGE_FRACTION,
+        auto_gc: bool = True,
+        shared_readers: bool = False,
+        write_buffer_bytes: int = WRITE_BUFFER_BYTES,
+    ) -> None:
         if sync_policy not in SYNC_POLICIES:
             raise ValueError(f"sync_policy must be one of {SYNC_POLICIES}, got {sync_policy!r}")
         if not isinstance(file_size_limit, int) or not 0 < file_size_limit <= idx.MAX_OFFSET:
-            raise ValueError(f"file_size_limit must be an int in 1..{idx.MAX_OFFSET}, "
-                             f"got {file_size_limit!r}")
+            raise ValueError(
+                f"file_size_limit must be an int in 1..{idx.MAX_OFFSET}, got {file_size_limit!r}"
+            )
         if not 0 < garbage_fraction < 1:
             raise ValueError(f"garbage_fraction must be between 0 and 1, got {garbage_fraction!r}")
         self.directory = os.fspath(directory)
@@ -212,44 +217,51 @@ class MessageStore(Recovery, FileChanges, Combining):
         self._write_buffer_bytes = write_buffer_bytes
         self._fsync = sync_policy == "fsync"
 
-        self._index: dict[int, int] = {}             # msg_id as int -> packed Location
-        self._summary: dict[int, FileSummary] = {}   # file -> summary
+        self._index: dict[int, int] = {}  # msg_id as int -> packed Location
+        self._summary: dict[int, FileSummary] = {}  # file -> summary
         # Records not yet handed to write(2), keyed like the index, in arrival order.
-        self._pending: dict[int, bytes] = {}         # encoded record
-        self._pending_tickets: dict[int, Hashable] = {}      # the write that created it
+        self._pending: dict[int, bytes] = {}  # encoded record
+        self._pending_tickets: dict[int, Hashable] = {}  # the write that created it
         self._pending_fan_out: dict[int, list[Hashable]] = {}  # later writes while pending
         self._pending_bytes = 0
         self._unsynced_tickets: list[Hashable] = []  # written or counted, awaiting fsync
         self._ignored_tickets: list[Hashable] = []
         self._failed_tickets: list[Hashable] = []
-        self.disk_full = False                       # the last write(2) found no space
-        self.writes_blocked = False                  # clients asked to hold their writes
+        self.disk_full = False  # the last write(2) found no space
+        self.writes_blocked = False  # clients asked to hold their writes
         self._next_ticket = 0
         self._current_file = 0
         self._current_fd = -1
-        self._write_offset = 0                       # bytes of the current file in the kernel
+        self._write_offset = 0  # bytes of the current file in the kernel
         self._data_unsynced = False
         self._directory_unsynced = False
-        self._maps: dict[int, mmap.mmap] = {}        # non-current file -> read-only map
-        self._combine: CombinePlan | None = None     # staged and ready to copy
-        self._staging: Staging | None = None         # the combine in progress
-        self._moves: dict[int, int] | None = None    # its staged index values
+        self._maps: dict[int, mmap.mmap] = {}  # non-current file -> read-only map
+        self._combine: CombinePlan | None = None  # staged and ready to copy
+        self._staging: Staging | None = None  # the combine in progress
+        self._moves: dict[int, int] | None = None  # its staged index values
         self._deferred_apply: tuple[CombinePlan, RewriteResult] | None = None
-        self._deferred_deletes: set[int] = set()     # empty files a reader kept us from
-        self._uncombinable: set[int] = set()         # files whose records do not add up
-        self._unsynced_files: set[int] = set()       # rolled over, never fdatasync'd
+        self._deferred_deletes: set[int] = set()  # empty files a reader kept us from
+        self._uncombinable: set[int] = set()  # files whose records do not add up
+        self._unsynced_files: set[int] = set()  # rolled over, never fdatasync'd
         self._lock_table: LockTableOwner | None = None
         self._removals: RemovalLog | None = None
         self._clients: set[bytes] = set()
         self._damaged: list[dict[str, int]] = []
         self._broken: BaseException | None = None
         self._closed = False
-        self._reads = 0                              # plain ints: the hot paths count
+        self._reads = 0  # plain ints: the hot paths count
         self._writes = 0
-        self.counters = {"removes": 0, "removes_unknown": 0,
-                         "writes_ignored": 0, "writes_adopted": 0, "gc_runs": 0,
-                         "gc_bytes_moved": 0, "files_deleted": 0, "recovery_removed": 0,
-                         "writes_failed_disk_full": 0}
+        self.counters = {
+            "removes": 0,
+            "removes_unknown": 0,
+            "writes_ignored": 0,
+            "writes_adopted": 0,
+            "gc_runs": 0,
+            "gc_bytes_moved": 0,
+            "files_deleted": 0,
+            "recovery_removed": 0,
+            "writes_failed_disk_full": 0,
+        }
 
         self._dir_fd, self._lock_fd = self._open_directory()
         try:
@@ -260,7 +272,6 @@ class MessageStore(Recovery, FileChanges, Combining):
         except BaseException:
             self._release()
             raise
-
 
     # ---------------------------------------------------------------- public API
 
@@ -284,8 +295,9 @@ class MessageStore(Recovery, FileChanges, Combining):
             check_body(record[HEADER_BYTES:-1])
         return self._write(msg_id, None, record, ticket)
 
-    def _write(self, msg_id: bytes, body: bytes | None, record: bytes | None,
-               ticket: Hashable) -> Hashable:
+    def _write(
+        self, msg_id: bytes, body: bytes | None, record: bytes | None, ticket: Hashable
+    ) -> Hashable:
         if self._closed:
             self._check_usable()
         if ticket is None:
@@ -310,7 +322,7 @@ class MessageStore(Recovery, FileChanges, Combining):
                 if pending >= self._write_buffer_bytes:
                     self._flush()
                 return ticket
-            if value & _ADOPTABLE:                    # the re-send of a recovered write
+            if value & _ADOPTABLE:  # the re-send of a recovered write
                 index[key] = value ^ _ADOPTABLE
                 if self._moves is not None and key in self._moves:
                     self._moves[key] ^= _ADOPTABLE
@@ -319,7 +331,7 @@ class MessageStore(Recovery, FileChanges, Combining):
                 return ticket
             index[key] = value + 1
             if self._moves is not None and key in self._moves:
-                self._moves[key] += 1                 # a combine staged it: keep up
+                self._moves[key] += 1  # a combine staged it: keep up
             if value >> _FILE_SHIFT == _PENDING_FILE:
                 self._pending_fan_out.setdefault(key, []).append(ticket)
             else:
@@ -343,7 +355,7 @@ class MessageStore(Recovery, FileChanges, Combining):
             if value & idx.REF_MASK > 1:
                 self._index[key] = value - 1
                 if moves is not None and key in moves:
-                    moves[key] -= 1                   # a combine staged it: keep up
+                    moves[key] -= 1  # a combine staged it: keep up
                 return True
             del self._index[key]
             file = value >> idx.FILE_SHIFT
@@ -360,8 +372,7 @@ class MessageStore(Recovery, FileChanges, Combining):
             self._removals.note(file, (value >> _OFFSET_SHIFT) & _OFFSET_MASK, msg_id)
             summary = self._summary[file]
             summary.valid_total_size -= total
-            if (summary.valid_total_size == 0 and file != self._current_file
-                    and not summary.locked):
+            if summary.valid_total_size == 0 and file != self._current_file and not summary.locked:
                 self._delete_empty_file(file)
             return True
         except BaseException as exc:
@@ -386,17 +397,19 @@ class MessageStore(Recovery, FileChanges, Combining):
         offset = (value >> _OFFSET_SHIFT) & _OFFSET_MASK
         mapped = self._maps.get(file)
         if mapped is not None:
-            record = mapped[offset:offset + total]
+            record = mapped[offset : offset + total]
         elif file == self._current_file:
             record = os.pread(self._current_fd, total, offset)
         else:
-            record = self._map_file(file)[offset:offset + total]
+            record = self._map_file(file)[offset : offset + total]
         # A wrong place or a short read never passes for data: the whole record must be
         # there, end in 0xFF and carry this id (checking the size field too would cost a
         # third of a read, and a record with this id at this offset is this record).
         if len(record) != total or record[-1] != OK_MARKER or record[8:HEADER_BYTES] != msg_id:
-            raise CorruptRecord(f"{data_file_name(file)} has no valid record of "
-                                f"{msg_id.hex()} at {idx.unpack(value)}")
+            raise CorruptRecord(
+                f"{data_file_name(file)} has no valid record of "
+                f"{msg_id.hex()} at {idx.unpack(value)}"
+            )
         return record[HEADER_BYTES:-1]
 
     def contains(self, msg_id: bytes) -> bool:
@@ -416,8 +429,13 @@ class MessageStore(Recovery, FileChanges, Combining):
             if value is None or value >> _FILE_SHIFT == pending:
                 places.append(None)
             else:
-                places.append((value >> _FILE_SHIFT, (value >> _OFFSET_SHIFT) & _OFFSET_MASK,
-                               (value >> _SIZE_SHIFT) & _SIZE_MASK))
+                places.append(
+                    (
+                        value >> _FILE_SHIFT,
+                        (value >> _OFFSET_SHIFT) & _OFFSET_MASK,
+                        (value >> _SIZE_SHIFT) & _SIZE_MASK,
+                    )
+                )
         return places
 
     def location(self, msg_id: bytes) -> idx.Location | None:
@@ -494,7 +512,6 @@ class MessageStore(Recovery, FileChanges, Combining):
         held = self._lock_table is not None and self._lock_table.held_by_readers(file)
         return {**summary.as_dict(), "readers": int(held)}
 
-
     # ---------------------------------------------------------------- closing
 
     def _check_usable(self) -> None:
@@ -522,8 +539,11 @@ class MessageStore(Recovery, FileChanges, Combining):
             for file in sorted(self._deferred_deletes):
                 # A reader still holds it: its open fd keeps the inode, and any read by
                 # path fails and falls back to a store that is gone; nothing is wrong.
-                log.info("%s: deleting %s at close although a reader holds it",
-                         self.directory, data_file_name(file))
+                log.info(
+                    "%s: deleting %s at close although a reader holds it",
+                    self.directory,
+                    data_file_name(file),
+                )
                 self._unlink_file(file)
             self._deferred_deletes.clear()
             self._guarded(self._sync_to_disk)
@@ -537,19 +557,24 @@ class MessageStore(Recovery, FileChanges, Combining):
                 finally:
                     os.close(fd)
             self._unsynced_files.clear()
-            summary = [(file, s.valid_total_size, s.file_size)
-                       for file, s in sorted(self._summary.items())]
+            summary = [
+                (file, s.valid_total_size, s.file_size) for file, s in sorted(self._summary.items())
+            ]
             try:
                 snapshot.write(self._dir_fd, self._index, summary, frozenset(self._clients))
             except OSError as exc:
                 if exc.errno not in DISK_FULL_ERRNOS:
                     raise
                 # The data is all on disk; only the fast start is lost.
-                log.warning("%s: no room for the clean-shutdown files; the next start "
-                            "recovers from the data files", self.directory)
+                log.warning(
+                    "%s: no room for the clean-shutdown files; the next start "
+                    "recovers from the data files",
+                    self.directory,
+                )
                 snapshot.delete(self._dir_fd)
-            settled = SyncResult(self._unsynced_tickets, self._ignored_tickets,
-                                 self._failed_tickets)
+            settled = SyncResult(
+                self._unsynced_tickets, self._ignored_tickets, self._failed_tickets
+            )
             self._unsynced_tickets, self._ignored_tickets, self._failed_tickets = [], [], []
             return settled
         finally:
@@ -571,9 +596,9 @@ class MessageStore(Recovery, FileChanges, Combining):
                 try:
                     os.close(fd)
                 except OSError:
-                    pass   # closing is best effort once the store has stopped
+                    pass  # closing is best effort once the store has stopped
 
-    def __enter__(self) -> "MessageStore":
+    def __enter__(self) -> MessageStore:
         return self
 
     def __exit__(self, *exc_info) -> None:
@@ -584,5 +609,11 @@ class MessageStore(Recovery, FileChanges, Combining):
         return f"<MessageStore {self.directory!r} {state}>"
 
 
-__all__ = ["FILE_SIZE_LIMIT_BYTES", "GARBAGE_FRACTION", "MSG_ID_BYTES", "MessageStore",
-           "SyncResult", "WRITE_BUFFER_BYTES"]
+__all__ = [
+    "FILE_SIZE_LIMIT_BYTES",
+    "GARBAGE_FRACTION",
+    "MSG_ID_BYTES",
+    "MessageStore",
+    "SyncResult",
+    "WRITE_BUFFER_BYTES",
+]

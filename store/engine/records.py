@@ -17,10 +17,10 @@ from ..errors import InvalidBody, InvalidMessageId
 MSG_ID_BYTES = 16
 SIZE_FIELD = struct.Struct(">Q")
 HEADER = struct.Struct(">Q16s")
-HEADER_BYTES = HEADER.size                       # 24: size field + msg_id
+HEADER_BYTES = HEADER.size  # 24: size field + msg_id
 OK_MARKER = 0xFF
-RECORD_OVERHEAD = HEADER_BYTES + 1               # 25 bytes besides the body
-MAX_BODY_BYTES = 2**36 - RECORD_OVERHEAD - 1     # what the packed index can address
+RECORD_OVERHEAD = HEADER_BYTES + 1  # 25 bytes besides the body
+MAX_BODY_BYTES = 2**36 - RECORD_OVERHEAD - 1  # what the packed index can address
 FILE_SUFFIX = ".rdq"
 TEMP_SUFFIX = ".rdt"
 _DATA_FILE = re.compile(r"^(0|[1-9][0-9]*)\.rdq$")

@@ -25,9 +25,9 @@ import os
 import stat
 from collections.abc import Iterable
 
+from ..errors import StoreDirectoryError, StoreError, StoreLocked
 from . import index as idx
 from . import snapshot
-from ..errors import StoreDirectoryError, StoreError, StoreLocked
 from .file_changes import DISK_FULL_ERRNOS, reserve
 from .records import TEMP_SUFFIX, check_msg_id, data_file_name, data_file_number
 from .removal_log import RemovalLog
@@ -56,8 +56,7 @@ class Recovery:
             lock_fd = os.open(LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644, dir_fd=dir_fd)
         except OSError as exc:
             os.close(dir_fd)
-            raise StoreDirectoryError(
-                f"store directory {path!r} is not writable: {exc}") from exc
+            raise StoreDirectoryError(f"store directory {path!r} is not writable: {exc}") from exc
         try:
             fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -94,8 +93,9 @@ class Recovery:
         if not self._summary:
             self._summary[0] = FileSummary()
         self._current_file = max(self._summary)
-        self._current_fd = os.open(data_file_name(self._current_file),
-                                   os.O_RDWR | os.O_CREAT, 0o644, dir_fd=self._dir_fd)
+        self._current_fd = os.open(
+            data_file_name(self._current_file), os.O_RDWR | os.O_CREAT, 0o644, dir_fd=self._dir_fd
+        )
         self._write_offset = self._summary[self._current_file].file_size
         os.ftruncate(self._current_fd, self._write_offset)
         try:
@@ -103,8 +103,7 @@ class Recovery:
         except OSError as exc:
             if exc.errno not in DISK_FULL_ERRNOS:
                 raise
-            log.warning("%s: no space to reserve the current file; writes may fail",
-                        self.directory)
+            log.warning("%s: no space to reserve the current file; writes may fail", self.directory)
         os.lseek(self._current_fd, self._write_offset, os.SEEK_SET)
         os.fsync(self._dir_fd)
         return clean
@@ -114,12 +113,12 @@ class Recovery:
             saved = snapshot.read(self._dir_fd)
         except snapshot.SnapshotInvalid as exc:
             if snapshot.present(self._dir_fd):
-                log.warning("%s: clean-shutdown files unusable (%s); recovering dirty",
-                            self.directory, exc)
+                log.warning(
+                    "%s: clean-shutdown files unusable (%s); recovering dirty", self.directory, exc
+                )
             return False
         if clean_clients is not None and frozenset(clean_clients) != saved.clients:
-            log.info("%s: clients differ from the clean shutdown; recovering dirty",
-                     self.directory)
+            log.info("%s: clients differ from the clean shutdown; recovering dirty", self.directory)
             return False
         problem = snapshot.mismatch(saved, self._dir_fd, files)
         if problem is not None:
@@ -134,7 +133,7 @@ class Recovery:
         """Dirty recovery: scan every file; keep the last copy of each id."""
         index: dict[int, int] = {}
         sizes: dict[int, int] = {}
-        found_bytes = dict.fromkeys(files, 0)     # valid bytes, if every id is found once
+        found_bytes = dict.fromkeys(files, 0)  # valid bytes, if every id is found once
         records = 0
         for file in files:
             path = os.path.join(self.directory, data_file_name(file))
@@ -142,18 +141,26 @@ class Recovery:
             sizes[file] = found.size
             for offset, length in found.damaged:
                 self._damaged.append({"file": file, "offset": offset, "length": length})
-                log.warning("%s: %d damaged bytes at offset %d skipped",
-                            path, length, offset)
+                log.warning("%s: %d damaged bytes at offset %d skipped", path, length, offset)
             if file == files[-1] and found.end_of_records < found.size:
-                log.warning("%s: truncating a torn tail of %d bytes", path,
-                            found.size - found.end_of_records)
+                log.warning(
+                    "%s: truncating a torn tail of %d bytes",
+                    path,
+                    found.size - found.end_of_records,
+                )
                 sizes[file] = found.end_of_records
             # Without a source of counts each record counts once, and is adoptable: see
             # "Recovery" in warren.store.engine.message_store.
             base = 1 | (file << idx.FILE_SHIFT) | (idx.ADOPTABLE if ref_counts is None else 0)
-            index.update(zip(map(_key, found.msg_ids), [
-                base | (offset << idx.OFFSET_SHIFT) | (size << idx.SIZE_SHIFT)
-                for offset, size in zip(found.offsets, found.total_sizes)]))
+            index.update(
+                zip(
+                    map(_key, found.msg_ids),
+                    [
+                        base | (offset << idx.OFFSET_SHIFT) | (size << idx.SIZE_SHIFT)
+                        for offset, size in zip(found.offsets, found.total_sizes)
+                    ],
+                )
+            )
             found_bytes[file] = sum(found.total_sizes)
             records += len(found.msg_ids)
         if ref_counts is not None:
@@ -163,7 +170,7 @@ class Recovery:
             if removed:
                 records -= removed
         if ref_counts is None and len(index) == records:
-            valid = found_bytes                   # no id twice: every record found is live
+            valid = found_bytes  # no id twice: every record found is live
         else:
             valid = dict.fromkeys(files, 0)
             for value in index.values():
@@ -173,8 +180,12 @@ class Recovery:
         for file in files[:-1]:
             if valid[file] == 0:
                 self._unlink_file(file)
-        log.info("%s: dirty recovery found %d messages in %d files", self.directory,
-                 len(index), len(files))
+        log.info(
+            "%s: dirty recovery found %d messages in %d files",
+            self.directory,
+            len(index),
+            len(files),
+        )
 
     def _drop_removed(self, index: dict[int, int], found_bytes: dict[int, int]) -> int:
         """Drop from a dirty recovery's ``index`` the records the removal log names (their
@@ -183,8 +194,11 @@ class Recovery:
         for file, offset, msg_id in self._removals.entries(list(found_bytes)):
             key = _key(msg_id)
             value = index.get(key)
-            if (value is not None and value >> idx.FILE_SHIFT == file
-                    and (value >> idx.OFFSET_SHIFT) & idx.OFFSET_MASK == offset):
+            if (
+                value is not None
+                and value >> idx.FILE_SHIFT == file
+                and (value >> idx.OFFSET_SHIFT) & idx.OFFSET_MASK == offset
+            ):
                 del index[key]
                 found_bytes[file] -= (value >> idx.SIZE_SHIFT) & idx.SIZE_MASK
                 dropped += 1
@@ -205,12 +219,14 @@ class Recovery:
                 missing += 1
                 continue
             if count > idx.MAX_REF_COUNT:
-                raise StoreError(f"reference count {count} of {key:032x} exceeds "
-                                 f"{idx.MAX_REF_COUNT}")
+                raise StoreError(
+                    f"reference count {count} of {key:032x} exceeds {idx.MAX_REF_COUNT}"
+                )
             index[key] = value - 1 + count
         if missing:
-            log.warning("%s: %d referenced messages have no data on disk; dropped",
-                        self.directory, missing)
+            log.warning(
+                "%s: %d referenced messages have no data on disk; dropped", self.directory, missing
+            )
         self.counters["recovery_missing"] = missing
         return index
 

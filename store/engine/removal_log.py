@@ -83,14 +83,15 @@ class RemovalLog:
                 del self._buffers[file]
 
     def _append(self, file: int, entries: bytearray) -> bool:
-        fd = os.open(log_name(file), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644,
-                     dir_fd=self._dir_fd)
+        fd = os.open(
+            log_name(file), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644, dir_fd=self._dir_fd
+        )
         try:
             size = os.fstat(fd).st_size
             view = memoryview(entries)
             try:
                 while view:
-                    view = view[os.write(fd, view):]
+                    view = view[os.write(fd, view) :]
             except OSError as exc:
                 if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
                     raise
@@ -124,14 +125,17 @@ class RemovalLog:
 
     def stray_logs(self, files) -> list[str]:
         """Logs whose data file is gone (a crash between the two unlinks)."""
-        return [name for name in os.listdir(self._dir_fd)
-                if (match := _NAME.match(name)) and int(match.group(1)) not in files]
+        return [
+            name
+            for name in os.listdir(self._dir_fd)
+            if (match := _NAME.match(name)) and int(match.group(1)) not in files
+        ]
 
 
 def parse_entries(data: bytes) -> Iterator[tuple[int, bytes]]:
     """The intact entries in a removal log's bytes; a torn or damaged one is skipped."""
     for start in range(0, len(data) - ENTRY_BYTES + 1, ENTRY_BYTES):
-        head = data[start:start + _HEAD.size]
+        head = data[start : start + _HEAD.size]
         (crc,) = _CRC.unpack_from(data, start + _HEAD.size)
         if zlib.crc32(head) == crc:
             yield _HEAD.unpack(head)
@@ -144,8 +148,7 @@ def read_entries(directory: str, files) -> list[tuple[int, int, bytes]]:
     for file in files:
         try:
             with open(os.path.join(directory, log_name(file)), "rb") as log:
-                entries += [(file, offset, msg_id) for offset, msg_id
-                            in parse_entries(log.read())]
+                entries += [(file, offset, msg_id) for offset, msg_id in parse_entries(log.read())]
         except FileNotFoundError:
             continue
     return entries

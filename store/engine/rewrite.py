@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 from .records import HEADER, OK_MARKER, data_file_name, temp_file_name
 
-WRITE_CHUNK_BYTES = 2**20        # the copy is written out, and fdatasync'd, in chunks of this size
+WRITE_CHUNK_BYTES = 2**20  # the copy is written out, and fdatasync'd, in chunks of this size
 
 Record = tuple[bytes, int, int]  # (msg_id, offset, total_size)
 
@@ -69,7 +69,8 @@ def rewrite_combine(directory: str | os.PathLike, plan: CombinePlan) -> RewriteR
         offsets = []
         for file, records in ((plan.dst, plan.dst_records), (plan.src, plan.src_records)):
             new_offsets, written = _copy_records(
-                os.path.join(directory, data_file_name(file)), records, out, written)
+                os.path.join(directory, data_file_name(file)), records, out, written
+            )
             offsets.append(tuple(new_offsets))
         os.fdatasync(out)
     finally:
@@ -77,21 +78,28 @@ def rewrite_combine(directory: str | os.PathLike, plan: CombinePlan) -> RewriteR
     return RewriteResult(offsets[0], offsets[1], written)
 
 
-def _copy_records(path: str, records: tuple[Record, ...], out: int,
-                  written: int) -> tuple[list[int], int]:
+def _copy_records(
+    path: str, records: tuple[Record, ...], out: int, written: int
+) -> tuple[list[int], int]:
     """Append ``records`` of ``path`` to ``out``, validating each; new offsets and size."""
     new_offsets = []
     buffer = bytearray()
     if not records:
         return new_offsets, written
-    with open(path, "rb") as source, mmap.mmap(source.fileno(), 0,
-                                               access=mmap.ACCESS_READ) as mapped:
+    with (
+        open(path, "rb") as source,
+        mmap.mmap(source.fileno(), 0, access=mmap.ACCESS_READ) as mapped,
+    ):
         for msg_id, offset, size in records:
             end = offset + size
-            if (end > len(mapped) or mapped[end - 1] != OK_MARKER
-                    or HEADER.unpack_from(mapped, offset) != (size - 9, msg_id)):
-                raise CorruptRecord(f"{path} has no valid record of {msg_id.hex()} "
-                                    f"at offset {offset}")
+            if (
+                end > len(mapped)
+                or mapped[end - 1] != OK_MARKER
+                or HEADER.unpack_from(mapped, offset) != (size - 9, msg_id)
+            ):
+                raise CorruptRecord(
+                    f"{path} has no valid record of {msg_id.hex()} at offset {offset}"
+                )
             new_offsets.append(written + len(buffer))
             buffer += mapped[offset:end]
             if len(buffer) >= WRITE_CHUNK_BYTES:
@@ -108,5 +116,5 @@ def _copy_records(path: str, records: tuple[Record, ...], out: int,
 def _write_all(fd: int, data: bytearray) -> int:
     view = memoryview(data)
     while view:
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view) :]
     return len(data)

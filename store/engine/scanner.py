@@ -42,9 +42,9 @@ class ScanResult:
     # short-lived int objects behind in the allocator's pools, next to the long-lived index.
     offsets: array = field(default_factory=lambda: array("Q"))
     total_sizes: array = field(default_factory=lambda: array("Q"))
-    damaged: list[tuple[int, int]] = field(default_factory=list)   # (offset, length)
-    end_of_records: int = 0        # offset just past the last record (0 when none)
-    size: int = 0                  # bytes scanned
+    damaged: list[tuple[int, int]] = field(default_factory=list)  # (offset, length)
+    end_of_records: int = 0  # offset just past the last record (0 when none)
+    size: int = 0  # bytes scanned
 
     @property
     def records(self) -> list[tuple[bytes, int, int]]:
@@ -68,7 +68,7 @@ def scan_buffer(buf: bytes | mmap.mmap) -> ScanResult:
             if gap_start >= 0:
                 _note_gap(buf, gap_start, pos, result.damaged)
                 gap_start = -1
-            msg_ids.append(buf[pos + 8:pos + HEADER_BYTES])
+            msg_ids.append(buf[pos + 8 : pos + HEADER_BYTES])
             offsets.append(pos)
             sizes.append(end - pos)
             pos = end

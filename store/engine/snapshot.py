@@ -52,7 +52,7 @@ class SnapshotInvalid(Exception):
 @dataclass(frozen=True)
 class Snapshot:
     index: dict[int, int]
-    summary: list[tuple[int, int, int]]    # (file, valid_total_size, file_size)
+    summary: list[tuple[int, int, int]]  # (file, valid_total_size, file_size)
     clients: frozenset[bytes]
 
 
@@ -73,11 +73,15 @@ def _words_from(data: bytes) -> array:
 
 def _encode_index(index: dict[int, int]) -> bytes:
     values = index.values()
-    return b"".join((struct.pack("<Q", len(index)),
-                     b"".join(key.to_bytes(16, "big") for key in index),
-                     # An adoption window never outlives the process that opened it.
-                     _little_endian_words(v & _LOW_WORD_NOT_ADOPTABLE for v in values),
-                     _little_endian_words(v >> 64 for v in values)))
+    return b"".join(
+        (
+            struct.pack("<Q", len(index)),
+            b"".join(key.to_bytes(16, "big") for key in index),
+            # An adoption window never outlives the process that opened it.
+            _little_endian_words(v & _LOW_WORD_NOT_ADOPTABLE for v in values),
+            _little_endian_words(v >> 64 for v in values),
+        )
+    )
 
 
 def _decode_index(payload: bytes) -> dict[int, int]:
@@ -85,15 +89,16 @@ def _decode_index(payload: bytes) -> dict[int, int]:
     ids_end = 8 + 16 * count
     if len(payload) != ids_end + 16 * count:
         raise SnapshotInvalid("index snapshot has the wrong length")
-    keys = [int.from_bytes(payload[i:i + 16], "big") for i in range(8, ids_end, 16)]
-    lows = _words_from(payload[ids_end:ids_end + 8 * count])
-    highs = _words_from(payload[ids_end + 8 * count:])
+    keys = [int.from_bytes(payload[i : i + 16], "big") for i in range(8, ids_end, 16)]
+    lows = _words_from(payload[ids_end : ids_end + 8 * count])
+    highs = _words_from(payload[ids_end + 8 * count :])
     return dict(zip(keys, [low | (high << 64) for low, high in zip(lows, highs)]))
 
 
 def _encode_summary(summary: list[tuple[int, int, int]]) -> bytes:
     return struct.pack("<Q", len(summary)) + b"".join(
-        _SUMMARY_ENTRY.pack(*entry) for entry in summary)
+        _SUMMARY_ENTRY.pack(*entry) for entry in summary
+    )
 
 
 def _decode_summary(payload: bytes) -> list[tuple[int, int, int]]:
@@ -115,7 +120,7 @@ def _decode_marker(payload: bytes) -> tuple[int, int, frozenset[bytes]]:
     pos, clients = 12, []
     for _ in range(count):
         (length,) = struct.unpack_from("<H", payload, pos)
-        clients.append(payload[pos + 2:pos + 2 + length])
+        clients.append(payload[pos + 2 : pos + 2 + length])
         pos += 2 + length
     if pos != len(payload):
         raise SnapshotInvalid("clean marker has the wrong length")
@@ -129,7 +134,7 @@ def _write_file(dir_fd: int, name: str, payload: bytes) -> int:
     try:
         view = memoryview(_PREAMBLE.pack(_MAGIC[name], _VERSION, len(payload), crc) + payload)
         while view:
-            view = view[os.write(fd, view):]
+            view = view[os.write(fd, view) :]
         os.fsync(fd)
     finally:
         os.close(fd)
@@ -147,7 +152,7 @@ def _read_file(dir_fd: int, name: str) -> tuple[bytes, int]:
     if len(data) < _PREAMBLE.size:
         raise SnapshotInvalid(f"{name} is short ({len(data)} bytes)")
     magic, version, length, crc = _PREAMBLE.unpack_from(data)
-    payload = data[_PREAMBLE.size:]
+    payload = data[_PREAMBLE.size :]
     if magic != _MAGIC[name] or version != _VERSION:
         raise SnapshotInvalid(f"{name} has magic {magic!r} version {version}")
     if len(payload) != length or zlib.crc32(payload) != crc:
@@ -155,8 +160,12 @@ def _read_file(dir_fd: int, name: str) -> tuple[bytes, int]:
     return payload, crc
 
 
-def write(dir_fd: int, index: dict[int, int], summary: list[tuple[int, int, int]],
-          clients: frozenset[bytes]) -> None:
+def write(
+    dir_fd: int,
+    index: dict[int, int],
+    summary: list[tuple[int, int, int]],
+    clients: frozenset[bytes],
+) -> None:
     """Write the three files, the marker last, and fsync the directory."""
     index_crc = _write_file(dir_fd, INDEX_FILE, _encode_index(index))
     summary_crc = _write_file(dir_fd, SUMMARY_FILE, _encode_summary(summary))

@@ -15,10 +15,10 @@ from dataclasses import asdict, dataclass
 
 @dataclass(slots=True)
 class FileSummary:
-    valid_total_size: int = 0     # bytes of records with references
-    file_size: int = 0            # bytes written to the file
-    left: int | None = None       # the next older file
-    right: int | None = None      # the next younger file; None for the current file
+    valid_total_size: int = 0  # bytes of records with references
+    file_size: int = 0  # bytes written to the file
+    left: int | None = None  # the next older file
+    right: int | None = None  # the next younger file; None for the current file
     locked: bool = False
 
     def as_dict(self) -> dict:

@@ -37,34 +37,49 @@ import time
 from collections.abc import Callable
 
 from warren.actors import ActorError
-from warren.store.store_actor import GC_NAME
-from . import faults as chaos
-from .report import (format_report, report_document,
-                                            write_report)
-from .run import (RUN_DIR, NodeUnderTest, check_data_dir,
-                                         harness_signals, run_faults, spawn_with_parent)
-from ..node.node import LISTENER_NAME, QUEUE_PREFIX, STORES
-
 from warren.queues.broker.dedup import message_ids
-from warren.queues.errors import QueueError
 from warren.queues.broker.listener import with_free_port
 from warren.queues.engine.queue_index import HEADER_BYTES, SLOT_BYTES
+from warren.queues.errors import QueueError
+from warren.store.store_actor import GC_NAME
+
+from ..node.node import LISTENER_NAME, QUEUE_PREFIX, STORES
+from . import faults as chaos
+from .report import format_report, report_document, write_report
+from .run import (
+    RUN_DIR,
+    NodeUnderTest,
+    check_data_dir,
+    harness_signals,
+    run_faults,
+    spawn_with_parent,
+)
 from .workload import Audit, Producer, audit
 
-__all__ = ["QUEUES", "RUN_DIR", "TARGETS", "ChaosWorkload", "actor_names", "pattern_limits",
-           "run_chaos"]
+__all__ = [
+    "QUEUES",
+    "RUN_DIR",
+    "TARGETS",
+    "ChaosWorkload",
+    "actor_names",
+    "pattern_limits",
+    "run_chaos",
+]
 
 DEFAULT_QUEUE, LAZY_QUEUE, EXCHANGE = "chaos.default", "chaos.lazy", "chaos.fanout"
 FANOUT_QUEUES = ("chaos.fanout.1", "chaos.fanout.2")
 QUEUES = (DEFAULT_QUEUE, LAZY_QUEUE, *FANOUT_QUEUES)
 # What producer i publishes to, by i modulo 3: (exchange, routing key, the queues it reaches)
-TARGETS = (("", DEFAULT_QUEUE, (DEFAULT_QUEUE,)), ("", LAZY_QUEUE, (LAZY_QUEUE,)),
-           (EXCHANGE, "", FANOUT_QUEUES))
-DRAIN_IDLE_S = 20.0        # draining ends when the queues stay as they are this long
+TARGETS = (
+    ("", DEFAULT_QUEUE, (DEFAULT_QUEUE,)),
+    ("", LAZY_QUEUE, (LAZY_QUEUE,)),
+    (EXCHANGE, "", FANOUT_QUEUES),
+)
+DRAIN_IDLE_S = 20.0  # draining ends when the queues stay as they are this long
 DRAIN_POLL_S = 0.5
-STOP_WAIT_S = 30.0         # a workload process told to stop, before it is killed
+STOP_WAIT_S = 30.0  # a workload process told to stop, before it is killed
 _ORDER = re.compile(rb'\{"order": "([0-9a-f]+p\d+-\d+)"')
-_MSG_ID_AT = 16            # where a queue index slot keeps the message id (16 bytes)
+_MSG_ID_AT = 16  # where a queue index slot keeps the message id (16 bytes)
 # Process faults a pattern may take in a period: under the restart intensity of the node's
 # supervisors (3 in 60 s for the root and for each queue's), so a supervisor giving up is
 # the run's finding. A pattern naming queues only may take 3; any other 2, leaving the
@@ -84,11 +99,15 @@ def pattern_limits(patterns: tuple[str, ...]) -> dict[str, tuple[int, float]]:
     for pattern in patterns:
         matched = [n for n in names if fnmatch.fnmatchcase(n, pattern)]
         if not matched:
-            raise ValueError(f"the pattern {pattern!r} matches no process of the node; its "
-                             f"processes are {', '.join(names)}")
-        limits[pattern] = (QUEUE_PATTERN_LIMIT
-                           if all(n.startswith(QUEUE_PREFIX) for n in matched)
-                           else OTHER_PATTERN_LIMIT)
+            raise ValueError(
+                f"the pattern {pattern!r} matches no process of the node; its "
+                f"processes are {', '.join(names)}"
+            )
+        limits[pattern] = (
+            QUEUE_PATTERN_LIMIT
+            if all(n.startswith(QUEUE_PREFIX) for n in matched)
+            else OTHER_PATTERN_LIMIT
+        )
     return limits
 
 
@@ -96,8 +115,16 @@ class ChaosWorkload:
     """The workload's processes and ledgers in ``directory``, against the node listening
     on ``endpoint``."""
 
-    def __init__(self, directory: str, endpoint: str, *, producers: int, consumers: int,
-                 sizes: tuple[int, int], seed: int = 0) -> None:
+    def __init__(
+        self,
+        directory: str,
+        endpoint: str,
+        *,
+        producers: int,
+        consumers: int,
+        sizes: tuple[int, int],
+        seed: int = 0,
+    ) -> None:
         self.directory, self.endpoint = directory, endpoint
         self.producers, self.consumers, self.sizes, self.seed = producers, consumers, sizes, seed
         # Producer ids of this run only: a node's queues remember earlier runs' producers
@@ -106,7 +133,7 @@ class ChaosWorkload:
         self._producers: list[subprocess.Popen] = []
         self._consumers: list[subprocess.Popen] = []
         self.problems: list[str] = []
-        self._counted: dict[str, tuple[int, int]] = {}     # ledger -> (offset, lines)
+        self._counted: dict[str, tuple[int, int]] = {}  # ledger -> (offset, lines)
         # Bodies in a damaged file, by queue (None: the shared store, every queue's).
         self._destroyed_ids: dict[str | None, set[str]] = {}
         self._destroyed_slots: dict[str, set[bytes]] = {}  # queue -> index entries
@@ -116,8 +143,11 @@ class ChaosWorkload:
         return os.path.join(self.directory, f"{role}{index}.ledger")
 
     def producer(self, index: int) -> Producer:
-        return Producer(f"{self.run_id}p{index}", self.ledger("producer", index),
-                        TARGETS[index % len(TARGETS)][2])
+        return Producer(
+            f"{self.run_id}p{index}",
+            self.ledger("producer", index),
+            TARGETS[index % len(TARGETS)][2],
+        )
 
     def connect(self):
         from warren import connect
@@ -140,34 +170,56 @@ class ChaosWorkload:
         """Start the consumers, then the producers; each says ``ready`` once connected."""
         for j in range(self.consumers):
             mine = [q for k, q in enumerate(QUEUES) if k % self.consumers == j] or [
-                QUEUES[j % len(QUEUES)]]
-            self._consumers.append(self._spawn(
-                "consume", self.endpoint, self.ledger("consumer", j), *mine))
+                QUEUES[j % len(QUEUES)]
+            ]
+            self._consumers.append(
+                self._spawn("consume", self.endpoint, self.ledger("consumer", j), *mine)
+            )
         for i in range(self.producers):
             exchange, routing_key, _ = TARGETS[i % len(TARGETS)]
             producer = self.producer(i)
-            self._producers.append(self._spawn(
-                "produce", self.endpoint, routing_key, producer.name, producer.ledger,
-                "--exchange", exchange, "--sizes", *map(str, self.sizes),
-                "--size-key", f"{self.seed}p{i}", "--deduplicate"))
+            self._producers.append(
+                self._spawn(
+                    "produce",
+                    self.endpoint,
+                    routing_key,
+                    producer.name,
+                    producer.ledger,
+                    "--exchange",
+                    exchange,
+                    "--sizes",
+                    *map(str, self.sizes),
+                    "--size-key",
+                    f"{self.seed}p{i}",
+                    "--deduplicate",
+                )
+            )
 
     def _spawn(self, *argv: str) -> subprocess.Popen:
         with open(os.path.join(self.directory, "workload.log"), "ab") as log:
-            process = spawn_with_parent([sys.executable, "-m", "warren.supervisor.chaos.workload", *argv],
-                                        stdout=subprocess.PIPE, stderr=log, text=True)
+            process = spawn_with_parent(
+                [sys.executable, "-m", "warren.supervisor.chaos.workload", *argv],
+                stdout=subprocess.PIPE,
+                stderr=log,
+                text=True,
+            )
         if process.stdout.readline().strip() != "ready":
             process.kill()
             process.wait()
-            raise RuntimeError(f"a workload process did not start: {' '.join(argv)} (see "
-                               f"{os.path.join(self.directory, 'workload.log')})")
+            raise RuntimeError(
+                f"a workload process did not start: {' '.join(argv)} (see "
+                f"{os.path.join(self.directory, 'workload.log')})"
+            )
         return process
 
     def sample(self) -> dict[str, int]:
         """Lines in the producers' and the consumers' ledgers so far (cheap: new bytes)."""
-        return {"confirmed": sum(self._count(self.ledger("producer", i))
-                                 for i in range(self.producers)),
-                "consumed": sum(self._count(self.ledger("consumer", j))
-                                for j in range(self.consumers))}
+        return {
+            "confirmed": sum(
+                self._count(self.ledger("producer", i)) for i in range(self.producers)
+            ),
+            "consumed": sum(self._count(self.ledger("consumer", j)) for j in range(self.consumers)),
+        }
 
     def _count(self, path: str) -> int:
         offset, lines = self._counted.get(path, (0, 0))
@@ -186,24 +238,30 @@ class ChaosWorkload:
         with open(path, "rb") as file:
             data = file.read()
         parent = os.path.dirname(path)
-        queue = (os.path.basename(parent)
-                 if os.path.basename(os.path.dirname(parent)) == "queues" else None)
-        header = 0 if path.endswith(".rdq") else HEADER_BYTES   # the shared store's: none
+        queue = (
+            os.path.basename(parent)
+            if os.path.basename(os.path.dirname(parent)) == "queues"
+            else None
+        )
+        header = 0 if path.endswith(".rdq") else HEADER_BYTES  # the shared store's: none
         whole = offset < header
         if path.endswith(".qi"):
             hit = HEADER_BYTES + (offset - HEADER_BYTES) // SLOT_BYTES * SLOT_BYTES
-            first, last = (HEADER_BYTES, len(data)) if whole else (
-                hit, len(data) if kind == "torn" else hit + SLOT_BYTES)
+            first, last = (
+                (HEADER_BYTES, len(data))
+                if whole
+                else (hit, len(data) if kind == "torn" else hit + SLOT_BYTES)
+            )
             slots = self._destroyed_slots.setdefault(queue, set())
             for at in range(first, min(last, len(data) - SLOT_BYTES + 1), SLOT_BYTES):
-                slots.add(data[at + _MSG_ID_AT:at + _MSG_ID_AT + 16])
+                slots.add(data[at + _MSG_ID_AT : at + _MSG_ID_AT + 16])
             return
         # Bodies start with their event: the last one starting at or before the damage is
         # the record it lands in, unless it lands in the next record's framing.
         events = [(m.start(), m.group(1).decode()) for m in _ORDER.finditer(data)]
         starts = [at for at, _ in events]
         hit = max(0, bisect.bisect_right(starts, offset) - 1)
-        reached = events if whole else events[hit:] if kind == "torn" else events[hit:hit + 2]
+        reached = events if whole else events[hit:] if kind == "torn" else events[hit : hit + 2]
         self._destroyed_ids.setdefault(queue, set()).update(m for _, m in reached)
 
     def destroyed(self, queue: str, message_id: str) -> bool:
@@ -225,7 +283,7 @@ class ChaosWorkload:
         try:
             connection = self.connect()
         except OSError:
-            return                  # no node to drain: the verdict and its health say so
+            return  # no node to drain: the verdict and its health say so
         try:
             last, since = None, time.monotonic()
             while time.monotonic() - since < DRAIN_IDLE_S:
@@ -234,7 +292,7 @@ class ChaosWorkload:
                     try:
                         depths.append(connection.queue_stats(queue)["depth"])
                     except (QueueError, ActorError, TimeoutError):
-                        depths.append(None)          # restarting, or down
+                        depths.append(None)  # restarting, or down
                 if all(depth == 0 for depth in depths):
                     return
                 now = (tuple(depths), self.sample()["consumed"])
@@ -252,8 +310,10 @@ class ChaosWorkload:
     def _stop(self, processes: list[subprocess.Popen], role: str) -> None:
         for index, process in enumerate(processes):
             if process.poll() is not None:
-                self.problems.append(f"{role} {index} exited with {process.returncode} "
-                                     f"during the run (see workload.log)")
+                self.problems.append(
+                    f"{role} {index} exited with {process.returncode} "
+                    f"during the run (see workload.log)"
+                )
             else:
                 process.terminate()
         for process in processes:
@@ -266,21 +326,33 @@ class ChaosWorkload:
         processes.clear()
 
     def audit(self) -> Audit:
-        return audit([self.producer(i) for i in range(self.producers)],
-                     [self.ledger("consumer", j) for j in range(self.consumers)],
-                     self.destroyed)
+        return audit(
+            [self.producer(i) for i in range(self.producers)],
+            [self.ledger("consumer", j) for j in range(self.consumers)],
+            self.destroyed,
+        )
 
 
-def run_chaos(data_dir: str, *, duration_s: float, kinds: list[str], producers: int,
-              consumers: int, sizes: tuple[int, int], seed: int,
-              patterns: tuple[str, ...] = ("queue *", "msg_store_*"),
-              every_s: tuple[float, float] = (1.0, 3.0), report_dir: str | None = None,
-              say: Callable[[str], None] = print) -> dict:
+def run_chaos(
+    data_dir: str,
+    *,
+    duration_s: float,
+    kinds: list[str],
+    producers: int,
+    consumers: int,
+    sizes: tuple[int, int],
+    seed: int,
+    patterns: tuple[str, ...] = ("queue *", "msg_store_*"),
+    every_s: tuple[float, float] = (1.0, 3.0),
+    report_dir: str | None = None,
+    say: Callable[[str], None] = print,
+) -> dict:
     """The whole run; its report document (``ok`` says whether every invariant held).
     ValueError, before anything starts, for a bad fault kind, pattern or duration, or a
     data directory that is not a node's."""
-    faults = chaos.schedule(seed, duration_s, kinds, patterns=patterns, every_s=every_s,
-                            limits=pattern_limits(patterns))
+    faults = chaos.schedule(
+        seed, duration_s, kinds, patterns=patterns, every_s=every_s, limits=pattern_limits(patterns)
+    )
     data_dir = check_data_dir(data_dir)
     run_dir = os.path.join(data_dir, RUN_DIR)
     if os.path.isdir(run_dir):
@@ -288,21 +360,31 @@ def run_chaos(data_dir: str, *, duration_s: float, kinds: list[str], producers: 
             os.unlink(os.path.join(run_dir, name))
     os.makedirs(run_dir, exist_ok=True)
     endpoint = with_free_port("tcp://127.0.0.1:*")
-    say(f"chaos: seed {seed}, {len(faults)} faults over {duration_s:g} s "
+    say(
+        f"chaos: seed {seed}, {len(faults)} faults over {duration_s:g} s "
         f"({', '.join(sorted(set(kinds)))}), {producers} producers, {consumers} consumers, "
-        f"bodies of {sizes[0]:,} to {sizes[1]:,} bytes; node on {data_dir} at {endpoint}")
-    node = NodeUnderTest(data_dir, options=("--listen", endpoint),
-                         log_path=os.path.join(run_dir, "node.log"))
-    workload = ChaosWorkload(run_dir, endpoint, producers=producers, consumers=consumers,
-                             sizes=sizes, seed=seed)
+        f"bodies of {sizes[0]:,} to {sizes[1]:,} bytes; node on {data_dir} at {endpoint}"
+    )
+    node = NodeUnderTest(
+        data_dir, options=("--listen", endpoint), log_path=os.path.join(run_dir, "node.log")
+    )
+    workload = ChaosWorkload(
+        run_dir, endpoint, producers=producers, consumers=consumers, sizes=sizes, seed=seed
+    )
     with harness_signals():
         try:
             node.start()
             workload.declare()
             node.expect(actor_names())
             workload.start()
-            result = run_faults(node, faults, duration_s, seed=seed, sample=workload.sample,
-                                before_damage=workload.note_damage)
+            result = run_faults(
+                node,
+                faults,
+                duration_s,
+                seed=seed,
+                sample=workload.sample,
+                before_damage=workload.note_damage,
+            )
             say("chaos: faults done; producers stop, consumers drain")
             workload.stop_producers()
             workload.drain()

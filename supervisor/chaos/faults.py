@@ -45,14 +45,28 @@ from dataclasses import dataclass
 
 import psutil
 
-__all__ = ["DISK_FAULTS", "FAULT_KINDS", "FILE_FAULTS", "PROCESS_FAULTS", "Fault",
-           "FaultMissed", "actor_name", "damage_file", "is_alive", "kill_process",
-           "kill_processes", "matching", "node_processes", "schedule", "stop_process"]
+__all__ = [
+    "DISK_FAULTS",
+    "FAULT_KINDS",
+    "FILE_FAULTS",
+    "PROCESS_FAULTS",
+    "Fault",
+    "FaultMissed",
+    "actor_name",
+    "damage_file",
+    "is_alive",
+    "kill_process",
+    "kill_processes",
+    "matching",
+    "node_processes",
+    "schedule",
+    "stop_process",
+]
 
 FAULT_KINDS = ("kill", "stop", "node", "torn", "flip", "full", "slow")
-FILE_FAULTS = ("torn", "flip")            # these need the node stopped first
-PROCESS_FAULTS = ("kill", "stop")         # these take a pattern
-DISK_FAULTS = ("full", "slow")            # these last a while, then end
+FILE_FAULTS = ("torn", "flip")  # these need the node stopped first
+PROCESS_FAULTS = ("kill", "stop")  # these take a pattern
+DISK_FAULTS = ("full", "slow")  # these last a while, then end
 TITLE_PREFIX = "warren: "
 # The files a torn write or a flipped byte may hit: the shared stores' data files and the
 # queues' index and per-queue store segments.
@@ -70,18 +84,23 @@ class Fault:
 
     at_s: float
     kind: str
-    pattern: str          # process name pattern (kill, stop), else ""
-    seed: int             # for the process, file and byte it picks
+    pattern: str  # process name pattern (kill, stop), else ""
+    seed: int  # for the process, file and byte it picks
 
     def __str__(self) -> str:
         target = f" {self.pattern!r}" if self.pattern else ""
         return f"{self.at_s:7.2f} s  {self.kind}{target}"
 
 
-def schedule(seed: int, duration_s: float, kinds: tuple[str, ...] | list[str], *,
-             patterns: tuple[str, ...] = ("queue *", "msg_store_*"),
-             every_s: tuple[float, float] = (1.0, 3.0),
-             limits: dict[str, tuple[int, float]] | None = None) -> list[Fault]:
+def schedule(
+    seed: int,
+    duration_s: float,
+    kinds: tuple[str, ...] | list[str],
+    *,
+    patterns: tuple[str, ...] = ("queue *", "msg_store_*"),
+    every_s: tuple[float, float] = (1.0, 3.0),
+    limits: dict[str, tuple[int, float]] | None = None,
+) -> list[Fault]:
     """Faults at random intervals of ``every_s`` (seconds, from, to) over ``duration_s``,
     each of a kind drawn from ``kinds`` and, for kill and stop, a pattern from
     ``patterns`` that has had fewer than ``count`` faults in the last ``period_s`` when
@@ -89,11 +108,11 @@ def schedule(seed: int, duration_s: float, kinds: tuple[str, ...] | list[str], *
     no fault); ``ValueError`` for a kind that does not exist or a duration of 0."""
     unknown = sorted(set(kinds) - set(FAULT_KINDS))
     if unknown or not kinds:
-        raise ValueError(f"unknown fault kinds {unknown or list(kinds)}; the kinds are "
-                         f"{', '.join(FAULT_KINDS)}")
+        raise ValueError(
+            f"unknown fault kinds {unknown or list(kinds)}; the kinds are {', '.join(FAULT_KINDS)}"
+        )
     if not isinstance(duration_s, (int, float)) or duration_s <= 0:
-        raise ValueError(f"the duration must be a positive number of seconds, not "
-                         f"{duration_s!r}")
+        raise ValueError(f"the duration must be a positive number of seconds, not {duration_s!r}")
     if not patterns or not 0 < every_s[0] <= every_s[1]:
         raise ValueError("give at least one pattern, and an interval 0 < from <= to")
     limits = limits or {}
@@ -104,9 +123,13 @@ def schedule(seed: int, duration_s: float, kinds: tuple[str, ...] | list[str], *
         kind = rng.choice(list(kinds))
         pattern = ""
         if kind in PROCESS_FAULTS:
-            free = [p for p in patterns if p not in limits or sum(
-                1 for f in faults if f.pattern == p and f.at_s > at - limits[p][1]
-            ) < limits[p][0]]
+            free = [
+                p
+                for p in patterns
+                if p not in limits
+                or sum(1 for f in faults if f.pattern == p and f.at_s > at - limits[p][1])
+                < limits[p][0]
+            ]
             others = [k for k in kinds if k not in PROCESS_FAULTS]
             if free:
                 pattern = rng.choice(free)
@@ -131,7 +154,7 @@ def node_processes(node_pid: int) -> list[psutil.Process]:
 
 def actor_name(process: psutil.Process) -> str:
     """The actor name in a process's title (``warren: queue orders``: ``queue orders``)."""
-    return _title(process)[len(TITLE_PREFIX):]
+    return _title(process)[len(TITLE_PREFIX) :]
 
 
 def _title(process: psutil.Process) -> str:
@@ -149,7 +172,7 @@ def matching(processes: list[psutil.Process], pattern: str) -> list[psutil.Proce
     for process in processes:
         title = _title(process)
         if title.startswith(TITLE_PREFIX):
-            name = title[len(TITLE_PREFIX):]
+            name = title[len(TITLE_PREFIX) :]
             if not name.startswith("forkserver") and fnmatch.fnmatchcase(name, pattern):
                 found.append(process)
     return found
@@ -158,15 +181,23 @@ def matching(processes: list[psutil.Process], pattern: str) -> list[psutil.Proce
 def _pick(processes: list[psutil.Process], pattern: str, seed: int) -> psutil.Process:
     found = sorted(matching(processes, pattern), key=_title)
     if not found:
-        names = sorted({_title(p)[len(TITLE_PREFIX):] for p in processes
-                        if _title(p).startswith(TITLE_PREFIX)})
-        raise FaultMissed(f"no process of the node matches {pattern!r}; its processes are "
-                          f"{', '.join(names) or 'none'}")
+        names = sorted(
+            {
+                _title(p)[len(TITLE_PREFIX) :]
+                for p in processes
+                if _title(p).startswith(TITLE_PREFIX)
+            }
+        )
+        raise FaultMissed(
+            f"no process of the node matches {pattern!r}; its processes are "
+            f"{', '.join(names) or 'none'}"
+        )
     return random.Random(seed).choice(found)
 
 
-def _signal_one(processes: list[psutil.Process], pattern: str, seed: int,
-                signum: signal.Signals) -> tuple[str, psutil.Process]:
+def _signal_one(
+    processes: list[psutil.Process], pattern: str, seed: int, signum: signal.Signals
+) -> tuple[str, psutil.Process]:
     victim = _pick(processes, pattern, seed)
     name = _title(victim)
     try:
@@ -181,14 +212,16 @@ def kill_process(processes: list[psutil.Process], pattern: str, seed: int) -> st
     return _signal_one(processes, pattern, seed, signal.SIGKILL)[0]
 
 
-def stop_process(processes: list[psutil.Process], pattern: str,
-                 seed: int) -> tuple[str, psutil.Process]:
+def stop_process(
+    processes: list[psutil.Process], pattern: str, seed: int
+) -> tuple[str, psutil.Process]:
     """SIGSTOP one process matching ``pattern``; its name and handle (for ``SIGCONT``)."""
     return _signal_one(processes, pattern, seed, signal.SIGSTOP)
 
 
-def kill_processes(processes: list[psutil.Process],
-                   timeout_s: float = 10.0) -> list[psutil.Process]:
+def kill_processes(
+    processes: list[psutil.Process], timeout_s: float = 10.0
+) -> list[psutil.Process]:
     """SIGKILL them all at once (a whole node) and wait for their end; those still
     alive after ``timeout_s`` (none, unless the kernel is stuck). A zombie is dead: it
     holds no file, lock or socket any more, only its exit status for a parent to read."""
@@ -196,7 +229,7 @@ def kill_processes(processes: list[psutil.Process],
         try:
             process.send_signal(signal.SIGKILL)
         except psutil.NoSuchProcess:
-            pass                      # gone already: its parent's death took it
+            pass  # gone already: its parent's death took it
     deadline = time.monotonic() + timeout_s
     alive = [p for p in processes if is_alive(p)]
     while alive and time.monotonic() < deadline:
@@ -213,8 +246,13 @@ def is_alive(process: psutil.Process) -> bool:
         return False
 
 
-def damage_file(data_dir: str | os.PathLike, kind: str, seed: int, *,
-                before: Callable[[str, str, int], None] | None = None) -> tuple[str, int]:
+def damage_file(
+    data_dir: str | os.PathLike,
+    kind: str,
+    seed: int,
+    *,
+    before: Callable[[str, str, int], None] | None = None,
+) -> tuple[str, int]:
     """Tear (cut in the last page) or flip (one bit of one byte anywhere) one of a stopped
     node's store and queue files, picked with ``seed``; (its path, the offset).
     ``before(path, kind, offset)`` is called before the file is damaged (a harness notes
@@ -255,7 +293,11 @@ def _expand(root: str, directory: str) -> list[str]:
     """The directories ``directory`` (a path with ``*`` parts) names under ``root``."""
     found = [root]
     for part in directory.split("/"):
-        found = [os.path.join(base, name) for base in found if os.path.isdir(base)
-                 for name in sorted(os.listdir(base))
-                 if fnmatch.fnmatchcase(name, part) and os.path.isdir(os.path.join(base, name))]
+        found = [
+            os.path.join(base, name)
+            for base in found
+            if os.path.isdir(base)
+            for name in sorted(os.listdir(base))
+            if fnmatch.fnmatchcase(name, part) and os.path.isdir(os.path.join(base, name))
+        ]
     return found

@@ -35,8 +35,12 @@ SEED_OPTION = "--warren-chaos-seed"
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.getgroup("warren").addoption(
-        SEED_OPTION, type=int, default=None, metavar="N",
-        help="the seed of every warren_chaos run (repeat a failed one)")
+        SEED_OPTION,
+        type=int,
+        default=None,
+        metavar="N",
+        help="the seed of every warren_chaos run (repeat a failed one)",
+    )
 
 
 class ChaosFixture:
@@ -47,16 +51,32 @@ class ChaosFixture:
         self.forced_seed = seed
         self.runs = 0
 
-    def run(self, children: str, *, check, kinds=("kill", "node"), patterns=("*",),
-            duration_s: float = 10.0, seed: int = 0, **options: Any) -> dict:
+    def run(
+        self,
+        children: str,
+        *,
+        check,
+        kinds=("kill", "node"),
+        patterns=("*",),
+        duration_s: float = 10.0,
+        seed: int = 0,
+        **options: Any,
+    ) -> dict:
         """Run ``children`` under faults and ``check`` it; the report document."""
         self.runs += 1
         run_dir = os.path.join(self.directory, f"chaos-{self.runs}")
         os.makedirs(run_dir, exist_ok=True)
-        return run_tree(os.path.join(run_dir, "data"), children, check=check, kinds=kinds,
-                        patterns=patterns, duration_s=duration_s,
-                        seed=seed if self.forced_seed is None else self.forced_seed,
-                        report_dir=os.path.join(run_dir, "report"), **options)
+        return run_tree(
+            os.path.join(run_dir, "data"),
+            children,
+            check=check,
+            kinds=kinds,
+            patterns=patterns,
+            duration_s=duration_s,
+            seed=seed if self.forced_seed is None else self.forced_seed,
+            report_dir=os.path.join(run_dir, "report"),
+            **options,
+        )
 
     @staticmethod
     def text(report: dict) -> str:
@@ -68,8 +88,9 @@ class ChaosFixture:
 def warren_chaos(request: pytest.FixtureRequest, tmp_path):
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     yield ChaosFixture(str(tmp_path), request.config.getoption(SEED_OPTION))
-    left = [p for p in psutil.Process().children(recursive=True)
-            if p.pid not in before and is_alive(p)]
+    left = [
+        p for p in psutil.Process().children(recursive=True) if p.pid not in before and is_alive(p)
+    ]
     if left:
         kill_processes(left)
         pytest.fail(f"processes of a chaos run outlived it: {[p.pid for p in left]}")

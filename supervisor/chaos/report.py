@@ -21,16 +21,23 @@ import os
 import statistics
 from typing import Any
 
-from .run import SAMPLE_EVERY_S, ChaosResult
 from ..tables import Column, format_table
+from .run import SAMPLE_EVERY_S, ChaosResult
 
 __all__ = ["format_report", "report_document", "write_report"]
 
-LISTED_IDS = 20          # ids of lost or unflagged messages shown on the terminal
-PLOT_WINDOWS = 200       # a run's plot shows rates over this many windows at most
-LABELLED_FAULTS = 30     # more faults than this are told apart by colour alone
-FAULT_COLOURS = {"kill": "red", "stop": "orange", "node": "black", "torn": "purple",
-                 "flip": "magenta", "full": "teal", "slow": "olive"}
+LISTED_IDS = 20  # ids of lost or unflagged messages shown on the terminal
+PLOT_WINDOWS = 200  # a run's plot shows rates over this many windows at most
+LABELLED_FAULTS = 30  # more faults than this are told apart by colour alone
+FAULT_COLOURS = {
+    "kill": "red",
+    "stop": "orange",
+    "node": "black",
+    "torn": "purple",
+    "flip": "magenta",
+    "full": "teal",
+    "slow": "olive",
+}
 
 
 def report_document(result: ChaosResult, invariants: dict[str, Any], ok: bool) -> dict:
@@ -66,26 +73,69 @@ def _figure(value: Any) -> str:
 
 def format_report(document: dict) -> str:
     """The run in a table of faults and a table of outcomes, then the verdict."""
-    events = [[f"{e['at_s']:.2f}", e["kind"], e["target"],
-               "yes" if e["landed"] else "no",
-               "-" if e["recovery_s"] is None else f"{e['recovery_s']:.2f}", e["detail"]]
-              for e in document["events"]]
-    lines = [format_table((Column("at s", ">"), Column("fault"),
-                           Column("target", wrap=True, min_width=14), Column("landed"),
-                           Column("recovery s", ">"), Column("detail", wrap=True)), events)
-             if events else "no fault landed"]
+    events = [
+        [
+            f"{e['at_s']:.2f}",
+            e["kind"],
+            e["target"],
+            "yes" if e["landed"] else "no",
+            "-" if e["recovery_s"] is None else f"{e['recovery_s']:.2f}",
+            e["detail"],
+        ]
+        for e in document["events"]
+    ]
+    lines = [
+        format_table(
+            (
+                Column("at s", ">"),
+                Column("fault"),
+                Column("target", wrap=True, min_width=14),
+                Column("landed"),
+                Column("recovery s", ">"),
+                Column("detail", wrap=True),
+            ),
+            events,
+        )
+        if events
+        else "no fault landed"
+    ]
     by_kind = ", ".join(f"{k} {n}" for k, n in sorted(document["faults_by_kind"].items()))
-    rows = [["faults", f"{document['faults']} ({by_kind or 'none'}), "
-                       f"{document['faults_missed']} missed"],
-            ["restarts", f"{document['restarts']} by supervisors, "
-                         f"{document['node_starts']} node starts"],
-            ["recovery p50 / max", f"{_figure(document['recovery_p50_s'])} s / "
-                                   f"{_figure(document['recovery_max_s'])} s"]]
-    skip = {"ok", "seed", "duration_s", "faults", "faults_by_kind", "faults_missed",
-            "restarts", "node_starts", "recovery_p50_s", "recovery_max_s", "healthy",
-            "problems", "events", "samples", "plot"}
-    rows += [[key.replace("_", " "), _figure(value)] for key, value in document.items()
-             if key not in skip and not key.endswith("_ids")]
+    rows = [
+        [
+            "faults",
+            f"{document['faults']} ({by_kind or 'none'}), {document['faults_missed']} missed",
+        ],
+        [
+            "restarts",
+            f"{document['restarts']} by supervisors, {document['node_starts']} node starts",
+        ],
+        [
+            "recovery p50 / max",
+            f"{_figure(document['recovery_p50_s'])} s / {_figure(document['recovery_max_s'])} s",
+        ],
+    ]
+    skip = {
+        "ok",
+        "seed",
+        "duration_s",
+        "faults",
+        "faults_by_kind",
+        "faults_missed",
+        "restarts",
+        "node_starts",
+        "recovery_p50_s",
+        "recovery_max_s",
+        "healthy",
+        "problems",
+        "events",
+        "samples",
+        "plot",
+    }
+    rows += [
+        [key.replace("_", " "), _figure(value)]
+        for key, value in document.items()
+        if key not in skip and not key.endswith("_ids")
+    ]
     rows.append(["node healthy at the end", "yes" if document["healthy"] else "NO"])
     lines += ["", format_table((Column("outcome"), Column("", wrap=True)), rows)]
     # A list (of ids, of failures) is counted in the table and its first items follow it.
@@ -97,8 +147,10 @@ def format_report(document: dict) -> str:
     lines += [f"problem: {p}" for p in document["problems"]]
     if "plot" in document:
         lines.append(f"plot: {document['plot']}")
-    lines.append(f"{'PASSED' if document['ok'] else 'FAILED'}: seed {document['seed']}, "
-                 f"{document['duration_s']:g} s")
+    lines.append(
+        f"{'PASSED' if document['ok'] else 'FAILED'}: seed {document['seed']}, "
+        f"{document['duration_s']:g} s"
+    )
     return "\n".join(lines)
 
 
@@ -118,6 +170,7 @@ def write_report(directory: str | os.PathLike, document: dict) -> dict:
 def _plot(document: dict, path: str) -> str:
     try:
         import matplotlib
+
         matplotlib.use("Agg")
         import matplotlib.pyplot as pyplot
     except ImportError:
@@ -133,8 +186,9 @@ def _plot(document: dict, path: str) -> str:
         for point in points[1:]:
             if point[0] - kept[-1][0] >= window:
                 kept.append(point)
-        rates = [(t1, (n1 - n0) / (t1 - t0)) for (t0, n0), (t1, n1) in zip(kept, kept[1:])
-                 if t1 > t0]
+        rates = [
+            (t1, (n1 - n0) / (t1 - t0)) for (t0, n0), (t1, n1) in zip(kept, kept[1:]) if t1 > t0
+        ]
         if rates:
             axes.plot(*zip(*rates), label=f"{series} / s", color=colour, linewidth=1.2)
     landed = [e for e in document["events"] if e["landed"]]
@@ -142,19 +196,35 @@ def _plot(document: dict, path: str) -> str:
         colour = FAULT_COLOURS.get(event["kind"], "black")
         axes.axvline(event["at_s"], color=colour, linestyle="--", linewidth=0.8)
         if len(landed) <= LABELLED_FAULTS:
-            axes.text(event["at_s"], 0.98, f" {event['kind']}", rotation=90, va="top",
-                      fontsize=7, color=colour, transform=axes.get_xaxis_transform())
-    for kind in sorted({e["kind"] for e in landed}):       # a legend entry per fault kind
-        axes.plot([], [], color=FAULT_COLOURS.get(kind, "black"), linestyle="--",
-                  linewidth=0.8, label=kind)
+            axes.text(
+                event["at_s"],
+                0.98,
+                f" {event['kind']}",
+                rotation=90,
+                va="top",
+                fontsize=7,
+                color=colour,
+                transform=axes.get_xaxis_transform(),
+            )
+    for kind in sorted({e["kind"] for e in landed}):  # a legend entry per fault kind
+        axes.plot(
+            [],
+            [],
+            color=FAULT_COLOURS.get(kind, "black"),
+            linestyle="--",
+            linewidth=0.8,
+            label=kind,
+        )
     axes.set_xlabel("seconds from the start")
     if any(line.get_label().endswith(" / s") for line in axes.get_lines()):
         axes.set_ylabel("messages per second")
     else:
         axes.set_ylabel("(no throughput sampled)")
         axes.set_yticks([])
-    axes.set_title(f"{'passed' if document['ok'] else 'FAILED'}: seed {document['seed']}, "
-                   f"{document['faults']} faults, {document['restarts']} restarts")
+    axes.set_title(
+        f"{'passed' if document['ok'] else 'FAILED'}: seed {document['seed']}, "
+        f"{document['faults']} faults, {document['restarts']} restarts"
+    )
     axes.set_xlim(0, max(document["duration_s"], samples[-1][0] if samples else 0))
     axes.set_ylim(bottom=0)
     if axes.get_legend_handles_labels()[0]:

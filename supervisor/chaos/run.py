@@ -64,31 +64,39 @@ from warren.queues.broker.definitions import DEFINITIONS_FILE
 from warren.queues.client.ipc_node import NODE_FILE
 from warren.store.disk_faults import ENVIRONMENT_VARIABLE, write_faults
 
-from . import faults as chaos
 from ..node.node import query_status
+from . import faults as chaos
 
-__all__ = ["ChaosResult", "Event", "NodeUnderTest", "check_data_dir", "harness_signals",
-           "run_faults", "run_tree", "spawn_with_parent"]
+__all__ = [
+    "ChaosResult",
+    "Event",
+    "NodeUnderTest",
+    "check_data_dir",
+    "harness_signals",
+    "run_faults",
+    "run_tree",
+    "spawn_with_parent",
+]
 
 log = logging.getLogger("warren.chaos")
 
-START_TIMEOUT_S = 120.0          # a node's start, recovery included
-HEALTH_TIMEOUT_S = 120.0         # from a crash fault to every actor running again
-STOP_TIMEOUT_S = 60.0            # a node's clean stop before it is killed
+START_TIMEOUT_S = 120.0  # a node's start, recovery included
+HEALTH_TIMEOUT_S = 120.0  # from a crash fault to every actor running again
+STOP_TIMEOUT_S = 60.0  # a node's clean stop before it is killed
 SAMPLE_EVERY_S = 0.5
-SLOW_SYNC_S = 0.05               # what a slow disk adds to every group commit
-DISK_FAULT_HOLD_S = (1.0, 3.0)   # how long a full or slow disk lasts
-DISK_ALARM_GRACE_S = 3.0         # how late a full disk's alarm may be seen
-DISK_ALARM_DUE_S = 2.5           # a node up this long on a full disk has raised its alarm
+SLOW_SYNC_S = 0.05  # what a slow disk adds to every group commit
+DISK_FAULT_HOLD_S = (1.0, 3.0)  # how long a full or slow disk lasts
+DISK_ALARM_GRACE_S = 3.0  # how late a full disk's alarm may be seen
+DISK_ALARM_DUE_S = 2.5  # a node up this long on a full disk has raised its alarm
 POLL_S = 0.05
 CHAOS_HEARTBEAT_TIMEOUT_S = 5.0  # so that a stopped store or queue is replaced in a run
-DISK_FAULTS_FILE = "chaos-disk-faults.json"   # in the data directory, while a run lasts
-VICTIM_WAIT_S = 5.0              # how long a kill or stop waits for a process to match
+DISK_FAULTS_FILE = "chaos-disk-faults.json"  # in the data directory, while a run lasts
+VICTIM_WAIT_S = 5.0  # how long a kill or stop waits for a process to match
 # What a node's data directory holds: a directory with files but none of these is not one.
 NODE_FILES = ("node.lock", DEFINITIONS_FILE, "msg_store_persistent")
-NODE_LOG = "chaos-node.log"      # run_tree's node log, in the data directory
-RUN_DIR = "chaos-run"            # warren chaos's ledgers and logs, in the data directory
-HARNESS_FILES = (NODE_LOG, RUN_DIR, DISK_FAULTS_FILE)   # what a run leaves beside a node's
+NODE_LOG = "chaos-node.log"  # run_tree's node log, in the data directory
+RUN_DIR = "chaos-run"  # warren chaos's ledgers and logs, in the data directory
+HARNESS_FILES = (NODE_LOG, RUN_DIR, DISK_FAULTS_FILE)  # what a run leaves beside a node's
 
 
 def check_data_dir(path: str | os.PathLike) -> str:
@@ -96,24 +104,28 @@ def check_data_dir(path: str | os.PathLike) -> str:
     now; ValueError otherwise (before anything is made or started)."""
     data_dir = os.path.abspath(os.fspath(path))
     if not os.path.isdir(os.path.dirname(data_dir)):
-        raise ValueError(f"the parent of the data directory, {os.path.dirname(data_dir)}, "
-                         f"does not exist")
+        raise ValueError(
+            f"the parent of the data directory, {os.path.dirname(data_dir)}, does not exist"
+        )
     if not os.path.exists(data_dir):
         return data_dir
     if not os.path.isdir(data_dir):
         raise ValueError(f"{data_dir} is not a directory")
     entries = [name for name in os.listdir(data_dir) if name not in HARNESS_FILES]
     if entries and not any(name in entries for name in NODE_FILES):
-        raise ValueError(f"{data_dir} is not a node's data directory (it has files, but none "
-                         f"of {', '.join(NODE_FILES)}): give a new or empty directory, or a "
-                         f"node's")
+        raise ValueError(
+            f"{data_dir} is not a node's data directory (it has files, but none "
+            f"of {', '.join(NODE_FILES)}): give a new or empty directory, or a "
+            f"node's"
+        )
     if "node.lock" in entries:
         with open(os.path.join(data_dir, "node.lock"), "a") as lock:
             try:
                 fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                raise ValueError(f"a node runs on {data_dir}: stop it first, or give another "
-                                 f"directory") from None
+                raise ValueError(
+                    f"a node runs on {data_dir}: stop it first, or give another directory"
+                ) from None
     return data_dir
 
 
@@ -126,8 +138,9 @@ def spawn_with_parent(argv: list[str], **popen_options: Any) -> subprocess.Popen
         if not die_with_parent(parent):
             os._exit(1)
 
-    return subprocess.Popen(argv, stdin=subprocess.DEVNULL, preexec_fn=bind_to_parent,
-                            **popen_options)
+    return subprocess.Popen(
+        argv, stdin=subprocess.DEVNULL, preexec_fn=bind_to_parent, **popen_options
+    )
 
 
 @dataclass
@@ -151,7 +164,7 @@ class ChaosResult:
     duration_s: float
     events: list[Event] = field(default_factory=list)
     samples: list[tuple[float, dict[str, int]]] = field(default_factory=list)
-    restarts: int = 0              # actor restarts by supervisors, summed over node lives
+    restarts: int = 0  # actor restarts by supervisors, summed over node lives
     node_starts: int = 0
     healthy_at_end: bool = False
     problems: list[str] = field(default_factory=list)
@@ -167,32 +180,50 @@ class ChaosResult:
         return sorted(e.recovery_s for e in self.events if e.recovery_s is not None)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"seed": self.seed, "duration_s": self.duration_s,
-                "events": [asdict(e) for e in self.events],
-                "samples": [[t, counts] for t, counts in self.samples],
-                "restarts": self.restarts, "node_starts": self.node_starts,
-                "healthy_at_end": self.healthy_at_end, "problems": self.problems}
+        return {
+            "seed": self.seed,
+            "duration_s": self.duration_s,
+            "events": [asdict(e) for e in self.events],
+            "samples": [[t, counts] for t, counts in self.samples],
+            "restarts": self.restarts,
+            "node_starts": self.node_starts,
+            "healthy_at_end": self.healthy_at_end,
+            "problems": self.problems,
+        }
 
 
 class NodeUnderTest:
     """``warren node`` on ``data_dir`` as a child process, started, killed and started again
     by the harness; ``close()`` stops it and everything it started, whatever its state."""
 
-    def __init__(self, data_dir: str | os.PathLike, *, options: tuple[str, ...] = (),
-                 log_path: str | os.PathLike | None = None,
-                 heartbeat_timeout_s: float = CHAOS_HEARTBEAT_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        data_dir: str | os.PathLike,
+        *,
+        options: tuple[str, ...] = (),
+        log_path: str | os.PathLike | None = None,
+        heartbeat_timeout_s: float = CHAOS_HEARTBEAT_TIMEOUT_S,
+    ) -> None:
         self.data_dir = os.path.abspath(os.fspath(data_dir))
         os.makedirs(self.data_dir, exist_ok=True)
         self.faults_file = os.path.join(self.data_dir, DISK_FAULTS_FILE)
         self.heartbeat_timeout_s = heartbeat_timeout_s
-        self._argv = [sys.executable, "-m", "warren.supervisor.cli", "node", "--data-dir",
-                      self.data_dir, "--heartbeat-timeout-s", str(heartbeat_timeout_s),
-                      *options]
+        self._argv = [
+            sys.executable,
+            "-m",
+            "warren.supervisor.cli",
+            "node",
+            "--data-dir",
+            self.data_dir,
+            "--heartbeat-timeout-s",
+            str(heartbeat_timeout_s),
+            *options,
+        ]
         self._log_path = log_path
         self._process: subprocess.Popen | None = None
-        self._restarts_before = 0          # restarts counted by the node's earlier lives
-        self._restarts_now = 0             # ... and by this one, when last asked
-        self._seen: dict[int, psutil.Process] = {}   # the node's processes, as listed
+        self._restarts_before = 0  # restarts counted by the node's earlier lives
+        self._restarts_now = 0  # ... and by this one, when last asked
+        self._seen: dict[int, psutil.Process] = {}  # the node's processes, as listed
         self.expected: frozenset[str] = frozenset()  # actors healthy() insists on
         self.starts = 0
         write_faults(self.faults_file)
@@ -208,11 +239,18 @@ class NodeUnderTest:
         log_file = open(self._log_path, "ab") if self._log_path else subprocess.DEVNULL
         try:
             self._process = spawn_with_parent(
-                self._argv, stdout=log_file, stderr=log_file if self._log_path else None,
-                env={**os.environ, ENVIRONMENT_VARIABLE: self.faults_file,
-                     # the application's modules, as the caller imports them
-                     "PYTHONPATH": os.pathsep.join(
-                         [os.getcwd(), *filter(None, [os.environ.get("PYTHONPATH")])])})
+                self._argv,
+                stdout=log_file,
+                stderr=log_file if self._log_path else None,
+                env={
+                    **os.environ,
+                    ENVIRONMENT_VARIABLE: self.faults_file,
+                    # the application's modules, as the caller imports them
+                    "PYTHONPATH": os.pathsep.join(
+                        [os.getcwd(), *filter(None, [os.environ.get("PYTHONPATH")])]
+                    ),
+                },
+            )
         finally:
             if self._log_path:
                 log_file.close()
@@ -220,11 +258,14 @@ class NodeUnderTest:
         deadline = time.monotonic() + timeout_s
         while wait and not self.healthy():
             if self._process.poll() is not None:
-                raise RuntimeError(f"the node on {self.data_dir} exited with "
-                                   f"{self._process.returncode} while starting")
+                raise RuntimeError(
+                    f"the node on {self.data_dir} exited with "
+                    f"{self._process.returncode} while starting"
+                )
             if time.monotonic() > deadline:
-                raise TimeoutError(f"the node on {self.data_dir} did not start within "
-                                   f"{timeout_s:.0f} s")
+                raise TimeoutError(
+                    f"the node on {self.data_dir} did not start within {timeout_s:.0f} s"
+                )
             time.sleep(POLL_S)
         if wait:
             self.processes()
@@ -250,8 +291,9 @@ class NodeUnderTest:
         if status is None or status["state"] != "running" or status.get("tree") is None:
             return False
         states = {name: state for name, _, state in _actors(status["tree"])}
-        return (all(state == "running" for state in states.values())
-                and self.expected <= states.keys())
+        return (
+            all(state == "running" for state in states.values()) and self.expected <= states.keys()
+        )
 
     def expect(self, names: Iterable[str]) -> None:
         """From now on the node is healthy only with every one of these actors running."""
@@ -259,8 +301,7 @@ class NodeUnderTest:
 
     def actor_pids(self) -> dict[str, int | None]:
         status = self.status()
-        return {} if status is None else {name: pid for name, pid, _ in
-                                          _actors(status["tree"])}
+        return {} if status is None else {name: pid for name, pid, _ in _actors(status["tree"])}
 
     def restarts(self) -> int:
         """Restarts by the node's supervisors over all its lives so far (as last seen)."""
@@ -282,8 +323,7 @@ class NodeUnderTest:
         """SIGKILL every process of the node at once, as a power cut."""
         if self._process is None:
             return
-        self._restarts_before, self._restarts_now = self._restarts_before + \
-            self._restarts_now, 0
+        self._restarts_before, self._restarts_now = self._restarts_before + self._restarts_now, 0
         survivors = chaos.kill_processes(self._family())
         self._process.wait()
         self._process = None
@@ -292,8 +332,9 @@ class NodeUnderTest:
         with contextlib.suppress(OSError):
             os.unlink(os.path.join(self.data_dir, NODE_FILE))
         if survivors:
-            raise RuntimeError(f"processes of the node outlived SIGKILL: "
-                               f"{[p.pid for p in survivors]}")
+            raise RuntimeError(
+                f"processes of the node outlived SIGKILL: {[p.pid for p in survivors]}"
+            )
 
     def close(self) -> None:
         """Stop the node cleanly (SIGTERM), or kill it all when it will not stop."""
@@ -304,15 +345,18 @@ class NodeUnderTest:
         family = self._family()
         if self._process.poll() is None:
             self.restarts()
-            for process in family:               # a stopped actor must run to stop
+            for process in family:  # a stopped actor must run to stop
                 with contextlib.suppress(psutil.Error):
                     process.resume()
             self._process.send_signal(signal.SIGTERM)
             try:
                 self._process.wait(STOP_TIMEOUT_S)
             except subprocess.TimeoutExpired:
-                log.error("the node on %s did not stop within %.0f s: killing it",
-                          self.data_dir, STOP_TIMEOUT_S)
+                log.error(
+                    "the node on %s did not stop within %.0f s: killing it",
+                    self.data_dir,
+                    STOP_TIMEOUT_S,
+                )
         chaos.kill_processes([p for p in family if chaos.is_alive(p)])
         self._process.wait()
         self._process = None
@@ -363,14 +407,14 @@ class _Watch:
     with its victim replaced, a stopped process until it is gone (or given up on)."""
 
     event: Event
-    actor: str | None = None             # None: the whole node
+    actor: str | None = None  # None: the whole node
     old_pid: int | None = None
     stopped: psutil.Process | None = None
-    resume_at: float = 0.0               # seconds from the start
-    resumed: bool = False                # its supervisor never replaced it: resumed
-    disk_until: float | None = None      # a full or slow disk: when it ends
-    full_since: float | None = None      # the node up on the full disk since
-    alarm_due: bool = False              # ... for DISK_ALARM_DUE_S: its alarm must go off
+    resume_at: float = 0.0  # seconds from the start
+    resumed: bool = False  # its supervisor never replaced it: resumed
+    disk_until: float | None = None  # a full or slow disk: when it ends
+    full_since: float | None = None  # the node up on the full disk since
+    alarm_due: bool = False  # ... for DISK_ALARM_DUE_S: its alarm must go off
 
 
 class _Disk:
@@ -387,14 +431,21 @@ class _Disk:
     def update(self, now: float) -> None:
         wanted = (now < self.until["full"], now < self.until["slow"])
         if wanted != self._written:
-            write_faults(self.path, disk_full=wanted[0],
-                         sync_delay_s=SLOW_SYNC_S if wanted[1] else 0.0)
+            write_faults(
+                self.path, disk_full=wanted[0], sync_delay_s=SLOW_SYNC_S if wanted[1] else 0.0
+            )
             self._written = wanted
 
 
-def run_faults(node: NodeUnderTest, faults: list[chaos.Fault], duration_s: float, *,
-               seed: int = 0, sample: Callable[[], dict[str, int]] | None = None,
-               before_damage: Callable[[str, str, int], None] | None = None) -> ChaosResult:
+def run_faults(
+    node: NodeUnderTest,
+    faults: list[chaos.Fault],
+    duration_s: float,
+    *,
+    seed: int = 0,
+    sample: Callable[[], dict[str, int]] | None = None,
+    before_damage: Callable[[str, str, int], None] | None = None,
+) -> ChaosResult:
     """Land ``faults`` on the running ``node`` over ``duration_s``, each at its time (a
     fault may land while the node still recovers from the last: that is part of the
     test), then wait for the node to be healthy; see the module docstring.
@@ -423,13 +474,15 @@ def run_faults(node: NodeUnderTest, faults: list[chaos.Fault], duration_s: float
                         watch.full_since = now()
                     watch.alarm_due |= now() - watch.full_since >= DISK_ALARM_DUE_S
                 else:
-                    watch.full_since = None      # the node is away (a crash fault)
+                    watch.full_since = None  # the node is away (a crash fault)
             # The node checks its disk every second: a short full disk may be seen late.
             if now() >= watch.disk_until + (0 if event.landed else DISK_ALARM_GRACE_S):
                 if not event.landed and watch.alarm_due:
                     event.detail = "the disk alarm did not go off"
-                    result.problems.append(f"full at {event.at_s:.2f} s: the disk read as "
-                                           f"full, and the disk alarm did not go off")
+                    result.problems.append(
+                        f"full at {event.at_s:.2f} s: the disk read as "
+                        f"full, and the disk alarm did not go off"
+                    )
                 elif not event.landed:
                     event.detail = "the node was away while the disk was full"
                 _log(event)
@@ -440,24 +493,33 @@ def run_faults(node: NodeUnderTest, faults: list[chaos.Fault], duration_s: float
                     watch.stopped.resume()
                 if chaos.is_alive(watch.stopped):
                     watch.resumed = True
-                    watch.event.detail = (f"resumed after {now() - watch.event.at_s:.1f} s: "
-                                          f"its supervisor had not replaced it")
+                    watch.event.detail = (
+                        f"resumed after {now() - watch.event.at_s:.1f} s: "
+                        f"its supervisor had not replaced it"
+                    )
                     result.problems.append(
                         f"stop at {watch.event.at_s:.2f} s: {watch.actor} answered no "
-                        f"heartbeat and its supervisor did not replace it")
+                        f"heartbeat and its supervisor did not replace it"
+                    )
                 watch.stopped = None
         if watching:
             status = node.status()
             if node.healthy(status):
                 pids = {name: pid for name, pid, _ in _actors(status["tree"])}
                 for watch in list(watching):
-                    if watch.disk_until is None and watch.stopped is None and (
-                            watch.actor is None or watch.actor in pids and (
-                                watch.resumed or pids[watch.actor] != watch.old_pid)):
+                    if (
+                        watch.disk_until is None
+                        and watch.stopped is None
+                        and (
+                            watch.actor is None
+                            or watch.actor in pids
+                            and (watch.resumed or pids[watch.actor] != watch.old_pid)
+                        )
+                    ):
                         watch.event.recovery_s = round(now() - watch.event.at_s, 3)
                         _log(watch.event)
                         watching.remove(watch)
-                        node.processes()           # remembered, for close()
+                        node.processes()  # remembered, for close()
 
     def wait_until(at_s: float) -> None:
         while (left := at_s - now()) > 0:
@@ -478,10 +540,13 @@ def run_faults(node: NodeUnderTest, faults: list[chaos.Fault], duration_s: float
         tick()
         time.sleep(POLL_S)
     for watch in watching:
-        watch.event.detail = (watch.event.detail + "; " if watch.event.detail else "") + \
-            f"not healthy again within {HEALTH_TIMEOUT_S:.0f} s"
-        result.problems.append(f"{watch.event.kind} at {watch.event.at_s:.2f} s: the node "
-                               f"was not healthy again within {HEALTH_TIMEOUT_S:.0f} s")
+        watch.event.detail = (
+            watch.event.detail + "; " if watch.event.detail else ""
+        ) + f"not healthy again within {HEALTH_TIMEOUT_S:.0f} s"
+        result.problems.append(
+            f"{watch.event.kind} at {watch.event.at_s:.2f} s: the node "
+            f"was not healthy again within {HEALTH_TIMEOUT_S:.0f} s"
+        )
         _log(watch.event)
     if sample:
         result.samples.append((round(now(), 3), sample()))
@@ -489,24 +554,36 @@ def run_faults(node: NodeUnderTest, faults: list[chaos.Fault], duration_s: float
 
 
 def _log(event: Event) -> None:
-    log.warning("chaos %7.2f s: %s %s%s%s", event.at_s, event.kind, event.target,
-                "" if event.landed else f" (missed: {event.detail})",
-                f"; healthy again in {event.recovery_s:.2f} s"
-                if event.recovery_s is not None else "")
+    log.warning(
+        "chaos %7.2f s: %s %s%s%s",
+        event.at_s,
+        event.kind,
+        event.target,
+        "" if event.landed else f" (missed: {event.detail})",
+        f"; healthy again in {event.recovery_s:.2f} s" if event.recovery_s is not None else "",
+    )
 
 
-def _land(node: NodeUnderTest, fault: chaos.Fault, at: float,
-          before_damage: Callable[[str, str, int], None] | None,
-          disk: _Disk) -> tuple[Event, _Watch | None]:
+def _land(
+    node: NodeUnderTest,
+    fault: chaos.Fault,
+    at: float,
+    before_damage: Callable[[str, str, int], None] | None,
+    disk: _Disk,
+) -> tuple[Event, _Watch | None]:
     rng = random.Random(fault.seed)
     if fault.kind in chaos.DISK_FAULTS:
         hold = round(rng.uniform(*DISK_FAULT_HOLD_S), 1)
         disk.hold(fault.kind, at + hold)
         disk.update(at)
         # A slow disk has landed once the file says so; a full one once the alarm is seen.
-        event = Event(at, fault.kind, f"disk for {hold} s", fault.kind == "slow",
-                      f"{SLOW_SYNC_S * 1000:.0f} ms added to every sync"
-                      if fault.kind == "slow" else "")
+        event = Event(
+            at,
+            fault.kind,
+            f"disk for {hold} s",
+            fault.kind == "slow",
+            f"{SLOW_SYNC_S * 1000:.0f} ms added to every sync" if fault.kind == "slow" else "",
+        )
         return event, _Watch(event, disk_until=at + hold)
     if fault.kind in chaos.PROCESS_FAULTS:
         before = node.actor_pids()
@@ -519,40 +596,47 @@ def _land(node: NodeUnderTest, fault: chaos.Fault, at: float,
                 if fault.kind == "kill":
                     name = chaos.kill_process(node.processes(), fault.pattern, fault.seed)
                 else:
-                    name, stopped = chaos.stop_process(node.processes(), fault.pattern,
-                                                       fault.seed)
+                    name, stopped = chaos.stop_process(node.processes(), fault.pattern, fault.seed)
                 break
             except chaos.FaultMissed as exc:
                 if time.monotonic() > deadline:
                     return Event(at, fault.kind, fault.pattern, False, str(exc)), None
                 time.sleep(POLL_S)
-        actor = name[len(chaos.TITLE_PREFIX):]
+        actor = name[len(chaos.TITLE_PREFIX) :]
         event = Event(at, fault.kind, actor, True)
-        return event, _Watch(event, actor, before.get(actor), stopped,
-                             at + 2 * node.heartbeat_timeout_s)
+        return event, _Watch(
+            event, actor, before.get(actor), stopped, at + 2 * node.heartbeat_timeout_s
+        )
     node.kill()
     event = Event(at, fault.kind, "node", True)
     if fault.kind in chaos.FILE_FAULTS:
         try:
-            path, offset = chaos.damage_file(node.data_dir, fault.kind, fault.seed,
-                                             before=before_damage)
-            event.target, event.detail = os.path.relpath(path, node.data_dir), \
-                f"at byte {offset}"
+            path, offset = chaos.damage_file(
+                node.data_dir, fault.kind, fault.seed, before=before_damage
+            )
+            event.target, event.detail = os.path.relpath(path, node.data_dir), f"at byte {offset}"
         except chaos.FaultMissed as exc:
             event.landed, event.detail = False, f"the node was killed, but {exc}"
     node.start(wait=False)
     return event, _Watch(event)
 
 
-def run_tree(data_dir: str | os.PathLike, children: str, *, kinds: tuple[str, ...] | list[str],
-             duration_s: float, seed: int, patterns: tuple[str, ...],
-             check: Callable[[str], list[str] | None],
-             every_s: tuple[float, float] = (1.0, 3.0),
-             limits: dict[str, tuple[int, float]] | None = None,
-             sample: Callable[[str], dict[str, int]] | None = None,
-             node_options: tuple[str, ...] = (),
-             report_dir: str | os.PathLike | None = None,
-             expect: Iterable[str] | None = None) -> dict:
+def run_tree(
+    data_dir: str | os.PathLike,
+    children: str,
+    *,
+    kinds: tuple[str, ...] | list[str],
+    duration_s: float,
+    seed: int,
+    patterns: tuple[str, ...],
+    check: Callable[[str], list[str] | None],
+    every_s: tuple[float, float] = (1.0, 3.0),
+    limits: dict[str, tuple[int, float]] | None = None,
+    sample: Callable[[str], dict[str, int]] | None = None,
+    node_options: tuple[str, ...] = (),
+    report_dir: str | os.PathLike | None = None,
+    expect: Iterable[str] | None = None,
+) -> dict:
     """An application's tree (``children``: ``"module:function"``, the function taking
     the data directory and returning its ChildSpecs and SupervisorSpecs) on a node under
     a seeded schedule, then ``check(data_dir)`` on the stopped node's files: the problems
@@ -564,11 +648,20 @@ def run_tree(data_dir: str | os.PathLike, children: str, *, kinds: tuple[str, ..
     the first fault, for a pattern that matches none of the node's processes."""
     from .report import report_document, write_report
 
-    faults = chaos.schedule(seed, duration_s, kinds, patterns=patterns, every_s=every_s,
-                            limits=limits or {p: (2, 60.0) for p in patterns})
+    faults = chaos.schedule(
+        seed,
+        duration_s,
+        kinds,
+        patterns=patterns,
+        every_s=every_s,
+        limits=limits or {p: (2, 60.0) for p in patterns},
+    )
     data_dir = check_data_dir(data_dir)
-    node = NodeUnderTest(data_dir, options=("--children", children, *node_options),
-                         log_path=os.path.join(data_dir, NODE_LOG))
+    node = NodeUnderTest(
+        data_dir,
+        options=("--children", children, *node_options),
+        log_path=os.path.join(data_dir, NODE_LOG),
+    )
     with harness_signals():
         try:
             node.start()
@@ -577,10 +670,17 @@ def run_tree(data_dir: str | os.PathLike, children: str, *, kinds: tuple[str, ..
             for pattern in patterns:
                 if not chaos.matching(processes, pattern):
                     names = sorted(chaos.actor_name(p) for p in chaos.matching(processes, "*"))
-                    raise ValueError(f"the pattern {pattern!r} matches no process of the "
-                                     f"node; its processes are {', '.join(names)}")
-            result = run_faults(node, faults, duration_s, seed=seed,
-                                sample=None if sample is None else lambda: sample(data_dir))
+                    raise ValueError(
+                        f"the pattern {pattern!r} matches no process of the "
+                        f"node; its processes are {', '.join(names)}"
+                    )
+            result = run_faults(
+                node,
+                faults,
+                duration_s,
+                seed=seed,
+                sample=None if sample is None else lambda: sample(data_dir),
+            )
             result.healthy_at_end = node.healthy()
             result.restarts, result.node_starts = node.restarts(), node.starts
         finally:

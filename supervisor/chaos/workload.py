@@ -41,14 +41,22 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from warren.actors import ActorError
-
 from warren.queues.client.connection import Connection
 from warren.queues.errors import Blocked, InvalidMessage, MessageTooLarge, QueueError, Unroutable
 
-__all__ = ["Audit", "Producer", "audit", "body_of", "checked_id", "consume", "ledger_lines",
-           "produce", "size_of"]
+__all__ = [
+    "Audit",
+    "Producer",
+    "audit",
+    "body_of",
+    "checked_id",
+    "consume",
+    "ledger_lines",
+    "produce",
+    "size_of",
+]
 
-SIZES = (40, 900, 6000)               # bytes of padding: small, and past 4 KiB
+SIZES = (40, 900, 6000)  # bytes of padding: small, and past 4 KiB
 RETRY_S = 0.05
 # Publishes refused before anything was sent (a fanout publish that fails on its second
 # queue may be in the first): sending them again makes no duplicate.
@@ -59,8 +67,7 @@ def body_of(message_id: str, size: int | None = None) -> bytes:
     """The body of message ``message_id``: a small order event, padded with its digest to
     ``size`` bytes (at least the event's), or by one of ``SIZES``."""
     n = int(message_id.rsplit("-", 1)[1])
-    fields = {"order": message_id, "customer": f"c{n % 97}",
-              "amount_cents": 100 + n * 37 % 90_000}
+    fields = {"order": message_id, "customer": f"c{n % 97}", "amount_cents": 100 + n * 37 % 90_000}
     if size is not None:
         fields["size"] = size
     event = json.dumps(fields).encode()
@@ -89,9 +96,18 @@ def size_of(message_id: str, sizes: tuple[int, int]) -> int:
     return low + int.from_bytes(digest, "big") % (high - low + 1)
 
 
-def produce(connection: Connection, routing_key: str, name: str, count: int | None,
-            ledger: str, exchange: str = "", *, sizes: tuple[int, int] | None = None,
-            size_key: str | None = None, deduplicate: bool = False) -> None:
+def produce(
+    connection: Connection,
+    routing_key: str,
+    name: str,
+    count: int | None,
+    ledger: str,
+    exchange: str = "",
+    *,
+    sizes: tuple[int, int] | None = None,
+    size_key: str | None = None,
+    deduplicate: bool = False,
+) -> None:
     """Publish ``count`` messages (None: until stopped) ``NAME-0``, ``NAME-1`` ..., of
     ``sizes`` (from, to) bytes or the ``SIZES``; a size is drawn from ``SIZE_KEY-n``
     (``size_key``, by default the name), so a run given the same key publishes the same
@@ -100,20 +116,20 @@ def produce(connection: Connection, routing_key: str, name: str, count: int | No
     the queue was between incarnations) is sent again; one in doubt (no answer, or the
     queue restarted before confirming it) is sent again and noted in ``.resent``."""
     size_key = name if size_key is None else size_key
-    with open(ledger, "a", buffering=1) as confirmed, \
-            open(ledger + ".resent", "a", buffering=1) as resent:
+    with (
+        open(ledger, "a", buffering=1) as confirmed,
+        open(ledger + ".resent", "a", buffering=1) as resent,
+    ):
         for n in itertools.count() if count is None else range(count):
             message_id = f"{name}-{n}"
-            body = body_of(message_id, None if sizes is None else
-                           size_of(f"{size_key}-{n}", sizes))
+            body = body_of(message_id, None if sizes is None else size_of(f"{size_key}-{n}", sizes))
             dedup = {"producer_id": name, "sequence": n} if deduplicate else {}
             while True:
                 try:
-                    connection.publish(routing_key, body, exchange=exchange, timeout=30,
-                                       **dedup)
+                    connection.publish(routing_key, body, exchange=exchange, timeout=30, **dedup)
                     break
                 except (InvalidMessage, MessageTooLarge):
-                    raise                 # the workload's own mistake: no retry cures it
+                    raise  # the workload's own mistake: no retry cures it
                 except REFUSED:
                     time.sleep(RETRY_S)
                 except (QueueError, ActorError, TimeoutError):
@@ -122,18 +138,23 @@ def produce(connection: Connection, routing_key: str, name: str, count: int | No
             confirmed.write(message_id + "\n")
 
 
-def consume(connection: Connection, queues: str | list[str], ledger: str,
-            stop_after_idle_s: float | None = None) -> None:
+def consume(
+    connection: Connection,
+    queues: str | list[str],
+    ledger: str,
+    stop_after_idle_s: float | None = None,
+) -> None:
     """Ack every message of ``queues`` (one name, or several taken in turn); until
     stopped, or idle for ``stop_after_idle_s``. Each delivery is a ledger line, ``queue id
     redelivered`` (or ``queue ? wrong`` for a damaged body), written before the ack."""
     queues = [queues] if isinstance(queues, str) else queues
     idle_since = time.monotonic()
-    empty = 0                         # queues found empty in a row: a round of them, a nap
+    empty = 0  # queues found empty in a row: a round of them, a nap
     with open(ledger, "a", buffering=1) as consumed:
         for queue in itertools.cycle(queues):
             if stop_after_idle_s is not None and (
-                    time.monotonic() - idle_since >= stop_after_idle_s):
+                time.monotonic() - idle_since >= stop_after_idle_s
+            ):
                 return
             try:
                 delivery = connection.get(queue)
@@ -155,7 +176,7 @@ def consume(connection: Connection, queues: str | list[str], ledger: str,
             try:
                 delivery.ack()
             except (QueueError, ActorError, TimeoutError):
-                pass                  # the queue restarted: it delivers the message again
+                pass  # the queue restarted: it delivers the message again
 
 
 @dataclass(frozen=True)
@@ -171,10 +192,10 @@ class Producer:
 class Audit:
     """The ledgers compared: counts of (queue, message) pairs, and the failing ones."""
 
-    confirmed: int = 0               # pairs confirmed
-    consumed: int = 0                # deliveries recorded
+    confirmed: int = 0  # pairs confirmed
+    consumed: int = 0  # deliveries recorded
     redelivered: int = 0
-    duplicates: int = 0              # deliveries of a pair seen before
+    duplicates: int = 0  # deliveries of a pair seen before
     wrong_bodies: int = 0
     lost: list[str] = field(default_factory=list)
     destroyed: list[str] = field(default_factory=list)
@@ -187,13 +208,20 @@ class Audit:
 
     def counts(self) -> dict:
         """A report's figures, and the ids behind the failing ones."""
-        return {"confirmed": self.confirmed, "consumed": self.consumed,
-                "lost": len(self.lost), "duplicates": self.duplicates,
-                "unflagged_duplicates": len(self.unflagged),
-                "misrouted": len(self.misrouted), "wrong_bodies": self.wrong_bodies,
-                "destroyed": len(self.destroyed), "lost_ids": self.lost,
-                "unflagged_ids": self.unflagged, "misrouted_ids": self.misrouted,
-                "destroyed_ids": self.destroyed}
+        return {
+            "confirmed": self.confirmed,
+            "consumed": self.consumed,
+            "lost": len(self.lost),
+            "duplicates": self.duplicates,
+            "unflagged_duplicates": len(self.unflagged),
+            "misrouted": len(self.misrouted),
+            "wrong_bodies": self.wrong_bodies,
+            "destroyed": len(self.destroyed),
+            "lost_ids": self.lost,
+            "unflagged_ids": self.unflagged,
+            "misrouted_ids": self.misrouted,
+            "destroyed_ids": self.destroyed,
+        }
 
 
 def ledger_lines(path: str) -> list[str]:
@@ -205,8 +233,11 @@ def ledger_lines(path: str) -> list[str]:
         return []
 
 
-def audit(producers: list[Producer], consumer_ledgers: list[str],
-          destroyed: Callable[[str, str], bool] | None = None) -> Audit:
+def audit(
+    producers: list[Producer],
+    consumer_ledgers: list[str],
+    destroyed: Callable[[str, str], bool] | None = None,
+) -> Audit:
     """What the ledgers say. A confirmed message that was not consumed from a queue it
     reached is lost, unless ``destroyed(queue, id)`` says damage on disk took it; a
     message consumed twice from a queue must be flagged redelivered the second time,
@@ -214,8 +245,12 @@ def audit(producers: list[Producer], consumer_ledgers: list[str],
     from a queue it does not reach is misrouted. Messages of other producers (an
     earlier run's, still in the queues) count as consumed and nothing else."""
     routes = {producer.name: producer.queues for producer in producers}
-    expected = {(queue, message_id) for producer in producers
-                for message_id in ledger_lines(producer.ledger) for queue in producer.queues}
+    expected = {
+        (queue, message_id)
+        for producer in producers
+        for message_id in ledger_lines(producer.ledger)
+        for queue in producer.queues
+    }
     resent = {m for producer in producers for m in ledger_lines(producer.ledger + ".resent")}
     result = Audit(confirmed=len(expected))
     seen: set[tuple[str, str]] = set()
@@ -238,8 +273,11 @@ def audit(producers: list[Producer], consumer_ledgers: list[str],
                 result.misrouted.append(f"{queue} {message_id}")
     for queue, message_id in sorted(expected - seen):
         name = f"{queue} {message_id}"
-        (result.destroyed if destroyed is not None and destroyed(queue, message_id)
-         else result.lost).append(name)
+        (
+            result.destroyed
+            if destroyed is not None and destroyed(queue, message_id)
+            else result.lost
+        ).append(name)
     return result
 
 
@@ -277,9 +315,17 @@ def main(argv: list[str]) -> None:
         connection = connect(args.node, **options)
         print("ready", flush=True)
         if args.role == "produce":
-            produce(connection, args.routing_key, args.name, args.count, args.ledger,
-                    args.exchange, sizes=None if args.sizes is None else tuple(args.sizes),
-                    size_key=args.size_key, deduplicate=args.deduplicate)
+            produce(
+                connection,
+                args.routing_key,
+                args.name,
+                args.count,
+                args.ledger,
+                args.exchange,
+                sizes=None if args.sizes is None else tuple(args.sizes),
+                size_key=args.size_key,
+                deduplicate=args.deduplicate,
+            )
         else:
             consume(connection, args.queues, args.ledger)
     except (_Stop, KeyboardInterrupt):

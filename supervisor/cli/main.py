@@ -54,12 +54,12 @@ import textwrap
 import tomllib
 from typing import Any
 
-from .queues import add_queue_commands
 from ..tables import Column, format_table
+from .queues import add_queue_commands
 
 EXIT_OK = 0
 EXIT_NO_NODE = 1
-EXIT_INVARIANT_FAILED = 1        # warren chaos
+EXIT_INVARIANT_FAILED = 1  # warren chaos
 EXIT_USAGE = 2
 EXIT_NODE_FAILED = 3
 EXIT_START_FAILED = 4
@@ -67,25 +67,46 @@ EXIT_INTERRUPTED = 130
 EXIT_CODES = (
     (EXIT_OK, "success (a node stopped by Ctrl-C, SIGTERM or SIGHUP stops cleanly)"),
     (EXIT_NO_NODE, "no node answers on the data directory (chaos: an invariant failed)"),
-    (EXIT_USAGE, "bad usage or configuration, a path that is not a store directory, or a "
-                 "data directory another node holds"),
+    (
+        EXIT_USAGE,
+        "bad usage or configuration, a path that is not a store directory, or a "
+        "data directory another node holds",
+    ),
     (EXIT_NODE_FAILED, "the node's root supervisor gave up (restart intensity exceeded)"),
     (EXIT_START_FAILED, "the node did not start"),
     (EXIT_INTERRUPTED, "interrupted (Ctrl-C, SIGTERM, SIGHUP); everything started is stopped"),
 )
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
-_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
 _SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*")
 # What the config file may hold: section -> key -> the option it sets.
 _CONFIG_KEYS = {
-    "node": {"data_dir": "data_dir", "name": "name", "log_level": "log_level",
-             "heartbeat_timeout_s": "heartbeat_timeout_s", "children": "children"},
+    "node": {
+        "data_dir": "data_dir",
+        "name": "name",
+        "log_level": "log_level",
+        "heartbeat_timeout_s": "heartbeat_timeout_s",
+        "children": "children",
+    },
     "store": {"file_size_limit": "file_size_limit", "sync_policy": "sync_policy"},
     "listener": {"listen": "listen", "curve": "curve", "insecure": "insecure"},
-    "alarms": {"memory_high_watermark": "memory_high_watermark",
-               "memory_limit": "memory_limit", "disk_free_limit": "disk_free_limit",
-               "check_interval_s": "check_interval_s"},
+    "alarms": {
+        "memory_high_watermark": "memory_high_watermark",
+        "memory_limit": "memory_limit",
+        "disk_free_limit": "disk_free_limit",
+        "check_interval_s": "check_interval_s",
+    },
 }
 
 
@@ -100,8 +121,7 @@ def parse_size(value: Any, what: str) -> int:
     elif isinstance(value, str) and (match := _SIZE.fullmatch(value)):
         number, unit = float(match.group(1)), match.group(2).lower()
     else:
-        raise UsageError(f"{what} must be a number of bytes or a size such as 16MiB, "
-                         f"got {value!r}")
+        raise UsageError(f"{what} must be a number of bytes or a size such as 16MiB, got {value!r}")
     if unit not in _UNITS:
         raise UsageError(f"{what}: unknown unit {unit!r} (use one of kB MB GB KiB MiB GiB)")
     return int(number * _UNITS[unit])
@@ -120,24 +140,32 @@ def load_config(path: str) -> dict[str, Any]:
     for section, values in document.items():
         keys = _CONFIG_KEYS.get(section)
         if keys is None or not isinstance(values, dict):
-            raise UsageError(f"{path}: unknown section [{section}] (known: "
-                             f"{', '.join(f'[{s}]' for s in _CONFIG_KEYS)})")
+            raise UsageError(
+                f"{path}: unknown section [{section}] (known: "
+                f"{', '.join(f'[{s}]' for s in _CONFIG_KEYS)})"
+            )
         for key, value in values.items():
             if key not in keys:
-                raise UsageError(f"{path}: unknown key {key!r} in [{section}] (known: "
-                                 f"{', '.join(keys)})")
+                raise UsageError(
+                    f"{path}: unknown key {key!r} in [{section}] (known: {', '.join(keys)})"
+                )
             options[keys[key]] = value
     return options
 
 
 def node_settings(args: argparse.Namespace) -> dict[str, Any]:
     """``Node``'s keyword arguments from the config file and the options (options win)."""
-    from ..node.alarms import AlarmLimits
     from ..errors import InvalidSpec
+    from ..node.alarms import AlarmLimits
 
     options = load_config(args.config) if args.config else {}
-    options.update({key: value for key, value in vars(args).items()
-                    if value is not None and key in _OPTION_KEYS})
+    options.update(
+        {
+            key: value
+            for key, value in vars(args).items()
+            if value is not None and key in _OPTION_KEYS
+        }
+    )
     data_dir = options.get("data_dir")
     if not isinstance(data_dir, str) or not data_dir.strip():
         raise UsageError("--data-dir (or data_dir in [node]) must name a directory")
@@ -146,9 +174,11 @@ def node_settings(args: argparse.Namespace) -> dict[str, Any]:
         raise UsageError(f"the data directory {data_dir} exists and is not a directory")
     parent = os.path.dirname(data_dir)
     if not os.path.isdir(parent):
-        raise UsageError(f"the parent of the data directory, {parent}, does not exist; "
-                         f"create it first (a mistyped path would otherwise start a new "
-                         f"empty node)")
+        raise UsageError(
+            f"the parent of the data directory, {parent}, does not exist; "
+            f"create it first (a mistyped path would otherwise start a new "
+            f"empty node)"
+        )
     settings: dict[str, Any] = {"data_dir": data_dir}
     if "name" in options:
         if not isinstance(options["name"], str) or not options["name"]:
@@ -163,20 +193,23 @@ def node_settings(args: argparse.Namespace) -> dict[str, Any]:
     if "heartbeat_timeout_s" in options:
         timeout = options["heartbeat_timeout_s"]
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 2:
-            raise UsageError(f"heartbeat_timeout_s must be a number of seconds >= 2, got "
-                             f"{timeout!r}")
+            raise UsageError(
+                f"heartbeat_timeout_s must be a number of seconds >= 2, got {timeout!r}"
+            )
         settings["heartbeat_timeout_s"] = timeout
     if "file_size_limit" in options:
         settings["file_size_limit"] = parse_size(options["file_size_limit"], "file_size_limit")
     if "sync_policy" in options:
         if options["sync_policy"] not in ("fsync", "flush"):
-            raise UsageError(f"sync_policy must be 'fsync' or 'flush', got "
-                             f"{options['sync_policy']!r}")
+            raise UsageError(
+                f"sync_policy must be 'fsync' or 'flush', got {options['sync_policy']!r}"
+            )
         settings["sync_policy"] = options["sync_policy"]
     if "listen" in options:
         if not isinstance(options["listen"], str):
-            raise UsageError(f"listen must be an address such as tcp://127.0.0.1:5673, got "
-                             f"{options['listen']!r}")
+            raise UsageError(
+                f"listen must be an address such as tcp://127.0.0.1:5673, got {options['listen']!r}"
+            )
         settings["listen"] = options["listen"]
     for flag in ("curve", "insecure"):
         if flag in options:
@@ -185,9 +218,13 @@ def node_settings(args: argparse.Namespace) -> dict[str, Any]:
             settings[flag] = options[flag]
     if settings.get("listen") is not None:
         from warren.queues.broker.listener import check_listen_address
+
         try:
-            check_listen_address(settings["listen"], curve=settings.get("curve", False),
-                                 insecure=settings.get("insecure", False))
+            check_listen_address(
+                settings["listen"],
+                curve=settings.get("curve", False),
+                insecure=settings.get("insecure", False),
+            )
         except ValueError as exc:
             raise UsageError(str(exc)) from None
     elif settings.get("curve"):
@@ -198,8 +235,7 @@ def node_settings(args: argparse.Namespace) -> dict[str, Any]:
     if "memory_limit" in options:
         limits["memory_limit_bytes"] = parse_size(options["memory_limit"], "memory_limit")
     if "disk_free_limit" in options:
-        limits["disk_free_limit_bytes"] = parse_size(options["disk_free_limit"],
-                                                     "disk_free_limit")
+        limits["disk_free_limit_bytes"] = parse_size(options["disk_free_limit"], "disk_free_limit")
     if "check_interval_s" in options:
         limits["check_interval_s"] = options["check_interval_s"]
     try:
@@ -209,9 +245,15 @@ def node_settings(args: argparse.Namespace) -> dict[str, Any]:
     return settings
 
 
-FAULT_KINDS_HELP = ("kill (SIGKILL an actor)", "stop (SIGSTOP it until its supervisor "
-                    "kills it)", "node (SIGKILL the whole node)", "torn (a file's tail cut)",
-                    "flip (a bit flipped)", "full (the disk alarm)", "slow (slow syncs)")
+FAULT_KINDS_HELP = (
+    "kill (SIGKILL an actor)",
+    "stop (SIGSTOP it until its supervisor kills it)",
+    "node (SIGKILL the whole node)",
+    "torn (a file's tail cut)",
+    "flip (a bit flipped)",
+    "full (the disk alarm)",
+    "slow (slow syncs)",
+)
 _OPTION_KEYS = {key for keys in _CONFIG_KEYS.values() for key in keys.values()}
 
 
@@ -226,7 +268,7 @@ def application_children(target: Any, data_dir: str) -> tuple:
     if not isinstance(target, str) or target.count(":") != 1 or not all(target.split(":")):
         raise UsageError(f"children must name a function as module:function, got {target!r}")
     module_name, function_name = target.split(":")
-    if os.getcwd() not in sys.path:          # the application's own modules, as python -m
+    if os.getcwd() not in sys.path:  # the application's own modules, as python -m
         sys.path.insert(0, os.getcwd())
     try:
         function = getattr(importlib.import_module(module_name), function_name)
@@ -237,8 +279,9 @@ def application_children(target: Any, data_dir: str) -> tuple:
     children = tuple(function(data_dir))
     wrong = [c for c in children if not isinstance(c, (ChildSpec, SupervisorSpec))]
     if wrong:
-        raise UsageError(f"children: {target}() must return ChildSpecs and SupervisorSpecs, "
-                         f"not {wrong[0]!r}")
+        raise UsageError(
+            f"children: {target}() must return ChildSpecs and SupervisorSpecs, not {wrong[0]!r}"
+        )
     return children
 
 
@@ -249,9 +292,10 @@ def _node(args: argparse.Namespace) -> int:
     from ..node.node import STOP_SIGNALS, Node
 
     settings = node_settings(args)
-    logging.basicConfig(level=settings["log_level"],
-                        format="%(asctime)s %(levelname)s node[%(process)d] %(name)s: "
-                               "%(message)s")
+    logging.basicConfig(
+        level=settings["log_level"],
+        format="%(asctime)s %(levelname)s node[%(process)d] %(name)s: %(message)s",
+    )
     # A stop signal that arrives while the tree starts waits for the node's handler.
     signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     try:
@@ -259,7 +303,7 @@ def _node(args: argparse.Namespace) -> int:
     except NodeLocked as exc:
         print(f"warren: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except Exception as exc:   # reported as a line a person reads, with its own exit code
+    except Exception as exc:  # reported as a line a person reads, with its own exit code
         print(f"warren: the node did not start: {type(exc).__name__}: {exc}", file=sys.stderr)
         return EXIT_START_FAILED
     with node:
@@ -282,9 +326,14 @@ def _status(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-_STATUS_COLUMNS = (Column("actor", wrap=True, min_width=24), Column("pid", ">"),
-                   Column("state"), Column("restarts", ">"), Column("RSS MiB", ">"),
-                   Column("CPU%", ">"))
+_STATUS_COLUMNS = (
+    Column("actor", wrap=True, min_width=24),
+    Column("pid", ">"),
+    Column("state"),
+    Column("restarts", ">"),
+    Column("RSS MiB", ">"),
+    Column("CPU%", ">"),
+)
 
 
 def format_status(status: dict) -> str:
@@ -296,13 +345,22 @@ def format_status(status: dict) -> str:
         branch = "" if top else ("└─ " if last else "├─ ")
         label = f"{prefix}{branch}{entry['id']}"
         if entry["kind"] == "supervisor":
-            rows.append([f"{label} ({entry['strategy']})", "", entry["state"],
-                         str(entry.get("restarts", 0)), "", ""])
+            rows.append(
+                [
+                    f"{label} ({entry['strategy']})",
+                    "",
+                    entry["state"],
+                    str(entry.get("restarts", 0)),
+                    "",
+                    "",
+                ]
+            )
         else:
             rss = f"{entry['rss_bytes'] / 2**20:.1f}" if entry["rss_bytes"] else "-"
             cpu = f"{entry['cpu_percent']:.1f}" if entry["cpu_percent"] is not None else "-"
-            rows.append([label, str(entry["pid"] or "-"), entry["state"],
-                         str(entry["restarts"]), rss, cpu])
+            rows.append(
+                [label, str(entry["pid"] or "-"), entry["state"], str(entry["restarts"]), rss, cpu]
+            )
         children = entry.get("children", [])
         inner = prefix if top else prefix + ("   " if last else "│  ")
         for i, child in enumerate(children):
@@ -310,8 +368,11 @@ def format_status(status: dict) -> str:
 
     if status.get("tree"):
         walk(status["tree"], "", True, True)
-    lines = textwrap.wrap(f"node {status['node']} (pid {status['pid']}) on "
-                          f"{status['data_dir']}: {status['state']}; alarms: {alarms}", 80)
+    lines = textwrap.wrap(
+        f"node {status['node']} (pid {status['pid']}) on "
+        f"{status['data_dir']}: {status['state']}; alarms: {alarms}",
+        80,
+    )
     lines.append(format_table(_STATUS_COLUMNS, rows))
     for name, figures in status.get("stores", {}).items():
         if figures is None:
@@ -322,18 +383,22 @@ def format_status(status: dict) -> str:
             f"{figures['bytes_on_disk']:,} bytes ({figures['garbage_fraction']:.0%} garbage), "
             f"{figures['gc_runs']} GC runs, reads {figures['direct_reads_reported']:,} direct / "
             f"{figures['fallback_reads']:,} through the store, {figures['locked_files']} locked "
-            f"files, longest confirm wait {figures['longest_confirm_wait_ms']:.1f} ms", 80,
-            subsequent_indent="  ")
+            f"files, longest confirm wait {figures['longest_confirm_wait_ms']:.1f} ms",
+            80,
+            subsequent_indent="  ",
+        )
     if status.get("queues"):
-        lines += textwrap.wrap("queues: " + ", ".join(
-            f"{name} {state}" for name, state in status["queues"].items()), 80,
-            subsequent_indent="  ")
+        lines += textwrap.wrap(
+            "queues: " + ", ".join(f"{name} {state}" for name, state in status["queues"].items()),
+            80,
+            subsequent_indent="  ",
+        )
     return "\n".join(lines)
 
 
 def _store_inspect(args: argparse.Namespace) -> int:
-    from warren.store.errors import StoreDirectoryError
     from warren.store.engine.inspect import inspect_store
+    from warren.store.errors import StoreDirectoryError
 
     try:
         report = inspect_store(args.directory)
@@ -344,9 +409,15 @@ def _store_inspect(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-_INSPECT_COLUMNS = (Column("file", ">"), Column("bytes", ">"), Column("records", ">"),
-                    Column("valid", ">"), Column("valid bytes", ">"), Column("garbage", ">"),
-                    Column("damaged regions", wrap=True, min_width=15))
+_INSPECT_COLUMNS = (
+    Column("file", ">"),
+    Column("bytes", ">"),
+    Column("records", ">"),
+    Column("valid", ">"),
+    Column("valid bytes", ">"),
+    Column("garbage", ">"),
+    Column("damaged regions", wrap=True, min_width=15),
+)
 
 
 def format_inspection(report) -> str:
@@ -356,18 +427,30 @@ def format_inspection(report) -> str:
     lines = [f"store {report.directory}", f"valid records judged by: {report.validity_source}"]
     if report.snapshot_problem:
         lines.append(f"clean-shutdown files present but unusable: {report.snapshot_problem}")
-    rows = [[data_file_name(f.file), f"{f.size:,}", f"{f.records:,}", f"{f.valid_records:,}",
-             f"{f.valid_bytes:,}", f"{f.garbage_bytes:,}",
-             ", ".join(f"{length} B at {offset}" for offset, length in f.damaged) or "-"]
-            for f in report.files]
+    rows = [
+        [
+            data_file_name(f.file),
+            f"{f.size:,}",
+            f"{f.records:,}",
+            f"{f.valid_records:,}",
+            f"{f.valid_bytes:,}",
+            f"{f.garbage_bytes:,}",
+            ", ".join(f"{length} B at {offset}" for offset, length in f.damaged) or "-",
+        ]
+        for f in report.files
+    ]
     lines.append(format_table(_INSPECT_COLUMNS, rows))
     total = sum(f.size for f in report.files)
     valid = sum(f.valid_bytes for f in report.files)
-    lines.append(f"{len(report.files)} files, {report.message_count:,} messages, "
-                 f"{total:,} bytes on disk, {valid:,} valid, {total - valid:,} garbage")
+    lines.append(
+        f"{len(report.files)} files, {report.message_count:,} messages, "
+        f"{total:,} bytes on disk, {valid:,} valid, {total - valid:,} garbage"
+    )
     if report.stray_temp_files:
-        lines.append(f"left by an unfinished combine (deleted at next open): "
-                     f"{', '.join(report.stray_temp_files)}")
+        lines.append(
+            f"left by an unfinished combine (deleted at next open): "
+            f"{', '.join(report.stray_temp_files)}"
+        )
     if report.not_files:
         lines.append(f"not regular files, ignored: {', '.join(report.not_files)}")
     return "\n".join(lines)
@@ -384,7 +467,7 @@ def _keys(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-ENVELOPE_ROOM = 2**16           # what a chaos body leaves of a message for its properties
+ENVELOPE_ROOM = 2**16  # what a chaos body leaves of a message for its properties
 _RANGE = re.compile(r"\s*(\S+?)\s*\.\.\s*(\S+)\s*")
 
 
@@ -411,15 +494,18 @@ def _positive_seconds(value: str) -> float:
 def _chaos(args: argparse.Namespace) -> int:
     import random
 
-    from ..chaos.broker_run import RUN_DIR, run_chaos
     from warren.queues.engine.variable_queue import MAX_MESSAGE_BYTES
+
+    from ..chaos.broker_run import RUN_DIR, run_chaos
 
     duration = _positive_seconds(args.duration)
     kinds = [k.strip() for k in args.faults.split(",") if k.strip()]
     sizes = parse_range(args.size, "--size", lambda v: parse_size(v, "--size"))
     if sizes[1] > MAX_MESSAGE_BYTES - ENVELOPE_ROOM:
-        raise UsageError(f"--size: a body may take at most {MAX_MESSAGE_BYTES - ENVELOPE_ROOM:,} "
-                         f"bytes (a message holds {MAX_MESSAGE_BYTES:,} with its properties)")
+        raise UsageError(
+            f"--size: a body may take at most {MAX_MESSAGE_BYTES - ENVELOPE_ROOM:,} "
+            f"bytes (a message holds {MAX_MESSAGE_BYTES:,} with its properties)"
+        )
     every = parse_range(args.every, "--every", _positive_seconds)
     for flag in ("producers", "consumers"):
         if getattr(args, flag) < 1:
@@ -427,20 +513,30 @@ def _chaos(args: argparse.Namespace) -> int:
     patterns = tuple(p.strip() for p in args.patterns.split(",") if p.strip())
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**31)
     try:
-        document = run_chaos(args.data_dir, duration_s=duration, kinds=kinds,
-                             producers=args.producers, consumers=args.consumers,
-                             sizes=sizes, seed=seed, patterns=patterns, every_s=every,
-                             report_dir=args.report)
+        document = run_chaos(
+            args.data_dir,
+            duration_s=duration,
+            kinds=kinds,
+            producers=args.producers,
+            consumers=args.consumers,
+            sizes=sizes,
+            seed=seed,
+            patterns=patterns,
+            every_s=every,
+            report_dir=args.report,
+        )
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     except KeyboardInterrupt:
-        print("warren: chaos interrupted: the node and the workload are stopped",
-              file=sys.stderr)
+        print("warren: chaos interrupted: the node and the workload are stopped", file=sys.stderr)
         return EXIT_INTERRUPTED
     except (RuntimeError, TimeoutError, OSError) as exc:
         # The node would not start (or start again) on the data directory: nothing runs.
-        print(f"warren: chaos stopped: {exc}; the logs are in "
-              f"{os.path.join(os.path.abspath(args.data_dir), RUN_DIR)}", file=sys.stderr)
+        print(
+            f"warren: chaos stopped: {exc}; the logs are in "
+            f"{os.path.join(os.path.abspath(args.data_dir), RUN_DIR)}",
+            file=sys.stderr,
+        )
         return EXIT_START_FAILED
     return EXIT_OK if document["ok"] else EXIT_INVARIANT_FAILED
 
@@ -448,99 +544,165 @@ def _chaos(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     codes = "\n".join(f"  {code}  {meaning}" for code, meaning in EXIT_CODES)
     parser = argparse.ArgumentParser(
-        prog="warren", formatter_class=argparse.RawDescriptionHelpFormatter,
+        prog="warren",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Warren: RabbitMQ's message persistence layer as Python actors. "
-                    "Linux only (OFD locks, PR_SET_PDEATHSIG).",
-        epilog=f"exit codes:\n{codes}")
+        "Linux only (OFD locks, PR_SET_PDEATHSIG).",
+        epilog=f"exit codes:\n{codes}",
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     node = commands.add_parser(
-        "node", help="run a node in the foreground", epilog=f"exit codes:\n{codes}",
+        "node",
+        help="run a node in the foreground",
+        epilog=f"exit codes:\n{codes}",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Run a node in the foreground until Ctrl-C, SIGTERM or SIGHUP, which "
-                    "stop it cleanly. Settings come from --config (TOML: sections [node], "
-                    "[store], [alarms]) and the options below, which win.")
-    node.add_argument("--data-dir", help="the node's data directory (created if missing; "
-                      "its parent must exist)")
+        "stop it cleanly. Settings come from --config (TOML: sections [node], "
+        "[store], [alarms]) and the options below, which win.",
+    )
+    node.add_argument(
+        "--data-dir", help="the node's data directory (created if missing; its parent must exist)"
+    )
     node.add_argument("--config", help="a TOML file of settings")
     node.add_argument("--name", help="the node's name (default warren)")
-    node.add_argument("--log-level", choices=LOG_LEVELS, type=str.upper,
-                      help="what every actor process logs to stderr (default WARNING)")
-    node.add_argument("--children", metavar="MODULE:FUNCTION",
-                      help="the application's tree: a function of the data directory "
-                           "returning the ChildSpecs and SupervisorSpecs to run under app_sup")
-    node.add_argument("--heartbeat-timeout-s", type=float, metavar="SECONDS",
-                      help="kill and restart a store, GC or queue that does not answer "
-                           "heartbeats this long (default 60)")
-    node.add_argument("--file-size-limit", metavar="SIZE",
-                      help="store file size before rollover (default 16MiB)")
-    node.add_argument("--sync-policy", choices=("fsync", "flush"),
-                      help="fsync: confirm after fdatasync (default); flush: after write(2)")
-    node.add_argument("--listen", metavar="tcp://HOST:PORT",
-                      help="accept remote clients there (loopback unless --curve or "
-                           "--insecure)")
-    node.add_argument("--curve", action="store_true", default=None,
-                      help="remote clients need a key (warren keys); the node's key pair is "
-                           "made in the data directory at the first start")
-    node.add_argument("--insecure", action="store_true", default=None,
-                      help="allow --listen on a non-loopback address without --curve")
-    node.add_argument("--memory-high-watermark", type=float, metavar="FRACTION",
-                      help="memory alarm at this fraction of RAM (default 0.4)")
-    node.add_argument("--memory-limit", metavar="SIZE",
-                      help="memory alarm at this size instead of the fraction")
-    node.add_argument("--disk-free-limit", metavar="SIZE",
-                      help="disk alarm below this much free space (default 50MB)")
-    node.add_argument("--check-interval-s", type=float, metavar="SECONDS",
-                      help="how often the alarms are checked (default 1)")
+    node.add_argument(
+        "--log-level",
+        choices=LOG_LEVELS,
+        type=str.upper,
+        help="what every actor process logs to stderr (default WARNING)",
+    )
+    node.add_argument(
+        "--children",
+        metavar="MODULE:FUNCTION",
+        help="the application's tree: a function of the data directory "
+        "returning the ChildSpecs and SupervisorSpecs to run under app_sup",
+    )
+    node.add_argument(
+        "--heartbeat-timeout-s",
+        type=float,
+        metavar="SECONDS",
+        help="kill and restart a store, GC or queue that does not answer "
+        "heartbeats this long (default 60)",
+    )
+    node.add_argument(
+        "--file-size-limit", metavar="SIZE", help="store file size before rollover (default 16MiB)"
+    )
+    node.add_argument(
+        "--sync-policy",
+        choices=("fsync", "flush"),
+        help="fsync: confirm after fdatasync (default); flush: after write(2)",
+    )
+    node.add_argument(
+        "--listen",
+        metavar="tcp://HOST:PORT",
+        help="accept remote clients there (loopback unless --curve or --insecure)",
+    )
+    node.add_argument(
+        "--curve",
+        action="store_true",
+        default=None,
+        help="remote clients need a key (warren keys); the node's key pair is "
+        "made in the data directory at the first start",
+    )
+    node.add_argument(
+        "--insecure",
+        action="store_true",
+        default=None,
+        help="allow --listen on a non-loopback address without --curve",
+    )
+    node.add_argument(
+        "--memory-high-watermark",
+        type=float,
+        metavar="FRACTION",
+        help="memory alarm at this fraction of RAM (default 0.4)",
+    )
+    node.add_argument(
+        "--memory-limit", metavar="SIZE", help="memory alarm at this size instead of the fraction"
+    )
+    node.add_argument(
+        "--disk-free-limit",
+        metavar="SIZE",
+        help="disk alarm below this much free space (default 50MB)",
+    )
+    node.add_argument(
+        "--check-interval-s",
+        type=float,
+        metavar="SECONDS",
+        help="how often the alarms are checked (default 1)",
+    )
     node.set_defaults(handler=_node)
     status = commands.add_parser("status", help="the tree of the node running on a data dir")
     status.add_argument("--data-dir", required=True)
     status.add_argument("--json", action="store_true", help="print the status as JSON")
     status.set_defaults(handler=_status)
     keys = commands.add_parser(
-        "keys", help="make a CURVE key for a remote client and let it in",
+        "keys",
+        help="make a CURVE key for a remote client and let it in",
         description="Write NAME.key (the client's key pair and the node's public key, in "
-                    "ZeroMQ's certificate format, mode 0600) and add its public key to the "
-                    "node's authorized_keys. Clients connect with "
-                    "warren.connect('tcp://HOST:PORT', key_file='NAME.key').")
+        "ZeroMQ's certificate format, mode 0600) and add its public key to the "
+        "node's authorized_keys. Clients connect with "
+        "warren.connect('tcp://HOST:PORT', key_file='NAME.key').",
+    )
     keys.add_argument("--data-dir", required=True, help="the node's data directory")
     keys.add_argument("name", help="the client's name (letters, digits, _ . -)")
     keys.add_argument("--out", default=".", help="where to write NAME.key (default: here)")
     keys.set_defaults(handler=_keys)
     chaos = commands.add_parser(
-        "chaos", help="run a node under faults and load, then check nothing was lost",
+        "chaos",
+        help="run a node under faults and load, then check nothing was lost",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description=textwrap.fill(
-                    "Start a node on --data-dir (new, empty, or a stopped node's), run "
-                    "producers with confirms and consumers with acks over tcp across a "
-                    "default, a lazy and a fanout pair of queues, land seeded faults, then "
-                    "drain and check: every confirmed message consumed with its body, "
-                    "every duplicate flagged redelivered, no wrong bytes, the node healthy. "
-                    f"Faults: {', '.join(FAULT_KINDS_HELP)}.", 78),
+            "Start a node on --data-dir (new, empty, or a stopped node's), run "
+            "producers with confirms and consumers with acks over tcp across a "
+            "default, a lazy and a fanout pair of queues, land seeded faults, then "
+            "drain and check: every confirmed message consumed with its body, "
+            "every duplicate flagged redelivered, no wrong bytes, the node healthy. "
+            f"Faults: {', '.join(FAULT_KINDS_HELP)}.",
+            78,
+        ),
         epilog="exit codes:\n  0  every invariant held\n  1  an invariant failed (the "
-               "report says which)\n  2  bad usage\n  4  the node did not start\n"
-               "  130  interrupted")
+        "report says which)\n  2  bad usage\n  4  the node did not start\n"
+        "  130  interrupted",
+    )
     chaos.add_argument("--data-dir", required=True, help="the node's data directory")
-    chaos.add_argument("--duration", default="60", metavar="SECONDS",
-                       help="how long faults land (default 60)")
-    chaos.add_argument("--faults", default="kill,stop,node,torn", metavar="KIND,KIND",
-                       help="which faults (default kill,stop,node,torn)")
+    chaos.add_argument(
+        "--duration", default="60", metavar="SECONDS", help="how long faults land (default 60)"
+    )
+    chaos.add_argument(
+        "--faults",
+        default="kill,stop,node,torn",
+        metavar="KIND,KIND",
+        help="which faults (default kill,stop,node,torn)",
+    )
     chaos.add_argument("--producers", type=int, default=4, help="default 4")
     chaos.add_argument("--consumers", type=int, default=2, help="default 2")
-    chaos.add_argument("--size", default="1KiB..64KiB", metavar="FROM..TO",
-                       help="body sizes (default 1KiB..64KiB)")
-    chaos.add_argument("--seed", type=int, help="the schedule's seed (default: a random "
-                       "one, printed, to repeat the run)")
-    chaos.add_argument("--patterns", default="queue *,msg_store_*", metavar="PATTERN,...",
-                       help="which actors kill and stop aim at (default 'queue *,msg_store_*')")
-    chaos.add_argument("--every", default="1..3", metavar="FROM..TO",
-                       help="seconds between faults (default 1..3)")
-    chaos.add_argument("--report", metavar="DIR",
-                       help="write report.json, report.txt and throughput.png there")
+    chaos.add_argument(
+        "--size", default="1KiB..64KiB", metavar="FROM..TO", help="body sizes (default 1KiB..64KiB)"
+    )
+    chaos.add_argument(
+        "--seed",
+        type=int,
+        help="the schedule's seed (default: a random one, printed, to repeat the run)",
+    )
+    chaos.add_argument(
+        "--patterns",
+        default="queue *,msg_store_*",
+        metavar="PATTERN,...",
+        help="which actors kill and stop aim at (default 'queue *,msg_store_*')",
+    )
+    chaos.add_argument(
+        "--every", default="1..3", metavar="FROM..TO", help="seconds between faults (default 1..3)"
+    )
+    chaos.add_argument(
+        "--report", metavar="DIR", help="write report.json, report.txt and throughput.png there"
+    )
     chaos.set_defaults(handler=_chaos)
     store = commands.add_parser("store", help="message store tools")
     store_commands = store.add_subparsers(dest="store_command", required=True)
-    inspect = store_commands.add_parser("inspect", help="report files, records, valid and "
-                                        "garbage bytes, damaged regions; changes nothing")
+    inspect = store_commands.add_parser(
+        "inspect",
+        help="report files, records, valid and garbage bytes, damaged regions; changes nothing",
+    )
     inspect.add_argument("directory")
     inspect.set_defaults(handler=_store_inspect)
     add_queue_commands(commands)

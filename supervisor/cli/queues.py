@@ -20,21 +20,28 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 
-from ..tables import Column, format_table
-
 from warren.queues.client.connection import Connection
-from warren.queues.errors import QueueError
 from warren.queues.client.ipc_node import NodeNotRunning, RemoteNode
+from warren.queues.errors import QueueError
+
+from ..tables import Column, format_table
 
 __all__ = ["add_queue_commands", "format_queues"]
 
 EXIT_OK, EXIT_NO_NODE, EXIT_REFUSED = 0, 1, 2
 PROGRESS_EVERY_S = 1.0
 
-_QUEUE_COLUMNS = (Column("queue", wrap=True, min_width=10), Column("state"),
-                  Column("mode"), Column("ready", ">"), Column("unacked", ">"),
-                  Column("α/β/γ/δ", ">"), Column("RAM MiB", ">"), Column("disk MiB", ">"),
-                  Column("in/out/s", ">"))
+_QUEUE_COLUMNS = (
+    Column("queue", wrap=True, min_width=10),
+    Column("state"),
+    Column("mode"),
+    Column("ready", ">"),
+    Column("unacked", ">"),
+    Column("α/β/γ/δ", ">"),
+    Column("RAM MiB", ">"),
+    Column("disk MiB", ">"),
+    Column("in/out/s", ">"),
+)
 
 
 def format_queues(rows: list[dict]) -> str:
@@ -46,12 +53,19 @@ def format_queues(rows: list[dict]) -> str:
             cells.append([row["name"], row["state"], "-", "-", "-", "-", "-", "-", "-"])
             continue
         rates = stats["rates"]
-        cells.append([
-            row["name"], row["state"], stats["mode"], f"{stats['messages_ready']:,}",
-            f"{stats['messages_unacked']:,}",
-            f"{stats['alpha']}/{stats['beta']}/{stats['gamma']}/{stats['delta']}",
-            f"{stats['ram_bytes'] / 2**20:.1f}", f"{stats['disk_bytes'] / 2**20:.1f}",
-            f"{rates['ingress']:.0f}/{rates['egress']:.0f}"])
+        cells.append(
+            [
+                row["name"],
+                row["state"],
+                stats["mode"],
+                f"{stats['messages_ready']:,}",
+                f"{stats['messages_unacked']:,}",
+                f"{stats['alpha']}/{stats['beta']}/{stats['gamma']}/{stats['delta']}",
+                f"{stats['ram_bytes'] / 2**20:.1f}",
+                f"{stats['disk_bytes'] / 2**20:.1f}",
+                f"{rates['ingress']:.0f}/{rates['egress']:.0f}",
+            ]
+        )
     return format_table(_QUEUE_COLUMNS, cells) if cells else "no queues"
 
 
@@ -61,32 +75,37 @@ def add_queue_commands(commands: argparse._SubParsersAction) -> None:
     queues.add_argument("--json", action="store_true", help="print every figure as JSON")
     queues.set_defaults(handler=_with_connection(_queues))
     publish = commands.add_parser(
-        "publish", help="publish lines of stdin, or --count generated messages")
+        "publish", help="publish lines of stdin, or --count generated messages"
+    )
     publish.add_argument("queue", help="the queue, or the routing key with --exchange")
     publish.add_argument("--data-dir", required=True)
     publish.add_argument("--exchange", default="", help="publish through this exchange")
     publish.add_argument("--count", type=int, help="publish this many generated messages")
-    publish.add_argument("--size", type=int, default=1024,
-                         help="bytes of each generated message (default 1024)")
-    publish.add_argument("--transient", action="store_true",
-                         help="publish non-persistent messages")
+    publish.add_argument(
+        "--size", type=int, default=1024, help="bytes of each generated message (default 1024)"
+    )
+    publish.add_argument("--transient", action="store_true", help="publish non-persistent messages")
     publish.set_defaults(handler=_with_connection(_publish))
     consume = commands.add_parser("consume", help="print and ack a queue's messages")
     consume.add_argument("queue")
     consume.add_argument("--data-dir", required=True)
-    consume.add_argument("--count", type=int,
-                         help="stop after this many (default: all that are ready)")
+    consume.add_argument(
+        "--count", type=int, help="stop after this many (default: all that are ready)"
+    )
     consume.set_defaults(handler=_with_connection(_consume))
-    for name, action, text in (("purge", _purge, "drop a queue's ready messages"),
-                               ("delete", _delete, "delete a queue and its messages")):
+    for name, action, text in (
+        ("purge", _purge, "drop a queue's ready messages"),
+        ("delete", _delete, "delete a queue and its messages"),
+    ):
         command = commands.add_parser(name, help=text)
         command.add_argument("queue")
         command.add_argument("--data-dir", required=True)
         command.set_defaults(handler=_with_connection(action))
 
 
-def _with_connection(action: Callable[[Connection, argparse.Namespace], int]
-                     ) -> Callable[[argparse.Namespace], int]:
+def _with_connection(
+    action: Callable[[Connection, argparse.Namespace], int],
+) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
         try:
             with Connection(RemoteNode(args.data_dir)) as connection:
@@ -97,6 +116,7 @@ def _with_connection(action: Callable[[Connection, argparse.Namespace], int]
         except QueueError as exc:
             print(f"warren: {exc}", file=sys.stderr)
             return EXIT_REFUSED
+
     return run
 
 
@@ -114,8 +134,9 @@ def _publish(connection: Connection, args: argparse.Namespace) -> int:
     if args.count is not None:
         if args.count < 0 or args.size < 0:
             raise QueueError("--count and --size must be >= 0")
-        bodies: Iterator[bytes] = (b"%d:" % n + b"x" * max(0, args.size - len(b"%d:" % n))
-                                   for n in range(args.count))
+        bodies: Iterator[bytes] = (
+            b"%d:" % n + b"x" * max(0, args.size - len(b"%d:" % n)) for n in range(args.count)
+        )
     else:
         bodies = (line.rstrip(b"\n") for line in sys.stdin.buffer)
     progress = _Progress("published")
@@ -123,12 +144,18 @@ def _publish(connection: Connection, args: argparse.Namespace) -> int:
     for body in bodies:
         batch.append(body)
         if len(batch) == 1000:
-            progress.add(connection.publish_many(args.queue, batch, exchange=args.exchange,
-                                                 persistent=not args.transient))
+            progress.add(
+                connection.publish_many(
+                    args.queue, batch, exchange=args.exchange, persistent=not args.transient
+                )
+            )
             batch = []
     if batch:
-        progress.add(connection.publish_many(args.queue, batch, exchange=args.exchange,
-                                             persistent=not args.transient))
+        progress.add(
+            connection.publish_many(
+                args.queue, batch, exchange=args.exchange, persistent=not args.transient
+            )
+        )
     progress.done()
     return EXIT_OK
 
@@ -175,8 +202,11 @@ class _Progress:
         now = time.monotonic()
         if now - self._reported >= PROGRESS_EVERY_S:
             self._reported = now
-            print(f"{self.verb} {self.count:,} ({self.count / (now - self.started):,.0f}/s)",
-                  file=sys.stderr, flush=True)
+            print(
+                f"{self.verb} {self.count:,} ({self.count / (now - self.started):,.0f}/s)",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def done(self) -> None:
         elapsed = time.monotonic() - self.started

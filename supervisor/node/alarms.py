@@ -31,12 +31,14 @@ from warren.store.disk_faults import disk_full
 
 from ..errors import InvalidSpec
 
-VM_MEMORY_HIGH_WATERMARK = 0.4          # fraction of RAM, as RabbitMQ's default
-DISK_FREE_LIMIT_BYTES = 50_000_000      # RabbitMQ's default disk_free_limit
+VM_MEMORY_HIGH_WATERMARK = 0.4  # fraction of RAM, as RabbitMQ's default
+DISK_FREE_LIMIT_BYTES = 50_000_000  # RabbitMQ's default disk_free_limit
 CHECK_INTERVAL_S = 1.0
 
-_CGROUP_LIMIT_FILES = ("/sys/fs/cgroup/memory.max",                    # cgroup v2
-                       "/sys/fs/cgroup/memory/memory.limit_in_bytes")  # cgroup v1
+_CGROUP_LIMIT_FILES = (
+    "/sys/fs/cgroup/memory.max",  # cgroup v2
+    "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+)  # cgroup v1
 
 
 @dataclass(frozen=True)
@@ -44,22 +46,29 @@ class AlarmLimits:
     """Where the alarms go off; validated when built."""
 
     memory_high_watermark: float = VM_MEMORY_HIGH_WATERMARK
-    memory_limit_bytes: int | None = None        # when set, used instead of the fraction
+    memory_limit_bytes: int | None = None  # when set, used instead of the fraction
     disk_free_limit_bytes: int = DISK_FREE_LIMIT_BYTES
     check_interval_s: float = CHECK_INTERVAL_S
 
     def __post_init__(self) -> None:
         if not isinstance(self.memory_high_watermark, (int, float)) or not (
-                0 < self.memory_high_watermark <= 1):
-            raise InvalidSpec("memory_high_watermark", self.memory_high_watermark,
-                              "a fraction of memory in (0, 1]")
+            0 < self.memory_high_watermark <= 1
+        ):
+            raise InvalidSpec(
+                "memory_high_watermark",
+                self.memory_high_watermark,
+                "a fraction of memory in (0, 1]",
+            )
         if self.memory_limit_bytes is not None and (
-                not isinstance(self.memory_limit_bytes, int) or self.memory_limit_bytes <= 0):
-            raise InvalidSpec("memory_limit_bytes", self.memory_limit_bytes,
-                              "a positive number of bytes, or None")
+            not isinstance(self.memory_limit_bytes, int) or self.memory_limit_bytes <= 0
+        ):
+            raise InvalidSpec(
+                "memory_limit_bytes", self.memory_limit_bytes, "a positive number of bytes, or None"
+            )
         if not isinstance(self.disk_free_limit_bytes, int) or self.disk_free_limit_bytes < 0:
-            raise InvalidSpec("disk_free_limit_bytes", self.disk_free_limit_bytes,
-                              "a number of bytes >= 0")
+            raise InvalidSpec(
+                "disk_free_limit_bytes", self.disk_free_limit_bytes, "a number of bytes >= 0"
+            )
         if not isinstance(self.check_interval_s, (int, float)) or self.check_interval_s <= 0:
             raise InvalidSpec("check_interval_s", self.check_interval_s, "seconds > 0")
 
@@ -73,9 +82,9 @@ class AlarmLimits:
 class AlarmChange:
     """One alarm raised or cleared, with the reading and the limit that decided it."""
 
-    resource: str           # "memory" or "disk"
+    resource: str  # "memory" or "disk"
     raised: bool
-    value: int              # bytes used (memory) or free (disk)
+    value: int  # bytes used (memory) or free (disk)
     limit: int
 
 
@@ -91,14 +100,22 @@ class ResourceMonitor:
         """Measure both resources; return the alarms that changed since the last check."""
         memory, memory_limit = node_memory(self.node_pids()), self.limits.memory_limit()
         free = 0 if disk_full() else psutil.disk_usage(self.data_dir).free
-        self.readings = {"memory_bytes": memory, "memory_limit_bytes": memory_limit,
-                         "disk_free_bytes": free,
-                         "disk_free_limit_bytes": self.limits.disk_free_limit_bytes}
+        self.readings = {
+            "memory_bytes": memory,
+            "memory_limit_bytes": memory_limit,
+            "disk_free_bytes": free,
+            "disk_free_limit_bytes": self.limits.disk_free_limit_bytes,
+        }
         changes = []
         for resource, over, value, limit in (
-                ("memory", memory > memory_limit, memory, memory_limit),
-                ("disk", free < self.limits.disk_free_limit_bytes, free,
-                 self.limits.disk_free_limit_bytes)):
+            ("memory", memory > memory_limit, memory, memory_limit),
+            (
+                "disk",
+                free < self.limits.disk_free_limit_bytes,
+                free,
+                self.limits.disk_free_limit_bytes,
+            ),
+        ):
             if over != (resource in self.active):
                 (self.active.add if over else self.active.discard)(resource)
                 changes.append(AlarmChange(resource, over, value, limit))

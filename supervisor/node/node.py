@@ -79,26 +79,34 @@ import zmq
 
 from warren.actors import ActorError, ActorRef
 from warren.actors import Node as ActorNode
-
-from warren.queues.client.connection import Connection
-from warren.queues.broker.definitions import (Definitions, ExchangeDefinition, QueueDefinition,
-                                       check_name, queue_directory)
-from warren.queues.errors import NotFound, QueueDown, QueueError
-from warren.queues.broker.listener import (ListenerActor, ListenerStats, check_listen_address,
-                                    with_free_port)
-from warren.queues.protocol import DeleteQueue
+from warren.queues.broker.definitions import (
+    Definitions,
+    ExchangeDefinition,
+    QueueDefinition,
+    check_name,
+    queue_directory,
+)
+from warren.queues.broker.listener import (
+    ListenerActor,
+    ListenerStats,
+    check_listen_address,
+    with_free_port,
+)
 from warren.queues.broker.queue_actor import QueueActor
+from warren.queues.client.connection import Connection
 from warren.queues.client.ipc_node import NODE_FILE, write_alarms
 from warren.queues.engine.ref_counts import node_clean_clients, node_ref_counts
-from warren.store.gc_actor import GCActor
+from warren.queues.errors import NotFound, QueueDown, QueueError
+from warren.queues.protocol import DeleteQueue
 from warren.store.engine.message_store import FILE_SIZE_LIMIT_BYTES
+from warren.store.gc_actor import GCActor
 from warren.store.protocol import StoreStats
 from warren.store.store_actor import MessageStoreActor
 
-from .alarms import AlarmLimits, ResourceMonitor
 from ..errors import InvalidSpec, NodeLocked, SupervisorError
 from ..specs import STORE_SHUTDOWN_S, ChildSpec, SupervisorFlags, SupervisorSpec
 from ..supervisor import Supervisor
+from .alarms import AlarmLimits, ResourceMonitor
 
 log = logging.getLogger("warren.node")
 
@@ -116,32 +124,57 @@ STORE_HEARTBEAT_TIMEOUT_S = 60.0
 # What the runtime's close gives actors still alive after the tree stopped (seconds).
 STORE_CLOSE_TIMEOUT_S = 60.0
 STORES = ("msg_store_persistent", "msg_store_transient")
-LISTENER_NAME = "listener"       # the actor remote clients reach (Node(listen=...))
+LISTENER_NAME = "listener"  # the actor remote clients reach (Node(listen=...))
 # What other processes may call on the node through its control socket (warren.connect).
-CONTROL_CALLS = frozenset({"declare_queue", "delete_queue", "declare_exchange", "bind_queue",
-                           "exchange", "queue", "queue_state", "list_queues",
-                           "active_alarms"})
-QUEUE_SUP_PREFIX = "queue_sup "   # each queue's own supervisor, under queue_sup
+CONTROL_CALLS = frozenset(
+    {
+        "declare_queue",
+        "delete_queue",
+        "declare_exchange",
+        "bind_queue",
+        "exchange",
+        "queue",
+        "queue_state",
+        "list_queues",
+        "active_alarms",
+    }
+)
+QUEUE_SUP_PREFIX = "queue_sup "  # each queue's own supervisor, under queue_sup
 QUEUE_FLAGS = SupervisorFlags("one_for_one", intensity=3, period_s=60.0)
-QUEUE_PREFIX = "queue "          # a queue's actor name, and so its title: "warren: queue orders"
+QUEUE_PREFIX = "queue "  # a queue's actor name, and so its title: "warren: queue orders"
 # What ``run_until_signalled`` stops on: a service manager's stop, Ctrl-C, a closed terminal.
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-PRELOAD = ("warren.store", "warren.store.store_actor", "warren.store.gc_actor", "warren.store.protocol",
-           "warren.queues.broker.queue_actor", "warren.queues.broker.listener")
+PRELOAD = (
+    "warren.store",
+    "warren.store.store_actor",
+    "warren.store.gc_actor",
+    "warren.store.protocol",
+    "warren.queues.broker.queue_actor",
+    "warren.queues.broker.listener",
+)
 
 
 class Node:
     """A Warren node on ``data_dir``; see the module docstring."""
 
-    def __init__(self, data_dir: str | os.PathLike, *, name: str = "warren",
-                 children: Iterable[ChildSpec | SupervisorSpec] = (),
-                 alarm_limits: AlarmLimits | None = None,
-                 file_size_limit: int = FILE_SIZE_LIMIT_BYTES, sync_policy: str = "fsync",
-                 ref_counts: Callable[[], Iterable[tuple[bytes, int]]] | None = None,
-                 preload: tuple[str, ...] = (), log_level: int | str | None = None,
-                 listen: str | None = None, curve: bool = False, insecure: bool = False,
-                 listener_options: dict[str, Any] | None = None,
-                 heartbeat_timeout_s: float = STORE_HEARTBEAT_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        data_dir: str | os.PathLike,
+        *,
+        name: str = "warren",
+        children: Iterable[ChildSpec | SupervisorSpec] = (),
+        alarm_limits: AlarmLimits | None = None,
+        file_size_limit: int = FILE_SIZE_LIMIT_BYTES,
+        sync_policy: str = "fsync",
+        ref_counts: Callable[[], Iterable[tuple[bytes, int]]] | None = None,
+        preload: tuple[str, ...] = (),
+        log_level: int | str | None = None,
+        listen: str | None = None,
+        curve: bool = False,
+        insecure: bool = False,
+        listener_options: dict[str, Any] | None = None,
+        heartbeat_timeout_s: float = STORE_HEARTBEAT_TIMEOUT_S,
+    ) -> None:
         if not os.fspath(data_dir):
             raise InvalidSpec("data_dir", data_dir, "must name a directory")
         if listen is not None:
@@ -152,8 +185,11 @@ class Node:
         elif curve:
             raise InvalidSpec("curve", curve, "CURVE protects a listener: pass listen too")
         if not isinstance(heartbeat_timeout_s, (int, float)) or heartbeat_timeout_s < 2:
-            raise InvalidSpec("heartbeat_timeout_s", heartbeat_timeout_s,
-                              "seconds >= 2 (heartbeats go every second)")
+            raise InvalidSpec(
+                "heartbeat_timeout_s",
+                heartbeat_timeout_s,
+                "seconds >= 2 (heartbeats go every second)",
+            )
         self._heartbeat_timeout_s = float(heartbeat_timeout_s)
         self.data_dir = os.path.abspath(os.fspath(data_dir))
         if ref_counts is None:
@@ -161,8 +197,9 @@ class Node:
         self.name = name
         self.limits = alarm_limits or AlarmLimits()
         os.makedirs(self.data_dir, exist_ok=True)
-        self._lock_fd = os.open(os.path.join(self.data_dir, LOCK_FILE),
-                                os.O_RDWR | os.O_CREAT, 0o644)
+        self._lock_fd = os.open(
+            os.path.join(self.data_dir, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644
+        )
         try:
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -173,55 +210,94 @@ class Node:
         self._definitions.remove_transient_queues()
         self._definitions_lock = threading.Lock()
         self.failed = threading.Event()
-        self._stop_wanted = threading.Event()    # a stop signal arrived, or the root failed
+        self._stop_wanted = threading.Event()  # a stop signal arrived, or the root failed
         self._closing = threading.Event()
         self.counters = {"malformed_status_requests": 0, "refused_control_calls": 0}
         self.actors: ActorNode | None = None
-        self.listen_endpoint: str | None = None     # where remote clients connect
+        self.listen_endpoint: str | None = None  # where remote clients connect
         self.root: Supervisor | None = None
         self._status_socket: zmq.Socket | None = None
         self._threads: list[threading.Thread] = []
         try:
-            self.actors = ActorNode(name=name, preload=PRELOAD + tuple(preload),
-                                    log_level=log_level)
+            self.actors = ActorNode(
+                name=name, preload=PRELOAD + tuple(preload), log_level=log_level
+            )
             store_options = {"file_size_limit": file_size_limit, "sync_policy": sync_policy}
             stores = tuple(
-                ChildSpec(store, MessageStoreActor, (os.path.join(self.data_dir, store),),
-                          {**store_options, "transient": store == "msg_store_transient",
-                           "ref_counts": ref_counts if store == "msg_store_persistent" else None,
-                           "clean_clients": (functools.partial(node_clean_clients, self.data_dir)
-                                             if store == "msg_store_persistent" else None)},
-                          shutdown_s=STORE_SHUTDOWN_S, start_timeout_s=STORE_START_TIMEOUT_S,
-                          heartbeat_timeout_s=self._heartbeat_timeout_s)
-                for store in STORES)
+                ChildSpec(
+                    store,
+                    MessageStoreActor,
+                    (os.path.join(self.data_dir, store),),
+                    {
+                        **store_options,
+                        "transient": store == "msg_store_transient",
+                        "ref_counts": ref_counts if store == "msg_store_persistent" else None,
+                        "clean_clients": (
+                            functools.partial(node_clean_clients, self.data_dir)
+                            if store == "msg_store_persistent"
+                            else None
+                        ),
+                    },
+                    shutdown_s=STORE_SHUTDOWN_S,
+                    start_timeout_s=STORE_START_TIMEOUT_S,
+                    heartbeat_timeout_s=self._heartbeat_timeout_s,
+                )
+                for store in STORES
+            )
             self.status_endpoint = f"ipc://{self.actors.runtime_dir}/status"
-            listener = () if listen is None else (ChildSpec(
-                LISTENER_NAME, ListenerActor, (self.data_dir, with_free_port(listen)),
-                {"control_endpoint": self.status_endpoint, "curve": curve,
-                 **(listener_options or {})}),)
-            spec = SupervisorSpec("node", ROOT_FLAGS, children=(
-                SupervisorSpec("gc_sup", SUB_FLAGS, children=(ChildSpec(
-                    "msg_store_gc", GCActor, heartbeat_timeout_s=self._heartbeat_timeout_s),)),
-                *stores,
-                self._queue_sup_spec(),
-                SupervisorSpec("app_sup", SUB_FLAGS, children=tuple(children)),
-                *listener,
-            ))
+            listener = (
+                ()
+                if listen is None
+                else (
+                    ChildSpec(
+                        LISTENER_NAME,
+                        ListenerActor,
+                        (self.data_dir, with_free_port(listen)),
+                        {
+                            "control_endpoint": self.status_endpoint,
+                            "curve": curve,
+                            **(listener_options or {}),
+                        },
+                    ),
+                )
+            )
+            spec = SupervisorSpec(
+                "node",
+                ROOT_FLAGS,
+                children=(
+                    SupervisorSpec(
+                        "gc_sup",
+                        SUB_FLAGS,
+                        children=(
+                            ChildSpec(
+                                "msg_store_gc",
+                                GCActor,
+                                heartbeat_timeout_s=self._heartbeat_timeout_s,
+                            ),
+                        ),
+                    ),
+                    *stores,
+                    self._queue_sup_spec(),
+                    SupervisorSpec("app_sup", SUB_FLAGS, children=tuple(children)),
+                    *listener,
+                ),
+            )
             self.root = Supervisor(self.actors, spec, on_failure=self._root_failed).start()
             self.alarms = ResourceMonitor(self.data_dir, self.limits, self._pids)
             self._status_socket = zmq.Context.instance().socket(zmq.ROUTER)
             self._status_socket.linger = 0
             self._status_socket.router_mandatory = 1
             self._status_socket.bind(self.status_endpoint)
-            self._threads = [threading.Thread(target=self._watch_resources, daemon=True,
-                                              name="warren-alarms"),
-                             threading.Thread(target=self._serve_status, daemon=True,
-                                              name="warren-status")]
+            self._threads = [
+                threading.Thread(target=self._watch_resources, daemon=True, name="warren-alarms"),
+                threading.Thread(target=self._serve_status, daemon=True, name="warren-status"),
+            ]
             for thread in self._threads:
                 thread.start()
             if listen is not None:
-                self.listen_endpoint = self.actors.whereis(LISTENER_NAME).ask(
-                    ListenerStats())["endpoint"]
+                self.listen_endpoint = self.actors.whereis(LISTENER_NAME).ask(ListenerStats())[
+                    "endpoint"
+                ]
             write_alarms(self.data_dir, self.alarms.active)
             self._write_node_file()
         except BaseException:
@@ -244,17 +320,32 @@ class Node:
 
     # ------------------------------------------------------------------ queues
 
-    def declare_queue(self, name: str, *, durable: bool = True, lazy: bool = False,
-                      message_ttl_ms: int | None = None, max_length: int | None = None,
-                      overflow: str = "drop-head", dead_letter_exchange: str | None = None,
-                      auto_delete: bool = False) -> None:
+    def declare_queue(
+        self,
+        name: str,
+        *,
+        durable: bool = True,
+        lazy: bool = False,
+        message_ttl_ms: int | None = None,
+        max_length: int | None = None,
+        overflow: str = "drop-head",
+        dead_letter_exchange: str | None = None,
+        auto_delete: bool = False,
+    ) -> None:
         """Create the queue (a process under ``queue_sup``) unless it exists; a durable
         one is kept in the definitions and started at every boot. Re-declaring with other
         arguments raises ``PreconditionFailed``. An ``auto_delete`` queue deletes itself
         when its last consumer stops (one that never had a consumer stays)."""
-        definition = QueueDefinition(check_name(name), bool(durable), bool(lazy),
-                                     message_ttl_ms, max_length, overflow,
-                                     dead_letter_exchange, bool(auto_delete))
+        definition = QueueDefinition(
+            check_name(name),
+            bool(durable),
+            bool(lazy),
+            message_ttl_ms,
+            max_length,
+            overflow,
+            dead_letter_exchange,
+            bool(auto_delete),
+        )
         with self._definitions_lock:
             if not self._definitions.add_queue(definition):
                 return
@@ -275,7 +366,7 @@ class Node:
                 raise NotFound(f"no queue {name!r} on this node; nothing to delete")
             try:
                 count = self.queue(name).ask(DeleteQueue())
-            except QueueDown:            # nothing runs to delete its messages: its files go
+            except QueueDown:  # nothing runs to delete its messages: its files go
                 count = 0
                 shutil.rmtree(queue_directory(self.data_dir, name), ignore_errors=True)
             queue_sup = self._supervisor("queue_sup")
@@ -285,8 +376,7 @@ class Node:
             self._definitions_changed()
             return count
 
-    def declare_exchange(self, name: str, *, kind: str = "direct",
-                         durable: bool = True) -> None:
+    def declare_exchange(self, name: str, *, kind: str = "direct", durable: bool = True) -> None:
         """Create an exchange (``direct``, ``fanout`` or ``topic``) unless it exists."""
         definition = ExchangeDefinition(check_name(name, "exchange"), kind, bool(durable))
         with self._definitions_lock:
@@ -315,9 +405,11 @@ class Node:
             raise NotFound(f"no queue {name!r} on this node; declare it first")
         ref = self.actors.whereis(QUEUE_PREFIX + name)
         if ref is None and self.queue_state(name) == "crashed":
-            raise QueueDown(f"queue {name!r} crashed {QUEUE_FLAGS.intensity + 1} times within "
-                            f"{QUEUE_FLAGS.period_s:g} s and stays down (see the node's log); "
-                            f"restart the node, or delete the queue and declare it again")
+            raise QueueDown(
+                f"queue {name!r} crashed {QUEUE_FLAGS.intensity + 1} times within "
+                f"{QUEUE_FLAGS.period_s:g} s and stays down (see the node's log); "
+                f"restart the node, or delete the queue and declare it again"
+            )
         if ref is None:
             raise NotFound(f"queue {name!r} is restarting; try again in a moment")
         return ref
@@ -342,12 +434,13 @@ class Node:
         process ended and their directory is gone)."""
         with self._definitions_lock:
             for name, definition in list(self._definitions.queues.items()):
-                if (definition.auto_delete
-                        and not os.path.exists(queue_directory(self.data_dir, name))
-                        and self.actors.whereis(QUEUE_PREFIX + name) is None):
+                if (
+                    definition.auto_delete
+                    and not os.path.exists(queue_directory(self.data_dir, name))
+                    and self.actors.whereis(QUEUE_PREFIX + name) is None
+                ):
                     queue_sup = self._supervisor("queue_sup")
-                    if any(c["id"] == QUEUE_SUP_PREFIX + name
-                           for c in queue_sup.which_children()):
+                    if any(c["id"] == QUEUE_SUP_PREFIX + name for c in queue_sup.which_children()):
                         queue_sup.terminate_child(QUEUE_SUP_PREFIX + name)
                     self._definitions.remove_queue(name)
                     self._definitions_changed()
@@ -361,28 +454,42 @@ class Node:
 
     def _queue_sup_spec(self) -> SupervisorSpec:
         """queue_sup with every queue declared now: what a restart of it starts."""
-        return SupervisorSpec("queue_sup", SUB_FLAGS, children=tuple(
-            self._queue_spec(d) for d in self._definitions.queues.values()))
+        return SupervisorSpec(
+            "queue_sup",
+            SUB_FLAGS,
+            children=tuple(self._queue_spec(d) for d in self._definitions.queues.values()),
+        )
 
     def _queue_spec(self, definition: QueueDefinition) -> SupervisorSpec:
         """A queue under a small supervisor of its own: a queue that keeps crashing
         exhausts that one (which, temporary, is not restarted), never queue_sup."""
-        queue = ChildSpec(QUEUE_PREFIX + definition.name, QueueActor,
-                          (definition.name, queue_directory(self.data_dir, definition.name)),
-                          {"durable": definition.durable, "lazy": definition.lazy,
-                           "message_ttl_ms": definition.message_ttl_ms,
-                           "max_length": definition.max_length,
-                           "overflow": definition.overflow,
-                           "dead_letter_exchange": definition.dead_letter_exchange,
-                           "auto_delete": definition.auto_delete,
-                           "data_dir": self.data_dir},
-                          # an auto-deleted queue's process ends normally, for good
-                          restart="transient" if definition.auto_delete else "permanent",
-                          shutdown_s=STORE_SHUTDOWN_S, start_timeout_s=STORE_START_TIMEOUT_S,
-                          heartbeat_timeout_s=self._heartbeat_timeout_s)
-        return SupervisorSpec(QUEUE_SUP_PREFIX + definition.name, QUEUE_FLAGS,
-                              children=(queue,), restart="temporary",
-                              shutdown_s=STORE_SHUTDOWN_S)
+        queue = ChildSpec(
+            QUEUE_PREFIX + definition.name,
+            QueueActor,
+            (definition.name, queue_directory(self.data_dir, definition.name)),
+            {
+                "durable": definition.durable,
+                "lazy": definition.lazy,
+                "message_ttl_ms": definition.message_ttl_ms,
+                "max_length": definition.max_length,
+                "overflow": definition.overflow,
+                "dead_letter_exchange": definition.dead_letter_exchange,
+                "auto_delete": definition.auto_delete,
+                "data_dir": self.data_dir,
+            },
+            # an auto-deleted queue's process ends normally, for good
+            restart="transient" if definition.auto_delete else "permanent",
+            shutdown_s=STORE_SHUTDOWN_S,
+            start_timeout_s=STORE_START_TIMEOUT_S,
+            heartbeat_timeout_s=self._heartbeat_timeout_s,
+        )
+        return SupervisorSpec(
+            QUEUE_SUP_PREFIX + definition.name,
+            QUEUE_FLAGS,
+            children=(queue,),
+            restart="temporary",
+            shutdown_s=STORE_SHUTDOWN_S,
+        )
 
     def store_stats(self) -> dict[str, dict[str, Any] | None]:
         """Each store's figures; None for a store that does not answer right now."""
@@ -397,14 +504,19 @@ class Node:
     def status(self) -> dict[str, Any]:
         """The tree (pid, state, restarts, RSS, CPU of every actor), the stores' figures,
         each queue's state and the alarms."""
-        return {"node": self.name, "pid": os.getpid(), "data_dir": self.data_dir,
-                "state": "failed" if self.failed.is_set() else "running",
-                "tree": self.root.status() if self.root else None,
-                "stores": self.store_stats() if self.root else {},
-                "queues": ({name: self.queue_state(name) for name in self.list_queues()}
-                           if self.root else {}),
-                "alarms": sorted(self.alarms.active),
-                "readings": dict(self.alarms.readings)}
+        return {
+            "node": self.name,
+            "pid": os.getpid(),
+            "data_dir": self.data_dir,
+            "state": "failed" if self.failed.is_set() else "running",
+            "tree": self.root.status() if self.root else None,
+            "stores": self.store_stats() if self.root else {},
+            "queues": (
+                {name: self.queue_state(name) for name in self.list_queues()} if self.root else {}
+            ),
+            "alarms": sorted(self.alarms.active),
+            "readings": dict(self.alarms.readings),
+        }
 
     def run_until_signalled(self, signals: Iterable[int] = STOP_SIGNALS) -> int | None:
         """Run until one of ``signals`` arrives, then stop the node in order; the signal's
@@ -414,13 +526,15 @@ class Node:
         stay until the node is closed; the previous ones are restored on return.
         """
         if threading.current_thread() is not threading.main_thread():
-            raise SupervisorError("run_until_signalled must be called from the main thread, "
-                                  "where Python runs signal handlers")
+            raise SupervisorError(
+                "run_until_signalled must be called from the main thread, "
+                "where Python runs signal handlers"
+            )
         signals = tuple(signals)
         received: list[int] = []
 
         def stop_on(signum: int, _frame: object) -> None:
-            received.append(signum)      # a second one is noted, and changes nothing
+            received.append(signum)  # a second one is noted, and changes nothing
             self._stop_wanted.set()
 
         previous = {signum: signal.signal(signum, stop_on) for signum in signals}
@@ -428,8 +542,11 @@ class Node:
         try:
             self._stop_wanted.wait()
             if received:
-                log.warning("node %s: %s received: stopping in order", self.name,
-                            signal.Signals(received[0]).name)
+                log.warning(
+                    "node %s: %s received: stopping in order",
+                    self.name,
+                    signal.Signals(received[0]).name,
+                )
             self.close()
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
@@ -487,19 +604,24 @@ class Node:
         self._stop_wanted.set()
 
     def _watch_resources(self) -> None:
-        told: dict[str, tuple[int, frozenset[str]]] = {}   # address -> (incarnation, raised)
+        told: dict[str, tuple[int, frozenset[str]]] = {}  # address -> (incarnation, raised)
         while not self._closing.wait(self.limits.check_interval_s):
             try:
                 changes = self.alarms.check()
                 for change in changes:
-                    log.warning("node %s: %s alarm %s (%d against a limit of %d)", self.name,
-                                change.resource, "raised" if change.raised else "cleared",
-                                change.value, change.limit)
+                    log.warning(
+                        "node %s: %s alarm %s (%d against a limit of %d)",
+                        self.name,
+                        change.resource,
+                        "raised" if change.raised else "cleared",
+                        change.value,
+                        change.limit,
+                    )
                 if changes:
                     write_alarms(self.data_dir, self.alarms.active)
                 self._tell_alarms(told)
                 self._forget_auto_deleted()
-            except Exception:   # the watch must outlive one bad reading; logged
+            except Exception:  # the watch must outlive one bad reading; logged
                 log.exception("node %s: checking the resource alarms failed", self.name)
 
     def _tell_alarms(self, told: dict[str, tuple[int, frozenset[str]]]) -> None:
@@ -515,7 +637,7 @@ class Node:
                     ref.alarm(resource, True)
                 for resource in sorted(heard - active):
                     ref.alarm(resource, False)
-            except ActorError as exc:   # an actor going away; its successor is told next time
+            except ActorError as exc:  # an actor going away; its successor is told next time
                 log.info("node %s: could not tell %s of the alarms: %s", self.name, ref.name, exc)
                 continue
             told[ref.address] = (ref.incarnation, active)
@@ -534,29 +656,33 @@ class Node:
                 continue
             try:
                 frames = self._status_socket.recv_multipart(zmq.NOBLOCK)
-            except zmq.ZMQError as exc:      # Again: nothing after all
+            except zmq.ZMQError as exc:  # Again: nothing after all
                 log.debug("node %s: the status socket: %s", self.name, exc)
                 continue
             envelope, request = _split_envelope(frames)
             if request == [b"status"]:
                 try:
                     reply = json.dumps(self.status(), default=str).encode()
-                except Exception as exc:     # answered, so the asker is not left waiting
+                except Exception as exc:  # answered, so the asker is not left waiting
                     log.exception("node %s: a status request failed", self.name)
                     reply = json.dumps({"error": str(exc)}).encode()
             elif len(request) == 2 and request[0] == b"call":
                 reply = self._control_call(request[1])
             else:
                 self.counters["malformed_status_requests"] += 1
-                log.warning("node %s: refused a status request of %d frames (%r...)",
-                            self.name, len(request), request[0][:40] if request else b"")
-                reply = json.dumps({"error": "a request is one frame, b'status', or two, "
-                                             "b'call' and a JSON call"}).encode()
+                log.warning(
+                    "node %s: refused a status request of %d frames (%r...)",
+                    self.name,
+                    len(request),
+                    request[0][:40] if request else b"",
+                )
+                reply = json.dumps(
+                    {"error": "a request is one frame, b'status', or two, b'call' and a JSON call"}
+                ).encode()
             try:
                 self._status_socket.send_multipart([*envelope, reply], zmq.NOBLOCK)
-            except zmq.ZMQError as exc:      # the asker has gone, or reads nothing
-                log.warning("node %s: a status answer could not be sent: %s", self.name,
-                            exc)
+            except zmq.ZMQError as exc:  # the asker has gone, or reads nothing
+                log.warning("node %s: a status answer could not be sent: %s", self.name, exc)
         self._status_socket.close()
 
     def _control_call(self, body: bytes) -> bytes:
@@ -571,7 +697,7 @@ class Node:
             if isinstance(result, ActorRef):
                 result = dataclasses.asdict(result)
             return json.dumps({"ok": result}).encode()
-        except Exception as exc:             # every call is answered, whatever it holds
+        except Exception as exc:  # every call is answered, whatever it holds
             if not isinstance(exc, (QueueError, ValueError, TypeError, KeyError)):
                 log.exception("node %s: a control call failed", self.name)
             else:
@@ -589,17 +715,24 @@ class Node:
             return
         runtime_dir = os.path.dirname(endpoint.removeprefix("ipc://"))
         if endpoint.startswith("ipc://") and os.path.basename(runtime_dir).startswith("warren-"):
-            log.info("node %s: removing %s, left by a node that did not stop", self.name,
-                     runtime_dir)
+            log.info(
+                "node %s: removing %s, left by a node that did not stop", self.name, runtime_dir
+            )
             shutil.rmtree(runtime_dir, ignore_errors=True)
         os.unlink(path)
 
     def _write_node_file(self) -> None:
         path = os.path.join(self.data_dir, NODE_FILE)
         with open(path + ".tmp", "w") as f:
-            json.dump({"name": self.name, "pid": os.getpid(),
-                       "status_endpoint": self.status_endpoint,
-                       "listen_endpoint": self.listen_endpoint}, f)
+            json.dump(
+                {
+                    "name": self.name,
+                    "pid": os.getpid(),
+                    "status_endpoint": self.status_endpoint,
+                    "listen_endpoint": self.listen_endpoint,
+                },
+                f,
+            )
         os.rename(path + ".tmp", path)
 
 
@@ -609,7 +742,7 @@ def _split_envelope(frames: list[bytes]) -> tuple[list[bytes], list[bytes]]:
     sender's identity alone."""
     for index, frame in enumerate(frames[1:], start=1):
         if not frame:
-            return frames[:index + 1], frames[index + 1:]
+            return frames[: index + 1], frames[index + 1 :]
     return frames[:1], frames[1:]
 
 
@@ -630,7 +763,8 @@ def query_status(data_dir: str | os.PathLike, timeout_ms: int = STATUS_TIMEOUT_M
         socket.send(b"status")
         return json.loads(socket.recv())
     except zmq.ZMQError as exc:
-        raise OSError(f"the node on {data_dir} (pid {info.get('pid')}) does not answer: "
-                      f"{exc}") from exc
+        raise OSError(
+            f"the node on {data_dir} (pid {info.get('pid')}) does not answer: {exc}"
+        ) from exc
     finally:
         socket.close()

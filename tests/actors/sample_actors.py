@@ -90,8 +90,9 @@ class Recorder(ProcessActor):
             case "ref":
                 return self.ref
             case ("raise", type_name, text):
-                raise {"ValueError": ValueError, "KeyError": KeyError}.get(
-                    type_name, RuntimeError)(text)
+                raise {"ValueError": ValueError, "KeyError": KeyError}.get(type_name, RuntimeError)(
+                    text
+                )
             case ("crash",):
                 raise RuntimeError("asked to crash")
             case ("sleep", seconds):

@@ -10,24 +10,40 @@ import msgpack
 import pytest
 import zmq
 
-from warren.actors import (ActorDeadError, CodecError, MailboxFull, MessageTooLarge, Node,
-                           RemoteError, UnhandledMessage, wire, codec, register_message)
-from warren.actors._runtime import runtime
+from tests.actors.sample_actors import Mute, NeverRegistered, Put, Recorder, SmallMailbox, Span
 from tests.waiting import wait_for
-from tests.actors.sample_actors import (Mute, NeverRegistered, Put, Recorder, SmallMailbox,
-                                        Span)
+from warren.actors import (
+    ActorDeadError,
+    CodecError,
+    MailboxFull,
+    MessageTooLarge,
+    Node,
+    RemoteError,
+    UnhandledMessage,
+    codec,
+    register_message,
+    wire,
+)
+from warren.actors._runtime import runtime
 
 
 def _fuzz_frames(rng: random.Random) -> list[list[bytes]]:
     samples: list[list[bytes]] = [
-        [b""], [b"\xc1"], [b"\x00" * 3], [msgpack.packb([2, 0, "id", "x"])],
-        [msgpack.packb([3, 0, 0, "not a list"])], [msgpack.packb([99, 0, 0, None])],
+        [b""],
+        [b"\xc1"],
+        [b"\x00" * 3],
+        [msgpack.packb([2, 0, "id", "x"])],
+        [msgpack.packb([3, 0, 0, "not a list"])],
+        [msgpack.packb([99, 0, 0, None])],
         [msgpack.packb([1, 0, 0, msgpack.ExtType(3, b"\0\0\0\7")])],
         [msgpack.packb([1, 0, 0, msgpack.ExtType(2, b"\x91\x01")])],
-        [msgpack.packb({"a": 1})], [msgpack.packb([1, 0, 0])],
+        [msgpack.packb({"a": 1})],
+        [msgpack.packb([1, 0, 0])],
     ]
-    samples += [[rng.randbytes(rng.randrange(1, 64)) for _ in range(rng.randrange(1, 4))]
-                for _ in range(300)]
+    samples += [
+        [rng.randbytes(rng.randrange(1, 64)) for _ in range(rng.randrange(1, 4))]
+        for _ in range(300)
+    ]
     return samples
 
 
@@ -82,8 +98,7 @@ def test_a_message_over_the_actors_own_limit_gets_an_error_answer(node: Node) ->
     assert ref.ask("label", timeout=10) == "recorder"
 
 
-def test_a_full_mailbox_pushes_back_on_the_sender_and_loses_nothing(node: Node,
-                                                                   tmp_path) -> None:
+def test_a_full_mailbox_pushes_back_on_the_sender_and_loses_nothing(node: Node, tmp_path) -> None:
     release = tmp_path / "release"
     ref = node.spawn(Recorder, mailbox_size=20)
     blocked = ref.ask_async(("block_until", str(release)))
@@ -96,8 +111,7 @@ def test_a_full_mailbox_pushes_back_on_the_sender_and_loses_nothing(node: Node,
     assert ref.ask("seen", timeout=20) == list(range(accepted))
 
 
-def test_a_tell_to_a_dead_pinned_ref_raises_in_a_process_that_saw_the_death(
-        node: Node) -> None:
+def test_a_tell_to_a_dead_pinned_ref_raises_in_a_process_that_saw_the_death(node: Node) -> None:
     ref = node.spawn(Recorder).pin()
     ref.stop(timeout=10)
     with pytest.raises(ActorDeadError):
@@ -121,7 +135,8 @@ def test_random_frames_at_the_node_service_leave_it_spawning_and_watching(node: 
 
 
 def test_a_tell_the_actor_does_not_handle_is_counted_and_the_rest_of_the_batch_handled(
-        node: Node) -> None:
+    node: Node,
+) -> None:
     ref = node.spawn(Recorder)
     ref.tell_many(["before", ("refuse", "not for me"), "after"])
     ref.tell(("refuse", "nor this"))
@@ -137,8 +152,7 @@ def test_an_ask_the_actor_does_not_handle_gets_that_error(node: Node) -> None:
     assert ref.ping(timeout=10).incarnation == ref.incarnation
 
 
-def test_a_request_that_needs_an_answer_sent_by_tell_is_counted_not_a_crash(
-        node: Node) -> None:
+def test_a_request_that_needs_an_answer_sent_by_tell_is_counted_not_a_crash(node: Node) -> None:
     ref = node.spawn(Recorder)
     ref.tell(("defer",))
     wait_for(lambda: ref.stats(timeout=10)["unhandled"] == 1)
@@ -176,8 +190,7 @@ def error_answer(sender: zmq.Socket) -> list:
     return error
 
 
-def test_a_message_with_the_wrong_number_of_fields_gets_an_error_naming_them(
-        node: Node) -> None:
+def test_a_message_with_the_wrong_number_of_fields_gets_an_error_naming_them(node: Node) -> None:
     ref = node.spawn(Recorder)
     with raw_sender(ref) as sender:
         sender.send(raw_message(wire.ASK, Put, "k"))
@@ -189,7 +202,8 @@ def test_a_message_with_the_wrong_number_of_fields_gets_an_error_naming_them(
 
 
 def test_a_message_whose_constructor_refuses_its_fields_gets_an_error_naming_the_type(
-        node: Node) -> None:
+    node: Node,
+) -> None:
     ref = node.spawn(Recorder)
     with raw_sender(ref) as sender:
         sender.send(raw_message(wire.ASK, Span, 5, 1))
@@ -220,8 +234,7 @@ class _Plants:
         return (open, (self.path, "w"))
 
 
-def test_a_spawn_order_without_the_nodes_signature_is_never_unpickled(node: Node,
-                                                                      tmp_path) -> None:
+def test_a_spawn_order_without_the_nodes_signature_is_never_unpickled(node: Node, tmp_path) -> None:
     import pickle
     import time
 
@@ -230,8 +243,12 @@ def test_a_spawn_order_without_the_nodes_signature_is_never_unpickled(node: Node
     planted = tmp_path / "planted"
     order = pickle.dumps(_Plants(str(planted)))
     endpoint = node.endpoint.encode()
-    forged = (_forkserver.SPAWN_HEAD.pack(99, len(endpoint)) + endpoint
-              + bytes(_forkserver.SIGNATURE_BYTES) + order)
+    forged = (
+        _forkserver.SPAWN_HEAD.pack(99, len(endpoint))
+        + endpoint
+        + bytes(_forkserver.SIGNATURE_BYTES)
+        + order
+    )
     node._forkserver._send(_forkserver.SPAWN, forged)
     time.sleep(1.0)
     assert not planted.exists()

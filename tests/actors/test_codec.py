@@ -7,9 +7,9 @@ import dataclasses
 import msgpack
 import pytest
 
-from warren.actors import ActorRef, CodecError, LARGE_BODY_BYTES, Down
-from warren.actors.codec import Decoder, Encoder, UnknownMessage, register_message
 from tests.actors.sample_actors import Point, Put
+from warren.actors import LARGE_BODY_BYTES, ActorRef, CodecError, Down
+from warren.actors.codec import Decoder, Encoder, UnknownMessage, register_message
 
 
 def round_trip(obj: object) -> object:
@@ -52,13 +52,24 @@ def test_an_unregistered_class_is_refused_at_the_sender() -> None:
 def test_a_type_unknown_to_the_receiver_decodes_to_a_placeholder_and_is_flagged() -> None:
     ext = msgpack.ExtType(1, msgpack.packb(["some.Unknown", 1]))
     decoder = Decoder()
-    assert decoder.decode([msgpack.packb([2, 0, 7, ext])]) == [2, 0, 7,
-                                                                UnknownMessage("some.Unknown")]
+    assert decoder.decode([msgpack.packb([2, 0, 7, ext])]) == [
+        2,
+        0,
+        7,
+        UnknownMessage("some.Unknown"),
+    ]
     assert decoder.saw_unknown
 
 
-@pytest.mark.parametrize("frame", [b"\xc1", b"\x93\x01", msgpack.packb(msgpack.ExtType(9, b"")),
-                                   msgpack.packb(msgpack.ExtType(3, b"\0\0\0\5"))])
+@pytest.mark.parametrize(
+    "frame",
+    [
+        b"\xc1",
+        b"\x93\x01",
+        msgpack.packb(msgpack.ExtType(9, b"")),
+        msgpack.packb(msgpack.ExtType(3, b"\0\0\0\5")),
+    ],
+)
 def test_malformed_frames_raise_codec_error(frame: bytes) -> None:
     with pytest.raises(CodecError):
         Decoder().decode([frame])

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from warren.actors import Node, Pong
-from tests.waiting import wait_for
 from tests.actors.sample_actors import Recorder
+from tests.waiting import wait_for
+from warren.actors import Node, Pong
 
 
 def test_a_heartbeat_is_answered_ahead_of_a_long_data_backlog(node: Node) -> None:

@@ -13,11 +13,23 @@ from pathlib import Path
 import psutil
 import pytest
 
-from warren.actors import (EXIT_CRASHED, EXIT_NORMAL, EXIT_TERMINATED, ActorDeadError, InvalidSpec,
-                    Node, SpawnError)
+from tests.actors.sample_actors import (
+    FailsToStart,
+    IgnoresStop,
+    Recorder,
+    StopsOnSignal,
+    TitledWorker,
+)
 from tests.waiting import wait_for
-from tests.actors.sample_actors import (FailsToStart, IgnoresStop, Recorder, StopsOnSignal,
-                                        TitledWorker)
+from warren.actors import (
+    EXIT_CRASHED,
+    EXIT_NORMAL,
+    EXIT_TERMINATED,
+    ActorDeadError,
+    InvalidSpec,
+    Node,
+    SpawnError,
+)
 
 
 def test_spawn_returns_a_ref_whose_process_is_running_and_answering(node: Node) -> None:
@@ -65,7 +77,8 @@ def test_stop_runs_on_stop_and_reports_a_normal_exit(node: Node, tmp_path: Path)
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
 def test_sigterm_or_sighup_lets_a_busy_handler_finish_then_runs_on_stop(
-        node: Node, tmp_path: Path, signum: int) -> None:
+    node: Node, tmp_path: Path, signum: int
+) -> None:
     marker = tmp_path / "marker"
     release = tmp_path / "release"
     ref = node.spawn(StopsOnSignal, str(marker))
@@ -74,9 +87,9 @@ def test_sigterm_or_sighup_lets_a_busy_handler_finish_then_runs_on_stop(
     monitor = node.monitor(ref)
     wait_for(started.exists)
     os.kill(ref.pid, signum)
-    assert monitor.wait(timeout=0.3) is None          # the handler is not interrupted ...
+    assert monitor.wait(timeout=0.3) is None  # the handler is not interrupted ...
     release.touch()
-    assert answer.get(timeout=10) == "released"   # ... it finishes and answers
+    assert answer.get(timeout=10) == "released"  # ... it finishes and answers
     down = monitor.wait(timeout=10)
     assert down.exitcode == EXIT_TERMINATED
     assert marker.read_text() == "stopped"
@@ -105,8 +118,7 @@ def test_an_ask_to_a_stopped_actor_raises_actor_dead_error(node: Node) -> None:
         ref.ask("label", timeout=10)
 
 
-def test_asks_queued_when_an_actor_stops_are_answered_with_actor_dead_error(
-        node: Node) -> None:
+def test_asks_queued_when_an_actor_stops_are_answered_with_actor_dead_error(node: Node) -> None:
     ref = node.spawn(Recorder, max_batch=1)
     ref.tell(("sleep", 0.3))
     late = ref.ask_async("label")
@@ -123,8 +135,9 @@ def test_a_crash_in_a_tell_stops_the_actor_with_exit_crashed(node: Node) -> None
     assert down is not None and down.exitcode == EXIT_CRASHED
 
 
-def test_an_old_ref_reaches_the_restarted_actor_at_the_same_address(node: Node,
-                                                                    transport: str) -> None:
+def test_an_old_ref_reaches_the_restarted_actor_at_the_same_address(
+    node: Node, transport: str
+) -> None:
     old = node.spawn(Recorder, "same args", name="phoenix", transport=transport)
     os.kill(old.pid, signal.SIGKILL)
     assert node.monitor(old).wait(10) is not None
@@ -135,8 +148,7 @@ def test_an_old_ref_reaches_the_restarted_actor_at_the_same_address(node: Node,
     assert node.whereis("phoenix") == new
 
 
-def test_a_pinned_ref_to_an_old_incarnation_is_refused_and_its_messages_dropped(
-        node: Node) -> None:
+def test_a_pinned_ref_to_an_old_incarnation_is_refused_and_its_messages_dropped(node: Node) -> None:
     old = node.spawn(Recorder, name="pinned")
     sender = node.spawn(Recorder, name="sender")
     pinned = old.pin()
@@ -169,7 +181,8 @@ def test_closing_a_node_stops_its_actors_and_its_forkserver() -> None:
 
 def test_a_sigkilled_node_process_leaves_no_actor_behind(tmp_path: Path) -> None:
     script = tmp_path / "app.py"
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(
+        textwrap.dedent(f"""
         import sys, time
         sys.path.insert(0, {str(Path(__file__).parents[2])!r})
         from warren.actors import Node
@@ -180,7 +193,8 @@ def test_a_sigkilled_node_process_leaves_no_actor_behind(tmp_path: Path) -> None
             refs = [node.spawn(Recorder) for _ in range(2)]
             print(node.runtime_dir, " ".join(str(r.pid) for r in refs), flush=True)
             time.sleep(600)
-    """))
+    """)
+    )
     app = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
     runtime_dir = None
     try:
@@ -196,14 +210,16 @@ def test_a_sigkilled_node_process_leaves_no_actor_behind(tmp_path: Path) -> None
         app.kill()
         app.wait(10)
         app.stdout.close()
-        if runtime_dir is not None:              # a SIGKILLed node cannot remove its own
+        if runtime_dir is not None:  # a SIGKILLed node cannot remove its own
             shutil.rmtree(runtime_dir, ignore_errors=True)
 
 
 def test_a_script_that_starts_a_node_without_a_main_guard_fails_instead_of_recursing(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     script = tmp_path / "unguarded.py"
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(
+        textwrap.dedent(f"""
         import sys
         sys.path.insert(0, {str(Path(__file__).parents[2])!r})
         from warren.actors import Node, SpawnError
@@ -212,9 +228,9 @@ def test_a_script_that_starts_a_node_without_a_main_guard_fails_instead_of_recur
             Node("unguarded").close()
         except SpawnError as error:
             print("refused:", error)
-    """))
-    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                         timeout=60)
+    """)
+    )
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
     # The forkserver's import of the script is where the node is refused; the script's
     # own run then goes on, so the whole thing ends instead of forking without end.
     assert run.returncode == 0

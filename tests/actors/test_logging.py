@@ -28,9 +28,14 @@ PROGRAM = textwrap.dedent("""
 def run(tmp_path: Path, level: str) -> str:
     script = tmp_path / "program.py"
     script.write_text(PROGRAM)
-    done = subprocess.run([sys.executable, str(script), level], cwd=ROOT,
-                          capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    done = subprocess.run(
+        [sys.executable, str(script), level],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert done.returncode == 0, done.stderr
     return done.stderr
 
@@ -38,8 +43,11 @@ def run(tmp_path: Path, level: str) -> str:
 def test_actor_processes_log_at_the_nodes_level_with_time_and_name(tmp_path):
     shown = run(tmp_path, "INFO")
     line = next(line for line in shown.splitlines() if "an info line" in line)
-    assert re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} INFO chatty\[\d+\] sample: "
-                    r"an info line from the actor$", line), line
+    assert re.match(
+        r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} INFO chatty\[\d+\] sample: "
+        r"an info line from the actor$",
+        line,
+    ), line
 
 
 def test_below_the_nodes_level_nothing_is_shown(tmp_path):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from warren.actors import AskTimeout, Node, RemoteError
 from tests.actors.sample_actors import Point, Put, Recorder
+from warren.actors import AskTimeout, Node, RemoteError
 
 
 def test_a_told_message_is_seen_by_a_later_ask(node: Node, transport: str) -> None:
@@ -26,8 +26,7 @@ def test_an_ask_returns_the_actors_answer(node: Node, transport: str) -> None:
     assert ref.ask(Point(1, 2), timeout=10) == Point(2, 1)
 
 
-def test_ask_async_returns_a_future_that_any_thread_can_resolve(node: Node,
-                                                                transport: str) -> None:
+def test_ask_async_returns_a_future_that_any_thread_can_resolve(node: Node, transport: str) -> None:
     import threading
 
     ref = node.spawn(Recorder, "async", transport=transport)
@@ -48,7 +47,8 @@ def test_tell_many_arrives_as_one_batch_in_order(node: Node, transport: str) -> 
 
 
 def test_an_exception_in_an_ask_reaches_the_caller_and_the_actor_carries_on(
-        node: Node, transport: str) -> None:
+    node: Node, transport: str
+) -> None:
     ref = node.spawn(Recorder, transport=transport)
     with pytest.raises(ValueError, match="bad input") as raised:
         ref.ask(("raise", "ValueError", "bad input"), timeout=10)
@@ -71,8 +71,7 @@ def test_an_ask_that_is_not_answered_in_time_raises_ask_timeout(node: Node) -> N
     assert ref.ask("label", timeout=10) == "recorder"
 
 
-def test_a_late_answer_to_a_timed_out_ask_is_dropped_not_returned_to_the_next(
-        node: Node) -> None:
+def test_a_late_answer_to_a_timed_out_ask_is_dropped_not_returned_to_the_next(node: Node) -> None:
     ref = node.spawn(Recorder)
     with pytest.raises(AskTimeout):
         ref.ask(("sleep", 0.5), timeout=0.1)
@@ -86,8 +85,9 @@ def test_large_bodies_round_trip_intact(node: Node, transport: str) -> None:
     assert ref.ask(("get", "big"), timeout=10) == body
 
 
-def test_refs_travel_inside_messages_and_the_receiver_can_use_them(node: Node,
-                                                                  transport: str) -> None:
+def test_refs_travel_inside_messages_and_the_receiver_can_use_them(
+    node: Node, transport: str
+) -> None:
     first = node.spawn(Recorder, "first", transport=transport)
     second = node.spawn(Recorder, "second", transport=transport)
     assert first.ask(("ask_other", second, "label"), timeout=10) == "second"
@@ -96,8 +96,7 @@ def test_refs_travel_inside_messages_and_the_receiver_can_use_them(node: Node,
     assert first.ask("ref", timeout=10) == first
 
 
-def test_an_answer_that_cannot_be_encoded_becomes_a_codec_error_for_the_caller(
-        node: Node) -> None:
+def test_an_answer_that_cannot_be_encoded_becomes_a_codec_error_for_the_caller(node: Node) -> None:
     ref = node.spawn(Recorder)
     with pytest.raises(RemoteError, match="CodecError"):
         ref.ask("unanswerable", timeout=10)
@@ -122,8 +121,9 @@ print("answered" if socket.poll(3000) else "silent", flush=True)
 
 
 @pytest.mark.parametrize("curve", [False, True])
-def test_a_curve_node_keeps_its_tcp_actors_from_other_processes(runtime_dir: str,
-                                                                curve: bool) -> None:
+def test_a_curve_node_keeps_its_tcp_actors_from_other_processes(
+    runtime_dir: str, curve: bool
+) -> None:
     import subprocess
     import sys
 
@@ -132,12 +132,16 @@ def test_a_curve_node_keeps_its_tcp_actors_from_other_processes(runtime_dir: str
     with Node("guarded", runtime_dir=runtime_dir, preload=PRELOAD, curve=curve) as node:
         ref = node.spawn(Recorder, transport="tcp")
         ref.tell("from the node")
-        outsider = subprocess.run([sys.executable, "-c", INTRUDER, ref.address],
-                                  capture_output=True, text=True, timeout=60)
+        outsider = subprocess.run(
+            [sys.executable, "-c", INTRUDER, ref.address],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         seen = ref.ask("seen", timeout=10)
     if curve:
         assert outsider.stdout.strip() == "silent"
         assert seen == ["from the node"]
-    else:                                   # what curve=True prevents
+    else:  # what curve=True prevents
         assert outsider.stdout.strip() == "answered"
         assert seen == ["from the node", "intruder"]

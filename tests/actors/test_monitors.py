@@ -7,9 +7,9 @@ import signal
 
 import pytest
 
-from warren.actors import ActorDeadError, EXIT_CRASHED, EXIT_LINKED, EXIT_NORMAL, Down, Exit, Node
-from tests.waiting import wait_for
 from tests.actors.sample_actors import Recorder, Watcher
+from tests.waiting import wait_for
+from warren.actors import EXIT_CRASHED, EXIT_LINKED, EXIT_NORMAL, ActorDeadError, Down, Exit, Node
 
 
 def test_a_monitor_reports_sigkill_with_the_signal(node: Node) -> None:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from warren.actors import Node
 from tests.actors.sample_actors import PykkaHost
+from warren.actors import Node
 
 
 def test_hosted_pykka_actors_receive_each_batch_as_one_message_and_talk_in_process(
-        node: Node) -> None:
+    node: Node,
+) -> None:
     host = node.spawn(PykkaHost)
     host.tell_many(["a", "b", "c"])
     host.tell("d")

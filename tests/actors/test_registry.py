@@ -7,10 +7,10 @@ import tempfile
 
 import pytest
 
-from warren.actors import InvalidSpec, Node, Registry
-from warren.actors.runtime_dir import create_runtime_dir
 from tests.actors.conftest import PRELOAD
 from tests.actors.sample_actors import Recorder
+from warren.actors import InvalidSpec, Node, Registry
+from warren.actors.runtime_dir import create_runtime_dir
 
 
 def test_spawn_registers_the_name_and_death_unregisters_it(node: Node) -> None:

@@ -46,12 +46,14 @@ def test_a_node_refuses_a_runtime_directory_others_can_enter(tmp_path: Path) -> 
 
 def test_a_node_sweeps_the_runtime_directories_of_nodes_that_died(tmp_path: Path) -> None:
     script = tmp_path / "doomed.py"
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(
+        textwrap.dedent(f"""
         import os, signal
         from warren.actors.runtime_dir import create_runtime_dir
         print(create_runtime_dir({str(tmp_path)!r}), flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
-    """))
+    """)
+    )
     doomed = subprocess.run([sys.executable, str(script)], capture_output=True, text=True)
     left_behind = doomed.stdout.strip()
     assert os.path.isdir(left_behind)
@@ -59,10 +61,10 @@ def test_a_node_sweeps_the_runtime_directories_of_nodes_that_died(tmp_path: Path
     not_ours.mkdir(mode=0o700)
     alive = create_runtime_dir(str(tmp_path))
     assert not os.path.exists(left_behind)
-    assert not_ours.is_dir()                     # no owner file: not ours to judge
+    assert not_ours.is_dir()  # no owner file: not ours to judge
     assert os.path.isdir(alive)
     create_runtime_dir(str(tmp_path))
-    assert os.path.isdir(alive)                  # its owner (this process) lives
+    assert os.path.isdir(alive)  # its owner (this process) lives
 
 
 NODE_PROGRAM = textwrap.dedent("""
@@ -80,18 +82,23 @@ NODE_PROGRAM = textwrap.dedent("""
 """)
 
 
-def test_the_next_node_removes_the_runtime_directory_of_a_sigkilled_node(
-        tmp_path: Path) -> None:
+def test_the_next_node_removes_the_runtime_directory_of_a_sigkilled_node(tmp_path: Path) -> None:
     script = tmp_path / "node_program.py"
     script.write_text(NODE_PROGRAM)
-    runs = tmp_path / "runs"            # the temporary directory both nodes use
+    runs = tmp_path / "runs"  # the temporary directory both nodes use
     runs.mkdir()
     env = {**os.environ, "TMPDIR": str(runs), "PYTHONPATH": str(ROOT)}
     env.pop("XDG_RUNTIME_DIR", None)
 
     def run(name: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, str(script), name], cwd=ROOT, env=env,
-                              capture_output=True, text=True, timeout=60)
+        return subprocess.run(
+            [sys.executable, str(script), name],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
 
     doomed = run("doomed")
     assert doomed.returncode == -signal.SIGKILL, doomed.stderr
@@ -100,4 +107,4 @@ def test_the_next_node_removes_the_runtime_directory_of_a_sigkilled_node(
     following = run("following")
     assert following.returncode == 0, following.stderr
     assert not os.path.exists(left_behind)
-    assert not os.path.exists(following.stdout.strip())     # closed cleanly, removed
+    assert not os.path.exists(following.stdout.strip())  # closed cleanly, removed

@@ -11,7 +11,7 @@ from warren.store import LocalStoreClient, MessageStore
 from warren.store.client import StoreClient
 from warren.supervisor import Node
 
-SEGMENT = 16                 # small segments: every test crosses segment boundaries
+SEGMENT = 16  # small segments: every test crosses segment boundaries
 
 
 class EngineStores:
@@ -82,9 +82,12 @@ def open_queue(tmp_path, request):
 
     def _open(**options):
         options.setdefault("segment_entry_count", SEGMENT)
-        queue = VariableQueue(tmp_path / "queues" / "q",
-                              persistent_store=backing.persistent_client,
-                              transient_store=backing.transient_client, **options)
+        queue = VariableQueue(
+            tmp_path / "queues" / "q",
+            persistent_store=backing.persistent_client,
+            transient_store=backing.transient_client,
+            **options,
+        )
         opened.append(queue)
         return queue
 

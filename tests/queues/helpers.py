@@ -8,8 +8,7 @@ N = 16
 def message(n: int, size: int = 10, persistent: bool = True, **properties) -> Message:
     """Message ``n``: a body of ``size`` bytes that names it."""
     label = b"%d:" % n
-    return Message(label + b"x" * max(0, size - len(label)), persistent=persistent,
-                   **properties)
+    return Message(label + b"x" * max(0, size - len(label)), persistent=persistent, **properties)
 
 
 def number(delivery) -> int:

@@ -17,10 +17,13 @@ from .helpers import message
 root = sys.argv[1]
 persistent = MessageStore(os.path.join(root, "msg_store_persistent"))
 transient = MessageStore(os.path.join(root, "msg_store_transient"))
-queue = VariableQueue(os.path.join(root, "queues", "q"), segment_entry_count=16,
-                      io_batch_size=8,
-                      persistent_store=lambda ref: LocalStoreClient(persistent, ref),
-                      transient_store=lambda ref: LocalStoreClient(transient, ref))
+queue = VariableQueue(
+    os.path.join(root, "queues", "q"),
+    segment_entry_count=16,
+    io_batch_size=8,
+    persistent_store=lambda ref: LocalStoreClient(persistent, ref),
+    transient_store=lambda ref: LocalStoreClient(transient, ref),
+)
 queue.set_ram_duration_target(0)
 numbers = {}
 with open(os.path.join(root, "confirmed"), "a", buffering=1) as confirmed:
@@ -28,8 +31,9 @@ with open(os.path.join(root, "confirmed"), "a", buffering=1) as confirmed:
     n = 0
     while True:
         persistent_message = n % 5 != 0
-        seq_id = queue.publish(message(n, size=(10, 300, 6000)[n % 3],
-                                       persistent=persistent_message))
+        seq_id = queue.publish(
+            message(n, size=(10, 300, 6000)[n % 3], persistent=persistent_message)
+        )
         if persistent_message:
             numbers[seq_id] = n
         n += 1

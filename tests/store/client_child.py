@@ -1,8 +1,8 @@
 """A client process for the store-actor tests: reads through its own StoreClient.
 
-    python -m tests.store.client_child REF_JSON IDS_FILE SECONDS
-        REF_JSON: the store's ActorRef fields; IDS_FILE: lines "id_hex sha_hex".
-        Reads every id again and again for SECONDS, then prints "direct fallback wrong".
+python -m tests.store.client_child REF_JSON IDS_FILE SECONDS
+    REF_JSON: the store's ActorRef fields; IDS_FILE: lines "id_hex sha_hex".
+    Reads every id again and again for SECONDS, then prints "direct fallback wrong".
 """
 
 import hashlib

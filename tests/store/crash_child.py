@@ -1,17 +1,17 @@
 """A child process for the crash tests: it works on a store until the test kills it.
 
-    python -m tests.store.crash_child write DIR
-        writes batches of 50, syncs, removes the batch written five batches earlier,
-        syncs, prints the batch number; forever.
-    python -m tests.store.crash_child combine DIR POINT
-        builds a fragmented store, then SIGKILLs itself at POINT of the first combine:
-        after-plan, mid-copy, before-fsync, after-rename, before-delete.
-    python -m tests.store.crash_child hold DIR
-        opens the store, prints "open", and waits to be killed.
-    python -m tests.store.crash_child churn DIR [restart]
-        writes CHURN messages, removes the odd ones, writes some removed ids again with new
-        bodies (``churned_bodies``), syncs after each step; with "restart", stops cleanly
-        and opens the store again; prints "ready", and waits to be killed.
+python -m tests.store.crash_child write DIR
+    writes batches of 50, syncs, removes the batch written five batches earlier,
+    syncs, prints the batch number; forever.
+python -m tests.store.crash_child combine DIR POINT
+    builds a fragmented store, then SIGKILLs itself at POINT of the first combine:
+    after-plan, mid-copy, before-fsync, after-rename, before-delete.
+python -m tests.store.crash_child hold DIR
+    opens the store, prints "open", and waits to be killed.
+python -m tests.store.crash_child churn DIR [restart]
+    writes CHURN messages, removes the odd ones, writes some removed ids again with new
+    bodies (``churned_bodies``), syncs after each step; with "restart", stops cleanly
+    and opens the store again; prints "ready", and waits to be killed.
 """
 
 import os
@@ -65,7 +65,7 @@ def kill_at(point: str) -> None:
 
     def write(fd, data):
         if point == "mid-copy" and copying:
-            real_write(fd, bytes(data[:len(data) // 2]))   # a torn Dst.rdt
+            real_write(fd, bytes(data[: len(data) // 2]))  # a torn Dst.rdt
             die()
         return real_write(fd, data)
 
@@ -135,7 +135,9 @@ def hold(directory: str) -> None:
 
 if __name__ == "__main__":
     command, directory, *rest = sys.argv[1:]
-    {"write": lambda: write_forever(directory),
-     "combine": lambda: combine_and_die(directory, rest[0]),
-     "hold": lambda: hold(directory),
-     "churn": lambda: churn(directory, rest == ["restart"])}[command]()
+    {
+        "write": lambda: write_forever(directory),
+        "combine": lambda: combine_and_die(directory, rest[0]),
+        "hold": lambda: hold(directory),
+        "churn": lambda: churn(directory, rest == ["restart"]),
+    }[command]()

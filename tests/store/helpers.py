@@ -44,7 +44,7 @@ def build_fragmented_store(store) -> dict[int, bytes]:
         if n % 4 != 0:
             store.remove(msg_id(n))
             del live[n]
-    for n in range(1, 400, 8):                     # reused ids, new bodies, newer files
+    for n in range(1, 400, 8):  # reused ids, new bodies, newer files
         store.write(msg_id(n), body(n, 200, generation=1))
         live[n] = body(n, 200, generation=1)
     for n in range(400, 420):

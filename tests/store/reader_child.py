@@ -1,12 +1,12 @@
 """A reader process for the lock-table tests.
 
-    python -m tests.store.reader_child read DIR LOCATIONS SECONDS
-        reads every record listed in LOCATIONS (lines "id_hex file offset size sha_hex")
-        directly, again and again for SECONDS; prints "direct fallback wrong".
-    python -m tests.store.reader_child hold DIR FILE stop|wait|fork
-        takes the read lock of FILE's slot, prints "held" (with "fork", after forking a
-        child that sleeps, prints "held CHILD_PID"), then stops itself (SIGSTOP) or waits
-        to be killed.
+python -m tests.store.reader_child read DIR LOCATIONS SECONDS
+    reads every record listed in LOCATIONS (lines "id_hex file offset size sha_hex")
+    directly, again and again for SECONDS; prints "direct fallback wrong".
+python -m tests.store.reader_child hold DIR FILE stop|wait|fork
+    takes the read lock of FILE's slot, prints "held" (with "fork", after forking a
+    child that sleeps, prints "held CHILD_PID"), then stops itself (SIGSTOP) or waits
+    to be killed.
 """
 
 import hashlib

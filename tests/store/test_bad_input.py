@@ -21,8 +21,12 @@ from .helpers import body, msg_id
 @pytest.mark.parametrize("bad_id", [b"short", b"x" * 17, b"", "a str of sixteen", 16, None])
 def test_a_msg_id_that_is_not_16_bytes_is_refused_everywhere(open_store, bad_id):
     store = open_store()
-    for call in (lambda: store.write(bad_id, b"body"), lambda: store.remove(bad_id),
-                 lambda: store.read(bad_id), lambda: store.contains(bad_id)):
+    for call in (
+        lambda: store.write(bad_id, b"body"),
+        lambda: store.remove(bad_id),
+        lambda: store.read(bad_id),
+        lambda: store.contains(bad_id),
+    ):
         with pytest.raises(InvalidMessageId, match="16 bytes"):
             call()
     assert store.stats()["message_count"] == 0
@@ -97,14 +101,23 @@ def test_a_closed_store_refuses_every_call(open_store):
         store.read(msg_id(1))
 
 
-@pytest.mark.parametrize("option,value", [("sync_policy", "sometimes"), ("file_size_limit", 0),
-                                          ("file_size_limit", 2**40), ("garbage_fraction", 1.5)])
+@pytest.mark.parametrize(
+    "option,value",
+    [
+        ("sync_policy", "sometimes"),
+        ("file_size_limit", 0),
+        ("file_size_limit", 2**40),
+        ("garbage_fraction", 1.5),
+    ],
+)
 def test_invalid_options_are_refused_with_their_name_and_value(store_dir, option, value):
     with pytest.raises(ValueError, match=option):
         MessageStore(store_dir, **{option: value})
 
 
-def test_a_failed_fsync_breaks_the_store_which_then_recovers_dirty(open_store, store_dir, monkeypatch):
+def test_a_failed_fsync_breaks_the_store_which_then_recovers_dirty(
+    open_store, store_dir, monkeypatch
+):
     store = open_store()
     store.write(msg_id(1), body(1))
     store.sync()

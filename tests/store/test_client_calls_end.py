@@ -40,8 +40,9 @@ def in_thread(call):
     def run():
         try:
             outcome["value"] = call()
-        except BaseException as exc:          # handed to the test, which asserts on it
+        except BaseException as exc:  # handed to the test, which asserts on it
             outcome["error"] = exc
+
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
 
@@ -51,6 +52,7 @@ def in_thread(call):
         if "error" in outcome:
             raise outcome["error"]
         return outcome["value"]
+
     return result
 
 
@@ -61,8 +63,13 @@ CALLS = {
     "contains_many": lambda c: c.contains_many([msg_id(1), msg_id(2)]),
     "terminate": lambda c: c.terminate(),
 }
-ANSWERS = {"read": body(1), "read_many": [body(1), body(2)], "contains": True,
-           "contains_many": [True, True], "terminate": None}
+ANSWERS = {
+    "read": body(1),
+    "read_many": [body(1), body(2)],
+    "contains": True,
+    "contains_many": [True, True],
+    "terminate": None,
+}
 
 
 @pytest.mark.parametrize("call", sorted(CALLS))
@@ -72,13 +79,14 @@ def test_a_call_in_flight_when_the_store_restarts_is_answered_by_the_new_one(nod
     writer.write(msg_id(2), body(2))
     writer.settle()
     writer.terminate()
-    client = StoreClient(node.store(), restart_check_s=0.2)   # knows no location: asks
+    client = StoreClient(node.store(), restart_check_s=0.2)  # knows no location: asks
     store = node.store()
     with stopped(store.pid):
         outcome = in_thread(lambda: CALLS[call](client))
         os.kill(store.pid, signal.SIGKILL)
-    wait_for(lambda: getattr(node.actors.whereis("msg_store_persistent"), "pid",
-                             store.pid) != store.pid)
+    wait_for(
+        lambda: getattr(node.actors.whereis("msg_store_persistent"), "pid", store.pid) != store.pid
+    )
     assert outcome() == ANSWERS[call]
     if call != "terminate":
         client.terminate()
@@ -125,7 +133,7 @@ def test_no_more_than_the_window_is_ever_unanswered(node):
     writes()
     client.settle()
     assert seen[0] <= window
-    assert seen[0] == 900                  # three batches of 300; a fourth would not fit
+    assert seen[0] == 900  # three batches of 300; a fourth would not fit
     assert client.in_flight == 0
     assert client.contains_many([msg_id(n) for n in (0, 2500, 4999)]) == [True] * 3
     client.terminate()

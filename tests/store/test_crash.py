@@ -22,8 +22,12 @@ class Child:
 
     def __init__(self, *args: str) -> None:
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "tests.store.crash_child", *args], cwd=ROOT,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            [sys.executable, "-m", "tests.store.crash_child", *args],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
 
     def lines(self):
         for line in self.process.stdout:
@@ -60,8 +64,9 @@ def test_a_writer_killed_mid_write_loses_no_synced_message(store_dir):
             assert found is None or found == body(n, batch_size(n)), n
 
 
-@pytest.mark.parametrize("point", ["after-plan", "mid-copy", "before-fsync",
-                                   "after-rename", "before-delete"])
+@pytest.mark.parametrize(
+    "point", ["after-plan", "mid-copy", "before-fsync", "after-rename", "before-delete"]
+)
 def test_a_combine_killed_at_any_step_loses_no_live_message(tmp_path, point):
     directory = tmp_path / "store"
     with Child("combine", str(directory), point) as child:
@@ -73,11 +78,16 @@ def test_a_combine_killed_at_any_step_loses_no_live_message(tmp_path, point):
         assert not os.path.exists(directory / "0.rdt")
         for n, expected in live.items():
             assert standalone.read(msg_id(n)) == expected, n
-        assert all(standalone.read(msg_id(n)) in (None, body(n, 300)) for n in range(420)
-                   if n not in live)
+        assert all(
+            standalone.read(msg_id(n)) in (None, body(n, 300)) for n in range(420) if n not in live
+        )
     references = [(msg_id(n), 1) for n in live]
-    with MessageStore(directory, file_size_limit=4096, ref_counts=references,
-                      clean_clients=[b"a queue that crashed"]) as node_view:
+    with MessageStore(
+        directory,
+        file_size_limit=4096,
+        ref_counts=references,
+        clean_clients=[b"a queue that crashed"],
+    ) as node_view:
         assert {n for n in range(420) if node_view.contains(msg_id(n))} == set(live)
         node_view.collect_garbage()
         assert all(node_view.read(msg_id(n)) == expected for n, expected in live.items())

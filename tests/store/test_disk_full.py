@@ -21,9 +21,11 @@ MiB = 2**20
 
 
 def disk_node(directory, disk_free_limit_bytes):
-    return Node(directory / "data", file_size_limit=256 * 1024,
-                alarm_limits=AlarmLimits(disk_free_limit_bytes=disk_free_limit_bytes,
-                                         check_interval_s=0.1))
+    return Node(
+        directory / "data",
+        file_size_limit=256 * 1024,
+        alarm_limits=AlarmLimits(disk_free_limit_bytes=disk_free_limit_bytes, check_interval_s=0.1),
+    )
 
 
 def stats(node):
@@ -48,11 +50,12 @@ def test_the_disk_alarm_holds_writers_and_releases_them_when_space_returns(small
                 held.write(msg_id(n), body(n, 1000))
             held.settle()
             finished.set()
+
         writer = threading.Thread(target=write_more, daemon=True)
         writer.start()
-        assert not finished.wait(1.0)                 # held: nothing of it was sent
+        assert not finished.wait(1.0)  # held: nothing of it was sent
         assert stats(node)["message_count"] == 100
-        client.remove([msg_id(0)])                    # removes still go
+        client.remove([msg_id(0)])  # removes still go
         client.settle()
         assert client.read(msg_id(1)) == body(1, 1000)
 
@@ -80,11 +83,12 @@ def test_held_writes_give_up_with_a_clear_error_after_the_call_timeout(small_dis
         client.terminate()
 
 
-def test_a_full_disk_fails_only_the_writes_that_do_not_fit_and_the_store_stays_up(
-        small_disk):
+def test_a_full_disk_fails_only_the_writes_that_do_not_fit_and_the_store_stays_up(small_disk):
     with disk_node(small_disk, disk_free_limit_bytes=0) as node:
-        pids = {name: node.actors.whereis(name).pid
-                for name in ("msg_store_persistent", "msg_store_transient")}
+        pids = {
+            name: node.actors.whereis(name).pid
+            for name in ("msg_store_persistent", "msg_store_transient")
+        }
         client = StoreClient(node.store())
         for n in range(200):
             client.write(msg_id(n), body(n, 1000))
@@ -99,16 +103,21 @@ def test_a_full_disk_fails_only_the_writes_that_do_not_fit_and_the_store_stays_u
         stored = [n for n in range(200, 2000) if msg_id(n) not in failed]
         reader = StoreClient(node.store())
         assert reader.contains_many([msg_id(n) for n in range(2000)]) == [
-            msg_id(n) not in failed for n in range(2000)]
+            msg_id(n) not in failed for n in range(2000)
+        ]
         for n in list(range(200)) + stored:
             assert reader.read(msg_id(n)) == body(n, 1000), n
         client.remove([msg_id(n) for n in range(50)])
         client.settle()
         assert {name: node.actors.whereis(name).pid for name in pids} == pids
 
-        os.kill(pids["msg_store_persistent"], signal.SIGKILL)   # a restart on a full disk
-        wait_for(lambda: getattr(node.actors.whereis("msg_store_persistent"), "pid", None)
-                 not in (None, pids["msg_store_persistent"]))
+        os.kill(pids["msg_store_persistent"], signal.SIGKILL)  # a restart on a full disk
+        wait_for(
+            lambda: (
+                getattr(node.actors.whereis("msg_store_persistent"), "pid", None)
+                not in (None, pids["msg_store_persistent"])
+            )
+        )
         after_restart = StoreClient(node.store())
         assert after_restart.read(msg_id(100)) == body(100, 1000)
 

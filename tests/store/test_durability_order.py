@@ -28,9 +28,16 @@ def disk_calls(monkeypatch):
 
     def recorder(name):
         def call(first, *args, **kwargs):
-            calls.append((name, target(first) if name in ("fdatasync", "fsync")
-                          else os.path.basename(str(first))))
+            calls.append(
+                (
+                    name,
+                    target(first)
+                    if name in ("fdatasync", "fsync")
+                    else os.path.basename(str(first)),
+                )
+            )
             return real[name](first, *args, **kwargs)
+
         return call
 
     for name in real:
@@ -39,10 +46,11 @@ def disk_calls(monkeypatch):
 
 
 def test_a_sync_that_created_a_file_fsyncs_every_file_written_and_then_the_directory(
-        open_store, disk_calls):
+    open_store, disk_calls
+):
     store = open_store(file_size_limit=1000)
     disk_calls.clear()
-    for n in range(12):                                  # 8 records fill 0.rdq, 1.rdq is new
+    for n in range(12):  # 8 records fill 0.rdq, 1.rdq is new
         store.write(msg_id(n), body(n))
     store.sync()
     syncs = [c for c in disk_calls if c[0] in ("fdatasync", "fsync")]
@@ -50,30 +58,38 @@ def test_a_sync_that_created_a_file_fsyncs_every_file_written_and_then_the_direc
     disk_calls.clear()
     store.write(msg_id(99), body(99))
     store.sync()
-    assert disk_calls == [("fdatasync", "1.rdq")]        # no file created: no directory sync
+    assert disk_calls == [("fdatasync", "1.rdq")]  # no file created: no directory sync
 
 
 def test_a_combine_syncs_its_copy_renames_it_syncs_the_directory_then_deletes_src(
-        open_store, store_dir, disk_calls):
+    open_store, store_dir, disk_calls
+):
     store = open_store(file_size_limit=1000, auto_gc=False)
     fill(store, range(40))
     for n in range(36):
         if n % 8:
             store.remove(msg_id(n))
-    store.sync()                                  # the removal logs are written
+    store.sync()  # the removal logs are written
     disk_calls.clear()
     assert store.collect_garbage() >= 1
     assert disk_calls[0] == ("fdatasync", "0.rdt")
     switch = disk_calls.index(("rename", "0.rdt"))
-    assert disk_calls[switch:switch + 3] == [("rename", "0.rdt"), ("fsync", "dir"),
-                                             ("unlink", "1.rdq")]
+    assert disk_calls[switch : switch + 3] == [
+        ("rename", "0.rdt"),
+        ("fsync", "dir"),
+        ("unlink", "1.rdq"),
+    ]
     # The removal logs of Dst and Src go, durably, before the switch.
-    assert disk_calls[1:switch] == [("unlink", "0.removed"), ("unlink", "1.removed"),
-                                    ("fsync", "dir")]
+    assert disk_calls[1:switch] == [
+        ("unlink", "0.removed"),
+        ("unlink", "1.removed"),
+        ("fsync", "dir"),
+    ]
 
 
 def test_the_flush_policy_never_fsyncs_on_sync_but_a_clean_stop_syncs_every_file(
-        store_dir, disk_calls):
+    store_dir, disk_calls
+):
     store = MessageStore(store_dir, file_size_limit=1000, sync_policy="flush")
     fill(store, range(20))
     assert not [c for c in disk_calls if c[0] == "fdatasync" and c[1].endswith(".rdq")]
@@ -102,7 +118,8 @@ def test_close_reports_the_writes_no_sync_reported(store_dir):
 
 
 def test_a_gc_that_fails_inside_sync_loses_no_ticket_and_the_store_carries_on(
-        open_store, monkeypatch, caplog):
+    open_store, monkeypatch, caplog
+):
     store = open_store(file_size_limit=1000)
     fill(store, range(40))
 
@@ -123,13 +140,14 @@ def test_a_gc_that_fails_inside_sync_loses_no_ticket_and_the_store_carries_on(
 
 
 def test_a_damaged_record_keeps_its_file_out_of_gc_and_loses_no_other_message(
-        open_store, store_dir, caplog):
+    open_store, store_dir, caplog
+):
     store = open_store(file_size_limit=1000, auto_gc=False)
     fill(store, range(40))
     place = store.location(msg_id(3))
     with open(store_dir / f"{place.file}.rdq", "r+b") as f:
         f.seek(place.offset + place.total_size - 1)
-        f.write(b"\x00")                                  # its 0xFF trailer is gone
+        f.write(b"\x00")  # its 0xFF trailer is gone
     live = {2, 3, 4, 16, 17, 18} | set(range(36, 40))
     for n in range(36):
         if n not in live:
@@ -145,8 +163,9 @@ def test_a_damaged_record_keeps_its_file_out_of_gc_and_loses_no_other_message(
     assert all(store.read(msg_id(n)) == body(n) for n in (18, 36, 37, 38, 39))
 
 
-def test_a_failed_rename_during_a_combine_surfaces_as_the_disk_error(open_store, store_dir,
-                                                                       monkeypatch):
+def test_a_failed_rename_during_a_combine_surfaces_as_the_disk_error(
+    open_store, store_dir, monkeypatch
+):
     store = open_store(file_size_limit=1000, auto_gc=False, shared_readers=True)
     fill(store, range(40))
     for n in range(36):

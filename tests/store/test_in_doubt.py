@@ -23,8 +23,12 @@ def node(tmp_path):
 def kill_store_and_wait_for_the_next(node):
     old = node.store().pid
     os.kill(old, signal.SIGKILL)
-    wait_for(lambda: getattr(node.actors.whereis("msg_store_persistent"), "pid", old) != old
-             and node.store().ping(timeout=5) is not None)
+    wait_for(
+        lambda: (
+            getattr(node.actors.whereis("msg_store_persistent"), "pid", old) != old
+            and node.store().ping(timeout=5) is not None
+        )
+    )
 
 
 def test_acknowledged_messages_do_not_come_back_after_a_store_crash(node):
@@ -37,7 +41,8 @@ def test_acknowledged_messages_do_not_come_back_after_a_store_crash(node):
     kill_store_and_wait_for_the_next(node)
     fresh = StoreClient(node.store())
     assert fresh.contains_many([msg_id(n) for n in range(5000)]) == [
-        n % 2 == 1 for n in range(5000)]
+        n % 2 == 1 for n in range(5000)
+    ]
     assert node.store().ask(StoreStats())["message_count"] == 2500
     fresh.terminate()
 

@@ -70,13 +70,15 @@ def test_back_to_back_write_remove_pairs_cost_almost_no_disk_writes(node):
 
 def test_a_store_killed_under_write_load_keeps_every_settled_message(node):
     settled_seqs = []
-    client = StoreClient(node.store(), on_settled=lambda s: settled_seqs.extend(
-        [seq for seq, *_ in s.locations] + s.ignored))
+    client = StoreClient(
+        node.store(),
+        on_settled=lambda s: settled_seqs.extend([seq for seq, *_ in s.locations] + s.ignored),
+    )
     old_pid = node.store().pid
-    attempted = 0                         # seq n is message n: one client, from 0
+    attempted = 0  # seq n is message n: one client, from 0
     with pytest.raises(StoreRestarted) as restarted:
         for n in range(200_000):
-            attempted = n + 1             # a write whose call raises is in doubt too
+            attempted = n + 1  # a write whose call raises is in doubt too
             client.write(msg_id(n), body(n, 4000))
             if n == 5000:
                 os.kill(old_pid, signal.SIGKILL)
@@ -84,7 +86,7 @@ def test_a_store_killed_under_write_load_keeps_every_settled_message(node):
     number_of = {msg_id(n): n for n in range(attempted)}
     in_doubt = [number_of[m] for m in restarted.value.in_doubt]
     assert settled_seqs and in_doubt
-    assert sorted(settled_seqs + in_doubt) == list(range(attempted))   # each exactly once
+    assert sorted(settled_seqs + in_doubt) == list(range(attempted))  # each exactly once
     assert node.store().pid != old_pid
     fresh = StoreClient(node.store())
     bodies = fresh.read_many([msg_id(n) for n in settled_seqs])
@@ -99,19 +101,19 @@ def test_a_write_sent_across_a_store_restart_is_never_applied_twice(node):
     os.kill(old, signal.SIGSTOP)
     for n in range(10):
         client.write(msg_id(n), body(n))
-    client.flush()                                       # batch A: sent, never answered
+    client.flush()  # batch A: sent, never answered
     os.kill(old, signal.SIGKILL)
     os.kill(old, signal.SIGCONT)
     wait_for(lambda: getattr(node.actors.whereis("msg_store_persistent"), "pid", old) != old)
     for n in range(10, 20):
-        client.write(msg_id(n), body(n))                 # batch B, after the restart
+        client.write(msg_id(n), body(n))  # batch B, after the restart
     with pytest.raises(StoreRestarted) as restarted:
         client.settle()
     assert sorted(restarted.value.in_doubt) == sorted(msg_id(n) for n in range(20))
-    for n in range(20):                                  # send them again, as told
+    for n in range(20):  # send them again, as told
         client.write(msg_id(n), body(n))
     client.settle()
-    client.remove([msg_id(n) for n in range(20)])        # one reference each: all gone
+    client.remove([msg_id(n) for n in range(20)])  # one reference each: all gone
     client.settle()
     assert client.contains_many([msg_id(n) for n in range(20)]) == [False] * 20
     client.terminate()
@@ -128,17 +130,18 @@ def fill_and_fragment(client, count=600):
 
 def test_a_gc_killed_mid_job_loses_nothing_and_the_node_carries_on(node, tmp_path):
     gc = node.actors.whereis("msg_store_gc")
-    os.kill(gc.pid, signal.SIGSTOP)                 # it takes the job and never finishes
+    os.kill(gc.pid, signal.SIGSTOP)  # it takes the job and never finishes
     client = StoreClient(node.store())
     live = fill_and_fragment(client)
     wait_for(lambda: stats(node)["gc_job_in_flight"])
     store_pid = node.store().pid
     os.kill(gc.pid, signal.SIGKILL)
     wait_for(lambda: stats(node)["gc_jobs_abandoned"] == 1)
-    assert not [f for f in os.listdir(tmp_path / "data" / "msg_store_persistent")
-                if f.endswith(".rdt")]
+    assert not [
+        f for f in os.listdir(tmp_path / "data" / "msg_store_persistent") if f.endswith(".rdt")
+    ]
     assert all(client.read(msg_id(n)) == body(n, 1000) for n in live)
-    wait_for(lambda: stats(node)["gc_runs"] > 0, timeout=30)   # the restarted GC's work
+    wait_for(lambda: stats(node)["gc_runs"] > 0, timeout=30)  # the restarted GC's work
     assert all(client.read(msg_id(n)) == body(n, 1000) for n in live)
     assert node.store().pid == store_pid
     client.terminate()
@@ -161,9 +164,18 @@ def test_the_transient_store_is_empty_after_a_restart(node):
 
 def reader_process(ref, ids_file, seconds):
     return subprocess.Popen(
-        [sys.executable, "-m", "tests.store.client_child",
-         json.dumps(dataclasses.asdict(ref)), str(ids_file), str(seconds)],
-        cwd=ROOT, stdout=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-m",
+            "tests.store.client_child",
+            json.dumps(dataclasses.asdict(ref)),
+            str(ids_file),
+            str(seconds),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
 
 
 def test_readers_in_other_processes_read_right_bodies_while_the_gc_combines(node, tmp_path):
@@ -173,8 +185,9 @@ def test_readers_in_other_processes_read_right_bodies_while_the_gc_combines(node
     client.settle()
     live = [n for n in range(600) if n % 4 == 0]
     ids_file = tmp_path / "ids"
-    ids_file.write_text("".join(f"{msg_id(n).hex()} {hashlib.sha256(body(n, 1000)).hexdigest()}\n"
-                                for n in live))
+    ids_file.write_text(
+        "".join(f"{msg_id(n).hex()} {hashlib.sha256(body(n, 1000)).hexdigest()}\n" for n in live)
+    )
     readers = [reader_process(node.store(), ids_file, 4) for _ in range(3)]
     victims = [reader_process(node.store(), ids_file, 60) for _ in range(2)]
     try:
@@ -186,7 +199,7 @@ def test_readers_in_other_processes_read_right_bodies_while_the_gc_combines(node
         client.settle()
         wait_for(lambda: stats(node)["gc_runs"] >= 2, timeout=30)
         outcomes = [tuple(map(int, r.stdout.readline().split())) for r in readers]
-        client.write(msg_id(9999), body(9999))          # the store still serves
+        client.write(msg_id(9999), body(9999))  # the store still serves
         client.settle()
     finally:
         for process in readers + victims:
@@ -234,8 +247,9 @@ def test_a_killed_store_takes_its_reference_counts_from_the_nodes_source(tmp_pat
     wanted = tmp_path / "still-referenced"
     wanted.write_text("".join(f"{msg_id(n).hex()}\n" for n in range(0, 100, 2)))
     monkeypatch.setenv("WARREN_TEST_REF_COUNTS", str(wanted))
-    with Node(tmp_path / "data", ref_counts=listed_ids,
-              preload=("tests.store.ref_counts_source",)) as node:
+    with Node(
+        tmp_path / "data", ref_counts=listed_ids, preload=("tests.store.ref_counts_source",)
+    ) as node:
         client = StoreClient(node.store())
         for n in range(100):
             client.write(msg_id(n), body(n))
@@ -253,16 +267,20 @@ def test_a_killed_store_takes_its_reference_counts_from_the_nodes_source(tmp_pat
 def test_a_request_meant_for_an_older_store_incarnation_is_dropped_and_counted(node):
     old = node.store().pin()
     os.kill(old.pid, signal.SIGKILL)
-    wait_for(lambda: getattr(node.actors.whereis("msg_store_persistent"), "pid", old.pid) != old.pid)
+    wait_for(
+        lambda: getattr(node.actors.whereis("msg_store_persistent"), "pid", old.pid) != old.pid
+    )
     current = node.store()
     before = current.stats()["dropped_stale"]
     # From a process that has not heard of the death, the old pinned ref still sends.
-    sender = (f"import json; from warren.actors import ActorRef; from warren.store.protocol import Register; "
-              f"ref = ActorRef(**json.loads({json.dumps(json.dumps(dataclasses.asdict(old)))}));"
-              f"ref.tell(Register(b'stale client'))")
+    sender = (
+        f"import json; from warren.actors import ActorRef; from warren.store.protocol import Register; "
+        f"ref = ActorRef(**json.loads({json.dumps(json.dumps(dataclasses.asdict(old)))}));"
+        f"ref.tell(Register(b'stale client'))"
+    )
     subprocess.run([sys.executable, "-c", sender], cwd=ROOT, check=True, timeout=60)
     wait_for(lambda: current.stats()["dropped_stale"] == before + 1)
-    assert stats(node)["clients"] == 0                    # never applied
+    assert stats(node)["clients"] == 0  # never applied
 
 
 def test_a_reader_stopped_holding_one_file_delays_only_that_files_combines(node):
@@ -271,15 +289,18 @@ def test_a_reader_stopped_holding_one_file_delays_only_that_files_combines(node)
         client.write(msg_id(n), body(n, 1000))
     client.settle()
     directory = os.path.join(node.data_dir, "msg_store_persistent")
-    holder = subprocess.Popen([sys.executable, "-m", "tests.store.reader_child", "hold",
-                               directory, "0", "stop"], cwd=ROOT, stdout=subprocess.PIPE,
-                              text=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-m", "tests.store.reader_child", "hold", directory, "0", "stop"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "held"
         client.remove([msg_id(n) for n in range(1000) if n % 4])
         client.settle()
         wait_for(lambda: stats(node)["gc_runs"] >= 3, timeout=30)
-        assert os.path.exists(os.path.join(directory, "0.rdq"))     # the held one waits
+        assert os.path.exists(os.path.join(directory, "0.rdq"))  # the held one waits
     finally:
         holder.send_signal(signal.SIGKILL)
         holder.send_signal(signal.SIGCONT)

@@ -8,9 +8,16 @@ import pytest
 
 from warren.actors import UnhandledMessage
 from warren.store.client import StoreClient
-from warren.store.protocol import (Contains, Read, ReadMany, Register, ScanJob,
-                                   StoreStats, WriteBatch)
 from warren.store.engine.records import HEADER
+from warren.store.protocol import (
+    Contains,
+    Read,
+    ReadMany,
+    Register,
+    ScanJob,
+    StoreStats,
+    WriteBatch,
+)
 from warren.supervisor import Node
 
 from ..waiting import wait_for
@@ -26,8 +33,10 @@ def node(tmp_path):
 
 
 def incarnations(node):
-    return {name: node.actors.whereis(name).ping(timeout=10).incarnation
-            for name in (*STORES, "msg_store_gc")}
+    return {
+        name: node.actors.whereis(name).ping(timeout=10).incarnation
+        for name in (*STORES, "msg_store_gc")
+    }
 
 
 def record(n: int) -> bytes:
@@ -40,11 +49,19 @@ def test_stray_tells_to_the_stores_and_the_gc_are_counted_and_restart_nothing(no
     transient_client = StoreClient(node.store("msg_store_transient"))
     transient_client.write(msg_id(1), b"transient survives")
     transient_client.settle()
-    strays = ["hello", 42, {"a": 1}, Read(b"short"), ReadMany([b"x"]), Contains("ids"),
-              Register(b""), StoreStats(),
-              WriteBatch(b"client", 0, record(7), []),             # needs an answer
-              WriteBatch(b"client", 0, record(8)[:-1] + b"\0", []),  # not whole records
-              WriteBatch(b"client", -1, record(9), [])]
+    strays = [
+        "hello",
+        42,
+        {"a": 1},
+        Read(b"short"),
+        ReadMany([b"x"]),
+        Contains("ids"),
+        Register(b""),
+        StoreStats(),
+        WriteBatch(b"client", 0, record(7), []),  # needs an answer
+        WriteBatch(b"client", 0, record(8)[:-1] + b"\0", []),  # not whole records
+        WriteBatch(b"client", -1, record(9), []),
+    ]
     for stray in strays:
         persistent.tell(stray)
     node.actors.whereis("msg_store_gc").tell("collect everything")
@@ -63,16 +80,20 @@ def test_stray_tells_to_the_stores_and_the_gc_are_counted_and_restart_nothing(no
     transient_client.terminate()
 
 
-@pytest.mark.parametrize("request_, complaint", [
-    (42, "does not handle int"),
-    (Read(b"short"), "msg_id must be 16 bytes"),
-    (ReadMany([msg_id(1), "text"]), "msg_ids must be a list of 16-byte ids"),
-    (WriteBatch(b"client", 0, record(1) + record(2)[:30], []), "not whole records"),
-    (WriteBatch(b"client", 0, record(1), [[5, [msg_id(1)]]]), "removes out of place"),
-    (WriteBatch("client", 0, record(1), []), "client_ref must be 1..65535 bytes"),
-])
+@pytest.mark.parametrize(
+    "request_, complaint",
+    [
+        (42, "does not handle int"),
+        (Read(b"short"), "msg_id must be 16 bytes"),
+        (ReadMany([msg_id(1), "text"]), "msg_ids must be a list of 16-byte ids"),
+        (WriteBatch(b"client", 0, record(1) + record(2)[:30], []), "not whole records"),
+        (WriteBatch(b"client", 0, record(1), [[5, [msg_id(1)]]]), "removes out of place"),
+        (WriteBatch("client", 0, record(1), []), "client_ref must be 1..65535 bytes"),
+    ],
+)
 def test_a_malformed_ask_gets_an_error_naming_the_problem_and_applies_nothing(
-        node, request_, complaint):
+    node, request_, complaint
+):
     persistent = node.store()
     before = incarnations(node)
     with pytest.raises(UnhandledMessage, match=complaint):

@@ -37,8 +37,13 @@ def node_process(tmp_path: Path) -> Iterator[Callable[..., NodeProcess]]:
         stderr_path = tmp_path / f"node_child-{len(started)}.stderr"
         with open(stderr_path, "w") as stderr:
             process = subprocess.Popen(
-                [sys.executable, "-m", "tests.supervisor.node_child", *arguments], cwd=ROOT,
-                stdout=subprocess.PIPE, stderr=stderr, text=True, start_new_session=True)
+                [sys.executable, "-m", "tests.supervisor.node_child", *arguments],
+                cwd=ROOT,
+                stdout=subprocess.PIPE,
+                stderr=stderr,
+                text=True,
+                start_new_session=True,
+            )
         process.stderr_path = stderr_path
         family: list[psutil.Process] = []
         started.append((process, family))
@@ -52,7 +57,7 @@ def node_process(tmp_path: Path) -> Iterator[Callable[..., NodeProcess]]:
     for process, family in started:
         for member in family:
             try:
-                member.send_signal(signal.SIGKILL)   # psutil refuses a recycled pid
+                member.send_signal(signal.SIGKILL)  # psutil refuses a recycled pid
             except psutil.NoSuchProcess:
                 pass
         process.wait()

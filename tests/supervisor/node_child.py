@@ -18,11 +18,10 @@ import signal
 import sys
 import time
 
+from tests.supervisor.sample_actors import Worker
 from warren.store.client import StoreClient
 from warren.supervisor import ChildSpec, Node
 from warren.supervisor.node.node import STOP_SIGNALS
-
-from tests.supervisor.sample_actors import Worker
 
 
 def message_id(i: int) -> bytes:
@@ -43,8 +42,11 @@ def main() -> int:
     args = parser.parse_args()
     if args.until_signalled:
         signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
-    node = Node(args.data_dir, children=(ChildSpec("one", Worker), ChildSpec("two", Worker)),
-                listen=args.listen)
+    node = Node(
+        args.data_dir,
+        children=(ChildSpec("one", Worker), ChildSpec("two", Worker)),
+        listen=args.listen,
+    )
     if args.messages:
         client = StoreClient(node.store())
         for i in range(args.messages):

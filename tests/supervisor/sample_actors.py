@@ -13,8 +13,9 @@ class Worker(ProcessActor):
     "segfault"; exits with code 3 on "exit 3"; keeps the alarms it is told of ("alarms");
     appends its name to ``journal`` (a file) when it stops."""
 
-    def __init__(self, name: str = "", journal: str | None = None,
-                 stop_delay_s: float = 0.0) -> None:
+    def __init__(
+        self, name: str = "", journal: str | None = None, stop_delay_s: float = 0.0
+    ) -> None:
         self.name = name
         self.journal = journal
         self.stop_delay_s = stop_delay_s
@@ -33,7 +34,7 @@ class Worker(ProcessActor):
         if message == "quit":
             self.stop()
         if message == "segfault":
-            ctypes.string_at(0)          # a real SIGSEGV, as a broken C extension would
+            ctypes.string_at(0)  # a real SIGSEGV, as a broken C extension would
         if message == "exit 3":
             os._exit(3)
         return None

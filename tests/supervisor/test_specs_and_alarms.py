@@ -6,8 +6,13 @@ import os
 import pytest
 
 from warren.actors import ProcessActor
-from warren.supervisor.node.alarms import AlarmLimits, ResourceMonitor, available_memory, node_memory
 from warren.supervisor.errors import InvalidSpec
+from warren.supervisor.node.alarms import (
+    AlarmLimits,
+    ResourceMonitor,
+    available_memory,
+    node_memory,
+)
 from warren.supervisor.specs import ChildSpec, SupervisorFlags, SupervisorSpec
 
 
@@ -15,12 +20,15 @@ class Worker(ProcessActor):
     pass
 
 
-@pytest.mark.parametrize("kwargs,field", [
-    ({"strategy": "one_for_some"}, "strategy"),
-    ({"intensity": -1}, "intensity"),
-    ({"intensity": 1.5}, "intensity"),
-    ({"period_s": 0}, "period_s"),
-])
+@pytest.mark.parametrize(
+    "kwargs,field",
+    [
+        ({"strategy": "one_for_some"}, "strategy"),
+        ({"intensity": -1}, "intensity"),
+        ({"intensity": 1.5}, "intensity"),
+        ({"period_s": 0}, "period_s"),
+    ],
+)
 def test_invalid_supervisor_flags_are_rejected_naming_field_and_value(kwargs, field):
     with pytest.raises(InvalidSpec) as caught:
         SupervisorFlags(**kwargs)
@@ -28,20 +36,23 @@ def test_invalid_supervisor_flags_are_rejected_naming_field_and_value(kwargs, fi
     assert repr(next(iter(kwargs.values()))) in str(caught.value)
 
 
-@pytest.mark.parametrize("kwargs,field", [
-    ({"id": ""}, "id"),
-    ({"id": 7}, "id"),
-    ({"actor": object}, "actor"),
-    ({"actor": "Worker"}, "actor"),
-    ({"args": [1]}, "args"),
-    ({"kwargs": {1: 2}}, "kwargs"),
-    ({"restart": "sometimes"}, "restart"),
-    ({"shutdown_s": -5}, "shutdown_s"),
-    ({"shutdown_s": "gently"}, "shutdown_s"),
-    ({"start_timeout_s": 0}, "start_timeout_s"),
-    ({"heartbeat_interval_s": None}, "heartbeat_timeout_s"),
-    ({"heartbeat_interval_s": 2.0, "heartbeat_timeout_s": 1.0}, "heartbeat_timeout_s"),
-])
+@pytest.mark.parametrize(
+    "kwargs,field",
+    [
+        ({"id": ""}, "id"),
+        ({"id": 7}, "id"),
+        ({"actor": object}, "actor"),
+        ({"actor": "Worker"}, "actor"),
+        ({"args": [1]}, "args"),
+        ({"kwargs": {1: 2}}, "kwargs"),
+        ({"restart": "sometimes"}, "restart"),
+        ({"shutdown_s": -5}, "shutdown_s"),
+        ({"shutdown_s": "gently"}, "shutdown_s"),
+        ({"start_timeout_s": 0}, "start_timeout_s"),
+        ({"heartbeat_interval_s": None}, "heartbeat_timeout_s"),
+        ({"heartbeat_interval_s": 2.0, "heartbeat_timeout_s": 1.0}, "heartbeat_timeout_s"),
+    ],
+)
 def test_invalid_child_specs_are_rejected_naming_field_and_value(kwargs, field):
     spec = {"id": "worker", "actor": Worker, **kwargs}
     with pytest.raises(InvalidSpec) as caught:
@@ -61,17 +72,23 @@ def test_siblings_need_unique_ids_and_simple_one_for_one_one_template():
     with pytest.raises(InvalidSpec, match="unique child ids"):
         SupervisorSpec("sup", children=(ChildSpec("a", Worker), ChildSpec("a", Worker)))
     with pytest.raises(InvalidSpec, match="exactly one ChildSpec"):
-        SupervisorSpec("sup", SupervisorFlags("simple_one_for_one"),
-                       children=(ChildSpec("a", Worker), ChildSpec("b", Worker)))
+        SupervisorSpec(
+            "sup",
+            SupervisorFlags("simple_one_for_one"),
+            children=(ChildSpec("a", Worker), ChildSpec("b", Worker)),
+        )
 
 
-@pytest.mark.parametrize("kwargs,field", [
-    ({"memory_high_watermark": 0}, "memory_high_watermark"),
-    ({"memory_high_watermark": 1.5}, "memory_high_watermark"),
-    ({"memory_limit_bytes": 0}, "memory_limit_bytes"),
-    ({"disk_free_limit_bytes": -1}, "disk_free_limit_bytes"),
-    ({"check_interval_s": 0}, "check_interval_s"),
-])
+@pytest.mark.parametrize(
+    "kwargs,field",
+    [
+        ({"memory_high_watermark": 0}, "memory_high_watermark"),
+        ({"memory_high_watermark": 1.5}, "memory_high_watermark"),
+        ({"memory_limit_bytes": 0}, "memory_limit_bytes"),
+        ({"disk_free_limit_bytes": -1}, "disk_free_limit_bytes"),
+        ({"check_interval_s": 0}, "check_interval_s"),
+    ],
+)
 def test_invalid_alarm_limits_are_rejected(kwargs, field):
     with pytest.raises(InvalidSpec) as caught:
         AlarmLimits(**kwargs)
@@ -85,13 +102,13 @@ def test_the_memory_limit_is_a_fraction_of_ram_or_an_absolute_figure():
 
 def test_memory_and_disk_alarms_are_raised_and_cleared_once_each(tmp_path):
     pids = [os.getpid()]
-    monitor = ResourceMonitor(str(tmp_path), AlarmLimits(memory_limit_bytes=1,
-                                                         disk_free_limit_bytes=2**62),
-                              lambda: pids)
+    monitor = ResourceMonitor(
+        str(tmp_path), AlarmLimits(memory_limit_bytes=1, disk_free_limit_bytes=2**62), lambda: pids
+    )
     raised = monitor.check()
     assert {(c.resource, c.raised) for c in raised} == {("memory", True), ("disk", True)}
     assert monitor.active == {"memory", "disk"}
-    assert monitor.check() == []                        # no change, nothing to tell
+    assert monitor.check() == []  # no change, nothing to tell
     monitor.limits = AlarmLimits(memory_limit_bytes=2**62, disk_free_limit_bytes=0)
     cleared = monitor.check()
     assert {(c.resource, c.raised) for c in cleared} == {("memory", False), ("disk", False)}

@@ -24,18 +24,24 @@ def all_running(supervisor) -> bool:
 
 
 def three(strategy, **child_options):
-    return SupervisorSpec("sup", SupervisorFlags(strategy, intensity=5, period_s=10),
-                          children=tuple(ChildSpec(n, Worker, (n,), **child_options)
-                                         for n in ("a", "b", "c")))
+    return SupervisorSpec(
+        "sup",
+        SupervisorFlags(strategy, intensity=5, period_s=10),
+        children=tuple(ChildSpec(n, Worker, (n,), **child_options) for n in ("a", "b", "c")),
+    )
 
 
-@pytest.mark.parametrize("strategy,restarted", [
-    ("one_for_one", {"b"}),
-    ("one_for_all", {"a", "b", "c"}),
-    ("rest_for_one", {"b", "c"}),
-])
+@pytest.mark.parametrize(
+    "strategy,restarted",
+    [
+        ("one_for_one", {"b"}),
+        ("one_for_all", {"a", "b", "c"}),
+        ("rest_for_one", {"b", "c"}),
+    ],
+)
 def test_a_killed_child_restarts_exactly_the_children_its_strategy_names(
-        actor_node, strategy, restarted):
+    actor_node, strategy, restarted
+):
     with Supervisor(actor_node, three(strategy)) as supervisor:
         before = pids(supervisor)
         os.kill(before["b"], signal.SIGKILL)
@@ -56,8 +62,11 @@ def test_an_old_ref_reaches_the_restarted_child(actor_node):
 
 
 def test_simple_one_for_one_children_are_added_and_restarted_alone(actor_node):
-    spec = SupervisorSpec("pool", SupervisorFlags("simple_one_for_one", intensity=5),
-                          children=(ChildSpec("conn", Worker),))
+    spec = SupervisorSpec(
+        "pool",
+        SupervisorFlags("simple_one_for_one", intensity=5),
+        children=(ChildSpec("conn", Worker),),
+    )
     with Supervisor(actor_node, spec) as supervisor:
         first = supervisor.start_child(("one",))
         second = supervisor.start_child(("two",))
@@ -70,8 +79,11 @@ def test_simple_one_for_one_children_are_added_and_restarted_alone(actor_node):
 
 def test_restart_intensity_exceeded_stops_every_child_and_fails_the_supervisor(actor_node):
     failures = []
-    spec = SupervisorSpec("sup", SupervisorFlags("one_for_one", intensity=1, period_s=30),
-                          children=(ChildSpec("a", Worker), ChildSpec("b", Worker)))
+    spec = SupervisorSpec(
+        "sup",
+        SupervisorFlags("one_for_one", intensity=1, period_s=30),
+        children=(ChildSpec("a", Worker), ChildSpec("b", Worker)),
+    )
     supervisor = Supervisor(actor_node, spec, on_failure=failures.append).start()
     try:
         first = pids(supervisor)
@@ -86,49 +98,69 @@ def test_restart_intensity_exceeded_stops_every_child_and_fails_the_supervisor(a
 
 
 def test_a_failed_child_supervisor_is_restarted_by_its_parent(actor_node):
-    inner = SupervisorSpec("inner", SupervisorFlags("one_for_one", intensity=0),
-                           children=(ChildSpec("x", Worker),))
-    outer = SupervisorSpec("outer", SupervisorFlags("one_for_one", intensity=3, period_s=30),
-                           children=(ChildSpec("y", Worker), inner))
+    inner = SupervisorSpec(
+        "inner", SupervisorFlags("one_for_one", intensity=0), children=(ChildSpec("x", Worker),)
+    )
+    outer = SupervisorSpec(
+        "outer",
+        SupervisorFlags("one_for_one", intensity=3, period_s=30),
+        children=(ChildSpec("y", Worker), inner),
+    )
     with Supervisor(actor_node, outer) as supervisor:
         x_before = actor_node.whereis("x").ask("pid")
         y_before = actor_node.whereis("y").ask("pid")
         os.kill(x_before, signal.SIGKILL)
-        wait_for(lambda: actor_node.whereis("x") is not None
-                 and supervisor.status()["children"][1]["state"] == "running"
-                 and supervisor.status()["children"][1]["children"][0]["state"] == "running"
-                 and supervisor.status()["children"][1]["children"][0]["pid"] != x_before)
+        wait_for(
+            lambda: (
+                actor_node.whereis("x") is not None
+                and supervisor.status()["children"][1]["state"] == "running"
+                and supervisor.status()["children"][1]["children"][0]["state"] == "running"
+                and supervisor.status()["children"][1]["children"][0]["pid"] != x_before
+            )
+        )
         assert supervisor.status()["children"][1]["restarts"] == 1
         assert actor_node.whereis("y").ask("pid") == y_before
 
 
 def test_temporary_children_are_not_restarted_and_transient_ones_only_after_a_crash(actor_node):
-    spec = SupervisorSpec("sup", SupervisorFlags("one_for_one", intensity=5), children=(
-        ChildSpec("temp", Worker, restart="temporary"),
-        ChildSpec("trans", Worker, restart="transient"),
-        ChildSpec("trans2", Worker, restart="transient")))
+    spec = SupervisorSpec(
+        "sup",
+        SupervisorFlags("one_for_one", intensity=5),
+        children=(
+            ChildSpec("temp", Worker, restart="temporary"),
+            ChildSpec("trans", Worker, restart="transient"),
+            ChildSpec("trans2", Worker, restart="transient"),
+        ),
+    )
     with Supervisor(actor_node, spec) as supervisor:
         before = pids(supervisor)
         os.kill(before["temp"], signal.SIGKILL)
-        actor_node.whereis("trans").tell("quit")                   # a normal exit
-        actor_node.whereis("trans2").tell("crash")                 # an abnormal one
-        wait_for(lambda: "temp" not in pids(supervisor)
-                 and pids(supervisor)["trans2"] != before["trans2"]
-                 and [c["state"] for c in supervisor.which_children()] == ["stopped", "running"])
+        actor_node.whereis("trans").tell("quit")  # a normal exit
+        actor_node.whereis("trans2").tell("crash")  # an abnormal one
+        wait_for(
+            lambda: (
+                "temp" not in pids(supervisor)
+                and pids(supervisor)["trans2"] != before["trans2"]
+                and [c["state"] for c in supervisor.which_children()] == ["stopped", "running"]
+            )
+        )
         assert not psutil.pid_exists(before["trans"])
 
 
 def test_children_stop_in_reverse_start_order(actor_node, tmp_path):
     journal = str(tmp_path / "journal")
-    spec = SupervisorSpec("sup", children=tuple(
-        ChildSpec(n, Worker, (n, journal)) for n in ("first", "second", "third")))
+    spec = SupervisorSpec(
+        "sup",
+        children=tuple(ChildSpec(n, Worker, (n, journal)) for n in ("first", "second", "third")),
+    )
     Supervisor(actor_node, spec).start().stop()
     assert open(journal).read().split() == ["third", "second", "first"]
 
 
 def test_a_child_that_ignores_its_stop_is_killed_after_its_shutdown_timeout(actor_node):
-    spec = SupervisorSpec("sup", children=(
-        ChildSpec("stubborn", Worker, ("stubborn", None, 60.0), shutdown_s=0.5),))
+    spec = SupervisorSpec(
+        "sup", children=(ChildSpec("stubborn", Worker, ("stubborn", None, 60.0), shutdown_s=0.5),)
+    )
     supervisor = Supervisor(actor_node, spec).start()
     pid = pids(supervisor)["stubborn"]
     started = time.monotonic()
@@ -138,8 +170,11 @@ def test_a_child_that_ignores_its_stop_is_killed_after_its_shutdown_timeout(acto
 
 
 def test_a_sigstopped_child_is_found_hung_and_restarted(actor_node):
-    spec = SupervisorSpec("sup", SupervisorFlags("one_for_one", intensity=5), children=(
-        ChildSpec("sleepy", Worker, heartbeat_interval_s=0.2, heartbeat_timeout_s=1.0),))
+    spec = SupervisorSpec(
+        "sup",
+        SupervisorFlags("one_for_one", intensity=5),
+        children=(ChildSpec("sleepy", Worker, heartbeat_interval_s=0.2, heartbeat_timeout_s=1.0),),
+    )
     with Supervisor(actor_node, spec) as supervisor:
         before = pids(supervisor)["sleepy"]
         os.kill(before, signal.SIGSTOP)
@@ -148,34 +183,44 @@ def test_a_sigstopped_child_is_found_hung_and_restarted(actor_node):
 
 
 def test_a_slow_restart_is_not_mistaken_for_a_hang(actor_node):
-    spec = SupervisorSpec("sup", SupervisorFlags("one_for_one", intensity=5), children=(
-        ChildSpec("recovering", SlowStarter, (1.5,), heartbeat_interval_s=0.2,
-                  heartbeat_timeout_s=0.5),))
+    spec = SupervisorSpec(
+        "sup",
+        SupervisorFlags("one_for_one", intensity=5),
+        children=(
+            ChildSpec(
+                "recovering", SlowStarter, (1.5,), heartbeat_interval_s=0.2, heartbeat_timeout_s=0.5
+            ),
+        ),
+    )
     with Supervisor(actor_node, spec) as supervisor:
         first = pids(supervisor)["recovering"]
-        os.kill(first, signal.SIGKILL)                # the restart takes 1.5 s in on_start
+        os.kill(first, signal.SIGKILL)  # the restart takes 1.5 s in on_start
         wait_for(lambda: pids(supervisor)["recovering"] != first and all_running(supervisor))
         second = pids(supervisor)["recovering"]
-        time.sleep(1.0)                               # five heartbeat intervals, answered
+        time.sleep(1.0)  # five heartbeat intervals, answered
         assert pids(supervisor)["recovering"] == second
         assert supervisor.which_children()[0]["restarts"] == 1
 
 
 def test_a_child_that_cannot_start_fails_the_start_and_stops_its_elder_siblings(actor_node):
-    spec = SupervisorSpec("sup", children=(ChildSpec("fine", Worker),
-                                           ChildSpec("broken", FailsToStart)))
+    spec = SupervisorSpec(
+        "sup", children=(ChildSpec("fine", Worker), ChildSpec("broken", FailsToStart))
+    )
     supervisor = Supervisor(actor_node, spec)
     with pytest.raises(SupervisorError, match="broken failed to start"):
         supervisor.start()
     assert actor_node.actors() == []
 
 
-@pytest.mark.parametrize("death,reason", [("segfault", "killed by SIGSEGV"),
-                                          ("exit 3", "exit 3")])
+@pytest.mark.parametrize("death,reason", [("segfault", "killed by SIGSEGV"), ("exit 3", "exit 3")])
 def test_a_child_that_segfaults_or_exits_with_a_code_is_restarted_and_says_why(
-        actor_node, death, reason, caplog):
-    spec = SupervisorSpec("sup", SupervisorFlags("one_for_one", intensity=5), children=(
-        ChildSpec("fragile", Worker, restart="transient"),))
+    actor_node, death, reason, caplog
+):
+    spec = SupervisorSpec(
+        "sup",
+        SupervisorFlags("one_for_one", intensity=5),
+        children=(ChildSpec("fragile", Worker, restart="transient"),),
+    )
     with caplog.at_level("INFO", logger="warren.supervisor"):
         with Supervisor(actor_node, spec) as supervisor:
             before = pids(supervisor)["fragile"]
@@ -185,32 +230,48 @@ def test_a_child_that_segfaults_or_exits_with_a_code_is_restarted_and_says_why(
 
 
 def test_hung_children_do_not_get_their_healthy_siblings_killed(actor_node):
-    spec = SupervisorSpec("sup", SupervisorFlags("one_for_one", intensity=20), children=tuple(
-        ChildSpec(f"w{n}", Worker, heartbeat_interval_s=0.2, heartbeat_timeout_s=1.0)
-        for n in range(8)))
+    spec = SupervisorSpec(
+        "sup",
+        SupervisorFlags("one_for_one", intensity=20),
+        children=tuple(
+            ChildSpec(f"w{n}", Worker, heartbeat_interval_s=0.2, heartbeat_timeout_s=1.0)
+            for n in range(8)
+        ),
+    )
     with Supervisor(actor_node, spec) as supervisor:
         before = pids(supervisor)
         stopped = [f"w{n}" for n in range(4)]
         for name in stopped:
             os.kill(before[name], signal.SIGSTOP)
-        wait_for(lambda: all(pids(supervisor)[n] != before[n] for n in stopped)
-                 and all_running(supervisor))
-        time.sleep(1.5)                           # several more heartbeat rounds
+        wait_for(
+            lambda: (
+                all(pids(supervisor)[n] != before[n] for n in stopped) and all_running(supervisor)
+            )
+        )
+        time.sleep(1.5)  # several more heartbeat rounds
         after = pids(supervisor)
         assert all(after[f"w{n}"] == before[f"w{n}"] for n in range(4, 8))
         assert [c["restarts"] for c in supervisor.which_children()] == [1] * 4 + [0] * 4
 
 
 def test_a_child_that_stops_on_its_own_signal_while_its_tree_stops_is_not_restarted(
-        actor_node, tmp_path):
+    actor_node, tmp_path
+):
     """systemd signals every process of a node at once: children stop on their own while
     the tree's stop is still working through the others, and none may come back."""
     journal = tmp_path / "journal"
-    spec = SupervisorSpec("root", SupervisorFlags("one_for_one", intensity=5, period_s=10),
-                          children=(
-        SupervisorSpec("inner", SupervisorFlags("one_for_one", intensity=5, period_s=10),
-                       children=(ChildSpec("early", Worker, ("early", str(journal))),)),
-        ChildSpec("slow", Worker, ("slow", str(journal), 3.0))))   # stopped first, slowly
+    spec = SupervisorSpec(
+        "root",
+        SupervisorFlags("one_for_one", intensity=5, period_s=10),
+        children=(
+            SupervisorSpec(
+                "inner",
+                SupervisorFlags("one_for_one", intensity=5, period_s=10),
+                children=(ChildSpec("early", Worker, ("early", str(journal))),),
+            ),
+            ChildSpec("slow", Worker, ("slow", str(journal), 3.0)),
+        ),
+    )  # stopped first, slowly
     root = Supervisor(actor_node, spec).start()
     early = actor_node.whereis("early").pid
     stopping = threading.Thread(target=root.stop)

@@ -12,11 +12,18 @@ from pathlib import Path
 import psutil
 import pytest
 
-from warren import connect
+from warren import AlarmLimits, connect
 from warren.actors import ActorDeadError, RemoteError
-from warren import AlarmLimits
-from warren.queues import (Blocked, Message, Nacked, NotFound, PreconditionFailed,
-                           UnknownDeliveryTag, Unroutable, encode)
+from warren.queues import (
+    Blocked,
+    Message,
+    Nacked,
+    NotFound,
+    PreconditionFailed,
+    UnknownDeliveryTag,
+    Unroutable,
+    encode,
+)
 from warren.queues.errors import ConnectionClosed
 from warren.queues.protocol import Fetch, Publish, QueueStats
 from warren.supervisor import Node
@@ -31,7 +38,7 @@ def restarted(node, name, old_pid):
     try:
         return node.queue(name).pid != old_pid
     except NotFound:
-        return False                 # between its death and its restart
+        return False  # between its death and its restart
 
 
 @pytest.fixture
@@ -51,7 +58,10 @@ def test_a_published_message_is_confirmed_fetched_and_acked(node):
     connection.publish("orders", b"order 1", headers={"region": "eu"}, message_id="o-1")
     delivery = connection.get("orders")
     assert (delivery.body, delivery.headers, delivery.message_id) == (
-        b"order 1", {"region": "eu"}, "o-1")
+        b"order 1",
+        {"region": "eu"},
+        "o-1",
+    )
     assert not delivery.redelivered
     delivery.ack()
     assert connection.get("orders") is None
@@ -114,7 +124,7 @@ def test_nack_requeues_reject_drops_and_multiple_settles_the_earlier_ones(node):
     first, second, third, fourth = (connection.get("orders") for _ in range(4))
     first.nack(requeue=True)
     second.reject(requeue=False)
-    fourth.ack(multiple=True)                       # third and fourth
+    fourth.ack(multiple=True)  # third and fourth
     again = connection.get("orders")
     assert (again.body, again.redelivered, again.delivery_count) == (b"0", True, 1)
     again.ack()
@@ -136,15 +146,14 @@ def test_closing_a_connection_hands_its_unacked_deliveries_back(node):
     assert [other.get("orders", ack=False).body for _ in range(2)] == [b"a", b"b"]
 
 
-def test_a_durable_queue_and_its_messages_survive_a_restart_and_a_transient_one_does_not(
-        data_dir):
+def test_a_durable_queue_and_its_messages_survive_a_restart_and_a_transient_one_does_not(data_dir):
     with Node(data_dir) as node:
         node.declare_queue("orders")
         node.declare_queue("scratch", durable=False)
         connection = node.connect()
         connection.publish_many("orders", [b"kept %d" % n for n in range(10)])
         connection.publish("scratch", b"gone")
-        assert connection.get("orders").body == b"kept 0"     # unacked at the stop
+        assert connection.get("orders").body == b"kept 0"  # unacked at the stop
     with Node(data_dir) as node:
         assert node.list_queues() == ["orders"]
         assert not (data_dir / "queues" / "scratch").exists()
@@ -172,7 +181,7 @@ def test_a_killed_queue_restarts_with_every_confirmed_message_the_unacked_redeli
 def test_a_killed_persistent_store_restarts_the_queues_and_loses_nothing_confirmed(node):
     node.declare_queue("orders")
     connection = node.connect()
-    bodies = [b"%d" % n + b"x" * 5000 for n in range(200)]     # in the shared store
+    bodies = [b"%d" % n + b"x" * 5000 for n in range(200)]  # in the shared store
     connection.publish_many("orders", bodies)
     old_queue = node.queue("orders").pid
     os.kill(node.store().pid, signal.SIGKILL)
@@ -186,9 +195,12 @@ def test_a_consumer_process_killed_holding_deliveries_has_them_redelivered(node,
     node.declare_queue("orders")
     connection = node.connect()
     connection.publish_many("orders", [b"%d" % n for n in range(10)])
-    child = subprocess.Popen([sys.executable, "-m", "tests.queues.consumer_child",
-                              str(data_dir), "orders", "4"], cwd=ROOT,
-                             stdout=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        [sys.executable, "-m", "tests.queues.consumer_child", str(data_dir), "orders", "4"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         taken = child.stdout.readline().split()
         assert taken == ["0", "1", "2", "3"]
@@ -204,11 +216,18 @@ def test_a_consumer_process_killed_holding_deliveries_has_them_redelivered(node,
 
 def test_another_process_connects_by_data_directory(node, data_dir):
     node.declare_queue("orders")
-    code = ("import sys; from warren import connect; c = connect(sys.argv[1]); "
-            "c.declare_queue('replies'); c.publish('orders', b'from afar'); "
-            "print(c.list_queues())")
-    out = subprocess.run([sys.executable, "-c", code, str(data_dir)], cwd=ROOT,
-                         capture_output=True, text=True, timeout=60)
+    code = (
+        "import sys; from warren import connect; c = connect(sys.argv[1]); "
+        "c.declare_queue('replies'); c.publish('orders', b'from afar'); "
+        "print(c.list_queues())"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(data_dir)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "['orders', 'replies']"
     assert node.connect().get("orders").body == b"from afar"
@@ -232,8 +251,7 @@ def test_a_malformed_request_is_refused_and_the_queue_keeps_serving(node):
     assert ref.pid == node.queue("orders").pid
 
 
-def test_deleting_a_queue_removes_its_process_and_files_and_later_publishes_fail(node,
-                                                                                 data_dir):
+def test_deleting_a_queue_removes_its_process_and_files_and_later_publishes_fail(node, data_dir):
     node.declare_queue("orders")
     connection = node.connect()
     connection.publish_many("orders", [b"x" * 5000] * 20)
@@ -264,7 +282,7 @@ def test_a_large_message_fanned_out_to_two_queues_is_stored_once_until_both_ack(
     assert billing.body == shipping.body == body
     billing.ack()
     wait_for(lambda: connection.queue_stats("billing")["depth"] == 0)
-    assert store_messages(node) == 1                  # shipping still holds it
+    assert store_messages(node) == 1  # shipping still holds it
     shipping.ack()
     wait_for(lambda: store_messages(node) == 0)
 
@@ -309,11 +327,11 @@ def test_a_queue_that_keeps_crashing_stays_down_alone_and_publishes_to_it_are_na
     node.declare_queue("fragile")
     node.declare_queue("steady")
     connection = node.connect()
-    for _ in range(3):                       # as many crashes as its supervisor allows
+    for _ in range(3):  # as many crashes as its supervisor allows
         pid = node.queue("fragile").pid
         os.kill(pid, signal.SIGKILL)
         wait_for(lambda: restarted(node, "fragile", pid))
-    os.kill(node.queue("fragile").pid, signal.SIGKILL)      # and one more
+    os.kill(node.queue("fragile").pid, signal.SIGKILL)  # and one more
     wait_for(lambda: node.queue_state("fragile") == "crashed")
     with pytest.raises(Nacked, match="stays down"):
         connection.publish("fragile", b"x")
@@ -354,8 +372,7 @@ def test_expired_rejected_and_dropped_messages_are_dead_lettered_with_their_reas
     node.declare_exchange("dlx", kind="fanout")
     node.declare_queue("dead")
     node.bind_queue("dead", "dlx")
-    node.declare_queue("work", message_ttl_ms=100, max_length=5,
-                       dead_letter_exchange="dlx")
+    node.declare_queue("work", message_ttl_ms=100, max_length=5, dead_letter_exchange="dlx")
     connection = node.connect()
     connection.publish("work", b"expires", headers={"order": 1})
     wait_for(lambda: connection.queue_stats("dead")["messages_ready"] == 1)
@@ -364,7 +381,10 @@ def test_expired_rejected_and_dropped_messages_are_dead_lettered_with_their_reas
     wait_for(lambda: connection.queue_stats("dead")["messages_ready"] == 3)
     dead = [connection.get("dead", ack=False) for _ in range(3)]
     assert [(d.body, d.headers["x-death"][0]["reason"]) for d in dead] == [
-        (b"expires", "expired"), (b"0", "maxlen"), (b"1", "rejected")]
+        (b"expires", "expired"),
+        (b"0", "maxlen"),
+        (b"1", "rejected"),
+    ]
     assert dead[0].headers["order"] == 1 and dead[0].headers["x-death"][0]["queue"] == "work"
     wait_for(lambda: connection.queue_stats("work")["depth"] == 4)
 
@@ -385,7 +405,7 @@ def test_under_a_memory_alarm_publishers_are_held_and_queues_page_out(tmp_path):
         wait_for(lambda: connection.blocked)
         with pytest.raises(Blocked, match="memory alarm has held this publish"):
             connection.publish("orders", b"held")
-        queue = node.queue("orders")            # a producer that ignores the alarm
+        queue = node.queue("orders")  # a producer that ignores the alarm
         wait_for(lambda: queue.ask(QueueStats())["target_ram_count"] == 0)
         queue.ask(Publish([encode(Message(b"x" * 100))] * 50, True))
         stats = queue.ask(QueueStats())
@@ -406,8 +426,7 @@ def test_a_clean_stop_of_a_node_with_queues_restarts_its_store_clean(data_dir):
         assert node.connect().queue_stats("orders")["messages_ready"] == 10
 
 
-def test_after_a_queue_crash_the_next_start_rebuilds_the_store_counts_from_the_queues(
-        data_dir):
+def test_after_a_queue_crash_the_next_start_rebuilds_the_store_counts_from_the_queues(data_dir):
     with Node(data_dir) as node:
         node.declare_queue("orders")
         connection = node.connect()
@@ -433,11 +452,11 @@ def test_an_auto_delete_queue_goes_when_its_last_consumer_stops(node, data_dir):
     assert next(first).body == b"one"
     assert connection.queue_stats("replies")["consumers"] == 2
     first.cancel()
-    assert node.list_queues() == ["replies"]            # one consumer is left
+    assert node.list_queues() == ["replies"]  # one consumer is left
     second.cancel()
     wait_for(lambda: node.list_queues() == [], timeout=10)
     assert not (data_dir / "queues" / "replies").exists()
-    node.declare_queue("replies", auto_delete=True, durable=False)   # declared anew
+    node.declare_queue("replies", auto_delete=True, durable=False)  # declared anew
     assert connection.queue_stats("replies")["messages_ready"] == 0
 
 
@@ -450,7 +469,7 @@ def test_closing_the_connection_of_an_auto_delete_queues_consumer_deletes_the_qu
 
 
 def test_a_byte_flipped_in_a_stopped_nodes_store_is_never_delivered(data_dir):
-    bodies = [b"%d:" % n + b"x" * 6000 for n in range(3)]   # in the shared store
+    bodies = [b"%d:" % n + b"x" * 6000 for n in range(3)]  # in the shared store
     with Node(data_dir) as node:
         node.declare_queue("orders")
         node.connect().publish_many("orders", bodies)
@@ -474,7 +493,7 @@ def test_a_resent_fanout_message_the_first_attempt_left_in_one_queue_reaches_bot
     # second, through the fanout, is a repeat for "orders" and new for "audit". Both must
     # deliver the one body the shared store keeps under the message's derived id, read
     # back from the store after a restart.
-    body = b"order 7 " + b"x" * 6000                     # in the shared store
+    body = b"order 7 " + b"x" * 6000  # in the shared store
     with Node(data_dir) as node:
         node.declare_exchange("events", kind="fanout")
         for queue in ("orders", "audit"):
@@ -482,7 +501,7 @@ def test_a_resent_fanout_message_the_first_attempt_left_in_one_queue_reaches_bot
             node.bind_queue(queue, "events")
         connection = node.connect()
         connection.publish("orders", body, producer_id="p", sequence=0)
-        time.sleep(0.01)                                 # another millisecond on the clock
+        time.sleep(0.01)  # another millisecond on the clock
         connection.publish("", body, exchange="events", producer_id="p", sequence=0)
     with Node(data_dir) as node:
         connection = node.connect()
@@ -497,12 +516,14 @@ def test_repeats_found_among_recovered_messages_count_as_taken(data_dir):
     them: the ids recovered from the index tell the repeats, and the producer goes on."""
     with Node(data_dir) as node:
         node.declare_queue("orders")
-        node.connect().publish_many("orders", [b"%d" % n for n in range(1000)],
-                                    producer_id="p", sequence=0)
+        node.connect().publish_many(
+            "orders", [b"%d" % n for n in range(1000)], producer_id="p", sequence=0
+        )
     (data_dir / "queues" / "orders" / "producers.log").write_bytes(b"")
     with Node(data_dir) as node:
         connection = node.connect()
-        connection.publish_many("orders", [b"%d" % n for n in range(1500)],
-                                producer_id="p", sequence=0)
+        connection.publish_many(
+            "orders", [b"%d" % n for n in range(1500)], producer_id="p", sequence=0
+        )
         stats = connection.queue_stats("orders")
         assert (stats["len"], stats["repeats_dropped"]) == (1500, 1000)

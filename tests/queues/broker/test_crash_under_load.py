@@ -16,8 +16,8 @@ import pytest
 
 from warren import connect
 from warren.queues import NotFound
-from warren.supervisor.chaos.workload import Producer, audit
 from warren.supervisor import Node
+from warren.supervisor.chaos.workload import Producer, audit
 
 from ...waiting import wait_for
 
@@ -26,9 +26,12 @@ PER_PRODUCER = 600
 
 
 def start(*arguments):
-    process = subprocess.Popen([sys.executable, "-m", "warren.supervisor.chaos.workload",
-                                *map(str, arguments)], cwd=ROOT, stdout=subprocess.PIPE,
-                               text=True)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "warren.supervisor.chaos.workload", *map(str, arguments)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert process.stdout.readline().strip() == "ready"
     return process
 
@@ -47,6 +50,7 @@ def kill_and_wait(node, victim):
     def back():
         ref = node.actors.whereis(victim)
         return ref is not None and ref.pid != old
+
     wait_for(back, timeout=60)
 
 
@@ -59,13 +63,16 @@ def test_every_confirmed_message_is_consumed_whatever_is_killed_under_load(tmp_p
     with Node(data, file_size_limit=256 * 1024) as node:
         node.declare_queue("orders")
         try:
-            children = [start("produce", data, "orders", f"p{i}", path, "--count", PER_PRODUCER)
-                        for i, path in enumerate(confirmed_paths)]
+            children = [
+                start("produce", data, "orders", f"p{i}", path, "--count", PER_PRODUCER)
+                for i, path in enumerate(confirmed_paths)
+            ]
             children.append(start("consume", data, consumed_path, "orders"))
             victims = ("queue orders", "msg_store_persistent", "msg_store_gc", "queue orders")
-            for round_, victim in enumerate(victims, 1):       # every 150 confirms, a kill
-                wait_for(lambda: sum(len(lines(p)) for p in confirmed_paths) >= 150 * round_,
-                         timeout=120)
+            for round_, victim in enumerate(victims, 1):  # every 150 confirms, a kill
+                wait_for(
+                    lambda: sum(len(lines(p)) for p in confirmed_paths) >= 150 * round_, timeout=120
+                )
                 kill_and_wait(node, victim)
             for producer in children[:2]:
                 producer.wait(timeout=300)
@@ -76,14 +83,17 @@ def test_every_confirmed_message_is_consumed_whatever_is_killed_under_load(tmp_p
                 except NotFound:
                     return False
                 return stats["depth"] == 0
+
             wait_for(drained, timeout=120)
         finally:
             for child in children:
                 child.kill()
                 child.wait()
                 child.stdout.close()
-    result = audit([Producer(f"p{i}", str(p), ("orders",)) for i, p in enumerate(confirmed_paths)],
-                   [str(consumed_path)])
+    result = audit(
+        [Producer(f"p{i}", str(p), ("orders",)) for i, p in enumerate(confirmed_paths)],
+        [str(consumed_path)],
+    )
     assert result.confirmed == 2 * PER_PRODUCER
     assert not result.lost, f"{len(result.lost)} confirmed messages never consumed"
     assert not result.unflagged and result.wrong_bodies == 0
@@ -94,8 +104,7 @@ def test_an_idle_queue_process_costs_a_few_mib(tmp_path):
         for n in range(8):
             node.declare_queue(f"q{n}")
         time.sleep(0.5)
-        pss = [psutil.Process(node.queue(f"q{n}").pid).memory_full_info().pss
-               for n in range(8)]
+        pss = [psutil.Process(node.queue(f"q{n}").pid).memory_full_info().pss for n in range(8)]
         # Reported in the README; the bound only catches a gross regression.
         assert max(pss) < 64 * 2**20, [p // 2**20 for p in pss]
         print(f"idle queue PSS: {sorted(pss)[4] / 2**20:.1f} MiB (median of 8)")
@@ -105,7 +114,11 @@ def test_a_whole_node_killed_keeps_every_confirmed_message_and_flags_the_unacked
     data = tmp_path / "data"
     node_process = subprocess.Popen(
         [sys.executable, "-m", "tests.supervisor.node_child", str(data), "--queue", "orders"],
-        cwd=ROOT, stdout=subprocess.PIPE, text=True, start_new_session=True)
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     family = []
     try:
         family = [psutil.Process(int(pid)) for pid in node_process.stdout.readline().split()]
@@ -113,7 +126,7 @@ def test_a_whole_node_killed_keeps_every_confirmed_message_and_flags_the_unacked
         bodies = [b"order %d" % n + b"x" * (n % 3 * 3000) for n in range(500)]
         connection.publish_many("orders", bodies)
         unacked = connection.get("orders")
-        for process in family:                   # every process of the node at once
+        for process in family:  # every process of the node at once
             process.kill()
     finally:
         for process in family:
@@ -144,8 +157,13 @@ def test_a_fanned_out_message_keeps_both_references_across_a_store_crash(tmp_pat
         for body in bodies:
             connection.publish("", body, exchange="orders")
         kill_and_wait(node, "msg_store_persistent")
-        wait_for(lambda: node.queue_state("billing") == "running"
-                 and node.queue_state("shipping") == "running", timeout=60)
+        wait_for(
+            lambda: (
+                node.queue_state("billing") == "running"
+                and node.queue_state("shipping") == "running"
+            ),
+            timeout=60,
+        )
         fresh = node.connect()
         assert node.store_stats()["msg_store_persistent"]["message_count"] == 50
         for name in ("billing", "shipping"):
@@ -157,20 +175,25 @@ def test_a_fanned_out_message_keeps_both_references_across_a_store_crash(tmp_pat
         wait_for(lambda: node.store_stats()["msg_store_persistent"]["message_count"] == 0)
 
 
-def test_a_producer_killed_mid_batch_leaves_its_confirmed_messages_and_a_healthy_queue(
-        tmp_path):
+def test_a_producer_killed_mid_batch_leaves_its_confirmed_messages_and_a_healthy_queue(tmp_path):
     data = tmp_path / "data"
     ledger = tmp_path / "confirmed"
     with Node(data) as node:
         node.declare_queue("orders")
-        code = ("import sys; from warren import connect; c = connect(sys.argv[1]); "
-                "print('ready', flush=True)\n"
-                "with open(sys.argv[2], 'a', buffering=1) as out:\n"
-                "    for n in range(10**6):\n"
-                "        c.publish_many('orders', [b'%d-%d' % (n, i) for i in range(200)])\n"
-                "        out.write('%d\\n' % n)\n")
-        producer = subprocess.Popen([sys.executable, "-c", code, str(data), str(ledger)],
-                                    cwd=ROOT, stdout=subprocess.PIPE, text=True)
+        code = (
+            "import sys; from warren import connect; c = connect(sys.argv[1]); "
+            "print('ready', flush=True)\n"
+            "with open(sys.argv[2], 'a', buffering=1) as out:\n"
+            "    for n in range(10**6):\n"
+            "        c.publish_many('orders', [b'%d-%d' % (n, i) for i in range(200)])\n"
+            "        out.write('%d\\n' % n)\n"
+        )
+        producer = subprocess.Popen(
+            [sys.executable, "-c", code, str(data), str(ledger)],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         try:
             assert producer.stdout.readline().strip() == "ready"
             wait_for(lambda: len(lines(ledger)) >= 5)
@@ -181,6 +204,6 @@ def test_a_producer_killed_mid_batch_leaves_its_confirmed_messages_and_a_healthy
         batches = len(lines(ledger))
         connection = node.connect()
         ready = connection.queue_stats("orders")["messages_ready"]
-        assert ready >= 200 * batches            # confirmed ones, and maybe part of the next
+        assert ready >= 200 * batches  # confirmed ones, and maybe part of the next
         connection.publish("orders", b"after")
         assert connection.queue_stats("orders")["messages_ready"] == ready + 1

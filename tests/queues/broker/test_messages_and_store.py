@@ -8,20 +8,29 @@ from warren.queues.engine.queue_store import RECORD_HEADER_BYTES
 
 
 def test_every_property_survives_encoding():
-    message = Message(b"\x00body", message_id="m-1", headers={"k": [1, "two", b"3", None]},
-                      expiration_ms=60000, timestamp_ms=1_700_000_000_000,
-                      content_type="application/json", persistent=False)
+    message = Message(
+        b"\x00body",
+        message_id="m-1",
+        headers={"k": [1, "two", b"3", None]},
+        expiration_ms=60000,
+        timestamp_ms=1_700_000_000_000,
+        content_type="application/json",
+        persistent=False,
+    )
     assert decode(encode(message)) == message
 
 
-@pytest.mark.parametrize("message, field", [
-    (Message("text"), "body"),
-    (Message(b"x", message_id=5), "message_id"),
-    (Message(b"x", headers={"k": {1, 2}}), "headers"),
-    (Message(b"x", headers={1: "v"}), "header names"),
-    (Message(b"x", expiration_ms=-1), "expiration_ms"),
-    (Message(b"x", persistent="yes"), "persistent"),
-])
+@pytest.mark.parametrize(
+    "message, field",
+    [
+        (Message("text"), "body"),
+        (Message(b"x", message_id=5), "message_id"),
+        (Message(b"x", headers={"k": {1, 2}}), "headers"),
+        (Message(b"x", headers={1: "v"}), "header names"),
+        (Message(b"x", expiration_ms=-1), "expiration_ms"),
+        (Message(b"x", persistent="yes"), "persistent"),
+    ],
+)
 def test_a_property_that_does_not_encode_is_refused_by_name(message, field):
     with pytest.raises(InvalidMessage, match=field):
         encode(message)
@@ -38,8 +47,9 @@ def test_records_read_back_from_the_buffer_and_from_disk(tmp_path):
     places = {seq: store.write(seq, b"record %d" % seq) for seq in range(40)}
     assert store.read(3, places[3], len(b"record 3")) == b"record 3"
     store.sync()
-    assert all(store.read(s, places[s], len(b"record %d" % s)) == b"record %d" % s
-               for s in range(40))
+    assert all(
+        store.read(s, places[s], len(b"record %d" % s)) == b"record %d" % s for s in range(40)
+    )
     store.close()
 
 

@@ -16,10 +16,10 @@ from warren import AlarmLimits, connect
 from warren.actors import wire
 from warren.actors.codec import Encoder
 from warren.queues import Blocked, Nacked, NotFound
-from warren.queues.client.keys import AUTHORIZED_FILE, KeyFileError, create_client_key
 from warren.queues.broker.listener import ListenerStats
-from warren.queues.protocol import DeleteQueue, Fetch, Publish
 from warren.queues.client.ipc_node import NodeNotRunning
+from warren.queues.client.keys import AUTHORIZED_FILE, KeyFileError, create_client_key
+from warren.queues.protocol import DeleteQueue, Fetch, Publish
 from warren.supervisor import Node
 from warren.supervisor.errors import InvalidSpec
 
@@ -37,8 +37,9 @@ def data_dir(tmp_path):
 
 @pytest.fixture
 def node(data_dir):
-    with Node(data_dir, listen=LOOPBACK_ANY_PORT,
-              listener_options={"consumer_silence_s": 2.0}) as running:
+    with Node(
+        data_dir, listen=LOOPBACK_ANY_PORT, listener_options={"consumer_silence_s": 2.0}
+    ) as running:
         yield running
 
 
@@ -82,9 +83,11 @@ def test_a_remote_client_declares_publishes_consumes_and_acks_like_a_local_one(n
 def test_a_remote_consumer_killed_holding_deliveries_has_them_redelivered(node):
     node.declare_queue("jobs")
     node.connect().publish_many("jobs", [b"j1", b"j2", b"j3"])
-    child = subprocess.Popen([sys.executable, "-m", "tests.queues.consumer_child",
-                              node.listen_endpoint, "jobs", "2"], cwd=ROOT,
-                             stdout=subprocess.PIPE)
+    child = subprocess.Popen(
+        [sys.executable, "-m", "tests.queues.consumer_child", node.listen_endpoint, "jobs", "2"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+    )
     try:
         assert child.stdout.readline().split() == [b"j1", b"j2"]
         child.kill()
@@ -102,7 +105,8 @@ def test_a_remote_consumer_killed_holding_deliveries_has_them_redelivered(node):
 
 
 def test_a_client_with_a_key_is_let_in_and_one_without_or_with_an_unknown_key_is_refused(
-        curve_node, data_dir, tmp_path):
+    curve_node, data_dir, tmp_path
+):
     secret = os.path.join(data_dir, "node.key_secret")
     assert stat.S_IMODE(os.stat(secret).st_mode) == 0o600
     key = create_client_key(data_dir, "alice", tmp_path)
@@ -132,22 +136,35 @@ def test_a_client_with_a_key_is_let_in_and_one_without_or_with_an_unknown_key_is
 
 
 def test_warren_keys_writes_a_private_key_file_and_refuses_bad_names_and_overwrites(
-        data_dir, tmp_path):
+    data_dir, tmp_path
+):
     data_dir.mkdir()
-    made = subprocess.run([*WARREN, "keys", "--data-dir", str(data_dir), "spark-executor",
-                           "--out", str(tmp_path)], cwd=ROOT, capture_output=True, timeout=60)
+    made = subprocess.run(
+        [*WARREN, "keys", "--data-dir", str(data_dir), "spark-executor", "--out", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        timeout=60,
+    )
     assert made.returncode == 0, made.stderr
     text = (tmp_path / "spark-executor.key").read_text()
     assert "public-key" in text and "secret-key" in text and "server-key" in text
     assert (data_dir / AUTHORIZED_FILE).read_text().split()[1] == "spark-executor"
     for name in ("../escape", "", "a b"):
-        bad = subprocess.run([*WARREN, "keys", "--data-dir", str(data_dir), name, "--out",
-                              str(tmp_path)], cwd=ROOT, capture_output=True, timeout=60)
+        bad = subprocess.run(
+            [*WARREN, "keys", "--data-dir", str(data_dir), name, "--out", str(tmp_path)],
+            cwd=ROOT,
+            capture_output=True,
+            timeout=60,
+        )
         assert bad.returncode == 2 and b"key name" in bad.stderr, bad.stderr
-    again = subprocess.run([*WARREN, "keys", "--data-dir", str(data_dir), "spark-executor",
-                            "--out", str(tmp_path)], cwd=ROOT, capture_output=True, timeout=60)
+    again = subprocess.run(
+        [*WARREN, "keys", "--data-dir", str(data_dir), "spark-executor", "--out", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        timeout=60,
+    )
     assert again.returncode == 2 and b"exists" in again.stderr
-    (tmp_path / "broken.key").write_text("curve\n    public-key = \"short\"\n")
+    (tmp_path / "broken.key").write_text('curve\n    public-key = "short"\n')
     with pytest.raises(KeyFileError, match="not a Warren client key"):
         connect("tcp://127.0.0.1:1", key_file=tmp_path / "broken.key")
 
@@ -157,10 +174,14 @@ def test_a_listener_on_a_non_loopback_address_needs_curve_or_an_explicit_insecur
         Node(data_dir, listen="tcp://0.0.0.0:5673")
     with pytest.raises(InvalidSpec, match="tcp://host:port"):
         Node(data_dir, listen="ipc:///tmp/x")
-    refused = subprocess.run([*WARREN, "node", "--data-dir", str(data_dir), "--listen",
-                              "tcp://0.0.0.0:5673"], cwd=ROOT, capture_output=True, timeout=60)
+    refused = subprocess.run(
+        [*WARREN, "node", "--data-dir", str(data_dir), "--listen", "tcp://0.0.0.0:5673"],
+        cwd=ROOT,
+        capture_output=True,
+        timeout=60,
+    )
     assert refused.returncode == 2 and b"--insecure" in refused.stderr
-    assert not data_dir.exists()            # refused before anything started
+    assert not data_dir.exists()  # refused before anything started
 
 
 def test_hostile_frames_are_answered_or_dropped_and_counted_and_the_listener_serves_on(node):
@@ -175,8 +196,8 @@ def test_hostile_frames_are_answered_or_dropped_and_counted_and_the_listener_ser
     try:
         raw.send_multipart(encoder.encode(["boot", 1]))
         boot = _answer(raw)[2]
-        raw.send(b"\xc1 not msgpack")                              # dropped: no id to answer
-        raw.send_multipart(encoder.encode({"op": "ask"}))          # not a list: dropped
+        raw.send(b"\xc1 not msgpack")  # dropped: no id to answer
+        raw.send_multipart(encoder.encode({"op": "ask"}))  # not a list: dropped
         raw.send_multipart(encoder.encode(["ask", 7, boot, "q", 1, DeleteQueue()]))
         kind, request_id, (type_name, text, _) = _answer(raw)
         assert (kind, request_id, type_name) == (wire.REPLY_ERROR, 7, "UnhandledMessage")
@@ -186,16 +207,16 @@ def test_hostile_frames_are_answered_or_dropped_and_counted_and_the_listener_ser
         assert _answer(raw)[0] == wire.REPLY_ERROR
         raw.send_multipart(encoder.encode(["ask", 10, boot, "q", 1, Publish([1, 2], True)]))
         assert "malformed Publish" in _answer(raw)[2][1]
-        raw.send_multipart(encoder.encode(["ask", 11, boot, "q", 1,
-                                           Fetch(b"c", 1, 10**9, True)]))
+        raw.send_multipart(encoder.encode(["ask", 11, boot, "q", 1, Fetch(b"c", 1, 10**9, True)]))
         assert "count must be" in _answer(raw)[2][1]
         raw.send_multipart(encoder.encode(["ask", 12, boot, ["q"], "one", Publish([], True)]))
         assert _answer(raw)[2][0] == "ValueError"
         # A request meant for an earlier listener (another boot) is refused, not done.
-        raw.send_multipart(encoder.encode(["ask", 13, b"earlier!", "q", 1,
-                                           Publish([b"stale"], True)]))
+        raw.send_multipart(
+            encoder.encode(["ask", 13, b"earlier!", "q", 1, Publish([b"stale"], True)])
+        )
         assert _answer(raw)[2][0] == "ListenerRestarted"
-        raw.send_multipart([b"x" * (65 * 2**20)])                  # over the frame limit
+        raw.send_multipart([b"x" * (65 * 2**20)])  # over the frame limit
     finally:
         raw.close()
         context.term()
@@ -209,6 +230,7 @@ def test_hostile_frames_are_answered_or_dropped_and_counted_and_the_listener_ser
 
 def _answer(socket):
     from warren.actors.codec import Decoder
+
     return Decoder().decode(socket.recv_multipart())
 
 
@@ -226,8 +248,9 @@ def test_a_producer_resending_after_a_queue_sigkill_adds_no_duplicates(node):
                 stop.wait(0.001)
             pid = node.queue("orders").pid
             os.kill(pid, signal.SIGKILL)
-            wait_for(lambda: node.queue_state("orders") == "running"
-                     and node.queue("orders").pid != pid)
+            wait_for(
+                lambda: node.queue_state("orders") == "running" and node.queue("orders").pid != pid
+            )
 
     killer = threading.Thread(target=kill_the_queue_at_each_mark)
     killer.start()
@@ -239,16 +262,19 @@ def test_a_producer_resending_after_a_queue_sigkill_adds_no_duplicates(node):
             assert attempts < 20
             try:
                 for start in range(0, total, chunk):
-                    remote.publish_many("orders", [b"order %d" % i
-                                                   for i in range(start, start + chunk)],
-                                        producer_id="job-1/partition-0", sequence=start)
+                    remote.publish_many(
+                        "orders",
+                        [b"order %d" % i for i in range(start, start + chunk)],
+                        producer_id="job-1/partition-0",
+                        sequence=start,
+                    )
                     progress["sent"] = max(progress["sent"], start + chunk)
             except Exception:
                 continue
     finally:
         stop.set()
         killer.join()
-    assert attempts >= 3                      # both kills landed mid-publish
+    assert attempts >= 3  # both kills landed mid-publish
     remote.close()
     local = node.connect()
     stats = local.queue_stats("orders")
@@ -273,9 +299,13 @@ def test_a_listener_killed_mid_publish_restarts_on_its_port_and_dedup_keeps_one_
     sent, nacked = 0, 0
     while True:
         try:
-            remote.publish_many("events", [b"e%d" % i for i in range(sent, sent + 500)],
-                                producer_id="p", sequence=sent)
-        except Exception:            # in doubt: the same batch again, until confirmed
+            remote.publish_many(
+                "events",
+                [b"e%d" % i for i in range(sent, sent + 500)],
+                producer_id="p",
+                sequence=sent,
+            )
+        except Exception:  # in doubt: the same batch again, until confirmed
             nacked += 1
             assert nacked < 10
             continue
@@ -297,7 +327,7 @@ def test_a_listener_stopped_by_a_signal_comes_back_and_an_idle_client_goes_on(no
     os.kill(pid, signum)
     wait_for(lambda: getattr(node.actors.whereis("listener"), "pid", pid) != pid, timeout=30)
     sent = 0
-    for _ in range(5):               # the first may be in doubt: the listener changed
+    for _ in range(5):  # the first may be in doubt: the listener changed
         try:
             remote.publish("orders", b"after", producer_id="idle", sequence=0)
             sent += 1

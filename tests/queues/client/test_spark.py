@@ -13,8 +13,10 @@ import psutil
 import pytest
 
 if shutil.which("java") is None:
-    pytest.skip("Spark needs Java (a JRE 17 or newer on PATH); none is installed here",
-                allow_module_level=True)
+    pytest.skip(
+        "Spark needs Java (a JRE 17 or newer on PATH); none is installed here",
+        allow_module_level=True,
+    )
 
 from warren import connect
 from warren.queues.broker.listener import with_free_port
@@ -61,8 +63,7 @@ def drain(node, queue):
 
 
 def rows(spark, count, partitions=4):
-    return spark.range(count, numPartitions=partitions).selectExpr(
-        "cast(id as string) as body")
+    return spark.range(count, numPartitions=partitions).selectExpr("cast(id as string) as body")
 
 
 def write(frame, endpoint, **options):
@@ -81,12 +82,12 @@ def test_a_write_of_n_rows_gives_exactly_n_messages_with_their_properties(spark,
     node.bind_queue("eu", "events", "order.eu")
     frame = spark.createDataFrame(
         [(b"a", "order.eu", {"k": "v"}, "m-1"), (b"b", "order.us", None, "m-2")],
-        "body binary, routing_key string, headers map<string,string>, message_id string")
+        "body binary, routing_key string, headers map<string,string>, message_id string",
+    )
     with pytest.raises(Exception, match="routes 'order.us' to no queue"):
         write(frame, node.listen_endpoint, exchange="events", producer="routing")
     # Run again under the same job name: the row the failed run delivered is not repeated.
-    write(frame, node.listen_endpoint, exchange="events", mandatory="false",
-          producer="routing")
+    write(frame, node.listen_endpoint, exchange="events", mandatory="false", producer="routing")
     delivery = node.connect().get("eu")
     assert (delivery.body, delivery.headers, delivery.message_id) == (b"a", {"k": "v"}, "m-1")
     assert node.connect().get("eu") is None
@@ -100,51 +101,60 @@ def test_a_task_failing_its_first_attempt_and_a_repeated_write_add_no_duplicates
     @udf("string")
     def fail_first_attempt(value):
         from pyspark import TaskContext
+
         context = TaskContext.get()
         if context.partitionId() == 1 and context.attemptNumber() == 0 and value == 15_000:
             raise RuntimeError("the first attempt of partition 1 fails halfway")
         return str(value)
 
-    frame = spark.range(40_000, numPartitions=4).select(
-        fail_first_attempt(col("id")).alias("body"))
+    frame = spark.range(40_000, numPartitions=4).select(fail_first_attempt(col("id")).alias("body"))
     write(frame, node.listen_endpoint, queue="orders", producer="nightly-orders")
     assert drain(node, "orders") == Counter({b"%d" % i: 1 for i in range(40_000)})
     # The same job once more, as a speculative copy of every task would send it.
     write(rows(spark, 40_000), node.listen_endpoint, queue="orders", producer="nightly-orders")
-    assert drain(node, "orders") == Counter()          # every row was a repeat
+    assert drain(node, "orders") == Counter()  # every row was a repeat
 
 
 def test_bad_rows_and_settings_fail_the_job_with_what_and_where(spark, node):
     node.declare_queue("orders")
     nulls = spark.range(10, numPartitions=1).selectExpr(
-        "case when id = 5 then null else cast(id as string) end as body")
+        "case when id = 5 then null else cast(id as string) end as body"
+    )
     with pytest.raises(Exception, match=r"partition 0 \(attempt \d\), row 5: body is null"):
         write(nulls, node.listen_endpoint, queue="orders")
     with pytest.raises(Exception, match="column 'body' is bigint"):
-        write(spark.range(3).withColumnRenamed("id", "body"), node.listen_endpoint,
-              queue="orders")
+        write(spark.range(3).withColumnRenamed("id", "body"), node.listen_endpoint, queue="orders")
     with pytest.raises(Exception, match="column 'extra' is not one Warren publishes"):
-        write(rows(spark, 3).selectExpr("body", "1 as extra"), node.listen_endpoint,
-              queue="orders")
+        write(rows(spark, 3).selectExpr("body", "1 as extra"), node.listen_endpoint, queue="orders")
     with pytest.raises(Exception, match="exactly one of the options queue and exchange"):
         write(rows(spark, 3), node.listen_endpoint)
     with pytest.raises(Exception, match="no queue 'missing'"):
         write(rows(spark, 3), node.listen_endpoint, queue="missing")
     with pytest.raises(Exception, match="cannot be overwritten"):
         rows(spark, 3).write.format("warren").mode("overwrite").option(
-            "endpoint", node.listen_endpoint).option("queue", "orders").save()
+            "endpoint", node.listen_endpoint
+        ).option("queue", "orders").save()
 
 
 def test_a_node_killed_mid_job_loses_nothing_confirmed_and_the_job_completes(spark, tmp_path):
     data = tmp_path / "data"
     endpoint = with_free_port("tcp://127.0.0.1:*")
-    command = [sys.executable, "-m", "tests.supervisor.node_child", str(data), "--queue",
-               "orders", "--listen", endpoint]
+    command = [
+        sys.executable,
+        "-m",
+        "tests.supervisor.node_child",
+        str(data),
+        "--queue",
+        "orders",
+        "--listen",
+        endpoint,
+    ]
     nodes = []
 
     def start_node():
-        process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, text=True,
-                                   start_new_session=True)
+        process = subprocess.Popen(
+            command, cwd=ROOT, stdout=subprocess.PIPE, text=True, start_new_session=True
+        )
         nodes.append(process)
         return [psutil.Process(int(p)) for p in process.stdout.readline().split()]
 
@@ -156,7 +166,7 @@ def test_a_node_killed_mid_job_loses_nothing_confirmed_and_the_job_completes(spa
         # writes, so the job runs on the test's thread and the kill on this one.
         with connect(endpoint) as client:
             wait_for(lambda: client.queue_stats("orders")["len"] > 30_000, timeout=120)
-        for process in family:                # every process of the node at once
+        for process in family:  # every process of the node at once
             process.kill()
         psutil.wait_procs(family, timeout=10)
         start_node()
@@ -167,7 +177,7 @@ def test_a_node_killed_mid_job_loses_nothing_confirmed_and_the_job_completes(spa
         killer.start()
         write(rows(spark, 300_000), endpoint, queue="orders", timeout_s=60)
         killer.join(timeout=60)
-        assert restarted.is_set()             # the kill landed before the job ended
+        assert restarted.is_set()  # the kill landed before the job ended
         with connect(endpoint) as check:
             assert check.queue_stats("orders")["len"] == 300_000
     finally:
@@ -181,9 +191,11 @@ def test_a_node_killed_mid_job_loses_nothing_confirmed_and_the_job_completes(spa
 def test_partition_publisher_serves_spark_3_style_foreach_partition(spark, node):
     node.declare_queue("orders")
     rows(spark, 1_000).foreachPartition(
-        partition_publisher(node.listen_endpoint, queue="orders", producer="legacy"))
+        partition_publisher(node.listen_endpoint, queue="orders", producer="legacy")
+    )
     rows(spark, 1_000).foreachPartition(
-        partition_publisher(node.listen_endpoint, queue="orders", producer="legacy"))
+        partition_publisher(node.listen_endpoint, queue="orders", producer="legacy")
+    )
     assert drain(node, "orders") == Counter({b"%d" % i: 1 for i in range(1_000)})
     assert os.environ["SPARK_LOCAL_IP"] == "127.0.0.1"
 
@@ -194,13 +206,19 @@ def test_a_streaming_write_publishes_each_micro_batch_once(spark, node, tmp_path
     source.mkdir()
     for batch in range(3):
         (source / f"part-{batch}.json").write_text(
-            "".join(f'{{"body": "event {batch}-{i}"}}\n' for i in range(100)))
-    query = (spark.readStream.schema("body string").option("maxFilesPerTrigger", 1)
-             .json(str(source))
-             .writeStream.format("warren").option("endpoint", node.listen_endpoint)
-             .option("queue", "stream")
-             .option("checkpointLocation", str(tmp_path / "checkpoint"))
-             .trigger(availableNow=True).start())
+            "".join(f'{{"body": "event {batch}-{i}"}}\n' for i in range(100))
+        )
+    query = (
+        spark.readStream.schema("body string")
+        .option("maxFilesPerTrigger", 1)
+        .json(str(source))
+        .writeStream.format("warren")
+        .option("endpoint", node.listen_endpoint)
+        .option("queue", "stream")
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .trigger(availableNow=True)
+        .start()
+    )
     query.awaitTermination(timeout=120)
     assert query.exception() is None
     expected = Counter({f"event {b}-{i}".encode(): 1 for b in range(3) for i in range(100)})

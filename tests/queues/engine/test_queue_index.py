@@ -13,8 +13,15 @@ N = 16
 
 
 def entry(seq_id, persistent=True, shared=False, size=10, expiry_ms=0):
-    return Entry(seq_id, bytes([seq_id % 256]) * 16, shared,
-                 0 if shared else 64 + seq_id, size, persistent, expiry_ms)
+    return Entry(
+        seq_id,
+        bytes([seq_id % 256]) * 16,
+        shared,
+        0 if shared else 64 + seq_id,
+        size,
+        persistent,
+        expiry_ms,
+    )
 
 
 @pytest.fixture
@@ -91,11 +98,14 @@ def test_acking_everything_deletes_every_segment_file(open_index, index_dir):
     assert found.entries == 0 and index.bounds() == (0, 0)
 
 
-@pytest.mark.parametrize("steps", [
-    [("pub", range(0, 5)), ("ack", range(0, 5)), ("pub", range(N, N + 3))],
-    [("pub", range(0, 5)), ("pub", range(N, N + 3)), ("ack", range(0, 5))],
-    [("pub", range(0, 4 * N + 1)), ("ack", range(0, 4 * N + 1))],
-])
+@pytest.mark.parametrize(
+    "steps",
+    [
+        [("pub", range(0, 5)), ("ack", range(0, 5)), ("pub", range(N, N + 3))],
+        [("pub", range(0, 5)), ("pub", range(N, N + 3)), ("ack", range(0, 5))],
+        [("pub", range(0, 4 * N + 1)), ("ack", range(0, 4 * N + 1))],
+    ],
+)
 def test_segments_empty_and_refill_in_any_order_without_error(open_index, steps):
     index = open_index()
     live = set()
@@ -163,8 +173,8 @@ def test_a_segment_file_goes_exactly_when_its_last_entry_is_acked(open_index, in
     for s in holes:
         index.publish(entry(s))
     index.sync()
-    assert index.ack(holes[:N // 2 + 1]) == [] and "2.qi" in segment_files(index_dir)
-    assert index.ack(holes[N // 2 + 1:]) == [2] and "2.qi" not in segment_files(index_dir)
+    assert index.ack(holes[: N // 2 + 1]) == [] and "2.qi" in segment_files(index_dir)
+    assert index.ack(holes[N // 2 + 1 :]) == [2] and "2.qi" not in segment_files(index_dir)
 
 
 def test_an_entry_published_and_acked_before_a_flush_is_never_written(open_index, index_dir):
@@ -177,7 +187,7 @@ def test_an_entry_published_and_acked_before_a_flush_is_never_written(open_index
     index.sync()
     with open(index_dir / "0.qi", "rb") as file:
         data = file.read()
-    assert len(data) == HEADER_BYTES + 2 * SLOT_BYTES     # slot 2 was never written
+    assert len(data) == HEADER_BYTES + 2 * SLOT_BYTES  # slot 2 was never written
     assert index.ack([0, 1]) == [0] and segment_files(index_dir) == []
 
 
@@ -220,7 +230,8 @@ def test_the_default_segment_holds_2048_entries(tmp_path):
 
 @pytest.mark.parametrize("damage", ["truncated", "zero_filled", "corrupt_header", "torn_slot"])
 def test_a_damaged_segment_is_dropped_or_repaired_and_recovery_finishes(
-        open_index, index_dir, damage):
+    open_index, index_dir, damage
+):
     index = open_index()
     for s in range(2 * N):
         index.publish(entry(s))
@@ -228,7 +239,7 @@ def test_a_damaged_segment_is_dropped_or_repaired_and_recovery_finishes(
     path = index_dir / "0.qi"
     data = bytearray(path.read_bytes())
     if damage == "truncated":
-        data = data[:HEADER_BYTES + 5 * SLOT_BYTES + 7]
+        data = data[: HEADER_BYTES + 5 * SLOT_BYTES + 7]
     elif damage == "zero_filled":
         data[HEADER_BYTES:] = bytes(len(data) - HEADER_BYTES)
     elif damage == "corrupt_header":
@@ -239,10 +250,16 @@ def test_a_damaged_segment_is_dropped_or_repaired_and_recovery_finishes(
     index = open_index()
     found = index.recover_dirty(lambda es: [True] * len(es))
     survivors = [e.seq_id for e in index.read(0, 2 * N)]
-    expected_first = {"truncated": list(range(5)), "zero_filled": [],
-                      "corrupt_header": [], "torn_slot": [s for s in range(N) if s != 3]}
+    expected_first = {
+        "truncated": list(range(5)),
+        "zero_filled": [],
+        "corrupt_header": [],
+        "torn_slot": [s for s in range(N) if s != 3],
+    }
     assert survivors == expected_first[damage] + list(range(N, 2 * N))
     assert found.entries == len(survivors)
     assert (found.torn, found.bad_segments) == {
-        "torn_slot": (1, 0), "corrupt_header": (0, 1),
-        "truncated": (1, 0)}.get(damage, (0, 0))      # the slot cut short is counted
+        "torn_slot": (1, 0),
+        "corrupt_header": (0, 1),
+        "truncated": (1, 0),
+    }.get(damage, (0, 0))  # the slot cut short is counted

@@ -17,7 +17,7 @@ import tempfile
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import (RuleBasedStateMachine, invariant, precondition, rule)
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from warren.queues import VariableQueue
 from warren.store import LocalStoreClient, MessageStore
@@ -31,25 +31,31 @@ class QueueModel(RuleBasedStateMachine):
     def __init__(self):
         super().__init__()
         self.root = tempfile.mkdtemp(prefix="warren-model-")
-        self.persistent = MessageStore(f"{self.root}/msg_store_persistent",
-                                       file_size_limit=64 * 1024)
+        self.persistent = MessageStore(
+            f"{self.root}/msg_store_persistent", file_size_limit=64 * 1024
+        )
         self.transient = MessageStore(f"{self.root}/msg_store_transient")
         self.lazy = False
         self.queue = self._open()
-        self.ready: dict[int, tuple[int, bool]] = {}       # seq id -> (number, persistent)
+        self.ready: dict[int, tuple[int, bool]] = {}  # seq id -> (number, persistent)
         self.pending: dict[int, tuple[int, bool]] = {}
-        self.counts: dict[int, int] = {}                    # seq id -> deliveries before
-        self.confirmed: set[int] = set()                    # numbers
-        self.published: dict[int, bool] = {}                # number -> persistent
+        self.counts: dict[int, int] = {}  # seq id -> deliveries before
+        self.confirmed: set[int] = set()  # numbers
+        self.published: dict[int, bool] = {}  # number -> persistent
         self.acked: set[int] = set()
-        self.expiries: dict[int, int] = {}                  # seq id -> expiry_ms
+        self.expiries: dict[int, int] = {}  # seq id -> expiry_ms
         self.next_number = 0
 
     def _open(self):
-        return VariableQueue(f"{self.root}/queue", segment_entry_count=16, io_batch_size=4,
-                             page_batch=20, lazy=self.lazy,
-                             persistent_store=lambda ref: LocalStoreClient(self.persistent, ref),
-                             transient_store=lambda ref: LocalStoreClient(self.transient, ref))
+        return VariableQueue(
+            f"{self.root}/queue",
+            segment_entry_count=16,
+            io_batch_size=4,
+            page_batch=20,
+            lazy=self.lazy,
+            persistent_store=lambda ref: LocalStoreClient(self.persistent, ref),
+            transient_store=lambda ref: LocalStoreClient(self.transient, ref),
+        )
 
     def teardown(self):
         self.queue.abandon()
@@ -61,8 +67,9 @@ class QueueModel(RuleBasedStateMachine):
     def publish(self, size, persistent, expires):
         n = self.next_number
         self.next_number += 1
-        seq_id = self.queue.publish(message(n, size=size, persistent=persistent),
-                                    expiry_ms=n + 1 if expires else None)
+        seq_id = self.queue.publish(
+            message(n, size=size, persistent=persistent), expiry_ms=n + 1 if expires else None
+        )
         self.ready[seq_id] = (n, persistent)
         self.published[n] = persistent
         if expires:
@@ -97,8 +104,7 @@ class QueueModel(RuleBasedStateMachine):
     @precondition(lambda self: self.pending)
     @rule(data=st.data(), requeue=st.booleans())
     def settle_some(self, data, requeue):
-        tags = data.draw(st.lists(st.sampled_from(sorted(self.pending)), min_size=1,
-                                  unique=True))
+        tags = data.draw(st.lists(st.sampled_from(sorted(self.pending)), min_size=1, unique=True))
         if requeue:
             self.queue.requeue(tags)
             for seq_id in tags:
@@ -165,9 +171,10 @@ class QueueModel(RuleBasedStateMachine):
         numbers = [number(d) for d in deliveries]
         assert numbers == sorted(numbers) and len(set(numbers)) == len(numbers)
         assert all(d.redelivered for d in deliveries)
-        assert all(self.published[n] for n in numbers)            # persistent ones only
-        must_survive = {n for n, _ in [*self.ready.values(), *self.pending.values()]
-                        if n in self.confirmed}
+        assert all(self.published[n] for n in numbers)  # persistent ones only
+        must_survive = {
+            n for n, _ in [*self.ready.values(), *self.pending.values()] if n in self.confirmed
+        }
         assert must_survive <= set(numbers)
         self.queue.requeue([d.seq_id for d in deliveries])
         self.ready = {d.seq_id: (number(d), True) for d in deliveries}
@@ -184,6 +191,11 @@ class QueueModel(RuleBasedStateMachine):
 
 
 QueueModel.TestCase.settings = settings(
-    max_examples=200, stateful_step_count=50, deadline=None, derandomize=True,
-    database=None, suppress_health_check=[HealthCheck.too_slow])
+    max_examples=200,
+    stateful_step_count=50,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 test_the_queue_behaves_as_its_model = QueueModel.TestCase

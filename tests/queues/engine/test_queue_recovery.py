@@ -18,11 +18,12 @@ from ...waiting import wait_for
 from ..helpers import N, drain, message, number
 
 ROOT = Path(__file__).resolve().parents[2]
-SIZE_LARGE = 5000                # above embed_msgs_below: in the shared store
+SIZE_LARGE = 5000  # above embed_msgs_below: in the shared store
 
 
-def test_dirty_recovery_drops_entries_whose_shared_message_is_missing(open_queue,
-                                                                       engine_stores, caplog):
+def test_dirty_recovery_drops_entries_whose_shared_message_is_missing(
+    open_queue, engine_stores, caplog
+):
     queue = open_queue()
     msg_ids = [os.urandom(16) for _ in range(6)]
     for n, msg_id in enumerate(msg_ids):
@@ -38,15 +39,14 @@ def test_dirty_recovery_drops_entries_whose_shared_message_is_missing(open_queue
     assert "2 missing from the shared store" in caplog.text and "dirty" in caplog.text
 
 
-def test_dirty_recovery_drops_records_failing_their_crc_and_keeps_the_rest(open_queue,
-                                                                           caplog):
+def test_dirty_recovery_drops_records_failing_their_crc_and_keeps_the_rest(open_queue, caplog):
     queue = open_queue()
     for n in range(3 * N):
         queue.publish(message(n, size=100))
     queue.sync()
     queue.abandon()
     path = os.path.join(queue.directory, "1.qs")
-    with open(path, "r+b") as file:          # the first record of segment 1: message N
+    with open(path, "r+b") as file:  # the first record of segment 1: message N
         file.seek(64 + 8 + 30)
         file.write(b"\xff\xfe")
     with caplog.at_level(logging.WARNING, logger="warren.queues"):
@@ -68,15 +68,14 @@ def test_a_body_file_cut_mid_record_loses_only_the_records_it_cut(open_queue):
     assert [number(d) for d in drain(queue)] == list(range(N - 1))
 
 
-def test_an_index_cut_after_a_clean_stop_is_recovered_by_a_scan_that_says_so(open_queue,
-                                                                             caplog):
+def test_an_index_cut_after_a_clean_stop_is_recovered_by_a_scan_that_says_so(open_queue, caplog):
     queue = open_queue()
     for n in range(N):
         queue.publish(message(n, size=100))
     queue.sync()
-    queue.terminate()                       # clean: the terms count N messages
+    queue.terminate()  # clean: the terms count N messages
     path = os.path.join(queue.directory, "0.qi")
-    os.truncate(path, os.path.getsize(path) - 48 * 3 - 20)   # 3 slots and part of one
+    os.truncate(path, os.path.getsize(path) - 48 * 3 - 20)  # 3 slots and part of one
     with caplog.at_level(logging.WARNING, logger="warren.queues"):
         queue = open_queue()
     assert not queue.recovered_clean and queue.counters["torn_slots"] == 1
@@ -98,13 +97,19 @@ def test_a_segment_with_a_corrupt_header_is_dropped_and_the_others_recover(open_
 
 
 def test_a_queue_process_killed_while_publishing_keeps_every_confirmed_message(tmp_path):
-    child = subprocess.Popen([sys.executable, "-m", "tests.queues.queue_child", str(tmp_path)],
-                             cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        [sys.executable, "-m", "tests.queues.queue_child", str(tmp_path)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert child.stdout.readline().strip() == "ready"
         confirmed_file = tmp_path / "confirmed"
-        wait_for(lambda: confirmed_file.exists()
-                 and confirmed_file.read_text().count("\n") >= 400, timeout=60)
+        wait_for(
+            lambda: confirmed_file.exists() and confirmed_file.read_text().count("\n") >= 400,
+            timeout=60,
+        )
     finally:
         child.send_signal(signal.SIGKILL)
         child.wait()
@@ -112,10 +117,13 @@ def test_a_queue_process_killed_while_publishing_keeps_every_confirmed_message(t
     confirmed = {int(line) for line in confirmed_file.read_text().split()}
     persistent = MessageStore(tmp_path / "msg_store_persistent")
     transient = MessageStore(tmp_path / "msg_store_transient")
-    queue = VariableQueue(tmp_path / "queues" / "q", segment_entry_count=16,
-                          persistent_store=lambda ref: LocalStoreClient(persistent, ref),
-                          transient_store=lambda ref: LocalStoreClient(transient, ref),
-                          shared_store_clean=persistent.recovered_clean)
+    queue = VariableQueue(
+        tmp_path / "queues" / "q",
+        segment_entry_count=16,
+        persistent_store=lambda ref: LocalStoreClient(persistent, ref),
+        transient_store=lambda ref: LocalStoreClient(transient, ref),
+        shared_store_clean=persistent.recovered_clean,
+    )
     try:
         back = drain(queue)
         numbers = [number(d) for d in back]
@@ -131,16 +139,21 @@ def test_a_queue_process_killed_while_publishing_keeps_every_confirmed_message(t
 def test_the_walker_counts_each_queue_holding_a_shared_message(tmp_path):
     store = MessageStore(tmp_path / "msg_store_persistent")
     transient = MessageStore(tmp_path / "msg_store_transient")
-    queues = [VariableQueue(tmp_path / "queues" / name, segment_entry_count=N,
-                            persistent_store=lambda ref: LocalStoreClient(store, ref),
-                            transient_store=lambda ref: LocalStoreClient(transient, ref))
-              for name in ("a", "b")]
+    queues = [
+        VariableQueue(
+            tmp_path / "queues" / name,
+            segment_entry_count=N,
+            persistent_store=lambda ref: LocalStoreClient(store, ref),
+            transient_store=lambda ref: LocalStoreClient(transient, ref),
+        )
+        for name in ("a", "b")
+    ]
     shared_id, only_a, small = os.urandom(16), os.urandom(16), os.urandom(16)
     for queue in queues:
         queue.publish(message(0, size=5000), msg_id=shared_id)
     queues[0].publish(message(1, size=5000), msg_id=only_a)
-    queues[0].publish(message(2, size=10), msg_id=small)            # in a's own store
-    queues[0].publish(message(3, size=5000, persistent=False))        # transient
+    queues[0].publish(message(2, size=10), msg_id=small)  # in a's own store
+    queues[0].publish(message(3, size=5000, persistent=False))  # transient
     acked = queues[1].fetch()
     queues[1].ack([acked.seq_id])
     queues[0].terminate()
@@ -158,9 +171,11 @@ def test_the_walker_counts_each_queue_holding_a_shared_message(tmp_path):
 def test_a_killed_store_of_a_node_with_queues_takes_its_counts_from_their_indexes(tmp_path):
     with Node(tmp_path / "data") as node:
         queue = VariableQueue(
-            tmp_path / "data" / "queues" / "orders", segment_entry_count=N,
+            tmp_path / "data" / "queues" / "orders",
+            segment_entry_count=N,
             persistent_store=lambda ref: StoreClient(node.store("msg_store_persistent"), ref),
-            transient_store=lambda ref: StoreClient(node.store("msg_store_transient"), ref))
+            transient_store=lambda ref: StoreClient(node.store("msg_store_transient"), ref),
+        )
         for n in range(20):
             queue.publish(message(n, size=5000))
         queue.sync()

@@ -9,12 +9,18 @@ import time
 
 import pytest
 
-from warren.queues import (CorruptMessage, InvalidMessage, Message, MessageTooLarge,
-                           UnknownDeliveryTag, encode)
+from warren.queues import (
+    CorruptMessage,
+    InvalidMessage,
+    Message,
+    MessageTooLarge,
+    UnknownDeliveryTag,
+    encode,
+)
 
 from ..helpers import N, assert_counts_add_up, drain, message, number
 
-SIZES = [10, 5000]                 # below and above embed_msgs_below (4096)
+SIZES = [10, 5000]  # below and above embed_msgs_below (4096)
 
 
 def test_a_persistent_message_is_confirmed_once_by_the_sync_that_makes_it_durable(open_queue):
@@ -71,17 +77,17 @@ def test_requeued_messages_come_back_first_in_seq_order_flagged_with_their_count
     for n in range(5 * N):
         queue.publish(message(n, size=SIZES[n % 2]))
     fetched = [queue.fetch() for _ in range(3 * N)]
-    queue.requeue([d.seq_id for d in fetched[N:2 * N][::-1]])          # a subset, backwards
-    for d in fetched[2 * N:3 * N]:
-        queue.requeue([d.seq_id])                                       # one by one
-    queue.requeue([d.seq_id for d in fetched[:N // 2]])                 # in halves
-    queue.requeue([d.seq_id for d in fetched[N // 2:N]])
+    queue.requeue([d.seq_id for d in fetched[N : 2 * N][::-1]])  # a subset, backwards
+    for d in fetched[2 * N : 3 * N]:
+        queue.requeue([d.seq_id])  # one by one
+    queue.requeue([d.seq_id for d in fetched[: N // 2]])  # in halves
+    queue.requeue([d.seq_id for d in fetched[N // 2 : N]])
     for n in range(5 * N, 5 * N + 5):
         queue.publish(message(n))
     again = drain(queue)
     assert [number(d) for d in again] == list(range(5 * N + 5))
     assert [d.redelivered for d in again] == [True] * 3 * N + [False] * (2 * N + 5)
-    assert all(d.delivery_count == 1 for d in again[:3 * N])
+    assert all(d.delivery_count == 1 for d in again[: 3 * N])
     assert len(queue) == queue.depth == 0
 
 
@@ -158,8 +164,9 @@ def test_a_purge_reaches_messages_paged_out_to_delta(open_queue, engine_stores):
     assert not [f for f in os.listdir(queue.directory) if f.endswith((".qi", ".qs"))]
 
 
-def test_deleting_a_queue_of_large_messages_frees_them_in_the_shared_store(open_queue,
-                                                                           engine_stores):
+def test_deleting_a_queue_of_large_messages_frees_them_in_the_shared_store(
+    open_queue, engine_stores
+):
     queue = open_queue()
     for n in range(30):
         queue.publish(message(n, size=2**20))
@@ -172,7 +179,8 @@ def test_deleting_a_queue_of_large_messages_frees_them_in_the_shared_store(open_
 
 
 def test_small_messages_stay_in_the_queues_files_and_large_ones_go_to_the_shared_store(
-        open_queue, engine_stores):
+    open_queue, engine_stores
+):
     queue = open_queue(embed_msgs_below=100)
     queue.publish(message(0, size=50))
     queue.sync()
@@ -196,7 +204,7 @@ def test_a_record_failing_its_crc_is_never_delivered_and_the_queue_goes_on(open_
     queue = open_queue()
     for n in range(3):
         queue.publish(message(n, size=100))
-    queue.set_ram_duration_target(0)            # bodies only on disk now
+    queue.set_ram_duration_target(0)  # bodies only on disk now
     queue.sync()
     path = os.path.join(queue.directory, "0.qs")
     with open(path, "r+b") as file:
@@ -230,8 +238,9 @@ def test_a_queue_churning_under_changing_ram_targets_drains_completely(open_queu
     for target in (0.25, 0, 0.25, math.inf, 0, math.inf):
         for _ in range(3):
             for _ in range(40):
-                queue.publish(message(published, size=SIZES[published % 2],
-                                      persistent=published % 3 != 0))
+                queue.publish(
+                    message(published, size=SIZES[published % 2], persistent=published % 3 != 0)
+                )
                 published += 1
             for _ in range(25):
                 delivery = queue.fetch()
@@ -279,7 +288,8 @@ def test_counts_of_every_state_add_up_to_the_length_while_paging(open_queue):
 
 
 def test_a_clean_restart_reads_no_index_and_brings_unacked_messages_back_redelivered(
-        open_queue, stores):
+    open_queue, stores
+):
     queue = open_queue()
     for n in range(3 * N):
         queue.publish(message(n, size=SIZES[n % 2], persistent=n % 4 != 0))
@@ -292,7 +302,7 @@ def test_a_clean_restart_reads_no_index_and_brings_unacked_messages_back_redeliv
     again = drain(queue)
     survivors = [n for n in range(1, 3 * N) if n % 4 != 0]
     assert [number(d) for d in again] == survivors
-    assert [d.delivery_count for d in again[:3]] == [1, 1, 1]          # 1, 2, 3 were fetched
+    assert [d.delivery_count for d in again[:3]] == [1, 1, 1]  # 1, 2, 3 were fetched
     assert not any(d.redelivered for d in again[3:])
 
 
@@ -331,7 +341,8 @@ def test_a_non_durable_queue_keeps_nothing_across_a_restart(open_queue):
 
 
 def test_paged_transient_messages_go_to_the_transient_store_and_leave_it_when_acked(
-        open_queue, engine_stores):
+    open_queue, engine_stores
+):
     queue = open_queue(io_batch_size=1)
     for n in range(2 * N):
         queue.publish(message(n, size=5000, persistent=False))
@@ -354,10 +365,11 @@ def test_a_batch_with_a_message_over_the_maximum_publishes_nothing(open_queue):
     assert queue.sync() == [0, 1, 2]
 
 
-def test_a_lazy_queue_delivers_a_large_message_its_store_client_has_not_sent_yet(open_queue,
-                                                                                 stores):
+def test_a_lazy_queue_delivers_a_large_message_its_store_client_has_not_sent_yet(
+    open_queue, stores
+):
     queue = open_queue(lazy=True)
-    queue.publish(message(0, size=6000))             # batched in the client, not sent
+    queue.publish(message(0, size=6000))  # batched in the client, not sent
     delivery = queue.fetch()
     assert number(delivery) == 0 and len(delivery.message.body) == 6000
     queue.ack([delivery.seq_id])
@@ -365,18 +377,21 @@ def test_a_lazy_queue_delivers_a_large_message_its_store_client_has_not_sent_yet
 
 
 def test_a_body_flipped_in_the_shared_store_is_never_delivered_and_the_queue_goes_on(
-        open_queue, stores):
+    open_queue, stores
+):
     queue = open_queue()
     for n in range(3):
-        queue.publish(message(n, size=6000))          # above 4 KiB: in the shared store
-    queue.set_ram_duration_target(0)                  # bodies only on disk now
+        queue.publish(message(n, size=6000))  # above 4 KiB: in the shared store
+    queue.set_ram_duration_target(0)  # bodies only on disk now
     queue.sync()
-    store = os.path.join(stores.root if stores.kind == "engine" else
-                         os.path.join(stores.node.data_dir), "msg_store_persistent")
+    store = os.path.join(
+        stores.root if stores.kind == "engine" else os.path.join(stores.node.data_dir),
+        "msg_store_persistent",
+    )
     path = os.path.join(store, "0.rdq")
     with open(path, "r+b") as file:
         data = file.read()
-        at = data.index(b"1:xxxx") + 3000             # the middle of message 1's body
+        at = data.index(b"1:xxxx") + 3000  # the middle of message 1's body
         file.seek(at)
         file.write(bytes([data[at] ^ 0x01]))
     assert number(queue.fetch()) == 0

@@ -6,8 +6,8 @@ import os
 import pytest
 
 from warren.store import MessageStore, rewrite_combine
-from warren.store.engine.rewrite import CorruptRecord
 from warren.store.engine.records import RECORD_OVERHEAD
+from warren.store.engine.rewrite import CorruptRecord
 
 from ..helpers import body, fill, msg_id
 
@@ -58,7 +58,9 @@ def test_apply_moves_only_the_entries_that_stayed_in_place_during_the_copy(fragm
     assert not store.contains(msg_id(3))
     assert store.read(msg_id(17)) == b"written again while the GC copied"
     assert store.location(msg_id(17)).file == 5
-    assert [store.read(msg_id(n)) for n in (2, 4, 16, 18, 100)] == [body(n) for n in (2, 4, 16, 18, 100)]
+    assert [store.read(msg_id(n)) for n in (2, 4, 16, 18, 100)] == [
+        body(n) for n in (2, 4, 16, 18, 100)
+    ]
     assert store.location(msg_id(16)).file == 0
     store.remove(msg_id(18))
     assert store.read(msg_id(18)) == body(18)
@@ -75,13 +77,17 @@ def test_apply_moves_only_the_entries_that_stayed_in_place_during_the_copy(fragm
         assert clean.stats()["files"][0]["valid_total_size"] == expected[0]
         assert [clean.read(msg_id(n)) for n in (2, 4, 16)] == [body(n) for n in (2, 4, 16)]
     refs = [(msg_id(n), 1) for n in live]
-    dirty = MessageStore(store_dir, file_size_limit=1000, clean_clients=[b"someone"],
-                         ref_counts=refs)
+    dirty = MessageStore(
+        store_dir, file_size_limit=1000, clean_clients=[b"someone"], ref_counts=refs
+    )
     try:
         assert not dirty.recovered_clean
         assert dirty.read(msg_id(17)) == b"written again while the GC copied"
-        assert {f: s["valid_total_size"] for f, s in dirty.stats()["files"].items()
-                if s["valid_total_size"]} == expected_valid_bytes(dirty, live)
+        assert {
+            f: s["valid_total_size"]
+            for f, s in dirty.stats()["files"].items()
+            if s["valid_total_size"]
+        } == expected_valid_bytes(dirty, live)
     finally:
         dirty.close()
 
@@ -91,7 +97,7 @@ def test_a_file_emptied_during_the_copy_is_deleted_when_the_combine_applies(frag
     plan = store.plan_combine()
     for n in (16, 17, 18):
         store.remove(msg_id(n))
-    assert "2.rdq" in os.listdir(store_dir)          # locked: not deleted while copied
+    assert "2.rdq" in os.listdir(store_dir)  # locked: not deleted while copied
     store.apply_combine(plan, rewrite_combine(store_dir, plan))
     assert "2.rdq" not in os.listdir(store_dir)
     assert store.stats()["files"][0]["valid_total_size"] == 375
@@ -105,7 +111,7 @@ def test_an_abandoned_combine_unlocks_its_files_and_leaves_no_temporary_file(fra
     assert "0.rdt" not in os.listdir(store_dir)
     assert not store.stats()["files"][0]["locked"]
     assert all(store.read(msg_id(n)) == body(n) for n in (2, 3, 4, 16, 17, 18))
-    assert store.plan_combine() is not None                   # planned again later
+    assert store.plan_combine() is not None  # planned again later
 
 
 def test_a_copy_that_finds_a_damaged_record_fails_and_the_store_carries_on(fragmented, store_dir):
@@ -128,10 +134,12 @@ def test_only_one_combine_runs_at_a_time(fragmented):
     assert store.plan_combine() is None
 
 
-def test_no_combine_is_planned_below_the_garbage_fraction_or_with_fewer_than_three_files(open_store):
+def test_no_combine_is_planned_below_the_garbage_fraction_or_with_fewer_than_three_files(
+    open_store,
+):
     store = open_store(file_size_limit=1000, auto_gc=False)
     fill(store, range(10))
     store.remove(msg_id(0))
-    assert store.plan_combine() is None                       # two files
+    assert store.plan_combine() is None  # two files
     fill(store, range(10, 24))
-    assert store.plan_combine() is None                       # little garbage
+    assert store.plan_combine() is None  # little garbage

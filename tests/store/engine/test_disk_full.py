@@ -19,14 +19,14 @@ def test_writes_on_a_full_disk_fail_and_everything_confirmed_stays_readable(smal
         assert len(store.sync().durable) == 500
         filler = fill_disk(small_disk)
 
-        for n in range(500, 2000):                    # more than the reserved file holds
+        for n in range(500, 2000):  # more than the reserved file holds
             store.write(msg_id(n), body(n, 1000))
         settled = store.sync()
         assert settled.failed, "nothing failed: the disk was not full"
         assert set(settled.durable).isdisjoint(settled.failed)
         assert len(settled.durable) + len(settled.failed) == 1500
         assert store.stats()["disk_full"] is True
-        for ticket in settled.failed:                   # tickets count the writes from 0
+        for ticket in settled.failed:  # tickets count the writes from 0
             assert not store.contains(msg_id(ticket))
         for ticket in settled.durable:
             assert store.read(msg_id(ticket)) == body(ticket, 1000)
@@ -55,7 +55,7 @@ def test_a_store_that_crashed_on_a_full_disk_recovers_everything_confirmed(small
         store.write(msg_id(n), body(n, 1000))
     settled = store.sync()
     durable = set(range(300)) | set(settled.durable)
-    store._release()                             # a crash: no clean-shutdown files
+    store._release()  # a crash: no clean-shutdown files
     with MessageStore(directory, file_size_limit=LIMIT) as recovered:
         assert not recovered.recovered_clean
         for n in durable:

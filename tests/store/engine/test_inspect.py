@@ -12,8 +12,10 @@ from ..helpers import fill, msg_id, record
 
 
 def fingerprint(directory) -> dict[str, str]:
-    return {name: hashlib.md5((directory / name).read_bytes()).hexdigest()
-            for name in sorted(os.listdir(directory))}
+    return {
+        name: hashlib.md5((directory / name).read_bytes()).hexdigest()
+        for name in sorted(os.listdir(directory))
+    }
 
 
 def test_inspect_reports_files_records_valid_and_garbage_bytes_and_damage(store_dir):
@@ -33,8 +35,11 @@ def test_inspect_reports_files_records_valid_and_garbage_bytes_and_damage(store_
     assert files[1].records == 8
     assert files[2].damaged == [(500, 50)]
 
-    cli = subprocess.run([sys.executable, "-m", "warren.supervisor.cli", "store", "inspect",
-                          str(store_dir)], capture_output=True, text=True)
+    cli = subprocess.run(
+        [sys.executable, "-m", "warren.supervisor.cli", "store", "inspect", str(store_dir)],
+        capture_output=True,
+        text=True,
+    )
     assert cli.returncode == 0
     assert "1.rdq" in cli.stdout and "50 B at 500" in cli.stdout
     assert fingerprint(store_dir) == before
@@ -52,7 +57,17 @@ def test_inspect_of_a_cleanly_stopped_store_counts_valid_bytes_from_its_index(st
 
 
 def test_inspect_of_something_that_is_not_a_store_exits_with_a_usage_error(tmp_path):
-    cli = subprocess.run([sys.executable, "-m", "warren.supervisor.cli", "store", "inspect",
-                          str(tmp_path / "missing")], capture_output=True, text=True)
+    cli = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "warren.supervisor.cli",
+            "store",
+            "inspect",
+            str(tmp_path / "missing"),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert cli.returncode == 2
     assert "is not a store directory" in cli.stderr

@@ -28,6 +28,7 @@ def interrupt_after(calls: int, real):
         if seen[0] > calls:
             raise Interrupted
         return real(*args, **kwargs)
+
     return wrapper
 
 
@@ -39,19 +40,17 @@ def reopen_and_check(store_dir, live):
 
 
 @pytest.mark.parametrize("share_staged", [0.0, 0.1, 0.5, 0.99])
-def test_a_combine_interrupted_while_staging_changes_nothing(store_dir, monkeypatch,
-                                                              share_staged):
+def test_a_combine_interrupted_while_staging_changes_nothing(store_dir, monkeypatch, share_staged):
     store = MessageStore(store_dir, file_size_limit=4096, auto_gc=False)
     live = build_fragmented_store(store)
     first = store.plan_combine()
     staged = len(first.dst_records) + len(first.src_records)
-    store.abandon_combine(first)                # the same pair is chosen again below
-    monkeypatch.setattr(idx, "relocate",
-                        interrupt_after(int(share_staged * staged), idx.relocate))
+    store.abandon_combine(first)  # the same pair is chosen again below
+    monkeypatch.setattr(idx, "relocate", interrupt_after(int(share_staged * staged), idx.relocate))
     with pytest.raises(Interrupted):
         store.plan_combine()
     monkeypatch.undo()
-    for n, expected in live.items():            # the index was never touched
+    for n, expected in live.items():  # the index was never touched
         assert store.read(msg_id(n)) == expected
     store.close()
     with MessageStore(store_dir) as reopened:
@@ -62,7 +61,8 @@ def test_a_combine_interrupted_while_staging_changes_nothing(store_dir, monkeypa
 
 @pytest.mark.parametrize("step", ["rename", "unlink"])
 def test_a_combine_interrupted_while_switching_files_never_closes_clean(
-        store_dir, monkeypatch, step):
+    store_dir, monkeypatch, step
+):
     store = MessageStore(store_dir, file_size_limit=4096, auto_gc=False)
     live = build_fragmented_store(store)
     plan = store.plan_combine()
@@ -78,7 +78,8 @@ def test_a_combine_interrupted_while_switching_files_never_closes_clean(
 
 @pytest.mark.parametrize("writes", [0, 1, 3])
 def test_a_flush_or_rollover_interrupted_mid_write_never_closes_clean(
-        store_dir, monkeypatch, writes):
+    store_dir, monkeypatch, writes
+):
     store = MessageStore(store_dir, file_size_limit=2000, auto_gc=False)
     live = {n: body(n, 300) for n in range(20)}
     for n, expected in live.items():
@@ -95,7 +96,8 @@ def test_a_flush_or_rollover_interrupted_mid_write_never_closes_clean(
 
 
 def test_a_write_interrupted_between_its_index_and_its_record_never_closes_clean(
-        store_dir, monkeypatch):
+    store_dir, monkeypatch
+):
     store = MessageStore(store_dir, auto_gc=False, write_buffer_bytes=1000)
     live = {n: body(n, 300) for n in range(5)}
     for n, expected in live.items():

@@ -25,8 +25,12 @@ class Reader:
     """A reader_child process, always killed (and continued first if stopped)."""
 
     def __init__(self, *args: str) -> None:
-        self.process = subprocess.Popen([sys.executable, "-m", "tests.store.reader_child", *args],
-                                        cwd=ROOT, stdout=subprocess.PIPE, text=True)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "tests.store.reader_child", *args],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
 
     def line(self) -> str:
         return self.process.stdout.readline().strip()
@@ -59,8 +63,7 @@ def one_message(store_dir):
 
 
 def fragmented_store(directory, count=400):
-    store = MessageStore(directory, file_size_limit=8 * 1024, auto_gc=False,
-                         shared_readers=True)
+    store = MessageStore(directory, file_size_limit=8 * 1024, auto_gc=False, shared_readers=True)
     for n in range(count):
         store.write(msg_id(n), body(n, 300))
     store.sync()
@@ -94,8 +97,10 @@ def test_several_readers_racing_the_gc_never_read_a_wrong_body(store_dir, tmp_pa
         with open(locations, "w") as f:
             for n in live:
                 p = store.location(msg_id(n))
-                f.write(f"{msg_id(n).hex()} {p.file} {p.offset} {p.total_size} "
-                        f"{hashlib.sha256(body(n, 300)).hexdigest()}\n")
+                f.write(
+                    f"{msg_id(n).hex()} {p.file} {p.offset} {p.total_size} "
+                    f"{hashlib.sha256(body(n, 300)).hexdigest()}\n"
+                )
         readers = [Reader("read", str(store_dir), str(locations), "3") for _ in range(3)]
         try:
             time.sleep(0.5)
@@ -129,10 +134,10 @@ def test_a_reader_holding_its_lock_delays_the_switch_but_never_stalls_the_store(
             started = time.monotonic()
             assert store.apply_combine(plan, result) is False
             assert time.monotonic() - started < 2
-            store.write(msg_id(1000), body(1000))              # the store keeps serving
+            store.write(msg_id(1000), body(1000))  # the store keeps serving
             store.sync()
             assert store.read(msg_id(0)) == body(0, 300)
-            reader.kill()                                      # the kernel drops its lock
+            reader.kill()  # the kernel drops its lock
         assert store.apply_combine(plan, result) is True
         assert all(store.read(msg_id(n)) == body(n, 300) for n in range(0, 400, 4))
     finally:
@@ -149,7 +154,7 @@ def file_zero_emptied_under_a_reader(store_dir, how: str):
         with Reader("hold", str(store_dir), "0", how) as reader:
             assert reader.line() == "held"
             for n in range(8):
-                store.remove(msg_id(n))                  # 0.rdq empties: deleting it waits
+                store.remove(msg_id(n))  # 0.rdq empties: deleting it waits
             yield store, reader
     finally:
         store.close()
@@ -175,7 +180,7 @@ def test_a_reader_that_forks_does_not_keep_its_locks_alive_in_the_child(store_di
             _held, pid = reader.line().split()
             grandchild = psutil.Process(int(pid))
             reader.kill()
-        assert grandchild.is_running()           # alive, and it inherited the lock fd at fork
+        assert grandchild.is_running()  # alive, and it inherited the lock fd at fork
         assert store.apply_combine(plan, result) is True
     finally:
         if grandchild is not None and grandchild.is_running():
@@ -207,7 +212,7 @@ def test_a_reader_lets_go_of_files_the_gc_deleted(store_dir):
             p = store.location(msg_id(n))
             assert reader.read(p.file, p.offset, p.total_size, msg_id(n)) == body(n, 300)
         combine_everything(store, store_dir)
-        for n in range(0, 400, 4):                 # stale places: fall back, and refresh
+        for n in range(0, 400, 4):  # stale places: fall back, and refresh
             p = store.location(msg_id(n))
             reader.read(p.file, p.offset, p.total_size, msg_id(n))
         assert open_fds_of_deleted_files() == []
@@ -223,7 +228,7 @@ def test_a_reader_moved_by_a_combine_reads_the_new_place_directly(store_dir):
         plan = store.plan_combine()
         moved = plan.src_records[0][0]
         dst_id, dst_offset, dst_size = plan.dst_records[-1]
-        assert reader.read(plan.dst, dst_offset, dst_size, dst_id) is not None   # fd cached
+        assert reader.read(plan.dst, dst_offset, dst_size, dst_id) is not None  # fd cached
         assert store.apply_combine(plan, rewrite_combine(store_dir, plan))
         p = store.location(moved)
         assert p.file == plan.dst
@@ -234,7 +239,8 @@ def test_a_reader_moved_by_a_combine_reads_the_new_place_directly(store_dir):
 
 
 def test_a_reader_falls_back_when_the_store_flags_the_file_between_its_check_and_its_lock(
-        one_message, monkeypatch):
+    one_message, monkeypatch
+):
     store, p, reader = one_message
     real_acquire = reader._acquire
 
@@ -264,8 +270,8 @@ def test_a_reader_follows_the_store_across_a_restart_even_one_that_died_mid_upda
         p = store.location(msg_id(1))
         assert reader.read(p.file, p.offset, p.total_size, msg_id(1)) == body(1)
         table = store._lock_table._map
-        table[16:24] = (7).to_bytes(8, "little")           # a header update never finished
-        store._release()                                    # ... because the store died
+        table[16:24] = (7).to_bytes(8, "little")  # a header update never finished
+        store._release()  # ... because the store died
         started = time.monotonic()
         assert reader.read(p.file, p.offset, p.total_size, msg_id(1)) is None
         assert time.monotonic() - started < 1
@@ -273,7 +279,7 @@ def test_a_reader_follows_the_store_across_a_restart_even_one_that_died_mid_upda
             restarted.write(msg_id(2), body(2))
             restarted.sync()
             q = restarted.location(msg_id(2))
-            reader.read(q.file, q.offset, q.total_size, msg_id(2))    # may fall back once
+            reader.read(q.file, q.offset, q.total_size, msg_id(2))  # may fall back once
             assert reader.read(q.file, q.offset, q.total_size, msg_id(2)) == body(2)
             assert reader.direct_reads >= 2
     finally:

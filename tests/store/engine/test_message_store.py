@@ -3,7 +3,6 @@ deletion and GC (RabbitMQ's msg_store suite, ported)."""
 
 import os
 
-
 from ..helpers import body, fill, msg_id
 
 
@@ -70,7 +69,9 @@ def test_removing_an_unknown_id_changes_nothing_and_says_so(open_store):
     assert store.stats()["removes_unknown"] == 1
 
 
-def test_a_write_removed_before_it_reaches_the_disk_is_ignored_and_never_written(open_store, store_dir):
+def test_a_write_removed_before_it_reaches_the_disk_is_ignored_and_never_written(
+    open_store, store_dir
+):
     store = open_store()
     store.write(msg_id(1), body(1), ticket="kept")
     store.write(msg_id(2), body(2), ticket="cancelled")
@@ -127,7 +128,7 @@ def test_an_id_reused_after_its_count_reached_zero_gets_a_fresh_record(open_stor
 
 def test_files_roll_over_at_the_size_limit(open_store, store_dir):
     store = open_store(file_size_limit=1000)
-    for n in range(20):                          # 125 bytes a record: 8 per file
+    for n in range(20):  # 125 bytes a record: 8 per file
         store.write(msg_id(n), body(n))
     store.sync()
     assert rdq_files(store_dir) == [0, 1, 2]
@@ -168,15 +169,22 @@ def test_stats_report_sizes_counts_and_counters(open_store):
     assert stats["bytes_on_disk"] == 2500
     assert stats["valid_bytes"] == 2375
     assert stats["garbage_fraction"] == 125 / 2500
-    assert stats["files"][1] == {"valid_total_size": 875, "file_size": 1000, "left": 0,
-                                 "right": 2, "locked": False, "readers": 0}
+    assert stats["files"][1] == {
+        "valid_total_size": 875,
+        "file_size": 1000,
+        "left": 0,
+        "right": 2,
+        "locked": False,
+        "readers": 0,
+    }
     assert (stats["writes"], stats["reads"], stats["removes"], stats["gc_runs"]) == (20, 1, 1, 0)
 
 
 def test_a_hundred_files_emptied_in_thirds_with_gc_running_leave_only_the_current_file(
-        open_store, store_dir):
+    open_store, store_dir
+):
     store = open_store(file_size_limit=8 * 1024)
-    count = 100 * 8                                 # 1 KiB bodies: 7-8 per file, ~110 files
+    count = 100 * 8  # 1 KiB bodies: 7-8 per file, ~110 files
     ids = [msg_id(n) for n in range(count)]
     for n, mid in enumerate(ids):
         store.write(mid, body(n, 1000))
@@ -189,7 +197,7 @@ def test_a_hundred_files_emptied_in_thirds_with_gc_running_leave_only_the_curren
         for n in third:
             store.remove(ids[n])
         store.sync()
-        survivors = set(range(count)) - {n for t in thirds[:phase + 1] for n in t}
+        survivors = set(range(count)) - {n for t in thirds[: phase + 1] for n in t}
         assert all(store.read(ids[n]) == body(n, 1000) for n in survivors)
         if phase == 1:
             assert store.stats()["gc_runs"] > 0
@@ -200,14 +208,14 @@ def test_a_hundred_files_emptied_in_thirds_with_gc_running_leave_only_the_curren
 
 def test_gc_combines_two_adjacent_files_into_the_older_one(open_store, store_dir):
     store = open_store(file_size_limit=1000, auto_gc=False)
-    for n in range(40):                        # files 0..4 hold 8 records each; 5 is current
+    for n in range(40):  # files 0..4 hold 8 records each; 5 is current
         store.write(msg_id(n), body(n))
     store.sync()
-    kept = {3, 16}                             # one survivor in file 0, one in file 2
+    kept = {3, 16}  # one survivor in file 0, one in file 2
     for n in list(range(24)) + list(range(24, 28)):
         if n not in kept:
             store.remove(msg_id(n))
-    assert rdq_files(store_dir) == [0, 2, 3, 4, 5]            # file 1 emptied and deleted
+    assert rdq_files(store_dir) == [0, 2, 3, 4, 5]  # file 1 emptied and deleted
     assert store.stats()["garbage_fraction"] > 0.5
     assert store.collect_garbage() == 1
     assert rdq_files(store_dir) == [0, 3, 4, 5]
@@ -215,8 +223,14 @@ def test_gc_combines_two_adjacent_files_into_the_older_one(open_store, store_dir
     assert store.location(msg_id(16)) == (1, 0, 125, 125)
     assert all(store.read(msg_id(n)) == body(n) for n in sorted(kept) + list(range(28, 40)))
     stats = store.stats()
-    assert stats["files"][0] == {"valid_total_size": 250, "file_size": 250, "left": None,
-                                 "right": 3, "locked": False, "readers": 0}
+    assert stats["files"][0] == {
+        "valid_total_size": 250,
+        "file_size": 250,
+        "left": None,
+        "right": 3,
+        "locked": False,
+        "readers": 0,
+    }
     assert stats["gc_runs"] == 1 and stats["garbage_fraction"] <= 0.5
 
 

@@ -29,7 +29,7 @@ def test_the_removal_log_forgets_files_that_are_gone(store_dir):
         for n in range(400):
             store.write(msg_id(n), body(n))
         store.sync()
-        for n in range(200):                        # the first files empty out entirely
+        for n in range(200):  # the first files empty out entirely
             store.remove(msg_id(n))
         store.sync()
         for n in range(200, 400, 2):
@@ -37,22 +37,23 @@ def test_the_removal_log_forgets_files_that_are_gone(store_dir):
         store.sync()
         files = set(store.stats()["files"])
     logs = sorted(path.name for path in store_dir.glob("*.removed"))
-    assert logs and logs == sorted(log_name(file) for file in files
-                                   if (store_dir / log_name(file)).exists())
+    assert logs and logs == sorted(
+        log_name(file) for file in files if (store_dir / log_name(file)).exists()
+    )
     entries = read_entries(str(store_dir), files)
-    assert 100 <= len(entries) < 150        # the 200 removes of emptied files are gone
-    assert sum((store_dir / name).stat().st_size for name in logs) == (
-        len(entries) * ENTRY_BYTES)
+    assert 100 <= len(entries) < 150  # the 200 removes of emptied files are gone
+    assert sum((store_dir / name).stat().st_size for name in logs) == (len(entries) * ENTRY_BYTES)
 
 
 def test_resending_in_doubt_writes_after_a_crash_then_removing_all_once_empties_the_store(
-        store_dir):
+    store_dir,
+):
     with Child("churn", str(store_dir)) as child:
         assert next(child.lines()) == "ready"
         child.kill()
     live = churned_bodies()
     with MessageStore(store_dir, file_size_limit=16 * 1024, auto_gc=False) as store:
-        for n in range(CHURN):                  # everything is in doubt: send it again
+        for n in range(CHURN):  # everything is in doubt: send it again
             store.write(msg_id(n), live.get(n, body(n)))
         settled = store.sync()
         assert len(settled.durable) == CHURN

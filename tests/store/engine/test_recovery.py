@@ -21,7 +21,7 @@ def crash(store):
 def test_a_clean_restart_loads_the_saved_index_and_deletes_the_shutdown_files(store_dir):
     with MessageStore(store_dir, file_size_limit=1000) as store:
         fill(store, range(30))
-        store.write(msg_id(0), body(0))                 # a second reference
+        store.write(msg_id(0), body(0))  # a second reference
         store.remove(msg_id(1))
     assert sorted(set(FILES) & set(os.listdir(store_dir))) == sorted(FILES)
     with MessageStore(store_dir, file_size_limit=1000) as store:
@@ -30,7 +30,7 @@ def test_a_clean_restart_loads_the_saved_index_and_deletes_the_shutdown_files(st
         assert not store.contains(msg_id(1))
         assert all(store.read(msg_id(n)) == body(n) for n in range(2, 30))
         store.remove(msg_id(0))
-        assert store.read(msg_id(0)) == body(0)          # one reference left
+        assert store.read(msg_id(0)) == body(0)  # one reference left
 
 
 def test_a_dirty_restart_rebuilds_every_synced_message_from_the_files(store_dir):
@@ -64,10 +64,10 @@ def test_reference_counts_come_from_the_given_source_on_a_dirty_start(store_dir)
     with MessageStore(store_dir, ref_counts=iter(refs)) as again:
         present = {n for n in range(1, 101) if again.contains(msg_id(n))}
         assert present == set(range(51, 101, 2))
-        assert not again.contains(msg_id(500))              # referenced, but no data
+        assert not again.contains(msg_id(500))  # referenced, but no data
         assert again.stats()["recovery_missing"] == 1
         again.remove(msg_id(99))
-        assert again.read(msg_id(99)) == body(99)           # it had two references
+        assert again.read(msg_id(99)) == body(99)  # it had two references
         again.remove(msg_id(99))
         assert not again.contains(msg_id(99))
 
@@ -77,7 +77,7 @@ def test_without_reference_counts_the_last_copy_of_a_reused_id_wins(store_dir):
     store.write(msg_id(1), b"old body")
     fill(store, range(2, 20))
     store.remove(msg_id(1))
-    store.write(msg_id(1), b"new body")                 # a fresh record in a later file
+    store.write(msg_id(1), b"new body")  # a fresh record in a later file
     store.sync()
     crash(store)
     with MessageStore(store_dir, file_size_limit=1000) as again:
@@ -89,7 +89,7 @@ def test_a_dirty_start_truncates_a_torn_tail_and_new_writes_follow_the_last_reco
     fill(store, range(3))
     crash(store)
     with open(store_dir / "0.rdq", "ab") as f:
-        f.write(record(9)[:-30])                        # a write torn by the crash
+        f.write(record(9)[:-30])  # a write torn by the crash
     with MessageStore(store_dir) as again:
         assert not again.contains(msg_id(9))
         assert os.path.getsize(store_dir / "0.rdq") == 375
@@ -100,13 +100,15 @@ def test_a_dirty_start_truncates_a_torn_tail_and_new_writes_follow_the_last_reco
         assert [third.read(msg_id(n)) for n in (0, 1, 2, 10)] == [body(n) for n in (0, 1, 2, 10)]
 
 
-def test_a_damaged_region_is_skipped_reported_and_logged_without_stopping_the_open(store_dir, caplog):
+def test_a_damaged_region_is_skipped_reported_and_logged_without_stopping_the_open(
+    store_dir, caplog
+):
     store = MessageStore(store_dir, file_size_limit=1000)
     fill(store, range(20))
     crash(store)
     with open(store_dir / "0.rdq", "r+b") as f:
         f.seek(130)
-        f.write(b"\xde\xad\xbe\xef" * 10)                   # inside the second record
+        f.write(b"\xde\xad\xbe\xef" * 10)  # inside the second record
     with caplog.at_level(logging.WARNING, logger="warren.store"):
         with MessageStore(store_dir, file_size_limit=1000) as again:
             assert not again.contains(msg_id(1))

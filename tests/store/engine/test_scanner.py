@@ -21,7 +21,9 @@ def found(buf: bytes) -> list[tuple[bytes, int, int]]:
     return scan_buffer(buf).records
 
 
-@pytest.mark.parametrize("content", [b"", bytes(KIB), bytes(MIB)], ids=["empty", "1KiB-zeros", "1MiB-zeros"])
+@pytest.mark.parametrize(
+    "content", [b"", bytes(KIB), bytes(MIB)], ids=["empty", "1KiB-zeros", "1MiB-zeros"]
+)
 def test_nothing_is_found_in_an_empty_or_zeroed_file(content):
     result = scan_buffer(content)
     assert result.records == []
@@ -34,9 +36,11 @@ def test_an_empty_file_on_disk_scans_to_nothing(tmp_path):
     assert scan_file(path).records == []
 
 
-@pytest.mark.parametrize("payload", [b"\x00", b"\xff", b"\x00" * 100, b"\xff" * 100,
-                                     os.urandom(1000), os.urandom(MIB)],
-                         ids=["0x00", "0xFF", "zeros", "ones", "random-1k", "random-1MiB"])
+@pytest.mark.parametrize(
+    "payload",
+    [b"\x00", b"\xff", b"\x00" * 100, b"\xff" * 100, os.urandom(1000), os.urandom(MIB)],
+    ids=["0x00", "0xFF", "zeros", "ones", "random-1k", "random-1MiB"],
+)
 @pytest.mark.parametrize("pad_before", [0, KIB, MIB])
 @pytest.mark.parametrize("pad_after", [0, KIB, MIB])
 def test_a_single_record_is_found_with_any_padding(payload, pad_before, pad_after):
@@ -54,8 +58,7 @@ def test_a_zero_length_body_is_a_valid_record():
 def test_consecutive_records_are_all_found_with_exact_offsets(count):
     records = [record(n, size=n * 7) for n in range(count)]
     offsets = [sum(map(len, records[:n])) for n in range(count)]
-    assert found(b"".join(records)) == [
-        (msg_id(n), offsets[n], n * 7 + 25) for n in range(count)]
+    assert found(b"".join(records)) == [(msg_id(n), offsets[n], n * 7 + 25) for n in range(count)]
 
 
 def test_a_random_mix_of_records_and_padding_is_found_exactly():
@@ -72,8 +75,11 @@ def test_a_random_mix_of_records_and_padding_is_found_exactly():
 def test_every_copy_of_a_duplicated_record_is_reported_in_order():
     one = record(1)
     buf = one + bytes(KIB) + one + one
-    assert found(buf) == [(msg_id(1), 0, 125), (msg_id(1), 125 + KIB, 125),
-                          (msg_id(1), 250 + KIB, 125)]
+    assert found(buf) == [
+        (msg_id(1), 0, 125),
+        (msg_id(1), 125 + KIB, 125),
+        (msg_id(1), 250 + KIB, 125),
+    ]
 
 
 @pytest.mark.parametrize("cut", [1, 4, 7, 8, 20, 24, 60, 124])
@@ -98,7 +104,7 @@ def test_runs_of_0xff_are_skipped_and_reported_as_damage():
 
 @pytest.mark.parametrize("size_field", [15, 16, 17])
 def test_size_fields_around_the_minimum_with_short_data_are_not_records(size_field):
-    short = struct.pack(">Q", size_field) + msg_id(9)[:size_field - 2] + b"\xff"
+    short = struct.pack(">Q", size_field) + msg_id(9)[: size_field - 2] + b"\xff"
     assert found(short) == []
     assert found(short + bytes(KIB)) == []
 
@@ -114,7 +120,7 @@ def test_a_fake_size_header_near_a_4mib_boundary_does_not_hide_the_record_after_
     fake_at = 4 * MIB - 12
     junk = b"\xab\xcd\xef\x01"
     buf_len = fake_at + 8 + len(junk) + len(real)
-    fake_size = buf_len + past_end - 9 - fake_at     # its record would end past EOF
+    fake_size = buf_len + past_end - 9 - fake_at  # its record would end past EOF
     buf = bytes(fake_at - 1) + b"\x01" + struct.pack(">Q", fake_size) + junk + real
     assert len(buf) == buf_len and fake_at + fake_size + 9 == len(buf) + past_end
     result = scan_buffer(buf)

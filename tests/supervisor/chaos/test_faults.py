@@ -10,25 +10,38 @@ import psutil
 import pytest
 
 from warren.queues.errors import NotFound
-from warren.supervisor.chaos.workload import body_of, checked_id
 from warren.supervisor import ChildSpec, Node
-from warren.supervisor.chaos.faults import (FaultMissed, damage_file, kill_process, kill_processes,
-                                     node_processes, schedule, stop_process)
+from warren.supervisor.chaos.faults import (
+    FaultMissed,
+    damage_file,
+    kill_process,
+    kill_processes,
+    node_processes,
+    schedule,
+    stop_process,
+)
+from warren.supervisor.chaos.workload import body_of, checked_id
 
 from ...waiting import wait_for
 from ..sample_actors import Worker
 
 ROOT = Path(__file__).resolve().parents[2]
 # What a queue's stats count of the messages recovery and reads dropped.
-DROP_COUNTERS = ("dropped_missing", "dropped_corrupt", "torn_slots", "bad_segments",
-                 "corrupt_on_read", "missing_on_read")
+DROP_COUNTERS = (
+    "dropped_missing",
+    "dropped_corrupt",
+    "torn_slots",
+    "bad_segments",
+    "corrupt_on_read",
+    "missing_on_read",
+)
 
 
 def queue_pid(node, name):
     try:
         return node.queue(name).pid
     except NotFound:
-        return None                   # between its death and its restart
+        return None  # between its death and its restart
 
 
 def test_a_seed_gives_the_same_schedule_and_another_seed_another():
@@ -40,11 +53,14 @@ def test_a_seed_gives_the_same_schedule_and_another_seed_another():
     assert all(bool(f.pattern) == (f.kind in ("kill", "stop")) for f in first)
 
 
-@pytest.mark.parametrize("kinds, duration, message", [
-    (["kill", "meteor"], 10, "unknown fault kinds \\['meteor'\\]"),
-    ([], 10, "unknown fault kinds"),
-    (["kill"], 0, "positive number of seconds"),
-])
+@pytest.mark.parametrize(
+    "kinds, duration, message",
+    [
+        (["kill", "meteor"], 10, "unknown fault kinds \\['meteor'\\]"),
+        ([], 10, "unknown fault kinds"),
+        (["kill"], 0, "positive number of seconds"),
+    ],
+)
 def test_a_bad_schedule_is_refused_with_what_is_wrong(kinds, duration, message):
     with pytest.raises(ValueError, match=message):
         schedule(1, duration, kinds)
@@ -83,9 +99,13 @@ def test_kill_and_stop_land_and_the_supervisor_restarts_the_victim(tmp_path):
 
 
 def test_the_node_fault_kills_every_process_of_the_node_at_once(tmp_path):
-    child = subprocess.Popen([sys.executable, "-m", "tests.supervisor.node_child",
-                              str(tmp_path / "data")], cwd=ROOT, stdout=subprocess.PIPE,
-                             text=True, start_new_session=True)
+    child = subprocess.Popen(
+        [sys.executable, "-m", "tests.supervisor.node_child", str(tmp_path / "data")],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         listed = {int(pid) for pid in child.stdout.readline().split()}
         family = node_processes(child.pid)
@@ -101,7 +121,7 @@ def test_the_node_fault_kills_every_process_of_the_node_at_once(tmp_path):
 @pytest.mark.parametrize("kind", ["torn", "flip"])
 def test_a_damaged_file_of_a_stopped_node_never_delivers_wrong_bytes(tmp_path, kind):
     data = tmp_path / "data"
-    ids = [f"order-{n}" for n in range(60)]        # bodies on either side of 4 KiB
+    ids = [f"order-{n}" for n in range(60)]  # bodies on either side of 4 KiB
     with Node(data) as node:
         node.declare_queue("orders")
         node.declare_queue("audit", lazy=True)
@@ -117,7 +137,7 @@ def test_a_damaged_file_of_a_stopped_node_never_delivers_wrong_bytes(tmp_path, k
         for queue in ("orders", "audit"):
             delivered = []
             while (delivery := connection.get(queue, ack=False)) is not None:
-                delivered.append(checked_id(delivery.body))     # raises on wrong bytes
+                delivered.append(checked_id(delivery.body))  # raises on wrong bytes
             assert set(delivered) <= set(ids) and len(delivered) == len(set(delivered))
             assert node.queue_state(queue) == "running"
             kept += len(delivered)

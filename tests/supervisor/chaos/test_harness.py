@@ -14,15 +14,15 @@ from pathlib import Path
 import psutil
 import pytest
 
-from warren.supervisor.chaos.broker_run import ChaosWorkload, pattern_limits
 from warren.queues.broker.dedup import message_ids
-from warren.queues.errors import Blocked
 from warren.queues.engine.queue_index import HEADER_BYTES, SLOT_BYTES
-from warren.supervisor.chaos.workload import body_of
+from warren.queues.errors import Blocked
 from warren.store.disk_faults import ENVIRONMENT_VARIABLE, write_faults
 from warren.supervisor import Node
+from warren.supervisor.chaos.broker_run import ChaosWorkload, pattern_limits
 from warren.supervisor.chaos.faults import Fault, is_alive, kill_processes, node_processes
 from warren.supervisor.chaos.run import NodeUnderTest, check_data_dir, run_faults
+from warren.supervisor.chaos.workload import body_of
 
 from ...waiting import wait_for
 
@@ -33,22 +33,29 @@ from examples import chaos_ledger  # noqa: E402  (the example is the application
 
 
 def warren(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([*WARREN, *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [*WARREN, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout
+    )
 
 
 # ------------------------------------------------------------------ the fixture
 
 
 def test_the_ledger_keeps_every_deposit_through_kills_stops_and_node_kills(warren_chaos):
-    report = warren_chaos.run("examples.chaos_ledger:children", check=chaos_ledger.check,
-                              kinds=("kill", "stop", "node"), patterns=("ledger", "teller"),
-                              duration_s=8, seed=11, every_s=(0.7, 1.5),
-                              sample=chaos_ledger.deposits)
+    report = warren_chaos.run(
+        "examples.chaos_ledger:children",
+        check=chaos_ledger.check,
+        kinds=("kill", "stop", "node"),
+        patterns=("ledger", "teller"),
+        duration_s=8,
+        seed=11,
+        every_s=(0.7, 1.5),
+        sample=chaos_ledger.deposits,
+    )
     assert report["ok"], warren_chaos.text(report)
     assert report["faults"] >= 4 and report["invariant_failures"] == []
     assert report["restarts"] >= 1 and report["node_starts"] >= 1
-    assert report["samples"][-1][1]["confirmed"] > 0        # deposits went on
+    assert report["samples"][-1][1]["confirmed"] > 0  # deposits went on
     run = Path(warren_chaos.directory) / "chaos-1"
     assert json.loads((run / "report" / "report.json").read_text())["ok"] is True
     assert (run / "report" / "throughput.png").stat().st_size > 10_000
@@ -56,30 +63,50 @@ def test_the_ledger_keeps_every_deposit_through_kills_stops_and_node_kills(warre
 
 
 def test_a_ledger_that_answers_before_it_writes_is_caught_losing_deposits(warren_chaos):
-    report = warren_chaos.run("examples.chaos_ledger:broken_children",
-                              check=chaos_ledger.check, kinds=("kill",),
-                              patterns=("ledger",), duration_s=5, seed=3)
+    report = warren_chaos.run(
+        "examples.chaos_ledger:broken_children",
+        check=chaos_ledger.check,
+        kinds=("kill",),
+        patterns=("ledger",),
+        duration_s=5,
+        seed=3,
+    )
     assert not report["ok"]
     assert report["faults"] >= 1
-    assert any("was acknowledged but is not in the ledger" in line
-               for line in report["invariant_failures"])
+    assert any(
+        "was acknowledged but is not in the ledger" in line for line in report["invariant_failures"]
+    )
     assert "FAILED" in warren_chaos.text(report)
 
 
 def test_the_same_seed_lands_the_same_faults_on_the_same_actors(warren_chaos):
-    runs = [warren_chaos.run("examples.chaos_ledger:children", check=chaos_ledger.check,
-                             kinds=("kill", "stop"), patterns=("ledger", "teller"),
-                             duration_s=4, seed=5, every_s=(0.5, 1.0))
-            for _ in range(2)]
+    runs = [
+        warren_chaos.run(
+            "examples.chaos_ledger:children",
+            check=chaos_ledger.check,
+            kinds=("kill", "stop"),
+            patterns=("ledger", "teller"),
+            duration_s=4,
+            seed=5,
+            every_s=(0.5, 1.0),
+        )
+        for _ in range(2)
+    ]
     landed = [[(e["kind"], e["target"]) for e in run["events"]] for run in runs]
     assert landed[0] == landed[1] and len(landed[0]) >= 3
     assert all(run["ok"] for run in runs)
 
 
 def test_a_frozen_actor_its_supervisor_never_replaces_fails_the_run(warren_chaos):
-    report = warren_chaos.run("tests.supervisor.sample_actors:unwatched_worker",
-                              check=lambda data_dir: [], kinds=("stop",),
-                              patterns=("worker",), duration_s=1.5, seed=1, every_s=(0.5, 1.0))
+    report = warren_chaos.run(
+        "tests.supervisor.sample_actors:unwatched_worker",
+        check=lambda data_dir: [],
+        kinds=("stop",),
+        patterns=("worker",),
+        duration_s=1.5,
+        seed=1,
+        every_s=(0.5, 1.0),
+    )
     assert not report["ok"] and report["events"]
     assert all("its supervisor had not replaced it" in e["detail"] for e in report["events"])
     assert any("did not replace it" in problem for problem in report["problems"])
@@ -87,8 +114,13 @@ def test_a_frozen_actor_its_supervisor_never_replaces_fails_the_run(warren_chaos
 
 def test_a_pattern_that_matches_no_process_is_refused_before_any_fault(warren_chaos):
     with pytest.raises(ValueError, match="matches no process of the node"):
-        warren_chaos.run("examples.chaos_ledger:children", check=chaos_ledger.check,
-                         patterns=("ledgr",), duration_s=5, seed=1)
+        warren_chaos.run(
+            "examples.chaos_ledger:children",
+            check=chaos_ledger.check,
+            patterns=("ledgr",),
+            duration_s=5,
+            seed=1,
+        )
 
 
 # ------------------------------------------------------------------ disk faults
@@ -111,12 +143,12 @@ def test_a_slow_disk_delays_every_confirm_until_it_ends(tmp_path, disk_faults):
         started = time.monotonic()
         for n in range(3):
             connection.publish("orders", b"slow %d" % n)
-        assert time.monotonic() - started >= 0.9                 # every commit waited
+        assert time.monotonic() - started >= 0.9  # every commit waited
         write_faults(disk_faults)
         started = time.monotonic()
         for n in range(10):
             connection.publish("orders", b"fast %d" % n)
-        assert time.monotonic() - started < 10 * 0.3             # none did any more
+        assert time.monotonic() - started < 10 * 0.3  # none did any more
         assert node.queue_state("orders") == "running"
 
 
@@ -135,10 +167,11 @@ def test_a_full_disk_raises_the_disk_alarm_holds_publishers_and_clears(tmp_path,
 
 
 @pytest.mark.parametrize("disk_free_limit, alarmed", [("50MB", True), ("0", False)])
-def test_a_full_disk_the_node_never_alarms_on_is_a_problem_of_the_run(tmp_path,
-                                                                      disk_free_limit, alarmed):
+def test_a_full_disk_the_node_never_alarms_on_is_a_problem_of_the_run(
+    tmp_path, disk_free_limit, alarmed
+):
     # A limit of 0 bytes never trips: a node that ignores its disk must fail the run.
-    full = Fault(0.5, "full", "", 2)                      # seed 2: held for 2.9 s
+    full = Fault(0.5, "full", "", 2)  # seed 2: held for 2.9 s
     node = NodeUnderTest(tmp_path / "data", options=("--disk-free-limit", disk_free_limit))
     try:
         node.start()
@@ -158,10 +191,28 @@ def test_a_full_disk_the_node_never_alarms_on_is_a_problem_of_the_run(tmp_path,
 def test_warren_chaos_rides_through_every_kind_of_fault_and_reports_it(tmp_path):
     # The short seeded run CI makes (make chaos runs a long one).
     report_dir = tmp_path / "report"
-    run = warren("chaos", "--data-dir", str(tmp_path / "data"), "--duration", "20",
-                 "--seed", "341", "--faults", "kill,stop,node,torn,flip,full,slow",
-                 "--every", "1..2", "--producers", "3", "--consumers", "2",
-                 "--size", "1KiB..16KiB", "--report", str(report_dir), timeout=300)
+    run = warren(
+        "chaos",
+        "--data-dir",
+        str(tmp_path / "data"),
+        "--duration",
+        "20",
+        "--seed",
+        "341",
+        "--faults",
+        "kill,stop,node,torn,flip,full,slow",
+        "--every",
+        "1..2",
+        "--producers",
+        "3",
+        "--consumers",
+        "2",
+        "--size",
+        "1KiB..16KiB",
+        "--report",
+        str(report_dir),
+        timeout=300,
+    )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     report = json.loads((report_dir / "report.json").read_text())
     for key in ("faults", "confirmed", "consumed", "lost", "duplicates", "wrong_bodies"):
@@ -174,25 +225,27 @@ def test_warren_chaos_rides_through_every_kind_of_fault_and_reports_it(tmp_path)
     assert report["recovery_p50_s"] is not None and report["restarts"] >= 1
     assert (report_dir / "throughput.png").stat().st_size > 10_000
     assert "PASSED: seed 341" in run.stdout
-    assert set(report["faults_by_kind"]) == {"kill", "stop", "node", "torn", "flip", "full",
-                                             "slow"}
+    assert set(report["faults_by_kind"]) == {"kill", "stop", "node", "torn", "flip", "full", "slow"}
 
 
-@pytest.mark.parametrize("args, complaint", [
-    (["--faults", "kill,meteor"], "unknown fault kinds ['meteor']"),
-    (["--duration", "0"], "more than 0 seconds"),
-    (["--duration", "inf"], "and finite"),
-    (["--every", "2..0.5"], "0 < FROM <= TO"),
-    (["--patterns", "queue nothing"], "matches no process of the node"),
-    (["--size", "64KiB..1KiB"], "0 < FROM <= TO"),
-    (["--producers", "0"], "--producers must be at least 1"),
-])
+@pytest.mark.parametrize(
+    "args, complaint",
+    [
+        (["--faults", "kill,meteor"], "unknown fault kinds ['meteor']"),
+        (["--duration", "0"], "more than 0 seconds"),
+        (["--duration", "inf"], "and finite"),
+        (["--every", "2..0.5"], "0 < FROM <= TO"),
+        (["--patterns", "queue nothing"], "matches no process of the node"),
+        (["--size", "64KiB..1KiB"], "0 < FROM <= TO"),
+        (["--producers", "0"], "--producers must be at least 1"),
+    ],
+)
 def test_bad_chaos_input_is_refused_before_anything_starts(tmp_path, args, complaint):
     data_dir = tmp_path / "data"
     refused = warren("chaos", "--data-dir", str(data_dir), *args)
     assert refused.returncode == 2, refused.stdout + refused.stderr
     assert complaint in refused.stderr and "Traceback" not in refused.stderr
-    assert not data_dir.exists()                       # nothing was started or made
+    assert not data_dir.exists()  # nothing was started or made
 
 
 def test_chaos_refuses_a_directory_that_is_not_a_nodes_or_one_a_node_holds(tmp_path):
@@ -222,17 +275,37 @@ def test_a_node_that_will_not_start_ends_the_run_with_one_line_and_its_log(tmp_p
     assert "msg_store_persistent" in (data_dir / "chaos-run" / "node.log").read_text()
 
 
-@pytest.mark.parametrize("signum, to_group", [
-    (signal.SIGINT, False), (signal.SIGTERM, False), (signal.SIGHUP, False),
-    (signal.SIGINT, True),           # Ctrl-C in the terminal: the whole foreground group
-    (signal.SIGTERM, True),          # systemd's stop: every process of the group at once
-    (signal.SIGHUP, True),           # a closed terminal
-])
+@pytest.mark.parametrize(
+    "signum, to_group",
+    [
+        (signal.SIGINT, False),
+        (signal.SIGTERM, False),
+        (signal.SIGHUP, False),
+        (signal.SIGINT, True),  # Ctrl-C in the terminal: the whole foreground group
+        (signal.SIGTERM, True),  # systemd's stop: every process of the group at once
+        (signal.SIGHUP, True),  # a closed terminal
+    ],
+)
 def test_an_interrupted_chaos_run_leaves_no_process_behind(tmp_path, signum, to_group):
-    harness = subprocess.Popen([*WARREN, "chaos", "--data-dir", str(tmp_path / "data"),
-                                "--duration", "60", "--seed", "1", "--faults", "kill"],
-                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True, start_new_session=True)
+    harness = subprocess.Popen(
+        [
+            *WARREN,
+            "chaos",
+            "--data-dir",
+            str(tmp_path / "data"),
+            "--duration",
+            "60",
+            "--seed",
+            "1",
+            "--faults",
+            "kill",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     family: list[psutil.Process] = []
     try:
         # Running: the node, its actors and the workload's producers and consumers.
@@ -254,9 +327,23 @@ def test_an_interrupted_chaos_run_leaves_no_process_behind(tmp_path, signum, to_
 
 
 def test_a_sigkilled_harness_takes_its_node_and_workload_along(tmp_path):
-    harness = subprocess.Popen([*WARREN, "chaos", "--data-dir", str(tmp_path / "data"),
-                                "--duration", "60", "--seed", "1", "--faults", "kill"],
-                               cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    harness = subprocess.Popen(
+        [
+            *WARREN,
+            "chaos",
+            "--data-dir",
+            str(tmp_path / "data"),
+            "--duration",
+            "60",
+            "--seed",
+            "1",
+            "--faults",
+            "kill",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     family: list[psutil.Process] = []
     try:
         wait_for(lambda: len(node_processes(harness.pid)) >= 12, timeout=60)
@@ -281,20 +368,28 @@ def _write(path: Path, lines: list[str]) -> None:
 
 
 def test_the_audit_names_lost_unflagged_misrouted_and_wrong_messages(tmp_path):
-    workload = ChaosWorkload(str(tmp_path), "tcp://127.0.0.1:1", producers=2,
-                             consumers=1, sizes=(1024, 2048))
-    p0, p1 = workload.producer(0).name, workload.producer(1).name     # default, lazy
+    workload = ChaosWorkload(
+        str(tmp_path), "tcp://127.0.0.1:1", producers=2, consumers=1, sizes=(1024, 2048)
+    )
+    p0, p1 = workload.producer(0).name, workload.producer(1).name  # default, lazy
     _write(tmp_path / "producer0.ledger", [f"{p0}-{n}" for n in range(4)])
     _write(tmp_path / "producer0.ledger.resent", [f"{p0}-3"])
     _write(tmp_path / "producer1.ledger", [f"{p1}-0", f"{p1}-1"])
-    _write(tmp_path / "consumer0.ledger", [
-        f"chaos.default {p0}-0 0", f"chaos.default {p0}-0 1",   # a flagged redelivery: fine
-        f"chaos.default {p0}-1 0", f"chaos.default {p0}-1 0",   # twice, unflagged: a failure
-        f"chaos.default {p0}-3 0", f"chaos.default {p0}-3 0",   # sent twice in doubt: fine
-        f"chaos.lazy {p1}-0 0", f"chaos.fanout.1 {p1}-1 0",    # the second went astray
-        "chaos.lazy ? wrong",                                   # a wrong body: a failure
-        "chaos.lazy 0a0a0ap0-7 0",                              # an earlier run's: counted
-    ])
+    _write(
+        tmp_path / "consumer0.ledger",
+        [
+            f"chaos.default {p0}-0 0",
+            f"chaos.default {p0}-0 1",  # a flagged redelivery: fine
+            f"chaos.default {p0}-1 0",
+            f"chaos.default {p0}-1 0",  # twice, unflagged: a failure
+            f"chaos.default {p0}-3 0",
+            f"chaos.default {p0}-3 0",  # sent twice in doubt: fine
+            f"chaos.lazy {p1}-0 0",
+            f"chaos.fanout.1 {p1}-1 0",  # the second went astray
+            "chaos.lazy ? wrong",  # a wrong body: a failure
+            "chaos.lazy 0a0a0ap0-7 0",  # an earlier run's: counted
+        ],
+    )
     audit = workload.audit()
     assert not audit.ok
     assert audit.lost == [f"chaos.default {p0}-2", f"chaos.lazy {p1}-1"]
@@ -304,8 +399,9 @@ def test_the_audit_names_lost_unflagged_misrouted_and_wrong_messages(tmp_path):
 
 
 def test_only_what_a_damaged_file_held_is_counted_destroyed_rather_than_lost(tmp_path):
-    workload = ChaosWorkload(str(tmp_path), "tcp://127.0.0.1:1", producers=1,
-                             consumers=1, sizes=(100, 200))
+    workload = ChaosWorkload(
+        str(tmp_path), "tcp://127.0.0.1:1", producers=1, consumers=1, sizes=(100, 200)
+    )
     p0 = workload.producer(0).name
     _write(tmp_path / "producer0.ledger", [f"{p0}-{n}" for n in range(12)])
     _write(tmp_path / "consumer0.ledger", [])
@@ -319,8 +415,9 @@ def test_only_what_a_damaged_file_held_is_counted_destroyed_rather_than_lost(tmp
     # takes 7 and 8.
     index = tmp_path / "queues" / "chaos.default" / "0.qi"
     index.parent.mkdir(parents=True)
-    slots = b"".join(bytes(16) + message_ids(p0.encode(), n, 1)[0] + bytes(16)
-                     for n in (4, 5, 6, 7, 8))
+    slots = b"".join(
+        bytes(16) + message_ids(p0.encode(), n, 1)[0] + bytes(16) for n in (4, 5, 6, 7, 8)
+    )
     index.write_bytes(bytes(HEADER_BYTES) + slots)
     workload.note_damage(str(index), "flip", HEADER_BYTES + 20)
     workload.note_damage(str(index), "torn", HEADER_BYTES + 3 * SLOT_BYTES + 5)
@@ -345,7 +442,7 @@ def test_a_node_missing_an_actor_it_must_have_is_not_healthy(tmp_path):
     try:
         node.start()
         assert node.healthy()
-        node.expect(["msg_store_persistent", "queue orders"])   # never declared
+        node.expect(["msg_store_persistent", "queue orders"])  # never declared
         assert not node.healthy()
         node.expect(["msg_store_persistent", "msg_store_gc"])
         assert node.healthy()
@@ -356,7 +453,9 @@ def test_a_node_missing_an_actor_it_must_have_is_not_healthy(tmp_path):
 
 
 def test_fault_patterns_get_limits_under_their_supervisors_intensity():
-    assert pattern_limits(("queue *", "msg_store_*")) == {"queue *": (3, 60.0),
-                                                         "msg_store_*": (2, 60.0)}
+    assert pattern_limits(("queue *", "msg_store_*")) == {
+        "queue *": (3, 60.0),
+        "msg_store_*": (2, 60.0),
+    }
     with pytest.raises(ValueError, match="matches no process"):
         pattern_limits(("queue orders",))

@@ -21,8 +21,9 @@ WARREN = [sys.executable, "-m", "warren.supervisor.cli"]
 
 
 def warren(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([*WARREN, *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [*WARREN, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def settings_from(*argv: str) -> dict:
@@ -38,10 +39,13 @@ def test_help_lists_every_exit_code_and_says_linux_is_required():
     assert "exit codes" in warren("node", "--help").stdout
 
 
-@pytest.mark.parametrize("data_dir, complaint", [
-    ("", "must name a directory"),
-    ("/nonexistent-parent-of-warren/data", "does not exist; create it first"),
-])
+@pytest.mark.parametrize(
+    "data_dir, complaint",
+    [
+        ("", "must name a directory"),
+        ("/nonexistent-parent-of-warren/data", "does not exist; create it first"),
+    ],
+)
 def test_an_empty_data_dir_or_one_with_a_missing_parent_is_refused(data_dir, complaint):
     refused = warren("node", "--data-dir", data_dir)
     assert refused.returncode == 2
@@ -52,11 +56,14 @@ def test_an_empty_data_dir_or_one_with_a_missing_parent_is_refused(data_dir, com
 
 def test_a_config_file_sets_what_node_takes_and_options_win(tmp_path):
     config = tmp_path / "warren.toml"
-    config.write_text(f'[node]\ndata_dir = "{tmp_path / "data"}"\nlog_level = "info"\n'
-                      f'[store]\nfile_size_limit = "4MiB"\nsync_policy = "flush"\n'
-                      f'[alarms]\ndisk_free_limit = "1GB"\nmemory_high_watermark = 0.5\n')
-    settings = settings_from("--config", str(config), "--sync-policy", "fsync",
-                             "--memory-limit", "2GiB")
+    config.write_text(
+        f'[node]\ndata_dir = "{tmp_path / "data"}"\nlog_level = "info"\n'
+        f'[store]\nfile_size_limit = "4MiB"\nsync_policy = "flush"\n'
+        f'[alarms]\ndisk_free_limit = "1GB"\nmemory_high_watermark = 0.5\n'
+    )
+    settings = settings_from(
+        "--config", str(config), "--sync-policy", "fsync", "--memory-limit", "2GiB"
+    )
     assert settings["data_dir"] == str(tmp_path / "data")
     assert settings["log_level"] == "INFO"
     assert settings["file_size_limit"] == 4 * 2**20
@@ -67,16 +74,18 @@ def test_a_config_file_sets_what_node_takes_and_options_win(tmp_path):
     assert limits.memory_limit_bytes == 2 * 2**30
 
 
-@pytest.mark.parametrize("content, complaint", [
-    ('[store]\nfile_size_limt = "4MiB"\n', "unknown key 'file_size_limt' in [store]"),
-    ('[queues]\nx = 1\n', "unknown section [queues]"),
-    ('[store]\nfile_size_limit = "4 parsecs"\n', "unknown unit 'parsecs'"),
-    ('[store]\nsync_policy = "sometimes"\n', "sync_policy must be 'fsync' or 'flush'"),
-    ('[alarms]\nmemory_high_watermark = 7\n', "memory_high_watermark=7"),
-    ('[store\n', "is not valid TOML"),
-])
-def test_a_config_file_with_a_mistake_is_refused_with_the_key_named(tmp_path, content,
-                                                                    complaint):
+@pytest.mark.parametrize(
+    "content, complaint",
+    [
+        ('[store]\nfile_size_limt = "4MiB"\n', "unknown key 'file_size_limt' in [store]"),
+        ("[queues]\nx = 1\n", "unknown section [queues]"),
+        ('[store]\nfile_size_limit = "4 parsecs"\n', "unknown unit 'parsecs'"),
+        ('[store]\nsync_policy = "sometimes"\n', "sync_policy must be 'fsync' or 'flush'"),
+        ("[alarms]\nmemory_high_watermark = 7\n", "memory_high_watermark=7"),
+        ("[store\n", "is not valid TOML"),
+    ],
+)
+def test_a_config_file_with_a_mistake_is_refused_with_the_key_named(tmp_path, content, complaint):
     config = tmp_path / "warren.toml"
     config.write_text(content)
     refused = warren("node", "--config", str(config), "--data-dir", str(tmp_path / "data"))
@@ -89,14 +98,17 @@ def test_a_config_file_with_a_mistake_is_refused_with_the_key_named(tmp_path, co
 def test_a_node_started_from_a_config_file_raises_the_disk_alarm_it_sets(tmp_path):
     data = tmp_path / "data"
     config = tmp_path / "warren.toml"
-    config.write_text(f'[node]\ndata_dir = "{data}"\n'
-                      f'[alarms]\ndisk_free_limit = "1000000TB"\ncheck_interval_s = 0.1\n')
+    config.write_text(
+        f'[node]\ndata_dir = "{data}"\n'
+        f'[alarms]\ndisk_free_limit = "1000000TB"\ncheck_interval_s = 0.1\n'
+    )
     with warren_node(str(data), "--config", str(config)) as node:
         assert node.stdout.readline().startswith("node warren")
 
         def alarms_shown():
             shown = warren("status", "--data-dir", str(data), timeout=30)
             return shown.returncode == 0 and "alarms: disk" in shown.stdout
+
         wait_for(alarms_shown)
         node.send_signal(signal.SIGTERM)
         assert node.wait(timeout=60) == 0
@@ -125,8 +137,13 @@ def test_a_directory_named_like_a_data_file_is_listed_and_ignored_by_inspect(tmp
 
 def test_tables_fit_an_80_column_terminal_by_wrapping_the_long_columns():
     columns = (Column("what", wrap=True), Column("figure", ">"), Column("note", wrap=True))
-    rows = [["a benchmark whose name is long enough to need two lines at least", "61,425",
-             "confirm p50 20.7 ms p99 33.1 ms with a thousand writes in flight"]]
+    rows = [
+        [
+            "a benchmark whose name is long enough to need two lines at least",
+            "61,425",
+            "confirm p50 20.7 ms p99 33.1 ms with a thousand writes in flight",
+        ]
+    ]
     table = format_table(columns, rows)
     assert all(len(line) <= 80 for line in table.splitlines())
     assert " ".join(table.split()).count("61,425") == 1
@@ -137,16 +154,38 @@ def test_tables_fit_an_80_column_terminal_by_wrapping_the_long_columns():
 
 
 def test_the_status_table_fits_80_columns():
-    actor = {"kind": "actor", "pid": 4242, "state": "running", "restarts": 0,
-             "rss_bytes": 30 * 2**20, "cpu_percent": 1.5}
-    status = {"node": "warren", "pid": 1, "data_dir": "/var/lib/warren", "state": "running",
-              "alarms": [], "stores": {},
-              "tree": {"id": "node", "kind": "supervisor", "strategy": "rest_for_one",
-                       "state": "running", "children": [
-                           {**actor, "id": "msg_store_persistent"},
-                           {"id": "queue_sup", "kind": "supervisor", "state": "running",
-                            "strategy": "one_for_one", "children": [
-                                {**actor, "id": "queue an-order-queue-with-a-rather-long-name"}]}]}}
+    actor = {
+        "kind": "actor",
+        "pid": 4242,
+        "state": "running",
+        "restarts": 0,
+        "rss_bytes": 30 * 2**20,
+        "cpu_percent": 1.5,
+    }
+    status = {
+        "node": "warren",
+        "pid": 1,
+        "data_dir": "/var/lib/warren",
+        "state": "running",
+        "alarms": [],
+        "stores": {},
+        "tree": {
+            "id": "node",
+            "kind": "supervisor",
+            "strategy": "rest_for_one",
+            "state": "running",
+            "children": [
+                {**actor, "id": "msg_store_persistent"},
+                {
+                    "id": "queue_sup",
+                    "kind": "supervisor",
+                    "state": "running",
+                    "strategy": "one_for_one",
+                    "children": [{**actor, "id": "queue an-order-queue-with-a-rather-long-name"}],
+                },
+            ],
+        },
+    }
     shown = format_status(status)
     assert all(len(line) <= 80 for line in shown.splitlines())
     assert "msg_store_persistent" in shown and "4242" in shown
@@ -155,18 +194,22 @@ def test_the_status_table_fits_80_columns():
 def test_a_size_needs_a_known_unit():
     with pytest.raises(UsageError, match="unknown unit"):
         settings_from("--data-dir", "/tmp/x", "--file-size-limit", "3 furlongs")
-    assert settings_from("--data-dir", "/tmp/x", "--file-size-limit", "1.5MB")[
-        "file_size_limit"] == 1_500_000
+    assert (
+        settings_from("--data-dir", "/tmp/x", "--file-size-limit", "1.5MB")["file_size_limit"]
+        == 1_500_000
+    )
 
 
-@pytest.mark.parametrize("target, complaint", [
-    ("tests.supervisor.sample_actors", "as module:function"),
-    ("tests.no_such_module:children", "cannot import tests.no_such_module"),
-    ("tests.supervisor.sample_actors:no_such_function", "has no no_such_function"),
-    ("tests.supervisor.cli.test_cli:not_specs", "must return ChildSpecs and SupervisorSpecs"),
-])
-def test_an_application_tree_that_cannot_be_had_is_refused_in_one_line(tmp_path, target,
-                                                                        complaint):
+@pytest.mark.parametrize(
+    "target, complaint",
+    [
+        ("tests.supervisor.sample_actors", "as module:function"),
+        ("tests.no_such_module:children", "cannot import tests.no_such_module"),
+        ("tests.supervisor.sample_actors:no_such_function", "has no no_such_function"),
+        ("tests.supervisor.cli.test_cli:not_specs", "must return ChildSpecs and SupervisorSpecs"),
+    ],
+)
+def test_an_application_tree_that_cannot_be_had_is_refused_in_one_line(tmp_path, target, complaint):
     refused = warren("node", "--data-dir", str(tmp_path / "data"), "--children", target)
     assert refused.returncode == 2 and complaint in refused.stderr
     assert "Traceback" not in refused.stderr and not (tmp_path / "data").exists()
@@ -177,8 +220,9 @@ def not_specs(data_dir):
 
 
 def test_the_application_tree_is_called_with_the_data_directory(tmp_path):
-    settings = settings_from("--data-dir", str(tmp_path / "data"), "--children",
-                             "tests.supervisor.cli.test_cli:tree_of")
+    settings = settings_from(
+        "--data-dir", str(tmp_path / "data"), "--children", "tests.supervisor.cli.test_cli:tree_of"
+    )
     (child,) = settings["children"]
     assert child.id == "worker" and child.args == (str(tmp_path / "data"),)
 
@@ -187,6 +231,7 @@ def tree_of(data_dir):
     from warren.supervisor import ChildSpec
 
     from ..sample_actors import Worker
+
     return [ChildSpec("worker", Worker, (data_dir,))]
 
 

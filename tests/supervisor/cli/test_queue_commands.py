@@ -15,8 +15,9 @@ WARREN = [sys.executable, "-m", "warren.supervisor.cli"]
 
 
 def warren(*arguments, stdin=None):
-    return subprocess.run([*WARREN, *arguments], cwd=ROOT, input=stdin, capture_output=True,
-                          timeout=120)
+    return subprocess.run(
+        [*WARREN, *arguments], cwd=ROOT, input=stdin, capture_output=True, timeout=120
+    )
 
 
 @pytest.fixture
@@ -42,8 +43,9 @@ def test_publish_lines_then_list_consume_purge_and_delete_a_queue(node, data_dir
     consumed = warren("consume", "orders", "--data-dir", data_dir, "--count", "2")
     assert consumed.returncode == 0, consumed.stderr
     assert consumed.stdout == b"one\ntwo\n"
-    generated = warren("publish", "orders", "--data-dir", data_dir, "--count", "500",
-                       "--size", "100")
+    generated = warren(
+        "publish", "orders", "--data-dir", data_dir, "--count", "500", "--size", "100"
+    )
     assert generated.returncode == 0, generated.stderr
     figures = json.loads(warren("queues", "--data-dir", data_dir, "--json").stdout)
     assert figures[0]["stats"]["messages_ready"] == 501
@@ -57,7 +59,8 @@ def test_an_unknown_queue_and_a_missing_node_are_one_line_errors(node, data_dir,
     unknown = warren("consume", "nowhere", "--data-dir", data_dir)
     assert unknown.returncode == 2
     assert unknown.stderr.decode().strip() == (
-        "warren: no queue 'nowhere' on this node; declare it first")
+        "warren: no queue 'nowhere' on this node; declare it first"
+    )
     absent = warren("queues", "--data-dir", str(tmp_path / "elsewhere"))
     assert absent.returncode == 1
     assert b"no node is running" in absent.stderr and b"Traceback" not in absent.stderr

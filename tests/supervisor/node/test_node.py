@@ -34,29 +34,42 @@ def test_status_shows_the_tree_with_pids_restarts_memory_and_alarms(tmp_path):
     with Node(tmp_path / "data", children=(ChildSpec("worker", Worker),)) as node:
         pid = node.app.which_children()[0]["pid"]
         os.kill(pid, signal.SIGKILL)
-        wait_for(lambda: node.app.which_children()[0]["pid"] != pid
-                 and node.app.which_children()[0]["state"] == "running")
+        wait_for(
+            lambda: (
+                node.app.which_children()[0]["pid"] != pid
+                and node.app.which_children()[0]["state"] == "running"
+            )
+        )
         status = node.status()
         assert status["state"] == "running" and status["alarms"] == []
         tree = status["tree"]
         assert [c["id"] for c in tree["children"]] == [
-            "gc_sup", "msg_store_persistent", "msg_store_transient", "queue_sup", "app_sup"]
+            "gc_sup",
+            "msg_store_persistent",
+            "msg_store_transient",
+            "queue_sup",
+            "app_sup",
+        ]
         assert tree["children"][0]["children"][0]["id"] == "msg_store_gc"
         worker = tree["children"][4]["children"][0]
         assert worker["restarts"] == 1 and worker["rss_bytes"] > 0
         assert status["stores"]["msg_store_persistent"]["message_count"] == 0
         assert status["stores"]["msg_store_transient"]["transient"] is True
         queried = query_status(tmp_path / "data")
-        assert [c["id"] for c in queried["tree"]["children"]] == [
-            c["id"] for c in tree["children"]]
+        assert [c["id"] for c in queried["tree"]["children"]] == [c["id"] for c in tree["children"]]
 
 
 @contextlib.contextmanager
 def warren_node(data: str, *options: str):
     """``warren node --data-dir DATA [OPTIONS]`` as a process, killed at the end if still
     running."""
-    node = subprocess.Popen([*WARREN, "node", "--data-dir", data, *options], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    node = subprocess.Popen(
+        [*WARREN, "node", "--data-dir", data, *options],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         yield node
     finally:
@@ -72,33 +85,54 @@ def test_warren_node_and_warren_status_on_the_command_line(tmp_path):
     with warren_node(data) as node:
         assert node.stdout.readline().startswith("node warren")
         wait_for(lambda: os.path.exists(os.path.join(data, "node.json")))
-        shown = subprocess.run([*WARREN, "status", "--data-dir", data], cwd=ROOT,
-                               capture_output=True, text=True, timeout=30)
+        shown = subprocess.run(
+            [*WARREN, "status", "--data-dir", data],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         assert shown.returncode == 0, shown.stderr
         assert "app_sup (one_for_one)" in shown.stdout and "alarms: none" in shown.stdout
         assert "msg_store_persistent: 0 messages" in shown.stdout
-        second = subprocess.run([*WARREN, "node", "--data-dir", data], cwd=ROOT,
-                                capture_output=True, text=True, timeout=60)
+        second = subprocess.run(
+            [*WARREN, "node", "--data-dir", data],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert second.returncode == 2 and "already runs" in second.stderr
         node.send_signal(signal.SIGTERM)
         assert node.wait(timeout=60) == 0
-    gone = subprocess.run([*WARREN, "status", "--data-dir", data], cwd=ROOT,
-                          capture_output=True, text=True, timeout=30)
+    gone = subprocess.run(
+        [*WARREN, "status", "--data-dir", data],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert gone.returncode == 1 and "no node is running" in gone.stderr
 
 
 def test_a_node_process_killed_with_sigkill_leaves_no_actor_behind(node_process, tmp_path):
     node, pids = node_process(str(tmp_path / "data"))
     descendants = pids[1:]
-    assert len(descendants) == 6     # forkserver, GC, two stores, two application actors
+    assert len(descendants) == 6  # forkserver, GC, two stores, two application actors
     node.send_signal(signal.SIGKILL)
     node.wait(timeout=30)
-    wait_for(lambda: not any(psutil.pid_exists(pid) and psutil.Process(pid).status()
-                             != psutil.STATUS_ZOMBIE for pid in descendants))
+    wait_for(
+        lambda: (
+            not any(
+                psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+                for pid in descendants
+            )
+        )
+    )
     with open(tmp_path / "data" / "node.json") as f:
-        left_behind = os.path.dirname(json.load(f)["status_endpoint"][len("ipc://"):])
+        left_behind = os.path.dirname(json.load(f)["status_endpoint"][len("ipc://") :])
     assert os.path.isdir(left_behind)
-    with Node(tmp_path / "data"):                   # the next node cleans up after it
+    with Node(tmp_path / "data"):  # the next node cleans up after it
         assert not os.path.exists(left_behind)
 
 
@@ -106,8 +140,9 @@ def test_a_node_process_killed_with_sigkill_leaves_no_actor_behind(node_process,
 def alarmed(tmp_path):
     """A node whose memory alarm is raised (a 1-byte limit), and its one worker, told."""
     tight = AlarmLimits(memory_limit_bytes=1, check_interval_s=0.1)
-    with Node(tmp_path / "data", children=(ChildSpec("worker", Worker),),
-              alarm_limits=tight) as node:
+    with Node(
+        tmp_path / "data", children=(ChildSpec("worker", Worker),), alarm_limits=tight
+    ) as node:
         worker = node.actors.whereis("worker")
         wait_for(lambda: worker.ask("alarms") == [["memory", True]])
         yield node, worker
@@ -130,12 +165,18 @@ def test_a_node_whose_root_gives_up_stops_and_warren_node_exits_3(tmp_path):
             try:
                 children = query_status(data)["tree"]["children"]
             except OSError:
-                return None                     # the node is gone, or going
-            return next((c["pid"] for c in children
-                         if c["id"] == "msg_store_transient" and c["state"] == "running"), None)
+                return None  # the node is gone, or going
+            return next(
+                (
+                    c["pid"]
+                    for c in children
+                    if c["id"] == "msg_store_transient" and c["state"] == "running"
+                ),
+                None,
+            )
 
         killed: set[int] = set()
-        while node.poll() is None and len(killed) < 10:   # the root allows 3 in 60 s
+        while node.poll() is None and len(killed) < 10:  # the root allows 3 in 60 s
             wait_for(lambda: node.poll() is not None or transient_pid() not in (None, *killed))
             pid = transient_pid()
             if pid is not None and pid not in killed:
@@ -150,8 +191,12 @@ def test_an_actor_restarted_while_an_alarm_is_raised_is_told_of_it(alarmed):
     node, worker = alarmed
     old = worker.ask("pid")
     os.kill(old, signal.SIGKILL)
-    wait_for(lambda: node.app.which_children()[0]["pid"] not in (old, None)
-             and node.app.which_children()[0]["state"] == "running")
+    wait_for(
+        lambda: (
+            node.app.which_children()[0]["pid"] not in (old, None)
+            and node.app.which_children()[0]["state"] == "running"
+        )
+    )
     wait_for(lambda: worker.ask("alarms") == [["memory", True]])
 
 
@@ -168,7 +213,7 @@ def test_malformed_status_requests_are_answered_and_the_node_keeps_answering(tmp
                 assert "error" in json.loads(asker.recv())
             finally:
                 asker.close()
-        junk = context.socket(zmq.DEALER)         # no envelope: answered all the same
+        junk = context.socket(zmq.DEALER)  # no envelope: answered all the same
         junk.linger = 0
         junk.rcvtimeo = 5000
         try:

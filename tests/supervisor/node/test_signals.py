@@ -28,6 +28,7 @@ def gone(pids: list[int]) -> bool:
             return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
         except psutil.NoSuchProcess:
             return False
+
     return not any(alive(pid) for pid in pids)
 
 
@@ -42,29 +43,28 @@ def assert_stopped_cleanly(process, family: list[int], data: Path) -> None:
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
-def test_a_signal_to_the_nodes_process_group_stops_it_in_order(node_process, tmp_path,
-                                                               signum):
-    process, family = node_process(str(tmp_path / "data"), "--messages", str(MESSAGES),
-                                   "--until-signalled")
-    assert len(family) == 7              # node, forkserver, GC, two stores, two workers
+def test_a_signal_to_the_nodes_process_group_stops_it_in_order(node_process, tmp_path, signum):
+    process, family = node_process(
+        str(tmp_path / "data"), "--messages", str(MESSAGES), "--until-signalled"
+    )
+    assert len(family) == 7  # node, forkserver, GC, two stores, two workers
     os.killpg(process.pid, signum)
     assert_stopped_cleanly(process, family, tmp_path / "data")
     assert process.stdout.read().strip() == signal.Signals(signum).name
 
 
-def test_sigterm_to_every_process_of_the_node_at_once_stops_it_in_order(node_process,
-                                                                        tmp_path):
-    process, family = node_process(str(tmp_path / "data"), "--messages", str(MESSAGES),
-                                   "--until-signalled")
+def test_sigterm_to_every_process_of_the_node_at_once_stops_it_in_order(node_process, tmp_path):
+    process, family = node_process(
+        str(tmp_path / "data"), "--messages", str(MESSAGES), "--until-signalled"
+    )
     for pid in family:
         os.kill(pid, signal.SIGTERM)
     assert_stopped_cleanly(process, family, tmp_path / "data")
 
 
-def test_an_embedding_program_killed_by_a_signal_leaves_its_stores_clean(node_process,
-                                                                         tmp_path):
+def test_an_embedding_program_killed_by_a_signal_leaves_its_stores_clean(node_process, tmp_path):
     process, family = node_process(str(tmp_path / "data"), "--messages", str(MESSAGES))
-    process.send_signal(signal.SIGTERM)   # the default action: the program just dies
+    process.send_signal(signal.SIGTERM)  # the default action: the program just dies
     assert process.wait(timeout=30) == -signal.SIGTERM
     wait_for(lambda: gone(family))
     with MessageStore(tmp_path / "data" / "msg_store_persistent") as reopened:
@@ -76,17 +76,17 @@ def current_incarnation(node: Node, name: str) -> int | None:
     try:
         return node.store(name).incarnation
     except KeyError:
-        return None                      # between two incarnations
+        return None  # between two incarnations
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
-def test_a_signal_to_one_store_stops_it_in_order_and_it_is_restarted_clean(tmp_path,
-                                                                           signum):
+def test_a_signal_to_one_store_stops_it_in_order_and_it_is_restarted_clean(tmp_path, signum):
     with Node(tmp_path / "data") as node:
         first = node.store()
         os.kill(first.pid, signum)
-        wait_for(lambda: (current_incarnation(node, "msg_store_persistent") or 0)
-                 > first.incarnation)
+        wait_for(
+            lambda: (current_incarnation(node, "msg_store_persistent") or 0) > first.incarnation
+        )
         stats = node.store_stats()["msg_store_persistent"]
         assert stats["recovered_clean"]
         store_row = node.status()["tree"]["children"][1]
