@@ -25,62 +25,39 @@ links), ``registry``, ``monitor``, ``messages`` (Down, Exit, Pong), ``codec`` (w
 travel), ``runtime_dir``, ``exitcodes``, ``errors``.
 """
 
-from .actor import DeferredReply, ProcessActor
-from .codec import LARGE_BODY_BYTES, message, register_message
-from .errors import (
-    ActorDeadError,
-    ActorError,
-    AskTimeout,
-    CodecError,
-    InvalidSpec,
-    MailboxFull,
-    MessageTooLarge,
-    RemoteError,
-    SpawnError,
-    UnhandledMessage,
-)
-from .exitcodes import (
-    EXIT_CRASHED,
-    EXIT_LINKED,
-    EXIT_NORMAL,
-    EXIT_PARENT_GONE,
-    EXIT_START_FAILED,
-    EXIT_TERMINATED,
-)
-from .messages import Down, Exit, Pong
-from .monitor import Monitor
-from .node import Node
-from .ref import ActorRef, Future
-from .registry import Registry
+from .lazy import lazy_face
 
-__all__ = [
-    "ActorDeadError",
-    "ActorError",
-    "ActorRef",
-    "AskTimeout",
-    "CodecError",
-    "DeferredReply",
-    "Down",
-    "EXIT_CRASHED",
-    "EXIT_LINKED",
-    "EXIT_NORMAL",
-    "EXIT_PARENT_GONE",
-    "EXIT_START_FAILED",
-    "EXIT_TERMINATED",
-    "Exit",
-    "Future",
-    "InvalidSpec",
-    "LARGE_BODY_BYTES",
-    "MailboxFull",
-    "MessageTooLarge",
-    "Monitor",
-    "Node",
-    "Pong",
-    "ProcessActor",
-    "Registry",
-    "RemoteError",
-    "SpawnError",
-    "UnhandledMessage",
-    "message",
-    "register_message",
-]
+_EXPORTS = {
+    "ActorDeadError": ".errors",
+    "ActorError": ".errors",
+    "ActorRef": ".ref",
+    "AskTimeout": ".errors",
+    "CodecError": ".errors",
+    "DeferredReply": ".actor",
+    "Down": ".messages",
+    "Exit": ".messages",
+    "EXIT_CRASHED": ".exitcodes",
+    "EXIT_LINKED": ".exitcodes",
+    "EXIT_NORMAL": ".exitcodes",
+    "EXIT_PARENT_GONE": ".exitcodes",
+    "EXIT_START_FAILED": ".exitcodes",
+    "EXIT_TERMINATED": ".exitcodes",
+    "FrameTooLarge": ".errors",
+    "Future": ".ref",
+    "InvalidSpec": ".errors",
+    "LARGE_BODY_BYTES": ".codec",
+    "MailboxFull": ".errors",
+    "message": ".codec",
+    "Monitor": ".monitor",
+    "Node": ".node",
+    "Pong": ".messages",
+    "ProcessActor": ".actor",
+    "register_message": ".codec",
+    "Registry": ".registry",
+    "RemoteError": ".errors",
+    "SpawnError": ".errors",
+    "UnhandledMessage": ".errors",
+    "WarrenError": ".errors",
+}
+__getattr__, __dir__ = lazy_face(__name__, _EXPORTS)
+__all__ = sorted(_EXPORTS)

@@ -78,7 +78,7 @@ from ._node_client import NodeClient
 from ._runtime import runtime
 from .actor import ProcessActor
 from .codec import Decoder, Encoder, UnknownMessage, find_unknown
-from .errors import ActorDeadError, ActorError, CodecError, MessageTooLarge, UnhandledMessage
+from .errors import ActorDeadError, ActorError, CodecError, FrameTooLarge, UnhandledMessage
 from .exitcodes import (
     EXIT_CRASHED,
     EXIT_LINKED,
@@ -408,7 +408,7 @@ class ActorLoop:
                 identity,
                 wire.REPLY_ERROR,
                 request_id,
-                _describe(MessageTooLarge(f"message exceeds {self._max_bytes} bytes")),
+                _describe(FrameTooLarge(f"message exceeds {self._max_bytes} bytes")),
             )
 
     def _drop_unknown(self, identity: bytes, kind: Any, request_id: Any, body: Any) -> Any:

@@ -41,7 +41,7 @@ import zmq.backend
 
 from . import wire
 from .codec import Decoder, Encoder
-from .errors import ActorDeadError, AskTimeout, MailboxFull, MessageTooLarge, remote_error
+from .errors import ActorDeadError, AskTimeout, FrameTooLarge, MailboxFull, remote_error
 
 if TYPE_CHECKING:
     from .ref import ActorRef
@@ -113,11 +113,11 @@ class Channel:
 
     def _send_locked(self, frames: list[Any], timeout: float | None) -> None:
         if len(frames) > 1 and sum(len(f) for f in frames) > wire.MAX_MESSAGE_BYTES:
-            raise MessageTooLarge(
+            raise FrameTooLarge(
                 f"message of {sum(len(f) for f in frames)} bytes exceeds {wire.MAX_MESSAGE_BYTES}"
             )
         if len(frames[0]) > wire.MAX_MESSAGE_BYTES:
-            raise MessageTooLarge(
+            raise FrameTooLarge(
                 f"message of {len(frames[0])} bytes exceeds {wire.MAX_MESSAGE_BYTES}"
             )
         socket = self.socket

@@ -1,7 +1,10 @@
-"""Every exception the actor runtime raises to its callers, in one small hierarchy.
+"""Every exception the actor runtime raises to its callers, in one small hierarchy, and
+``WarrenError``, the root of every error of every part of Warren.
 
-``ActorError`` is the root, so ``except ActorError`` catches anything the runtime itself
-raises. An exception raised by an actor's own code while answering an ask comes back as a
+The actor runtime is the ground floor, so the root lives here: ``warren.store.errors``,
+``warren.queues.errors`` and ``warren.supervisor.errors`` derive their own roots from it, and
+``warren.errors`` re-exports them all. ``ActorError`` is the runtime's root, so
+``except ActorError`` catches anything the runtime itself raises. An exception raised by an actor's own code while answering an ask comes back as a
 ``RemoteError``; for the common built-in exception types and the runtime's own errors the
 class raised is also a subclass of that class (``except ValueError`` works on a remote
 ``ValueError``, ``except ActorDeadError`` on a remote one), and the original
@@ -13,7 +16,11 @@ from __future__ import annotations
 import builtins
 
 
-class ActorError(Exception):
+class WarrenError(Exception):
+    """Base of every error Warren raises: ``except WarrenError`` catches them all."""
+
+
+class ActorError(WarrenError):
     """Base of every error raised by the actor runtime."""
 
 
@@ -29,16 +36,19 @@ class MailboxFull(ActorError):
     """The target's mailbox stayed full for the whole send timeout: the sender is pushed back."""
 
 
-class MessageTooLarge(ActorError, ValueError):
-    """A message is larger than the receiving mailbox accepts (``max_message_bytes``)."""
+class FrameTooLarge(ActorError, ValueError):
+    """An actor message is larger than the receiving mailbox accepts (``max_message_bytes``).
+    (A queue message over the broker's limit is ``warren.queues.errors.MessageTooLarge``.)"""
 
 
 class CodecError(ActorError, TypeError):
     """A message cannot be encoded (an unregistered type) or a frame cannot be decoded."""
 
 
-class InvalidSpec(ActorError, ValueError):
-    """An argument of ``spawn`` or ``Node`` is invalid; the message names the field and value."""
+class InvalidSpec(WarrenError, ValueError):
+    """A spec is invalid: an argument of ``spawn`` or ``Node``, a child spec, a supervisor
+    flag, an alarm limit or a node setting; the message names the field and the value.
+    One class for every part, so one ``except InvalidSpec`` serves them all."""
 
     def __init__(self, field: str, value: object, reason: str) -> None:
         super().__init__(f"{field}={value!r}: {reason}")
@@ -94,7 +104,7 @@ _MIRRORED_OWN: dict[str, type[ActorError]] = {
         AskTimeout,
         CodecError,
         MailboxFull,
-        MessageTooLarge,
+        FrameTooLarge,
         SpawnError,
         UnhandledMessage,
     )

@@ -168,7 +168,7 @@ def deposits(data_dir: str) -> dict[str, int]:
 
 def main() -> int:
     from warren.supervisor.chaos.report import format_report
-    from warren.supervisor.chaos.run import run_tree
+    from warren.supervisor.chaos.tree import run_tree
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--broken", action="store_true", help="run the hasty ledger")

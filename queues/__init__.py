@@ -10,56 +10,42 @@ gives the persistent store the reference counts its dirty recovery needs.
 source (it imports pyspark: the ``spark`` extra).
 """
 
-from .engine.queue_index import Entry, QueueIndex
-from .engine.queue_store import QueueStore
-from .engine.ref_counts import QueueRefCounts, node_ref_counts, walk_ref_counts
-from .engine.variable_queue import Delivery, MessageInfo, SharedStoreClient, VariableQueue
-from .errors import (
-    Blocked,
-    ConnectionClosed,
-    CorruptMessage,
-    InvalidMessage,
-    MessageTooLarge,
-    Nacked,
-    NotFound,
-    OutOfSequence,
-    PreconditionFailed,
-    QueueClosed,
-    QueueDown,
-    QueueError,
-    QueueLocked,
-    UnknownDeliveryTag,
-    Unroutable,
-)
-from .message import Message, decode, encode
+from warren.actors.lazy import lazy_face
 
-__all__ = [
-    "Blocked",
-    "ConnectionClosed",
-    "CorruptMessage",
-    "Delivery",
-    "Entry",
-    "InvalidMessage",
-    "Message",
-    "MessageInfo",
-    "MessageTooLarge",
-    "Nacked",
-    "NotFound",
-    "OutOfSequence",
-    "PreconditionFailed",
-    "QueueClosed",
-    "QueueDown",
-    "QueueError",
-    "QueueIndex",
-    "QueueLocked",
-    "QueueRefCounts",
-    "QueueStore",
-    "SharedStoreClient",
-    "UnknownDeliveryTag",
-    "Unroutable",
-    "VariableQueue",
-    "decode",
-    "encode",
-    "node_ref_counts",
-    "walk_ref_counts",
-]
+_EXPORTS = {
+    "Blocked": ".errors",
+    "connect": ".client",
+    "Connection": ".client.connection",
+    "ConnectionClosed": ".errors",
+    "CorruptMessage": ".errors",
+    "decode": ".message",
+    "Delivery": ".engine.variable_queue",
+    "encode": ".message",
+    "Entry": ".engine.queue_index",
+    "InvalidMessage": ".errors",
+    "KeyFileError": ".errors",
+    "Message": ".message",
+    "MessageInfo": ".engine.variable_queue",
+    "MessageTooLarge": ".errors",
+    "Nacked": ".errors",
+    "node_ref_counts": ".engine.ref_counts",
+    "NodeNotRunning": ".errors",
+    "NotFound": ".errors",
+    "OutOfSequence": ".errors",
+    "PreconditionFailed": ".errors",
+    "QueueClosed": ".errors",
+    "QueueDown": ".errors",
+    "QueueError": ".errors",
+    "QueueIndex": ".engine.queue_index",
+    "QueueLocked": ".errors",
+    "QueueRefCounts": ".engine.ref_counts",
+    "QueueStore": ".engine.queue_store",
+    "SharedStoreClient": ".engine.variable_queue",
+    "UnknownDeliveryTag": ".errors",
+    "Unroutable": ".errors",
+    "VariableQueue": ".engine.variable_queue",
+    "walk_ref_counts": ".engine.ref_counts",
+    "WarrenWriteError": ".errors",
+}
+__getattr__, __dir__ = lazy_face(__name__, _EXPORTS)
+__all__ = sorted(_EXPORTS)

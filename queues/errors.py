@@ -6,13 +6,17 @@ Expected outcomes are values, not exceptions: fetching from an empty queue retur
 
 from __future__ import annotations
 
+from warren.actors.errors import WarrenError
+
 __all__ = [
     "Blocked",
     "ConnectionClosed",
     "CorruptMessage",
     "InvalidMessage",
+    "KeyFileError",
     "MessageTooLarge",
     "Nacked",
+    "NodeNotRunning",
     "OutOfSequence",
     "NotFound",
     "PreconditionFailed",
@@ -22,10 +26,11 @@ __all__ = [
     "QueueLocked",
     "UnknownDeliveryTag",
     "Unroutable",
+    "WarrenWriteError",
 ]
 
 
-class QueueError(Exception):
+class QueueError(WarrenError):
     """Base class of every error the queues raise."""
 
 
@@ -94,3 +99,15 @@ class OutOfSequence(Nacked):
 class Blocked(QueueError):
     """A publish held past its timeout by a resource alarm of the node (memory or disk):
     free the resource (consume messages, free disk space) and publish again."""
+
+
+class NodeNotRunning(QueueError, ConnectionError):
+    """No node answers on that data directory: start one (``warren node --data-dir D``)."""
+
+
+class KeyFileError(QueueError, ValueError):
+    """A key file or name that cannot be used; the message says why and what to do."""
+
+
+class WarrenWriteError(QueueError, RuntimeError):
+    """A Spark write that cannot go on; the message says which row or setting, and why."""

@@ -18,9 +18,10 @@ import msgpack
 
 from .errors import CorruptMessage, InvalidMessage
 
-__all__ = ["FORMAT_VERSION", "Message", "decode", "encode"]
+__all__ = ["FORMAT_VERSION", "MAX_MESSAGE_BYTES", "Message", "decode", "encode"]
 
 FORMAT_VERSION = 1
+MAX_MESSAGE_BYTES = 128 * 2**20  # RabbitMQ's max_message_size: a message, encoded
 _FIELDS = 8
 
 

@@ -42,6 +42,8 @@ from dataclasses import dataclass
 from warren.actors import message
 
 SETTLE_ACTIONS = ("ack", "requeue", "reject")
+MAX_PRODUCER_BYTES = 1024  # a deduplicating producer's id
+MAX_SEQUENCE = 2**63 - 1  # a producer's sequence numbers: a signed 64-bit int
 
 
 @message

@@ -6,43 +6,32 @@ actors' ``StoreClient``. ``rewrite_combine`` is the GC's copy step, which runs
 in whatever process the caller chooses.
 """
 
-from .engine.index import Location
-from .engine.message_store import MessageStore, Settlement, SyncResult
-from .engine.rewrite import CombinePlan, CorruptRecord, RewriteResult, rewrite_combine
-from .engine.scanner import ScanResult, scan_buffer, scan_file
-from .errors import (
-    DiskFull,
-    InvalidBody,
-    InvalidMessageId,
-    StoreClosed,
-    StoreDirectoryError,
-    StoreError,
-    StoreLocked,
-    StoreTimeout,
-    WritesBlocked,
-)
-from .local_client import LocalStoreClient
+from warren.actors.lazy import lazy_face
 
-__all__ = [
-    "CombinePlan",
-    "CorruptRecord",
-    "DiskFull",
-    "InvalidBody",
-    "InvalidMessageId",
-    "LocalStoreClient",
-    "Location",
-    "MessageStore",
-    "RewriteResult",
-    "ScanResult",
-    "Settlement",
-    "StoreClosed",
-    "StoreDirectoryError",
-    "StoreError",
-    "StoreLocked",
-    "StoreTimeout",
-    "SyncResult",
-    "WritesBlocked",
-    "rewrite_combine",
-    "scan_buffer",
-    "scan_file",
-]
+_EXPORTS = {
+    "CombinePlan": ".engine.rewrite",
+    "CorruptRecord": ".errors",
+    "DiskFull": ".errors",
+    "InvalidBody": ".errors",
+    "InvalidMessageId": ".errors",
+    "LocalStoreClient": ".local_client",
+    "Location": ".engine.index",
+    "MessageStore": ".engine.message_store",
+    "rewrite_combine": ".engine.rewrite",
+    "RewriteResult": ".engine.rewrite",
+    "scan_buffer": ".engine.scanner",
+    "scan_file": ".engine.scanner",
+    "ScanResult": ".engine.scanner",
+    "Settlement": ".engine.message_store",
+    "StoreClosed": ".errors",
+    "StoreDirectoryError": ".errors",
+    "StoreError": ".errors",
+    "StoreLocked": ".errors",
+    "StoreRestarted": ".errors",
+    "StoreTimeout": ".errors",
+    "StoreUnavailable": ".errors",
+    "SyncResult": ".engine.message_store",
+    "WritesBlocked": ".errors",
+}
+__getattr__, __dir__ = lazy_face(__name__, _EXPORTS)
+__all__ = sorted(_EXPORTS)

@@ -76,7 +76,13 @@ from warren.actors import ActorDeadError, ActorError, ActorRef, AskTimeout
 from .engine.lock_table import TABLE_FILE, LockTableReader
 from .engine.message_store import Settlement
 from .engine.records import HEADER, HEADER_BYTES, check_body, check_msg_id
-from .errors import DiskFull, StoreError, StoreTimeout, WritesBlocked
+from .errors import (
+    DiskFull,
+    StoreRestarted,
+    StoreTimeout,
+    StoreUnavailable,
+    WritesBlocked,
+)
 from .protocol import (
     ClientDying,
     Contains,
@@ -103,24 +109,6 @@ UNAVAILABLE_AFTER_S = 300.0
 CALL_TIMEOUT_S = 60.0  # longest a read, contains or terminate waits
 BLOCKED_POLL_S = 0.05  # how often held writes look at the disk alarm
 REPORT_READS_EVERY = 1000
-
-
-class StoreRestarted(StoreError):
-    """The store restarted: ``in_doubt`` writes may not be on disk (send them again), and
-    ``removes_in_doubt`` removes may not have been applied."""
-
-    def __init__(self, in_doubt: list[bytes], removes_in_doubt: list[bytes]) -> None:
-        super().__init__(
-            f"the store restarted; {len(in_doubt)} writes and "
-            f"{len(removes_in_doubt)} removes are in doubt"
-        )
-        self.in_doubt = in_doubt
-        self.removes_in_doubt = removes_in_doubt
-
-
-class StoreUnavailable(StoreRestarted):
-    """The store has not answered for ``unavailable_after_s``; the same writes and removes
-    are in doubt."""
 
 
 class StoreClient:

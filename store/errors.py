@@ -6,7 +6,10 @@ write that was cancelled before it reached write(2) is reported as ignored by ``
 
 from __future__ import annotations
 
+from warren.actors.errors import WarrenError
+
 __all__ = [
+    "CorruptRecord",
     "DiskFull",
     "InvalidBody",
     "InvalidMessageId",
@@ -14,12 +17,14 @@ __all__ = [
     "StoreDirectoryError",
     "StoreError",
     "StoreLocked",
+    "StoreRestarted",
     "StoreTimeout",
+    "StoreUnavailable",
     "WritesBlocked",
 ]
 
 
-class StoreError(Exception):
+class StoreError(WarrenError):
     """Base class of every error the message store raises."""
 
 
@@ -65,3 +70,25 @@ class DiskFull(StoreError):
 class WritesBlocked(StoreTimeout):
     """The node's disk alarm held this client's writes for longer than its
     ``call_timeout_s``; nothing was sent. Free disk space; the alarm then clears."""
+
+
+class StoreRestarted(StoreError):
+    """The store restarted: ``in_doubt`` writes may not be on disk (send them again), and
+    ``removes_in_doubt`` removes may not have been applied."""
+
+    def __init__(self, in_doubt: list[bytes], removes_in_doubt: list[bytes]) -> None:
+        super().__init__(
+            f"the store restarted; {len(in_doubt)} writes and "
+            f"{len(removes_in_doubt)} removes are in doubt"
+        )
+        self.in_doubt = in_doubt
+        self.removes_in_doubt = removes_in_doubt
+
+
+class StoreUnavailable(StoreRestarted):
+    """The store has not answered for ``unavailable_after_s``; the same writes and removes
+    are in doubt."""
+
+
+class CorruptRecord(StoreError):
+    """A record the index points at does not validate; the combine must be abandoned."""

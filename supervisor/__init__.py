@@ -6,22 +6,22 @@
 (``warren.supervisor.node.alarms``). ``warren.supervisor.cli.main`` is the ``warren`` command.
 """
 
-from .errors import InvalidSpec, NodeLocked, SupervisorError
-from .node.alarms import AlarmChange, AlarmLimits
-from .node.node import Node, query_status
-from .specs import ChildSpec, SupervisorFlags, SupervisorSpec
-from .supervisor import Supervisor
+from warren.actors.lazy import lazy_face
 
-__all__ = [
-    "AlarmChange",
-    "AlarmLimits",
-    "ChildSpec",
-    "InvalidSpec",
-    "Node",
-    "NodeLocked",
-    "Supervisor",
-    "SupervisorError",
-    "SupervisorFlags",
-    "SupervisorSpec",
-    "query_status",
-]
+_EXPORTS = {
+    "AlarmChange": ".node.alarms",
+    "AlarmLimits": ".node.alarms",
+    "ChildSpec": ".specs",
+    "FaultMissed": ".errors",
+    "InvalidSpec": ".errors",
+    "Node": ".node.node",
+    "NodeLocked": ".errors",
+    "query_status": ".node.node",
+    "Supervisor": ".supervisor",
+    "SupervisorError": ".errors",
+    "SupervisorFlags": ".specs",
+    "SupervisorSpec": ".specs",
+    "UsageError": ".errors",
+}
+__getattr__, __dir__ = lazy_face(__name__, _EXPORTS)
+__all__ = sorted(_EXPORTS)

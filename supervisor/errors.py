@@ -2,21 +2,23 @@
 
 from __future__ import annotations
 
-__all__ = ["InvalidSpec", "NodeLocked", "SupervisorError"]
+from warren.actors.errors import InvalidSpec, WarrenError
+
+__all__ = ["FaultMissed", "InvalidSpec", "NodeLocked", "SupervisorError", "UsageError"]
 
 
-class SupervisorError(Exception):
+class SupervisorError(WarrenError):
     """Base of every error the supervisor package raises."""
-
-
-class InvalidSpec(SupervisorError, ValueError):
-    """A child spec, supervisor flag or alarm limit is invalid; names the field and value."""
-
-    def __init__(self, field: str, value: object, expected: str) -> None:
-        super().__init__(f"{field}={value!r}: expected {expected}")
-        self.field = field
-        self.value = value
 
 
 class NodeLocked(SupervisorError):
     """Another node runs on this data directory."""
+
+
+class UsageError(SupervisorError, ValueError):
+    """A command line or config file the ``warren`` command cannot use; the message is the
+    one line it prints before exiting with status 2."""
+
+
+class FaultMissed(SupervisorError, RuntimeError):
+    """A chaos fault could not land: its target was gone, or the node never came back."""

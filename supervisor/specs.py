@@ -55,7 +55,7 @@ def _positive_seconds(name: str, value: Any, allow_none: bool = False) -> None:
     if allow_none and value is None:
         return
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        raise InvalidSpec(name, value, "seconds > 0" + (" or None" if allow_none else ""))
+        raise InvalidSpec(name, value, "expected seconds > 0" + (" or None" if allow_none else ""))
 
 
 @dataclass(frozen=True)
@@ -66,13 +66,13 @@ class SupervisorFlags:
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
-            raise InvalidSpec("strategy", self.strategy, f"one of {', '.join(STRATEGIES)}")
+            raise InvalidSpec("strategy", self.strategy, f"expected one of {', '.join(STRATEGIES)}")
         if (
             isinstance(self.intensity, bool)
             or not isinstance(self.intensity, int)
             or (self.intensity < 0)
         ):
-            raise InvalidSpec("intensity", self.intensity, "an int >= 0")
+            raise InvalidSpec("intensity", self.intensity, "expected an int >= 0")
         _positive_seconds("period_s", self.period_s)
 
 
@@ -91,11 +91,11 @@ class ChildSpec:
     def __post_init__(self) -> None:
         _check_common(self.id, self.restart, self.shutdown_s)
         if not (isinstance(self.actor, type) and issubclass(self.actor, ProcessActor)):
-            raise InvalidSpec("actor", self.actor, "a subclass of actors.ProcessActor")
+            raise InvalidSpec("actor", self.actor, "expected a subclass of actors.ProcessActor")
         if not isinstance(self.args, tuple):
-            raise InvalidSpec("args", self.args, "a tuple")
+            raise InvalidSpec("args", self.args, "expected a tuple")
         if not isinstance(self.kwargs, dict) or not all(isinstance(k, str) for k in self.kwargs):
-            raise InvalidSpec("kwargs", self.kwargs, "a dict with str keys")
+            raise InvalidSpec("kwargs", self.kwargs, "expected a dict with str keys")
         _positive_seconds("start_timeout_s", self.start_timeout_s)
         _positive_seconds("heartbeat_interval_s", self.heartbeat_interval_s, allow_none=True)
         _positive_seconds("heartbeat_timeout_s", self.heartbeat_timeout_s, allow_none=True)
@@ -103,7 +103,7 @@ class ChildSpec:
             raise InvalidSpec(
                 "heartbeat_timeout_s",
                 self.heartbeat_timeout_s,
-                "None exactly when heartbeat_interval_s is None",
+                "expected None exactly when heartbeat_interval_s is None",
             )
         if self.heartbeat_interval_s is not None and (
             self.heartbeat_timeout_s <= self.heartbeat_interval_s
@@ -111,7 +111,7 @@ class ChildSpec:
             raise InvalidSpec(
                 "heartbeat_timeout_s",
                 self.heartbeat_timeout_s,
-                f"more than heartbeat_interval_s ({self.heartbeat_interval_s})",
+                f"expected more than heartbeat_interval_s ({self.heartbeat_interval_s})",
             )
 
 
@@ -126,27 +126,31 @@ class SupervisorSpec:
     def __post_init__(self) -> None:
         _check_common(self.id, self.restart, self.shutdown_s)
         if not isinstance(self.flags, SupervisorFlags):
-            raise InvalidSpec("flags", self.flags, "a SupervisorFlags")
+            raise InvalidSpec("flags", self.flags, "expected a SupervisorFlags")
         if not isinstance(self.children, tuple) or not all(
             isinstance(c, (ChildSpec, SupervisorSpec)) for c in self.children
         ):
-            raise InvalidSpec("children", self.children, "a tuple of ChildSpec and SupervisorSpec")
+            raise InvalidSpec(
+                "children", self.children, "expected a tuple of ChildSpec and SupervisorSpec"
+            )
         ids = [c.id for c in self.children]
         duplicates = sorted({i for i in ids if ids.count(i) > 1})
         if duplicates:
-            raise InvalidSpec("children", duplicates, "unique child ids")
+            raise InvalidSpec("children", duplicates, "expected unique child ids")
         if self.flags.strategy == "simple_one_for_one" and (
             len(self.children) != 1 or not isinstance(self.children[0], ChildSpec)
         ):
             raise InvalidSpec(
-                "children", ids, "exactly one ChildSpec (the template) for simple_one_for_one"
+                "children",
+                ids,
+                "expected exactly one ChildSpec (the template) for simple_one_for_one",
             )
 
 
 def _check_common(child_id: Any, restart: Any, shutdown_s: Any) -> None:
     if not isinstance(child_id, str) or not child_id:
-        raise InvalidSpec("id", child_id, "a non-empty str")
+        raise InvalidSpec("id", child_id, "expected a non-empty str")
     if restart not in RESTARTS:
-        raise InvalidSpec("restart", restart, f"one of {', '.join(RESTARTS)}")
+        raise InvalidSpec("restart", restart, f"expected one of {', '.join(RESTARTS)}")
     if shutdown_s != BRUTAL_KILL:
         _positive_seconds("shutdown_s", shutdown_s)

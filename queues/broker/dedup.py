@@ -57,13 +57,11 @@ from collections.abc import Iterable
 
 from ..durable_files import fsync_directory, write_atomically
 
-__all__ = ["LOG_FILE", "MAX_PRODUCER_BYTES", "MAX_SEQUENCE", "ProducerLog", "message_ids"]
+__all__ = ["LOG_FILE", "ProducerLog", "message_ids"]
 
 log = logging.getLogger("warren.queues")
 
 LOG_FILE = "producers.log"
-MAX_PRODUCER_BYTES = 1024
-MAX_SEQUENCE = 2**63 - 1
 COMPACT_BYTES = 4 * 2**20
 FORGET_AFTER_S = 7 * 24 * 3600  # Kafka forgets an idle idempotent producer after 7 days
 _LENGTH = struct.Struct(">H")

@@ -80,6 +80,8 @@ from warren.store.protocol import StoreStats
 from ..engine.variable_queue import VariableQueue
 from ..errors import CorruptMessage, OutOfSequence, QueueClosed
 from ..protocol import (
+    MAX_PRODUCER_BYTES,
+    MAX_SEQUENCE,
     SETTLE_ACTIONS,
     DeleteQueue,
     Delivered,
@@ -92,7 +94,7 @@ from ..protocol import (
     Subscribe,
 )
 from .dead_letters import DeadLetters
-from .dedup import MAX_PRODUCER_BYTES, MAX_SEQUENCE, ProducerLog, message_ids
+from .dedup import ProducerLog, message_ids
 
 __all__ = ["QueueActor"]
 

@@ -40,11 +40,19 @@ from typing import Any, Protocol
 from warren.actors import ActorDeadError, ActorError, ActorRef, AskTimeout, RemoteError
 
 from .. import errors
-from ..broker.dedup import MAX_PRODUCER_BYTES, MAX_SEQUENCE
-from ..engine.variable_queue import MAX_MESSAGE_BYTES
 from ..errors import ConnectionClosed, Nacked, QueueError
-from ..message import Message, decode, encode
-from ..protocol import Fetch, Publish, Purge, QueueStats, Release, Settle, Subscribe
+from ..message import MAX_MESSAGE_BYTES, Message, decode, encode
+from ..protocol import (
+    MAX_PRODUCER_BYTES,
+    MAX_SEQUENCE,
+    Fetch,
+    Publish,
+    Purge,
+    QueueStats,
+    Release,
+    Settle,
+    Subscribe,
+)
 from ..routing import route
 from .tcp_node import RemoteQueue, TcpNode
 

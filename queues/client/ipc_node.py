@@ -23,6 +23,7 @@ import zmq
 from warren.actors import ActorRef
 
 from .. import errors
+from ..errors import NodeNotRunning
 
 __all__ = [
     "ALARMS_FILE",
@@ -37,10 +38,6 @@ __all__ = [
 NODE_FILE = "node.json"  # in the data directory: the node's control socket
 ALARMS_FILE = "alarms.json"  # in the data directory: the resource alarms raised now
 CALL_TIMEOUT_MS = 60_000
-
-
-class NodeNotRunning(errors.QueueError, ConnectionError):
-    """No node answers on that data directory: start one (``warren node --data-dir D``)."""
 
 
 class NodeCalls:

@@ -30,6 +30,7 @@ import zmq
 from zmq.utils import z85
 
 from ..durable_files import write_atomically
+from ..errors import KeyFileError
 
 __all__ = [
     "AUTHORIZED_FILE",
@@ -46,10 +47,6 @@ NODE_PUBLIC_FILE = "node.key"
 AUTHORIZED_FILE = "authorized_keys"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _FIELD = re.compile(r'^\s*([a-z-]+)\s*=\s*"([^"]*)"\s*$')
-
-
-class KeyFileError(ValueError):
-    """A key file or name that cannot be used; the message says why and what to do."""
 
 
 class ClientKey:

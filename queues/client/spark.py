@@ -65,6 +65,8 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import BinaryType, MapType, StringType, StructType
 
+from ..errors import WarrenWriteError
+
 __all__ = ["WarrenDataSource", "local_session", "partition_publisher", "register"]
 
 log = logging.getLogger("warren.spark")
@@ -78,10 +80,6 @@ COLUMNS = {
 DEFAULT_TIMEOUT_S = 120.0
 RETRY_PAUSE_S = (0.2, 5.0)  # between attempts: from, to
 BATCH_ROWS = 5000  # rows published (and confirmed) per chunk
-
-
-class WarrenWriteError(RuntimeError):
-    """A write that cannot go on; the message says which row or setting, and why."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,7 +171,7 @@ def publish_columns(
     each) as producer ``producer``, each chunk confirmed before the next; a chunk that
     fails is sent again, under the same sequences, until ``target.timeout_s`` has passed
     without progress. (rows, retries)."""
-    from warren import connect
+    from . import connect
 
     connection = None
     sequence = retries = 0
@@ -277,8 +275,7 @@ def _retryable(exc: Exception) -> bool:
     restarted with it in doubt; not a mistake in the write itself."""
     from warren.actors import ActorError
 
-    from ..errors import Blocked, ConnectionClosed, Nacked
-    from .ipc_node import NodeNotRunning
+    from ..errors import Blocked, ConnectionClosed, Nacked, NodeNotRunning
 
     return isinstance(
         exc, (Nacked, NodeNotRunning, ConnectionClosed, Blocked, TimeoutError, ActorError, OSError)

@@ -42,8 +42,9 @@ from warren.actors.codec import Decoder, Encoder
 from warren.actors.errors import ActorDeadError, AskTimeout, CodecError, remote_error
 
 from .. import errors
+from ..errors import NodeNotRunning
 from ..protocol import Fetch, Subscribe
-from .ipc_node import NodeCalls, NodeNotRunning
+from .ipc_node import NodeCalls
 from .keys import ClientKey, load_client_key
 
 __all__ = ["RemoteQueue", "TcpNode"]

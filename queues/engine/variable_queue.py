@@ -84,7 +84,7 @@ from warren.store.disk_faults import slow_sync
 
 from ..durable_files import fsync_directory, write_atomically
 from ..errors import CorruptMessage, MessageTooLarge, QueueClosed, UnknownDeliveryTag
-from ..message import Message, decode, encode
+from ..message import MAX_MESSAGE_BYTES, Message, decode, encode
 from .queue_index import DEFAULT_SEGMENT_ENTRY_COUNT, INDEX_SUFFIX, Entry, QueueIndex, pack_slot
 from .queue_store import STORE_SUFFIX, QueueStore
 
@@ -93,7 +93,6 @@ __all__ = ["Delivery", "Fetched", "MessageInfo", "SharedStoreClient", "VariableQ
 log = logging.getLogger("warren.queues")
 
 EMBED_MSGS_BELOW = 4096  # bytes: queue_index_embed_msgs_below
-MAX_MESSAGE_BYTES = 128 * 2**20  # RabbitMQ's max_message_size
 IO_BATCH_SIZE = 4096  # msg_store_io_batch_size: betas to delta
 PAGE_BATCH = 8000  # messages paged per operation (2 × credit)
 TERMS_FILE = "recovery.json"

@@ -60,7 +60,7 @@ def reserve(fd: int, length: int) -> None:
             raise OSError(code, os.strerror(code))
 
 
-class DiskFull(Exception):
+class _NoSpace(Exception):
     """Internal: a write(2) or a new file found the disk full. ``landed`` records of the
     append (in order) are in the file; the effects of the rest are undone and they are
     still pending."""
@@ -108,7 +108,7 @@ class FileChanges:
             if keys:
                 self._append([pending[k] for k in keys], offset - start)
                 self._pending_written(keys)
-        except DiskFull as full:
+        except _NoSpace as full:
             self._pending_written(list(keys)[: full.landed])
             self._pending_failed()
 
@@ -153,7 +153,7 @@ class FileChanges:
 
     def _append(self, records: Iterable[bytes], length: int) -> None:
         """Write ``records`` (``length`` bytes) at the end of the current file. On a full
-        disk the records that landed whole stay, the rest is cut off, and ``DiskFull``
+        disk the records that landed whole stay, the rest is cut off, and ``_NoSpace``
         says how many landed."""
         view = memoryview(b"".join(records))
         written = 0
@@ -181,7 +181,7 @@ class FileChanges:
                 pass  # no room now; the writes that need it fail until there is
             if whole:
                 self._appended(whole)
-            raise DiskFull(landed) from exc
+            raise _NoSpace(landed) from exc
         self._appended(length)
 
     def _appended(self, length: int) -> None:
@@ -222,7 +222,7 @@ class FileChanges:
             self._delete_empty_file(old)
 
     def _open_data_file(self, file: int) -> int:
-        """Create data file ``file`` with its space reserved; DiskFull (and no file left
+        """Create data file ``file`` with its space reserved; _NoSpace (and no file left
         behind) when the disk cannot hold it."""
         try:
             fd = os.open(
@@ -233,7 +233,7 @@ class FileChanges:
             )
         except OSError as exc:
             if exc.errno in DISK_FULL_ERRNOS:
-                raise DiskFull from exc
+                raise _NoSpace from exc
             raise
         try:
             reserve(fd, self.file_size_limit)
@@ -241,7 +241,7 @@ class FileChanges:
             os.close(fd)
             os.unlink(data_file_name(file), dir_fd=self._dir_fd)
             if exc.errno in DISK_FULL_ERRNOS:
-                raise DiskFull from exc
+                raise _NoSpace from exc
             raise
         self._directory_unsynced = True
         return fd

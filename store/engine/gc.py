@@ -51,11 +51,11 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ..errors import StoreError
+from ..errors import CorruptRecord, StoreError
 from . import index as idx
 from .lock_table import SWITCH_DEADLINE_SECONDS
 from .records import data_file_name, temp_file_name
-from .rewrite import CombinePlan, CorruptRecord, Record, RewriteResult, rewrite_combine
+from .rewrite import CombinePlan, Record, RewriteResult, rewrite_combine
 from .scanner import scan_file
 
 if TYPE_CHECKING:

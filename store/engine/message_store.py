@@ -118,7 +118,7 @@ from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import StoreClosed, StoreError
+from ..errors import CorruptRecord, StoreClosed, StoreError
 from . import index as idx
 from . import snapshot
 from .file_changes import DISK_FULL_ERRNOS, FileChanges
@@ -137,7 +137,7 @@ from .records import (
 )
 from .recovery import Recovery
 from .removal_log import RemovalLog
-from .rewrite import CombinePlan, CorruptRecord, RewriteResult
+from .rewrite import CombinePlan, RewriteResult
 from .summary import FileSummary
 
 log = logging.getLogger("warren.store")

@@ -29,15 +29,12 @@ import mmap
 import os
 from dataclasses import dataclass
 
+from ..errors import CorruptRecord
 from .records import HEADER, OK_MARKER, data_file_name, temp_file_name
 
 WRITE_CHUNK_BYTES = 2**20  # the copy is written out, and fdatasync'd, in chunks of this size
 
 Record = tuple[bytes, int, int]  # (msg_id, offset, total_size)
-
-
-class CorruptRecord(Exception):
-    """A record the index points at does not validate; the combine must be abandoned."""
 
 
 @dataclass(frozen=True)

@@ -150,7 +150,7 @@ class ChaosWorkload:
         )
 
     def connect(self):
-        from warren import connect
+        from warren.queues.client import connect
 
         return connect(self.endpoint, connect_timeout_s=60)
 

@@ -45,6 +45,8 @@ from dataclasses import dataclass
 
 import psutil
 
+from ..errors import FaultMissed
+
 __all__ = [
     "DISK_FAULTS",
     "FAULT_KINDS",
@@ -72,10 +74,6 @@ TITLE_PREFIX = "warren: "
 # queues' index and per-queue store segments.
 DAMAGEABLE = ("msg_store_persistent/*.rdq", "queues/*/*.qi", "queues/*/*.qs")
 TORN_TAIL_BYTES = 4096
-
-
-class FaultMissed(RuntimeError):
-    """A fault that could not land (its process exited first, or nothing matched)."""
 
 
 @dataclass(frozen=True)

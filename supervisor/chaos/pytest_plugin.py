@@ -28,7 +28,7 @@ import pytest
 
 from .faults import is_alive, kill_processes
 from .report import format_report
-from .run import run_tree
+from .tree import run_tree
 
 SEED_OPTION = "--warren-chaos-seed"
 

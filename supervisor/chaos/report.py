@@ -22,7 +22,7 @@ import statistics
 from typing import Any
 
 from ..tables import Column, format_table
-from .run import SAMPLE_EVERY_S, ChaosResult
+from .result import SAMPLE_EVERY_S, ChaosResult
 
 __all__ = ["format_report", "report_document", "write_report"]
 

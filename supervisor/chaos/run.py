@@ -54,7 +54,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import psutil
@@ -66,6 +66,7 @@ from warren.store.disk_faults import ENVIRONMENT_VARIABLE, write_faults
 
 from ..node.node import query_status
 from . import faults as chaos
+from .result import SAMPLE_EVERY_S, ChaosResult, Event
 
 __all__ = [
     "ChaosResult",
@@ -74,7 +75,6 @@ __all__ = [
     "check_data_dir",
     "harness_signals",
     "run_faults",
-    "run_tree",
     "spawn_with_parent",
 ]
 
@@ -83,7 +83,6 @@ log = logging.getLogger("warren.chaos")
 START_TIMEOUT_S = 120.0  # a node's start, recovery included
 HEALTH_TIMEOUT_S = 120.0  # from a crash fault to every actor running again
 STOP_TIMEOUT_S = 60.0  # a node's clean stop before it is killed
-SAMPLE_EVERY_S = 0.5
 SLOW_SYNC_S = 0.05  # what a slow disk adds to every group commit
 DISK_FAULT_HOLD_S = (1.0, 3.0)  # how long a full or slow disk lasts
 DISK_ALARM_GRACE_S = 3.0  # how late a full disk's alarm may be seen
@@ -141,55 +140,6 @@ def spawn_with_parent(argv: list[str], **popen_options: Any) -> subprocess.Popen
     return subprocess.Popen(
         argv, stdin=subprocess.DEVNULL, preexec_fn=bind_to_parent, **popen_options
     )
-
-
-@dataclass
-class Event:
-    """One fault as it landed: when (seconds from the start), what, on what, and how long
-    the node took to be healthy again (None for a fault that did not land)."""
-
-    at_s: float
-    kind: str
-    target: str
-    landed: bool
-    detail: str = ""
-    recovery_s: float | None = None
-
-
-@dataclass
-class ChaosResult:
-    """What a run did: its faults, the samples of the caller's counters, the restarts."""
-
-    seed: int
-    duration_s: float
-    events: list[Event] = field(default_factory=list)
-    samples: list[tuple[float, dict[str, int]]] = field(default_factory=list)
-    restarts: int = 0  # actor restarts by supervisors, summed over node lives
-    node_starts: int = 0
-    healthy_at_end: bool = False
-    problems: list[str] = field(default_factory=list)
-
-    def faults_by_kind(self) -> dict[str, int]:
-        counts: dict[str, int] = {}
-        for event in self.events:
-            if event.landed:
-                counts[event.kind] = counts.get(event.kind, 0) + 1
-        return counts
-
-    def recovery_times(self) -> list[float]:
-        return sorted(e.recovery_s for e in self.events if e.recovery_s is not None)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "seed": self.seed,
-            "duration_s": self.duration_s,
-            "events": [asdict(e) for e in self.events],
-            "samples": [[t, counts] for t, counts in self.samples],
-            "restarts": self.restarts,
-            "node_starts": self.node_starts,
-            "healthy_at_end": self.healthy_at_end,
-            "problems": self.problems,
-        }
 
 
 class NodeUnderTest:
@@ -619,77 +569,3 @@ def _land(
             event.landed, event.detail = False, f"the node was killed, but {exc}"
     node.start(wait=False)
     return event, _Watch(event)
-
-
-def run_tree(
-    data_dir: str | os.PathLike,
-    children: str,
-    *,
-    kinds: tuple[str, ...] | list[str],
-    duration_s: float,
-    seed: int,
-    patterns: tuple[str, ...],
-    check: Callable[[str], list[str] | None],
-    every_s: tuple[float, float] = (1.0, 3.0),
-    limits: dict[str, tuple[int, float]] | None = None,
-    sample: Callable[[str], dict[str, int]] | None = None,
-    node_options: tuple[str, ...] = (),
-    report_dir: str | os.PathLike | None = None,
-    expect: Iterable[str] | None = None,
-) -> dict:
-    """An application's tree (``children``: ``"module:function"``, the function taking
-    the data directory and returning its ChildSpecs and SupervisorSpecs) on a node under
-    a seeded schedule, then ``check(data_dir)`` on the stopped node's files: the problems
-    it finds (a list of lines, or an AssertionError's message). The report document
-    (``warren.supervisor.chaos.report``): ``ok`` only when the check found nothing, every
-    fault's recovery ended and the node was healthy at the end, with every actor named
-    in ``expect`` (by default, every one it started with). ValueError, before anything starts, for a bad kind, duration or
-    interval or a data directory that is not a node's (``check_data_dir``), and, before
-    the first fault, for a pattern that matches none of the node's processes."""
-    from .report import report_document, write_report
-
-    faults = chaos.schedule(
-        seed,
-        duration_s,
-        kinds,
-        patterns=patterns,
-        every_s=every_s,
-        limits=limits or {p: (2, 60.0) for p in patterns},
-    )
-    data_dir = check_data_dir(data_dir)
-    node = NodeUnderTest(
-        data_dir,
-        options=("--children", children, *node_options),
-        log_path=os.path.join(data_dir, NODE_LOG),
-    )
-    with harness_signals():
-        try:
-            node.start()
-            node.expect(node.actor_pids() if expect is None else expect)
-            processes = node.processes()
-            for pattern in patterns:
-                if not chaos.matching(processes, pattern):
-                    names = sorted(chaos.actor_name(p) for p in chaos.matching(processes, "*"))
-                    raise ValueError(
-                        f"the pattern {pattern!r} matches no process of the "
-                        f"node; its processes are {', '.join(names)}"
-                    )
-            result = run_faults(
-                node,
-                faults,
-                duration_s,
-                seed=seed,
-                sample=None if sample is None else lambda: sample(data_dir),
-            )
-            result.healthy_at_end = node.healthy()
-            result.restarts, result.node_starts = node.restarts(), node.starts
-        finally:
-            node.close()
-    try:
-        found = list(check(data_dir) or ())
-    except AssertionError as exc:
-        found = [str(exc) or "the check failed"]
-    document = report_document(result, {"invariant_failures": found}, not found)
-    if report_dir is not None:
-        document = write_report(report_dir, document)
-    return document

@@ -308,7 +308,7 @@ def main(argv: list[str]) -> None:
     consumer.add_argument("queues", nargs="+")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _stop)
-    from warren import connect
+    from warren.queues.client import connect
 
     options = {"connect_timeout_s": 60} if args.node.startswith("tcp://") else {}
     try:

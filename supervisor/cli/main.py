@@ -54,6 +54,7 @@ import textwrap
 import tomllib
 from typing import Any
 
+from ..errors import UsageError
 from ..tables import Column, format_table
 from .queues import add_queue_commands
 
@@ -108,10 +109,6 @@ _CONFIG_KEYS = {
         "check_interval_s": "check_interval_s",
     },
 }
-
-
-class UsageError(Exception):
-    """A mistake in the command line or the config file; printed as one line, exit 2."""
 
 
 def parse_size(value: Any, what: str) -> int:
@@ -457,7 +454,8 @@ def format_inspection(report) -> str:
 
 
 def _keys(args: argparse.Namespace) -> int:
-    from warren.queues.client.keys import KeyFileError, create_client_key
+    from warren.queues.client.keys import create_client_key
+    from warren.queues.errors import KeyFileError
 
     try:
         path = create_client_key(args.data_dir, args.name, args.out)
@@ -494,7 +492,7 @@ def _positive_seconds(value: str) -> float:
 def _chaos(args: argparse.Namespace) -> int:
     import random
 
-    from warren.queues.engine.variable_queue import MAX_MESSAGE_BYTES
+    from warren.queues.message import MAX_MESSAGE_BYTES
 
     from ..chaos.broker_run import RUN_DIR, run_chaos
 

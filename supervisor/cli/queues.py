@@ -21,8 +21,8 @@ import time
 from collections.abc import Callable, Iterator
 
 from warren.queues.client.connection import Connection
-from warren.queues.client.ipc_node import NodeNotRunning, RemoteNode
-from warren.queues.errors import QueueError
+from warren.queues.client.ipc_node import RemoteNode
+from warren.queues.errors import NodeNotRunning, QueueError
 
 from ..tables import Column, format_table
 

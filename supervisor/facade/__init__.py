@@ -1,59 +1,73 @@
-"""Warren: RabbitMQ's message persistence layer as Erlang-style actors in Python.
+"""Warren: a durable message broker you can embed, with RabbitMQ's persistence design, built
+as Erlang-style actors in separate OS processes.
 
-This is the ``warren`` package itself: the entry points most programs need, importable
-from the top (``from warren import Node``). The parts live in its subpackages:
+This is the ``warren`` package itself: the names most programs need, importable from the top
+(``from warren import connect``). Nothing heavy is imported until a name is used (PEP 562).
+The parts live beneath it, lowest floor first:
 
 - ``warren.actors``: the actor runtime (process actors over ZeroMQ, refs, monitors);
-- ``warren.supervisor``: supervision trees, resource alarms and the broker ``Node``;
 - ``warren.store``: the shared message store, its actors and ``StoreClient``;
-- ``warren.queues``: the queues, and ``connect``'s ``Connection``.
+- ``warren.queues``: the queue engine, the broker's processes and the client (``connect``);
+- ``warren.supervisor``: supervision trees, the broker ``Node``, the CLI, the chaos harness;
+- ``warren.errors``: every error, all derived from ``WarrenError``.
 
-The repository keeps one top-level folder per part; ``setup.py`` installs this folder
-as the ``warren`` package and each part beneath it, so Warren claims one top-level
-import name only.
+The repository keeps one top-level folder per part; ``setup.py`` installs this folder as the
+``warren`` package and each part beneath it, so Warren claims one top-level import name only.
 """
 
-import os
-from typing import Any
+from warren.actors.lazy import lazy_face
 
-from warren.queues.client.connection import Connection
-from warren.queues.client.ipc_node import RemoteNode
-from warren.queues.client.tcp_node import TcpNode
-from warren.queues.message import Message
-from warren.store.client import StoreClient, StoreRestarted
-from warren.supervisor.node.alarms import AlarmLimits
-from warren.supervisor.node.node import Node
-
-__all__ = [
-    "AlarmLimits",
-    "Connection",
-    "Message",
-    "Node",
-    "StoreClient",
-    "StoreRestarted",
-    "connect",
-]
-
-
-def connect(
-    target: str | os.PathLike, *, key_file: str | os.PathLike | None = None, **options: Any
-) -> Connection:
-    """A connection to a node: ``"tcp://host:5673"`` reaches one listening there (with
-    ``key_file``, a key from ``warren keys``, when it wants CURVE); a directory names the
-    node running on that data directory on this machine (in the node's own process, use
-    ``node.connect()``). ``NodeNotRunning`` when none answers. ``options`` go to
-    ``Connection`` (``max_in_flight``, ``call_timeout_s`` ...), but ``connect_timeout_s``
-    (10), how long a tcp connect waits for the listener's first answer."""
-    if isinstance(target, str) and target.startswith("tcp://"):
-        node = TcpNode(
-            target,
-            key_file=key_file,
-            **{k: options.pop(k) for k in ("connect_timeout_s",) if k in options},
-        )
-        return Connection(node, **options)
-    if key_file is not None:
-        raise ValueError(
-            "key_file is for a tcp:// address; a node on this machine is "
-            "reached through its data directory without one"
-        )
-    return Connection(RemoteNode(target), **options)
+_EXPORTS = {
+    "AlarmLimits": "warren.supervisor.node.alarms",
+    "Connection": "warren.queues.client.connection",
+    "Message": "warren.queues.message",
+    "Node": "warren.supervisor.node.node",
+    "StoreClient": "warren.store.client",
+    "connect": "warren.queues.client",
+    "ActorDeadError": "warren.errors",
+    "ActorError": "warren.errors",
+    "AskTimeout": "warren.errors",
+    "Blocked": "warren.errors",
+    "CodecError": "warren.errors",
+    "ConnectionClosed": "warren.errors",
+    "CorruptMessage": "warren.errors",
+    "CorruptRecord": "warren.errors",
+    "DiskFull": "warren.errors",
+    "FaultMissed": "warren.errors",
+    "FrameTooLarge": "warren.errors",
+    "InvalidBody": "warren.errors",
+    "InvalidMessage": "warren.errors",
+    "InvalidMessageId": "warren.errors",
+    "InvalidSpec": "warren.errors",
+    "KeyFileError": "warren.errors",
+    "MailboxFull": "warren.errors",
+    "MessageTooLarge": "warren.errors",
+    "Nacked": "warren.errors",
+    "NodeLocked": "warren.errors",
+    "NodeNotRunning": "warren.errors",
+    "NotFound": "warren.errors",
+    "OutOfSequence": "warren.errors",
+    "PreconditionFailed": "warren.errors",
+    "QueueClosed": "warren.errors",
+    "QueueDown": "warren.errors",
+    "QueueError": "warren.errors",
+    "QueueLocked": "warren.errors",
+    "RemoteError": "warren.errors",
+    "SpawnError": "warren.errors",
+    "StoreClosed": "warren.errors",
+    "StoreDirectoryError": "warren.errors",
+    "StoreError": "warren.errors",
+    "StoreLocked": "warren.errors",
+    "StoreRestarted": "warren.errors",
+    "StoreTimeout": "warren.errors",
+    "StoreUnavailable": "warren.errors",
+    "SupervisorError": "warren.errors",
+    "UnhandledMessage": "warren.errors",
+    "Unroutable": "warren.errors",
+    "UsageError": "warren.errors",
+    "WarrenError": "warren.errors",
+    "WarrenWriteError": "warren.errors",
+    "WritesBlocked": "warren.errors",
+}
+__getattr__, __dir__ = lazy_face(__name__, _EXPORTS)
+__all__ = sorted(_EXPORTS)

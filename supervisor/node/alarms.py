@@ -57,20 +57,24 @@ class AlarmLimits:
             raise InvalidSpec(
                 "memory_high_watermark",
                 self.memory_high_watermark,
-                "a fraction of memory in (0, 1]",
+                "expected a fraction of memory in (0, 1]",
             )
         if self.memory_limit_bytes is not None and (
             not isinstance(self.memory_limit_bytes, int) or self.memory_limit_bytes <= 0
         ):
             raise InvalidSpec(
-                "memory_limit_bytes", self.memory_limit_bytes, "a positive number of bytes, or None"
+                "memory_limit_bytes",
+                self.memory_limit_bytes,
+                "expected a positive number of bytes, or None",
             )
         if not isinstance(self.disk_free_limit_bytes, int) or self.disk_free_limit_bytes < 0:
             raise InvalidSpec(
-                "disk_free_limit_bytes", self.disk_free_limit_bytes, "a number of bytes >= 0"
+                "disk_free_limit_bytes",
+                self.disk_free_limit_bytes,
+                "expected a number of bytes >= 0",
             )
         if not isinstance(self.check_interval_s, (int, float)) or self.check_interval_s <= 0:
-            raise InvalidSpec("check_interval_s", self.check_interval_s, "seconds > 0")
+            raise InvalidSpec("check_interval_s", self.check_interval_s, "expected seconds > 0")
 
     def memory_limit(self) -> int:
         if self.memory_limit_bytes is not None:

@@ -15,8 +15,8 @@ from tests.waiting import wait_for
 from warren.actors import (
     ActorDeadError,
     CodecError,
+    FrameTooLarge,
     MailboxFull,
-    MessageTooLarge,
     Node,
     RemoteError,
     UnhandledMessage,
@@ -85,14 +85,14 @@ def test_an_oversized_message_is_refused_with_a_clear_error(node: Node) -> None:
     ref = node.spawn(Recorder)
     from warren.actors import wire
 
-    with pytest.raises(MessageTooLarge):
+    with pytest.raises(FrameTooLarge):
         ref.tell(b"x" * (wire.MAX_MESSAGE_BYTES + 1))
     assert ref.ask("label", timeout=10) == "recorder"
 
 
 def test_a_message_over_the_actors_own_limit_gets_an_error_answer(node: Node) -> None:
     ref = node.spawn(SmallMailbox)
-    with pytest.raises(MessageTooLarge):
+    with pytest.raises(FrameTooLarge):
         ref.ask(b"x" * 100_000, timeout=10)
     assert ref.stats(timeout=10)["oversized"] == 1
     assert ref.ask("label", timeout=10) == "recorder"

@@ -6,7 +6,8 @@ import signal
 
 import pytest
 
-from warren.store.client import StoreClient, StoreRestarted
+from warren.store.client import StoreClient
+from warren.store.errors import StoreRestarted
 from warren.store.protocol import StoreStats
 from warren.supervisor import Node
 

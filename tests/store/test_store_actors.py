@@ -14,7 +14,8 @@ import psutil
 import pytest
 
 from warren.actors import RemoteError
-from warren.store.client import StoreClient, StoreRestarted
+from warren.store.client import StoreClient
+from warren.store.errors import StoreRestarted
 from warren.store.protocol import StoreStats, WriteBatch
 from warren.supervisor import Node
 

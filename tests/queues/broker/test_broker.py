@@ -30,7 +30,7 @@ from warren.supervisor import Node
 
 from ...waiting import wait_for
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def restarted(node, name, old_pid):

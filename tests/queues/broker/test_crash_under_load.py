@@ -21,7 +21,7 @@ from warren.supervisor.chaos.workload import Producer, audit
 
 from ...waiting import wait_for
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 PER_PRODUCER = 600
 
 

@@ -17,15 +17,15 @@ from warren.actors import wire
 from warren.actors.codec import Encoder
 from warren.queues import Blocked, Nacked, NotFound
 from warren.queues.broker.listener import ListenerStats
-from warren.queues.client.ipc_node import NodeNotRunning
-from warren.queues.client.keys import AUTHORIZED_FILE, KeyFileError, create_client_key
+from warren.queues.client.keys import AUTHORIZED_FILE, create_client_key
+from warren.queues.errors import KeyFileError, NodeNotRunning
 from warren.queues.protocol import DeleteQueue, Fetch, Publish
 from warren.supervisor import Node
 from warren.supervisor.errors import InvalidSpec
 
 from ...waiting import wait_for
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 WARREN = [sys.executable, "-m", "warren.supervisor.cli"]
 LOOPBACK_ANY_PORT = "tcp://127.0.0.1:*"
 

@@ -25,7 +25,7 @@ from warren.supervisor import Node
 
 from ...waiting import wait_for
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ from warren.supervisor import Node
 from ...waiting import wait_for
 from ..helpers import N, drain, message, number
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SIZE_LARGE = 5000  # above embed_msgs_below: in the shared store
 
 

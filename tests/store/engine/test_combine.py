@@ -7,7 +7,7 @@ import pytest
 
 from warren.store import MessageStore, rewrite_combine
 from warren.store.engine.records import RECORD_OVERHEAD
-from warren.store.engine.rewrite import CorruptRecord
+from warren.store.errors import CorruptRecord
 
 from ..helpers import body, fill, msg_id
 

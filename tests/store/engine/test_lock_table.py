@@ -18,7 +18,7 @@ from warren.store.engine.lock_table import LockTableReader
 
 from ..helpers import body, fill, msg_id
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 class Reader:

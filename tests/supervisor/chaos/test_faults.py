@@ -25,7 +25,7 @@ from warren.supervisor.chaos.workload import body_of, checked_id
 from ...waiting import wait_for
 from ..sample_actors import Worker
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 # What a queue's stats count of the messages recovery and reads dropped.
 DROP_COUNTERS = (
     "dropped_missing",

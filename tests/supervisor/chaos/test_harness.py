@@ -26,7 +26,7 @@ from warren.supervisor.chaos.workload import body_of
 
 from ...waiting import wait_for
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 WARREN = [sys.executable, "-m", "warren.supervisor.cli"]
 sys.path.insert(0, str(ROOT))
 from examples import chaos_ledger  # noqa: E402  (the example is the application under test)

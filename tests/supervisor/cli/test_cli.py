@@ -10,13 +10,14 @@ from pathlib import Path
 import pytest
 
 from warren.store import MessageStore
-from warren.supervisor.cli.main import UsageError, build_parser, format_status, node_settings
+from warren.supervisor.cli.main import build_parser, format_status, node_settings
+from warren.supervisor.errors import UsageError
 from warren.supervisor.tables import Column, format_table
 
 from ...waiting import wait_for
 from ..node.test_node import warren_node
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 WARREN = [sys.executable, "-m", "warren.supervisor.cli"]
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from warren.supervisor import Node
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 WARREN = [sys.executable, "-m", "warren.supervisor.cli"]
 
 

@@ -18,7 +18,7 @@ from warren.supervisor import AlarmLimits, ChildSpec, Node, NodeLocked, query_st
 from ...waiting import wait_for
 from ..sample_actors import Worker
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 WARREN = [sys.executable, "-m", "warren.supervisor.cli"]
 
 
