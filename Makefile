@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
 
-.PHONY: run test bench chaos clean
+.PHONY: run test lint bench chaos clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -18,8 +18,19 @@ run: $(INSTALLED)
 	$(PY) examples/demo.py
 
 # pytest exits 5 when it collects no test; make fails on any non-zero exit.
-test: $(INSTALLED)
+test: lint
 	$(PY) -m pytest tests
+
+# mypy checks the installed ``warren`` package, which exists only under setup.py's mapping
+# of the part folders; build/typecheck lays that mapping out as links for it to read.
+TYPECHECK := build/typecheck
+lint: $(INSTALLED)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	rm -rf $(TYPECHECK) && mkdir -p $(TYPECHECK)/warren
+	for f in supervisor/facade/*.py; do ln -s "$$PWD/$$f" $(TYPECHECK)/warren/; done
+	for part in actors store queues supervisor; do ln -s "$$PWD/$$part" $(TYPECHECK)/warren/; done
+	cd $(TYPECHECK) && $(CURDIR)/$(VENV)/bin/mypy --config-file $(CURDIR)/pyproject.toml -p warren
 
 bench: $(INSTALLED)
 	$(PY) -m bench $(BENCH)

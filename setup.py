@@ -43,7 +43,13 @@ setup(
         "setproctitle>=1.3,<2",
     ],
     extras_require={
-        "test": ["hypothesis>=6.100,<7", "pytest>=7.4,<10", "pytest-timeout>=2.2,<3"],
+        "test": [
+            "hypothesis>=6.100,<7",
+            "mypy>=1.10",
+            "pytest>=7.4,<10",
+            "pytest-timeout>=2.2,<3",
+            "ruff>=0.6",
+        ],
         # Spark executors as producers (warren.queues.client.spark): Spark 4's Python data
         # sources, which hand the writer Arrow batches.
         "spark": ["pyspark>=4.0,<5", "pyarrow>=15", "pandas>=2.2,<3"],
