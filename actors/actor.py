@@ -141,8 +141,9 @@ class ProcessActor:
 
         The return value of ``on_receive`` is then ignored; an exception ``on_receive``
         raises before the handle is used is sent through it. For a message that came as a
-        tell it raises ``UnhandledMessage`` (the sender should have asked). The handle's ``send``/``fail``
-        may be called from any thread of this process (an in-process pykka actor, say).
+        tell it raises ``UnhandledMessage`` (the sender should have asked). The handle's
+        ``send``/``fail`` may be called from any thread of this process (an in-process pykka
+        actor, say).
         """
         return self._require_services().defer_reply()
 

@@ -87,7 +87,7 @@ def register_message(cls: T, name: str | None = None) -> T:
             raise CodecError(f"{type_name}: messages must be frozen dataclasses")
         field_names = tuple(f.name for f in fields)
     elif issubclass(cls, tuple) and hasattr(cls, "_fields"):
-        field_names = tuple(cls._fields)  # type: ignore[attr-defined]
+        field_names = tuple(cls._fields)
     else:
         raise CodecError(f"{type_name}: only frozen dataclasses and NamedTuples can be registered")
     known = _types_by_name.get(type_name)

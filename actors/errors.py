@@ -4,11 +4,12 @@
 The actor runtime is the ground floor, so the root lives here: ``warren.store.errors``,
 ``warren.queues.errors`` and ``warren.supervisor.errors`` derive their own roots from it, and
 ``warren.errors`` re-exports them all. ``ActorError`` is the runtime's root, so
-``except ActorError`` catches anything the runtime itself raises. An exception raised by an actor's own code while answering an ask comes back as a
-``RemoteError``; for the common built-in exception types and the runtime's own errors the
-class raised is also a subclass of that class (``except ValueError`` works on a remote
-``ValueError``, ``except ActorDeadError`` on a remote one), and the original
-type name, message and traceback text are kept on the exception.
+``except ActorError`` catches anything the runtime itself raises. An exception raised by an
+actor's own code while answering an ask comes back as a ``RemoteError``; for the common
+built-in exception types and the runtime's own errors the class raised is also a subclass of
+that class (``except ValueError`` works on a remote ``ValueError``, ``except ActorDeadError``
+on a remote one), and the original type name, message and traceback text are kept on the
+exception.
 """
 
 from __future__ import annotations

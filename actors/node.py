@@ -181,8 +181,8 @@ class Node:
         ``name`` registers the actor (default: the class name and a number). ``transport``
         is ``"ipc"`` (a socket in the runtime directory, which only this user can reach)
         or ``"tcp"`` (a free port on ``host``, loopback unless told otherwise; any local
-        user can reach it unless the node was made with ``curve=True``). ``mailbox_size`` and ``max_batch``
-        override the class's. ``title`` replaces the name in the process title.
+        user can reach it unless the node was made with ``curve=True``). ``mailbox_size`` and
+        ``max_batch`` override the class's. ``title`` replaces the name in the process title.
         """
         if not (isinstance(actor_class, type) and issubclass(actor_class, ProcessActor)):
             raise InvalidSpec("actor_class", actor_class, "must be a ProcessActor subclass")
