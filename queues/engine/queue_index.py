@@ -119,10 +119,9 @@ def pack_slot(
     return body + _CRC.pack(zlib.crc32(body))
 
 
-def _unpack_slot(seq_id: int, slot: bytes) -> Entry | None:
-    """The entry in ``slot``; None if absent; ValueError if torn."""
-    if slot[0] == 0:
-        return None
+def _unpack_slot(seq_id: int, slot: bytes) -> Entry:
+    """The entry in ``slot``, which the caller has seen is present (its status byte is not
+    0); ValueError if torn."""
     body = slot[:44]
     if slot[0] != 1 or _CRC.unpack_from(slot, 44)[0] != zlib.crc32(body):
         raise ValueError("torn slot")
@@ -249,7 +248,7 @@ class QueueIndex:
                     torn += 1
                     drop.append(first + rel)
             kept = 0
-            for entry, keep_it in zip(found, keep(found)):
+            for entry, keep_it in zip(found, keep(found), strict=True):
                 if keep_it:
                     kept += 1
                 else:
@@ -307,7 +306,7 @@ class QueueIndex:
             inside = min(end, (segment + 1) * n) - max(first_seq_id, segment * n)
             segments[segment] = segments.get(segment, 0) + inside
         buffer = self._buffer
-        buffer.update(zip(range(first_seq_id, end), slots))
+        buffer.update(zip(range(first_seq_id, end), slots, strict=True))
         if len(buffer) >= n:
             self.flush()
 
@@ -362,7 +361,8 @@ class QueueIndex:
         self._buffered_acks = 0
 
     def _write_runs(self, keys: list[int]) -> None:
-        run_start, previous, run = keys[0], keys[0] - 1, []
+        run_start, previous = keys[0], keys[0] - 1
+        run: list[bytes] = []
         for seq_id in keys:
             if seq_id != previous + 1:
                 self._write_run(run_start, run)
@@ -425,7 +425,7 @@ class QueueIndex:
             finally:
                 if fd is not None:
                     os.close(fd)
-        entries = {}
+        entries: dict[int, Entry] = {}
         for i in range(len(data) // SLOT_BYTES):
             at = i * SLOT_BYTES
             if data[at] == 0:

@@ -16,8 +16,9 @@ its last live record goes (``remove``), which is when its index segment empties 
 message the index holds.
 
 Writes are buffered (up to ``max_cache_bytes``, 512,000 as RabbitMQ's) and written with
-one pwritev per run of adjacent records (headers and data as they are, no copy); ``sync`` writes the buffer and fdatasyncs the
-files it touched. A record written and removed before the flush is never written.
+one pwritev per run of adjacent records (headers and data as they are, no copy); ``sync``
+writes the buffer and fdatasyncs the files it touched. A record written and removed before
+the flush is never written.
 
 Races this module guards against (one thread of control; a queue process owns it):
 
@@ -35,6 +36,7 @@ import struct
 import zlib
 from collections.abc import Iterable
 from itertools import accumulate
+from typing import TypeVar
 
 from ..errors import CorruptMessage, QueueClosed
 from .queue_index import DEFAULT_SEGMENT_ENTRY_COUNT, HEADER_BYTES
@@ -152,7 +154,11 @@ class QueueStore:
         offsets = list(accumulate(lengths, initial=begin))
         end = offsets.pop()
         self._buffer.update(
-            zip(range(first_seq_id, first_seq_id + len(datas)), zip(offsets, headers, datas))
+            zip(
+                range(first_seq_id, first_seq_id + len(datas)),
+                zip(offsets, headers, datas, strict=True),
+                strict=True,
+            )
         )
         self._ends[segment] = end
         self._live[segment] = self._live.get(segment, 0) + len(datas)
@@ -300,7 +306,10 @@ class QueueStore:
         os.close(self._dir_fd)
 
 
-def _record_at(data: bytes, offset: int, size: int) -> bytes | None:
+_Data = TypeVar("_Data", bytes, memoryview)
+
+
+def _record_at(data: _Data, offset: int, size: int) -> _Data | None:
     """The record's data if a whole record of ``size`` bytes with a good CRC is there."""
     if offset < 0 or offset + RECORD_HEADER_BYTES + size > len(data):
         return None

@@ -11,8 +11,8 @@ States. Every message in the queue is in one of four states:
 Queues. The messages are held, oldest first, in ``q4 · q3 · delta · q2 · q1``: q4 and q1
 hold alphas, q3 and q2 betas and gammas, delta a range of seq ids with a count::
 
-    fetch <-  [ q4: alphas ] [ q3: betas, gammas ] [ delta ] [ q2: betas, gammas ] [ q1: alphas ]  <- publish
-                                      ^ loaded one segment at a time when q3 drains
+    fetch <- [q4: alphas] [q3: betas, gammas] [delta] [q2: betas, gammas] [q1: alphas] <- publish
+                            ^ loaded one segment at a time when q3 drains
 
 A publish goes to q4 while everything else is empty, else to q1; a fetch takes q4's head,
 else q3's; when q3 drains, the next segment of delta is read into q3 (as gammas), and
@@ -326,29 +326,35 @@ class VariableQueue:
 
     # ------------------------------------------------------------------ recovery
 
-    def _open(self, persistent_store, transient_store, shared_store_clean: bool) -> None:
+    def _open(
+        self,
+        persistent_store: Callable[[bytes], SharedStoreClient],
+        transient_store: Callable[[bytes], SharedStoreClient],
+        shared_store_clean: bool,
+    ) -> None:
         started = time.monotonic()
         had_files = any(name.endswith(".qi") for name in os.listdir(self.directory))
         terms = self._take_terms()
         persistent_ref = bytes.fromhex(terms["persistent_ref"]) if terms else os.urandom(16)
         self._persistent = persistent_store(persistent_ref)
         self._transient = transient_store(os.urandom(16))
-        clean = terms is not None and shared_store_clean
-        if clean and terms.get("file_sizes") != self._segment_file_sizes():
+        clean_terms = terms if shared_store_clean else None  # None: recover dirty
+        if clean_terms is not None and clean_terms.get("file_sizes") != self._segment_file_sizes():
             # Cut or grown since the clean stop (a torn copy, a restored backup): the
             # counts in the terms may name entries that are gone. Only a scan knows.
             log.warning(
                 "%s: segment files changed size since the clean stop; recovering dirty",
                 self.directory,
             )
-            clean = False
-        if clean:
-            self._index.recover_clean({int(s): c for s, c in terms["segments"].items()})
-            self._store.recover({int(s): c for s, c in terms["store_segments"].items()})
-            self.next_seq_id = terms["next_seq_id"]
-            self._persistent_count = terms["persistent_count"]
-            self._persistent_bytes = terms["persistent_bytes"]
-            self._delivery_counts = {int(s): c for s, c in terms["delivery_counts"].items()}
+            clean_terms = None
+        clean = clean_terms is not None
+        if clean_terms is not None:
+            self._index.recover_clean({int(s): c for s, c in clean_terms["segments"].items()})
+            self._store.recover({int(s): c for s, c in clean_terms["store_segments"].items()})
+            self.next_seq_id = clean_terms["next_seq_id"]
+            self._persistent_count = clean_terms["persistent_count"]
+            self._persistent_bytes = clean_terms["persistent_bytes"]
+            self._delivery_counts = {int(s): c for s, c in clean_terms["delivery_counts"].items()}
             self._redeliver_below = 0
         else:
             self._recover_dirty()
@@ -429,7 +435,7 @@ class VariableQueue:
                 if in_store
                 else []
             )
-            valid_at = {i: ok for (i, _), ok in zip(in_store, valid)}
+            valid_at = {i: ok for (i, _), ok in zip(in_store, valid, strict=True)}
             for i, entry in enumerate(entries):
                 if not entry.persistent:
                     counters["dropped_transient"] += 1
@@ -459,7 +465,7 @@ class VariableQueue:
         missing: list[Entry] = []
         if shared:
             present = self._persistent.contains_many([e.msg_id for e in shared])
-            missing = [e for e, found in zip(shared, present) if not found]
+            missing = [e for e, found in zip(shared, present, strict=True) if not found]
         if missing:
             self._index.ack(e.seq_id for e in missing)
             self._index.sync()
@@ -574,7 +580,7 @@ class VariableQueue:
             or self._target_ram_count != math.inf
             or max(sizes) >= embed
         ):
-            for payload, msg_id in zip(payloads, msg_ids or repeat(None)):
+            for payload, msg_id in zip(payloads, msg_ids or repeat(None), strict=False):
                 self.publish_encoded(
                     payload, persistent=persistent, expiry_ms=expiry_ms, msg_id=msg_id
                 )
@@ -633,15 +639,17 @@ class VariableQueue:
     def _write_body(self, status: MsgStatus) -> None:
         if status.body_on_disk:
             return
+        payload = status.payload
+        assert payload is not None  # a body not on disk is in RAM
         if status.shared:
             # The shared store's records carry no checksum (RabbitMQ's format): the index
             # keeps the body's CRC-32 where an embedded body keeps its offset.
-            status.store_offset = zlib.crc32(status.payload)
-            ticket = self._client(status).write(status.msg_id, status.payload)
+            status.store_offset = zlib.crc32(payload)
+            ticket = self._client(status).write(status.msg_id, payload)
             if status.persistent:
                 self._store_unsettled.append((ticket, status.seq_id))
         else:
-            status.store_offset = self._store.write(status.seq_id, status.payload)
+            status.store_offset = self._store.write(status.seq_id, payload)
         status.body_on_disk = True
 
     def _write_index(self, status: MsgStatus) -> None:
@@ -886,7 +894,10 @@ class VariableQueue:
                 raise UnknownDeliveryTag(
                     f"seq id {seq_id!r} awaits no ack: never fetched, or already acked or requeued"
                 )
-        return [self._ram_pending.pop(s, None) or self._disk_pending.pop(s) for s in seq_ids]
+        return [
+            self._ram_pending.pop(s) if s in self._ram_pending else self._disk_pending.pop(s)
+            for s in seq_ids
+        ]
 
     def pending_payload(self, seq_id: int) -> bytes | None:
         """The encoded message of a fetch awaiting its ack (None if its body is gone)."""
@@ -949,12 +960,14 @@ class VariableQueue:
             status = self._head()
             if status is None or not predicate(status.info()):
                 return None if status is None else status.info()
-            self._remove([self._pop_head()])
+            head = self._pop_head()
+            assert head is not None  # _head() has just found it
+            self._remove([head])
 
     def fetch_while(self, predicate: Callable[[MessageInfo], bool]) -> list[Delivery]:
         """Fetch (awaiting acks) from the head while ``predicate`` holds: expired messages
         for dead-lettering, acked once they are re-published."""
-        deliveries = []
+        deliveries: list[Delivery] = []
         while True:
             info = self.peek()
             if info is None or not predicate(info):
