@@ -105,8 +105,10 @@ class ChildSpec:
                 self.heartbeat_timeout_s,
                 "expected None exactly when heartbeat_interval_s is None",
             )
-        if self.heartbeat_interval_s is not None and (
-            self.heartbeat_timeout_s <= self.heartbeat_interval_s
+        if (
+            self.heartbeat_interval_s is not None
+            and self.heartbeat_timeout_s is not None
+            and self.heartbeat_timeout_s <= self.heartbeat_interval_s
         ):
             raise InvalidSpec(
                 "heartbeat_timeout_s",

@@ -64,7 +64,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -111,7 +111,7 @@ class _Event:
     reason: str = field(default="", compare=False)
     abnormal: bool = field(default=True, compare=False)
     call: Callable[[], Any] | None = field(default=None, compare=False)
-    reply: queue.Queue | None = field(default=None, compare=False)
+    reply: queue.Queue[tuple[bool, Any]] | None = field(default=None, compare=False)
     terminated: bool = field(default=False, compare=False)  # the child's own SIGTERM
 
 
@@ -322,7 +322,7 @@ class Supervisor:
         """Run ``function`` on the event thread (where every decision is taken)."""
         if self.state != "running":
             raise SupervisorError(f"supervisor {self.id} is {self.state}")
-        reply: queue.Queue = queue.Queue()
+        reply: queue.Queue[tuple[bool, Any]] = queue.Queue()
         self._events.put(_Event("call", call=function, reply=reply))
         ok, value = reply.get()
         if not ok:
@@ -384,7 +384,7 @@ class Supervisor:
         child.ready_at = child.last_pong = child.last_ping = now
         child.state = "running"
 
-    def _stop_children(self, children) -> None:
+    def _stop_children(self, children: Iterable[_Child]) -> None:
         for child in list(children):
             if child.state in ("stopped", "failed") and child.supervisor is None:
                 continue
@@ -430,20 +430,21 @@ class Supervisor:
         if event is None:
             return
         if event.kind == "call":
+            call, reply = event.call, event.reply
+            assert call is not None and reply is not None  # _call() sets both
             try:
-                event.reply.put((True, event.call()))
+                reply.put((True, call()))
             except Exception as exc:  # handed to the caller, who raises it
-                event.reply.put((False, exc))
+                reply.put((False, exc))
         elif event.kind == "exit":
             self._child_exited(event)
-        elif event.kind == "retry" and event.child.generation == event.generation:
-            self._restart(event.child)
-        elif (
-            event.kind == "restart_terminated"
-            and event.child.generation == event.generation
-            and event.child.state == "stopped"
-        ):
-            self._restart(event.child)
+        elif event.kind in ("retry", "restart_terminated"):
+            child = event.child
+            assert child is not None  # both kinds are made for a child
+            if child.generation == event.generation and (
+                event.kind == "retry" or child.state == "stopped"
+            ):
+                self._restart(child)
 
     def _kill_hung_children(self) -> None:
         now = time.monotonic()
@@ -452,18 +453,21 @@ class Supervisor:
         for child in children:
             timeout = getattr(child.spec, "heartbeat_timeout_s", None)
             if timeout is not None and child.state == "running" and now - child.last_pong > timeout:
+                ref = child.ref
+                assert ref is not None  # only an actor child has a heartbeat; running, its ref
                 log.warning(
                     "%s: %s (pid %d) missed heartbeats for %.1f s: killing it",
                     self.id,
                     child.name,
-                    child.ref.pid,
+                    ref.pid,
                     now - child.last_pong,
                 )
                 child.state = "hung"
-                self.node.kill(child.ref)
+                self.node.kill(ref)
 
     def _child_exited(self, event: _Event) -> None:
         child = event.child
+        assert child is not None  # an exit event is made for a child
         if (
             child.generation != event.generation
             or child.state not in ("running", "hung")

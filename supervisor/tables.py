@@ -50,7 +50,7 @@ def format_table(
             textwrap.wrap(cell, w, break_on_hyphens=False) or [""]
             if c.wrap and len(cell) > w
             else [cell]
-            for c, cell, w in zip(columns, row, widths)
+            for c, cell, w in zip(columns, row, widths, strict=True)
         ]
         for depth in range(max(len(parts) for parts in cells)):
             lines.append(
@@ -76,7 +76,9 @@ def _fit(columns: Sequence[Column], widths: list[int], width: int) -> list[int]:
 
 
 def _join(columns: Sequence[Column], widths: list[int], cells: list[str]) -> str:
-    return _GAP.join(f"{cell:{c.align}{w}}" for c, cell, w in zip(columns, cells, widths)).rstrip()
+    return _GAP.join(
+        f"{cell:{c.align}{w}}" for c, cell, w in zip(columns, cells, widths, strict=True)
+    ).rstrip()
 
 
 __all__ = ["Column", "TERMINAL_COLUMNS", "format_table"]
