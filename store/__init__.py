@@ -1,8 +1,8 @@
 """The shared message store: ``.rdq`` files, index, file summary, scanner, GC, recovery.
 
-``MessageStore`` is the in-process engine (see ``warren.store.engine.message_store`` for the design);
-the store actors of a node wrap it, and ``LocalStoreClient`` gives it the calls of the
-actors' ``StoreClient``. ``rewrite_combine`` is the GC's copy step, which runs
+``MessageStore`` is the in-process engine (see ``warren.store.engine.message_store`` for
+the design); the store actors of a node wrap it, and ``LocalStoreClient`` gives it the
+calls of the actors' ``StoreClient``. ``rewrite_combine`` is the GC's copy step, which runs
 in whatever process the caller chooses.
 """
 

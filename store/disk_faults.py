@@ -23,15 +23,16 @@ from __future__ import annotations
 import json
 import os
 import time
+from typing import Any
 
 __all__ = ["ENVIRONMENT_VARIABLE", "disk_full", "slow_sync", "write_faults"]
 
 ENVIRONMENT_VARIABLE = "WARREN_DISK_FAULTS"
 _seen: tuple[int, int, int] | None = None
-_faults: dict = {}
+_faults: dict[str, Any] = {}  # the harness's JSON object
 
 
-def _current(path: str) -> dict:
+def _current(path: str) -> dict[str, Any]:
     global _seen, _faults
     try:
         status = os.stat(path)
@@ -62,7 +63,9 @@ def slow_sync() -> None:
 def disk_full() -> bool:
     """Whether the harness says the disk is full."""
     path = os.environ.get(ENVIRONMENT_VARIABLE)
-    return bool(path) and _current(path).get("disk_full") is True
+    if not path:
+        return False
+    return _current(path).get("disk_full") is True
 
 
 def write_faults(

@@ -20,9 +20,9 @@ malformed, raises ``UnhandledMessage``: logged and counted, never a crash.
 
 It runs at a lower CPU priority (``GC_NICENESS``) than the stores: on a machine of two
 cores, a combine's scan and copy would otherwise take the CPU from the store's group
-commits and its clients. Supervised by ``gc_sup`` (one_for_one) under the node's root, first in the tree: a GC
-crash restarts the GC alone, and the store whose job it was abandons that job when its
-monitor reports the GC's death.
+commits and its clients. Supervised by ``gc_sup`` (one_for_one) under the node's root,
+first in the tree: a GC crash restarts the GC alone, and the store whose job it was
+abandons that job when its monitor reports the GC's death.
 """
 
 from __future__ import annotations
@@ -30,11 +30,12 @@ from __future__ import annotations
 import array
 import logging
 import os
+from typing import Any
 
 from warren.actors import ActorRef, ProcessActor, UnhandledMessage
 
 from .engine.records import data_file_name
-from .engine.rewrite import CombinePlan, rewrite_combine
+from .engine.rewrite import CombinePlan, Record, rewrite_combine
 from .engine.scanner import ScanResult, scan_file
 from .protocol import RewriteFailed, RewriteJob, Rewritten, ScanJob, Scanned
 
@@ -54,7 +55,7 @@ class GCActor(ProcessActor):
     def on_start(self) -> None:
         os.nice(GC_NICENESS)
 
-    def on_receive(self, message):
+    def on_receive(self, message: Any) -> None:
         if isinstance(message, ScanJob):
             return self._scan(message)
         if isinstance(message, RewriteJob):
@@ -128,7 +129,7 @@ class GCActor(ProcessActor):
         job.reply_to.tell(Rewritten(job.job_id, dst, src, result.file_size))
 
 
-def _is_file_number(value) -> bool:
+def _is_file_number(value: object) -> bool:
     return type(value) is int and value >= 0
 
 
@@ -140,9 +141,12 @@ def _packed(found: ScanResult) -> tuple[bytes, bytes, bytes]:
     )
 
 
-def _selected(found: ScanResult, keep: bytes) -> tuple[tuple[bytes, int, int], ...]:
+def _selected(found: ScanResult, keep: bytes) -> tuple[Record, ...]:
+    # _rewrite checked that ``keep`` has one flag per record of the scan.
     return tuple(
         (msg_id, offset, size)
-        for msg_id, offset, size, flag in zip(found.msg_ids, found.offsets, found.total_sizes, keep)
+        for msg_id, offset, size, flag in zip(
+            found.msg_ids, found.offsets, found.total_sizes, keep, strict=True
+        )
         if flag
     )

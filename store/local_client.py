@@ -1,7 +1,8 @@
 """``LocalStoreClient``: a store client for a ``MessageStore`` in this process.
 
 It has the calls of ``warren.store.client.StoreClient`` that a queue uses (``write``,
-``remove``, ``read``, ``read_many``, ``contains_many``, ``settled``, ``close``, ``terminate``, ``delete_and_terminate``), so the queue engine runs unchanged against the
+``remove``, ``read``, ``read_many``, ``contains_many``, ``settled``, ``close``,
+``terminate``, ``delete_and_terminate``), so the queue engine runs unchanged against the
 in-process engine (tests, benchmarks, embedding) or against a store actor.
 
 Several clients may share one store: each write's ticket is ``(client_ref, seq)``, and
@@ -14,16 +15,16 @@ from __future__ import annotations
 
 import os
 import weakref
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from .engine.message_store import MessageStore, Settlement
 
 __all__ = ["LocalStoreClient"]
 
 # Every live client of each store, so that one client's sync settles them all.
-_CLIENTS: weakref.WeakKeyDictionary[MessageStore, weakref.WeakValueDictionary] = (
-    weakref.WeakKeyDictionary()
-)
+_CLIENTS: weakref.WeakKeyDictionary[
+    MessageStore, weakref.WeakValueDictionary[bytes, LocalStoreClient]
+] = weakref.WeakKeyDictionary()
 
 
 class LocalStoreClient:
@@ -68,14 +69,15 @@ class LocalStoreClient:
         return Settlement(self._settled_up_to, failed)
 
     def _sync_store(self) -> None:
-        clients = _CLIENTS.get(self.store, {})
+        clients: Mapping[bytes, LocalStoreClient] = _CLIENTS.get(self.store, {})
         result = self.store.sync()
         for client in list(clients.values()):
             client._settled_up_to = client._next_seq
         for ticket in result.failed:  # other callers' tickets are theirs to see
-            client = clients.get(ticket[0]) if type(ticket) is tuple else None
-            if client is not None:
-                client._failed.append(ticket[1])
+            if type(ticket) is tuple:
+                owner = clients.get(ticket[0])
+                if owner is not None:
+                    owner._failed.append(ticket[1])
 
     def terminate(self) -> None:
         """Settle everything, then unregister, as ``StoreClient.terminate``."""
@@ -88,4 +90,6 @@ class LocalStoreClient:
 
     def delete_and_terminate(self) -> None:
         self.store.unregister_client(self.client_ref)
-        _CLIENTS.get(self.store, {}).pop(self.client_ref, None)
+        clients = _CLIENTS.get(self.store)
+        if clients is not None:
+            clients.pop(self.client_ref, None)

@@ -1,8 +1,9 @@
 """``MessageStoreActor``: msg_store_persistent and msg_store_transient as actor processes.
 
 Each wraps one ``MessageStore`` engine (with the shared lock table, so clients read files
-directly) in its own OS process, started by the node's tree (``warren.supervisor.node.node``). The
-transient store empties its directory at every start. Supervised by the node's root
+directly) in its own OS process, started by the node's tree
+(``warren.supervisor.node.node``). The transient store empties its directory at every
+start. Supervised by the node's root
 (rest_for_one): a store crash restarts everything after it.
 
 Messages accepted (``warren.store.protocol``), and what each gets back:
@@ -11,10 +12,11 @@ Messages accepted (``warren.store.protocol``), and what each gets back:
                                       transient)
     WriteBatch(client_ref, first_seq, records, removes)
                                     → Settled, once every write of the batch is on disk,
-                                      ignored, or failed because the disk is full; the removes (one reference less each,
-                                      unknown ids counted) applied in their place among
-                                      the writes; a malformed batch → an error, nothing
-                                      of it applied
+                                      ignored, or failed because the disk is full; the
+                                      removes (one reference less each, unknown ids
+                                      counted) applied in their place among the writes;
+                                      a malformed batch → an error, nothing of it
+                                      applied
     Read(msg_id) / ReadMany(ids)    → Found(body, file, offset, total_size) | None each
                                       (file -1: not yet flushed, do not cache the place)
     Contains(ids)                   → list[bool]
@@ -82,7 +84,7 @@ import struct
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from warren.actors import ActorError, ActorRef, Down, ProcessActor, UnhandledMessage
 
@@ -111,6 +113,9 @@ from .protocol import (
     WriteBatch,
 )
 
+if TYPE_CHECKING:
+    from warren.actors import DeferredReply
+
 log = logging.getLogger("warren.store")
 
 SYNC_INTERVAL_MS = 25  # longest a pending confirm waits for its fsync
@@ -121,10 +126,14 @@ GC_CHECK_INTERVAL_S = 1.0  # how often an idle store looks for garbage to combin
 GC_RETRY_S = 5.0  # after a failed or abandoned combine
 GC_NAME = "msg_store_gc"
 _SIZE = struct.Struct(">Q")
+# The ticket of each write this actor makes: (client_ref, seq, msg_id).
+_Ticket = tuple[bytes, int, bytes]
 
 
 class MessageStoreActor(ProcessActor):
     """One store process; see the module docstring."""
+
+    store: MessageStore  # the engine, opened by on_start before any message is handled
 
     def __init__(
         self,
@@ -150,9 +159,8 @@ class MessageStoreActor(ProcessActor):
         self.gc_name = gc_name
         self.gc_check_interval_s = gc_check_interval_s
         self.gc_retry_s = gc_retry_s
-        self.store: MessageStore | None = None
         # (reply, client_ref, first_seq, last_seq, arrived) of each unanswered WriteBatch
-        self._waiting: list[tuple[Any, bytes, int, int, float]] = []
+        self._waiting: list[tuple[DeferredReply, bytes, int, int, float]] = []
         self._sync_armed = False
         self._dying: set[bytes] = set()
         self._ignored_unwritten: list[tuple[bytes, int, bytes]] = []  # dying clients' writes
@@ -280,6 +288,7 @@ class MessageStoreActor(ProcessActor):
         if body is None:
             return None
         place = self.store.location(msg_id)
+        assert place is not None  # read() just found it, and nothing ran since
         if place.file == PENDING_FILE:
             return Found(body, -1, 0, 0)
         return Found(body, place.file, place.offset, place.total_size)
@@ -337,6 +346,7 @@ class MessageStoreActor(ProcessActor):
             return  # abandoned meanwhile
         started = time.perf_counter()
         part, at = job.cursor
+        assert job.scan is not None  # _scanned set it before staging began
         ids, offsets, sizes = job.scan[part]
         stop = min(len(offsets), at + GC_SLICE_RECORDS)
         msg_ids = [ids[i * 16 : i * 16 + 16] for i in range(at, stop)]
@@ -441,10 +451,14 @@ class MessageStoreActor(ProcessActor):
     def _settle(self) -> None:
         """One sync for everything written; answer every waiting batch."""
         result = self.store.sync()
+        # Every ticket the store reports is one this actor's writes gave it.
+        durable_tickets = cast("list[_Ticket]", result.durable)
         # Each client's durable writes, in seq order, with where each record lies.
         durable: dict[bytes, list[tuple[int, int, int, int]]] = {}
         for (client, seq, _), place in zip(
-            result.durable, self.store.places([msg_id for _, _, msg_id in result.durable])
+            durable_tickets,
+            self.store.places([msg_id for _, _, msg_id in durable_tickets]),
+            strict=True,
         ):
             if place is not None:
                 durable.setdefault(client, []).append((seq, *place))
@@ -452,10 +466,10 @@ class MessageStoreActor(ProcessActor):
         for client, entries in durable.items():
             entries.sort()
             seqs[client] = [entry[0] for entry in entries]
-        ignored = {(client, seq) for client, seq, _ in result.ignored}
+        ignored = {(client, seq) for client, seq, _ in cast("list[_Ticket]", result.ignored)}
         ignored.update((client, seq) for client, seq, _ in self._ignored_unwritten)
         self._ignored_unwritten = []
-        failed = {(client, seq) for client, seq, _ in result.failed}
+        failed = {(client, seq) for client, seq, _ in cast("list[_Ticket]", result.failed)}
         now = time.monotonic()
         longest = self.counters["longest_confirm_wait_ms"]
         for reply, client, first, last, arrived in self._waiting:
@@ -525,7 +539,8 @@ class _Job:
     dst: int
     src: int
     gc: ActorRef
-    scan: list | None = None  # per file: (ids, offsets, sizes) from the GC
+    # per file: (ids, offsets, sizes) from the GC
+    scan: list[tuple[bytes, memoryview, memoryview]] | None = None
     cursor: tuple[int, int] = (0, 0)  # (0 = Dst / 1 = Src, next record) to stage
     keep: list[bytearray] = field(default_factory=lambda: [bytearray(), bytearray()])
     plan: CombinePlan | None = None  # once staged: what the GC copies

@@ -28,14 +28,15 @@ import errno
 import logging
 import mmap
 import os
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import TypeVar, TypeVarTuple
 
 from ..disk_faults import slow_sync
 from ..errors import StoreError
 from . import index as idx
 from .lock_table import SWITCH_DEADLINE_SECONDS
 from .records import data_file_name
+from .state import _StoreState
 from .summary import FileSummary
 
 log = logging.getLogger("warren.store")
@@ -47,6 +48,8 @@ _LOCATION_CLEAR = idx.LOCATION_CLEAR
 DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 _FALLOC_FL_KEEP_SIZE = 1
 _libc = ctypes.CDLL(None, use_errno=True)
+_T = TypeVar("_T")
+_Ts = TypeVarTuple("_Ts")
 
 
 def reserve(fd: int, length: int) -> None:
@@ -70,7 +73,7 @@ class _NoSpace(Exception):
         self.landed = landed
 
 
-class FileChanges:
+class FileChanges(_StoreState):
     """The multi-step file changes of ``MessageStore`` (see the module docstring)."""
 
     def _flush(self) -> None:
@@ -90,7 +93,7 @@ class FileChanges:
                         (index[key] & _LOCATION_CLEAR) | (offset << _OFFSET_SHIFT) | file_bits
                     )
                     offset += len(record)
-                keys = pending
+                keys: dict[int, bytes] | list[int] = pending
                 self._append(pending.values(), offset - start)
                 self._pending_written(pending)
                 return
@@ -300,7 +303,7 @@ class FileChanges:
         if mapped is not None:
             mapped.close()
 
-    def _guarded(self, operation, *args) -> Any:
+    def _guarded(self, operation: Callable[[*_Ts], _T], *args: *_Ts) -> _T:
         """Run one multi-step change of the files or the index as a whole: any exception
         escaping it (an OS error, a KeyboardInterrupt, a bug) breaks the store."""
         try:

@@ -57,6 +57,7 @@ from .lock_table import SWITCH_DEADLINE_SECONDS
 from .records import data_file_name, temp_file_name
 from .rewrite import CombinePlan, Record, RewriteResult, rewrite_combine
 from .scanner import scan_file
+from .state import _StoreState
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -80,7 +81,7 @@ class Staging:
     src_started: bool = False
 
 
-class Combining:
+class Combining(_StoreState):
     """GC steps of ``MessageStore`` (see the module docstring); uses its state."""
 
     def choose_combine(self) -> tuple[int, int] | None:
@@ -122,7 +123,7 @@ class Combining:
         keep = bytearray(len(msg_ids))
         new_offset = staging.next_offset
         staged_bytes = 0
-        for i, (msg_id, offset, size) in enumerate(zip(msg_ids, offsets, sizes)):
+        for i, (msg_id, offset, size) in enumerate(zip(msg_ids, offsets, sizes, strict=True)):
             key = _key(msg_id)
             value = index.get(key)
             if (
@@ -143,6 +144,7 @@ class Combining:
         """Step 3: the plan to copy, or None (the combine abandoned, the pair never tried
         again) when a file's staged bytes do not add up to its valid bytes."""
         staging = self._staging
+        assert staging is not None, "finish_staging without a combine in progress"
         for file in (staging.dst, staging.src):
             expected = self._summary[file].valid_total_size
             if staging.valid_bytes[file] != expected:
@@ -186,10 +188,12 @@ class Combining:
         """
         if plan is not self._combine:
             raise StoreError("apply_combine of a plan this store is not running")
-        if result.file_size != self._staging.next_offset:
+        staging = self._staging
+        assert staging is not None  # set together with the plan
+        if result.file_size != staging.next_offset:
             raise StoreError(
                 f"apply_combine of a rewrite of {result.file_size} bytes; the "
-                f"plan's records hold {self._staging.next_offset}"
+                f"plan's records hold {staging.next_offset}"
             )
         self._check_usable()
         if self._lock_table is None:
@@ -202,6 +206,7 @@ class Combining:
 
     def _switch_files(self, plan: CombinePlan, file_size: int) -> None:
         staging = self._staging
+        assert staging is not None  # apply_combine runs this only for the staged plan
         dst, src = self._summary[plan.dst], self._summary[plan.src]
         # Before the rename: a live record moved into Dst could land where an entry of
         # the old Dst's removal log names a removed record of the same id.
@@ -239,6 +244,7 @@ class Combining:
 
     def _abandon_combine(self) -> None:
         staging = self._staging
+        assert staging is not None  # its callers run it only while a combine is staged
         self._combine = self._staging = self._moves = None
         try:
             os.unlink(temp_file_name(staging.dst), dir_fd=self._dir_fd)
@@ -256,11 +262,11 @@ class Combining:
         hold a switch past its deadline (retried at the next call); the number done."""
         done = 0
         if self._deferred_apply is not None:
-            plan, result = self._deferred_apply
-            if plan is self._combine:
+            held_plan, held_result = self._deferred_apply
+            if held_plan is self._combine:
                 # A retry takes the locks only if they are free now: a reader stopped
                 # while holding one must not cost every sync a full deadline.
-                if not self.apply_combine(plan, result, wait_s=0.0):
+                if not self.apply_combine(held_plan, held_result, wait_s=0.0):
                     return done
                 done += 1
             self._deferred_apply = None

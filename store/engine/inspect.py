@@ -64,9 +64,9 @@ def inspect_store(directory: str | os.PathLike) -> StoreReport:
         names = os.listdir(directory)
     except OSError as exc:
         raise StoreDirectoryError(f"cannot read {directory!r}: {exc.strerror}") from None
-    data_names = [n for n in names if data_file_number(n) is not None]
-    not_files = sorted(n for n in data_names if not os.path.isfile(os.path.join(directory, n)))
-    files = sorted(data_file_number(n) for n in data_names if n not in not_files)
+    numbers = {n: number for n in names if (number := data_file_number(n)) is not None}
+    not_files = sorted(n for n in numbers if not os.path.isfile(os.path.join(directory, n)))
+    files = sorted(number for n, number in numbers.items() if n not in not_files)
     if not files and LOCK_FILE not in names:
         raise StoreDirectoryError(
             f"{directory!r} is not a store directory: it holds no "
@@ -82,12 +82,15 @@ def inspect_store(directory: str | os.PathLike) -> StoreReport:
         problem = str(exc) if snapshot.present(dir_fd) else None
     finally:
         os.close(dir_fd)
-    reports, last_copy = [], {}
+    reports: list[FileReport] = []
+    last_copy: dict[bytes, tuple[int, int, int]] = {}  # msg_id -> (file, offset, size)
     for file in files:
         # A copy, not a mapping: a store starting beside us may truncate its current file.
         found = scan_file(os.path.join(directory, data_file_name(file)), mapped=False)
         reports.append(FileReport(file, found.size, len(found.offsets), damaged=found.damaged))
-        for msg_id, offset, size in zip(found.msg_ids, found.offsets, found.total_sizes):
+        for msg_id, offset, size in zip(
+            found.msg_ids, found.offsets, found.total_sizes, strict=True
+        ):
             last_copy[msg_id] = (file, offset, size)
     by_file = {r.file: r for r in reports}
     if saved_index is not None:

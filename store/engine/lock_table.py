@@ -91,6 +91,7 @@ import struct
 import threading
 import time
 import weakref
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
 from ..errors import StoreDirectoryError
@@ -192,7 +193,9 @@ class LockTableOwner:
         struct.pack_into("<I", self._map, _BLOCKED_AT, int(blocked))
 
     @contextmanager
-    def exclusive(self, files, deadline_seconds: float = SWITCH_DEADLINE_SECONDS):
+    def exclusive(
+        self, files: Iterable[int], deadline_seconds: float = SWITCH_DEADLINE_SECONDS
+    ) -> Iterator[bool]:
         """Hold the slots of ``files`` exclusively; yields True, or False past the deadline
         (then the caller must not touch the files, and retries later)."""
         slots = sorted({file % self.slot_count for file in files})
@@ -289,7 +292,7 @@ class LockTableReader:
                 self._refresh()
         return body
 
-    def _read(self, file, offset, total_size, msg_id) -> bytes | None:
+    def _read(self, file: int, offset: int, total_size: int, msg_id: bytes) -> bytes | None:
         table = self._table()
         slot = file % self._slot_count
         slot_at = _slot_offset(slot)

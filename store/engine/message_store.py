@@ -5,11 +5,12 @@ Design
 
 Components. Messages live in append-only data files ``0.rdq``, ``1.rdq`` ... in the store
 directory (lower numbers are older). The *index* maps each msg_id with references to
-(ref_count, file, offset, total_size), packed in one int (``warren.store.engine.index``). The *file
-summary* holds, per file, its valid bytes, its size, its left and right neighbours and
-whether a GC job has it locked (``warren.store.engine.summary``). The *pending map* holds records not yet
-handed to write(2), in arrival order. One object owns all of it and is not thread-safe:
-the store actor of a node wraps it and is its only caller.
+(ref_count, file, offset, total_size), packed in one int (``warren.store.engine.index``).
+The *file summary* holds, per file, its valid bytes, its size, its left and right
+neighbours and whether a GC job has it locked (``warren.store.engine.summary``). The
+*pending map* holds records not yet handed to write(2), in arrival order. One object owns
+all of it and is not thread-safe: the store actor of a node wraps it and is its only
+caller.
 
 Record format (``warren.store.engine.records``)::
 
@@ -56,25 +57,26 @@ step, or ``abandon_combine`` when the rewrite failed or its process died.
 ``auto_gc=True`` (the default) ``sync()`` does so whenever the trigger holds.
 
 Recovery. A clean ``close()`` writes the index, the file summary and a clean marker naming
-the registered clients (``warren.store.engine.snapshot``). An open that finds all three intact, agreeing
-with the files on disk, and naming the same clients as ``clean_clients`` (when given) loads
-them; the files are deleted before anything is served, so a crash after this open is a
-dirty start next time. Any other start is dirty: every ``.rdq`` file is scanned
-(``warren.store.engine.scanner``), the last complete copy of each id (highest file, then offset) is kept,
-and the current file is truncated after its last complete record (a torn tail from the
-crash). Reference counts come from ``ref_counts``, an iterable of (msg_id, count) pairs
-(a node passes a walker over its queue indexes); ids it names whose data is missing are
-dropped and counted; records it does not name are garbage. Without it every message found
-counts once, except the records the removal log names (``warren.store.engine.removal_log``):
-every remove that took a record in a file to zero references, written with the group
-commit, so an acknowledged message never comes back. Without a source, a recovered
-count of one is a guess the store cannot check, and a client re-sending the writes it was
-told are in doubt would add a second reference to a write that had reached the disk; so
-after such a start the first write of each recovered id *adopts* the record (reported
-durable, no I/O, no extra reference), until a remove or a clean close. (After a clean stop
-counts are exact, and what is in doubt was never applied: a clean stop answers every batch
-it applied.) Stray ``.rdt`` files left by a combine that did not finish are deleted at
-every start; anything named like a data file that is not a regular file is ignored.
+the registered clients (``warren.store.engine.snapshot``). An open that finds all three
+intact, agreeing with the files on disk, and naming the same clients as ``clean_clients``
+(when given) loads them; the files are deleted before anything is served, so a crash after
+this open is a dirty start next time. Any other start is dirty: every ``.rdq`` file is
+scanned (``warren.store.engine.scanner``), the last complete copy of each id (highest
+file, then offset) is kept, and the current file is truncated after its last complete
+record (a torn tail from the crash). Reference counts come from ``ref_counts``, an
+iterable of (msg_id, count) pairs (a node passes a walker over its queue indexes); ids it
+names whose data is missing are dropped and counted; records it does not name are garbage.
+Without it every message found counts once, except the records the removal log names
+(``warren.store.engine.removal_log``): every remove that took a record in a file to zero
+references, written with the group commit, so an acknowledged message never comes back.
+Without a source, a recovered count of one is a guess the store cannot check, and a client
+re-sending the writes it was told are in doubt would add a second reference to a write
+that had reached the disk; so after such a start the first write of each recovered id
+*adopts* the record (reported durable, no I/O, no extra reference), until a remove or a
+clean close. (After a clean stop counts are exact, and what is in doubt was never applied:
+a clean stop answers every batch it applied.) Stray ``.rdt`` files left by a combine that
+did not finish are deleted at every start; anything named like a data file that is not a
+regular file is ignored.
 
 Readers in other processes. With ``shared_readers=True`` the store keeps the shared
 file-lock table (``warren.store.engine.lock_table``): it publishes the current file and its flushed
@@ -92,10 +94,12 @@ call raises StoreClosed and ``close()`` writes no clean-shutdown files; the next
 recovers dirty from the files, which never lose a synced record. A clean snapshot thus
 only ever describes the files as they are.
 
-Modules. This one holds the public API, the state and closing; ``warren.store.engine.recovery``
-opening and recovery, ``warren.store.engine.file_changes`` the multi-step changes of the files
-(the write path, rollover, sync, deletion, and the guard that breaks the store when one
-is interrupted), ``warren.store.engine.gc`` the store's side of GC.
+Modules. This one holds the public API, the state's initial values and closing;
+``warren.store.engine.state`` declares the state all the parts share,
+``warren.store.engine.recovery`` holds opening and recovery,
+``warren.store.engine.file_changes`` the multi-step changes of the files (the write path,
+rollover, sync, deletion, and the guard that breaks the store when one is interrupted),
+``warren.store.engine.gc`` the store's side of GC.
 
 Races this module guards against (within its one thread of control):
 
@@ -112,7 +116,6 @@ Races this module guards against (within its one thread of control):
 from __future__ import annotations
 
 import logging
-import mmap
 import os
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
@@ -122,7 +125,7 @@ from ..errors import CorruptRecord, StoreClosed, StoreError
 from . import index as idx
 from . import snapshot
 from .file_changes import DISK_FULL_ERRNOS, FileChanges
-from .gc import Combining, Staging
+from .gc import Combining
 from .lock_table import LockTableOwner
 from .records import (
     HEADER,
@@ -136,8 +139,6 @@ from .records import (
     data_file_name,
 )
 from .recovery import Recovery
-from .removal_log import RemovalLog
-from .rewrite import CombinePlan, RewriteResult
 from .summary import FileSummary
 
 log = logging.getLogger("warren.store")
@@ -217,37 +218,36 @@ class MessageStore(Recovery, FileChanges, Combining):
         self._write_buffer_bytes = write_buffer_bytes
         self._fsync = sync_policy == "fsync"
 
-        self._index: dict[int, int] = {}  # msg_id as int -> packed Location
-        self._summary: dict[int, FileSummary] = {}  # file -> summary
-        # Records not yet handed to write(2), keyed like the index, in arrival order.
-        self._pending: dict[int, bytes] = {}  # encoded record
-        self._pending_tickets: dict[int, Hashable] = {}  # the write that created it
-        self._pending_fan_out: dict[int, list[Hashable]] = {}  # later writes while pending
+        # The state every part of the store shares is declared in _StoreState (state.py).
+        self._index = {}
+        self._summary = {}
+        self._pending = {}
+        self._pending_tickets = {}
+        self._pending_fan_out = {}
         self._pending_bytes = 0
-        self._unsynced_tickets: list[Hashable] = []  # written or counted, awaiting fsync
-        self._ignored_tickets: list[Hashable] = []
-        self._failed_tickets: list[Hashable] = []
-        self.disk_full = False  # the last write(2) found no space
+        self._unsynced_tickets = []
+        self._ignored_tickets: list[Hashable] = []  # removed again before write(2)
+        self._failed_tickets = []
+        self.disk_full = False
         self.writes_blocked = False  # clients asked to hold their writes
         self._next_ticket = 0
         self._current_file = 0
         self._current_fd = -1
-        self._write_offset = 0  # bytes of the current file in the kernel
+        self._write_offset = 0
         self._data_unsynced = False
         self._directory_unsynced = False
-        self._maps: dict[int, mmap.mmap] = {}  # non-current file -> read-only map
-        self._combine: CombinePlan | None = None  # staged and ready to copy
-        self._staging: Staging | None = None  # the combine in progress
-        self._moves: dict[int, int] | None = None  # its staged index values
-        self._deferred_apply: tuple[CombinePlan, RewriteResult] | None = None
-        self._deferred_deletes: set[int] = set()  # empty files a reader kept us from
-        self._uncombinable: set[int] = set()  # files whose records do not add up
-        self._unsynced_files: set[int] = set()  # rolled over, never fdatasync'd
-        self._lock_table: LockTableOwner | None = None
-        self._removals: RemovalLog | None = None
-        self._clients: set[bytes] = set()
-        self._damaged: list[dict[str, int]] = []
-        self._broken: BaseException | None = None
+        self._maps = {}
+        self._combine = None
+        self._staging = None
+        self._moves = None
+        self._deferred_apply = None
+        self._deferred_deletes = set()
+        self._uncombinable = set()
+        self._unsynced_files = set()
+        self._lock_table = None
+        self._clients = set()
+        self._damaged = []
+        self._broken = None
         self._closed = False
         self._reads = 0  # plain ints: the hot paths count
         self._writes = 0
@@ -313,6 +313,7 @@ class MessageStore(Recovery, FileChanges, Combining):
             if value is None:
                 # The record's bytes do not depend on where it lands: encode it now, once.
                 if record is None:
+                    assert body is not None  # write() passes a body, write_record() a record
                     record = _pack_header(len(body) + 16, msg_id) + body + b"\xff"
                 size = len(record)
                 index[key] = _PENDING_ONE_REF | (size << _SIZE_SHIFT)
@@ -361,7 +362,9 @@ class MessageStore(Recovery, FileChanges, Combining):
             file = value >> idx.FILE_SHIFT
             total = (value >> idx.SIZE_SHIFT) & idx.SIZE_MASK
             if moves is not None and moves.pop(key, None) is not None:
-                self._staging.valid_bytes[file] -= total
+                staging = self._staging
+                assert staging is not None  # _moves is its moves
+                staging.valid_bytes[file] -= total
             if file == idx.PENDING_FILE:
                 del self._pending[key]
                 self._pending_bytes -= total
@@ -601,7 +604,7 @@ class MessageStore(Recovery, FileChanges, Combining):
     def __enter__(self) -> MessageStore:
         return self
 
-    def __exit__(self, *exc_info) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
     def __repr__(self) -> str:

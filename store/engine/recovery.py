@@ -32,6 +32,7 @@ from .file_changes import DISK_FULL_ERRNOS, reserve
 from .records import TEMP_SUFFIX, check_msg_id, data_file_name, data_file_number
 from .removal_log import RemovalLog
 from .scanner import scan_file
+from .state import _StoreState
 from .summary import FileSummary
 
 log = logging.getLogger("warren.store")
@@ -40,7 +41,7 @@ LOCK_FILE = ".lock"
 _key = int.from_bytes
 
 
-class Recovery:
+class Recovery(_StoreState):
     """Opening and recovery steps of ``MessageStore`` (see the module docstring)."""
 
     def _open_directory(self) -> tuple[int, int]:
@@ -65,14 +66,18 @@ class Recovery:
             raise StoreLocked(f"store directory {path!r} is open in another MessageStore") from None
         return dir_fd, lock_fd
 
-    def _recover(self, ref_counts, clean_clients) -> bool:
+    def _recover(
+        self,
+        ref_counts: Iterable[tuple[bytes, int]] | None,
+        clean_clients: Iterable[bytes] | None,
+    ) -> bool:
         """Load the clean-shutdown files or rebuild from the data files; True if clean."""
         names = os.listdir(self._dir_fd)
         for name in names:
             if name.endswith(TEMP_SUFFIX):
                 log.info("%s: deleting %s left by an unfinished combine", self.directory, name)
                 os.unlink(name, dir_fd=self._dir_fd)
-        files = []
+        files: list[int] = []
         for name in names:
             number = data_file_number(name)
             if number is None:
@@ -108,7 +113,7 @@ class Recovery:
         os.fsync(self._dir_fd)
         return clean
 
-    def _load_snapshot(self, files: list[int], clean_clients) -> bool:
+    def _load_snapshot(self, files: list[int], clean_clients: Iterable[bytes] | None) -> bool:
         try:
             saved = snapshot.read(self._dir_fd)
         except snapshot.SnapshotInvalid as exc:
@@ -129,7 +134,7 @@ class Recovery:
         self._link_summary((file, valid, size) for file, valid, size in saved.summary)
         return True
 
-    def _rebuild(self, files: list[int], ref_counts) -> None:
+    def _rebuild(self, files: list[int], ref_counts: Iterable[tuple[bytes, int]] | None) -> None:
         """Dirty recovery: scan every file; keep the last copy of each id."""
         index: dict[int, int] = {}
         sizes: dict[int, int] = {}
@@ -157,8 +162,9 @@ class Recovery:
                     map(_key, found.msg_ids),
                     [
                         base | (offset << idx.OFFSET_SHIFT) | (size << idx.SIZE_SHIFT)
-                        for offset, size in zip(found.offsets, found.total_sizes)
+                        for offset, size in zip(found.offsets, found.total_sizes, strict=True)
                     ],
+                    strict=True,
                 )
             )
             found_bytes[file] = sum(found.total_sizes)
@@ -205,13 +211,15 @@ class Recovery:
         self.counters["recovery_removed"] = dropped
         return dropped
 
-    def _apply_ref_counts(self, found: dict[int, int], ref_counts) -> dict[int, int]:
+    def _apply_ref_counts(
+        self, found: dict[int, int], ref_counts: Iterable[tuple[bytes, int]]
+    ) -> dict[int, int]:
         counts: dict[int, int] = {}
         for msg_id, count in ref_counts:
             key = _key(check_msg_id(msg_id))
             if count > 0:
                 counts[key] = counts.get(key, 0) + count
-        index = {}
+        index: dict[int, int] = {}
         missing = 0
         for key, count in counts.items():
             value = found.get(key)
@@ -232,7 +240,7 @@ class Recovery:
 
     def _link_summary(self, entries: Iterable[tuple[int, int, int]]) -> None:
         self._summary = {}
-        previous = None
+        previous: int | None = None
         for file, valid, size in entries:
             self._summary[file] = FileSummary(valid, size, left=previous)
             if previous is not None:

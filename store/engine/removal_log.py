@@ -47,7 +47,7 @@ import os
 import re
 import struct
 import zlib
-from collections.abc import Iterator
+from collections.abc import Container, Iterable, Iterator
 
 SUFFIX = ".removed"
 _NAME = re.compile(r"^(0|[1-9][0-9]*)\.removed$")
@@ -111,7 +111,7 @@ class RemovalLog:
             return False
         return True
 
-    def entries(self, files) -> Iterator[tuple[int, int, bytes]]:
+    def entries(self, files: Iterable[int]) -> Iterator[tuple[int, int, bytes]]:
         """Every intact entry on disk of the logs of ``files``: (file, offset, msg_id)."""
         for file in files:
             try:
@@ -123,7 +123,7 @@ class RemovalLog:
             for offset, msg_id in parse_entries(data):
                 yield file, offset, msg_id
 
-    def stray_logs(self, files) -> list[str]:
+    def stray_logs(self, files: Container[int]) -> list[str]:
         """Logs whose data file is gone (a crash between the two unlinks)."""
         return [
             name
@@ -141,10 +141,10 @@ def parse_entries(data: bytes) -> Iterator[tuple[int, bytes]]:
             yield _HEAD.unpack(head)
 
 
-def read_entries(directory: str, files) -> list[tuple[int, int, bytes]]:
+def read_entries(directory: str, files: Iterable[int]) -> list[tuple[int, int, bytes]]:
     """The intact entries of the logs of ``files`` in ``directory``, read without opening
     a store (for ``warren store inspect``)."""
-    entries = []
+    entries: list[tuple[int, int, bytes]] = []
     for file in files:
         try:
             with open(os.path.join(directory, log_name(file)), "rb") as log:

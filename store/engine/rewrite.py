@@ -79,7 +79,7 @@ def _copy_records(
     path: str, records: tuple[Record, ...], out: int, written: int
 ) -> tuple[list[int], int]:
     """Append ``records`` of ``path`` to ``out``, validating each; new offsets and size."""
-    new_offsets = []
+    new_offsets: list[int] = []
     buffer = bytearray()
     if not records:
         return new_offsets, written

@@ -40,8 +40,8 @@ class ScanResult:
     msg_ids: list[bytes] = field(default_factory=list)
     # Machine-word arrays, not lists: a million records would otherwise leave a million
     # short-lived int objects behind in the allocator's pools, next to the long-lived index.
-    offsets: array = field(default_factory=lambda: array("Q"))
-    total_sizes: array = field(default_factory=lambda: array("Q"))
+    offsets: array[int] = field(default_factory=lambda: array("Q"))
+    total_sizes: array[int] = field(default_factory=lambda: array("Q"))
     damaged: list[tuple[int, int]] = field(default_factory=list)  # (offset, length)
     end_of_records: int = 0  # offset just past the last record (0 when none)
     size: int = 0  # bytes scanned
@@ -49,7 +49,7 @@ class ScanResult:
     @property
     def records(self) -> list[tuple[bytes, int, int]]:
         """(msg_id, offset, total_size) triples."""
-        return list(zip(self.msg_ids, self.offsets, self.total_sizes))
+        return list(zip(self.msg_ids, self.offsets, self.total_sizes, strict=True))
 
 
 def scan_buffer(buf: bytes | mmap.mmap) -> ScanResult:
@@ -110,7 +110,7 @@ def scan_file(path: str | os.PathLike, *, mapped: bool = True) -> ScanResult:
             return scan_buffer(view)
 
 
-def _note_gap(buf, start: int, end: int, damaged: list[tuple[int, int]]) -> None:
+def _note_gap(buf: bytes | mmap.mmap, start: int, end: int, damaged: list[tuple[int, int]]) -> None:
     """Record [start, end) as damaged unless it is only zero padding."""
     if _NON_ZERO.search(buf, start, end) is not None:
         damaged.append((start, end - start))

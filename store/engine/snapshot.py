@@ -27,6 +27,7 @@ import struct
 import sys
 import zlib
 from array import array
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from .index import ADOPTABLE
@@ -56,14 +57,14 @@ class Snapshot:
     clients: frozenset[bytes]
 
 
-def _little_endian_words(values) -> bytes:
+def _little_endian_words(values: Iterable[int]) -> bytes:
     words = array("Q", values)
     if sys.byteorder == "big":
         words.byteswap()
     return words.tobytes()
 
 
-def _words_from(data: bytes) -> array:
+def _words_from(data: bytes) -> array[int]:
     words = array("Q")
     words.frombytes(data)
     if sys.byteorder == "big":
@@ -92,7 +93,9 @@ def _decode_index(payload: bytes) -> dict[int, int]:
     keys = [int.from_bytes(payload[i : i + 16], "big") for i in range(8, ids_end, 16)]
     lows = _words_from(payload[ids_end : ids_end + 8 * count])
     highs = _words_from(payload[ids_end + 8 * count :])
-    return dict(zip(keys, [low | (high << 64) for low, high in zip(lows, highs)]))
+    # The length check above makes all three hold ``count`` items.
+    values = [low | (high << 64) for low, high in zip(lows, highs, strict=True)]
+    return dict(zip(keys, values, strict=True))
 
 
 def _encode_summary(summary: list[tuple[int, int, int]]) -> bytes:

@@ -21,5 +21,5 @@ class FileSummary:
     right: int | None = None  # the next younger file; None for the current file
     locked: bool = False
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, int | bool | None]:
         return asdict(self)

@@ -35,6 +35,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from warren.actors import ActorError
 from warren.queues.broker.dedup import message_ids
@@ -55,6 +56,9 @@ from .run import (
     spawn_with_parent,
 )
 from .workload import Audit, Producer, audit
+
+if TYPE_CHECKING:
+    from warren.queues.client import Connection
 
 __all__ = [
     "QUEUES",
@@ -149,7 +153,7 @@ class ChaosWorkload:
             TARGETS[index % len(TARGETS)][2],
         )
 
-    def connect(self):
+    def connect(self) -> Connection:
         from warren.queues.client import connect
 
         return connect(self.endpoint, connect_timeout_s=60)
@@ -203,6 +207,7 @@ class ChaosWorkload:
                 stderr=log,
                 text=True,
             )
+        assert process.stdout is not None  # stdout=PIPE above
         if process.stdout.readline().strip() != "ready":
             process.kill()
             process.wait()
@@ -252,6 +257,7 @@ class ChaosWorkload:
                 if whole
                 else (hit, len(data) if kind == "torn" else hit + SLOT_BYTES)
             )
+            assert queue is not None  # an index file lies in its queue's directory
             slots = self._destroyed_slots.setdefault(queue, set())
             for at in range(first, min(last, len(data) - SLOT_BYTES + 1), SLOT_BYTES):
                 slots.add(data[at + _MSG_ID_AT : at + _MSG_ID_AT + 16])
@@ -322,7 +328,8 @@ class ChaosWorkload:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
-            process.stdout.close()
+            if process.stdout is not None:
+                process.stdout.close()
         processes.clear()
 
     def audit(self) -> Audit:

@@ -21,6 +21,8 @@ fixture's teardown checks that none is left.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -55,9 +57,9 @@ class ChaosFixture:
         self,
         children: str,
         *,
-        check,
-        kinds=("kill", "node"),
-        patterns=("*",),
+        check: Callable[[str], list[str] | None],
+        kinds: tuple[str, ...] | list[str] = ("kill", "node"),
+        patterns: tuple[str, ...] = ("*",),
         duration_s: float = 10.0,
         seed: int = 0,
         **options: Any,
@@ -85,7 +87,7 @@ class ChaosFixture:
 
 
 @pytest.fixture
-def warren_chaos(request: pytest.FixtureRequest, tmp_path):
+def warren_chaos(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ChaosFixture]:
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     yield ChaosFixture(str(tmp_path), request.config.getoption(SEED_OPTION))
     left = [

@@ -187,10 +187,12 @@ def _plot(document: dict, path: str) -> str:
             if point[0] - kept[-1][0] >= window:
                 kept.append(point)
         rates = [
-            (t1, (n1 - n0) / (t1 - t0)) for (t0, n0), (t1, n1) in zip(kept, kept[1:]) if t1 > t0
+            (t1, (n1 - n0) / (t1 - t0))
+            for (t0, n0), (t1, n1) in zip(kept, kept[1:], strict=False)
+            if t1 > t0
         ]
         if rates:
-            axes.plot(*zip(*rates), label=f"{series} / s", color=colour, linewidth=1.2)
+            axes.plot(*zip(*rates, strict=True), label=f"{series} / s", color=colour, linewidth=1.2)
     landed = [e for e in document["events"] if e["landed"]]
     for event in landed:
         colour = FAULT_COLOURS.get(event["kind"], "black")
@@ -216,7 +218,7 @@ def _plot(document: dict, path: str) -> str:
             label=kind,
         )
     axes.set_xlabel("seconds from the start")
-    if any(line.get_label().endswith(" / s") for line in axes.get_lines()):
+    if any(str(line.get_label()).endswith(" / s") for line in axes.get_lines()):
         axes.set_ylabel("messages per second")
     else:
         axes.set_ylabel("(no throughput sampled)")

@@ -202,7 +202,7 @@ class NodeUnderTest:
                 },
             )
         finally:
-            if self._log_path:
+            if not isinstance(log_file, int):  # a file opened above, not DEVNULL
                 log_file.close()
         self.starts += 1
         deadline = time.monotonic() + timeout_s
@@ -413,20 +413,23 @@ def run_faults(
         if sample and (not result.samples or now() - result.samples[-1][0] >= SAMPLE_EVERY_S):
             result.samples.append((round(now(), 3), sample()))
         disk.update(now())
-        for watch in [w for w in watching if w.disk_until is not None]:
+        for watch in list(watching):
+            disk_until = watch.disk_until
+            if disk_until is None:
+                continue
             event = watch.event
             if event.kind == "full" and not event.landed:
                 status = node.status()
                 if status is not None and "disk" in (status.get("alarms") or ()):
                     event.landed, event.detail = True, "the disk alarm went off"
-                elif status is not None and now() < watch.disk_until:
+                elif status is not None and now() < disk_until:
                     if watch.full_since is None:
                         watch.full_since = now()
                     watch.alarm_due |= now() - watch.full_since >= DISK_ALARM_DUE_S
                 else:
                     watch.full_since = None  # the node is away (a crash fault)
             # The node checks its disk every second: a short full disk may be seen late.
-            if now() >= watch.disk_until + (0 if event.landed else DISK_ALARM_GRACE_S):
+            if now() >= disk_until + (0 if event.landed else DISK_ALARM_GRACE_S):
                 if not event.landed and watch.alarm_due:
                     event.detail = "the disk alarm did not go off"
                     result.problems.append(
@@ -437,11 +440,14 @@ def run_faults(
                     event.detail = "the node was away while the disk was full"
                 _log(event)
                 watching.remove(watch)
-        for watch in [w for w in watching if w.stopped is not None]:
-            if not chaos.is_alive(watch.stopped) or now() >= watch.resume_at:
+        for watch in list(watching):
+            stopped = watch.stopped
+            if stopped is None:
+                continue
+            if not chaos.is_alive(stopped) or now() >= watch.resume_at:
                 with contextlib.suppress(psutil.Error):
-                    watch.stopped.resume()
-                if chaos.is_alive(watch.stopped):
+                    stopped.resume()
+                if chaos.is_alive(stopped):
                     watch.resumed = True
                     watch.event.detail = (
                         f"resumed after {now() - watch.event.at_s:.1f} s: "
@@ -454,7 +460,9 @@ def run_faults(
                 watch.stopped = None
         if watching:
             status = node.status()
-            if node.healthy(status):
+            # healthy(None) asks the node again, and its answer has no tree here: wait for
+            # the next tick instead
+            if status is not None and node.healthy(status):
                 pids = {name: pid for name, pid, _ in _actors(status["tree"])}
                 for watch in list(watching):
                     if (

@@ -40,9 +40,10 @@ def run_tree(
     it finds (a list of lines, or an AssertionError's message). The report document
     (``warren.supervisor.chaos.report``): ``ok`` only when the check found nothing, every
     fault's recovery ended and the node was healthy at the end, with every actor named
-    in ``expect`` (by default, every one it started with). ValueError, before anything starts, for a bad kind, duration or
-    interval or a data directory that is not a node's (``check_data_dir``), and, before
-    the first fault, for a pattern that matches none of the node's processes."""
+    in ``expect`` (by default, every one it started with). ValueError, before anything
+    starts, for a bad kind, duration or interval or a data directory that is not a node's
+    (``check_data_dir``), and, before the first fault, for a pattern that matches none of
+    the node's processes."""
     faults = chaos.schedule(
         seed,
         duration_s,

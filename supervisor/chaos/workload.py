@@ -123,10 +123,16 @@ def produce(
         for n in itertools.count() if count is None else range(count):
             message_id = f"{name}-{n}"
             body = body_of(message_id, None if sizes is None else size_of(f"{size_key}-{n}", sizes))
-            dedup = {"producer_id": name, "sequence": n} if deduplicate else {}
             while True:
                 try:
-                    connection.publish(routing_key, body, exchange=exchange, timeout=30, **dedup)
+                    connection.publish(
+                        routing_key,
+                        body,
+                        exchange=exchange,
+                        timeout=30,
+                        producer_id=name if deduplicate else None,
+                        sequence=n if deduplicate else None,
+                    )
                     break
                 except (InvalidMessage, MessageTooLarge):
                     raise  # the workload's own mistake: no retry cures it
@@ -310,9 +316,12 @@ def main(argv: list[str]) -> None:
     signal.signal(signal.SIGTERM, _stop)
     from warren.queues.client import connect
 
-    options = {"connect_timeout_s": 60} if args.node.startswith("tcp://") else {}
     try:
-        connection = connect(args.node, **options)
+        connection = (
+            connect(args.node, connect_timeout_s=60)
+            if args.node.startswith("tcp://")
+            else connect(args.node)
+        )
         print("ready", flush=True)
         if args.role == "produce":
             produce(

@@ -52,11 +52,15 @@ import re
 import sys
 import textwrap
 import tomllib
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..errors import UsageError
 from ..tables import Column, format_table
 from .queues import add_queue_commands
+
+if TYPE_CHECKING:
+    from warren.store.engine.inspect import StoreReport
 
 EXIT_OK = 0
 EXIT_NO_NODE = 1
@@ -113,6 +117,7 @@ _CONFIG_KEYS = {
 
 def parse_size(value: Any, what: str) -> int:
     """Bytes from an int or a string such as ``"16MiB"`` or ``"50 MB"``."""
+    number: float
     if isinstance(value, int) and not isinstance(value, bool):
         number, unit = value, ""
     elif isinstance(value, str) and (match := _SIZE.fullmatch(value)):
@@ -417,7 +422,7 @@ _INSPECT_COLUMNS = (
 )
 
 
-def format_inspection(report) -> str:
+def format_inspection(report: StoreReport) -> str:
     """A ``warren.store.engine.inspect.StoreReport`` as a person reads it."""
     from warren.store.engine.records import data_file_name
 
@@ -469,7 +474,10 @@ ENVELOPE_ROOM = 2**16  # what a chaos body leaves of a message for its propertie
 _RANGE = re.compile(r"\s*(\S+?)\s*\.\.\s*(\S+)\s*")
 
 
-def parse_range(value: str, what: str, parse) -> tuple:
+_Bound = TypeVar("_Bound", int, float)
+
+
+def parse_range(value: str, what: str, parse: Callable[[str], _Bound]) -> tuple[_Bound, _Bound]:
     """``"A..B"`` (or one value) as (from, to), each parsed by ``parse``; from <= to."""
     match = _RANGE.fullmatch(value)
     low, high = (match.group(1), match.group(2)) if match else (value, value)
@@ -544,7 +552,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="warren",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Warren: RabbitMQ's message persistence layer as Python actors. "
+        description="Warren: a durable message broker with RabbitMQ's persistence design. "
         "Linux only (OFD locks, PR_SET_PDEATHSIG).",
         epilog=f"exit codes:\n{codes}",
     )
