@@ -39,6 +39,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 import zmq
 import zmq.backend
 
+# messages registers Pong, Down and Exit with the codec: a process that talks to actors
+# must decode their answers whatever else it imported (the package faces are lazy).
+from . import messages as _registers_replies  # noqa: F401
 from . import wire
 from .codec import Decoder, Encoder
 from .errors import ActorDeadError, AskTimeout, FrameTooLarge, MailboxFull, remote_error

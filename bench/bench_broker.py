@@ -38,7 +38,7 @@ import psutil
 
 from warren.actors import Node as ActorNode
 from warren.actors import ProcessActor
-from warren.queues.client.connection import MAX_IN_FLIGHT_REQUESTS
+from warren.actors.flow import MAX_IN_FLIGHT_REQUESTS
 from warren.supervisor import Node
 
 from .table import Row, median, percentile, render

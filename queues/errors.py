@@ -6,7 +6,10 @@ Expected outcomes are values, not exceptions: fetching from an empty queue retur
 
 from __future__ import annotations
 
-from warren.actors.errors import WarrenError
+import sys
+import types
+
+from warren.actors.errors import WarrenError, remote_error
 
 __all__ = [
     "Blocked",
@@ -27,6 +30,7 @@ __all__ = [
     "UnknownDeliveryTag",
     "Unroutable",
     "WarrenWriteError",
+    "local_error",
 ]
 
 
@@ -111,3 +115,30 @@ class KeyFileError(QueueError, ValueError):
 
 class WarrenWriteError(QueueError, RuntimeError):
     """A Spark write that cannot go on; the message says which row or setting, and why."""
+
+
+def local_error(type_name: str, message: str, remote_traceback: str = "") -> Exception:
+    """An error raised in a node or a queue process, as the client raises it, whichever
+    transport carried it (the node's control socket, the tcp listener, an actor's reply):
+    a class of this module as itself; anything else as the actor runtime mirrors it
+    (``RemoteError``, also a subclass of the built-in or runtime error it names, so
+    ``except ValueError`` and ``except ActorError`` work as they do in the node). One
+    function, so the class a user catches never depends on the transport."""
+    cls = _BY_NAME.get(type_name)
+    if cls is not None:
+        try:
+            return cls(message)
+        except TypeError:
+            pass  # a class built from more than a message: the mirror says as much
+    return remote_error(type_name, message, remote_traceback)
+
+
+def _warren_errors(module: types.ModuleType) -> dict[str, type[WarrenError]]:
+    return {
+        name: cls
+        for name in module.__all__
+        if isinstance(cls := getattr(module, name), type) and issubclass(cls, WarrenError)
+    }
+
+
+_BY_NAME = _warren_errors(sys.modules[__name__])

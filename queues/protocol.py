@@ -33,13 +33,25 @@ its own, and go back to the queue when it closes or its process dies.
     QueueStats()                       ask → dict
     DeleteQueue()                      ask → the number of messages deleted; the queue then
                                        refuses everything until its process is stopped
+
+The node's own calls (declarations, where a queue lives, the alarms) are declared once, in
+``NodeHandle``: the ``Node`` in its own process implements them, its control socket and the
+tcp listener accept exactly ``NODE_CALLS``, and both client transports (``ipc_node``,
+``tcp_node``) inherit ``NodeCalls``, which carries each call of ``NodeHandle`` as one
+``_call(op, **named arguments)``. A call added to ``NodeHandle`` is therefore a call of
+every transport at once. An error raised by the node comes back through
+``warren.queues.errors.local_error``, so a client sees the same class over ipc and tcp.
 """
 
 from __future__ import annotations
 
+import inspect
+import re
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, Protocol
 
-from warren.actors import message
+from warren.actors import ActorRef, message
 
 SETTLE_ACTIONS = ("ack", "requeue", "reject")
 MAX_PRODUCER_BYTES = 1024  # a deduplicating producer's id
@@ -112,3 +124,101 @@ class QueueStats:
 @dataclass(frozen=True)
 class DeleteQueue:
     pass
+
+
+OVERFLOWS = ("drop-head", "reject-publish")
+_NAME = re.compile(r"[A-Za-z0-9_.-]{1,200}")
+
+
+def check_name(name: object, what: str = "queue") -> str:
+    if not isinstance(name, str) or not _NAME.fullmatch(name) or name in (".", ".."):
+        raise ValueError(
+            f"a {what} name is 1 to 200 letters, digits, '_', '.' or '-'; got {name!r}"
+        )
+    return name
+
+
+@dataclass(frozen=True)
+class QueueDefinition:
+    """A queue's arguments. ``message_ttl_ms``: how long a message may wait (None: for
+    ever); ``max_length``: how many messages may wait, the oldest dropped beyond it
+    (``overflow="drop-head"``) or new ones refused (``"reject-publish"``);
+    ``dead_letter_exchange``: where expired, rejected and dropped messages go;
+    ``auto_delete``: the queue deletes itself when its last consumer stops.
+
+    The one statement of what a queue takes: ``Connection.declare_queue`` checks its
+    arguments against it before sending, ``Node.declare_queue`` builds it, the definitions
+    file stores it, and the queue's process is started with it whole."""
+
+    name: str
+    durable: bool = True
+    lazy: bool = False
+    message_ttl_ms: int | None = None
+    max_length: int | None = None
+    overflow: str = "drop-head"
+    dead_letter_exchange: str | None = None
+    auto_delete: bool = False
+
+    def __post_init__(self) -> None:
+        check_name(self.name)
+        for flag in ("durable", "lazy", "auto_delete"):  # as a JSON peer may send them
+            object.__setattr__(self, flag, bool(getattr(self, flag)))
+        for field in ("message_ttl_ms", "max_length"):
+            value = getattr(self, field)
+            if value is not None and (type(value) is not int or value < 0):
+                raise ValueError(f"{field} must be None or an int >= 0, got {value!r}")
+        if self.overflow not in OVERFLOWS:
+            raise ValueError(f"overflow must be one of {OVERFLOWS}, got {self.overflow!r}")
+        if self.dead_letter_exchange is not None:
+            check_name(self.dead_letter_exchange, "dead-letter exchange")
+
+
+class NodeHandle(Protocol):
+    """The node's calls, as every client makes them: the one declaration of what a node
+    answers besides the queues' own messages."""
+
+    def declare_queue(self, name: str, **arguments: Any) -> None: ...
+    def delete_queue(self, name: str) -> int: ...
+    def declare_exchange(
+        self, name: str, *, kind: str = "direct", durable: bool = True
+    ) -> None: ...
+    def bind_queue(self, queue: str, exchange: str, routing_key: str = "") -> None: ...
+    def exchange(self, name: str) -> dict[str, Any]: ...
+    def queue(self, name: str) -> ActorRef: ...
+    def queue_state(self, name: str) -> str: ...
+    def list_queues(self) -> list[str]: ...
+    def active_alarms(self) -> list[str]: ...
+
+
+_SIGNATURES = {
+    name: inspect.signature(member)
+    for name, member in vars(NodeHandle).items()
+    if not name.startswith("_") and callable(member)
+}
+NODE_CALLS = frozenset(_SIGNATURES)
+
+
+class NodeCalls:
+    """``NodeHandle`` for a node in another process: each call is bound to its declared
+    signature (a wrong argument raises TypeError here, before anything is sent) and
+    carried as ``_call(op, **named arguments)``, which a transport defines. A transport
+    may answer a call itself by defining the method (``queue`` returns its own kind of
+    ref; ``active_alarms`` over ipc reads the alarms file)."""
+
+    def _call(self, op: str, **args: Any) -> Any:
+        raise NotImplementedError
+
+    def __getattr__(self, op: str) -> Callable[..., Any]:
+        signature = _SIGNATURES.get(op)
+        if signature is None:
+            raise AttributeError(f"{type(self).__name__!r} has no attribute {op!r}")
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            bound = signature.bind(self, *args, **kwargs)
+            bound.apply_defaults()
+            named = {k: v for k, v in bound.arguments.items() if k != "self"}
+            named.update(named.pop("arguments", {}))
+            return self._call(op, **named)
+
+        call.__name__ = op
+        return call

@@ -9,7 +9,7 @@ batch and returns its sequence number; ``remove(msg_ids)`` adds the removes to t
 in their place. A batch goes out as one ``WriteBatch`` (one frame
 of records) when it holds ``batch_messages`` records, ``batch_bytes`` bytes, or on
 ``flush()``. In flight at most ``max_in_flight`` messages and ``max_in_flight_bytes``
-bytes (4000 and 32 MiB, RabbitMQ's credit), and ``MAX_IN_FLIGHT_REQUESTS`` unanswered
+bytes (4000 and 32 MiB, RabbitMQ's credit), and ``MAX_IN_FLIGHT_REQUESTS`` (``warren.actors.flow``) unanswered
 requests (tiny batches: a client's socket queues only so many answers, and the store drops
 one that finds it full); ``flush`` waits for the oldest batches to be settled until the
 next batch fits, so a client that outruns the store is slowed, never dropped: the credit
@@ -65,13 +65,13 @@ answered after the store has applied everything this client sent.
 
 from __future__ import annotations
 
-import collections
 import os
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from warren.actors import ActorDeadError, ActorError, ActorRef, AskTimeout
+from warren.actors.flow import MAX_IN_FLIGHT, MAX_IN_FLIGHT_BYTES, CreditWindow
 
 from .engine.lock_table import TABLE_FILE, LockTableReader
 from .engine.message_store import Settlement
@@ -97,12 +97,9 @@ from .protocol import (
     WriteBatch,
 )
 
-MAX_IN_FLIGHT = 4000  # msg_store_credit_disc_bound: messages ...
-MAX_IN_FLIGHT_BYTES = 32 * 2**20  # ... or bytes in flight per client
 BATCH_MESSAGES = 800  # credit is granted back this many at a time
-# Answers a client may have outstanding: below the mailbox bound (1000), since answers
-# beyond what the client's socket queues would be dropped by the store, unroutable.
-MAX_IN_FLIGHT_REQUESTS = 256
+# A batch sent: (its answer, first sequence number, write ids, records' bytes, removes).
+InFlight = tuple[Any, int, list[bytes], int, list[bytes]]
 BATCH_BYTES = 4 * 2**20
 RESTART_CHECK_S = 1.0
 UNAVAILABLE_AFTER_S = 300.0
@@ -145,9 +142,7 @@ class StoreClient:
         self._removed = 0
         # (future, first_seq, written msg_ids, bytes, removed msg_ids) of each batch sent
         # and not yet answered
-        self._in_flight: collections.deque = collections.deque()
-        self._in_flight_messages = 0
-        self._in_flight_bytes = 0
+        self._in_flight: CreditWindow[InFlight] = CreditWindow(max_in_flight, max_in_flight_bytes)
         self._locations: dict[bytes, tuple[int, int, int]] = {}
         self._failed: list[bytes] = []  # writes the full disk refused
         self._failed_seqs: list[int] = []  # the same, for ``settled``
@@ -217,20 +212,16 @@ class StoreClient:
         messages = len(self._batch) + self._removed
         if self._batch and self._reader.writes_blocked():
             self._wait_while_blocked()
-        while self._in_flight and (
-            self._in_flight_messages + messages > self.max_in_flight
-            or self._in_flight_bytes + self._batch_bytes > self.max_in_flight_bytes
-            or len(self._in_flight) >= MAX_IN_FLIGHT_REQUESTS
-        ):
+        while self._in_flight.full_for(messages, self._batch_bytes):
             self._settle_oldest()
         records = b"".join(self._batch)
         first = self._next_seq - len(self._batch)
         request = WriteBatch(self.client_ref, first, records, self._removes)
         future = self._send(lambda store: store.ask_async(request))
         removed = [m for _, ids in self._removes for m in ids]
-        self._in_flight.append((future, first, self._batch_ids, len(records), removed))
-        self._in_flight_messages += messages
-        self._in_flight_bytes += len(records)
+        self._in_flight.add(
+            (future, first, self._batch_ids, len(records), removed), messages, len(records)
+        )
         self._batch, self._batch_ids, self._batch_bytes = [], [], 0
         self._batch_records = {}
         self._removes, self._removed = [], 0
@@ -252,9 +243,11 @@ class StoreClient:
         when ``wait``); report how far the writes are settled. The queue engine's
         asynchronous confirms: its sync calls this without waiting."""
         self.flush()
-        while self._in_flight and (wait or _answered(self._in_flight[0][0])):
+        while self._in_flight and (wait or _answered(self._in_flight.oldest()[0])):
             self._settle_oldest()
-        up_to = self._in_flight[0][1] if self._in_flight else self._next_seq - len(self._batch)
+        up_to = (
+            self._in_flight.oldest()[1] if self._in_flight else self._next_seq - len(self._batch)
+        )
         failed, self._failed_seqs = self._failed_seqs, []
         self._failed.clear()
         return Settlement(up_to, failed)
@@ -272,13 +265,13 @@ class StoreClient:
     @property
     def unsettled(self) -> int:
         """Writes and removes sent or queued and not yet answered."""
-        return self._in_flight_messages + len(self._batch) + self._removed
+        return self._in_flight.messages + len(self._batch) + self._removed
 
     @property
     def in_flight(self) -> int:
         """Writes and removes sent and not yet answered (never above ``max_in_flight``,
         but for one batch larger than the whole window)."""
-        return self._in_flight_messages
+        return self._in_flight.messages
 
     @property
     def batched(self) -> int:
@@ -287,7 +280,7 @@ class StoreClient:
 
     def _settle_oldest(self) -> None:
         """Wait for the oldest batch's answer (its writes settled, its removes applied)."""
-        future, first, msg_ids, size, removed = self._in_flight[0]
+        future, first, msg_ids, _, _ = self._in_flight.oldest()
         silent_since = time.monotonic()
         while True:
             try:
@@ -298,9 +291,7 @@ class StoreClient:
                     silent_since = time.monotonic()
                 elif time.monotonic() - silent_since > self.unavailable_after_s:
                     self._restarted(StoreUnavailable)
-        self._in_flight.popleft()
-        self._in_flight_messages -= len(msg_ids) + len(removed)
-        self._in_flight_bytes -= size
+        self._in_flight.pop_oldest()
         for seq, file, offset, total_size in settled.locations:
             self._locations[msg_ids[seq - first]] = (file, offset, total_size)
         self._failed += [msg_ids[seq - first] for seq in settled.failed]
@@ -327,7 +318,6 @@ class StoreClient:
         removes = [m for *_, removed in self._in_flight for m in removed]
         removes += [m for _, ids in self._removes for m in ids]
         self._in_flight.clear()
-        self._in_flight_messages = self._in_flight_bytes = 0
         self._batch, self._batch_ids, self._batch_bytes = [], [], 0
         self._batch_records = {}
         self._removes, self._removed = [], 0

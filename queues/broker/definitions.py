@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import shutil
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -29,14 +28,13 @@ from typing import Any
 from ..durable_files import write_atomically
 from ..engine.ref_counts import QUEUES_DIR
 from ..errors import NotFound, PreconditionFailed
+from ..protocol import QueueDefinition, check_name
 from ..routing import EXCHANGE_KINDS
 
 __all__ = [
     "DEFINITIONS_FILE",
     "Definitions",
     "ExchangeDefinition",
-    "QueueDefinition",
-    "check_name",
     "queue_directory",
 ]
 
@@ -44,39 +42,6 @@ log = logging.getLogger("warren.queues")
 
 DEFINITIONS_FILE = "definitions.json"
 TRANSIENT_MARKER = ".transient"
-_NAME = re.compile(r"[A-Za-z0-9_.-]{1,200}")
-
-
-OVERFLOWS = ("drop-head", "reject-publish")
-
-
-@dataclass(frozen=True)
-class QueueDefinition:
-    """A queue's arguments. ``message_ttl_ms``: how long a message may wait (None: for
-    ever); ``max_length``: how many messages may wait, the oldest dropped beyond it
-    (``overflow="drop-head"``) or new ones refused (``"reject-publish"``);
-    ``dead_letter_exchange``: where expired, rejected and dropped messages go;
-    ``auto_delete``: the queue deletes itself when its last consumer stops."""
-
-    name: str
-    durable: bool = True
-    lazy: bool = False
-    message_ttl_ms: int | None = None
-    max_length: int | None = None
-    overflow: str = "drop-head"
-    dead_letter_exchange: str | None = None
-    auto_delete: bool = False
-
-    def __post_init__(self) -> None:
-        check_name(self.name)
-        for field in ("message_ttl_ms", "max_length"):
-            value = getattr(self, field)
-            if value is not None and (type(value) is not int or value < 0):
-                raise ValueError(f"{field} must be None or an int >= 0, got {value!r}")
-        if self.overflow not in OVERFLOWS:
-            raise ValueError(f"overflow must be one of {OVERFLOWS}, got {self.overflow!r}")
-        if self.dead_letter_exchange is not None:
-            check_name(self.dead_letter_exchange, "dead-letter exchange")
 
 
 @dataclass(frozen=True)
@@ -84,14 +49,6 @@ class ExchangeDefinition:
     name: str
     kind: str = "direct"
     durable: bool = True
-
-
-def check_name(name: object, what: str = "queue") -> str:
-    if not isinstance(name, str) or not _NAME.fullmatch(name) or name in (".", ".."):
-        raise ValueError(
-            f"a {what} name is 1 to 200 letters, digits, '_', '.' or '-'; got {name!r}"
-        )
-    return name
 
 
 def queue_directory(data_dir: str, name: str) -> str:

@@ -9,7 +9,7 @@ a DEALER to each queue it forwards to; the actor's own loop only answers its sup
 Wire protocol, every message one list encoded by the actor runtime's codec (msgpack,
 registered message types only: nothing a peer sends is ever unpickled or imported):
 
-    ["call", id, op, {args}]          a node call of ``CONTROL_CALLS`` (declare_queue,
+    ["call", id, op, {args}]          a node call of ``NODE_CALLS`` (declare_queue,
                                       exchange, queue ...); ``queue`` answers
                                       {"name", "incarnation"}, never a ref
     ["ask", id, boot, queue, incarnation, message]
@@ -60,6 +60,7 @@ import queue as queue_module
 import socket
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import zmq
@@ -74,7 +75,7 @@ from warren.actors.process import drain_wake_pipe
 from .. import errors
 from ..client.ipc_node import RemoteNode, read_alarms
 from ..client.keys import AUTHORIZED_FILE, authorized_keys, node_keys
-from ..protocol import Fetch, Publish, Purge, QueueStats, Release, Settle, Subscribe
+from ..protocol import NODE_CALLS, Fetch, Publish, Purge, QueueStats, Release, Settle, Subscribe
 
 __all__ = [
     "CLIENT_MESSAGES",
@@ -87,19 +88,6 @@ __all__ = [
 log = logging.getLogger("warren.queues")
 
 CLIENT_MESSAGES = (Publish, Fetch, Settle, Subscribe, Release, Purge, QueueStats)
-NODE_CALLS = frozenset(
-    {
-        "declare_queue",
-        "delete_queue",
-        "declare_exchange",
-        "bind_queue",
-        "exchange",
-        "queue",
-        "queue_state",
-        "list_queues",
-        "active_alarms",
-    }
-)
 MAX_FRAME_BYTES = wire.MAX_MESSAGE_BYTES + 2**20
 CONSUMER_SILENCE_S = 30.0  # a remote consumer unheard of this long is released
 SWEEP_S = 5.0  # how often silent consumers are looked for
@@ -177,24 +165,27 @@ class ListenerActor(ProcessActor):
 
     def on_receive(self, message: Any) -> Any:
         if isinstance(message, ListenerStats):
+            gateway = self._gateway
+            assert gateway is not None, "on_start sets the gateway"
             return {
-                "endpoint": self._gateway.bound,
+                "endpoint": gateway.bound,
                 "curve": self.curve,
-                "clients_consuming": len(self._gateway.consumers),
-                **self._gateway.counters,
+                "clients_consuming": len(gateway.consumers),
+                **gateway.counters,
             }
         raise UnhandledMessage(f"the listener does not handle {type(message).__name__}")
 
     def on_stop(self) -> None:
         self._close()
 
-    def on_failure(self, *exc_info) -> None:
+    def on_failure(self, *exc_info: object) -> None:
         self._close()
 
     def _close(self) -> None:
         if self._gateway is not None:
             self._gateway.stopping.set()
-            self._thread.join(timeout=5)
+            if self._thread is not None:
+                self._thread.join(timeout=5)
             self._gateway.close()
 
 
@@ -497,7 +488,9 @@ class _Gateway:
             return [False, self.boot]
         return [True, self.boot]
 
-    def _in_pool(self, client: bytes, request_id: int, function, *args) -> None:
+    def _in_pool(
+        self, client: bytes, request_id: int, function: Callable[..., Any], *args: Any
+    ) -> None:
         def run() -> None:
             try:
                 result = (wire.REPLY_OK, function(*args))

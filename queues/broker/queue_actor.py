@@ -68,7 +68,8 @@ import collections
 import logging
 import math
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, ClassVar, TypedDict
 
 import psutil
 
@@ -77,7 +78,7 @@ from warren.store.client import StoreClient
 from warren.store.errors import StoreError
 from warren.store.protocol import StoreStats
 
-from ..engine.variable_queue import VariableQueue
+from ..engine.variable_queue import MessageInfo, VariableQueue
 from ..errors import CorruptMessage, OutOfSequence, QueueClosed
 from ..protocol import (
     MAX_PRODUCER_BYTES,
@@ -88,6 +89,7 @@ from ..protocol import (
     Fetch,
     Publish,
     Purge,
+    QueueDefinition,
     QueueStats,
     Release,
     Settle,
@@ -108,9 +110,16 @@ RATES_INTERVAL_S = 5.0  # RAM_DURATION_UPDATE_INTERVAL
 MAX_FETCH = 10_000  # messages one Fetch may take
 EXPIRY_CHECK_S = 0.25  # how often expired messages at the head are dropped
 STORE_PING_S = 1.0  # how long a stopping queue waits for its stores' answer
+
+
+class _StoreClientOptions(TypedDict):
+    unavailable_after_s: float
+    call_timeout_s: float
+
+
 # A queue gives up on a silent store sooner than an application would: the node restarts
 # the queue after the store anyway (rest_for_one).
-STORE_CLIENT_OPTIONS = {"unavailable_after_s": 5.0, "call_timeout_s": 5.0}
+STORE_CLIENT_OPTIONS: _StoreClientOptions = {"unavailable_after_s": 5.0, "call_timeout_s": 5.0}
 
 
 class _Batch:
@@ -131,30 +140,17 @@ class QueueActor(ProcessActor):
 
     def __init__(
         self,
-        name: str,
+        definition: QueueDefinition,
         directory: str,
         *,
-        durable: bool = True,
-        lazy: bool = False,
-        message_ttl_ms: int | None = None,
-        max_length: int | None = None,
-        overflow: str = "drop-head",
-        dead_letter_exchange: str | None = None,
-        auto_delete: bool = False,
         data_dir: str | None = None,
         queue_options: dict[str, Any] | None = None,
         sync_interval_ms: float = SYNC_INTERVAL_MS,
         consumer_check_s: float = CONSUMER_CHECK_S,
     ) -> None:
-        self.queue_name = name
+        self.definition = definition
+        self.queue_name = definition.name
         self.directory = directory
-        self.durable = durable
-        self.lazy = lazy
-        self.message_ttl_ms = message_ttl_ms
-        self.max_length = max_length
-        self.overflow = overflow
-        self.dead_letter_exchange = dead_letter_exchange
-        self.auto_delete = auto_delete
         self.data_dir = data_dir
         self.queue_options = dict(queue_options or {})
         self.sync_interval_s = sync_interval_ms / 1000
@@ -199,8 +195,8 @@ class QueueActor(ProcessActor):
             self.monitor(store)
         self.queue = VariableQueue(
             self.directory,
-            durable=self.durable,
-            lazy=self.lazy,
+            durable=self.definition.durable,
+            lazy=self.definition.lazy,
             persistent_store=lambda ref: StoreClient(persistent, ref, **STORE_CLIENT_OPTIONS),
             transient_store=lambda ref: StoreClient(transient, ref, **STORE_CLIENT_OPTIONS),
             shared_store_clean=store_clean,
@@ -210,8 +206,14 @@ class QueueActor(ProcessActor):
         if self._producers.existed:
             self._recovered_ids = self.queue.msg_ids_from(self._producers.low_water)
         self._accepted = dict(self._producers.high)
-        if self.dead_letter_exchange is not None:
-            self._dead = DeadLetters(self.data_dir, self.queue_name, self.dead_letter_exchange)
+        if self.definition.dead_letter_exchange is not None:
+            if self.data_dir is None:
+                raise ValueError(
+                    f"queue {self.queue_name}: a dead-letter exchange needs the node's data_dir"
+                )
+            self._dead = DeadLetters(
+                self.data_dir, self.queue_name, self.definition.dead_letter_exchange
+            )
         self.call_later(self.consumer_check_s, self._check_consumers)
         self.call_later(RATES_INTERVAL_S, self._update_rates)
         self.call_later(EXPIRY_CHECK_S, self._expiry_tick)
@@ -230,13 +232,26 @@ class QueueActor(ProcessActor):
             return
         try:
             self._answer(self.queue.sync(wait=True))
-            self._producers.close()
+            self._producer_log.close()
             self.queue.terminate()
         except (StoreError, ActorError) as exc:
             # The store died before its Down reached us (a tree stopping everything after
             # it); the next start recovers dirty against the restarted store.
             log.warning("queue %s: no clean stop, the store is gone (%s)", self.queue_name, exc)
             self.queue.abandon()
+
+    # The engine and the producer log are set by ``on_start``, which runs before any
+    # message, timer or ``on_stop`` (a failed start ends the process without them).
+
+    @property
+    def _engine(self) -> VariableQueue:
+        assert self.queue is not None, "on_start sets the queue engine"
+        return self.queue
+
+    @property
+    def _producer_log(self) -> ProducerLog:
+        assert self._producers is not None, "on_start sets the producer log"
+        return self._producers
 
     def _stores_answer(self) -> bool:
         """Whether both stores' incarnations this queue started with still answer (a tree
@@ -272,13 +287,15 @@ class QueueActor(ProcessActor):
         return handler(self, message)
 
     def _publish(self, message: Publish) -> None:
-        payloads, msg_ids, sequences = message.payloads, message.msg_ids, None
+        queue = self._engine
+        payloads, msg_ids = message.payloads, message.msg_ids
+        sequences: list[int] = []  # with a producer: those of ``payloads``
         repeats, high = 0, -1
         if message.producer is not None:
             payloads, msg_ids, sequences, repeats, high = self._without_repeats(message)
         reply = self.defer_reply()
-        if self.max_length is not None and self.overflow == "reject-publish":
-            room = max(0, self.max_length - len(self.queue))
+        if self.definition.max_length is not None and self.definition.overflow == "reject-publish":
+            room = max(0, self.definition.max_length - len(queue))
             self.counters["rejected_publishes"] += max(0, len(payloads) - room)
             payloads = payloads[:room]
             msg_ids = msg_ids[:room] if msg_ids is not None else None
@@ -289,14 +306,14 @@ class QueueActor(ProcessActor):
                 high = max(high, sequences[len(payloads) - 1])
             if high > self._accepted.get(message.producer, -1):
                 self._accepted[message.producer] = high
-        ttls = [t for t in (message.expiration_ms, self.message_ttl_ms) if t is not None]
+        ttls = [t for t in (message.expiration_ms, self.definition.message_ttl_ms) if t is not None]
         expiry = _now_ms() + min(ttls) if ttls else None
-        seq_ids = self.queue.publish_many(
+        seq_ids = queue.publish_many(
             payloads, persistent=message.persistent, msg_ids=msg_ids, expiry_ms=expiry
         )
         self.counters["published"] += len(seq_ids)
-        if self.max_length is not None and self.overflow == "drop-head":
-            self._drop_over_max_length()
+        if self.definition.max_length is not None and self.definition.overflow == "drop-head":
+            self._drop_over_max_length(self.definition.max_length)
         batch = _Batch(reply, len(seq_ids) + repeats, len(seq_ids), message.producer, high)
         if message.producer is not None:
             self._producer_batches.setdefault(message.producer, collections.deque()).append(batch)
@@ -314,7 +331,9 @@ class QueueActor(ProcessActor):
         sequences; how many were repeats; the highest sequence of a repeat found among
         the recovered entries (durable, but not yet in the producer log)."""
         producer, first = message.producer, message.sequence
-        self._producers.begin()
+        # on_receive checked the fields: a publish with a producer has its sequence
+        assert producer is not None and first is not None
+        self._producer_log.begin()
         accepted = self._accepted.get(producer, -1)
         if first > accepted + 1:
             raise OutOfSequence(
@@ -328,10 +347,15 @@ class QueueActor(ProcessActor):
         start = min(accepted + 1 - first, len(message.payloads))
         repeats, high = start, -1
         recovered = self._recovered_ids
-        payloads, msg_ids, sequences = [], [], []
+        payloads: list[bytes] = []
+        msg_ids: list[bytes] = []
+        sequences: list[int] = []
         ids = message_ids(producer, first + start, len(message.payloads) - start)
         for sequence, payload, msg_id in zip(
-            range(first + start, first + len(message.payloads)), message.payloads[start:], ids
+            range(first + start, first + len(message.payloads)),
+            message.payloads[start:],
+            ids,
+            strict=True,
         ):
             if msg_id in recovered:
                 repeats += 1
@@ -345,10 +369,11 @@ class QueueActor(ProcessActor):
 
     def _fetch(self, message: Fetch) -> list[Delivered]:
         self._expire()
+        queue = self._engine
         out = []
         for _ in range(message.count):
             try:
-                fetched = self.queue.fetch_encoded(message.ack_required)
+                fetched = queue.fetch_encoded(message.ack_required)
             except CorruptMessage:
                 continue  # dropped, logged and counted: never delivered
             if fetched is None:
@@ -374,21 +399,31 @@ class QueueActor(ProcessActor):
                 message.action,
             )
             tags = [tag for tag in tags if tag in held]
+        queue = self._engine
         if message.action == "requeue":
-            self.queue.requeue(tags)
+            queue.requeue(tags)
         elif message.action == "reject" and self._dead is not None:
             # acked once the dead-letter exchange confirmed them (``_expiry_tick``)
-            self._dead.send([(t, self.queue.pending_payload(t)) for t in tags], "rejected")
+            self._dead.send([(t, self._rejected_payload(t)) for t in tags], "rejected")
         else:
-            self.queue.ack(tags)
+            queue.ack(tags)
         held.difference_update(tags)
         return foreign
+
+    def _rejected_payload(self, tag: int) -> bytes:
+        payload = self._engine.pending_payload(tag)
+        if payload is None:  # its body is gone, or fails its check: nothing to republish
+            raise CorruptMessage(
+                f"queue {self.queue_name}: delivery {tag} cannot be dead-lettered, its body "
+                f"is lost or corrupt"
+            )
+        return payload
 
     def _release(self, message: Release) -> None:
         held = self._held.pop(message.consumer, set())
         self._owners.pop(message.consumer, None)
         if held:
-            self.queue.requeue(sorted(held))
+            self._engine.requeue(sorted(held))
             self.counters["released"] += len(held)
         if self._subscribers.pop(message.consumer, 0):
             self._maybe_auto_delete()
@@ -405,7 +440,7 @@ class QueueActor(ProcessActor):
     def _maybe_auto_delete(self) -> None:
         """An auto-delete queue whose last consumer stopped deletes itself, messages and
         files, and ends its process (for good: the node then forgets its definition)."""
-        if self.auto_delete and not self._subscribers and not self._deleted:
+        if self.definition.auto_delete and not self._subscribers and not self._deleted:
             log.info(
                 "queue %s: its last consumer stopped; deleting it (auto_delete)", self.queue_name
             )
@@ -413,16 +448,17 @@ class QueueActor(ProcessActor):
             self.stop()
 
     def _purge(self, message: Purge) -> int:
-        return self.queue.purge()
+        return self._engine.purge()
 
     def _stats(self, message: QueueStats) -> dict[str, Any]:
-        stats = self.queue.stats()
-        stats.update(self.queue.counters)  # what recovery and reads dropped, and why
+        queue = self._engine
+        stats = queue.stats()
+        stats.update(queue.counters)  # what recovery and reads dropped, and why
         if self._dead is not None:
             stats.update(self._dead.counters)
         stats.update(
             name=self.queue_name,
-            durable=self.durable,
+            durable=self.definition.durable,
             consumers=sum(self._subscribers.values()),
             messages_ready=stats["len"],
             messages_unacked=stats["depth"] - stats["len"],
@@ -431,7 +467,8 @@ class QueueActor(ProcessActor):
         return stats
 
     def _delete(self, message: DeleteQueue) -> int:
-        count = self.queue.depth
+        queue = self._engine
+        count = queue.depth
         waiting = set(self._confirms.values()).union(*self._producer_batches.values())
         for batch in waiting:
             batch.reply.fail(
@@ -439,8 +476,8 @@ class QueueActor(ProcessActor):
             )
         self._confirms.clear()
         self._producer_batches.clear()
-        self._producers.close()
-        self.queue.delete()
+        self._producer_log.close()
+        queue.delete()
         self._deleted = True
         return count
 
@@ -454,7 +491,7 @@ class QueueActor(ProcessActor):
         self._store_down = True
         self.stop()
 
-    _handlers = {
+    _handlers: ClassVar[dict[type, Callable[[QueueActor, Any], Any]]] = {
         Publish: _publish,
         Fetch: _fetch,
         Settle: _settle,
@@ -469,14 +506,15 @@ class QueueActor(ProcessActor):
     # ------------------------------------------------------------------ confirms
 
     def _sync(self) -> None:
-        self._answer(self.queue.sync(wait=False))
-        if self.queue.needs_sync() and not self._sync_armed:
+        queue = self._engine
+        self._answer(queue.sync(wait=False))
+        if queue.needs_sync() and not self._sync_armed:
             self._sync_armed = True
             self.call_later(self.sync_interval_s, self._sync_timer)
 
     def _sync_timer(self) -> None:
         self._sync_armed = False
-        if not self._deleted and self.queue.needs_sync():
+        if not self._deleted and self._engine.needs_sync():
             self._sync()
 
     def _answer(self, confirmed: list[int]) -> None:
@@ -492,7 +530,8 @@ class QueueActor(ProcessActor):
                     batch.reply.send(batch.size)
         if not self._producer_batches:
             return
-        highs, answered = [], []
+        highs: list[tuple[bytes, int]] = []
+        answered: list[_Batch] = []
         for producer, batches in list(self._producer_batches.items()):
             high = -1
             while batches and batches[0].left == 0:
@@ -504,7 +543,8 @@ class QueueActor(ProcessActor):
             if not batches:
                 del self._producer_batches[producer]
         if highs:
-            self._producers.record(highs, min(confirms) if confirms else self.queue.next_seq_id)
+            low_water = min(confirms) if confirms else self._engine.next_seq_id
+            self._producer_log.record(highs, low_water)
         for batch in answered:
             batch.reply.send(batch.size)
 
@@ -514,34 +554,39 @@ class QueueActor(ProcessActor):
         """Drop, or dead-letter, the expired messages at the head (RabbitMQ expires a
         queue's messages at its head only)."""
         now = _now_ms()
+        queue = self._engine
 
-        def expired(info) -> bool:
+        def expired(info: MessageInfo) -> bool:
             return 0 < info.expiry_ms <= now
 
         if self._dead is None:
-            before = len(self.queue)
-            self.queue.drop_while(expired)
-            self.counters["expired"] += before - len(self.queue)
+            before = len(queue)
+            queue.drop_while(expired)
+            self.counters["expired"] += before - len(queue)
             return
-        dead = []
+        dead: list[tuple[int, bytes]] = []
         room = self._dead.room()
-        while len(dead) < room and (info := self.queue.peek()) is not None and expired(info):
-            fetched = self.queue.fetch_encoded(ack_required=True)
+        while len(dead) < room and (info := queue.peek()) is not None and expired(info):
+            fetched = queue.fetch_encoded(ack_required=True)
+            if fetched is None:  # the rest of the queue was lost from the shared store
+                break
             dead.append((fetched.seq_id, fetched.payload))
         self.counters["expired"] += len(dead)
         self._dead.send(dead, "expired")
 
-    def _drop_over_max_length(self) -> None:
-        excess = len(self.queue) - self.max_length
+    def _drop_over_max_length(self, max_length: int) -> None:
+        queue = self._engine
+        excess = len(queue) - max_length
         if excess <= 0:
             return
         self.counters["dropped_over_max_length"] += excess
         if self._dead is None:
             for _ in range(excess):
-                self.queue.fetch_encoded(ack_required=False)
+                queue.fetch_encoded(ack_required=False)
             return
-        dead = [self.queue.fetch_encoded(ack_required=True) for _ in range(excess)]
-        self._dead.send([(f.seq_id, f.payload) for f in dead], "maxlen")
+        dead = [queue.fetch_encoded(ack_required=True) for _ in range(excess)]
+        # None: the rest of the queue was lost from the shared store
+        self._dead.send([(f.seq_id, f.payload) for f in dead if f is not None], "maxlen")
 
     def _expiry_tick(self) -> None:
         if not self._deleted:
@@ -549,7 +594,7 @@ class QueueActor(ProcessActor):
             if self._dead is not None:
                 done = self._dead.settled()
                 if done:
-                    self.queue.ack(done)
+                    self._engine.ack(done)
         self.call_later(EXPIRY_CHECK_S, self._expiry_tick)
 
     # ------------------------------------------------------------------ timers
@@ -568,7 +613,7 @@ class QueueActor(ProcessActor):
 
     def _update_rates(self) -> None:
         if not self._deleted:
-            self.queue.update_rates()
+            self._engine.update_rates()
         self.call_later(RATES_INTERVAL_S, self._update_rates)
 
 

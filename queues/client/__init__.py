@@ -37,7 +37,7 @@ def connect(
             key_file=key_file,
             **{k: options.pop(k) for k in ("connect_timeout_s",) if k in options},
         )
-        return Connection(node, **options)
+        return Connection(node, on_close=node.close, **options)
     if key_file is not None:
         raise ValueError(
             "key_file is for a tcp:// address; a node on this machine is "

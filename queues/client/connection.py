@@ -35,34 +35,32 @@ import collections
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, Protocol
+from typing import Any, Literal
 
 from warren.actors import ActorDeadError, ActorError, ActorRef, AskTimeout, RemoteError
+from warren.actors.flow import MAX_IN_FLIGHT, MAX_IN_FLIGHT_BYTES, CreditWindow
 
 from .. import errors
-from ..errors import ConnectionClosed, Nacked, QueueError
+from ..errors import ConnectionClosed, Nacked, QueueError, local_error
 from ..message import MAX_MESSAGE_BYTES, Message, decode, encode
 from ..protocol import (
     MAX_PRODUCER_BYTES,
     MAX_SEQUENCE,
     Fetch,
+    NodeHandle,
     Publish,
     Purge,
+    QueueDefinition,
     QueueStats,
     Release,
     Settle,
     Subscribe,
 )
 from ..routing import route
-from .tcp_node import RemoteQueue, TcpNode
+from .tcp_node import RemoteQueue
 
 __all__ = ["Confirm", "Connection", "Consumer", "Delivery"]
 
-MAX_IN_FLIGHT = 4000  # unconfirmed messages per connection (credit) ...
-MAX_IN_FLIGHT_BYTES = 32 * 2**20  # ... or bytes
-# Publishes awaiting their answer: below what this process's socket queues for a peer (an
-# answer beyond that would be dropped by the queue, unroutable, and waited for in vain).
-MAX_IN_FLIGHT_REQUESTS = 256
 PUBLISH_BATCH = 500  # messages per Publish from publish_many
 PUBLISH_BATCH_BYTES = 4 * 2**20
 CALL_TIMEOUT_S = 60.0
@@ -70,22 +68,6 @@ ROUTES_TTL_S = 1.0  # how long an exchange's bindings are routed with
 RESTART_CHECK_S = 1.0  # how often a wait looks whether its queue restarted
 ALARMS_READ_EVERY_S = 0.1  # how stale a publisher's view of the alarms may be
 IDLE_POLL_S = (0.001, 0.05)  # a consumer's wait between empty fetches: from, to
-
-
-class NodeHandle(Protocol):
-    """What a connection needs of the node (the ``Node`` object in its own process)."""
-
-    def declare_queue(self, name: str, **arguments: Any) -> None: ...
-    def delete_queue(self, name: str) -> int: ...
-    def declare_exchange(
-        self, name: str, *, kind: str = "direct", durable: bool = True
-    ) -> None: ...
-    def bind_queue(self, queue: str, exchange: str, routing_key: str = "") -> None: ...
-    def exchange(self, name: str) -> dict[str, Any]: ...
-    def queue(self, name: str) -> ActorRef: ...
-    def queue_state(self, name: str) -> str: ...
-    def list_queues(self) -> list[str]: ...
-    def active_alarms(self) -> list[str]: ...
 
 
 class Confirm:
@@ -105,10 +87,11 @@ class Confirm:
         self.size = size  # messages
         self.bytes = size_bytes
         self._on_restart = on_restart
-        self._outcome: BaseException | None | bool = False  # False: not yet known
+        self._outcome: Nacked | None | Literal[False] = False  # False: not yet known
 
     def result(self, timeout: float | None = None) -> None:
-        if self._outcome is False:
+        outcome = self._outcome
+        if outcome is False:
             deadline = None if timeout is None else time.monotonic() + timeout
             outcome = None
             for queue, ref, future in self._sent:
@@ -136,8 +119,8 @@ class Confirm:
                         f"queue {queue!r} refused the publish: {exc.message}"
                     )
             self._outcome = outcome
-        if self._outcome is not None:
-            raise self._outcome
+        if outcome is not None:
+            raise outcome
 
     def done(self) -> bool:
         if self._outcome is not False:
@@ -198,17 +181,19 @@ class Connection:
         max_in_flight: int = MAX_IN_FLIGHT,
         max_in_flight_bytes: int = MAX_IN_FLIGHT_BYTES,
         call_timeout_s: float = CALL_TIMEOUT_S,
+        on_close: Callable[[], None] | None = None,
     ) -> None:
+        """``on_close`` runs once when the connection closes: ``connect`` passes the
+        transport it opened for this connection, which nothing else uses."""
         self._node = node
+        self._on_close = on_close
         self.max_in_flight = max_in_flight
         self.max_in_flight_bytes = max_in_flight_bytes
         self.call_timeout_s = call_timeout_s
         self.consumer_id = os.urandom(16)
         self._pid = os.getpid()
         self._refs: dict[str, ActorRef] = {}
-        self._in_flight: collections.deque[Confirm] = collections.deque()
-        self._unconfirmed = 0
-        self._unconfirmed_bytes = 0
+        self._in_flight: CreditWindow[Confirm] = CreditWindow(max_in_flight, max_in_flight_bytes)
         self._held: dict[str, dict[int, Delivery]] = {}  # queue -> tag -> delivery
         self._subscribed: set[str] = set()  # queues it has consumed from
         self._routes: dict[str, tuple[float, str, list]] = {}  # exchange -> (at, kind, bindings)
@@ -218,28 +203,15 @@ class Connection:
 
     # ------------------------------------------------------------------ declarations
 
-    def declare_queue(
-        self,
-        name: str,
-        durable: bool = True,
-        lazy: bool = False,
-        message_ttl_ms: int | None = None,
-        max_length: int | None = None,
-        overflow: str = "drop-head",
-        dead_letter_exchange: str | None = None,
-        auto_delete: bool = False,
-    ) -> None:
+    def declare_queue(self, name: str, **arguments: Any) -> None:
+        """Create the queue unless it exists (``PreconditionFailed`` if it exists with
+        other arguments). The arguments are ``QueueDefinition``'s: ``durable`` (True),
+        ``lazy`` (False), ``message_ttl_ms``, ``max_length``, ``overflow`` ("drop-head"
+        or "reject-publish"), ``dead_letter_exchange``, ``auto_delete`` (False); a bad
+        one raises here, before anything is sent."""
         self._check_open()
-        self._node.declare_queue(
-            name,
-            durable=durable,
-            lazy=lazy,
-            message_ttl_ms=message_ttl_ms,
-            max_length=max_length,
-            overflow=overflow,
-            dead_letter_exchange=dead_letter_exchange,
-            auto_delete=auto_delete,
-        )
+        QueueDefinition(name, **arguments)
+        self._node.declare_queue(name, **arguments)
 
     def delete_queue(self, name: str) -> int:
         self._check_open()
@@ -420,16 +392,13 @@ class Connection:
 
         def send() -> None:
             nonlocal batch, size, count
+            assert kind is not None, "set with the batch's first message"
+            first: int | None = None
+            if producer is not None:
+                assert sequence is not None, "_producer refuses a producer without one"
+                first = sequence + count
             confirms.append(
-                self._send(
-                    routing_key,
-                    queues,
-                    batch,
-                    kind[0],
-                    kind[1],
-                    producer,
-                    None if producer is None else sequence + count,
-                )
+                self._send(routing_key, queues, batch, kind[0], kind[1], producer, first)
             )
             count += len(batch)
             batch, size = [], 0
@@ -524,11 +493,7 @@ class Connection:
         if self.blocked:
             self._wait_while_blocked()
         size = sum(map(len, payloads))
-        while self._in_flight and (
-            self._unconfirmed + len(payloads) > self.max_in_flight
-            or self._unconfirmed_bytes + size > self.max_in_flight_bytes
-            or len(self._in_flight) >= MAX_IN_FLIGHT_REQUESTS
-        ):
+        while self._in_flight.full_for(len(payloads), size):
             try:
                 self._settle_oldest(self.call_timeout_s)
             except Nacked:
@@ -552,20 +517,16 @@ class Connection:
                     if attempt == 2:
                         raise Nacked(f"queue {queue!r} is restarting; publish again") from None
         confirm = Confirm(routing_key, sent, len(payloads), size, self._forget)
-        self._in_flight.append(confirm)
-        self._unconfirmed += len(payloads)
-        self._unconfirmed_bytes += size
+        self._in_flight.add(confirm, len(payloads), size)
         return confirm
 
     def _settle_oldest(self, timeout: float | None) -> None:
-        confirm = self._in_flight[0]
+        confirm = self._in_flight.oldest()
         try:
             confirm.result(timeout)
         finally:
             if confirm.done():
-                self._in_flight.popleft()
-                self._unconfirmed -= confirm.size
-                self._unconfirmed_bytes -= confirm.bytes
+                self._in_flight.pop_oldest()
 
     # ------------------------------------------------------------------ consuming
 
@@ -654,7 +615,7 @@ class Connection:
                     ref, ref.ask_async(request, timeout=self.call_timeout_s), self.call_timeout_s
                 )
             except RemoteError as exc:
-                raise _local_error(exc) from None
+                raise local_error(exc.type_name, exc.message, exc.remote_traceback) from None
             except ActorDeadError:
                 self._forget(queue)
                 if attempt == 2:
@@ -683,8 +644,8 @@ class Connection:
         self._held.clear()
         self._subscribed.clear()
         self._closed = True
-        if isinstance(self._node, TcpNode):
-            self._node.close()
+        if self._on_close is not None:
+            self._on_close()
 
     def __enter__(self) -> Connection:
         return self
@@ -810,12 +771,3 @@ def _producer(producer_id: str | bytes | None, sequence: int | None) -> bytes | 
             f"(the message's place in what that producer sends); got {sequence!r}"
         )
     return producer
-
-
-_ERRORS = {name: getattr(errors, name) for name in errors.__all__}
-
-
-def _local_error(exc: RemoteError) -> Exception:
-    """A queue's error as the class of ``warren.queues.errors`` it was raised as."""
-    cls = _ERRORS.get(exc.type_name)
-    return cls(exc.message) if cls is not None else exc

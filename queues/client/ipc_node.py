@@ -22,13 +22,12 @@ import zmq
 
 from warren.actors import ActorRef
 
-from .. import errors
-from ..errors import NodeNotRunning
+from ..errors import NodeNotRunning, local_error
+from ..protocol import NodeCalls
 
 __all__ = [
     "ALARMS_FILE",
     "NODE_FILE",
-    "NodeCalls",
     "NodeNotRunning",
     "RemoteNode",
     "read_alarms",
@@ -38,35 +37,6 @@ __all__ = [
 NODE_FILE = "node.json"  # in the data directory: the node's control socket
 ALARMS_FILE = "alarms.json"  # in the data directory: the resource alarms raised now
 CALL_TIMEOUT_MS = 60_000
-
-
-class NodeCalls:
-    """The node's calls as a connection makes them, for a node in another process: each
-    is one ``_call(op, **args)`` that the subclass carries there."""
-
-    def _call(self, op: str, **args: Any) -> Any:
-        raise NotImplementedError
-
-    def declare_queue(self, name: str, **arguments: Any) -> None:
-        self._call("declare_queue", name=name, **arguments)
-
-    def delete_queue(self, name: str) -> int:
-        return self._call("delete_queue", name=name)
-
-    def declare_exchange(self, name: str, *, kind: str = "direct", durable: bool = True) -> None:
-        self._call("declare_exchange", name=name, kind=kind, durable=durable)
-
-    def bind_queue(self, queue: str, exchange: str, routing_key: str = "") -> None:
-        self._call("bind_queue", queue=queue, exchange=exchange, routing_key=routing_key)
-
-    def exchange(self, name: str) -> dict[str, Any]:
-        return self._call("exchange", name=name)
-
-    def queue_state(self, name: str) -> str:
-        return self._call("queue_state", name=name)
-
-    def list_queues(self) -> list[str]:
-        return self._call("list_queues")
 
 
 class RemoteNode(NodeCalls):
@@ -101,7 +71,7 @@ class RemoteNode(NodeCalls):
         return read_alarms(self.data_dir)
 
     def _call(self, op: str, **args: Any) -> Any:
-        socket = zmq.Context.instance().socket(zmq.REQ)
+        socket: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.REQ)
         socket.linger = 0
         socket.rcvtimeo = socket.sndtimeo = self.timeout_ms
         try:
@@ -113,14 +83,7 @@ class RemoteNode(NodeCalls):
         finally:
             socket.close()
         if "error" in answer:
-            cls = getattr(errors, answer["error"], None)
-            if not (isinstance(cls, type) and issubclass(cls, Exception)):
-                cls = (
-                    ValueError
-                    if answer["error"] in ("ValueError", "TypeError")
-                    else errors.QueueError
-                )
-            raise cls(answer.get("message", answer["error"]))
+            raise local_error(str(answer["error"]), str(answer.get("message", "")))
         return answer["ok"]
 
 

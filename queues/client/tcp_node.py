@@ -39,12 +39,11 @@ import zmq
 
 from warren.actors import wire
 from warren.actors.codec import Decoder, Encoder
-from warren.actors.errors import ActorDeadError, AskTimeout, CodecError, remote_error
+from warren.actors.errors import ActorDeadError, AskTimeout, CodecError, RemoteError
 
 from .. import errors
-from ..errors import NodeNotRunning
-from ..protocol import Fetch, Subscribe
-from .ipc_node import NodeCalls
+from ..errors import NodeNotRunning, local_error
+from ..protocol import Fetch, NodeCalls, Subscribe
 from .keys import ClientKey, load_client_key
 
 __all__ = ["RemoteQueue", "TcpNode"]
@@ -70,7 +69,7 @@ class TcpNode(NodeCalls):
         self.endpoint = endpoint
         self.call_timeout_s = call_timeout_s
         self._key: ClientKey | None = load_client_key(key_file) if key_file is not None else None
-        self._context = zmq.Context.instance()
+        self._context: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self._socket = self._open_socket()
         self._encoder = Encoder()
         self._decoder = Decoder()
@@ -96,7 +95,7 @@ class TcpNode(NodeCalls):
                 f"with `warren node --listen {endpoint}`),{hint}"
             ) from None
 
-    def _open_socket(self) -> zmq.Socket:
+    def _open_socket(self) -> zmq.Socket[bytes]:
         socket = self._context.socket(zmq.DEALER)
         socket.linger = LINGER_MS
         if self._key is not None:
@@ -148,8 +147,8 @@ class TcpNode(NodeCalls):
         except (TimeoutError, errors.ConnectionClosed):
             self.forget(request_id)
             raise
-        except Exception as exc:
-            cls = getattr(errors, getattr(exc, "type_name", ""), None)
+        except RemoteError as exc:
+            cls = getattr(errors, exc.type_name, None)
             if isinstance(cls, type) and issubclass(cls, Exception):
                 raise cls(exc.message) from None
             raise
@@ -200,7 +199,7 @@ class TcpNode(NodeCalls):
             # this connection sends next is taken.
             self._listener_restarted(request_id)
             raise ActorDeadError(str(text))
-        raise remote_error(str(type_name), str(text), "")
+        raise local_error(str(type_name), str(text))
 
     def forget(self, request_id: int) -> None:
         self._awaited.discard(request_id)

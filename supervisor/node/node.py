@@ -82,8 +82,6 @@ from warren.actors import Node as ActorNode
 from warren.queues.broker.definitions import (
     Definitions,
     ExchangeDefinition,
-    QueueDefinition,
-    check_name,
     queue_directory,
 )
 from warren.queues.broker.listener import (
@@ -97,7 +95,7 @@ from warren.queues.client.connection import Connection
 from warren.queues.client.ipc_node import NODE_FILE, write_alarms
 from warren.queues.engine.ref_counts import node_clean_clients, node_ref_counts
 from warren.queues.errors import NotFound, QueueDown, QueueError
-from warren.queues.protocol import DeleteQueue
+from warren.queues.protocol import NODE_CALLS, DeleteQueue, QueueDefinition, check_name
 from warren.store.engine.message_store import FILE_SIZE_LIMIT_BYTES
 from warren.store.gc_actor import GCActor
 from warren.store.protocol import StoreStats
@@ -126,19 +124,6 @@ STORE_CLOSE_TIMEOUT_S = 60.0
 STORES = ("msg_store_persistent", "msg_store_transient")
 LISTENER_NAME = "listener"  # the actor remote clients reach (Node(listen=...))
 # What other processes may call on the node through its control socket (warren.connect).
-CONTROL_CALLS = frozenset(
-    {
-        "declare_queue",
-        "delete_queue",
-        "declare_exchange",
-        "bind_queue",
-        "exchange",
-        "queue",
-        "queue_state",
-        "list_queues",
-        "active_alarms",
-    }
-)
 QUEUE_SUP_PREFIX = "queue_sup "  # each queue's own supervisor, under queue_sup
 QUEUE_FLAGS = SupervisorFlags("one_for_one", intensity=3, period_s=60.0)
 QUEUE_PREFIX = "queue "  # a queue's actor name, and so its title: "warren: queue orders"
@@ -166,7 +151,7 @@ class Node:
         alarm_limits: AlarmLimits | None = None,
         file_size_limit: int = FILE_SIZE_LIMIT_BYTES,
         sync_policy: str = "fsync",
-        ref_counts: Callable[[], Iterable[tuple[bytes, int]]] | None = None,
+        ref_counts: Callable[[], Iterable[tuple[bytes, int]] | None] | None = None,
         preload: tuple[str, ...] = (),
         log_level: int | str | None = None,
         listen: str | None = None,
@@ -216,7 +201,7 @@ class Node:
         self.actors: ActorNode | None = None
         self.listen_endpoint: str | None = None  # where remote clients connect
         self.root: Supervisor | None = None
-        self._status_socket: zmq.Socket | None = None
+        self._status_socket: zmq.Socket[bytes] | None = None
         self._threads: list[threading.Thread] = []
         try:
             self.actors = ActorNode(
@@ -284,10 +269,11 @@ class Node:
             )
             self.root = Supervisor(self.actors, spec, on_failure=self._root_failed).start()
             self.alarms = ResourceMonitor(self.data_dir, self.limits, self._pids)
-            self._status_socket = zmq.Context.instance().socket(zmq.ROUTER)
-            self._status_socket.linger = 0
-            self._status_socket.router_mandatory = 1
-            self._status_socket.bind(self.status_endpoint)
+            status_socket: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.ROUTER)
+            self._status_socket = status_socket
+            status_socket.linger = 0
+            status_socket.router_mandatory = 1
+            status_socket.bind(self.status_endpoint)
             self._threads = [
                 threading.Thread(target=self._watch_resources, daemon=True, name="warren-alarms"),
                 threading.Thread(target=self._serve_status, daemon=True, name="warren-status"),
@@ -313,39 +299,21 @@ class Node:
 
     def store(self, name: str = "msg_store_persistent") -> ActorRef:
         """The ref of a store actor (follows its restarts)."""
-        ref = self.actors.whereis(name)
+        ref = self._actor_node.whereis(name)
         if ref is None:
             raise KeyError(f"no {name} is running")
         return ref
 
     # ------------------------------------------------------------------ queues
 
-    def declare_queue(
-        self,
-        name: str,
-        *,
-        durable: bool = True,
-        lazy: bool = False,
-        message_ttl_ms: int | None = None,
-        max_length: int | None = None,
-        overflow: str = "drop-head",
-        dead_letter_exchange: str | None = None,
-        auto_delete: bool = False,
-    ) -> None:
+    def declare_queue(self, name: str, **arguments: Any) -> None:
         """Create the queue (a process under ``queue_sup``) unless it exists; a durable
         one is kept in the definitions and started at every boot. Re-declaring with other
         arguments raises ``PreconditionFailed``. An ``auto_delete`` queue deletes itself
-        when its last consumer stops (one that never had a consumer stays)."""
-        definition = QueueDefinition(
-            check_name(name),
-            bool(durable),
-            bool(lazy),
-            message_ttl_ms,
-            max_length,
-            overflow,
-            dead_letter_exchange,
-            bool(auto_delete),
-        )
+        when its last consumer stops (one that never had a consumer stays). The
+        arguments are ``QueueDefinition``'s (``durable``, ``lazy``, ``message_ttl_ms``,
+        ``max_length``, ``overflow``, ``dead_letter_exchange``, ``auto_delete``)."""
+        definition = QueueDefinition(check_name(name), **arguments)
         with self._definitions_lock:
             if not self._definitions.add_queue(definition):
                 return
@@ -403,7 +371,7 @@ class Node:
         never declared, ``QueueDown`` for one that kept crashing and stays down."""
         if name not in self._definitions.queues:
             raise NotFound(f"no queue {name!r} on this node; declare it first")
-        ref = self.actors.whereis(QUEUE_PREFIX + name)
+        ref = self._actor_node.whereis(QUEUE_PREFIX + name)
         if ref is None and self.queue_state(name) == "crashed":
             raise QueueDown(
                 f"queue {name!r} crashed {QUEUE_FLAGS.intensity + 1} times within "
@@ -418,7 +386,7 @@ class Node:
         """``running``, ``restarting``, or ``crashed`` (it kept crashing; it stays down)."""
         for child in self._supervisor("queue_sup").which_children():
             if child["id"] == QUEUE_SUP_PREFIX + name:
-                return "running" if self.actors.whereis(QUEUE_PREFIX + name) else "restarting"
+                return "running" if self._actor_node.whereis(QUEUE_PREFIX + name) else "restarting"
         return "crashed"
 
     def list_queues(self) -> list[str]:
@@ -437,7 +405,7 @@ class Node:
                 if (
                     definition.auto_delete
                     and not os.path.exists(queue_directory(self.data_dir, name))
-                    and self.actors.whereis(QUEUE_PREFIX + name) is None
+                    and self._actor_node.whereis(QUEUE_PREFIX + name) is None
                 ):
                     queue_sup = self._supervisor("queue_sup")
                     if any(c["id"] == QUEUE_SUP_PREFIX + name for c in queue_sup.which_children()):
@@ -449,7 +417,7 @@ class Node:
     def _definitions_changed(self) -> None:
         """Keep what a restart of queue_sup starts, and the durable definitions on disk,
         in step with the definitions (under the definitions lock)."""
-        self.root.update_child_spec(self._queue_sup_spec())
+        self._tree.update_child_spec(self._queue_sup_spec())
         self._definitions.save()
 
     def _queue_sup_spec(self) -> SupervisorSpec:
@@ -466,17 +434,8 @@ class Node:
         queue = ChildSpec(
             QUEUE_PREFIX + definition.name,
             QueueActor,
-            (definition.name, queue_directory(self.data_dir, definition.name)),
-            {
-                "durable": definition.durable,
-                "lazy": definition.lazy,
-                "message_ttl_ms": definition.message_ttl_ms,
-                "max_length": definition.max_length,
-                "overflow": definition.overflow,
-                "dead_letter_exchange": definition.dead_letter_exchange,
-                "auto_delete": definition.auto_delete,
-                "data_dir": self.data_dir,
-            },
+            (definition, queue_directory(self.data_dir, definition.name)),
+            {"data_dir": self.data_dir},
             # an auto-deleted queue's process ends normally, for good
             restart="transient" if definition.auto_delete else "permanent",
             shutdown_s=STORE_SHUTDOWN_S,
@@ -581,14 +540,28 @@ class Node:
     def __enter__(self) -> Node:
         return self
 
-    def __exit__(self, *exc_info) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
     # ------------------------------------------------------------------ internals
 
+    # __init__ starts the runtime and the tree; they stay None only when it fails, and
+    # the close it then runs checks for that itself.
+
+    @property
+    def _actor_node(self) -> ActorNode:
+        assert self.actors is not None, "__init__ starts the actor runtime"
+        return self.actors
+
+    @property
+    def _tree(self) -> Supervisor:
+        assert self.root is not None, "__init__ starts the tree"
+        return self.root
+
     def _supervisor(self, child_id: str) -> Supervisor:
-        for child in self.root._children:
+        for child in self._tree._children:
             if child.name == child_id:
+                assert child.supervisor is not None, f"{child_id} started with the root"
                 return child.supervisor
         raise KeyError(child_id)
 
@@ -628,7 +601,7 @@ class Node:
         """Bring every actor's view of the alarms up to date: a change is told to all, and
         an actor restarted (or started) while an alarm is raised hears of it too."""
         active = frozenset(self.alarms.active)
-        for ref in self.root.actor_refs():
+        for ref in self._tree.actor_refs():
             incarnation, heard = told.get(ref.address, (ref.incarnation, frozenset()))
             if incarnation != ref.incarnation:
                 heard = frozenset()
@@ -649,13 +622,15 @@ class Node:
         REP's state machine is at a peer's mercy. Any other request, of any shape, gets
         an error answer (to its envelope, or to its sender when it has none) and is
         counted; nothing a peer sends ends or stalls this thread."""
+        status_socket = self._status_socket
+        assert status_socket is not None, "bound before this thread starts"
         poller = zmq.Poller()
-        poller.register(self._status_socket, zmq.POLLIN)
+        poller.register(status_socket, zmq.POLLIN)
         while not self._closing.is_set():
             if not poller.poll(100):
                 continue
             try:
-                frames = self._status_socket.recv_multipart(zmq.NOBLOCK)
+                frames = status_socket.recv_multipart(zmq.NOBLOCK)
             except zmq.ZMQError as exc:  # Again: nothing after all
                 log.debug("node %s: the status socket: %s", self.name, exc)
                 continue
@@ -680,10 +655,10 @@ class Node:
                     {"error": "a request is one frame, b'status', or two, b'call' and a JSON call"}
                 ).encode()
             try:
-                self._status_socket.send_multipart([*envelope, reply], zmq.NOBLOCK)
+                status_socket.send_multipart([*envelope, reply], zmq.NOBLOCK)
             except zmq.ZMQError as exc:  # the asker has gone, or reads nothing
                 log.warning("node %s: a status answer could not be sent: %s", self.name, exc)
-        self._status_socket.close()
+        status_socket.close()
 
     def _control_call(self, body: bytes) -> bytes:
         """A client's call on the node (``warren.connect``): ``{"op": name, "args": {...}}``
@@ -691,8 +666,8 @@ class Node:
         try:
             call = json.loads(body)
             op, args = call["op"], call.get("args", {})
-            if op not in CONTROL_CALLS or not isinstance(args, dict):
-                raise ValueError(f"no call {op!r}; the calls are {sorted(CONTROL_CALLS)}")
+            if op not in NODE_CALLS or not isinstance(args, dict):
+                raise ValueError(f"no call {op!r}; the calls are {sorted(NODE_CALLS)}")
             result = getattr(self, op)(**args)
             if isinstance(result, ActorRef):
                 result = dataclasses.asdict(result)
@@ -754,7 +729,7 @@ def query_status(data_dir: str | os.PathLike, timeout_ms: int = STATUS_TIMEOUT_M
             info = json.load(f)
     except (OSError, ValueError) as exc:
         raise OSError(f"no node is running on {data_dir} ({exc})") from exc
-    context = zmq.Context.instance()
+    context: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
     socket = context.socket(zmq.REQ)
     socket.linger = 0
     socket.rcvtimeo = socket.sndtimeo = timeout_ms
