@@ -29,7 +29,7 @@ PACKAGES, PACKAGE_DIR = warren_packages()
 setup(
     name="warren-mq",
     version="0.1.0",
-    description="RabbitMQ's message persistence layer as Erlang-style actors in Python",
+    description="A durable message broker you can embed, with RabbitMQ's persistence design",
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     packages=PACKAGES,
