@@ -6,8 +6,9 @@ no GC running, measured in one run.
 A store actor (in a real node) holds four files of 100-byte messages; two in three are
 then removed, so combines are due. A probe client writes one message every 5 ms and waits
 for its confirm, first while nothing else happens (the baseline), then while the GC
-combines the files; each latency counts from when the write was due. Small messages are the GC's worst case: the work per
-combine grows with the number of records, not their bytes.
+combines the files; each latency counts from when the write was due. Small messages are
+the GC's worst case: the work per combine grows with the number of records, not their
+bytes.
 """
 
 from __future__ import annotations

@@ -45,6 +45,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from functools import partial
 
 import psutil
 
@@ -123,7 +124,7 @@ def store_pass(root: str, messages: list[bytes]) -> tuple[float, float]:
     ids = [n.to_bytes(16, "big") for n in range(count)]
     with MessageStore(directory) as store:
         with Stopwatch() as writes:
-            for n, (msg_id, message) in enumerate(zip(ids, messages), 1):
+            for n, (msg_id, message) in enumerate(zip(ids, messages, strict=True), 1):
                 store.write(msg_id, message)
                 if n % PUBLISHES_PER_SYNC == 0 or n == count:
                     store.sync()
@@ -210,17 +211,17 @@ def throughput_rows(root: str, scale: int) -> list[Row]:
         own_store = len(messages[0]) < EMBED_MSGS_BELOW  # else publish_many falls back
         name = label(size)
 
-        def compare(run) -> tuple[Pass, Pass, float, float]:
+        def compare(run, messages=messages) -> tuple[Pass, Pass, float, float]:
             """Alternate raw passes with ``run``: (raw, subject, their fastest writes)."""
-            raw, subject = Pass(lambda: raw_pass(root, messages)), Pass(run)
+            raw, subject = Pass(partial(raw_pass, root, messages)), Pass(run)
             raw_seconds, subject_seconds = best_of_alternating(raw, subject)
             return raw, subject, raw_seconds, subject_seconds
 
-        s_raw, store, s_raw_seconds, store_seconds = compare(lambda: store_pass(root, messages))
+        s_raw, store, s_raw_seconds, store_seconds = compare(partial(store_pass, root, messages))
         for lazy in (False, True):
             mode = "lazy" if lazy else "default"
             _, queue, raw_seconds, queue_seconds = compare(
-                lambda: queue_pass(root, messages, lazy, None)
+                partial(queue_pass, root, messages, lazy, None)
             )
             rows.append(
                 Row(
@@ -234,7 +235,7 @@ def throughput_rows(root: str, scale: int) -> list[Row]:
             )
             if not lazy and own_store:
                 _, _, b_raw_seconds, batched_seconds = compare(
-                    lambda: queue_pass(root, messages, lazy, PUBLISH_BATCH)
+                    partial(queue_pass, root, messages, lazy, PUBLISH_BATCH)
                 )
                 rows.append(
                     Row(

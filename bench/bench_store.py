@@ -25,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from functools import partial
 
 from warren.store import MessageStore
 from warren.store.engine.records import encode_record
@@ -60,6 +61,34 @@ def rdq_paths(directory: str) -> list[str]:
     )
 
 
+def raw_writes(root, size, message_ids, body, per_sync) -> float:
+    """The records appended to one file, fdatasynced every ``per_sync`` and at the end."""
+    count = len(message_ids)
+    path = os.path.join(root, f"raw-{size}.rdq")
+    with Stopwatch() as watch:
+        with open(path, "wb", buffering=MIB) as f:
+            for n, mid in enumerate(message_ids, 1):
+                f.write(encode_record(mid, body))
+                if n % per_sync == 0 or n == count:
+                    f.flush()
+                    os.fdatasync(f.fileno())
+    os.unlink(path)
+    return watch.seconds
+
+
+def engine_writes(root, size, message_ids, body, per_sync) -> float:
+    """The messages written to a MessageStore, synced every ``per_sync`` and at the end."""
+    count = len(message_ids)
+    directory = os.path.join(root, f"store-{size}")
+    with MessageStore(directory, auto_gc=False) as store, Stopwatch() as watch:
+        for n, mid in enumerate(message_ids, 1):
+            store.write(mid, body)
+            if n % per_sync == 0 or n == count:
+                store.sync()
+    shutil.rmtree(directory)
+    return watch.seconds
+
+
 def bench_writes(root: str, scale: int) -> list[Row]:
     rows = []
     for size, count in WRITE_SIZES:
@@ -67,30 +96,10 @@ def bench_writes(root: str, scale: int) -> list[Row]:
         per_sync = max(1, min(MESSAGES_PER_SYNC, SYNC_BYTES_CAP // size))
         body = os.urandom(size)
         message_ids = ids(count, seed=size)
-
-        def raw() -> float:
-            path = os.path.join(root, f"raw-{size}.rdq")
-            with Stopwatch() as watch:
-                with open(path, "wb", buffering=MIB) as f:
-                    for n, mid in enumerate(message_ids, 1):
-                        f.write(encode_record(mid, body))
-                        if n % per_sync == 0 or n == count:
-                            f.flush()
-                            os.fdatasync(f.fileno())
-            os.unlink(path)
-            return watch.seconds
-
-        def engine() -> float:
-            directory = os.path.join(root, f"store-{size}")
-            with MessageStore(directory, auto_gc=False) as store, Stopwatch() as watch:
-                for n, mid in enumerate(message_ids, 1):
-                    store.write(mid, body)
-                    if n % per_sync == 0 or n == count:
-                        store.sync()
-            shutil.rmtree(directory)
-            return watch.seconds
-
-        raw_seconds, engine_seconds = best_of_alternating(raw, engine)
+        raw_seconds, engine_seconds = best_of_alternating(
+            partial(raw_writes, root, size, message_ids, body, per_sync),
+            partial(engine_writes, root, size, message_ids, body, per_sync),
+        )
         label = f"{size} B" if size < 1024 else f"{size // 1024} KiB"
         rows.append(
             Row(
@@ -167,7 +176,9 @@ seconds = time.perf_counter() - started
 gc.collect()
 rss_growth = process.memory_info().rss - before
 index = store._index
-accounted = sys.getsizeof(index) + sum(sys.getsizeof(k) + sys.getsizeof(v) for k, v in index.items())
+accounted = sys.getsizeof(index) + sum(
+    sys.getsizeof(k) + sys.getsizeof(v) for k, v in index.items()
+)
 started = time.perf_counter()
 gc.collect()
 print(json.dumps({"seconds": seconds, "rss_growth": rss_growth, "accounted": accounted,
