@@ -2,11 +2,12 @@
 
 The check runs after each test: any descendant of the test process that appeared during
 the test (but not one a process already running before it started: a module fixture's
-Spark JVM forks its Python workers as it needs them, and the fixture stops them all), and any Warren process (titled ``warren: ...``) of this test run that appeared
-during it even if orphaned since (a forkserver whose node was killed is re-parented away
-from us), still alive a few seconds later fails the test, and is killed so that one leak
-does not cascade into the tests after it. "Of this test run": its environment carries
-this run's ``RUN_MARKER`` (every process the suite starts inherits it), so the Warren
+Spark JVM forks its Python workers as it needs them, and the fixture stops them all), and
+any Warren process (titled ``warren: ...``) of this test run that appeared during it even
+if orphaned since (a forkserver whose node was killed is re-parented away from us), still
+alive a few seconds later fails the test, and is killed so that one leak does not cascade
+into the tests after it. "Of this test run": its environment carries this run's
+``RUN_MARKER`` (every process the suite starts inherits it), so the Warren
 processes of other programs and other test runs on the machine are never judged or killed.
 """
 

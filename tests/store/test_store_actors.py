@@ -275,7 +275,8 @@ def test_a_request_meant_for_an_older_store_incarnation_is_dropped_and_counted(n
     before = current.stats()["dropped_stale"]
     # From a process that has not heard of the death, the old pinned ref still sends.
     sender = (
-        f"import json; from warren.actors import ActorRef; from warren.store.protocol import Register; "
+        "import json; from warren.actors import ActorRef; "
+        "from warren.store.protocol import Register; "
         f"ref = ActorRef(**json.loads({json.dumps(json.dumps(dataclasses.asdict(old)))}));"
         f"ref.tell(Register(b'stale client'))"
     )

@@ -5,8 +5,9 @@ or kill the node's process itself.
                                           [--listen ADDR] [--until-signalled]
 
 Writes N persistent messages (ids ``message_id(i)``, bodies ``message_body(i)``) and waits
-until the store has confirmed them all, declares queue NAME if asked (listening on ADDR if asked), then prints the pids of the node's process, its
-forkserver and its actors on one line. Without ``--until-signalled`` it then waits, as an
+until the store has confirmed them all, declares queue NAME if asked (listening on ADDR if
+asked), then prints the pids of the node's process, its forkserver and its actors on one
+line. Without ``--until-signalled`` it then waits, as an
 embedding application would, with the default reaction to every signal. With it, it runs
 as ``warren node`` does: the stop signals are blocked while the node is built, then
 ``Node.run_until_signalled`` runs it; it prints the signal that stopped it and exits 0,

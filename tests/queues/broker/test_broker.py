@@ -330,7 +330,7 @@ def test_a_queue_that_keeps_crashing_stays_down_alone_and_publishes_to_it_are_na
     for _ in range(3):  # as many crashes as its supervisor allows
         pid = node.queue("fragile").pid
         os.kill(pid, signal.SIGKILL)
-        wait_for(lambda: restarted(node, "fragile", pid))
+        wait_for(lambda pid=pid: restarted(node, "fragile", pid))
     os.kill(node.queue("fragile").pid, signal.SIGKILL)  # and one more
     wait_for(lambda: node.queue_state("fragile") == "crashed")
     with pytest.raises(Nacked, match="stays down"):

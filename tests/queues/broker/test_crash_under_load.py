@@ -71,7 +71,10 @@ def test_every_confirmed_message_is_consumed_whatever_is_killed_under_load(tmp_p
             victims = ("queue orders", "msg_store_persistent", "msg_store_gc", "queue orders")
             for round_, victim in enumerate(victims, 1):  # every 150 confirms, a kill
                 wait_for(
-                    lambda: sum(len(lines(p)) for p in confirmed_paths) >= 150 * round_, timeout=120
+                    lambda round_=round_: (
+                        sum(len(lines(p)) for p in confirmed_paths) >= 150 * round_
+                    ),
+                    timeout=120,
                 )
                 kill_and_wait(node, victim)
             for producer in children[:2]:

@@ -249,7 +249,9 @@ def test_a_producer_resending_after_a_queue_sigkill_adds_no_duplicates(node):
             pid = node.queue("orders").pid
             os.kill(pid, signal.SIGKILL)
             wait_for(
-                lambda: node.queue_state("orders") == "running" and node.queue("orders").pid != pid
+                lambda pid=pid: (
+                    node.queue_state("orders") == "running" and node.queue("orders").pid != pid
+                )
             )
 
     killer = threading.Thread(target=kill_the_queue_at_each_mark)

@@ -130,7 +130,10 @@ def test_mixed_publishes_and_acks_read_back_only_the_unacked(open_index):
     for s in (3, 6, 8):
         index.publish(entry(s))
     index.ack([1, 2, 3])
-    seqs = lambda a, b: [e.seq_id for e in index.read(a, b)]
+
+    def seqs(a, b):
+        return [e.seq_id for e in index.read(a, b)]
+
     assert (seqs(0, 4), seqs(4, 7), seqs(7, 9)) == ([], [4, 5, 6], [7, 8])
 
 

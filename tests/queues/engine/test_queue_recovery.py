@@ -182,7 +182,7 @@ def test_a_killed_store_of_a_node_with_queues_takes_its_counts_from_their_indexe
         queue.ack([queue.fetch().seq_id for _ in range(5)])
         queue.sync()
         stray = StoreClient(node.store())
-        for n in range(30):
+        for _ in range(30):
             stray.write(os.urandom(16), b"no queue holds this")
         stray.settle()
         queue.abandon()
