@@ -406,7 +406,7 @@ class MessageStoreActor(ProcessActor):
         self.counters["longest_gc_slice_ms"] = max(self.counters["longest_gc_slice_ms"], held_ms)
 
     def _rewrite_failed(self, message: RewriteFailed) -> None:
-        if self._job is not None and self._job[0] == message.job_id:
+        if self._job is not None and self._job.job_id == message.job_id:
             log.error("%s: the GC could not rewrite: %s", self.directory, message.reason)
             self._abandon_job()
 
