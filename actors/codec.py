@@ -39,7 +39,7 @@ import msgpack
 
 from .errors import CodecError
 
-# A bytes value at least this long (bytes) travels as its own frame (DESIGN.md §6).
+# A bytes value at least this long (bytes) travels as its own frame (docs/architecture.md).
 LARGE_BODY_BYTES = 64 * 1024
 
 _EXT_MESSAGE = 1

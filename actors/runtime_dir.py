@@ -1,9 +1,10 @@
 """The private runtime directory where ipc mailboxes live, and how endpoints are named.
 
-DESIGN.md §6: ipc sockets live in a short private directory (mode 0700, so other users can
-neither connect nor squat a path), named by a hash of the actor's name so that any name is
-safe and short, and every path is checked against the kernel's limit for a unix socket
-path (108 bytes including the terminating NUL; we allow at most 107).
+(docs/architecture.md, "Design notes") ipc sockets live in a short private directory
+(mode 0700, so other users can neither connect nor squat a path), named by a hash of the
+actor's name so that any name is safe and short, and every path is checked against the
+kernel's limit for a unix socket path (108 bytes including the terminating NUL; we allow
+at most 107).
 
 Leftovers: a node killed with SIGKILL cannot remove its directory. Each directory holds
 an ``owner`` file (the creating process's pid and start time); the next node to create

@@ -8,7 +8,7 @@ its own, and go back to the queue when it closes or its process dies.
 
     Publish(payloads, persistent, msg_ids, expiration_ms, producer, sequence)
                                        ask → the number taken, answered once every one
-                                       of them is confirmed (DESIGN §5); fewer than sent
+                                       of them is confirmed (fdatasync'd); fewer than sent
                                        when the queue is full (overflow reject-publish:
                                        the last ones are refused); ``expiration_ms`` is the
                                        messages' TTL;

@@ -1,5 +1,5 @@
 """``VariableQueue``: one queue's messages, moved between RAM and disk as memory allows
-(RabbitMQ's backing queue, in its alpha/beta/gamma/delta design of seed 001).
+(RabbitMQ's backing queue, in its alpha/beta/gamma/delta design: docs/queue-engine.md).
 
 States. Every message in the queue is in one of four states:
 

@@ -10,7 +10,7 @@ test needs no import to use the fixture::
                                   patterns=("ledger", "teller"), duration_s=10, seed=7)
         assert report["ok"], warren_chaos.text(report)
 
-``run`` takes what ``warren.supervisor.chaos.run.run_tree`` takes, with the data
+``run`` takes what ``warren.supervisor.chaos.tree.run_tree`` takes, with the data
 directory in the test's ``tmp_path`` and the report (``report.json``, ``report.txt``,
 ``throughput.png``) beside it; ``--warren-chaos-seed N`` on pytest's command line
 replaces every run's seed, to repeat a failed run fault for fault. The node and every

@@ -108,7 +108,7 @@ def test_an_idle_queue_process_costs_a_few_mib(tmp_path):
             node.declare_queue(f"q{n}")
         time.sleep(0.5)
         pss = [psutil.Process(node.queue(f"q{n}").pid).memory_full_info().pss for n in range(8)]
-        # Reported in the README; the bound only catches a gross regression.
+        # Reported in bench/README.md; the bound only catches a gross regression.
         assert max(pss) < 64 * 2**20, [p // 2**20 for p in pss]
         print(f"idle queue PSS: {sorted(pss)[4] / 2**20:.1f} MiB (median of 8)")
 
