@@ -40,7 +40,7 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from warren.actors import ActorError, ProcessActor, UnhandledMessage  # noqa: E402  (the path above makes a source checkout work)
+from warren.actors import ActorError, ProcessActor, UnhandledMessage  # noqa: E402  (the path above only makes examples.* importable, for a node's forkserver; warren comes from the install)
 from warren.supervisor import ChildSpec  # noqa: E402
 
 LEDGER, RECEIPTS = "ledger.log", "receipts.log"

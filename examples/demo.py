@@ -26,7 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from warren.supervisor import Node  # noqa: E402
 from warren.supervisor.chaos.workload import Producer, audit  # noqa: E402
 from warren.supervisor.cli.main import format_status  # noqa: E402
-from warren.supervisor.cli.queues import format_queues  # noqa: E402  (source checkout)
+from warren.supervisor.cli.queues import format_queues  # noqa: E402  (the path above only makes examples.* importable, for a node's forkserver; warren comes from the install)
 
 ORDERS_PER_PRODUCER = 2500
 QUEUES = ("billing", "shipping")

@@ -26,7 +26,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from warren.queues.client.spark import local_session  # noqa: E402  (source checkout)
+from warren.queues.client.spark import local_session  # noqa: E402  (the path above only makes examples.* importable, for a node's forkserver; warren comes from the install)
 from warren.supervisor import Node  # noqa: E402
 
 QUEUES = ("billing", "analytics")

@@ -19,7 +19,7 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
-from warren.store import MessageStore  # noqa: E402  (the path above makes a source checkout work)
+from warren.store import MessageStore  # noqa: E402  (the path above only makes examples.* importable; warren comes from the install)
 
 FILE_SIZE_LIMIT = 64 * 1024  # small files, so rollover and GC show up quickly
 BATCH = 200
