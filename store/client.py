@@ -9,11 +9,12 @@ batch and returns its sequence number; ``remove(msg_ids)`` adds the removes to t
 in their place. A batch goes out as one ``WriteBatch`` (one frame
 of records) when it holds ``batch_messages`` records, ``batch_bytes`` bytes, or on
 ``flush()``. In flight at most ``max_in_flight`` messages and ``max_in_flight_bytes``
-bytes (4000 and 32 MiB, RabbitMQ's credit), and ``MAX_IN_FLIGHT_REQUESTS`` (``warren.actors.flow``) unanswered
-requests (tiny batches: a client's socket queues only so many answers, and the store drops
-one that finds it full); ``flush`` waits for the oldest batches to be settled until the
-next batch fits, so a client that outruns the store is slowed, never dropped: the credit
-comes back one batch (``batch_messages``, 800) at a time.
+bytes (4000 and 32 MiB, RabbitMQ's credit), and ``MAX_IN_FLIGHT_REQUESTS``
+(``warren.actors.flow``) unanswered requests (tiny batches: a client's socket queues only
+so many answers, and the store drops one that finds it full); ``flush`` waits for the
+oldest batches to be settled until the next batch fits, so a client that outruns the
+store is slowed, never dropped: the credit comes back one batch (``batch_messages``, 800)
+at a time.
 
 Confirms. Each batch's answer is a ``Settled``: every write up to its last sequence
 number is on disk, except the ignored ones (written and removed again before reaching
@@ -27,9 +28,10 @@ the batch fits the window, so at no moment are more than ``max_in_flight`` messa
 batch larger than the whole window goes out alone).
 
 Reads. A settled write's location is cached (memory only). ``read`` reads the record
-straight from the file through the shared lock table (``warren.store.engine.lock_table``), and asks the
-store when the location is unknown, the file is locked or gone, the data is not yet
-flushed, or the record fails validation; the store's answer carries the fresh location.
+straight from the file through the shared lock table (``warren.store.engine.lock_table``),
+and asks the store when the location is unknown, the file is locked or gone, the data is
+not yet flushed, or the record fails validation; the store's answer carries the fresh
+location.
 
 Incarnations. Every request goes through the store's ref pinned to the incarnation the
 client registered with: a store that restarted (and recovered from disk) drops and counts
@@ -68,7 +70,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from warren.actors import ActorDeadError, ActorError, ActorRef, AskTimeout
 from warren.actors.flow import MAX_IN_FLIGHT, MAX_IN_FLIGHT_BYTES, CreditWindow
@@ -96,6 +98,9 @@ from .protocol import (
     Terminate,
     WriteBatch,
 )
+
+if TYPE_CHECKING:
+    from warren.actors import Future
 
 BATCH_MESSAGES = 800  # credit is granted back this many at a time
 # A batch sent: (its answer, first sequence number, write ids, records' bytes, removes).
@@ -381,7 +386,7 @@ class StoreClient:
         if missing:
             self.fallback_reads += len(missing)
             found = self._ask(ReadMany([msg_ids[i] for i in missing]))
-            for i, answer in zip(missing, found):
+            for i, answer in zip(missing, found, strict=True):  # one answer per id asked
                 bodies[i] = self._remember(msg_ids[i], answer)
         self._maybe_report_reads()
         return bodies
@@ -400,7 +405,7 @@ class StoreClient:
         self.flush()
         return self._ask(Contains([check_msg_id(m) for m in msg_ids]))
 
-    def _ask(self, request):
+    def _ask(self, request: Read | ReadMany | Contains | Terminate) -> Any:
         """Ask our store incarnation; after a restart, ask the new one again (every request
         sent through here changes nothing, or nothing twice); StoreRestarted if writes or
         removes were in doubt, StoreTimeout after ``call_timeout_s`` without an answer."""
@@ -456,7 +461,7 @@ class StoreClient:
         self._reader.close()
 
 
-def _answered(future) -> bool:
+def _answered(future: Future) -> bool:
     """True once ``future`` holds an answer or an error (``get`` then returns at once)."""
     try:
         future.get(timeout=0)
