@@ -55,7 +55,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.datasource import (
     DataSource,
@@ -66,6 +66,13 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import BinaryType, MapType, StringType, StructType
 
 from ..errors import WarrenWriteError
+
+if TYPE_CHECKING:
+    from pyspark import TaskContext
+    from pyspark.sql import SparkSession
+
+    from ..message import Message
+    from .connection import Connection
 
 __all__ = ["WarrenDataSource", "local_session", "partition_publisher", "register"]
 
@@ -210,7 +217,11 @@ def publish_columns(
 
 
 def _publish_chunk(
-    connection, target: Target, messages: list, producer: str, sequence: int
+    connection: Connection,
+    target: Target,
+    messages: list[tuple[str, Message]],
+    producer: str,
+    sequence: int,
 ) -> None:
     """Runs of consecutive messages with one routing key go as one ``publish_messages``."""
     start = 0
@@ -232,7 +243,7 @@ def _publish_chunk(
 
 def _messages(
     columns: dict[str, list], target: Target, where: str, first: int
-) -> list[tuple[str, Any]]:
+) -> list[tuple[str, Message]]:
     """(routing key, Message) for each row of a chunk; ``WarrenWriteError`` names the
     first row that cannot be published."""
     from ..message import Message
@@ -244,7 +255,11 @@ def _messages(
     headers = columns.get("headers", nothing)
     ids = columns.get("message_id", nothing)
     persistent = target.persistent
-    default_key = target.queue if target.exchange is None else target.routing_key
+    if target.exchange is None:
+        assert target.queue is not None, "Target.from_options takes a queue or an exchange"
+        default_key = target.queue
+    else:
+        default_key = target.routing_key
     out = []
     for index, body in enumerate(bodies):
         if type(body) is not bytes:
@@ -303,10 +318,17 @@ def _row_chunks(rows: Iterable[Any]) -> Iterator[dict[str, list]]:
         yield columns
 
 
-def _task() -> tuple[int, int]:
+def _task_context() -> TaskContext:
     from pyspark import TaskContext
 
     context = TaskContext.get()
+    if context is None:
+        raise WarrenWriteError("a Warren write publishes from inside a Spark task only")
+    return context
+
+
+def _task() -> tuple[int, int]:
+    context = _task_context()
     return context.partitionId(), context.attemptNumber()
 
 
@@ -326,10 +348,10 @@ class WarrenWriter(DataSourceArrowWriter):
         )
         return PartitionWritten(partition, attempt, rows, retries)
 
-    def commit(self, messages: list[PartitionWritten | None]) -> None:
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         _report("published", self.job, self.target, messages)
 
-    def abort(self, messages: list[PartitionWritten | None]) -> None:
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         _report("FAILED; the finished tasks published", self.job, self.target, messages)
 
 
@@ -340,9 +362,7 @@ class WarrenStreamWriter(DataSourceStreamWriter):
         self.target, self.job = target, job
 
     def write(self, iterator: Iterator[Any]) -> PartitionWritten:
-        from pyspark import TaskContext
-
-        context = TaskContext.get()
+        context = _task_context()
         batch = context.getLocalProperty("streaming.sql.batchId") or "0"
         query = context.getLocalProperty("sql.streaming.queryId") or self.job
         partition, attempt = context.partitionId(), context.attemptNumber()
@@ -354,10 +374,10 @@ class WarrenStreamWriter(DataSourceStreamWriter):
         )
         return PartitionWritten(partition, attempt, rows, retries)
 
-    def commit(self, messages: list[PartitionWritten | None], batchId: int) -> None:
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         _report(f"micro-batch {batchId} published", self.job, self.target, messages)
 
-    def abort(self, messages: list[PartitionWritten | None], batchId: int) -> None:
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         _report(
             f"micro-batch {batchId} FAILED; the finished tasks published",
             self.job,
@@ -366,7 +386,9 @@ class WarrenStreamWriter(DataSourceStreamWriter):
         )
 
 
-def _report(what: str, job: str, target: Target, messages: list) -> None:
+def _report(
+    what: str, job: str, target: Target, messages: list[WriterCommitMessage | None]
+) -> None:
     done = [m for m in messages if isinstance(m, PartitionWritten)]
     retried = sorted(m.partition for m in done if m.attempt > 0)
     where = f"queue {target.queue!r}" if target.queue else f"exchange {target.exchange!r}"
@@ -402,7 +424,7 @@ class WarrenDataSource(DataSource):
         return target, job
 
 
-def register(spark) -> None:
+def register(spark: SparkSession) -> None:
     """Make ``format("warren")`` known to this session."""
     spark.dataSource.register(WarrenDataSource)
 
@@ -449,7 +471,7 @@ def partition_publisher(
     return publish_partition
 
 
-def local_session(app_name: str = "warren", cores: int = 2, max_failures: int = 2):
+def local_session(app_name: str = "warren", cores: int = 2, max_failures: int = 2) -> SparkSession:
     """A local SparkSession kept on loopback and quiet, its workers on this python;
     ``local[cores, max_failures]`` retries a failed task ``max_failures - 1`` times."""
     from pyspark.sql import SparkSession
