@@ -1,13 +1,14 @@
 """Queues: each queue's index, its own store for small messages, and the variable queue
 that moves messages between RAM and disk (alpha, beta, gamma, delta).
 
-``VariableQueue`` is the engine a queue process (``warren.queues.broker.queue_actor``) wraps (``warren.queues.engine.variable_queue``
-has the design); ``QueueIndex`` and ``QueueStore`` are its files; ``walk_ref_counts``
-gives the persistent store the reference counts its dirty recovery needs.
-``warren.queues.client.connection`` is the client API (``warren.connect``, ``Node.connect``);
-``warren.queues.broker.listener`` and ``warren.queues.client.tcp_node`` carry it over tcp,
-``warren.queues.broker.dedup`` deduplicates producers, ``warren.queues.client.spark`` is the Spark data
-source (it imports pyspark: the ``spark`` extra).
+``VariableQueue`` is the engine a queue process (``warren.queues.broker.queue_actor``)
+wraps (``warren.queues.engine.variable_queue`` has the design); ``QueueIndex`` and
+``QueueStore`` are its files; ``walk_ref_counts`` gives the persistent store the reference
+counts its dirty recovery needs. ``warren.queues.client.connection`` is the client API
+(``warren.connect``, ``Node.connect``); ``warren.queues.broker.listener`` and
+``warren.queues.client.tcp_node`` carry it over tcp, ``warren.queues.broker.dedup``
+deduplicates producers, ``warren.queues.client.spark`` is the Spark data source (it
+imports pyspark: the ``spark`` extra).
 """
 
 from warren.actors.lazy import lazy_face

@@ -24,9 +24,9 @@ them requeued by the queue within a few seconds (it checks its consumers' proces
 Errors (``warren.queues.errors``): ``NotFound`` for an unknown queue, ``Nacked`` for a
 publish the queue did not confirm (it was deleted, or it restarted with the message in
 doubt: publish it again), ``UnknownDeliveryTag`` for an ack of a delivery this
-connection does not hold, ``MessageTooLarge``, ``InvalidMessage``,
-``Unroutable``, ``Blocked``, ``ConnectionClosed``. A ``Connection`` is used from one thread; open one per thread or
-process.
+connection does not hold, ``MessageTooLarge``, ``InvalidMessage``, ``Unroutable``,
+``Blocked``, ``ConnectionClosed``. A ``Connection`` is used from one thread; open one per
+thread or process.
 """
 
 from __future__ import annotations
