@@ -281,9 +281,9 @@ class Node:
             for thread in self._threads:
                 thread.start()
             if listen is not None:
-                self.listen_endpoint = self.actors.whereis(LISTENER_NAME).ask(ListenerStats())[
-                    "endpoint"
-                ]
+                listener_ref = self.actors.whereis(LISTENER_NAME)
+                assert listener_ref is not None, "the tree has just started the listener"
+                self.listen_endpoint = listener_ref.ask(ListenerStats())["endpoint"]
             write_alarms(self.data_dir, self.alarms.active)
             self._write_node_file()
         except BaseException:
