@@ -39,7 +39,7 @@ import zmq
 
 from warren.actors import wire
 from warren.actors.codec import Decoder, Encoder
-from warren.actors.errors import ActorDeadError, AskTimeout, CodecError, RemoteError
+from warren.actors.errors import ActorDeadError, AskTimeout, CodecError
 
 from .. import errors
 from ..errors import NodeNotRunning, local_error
@@ -146,11 +146,6 @@ class TcpNode(NodeCalls):
                         ) from None
         except (TimeoutError, errors.ConnectionClosed):
             self.forget(request_id)
-            raise
-        except RemoteError as exc:
-            cls = getattr(errors, exc.type_name, None)
-            if isinstance(cls, type) and issubclass(cls, Exception):
-                raise cls(exc.message) from None
             raise
 
     def send(self, op: str, *args: Any, answered: bool = True) -> int:

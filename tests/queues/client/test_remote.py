@@ -15,7 +15,7 @@ import zmq
 from warren import AlarmLimits, connect
 from warren.actors import wire
 from warren.actors.codec import Encoder
-from warren.queues import Blocked, Nacked, NotFound
+from warren.queues import Blocked, Nacked, NotFound, PreconditionFailed
 from warren.queues.broker.listener import ListenerStats
 from warren.queues.client.keys import AUTHORIZED_FILE, create_client_key
 from warren.queues.errors import KeyFileError, NodeNotRunning
@@ -350,3 +350,22 @@ def test_under_a_disk_alarm_a_remote_publisher_is_held_then_told(tmp_path):
             with pytest.raises(Blocked, match="disk alarm has held this publish"):
                 remote.publish("orders", b"held")
         assert node.connect().queue_stats("orders")["len"] == 0
+
+
+@pytest.mark.parametrize("transport", ["in-process", "ipc", "tcp"])
+def test_a_node_call_refused_raises_the_same_class_over_every_transport(node, transport):
+    """The node's refusals reach a client as the classes a user catches, whichever way the
+    call travelled: unknown queue, a re-declare with other arguments, a bad argument."""
+    target = {"in-process": None, "ipc": node.data_dir, "tcp": node.listen_endpoint}[transport]
+    with node.connect() if target is None else connect(target) as client:
+        client.declare_queue("orders", max_length=10)
+        with pytest.raises(NotFound):
+            client.delete_queue("no such queue")
+        with pytest.raises(PreconditionFailed):
+            client.declare_queue("orders", max_length=20)
+        with pytest.raises(ValueError, match="overflow"):
+            client.declare_queue("other", overflow="sideways")
+        with pytest.raises(TypeError):
+            client.declare_queue("other", colour="blue")
+        with pytest.raises(ValueError, match="name"):
+            client.declare_exchange("bad/name")
