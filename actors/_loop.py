@@ -427,7 +427,14 @@ class ActorLoop:
         self._count_unknown(unknown)
         if kind == wire.ASK and type(request_id) is int:
             self.reply(
-                identity, wire.REPLY_ERROR, request_id, _describe(CodecError(unknown.reason))
+                identity,
+                wire.REPLY_ERROR,
+                request_id,
+                _describe(
+                    UnhandledMessage(unknown.reason)
+                    if unknown.answer == "UnhandledMessage"
+                    else CodecError(unknown.reason)
+                ),
             )
         return None
 

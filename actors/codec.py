@@ -27,13 +27,27 @@ has not registered, or a known type sent with the wrong number of fields or with
 its constructor refuses (``malformed``). Registration is per process and happens at
 import, so both ends must import the module that defines a message type; the actor
 process imports it when it unpickles its actor class.
+
+Field checks: this is the one place where a message's fields are validated. Each field of
+a registered dataclass is checked on decode against its annotation (``bytes``, ``int``,
+``str``, ``bool``, ``float``, ``X | None``, ``list[X]``, ``dict``, a class) and against
+any ``Check`` the annotation carries (``Annotated[bytes, Check(is_id, "16 bytes")]``: a
+constraint beyond the type, with the words a sender reads). A message that fails decodes
+to an ``UnknownMessage`` whose ``reason`` is ``"malformed Read: msg_id must be 16 bytes,
+got bytes"`` and whose ``answer`` is ``UnhandledMessage``: its actor never sees it, and an
+ask is answered with that error. Checks run in the receiver only; a sender may build any
+message (a test sends malformed ones on purpose). What one field cannot say alone (a
+count that must match another field's) the handler checks.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import struct
-from typing import Any, TypeVar
+import types
+import typing
+from collections.abc import Callable
+from typing import Annotated, Any, TypeVar
 
 import msgpack
 
@@ -62,11 +76,102 @@ _ref_fields: tuple[str, ...] = ()
 @dataclasses.dataclass(frozen=True)
 class UnknownMessage:
     """Stands in for a message this process cannot build: a registered type it does not
-    know, or (``malformed``) a known one whose fields do not fit; ``reason`` says which."""
+    know, or (``malformed``) a known one whose fields do not fit; ``reason`` says which,
+    and ``answer`` names the error an ask gets (``UnhandledMessage`` for a field that
+    fails its check, ``CodecError`` for a frame that is not the message at all)."""
 
     type_name: str
     reason: str = "the message has a type this actor's process has not registered"
     malformed: bool = False
+    answer: str = "CodecError"
+
+
+@dataclasses.dataclass(frozen=True)
+class Check:
+    """A constraint on a message field beyond its type, written in its annotation:
+    ``Annotated[int, Check(lambda n: n >= 0, "an int >= 0")]``. ``expected`` says what the
+    field must be, in the error its sender gets."""
+
+    test: Callable[[Any], bool]
+    expected: str
+
+
+_Test = tuple[Callable[[Any], bool], str]  # a field's check and the words for it
+_WORDS = {bytes: "bytes", str: "a str", bool: "a bool", int: "an int", dict: "a dict"}
+_checks: dict[type, tuple[tuple[int, str, Callable[[Any], bool], str], ...]] = {}
+
+
+def _type_test(annotation: Any) -> _Test | None:
+    """The test a value of ``annotation`` must pass, or None where any value will do (an
+    annotation this codec cannot check, such as ``Any``)."""
+    if annotation is Any:
+        return None
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is Annotated:
+        base = _type_test(args[0])
+        checks = [extra for extra in args[1:] if isinstance(extra, Check)]
+        if not checks:
+            return base
+        words = checks[-1].expected
+        if base is None:
+            return (lambda v: all(c.test(v) for c in checks)), words
+        base_test = base[0]
+        return (lambda v: base_test(v) and all(c.test(v) for c in checks)), words
+    if annotation in (bytes, str, bool, int):
+        return (lambda v: type(v) is annotation), _WORDS[annotation]
+    if annotation is float:
+        return (lambda v: type(v) in (int, float)), "a number"
+    if origin in (types.UnionType, typing.Union):
+        optional = type(None) in args
+        members = [_type_test(a) for a in args if a is not type(None)]
+        if any(m is None for m in members):
+            return None
+        tests = [m[0] for m in members if m is not None]
+        words = " or ".join(m[1] for m in members if m is not None)
+        if optional:
+            return (lambda v: v is None or any(t(v) for t in tests)), f"None or {words}"
+        return (lambda v: any(t(v) for t in tests)), words
+    if origin is list or annotation is list:
+        item = _type_test(args[0]) if args else None
+        if item is None:
+            return (lambda v: type(v) is list), "a list"
+        item_test = item[0]
+        item_words = item[1].removeprefix("an ").removeprefix("a ")
+        return (lambda v: type(v) is list and all(map(item_test, v))), f"a list of {item_words}"
+    if origin is tuple or annotation is tuple:  # a tuple travels as a list
+        return (lambda v: type(v) in (list, tuple)), "a list"
+    if origin is dict or annotation is dict:
+        return (lambda v: type(v) is dict), "a dict"
+    if isinstance(annotation, type) and annotation is not object:
+        return (lambda v: isinstance(v, annotation)), f"a {annotation.__name__}"
+    return None
+
+
+def _field_checks(cls: type) -> tuple[tuple[int, str, Callable[[Any], bool], str], ...]:
+    """Each checkable field of ``cls``: (position, name, test, words); worked out once."""
+    found = _checks.get(cls)
+    if found is None:
+        try:
+            hints = typing.get_type_hints(cls, include_extras=True)
+        except (NameError, AttributeError, TypeError):
+            hints = {}  # annotations naming what only a type checker imports: unchecked
+        found = tuple(
+            (position, name, *test)
+            for position, name in enumerate(_field_names[cls])
+            if (test := _type_test(hints.get(name, Any))) is not None
+        )
+        _checks[cls] = found
+    return found
+
+
+def field_problem(cls: type, values: list[Any] | tuple[Any, ...]) -> str | None:
+    """What is wrong with ``values`` as the fields of the registered ``cls`` (in order), or
+    None when every field passes its check."""
+    for position, name, test, words in _field_checks(cls):
+        value = values[position]
+        if not test(value):
+            return f"{name} must be {words}, got {type(value).__name__}"
+    return None
 
 
 def register_message(cls: T, name: str | None = None) -> T:
@@ -219,6 +324,15 @@ class Decoder:
                     str(type_name),
                     f"{type_name} takes {expected} fields, the message carried {len(values)}",
                     malformed=True,
+                )
+            problem = field_problem(cls, values)
+            if problem is not None:
+                self.saw_unknown = True
+                return UnknownMessage(
+                    str(type_name),
+                    f"malformed {cls.__name__}: {problem}",
+                    malformed=True,
+                    answer="UnhandledMessage",
                 )
             try:
                 return cls(*values)

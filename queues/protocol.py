@@ -49,13 +49,26 @@ import inspect
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Annotated, Any, Protocol
 
 from warren.actors import ActorRef, message
+from warren.actors.codec import Check
 
 SETTLE_ACTIONS = ("ack", "requeue", "reject")
 MAX_PRODUCER_BYTES = 1024  # a deduplicating producer's id
 MAX_SEQUENCE = 2**63 - 1  # a producer's sequence numbers: a signed 64-bit int
+MAX_FETCH = 10_000  # messages one Fetch may take
+
+# Field types with the checks a queue applies on decode (warren.actors.codec); what one
+# field cannot say alone (one msg_id per payload, a producer with its sequence) the queue
+# process checks itself.
+NonNegative = Annotated[int, Check(lambda v: v >= 0, "an int >= 0")]
+MsgIds = Annotated[list[bytes], Check(lambda v: all(len(m) == 16 for m in v), "16-byte ids")]
+Producer = Annotated[
+    bytes, Check(lambda v: 0 < len(v) <= MAX_PRODUCER_BYTES, f"1 to {MAX_PRODUCER_BYTES} bytes")
+]
+FetchCount = Annotated[int, Check(lambda v: 0 < v <= MAX_FETCH, f"an int in 1..{MAX_FETCH}")]
+SettleAction = Annotated[str, Check(lambda v: v in SETTLE_ACTIONS, f"one of {SETTLE_ACTIONS}")]
 
 
 @message
@@ -63,10 +76,10 @@ MAX_SEQUENCE = 2**63 - 1  # a producer's sequence numbers: a signed 64-bit int
 class Publish:
     payloads: list[bytes]
     persistent: bool
-    msg_ids: list[bytes] | None = None
-    expiration_ms: int | None = None
-    producer: bytes | None = None
-    sequence: int | None = None
+    msg_ids: MsgIds | None = None
+    expiration_ms: NonNegative | None = None
+    producer: Producer | None = None
+    sequence: NonNegative | None = None
 
 
 @message
@@ -74,7 +87,7 @@ class Publish:
 class Fetch:
     consumer: bytes
     pid: int
-    count: int
+    count: FetchCount
     ack_required: bool
 
 
@@ -91,7 +104,7 @@ class Delivered:
 class Settle:
     consumer: bytes
     tags: list[int]
-    action: str
+    action: SettleAction
 
 
 @message

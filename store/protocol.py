@@ -48,14 +48,29 @@ one batch cost no disk write), and the client's order, id reuse included, is kep
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Annotated
 
 from warren.actors import ActorRef, message
+from warren.actors.codec import Check
+
+from .engine.records import MSG_ID_BYTES
+
+# The field types the store's messages share, with the checks a receiver applies on
+# decode (warren.actors.codec): a message failing one is refused whole, before its
+# handler sees any of it.
+MsgId = Annotated[bytes, Check(lambda v: len(v) == MSG_ID_BYTES, f"{MSG_ID_BYTES} bytes")]
+MsgIds = Annotated[
+    list[bytes],
+    Check(lambda v: all(len(m) == MSG_ID_BYTES for m in v), f"a list of {MSG_ID_BYTES}-byte ids"),
+]
+ClientRef = Annotated[bytes, Check(lambda v: 0 < len(v) < 2**16, "1..65535 bytes")]
+Count = Annotated[int, Check(lambda v: v >= 0, "an int >= 0")]
 
 
 @message
 @dataclass(frozen=True)
 class Register:
-    client_ref: bytes
+    client_ref: ClientRef
 
 
 @message
@@ -72,8 +87,8 @@ class StoreInfo:
 @message
 @dataclass(frozen=True)
 class WriteBatch:
-    client_ref: bytes
-    first_seq: int
+    client_ref: ClientRef
+    first_seq: Count
     records: bytes
     removes: list[tuple[int, list[bytes]]]
 
@@ -95,13 +110,13 @@ class Settled:
 @message
 @dataclass(frozen=True)
 class Read:
-    msg_id: bytes
+    msg_id: MsgId
 
 
 @message
 @dataclass(frozen=True)
 class ReadMany:
-    msg_ids: list[bytes]
+    msg_ids: MsgIds
 
 
 @message
@@ -118,27 +133,27 @@ class Found:
 @message
 @dataclass(frozen=True)
 class Contains:
-    msg_ids: list[bytes]
+    msg_ids: MsgIds
 
 
 @message
 @dataclass(frozen=True)
 class ReadsReport:
-    client_ref: bytes
-    direct: int
-    fallback: int
+    client_ref: ClientRef
+    direct: Count
+    fallback: Count
 
 
 @message
 @dataclass(frozen=True)
 class Terminate:
-    client_ref: bytes
+    client_ref: ClientRef
 
 
 @message
 @dataclass(frozen=True)
 class ClientDying:
-    client_ref: bytes
+    client_ref: ClientRef
 
 
 @message
@@ -160,9 +175,9 @@ class ScanJob:
 @message
 @dataclass(frozen=True)
 class Scanned:
-    job_id: int
-    dst: int
-    src: int
+    job_id: Count
+    dst: Count
+    src: Count
     dst_ids: bytes
     dst_offsets: bytes
     dst_sizes: bytes
@@ -185,14 +200,14 @@ class RewriteJob:
 @message
 @dataclass(frozen=True)
 class Rewritten:
-    job_id: int
-    dst: int
-    src: int
-    file_size: int
+    job_id: Count
+    dst: Count
+    src: Count
+    file_size: Count
 
 
 @message
 @dataclass(frozen=True)
 class RewriteFailed:
-    job_id: int
+    job_id: Count
     reason: str

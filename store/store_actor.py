@@ -29,9 +29,11 @@ Messages accepted (``warren.store.protocol``), and what each gets back:
                                     (from the GC actor) stage, finish or abandon a combine
     Down (of the GC actor)          abandon the combine it was doing
 
-Anything else, a message whose fields are not what this list says (``malformed``), or a
-request that needs an answer sent by tell (a WriteBatch) raises ``UnhandledMessage``
-before anything of it is applied: an ask gets it as its error, a tell is logged and
+A message whose fields are not what ``warren.store.protocol`` declares is refused by the
+codec before this actor sees it (``malformed``, answered ``UnhandledMessage``). Anything
+else, a batch that is not whole records or whose removes are out of place, or a request
+that needs an answer sent by tell (a WriteBatch) raises ``UnhandledMessage`` before
+anything of it is applied: an ask gets it as its error, a tell is logged and
 counted by the actor loop. A stray or mistaken message never restarts a store (which, as
 rest_for_one, would restart the transient store with it).
 
@@ -215,11 +217,6 @@ class MessageStoreActor(ProcessActor):
             raise UnhandledMessage(
                 f"{type(self).__name__} does not handle {type(message).__name__}"
             )
-        problem = malformed(message)
-        if problem is not None:
-            if type(message) is WriteBatch:
-                self.counters["malformed_batches"] += 1
-            raise UnhandledMessage(f"malformed {type(message).__name__}: {problem}")
         return handler(self, message)
 
     def on_alarm(self, resource: str, raised: bool) -> None:
@@ -544,80 +541,6 @@ class _Job:
     cursor: tuple[int, int] = (0, 0)  # (0 = Dst / 1 = Src, next record) to stage
     keep: list[bytearray] = field(default_factory=lambda: [bytearray(), bytearray()])
     plan: CombinePlan | None = None  # once staged: what the GC copies
-
-
-def _is_id(value: Any) -> bool:
-    return type(value) is bytes and len(value) == MSG_ID_BYTES
-
-
-def _is_ids(value: Any) -> bool:
-    return type(value) is list and all(type(m) is bytes and len(m) == MSG_ID_BYTES for m in value)
-
-
-def _is_client(value: Any) -> bool:
-    return type(value) is bytes and 0 < len(value) < 2**16
-
-
-def _is_count(value: Any) -> bool:
-    return type(value) is int and value >= 0
-
-
-# What each field of each accepted message must be; a message that fails is refused whole
-# (UnhandledMessage) before anything of it is applied. A WriteBatch's records and removes
-# are checked by the pass that splits them.
-_FIELD_CHECKS: dict[type, tuple[tuple[str, Callable[[Any], bool], str], ...]] = {
-    Register: (("client_ref", _is_client, "1..65535 bytes"),),
-    WriteBatch: (
-        ("client_ref", _is_client, "1..65535 bytes"),
-        ("first_seq", _is_count, "an int >= 0"),
-        ("records", lambda v: type(v) is bytes, "bytes"),
-    ),
-    Read: (("msg_id", _is_id, f"{MSG_ID_BYTES} bytes"),),
-    ReadMany: (("msg_ids", _is_ids, f"a list of {MSG_ID_BYTES}-byte ids"),),
-    Contains: (("msg_ids", _is_ids, f"a list of {MSG_ID_BYTES}-byte ids"),),
-    ReadsReport: (
-        ("client_ref", _is_client, "1..65535 bytes"),
-        ("direct", _is_count, "an int >= 0"),
-        ("fallback", _is_count, "an int >= 0"),
-    ),
-    Terminate: (("client_ref", _is_client, "1..65535 bytes"),),
-    ClientDying: (("client_ref", _is_client, "1..65535 bytes"),),
-    Scanned: (
-        ("job_id", _is_count, "an int >= 0"),
-        ("dst", _is_count, "an int >= 0"),
-        ("src", _is_count, "an int >= 0"),
-        *(
-            (name, lambda v: type(v) is bytes, "bytes")
-            for name in (
-                "dst_ids",
-                "dst_offsets",
-                "dst_sizes",
-                "src_ids",
-                "src_offsets",
-                "src_sizes",
-            )
-        ),
-    ),
-    Rewritten: (
-        ("job_id", _is_count, "an int >= 0"),
-        ("dst", _is_count, "an int >= 0"),
-        ("src", _is_count, "an int >= 0"),
-        ("file_size", _is_count, "an int >= 0"),
-    ),
-    RewriteFailed: (
-        ("job_id", _is_count, "an int >= 0"),
-        ("reason", lambda v: type(v) is str, "a str"),
-    ),
-}
-
-
-def malformed(message: Any) -> str | None:
-    """What is wrong with ``message``'s fields, or None when they are all well formed."""
-    for name, check, expected in _FIELD_CHECKS.get(type(message), ()):
-        value = getattr(message, name)
-        if not check(value):
-            return f"{name} must be {expected}, got {type(value).__name__}"
-    return None
 
 
 def _valid_removes(removes: Any, records: int) -> bool:

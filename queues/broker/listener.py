@@ -67,7 +67,7 @@ import zmq
 from zmq.auth.thread import ThreadAuthenticator
 
 from warren.actors import ProcessActor, UnhandledMessage, message, wire
-from warren.actors.codec import Decoder, Encoder
+from warren.actors.codec import Decoder, Encoder, find_unknown
 from warren.actors.errors import CodecError
 from warren.actors.exitcodes import EXIT_CRASHED
 from warren.actors.process import drain_wake_pipe
@@ -302,11 +302,14 @@ class _Gateway:
             return
         op, request_id = request[0], request[1]
         if self._decoder.saw_unknown:
+            unknown = find_unknown(request)
             self._refuse(
                 client,
                 request_id,
                 "UnhandledMessage",
-                "the request holds a message type the listener does not know",
+                unknown.reason
+                if unknown is not None and unknown.malformed
+                else "the request holds a message type the listener does not know",
             )
             return
         try:

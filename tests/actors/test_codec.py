@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Annotated
 
 import msgpack
 import pytest
 
 from tests.actors.sample_actors import Point, Put
 from warren.actors import LARGE_BODY_BYTES, ActorRef, CodecError, Down
-from warren.actors.codec import Decoder, Encoder, UnknownMessage, register_message
+from warren.actors.codec import Check, Decoder, Encoder, UnknownMessage, register_message
 
 
 def round_trip(obj: object) -> object:
@@ -82,3 +83,38 @@ def test_only_frozen_dataclasses_can_be_registered() -> None:
 
     with pytest.raises(CodecError, match="frozen"):
         register_message(Mutable)
+
+
+@dataclasses.dataclass(frozen=True)
+class Order:
+    """A message with field checks, as the store's and the queues' protocols declare them."""
+
+    sku: Annotated[bytes, Check(lambda v: len(v) == 4, "4 bytes")]
+    quantity: Annotated[int, Check(lambda v: v > 0, "an int > 0")]
+    notes: list[str] | None = None
+
+
+register_message(Order, "tests.codec.Order")
+
+
+@pytest.mark.parametrize(
+    ("sent", "complaint"),
+    [
+        (Order(b"toolong", 1), "malformed Order: sku must be 4 bytes, got bytes"),
+        (Order("abcd", 1), "sku must be 4 bytes, got str"),
+        (Order(b"abcd", 0), "quantity must be an int > 0, got int"),
+        (Order(b"abcd", True), "quantity must be an int > 0, got bool"),
+        (Order(b"abcd", 1, ["ok", 2]), "notes must be None or a list of str, got list"),
+    ],
+)
+def test_a_field_failing_its_check_decodes_to_a_refusal_naming_it(sent, complaint) -> None:
+    decoder = Decoder()
+    decoded = decoder.decode(Encoder().encode(sent))
+    assert isinstance(decoded, UnknownMessage) and decoder.saw_unknown
+    assert decoded.malformed and decoded.answer == "UnhandledMessage"
+    assert complaint in decoded.reason
+
+
+def test_fields_that_pass_their_checks_decode_as_the_message() -> None:
+    assert round_trip(Order(b"abcd", 3)) == Order(b"abcd", 3)
+    assert round_trip(Order(b"abcd", 3, ["gift"])) == Order(b"abcd", 3, ["gift"])
