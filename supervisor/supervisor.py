@@ -249,6 +249,17 @@ class Supervisor:
 
         self._call(update)
 
+    def child_supervisor(self, child_id: str) -> Supervisor:
+        """The supervisor running as child ``child_id`` (a SupervisorSpec child);
+        KeyError if there is no such child, ValueError if it is an actor."""
+        with self._lock:
+            for child in self._children:
+                if child.name == child_id:
+                    if child.supervisor is None:
+                        raise ValueError(f"{child_id} is an actor, not a supervisor")
+                    return child.supervisor
+        raise KeyError(child_id)
+
     def which_children(self) -> list[dict[str, Any]]:
         """id, pid, state, restarts and incarnation of each child, in start order."""
         with self._lock:

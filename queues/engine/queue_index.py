@@ -58,7 +58,8 @@ from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
 from ..errors import QueueClosed, QueueLocked, UnknownDeliveryTag
-from .segments import SegmentFiles
+from . import segments
+from .segments import HEADER_BYTES, SegmentFiles, header_fields
 
 __all__ = ["DEFAULT_SEGMENT_ENTRY_COUNT", "Entry", "QueueIndex", "RecoveredIndex"]
 
@@ -70,9 +71,6 @@ INDEX_SUFFIX = ".qi"
 LOCK_FILE = ".lock"
 MAGIC = b"WQIX"
 VERSION = 1
-HEADER_BYTES = 64
-_HEADER = struct.Struct(">4sBIQ")
-_HEADER_CRC_AT = 60
 SLOT_BYTES = 48
 _SLOT = struct.Struct(">BBHIQ16sQ4x")  # the 44 bytes the slot's CRC covers
 _CRC = struct.Struct(">I")
@@ -132,9 +130,7 @@ def _unpack_slot(seq_id: int, slot: bytes) -> Entry:
 
 
 def segment_header(segment: int, entry_count: int) -> bytes:
-    head = _HEADER.pack(MAGIC, VERSION, entry_count, segment * entry_count)
-    head = head.ljust(_HEADER_CRC_AT, b"\0")
-    return head + _CRC.pack(zlib.crc32(head))
+    return segments.segment_header(MAGIC, VERSION, segment, entry_count)
 
 
 def header_is_valid(header: bytes, segment: int, entry_count: int) -> bool:
@@ -192,9 +188,10 @@ class QueueIndex:
         deleted: refuse to open them instead."""
         for segment in sorted(self._files.on_disk):
             header = self._files.read_all(segment, HEADER_BYTES)
-            if len(header) < _HEADER.size or header[:4] != MAGIC:
+            fields = header_fields(header)
+            if fields is None or fields[0] != MAGIC:
                 continue
-            count = _HEADER.unpack_from(header)[2]
+            count = fields[2]
             if header_is_valid(header, segment, count) and count != self.segment_entry_count:
                 self._release()
                 raise ValueError(

@@ -39,8 +39,8 @@ from itertools import accumulate
 from typing import TypeVar
 
 from ..errors import CorruptMessage, QueueClosed
-from .queue_index import DEFAULT_SEGMENT_ENTRY_COUNT, HEADER_BYTES
-from .segments import SegmentFiles
+from .queue_index import DEFAULT_SEGMENT_ENTRY_COUNT
+from .segments import HEADER_BYTES, SegmentFiles, segment_header
 
 __all__ = ["QueueStore"]
 
@@ -50,18 +50,13 @@ STORE_SUFFIX = ".qs"
 MAGIC = b"WQST"
 VERSION = 1
 MAX_CACHE_BYTES = 512_000  # classic_queue_store_v2_max_cache_size
-_HEADER = struct.Struct(">4sBIQ")
-_HEADER_CRC_AT = 60
 RECORD = struct.Struct(">II")
 RECORD_HEADER_BYTES = RECORD.size
 _MAX_VECTORS = 1024  # IOV_MAX on Linux: buffers per pwritev
 
 
 def store_header(segment: int, entry_count: int) -> bytes:
-    head = _HEADER.pack(MAGIC, VERSION, entry_count, segment * entry_count).ljust(
-        _HEADER_CRC_AT, b"\0"
-    )
-    return head + struct.pack(">I", zlib.crc32(head))
+    return segment_header(MAGIC, VERSION, segment, entry_count)
 
 
 class QueueStore:

@@ -13,9 +13,36 @@ is fsynced at the next sync, before anything written there is confirmed.
 from __future__ import annotations
 
 import os
+import struct
+import zlib
 from collections.abc import Callable
 
 __all__ = ["SegmentFiles", "segment_numbers"]
+
+
+# Every segment file, of the index (.qi) and of the queue's store (.qs), opens with the
+# same 64-byte header: magic, format version, entries per segment and the segment's first
+# sequence id, zero-padded, with a CRC-32 of the first 60 bytes in the last 4.
+HEADER_BYTES = 64
+_HEADER = struct.Struct(">4sBIQ")
+_HEADER_CRC_AT = 60
+_CRC = struct.Struct(">I")
+
+
+def segment_header(magic: bytes, version: int, segment: int, entry_count: int) -> bytes:
+    """The header of segment ``segment`` of a file kind (``magic``, ``version``)."""
+    head = _HEADER.pack(magic, version, entry_count, segment * entry_count)
+    head = head.ljust(_HEADER_CRC_AT, b"\0")
+    return head + _CRC.pack(zlib.crc32(head))
+
+
+def header_fields(header: bytes) -> tuple[bytes, int, int, int] | None:
+    """(magic, version, entry count, first sequence id) of a header, or None when it is
+    too short to hold them."""
+    if len(header) < _HEADER.size:
+        return None
+    magic, version, entry_count, first = _HEADER.unpack_from(header)
+    return magic, version, entry_count, first
 
 
 def segment_numbers(dir_fd: int, suffix: str) -> list[int]:

@@ -559,11 +559,7 @@ class Node:
         return self.root
 
     def _supervisor(self, child_id: str) -> Supervisor:
-        for child in self._tree._children:
-            if child.name == child_id:
-                assert child.supervisor is not None, f"{child_id} started with the root"
-                return child.supervisor
-        raise KeyError(child_id)
+        return self._tree.child_supervisor(child_id)
 
     def _pids(self) -> list[int]:
         pids = [os.getpid()]
