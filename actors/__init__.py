@@ -25,7 +25,40 @@ links), ``registry``, ``monitor``, ``messages`` (Down, Exit, Pong), ``codec`` (w
 travel), ``runtime_dir``, ``exitcodes``, ``errors``.
 """
 
+from typing import TYPE_CHECKING
+
 from .lazy import lazy_face
+
+if TYPE_CHECKING:  # what the names are, for type checkers and editors
+    from .actor import DeferredReply, ProcessActor
+    from .codec import LARGE_BODY_BYTES, message, register_message
+    from .errors import (
+        ActorDeadError,
+        ActorError,
+        AskTimeout,
+        CodecError,
+        FrameTooLarge,
+        InvalidSpec,
+        MailboxFull,
+        RemoteError,
+        SpawnError,
+        UnhandledMessage,
+        WarrenError,
+    )
+    from .exitcodes import (
+        EXIT_CRASHED,
+        EXIT_LINKED,
+        EXIT_NORMAL,
+        EXIT_PARENT_GONE,
+        EXIT_START_FAILED,
+        EXIT_TERMINATED,
+    )
+    from .messages import Down, Exit, Pong
+    from .monitor import Monitor
+    from .node import Node
+    from .ref import ActorRef, Future
+    from .registry import Registry
+
 
 _EXPORTS = {
     "ActorDeadError": ".errors",

@@ -11,7 +11,39 @@ deduplicates producers, ``warren.queues.client.spark`` is the Spark data source 
 imports pyspark: the ``spark`` extra).
 """
 
+from typing import TYPE_CHECKING
+
 from warren.actors.lazy import lazy_face
+
+if TYPE_CHECKING:  # what the names are, for type checkers and editors
+    from .client import connect
+    from .client.connection import Connection
+    from .engine.queue_index import Entry, QueueIndex
+    from .engine.queue_store import QueueStore
+    from .engine.ref_counts import QueueRefCounts, node_ref_counts, walk_ref_counts
+    from .engine.variable_queue import Delivery, MessageInfo, SharedStoreClient, VariableQueue
+    from .errors import (
+        Blocked,
+        ConnectionClosed,
+        CorruptMessage,
+        InvalidMessage,
+        KeyFileError,
+        MessageTooLarge,
+        Nacked,
+        NodeNotRunning,
+        NotFound,
+        OutOfSequence,
+        PreconditionFailed,
+        QueueClosed,
+        QueueDown,
+        QueueError,
+        QueueLocked,
+        UnknownDeliveryTag,
+        Unroutable,
+        WarrenWriteError,
+    )
+    from .message import Message, decode, encode
+
 
 _EXPORTS = {
     "Blocked": ".errors",

@@ -6,7 +6,31 @@ calls of the actors' ``StoreClient``. ``rewrite_combine`` is the GC's copy step,
 in whatever process the caller chooses.
 """
 
+from typing import TYPE_CHECKING
+
 from warren.actors.lazy import lazy_face
+
+if TYPE_CHECKING:  # what the names are, for type checkers and editors
+    from .engine.index import Location
+    from .engine.message_store import MessageStore, Settlement, SyncResult
+    from .engine.rewrite import CombinePlan, RewriteResult, rewrite_combine
+    from .engine.scanner import ScanResult, scan_buffer, scan_file
+    from .errors import (
+        CorruptRecord,
+        DiskFull,
+        InvalidBody,
+        InvalidMessageId,
+        StoreClosed,
+        StoreDirectoryError,
+        StoreError,
+        StoreLocked,
+        StoreRestarted,
+        StoreTimeout,
+        StoreUnavailable,
+        WritesBlocked,
+    )
+    from .local_client import LocalStoreClient
+
 
 _EXPORTS = {
     "CombinePlan": ".engine.rewrite",

@@ -157,7 +157,8 @@ class StoreClient:
         self._pinned: ActorRef | None = None
         self._register()
 
-    def _register(self) -> None:
+    def _register(self) -> ActorRef:
+        """Register with the store; its ref, pinned to the incarnation that answered."""
         try:
             info: StoreInfo = self.store.ask(Register(self.client_ref), timeout=self.call_timeout_s)
         except AskTimeout:
@@ -171,24 +172,22 @@ class StoreClient:
         self._reader = LockTableReader(info.directory)
         self._table = os.path.join(info.directory, TABLE_FILE)
         self._table_inode = os.stat(self._table).st_ino
+        return info.ref
 
     def _send(self, send: Callable[[ActorRef], Any]) -> Any:
         """Send through the pinned ref, after making sure the store did not restart; a
         store this process knows is dead means waiting for the next one to answer."""
         if self._pinned is not None and os.stat(self._table).st_ino != self._table_inode:
             self._restarted(StoreRestarted)
-        if self._pinned is None:
-            self._register()
+        pinned = self._pinned if self._pinned is not None else self._register()
         try:
-            return send(self._pinned)
+            return send(pinned)
         except ActorDeadError:
             silent_since = time.monotonic()
             while not self._store_answers():
                 if time.monotonic() - silent_since > self.unavailable_after_s:
                     self._restarted(StoreUnavailable)
-            if self._pinned is None:
-                self._register()
-            return send(self._pinned)
+            return send(self._pinned if self._pinned is not None else self._register())
 
     # ------------------------------------------------------------------ writes
 

@@ -6,7 +6,17 @@
 (``warren.supervisor.node.alarms``). ``warren.supervisor.cli.main`` is the ``warren`` command.
 """
 
+from typing import TYPE_CHECKING
+
 from warren.actors.lazy import lazy_face
+
+if TYPE_CHECKING:  # what the names are, for type checkers and editors
+    from .errors import FaultMissed, InvalidSpec, NodeLocked, SupervisorError, UsageError
+    from .node.alarms import AlarmChange, AlarmLimits
+    from .node.node import Node, query_status
+    from .specs import ChildSpec, SupervisorFlags, SupervisorSpec
+    from .supervisor import Supervisor
+
 
 _EXPORTS = {
     "AlarmChange": ".node.alarms",

@@ -74,7 +74,7 @@ from warren.actors import EXIT_TERMINATED, ActorError, ActorRef, AskTimeout, Dow
 from warren.actors import Node as ActorNode
 
 from .errors import SupervisorError
-from .specs import BRUTAL_KILL, ChildSpec, SupervisorSpec
+from .specs import ChildSpec, SupervisorSpec
 
 log = logging.getLogger("warren.supervisor")
 
@@ -408,14 +408,15 @@ class Supervisor:
             child.state = "stopped"
 
     def _stop_actor(self, child: _Child) -> None:
-        spec = child.spec
+        spec, ref = child.spec, child.ref
+        assert ref is not None, "only a started actor is stopped"
         try:
-            if spec.shutdown_s == BRUTAL_KILL:
-                self.node.kill(child.ref)
+            if isinstance(spec.shutdown_s, str):  # BRUTAL_KILL, the only word allowed
+                self.node.kill(ref)
                 if child.monitor is not None:
                     child.monitor.wait(30)
             else:
-                self.node.stop(child.ref, timeout=spec.shutdown_s)
+                self.node.stop(ref, timeout=spec.shutdown_s)
         except ActorError as exc:
             log.error("%s: stopping %s failed: %s", self.id, child.name, exc)
 

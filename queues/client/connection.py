@@ -51,6 +51,7 @@ from ..protocol import (
     Publish,
     Purge,
     QueueDefinition,
+    QueueRef,
     QueueStats,
     Release,
     Settle,
@@ -77,7 +78,7 @@ class Confirm:
     def __init__(
         self,
         routing_key: str,
-        sent: list[tuple[str, ActorRef, Any]],
+        sent: list[tuple[str, QueueRef, Any]],
         size: int,
         size_bytes: int,
         on_restart: Callable[[str], None],
@@ -192,7 +193,7 @@ class Connection:
         self.call_timeout_s = call_timeout_s
         self.consumer_id = os.urandom(16)
         self._pid = os.getpid()
-        self._refs: dict[str, ActorRef] = {}
+        self._refs: dict[str, QueueRef] = {}
         self._in_flight: CreditWindow[Confirm] = CreditWindow(max_in_flight, max_in_flight_bytes)
         self._held: dict[str, dict[int, Delivery]] = {}  # queue -> tag -> delivery
         self._subscribed: set[str] = set()  # queues it has consumed from
@@ -594,7 +595,7 @@ class Connection:
 
     # ------------------------------------------------------------------ plumbing
 
-    def _ref(self, queue: str) -> ActorRef:
+    def _ref(self, queue: str) -> QueueRef:
         self._check_open()
         ref = self._refs.get(queue)
         if ref is None:
@@ -709,7 +710,7 @@ class Consumer:
         self.cancel()
 
 
-def await_answer(ref: ActorRef, future: Any, timeout: float | None) -> Any:
+def await_answer(ref: QueueRef, future: Any, timeout: float | None) -> Any:
     """``future``'s answer. A plain process cannot monitor the queue, so while it waits it
     looks, every ``RESTART_CHECK_S``, whether the incarnation ``ref`` names still lives:
     ``ActorDeadError`` once its process is gone or another incarnation answers at its
@@ -730,9 +731,10 @@ def await_answer(ref: ActorRef, future: Any, timeout: float | None) -> Any:
                 raise ActorDeadError(f"{ref.name} incarnation {ref.incarnation} is gone") from None
 
 
-def _alive(ref: ActorRef | RemoteQueue, future: Any) -> bool:
+def _alive(ref: QueueRef, future: Any) -> bool:
     if isinstance(ref, RemoteQueue):
         return ref.alive(future)  # the listener looks, on the node's machine
+    assert isinstance(ref, ActorRef), "a queue ref is an ActorRef or a RemoteQueue"
     try:
         os.kill(ref.pid, 0)  # the node runs on this machine
     except ProcessLookupError:

@@ -15,7 +15,64 @@ The repository keeps one top-level folder per part; ``setup.py`` installs this f
 ``warren`` package and each part beneath it, so Warren claims one top-level import name only.
 """
 
+from typing import TYPE_CHECKING
+
 from warren.actors.lazy import lazy_face
+
+if TYPE_CHECKING:  # what the names are, for type checkers and editors
+    from warren.errors import (
+        ActorDeadError,
+        ActorError,
+        AskTimeout,
+        Blocked,
+        CodecError,
+        ConnectionClosed,
+        CorruptMessage,
+        CorruptRecord,
+        DiskFull,
+        FaultMissed,
+        FrameTooLarge,
+        InvalidBody,
+        InvalidMessage,
+        InvalidMessageId,
+        InvalidSpec,
+        KeyFileError,
+        MailboxFull,
+        MessageTooLarge,
+        Nacked,
+        NodeLocked,
+        NodeNotRunning,
+        NotFound,
+        OutOfSequence,
+        PreconditionFailed,
+        QueueClosed,
+        QueueDown,
+        QueueError,
+        QueueLocked,
+        RemoteError,
+        SpawnError,
+        StoreClosed,
+        StoreDirectoryError,
+        StoreError,
+        StoreLocked,
+        StoreRestarted,
+        StoreTimeout,
+        StoreUnavailable,
+        SupervisorError,
+        UnhandledMessage,
+        Unroutable,
+        UsageError,
+        WarrenError,
+        WarrenWriteError,
+        WritesBlocked,
+    )
+    from warren.queues.client import connect
+    from warren.queues.client.connection import Connection
+    from warren.queues.message import Message
+    from warren.store.client import StoreClient
+    from warren.supervisor.node.alarms import AlarmLimits
+    from warren.supervisor.node.node import Node
+
 
 _EXPORTS = {
     "AlarmLimits": "warren.supervisor.node.alarms",
