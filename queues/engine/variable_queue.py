@@ -916,7 +916,10 @@ class VariableQueue:
         seq_id, delta = status.seq_id, self.delta
         if not delta.is_empty() and seq_id >= delta.start:
             self._to_delta(status)
-        elif self.q3 and seq_id > self.q3[0].seq_id:
+        elif (self.q3 and seq_id > self.q3[0].seq_id) or (self.lazy and not self.q4):
+            # Among the betas, or at the head of a lazy queue: a lazy queue keeps nothing
+            # in RAM, so its requeued message goes back to q3 with its body left on disk
+            # (RabbitMQ's requeue/2 for lazy queues), not read back into q4.
             self._to_beta(status)
             _merge(self.q3, status)
         else:

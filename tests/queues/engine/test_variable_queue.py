@@ -273,6 +273,21 @@ def test_a_lazy_queue_keeps_nothing_in_ram_and_switches_modes_while_in_use(open_
     assert [number(d) for d in drain(queue)] == list(range(3 * N))
 
 
+def test_a_lazy_queue_requeues_without_reading_bodies_back_into_ram(open_queue):
+    """RabbitMQ's requeue/2 for lazy queues: a requeued message goes back to q3 or delta,
+    its body left on disk; the order and the redelivered flags are those of any queue."""
+    queue = open_queue(lazy=True)
+    for n in range(200):
+        queue.publish(message(n, size=2000))
+    fetched = [queue.fetch() for _ in range(200)]
+    queue.requeue([d.seq_id for d in fetched])
+    stats = assert_counts_add_up(queue)
+    assert (stats["q4"], stats["alpha"], stats["ram_bytes"]) == (0, 0, 0)
+    again = drain(queue)
+    assert [number(d) for d in again] == list(range(200))
+    assert all(d.redelivered and d.delivery_count == 1 for d in again)
+
+
 def test_counts_of_every_state_add_up_to_the_length_while_paging(open_queue):
     queue = open_queue(io_batch_size=2, page_batch=7)
     for n in range(4 * N):
