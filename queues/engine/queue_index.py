@@ -117,7 +117,7 @@ def pack_slot(
     return body + _CRC.pack(zlib.crc32(body))
 
 
-def _unpack_slot(seq_id: int, slot: bytes) -> Entry:
+def unpack_slot(seq_id: int, slot: bytes) -> Entry:
     """The entry in ``slot``, which the caller has seen is present (its status byte is not
     0); ValueError if torn."""
     body = slot[:44]
@@ -131,6 +131,18 @@ def _unpack_slot(seq_id: int, slot: bytes) -> Entry:
 
 def segment_header(segment: int, entry_count: int) -> bytes:
     return segments.segment_header(MAGIC, VERSION, segment, entry_count)
+
+
+def usable_entry_count(header: bytes, segment: int) -> int | None:
+    """The entry count a segment file's header states, when the header is one a queue
+    keeps: this file kind and version, for this segment, and whole (its CRC holds); None
+    for anything else, which a queue's recovery deletes with its entries. The one rule
+    both the index's recovery and the shared store's reference walker go by."""
+    fields = header_fields(header)
+    if fields is None or fields[0] != MAGIC:
+        return None
+    count = fields[2]
+    return count if header_is_valid(header, segment, count) else None
 
 
 def header_is_valid(header: bytes, segment: int, entry_count: int) -> bool:
@@ -188,11 +200,8 @@ class QueueIndex:
         deleted: refuse to open them instead."""
         for segment in sorted(self._files.on_disk):
             header = self._files.read_all(segment, HEADER_BYTES)
-            fields = header_fields(header)
-            if fields is None or fields[0] != MAGIC:
-                continue
-            count = fields[2]
-            if header_is_valid(header, segment, count) and count != self.segment_entry_count:
+            count = usable_entry_count(header, segment)
+            if count is not None and count != self.segment_entry_count:
                 self._release()
                 raise ValueError(
                     f"{self.directory} holds segments of {count} entries; open "
@@ -219,7 +228,7 @@ class QueueIndex:
         deleted = []
         for segment in sorted(self._files.on_disk):
             data = self._files.read_all(segment, HEADER_BYTES + n * SLOT_BYTES)
-            if not header_is_valid(data, segment, n):
+            if usable_entry_count(data, segment) != n:
                 log.warning(
                     "%s: %s has a corrupt header; deleted with its entries",
                     self.directory,
@@ -240,7 +249,7 @@ class QueueIndex:
                 if data[at] == 0:
                     continue
                 try:
-                    found.append(_unpack_slot(first + rel, data[at : at + SLOT_BYTES]))
+                    found.append(unpack_slot(first + rel, data[at : at + SLOT_BYTES]))
                 except ValueError:
                     torn += 1
                     drop.append(first + rel)
@@ -402,7 +411,7 @@ class QueueIndex:
                 if slot is _EMPTY_SLOT:
                     found.pop(seq_id, None)
                 else:
-                    found[seq_id] = _unpack_slot(seq_id, slot)
+                    found[seq_id] = unpack_slot(seq_id, slot)
         return [found[s] for s in sorted(found)]
 
     def _read_slots(self, segment: int, start: int, stop: int) -> dict[int, Entry]:
@@ -428,7 +437,7 @@ class QueueIndex:
             if data[at] == 0:
                 continue
             try:
-                entry = _unpack_slot(start + i, data[at : at + SLOT_BYTES])
+                entry = unpack_slot(start + i, data[at : at + SLOT_BYTES])
             except ValueError:
                 self.torn_slots += 1
                 log.error("%s: index slot of seq id %d is torn; skipped", self.directory, start + i)

@@ -10,8 +10,10 @@ and their locks are not taken: the files are only read.
 ``client_refs`` holds the persistent client refs the queues' recovery terms name (the
 queues that stopped cleanly), for the store's clean-start check.
 
-A segment with a corrupt header is skipped, as the queue's own recovery will delete it;
-a torn slot is skipped; both are counted in ``skipped``.
+A segment whose header the queue's own recovery would not keep is skipped (the same rule,
+``queue_index.usable_entry_count``: a reference the walker counted for a segment the queue
+then deletes would keep its message in the store for good); a torn slot is skipped; both
+are counted in ``skipped``.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import logging
 import os
 from collections.abc import Iterable, Iterator
 
-from .queue_index import HEADER_BYTES, INDEX_SUFFIX, SLOT_BYTES, _unpack_slot
+from .queue_index import HEADER_BYTES, INDEX_SUFFIX, SLOT_BYTES, unpack_slot, usable_entry_count
 from .segments import segment_numbers
 from .variable_queue import TERMS_FILE
 
@@ -63,17 +65,16 @@ class QueueRefCounts:
                     opener=lambda name, flags: os.open(name, flags, dir_fd=dir_fd),
                 ) as f:
                     data = f.read()
-                header = data[:HEADER_BYTES]
-                if len(header) < HEADER_BYTES or header[:4] != b"WQIX":
+                count = usable_entry_count(data, segment)
+                if count is None:  # the queue's own recovery deletes this segment
                     self.skipped += 1
                     continue
-                count = int.from_bytes(header[5:9], "big")
                 first = segment * count
                 for at in range(HEADER_BYTES, len(data) - SLOT_BYTES + 1, SLOT_BYTES):
                     if data[at] == 0:
                         continue
                     try:
-                        entry = _unpack_slot(
+                        entry = unpack_slot(
                             first + (at - HEADER_BYTES) // SLOT_BYTES, data[at : at + SLOT_BYTES]
                         )
                     except ValueError:

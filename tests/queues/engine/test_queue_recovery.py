@@ -168,6 +168,42 @@ def test_the_walker_counts_each_queue_holding_a_shared_message(tmp_path):
     transient.close()
 
 
+def test_the_walker_skips_a_segment_the_queues_own_recovery_deletes(tmp_path):
+    """A header with one bit flipped outside its magic: the queue's dirty recovery deletes
+    the segment, so the walker must not count its entries either (a reference no queue
+    holds would keep the message in the store for good)."""
+    store = MessageStore(tmp_path / "msg_store_persistent")
+    transient = MessageStore(tmp_path / "msg_store_transient")
+
+    def open_queue():
+        return VariableQueue(
+            tmp_path / "queues" / "a",
+            segment_entry_count=N,
+            persistent_store=lambda ref: LocalStoreClient(store, ref),
+            transient_store=lambda ref: LocalStoreClient(transient, ref),
+        )
+
+    queue = open_queue()
+    ids = [os.urandom(16) for _ in range(N + 2)]  # the first segment full, two in the next
+    for n, msg_id in enumerate(ids):
+        queue.publish(message(n, size=SIZE_LARGE), msg_id=msg_id)
+    queue.sync()
+    queue.abandon()
+    index_file = tmp_path / "queues" / "a" / "0.qi"
+    damaged = bytearray(index_file.read_bytes())
+    damaged[20] ^= 0x01  # padding inside the 64-byte header, past the magic
+    index_file.write_bytes(bytes(damaged))
+
+    walk = walk_ref_counts([tmp_path / "queues" / "a"])
+    counted = {msg_id for msg_id, _ in walk}
+    assert counted == set(ids[N:]) and walk.skipped == 1
+    queue = open_queue()
+    assert [number(d) for d in drain(queue)] == [N, N + 1]
+    queue.terminate()
+    store.close()
+    transient.close()
+
+
 def test_a_killed_store_of_a_node_with_queues_takes_its_counts_from_their_indexes(tmp_path):
     with Node(tmp_path / "data") as node:
         queue = VariableQueue(
