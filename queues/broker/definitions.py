@@ -128,7 +128,37 @@ class Definitions:
         self.bindings.add(binding)
         return True
 
+    def unbind(self, queue: str, exchange: str, routing_key: str) -> bool:
+        """True if the binding was there (an unbind of none changes nothing, as in
+        RabbitMQ); NotFound for an unknown queue or exchange."""
+        if queue not in self.queues:
+            raise NotFound(f"no queue {queue!r} on this node")
+        if exchange not in self.exchanges:
+            raise NotFound(f"no exchange {exchange!r} on this node")
+        binding = (exchange, queue, routing_key)
+        if binding not in self.bindings:
+            return False
+        self.bindings.discard(binding)
+        return True
+
+    def remove_exchange(self, name: str) -> ExchangeDefinition:
+        """Forget an exchange and its bindings (the queues stay)."""
+        if name == "":
+            raise PreconditionFailed("the default exchange cannot be deleted")
+        definition = self.exchanges.pop(name, None)
+        if definition is None:
+            raise NotFound(f"no exchange {name!r} on this node; nothing to delete")
+        self.bindings = {b for b in self.bindings if b[0] != name}
+        return definition
+
     # ------------------------------------------------------------------ reading
+
+    def list_exchanges(self) -> list[dict[str, Any]]:
+        """Every declared exchange: name, kind, durable (the default one is implicit)."""
+        return [asdict(self.exchanges[n]) for n in sorted(self.exchanges)]
+
+    def list_bindings(self) -> list[dict[str, str]]:
+        return [{"exchange": e, "queue": q, "routing_key": k} for e, q, k in sorted(self.bindings)]
 
     def exchange(self, name: str) -> dict[str, Any]:
         """An exchange's kind and bindings ``[queue, routing_key]``: what a publisher

@@ -12,6 +12,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from warren.actors.errors import InvalidSpec
+
 from .connection import Connection
 from .ipc_node import RemoteNode
 from .tcp_node import TcpNode
@@ -32,6 +34,7 @@ def connect(
     ``Connection`` (``max_in_flight``, ``call_timeout_s`` ...), but ``connect_timeout_s``
     (10), how long a tcp connect waits for the listener's first answer."""
     if isinstance(target, str) and target.startswith("tcp://"):
+        _check_tcp_address(target)
         node = TcpNode(
             target,
             key_file=key_file,
@@ -44,3 +47,11 @@ def connect(
             "reached through its data directory without one"
         )
     return Connection(RemoteNode(target), **options)
+
+
+def _check_tcp_address(target: str) -> None:
+    """``tcp://HOST:PORT`` with a port in 1..65535 (``[::1]:PORT`` for IPv6), or
+    ``InvalidSpec`` saying so: ZeroMQ's own refusal is a bare "Invalid argument"."""
+    host, _, port = target.removeprefix("tcp://").rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise InvalidSpec("address", target, "tcp://HOST:PORT, with a port in 1..65535")

@@ -230,6 +230,28 @@ class Connection:
         self._node.bind_queue(queue, exchange, routing_key)
         self._routes.pop(exchange, None)
 
+    def unbind_queue(self, queue: str, exchange: str, routing_key: str = "") -> None:
+        """Undo ``bind_queue`` (nothing happens for a binding that is not there)."""
+        self._check_open()
+        self._node.unbind_queue(queue, exchange, routing_key)
+        self._routes.pop(exchange, None)
+
+    def delete_exchange(self, name: str) -> None:
+        """Delete an exchange and its bindings; the queues it routed to stay."""
+        self._check_open()
+        self._node.delete_exchange(name)
+        self._routes.pop(name, None)
+
+    def list_exchanges(self) -> list[dict[str, Any]]:
+        """Every declared exchange as ``{"name", "kind", "durable"}``."""
+        self._check_open()
+        return self._node.list_exchanges()
+
+    def list_bindings(self) -> list[dict[str, str]]:
+        """Every binding as ``{"exchange", "queue", "routing_key"}``."""
+        self._check_open()
+        return self._node.list_bindings()
+
     def list_queues(self) -> list[str]:
         self._check_open()
         return self._node.list_queues()

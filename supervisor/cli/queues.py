@@ -1,12 +1,21 @@
-"""The ``warren`` commands that work on a running node's queues, through ``warren.connect``:
+"""The ``warren`` commands that work on a running node's queues, through ``warren.connect``.
+Each names its node with ``--data-dir D`` (on this machine) or ``--url tcp://HOST:PORT``
+(its listener; ``--key-file K`` for a node that wants CURVE); written here as ``NODE``:
 
-    warren queues --data-dir D [--json]          every queue: state, messages, states, bytes
-    warren publish QUEUE --data-dir D [--exchange E] [--count N --size BYTES]
+    warren queues NODE [--json]                  every queue: state, messages, states, bytes
+    warren exchanges NODE [--json]               the declared exchanges
+    warren bindings NODE [--json]                exchange, queue and routing key of each
+    warren declare queue NAME NODE [--transient --lazy --message-ttl-ms N --max-length N
+                   --overflow drop-head|reject-publish --dead-letter-exchange E --auto-delete]
+    warren declare exchange NAME NODE [--kind direct|fanout|topic --transient]
+    warren bind QUEUE EXCHANGE NODE [--routing-key K]
+    warren unbind QUEUE EXCHANGE NODE [--routing-key K]
+    warren publish QUEUE NODE [--exchange E] [--count N --size BYTES]
                                                  lines of stdin as messages, or N generated
-    warren consume QUEUE --data-dir D [--count N]
-                                                 print and ack messages (all that are ready)
-    warren purge QUEUE --data-dir D              drop the ready messages
-    warren delete QUEUE --data-dir D             delete the queue
+    warren consume QUEUE NODE [--count N]        print and ack messages (all that are ready)
+    warren purge QUEUE NODE                      drop the ready messages
+    warren delete QUEUE NODE                     delete the queue
+    warren delete-exchange EXCHANGE NODE         delete the exchange and its bindings
 
 A node that is not running exits 1; an unknown queue, or any other refusal, is one line on
 stderr and exit 2. Runs longer than a second report their progress on stderr.
@@ -20,10 +29,13 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 
+from warren.queues.client import connect
 from warren.queues.client.connection import Connection
-from warren.queues.client.ipc_node import RemoteNode
 from warren.queues.errors import NodeNotRunning, QueueError
+from warren.queues.protocol import OVERFLOWS
+from warren.queues.routing import EXCHANGE_KINDS
 
+from ..errors import UsageError
 from ..tables import Column, format_table
 
 __all__ = ["add_queue_commands", "format_queues"]
@@ -41,6 +53,12 @@ _QUEUE_COLUMNS = (
     Column("RAM MiB", ">"),
     Column("disk MiB", ">"),
     Column("in/out/s", ">"),
+)
+_EXCHANGE_COLUMNS = (Column("exchange", wrap=True, min_width=10), Column("kind"), Column("durable"))
+_BINDING_COLUMNS = (
+    Column("exchange", wrap=True, min_width=10),
+    Column("queue", wrap=True, min_width=10),
+    Column("routing key", wrap=True, min_width=10),
 )
 
 
@@ -70,15 +88,50 @@ def format_queues(rows: list[dict]) -> str:
 
 
 def add_queue_commands(commands: argparse._SubParsersAction) -> None:
-    queues = commands.add_parser("queues", help="the queues of the node on a data dir")
-    queues.add_argument("--data-dir", required=True)
+    queues = _command(commands, "queues", "the queues of the node, with their figures")
     queues.add_argument("--json", action="store_true", help="print every figure as JSON")
     queues.set_defaults(handler=_with_connection(_queues))
-    publish = commands.add_parser(
-        "publish", help="publish lines of stdin, or --count generated messages"
+    exchanges = _command(commands, "exchanges", "the exchanges declared on the node")
+    exchanges.add_argument("--json", action="store_true", help="print them as JSON")
+    exchanges.set_defaults(handler=_with_connection(_exchanges))
+    bindings = _command(commands, "bindings", "which exchange routes what to which queue")
+    bindings.add_argument("--json", action="store_true", help="print them as JSON")
+    bindings.set_defaults(handler=_with_connection(_bindings))
+
+    declare = commands.add_parser("declare", help="declare a queue or an exchange")
+    kinds = declare.add_subparsers(dest="declare_kind", required=True)
+    queue = _command(kinds, "queue", "declare a queue (nothing happens if it exists alike)")
+    queue.add_argument("name")
+    queue.add_argument("--transient", action="store_true", help="not kept across restarts")
+    queue.add_argument("--lazy", action="store_true", help="every message straight to disk")
+    queue.add_argument("--message-ttl-ms", type=int, help="how long a message may wait")
+    queue.add_argument("--max-length", type=int, help="how many messages may wait")
+    queue.add_argument(
+        "--overflow",
+        choices=OVERFLOWS,
+        default=OVERFLOWS[0],
+        help="beyond --max-length: drop the oldest (default) or refuse new ones",
     )
+    queue.add_argument("--dead-letter-exchange", help="where expired and dropped ones go")
+    queue.add_argument("--auto-delete", action="store_true", help="go with the last consumer")
+    queue.set_defaults(handler=_with_connection(_declare_queue))
+    exchange = _command(kinds, "exchange", "declare an exchange")
+    exchange.add_argument("name")
+    exchange.add_argument("--kind", choices=EXCHANGE_KINDS, default="direct")
+    exchange.add_argument("--transient", action="store_true", help="not kept across restarts")
+    exchange.set_defaults(handler=_with_connection(_declare_exchange))
+    for name, action, text in (
+        ("bind", _bind, "route an exchange's messages with a routing key to a queue"),
+        ("unbind", _unbind, "undo a bind"),
+    ):
+        command = _command(commands, name, text)
+        command.add_argument("queue")
+        command.add_argument("exchange")
+        command.add_argument("--routing-key", default="", help="(default: the empty key)")
+        command.set_defaults(handler=_with_connection(action))
+
+    publish = _command(commands, "publish", "publish lines of stdin, or --count generated ones")
     publish.add_argument("queue", help="the queue, or the routing key with --exchange")
-    publish.add_argument("--data-dir", required=True)
     publish.add_argument("--exchange", default="", help="publish through this exchange")
     publish.add_argument("--count", type=int, help="publish this many generated messages")
     publish.add_argument(
@@ -86,21 +139,31 @@ def add_queue_commands(commands: argparse._SubParsersAction) -> None:
     )
     publish.add_argument("--transient", action="store_true", help="publish non-persistent messages")
     publish.set_defaults(handler=_with_connection(_publish))
-    consume = commands.add_parser("consume", help="print and ack a queue's messages")
+    consume = _command(commands, "consume", "print and ack a queue's messages")
     consume.add_argument("queue")
-    consume.add_argument("--data-dir", required=True)
     consume.add_argument(
         "--count", type=int, help="stop after this many (default: all that are ready)"
     )
     consume.set_defaults(handler=_with_connection(_consume))
-    for name, action, text in (
-        ("purge", _purge, "drop a queue's ready messages"),
-        ("delete", _delete, "delete a queue and its messages"),
+    for name, action, text, what in (
+        ("purge", _purge, "drop a queue's ready messages", "queue"),
+        ("delete", _delete, "delete a queue and its messages", "queue"),
+        ("delete-exchange", _delete_exchange, "delete an exchange and its bindings", "exchange"),
     ):
-        command = commands.add_parser(name, help=text)
-        command.add_argument("queue")
-        command.add_argument("--data-dir", required=True)
+        command = _command(commands, name, text)
+        command.add_argument(what)
         command.set_defaults(handler=_with_connection(action))
+
+
+def _command(commands: argparse._SubParsersAction, name: str, text: str) -> argparse.ArgumentParser:
+    """A subcommand that talks to a node: on this machine by its data directory, or over
+    tcp by its listener's address (with a key file where the node wants CURVE)."""
+    command = commands.add_parser(name, help=text, description=text)
+    where = command.add_mutually_exclusive_group(required=True)
+    where.add_argument("--data-dir", help="the node running on this data directory")
+    where.add_argument("--url", help="a node's listener, tcp://HOST:PORT")
+    command.add_argument("--key-file", help="with --url: a key from `warren keys`")
+    return command
 
 
 def _with_connection(
@@ -108,16 +171,81 @@ def _with_connection(
 ) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
         try:
-            with Connection(RemoteNode(args.data_dir)) as connection:
+            if args.url is not None:
+                connection = connect(args.url, key_file=args.key_file)
+            elif args.key_file is not None:
+                raise UsageError("--key-file goes with --url: a node on this machine needs none")
+            else:
+                connection = connect(args.data_dir)
+            with connection:
                 return action(connection, args)
         except NodeNotRunning as exc:
             print(f"warren: {exc}", file=sys.stderr)
             return EXIT_NO_NODE
-        except QueueError as exc:
+        except (QueueError, ValueError, TypeError) as exc:
             print(f"warren: {exc}", file=sys.stderr)
             return EXIT_REFUSED
 
     return run
+
+
+def _declare_queue(connection: Connection, args: argparse.Namespace) -> int:
+    connection.declare_queue(
+        args.name,
+        durable=not args.transient,
+        lazy=args.lazy,
+        message_ttl_ms=args.message_ttl_ms,
+        max_length=args.max_length,
+        overflow=args.overflow,
+        dead_letter_exchange=args.dead_letter_exchange,
+        auto_delete=args.auto_delete,
+    )
+    print(f"declared queue {args.name}")
+    return EXIT_OK
+
+
+def _declare_exchange(connection: Connection, args: argparse.Namespace) -> int:
+    connection.declare_exchange(args.name, kind=args.kind, durable=not args.transient)
+    print(f"declared {args.kind} exchange {args.name}")
+    return EXIT_OK
+
+
+def _bind(connection: Connection, args: argparse.Namespace) -> int:
+    connection.bind_queue(args.queue, args.exchange, args.routing_key)
+    print(f"bound {args.queue} to {args.exchange} with {args.routing_key!r}")
+    return EXIT_OK
+
+
+def _unbind(connection: Connection, args: argparse.Namespace) -> int:
+    connection.unbind_queue(args.queue, args.exchange, args.routing_key)
+    print(f"unbound {args.queue} from {args.exchange} with {args.routing_key!r}")
+    return EXIT_OK
+
+
+def _exchanges(connection: Connection, args: argparse.Namespace) -> int:
+    rows = connection.list_exchanges()
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    else:
+        table = [[r["name"], r["kind"], "yes" if r["durable"] else "no"] for r in rows]
+        print(format_table(_EXCHANGE_COLUMNS, table))
+    return EXIT_OK
+
+
+def _bindings(connection: Connection, args: argparse.Namespace) -> int:
+    rows = connection.list_bindings()
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    else:
+        table = [[r["exchange"], r["queue"], r["routing_key"]] for r in rows]
+        print(format_table(_BINDING_COLUMNS, table))
+    return EXIT_OK
+
+
+def _delete_exchange(connection: Connection, args: argparse.Namespace) -> int:
+    connection.delete_exchange(args.exchange)
+    print(f"deleted exchange {args.exchange} and its bindings")
+    return EXIT_OK
 
 
 def _queues(connection: Connection, args: argparse.Namespace) -> int:

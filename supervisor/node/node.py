@@ -357,6 +357,26 @@ class Node:
             if self._definitions.bind(queue, exchange, routing_key):
                 self._definitions_changed()
 
+    def unbind_queue(self, queue: str, exchange: str, routing_key: str = "") -> None:
+        """Stop routing ``exchange``'s messages with ``routing_key`` to ``queue``."""
+        with self._definitions_lock:
+            if self._definitions.unbind(queue, exchange, routing_key):
+                self._definitions_changed()
+
+    def delete_exchange(self, name: str) -> None:
+        """Delete an exchange and its bindings; the queues it routed to stay."""
+        with self._definitions_lock:
+            self._definitions.remove_exchange(name)
+            self._definitions_changed()
+
+    def list_exchanges(self) -> list[dict[str, Any]]:
+        with self._definitions_lock:
+            return self._definitions.list_exchanges()
+
+    def list_bindings(self) -> list[dict[str, str]]:
+        with self._definitions_lock:
+            return self._definitions.list_bindings()
+
     def exchange(self, name: str) -> dict[str, Any]:
         """An exchange's kind and bindings, which publishers route with."""
         with self._definitions_lock:

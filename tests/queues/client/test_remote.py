@@ -369,3 +369,28 @@ def test_a_node_call_refused_raises_the_same_class_over_every_transport(node, tr
             client.declare_queue("other", colour="blue")
         with pytest.raises(ValueError, match="name"):
             client.declare_exchange("bad/name")
+
+
+@pytest.mark.parametrize("transport", ["in-process", "ipc", "tcp"])
+def test_bindings_and_exchanges_are_listed_undone_and_deleted_over_every_transport(node, transport):
+    target = {"in-process": None, "ipc": node.data_dir, "tcp": node.listen_endpoint}[transport]
+    with node.connect() if target is None else connect(target) as client:
+        client.declare_exchange("events", kind="topic")
+        client.declare_queue("audit")
+        client.bind_queue("audit", "events", "order.*")
+        assert client.list_exchanges() == [{"name": "events", "kind": "topic", "durable": True}]
+        assert client.list_bindings() == [
+            {"exchange": "events", "queue": "audit", "routing_key": "order.*"}
+        ]
+        client.publish("order.paid", b"routed", exchange="events")
+        client.unbind_queue("audit", "events", "order.*")
+        client.unbind_queue("audit", "events", "order.*")  # a second time changes nothing
+        assert client.list_bindings() == []
+        client.delete_exchange("events")
+        assert client.list_exchanges() == []
+        with pytest.raises(NotFound):
+            client.delete_exchange("events")
+        with pytest.raises(NotFound):
+            client.publish("order.paid", b"nowhere to go", exchange="events")
+        assert client.get("audit").body == b"routed"
+        assert client.list_queues() == ["audit"]

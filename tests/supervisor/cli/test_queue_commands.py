@@ -64,3 +64,55 @@ def test_an_unknown_queue_and_a_missing_node_are_one_line_errors(node, data_dir,
     absent = warren("queues", "--data-dir", str(tmp_path / "elsewhere"))
     assert absent.returncode == 1
     assert b"no node is running" in absent.stderr and b"Traceback" not in absent.stderr
+
+
+def test_a_shell_user_declares_binds_routes_and_undoes_it_all(node, data_dir):
+    def ok(*arguments, stdin=None):
+        done = warren(*arguments, "--data-dir", data_dir, stdin=stdin)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.decode()
+
+    ok("declare", "queue", "audit", "--max-length", "10", "--overflow", "reject-publish")
+    ok("declare", "exchange", "events", "--kind", "topic")
+    assert ok("bind", "audit", "events", "--routing-key", "order.*").startswith("bound audit")
+    ok("publish", "order.paid", "--exchange", "events", stdin=b"paid\n")
+    assert json.loads(ok("exchanges", "--json")) == [
+        {"name": "events", "kind": "topic", "durable": True}
+    ]
+    assert json.loads(ok("bindings", "--json")) == [
+        {"exchange": "events", "queue": "audit", "routing_key": "order.*"}
+    ]
+    assert ok("exchanges").splitlines()[2].split() == ["events", "topic", "yes"]
+    ok("unbind", "audit", "events", "--routing-key", "order.*")
+    ok("delete-exchange", "events")
+    assert json.loads(ok("exchanges", "--json")) == [] == json.loads(ok("bindings", "--json"))
+    assert node.list_queues() == ["audit"]
+    assert ok("consume", "audit") == "paid\n"
+    refused = warren("declare", "queue", "audit", "--data-dir", data_dir)  # other arguments
+    assert refused.returncode == 2 and refused.stderr.count(b"\n") == 1
+    assert b"exists with max_length=10" in refused.stderr
+
+
+def test_every_command_reaches_a_node_over_tcp_with_url(tmp_path):
+    with Node(tmp_path / "data", listen="tcp://127.0.0.1:*") as node:
+        url = node.listen_endpoint
+        declared = warren("declare", "queue", "remote", "--url", url)
+        assert declared.returncode == 0, declared.stderr
+        warren("publish", "remote", "--url", url, stdin=b"over tcp\n")
+        consumed = warren("consume", "remote", "--url", url)
+        assert consumed.stdout == b"over tcp\n", consumed.stderr
+        assert node.list_queues() == ["remote"]
+
+
+@pytest.mark.parametrize(
+    ("arguments", "complaint"),
+    [
+        (["--url", "tcp://127.0.0.1"], b"tcp://HOST:PORT, with a port in 1..65535"),
+        (["--url", "tcp://127.0.0.1:70000"], b"tcp://HOST:PORT, with a port in 1..65535"),
+        (["--data-dir", "somewhere", "--key-file", "k.key"], b"--key-file goes with --url"),
+    ],
+)
+def test_a_bad_node_address_is_one_line_and_exit_2(arguments, complaint):
+    done = warren("queues", *arguments)
+    assert done.returncode == 2
+    assert complaint in done.stderr and b"Traceback" not in done.stderr
