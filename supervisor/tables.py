@@ -12,6 +12,8 @@ figure is never rounded here behind their back.
 
 from __future__ import annotations
 
+import json
+import math
 import textwrap
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -82,3 +84,24 @@ def _join(columns: Sequence[Column], widths: list[int], cells: list[str]) -> str
 
 
 __all__ = ["Column", "TERMINAL_COLUMNS", "format_table"]
+
+
+def counted(count: int, noun: str) -> str:
+    """``"1 message"``, ``"2,000 messages"``: a count and its noun, singular or plural."""
+    return f"{count:,} {noun}{'' if count == 1 else 's'}"
+
+
+def strict_json(value: object) -> str:
+    """``value`` as strict JSON, indented: a float that JSON cannot hold (an infinite RAM
+    target, a rate over no time) becomes null, so every parser reads the output."""
+    return json.dumps(_finite(value), indent=2, allow_nan=False, default=str)
+
+
+def _finite(value: object) -> object:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value

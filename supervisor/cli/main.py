@@ -45,6 +45,7 @@ before anything starts. Nothing here prints a traceback for a mistake a user can
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import logging
 import math
 import os
@@ -56,8 +57,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..errors import UsageError
-from ..tables import Column, format_table
+from ..tables import Column, format_table, strict_json
 from .queues import add_queue_commands
+from .sizes import parse_size
 
 if TYPE_CHECKING:
     from warren.store.engine.inspect import StoreReport
@@ -82,19 +84,6 @@ EXIT_CODES = (
     (EXIT_INTERRUPTED, "interrupted (Ctrl-C, SIGTERM, SIGHUP); everything started is stopped"),
 )
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "kb": 10**3,
-    "mb": 10**6,
-    "gb": 10**9,
-    "tb": 10**12,
-    "kib": 2**10,
-    "mib": 2**20,
-    "gib": 2**30,
-    "tib": 2**40,
-}
-_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*")
 # What the config file may hold: section -> key -> the option it sets.
 _CONFIG_KEYS = {
     "node": {
@@ -113,20 +102,6 @@ _CONFIG_KEYS = {
         "check_interval_s": "check_interval_s",
     },
 }
-
-
-def parse_size(value: Any, what: str) -> int:
-    """Bytes from an int or a string such as ``"16MiB"`` or ``"50 MB"``."""
-    number: float
-    if isinstance(value, int) and not isinstance(value, bool):
-        number, unit = value, ""
-    elif isinstance(value, str) and (match := _SIZE.fullmatch(value)):
-        number, unit = float(match.group(1)), match.group(2).lower()
-    else:
-        raise UsageError(f"{what} must be a number of bytes or a size such as 16MiB, got {value!r}")
-    if unit not in _UNITS:
-        raise UsageError(f"{what}: unknown unit {unit!r} (use one of kB MB GB KiB MiB GiB)")
-    return int(number * _UNITS[unit])
 
 
 def load_config(path: str) -> dict[str, Any]:
@@ -315,7 +290,6 @@ def _node(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    import json
 
     from ..node.node import query_status
 
@@ -324,7 +298,7 @@ def _status(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"warren: {exc}", file=sys.stderr)
         return EXIT_NO_NODE
-    print(json.dumps(status, indent=2) if args.json else format_status(status))
+    print(strict_json(status) if args.json else format_status(status))
     return EXIT_OK
 
 
@@ -556,6 +530,7 @@ def build_parser() -> argparse.ArgumentParser:
         "Linux only (OFD locks, PR_SET_PDEATHSIG).",
         epilog=f"exit codes:\n{codes}",
     )
+    parser.add_argument("--version", action="version", version=f"warren {_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
     node = commands.add_parser(
         "node",
@@ -716,12 +691,32 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # said by the subcommand, with its own usage, not the top level's
+        _chosen(parser, args).error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
         return args.handler(args)
     except UsageError as exc:
         print(f"warren: {exc}", file=sys.stderr)
         return EXIT_USAGE
+
+
+def _chosen(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The (sub)command parser that ``args`` were parsed by, the deepest one chosen."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            chosen = action.choices.get(getattr(args, action.dest, None) or "")
+            if chosen is not None:
+                return _chosen(chosen, args)
+    return parser
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("warren-mq")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown (not installed)"
 
 
 if __name__ == "__main__":

@@ -24,7 +24,6 @@ stderr and exit 2. Runs longer than a second report their progress on stderr.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -36,7 +35,8 @@ from warren.queues.protocol import OVERFLOWS
 from warren.queues.routing import EXCHANGE_KINDS
 
 from ..errors import UsageError
-from ..tables import Column, format_table
+from ..tables import Column, counted, format_table, strict_json
+from .sizes import parse_size
 
 __all__ = ["add_queue_commands", "format_queues"]
 
@@ -135,7 +135,7 @@ def add_queue_commands(commands: argparse._SubParsersAction) -> None:
     publish.add_argument("--exchange", default="", help="publish through this exchange")
     publish.add_argument("--count", type=int, help="publish this many generated messages")
     publish.add_argument(
-        "--size", type=int, default=1024, help="bytes of each generated message (default 1024)"
+        "--size", default="1KiB", help="size of each generated message: 100, 4KiB ... (1KiB)"
     )
     publish.add_argument("--transient", action="store_true", help="publish non-persistent messages")
     publish.set_defaults(handler=_with_connection(_publish))
@@ -225,7 +225,7 @@ def _unbind(connection: Connection, args: argparse.Namespace) -> int:
 def _exchanges(connection: Connection, args: argparse.Namespace) -> int:
     rows = connection.list_exchanges()
     if args.json:
-        print(json.dumps(rows, indent=2))
+        print(strict_json(rows))
     else:
         table = [[r["name"], r["kind"], "yes" if r["durable"] else "no"] for r in rows]
         print(format_table(_EXCHANGE_COLUMNS, table))
@@ -235,7 +235,7 @@ def _exchanges(connection: Connection, args: argparse.Namespace) -> int:
 def _bindings(connection: Connection, args: argparse.Namespace) -> int:
     rows = connection.list_bindings()
     if args.json:
-        print(json.dumps(rows, indent=2))
+        print(strict_json(rows))
     else:
         table = [[r["exchange"], r["queue"], r["routing_key"]] for r in rows]
         print(format_table(_BINDING_COLUMNS, table))
@@ -254,16 +254,17 @@ def _queues(connection: Connection, args: argparse.Namespace) -> int:
         state = connection.queue_state(name)
         stats = connection.queue_stats(name) if state == "running" else None
         rows.append({"name": name, "state": state, "stats": stats})
-    print(json.dumps(rows, indent=2, default=str) if args.json else format_queues(rows))
+    print(strict_json(rows) if args.json else format_queues(rows))
     return EXIT_OK
 
 
 def _publish(connection: Connection, args: argparse.Namespace) -> int:
     if args.count is not None:
-        if args.count < 0 or args.size < 0:
-            raise QueueError("--count and --size must be >= 0")
+        size = parse_size(args.size, "--size")
+        if args.count < 0:
+            raise UsageError(f"--count must be >= 0, got {args.count}")
         bodies: Iterator[bytes] = (
-            b"%d:" % n + b"x" * max(0, args.size - len(b"%d:" % n)) for n in range(args.count)
+            b"%d:" % n + b"x" * max(0, size - len(b"%d:" % n)) for n in range(args.count)
         )
     else:
         bodies = (line.rstrip(b"\n") for line in sys.stdin.buffer)
@@ -308,12 +309,13 @@ def _consume(connection: Connection, args: argparse.Namespace) -> int:
 
 
 def _purge(connection: Connection, args: argparse.Namespace) -> int:
-    print(f"purged {connection.purge_queue(args.queue):,} messages from {args.queue}")
+    print(f"purged {counted(connection.purge_queue(args.queue), 'message')} from {args.queue}")
     return EXIT_OK
 
 
 def _delete(connection: Connection, args: argparse.Namespace) -> int:
-    print(f"deleted {args.queue} and its {connection.delete_queue(args.queue):,} messages")
+    held = connection.delete_queue(args.queue)
+    print(f"deleted {args.queue} and its {counted(held, 'message')}")
     return EXIT_OK
 
 
@@ -339,4 +341,4 @@ class _Progress:
     def done(self) -> None:
         elapsed = time.monotonic() - self.started
         rate = f", {self.count / elapsed:,.0f}/s" if elapsed >= PROGRESS_EVERY_S else ""
-        print(f"{self.verb} {self.count:,} messages{rate}", file=sys.stderr, flush=True)
+        print(f"{self.verb} {counted(self.count, 'message')}{rate}", file=sys.stderr, flush=True)

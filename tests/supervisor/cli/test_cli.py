@@ -31,6 +31,17 @@ def settings_from(*argv: str) -> dict:
     return node_settings(build_parser().parse_args(["node", *argv]))
 
 
+def test_version_and_an_unknown_option_answered_by_the_subcommand_itself():
+    version = warren("--version")
+    assert version.returncode == 0 and version.stdout.startswith("warren ")
+    bogus = warren("node", "--bogus")
+    assert bogus.returncode == 2
+    assert bogus.stderr.startswith("usage: warren node ")
+    assert "warren node: error: unrecognized arguments: --bogus" in bogus.stderr
+    nested = warren("declare", "queue", "q", "--data-dir", "d", "--bogus")
+    assert "warren declare queue: error: unrecognized arguments: --bogus" in nested.stderr
+
+
 def test_help_lists_every_exit_code_and_says_linux_is_required():
     shown = warren("--help")
     assert shown.returncode == 0

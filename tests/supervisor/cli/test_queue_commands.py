@@ -116,3 +116,38 @@ def test_a_bad_node_address_is_one_line_and_exit_2(arguments, complaint):
     done = warren("queues", *arguments)
     assert done.returncode == 2
     assert complaint in done.stderr and b"Traceback" not in done.stderr
+
+
+def strict(text):
+    """JSON as a strict parser reads it: Infinity and NaN refused."""
+
+    def refuse(constant):
+        raise ValueError(f"{constant} is not JSON")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_json_output_is_strict_and_counts_speak_in_the_singular_too(node, data_dir):
+    node.declare_queue("orders")  # a default queue's RAM target is infinite
+    listed = warren("queues", "--data-dir", data_dir, "--json")
+    assert strict(listed.stdout)[0]["stats"]["target_ram_count"] is None
+    status = warren("status", "--data-dir", data_dir, "--json")
+    assert strict(status.stdout)["state"] == "running"
+    one = warren("publish", "orders", "--data-dir", data_dir, stdin=b"only\n")
+    assert b"published 1 message\n" in one.stderr
+    sized = warren("publish", "orders", "--data-dir", data_dir, "--count", "2", "--size", "2KiB")
+    assert sized.returncode == 0, sized.stderr
+    assert [len(d.body) for d in drain_all(node, "orders")] == [4, 2048, 2048]
+    purged = warren("purge", "orders", "--data-dir", data_dir)
+    assert purged.stdout.decode().strip() == "purged 0 messages from orders"
+    bad = warren("publish", "orders", "--data-dir", data_dir, "--count", "1", "--size", "2XB")
+    assert bad.returncode == 2 and b"unknown unit" in bad.stderr
+
+
+def drain_all(node, queue):
+    connection = node.connect()
+    deliveries = []
+    while (delivery := connection.get(queue)) is not None:
+        delivery.ack()
+        deliveries.append(delivery)
+    return deliveries
