@@ -67,6 +67,7 @@ PUBLISH_BATCH_BYTES = 4 * 2**20
 CALL_TIMEOUT_S = 60.0
 ROUTES_TTL_S = 1.0  # how long an exchange's bindings are routed with
 RESTART_CHECK_S = 1.0  # how often a wait looks whether its queue restarted
+CLOSE_WAIT_S = 2.0  # how long close waits for its queues to confirm they took its settles
 ALARMS_READ_EVERY_S = 0.1  # how stale a publisher's view of the alarms may be
 IDLE_POLL_S = (0.001, 0.05)  # a consumer's wait between empty fetches: from, to
 
@@ -197,6 +198,7 @@ class Connection:
         self._in_flight: CreditWindow[Confirm] = CreditWindow(max_in_flight, max_in_flight_bytes)
         self._held: dict[str, dict[int, Delivery]] = {}  # queue -> tag -> delivery
         self._subscribed: set[str] = set()  # queues it has consumed from
+        self._settled: set[str] = set()  # queues it sent settles to
         self._routes: dict[str, tuple[float, str, list]] = {}  # exchange -> (at, kind, bindings)
         self._alarms: list[str] = []
         self._alarms_read_at = float("-inf")
@@ -603,6 +605,7 @@ class Connection:
         self._ref(delivery.queue).tell(
             Settle(self.consumer_id, sorted(tags), action), timeout=self.call_timeout_s
         )
+        self._settled.add(delivery.queue)
         for tag in tags:
             del held[tag]
 
@@ -655,15 +658,31 @@ class Connection:
             raise ConnectionClosed("this connection is closed; open a new one")
 
     def close(self) -> None:
-        """Hand every unacked delivery back to its queue; later calls raise
-        ``ConnectionClosed``. Unconfirmed publishes are not waited for."""
+        """Hand every unacked delivery back to its queue, after the acks sent before (a
+        round trip to each queue it settled with makes sure they arrived: a process that
+        exits right after closing must not leave its last acks in a socket, to be
+        redelivered); later calls raise ``ConnectionClosed``. Unconfirmed publishes are
+        not waited for."""
         if self._closed:
             return
-        for queue in sorted(self._subscribed | {q for q, held in self._held.items() if held}):
+        touched = sorted(
+            self._subscribed | self._settled | {q for q, held in self._held.items() if held}
+        )
+        answers = []
+        for queue in touched:
             try:
-                self._ref(queue).tell(Release(self.consumer_id), timeout=1.0)
+                ref = self._ref(queue)
+                ref.tell(Release(self.consumer_id), timeout=1.0)
+                answers.append(ref.ask_async(QueueStats(), timeout=CLOSE_WAIT_S))
             except (ActorError, QueueError, OSError):
                 pass  # the queue requeues them itself when it notices
+        deadline = time.monotonic() + CLOSE_WAIT_S
+        for answer in answers:
+            try:
+                answer.get(timeout=max(0.0, deadline - time.monotonic()))
+            except (ActorError, QueueError, OSError, TimeoutError):
+                pass  # gone or silent: it requeues what it holds when it notices
+        self._settled.clear()
         self._held.clear()
         self._subscribed.clear()
         self._closed = True

@@ -24,24 +24,32 @@ stderr and exit 2. Runs longer than a second report their progress on stderr.
 from __future__ import annotations
 
 import argparse
+import base64
+import json
+import math
 import sys
 import time
 from collections.abc import Callable, Iterator
 
+from warren.actors.errors import ActorDeadError
 from warren.queues.client import connect
-from warren.queues.client.connection import Connection
+from warren.queues.client.connection import Connection, Delivery
 from warren.queues.errors import NodeNotRunning, QueueError
 from warren.queues.protocol import OVERFLOWS
 from warren.queues.routing import EXCHANGE_KINDS
 
 from ..errors import UsageError
 from ..tables import Column, counted, format_table, strict_json
+from .output import Output, StopSignals
 from .sizes import parse_size
 
 __all__ = ["add_queue_commands", "format_queues"]
 
-EXIT_OK, EXIT_NO_NODE, EXIT_REFUSED = 0, 1, 2
+EXIT_OK, EXIT_NO_NODE, EXIT_REFUSED, EXIT_INTERRUPTED = 0, 1, 2, 130
 PROGRESS_EVERY_S = 1.0
+POLL_S = 0.2  # a consumer's wait for the next message between looks at the signals
+IDLE_END_S = 5.0  # without --count or --timeout: an empty queue this long ends the run
+CONSUME_PREFETCH = 100  # deliveries a consume holds ahead of what it wrote out
 
 _QUEUE_COLUMNS = (
     Column("queue", wrap=True, min_width=10),
@@ -144,6 +152,17 @@ def add_queue_commands(commands: argparse._SubParsersAction) -> None:
     consume.add_argument(
         "--count", type=int, help="stop after this many (default: all that are ready)"
     )
+    consume.add_argument(
+        "--timeout", type=float, help="go on until none came for this many seconds"
+    )
+    consume.add_argument(
+        "--requeue", action="store_true", help="put each back after printing it (a peek)"
+    )
+    consume.add_argument(
+        "--json",
+        action="store_true",
+        help="one JSON object a line: body, headers, message_id, redelivered, delivery_count",
+    )
     consume.set_defaults(handler=_with_connection(_consume))
     for name, action, text, what in (
         ("purge", _purge, "drop a queue's ready messages", "queue"),
@@ -181,6 +200,9 @@ def _with_connection(
                 return action(connection, args)
         except NodeNotRunning as exc:
             print(f"warren: {exc}", file=sys.stderr)
+            return EXIT_NO_NODE
+        except (ActorDeadError, TimeoutError) as exc:  # the node went away under the command
+            print(f"warren: the node stopped answering ({exc})", file=sys.stderr)
             return EXIT_NO_NODE
         except (QueueError, ValueError, TypeError) as exc:
             print(f"warren: {exc}", file=sys.stderr)
@@ -290,22 +312,57 @@ def _publish(connection: Connection, args: argparse.Namespace) -> int:
 
 
 def _consume(connection: Connection, args: argparse.Namespace) -> int:
+    """Write each message out and flush it, and ack it only once it was taken (see
+    ``output``); a signal ends the loop where it stands, and what was not acked goes back
+    to the queue when the connection closes."""
+    if args.count is not None and args.count < 0:
+        raise UsageError(f"--count must be >= 0, got {args.count}")
+    if args.timeout is not None and not 0 < args.timeout < math.inf:
+        raise UsageError(f"--timeout must be a number of seconds > 0, got {args.timeout}")
     wanted = args.count
-    if wanted is None:
+    if wanted is None and args.timeout is None:
         wanted = connection.queue_stats(args.queue)["messages_ready"]
+    idle_limit = args.timeout if args.timeout is not None else IDLE_END_S
     progress = _Progress("consumed")
-    out = sys.stdout.buffer
-    with connection.consume(args.queue, prefetch=min(max(wanted, 1), 1000)) as consumer:
-        while progress.count < wanted:
-            delivery = consumer.get(timeout=5.0)
+    prefetch = min(max(wanted or 1, 1), CONSUME_PREFETCH)
+    with StopSignals() as stop, connection.consume(args.queue, prefetch=prefetch) as consumer:
+        out = Output(sys.stdout.buffer, stop)
+        idle_since = time.monotonic()
+        while stop.received is None and (wanted is None or progress.count < wanted):
+            delivery = consumer.get(timeout=POLL_S)
             if delivery is None:
-                break
-            out.write(delivery.body + b"\n")
-            delivery.ack()
+                if time.monotonic() - idle_since >= idle_limit:
+                    break
+                continue
+            idle_since = time.monotonic()
+            if not out.write(_render(delivery, args.json)):
+                break  # not taken: it goes back to the queue
+            if args.requeue:
+                delivery.nack(requeue=True)
+            else:
+                delivery.ack()
             progress.add(1)
-    out.flush()
     progress.done()
+    if stop.received is not None:
+        return EXIT_INTERRUPTED
     return EXIT_OK
+
+
+def _render(delivery: Delivery, as_json: bool) -> bytes:
+    if not as_json:
+        return delivery.body + b"\n"
+    fields: dict[str, object] = {
+        "queue": delivery.queue,
+        "message_id": delivery.message_id,
+        "redelivered": delivery.redelivered,
+        "delivery_count": delivery.delivery_count,
+        "headers": delivery.headers,
+    }
+    try:
+        fields["body"] = delivery.body.decode()
+    except UnicodeDecodeError:
+        fields["body_base64"] = base64.b64encode(delivery.body).decode()
+    return json.dumps(fields, allow_nan=False, default=str).encode() + b"\n"
 
 
 def _purge(connection: Connection, args: argparse.Namespace) -> int:

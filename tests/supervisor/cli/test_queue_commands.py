@@ -1,9 +1,13 @@
 """The ``warren`` commands on a running node's queues: list, publish, consume, purge,
 delete; and what they say when there is no node or no such queue."""
 
+import contextlib
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -151,3 +155,104 @@ def drain_all(node, queue):
         delivery.ack()
         deliveries.append(delivery)
     return deliveries
+
+
+def ready(node, queue):
+    return node.connect().queue_stats(queue)["messages_ready"]
+
+
+def test_consume_into_head_through_a_shell_pipe_acks_exactly_what_head_read(node, data_dir):
+    node.declare_queue("orders")
+    node.connect().publish_many("orders", [b"order %d" % n for n in range(50)])
+    command = " ".join([*WARREN, "consume", "orders", "--data-dir", data_dir]) + " | head -3"
+    shell = subprocess.run(["bash", "-c", command], cwd=ROOT, capture_output=True, timeout=60)
+    assert shell.stdout == b"order 0\norder 1\norder 2\n"
+    assert b"Traceback" not in shell.stderr
+    assert ready(node, "orders") == 47
+
+
+@pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
+def test_a_consume_stopped_by_a_signal_acked_exactly_what_its_reader_took(
+    node, data_dir, stop_signal
+):
+    """The reader takes lines slowly; the signal lands mid-stream. What the reader got was
+    acked, everything else is back in the queue: nothing lost, nothing acked unread."""
+    node.declare_queue("orders")
+    node.connect().publish_many("orders", [b"order %d" % n for n in range(300)])
+    consumer = subprocess.Popen(
+        [*WARREN, "consume", "orders", "--data-dir", data_dir, "--timeout", "30"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        taken = [consumer.stdout.readline() for _ in range(20)]
+        consumer.send_signal(stop_signal)
+        taken += consumer.stdout.read().splitlines(keepends=True)
+        assert consumer.wait(timeout=30) == 130
+    finally:
+        consumer.kill()
+        consumer.wait()
+        consumer.stdout.close()
+        consumer.stderr.close()
+    assert taken[:3] == [b"order 0\n", b"order 1\n", b"order 2\n"]
+    assert ready(node, "orders") == 300 - len(taken)
+    rest = [d.body for d in drain_all(node, "orders")]
+    assert sorted(rest + [line.rstrip(b"\n") for line in taken]) == sorted(
+        b"order %d" % n for n in range(300)
+    )
+
+
+def test_a_consume_whose_node_is_killed_ends_in_seconds_with_one_line(tmp_path):
+    data_dir = str(tmp_path / "data")
+    node = subprocess.Popen(
+        [*WARREN, "node", "--data-dir", data_dir],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    consumer = None
+    try:
+        wait_for_node(data_dir)
+        assert warren("declare", "queue", "orders", "--data-dir", data_dir).returncode == 0
+        consumer = subprocess.Popen(
+            [*WARREN, "consume", "orders", "--data-dir", data_dir, "--timeout", "60"],
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        time.sleep(1.0)  # consuming an empty queue
+        os.killpg(node.pid, signal.SIGKILL)
+        assert consumer.wait(timeout=20) == 1
+        complaint = consumer.stderr.read().decode()
+        assert complaint.startswith("warren: ") and complaint.count("\n") == 1
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(node.pid, signal.SIGKILL)
+        node.wait()
+        if consumer is not None:
+            consumer.kill()
+            consumer.wait()
+            consumer.stderr.close()
+
+
+def wait_for_node(data_dir):
+    deadline = time.monotonic() + 60
+    while warren("queues", "--data-dir", data_dir).returncode != 0:
+        assert time.monotonic() < deadline, "the node did not start"
+        time.sleep(0.2)
+
+
+def test_consume_json_lines_show_headers_ids_and_the_redelivered_flag(node, data_dir):
+    node.declare_queue("orders")
+    connection = node.connect()
+    connection.publish("orders", b"first", headers={"k": "v"}, message_id="m-1")
+    connection.publish("orders", b"\xff binary")
+    peeked = warren("consume", "orders", "--data-dir", data_dir, "--count", "1", "--requeue")
+    assert peeked.stdout == b"first\n"
+    shown = warren("consume", "orders", "--data-dir", data_dir, "--json")
+    lines = [json.loads(line) for line in shown.stdout.splitlines()]
+    assert lines[0]["body"] == "first" and lines[0]["headers"] == {"k": "v"}
+    assert (lines[0]["message_id"], lines[0]["redelivered"]) == ("m-1", True)
+    assert lines[1]["body_base64"] == "/yBiaW5hcnk=" and lines[1]["redelivered"] is False
