@@ -30,22 +30,31 @@ import termios
 from types import FrameType, TracebackType
 from typing import BinaryIO
 
-__all__ = ["Output", "StopSignals"]
+__all__ = ["Output", "StopSignals", "Stopped"]
 
 DRAIN_POLL_MS = 10  # how often a write to a pipe looks whether its reader took it
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
+class Stopped(Exception):
+    """Raised by ``StopSignals(interrupt=True)`` where a stop signal arrived."""
+
+
 class StopSignals:
     """A context in which SIGINT, SIGTERM and SIGHUP set ``received`` instead of
-    stopping the process; the previous handlers come back on exit."""
+    stopping the process; with ``interrupt``, they also raise ``Stopped`` where the
+    process stands (a read of stdin waiting for the next line, say). The previous handlers
+    come back on exit."""
 
-    def __init__(self) -> None:
+    def __init__(self, interrupt: bool = False) -> None:
         self.received: int | None = None
+        self._interrupt = interrupt
         self._previous: dict[int, object] = {}
 
     def _note(self, number: int, frame: FrameType | None) -> None:
         self.received = number
+        if self._interrupt:
+            raise Stopped(signal.Signals(number).name)
 
     def __enter__(self) -> StopSignals:
         for number in _STOP_SIGNALS:

@@ -27,6 +27,7 @@ import argparse
 import base64
 import json
 import math
+import os
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -40,7 +41,7 @@ from warren.queues.routing import EXCHANGE_KINDS
 
 from ..errors import UsageError
 from ..tables import Column, counted, format_table, strict_json
-from .output import Output, StopSignals
+from .output import Output, Stopped, StopSignals
 from .sizes import parse_size
 
 __all__ = ["add_queue_commands", "format_queues"]
@@ -50,6 +51,8 @@ PROGRESS_EVERY_S = 1.0
 POLL_S = 0.2  # a consumer's wait for the next message between looks at the signals
 IDLE_END_S = 5.0  # without --count or --timeout: an empty queue this long ends the run
 CONSUME_PREFETCH = 100  # deliveries a consume holds ahead of what it wrote out
+PUBLISH_BATCH = 1000  # messages a publish sends at once
+READ_BYTES = 1 << 16  # what one read of stdin takes, at most
 
 _QUEUE_COLUMNS = (
     Column("queue", wrap=True, min_width=10),
@@ -281,34 +284,60 @@ def _queues(connection: Connection, args: argparse.Namespace) -> int:
 
 
 def _publish(connection: Connection, args: argparse.Namespace) -> int:
-    if args.count is not None:
-        size = parse_size(args.size, "--size")
-        if args.count < 0:
-            raise UsageError(f"--count must be >= 0, got {args.count}")
-        bodies: Iterator[bytes] = (
-            b"%d:" % n + b"x" * max(0, size - len(b"%d:" % n)) for n in range(args.count)
-        )
-    else:
-        bodies = (line.rstrip(b"\n") for line in sys.stdin.buffer)
+    """Generated messages in batches of ``PUBLISH_BATCH``; or stdin's lines as they arrive,
+    each read's whole lines as one batch, confirmed before the next read (so ``tail -f``
+    is never held back, and a file goes in large batches). A stop signal ends it where it
+    stands and says how many were confirmed, and how many are in doubt (exit 130)."""
     progress = _Progress("published")
-    batch: list[bytes] = []
-    for body in bodies:
-        batch.append(body)
-        if len(batch) == 1000:
-            progress.add(
-                connection.publish_many(
-                    args.queue, batch, exchange=args.exchange, persistent=not args.transient
-                )
-            )
-            batch = []
-    if batch:
+    in_doubt = 0
+
+    def send(batch: list[bytes]) -> None:
+        nonlocal in_doubt
+        in_doubt = len(batch)
         progress.add(
             connection.publish_many(
                 args.queue, batch, exchange=args.exchange, persistent=not args.transient
             )
         )
+        in_doubt = 0
+
+    with StopSignals(interrupt=True):
+        try:
+            if args.count is not None:
+                for batch in _generated(args.count, parse_size(args.size, "--size")):
+                    send(batch)
+            else:
+                for batch in _line_batches(sys.stdin.buffer.fileno()):
+                    send(batch)
+        except Stopped as stop:
+            progress.done()
+            doubt = f"; {counted(in_doubt, 'message')} in doubt (publish again)" if in_doubt else ""
+            print(f"warren: stopped by {stop}{doubt}", file=sys.stderr)
+            return EXIT_INTERRUPTED
     progress.done()
     return EXIT_OK
+
+
+def _generated(count: int, size: int) -> Iterator[list[bytes]]:
+    if count < 0:
+        raise UsageError(f"--count must be >= 0, got {count}")
+    for start in range(0, count, PUBLISH_BATCH):
+        yield [
+            b"%d:" % n + b"x" * max(0, size - len(b"%d:" % n))
+            for n in range(start, min(count, start + PUBLISH_BATCH))
+        ]
+
+
+def _line_batches(fd: int) -> Iterator[list[bytes]]:
+    """The lines read from ``fd``, a batch per read (what had arrived), at most
+    ``PUBLISH_BATCH`` each; a last line without its newline too."""
+    pending = b""
+    while chunk := os.read(fd, READ_BYTES):
+        *lines, pending = (pending + chunk).split(b"\n")
+        for start in range(0, len(lines), PUBLISH_BATCH):
+            yield lines[start : start + PUBLISH_BATCH]
+    if pending:
+        yield [pending]
 
 
 def _consume(connection: Connection, args: argparse.Namespace) -> int:

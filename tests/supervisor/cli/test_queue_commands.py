@@ -256,3 +256,34 @@ def test_consume_json_lines_show_headers_ids_and_the_redelivered_flag(node, data
     assert lines[0]["body"] == "first" and lines[0]["headers"] == {"k": "v"}
     assert (lines[0]["message_id"], lines[0]["redelivered"]) == ("m-1", True)
     assert lines[1]["body_base64"] == "/yBiaW5hcnk=" and lines[1]["redelivered"] is False
+
+
+def test_publish_sends_each_line_as_it_arrives_and_says_what_an_interrupt_left(node, data_dir):
+    """Like ``tail -f | warren publish``: a line is published while stdin stays open, and
+    Ctrl-C then ends it with the count confirmed, no traceback."""
+    node.declare_queue("log")
+    publisher = subprocess.Popen(
+        [*WARREN, "publish", "log", "--data-dir", data_dir],
+        cwd=ROOT,
+        stdin=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        for n in range(3):
+            publisher.stdin.write(b"line %d\n" % n)
+            publisher.stdin.flush()
+            deadline = time.monotonic() + 30
+            while ready(node, "log") < n + 1:
+                assert time.monotonic() < deadline, f"line {n} was held back"
+                time.sleep(0.05)
+        publisher.send_signal(signal.SIGINT)
+        assert publisher.wait(timeout=30) == 130
+        said = publisher.stderr.read().decode()
+    finally:
+        publisher.kill()
+        publisher.wait()
+        publisher.stdin.close()
+        publisher.stderr.close()
+    assert "published 3 messages" in said and "stopped by SIGINT" in said
+    assert "Traceback" not in said
+    assert [d.body for d in drain_all(node, "log")] == [b"line 0", b"line 1", b"line 2"]
