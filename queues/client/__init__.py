@@ -10,21 +10,26 @@ wire vocabulary (``warren.queues.protocol``) and these modules only.
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 from warren.actors.errors import InvalidSpec
 
+from ..errors import NodeNotRunning
 from .connection import Connection
 from .ipc_node import RemoteNode
 from .tcp_node import TcpNode
 
 __all__ = ["Connection", "connect"]
 
+WAIT_POLL_S = 0.2  # how often connect(wait=...) tries a node that is not running yet
+
 
 def connect(
     target: str | os.PathLike[str],
     *,
     key_file: str | os.PathLike[str] | None = None,
+    wait: float = 0.0,
     **options: Any,
 ) -> Connection:
     """A connection to a node: ``"tcp://host:5673"`` reaches one listening there (with
@@ -32,7 +37,25 @@ def connect(
     node running on that data directory on this machine (in the node's own process, use
     ``node.connect()``). ``NodeNotRunning`` when none answers. ``options`` go to
     ``Connection`` (``max_in_flight``, ``call_timeout_s`` ...), but ``connect_timeout_s``
-    (10), how long a tcp connect waits for the listener's first answer."""
+    (10), how long a tcp connect waits for the listener's first answer. ``wait``: for up
+    to this many seconds, a node that is not running (yet: starting, recovering, being
+    restarted) is waited for, and the connection made as soon as it serves."""
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            return _connect(target, key_file=key_file, options=dict(options))
+        except NodeNotRunning:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(WAIT_POLL_S)
+
+
+def _connect(
+    target: str | os.PathLike[str],
+    *,
+    key_file: str | os.PathLike[str] | None,
+    options: dict[str, Any],
+) -> Connection:
     if isinstance(target, str) and target.startswith("tcp://"):
         _check_tcp_address(target)
         node = TcpNode(

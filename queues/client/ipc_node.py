@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -37,6 +38,8 @@ __all__ = [
 NODE_FILE = "node.json"  # in the data directory: the node's control socket
 ALARMS_FILE = "alarms.json"  # in the data directory: the resource alarms raised now
 CALL_TIMEOUT_MS = 60_000
+CONNECT_TIMEOUT_MS = 5_000  # how long a new connection waits for the node's first answer
+LIVENESS_CHECK_S = 0.25  # how often a call waiting for its answer looks whether the node lives
 
 
 class RemoteNode(NodeCalls):
@@ -54,15 +57,24 @@ class RemoteNode(NodeCalls):
         if endpoint is not None:
             self.endpoint = endpoint
             return
+        self.pid: int | None = None
         try:
             with open(os.path.join(self.data_dir, NODE_FILE)) as file:
-                self.endpoint = json.load(file)["status_endpoint"]
-        except (OSError, ValueError, KeyError) as exc:
+                found = json.load(file)
+            self.endpoint = found["status_endpoint"]
+            self.pid = found.get("pid")
+        except (OSError, ValueError, KeyError, TypeError) as exc:
             raise NodeNotRunning(
                 f"no node is running on {self.data_dir} ({exc}); start "
                 f"one with `warren node --data-dir {self.data_dir}`"
             ) from None
-        self.list_queues()  # fail now, not at the first publish
+        # Fail now, not at the first publish; and within seconds: a node that is alive but
+        # does not answer yet is starting (recovering), which connect(wait=...) waits for.
+        self.timeout_ms = min(timeout_ms, CONNECT_TIMEOUT_MS)
+        try:
+            self.list_queues()
+        finally:
+            self.timeout_ms = timeout_ms
 
     def queue(self, name: str) -> ActorRef:
         return ActorRef(**self._call("queue", name=name))
@@ -71,12 +83,28 @@ class RemoteNode(NodeCalls):
         return read_alarms(self.data_dir)
 
     def _call(self, op: str, **args: Any) -> Any:
+        """One request on the node's control socket. While it waits, it looks every
+        ``LIVENESS_CHECK_S`` whether the node's process still lives: a node killed before
+        or during the call (a node file left by a SIGKILLed node names a dead pid) is
+        ``NodeNotRunning`` at once, not after the call's whole timeout."""
         socket: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.REQ)
         socket.linger = 0
-        socket.rcvtimeo = socket.sndtimeo = self.timeout_ms
+        socket.sndtimeo = self.timeout_ms
+        deadline = time.monotonic() + self.timeout_ms / 1000
         try:
             socket.connect(self.endpoint)
             socket.send_multipart([b"call", json.dumps({"op": op, "args": args}).encode()])
+            while not socket.poll(int(LIVENESS_CHECK_S * 1000)):
+                if not self._alive():
+                    raise NodeNotRunning(
+                        f"the node on {self.data_dir} is not running (its pid {self.pid} is "
+                        f"gone); start it with `warren node --data-dir {self.data_dir}`"
+                    )
+                if time.monotonic() >= deadline:
+                    raise NodeNotRunning(
+                        f"the node on {self.data_dir} (pid {self.pid}) did not answer "
+                        f"{op} within {self.timeout_ms / 1000:g} s"
+                    )
             answer = json.loads(socket.recv())
         except zmq.ZMQError as exc:
             raise NodeNotRunning(f"the node on {self.data_dir} does not answer ({exc})") from None
@@ -85,6 +113,17 @@ class RemoteNode(NodeCalls):
         if "error" in answer:
             raise local_error(str(answer["error"]), str(answer.get("message", "")))
         return answer["ok"]
+
+    def _alive(self) -> bool:
+        if self.pid is None:
+            return True  # a node file without a pid: the call's timeout decides
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            pass  # another user's process by that pid
+        return True
 
 
 def write_alarms(data_dir: str, active: Iterable[str]) -> None:

@@ -2,10 +2,12 @@
 consume with acks, durable declarations, and what survives when a queue, a consumer or
 the persistent store is killed."""
 
+import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -24,7 +26,7 @@ from warren.queues import (
     Unroutable,
     encode,
 )
-from warren.queues.errors import ConnectionClosed
+from warren.queues.errors import ConnectionClosed, NodeNotRunning
 from warren.queues.protocol import Fetch, Publish, QueueStats
 from warren.supervisor import Node
 
@@ -527,3 +529,44 @@ def test_repeats_found_among_recovered_messages_count_as_taken(data_dir):
         )
         stats = connection.queue_stats("orders")
         assert (stats["len"], stats["repeats_dropped"]) == (1500, 1000)
+
+
+def test_a_node_file_left_by_a_killed_node_is_not_running_at_once(tmp_path):
+    """A node killed with SIGKILL leaves its node file naming a dead pid: a client learns
+    NodeNotRunning within a second, not after the call's 60 s timeout."""
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (data_dir / "node.json").write_text(
+        json.dumps({"pid": dead.pid, "status_endpoint": f"ipc://{tmp_path}/gone"})
+    )
+    started = time.monotonic()
+    with pytest.raises(NodeNotRunning, match=f"its pid {dead.pid} is gone"):
+        connect(data_dir)
+    assert time.monotonic() - started < 2.0
+
+
+def test_a_client_waiting_for_a_node_is_served_as_soon_as_it_starts(tmp_path):
+    data_dir = tmp_path / "data"
+    started = threading.Event()
+    nodes = []
+
+    def start_later():
+        time.sleep(1.0)
+        nodes.append(Node(data_dir))
+        started.set()
+
+    starter = threading.Thread(target=start_later)
+    starter.start()
+    try:
+        with pytest.raises(NodeNotRunning):
+            connect(data_dir)  # not yet, and no wait: at once
+        with connect(data_dir, wait=60) as connection:
+            assert started.is_set()
+            connection.declare_queue("orders")
+            assert connection.list_queues() == ["orders"]
+    finally:
+        starter.join()
+        for node in nodes:
+            node.close()
