@@ -20,6 +20,7 @@ connection hands back the rest; the caller exits 130, as an interrupted node doe
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import select
@@ -27,6 +28,7 @@ import signal
 import stat
 import struct
 import termios
+from collections.abc import Iterator
 from types import FrameType, TracebackType
 from typing import BinaryIO
 
@@ -42,19 +44,33 @@ class Stopped(Exception):
 
 class StopSignals:
     """A context in which SIGINT, SIGTERM and SIGHUP set ``received`` instead of
-    stopping the process; with ``interrupt``, they also raise ``Stopped`` where the
-    process stands (a read of stdin waiting for the next line, say). The previous handlers
-    come back on exit."""
+    stopping the process; inside ``interrupting()`` (a read of stdin waiting for the next
+    line, say) they also raise ``Stopped`` where the process stands. Elsewhere the caller
+    checks ``stop_if_received()`` between steps, so a publish waiting for its confirm is
+    never cut off in doubt. The previous handlers come back on exit."""
 
-    def __init__(self, interrupt: bool = False) -> None:
+    def __init__(self) -> None:
         self.received: int | None = None
-        self._interrupt = interrupt
+        self._interruptible = False
         self._previous: dict[int, object] = {}
 
     def _note(self, number: int, frame: FrameType | None) -> None:
         self.received = number
-        if self._interrupt:
+        if self._interruptible:
             raise Stopped(signal.Signals(number).name)
+
+    def stop_if_received(self) -> None:
+        if self.received is not None:
+            raise Stopped(signal.Signals(self.received).name)
+
+    @contextlib.contextmanager
+    def interrupting(self) -> Iterator[None]:
+        self.stop_if_received()
+        self._interruptible = True
+        try:
+            yield
+        finally:
+            self._interruptible = False
 
     def __enter__(self) -> StopSignals:
         for number in _STOP_SIGNALS:

@@ -301,18 +301,19 @@ def _publish(connection: Connection, args: argparse.Namespace) -> int:
         )
         in_doubt = 0
 
-    with StopSignals(interrupt=True):
+    with StopSignals() as stop:
         try:
             if args.count is not None:
-                for batch in _generated(args.count, parse_size(args.size, "--size")):
-                    send(batch)
+                batches = _generated(args.count, parse_size(args.size, "--size"))
             else:
-                for batch in _line_batches(sys.stdin.buffer.fileno()):
-                    send(batch)
-        except Stopped as stop:
+                batches = _line_batches(sys.stdin.buffer.fileno(), stop)
+            for batch in batches:
+                send(batch)
+                stop.stop_if_received()
+        except Stopped as stopped:
             progress.done()
             doubt = f"; {counted(in_doubt, 'message')} in doubt (publish again)" if in_doubt else ""
-            print(f"warren: stopped by {stop}{doubt}", file=sys.stderr)
+            print(f"warren: stopped by {stopped}{doubt}", file=sys.stderr)
             return EXIT_INTERRUPTED
     progress.done()
     return EXIT_OK
@@ -328,11 +329,16 @@ def _generated(count: int, size: int) -> Iterator[list[bytes]]:
         ]
 
 
-def _line_batches(fd: int) -> Iterator[list[bytes]]:
+def _line_batches(fd: int, stop: StopSignals) -> Iterator[list[bytes]]:
     """The lines read from ``fd``, a batch per read (what had arrived), at most
-    ``PUBLISH_BATCH`` each; a last line without its newline too."""
+    ``PUBLISH_BATCH`` each; a last line without its newline too. A stop signal ends a
+    read that waits for the next line."""
     pending = b""
-    while chunk := os.read(fd, READ_BYTES):
+    while True:
+        with stop.interrupting():
+            chunk = os.read(fd, READ_BYTES)
+        if not chunk:
+            break
         *lines, pending = (pending + chunk).split(b"\n")
         for start in range(0, len(lines), PUBLISH_BATCH):
             yield lines[start : start + PUBLISH_BATCH]
