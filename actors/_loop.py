@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import collections
 import errno
+import functools
 import heapq
 import itertools
 import logging
@@ -88,6 +89,7 @@ from .exitcodes import (
     EXIT_TERMINATED,
 )
 from .messages import Down, Exit, Pong
+from .peers import PeerWatch
 from .process import drain_wake_pipe
 from .ref import ActorRef
 
@@ -179,6 +181,7 @@ class ActorLoop:
         self._current_ask: tuple[bytes, int] | None = None
         self._deferred: _Deferred | None = None
         self._delivered_since_idle = False
+        self._peers: PeerWatch | None = None
         self.counters = {
             "received": 0,
             "batches": 0,
@@ -248,6 +251,10 @@ class ActorLoop:
             self.actor = order.actor_class(*order.args, **order.kwargs)
             self.actor.ref = self.ref
             self.actor._services = self
+            if order.address.startswith("ipc://") and (
+                type(self.actor).on_peer_gone is not ProcessActor.on_peer_gone
+            ):
+                self._peers = PeerWatch(self._data)
             started = True
             self.actor.on_start()
         except Exception as exc:
@@ -270,6 +277,9 @@ class ActorLoop:
         poller.register(self._control, zmq.POLLIN)
         poller.register(self._data, zmq.POLLIN)
         poller.register(self._wake_read, zmq.POLLIN)
+        peers = self._peers
+        if peers is not None:
+            poller.register(peers.events, zmq.POLLIN)
         control, data = self._control, self._data
         while not self._stopping:
             events = dict(poller.poll(self._poll_timeout_ms()))
@@ -285,7 +295,9 @@ class ActorLoop:
                     break
             if self._wake_read in events or self._posted:
                 self._run_posted()
-            if data in events or self._injected:
+            if peers is not None and peers.events in events:
+                peers.read_events()
+            if data in events or self._injected or (peers is not None and peers.has_gone):
                 self._drain_data()
             elif self._delivered_since_idle:
                 self._delivered_since_idle = False
@@ -390,6 +402,10 @@ class ActorLoop:
         if empty and self._delivered_since_idle and not self._stopping:
             self._delivered_since_idle = False
             self._guard(self.actor.on_idle)
+        if empty and self._peers is not None and self._peers.has_gone and not self._stopping:
+            # only now: everything a gone peer sent before its end has been handled
+            for pid in self._peers.take_gone():
+                self._guard(functools.partial(self.actor.on_peer_gone, pid))
 
     def _refuse_oversized(self, identity: bytes, frames: list[Any]) -> None:
         self.counters["oversized"] += 1
@@ -621,6 +637,8 @@ class ActorLoop:
                 self.reply(frames[0], wire.REPLY_ERROR, request_id, _describe(gone))
             else:
                 self.counters["dropped_at_stop"] += 1
+        if self._peers is not None:
+            self._peers.close()
         if self.counters["dropped_at_stop"]:
             logger.warning(
                 "%s: %d messages were still queued at stop",
@@ -676,6 +694,9 @@ class ActorLoop:
 
     def register(self, name: str) -> None:
         self._node.register(name, self.ref)
+
+    def peer_connected(self, pid: int) -> bool | None:
+        return None if self._peers is None else self._peers.connected(pid)
 
 
 _NO_ANSWER = object()

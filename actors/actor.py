@@ -18,6 +18,11 @@ thread, one at a time:
   ``on_failure`` runs and the process exits with ``EXIT_CRASHED``.
 - ``on_idle()`` runs whenever the loop has drained its mailbox after delivering messages
   (the moment for a store to flush its group commit).
+- ``on_peer_gone(pid)`` runs when the last connection process ``pid`` held to the data
+  mailbox closed, after everything it sent was handled (``warren.actors.peers``: only
+  for ``ipc://`` mailboxes, and only for actors that override it). The pid may name a
+  process that ended, is a zombie, or is a new process under a reused pid: look before
+  acting.
 - ``on_alarm(resource, raised)`` runs when the node raises or clears a resource alarm
   (``ActorRef.alarm``, sent on the control channel: a busy actor hears it between batches).
 - ``on_stop()`` runs on a requested stop, a SIGTERM or SIGHUP, or a linked actor's death,
@@ -28,7 +33,8 @@ thread, one at a time:
 
 Services the loop offers to the actor's code: ``self.ref`` (its own ref), ``defer_reply``
 (answer an ask later, from any thread), ``call_later``, ``stop``, ``monitor``/``demonitor``
-(a ``Down`` arrives as a message), ``link``, ``whereis``/``register`` (the node's registry).
+(a ``Down`` arrives as a message), ``link``, ``whereis``/``register`` (the node's registry),
+``peer_connected`` (whether a process still holds a connection to the mailbox).
 
 Class attributes tune the mailbox: ``mailbox_size`` (messages queued per sender before the
 sender is pushed back), ``max_batch`` (messages drained per loop pass; control messages
@@ -78,6 +84,8 @@ class ActorServices(Protocol):
 
     def unhandled(self, message: Any, error: UnhandledMessage) -> None: ...
 
+    def peer_connected(self, pid: int) -> bool | None: ...
+
 
 class ProcessActor:
     """Subclass this and ``spawn`` it into its own OS process (see the module docstring)."""
@@ -119,6 +127,10 @@ class ProcessActor:
 
     def on_idle(self) -> None:
         """Called after the loop delivered messages and found the mailbox empty."""
+
+    def on_peer_gone(self, pid: int) -> None:
+        """Process ``pid`` closed its last connection to this actor's mailbox, and all it
+        sent has been handled (see the module docstring)."""
 
     def on_alarm(self, resource: str, raised: bool) -> None:
         """A resource alarm of the node was raised or cleared (``resource`` is "memory" or
@@ -174,6 +186,12 @@ class ProcessActor:
     def register(self, name: str) -> None:
         """Register this actor under ``name`` in the node's registry."""
         self._require_services().register(name)
+
+    def peer_connected(self, pid: int) -> bool | None:
+        """Whether process ``pid`` holds a connection to this actor's mailbox; None when
+        this actor does not watch its peers (it does not override ``on_peer_gone``, or
+        its mailbox is not ``ipc://``)."""
+        return self._require_services().peer_connected(pid)
 
     def _require_services(self) -> ActorServices:
         services = getattr(self, "_services", None)

@@ -35,9 +35,15 @@ A message of another type, or whose fields are not what this list says, raises
 ``UnhandledMessage`` before anything of it is applied (an ask gets it as its error; a
 tell is logged and counted): a stray or hostile message never restarts a queue.
 
-Consumers: every ``consumer_check_s`` the queue looks whether each consumer's process is
-still alive (its pid, and the process's start time, against pid reuse) and requeues
-what a dead one held: a consumer SIGKILLed mid-flight loses nothing.
+Consumers: a consumer's deliveries go back to the queue, flagged redelivered, when its
+process has ended: as soon as the process's last connection to this mailbox closes
+(``on_peer_gone``: the kernel closes a dead process's sockets, so a zombie or a process
+whose pid was reused since counts as ended at once), and, as a backstop, when a check
+every ``consumer_check_s`` finds the process gone (no such pid, another process's start
+time under it, or a zombie) with no connection left open. A consumer SIGKILLed
+mid-flight loses nothing, and an ack that reached this mailbox before the consumer's
+end is applied before its deliveries are requeued, so a message acked by a consumer
+that then died is never delivered again.
 
 Policies, from the queue's definition: ``message_ttl_ms`` (and a publish's own
 ``expiration_ms``, the shorter wins) expires messages at the head, every
@@ -596,17 +602,26 @@ class QueueActor(ProcessActor):
 
     # ------------------------------------------------------------------ timers
 
+    def on_peer_gone(self, pid: int) -> None:
+        self._release_ended(lambda owner_pid: owner_pid == pid)
+
     def _check_consumers(self) -> None:
+        # a process whose connection is still open may have acks on their way in: its
+        # end is handled when that connection closes (on_peer_gone)
+        self._release_ended(lambda pid: not self.peer_connected(pid))
+        self.call_later(self.consumer_check_s, self._check_consumers)
+
+    def _release_ended(self, candidate: Callable[[int], bool]) -> None:
+        """Requeue what the consumers of ended processes held, among ``candidate`` pids."""
         for consumer, (pid, started) in list(self._owners.items()):
-            if _started(pid) != started:
+            if candidate(pid) and _started(pid) != started:
                 log.info(
-                    "queue %s: consumer process %d is gone; requeueing %d deliveries",
+                    "queue %s: consumer process %d has ended; requeueing %d deliveries",
                     self.queue_name,
                     pid,
                     len(self._held.get(consumer, ())),
                 )
                 self._release(Release(consumer))
-        self.call_later(self.consumer_check_s, self._check_consumers)
 
     def _update_rates(self) -> None:
         if not self._deleted:
@@ -619,9 +634,13 @@ def _now_ms() -> int:
 
 
 def _started(pid: int) -> float:
-    """The process's start time; 0.0 when it does not exist (so a reused pid differs)."""
+    """The process's start time; 0.0 when it does not exist or has ended unreaped (a
+    zombie), so that an ended process, and a new one under its pid, differ from it."""
     try:
-        return psutil.Process(pid).create_time()
+        process = psutil.Process(pid)
+        if process.status() == psutil.STATUS_ZOMBIE:
+            return 0.0
+        return process.create_time()
     except psutil.Error:
         return 0.0
 

@@ -18,8 +18,9 @@ holding at most N deliveries unacked. Every delivery awaiting an ack is this
 connection's; ``Delivery.ack``, ``nack`` and ``reject`` settle it (``multiple=True``
 settles every earlier one the connection holds from that queue too). Settles are sent
 without waiting (the connection checks its tags itself). A connection that
-closes hands its unacked deliveries back to their queues; one whose process dies has
-them requeued by the queue within a few seconds (it checks its consumers' processes).
+closes hands its unacked deliveries back to their queues before ``close`` returns; one
+whose process ends (killed, or a zombie not reaped yet) has them requeued by the queue as
+soon as the kernel closes its sockets, after the acks it sent before it ended.
 
 Errors (``warren.queues.errors``): ``NotFound`` for an unknown queue, ``Nacked`` for a
 publish the queue did not confirm (it was deleted, or it restarted with the message in
