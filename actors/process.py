@@ -6,6 +6,9 @@ that a SIGKILLed parent never leaves an orphan running. The race it guards again
 parent dying between the fork and the ``prctl`` call; the returned flag tells the caller to
 exit at once in that case.
 
+``process_exists`` says whether a pid names a running process: a process that ended but
+is not reaped yet (a zombie) does not run, and another user's process does.
+
 ``drain_wake_pipe`` empties the self-pipe a thread writes to when it queues work for a loop
 that polls sockets (an actor's loop, the listener's gateway): the bytes carry no meaning, only
 "look at the queue", so they are read and dropped until the pipe is empty.
@@ -16,7 +19,7 @@ import os
 import signal
 import sys
 
-__all__ = ["die_with_parent", "drain_wake_pipe"]
+__all__ = ["die_with_parent", "drain_wake_pipe", "process_exists"]
 
 _PR_SET_PDEATHSIG = 1  # prctl option: the signal a process receives when its parent exits
 
@@ -36,3 +39,26 @@ def drain_wake_pipe(fd: int) -> None:
             pass
     except BlockingIOError:
         pass  # drained
+
+
+def process_exists(pid: int) -> bool:
+    """Whether process ``pid`` runs; a zombie does not (see the module docstring)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat_file:
+            stat = stat_file.read()
+    except FileNotFoundError:
+        return not os.path.isdir("/proc/self") and _signalable(pid)
+    except OSError:
+        return _signalable(pid)
+    # "pid (command) state ...": the command may hold spaces and parentheses
+    return stat[stat.rindex(b")") + 2 : stat.rindex(b")") + 3] != b"Z"
+
+
+def _signalable(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -10,7 +10,9 @@ same queue cannot deadlock it. A publish the exchange routes nowhere is confirme
 message dropped (as RabbitMQ does); one that is nacked is dropped and logged.
 
 At most ``MAX_PENDING`` dead messages are in flight; beyond that ``room()`` is 0 and the
-queue leaves its expired messages in place until the next round.
+queue leaves its expired messages in place until the next round. ``room()`` is 0 too
+while the node is starting (it serves no calls yet, and a queue recovers while the node
+starts): expired messages wait, rather than the queue crashing on its first expiry.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import time
 
 from ..client.connection import Confirm, Connection
 from ..client.ipc_node import RemoteNode
-from ..errors import Nacked
+from ..errors import Nacked, NodeNotRunning
 from ..message import decode
 
 __all__ = ["DeadLetters"]
@@ -41,6 +43,11 @@ class DeadLetters:
         self.counters = {"dead_lettered": 0, "dead_letters_nacked": 0}
 
     def room(self) -> int:
+        if self._connection is None:
+            try:
+                self._connection = Connection(RemoteNode(self.data_dir))
+            except NodeNotRunning:
+                return 0
         return max(0, MAX_PENDING - len(self._pending))
 
     def send(self, dead: list[tuple[int, bytes]], reason: str) -> None:

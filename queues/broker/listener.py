@@ -70,7 +70,7 @@ from warren.actors import ProcessActor, UnhandledMessage, message, wire
 from warren.actors.codec import Decoder, Encoder, find_unknown
 from warren.actors.errors import CodecError
 from warren.actors.exitcodes import EXIT_CRASHED
-from warren.actors.process import drain_wake_pipe
+from warren.actors.process import drain_wake_pipe, process_exists
 
 from .. import errors
 from ..client.ipc_node import RemoteNode, read_alarms
@@ -485,11 +485,7 @@ class _Gateway:
             return [True, self.boot]  # between incarnations: wait on
         if ref.incarnation != incarnation:
             return [False, self.boot]
-        try:
-            os.kill(ref.pid, 0)
-        except ProcessLookupError:
-            return [False, self.boot]
-        return [True, self.boot]
+        return [process_exists(ref.pid), self.boot]
 
     def _in_pool(
         self, client: bytes, request_id: int, function: Callable[..., Any], *args: Any

@@ -40,6 +40,7 @@ from typing import Any, Literal
 
 from warren.actors import ActorDeadError, ActorError, ActorRef, AskTimeout, RemoteError
 from warren.actors.flow import MAX_IN_FLIGHT, MAX_IN_FLIGHT_BYTES, CreditWindow
+from warren.actors.process import process_exists
 
 from .. import errors
 from ..errors import ConnectionClosed, Nacked, QueueError, local_error
@@ -777,12 +778,8 @@ def _alive(ref: QueueRef, future: Any) -> bool:
     if isinstance(ref, RemoteQueue):
         return ref.alive(future)  # the listener looks, on the node's machine
     assert isinstance(ref, ActorRef), "a queue ref is an ActorRef or a RemoteQueue"
-    try:
-        os.kill(ref.pid, 0)  # the node runs on this machine
-    except ProcessLookupError:
+    if not process_exists(ref.pid):  # the node runs on this machine
         return False
-    except PermissionError:
-        pass  # alive, another user's: the ping decides
     try:
         return ref.unpin().ping(timeout=RESTART_CHECK_S).incarnation == ref.incarnation
     except ActorError:

@@ -22,6 +22,7 @@ from typing import Any
 import zmq
 
 from warren.actors import ActorRef
+from warren.actors.process import process_exists
 
 from ..errors import NodeNotRunning, local_error
 from ..protocol import NodeCalls
@@ -117,13 +118,7 @@ class RemoteNode(NodeCalls):
     def _alive(self) -> bool:
         if self.pid is None:
             return True  # a node file without a pid: the call's timeout decides
-        try:
-            os.kill(self.pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            pass  # another user's process by that pid
-        return True
+        return process_exists(self.pid)
 
 
 def write_alarms(data_dir: str, active: Iterable[str]) -> None:

@@ -72,6 +72,7 @@ LOCK_FILE = ".lock"
 MAGIC = b"WQIX"
 VERSION = 1
 SLOT_BYTES = 48
+SLOT_PRESENT = 1  # a slot's status byte: an entry is there
 _SLOT = struct.Struct(">BBHIQ16sQ4x")  # the 44 bytes the slot's CRC covers
 _CRC = struct.Struct(">I")
 _EMPTY_SLOT = bytes(SLOT_BYTES)
@@ -106,7 +107,7 @@ def pack_slot(
 ) -> bytes:
     """The 48 bytes of an entry's slot."""
     body = _SLOT.pack(
-        1,
+        SLOT_PRESENT,
         (_PERSISTENT if persistent else 0) | (_SHARED if shared else 0),
         0,
         size,
@@ -121,12 +122,18 @@ def unpack_slot(seq_id: int, slot: bytes) -> Entry:
     """The entry in ``slot``, which the caller has seen is present (its status byte is not
     0); ValueError if torn."""
     body = slot[:44]
-    if slot[0] != 1 or _CRC.unpack_from(slot, 44)[0] != zlib.crc32(body):
+    if slot[0] != SLOT_PRESENT or _CRC.unpack_from(slot, 44)[0] != zlib.crc32(body):
         raise ValueError("torn slot")
     _, flags, _, size, expiry, msg_id, offset = _SLOT.unpack(body)
     return Entry(
         seq_id, msg_id, bool(flags & _SHARED), offset, size, bool(flags & _PERSISTENT), expiry
     )
+
+
+def present_slot_count(data: bytes) -> int:
+    """How many whole slots of a segment file's ``data`` say present (torn ones too)."""
+    end = len(data) - (len(data) - HEADER_BYTES) % SLOT_BYTES
+    return data[HEADER_BYTES:end:SLOT_BYTES].count(SLOT_PRESENT)
 
 
 def segment_header(segment: int, entry_count: int) -> bytes:

@@ -23,7 +23,14 @@ import logging
 import os
 from collections.abc import Iterable, Iterator
 
-from .queue_index import HEADER_BYTES, INDEX_SUFFIX, SLOT_BYTES, unpack_slot, usable_entry_count
+from .queue_index import (
+    HEADER_BYTES,
+    INDEX_SUFFIX,
+    SLOT_BYTES,
+    present_slot_count,
+    unpack_slot,
+    usable_entry_count,
+)
 from .segments import segment_numbers
 from .variable_queue import TERMS_FILE
 
@@ -31,6 +38,7 @@ __all__ = [
     "QUEUES_DIR",
     "QueueRefCounts",
     "node_clean_clients",
+    "node_message_count",
     "node_ref_counts",
     "walk_ref_counts",
 ]
@@ -53,37 +61,46 @@ class QueueRefCounts:
             yield from self._walk(directory)
 
     def _walk(self, directory: str) -> Iterator[tuple[bytes, int]]:
-        try:
-            dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-        except FileNotFoundError:
-            return
-        try:
-            for segment in segment_numbers(dir_fd, INDEX_SUFFIX):
-                with open(
-                    f"{segment}{INDEX_SUFFIX}",
-                    "rb",
-                    opener=lambda name, flags: os.open(name, flags, dir_fd=dir_fd),
-                ) as f:
-                    data = f.read()
-                count = usable_entry_count(data, segment)
-                if count is None:  # the queue's own recovery deletes this segment
+        for first, data in _usable_segments(directory, self):
+            for at in range(HEADER_BYTES, len(data) - SLOT_BYTES + 1, SLOT_BYTES):
+                if data[at] == 0:
+                    continue
+                try:
+                    entry = unpack_slot(
+                        first + (at - HEADER_BYTES) // SLOT_BYTES, data[at : at + SLOT_BYTES]
+                    )
+                except ValueError:
                     self.skipped += 1
                     continue
-                first = segment * count
-                for at in range(HEADER_BYTES, len(data) - SLOT_BYTES + 1, SLOT_BYTES):
-                    if data[at] == 0:
-                        continue
-                    try:
-                        entry = unpack_slot(
-                            first + (at - HEADER_BYTES) // SLOT_BYTES, data[at : at + SLOT_BYTES]
-                        )
-                    except ValueError:
-                        self.skipped += 1
-                        continue
-                    if entry.persistent and entry.shared:
-                        yield entry.msg_id, 1
-        finally:
-            os.close(dir_fd)
+                if entry.persistent and entry.shared:
+                    yield entry.msg_id, 1
+
+
+def _usable_segments(
+    directory: str, counts: QueueRefCounts | None = None
+) -> Iterator[tuple[int, bytes]]:
+    """(first seq id, file contents) of each index segment of ``directory`` that the
+    queue's own recovery keeps; a skipped one is counted in ``counts.skipped``."""
+    try:
+        dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    except FileNotFoundError:
+        return
+    try:
+        for segment in segment_numbers(dir_fd, INDEX_SUFFIX):
+            with open(
+                f"{segment}{INDEX_SUFFIX}",
+                "rb",
+                opener=lambda name, flags: os.open(name, flags, dir_fd=dir_fd),
+            ) as f:
+                data = f.read()
+            count = usable_entry_count(data, segment)
+            if count is None:  # the queue's own recovery deletes this segment
+                if counts is not None:
+                    counts.skipped += 1
+                continue
+            yield segment * count, data
+    finally:
+        os.close(dir_fd)
 
 
 def walk_ref_counts(queue_directories: Iterable[str | os.PathLike]) -> QueueRefCounts:
@@ -106,6 +123,16 @@ def node_clean_clients(data_dir: str) -> frozenset[bytes] | None:
     queue indexes); None when the node has no queues."""
     directories = _queue_directories(data_dir)
     return QueueRefCounts(directories).client_refs if directories else None
+
+
+def node_message_count(data_dir: str) -> int:
+    """How many messages the node's queue indexes hold (present slots of usable
+    segments, torn ones included): what a node that is starting recovers, about."""
+    return sum(
+        present_slot_count(data)
+        for directory in _queue_directories(data_dir)
+        for _first, data in _usable_segments(directory)
+    )
 
 
 def _queue_directories(data_dir: str) -> list[str]:

@@ -57,7 +57,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..errors import UsageError
-from ..tables import Column, format_table, strict_json
+from ..tables import Column, counted, format_table, strict_json
 from .queues import add_queue_commands
 from .sizes import parse_size
 
@@ -342,14 +342,16 @@ def format_status(status: dict) -> str:
         for i, child in enumerate(children):
             walk(child, inner, i == len(children) - 1, False)
 
+    state = status["state"]
+    if state == "starting":
+        state += f" (recovering {counted(status['recovering'], 'message')})"
+    lines = textwrap.wrap(
+        f"node {status['node']} (pid {status['pid']}): {state}; alarms: {alarms}", 80
+    )
+    lines += textwrap.wrap(f"data directory: {status['data_dir']}", 80, subsequent_indent="  ")
     if status.get("tree"):
         walk(status["tree"], "", True, True)
-    lines = textwrap.wrap(
-        f"node {status['node']} (pid {status['pid']}) on "
-        f"{status['data_dir']}: {status['state']}; alarms: {alarms}",
-        80,
-    )
-    lines.append(format_table(_STATUS_COLUMNS, rows))
+        lines.append(format_table(_STATUS_COLUMNS, rows))
     for name, figures in status.get("stores", {}).items():
         if figures is None:
             lines.append(f"{name}: not answering")

@@ -79,6 +79,7 @@ import zmq
 
 from warren.actors import ActorError, ActorRef
 from warren.actors import Node as ActorNode
+from warren.actors.process import process_exists
 from warren.queues.broker.definitions import (
     Definitions,
     ExchangeDefinition,
@@ -93,8 +94,12 @@ from warren.queues.broker.listener import (
 from warren.queues.broker.queue_actor import QueueActor
 from warren.queues.client.connection import Connection
 from warren.queues.client.ipc_node import NODE_FILE, write_alarms
-from warren.queues.engine.ref_counts import node_clean_clients, node_ref_counts
-from warren.queues.errors import NotFound, QueueDown, QueueError
+from warren.queues.engine.ref_counts import (
+    node_clean_clients,
+    node_message_count,
+    node_ref_counts,
+)
+from warren.queues.errors import NodeNotRunning, NotFound, QueueDown, QueueError
 from warren.queues.protocol import NODE_CALLS, DeleteQueue, QueueDefinition, check_name
 from warren.store.engine.message_store import FILE_SIZE_LIMIT_BYTES
 from warren.store.gc_actor import GCActor
@@ -104,6 +109,7 @@ from warren.store.store_actor import MessageStoreActor
 from ..errors import InvalidSpec, NodeLocked, SupervisorError
 from ..specs import STORE_SHUTDOWN_S, ChildSpec, SupervisorFlags, SupervisorSpec
 from ..supervisor import Supervisor
+from ..tables import counted
 from .alarms import AlarmLimits, ResourceMonitor
 
 log = logging.getLogger("warren.node")
@@ -197,6 +203,7 @@ class Node:
         self.failed = threading.Event()
         self._stop_wanted = threading.Event()  # a stop signal arrived, or the root failed
         self._closing = threading.Event()
+        self._started = threading.Event()  # the whole tree is up: calls are served
         self.counters = {"malformed_status_requests": 0, "refused_control_calls": 0}
         self.actors: ActorNode | None = None
         self.listen_endpoint: str | None = None  # where remote clients connect
@@ -230,6 +237,16 @@ class Node:
                 for store in STORES
             )
             self.status_endpoint = f"ipc://{self.actors.runtime_dir}/status"
+            self.alarms = ResourceMonitor(self.data_dir, self.limits, self._pids)
+            # Answer from the start: `warren status` says the node is starting, and a
+            # client's call is told so at once (connect(wait=...) waits for the start).
+            status_socket: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.ROUTER)
+            self._status_socket = status_socket
+            status_socket.linger = 0
+            status_socket.router_mandatory = 1
+            status_socket.bind(self.status_endpoint)
+            self._start_thread(self._serve_status, "warren-status")
+            self._write_node_file()
             listener = (
                 ()
                 if listen is None
@@ -268,23 +285,13 @@ class Node:
                 ),
             )
             self.root = Supervisor(self.actors, spec, on_failure=self._root_failed).start()
-            self.alarms = ResourceMonitor(self.data_dir, self.limits, self._pids)
-            status_socket: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.ROUTER)
-            self._status_socket = status_socket
-            status_socket.linger = 0
-            status_socket.router_mandatory = 1
-            status_socket.bind(self.status_endpoint)
-            self._threads = [
-                threading.Thread(target=self._watch_resources, daemon=True, name="warren-alarms"),
-                threading.Thread(target=self._serve_status, daemon=True, name="warren-status"),
-            ]
-            for thread in self._threads:
-                thread.start()
+            self._start_thread(self._watch_resources, "warren-alarms")
             if listen is not None:
                 listener_ref = self.actors.whereis(LISTENER_NAME)
                 assert listener_ref is not None, "the tree has just started the listener"
                 self.listen_endpoint = listener_ref.ask(ListenerStats())["endpoint"]
             write_alarms(self.data_dir, self.alarms.active)
+            self._started.set()
             self._write_node_file()
         except BaseException:
             self.close()
@@ -483,6 +490,15 @@ class Node:
     def status(self) -> dict[str, Any]:
         """The tree (pid, state, restarts, RSS, CPU of every actor), the stores' figures,
         each queue's state and the alarms."""
+        if not self._started.is_set():
+            return {
+                "node": self.name,
+                "pid": os.getpid(),
+                "data_dir": self.data_dir,
+                "state": "starting",
+                "recovering": node_message_count(self.data_dir),
+                "alarms": sorted(self.alarms.active),
+            }
         return {
             "node": self.name,
             "pid": os.getpid(),
@@ -580,6 +596,11 @@ class Node:
 
     def _supervisor(self, child_id: str) -> Supervisor:
         return self._tree.child_supervisor(child_id)
+
+    def _start_thread(self, target: Callable[[], None], name: str) -> None:
+        thread = threading.Thread(target=target, daemon=True, name=name)
+        self._threads.append(thread)
+        thread.start()
 
     def _pids(self) -> list[int]:
         pids = [os.getpid()]
@@ -684,6 +705,12 @@ class Node:
             op, args = call["op"], call.get("args", {})
             if op not in NODE_CALLS or not isinstance(args, dict):
                 raise ValueError(f"no call {op!r}; the calls are {sorted(NODE_CALLS)}")
+            if not self._started.is_set():
+                raise NodeNotRunning(
+                    f"the node on {self.data_dir} is starting (recovering "
+                    f"{counted(node_message_count(self.data_dir), 'message')}); "
+                    f"connect(wait=...) waits for it"
+                )
             result = getattr(self, op)(**args)
             if isinstance(result, ActorRef):
                 result = dataclasses.asdict(result)
@@ -745,6 +772,12 @@ def query_status(data_dir: str | os.PathLike, timeout_ms: int = STATUS_TIMEOUT_M
             info = json.load(f)
     except (OSError, ValueError) as exc:
         raise OSError(f"no node is running on {data_dir} ({exc})") from exc
+    pid = info.get("pid") if isinstance(info, dict) else None
+    if isinstance(pid, int) and not process_exists(pid):
+        raise OSError(
+            f"the node on {data_dir} is not running (stale pid {pid}: it ended without "
+            f"cleaning up); `warren node --data-dir {data_dir}` starts it again"
+        )
     context: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
     socket = context.socket(zmq.REQ)
     socket.linger = 0

@@ -57,6 +57,18 @@ class SlowStarter(Worker):
         time.sleep(self.start_s)
 
 
+class GatedStarter(Worker):
+    """Starts only once the file ``gate`` exists, like a store with much to recover."""
+
+    def __init__(self, gate: str) -> None:
+        super().__init__()
+        self.gate = gate
+
+    def on_start(self) -> None:
+        while not os.path.exists(self.gate):
+            time.sleep(0.02)
+
+
 class FailsToStart(ProcessActor):
     def on_start(self) -> None:
         raise ValueError("cannot start")
@@ -65,3 +77,8 @@ class FailsToStart(ProcessActor):
 def unwatched_worker(data_dir):
     """A tree of one worker with no heartbeat: frozen, it is never replaced."""
     return (ChildSpec("worker", Worker, heartbeat_interval_s=None, heartbeat_timeout_s=None),)
+
+
+def gated_worker(data_dir):
+    """A tree of one worker that starts once ``<data_dir>.gate`` exists."""
+    return (ChildSpec("worker", GatedStarter, (f"{data_dir}.gate",), start_timeout_s=120),)

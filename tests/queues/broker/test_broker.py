@@ -30,6 +30,7 @@ from warren.queues.errors import ConnectionClosed, NodeNotRunning
 from warren.queues.protocol import Fetch, Publish, QueueStats
 from warren.supervisor import Node
 
+from ...supervisor.sample_actors import gated_worker
 from ...waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -389,6 +390,40 @@ def test_expired_rejected_and_dropped_messages_are_dead_lettered_with_their_reas
     ]
     assert dead[0].headers["order"] == 1 and dead[0].headers["x-death"][0]["queue"] == "work"
     wait_for(lambda: connection.queue_stats("work")["depth"] == 4)
+
+
+def test_messages_that_expired_while_the_node_was_down_are_dead_lettered_once_it_has_started(
+    data_dir,
+):
+    with Node(data_dir) as first:
+        first.declare_exchange("dlx", kind="fanout")
+        first.declare_queue("dead")
+        first.bind_queue("dead", "dlx")
+        first.declare_queue("work", dead_letter_exchange="dlx")
+        first.connect().publish_many("work", [b"a", b"b"], expiration_ms=1_000)
+    time.sleep(1.0)  # they expire while no node runs
+    gate = f"{data_dir}.gate"
+    started: list = []
+    # the application's worker holds the start open until the gate file exists, while
+    # the queues, which start before it, already look for expired messages
+    starting = threading.Thread(
+        target=lambda: started.append(Node(data_dir, children=gated_worker(str(data_dir))))
+    )
+    starting.start()
+    try:
+        time.sleep(1.0)  # several expiry rounds of the queue, with the node not serving
+        open(gate, "w").close()
+        starting.join(timeout=120)
+        node = started[0]
+        connection = node.connect()
+        wait_for(lambda: connection.queue_stats("dead")["messages_ready"] == 2)
+        (queue_sup,) = [c for c in node.status()["tree"]["children"] if c["id"] == "queue_sup"]
+        (work_sup,) = [c for c in queue_sup["children"] if c["id"] == "queue_sup work"]
+        assert work_sup["children"][0]["restarts"] == 0
+    finally:
+        starting.join(timeout=120)
+        for running in started:
+            running.close()
 
 
 def test_queue_arguments_are_checked_when_declared(node):

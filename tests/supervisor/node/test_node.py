@@ -7,12 +7,15 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import psutil
 import pytest
 import zmq
 
+from warren import connect
+from warren.queues.errors import NodeNotRunning
 from warren.supervisor import AlarmLimits, ChildSpec, Node, NodeLocked, query_status
 
 from ...waiting import wait_for
@@ -113,6 +116,47 @@ def test_warren_node_and_warren_status_on_the_command_line(tmp_path):
         timeout=30,
     )
     assert gone.returncode == 1 and "no node is running" in gone.stderr
+
+
+def warren_status(data: str, *options: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [*WARREN, "status", "--data-dir", data, *options],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+
+
+def test_status_says_starting_while_a_node_recovers_and_stale_pid_once_it_is_killed(tmp_path):
+    data = str(tmp_path / "data")
+    with Node(data) as first:
+        first.declare_queue("jobs")
+        first.connect().publish_many("jobs", [b"job"] * 5)
+    with warren_node(data, "--children", "tests.supervisor.sample_actors:gated_worker") as node:
+        wait_for(lambda: os.path.exists(os.path.join(data, "node.json")))
+        shown = warren_status(data)
+        assert shown.returncode == 0, shown.stderr
+        assert f"(pid {node.pid}): starting (recovering 5 messages)" in shown.stdout
+        assert json.loads(warren_status(data, "--json").stdout)["state"] == "starting"
+        with pytest.raises(NodeNotRunning, match="is starting"):
+            connect(data)
+        waiting: list = []
+        waiter = threading.Thread(target=lambda: waiting.append(connect(data, wait=60)))
+        waiter.start()
+        open(f"{data}.gate", "w").close()
+        assert node.stdout.readline().startswith("node warren")
+        waiter.join(timeout=60)
+        assert waiting[0].queue_stats("jobs")["messages_ready"] == 5
+        waiting[0].close()
+        assert ": running;" in warren_status(data).stdout
+        node.kill()
+        node.wait()
+    shown = warren_status(data)
+    assert shown.returncode == 1
+    assert shown.stderr.strip().startswith(
+        f"warren: the node on {data} is not running (stale pid {node.pid}"
+    )
 
 
 def test_a_node_process_killed_with_sigkill_leaves_no_actor_behind(node_process, tmp_path):
