@@ -39,8 +39,10 @@ REGISTER = 26
 UNREGISTER = 27
 STOP_ACTOR = 28
 
-# Hard limit of one message, all frames together (bytes); both ends enforce it.
-MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+# Hard limit of one message, all frames together (bytes); both ends enforce it. It leaves
+# room for the largest broker message (128 MiB, RabbitMQ's max_message_size) in one
+# publish with its envelope, so a message the broker takes is never refused down here.
+MAX_MESSAGE_BYTES = 129 * 1024 * 1024
 # Messages a mailbox queues per sender connection before the sender is pushed back. The
 # sender's own queue holds as many again. ZeroMQ counts messages, not bytes: a batch is
 # one message, so this is a safety net, and byte budgets belong to credit flow above it.

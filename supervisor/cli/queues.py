@@ -35,7 +35,8 @@ from collections.abc import Callable, Iterator
 from warren.actors.errors import ActorDeadError
 from warren.queues.client import connect
 from warren.queues.client.connection import Connection, Delivery
-from warren.queues.errors import NodeNotRunning, QueueError
+from warren.queues.errors import MessageTooLarge, NodeNotRunning, QueueError
+from warren.queues.message import MAX_MESSAGE_BYTES
 from warren.queues.protocol import OVERFLOWS
 from warren.queues.routing import EXCHANGE_KINDS
 
@@ -315,6 +316,10 @@ def _publish(connection: Connection, args: argparse.Namespace) -> int:
             doubt = f"; {counted(in_doubt, 'message')} in doubt (publish again)" if in_doubt else ""
             print(f"warren: stopped by {stopped}{doubt}", file=sys.stderr)
             return EXIT_INTERRUPTED
+        except MessageTooLarge as exc:
+            raise MessageTooLarge(
+                f"{exc} ({counted(progress.count, 'message')} published before it)"
+            ) from None
     progress.done()
     return EXIT_OK
 
@@ -332,18 +337,32 @@ def _generated(count: int, size: int) -> Iterator[list[bytes]]:
 def _line_batches(fd: int, stop: StopSignals) -> Iterator[list[bytes]]:
     """The lines read from ``fd``, a batch per read (what had arrived), at most
     ``PUBLISH_BATCH`` each; a last line without its newline too. A stop signal ends a
-    read that waits for the next line."""
-    pending = b""
+    read that waits for the next line. A line longer than the largest message raises
+    ``MessageTooLarge`` as soon as it is that long, without reading the rest of it."""
+    pending: list[bytes] = []  # the start of a line whose newline has not come yet
+    pending_bytes = 0
+    lines_read = 0
     while True:
         with stop.interrupting():
             chunk = os.read(fd, READ_BYTES)
         if not chunk:
             break
-        *lines, pending = (pending + chunk).split(b"\n")
+        if b"\n" not in chunk:
+            pending.append(chunk)
+            pending_bytes += len(chunk)
+            if pending_bytes > MAX_MESSAGE_BYTES:
+                raise MessageTooLarge(
+                    f"line {lines_read + 1} of the input is over {MAX_MESSAGE_BYTES:,} bytes, "
+                    f"the largest message; it was not sent"
+                )
+            continue
+        *lines, rest = b"".join([*pending, chunk]).split(b"\n")
+        pending, pending_bytes = [rest], len(rest)
+        lines_read += len(lines)
         for start in range(0, len(lines), PUBLISH_BATCH):
             yield lines[start : start + PUBLISH_BATCH]
-    if pending:
-        yield [pending]
+    if pending_bytes:
+        yield [b"".join(pending)]
 
 
 def _consume(connection: Connection, args: argparse.Namespace) -> int:

@@ -15,10 +15,17 @@ import zmq
 from warren import AlarmLimits, connect
 from warren.actors import wire
 from warren.actors.codec import Encoder
-from warren.queues import Blocked, Nacked, NotFound, PreconditionFailed
+from warren.queues import (
+    Blocked,
+    MessageTooLarge,
+    Nacked,
+    NotFound,
+    PreconditionFailed,
+)
 from warren.queues.broker.listener import ListenerStats
 from warren.queues.client.keys import AUTHORIZED_FILE, create_client_key
 from warren.queues.errors import KeyFileError, NodeNotRunning
+from warren.queues.message import MAX_MESSAGE_BYTES
 from warren.queues.protocol import DeleteQueue, Fetch, Publish
 from warren.supervisor import Node
 from warren.supervisor.errors import InvalidSpec
@@ -394,3 +401,20 @@ def test_bindings_and_exchanges_are_listed_undone_and_deleted_over_every_transpo
             client.publish("order.paid", b"nowhere to go", exchange="events")
         assert client.get("audit").body == b"routed"
         assert client.list_queues() == ["audit"]
+
+
+@pytest.mark.parametrize("transport", ["ipc", "tcp"])
+def test_the_largest_message_goes_through_and_one_byte_more_is_refused_at_once(node, transport):
+    """One limit, MAX_MESSAGE_BYTES encoded, locally and over tcp: a message at the limit
+    is confirmed and read back whole; one over it is refused before anything is sent."""
+    target = {"ipc": node.data_dir, "tcp": node.listen_endpoint}[transport]
+    largest = MAX_MESSAGE_BYTES - 64  # room for its properties, the timestamp among them
+    with connect(target) as client:
+        client.declare_queue("big")
+        client.publish("big", b"x" * (largest))
+        with pytest.raises(MessageTooLarge, match=f"above the maximum of {MAX_MESSAGE_BYTES}"):
+            client.publish("big", b"x" * MAX_MESSAGE_BYTES)
+        assert client.queue_stats("big")["messages_ready"] == 1
+        delivery = client.get("big")
+        assert len(delivery.body) == largest
+        delivery.ack()

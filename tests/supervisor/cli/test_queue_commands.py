@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from warren.queues.message import MAX_MESSAGE_BYTES
 from warren.supervisor import Node
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -287,3 +288,15 @@ def test_publish_sends_each_line_as_it_arrives_and_says_what_an_interrupt_left(n
     assert "published 3 messages" in said and "stopped by SIGINT" in said
     assert "Traceback" not in said
     assert [d.body for d in drain_all(node, "log")] == [b"line 0", b"line 1", b"line 2"]
+
+
+def test_a_line_over_the_message_limit_is_refused_at_once_in_one_line(node, data_dir):
+    node.declare_queue("orders")
+    too_long = b"x" * (MAX_MESSAGE_BYTES + 1)
+    refused = warren("publish", "orders", "--data-dir", data_dir, stdin=b"first\n" + too_long)
+    assert refused.returncode == 2
+    assert refused.stderr.decode().splitlines() == [
+        f"warren: line 2 of the input is over {MAX_MESSAGE_BYTES:,} bytes, the largest "
+        "message; it was not sent (1 message published before it)"
+    ]
+    assert node.connect().queue_stats("orders")["messages_ready"] == 1
