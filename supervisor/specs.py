@@ -34,6 +34,7 @@ heartbeat_interval_s, heartbeat_timeout_s)``
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,11 +52,24 @@ HEARTBEAT_TIMEOUT_S = 5.0
 STORE_SHUTDOWN_S = 600.0  # msg_store_shutdown_timeout
 
 
-def _positive_seconds(name: str, value: Any, allow_none: bool = False) -> None:
+def check_seconds(
+    name: str, value: Any, *, at_least: float = 0.0, allow_none: bool = False
+) -> None:
+    """A duration setting: a finite number of seconds, more than 0 (or ``at_least``);
+    ``InvalidSpec`` otherwise. NaN and infinity are refused: either would leave a timer
+    that never fires, or one that fires at once, forever."""
     if allow_none and value is None:
         return
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        raise InvalidSpec(name, value, "expected seconds > 0" + (" or None" if allow_none else ""))
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not (value >= at_least if at_least else value > 0)
+        or not math.isfinite(value)
+    ):
+        bound = f">= {at_least:g}" if at_least else "> 0"
+        raise InvalidSpec(
+            name, value, f"expected finite seconds {bound}" + (" or None" if allow_none else "")
+        )
 
 
 @dataclass(frozen=True)
@@ -73,7 +87,7 @@ class SupervisorFlags:
             or (self.intensity < 0)
         ):
             raise InvalidSpec("intensity", self.intensity, "expected an int >= 0")
-        _positive_seconds("period_s", self.period_s)
+        check_seconds("period_s", self.period_s)
 
 
 @dataclass(frozen=True)
@@ -96,9 +110,9 @@ class ChildSpec:
             raise InvalidSpec("args", self.args, "expected a tuple")
         if not isinstance(self.kwargs, dict) or not all(isinstance(k, str) for k in self.kwargs):
             raise InvalidSpec("kwargs", self.kwargs, "expected a dict with str keys")
-        _positive_seconds("start_timeout_s", self.start_timeout_s)
-        _positive_seconds("heartbeat_interval_s", self.heartbeat_interval_s, allow_none=True)
-        _positive_seconds("heartbeat_timeout_s", self.heartbeat_timeout_s, allow_none=True)
+        check_seconds("start_timeout_s", self.start_timeout_s)
+        check_seconds("heartbeat_interval_s", self.heartbeat_interval_s, allow_none=True)
+        check_seconds("heartbeat_timeout_s", self.heartbeat_timeout_s, allow_none=True)
         if (self.heartbeat_interval_s is None) != (self.heartbeat_timeout_s is None):
             raise InvalidSpec(
                 "heartbeat_timeout_s",
@@ -155,4 +169,4 @@ def _check_common(child_id: Any, restart: Any, shutdown_s: Any) -> None:
     if restart not in RESTARTS:
         raise InvalidSpec("restart", restart, f"expected one of {', '.join(RESTARTS)}")
     if shutdown_s != BRUTAL_KILL:
-        _positive_seconds("shutdown_s", shutdown_s)
+        check_seconds("shutdown_s", shutdown_s)

@@ -134,6 +134,7 @@ def node_settings(args: argparse.Namespace) -> dict[str, Any]:
     """``Node``'s keyword arguments from the config file and the options (options win)."""
     from ..errors import InvalidSpec
     from ..node.alarms import AlarmLimits
+    from ..specs import check_seconds
 
     options = load_config(args.config) if args.config else {}
     options.update(
@@ -169,13 +170,17 @@ def node_settings(args: argparse.Namespace) -> dict[str, Any]:
         settings["children"] = application_children(options["children"], data_dir)
     if "heartbeat_timeout_s" in options:
         timeout = options["heartbeat_timeout_s"]
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 2:
+        try:
+            check_seconds("heartbeat_timeout_s", timeout, at_least=2)
+        except InvalidSpec:
             raise UsageError(
-                f"heartbeat_timeout_s must be a number of seconds >= 2, got {timeout!r}"
-            )
+                f"heartbeat_timeout_s must be a finite number of seconds >= 2, got {timeout!r}"
+            ) from None
         settings["heartbeat_timeout_s"] = timeout
     if "file_size_limit" in options:
         settings["file_size_limit"] = parse_size(options["file_size_limit"], "file_size_limit")
+        if settings["file_size_limit"] == 0:
+            raise UsageError("file_size_limit must be more than 0 bytes, got 0")
     if "sync_policy" in options:
         if options["sync_policy"] not in ("fsync", "flush"):
             raise UsageError(

@@ -29,7 +29,7 @@ _SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*")
 def parse_size(value: Any, what: str) -> int:
     """Bytes from an int or a string such as ``"16MiB"`` or ``"50 MB"``."""
     number: float
-    if isinstance(value, int) and not isinstance(value, bool):
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
         number, unit = value, ""
     elif isinstance(value, str) and (match := _SIZE.fullmatch(value)):
         number, unit = float(match.group(1)), match.group(2).lower()

@@ -30,6 +30,7 @@ import psutil
 from warren.store.disk_faults import disk_full
 
 from ..errors import InvalidSpec
+from ..specs import check_seconds
 
 VM_MEMORY_HIGH_WATERMARK = 0.4  # fraction of RAM, as RabbitMQ's default
 DISK_FREE_LIMIT_BYTES = 50_000_000  # RabbitMQ's default disk_free_limit
@@ -73,8 +74,7 @@ class AlarmLimits:
                 self.disk_free_limit_bytes,
                 "expected a number of bytes >= 0",
             )
-        if not isinstance(self.check_interval_s, (int, float)) or self.check_interval_s <= 0:
-            raise InvalidSpec("check_interval_s", self.check_interval_s, "expected seconds > 0")
+        check_seconds("check_interval_s", self.check_interval_s)
 
     def memory_limit(self) -> int:
         if self.memory_limit_bytes is not None:

@@ -107,7 +107,13 @@ from warren.store.protocol import StoreStats
 from warren.store.store_actor import MessageStoreActor
 
 from ..errors import InvalidSpec, NodeLocked, SupervisorError
-from ..specs import STORE_SHUTDOWN_S, ChildSpec, SupervisorFlags, SupervisorSpec
+from ..specs import (
+    STORE_SHUTDOWN_S,
+    ChildSpec,
+    SupervisorFlags,
+    SupervisorSpec,
+    check_seconds,
+)
 from ..supervisor import Supervisor
 from ..tables import counted
 from .alarms import AlarmLimits, ResourceMonitor
@@ -175,12 +181,7 @@ class Node:
                 raise InvalidSpec("listen", listen, str(exc)) from None
         elif curve:
             raise InvalidSpec("curve", curve, "CURVE protects a listener: pass listen too")
-        if not isinstance(heartbeat_timeout_s, (int, float)) or heartbeat_timeout_s < 2:
-            raise InvalidSpec(
-                "heartbeat_timeout_s",
-                heartbeat_timeout_s,
-                "seconds >= 2 (heartbeats go every second)",
-            )
+        check_seconds("heartbeat_timeout_s", heartbeat_timeout_s, at_least=2)  # beats: 1 s
         self._heartbeat_timeout_s = float(heartbeat_timeout_s)
         self.data_dir = os.path.abspath(os.fspath(data_dir))
         if ref_counts is None:

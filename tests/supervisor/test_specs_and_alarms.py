@@ -1,6 +1,7 @@
 """Specs are validated when built, naming the field and the value; alarms go off and
 clear at their limits."""
 
+import math
 import os
 
 import pytest
@@ -27,6 +28,8 @@ class Worker(ProcessActor):
         ({"intensity": -1}, "intensity"),
         ({"intensity": 1.5}, "intensity"),
         ({"period_s": 0}, "period_s"),
+        ({"period_s": math.nan}, "period_s"),
+        ({"period_s": math.inf}, "period_s"),
     ],
 )
 def test_invalid_supervisor_flags_are_rejected_naming_field_and_value(kwargs, field):
@@ -49,6 +52,10 @@ def test_invalid_supervisor_flags_are_rejected_naming_field_and_value(kwargs, fi
         ({"shutdown_s": -5}, "shutdown_s"),
         ({"shutdown_s": "gently"}, "shutdown_s"),
         ({"start_timeout_s": 0}, "start_timeout_s"),
+        ({"start_timeout_s": math.inf}, "start_timeout_s"),
+        ({"shutdown_s": math.nan}, "shutdown_s"),
+        ({"heartbeat_interval_s": math.nan}, "heartbeat_interval_s"),
+        ({"heartbeat_timeout_s": math.inf}, "heartbeat_timeout_s"),
         ({"heartbeat_interval_s": None}, "heartbeat_timeout_s"),
         ({"heartbeat_interval_s": 2.0, "heartbeat_timeout_s": 1.0}, "heartbeat_timeout_s"),
     ],
@@ -87,6 +94,9 @@ def test_siblings_need_unique_ids_and_simple_one_for_one_one_template():
         ({"memory_limit_bytes": 0}, "memory_limit_bytes"),
         ({"disk_free_limit_bytes": -1}, "disk_free_limit_bytes"),
         ({"check_interval_s": 0}, "check_interval_s"),
+        ({"check_interval_s": math.nan}, "check_interval_s"),
+        ({"check_interval_s": math.inf}, "check_interval_s"),
+        ({"memory_high_watermark": math.nan}, "memory_high_watermark"),
     ],
 )
 def test_invalid_alarm_limits_are_rejected(kwargs, field):

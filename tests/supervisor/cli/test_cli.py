@@ -247,7 +247,35 @@ def tree_of(data_dir):
     return [ChildSpec("worker", Worker, (data_dir,))]
 
 
-@pytest.mark.parametrize("value", ["1", "0", "-5"])
-def test_a_heartbeat_timeout_under_two_seconds_is_refused(tmp_path, value):
-    with pytest.raises(UsageError, match="heartbeat_timeout_s must be a number of seconds >= 2"):
+@pytest.mark.parametrize("value", ["1", "0", "-5", "nan", "inf"])
+def test_a_heartbeat_timeout_under_two_seconds_or_not_finite_is_refused(tmp_path, value):
+    with pytest.raises(UsageError, match="heartbeat_timeout_s must be a finite number of seconds"):
         settings_from("--data-dir", str(tmp_path / "data"), "--heartbeat-timeout-s", value)
+
+
+SETTINGS_AND_BAD_VALUES = [
+    (section, key, value)
+    for section, key, values in [
+        ("node", "heartbeat_timeout_s", ["nan", "inf", "-inf", "0", "-3"]),
+        ("alarms", "check_interval_s", ["nan", "inf", "0", "-1"]),
+        ("alarms", "memory_high_watermark", ["nan", "inf", "0", "-0.5"]),
+        ("store", "file_size_limit", ['"nan"', '"inf"', "0", '"0MiB"', "-1"]),
+        ("alarms", "memory_limit", ['"nan"', '"inf"', "0", "-1"]),
+        ("alarms", "disk_free_limit", ['"nan"', '"inf"', "-1"]),
+    ]
+    for value in values
+]
+
+
+@pytest.mark.parametrize("section, key, value", SETTINGS_AND_BAD_VALUES)
+def test_nan_infinite_zero_and_negative_settings_are_refused_from_toml_and_options(
+    tmp_path, section, key, value
+):
+    data = str(tmp_path / "data")
+    config = tmp_path / "warren.toml"
+    config.write_text(f"[{section}]\n{key} = {value}\n")
+    with pytest.raises(UsageError, match=key.removesuffix("_bytes")):
+        settings_from("--config", str(config), "--data-dir", data)
+    option = "--" + key.replace("_", "-")
+    with pytest.raises(UsageError, match=key.removesuffix("_bytes")):
+        settings_from("--data-dir", data, f"{option}={value.strip(chr(34))}")
