@@ -140,15 +140,23 @@ class DeleteQueue:
 
 
 OVERFLOWS = ("drop-head", "reject-publish")
-_NAME = re.compile(r"[A-Za-z0-9_.-]{1,200}")
+MAX_NAME_BYTES = 255  # RabbitMQ's: a queue or exchange name is a shortstr
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
 def check_name(name: object, what: str = "queue") -> str:
-    if not isinstance(name, str) or not _NAME.fullmatch(name) or name in (".", ".."):
-        raise ValueError(
-            f"a {what} name is 1 to 200 letters, digits, '_', '.' or '-'; got {name!r}"
-        )
-    return name
+    """A queue or exchange name: any UTF-8 text of 1 to 255 bytes, as RabbitMQ takes it,
+    without control characters (a name is printed in tables, logs and process titles)."""
+    if isinstance(name, str) and not _CONTROL.search(name):
+        try:
+            if 1 <= len(name.encode()) <= MAX_NAME_BYTES:
+                return name
+        except UnicodeEncodeError:
+            pass  # a lone surrogate: not text that UTF-8 can hold
+    raise ValueError(
+        f"a {what} name is 1 to {MAX_NAME_BYTES} bytes of UTF-8 text without control "
+        f"characters; got {name!r}"
+    )
 
 
 @dataclass(frozen=True)

@@ -2,9 +2,9 @@
 
 Each wraps one ``MessageStore`` engine (with the shared lock table, so clients read files
 directly) in its own OS process, started by the node's tree
-(``warren.supervisor.node.node``). The transient store empties its directory at every
-start. Supervised by the node's root
-(rest_for_one): a store crash restarts everything after it.
+(``warren.supervisor.node.node``). The transient store deletes its files at every start
+(only its own: a file another program put in its directory stays, and is logged).
+Supervised by the node's root (rest_for_one): a store crash restarts everything after it.
 
 Messages accepted (``warren.store.protocol``), and what each gets back:
 
@@ -81,7 +81,6 @@ import bisect
 import itertools
 import logging
 import os
-import shutil
 import struct
 import time
 from collections.abc import Callable, Iterable
@@ -91,7 +90,7 @@ from typing import TYPE_CHECKING, Any, cast
 from warren.actors import ActorError, ActorRef, Down, ProcessActor, UnhandledMessage
 
 from .engine.index import PENDING_FILE
-from .engine.message_store import FILE_SIZE_LIMIT_BYTES, MessageStore
+from .engine.message_store import FILE_SIZE_LIMIT_BYTES, MessageStore, remove_store_files
 from .engine.records import HEADER_BYTES, MSG_ID_BYTES, OK_MARKER
 from .engine.rewrite import CombinePlan, RewriteResult
 from .errors import StoreError
@@ -186,8 +185,16 @@ class MessageStoreActor(ProcessActor):
     # ------------------------------------------------------------------ lifecycle
 
     def on_start(self) -> None:
-        if self.transient and os.path.isdir(self.directory):
-            shutil.rmtree(self.directory)
+        if self.transient:
+            left = remove_store_files(self.directory)
+            if left:
+                log.warning(
+                    "%s: left %d files that are not the store's in %s: %s",
+                    self.ref.name,
+                    len(left),
+                    self.directory,
+                    ", ".join(left[:5]),
+                )
         self.store = MessageStore(
             self.directory,
             file_size_limit=self.file_size_limit,

@@ -15,6 +15,11 @@ class NodeLocked(SupervisorError):
     """Another node runs on this data directory."""
 
 
+class NotANodeDirectory(SupervisorError, ValueError):
+    """A data directory that holds files, none of them a node's: a node never writes
+    into, or deletes from, a directory that is not its own."""
+
+
 class UsageError(SupervisorError, ValueError):
     """A command line or config file the ``warren`` command cannot use; the message is the
     one line it prints before exiting with status 2."""

@@ -4,10 +4,12 @@ store inspect`` and the benchmarks print with.
 ``format_table(columns, rows, width=80)`` lays the rows out under a header and a rule, two
 spaces between columns. Each ``Column`` is left- or right-aligned; a column marked
 ``wrap`` may be narrowed, its cells wrapped onto continuation lines, when the table would be
-wider than ``width``. Wrapping columns give up width in proportion to their natural width,
-never below ``min_width``; a table that still does not fit (too many fixed columns) is left
-wider rather than cutting a figure. Cells are strings: callers format their numbers, so a
-figure is never rounded here behind their back.
+wider than ``width``, and one marked ``cut`` likewise, its cells cut short with an ellipsis
+(a name keeps one line per row). Such columns give up width in proportion to their natural
+width, never below ``min_width``; a table that still does not fit (too many fixed columns)
+is left wider rather than cutting a figure. Cells are strings: callers format their
+numbers (``abbreviated`` keeps a big count short), so a figure is never rounded here
+behind their back.
 """
 
 from __future__ import annotations
@@ -24,16 +26,24 @@ _GAP = "  "
 
 @dataclass(frozen=True)
 class Column:
-    """One column: its header, alignment (``"<"`` or ``">"``), and whether it may wrap."""
+    """One column: its header, alignment (``"<"`` or ``">"``), and whether it may be
+    narrowed: its cells wrapped (``wrap``) or cut with an ellipsis (``cut``)."""
 
     name: str
     align: str = "<"
     wrap: bool = False
     min_width: int = 12
+    cut: bool = False
 
     def __post_init__(self) -> None:
         if self.align not in ("<", ">"):
             raise ValueError(f"align must be '<' or '>', got {self.align!r}")
+        if self.wrap and self.cut:
+            raise ValueError("a column either wraps or cuts its cells, not both")
+
+    @property
+    def narrows(self) -> bool:
+        return self.wrap or self.cut
 
 
 def format_table(
@@ -48,12 +58,7 @@ def format_table(
     widths = _fit(columns, widths, width)
     lines = [_join(columns, widths, [c.name for c in columns]), _GAP.join("-" * w for w in widths)]
     for row in rows:
-        cells = [
-            textwrap.wrap(cell, w, break_on_hyphens=False) or [""]
-            if c.wrap and len(cell) > w
-            else [cell]
-            for c, cell, w in zip(columns, row, widths, strict=True)
-        ]
+        cells = [_fitted(c, cell, w) for c, cell, w in zip(columns, row, widths, strict=True)]
         for depth in range(max(len(parts) for parts in cells)):
             lines.append(
                 _join(
@@ -63,10 +68,20 @@ def format_table(
     return "\n".join(lines)
 
 
+def _fitted(column: Column, cell: str, width: int) -> list[str]:
+    """The lines of one cell in a column ``width`` wide."""
+    if len(cell) <= width or not column.narrows:
+        return [cell]
+    if column.cut:
+        return [cell[: width - 1] + "…"]
+    return textwrap.wrap(cell, width, break_on_hyphens=False) or [""]
+
+
 def _fit(columns: Sequence[Column], widths: list[int], width: int) -> list[int]:
-    """Narrow the wrapping columns, in proportion to their width, until the table fits."""
+    """Narrow the wrapping and cutting columns, in proportion to their width, until the
+    table fits."""
     excess = sum(widths) + len(_GAP) * (len(widths) - 1) - width
-    wrapping = [i for i, c in enumerate(columns) if c.wrap and widths[i] > c.min_width]
+    wrapping = [i for i, c in enumerate(columns) if c.narrows and widths[i] > c.min_width]
     if excess <= 0 or not wrapping:
         return widths
     room = sum(widths[i] - columns[i].min_width for i in wrapping)
@@ -83,7 +98,23 @@ def _join(columns: Sequence[Column], widths: list[int], cells: list[str]) -> str
     ).rstrip()
 
 
-__all__ = ["Column", "TERMINAL_COLUMNS", "format_table"]
+__all__ = ["Column", "TERMINAL_COLUMNS", "abbreviated", "counted", "format_table", "strict_json"]
+
+_SCALES = ((10**12, "T"), (10**9, "G"), (10**6, "M"), (10**3, "k"))
+
+
+def abbreviated(count: int, unit: str = "") -> str:
+    """A count in at most 5 characters and its unit: ``"9,999"``, then ``"12k"``,
+    ``"1.2M"``, ``"45G"`` (decimal, as ``ls -h --si`` and RabbitMQ's management page show
+    them); ``abbreviated(n, "B")`` for bytes: ``"512B"``, ``"3.1MB"``."""
+    if abs(count) < (1000 if unit else 10_000):
+        return f"{count:,}{unit}"
+    for scale, prefix in _SCALES:
+        if abs(count) >= scale:
+            value = count / scale
+            text = f"{value:.1f}" if abs(value) < 9.95 else f"{value:.0f}"
+            return f"{text}{prefix}{unit}"
+    return f"{count:,}{unit}"
 
 
 def counted(count: int, noun: str) -> str:

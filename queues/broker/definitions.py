@@ -18,9 +18,11 @@ arguments raises ``PreconditionFailed``; binding to an unknown queue or exchange
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -51,8 +53,19 @@ class ExchangeDefinition:
     durable: bool = True
 
 
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9_.-]{1,200}")
+
+
 def queue_directory(data_dir: str, name: str) -> str:
-    return os.path.join(data_dir, QUEUES_DIR, check_name(name))
+    """Where queue ``name`` keeps its files: ``<data_dir>/queues/<name>`` for a name of
+    letters, digits, '_', '.' and '-' (every name a node took before names became UTF-8),
+    else a digest of the name, which no such name can equal: any name is a safe, short
+    file name, and "." or ".." never climbs out."""
+    check_name(name)
+    if _PLAIN_NAME.fullmatch(name) and name not in (".", ".."):
+        return os.path.join(data_dir, QUEUES_DIR, name)
+    digest = hashlib.sha256(name.encode()).hexdigest()[:40]
+    return os.path.join(data_dir, QUEUES_DIR, f"~{digest}")
 
 
 class Definitions:

@@ -146,6 +146,10 @@ def create_client_key(
     data_dir = os.fspath(data_dir)
     if not os.path.isdir(data_dir):
         raise KeyFileError(f"{data_dir} is not a directory; name the node's data directory")
+    if not os.path.isdir(out_dir):
+        raise KeyFileError(
+            f"{os.fspath(out_dir)} is not a directory; make it first, or give another"
+        )
     path = os.path.join(os.fspath(out_dir), f"{name}.key")
     if os.path.exists(path):
         raise KeyFileError(

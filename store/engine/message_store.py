@@ -123,22 +123,25 @@ from typing import Any
 
 from ..errors import CorruptRecord, StoreClosed, StoreError
 from . import index as idx
-from . import snapshot
+from . import removal_log, snapshot
 from .file_changes import DISK_FULL_ERRNOS, FileChanges
 from .gc import Combining
-from .lock_table import LockTableOwner
+from .lock_table import RESERVE_FILE, TABLE_FILE, LockTableOwner
 from .records import (
+    FILE_SUFFIX,
     HEADER,
     HEADER_BYTES,
     MAX_BODY_BYTES,
     MSG_ID_BYTES,
     OK_MARKER,
     RECORD_OVERHEAD,
+    TEMP_SUFFIX,
     check_body,
     check_msg_id,
     data_file_name,
+    data_file_number,
 )
-from .recovery import Recovery
+from .recovery import LOCK_FILE, Recovery
 from .summary import FileSummary
 
 log = logging.getLogger("warren.store")
@@ -612,6 +615,45 @@ class MessageStore(Recovery, FileChanges, Combining):
         return f"<MessageStore {self.directory!r} {state}>"
 
 
+def is_store_file(name: str) -> bool:
+    """Whether ``name`` is one a store writes in its directory (data, temporary, removal
+    log, lock table, snapshot and lock files)."""
+    return (
+        name in _STORE_FILE_NAMES
+        or data_file_number(name) is not None
+        or (
+            name.endswith(TEMP_SUFFIX)
+            and data_file_number(name.removesuffix(TEMP_SUFFIX) + FILE_SUFFIX) is not None
+        )
+        or removal_log.is_log_name(name)
+        or (name.endswith(".tmp") and name[: -len(".tmp")] in snapshot.FILES)
+    )
+
+
+def remove_store_files(directory: str) -> list[str]:
+    """Delete the files a store wrote in ``directory`` (the transient store's start), and
+    the directory once nothing else is in it; the names of what was left (another
+    program's files are never touched)."""
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return []
+    left = []
+    for name in names:
+        if is_store_file(name) and not os.path.isdir(os.path.join(directory, name)):
+            os.unlink(os.path.join(directory, name))
+        else:
+            left.append(name)
+    if not left:
+        os.rmdir(directory)
+    return sorted(left)
+
+
+_STORE_FILE_NAMES = frozenset(
+    {LOCK_FILE, TABLE_FILE, RESERVE_FILE, TABLE_FILE + ".new", *snapshot.FILES}
+)
+
+
 __all__ = [
     "FILE_SIZE_LIMIT_BYTES",
     "GARBAGE_FRACTION",
@@ -619,4 +661,6 @@ __all__ = [
     "MessageStore",
     "SyncResult",
     "WRITE_BUFFER_BYTES",
+    "is_store_file",
+    "remove_store_files",
 ]

@@ -56,6 +56,10 @@ _CRC = struct.Struct(">I")
 ENTRY_BYTES = _HEAD.size + _CRC.size
 
 
+def is_log_name(name: str) -> bool:
+    return _NAME.match(name) is not None
+
+
 def log_name(file: int) -> str:
     return f"{file}{SUFFIX}"
 

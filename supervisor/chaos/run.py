@@ -60,11 +60,10 @@ from typing import Any
 import psutil
 
 from warren.actors.process import die_with_parent
-from warren.queues.broker.definitions import DEFINITIONS_FILE
 from warren.queues.client.ipc_node import NODE_FILE
 from warren.store.disk_faults import ENVIRONMENT_VARIABLE, write_faults
 
-from ..node.node import query_status
+from ..node.node import LOCK_FILE, check_node_directory, query_status
 from . import faults as chaos
 from .result import SAMPLE_EVERY_S, ChaosResult, Event
 
@@ -91,8 +90,6 @@ POLL_S = 0.05
 CHAOS_HEARTBEAT_TIMEOUT_S = 5.0  # so that a stopped store or queue is replaced in a run
 DISK_FAULTS_FILE = "chaos-disk-faults.json"  # in the data directory, while a run lasts
 VICTIM_WAIT_S = 5.0  # how long a kill or stop waits for a process to match
-# What a node's data directory holds: a directory with files but none of these is not one.
-NODE_FILES = ("node.lock", DEFINITIONS_FILE, "msg_store_persistent")
 NODE_LOG = "chaos-node.log"  # run_tree's node log, in the data directory
 RUN_DIR = "chaos-run"  # warren chaos's ledgers and logs, in the data directory
 HARNESS_FILES = (NODE_LOG, RUN_DIR, DISK_FAULTS_FILE)  # what a run leaves beside a node's
@@ -110,15 +107,9 @@ def check_data_dir(path: str | os.PathLike) -> str:
         return data_dir
     if not os.path.isdir(data_dir):
         raise ValueError(f"{data_dir} is not a directory")
-    entries = [name for name in os.listdir(data_dir) if name not in HARNESS_FILES]
-    if entries and not any(name in entries for name in NODE_FILES):
-        raise ValueError(
-            f"{data_dir} is not a node's data directory (it has files, but none "
-            f"of {', '.join(NODE_FILES)}): give a new or empty directory, or a "
-            f"node's"
-        )
-    if "node.lock" in entries:
-        with open(os.path.join(data_dir, "node.lock"), "a") as lock:
+    check_node_directory(data_dir, beside=HARNESS_FILES)
+    if os.path.exists(os.path.join(data_dir, LOCK_FILE)):
+        with open(os.path.join(data_dir, LOCK_FILE), "a") as lock:
             try:
                 fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -156,6 +147,9 @@ class NodeUnderTest:
     ) -> None:
         self.data_dir = os.path.abspath(os.fspath(data_dir))
         os.makedirs(self.data_dir, exist_ok=True)
+        # the node's lock file first, as a node makes it: the harness's own files below
+        # then sit in a node's directory, which the node agrees to start in
+        open(os.path.join(self.data_dir, LOCK_FILE), "a").close()
         self.faults_file = os.path.join(self.data_dir, DISK_FAULTS_FILE)
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self._argv = [

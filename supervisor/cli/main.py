@@ -132,8 +132,9 @@ def load_config(path: str) -> dict[str, Any]:
 
 def node_settings(args: argparse.Namespace) -> dict[str, Any]:
     """``Node``'s keyword arguments from the config file and the options (options win)."""
-    from ..errors import InvalidSpec
+    from ..errors import InvalidSpec, NotANodeDirectory
     from ..node.alarms import AlarmLimits
+    from ..node.node import check_node_directory
     from ..specs import check_seconds
 
     options = load_config(args.config) if args.config else {}
@@ -157,6 +158,10 @@ def node_settings(args: argparse.Namespace) -> dict[str, Any]:
             f"create it first (a mistyped path would otherwise start a new "
             f"empty node)"
         )
+    try:
+        check_node_directory(data_dir)
+    except NotANodeDirectory as exc:
+        raise UsageError(str(exc)) from None
     settings: dict[str, Any] = {"data_dir": data_dir}
     if "name" in options:
         if not isinstance(options["name"], str) or not options["name"]:
@@ -443,9 +448,13 @@ def _keys(args: argparse.Namespace) -> int:
     from warren.queues.client.keys import create_client_key
     from warren.queues.errors import KeyFileError
 
+    from ..errors import NotANodeDirectory
+    from ..node.node import check_node_directory
+
     try:
+        check_node_directory(args.data_dir, must_exist=True)
         path = create_client_key(args.data_dir, args.name, args.out)
-    except KeyFileError as exc:
+    except (KeyFileError, NotANodeDirectory) as exc:
         raise UsageError(str(exc)) from None
     print(f"wrote {path}; a node started with --curve on {args.data_dir} lets it in")
     return EXIT_OK

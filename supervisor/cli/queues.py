@@ -41,7 +41,7 @@ from warren.queues.protocol import OVERFLOWS
 from warren.queues.routing import EXCHANGE_KINDS
 
 from ..errors import UsageError
-from ..tables import Column, counted, format_table, strict_json
+from ..tables import Column, abbreviated, counted, format_table, strict_json
 from .output import Output, Stopped, StopSignals
 from .sizes import parse_size
 
@@ -56,21 +56,20 @@ PUBLISH_BATCH = 1000  # messages a publish sends at once
 READ_BYTES = 1 << 16  # what one read of stdin takes, at most
 
 _QUEUE_COLUMNS = (
-    Column("queue", wrap=True, min_width=10),
+    Column("queue", cut=True, min_width=10),
     Column("state"),
-    Column("mode"),
     Column("ready", ">"),
     Column("unacked", ">"),
     Column("α/β/γ/δ", ">"),
-    Column("RAM MiB", ">"),
-    Column("disk MiB", ">"),
+    Column("RAM", ">"),
+    Column("disk", ">"),
     Column("in/out/s", ">"),
 )
-_EXCHANGE_COLUMNS = (Column("exchange", wrap=True, min_width=10), Column("kind"), Column("durable"))
+_EXCHANGE_COLUMNS = (Column("exchange", cut=True, min_width=10), Column("kind"), Column("durable"))
 _BINDING_COLUMNS = (
-    Column("exchange", wrap=True, min_width=10),
-    Column("queue", wrap=True, min_width=10),
-    Column("routing key", wrap=True, min_width=10),
+    Column("exchange", cut=True, min_width=10),
+    Column("queue", cut=True, min_width=10),
+    Column("routing key", cut=True, min_width=10),
 )
 
 
@@ -80,20 +79,19 @@ def format_queues(rows: list[dict]) -> str:
     for row in rows:
         stats = row.get("stats")
         if stats is None:
-            cells.append([row["name"], row["state"], "-", "-", "-", "-", "-", "-", "-"])
+            cells.append([row["name"], row["state"], "-", "-", "-", "-", "-", "-"])
             continue
         rates = stats["rates"]
         cells.append(
             [
                 row["name"],
                 row["state"],
-                stats["mode"],
-                f"{stats['messages_ready']:,}",
-                f"{stats['messages_unacked']:,}",
-                f"{stats['alpha']}/{stats['beta']}/{stats['gamma']}/{stats['delta']}",
-                f"{stats['ram_bytes'] / 2**20:.1f}",
-                f"{stats['disk_bytes'] / 2**20:.1f}",
-                f"{rates['ingress']:.0f}/{rates['egress']:.0f}",
+                abbreviated(stats["messages_ready"]),
+                abbreviated(stats["messages_unacked"]),
+                "/".join(abbreviated(stats[part]) for part in ("alpha", "beta", "gamma", "delta")),
+                abbreviated(stats["ram_bytes"], "B"),
+                abbreviated(stats["disk_bytes"], "B"),
+                f"{abbreviated(round(rates['ingress']))}/{abbreviated(round(rates['egress']))}",
             ]
         )
     return format_table(_QUEUE_COLUMNS, cells) if cells else "no queues"

@@ -81,6 +81,7 @@ from warren.actors import ActorError, ActorRef
 from warren.actors import Node as ActorNode
 from warren.actors.process import process_exists
 from warren.queues.broker.definitions import (
+    DEFINITIONS_FILE,
     Definitions,
     ExchangeDefinition,
     queue_directory,
@@ -94,6 +95,7 @@ from warren.queues.broker.listener import (
 from warren.queues.broker.queue_actor import QueueActor
 from warren.queues.client.connection import Connection
 from warren.queues.client.ipc_node import NODE_FILE, write_alarms
+from warren.queues.client.keys import NODE_PUBLIC_FILE
 from warren.queues.engine.ref_counts import (
     node_clean_clients,
     node_message_count,
@@ -106,7 +108,7 @@ from warren.store.gc_actor import GCActor
 from warren.store.protocol import StoreStats
 from warren.store.store_actor import MessageStoreActor
 
-from ..errors import InvalidSpec, NodeLocked, SupervisorError
+from ..errors import InvalidSpec, NodeLocked, NotANodeDirectory, SupervisorError
 from ..specs import (
     STORE_SHUTDOWN_S,
     ChildSpec,
@@ -121,6 +123,9 @@ from .alarms import AlarmLimits, ResourceMonitor
 log = logging.getLogger("warren.node")
 
 LOCK_FILE = "node.lock"
+# What a node's data directory holds: a directory with files but none of these is not one
+# (the key files are there once `warren keys` ran, even before the node's first start).
+NODE_FILES = (LOCK_FILE, DEFINITIONS_FILE, "msg_store_persistent", NODE_PUBLIC_FILE)
 STATUS_TIMEOUT_MS = 5000
 STATS_TIMEOUT_S = 2.0
 ROOT_FLAGS = SupervisorFlags("rest_for_one", intensity=3, period_s=60.0)
@@ -184,6 +189,7 @@ class Node:
         check_seconds("heartbeat_timeout_s", heartbeat_timeout_s, at_least=2)  # beats: 1 s
         self._heartbeat_timeout_s = float(heartbeat_timeout_s)
         self.data_dir = os.path.abspath(os.fspath(data_dir))
+        check_node_directory(self.data_dir)
         if ref_counts is None:
             ref_counts = functools.partial(node_ref_counts, self.data_dir)
         self.name = name
@@ -763,6 +769,30 @@ def _split_envelope(frames: list[bytes]) -> tuple[list[bytes], list[bytes]]:
         if not frame:
             return frames[: index + 1], frames[index + 1 :]
     return frames[:1], frames[1:]
+
+
+def check_node_directory(
+    data_dir: str | os.PathLike, *, beside: Iterable[str] = (), must_exist: bool = False
+) -> None:
+    """Refuse (``NotANodeDirectory``) a directory that holds files, other than the names
+    ``beside``, but none of a node's (``NODE_FILES``); with ``must_exist``, a missing one
+    too. A new or empty directory is a node's to be."""
+    path = os.fspath(data_dir)
+    try:
+        entries = set(os.listdir(path)) - set(beside)
+    except FileNotFoundError:
+        if must_exist:
+            raise NotANodeDirectory(
+                f"{path} does not exist; name a node's data directory"
+            ) from None
+        return
+    except NotADirectoryError:
+        raise NotANodeDirectory(f"{path} is not a directory") from None
+    if entries and not entries & set(NODE_FILES):
+        raise NotANodeDirectory(
+            f"{path} is not a node's data directory (it has files, but none of "
+            f"{', '.join(NODE_FILES)}): give a new or empty directory, or a node's"
+        )
 
 
 def query_status(data_dir: str | os.PathLike, timeout_ms: int = STATUS_TIMEOUT_MS) -> dict:

@@ -85,7 +85,7 @@ def test_declaring_again_is_harmless_and_with_other_arguments_refused(node):
     with pytest.raises(PreconditionFailed, match="exists with lazy=False"):
         node.declare_queue("orders", lazy=True)
     with pytest.raises(ValueError, match="queue name"):
-        node.declare_queue("../escape")
+        node.declare_queue("line\nbreak")
     assert node.list_queues() == ["orders"]
 
 
@@ -311,6 +311,19 @@ def test_direct_and_topic_exchanges_route_by_key_and_unroutable_is_refused(node)
         while (delivery := connection.get(name, ack=False)) is not None:
             bodies[name].append(delivery.body)
     assert bodies == {"eu": [b"to eu", b"eu refund"], "us": [], "audit": [b"audited"]}
+
+
+def test_a_queue_with_a_utf8_name_keeps_its_messages_across_a_restart(data_dir):
+    names = ["заказы/../escape", "..", "orders"]
+    with Node(data_dir) as node:
+        for name in names:
+            node.declare_queue(name)
+            node.connect().publish(name, name.encode())
+    kept = sorted(os.listdir(data_dir / "queues"))
+    assert "orders" in kept and all(k == "orders" or k.startswith("~") for k in kept)
+    with Node(data_dir) as node:
+        assert sorted(node.list_queues()) == sorted(names)
+        assert [node.connect().get(name).body for name in names] == [n.encode() for n in names]
 
 
 def test_durable_exchanges_and_bindings_survive_a_restart(data_dir):

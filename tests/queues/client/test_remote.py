@@ -375,7 +375,7 @@ def test_a_node_call_refused_raises_the_same_class_over_every_transport(node, tr
         with pytest.raises(TypeError):
             client.declare_queue("other", colour="blue")
         with pytest.raises(ValueError, match="name"):
-            client.declare_exchange("bad/name")
+            client.declare_exchange("x" * 256)
 
 
 @pytest.mark.parametrize("transport", ["in-process", "ipc", "tcp"])
@@ -418,3 +418,23 @@ def test_the_largest_message_goes_through_and_one_byte_more_is_refused_at_once(n
         delivery = client.get("big")
         assert len(delivery.body) == largest
         delivery.ack()
+
+
+UTF8_NAMES = ["заказы", "🚀 launch/queue", ".", "..", "é" * 127 + "x"]  # the last: 255 bytes
+
+
+@pytest.mark.parametrize("transport", ["ipc", "tcp"])
+def test_queue_names_are_any_utf8_text_as_rabbitmq_allows(node, transport):
+    target = {"ipc": node.data_dir, "tcp": node.listen_endpoint}[transport]
+    with connect(target) as client:
+        client.declare_exchange("événements", kind="fanout")
+        for name in UTF8_NAMES:
+            client.declare_queue(name)
+            client.bind_queue(name, "événements")
+        client.publish("", "ünïcode".encode(), exchange="événements")
+        assert sorted(client.list_queues()) == sorted(UTF8_NAMES)
+        for name in UTF8_NAMES:
+            assert client.get(name).body == "ünïcode".encode()
+        for bad in ("", "é" * 128, "tab\there", "nul\x00", "\ud800"):
+            with pytest.raises(ValueError, match="UTF-8 text without control characters"):
+                client.declare_queue(bad)

@@ -11,6 +11,7 @@ import pytest
 
 from warren.store import MessageStore
 from warren.supervisor.cli.main import build_parser, format_status, node_settings
+from warren.supervisor.cli.queues import format_queues
 from warren.supervisor.errors import UsageError
 from warren.supervisor.tables import Column, format_table
 
@@ -64,6 +65,38 @@ def test_an_empty_data_dir_or_one_with_a_missing_parent_is_refused(data_dir, com
     assert complaint in refused.stderr
     assert "Traceback" not in refused.stderr
     assert not os.path.exists("/nonexistent-parent-of-warren")
+
+
+def test_a_directory_of_other_files_is_refused_by_node_and_keys_and_left_as_it_was(tmp_path):
+    papers = tmp_path / "papers"
+    papers.mkdir()
+    (papers / "thesis.txt").write_text("years of work")
+    for command in (["node"], ["keys", "laptop", "--out", str(tmp_path)]):
+        refused = warren(*command, "--data-dir", str(papers))
+        assert refused.returncode == 2, refused.stderr
+        assert refused.stderr.splitlines() == [
+            f"warren: {papers} is not a node's data directory (it has files, but none of "
+            "node.lock, definitions.json, msg_store_persistent, node.key): give a new or "
+            "empty directory, or a node's"
+        ]
+        assert os.listdir(papers) == ["thesis.txt"]
+    assert not (tmp_path / "laptop.key").exists()
+    missing = warren("keys", "laptop", "--data-dir", str(tmp_path / "nowhere"))
+    assert missing.returncode == 2
+    assert missing.stderr.splitlines() == [
+        f"warren: {tmp_path / 'nowhere'} does not exist; name a node's data directory"
+    ]
+
+
+def test_a_key_written_into_a_missing_directory_is_one_line(tmp_path):
+    (tmp_path / "data").mkdir()
+    refused = warren(
+        "keys", "laptop", "--data-dir", str(tmp_path / "data"), "--out", str(tmp_path / "nowhere")
+    )
+    assert refused.returncode == 2
+    assert refused.stderr.splitlines() == [
+        f"warren: {tmp_path / 'nowhere'} is not a directory; make it first, or give another"
+    ]
 
 
 def test_a_config_file_sets_what_node_takes_and_options_win(tmp_path):
@@ -163,6 +196,38 @@ def test_tables_fit_an_80_column_terminal_by_wrapping_the_long_columns():
     assert all(word in words for word in rows[0][0].split() + rows[0][2].split())
     with pytest.raises(ValueError, match="2 cells for 3 columns"):
         format_table(columns, [["one", "two"]])
+
+
+def test_long_names_are_cut_with_an_ellipsis_and_big_counts_abbreviated_to_fit_80_columns():
+    long_name = "orders." + "eu-west." * 30 + "priority"
+    stats = {
+        "mode": "lazy",
+        "messages_ready": 12_345_678_901,
+        "messages_unacked": 987_654,
+        "alpha": 0,
+        "beta": 1_500_000,
+        "gamma": 99_999,
+        "delta": 12_345_678_901,
+        "ram_bytes": 3 * 2**20,
+        "disk_bytes": 40 * 2**30,
+        "rates": {"ingress": 1_234_567.0, "egress": 45_000.4},
+    }
+    table = format_queues(
+        [
+            {"name": long_name, "state": "running", "stats": stats},
+            {"name": "short", "state": "restarting", "stats": None},
+        ]
+    )
+    lines = table.splitlines()
+    assert all(len(line) <= 80 for line in lines), table
+    assert len(lines) == 4  # header, rule, one line per queue
+    assert lines[2].startswith("orders.eu-w…  running")
+    assert lines[2].split()[2:] == ["12G", "988k", "0/1.5M/100k/12G", "3.1MB", "43GB", "1.2M/45k"]
+    bindings = format_table(
+        (Column("exchange", cut=True, min_width=10), Column("queue", cut=True, min_width=10)),
+        [[long_name, long_name]],
+    )
+    assert all(len(line) <= 80 and line.count("…") in (0, 2) for line in bindings.splitlines())
 
 
 def test_the_status_table_fits_80_columns():

@@ -44,7 +44,7 @@ def test_publish_lines_then_list_consume_purge_and_delete_a_queue(node, data_dir
     listed = warren("queues", "--data-dir", data_dir)
     assert listed.returncode == 0, listed.stderr
     row = next(line for line in listed.stdout.decode().splitlines() if line.startswith("orders"))
-    assert row.split()[:4] == ["orders", "running", "default", "3"]
+    assert row.split()[:3] == ["orders", "running", "3"]
     consumed = warren("consume", "orders", "--data-dir", data_dir, "--count", "2")
     assert consumed.returncode == 0, consumed.stderr
     assert consumed.stdout == b"one\ntwo\n"

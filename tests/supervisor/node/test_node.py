@@ -17,6 +17,7 @@ import zmq
 from warren import connect
 from warren.queues.errors import NodeNotRunning
 from warren.supervisor import AlarmLimits, ChildSpec, Node, NodeLocked, query_status
+from warren.supervisor.errors import NotANodeDirectory
 
 from ...waiting import wait_for
 from ..sample_actors import Worker
@@ -116,6 +117,26 @@ def test_warren_node_and_warren_status_on_the_command_line(tmp_path):
         timeout=30,
     )
     assert gone.returncode == 1 and "no node is running" in gone.stderr
+
+
+def test_a_node_never_starts_in_a_stranger_directory_nor_deletes_what_it_did_not_write(
+    tmp_path,
+):
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(NotANodeDirectory, match="is not a node's data directory"):
+        Node(tmp_path)
+    assert os.listdir(tmp_path) == ["notes.txt"]
+    data = tmp_path / "data"
+    with Node(data):
+        pass
+    transient = data / "msg_store_transient"
+    (transient / "5.rdq").write_bytes(b"\0" * 100)  # a store file of an earlier life
+    (transient / "keep-me.txt").write_text("someone else's")
+    (transient / "7.rdq.txt").write_text("a name close to a store file's")
+    with Node(data):
+        names = set(os.listdir(transient))
+        assert {"keep-me.txt", "7.rdq.txt"} <= names and "5.rdq" not in names
+    assert {"keep-me.txt", "7.rdq.txt"} <= set(os.listdir(transient))
 
 
 def warren_status(data: str, *options: str) -> subprocess.CompletedProcess:
