@@ -5,7 +5,9 @@ Every face of Warren (``warren``, ``warren.actors``, ``warren.store``, ``warren.
 ``warren.supervisor``) is built with ``lazy_face``, so ``import warren.actors`` loads the
 actor runtime alone and ``import warren`` loads nothing heavy until a name is used: a Spark
 executor or a forkserver preload pays only for what it touches. A name, once resolved, is
-stored in the package's namespace, so later lookups never come back here.
+stored in the package's namespace, so later lookups never come back here. A face deletes
+the helpers it was built with (``lazy_face``, ``TYPE_CHECKING``), and its ``dir()`` lists its
+exports and its submodules only: the namespace holds Warren's names and no others.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import importlib
 import sys
 from collections.abc import Callable, Mapping
+from types import ModuleType
 from typing import Any
 
 __all__ = ["lazy_face"]
@@ -33,6 +36,12 @@ def lazy_face(
         return value
 
     def __dir__() -> list[str]:
-        return sorted(set(vars(sys.modules[package])) | set(exports))
+        # the exports and the package's own submodules: never the face's helpers
+        submodules = {
+            name
+            for name, value in vars(sys.modules[package]).items()
+            if isinstance(value, ModuleType) and value.__name__ == f"{package}.{name}"
+        }
+        return sorted(set(exports) | submodules)
 
     return __getattr__, __dir__

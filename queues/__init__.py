@@ -81,4 +81,5 @@ _EXPORTS = {
     "WarrenWriteError": ".errors",
 }
 __getattr__, __dir__ = lazy_face(__name__, _EXPORTS)
+del lazy_face, TYPE_CHECKING
 __all__ = sorted(_EXPORTS)

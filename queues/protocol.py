@@ -211,7 +211,9 @@ class NodeHandle(Protocol):
     """The node's calls, as every client makes them: the one declaration of what a node
     answers besides the queues' own messages."""
 
-    def declare_queue(self, name: str, **arguments: Any) -> None: ...
+    def declare_queue(
+        self, name: str, *, passive: bool = False, **arguments: Any
+    ) -> dict[str, Any]: ...
     def delete_queue(self, name: str) -> int: ...
     def declare_exchange(
         self, name: str, *, kind: str = "direct", durable: bool = True

@@ -58,4 +58,5 @@ _EXPORTS = {
     "WritesBlocked": ".errors",
 }
 __getattr__, __dir__ = lazy_face(__name__, _EXPORTS)
+del lazy_face, TYPE_CHECKING
 __all__ = sorted(_EXPORTS)

@@ -4,8 +4,10 @@ another folder, and faces that load nothing until a name is used. Each rule is c
 the source of every module, so a new upward import or circle fails here first."""
 
 import ast
+import importlib
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -177,3 +179,19 @@ def test_a_client_loads_neither_the_engine_nor_the_broker() -> None:
         m for m in loaded if m.startswith(("warren.queues.engine", "warren.queues.broker"))
     ] == []
     assert [m for m in loaded if m.startswith(("warren.store.", "warren.supervisor"))] == []
+
+
+@pytest.mark.parametrize(
+    "face", ["warren", "warren.actors", "warren.store", "warren.queues", "warren.supervisor"]
+)
+def test_a_face_holds_warrens_names_and_no_others(face: str) -> None:
+    """``dir()`` and ``import *`` show the exports and the package's own parts; the helpers a
+    face was built with are gone."""
+    module = importlib.import_module(face)
+    names: dict = {}
+    exec(f"from {face} import *", names)
+    assert set(names) - {"__builtins__"} == set(module.__all__)
+    extra = [n for n in dir(module) if n not in module.__all__]
+    assert all(isinstance(getattr(module, n), types.ModuleType) for n in extra), extra
+    for helper in ("TYPE_CHECKING", "lazy_face"):
+        assert not hasattr(module, helper)

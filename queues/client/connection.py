@@ -33,10 +33,11 @@ thread or process.
 from __future__ import annotations
 
 import collections
+import math
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from warren.actors import ActorDeadError, ActorError, ActorRef, AskTimeout, RemoteError
 from warren.actors.flow import MAX_IN_FLIGHT, MAX_IN_FLIGHT_BYTES, CreditWindow
@@ -62,7 +63,7 @@ from ..protocol import (
 from ..routing import route
 from .tcp_node import RemoteQueue
 
-__all__ = ["Confirm", "Connection", "Consumer", "Delivery"]
+__all__ = ["Confirm", "Connection", "Consumer", "Delivery", "QueueDeclared"]
 
 PUBLISH_BATCH = 500  # messages per Publish from publish_many
 PUBLISH_BATCH_BYTES = 4 * 2**20
@@ -72,6 +73,15 @@ RESTART_CHECK_S = 1.0  # how often a wait looks whether its queue restarted
 CLOSE_WAIT_S = 2.0  # how long close waits for its queues to confirm they took its settles
 ALARMS_READ_EVERY_S = 0.1  # how stale a publisher's view of the alarms may be
 IDLE_POLL_S = (0.001, 0.05)  # a consumer's wait between empty fetches: from, to
+
+
+class QueueDeclared(NamedTuple):
+    """What a declare answers (AMQP's declare-ok): the queue, how many messages are ready
+    in it, how many consumers are subscribed."""
+
+    queue: str
+    message_count: int
+    consumer_count: int
 
 
 class Confirm:
@@ -208,15 +218,19 @@ class Connection:
 
     # ------------------------------------------------------------------ declarations
 
-    def declare_queue(self, name: str, **arguments: Any) -> None:
+    def declare_queue(self, name: str, *, passive: bool = False, **arguments: Any) -> QueueDeclared:
         """Create the queue unless it exists (``PreconditionFailed`` if it exists with
         other arguments). The arguments are ``QueueDefinition``'s: ``durable`` (True),
         ``lazy`` (False), ``message_ttl_ms``, ``max_length``, ``overflow`` ("drop-head"
         or "reject-publish"), ``dead_letter_exchange``, ``auto_delete`` (False); a bad
-        one raises here, before anything is sent."""
+        one raises here, before anything is sent. ``passive=True`` creates nothing and
+        raises ``NotFound`` unless the queue exists. Returns the queue's ``QueueDeclared``
+        (its name, ready messages and consumers), as AMQP's declare-ok does."""
         self._check_open()
-        QueueDefinition(name, **arguments)
-        self._node.declare_queue(name, **arguments)
+        if not passive:
+            QueueDefinition(name, **arguments)
+        answer = self._node.declare_queue(name, passive=passive, **arguments)
+        return QueueDeclared(answer["queue"], answer["message_count"], answer["consumer_count"])
 
     def delete_queue(self, name: str) -> int:
         self._check_open()
@@ -563,12 +577,20 @@ class Connection:
         deliveries = self._fetch(queue, 1, ack)
         return deliveries[0] if deliveries else None
 
-    def consume(self, queue: str, prefetch: int = 100) -> Consumer:
-        """Iterate over ``queue``'s messages, at most ``prefetch`` unacked at a time."""
+    def consume(
+        self, queue: str, prefetch: int = 100, *, inactivity_timeout: float | None = None
+    ) -> Consumer:
+        """Iterate over ``queue``'s messages, at most ``prefetch`` unacked at a time. The
+        iteration waits for the next message for ever, or, with ``inactivity_timeout``,
+        ends (and the consumer is cancelled) once no message came for that many seconds:
+        ``for delivery in connection.consume(q, inactivity_timeout=5)`` drains a queue
+        and stops. ``Consumer.get(timeout)`` takes one message at a time instead."""
         if type(prefetch) is not int or prefetch < 1:
             raise ValueError(f"prefetch must be an int >= 1, got {prefetch!r}")
+        if inactivity_timeout is not None:
+            _check_timeout(inactivity_timeout, "inactivity_timeout")
         self._subscribe(queue, True)
-        return Consumer(self, queue, prefetch)
+        return Consumer(self, queue, prefetch, inactivity_timeout)
 
     def _subscribe(self, queue: str, active: bool) -> None:
         self._ref(queue).tell(
@@ -702,10 +724,17 @@ class Consumer:
     """An iterator over one queue's deliveries, with at most ``prefetch`` unacked; a
     context manager whose exit requeues what was not acked."""
 
-    def __init__(self, connection: Connection, queue: str, prefetch: int) -> None:
+    def __init__(
+        self,
+        connection: Connection,
+        queue: str,
+        prefetch: int,
+        inactivity_timeout: float | None = None,
+    ) -> None:
         self.connection = connection
         self.queue = queue
         self.prefetch = prefetch
+        self.inactivity_timeout = inactivity_timeout
         self._ready: collections.deque[Delivery] = collections.deque()
         self._closed = False
 
@@ -713,27 +742,37 @@ class Consumer:
         return self
 
     def __next__(self) -> Delivery:
-        wait = IDLE_POLL_S[0]
-        while not self._ready:
-            if self._closed:
-                raise StopIteration
-            room = self.prefetch - self.connection.held(self.queue)
-            if room > 0:
-                self._ready.extend(self.connection._fetch(self.queue, room, True))
-            if not self._ready:
-                time.sleep(wait)
-                wait = min(wait * 2, IDLE_POLL_S[1])
-        return self._ready.popleft()
+        if self.inactivity_timeout is None:
+            delivery = self._next_within(None)
+        else:
+            delivery = self._next_within(time.monotonic() + self.inactivity_timeout)
+            if delivery is None and not self._closed:
+                self.cancel()
+        if delivery is None:
+            raise StopIteration
+        return delivery
 
     def get(self, timeout: float) -> Delivery | None:
-        """The next delivery within ``timeout`` seconds, or None."""
-        deadline = time.monotonic() + timeout
-        while not self._ready and time.monotonic() < deadline:
+        """The next delivery, waiting up to ``timeout`` seconds (0: look once); None when
+        none came, or the consumer was cancelled. Each delivery awaits its ack."""
+        _check_timeout(timeout, "timeout", zero=True)
+        return self._next_within(time.monotonic() + timeout)
+
+    def _next_within(self, deadline: float | None) -> Delivery | None:
+        """The next delivery, fetched while there is room under ``prefetch``, polling an
+        empty queue ever less often (``IDLE_POLL_S``); None at ``deadline``."""
+        wait = IDLE_POLL_S[0]
+        while not self._ready and not self._closed:
             room = self.prefetch - self.connection.held(self.queue)
             if room > 0:
                 self._ready.extend(self.connection._fetch(self.queue, room, True))
-            if not self._ready:
-                time.sleep(IDLE_POLL_S[0] * 10)
+            if self._ready:
+                break
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return None
+            time.sleep(wait if left is None else min(wait, left))
+            wait = min(wait * 2, IDLE_POLL_S[1])
         return self._ready.popleft() if self._ready else None
 
     def cancel(self) -> None:
@@ -784,6 +823,18 @@ def _alive(ref: QueueRef, future: Any) -> bool:
         return ref.unpin().ping(timeout=RESTART_CHECK_S).incarnation == ref.incarnation
     except ActorError:
         return True  # busy, or between incarnations: wait on
+
+
+def _check_timeout(value: Any, what: str, *, zero: bool = False) -> None:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value < 0
+        or (value == 0 and not zero)
+    ):
+        bound = ">= 0" if zero else "> 0"
+        raise ValueError(f"{what} must be a finite number of seconds {bound}, got {value!r}")
 
 
 def _stamp(producer_id: str | bytes | None) -> int | None:

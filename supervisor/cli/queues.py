@@ -112,6 +112,11 @@ def add_queue_commands(commands: argparse._SubParsersAction) -> None:
     kinds = declare.add_subparsers(dest="declare_kind", required=True)
     queue = _command(kinds, "queue", "declare a queue (nothing happens if it exists alike)")
     queue.add_argument("name")
+    queue.add_argument(
+        "--passive",
+        action="store_true",
+        help="create nothing: say whether it exists, and its counts",
+    )
     queue.add_argument("--transient", action="store_true", help="not kept across restarts")
     queue.add_argument("--lazy", action="store_true", help="every message straight to disk")
     queue.add_argument("--message-ttl-ms", type=int, help="how long a message may wait")
@@ -214,17 +219,24 @@ def _with_connection(
 
 
 def _declare_queue(connection: Connection, args: argparse.Namespace) -> int:
-    connection.declare_queue(
-        args.name,
-        durable=not args.transient,
-        lazy=args.lazy,
-        message_ttl_ms=args.message_ttl_ms,
-        max_length=args.max_length,
-        overflow=args.overflow,
-        dead_letter_exchange=args.dead_letter_exchange,
-        auto_delete=args.auto_delete,
+    if args.passive:
+        declared = connection.declare_queue(args.name, passive=True)
+    else:
+        declared = connection.declare_queue(
+            args.name,
+            durable=not args.transient,
+            lazy=args.lazy,
+            message_ttl_ms=args.message_ttl_ms,
+            max_length=args.max_length,
+            overflow=args.overflow,
+            dead_letter_exchange=args.dead_letter_exchange,
+            auto_delete=args.auto_delete,
+        )
+    print(
+        f"{'queue' if args.passive else 'declared queue'} {args.name}: "
+        f"{counted(declared.message_count, 'message')} ready, "
+        f"{counted(declared.consumer_count, 'consumer')}"
     )
-    print(f"declared queue {args.name}")
     return EXIT_OK
 
 

@@ -102,7 +102,13 @@ from warren.queues.engine.ref_counts import (
     node_ref_counts,
 )
 from warren.queues.errors import NodeNotRunning, NotFound, QueueDown, QueueError
-from warren.queues.protocol import NODE_CALLS, DeleteQueue, QueueDefinition, check_name
+from warren.queues.protocol import (
+    NODE_CALLS,
+    DeleteQueue,
+    QueueDefinition,
+    QueueStats,
+    check_name,
+)
 from warren.store.engine.message_store import FILE_SIZE_LIMIT_BYTES
 from warren.store.gc_actor import GCActor
 from warren.store.protocol import StoreStats
@@ -320,25 +326,42 @@ class Node:
 
     # ------------------------------------------------------------------ queues
 
-    def declare_queue(self, name: str, **arguments: Any) -> None:
+    def declare_queue(self, name: str, *, passive: bool = False, **arguments: Any) -> dict:
         """Create the queue (a process under ``queue_sup``) unless it exists; a durable
         one is kept in the definitions and started at every boot. Re-declaring with other
         arguments raises ``PreconditionFailed``. An ``auto_delete`` queue deletes itself
         when its last consumer stops (one that never had a consumer stays). The
         arguments are ``QueueDefinition``'s (``durable``, ``lazy``, ``message_ttl_ms``,
-        ``max_length``, ``overflow``, ``dead_letter_exchange``, ``auto_delete``)."""
+        ``max_length``, ``overflow``, ``dead_letter_exchange``, ``auto_delete``).
+        ``passive`` creates nothing: ``NotFound`` unless the queue exists. Either way the
+        answer is AMQP's declare-ok: ``{"queue", "message_count", "consumer_count"}``
+        (the messages ready, the consumers subscribed)."""
+        if passive:
+            if arguments:
+                raise TypeError("a passive declare takes no queue arguments")
+            if name not in self._definitions.queues:
+                raise NotFound(f"no queue {name!r} on this node (a passive declare creates none)")
+            return self._declared(name)
         definition = QueueDefinition(check_name(name), **arguments)
         with self._definitions_lock:
-            if not self._definitions.add_queue(definition):
-                return
-            try:
-                if not definition.durable:
-                    self._definitions.mark_transient(name)
-                self._supervisor("queue_sup").start_child(self._queue_spec(definition))
-            except BaseException:
-                self._definitions.remove_queue(name)
-                raise
-            self._definitions_changed()
+            if self._definitions.add_queue(definition):
+                try:
+                    if not definition.durable:
+                        self._definitions.mark_transient(name)
+                    self._supervisor("queue_sup").start_child(self._queue_spec(definition))
+                except BaseException:
+                    self._definitions.remove_queue(name)
+                    raise
+                self._definitions_changed()
+        return self._declared(name)
+
+    def _declared(self, name: str) -> dict:
+        stats = self.queue(name).ask(QueueStats(), timeout=STATS_TIMEOUT_S)
+        return {
+            "queue": name,
+            "message_count": stats["messages_ready"],
+            "consumer_count": stats["consumers"],
+        }
 
     def delete_queue(self, name: str) -> int:
         """Delete the queue, its bindings, its messages and its files; how many messages

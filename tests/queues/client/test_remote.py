@@ -1,6 +1,7 @@
 """Remote clients over tcp through the node's listener, with and without CURVE keys;
 hostile frames; and publisher deduplication across kills of the queue and the listener."""
 
+import math
 import os
 import signal
 import stat
@@ -438,3 +439,27 @@ def test_queue_names_are_any_utf8_text_as_rabbitmq_allows(node, transport):
         for bad in ("", "é" * 128, "tab\there", "nul\x00", "\ud800"):
             with pytest.raises(ValueError, match="UTF-8 text without control characters"):
                 client.declare_queue(bad)
+
+
+@pytest.mark.parametrize("transport", ["in-process", "ipc", "tcp"])
+def test_a_passive_declare_counts_and_a_consumer_can_stop_on_an_empty_queue(node, transport):
+    target = {"in-process": None, "ipc": node.data_dir, "tcp": node.listen_endpoint}[transport]
+    with node.connect() if target is None else connect(target) as client:
+        assert client.declare_queue("jobs") == ("jobs", 0, 0)
+        with pytest.raises(NotFound, match="creates none"):
+            client.declare_queue("nowhere", passive=True)
+        assert "nowhere" not in client.list_queues()
+        client.publish_many("jobs", [b"a", b"b", b"c"])
+        drained = []
+        with client.consume("jobs", prefetch=2, inactivity_timeout=0.5) as consumer:
+            declared = client.declare_queue("jobs", passive=True)
+            assert (declared.message_count, declared.consumer_count) == (3, 1)
+            for delivery in consumer:  # ends half a second after the queue is empty
+                drained.append(delivery.body)
+                delivery.ack()
+            assert consumer.get(timeout=0) is None
+        assert drained == [b"a", b"b", b"c"]
+        assert client.declare_queue("jobs", passive=True) == ("jobs", 0, 0)
+        for bad in (math.nan, math.inf, -1, "1"):
+            with pytest.raises(ValueError, match="inactivity_timeout must be a finite number"):
+                client.consume("jobs", inactivity_timeout=bad)

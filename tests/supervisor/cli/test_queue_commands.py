@@ -81,6 +81,12 @@ def test_a_shell_user_declares_binds_routes_and_undoes_it_all(node, data_dir):
     ok("declare", "exchange", "events", "--kind", "topic")
     assert ok("bind", "audit", "events", "--routing-key", "order.*").startswith("bound audit")
     ok("publish", "order.paid", "--exchange", "events", stdin=b"paid\n")
+    assert (
+        ok("declare", "queue", "audit", "--passive")
+        == "queue audit: 1 message ready, 0 consumers\n"
+    )
+    missing = warren("declare", "queue", "nowhere", "--passive", "--data-dir", data_dir)
+    assert missing.returncode == 2 and b"creates none" in missing.stderr
     assert json.loads(ok("exchanges", "--json")) == [
         {"name": "events", "kind": "topic", "durable": True}
     ]
