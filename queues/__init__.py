@@ -23,6 +23,7 @@ if TYPE_CHECKING:  # what the names are, for type checkers and editors
     from .engine.ref_counts import QueueRefCounts, node_ref_counts, walk_ref_counts
     from .engine.variable_queue import Delivery, MessageInfo, SharedStoreClient, VariableQueue
     from .errors import (
+        AccessRefused,
         Blocked,
         ConnectionClosed,
         CorruptMessage,
@@ -62,6 +63,7 @@ _EXPORTS = {
     "MessageTooLarge": ".errors",
     "Nacked": ".errors",
     "node_ref_counts": ".engine.ref_counts",
+    "AccessRefused": ".errors",
     "NodeNotRunning": ".errors",
     "NotFound": ".errors",
     "OutOfSequence": ".errors",

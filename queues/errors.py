@@ -12,6 +12,7 @@ import types
 from warren.actors.errors import WarrenError, remote_error
 
 __all__ = [
+    "AccessRefused",
     "Blocked",
     "ConnectionClosed",
     "CorruptMessage",
@@ -20,8 +21,8 @@ __all__ = [
     "MessageTooLarge",
     "Nacked",
     "NodeNotRunning",
-    "OutOfSequence",
     "NotFound",
+    "OutOfSequence",
     "PreconditionFailed",
     "QueueClosed",
     "QueueDown",
@@ -107,6 +108,11 @@ class Blocked(QueueError):
 
 class NodeNotRunning(QueueError, ConnectionError):
     """No node answers on that data directory: start one (``warren node --data-dir D``)."""
+
+
+class AccessRefused(QueueError, ConnectionError):
+    """A remote node refused this client's handshake (AMQP's ACCESS_REFUSED): it refuses
+    the key, wants one, or uses none; the message says which and what to do."""
 
 
 class KeyFileError(QueueError, ValueError):

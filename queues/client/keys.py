@@ -80,6 +80,11 @@ def _read_certificate(path: str) -> dict[str, str]:
             text = file.read()
     except OSError as exc:
         raise KeyFileError(f"cannot read the key file {path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise KeyFileError(
+            f"{path} is not a Warren client key file: it is not text (make one with "
+            f"`warren keys --data-dir D NAME`)"
+        ) from None
     fields = {}
     for line in text.splitlines():
         match = _FIELD.match(line)

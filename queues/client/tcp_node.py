@@ -23,9 +23,10 @@ Use from one thread (as a ``Connection``); create it where it is used (in a Spar
 partition function, not on the driver). Its sockets linger ``LINGER_MS`` at most, so a
 process with unsent frames still exits.
 
-Errors: ``NodeNotRunning`` when nothing answers at the address within ``connect_timeout_s``
-(no listener there, or a key the node refuses: CURVE refusals are silent on the wire, the
-node logs them); ``KeyFileError`` for a key file that cannot be used.
+Errors: ``AccessRefused`` at once when the listener fails the handshake (it refuses the
+key, wants one, or uses none: a ZeroMQ monitor on the new socket reports it);
+``NodeNotRunning`` when nothing answers at the address within ``connect_timeout_s`` (no
+listener there); ``KeyFileError`` for a key file that cannot be used.
 """
 
 from __future__ import annotations
@@ -36,13 +37,14 @@ import time
 from typing import Any
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from warren.actors import wire
 from warren.actors.codec import Decoder, Encoder
 from warren.actors.errors import ActorDeadError, AskTimeout, CodecError
 
 from .. import errors
-from ..errors import NodeNotRunning, local_error
+from ..errors import AccessRefused, NodeNotRunning, local_error
 from ..protocol import Fetch, NodeCalls, Subscribe
 from .keys import ClientKey, load_client_key
 
@@ -51,6 +53,7 @@ __all__ = ["RemoteQueue", "TcpNode"]
 CALL_TIMEOUT_S = 60.0
 RESTART_CHECK_S = 1.0  # how often a wait looks whether the listener restarted
 CONNECT_TIMEOUT_S = 10.0
+HANDSHAKE_CHECK_S = 0.05  # how often a new connection looks whether its handshake failed
 BEAT_S = 5.0
 LINGER_MS = 1000
 
@@ -70,7 +73,7 @@ class TcpNode(NodeCalls):
         self.call_timeout_s = call_timeout_s
         self._key: ClientKey | None = load_client_key(key_file) if key_file is not None else None
         self._context: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
-        self._socket = self._open_socket()
+        self._socket, handshakes = self._open_socket(watch_handshake=True)
         self._encoder = Encoder()
         self._decoder = Decoder()
         self._ids = iter(range(1, 2**62))
@@ -81,7 +84,7 @@ class TcpNode(NodeCalls):
         self._closed = threading.Event()
         self._lost_below = 0  # requests before this id died with a listener
         try:
-            self.boot = self.wait(self.send("boot"), connect_timeout_s)
+            self.boot = self._first_answer(handshakes, connect_timeout_s)
         except AskTimeout:
             self.close()
             hint = (
@@ -95,13 +98,61 @@ class TcpNode(NodeCalls):
                 f"with `warren node --listen {endpoint}`),{hint}"
             ) from None
 
-    def _open_socket(self) -> zmq.Socket[bytes]:
+    def _open_socket(
+        self, watch_handshake: bool = False
+    ) -> tuple[zmq.Socket[bytes], zmq.Socket[bytes] | None]:
+        """A DEALER connected to the listener; with ``watch_handshake``, also a monitor of
+        its failed handshakes, attached before it connects so that none is missed."""
         socket = self._context.socket(zmq.DEALER)
         socket.linger = LINGER_MS
         if self._key is not None:
             self._key.apply(socket)
+        monitor = (
+            socket.get_monitor_socket(
+                zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+            )
+            if watch_handshake
+            else None
+        )
         socket.connect(self.endpoint)
-        return socket
+        return socket, monitor
+
+    def _first_answer(self, handshakes: zmq.Socket[bytes] | None, timeout_s: float) -> Any:
+        """The listener's boot; a handshake the listener fails (it does or does not use
+        CURVE where this client does not or does, or it refuses this key) is
+        ``AccessRefused`` at once, rather than a wait for an answer that cannot come."""
+        request_id = self.send("boot")
+        deadline = time.monotonic() + timeout_s
+        try:
+            while handshakes is not None and request_id not in self._answers:
+                if handshakes.poll(0):
+                    self.close()
+                    event = recv_monitor_message(handshakes)["event"]
+                    raise AccessRefused(self._handshake_failure(event))
+                try:
+                    return self.wait(request_id, min(HANDSHAKE_CHECK_S, timeout_s))
+                except AskTimeout:
+                    if time.monotonic() >= deadline:
+                        raise
+            return self.wait(request_id, max(0.0, deadline - time.monotonic()))
+        finally:
+            if handshakes is not None:
+                if not self._socket.closed:
+                    self._socket.disable_monitor()
+                handshakes.close(linger=0)
+
+    def _handshake_failure(self, event: int) -> str:
+        if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+            return f"the node at {self.endpoint} refuses this key (the node logs refusals)"
+        if self._key is not None:
+            return (
+                f"the node at {self.endpoint} does not use keys (it runs without --curve): "
+                f"connect without a key file"
+            )
+        return (
+            f"the node at {self.endpoint} wants a key (it runs with --curve): connect with "
+            f"key_file=... (the CLI's --key-file), made by `warren keys`"
+        )
 
     # ------------------------------------------------------------------ NodeHandle
 
@@ -227,7 +278,7 @@ class TcpNode(NodeCalls):
             self._beat.start()
 
     def _beat_loop(self) -> None:
-        socket = self._open_socket()
+        socket, _ = self._open_socket()
         encoder = Encoder()
         try:
             while not self._closed.wait(BEAT_S):

@@ -113,6 +113,10 @@ def load_config(path: str) -> dict[str, Any]:
         raise UsageError(f"cannot read the config file {path}: {exc.strerror}") from None
     except tomllib.TOMLDecodeError as exc:
         raise UsageError(f"the config file {path} is not valid TOML: {exc}") from None
+    except UnicodeDecodeError:
+        raise UsageError(
+            f"the config file {path} is not text: a config file is UTF-8 TOML"
+        ) from None
     options: dict[str, Any] = {}
     for section, values in document.items():
         keys = _CONFIG_KEYS.get(section)
@@ -263,7 +267,12 @@ def application_children(target: Any, data_dir: str) -> tuple:
         raise UsageError(f"children: cannot import {module_name}: {exc}") from None
     except AttributeError:
         raise UsageError(f"children: {module_name} has no {function_name}") from None
-    children = tuple(function(data_dir))
+    try:
+        children = tuple(function(data_dir))
+    except Exception as exc:  # the application's code: whatever it raises is one line
+        raise UsageError(
+            f"children: {target}({data_dir!r}) raised {type(exc).__name__}: {exc}"
+        ) from None
     wrong = [c for c in children if not isinstance(c, (ChildSpec, SupervisorSpec))]
     if wrong:
         raise UsageError(

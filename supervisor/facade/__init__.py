@@ -21,6 +21,7 @@ from warren.actors.lazy import lazy_face
 
 if TYPE_CHECKING:  # what the names are, for type checkers and editors
     from warren.errors import (
+        AccessRefused,
         ActorDeadError,
         ActorError,
         AskTimeout,
@@ -101,6 +102,7 @@ _EXPORTS = {
     "MessageTooLarge": "warren.errors",
     "Nacked": "warren.errors",
     "NodeLocked": "warren.errors",
+    "AccessRefused": "warren.errors",
     "NodeNotRunning": "warren.errors",
     "NotFound": "warren.errors",
     "OutOfSequence": "warren.errors",

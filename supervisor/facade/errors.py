@@ -20,6 +20,7 @@ from warren.actors.errors import (
     WarrenError,
 )
 from warren.queues.errors import (
+    AccessRefused,
     Blocked,
     ConnectionClosed,
     CorruptMessage,
@@ -75,6 +76,7 @@ __all__ = [
     "MessageTooLarge",
     "Nacked",
     "NodeLocked",
+    "AccessRefused",
     "NodeNotRunning",
     "NotFound",
     "OutOfSequence",

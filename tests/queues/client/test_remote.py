@@ -25,7 +25,7 @@ from warren.queues import (
 )
 from warren.queues.broker.listener import ListenerStats
 from warren.queues.client.keys import AUTHORIZED_FILE, create_client_key
-from warren.queues.errors import KeyFileError, NodeNotRunning
+from warren.queues.errors import AccessRefused, KeyFileError, NodeNotRunning
 from warren.queues.message import MAX_MESSAGE_BYTES
 from warren.queues.protocol import DeleteQueue, Fetch, Publish
 from warren.supervisor import Node
@@ -123,8 +123,8 @@ def test_a_client_with_a_key_is_let_in_and_one_without_or_with_an_unknown_key_is
         alice.declare_queue("private")
         alice.publish("private", b"secret")
         assert alice.get("private").body == b"secret"
-    with pytest.raises(NodeNotRunning, match="wants a key"):
-        connect(curve_node.listen_endpoint, connect_timeout_s=1.0)
+    with pytest.raises(AccessRefused, match="wants a key"):
+        connect(curve_node.listen_endpoint)  # at once, not after connect_timeout_s
     # A key made for another node: the handshake fails (it names another node's key).
     other = tmp_path / "other"
     other.mkdir()
@@ -138,9 +138,33 @@ def test_a_client_with_a_key_is_let_in_and_one_without_or_with_an_unknown_key_is
         kept = [line for line in file if not line.rstrip().endswith(" alice")]
     with open(path, "w") as file:
         file.writelines(kept)
-    with pytest.raises(NodeNotRunning, match="refuses this key"):
-        connect(curve_node.listen_endpoint, key_file=key, connect_timeout_s=1.0)
+    with pytest.raises(AccessRefused, match="refuses this key"):
+        connect(curve_node.listen_endpoint, key_file=key)
     assert listener_stats(curve_node)["clients_refused"] >= 1
+
+
+def test_a_key_used_against_a_node_without_curve_is_refused_at_once_in_one_line(
+    node, data_dir, tmp_path
+):
+    key = create_client_key(data_dir, "alice", tmp_path)
+    with pytest.raises(AccessRefused, match="does not use keys .* connect without a key file"):
+        connect(node.listen_endpoint, key_file=key)
+    refused = subprocess.run(
+        [*WARREN, "queues", "--url", node.listen_endpoint, "--key-file", key],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert refused.returncode == 2
+    assert refused.stderr.splitlines() == [
+        f"warren: the node at {node.listen_endpoint} does not use keys (it runs without "
+        "--curve): connect without a key file"
+    ]
+    garbage = tmp_path / "garbage.key"
+    garbage.write_bytes(bytes(range(128, 256)))
+    with pytest.raises(KeyFileError, match="is not a Warren client key file: it is not text"):
+        connect(node.listen_endpoint, key_file=garbage)
 
 
 def test_warren_keys_writes_a_private_key_file_and_refuses_bad_names_and_overwrites(

@@ -128,11 +128,12 @@ def test_a_config_file_sets_what_node_takes_and_options_win(tmp_path):
         ('[store]\nsync_policy = "sometimes"\n', "sync_policy must be 'fsync' or 'flush'"),
         ("[alarms]\nmemory_high_watermark = 7\n", "memory_high_watermark=7"),
         ("[store\n", "is not valid TOML"),
+        (bytes(range(256)), "is not text: a config file is UTF-8 TOML"),
     ],
 )
 def test_a_config_file_with_a_mistake_is_refused_with_the_key_named(tmp_path, content, complaint):
     config = tmp_path / "warren.toml"
-    config.write_text(content)
+    config.write_bytes(content if isinstance(content, bytes) else content.encode())
     refused = warren("node", "--config", str(config), "--data-dir", str(tmp_path / "data"))
     assert refused.returncode == 2
     assert complaint in refused.stderr
@@ -284,11 +285,13 @@ def test_a_size_needs_a_known_unit():
         ("tests.no_such_module:children", "cannot import tests.no_such_module"),
         ("tests.supervisor.sample_actors:no_such_function", "has no no_such_function"),
         ("tests.supervisor.cli.test_cli:not_specs", "must return ChildSpecs and SupervisorSpecs"),
+        ("json:loads", "json:loads('"),  # a function that raises on a data directory
     ],
 )
 def test_an_application_tree_that_cannot_be_had_is_refused_in_one_line(tmp_path, target, complaint):
     refused = warren("node", "--data-dir", str(tmp_path / "data"), "--children", target)
     assert refused.returncode == 2 and complaint in refused.stderr
+    assert len(refused.stderr.splitlines()) == 1
     assert "Traceback" not in refused.stderr and not (tmp_path / "data").exists()
 
 
