@@ -8,11 +8,16 @@ INSTALLED := $(VENV)/.installed
 .PHONY: run test lint bench chaos clean
 
 $(PY):
-	$(PYTHON) -m venv $(VENV)
+	@echo "make: creating the virtual environment $(VENV) with $(PYTHON)"
+	@$(PYTHON) -m venv $(VENV)
 
+# pip runs quietly (pyspark alone is a large download): one line says what is happening.
 $(INSTALLED): $(PY) setup.py
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test,spark,plot]'
-	touch $(INSTALLED)
+	@echo "make: installing Warren with its test, spark and plot extras into $(VENV)" \
+		"(a few minutes on a fresh machine; quiet until done)"
+	@$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test,spark,plot]'
+	@touch $(INSTALLED)
+	@echo "make: installed; $(VENV)/bin/warren is the command line"
 
 run: $(INSTALLED)
 	$(PY) examples/demo.py

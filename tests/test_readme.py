@@ -143,14 +143,14 @@ def test_the_quickstart_runs_as_written(tmp_path, shell_env):
         assert ran.returncode == 0, ran.stderr
         assert ran.stdout == "order 3\norder 4\norder 5\n"
         listing = sh("warren queues --data-dir ./warren-data", tmp_path, shell_env).stdout
-        assert queue_row(listing, "orders")[:5] == ["orders", "running", "default", "0", "0"]
+        assert queue_row(listing, "orders")[:4] == ["orders", "running", "0", "0"]
     finally:
         assert stop_node(node) == 0
 
     node = start_node(node_line, tmp_path, shell_env)  # "start it again"
     try:
         listing = sh("warren queues --data-dir ./warren-data", tmp_path, shell_env).stdout
-        assert queue_row(listing, "orders")[:4] == ["orders", "running", "default", "0"]
+        assert queue_row(listing, "orders")[:3] == ["orders", "running", "0"]
     finally:
         assert stop_node(node) == 0
 
