@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import psutil
@@ -137,6 +138,55 @@ def test_a_node_never_starts_in_a_stranger_directory_nor_deletes_what_it_did_not
         names = set(os.listdir(transient))
         assert {"keep-me.txt", "7.rdq.txt"} <= names and "5.rdq" not in names
     assert {"keep-me.txt", "7.rdq.txt"} <= set(os.listdir(transient))
+
+
+def test_a_client_retrying_through_a_kill_of_every_node_process_is_served_once_it_restarts(
+    tmp_path,
+):
+    """Every process of the node SIGKILLed at once; a client retries connect() in a loop:
+    each attempt ends within seconds (NodeNotRunning), and the first after the restarted
+    node is ready is served."""
+    data = str(tmp_path / "data")
+    attempts: list[tuple[float, float, str]] = []  # (started, ended, outcome)
+    served = threading.Event()
+    stop = threading.Event()
+
+    def retry() -> None:
+        while not stop.is_set():
+            began = time.monotonic()
+            try:
+                with connect(data) as client:
+                    client.declare_queue("jobs")
+                attempts.append((began, time.monotonic(), "served"))
+                served.set()
+                return
+            except NodeNotRunning:
+                attempts.append((began, time.monotonic(), "not running"))
+                time.sleep(0.1)
+
+    with warren_node(data) as first:
+        assert first.stdout.readline().startswith("node warren")
+        family = [psutil.Process(first.pid), *psutil.Process(first.pid).children(recursive=True)]
+        for process in family:
+            process.send_signal(signal.SIGKILL)
+        first.wait()
+    client = threading.Thread(target=retry)
+    client.start()
+    try:
+        time.sleep(1.0)  # the client meets a node file naming dead processes
+        assert not served.is_set()
+        with warren_node(data) as second:
+            assert second.stdout.readline().startswith("node warren")
+            ready = time.monotonic()
+            assert served.wait(timeout=10)
+            second.send_signal(signal.SIGTERM)
+            assert second.wait(timeout=60) == 0
+    finally:
+        stop.set()
+        client.join(timeout=30)
+    assert attempts[-1][2] == "served" and attempts[-1][1] - ready < 2.0
+    assert all(ended - began < 6.0 for began, ended, _ in attempts), attempts
+    assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in family)
 
 
 def warren_status(data: str, *options: str) -> subprocess.CompletedProcess:
