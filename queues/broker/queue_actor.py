@@ -118,18 +118,11 @@ STORE_PING_S = 1.0  # how long a stopping queue waits for its stores' answer
 class _StoreClientOptions(TypedDict):
     unavailable_after_s: float
     call_timeout_s: float
-    unavailable_once_dead: bool
 
 
-# A queue gives up on a silent store sooner than an application would, and on a dead one
-# at once: the node restarts the queue after the store anyway (rest_for_one), stopping it
-# before the store starts again, so a queue waiting for the next store in a handler would
-# only hold that restart up until its stop timeout.
-STORE_CLIENT_OPTIONS: _StoreClientOptions = {
-    "unavailable_after_s": 5.0,
-    "call_timeout_s": 5.0,
-    "unavailable_once_dead": True,
-}
+# A queue gives up on a silent store sooner than an application would: the node restarts
+# the queue after the store anyway (rest_for_one).
+STORE_CLIENT_OPTIONS: _StoreClientOptions = {"unavailable_after_s": 5.0, "call_timeout_s": 5.0}
 
 
 class _Batch:
