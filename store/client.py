@@ -43,7 +43,10 @@ naming the writes and removes it had sent or queued without an answer: they may 
 have been applied; it drops its cached locations, and registers again on next use (a
 restart with nothing in doubt raises nothing: the client just registers with the new
 store). A store silent for ``unavailable_after_s`` (its supervisor gave up) raises
-``StoreUnavailable`` the same way. (A monitor would need the client to be an actor;
+``StoreUnavailable`` the same way; with ``unavailable_once_dead``, so does a store whose
+process is gone, at once (a client that is restarted after its store, as a queue under
+the node's rest_for_one root, waits for no successor: its supervisor stops it before the
+store is started again). (A monitor would need the client to be an actor;
 clients live in any process.)
 
 Full disk. While the node's disk alarm is raised the store asks, through the lock
@@ -74,6 +77,7 @@ from typing import TYPE_CHECKING, Any
 
 from warren.actors import ActorDeadError, ActorError, ActorRef, AskTimeout
 from warren.actors.flow import MAX_IN_FLIGHT, MAX_IN_FLIGHT_BYTES, CreditWindow
+from warren.actors.process import process_exists
 
 from .engine.lock_table import TABLE_FILE, LockTableReader
 from .engine.message_store import Settlement
@@ -127,6 +131,7 @@ class StoreClient:
         restart_check_s: float = RESTART_CHECK_S,
         unavailable_after_s: float = UNAVAILABLE_AFTER_S,
         call_timeout_s: float = CALL_TIMEOUT_S,
+        unavailable_once_dead: bool = False,
     ) -> None:
         self.store = store.unpin()  # whoever lives at the address: pings
         self.client_ref = client_ref if client_ref is not None else os.urandom(16)
@@ -138,6 +143,7 @@ class StoreClient:
         self.restart_check_s = restart_check_s
         self.unavailable_after_s = unavailable_after_s
         self.call_timeout_s = call_timeout_s
+        self.unavailable_once_dead = unavailable_once_dead
         self._next_seq = 0
         self._batch: list[bytes] = []
         self._batch_ids: list[bytes] = []
@@ -305,7 +311,12 @@ class StoreClient:
 
     def _store_answers(self) -> bool:
         """Ping whoever lives at the store's address: True if our incarnation answers;
-        raise StoreRestarted if another one does; False if nobody answers."""
+        raise StoreRestarted if another one does; False if nobody answers (or, with
+        ``unavailable_once_dead``, StoreUnavailable once our incarnation's process is
+        gone)."""
+        pinned = self._pinned
+        if self.unavailable_once_dead and pinned is not None and not process_exists(pinned.pid):
+            self._restarted(StoreUnavailable)
         try:
             incarnation = self.store.ping(timeout=self.restart_check_s).incarnation
         except ActorError:

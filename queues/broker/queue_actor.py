@@ -63,7 +63,10 @@ it recovers dirty, checking its entries against the store.
 
 Races: a confirm is sent only after the sync that made the whole batch durable, so a
 queue killed with confirms pending leaves its publishers an ActorDeadError (their batch
-is in doubt: re-send it), never a false confirm. A Settle names its consumer, so one
+is in doubt: re-send it), never a false confirm. A store error in the middle of a
+handler (the store client gave up on a silent or dead store) stops the queue at once
+without a sync: carrying on would let the next sync confirm an index entry whose body
+the store never took. A Settle names its consumer, so one
 connection cannot ack another's deliveries; it travels on the same socket as that
 connection's fetches, so a fetch after an ack sees the ack applied.
 """
@@ -118,11 +121,18 @@ STORE_PING_S = 1.0  # how long a stopping queue waits for its stores' answer
 class _StoreClientOptions(TypedDict):
     unavailable_after_s: float
     call_timeout_s: float
+    unavailable_once_dead: bool
 
 
-# A queue gives up on a silent store sooner than an application would: the node restarts
-# the queue after the store anyway (rest_for_one).
-STORE_CLIENT_OPTIONS: _StoreClientOptions = {"unavailable_after_s": 5.0, "call_timeout_s": 5.0}
+# A queue gives up on a silent store sooner than an application would, and on a dead one
+# at once: the node restarts the queue after the store anyway (rest_for_one), stopping it
+# before the store starts again, so a queue waiting for the next store in a handler would
+# only hold that restart up until its stop timeout.
+STORE_CLIENT_OPTIONS: _StoreClientOptions = {
+    "unavailable_after_s": 5.0,
+    "call_timeout_s": 5.0,
+    "unavailable_once_dead": True,
+}
 
 
 class _Batch:
@@ -287,7 +297,17 @@ class QueueActor(ProcessActor):
             raise UnhandledMessage(f"malformed {type(message).__name__}: {problem}")
         if self._deleted:
             raise QueueClosed(f"queue {self.queue_name} was deleted")
-        return handler(self, message)
+        try:
+            return handler(self, message)
+        except StoreError:
+            # A store call failed in the middle of a change (a publish whose index entry
+            # is written but whose body's settlement the store client gave up): the
+            # engine may be half way, and a later sync would confirm what the store never
+            # took. Never carry on from there: stop without a clean close (no sync, no
+            # confirm) and recover dirty after the store. The asker gets the error.
+            self._store_down = True
+            self.stop()
+            raise
 
     def _publish(self, message: Publish) -> None:
         queue = self._engine

@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from warren.store import StoreTimeout
+from warren.store import StoreTimeout, StoreUnavailable
 from warren.store.client import StoreClient
 from warren.supervisor import Node
 
@@ -137,3 +137,22 @@ def test_no_more_than_the_window_is_ever_unanswered(node):
     assert client.in_flight == 0
     assert client.contains_many([msg_id(n) for n in (0, 2500, 4999)]) == [True] * 3
     client.terminate()
+
+
+@pytest.mark.parametrize("unavailable_once_dead", [False, True])
+def test_a_client_restarted_after_its_store_gives_up_on_a_dead_one_at_once(
+    node, unavailable_once_dead
+):
+    """A queue is restarted after its store (rest_for_one), so its client must not wait in
+    a call for the next store: the supervisor stops the queue before starting one. An
+    application's client waits, and is answered by the successor."""
+    store = node.store("msg_store_persistent")
+    client = StoreClient(store, unavailable_once_dead=unavailable_once_dead)
+    with stopped(store.pid):
+        result = in_thread(lambda: client.contains(msg_id(1)))
+        os.kill(store.pid, signal.SIGKILL)
+    if unavailable_once_dead:
+        with pytest.raises(StoreUnavailable):
+            result()
+    else:
+        assert result() is False
