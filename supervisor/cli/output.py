@@ -120,7 +120,8 @@ class Output:
                 self._gone()
                 return taken
             if self._stop.received is not None:
-                return False
+                # one last look: the reader may have taken it while the poll waited
+                return _unread(self._fd) == 0
         return True
 
     def _gone(self) -> None:
