@@ -77,11 +77,12 @@ IDLE_POLL_S = (0.001, 0.05)  # a consumer's wait between empty fetches: from, to
 
 class QueueDeclared(NamedTuple):
     """What a declare answers (AMQP's declare-ok): the queue, how many messages are ready
-    in it, how many consumers are subscribed."""
+    in it, how many consumers are subscribed; the counts are None while the queue's
+    process does not answer (restarting, or down after repeated crashes)."""
 
     queue: str
-    message_count: int
-    consumer_count: int
+    message_count: int | None
+    consumer_count: int | None
 
 
 class Confirm:

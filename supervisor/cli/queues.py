@@ -232,11 +232,14 @@ def _declare_queue(connection: Connection, args: argparse.Namespace) -> int:
             dead_letter_exchange=args.dead_letter_exchange,
             auto_delete=args.auto_delete,
         )
-    print(
-        f"{'queue' if args.passive else 'declared queue'} {args.name}: "
-        f"{counted(declared.message_count, 'message')} ready, "
-        f"{counted(declared.consumer_count, 'consumer')}"
-    )
+    done = "queue" if args.passive else "declared queue"
+    if declared.message_count is None or declared.consumer_count is None:
+        print(f"{done} {args.name}: {connection.queue_state(args.name)}, no counts")
+    else:
+        print(
+            f"{done} {args.name}: {counted(declared.message_count, 'message')} ready, "
+            f"{counted(declared.consumer_count, 'consumer')}"
+        )
     return EXIT_OK
 
 

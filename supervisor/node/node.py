@@ -335,7 +335,9 @@ class Node:
         ``max_length``, ``overflow``, ``dead_letter_exchange``, ``auto_delete``).
         ``passive`` creates nothing: ``NotFound`` unless the queue exists. Either way the
         answer is AMQP's declare-ok: ``{"queue", "message_count", "consumer_count"}``
-        (the messages ready, the consumers subscribed)."""
+        (the messages ready, the consumers subscribed), the counts None while the queue's
+        process does not answer (restarting, or down): declaring a queue that exists
+        succeeds whatever state its process is in."""
         if passive:
             if arguments:
                 raise TypeError("a passive declare takes no queue arguments")
@@ -356,7 +358,10 @@ class Node:
         return self._declared(name)
 
     def _declared(self, name: str) -> dict:
-        stats = self.queue(name).ask(QueueStats(), timeout=STATS_TIMEOUT_S)
+        try:
+            stats = self.queue(name).ask(QueueStats(), timeout=STATS_TIMEOUT_S)
+        except (QueueError, ActorError):  # between incarnations, down, or silent
+            return {"queue": name, "message_count": None, "consumer_count": None}
         return {
             "queue": name,
             "message_count": stats["messages_ready"],

@@ -349,6 +349,7 @@ def test_a_queue_that_keeps_crashing_stays_down_alone_and_publishes_to_it_are_na
         wait_for(lambda pid=pid: restarted(node, "fragile", pid))
     os.kill(node.queue("fragile").pid, signal.SIGKILL)  # and one more
     wait_for(lambda: node.queue_state("fragile") == "crashed")
+    assert connection.declare_queue("fragile") == ("fragile", None, None)  # it exists
     with pytest.raises(Nacked, match="stays down"):
         connection.publish("fragile", b"x")
     assert node.status()["queues"] == {"fragile": "crashed", "steady": "running"}
