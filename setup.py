@@ -55,6 +55,9 @@ setup(
         "spark": ["pyspark>=4.0,<5", "pyarrow>=15", "pandas>=2.2,<3"],
         # The chaos report's plot.
         "plot": ["matplotlib>=3.7,<4"],
+        # Profiling the bench's workloads (bench/README.md): sampling from outside a
+        # process, and a call-tree view from inside.
+        "profile": ["py-spy>=0.3", "pyinstrument>=4.6"],
     },
     entry_points={
         "console_scripts": ["warren=warren.supervisor.cli:main"],

@@ -43,12 +43,11 @@ class NodeClient:
         rt = runtime()
         channel = rt.channel(self.endpoint)
         request_id = next(rt.request_ids)
-        frames = channel.encoder.encode([kind, request_id, body])
-        return channel.request(frames, request_id, timeout, None, self._abandon)
+        return channel.request([kind, request_id, body], request_id, timeout, None, self._abandon)
 
     def _notify(self, kind: int, body: Any) -> None:
         channel = runtime().channel(self.endpoint)
-        channel.send(channel.encoder.encode([kind, 0, body]), _REQUEST_TIMEOUT_S)
+        channel.send([kind, 0, body], _REQUEST_TIMEOUT_S)
 
     def ready(self, token: int, address: str, control: str, pid: int) -> None:
         self._notify(wire.READY, [token, address, control, pid])

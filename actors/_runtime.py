@@ -92,18 +92,20 @@ class Channel:
         self.socket = socket
         self._receive_timeout_ms = -1
 
-    def send(self, frames: list[Any], timeout: float | None) -> None:
-        """Send one message; block up to ``timeout`` seconds on a full mailbox."""
+    def send(self, header: list[Any], timeout: float | None) -> None:
+        """Encode and send one message; block up to ``timeout`` seconds on a full mailbox.
+        Every send encodes under the channel's lock: the encoder is the channel's, and
+        another thread may be sending on this channel."""
         with self.lock:
-            self._send_locked(frames, timeout)
+            self._send_locked(self.encoder.encode(header), timeout)
 
     def send_message(self, kind: int, stamp: int, message: Any, timeout: float | None) -> None:
         """Encode and send a tell or batch: the hot path, with one try before the checks."""
-        frames = self.encoder.encode([kind, stamp, 0, message])
         # acquire/release rather than ``with``: measurably cheaper per message here.
         lock = self.lock
         lock.acquire()
         try:
+            frames = self.encoder.encode([kind, stamp, 0, message])
             if len(frames) == 1 and len(frames[0]) < _ZERO_COPY_BYTES:
                 try:
                     _plain_send(self.socket, frames[0], zmq.NOBLOCK)
@@ -113,6 +115,15 @@ class Channel:
             self._send_locked(frames, timeout)
         finally:
             lock.release()
+
+    def send_request(
+        self, kind: int, stamp: int, request_id: int, body: Any, timeout: float | None
+    ) -> None:
+        """Encode and send a request whose reply a ``Future`` waits for."""
+        with self.lock:
+            frames = self.encoder.encode([kind, stamp, request_id, body])
+            self._awaited.add(request_id)
+            self._send_locked(frames, timeout)
 
     def _send_locked(self, frames: list[Any], timeout: float | None) -> None:
         if len(frames) > 1 and sum(len(f) for f in frames) > wire.MAX_MESSAGE_BYTES:
@@ -147,7 +158,7 @@ class Channel:
 
     def request(
         self,
-        frames: list[Any],
+        header: list[Any],
         request_id: int,
         timeout: float | None,
         target: ActorRef | None,
@@ -156,7 +167,7 @@ class Channel:
         """Send a request and wait for its reply (see ``wait``)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self.lock:
-            self._send_locked(frames, timeout)
+            self._send_locked(self.encoder.encode(header), timeout)
         return self.wait(request_id, deadline, target, abandon)
 
     def expect(self, request_id: int) -> None:

@@ -350,7 +350,7 @@ class Node:
     def _notify_actor(self, receiver: ActorRef, kind: int, notice: Down | Exit) -> None:
         channel = self._runtime.channel(receiver.control)
         try:
-            channel.send(channel.encoder.encode([kind, receiver.incarnation, 0, notice]), 0)
+            channel.send([kind, receiver.incarnation, 0, notice], 0)
         except ActorError:
             self.counters["undeliverable_notices"] += 1
             logger.warning(
@@ -384,7 +384,7 @@ class Node:
     def _request_stop(self, life: Life) -> None:
         channel = self._runtime.channel(life.ref.control)
         try:
-            channel.send(channel.encoder.encode([wire.STOP, life.ref.incarnation, 0, None]), 0)
+            channel.send([wire.STOP, life.ref.incarnation, 0, None], 0)
         except ActorError:
             logger.warning(
                 "node %s: %s's control mailbox is full; escalating", self.name, life.ref.name

@@ -100,19 +100,29 @@ class ActorRef:
         rt = runtime()
         channel = rt.channel(self.address)
         request_id = next(rt.request_ids)
-        frames = channel.encoder.encode([wire.ASK, self._stamp, request_id, message])
-        return channel.request(frames, request_id, timeout, self)
+        return channel.request(
+            [wire.ASK, self._stamp, request_id, message], request_id, timeout, self
+        )
 
     def ask_async(
-        self, message: Any, timeout: float | None = wire.DEFAULT_SEND_TIMEOUT_S
+        self,
+        message: Any,
+        timeout: float | None = wire.DEFAULT_SEND_TIMEOUT_S,
+        channel: Channel | None = None,
     ) -> Future:
         """Send ``message`` as an ask and return a ``Future`` of the answer at once.
 
         ``timeout`` bounds only the wait for room in a full mailbox; the wait for the answer
-        is bounded by ``Future.get(timeout)``.
+        is bounded by ``Future.get(timeout)``. ``channel``: send on this one (``channel()``
+        of another thread, so that what that thread sends to the actor stays in order)
+        rather than on this thread's.
         """
         self._check_alive()
-        return self._request_async(self.address, wire.ASK, message, timeout)
+        return self._request_async(self.address, wire.ASK, message, timeout, channel)
+
+    def channel(self) -> Channel:
+        """This thread's channel to the actor's mailbox."""
+        return runtime().channel(self.address)
 
     def ping(self, timeout: float | None = 5.0) -> Pong:
         """A heartbeat on the control channel, answered before any queued data message."""
@@ -123,13 +133,19 @@ class ActorRef:
         to many actors at once, and a hung one delays nobody else's."""
         return self._request_async(self.control, wire.PING, None, timeout)
 
-    def _request_async(self, endpoint: str, kind: int, body: Any, timeout: float | None) -> Future:
+    def _request_async(
+        self,
+        endpoint: str,
+        kind: int,
+        body: Any,
+        timeout: float | None,
+        channel: Channel | None = None,
+    ) -> Future:
         rt = runtime()
-        channel = rt.channel(endpoint)
+        if channel is None:
+            channel = rt.channel(endpoint)
         request_id = next(rt.request_ids)
-        frames = channel.encoder.encode([kind, self._stamp, request_id, body])
-        channel.expect(request_id)
-        channel.send(frames, timeout)
+        channel.send_request(kind, self._stamp, request_id, body, timeout)
         return Future(channel, request_id, self)
 
     def stats(self, timeout: float | None = 5.0) -> dict[str, int]:
@@ -142,9 +158,7 @@ class ActorRef:
         """Tell the actor a resource alarm was raised or cleared (its ``on_alarm`` runs);
         on the control channel, without waiting for an answer."""
         channel = runtime().channel(self.control)
-        channel.send(
-            channel.encoder.encode([wire.ALARM, self._stamp, 0, [resource, raised]]), timeout
-        )
+        channel.send([wire.ALARM, self._stamp, 0, [resource, raised]], timeout)
 
     def request_stop(self, timeout: float | None = 5.0) -> None:
         """Ask the actor to stop after its current batch (no escalation; see ``stop``)."""
@@ -154,8 +168,7 @@ class ActorRef:
         rt = runtime()
         channel = rt.channel(self.control)
         request_id = next(rt.request_ids)
-        frames = channel.encoder.encode([kind, self._stamp, request_id, body])
-        return channel.request(frames, request_id, timeout, self)
+        return channel.request([kind, self._stamp, request_id, body], request_id, timeout, self)
 
     def stop(self, timeout: float = 5.0) -> Down:
         """Stop the actor: a stop request, then SIGTERM after ``timeout``, then SIGKILL.

@@ -45,7 +45,7 @@ class DeadLetters:
     def room(self) -> int:
         if self._connection is None:
             try:
-                self._connection = Connection(RemoteNode(self.data_dir))
+                self._connection = Connection(RemoteNode(self.data_dir), linger_s=0)
             except NodeNotRunning:
                 return 0
         return max(0, MAX_PENDING - len(self._pending))
@@ -55,7 +55,7 @@ class DeadLetters:
         if not dead:
             return
         if self._connection is None:
-            self._connection = Connection(RemoteNode(self.data_dir))
+            self._connection = Connection(RemoteNode(self.data_dir), linger_s=0)
         death = {"queue": self.queue_name, "reason": reason, "time_ms": int(time.time() * 1000)}
         for seq_id, payload in dead:
             message = decode(payload)

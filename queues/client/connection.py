@@ -7,7 +7,16 @@ for a second), and sent to each queue it goes to; its confirm comes when every o
 them has confirmed it. A message routed to several queues carries one id to all of them,
 so the shared store holds one copy with a reference per queue.
 ``publish`` waits for that; ``publish_async`` returns a ``Confirm`` at once;
-``publish_many`` sends batches and waits for all of them. At most ``max_in_flight``
+``publish_many`` sends batches and waits for all of them.
+
+Frames carry many messages, as RabbitMQ's writer batches frames: consecutive
+``publish_async`` calls to the same queues with the same properties fill one ``Publish``
+(up to ``ASYNC_BATCH`` messages), which is sent when it is full, when anything else is
+asked of the connection (a wait for a confirm included), or, for a producer that stopped
+calling, by a flusher thread once it is ``linger_s`` (2 ms) old. That thread is the only
+one besides the user's: it sends on the user's thread's channel, under the connection's
+lock, which every call that uses the transport holds, so what a connection sends keeps
+the order of its calls. At most ``max_in_flight``
 messages (4000, RabbitMQ's credit) or ``max_in_flight_bytes`` (32 MiB) are unconfirmed
 per connection, in at most ``MAX_IN_FLIGHT_REQUESTS`` publishes: a publish beyond that
 waits for the oldest confirms first. While the node's memory or disk alarm is raised
@@ -33,11 +42,14 @@ thread or process.
 from __future__ import annotations
 
 import collections
+import functools
+import logging
 import math
 import os
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, Literal, NamedTuple
+from typing import Any, NamedTuple, TypeVar, cast
 
 from warren.actors import ActorDeadError, ActorError, ActorRef, AskTimeout, RemoteError
 from warren.actors.flow import MAX_IN_FLIGHT, MAX_IN_FLIGHT_BYTES, CreditWindow
@@ -65,8 +77,13 @@ from .tcp_node import RemoteQueue
 
 __all__ = ["Confirm", "Connection", "Consumer", "Delivery", "QueueDeclared"]
 
+log = logging.getLogger("warren.queues")
+
 PUBLISH_BATCH = 500  # messages per Publish from publish_many
 PUBLISH_BATCH_BYTES = 4 * 2**20
+LINGER_S = 0.002  # how long publish_async's messages wait for more to share their frame
+ASYNC_BATCH = 64  # publish_async's messages per frame, at most
+ASYNC_BATCH_BYTES = 256 * 2**10
 CALL_TIMEOUT_S = 60.0
 ROUTES_TTL_S = 1.0  # how long an exchange's bindings are routed with
 RESTART_CHECK_S = 1.0  # how often a wait looks whether its queue restarted
@@ -86,60 +103,20 @@ class QueueDeclared(NamedTuple):
 
 
 class Confirm:
-    """The confirm of one publish: ``result(timeout)`` returns once every queue the
-    message was routed to confirmed it, or raises ``Nacked``."""
+    """The confirm of one ``publish_async``: ``result(timeout)`` returns once every queue
+    the message was routed to confirmed it, or raises ``Nacked``."""
 
-    def __init__(
-        self,
-        routing_key: str,
-        sent: list[tuple[str, QueueRef, Any]],
-        size: int,
-        size_bytes: int,
-        on_restart: Callable[[str], None],
-    ) -> None:
-        self.routing_key = routing_key
-        self._sent = sent  # (queue, ref, future) per queue
-        self.size = size  # messages
-        self.bytes = size_bytes
-        self._on_restart = on_restart
-        self._outcome: Nacked | None | Literal[False] = False  # False: not yet known
+    __slots__ = ("_connection", "_index", "_publish")
+
+    def __init__(self, connection: Connection, publish: _Publish, index: int) -> None:
+        self._connection = connection
+        self._publish = publish
+        self._index = index  # the message's place in its Publish
 
     def result(self, timeout: float | None = None) -> None:
-        outcome = self._outcome
-        if outcome is False:
-            deadline = None if timeout is None else time.monotonic() + timeout
-            outcome = None
-            for queue, ref, future in self._sent:
-                left = None if deadline is None else max(0.0, deadline - time.monotonic())
-                try:
-                    taken = await_answer(ref, future, left)
-                    if taken < self.size:
-                        outcome = outcome or Nacked(
-                            f"queue {queue!r} is full (max_length, overflow reject-publish): "
-                            f"{self.size - taken} of {self.size} messages refused, the last "
-                            f"ones; publish them again later"
-                        )
-                except TimeoutError:
-                    raise TimeoutError(
-                        f"no confirm from queue {queue!r} within {timeout} s; it may still come"
-                    ) from None
-                except ActorDeadError:
-                    self._on_restart(queue)
-                    outcome = outcome or Nacked(
-                        f"queue {queue!r} restarted before confirming; the message is in "
-                        f"doubt: publish it again"
-                    )
-                except RemoteError as exc:
-                    outcome = outcome or Nacked(
-                        f"queue {queue!r} refused the publish: {exc.message}"
-                    )
-            self._outcome = outcome
-        if outcome is not None:
-            raise outcome
+        self._connection._await_publish(self._publish, self._index, timeout)
 
     def done(self) -> bool:
-        if self._outcome is not False:
-            return True
         try:
             self.result(timeout=0)
         except TimeoutError:
@@ -147,6 +124,164 @@ class Confirm:
         except Nacked:
             pass
         return True
+
+
+class _Publish:
+    """One ``Publish`` of a connection. ``publish_async`` fills it: its messages wait in
+    the connection, at most ``linger_s``, for more to share their frame. It is then sent
+    to each of its queues, on the channels of the thread that filled it (so that the
+    flusher thread sending it keeps that thread's order), and awaited: each queue answers
+    how many of its messages it took."""
+
+    __slots__ = (
+        "_answers",
+        "_failed",
+        "_sent",
+        "bytes",
+        "channels",
+        "expiration_ms",
+        "payloads",
+        "persistent",
+        "producer",
+        "queues",
+        "refs",
+        "sequence",
+        "started",
+    )
+
+    def __init__(
+        self,
+        queues: list[str],
+        refs: list[QueueRef],
+        persistent: bool,
+        expiration_ms: int | None,
+        producer: bytes | None,
+        sequence: int | None,
+    ) -> None:
+        self.queues = queues
+        self.refs = refs
+        self.channels = [_sender(ref) for ref in refs]
+        self.persistent = persistent
+        self.expiration_ms = expiration_ms
+        self.producer = producer
+        self.sequence = sequence  # the first message's, with a producer
+        self.payloads: list[bytes] = []
+        self.bytes = 0
+        self.started = time.monotonic()
+        self._sent: list[tuple[str, QueueRef, Any]] = []  # (queue, ref, future) per queue
+        self._failed: list[tuple[str, int | Nacked]] = []  # the queues it could not reach
+        self._answers: list[tuple[str, int | Nacked]] | None = None  # per queue, once known
+
+    def takes(
+        self,
+        queues: list[str],
+        persistent: bool,
+        expiration_ms: int | None,
+        producer: bytes | None,
+        sequence: int | None,
+    ) -> bool:
+        """Whether a message so published can join this Publish's frame."""
+        return (
+            queues == self.queues
+            and persistent == self.persistent
+            and expiration_ms == self.expiration_ms
+            and producer == self.producer
+            and (self.sequence is None or sequence == self.sequence + len(self.payloads))
+        )
+
+    def send(self, connection: Connection) -> None:
+        """Ask each queue; a queue it cannot reach gets its answer now, a ``Nacked``."""
+        # One id per message for all its queues: the shared store keeps one copy of a
+        # large message, with a reference per queue (a producer's messages have ids the
+        # queues derive from their sequences).
+        msg_ids = (
+            [os.urandom(16) for _ in self.payloads]
+            if len(self.queues) > 1 and self.producer is None
+            else None
+        )
+        publish = Publish(
+            self.payloads,
+            self.persistent,
+            msg_ids,
+            self.expiration_ms,
+            self.producer,
+            self.sequence,
+        )
+        timeout = connection.call_timeout_s
+        failed: list[tuple[str, int | Nacked]] = []
+        for queue, ref, channel in zip(self.queues, self.refs, self.channels, strict=True):
+            try:
+                try:
+                    future = ref.ask_async(publish, timeout, channel)
+                except ActorDeadError:  # known dead already: ask the node again
+                    connection._forget(queue)
+                    ref = connection._ref(queue)
+                    future = ref.ask_async(publish, timeout, _same_mailbox(ref, channel))
+                self._sent.append((queue, ref, future))
+            except ActorDeadError:
+                failed.append((queue, Nacked(f"queue {queue!r} is restarting; publish again")))
+            except (ActorError, QueueError, OSError) as exc:
+                failed.append(
+                    (queue, Nacked(f"the publish could not be sent to queue {queue!r}: {exc}"))
+                )
+        self._failed = failed
+
+    def answers(
+        self, timeout: float | None, on_restart: Callable[[str], None]
+    ) -> list[tuple[str, int | Nacked]]:
+        """Per queue, how many of the messages it took, or why it took none."""
+        if self._answers is not None:
+            return self._answers
+        deadline = None if timeout is None else time.monotonic() + timeout
+        answers: list[tuple[str, int | Nacked]] = []
+        for queue, ref, future in self._sent:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                answers.append((queue, await_answer(ref, future, left)))
+            except TimeoutError:
+                raise TimeoutError(
+                    f"no confirm from queue {queue!r} within {timeout} s; it may still come"
+                ) from None
+            except ActorDeadError:
+                on_restart(queue)
+                answers.append(
+                    (
+                        queue,
+                        Nacked(
+                            f"queue {queue!r} restarted before confirming; the message is in "
+                            f"doubt: publish it again"
+                        ),
+                    )
+                )
+            except RemoteError as exc:
+                answers.append(
+                    (queue, Nacked(f"queue {queue!r} refused the publish: {exc.message}"))
+                )
+        self._answers = answers = answers + self._failed
+        return answers
+
+    @property
+    def answered(self) -> bool:
+        return self._answers is not None
+
+    def refusal(self, index: int | None) -> Nacked | None:
+        """Why message ``index`` (None: any of them) was not confirmed, once answered."""
+        assert self._answers is not None, "answers() first"
+        size = len(self.payloads)
+        for queue, answer in self._answers:
+            if isinstance(answer, Nacked):
+                return answer
+            if answer < size and (index is None or index >= answer):
+                what = (
+                    f"{size - answer} of {size} messages refused, the last ones"
+                    if index is None
+                    else "the message was refused"
+                )
+                return Nacked(
+                    f"queue {queue!r} is full (max_length, overflow reject-publish): {what}; "
+                    f"publish again later"
+                )
+        return None
 
 
 class Delivery:
@@ -188,6 +323,23 @@ class Delivery:
         )
 
 
+Call = TypeVar("Call", bound=Callable[..., Any])
+
+
+def _exclusive(call: Call) -> Call:
+    """A call of the connection that uses its transport: it holds the connection's lock
+    (the flusher thread sends nothing meanwhile) and sends what ``publish_async`` keeps
+    first, so that everything the connection sends stays in the order it was called."""
+
+    @functools.wraps(call)
+    def exclusive(self: Connection, *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            self._flush()
+            return call(self, *args, **kwargs)
+
+    return cast(Call, exclusive)
+
+
 class Connection:
     def __init__(
         self,
@@ -196,10 +348,15 @@ class Connection:
         max_in_flight: int = MAX_IN_FLIGHT,
         max_in_flight_bytes: int = MAX_IN_FLIGHT_BYTES,
         call_timeout_s: float = CALL_TIMEOUT_S,
+        linger_s: float = LINGER_S,
         on_close: Callable[[], None] | None = None,
     ) -> None:
-        """``on_close`` runs once when the connection closes: ``connect`` passes the
+        """``linger_s``: how long a message of ``publish_async`` may wait in the
+        connection for more to share its frame (0: each goes at once, alone).
+        ``on_close`` runs once when the connection closes: ``connect`` passes the
         transport it opened for this connection, which nothing else uses."""
+        if type(linger_s) not in (int, float) or not 0 <= linger_s <= 1:
+            raise ValueError(f"linger_s must be a number of seconds in 0..1, got {linger_s!r}")
         self._node = node
         self._on_close = on_close
         self.max_in_flight = max_in_flight
@@ -208,7 +365,13 @@ class Connection:
         self.consumer_id = os.urandom(16)
         self._pid = os.getpid()
         self._refs: dict[str, QueueRef] = {}
-        self._in_flight: CreditWindow[Confirm] = CreditWindow(max_in_flight, max_in_flight_bytes)
+        self.linger_s = linger_s
+        self._in_flight: CreditWindow[_Publish] = CreditWindow(max_in_flight, max_in_flight_bytes)
+        self._filling: _Publish | None = None  # what publish_async fills, not sent yet
+        self._batch = max(1, min(ASYNC_BATCH, max_in_flight // 4))
+        # Held by every call that uses the transport, and by the flusher thread while it
+        # sends a lingering Publish: the one thing the connection shares with a thread.
+        self._lock = threading.RLock()
         self._held: dict[str, dict[int, Delivery]] = {}  # queue -> tag -> delivery
         self._subscribed: set[str] = set()  # queues it has consumed from
         self._settled: set[str] = set()  # queues it sent settles to
@@ -219,6 +382,7 @@ class Connection:
 
     # ------------------------------------------------------------------ declarations
 
+    @_exclusive
     def declare_queue(self, name: str, *, passive: bool = False, **arguments: Any) -> QueueDeclared:
         """Create the queue unless it exists (``PreconditionFailed`` if it exists with
         other arguments). The arguments are ``QueueDefinition``'s: ``durable`` (True),
@@ -233,56 +397,67 @@ class Connection:
         answer = self._node.declare_queue(name, passive=passive, **arguments)
         return QueueDeclared(answer["queue"], answer["message_count"], answer["consumer_count"])
 
+    @_exclusive
     def delete_queue(self, name: str) -> int:
         self._check_open()
         self._refs.pop(name, None)
         self._routes.clear()
         return self._node.delete_queue(name)
 
+    @_exclusive
     def declare_exchange(self, name: str, kind: str = "direct", durable: bool = True) -> None:
         """``direct``, ``fanout`` or ``topic`` (the default exchange ``""`` always exists)."""
         self._check_open()
         self._node.declare_exchange(name, kind=kind, durable=durable)
 
+    @_exclusive
     def bind_queue(self, queue: str, exchange: str, routing_key: str = "") -> None:
         self._check_open()
         self._node.bind_queue(queue, exchange, routing_key)
         self._routes.pop(exchange, None)
 
+    @_exclusive
     def unbind_queue(self, queue: str, exchange: str, routing_key: str = "") -> None:
         """Undo ``bind_queue`` (nothing happens for a binding that is not there)."""
         self._check_open()
         self._node.unbind_queue(queue, exchange, routing_key)
         self._routes.pop(exchange, None)
 
+    @_exclusive
     def delete_exchange(self, name: str) -> None:
         """Delete an exchange and its bindings; the queues it routed to stay."""
         self._check_open()
         self._node.delete_exchange(name)
         self._routes.pop(name, None)
 
+    @_exclusive
     def list_exchanges(self) -> list[dict[str, Any]]:
         """Every declared exchange as ``{"name", "kind", "durable"}``."""
         self._check_open()
         return self._node.list_exchanges()
 
+    @_exclusive
     def list_bindings(self) -> list[dict[str, str]]:
         """Every binding as ``{"exchange", "queue", "routing_key"}``."""
         self._check_open()
         return self._node.list_bindings()
 
+    @_exclusive
     def list_queues(self) -> list[str]:
         self._check_open()
         return self._node.list_queues()
 
+    @_exclusive
     def queue_state(self, name: str) -> str:
         """``running``, ``restarting`` or ``crashed`` (it kept crashing and stays down)."""
         self._check_open()
         return self._node.queue_state(name)
 
+    @_exclusive
     def purge_queue(self, name: str) -> int:
         return self._ask(name, Purge())
 
+    @_exclusive
     def queue_stats(self, name: str) -> dict[str, Any]:
         return self._ask(name, QueueStats())
 
@@ -370,16 +545,40 @@ class Connection:
         """``publish_async`` of a ``Message`` as it is (a dead letter keeps its properties)."""
         producer = _producer(producer_id, sequence)
         payload = self._check_size(encode(message))
-        queues = self._route(exchange, routing_key, mandatory)
-        return self._send(
-            routing_key,
-            queues,
-            [payload],
-            message.persistent,
-            message.expiration_ms,
-            producer,
-            sequence,
-        )
+        size = len(payload)
+        with self._lock:
+            queues = self._route(exchange, routing_key, mandatory)
+            if self.blocked:
+                self._flush()
+                self._wait_while_blocked()
+            publish = self._filling
+            if publish is not None and (
+                not publish.takes(
+                    queues, message.persistent, message.expiration_ms, producer, sequence
+                )
+                or len(publish.payloads) >= self._batch
+                or publish.bytes + size > ASYNC_BATCH_BYTES
+                or self._in_flight.full_for(len(publish.payloads) + 1, publish.bytes + size)
+            ):
+                self._flush()
+                publish = None
+            if publish is None:
+                self._make_room(1, size)
+                publish = self._filling = _Publish(
+                    queues,
+                    [self._ref(queue) for queue in queues],
+                    message.persistent,
+                    message.expiration_ms,
+                    producer,
+                    sequence,
+                )
+                if self.linger_s:
+                    _flusher().watch(self, publish.started + self.linger_s)
+            publish.payloads.append(payload)
+            publish.bytes += size
+            if not self.linger_s:
+                self._flush()
+            return Confirm(self, publish, len(publish.payloads) - 1)
 
     def publish_many(
         self,
@@ -412,6 +611,7 @@ class Connection:
             sequence=sequence,
         )
 
+    @_exclusive
     def publish_messages(
         self,
         routing_key: str,
@@ -427,40 +627,48 @@ class Connection:
         in batches of consecutive messages that share persistence and TTL."""
         producer = _producer(producer_id, sequence)
         queues = self._route(exchange, routing_key, mandatory)
-        batch: list[bytes] = []
-        size = count = 0
-        kind: tuple[bool, int | None] | None = None
-        confirms = []
+        sent: list[_Publish] = []
+        publish: _Publish | None = None
 
         def send() -> None:
-            nonlocal batch, size, count
-            assert kind is not None, "set with the batch's first message"
-            first: int | None = None
-            if producer is not None:
-                assert sequence is not None, "_producer refuses a producer without one"
-                first = sequence + count
-            confirms.append(
-                self._send(routing_key, queues, batch, kind[0], kind[1], producer, first)
-            )
-            count += len(batch)
-            batch, size = [], 0
+            assert publish is not None, "sent once filled"
+            if self.blocked:
+                self._wait_while_blocked()
+            self._make_room(len(publish.payloads), publish.bytes)
+            self._filling = publish
+            self._flush()
+            sent.append(publish)
 
         for message in messages:
-            if batch and (message.persistent, message.expiration_ms) != kind:
+            if publish is not None and (
+                (message.persistent, message.expiration_ms)
+                != (publish.persistent, publish.expiration_ms)
+                or len(publish.payloads) >= PUBLISH_BATCH
+                or publish.bytes >= PUBLISH_BATCH_BYTES
+            ):
                 send()
-            kind = (message.persistent, message.expiration_ms)
+                publish = None
             payload = self._check_size(encode(message))
-            batch.append(payload)
-            size += len(payload)
-            if len(batch) >= PUBLISH_BATCH or size >= PUBLISH_BATCH_BYTES:
-                send()
-        if batch:
+            if publish is None:
+                first = None if sequence is None else sequence + sum(len(p.payloads) for p in sent)
+                publish = _Publish(
+                    queues,
+                    [self._ref(queue) for queue in queues],
+                    message.persistent,
+                    message.expiration_ms,
+                    producer,
+                    first,
+                )
+            publish.payloads.append(payload)
+            publish.bytes += len(payload)
+        if publish is not None:
             send()
         deadline = time.monotonic() + (timeout if timeout is not None else self.call_timeout_s)
-        for confirm in confirms:
-            confirm.result(max(0.0, deadline - time.monotonic()))
-        return count
+        for publish in sent:
+            self._await_publish(publish, None, max(0.0, deadline - time.monotonic()))
+        return sum(len(p.payloads) for p in sent)
 
+    @_exclusive
     def wait_for_confirms(self, timeout: float | None = None) -> None:
         """Wait until every publish of this connection is confirmed; ``Nacked`` names the
         first that was not (the others are still waited for)."""
@@ -468,12 +676,15 @@ class Connection:
         nacked: Nacked | None = None
         while self._in_flight:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            try:
-                self._settle_oldest(left)
-            except Nacked as exc:
-                nacked = nacked or exc
+            nacked = nacked or self._settle_oldest(left)
         if nacked is not None:
             raise nacked
+
+    @_exclusive
+    def flush(self) -> None:
+        """Send the messages ``publish_async`` keeps waiting for more to share their frame
+        now, rather than within ``linger_s`` (a wait for a confirm, and every other call
+        of the connection, sends them first anyway)."""
 
     def _check_size(self, payload: bytes) -> bytes:
         self._check_open()
@@ -507,7 +718,8 @@ class Connection:
         """True while a resource alarm of the node holds publishers back."""
         now = time.monotonic()
         if now - self._alarms_read_at > ALARMS_READ_EVERY_S:
-            self._alarms = self._node.active_alarms()
+            with self._lock:
+                self._alarms = self._node.active_alarms()
             self._alarms_read_at = now
         return bool(self._alarms)
 
@@ -522,62 +734,67 @@ class Connection:
                 )
             time.sleep(ALARMS_READ_EVERY_S)
 
-    def _send(
-        self,
-        routing_key: str,
-        queues: list[str],
-        payloads: list[bytes],
-        persistent: bool,
-        expiration_ms: int | None = None,
-        producer: bytes | None = None,
-        sequence: int | None = None,
-    ) -> Confirm:
-        if self.blocked:
-            self._wait_while_blocked()
-        size = sum(map(len, payloads))
-        while self._in_flight.full_for(len(payloads), size):
-            try:
-                self._settle_oldest(self.call_timeout_s)
-            except Nacked:
-                pass  # its own publisher learns it from its Confirm
-        # One id per message for all its queues: the shared store keeps one copy of a
-        # large message, with a reference per queue (a producer's messages have ids the
-        # queues derive from their sequences).
-        msg_ids = (
-            [os.urandom(16) for _ in payloads] if len(queues) > 1 and producer is None else None
-        )
-        sent = []
-        publish = Publish(payloads, persistent, msg_ids, expiration_ms, producer, sequence)
-        for queue in queues:
-            for attempt in (1, 2):
-                ref = self._ref(queue)
-                try:
-                    sent.append((queue, ref, ref.ask_async(publish, timeout=self.call_timeout_s)))
-                    break
-                except ActorDeadError:  # known dead already: ask the node again
-                    self._forget(queue)
-                    if attempt == 2:
-                        raise Nacked(f"queue {queue!r} is restarting; publish again") from None
-        confirm = Confirm(routing_key, sent, len(payloads), size, self._forget)
-        self._in_flight.add(confirm, len(payloads), size)
-        return confirm
+    def _make_room(self, messages: int, size: int) -> None:
+        """Wait for the oldest confirms until a Publish of ``messages`` and ``size`` bytes
+        fits the window."""
+        while self._in_flight.full_for(messages, size):
+            self._settle_oldest(self.call_timeout_s)
 
-    def _settle_oldest(self, timeout: float | None) -> None:
-        confirm = self._in_flight.oldest()
+    def _flush(self) -> None:
+        """Send the Publish being filled, if any (into the window it made room in)."""
+        publish = self._filling
+        if publish is not None:
+            self._filling = None
+            publish.send(self)
+            self._in_flight.add(publish, len(publish.payloads), publish.bytes)
+
+    def _flush_lingering(self) -> None:
+        """The flusher thread's call: send the Publish being filled once it is
+        ``linger_s`` old, unless the connection is in use (its user sends it then)."""
+        if not self._lock.acquire(blocking=False):
+            _flusher().watch(self, time.monotonic() + self.linger_s)
+            return
         try:
-            confirm.result(timeout)
+            publish = self._filling
+            if publish is None or self._closed:
+                return
+            due = publish.started + self.linger_s
+            if due > time.monotonic():
+                _flusher().watch(self, due)
+                return
+            self._flush()
         finally:
-            if confirm.done():
-                self._in_flight.pop_oldest()
+            self._lock.release()
+
+    def _await_publish(self, publish: _Publish, index: int | None, timeout: float | None) -> None:
+        """Wait for ``publish``'s answers; ``Nacked`` unless message ``index`` (None: all
+        of them) was confirmed by every queue."""
+        with self._lock:
+            if publish is self._filling:
+                self._flush()
+            publish.answers(timeout, self._forget)
+            refusal = publish.refusal(index)
+        if refusal is not None:
+            raise refusal
+
+    def _settle_oldest(self, timeout: float | None) -> Nacked | None:
+        """Wait for the oldest Publish in flight and take it out of the window; why it was
+        not confirmed, if it was not (its own publisher learns it from its ``Confirm``)."""
+        publish = self._in_flight.oldest()
+        publish.answers(timeout, self._forget)
+        self._in_flight.pop_oldest()
+        return publish.refusal(None)
 
     # ------------------------------------------------------------------ consuming
 
+    @_exclusive
     def get(self, queue: str, *, ack: bool = True) -> Delivery | None:
         """The next message of ``queue``, or None when it is empty; with ``ack`` it
         awaits ``Delivery.ack`` (or nack, reject)."""
         deliveries = self._fetch(queue, 1, ack)
         return deliveries[0] if deliveries else None
 
+    @_exclusive
     def consume(
         self, queue: str, prefetch: int = 100, *, inactivity_timeout: float | None = None
     ) -> Consumer:
@@ -593,6 +810,7 @@ class Connection:
         self._subscribe(queue, True)
         return Consumer(self, queue, prefetch, inactivity_timeout)
 
+    @_exclusive
     def _subscribe(self, queue: str, active: bool) -> None:
         self._ref(queue).tell(
             Subscribe(self.consumer_id, self._pid, active), timeout=self.call_timeout_s
@@ -600,6 +818,7 @@ class Connection:
         if active:
             self._subscribed.add(queue)
 
+    @_exclusive
     def _fetch(self, queue: str, count: int, ack: bool) -> list[Delivery]:
         answer = self._ask(queue, Fetch(self.consumer_id, self._pid, count, ack))
         deliveries = [
@@ -616,6 +835,7 @@ class Connection:
         """Deliveries of ``queue`` this connection holds unacked."""
         return len(self._held.get(queue, ()))
 
+    @_exclusive
     def _settle(self, delivery: Delivery, action: str, multiple: bool) -> None:
         self._check_open()
         held = self._held.get(delivery.queue, {})
@@ -634,6 +854,7 @@ class Connection:
         for tag in tags:
             del held[tag]
 
+    @_exclusive
     def _give_back(self, queue: str, tags: list[int]) -> None:
         """Requeue deliveries fetched but never handed to the application."""
         self._ref(queue).tell(
@@ -682,6 +903,7 @@ class Connection:
         if self._closed:
             raise ConnectionClosed("this connection is closed; open a new one")
 
+    @_exclusive
     def close(self) -> None:
         """Hand every unacked delivery back to its queue, after the acks sent before (a
         round trip to each queue it settled with makes sure they arrived: a process that
@@ -864,3 +1086,65 @@ def _producer(producer_id: str | bytes | None, sequence: int | None) -> bytes | 
             f"(the message's place in what that producer sends); got {sequence!r}"
         )
     return producer
+
+
+def _sender(ref: QueueRef) -> Any:
+    """The channel this thread sends to ``ref`` on (None for a queue behind a listener,
+    whose connection has one socket whichever thread sends)."""
+    return ref.channel() if isinstance(ref, ActorRef) else None
+
+
+def _same_mailbox(ref: QueueRef, channel: Any) -> Any:
+    """``channel`` for the incarnation ``ref`` names, if it lives at the same address."""
+    return (
+        channel
+        if channel is not None and channel.endpoint == getattr(ref, "address", None)
+        else None
+    )
+
+
+class _Flusher:
+    """The thread that sends a connection's lingering Publish once it is ``linger_s`` old,
+    for a producer that stopped publishing without waiting for its confirms: one per
+    process, started with the first Publish that lingers (and anew in a forked child)."""
+
+    def __init__(self) -> None:
+        self._due: dict[Connection, float] = {}  # connection -> when to look at it
+        self._changed = threading.Condition()
+        threading.Thread(target=self._run, name="warren-flusher", daemon=True).start()
+
+    def watch(self, connection: Connection, at: float) -> None:
+        with self._changed:
+            known = self._due.get(connection)
+            if known is None or at < known:
+                self._due[connection] = at
+                self._changed.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._changed:
+                while True:
+                    now = time.monotonic()
+                    due = [c for c, at in self._due.items() if at <= now]
+                    if due:
+                        break
+                    self._changed.wait(min(self._due.values()) - now if self._due else None)
+                for connection in due:
+                    del self._due[connection]
+            for connection in due:
+                try:
+                    connection._flush_lingering()
+                except Exception:  # a connection's failure is its Confirms'; never the thread's
+                    log.exception("sending a lingering publish failed")
+
+
+_the_flusher: tuple[int, _Flusher] | None = None
+_flusher_lock = threading.Lock()
+
+
+def _flusher() -> _Flusher:
+    global _the_flusher
+    with _flusher_lock:
+        if _the_flusher is None or _the_flusher[0] != os.getpid():
+            _the_flusher = (os.getpid(), _Flusher())
+        return _the_flusher[1]

@@ -301,7 +301,11 @@ class RemoteQueue:
     def pin(self) -> RemoteQueue:
         return self
 
-    def ask_async(self, message: Any, timeout: float | None = None) -> _RemoteAnswer:
+    def ask_async(
+        self, message: Any, timeout: float | None = None, channel: None = None
+    ) -> _RemoteAnswer:
+        """``channel`` is an ``ActorRef``'s: a connection through a listener has one
+        socket, whichever thread sends."""
         self._note_consumer(message)
         return _RemoteAnswer(
             self.node, self.node.send("ask", self.node.boot, self.name, self.incarnation, message)
