@@ -41,6 +41,7 @@ thread or process.
 
 from __future__ import annotations
 
+import atexit
 import collections
 import functools
 import logging
@@ -84,6 +85,7 @@ PUBLISH_BATCH_BYTES = 4 * 2**20
 LINGER_S = 0.002  # how long publish_async's messages wait for more to share their frame
 ASYNC_BATCH = 64  # publish_async's messages per frame, at most
 ASYNC_BATCH_BYTES = 256 * 2**10
+EXIT_FLUSH_WAIT_S = 1.0  # how long an exiting process waits for a busy connection to flush
 CALL_TIMEOUT_S = 60.0
 ROUTES_TTL_S = 1.0  # how long an exchange's bindings are routed with
 RESTART_CHECK_S = 1.0  # how often a wait looks whether its queue restarted
@@ -1109,9 +1111,30 @@ class _Flusher:
     process, started with the first Publish that lingers (and anew in a forked child)."""
 
     def __init__(self) -> None:
+        self._pid = os.getpid()
         self._due: dict[Connection, float] = {}  # connection -> when to look at it
         self._changed = threading.Condition()
         threading.Thread(target=self._run, name="warren-flusher", daemon=True).start()
+        atexit.register(self._flush_all)
+
+    def _flush_all(self) -> None:
+        """At exit: send what every connection still keeps, as a message handed to
+        ZeroMQ goes out at exit (within the sockets' linger), so that a process that
+        publishes and exits loses nothing it published. Not in a forked child, which
+        inherits the registration but not the parent's connections."""
+        if os.getpid() != self._pid:
+            return
+        with self._changed:
+            connections = list(self._due)
+            self._due.clear()
+        for connection in connections:
+            if connection._lock.acquire(timeout=EXIT_FLUSH_WAIT_S):
+                try:
+                    connection._flush()
+                except Exception:
+                    log.exception("sending a lingering publish at exit failed")
+                finally:
+                    connection._lock.release()
 
     def watch(self, connection: Connection, at: float) -> None:
         with self._changed:
