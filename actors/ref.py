@@ -67,17 +67,25 @@ class ActorRef:
     def _stamp(self) -> int:
         return self.incarnation if self.pinned else 0
 
-    def tell(self, message: Any, timeout: float | None = wire.DEFAULT_SEND_TIMEOUT_S) -> None:
+    def tell(
+        self,
+        message: Any,
+        timeout: float | None = wire.DEFAULT_SEND_TIMEOUT_S,
+        channel: Channel | None = None,
+    ) -> None:
         """Send ``message`` without waiting for an answer.
 
         Blocks while the mailbox is full, then raises ``MailboxFull`` after ``timeout``
-        seconds (``0``: at once; ``None``: wait as long as it takes).
+        seconds (``0``: at once; ``None``: wait as long as it takes). ``channel``: as
+        for ``ask_async``.
         """
+        if channel is None:
+            channel = channel_to(self.address)
         if self.pinned:
             self._check_alive()
-            channel_to(self.address).send_message(wire.TELL, self.incarnation, message, timeout)
+            channel.send_message(wire.TELL, self.incarnation, message, timeout)
         else:
-            channel_to(self.address).send_message(wire.TELL, 0, message, timeout)
+            channel.send_message(wire.TELL, 0, message, timeout)
 
     def tell_many(
         self, messages: Iterable[Any], timeout: float | None = wire.DEFAULT_SEND_TIMEOUT_S

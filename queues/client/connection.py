@@ -85,6 +85,7 @@ PUBLISH_BATCH_BYTES = 4 * 2**20
 LINGER_S = 0.002  # how long publish_async's messages wait for more to share their frame
 ASYNC_BATCH = 64  # publish_async's messages per frame, at most
 ASYNC_BATCH_BYTES = 256 * 2**10
+SETTLE_BATCH = 1000  # tags per Settle, at most
 EXIT_FLUSH_WAIT_S = 1.0  # how long an exiting process waits for a busy connection to flush
 CALL_TIMEOUT_S = 60.0
 ROUTES_TTL_S = 1.0  # how long an exchange's bindings are routed with
@@ -126,6 +127,20 @@ class Confirm:
         except Nacked:
             pass
         return True
+
+
+class _Settles:
+    """The tags of consecutive settles of one queue with one action, not sent yet."""
+
+    __slots__ = ("action", "channel", "queue", "ref", "started", "tags")
+
+    def __init__(self, queue: str, ref: QueueRef, action: str) -> None:
+        self.queue = queue
+        self.ref = ref
+        self.channel = _sender(ref)  # the filling thread's, as for a Publish
+        self.action = action
+        self.tags: list[int] = []
+        self.started = time.monotonic()
 
 
 class _Publish:
@@ -370,6 +385,7 @@ class Connection:
         self.linger_s = linger_s
         self._in_flight: CreditWindow[_Publish] = CreditWindow(max_in_flight, max_in_flight_bytes)
         self._filling: _Publish | None = None  # what publish_async fills, not sent yet
+        self._settling: _Settles | None = None  # what acks, nacks and rejects fill
         self._batch = max(1, min(ASYNC_BATCH, max_in_flight // 4))
         # Held by every call that uses the transport, and by the flusher thread while it
         # sends a lingering Publish: the one thing the connection shares with a thread.
@@ -743,24 +759,45 @@ class Connection:
             self._settle_oldest(self.call_timeout_s)
 
     def _flush(self) -> None:
-        """Send the Publish being filled, if any (into the window it made room in)."""
+        """Send the Publish being filled, if any (into the window it made room in), and
+        the Settle being filled. A Settle that cannot be sent is dropped: its queue is
+        gone or unreachable, and requeues the deliveries itself (at least once, never
+        lost)."""
         publish = self._filling
         if publish is not None:
             self._filling = None
             publish.send(self)
             self._in_flight.add(publish, len(publish.payloads), publish.bytes)
+        settles = self._settling
+        if settles is not None:
+            self._settling = None
+            try:
+                settles.ref.tell(
+                    Settle(self.consumer_id, sorted(settles.tags), settles.action),
+                    self.call_timeout_s,
+                    settles.channel,
+                )
+            except (ActorError, QueueError, OSError) as exc:
+                log.warning(
+                    "%d %s settles of queue %s were not sent (%s); it redelivers those messages",
+                    len(settles.tags),
+                    settles.action,
+                    settles.queue,
+                    exc,
+                )
 
     def _flush_lingering(self) -> None:
-        """The flusher thread's call: send the Publish being filled once it is
-        ``linger_s`` old, unless the connection is in use (its user sends it then)."""
+        """The flusher thread's call: send the Publish and Settle being filled once the
+        older is ``linger_s`` old, unless the connection is in use (its user sends them
+        then)."""
         if not self._lock.acquire(blocking=False):
             _flusher().watch(self, time.monotonic() + self.linger_s)
             return
         try:
-            publish = self._filling
-            if publish is None or self._closed:
+            filling = [f for f in (self._filling, self._settling) if f is not None]
+            if not filling or self._closed:
                 return
-            due = publish.started + self.linger_s
+            due = min(f.started for f in filling) + self.linger_s
             if due > time.monotonic():
                 _flusher().watch(self, due)
                 return
@@ -822,7 +859,34 @@ class Connection:
 
     @_exclusive
     def _fetch(self, queue: str, count: int, ack: bool) -> list[Delivery]:
-        answer = self._ask(queue, Fetch(self.consumer_id, self._pid, count, ack))
+        return self._deliveries(queue, self._ask(queue, self._fetch_request(count, ack)), ack)
+
+    @_exclusive
+    def _fetch_async(self, queue: str, count: int) -> tuple[QueueRef, Any]:
+        """Ask for up to ``count`` deliveries awaiting acks without waiting for them (a
+        consumer's next fetch, sent while it hands out the last one's): its answer for
+        ``_fetched``."""
+        ref = self._ref(queue)
+        return ref, ref.ask_async(self._fetch_request(count, True), timeout=self.call_timeout_s)
+
+    @_exclusive
+    def _fetched(self, queue: str, asked: tuple[QueueRef, Any]) -> list[Delivery]:
+        """The deliveries ``_fetch_async`` asked for; none from a queue that restarted
+        meanwhile (the fetch died with it, and it has every message back)."""
+        ref, future = asked
+        try:
+            answer = await_answer(ref, future, self.call_timeout_s)
+        except RemoteError as exc:
+            raise local_error(exc.type_name, exc.message, exc.remote_traceback) from None
+        except ActorDeadError:
+            self._forget(queue)
+            return []
+        return self._deliveries(queue, answer, True)
+
+    def _fetch_request(self, count: int, ack: bool) -> Fetch:
+        return Fetch(self.consumer_id, self._pid, count, ack)
+
+    def _deliveries(self, queue: str, answer: list[Any], ack: bool) -> list[Delivery]:
         deliveries = [
             Delivery(self, queue, d.seq_id, decode(d.payload), d.delivery_count, ack)
             for d in answer
@@ -837,24 +901,42 @@ class Connection:
         """Deliveries of ``queue`` this connection holds unacked."""
         return len(self._held.get(queue, ()))
 
-    @_exclusive
     def _settle(self, delivery: Delivery, action: str, multiple: bool) -> None:
-        self._check_open()
-        held = self._held.get(delivery.queue, {})
-        if delivery.delivery_tag not in held:
-            raise errors.UnknownDeliveryTag(
-                f"delivery {delivery.delivery_tag} of queue {delivery.queue!r} is not awaiting "
-                f"an ack from this connection (already settled, or fetched without ack)"
+        """Settle the delivery (and the earlier ones, ``multiple``). Consecutive settles of
+        one queue with the same action share a ``Settle``, sent as publishes are: when it
+        is full, at the connection's next call, or within ``linger_s``."""
+        with self._lock:
+            self._check_open()
+            queue = delivery.queue
+            held = self._held.get(queue, {})
+            if delivery.delivery_tag not in held:
+                raise errors.UnknownDeliveryTag(
+                    f"delivery {delivery.delivery_tag} of queue {queue!r} is not awaiting "
+                    f"an ack from this connection (already settled, or fetched without ack)"
+                )
+            tags = (
+                [t for t in held if t <= delivery.delivery_tag]
+                if multiple
+                else [delivery.delivery_tag]
             )
-        tags = (
-            [t for t in held if t <= delivery.delivery_tag] if multiple else [delivery.delivery_tag]
-        )
-        self._ref(delivery.queue).tell(
-            Settle(self.consumer_id, sorted(tags), action), timeout=self.call_timeout_s
-        )
-        self._settled.add(delivery.queue)
-        for tag in tags:
-            del held[tag]
+            settles = self._settling
+            if settles is not None and (
+                settles.queue != queue
+                or settles.action != action
+                or len(settles.tags) >= SETTLE_BATCH
+            ):
+                self._flush()
+                settles = None
+            if settles is None:
+                settles = self._settling = _Settles(queue, self._ref(queue), action)
+                if self.linger_s:
+                    _flusher().watch(self, settles.started + self.linger_s)
+            settles.tags += tags
+            self._settled.add(queue)
+            for tag in tags:
+                del held[tag]
+            if not self.linger_s:
+                self._flush()
 
     @_exclusive
     def _give_back(self, queue: str, tags: list[int]) -> None:
@@ -961,6 +1043,8 @@ class Consumer:
         self.prefetch = prefetch
         self.inactivity_timeout = inactivity_timeout
         self._ready: collections.deque[Delivery] = collections.deque()
+        self._ahead: tuple[QueueRef, Any] | None = None  # the fetch sent ahead, unanswered
+        self._fetch_at = max(1, prefetch // 2)  # how much free prefetch sends the next
         self._closed = False
 
     def __iter__(self) -> Iterator[Delivery]:
@@ -984,15 +1068,23 @@ class Consumer:
         return self._next_within(time.monotonic() + timeout)
 
     def _next_within(self, deadline: float | None) -> Delivery | None:
-        """The next delivery, fetched while there is room under ``prefetch``, polling an
-        empty queue ever less often (``IDLE_POLL_S``); None at ``deadline``."""
+        """The next delivery; None at ``deadline``. The next fetch goes out as soon as
+        half the prefetch is free, while the deliveries at hand are handed out, so the
+        queue reads messages while the application works (its answer is taken once they
+        are used up); an empty queue is polled ever less often (``IDLE_POLL_S``)."""
         wait = IDLE_POLL_S[0]
-        while not self._ready and not self._closed:
-            room = self.prefetch - self.connection.held(self.queue)
-            if room > 0:
-                self._ready.extend(self.connection._fetch(self.queue, room, True))
+        while not self._closed:
+            if self._ahead is None:
+                room = self.prefetch - self.connection.held(self.queue)
+                if room >= self._fetch_at or (room > 0 and not self._ready):
+                    self._ahead = self.connection._fetch_async(self.queue, room)
             if self._ready:
                 break
+            if self._ahead is not None:
+                asked, self._ahead = self._ahead, None
+                self._ready.extend(self.connection._fetched(self.queue, asked))
+                if self._ready:
+                    break
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 return None
@@ -1005,6 +1097,12 @@ class Consumer:
         if self._closed:
             return
         self._closed = True
+        if self._ahead is not None:
+            asked, self._ahead = self._ahead, None
+            try:
+                self._ready.extend(self.connection._fetched(self.queue, asked))
+            except (QueueError, TimeoutError):
+                pass  # what it fetched goes back when the connection closes
         if self._ready:
             self.connection._give_back(self.queue, [d.delivery_tag for d in self._ready])
             self._ready.clear()

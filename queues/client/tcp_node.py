@@ -311,7 +311,7 @@ class RemoteQueue:
             self.node, self.node.send("ask", self.node.boot, self.name, self.incarnation, message)
         )
 
-    def tell(self, message: Any, timeout: float | None = None) -> None:
+    def tell(self, message: Any, timeout: float | None = None, channel: None = None) -> None:
         self._note_consumer(message)
         self.node.send("tell", self.node.boot, self.name, self.incarnation, message, answered=False)
 
