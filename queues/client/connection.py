@@ -58,7 +58,7 @@ from warren.actors.process import process_exists
 
 from .. import errors
 from ..errors import ConnectionClosed, Nacked, QueueError, local_error
-from ..message import MAX_MESSAGE_BYTES, Message, decode, encode
+from ..message import MAX_MESSAGE_BYTES, Message, body_encoder, decode, encode
 from ..protocol import (
     MAX_PRODUCER_BYTES,
     MAX_SEQUENCE,
@@ -615,21 +615,19 @@ class Connection:
         """Publish every body (all with ``routing_key``); return once all are confirmed;
         how many. With ``producer_id``, ``sequence`` is the first body's; the others
         follow one by one (see ``publish``)."""
-        stamp = _stamp(producer_id)
-        return self.publish_messages(
+        encode_body = body_encoder(
+            Message(b"", None, headers, expiration_ms, _stamp(producer_id), None, bool(persistent))
+        )
+        return self._publish_encoded(
             routing_key,
-            (
-                Message(body, None, headers, expiration_ms, stamp, None, bool(persistent))
-                for body in bodies
-            ),
-            exchange=exchange,
-            mandatory=mandatory,
-            timeout=timeout,
-            producer_id=producer_id,
-            sequence=sequence,
+            ((bool(persistent), expiration_ms, encode_body(body)) for body in bodies),
+            exchange,
+            mandatory,
+            timeout,
+            producer_id,
+            sequence,
         )
 
-    @_exclusive
     def publish_messages(
         self,
         routing_key: str,
@@ -643,6 +641,29 @@ class Connection:
     ) -> int:
         """``publish_many`` of ``Message`` objects, each with its own properties; sent
         in batches of consecutive messages that share persistence and TTL."""
+        return self._publish_encoded(
+            routing_key,
+            ((m.persistent, m.expiration_ms, encode(m)) for m in messages),
+            exchange,
+            mandatory,
+            timeout,
+            producer_id,
+            sequence,
+        )
+
+    @_exclusive
+    def _publish_encoded(
+        self,
+        routing_key: str,
+        messages: Iterable[tuple[bool, int | None, bytes]],
+        exchange: str,
+        mandatory: bool,
+        timeout: float | None,
+        producer_id: str | bytes | None,
+        sequence: int | None,
+    ) -> int:
+        """Publish (persistent, expiration_ms, encoded message) triples in batches of
+        consecutive ones that share persistence and TTL; wait for all their confirms."""
         producer = _producer(producer_id, sequence)
         queues = self._route(exchange, routing_key, mandatory)
         sent: list[_Publish] = []
@@ -657,23 +678,22 @@ class Connection:
             self._flush()
             sent.append(publish)
 
-        for message in messages:
+        for persistent, expiration_ms, payload in messages:
             if publish is not None and (
-                (message.persistent, message.expiration_ms)
-                != (publish.persistent, publish.expiration_ms)
+                (persistent, expiration_ms) != (publish.persistent, publish.expiration_ms)
                 or len(publish.payloads) >= PUBLISH_BATCH
                 or publish.bytes >= PUBLISH_BATCH_BYTES
             ):
                 send()
                 publish = None
-            payload = self._check_size(encode(message))
+            self._check_size(payload)
             if publish is None:
                 first = None if sequence is None else sequence + sum(len(p.payloads) for p in sent)
                 publish = _Publish(
                     queues,
                     [self._ref(queue) for queue in queues],
-                    message.persistent,
-                    message.expiration_ms,
+                    persistent,
+                    expiration_ms,
                     producer,
                     first,
                 )

@@ -2,9 +2,12 @@
 size and CRC, and one that fails either is never handed out."""
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from warren.queues import CorruptMessage, InvalidMessage, Message, QueueStore, decode, encode
 from warren.queues.engine.queue_store import RECORD_HEADER_BYTES
+from warren.queues.message import body_encoder
 
 
 def test_every_property_survives_encoding():
@@ -34,6 +37,50 @@ def test_every_property_survives_encoding():
 def test_a_property_that_does_not_encode_is_refused_by_name(message, field):
     with pytest.raises(InvalidMessage, match=field):
         encode(message)
+
+
+header_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.text() | st.binary(),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(), inner, max_size=3),
+    max_leaves=8,
+)
+properties = st.builds(
+    Message,
+    body=st.just(b""),
+    message_id=st.none() | st.text(max_size=20),
+    headers=st.none() | st.dictionaries(st.text(max_size=8), header_values, max_size=4),
+    expiration_ms=st.none() | st.integers(0, 2**63 - 1),
+    timestamp_ms=st.none() | st.integers(0, 2**63 - 1),
+    content_type=st.none() | st.text(max_size=20),
+    persistent=st.booleans(),
+)
+
+
+@given(properties, st.lists(st.binary(max_size=70_000), min_size=1, max_size=4))
+def test_a_batch_encoded_once_for_its_properties_is_exactly_what_encode_gives(template, bodies):
+    """publish_many packs the properties once and each body after them: the bytes must be
+    encode's, byte for byte, whatever the properties and the body's length (msgpack's bin
+    8, 16 and 32 prefixes)."""
+    encode_body = body_encoder(template)
+    for body in bodies:
+        message = Message(
+            body,
+            template.message_id,
+            template.headers,
+            template.expiration_ms,
+            template.timestamp_ms,
+            template.content_type,
+            template.persistent,
+        )
+        assert encode_body(body) == encode(message)
+        assert encode_body(bytearray(body)) == encode(message)
+
+
+def test_a_batch_with_a_body_or_property_that_does_not_encode_is_refused_by_name():
+    with pytest.raises(InvalidMessage, match="body"):
+        body_encoder(Message(b""))("text")
+    with pytest.raises(InvalidMessage, match="headers"):
+        body_encoder(Message(b"", headers={"k": {1}}))
 
 
 @pytest.mark.parametrize("data", [b"", b"\xc1", b"\x93\x01\x02\x03", encode(Message(b"x"))[:-1]])
