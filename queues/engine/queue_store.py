@@ -15,10 +15,11 @@ and counts it). There is no per-message removal on disk: a segment file is delet
 its last live record goes (``remove``), which is when its index segment empties for every
 message the index holds.
 
-Writes are buffered (up to ``max_cache_bytes``, 512,000 as RabbitMQ's) and written with
-one pwritev per run of adjacent records (headers and data as they are, no copy); ``sync``
-writes the buffer and fdatasyncs the files it touched. A record written and removed before
-the flush is never written.
+Writes are buffered (up to ``max_cache_bytes``, 512,000 as RabbitMQ's, which one batch
+of ``write_many`` may overrun) as runs of records of consecutive seq ids laid back to back;
+the flush computes their headers a run at a time and writes each run with one pwritev
+(headers and data as they are, no copy); ``sync`` writes the buffer and fdatasyncs the
+files it touched. A record written and removed before the flush is never written.
 
 Races this module guards against (one thread of control; a queue process owns it):
 
@@ -59,6 +60,20 @@ def store_header(segment: int, entry_count: int) -> bytes:
     return segment_header(MAGIC, VERSION, segment, entry_count)
 
 
+class _Run:
+    """Buffered records of consecutive seq ids from ``first``, back to back in one segment
+    from ``offset`` to ``end``."""
+
+    __slots__ = ("segment", "first", "offset", "end", "datas")
+
+    def __init__(self, segment: int, first: int, offset: int, end: int, datas: list[bytes]) -> None:
+        self.segment = segment
+        self.first = first
+        self.offset = offset
+        self.end = end
+        self.datas = datas
+
+
 class QueueStore:
     """One queue's small-message segments, in ``directory`` (the queue's directory)."""
 
@@ -76,9 +91,10 @@ class QueueStore:
         self._dir_fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY)
         self._live: dict[int, int] = {}  # segment -> records not yet removed
         self._ends: dict[int, int] = {}  # segment -> offset of its next record
-        # seq id -> (offset, record header, data), in the order written
-        self._buffer: dict[int, tuple[int, bytes, bytes]] = {}
+        self._runs: list[_Run] = []  # in the order written
+        self._buffer: dict[int, bytes] = {}  # seq id -> data of each buffered record
         self._buffer_bytes = 0
+        self._removed_from_runs = False  # since the last flush: runs have gaps
         self._read_fd: tuple[int, int] | None = None  # (segment, fd)
         self._files = SegmentFiles(
             self._dir_fd, STORE_SUFFIX, lambda segment: store_header(segment, segment_entry_count)
@@ -113,19 +129,19 @@ class QueueStore:
         offset = self._ends.get(segment)
         if offset is None:
             offset = self._end_on_disk(segment)
-        self._buffer[seq_id] = (offset, RECORD.pack(len(data), zlib.crc32(data)), data)
-        length = RECORD_HEADER_BYTES + len(data)
-        self._ends[segment] = offset + length
-        self._live[segment] = self._live.get(segment, 0) + 1
-        self._buffer_bytes += length
+        self._buffer[seq_id] = data
+        self._add_run(segment, seq_id, offset, offset + RECORD_HEADER_BYTES + len(data), [data])
         if self._buffer_bytes >= self.max_cache_bytes:
             self.flush()
         return offset
 
     def write_many(self, first_seq_id: int, datas: list[bytes]) -> list[int]:
-        """``write`` of consecutive seq ids from ``first_seq_id``; their offsets."""
+        """``write`` of consecutive seq ids from ``first_seq_id``; their offsets. A full
+        buffer is written out first, so a failed write raises before any of them is taken."""
         if self._closed:
             raise QueueClosed(f"queue store {self.directory!r} is closed")
+        if self._buffer_bytes >= self.max_cache_bytes:
+            self.flush()
         n = self.segment_entry_count
         offsets: list[int] = []
         start = 0
@@ -135,30 +151,35 @@ class QueueStore:
             stop = min(len(datas), start + (segment + 1) * n - seq_id)
             offsets += self._append_run(segment, seq_id, datas[start:stop])
             start = stop
-        if self._buffer_bytes >= self.max_cache_bytes:
-            self.flush()
         return offsets
 
     def _append_run(self, segment: int, first_seq_id: int, datas: list[bytes]) -> list[int]:
-        pack, crc32 = RECORD.pack, zlib.crc32
-        headers = [pack(len(data), crc32(data)) for data in datas]
-        lengths = [RECORD_HEADER_BYTES + len(data) for data in datas]
         begin = self._ends.get(segment)
         if begin is None:
             begin = self._end_on_disk(segment)
-        offsets = list(accumulate(lengths, initial=begin))
-        end = offsets.pop()
-        self._buffer.update(
-            zip(
-                range(first_seq_id, first_seq_id + len(datas)),
-                zip(offsets, headers, datas, strict=True),
-                strict=True,
-            )
-        )
+        offsets = list(accumulate(map(RECORD_HEADER_BYTES.__add__, map(len, datas)), initial=begin))
+        self._buffer.update(zip(range(first_seq_id, first_seq_id + len(datas)), datas, strict=True))
+        self._add_run(segment, first_seq_id, begin, offsets.pop(), datas)
+        return offsets
+
+    def _add_run(self, segment: int, first: int, offset: int, end: int, datas: list[bytes]) -> None:
+        """Buffer ``datas`` (a list the run may keep) as the records from ``offset`` to
+        ``end`` of ``first`` on: the last run, if they carry it on, else a new one."""
+        runs = self._runs
+        last = runs[-1] if runs else None
+        if (
+            last is not None
+            and last.end == offset
+            and last.segment == segment
+            and last.first + len(last.datas) == first
+        ):
+            last.datas += datas
+            last.end = end
+        else:
+            runs.append(_Run(segment, first, offset, end, datas))
         self._ends[segment] = end
         self._live[segment] = self._live.get(segment, 0) + len(datas)
-        self._buffer_bytes += end - begin
-        return offsets
+        self._buffer_bytes += end - offset
 
     def _end_on_disk(self, segment: int) -> int:
         """Where a segment's next record goes when this open has not written it yet: after
@@ -169,53 +190,62 @@ class QueueStore:
 
     def remove(self, seq_ids: Iterable[int]) -> None:
         """Forget the records (written or buffered); a segment file goes with its last."""
-        n = self.segment_entry_count
+        n, buffer = self.segment_entry_count, self._buffer
         for seq_id in seq_ids:
             segment = seq_id // n
-            buffered = self._buffer.pop(seq_id, None)
-            if buffered is not None:
-                self._buffer_bytes -= RECORD_HEADER_BYTES + len(buffered[2])
+            data = buffer.pop(seq_id, None)
+            if data is not None:
+                self._buffer_bytes -= RECORD_HEADER_BYTES + len(data)
+                self._removed_from_runs = True
             count = self._live.get(segment, 0) - 1
             if count > 0:
                 self._live[segment] = count
                 continue
             self._live.pop(segment, None)
             self._ends.pop(segment, None)
-            for other in [s for s in self._buffer if s // n == segment]:
-                self._buffer_bytes -= RECORD_HEADER_BYTES + len(self._buffer.pop(other)[2])
+            for other in [s for s in buffer if s // n == segment]:
+                self._buffer_bytes -= RECORD_HEADER_BYTES + len(buffer.pop(other))
+                self._removed_from_runs = True
             if segment in self._files.on_disk:
                 self._delete_file(segment)
 
     def flush(self) -> None:
-        if not self._buffer:
+        if not self._runs:
             return
-        n = self.segment_entry_count
-        by_segment: dict[int, list[tuple[int, bytes, bytes]]] = {}
-        for seq_id, record in self._buffer.items():
-            by_segment.setdefault(seq_id // n, []).append(record)
-        for segment, records in by_segment.items():
-            fd = self._files.for_writing(segment)
-            # Offsets are handed out in write order: the records of a segment are one run
-            # unless a record was removed before this flush, or an earlier open wrote there.
-            first, last = records[0], records[-1]
-            length = sum(RECORD_HEADER_BYTES + len(data) for _, _, data in records)
-            if last[0] + RECORD_HEADER_BYTES + len(last[2]) - first[0] == length:
-                _write_vectors(
-                    fd, [part for _, header, data in records for part in (header, data)], first[0]
-                )
-                continue
-            records.sort()
-            start = end = records[0][0]
-            vectors: list[bytes] = []
-            for offset, header, data in records:
-                if offset != end:
-                    _write_vectors(fd, vectors, start)
-                    start, vectors = offset, []
-                vectors += (header, data)
-                end = offset + RECORD_HEADER_BYTES + len(data)
-            _write_vectors(fd, vectors, start)
+        for run in self._runs:
+            if self._removed_from_runs:
+                self._write_kept_records(run)
+            else:
+                self._write_records(run.segment, run.offset, run.datas)
+        self._runs.clear()
         self._buffer.clear()
         self._buffer_bytes = 0
+        self._removed_from_runs = False
+
+    def _write_kept_records(self, run: _Run) -> None:
+        """Write the records of ``run`` still buffered, each stretch of them in one go."""
+        buffer, offset = self._buffer, run.offset
+        start = offset
+        kept: list[bytes] = []
+        for seq_id, data in enumerate(run.datas, run.first):
+            if buffer.get(seq_id) is data:
+                if not kept:
+                    start = offset  # a stretch begins
+                kept.append(data)
+            elif kept:
+                self._write_records(run.segment, start, kept)
+                kept = []
+            offset += RECORD_HEADER_BYTES + len(data)
+        if kept:
+            self._write_records(run.segment, start, kept)
+
+    def _write_records(self, segment: int, offset: int, datas: list[bytes]) -> None:
+        """Write records of ``datas`` back to back from ``offset``: their headers, computed
+        here a pass at a time, and their data, as they are."""
+        vectors = [b""] * (2 * len(datas))
+        vectors[0::2] = map(RECORD.pack, map(len, datas), map(zlib.crc32, datas))
+        vectors[1::2] = datas
+        _write_vectors(self._files.for_writing(segment), vectors, offset)
 
     def sync(self) -> None:
         """Flush, then fdatasync every file written since the last sync."""
@@ -238,7 +268,7 @@ class QueueStore:
             raise QueueClosed(f"queue store {self.directory!r} is closed")
         buffered = self._buffer.get(seq_id)
         if buffered is not None:
-            return buffered[2]
+            return buffered
         segment = seq_id // self.segment_entry_count
         fd = self._files.written.get(segment)
         if fd is None:
@@ -280,8 +310,10 @@ class QueueStore:
 
     def delete(self) -> None:
         """Delete every segment file."""
+        self._runs.clear()
         self._buffer.clear()
         self._buffer_bytes = 0
+        self._removed_from_runs = False
         self._live.clear()
         self._ends.clear()
         if self._read_fd is not None:

@@ -17,8 +17,8 @@ hold alphas, q3 and q2 betas and gammas, delta a range of seq ids with a count::
 A publish goes to q4 while everything else is empty, else to q1; a fetch takes q4's head,
 else q3's; when q3 drains, the next segment of delta is read into q3 (as gammas), and
 when delta empties q2 joins q3, then q1 moves to q4. A lazy queue publishes straight to
-delta (message and index entry written at once); switching a queue to lazy pages every
-message out; switching back lets new messages stay in RAM again.
+delta (message and index entry written, nothing of it kept in RAM); switching a queue to
+lazy pages every message out; switching back lets new messages stay in RAM again.
 
 Paging. The node sets a RAM duration target (seconds; infinity by default, 0 under a
 memory alarm). With the ingress and egress rates (``update_rates``, every few seconds) it
@@ -35,7 +35,11 @@ goes to the queue's own store (``QueueStore``), a larger one to the shared store
 ``msg_store_transient``. Both are reached through a store client (``LocalStoreClient`` for
 a ``MessageStore`` in this process, ``StoreClient`` for a store actor) with the same calls.
 Persistent messages in a durable queue have their message and index entry written on
-arrival; transient ones only when paged.
+arrival; transient ones only when paged. Those for the queue's own store, while nothing is
+to be paged (the RAM target is infinite), wait in a batch instead, up to ``WRITE_BATCH``:
+the next sync, or the next call that reads the store or the index or publishes otherwise,
+hands the batch to both in one pass per step (``_write_unwritten``), not message by
+message; their statuses already count them as written.
 
 Confirms. ``sync()`` is the group commit: it fdatasyncs the queue's store and index, asks
 the persistent store client how far its writes are settled (waiting for it, or not), and
@@ -85,7 +89,14 @@ from warren.store.disk_faults import slow_sync
 from ..durable_files import fsync_directory, write_atomically
 from ..errors import CorruptMessage, MessageTooLarge, QueueClosed, UnknownDeliveryTag
 from ..message import MAX_MESSAGE_BYTES, Message, decode, encode
-from .queue_index import DEFAULT_SEGMENT_ENTRY_COUNT, INDEX_SUFFIX, Entry, QueueIndex, pack_slot
+from .queue_index import (
+    DEFAULT_SEGMENT_ENTRY_COUNT,
+    INDEX_SUFFIX,
+    Entry,
+    QueueIndex,
+    pack_slot,
+    pack_slots,
+)
 from .queue_store import STORE_SUFFIX, QueueStore
 
 __all__ = ["Delivery", "Fetched", "MessageInfo", "SharedStoreClient", "VariableQueue"]
@@ -98,6 +109,7 @@ PAGE_BATCH = 8000  # messages paged per operation (2 × credit)
 TERMS_FILE = "recovery.json"
 TERMS_VERSION = 1
 RATE_SMOOTHING = 0.5  # weight of the newest rate sample
+WRITE_BATCH = 1024  # persistent publishes held before they are handed to store and index
 
 
 class SharedStoreClient(Protocol):
@@ -298,12 +310,19 @@ class VariableQueue:
         self._store_unsettled: collections.deque[tuple[int, int]] = collections.deque()
         self._confirmed: list[int] = []  # due at the next sync
         self._removes_unsent = False  # shared-store removes since it
+        # Persistent publishes for this queue's own store not yet handed to the store and
+        # the index (``_write_unwritten``), and their statuses unless the queue is lazy.
+        self._unwritten_payloads: list[bytes] = []
+        self._unwritten_msg_ids: list[bytes] = []
+        self._unwritten_expiries: list[int] = []
+        self._unwritten_statuses: list[MsgStatus] = []
         self._persistent_count = 0  # in the queue or pending acks
         self._persistent_bytes = 0
         self._target_ram_count: float = math.inf
         self._duration_target: float = math.inf
+        self._batching = durable  # persistent publishes wait in a batch: no paging due
         self._rates = {"ingress": 0.0, "egress": 0.0, "ack": 0.0}
-        self._since_rates = {"ingress": 0, "egress": 0, "ack": 0}
+        self._since_rates = {"ingress": 0, "egress": 0, "ack": 0}  # ingress: from seq ids
         self._rates_at = clock()
         self._closed = False
         self.counters = {
@@ -323,6 +342,7 @@ class VariableQueue:
         except BaseException:
             self.abandon()
             raise
+        self._rates_seq_id = self.next_seq_id  # every publish takes the next seq id
 
     # ------------------------------------------------------------------ recovery
 
@@ -505,18 +525,47 @@ class VariableQueue:
         msg_id: bytes | None = None,
     ) -> int:
         """``publish`` for a message already encoded (``warren.queues.message.encode``)."""
-        self._check_open()
+        if self._closed:  # tested here: a method call per publish costs more
+            self._check_open()
         size = len(payload)
         if size > self.max_message_bytes:
             raise MessageTooLarge(
                 f"the message encodes to {size} bytes, above this queue's "
                 f"maximum of {self.max_message_bytes}; send a smaller one"
             )
-        seq_id = self.next_seq_id
-        if msg_id is None:  # unique: this open's random prefix, the seq id
-            msg_id = self._id_prefix + seq_id.to_bytes(8, "big")
-        elif type(msg_id) is not bytes or len(msg_id) != 16:
+        if msg_id is not None and (type(msg_id) is not bytes or len(msg_id) != 16):
             raise ValueError(f"msg_id must be 16 bytes, got {msg_id!r}")
+        if persistent and size < self.embed_msgs_below and self._batching:
+            # The common case, kept to appends: ``_write_unwritten`` writes the batch.
+            seq_id = self.next_seq_id
+            self.next_seq_id = seq_id + 1
+            if msg_id is None:  # unique: this open's random prefix, the seq id
+                msg_id = self._id_prefix + seq_id.to_bytes(8, "big")
+            expiry = expiry_ms or 0
+            self._unwritten_payloads.append(payload)
+            self._unwritten_msg_ids.append(msg_id)
+            self._unwritten_expiries.append(expiry)
+            if self.lazy:
+                delta = self.delta
+                if delta.start >= delta.end:  # empty
+                    delta.start = seq_id
+                delta.end = seq_id + 1
+                delta.count += 1
+                delta.bytes += size
+            else:
+                status = MsgStatus(seq_id, msg_id, payload, size, True, expiry, False, 0, True)
+                self._unwritten_statuses.append(status)
+                if self.q1 or self.q2 or self.q3 or self.delta.start < self.delta.end:
+                    self.q1.append(status)
+                else:
+                    self.q4.append(status)
+            if len(self._unwritten_payloads) >= WRITE_BATCH:
+                self._write_unwritten()
+            return seq_id
+        self._write_unwritten()
+        seq_id = self.next_seq_id
+        if msg_id is None:
+            msg_id = self._id_prefix + seq_id.to_bytes(8, "big")
         self.next_seq_id = seq_id + 1
         persistent = self.durable and bool(persistent)
         shared = size >= self.embed_msgs_below
@@ -525,7 +574,7 @@ class VariableQueue:
             if shared:
                 self._write_body(status)
                 self._unconfirmed[seq_id] = 2
-            else:  # the common case, inline: no method calls
+            else:
                 status.store_offset = self._store.write(seq_id, payload)
                 status.body_on_disk = True
             self._index.publish_slot(
@@ -537,7 +586,6 @@ class VariableQueue:
             self._persistent_bytes += size
         else:
             self._confirmed.append(seq_id)
-        self._since_rates["ingress"] += 1
         if self.lazy:
             self._to_delta(status)
         elif self.q1 or self.q2 or self.q3 or not self.delta.is_empty():
@@ -561,8 +609,8 @@ class VariableQueue:
         messages in the shared store (a message routed to several queues has one id, so
         it is written once there). A message over the
         maximum size refuses the whole batch before anything changes. Persistent
-        messages for this queue's own store, in the default mode, take one pass that
-        writes their records and index slots together."""
+        messages for this queue's own store join the batch of ``publish_encoded``'s common
+        case (the module docstring's Storage)."""
         self._check_open()
         limit, embed = self.max_message_bytes, self.embed_msgs_below
         sizes = [len(payload) for payload in payloads]
@@ -574,12 +622,7 @@ class VariableQueue:
         first = self.next_seq_id
         if msg_ids is not None and len(msg_ids) != len(payloads):
             raise ValueError(f"{len(msg_ids)} msg_ids for {len(payloads)} messages")
-        if (
-            not payloads
-            or not (self.durable and persistent)
-            or self._target_ram_count != math.inf
-            or max(sizes) >= embed
-        ):
+        if not payloads or not persistent or not self._batching or max(sizes) >= embed:
             for payload, msg_id in zip(payloads, msg_ids or repeat(None), strict=False):
                 self.publish_encoded(
                     payload, persistent=persistent, expiry_ms=expiry_ms, msg_id=msg_id
@@ -589,49 +632,68 @@ class VariableQueue:
         # work is what this path is for.
         end = first + len(payloads)
         seq_ids = range(first, end)
-        offsets = self._store.write_many(first, payloads)
         prefix, expiry, count = self._id_prefix, expiry_ms or 0, len(payloads)
         if msg_ids is None:
             msg_ids = [prefix + seq_id.to_bytes(8, "big") for seq_id in seq_ids]
-        self._index.publish_slots(
-            first,
-            list(
+        self.next_seq_id = end
+        self._unwritten_payloads += payloads
+        self._unwritten_msg_ids += msg_ids
+        self._unwritten_expiries += repeat(expiry, count)
+        if self.lazy:  # straight to delta: nothing of them stays in RAM
+            self.delta.add_range(first, end, count, sum(sizes))
+        else:
+            statuses = list(
                 map(
-                    pack_slot,
+                    MsgStatus,
+                    seq_ids,
                     msg_ids,
-                    repeat(False, count),
-                    offsets,
+                    payloads,
                     sizes,
                     repeat(True, count),
                     repeat(expiry, count),
+                    repeat(False, count),
+                    repeat(0, count),
+                    repeat(True, count),
                 )
-            ),
-        )
-        self.next_seq_id = end
-        self._index_unsynced.extend(seq_ids)
+            )
+            self._unwritten_statuses += statuses
+            if self.q1 or self.q2 or self.q3 or not self.delta.is_empty():
+                self.q1.extend(statuses)
+            else:
+                self.q4.extend(statuses)
+        if len(self._unwritten_payloads) >= WRITE_BATCH:
+            self._write_unwritten()
+        return seq_ids
+
+    def _write_unwritten(self) -> None:
+        """Hand the batch of persistent publishes for this queue's own store to the store
+        and the index, one pass per step (their seq ids run up to ``next_seq_id``: a
+        publish outside the batch writes it first). Their statuses say on disk from their
+        publish: whatever reads or removes from the store or the index calls this first.
+        A failed write (a disk error) raises with the batch left whole, for the next call."""
+        payloads = self._unwritten_payloads
+        if not payloads:
+            return
+        count = len(payloads)
+        first = self.next_seq_id - count
+        sizes = list(map(len, payloads))
+        offsets = self._store.write_many(first, payloads)
+        msg_ids, expiries = self._unwritten_msg_ids, self._unwritten_expiries
+        slots = pack_slots(msg_ids, False, offsets, sizes, True, expiries)
+        try:
+            self._index.publish_slots(first, slots)
+        except BaseException:
+            self._store.remove(range(first, first + count))
+            raise
+        statuses = self._unwritten_statuses  # none in a lazy queue
+        if statuses:
+            for status, offset in zip(statuses, offsets, strict=True):
+                status.store_offset = offset
+        self._unwritten_payloads, self._unwritten_msg_ids = [], []
+        self._unwritten_expiries, self._unwritten_statuses = [], []
+        self._index_unsynced.extend(range(first, first + count))
         self._persistent_count += count
         self._persistent_bytes += sum(sizes)
-        self._since_rates["ingress"] += count
-        if self.lazy:  # straight to delta: nothing of them stays in RAM
-            self.delta.add_range(first, end, count, sum(sizes))
-            return seq_ids
-        statuses = map(
-            MsgStatus,
-            seq_ids,
-            msg_ids,
-            payloads,
-            sizes,
-            repeat(True, count),
-            repeat(expiry, count),
-            repeat(False, count),
-            offsets,
-            repeat(True, count),
-        )
-        if self.q1 or self.q2 or self.q3 or not self.delta.is_empty():
-            self.q1.extend(statuses)
-        else:
-            self.q4.extend(statuses)
-        return seq_ids
 
     def _client(self, status: MsgStatus) -> SharedStoreClient:
         return self._persistent if status.persistent else self._transient
@@ -675,6 +737,7 @@ class VariableQueue:
         ``wait``, shared-store writes not yet settled are confirmed by a later call."""
         self._check_open()
         slow_sync()
+        self._write_unwritten()
         self._store.sync()
         self._index.sync()
         confirmed, self._confirmed = self._confirmed, []
@@ -720,7 +783,11 @@ class VariableQueue:
     def needs_sync(self) -> bool:
         """True while a sync would confirm something, or send removes to a store."""
         return bool(
-            self._unconfirmed or self._confirmed or self._index_unsynced or self._removes_unsent
+            self._unconfirmed
+            or self._confirmed
+            or self._index_unsynced
+            or self._unwritten_payloads
+            or self._removes_unsent
         )
 
     # ------------------------------------------------------------------ fetching
@@ -798,6 +865,7 @@ class VariableQueue:
                     f"in the shared store fails its size or CRC check"
                 )
             return payload
+        self._write_unwritten()
         return self._store.read(status.seq_id, status.store_offset, status.size)
 
     def peek(self) -> MessageInfo | None:
@@ -828,6 +896,7 @@ class VariableQueue:
         """Read delta into q3, one segment at a time, until q3 holds something; when delta
         holds no more messages, read the rest of its range (entries to drop) and let q2
         join q3."""
+        self._write_unwritten()
         delta, n = self.delta, self.segment_entry_count
         while (not self.q3 or delta.count == 0) and not delta.is_empty():
             stop = min(delta.end, (delta.start // n + 1) * n)
@@ -938,6 +1007,7 @@ class VariableQueue:
 
     def _remove(self, statuses: list[MsgStatus]) -> None:
         """Drop the messages' index entries, records and shared-store references."""
+        self._write_unwritten()
         self._index.ack(s.seq_id for s in statuses if s.index_on_disk)
         self._store.remove(s.seq_id for s in statuses if s.body_on_disk and not s.shared)
         persistent = [s.msg_id for s in statuses if s.shared and s.body_on_disk and s.persistent]
@@ -1023,6 +1093,7 @@ class VariableQueue:
             self._target_ram_count = math.inf
         else:
             self._target_ram_count = int(self._duration_target * sum(self._rates.values()))
+        self._batching = self.durable and self._target_ram_count == math.inf
 
     def update_rates(self) -> None:
         """Fold the operations since the last call into the smoothed rates (call every
@@ -1031,6 +1102,8 @@ class VariableQueue:
         elapsed = now - self._rates_at
         if elapsed <= 0:
             return
+        self._since_rates["ingress"] = self.next_seq_id - self._rates_seq_id
+        self._rates_seq_id = self.next_seq_id
         for name, count in self._since_rates.items():
             sample = count / elapsed
             self._rates[name] = RATE_SMOOTHING * sample + (1 - RATE_SMOOTHING) * self._rates[name]
@@ -1110,6 +1183,7 @@ class VariableQueue:
     def set_lazy(self, lazy: bool) -> None:
         """Switch modes while in use: to lazy pages every waiting message to delta."""
         self._check_open()
+        self._write_unwritten()  # its statuses are kept in the default mode only
         self.lazy = bool(lazy)
         if not self.lazy:
             return
@@ -1130,6 +1204,7 @@ class VariableQueue:
     def msg_ids_from(self, seq_id: int) -> set[bytes]:
         """The ids of the index's entries from ``seq_id`` on (what a recovered queue holds
         that its producer log may not name yet)."""
+        self._write_unwritten()
         return {entry.msg_id for entry in self._index.read(seq_id, self.next_seq_id)}
 
     def __len__(self) -> int:
@@ -1173,8 +1248,9 @@ class VariableQueue:
             "ram_bytes": sum(s.size for s in in_ram),
             "disk_bytes": sum(s.size for s in everything if s.body_on_disk) + self.delta.bytes,
             "unconfirmed": len(self._unconfirmed)
-            + sum(1 for s in self._index_unsynced if s not in self._unconfirmed),
-            "persistent": self._persistent_count,
+            + sum(1 for s in self._index_unsynced if s not in self._unconfirmed)
+            + len(self._unwritten_payloads),
+            "persistent": self._persistent_count + len(self._unwritten_payloads),
             "mode": "lazy" if self.lazy else "default",
             "target_ram_count": self._target_ram_count,
             "rates": dict(self._rates),
@@ -1186,6 +1262,7 @@ class VariableQueue:
         """Clean stop: make everything durable, write the recovery terms, release."""
         if self._closed:
             return
+        self._write_unwritten()
         transient_in_store = [
             s.seq_id
             for s in self._all_statuses()
