@@ -44,6 +44,7 @@ from __future__ import annotations
 import atexit
 import collections
 import functools
+import itertools
 import logging
 import math
 import os
@@ -618,9 +619,10 @@ class Connection:
         encode_body = body_encoder(
             Message(b"", None, headers, expiration_ms, _stamp(producer_id), None, bool(persistent))
         )
-        return self._publish_encoded(
+        properties = (bool(persistent), expiration_ms)
+        return self._publish_runs(
             routing_key,
-            ((bool(persistent), expiration_ms, encode_body(body)) for body in bodies),
+            ((*properties, [encode_body(b) for b in chunk]) for chunk in _chunks(bodies)),
             exchange,
             mandatory,
             timeout,
@@ -641,9 +643,14 @@ class Connection:
     ) -> int:
         """``publish_many`` of ``Message`` objects, each with its own properties; sent
         in batches of consecutive messages that share persistence and TTL."""
-        return self._publish_encoded(
+        runs = itertools.groupby(messages, lambda m: (m.persistent, m.expiration_ms))
+        return self._publish_runs(
             routing_key,
-            ((m.persistent, m.expiration_ms, encode(m)) for m in messages),
+            (
+                (*properties, [encode(m) for m in chunk])
+                for properties, run in runs
+                for chunk in _chunks(run)
+            ),
             exchange,
             mandatory,
             timeout,
@@ -652,59 +659,49 @@ class Connection:
         )
 
     @_exclusive
-    def _publish_encoded(
+    def _publish_runs(
         self,
         routing_key: str,
-        messages: Iterable[tuple[bool, int | None, bytes]],
+        runs: Iterable[tuple[bool, int | None, list[bytes]]],
         exchange: str,
         mandatory: bool,
         timeout: float | None,
         producer_id: str | bytes | None,
         sequence: int | None,
     ) -> int:
-        """Publish (persistent, expiration_ms, encoded message) triples in batches of
-        consecutive ones that share persistence and TTL; wait for all their confirms."""
+        """Publish runs of encoded messages, each run with its persistence and TTL, in
+        Publishes of at most ``PUBLISH_BATCH`` messages and ``PUBLISH_BATCH_BYTES``; wait
+        for every confirm. Each run is checked whole before any of it is sent."""
         producer = _producer(producer_id, sequence)
         queues = self._route(exchange, routing_key, mandatory)
         sent: list[_Publish] = []
-        publish: _Publish | None = None
-
-        def send() -> None:
-            assert publish is not None, "sent once filled"
-            if self.blocked:
-                self._wait_while_blocked()
-            self._make_room(len(publish.payloads), publish.bytes)
-            self._filling = publish
-            self._flush()
-            sent.append(publish)
-
-        for persistent, expiration_ms, payload in messages:
-            if publish is not None and (
-                (persistent, expiration_ms) != (publish.persistent, publish.expiration_ms)
-                or len(publish.payloads) >= PUBLISH_BATCH
-                or publish.bytes >= PUBLISH_BATCH_BYTES
-            ):
-                send()
-                publish = None
-            self._check_size(payload)
-            if publish is None:
-                first = None if sequence is None else sequence + sum(len(p.payloads) for p in sent)
+        count = 0
+        for persistent, expiration_ms, payloads in runs:
+            sizes = list(map(len, payloads))
+            if max(sizes) > MAX_MESSAGE_BYTES:
+                self._check_size(payloads[sizes.index(max(sizes))])
+            for start, stop in _byte_batches(sizes):
                 publish = _Publish(
                     queues,
                     [self._ref(queue) for queue in queues],
                     persistent,
                     expiration_ms,
                     producer,
-                    first,
+                    None if sequence is None else sequence + count,
                 )
-            publish.payloads.append(payload)
-            publish.bytes += len(payload)
-        if publish is not None:
-            send()
+                publish.payloads = payloads[start:stop]
+                publish.bytes = sum(sizes[start:stop])
+                if self.blocked:
+                    self._wait_while_blocked()
+                self._make_room(stop - start, publish.bytes)
+                self._filling = publish
+                self._flush()
+                sent.append(publish)
+                count += stop - start
         deadline = time.monotonic() + (timeout if timeout is not None else self.call_timeout_s)
         for publish in sent:
             self._await_publish(publish, None, max(0.0, deadline - time.monotonic()))
-        return sum(len(p.payloads) for p in sent)
+        return count
 
     @_exclusive
     def wait_for_confirms(self, timeout: float | None = None) -> None:
@@ -1289,3 +1286,23 @@ def _flusher() -> _Flusher:
         if _the_flusher is None or _the_flusher[0] != os.getpid():
             _the_flusher = (os.getpid(), _Flusher())
         return _the_flusher[1]
+
+
+def _chunks(items: Iterable[Any]) -> Iterator[list[Any]]:
+    """``items`` in lists of ``PUBLISH_BATCH``, taken as they are needed (a producer's
+    generator is never read far ahead)."""
+    items = iter(items)
+    while chunk := list(itertools.islice(items, PUBLISH_BATCH)):
+        yield chunk
+
+
+def _byte_batches(sizes: list[int]) -> Iterator[tuple[int, int]]:
+    """(start, stop) of consecutive messages of ``sizes`` that share a Publish of at most
+    ``PUBLISH_BATCH_BYTES`` (a larger message goes alone)."""
+    start, total = 0, 0
+    for at, size in enumerate(sizes):
+        if at > start and total + size > PUBLISH_BATCH_BYTES:
+            yield start, at
+            start, total = at, 0
+        total += size
+    yield start, len(sizes)
