@@ -87,6 +87,7 @@ LINGER_S = 0.002  # how long publish_async's messages wait for more to share the
 ASYNC_BATCH = 64  # publish_async's messages per frame, at most
 ASYNC_BATCH_BYTES = 256 * 2**10
 SETTLE_BATCH = 1000  # tags per Settle, at most
+BUSY_RECHECK_S = 0.05  # the longest the flusher waits to look again at a busy connection
 EXIT_FLUSH_WAIT_S = 1.0  # how long an exiting process waits for a busy connection to flush
 CALL_TIMEOUT_S = 60.0
 ROUTES_TTL_S = 1.0  # how long an exchange's bindings are routed with
@@ -387,6 +388,7 @@ class Connection:
         self._in_flight: CreditWindow[_Publish] = CreditWindow(max_in_flight, max_in_flight_bytes)
         self._filling: _Publish | None = None  # what publish_async fills, not sent yet
         self._settling: _Settles | None = None  # what acks, nacks and rejects fill
+        self._busy_rechecks = 0  # the flusher found the connection in use this many times
         self._batch = max(1, min(ASYNC_BATCH, max_in_flight // 4))
         # Held by every call that uses the transport, and by the flusher thread while it
         # sends a lingering Publish: the one thing the connection shares with a thread.
@@ -578,6 +580,7 @@ class Connection:
                 or len(publish.payloads) >= self._batch
                 or publish.bytes + size > ASYNC_BATCH_BYTES
                 or self._in_flight.full_for(len(publish.payloads) + 1, publish.bytes + size)
+                or time.monotonic() - publish.started >= self.linger_s
             ):
                 self._flush()
                 publish = None
@@ -808,8 +811,13 @@ class Connection:
         older is ``linger_s`` old, unless the connection is in use (its user sends them
         then)."""
         if not self._lock.acquire(blocking=False):
-            _flusher().watch(self, time.monotonic() + self.linger_s)
+            # In use: a wait that holds the lock sent everything first, and a publish
+            # sends what it finds older than linger_s; look again, ever less often.
+            self._busy_rechecks += 1
+            wait = min(self.linger_s * 2**self._busy_rechecks, BUSY_RECHECK_S)
+            _flusher().watch(self, time.monotonic() + wait)
             return
+        self._busy_rechecks = 0
         try:
             filling = [f for f in (self._filling, self._settling) if f is not None]
             if not filling or self._closed:
