@@ -88,6 +88,7 @@ ASYNC_BATCH = 64  # publish_async's messages per frame, at most
 ASYNC_BATCH_BYTES = 256 * 2**10
 SETTLE_BATCH = 1000  # tags per Settle, at most
 BUSY_RECHECK_S = 0.05  # the longest the flusher waits to look again at a busy connection
+BUSY_DOUBLINGS = 8  # how many times that wait doubles from linger_s (reaching the above)
 EXIT_FLUSH_WAIT_S = 1.0  # how long an exiting process waits for a busy connection to flush
 CALL_TIMEOUT_S = 60.0
 ROUTES_TTL_S = 1.0  # how long an exchange's bindings are routed with
@@ -813,7 +814,7 @@ class Connection:
         if not self._lock.acquire(blocking=False):
             # In use: a wait that holds the lock sent everything first, and a publish
             # sends what it finds older than linger_s; look again, ever less often.
-            self._busy_rechecks += 1
+            self._busy_rechecks = min(self._busy_rechecks + 1, BUSY_DOUBLINGS)
             wait = min(self.linger_s * 2**self._busy_rechecks, BUSY_RECHECK_S)
             _flusher().watch(self, time.monotonic() + wait)
             return

@@ -7,6 +7,7 @@ producer's sequences stay exact across frames."""
 import subprocess
 import sys
 import textwrap
+import threading
 
 import pytest
 
@@ -162,3 +163,30 @@ def test_a_linger_that_is_not_a_small_number_of_seconds_is_refused(node):
     for bad in (-1, 2, float("nan"), "0.1", True):
         with pytest.raises(ValueError, match="linger_s"):
             node.connect(linger_s=bad)
+
+
+def test_a_connection_busy_for_a_long_wait_still_sends_what_is_published_after_it(node):
+    """The flusher looks again, ever less often, at a connection whose user holds it (a
+    long wait for a confirm); however many times it finds it busy, it keeps looking, and
+    what the user publishes after the wait still goes without another call."""
+    node.declare_queue("orders")
+    connection = node.connect()
+    held, release = threading.Event(), threading.Event()
+
+    def wait_for_a_confirm():  # what such a wait holds, for as long as it lasts
+        with connection._lock:
+            held.set()
+            release.wait(30)
+
+    waiter = threading.Thread(target=wait_for_a_confirm)
+    waiter.start()
+    try:
+        held.wait(10)
+        for _ in range(5000):
+            connection._flush_lingering()
+    finally:
+        release.set()
+        waiter.join()
+    connection.publish_async("orders", b"after the wait")
+    with node.connect() as observer:
+        wait_for(lambda: ready(observer, "orders") == 1, timeout=5)
