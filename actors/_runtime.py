@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import resource
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -276,6 +277,14 @@ class Runtime:
 
     def __init__(self) -> None:
         self.context = zmq.Context()
+        # A DEALER per (thread, actor endpoint): a node of a thousand queues holds
+        # thousands, past ZeroMQ's default of 1,023 sockets. Each costs about two file
+        # descriptors (its mailbox, its connection), so the process's limit decides.
+        sockets = self.context.get(zmq.SOCKET_LIMIT)
+        open_files, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if open_files != resource.RLIM_INFINITY:
+            sockets = min(sockets, open_files // 2)
+        self.context.max_sockets = max(self.context.max_sockets, sockets)
         self.request_ids = itertools.count(1)
         self.nodes: dict[str, NodeOps] = {}
         self.counters: dict[str, int] = {}
