@@ -160,6 +160,11 @@ class ActorRef:
         """The actor's counters: received, dropped_stale, malformed, unroutable ..."""
         return self._control(wire.STATS, None, timeout)
 
+    def stats_async(self, timeout: float | None = wire.DEFAULT_SEND_TIMEOUT_S) -> Future:
+        """The actor's counters (``stats``) in a ``Future``: a node's metrics ask every
+        actor at once, and a silent one delays nobody else's answer."""
+        return self._request_async(self.control, wire.STATS, None, timeout)
+
     def alarm(
         self, resource: str, raised: bool, timeout: float | None = wire.DEFAULT_SEND_TIMEOUT_S
     ) -> None:

@@ -193,6 +193,9 @@ class QueueActor(ProcessActor):
             "dropped_over_max_length": 0,
             "rejected_publishes": 0,
             "repeats_dropped": 0,
+            "confirmed": 0,
+            "redelivered": 0,
+            "acknowledged": 0,
         }
 
     # ------------------------------------------------------------------ lifecycle
@@ -407,6 +410,7 @@ class QueueActor(ProcessActor):
             if message.consumer not in self._owners:
                 self._owners[message.consumer] = (message.pid, _started(message.pid))
         self.counters["delivered"] += len(out)
+        self.counters["redelivered"] += sum(1 for d in out if d.delivery_count)
         return out
 
     def _settle(self, message: Settle) -> list[int]:
@@ -430,6 +434,8 @@ class QueueActor(ProcessActor):
             self._dead.send([(t, self._rejected_payload(t)) for t in tags], "rejected")
         else:
             queue.ack(tags)
+            if message.action == "ack":
+                self.counters["acknowledged"] += len(tags)
         held.difference_update(tags)
         return foreign
 
@@ -551,6 +557,7 @@ class QueueActor(ProcessActor):
                 batch.left -= 1
                 if batch.left == 0 and batch.producer is None:
                     batch.reply.send(batch.size)
+                    self.counters["confirmed"] += batch.size
         if not self._producer_batches:
             return
         highs: list[tuple[bytes, int]] = []
@@ -570,6 +577,7 @@ class QueueActor(ProcessActor):
             self._producer_log.record(highs, low_water)
         for batch in answered:
             batch.reply.send(batch.size)
+            self.counters["confirmed"] += batch.size
 
     # ------------------------------------------------------------------ TTL, max-length
 

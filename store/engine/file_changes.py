@@ -208,6 +208,7 @@ class FileChanges(_StoreState):
         if self._data_unsynced:
             if self._fsync:
                 os.fdatasync(self._current_fd)
+                self.counters["syncs"] += 1
             else:
                 self._unsynced_files.add(old)
             self._data_unsynced = False
@@ -256,8 +257,10 @@ class FileChanges(_StoreState):
             slow_sync()
             if self._data_unsynced:
                 os.fdatasync(self._current_fd)
+                self.counters["syncs"] += 1
             if self._directory_unsynced:
                 os.fsync(self._dir_fd)
+                self.counters["syncs"] += 1
                 self._directory_unsynced = False
         self._data_unsynced = False
 

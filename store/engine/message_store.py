@@ -264,6 +264,7 @@ class MessageStore(Recovery, FileChanges, Combining):
             "files_deleted": 0,
             "recovery_removed": 0,
             "writes_failed_disk_full": 0,
+            "syncs": 0,
         }
 
         self._dir_fd, self._lock_fd = self._open_directory()
