@@ -37,6 +37,7 @@ setup(
     python_requires=">=3.11",
     install_requires=[
         "msgpack>=1.0,<2",
+        "prometheus_client>=0.17,<1",
         "psutil>=5.9,<8",
         "pykka>=4.0,<5",
         "pyzmq>=25.1,<28",

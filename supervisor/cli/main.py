@@ -31,6 +31,11 @@ from options, the options winning::
     curve = false                  # require a key from `warren keys` (any non-loopback
     insecure = false               # address needs curve, or insecure to say you mean it)
 
+    [http]
+    listen = "127.0.0.1:15692"     # /metrics for Prometheus, /api/* as JSON (any
+                                   # non-loopback address needs insecure, here or in
+                                   # [listener]; port 0: any free one)
+
     [alarms]
     memory_high_watermark = 0.4    # a fraction of RAM (or of the cgroup's limit)
     memory_limit = "2GiB"          # instead of the fraction
@@ -95,6 +100,7 @@ _CONFIG_KEYS = {
     },
     "store": {"file_size_limit": "file_size_limit", "sync_policy": "sync_policy"},
     "listener": {"listen": "listen", "curve": "curve", "insecure": "insecure"},
+    "http": {"listen": "http", "insecure": "insecure"},
     "alarms": {
         "memory_high_watermark": "memory_high_watermark",
         "memory_limit": "memory_limit",
@@ -118,6 +124,7 @@ def load_config(path: str) -> dict[str, Any]:
             f"the config file {path} is not text: a config file is UTF-8 TOML"
         ) from None
     options: dict[str, Any] = {}
+    set_in: dict[str, str] = {}  # option -> the section that set it
     for section, values in document.items():
         keys = _CONFIG_KEYS.get(section)
         if keys is None or not isinstance(values, dict):
@@ -130,7 +137,13 @@ def load_config(path: str) -> dict[str, Any]:
                 raise UsageError(
                     f"{path}: unknown key {key!r} in [{section}] (known: {', '.join(keys)})"
                 )
-            options[keys[key]] = value
+            option = keys[key]
+            if option in options and options[option] != value:
+                raise UsageError(
+                    f"{path}: {key} is {options[option]!r} in [{set_in[option]}] and "
+                    f"{value!r} in [{section}]; give one value"
+                )
+            options[option], set_in[option] = value, section
     return options
 
 
@@ -202,6 +215,8 @@ def node_settings(args: argparse.Namespace) -> dict[str, Any]:
                 f"listen must be an address such as tcp://127.0.0.1:5673, got {options['listen']!r}"
             )
         settings["listen"] = options["listen"]
+    if "http" in options:
+        settings["http"] = options["http"]
     for flag in ("curve", "insecure"):
         if flag in options:
             if not isinstance(options[flag], bool):
@@ -220,6 +235,13 @@ def node_settings(args: argparse.Namespace) -> dict[str, Any]:
             raise UsageError(str(exc)) from None
     elif settings.get("curve"):
         raise UsageError("--curve protects a listener: pass --listen tcp://HOST:PORT too")
+    if "http" in settings:
+        from ..node.http_endpoint import check_http_address
+
+        try:
+            check_http_address(settings["http"], insecure=settings.get("insecure", False))
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
     limits: dict[str, Any] = {}
     if "memory_high_watermark" in options:
         limits["memory_high_watermark"] = options["memory_high_watermark"]
@@ -368,6 +390,10 @@ def format_status(status: dict) -> str:
         f"node {status['node']} (pid {status['pid']}): {state}; alarms: {alarms}", 80
     )
     lines += textwrap.wrap(f"data directory: {status['data_dir']}", 80, subsequent_indent="  ")
+    if status.get("http_endpoint"):
+        lines += textwrap.wrap(
+            f"metrics: {status['http_endpoint']}/metrics", 80, subsequent_indent="  "
+        )
     if status.get("tree"):
         walk(status["tree"], "", True, True)
         lines.append(format_table(_STATUS_COLUMNS, rows))
@@ -564,7 +590,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Run a node in the foreground until Ctrl-C, SIGTERM or SIGHUP, which "
         "stop it cleanly. Settings come from --config (TOML: sections [node], "
-        "[store], [alarms]) and the options below, which win.",
+        "[store], [listener], [http], [alarms]) and the options below, which win.",
     )
     node.add_argument(
         "--data-dir", help="the node's data directory (created if missing; its parent must exist)"
@@ -614,7 +640,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--insecure",
         action="store_true",
         default=None,
-        help="allow --listen on a non-loopback address without --curve",
+        help="allow --listen on a non-loopback address without --curve, and --http on "
+        "a non-loopback address",
+    )
+    node.add_argument(
+        "--http",
+        metavar="HOST:PORT",
+        help="serve /metrics (Prometheus) and /api/* (JSON) there (loopback unless "
+        "--insecure; port 0: any free one)",
     )
     node.add_argument(
         "--memory-high-watermark",

@@ -17,6 +17,11 @@ boots the tree of the design, with the children that exist so far::
                                   the listener's restarts, and ``listen_endpoint`` says
                                   which)
 
+With ``http="127.0.0.1:15692"`` the node also serves its figures over HTTP from its own
+process, for Prometheus and as JSON (``warren.supervisor.node.http_endpoint``): bound
+before the tree starts (a port in use fails the start at once), port 0 any free one,
+``http_endpoint`` the address, stopped first when the node closes.
+
 A store crash restarts everything after it (its clients' state is stale; a persistent
 store's crash also restarts, so empties, the transient store). The stores get minutes to
 stop and to start (``STORE_SHUTDOWN_S``, ``STORE_START_TIMEOUT_S``): writing or reading
@@ -72,6 +77,7 @@ import os
 import shutil
 import signal
 import threading
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -125,6 +131,8 @@ from ..specs import (
 from ..supervisor import Supervisor
 from ..tables import counted
 from .alarms import AlarmLimits, ResourceMonitor
+from .http_endpoint import HttpEndpoint, check_http_address
+from .metrics import NodeFigures
 
 log = logging.getLogger("warren.node")
 
@@ -182,7 +190,9 @@ class Node:
         insecure: bool = False,
         listener_options: dict[str, Any] | None = None,
         heartbeat_timeout_s: float = STORE_HEARTBEAT_TIMEOUT_S,
+        http: str | None = None,
     ) -> None:
+        starting_at = time.monotonic()
         if not os.fspath(data_dir):
             raise InvalidSpec("data_dir", data_dir, "must name a directory")
         if listen is not None:
@@ -192,6 +202,11 @@ class Node:
                 raise InvalidSpec("listen", listen, str(exc)) from None
         elif curve:
             raise InvalidSpec("curve", curve, "CURVE protects a listener: pass listen too")
+        if http is not None:
+            try:
+                check_http_address(http, insecure=insecure)
+            except ValueError as exc:
+                raise InvalidSpec("http", http, str(exc)) from None
         check_seconds("heartbeat_timeout_s", heartbeat_timeout_s, at_least=2)  # beats: 1 s
         self._heartbeat_timeout_s = float(heartbeat_timeout_s)
         self.data_dir = os.path.abspath(os.fspath(data_dir))
@@ -220,6 +235,9 @@ class Node:
         self.counters = {"malformed_status_requests": 0, "refused_control_calls": 0}
         self.actors: ActorNode | None = None
         self.listen_endpoint: str | None = None  # where remote clients connect
+        self.http_endpoint: str | None = None  # where the figures are served over HTTP
+        self.start_duration_s: float | None = None  # how long the start took
+        self._http: HttpEndpoint | None = None
         self.root: Supervisor | None = None
         self._status_socket: zmq.Socket[bytes] | None = None
         self._threads: list[threading.Thread] = []
@@ -259,6 +277,14 @@ class Node:
             status_socket.router_mandatory = 1
             status_socket.bind(self.status_endpoint)
             self._start_thread(self._serve_status, "warren-status")
+            if http is not None:
+                self._http = HttpEndpoint(
+                    http,
+                    NodeFigures(
+                        self, queue_prefix=QUEUE_PREFIX, stores=STORES, listener=LISTENER_NAME
+                    ),
+                )
+                self.http_endpoint = self._http.endpoint
             self._write_node_file()
             listener = (
                 ()
@@ -304,6 +330,7 @@ class Node:
                 assert listener_ref is not None, "the tree has just started the listener"
                 self.listen_endpoint = listener_ref.ask(ListenerStats())["endpoint"]
             write_alarms(self.data_dir, self.alarms.active)
+            self.start_duration_s = time.monotonic() - starting_at
             self._started.set()
             self._write_node_file()
         except BaseException:
@@ -522,6 +549,14 @@ class Node:
                 figures[name] = None
         return figures
 
+    @property
+    def state(self) -> str:
+        """``starting`` (the tree is being built), ``running``, or ``failed`` (the root
+        supervisor gave up)."""
+        if not self._started.is_set():
+            return "starting"
+        return "failed" if self.failed.is_set() else "running"
+
     def status(self) -> dict[str, Any]:
         """The tree (pid, state, restarts, RSS, CPU of every actor), the stores' figures,
         each queue's state and the alarms."""
@@ -533,12 +568,14 @@ class Node:
                 "state": "starting",
                 "recovering": node_message_count(self.data_dir),
                 "alarms": sorted(self.alarms.active),
+                "http_endpoint": self.http_endpoint,
             }
         return {
             "node": self.name,
             "pid": os.getpid(),
             "data_dir": self.data_dir,
-            "state": "failed" if self.failed.is_set() else "running",
+            "state": self.state,
+            "http_endpoint": self.http_endpoint,
             "tree": self.root.status() if self.root else None,
             "stores": self.store_stats() if self.root else {},
             "queues": (
@@ -595,6 +632,8 @@ class Node:
                 os.unlink(os.path.join(self.data_dir, NODE_FILE))
             except FileNotFoundError:
                 pass
+            if self._http is not None:
+                self._http.close()
             for thread in self._threads:
                 thread.join()
             if self._status_socket is not None and not self._status_socket.closed:
@@ -783,6 +822,7 @@ class Node:
                     "pid": os.getpid(),
                     "status_endpoint": self.status_endpoint,
                     "listen_endpoint": self.listen_endpoint,
+                    "http_endpoint": self.http_endpoint,
                 },
                 f,
             )

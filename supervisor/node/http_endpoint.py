@@ -1,0 +1,197 @@
+"""The node's HTTP endpoint: its figures for Prometheus and as JSON, read-only, served
+from the node's own process (``Node(http="127.0.0.1:15692")``, ``warren node --http``).
+
+    GET /metrics              Prometheus text format: node-wide series
+    GET /metrics/per-object   the same, with a series per queue, store and actor
+    GET /api/overview         JSON: the node, its alarms, queue totals, its counters
+    GET /api/queues           JSON: every declared queue with its figures
+    GET /api/actors           JSON: every actor with its process and counters
+
+Anything else is a 404 (a path it does not serve) or a 405 (another method than GET),
+each with a one-line text body. The series and the documents come from ``warren.
+supervisor.node.metrics``; the Prometheus text is prometheus_client's own rendering of a
+registry of the node's (never the process-wide default one), holding one collector.
+
+The address is ``HOST:PORT``; port 0 takes any free one (``endpoint`` says which). A host
+other than loopback is refused unless ``insecure`` says the network is the operator's
+alone, the rule the tcp listener applies (``check_listen_address``): the figures name
+queues and the machine's memory and disk.
+
+Threads: the server runs in a daemon thread of the node's process (``warren-http``) and
+each connection in a daemon thread of its own, whose socket times out after
+``CLIENT_TIMEOUT_S``: a client that sends nothing, or reads slowly, holds its own thread
+and nothing else; it never delays another scrape, the node, or its stop. ``close`` stops
+accepting and closes the listening socket without waiting for such connections. Every
+scrape's figures are gathered on the metrics thread (``NodeFigures``); one that is not
+gathered within ``SNAPSHOT_TIMEOUT_S`` is answered 503.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import socket
+import socketserver
+import threading
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import urlsplit
+
+from prometheus_client.exposition import generate_latest
+from prometheus_client.registry import CollectorRegistry
+
+from warren.queues.broker.listener import LOOPBACK_HOSTS
+
+from ..tables import strict_json
+from .metrics import (
+    NodeFigures,
+    Snapshot,
+    WarrenCollector,
+    actors_document,
+    overview_document,
+    queues_document,
+)
+
+log = logging.getLogger("warren.node")
+
+CLIENT_TIMEOUT_S = 10.0  # a connection silent this long is closed
+PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
+JSON = "application/json"
+
+
+def check_http_address(address: object, *, insecure: bool) -> tuple[str, int]:
+    """``(host, port)`` of ``HOST:PORT``; ValueError for anything else, and for a host
+    other than loopback unless ``insecure``."""
+    example = "such as 127.0.0.1:15692 (port 0: any free one)"
+    if not isinstance(address, str) or "/" in address or ":" not in address:
+        raise ValueError(f"the HTTP endpoint is HOST:PORT, {example}; got {address!r}")
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit() or int(port) > 65535:
+        raise ValueError(
+            f"the HTTP endpoint is HOST:PORT with a port in 0..65535, {example}; got {address!r}"
+        )
+    if host not in LOOPBACK_HOSTS and not insecure:
+        raise ValueError(
+            f"{address} is not a loopback address: anyone who reaches it could read the "
+            f"node's queues and figures. Pass --insecure if the network is yours alone"
+        )
+    return host.strip("[]"), int(port)
+
+
+class HttpEndpoint:
+    """The server; see the module docstring. Serving from construction to ``close``."""
+
+    def __init__(self, address: str, figures: NodeFigures) -> None:
+        host, port = check_http_address(address, insecure=True)  # the node checked the rule
+        self._figures = figures
+        self._registries: dict[bool, CollectorRegistry] = {}
+        for per_object in (False, True):
+            registry = CollectorRegistry()
+            registry.register(WarrenCollector(figures, per_object=per_object))
+            self._registries[per_object] = registry
+        self._routes: dict[str, Callable[[], tuple[str, bytes]]] = {
+            "/metrics": functools.partial(self._prometheus, False),
+            "/metrics/per-object": functools.partial(self._prometheus, True),
+            "/api/overview": functools.partial(self._document, overview_document, False),
+            "/api/queues": functools.partial(self._document, queues_document, False),
+            "/api/actors": functools.partial(self._document, actors_document, True),
+        }
+        try:
+            self._server = _Server((host, port), self._routes)
+        except OSError as exc:
+            figures.close()
+            raise OSError(f"the HTTP endpoint cannot bind {address}: {exc.strerror}") from None
+        bound_port = self._server.server_address[1]
+        shown = f"[{host}]" if ":" in host else host
+        self.endpoint = f"http://{shown}:{bound_port}"
+        self._thread = threading.Thread(
+            target=self._server.serve_forever,
+            kwargs={"poll_interval": 0.1},
+            daemon=True,
+            name="warren-http",
+        )
+        self._thread.start()
+
+    def _prometheus(self, per_object: bool) -> tuple[str, bytes]:
+        return PROMETHEUS_TEXT, generate_latest(self._registries[per_object])
+
+    def _document(self, build: Callable[[Snapshot], object], per_object: bool) -> tuple[str, bytes]:
+        return JSON, _json(build(self._figures.snapshot(per_object=per_object)))
+
+    def close(self) -> None:
+        """Stop serving and close the listening socket; open connections end on their own
+        (daemon threads, timed out)."""
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join()
+        self._figures.close()
+
+
+def _json(document: object) -> bytes:
+    return strict_json(document).encode() + b"\n"
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    block_on_close = False
+
+    def __init__(
+        self, address: tuple[str, int], routes: dict[str, Callable[[], tuple[str, bytes]]]
+    ) -> None:
+        self.routes = routes
+        self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
+        super().__init__(address, _Handler)
+
+    def server_bind(self) -> None:
+        # HTTPServer's own looks the host's name up (getfqdn), which can wait on DNS.
+        socketserver.TCPServer.server_bind(self)
+        self.server_name, self.server_port = str(self.server_address[0]), self.server_address[1]
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+    protocol_version = "HTTP/1.1"
+    timeout = CLIENT_TIMEOUT_S
+
+    def do_GET(self) -> None:
+        path = urlsplit(self.path).path
+        route = self.server.routes.get(path)
+        if route is None:
+            self._reply(404, "text/plain", f"no page {path}: {_pages(self.server)}\n".encode())
+            return
+        try:
+            content_type, body = route()
+        except TimeoutError:
+            self._reply(503, "text/plain", b"the node's figures were not gathered in time\n")
+            return
+        except Exception as exc:  # one line to the client, the whole story to the log
+            log.exception("node: serving %s failed", path)
+            self._reply(500, "text/plain", f"{type(exc).__name__}: {exc}\n".encode())
+            return
+        self._reply(200, content_type, body)
+
+    def _not_allowed(self) -> None:
+        path = urlsplit(self.path).path
+        if path not in self.server.routes:
+            self._reply(404, "text/plain", f"no page {path}: {_pages(self.server)}\n".encode())
+            return
+        self._reply(405, "text/plain", f"{self.command} {path}: only GET is served\n".encode())
+
+    do_POST = do_PUT = do_DELETE = do_PATCH = do_HEAD = do_OPTIONS = _not_allowed
+
+    def _reply(self, status: int, content_type: str, body: bytes) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        if status == 405:
+            self.send_header("Allow", "GET")
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        log.debug("http %s: " + format, self.client_address[0], *args)
+
+
+def _pages(server: _Server) -> str:
+    return "the pages are " + ", ".join(sorted(server.routes))

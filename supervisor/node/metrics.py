@@ -1,0 +1,649 @@
+"""A running node's figures, gathered when asked, and how they read: Prometheus families
+(RabbitMQ's names with ``warren_`` for ``rabbitmq_``, and Warren's own) and JSON documents.
+
+``NodeFigures.snapshot()`` gathers one ``Snapshot``. Every actor the tree runs is asked
+at once for its runtime counters (``ActorRef.stats_async``) and, by its kind, for its own
+figures (``QueueStats``, ``StoreStats``, ``ListenerStats``), all within one budget
+(``SCRAPE_BUDGET_S``); for a snapshot ``per_object``, the CPU time and RSS of its process
+are read meanwhile (psutil), figures of one actor each, which node-wide pages leave out.
+An actor that has not answered both when the budget is spent has no series in that
+snapshot at all: a slow, stopped or dead actor costs a scrape at most the budget, and
+never fails it. The node's own figures (alarms, memory and disk readings, the start's
+duration, its control-socket counters) need no actor and are always there.
+
+Counters are the node's. ``CounterLedger`` keeps, per actor incarnation, the last value of
+each counter it read, and adds only increases to the node's totals and to the actor's
+own: an actor restarted (after a SIGKILL or any crash) counts from 0 again under a new
+incarnation, so its first reading adds in whole, while what the old incarnation counted
+after its last reading is lost, never counted twice. No node counter goes backwards, so
+Prometheus's ``rate()`` stays true across restarts; a deleted queue's counts stay in the
+node's totals. Restarts are the node's too: an actor's incarnation number less one (every
+start after the first, at the same address). Gauges are reported as read.
+
+Protocol: every request goes to the incarnation the tree names now (a pinned ref), so an
+answer is never booked under another incarnation's readings. One thread
+(``warren-metrics``) sends every request and reads every answer: its channels (a DEALER
+per actor endpoint) are made once and serve every later snapshot, and snapshots asked for
+at the same time are gathered one after the other.
+
+Races: a request unanswered when the budget ran out stays outstanding. The next snapshot
+drops its answer if it has come and asks again; if it still has not, that snapshot sends
+the actor nothing and counts it unanswered at once. A stopped actor so holds one request,
+not one per scrape, and delays one scrape, not every one. The readings of a queue deleted
+meanwhile are forgotten only once the tree no longer runs its process, so the next
+reading of an incarnation still alive is never taken for its first.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import psutil
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from warren.actors import ActorError, ActorRef, AskTimeout, Future
+from warren.queues.broker.listener import ListenerStats
+from warren.queues.protocol import QueueStats
+from warren.store.protocol import StoreStats
+
+from .series import (
+    ACTOR_COUNTERS,
+    ACTOR_MEMORY,
+    ACTOR_RESTARTS,
+    ACTORS_RUNNING,
+    ALARMS,
+    CONSUMERS,
+    CPU_SECONDS,
+    GLOBAL_COUNTERS,
+    IDENTITY,
+    LISTENER_COUNTERS,
+    LISTENER_GAUGES,
+    NODE_COUNTERS,
+    QUEUE_COUNTERS,
+    QUEUE_GAUGES,
+    QUEUES_DECLARED,
+    RESOURCE_GAUGES,
+    START_SECONDS,
+    STORE_COUNTERS,
+    STORE_GAUGES,
+    UNANSWERED,
+    VARIABLE_QUEUE_FAMILY,
+    VARIABLE_QUEUE_HELP,
+    VARIABLE_QUEUE_STATES,
+    Figure,
+)
+
+if TYPE_CHECKING:
+    from .node import Node
+
+log = logging.getLogger("warren.node")
+
+SCRAPE_BUDGET_S = 0.5  # what one snapshot waits for the actors' answers, all of them
+SNAPSHOT_TIMEOUT_S = 5.0  # what a scrape waits for its snapshot, queued ones before it too
+
+
+class CounterLedger:
+    """The node's counters, from readings of actors' counters that restart from 0 with
+    every incarnation; see the module docstring."""
+
+    def __init__(self) -> None:
+        self.totals: dict[str, float] = {}  # counter -> the node's total
+        self.by_owner: dict[str, dict[str, float]] = {}  # actor -> counter -> its total
+        self._last: dict[str, tuple[int, dict[str, float]]] = {}  # actor -> readings
+
+    def read(self, owner: str, incarnation: int, readings: Iterable[tuple[str, float]]) -> None:
+        """Book one incarnation's counters: only what grew since its last reading adds."""
+        seen, last = self._last.get(owner, (incarnation, {}))
+        if seen != incarnation:
+            last = {}
+        own = self.by_owner.setdefault(owner, {})
+        for counter, value in readings:
+            increase = value - last.get(counter, 0)
+            if increase > 0:
+                last[counter] = value
+                self.totals[counter] = self.totals.get(counter, 0) + increase
+                own[counter] = own.get(counter, 0) + increase
+            else:
+                own.setdefault(counter, 0)
+        self._last[owner] = (incarnation, last)
+
+    def forget(self, owner: str) -> None:
+        """Drop an actor that is gone for good; its counts stay in the totals."""
+        self._last.pop(owner, None)
+        self.by_owner.pop(owner, None)
+
+    def owners(self) -> list[str]:
+        return list(self.by_owner)
+
+
+@dataclass
+class ActorFigures:
+    """One actor that answered: its process, its runtime counters, the figures of its kind
+    (a queue's, a store's, the listener's; empty for others) and its node-owned counts."""
+
+    name: str
+    pid: int
+    incarnation: int
+    restarts: int
+    own: dict[str, Any]
+    rss_bytes: int | None
+    counters: dict[str, float]
+
+
+@dataclass
+class Snapshot:
+    """Everything one scrape reports, gathered at once."""
+
+    node: str
+    state: str
+    data_dir: str
+    start_seconds: float | None
+    http_endpoint: str | None
+    listen_endpoint: str | None
+    alarms: list[str]
+    readings: dict[str, int]
+    node_counters: dict[str, int]
+    declared_queues: list[str]
+    queue_states: dict[str, str]
+    running: int
+    unanswered: list[str]
+    restarts: int
+    totals: dict[str, float]
+    actors: dict[str, ActorFigures] = dataclasses.field(default_factory=dict)
+    queues: dict[str, ActorFigures] = dataclasses.field(default_factory=dict)
+    stores: dict[str, ActorFigures] = dataclasses.field(default_factory=dict)
+    listener: ActorFigures | None = None
+
+
+QUESTIONS = {"queue": QueueStats(), "store": StoreStats(), "listener": ListenerStats()}
+
+
+@dataclass
+class _Asked:
+    ref: ActorRef
+    stats: Future | None
+    own: Future | None
+    kind: str  # "queue", "store", "listener" or "actor"
+
+
+class NodeFigures:
+    """Gathers ``Snapshot``s of one node, on a thread of its own; see the module
+    docstring. ``queue_prefix``, ``stores`` and ``listener`` say which actors are what."""
+
+    def __init__(
+        self,
+        node: Node,
+        *,
+        queue_prefix: str,
+        stores: Iterable[str],
+        listener: str,
+        budget_s: float = SCRAPE_BUDGET_S,
+    ) -> None:
+        self._node = node
+        self._queue_prefix = queue_prefix
+        self._stores = frozenset(stores)
+        self._listener = listener
+        self.budget_s = budget_s
+        self._ledger = CounterLedger()
+        self._incarnations: dict[str, int] = {}  # actor -> the newest incarnation seen
+        self._outstanding: dict[tuple[str, str], tuple[int, Future]] = {}
+        self._processes: dict[int, psutil.Process] = {}
+        self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="warren-metrics")
+
+    def snapshot(self, *, per_object: bool, timeout: float = SNAPSHOT_TIMEOUT_S) -> Snapshot:
+        """Gather a snapshot on the metrics thread, with each actor's process figures when
+        ``per_object``; TimeoutError if it took longer than ``timeout``."""
+        return self._worker.submit(self._gather, per_object).result(timeout)
+
+    def close(self) -> None:
+        self._worker.shutdown(wait=True, cancel_futures=True)
+
+    # ------------------------------------------------------------------ gathering
+
+    def _kind(self, name: str) -> str:
+        if name.startswith(self._queue_prefix):
+            return "queue"
+        if name in self._stores:
+            return "store"
+        return "listener" if name == self._listener else "actor"
+
+    def _gather(self, per_object: bool) -> Snapshot:
+        node = self._node
+        root = node.root
+        refs = root.actor_refs() if root is not None else []
+        deadline = time.monotonic() + self.budget_s
+        asked = [self._ask(ref) for ref in refs]
+        processes = {
+            ref.name: self._process_figures(ref.pid) if per_object else (None, None) for ref in refs
+        }
+        for ref in refs:
+            self._incarnations[ref.name] = max(self._incarnations.get(ref.name, 0), ref.incarnation)
+        declared = node.list_queues()
+        snapshot = Snapshot(
+            node=node.name,
+            state=node.state,
+            data_dir=node.data_dir,
+            start_seconds=node.start_duration_s,
+            http_endpoint=node.http_endpoint,
+            listen_endpoint=node.listen_endpoint,
+            alarms=sorted(node.alarms.active),
+            readings=dict(node.alarms.readings),
+            node_counters=dict(node.counters),
+            declared_queues=declared,
+            queue_states=self._queue_states(declared, {ref.name for ref in refs}),
+            running=len(refs),
+            unanswered=[],
+            restarts=0,
+            totals={},
+        )
+        for request in asked:
+            answers = self._answers(request, deadline)
+            ref = request.ref
+            if answers is None:
+                snapshot.unanswered.append(ref.name)
+                continue
+            runtime, own = answers
+            cpu_seconds, rss_bytes = processes[ref.name]
+            self._book(ref, request.kind, runtime, own, cpu_seconds)
+            figures = ActorFigures(
+                name=ref.name,
+                pid=ref.pid,
+                incarnation=ref.incarnation,
+                restarts=ref.incarnation - 1,
+                own=own,
+                rss_bytes=rss_bytes,
+                counters=dict(self._ledger.by_owner.get(ref.name, {})),
+            )
+            snapshot.actors[ref.name] = figures
+            if request.kind == "queue":
+                snapshot.queues[ref.name.removeprefix(self._queue_prefix)] = figures
+            elif request.kind == "store":
+                snapshot.stores[ref.name] = figures
+            elif request.kind == "listener":
+                snapshot.listener = figures
+        self._forget_gone(declared, refs)
+        snapshot.totals = dict(self._ledger.totals)
+        snapshot.restarts = sum(n - 1 for n in self._incarnations.values())
+        return snapshot
+
+    def _ask(self, ref: ActorRef) -> _Asked:
+        pinned = ref.pin()
+        kind = self._kind(ref.name)
+        question = QUESTIONS.get(kind)
+        return _Asked(
+            pinned,
+            self._request(pinned, "stats", lambda: pinned.stats_async(timeout=0)),
+            (
+                None
+                if question is None
+                else self._request(pinned, "own", lambda: pinned.ask_async(question, 0))
+            ),
+            kind,
+        )
+
+    def _request(self, ref: ActorRef, channel: str, send: Callable[[], Future]) -> Future | None:
+        """Send a request, unless the one sent before to this incarnation is still
+        unanswered (None then, as for a mailbox that is full or an actor known dead)."""
+        key = (ref.address, channel)
+        held = self._outstanding.pop(key, None)
+        if held is not None and held[0] == ref.incarnation:
+            try:
+                held[1].get(0)
+            except AskTimeout:
+                self._outstanding[key] = held
+                return None
+            except Exception:  # whatever it answered late is dropped: asked again below
+                pass
+        try:
+            return send()
+        except ActorError:
+            return None
+
+    def _answers(self, request: _Asked, deadline: float) -> tuple[dict, dict] | None:
+        """The actor's runtime counters and its kind's figures ({} for an actor of no
+        kind), or None unless both came before the deadline."""
+        runtime = self._answer(request.ref, "stats", request.stats, deadline)
+        if request.kind == "actor":
+            own: dict | None = {}
+        else:
+            own = self._answer(request.ref, "own", request.own, deadline)
+        if runtime is None or own is None:
+            return None
+        return runtime, own
+
+    def _answer(
+        self, ref: ActorRef, channel: str, future: Future | None, deadline: float
+    ) -> dict | None:
+        if future is None:
+            return None
+        try:
+            answer = future.get(max(0.0, deadline - time.monotonic()))
+        except AskTimeout:
+            self._outstanding[(ref.address, channel)] = (ref.incarnation, future)
+            return None
+        except Exception as exc:  # any answer but figures (a deleted queue's refusal ...)
+            log.debug("metrics: %s answered %s: %s", ref.name, type(exc).__name__, exc)
+            return None
+        return answer if isinstance(answer, dict) else None
+
+    def _process_figures(self, pid: int) -> tuple[float | None, int | None]:
+        """CPU seconds and RSS of an actor's process; None each when it is gone."""
+        process = self._processes.get(pid)
+        try:
+            if process is None:
+                process = self._processes[pid] = psutil.Process(pid)
+            with process.oneshot():
+                times = process.cpu_times()
+                return times.user + times.system, process.memory_info().rss
+        except psutil.Error:
+            self._processes.pop(pid, None)
+            return None, None
+
+    def _book(
+        self,
+        ref: ActorRef,
+        kind: str,
+        runtime: dict[str, Any],
+        own: dict[str, Any],
+        cpu_seconds: float | None,
+    ) -> None:
+        readings = list(_values(ACTOR_COUNTERS, runtime))
+        if cpu_seconds is not None:
+            readings.append((CPU_SECONDS.name, cpu_seconds))
+        own_counters = {"queue": QUEUE_COUNTERS, "store": STORE_COUNTERS}.get(
+            kind, LISTENER_COUNTERS if kind == "listener" else ()
+        )
+        readings += _values(own_counters, own)
+        self._ledger.read(ref.name, ref.incarnation, readings)
+
+    def _queue_states(self, declared: list[str], running: set[str]) -> dict[str, str]:
+        """Every declared queue's state (``Node.queue_state``), asked of the node only for
+        the few whose process is not running now."""
+        states = {}
+        for name in declared:
+            if self._queue_prefix + name in running:
+                states[name] = "running"
+            elif self._node.root is None:
+                states[name] = "starting"
+            else:
+                try:
+                    states[name] = self._node.queue_state(name)
+                except (KeyError, ValueError):  # queue_sup itself is being started again
+                    states[name] = "restarting"
+        return states
+
+    def _forget_gone(self, declared: list[str], refs: list[ActorRef]) -> None:
+        """Forget the readings of queues deleted and no longer run (see Races), and the
+        processes and outstanding requests of incarnations no longer run."""
+        kept = {self._queue_prefix + name for name in declared} | {ref.name for ref in refs}
+        for owner in self._ledger.owners():
+            if owner.startswith(self._queue_prefix) and owner not in kept:
+                self._ledger.forget(owner)
+        for pid in set(self._processes) - {ref.pid for ref in refs}:
+            del self._processes[pid]
+        running = {ref.address: ref.incarnation for ref in refs}
+        for key, (incarnation, _) in list(self._outstanding.items()):
+            if running.get(key[0]) != incarnation:
+                del self._outstanding[key]
+
+
+def _values(figures: Iterable[Figure], answer: dict[str, Any]) -> Iterator[tuple[str, float]]:
+    for figure in figures:
+        value = answer.get(figure.key)
+        if isinstance(value, (int, float)):
+            yield figure.name, value * figure.scale if figure.scale != 1.0 else value
+
+
+# ---------------------------------------------------------------------- Prometheus
+
+
+class WarrenCollector(Collector):
+    """The node's one Prometheus collector: node-wide series, with per-queue, per-store
+    and per-actor labels when ``per_object``. Each ``collect`` gathers a snapshot."""
+
+    def __init__(self, figures: NodeFigures, *, per_object: bool) -> None:
+        self.figures = figures
+        self.per_object = per_object
+
+    def collect(self) -> Iterator[Metric]:
+        snapshot = self.figures.snapshot(per_object=self.per_object)
+        return iter(prometheus_families(snapshot, per_object=self.per_object))
+
+    def describe(self) -> list[Metric]:
+        return []  # the series change with the node: nothing to check at registration
+
+
+def prometheus_families(snapshot: Snapshot, *, per_object: bool) -> list[Metric]:
+    """The snapshot as Prometheus metric families, those with no sample left out.
+    Node-wide, a queue family is one sample, the sum over the queues that answered (a
+    counter: the node's total); per object, one sample per queue."""
+    families = [
+        _gauge(IDENTITY, ["warren_node"], [((snapshot.node,), 1)]),
+        *_node_families(snapshot),
+        *_queue_families(snapshot, per_object),
+        *_store_families(snapshot),
+        *_actor_families(snapshot, per_object),
+    ]
+    if snapshot.listener is not None:
+        listener = snapshot.listener
+        families += [_gauge(f, [], [((), listener.own.get(f.key))]) for f in LISTENER_GAUGES]
+        families += [
+            _counter(f, [], [((), listener.counters.get(f.name))]) for f in LISTENER_COUNTERS
+        ]
+    return [family for family in families if family.samples]
+
+
+Samples = Iterable[tuple[tuple[str, ...], Any]]  # (label values, value); None values skipped
+
+
+def _gauge(figure: Figure, labels: list[str], samples: Samples) -> Metric:
+    family = GaugeMetricFamily(figure.name, figure.help, labels=labels)
+    for label_values, value in samples:
+        if isinstance(value, (int, float)):
+            family.add_metric(list(label_values), float(value) * figure.scale)
+    return family
+
+
+def _counter(figure: Figure, labels: list[str], samples: Samples) -> Metric:
+    family = CounterMetricFamily(figure.name, figure.help, labels=labels)
+    for label_values, value in samples:
+        if isinstance(value, (int, float)):
+            family.add_metric(list(label_values), float(value))
+    return family
+
+
+def _node_families(snapshot: Snapshot) -> list[Metric]:
+    queues = snapshot.queues.values()
+    families = [_gauge(f, [], [((), int(f.key in snapshot.alarms))]) for f in ALARMS]
+    families += [_gauge(f, [], [((), snapshot.readings.get(f.key))]) for f in RESOURCE_GAUGES]
+    families += [
+        _gauge(QUEUES_DECLARED, [], [((), len(snapshot.declared_queues))]),
+        _gauge(CONSUMERS, [], [((), sum(q.own.get(CONSUMERS.key, 0) for q in queues))]),
+        _gauge(START_SECONDS, [], [((), snapshot.start_seconds)]),
+        _gauge(UNANSWERED, [], [((), len(snapshot.unanswered))]),
+    ]
+    families += [_counter(f, [], [((), snapshot.node_counters.get(f.key))]) for f in NODE_COUNTERS]
+    families += [
+        _counter(Figure(name, "", text), [], [((), _summed(snapshot, parts))])
+        for name, parts, text in GLOBAL_COUNTERS
+    ]
+    return families
+
+
+def _summed(snapshot: Snapshot, counters: Iterable[str]) -> float:
+    return sum(snapshot.totals.get(counter, 0) for counter in counters)
+
+
+def _queue_families(snapshot: Snapshot, per_object: bool) -> list[Metric]:
+    queues = sorted(snapshot.queues.items())
+    labels = ["queue"] if per_object else []
+    families: list[Metric] = []
+    samples: list[tuple[tuple[str, ...], Any]]
+    for figure in QUEUE_GAUGES:
+        if per_object:
+            samples = [((name,), q.own.get(figure.key)) for name, q in queues]
+        else:
+            samples = [((), sum(q.own.get(figure.key, 0) for _, q in queues))]
+        families.append(_gauge(figure, labels, samples))
+    states = Figure(VARIABLE_QUEUE_FAMILY, "", VARIABLE_QUEUE_HELP)
+    if per_object:
+        samples = [
+            ((name, state), q.own.get(state))
+            for name, q in queues
+            for state in VARIABLE_QUEUE_STATES
+        ]
+    else:
+        samples = [
+            ((state,), sum(q.own.get(state, 0) for _, q in queues))
+            for state in VARIABLE_QUEUE_STATES
+        ]
+    families.append(_gauge(states, [*labels, "state"], samples))
+    for figure in QUEUE_COUNTERS:
+        if per_object:
+            samples = [((name,), q.counters.get(figure.name)) for name, q in queues]
+        else:
+            samples = [((), snapshot.totals.get(figure.name, 0))]
+        families.append(_counter(figure, labels, samples))
+    return families
+
+
+def _store_families(snapshot: Snapshot) -> list[Metric]:
+    stores = sorted(snapshot.stores.items())
+    families: list[Metric] = [
+        _gauge(f, ["store"], [((name,), s.own.get(f.key)) for name, s in stores])
+        for f in STORE_GAUGES
+    ]
+    families += [
+        _counter(f, ["store"], [((name,), s.counters.get(f.name)) for name, s in stores])
+        for f in STORE_COUNTERS
+    ]
+    return families
+
+
+def _actor_families(snapshot: Snapshot, per_object: bool) -> list[Metric]:
+    families = [_gauge(ACTORS_RUNNING, [], [((), snapshot.running)])]
+    if not per_object:
+        families.append(_counter(ACTOR_RESTARTS, [], [((), snapshot.restarts)]))
+        families += [
+            _counter(f, [], [((), snapshot.totals.get(f.name, 0))]) for f in ACTOR_COUNTERS
+        ]
+        return families
+    actors = sorted(snapshot.actors.items())
+    labels = ["actor"]
+    families.append(_counter(ACTOR_RESTARTS, labels, [((n,), a.restarts) for n, a in actors]))
+    families += [
+        _counter(f, labels, [((name,), a.counters.get(f.name)) for name, a in actors])
+        for f in (*ACTOR_COUNTERS, CPU_SECONDS)
+    ]
+    families.append(_gauge(ACTOR_MEMORY, labels, [((n,), a.rss_bytes) for n, a in actors]))
+    return families
+
+
+# ---------------------------------------------------------------------- JSON
+
+
+def _short(figure: Figure, prefix: str, counter: bool = False) -> str:
+    """A figure's key in the JSON documents: its series name without the family's prefix."""
+    return figure.name.removeprefix(prefix) + ("_total" if counter else "")
+
+
+def overview_document(snapshot: Snapshot) -> dict[str, Any]:
+    """``/api/overview``: the node, its alarms and readings, queue totals, the node's
+    counters, the stores."""
+    queues = snapshot.queues.values()
+    return {
+        "node": snapshot.node,
+        "state": snapshot.state,
+        "data_dir": snapshot.data_dir,
+        "http_endpoint": snapshot.http_endpoint,
+        "listen_endpoint": snapshot.listen_endpoint,
+        "start_seconds": snapshot.start_seconds,
+        "alarms": snapshot.alarms,
+        "readings": snapshot.readings,
+        "queues": len(snapshot.declared_queues),
+        "consumers": sum(q.own.get(CONSUMERS.key, 0) for q in queues),
+        **{
+            _short(f, "warren_queue_"): sum(q.own.get(f.key, 0) for q in queues)
+            for f in QUEUE_GAUGES
+            if f.key != CONSUMERS.key
+        },
+        "counters": {
+            **{
+                name.removeprefix("warren_") + "_total": _summed(snapshot, parts)
+                for name, parts, _ in GLOBAL_COUNTERS
+            },
+            **{
+                _short(f, "warren_", True): snapshot.node_counters.get(f.key) for f in NODE_COUNTERS
+            },
+            "actor_restarts_total": snapshot.restarts,
+        },
+        "stores": {name: _store_document(store) for name, store in sorted(snapshot.stores.items())},
+        "actors_running": snapshot.running,
+        "actors_unanswered": sorted(snapshot.unanswered),
+    }
+
+
+def _store_document(store: ActorFigures) -> dict[str, Any]:
+    document: dict[str, Any] = {
+        _short(f, "warren_msg_store_"): _scaled(store.own.get(f.key), f) for f in STORE_GAUGES
+    }
+    document.update(
+        {_short(f, "warren_msg_store_", True): store.counters.get(f.name) for f in STORE_COUNTERS}
+    )
+    return document
+
+
+def _scaled(value: Any, figure: Figure) -> Any:
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, (int, float)) and figure.scale != 1.0:
+        return value * figure.scale
+    return value
+
+
+def queues_document(snapshot: Snapshot) -> list[dict[str, Any]]:
+    """``/api/queues``: every declared queue, its state and, when it answered, its
+    figures (None for one that did not)."""
+    documents = []
+    for name in snapshot.declared_queues:
+        queue = snapshot.queues.get(name)
+        document: dict[str, Any] = {
+            "name": name,
+            "state": snapshot.queue_states.get(name, "crashed"),
+            "answered": queue is not None,
+        }
+        for figure in QUEUE_GAUGES:
+            document[_short(figure, "warren_queue_")] = queue.own.get(figure.key) if queue else None
+        for state in VARIABLE_QUEUE_STATES:
+            document[state] = queue.own.get(state) if queue else None
+        for figure in QUEUE_COUNTERS:
+            document[_short(figure, "warren_queue_", True)] = (
+                queue.counters.get(figure.name) if queue else None
+            )
+        documents.append(document)
+    return documents
+
+
+def actors_document(snapshot: Snapshot) -> list[dict[str, Any]]:
+    """``/api/actors``: every actor that answered, with its process and its counters."""
+    return [
+        {
+            "name": name,
+            "pid": actor.pid,
+            "incarnation": actor.incarnation,
+            "restarts": actor.restarts,
+            "rss_bytes": actor.rss_bytes,
+            "cpu_seconds_total": actor.counters.get(CPU_SECONDS.name),
+            **{
+                _short(f, "warren_actor_", True): actor.counters.get(f.name) for f in ACTOR_COUNTERS
+            },
+        }
+        for name, actor in sorted(snapshot.actors.items())
+    ]

@@ -1,0 +1,381 @@
+"""The series a node exports: each one's Prometheus name, where its value is read, and
+its HELP text. RabbitMQ's names (its ``rabbitmq_prometheus`` plugin) with ``warren_`` for
+``rabbitmq_`` where Warren has the same figure, Warren's own names for the rest.
+
+Each ``Figure`` reads one key of an actor's answer (``QueueStats``, ``StoreStats``,
+``ListenerStats``, an actor's runtime ``stats``) or of the node's own figures (its alarm
+readings, its counters). Only figures the code really keeps are here; ``warren.
+supervisor.node.metrics`` gathers them and renders the families. A counter's name is
+without the ``_total`` its samples carry (prometheus_client adds it). Nothing here runs:
+tables only, so the list a user reads in docs/metrics.md and the code stay one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One series: its name (a counter's without the ``_total`` its samples carry), the
+    key of the answer its value is read from, and its HELP text."""
+
+    name: str
+    key: str
+    help: str
+    scale: float = 1.0
+
+
+QUEUE_GAUGES = (
+    Figure(
+        "warren_queue_messages_ready",
+        "messages_ready",
+        "Messages ready to be delivered to consumers",
+    ),
+    Figure(
+        "warren_queue_messages_unacked",
+        "messages_unacked",
+        "Messages delivered to consumers but not yet acknowledged",
+    ),
+    Figure("warren_queue_messages", "depth", "Sum of ready and unacknowledged messages"),
+    Figure("warren_queue_messages_persistent", "persistent", "Persistent messages"),
+    Figure(
+        "warren_queue_messages_ready_ram",
+        "alpha",
+        "Ready messages held in memory, body and index (alpha)",
+    ),
+    Figure(
+        "warren_queue_messages_unacked_ram",
+        "pending_acks_ram",
+        "Unacknowledged messages held in memory",
+    ),
+    Figure(
+        "warren_queue_messages_ram_bytes",
+        "ram_bytes",
+        "Size in bytes of the ready and unacknowledged messages held in memory",
+    ),
+    Figure(
+        "warren_queue_messages_disk_bytes",
+        "disk_bytes",
+        "Size in bytes of the messages whose bodies are on disk",
+    ),
+    Figure(
+        "warren_queue_messages_unconfirmed",
+        "unconfirmed",
+        "Messages taken but not yet confirmed to their publishers",
+    ),
+    Figure("warren_queue_consumers", "consumers", "Consumers on a queue"),
+)
+VARIABLE_QUEUE_STATES = ("alpha", "beta", "gamma", "delta")
+VARIABLE_QUEUE_FAMILY = "warren_queue_variable_queue_messages"
+VARIABLE_QUEUE_HELP = (
+    "Messages by variable-queue state: alpha (body and index in memory), beta (index in "
+    "memory, body on disk), gamma (index in memory and on disk), delta (both on disk only)"
+)
+QUEUE_COUNTERS = (
+    Figure(
+        "warren_queue_messages_published",
+        "published",
+        "Messages published to the queue and taken by it",
+    ),
+    Figure(
+        "warren_queue_messages_confirmed",
+        "confirmed",
+        "Messages confirmed to their publishers (on disk, when persistent)",
+    ),
+    Figure("warren_queue_messages_delivered", "delivered", "Messages delivered to consumers"),
+    Figure(
+        "warren_queue_messages_redelivered",
+        "redelivered",
+        "Messages delivered again, flagged redelivered",
+    ),
+    Figure(
+        "warren_queue_messages_acknowledged",
+        "acknowledged",
+        "Messages acknowledged by consumers",
+    ),
+    Figure(
+        "warren_queue_messages_released",
+        "released",
+        "Unacknowledged messages put back because their consumer ended",
+    ),
+    Figure(
+        "warren_queue_messages_expired",
+        "expired",
+        "Messages expired by a TTL: dropped, or dead-lettered when the queue has a "
+        "dead-letter exchange",
+    ),
+    Figure(
+        "warren_queue_messages_dropped_max_length",
+        "dropped_over_max_length",
+        "Messages dropped from the head by max-length (overflow drop-head)",
+    ),
+    Figure(
+        "warren_queue_messages_rejected_publishes",
+        "rejected_publishes",
+        "Published messages refused by max-length (overflow reject-publish)",
+    ),
+    Figure(
+        "warren_queue_dedup_repeats",
+        "repeats_dropped",
+        "Messages a deduplicating producer sent again, already taken, and dropped",
+    ),
+    Figure(
+        "warren_queue_messages_recovered",
+        "recovered",
+        "Persistent messages the queue recovered from disk at its starts",
+    ),
+    Figure(
+        "warren_queue_messages_dead_lettered",
+        "dead_lettered",
+        "Messages dead-lettered and confirmed by the dead-letter exchange's queues",
+    ),
+    Figure(
+        "warren_queue_corrupt_reads",
+        "corrupt_on_read",
+        "Message bodies that failed their check when read: dropped, never delivered",
+    ),
+    Figure(
+        "warren_queue_missing_reads",
+        "missing_on_read",
+        "Message bodies the store no longer held when the queue read them",
+    ),
+    Figure(
+        "warren_queue_foreign_delivery_tags",
+        "foreign_tags",
+        "Delivery tags a connection settled without holding them, ignored",
+    ),
+)
+PUBLISHED = "warren_queue_messages_published"
+# RabbitMQ's global counters, counted at Warren's queues, so a message routed to two
+# queues counts twice: (name, the queue counters it sums, help).
+GLOBAL_COUNTERS = (
+    (
+        "warren_global_messages_received_confirm",
+        (PUBLISHED, "warren_queue_dedup_repeats", "warren_queue_messages_rejected_publishes"),
+        "Messages received by the queues from publishers expecting confirms (every "
+        "Warren publish does)",
+    ),
+    ("warren_global_messages_routed", (PUBLISHED,), "Messages routed to queues and taken"),
+    (
+        "warren_global_messages_confirmed",
+        ("warren_queue_messages_confirmed",),
+        "Messages confirmed to publishers",
+    ),
+    (
+        "warren_global_messages_delivered",
+        ("warren_queue_messages_delivered",),
+        "Messages delivered to consumers",
+    ),
+    (
+        "warren_global_messages_redelivered",
+        ("warren_queue_messages_redelivered",),
+        "Messages redelivered to consumers",
+    ),
+    (
+        "warren_global_messages_acknowledged",
+        ("warren_queue_messages_acknowledged",),
+        "Messages acknowledged by consumers",
+    ),
+    (
+        "warren_global_messages_dead_lettered_confirmed",
+        ("warren_queue_messages_dead_lettered",),
+        "Messages dead-lettered and confirmed by the target queues",
+    ),
+)
+STORE_GAUGES = (
+    Figure("warren_msg_store_messages", "message_count", "Messages the store holds"),
+    Figure("warren_msg_store_files", "file_count", "Data files of the store"),
+    Figure("warren_msg_store_bytes", "bytes_on_disk", "Size in bytes of the store's data files"),
+    Figure(
+        "warren_msg_store_valid_bytes",
+        "valid_bytes",
+        "Bytes of the store's data files that hold messages still referenced",
+    ),
+    Figure(
+        "warren_msg_store_garbage_ratio",
+        "garbage_fraction",
+        "Fraction of the store's bytes that are garbage, for the GC to reclaim",
+    ),
+    Figure(
+        "warren_msg_store_locked_files",
+        "locked_files",
+        "Data files a GC combine is working on",
+    ),
+    Figure("warren_msg_store_clients", "clients", "Clients (queues) registered with the store"),
+    Figure("warren_msg_store_disk_full", "disk_full", "1 while the store finds the disk full"),
+    Figure(
+        "warren_msg_store_writes_blocked",
+        "writes_blocked",
+        "1 while the store holds its clients' writes (the disk alarm)",
+    ),
+    Figure(
+        "warren_msg_store_recovered_clean",
+        "recovered_clean",
+        "1 when the store's last start found its clean-shutdown files",
+    ),
+    Figure(
+        "warren_msg_store_longest_confirm_wait_seconds",
+        "longest_confirm_wait_ms",
+        "Longest wait of a write batch for its confirm since the store started",
+        scale=0.001,
+    ),
+    Figure(
+        "warren_msg_store_longest_gc_slice_seconds",
+        "longest_gc_slice_ms",
+        "Longest time a GC step held the store's loop since the store started",
+        scale=0.001,
+    ),
+)
+STORE_COUNTERS = (
+    Figure("warren_msg_store_read", "reads", "Read operations in the message store"),
+    Figure("warren_msg_store_write", "writes", "Write operations in the message store"),
+    Figure(
+        "warren_msg_store_sync_ops",
+        "syncs",
+        "fdatasync and fsync calls that made writes durable (group commits, file rollovers)",
+    ),
+    Figure("warren_msg_store_removes", "removes", "Message references removed from the store"),
+    Figure("warren_msg_store_write_batches", "batches", "Write batches taken from clients"),
+    Figure(
+        "warren_msg_store_direct_reads",
+        "direct_reads_reported",
+        "Reads clients made from the store's files themselves, as they reported them",
+    ),
+    Figure(
+        "warren_msg_store_fallback_reads",
+        "fallback_reads",
+        "Reads the store served itself, when a client could not read the file",
+    ),
+    Figure("warren_msg_store_gc_runs", "gc_runs", "Pairs of files combined by the GC"),
+    Figure(
+        "warren_msg_store_gc_bytes_moved",
+        "gc_bytes_moved",
+        "Bytes the GC copied while combining files",
+    ),
+    Figure(
+        "warren_msg_store_gc_jobs_abandoned",
+        "gc_jobs_abandoned",
+        "GC jobs given up (readers held a file, or the GC failed)",
+    ),
+    Figure("warren_msg_store_files_deleted", "files_deleted", "Data files deleted when empty"),
+    Figure(
+        "warren_msg_store_writes_failed_disk_full",
+        "writes_failed_disk_full",
+        "Writes that failed because the disk was full",
+    ),
+)
+ACTOR_COUNTERS = (
+    Figure(
+        "warren_actor_messages_received",
+        "received",
+        "Messages the actor's mailbox took",
+    ),
+    Figure(
+        "warren_actor_messages_malformed",
+        "malformed",
+        "Messages refused because they did not decode or had the wrong shape",
+    ),
+    Figure(
+        "warren_actor_messages_unhandled",
+        "unhandled",
+        "Messages of a kind the actor does not handle",
+    ),
+    Figure(
+        "warren_actor_messages_dropped_stale",
+        "dropped_stale",
+        "Messages sent to an earlier incarnation of the actor, dropped",
+    ),
+    Figure(
+        "warren_actor_replies_unroutable",
+        "unroutable",
+        "Replies the actor could not send because the asker had gone",
+    ),
+)
+CPU_SECONDS = Figure(
+    "warren_actor_cpu_seconds", "cpu_seconds", "CPU time (user and system) of the actor's process"
+)
+LISTENER_GAUGES = (
+    Figure(
+        "warren_listener_clients_consuming",
+        "clients_consuming",
+        "Remote clients consuming through the listener now",
+    ),
+)
+LISTENER_COUNTERS = (
+    Figure("warren_listener_requests", "requests", "Requests from remote clients"),
+    Figure("warren_listener_requests_refused", "refused", "Requests from remote clients refused"),
+    Figure(
+        "warren_listener_requests_malformed",
+        "malformed",
+        "Requests from remote clients that were not well formed",
+    ),
+    Figure(
+        "warren_curve_clients_refused",
+        "clients_refused",
+        "Remote clients refused because their CURVE key is not authorized",
+    ),
+)
+NODE_COUNTERS = (
+    Figure(
+        "warren_node_control_calls_refused",
+        "refused_control_calls",
+        "Calls on the node's control socket it refused",
+    ),
+    Figure(
+        "warren_node_status_requests_malformed",
+        "malformed_status_requests",
+        "Requests on the node's control socket that were not well formed",
+    ),
+)
+RESOURCE_GAUGES = (
+    Figure(
+        "warren_process_resident_memory_bytes",
+        "memory_bytes",
+        "Memory used by the node's processes, in bytes (their proportional set sizes)",
+    ),
+    Figure(
+        "warren_resident_memory_limit_bytes",
+        "memory_limit_bytes",
+        "Memory high watermark in bytes: the memory alarm's limit",
+    ),
+    Figure(
+        "warren_disk_space_available_bytes",
+        "disk_free_bytes",
+        "Disk space available to the data directory, in bytes",
+    ),
+    Figure(
+        "warren_disk_space_available_limit_bytes",
+        "disk_free_limit_bytes",
+        "Free disk space low watermark in bytes: the disk alarm's limit",
+    ),
+)
+ALARMS = (
+    Figure("warren_alarms_memory_used_watermark", "memory", "1 while the memory alarm is raised"),
+    Figure("warren_alarms_free_disk_space_watermark", "disk", "1 while the disk alarm is raised"),
+)
+IDENTITY = Figure("warren_identity_info", "", "The node, named by the warren_node label")
+QUEUES_DECLARED = Figure("warren_queues", "", "Queues declared on the node")
+CONSUMERS = Figure("warren_consumers", "consumers", "Consumers on the queues that answered")
+START_SECONDS = Figure(
+    "warren_node_start_seconds",
+    "",
+    "Seconds the node's last start took, the recovery of its stores and queues included",
+)
+UNANSWERED = Figure(
+    "warren_scrape_actors_unanswered",
+    "",
+    "Actors that did not answer this scrape in time: their series are missing",
+)
+ACTORS_RUNNING = Figure("warren_actors", "", "Actors the node's tree runs")
+ACTOR_RESTARTS = Figure(
+    "warren_actor_restarts",
+    "",
+    "Times the actor's process was started again since the node started",
+)
+ACTOR_MEMORY = Figure(
+    "warren_actor_resident_memory_bytes",
+    "",
+    "Resident set size of the actor's process in bytes (pages it shares with other "
+    "actors counted in each)",
+)

@@ -1,0 +1,417 @@
+"""A node's HTTP endpoint as an operator meets it: Prometheus scraping its figures (parsed
+with prometheus_client's own parser, checked by promtool, and scraped by a real Prometheus
+server), the JSON API, counters that survive a killed queue without going backwards, a
+stopped queue that costs a scrape half a second and nothing more, and every bad address
+refused in one line. Everything binds 127.0.0.1 with port 0."""
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import textwrap
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from warren.actors import InvalidSpec
+from warren.queues.errors import NotFound
+from warren.supervisor import Node
+from warren.supervisor.node import series
+from warren.supervisor.node.http_endpoint import CLIENT_TIMEOUT_S
+
+from ...waiting import wait_for
+from ..cli.test_cli import ROOT, WARREN, settings_from, warren
+from .test_node import warren_node
+
+LOOPBACK_ANY_PORT = "127.0.0.1:0"
+ORDERS = (("queue", "orders"),)
+
+
+def fetch(url: str, method: str = "GET") -> tuple[int, dict, bytes]:
+    """The status, headers and body of one request (an error status is an answer too)."""
+    request = urllib.request.Request(url, method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, dict(response.headers), response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, dict(error.headers), error.read()
+
+
+def families(node: Node, path: str = "/metrics") -> list:
+    status, headers, body = fetch(node.http_endpoint + path)
+    assert status == 200, body
+    assert headers["Content-Type"].startswith("text/plain; version=0.0.4")
+    return list(text_string_to_metric_families(body.decode()))
+
+
+def scrape(node: Node, path: str = "/metrics") -> dict[tuple[str, tuple], float]:
+    """Every sample of a page: (name, sorted labels) -> value."""
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in families(node, path)
+        for sample in family.samples
+    }
+
+
+def strict_json(body: bytes):
+    def refuse(constant: str):
+        raise ValueError(f"{constant} is not strict JSON")
+
+    return json.loads(body, parse_constant=refuse)
+
+
+def restarted(node: Node, queue: str, pid: int) -> bool:
+    try:
+        return node.queue(queue).pid != pid
+    except NotFound:  # between incarnations
+        return False
+
+
+def test_a_scrape_shows_a_queues_ready_and_unacked_counts_and_what_went_through_it(tmp_path):
+    with Node(tmp_path / "data", http=LOOPBACK_ANY_PORT) as node:
+        node.declare_queue("orders")
+        with node.connect() as conn:
+            for n in range(5):
+                conn.publish("orders", b"order %d" % n)
+            conn.get("orders").ack()
+            held = conn.get("orders")
+            acked = ("warren_global_messages_acknowledged_total", ())
+            wait_for(lambda: scrape(node).get(acked) == 1)
+            node_wide = scrape(node)
+            assert node_wide[("warren_queue_messages_ready", ())] == 3
+            assert node_wide[("warren_queue_messages_unacked", ())] == 1
+            assert node_wide[("warren_queues", ())] == 1
+            assert node_wide[("warren_global_messages_routed_total", ())] == 5
+            assert node_wide[("warren_global_messages_received_confirm_total", ())] == 5
+            assert node_wide[("warren_global_messages_confirmed_total", ())] == 5
+            assert node_wide[("warren_global_messages_delivered_total", ())] == 2
+            assert node_wide[("warren_queue_variable_queue_messages", (("state", "alpha"),))] == 3
+            assert node_wide[("warren_scrape_actors_unanswered", ())] == 0
+            assert not [
+                labels for _, labels in node_wide if {"queue", "actor"} & dict(labels).keys()
+            ], "/metrics holds node-wide series only"
+            per_object = scrape(node, "/metrics/per-object")
+            assert per_object[("warren_queue_messages_ready", ORDERS)] == 3
+            assert per_object[("warren_queue_messages_unacked", ORDERS)] == 1
+            assert per_object[("warren_queue_messages_published_total", ORDERS)] == 5
+            assert per_object[("warren_queue_messages_acknowledged_total", ORDERS)] == 1
+            queue_actor = (("actor", "queue orders"),)
+            assert per_object[("warren_actor_messages_received_total", queue_actor)] > 0
+            assert per_object[("warren_actor_resident_memory_bytes", queue_actor)] > 0
+            assert per_object[("warren_actor_restarts_total", queue_actor)] == 0
+            persistent = (("store", "msg_store_persistent"),)
+            assert per_object[("warren_msg_store_files", persistent)] >= 1
+            assert ("warren_msg_store_sync_ops_total", persistent) in per_object
+            held.ack()
+        undocumented = [
+            f.name for f in families(node, "/metrics/per-object") if not f.documentation
+        ]
+        assert undocumented == []
+
+
+def test_counters_never_go_backwards_when_the_queue_process_is_killed_and_restarted(tmp_path):
+    published = ("warren_queue_messages_published_total", ORDERS)
+    with Node(tmp_path / "data", http=LOOPBACK_ANY_PORT) as node:
+        node.declare_queue("orders")
+        with node.connect() as conn:
+            conn.publish_many("orders", [b"before"] * 10)
+        pages = ("/metrics", "/metrics/per-object")
+        before = {page: scrape(node, page) for page in pages}
+        assert before["/metrics/per-object"][published] == 10
+        pid = node.queue("orders").pid
+        os.kill(pid, signal.SIGKILL)
+        during = scrape(node, "/metrics")  # the queue may be missing, never counted again
+        wait_for(lambda: restarted(node, "orders", pid))
+        with node.connect() as conn:
+            conn.publish_many("orders", [b"after"] * 7)
+        wait_for(lambda: scrape(node, "/metrics/per-object").get(published) == 17)
+        after = {page: scrape(node, page) for page in pages}
+        for page in pages:
+            for key, value in before[page].items():
+                if key[0].endswith("_total") and key in after[page]:
+                    assert after[page][key] >= value, (page, key)
+        for key, value in during.items():
+            if key[0].endswith("_total"):
+                assert after["/metrics"][key] >= value, key
+        node_wide, per_object = after["/metrics"], after["/metrics/per-object"]
+        assert node_wide[("warren_queue_messages_published_total", ())] == 17
+        assert node_wide[("warren_global_messages_routed_total", ())] == 17
+        assert node_wide[("warren_global_messages_confirmed_total", ())] == 17
+        assert per_object[published] == 17
+        assert per_object[("warren_queue_messages_ready", ORDERS)] == 17
+        assert per_object[("warren_queue_messages_recovered_total", ORDERS)] == 10
+        assert per_object[("warren_actor_restarts_total", (("actor", "queue orders"),))] == 1
+        assert node_wide[("warren_actor_restarts_total", ())] == 1
+
+
+def test_a_stopped_queue_process_delays_a_scrape_half_a_second_and_hides_only_its_series(
+    tmp_path,
+):
+    with Node(tmp_path / "data", http=LOOPBACK_ANY_PORT) as node:
+        node.declare_queue("orders")
+        node.declare_queue("stuck")
+        with node.connect() as conn:
+            conn.publish("orders", b"order")
+            conn.publish("stuck", b"stuck")
+        pid = node.queue("stuck").pid
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            for _ in range(3):
+                started = time.monotonic()
+                samples = scrape(node, "/metrics/per-object")
+                assert time.monotonic() - started < 1.5
+                assert samples[("warren_queue_messages_ready", ORDERS)] == 1
+                assert samples[("warren_scrape_actors_unanswered", ())] == 1
+                stuck = [
+                    key
+                    for key in samples
+                    if dict(key[1]).get("queue") == "stuck"
+                    or dict(key[1]).get("actor") == "queue stuck"
+                ]
+                assert stuck == []
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        stuck_ready = ("warren_queue_messages_ready", (("queue", "stuck"),))
+        wait_for(lambda: scrape(node, "/metrics/per-object").get(stuck_ready) == 1)
+
+
+def test_the_api_answers_strict_json_with_the_same_figures(tmp_path):
+    with Node(tmp_path / "data", http=LOOPBACK_ANY_PORT) as node:
+        node.declare_queue("orders", max_length=1_000)  # a RAM target of infinity, too
+        with node.connect() as conn:
+            conn.publish_many("orders", [b"order"] * 3)
+        documents = {}
+        for page in ("overview", "queues", "actors"):
+            status, headers, body = fetch(f"{node.http_endpoint}/api/{page}")
+            assert status == 200 and headers["Content-Type"] == "application/json"
+            documents[page] = strict_json(body)
+        assert documents["overview"]["messages_ready"] == 3
+        assert documents["overview"]["counters"]["global_messages_routed_total"] == 3
+        (orders,) = documents["queues"]
+        assert (orders["name"], orders["state"], orders["messages_ready"]) == (
+            "orders",
+            "running",
+            3,
+        )
+        assert orders["messages_published_total"] == 3
+        names = {actor["name"] for actor in documents["actors"]}
+        assert {"queue orders", "msg_store_persistent", "msg_store_gc"} <= names
+        assert scrape(node)[("warren_queue_messages_ready", ())] == 3
+
+
+def test_unknown_pages_are_404_and_other_methods_405_each_in_one_line(tmp_path):
+    with Node(tmp_path / "data", http=LOOPBACK_ANY_PORT) as node:
+        status, _, body = fetch(node.http_endpoint + "/nowhere")
+        assert status == 404 and body.count(b"\n") == 1 and b"/metrics" in body
+        status, headers, body = fetch(node.http_endpoint + "/metrics", method="POST")
+        assert status == 405 and body.count(b"\n") == 1 and headers["Allow"] == "GET"
+        status, _, _ = fetch(node.http_endpoint + "/metrics?ignored=1")
+        assert status == 200
+
+
+def test_a_client_that_connects_and_says_nothing_holds_up_neither_scrapes_nor_the_stop(tmp_path):
+    node = Node(tmp_path / "data", http=LOOPBACK_ANY_PORT)
+    address = urllib.parse.urlsplit(node.http_endpoint)
+    silent = socket.create_connection((address.hostname, address.port))
+    halfway = socket.create_connection((address.hostname, address.port))
+    try:
+        halfway.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")  # the request never ends
+        started = time.monotonic()
+        assert scrape(node)[("warren_queues", ())] == 0
+        assert time.monotonic() - started < 1.5
+    finally:
+        started = time.monotonic()
+        node.close()
+        stopped_in = time.monotonic() - started
+        silent.close()
+        halfway.close()
+    assert stopped_in < CLIENT_TIMEOUT_S
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection((address.hostname, address.port), timeout=5)
+
+
+def test_warren_node_serves_its_metrics_where_node_json_and_warren_status_say(tmp_path):
+    data = str(tmp_path / "data")
+    with warren_node(data, "--http", LOOPBACK_ANY_PORT) as process:
+        assert process.stdout.readline().startswith("node warren")
+        node_file = os.path.join(data, "node.json")
+        wait_for(lambda: os.path.exists(node_file))
+        with open(node_file) as f:
+            endpoint = json.load(f)["http_endpoint"]
+        assert endpoint.startswith("http://127.0.0.1:") and not endpoint.endswith(":0")
+        shown = subprocess.run(
+            [*WARREN, "status", "--data-dir", data],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert f"metrics: {endpoint}/metrics" in shown.stdout, shown.stderr
+        status, _, body = fetch(endpoint + "/metrics")
+        assert status == 200 and b"warren_queues 0.0" in body
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=60) == 0
+
+
+def test_an_http_address_in_the_config_file_and_insecure_for_another_host(tmp_path):
+    config = tmp_path / "warren.toml"
+    config.write_text('[http]\nlisten = "127.0.0.1:0"\n')
+    data = str(tmp_path / "data")
+    assert settings_from("--config", str(config), "--data-dir", data)["http"] == "127.0.0.1:0"
+    config.write_text('[http]\nlisten = "0.0.0.0:15692"\ninsecure = true\n')
+    assert settings_from("--config", str(config), "--data-dir", data)["http"] == "0.0.0.0:15692"
+    chosen = settings_from("--data-dir", data, "--http", "192.0.2.1:15692", "--insecure")
+    assert chosen["http"] == "192.0.2.1:15692"
+    config.write_text("[listener]\ninsecure = false\n[http]\ninsecure = true\n")
+    refused = warren("node", "--config", str(config), "--data-dir", data)
+    assert refused.returncode == 2 and "give one value" in refused.stderr
+    assert refused.stderr.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    "address, toml, complaint",
+    [
+        ("0.0.0.0:15692", '"0.0.0.0:15692"', "not a loopback address"),
+        ("garbage", '"garbage"', "HOST:PORT"),
+        ("127.0.0.1:65536", '"127.0.0.1:65536"', "a port in 0..65535"),
+        ("127.0.0.1:http", '"127.0.0.1:http"', "a port in 0..65535"),
+        ("http://127.0.0.1:15692", '"http://127.0.0.1:15692"', "HOST:PORT"),
+        (15692, "15692", "HOST:PORT"),
+    ],
+)
+def test_a_bad_http_address_is_refused_in_one_line_from_options_toml_and_node(
+    tmp_path, address, toml, complaint
+):
+    data = tmp_path / "data"
+    config = tmp_path / "warren.toml"
+    config.write_text(f"[http]\nlisten = {toml}\n")
+    attempts = [warren("node", "--data-dir", str(data), "--config", str(config))]
+    if isinstance(address, str):
+        attempts.append(warren("node", "--data-dir", str(data), "--http", address))
+    for refused in attempts:
+        assert refused.returncode == 2
+        assert complaint in refused.stderr and refused.stderr.count("\n") == 1
+    with pytest.raises(InvalidSpec, match=complaint):
+        Node(data, http=address)
+    assert not data.exists()  # refused before anything started
+
+
+def test_every_series_the_node_exports_is_listed_in_the_metrics_guide():
+    guide = (ROOT / "docs" / "metrics.md").read_text()
+    counters = [
+        *series.QUEUE_COUNTERS,
+        *series.STORE_COUNTERS,
+        *series.ACTOR_COUNTERS,
+        *series.LISTENER_COUNTERS,
+        *series.NODE_COUNTERS,
+        series.CPU_SECONDS,
+        series.ACTOR_RESTARTS,
+    ]
+    gauges = [
+        *series.QUEUE_GAUGES,
+        *series.STORE_GAUGES,
+        *series.LISTENER_GAUGES,
+        *series.RESOURCE_GAUGES,
+        *series.ALARMS,
+        series.IDENTITY,
+        series.QUEUES_DECLARED,
+        series.CONSUMERS,
+        series.START_SECONDS,
+        series.UNANSWERED,
+        series.ACTORS_RUNNING,
+        series.ACTOR_MEMORY,
+    ]
+    names = [f.name + "_total" for f in counters] + [f.name for f in gauges]
+    names += [name + "_total" for name, _, _ in series.GLOBAL_COUNTERS]
+    names.append(series.VARIABLE_QUEUE_FAMILY)
+    assert [name for name in names if f"| `{name}` |" not in guide] == []
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.mark.skipif(
+    shutil.which("promtool") is None,
+    reason="promtool is not installed (Debian's prometheus package has it)",
+)
+def test_promtool_finds_nothing_to_fault_in_either_metrics_page(tmp_path):
+    with Node(tmp_path / "data", http=LOOPBACK_ANY_PORT) as node:
+        node.declare_queue("orders")
+        with node.connect() as conn:
+            conn.publish("orders", b"order")
+        wait_for(lambda: ("warren_disk_space_available_bytes", ()) in scrape(node))
+        for page in ("/metrics", "/metrics/per-object"):
+            _, _, body = fetch(node.http_endpoint + page)
+            checked = subprocess.run(
+                ["promtool", "check", "metrics"], input=body, capture_output=True, timeout=60
+            )
+            assert checked.returncode == 0, (page, checked.stdout, checked.stderr)
+
+
+@pytest.mark.skipif(
+    shutil.which("prometheus") is None,
+    reason="prometheus is not installed (Debian: apt-get install prometheus)",
+)
+def test_a_prometheus_server_scraping_the_node_answers_a_promql_query_for_the_ready_count(
+    tmp_path,
+):
+    with Node(tmp_path / "data", http=LOOPBACK_ANY_PORT) as node:
+        node.declare_queue("orders")
+        with node.connect() as conn:
+            conn.publish_many("orders", [b"order"] * 3)
+        config = tmp_path / "prometheus.yml"
+        config.write_text(
+            textwrap.dedent(
+                f"""\
+                global:
+                  scrape_interval: 1s
+                  scrape_timeout: 1s
+                scrape_configs:
+                  - job_name: warren
+                    metrics_path: /metrics/per-object
+                    static_configs:
+                      - targets: ["{node.http_endpoint.removeprefix("http://")}"]
+                """
+            )
+        )
+        port = free_port()
+        query = urllib.parse.urlencode({"query": 'warren_queue_messages_ready{queue="orders"}'})
+        url = f"http://127.0.0.1:{port}/api/v1/query?{query}"
+
+        def ready_count() -> str | None:
+            try:
+                status, _, body = fetch(url)
+            except OSError:  # not listening yet
+                return None
+            result = json.loads(body)["data"]["result"] if status == 200 else []
+            return result[0]["value"][1] if result else None
+
+        with open(tmp_path / "prometheus.log", "w") as log:
+            server = subprocess.Popen(
+                [
+                    "prometheus",
+                    f"--config.file={config}",
+                    f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                    f"--web.listen-address=127.0.0.1:{port}",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+            try:
+                wait_for(lambda: ready_count() == "3", timeout=60)
+            finally:
+                server.terminate()
+                try:
+                    server.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    server.kill()
+                    server.wait()
