@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 import time
 
 from warren.store.client import StoreClient
 from warren.store.protocol import StoreStats
 from warren.supervisor import Node
 
-from .table import Row, median, percentile, render
+from .table import Row, median, percentile, render, scratch_directory
 
 BODY_BYTES = 100
 FILE_BYTES = 16 * 2**20
@@ -53,7 +52,7 @@ def probe(client: StoreClient, until) -> list[float]:
 
 def main(argv: list[str]) -> str:
     scale = 4 if "--quick" in argv else 1
-    root = tempfile.mkdtemp(prefix="warren-bench-gc-", dir=os.environ.get("WARREN_BENCH_DIR"))
+    root = scratch_directory("warren-bench-gc-")
     try:
         with Node(os.path.join(root, "node"), file_size_limit=FILE_BYTES // scale) as node:
             store = node.store()

@@ -43,7 +43,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from functools import partial
 
@@ -54,7 +53,7 @@ from warren.queues.engine.variable_queue import EMBED_MSGS_BELOW
 from warren.store import LocalStoreClient, MessageStore
 
 from .bench_store import drop_cache
-from .table import Row, Stopwatch, best_of_alternating, render
+from .table import Row, Stopwatch, best_of_alternating, render, scale_of, scratch_directory
 
 MIB = 2**20
 SIZES = [(100, 200_000), (1024, 100_000), (16384, 20_000)]
@@ -478,9 +477,8 @@ def backlog_rows(root: str, scale: int) -> list[Row]:
 
 
 def main(argv: list[str]) -> str:
-    scale = 8 if "--quick" in argv else 1
-    volumes = "quick" if scale > 1 else "full"
-    root = tempfile.mkdtemp(prefix="warren-bench-", dir=os.environ.get("WARREN_BENCH_DIR"))
+    scale, volumes = scale_of(argv)
+    root = scratch_directory()
     try:
         started = time.perf_counter()
         throughput = throughput_rows(root, scale)

@@ -23,14 +23,13 @@ import random
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from functools import partial
 
 from warren.store import MessageStore
 from warren.store.engine.records import encode_record
 
-from .table import Row, Stopwatch, best_of_alternating, render
+from .table import Row, Stopwatch, best_of_alternating, render, scale_of, scratch_directory
 
 MIB = 2**20
 WRITE_SIZES = [(100, 200_000), (1024, 100_000), (4096, 50_000), (65536, 4_000)]
@@ -305,8 +304,8 @@ def bench_removal_log(root: str, scale: int) -> list[Row]:
 
 
 def main(argv: list[str]) -> str:
-    scale = 8 if "--quick" in argv else 1
-    root = tempfile.mkdtemp(prefix="warren-bench-", dir=os.environ.get("WARREN_BENCH_DIR"))
+    scale, _ = scale_of(argv)
+    root = scratch_directory()
     try:
         started = time.perf_counter()
         rows = bench_writes(root, scale)

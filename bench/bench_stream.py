@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 import time
 
-from bench.table import Row, best_of_alternating, render
 from warren.queues.engine.stream_log import StreamLog, StreamReader
+
+from .table import Row, best_of_alternating, render, scale_of, scratch_directory
 
 RECORD_BYTES = 1024
 SYNC_EVERY_S = 0.025
@@ -121,9 +121,8 @@ def read_row(root: str, scale: int) -> Row:
 
 
 def main(argv: list[str]) -> str:
-    scale = 8 if "--quick" in argv else 1
-    volumes = "quick" if scale > 1 else "full"
-    root = tempfile.mkdtemp(prefix="warren-bench-", dir=os.environ.get("WARREN_BENCH_DIR"))
+    scale, volumes = scale_of(argv)
+    root = scratch_directory()
     try:
         started = time.perf_counter()
         rows = append_rows(root, scale)

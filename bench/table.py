@@ -8,11 +8,26 @@ same machine, never across runs (this machine's absolute figures vary several-fo
 
 from __future__ import annotations
 
+import os
 import statistics
+import tempfile
 import time
 from dataclasses import dataclass
 
 from warren.supervisor.tables import Column, format_table
+
+QUICK_SCALE = 8  # how many times smaller --quick makes the volumes
+
+
+def scale_of(argv: list[str]) -> tuple[int, str]:
+    """How much to divide the volumes by, and the word the title says it with."""
+    return (QUICK_SCALE, "quick") if "--quick" in argv else (1, "full")
+
+
+def scratch_directory(prefix: str = "warren-bench-") -> str:
+    """A new directory for a benchmark's files, under ``$WARREN_BENCH_DIR`` when it is
+    set (another disk, or room the default temp directory lacks); the caller removes it."""
+    return tempfile.mkdtemp(prefix=prefix, dir=os.environ.get("WARREN_BENCH_DIR"))
 
 
 @dataclass(frozen=True)
