@@ -22,14 +22,19 @@ __all__ = [
     "Nacked",
     "NodeNotRunning",
     "NotFound",
+    "OffsetOutOfRange",
     "OutOfSequence",
     "PreconditionFailed",
     "QueueClosed",
     "QueueDown",
     "QueueError",
     "QueueLocked",
+    "StreamCorrupt",
+    "StreamError",
+    "StreamLocked",
     "UnknownDeliveryTag",
     "Unroutable",
+    "UnsupportedOperation",
     "WarrenWriteError",
     "local_error",
 ]
@@ -117,6 +122,30 @@ class AccessRefused(QueueError, ConnectionError):
 
 class KeyFileError(QueueError, ValueError):
     """A key file or name that cannot be used; the message says why and what to do."""
+
+
+class UnsupportedOperation(QueueError):
+    """An operation the queue's type does not have (a stream is not purged or fetched
+    from; a classic queue is not read by offset)."""
+
+
+class StreamError(QueueError):
+    """Base class of the stream log's errors."""
+
+
+class StreamCorrupt(StreamError):
+    """A chunk failed its CRC or its framing; its bytes are never delivered."""
+
+
+class OffsetOutOfRange(StreamError, LookupError):
+    """A reader asked for an offset the stream does not hold (the error names the range)."""
+
+    def __str__(self) -> str:  # LookupError would quote the message
+        return str(self.args[0])
+
+
+class StreamLocked(StreamError):
+    """Another ``StreamLog`` (in this or another process) has the directory open."""
 
 
 class WarrenWriteError(QueueError, RuntimeError):

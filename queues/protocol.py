@@ -34,6 +34,29 @@ its own, and go back to the queue when it closes or its process dies.
     DeleteQueue()                      ask → the number of messages deleted; the queue then
                                        refuses everything until its process is stopped
 
+A stream's process (``warren.queues.broker.stream_actor``) takes ``Publish``, ``QueueStats``
+and ``DeleteQueue`` as a queue does (a Publish is one chunk of its log), and these, which
+a queue refuses:
+
+    StreamAttach(start, value)         ask → {"offset", "first", "committed", "directory"}:
+                                       where a reader starting at ``start`` ("first",
+                                       "last", "next", "offset" with ``value``, or
+                                       "timestamp" with ``value`` in epoch ms) begins
+    StreamRead(offset, max_records, wait_ms)
+                                       ask → {"records": [[offset, timestamp_ms, payload]],
+                                       "next", "committed", "first"}: whole committed
+                                       chunks from ``offset`` (at least one, up to
+                                       ``max_records`` records when more chunks fit; 0
+                                       asks for none) and the offset to ask for next,
+                                       answered once ``offset`` is committed or after
+                                       ``wait_ms``; a reader that opens the files itself
+                                       asks it with 0 records to learn the committed offset
+    StoreOffset(name, offset)          tell (or ask → None): consumer ``name`` has
+                                       processed up to ``offset`` (None: forget it)
+    QueryOffset(name)                  ask → the offset stored for ``name``, or None
+    LastSequence(producer)             ask → the last sequence taken from ``producer``,
+                                       or None
+
 The node's own calls (declarations, where a queue lives, the alarms) are declared once, in
 ``NodeHandle``: the ``Node`` in its own process implements them, its control socket and the
 tcp listener accept exactly ``NODE_CALLS``, and both client transports (``ipc_node``,
@@ -46,6 +69,7 @@ every transport at once. An error raised by the node comes back through
 from __future__ import annotations
 
 import inspect
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -69,6 +93,39 @@ Producer = Annotated[
 ]
 FetchCount = Annotated[int, Check(lambda v: 0 < v <= MAX_FETCH, f"an int in 1..{MAX_FETCH}")]
 SettleAction = Annotated[str, Check(lambda v: v in SETTLE_ACTIONS, f"one of {SETTLE_ACTIONS}")]
+STREAM_STARTS = ("first", "last", "next", "offset", "timestamp")
+StreamStart = Annotated[str, Check(lambda v: v in STREAM_STARTS, f"one of {STREAM_STARTS}")]
+MAX_READ_RECORDS = 100_000  # records one StreamRead may ask for
+ReadCount = Annotated[
+    int, Check(lambda v: 0 <= v <= MAX_READ_RECORDS, f"an int in 0..{MAX_READ_RECORDS}")
+]
+MAX_WAIT_MS = 60_000  # the longest a StreamRead waits for its offset to be committed
+WaitMs = Annotated[int, Check(lambda v: 0 <= v <= MAX_WAIT_MS, f"an int in 0..{MAX_WAIT_MS}")]
+MAX_TRACKING_NAME_BYTES = 255  # a stream's tracking ids (Osiris: a u8 length)
+
+
+def _is_tracking_name(name: object) -> bool:
+    if not isinstance(name, str):
+        return False
+    try:
+        return 0 < len(name.encode()) <= MAX_TRACKING_NAME_BYTES
+    except UnicodeEncodeError:  # a lone surrogate
+        return False
+
+
+def check_tracking_name(name: object) -> str:
+    """A stream consumer's name: 1 to 255 bytes of UTF-8 (Osiris's tracking ids)."""
+    if not _is_tracking_name(name):
+        raise ValueError(
+            f"a stream consumer's name is 1 to {MAX_TRACKING_NAME_BYTES} bytes of UTF-8 "
+            f"text; got {name!r}"
+        )
+    return name  # type: ignore[return-value]  # checked above
+
+
+TrackingName = Annotated[
+    str, Check(_is_tracking_name, f"1 to {MAX_TRACKING_NAME_BYTES} bytes of UTF-8")
+]
 
 
 @message
@@ -139,7 +196,77 @@ class DeleteQueue:
     pass
 
 
+@message
+@dataclass(frozen=True)
+class StreamAttach:
+    start: StreamStart
+    value: NonNegative = 0
+
+
+@message
+@dataclass(frozen=True)
+class StreamRead:
+    offset: NonNegative
+    max_records: ReadCount
+    wait_ms: WaitMs = 0
+
+
+@message
+@dataclass(frozen=True)
+class StoreOffset:
+    name: TrackingName
+    offset: NonNegative | None
+
+
+@message
+@dataclass(frozen=True)
+class QueryOffset:
+    name: TrackingName
+
+
+@message
+@dataclass(frozen=True)
+class LastSequence:
+    producer: Producer
+
+
+STREAM_MESSAGES = (StreamAttach, StreamRead, StoreOffset, QueryOffset, LastSequence)
+
 OVERFLOWS = ("drop-head", "reject-publish")
+QUEUE_TYPES = ("classic", "stream")
+SYNC_POLICIES = ("fsync", "flush")
+STREAM_SEGMENT_BYTES = 500_000_000  # Osiris's default max_segment_size_bytes
+MAX_STREAM_SEGMENT_BYTES = 2**32 - 1  # an index record holds a chunk's position in 32 bits
+# A classic queue's arguments, with their defaults: a stream takes none of them.
+CLASSIC_ARGUMENTS = {
+    "lazy": False,
+    "message_ttl_ms": None,
+    "max_length": None,
+    "overflow": "drop-head",
+    "dead_letter_exchange": None,
+    "auto_delete": False,
+}
+STREAM_ARGUMENTS = ("max_length_bytes", "max_age", "max_segment_size_bytes", "sync_policy")
+_INTERVAL = re.compile(r"(\d+(?:\.\d+)?)(Y|M|D|h|m|s)")
+_INTERVAL_SECONDS = {"Y": 365 * 86400, "M": 30 * 86400, "D": 86400, "h": 3600, "m": 60, "s": 1}
+
+
+def parse_interval(value: object, what: str) -> float:
+    """Seconds, from a positive number of seconds or a string like RabbitMQ's
+    ``x-max-age``: a number and one unit of Y, M (30 days), D, h, m or s ("7D", "12h",
+    "1.5h")."""
+    if type(value) in (int, float) and 0 < value < math.inf:  # type: ignore[operator]
+        return float(value)  # type: ignore[arg-type]
+    if isinstance(value, str) and (found := _INTERVAL.fullmatch(value)) is not None:
+        seconds = float(found[1]) * _INTERVAL_SECONDS[found[2]]
+        if seconds > 0:
+            return seconds
+    raise ValueError(
+        f"{what} is a positive number of seconds or a string like '7D', '12h', '30m' "
+        f"(units Y, M, D, h, m, s); got {value!r}"
+    )
+
+
 MAX_NAME_BYTES = 255  # RabbitMQ's: a queue or exchange name is a shortstr
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
@@ -167,6 +294,14 @@ class QueueDefinition:
     ``dead_letter_exchange``: where expired, rejected and dropped messages go;
     ``auto_delete``: the queue deletes itself when its last consumer stops.
 
+    ``type="stream"`` makes an append-only log instead (``warren.queues.engine.stream_log``),
+    always durable, which takes none of the arguments above but these:
+    ``max_length_bytes`` and ``max_age`` (seconds, or a string like "7D", "12h"; kept as
+    seconds) for retention, ``max_segment_size_bytes`` (500 MB) for rollover, and
+    ``sync_policy``: "fsync" (a chunk is fdatasync'd before its confirm) or "flush" (the
+    page cache, RabbitMQ's own stream policy: confirmed messages survive the process's
+    death, not the machine's).
+
     The one statement of what a queue takes: ``Connection.declare_queue`` checks its
     arguments against it before sending, ``Node.declare_queue`` builds it, the definitions
     file stores it, and the queue's process is started with it whole."""
@@ -179,6 +314,11 @@ class QueueDefinition:
     overflow: str = "drop-head"
     dead_letter_exchange: str | None = None
     auto_delete: bool = False
+    type: str = "classic"
+    max_length_bytes: int | None = None
+    max_age: float | None = None
+    max_segment_size_bytes: int | None = None
+    sync_policy: str | None = None
 
     def __post_init__(self) -> None:
         check_name(self.name)
@@ -192,6 +332,60 @@ class QueueDefinition:
             raise ValueError(f"overflow must be one of {OVERFLOWS}, got {self.overflow!r}")
         if self.dead_letter_exchange is not None:
             check_name(self.dead_letter_exchange, "dead-letter exchange")
+        if self.type not in QUEUE_TYPES:
+            raise ValueError(f"type must be one of {QUEUE_TYPES}, got {self.type!r}")
+        if self.type == "stream":
+            self._check_stream()
+            return
+        given = [field for field in STREAM_ARGUMENTS if getattr(self, field) is not None]
+        if given:
+            raise ValueError(
+                f"{', '.join(given)}: stream arguments; declare the queue with type='stream' "
+                f"to use them"
+            )
+
+    @property
+    def is_stream(self) -> bool:
+        return self.type == "stream"
+
+    def _check_stream(self) -> None:
+        given = [
+            f"{k}={getattr(self, k)!r}"
+            for k, v in CLASSIC_ARGUMENTS.items()
+            if getattr(self, k) != v
+        ]
+        if given:
+            raise ValueError(
+                f"a stream takes no {', '.join(given)}: those are classic-queue arguments "
+                f"(a stream keeps its messages by max_length_bytes and max_age)"
+            )
+        if not self.durable:
+            raise ValueError("a stream is always durable; declare it without durable=False")
+        if self.max_length_bytes is not None and (
+            type(self.max_length_bytes) is not int or self.max_length_bytes < 1
+        ):
+            raise ValueError(
+                f"max_length_bytes must be None or an int >= 1, got {self.max_length_bytes!r}"
+            )
+        if self.max_age is not None:
+            object.__setattr__(self, "max_age", parse_interval(self.max_age, "max_age"))
+        segment = self.max_segment_size_bytes
+        if segment is None:
+            object.__setattr__(self, "max_segment_size_bytes", STREAM_SEGMENT_BYTES)
+        elif type(segment) is not int or not 0 < segment <= MAX_STREAM_SEGMENT_BYTES:
+            raise ValueError(
+                f"max_segment_size_bytes must be an int in 1..{MAX_STREAM_SEGMENT_BYTES}, "
+                f"got {segment!r}"
+            )
+        if self.sync_policy is None:
+            object.__setattr__(self, "sync_policy", "fsync")
+        elif self.sync_policy not in SYNC_POLICIES:
+            raise ValueError(
+                f"sync_policy must be one of {SYNC_POLICIES}, got {self.sync_policy!r}"
+            )
+
+
+STREAM_ACTOR_PREFIX = "stream "  # a stream's actor name, and title: "warren: stream events"
 
 
 class QueueRef(Protocol):

@@ -14,7 +14,7 @@ registered message types only: nothing a peer sends is ever unpickled or importe
                                       {"name", "incarnation"}, never a ref
     ["ask", id, boot, queue, incarnation, message]
     ["tell", 0, boot, queue, incarnation, message]
-                                      a queue message (``CLIENT_MESSAGES``) for that
+                                      a queue's or a stream's message (``CLIENT_MESSAGES``) for that
                                       incarnation of the queue (an older one is dropped by
                                       the queue, as a pinned ref's would be), through the
                                       listener whose boot the client knows: one for an
@@ -75,7 +75,18 @@ from warren.actors.process import drain_wake_pipe, process_exists
 from .. import errors
 from ..client.ipc_node import RemoteNode, read_alarms
 from ..client.keys import AUTHORIZED_FILE, authorized_keys, node_keys
-from ..protocol import NODE_CALLS, Fetch, Publish, Purge, QueueStats, Release, Settle, Subscribe
+from ..protocol import (
+    NODE_CALLS,
+    STREAM_ACTOR_PREFIX,
+    STREAM_MESSAGES,
+    Fetch,
+    Publish,
+    Purge,
+    QueueStats,
+    Release,
+    Settle,
+    Subscribe,
+)
 
 __all__ = [
     "CLIENT_MESSAGES",
@@ -87,7 +98,7 @@ __all__ = [
 
 log = logging.getLogger("warren.queues")
 
-CLIENT_MESSAGES = (Publish, Fetch, Settle, Subscribe, Release, Purge, QueueStats)
+CLIENT_MESSAGES = (Publish, Fetch, Settle, Subscribe, Release, Purge, QueueStats, *STREAM_MESSAGES)
 MAX_FRAME_BYTES = wire.MAX_MESSAGE_BYTES + 2**20
 CONSUMER_SILENCE_S = 30.0  # a remote consumer unheard of this long is released
 SWEEP_S = 5.0  # how often silent consumers are looked for
@@ -473,6 +484,7 @@ class _Gateway:
                 "name": args.get("name"),
                 "incarnation": ref.incarnation,
                 "address": ref.address,
+                "stream": ref.name.startswith(STREAM_ACTOR_PREFIX),
             }
         return getattr(self._node, op)(**args)
 

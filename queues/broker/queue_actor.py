@@ -88,9 +88,10 @@ from warren.store.errors import StoreError
 from warren.store.protocol import StoreStats
 
 from ..engine.variable_queue import MessageInfo, VariableQueue
-from ..errors import CorruptMessage, OutOfSequence, QueueClosed
+from ..errors import CorruptMessage, OutOfSequence, QueueClosed, UnsupportedOperation
 from ..protocol import (
     MAX_SEQUENCE,
+    STREAM_MESSAGES,
     DeleteQueue,
     Delivered,
     Fetch,
@@ -291,6 +292,11 @@ class QueueActor(ProcessActor):
 
     def on_receive(self, message: Any) -> Any:
         handler = self._handlers.get(type(message))
+        if isinstance(message, STREAM_MESSAGES):
+            raise UnsupportedOperation(
+                f"queue {self.queue_name!r} is a classic queue: {type(message).__name__} is "
+                f"a stream's (declare one with type='stream')"
+            )
         if handler is None:
             raise UnhandledMessage(
                 f"queue {self.queue_name} does not handle {type(message).__name__}"

@@ -63,18 +63,24 @@ from ..message import MAX_MESSAGE_BYTES, Message, body_encoder, decode, encode
 from ..protocol import (
     MAX_PRODUCER_BYTES,
     MAX_SEQUENCE,
+    STREAM_ACTOR_PREFIX,
     Fetch,
+    LastSequence,
     NodeHandle,
     Publish,
     Purge,
+    QueryOffset,
     QueueDefinition,
     QueueRef,
     QueueStats,
     Release,
     Settle,
+    StoreOffset,
     Subscribe,
+    check_tracking_name,
 )
 from ..routing import route
+from .stream import StreamConsumer
 from .tcp_node import RemoteQueue
 
 __all__ = ["Confirm", "Connection", "Consumer", "Delivery", "QueueDeclared"]
@@ -856,24 +862,117 @@ class Connection:
     def get(self, queue: str, *, ack: bool = True) -> Delivery | None:
         """The next message of ``queue``, or None when it is empty; with ``ack`` it
         awaits ``Delivery.ack`` (or nack, reject)."""
+        if self.is_stream(queue):
+            raise errors.UnsupportedOperation(
+                f"{queue!r} is a stream: read it with consume({queue!r}, offset=...)"
+            )
         deliveries = self._fetch(queue, 1, ack)
         return deliveries[0] if deliveries else None
 
     @_exclusive
     def consume(
-        self, queue: str, prefetch: int = 100, *, inactivity_timeout: float | None = None
-    ) -> Consumer:
+        self,
+        queue: str,
+        prefetch: int = 100,
+        *,
+        inactivity_timeout: float | None = None,
+        offset: object = None,
+        name: str | None = None,
+        **stream_options: Any,
+    ) -> Consumer | StreamConsumer:
         """Iterate over ``queue``'s messages, at most ``prefetch`` unacked at a time. The
         iteration waits for the next message for ever, or, with ``inactivity_timeout``,
         ends (and the consumer is cancelled) once no message came for that many seconds:
         ``for delivery in connection.consume(q, inactivity_timeout=5)`` drains a queue
-        and stops. ``Consumer.get(timeout)`` takes one message at a time instead."""
+        and stops. ``Consumer.get(timeout)`` takes one message at a time instead.
+
+        A stream is read instead (``StreamConsumer``, ``warren.queues.client.stream``):
+        from ``offset`` ("first", "last", "next" by default, an offset, a datetime, a
+        ``Timestamp`` or an interval like "1h"), nothing taken away, no ack; ``name``
+        makes it a named consumer, which stores its offset on the node (every
+        ``store_every`` records and ``store_interval_s`` seconds) and resumes after it."""
         if type(prefetch) is not int or prefetch < 1:
             raise ValueError(f"prefetch must be an int >= 1, got {prefetch!r}")
         if inactivity_timeout is not None:
             _check_timeout(inactivity_timeout, "inactivity_timeout")
+        if self.is_stream(queue):
+            if name is not None:
+                check_tracking_name(name)
+            return StreamConsumer(
+                self,
+                queue,
+                self._ref(queue),
+                "next" if offset is None else offset,
+                name=name,
+                prefetch=prefetch,
+                inactivity_timeout=inactivity_timeout,
+                **stream_options,
+            )
+        if offset is not None or name is not None or stream_options:
+            raise errors.UnsupportedOperation(
+                f"queue {queue!r} is a classic queue: offset, name and "
+                f"{', '.join(stream_options) or 'the store options'} are for streams"
+            )
         self._subscribe(queue, True)
         return Consumer(self, queue, prefetch, inactivity_timeout)
+
+    # ------------------------------------------------------------------ streams
+
+    @_exclusive
+    def store_offset(self, stream: str, name: str, offset: int) -> None:
+        """Store ``offset`` as the last one consumer ``name`` processed: a named consumer
+        resumes after it. It is durable with the stream's next group commit."""
+        if type(offset) is not int or offset < 0:
+            raise ValueError(f"a stream offset is an int >= 0, got {offset!r}")
+        self._ask(self._stream_only(stream), StoreOffset(check_tracking_name(name), offset))
+
+    @_exclusive
+    def query_offset(self, stream: str, name: str) -> int | None:
+        """The offset stored for consumer ``name``, None when there is none."""
+        return self._ask(self._stream_only(stream), QueryOffset(check_tracking_name(name)))
+
+    @_exclusive
+    def reset_offset(self, stream: str, name: str) -> None:
+        """Forget consumer ``name``'s offset: it next starts where ``consume`` says."""
+        self._ask(self._stream_only(stream), StoreOffset(check_tracking_name(name), None))
+
+    @_exclusive
+    def last_sequence(self, stream: str, producer_id: str | bytes) -> int | None:
+        """The last sequence ``stream`` took from ``producer_id`` (None: none yet): a
+        producer that restarts publishes on from the one after it."""
+        producer = _producer(producer_id, 0)
+        assert producer is not None  # a producer id was given
+        return self._ask(self._stream_only(stream), LastSequence(producer))
+
+    @_exclusive
+    def is_stream(self, queue: str) -> bool:
+        """Whether ``queue`` is a stream (declared with type="stream")."""
+        ref = self._ref(queue)
+        if isinstance(ref, RemoteQueue):
+            return ref.stream
+        return ref.name.startswith(STREAM_ACTOR_PREFIX)
+
+    def _stream_only(self, queue: str) -> str:
+        if not self.is_stream(queue):
+            raise errors.UnsupportedOperation(
+                f"queue {queue!r} is a classic queue: stored offsets and sequences are a "
+                f"stream's (declare one with type='stream')"
+            )
+        return queue
+
+    @_exclusive
+    def _request(self, queue: str, request: Any) -> Any:
+        """``_ask`` for a caller outside the connection (a stream consumer)."""
+        return self._ask(queue, request)
+
+    @_exclusive
+    def _tell(self, queue: str, message: Any) -> None:
+        """Send without an answer; lost if the process is restarting (what is told this
+        way may be: a stored offset sent again later)."""
+        try:
+            self._ref(queue).tell(message, timeout=self.call_timeout_s)
+        except ActorError:
+            self._forget(queue)
 
     @_exclusive
     def _subscribe(self, queue: str, active: bool) -> None:

@@ -158,7 +158,7 @@ class TcpNode(NodeCalls):
 
     def queue(self, name: str) -> RemoteQueue:
         answer = self._call("queue", name=name)
-        return RemoteQueue(self, name, answer["incarnation"])
+        return RemoteQueue(self, name, answer["incarnation"], bool(answer.get("stream")))
 
     def active_alarms(self) -> list[str]:
         return self._call("active_alarms")
@@ -295,8 +295,9 @@ class TcpNode(NodeCalls):
 class RemoteQueue:
     """One incarnation of a queue behind a listener, used as a pinned ref is."""
 
-    def __init__(self, node: TcpNode, name: str, incarnation: int) -> None:
+    def __init__(self, node: TcpNode, name: str, incarnation: int, stream: bool = False) -> None:
         self.node, self.name, self.incarnation = node, name, incarnation
+        self.stream = stream  # a stream's process, not a classic queue's
 
     def pin(self) -> RemoteQueue:
         return self

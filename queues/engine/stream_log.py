@@ -102,13 +102,14 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from itertools import chain, repeat
 from typing import Literal, NamedTuple
 
-from ..errors import QueueError
+from ..errors import OffsetOutOfRange, StreamCorrupt, StreamError, StreamLocked
 
 __all__ = [
     "ChunkHeader",
     "IndexRecord",
     "OffsetOutOfRange",
     "SegmentInfo",
+    "SegmentReport",
     "StreamCorrupt",
     "StreamError",
     "StreamLocked",
@@ -116,6 +117,8 @@ __all__ = [
     "StreamReader",
     "Timestamp",
     "Tracking",
+    "inspect_stream",
+    "numbered_files",
     "read_index",
 ]
 
@@ -157,25 +160,6 @@ _U64 = struct.Struct(">Q")
 _I64 = struct.Struct(">q")
 _SUB_BATCH = struct.Struct(">HII")
 _SUB_BATCH_BIT = 0x80000000
-
-
-class StreamError(QueueError):
-    """Base class of the stream log's errors."""
-
-
-class StreamCorrupt(StreamError):
-    """A chunk failed its CRC or its framing; its bytes are never delivered."""
-
-
-class OffsetOutOfRange(StreamError, LookupError):
-    """A reader asked for an offset the stream does not hold (the error names the range)."""
-
-    def __str__(self) -> str:  # LookupError would quote the message
-        return str(self.args[0])
-
-
-class StreamLocked(StreamError):
-    """Another ``StreamLog`` (in this or another process) has the directory open."""
 
 
 class ChunkHeader(NamedTuple):
@@ -465,6 +449,60 @@ def _data_of(fd: int, header: ChunkHeader) -> bytes | None:
     if len(data) != header.data_bytes or zlib.crc32(data) != header.data_crc:
         return None
     return data
+
+
+class SegmentReport(NamedTuple):
+    """What ``inspect_stream`` found in one segment file."""
+
+    first_offset: int
+    size_bytes: int
+    user_chunks: int
+    tracking_chunks: int
+    records: int  # in user chunks
+    first_timestamp_ms: int | None
+    last_timestamp_ms: int | None
+    bad_crc_chunks: list[int]  # chunk ids whose data fails its CRC
+    unreadable_tail_bytes: int  # after the last whole chunk: torn, or not a chunk
+
+
+def inspect_stream(directory: str | os.PathLike[str]) -> list[SegmentReport]:
+    """Walk every segment of a stream directory, checking every chunk's CRC; reads only
+    (no lock is taken, nothing is repaired: a writer's open does that)."""
+    reports = []
+    for first in numbered_files(os.fspath(directory), SEGMENT_SUFFIX):
+        path = os.path.join(directory, segment_file_name(first))
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            size = os.fstat(fd).st_size
+            user = tracking = records = 0
+            stamps: list[int] = []
+            bad: list[int] = []
+            end = FILE_HEADER_BYTES
+            for header in _walk_chunks(fd, size, first):
+                end = header.end
+                stamps.append(header.timestamp_ms)
+                if header.chunk_type == CHUNK_USER:
+                    user, records = user + 1, records + header.record_count
+                else:
+                    tracking += 1
+                if _data_of(fd, header) is None:
+                    bad.append(header.chunk_id)
+        finally:
+            os.close(fd)
+        reports.append(
+            SegmentReport(
+                first,
+                size,
+                user,
+                tracking,
+                records,
+                min(stamps) if stamps else None,
+                max(stamps) if stamps else None,
+                bad,
+                max(0, size - end),
+            )
+        )
+    return reports
 
 
 def _write_all(fd: int, parts: list[bytes]) -> None:

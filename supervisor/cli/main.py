@@ -6,7 +6,7 @@
     warren chaos --data-dir DIR [--duration S] [--faults K,K] [--seed N] [--report DIR]
                                                            a node under faults and load,
                                                            then its invariants checked
-    warren store inspect DIR                               what a store directory holds
+    warren store inspect DIR                               what a store (or stream) directory holds
     warren queues | publish | consume | purge | delete     a running node's queues
                                                            (``warren.supervisor.cli.queues``)
 
@@ -57,6 +57,7 @@ import os
 import re
 import sys
 import textwrap
+import time
 import tomllib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -420,9 +421,13 @@ def format_status(status: dict) -> str:
 
 
 def _store_inspect(args: argparse.Namespace) -> int:
+    from warren.queues.engine.stream_log import SEGMENT_SUFFIX, numbered_files
     from warren.store.engine.inspect import inspect_store
     from warren.store.errors import StoreDirectoryError
 
+    if os.path.isdir(args.directory) and numbered_files(args.directory, SEGMENT_SUFFIX):
+        print(format_stream_inspection(args.directory))
+        return EXIT_OK
     try:
         report = inspect_store(args.directory)
     except StoreDirectoryError as exc:
@@ -441,6 +446,53 @@ _INSPECT_COLUMNS = (
     Column("garbage", ">"),
     Column("damaged regions", wrap=True, min_width=15),
 )
+
+
+_STREAM_INSPECT_COLUMNS = (
+    Column("segment", ">"),
+    Column("bytes", ">"),
+    Column("chunks", ">"),
+    Column("tracking", ">"),
+    Column("records", ">"),
+    Column("written", wrap=True, min_width=12),
+    Column("damage", wrap=True, min_width=15),
+)
+
+
+def format_stream_inspection(directory: str) -> str:
+    """What a stream directory holds (``warren.queues.engine.stream_log.inspect_stream``),
+    as a person reads it."""
+    from warren.queues.engine.stream_log import inspect_stream
+
+    def when(ms: int | None) -> str:
+        return "-" if ms is None else time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ms / 1000))
+
+    reports = inspect_stream(directory)
+    rows = []
+    for report in reports:
+        damage = [f"chunk {c} fails its CRC" for c in report.bad_crc_chunks]
+        if report.unreadable_tail_bytes:
+            damage.append(f"{report.unreadable_tail_bytes} B torn tail (cut at next open)")
+        rows.append(
+            [
+                str(report.first_offset),
+                f"{report.size_bytes:,}",
+                f"{report.user_chunks:,}",
+                f"{report.tracking_chunks:,}",
+                f"{report.records:,}",
+                f"{when(report.first_timestamp_ms)} .. {when(report.last_timestamp_ms)} UTC",
+                ", ".join(damage) or "-",
+            ]
+        )
+    records = sum(r.records for r in reports)
+    total = sum(r.size_bytes for r in reports)
+    return "\n".join(
+        [
+            f"stream {directory}",
+            format_table(_STREAM_INSPECT_COLUMNS, rows),
+            f"{len(reports)} segments, {records:,} records, {total:,} bytes on disk",
+        ]
+    )
 
 
 def format_inspection(report: StoreReport) -> str:

@@ -7,12 +7,18 @@ Each names its node with ``--data-dir D`` (on this machine) or ``--url tcp://HOS
     warren bindings NODE [--json]                exchange, queue and routing key of each
     warren declare queue NAME NODE [--transient --lazy --message-ttl-ms N --max-length N
                    --overflow drop-head|reject-publish --dead-letter-exchange E --auto-delete]
+    warren declare queue NAME NODE --type stream [--max-length-bytes SIZE --max-age 7D
+                   --max-segment-size SIZE --sync-policy fsync|flush]
+    warren streams NODE [--json]                 every stream: offsets, segments, bytes, and
+                                                 each named consumer's offset and lag
     warren declare exchange NAME NODE [--kind direct|fanout|topic --transient]
     warren bind QUEUE EXCHANGE NODE [--routing-key K]
     warren unbind QUEUE EXCHANGE NODE [--routing-key K]
     warren publish QUEUE NODE [--exchange E] [--count N --size BYTES]
                                                  lines of stdin as messages, or N generated
     warren consume QUEUE NODE [--count N]        print and ack messages (all that are ready)
+    warren consume STREAM NODE [--offset first|last|next|N|1h] [--name C] [--count N]
+                                                 print a stream's records (all committed)
     warren purge QUEUE NODE                      drop the ready messages
     warren delete QUEUE NODE                     delete the queue
     warren delete-exchange EXCHANGE NODE         delete the exchange and its bindings
@@ -31,13 +37,15 @@ import os
 import sys
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from warren.actors.errors import ActorDeadError
 from warren.queues.client import connect
-from warren.queues.client.connection import Connection, Delivery
+from warren.queues.client.connection import Connection, Consumer, Delivery
+from warren.queues.client.stream import StreamConsumer, StreamDelivery
 from warren.queues.errors import MessageTooLarge, NodeNotRunning, QueueError
 from warren.queues.message import MAX_MESSAGE_BYTES
-from warren.queues.protocol import OVERFLOWS
+from warren.queues.protocol import OVERFLOWS, QUEUE_TYPES, SYNC_POLICIES
 from warren.queues.routing import EXCHANGE_KINDS
 
 from ..errors import UsageError
@@ -45,7 +53,7 @@ from ..tables import Column, abbreviated, counted, format_table, strict_json
 from .output import Output, Stopped, StopSignals
 from .sizes import parse_size
 
-__all__ = ["add_queue_commands", "format_queues"]
+__all__ = ["add_queue_commands", "format_queues", "format_streams"]
 
 EXIT_OK, EXIT_NO_NODE, EXIT_REFUSED, EXIT_INTERRUPTED = 0, 1, 2, 130
 PROGRESS_EVERY_S = 1.0
@@ -81,6 +89,11 @@ def format_queues(rows: list[dict]) -> str:
         if stats is None:
             cells.append([row["name"], row["state"], "-", "-", "-", "-", "-", "-"])
             continue
+        if row.get("type") == "stream":  # its own figures: `warren streams`
+            offsets = abbreviated(stats["offsets"])
+            disk = abbreviated(stats["bytes"], "B")
+            cells.append([row["name"], row["state"], offsets, "-", "stream", "-", disk, "-"])
+            continue
         rates = stats["rates"]
         cells.append(
             [
@@ -98,6 +111,9 @@ def format_queues(rows: list[dict]) -> str:
 
 
 def add_queue_commands(commands: argparse._SubParsersAction) -> None:
+    streams = _command(commands, "streams", "list the streams, their offsets and consumers")
+    streams.add_argument("--json", action="store_true", help="print every figure as JSON")
+    streams.set_defaults(handler=_with_connection(_streams))
     queues = _command(commands, "queues", "the queues of the node, with their figures")
     queues.add_argument("--json", action="store_true", help="print every figure as JSON")
     queues.set_defaults(handler=_with_connection(_queues))
@@ -129,6 +145,13 @@ def add_queue_commands(commands: argparse._SubParsersAction) -> None:
     )
     queue.add_argument("--dead-letter-exchange", help="where expired and dropped ones go")
     queue.add_argument("--auto-delete", action="store_true", help="go with the last consumer")
+    queue.add_argument(
+        "--type", choices=QUEUE_TYPES, default="classic", help="a classic queue or a stream"
+    )
+    queue.add_argument("--max-length-bytes", help="a stream's retention by size: 10GB, 500MiB")
+    queue.add_argument("--max-age", help="a stream's retention by age: 7D, 12h, 30m, 3600")
+    queue.add_argument("--max-segment-size", help="a stream's segment files' size (500MB)")
+    queue.add_argument("--sync-policy", choices=SYNC_POLICIES, help="a stream's (fsync)")
     queue.set_defaults(handler=_with_connection(_declare_queue))
     exchange = _command(kinds, "exchange", "declare an exchange")
     exchange.add_argument("name")
@@ -168,8 +191,13 @@ def add_queue_commands(commands: argparse._SubParsersAction) -> None:
     consume.add_argument(
         "--json",
         action="store_true",
-        help="one JSON object a line: body, headers, message_id, redelivered, delivery_count",
+        help="one JSON object a line: body, headers, message_id, redelivered, delivery_count "
+        "(a stream's: offset and timestamp_ms)",
     )
+    consume.add_argument(
+        "--offset", help="a stream's start: first, last, next, an offset, or 1h (that long ago)"
+    )
+    consume.add_argument("--name", help="a stream's named consumer: resume, store the offset")
     consume.set_defaults(handler=_with_connection(_consume))
     for name, action, text, what in (
         ("purge", _purge, "drop a queue's ready messages", "queue"),
@@ -222,16 +250,26 @@ def _declare_queue(connection: Connection, args: argparse.Namespace) -> int:
     if args.passive:
         declared = connection.declare_queue(args.name, passive=True)
     else:
-        declared = connection.declare_queue(
-            args.name,
-            durable=not args.transient,
-            lazy=args.lazy,
-            message_ttl_ms=args.message_ttl_ms,
-            max_length=args.max_length,
-            overflow=args.overflow,
-            dead_letter_exchange=args.dead_letter_exchange,
-            auto_delete=args.auto_delete,
-        )
+        stream_arguments = {
+            "max_length_bytes": _size_or_none(args.max_length_bytes, "--max-length-bytes"),
+            "max_age": _interval_or_none(args.max_age),
+            "max_segment_size_bytes": _size_or_none(args.max_segment_size, "--max-segment-size"),
+            "sync_policy": args.sync_policy,
+        }
+        arguments: dict[str, Any] = {
+            "durable": not args.transient,
+            "lazy": args.lazy,
+            "message_ttl_ms": args.message_ttl_ms,
+            "max_length": args.max_length,
+            "overflow": args.overflow,
+            "dead_letter_exchange": args.dead_letter_exchange,
+            "auto_delete": args.auto_delete,
+        }
+        if args.type == "stream":
+            arguments.update(type="stream", **stream_arguments)
+        else:  # passed on only when given, to be refused by name
+            arguments.update({k: v for k, v in stream_arguments.items() if v is not None})
+        declared = connection.declare_queue(args.name, **arguments)
     done = "queue" if args.passive else "declared queue"
     if declared.message_count is None or declared.consumer_count is None:
         print(f"{done} {args.name}: {connection.queue_state(args.name)}, no counts")
@@ -241,6 +279,20 @@ def _declare_queue(connection: Connection, args: argparse.Namespace) -> int:
             f"{counted(declared.consumer_count, 'consumer')}"
         )
     return EXIT_OK
+
+
+def _size_or_none(value: str | None, what: str) -> int | None:
+    return None if value is None else parse_size(value, what)
+
+
+def _interval_or_none(value: str | None) -> float | str | None:
+    """--max-age as seconds when it is a plain number, else as the unit string it is."""
+    if value is None:
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        return value
 
 
 def _declare_exchange(connection: Connection, args: argparse.Namespace) -> int:
@@ -287,13 +339,59 @@ def _delete_exchange(connection: Connection, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _queues(connection: Connection, args: argparse.Namespace) -> int:
+def _queue_rows(connection: Connection) -> list[dict]:
     rows = []
     for name in connection.list_queues():
         state = connection.queue_state(name)
         stats = connection.queue_stats(name) if state == "running" else None
-        rows.append({"name": name, "state": state, "stats": stats})
+        kind = "stream" if connection.is_stream(name) else "classic"
+        rows.append({"name": name, "type": kind, "state": state, "stats": stats})
+    return rows
+
+
+def _queues(connection: Connection, args: argparse.Namespace) -> int:
+    rows = _queue_rows(connection)
     print(strict_json(rows) if args.json else format_queues(rows))
+    return EXIT_OK
+
+
+_STREAM_COLUMNS = (
+    Column("stream", cut=True, min_width=10),
+    Column("state"),
+    Column("first", ">"),
+    Column("committed", ">"),
+    Column("segments", ">"),
+    Column("disk", ">"),
+    Column("consumers (lag)", cut=True, min_width=15),
+)
+
+
+def format_streams(rows: list[dict]) -> str:
+    """The streams as a table for a person at an 80-column terminal."""
+    cells = []
+    for row in rows:
+        stats = row.get("stats")
+        if stats is None:
+            cells.append([row["name"], row["state"], "-", "-", "-", "-", "-"])
+            continue
+        consumers = stats["consumer_offsets"]
+        cells.append(
+            [
+                row["name"],
+                row["state"],
+                str(stats["first_offset"]),
+                str(stats["committed_offset"]),
+                str(stats["segments"]),
+                abbreviated(stats["bytes"], "B"),
+                " ".join(f"{n}({abbreviated(c['lag'])})" for n, c in consumers.items()) or "-",
+            ]
+        )
+    return format_table(_STREAM_COLUMNS, cells) if cells else "no streams"
+
+
+def _streams(connection: Connection, args: argparse.Namespace) -> int:
+    rows = [row for row in _queue_rows(connection) if row["type"] == "stream"]
+    print(strict_json(rows) if args.json else format_streams(rows))
     return EXIT_OK
 
 
@@ -386,13 +484,19 @@ def _consume(connection: Connection, args: argparse.Namespace) -> int:
         raise UsageError(f"--count must be >= 0, got {args.count}")
     if args.timeout is not None and not 0 < args.timeout < math.inf:
         raise UsageError(f"--timeout must be a number of seconds > 0, got {args.timeout}")
+    if connection.is_stream(args.queue):
+        return _consume_stream(connection, args)
+    if args.offset is not None or args.name is not None:
+        raise UsageError("--offset and --name are for streams")
     wanted = args.count
     if wanted is None and args.timeout is None:
         wanted = connection.queue_stats(args.queue)["messages_ready"]
     idle_limit = args.timeout if args.timeout is not None else IDLE_END_S
     progress = _Progress("consumed")
     prefetch = min(max(wanted or 1, 1), CONSUME_PREFETCH)
-    with StopSignals() as stop, connection.consume(args.queue, prefetch=prefetch) as consumer:
+    consumer = connection.consume(args.queue, prefetch=prefetch)
+    assert isinstance(consumer, Consumer)  # not a stream
+    with StopSignals() as stop, consumer:
         out = Output(sys.stdout.buffer, stop)
         idle_since = time.monotonic()
         while stop.received is None and (wanted is None or progress.count < wanted):
@@ -415,16 +519,63 @@ def _consume(connection: Connection, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _render(delivery: Delivery, as_json: bool) -> bytes:
+def _consume_stream(connection: Connection, args: argparse.Namespace) -> int:
+    """Write a stream's records out from ``--offset``: without --count or --timeout, up to
+    the offset committed when it started. A named consumer stores the offset of the last
+    record written out, and resumes after it."""
+    committed = connection.queue_stats(args.queue)["committed_offset"]
+    offset: object = args.offset
+    if isinstance(offset, str) and offset.isdigit():
+        offset = int(offset)
+    idle_limit = args.timeout if args.timeout is not None else IDLE_END_S
+    progress = _Progress("read")
+    consumer = connection.consume(
+        args.queue, prefetch=CONSUME_PREFETCH, offset=offset, name=args.name
+    )
+    assert isinstance(consumer, StreamConsumer)
+    drain = args.count is None and args.timeout is None
+    with StopSignals() as stop, consumer:
+        out = Output(sys.stdout.buffer, stop)
+        idle_since = time.monotonic()
+        while stop.received is None and (args.count is None or progress.count < args.count):
+            delivery = consumer.get(timeout=POLL_S)
+            if delivery is None:
+                if drain and consumer.next_offset > committed:
+                    break  # read up to where it started
+                if time.monotonic() - idle_since >= idle_limit:
+                    break
+                continue
+            idle_since = time.monotonic()
+            if not out.write(_render(delivery, args.json)):
+                consumer.cancel(processed_last=False)
+                break
+            progress.add(1)
+            if drain and delivery.offset >= committed:
+                break
+    progress.done()
+    return EXIT_INTERRUPTED if stop.received is not None else EXIT_OK
+
+
+def _render(delivery: Delivery | StreamDelivery, as_json: bool) -> bytes:
     if not as_json:
         return delivery.body + b"\n"
-    fields: dict[str, object] = {
-        "queue": delivery.queue,
-        "message_id": delivery.message_id,
-        "redelivered": delivery.redelivered,
-        "delivery_count": delivery.delivery_count,
-        "headers": delivery.headers,
-    }
+    fields: dict[str, object]
+    if isinstance(delivery, StreamDelivery):
+        fields = {
+            "stream": delivery.stream,
+            "offset": delivery.offset,
+            "timestamp_ms": delivery.timestamp_ms,
+            "message_id": delivery.message_id,
+            "headers": delivery.headers,
+        }
+    else:
+        fields = {
+            "queue": delivery.queue,
+            "message_id": delivery.message_id,
+            "redelivered": delivery.redelivered,
+            "delivery_count": delivery.delivery_count,
+            "headers": delivery.headers,
+        }
     try:
         fields["body"] = delivery.body.decode()
     except UnicodeDecodeError:

@@ -9,7 +9,7 @@ boots the tree of the design, with the children that exist so far::
     │   └── msg_store_gc
     ├── msg_store_persistent      <data_dir>/msg_store_persistent
     ├── msg_store_transient       <data_dir>/msg_store_transient, emptied at every start
-    ├── queue_sup (one_for_one)   one child per declared queue
+    ├── queue_sup (one_for_one)   one child per declared queue or stream
     ├── app_sup (one_for_one)     the application's own children, ``Node(children=...)``
     └── listener                  with ``listen="tcp://127.0.0.1:5673"``: remote clients
                                   (``warren.queues.broker.listener``; ``curve=True`` requires
@@ -99,6 +99,7 @@ from warren.queues.broker.listener import (
     with_free_port,
 )
 from warren.queues.broker.queue_actor import QueueActor
+from warren.queues.broker.stream_actor import StreamActor
 from warren.queues.client.connection import Connection
 from warren.queues.client.ipc_node import NODE_FILE, write_alarms
 from warren.queues.client.keys import NODE_PUBLIC_FILE
@@ -110,6 +111,7 @@ from warren.queues.engine.ref_counts import (
 from warren.queues.errors import NodeNotRunning, NotFound, QueueDown, QueueError
 from warren.queues.protocol import (
     NODE_CALLS,
+    STREAM_ACTOR_PREFIX,
     DeleteQueue,
     QueueDefinition,
     QueueStats,
@@ -166,6 +168,7 @@ PRELOAD = (
     "warren.store.gc_actor",
     "warren.store.protocol",
     "warren.queues.broker.queue_actor",
+    "warren.queues.broker.stream_actor",
     "warren.queues.broker.listener",
 )
 
@@ -359,7 +362,9 @@ class Node:
         arguments raises ``PreconditionFailed``. An ``auto_delete`` queue deletes itself
         when its last consumer stops (one that never had a consumer stays). The
         arguments are ``QueueDefinition``'s (``durable``, ``lazy``, ``message_ttl_ms``,
-        ``max_length``, ``overflow``, ``dead_letter_exchange``, ``auto_delete``).
+        ``max_length``, ``overflow``, ``dead_letter_exchange``, ``auto_delete``; with
+        ``type="stream"``, a stream's: ``max_length_bytes``, ``max_age``,
+        ``max_segment_size_bytes``, ``sync_policy``; its process is ``warren: stream NAME``).
         ``passive`` creates nothing: ``NotFound`` unless the queue exists. Either way the
         answer is AMQP's declare-ok: ``{"queue", "message_count", "consumer_count"}``
         (the messages ready, the consumers subscribed), the counts None while the queue's
@@ -460,7 +465,7 @@ class Node:
         never declared, ``QueueDown`` for one that kept crashing and stays down."""
         if name not in self._definitions.queues:
             raise NotFound(f"no queue {name!r} on this node; declare it first")
-        ref = self._actor_node.whereis(QUEUE_PREFIX + name)
+        ref = self._actor_node.whereis(self._actor_name(name))
         if ref is None and self.queue_state(name) == "crashed":
             raise QueueDown(
                 f"queue {name!r} crashed {QUEUE_FLAGS.intensity + 1} times within "
@@ -475,11 +480,18 @@ class Node:
         """``running``, ``restarting``, or ``crashed`` (it kept crashing; it stays down)."""
         for child in self._supervisor("queue_sup").which_children():
             if child["id"] == QUEUE_SUP_PREFIX + name:
-                return "running" if self._actor_node.whereis(QUEUE_PREFIX + name) else "restarting"
+                running = self._actor_node.whereis(self._actor_name(name)) is not None
+                return "running" if running else "restarting"
         return "crashed"
 
     def list_queues(self) -> list[str]:
         return sorted(self._definitions.queues)
+
+    def _actor_name(self, name: str) -> str:
+        """The actor name of a declared queue's process (or stream's), and so its title."""
+        definition = self._definitions.queues.get(name)
+        stream = definition is not None and definition.is_stream
+        return (STREAM_ACTOR_PREFIX if stream else QUEUE_PREFIX) + name
 
     def connect(self, **options: Any) -> Connection:
         """A client connection from this process (``warren.connect`` from any other);
@@ -521,8 +533,8 @@ class Node:
         """A queue under a small supervisor of its own: a queue that keeps crashing
         exhausts that one (which, temporary, is not restarted), never queue_sup."""
         queue = ChildSpec(
-            QUEUE_PREFIX + definition.name,
-            QueueActor,
+            (STREAM_ACTOR_PREFIX if definition.is_stream else QUEUE_PREFIX) + definition.name,
+            StreamActor if definition.is_stream else QueueActor,
             (definition, queue_directory(self.data_dir, definition.name)),
             {"data_dir": self.data_dir},
             # an auto-deleted queue's process ends normally, for good

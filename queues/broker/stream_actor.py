@@ -1,0 +1,475 @@
+"""``StreamActor``: one stream as an OS process (``warren: stream <name>``), the only writer
+of its log (``warren.queues.engine.stream_log``).
+
+Supervised by the node's ``queue_sup`` as a queue is: a stream that crashes is restarted
+alone and recovers its log from disk (a torn chunk at the tail is cut, CRCs are checked).
+It uses neither message store: a stream's bodies live in its own segment files.
+
+Messages accepted (``warren.queues.protocol``), and what each gets back:
+
+    Publish(payloads, ...)          → how many were taken, once they are committed: the
+                                      payloads become one chunk (more when a Publish holds
+                                      over 65,535), appended at once; every chunk appended
+                                      while the mailbox had more waiting is made durable by
+                                      one fdatasync when it is empty (group commit), then
+                                      confirmed. ``persistent``, ``msg_ids`` and
+                                      ``expiration_ms`` are a queue's and mean nothing here
+                                      (a stream keeps everything until retention). With a
+                                      producer, sequences at or below the last one the
+                                      stream took from it are confirmed and dropped; that
+                                      last sequence goes in the chunk's trailer, so it is
+                                      durable with the records it covers
+    StreamAttach(start, value)      → where a reader starting there begins, and the
+                                      stream's directory and committed offset
+    StreamRead(offset, max_records, wait_ms)
+                                    → committed records from ``offset``, whole chunks; at
+                                      once when ``offset`` is committed, else when it is or
+                                      after ``wait_ms`` (a long poll)
+    StoreOffset(name, offset)       (tell, or ask) a tracking delta chunk, committed with
+                                      the next group commit
+    QueryOffset(name), LastSequence(producer)
+                                    → the stored offset, the producer's last sequence
+    QueueStats()                    → offsets, segments, bytes, each named consumer's lag
+    DeleteQueue()                   → offsets deleted; the files are removed and every later
+                                      request is refused
+    Purge(), Fetch(...), Settle(...) ... raise ``UnsupportedOperation``: a stream is read by
+                                      offset, never consumed away
+
+Readers: a reader on this machine opens the segment files itself
+(``warren.queues.client.stream``) and asks this process only for the committed offset
+(``StreamRead`` of 0 records, a long poll); a reader behind the tcp listener has its
+records read here. Either way no offset above the committed one is ever read: the
+committed offset moves only after the sync that made the chunk durable (or, under
+``sync_policy="flush"``, after the chunk is written whole).
+
+Retention (``max_length_bytes``, ``max_age``) deletes whole segments, oldest first,
+never the newest; it runs after a rollover and on a timer (a tenth of ``max_age``, at most
+a minute), so an idle stream is trimmed too. A reader in a deleted segment keeps its open
+file; one that needs a deleted segment moves on to the new first chunk.
+
+Races: a publisher is confirmed only after the sync that covers its chunk, so a stream
+killed with confirms pending leaves its publishers an ActorDeadError (the batch is in
+doubt: re-send it, with a producer id to drop what did land), never a false confirm. A
+write that fails (a full disk) stops the process without a sync: the restart cuts the
+torn tail, and the publishers of unconfirmed chunks get an error.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import shutil
+import time
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+from warren.actors import ProcessActor, UnhandledMessage
+
+from ..engine.stream_log import (
+    MAX_ENTRIES_PER_CHUNK,
+    MAX_TRACKING_ID_BYTES,
+    Start,
+    StreamError,
+    StreamLog,
+    StreamReader,
+    Timestamp,
+)
+from ..errors import OffsetOutOfRange, OutOfSequence, QueueClosed, UnsupportedOperation
+from ..protocol import (
+    MAX_SEQUENCE,
+    DeleteQueue,
+    Fetch,
+    LastSequence,
+    Publish,
+    Purge,
+    QueryOffset,
+    QueueDefinition,
+    QueueStats,
+    Release,
+    Settle,
+    StoreOffset,
+    StreamAttach,
+    StreamRead,
+    Subscribe,
+)
+
+__all__ = ["StreamActor", "tracking_id"]
+
+log = logging.getLogger("warren.queues")
+
+RETENTION_CHECK_S = 60.0  # how often retention looks at an idle stream, at the most
+RETENTION_AGE_FRACTION = 0.1  # and at the least, as a share of its max_age
+MIN_RETENTION_CHECK_S = 0.1
+READERS_KEPT = 16  # readers serving StreamRead kept open, by the offset each reads next
+# A stored offset of None is kept as this value (Osiris's tracking values are u64).
+FORGOTTEN_OFFSET = 2**64 - 1
+MAX_READ_BYTES = 8 * 2**20  # past this, a StreamRead answers with the chunks it has
+QUEUE_ONLY = (Fetch, Settle, Subscribe, Release, Purge)  # a classic queue's, refused
+
+
+def tracking_id(producer: bytes) -> str:
+    """The tracking id a producer's sequences are kept under: its id when that is UTF-8 of
+    at most 255 bytes (Osiris's limit), else a digest of it."""
+    if len(producer) <= MAX_TRACKING_ID_BYTES:
+        try:
+            return producer.decode()
+        except UnicodeDecodeError:
+            pass
+    return "sha256:" + hashlib.sha256(producer).hexdigest()
+
+
+class _Waiting:
+    """A StreamRead whose offset is not committed yet."""
+
+    __slots__ = ("request", "reply", "answered")
+
+    def __init__(self, request: StreamRead, reply: Any) -> None:
+        self.request, self.reply, self.answered = request, reply, False
+
+
+class StreamActor(ProcessActor):
+    """One stream's process; see the module docstring."""
+
+    def __init__(
+        self,
+        definition: QueueDefinition,
+        directory: str,
+        *,
+        data_dir: str | None = None,
+        max_segment_chunks: int = 256_000,
+        retention_check_s: float | None = None,
+    ) -> None:
+        """``retention_check_s``: how often retention looks at the stream (by default a
+        tenth of ``max_age``, at least 0.1 s and at most ``RETENTION_CHECK_S``)."""
+        if not definition.is_stream:
+            raise ValueError(f"queue {definition.name} is not a stream")
+        self.definition = definition
+        self.stream_name = definition.name
+        self.directory = directory
+        self.max_segment_chunks = max_segment_chunks
+        if retention_check_s is None:
+            retention_check_s = RETENTION_CHECK_S
+            if definition.max_age is not None:
+                retention_check_s = min(
+                    retention_check_s,
+                    max(MIN_RETENTION_CHECK_S, definition.max_age * RETENTION_AGE_FRACTION),
+                )
+        self.retention_check_s = retention_check_s
+        self._log: StreamLog | None = None
+        self._pending: list[tuple[Any, int]] = []  # confirms awaiting the next sync
+        self._waiting: list[_Waiting] = []
+        self._readers: dict[int, StreamReader] = {}  # next offset -> an open reader
+        self._deleted = False
+        self._last_record = -1  # the offset of the last record appended (not tracking)
+        self._last_committed_record = -1
+        self.counters = {
+            "published": 0,
+            "confirmed": 0,
+            "repeats_dropped": 0,
+            "records_read": 0,
+            "offsets_stored": 0,
+            "segments_deleted": 0,
+            "syncs": 0,
+        }
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def on_start(self) -> None:
+        definition = self.definition
+        assert definition.max_segment_size_bytes is not None  # a stream definition sets it
+        started = time.monotonic()
+        self._log = StreamLog(
+            self.directory,
+            max_segment_size_bytes=definition.max_segment_size_bytes,
+            max_segment_chunks=self.max_segment_chunks,
+            sync=definition.sync_policy == "fsync",
+        )
+        log.info(
+            "stream %s: recovered offsets %d..%d in %.3f s",
+            self.stream_name,
+            self._log.first_offset,
+            self._log.last_offset,
+            time.monotonic() - started,
+        )
+        try:
+            with StreamReader(self.directory, "last", self._committed) as reader:
+                last_chunk = reader.read_chunk()
+        except StreamError as error:  # damage in the middle: readers meet it, not the start
+            log.error("stream %s: its last chunk cannot be read: %s", self.stream_name, error)
+            last_chunk = None
+        if last_chunk:
+            self._last_record = self._last_committed_record = last_chunk[-1][0]
+        self._apply_retention()
+        self.call_later(self.retention_check_s, self._retention_tick)
+
+    def on_stop(self) -> None:
+        self._close_readers()
+        if self._log is not None and not self._deleted:
+            self._log.close()
+            self._answer_pending()
+
+    def on_idle(self) -> None:
+        if self._pending or (self._log is not None and self._log.last_offset > self._committed):
+            self._sync()
+
+    @property
+    def _stream(self) -> StreamLog:
+        assert self._log is not None, "on_start opens the log"
+        return self._log
+
+    @property
+    def _committed(self) -> int:
+        return self._stream.committed_offset
+
+    # ------------------------------------------------------------------ messages
+
+    def on_receive(self, message: Any) -> Any:
+        handler = self._handlers.get(type(message))
+        if isinstance(message, QUEUE_ONLY):
+            raise UnsupportedOperation(
+                f"{self.stream_name!r} is a stream: it takes no {type(message).__name__}; "
+                f"read it with consume(name, offset=...) (its messages stay until retention)"
+            )
+        if handler is None:
+            raise UnhandledMessage(
+                f"stream {self.stream_name} does not handle {type(message).__name__}"
+            )
+        if self._deleted:
+            raise QueueClosed(f"stream {self.stream_name} was deleted")
+        try:
+            return handler(self, message)
+        except OSError:
+            # A write failed half way (a full disk): stop without syncing; the restart
+            # cuts the torn tail and the unconfirmed publishers get an error.
+            log.exception("stream %s: a write failed; stopping", self.stream_name)
+            self._stream.abandon()
+            self._log = None
+            self.stop()
+            raise
+
+    def _publish(self, message: Publish) -> None:
+        payloads = message.payloads
+        producers: dict[str, int] = {}
+        taken = len(payloads)
+        if message.producer is not None:
+            payloads, producers = self._without_repeats(message)
+        reply = self.defer_reply()
+        segments = len(self._stream.segments())
+        for start in range(0, len(payloads), MAX_ENTRIES_PER_CHUNK):
+            last = start + MAX_ENTRIES_PER_CHUNK >= len(payloads)
+            _first, self._last_record = self._stream.append(
+                payloads[start : start + MAX_ENTRIES_PER_CHUNK],
+                producer_sequences=producers if last else None,
+            )
+        self.counters["published"] += len(payloads)
+        self.counters["repeats_dropped"] += taken - len(payloads)
+        self._pending.append((reply, taken))
+        if len(self._stream.segments()) != segments:
+            self._apply_retention()
+
+    def _without_repeats(self, message: Publish) -> tuple[list[bytes], dict[str, int]]:
+        """The payloads whose sequences are above the producer's last, and the trailer
+        that records the new last; OutOfSequence for a gap."""
+        producer, first = message.producer, message.sequence
+        if producer is None or first is None or first > MAX_SEQUENCE - len(message.payloads):
+            raise UnhandledMessage(
+                "malformed Publish: producer and sequence go together, and the sequences "
+                f"must stay within 0..{MAX_SEQUENCE}"
+            )
+        name = tracking_id(producer)
+        last = self._stream.tracking().producers.get(name, -1)
+        if first > last + 1:
+            raise OutOfSequence(
+                f"stream {self.stream_name}: producer {producer!r} sent sequence {first} "
+                f"after {last}, the last this stream took from it; nothing was taken: send "
+                f"again from {last + 1}"
+            )
+        fresh = message.payloads[last + 1 - first :]
+        if not fresh:
+            return [], {}
+        return fresh, {name: first + len(message.payloads) - 1}
+
+    def _attach(self, message: StreamAttach) -> dict[str, Any]:
+        start: Start
+        if message.start == "offset":
+            start = message.value
+        elif message.start == "timestamp":
+            start = Timestamp(message.value)
+        else:
+            start = message.start  # type: ignore[assignment]  # checked on decode
+        try:
+            with StreamReader(self.directory, start, self._committed) as reader:
+                offset = reader.next_offset
+        except OffsetOutOfRange:
+            raise OffsetOutOfRange(
+                f"offset {message.value} is not in stream {self.stream_name!r}: it holds "
+                f"offsets {self._stream.first_offset} to {self._committed} (and "
+                f"{self._committed + 1} next)"
+            ) from None
+        return {
+            "offset": offset,
+            "first": self._stream.first_offset,
+            "committed": self._committed,
+            "directory": self.directory,
+        }
+
+    def _read(self, message: StreamRead) -> Any:
+        if message.offset <= self._committed or message.wait_ms == 0:
+            return self._records(message)
+        waiting = _Waiting(message, self.defer_reply())
+        self._waiting.append(waiting)
+        self.call_later(message.wait_ms / 1000, lambda: self._answer_waiting(waiting))
+        return None
+
+    def _records(self, message: StreamRead) -> dict[str, Any]:
+        records: list[list[Any]] = []
+        next_offset = message.offset
+        if message.max_records and message.offset <= self._committed:
+            reader = self._readers.pop(message.offset, None)
+            if reader is None:
+                reader = StreamReader(
+                    self.directory, message.offset, lambda: self._stream.committed_offset
+                )
+            size = 0
+            try:
+                while len(records) < message.max_records and size < MAX_READ_BYTES:
+                    chunk = reader.read_chunk()
+                    if chunk is None:
+                        break
+                    records.extend([offset, ts, body] for offset, ts, body in chunk)
+                    size += sum(len(body) for _, _, body in chunk)
+            except StreamError:
+                reader.close()  # it stays before the bad chunk: the error goes to the asker
+                raise
+            next_offset = reader.next_offset
+            self._keep_reader(reader)
+            self.counters["records_read"] += len(records)
+        return {
+            "records": records,
+            "next": next_offset,
+            "committed": self._committed,
+            "first": self._stream.first_offset,
+        }
+
+    def _keep_reader(self, reader: StreamReader) -> None:
+        if len(self._readers) >= READERS_KEPT:
+            oldest = next(iter(self._readers))
+            self._readers.pop(oldest).close()
+        self._readers[reader.next_offset] = reader
+
+    def _store_offset(self, message: StoreOffset) -> None:
+        offset = FORGOTTEN_OFFSET if message.offset is None else message.offset
+        self._stream.append_tracking(consumers={message.name: offset})
+        self.counters["offsets_stored"] += 1
+
+    def _query_offset(self, message: QueryOffset) -> int | None:
+        offset = self._stream.tracking().consumers.get(message.name)
+        return None if offset == FORGOTTEN_OFFSET else offset
+
+    def _last_sequence(self, message: LastSequence) -> int | None:
+        return self._stream.tracking().producers.get(tracking_id(message.producer))
+
+    def _stats(self, message: QueueStats) -> dict[str, Any]:
+        stream = self._stream
+        segments = stream.segments()
+        committed = self._committed
+        offsets = {
+            name: offset
+            for name, offset in stream.tracking().consumers.items()
+            if offset != FORGOTTEN_OFFSET
+        }
+        held = max(0, committed + 1 - stream.first_offset)
+        return {
+            "name": self.stream_name,
+            "type": "stream",
+            "durable": True,
+            "sync_policy": self.definition.sync_policy,
+            "first_offset": stream.first_offset,
+            "last_offset": stream.last_offset,
+            "committed_offset": committed,
+            "offsets": held,
+            "messages_ready": held,
+            "messages_unacked": 0,
+            "consumers": len(offsets),
+            "consumer_offsets": {
+                name: {"offset": offset, "lag": max(0, self._last_committed_record - offset)}
+                for name, offset in sorted(offsets.items())
+            },
+            "producers": len(stream.tracking().producers),
+            "segments": len(segments),
+            "bytes": sum(info.size_bytes for info in segments),
+            **self.counters,
+        }
+
+    def _delete(self, message: DeleteQueue) -> int:
+        count = max(0, self._stream.last_offset + 1 - self._stream.first_offset)
+        for reply, _taken in self._pending:
+            reply.fail(
+                QueueClosed(f"stream {self.stream_name} was deleted before confirming this publish")
+            )
+        self._pending.clear()
+        self._close_readers()
+        self._stream.abandon()
+        shutil.rmtree(self.directory, ignore_errors=True)
+        self._deleted = True
+        return count
+
+    _handlers: ClassVar[dict[type, Callable[[StreamActor, Any], Any]]] = {
+        Publish: _publish,
+        StreamAttach: _attach,
+        StreamRead: _read,
+        StoreOffset: _store_offset,
+        QueryOffset: _query_offset,
+        LastSequence: _last_sequence,
+        QueueStats: _stats,
+        DeleteQueue: _delete,
+    }
+
+    # ------------------------------------------------------------------ commits
+
+    def _sync(self) -> None:
+        self._stream.sync()
+        self._last_committed_record = self._last_record
+        self.counters["syncs"] += 1
+        self._answer_pending()
+        if self._waiting:
+            waiting, self._waiting = self._waiting, []
+            for entry in waiting:
+                if entry.request.offset <= self._committed:
+                    self._answer_waiting(entry)
+                elif not entry.answered:
+                    self._waiting.append(entry)
+
+    def _answer_pending(self) -> None:
+        pending, self._pending = self._pending, []
+        for reply, taken in pending:
+            reply.send(taken)
+            self.counters["confirmed"] += taken
+
+    def _answer_waiting(self, waiting: _Waiting) -> None:
+        if waiting.answered or self._log is None:
+            return
+        waiting.answered = True
+        try:
+            waiting.reply.send(self._records(waiting.request))
+        except StreamError as error:
+            waiting.reply.fail(error)
+
+    # ------------------------------------------------------------------ retention
+
+    def _apply_retention(self) -> None:
+        definition = self.definition
+        if definition.max_length_bytes is None and definition.max_age is None:
+            return
+        deleted = self._stream.apply_retention(definition.max_length_bytes, definition.max_age)
+        self.counters["segments_deleted"] += len(deleted)
+
+    def _retention_tick(self) -> None:
+        if self._log is not None and not self._deleted:
+            self._apply_retention()
+        self.call_later(self.retention_check_s, self._retention_tick)
+
+    def _close_readers(self) -> None:
+        for reader in self._readers.values():
+            reader.close()
+        self._readers.clear()

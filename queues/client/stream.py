@@ -1,0 +1,252 @@
+"""Reading a stream: ``StreamConsumer`` iterates over a stream's records from an offset,
+without taking them away; ``StreamDelivery`` is one record.
+
+Where a consumer starts (``Connection.consume(stream, offset=...)``): "first", "last"
+(the last chunk), "next" (what is published from now on), an offset (exact; one the
+stream no longer or not yet holds raises ``OffsetOutOfRange`` naming its range), a
+``datetime`` or a ``Timestamp(epoch ms)`` (the first chunk written at or after it), or an
+interval string like "1h" (that long ago). The stream's process resolves it
+(``StreamAttach``).
+
+How it reads (protocol in ``warren.queues.protocol``): a consumer on the node's machine
+opens the stream's segment files itself (``StreamReader``) and asks the stream's process
+only for the committed offset, with a long poll (``StreamRead`` of 0 records, answered
+once something past what it read is committed); behind a tcp listener it asks the process
+for whole chunks instead, up to ``prefetch`` records at a time (the credit: it holds no
+more than that unread). Either way it never reads past the committed offset, so it never
+sees an offset that was not confirmed.
+
+A named consumer (``name="billing"``) stores the offset it has processed on the node:
+every ``store_every`` records and every ``store_interval_s`` seconds (a record counts as
+processed once the iteration asked for the next one), and when it is cancelled. It
+resumes after that offset; ``offset`` applies only while none is stored
+(``Connection.reset_offset`` forgets it). What it stores is at-least-once: a consumer
+killed between two stores reads again what it processed after the last one.
+
+Races: the stream's process restarting while a consumer waits (its long poll dies with
+it: asked again of the next incarnation; the files stay, so a local reader goes on where
+it was); retention deleting the segment a reader is in (it keeps its open file) or the
+one it needs next (it moves on to the new first chunk); retention deleting the stored
+offset's segment before a named consumer resumes (it starts at the first offset).
+"""
+
+from __future__ import annotations
+
+import collections
+import datetime
+import os
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from warren.actors import ActorRef
+
+from ..engine.stream_log import StreamReader, Timestamp
+from ..errors import OffsetOutOfRange
+from ..message import Message, decode
+from ..protocol import MAX_WAIT_MS, StoreOffset, StreamAttach, StreamRead, parse_interval
+
+if TYPE_CHECKING:
+    from .connection import Connection
+
+__all__ = ["StreamConsumer", "StreamDelivery", "Timestamp", "stream_start"]
+
+STORE_EVERY = 1000  # records between a named consumer's stored offsets
+STORE_INTERVAL_S = 5.0  # and seconds
+COMMIT_POLL_MS = 200  # a long poll's wait: how long the connection is held by one ask
+
+
+def stream_start(offset: object) -> tuple[str, int]:
+    """A consumer's ``offset`` argument as ``StreamAttach(start, value)``; ValueError for
+    one that is none of the documented kinds."""
+    if offset in ("first", "last", "next"):
+        return str(offset), 0
+    if isinstance(offset, Timestamp):
+        return "timestamp", max(0, int(offset.ms))
+    if isinstance(offset, datetime.datetime):
+        return "timestamp", max(0, int(offset.timestamp() * 1000))
+    if type(offset) is int:
+        if offset < 0:
+            raise ValueError(f"a stream offset is an int >= 0, got {offset}")
+        return "offset", offset
+    if isinstance(offset, str):
+        try:
+            seconds = parse_interval(offset, "offset")
+        except ValueError:
+            pass
+        else:
+            return "timestamp", max(0, int((time.time() - seconds) * 1000))
+    raise ValueError(
+        "offset is 'first', 'last', 'next', an offset (int >= 0), a datetime, a "
+        f"Timestamp(epoch ms) or an interval like '1h' (that long ago); got {offset!r}"
+    )
+
+
+class StreamDelivery:
+    """One record of a stream: its ``offset``, ``timestamp_ms`` (when the stream wrote its
+    chunk) and the message. Nothing to ack: reading takes nothing away."""
+
+    __slots__ = ("stream", "offset", "timestamp_ms", "message", "body", "headers", "message_id")
+
+    def __init__(self, stream: str, offset: int, timestamp_ms: int, message: Message) -> None:
+        self.stream = stream
+        self.offset = offset
+        self.timestamp_ms = timestamp_ms
+        self.message = message
+        self.body = message.body
+        self.headers = message.headers or {}
+        self.message_id = message.message_id
+
+    def __repr__(self) -> str:
+        size = len(self.body)
+        return f"StreamDelivery(stream={self.stream!r}, offset={self.offset}, {size} bytes)"
+
+
+class StreamConsumer:
+    """An iterator over a stream's records from a start; a context manager whose exit
+    stores a named consumer's offset and closes its files. See the module docstring."""
+
+    def __init__(
+        self,
+        connection: Connection,
+        stream: str,
+        ref: Any,
+        offset: object,
+        *,
+        name: str | None,
+        prefetch: int,
+        inactivity_timeout: float | None,
+        store_every: int = STORE_EVERY,
+        store_interval_s: float = STORE_INTERVAL_S,
+    ) -> None:
+        if type(store_every) is not int or store_every < 1:
+            raise ValueError(f"store_every must be an int >= 1, got {store_every!r}")
+        self.connection = connection
+        self.stream = stream
+        self.name = name
+        self.prefetch = prefetch
+        self.inactivity_timeout = inactivity_timeout
+        self.store_every = store_every
+        self.store_interval_s = store_interval_s
+        self._ready: collections.deque[tuple[int, int, bytes]] = collections.deque()
+        self._handed = -1  # the offset of the last record handed to the application
+        self._stored = -1  # the offset last stored for ``name``
+        self._stored_at = time.monotonic()
+        self._closed = False
+        start = stream_start(offset)
+        if name is not None:
+            stored = connection.query_offset(stream, name)
+            if stored is not None:
+                self._stored = stored
+                start = ("offset", stored + 1)
+        attached = self._attach(start, resuming=name is not None and self._stored >= 0)
+        self._next = attached["offset"]
+        self._committed = attached["committed"]
+        directory = attached["directory"]
+        # On the node's machine: read the files; behind a listener: ask for the records.
+        self._local = isinstance(ref, ActorRef) and os.path.isdir(directory)
+        self._reader: StreamReader | None = None
+        if self._local:
+            self._reader = StreamReader(directory, self._next, lambda: self._committed)
+
+    def _attach(self, start: tuple[str, int], resuming: bool) -> dict[str, Any]:
+        try:
+            return self.connection._request(self.stream, StreamAttach(*start))
+        except OffsetOutOfRange:
+            if not resuming:
+                raise
+            # retention removed what follows the stored offset: go on from the first
+            return self.connection._request(self.stream, StreamAttach("first"))
+
+    @property
+    def next_offset(self) -> int:
+        """The offset the next record read will have at the least."""
+        return self._reader.next_offset if self._reader is not None else self._next
+
+    def __iter__(self) -> Iterator[StreamDelivery]:
+        return self
+
+    def __next__(self) -> StreamDelivery:
+        deadline = None
+        if self.inactivity_timeout is not None:
+            deadline = time.monotonic() + self.inactivity_timeout
+        delivery = self._next_within(deadline)
+        if delivery is None:
+            if not self._closed and self.inactivity_timeout is not None:
+                self.cancel()
+            raise StopIteration
+        return delivery
+
+    def get(self, timeout: float) -> StreamDelivery | None:
+        """The next record, waiting up to ``timeout`` seconds (0: look once); None when
+        none came or the consumer is cancelled."""
+        return self._next_within(time.monotonic() + timeout)
+
+    def _next_within(self, deadline: float | None) -> StreamDelivery | None:
+        if self._closed:
+            return None
+        if self.name is not None and self._handed > self._stored:
+            self._maybe_store(self._handed)
+        while not self._ready:
+            left = None if deadline is None else deadline - time.monotonic()
+            self._fill(left)
+            if self._ready or self._closed:
+                break
+            if left is not None and deadline is not None and time.monotonic() >= deadline:
+                return None
+        if not self._ready:
+            return None
+        offset, timestamp_ms, payload = self._ready.popleft()
+        self._handed = offset
+        return StreamDelivery(self.stream, offset, timestamp_ms, decode(payload))
+
+    def _fill(self, left: float | None) -> None:
+        """Read what is committed; when nothing is, wait (a long poll of at most ``left``
+        seconds) for the next commit."""
+        reader = self._reader
+        if reader is not None:
+            chunk = reader.read_chunk()
+            if chunk is not None:
+                self._ready.extend(chunk)
+                return
+            self._committed = self._poll(reader.next_offset, 0, left)["committed"]
+            return
+        answer = self._poll(self._next, self.prefetch, left)
+        self._ready.extend((offset, ts, body) for offset, ts, body in answer["records"])
+        self._committed, self._next = answer["committed"], answer["next"]
+
+    def _poll(self, offset: int, records: int, left: float | None) -> dict[str, Any]:
+        wait_ms = COMMIT_POLL_MS if left is None else max(0, min(COMMIT_POLL_MS, int(left * 1000)))
+        return self.connection._request(
+            self.stream, StreamRead(offset, records, min(wait_ms, MAX_WAIT_MS))
+        )
+
+    def _maybe_store(self, processed: int) -> None:
+        due = processed - self._stored >= self.store_every or (
+            time.monotonic() - self._stored_at >= self.store_interval_s
+        )
+        if due:
+            self._store(processed)
+
+    def _store(self, processed: int) -> None:
+        assert self.name is not None
+        self.connection._tell(self.stream, StoreOffset(self.name, processed))
+        self._stored, self._stored_at = processed, time.monotonic()
+
+    def cancel(self, processed_last: bool = True) -> None:
+        """Stop reading; a named consumer stores the offset of the last record handed out
+        (the one before it with ``processed_last=False``: the application failed on it)."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._reader is not None:
+            self._reader.close()
+        processed = self._handed if processed_last else self._handed - 1
+        if self.name is not None and processed > self._stored:
+            self._store(processed)
+
+    def __enter__(self) -> StreamConsumer:
+        return self
+
+    def __exit__(self, exc_type: object, *exc_info: object) -> None:
+        self.cancel(processed_last=exc_type is None)
