@@ -356,8 +356,8 @@ def kill_the_stream_process(node):
 def test_every_confirmed_message_survives_sigkill_while_producers_publish(tmp_path, victim):
     """Two producers publish one at a time with confirms (deduplicating: a publish in
     doubt is sent again under its sequence) while the stream's process, or the whole node
-    (its process group, as a machine's crash leaves it), is SIGKILLed three times. Then
-    every confirmed id is in the stream, exactly once, its body whole."""
+    (its process group, as a machine's crash leaves it) and the producers, is SIGKILLed
+    three times. Then every confirmed id is in the stream, exactly once, its body whole."""
     data = tmp_path / "data"
     ledgers = [str(tmp_path / f"confirmed-{i}") for i in range(2)]
     count = 400
@@ -377,19 +377,26 @@ def test_every_confirmed_message_survives_sigkill_while_producers_publish(tmp_pa
             )
             if victim == "stream":
                 kill_the_stream_process(node)
-            else:
+            else:  # a connection is to one run of a node: its producers start again
+                for producer in producers:
+                    producer.kill()
+                    producer.wait()
+                    producer.stdout.close()
                 os.killpg(node.pid, signal.SIGKILL)
                 node.wait()
                 node = start_node(data)
+                # from sequence 0 again: what the stream took before is dropped as repeats
+                producers = [start_producer(data, f"p{i}", ledgers[i], count) for i in range(2)]
         for producer in producers:
             assert producer.wait(timeout=180) == 0
         with connect(str(data)) as connection:
             records = read_all(connection)
     finally:
         for producer in producers:
-            producer.kill()
-            producer.wait()
-            producer.stdout.close()
+            if producer.returncode is None:
+                producer.kill()
+                producer.wait()
+                producer.stdout.close()
         try:
             os.killpg(node.pid, signal.SIGTERM)
         except ProcessLookupError:
