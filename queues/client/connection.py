@@ -83,7 +83,7 @@ from ..routing import route
 from .stream import StreamConsumer
 from .tcp_node import RemoteQueue
 
-__all__ = ["Confirm", "Connection", "Consumer", "Delivery", "QueueDeclared"]
+__all__ = ["BatchConfirm", "Confirm", "Connection", "Consumer", "Delivery", "QueueDeclared"]
 
 log = logging.getLogger("warren.queues")
 
@@ -136,6 +136,26 @@ class Confirm:
         except Nacked:
             pass
         return True
+
+
+class BatchConfirm:
+    """The confirm of one ``publish_many_async``: ``result(timeout)`` returns how many
+    messages the batch held once every queue confirmed every one of them, or raises
+    ``Nacked`` (the connection's ``call_timeout_s`` when no timeout is given)."""
+
+    __slots__ = ("_connection", "_publishes", "count")
+
+    def __init__(self, connection: Connection, publishes: list[_Publish], count: int) -> None:
+        self._connection = connection
+        self._publishes = publishes
+        self.count = count
+
+    def result(self, timeout: float | None = None) -> int:
+        wait = timeout if timeout is not None else self._connection.call_timeout_s
+        deadline = time.monotonic() + wait
+        for publish in self._publishes:
+            self._connection._await_publish(publish, None, max(0.0, deadline - time.monotonic()))
+        return self.count
 
 
 class _Settles:
@@ -626,16 +646,44 @@ class Connection:
         """Publish every body (all with ``routing_key``); return once all are confirmed;
         how many. With ``producer_id``, ``sequence`` is the first body's; the others
         follow one by one (see ``publish``)."""
+        return self.publish_many_async(
+            routing_key,
+            bodies,
+            exchange=exchange,
+            persistent=persistent,
+            headers=headers,
+            expiration_ms=expiration_ms,
+            mandatory=mandatory,
+            producer_id=producer_id,
+            sequence=sequence,
+        ).result(timeout)
+
+    def publish_many_async(
+        self,
+        routing_key: str,
+        bodies: Iterable[bytes],
+        *,
+        exchange: str = "",
+        persistent: bool = True,
+        headers: dict[str, Any] | None = None,
+        expiration_ms: int | None = None,
+        mandatory: bool = True,
+        producer_id: str | bytes | None = None,
+        sequence: int | None = None,
+    ) -> BatchConfirm:
+        """``publish_many`` without waiting: the batch is sent (waiting only for room in
+        the window of unconfirmed messages) and its ``BatchConfirm`` returned, so that a
+        producer keeps several batches in flight (a stream's group commit then makes one
+        fdatasync cover them)."""
         encode_body = body_encoder(
             Message(b"", None, headers, expiration_ms, _stamp(producer_id), None, bool(persistent))
         )
         properties = (bool(persistent), expiration_ms)
-        return self._publish_runs(
+        return self._send_runs(
             routing_key,
             ((*properties, [encode_body(b) for b in chunk]) for chunk in _chunks(bodies)),
             exchange,
             mandatory,
-            timeout,
             producer_id,
             sequence,
         )
@@ -654,7 +702,7 @@ class Connection:
         """``publish_many`` of ``Message`` objects, each with its own properties; sent
         in batches of consecutive messages that share persistence and TTL."""
         runs = itertools.groupby(messages, lambda m: (m.persistent, m.expiration_ms))
-        return self._publish_runs(
+        return self._send_runs(
             routing_key,
             (
                 (*properties, [encode(m) for m in chunk])
@@ -663,25 +711,23 @@ class Connection:
             ),
             exchange,
             mandatory,
-            timeout,
             producer_id,
             sequence,
-        )
+        ).result(timeout)
 
     @_exclusive
-    def _publish_runs(
+    def _send_runs(
         self,
         routing_key: str,
         runs: Iterable[tuple[bool, int | None, list[bytes]]],
         exchange: str,
         mandatory: bool,
-        timeout: float | None,
         producer_id: str | bytes | None,
         sequence: int | None,
-    ) -> int:
-        """Publish runs of encoded messages, each run with its persistence and TTL, in
-        Publishes of at most ``PUBLISH_BATCH`` messages and ``PUBLISH_BATCH_BYTES``; wait
-        for every confirm. Each run is checked whole before any of it is sent."""
+    ) -> BatchConfirm:
+        """Send runs of encoded messages, each run with its persistence and TTL, in
+        Publishes of at most ``PUBLISH_BATCH`` messages and ``PUBLISH_BATCH_BYTES``; their
+        confirm. Each run is checked whole before any of it is sent."""
         producer = _producer(producer_id, sequence)
         queues = self._route(exchange, routing_key, mandatory)
         sent: list[_Publish] = []
@@ -708,10 +754,7 @@ class Connection:
                 self._flush()
                 sent.append(publish)
                 count += stop - start
-        deadline = time.monotonic() + (timeout if timeout is not None else self.call_timeout_s)
-        for publish in sent:
-            self._await_publish(publish, None, max(0.0, deadline - time.monotonic()))
-        return count
+        return BatchConfirm(self, sent, count)
 
     @_exclusive
     def wait_for_confirms(self, timeout: float | None = None) -> None:
