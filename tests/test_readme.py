@@ -3,8 +3,8 @@
 the data directory ``./warren-data``, relative to where the commands run): the
 ``warren node`` line in the background, every other shell line in turn, then the Python
 block. What they print must be what the README shows. Then the node is stopped, started
-again (the queue is still there), stopped, and the "A node inside your program" block
-runs a node of its own on the same directory.
+again (the queue is still there, and the "Streams" block runs against it), stopped, and
+the "A node inside your program" block runs a node of its own on the same directory.
 
 The node's ipc sockets go to a private temporary directory of this test (``TMPDIR``), it
 listens on no tcp port, and every node is stopped in a ``finally``: SIGTERM first (a clean
@@ -151,6 +151,20 @@ def test_the_quickstart_runs_as_written(tmp_path, shell_env):
     try:
         listing = sh("warren queues --data-dir ./warren-data", tmp_path, shell_env).stdout
         assert queue_row(listing, "orders")[:3] == ["orders", "running", "0"]
+        (streams,) = blocks(section("### Streams"), "python")
+        (tmp_path / "streams.py").write_text(streams)
+        ran = subprocess.run(
+            [sys.executable, "streams.py"],
+            cwd=tmp_path,
+            env=shell_env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert ran.returncode == 0, ran.stderr
+        assert ran.stdout == "0 b'clicked'\n1 b'bought'\n"
+        listing = sh("warren streams --data-dir ./warren-data", tmp_path, shell_env).stdout
+        assert listing.splitlines()[2].split()[:4] == ["events", "running", "0", "1"]
     finally:
         assert stop_node(node) == 0
 
