@@ -73,7 +73,7 @@ import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Annotated, Any, Protocol
+from typing import Annotated, Any, NamedTuple, Protocol
 
 from warren.actors import message
 from warren.actors.codec import Check
@@ -231,6 +231,14 @@ class LastSequence:
 
 
 STREAM_MESSAGES = (StreamAttach, StreamRead, StoreOffset, QueryOffset, LastSequence)
+
+
+class Timestamp(NamedTuple):
+    """A stream reader's start: the first chunk whose timestamp is at or after ``ms``
+    (milliseconds since the epoch)."""
+
+    ms: int
+
 
 OVERFLOWS = ("drop-head", "reject-publish")
 QUEUE_TYPES = ("classic", "stream")

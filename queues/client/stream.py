@@ -41,12 +41,19 @@ from typing import TYPE_CHECKING, Any
 
 from warren.actors import ActorRef
 
-from ..engine.stream_log import StreamReader, Timestamp
 from ..errors import OffsetOutOfRange
 from ..message import Message, decode
-from ..protocol import MAX_WAIT_MS, StoreOffset, StreamAttach, StreamRead, parse_interval
+from ..protocol import (
+    MAX_WAIT_MS,
+    StoreOffset,
+    StreamAttach,
+    StreamRead,
+    Timestamp,
+    parse_interval,
+)
 
 if TYPE_CHECKING:
+    from ..engine.stream_log import StreamReader
     from .connection import Connection
 
 __all__ = ["StreamConsumer", "StreamDelivery", "Timestamp", "stream_start"]
@@ -147,6 +154,9 @@ class StreamConsumer:
         self._local = isinstance(ref, ActorRef) and os.path.isdir(directory)
         self._reader: StreamReader | None = None
         if self._local:
+            # the engine's reader, loaded only by a process that reads a stream's files
+            from ..engine.stream_log import StreamReader
+
             self._reader = StreamReader(directory, self._next, lambda: self._committed)
 
     def _attach(self, start: tuple[str, int], resuming: bool) -> dict[str, Any]:

@@ -103,6 +103,7 @@ from itertools import chain, repeat
 from typing import Literal, NamedTuple
 
 from ..errors import OffsetOutOfRange, StreamCorrupt, StreamError, StreamLocked
+from ..protocol import Timestamp
 
 __all__ = [
     "ChunkHeader",
@@ -215,12 +216,6 @@ class Tracking(NamedTuple):
 
     producers: dict[str, int]
     consumers: dict[str, int]
-
-
-class Timestamp(NamedTuple):
-    """A reader start: the first chunk whose timestamp is at or after ``ms``."""
-
-    ms: int
 
 
 Start = Literal["first", "last", "next"] | int | Timestamp
