@@ -1,8 +1,9 @@
 """Supervisors: OTP's restart semantics over actor processes.
 
 A ``Supervisor`` owns the children of one ``SupervisorSpec`` (see ``warren.supervisor.specs`` for
-every option, its allowed values and default). It lives in the node's process: two
-threads, no process of its own. Its children are actor processes spawned through the
+every option, its allowed values and default). It lives in the node's process: one thread
+of its own (the event thread) and a share of the process's one heartbeat thread, no
+process of its own. Its children are actor processes spawned through the
 node's ``warren.actors.Node`` (the forkserver's children), and nested supervisors, which are
 ``Supervisor`` objects of their own. Why no process per supervisor: every actor process is
 already a child of the node's forkserver and dies with the node, so a supervisor process
@@ -21,10 +22,28 @@ Watching (the event thread): every child incarnation is monitored; its ``Down`` 
 or signal, SIGKILL included) arrives within the node's reaping latency. The heartbeat
 thread keeps one ping out to each ready child on its control channel, every
 ``heartbeat_interval_s``, without waiting on any (a hung child delays nobody's heartbeat;
-the control channel is served between the actor's batches); a child with no answer for
-``heartbeat_timeout_s`` is hung (SIGSTOPped, deadlocked, one handler call running too
-long) and is killed with SIGKILL, which then counts as its crash. Heartbeats begin only
-once a child is ready: a long start is bounded by ``start_timeout_s`` alone.
+the control channel is served between the actor's batches); a ping unanswered after an
+interval is dropped for the next one. A child none of whose pings sent in the last
+``heartbeat_timeout_s`` was answered within its interval is hung (SIGSTOPped, deadlocked,
+one handler call running too long): the heartbeat thread tells the event thread, which
+kills it with SIGKILL, and that then counts as its crash. Heartbeats begin only once a
+child is ready: a long start is bounded by ``start_timeout_s`` alone.
+
+Nothing polls: an idle supervisor costs nothing between the moments something is due, so at
+rest the supervisors of a node with many queues (one each) cost it their pings and nothing
+more. The event thread blocks on its queue of events (``stop()`` puts a wake-up there)
+until the next of its own timers is due (the delayed restarts below). The heartbeat thread
+(``_Heartbeats``) is one per process, shared by every running supervisor: it owns the
+schedule of when each is next due (a child's next ping, or the moment one would turn hung),
+sleeps until the earliest, and then beats the supervisors due, with those due within
+``COALESCE_S`` (their pings go that much early, so that the pings of many supervisors go
+out together: a few wake-ups a second, not one per queue). It never blocks on a child (a
+ping is sent without waiting for room). It reads a ping's answer when it next needs it, not
+when it arrives: a pong is credited at the time its ping was sent, so reading it late
+neither hides a hang nor makes one. A supervisor is watched from ``start()`` until its stop
+or failure; its event thread tells the heartbeat thread after every event it handles (a
+child may have started or gone). The thread starts with the first supervisor watched and
+ends when none is left.
 
 On a child's exit: ``temporary`` children are never restarted; ``transient`` ones only
 after an abnormal exit (not exit 0); ``permanent`` ones always. A restart is counted;
@@ -52,15 +71,28 @@ restarted starts from its spec: children added with ``start_child`` are not brou
 
 Races and their answers: a ``Down`` can arrive for an incarnation the supervisor has
 already replaced or is stopping on purpose — events name the incarnation and are applied
-only to the child's current, running incarnation. Monitor callbacks run on the node's
-service thread and only enqueue; all decisions are taken on the event thread, one at a
-time, so two deaths never interleave their restarts.
+only to the child's current, running incarnation; so is the heartbeat thread's word that
+a child is hung, and the event thread kills it only if no pong has been credited since.
+A pong from an incarnation already replaced is not credited to its successor. Monitor
+callbacks run on the node's service thread and the heartbeat thread only enqueue; all
+decisions are taken on the event thread, one at a time, so two deaths never interleave
+their restarts. A wake-up of the heartbeat thread that comes while it is beating is not
+lost: it clears its flag before reading what changed, and a supervisor notes its change
+before setting the flag. A supervisor forgotten while the heartbeat thread beats it may
+get one more ping out, or one more report of a hung child, which its event thread, gone,
+never acts on. The per-supervisor heartbeat state (pings out, hung reports) is touched
+by the heartbeat thread alone; a child's ``last_ping``/``last_pong`` are written by it
+once the child runs, and by the event thread only while the child starts.
 """
 
 from __future__ import annotations
 
 import collections
+import heapq
+import itertools
 import logging
+import math
+import os
 import queue
 import threading
 import time
@@ -83,8 +115,12 @@ RETRY_DELAY_S = 0.5  # before retrying a restart whose start failed
 # when a whole node is stopped by a signal to every process (systemd's control-group
 # kill), the children see it before the node does, and must not be restarted meanwhile.
 TERMINATED_RESTART_DELAY_S = 1.0
-TICK_S = 0.1  # how often the event thread looks for hung children
-HEARTBEAT_POLL_S = 0.05
+# A ping due within this long (seconds; at most a quarter of the child's interval) is sent
+# with the ones due now: the heartbeats of a node's many supervisors go out together.
+COALESCE_S = 0.05
+# A supervisor whose beat raised (a bug, or a runtime closed under it) is beaten again
+# this long after (seconds), rather than taking every other supervisor's heartbeat down.
+BEAT_RETRY_S = 1.0
 
 
 @dataclass(eq=False)  # children are compared by identity
@@ -137,6 +173,13 @@ class Supervisor:
         self._restart_times: collections.deque[float] = collections.deque()
         self._dynamic = 0
         self._threads: list[threading.Thread] = []
+        # The event thread's timers: (due, order, event), the earliest first.
+        self._timers: list[tuple[float, int, _Event]] = []
+        self._timer_order = itertools.count()
+        # Touched by the heartbeat thread alone: the ping out to each child (its future,
+        # the ref pinged, when sent) and the children reported hung (-> last_pong then).
+        self._pings: dict[_Child, tuple[Future, ActorRef, float]] = {}
+        self._hung_reported: dict[_Child, float] = {}
         self._stopping = threading.Event()
         self._no_restarts = threading.Event()  # this supervisor or one above is stopping
         self._stopped = threading.Event()  # every child stopped, threads done
@@ -160,13 +203,11 @@ class Supervisor:
                 raise
         self.state = "running"
         self._threads = [
-            threading.Thread(target=self._event_loop, daemon=True, name=f"supervisor {self.id}"),
-            threading.Thread(
-                target=self._heartbeat_loop, daemon=True, name=f"heartbeats {self.id}"
-            ),
+            threading.Thread(target=self._event_loop, daemon=True, name=f"supervisor {self.id}")
         ]
         for thread in self._threads:
             thread.start()
+        _HEARTBEATS.watch(self)
         return self
 
     def stop(self) -> None:
@@ -178,6 +219,7 @@ class Supervisor:
             return
         self._refuse_restarts()
         self._stopping.set()
+        _HEARTBEATS.forget(self)
         self._events.put(_Event("wake"))
         for thread in self._threads:
             if thread is not threading.current_thread():
@@ -424,23 +466,38 @@ class Supervisor:
 
     def _event_loop(self) -> None:
         while not self._stopping.is_set():
-            try:
-                event = self._events.get(timeout=TICK_S)
-            except queue.Empty:
-                event = None
+            event = self._next_event()
             try:
                 self._handle(event)
-                self._kill_hung_children()
             except Exception:  # supervision must go on; the next event may succeed
                 log.exception("%s: handling %s failed", self.id, event)
+            _HEARTBEATS.changed(self)  # a child may have started, stopped or gone
         while not self._events.empty():  # callers waiting on a call get an answer
             event = self._events.get_nowait()
             if event.reply is not None:
                 event.reply.put((False, SupervisorError(f"supervisor {self.id} stopped")))
 
-    def _handle(self, event: _Event | None) -> None:
-        if event is None:
-            return
+    def _next_event(self) -> _Event:
+        """The next event: a timer that is due, else the queue's next, waited for no
+        longer than until the earliest timer is due (without a timer, as long as it takes:
+        ``stop()`` enqueues a wake-up)."""
+        while True:
+            timeout = None
+            if self._timers:
+                timeout = self._timers[0][0] - time.monotonic()
+                if timeout <= 0:
+                    return heapq.heappop(self._timers)[2]
+            try:
+                return self._events.get(timeout=timeout)
+            except queue.Empty:
+                continue  # the timer is due
+
+    def _later(self, delay_s: float, event: _Event) -> None:
+        """Handle ``event`` ``delay_s`` from now (on the event thread, which alone calls this)."""
+        due = time.monotonic() + delay_s
+        heapq.heappush(self._timers, (due, next(self._timer_order), event))
+
+    def _handle(self, event: _Event) -> None:
         if event.kind == "call":
             call, reply = event.call, event.reply
             assert call is not None and reply is not None  # _call() sets both
@@ -457,25 +514,29 @@ class Supervisor:
                 event.kind == "retry" or child.state == "stopped"
             ):
                 self._restart(child)
+        elif event.kind == "hung":
+            child = event.child
+            assert child is not None  # the heartbeat thread names the child
+            if child.generation == event.generation and child.state == "running":
+                self._kill_if_hung(child)
 
-    def _kill_hung_children(self) -> None:
-        now = time.monotonic()
-        with self._lock:
-            children = list(self._children)
-        for child in children:
-            timeout = getattr(child.spec, "heartbeat_timeout_s", None)
-            if timeout is not None and child.state == "running" and now - child.last_pong > timeout:
-                ref = child.ref
-                assert ref is not None  # only an actor child has a heartbeat; running, its ref
-                log.warning(
-                    "%s: %s (pid %d) missed heartbeats for %.1f s: killing it",
-                    self.id,
-                    child.name,
-                    ref.pid,
-                    now - child.last_pong,
-                )
-                child.state = "hung"
-                self.node.kill(ref)
+    def _kill_if_hung(self, child: _Child) -> None:
+        """Kill ``child`` unless a pong was credited since the heartbeat thread found it hung."""
+        timeout = getattr(child.spec, "heartbeat_timeout_s", None)
+        silent_s = time.monotonic() - child.last_pong
+        if timeout is None or silent_s < timeout:
+            return
+        ref = child.ref
+        assert ref is not None  # only an actor child has a heartbeat; running, its ref
+        log.warning(
+            "%s: %s (pid %d) missed heartbeats for %.1f s: killing it",
+            self.id,
+            child.name,
+            ref.pid,
+            silent_s,
+        )
+        child.state = "hung"
+        self.node.kill(ref)
 
     def _child_exited(self, event: _Event) -> None:
         child = event.child
@@ -497,10 +558,10 @@ class Supervisor:
                     self._children.remove(child)
             return
         if event.terminated:
-            later = _Event("restart_terminated", child, child.generation)
-            timer = threading.Timer(TERMINATED_RESTART_DELAY_S, self._events.put, (later,))
-            timer.daemon = True
-            timer.start()
+            self._later(
+                TERMINATED_RESTART_DELAY_S,
+                _Event("restart_terminated", child, child.generation),
+            )
             return
         self._restart(child)
 
@@ -536,13 +597,13 @@ class Supervisor:
                 self._start_child(restarting)
             except SupervisorError as exc:
                 log.error("%s", exc)
-                retry = _Event("retry", restarting, restarting.generation)
-                threading.Timer(RETRY_DELAY_S, self._events.put, (retry,)).start()
+                self._later(RETRY_DELAY_S, _Event("retry", restarting, restarting.generation))
                 return
 
     def _fail(self, reason: str) -> None:
         log.error("%s: giving up: %s", self.id, reason)
         self._stopping.set()
+        _HEARTBEATS.forget(self)
         self._stop_children(reversed(self._children))
         self.state = "failed"
         self.failure = reason
@@ -550,40 +611,145 @@ class Supervisor:
         if self._on_failure is not None:
             self._on_failure(reason)
 
-    # ------------------------------------------------------------------ the heartbeat thread
+    # ------------------------------------------------------------------ heartbeats
 
-    def _heartbeat_loop(self) -> None:
-        """Keep one ping out to each ready child; never wait on any one of them."""
-        out: dict[_Child, tuple[Future, ActorRef, float]] = {}
-        while not self._stopping.wait(HEARTBEAT_POLL_S):
+    def _beat_children(self, now: float) -> float:
+        """(The heartbeat thread.) Beat every child at ``now`` (see ``_beat``); return
+        when this supervisor is next due, ``math.inf`` when none of its children is."""
+        with self._lock:
+            children = list(self._children)
+        due = math.inf
+        for child in children:
+            due = min(due, self._beat(child, now))
+        for gone in (self._pings.keys() | self._hung_reported.keys()) - set(children):
+            self._pings.pop(gone, None)  # removed since (terminated, or temporary)
+            self._hung_reported.pop(gone, None)
+        return due
+
+    def _beat(self, child: _Child, now: float) -> float:
+        """One child's heartbeat at ``now``: credit its ping's answer, send the next ping
+        when one is due (or due within ``COALESCE_S``), tell the event thread when the
+        child is hung. Return when the child is next due: its next ping (the expiry of
+        the one out), or the moment it would turn hung; ``math.inf`` for a child without
+        heartbeats or not running."""
+        interval = getattr(child.spec, "heartbeat_interval_s", None)
+        timeout = getattr(child.spec, "heartbeat_timeout_s", None)
+        ref = child.ref
+        if interval is None or timeout is None or child.state != "running" or ref is None:
+            self._pings.pop(child, None)
+            self._hung_reported.pop(child, None)
+            return math.inf
+        early = min(COALESCE_S, interval / 4)
+        if child in self._pings:
+            future, pinged, sent = self._pings.pop(child)
+            try:
+                future.get(timeout=0)
+            except AskTimeout:
+                if now + early - sent < interval:
+                    self._pings[child] = (future, pinged, sent)  # not answered yet: still out
+                # else expired unanswered: the next ping replaces it
+            except ActorError:
+                pass  # gone: its Down is on the way
+            else:
+                if pinged is child.ref:  # not an incarnation replaced since
+                    child.last_pong = max(child.last_pong, sent)
+        if child not in self._pings and now + early - child.last_ping >= interval:
+            child.last_ping = now
+            try:
+                # timeout 0: a full control mailbox must not hold up every supervisor's beat
+                self._pings[child] = (ref.pin().ping_async(timeout=0), ref, now)
+            except ActorError:
+                pass  # its control mailbox is full or it is gone
+        due = child.last_ping + interval
+        if self._hung_reported.get(child) != child.last_pong:
+            if now - child.last_pong >= timeout:
+                self._hung_reported[child] = child.last_pong
+                self._events.put(_Event("hung", child, child.generation))
+            else:
+                due = min(due, child.last_pong + timeout)
+        return due
+
+
+class _Heartbeats:
+    """The process's heartbeat thread, shared by every running supervisor (see the module
+    docstring). It owns the schedule: each watched supervisor and when it is next due."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._due: dict[Supervisor, float] = {}  # the supervisors watched -> next due
+        self._changed: set[Supervisor] = set()  # to beat at the next wake-up
+        self._thread: threading.Thread | None = None
+
+    def watch(self, supervisor: Supervisor) -> None:
+        """Beat ``supervisor``'s children from now on (at once, then as they are due)."""
+        with self._lock:
+            self._due[supervisor] = math.inf
+            self._changed.add(supervisor)
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, daemon=True, name="warren-heartbeats"
+                )
+                self._thread.start()
+        self._wake.set()
+
+    def changed(self, supervisor: Supervisor) -> None:
+        """``supervisor``'s children changed: beat it at once."""
+        with self._lock:
+            if supervisor not in self._due:
+                return
+            self._changed.add(supervisor)
+        self._wake.set()
+
+    def forget(self, supervisor: Supervisor) -> None:
+        """Beat ``supervisor`` no more."""
+        with self._lock:
+            self._due.pop(supervisor, None)
+            self._changed.discard(supervisor)
+        self._wake.set()  # with nothing left to watch, the thread ends
+
+    def _run(self) -> None:
+        schedule: list[tuple[float, int, Supervisor]] = []  # (due, order, supervisor)
+        order = itertools.count()
+        wait_s: float | None = None
+        while True:
+            self._wake.wait(wait_s)
+            self._wake.clear()  # before reading what changed: no wake-up is lost
+            now = time.monotonic()
             with self._lock:
-                children = list(self._children)
-            for child in children:
-                interval = getattr(child.spec, "heartbeat_interval_s", None)
-                ref = child.ref
-                if interval is None or child.state != "running" or ref is None:
-                    out.pop(child, None)
-                    continue
+                if not self._due:
+                    self._thread = None
+                    return
+                ready, self._changed = self._changed, set()
+                while schedule and schedule[0][0] <= now + COALESCE_S:
+                    due, _, supervisor = heapq.heappop(schedule)
+                    if self._due.get(supervisor) == due:  # else rescheduled, or forgotten
+                        ready.add(supervisor)
+            for supervisor in ready:
                 now = time.monotonic()
-                if child in out:
-                    future, pinged, sent = out[child]
-                    try:
-                        future.get(timeout=0)
-                    except AskTimeout:
-                        if now - sent < interval:
-                            continue  # not answered yet; the event thread judges
-                    except ActorError:
-                        pass  # gone: its Down is on the way
-                    else:
-                        if pinged is child.ref:
-                            child.last_pong = now
-                    del out[child]
-                if now - child.last_ping >= interval:
-                    child.last_ping = now
-                    try:
-                        out[child] = (ref.pin().ping_async(timeout=interval), ref, now)
-                    except ActorError:
-                        continue  # its control mailbox is full or it is gone
+                try:
+                    due = supervisor._beat_children(now)
+                except Exception:  # the others' heartbeats must go on
+                    log.exception("%s: heartbeats failed", supervisor.id)
+                    due = now + BEAT_RETRY_S
+                with self._lock:
+                    if supervisor in self._due:
+                        self._due[supervisor] = due
+                        if due != math.inf:
+                            heapq.heappush(schedule, (due, next(order), supervisor))
+            wait_s = None if not schedule else max(0.0, schedule[0][0] - time.monotonic())
+
+    def _after_fork(self) -> None:
+        """A forked child has none of its parent's threads, and watches nothing."""
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._due = {}
+        self._changed = set()
+        self._thread = None
+
+
+_HEARTBEATS = _Heartbeats()
+os.register_at_fork(after_in_child=_HEARTBEATS._after_fork)
 
 
 def _abnormal(down: Down) -> bool:

@@ -74,6 +74,18 @@ class FailsToStart(ProcessActor):
         raise ValueError("cannot start")
 
 
+class FailsWhileBlocked(Worker):
+    """Fails to start while the file ``blocker`` exists, like a store whose disk is gone."""
+
+    def __init__(self, blocker: str) -> None:
+        super().__init__()
+        self.blocker = blocker
+
+    def on_start(self) -> None:
+        if os.path.exists(self.blocker):
+            raise OSError(f"{self.blocker} is in the way")
+
+
 def unwatched_worker(data_dir):
     """A tree of one worker with no heartbeat: frozen, it is never replaced."""
     return (ChildSpec("worker", Worker, heartbeat_interval_s=None, heartbeat_timeout_s=None),)

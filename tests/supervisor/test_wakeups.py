@@ -1,0 +1,127 @@
+"""A supervisor at rest sleeps until something is due: the next ping, the moment a child
+would turn hung, a delayed restart. Nothing polls, and every deadline is still kept."""
+
+import collections
+import os
+import signal
+import threading
+import time
+
+import psutil
+
+from warren.supervisor import ChildSpec, Supervisor, SupervisorFlags, SupervisorSpec
+from warren.supervisor.supervisor import RETRY_DELAY_S, TERMINATED_RESTART_DELAY_S
+
+from ..waiting import wait_for
+from .sample_actors import FailsWhileBlocked, Worker
+
+
+def pid(supervisor, child_id):
+    return {c["id"]: c["pid"] for c in supervisor.which_children()}[child_id]
+
+
+def state(supervisor, child_id):
+    return {c["id"]: c["state"] for c in supervisor.which_children()}[child_id]
+
+
+def test_an_idle_supervisor_wakes_only_when_a_ping_is_due(actor_node, monkeypatch):
+    beats: collections.Counter[str] = collections.Counter()
+    events: list[str] = []
+    beat_children, next_event = Supervisor._beat_children, Supervisor._next_event
+
+    def counted_beat(self, now):
+        beats[self.id] += 1
+        return beat_children(self, now)
+
+    def counted_event(self):
+        event = next_event(self)
+        events.append(f"{self.id}: {event.kind}")
+        return event
+
+    monkeypatch.setattr(Supervisor, "_beat_children", counted_beat)
+    monkeypatch.setattr(Supervisor, "_next_event", counted_event)
+    beating = SupervisorSpec(
+        "beating",
+        children=(ChildSpec("w", Worker, heartbeat_interval_s=0.5, heartbeat_timeout_s=1.2),),
+    )
+    quiet = SupervisorSpec(
+        "quiet",
+        children=(ChildSpec("q", Worker, heartbeat_interval_s=None, heartbeat_timeout_s=None),),
+    )
+    with Supervisor(actor_node, beating) as one, Supervisor(actor_node, quiet) as other:
+        first = pid(one, "w")
+        time.sleep(0.3)
+        beats.clear()
+        events.clear()
+        time.sleep(2.5)  # five pings; twice the heartbeat timeout
+        # one beat per ping, where a 50 ms poll would have made fifty
+        assert 3 <= beats["beating"] <= 7, beats
+        assert beats["quiet"] == 0, beats  # no heartbeat at all: never woken
+        assert events == []  # no event, no timer: both event threads slept throughout
+        # the pongs were read, late as they were: the child was not taken for hung
+        assert pid(one, "w") == first and state(one, "w") == "running"
+        assert state(other, "q") == "running"
+        threads = [t.name for t in threading.enumerate()]
+        assert threads.count("warren-heartbeats") == 1  # one for every supervisor
+        assert not [name for name in threads if name.startswith("heartbeats ")]
+
+
+def test_a_hung_child_is_killed_within_its_timeout_less_one_interval_and_its_timeout(
+    actor_node,
+):
+    interval, timeout = 0.2, 1.0
+    spec = SupervisorSpec(
+        "sup",
+        SupervisorFlags("one_for_one", intensity=5),
+        children=(
+            ChildSpec("sleepy", Worker, heartbeat_interval_s=interval, heartbeat_timeout_s=timeout),
+        ),
+    )
+    with Supervisor(actor_node, spec) as supervisor:
+        time.sleep(3 * interval)  # a few pings answered
+        before = pid(supervisor, "sleepy")
+        victim = psutil.Process(before)
+        os.kill(before, signal.SIGSTOP)
+        stopped = time.monotonic()
+        wait_for(lambda: not victim.is_running() or victim.status() == psutil.STATUS_ZOMBIE)
+        killed_after = time.monotonic() - stopped
+        # the last ping it answered went out at most one interval before it stopped
+        assert timeout - interval - 0.1 <= killed_after <= timeout + 0.5
+        wait_for(
+            lambda: pid(supervisor, "sleepy") != before and state(supervisor, "sleepy") == "running"
+        )
+
+
+def test_a_child_stopped_by_its_own_sigterm_comes_back_after_the_delay(actor_node):
+    spec = SupervisorSpec(
+        "sup", SupervisorFlags("one_for_one", intensity=5), children=(ChildSpec("w", Worker),)
+    )
+    with Supervisor(actor_node, spec) as supervisor:
+        before = pid(supervisor, "w")
+        os.kill(before, signal.SIGTERM)
+        terminated = time.monotonic()
+        wait_for(lambda: state(supervisor, "w") == "stopped")
+        wait_for(lambda: pid(supervisor, "w") != before and state(supervisor, "w") == "running")
+        assert time.monotonic() - terminated >= TERMINATED_RESTART_DELAY_S
+        assert supervisor.which_children()[0]["restarts"] == 1
+
+
+def test_a_restart_that_fails_is_retried_until_it_starts(actor_node, tmp_path):
+    blocker = tmp_path / "blocker"
+    spec = SupervisorSpec(
+        "sup",
+        SupervisorFlags("one_for_one", intensity=20, period_s=10),
+        children=(ChildSpec("w", FailsWhileBlocked, (str(blocker),)),),
+    )
+    with Supervisor(actor_node, spec) as supervisor:
+        before = pid(supervisor, "w")
+        blocker.touch()
+        os.kill(before, signal.SIGKILL)
+        wait_for(lambda: supervisor.which_children()[0]["restarts"] >= 3)  # retried
+        assert state(supervisor, "w") != "running"
+        blocker.unlink()
+        unblocked = time.monotonic()
+        wait_for(lambda: state(supervisor, "w") == "running")
+        assert time.monotonic() - unblocked <= RETRY_DELAY_S + 5  # the next retry starts it
+        assert pid(supervisor, "w") != before
+        assert supervisor.state == "running"
