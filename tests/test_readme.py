@@ -110,6 +110,23 @@ def queue_row(listing: str, queue: str) -> list[str]:
     return row.split()
 
 
+def run_block(heading: str, directory: Path, env: dict[str, str]) -> str:
+    """Run the one python block under ``heading`` as a script in ``directory``; what it
+    printed (the test fails if it fails)."""
+    (block,) = blocks(section(heading), "python")
+    (directory / "block.py").write_text(block)
+    ran = subprocess.run(
+        [sys.executable, "block.py"],
+        cwd=directory,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert ran.returncode == 0, ran.stderr
+    return ran.stdout
+
+
 def test_the_quickstart_runs_as_written(tmp_path, shell_env):
     quickstart = section("## Quickstart")
     node_block, client_block = blocks(quickstart, "sh")
@@ -151,35 +168,13 @@ def test_the_quickstart_runs_as_written(tmp_path, shell_env):
     try:
         listing = sh("warren queues --data-dir ./warren-data", tmp_path, shell_env).stdout
         assert queue_row(listing, "orders")[:3] == ["orders", "running", "0"]
-        (streams,) = blocks(section("### Streams"), "python")
-        (tmp_path / "streams.py").write_text(streams)
-        ran = subprocess.run(
-            [sys.executable, "streams.py"],
-            cwd=tmp_path,
-            env=shell_env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        assert ran.returncode == 0, ran.stderr
-        assert ran.stdout == "0 b'clicked'\n1 b'bought'\n"
+        assert run_block("### Streams", tmp_path, shell_env) == "0 b'clicked'\n1 b'bought'\n"
         listing = sh("warren streams --data-dir ./warren-data", tmp_path, shell_env).stdout
         assert listing.splitlines()[2].split()[:4] == ["events", "running", "0", "1"]
     finally:
         assert stop_node(node) == 0
 
-    (embedded,) = blocks(section("### A node inside your program"), "python")
-    (tmp_path / "embedded.py").write_text(embedded)
-    ran = subprocess.run(
-        [sys.executable, "embedded.py"],
-        cwd=tmp_path,
-        env=shell_env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert ran.returncode == 0, ran.stderr
-    assert ran.stdout == "order 6 False\n"
+    assert run_block("### A node inside your program", tmp_path, shell_env) == "order 6 False\n"
 
 
 def test_the_readme_opens_with_make_run_and_make_test_and_stays_short():
