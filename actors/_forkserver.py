@@ -197,7 +197,7 @@ def serve(fd: int) -> None:
         if request is None:
             break
         kind, payload = request
-        if kind == SPAWN and not signed(key, payload):
+        if kind == SPAWN and signed_order(key, payload) is None:
             print(
                 "warren forkserver: refused a spawn order that is not the node's (its "
                 "signature does not check out)",
@@ -213,7 +213,7 @@ def serve(fd: int) -> None:
                 signal.set_wakeup_fd(-1)
                 signal.signal(signal.SIGCHLD, signal.SIG_DFL)
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
-                os._exit(_run_child(payload, log_level))
+                os._exit(_run_child(payload, key, log_level))
             children.add(pid)
             token = SPAWN_HEAD.unpack_from(payload)[0]
             sock.sendall(REPORT.pack(FORKED, token, pid, 0))
@@ -234,13 +234,16 @@ def sign(key: bytes, order: bytes) -> bytes:
     return hmac.new(key, order, hashlib.sha256).digest()
 
 
-def signed(key: bytes, payload: bytes) -> bool:
-    """Whether a SPAWN payload's order carries the node's signature."""
+def signed_order(key: bytes, payload: bytes) -> bytes | None:
+    """A SPAWN payload's pickled order when it carries the node's signature, else None:
+    the only bytes this module ever unpickles come out of here."""
     if len(payload) < SPAWN_HEAD.size:
-        return False
+        return None
     at = order_offset(payload)
     mac, order = payload[at : at + SIGNATURE_BYTES], payload[at + SIGNATURE_BYTES :]
-    return len(mac) == SIGNATURE_BYTES and hmac.compare_digest(mac, sign(key, order))
+    if len(mac) == SIGNATURE_BYTES and hmac.compare_digest(mac, sign(key, order)):
+        return order
+    return None
 
 
 def _stop_children(children: set[int]) -> None:
@@ -306,12 +309,12 @@ def _reap(sock: socket.socket, children: set[int]) -> None:
             pass  # the node is gone; the main loop sees EOF and kills the rest
 
 
-def _run_child(payload: bytes, log_level: int) -> int:
+def _run_child(payload: bytes, key: bytes, log_level: int) -> int:
     """Run the forked child to its end: it must never return into the server's loop."""
     from .exitcodes import EXIT_CRASHED
 
     try:
-        code = _child(payload, os.getppid(), log_level)
+        code = _child(payload, key, os.getppid(), log_level)
     except BaseException:
         traceback.print_exc()
         code = EXIT_CRASHED
@@ -331,7 +334,7 @@ def log_to_stderr(actor_name: str, level: int) -> None:
     )
 
 
-def _child(payload: bytes, forkserver_pid: int, log_level: int) -> int:
+def _child(payload: bytes, key: bytes, forkserver_pid: int, log_level: int) -> int:
     """Become the actor described by ``payload``; return the exit code."""
     from .exitcodes import EXIT_PARENT_GONE, EXIT_START_FAILED
 
@@ -340,8 +343,12 @@ def _child(payload: bytes, forkserver_pid: int, log_level: int) -> int:
     token, size = SPAWN_HEAD.unpack_from(payload)
     node_endpoint = payload[SPAWN_HEAD.size : SPAWN_HEAD.size + size].decode()
     try:
-        # The node's own order: the server checked its signature before forking us.
-        order = pickle.loads(payload[order_offset(payload) + SIGNATURE_BYTES :])
+        # Checked again here, where it is unpickled, not only by the server before the
+        # fork: nothing but the node's own signed order ever reaches pickle.
+        pickled = signed_order(key, payload)
+        if pickled is None:
+            raise ValueError("the spawn order does not carry the node's signature")
+        order = pickle.loads(pickled)
     except Exception as exc:
         from ._node_client import NodeClient
         from ._runtime import runtime
