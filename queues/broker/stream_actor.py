@@ -74,7 +74,13 @@ from ..engine.stream_log import (
     StreamReader,
     Timestamp,
 )
-from ..errors import OffsetOutOfRange, OutOfSequence, QueueClosed, UnsupportedOperation
+from ..errors import (
+    Nacked,
+    OffsetOutOfRange,
+    OutOfSequence,
+    QueueClosed,
+    UnsupportedOperation,
+)
 from ..protocol import (
     MAX_SEQUENCE,
     DeleteQueue,
@@ -236,16 +242,22 @@ class StreamActor(ProcessActor):
             )
         if self._deleted:
             raise QueueClosed(f"stream {self.stream_name} was deleted")
+        if self._log is None:  # a write failed: stopping, to restart from disk
+            raise Nacked(f"stream {self.stream_name} is restarting; try again in a moment")
         try:
             return handler(self, message)
-        except OSError:
+        except OSError as error:
             # A write failed half way (a full disk): stop without syncing; the restart
             # cuts the torn tail and the unconfirmed publishers get an error.
-            log.exception("stream %s: a write failed; stopping", self.stream_name)
+            log.error("stream %s: a write failed (%s); restarting", self.stream_name, error)
             self._stream.abandon()
             self._log = None
             self.stop()
-            raise
+            raise Nacked(
+                f"stream {self.stream_name}: a write failed ({error.strerror or error}); "
+                f"nothing of this request was taken, and the stream restarts from what is "
+                f"on disk: publish it again"
+            ) from None
 
     def _publish(self, message: Publish) -> None:
         payloads = message.payloads
@@ -254,7 +266,7 @@ class StreamActor(ProcessActor):
         if message.producer is not None:
             payloads, producers = self._without_repeats(message)
         reply = self.defer_reply()
-        segments = len(self._stream.segments())
+        segments = self._stream.segment_count
         for start in range(0, len(payloads), MAX_ENTRIES_PER_CHUNK):
             last = start + MAX_ENTRIES_PER_CHUNK >= len(payloads)
             _first, self._last_record = self._stream.append(
@@ -264,7 +276,7 @@ class StreamActor(ProcessActor):
         self.counters["published"] += len(payloads)
         self.counters["repeats_dropped"] += taken - len(payloads)
         self._pending.append((reply, taken))
-        if len(self._stream.segments()) != segments:
+        if self._stream.segment_count != segments:
             self._apply_retention()
 
     def _without_repeats(self, message: Publish) -> tuple[list[bytes], dict[str, int]]:

@@ -202,7 +202,7 @@ class StreamConsumer:
             self._fill(left)
             if self._ready or self._closed:
                 break
-            if left is not None and deadline is not None and time.monotonic() >= deadline:
+            if deadline is not None and time.monotonic() >= deadline:
                 return None
         if not self._ready:
             return None

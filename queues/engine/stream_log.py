@@ -580,6 +580,11 @@ class StreamLog:
     def tracking(self) -> Tracking:
         return self._tracking.public()
 
+    @property
+    def segment_count(self) -> int:
+        """How many segments the stream has (no file is looked at)."""
+        return len(self._segment_firsts)
+
     def segments(self) -> list[SegmentInfo]:
         infos = []
         for first in self._segment_firsts:
