@@ -12,6 +12,7 @@ processes of other programs and other test runs on the machine are never judged 
 """
 
 import os
+import subprocess
 import time
 import uuid
 
@@ -86,3 +87,22 @@ def no_process_survives_the_test():
             pass
     psutil.wait_procs(survivors, timeout=GRACE_SECONDS)
     pytest.fail(f"processes outlived the test: {described}")
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real 8 MiB filesystem (tmpfs) to fill up; unmounted at the end."""
+    mount_point = tmp_path / "small-disk"
+    mount_point.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mount_point)],
+        capture_output=True,
+        text=True,
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here (needs root): {mounted.stderr.strip()}")
+    try:
+        yield mount_point
+    finally:
+        if subprocess.run(["umount", str(mount_point)], capture_output=True).returncode:
+            subprocess.run(["umount", "-l", str(mount_point)], capture_output=True)

@@ -1,5 +1,3 @@
-import subprocess
-
 import pytest
 
 from warren.store import MessageStore
@@ -23,22 +21,3 @@ def open_store(store_dir):
     yield _open
     for store in opened:
         store.close()
-
-
-@pytest.fixture
-def small_disk(tmp_path):
-    """A real 8 MiB filesystem (tmpfs) to fill up; unmounted at the end."""
-    mount_point = tmp_path / "small-disk"
-    mount_point.mkdir()
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mount_point)],
-        capture_output=True,
-        text=True,
-    )
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here (needs root): {mounted.stderr.strip()}")
-    try:
-        yield mount_point
-    finally:
-        if subprocess.run(["umount", str(mount_point)], capture_output=True).returncode:
-            subprocess.run(["umount", "-l", str(mount_point)], capture_output=True)

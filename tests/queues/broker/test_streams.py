@@ -1,14 +1,17 @@
 """Streams on a real node: declared, published to, read by offset and by time, by named
 consumers that resume, trimmed by retention, and killed (the stream's process, the whole
 node) while producers publish with confirms: every confirmed message must be read back
-whole, once per producer sequence."""
+whole, once per producer sequence. Also stopped by signals (the process alone, the
+node's whole group), killed under a reader's call, and run out of disk."""
 
+import contextlib
 import datetime
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -16,14 +19,15 @@ import psutil
 import pytest
 
 from warren import connect
-from warren.queues import PreconditionFailed
+from warren.queues import Nacked, PreconditionFailed
 from warren.queues.client.stream import StreamConsumer, Timestamp
 from warren.queues.engine.stream_log import StreamLog, numbered_files
 from warren.queues.errors import OffsetOutOfRange, StreamCorrupt, UnsupportedOperation
 from warren.queues.protocol import Fetch, StreamRead
-from warren.supervisor import Node
+from warren.supervisor import AlarmLimits, Node
 from warren.supervisor.chaos.workload import checked_id, ledger_lines
 
+from ...store.helpers import fill_disk
 from ...waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -453,3 +457,107 @@ def test_store_inspect_reads_a_stream_directory(tmp_path):
     assert shown.returncode == 0, shown.stderr
     assert "stream" in shown.stdout
     assert f"{len(numbered_files(str(directory), '.segment'))} segments" in shown.stdout
+
+
+def test_errors_are_the_same_classes_over_tcp_as_on_the_node(node):
+    node.declare_queue("events", type="stream")
+    node.declare_queue("jobs")
+    with connect(node.listen_endpoint) as remote:
+        remote.publish("events", b"one")
+        with pytest.raises(OffsetOutOfRange, match="it holds offsets 0 to 0"):
+            remote.consume("events", offset=5)
+        with pytest.raises(UnsupportedOperation, match="takes no Purge"):
+            remote.purge_queue("events")
+        with pytest.raises(UnsupportedOperation, match="classic queue"):
+            remote.last_sequence("jobs", "p")
+
+
+@pytest.mark.parametrize("where", ["local", "remote"])
+def test_a_reader_waiting_when_the_stream_is_killed_reads_on_from_its_successor(node, where):
+    """The stream's process dies while a reader's long poll is in flight: the poll is
+    asked again of the next incarnation, and the reader gets what is published then."""
+    node.declare_queue("events", type="stream")
+    client = node.connect() if where == "local" else connect(node.listen_endpoint)
+    with client:
+        client.publish("events", b"before")
+        reader = client.consume("events", offset="first")
+        assert next(reader).body == b"before"
+        got = []
+        waiting = threading.Thread(target=lambda: got.append(reader.get(timeout=30)))
+        waiting.start()
+        time.sleep(0.3)  # the reader is in its long poll
+        old = stream_pid(node)
+        os.kill(old, signal.SIGKILL)
+        wait_for(lambda: stream_pid(node) != old, timeout=60)
+        node.connect().publish("events", b"after")
+        waiting.join(timeout=60)
+        assert [d.body for d in got] == [b"after"]
+        reader.cancel()
+
+
+def test_sigterm_to_the_stream_process_alone_stops_it_cleanly_and_it_comes_back(node):
+    connection = node.connect()
+    connection.declare_queue("events", type="stream")
+    connection.publish_many("events", [b"%d" % n for n in range(100)])
+    connection.store_offset("events", "billing", 41)
+    old = stream_pid(node)
+    os.kill(old, signal.SIGTERM)
+    wait_for(lambda: stream_pid(node) != old, timeout=60)
+    connection.publish("events", b"100")
+    bodies = [d.body for d in connection.consume("events", offset="first", inactivity_timeout=0.3)]
+    assert bodies == [b"%d" % n for n in range(101)]
+    assert connection.query_offset("events", "billing") == 41
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
+def test_a_stop_signal_to_the_whole_node_group_keeps_every_record_and_offset(tmp_path, signum):
+    """What systemd's stop does (the signal to every process of the group at once): the
+    node stops in order, exit 0, and the next run has every record and stored offset."""
+    data = tmp_path / "data"
+    node = start_node(data)
+    try:
+        with connect(str(data)) as connection:
+            connection.declare_queue("events", type="stream")
+            connection.publish_many("events", [b"%d" % n for n in range(500)])
+            connection.store_offset("events", "billing", 250)
+        os.killpg(node.pid, signum)
+        assert node.wait(timeout=60) == 0
+        node = start_node(data)
+        with connect(str(data)) as connection:
+            records = connection.consume("events", offset="first", inactivity_timeout=0.5)
+            assert [d.body for d in records] == [b"%d" % n for n in range(500)]
+            assert connection.query_offset("events", "billing") == 250
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(node.pid, signal.SIGKILL)
+        node.wait()
+
+
+def test_a_full_disk_refuses_the_batch_that_does_not_fit_and_loses_nothing_confirmed(
+    small_disk,
+):
+    # No disk alarm (its limit 0): the write itself meets the full disk.
+    limits = AlarmLimits(disk_free_limit_bytes=0, check_interval_s=60.0)
+    with Node(small_disk / "data", file_size_limit=256 * 1024, alarm_limits=limits) as node:
+        connection = node.connect()
+        connection.declare_queue("events", type="stream", max_segment_size_bytes=64 * 1024)
+        kept = [b"kept %d " % n + b"k" * 1000 for n in range(50)]
+        connection.publish_many("events", kept)
+        filler = fill_disk(small_disk)
+        with pytest.raises(Nacked):
+            connection.publish_many("events", [b"x" * 1000] * 200)
+        wait_for(lambda: connection.queue_state("events") == "running", timeout=60)
+        reader = connection.consume("events", offset="first", inactivity_timeout=0.5)
+        assert [d.body for d in reader] == kept  # no part of the refused batch
+        os.unlink(filler)
+
+        def published() -> bool:
+            try:
+                connection.publish("events", b"after the disk was freed")
+            except Nacked:  # still restarting
+                return False
+            return True
+
+        wait_for(published, timeout=60)
+        reader = connection.consume("events", offset="first", inactivity_timeout=0.5)
+        assert [d.body for d in reader] == [*kept, b"after the disk was freed"]
