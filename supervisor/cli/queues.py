@@ -344,7 +344,8 @@ def _queue_rows(connection: Connection) -> list[dict]:
     for name in connection.list_queues():
         state = connection.queue_state(name)
         stats = connection.queue_stats(name) if state == "running" else None
-        kind = "stream" if connection.is_stream(name) else "classic"
+        # a queue that is not running has no ref to tell its type by: None
+        kind = None if stats is None else stats.get("type", "classic")
         rows.append({"name": name, "type": kind, "state": state, "stats": stats})
     return rows
 
