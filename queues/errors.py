@@ -35,6 +35,7 @@ __all__ = [
     "UnknownDeliveryTag",
     "Unroutable",
     "UnsupportedOperation",
+    "WarrenReadError",
     "WarrenWriteError",
     "local_error",
 ]
@@ -150,6 +151,11 @@ class StreamLocked(StreamError):
 
 class WarrenWriteError(QueueError, RuntimeError):
     """A Spark write that cannot go on; the message says which row or setting, and why."""
+
+
+class WarrenReadError(QueueError, RuntimeError):
+    """A Spark read of a stream that cannot go on; the message says which offsets or
+    setting, and why."""
 
 
 def local_error(type_name: str, message: str, remote_traceback: str = "") -> Exception:

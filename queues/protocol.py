@@ -38,10 +38,13 @@ A stream's process (``warren.queues.broker.stream_actor``) takes ``Publish``, ``
 and ``DeleteQueue`` as a queue does (a Publish is one chunk of its log), and these, which
 a queue refuses:
 
-    StreamAttach(start, value)         ask → {"offset", "first", "committed", "directory"}:
+    StreamAttach(start, value)         ask → {"offset", "first", "committed", "directory",
+                                       "identity", "records_end"}:
                                        where a reader starting at ``start`` ("first",
                                        "last", "next", "offset" with ``value``, or
-                                       "timestamp" with ``value`` in epoch ms) begins
+                                       "timestamp" with ``value`` in epoch ms) begins;
+                                       ``records_end`` is the offset after the last
+                                       committed record (tracking chunks may follow it)
     StreamRead(offset, max_records, wait_ms)
                                        ask → {"records": [[offset, timestamp_ms, payload]],
                                        "next", "committed", "first"}: whole committed
@@ -56,6 +59,22 @@ a queue refuses:
     QueryOffset(name)                  ask → the offset stored for ``name``, or None
     LastSequence(producer)             ask → the last sequence taken from ``producer``,
                                        or None
+    StreamPlan(start, end, target_bytes)
+                                       ask → {"ranges": [[from, to]], "first",
+                                       "committed", "identity"}: the committed offsets
+                                       ``[start, end)`` cut on chunk boundaries into ranges
+                                       of about ``target_bytes`` each (a Spark job's
+                                       partitions); ``identity`` is the stream's random id
+                                       (``StreamAttach`` answers it too), which changes when
+                                       a stream is deleted and declared again
+    StreamChunks(offset, end, max_bytes)
+                                       ask → {"chunks": [bytes], "next", "first",
+                                       "committed", "identity"}: committed user chunks as
+                                       the segment holds them, from the one holding
+                                       ``offset`` up to the one holding ``end - 1``, about
+                                       ``max_bytes`` (at least one chunk); the reader checks
+                                       their CRCs itself (``stream_log.unpack_chunk``);
+                                       ``offset`` below the first raises ``OffsetOutOfRange``
 
 The node's own calls (declarations, where a queue lives, the alarms) are declared once, in
 ``NodeHandle``: the ``Node`` in its own process implements them, its control socket and the
@@ -230,7 +249,37 @@ class LastSequence:
     producer: Producer
 
 
-STREAM_MESSAGES = (StreamAttach, StreamRead, StoreOffset, QueryOffset, LastSequence)
+MAX_PLAN_BYTES = 2**31  # the largest range a StreamPlan or StreamChunks may ask for
+PlanBytes = Annotated[
+    int, Check(lambda v: 0 < v <= MAX_PLAN_BYTES, f"an int in 1..{MAX_PLAN_BYTES}")
+]
+
+
+@message
+@dataclass(frozen=True)
+class StreamPlan:
+    start: NonNegative
+    end: NonNegative
+    target_bytes: PlanBytes
+
+
+@message
+@dataclass(frozen=True)
+class StreamChunks:
+    offset: NonNegative
+    end: NonNegative
+    max_bytes: PlanBytes
+
+
+STREAM_MESSAGES = (
+    StreamAttach,
+    StreamRead,
+    StoreOffset,
+    QueryOffset,
+    LastSequence,
+    StreamPlan,
+    StreamChunks,
+)
 
 
 class Timestamp(NamedTuple):

@@ -20,7 +20,13 @@ Messages accepted (``warren.queues.protocol``), and what each gets back:
                                       last sequence goes in the chunk's trailer, so it is
                                       durable with the records it covers
     StreamAttach(start, value)      → where a reader starting there begins, and the
-                                      stream's directory and committed offset
+                                      stream's directory, committed offset, identity, and
+                                      the offset after its last committed record
+    StreamPlan(start, end, bytes)   → the committed offsets [start, end) cut on chunk
+                                      boundaries (from the index files only)
+    StreamChunks(offset, end, max_bytes)
+                                    → committed user chunks as the files hold them, for
+                                      a reader that checks their CRCs itself (Spark's)
     StreamRead(offset, max_records, wait_ms)
                                     → committed records from ``offset``, whole chunks; at
                                       once when ``offset`` is committed, else when it is or
@@ -73,6 +79,7 @@ from ..engine.stream_log import (
     StreamLog,
     StreamReader,
     Timestamp,
+    chunk_ranges,
 )
 from ..errors import (
     Nacked,
@@ -95,6 +102,8 @@ from ..protocol import (
     Settle,
     StoreOffset,
     StreamAttach,
+    StreamChunks,
+    StreamPlan,
     StreamRead,
     Subscribe,
 )
@@ -173,6 +182,7 @@ class StreamActor(ProcessActor):
             "confirmed": 0,
             "repeats_dropped": 0,
             "records_read": 0,
+            "chunks_read": 0,
             "offsets_stored": 0,
             "segments_deleted": 0,
             "syncs": 0,
@@ -323,7 +333,56 @@ class StreamActor(ProcessActor):
             "first": self._stream.first_offset,
             "committed": self._committed,
             "directory": self.directory,
+            "identity": self._stream.identity,
+            "records_end": self._last_committed_record + 1,
         }
+
+    def _plan(self, message: StreamPlan) -> dict[str, Any]:
+        first, committed = self._stream.first_offset, self._committed
+        self._check_range(message.start, message.end)
+        return {
+            "ranges": chunk_ranges(
+                self.directory, message.start, message.end, message.target_bytes
+            ),
+            "first": first,
+            "committed": committed,
+            "identity": self._stream.identity,
+        }
+
+    def _chunks(self, message: StreamChunks) -> dict[str, Any]:
+        self._check_range(message.offset, message.end)
+        chunks: list[bytes] = []
+        next_offset, size = message.offset, 0
+        if message.offset < message.end:
+            reader = self._readers.pop(message.offset, None)
+            if reader is None:
+                reader = StreamReader(
+                    self.directory, message.offset, lambda: self._stream.committed_offset
+                )
+            while reader.next_offset < message.end and size < message.max_bytes:
+                raw = reader.read_raw_chunk()
+                if raw is None:
+                    break
+                chunks.append(raw)
+                size += len(raw)
+            next_offset = reader.next_offset
+            self._keep_reader(reader)
+            self.counters["chunks_read"] += len(chunks)
+        return {
+            "chunks": chunks,
+            "next": next_offset,
+            "first": self._stream.first_offset,
+            "committed": self._committed,
+            "identity": self._stream.identity,
+        }
+
+    def _check_range(self, start: int, end: int) -> None:
+        first, committed = self._stream.first_offset, self._committed
+        if not first <= start <= end <= committed + 1:
+            raise OffsetOutOfRange(
+                f"offsets {start} to {end - 1} are not in stream {self.stream_name!r}: it "
+                f"holds offsets {first} to {committed}"
+            )
 
     def _read(self, message: StreamRead) -> Any:
         if message.offset <= self._committed or message.wait_ms == 0:
@@ -396,6 +455,7 @@ class StreamActor(ProcessActor):
             "type": "stream",
             "durable": True,
             "sync_policy": self.definition.sync_policy,
+            "identity": stream.identity,
             "first_offset": stream.first_offset,
             "last_offset": stream.last_offset,
             "committed_offset": committed,
@@ -430,6 +490,8 @@ class StreamActor(ProcessActor):
         Publish: _publish,
         StreamAttach: _attach,
         StreamRead: _read,
+        StreamPlan: _plan,
+        StreamChunks: _chunks,
         StoreOffset: _store_offset,
         QueryOffset: _query_offset,
         LastSequence: _last_sequence,

@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 import sys
 import time
@@ -60,12 +61,14 @@ from typing import TYPE_CHECKING, Any
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceArrowWriter,
+    DataSourceReader,
+    DataSourceStreamReader,
     DataSourceStreamWriter,
     WriterCommitMessage,
 )
 from pyspark.sql.types import BinaryType, MapType, StringType, StructType
 
-from ..errors import WarrenWriteError
+from ..errors import WarrenReadError, WarrenWriteError
 
 if TYPE_CHECKING:
     from pyspark import TaskContext
@@ -87,6 +90,7 @@ COLUMNS = {
 DEFAULT_TIMEOUT_S = 120.0
 RETRY_PAUSE_S = (0.2, 5.0)  # between attempts: from, to
 BATCH_ROWS = 5000  # rows published (and confirmed) per chunk
+STREAM_BATCH_ROWS = 65_535  # into a stream, an Arrow batch as one chunk: at most this many
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,30 +106,46 @@ class Target:
     timeout_s: float
     mandatory: bool = True
 
+    stream: str | None = None  # the queue named is a stream, checked when planned
+
     @classmethod
-    def from_options(cls, options: dict[str, str]) -> Target:
+    def from_options(cls, options: dict[str, str], reading: bool = False) -> Target:
+        """The options' target; ``WarrenReadError`` (reading) or ``WarrenWriteError``
+        naming the option that is wrong."""
+        error = WarrenReadError if reading else WarrenWriteError
         endpoint = options.get("endpoint")
         if not endpoint or not endpoint.startswith("tcp://"):
-            raise WarrenWriteError(
+            raise error(
                 "option endpoint is required: the node's listener, "
                 "tcp://host:port (warren node --listen ...)"
             )
-        queue, exchange = options.get("queue"), options.get("exchange")
-        if (queue is None) == (exchange is None):
-            raise WarrenWriteError("give exactly one of the options queue and exchange")
+        queue, stream, exchange = (
+            options.get("queue"),
+            options.get("stream"),
+            options.get("exchange"),
+        )
+        if reading and (not stream or queue is not None or exchange is not None):
+            raise error(
+                "a read names option stream (the stream's name), and no queue or exchange: "
+                "a queue's messages are consumed, not read"
+            )
+        if not reading and [queue, stream, exchange].count(None) != 2:
+            raise error("give exactly one of the options queue, stream and exchange")
+        if stream is not None:
+            queue = stream
         flags = {}
         for flag in ("persistent", "mandatory"):
             flags[flag] = options.get(flag, "true").lower()
             if flags[flag] not in ("true", "false"):
-                raise WarrenWriteError(f"option {flag} is true or false, not {flags[flag]!r}")
+                raise error(f"option {flag} is true or false, not {flags[flag]!r}")
         try:
             timeout_s = float(options.get("timeout_s", DEFAULT_TIMEOUT_S))
         except ValueError:
-            raise WarrenWriteError(
+            raise error(
                 f"option timeout_s is a number of seconds, not {options['timeout_s']!r}"
             ) from None
-        if timeout_s <= 0:
-            raise WarrenWriteError("option timeout_s must be positive")
+        if not 0 < timeout_s < math.inf:
+            raise error("option timeout_s must be a positive number of seconds")
         return cls(
             endpoint,
             queue,
@@ -135,6 +155,7 @@ class Target:
             flags["persistent"] == "true",
             timeout_s,
             flags["mandatory"] == "true",
+            stream,
         )
 
 
@@ -194,7 +215,7 @@ def publish_columns(
                     _publish_chunk(connection, target, messages, producer, sequence)
                     break
                 except Exception as exc:
-                    if not _retryable(exc) or time.monotonic() + pause > deadline:
+                    if not retryable(exc) or time.monotonic() + pause > deadline:
                         raise WarrenWriteError(
                             f"{where}: rows {sequence}..{sequence + len(messages) - 1} were "
                             f"not confirmed: {type(exc).__name__}: {exc} (after {retries} "
@@ -285,7 +306,7 @@ def _messages(
     return out
 
 
-def _retryable(exc: Exception) -> bool:
+def retryable(exc: Exception) -> bool:
     """Whether a failed chunk may succeed if sent again: the node or a queue was away, or
     restarted with it in doubt; not a mistake in the write itself."""
     from warren.actors import ActorError
@@ -297,10 +318,10 @@ def _retryable(exc: Exception) -> bool:
     )
 
 
-def _arrow_chunks(batches: Iterator[Any]) -> Iterator[dict[str, list]]:
+def _arrow_chunks(batches: Iterator[Any], rows: int) -> Iterator[dict[str, list]]:
     for batch in batches:
-        for start in range(0, batch.num_rows, BATCH_ROWS):
-            part = batch.slice(start, BATCH_ROWS)
+        for start in range(0, batch.num_rows, rows):
+            part = batch.slice(start, rows)
             yield {name: part.column(i).to_pylist() for i, name in enumerate(part.schema.names)}
 
 
@@ -343,7 +364,7 @@ class WarrenWriter(DataSourceArrowWriter):
         rows, retries = publish_columns(
             self.target,
             f"{self.job}/{partition}",
-            _arrow_chunks(iterator),
+            _arrow_chunks(iterator, STREAM_BATCH_ROWS if self.target.stream else BATCH_ROWS),
             f"partition {partition} (attempt {attempt})",
         )
         return PartitionWritten(partition, attempt, rows, retries)
@@ -403,11 +424,27 @@ def _report(
 
 
 class WarrenDataSource(DataSource):
-    """``format("warren")``: see the module docstring for the columns and options."""
+    """``format("warren")``: writes (see the module docstring) and reads of streams
+    (``warren.queues.client.spark_read``)."""
 
     @classmethod
     def name(cls) -> str:
         return "warren"
+
+    def schema(self) -> str:
+        from .spark_read import SCHEMA
+
+        return SCHEMA
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        from .spark_read import Source, WarrenBatchReader
+
+        return WarrenBatchReader(Source.from_options(self.options, streaming=False))
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        from .spark_read import Source, WarrenStreamReader
+
+        return WarrenStreamReader(Source.from_options(self.options, streaming=True))
 
     def writer(self, schema: StructType, overwrite: bool) -> WarrenWriter:
         return WarrenWriter(*self._plan(schema, overwrite))
@@ -420,8 +457,31 @@ class WarrenDataSource(DataSource):
             raise WarrenWriteError('a queue cannot be overwritten: use mode("append")')
         check_schema(schema)
         target = Target.from_options(dict(self.options))
+        if target.stream is not None:
+            _check_stream(target)
         job = self.options.get("producer") or uuid.uuid4().hex
         return target, job
+
+
+def _check_stream(target: Target) -> None:
+    """On the driver, before any task: the stream option names a stream."""
+    from ..errors import NotFound
+    from . import connect
+
+    connection = connect(target.endpoint, key_file=target.key_file)
+    try:
+        if not connection.is_stream(target.stream or ""):
+            raise WarrenWriteError(
+                f"{target.stream!r} is a classic queue, not a stream: write into it with "
+                f"option queue, or declare a stream (type='stream')"
+            )
+    except NotFound:
+        raise WarrenWriteError(
+            f"stream {target.stream!r} is not declared on {target.endpoint}: declare it first "
+            f"(warren declare queue {target.stream} --type stream)"
+        ) from None
+    finally:
+        connection.close()
 
 
 def register(spark: SparkSession) -> None:

@@ -4,7 +4,10 @@ itself, as a reader in another process does.
 
 What it owns: one directory holding the stream's segment files
 ``<first offset, 20 digits>.segment``, each with an index file of the same name
-``.index``, and a ``.lock`` file that keeps a second writer out. Every record has an
+``.index``, a ``.lock`` file that keeps a second writer out, and an ``.identity`` file
+holding a random id made when the directory is (a reader that kept an offset across a
+restart, such as a Spark query's checkpoint, tells by it a stream deleted and declared
+again under the same name from the one it read). Every record has an
 offset; offsets grow by one a record and never repeat. Records are written in chunks (one
 ``append`` is one chunk); a chunk's id is the offset of its first record, and a segment
 file is named after the id of its first chunk.
@@ -96,6 +99,7 @@ import logging
 import os
 import struct
 import time
+import uuid
 import zlib
 from bisect import bisect_right
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -117,10 +121,13 @@ __all__ = [
     "StreamLog",
     "StreamReader",
     "Timestamp",
+    "chunk_bodies",
+    "chunk_ranges",
     "Tracking",
     "inspect_stream",
     "numbered_files",
     "read_index",
+    "unpack_chunk",
 ]
 
 log = logging.getLogger("warren.queues")
@@ -131,6 +138,7 @@ FILE_HEADER_BYTES = 8
 SEGMENT_SUFFIX = ".segment"
 INDEX_SUFFIX = ".index"
 LOCK_FILE = ".lock"
+IDENTITY_FILE = ".identity"
 
 # osiris.hrl's ?MAGIC and ?VERSION. The format comment in osiris_log.erl draws the
 # version nibble as 1, but every chunk Osiris writes carries 0, and so do ours.
@@ -327,6 +335,37 @@ def _decode_sub_batch(data: bytes, position: int) -> list[bytes]:
     return bodies
 
 
+def chunk_bodies(header: ChunkHeader, data: bytes, where: str) -> list[bytes]:
+    """The record bodies of a chunk whose header is ``header`` and data ``data``;
+    ``StreamCorrupt`` (naming ``where``) when the data is cut short, fails its CRC, or
+    does not hold the records the header says."""
+    if len(data) != header.data_bytes:
+        raise StreamCorrupt(f"{where}: its data is cut short")
+    if zlib.crc32(data) != header.data_crc:
+        raise StreamCorrupt(f"{where}: its data fails its CRC")
+    try:
+        bodies = decode_entries(data)
+    except ValueError as error:
+        raise StreamCorrupt(f"{where}: {error}") from None
+    if len(bodies) != header.record_count:
+        raise StreamCorrupt(
+            f"{where}: it says {header.record_count} records and holds {len(bodies)}"
+        )
+    return bodies
+
+
+def unpack_chunk(raw: bytes, where: str) -> tuple[ChunkHeader, list[bytes]]:
+    """A whole chunk's header and record bodies, checked as a reader of the files checks
+    them (``chunk_bodies``): for chunks that travelled, such as ``StreamChunks``'s."""
+    header = parse_chunk_header(raw, 0)
+    if header is None:
+        raise StreamCorrupt(f"{where}: not a chunk header")
+    if len(raw) < header.end:
+        raise StreamCorrupt(f"{where}: it is cut short")
+    data = raw[header.data_position : header.data_position + header.data_bytes]
+    return header, chunk_bodies(header, data, f"{where} (chunk {header.chunk_id})")
+
+
 def _encode_tracking_id(name: str) -> bytes:
     raw = name.encode("utf-8", "surrogateescape")
     if len(raw) > MAX_TRACKING_ID_BYTES:
@@ -420,6 +459,45 @@ def read_index(path: str) -> list[IndexRecord]:
     if zero >= 0:
         body = body[:zero]
     return [IndexRecord(*fields) for fields in INDEX_RECORD.iter_unpack(body)]
+
+
+def chunk_ranges(
+    directory: str | os.PathLike[str], start: int, end: int, target_bytes: int
+) -> list[tuple[int, int]]:
+    """``[start, end)`` cut into ranges ``[from, to)`` on chunk boundaries, each holding
+    about ``target_bytes`` of chunks (at least one chunk), found from the index files
+    alone. Offsets retention already deleted are left out; ``end`` must be at most one
+    past the committed offset (a chunk being written is not looked at)."""
+    directory = os.fspath(directory)
+    ranges: list[tuple[int, int]] = []
+    low, size = start, 0
+    firsts = numbered_files(directory, SEGMENT_SUFFIX)
+    for segment, first in enumerate(firsts):
+        records = read_index(os.path.join(directory, index_file_name(first)))
+        try:
+            file_size = os.stat(os.path.join(directory, segment_file_name(first))).st_size
+        except FileNotFoundError:  # deleted by retention since the listing
+            continue
+        following_segment = firsts[segment + 1] if segment + 1 < len(firsts) else end
+        for position, record in enumerate(records):
+            if record.chunk_id >= end:
+                break
+            if position + 1 < len(records):
+                after = records[position + 1]
+                next_id, chunk_end = after.chunk_id, after.position
+            else:
+                next_id, chunk_end = following_segment, file_size
+            if next_id <= low:
+                continue
+            if size == 0:  # a range's first chunk: from it, when retention took ``start``
+                low = max(low, record.chunk_id)
+            size += chunk_end - record.position
+            if size >= target_bytes and next_id < end:
+                ranges.append((low, next_id))
+                low, size = next_id, 0
+    if low < end:
+        ranges.append((low, end))
+    return ranges
 
 
 def _read_header_at(fd: int, position: int) -> ChunkHeader | None:
@@ -555,6 +633,7 @@ class StreamLog:
         self._tracking = _TrackingState()
         self._closed = False
         try:
+            self.identity = self._identity()
             self._recover()
         except BaseException:
             self.abandon()
@@ -825,6 +904,30 @@ class StreamLog:
         if self._closed:
             raise StreamError(f"stream {self.directory} is closed")
 
+    def _identity(self) -> str:
+        """The directory's random id: read, or made and written (before the recovery's
+        sync, which makes its name durable) when the directory has none."""
+        path = os.path.join(self.directory, IDENTITY_FILE)
+        try:
+            with open(path, encoding="ascii") as file:
+                found = file.read().strip()
+        except (FileNotFoundError, UnicodeDecodeError):
+            found = ""
+        if len(found) == 32 and all(c in "0123456789abcdef" for c in found):
+            return found
+        identity = uuid.uuid4().hex
+        temporary = f"{IDENTITY_FILE}.new"
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644, dir_fd=self._dir_fd)
+        try:
+            _write_all(fd, [identity.encode(), b"\n"])
+            if self.sync_policy:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.rename(temporary, IDENTITY_FILE, src_dir_fd=self._dir_fd, dst_dir_fd=self._dir_fd)
+        self._directory_unsynced = True
+        return identity
+
     # -- recovery -----------------------------------------------------------------------
 
     def _recover(self) -> None:
@@ -1053,6 +1156,34 @@ class StreamReader:
 
     def read_chunk(self) -> list[Record] | None:
         """The records of the next committed user chunk, None when there is none yet."""
+        while True:
+            header = self._next_user_header()
+            if header is None:
+                return None
+            bodies = self._bodies_of(header)
+            self._position, self._next_chunk_id = header.end, header.next_offset
+            skip = self._skip_below - header.chunk_id
+            if skip >= len(bodies):
+                continue
+            first = header.chunk_id
+            if skip > 0:
+                bodies, first = bodies[skip:], first + skip
+            return list(zip(range(first, header.next_offset), repeat(header.timestamp_ms), bodies))
+
+    def read_raw_chunk(self) -> bytes | None:
+        """The next committed user chunk as the file holds it, header to trailer, whole
+        (records below the start included), unchecked: whoever receives it checks it
+        (``unpack_chunk``). None when there is none yet."""
+        header = self._next_user_header()
+        if header is None:
+            return None
+        raw = os.pread(self._fd, header.end - header.position, header.position)
+        self._position, self._next_chunk_id = header.end, header.next_offset
+        return raw
+
+    def _next_user_header(self) -> ChunkHeader | None:
+        """The header of the next committed user chunk (tracking chunks are stepped
+        over); None when it is not committed yet."""
         if self._closed:
             raise StreamError("reader is closed")
         while True:
@@ -1064,18 +1195,9 @@ class StreamReader:
                 continue  # moved to another segment: check the committed offset again
             if header.next_offset - 1 > committed:
                 return None
-            if header.chunk_type != CHUNK_USER:
-                self._position, self._next_chunk_id = header.end, header.next_offset
-                continue
-            bodies = self._bodies_of(header)
+            if header.chunk_type == CHUNK_USER:
+                return header
             self._position, self._next_chunk_id = header.end, header.next_offset
-            skip = self._skip_below - header.chunk_id
-            if skip >= len(bodies):
-                continue
-            first = header.chunk_id
-            if skip > 0:
-                bodies, first = bodies[skip:], first + skip
-            return list(zip(range(first, header.next_offset), repeat(header.timestamp_ms), bodies))
 
     def close(self) -> None:
         if not self._closed:
@@ -1092,20 +1214,9 @@ class StreamReader:
 
     def _bodies_of(self, header: ChunkHeader) -> list[bytes]:
         where = f"chunk {header.chunk_id} of segment {self._segment_first} in {self.directory}"
-        data = os.pread(self._fd, header.data_bytes, header.data_position)
-        if len(data) != header.data_bytes:
-            raise StreamCorrupt(f"{where}: its data is cut short")
-        if zlib.crc32(data) != header.data_crc:
-            raise StreamCorrupt(f"{where}: its data fails its CRC")
-        try:
-            bodies = decode_entries(data)
-        except ValueError as error:
-            raise StreamCorrupt(f"{where}: {error}") from None
-        if len(bodies) != header.record_count:
-            raise StreamCorrupt(
-                f"{where}: it says {header.record_count} records and holds {len(bodies)}"
-            )
-        return bodies
+        return chunk_bodies(
+            header, os.pread(self._fd, header.data_bytes, header.data_position), where
+        )
 
     def _next_header(self) -> ChunkHeader | None:
         """The header of the committed chunk ``_next_chunk_id``; None after moving to the

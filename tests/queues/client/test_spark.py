@@ -20,31 +20,12 @@ if shutil.which("java") is None:
 
 from warren import connect
 from warren.queues.broker.listener import with_free_port
-from warren.queues.client.spark import local_session, partition_publisher
+from warren.queues.client.spark import partition_publisher
 from warren.supervisor import Node
 
 from ...waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[3]
-
-
-@pytest.fixture(scope="module")
-def spark():
-    """One local session for the module; at its end, the JVM and every Python worker it
-    started are stopped (a session's stop leaves the JVM to the Python process's exit)."""
-    before = {p.pid for p in psutil.Process().children(recursive=True)}
-    session = local_session("warren-tests", cores=2, max_failures=2)
-    try:
-        yield session
-    finally:
-        session.stop()
-        started = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
-        for process in started:
-            try:
-                process.kill()
-            except psutil.NoSuchProcess:
-                pass
-        psutil.wait_procs(started, timeout=30)
 
 
 @pytest.fixture
@@ -126,7 +107,7 @@ def test_bad_rows_and_settings_fail_the_job_with_what_and_where(spark, node):
         write(spark.range(3).withColumnRenamed("id", "body"), node.listen_endpoint, queue="orders")
     with pytest.raises(Exception, match="column 'extra' is not one Warren publishes"):
         write(rows(spark, 3).selectExpr("body", "1 as extra"), node.listen_endpoint, queue="orders")
-    with pytest.raises(Exception, match="exactly one of the options queue and exchange"):
+    with pytest.raises(Exception, match="exactly one of the options queue, stream and exchange"):
         write(rows(spark, 3), node.listen_endpoint)
     with pytest.raises(Exception, match="no queue 'missing'"):
         write(rows(spark, 3), node.listen_endpoint, queue="missing")

@@ -30,11 +30,13 @@ from warren.queues.engine.stream_log import (
     StreamLog,
     StreamReader,
     Timestamp,
+    chunk_ranges,
     decode_entries,
     index_file_name,
     pack_chunk,
     read_index,
     segment_file_name,
+    unpack_chunk,
 )
 
 T0 = 1_700_000_000_000
@@ -380,7 +382,12 @@ def test_retention_by_age_deletes_segments_whose_last_chunk_is_too_old(tmp_path)
         assert log.apply_retention(max_age_s=3.5 * 60, now=now) == [0]
         assert log.apply_retention(max_age_s=1, now=now) == [2]  # the newest stays
         assert log.first_offset == 4
-        assert len(os.listdir(tmp_path)) == 3  # its segment, its index and the lock
+        assert sorted(os.listdir(tmp_path)) == [
+            ".identity",
+            ".lock",
+            "00000000000000000004.index",
+            "00000000000000000004.segment",
+        ]
 
 
 def test_a_reader_in_a_deleted_segment_finishes_it_then_moves_to_the_new_first(tmp_path):
@@ -582,3 +589,42 @@ TestStreamLogModel.settings = settings(
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
+
+
+def test_a_stream_keeps_its_identity_across_opens_and_a_new_directory_gets_another(tmp_path):
+    with StreamLog(tmp_path / "a") as log:
+        first = log.identity
+    with StreamLog(tmp_path / "a") as log:
+        assert log.identity == first
+    with StreamLog(tmp_path / "b") as other:
+        assert other.identity != first
+
+
+def test_chunk_ranges_cut_on_chunk_boundaries_and_cover_the_range_once(tmp_path):
+    with StreamLog(tmp_path, max_segment_chunks=3) as log:
+        for n in range(10):
+            log.append([body(n * 10 + i) for i in range(10)])  # chunk n: offsets 10n..10n+9
+        log.sync()
+    ranges = chunk_ranges(tmp_path, 15, 95, target_bytes=1)  # one chunk each
+    assert ranges[0] == (15, 20) and ranges[-1] == (90, 95)
+    assert all(high == low for (_, high), (low, _) in zip(ranges, ranges[1:], strict=False))
+    assert all(low % 10 == 0 for low, _ in ranges[1:])
+    assert chunk_ranges(tmp_path, 0, 100, target_bytes=2**30) == [(0, 100)]
+    assert chunk_ranges(tmp_path, 40, 40, target_bytes=1) == []
+
+
+def test_a_raw_chunk_is_checked_where_it_arrives(tmp_path):
+    with StreamLog(tmp_path) as log:
+        log.append([b"one", b"two"])
+        log.sync()
+        with log.reader() as reader:
+            raw = reader.read_raw_chunk()
+    assert raw is not None
+    header, bodies = unpack_chunk(raw, "test")
+    assert (header.chunk_id, bodies) == (0, [b"one", b"two"])
+    damaged = bytearray(raw)
+    damaged[-2] ^= 1
+    with pytest.raises(StreamCorrupt, match="test \\(chunk 0\\): its data fails its CRC"):
+        unpack_chunk(bytes(damaged), "test")
+    with pytest.raises(StreamCorrupt, match="cut short"):
+        unpack_chunk(raw[:-1], "test")

@@ -1,0 +1,505 @@
+"""Spark reading Warren streams: the reading half of the ``warren`` data source
+(``warren.queues.client.spark`` registers both halves under one name).
+
+    spark.read.format("warren").option("endpoint", "tcp://broker:5673")
+        .option("stream", "events").option("startingOffsets", "first").load()
+    spark.readStream.format("warren").option("endpoint", ...).option("stream", "events")
+        .option("maxRecordsPerTrigger", 100000).load()
+
+Columns (``SCHEMA``): ``offset`` (long), ``timestamp`` (when the stream wrote the record's
+chunk), ``body`` (binary), ``routing_key`` (the ``x-routing-key`` header, RabbitMQ's name
+for it in a stream: a stream keeps messages, not the key they were routed by),
+``headers`` (map of string to string: other values as text), ``message_id``.
+
+Options: ``endpoint`` and ``stream`` (required), ``key_file`` (CURVE), ``timeout_s``
+(120: how long a node that is down is retried before the read fails, naming the offsets
+it was reading), ``startingOffsets`` ("first", "last": the last chunk, "latest": what is
+published from now on, an offset, or ``timestamp:<epoch ms>``; "first" for a batch read,
+"latest" for a streaming one), ``endingOffsets`` (batch only: "latest", the default, is
+everything committed when the read is planned; an offset, excluded; or
+``timestamp:<ms>``), ``failOnDataLoss`` (true: offsets retention deleted before they were
+read fail the query naming them; false: they are skipped with a warning),
+``partitionBytes`` (4 MiB: the size of one task's offset range), and, streaming,
+``maxRecordsPerTrigger`` and ``consumerName`` (the name the query's progress is stored
+under on the node, so ``warren streams`` shows its lag: "spark" unless given).
+
+How it reads. The driver resolves the offsets with the stream's process (``StreamAttach``)
+and has it cut ``[start, end)`` into ranges on chunk boundaries (``StreamPlan``, from the
+index files: no record is read to plan). Each task connects from its executor and asks
+for its range's chunks as the segment files hold them (``StreamChunks``), checks each
+chunk's CRC and framing itself (``stream_log.unpack_chunk``: bytes damaged anywhere
+between the disk and the task fail the task), and yields one Arrow batch per answer.
+
+Offsets a streaming query keeps in its checkpoint are ``{"stream", "identity",
+"offset"}``: the next offset to read, and the stream's random identity, which changes when
+a stream is deleted and declared again under the same name (the query then fails rather
+than read another stream's offsets as its own). Exactly once: a micro-batch is a fixed
+offset range, read again whole if it is replayed, so with a sink that drops repeats
+(Warren's, with its producer ids) each record is counted once.
+
+PySpark 4.0 to 4.3: ``latestOffset(start, limit)`` takes the read limit Spark passes from
+4.2 on (``maxRecordsPerTrigger`` is ``getDefaultReadLimit``); 4.0 and 4.1 call it with no
+argument, and then every trigger reads all that is committed. ``SupportsTriggerAvailableNow``
+(4.2+) pins the end at what is committed when the query starts, read in batches that keep
+to the limit.
+
+Races: retention deleting a range between the plan and the task (the task sees
+``OffsetOutOfRange`` and fails or skips, as ``failOnDataLoss`` says); the node or the
+stream restarting under a task (the same request is asked again, from a new connection,
+until ``timeout_s`` passes without progress); a stream deleted and declared again while a
+query runs (identity compared on every plan and every answer).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
+
+from ..errors import NotFound, OffsetOutOfRange, WarrenReadError
+from ..protocol import StreamAttach, StreamChunks, StreamPlan
+
+try:
+    from pyspark.sql.streaming.datasource import (
+        ReadAllAvailable,
+        ReadLimit,
+        ReadMaxRows,
+        SupportsTriggerAvailableNow,
+    )
+except ImportError:  # PySpark 4.0 and 4.1: no read limits; every trigger reads all
+
+    class SupportsTriggerAvailableNow:  # type: ignore[no-redef]
+        """Stands in for the mixin PySpark 4.2 added."""
+
+    ReadLimit = ReadAllAvailable = ReadMaxRows = None  # type: ignore[assignment, misc]
+
+if TYPE_CHECKING:
+    import pyarrow
+
+    from .connection import Connection
+
+__all__ = ["SCHEMA", "Source", "WarrenBatchReader", "WarrenStreamReader"]
+
+log = logging.getLogger("warren.spark")
+
+SCHEMA = (
+    "offset long, timestamp timestamp, body binary, routing_key string, "
+    "headers map<string,string>, message_id string"
+)
+ROUTING_KEY_HEADER = "x-routing-key"
+DEFAULT_PARTITION_BYTES = 4 * 2**20
+ANSWER_BYTES = 2 * 2**20  # chunks one StreamChunks answer carries: one Arrow batch
+DEFAULT_CONSUMER_NAME = "spark"
+T = TypeVar("T")
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+    """A read's options, checked on the driver (picklable: it travels to the executors)."""
+
+    endpoint: str
+    stream: str
+    key_file: str | None
+    timeout_s: float
+    starting: tuple[str, int]  # a StreamAttach (start, value)
+    ending: tuple[str, int] | None  # None: what is committed at planning
+    fail_on_data_loss: bool
+    partition_bytes: int
+    max_records_per_trigger: int | None
+    consumer_name: str
+
+    @classmethod
+    def from_options(cls, options: Any, streaming: bool) -> Source:
+        from .spark import Target
+
+        target = Target.from_options({**dict(options), "persistent": "true"}, reading=True)
+        assert target.stream is not None, "a read names its stream"
+        starting = _offset_option(
+            options.get("startingOffsets", "latest" if streaming else "first"),
+            "startingOffsets",
+            ("first", "last", "latest"),
+        )
+        ending = None
+        if "endingOffsets" in options:
+            if streaming:
+                raise WarrenReadError("endingOffsets is for a batch read (spark.read) only")
+            ending = _offset_option(options["endingOffsets"], "endingOffsets", ("latest",))
+            if ending[0] == "next":
+                ending = None
+        flag = options.get("failOnDataLoss", "true").lower()
+        if flag not in ("true", "false"):
+            raise WarrenReadError(f"option failOnDataLoss is true or false, not {flag!r}")
+        partition_bytes = _positive_int(
+            options.get("partitionBytes", DEFAULT_PARTITION_BYTES), "partitionBytes"
+        )
+        max_records = options.get("maxRecordsPerTrigger")
+        if max_records is not None and not streaming:
+            raise WarrenReadError("maxRecordsPerTrigger is for a streaming read only")
+        return cls(
+            target.endpoint,
+            target.stream,
+            target.key_file,
+            target.timeout_s,
+            starting,
+            ending,
+            flag == "true",
+            partition_bytes,
+            None if max_records is None else _positive_int(max_records, "maxRecordsPerTrigger"),
+            options.get("consumerName", DEFAULT_CONSUMER_NAME),
+        )
+
+
+def _offset_option(value: object, name: str, words: Sequence[str]) -> tuple[str, int]:
+    text = str(value).strip()
+    if text in words:
+        return {"latest": ("next", 0)}.get(text, (text, 0))
+    if text.isdigit():
+        return "offset", int(text)
+    if text.startswith("timestamp:") and text[len("timestamp:") :].isdigit():
+        return "timestamp", int(text[len("timestamp:") :])
+    raise WarrenReadError(
+        f"option {name} is {', '.join(repr(w) for w in words)}, an offset (an int >= 0) "
+        f"or 'timestamp:<epoch ms>'; got {text!r}"
+    )
+
+
+def _positive_int(value: object, name: str) -> int:
+    try:
+        number = int(str(value))
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise WarrenReadError(f"option {name} is an int >= 1, not {value!r}")
+    return number
+
+
+class OffsetRange(InputPartition):
+    """One task's offsets, ``[start, end)``, of the stream whose identity is given."""
+
+    def __init__(self, start: int, end: int, identity: str) -> None:
+        super().__init__((start, end))
+        self.start, self.end, self.identity = start, end, identity
+
+
+class NodeSession:
+    """A connection to the node that asks again, from a new connection, what failed
+    because the node or the stream was away, until ``timeout_s`` passes without an
+    answer; the driver's and each task's own (never shared between processes)."""
+
+    def __init__(self, source: Source) -> None:
+        self.source = source
+        self._connection: Connection | None = None
+
+    def ask(self, request: Any, where: str) -> Any:
+        return self.call(lambda connection: connection._request(self.source.stream, request), where)
+
+    def call(self, action: Callable[[Connection], T], where: str) -> T:
+        from . import connect
+        from .spark import RETRY_PAUSE_S, retryable
+
+        deadline = time.monotonic() + self.source.timeout_s
+        pause = RETRY_PAUSE_S[0]
+        while True:
+            try:
+                if self._connection is None:
+                    self._connection = connect(self.source.endpoint, key_file=self.source.key_file)
+                return action(self._connection)
+            except NotFound:
+                raise WarrenReadError(
+                    f"stream {self.source.stream!r} is not declared on {self.source.endpoint}"
+                ) from None
+            except Exception as exc:
+                if not retryable(exc) or time.monotonic() + pause > deadline:
+                    raise
+                log.warning("%s: %s; asking again in %.1f s", where, exc, pause)
+                self.close()
+                time.sleep(pause)
+                pause = min(pause * 2, RETRY_PAUSE_S[1])
+
+    def close(self) -> None:
+        if self._connection is not None:
+            self._connection.close()
+            self._connection = None
+
+
+def _attach(session: NodeSession, start: tuple[str, int], where: str) -> dict[str, Any]:
+    source = session.source
+
+    def attach(connection: Connection) -> dict[str, Any]:
+        if not connection.is_stream(source.stream):
+            raise WarrenReadError(
+                f"{source.stream!r} is a classic queue, not a stream: Spark reads streams "
+                f"(declare one with type='stream'); a queue's messages are consumed, not read"
+            )
+        return connection._request(source.stream, StreamAttach(*start))
+
+    try:
+        return session.call(attach, where)
+    except OffsetOutOfRange as error:
+        if source.fail_on_data_loss or start[0] != "offset":
+            raise WarrenReadError(f"{where}: {error}") from None
+        log.warning("%s: %s; starting at the first offset (failOnDataLoss=false)", where, error)
+        return session.call(
+            lambda connection: connection._request(source.stream, StreamAttach("first")), where
+        )
+
+
+def _plan(
+    session: NodeSession, start: int, end: int, identity: str, where: str
+) -> list[OffsetRange]:
+    """``[start, end)`` as tasks; offsets retention deleted fail the read or are skipped."""
+    source = session.source
+    if start >= end:
+        return []
+    try:
+        answer = session.ask(StreamPlan(start, end, source.partition_bytes), where)
+    except OffsetOutOfRange as error:
+        first = session.ask(StreamAttach("first"), where)
+        lost_to = min(first["offset"], end)
+        _data_lost(source, start, lost_to, f"{where}: {error}")
+        if lost_to >= end:
+            return []
+        answer = session.ask(StreamPlan(lost_to, end, source.partition_bytes), where)
+    _check_identity(source, identity, answer["identity"], where)
+    return [OffsetRange(low, high, identity) for low, high in answer["ranges"]]
+
+
+def _data_lost(source: Source, start: int, end: int, why: str) -> None:
+    message = (
+        f"offsets {start} to {end - 1} of stream {source.stream!r} were deleted by "
+        f"retention before they were read ({why})"
+    )
+    if source.fail_on_data_loss:
+        raise WarrenReadError(f"{message}; set failOnDataLoss=false to skip them")
+    log.warning("%s; skipped (failOnDataLoss=false)", message)
+
+
+def _check_identity(source: Source, expected: str, found: str, where: str) -> None:
+    if expected != found:
+        raise WarrenReadError(
+            f"{where}: stream {source.stream!r} is not the one these offsets are of (it was "
+            f"deleted and declared again: identity {found}, the offsets' {expected}); start "
+            f"the query again with a new checkpoint"
+        )
+
+
+def read_range(source: Source, partition: OffsetRange) -> Iterator[pyarrow.RecordBatch]:
+    """A task: the records of ``partition``'s offsets as Arrow batches, every chunk's CRC
+    checked here."""
+    from ..engine.stream_log import unpack_chunk  # the format only; a task opens no file
+
+    where = f"stream {source.stream!r}, offsets {partition.start} to {partition.end - 1}"
+    session = NodeSession(source)
+    offset = partition.start
+    try:
+        while offset < partition.end:
+            try:
+                answer = session.ask(
+                    StreamChunks(offset, partition.end, ANSWER_BYTES), f"reading {where}"
+                )
+            except OffsetOutOfRange as error:
+                first = session.ask(StreamAttach("first"), where)["offset"]
+                _data_lost(source, offset, min(first, partition.end), str(error))
+                offset = first
+                continue
+            except Exception as exc:
+                raise WarrenReadError(
+                    f"{where}: offsets from {offset} were not read: {type(exc).__name__}: {exc}"
+                ) from None
+            _check_identity(source, partition.identity, answer["identity"], where)
+            chunks = [unpack_chunk(raw, where) for raw in answer["chunks"]]
+            if not chunks:
+                raise WarrenReadError(
+                    f"{where}: the stream answered no chunk at offset {offset} (committed: "
+                    f"{answer['committed']})"
+                )
+            batch = record_batch(chunks, offset, partition.end)
+            if batch.num_rows:
+                yield batch
+            offset = answer["next"]
+    finally:
+        session.close()
+
+
+def record_batch(
+    chunks: Sequence[tuple[Any, list[bytes]]], start: int, end: int
+) -> pyarrow.RecordBatch:
+    """The records of ``chunks`` (header, bodies) whose offsets are in ``[start, end)``."""
+    import pyarrow as pa
+
+    from ..message import decode
+
+    offsets: list[int] = []
+    stamps: list[int] = []
+    bodies: list[bytes] = []
+    keys: list[str | None] = []
+    headers: list[list[tuple[str, str | None]] | None] = []
+    ids: list[str | None] = []
+    for header, payloads in chunks:
+        first = header.chunk_id
+        low, high = max(0, start - first), min(len(payloads), end - first)
+        if low >= high:
+            continue
+        offsets.extend(range(first + low, first + high))
+        stamps.extend([header.timestamp_ms * 1000] * (high - low))
+        for payload in payloads[low:high]:
+            message = decode(payload)
+            bodies.append(message.body)
+            ids.append(message.message_id)
+            properties = message.headers
+            if properties:
+                key = properties.get(ROUTING_KEY_HEADER)
+                keys.append(None if key is None else _text(key))
+                headers.append([(name, _text(value)) for name, value in properties.items()])
+            else:
+                keys.append(None)
+                headers.append(None)
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.array(offsets, pa.int64()),
+            pa.array(stamps, pa.timestamp("us", tz="UTC")),
+            pa.array(bodies, pa.binary()),
+            pa.array(keys, pa.string()),
+            pa.array(headers, pa.map_(pa.string(), pa.string())),
+            pa.array(ids, pa.string()),
+        ],
+        names=["offset", "timestamp", "body", "routing_key", "headers", "message_id"],
+    )
+
+
+def _text(value: object) -> str | None:
+    """A header value as the map<string,string> column holds it."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "backslashreplace")
+    if isinstance(value, (bool, int, float)):
+        return json.dumps(value)
+    return json.dumps(value, default=lambda v: v.decode("utf-8", "backslashreplace"))
+
+
+class WarrenBatchReader(DataSourceReader):
+    """``spark.read.format("warren")``: plans on the driver, reads on the executors."""
+
+    def __init__(self, source: Source) -> None:
+        self.source = source
+
+    def partitions(self) -> Sequence[InputPartition]:
+        source = self.source
+        where = f"planning a read of stream {source.stream!r}"
+        session = NodeSession(source)
+        try:
+            begun = _attach(session, source.starting, where)
+            identity, end = begun["identity"], begun["records_end"]
+            if source.ending is not None:
+                if source.ending[0] == "offset" and source.ending[1] > begun["committed"] + 1:
+                    raise WarrenReadError(
+                        f"{where}: endingOffsets {source.ending[1]} is past the stream's "
+                        f"end (it holds offsets {begun['first']} to {begun['committed']})"
+                    )
+                end = _attach(session, source.ending, where)["offset"]
+            # Spark reads a batch with no partition as one partition of its own making:
+            # an empty range stands for "nothing to read" instead
+            empty = [OffsetRange(begun["offset"], begun["offset"], identity)]
+            return _plan(session, begun["offset"], end, identity, where) or empty
+        finally:
+            session.close()
+
+    def read(self, partition: InputPartition) -> Iterator[pyarrow.RecordBatch]:
+        assert isinstance(partition, OffsetRange)
+        return read_range(self.source, partition)
+
+
+class WarrenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """``spark.readStream.format("warren")``; see the module docstring."""
+
+    def __init__(self, source: Source) -> None:
+        self.source = source
+        self._session = NodeSession(source)
+        self._available_now_end: int | None = None
+        self._identity: str | None = None
+
+    def _offset(self, offset: int) -> dict[str, Any]:
+        assert self._identity is not None
+        return {"stream": self.source.stream, "identity": self._identity, "offset": offset}
+
+    def _latest(self) -> int:
+        answer = _attach(self._session, ("next", 0), f"reading stream {self.source.stream!r}")
+        if self._identity is None:
+            self._identity = answer["identity"]
+        else:
+            _check_identity(self.source, self._identity, answer["identity"], "the query")
+        return int(answer["records_end"])
+
+    def initialOffset(self) -> dict[str, Any]:
+        where = f"starting a query on stream {self.source.stream!r}"
+        begun = _attach(self._session, self.source.starting, where)
+        self._identity = begun["identity"]
+        return self._offset(begun["offset"])
+
+    def latestOffset(
+        self, start: dict[str, Any] | None = None, limit: ReadLimit | None = None
+    ) -> dict[str, Any]:
+        if start is not None:
+            self._take_identity(start)
+        end = self._latest()
+        if self._available_now_end is not None:
+            end = min(end, self._available_now_end)
+        if start is not None and ReadMaxRows is not None and isinstance(limit, ReadMaxRows):
+            end = min(end, start["offset"] + limit.max_rows)
+        if start is not None:
+            end = max(end, start["offset"])
+        return self._offset(end)
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.source.max_records_per_trigger is not None:
+            return ReadMaxRows(self.source.max_records_per_trigger)
+        return ReadAllAvailable()
+
+    def reportLatestOffset(self) -> dict[str, Any]:
+        return self._offset(self._latest())
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._available_now_end = self._latest()
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        identity = self._take_identity(start)
+        self._take_identity(end)
+        where = f"micro-batch of stream {self.source.stream!r}"
+        return _plan(self._session, start["offset"], end["offset"], identity, where)
+
+    def read(self, partition: InputPartition) -> Iterator[pyarrow.RecordBatch]:
+        assert isinstance(partition, OffsetRange)
+        return read_range(self.source, partition)
+
+    def commit(self, end: dict[str, Any]) -> None:
+        """The query processed every offset before ``end``: stored on the node under
+        ``consumerName``, where its lag shows."""
+        if end["offset"] > 0:
+            self._session.call(
+                lambda connection: connection.store_offset(
+                    self.source.stream, self.source.consumer_name, end["offset"] - 1
+                ),
+                f"storing the offset of stream {self.source.stream!r}",
+            )
+
+    def stop(self) -> None:
+        self._session.close()
+
+    def _take_identity(self, offset: dict[str, Any]) -> str:
+        """The identity a checkpointed offset carries, checked against the stream's."""
+        if not isinstance(offset, dict) or offset.get("stream") != self.source.stream:
+            raise WarrenReadError(
+                f"the checkpoint's offset {offset!r} is not one of stream "
+                f"{self.source.stream!r}: a query's checkpoint belongs to the stream it read"
+            )
+        if self._identity is None:
+            self._latest()
+        assert self._identity is not None
+        _check_identity(self.source, offset["identity"], self._identity, "the checkpoint")
+        return str(offset["identity"])

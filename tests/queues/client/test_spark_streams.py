@@ -1,0 +1,257 @@
+"""Spark reading Warren streams and writing into them (``format("warren")`` on a local[2,2]
+session, every listener on loopback): ranges, timestamps and checkpoints read each offset
+once, damage and retention fail a read by name, and a retried task adds nothing twice."""
+
+import os
+import shutil
+import time
+
+import pytest
+
+if shutil.which("java") is None:
+    pytest.skip(
+        "Spark needs Java (a JRE 17 or newer on PATH); none is installed here",
+        allow_module_level=True,
+    )
+
+from warren.queues.client.spark_read import OffsetRange, Source, read_range
+from warren.queues.engine.stream_log import (
+    CHUNK_HEADER_BYTES,
+    FILE_HEADER_BYTES,
+    numbered_files,
+    parse_chunk_header,
+    segment_file_name,
+)
+from warren.queues.errors import WarrenReadError
+from warren.queues.protocol import StreamAttach
+from warren.supervisor import Node
+
+
+@pytest.fixture
+def node(tmp_path):
+    with Node(tmp_path / "data", listen="tcp://127.0.0.1:*") as running:
+        yield running
+
+
+def publish(node, stream, count, first=0, **properties):
+    connection = node.connect()
+    for start in range(first, first + count, 1000):
+        bodies = [f"event {i}".encode() for i in range(start, min(first + count, start + 1000))]
+        connection.publish_many(stream, bodies, **properties)
+
+
+def load(spark, node, **options):
+    reader = spark.read.format("warren").option("endpoint", node.listen_endpoint)
+    for name, value in {"stream": "events", **options}.items():
+        reader = reader.option(name, str(value))
+    return reader.load()
+
+
+def offsets_and_bodies(frame):
+    return sorted((row.offset, row.body) for row in frame.select("offset", "body").collect())
+
+
+def test_a_batch_read_gives_every_record_with_its_offset_and_properties(spark, node):
+    connection = node.connect()
+    connection.declare_queue("events", type="stream", max_segment_size_bytes=64 * 1024)
+    publish(node, "events", 3000)
+    connection.publish(
+        "events", b"tagged", message_id="m-1", headers={"x-routing-key": "eu.orders", "n": 7}
+    )
+    frame = load(spark, node, partitionBytes=20_000)
+    assert frame.rdd.getNumPartitions() > 3  # ranges cut on chunk boundaries
+    read = offsets_and_bodies(frame)
+    assert read == [(i, f"event {i}".encode()) for i in range(3000)] + [(3000, b"tagged")]
+    tagged = frame.where("offset = 3000").collect()[0]
+    assert tagged.message_id == "m-1"
+    assert tagged.routing_key == "eu.orders"
+    assert tagged.headers == {"x-routing-key": "eu.orders", "n": "7"}
+    assert abs(tagged.timestamp.timestamp() - time.time()) < 60
+
+
+def test_a_batch_read_takes_offset_and_timestamp_ranges(spark, node):
+    connection = node.connect()
+    connection.declare_queue("events", type="stream")
+    publish(node, "events", 2000)
+    time.sleep(0.05)
+    middle_ms = int(time.time() * 1000)
+    time.sleep(0.05)
+    publish(node, "events", 2000, first=2000)
+    ranged = load(spark, node, startingOffsets=1500, endingOffsets=2500)
+    assert [o for o, _ in offsets_and_bodies(ranged)] == list(range(1500, 2500))
+    since = load(spark, node, startingOffsets=f"timestamp:{middle_ms}")
+    assert [o for o, _ in offsets_and_bodies(since)] == list(range(2000, 4000))
+    until = load(spark, node, endingOffsets=f"timestamp:{middle_ms}")
+    assert [o for o, _ in offsets_and_bodies(until)] == list(range(2000))
+    assert load(spark, node, startingOffsets="latest").count() == 0
+    last_chunk = [o for o, _ in offsets_and_bodies(load(spark, node, startingOffsets="last"))]
+    assert 0 < len(last_chunk) <= 1000
+    assert last_chunk == list(range(last_chunk[0], 4000))
+
+
+def test_a_flipped_bit_in_a_chunk_fails_the_read_naming_the_chunk(spark, node, tmp_path):
+    connection = node.connect()
+    connection.declare_queue("events", type="stream")
+    publish(node, "events", 2000)
+    directory = connection._request("events", StreamAttach("first"))["directory"]
+    segment = os.path.join(directory, segment_file_name(numbered_files(directory, ".segment")[0]))
+    with open(segment, "r+b") as file:
+        file.seek(FILE_HEADER_BYTES)
+        first = parse_chunk_header(file.read(CHUNK_HEADER_BYTES), FILE_HEADER_BYTES)
+        second_data = first.end + CHUNK_HEADER_BYTES + 100
+        file.seek(second_data)
+        byte = file.read(1)
+        file.seek(second_data)
+        file.write(bytes([byte[0] ^ 0x10]))
+    with pytest.raises(Exception, match=rf"\(chunk {first.next_offset}\): its data fails its CRC"):
+        load(spark, node).count()
+
+
+def stream_query(spark, node, checkpoint, seen, **options):
+    """A streaming read of "events" with trigger(availableNow=True), recording each
+    micro-batch's offsets in ``seen``; waits for it to end and returns it."""
+
+    def keep(frame, batch_id):
+        seen.append((batch_id, sorted(row.offset for row in frame.select("offset").collect())))
+
+    reader = spark.readStream.format("warren").option("endpoint", node.listen_endpoint)
+    for name, value in {"stream": "events", **options}.items():
+        reader = reader.option(name, str(value))
+    query = (
+        reader.load()
+        .writeStream.foreachBatch(keep)
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
+    try:
+        query.awaitTermination(timeout=180)
+    except Exception:  # noqa: BLE001  (the caller looks at query.exception())
+        assert query.exception() is not None
+    assert not query.isActive, "the query did not end within 180 s"
+    return query
+
+
+def test_a_streaming_query_restarted_from_its_checkpoint_reads_each_offset_once(
+    spark, node, tmp_path
+):
+    connection = node.connect()
+    connection.declare_queue("events", type="stream")
+    publish(node, "events", 2500)
+    first_run: list = []
+    query = stream_query(
+        spark,
+        node,
+        tmp_path / "checkpoint",
+        first_run,
+        startingOffsets="first",
+        maxRecordsPerTrigger=1000,
+        consumerName="counts",
+    )
+    assert query.exception() is None
+    assert [len(offsets) for _, offsets in first_run] == [1000, 1000, 500]  # the limit held
+    publish(node, "events", 1500, first=2500)
+    second_run: list = []
+    query = stream_query(
+        spark, node, tmp_path / "checkpoint", second_run, maxRecordsPerTrigger=1000
+    )
+    assert query.exception() is None
+    read = [o for _, offsets in first_run + second_run for o in offsets]
+    every_record = [o for o, _ in offsets_and_bodies(load(spark, node))]
+    assert len(every_record) == 4000  # (the stored offsets took offsets of their own)
+    assert sorted(read) == every_record  # each once: none again, none skipped
+    assert connection.query_offset("events", "counts") is not None  # commit stores progress
+
+
+def test_a_stream_deleted_and_declared_again_fails_the_query_that_read_it(spark, node, tmp_path):
+    connection = node.connect()
+    connection.declare_queue("events", type="stream")
+    publish(node, "events", 100)
+    assert stream_query(spark, node, tmp_path / "checkpoint", [], startingOffsets="first")
+    connection.delete_queue("events")
+    connection.declare_queue("events", type="stream")
+    publish(node, "events", 300)
+    query = stream_query(spark, node, tmp_path / "checkpoint", [])
+    assert "deleted and declared again" in str(query.exception())
+
+
+def test_retention_past_a_query_fails_it_by_name_or_is_skipped_when_asked(spark, node, tmp_path):
+    connection = node.connect()
+    connection.declare_queue(
+        "events", type="stream", max_segment_size_bytes=20_000, max_length_bytes=60_000
+    )
+    publish(node, "events", 200)
+    stream_query(spark, node, tmp_path / "checkpoint", [], startingOffsets="first")
+    publish(node, "events", 20_000, first=200)  # retention deletes offsets 200 onwards
+    first = connection.queue_stats("events")["first_offset"]
+    assert first > 200
+    failed = stream_query(spark, node, tmp_path / "checkpoint", [])
+    assert f"offsets 200 to {first - 1}" in str(failed.exception())
+    assert "deleted by retention" in str(failed.exception())
+    skipped: list = []
+    query = stream_query(spark, node, tmp_path / "checkpoint", skipped, failOnDataLoss="false")
+    assert query.exception() is None
+    read = sorted(o for _, offsets in skipped for o in offsets)
+    assert read == list(range(first, 20_200))
+
+
+def test_writing_into_a_stream_with_a_failed_task_adds_no_duplicate(spark, node):
+    from pyspark import TaskContext
+
+    connection = node.connect()
+    connection.declare_queue("events", type="stream")
+
+    def fail_first_attempt(value):
+        context = TaskContext.get()
+        if value == 7_000 and context.attemptNumber() == 0:
+            raise RuntimeError("the first attempt of this task fails, on purpose")
+        return value
+
+    spark.udf.register("fail_first_attempt", fail_first_attempt, "long")
+    frame = spark.range(10_000, numPartitions=2).selectExpr(
+        "cast(fail_first_attempt(id) as string) as body"
+    )
+    frame.write.format("warren").mode("append").option("endpoint", node.listen_endpoint).option(
+        "stream", "events"
+    ).option("producer", "loader").save()
+    frame.write.format("warren").mode("append").option("endpoint", node.listen_endpoint).option(
+        "stream", "events"
+    ).option("producer", "loader").save()  # the job run again
+    bodies = sorted(int(row.body) for row in load(spark, node).select("body").collect())
+    assert bodies == list(range(10_000))
+
+
+def test_bad_options_and_targets_fail_with_what_is_wrong(spark, node):
+    connection = node.connect()
+    connection.declare_queue("orders")
+    connection.declare_queue("events", type="stream")
+    with pytest.raises(Exception, match="stream 'missing' is not declared"):
+        load(spark, node, stream="missing").count()
+    with pytest.raises(Exception, match="'orders' is a classic queue, not a stream"):
+        load(spark, node, stream="orders").count()
+    with pytest.raises(Exception, match="option startingOffsets is"):
+        load(spark, node, startingOffsets="yesterday").count()
+    with pytest.raises(Exception, match="endingOffsets 99 is past the stream's end"):
+        load(spark, node, endingOffsets=99).count()
+    with pytest.raises(Exception, match="maxRecordsPerTrigger is for a streaming read"):
+        load(spark, node, maxRecordsPerTrigger=10).count()
+    with pytest.raises(Exception, match="'orders' is a classic queue, not a stream"):
+        spark.range(3).selectExpr("cast(id as string) as body").write.format("warren").mode(
+            "append"
+        ).option("endpoint", node.listen_endpoint).option("stream", "orders").save()
+
+
+def test_a_node_that_stays_down_fails_the_task_naming_its_offsets(tmp_path):
+    with Node(tmp_path / "data", listen="tcp://127.0.0.1:*") as running:
+        endpoint = running.listen_endpoint
+        connection = running.connect()
+        connection.declare_queue("events", type="stream")
+        publish(running, "events", 10)
+        identity = connection.queue_stats("events")["identity"]
+    source = Source.from_options(
+        {"endpoint": endpoint, "stream": "events", "timeout_s": "1"}, streaming=False
+    )
+    started = time.monotonic()
+    with pytest.raises(WarrenReadError, match="offsets 0 to 9.*offsets from 0 were not read"):
+        list(read_range(source, OffsetRange(0, 10, identity)))
+    assert time.monotonic() - started < 30  # retried for timeout_s, then failed
