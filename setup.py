@@ -34,6 +34,8 @@ setup(
     long_description_content_type="text/markdown",
     packages=PACKAGES,
     package_dir=PACKAGE_DIR,
+    # The node's management page (served at / by its HTTP endpoint): files, not modules.
+    package_data={"warren.supervisor.node": ["page/*.html", "page/*.css", "page/*.js"]},
     python_requires=">=3.11",
     install_requires=[
         "msgpack>=1.0,<2",

@@ -49,7 +49,9 @@ the mailbox is empty (``on_idle``), or at the latest ``sync_interval_ms`` after 
 unsettled write when it never empties, one ``sync()`` (one fdatasync) settles all of them
 and every waiting batch gets its ``Settled``, cumulative for its client up to the batch's
 last sequence number, with each durable write's location. The longest wait from a batch's
-arrival to its answer is kept in ``longest_confirm_wait_ms``.
+arrival to its answer is kept in ``longest_confirm_wait_ms``; every batch's wait, and the
+time each sync took, are counted into histograms (``warren.store.latency``), answered in
+``StoreStats`` as ``confirm_wait_seconds`` and ``sync_duration_seconds``.
 
 GC: after a sync, after each finished combine, and every ``gc_check_interval_s``, the
 store chooses a pair (from its file summary alone) and asks the GC actor to scan both
@@ -94,6 +96,7 @@ from .engine.message_store import FILE_SIZE_LIMIT_BYTES, MessageStore, remove_st
 from .engine.records import HEADER_BYTES, MSG_ID_BYTES, OK_MARKER
 from .engine.rewrite import CombinePlan, RewriteResult
 from .errors import StoreError
+from .latency import LatencyHistogram
 from .protocol import (
     ClientDying,
     Contains,
@@ -181,6 +184,8 @@ class MessageStoreActor(ProcessActor):
             "longest_gc_slice_ms": 0.0,
             "longest_confirm_wait_ms": 0.0,
         }
+        self._confirm_waits = LatencyHistogram()  # each batch: arrival to its Settled
+        self._sync_durations = LatencyHistogram()  # each group commit's sync()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -320,6 +325,8 @@ class MessageStoreActor(ProcessActor):
             "transient": self.transient,
             "gc_job_in_flight": self._job is not None,
             "clients": len(self.store.clients),
+            "confirm_wait_seconds": self._confirm_waits.reading(),
+            "sync_duration_seconds": self._sync_durations.reading(),
         }
 
     def _scanned(self, message: Scanned) -> None:
@@ -454,7 +461,9 @@ class MessageStoreActor(ProcessActor):
 
     def _settle(self) -> None:
         """One sync for everything written; answer every waiting batch."""
+        syncing_at = time.monotonic()
         result = self.store.sync()
+        self._sync_durations.observe(time.monotonic() - syncing_at)
         # Every ticket the store reports is one this actor's writes gave it.
         durable_tickets = cast("list[_Ticket]", result.durable)
         # Each client's durable writes, in seq order, with where each record lies.
@@ -491,7 +500,9 @@ class MessageStoreActor(ProcessActor):
                     [s for s in batch if (client, s) in failed] if failed else [],
                 )
             )
-            longest = max(longest, (now - arrived) * 1000)
+            waited_s = now - arrived
+            self._confirm_waits.observe(waited_s)
+            longest = max(longest, waited_s * 1000)
         self.counters["longest_confirm_wait_ms"] = longest
         self._waiting = []
 

@@ -1,6 +1,7 @@
 """Warren installs as one top-level package, ``warren``, so it lives beside packages that own
 the names of its parts: supervisord's ``supervisor`` above all, which once replaced Warren's
-``supervisor`` on install and deleted its files on uninstall."""
+``supervisor`` on install and deleted its files on uninstall. A node installed from the
+wheel serves its management page, whose files are package data, not modules."""
 
 import shutil
 import subprocess
@@ -21,14 +22,18 @@ IMPORT_BOTH = textwrap.dedent("""
 """)
 START_A_NODE = textwrap.dedent("""
     import sys
+    import urllib.request
     from warren import Node, StoreClient
     if __name__ == "__main__":
-        with Node(sys.argv[1]) as node:
+        with Node(sys.argv[1], http="127.0.0.1:0") as node:
             client = StoreClient(node.store())
             client.write(b"0123456789abcdef", b"from a wheel")
             client.settle()
             assert client.read(b"0123456789abcdef") == b"from a wheel"
             client.terminate()
+            for path, shows in (("/", b"page.js"), ("/page.js", b"api/overview")):
+                with urllib.request.urlopen(node.http_endpoint + path, timeout=10) as page:
+                    assert shows in page.read(), path
         print("node ran")
 """)
 

@@ -1,16 +1,25 @@
-"""The node's HTTP endpoint: its figures for Prometheus and as JSON, read-only, served
-from the node's own process (``Node(http="127.0.0.1:15692")``, ``warren node --http``).
+"""The node's HTTP endpoint: its figures for Prometheus, as JSON and as a management
+page, read-only, served from the node's own process (``Node(http="127.0.0.1:15692")``,
+``warren node --http``).
 
+    GET /                     the management page (HTML), with /page.css and /page.js
     GET /metrics              Prometheus text format: node-wide series
-    GET /metrics/per-object   the same, with a series per queue, store and actor
+    GET /metrics/per-object   the same, with a series per queue, stream, store and actor
     GET /api/overview         JSON: the node, its alarms, queue totals, its counters
-    GET /api/queues           JSON: every declared queue with its figures
+    GET /api/queues           JSON: every declared queue and stream with its figures
     GET /api/actors           JSON: every actor with its process and counters
+    GET /api/tree             JSON: the supervision tree, each child's state and restarts
 
 Anything else is a 404 (a path it does not serve) or a 405 (another method than GET),
 each with a one-line text body. The series and the documents come from ``warren.
 supervisor.node.metrics``; the Prometheus text is prometheus_client's own rendering of a
 registry of the node's (never the process-wide default one), holding one collector.
+
+The page is three small files shipped in the package (``page/``, package data), read
+when asked: it loads nothing else, and its script draws everything from the JSON pages
+it polls (see ``page/page.js``), so it works on a machine without internet access. The
+HTML is sent with a Content-Security-Policy of ``default-src 'self'``, so a browser
+refuses anything the page would fetch from elsewhere.
 
 The address is ``HOST:PORT``; port 0 takes any free one (``endpoint`` says which). A host
 other than loopback is refused unless ``insecure`` says the network is the operator's
@@ -24,11 +33,18 @@ and nothing else; it never delays another scrape, the node, or its stop. ``close
 accepting and closes the listening socket without waiting for such connections. Every
 scrape's figures are gathered on the metrics thread (``NodeFigures``); one that is not
 gathered within ``SNAPSHOT_TIMEOUT_S`` is answered 503.
+
+Races: a connection kept alive (a browser's, polling the JSON pages) outlives ``close``
+in its own thread. Its next request, and one whose figures were being gathered while the
+node stopped, is answered 503 "the node is stopping" and its connection closed: a
+browser never goes on talking to a stopped node, and reconnects to whichever node binds
+the address next.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib.resources
 import logging
 import socket
 import socketserver
@@ -57,6 +73,15 @@ log = logging.getLogger("warren.node")
 CLIENT_TIMEOUT_S = 10.0  # a connection silent this long is closed
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 JSON = "application/json"
+HTML = "text/html; charset=utf-8"
+# The management page's files, in the package's page/ folder: (served at, file, type).
+PAGE_FILES = (
+    ("/", "index.html", HTML),
+    ("/page.css", "page.css", "text/css; charset=utf-8"),
+    ("/page.js", "page.js", "text/javascript; charset=utf-8"),
+)
+PAGE_POLICY = "default-src 'self'"  # the page's Content-Security-Policy
+STOPPING = b"the node is stopping\n"
 
 
 def check_http_address(address: object, *, insecure: bool) -> tuple[str, int]:
@@ -95,7 +120,10 @@ class HttpEndpoint:
             "/api/overview": functools.partial(self._document, overview_document, False),
             "/api/queues": functools.partial(self._document, queues_document, False),
             "/api/actors": functools.partial(self._document, actors_document, True),
+            "/api/tree": self._tree,
         }
+        for path, file_name, content_type in PAGE_FILES:
+            self._routes[path] = functools.partial(_page_file, file_name, content_type)
         try:
             self._server = _Server((host, port), self._routes)
         except OSError as exc:
@@ -118,9 +146,13 @@ class HttpEndpoint:
     def _document(self, build: Callable[[Snapshot], object], per_object: bool) -> tuple[str, bytes]:
         return JSON, _json(build(self._figures.snapshot(per_object=per_object)))
 
+    def _tree(self) -> tuple[str, bytes]:
+        return JSON, _json(self._figures.tree())
+
     def close(self) -> None:
-        """Stop serving and close the listening socket; open connections end on their own
-        (daemon threads, timed out)."""
+        """Stop serving and close the listening socket; open connections are closed at
+        their next request, or end on their own (daemon threads, timed out)."""
+        self._server.stopping.set()
         self._server.shutdown()
         self._server.server_close()
         self._thread.join()
@@ -131,6 +163,11 @@ def _json(document: object) -> bytes:
     return strict_json(document).encode() + b"\n"
 
 
+def _page_file(file_name: str, content_type: str) -> tuple[str, bytes]:
+    """One file of the management page, as the installed package holds it."""
+    return content_type, (importlib.resources.files(__package__) / "page" / file_name).read_bytes()
+
+
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     block_on_close = False
@@ -139,6 +176,7 @@ class _Server(ThreadingHTTPServer):
         self, address: tuple[str, int], routes: dict[str, Callable[[], tuple[str, bytes]]]
     ) -> None:
         self.routes = routes
+        self.stopping = threading.Event()  # set by close: requests answered 503, then closed
         self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
         super().__init__(address, _Handler)
 
@@ -159,12 +197,18 @@ class _Handler(BaseHTTPRequestHandler):
         if route is None:
             self._reply(404, "text/plain", f"no page {path}: {_pages(self.server)}\n".encode())
             return
+        if self.server.stopping.is_set():
+            self._reply(503, "text/plain", STOPPING)
+            return
         try:
             content_type, body = route()
         except TimeoutError:
             self._reply(503, "text/plain", b"the node's figures were not gathered in time\n")
             return
         except Exception as exc:  # one line to the client, the whole story to the log
+            if self.server.stopping.is_set():  # the figures closed under it: no fault
+                self._reply(503, "text/plain", STOPPING)
+                return
             log.exception("node: serving %s failed", path)
             self._reply(500, "text/plain", f"{type(exc).__name__}: {exc}\n".encode())
             return
@@ -183,11 +227,19 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_response(status)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
+        if content_type == HTML:
+            self.send_header("Content-Security-Policy", PAGE_POLICY)
         if status == 405:
             self.send_header("Allow", "GET")
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(body)
+        if self.server.stopping.is_set():
+            self.send_header("Connection", "close")
+            self.close_connection = True
+        try:
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(body)
+        except ConnectionError:  # the client left before its answer: nobody to tell
+            self.close_connection = True
 
     def log_message(self, format: str, *args: object) -> None:
         log.debug("http %s: " + format, self.client_address[0], *args)

@@ -3,13 +3,16 @@
 
 ``NodeFigures.snapshot()`` gathers one ``Snapshot``. Every actor the tree runs is asked
 at once for its runtime counters (``ActorRef.stats_async``) and, by its kind, for its own
-figures (``QueueStats``, ``StoreStats``, ``ListenerStats``), all within one budget
-(``SCRAPE_BUDGET_S``); for a snapshot ``per_object``, the CPU time and RSS of its process
-are read meanwhile (psutil), figures of one actor each, which node-wide pages leave out.
+figures (``QueueStats`` of a queue or a stream, ``StoreStats``, ``ListenerStats``), all
+within one budget (``SCRAPE_BUDGET_S``); for a snapshot ``per_object``, the CPU time and
+RSS of its process are read meanwhile (psutil), figures of one actor each, which
+node-wide pages leave out.
 An actor that has not answered both when the budget is spent has no series in that
 snapshot at all: a slow, stopped or dead actor costs a scrape at most the budget, and
 never fails it. The node's own figures (alarms, memory and disk readings, the start's
 duration, its control-socket counters) need no actor and are always there.
+``NodeFigures.tree()`` is the supervision tree as its supervisors see it (every child's
+state and restarts), which needs no actor either.
 
 Counters are the node's. ``CounterLedger`` keeps, per actor incarnation, the last value of
 each counter it read, and adds only increases to the node's totals and to the actor's
@@ -45,12 +48,19 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import psutil
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from warren.actors import ActorError, ActorRef, AskTimeout, Future
 from warren.queues.broker.listener import ListenerStats
 from warren.queues.protocol import QueueStats
+from warren.store.latency import LATENCY_BUCKETS_S
 from warren.store.protocol import StoreStats
 
 from .series import (
@@ -73,6 +83,12 @@ from .series import (
     START_SECONDS,
     STORE_COUNTERS,
     STORE_GAUGES,
+    STORE_HISTOGRAMS,
+    STREAM_CONSUMER_GAUGES,
+    STREAM_CONSUMER_OFFSETS,
+    STREAM_COUNTERS,
+    STREAM_GAUGES,
+    STREAM_OFFSETS,
     UNANSWERED,
     VARIABLE_QUEUE_FAMILY,
     VARIABLE_QUEUE_HELP,
@@ -126,7 +142,8 @@ class CounterLedger:
 @dataclass
 class ActorFigures:
     """One actor that answered: its process, its runtime counters, the figures of its kind
-    (a queue's, a store's, the listener's; empty for others) and its node-owned counts."""
+    (a queue's, a stream's, a store's, the listener's; empty for others) and its
+    node-owned counts."""
 
     name: str
     pid: int
@@ -151,6 +168,7 @@ class Snapshot:
     readings: dict[str, int]
     node_counters: dict[str, int]
     declared_queues: list[str]
+    queue_types: dict[str, str]  # declared queue -> "classic" or "stream"
     queue_states: dict[str, str]
     running: int
     unanswered: list[str]
@@ -158,11 +176,17 @@ class Snapshot:
     totals: dict[str, float]
     actors: dict[str, ActorFigures] = dataclasses.field(default_factory=dict)
     queues: dict[str, ActorFigures] = dataclasses.field(default_factory=dict)
+    streams: dict[str, ActorFigures] = dataclasses.field(default_factory=dict)
     stores: dict[str, ActorFigures] = dataclasses.field(default_factory=dict)
     listener: ActorFigures | None = None
 
 
-QUESTIONS = {"queue": QueueStats(), "store": StoreStats(), "listener": ListenerStats()}
+QUESTIONS = {
+    "queue": QueueStats(),
+    "stream": QueueStats(),
+    "store": StoreStats(),
+    "listener": ListenerStats(),
+}
 
 
 @dataclass
@@ -170,24 +194,27 @@ class _Asked:
     ref: ActorRef
     stats: Future | None
     own: Future | None
-    kind: str  # "queue", "store", "listener" or "actor"
+    kind: str  # "queue", "stream", "store", "listener" or "actor"
 
 
 class NodeFigures:
     """Gathers ``Snapshot``s of one node, on a thread of its own; see the module
-    docstring. ``queue_prefix``, ``stores`` and ``listener`` say which actors are what."""
+    docstring. ``queue_prefix``, ``stream_prefix``, ``stores`` and ``listener`` say which
+    actors are what."""
 
     def __init__(
         self,
         node: Node,
         *,
         queue_prefix: str,
+        stream_prefix: str,
         stores: Iterable[str],
         listener: str,
         budget_s: float = SCRAPE_BUDGET_S,
     ) -> None:
         self._node = node
         self._queue_prefix = queue_prefix
+        self._stream_prefix = stream_prefix
         self._stores = frozenset(stores)
         self._listener = listener
         self.budget_s = budget_s
@@ -202,6 +229,21 @@ class NodeFigures:
         ``per_object``; TimeoutError if it took longer than ``timeout``."""
         return self._worker.submit(self._gather, per_object).result(timeout)
 
+    def tree(self, *, timeout: float = SNAPSHOT_TIMEOUT_S) -> dict[str, Any]:
+        """The node and its supervision tree (``Supervisor.status``: each supervisor and
+        worker with its state and restarts; ``tree`` None while the node starts), read
+        on the metrics thread; TimeoutError if it took longer than ``timeout``."""
+        return self._worker.submit(self._tree).result(timeout)
+
+    def _tree(self) -> dict[str, Any]:
+        node = self._node
+        root = node.root
+        return {
+            "node": node.name,
+            "state": node.state,
+            "tree": root.status() if root is not None else None,
+        }
+
     def close(self) -> None:
         self._worker.shutdown(wait=True, cancel_futures=True)
 
@@ -210,6 +252,8 @@ class NodeFigures:
     def _kind(self, name: str) -> str:
         if name.startswith(self._queue_prefix):
             return "queue"
+        if name.startswith(self._stream_prefix):
+            return "stream"
         if name in self._stores:
             return "store"
         return "listener" if name == self._listener else "actor"
@@ -225,7 +269,8 @@ class NodeFigures:
         }
         for ref in refs:
             self._incarnations[ref.name] = max(self._incarnations.get(ref.name, 0), ref.incarnation)
-        declared = node.list_queues()
+        queue_types = node.queue_types()
+        declared = sorted(queue_types)
         snapshot = Snapshot(
             node=node.name,
             state=node.state,
@@ -237,6 +282,7 @@ class NodeFigures:
             readings=dict(node.alarms.readings),
             node_counters=dict(node.counters),
             declared_queues=declared,
+            queue_types=queue_types,
             queue_states=self._queue_states(declared, {ref.name for ref in refs}),
             running=len(refs),
             unanswered=[],
@@ -264,6 +310,8 @@ class NodeFigures:
             snapshot.actors[ref.name] = figures
             if request.kind == "queue":
                 snapshot.queues[ref.name.removeprefix(self._queue_prefix)] = figures
+            elif request.kind == "stream":
+                snapshot.streams[ref.name.removeprefix(self._stream_prefix)] = figures
             elif request.kind == "store":
                 snapshot.stores[ref.name] = figures
             elif request.kind == "listener":
@@ -357,10 +405,15 @@ class NodeFigures:
         readings = list(_values(ACTOR_COUNTERS, runtime))
         if cpu_seconds is not None:
             readings.append((CPU_SECONDS.name, cpu_seconds))
-        own_counters = {"queue": QUEUE_COUNTERS, "store": STORE_COUNTERS}.get(
-            kind, LISTENER_COUNTERS if kind == "listener" else ()
-        )
+        own_counters = {
+            "queue": QUEUE_COUNTERS,
+            "stream": STREAM_COUNTERS,
+            "store": STORE_COUNTERS,
+            "listener": LISTENER_COUNTERS,
+        }.get(kind, ())
         readings += _values(own_counters, own)
+        if kind == "store":
+            readings += _histogram_values(STORE_HISTOGRAMS, own)
         self._ledger.read(ref.name, ref.incarnation, readings)
 
     def _queue_states(self, declared: list[str], running: set[str]) -> dict[str, str]:
@@ -368,7 +421,7 @@ class NodeFigures:
         the few whose process is not running now."""
         states = {}
         for name in declared:
-            if self._queue_prefix + name in running:
+            if {self._queue_prefix + name, self._stream_prefix + name} & running:
                 states[name] = "running"
             elif self._node.root is None:
                 states[name] = "starting"
@@ -382,9 +435,11 @@ class NodeFigures:
     def _forget_gone(self, declared: list[str], refs: list[ActorRef]) -> None:
         """Forget the readings of queues deleted and no longer run (see Races), and the
         processes and outstanding requests of incarnations no longer run."""
-        kept = {self._queue_prefix + name for name in declared} | {ref.name for ref in refs}
+        prefixes = (self._queue_prefix, self._stream_prefix)
+        kept = {prefix + name for name in declared for prefix in prefixes}
+        kept |= {ref.name for ref in refs}
         for owner in self._ledger.owners():
-            if owner.startswith(self._queue_prefix) and owner not in kept:
+            if owner.startswith(prefixes) and owner not in kept:
                 self._ledger.forget(owner)
         for pid in set(self._processes) - {ref.pid for ref in refs}:
             del self._processes[pid]
@@ -399,6 +454,29 @@ def _values(figures: Iterable[Figure], answer: dict[str, Any]) -> Iterator[tuple
         value = answer.get(figure.key)
         if isinstance(value, (int, float)):
             yield figure.name, value * figure.scale if figure.scale != 1.0 else value
+
+
+def _histogram_values(
+    figures: Iterable[Figure], answer: dict[str, Any]
+) -> Iterator[tuple[str, float]]:
+    """A histogram reading's figures as counters, each bucket's under its bound: they
+    only grow within an incarnation, so the ledger keeps them as it keeps counters."""
+    for figure in figures:
+        reading = answer.get(figure.key)
+        if not isinstance(reading, dict):
+            continue
+        counts = reading.get("counts")
+        if not isinstance(counts, list) or len(counts) != len(LATENCY_BUCKETS_S):
+            continue  # not a reading of these buckets: no series rather than wrong ones
+        for bound, count in zip(LATENCY_BUCKETS_S, counts, strict=True):
+            yield _bucket(figure, bound), count
+        yield figure.name + "_count", reading["count"]
+        yield figure.name + "_sum", reading["sum"]
+
+
+def _bucket(figure: Figure, bound: float) -> str:
+    """The ledger's name of one bucket of a histogram."""
+    return f"{figure.name}_bucket le={bound}"
 
 
 # ---------------------------------------------------------------------- Prometheus
@@ -422,12 +500,14 @@ class WarrenCollector(Collector):
 
 def prometheus_families(snapshot: Snapshot, *, per_object: bool) -> list[Metric]:
     """The snapshot as Prometheus metric families, those with no sample left out.
-    Node-wide, a queue family is one sample, the sum over the queues that answered (a
-    counter: the node's total); per object, one sample per queue."""
+    Node-wide, a queue or stream family is one sample, the sum over those that answered
+    (a counter: the node's total), and a stream's offsets are left out; per object, one
+    sample per queue, per stream, and per named consumer of a stream."""
     families = [
         _gauge(IDENTITY, ["warren_node"], [((snapshot.node,), 1)]),
         *_node_families(snapshot),
         *_queue_families(snapshot, per_object),
+        *_stream_families(snapshot, per_object),
         *_store_families(snapshot),
         *_actor_families(snapshot, per_object),
     ]
@@ -459,6 +539,55 @@ def _counter(figure: Figure, labels: list[str], samples: Samples) -> Metric:
     return family
 
 
+def _histogram(figure: Figure, labels: list[str], owners: list[tuple[str, dict]]) -> Metric:
+    """One sample set per owner (label value, its ledger counts) that has the figure."""
+    family = HistogramMetricFamily(figure.name, figure.help, labels=labels)
+    for name, counts in owners:
+        if figure.name + "_count" not in counts:
+            continue
+        buckets = [
+            (floatToGoString(bound), counts.get(_bucket(figure, bound), 0))
+            for bound in LATENCY_BUCKETS_S
+        ]
+        buckets.append(("+Inf", counts[figure.name + "_count"]))
+        family.add_metric([name], buckets, counts.get(figure.name + "_sum", 0))
+    return family
+
+
+def _gauges(
+    figures: Iterable[Figure], owners: list[tuple[str, ActorFigures]], label: str, per_object: bool
+) -> list[Metric]:
+    """Each figure's gauge: a sample per owner labelled ``label``, or one, their sum."""
+    families = []
+    for figure in figures:
+        if per_object:
+            samples = [((name,), owner.own.get(figure.key)) for name, owner in owners]
+            families.append(_gauge(figure, [label], samples))
+        else:
+            total = sum(owner.own.get(figure.key, 0) for _, owner in owners)
+            families.append(_gauge(figure, [], [((), total)]))
+    return families
+
+
+def _counters(
+    figures: Iterable[Figure],
+    owners: list[tuple[str, ActorFigures]],
+    label: str,
+    per_object: bool,
+    totals: dict[str, float],
+) -> list[Metric]:
+    """Each figure's counter: a sample per owner labelled ``label``, or one, the node's
+    total (which keeps what deleted owners counted)."""
+    families = []
+    for figure in figures:
+        if per_object:
+            samples = [((name,), owner.counters.get(figure.name)) for name, owner in owners]
+            families.append(_counter(figure, [label], samples))
+        else:
+            families.append(_counter(figure, [], [((), totals.get(figure.name, 0))]))
+    return families
+
+
 def _node_families(snapshot: Snapshot) -> list[Metric]:
     queues = snapshot.queues.values()
     families = [_gauge(f, [], [((), int(f.key in snapshot.alarms))]) for f in ALARMS]
@@ -484,14 +613,8 @@ def _summed(snapshot: Snapshot, counters: Iterable[str]) -> float:
 def _queue_families(snapshot: Snapshot, per_object: bool) -> list[Metric]:
     queues = sorted(snapshot.queues.items())
     labels = ["queue"] if per_object else []
-    families: list[Metric] = []
+    families = _gauges(QUEUE_GAUGES, queues, "queue", per_object)
     samples: list[tuple[tuple[str, ...], Any]]
-    for figure in QUEUE_GAUGES:
-        if per_object:
-            samples = [((name,), q.own.get(figure.key)) for name, q in queues]
-        else:
-            samples = [((), sum(q.own.get(figure.key, 0) for _, q in queues))]
-        families.append(_gauge(figure, labels, samples))
     states = Figure(VARIABLE_QUEUE_FAMILY, "", VARIABLE_QUEUE_HELP)
     if per_object:
         samples = [
@@ -505,12 +628,25 @@ def _queue_families(snapshot: Snapshot, per_object: bool) -> list[Metric]:
             for state in VARIABLE_QUEUE_STATES
         ]
     families.append(_gauge(states, [*labels, "state"], samples))
-    for figure in QUEUE_COUNTERS:
-        if per_object:
-            samples = [((name,), q.counters.get(figure.name)) for name, q in queues]
-        else:
-            samples = [((), snapshot.totals.get(figure.name, 0))]
-        families.append(_counter(figure, labels, samples))
+    families += _counters(QUEUE_COUNTERS, queues, "queue", per_object, snapshot.totals)
+    return families
+
+
+def _stream_families(snapshot: Snapshot, per_object: bool) -> list[Metric]:
+    streams = sorted(snapshot.streams.items())
+    families = _gauges(STREAM_GAUGES, streams, "stream", per_object)
+    if per_object:
+        families += _gauges(STREAM_OFFSETS, streams, "stream", per_object)
+        consumers = [
+            ((name, consumer), figures)
+            for name, stream in streams
+            for consumer, figures in stream.own.get(STREAM_CONSUMER_OFFSETS, {}).items()
+        ]
+        families += [
+            _gauge(f, ["stream", "consumer"], [(labels, c.get(f.key)) for labels, c in consumers])
+            for f in STREAM_CONSUMER_GAUGES
+        ]
+    families += _counters(STREAM_COUNTERS, streams, "stream", per_object, snapshot.totals)
     return families
 
 
@@ -523,6 +659,10 @@ def _store_families(snapshot: Snapshot) -> list[Metric]:
     families += [
         _counter(f, ["store"], [((name,), s.counters.get(f.name)) for name, s in stores])
         for f in STORE_COUNTERS
+    ]
+    families += [
+        _histogram(f, ["store"], [(name, s.counters) for name, s in stores])
+        for f in STORE_HISTOGRAMS
     ]
     return families
 
@@ -555,8 +695,8 @@ def _short(figure: Figure, prefix: str, counter: bool = False) -> str:
 
 
 def overview_document(snapshot: Snapshot) -> dict[str, Any]:
-    """``/api/overview``: the node, its alarms and readings, queue totals, the node's
-    counters, the stores."""
+    """``/api/overview``: the node, its alarms and readings, queue totals (``queues``
+    counts the streams too, ``streams`` those alone), the node's counters, the stores."""
     queues = snapshot.queues.values()
     return {
         "node": snapshot.node,
@@ -568,6 +708,7 @@ def overview_document(snapshot: Snapshot) -> dict[str, Any]:
         "alarms": snapshot.alarms,
         "readings": snapshot.readings,
         "queues": len(snapshot.declared_queues),
+        "streams": sum(kind == "stream" for kind in snapshot.queue_types.values()),
         "consumers": sum(q.own.get(CONSUMERS.key, 0) for q in queues),
         **{
             _short(f, "warren_queue_"): sum(q.own.get(f.key, 0) for q in queues)
@@ -609,26 +750,60 @@ def _scaled(value: Any, figure: Figure) -> Any:
 
 
 def queues_document(snapshot: Snapshot) -> list[dict[str, Any]]:
-    """``/api/queues``: every declared queue, its state and, when it answered, its
-    figures (None for one that did not)."""
+    """``/api/queues``: every declared queue and stream, its type (``classic`` or
+    ``stream``), its state and, when it answered, its figures (None for one that did
+    not): a classic queue's or a stream's, by its type."""
     documents = []
     for name in snapshot.declared_queues:
-        queue = snapshot.queues.get(name)
+        kind = snapshot.queue_types.get(name, "classic")
+        answered = (snapshot.streams if kind == "stream" else snapshot.queues).get(name)
         document: dict[str, Any] = {
             "name": name,
+            "type": kind,
             "state": snapshot.queue_states.get(name, "crashed"),
-            "answered": queue is not None,
+            "answered": answered is not None,
         }
-        for figure in QUEUE_GAUGES:
-            document[_short(figure, "warren_queue_")] = queue.own.get(figure.key) if queue else None
-        for state in VARIABLE_QUEUE_STATES:
-            document[state] = queue.own.get(state) if queue else None
-        for figure in QUEUE_COUNTERS:
-            document[_short(figure, "warren_queue_", True)] = (
-                queue.counters.get(figure.name) if queue else None
-            )
+        if kind == "stream":
+            document.update(_stream_document(answered))
+        else:
+            document.update(_queue_document(answered))
         documents.append(document)
     return documents
+
+
+def _queue_document(queue: ActorFigures | None) -> dict[str, Any]:
+    """A classic queue's gauges, its messages by variable-queue state, its counters."""
+    document: dict[str, Any] = {}
+    for figure in QUEUE_GAUGES:
+        document[_short(figure, "warren_queue_")] = queue.own.get(figure.key) if queue else None
+    for state in VARIABLE_QUEUE_STATES:
+        document[state] = queue.own.get(state) if queue else None
+    for figure in QUEUE_COUNTERS:
+        document[_short(figure, "warren_queue_", True)] = (
+            queue.counters.get(figure.name) if queue else None
+        )
+    return document
+
+
+def _stream_document(stream: ActorFigures | None) -> dict[str, Any]:
+    """A stream's gauges and offsets, each named consumer's offset and lag, its counters."""
+    document: dict[str, Any] = {
+        _short(figure, "warren_stream_"): stream.own.get(figure.key) if stream else None
+        for figure in (*STREAM_GAUGES, *STREAM_OFFSETS)
+    }
+    document[STREAM_CONSUMER_OFFSETS] = (
+        {
+            consumer: {f.key: figures.get(f.key) for f in STREAM_CONSUMER_GAUGES}
+            for consumer, figures in stream.own.get(STREAM_CONSUMER_OFFSETS, {}).items()
+        }
+        if stream
+        else None
+    )
+    for figure in STREAM_COUNTERS:
+        document[_short(figure, "warren_stream_", True)] = (
+            stream.counters.get(figure.name) if stream else None
+        )
+    return document
 
 
 def actors_document(snapshot: Snapshot) -> list[dict[str, Any]]:

@@ -18,9 +18,9 @@ boots the tree of the design, with the children that exist so far::
                                   which)
 
 With ``http="127.0.0.1:15692"`` the node also serves its figures over HTTP from its own
-process, for Prometheus and as JSON (``warren.supervisor.node.http_endpoint``): bound
-before the tree starts (a port in use fails the start at once), port 0 any free one,
-``http_endpoint`` the address, stopped first when the node closes.
+process, for Prometheus, as JSON and as a management page (``warren.supervisor.node.
+http_endpoint``): bound before the tree starts (a port in use fails the start at once),
+port 0 any free one, ``http_endpoint`` the address, stopped first when the node closes.
 
 A store crash restarts everything after it (its clients' state is stale; a persistent
 store's crash also restarts, so empties, the transient store). The stores get minutes to
@@ -284,7 +284,11 @@ class Node:
                 self._http = HttpEndpoint(
                     http,
                     NodeFigures(
-                        self, queue_prefix=QUEUE_PREFIX, stores=STORES, listener=LISTENER_NAME
+                        self,
+                        queue_prefix=QUEUE_PREFIX,
+                        stream_prefix=STREAM_ACTOR_PREFIX,
+                        stores=STORES,
+                        listener=LISTENER_NAME,
                     ),
                 )
                 self.http_endpoint = self._http.endpoint
@@ -486,6 +490,13 @@ class Node:
 
     def list_queues(self) -> list[str]:
         return sorted(self._definitions.queues)
+
+    def queue_types(self) -> dict[str, str]:
+        """Every declared queue's type: ``classic``, or ``stream``."""
+        # A copy, taken at once without the definitions lock: a scrape asks for this,
+        # and must not wait behind a declare that is starting the queue's process.
+        declared = dict(self._definitions.queues)
+        return {name: definition.type for name, definition in sorted(declared.items())}
 
     def _actor_name(self, name: str) -> str:
         """The actor name of a declared queue's process (or stream's), and so its title."""

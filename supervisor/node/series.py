@@ -2,12 +2,14 @@
 its HELP text. RabbitMQ's names (its ``rabbitmq_prometheus`` plugin) with ``warren_`` for
 ``rabbitmq_`` where Warren has the same figure, Warren's own names for the rest.
 
-Each ``Figure`` reads one key of an actor's answer (``QueueStats``, ``StoreStats``,
-``ListenerStats``, an actor's runtime ``stats``) or of the node's own figures (its alarm
-readings, its counters). Only figures the code really keeps are here; ``warren.
+Each ``Figure`` reads one key of an actor's answer (``QueueStats`` of a queue or of a
+stream, ``StoreStats``, ``ListenerStats``, an actor's runtime ``stats``) or of the node's
+own figures (its alarm readings, its counters); a histogram's key holds a reading of
+``warren.store.latency``. Only figures the code really keeps are here; ``warren.
 supervisor.node.metrics`` gathers them and renders the families. A counter's name is
-without the ``_total`` its samples carry (prometheus_client adds it). Nothing here runs:
-tables only, so the list a user reads in docs/metrics.md and the code stay one.
+without the ``_total`` its samples carry (prometheus_client adds it). Nothing here runs
+but ``exported``, which lists the tables: so the list a user reads in docs/metrics.md, the
+dashboard in deploy/grafana, and the code stay one (their tests check them against it).
 """
 
 from __future__ import annotations
@@ -146,20 +148,118 @@ QUEUE_COUNTERS = (
         "Delivery tags a connection settled without holding them, ignored",
     ),
 )
+STREAM_GAUGES = (
+    Figure("warren_stream_segments", "segments", "Segment files of the stream"),
+    Figure(
+        "warren_stream_bytes",
+        "bytes",
+        "Size in bytes of the stream's segment and index files",
+    ),
+    Figure(
+        "warren_stream_consumers",
+        "consumers",
+        "Named consumers with an offset stored in the stream",
+    ),
+    Figure(
+        "warren_stream_producers",
+        "producers",
+        "Producers whose last sequence the stream keeps (deduplication)",
+    ),
+)
+# A stream's offsets, on the per-object page only: a sum of offsets means nothing.
+STREAM_OFFSETS = (
+    Figure(
+        "warren_stream_first_offset",
+        "first_offset",
+        "First offset the stream holds (retention moves it on; the next offset when empty)",
+    ),
+    Figure(
+        "warren_stream_committed_offset",
+        "committed_offset",
+        "Last offset made durable and readable (-1 before any)",
+    ),
+    Figure(
+        "warren_stream_last_offset",
+        "last_offset",
+        "Last offset written, committed or not (-1 before any)",
+    ),
+)
+STREAM_CONSUMER_OFFSETS = "consumer_offsets"  # the key of each named consumer's figures
+STREAM_CONSUMER_GAUGES = (
+    Figure(
+        "warren_stream_consumer_offset",
+        "offset",
+        "Offset a named consumer stored: the last record it processed",
+    ),
+    Figure(
+        "warren_stream_consumer_lag",
+        "lag",
+        "Records committed after a named consumer's stored offset: what it has yet to read",
+    ),
+)
+STREAM_COUNTERS = (
+    Figure(
+        "warren_stream_messages_published",
+        "published",
+        "Messages published to the stream and taken by it",
+    ),
+    Figure(
+        "warren_stream_messages_confirmed",
+        "confirmed",
+        "Messages confirmed to their publishers (on disk, under sync_policy fsync)",
+    ),
+    Figure(
+        "warren_stream_dedup_repeats",
+        "repeats_dropped",
+        "Messages a deduplicating producer sent again, already taken, and dropped",
+    ),
+    Figure(
+        "warren_stream_records_read",
+        "records_read",
+        "Records the stream's process read for readers (remote ones; local readers read "
+        "the files themselves)",
+    ),
+    Figure(
+        "warren_stream_offsets_stored",
+        "offsets_stored",
+        "Offsets stored for named consumers",
+    ),
+    Figure(
+        "warren_stream_segments_deleted",
+        "segments_deleted",
+        "Segments deleted by retention (max_length_bytes, max_age)",
+    ),
+    Figure(
+        "warren_stream_sync_ops",
+        "syncs",
+        "Group commits that made chunks durable (fdatasync under sync_policy fsync)",
+    ),
+)
 PUBLISHED = "warren_queue_messages_published"
-# RabbitMQ's global counters, counted at Warren's queues, so a message routed to two
-# queues counts twice: (name, the queue counters it sums, help).
+STREAM_PUBLISHED = "warren_stream_messages_published"
+# RabbitMQ's global counters, counted at Warren's queues and streams, so a message routed
+# to two queues counts twice: (name, the queue and stream counters it sums, help).
 GLOBAL_COUNTERS = (
     (
         "warren_global_messages_received_confirm",
-        (PUBLISHED, "warren_queue_dedup_repeats", "warren_queue_messages_rejected_publishes"),
-        "Messages received by the queues from publishers expecting confirms (every "
-        "Warren publish does)",
+        (
+            PUBLISHED,
+            "warren_queue_dedup_repeats",
+            "warren_queue_messages_rejected_publishes",
+            STREAM_PUBLISHED,
+            "warren_stream_dedup_repeats",
+        ),
+        "Messages received by the queues and streams from publishers expecting confirms "
+        "(every Warren publish does)",
     ),
-    ("warren_global_messages_routed", (PUBLISHED,), "Messages routed to queues and taken"),
+    (
+        "warren_global_messages_routed",
+        (PUBLISHED, STREAM_PUBLISHED),
+        "Messages routed to queues and streams and taken",
+    ),
     (
         "warren_global_messages_confirmed",
-        ("warren_queue_messages_confirmed",),
+        ("warren_queue_messages_confirmed", "warren_stream_messages_confirmed"),
         "Messages confirmed to publishers",
     ),
     (
@@ -225,6 +325,18 @@ STORE_GAUGES = (
         "longest_gc_slice_ms",
         "Longest time a GC step held the store's loop since the store started",
         scale=0.001,
+    ),
+)
+STORE_HISTOGRAMS = (
+    Figure(
+        "warren_msg_store_confirm_wait_seconds",
+        "confirm_wait_seconds",
+        "Wait of each write batch from its arrival at the store to its confirm (the sync included)",
+    ),
+    Figure(
+        "warren_msg_store_sync_duration_seconds",
+        "sync_duration_seconds",
+        "Time each group commit's sync took: the flush, and the fdatasync under sync_policy fsync",
     ),
 )
 STORE_COUNTERS = (
@@ -379,3 +491,42 @@ ACTOR_MEMORY = Figure(
     "Resident set size of the actor's process in bytes (pages it shares with other "
     "actors counted in each)",
 )
+
+
+def exported() -> dict[str, str]:
+    """Every family a node can export, named as its samples are (a counter's with
+    ``_total``; a histogram's samples add ``_bucket``, ``_sum`` and ``_count``), with its
+    type: ``counter``, ``gauge`` or ``histogram``."""
+    counters = [
+        *QUEUE_COUNTERS,
+        *STREAM_COUNTERS,
+        *STORE_COUNTERS,
+        *ACTOR_COUNTERS,
+        *LISTENER_COUNTERS,
+        *NODE_COUNTERS,
+        CPU_SECONDS,
+        ACTOR_RESTARTS,
+    ]
+    gauges = [
+        *QUEUE_GAUGES,
+        *STREAM_GAUGES,
+        *STREAM_OFFSETS,
+        *STREAM_CONSUMER_GAUGES,
+        *STORE_GAUGES,
+        *LISTENER_GAUGES,
+        *RESOURCE_GAUGES,
+        *ALARMS,
+        IDENTITY,
+        QUEUES_DECLARED,
+        CONSUMERS,
+        START_SECONDS,
+        UNANSWERED,
+        ACTORS_RUNNING,
+        ACTOR_MEMORY,
+    ]
+    names = {figure.name + "_total": "counter" for figure in counters}
+    names.update({name + "_total": "counter" for name, _, _ in GLOBAL_COUNTERS})
+    names.update({figure.name: "gauge" for figure in gauges})
+    names[VARIABLE_QUEUE_FAMILY] = "gauge"
+    names.update({figure.name: "histogram" for figure in STORE_HISTOGRAMS})
+    return names

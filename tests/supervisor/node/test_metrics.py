@@ -1,11 +1,16 @@
 """A node's HTTP endpoint as an operator meets it: Prometheus scraping its figures (parsed
 with prometheus_client's own parser, checked by promtool, and scraped by a real Prometheus
-server), the JSON API, counters that survive a killed queue without going backwards, a
-stopped queue that costs a scrape half a second and nothing more, and every bad address
-refused in one line. Everything binds 127.0.0.1 with port 0."""
+server), a stream's offsets and its consumers' lag, the store's latency histograms, the
+JSON API, counters that survive a killed queue without going backwards, a stopped queue
+that costs a scrape half a second and nothing more, a stopped node that closes the
+connections kept open to it, and every bad address refused in one line. Everything binds
+127.0.0.1 with port 0."""
 
+import contextlib
+import http.client
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -115,6 +120,80 @@ def test_a_scrape_shows_a_queues_ready_and_unacked_counts_and_what_went_through_
         assert undocumented == []
 
 
+def test_a_streams_offsets_segments_and_named_consumers_lag_are_series_of_their_own(tmp_path):
+    events = (("stream", "events"),)
+    billing = (("consumer", "billing"), ("stream", "events"))
+    with Node(tmp_path / "data", http=LOOPBACK_ANY_PORT) as node:
+        node.declare_queue("orders")
+        node.declare_queue("events", type="stream")
+        with node.connect() as conn:
+            conn.publish("orders", b"order")
+            conn.publish_many("events", [b"event %d" % n for n in range(10)])
+            with conn.consume("events", offset="first", name="billing") as consumer:
+                for record in consumer:
+                    if record.offset == 3:
+                        break  # leaving the block stores offset 3 for billing
+        lag = ("warren_stream_consumer_lag", billing)
+        wait_for(lambda: scrape(node, "/metrics/per-object").get(lag) == 6)
+        per_object = scrape(node, "/metrics/per-object")
+        assert per_object[("warren_stream_first_offset", events)] == 0
+        # records 0..9, then the tracking entry that stored billing's offset: offset 10
+        assert per_object[("warren_stream_committed_offset", events)] == 10
+        assert per_object[("warren_stream_last_offset", events)] == 10
+        assert per_object[("warren_stream_consumer_offset", billing)] == 3
+        assert per_object[("warren_stream_segments", events)] == 1
+        assert per_object[("warren_stream_bytes", events)] > 10 * len(b"event 0")
+        assert per_object[("warren_stream_consumers", events)] == 1
+        assert per_object[("warren_stream_messages_published_total", events)] == 10
+        assert per_object[("warren_stream_messages_confirmed_total", events)] == 10
+        assert per_object[("warren_stream_offsets_stored_total", events)] == 1
+        assert per_object[("warren_actor_restarts_total", (("actor", "stream events"),))] == 0
+        assert not [key for key in per_object if dict(key[1]).get("queue") == "events"]
+        node_wide = scrape(node)
+        assert node_wide[("warren_stream_segments", ())] == 1
+        assert node_wide[("warren_stream_messages_published_total", ())] == 10
+        assert node_wide[("warren_global_messages_routed_total", ())] == 11
+        assert node_wide[("warren_queue_messages_ready", ())] == 1
+        assert not [name for name, _ in node_wide if name.endswith("_offset")]
+        _, _, body = fetch(node.http_endpoint + "/api/queues")
+        stream, queue = strict_json(body)
+        assert (stream["name"], stream["type"], queue["name"], queue["type"]) == (
+            "events",
+            "stream",
+            "orders",
+            "classic",
+        )
+        assert stream["consumer_offsets"] == {"billing": {"offset": 3, "lag": 6}}
+        assert (stream["first_offset"], stream["committed_offset"]) == (0, 10)
+        assert stream["messages_published_total"] == 10 and queue["messages_ready"] == 1
+        _, _, body = fetch(node.http_endpoint + "/api/overview")
+        assert (strict_json(body)["queues"], strict_json(body)["streams"]) == (2, 1)
+
+
+def test_the_stores_confirm_waits_and_syncs_are_histograms_whose_buckets_add_up(tmp_path):
+    persistent = ("store", "msg_store_persistent")
+    with Node(tmp_path / "data", http=LOOPBACK_ANY_PORT) as node:
+        node.declare_queue("orders")
+        with node.connect() as conn:  # bodies this large go to the shared store
+            conn.publish_many("orders", [os.urandom(8192) for _ in range(3)])
+        histograms = {
+            family.name: family
+            for family in families(node, "/metrics/per-object")
+            if family.type == "histogram"
+        }
+    assert set(histograms) == {
+        "warren_msg_store_confirm_wait_seconds",
+        "warren_msg_store_sync_duration_seconds",
+    }
+    for name, family in histograms.items():
+        mine = [s for s in family.samples if persistent in s.labels.items()]
+        buckets = [s.value for s in mine if s.name == name + "_bucket"]
+        (count,) = [s.value for s in mine if s.name == name + "_count"]
+        (total,) = [s.value for s in mine if s.name == name + "_sum"]
+        assert count >= 1 and total > 0, name
+        assert buckets == sorted(buckets) and buckets[-1] == count, name
+
+
 def test_counters_never_go_backwards_when_the_queue_process_is_killed_and_restarted(tmp_path):
     published = ("warren_queue_messages_published_total", ORDERS)
     with Node(tmp_path / "data", http=LOOPBACK_ANY_PORT) as node:
@@ -215,6 +294,25 @@ def test_unknown_pages_are_404_and_other_methods_405_each_in_one_line(tmp_path):
         assert status == 200
 
 
+def test_a_connection_kept_open_is_answered_503_and_closed_once_the_node_stops(tmp_path):
+    node = Node(tmp_path / "data", http=LOOPBACK_ANY_PORT)
+    address = urllib.parse.urlsplit(node.http_endpoint)
+    kept = http.client.HTTPConnection(address.hostname, address.port, timeout=10)
+    try:
+        kept.request("GET", "/api/overview")
+        answer = kept.getresponse()
+        assert answer.status == 200 and answer.getheader("Connection") != "close"
+        answer.read()
+        node.close()
+        kept.request("GET", "/api/overview")  # the same connection, the node gone
+        answer = kept.getresponse()
+        assert answer.status == 503 and answer.read() == b"the node is stopping\n"
+        assert answer.getheader("Connection") == "close"
+    finally:
+        kept.close()
+        node.close()
+
+
 def test_a_client_that_connects_and_says_nothing_holds_up_neither_scrapes_nor_the_stop(tmp_path):
     node = Node(tmp_path / "data", http=LOOPBACK_ANY_PORT)
     address = urllib.parse.urlsplit(node.http_endpoint)
@@ -304,33 +402,9 @@ def test_a_bad_http_address_is_refused_in_one_line_from_options_toml_and_node(
 
 def test_every_series_the_node_exports_is_listed_in_the_metrics_guide():
     guide = (ROOT / "docs" / "metrics.md").read_text()
-    counters = [
-        *series.QUEUE_COUNTERS,
-        *series.STORE_COUNTERS,
-        *series.ACTOR_COUNTERS,
-        *series.LISTENER_COUNTERS,
-        *series.NODE_COUNTERS,
-        series.CPU_SECONDS,
-        series.ACTOR_RESTARTS,
-    ]
-    gauges = [
-        *series.QUEUE_GAUGES,
-        *series.STORE_GAUGES,
-        *series.LISTENER_GAUGES,
-        *series.RESOURCE_GAUGES,
-        *series.ALARMS,
-        series.IDENTITY,
-        series.QUEUES_DECLARED,
-        series.CONSUMERS,
-        series.START_SECONDS,
-        series.UNANSWERED,
-        series.ACTORS_RUNNING,
-        series.ACTOR_MEMORY,
-    ]
-    names = [f.name + "_total" for f in counters] + [f.name for f in gauges]
-    names += [name + "_total" for name, _, _ in series.GLOBAL_COUNTERS]
-    names.append(series.VARIABLE_QUEUE_FAMILY)
-    assert [name for name in names if f"| `{name}` |" not in guide] == []
+    listed = re.findall(r"^\| `(warren_\w+)` \| (\w+) \|", guide, re.MULTILINE)
+    assert len(listed) == len(set(listed)), "a series is listed twice"
+    assert dict(listed) == series.exported()
 
 
 def free_port() -> int:
@@ -357,10 +431,69 @@ def test_promtool_finds_nothing_to_fault_in_either_metrics_page(tmp_path):
             assert checked.returncode == 0, (page, checked.stdout, checked.stderr)
 
 
-@pytest.mark.skipif(
+needs_prometheus = pytest.mark.skipif(
     shutil.which("prometheus") is None,
     reason="prometheus is not installed (Debian: apt-get install prometheus)",
 )
+
+
+@contextlib.contextmanager
+def prometheus_scraping(node: Node, tmp_path, job: str = "warren"):
+    """A Prometheus server scraping ``node``'s per-object page every second as ``job``,
+    stopped on the way out; yields ``query(promql)``: the result of an instant query, or
+    None while the server is not ready (a query it refuses fails the test)."""
+    config = tmp_path / "prometheus.yml"
+    config.write_text(
+        textwrap.dedent(
+            f"""\
+            global:
+              scrape_interval: 1s
+              scrape_timeout: 1s
+            scrape_configs:
+              - job_name: {job}
+                metrics_path: /metrics/per-object
+                static_configs:
+                  - targets: ["{node.http_endpoint.removeprefix("http://")}"]
+            """
+        )
+    )
+    port = free_port()
+
+    def query(promql: str) -> list | None:
+        url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
+        try:
+            status, _, body = fetch(url)
+        except OSError:  # not listening yet
+            return None
+        if status == 503:  # listening, not ready yet
+            return None
+        answer = json.loads(body)
+        assert status == 200, (promql, answer)
+        return answer["data"]["result"]
+
+    with open(tmp_path / "prometheus.log", "w") as log:
+        server = subprocess.Popen(
+            [
+                "prometheus",
+                f"--config.file={config}",
+                f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            yield query
+        finally:
+            server.terminate()
+            try:
+                server.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                server.kill()
+                server.wait()
+
+
+@needs_prometheus
 def test_a_prometheus_server_scraping_the_node_answers_a_promql_query_for_the_ready_count(
     tmp_path,
 ):
@@ -368,50 +501,24 @@ def test_a_prometheus_server_scraping_the_node_answers_a_promql_query_for_the_re
         node.declare_queue("orders")
         with node.connect() as conn:
             conn.publish_many("orders", [b"order"] * 3)
-        config = tmp_path / "prometheus.yml"
-        config.write_text(
-            textwrap.dedent(
-                f"""\
-                global:
-                  scrape_interval: 1s
-                  scrape_timeout: 1s
-                scrape_configs:
-                  - job_name: warren
-                    metrics_path: /metrics/per-object
-                    static_configs:
-                      - targets: ["{node.http_endpoint.removeprefix("http://")}"]
-                """
-            )
-        )
-        port = free_port()
-        query = urllib.parse.urlencode({"query": 'warren_queue_messages_ready{queue="orders"}'})
-        url = f"http://127.0.0.1:{port}/api/v1/query?{query}"
+        with prometheus_scraping(node, tmp_path) as query:
 
-        def ready_count() -> str | None:
-            try:
-                status, _, body = fetch(url)
-            except OSError:  # not listening yet
-                return None
-            result = json.loads(body)["data"]["result"] if status == 200 else []
-            return result[0]["value"][1] if result else None
+            def ready_count() -> str | None:
+                result = query('warren_queue_messages_ready{queue="orders"}')
+                return result[0]["value"][1] if result else None
 
-        with open(tmp_path / "prometheus.log", "w") as log:
-            server = subprocess.Popen(
-                [
-                    "prometheus",
-                    f"--config.file={config}",
-                    f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                    f"--web.listen-address=127.0.0.1:{port}",
-                ],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-            try:
-                wait_for(lambda: ready_count() == "3", timeout=60)
-            finally:
-                server.terminate()
-                try:
-                    server.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    server.kill()
-                    server.wait()
+            wait_for(lambda: ready_count() == "3", timeout=60)
+
+
+@pytest.mark.skipif(
+    shutil.which("promtool") is None,
+    reason="promtool is not installed (Debian's prometheus package has it)",
+)
+def test_the_example_scrape_config_is_one_prometheus_accepts():
+    checked = subprocess.run(
+        ["promtool", "check", "config", str(ROOT / "deploy" / "prometheus.yml")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
