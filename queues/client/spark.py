@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import os
 import sys
 import time
@@ -68,7 +67,8 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import BinaryType, MapType, StringType, StructType
 
-from ..errors import WarrenReadError, WarrenWriteError
+from ..errors import WarrenWriteError
+from .spark_options import DEFAULT_TIMEOUT_S, RETRY_PAUSE_S, Target, retryable
 
 if TYPE_CHECKING:
     from pyspark import TaskContext
@@ -87,76 +87,8 @@ COLUMNS = {
     "headers": (MapType,),
     "message_id": (StringType,),
 }
-DEFAULT_TIMEOUT_S = 120.0
-RETRY_PAUSE_S = (0.2, 5.0)  # between attempts: from, to
 BATCH_ROWS = 5000  # rows published (and confirmed) per chunk
 STREAM_BATCH_ROWS = 65_535  # into a stream, an Arrow batch as one chunk: at most this many
-
-
-@dataclasses.dataclass(frozen=True)
-class Target:
-    """Where and how a task publishes (picklable: it travels to the executors)."""
-
-    endpoint: str
-    queue: str | None
-    exchange: str | None
-    routing_key: str
-    key_file: str | None
-    persistent: bool
-    timeout_s: float
-    mandatory: bool = True
-
-    stream: str | None = None  # the queue named is a stream, checked when planned
-
-    @classmethod
-    def from_options(cls, options: dict[str, str], reading: bool = False) -> Target:
-        """The options' target; ``WarrenReadError`` (reading) or ``WarrenWriteError``
-        naming the option that is wrong."""
-        error = WarrenReadError if reading else WarrenWriteError
-        endpoint = options.get("endpoint")
-        if not endpoint or not endpoint.startswith("tcp://"):
-            raise error(
-                "option endpoint is required: the node's listener, "
-                "tcp://host:port (warren node --listen ...)"
-            )
-        queue, stream, exchange = (
-            options.get("queue"),
-            options.get("stream"),
-            options.get("exchange"),
-        )
-        if reading and (not stream or queue is not None or exchange is not None):
-            raise error(
-                "a read names option stream (the stream's name), and no queue or exchange: "
-                "a queue's messages are consumed, not read"
-            )
-        if not reading and [queue, stream, exchange].count(None) != 2:
-            raise error("give exactly one of the options queue, stream and exchange")
-        if stream is not None:
-            queue = stream
-        flags = {}
-        for flag in ("persistent", "mandatory"):
-            flags[flag] = options.get(flag, "true").lower()
-            if flags[flag] not in ("true", "false"):
-                raise error(f"option {flag} is true or false, not {flags[flag]!r}")
-        try:
-            timeout_s = float(options.get("timeout_s", DEFAULT_TIMEOUT_S))
-        except ValueError:
-            raise error(
-                f"option timeout_s is a number of seconds, not {options['timeout_s']!r}"
-            ) from None
-        if not 0 < timeout_s < math.inf:
-            raise error("option timeout_s must be a positive number of seconds")
-        return cls(
-            endpoint,
-            queue,
-            exchange,
-            options.get("routing_key", queue or ""),
-            options.get("key_file"),
-            flags["persistent"] == "true",
-            timeout_s,
-            flags["mandatory"] == "true",
-            stream,
-        )
 
 
 def check_schema(schema: StructType) -> list[str]:
@@ -304,18 +236,6 @@ def _messages(
             (key, Message(body, ids[index], row_headers or None, None, None, None, persistent))
         )
     return out
-
-
-def retryable(exc: Exception) -> bool:
-    """Whether a failed chunk may succeed if sent again: the node or a queue was away, or
-    restarted with it in doubt; not a mistake in the write itself."""
-    from warren.actors import ActorError
-
-    from ..errors import Blocked, ConnectionClosed, Nacked, NodeNotRunning
-
-    return isinstance(
-        exc, (Nacked, NodeNotRunning, ConnectionClosed, Blocked, TimeoutError, ActorError, OSError)
-    )
 
 
 def _arrow_chunks(batches: Iterator[Any], rows: int) -> Iterator[dict[str, list]]:

@@ -1,5 +1,6 @@
 """Spark reading Warren streams: the reading half of the ``warren`` data source
-(``warren.queues.client.spark`` registers both halves under one name).
+(``warren.queues.client.spark`` registers both halves under one name; the options
+both share are ``spark_options``'s).
 
     spark.read.format("warren").option("endpoint", "tcp://broker:5673")
         .option("stream", "events").option("startingOffsets", "first").load()
@@ -63,6 +64,7 @@ from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, Inp
 
 from ..errors import NotFound, OffsetOutOfRange, WarrenReadError
 from ..protocol import StreamAttach, StreamChunks, StreamPlan
+from .spark_options import RETRY_PAUSE_S, Target, retryable
 
 try:
     from pyspark.sql.streaming.datasource import (
@@ -115,8 +117,6 @@ class Source:
 
     @classmethod
     def from_options(cls, options: Any, streaming: bool) -> Source:
-        from .spark import Target
-
         target = Target.from_options({**dict(options), "persistent": "true"}, reading=True)
         assert target.stream is not None, "a read names its stream"
         starting = _offset_option(
@@ -200,7 +200,6 @@ class NodeSession:
 
     def call(self, action: Callable[[Connection], T], where: str) -> T:
         from . import connect
-        from .spark import RETRY_PAUSE_S, retryable
 
         deadline = time.monotonic() + self.source.timeout_s
         pause = RETRY_PAUSE_S[0]

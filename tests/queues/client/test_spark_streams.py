@@ -2,9 +2,15 @@
 session, every listener on loopback): ranges, timestamps and checkpoints read each offset
 once, damage and retention fail a read by name, and a retried task adds nothing twice."""
 
+import contextlib
 import os
+import re
 import shutil
+import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -255,3 +261,29 @@ def test_a_node_that_stays_down_fails_the_task_naming_its_offsets(tmp_path):
     with pytest.raises(WarrenReadError, match="offsets 0 to 9.*offsets from 0 were not read"):
         list(read_range(source, OffsetRange(0, 10, identity)))
     assert time.monotonic() - started < 30  # retried for timeout_s, then failed
+
+
+@pytest.mark.timeout(480)  # three Spark sessions start in turn: the loader and two drivers
+def test_the_stream_pipeline_example_counts_every_event_once_through_a_killed_driver(tmp_path):
+    """The example end to end at a small size: it exits non-zero on any loss or repeat."""
+    example = Path(__file__).resolve().parents[3] / "examples" / "spark_stream_pipeline.py"
+    run = subprocess.Popen(
+        [sys.executable, str(example), "--events", "12000", "--per-trigger", "4000"]
+        + ["--kill-after", "1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, "TMPDIR": str(tmp_path)},
+    )
+    try:
+        output, _ = run.communicate(timeout=600)
+    finally:
+        # the example's group: its own process, its Spark JVMs and their workers
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(run.pid, signal.SIGKILL)
+        run.wait()
+    assert run.returncode == 0, output[-3000:]
+    assert "SIGKILLed the driver's process group after 1 micro-batches" in output
+    assert re.search(r"events counted\s+12,000", output)
+    assert re.search(r"duplicate result messages\s+0\n", output)
