@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
 
-.PHONY: run test lint bench chaos clean
+.PHONY: run test lint bench chaos spark-stream clean
 
 $(PY):
 	@echo "make: creating the virtual environment $(VENV) with $(PYTHON)"
@@ -45,6 +45,10 @@ CHAOS_ARGS ?= --duration 300 --faults kill,stop,node,torn,flip,full,slow
 chaos: $(INSTALLED)
 	rm -rf build/chaos && mkdir -p build/chaos
 	$(PY) -m warren.supervisor.cli chaos --data-dir build/chaos/data --report build/chaos/report $(CHAOS_ARGS)
+
+# Spark -> stream -> Spark with a driver killed midway, at full size (a million events).
+spark-stream: $(INSTALLED)
+	$(PY) examples/spark_stream_pipeline.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -1,4 +1,5 @@
-"""Spark executors as remote producers: a PySpark (4.x) data source named ``warren``.
+"""Spark and Warren: a PySpark (4.x) data source named ``warren``. Executors write into
+queues and streams (this module) and read streams back (``warren.queues.client.spark_read``).
 
     from warren.queues.client.spark import register
     register(spark)
@@ -11,7 +12,8 @@ executors, and a node listening there (``warren node --listen ...``).
 Columns: ``body`` (binary or string, never null) and, optionally, ``routing_key``
 (string; with an exchange, each row's own), ``headers`` (a map of string to string) and
 ``message_id`` (string). Any other column is refused before anything is sent (select the
-columns first). Options: ``endpoint`` (required), ``queue`` or ``exchange`` (exactly one),
+columns first). Options: ``endpoint`` (required), ``queue``, ``stream`` or ``exchange``
+(exactly one; a stream takes each Arrow batch as one chunk),
 ``routing_key`` (for an exchange, rows without their own), ``key_file`` (a CURVE key from
 ``warren keys``, readable on every executor), ``persistent`` (true), ``mandatory`` (true:
 a row the exchange routes to no queue fails the job; false: it is dropped), ``producer``
