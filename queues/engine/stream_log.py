@@ -48,9 +48,12 @@ that last recorded it followed by its sequence (u64 u64). Tracking chunks take o
 each and are never delivered to readers.
 
 Protocol. ``append`` writes the chunk to the segment, then its index record, with plain
-``write``s (the page cache); ``sync`` fdatasyncs the segment and index written since the
-last sync (and the directory when files came or went) and then moves ``committed_offset``
-to the last offset: a group commit. With ``sync=False`` the page cache is the policy:
+``write``s (the page cache); ``sync`` fdatasyncs the segment written since the last sync
+(and the directory when files came or went) and then moves ``committed_offset`` to the
+last offset: a group commit. The newest segment's index is not synced there: recovery
+walks the newest segment and rebuilds its index from it, so an index left behind its
+segment by a power cut costs a rebuild, never a confirmed record, and a commit costs one
+flush, not two. With ``sync=False`` the page cache is the policy:
 ``sync`` moves the committed offset without an fdatasync, so what was committed survives
 the writer's death but not the machine's. A segment is closed before it would exceed
 ``max_segment_size_bytes`` or hold ``max_segment_chunks`` chunks (its first chunk always
@@ -728,13 +731,12 @@ class StreamLog:
         return chunk_id
 
     def sync(self) -> int:
-        """Group commit: fdatasync what was written since the last sync (not under
+        """Group commit: fdatasync the segment written since the last sync (not under
         ``sync=False``), then move the committed offset to the last offset; returns it."""
         self._check_open()
         if self.sync_policy:
             if self._unsynced:
-                os.fdatasync(self._segment_fd)
-                os.fdatasync(self._index_fd)
+                os.fdatasync(self._segment_fd)  # not the index: see the module docstring
             if self._directory_unsynced:
                 os.fsync(self._dir_fd)
         self._unsynced = False
