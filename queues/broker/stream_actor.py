@@ -354,17 +354,17 @@ class StreamActor(ProcessActor):
         chunks: list[bytes] = []
         next_offset, size = message.offset, 0
         if message.offset < message.end:
-            reader = self._readers.pop(message.offset, None)
-            if reader is None:
-                reader = StreamReader(
-                    self.directory, message.offset, lambda: self._stream.committed_offset
-                )
-            while reader.next_offset < message.end and size < message.max_bytes:
-                raw = reader.read_raw_chunk()
-                if raw is None:
-                    break
-                chunks.append(raw)
-                size += len(raw)
+            reader = self._reader_at(message.offset)
+            try:
+                while reader.next_offset < message.end and size < message.max_bytes:
+                    raw = reader.read_raw_chunk()
+                    if raw is None:
+                        break
+                    chunks.append(raw)
+                    size += len(raw)
+            except StreamError:
+                reader.close()  # a chunk header is missing: the error goes to the asker
+                raise
             next_offset = reader.next_offset
             self._keep_reader(reader)
             self.counters["chunks_read"] += len(chunks)
@@ -396,11 +396,7 @@ class StreamActor(ProcessActor):
         records: list[list[Any]] = []
         next_offset = message.offset
         if message.max_records and message.offset <= self._committed:
-            reader = self._readers.pop(message.offset, None)
-            if reader is None:
-                reader = StreamReader(
-                    self.directory, message.offset, lambda: self._stream.committed_offset
-                )
+            reader = self._reader_at(message.offset)
             size = 0
             try:
                 while len(records) < message.max_records and size < MAX_READ_BYTES:
@@ -421,6 +417,14 @@ class StreamActor(ProcessActor):
             "committed": self._committed,
             "first": self._stream.first_offset,
         }
+
+    def _reader_at(self, offset: int) -> StreamReader:
+        """A reader whose next offset is ``offset``: one an earlier read left there, or a
+        new one."""
+        reader = self._readers.pop(offset, None)
+        if reader is None:
+            reader = StreamReader(self.directory, offset, lambda: self._stream.committed_offset)
+        return reader
 
     def _keep_reader(self, reader: StreamReader) -> None:
         if len(self._readers) >= READERS_KEPT:
