@@ -39,9 +39,9 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from warren.actors import ActorRef
+from warren.actors import ActorError, ActorRef
 
-from ..errors import OffsetOutOfRange
+from ..errors import Nacked, NotFound, OffsetOutOfRange
 from ..message import Message, decode
 from ..protocol import (
     MAX_WAIT_MS,
@@ -61,6 +61,8 @@ __all__ = ["StreamConsumer", "StreamDelivery", "Timestamp", "stream_start"]
 STORE_EVERY = 1000  # records between a named consumer's stored offsets
 STORE_INTERVAL_S = 5.0  # and seconds
 COMMIT_POLL_MS = 200  # a long poll's wait: how long the connection is held by one ask
+RESTART_WAIT_S = 60.0  # how long a reader waits for a restarting stream's successor
+RESTART_POLL_S = 0.05
 
 
 def stream_start(offset: object) -> tuple[str, int]:
@@ -226,10 +228,22 @@ class StreamConsumer:
         self._committed, self._next = answer["committed"], answer["next"]
 
     def _poll(self, offset: int, records: int, left: float | None) -> dict[str, Any]:
+        """Ask for what is committed from ``offset``; a stream between two incarnations
+        (the old one dead, its successor not yet serving) is asked again until it
+        answers, within ``left`` seconds (nothing new when they pass) or, waiting
+        without a limit, ``RESTART_WAIT_S``."""
         wait_ms = COMMIT_POLL_MS if left is None else max(0, min(COMMIT_POLL_MS, int(left * 1000)))
-        return self.connection._request(
-            self.stream, StreamRead(offset, records, min(wait_ms, MAX_WAIT_MS))
-        )
+        request = StreamRead(offset, records, min(wait_ms, MAX_WAIT_MS))
+        give_up = time.monotonic() + (RESTART_WAIT_S if left is None else left)
+        while True:
+            try:
+                return self.connection._request(self.stream, request)
+            except (Nacked, NotFound, ActorError):  # a long poll changes nothing: ask again
+                if time.monotonic() >= give_up:
+                    if left is None:
+                        raise
+                    return {"records": [], "committed": self._committed, "next": offset}
+                time.sleep(RESTART_POLL_S)
 
     def _maybe_store(self, processed: int) -> None:
         due = processed - self._stored >= self.store_every or (
