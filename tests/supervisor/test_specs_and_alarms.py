@@ -3,16 +3,20 @@ clear at their limits."""
 
 import math
 import os
+import subprocess
+import sys
+from collections.abc import Iterator
 
+import psutil
 import pytest
 
 from warren.actors import ProcessActor
 from warren.supervisor.errors import InvalidSpec
 from warren.supervisor.node.alarms import (
     AlarmLimits,
+    NodeMemory,
     ResourceMonitor,
     available_memory,
-    node_memory,
 )
 from warren.supervisor.specs import ChildSpec, SupervisorFlags, SupervisorSpec
 
@@ -127,4 +131,106 @@ def test_memory_and_disk_alarms_are_raised_and_cleared_once_each(tmp_path):
 
 
 def test_a_process_that_is_gone_counts_no_memory():
-    assert node_memory([2**22 + 12345]) == 0
+    assert NodeMemory().exact([2**22 + 12345]) == 0
+    assert NodeMemory().estimate([2**22 + 12345], check_interval_s=1.0) == 0
+
+
+MIB = 2**20
+# A process that holds memory on demand: each line read is a number of MiB to allocate
+# (every page written, so resident), answered "ok" once they are.
+HOG = """
+import sys
+held = []
+for line in sys.stdin:
+    held.append(b"\\x01" * (int(line) * 2**20))
+    print("ok", flush=True)
+"""
+
+
+class Hog:
+    def __init__(self) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", HOG], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        self.pid = self.process.pid
+
+    def allocate(self, mib: int) -> None:
+        assert self.process.stdin is not None and self.process.stdout is not None
+        self.process.stdin.write(f"{mib}\n")
+        self.process.stdin.flush()
+        assert self.process.stdout.readline() == "ok\n"
+
+    def stop(self) -> None:
+        self.process.kill()
+        self.process.wait()
+        for stream in (self.process.stdin, self.process.stdout):
+            if stream is not None:
+                stream.close()
+
+
+@pytest.fixture
+def hog() -> Iterator[Hog]:
+    process = Hog()
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
+@pytest.fixture
+def sleepers() -> Iterator[list[int]]:
+    """Eight idle processes, each with a PSS to read."""
+    processes = [subprocess.Popen(["sleep", "600"]) for _ in range(8)]
+    try:
+        yield [p.pid for p in processes]
+    finally:
+        for process in processes:
+            process.kill()
+            process.wait()
+
+
+def test_memory_allocated_between_pss_readings_raises_the_alarm_at_the_next_check(tmp_path, hog):
+    # Given a process whose PSS was read, readings that stand in for an hour, and a limit
+    # 32 MiB above what the process holds
+    readings = NodeMemory(refresh_s=3600)
+    held = readings.exact([hog.pid])
+    limits = AlarmLimits(memory_limit_bytes=held + 32 * MIB, disk_free_limit_bytes=0)
+    monitor = ResourceMonitor(str(tmp_path), limits, lambda: [hog.pid], memory_readings=readings)
+    assert monitor.check() == []
+    # When it allocates 64 MiB
+    hog.allocate(64)
+    # Then the next check raises the memory alarm, against a sum read afresh
+    changes = monitor.check()
+    assert [(c.resource, c.raised) for c in changes] == [("memory", True)]
+    assert changes[0].value == monitor.readings["memory_bytes"] > held + 32 * MIB
+
+
+def test_a_steady_check_reads_the_pss_of_a_few_processes_and_each_in_turn(
+    tmp_path, sleepers, monkeypatch
+):
+    # Given eight processes and readings that stand in for four checks
+    read: list[int] = []
+    full_info = psutil.Process.memory_full_info
+
+    def counted(process: psutil.Process) -> object:
+        read.append(process.pid)
+        return full_info(process)
+
+    monkeypatch.setattr(psutil.Process, "memory_full_info", counted)
+    limits = AlarmLimits(memory_limit_bytes=2**62, disk_free_limit_bytes=0)
+    monitor = ResourceMonitor(
+        str(tmp_path), limits, lambda: sleepers, memory_readings=NodeMemory(refresh_s=4.0)
+    )
+    # When the first check reads them all
+    monitor.check()
+    assert sorted(read) == sorted(sleepers)
+    # Then each check after it reads two (a quarter), the oldest readings first, so four
+    # checks read every process again
+    rounds = []
+    for _ in range(4):
+        read.clear()
+        monitor.check()
+        rounds.append(list(read))
+    assert [len(pids) for pids in rounds] == [2, 2, 2, 2]
+    assert sorted(pid for pids in rounds for pid in pids) == sorted(sleepers)
+    assert monitor.readings["memory_bytes"] > 0
