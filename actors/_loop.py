@@ -8,10 +8,16 @@ setup     bind the data ROUTER and the control ROUTER (ROUTER_MANDATORY, ROUTER_
           READY (or FAILED, and exit ``EXIT_START_FAILED``). A caller's ``spawn`` returns
           on READY, so a ref is never handed out before its mailbox is bound.
 running   one poll over [control, data, wake pipe]. Each pass serves every waiting
-          control message first (PING, STATS, STOP, and DOWN/EXIT from the node), then
-          drains up to ``max_batch`` data messages (and about ``MAX_BATCH_BYTES``): runs
-          of tells go to ``on_receive_batch`` as one list, each ask to ``on_receive`` in
-          its place in the order. Then due timers, then ``on_idle`` if the mailbox was found empty.
+          control message first (PING, STATS, FIGURES, STOP, and DOWN/EXIT from the
+          node), then drains up to ``max_batch`` data messages (and about
+          ``MAX_BATCH_BYTES``): runs of tells go to ``on_receive_batch`` as one list,
+          each ask to ``on_receive`` in its place in the order. Then due timers, then
+          ``on_idle`` if the mailbox was found empty. A pass that stopped at either bound
+          with messages still waiting is counted (``backlogged_passes``): ZeroMQ keeps
+          the mailbox's queue and tells no length, but this says the actor falls behind.
+          FIGURES (a node's metrics) runs ``on_receive`` with the question it carries
+          between two passes, ahead of the queued data, as a read of the actor's state
+          now; what it raises is logged and answered None, never a crash.
 teardown  ``on_stop`` (clean stops) or nothing more (``on_failure`` ran at the crash); asks
           still queued are answered with ActorDeadError and tells still queued are
           counted as dropped; sockets close with a bounded linger.
@@ -63,6 +69,7 @@ import heapq
 import itertools
 import logging
 import os
+import resource
 import signal
 import sys
 import threading
@@ -72,6 +79,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import psutil
 import zmq
 
 from . import wire
@@ -193,7 +201,9 @@ class ActorLoop:
             "oversized": 0,
             "unroutable": 0,
             "dropped_at_stop": 0,
+            "backlogged_passes": 0,
         }
+        self._process: psutil.Process | None = None  # this process, read for FIGURES
         # Both set by _setup, before anything else reads them.
         self.actor: ProcessActor
         self.ref: ActorRef
@@ -399,6 +409,8 @@ class ActorLoop:
         self.counters["received"] += received
         if tells:
             self._deliver(tells)
+        if not empty and not self._stopping and self._data.poll(0, zmq.POLLIN):
+            self.counters["backlogged_passes"] += 1
         if empty and self._delivered_since_idle and not self._stopping:
             self._delivered_since_idle = False
             self._guard(self.actor.on_idle)
@@ -550,6 +562,13 @@ class ActorLoop:
             return Pong(self._order.incarnation, os.getpid(), self.counters["received"])
         if kind == wire.STATS:
             return dict(self.counters)
+        if kind == wire.FIGURES and type(body) is list and len(body) == 2:
+            question, process = body
+            return [
+                dict(self.counters),
+                None if question is None else self._answer_figures(question),
+                self._process_usage() if process is True else None,
+            ]
         if kind == wire.STOP:
             self._stopping = True
             return None
@@ -576,6 +595,28 @@ class ActorLoop:
             return _NO_ANSWER
         self._count_malformed("control")
         return _NO_ANSWER
+
+    def _answer_figures(self, question: Any) -> Any:
+        """The actor's answer to a FIGURES question; None when it raised (a deleted queue's
+        refusal): a scrape goes without this actor's figures, and the actor carries on."""
+        try:
+            return self.actor.on_receive(question)
+        except Exception as exc:
+            logger.debug(
+                "%s: no figures for %s: %s", self._order.name, type(question).__name__, exc
+            )
+            return None
+
+    def _process_usage(self) -> dict[str, float]:
+        """CPU seconds (user and system) and RSS of this process, read by the process
+        itself: a node of a thousand actors does not read a thousand /proc files a scrape."""
+        if self._process is None:
+            self._process = psutil.Process()
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        return {
+            "cpu_seconds": usage.ru_utime + usage.ru_stime,
+            "rss_bytes": self._process.memory_info().rss,
+        }
 
     def _run_posted(self) -> None:
         drain_wake_pipe(self._wake_read)

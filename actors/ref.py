@@ -165,6 +165,20 @@ class ActorRef:
         actor at once, and a silent one delays nobody else's answer."""
         return self._request_async(self.control, wire.STATS, None, timeout)
 
+    def figures_async(
+        self,
+        question: Any,
+        *,
+        process: bool = False,
+        timeout: float | None = wire.DEFAULT_SEND_TIMEOUT_S,
+    ) -> Future:
+        """One control request for what a node's metrics read of an actor: ``[counters,
+        answer, usage]``, the counters of ``stats``, the actor's answer to ``question``
+        (None without one, or when it raised), and with ``process`` its process's
+        ``{"cpu_seconds", "rss_bytes"}`` (else None). The actor answers between two passes,
+        ahead of its queued data, so a busy actor's figures come at once."""
+        return self._request_async(self.control, wire.FIGURES, [question, process], timeout)
+
     def alarm(
         self, resource: str, raised: bool, timeout: float | None = wire.DEFAULT_SEND_TIMEOUT_S
     ) -> None:

@@ -8,10 +8,13 @@ frames of their own. The ROUTER side sees the DEALER's routing id as an extra fi
                     BATCH carries a list of messages in one frame.
     replies         [REPLY_OK | REPLY_ERROR, request_id, value]
                     REPLY_ERROR's value is [type_name, message, traceback_text].
-    control         [PING | STOP | STATS | EXIT | DOWN | ALARM, incarnation, request_id,
-                     body]
+    control         [PING | STOP | STATS | FIGURES | EXIT | DOWN | ALARM, incarnation,
+                     request_id, body]
                     EXIT and DOWN come from the node, ALARM from whoever watches the
                     node's resources ([resource, raised]); none expects a reply.
+                    FIGURES ([question | None, process]) is a node's metrics' one
+                    request: answered [counters, the actor's answer to the question |
+                    None, {"cpu_seconds", "rss_bytes"} of its process | None].
     node service    [READY | FAILED | MONITOR | DEMONITOR | LINK | WHEREIS | REGISTER
                      | UNREGISTER | STOP_ACTOR, request_id, body]
 """
@@ -28,6 +31,7 @@ STATS = 12
 EXIT = 13
 DOWN = 14
 ALARM = 15
+FIGURES = 16
 
 READY = 20
 FAILED = 21

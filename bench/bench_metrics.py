@@ -1,13 +1,21 @@
-"""What a node's metrics cost: the scrape itself with many queues, and what a scrape every
-second takes from publish+confirm, both in the same run.
+"""What a node's metrics cost: the scrape itself with many queues, the node's idle CPU
+with them, and what a scrape every second takes from publish+confirm, all in the same run.
 
-    python -m bench metrics [--quick] [--queues=N]
+    python -m bench metrics [--quick] [--queues=N[,N...]]
 
 - scrape time: a node started with ``http="127.0.0.1:0"`` and N queues (1,000 unless
-  ``--queues`` says otherwise), each holding one message; ``/metrics`` and
-  ``/metrics/per-object`` fetched 20 times each over loopback (after two unmeasured
-  fetches), median and slowest. Target: <= 200 ms with 1,000 queues (``--queues=N``
-  measures another count, without the target).
+  ``--queues`` says otherwise; ``--queues=200,1000`` measures each count on a node of its
+  own), each holding one message; ``/metrics`` and ``/metrics/per-object`` fetched 20
+  times each over loopback (after two unmeasured fetches), median and slowest. Target:
+  ``/metrics`` in <= 200 ms with 1,000 queues (other counts are measured without it).
+- idle: the CPU the node's own process, and all its processes together (the forkserver
+  and every actor), took over ``IDLE_S`` with nothing to do, as a share of one core.
+  Before it, the node has stood ``SETTLE_S`` after the declares, so that the memory
+  alarm has read every process once.
+- file descriptors: what the node's process holds after the scrapes (a thousand queues
+  need thousands: each actor's control channel, for the heartbeats and the scrapes, is a
+  ZeroMQ socket and a connection). The run raises its soft limit to the hard one
+  (``ulimit -Hn``); under a soft limit of 1,024, a node of 1,000 queues runs out.
 - publish+confirm under scrapes: bench_broker's publisher workload (one ``publish_async``
   per message, a window of 1,000 unconfirmed, 1 KiB, one producer into one durable
   queue, the connection in the node's process), on a node of its own, alternately
@@ -22,18 +30,23 @@ second takes from publish+confirm, both in the same run.
 from __future__ import annotations
 
 import os
+import resource
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
+from dataclasses import dataclass
+
+import psutil
 
 from warren.supervisor import Node
 
-from .table import Row, best_of_alternating, median, render
+from .table import Row, best_of_alternating, median, render, scratch_directory
 
 QUEUES = 1000
+IDLE_S = 10.0  # how long the idle node's CPU is measured (seconds)
+SETTLE_S = 5.0  # how long the node stands after its declares before that (seconds)
 SCRAPES = 20
 SCRAPE_TARGET_MS = 200.0
 PUBLISHES = 100_000
@@ -68,17 +81,58 @@ def scrape_times(node: Node, path: str) -> list[float]:
     return times
 
 
-def node_with_queues(data_dir: str, queues: int) -> tuple[dict[str, list[float]], float]:
-    """Fetch times per page of a node holding ``queues`` queues of one message each, and
-    the seconds their declarations took."""
+@dataclass
+class QueuesRun:
+    """What one node of many queues measured."""
+
+    queues: int
+    declare_s: float
+    idle_node: float  # CPU seconds per second: the node's process
+    idle_all: float  # the same, all the node's processes
+    times: dict[str, list[float]]  # page -> seconds per fetch
+    descriptors: int  # open by the node's process after the scrapes
+
+
+def cpu_seconds(processes: list[psutil.Process]) -> float:
+    """User and system CPU seconds of the processes, those gone since counting none."""
+    total = 0.0
+    for process in processes:
+        try:
+            times = process.cpu_times()
+        except psutil.Error:
+            continue
+        total += times.user + times.system
+    return total
+
+
+def node_with_queues(data_dir: str, queues: int) -> QueuesRun:
+    """Declare ``queues`` queues of one message each on a node, then measure it idle and
+    under scrapes."""
     with Node(data_dir, http="127.0.0.1:0") as node:
         started = time.perf_counter()
         with node.connect() as connection:
             for n in range(queues):
                 node.declare_queue(f"q{n:04d}")
                 connection.publish(f"q{n:04d}", BODY)
-        declared = time.perf_counter() - started
-        return {page: scrape_times(node, page) for page in PAGES}, declared
+        declare_s = time.perf_counter() - started
+        time.sleep(SETTLE_S)
+        me = psutil.Process()
+        processes = [me, *me.children(recursive=True)]
+        before_node, before_all = cpu_seconds([me]), cpu_seconds(processes)
+        time.sleep(IDLE_S)
+        idle_node = (cpu_seconds([me]) - before_node) / IDLE_S
+        idle_all = (cpu_seconds(processes) - before_all) / IDLE_S
+        times = {page: scrape_times(node, page) for page in PAGES}
+        return QueuesRun(
+            queues, declare_s, idle_node, idle_all, times, len(os.listdir("/proc/self/fd"))
+        )
+
+
+def raise_open_files_limit() -> str:
+    """Raise this process's soft limit of open files to its hard limit; the limit now."""
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return "unlimited" if hard == resource.RLIM_INFINITY else f"{hard:,}"
 
 
 def publish_rate_runs(data_dir: str, count: int) -> tuple[float, float]:
@@ -123,32 +177,64 @@ def met(figure: float, target: float) -> str:
     return f"target <= {target:,g}: {'met' if figure <= target else 'MISSED'}"
 
 
-def main(argv: list[str]) -> str:
-    quick = "--quick" in argv
-    queues = 100 if quick else QUEUES
+def queue_counts(argv: list[str]) -> list[int]:
+    """The queue counts to measure: ``--queues=N[,N...]``, else 1,000 (100 with --quick)."""
+    counts = [100 if "--quick" in argv else QUEUES]
     for option in argv:
         if option.startswith("--queues="):
-            queues = int(option.removeprefix("--queues="))
+            counts = [int(count) for count in option.removeprefix("--queues=").split(",")]
+    return counts
+
+
+def main(argv: list[str]) -> str:
+    quick = "--quick" in argv
     count = PUBLISHES // (4 if quick else 1)
-    root = tempfile.mkdtemp(prefix="warren-bench-metrics-")
+    open_files = raise_open_files_limit()
+    root = scratch_directory("warren-bench-metrics-")
     try:
-        times, declared = node_with_queues(os.path.join(root, "queues"), queues)
+        runs = [
+            node_with_queues(os.path.join(root, f"queues-{queues}"), queues)
+            for queues in queue_counts(argv)
+        ]
         plain, scraped = publish_rate_runs(os.path.join(root, "load"), count)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     ms = 1000
     rows = []
-    for page in PAGES:
-        typical = median(times[page]) * ms
+    for run in runs:
+        queues = f"{run.queues:,} queues"
+        for page in PAGES:
+            typical = median(run.times[page]) * ms
+            rows.append(
+                Row(
+                    f"GET {page}, {queues} (median)",
+                    typical,
+                    "ms",
+                    note=(
+                        met(typical, SCRAPE_TARGET_MS)
+                        if run.queues == QUEUES and page == "/metrics"
+                        else ""
+                    ),
+                )
+            )
+            rows.append(Row(f"GET {page}, {queues} (slowest)", max(run.times[page]) * ms, "ms"))
+        rows.append(Row(f"idle CPU, {queues}: the node's process", run.idle_node * 100, "% core"))
         rows.append(
             Row(
-                f"GET {page}, {queues:,} queues (median)",
-                typical,
-                "ms",
-                note=met(typical, SCRAPE_TARGET_MS) if queues >= QUEUES else "",
+                f"idle CPU, {queues}: all its processes",
+                run.idle_all * 100,
+                "% core",
+                note=f"declared in {run.declare_s:.0f} s",
             )
         )
-        rows.append(Row(f"GET {page}, {queues:,} queues (slowest)", max(times[page]) * ms, "ms"))
+        rows.append(
+            Row(
+                f"file descriptors of the node's process, {queues}",
+                run.descriptors,
+                "fds",
+                note=f"limit {open_files}",
+            )
+        )
     rows.append(
         Row(
             f"publish+confirm 1 KiB, window {WINDOW:,}, a scrape every second",
@@ -159,8 +245,4 @@ def main(argv: list[str]) -> str:
             "baseline: the same without scrapes",
         )
     )
-    return render(
-        f"node metrics: scrapes and their cost ({queues:,} queues declared in "
-        f"{declared:.0f} s; {count:,} publishes a run)",
-        rows,
-    )
+    return render(f"node metrics: scrapes and their cost ({count:,} publishes a run)", rows)

@@ -9,6 +9,12 @@ which the queue calls from a timer, so a dead-letter exchange that routes back t
 same queue cannot deadlock it. A publish the exchange routes nowhere is confirmed and the
 message dropped (as RabbitMQ does); one that is nacked is dropped and logged.
 
+Each dead letter settled is counted under its reason, RabbitMQ's: ``dead_lettered_expired``
+(a TTL), ``dead_lettered_rejected`` (a consumer's reject without requeue) and
+``dead_lettered_maxlen`` (dropped from the head by ``max_length``); RabbitMQ's fourth,
+``delivery_limit``, is its quorum queues' and has no Warren twin. A nacked one is counted
+once, in ``dead_letters_nacked``, whatever its reason.
+
 At most ``MAX_PENDING`` dead messages are in flight; beyond that ``room()`` is 0 and the
 queue leaves its expired messages in place until the next round. ``room()`` is 0 too
 while the node is starting (it serves no calls yet, and a queue recovers while the node
@@ -26,11 +32,12 @@ from ..client.ipc_node import RemoteNode
 from ..errors import Nacked, NodeNotRunning
 from ..message import decode
 
-__all__ = ["DeadLetters"]
+__all__ = ["REASONS", "DeadLetters"]
 
 log = logging.getLogger("warren.queues")
 
 MAX_PENDING = 1000
+REASONS = ("expired", "rejected", "maxlen")  # what ``send`` takes, as x-death names it
 
 
 class DeadLetters:
@@ -39,8 +46,10 @@ class DeadLetters:
         self.queue_name = queue_name
         self.exchange = exchange
         self._connection: Connection | None = None
-        self._pending: list[tuple[Confirm, int]] = []  # (its confirm, seq id in the queue)
-        self.counters = {"dead_lettered": 0, "dead_letters_nacked": 0}
+        # (its confirm, seq id in the queue, its reason)
+        self._pending: list[tuple[Confirm, int, str]] = []
+        self.counters = {f"dead_lettered_{reason}": 0 for reason in REASONS}
+        self.counters["dead_letters_nacked"] = 0
 
     def room(self) -> int:
         if self._connection is None:
@@ -51,7 +60,10 @@ class DeadLetters:
         return max(0, MAX_PENDING - len(self._pending))
 
     def send(self, dead: list[tuple[int, bytes]], reason: str) -> None:
-        """Republish each (seq id, encoded message); ack them later, when ``settled``."""
+        """Republish each (seq id, encoded message), dead for ``reason`` (one of
+        ``REASONS``); ack them later, when ``settled``."""
+        if reason not in REASONS:
+            raise ValueError(f"a dead letter's reason is one of {REASONS}, not {reason!r}")
         if not dead:
             return
         if self._connection is None:
@@ -65,18 +77,23 @@ class DeadLetters:
             confirm = self._connection.publish_message(
                 self.queue_name, message, exchange=self.exchange, mandatory=False
             )
-            self._pending.append((confirm, seq_id))
+            self._pending.append((confirm, seq_id, reason))
+
+    @property
+    def pending(self) -> int:
+        """Dead letters sent and not settled yet (``settled`` must be called again)."""
+        return len(self._pending)
 
     def settled(self) -> list[int]:
         """The seq ids whose dead letters are settled (confirmed, or nacked and dropped)."""
         done, waiting = [], []
-        for confirm, seq_id in self._pending:
+        for confirm, seq_id, reason in self._pending:
             if not confirm.done():
-                waiting.append((confirm, seq_id))
+                waiting.append((confirm, seq_id, reason))
                 continue
             try:
                 confirm.result(0)
-                self.counters["dead_lettered"] += 1
+                self.counters[f"dead_lettered_{reason}"] += 1
             except Nacked as exc:
                 self.counters["dead_letters_nacked"] += 1
                 log.error(

@@ -40,6 +40,12 @@ the listener; a remote consumer unheard of (no request, no beat) for
 ``consumer_silence_s`` (30) is released by the listener (its deliveries go back to their
 queues), and if the listener dies its queues requeue what every remote consumer held.
 
+Connections: a ZeroMQ monitor on the ROUTER reports each tcp connection accepted and
+each one closed, by file descriptor; the listener counts them (``connections_opened``,
+``connections_closed``) and says how many are open (``connections``): a remote client
+holds one, and a second while it consumes (its consumers' beats go on a socket of their
+own). A connection a CURVE handshake refuses is opened and closed like any other.
+
 Authentication: with ``curve``, the ROUTER is a CURVE server with the node's key pair
 (``warren.queues.client.keys``) and a ZAP handler lets in only the public keys of
 ``authorized_keys`` (read again when it changes); a refused key is logged.
@@ -65,6 +71,7 @@ from typing import Any
 
 import zmq
 from zmq.auth.thread import ThreadAuthenticator
+from zmq.utils.monitor import recv_monitor_message
 
 from warren.actors import ProcessActor, UnhandledMessage, message, wire
 from warren.actors.codec import Decoder, Encoder, find_unknown
@@ -182,6 +189,7 @@ class ListenerActor(ProcessActor):
                 "endpoint": gateway.bound,
                 "curve": self.curve,
                 "clients_consuming": len(gateway.consumers),
+                "connections": len(gateway.connections),
                 **gateway.counters,
             }
         raise UnhandledMessage(f"the listener does not handle {type(message).__name__}")
@@ -222,7 +230,10 @@ class _Gateway:
             "released_consumers": 0,
             "clients_refused": 0,
             "stale": 0,
+            "connections_opened": 0,
+            "connections_closed": 0,
         }
+        self.connections: set[int] = set()  # file descriptors of the tcp connections open
         self.consumers: dict[bytes, tuple[float, set[str]]] = {}  # id -> (heard at, queues)
         self._context = zmq.Context()
         self._auth: ThreadAuthenticator | None = None
@@ -246,6 +257,9 @@ class _Gateway:
             self.close()
             raise OSError(f"the listener cannot bind {endpoint}: {exc}") from None
         self.bound = self._router.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._connection_events = self._router.get_monitor_socket(
+            zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED
+        )
         self._node = RemoteNode(data_dir, endpoint=control_endpoint)
         self._pool = concurrent.futures.ThreadPoolExecutor(
             NODE_CALL_THREADS, thread_name_prefix="warren-node-call"
@@ -264,6 +278,7 @@ class _Gateway:
         self._poller = zmq.Poller()
         self._poller.register(self._router, zmq.POLLIN)
         self._poller.register(self._wake_read, zmq.POLLIN)
+        self._poller.register(self._connection_events, zmq.POLLIN)
 
     # ------------------------------------------------------------------ the loop
 
@@ -278,6 +293,8 @@ class _Gateway:
                     self._forward_answers(dealer)
                 if events.get(self._wake_read):
                     self._send_node_answers()
+                if events.get(self._connection_events):
+                    self._count_connections()
                 if time.monotonic() - swept_at > min(SWEEP_S, self.consumer_silence_s / 2):
                     swept_at = time.monotonic()
                     self._release_silent_consumers()
@@ -286,6 +303,20 @@ class _Gateway:
             # supervisor restarts the process.
             log.exception("listener: the gateway thread failed; exiting to be restarted")
             os._exit(EXIT_CRASHED)
+
+    def _count_connections(self) -> None:
+        while True:
+            try:
+                event = recv_monitor_message(self._connection_events, zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            fd = event["value"]
+            if event["event"] == zmq.EVENT_ACCEPTED:
+                self.connections.add(fd)
+                self.counters["connections_opened"] += 1
+            elif fd in self.connections:
+                self.connections.discard(fd)
+                self.counters["connections_closed"] += 1
 
     def _serve_clients(self) -> None:
         for _ in range(1000):
@@ -551,6 +582,9 @@ class _Gateway:
     def close(self) -> None:
         if getattr(self, "_pool", None) is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
+        if getattr(self, "_connection_events", None) is not None:
+            self._router.disable_monitor()
+            self._connection_events.close(linger=0)
         for open_socket in [self._router, *getattr(self, "_dealers", {}).values()]:
             open_socket.close(linger=0)
         if self._auth is not None:

@@ -47,11 +47,16 @@ that then died is never delivered again.
 
 Policies, from the queue's definition: ``message_ttl_ms`` (and a publish's own
 ``expiration_ms``, the shorter wins) expires messages at the head, every
-``EXPIRY_CHECK_S`` and before each fetch; ``max_length`` drops the oldest messages
-(``overflow="drop-head"``) or refuses the newest (``"reject-publish"``: the Publish answer
-counts what was taken). With a ``dead_letter_exchange``, expired, dropped and rejected
-(``Settle`` "reject") messages are republished there (``warren.queues.broker.dead_letters``)
-and acked here once confirmed there.
+``EXPIRY_CHECK_S`` and before each fetch. The tick runs only while the queue may hold a
+message with an expiry (one was published since the queue was last empty, or the head
+it recovered has one) or dead letters wait for their confirms: an idle queue of a node
+of a thousand does not wake four times a second for nothing. Recovered messages with an
+expiry behind a head without one wait for a fetch, as RabbitMQ's wait to reach the head.
+``max_length`` drops the oldest messages (``overflow="drop-head"``) or refuses the newest
+(``"reject-publish"``: the Publish answer counts what was taken). With a
+``dead_letter_exchange``, expired, dropped and rejected (``Settle`` "reject") messages are
+republished there (``warren.queues.broker.dead_letters``) and acked here once confirmed
+there.
 
 Alarms: under the node's memory alarm the queue's RAM duration target drops to 0 and it
 pages out; when the alarm clears the target is infinity again. The rates are folded in
@@ -184,6 +189,8 @@ class QueueActor(ProcessActor):
         self._deleted = False
         self._store_down = False
         self._dead: DeadLetters | None = None
+        self._may_expire = False  # messages with an expiry may be in the queue
+        self._expiry_armed = False  # the expiry tick is scheduled
         self._stores: list[ActorRef] = []  # pinned: the incarnations we work with
         self.counters = {
             "published": 0,
@@ -233,7 +240,9 @@ class QueueActor(ProcessActor):
             )
         self.call_later(self.consumer_check_s, self._check_consumers)
         self.call_later(RATES_INTERVAL_S, self._update_rates)
-        self.call_later(EXPIRY_CHECK_S, self._expiry_tick)
+        head = self.queue.peek()  # with an expiry, the messages it recovered may expire
+        self._may_expire = head is not None and head.expiry_ms > 0
+        self._arm_expiry_tick()
 
     def on_stop(self) -> None:
         if self._dead is not None:
@@ -307,7 +316,7 @@ class QueueActor(ProcessActor):
         if self._deleted:
             raise QueueClosed(f"queue {self.queue_name} was deleted")
         try:
-            return handler(self, message)
+            answer = handler(self, message)
         except StoreError:
             # A store call failed in the middle of a change (a publish whose index entry
             # is written but whose body's settlement the store client gave up): the
@@ -317,6 +326,8 @@ class QueueActor(ProcessActor):
             self._store_down = True
             self.stop()
             raise
+        self._arm_expiry_tick()  # a message may have brought an expiry or a dead letter
+        return answer
 
     def _publish(self, message: Publish) -> None:
         queue = self._engine
@@ -343,6 +354,8 @@ class QueueActor(ProcessActor):
         seq_ids = queue.publish_many(
             payloads, persistent=message.persistent, msg_ids=msg_ids, expiry_ms=expiry
         )
+        if expiry is not None and seq_ids:
+            self._may_expire = True
         self.counters["published"] += len(seq_ids)
         if self.definition.max_length is not None and self.definition.overflow == "drop-head":
             self._drop_over_max_length(self.definition.max_length)
@@ -625,14 +638,27 @@ class QueueActor(ProcessActor):
         # None: the rest of the queue was lost from the shared store
         self._dead.send([(f.seq_id, f.payload) for f in dead if f is not None], "maxlen")
 
+    def _arm_expiry_tick(self) -> None:
+        """Schedule the expiry tick, unless it is already or nothing needs it: no message
+        that may expire is held, and no dead letter waits for its confirm."""
+        if self._expiry_armed or self._deleted:
+            return
+        if self._may_expire or (self._dead is not None and self._dead.pending):
+            self._expiry_armed = True
+            self.call_later(EXPIRY_CHECK_S, self._expiry_tick)
+
     def _expiry_tick(self) -> None:
-        if not self._deleted:
-            self._expire()
-            if self._dead is not None:
-                done = self._dead.settled()
-                if done:
-                    self._engine.ack(done)
-        self.call_later(EXPIRY_CHECK_S, self._expiry_tick)
+        self._expiry_armed = False
+        if self._deleted:
+            return
+        self._expire()
+        if self._dead is not None:
+            done = self._dead.settled()
+            if done:
+                self._engine.ack(done)
+        if self._engine.depth == 0:  # nothing held, ready or unacked, can expire now
+            self._may_expire = False
+        self._arm_expiry_tick()
 
     # ------------------------------------------------------------------ timers
 

@@ -1,16 +1,16 @@
 """A running node's figures, gathered when asked, and how they read: Prometheus families
 (RabbitMQ's names with ``warren_`` for ``rabbitmq_``, and Warren's own) and JSON documents.
 
-``NodeFigures.snapshot()`` gathers one ``Snapshot``. Every actor the tree runs is asked
-at once for its runtime counters (``ActorRef.stats_async``) and, by its kind, for its own
-figures (``QueueStats`` of a queue or a stream, ``StoreStats``, ``ListenerStats``), all
-within one budget (``SCRAPE_BUDGET_S``); for a snapshot ``per_object``, the CPU time and
-RSS of its process are read meanwhile (psutil), figures of one actor each, which
-node-wide pages leave out.
-An actor that has not answered both when the budget is spent has no series in that
-snapshot at all: a slow, stopped or dead actor costs a scrape at most the budget, and
-never fails it. The node's own figures (alarms, memory and disk readings, the start's
-duration, its control-socket counters) need no actor and are always there.
+``NodeFigures.snapshot()`` gathers one ``Snapshot``. Every actor the tree runs is sent
+one request at once (``ActorRef.figures_async``, on its control channel, so a busy actor
+answers between two passes rather than after its backlog): its runtime counters, its own
+figures by its kind (its answer to ``QueueStats`` for a queue or a stream, ``StoreStats``,
+``ListenerStats``) and, for a snapshot ``per_object``, the CPU time and RSS of its
+process, read by the process itself; all within one budget (``SCRAPE_BUDGET_S``).
+An actor that has not answered when the budget is spent has no series in that snapshot
+at all: a slow, stopped or dead actor costs a scrape at most the budget, and never fails
+it. The node's own figures (alarms, memory and disk readings, the start's duration, its
+control-socket counters) need no actor and are always there.
 ``NodeFigures.tree()`` is the supervision tree as its supervisors see it (every child's
 state and restarts), which needs no actor either.
 
@@ -26,8 +26,9 @@ start after the first, at the same address). Gauges are reported as read.
 Protocol: every request goes to the incarnation the tree names now (a pinned ref), so an
 answer is never booked under another incarnation's readings. One thread
 (``warren-metrics``) sends every request and reads every answer: its channels (a DEALER
-per actor endpoint) are made once and serve every later snapshot, and snapshots asked for
-at the same time are gathered one after the other.
+per actor's control endpoint) are made once and serve every later snapshot, and
+snapshots asked for at the same time are gathered one after the other. What a scrape
+costs grows with the actors: one request and one answer each, on both sides.
 
 Races: a request unanswered when the budget ran out stays outstanding. The next snapshot
 drops its answer if it has come and asks again; if it still has not, that snapshot sends
@@ -43,11 +44,10 @@ import concurrent.futures
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import psutil
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -71,6 +71,8 @@ from .series import (
     ALARMS,
     CONSUMERS,
     CPU_SECONDS,
+    DEAD_LETTER_REASONS,
+    DEAD_LETTERED,
     GLOBAL_COUNTERS,
     IDENTITY,
     LISTENER_COUNTERS,
@@ -94,6 +96,7 @@ from .series import (
     VARIABLE_QUEUE_HELP,
     VARIABLE_QUEUE_STATES,
     Figure,
+    dead_lettered,
 )
 
 if TYPE_CHECKING:
@@ -192,9 +195,15 @@ QUESTIONS = {
 @dataclass
 class _Asked:
     ref: ActorRef
-    stats: Future | None
-    own: Future | None
+    figures: Future | None  # None: not asked (its last request is still unanswered)
     kind: str  # "queue", "stream", "store", "listener" or "actor"
+
+
+@dataclass
+class _Answer:
+    runtime: dict[str, Any]  # the actor's runtime counters
+    own: dict[str, Any]  # its kind's figures; {} for an actor of no kind
+    usage: dict[str, Any]  # its process's cpu_seconds and rss_bytes; {} node-wide
 
 
 class NodeFigures:
@@ -220,8 +229,7 @@ class NodeFigures:
         self.budget_s = budget_s
         self._ledger = CounterLedger()
         self._incarnations: dict[str, int] = {}  # actor -> the newest incarnation seen
-        self._outstanding: dict[tuple[str, str], tuple[int, Future]] = {}
-        self._processes: dict[int, psutil.Process] = {}
+        self._outstanding: dict[str, tuple[int, Future]] = {}  # address -> unanswered
         self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="warren-metrics")
 
     def snapshot(self, *, per_object: bool, timeout: float = SNAPSHOT_TIMEOUT_S) -> Snapshot:
@@ -263,10 +271,7 @@ class NodeFigures:
         root = node.root
         refs = root.actor_refs() if root is not None else []
         deadline = time.monotonic() + self.budget_s
-        asked = [self._ask(ref) for ref in refs]
-        processes = {
-            ref.name: self._process_figures(ref.pid) if per_object else (None, None) for ref in refs
-        }
+        asked = [self._ask(ref, per_object) for ref in refs]
         for ref in refs:
             self._incarnations[ref.name] = max(self._incarnations.get(ref.name, 0), ref.incarnation)
         queue_types = node.queue_types()
@@ -290,21 +295,20 @@ class NodeFigures:
             totals={},
         )
         for request in asked:
-            answers = self._answers(request, deadline)
+            answer = self._answer(request, deadline)
             ref = request.ref
-            if answers is None:
+            if answer is None:
                 snapshot.unanswered.append(ref.name)
                 continue
-            runtime, own = answers
-            cpu_seconds, rss_bytes = processes[ref.name]
-            self._book(ref, request.kind, runtime, own, cpu_seconds)
+            self._book(ref, request.kind, answer)
+            rss_bytes = answer.usage.get("rss_bytes")
             figures = ActorFigures(
                 name=ref.name,
                 pid=ref.pid,
                 incarnation=ref.incarnation,
                 restarts=ref.incarnation - 1,
-                own=own,
-                rss_bytes=rss_bytes,
+                own=answer.own,
+                rss_bytes=rss_bytes if isinstance(rss_bytes, int) else None,
                 counters=dict(self._ledger.by_owner.get(ref.name, {})),
             )
             snapshot.actors[ref.name] = figures
@@ -321,90 +325,53 @@ class NodeFigures:
         snapshot.restarts = sum(n - 1 for n in self._incarnations.values())
         return snapshot
 
-    def _ask(self, ref: ActorRef) -> _Asked:
+    def _ask(self, ref: ActorRef, per_object: bool) -> _Asked:
+        """Send the actor its one request, unless the one sent before to this incarnation
+        is still unanswered (then none: see Races), or its mailbox is full or it is known
+        dead."""
         pinned = ref.pin()
         kind = self._kind(ref.name)
-        question = QUESTIONS.get(kind)
-        return _Asked(
-            pinned,
-            self._request(pinned, "stats", lambda: pinned.stats_async(timeout=0)),
-            (
-                None
-                if question is None
-                else self._request(pinned, "own", lambda: pinned.ask_async(question, 0))
-            ),
-            kind,
-        )
-
-    def _request(self, ref: ActorRef, channel: str, send: Callable[[], Future]) -> Future | None:
-        """Send a request, unless the one sent before to this incarnation is still
-        unanswered (None then, as for a mailbox that is full or an actor known dead)."""
-        key = (ref.address, channel)
-        held = self._outstanding.pop(key, None)
+        held = self._outstanding.pop(ref.address, None)
         if held is not None and held[0] == ref.incarnation:
             try:
                 held[1].get(0)
             except AskTimeout:
-                self._outstanding[key] = held
-                return None
+                self._outstanding[ref.address] = held
+                return _Asked(pinned, None, kind)
             except Exception:  # whatever it answered late is dropped: asked again below
                 pass
         try:
-            return send()
+            future = pinned.figures_async(QUESTIONS.get(kind), process=per_object, timeout=0)
         except ActorError:
-            return None
+            future = None
+        return _Asked(pinned, future, kind)
 
-    def _answers(self, request: _Asked, deadline: float) -> tuple[dict, dict] | None:
-        """The actor's runtime counters and its kind's figures ({} for an actor of no
-        kind), or None unless both came before the deadline."""
-        runtime = self._answer(request.ref, "stats", request.stats, deadline)
-        if request.kind == "actor":
-            own: dict | None = {}
-        else:
-            own = self._answer(request.ref, "own", request.own, deadline)
-        if runtime is None or own is None:
-            return None
-        return runtime, own
-
-    def _answer(
-        self, ref: ActorRef, channel: str, future: Future | None, deadline: float
-    ) -> dict | None:
-        if future is None:
+    def _answer(self, request: _Asked, deadline: float) -> _Answer | None:
+        """The actor's figures, or None unless they all came before the deadline."""
+        ref = request.ref
+        if request.figures is None:
             return None
         try:
-            answer = future.get(max(0.0, deadline - time.monotonic()))
+            answer = request.figures.get(max(0.0, deadline - time.monotonic()))
         except AskTimeout:
-            self._outstanding[(ref.address, channel)] = (ref.incarnation, future)
+            self._outstanding[ref.address] = (ref.incarnation, request.figures)
             return None
-        except Exception as exc:  # any answer but figures (a deleted queue's refusal ...)
+        except Exception as exc:  # an actor going away, or an answer of another shape
             log.debug("metrics: %s answered %s: %s", ref.name, type(exc).__name__, exc)
             return None
-        return answer if isinstance(answer, dict) else None
+        if not isinstance(answer, list) or len(answer) != 3:
+            return None
+        runtime, own, usage = answer
+        if request.kind == "actor":
+            own = {}
+        if not isinstance(runtime, dict) or not isinstance(own, dict):
+            return None  # no figures of its kind: a deleted queue's refusal
+        return _Answer(runtime, own, usage if isinstance(usage, dict) else {})
 
-    def _process_figures(self, pid: int) -> tuple[float | None, int | None]:
-        """CPU seconds and RSS of an actor's process; None each when it is gone."""
-        process = self._processes.get(pid)
-        try:
-            if process is None:
-                process = self._processes[pid] = psutil.Process(pid)
-            with process.oneshot():
-                times = process.cpu_times()
-                return times.user + times.system, process.memory_info().rss
-        except psutil.Error:
-            self._processes.pop(pid, None)
-            return None, None
-
-    def _book(
-        self,
-        ref: ActorRef,
-        kind: str,
-        runtime: dict[str, Any],
-        own: dict[str, Any],
-        cpu_seconds: float | None,
-    ) -> None:
-        readings = list(_values(ACTOR_COUNTERS, runtime))
-        if cpu_seconds is not None:
-            readings.append((CPU_SECONDS.name, cpu_seconds))
+    def _book(self, ref: ActorRef, kind: str, answer: _Answer) -> None:
+        own = answer.own
+        readings = list(_values(ACTOR_COUNTERS, answer.runtime))
+        readings += _values((CPU_SECONDS,), answer.usage)
         own_counters = {
             "queue": QUEUE_COUNTERS,
             "stream": STREAM_COUNTERS,
@@ -414,6 +381,12 @@ class NodeFigures:
         readings += _values(own_counters, own)
         if kind == "store":
             readings += _histogram_values(STORE_HISTOGRAMS, own)
+        if kind == "queue":
+            readings += [
+                (dead_lettered(reason), value)
+                for reason in DEAD_LETTER_REASONS
+                if isinstance(value := own.get(f"{DEAD_LETTERED.key}_{reason}"), int)
+            ]
         self._ledger.read(ref.name, ref.incarnation, readings)
 
     def _queue_states(self, declared: list[str], running: set[str]) -> dict[str, str]:
@@ -434,19 +407,17 @@ class NodeFigures:
 
     def _forget_gone(self, declared: list[str], refs: list[ActorRef]) -> None:
         """Forget the readings of queues deleted and no longer run (see Races), and the
-        processes and outstanding requests of incarnations no longer run."""
+        outstanding requests of incarnations no longer run."""
         prefixes = (self._queue_prefix, self._stream_prefix)
         kept = {prefix + name for name in declared for prefix in prefixes}
         kept |= {ref.name for ref in refs}
         for owner in self._ledger.owners():
             if owner.startswith(prefixes) and owner not in kept:
                 self._ledger.forget(owner)
-        for pid in set(self._processes) - {ref.pid for ref in refs}:
-            del self._processes[pid]
         running = {ref.address: ref.incarnation for ref in refs}
-        for key, (incarnation, _) in list(self._outstanding.items()):
-            if running.get(key[0]) != incarnation:
-                del self._outstanding[key]
+        for address, (incarnation, _) in list(self._outstanding.items()):
+            if running.get(address) != incarnation:
+                del self._outstanding[address]
 
 
 def _values(figures: Iterable[Figure], answer: dict[str, Any]) -> Iterator[tuple[str, float]]:
@@ -629,6 +600,18 @@ def _queue_families(snapshot: Snapshot, per_object: bool) -> list[Metric]:
         ]
     families.append(_gauge(states, [*labels, "state"], samples))
     families += _counters(QUEUE_COUNTERS, queues, "queue", per_object, snapshot.totals)
+    if per_object:
+        samples = [
+            ((name, reason), q.counters.get(dead_lettered(reason)))
+            for name, q in queues
+            for reason in DEAD_LETTER_REASONS
+        ]
+    else:
+        samples = [
+            ((reason,), snapshot.totals.get(dead_lettered(reason), 0))
+            for reason in DEAD_LETTER_REASONS
+        ]
+    families.append(_counter(DEAD_LETTERED, [*labels, "reason"], samples))
     return families
 
 
@@ -772,7 +755,8 @@ def queues_document(snapshot: Snapshot) -> list[dict[str, Any]]:
 
 
 def _queue_document(queue: ActorFigures | None) -> dict[str, Any]:
-    """A classic queue's gauges, its messages by variable-queue state, its counters."""
+    """A classic queue's gauges, its messages by variable-queue state, its counters (its
+    dead letters by reason)."""
     document: dict[str, Any] = {}
     for figure in QUEUE_GAUGES:
         document[_short(figure, "warren_queue_")] = queue.own.get(figure.key) if queue else None
@@ -782,6 +766,11 @@ def _queue_document(queue: ActorFigures | None) -> dict[str, Any]:
         document[_short(figure, "warren_queue_", True)] = (
             queue.counters.get(figure.name) if queue else None
         )
+    document[_short(DEAD_LETTERED, "warren_queue_", True)] = (
+        {reason: queue.counters.get(dead_lettered(reason)) for reason in DEAD_LETTER_REASONS}
+        if queue
+        else None
+    )
     return document
 
 

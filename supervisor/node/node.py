@@ -124,6 +124,7 @@ from warren.store.store_actor import MessageStoreActor
 
 from ..errors import InvalidSpec, NodeLocked, NotANodeDirectory, SupervisorError
 from ..specs import (
+    HEARTBEAT_INTERVAL_S,
     STORE_SHUTDOWN_S,
     ChildSpec,
     SupervisorFlags,
@@ -152,6 +153,10 @@ STORE_START_TIMEOUT_S = 600.0
 # ``heartbeat_timeout_s``, which a crash-recovery harness lowers to see a frozen one
 # replaced within its run).
 STORE_HEARTBEAT_TIMEOUT_S = 60.0
+# Their beats: one every twelfth of that timeout, at least HEARTBEAT_INTERVAL_S apart (5 s
+# by default). Pinged every second, a thousand queues cost the node's process a twentieth
+# of a core, and each queue a wake-up a second; hung is still a dozen beats missed.
+BEATS_PER_HEARTBEAT_TIMEOUT = 12
 # What the runtime's close gives actors still alive after the tree stopped (seconds).
 STORE_CLOSE_TIMEOUT_S = 60.0
 STORES = ("msg_store_persistent", "msg_store_transient")
@@ -212,6 +217,9 @@ class Node:
                 raise InvalidSpec("http", http, str(exc)) from None
         check_seconds("heartbeat_timeout_s", heartbeat_timeout_s, at_least=2)  # beats: 1 s
         self._heartbeat_timeout_s = float(heartbeat_timeout_s)
+        self._heartbeat_interval_s = max(
+            HEARTBEAT_INTERVAL_S, self._heartbeat_timeout_s / BEATS_PER_HEARTBEAT_TIMEOUT
+        )
         self.data_dir = os.path.abspath(os.fspath(data_dir))
         check_node_directory(self.data_dir)
         if ref_counts is None:
@@ -266,6 +274,7 @@ class Node:
                     },
                     shutdown_s=STORE_SHUTDOWN_S,
                     start_timeout_s=STORE_START_TIMEOUT_S,
+                    heartbeat_interval_s=self._heartbeat_interval_s,
                     heartbeat_timeout_s=self._heartbeat_timeout_s,
                 )
                 for store in STORES
@@ -320,6 +329,7 @@ class Node:
                             ChildSpec(
                                 "msg_store_gc",
                                 GCActor,
+                                heartbeat_interval_s=self._heartbeat_interval_s,
                                 heartbeat_timeout_s=self._heartbeat_timeout_s,
                             ),
                         ),
@@ -552,6 +562,7 @@ class Node:
             restart="transient" if definition.auto_delete else "permanent",
             shutdown_s=STORE_SHUTDOWN_S,
             start_timeout_s=STORE_START_TIMEOUT_S,
+            heartbeat_interval_s=self._heartbeat_interval_s,
             heartbeat_timeout_s=self._heartbeat_timeout_s,
         )
         return SupervisorSpec(

@@ -8,13 +8,16 @@ own figures (its alarm readings, its counters); a histogram's key holds a readin
 ``warren.store.latency``. Only figures the code really keeps are here; ``warren.
 supervisor.node.metrics`` gathers them and renders the families. A counter's name is
 without the ``_total`` its samples carry (prometheus_client adds it). Nothing here runs
-but ``exported``, which lists the tables: so the list a user reads in docs/metrics.md, the
-dashboard in deploy/grafana, and the code stay one (their tests check them against it).
+but ``dead_lettered``, a name, and ``exported``, which lists the tables: so the list a
+user reads in docs/metrics.md, the dashboard in deploy/grafana, and the code stay one
+(their tests check them against it).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from warren.queues.broker.dead_letters import REASONS as DEAD_LETTER_REASONS
 
 
 @dataclass(frozen=True)
@@ -128,11 +131,6 @@ QUEUE_COUNTERS = (
         "Persistent messages the queue recovered from disk at its starts",
     ),
     Figure(
-        "warren_queue_messages_dead_lettered",
-        "dead_lettered",
-        "Messages dead-lettered and confirmed by the dead-letter exchange's queues",
-    ),
-    Figure(
         "warren_queue_corrupt_reads",
         "corrupt_on_read",
         "Message bodies that failed their check when read: dropped, never delivered",
@@ -148,6 +146,22 @@ QUEUE_COUNTERS = (
         "Delivery tags a connection settled without holding them, ignored",
     ),
 )
+# Labelled by reason (``warren.queues.broker.dead_letters``), each reason read from the
+# answer's ``dead_lettered_<reason>``.
+DEAD_LETTERED = Figure(
+    "warren_queue_messages_dead_lettered",
+    "dead_lettered",
+    "Messages dead-lettered and confirmed by the dead-letter exchange's queues, by reason: "
+    "expired (a TTL), rejected (a consumer's reject without requeue), maxlen (dropped by "
+    "max-length)",
+)
+
+
+def dead_lettered(reason: str) -> str:
+    """The ledger's name of a queue's dead letters of one reason."""
+    return f"{DEAD_LETTERED.name} reason={reason}"
+
+
 STREAM_GAUGES = (
     Figure("warren_stream_segments", "segments", "Segment files of the stream"),
     Figure(
@@ -279,7 +293,7 @@ GLOBAL_COUNTERS = (
     ),
     (
         "warren_global_messages_dead_lettered_confirmed",
-        ("warren_queue_messages_dead_lettered",),
+        tuple(dead_lettered(reason) for reason in DEAD_LETTER_REASONS),
         "Messages dead-lettered and confirmed by the target queues",
     ),
 )
@@ -403,6 +417,12 @@ ACTOR_COUNTERS = (
         "unroutable",
         "Replies the actor could not send because the asker had gone",
     ),
+    Figure(
+        "warren_actor_mailbox_backlogged_passes",
+        "backlogged_passes",
+        "Passes of the actor's loop that stopped at their bound (max_batch messages or 8 MiB) "
+        "with messages still waiting in its mailbox: the actor falls behind",
+    ),
 )
 CPU_SECONDS = Figure(
     "warren_actor_cpu_seconds", "cpu_seconds", "CPU time (user and system) of the actor's process"
@@ -413,8 +433,24 @@ LISTENER_GAUGES = (
         "clients_consuming",
         "Remote clients consuming through the listener now",
     ),
+    Figure(
+        "warren_connections",
+        "connections",
+        "Tcp connections of remote clients open to the listener now (a client holds one, "
+        "and a second while it consumes)",
+    ),
 )
 LISTENER_COUNTERS = (
+    Figure(
+        "warren_connections_opened",
+        "connections_opened",
+        "Tcp connections of remote clients the listener accepted",
+    ),
+    Figure(
+        "warren_connections_closed",
+        "connections_closed",
+        "Tcp connections of remote clients that closed",
+    ),
     Figure("warren_listener_requests", "requests", "Requests from remote clients"),
     Figure("warren_listener_requests_refused", "refused", "Requests from remote clients refused"),
     Figure(
@@ -444,7 +480,8 @@ RESOURCE_GAUGES = (
     Figure(
         "warren_process_resident_memory_bytes",
         "memory_bytes",
-        "Memory used by the node's processes, in bytes (their proportional set sizes)",
+        "Memory used by the node's processes, in bytes: their proportional set sizes, as the "
+        "memory alarm reads them (each process's last PSS reading and what its RSS grew since)",
     ),
     Figure(
         "warren_resident_memory_limit_bytes",
@@ -499,6 +536,7 @@ def exported() -> dict[str, str]:
     type: ``counter``, ``gauge`` or ``histogram``."""
     counters = [
         *QUEUE_COUNTERS,
+        DEAD_LETTERED,
         *STREAM_COUNTERS,
         *STORE_COUNTERS,
         *ACTOR_COUNTERS,

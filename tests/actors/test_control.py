@@ -25,6 +25,31 @@ def test_stats_count_what_the_actor_received(node: Node) -> None:
     assert stats["received"] == 3 and stats["asks"] == 1 and stats["dropped_stale"] == 0
 
 
+def test_a_pass_that_leaves_messages_waiting_is_counted_as_backlogged(node: Node) -> None:
+    keeping_up = node.spawn(Recorder)
+    keeping_up.tell_many(["a", "b", "c"])
+    keeping_up.ask("seen", timeout=10)
+    behind = node.spawn(Recorder, max_batch=1)
+    for _ in range(20):
+        behind.tell(("sleep", 0.01))
+    behind.ask("seen", timeout=10)  # answered after the naps, in the mailbox's order
+    assert behind.stats(timeout=10)["backlogged_passes"] > 0
+    assert keeping_up.stats(timeout=10)["backlogged_passes"] == 0
+
+
+def test_figures_are_the_counters_the_answer_to_a_question_and_the_process_usage(
+    node: Node,
+) -> None:
+    ref = node.spawn(Recorder)
+    ref.ask("seen", timeout=10)
+    counters, answer, usage = ref.figures_async("label", process=True).get(10)
+    assert counters["asks"] == 1 and answer == "recorder"
+    assert usage["rss_bytes"] > 0 and usage["cpu_seconds"] > 0
+    counters, answer, usage = ref.figures_async(("raise", "ValueError", "no figures")).get(10)
+    assert answer is None and usage is None, "what the question raised is no figures"
+    assert ref.ask("label", timeout=10) == "recorder", "and the actor carries on"
+
+
 def test_a_stop_request_overtakes_queued_messages(node: Node) -> None:
     ref = node.spawn(Recorder, max_batch=1)
     for _ in range(200):

@@ -46,6 +46,19 @@ class Worker(ProcessActor):
         time.sleep(self.stop_delay_s)
 
 
+class OneAtATime(Worker):
+    """Takes one message a pass (``max_batch`` 1) and naps 10 ms on "nap": a burst of
+    naps leaves messages waiting after each pass."""
+
+    max_batch = 1
+
+    def on_receive(self, message):
+        if message == "nap":
+            time.sleep(0.01)
+            return None
+        return super().on_receive(message)
+
+
 class SlowStarter(Worker):
     """Takes ``start_s`` seconds in on_start, like a store recovering from disk."""
 

@@ -24,14 +24,16 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from warren import connect
 from warren.actors import InvalidSpec
 from warren.queues.errors import NotFound
-from warren.supervisor import Node
+from warren.supervisor import ChildSpec, Node
 from warren.supervisor.node import series
 from warren.supervisor.node.http_endpoint import CLIENT_TIMEOUT_S
 
 from ...waiting import wait_for
 from ..cli.test_cli import ROOT, WARREN, settings_from, warren
+from ..sample_actors import OneAtATime
 from .test_node import warren_node
 
 LOOPBACK_ANY_PORT = "127.0.0.1:0"
@@ -227,6 +229,67 @@ def test_counters_never_go_backwards_when_the_queue_process_is_killed_and_restar
         assert per_object[("warren_queue_messages_recovered_total", ORDERS)] == 10
         assert per_object[("warren_actor_restarts_total", (("actor", "queue orders"),))] == 1
         assert node_wide[("warren_actor_restarts_total", ())] == 1
+
+
+def test_dead_letters_are_counted_by_reason_expired_maxlen_and_rejected(tmp_path):
+    reasons = ("expired", "maxlen", "rejected")
+    with Node(tmp_path / "data", http=LOOPBACK_ANY_PORT) as node:
+        # Given a queue whose dead letters go to a queue of their own
+        node.declare_exchange("dlx", kind="fanout")
+        node.declare_queue("dead")
+        node.bind_queue("dead", "dlx")
+        node.declare_queue("work", max_length=5, dead_letter_exchange="dlx")
+        with node.connect() as conn:
+            # When one message expires, one goes over max-length, and one is rejected
+            conn.publish("work", b"expires", expiration_ms=100)
+            wait_for(lambda: conn.queue_stats("dead")["messages_ready"] == 1)
+            conn.publish_many("work", [b"%d" % n for n in range(6)])
+            conn.get("work").reject(requeue=False)
+            wait_for(lambda: conn.queue_stats("dead")["messages_ready"] == 3)
+        # Then each counts once under its reason, per queue and node-wide
+        dead_lettered = "warren_queue_messages_dead_lettered_total"
+        keys = [(dead_lettered, (("queue", "work"), ("reason", r))) for r in reasons]
+        wait_for(lambda: [scrape(node, "/metrics/per-object").get(k) for k in keys] == [1, 1, 1])
+        node_wide = scrape(node)
+        assert [node_wide[(dead_lettered, (("reason", r),))] for r in reasons] == [1, 1, 1]
+        assert node_wide[("warren_global_messages_dead_lettered_confirmed_total", ())] == 3
+        queues = {q["name"]: q for q in strict_json(fetch(node.http_endpoint + "/api/queues")[2])}
+        assert queues["work"]["messages_dead_lettered_total"] == dict.fromkeys(reasons, 1)
+
+
+def test_a_remote_client_shows_in_the_connections_while_it_is_connected(tmp_path):
+    names = (
+        "warren_connections",
+        "warren_connections_opened_total",
+        "warren_connections_closed_total",
+    )
+    with Node(tmp_path / "data", http=LOOPBACK_ANY_PORT, listen="tcp://127.0.0.1:*") as node:
+
+        def connections() -> tuple:
+            """Open now, opened, closed."""
+            samples = scrape(node)
+            return tuple(samples.get((name, ())) for name in names)
+
+        wait_for(lambda: connections() == (0, 0, 0))
+        with connect(node.listen_endpoint) as client:
+            client.declare_queue("orders")
+            wait_for(lambda: connections() == (1, 1, 0))
+        wait_for(lambda: connections() == (0, 1, 1))
+
+
+def test_an_actor_that_falls_behind_its_mailbox_counts_its_backlogged_passes(tmp_path):
+    backlogged = ("warren_actor_mailbox_backlogged_passes_total", (("actor", "worker"),))
+    with Node(
+        tmp_path / "data", http=LOOPBACK_ANY_PORT, children=(ChildSpec("worker", OneAtATime),)
+    ) as node:
+        assert scrape(node, "/metrics/per-object")[backlogged] == 0
+        worker = node.store("worker")
+        for _ in range(20):
+            worker.tell("nap")
+        worker.ask("pid")  # answered after the naps
+        assert scrape(node, "/metrics/per-object")[backlogged] > 0
+        node_wide = ("warren_actor_mailbox_backlogged_passes_total", ())
+        assert scrape(node)[node_wide] > 0
 
 
 def test_a_stopped_queue_process_delays_a_scrape_half_a_second_and_hides_only_its_series(
