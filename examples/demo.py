@@ -54,9 +54,10 @@ def lines(path: str) -> int:
 
 
 def start(*arguments: object) -> subprocess.Popen:
-    """A producer or consumer of ``warren.supervisor.chaos.workload`` in a process of its own."""
+    """A producer or consumer of the chaos workload (``warren.supervisor.chaos.roles``) in
+    a process of its own."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "warren.supervisor.chaos.workload", *map(str, arguments)],
+        [sys.executable, "-m", "warren.supervisor.chaos.roles", *map(str, arguments)],
         stdout=subprocess.PIPE,
         text=True,
     )

@@ -84,7 +84,10 @@ Races this module guards against:
   An older segment is checked at its end only (its last index record must point at a
   chunk ending at the file's end) and walked the same way when it is not. A chunk whose
   CRC fails with good chunks after it is damage, not a torn write: it is kept, and a
-  reader raises ``StreamCorrupt`` there rather than deliver its bytes.
+  reader raises ``StreamCorrupt`` there rather than deliver its bytes. An older
+  segment's index records before its last are not checked, so a reader that positions
+  itself by one checks the chunk header it points at, and finds its chunk from the
+  headers when the two disagree (a damaged record never makes an intact chunk unread).
 - a crash during rollover or retention: an index without its segment is deleted; a
   segment without an index is deleted when it is older than every indexed one (retention
   stopped between its two unlinks) and gets its index rebuilt otherwise.
@@ -1310,8 +1313,9 @@ class StreamReader:
         return fallback
 
     def _position_at(self, target: int) -> bool:
-        """Open the segment holding ``target`` at the last indexed chunk at or before it;
-        False when the segment vanished meanwhile (retention: resolve again)."""
+        """Open the segment holding ``target`` at the last indexed chunk at or before it
+        (found from the chunk headers when the header there disagrees with its index
+        record); False when the segment vanished meanwhile (retention: resolve again)."""
         firsts = numbered_files(self.directory, SEGMENT_SUFFIX)
         holding = [first for first in firsts if first <= target]
         segment_first = holding[-1] if holding else firsts[0]
@@ -1327,6 +1331,16 @@ class StreamReader:
             )
         except FileNotFoundError:
             return False
+        header = _read_header_at(fd, position)
+        if header is None or header.chunk_id != chunk_id:
+            # Only a segment's last index record is checked at recovery: one damaged before
+            # it (a flipped bit) would send the reader to the wrong chunk, and refuse offsets
+            # of intact chunks as corrupt.
+            position, chunk_id = FILE_HEADER_BYTES, segment_first
+            for header in _walk_chunks(fd, os.fstat(fd).st_size, segment_first):
+                if header.chunk_id > target:
+                    break
+                position, chunk_id = header.position, header.chunk_id
         self._switch_to(fd, segment_first, position)
         self._next_chunk_id, self._skip_below = chunk_id, target
         return True

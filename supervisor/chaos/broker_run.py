@@ -1,28 +1,38 @@
 """Warren's own crash-recovery run (``warren chaos``): producers and consumers over tcp
-across a default, a lazy and a fanout-bound pair of queues while faults land, then the
-invariants.
+across a default, a lazy and a fanout-bound pair of queues and a stream while faults
+land, then the invariants.
 
 The node listens on a loopback port the run picks; its queues are ``chaos.default``,
 ``chaos.lazy`` (lazy mode) and ``chaos.fanout.1`` / ``chaos.fanout.2``, both bound to
-the fanout exchange ``chaos.fanout``. Producer ``i`` (a process of
+the fanout exchange ``chaos.fanout``, and the stream ``chaos.stream``, whose segments
+are small (``STREAM_SEGMENT_BYTES``) and whose retention by size
+(``STREAM_RETENTION_BYTES``) keeps a few of them, so that retention deletes segments all
+run long and races its reader. Producer ``i`` (a process of
 ``warren.supervisor.chaos.workload``, ``pI``) publishes to the default queue, the lazy queue and
 the fanout exchange in turn (by ``i``), one persistent message at a time with confirms,
 under ``producer_id=pI`` and ``sequence=n``, so a publish re-sent after a fault is a
 repeat the queue drops. (``pI`` is prefixed by the run's own id, so a node's data
 directory can take run after run; body sizes are drawn from the seed, so a run repeated
 with its seed publishes the same bytes.) Consumers share the queues among themselves
-(every queue has one) and check each body against its id.
+(every queue has one) and check each body against its id. A stream producer and a
+stream reader (``warren.supervisor.chaos.stream_workload``) publish to the stream with
+confirms and deduplication, and read it by offset as a named consumer.
 
 After the faults, producers stop, consumers drain the queues until they are empty, and
-``warren.supervisor.chaos.workload.audit`` says what was ``lost``, ``unflagged`` (consumed again
-without the redelivered flag), ``misrouted`` or wrong. Confirmed messages that a torn or
-flipped file destroyed are counted apart (``destroyed``): a store with one copy cannot
-give those back. Before it damages a file the harness tells ``note_damage`` where, and
-the damage excuses only what it can reach: a cut, the record it lands in and every one
-after it; a flipped bit, the record it lands in (one of two neighbours, where the bit
-falls between two bodies); a file's damaged header, the whole file. A queue's own files
-excuse that queue's messages; the shared store's, every queue's. A workload process
-that dies during the run is a problem of the run.
+``warren.supervisor.chaos.workload.audit`` says what was ``lost``, ``unflagged`` (consumed
+again without the redelivered flag), ``misrouted`` or wrong. The stream's reader reads on
+until it has been idle ``STREAM_DRAIN_IDLE_S``; then, the node stopped, what the stream
+holds is read from its files, and ``warren.supervisor.chaos.stream_workload.audit_stream``
+says what of the stream was lost, and what retention deleted before the reader got there
+(``trimmed``). Confirmed messages that a torn or flipped file destroyed are counted apart
+(``destroyed``): a store with one copy cannot give those back. Before it damages a file
+the harness tells ``note_damage`` where, and the damage excuses only what it can reach:
+a cut, the record it lands in and every one after it; a flipped bit, the record it lands
+in (one of two neighbours, where the bit falls between two bodies); a file's damaged
+header, the whole file. A queue's own files excuse that queue's messages; the shared
+store's, every queue's; a stream's segment or index, the messages of the chunks the
+damage lands in (a cut: and every chunk after it) and those chunks' offsets
+(``StreamDamage``). A workload process that dies during the run is a problem of the run.
 """
 
 from __future__ import annotations
@@ -39,9 +49,12 @@ from typing import TYPE_CHECKING
 
 from warren.actors import ActorError
 from warren.queues.broker.dedup import message_ids
+from warren.queues.broker.definitions import queue_directory
 from warren.queues.broker.listener import with_free_port
 from warren.queues.engine.queue_index import HEADER_BYTES, SLOT_BYTES
+from warren.queues.engine.stream_log import INDEX_SUFFIX, SEGMENT_SUFFIX
 from warren.queues.errors import QueueError
+from warren.queues.protocol import STREAM_ACTOR_PREFIX
 from warren.store.store_actor import GC_NAME
 
 from ..node.node import LISTENER_NAME, QUEUE_PREFIX, STORES
@@ -55,6 +68,14 @@ from .run import (
     run_faults,
     spawn_with_parent,
 )
+from .stream_workload import (
+    PAUSE_S,
+    StreamAudit,
+    StreamDamage,
+    audit_stream,
+    stream_contents,
+    with_stream,
+)
 from .workload import Audit, Producer, audit
 
 if TYPE_CHECKING:
@@ -63,6 +84,7 @@ if TYPE_CHECKING:
 __all__ = [
     "QUEUES",
     "RUN_DIR",
+    "STREAM",
     "TARGETS",
     "ChaosWorkload",
     "actor_names",
@@ -79,7 +101,12 @@ TARGETS = (
     ("", LAZY_QUEUE, (LAZY_QUEUE,)),
     (EXCHANGE, "", FANOUT_QUEUES),
 )
+STREAM = "chaos.stream"
+STREAM_SEGMENT_BYTES = 256 * 1024  # a segment file, at most (but for its first chunk)
+STREAM_RETENTION_BYTES = 4 * STREAM_SEGMENT_BYTES  # the stream's max_length_bytes
 DRAIN_IDLE_S = 20.0  # draining ends when the queues stay as they are this long
+# ... and the stream's reader has read nothing for this long (longer than it pauses)
+STREAM_DRAIN_IDLE_S = PAUSE_S[1] + 2.0
 DRAIN_POLL_S = 0.5
 STOP_WAIT_S = 30.0  # a workload process told to stop, before it is killed
 _ORDER = re.compile(rb'\{"order": "([0-9a-f]+p\d+-\d+)"')
@@ -93,7 +120,13 @@ QUEUE_PATTERN_LIMIT, OTHER_PATTERN_LIMIT = (3, 60.0), (2, 60.0)
 
 def actor_names() -> list[str]:
     """The actor names of a node running this workload: the ones it must end with."""
-    return [GC_NAME, *STORES, LISTENER_NAME, *(QUEUE_PREFIX + q for q in QUEUES)]
+    return [
+        GC_NAME,
+        *STORES,
+        LISTENER_NAME,
+        *(QUEUE_PREFIX + q for q in QUEUES),
+        STREAM_ACTOR_PREFIX + STREAM,
+    ]
 
 
 def pattern_limits(patterns: tuple[str, ...]) -> dict[str, tuple[int, float]]:
@@ -109,7 +142,7 @@ def pattern_limits(patterns: tuple[str, ...]) -> dict[str, tuple[int, float]]:
             )
         limits[pattern] = (
             QUEUE_PATTERN_LIMIT
-            if all(n.startswith(QUEUE_PREFIX) for n in matched)
+            if all(n.startswith((QUEUE_PREFIX, STREAM_ACTOR_PREFIX)) for n in matched)
             else OTHER_PATTERN_LIMIT
         )
     return limits
@@ -136,11 +169,15 @@ class ChaosWorkload:
         self.run_id = os.urandom(3).hex()
         self._producers: list[subprocess.Popen] = []
         self._consumers: list[subprocess.Popen] = []
+        self._stream_producers: list[subprocess.Popen] = []
+        self._stream_readers: list[subprocess.Popen] = []
         self.problems: list[str] = []
         self._counted: dict[str, tuple[int, int]] = {}  # ledger -> (offset, lines)
         # Bodies in a damaged file, by queue (None: the shared store, every queue's).
         self._destroyed_ids: dict[str | None, set[str]] = {}
         self._destroyed_slots: dict[str, set[bytes]] = {}  # queue -> index entries
+        self.stream_damage = StreamDamage()
+        self._stream_read_changed = (0, time.monotonic())  # reader lines, and since when
         os.makedirs(directory, exist_ok=True)
 
     def ledger(self, role: str, index: int) -> str:
@@ -152,6 +189,13 @@ class ChaosWorkload:
             self.ledger("producer", index),
             TARGETS[index % len(TARGETS)][2],
         )
+
+    def stream_producer(self) -> Producer:
+        return Producer(f"{self.run_id}s0", self.ledger("streamproducer", 0), (STREAM,))
+
+    @property
+    def stream_reader_ledger(self) -> str:
+        return self.ledger("streamreader", 0)
 
     def connect(self) -> Connection:
         from warren.queues.client import connect
@@ -167,11 +211,18 @@ class ChaosWorkload:
             for queue in FANOUT_QUEUES:
                 connection.declare_queue(queue)
                 connection.bind_queue(queue, EXCHANGE)
+            connection.declare_queue(
+                STREAM,
+                type="stream",
+                max_segment_size_bytes=STREAM_SEGMENT_BYTES,
+                max_length_bytes=STREAM_RETENTION_BYTES,
+            )
         finally:
             connection.close()
 
     def start(self) -> None:
-        """Start the consumers, then the producers; each says ``ready`` once connected."""
+        """Start the consumers and the stream's reader, then the producers; each says
+        ``ready`` once connected."""
         for j in range(self.consumers):
             mine = [q for k, q in enumerate(QUEUES) if k % self.consumers == j] or [
                 QUEUES[j % len(QUEUES)]
@@ -179,6 +230,17 @@ class ChaosWorkload:
             self._consumers.append(
                 self._spawn("consume", self.endpoint, self.ledger("consumer", j), *mine)
             )
+        self._stream_readers.append(
+            self._spawn(
+                "read-stream",
+                self.endpoint,
+                STREAM,
+                f"{self.run_id}r0",
+                self.stream_reader_ledger,
+                "--pause-key",
+                f"{self.seed}r0",
+            )
+        )
         for i in range(self.producers):
             exchange, routing_key, _ = TARGETS[i % len(TARGETS)]
             producer = self.producer(i)
@@ -198,11 +260,25 @@ class ChaosWorkload:
                     "--deduplicate",
                 )
             )
+        producer = self.stream_producer()
+        self._stream_producers.append(
+            self._spawn(
+                "produce-stream",
+                self.endpoint,
+                STREAM,
+                producer.name,
+                producer.ledger,
+                "--sizes",
+                *map(str, self.sizes),
+                "--size-key",
+                f"{self.seed}s0",
+            )
+        )
 
     def _spawn(self, *argv: str) -> subprocess.Popen:
         with open(os.path.join(self.directory, "workload.log"), "ab") as log:
             process = spawn_with_parent(
-                [sys.executable, "-m", "warren.supervisor.chaos.workload", *argv],
+                [sys.executable, "-m", "warren.supervisor.chaos.roles", *argv],
                 stdout=subprocess.PIPE,
                 stderr=log,
                 text=True,
@@ -218,12 +294,13 @@ class ChaosWorkload:
         return process
 
     def sample(self) -> dict[str, int]:
-        """Lines in the producers' and the consumers' ledgers so far (cheap: new bytes)."""
+        """Lines in the producers' and the consumers' ledgers so far, the stream's
+        included (cheap: new bytes)."""
+        producers = [self.ledger("producer", i) for i in range(self.producers)]
+        consumers = [self.ledger("consumer", j) for j in range(self.consumers)]
         return {
-            "confirmed": sum(
-                self._count(self.ledger("producer", i)) for i in range(self.producers)
-            ),
-            "consumed": sum(self._count(self.ledger("consumer", j)) for j in range(self.consumers)),
+            "confirmed": sum(map(self._count, [*producers, self.stream_producer().ledger])),
+            "consumed": sum(map(self._count, [*consumers, self.stream_reader_ledger])),
         }
 
     def _count(self, path: str) -> int:
@@ -240,6 +317,9 @@ class ChaosWorkload:
 
     def note_damage(self, path: str, kind: str, offset: int) -> None:
         """Before a torn or flipped fault: what it may destroy (see the module docstring)."""
+        if path.endswith((SEGMENT_SUFFIX, INDEX_SUFFIX)):
+            self.stream_damage.note(path, kind, offset)
+            return
         with open(path, "rb") as file:
             data = file.read()
         parent = os.path.dirname(path)
@@ -282,10 +362,12 @@ class ChaosWorkload:
 
     def stop_producers(self) -> None:
         self._stop(self._producers, "producer")
+        self._stop(self._stream_producers, "stream producer")
 
     def drain(self) -> None:
-        """Let the consumers empty every queue (ready and unacked); give up when the
-        queues and the ledgers stay as they are for ``DRAIN_IDLE_S``."""
+        """Let the consumers empty every queue (ready and unacked) and the stream's
+        reader read to its end (idle for ``STREAM_DRAIN_IDLE_S``); give up when the queues
+        and the ledgers stay as they are for ``DRAIN_IDLE_S``."""
         try:
             connection = self.connect()
         except OSError:
@@ -299,7 +381,7 @@ class ChaosWorkload:
                         depths.append(connection.queue_stats(queue)["depth"])
                     except (QueueError, ActorError, TimeoutError):
                         depths.append(None)  # restarting, or down
-                if all(depth == 0 for depth in depths):
+                if all(depth == 0 for depth in depths) and self._stream_read_idle():
                     return
                 now = (tuple(depths), self.sample()["consumed"])
                 if now != last:
@@ -308,10 +390,17 @@ class ChaosWorkload:
         finally:
             connection.close()
 
+    def _stream_read_idle(self) -> bool:
+        lines = self._count(self.stream_reader_ledger)
+        if lines != self._stream_read_changed[0]:
+            self._stream_read_changed = (lines, time.monotonic())
+        return time.monotonic() - self._stream_read_changed[1] >= STREAM_DRAIN_IDLE_S
+
     def close(self) -> None:
         """Stop every workload process (SIGTERM, then SIGKILL)."""
         self.stop_producers()
         self._stop(self._consumers, "consumer")
+        self._stop(self._stream_readers, "stream reader")
 
     def _stop(self, processes: list[subprocess.Popen], role: str) -> None:
         for index, process in enumerate(processes):
@@ -339,6 +428,16 @@ class ChaosWorkload:
             self.destroyed,
         )
 
+    def audit_stream(self, data_dir: str) -> StreamAudit:
+        """The stream's ledgers against what its files on the stopped node hold."""
+        return audit_stream(
+            STREAM,
+            [self.stream_producer()],
+            [self.stream_reader_ledger],
+            self.stream_damage,
+            stream_contents(queue_directory(data_dir, STREAM)),
+        )
+
 
 def run_chaos(
     data_dir: str,
@@ -349,14 +448,16 @@ def run_chaos(
     consumers: int,
     sizes: tuple[int, int],
     seed: int,
-    patterns: tuple[str, ...] = ("queue *", "msg_store_*"),
+    patterns: tuple[str, ...] = ("queue *", "stream *", "msg_store_*"),
     every_s: tuple[float, float] = (1.0, 3.0),
+    files: tuple[str, ...] = chaos.DAMAGEABLE,
     report_dir: str | None = None,
     say: Callable[[str], None] = print,
 ) -> dict:
     """The whole run; its report document (``ok`` says whether every invariant held).
-    ValueError, before anything starts, for a bad fault kind, pattern or duration, or a
-    data directory that is not a node's."""
+    ``patterns`` name the actors kill and stop aim at, ``files`` the files torn and flip
+    pick from (patterns under the data directory). ValueError, before anything starts,
+    for a bad fault kind, pattern or duration, or a data directory that is not a node's."""
     faults = chaos.schedule(
         seed, duration_s, kinds, patterns=patterns, every_s=every_s, limits=pattern_limits(patterns)
     )
@@ -391,6 +492,7 @@ def run_chaos(
                 seed=seed,
                 sample=workload.sample,
                 before_damage=workload.note_damage,
+                files=files,
             )
             say("chaos: faults done; producers stop, consumers drain")
             workload.stop_producers()
@@ -401,8 +503,10 @@ def run_chaos(
             workload.close()
             node.close()
     result.problems += workload.problems
-    verdict = workload.audit()
-    document = report_document(result, verdict.counts(), verdict.ok)
+    verdict, stream_verdict = workload.audit(), workload.audit_stream(data_dir)
+    document = report_document(
+        result, with_stream(verdict.counts(), stream_verdict), verdict.ok and stream_verdict.ok
+    )
     if report_dir is not None:
         document = write_report(report_dir, document)
     say(format_report(document))

@@ -12,10 +12,13 @@ so a run that failed can be repeated fault for fault. The faults:
   process the supervisor already killed is gone by then);
 - ``node``: SIGKILL every process of a node at once (the node's own, its forkserver, its
   actors), as the kernel's OOM killer or a power cut would;
-- ``torn``: with the node stopped, cut one of its store or queue files at a random byte
-  of its last page (``TORN_TAIL_BYTES``), as a crash in the middle of a write leaves it:
-  the disk wrote the start of the write and not the rest;
-- ``flip``: with the node stopped, flip one bit of one byte of such a file;
+- ``torn``: with the node stopped, cut one of its store, queue or stream files at a random
+  byte of its last page (``TORN_TAIL_BYTES``), as a crash in the middle of a write leaves
+  it: the disk wrote the start of the write and not the rest. Of a stream, only its
+  newest segment and that segment's index: a stream syncs a segment whole before it
+  starts the next, so no older one can end in an unfinished write;
+- ``flip``: with the node stopped, flip one bit of one byte of such a file (any of a
+  stream's);
 - ``full`` and ``slow``: the disk is full, or slow to sync, for a while
   (``warren.store.disk_faults``; ``warren.supervisor.chaos.run`` turns them on and off).
 
@@ -45,6 +48,8 @@ from dataclasses import dataclass
 
 import psutil
 
+from warren.queues.engine.stream_log import INDEX_SUFFIX, SEGMENT_SUFFIX, numbered_files
+
 from ..errors import FaultMissed
 
 __all__ = [
@@ -70,9 +75,15 @@ FILE_FAULTS = ("torn", "flip")  # these need the node stopped first
 PROCESS_FAULTS = ("kill", "stop")  # these take a pattern
 DISK_FAULTS = ("full", "slow")  # these last a while, then end
 TITLE_PREFIX = "warren: "
-# The files a torn write or a flipped byte may hit: the shared stores' data files and the
-# queues' index and per-queue store segments.
-DAMAGEABLE = ("msg_store_persistent/*.rdq", "queues/*/*.qi", "queues/*/*.qs")
+# The files a torn write or a flipped byte may hit: the shared stores' data files, the
+# queues' index and per-queue store segments, and the streams' segments and indexes.
+DAMAGEABLE = (
+    "msg_store_persistent/*.rdq",
+    "queues/*/*.qi",
+    "queues/*/*.qs",
+    "queues/*/*" + SEGMENT_SUFFIX,
+    "queues/*/*" + INDEX_SUFFIX,
+)
 TORN_TAIL_BYTES = 4096
 
 
@@ -250,21 +261,27 @@ def damage_file(
     seed: int,
     *,
     before: Callable[[str, str, int], None] | None = None,
+    files: tuple[str, ...] = DAMAGEABLE,
 ) -> tuple[str, int]:
     """Tear (cut in the last page) or flip (one bit of one byte anywhere) one of a stopped
-    node's store and queue files, picked with ``seed``; (its path, the offset).
+    node's store, queue and stream files (``files``: patterns under the data directory,
+    by default ``DAMAGEABLE``), picked with ``seed``; (its path, the offset).
     ``before(path, kind, offset)`` is called before the file is damaged (a harness notes
     what the damage may destroy). ``FaultMissed`` when the node has no such file yet."""
     if kind not in FILE_FAULTS:
         raise ValueError(f"damage_file does {' and '.join(FILE_FAULTS)}, not {kind!r}")
     root = os.fspath(data_dir)
     candidates = []
-    for pattern in DAMAGEABLE:
+    for pattern in files:
         directory, _, name_pattern = pattern.rpartition("/")
         for parent in sorted(_expand(root, directory)):
             for name in sorted(os.listdir(parent)):
                 path = os.path.join(parent, name)
-                if fnmatch.fnmatchcase(name, name_pattern) and os.path.getsize(path) > 0:
+                if (
+                    fnmatch.fnmatchcase(name, name_pattern)
+                    and os.path.getsize(path) > 0
+                    and (kind != "torn" or _may_end_unfinished(path))
+                ):
                     candidates.append(path)
     if not candidates:
         raise FaultMissed(f"{root} has no store or queue file to damage yet")
@@ -285,6 +302,17 @@ def damage_file(
         file.flush()
         os.fsync(file.fileno())
     return path, offset
+
+
+def _may_end_unfinished(path: str) -> bool:
+    """Whether a crash can leave ``path`` ending in a write the disk did not finish: any
+    store or queue file, a stream's newest segment and index only."""
+    directory, name = os.path.split(path)
+    for suffix in (SEGMENT_SUFFIX, INDEX_SUFFIX):
+        if name.endswith(suffix):
+            stem, numbered = name[: -len(suffix)], numbered_files(directory, suffix)
+            return bool(numbered) and stem.isdigit() and int(stem) == numbered[-1]
+    return True
 
 
 def _expand(root: str, directory: str) -> list[str]:

@@ -38,7 +38,9 @@ Races: a fault is aimed at the processes of the node as they are when it lands (
 again each time), so a victim restarted since the last fault is found under its new pid;
 a victim that exits before the signal makes the fault ``missed``, not a kill of a reused
 pid (psutil checks the start time). A node killed while it was starting is started again
-like any other.
+like any other. A stop signal that lands while the harness forks (a node, a workload
+process) has its KeyboardInterrupt raised in the handlers the fork runs, which ignore
+it: ``spawn_with_parent`` notices, kills the process just forked and raises it.
 """
 
 from __future__ import annotations
@@ -128,9 +130,18 @@ def spawn_with_parent(argv: list[str], **popen_options: Any) -> subprocess.Popen
         if not die_with_parent(parent):
             os._exit(1)
 
-    return subprocess.Popen(
+    stops = _stops_received
+    process = subprocess.Popen(
         argv, stdin=subprocess.DEVNULL, preexec_fn=bind_to_parent, **popen_options
     )
+    if _stops_received != stops:
+        # A stop signal came during the fork: its KeyboardInterrupt was raised in the
+        # handlers a fork runs (logging's lock release), which ignore exceptions. The
+        # process nobody will know of is killed, and the interrupt raised here instead.
+        process.kill()
+        process.wait()
+        raise KeyboardInterrupt("a stop signal, during a fork")
+    return process
 
 
 class NodeUnderTest:
@@ -245,7 +256,10 @@ class NodeUnderTest:
 
     def actor_pids(self) -> dict[str, int | None]:
         status = self.status()
-        return {} if status is None else {name: pid for name, pid, _ in _actors(status["tree"])}
+        # a node still starting answers without its tree
+        if status is None or status.get("tree") is None:
+            return {}
+        return {name: pid for name, pid, _ in _actors(status["tree"])}
 
     def restarts(self) -> int:
         """Restarts by the node's supervisors over all its lives so far (as last seen)."""
@@ -321,6 +335,9 @@ def _restarts(entry: dict) -> int:
     return entry.get("restarts", 0) + sum(_restarts(c) for c in entry.get("children", []))
 
 
+_stops_received = 0  # stop signals harness_signals has turned into KeyboardInterrupt
+
+
 @contextlib.contextmanager
 def harness_signals() -> Iterator[None]:
     """SIGINT, SIGTERM and SIGHUP raise KeyboardInterrupt while the harness runs, so its
@@ -333,6 +350,8 @@ def harness_signals() -> Iterator[None]:
     signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
     def interrupt(signum: int, _frame: object) -> None:
+        global _stops_received
+        _stops_received += 1
         for other in signals:
             signal.signal(other, signal.SIG_IGN)
         raise KeyboardInterrupt(signal.Signals(signum).name)
@@ -389,12 +408,14 @@ def run_faults(
     seed: int = 0,
     sample: Callable[[], dict[str, int]] | None = None,
     before_damage: Callable[[str, str, int], None] | None = None,
+    files: tuple[str, ...] = chaos.DAMAGEABLE,
 ) -> ChaosResult:
     """Land ``faults`` on the running ``node`` over ``duration_s``, each at its time (a
     fault may land while the node still recovers from the last: that is part of the
     test), then wait for the node to be healthy; see the module docstring.
     ``before_damage(path, kind, offset)`` is told which file a torn or flipped fault is
-    about to damage, and where (so a workload can note what the damage may destroy)."""
+    about to damage, and where (so a workload can note what the damage may destroy);
+    ``files`` are the patterns of the files it picks from (``faults.damage_file``)."""
     result = ChaosResult(seed=seed, duration_s=duration_s)
     start = time.monotonic()
     watching: list[_Watch] = []
@@ -480,7 +501,7 @@ def run_faults(
 
     for fault in faults:
         wait_until(fault.at_s)
-        event, watch = _land(node, fault, round(now(), 3), before_damage, disk)
+        event, watch = _land(node, fault, round(now(), 3), before_damage, files, disk)
         result.events.append(event)
         if watch is None:
             _log(event)
@@ -521,6 +542,7 @@ def _land(
     fault: chaos.Fault,
     at: float,
     before_damage: Callable[[str, str, int], None] | None,
+    files: tuple[str, ...],
     disk: _Disk,
 ) -> tuple[Event, _Watch | None]:
     rng = random.Random(fault.seed)
@@ -564,7 +586,7 @@ def _land(
     if fault.kind in chaos.FILE_FAULTS:
         try:
             path, offset = chaos.damage_file(
-                node.data_dir, fault.kind, fault.seed, before=before_damage
+                node.data_dir, fault.kind, fault.seed, before=before_damage, files=files
             )
             event.target, event.detail = os.path.relpath(path, node.data_dir), f"at byte {offset}"
         except chaos.FaultMissed as exc:

@@ -13,14 +13,7 @@ to is lost; a message consumed twice from a queue must be flagged redelivered th
 time, unless its producer sent it twice; a message consumed from a queue it was not
 routed to is misrouted; a body unlike its id's is wrong.
 
-Run one as a process of its own (it prints ``ready`` once connected, and stops on
-SIGTERM, every ledger line it wrote whole)::
-
-    python -m warren.supervisor.chaos.workload produce NODE ROUTING_KEY NAME LEDGER [--count N]
-        [--exchange E] [--sizes FROM TO] [--size-key KEY] [--deduplicate]
-    python -m warren.supervisor.chaos.workload consume NODE LEDGER QUEUE [QUEUE ...]
-
-``NODE`` is a node's data directory or a listener's ``tcp://`` address.
+Each role runs as a process of its own (``warren.supervisor.chaos.roles``).
 
 Races: a consumer's line is written before its ack, so a message can be recorded twice
 but never acked unrecorded; a producer's line is written after the confirm, so a message
@@ -29,13 +22,9 @@ in its ledger is one the node promised to keep.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import itertools
 import json
-import os
-import signal
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -285,63 +274,3 @@ def audit(
             else result.lost
         ).append(name)
     return result
-
-
-class _Stop(Exception):
-    pass
-
-
-def _stop(_signum: int, _frame: object) -> None:
-    raise _Stop
-
-
-def main(argv: list[str]) -> None:
-    parser = argparse.ArgumentParser(prog="python -m warren.supervisor.chaos.workload")
-    roles = parser.add_subparsers(dest="role", required=True)
-    producer = roles.add_parser("produce")
-    producer.add_argument("node", help="a node's data directory or tcp:// address")
-    producer.add_argument("routing_key")
-    producer.add_argument("name")
-    producer.add_argument("ledger")
-    producer.add_argument("--count", type=int, help="default: until stopped")
-    producer.add_argument("--exchange", default="")
-    producer.add_argument("--sizes", type=int, nargs=2, metavar=("FROM", "TO"))
-    producer.add_argument("--size-key")
-    producer.add_argument("--deduplicate", action="store_true")
-    consumer = roles.add_parser("consume")
-    consumer.add_argument("node")
-    consumer.add_argument("ledger")
-    consumer.add_argument("queues", nargs="+")
-    args = parser.parse_args(argv)
-    signal.signal(signal.SIGTERM, _stop)
-    from warren.queues.client import connect
-
-    try:
-        connection = (
-            connect(args.node, connect_timeout_s=60)
-            if args.node.startswith("tcp://")
-            else connect(args.node)
-        )
-        print("ready", flush=True)
-        if args.role == "produce":
-            produce(
-                connection,
-                args.routing_key,
-                args.name,
-                args.count,
-                args.ledger,
-                args.exchange,
-                sizes=None if args.sizes is None else tuple(args.sizes),
-                size_key=args.size_key,
-                deduplicate=args.deduplicate,
-            )
-        else:
-            consume(connection, args.queues, args.ledger)
-    except (_Stop, KeyboardInterrupt):
-        # Every ledger line is written whole (line buffering); leave without waiting for
-        # the connection's sockets, which a node that is away would hold up.
-        os._exit(0)
-
-
-if __name__ == "__main__":
-    main(sys.argv[1:])

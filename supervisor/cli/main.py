@@ -777,9 +777,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     chaos.add_argument(
         "--patterns",
-        default="queue *,msg_store_*",
+        default="queue *,stream *,msg_store_*",
         metavar="PATTERN,...",
-        help="which actors kill and stop aim at (default 'queue *,msg_store_*')",
+        help="which actors kill and stop aim at (default 'queue *,stream *,msg_store_*')",
     )
     chaos.add_argument(
         "--every", default="1..3", metavar="FROM..TO", help="seconds between faults (default 1..3)"

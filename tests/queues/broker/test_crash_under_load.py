@@ -27,7 +27,7 @@ PER_PRODUCER = 600
 
 def start(*arguments):
     process = subprocess.Popen(
-        [sys.executable, "-m", "warren.supervisor.chaos.workload", *map(str, arguments)],
+        [sys.executable, "-m", "warren.supervisor.chaos.roles", *map(str, arguments)],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         text=True,

@@ -302,7 +302,7 @@ def start_producer(data, name, ledger, count):
         [
             sys.executable,
             "-m",
-            "warren.supervisor.chaos.workload",
+            "warren.supervisor.chaos.roles",
             "produce",
             data,
             "events",

@@ -153,3 +153,24 @@ def test_damage_needs_a_file_to_damage(tmp_path):
         damage_file(tmp_path / "empty", "flip", 1)
     with pytest.raises(ValueError, match="not 'melt'"):
         damage_file(tmp_path / "empty", "melt", 1)
+
+
+def test_a_torn_write_lands_only_on_a_streams_newest_segment_and_index(tmp_path):
+    # A stream syncs a segment whole before it starts the next: only the newest can end
+    # in a write the disk did not finish. A flipped bit may land in any of them.
+    stream = tmp_path / "queues" / "events"
+    stream.mkdir(parents=True)
+    files = [
+        stream / f"{first:020d}{suffix}"
+        for first in (0, 120, 250)
+        for suffix in (".segment", ".index")
+    ]
+
+    def damaged(kind, seed):
+        for path in files:  # whole again: a cut file could not be cut again
+            path.write_bytes(b"x" * 5000)
+        return damage_file(tmp_path, kind, seed)[0]
+
+    newest = {str(path) for path in files[-2:]}
+    assert {damaged("torn", seed) for seed in range(20)} == newest
+    assert {damaged("flip", seed) for seed in range(40)} == {str(path) for path in files}
