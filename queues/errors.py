@@ -29,6 +29,7 @@ __all__ = [
     "QueueDown",
     "QueueError",
     "QueueLocked",
+    "QueueRestarting",
     "StreamCorrupt",
     "StreamError",
     "StreamLocked",
@@ -75,6 +76,12 @@ class QueueLocked(QueueError):
 
 class NotFound(QueueError, LookupError):
     """No queue of that name is declared on the node: declare it first."""
+
+
+class QueueRestarting(NotFound):
+    """The queue's (or stream's) process is between two incarnations: it stopped and its
+    supervisor is starting it again. Ask again in a moment; unlike its base class, it
+    does not mean the queue was never declared."""
 
 
 class PreconditionFailed(QueueError):

@@ -387,7 +387,7 @@ class WarrenDataSource(DataSource):
 
 def _check_stream(target: Target) -> None:
     """On the driver, before any task: the stream option names a stream."""
-    from ..errors import NotFound
+    from ..errors import NotFound, QueueRestarting
     from . import connect
 
     connection = connect(target.endpoint, key_file=target.key_file)
@@ -397,6 +397,8 @@ def _check_stream(target: Target) -> None:
                 f"{target.stream!r} is a classic queue, not a stream: write into it with "
                 f"option queue, or declare a stream (type='stream')"
             )
+    except QueueRestarting:
+        pass  # declared, and coming back: the tasks retry it as they retry a node away
     except NotFound:
         raise WarrenWriteError(
             f"stream {target.stream!r} is not declared on {target.endpoint}: declare it first "

@@ -93,8 +93,18 @@ def retryable(exc: Exception) -> bool:
     mistake in the request itself."""
     from warren.actors import ActorError
 
-    from ..errors import Blocked, ConnectionClosed, Nacked, NodeNotRunning
+    from ..errors import Blocked, ConnectionClosed, Nacked, NodeNotRunning, QueueRestarting
 
     return isinstance(
-        exc, (Nacked, NodeNotRunning, ConnectionClosed, Blocked, TimeoutError, ActorError, OSError)
+        exc,
+        (
+            Nacked,
+            NodeNotRunning,
+            QueueRestarting,
+            ConnectionClosed,
+            Blocked,
+            TimeoutError,
+            ActorError,
+            OSError,
+        ),
     )

@@ -62,7 +62,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
 
-from ..errors import NotFound, OffsetOutOfRange, WarrenReadError
+from ..errors import NotFound, OffsetOutOfRange, QueueRestarting, WarrenReadError
 from ..message import Message, decode, encode
 from ..protocol import StreamAttach, StreamChunks, StreamPlan
 from .spark_options import RETRY_PAUSE_S, Target, retryable
@@ -118,7 +118,7 @@ class Source:
 
     @classmethod
     def from_options(cls, options: Any, streaming: bool) -> Source:
-        target = Target.from_options({**dict(options), "persistent": "true"}, reading=True)
+        target = Target.from_options(dict(options), reading=True)
         assert target.stream is not None, "a read names its stream"
         starting = _offset_option(
             options.get("startingOffsets", "latest" if streaming else "first"),
@@ -209,11 +209,11 @@ class NodeSession:
                 if self._connection is None:
                     self._connection = connect(self.source.endpoint, key_file=self.source.key_file)
                 return action(self._connection)
-            except NotFound:
-                raise WarrenReadError(
-                    f"stream {self.source.stream!r} is not declared on {self.source.endpoint}"
-                ) from None
             except Exception as exc:
+                if isinstance(exc, NotFound) and not isinstance(exc, QueueRestarting):
+                    raise WarrenReadError(
+                        f"stream {self.source.stream!r} is not declared on {self.source.endpoint}"
+                    ) from None
                 if not retryable(exc) or time.monotonic() + pause > deadline:
                     raise
                 log.warning("%s: %s; asking again in %.1f s", where, exc, pause)
@@ -260,6 +260,8 @@ def _plan(
         answer = session.ask(StreamPlan(start, end, source.partition_bytes), where)
     except OffsetOutOfRange as error:
         first = session.ask(StreamAttach("first"), where)
+        if start >= first["offset"]:  # past the stream's end (recovery cut it), not retention
+            raise WarrenReadError(f"{where}: {error}") from None
         lost_to = min(first["offset"], end)
         _data_lost(source, start, lost_to, f"{where}: {error}")
         if lost_to >= end:

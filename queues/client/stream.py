@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from warren.actors import ActorError, ActorRef
 
-from ..errors import Nacked, NotFound, OffsetOutOfRange
+from ..errors import Nacked, OffsetOutOfRange, QueueRestarting
 from ..message import Message, decode
 from ..protocol import (
     MAX_WAIT_MS,
@@ -238,7 +238,7 @@ class StreamConsumer:
         while True:
             try:
                 return self.connection._request(self.stream, request)
-            except (Nacked, NotFound, ActorError):  # a long poll changes nothing: ask again
+            except (Nacked, QueueRestarting, ActorError):  # a poll changes nothing: ask again
                 if time.monotonic() >= give_up:
                     if left is None:
                         raise

@@ -36,7 +36,9 @@ from warren.queues.errors import (
     QueueDown,
     QueueError,
     QueueLocked,
+    QueueRestarting,
     Unroutable,
+    WarrenReadError,
     WarrenWriteError,
 )
 from warren.store.errors import (
@@ -83,6 +85,7 @@ __all__ = [
     "PreconditionFailed",
     "QueueClosed",
     "QueueDown",
+    "QueueRestarting",
     "QueueError",
     "QueueLocked",
     "RemoteError",
@@ -99,6 +102,7 @@ __all__ = [
     "Unroutable",
     "UsageError",
     "WarrenError",
+    "WarrenReadError",
     "WarrenWriteError",
     "WritesBlocked",
 ]

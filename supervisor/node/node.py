@@ -108,7 +108,7 @@ from warren.queues.engine.ref_counts import (
     node_message_count,
     node_ref_counts,
 )
-from warren.queues.errors import NodeNotRunning, NotFound, QueueDown, QueueError
+from warren.queues.errors import NodeNotRunning, NotFound, QueueDown, QueueError, QueueRestarting
 from warren.queues.protocol import (
     NODE_CALLS,
     STREAM_ACTOR_PREFIX,
@@ -476,7 +476,8 @@ class Node:
 
     def queue(self, name: str) -> ActorRef:
         """The ref of a queue's process (follows its restarts); ``NotFound`` for a queue
-        never declared, ``QueueDown`` for one that kept crashing and stays down."""
+        never declared, ``QueueRestarting`` (a ``NotFound``) for one between two
+        incarnations, ``QueueDown`` for one that kept crashing and stays down."""
         if name not in self._definitions.queues:
             raise NotFound(f"no queue {name!r} on this node; declare it first")
         ref = self._actor_node.whereis(self._actor_name(name))
@@ -487,7 +488,7 @@ class Node:
                 f"restart the node, or delete the queue and declare it again"
             )
         if ref is None:
-            raise NotFound(f"queue {name!r} is restarting; try again in a moment")
+            raise QueueRestarting(f"queue {name!r} is restarting; try again in a moment")
         return ref
 
     def queue_state(self, name: str) -> str:
