@@ -38,6 +38,7 @@ setup(
     package_data={"warren.supervisor.node": ["page/*.html", "page/*.css", "page/*.js"]},
     python_requires=">=3.11",
     install_requires=[
+        "isal>=1.6,<2",
         "msgpack>=1.0,<2",
         "prometheus_client>=0.17,<1",
         "psutil>=5.9,<8",

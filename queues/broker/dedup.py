@@ -52,8 +52,9 @@ import logging
 import os
 import struct
 import time
-import zlib
 from collections.abc import Iterable
+
+from isal.isal_zlib import crc32
 
 from ..durable_files import fsync_directory, write_atomically
 
@@ -86,7 +87,7 @@ def message_ids(producer: bytes, first: int, count: int) -> list[bytes]:
 
 def _record(producer: bytes, sequence: int, low_water: int, at_ms: int) -> bytes:
     body = _LENGTH.pack(len(producer)) + producer + _FIELDS.pack(sequence, low_water, at_ms)
-    return body + _CRC.pack(zlib.crc32(body))
+    return body + _CRC.pack(crc32(body))
 
 
 class ProducerLog:
@@ -129,9 +130,7 @@ class ProducerLog:
         while at + _LENGTH.size <= len(data):
             (length,) = _LENGTH.unpack_from(data, at)
             end = at + _LENGTH.size + length + _FIELDS.size
-            if end + _CRC.size > len(data) or _CRC.unpack_from(data, end)[0] != zlib.crc32(
-                data[at:end]
-            ):
+            if end + _CRC.size > len(data) or _CRC.unpack_from(data, end)[0] != crc32(data[at:end]):
                 break
             producer = bytes(data[at + _LENGTH.size : at + _LENGTH.size + length])
             sequence, self.low_water, at_ms = _FIELDS.unpack_from(data, end - _FIELDS.size)

@@ -52,11 +52,12 @@ import fcntl
 import logging
 import os
 import struct
-import zlib
 from bisect import bisect_left
 from collections.abc import Callable, Iterable
 from itertools import repeat
 from typing import NamedTuple
+
+from isal.isal_zlib import crc32
 
 from ..errors import QueueClosed, QueueLocked, UnknownDeliveryTag
 from . import segments
@@ -114,7 +115,7 @@ def pack_slot(
     body = _SLOT_HEAD.pack(
         _status_and_flags(shared, persistent), size, expiry_ms, msg_id, store_offset
     )
-    return _SLOT_WITH_CRC.pack(body, zlib.crc32(body))
+    return _SLOT_WITH_CRC.pack(body, crc32(body))
 
 
 def pack_slots(
@@ -129,7 +130,7 @@ def pack_slots(
     a pass of C calls per step rather than a Python call per entry."""
     head = repeat(_status_and_flags(shared, persistent), len(msg_ids))
     bodies = list(map(_SLOT_HEAD.pack, head, sizes, expiries, msg_ids, store_offsets))
-    return list(map(_SLOT_WITH_CRC.pack, bodies, map(zlib.crc32, bodies)))
+    return list(map(_SLOT_WITH_CRC.pack, bodies, map(crc32, bodies)))
 
 
 def _status_and_flags(shared: bool, persistent: bool) -> int:
@@ -141,7 +142,7 @@ def unpack_slot(seq_id: int, slot: bytes) -> Entry:
     """The entry in ``slot``, which the caller has seen is present (its status byte is not
     0); ValueError if torn."""
     body = slot[:44]
-    if slot[0] != SLOT_PRESENT or _CRC.unpack_from(slot, 44)[0] != zlib.crc32(body):
+    if slot[0] != SLOT_PRESENT or _CRC.unpack_from(slot, 44)[0] != crc32(body):
         raise ValueError("torn slot")
     _, flags, _, size, expiry, msg_id, offset = _SLOT.unpack(body)
     return Entry(

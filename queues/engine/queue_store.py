@@ -34,10 +34,11 @@ from __future__ import annotations
 import logging
 import os
 import struct
-import zlib
 from collections.abc import Iterable
 from itertools import accumulate
 from typing import TypeVar
+
+from isal.isal_zlib import crc32
 
 from ..errors import CorruptMessage, QueueClosed
 from .queue_index import DEFAULT_SEGMENT_ENTRY_COUNT
@@ -243,7 +244,7 @@ class QueueStore:
         """Write records of ``datas`` back to back from ``offset``: their headers, computed
         here a pass at a time, and their data, as they are."""
         vectors = [b""] * (2 * len(datas))
-        vectors[0::2] = map(RECORD.pack, map(len, datas), map(zlib.crc32, datas))
+        vectors[0::2] = map(RECORD.pack, map(len, datas), map(crc32, datas))
         vectors[1::2] = datas
         _write_vectors(self._files.for_writing(segment), vectors, offset)
 
@@ -343,7 +344,7 @@ def _record_at(data: _Data, offset: int, size: int) -> _Data | None:
     length, crc = RECORD.unpack_from(data, offset)
     start = offset + RECORD_HEADER_BYTES
     payload = data[start : start + size]
-    if length != size or zlib.crc32(payload) != crc:
+    if length != size or crc32(payload) != crc:
         return None
     return payload
 

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import os
 import struct
-import zlib
 from collections.abc import Callable
+
+from isal.isal_zlib import crc32
 
 __all__ = ["SegmentFiles", "segment_numbers"]
 
@@ -33,7 +34,7 @@ def segment_header(magic: bytes, version: int, segment: int, entry_count: int) -
     """The header of segment ``segment`` of a file kind (``magic``, ``version``)."""
     head = _HEADER.pack(magic, version, entry_count, segment * entry_count)
     head = head.ljust(_HEADER_CRC_AT, b"\0")
-    return head + _CRC.pack(zlib.crc32(head))
+    return head + _CRC.pack(crc32(head))
 
 
 def header_fields(header: bytes) -> tuple[bytes, int, int, int] | None:

@@ -106,11 +106,12 @@ import os
 import struct
 import time
 import uuid
-import zlib
 from bisect import bisect_right
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from itertools import chain, repeat
 from typing import Literal, NamedTuple
+
+from isal.isal_zlib import crc32
 
 from ..errors import OffsetOutOfRange, StreamCorrupt, StreamError, StreamLocked
 from ..protocol import Timestamp
@@ -273,7 +274,7 @@ def pack_chunk(
         timestamp_ms,
         epoch,
         chunk_id,
-        zlib.crc32(data),
+        crc32(data),
         len(data),
         len(trailer),
         0,
@@ -347,7 +348,7 @@ def chunk_bodies(header: ChunkHeader, data: bytes, where: str) -> list[bytes]:
     does not hold the records the header says."""
     if len(data) != header.data_bytes:
         raise StreamCorrupt(f"{where}: its data is cut short")
-    if zlib.crc32(data) != header.data_crc:
+    if crc32(data) != header.data_crc:
         raise StreamCorrupt(f"{where}: its data fails its CRC")
     try:
         bodies = decode_entries(data)
@@ -525,7 +526,7 @@ def _walk_chunks(fd: int, file_size: int, first_chunk_id: int) -> Iterator[Chunk
 def _data_of(fd: int, header: ChunkHeader) -> bytes | None:
     """The chunk's data, or None when it is short or fails its CRC."""
     data = os.pread(fd, header.data_bytes, header.data_position)
-    if len(data) != header.data_bytes or zlib.crc32(data) != header.data_crc:
+    if len(data) != header.data_bytes or crc32(data) != header.data_crc:
         return None
     return data
 
@@ -785,7 +786,7 @@ class StreamLog:
             timestamp,
             self.epoch,
             chunk_id,
-            zlib.crc32(data),
+            crc32(data),
             len(data),
             len(trailer),
             0,

@@ -76,12 +76,13 @@ import logging
 import math
 import os
 import time
-import zlib
 from bisect import insort
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from itertools import repeat
 from typing import Any, NamedTuple, Protocol
+
+from isal.isal_zlib import crc32
 
 from warren.store import Settlement
 from warren.store.disk_faults import slow_sync
@@ -706,7 +707,7 @@ class VariableQueue:
         if status.shared:
             # The shared store's records carry no checksum (RabbitMQ's format): the index
             # keeps the body's CRC-32 where an embedded body keeps its offset.
-            status.store_offset = zlib.crc32(payload)
+            status.store_offset = crc32(payload)
             ticket = self._client(status).write(status.msg_id, payload)
             if status.persistent:
                 self._store_unsettled.append((ticket, status.seq_id))
@@ -858,7 +859,7 @@ class VariableQueue:
             payload = self._client(status).read_many([status.msg_id])[0]
             if payload is not None and (
                 len(payload) != status.size
-                or (status.store_offset and zlib.crc32(payload) != status.store_offset)
+                or (status.store_offset and crc32(payload) != status.store_offset)
             ):
                 raise CorruptMessage(
                     f"{self.directory}: the body of seq id {status.seq_id} "

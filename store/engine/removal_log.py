@@ -46,8 +46,9 @@ import errno
 import os
 import re
 import struct
-import zlib
 from collections.abc import Container, Iterable, Iterator
+
+from isal.isal_zlib import crc32
 
 SUFFIX = ".removed"
 _NAME = re.compile(r"^(0|[1-9][0-9]*)\.removed$")
@@ -77,7 +78,7 @@ class RemovalLog:
         if buffer is None:
             buffer = self._buffers[file] = bytearray()
         buffer += head
-        buffer += _CRC.pack(zlib.crc32(head))
+        buffer += _CRC.pack(crc32(head))
 
     def write(self) -> None:
         """Append every buffered entry to its file's log; on a full disk keep them
@@ -141,7 +142,7 @@ def parse_entries(data: bytes) -> Iterator[tuple[int, bytes]]:
     for start in range(0, len(data) - ENTRY_BYTES + 1, ENTRY_BYTES):
         head = data[start : start + _HEAD.size]
         (crc,) = _CRC.unpack_from(data, start + _HEAD.size)
-        if zlib.crc32(head) == crc:
+        if crc32(head) == crc:
             yield _HEAD.unpack(head)
 
 

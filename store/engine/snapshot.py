@@ -25,10 +25,11 @@ from __future__ import annotations
 import os
 import struct
 import sys
-import zlib
 from array import array
 from collections.abc import Iterable
 from dataclasses import dataclass
+
+from isal.isal_zlib import crc32
 
 from .index import ADOPTABLE
 from .records import data_file_name
@@ -131,7 +132,7 @@ def _decode_marker(payload: bytes) -> tuple[int, int, frozenset[bytes]]:
 
 
 def _write_file(dir_fd: int, name: str, payload: bytes) -> int:
-    crc = zlib.crc32(payload)
+    crc = crc32(payload)
     temp = name + ".tmp"
     fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644, dir_fd=dir_fd)
     try:
@@ -158,7 +159,7 @@ def _read_file(dir_fd: int, name: str) -> tuple[bytes, int]:
     payload = data[_PREAMBLE.size :]
     if magic != _MAGIC[name] or version != _VERSION:
         raise SnapshotInvalid(f"{name} has magic {magic!r} version {version}")
-    if len(payload) != length or zlib.crc32(payload) != crc:
+    if len(payload) != length or crc32(payload) != crc:
         raise SnapshotInvalid(f"{name} fails its length or checksum")
     return payload, crc
 
