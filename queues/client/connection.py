@@ -58,6 +58,7 @@ from warren.actors.flow import MAX_IN_FLIGHT, MAX_IN_FLIGHT_BYTES, CreditWindow
 from warren.actors.process import process_exists
 
 from .. import errors
+from ..engine.stream_log import MAX_ENTRIES_PER_CHUNK
 from ..errors import ConnectionClosed, Nacked, QueueError, local_error
 from ..message import MAX_MESSAGE_BYTES, Message, body_encoder, decode, encode
 from ..protocol import (
@@ -87,8 +88,11 @@ __all__ = ["BatchConfirm", "Confirm", "Connection", "Consumer", "Delivery", "Que
 
 log = logging.getLogger("warren.queues")
 
-PUBLISH_BATCH = 500  # messages per Publish from publish_many
+PUBLISH_BATCH = 500  # messages per Publish from publish_many, to a queue
+# and to streams only: a Publish is one chunk of the stream, so a batch is kept whole
+STREAM_PUBLISH_BATCH = MAX_ENTRIES_PER_CHUNK
 PUBLISH_BATCH_BYTES = 4 * 2**20
+READ_AHEAD = 4096  # messages publish_many takes from its iterable at a time
 LINGER_S = 0.002  # how long publish_async's messages wait for more to share their frame
 ASYNC_BATCH = 64  # publish_async's messages per frame, at most
 ASYNC_BATCH_BYTES = 256 * 2**10
@@ -726,20 +730,24 @@ class Connection:
         sequence: int | None,
     ) -> BatchConfirm:
         """Send runs of encoded messages, each run with its persistence and TTL, in
-        Publishes of at most ``PUBLISH_BATCH`` messages and ``PUBLISH_BATCH_BYTES``; their
-        confirm. Each run is checked whole before any of it is sent."""
+        Publishes of at most ``PUBLISH_BATCH`` messages (``STREAM_PUBLISH_BATCH`` when
+        every queue routed to is a stream: each Publish is a chunk) and
+        ``PUBLISH_BATCH_BYTES``; their confirm. Each run is checked whole before any of it
+        is sent."""
         producer = _producer(producer_id, sequence)
         queues = self._route(exchange, routing_key, mandatory)
+        refs = [self._ref(queue) for queue in queues]
+        most = STREAM_PUBLISH_BATCH if all(map(_is_stream_ref, refs)) else PUBLISH_BATCH
         sent: list[_Publish] = []
         count = 0
         for persistent, expiration_ms, payloads in runs:
             sizes = list(map(len, payloads))
             if max(sizes) > MAX_MESSAGE_BYTES:
                 self._check_size(payloads[sizes.index(max(sizes))])
-            for start, stop in _byte_batches(sizes):
+            for start, stop in _byte_batches(sizes, most):
                 publish = _Publish(
                     queues,
-                    [self._ref(queue) for queue in queues],
+                    refs,
                     persistent,
                     expiration_ms,
                     producer,
@@ -990,10 +998,7 @@ class Connection:
     @_exclusive
     def is_stream(self, queue: str) -> bool:
         """Whether ``queue`` is a stream (declared with type="stream")."""
-        ref = self._ref(queue)
-        if isinstance(ref, RemoteQueue):
-            return ref.stream
-        return ref.name.startswith(STREAM_ACTOR_PREFIX)
+        return _is_stream_ref(self._ref(queue))
 
     def _stream_only(self, queue: str) -> str:
         if not self.is_stream(queue):
@@ -1439,20 +1444,29 @@ def _flusher() -> _Flusher:
         return _the_flusher[1]
 
 
+def _is_stream_ref(ref: QueueRef) -> bool:
+    if isinstance(ref, RemoteQueue):
+        return ref.stream
+    return ref.name.startswith(STREAM_ACTOR_PREFIX)
+
+
 def _chunks(items: Iterable[Any]) -> Iterator[list[Any]]:
-    """``items`` in lists of ``PUBLISH_BATCH``, taken as they are needed (a producer's
+    """``items`` in lists of ``READ_AHEAD``, taken as they are needed (a producer's
     generator is never read far ahead)."""
     items = iter(items)
-    while chunk := list(itertools.islice(items, PUBLISH_BATCH)):
+    while chunk := list(itertools.islice(items, READ_AHEAD)):
         yield chunk
 
 
-def _byte_batches(sizes: list[int]) -> Iterator[tuple[int, int]]:
+def _byte_batches(sizes: list[int], most: int) -> Iterator[tuple[int, int]]:
     """(start, stop) of consecutive messages of ``sizes`` that share a Publish of at most
-    ``PUBLISH_BATCH_BYTES`` (a larger message goes alone)."""
+    ``most`` messages and ``PUBLISH_BATCH_BYTES`` (a larger message goes alone)."""
+    if len(sizes) <= most and sum(sizes) <= PUBLISH_BATCH_BYTES:
+        yield 0, len(sizes)
+        return
     start, total = 0, 0
     for at, size in enumerate(sizes):
-        if at > start and total + size > PUBLISH_BATCH_BYTES:
+        if at > start and (total + size > PUBLISH_BATCH_BYTES or at - start == most):
             yield start, at
             start, total = at, 0
         total += size

@@ -22,7 +22,7 @@ from warren import connect
 from warren.actors import ActorError
 from warren.queues import Nacked, PreconditionFailed
 from warren.queues.client.stream import StreamConsumer, Timestamp
-from warren.queues.engine.stream_log import StreamLog, numbered_files
+from warren.queues.engine.stream_log import StreamLog, inspect_stream, numbered_files
 from warren.queues.errors import (
     NotFound,
     OffsetOutOfRange,
@@ -184,6 +184,29 @@ def test_a_producer_resumes_after_its_last_sequence_and_repeats_are_dropped(node
     assert bodies == [b"s0", b"s1", b"s2", b"s3"]
     assert connection.last_sequence("events", "spark-1") == 3
     assert connection.queue_stats("events")["repeats_dropped"] == 3
+
+
+def test_a_batch_is_one_chunk_up_to_the_chunk_limits_and_a_queues_frames_when_routed_to_both(
+    node,
+):
+    connection = node.connect()
+    connection.declare_queue("events", type="stream")
+    connection.declare_queue("copies")
+    connection.declare_exchange("both", "fanout")
+    connection.bind_queue("events", "both")
+    connection.bind_queue("copies", "both")
+    connection.publish_many("events", [b"%d" % n for n in range(1_000)])
+    connection.publish_many_async("events", [b"%d" % n for n in range(5_000)]).result()
+    connection.publish_many("events", [b"x" * 2**20] * 6)
+    connection.publish_many("any", [b"both %d" % n for n in range(1_200)], exchange="both")
+    connection.wait_for_confirms()
+
+    shown = inspect_stream(Path(node.data_dir) / "queues" / "events")
+    assert sum(segment.records for segment in shown) == 1_000 + 5_000 + 6 + 1_200
+    # 1,000 whole; 5,000 read 4,096 at a time; six 1 MiB in frames of at most 4 MiB; the
+    # batch routed to a queue too in its frames of 500
+    assert sum(segment.user_chunks for segment in shown) == 1 + 2 + 2 + 3
+    assert connection.queue_stats("copies")["messages_ready"] == 1_200
 
 
 def test_retention_by_bytes_deletes_the_oldest_segments_and_frees_the_disk(node):
