@@ -32,7 +32,9 @@ thread, one at a time:
   exception stops the actor, *instead of* ``on_stop``.
 
 Services the loop offers to the actor's code: ``self.ref`` (its own ref), ``defer_reply``
-(answer an ask later, from any thread), ``call_later``, ``stop``, ``monitor``/``demonitor``
+(answer an ask later, from any thread), ``call_later``, ``call_soon_threadsafe`` (run a
+callback on the actor's thread, asked from another thread of its process: how a worker
+thread hands a result back), ``stop``, ``monitor``/``demonitor``
 (a ``Down`` arrives as a message), ``link``, ``whereis``/``register`` (the node's registry),
 ``peer_connected`` (whether a process still holds a connection to the mailbox).
 
@@ -69,6 +71,8 @@ class ActorServices(Protocol):
     def defer_reply(self) -> DeferredReply: ...
 
     def call_later(self, delay_s: float, callback: Callable[[], None]) -> None: ...
+
+    def call_soon_threadsafe(self, callback: Callable[[], None]) -> None: ...
 
     def stop(self) -> None: ...
 
@@ -162,6 +166,12 @@ class ProcessActor:
     def call_later(self, delay_s: float, callback: Callable[[], None]) -> None:
         """Run ``callback`` on the actor's thread after ``delay_s`` seconds."""
         self._require_services().call_later(delay_s, callback)
+
+    def call_soon_threadsafe(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` on the actor's thread as soon as the loop is free; callable
+        from any thread of this process (at once when called on the actor's thread). A
+        callback still waiting when the actor stops is not run."""
+        self._require_services().call_soon_threadsafe(callback)
 
     def stop(self) -> None:
         """Stop this actor once the current batch is handled (``on_stop`` runs)."""

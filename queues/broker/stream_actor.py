@@ -9,9 +9,8 @@ Messages accepted (``warren.queues.protocol``), and what each gets back:
 
     Publish(payloads, ...)          → how many were taken, once they are committed: the
                                       payloads become one chunk (more when a Publish holds
-                                      over 65,535), appended at once; every chunk appended
-                                      while the mailbox had more waiting is made durable by
-                                      one fdatasync when it is empty (group commit), then
+                                      over 65,535), appended at once; chunks are made
+                                      durable by a group commit (below), then
                                       confirmed. ``persistent``, ``msg_ids`` and
                                       ``expiration_ms`` are a queue's and mean nothing here
                                       (a stream keeps everything until retention). With a
@@ -41,6 +40,14 @@ Messages accepted (``warren.queues.protocol``), and what each gets back:
     Purge(), Fetch(...), Settle(...) ... raise ``UnsupportedOperation``: a stream is read by
                                       offset, never consumed away
 
+Group commit: the fdatasync runs on a thread of this process (``StreamLog.begin_sync``
+then ``PendingSync.run`` there), one at a time, so the process goes on taking and
+appending Publishes while the disk flushes. A sync starts when the mailbox runs dry or
+the previous sync ends with more appended meanwhile, and covers everything appended
+before it began; when it ends, back on the actor's thread, the committed offset moves and
+the Publishes it covers are confirmed. Under ``sync_policy="flush"`` nothing blocks and
+the commit is made at once.
+
 Readers: a reader on this machine opens the segment files itself
 (``warren.queues.client.stream``) and asks this process only for the committed offset
 (``StreamRead`` of 0 records, a long poll); a reader behind the tcp listener has its
@@ -55,7 +62,12 @@ file; one that needs a deleted segment moves on to the new first chunk.
 
 Races: a publisher is confirmed only after the sync that covers its chunk, so a stream
 killed with confirms pending leaves its publishers an ActorDeadError (the batch is in
-doubt: re-send it, with a producer id to drop what did land), never a false confirm. A
+doubt: re-send it, with a producer id to drop what did land), never a false confirm. The
+sync thread flushes duplicates of the descriptors, so a rollover closing the segment
+under it changes nothing; a stop waits for it, then confirms what it covered; a delete
+fails the confirms it would have given; a flush that fails crashes the process (its
+publishers get an error, and nothing after it is confirmed: after a failed fdatasync the
+page cache no longer says what is on disk), and the restart recovers from disk. A
 write that fails (a full disk) stops the process without a sync: the restart cuts the
 torn tail, and the publishers of unconfirmed chunks get an error.
 """
@@ -67,13 +79,15 @@ import logging
 import shutil
 import time
 from collections.abc import Callable
-from typing import Any, ClassVar
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, ClassVar, NamedTuple
 
 from warren.actors import ProcessActor, UnhandledMessage
 
 from ..engine.stream_log import (
     MAX_ENTRIES_PER_CHUNK,
     MAX_TRACKING_ID_BYTES,
+    PendingSync,
     Start,
     StreamError,
     StreamLog,
@@ -142,6 +156,15 @@ class _Waiting:
         self.request, self.reply, self.answered = request, reply, False
 
 
+class _Sync(NamedTuple):
+    """A group commit running on the sync thread, and what it will confirm."""
+
+    pending: PendingSync
+    confirms: list[tuple[Any, int]]
+    last_record: int  # the offset of the last record it covers
+    flushed: Future[PendingSync]
+
+
 class StreamActor(ProcessActor):
     """One stream's process; see the module docstring."""
 
@@ -172,6 +195,8 @@ class StreamActor(ProcessActor):
         self.retention_check_s = retention_check_s
         self._log: StreamLog | None = None
         self._pending: list[tuple[Any, int]] = []  # confirms awaiting the next sync
+        self._syncer: ThreadPoolExecutor | None = None  # the sync thread (fsync policy)
+        self._sync: _Sync | None = None  # the group commit running there
         self._waiting: list[_Waiting] = []
         self._readers: dict[int, StreamReader] = {}  # next offset -> an open reader
         self._deleted = False
@@ -217,16 +242,21 @@ class StreamActor(ProcessActor):
             self._last_record = self._last_committed_record = last_chunk[-1][0]
         self._apply_retention()
         self.call_later(self.retention_check_s, self._retention_tick)
+        if self._log.sync_policy:
+            self._syncer = ThreadPoolExecutor(1, thread_name_prefix=f"sync {self.stream_name}")
 
     def on_stop(self) -> None:
         self._close_readers()
+        if self._syncer is not None:
+            self._syncer.shutdown()  # waits for a sync in flight
         if self._log is not None and not self._deleted:
+            if self._sync is not None:
+                self._commit(self._sync)
             self._log.close()
-            self._answer_pending()
+            self._committed_through(self._last_record, self._take_pending())
 
     def on_idle(self) -> None:
-        if self._pending or (self._log is not None and self._log.last_offset > self._committed):
-            self._sync()
+        self._start_sync()
 
     @property
     def _stream(self) -> StreamLog:
@@ -286,6 +316,8 @@ class StreamActor(ProcessActor):
         self.counters["published"] += len(payloads)
         self.counters["repeats_dropped"] += taken - len(payloads)
         self._pending.append((reply, taken))
+        if self._sync is None and self._syncer is not None:
+            self._start_sync()  # early, so that the flush overlaps what comes next
         if self._stream.segment_count != segments:
             self._apply_retention()
 
@@ -479,11 +511,10 @@ class StreamActor(ProcessActor):
 
     def _delete(self, message: DeleteQueue) -> int:
         count = max(0, self._stream.last_offset + 1 - self._stream.first_offset)
-        for reply, _taken in self._pending:
+        for reply, _taken in self._take_pending():
             reply.fail(
                 QueueClosed(f"stream {self.stream_name} was deleted before confirming this publish")
             )
-        self._pending.clear()
         self._close_readers()
         self._stream.abandon()
         shutil.rmtree(self.directory, ignore_errors=True)
@@ -505,11 +536,51 @@ class StreamActor(ProcessActor):
 
     # ------------------------------------------------------------------ commits
 
-    def _sync(self) -> None:
-        self._stream.sync()
-        self._last_committed_record = self._last_record
+    def _start_sync(self) -> None:
+        """Begin a group commit of everything appended, unless one is running (the next
+        starts when it ends) or nothing waits for one."""
+        log = self._log
+        if self._sync is not None or log is None or self._deleted:
+            return
+        if not self._pending and log.last_offset <= log.committed_offset:
+            return
+        pending, confirms = log.begin_sync(), self._pending
+        self._pending = []
+        if self._syncer is None:
+            log.commit(pending.run())
+            self._committed_through(self._last_record, confirms)
+            return
+        flushed = self._syncer.submit(pending.run)
+        self._sync = _Sync(pending, confirms, self._last_record, flushed)
+        flushed.add_done_callback(lambda _: self.call_soon_threadsafe(self._sync_ended))
+
+    def _sync_ended(self) -> None:
+        """Back on the actor's thread: commit what the sync covered (or crash with its
+        error), then begin the next."""
+        if self._sync is None or self._deleted or self._log is None:
+            return
+        self._commit(self._sync)
+        self._start_sync()
+
+    def _commit(self, sync: _Sync) -> None:
+        self._sync = None
+        self._stream.commit(sync.flushed.result())  # a failed flush raises here
+        self._committed_through(sync.last_record, sync.confirms)
+
+    def _take_pending(self) -> list[tuple[Any, int]]:
+        """Every confirm not given yet, the running sync's included."""
+        pending, self._pending = self._pending, []
+        if self._sync is not None:
+            pending[:0] = self._sync.confirms
+            self._sync = None
+        return pending
+
+    def _committed_through(self, last_record: int, confirms: list[tuple[Any, int]]) -> None:
+        self._last_committed_record = last_record
         self.counters["syncs"] += 1
-        self._answer_pending()
+        for reply, taken in confirms:
+            reply.send(taken)
+            self.counters["confirmed"] += taken
         if self._waiting:
             waiting, self._waiting = self._waiting, []
             for entry in waiting:
@@ -517,12 +588,6 @@ class StreamActor(ProcessActor):
                     self._answer_waiting(entry)
                 elif not entry.answered:
                     self._waiting.append(entry)
-
-    def _answer_pending(self) -> None:
-        pending, self._pending = self._pending, []
-        for reply, taken in pending:
-            reply.send(taken)
-            self.counters["confirmed"] += taken
 
     def _answer_waiting(self, waiting: _Waiting) -> None:
         if waiting.answered or self._log is None:

@@ -50,10 +50,15 @@ each and are never delivered to readers.
 Protocol. ``append`` writes the chunk to the segment, then its index record, with plain
 ``write``s (the page cache); ``sync`` fdatasyncs the segment written since the last sync
 (and the directory when files came or went) and then moves ``committed_offset`` to the
-last offset: a group commit. The newest segment's index is not synced there: recovery
-walks the newest segment and rebuilds its index from it, so an index left behind its
-segment by a power cut costs a rebuild, never a confirmed record, and a commit costs one
-flush, not two. With ``sync=False`` the page cache is the policy:
+last offset: a group commit. ``begin_sync``, ``PendingSync.run`` and ``commit`` are the
+same in three steps, so that the flush can run on another thread while the writer appends
+on: ``begin_sync`` notes the last offset and duplicates the descriptors to flush (the
+writer may close its own at a rollover meanwhile), ``run`` flushes them (an fdatasync
+covers every write made before it began, whichever descriptor made it), and ``commit``
+moves the committed offset to the noted one, never back. The newest segment's index
+is not synced there: recovery walks the newest segment and rebuilds its index from it,
+so an index left behind its segment by a power cut costs a rebuild, never a confirmed
+record, and a commit costs one flush, not two. With ``sync=False`` the page cache is the policy:
 ``sync`` moves the committed offset without an fdatasync, so what was committed survives
 the writer's death but not the machine's. A segment is closed before it would exceed
 ``max_segment_size_bytes`` or hold ``max_segment_chunks`` chunks (its first chunk always
@@ -120,6 +125,7 @@ __all__ = [
     "ChunkHeader",
     "IndexRecord",
     "OffsetOutOfRange",
+    "PendingSync",
     "SegmentInfo",
     "SegmentReport",
     "StreamCorrupt",
@@ -598,6 +604,29 @@ def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+class PendingSync:
+    """One group commit between ``StreamLog.begin_sync`` and ``StreamLog.commit``: the
+    offset it makes durable and the descriptors (its own duplicates) it flushes."""
+
+    __slots__ = ("offset", "_flush", "done")
+
+    def __init__(self, offset: int, flush: list[tuple[Callable[[int], None], int]]) -> None:
+        self.offset, self._flush, self.done = offset, flush, False
+
+    def run(self) -> PendingSync:
+        """Flush and close the duplicates (the only blocking step; any thread); an
+        OSError means nothing it covers may be confirmed."""
+        try:
+            for flush, fd in self._flush:
+                flush(fd)
+        finally:
+            for _flush, fd in self._flush:
+                os.close(fd)
+            self._flush = []
+        self.done = True
+        return self
+
+
 class StreamLog:
     """The writer of one stream directory (see the module docstring)."""
 
@@ -737,15 +766,28 @@ class StreamLog:
     def sync(self) -> int:
         """Group commit: fdatasync the segment written since the last sync (not under
         ``sync=False``), then move the committed offset to the last offset; returns it."""
+        return self.commit(self.begin_sync().run())
+
+    def begin_sync(self) -> PendingSync:
+        """The first step of ``sync``: what a flush must cover to commit the last offset
+        (nothing to flush under ``sync=False``). Run it on any thread, then ``commit``."""
         self._check_open()
+        flush: list[tuple[Callable[[int], None], int]] = []
         if self.sync_policy:
-            if self._unsynced:
-                os.fdatasync(self._segment_fd)  # not the index: see the module docstring
+            if self._unsynced:  # not the index: see the module docstring
+                flush.append((os.fdatasync, os.dup(self._segment_fd)))
             if self._directory_unsynced:
-                os.fsync(self._dir_fd)
+                flush.append((os.fsync, os.dup(self._dir_fd)))
         self._unsynced = False
         self._directory_unsynced = False
-        self._committed_offset = self.last_offset
+        return PendingSync(self.last_offset, flush)
+
+    def commit(self, pending: PendingSync) -> int:
+        """The last step of ``sync``, after ``pending.run()`` returned: readers may now
+        read up to its offset. Returns the committed offset."""
+        if not pending.done:
+            raise StreamError("commit of a sync that has not run")
+        self._committed_offset = max(self._committed_offset, pending.offset)
         return self._committed_offset
 
     def _write_chunk(

@@ -26,6 +26,7 @@ from warren.queues.engine.stream_log import (
     LOG_HEADER,
     OffsetOutOfRange,
     StreamCorrupt,
+    StreamError,
     StreamLocked,
     StreamLog,
     StreamReader,
@@ -184,6 +185,24 @@ def test_readers_never_see_past_the_committed_offset(tmp_path):
         assert [r[2] for r in read_all(log)] == [b"a"]
         with StreamReader(tmp_path, "first", committed_offset=-1) as reader:
             assert list(reader) == []
+
+
+def test_a_sync_on_another_thread_covers_what_came_before_it_even_past_a_rollover(tmp_path):
+    with StreamLog(tmp_path, max_segment_chunks=2) as log:
+        log.append([b"a", b"b"])
+        first = log.begin_sync()  # covers offsets 0 and 1
+        log.append([b"c"])
+        log.append([b"d"])  # a rollover: the segment first syncs is closed by the writer
+        second = log.begin_sync()
+        assert log.committed_offset == -1
+        with pytest.raises(StreamError, match="not run"):
+            log.commit(first)
+        # the later sync ends first: the earlier one must not move the offset back
+        assert log.commit(second.run()) == log.last_offset
+        assert log.commit(first.run()) == log.last_offset
+        assert [r[2] for r in read_all(log)] == [b"a", b"b", b"c", b"d"]
+    with StreamLog(tmp_path) as reopened:
+        assert [r[2] for r in read_all(reopened)] == [b"a", b"b", b"c", b"d"]
 
 
 def test_a_second_writer_on_the_directory_is_refused(tmp_path):
