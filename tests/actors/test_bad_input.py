@@ -179,7 +179,7 @@ def raw_sender(ref) -> Iterator[zmq.Socket]:
 
 def raw_message(kind: int, cls: type, *values) -> bytes:
     """A message of the registered type ``cls`` with exactly these field values."""
-    body = msgpack.ExtType(1, msgpack.packb([codec._names_by_type[cls], *values]))
+    body = [msgpack.ExtType(1, codec._names_by_type[cls].encode()), *values]
     return msgpack.packb([kind, 0, 7, body])
 
 

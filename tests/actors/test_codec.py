@@ -51,7 +51,7 @@ def test_an_unregistered_class_is_refused_at_the_sender() -> None:
 
 
 def test_a_type_unknown_to_the_receiver_decodes_to_a_placeholder_and_is_flagged() -> None:
-    ext = msgpack.ExtType(1, msgpack.packb(["some.Unknown", 1]))
+    ext = [msgpack.ExtType(1, b"some.Unknown"), 1]
     decoder = Decoder()
     assert decoder.decode([msgpack.packb([2, 0, 7, ext])]) == [
         2,
@@ -69,6 +69,10 @@ def test_a_type_unknown_to_the_receiver_decodes_to_a_placeholder_and_is_flagged(
         b"\x93\x01",
         msgpack.packb(msgpack.ExtType(9, b"")),
         msgpack.packb(msgpack.ExtType(3, b"\0\0\0\5")),
+        msgpack.packb(msgpack.ExtType(1, b"a.Mark")),  # a type mark heading no array
+        msgpack.packb([1, msgpack.ExtType(1, b"a.Mark")]),
+        msgpack.packb({"key": msgpack.ExtType(1, b"a.Mark")}),
+        msgpack.packb([msgpack.ExtType(1, b"\xff")]),  # a type name that is not UTF-8
     ],
 )
 def test_malformed_frames_raise_codec_error(frame: bytes) -> None:
