@@ -413,10 +413,15 @@ class QueueIndex:
     def sync(self) -> None:
         """Flush, then fdatasync what was written since the last sync (and the directory
         when files came or went); every entry published before is then durable."""
+        self.flushed_files().sync()
+
+    def flushed_files(self) -> SegmentFiles:
+        """Flush; the files whose ``sync`` makes every entry written durable (the first
+        half of ``sync``, for a caller that syncs them with others)."""
         if self._closed:
             raise QueueClosed(f"queue index {self.directory!r} is closed")
         self.flush()
-        self._files.sync()
+        return self._files
 
     # ------------------------------------------------------------------ reads
 

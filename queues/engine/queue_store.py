@@ -250,10 +250,15 @@ class QueueStore:
 
     def sync(self) -> None:
         """Flush, then fdatasync every file written since the last sync."""
+        self.flushed_files().sync()
+
+    def flushed_files(self) -> SegmentFiles:
+        """Flush; the files whose ``sync`` makes everything written durable (the first
+        half of ``sync``, for a caller that syncs them with others)."""
         if self._closed:
             raise QueueClosed(f"queue store {self.directory!r} is closed")
         self.flush()
-        self._files.sync()
+        return self._files
 
     def _delete_file(self, segment: int) -> None:
         if self._read_fd is not None and self._read_fd[0] == segment:

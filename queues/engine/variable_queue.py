@@ -41,11 +41,11 @@ the next sync, or the next call that reads the store or the index or publishes o
 hands the batch to both in one pass per step (``_write_unwritten``), not message by
 message; their statuses already count them as written.
 
-Confirms. ``sync()`` is the group commit: it fdatasyncs the queue's store and index, asks
-the persistent store client how far its writes are settled (waiting for it, or not), and
-returns the seq ids that became confirmed, each once: a persistent message of a durable
-queue once its message and its index entry are on disk; any other message at the first
-sync after its publish.
+Confirms. ``sync()`` is the group commit: it fdatasyncs the queue's store and index at
+once (``segments.sync_together``), asks the persistent store client how far its writes
+are settled (waiting for it, or not), and returns the seq ids that became confirmed, each
+once: a persistent message of a durable queue once its message and its index entry are
+on disk; any other message at the first sync after its publish.
 
 Recovery. ``terminate()`` writes the recovery terms (``recovery.json``: next seq id, the
 persistent count and bytes, per-segment counts, delivery counts, the persistent client
@@ -99,6 +99,7 @@ from .queue_index import (
     pack_slots,
 )
 from .queue_store import STORE_SUFFIX, QueueStore
+from .segments import sync_together
 
 __all__ = ["Delivery", "Fetched", "MessageInfo", "SharedStoreClient", "VariableQueue"]
 
@@ -739,8 +740,7 @@ class VariableQueue:
         self._check_open()
         slow_sync()
         self._write_unwritten()
-        self._store.sync()
-        self._index.sync()
+        sync_together(self._store.flushed_files(), self._index.flushed_files())
         confirmed, self._confirmed = self._confirmed, []
         unconfirmed = self._unconfirmed
         if not unconfirmed:  # all in this queue's own store: durable now

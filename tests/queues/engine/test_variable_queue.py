@@ -336,6 +336,25 @@ def test_a_dirty_restart_drops_transients_and_flags_every_survivor_redelivered(o
     assert all(d.redelivered for d in again)
 
 
+def test_an_index_entry_whose_record_never_reached_the_store_is_dropped_at_restart(open_queue):
+    # The index and the store are flushed at once: a power cut may leave an entry on
+    # disk whose record is not. That message was never confirmed; it must not come back.
+    queue = open_queue()
+    for n in range(3):
+        queue.publish(message(n, size=100))
+    assert len(queue.sync()) == 3
+    store = os.path.join(queue.directory, "0.qs")
+    landed = os.path.getsize(store)
+    queue.publish(message(3, size=100))
+    queue.sync()
+    queue.abandon()
+    os.truncate(store, landed + 30)  # the fourth record only began to land
+    queue = open_queue()
+    assert not queue.recovered_clean and len(queue) == 3
+    assert queue.counters["dropped_corrupt"] == 1
+    assert [number(d) for d in drain(queue)] == [0, 1, 2]
+
+
 def test_requeued_transients_are_gone_after_a_dirty_restart(open_queue):
     queue = open_queue()
     for n in range(4):
