@@ -54,9 +54,10 @@ setup(
             "pytest-timeout>=2.2,<3",
             "ruff>=0.6",
         ],
-        # Spark executors as producers (warren.queues.client.spark): Spark 4's Python data
-        # sources, which hand the writer Arrow batches.
-        "spark": ["pyspark>=4.0,<5", "pyarrow>=15", "pandas>=2.2,<3"],
+        # Spark executors as producers and readers (warren.queues.client.spark and
+        # spark_read): Spark 4's Python data sources, which trade Arrow batches; numpy
+        # encodes and finds a batch's bodies.
+        "spark": ["pyspark>=4.0,<5", "pyarrow>=15", "pandas>=2.2,<3", "numpy>=1.26"],
         # The chaos report's plot.
         "plot": ["matplotlib>=3.7,<4"],
         # Profiling the bench's workloads (bench/README.md): sampling from outside a

@@ -21,7 +21,15 @@ import msgpack
 
 from .errors import CorruptMessage, InvalidMessage
 
-__all__ = ["FORMAT_VERSION", "MAX_MESSAGE_BYTES", "Message", "body_encoder", "decode", "encode"]
+__all__ = [
+    "FORMAT_VERSION",
+    "MAX_MESSAGE_BYTES",
+    "Message",
+    "body_encoder",
+    "body_prefix",
+    "decode",
+    "encode",
+]
 
 FORMAT_VERSION = 1
 MAX_MESSAGE_BYTES = 128 * 2**20  # RabbitMQ's max_message_size: a message, encoded
@@ -89,14 +97,22 @@ def encode(message: Message) -> bytes:
         raise InvalidMessage(f"headers do not encode: {exc}") from None
 
 
+def body_prefix(properties: Message) -> bytes:
+    """The bytes every encoding of a message with ``properties`` (whatever its body)
+    starts with: the body comes after them, as msgpack's bin 8, 16 or 32 (a marker byte
+    0xc4, 0xc5 or 0xc6, the body's length in 1, 2 or 4 big-endian bytes, the body).
+    ``InvalidMessage`` if a property does not encode."""
+    empty = encode(dataclasses.replace(properties, body=b""))
+    assert empty.endswith(_EMPTY_BODY), "the body is the encoding's last field"
+    return empty[: -len(_EMPTY_BODY)]
+
+
 def body_encoder(properties: Message) -> Callable[[Any], bytes]:
     """``encode`` for messages that differ from ``properties`` only in their body (a
     batch published with one set of properties): the properties are checked and packed
     once, and each body then costs its length prefix and a copy. The bytes are
     ``encode``'s, exactly."""
-    empty = encode(dataclasses.replace(properties, body=b""))
-    prefix = empty[: -len(_EMPTY_BODY)]
-    assert empty.endswith(_EMPTY_BODY), "the body is the encoding's last field"
+    prefix = body_prefix(properties)
 
     def encode_body(body: Any) -> bytes:
         if type(body) is not bytes:

@@ -73,7 +73,7 @@ a queue refuses:
                                        the segment holds them, from the one holding
                                        ``offset`` up to the one holding ``end - 1``, about
                                        ``max_bytes`` (at least one chunk); the reader checks
-                                       their CRCs itself (``stream_log.unpack_chunk``);
+                                       their CRCs itself (``stream_log.check_chunk``);
                                        ``offset`` below the first raises ``OffsetOutOfRange``
 
 The node's own calls (declarations, where a queue lives, the alarms) are declared once, in

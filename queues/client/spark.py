@@ -30,6 +30,16 @@ Spark's own contract for retried tasks: a partition yields the same rows in the 
 order every time (a source that does not, such as an unordered shuffle of a
 non-deterministic input, must be sorted within partitions or checkpointed first).
 
+Encoding. A batch write's task gets Arrow batches. One whose only values are its bodies
+(every other column null throughout; a routing_key counts only for an exchange) is
+encoded whole from its buffers (``encode_bodies``: one prefix shared by every message,
+the bodies' msgpack headers built by numpy, Arrow joining each to its body), so the only
+Python object made per row is the message's bytes; any other batch, and a streaming
+write's rows, are encoded row by row (``Message``, ``encode``). The bytes are the same
+either way. Into a queue they go in Publishes of ``PUBLISH_BATCH``; into a stream an
+Arrow batch goes as one Publish, so one chunk (as several when it is over the
+connection's bytes per Publish).
+
 A task returns only once every row it sent is confirmed (fsynced by every queue it went
 to). A node down or restarting is retried, with the same sequences, for ``timeout_s``;
 then the task fails with the node's last error. The driver's commit logs the totals
@@ -57,7 +67,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from pyspark.sql.datasource import (
     DataSource,
@@ -73,6 +83,7 @@ from ..errors import WarrenWriteError
 from .spark_options import DEFAULT_TIMEOUT_S, RETRY_PAUSE_S, Target, retryable
 
 if TYPE_CHECKING:
+    import pyarrow
     from pyspark import TaskContext
     from pyspark.sql import SparkSession
 
@@ -91,6 +102,7 @@ COLUMNS = {
 }
 BATCH_ROWS = 5000  # rows published (and confirmed) per chunk
 STREAM_BATCH_ROWS = 65_535  # into a stream, an Arrow batch as one chunk: at most this many
+Columns: TypeAlias = "dict[str, list] | pyarrow.RecordBatch"  # a chunk's rows, by column
 
 
 def check_schema(schema: StructType) -> list[str]:
@@ -127,31 +139,33 @@ class PartitionWritten(WriterCommitMessage):
 
 
 def publish_columns(
-    target: Target, producer: str, chunks: Iterable[dict[str, list]], where: str
+    target: Target, producer: str, chunks: Iterable[Columns], where: str
 ) -> tuple[int, int]:
-    """Publish the rows of ``chunks`` (column name -> values, at most ``BATCH_ROWS`` rows
-    each) as producer ``producer``, each chunk confirmed before the next; a chunk that
-    fails is sent again, under the same sequences, until ``target.timeout_s`` has passed
-    without progress. (rows, retries)."""
+    """Publish the rows of ``chunks`` (Arrow batches, or column name -> values, at most
+    ``BATCH_ROWS`` rows each, ``STREAM_BATCH_ROWS`` into a stream) as producer
+    ``producer``, each chunk confirmed before the next; a chunk that fails is sent again,
+    under the same sequences, until ``target.timeout_s`` has passed without progress.
+    (rows, retries)."""
     from . import connect
 
     connection = None
     sequence = retries = 0
     try:
         for columns in chunks:
-            messages = _messages(columns, target, where, sequence)
+            runs = _encoded_runs(columns, target, where, sequence)
+            count = sum(len(payloads) for _, payloads in runs)
             deadline = time.monotonic() + target.timeout_s
             pause = RETRY_PAUSE_S[0]
             while True:
                 try:
                     if connection is None:
                         connection = connect(target.endpoint, key_file=target.key_file)
-                    _publish_chunk(connection, target, messages, producer, sequence)
+                    _publish_runs(connection, target, runs, producer, sequence)
                     break
                 except Exception as exc:
                     if not retryable(exc) or time.monotonic() + pause > deadline:
                         raise WarrenWriteError(
-                            f"{where}: rows {sequence}..{sequence + len(messages) - 1} were "
+                            f"{where}: rows {sequence}..{sequence + count - 1} were "
                             f"not confirmed: {type(exc).__name__}: {exc} (after {retries} "
                             f"retries; the {sequence} rows before them are confirmed)"
                         ) from None
@@ -164,36 +178,134 @@ def publish_columns(
                         connection = None
                     time.sleep(pause)
                     pause = min(pause * 2, RETRY_PAUSE_S[1])
-            sequence += len(messages)
+            sequence += count
         return sequence, retries
     finally:
         if connection is not None:
             connection.close()
 
 
-def _publish_chunk(
+def _publish_runs(
     connection: Connection,
     target: Target,
-    messages: list[tuple[str, Message]],
+    runs: list[tuple[str, list[bytes]]],
     producer: str,
     sequence: int,
 ) -> None:
-    """Runs of consecutive messages with one routing key go as one ``publish_messages``."""
-    start = 0
-    while start < len(messages):
-        key = messages[start][0]
-        end = start
-        while end < len(messages) and messages[end][0] == key:
-            end += 1
-        connection.publish_messages(
-            key,
-            [m for _, m in messages[start:end]],
-            exchange=target.exchange or "",
-            producer_id=producer,
-            sequence=sequence + start,
-            mandatory=target.mandatory,
-        )
-        start = end
+    """Each run of encoded messages (one routing key) sent and confirmed in turn; the
+    connection cuts it into Publishes: of ``PUBLISH_BATCH`` messages into a queue, into a
+    stream one Publish (one chunk) while it keeps under the bytes one Publish holds."""
+    for key, payloads in runs:
+        if payloads:
+            connection._send_runs(
+                key,
+                [(target.persistent, None, payloads)],
+                target.exchange or "",
+                target.mandatory,
+                producer,
+                sequence,
+            ).result()
+        sequence += len(payloads)
+
+
+def _encoded_runs(
+    columns: Columns, target: Target, where: str, first: int
+) -> list[tuple[str, list[bytes]]]:
+    """A chunk's rows as runs of (routing key, encoded messages), in row order;
+    ``WarrenWriteError`` names the first row that cannot be published. An Arrow batch
+    whose only values are its bodies (every other column null) is encoded whole, its
+    messages sharing one prefix (``encode_bodies``); any other chunk row by row."""
+    from ..message import encode
+
+    if not isinstance(columns, dict):
+        names = columns.schema.names
+        # a queue's or a stream's messages take its name as their key, whatever the row's
+        ignored = ("body",) if target.exchange is not None else ("body", "routing_key")
+        if all(
+            columns.column(i).null_count == columns.num_rows
+            for i, name in enumerate(names)
+            if name not in ignored
+        ):
+            body = columns.column(names.index("body"))
+            if body.null_count:
+                index = body.is_null().to_pylist().index(True)
+                raise WarrenWriteError(
+                    f"{where}, row {first + index}: body is null; every row needs a binary "
+                    f"or string body"
+                )
+            return [(_default_key(target), encode_bodies(body, target.persistent))]
+        columns = {name: columns.column(i).to_pylist() for i, name in enumerate(names)}
+    runs: list[tuple[str, list[bytes]]] = []
+    for key, message in _messages(columns, target, where, first):
+        if not runs or runs[-1][0] != key:
+            runs.append((key, []))
+        runs[-1][1].append(encode(message))
+    return runs
+
+
+def encode_bodies(bodies: pyarrow.Array, persistent: bool) -> list[bytes]:
+    """The encoding (``warren.queues.message.encode``, byte for byte) of a message
+    without properties for each of ``bodies`` (binary or string, no null), built by
+    Arrow and numpy from the column's buffers: one prefix shared by every message
+    (``body_prefix``), each body's msgpack bin header, and its bytes; the only Python
+    object made per row is the encoded message itself."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from ..message import Message, body_prefix
+
+    count = len(bodies)
+    if count == 0:
+        return []
+    bodies = bodies.cast(pa.large_binary())  # a string's UTF-8 bytes, as they are
+    offsets = np.frombuffer(bodies.buffers()[1], np.int64, count + 1, bodies.offset * 8)
+    sizes = np.diff(offsets)
+    prefix = np.frombuffer(body_prefix(Message(b"", persistent=persistent)), np.uint8)
+    # msgpack's bin 8, 16 or 32: a marker byte, then the size in 1, 2 or 4 bytes
+    widths = np.where(sizes < 0x100, 1, np.where(sizes < 0x10000, 2, 4))
+    head_sizes = len(prefix) + 1 + widths
+    head_offsets = np.zeros(count + 1, np.int64)
+    np.cumsum(head_sizes, out=head_offsets[1:])
+    heads: Any  # the headers' bytes, one after the other
+    if widths.min() == widths.max():  # the common case: one shape of header for all
+        width = int(widths[0])
+        heads = np.empty((count, len(prefix) + 1 + width), np.uint8)
+        heads[:, : len(prefix)] = prefix
+        heads[:, len(prefix)] = _BIN_MARKERS[width]
+        for byte in range(width):
+            heads[:, len(prefix) + 1 + byte] = sizes >> (8 * (width - 1 - byte)) & 0xFF
+    else:
+        heads = np.empty(int(head_offsets[-1]), np.uint8)
+        starts = head_offsets[:-1]
+        for shift, value in enumerate(prefix):
+            heads[starts + shift] = value
+        for width, marker in _BIN_MARKERS.items():
+            rows = widths == width
+            if not rows.any():
+                continue
+            markers = starts[rows] + len(prefix)
+            heads[markers] = marker
+            for byte in range(width):
+                heads[markers + 1 + byte] = sizes[rows] >> (8 * (width - 1 - byte)) & 0xFF
+    head_array = pa.Array.from_buffers(
+        pa.large_binary(),
+        count,
+        [None, pa.py_buffer(head_offsets), pa.py_buffer(heads)],
+    )
+    nothing = pa.scalar(b"", pa.large_binary())
+    encoded: list[bytes] = pc.binary_join_element_wise(head_array, bodies, nothing).to_pylist()
+    return encoded
+
+
+_BIN_MARKERS = {1: 0xC4, 2: 0xC5, 4: 0xC6}  # msgpack's bin 8, 16 and 32, by size bytes
+
+
+def _default_key(target: Target) -> str:
+    if target.exchange is None:
+        assert target.queue is not None, "Target.from_options takes a queue or an exchange"
+        return target.queue
+    return target.routing_key
 
 
 def _messages(
@@ -210,11 +322,7 @@ def _messages(
     headers = columns.get("headers", nothing)
     ids = columns.get("message_id", nothing)
     persistent = target.persistent
-    if target.exchange is None:
-        assert target.queue is not None, "Target.from_options takes a queue or an exchange"
-        default_key = target.queue
-    else:
-        default_key = target.routing_key
+    default_key = _default_key(target)
     out = []
     for index, body in enumerate(bodies):
         if type(body) is not bytes:
@@ -240,11 +348,10 @@ def _messages(
     return out
 
 
-def _arrow_chunks(batches: Iterator[Any], rows: int) -> Iterator[dict[str, list]]:
+def _arrow_chunks(batches: Iterator[Any], rows: int) -> Iterator[pyarrow.RecordBatch]:
     for batch in batches:
         for start in range(0, batch.num_rows, rows):
-            part = batch.slice(start, rows)
-            yield {name: part.column(i).to_pylist() for i, name in enumerate(part.schema.names)}
+            yield batch.slice(start, rows)
 
 
 def _row_chunks(rows: Iterable[Any]) -> Iterator[dict[str, list]]:

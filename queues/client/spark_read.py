@@ -20,7 +20,8 @@ published from now on, an offset, or ``timestamp:<epoch ms>``; "first" for a bat
 everything committed when the read is planned; an offset, excluded; or
 ``timestamp:<ms>``), ``failOnDataLoss`` (true: offsets retention deleted before they were
 read fail the query naming them; false: they are skipped with a warning),
-``partitionBytes`` (4 MiB: the size of one task's offset range), and, streaming,
+``partitionBytes`` (32 MiB: the size of one task's offset range; each task costs Spark
+tens of milliseconds of its own, so fewer, larger ranges read faster), and, streaming,
 ``maxRecordsPerTrigger`` and ``consumerName`` (the name the query's progress is stored
 under on the node, so ``warren streams`` shows its lag: "spark" unless given).
 
@@ -28,8 +29,12 @@ How it reads. The driver resolves the offsets with the stream's process (``Strea
 and has it cut ``[start, end)`` into ranges on chunk boundaries (``StreamPlan``, from the
 index files: no record is read to plan). Each task connects from its executor and asks
 for its range's chunks as the segment files hold them (``StreamChunks``), checks each
-chunk's CRC and framing itself (``stream_log.unpack_chunk``: bytes damaged anywhere
-between the disk and the task fail the task), and yields one Arrow batch per answer.
+chunk's CRC and framing itself (``stream_log.check_chunk``, then the entries: bytes
+damaged anywhere between the disk and the task fail the task), and yields one Arrow batch
+per answer. A chunk whose records are all messages without properties (what Spark's
+writer and ``publish_many`` store) is never split into Python objects: numpy finds each
+body's place in the chunk's bytes, exactly (``_plain_spans``), and Arrow copies the bodies
+out in one call; any other chunk is decoded record by record (``decode``).
 
 Offsets a streaming query keeps in its checkpoint are ``{"stream", "identity",
 "offset"}``: the next offset to read, and the stream's random identity, which changes when
@@ -62,6 +67,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
 
+from ..engine.stream_log import SIMPLE_ENTRY_HEADER_BYTES
 from ..errors import NotFound, OffsetOutOfRange, QueueRestarting, WarrenReadError
 from ..message import Message, decode, encode
 from ..protocol import StreamAttach, StreamChunks, StreamPlan
@@ -95,7 +101,7 @@ SCHEMA = (
     "headers map<string,string>, message_id string"
 )
 ROUTING_KEY_HEADER = "x-routing-key"
-DEFAULT_PARTITION_BYTES = 4 * 2**20
+DEFAULT_PARTITION_BYTES = 32 * 2**20
 ANSWER_BYTES = 2 * 2**20  # chunks one StreamChunks answer carries: one Arrow batch
 DEFAULT_CONSUMER_NAME = "spark"
 T = TypeVar("T")
@@ -293,8 +299,6 @@ def _check_identity(source: Source, expected: str, found: str, where: str) -> No
 def read_range(source: Source, partition: OffsetRange) -> Iterator[pyarrow.RecordBatch]:
     """A task: the records of ``partition``'s offsets as Arrow batches, every chunk's CRC
     checked here."""
-    from ..engine.stream_log import unpack_chunk  # the format only; a task opens no file
-
     where = f"stream {source.stream!r}, offsets {partition.start} to {partition.end - 1}"
     session = NodeSession(source)
     offset = partition.start
@@ -314,13 +318,12 @@ def read_range(source: Source, partition: OffsetRange) -> Iterator[pyarrow.Recor
                     f"{where}: offsets from {offset} were not read: {type(exc).__name__}: {exc}"
                 ) from None
             _check_identity(source, partition.identity, answer["identity"], where)
-            chunks = [unpack_chunk(raw, where) for raw in answer["chunks"]]
-            if not chunks:
+            if not answer["chunks"]:
                 raise WarrenReadError(
                     f"{where}: the stream answered no chunk at offset {offset} (committed: "
                     f"{answer['committed']})"
                 )
-            batch = record_batch(chunks, offset, partition.end)
+            batch = record_batch(answer["chunks"], offset, partition.end, where)
             if batch.num_rows:
                 yield batch
             offset = answer["next"]
@@ -328,63 +331,194 @@ def read_range(source: Source, partition: OffsetRange) -> Iterator[pyarrow.Recor
         session.close()
 
 
-def record_batch(
-    chunks: Sequence[tuple[Any, list[bytes]]], start: int, end: int
-) -> pyarrow.RecordBatch:
-    """The records of ``chunks`` (header, bodies) whose offsets are in ``[start, end)``."""
+def record_batch(chunks: Sequence[bytes], start: int, end: int, where: str) -> pyarrow.RecordBatch:
+    """The records of ``chunks`` (whole chunks as they travelled, each checked here: its
+    CRC, then its framing) whose offsets are in ``[start, end)``. A chunk whose records
+    are all messages without properties has its bodies found by numpy and gathered by
+    Arrow straight from its bytes (``_plain_spans``); any other is decoded record by
+    record."""
+    import numpy as np
     import pyarrow as pa
 
-    offsets: list[int] = []
-    stamps: list[int] = []
-    bodies: list[bytes] = []
-    keys: list[str | None] = []
-    headers: list[list[tuple[str, str | None]] | None] = []
-    ids: list[str | None] = []
-    for header, payloads in chunks:
+    from ..engine.stream_log import check_chunk, entry_bodies  # the format; no file opened
+
+    offsets: list[Any] = []  # numpy arrays, one a chunk
+    stamps: list[Any] = []
+    bodies: list[Any] = []  # Arrow arrays, one a chunk
+    properties: list[tuple[int, list | None]] = []  # (rows, [(key, headers, id)] or None)
+    for raw in chunks:
+        header = check_chunk(raw, where)
         first = header.chunk_id
-        low, high = max(0, start - first), min(len(payloads), end - first)
+        low, high = max(0, start - first), min(header.record_count, end - first)
+        spans = _plain_spans(raw, header)
+        payloads = None
+        if spans is None:  # its framing is checked, read or not
+            data = raw[header.data_position : header.data_position + header.data_bytes]
+            payloads = entry_bodies(header, data, f"{where} (chunk {first})")
         if low >= high:
             continue
-        offsets.extend(range(first + low, first + high))
-        stamps.extend([header.timestamp_ms * 1000] * (high - low))
-        selected = payloads[low:high]
-        plain = [_plain_body(payload) for payload in selected]
-        if None not in plain:  # the common chunk: bodies without properties
-            nothing = [None] * len(plain)
-            bodies.extend(plain)  # type: ignore[arg-type]  # no None in it
-            ids.extend(nothing)
-            keys.extend(nothing)
-            headers.extend(nothing)
-            continue
-        for payload in selected:
-            message = decode(payload)
-            bodies.append(message.body)
-            ids.append(message.message_id)
-            properties = message.headers
-            if properties:
-                key = properties.get(ROUTING_KEY_HEADER)
-                keys.append(None if key is None else _text(key))
-                headers.append([(name, _text(value)) for name, value in properties.items()])
-            else:
-                keys.append(None)
-                headers.append(None)
+        offsets.append(np.arange(first + low, first + high, dtype=np.int64))
+        stamps.append(np.full(high - low, header.timestamp_ms * 1000, dtype=np.int64))
+        if payloads is None:
+            assert spans is not None
+            bodies.append(_gather(raw, spans[0][low:high], spans[1][low:high]))
+            properties.append((high - low, None))
+        else:
+            chunk_bodies, chunk_properties = _decoded(payloads[low:high])
+            bodies.append(pa.array(chunk_bodies, pa.binary()))
+            properties.append((high - low, chunk_properties))
+    rows = sum(count for count, _ in properties)
+    columns = [
+        pa.array(np.concatenate(offsets) if offsets else [], pa.int64()),
+        pa.array(np.concatenate(stamps) if stamps else [], pa.int64()).cast(
+            pa.timestamp("us", tz="UTC")
+        ),
+        pa.concat_arrays([body.cast(pa.binary()) for body in bodies])
+        if bodies
+        else pa.array([], pa.binary()),
+    ]
+    types = [pa.string(), pa.map_(pa.string(), pa.string()), pa.string()]
+    if all(found is None for _, found in properties):
+        columns += [pa.nulls(rows, kind) for kind in types]
+    else:
+        nothing = (None, None, None)
+        listed = [
+            values
+            for count, found in properties
+            for values in (found if found is not None else [nothing] * count)
+        ]
+        columns += [
+            pa.array([values[i] for values in listed], kind) for i, kind in enumerate(types)
+        ]
     return pa.RecordBatch.from_arrays(
-        [
-            pa.array(offsets, pa.int64()),
-            pa.array(stamps, pa.timestamp("us", tz="UTC")),
-            pa.array(bodies, pa.binary()),
-            pa.array(keys, pa.string()),
-            pa.array(headers, pa.map_(pa.string(), pa.string())),
-            pa.array(ids, pa.string()),
-        ],
-        names=["offset", "timestamp", "body", "routing_key", "headers", "message_id"],
+        columns, names=["offset", "timestamp", "body", "routing_key", "headers", "message_id"]
     )
+
+
+def _decoded(
+    payloads: list[bytes],
+) -> tuple[list[bytes], list[tuple[str | None, list[tuple[str, str | None]] | None, str | None]]]:
+    """Each record's body and (routing key, headers, message id), record by record."""
+    bodies: list[bytes] = []
+    properties: list[tuple[str | None, list[tuple[str, str | None]] | None, str | None]] = []
+    for payload in payloads:
+        body = _plain_body(payload)
+        if body is not None:
+            bodies.append(body)
+            properties.append((None, None, None))
+            continue
+        message = decode(payload)
+        bodies.append(message.body)
+        headers = message.headers
+        if headers:
+            key = headers.get(ROUTING_KEY_HEADER)
+            properties.append(
+                (
+                    None if key is None else _text(key),
+                    [(name, _text(value)) for name, value in headers.items()],
+                    message.message_id,
+                )
+            )
+        else:
+            properties.append((None, None, message.message_id))
+    return bodies, properties
+
+
+def _plain_spans(raw: bytes, header: Any) -> tuple[Any, Any] | None:
+    """Where each record's body starts and ends in ``raw`` (numpy arrays), when every
+    record of the chunk is one simple entry holding a message without properties (what
+    Spark's writer and ``publish_many`` send); None otherwise, and the chunk is decoded
+    record by record.
+
+    Exact, not a guess: the candidates are the bytes where a message without properties
+    starts (``_PLAIN_START``, then nil, nil, nil, a nil or uint64 timestamp, nil and a
+    bool); they are kept only when they chain as the framing does (the first entry at the
+    data's start, each entry ending where the next candidate's entry begins, the last at
+    the data's end, as many as the header's records), which only the real entries do,
+    and when each body's msgpack bin header gives the size its entry leaves for it. A
+    body that happens to hold such bytes breaks the chain, and the chunk is decoded."""
+    import numpy as np
+
+    count = header.record_count
+    if count == 0 or header.entry_count != count:  # sub-batches: decoded
+        return None
+    size = header.data_bytes
+    data = np.frombuffer(raw, np.uint8, size, header.data_position)
+    starts = np.flatnonzero(data == _PLAIN_START >> 32)
+    if len(starts) < count:
+        return None
+    # the data and zeros after it, seen as the big-endian u64 (and u32) at every byte: a
+    # read near the end sees zeros, which fail the checks below
+    padded = np.zeros(size + 32, np.uint8)
+    padded[:size] = data
+    words = np.ndarray((size + 25,), ">u8", padded, 0, (1,))
+    quads = np.ndarray((size + 29,), ">u4", padded, 0, (1,))
+    starts = starts[starts >= SIMPLE_ENTRY_HEADER_BYTES]
+    first = words[starts]
+    kept = first >> 24 == _PLAIN_START
+    starts, first = starts[kept], first[kept]
+    if len(starts) != count:
+        return None
+    stamped = (first >> 16 & 0xFF == _UINT64) & (first >> 8 & 0x80 == 0)  # below 2**63
+    if stamped.any():
+        stamped &= words[starts + 8] & 0xFFFF | 1 == _NIL << 8 | _TRUE
+    if not (stamped | (first & 0xFFFFFF | 1 == _NIL << 16 | _NIL << 8 | _TRUE)).all():
+        return None
+    ends = starts + quads[starts - SIMPLE_ENTRY_HEADER_BYTES].astype(np.int64)
+    if (
+        starts[0] != SIMPLE_ENTRY_HEADER_BYTES
+        or ends[-1] != size
+        or not np.array_equal(ends[:-1], starts[1:] - SIMPLE_ENTRY_HEADER_BYTES)
+    ):
+        return None
+    markers = starts + np.where(stamped, 16, 8)  # the body's bin header
+    head = words[markers]
+    kind = head >> 56
+    if (kind == 0xC4).all():  # bin 8, every one: the common case
+        sizes = (head >> 48 & 0xFF).astype(np.int64)
+        bodies = markers + 2
+    else:
+        width = np.where(kind == 0xC4, 1, np.where(kind == 0xC5, 2, np.where(kind == 0xC6, 4, 0)))
+        if not width.all():
+            return None
+        bits = (8 * width).astype(np.uint64)
+        sizes = (head >> (np.uint64(56) - bits) & (np.uint64(1) << bits) - np.uint64(1)).astype(
+            np.int64
+        )
+        bodies = markers + 1 + width
+    if not np.array_equal(bodies + sizes, ends):
+        return None
+    return bodies + header.data_position, ends + header.data_position
+
+
+def _gather(raw: bytes, starts: Any, ends: Any) -> pyarrow.Array:
+    """The bytes ``raw[starts[i]:ends[i]]`` of each i as one binary array: ``raw`` seen
+    as the array (gap, body, gap, body, ...) whose odd values Arrow copies out."""
+    import numpy as np
+    import pyarrow as pa
+
+    count = len(starts)
+    large = len(raw) >= 2**31
+    index = np.int64 if large else np.int32
+    bounds = np.zeros(2 * count + 1, index)
+    bounds[1::2] = starts
+    bounds[2::2] = ends
+    both = pa.Array.from_buffers(
+        pa.large_binary() if large else pa.binary(),
+        2 * count,
+        [None, pa.py_buffer(bounds), pa.py_buffer(raw)],
+    )
+    return both.take(pa.array(np.arange(1, 2 * count, 2, dtype=index)))
 
 
 # A message with a body and no property (what Spark's writer sends, persistent or not)
 # encodes as one of these 8 bytes, then msgpack's bin 8, 16 or 32 header and the body.
 _PLAIN_PREFIXES = frozenset(encode(Message(b"", persistent=p))[:8] for p in (True, False))
 _BIN_HEADER_BYTES = {0xC4: 2, 0xC5: 3, 0xC6: 5}
+# msgpack: an array of 8, the format version 1, then nil (message id), nil (headers),
+# nil (expiration): how a message without properties starts, stamped or not (5 bytes)
+_PLAIN_START = int.from_bytes(encode(Message(b"", timestamp_ms=0))[:5])
+_NIL, _TRUE, _UINT64 = 0xC0, 0xC3, 0xCF
 
 
 def _plain_body(payload: bytes) -> bytes | None:

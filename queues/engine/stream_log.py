@@ -134,9 +134,11 @@ __all__ = [
     "StreamLog",
     "StreamReader",
     "Timestamp",
+    "check_chunk",
     "chunk_bodies",
     "chunk_ranges",
     "Tracking",
+    "entry_bodies",
     "inspect_stream",
     "numbered_files",
     "read_index",
@@ -356,6 +358,12 @@ def chunk_bodies(header: ChunkHeader, data: bytes, where: str) -> list[bytes]:
         raise StreamCorrupt(f"{where}: its data is cut short")
     if crc32(data) != header.data_crc:
         raise StreamCorrupt(f"{where}: its data fails its CRC")
+    return entry_bodies(header, data, where)
+
+
+def entry_bodies(header: ChunkHeader, data: bytes, where: str) -> list[bytes]:
+    """The record bodies of a chunk's data whose CRC was checked: ``StreamCorrupt``
+    (naming ``where``) when its framing does not hold the records the header says."""
     try:
         bodies = decode_entries(data)
     except ValueError as error:
@@ -367,16 +375,28 @@ def chunk_bodies(header: ChunkHeader, data: bytes, where: str) -> list[bytes]:
     return bodies
 
 
-def unpack_chunk(raw: bytes, where: str) -> tuple[ChunkHeader, list[bytes]]:
-    """A whole chunk's header and record bodies, checked as a reader of the files checks
-    them (``chunk_bodies``): for chunks that travelled, such as ``StreamChunks``'s."""
+def check_chunk(raw: bytes, where: str) -> ChunkHeader:
+    """A whole chunk's header, its data checked against its CRC, the entries not
+    decoded (``entry_bodies`` does that, or a reader that parses the data itself):
+    ``StreamCorrupt`` naming ``where`` and the chunk when the header is not one, the
+    chunk is cut short or its data fails its CRC."""
     header = parse_chunk_header(raw, 0)
     if header is None:
         raise StreamCorrupt(f"{where}: not a chunk header")
     if len(raw) < header.end:
         raise StreamCorrupt(f"{where}: it is cut short")
+    data = memoryview(raw)[header.data_position : header.data_position + header.data_bytes]
+    if crc32(data) != header.data_crc:
+        raise StreamCorrupt(f"{where} (chunk {header.chunk_id}): its data fails its CRC")
+    return header
+
+
+def unpack_chunk(raw: bytes, where: str) -> tuple[ChunkHeader, list[bytes]]:
+    """A whole chunk's header and record bodies, checked as a reader of the files checks
+    them (``chunk_bodies``): for chunks that travelled, such as ``StreamChunks``'s."""
+    header = check_chunk(raw, where)
     data = raw[header.data_position : header.data_position + header.data_bytes]
-    return header, chunk_bodies(header, data, f"{where} (chunk {header.chunk_id})")
+    return header, entry_bodies(header, data, f"{where} (chunk {header.chunk_id})")
 
 
 def _encode_tracking_id(name: str) -> bytes:

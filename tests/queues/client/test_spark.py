@@ -20,7 +20,8 @@ if shutil.which("java") is None:
 
 from warren import connect
 from warren.queues.broker.listener import with_free_port
-from warren.queues.client.spark import partition_publisher
+from warren.queues.client.spark import encode_bodies, partition_publisher
+from warren.queues.message import Message, encode
 from warren.supervisor import Node
 
 from ...waiting import wait_for
@@ -72,6 +73,24 @@ def test_a_write_of_n_rows_gives_exactly_n_messages_with_their_properties(spark,
     delivery = node.connect().get("eu")
     assert (delivery.body, delivery.headers, delivery.message_id) == (b"a", {"k": "v"}, "m-1")
     assert node.connect().get("eu") is None
+
+
+def test_bodies_encoded_a_batch_at_a_time_are_the_bytes_of_encoding_each_alone():
+    import pyarrow as pa
+
+    sizes = [0, 1, 255, 256, 65_535, 65_536, 3, 300]  # msgpack's bin 8, 16 and 32
+    bodies = [bytes([size % 251]) * size for size in sizes]
+    for persistent in (True, False):
+        expected = [encode(Message(body, persistent=persistent)) for body in bodies]
+        assert encode_bodies(pa.array(bodies, pa.binary()), persistent) == expected
+        assert encode_bodies(pa.array(bodies[:2], pa.binary()), persistent) == expected[:2]
+        sliced = pa.array(bodies, pa.large_binary()).slice(2, 3)  # an offset into its buffers
+        assert encode_bodies(sliced, persistent) == expected[2:5]
+    texts = ["", "é", "ü" * 200]
+    assert encode_bodies(pa.array(texts, pa.string()), True) == [
+        encode(Message(text.encode())) for text in texts
+    ]
+    assert encode_bodies(pa.array([], pa.binary()), True) == []
 
 
 def test_a_task_failing_its_first_attempt_and_a_repeated_write_add_no_duplicates(spark, node):

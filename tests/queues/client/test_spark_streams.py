@@ -20,15 +20,20 @@ if shutil.which("java") is None:
         allow_module_level=True,
     )
 
-from warren.queues.client.spark_read import OffsetRange, Source, read_range
+from warren.queues.client.spark_read import OffsetRange, Source, read_range, record_batch
 from warren.queues.engine.stream_log import (
     CHUNK_HEADER_BYTES,
+    CHUNK_USER,
     FILE_HEADER_BYTES,
+    StreamLog,
+    encode_simple_entries,
     numbered_files,
+    pack_chunk,
     parse_chunk_header,
     segment_file_name,
 )
-from warren.queues.errors import WarrenReadError
+from warren.queues.errors import StreamCorrupt, WarrenReadError
+from warren.queues.message import Message, decode, encode
 from warren.queues.protocol import StreamAttach
 from warren.supervisor import Node
 
@@ -111,6 +116,46 @@ def test_a_flipped_bit_in_a_chunk_fails_the_read_naming_the_chunk(spark, node, t
         file.write(bytes([byte[0] ^ 0x10]))
     with pytest.raises(Exception, match=rf"\(chunk {first.next_offset}\): its data fails its CRC"):
         load(spark, node).count()
+
+
+def test_a_read_gives_each_record_as_decoding_it_alone_would(tmp_path):
+    """Chunks of messages without properties have their bodies found in the chunk's bytes;
+    any other chunk is decoded record by record: both read alike, whole or in part."""
+    plain = encode(Message(b""))[:8]  # how a message without properties starts
+    chunks = [
+        [encode(Message(b"x" * size)) for size in (0, 1, 255, 256, 65_535, 65_536, 2)],
+        [encode(Message(b"\x98\x01\xc0" * i, persistent=False)) for i in range(50)],
+        [encode(Message(b"%d" % i, timestamp_ms=1_700_000_000_000 + i)) for i in range(20)],
+        # bodies holding a message's first bytes: neither is taken for a record
+        [encode(Message(b"a" + plain + b"\xc4\x05hello")) for _ in range(5)],
+        [encode(Message(b"a" + plain + b"\xc4\x01z", message_id="m-0")), encode(Message(b"b"))],
+        [
+            encode(Message(b"tagged", message_id="m-1", headers={"x-routing-key": "eu", "n": 7})),
+            encode(Message(b"plain", timestamp_ms=5)),
+        ],
+    ]
+    with StreamLog(tmp_path / "events") as log:
+        for records in chunks:
+            log.append(records)
+        log.sync()
+        with log.reader() as reader:
+            raws = list(iter(reader.read_raw_chunk, None))
+    messages = [decode(record) for records in chunks for record in records]
+    for start, end in [(0, len(messages)), (3, len(messages) - 1), (5, 9), (60, 61), (4, 4)]:
+        rows = record_batch(raws, start, end, "test").to_pylist()
+        assert [row["offset"] for row in rows] == list(range(start, end))
+        for row in rows:
+            message = messages[row["offset"]]
+            assert (row["body"], row["message_id"]) == (message.body, message.message_id)
+            if message.headers:
+                assert dict(row["headers"]) == {"x-routing-key": "eu", "n": "7"}
+                assert row["routing_key"] == "eu"
+            else:
+                assert row["headers"] is None and row["routing_key"] is None
+    records = [encode(Message(b"one")), encode(Message(b"two"))]
+    short = pack_chunk(CHUNK_USER, encode_simple_entries(records), 3, 3, 0, 0, 0)
+    with pytest.raises(StreamCorrupt, match=r"test \(chunk 0\): it says 3 records and holds 2"):
+        record_batch([short], 0, 3, "test")
 
 
 def stream_query(spark, node, checkpoint, seen, **options):
@@ -225,6 +270,28 @@ def test_writing_into_a_stream_with_a_failed_task_adds_no_duplicate(spark, node)
     ).option("producer", "loader").save()  # the job run again
     bodies = sorted(int(row.body) for row in load(spark, node).select("body").collect())
     assert bodies == list(range(10_000))
+
+
+def test_rows_with_and_without_properties_written_into_a_stream_read_back_as_written(spark, node):
+    connection = node.connect()
+    connection.declare_queue("events", type="stream")
+    tagged = "id >= 4000 and id % 7 = 0"  # in the last partition only: the others carry bodies
+    frame = spark.range(6_000, numPartitions=3).selectExpr(
+        "cast(id as string) as body",
+        f"case when {tagged} then map('x-routing-key', 'eu', 'n', cast(id as string)) end "
+        "as headers",
+        "case when id >= 4000 and id % 5 = 0 then concat('m-', id) end as message_id",
+    )
+    frame.write.format("warren").mode("append").option("endpoint", node.listen_endpoint).option(
+        "stream", "events"
+    ).save()
+    rows = load(spark, node).collect()
+    assert sorted(int(row.body) for row in rows) == list(range(6_000))
+    for row in rows:
+        i = int(row.body)
+        headers = {"x-routing-key": "eu", "n": str(i)} if i >= 4000 and i % 7 == 0 else None
+        assert (row.headers, row.routing_key) == (headers, headers and "eu")
+        assert row.message_id == (f"m-{i}" if i >= 4000 and i % 5 == 0 else None)
 
 
 def test_bad_options_and_targets_fail_with_what_is_wrong(spark, node):
