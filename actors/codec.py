@@ -23,7 +23,12 @@ Races and hostile input: a peer may send any bytes. Decoding malformed bytes rai
 ``CodecError``, and so does a type mark anywhere but at the head of an array. A
 message's fields are packed inline, in the array its mark heads, not as a msgpack
 document of their own inside an extension: that nesting copied a message's bytes twice
-more on each side, and a Publish of a megabyte took 2 ms to encode instead of 0.1.
+more on each side, and a Publish of a megabyte took 2 ms to encode instead of 0.1. The
+decoder reads a frame as plain data first and starts again, building messages, at the
+first mark it meets (early in a frame that carries a message), so replies of plain data
+(a stream's records) pay no hook per array. Frames carry no version: both ends of a
+socket must run the same Warren (a peer from before this layout, 0.1.0's first form of
+it, fails to decode with a ``CodecError``).
 A registered message this process cannot build decodes to an
 ``UnknownMessage`` placeholder instead of raising, so the receiver still learns the request
 id and can answer the caller with a clear error (the loop checks ``Decoder.saw_unknown``
@@ -294,6 +299,10 @@ class Encoder:
         )
 
 
+class _MarkSeen(Exception):
+    """A first decoding pass met a type mark: decode again, building messages."""
+
+
 class _TypeMark:
     """A decoded type mark, until the array it heads is complete."""
 
@@ -317,7 +326,13 @@ class Decoder:
         self._loose_marks = 0
         self.saw_unknown = False
         try:
-            value = self._unpack_nested(frames[0])
+            try:  # plain data first: only a frame holding a message pays the array hook
+                value = msgpack.unpackb(
+                    frames[0], ext_hook=self._plain_ext_hook, raw=False, strict_map_key=False
+                )
+            except _MarkSeen:
+                self._loose_marks = 0
+                value = self._unpack_nested(frames[0])
         except CodecError:
             raise
         except Exception as exc:  # msgpack raises many types on hostile bytes
@@ -334,6 +349,11 @@ class Decoder:
             raw=False,
             strict_map_key=False,
         )
+
+    def _plain_ext_hook(self, code: int, data: bytes) -> Any:
+        if code == _EXT_MESSAGE:
+            raise _MarkSeen  # a message's mark comes early in its frame: little is lost
+        return self._ext_hook(code, data)
 
     def _list_hook(self, items: list[Any]) -> Any:
         if items and type(items[0]) is _TypeMark:

@@ -89,10 +89,12 @@ __all__ = ["BatchConfirm", "Confirm", "Connection", "Consumer", "Delivery", "Que
 log = logging.getLogger("warren.queues")
 
 PUBLISH_BATCH = 500  # messages per Publish from publish_many, to a queue
-# and to streams only: a Publish is one chunk of the stream, so a batch is kept whole
-STREAM_PUBLISH_BATCH = MAX_ENTRIES_PER_CHUNK
+# and to streams only: a Publish is one chunk of the stream, so a batch is kept whole up
+# to a quarter of the connection's window (four share it) and a chunk's limit
+STREAM_WINDOW_SHARE = 4
 PUBLISH_BATCH_BYTES = 4 * 2**20
-READ_AHEAD = 4096  # messages publish_many takes from its iterable at a time
+READ_AHEAD = 4096  # messages publish_many takes from its iterable at a time, at most
+READ_AHEAD_STEP = 64  # and in steps of this many, stopping at PUBLISH_BATCH_BYTES
 LINGER_S = 0.002  # how long publish_async's messages wait for more to share their frame
 ASYNC_BATCH = 64  # publish_async's messages per frame, at most
 ASYNC_BATCH_BYTES = 256 * 2**10
@@ -730,14 +732,17 @@ class Connection:
         sequence: int | None,
     ) -> BatchConfirm:
         """Send runs of encoded messages, each run with its persistence and TTL, in
-        Publishes of at most ``PUBLISH_BATCH`` messages (``STREAM_PUBLISH_BATCH`` when
-        every queue routed to is a stream: each Publish is a chunk) and
-        ``PUBLISH_BATCH_BYTES``; their confirm. Each run is checked whole before any of it
-        is sent."""
+        Publishes of at most ``PUBLISH_BATCH`` messages (when every queue routed to is a
+        stream, each Publish is a chunk: a quarter of the window, ``max_in_flight``, up to
+        a chunk's limit) and ``PUBLISH_BATCH_BYTES``; their confirm. Each run is checked
+        whole before any of it is sent."""
         producer = _producer(producer_id, sequence)
         queues = self._route(exchange, routing_key, mandatory)
         refs = [self._ref(queue) for queue in queues]
-        most = STREAM_PUBLISH_BATCH if all(map(_is_stream_ref, refs)) else PUBLISH_BATCH
+        most = PUBLISH_BATCH
+        if all(map(_is_stream_ref, refs)):
+            share = self.max_in_flight // STREAM_WINDOW_SHARE
+            most = min(MAX_ENTRIES_PER_CHUNK, max(PUBLISH_BATCH, share))
         sent: list[_Publish] = []
         count = 0
         for persistent, expiration_ms, payloads in runs:
@@ -1451,11 +1456,35 @@ def _is_stream_ref(ref: QueueRef) -> bool:
 
 
 def _chunks(items: Iterable[Any]) -> Iterator[list[Any]]:
-    """``items`` in lists of ``READ_AHEAD``, taken as they are needed (a producer's
-    generator is never read far ahead)."""
+    """``items`` in lists of at most ``READ_AHEAD`` and about ``PUBLISH_BATCH_BYTES``
+    (``READ_AHEAD_STEP`` at a time), taken as they are needed: a producer's generator is
+    never read far ahead, in messages or in bytes."""
     items = iter(items)
-    while chunk := list(itertools.islice(items, READ_AHEAD)):
+    while True:
+        chunk: list[Any] = []
+        size = 0
+        while len(chunk) < READ_AHEAD and size < PUBLISH_BATCH_BYTES:
+            step = list(itertools.islice(items, READ_AHEAD_STEP))
+            if not step:
+                break
+            chunk += step
+            size += _size(step)
+        if not chunk:
+            return
         yield chunk
+
+
+def _size(items: list[Any]) -> int:
+    """The bytes of ``items``, bodies or ``Message``s (anything else counts nothing here:
+    encoding it raises the error that names it)."""
+    try:
+        return sum(map(len, items))
+    except TypeError:
+        return sum(
+            len(item.body) if isinstance(item, Message) else len(item)
+            for item in items
+            if isinstance(item, (bytes, bytearray, memoryview, Message))
+        )
 
 
 def _byte_batches(sizes: list[int], most: int) -> Iterator[tuple[int, int]]:

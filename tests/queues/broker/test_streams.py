@@ -186,7 +186,7 @@ def test_a_producer_resumes_after_its_last_sequence_and_repeats_are_dropped(node
     assert connection.queue_stats("events")["repeats_dropped"] == 3
 
 
-def test_a_batch_is_one_chunk_up_to_the_chunk_limits_and_a_queues_frames_when_routed_to_both(
+def test_a_batch_is_one_chunk_up_to_a_quarter_of_the_window_and_a_queues_frames_if_routed_to_one(
     node,
 ):
     connection = node.connect()
@@ -203,9 +203,10 @@ def test_a_batch_is_one_chunk_up_to_the_chunk_limits_and_a_queues_frames_when_ro
 
     shown = inspect_stream(Path(node.data_dir) / "queues" / "events")
     assert sum(segment.records for segment in shown) == 1_000 + 5_000 + 6 + 1_200
-    # 1,000 whole; 5,000 read 4,096 at a time; six 1 MiB in frames of at most 4 MiB; the
-    # batch routed to a queue too in its frames of 500
-    assert sum(segment.user_chunks for segment in shown) == 1 + 2 + 2 + 3
+    # 1,000 whole (a quarter of the default window of 4,000); 5,000 read 4,096 at a time,
+    # each cut into chunks of 1,000; six 1 MiB in frames of at most 4 MiB; the batch
+    # routed to a queue too in its frames of 500
+    assert sum(segment.user_chunks for segment in shown) == 1 + (5 + 1) + 2 + 3
     assert connection.queue_stats("copies")["messages_ready"] == 1_200
 
 
