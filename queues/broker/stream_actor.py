@@ -42,10 +42,11 @@ Messages accepted (``warren.queues.protocol``), and what each gets back:
 
 Group commit: the fdatasync runs on a thread of this process (``StreamLog.begin_sync``
 then ``PendingSync.run`` there), one at a time, so the process goes on taking and
-appending Publishes while the disk flushes. A sync starts when the mailbox runs dry or
-the previous sync ends with more appended meanwhile, and covers everything appended
-before it began; when it ends, back on the actor's thread, the committed offset moves and
-the Publishes it covers are confirmed. Under ``sync_policy="flush"`` nothing blocks and
+appending Publishes while the disk flushes. A sync starts after a Publish is appended or
+when the mailbox runs dry, unless one is running; when that one ends with more appended
+meanwhile, the next starts at once. Each covers everything appended before it began;
+when it ends, back on the actor's thread, the committed offset moves and the Publishes
+it covers are confirmed. Under ``sync_policy="flush"`` nothing blocks and
 the commit is made at once.
 
 Readers: a reader on this machine opens the segment files itself
@@ -67,9 +68,11 @@ sync thread flushes duplicates of the descriptors, so a rollover closing the seg
 under it changes nothing; a stop waits for it, then confirms what it covered; a delete
 fails the confirms it would have given; a flush that fails crashes the process (its
 publishers get an error, and nothing after it is confirmed: after a failed fdatasync the
-page cache no longer says what is on disk), and the restart recovers from disk. A
-write that fails (a full disk) stops the process without a sync: the restart cuts the
-torn tail, and the publishers of unconfirmed chunks get an error.
+page cache no longer says what is on disk), and the restart recovers from what the files
+show, which after such a failure may include pages the disk never took: a failed flush
+is a disk fault no program that trusts fdatasync can undo. A write that fails (a full
+disk) stops the process without a sync: the restart cuts the torn tail, and the
+publishers of unconfirmed chunks get an error.
 """
 
 from __future__ import annotations
