@@ -443,6 +443,7 @@ class QueueDefinition:
 
 
 STREAM_ACTOR_PREFIX = "stream "  # a stream's actor name, and title: "warren: stream events"
+MAX_ENTRIES_PER_CHUNK = 0xFFFF  # records in one stream chunk (its header's u16 entry count)
 
 
 class QueueRef(Protocol):

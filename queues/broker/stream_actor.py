@@ -88,7 +88,6 @@ from typing import Any, ClassVar, NamedTuple
 from warren.actors import ProcessActor, UnhandledMessage
 
 from ..engine.stream_log import (
-    MAX_ENTRIES_PER_CHUNK,
     MAX_TRACKING_ID_BYTES,
     PendingSync,
     Start,
@@ -106,6 +105,7 @@ from ..errors import (
     UnsupportedOperation,
 )
 from ..protocol import (
+    MAX_ENTRIES_PER_CHUNK,
     MAX_SEQUENCE,
     DeleteQueue,
     Fetch,

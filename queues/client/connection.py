@@ -58,10 +58,10 @@ from warren.actors.flow import MAX_IN_FLIGHT, MAX_IN_FLIGHT_BYTES, CreditWindow
 from warren.actors.process import process_exists
 
 from .. import errors
-from ..engine.stream_log import MAX_ENTRIES_PER_CHUNK
 from ..errors import ConnectionClosed, Nacked, QueueError, local_error
 from ..message import MAX_MESSAGE_BYTES, Message, body_encoder, decode, encode
 from ..protocol import (
+    MAX_ENTRIES_PER_CHUNK,
     MAX_PRODUCER_BYTES,
     MAX_SEQUENCE,
     STREAM_ACTOR_PREFIX,

@@ -119,7 +119,7 @@ from typing import Literal, NamedTuple
 from isal.isal_zlib import crc32
 
 from ..errors import OffsetOutOfRange, StreamCorrupt, StreamError, StreamLocked
-from ..protocol import Timestamp
+from ..protocol import MAX_ENTRIES_PER_CHUNK, Timestamp
 
 __all__ = [
     "ChunkHeader",
@@ -176,7 +176,6 @@ MAX_TRACKING_ID_BYTES = 255
 
 SIMPLE_ENTRY_HEADER_BYTES = 4
 SUB_BATCH_HEADER_BYTES = 11
-MAX_ENTRIES_PER_CHUNK = 0xFFFF
 MAX_RECORD_BYTES = 2**31 - 1
 MAX_SEGMENT_BYTES = 2**32 - 1  # index records hold a chunk's position in 32 bits
 _U32 = struct.Struct(">I")
