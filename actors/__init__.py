@@ -22,7 +22,8 @@ of its own and talk to it through the ``ActorRef`` you get back::
 The modules, each with its protocol and races in its docstring: ``actor`` (the class you
 subclass), ``ref`` (refs, tell/ask, futures), ``node`` (spawning, stopping, monitors,
 links), ``registry``, ``monitor``, ``messages`` (Down, Exit, Pong), ``codec`` (what may
-travel), ``runtime_dir``, ``exitcodes``, ``errors``.
+travel), ``figures`` (an actor's published answer to a node's metrics), ``runtime_dir``,
+``exitcodes``, ``errors``.
 """
 
 from typing import TYPE_CHECKING

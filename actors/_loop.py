@@ -18,9 +18,24 @@ running   one poll over [control, data, wake pipe]. Each pass serves every waiti
           FIGURES (a node's metrics) runs ``on_receive`` with the question it carries
           between two passes, ahead of the queued data, as a read of the actor's state
           now; what it raises is logged and answered None, never a crash.
+          Published figures (``warren.actors.figures``; an actor whose class says
+          ``figures_from_loop`` and whose control socket is ipc gets a figures file at
+          setup, dirty): the answer to a FIGURES request is also written to the
+          incarnation's figures file, and its question kept. From
+          then on, before a pass handles anything that may change the answer (data,
+          posted calls, timers, ``on_idle``, a control message other than PING, STATS
+          or FIGURES) the file is marked dirty, once; and after a pass, when no message
+          has been handled for ``_QUIET_S`` (a pass of timers alone is quiet), the loop
+          answers the question itself and publishes what changed, or marks the file
+          clean when nothing did. A busy actor so spends nothing on it (the node asks
+          it instead) and an idle one is read by the node without a round trip. Every
+          turn of the loop stamps the file (``STAMP_S`` apart at most), and an idle loop
+          turns at least once a second (``_IDLE_POLL_MS``): the node takes a loop silent
+          for longer than ``LIVE_S`` for stopped.
 teardown  ``on_stop`` (clean stops) or nothing more (``on_failure`` ran at the crash); asks
           still queued are answered with ActorDeadError and tells still queued are
-          counted as dropped; sockets close with a bounded linger.
+          counted as dropped; sockets close with a bounded linger, and the figures file
+          is removed.
 
 Races and bad input, each with its answer:
 - A frame that does not decode or has the wrong shape, a registered message with the
@@ -58,6 +73,11 @@ Races and bad input, each with its answer:
   forkserver dies, and the loop also checks ``getppid`` whenever the poll times out.
 - A deferred reply answered from another thread is queued and the wake pipe written, so
   the sockets are only ever touched by this thread.
+- The node reads the figures file while the actor changes: the file is marked dirty
+  before the change is handled, so a read sees it dirty (and asks), or reads the answer
+  of a moment before the change. Figures that change off the loop's thread (the
+  listener's gateway) would be read stale: such an actor's class sets
+  ``figures_from_loop`` false and has no file.
 """
 
 from __future__ import annotations
@@ -96,6 +116,7 @@ from .exitcodes import (
     EXIT_START_FAILED,
     EXIT_TERMINATED,
 )
+from .figures import STAMP_S, FiguresSlot
 from .messages import Down, Exit, Pong
 from .peers import PeerWatch
 from .process import drain_wake_pipe
@@ -103,8 +124,12 @@ from .ref import ActorRef
 
 logger = logging.getLogger("warren.actors")
 
-# Longest poll when nothing is due (milliseconds): how often an idle actor checks its parent.
+# Longest poll when nothing is due (milliseconds): how often an idle actor checks its parent
+# (and stamps its figures file: warren.actors.figures relies on a turn a second at least).
 _IDLE_POLL_MS = 1000
+# How long the loop waits after its last turn that handled messages before it checks its
+# published figures (seconds): a busy actor is asked by the node instead.
+_QUIET_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -204,6 +229,16 @@ class ActorLoop:
             "backlogged_passes": 0,
         }
         self._process: psutil.Process | None = None  # this process, read for FIGURES
+        # The published figures (warren.actors.figures): the file, the question of the
+        # last FIGURES request (the loop answers it itself from then on), whether anything
+        # was handled since the figures were last checked, the start of the last turn that
+        # handled messages, when to check them next, when to stamp the next turn.
+        self._slot: FiguresSlot | None = None
+        self._question: Any = _NO_QUESTION
+        self._touched = True
+        self._busy_at = 0.0
+        self._check_at: float | None = None
+        self._stamp_due = 0.0
         # Both set by _setup, before anything else reads them.
         self.actor: ProcessActor
         self.ref: ActorRef
@@ -229,6 +264,8 @@ class ActorLoop:
                 pass
             return self._teardown()
         finally:
+            if self._slot is not None:
+                self._slot.close()
             self._runtime.context.destroy(linger=wire.LINGER_MS)
 
     def _bind(self, kind: int, endpoint: str) -> zmq.Socket:
@@ -261,6 +298,8 @@ class ActorLoop:
             self.actor = order.actor_class(*order.args, **order.kwargs)
             self.actor.ref = self.ref
             self.actor._services = self
+            if order.actor_class.figures_from_loop:
+                self._slot = self._make_slot()
             if order.address.startswith("ipc://") and (
                 type(self.actor).on_peer_gone is not ProcessActor.on_peer_gone
             ):
@@ -274,6 +313,15 @@ class ActorLoop:
             return False
         self._node.ready(order.token, self.ref.address, self.ref.control, self.ref.pid)
         return True
+
+    def _make_slot(self) -> FiguresSlot | None:
+        """This incarnation's figures file; None (the node asks every time) when it
+        cannot be made."""
+        try:
+            return FiguresSlot.create(self._order.control, self._order.incarnation, os.getpid())
+        except OSError as exc:
+            logger.debug("%s: no figures file: %s", self._order.name, exc)
+            return None
 
     @staticmethod
     def _endpoint(socket: zmq.Socket) -> str:
@@ -291,6 +339,8 @@ class ActorLoop:
         if peers is not None:
             poller.register(peers.events, zmq.POLLIN)
         control, data = self._control, self._data
+        slot = self._slot
+        now = 0.0
         while not self._stopping:
             events = dict(poller.poll(self._poll_timeout_ms()))
             if self._stopping:
@@ -299,28 +349,76 @@ class ActorLoop:
                 self._stopping = True
                 self._exit_code = EXIT_PARENT_GONE
                 break
+            if slot is not None:
+                now = time.monotonic()
+                if now >= self._stamp_due:
+                    slot.stamp(now)
+                    self._stamp_due = now + STAMP_S
+            busy = False
             if control in events:
                 self._serve_control()
                 if self._stopping:
                     break
             if self._wake_read in events or self._posted:
+                busy = True
+                if not self._touched:
+                    self._touch()
                 self._run_posted()
             if peers is not None and peers.events in events:
                 peers.read_events()
             if data in events or self._injected or (peers is not None and peers.has_gone):
+                busy = True
+                if not self._touched:
+                    self._touch()
                 self._drain_data()
             elif self._delivered_since_idle:
                 self._delivered_since_idle = False
+                self._touch()
                 self._guard(self.actor.on_idle)
             if self._timers:
                 self._run_timers()
+            if slot is not None and self._touched and self._question is not _NO_QUESTION:
+                if not busy:
+                    self._settle(now)
+                else:
+                    self._busy_at = now
+                    if self._check_at is None:
+                        self._check_at = now + _QUIET_S
+
+    def _touch(self) -> None:
+        """The actor is about to handle something that may change its figures: the
+        published ones are no longer to be read (``figures``, "Protocol")."""
+        if not self._touched:
+            self._touched = True
+            if self._slot is not None:
+                self._slot.mark_dirty()
+
+    def _settle(self, now: float) -> None:
+        """After a turn that handled no message: check the published figures once the
+        actor has handled none for ``_QUIET_S`` (a turn of timers alone is quiet), so that
+        a busy actor spends nothing on them (the node asks it instead) and an idle one is
+        read without being asked."""
+        if now - self._busy_at < _QUIET_S:
+            self._check_at = self._busy_at + _QUIET_S
+            return
+        self._check_at = None
+        self._touched = False
+        question = self._question
+        answer = None if question is None else self._answer_figures(question)
+        if question is not None and answer is None:
+            return  # no figures of its kind (a deleted queue): it stays dirty, and is asked
+        assert self._slot is not None, "only a loop with a figures file settles"
+        self._slot.publish(dict(self.counters), answer, self._process_usage)
 
     def _poll_timeout_ms(self) -> int:
         if self._injected or self._posted:
             return 0
-        if not self._timers:
+        due = self._timers[0][0] if self._timers else None
+        if self._check_at is not None and (due is None or self._check_at < due):
+            due = self._check_at
+        if due is None:
             return _IDLE_POLL_MS
-        wait_s = self._timers[0][0] - time.monotonic()
+        wait_s = due - time.monotonic()
         return max(0, min(_IDLE_POLL_MS, int(wait_s * 1000) + 1))
 
     def _receive(self, socket: zmq.Socket) -> list[Any]:
@@ -535,6 +633,7 @@ class ActorLoop:
         except zmq.ZMQError as exc:
             if exc.errno not in (errno.EHOSTUNREACH, errno.EAGAIN):
                 raise
+            self._touch()
             self.counters["unroutable"] += 1
             logger.warning("%s: an answer could not be routed (%s)", self._order.name, exc.strerror)
 
@@ -548,11 +647,15 @@ class ActorLoop:
             try:
                 kind, stamp, request_id, body = self._decoder.decode(frames[1:])
             except (CodecError, ValueError, TypeError, IndexError):
+                self._touch()
                 self._count_malformed("control")
                 continue
             if stamp and stamp != incarnation:
+                self._touch()
                 self.counters["dropped_stale"] += 1
                 continue
+            if type(kind) is not int or kind not in _READS:
+                self._touch()
             answer = self._control_answer(kind, body)
             if answer is not _NO_ANSWER and type(request_id) is int and request_id:
                 self.reply(frames[0], wire.REPLY_OK, request_id, answer, self._control)
@@ -564,11 +667,18 @@ class ActorLoop:
             return dict(self.counters)
         if kind == wire.FIGURES and type(body) is list and len(body) == 2:
             question, process = body
-            return [
-                dict(self.counters),
-                None if question is None else self._answer_figures(question),
-                self._process_usage() if process is True else None,
-            ]
+            counters = dict(self.counters)
+            answer = None if question is None else self._answer_figures(question)
+            usage = self._process_usage() if process is True else None
+            if self._slot is not None and (question is None or answer is not None):
+                # Published as well (the usage only when asked for: reading it costs more
+                # than the rest): the node reads it from now on until the actor handles
+                # something, and the loop answers this question itself.
+                self._question = question
+                self._touched = False
+                self._check_at = None
+                self._slot.publish(counters, answer, lambda: usage, always=usage is not None)
+            return [counters, answer, usage]
         if kind == wire.STOP:
             self._stopping = True
             return None
@@ -628,6 +738,7 @@ class ActorLoop:
         # A stop (a signal) during one timer ends the pass: the next due timer may be one
         # that waits on the node, which may be what is gone.
         while self._timers and self._timers[0][0] <= now and not self._stopping:
+            self._touch()
             _due, _id, callback = heapq.heappop(self._timers)
             self._guard(callback)
 
@@ -741,3 +852,5 @@ class ActorLoop:
 
 
 _NO_ANSWER = object()
+_NO_QUESTION = object()  # no FIGURES request yet: the loop publishes nothing by itself
+_READS = frozenset((wire.PING, wire.STATS, wire.FIGURES))  # control that changes nothing

@@ -103,6 +103,12 @@ class ProcessActor:
     # When True, a linked actor's abnormal death arrives as an Exit message instead of
     # stopping this actor.
     trap_exits: ClassVar[bool] = False
+    # True when the answer to a node's figures question (``on_receive(question)``) changes
+    # only while the loop handles something (a message, a timer, a posted call): the loop
+    # then keeps its last answer where the node reads it without asking
+    # (``warren.actors.figures``). An actor whose figures change on threads of its own
+    # sets False, and is asked at every scrape.
+    figures_from_loop: ClassVar[bool] = True
 
     ref: ActorRef
     _services: ActorServices

@@ -176,7 +176,9 @@ class ActorRef:
         answer, usage]``, the counters of ``stats``, the actor's answer to ``question``
         (None without one, or when it raised), and with ``process`` its process's
         ``{"cpu_seconds", "rss_bytes"}`` (else None). The actor answers between two passes,
-        ahead of its queued data, so a busy actor's figures come at once."""
+        ahead of its queued data, so a busy actor's figures come at once. It also keeps
+        the answer, and answers the question itself whenever it changes, where the node
+        reads it without asking (``warren.actors.figures``)."""
         return self._request_async(self.control, wire.FIGURES, [question, process], timeout)
 
     def alarm(

@@ -14,7 +14,9 @@ frames of their own. The ROUTER side sees the DEALER's routing id as an extra fi
                     node's resources ([resource, raised]); none expects a reply.
                     FIGURES ([question | None, process]) is a node's metrics' one
                     request: answered [counters, the actor's answer to the question |
-                    None, {"cpu_seconds", "rss_bytes"} of its process | None].
+                    None, {"cpu_seconds", "rss_bytes"} of its process | None]. The
+                    actor also publishes the answer, and answers the question itself
+                    from then on, where the node reads it (``warren.actors.figures``).
     node service    [READY | FAILED | MONITOR | DEMONITOR | LINK | WHEREIS | REGISTER
                      | UNREGISTER | STOP_ACTOR, request_id, body]
 """

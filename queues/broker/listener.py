@@ -155,6 +155,8 @@ def with_free_port(endpoint: str) -> str:
 class ListenerActor(ProcessActor):
     """The listener process; see the module docstring."""
 
+    figures_from_loop = False  # its counters and connections change on the gateway thread
+
     def __init__(
         self,
         data_dir: str,

@@ -39,8 +39,9 @@ Consumers: a consumer's deliveries go back to the queue, flagged redelivered, wh
 process has ended: as soon as the process's last connection to this mailbox closes
 (``on_peer_gone``: the kernel closes a dead process's sockets, so a zombie or a process
 whose pid was reused since counts as ended at once), and, as a backstop, when a check
-every ``consumer_check_s`` finds the process gone (no such pid, another process's start
-time under it, or a zombie) with no connection left open. A consumer SIGKILLed
+every ``consumer_check_s`` (run only while the queue has consumers) finds the process
+gone (no such pid, another process's start time under it, or a zombie) with no
+connection left open. A consumer SIGKILLed
 mid-flight loses nothing, and an ack that reached this mailbox before the consumer's
 end is applied before its deliveries are requeued, so a message acked by a consumer
 that then died is never delivered again.
@@ -185,6 +186,7 @@ class QueueActor(ProcessActor):
         self._sync_armed = False
         self._held: dict[bytes, set[int]] = {}  # consumer -> tags awaiting its ack
         self._owners: dict[bytes, tuple[int, float]] = {}  # consumer -> (pid, started)
+        self._consumer_check_armed = False  # the check runs only while there are owners
         self._subscribers: dict[bytes, int] = {}  # connection -> its active consumers
         self._deleted = False
         self._store_down = False
@@ -238,7 +240,6 @@ class QueueActor(ProcessActor):
             self._dead = DeadLetters(
                 self.data_dir, self.queue_name, self.definition.dead_letter_exchange
             )
-        self.call_later(self.consumer_check_s, self._check_consumers)
         self.call_later(RATES_INTERVAL_S, self._update_rates)
         head = self.queue.peek()  # with an expiry, the messages it recovered may expire
         self._may_expire = head is not None and head.expiry_ms > 0
@@ -428,6 +429,7 @@ class QueueActor(ProcessActor):
             self._held.setdefault(message.consumer, set()).update(d.seq_id for d in out)
             if message.consumer not in self._owners:
                 self._owners[message.consumer] = (message.pid, _started(message.pid))
+                self._arm_consumer_check()
         self.counters["delivered"] += len(out)
         self.counters["redelivered"] += sum(1 for d in out if d.delivery_count)
         return out
@@ -480,6 +482,7 @@ class QueueActor(ProcessActor):
         count = self._subscribers.get(message.consumer, 0) + (1 if message.active else -1)
         if message.active and message.consumer not in self._owners:
             self._owners[message.consumer] = (message.pid, _started(message.pid))
+            self._arm_consumer_check()
         if count > 0:
             self._subscribers[message.consumer] = count
         elif self._subscribers.pop(message.consumer, None) is not None:
@@ -665,11 +668,20 @@ class QueueActor(ProcessActor):
     def on_peer_gone(self, pid: int) -> None:
         self._release_ended(lambda owner_pid: owner_pid == pid)
 
+    def _arm_consumer_check(self) -> None:
+        """Run the consumers' check in ``consumer_check_s``, unless it is due already: an
+        idle queue without consumers does not wake for it."""
+        if not self._consumer_check_armed:
+            self._consumer_check_armed = True
+            self.call_later(self.consumer_check_s, self._check_consumers)
+
     def _check_consumers(self) -> None:
         # a process whose connection is still open may have acks on their way in: its
         # end is handled when that connection closes (on_peer_gone)
+        self._consumer_check_armed = False
         self._release_ended(lambda pid: not self.peer_connected(pid))
-        self.call_later(self.consumer_check_s, self._check_consumers)
+        if self._owners:
+            self._arm_consumer_check()
 
     def _release_ended(self, candidate: Callable[[int], bool]) -> None:
         """Requeue what the consumers of ended processes held, among ``candidate`` pids."""

@@ -1,16 +1,26 @@
 """A running node's figures, gathered when asked, and how they read: Prometheus families
 (RabbitMQ's names with ``warren_`` for ``rabbitmq_``, and Warren's own) and JSON documents.
 
-``NodeFigures.snapshot()`` gathers one ``Snapshot``. Every actor the tree runs is sent
-one request at once (``ActorRef.figures_async``, on its control channel, so a busy actor
-answers between two passes rather than after its backlog): its runtime counters, its own
-figures by its kind (its answer to ``QueueStats`` for a queue or a stream, ``StoreStats``,
-``ListenerStats``) and, for a snapshot ``per_object``, the CPU time and RSS of its
-process, read by the process itself; all within one budget (``SCRAPE_BUDGET_S``).
-An actor that has not answered when the budget is spent has no series in that snapshot
-at all: a slow, stopped or dead actor costs a scrape at most the budget, and never fails
-it. The node's own figures (alarms, memory and disk readings, the start's duration, its
-control-socket counters) need no actor and are always there.
+``NodeFigures.snapshot()`` gathers one ``Snapshot``. Each actor the tree runs gives its
+runtime counters, its own figures by its kind (its answer to ``QueueStats`` for a queue
+or a stream, ``StoreStats``, ``ListenerStats``) and, for a snapshot ``per_object``, its
+process's CPU time and RSS, read by the process itself, in one of two ways:
+- read, without a word to the actor, from the figures it published
+  (``warren.actors.figures``): an actor asked once keeps its answer in a small shared
+  file and marks it stale before it handles anything, so what is read is its answer
+  now. Most actors of a large node are idle, and a scrape costs each a few microseconds
+  of the node's time and nothing of its own;
+- asked, when they are not there to read (never asked yet, handled something since,
+  its loop silent for ``LIVE_S``, an actor that opts out as the listener does, or, for a
+  snapshot ``per_object``, an answer published without the process's usage):
+  one request, all sent at once (``ActorRef.figures_async``, on its control channel, so
+  a busy actor answers between two passes rather than after its backlog), all answered
+  within one budget (``SCRAPE_BUDGET_S``). Answering also publishes, so the next scrape
+  reads what it asked for this time unless the actor changed meanwhile.
+An actor that neither could be read nor answered within the budget has no series in
+that snapshot at all: a slow, stopped or dead actor costs a scrape at most the budget,
+and never fails it. The node's own figures (alarms, memory and disk readings, the
+start's duration, its control-socket counters) need no actor and are always there.
 ``NodeFigures.tree()`` is the supervision tree as its supervisors see it (every child's
 state and restarts), which needs no actor either.
 
@@ -21,21 +31,27 @@ incarnation, so its first reading adds in whole, while what the old incarnation 
 after its last reading is lost, never counted twice. No node counter goes backwards, so
 Prometheus's ``rate()`` stays true across restarts; a deleted queue's counts stay in the
 node's totals. Restarts are the node's too: an actor's incarnation number less one (every
-start after the first, at the same address). Gauges are reported as read.
+start after the first, at the same address). Gauges are reported as read. A published
+answer already booked (the same incarnation and sequence number) is not booked again.
 
-Protocol: every request goes to the incarnation the tree names now (a pinned ref), so an
-answer is never booked under another incarnation's readings. One thread
-(``warren-metrics``) sends every request and reads every answer: its channels (a DEALER
-per actor's control endpoint) are made once and serve every later snapshot, and
-snapshots asked for at the same time are gathered one after the other. What a scrape
-costs grows with the actors: one request and one answer each, on both sides.
+Protocol: every request goes to the incarnation the tree names now (a pinned ref), and a
+published answer is read only when its file names that incarnation and pid, so an answer
+is never booked under another incarnation's readings. One thread (``warren-metrics``)
+reads every file and sends every request and reads every answer: its mappings (one per
+actor incarnation) and its channels (a DEALER per actor's control endpoint) are made
+once and serve every later snapshot, and snapshots asked for at the same time are
+gathered one after the other. What a scrape costs grows with the actors that changed
+since the last one (a round trip each, on both sides), and only a little with the rest.
 
 Races: a request unanswered when the budget ran out stays outstanding. The next snapshot
 drops its answer if it has come and asks again; if it still has not, that snapshot sends
 the actor nothing and counts it unanswered at once. A stopped actor so holds one request,
-not one per scrape, and delays one scrape, not every one. The readings of a queue deleted
-meanwhile are forgotten only once the tree no longer runs its process, so the next
-reading of an incarnation still alive is never taken for its first.
+not one per scrape, and delays one scrape, not every one. An actor stopped or killed
+while idle is read as it last published until the tree no longer runs it or its loop
+has not turned for ``LIVE_S`` (about two and a half seconds), then asked as above. The
+readings of a queue deleted meanwhile are forgotten only once the tree no longer runs its
+process, so the next reading of an incarnation still alive is never taken for its first.
+The files of actors the tree no longer runs are unmapped at the end of each snapshot.
 """
 
 from __future__ import annotations
@@ -58,6 +74,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from warren.actors import ActorError, ActorRef, AskTimeout, Future
+from warren.actors.figures import SlotReader
 from warren.queues.broker.listener import ListenerStats
 from warren.queues.protocol import QueueStats
 from warren.store.latency import LATENCY_BUCKETS_S
@@ -195,8 +212,9 @@ QUESTIONS = {
 @dataclass
 class _Asked:
     ref: ActorRef
-    figures: Future | None  # None: not asked (its last request is still unanswered)
+    figures: Future | None  # None: not asked (published, or its last request unanswered)
     kind: str  # "queue", "stream", "store", "listener" or "actor"
+    published: tuple[int, list[Any]] | None = None  # (seq, answer) read from its file
 
 
 @dataclass
@@ -230,6 +248,9 @@ class NodeFigures:
         self._ledger = CounterLedger()
         self._incarnations: dict[str, int] = {}  # actor -> the newest incarnation seen
         self._outstanding: dict[str, tuple[int, Future]] = {}  # address -> unanswered
+        self._slots = SlotReader()  # the actors' published figures
+        self._booked: dict[str, tuple[int, int]] = {}  # address -> (incarnation, seq) booked
+        self._asked: dict[str, int] = {}  # address -> the incarnation asked once at least
         self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="warren-metrics")
 
     def snapshot(self, *, per_object: bool, timeout: float = SNAPSHOT_TIMEOUT_S) -> Snapshot:
@@ -254,6 +275,7 @@ class NodeFigures:
 
     def close(self) -> None:
         self._worker.shutdown(wait=True, cancel_futures=True)
+        self._slots.close()
 
     # ------------------------------------------------------------------ gathering
 
@@ -270,8 +292,9 @@ class NodeFigures:
         node = self._node
         root = node.root
         refs = root.actor_refs() if root is not None else []
-        deadline = time.monotonic() + self.budget_s
-        asked = [self._ask(ref, per_object) for ref in refs]
+        now = time.monotonic()
+        deadline = now + self.budget_s
+        asked = [self._read_or_ask(ref, per_object, now) for ref in refs]
         for ref in refs:
             self._incarnations[ref.name] = max(self._incarnations.get(ref.name, 0), ref.incarnation)
         queue_types = node.queue_types()
@@ -300,7 +323,12 @@ class NodeFigures:
             if answer is None:
                 snapshot.unanswered.append(ref.name)
                 continue
-            self._book(ref, request.kind, answer)
+            if request.published is None:
+                self._book(ref, request.kind, answer)
+            elif self._booked.get(ref.address) != (ref.incarnation, request.published[0]):
+                # booked once: read again unchanged, it would add nothing
+                self._book(ref, request.kind, answer)
+                self._booked[ref.address] = (ref.incarnation, request.published[0])
             rss_bytes = answer.usage.get("rss_bytes")
             figures = ActorFigures(
                 name=ref.name,
@@ -325,6 +353,24 @@ class NodeFigures:
         snapshot.restarts = sum(n - 1 for n in self._incarnations.values())
         return snapshot
 
+    def _read_or_ask(self, ref: ActorRef, per_object: bool, now: float) -> _Asked:
+        """The actor's published figures when they are its figures now (see the module
+        docstring), else its request."""
+        if self._asked.get(ref.address) != ref.incarnation:
+            return self._ask(ref, per_object)  # it publishes once asked: nothing to read yet
+        published = self._slots.read(ref.control, ref.pid, ref.incarnation, now)
+        if published is None or (per_object and not isinstance(published[1][2], dict)):
+            return self._ask(ref, per_object)  # a node-wide answer has no process usage
+        held = self._outstanding.pop(ref.address, None)
+        if held is not None and held[0] == ref.incarnation:
+            try:
+                held[1].get(0)  # a late answer is dropped
+            except AskTimeout:
+                self._outstanding[ref.address] = held  # drained when it comes
+            except Exception:
+                pass
+        return _Asked(ref, None, self._kind(ref.name), published)
+
     def _ask(self, ref: ActorRef, per_object: bool) -> _Asked:
         """Send the actor its one request, unless the one sent before to this incarnation
         is still unanswered (then none: see Races), or its mailbox is full or it is known
@@ -344,21 +390,26 @@ class NodeFigures:
             future = pinned.figures_async(QUESTIONS.get(kind), process=per_object, timeout=0)
         except ActorError:
             future = None
+        else:
+            self._asked[ref.address] = ref.incarnation
         return _Asked(pinned, future, kind)
 
     def _answer(self, request: _Asked, deadline: float) -> _Answer | None:
         """The actor's figures, or None unless they all came before the deadline."""
         ref = request.ref
-        if request.figures is None:
+        if request.published is not None:
+            answer: Any = request.published[1]
+        elif request.figures is None:
             return None
-        try:
-            answer = request.figures.get(max(0.0, deadline - time.monotonic()))
-        except AskTimeout:
-            self._outstanding[ref.address] = (ref.incarnation, request.figures)
-            return None
-        except Exception as exc:  # an actor going away, or an answer of another shape
-            log.debug("metrics: %s answered %s: %s", ref.name, type(exc).__name__, exc)
-            return None
+        else:
+            try:
+                answer = request.figures.get(max(0.0, deadline - time.monotonic()))
+            except AskTimeout:
+                self._outstanding[ref.address] = (ref.incarnation, request.figures)
+                return None
+            except Exception as exc:  # an actor going away, or an answer of another shape
+                log.debug("metrics: %s answered %s: %s", ref.name, type(exc).__name__, exc)
+                return None
         if not isinstance(answer, list) or len(answer) != 3:
             return None
         runtime, own, usage = answer
@@ -418,6 +469,13 @@ class NodeFigures:
         for address, (incarnation, _) in list(self._outstanding.items()):
             if running.get(address) != incarnation:
                 del self._outstanding[address]
+        for address, (incarnation, _) in list(self._booked.items()):
+            if running.get(address) != incarnation:
+                del self._booked[address]
+        for address, incarnation in list(self._asked.items()):
+            if running.get(address) != incarnation:
+                del self._asked[address]
+        self._slots.keep({ref.control for ref in refs})
 
 
 def _values(figures: Iterable[Figure], answer: dict[str, Any]) -> Iterator[tuple[str, float]]:

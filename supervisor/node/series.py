@@ -514,7 +514,8 @@ START_SECONDS = Figure(
 UNANSWERED = Figure(
     "warren_scrape_actors_unanswered",
     "",
-    "Actors that did not answer this scrape in time: their series are missing",
+    "Actors whose figures this scrape could neither read nor get an answer for in time: "
+    "their series are missing",
 )
 ACTORS_RUNNING = Figure("warren_actors", "", "Actors the node's tree runs")
 ACTOR_RESTARTS = Figure(

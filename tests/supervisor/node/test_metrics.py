@@ -26,6 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from warren import connect
 from warren.actors import InvalidSpec
+from warren.actors.figures import SlotReader
 from warren.queues.errors import NotFound
 from warren.supervisor import ChildSpec, Node
 from warren.supervisor.node import series
@@ -301,9 +302,12 @@ def test_a_stopped_queue_process_delays_a_scrape_half_a_second_and_hides_only_it
         with node.connect() as conn:
             conn.publish("orders", b"order")
             conn.publish("stuck", b"stuck")
+        scrape(node, "/metrics/per-object")  # both answer, and publish their figures
         pid = node.queue("stuck").pid
         os.kill(pid, signal.SIGSTOP)
         try:
+            # its published figures stand until its loop is seen not turning (LIVE_S)
+            wait_for(lambda: scrape(node)[("warren_scrape_actors_unanswered", ())] == 1)
             for _ in range(3):
                 started = time.monotonic()
                 samples = scrape(node, "/metrics/per-object")
@@ -321,6 +325,36 @@ def test_a_stopped_queue_process_delays_a_scrape_half_a_second_and_hides_only_it
             os.kill(pid, signal.SIGCONT)
         stuck_ready = ("warren_queue_messages_ready", (("queue", "stuck"),))
         wait_for(lambda: scrape(node, "/metrics/per-object").get(stuck_ready) == 1)
+
+
+def test_an_idle_queues_published_figures_are_its_answer_and_a_change_shows_at_once(tmp_path):
+    ready, unacked = (
+        ("warren_queue_messages_ready", ORDERS),
+        ("warren_queue_messages_unacked", ORDERS),
+    )
+    with Node(tmp_path / "data", http=LOOPBACK_ANY_PORT) as node:
+        node.declare_queue("orders")
+        with node.connect() as conn:
+            conn.publish_many("orders", [b"order"] * 3)
+            asked = scrape(node, "/metrics/per-object")  # nothing published yet: asked
+            queue = node.queue("orders")
+            reader = SlotReader()
+            wait_for(
+                lambda: reader.read(queue.control, queue.pid, queue.incarnation, time.monotonic())
+            )
+            read = scrape(node, "/metrics/per-object")
+            reader.close()
+            for key, value in asked.items():
+                if dict(key[1]).get("queue") == "orders":
+                    assert read[key] == value, key
+            conn.publish("orders", b"one more")
+            assert scrape(node, "/metrics/per-object")[ready] == 4
+            held = conn.get("orders")
+            assert scrape(node, "/metrics/per-object")[unacked] == 1
+            assert scrape(node)[("warren_queue_messages_unacked", ())] == 1
+            held.ack()  # a tell: counted once the queue has taken it
+            acked = ("warren_global_messages_acknowledged_total", ())
+            wait_for(lambda: scrape(node)[acked] == 1)
 
 
 def test_the_api_answers_strict_json_with_the_same_figures(tmp_path):
