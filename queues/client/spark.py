@@ -441,7 +441,12 @@ def _report(
 ) -> None:
     done = [m for m in messages if isinstance(m, PartitionWritten)]
     retried = sorted(m.partition for m in done if m.attempt > 0)
-    where = f"queue {target.queue!r}" if target.queue else f"exchange {target.exchange!r}"
+    if target.stream:
+        where = f"stream {target.stream!r}"
+    elif target.queue:
+        where = f"queue {target.queue!r}"
+    else:
+        where = f"exchange {target.exchange!r}"
     line = (
         f"warren: write {job} {what} {sum(m.rows for m in done):,} rows from "
         f"{len(done)} of {len(messages)} partitions into {where} (tasks run again: "
