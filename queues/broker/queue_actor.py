@@ -59,6 +59,16 @@ expiry behind a head without one wait for a fetch, as RabbitMQ's wait to reach t
 republished there (``warren.queues.broker.dead_letters``) and acked here once confirmed
 there.
 
+Garbage collection: the queue turns off Python's automatic full collections in its
+process and runs one itself at most every ``FULL_COLLECTION_EVERY_S``, on the rates tick,
+when objects have reached the oldest generation since the last. A full collection walks
+every object the collector tracks, and a queue holds one ``MsgStatus`` per message in RAM:
+the automatic ones (each time the oldest generation has grown by a quarter) cost a queue
+taking ``publish_many`` batches of 100 into a growing backlog a tenth of its CPU, three
+pauses of about 55 ms by 300,000 messages. Message statuses never form reference cycles
+(reference counting frees them); the young generations still collect the short-lived
+cycles of a queue's own work, and the occasional full collection what outlives them.
+
 Alarms: under the node's memory alarm the queue's RAM duration target drops to 0 and it
 pages out; when the alarm clears the target is infinity again. The rates are folded in
 every ``RATES_INTERVAL_S`` (RabbitMQ: 5 s).
@@ -80,6 +90,7 @@ connection's fetches, so a fetch after an ack sees the ack applied.
 from __future__ import annotations
 
 import collections
+import gc
 import logging
 import math
 import time
@@ -122,6 +133,8 @@ SYNC_INTERVAL_MS = 2
 CONSUMER_CHECK_S = 2.0  # how often dead consumers' deliveries are requeued
 RATES_INTERVAL_S = 5.0  # RAM_DURATION_UPDATE_INTERVAL
 EXPIRY_CHECK_S = 0.25  # how often expired messages at the head are dropped
+FULL_COLLECTION_EVERY_S = 60.0  # the most often a queue runs a full garbage collection
+_NO_AUTOMATIC_FULL_COLLECTION = 2**31 - 1  # the oldest generation's threshold
 STORE_PING_S = 1.0  # how long a stopping queue waits for its stores' answer
 
 
@@ -194,6 +207,7 @@ class QueueActor(ProcessActor):
         self._may_expire = False  # messages with an expiry may be in the queue
         self._expiry_armed = False  # the expiry tick is scheduled
         self._stores: list[ActorRef] = []  # pinned: the incarnations we work with
+        self._collected_at = 0.0  # monotonic time of the last full garbage collection
         self.counters = {
             "published": 0,
             "delivered": 0,
@@ -240,6 +254,8 @@ class QueueActor(ProcessActor):
             self._dead = DeadLetters(
                 self.data_dir, self.queue_name, self.definition.dead_letter_exchange
             )
+        young, middle, _ = gc.get_threshold()
+        gc.set_threshold(young, middle, _NO_AUTOMATIC_FULL_COLLECTION)
         self.call_later(RATES_INTERVAL_S, self._update_rates)
         head = self.queue.peek()  # with an expiry, the messages it recovered may expire
         self._may_expire = head is not None and head.expiry_ms > 0
@@ -698,6 +714,10 @@ class QueueActor(ProcessActor):
     def _update_rates(self) -> None:
         if not self._deleted:
             self._engine.update_rates()
+        now = time.monotonic()
+        if gc.get_count()[2] and now - self._collected_at >= FULL_COLLECTION_EVERY_S:
+            gc.collect()
+            self._collected_at = now
         self.call_later(RATES_INTERVAL_S, self._update_rates)
 
 
