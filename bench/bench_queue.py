@@ -8,8 +8,9 @@ measured in the same run.
   in a default and a lazy queue: every message persistent, a sync every 1,000 publishes,
   each delivery acked on its own. Publishes go one at a time (``publish_encoded``, as a
   queue process takes them off the wire, already encoded) and, in the default queue, in
-  batches of 100 (``publish_many``, one producer's frame) where the batch path applies.
-  Each publish+sync is run alternately with its baseline, raw appends (best of 3 on each
+  batches of 100 (``publish_many``, one producer's frame) where the batch path applies,
+  with the garbage collector set as a queue process sets it (no automatic full
+  collections). Each publish+sync is run alternately with its baseline, raw appends (best of 3 on each
   side): the same encoded messages appended to one file through a 1 MiB buffered writer
   with an fdatasync every 1,000 (the queue also writes an 8-byte record header and a
   48-byte index slot per message). The store engine is run alternately with raw appends
@@ -49,7 +50,7 @@ from functools import partial
 import psutil
 
 from warren.queues import Message, VariableQueue, encode
-from warren.queues.engine.variable_queue import EMBED_MSGS_BELOW
+from warren.queues.engine.variable_queue import EMBED_MSGS_BELOW, stop_automatic_full_collections
 from warren.store import LocalStoreClient, MessageStore
 
 from .bench_store import drop_cache
@@ -171,6 +172,7 @@ def queue_pass(
     queue = stores.open_queue(lazy)
     count = confirmed = 0
     drain = None
+    collector = stop_automatic_full_collections()  # as the queue's own process runs
     try:
         with Stopwatch() as publishes:
             if batch is None:
@@ -196,6 +198,7 @@ def queue_pass(
             assert fetched == len(messages), f"{fetched} of {len(messages)} fetched"
         queue.terminate()
     finally:
+        gc.set_threshold(*collector)
         queue.abandon()  # a no-op after terminate; releases on a failure
         stores.close()
     shutil.rmtree(directory)

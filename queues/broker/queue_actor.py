@@ -104,7 +104,7 @@ from warren.store.client import StoreClient
 from warren.store.errors import StoreError
 from warren.store.protocol import StoreStats
 
-from ..engine.variable_queue import MessageInfo, VariableQueue
+from ..engine.variable_queue import MessageInfo, VariableQueue, stop_automatic_full_collections
 from ..errors import CorruptMessage, OutOfSequence, QueueClosed, UnsupportedOperation
 from ..protocol import (
     MAX_SEQUENCE,
@@ -134,7 +134,6 @@ CONSUMER_CHECK_S = 2.0  # how often dead consumers' deliveries are requeued
 RATES_INTERVAL_S = 5.0  # RAM_DURATION_UPDATE_INTERVAL
 EXPIRY_CHECK_S = 0.25  # how often expired messages at the head are dropped
 FULL_COLLECTION_EVERY_S = 60.0  # the most often a queue runs a full garbage collection
-_NO_AUTOMATIC_FULL_COLLECTION = 2**31 - 1  # the oldest generation's threshold
 STORE_PING_S = 1.0  # how long a stopping queue waits for its stores' answer
 
 
@@ -254,8 +253,7 @@ class QueueActor(ProcessActor):
             self._dead = DeadLetters(
                 self.data_dir, self.queue_name, self.definition.dead_letter_exchange
             )
-        young, middle, _ = gc.get_threshold()
-        gc.set_threshold(young, middle, _NO_AUTOMATIC_FULL_COLLECTION)
+        stop_automatic_full_collections()
         self.call_later(RATES_INTERVAL_S, self._update_rates)
         head = self.queue.peek()  # with an expiry, the messages it recovered may expire
         self._may_expire = head is not None and head.expiry_ms > 0

@@ -71,6 +71,7 @@ Races this module guards against (one thread of control; a queue process owns it
 from __future__ import annotations
 
 import collections
+import gc
 import json
 import logging
 import math
@@ -101,7 +102,14 @@ from .queue_index import (
 from .queue_store import STORE_SUFFIX, QueueStore
 from .segments import sync_together
 
-__all__ = ["Delivery", "Fetched", "MessageInfo", "SharedStoreClient", "VariableQueue"]
+__all__ = [
+    "Delivery",
+    "Fetched",
+    "MessageInfo",
+    "SharedStoreClient",
+    "VariableQueue",
+    "stop_automatic_full_collections",
+]
 
 log = logging.getLogger("warren.queues")
 
@@ -112,6 +120,17 @@ TERMS_FILE = "recovery.json"
 TERMS_VERSION = 1
 RATE_SMOOTHING = 0.5  # weight of the newest rate sample
 WRITE_BATCH = 1024  # persistent publishes held before they are handed to store and index
+_NO_AUTOMATIC_FULL_COLLECTION = 2**31 - 1  # the oldest generation's collection threshold
+
+
+def stop_automatic_full_collections() -> tuple[int, int, int]:
+    """Turn off this process's automatic full garbage collections, as a process holding a
+    large ``VariableQueue`` runs (a full collection walks every ``MsgStatus``: the queue
+    process's docstring, ``warren.queues.broker.queue_actor``, says why and when it
+    collects instead); the thresholds before, for ``gc.set_threshold`` to restore."""
+    before = gc.get_threshold()
+    gc.set_threshold(before[0], before[1], _NO_AUTOMATIC_FULL_COLLECTION)
+    return before
 
 
 class SharedStoreClient(Protocol):
