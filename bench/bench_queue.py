@@ -10,14 +10,14 @@ measured in the same run.
   queue process takes them off the wire, already encoded) and, in the default queue, in
   batches of 100 (``publish_many``, one producer's frame) where the batch path applies,
   with the garbage collector set as a queue process sets it (no automatic full
-  collections). Each publish+sync is run alternately with its baseline, raw appends (best of 3 on each
-  side): the same encoded messages appended to one file through a 1 MiB buffered writer
-  with an fdatasync every 1,000 (the queue also writes an 8-byte record header and a
-  48-byte index slot per message). The store engine is run alternately with raw appends
-  too: ``MessageStore.write`` with a sync every 1,000, then ``read`` + ``remove`` of each
-  message, which is fetch+ack's baseline; its own baseline is the raw read-back of the
-  appended file in message-sized reads. Target: publish+sync of 1 KiB >= 0.3 of raw
-  appends.
+  collections). Each publish+sync is run alternately with its baseline, raw appends (best
+  of 3 on each side): the same encoded messages appended to one file through a 1 MiB
+  buffered writer with an fdatasync every 1,000 (the queue also writes an 8-byte record
+  header and a 48-byte index slot per message). The store engine is run alternately with
+  raw appends too: ``MessageStore.write`` with a sync every 1,000, then ``read`` +
+  ``remove`` of each message, which is fetch+ack's baseline; its own baseline is the raw
+  read-back of the appended file in message-sized reads. Target: publish+sync of 1 KiB >=
+  0.3 of raw appends.
 - a backlog of 1,000,000 × 1 KiB messages, published (sync every 1,000) in a fresh
   process with a RAM duration target of infinity (every message an alpha) and, in
   another, of 0 (paged as it goes, then ``reduce_memory_use`` until nothing is due): the
