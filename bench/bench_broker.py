@@ -15,6 +15,9 @@ API, against the bare one-hop pipeline measured in the same run.
   (``publish``, waiting for each confirm) into the same queue while the workload runs
   four times; the target is on the publishes begun during the window-1,000 publishing
   (the consume+ack phase is reported apart);
+- the CPU time per message of the producer's process (with the node it embeds) and of the
+  queue's process, over the 1 KiB ``publish_async`` run and the ``publish_many`` run of
+  100 a call;
 - ``publish_many`` of 100 bodies a call (each call waits for its confirm, so every 100
   messages pay a round trip and the queue's two fdatasyncs), and of every body in one
   call (sent in Publishes of up to 500, pipelined in the connection's window);
@@ -34,6 +37,7 @@ queue ≤ 8 MiB. ``--quick`` shrinks the volumes by 8x.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -113,17 +117,51 @@ def baseline_rate(root: str, body: bytes, count: int) -> float:
         return count / (time.perf_counter() - started)
 
 
+class CpuPerMessage:
+    """The CPU time (user and system) per message, in µs, that this process (the producer,
+    with the node it embeds) and a queue's process spend over a ``with`` block: figures a
+    busy disk disturbs far less than the rates."""
+
+    def __init__(self, node: Node, queue: str) -> None:
+        self._processes = [psutil.Process(), psutil.Process(node.queue(queue).pid)]
+        self._seconds = [0.0, 0.0]
+
+    def _now(self) -> list[float]:
+        return [sum(process.cpu_times()[:2]) for process in self._processes]
+
+    def __enter__(self) -> CpuPerMessage:
+        self._seconds = self._now()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._seconds = [now - then for now, then in zip(self._now(), self._seconds, strict=True)]
+
+    def rows(self, what: str, count: int) -> list[Row]:
+        producer, queue = (seconds / count * 1e6 for seconds in self._seconds)
+        return [
+            Row(f"CPU per message of {what}: producer process", producer, "µs"),
+            Row(f"CPU per message of {what}: queue process", queue, "µs"),
+        ]
+
+
 def publish_and_consume(
-    node: Node, queue: str, body: bytes, count: int, phases: list[tuple[float, ...]] | None = None
+    node: Node,
+    queue: str,
+    body: bytes,
+    count: int,
+    phases: list[tuple[float, ...]] | None = None,
+    cpu: CpuPerMessage | None = None,
 ) -> tuple[float, float]:
     """RabbitMQ's publisher workload: one ``publish_async`` per message, ``WINDOW`` in
     flight; then one ack per message with prefetch 100. ``phases`` gets the monotonic
-    times the publishes began, the consume began and it ended."""
+    times the publishes began, the consume began and it ended; ``cpu`` measures the
+    publishes."""
     connection = node.connect(max_in_flight=WINDOW)
     started = time.monotonic()
-    for _ in range(count):
-        connection.publish_async(queue, body)
-    connection.wait_for_confirms(timeout=300)
+    with cpu or contextlib.nullcontext():
+        for _ in range(count):
+            connection.publish_async(queue, body)
+        connection.wait_for_confirms(timeout=300)
     consuming = time.monotonic()
     publish = count / (consuming - started)
     published, started = started, consuming
@@ -142,13 +180,16 @@ def publish_and_consume(
     return publish, consume
 
 
-def publish_many_rate(node: Node, queue: str, body: bytes, count: int, batch: int) -> float:
+def publish_many_rate(
+    node: Node, queue: str, body: bytes, count: int, batch: int, cpu: CpuPerMessage | None = None
+) -> float:
     """``publish_many`` calls of ``batch`` bodies each, every call waiting for its
-    confirm before the next."""
+    confirm before the next; ``cpu`` measures them."""
     connection = node.connect()
     started = time.perf_counter()
-    for _ in range(count // batch):
-        connection.publish_many(queue, [body] * batch)
+    with cpu or contextlib.nullcontext():
+        for _ in range(count // batch):
+            connection.publish_many(queue, [body] * batch)
     rate = count // batch * batch / (time.perf_counter() - started)
     connection.purge_queue(queue)
     connection.close()
@@ -332,7 +373,8 @@ def main(argv: list[str]) -> str:
                 baseline = baseline_rate(root, body, count)
                 queue = f"one-{size}"
                 node.declare_queue(queue)
-                publish, consume = publish_and_consume(node, queue, body, count)
+                cpu = CpuPerMessage(node, queue)
+                publish, consume = publish_and_consume(node, queue, body, count, cpu=cpu)
                 one_kib = size == 1024
                 rows.append(
                     Row(
@@ -345,6 +387,8 @@ def main(argv: list[str]) -> str:
                         + (met(publish, PUBLISH_TARGET) if one_kib else ""),
                     )
                 )
+                if one_kib:
+                    rows += cpu.rows("that publish", count)
                 rows.append(
                     Row(
                         f"consume+ack {label}, prefetch 100, an ack each",
@@ -357,7 +401,8 @@ def main(argv: list[str]) -> str:
                 )
             node.declare_queue("many")
             many_count = COUNTS["1 KiB"] // scale * 2
-            many = publish_many_rate(node, "many", b"x" * 1024, many_count, MANY_BATCH)
+            cpu = CpuPerMessage(node, "many")
+            many = publish_many_rate(node, "many", b"x" * 1024, many_count, MANY_BATCH, cpu)
             rows.append(
                 Row(
                     f"publish_many 1 KiB, {MANY_BATCH} bodies a call",
@@ -368,6 +413,7 @@ def main(argv: list[str]) -> str:
                     met(many, PUBLISH_MANY_TARGET),
                 )
             )
+            rows += cpu.rows("that publish_many", many_count // MANY_BATCH * MANY_BATCH)
             rows.append(
                 Row(
                     f"publish_many 1 KiB, {many_count:,} bodies in one call",
