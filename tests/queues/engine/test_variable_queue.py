@@ -2,6 +2,7 @@
 RAM and disk, lazy mode, and restarts (RabbitMQ's variable-queue cases of
 backing_queue_SUITE, with 16-entry segments)."""
 
+import gc
 import json
 import math
 import os
@@ -17,6 +18,7 @@ from warren.queues import (
     UnknownDeliveryTag,
     encode,
 )
+from warren.queues.engine.variable_queue import stop_automatic_full_collections
 
 from ..helpers import N, assert_counts_add_up, drain, message, number
 
@@ -433,3 +435,37 @@ def test_a_body_flipped_in_the_shared_store_is_never_delivered_and_the_queue_goe
         queue.fetch()
     assert [number(d) for d in drain(queue)] == [2]
     assert queue.counters["corrupt_on_read"] == 1
+
+
+def _full_collections_while_growing(open_queue) -> int:
+    """How many full collections the collector ran on its own while a queue grew to
+    200,000 messages in RAM."""
+    full = []
+
+    def note(phase: str, info: dict) -> None:
+        if phase == "start" and info["generation"] == 2:
+            full.append(info)
+
+    gc.collect()  # every object older than the queue is in the oldest generation now
+    gc.callbacks.append(note)
+    try:
+        queue = open_queue(segment_entry_count=4096)
+        body = encode(Message(b"x" * 20))
+        for _ in range(200):
+            queue.publish_many([body] * 1000)
+        queue.sync()
+        assert queue.stats()["q4"] + queue.stats()["q1"] == 200_000  # all alphas, in RAM
+        queue.delete()
+    finally:
+        gc.callbacks.remove(note)
+    return len(full)
+
+
+def test_a_process_holding_a_long_queue_can_turn_off_automatic_full_collections(open_queue):
+    assert _full_collections_while_growing(open_queue) > 0  # Python's own setting walks it
+    before = stop_automatic_full_collections()
+    try:
+        assert gc.get_threshold()[:2] == before[:2]  # the young generations run as before
+        assert _full_collections_while_growing(open_queue) == 0
+    finally:
+        gc.set_threshold(*before)
