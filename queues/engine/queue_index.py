@@ -1,5 +1,5 @@
 """``QueueIndex``: where each message of one queue is, by sequence id, in fixed-slot
-segment files.
+segment files that also hold the queue's own store's records (``QueueStore``).
 
 Layout (RabbitMQ's v2 index, chosen over v1's journal plus segments): the entry of seq
 id S lives in segment ``S // N`` (file ``<seg>.qi``, N = ``segment_entry_count``, default
@@ -10,9 +10,17 @@ every 32,768 entries, the throughput stall of RabbitMQ issue #227. Deliveries ar
 recorded (the variable queue keeps delivery counts in its recovery terms, and a dirty start
 flags every recovered message redelivered).
 
+A segment file is its header, its N slots (written as zeros when the file is created:
+RabbitMQ preallocates its index segments too) and then, from ``records_at(N)``, the
+records of the queue's own store for those seq ids (``queue_store`` has their format).
+RabbitMQ keeps the two in separate files (``.qi`` and ``.qs``), and so did Warren's
+format version 1: one file is what lets a group commit fdatasync a segment once, its
+slots and its records together, instead of twice (``upgrade`` turns a queue directory of
+version 1 into version 2 when the queue opens).
+
 Segment header, 64 bytes::
 
-    magic "WQIX" | version u8 = 1 | entry_count u32 | first_seq u64 | zeros | crc32 u32 (at 60)
+    magic "WQIX" | version u8 = 2 | entry_count u32 | first_seq u64 | zeros | crc32 u32 (at 60)
 
 Slot, 48 bytes (all big-endian)::
 
@@ -21,7 +29,7 @@ Slot, 48 bytes (all big-endian)::
     0 u32 | crc32 of the 44 bytes before u32
 
 ``size`` is the encoded message's length; ``store_offset`` is where its record starts in
-the per-queue store's ``<seg>.qs``, or, for a body in the shared store (whose records have
+the same file (in its record area), or, for a body in the shared store (whose records have
 no checksum), the body's CRC-32, checked when it is read back. An all-zero slot, or
 one past the end of the file, is absent. A slot whose CRC fails is a torn write: dropped
 and counted. An ack overwrites the slot with zeros; there is no fsync for acks (an ack
@@ -29,11 +37,12 @@ lost with a crash redelivers the message: at-least-once).
 
 Write buffer. ``publish`` buffers the slot; ``ack`` of a buffered slot removes it, so an
 entry published and acked before it was flushed is never written. The buffer is written
-out (``flush``) when it holds ``segment_entry_count`` entries or half as many acks, and
-at ``sync``, which then fdatasyncs every segment written since the last sync, and the
-directory when a segment file was created or deleted. Each segment's count of unacked
-entries is kept in memory (from the recovery terms after a clean stop, from a scan after a
-dirty one); the segment file is deleted the moment it reaches 0.
+out (``flush``) when it holds ``segment_entry_count`` entries or half as many acks, and at
+``sync``, which then fdatasyncs every segment written since the last sync (the store's
+records with them), and the directory when a segment file was created or deleted. Each
+segment's count of unacked entries is kept in memory (from the recovery terms after a
+clean stop, from a scan after a dirty one); the segment file is deleted the moment it
+reaches 0.
 
 Races this module guards against (one thread of control; a queue process owns it):
 
@@ -72,7 +81,7 @@ MAX_SEGMENT_ENTRY_COUNT = 2**20
 INDEX_SUFFIX = ".qi"
 LOCK_FILE = ".lock"
 MAGIC = b"WQIX"
-VERSION = 1
+VERSION = 2
 SLOT_BYTES = 48
 SLOT_PRESENT = 1  # a slot's status byte: an entry is there
 _SLOT = struct.Struct(">BBHIQ16sQ4x")  # the 44 bytes the slot's CRC covers
@@ -82,6 +91,11 @@ _SLOT_HEAD = struct.Struct(">H2xIQ16sQ4x")
 _SLOT_WITH_CRC = struct.Struct(">44sI")
 _CRC = struct.Struct(">I")
 _EMPTY_SLOT = bytes(SLOT_BYTES)
+# Format version 1 kept the per-queue store's records in <seg>.qs, after a header of the
+# same shape as the index's with this magic: ``upgrade`` reads them.
+V1_STORE_SUFFIX = ".qs"
+_V1_STORE_MAGIC = b"WQST"
+UPGRADE_SUFFIX = ".upgrade"  # a version 2 file being written aside
 _PERSISTENT = 1
 _SHARED = 2
 
@@ -150,32 +164,34 @@ def unpack_slot(seq_id: int, slot: bytes) -> Entry:
     )
 
 
-def present_slot_count(data: bytes) -> int:
-    """How many whole slots of a segment file's ``data`` say present (torn ones too)."""
-    end = len(data) - (len(data) - HEADER_BYTES) % SLOT_BYTES
-    return data[HEADER_BYTES:end:SLOT_BYTES].count(SLOT_PRESENT)
+def records_at(entry_count: int) -> int:
+    """Where the records of a segment file of ``entry_count`` slots begin."""
+    return HEADER_BYTES + entry_count * SLOT_BYTES
 
 
-def segment_header(segment: int, entry_count: int) -> bytes:
-    return segments.segment_header(MAGIC, VERSION, segment, entry_count)
+def slot_area(data: bytes, entry_count: int) -> bytes:
+    """The whole slots of a segment file's ``data`` (a file cut short has fewer)."""
+    end = min(len(data), records_at(entry_count))
+    return data[: end - (end - HEADER_BYTES) % SLOT_BYTES]
 
 
-def usable_entry_count(header: bytes, segment: int) -> int | None:
+def segment_header(segment: int, entry_count: int, version: int = VERSION) -> bytes:
+    return segments.segment_header(MAGIC, version, segment, entry_count)
+
+
+def usable_entry_count(
+    header: bytes, segment: int, versions: tuple[int, ...] = (1, VERSION)
+) -> int | None:
     """The entry count a segment file's header states, when the header is one a queue
-    keeps: this file kind and version, for this segment, and whole (its CRC holds); None
-    for anything else, which a queue's recovery deletes with its entries. The one rule
-    both the index's recovery and the shared store's reference walker go by."""
+    keeps: this file kind, one of ``versions`` (the slots of both versions lie alike), for
+    this segment, and whole (its CRC holds); None for anything else, which a queue's
+    recovery deletes with its entries. The one rule both the index's recovery and the
+    shared store's reference walker go by."""
     fields = header_fields(header)
-    if fields is None or fields[0] != MAGIC:
+    if fields is None or fields[0] != MAGIC or fields[1] not in versions:
         return None
     count = fields[2]
-    return count if header_is_valid(header, segment, count) else None
-
-
-def header_is_valid(header: bytes, segment: int, entry_count: int) -> bool:
-    return len(header) >= HEADER_BYTES and header[:HEADER_BYTES] == segment_header(
-        segment, entry_count
-    )
+    return count if header[:HEADER_BYTES] == segment_header(segment, count, fields[1]) else None
 
 
 class QueueIndex:
@@ -215,9 +231,14 @@ class QueueIndex:
         self._segments: dict[int, int] = {}  # segment -> unacked entries
         self._buffer: dict[int, bytes] = {}  # seq id -> packed slot, or an ack's zeros
         self._buffered_acks = 0
-        self._files = SegmentFiles(
-            self._dir_fd, INDEX_SUFFIX, lambda segment: segment_header(segment, segment_entry_count)
+        self.records_at = records_at(segment_entry_count)
+        self.files = SegmentFiles(
+            self._dir_fd,
+            INDEX_SUFFIX,
+            lambda segment: segment_header(segment, segment_entry_count),
+            self.records_at,
         )
+        self.files.add_user(lambda segment: segment in self._segments)
         self._closed = False
         self.torn_slots = 0
         self._refuse_other_entry_count()
@@ -225,8 +246,8 @@ class QueueIndex:
     def _refuse_other_entry_count(self) -> None:
         """Segments written with another entry count would all read as corrupt and be
         deleted: refuse to open them instead."""
-        for segment in sorted(self._files.on_disk):
-            header = self._files.read_all(segment, HEADER_BYTES)
+        for segment in sorted(self.files.on_disk):
+            header = self.files.read_all(segment, HEADER_BYTES)
             count = usable_entry_count(header, segment)
             if count is not None and count != self.segment_entry_count:
                 self._release()
@@ -239,12 +260,83 @@ class QueueIndex:
 
     # ------------------------------------------------------------------ recovery
 
+    def upgrade(self) -> int:
+        """Rewrite each segment of format version 1 (slots in ``<seg>.qi``, records in
+        ``<seg>.qs`` after a header of its own) as one file of version 2, before anything
+        reads them; how many. Each new file is written aside, fdatasync'd and renamed over
+        the old index file; the directory is fsynced before the old store files go. A
+        crash leaves either layout whole: a file written aside is deleted at the next
+        open, and a store file whose index file is already version 2 too. A segment whose
+        index header is not usable is left to recovery, which deletes it; a store file
+        without a usable index segment is deleted (no entry can reach its records)."""
+        names = os.listdir(self._dir_fd)
+        for name in names:
+            if name.endswith(UPGRADE_SUFFIX):
+                os.unlink(name, dir_fd=self._dir_fd)
+        n, upgraded = self.segment_entry_count, 0
+        for segment in sorted(self.files.on_disk):
+            header = self.files.read_all(segment, HEADER_BYTES)
+            if usable_entry_count(header, segment, (1,)) != n:
+                continue  # version 2 already, or left to recovery
+            self._write_upgraded(segment, self.files.read_all(segment))
+            upgraded += 1
+        if upgraded:
+            os.fsync(self._dir_fd)
+        stale = [
+            name
+            for name in names
+            if name.endswith(V1_STORE_SUFFIX) and name[: -len(V1_STORE_SUFFIX)].isdigit()
+        ]
+        for name in stale:
+            os.unlink(name, dir_fd=self._dir_fd)
+        if stale:
+            os.fsync(self._dir_fd)
+        return upgraded
+
+    def _write_upgraded(self, segment: int, index_data: bytes) -> None:
+        n, first = self.segment_entry_count, segment * self.segment_entry_count
+        store_data = _read_or_empty(f"{segment}{V1_STORE_SUFFIX}", self._dir_fd)
+        records = b""
+        if store_data[:HEADER_BYTES] == segments.segment_header(_V1_STORE_MAGIC, 1, segment, n):
+            records = store_data[HEADER_BYTES:]
+        shift = self.records_at - HEADER_BYTES  # where version 2 puts the same records
+        area = bytearray(slot_area(index_data, n).ljust(self.records_at, b"\0"))
+        area[:HEADER_BYTES] = segment_header(segment, n)
+        for at in range(HEADER_BYTES, self.records_at, SLOT_BYTES):
+            if area[at] == 0:
+                continue
+            try:
+                entry = unpack_slot(
+                    first + (at - HEADER_BYTES) // SLOT_BYTES, bytes(area[at : at + SLOT_BYTES])
+                )
+            except ValueError:
+                continue  # torn: recovery drops it
+            if not entry.shared:
+                area[at : at + SLOT_BYTES] = pack_slot(
+                    entry.msg_id,
+                    False,
+                    entry.store_offset + shift,
+                    entry.size,
+                    entry.persistent,
+                    entry.expiry_ms,
+                )
+        aside = f"{segment}{INDEX_SUFFIX}{UPGRADE_SUFFIX}"
+        fd = os.open(aside, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644, dir_fd=self._dir_fd)
+        try:
+            os.pwritev(fd, [area, records], 0)
+            os.fdatasync(fd)
+        finally:
+            os.close(fd)
+        os.replace(
+            aside, self.files.name(segment), src_dir_fd=self._dir_fd, dst_dir_fd=self._dir_fd
+        )
+
     def recover_clean(self, segment_counts: dict[int, int]) -> None:
         """Take the unacked counts the recovery terms saved; files they do not name are
         left over from before and deleted."""
         self._segments = {int(s): int(c) for s, c in segment_counts.items() if int(c) > 0}
-        for segment in self._files.on_disk - set(self._segments):
-            self._files.delete(segment)
+        for segment in self.files.on_disk - set(self._segments):
+            self.files.delete(segment)
 
     def recover_dirty(self, keep: Callable[[list[Entry]], Iterable[bool]]) -> RecoveredIndex:
         """Scan every segment: drop torn slots, and the entries ``keep`` refuses (it sees
@@ -253,16 +345,16 @@ class QueueIndex:
         n = self.segment_entry_count
         entries = torn = bad = 0
         deleted = []
-        for segment in sorted(self._files.on_disk):
-            data = self._files.read_all(segment, HEADER_BYTES + n * SLOT_BYTES)
-            if usable_entry_count(data, segment) != n:
+        for segment in sorted(self.files.on_disk):
+            data = self.files.read_all(segment, self.records_at)
+            if usable_entry_count(data, segment, (VERSION,)) != n:
                 log.warning(
                     "%s: %s has a corrupt header; deleted with its entries",
                     self.directory,
-                    self._files.name(segment),
+                    self.files.name(segment),
                 )
                 bad += 1
-                self._files.delete(segment)
+                self.files.delete(segment)
                 deleted.append(segment)
                 continue
             found: list[Entry] = []
@@ -287,11 +379,11 @@ class QueueIndex:
                 else:
                     drop.append(entry.seq_id)
             if kept == 0:
-                self._files.delete(segment)
+                self.files.delete(segment)
                 deleted.append(segment)
                 continue
             if drop:
-                fd = self._files.for_writing(segment)
+                fd = self.files.for_writing(segment)
                 for seq_id in drop:  # one zero byte marks the slot absent
                     os.pwrite(fd, b"\0", HEADER_BYTES + (seq_id - first) * SLOT_BYTES)
             self._segments[segment] = kept
@@ -344,7 +436,8 @@ class QueueIndex:
         buffer.update(zip(range(first_seq_id, end), slots, strict=True))
 
     def ack(self, seq_ids: Iterable[int]) -> list[int]:
-        """Remove the entries; the segments this emptied, whose files are now deleted."""
+        """Remove the entries; the segments this emptied (their files are deleted unless
+        the queue's own records in them are still live)."""
         if self._closed:
             raise QueueClosed(f"queue index {self.directory!r} is closed")
         n = self.segment_entry_count
@@ -361,8 +454,7 @@ class QueueIndex:
                 del self._segments[segment]
                 emptied.append(segment)
                 self._forget_buffered(segment)
-                if segment in self._files.on_disk:
-                    self._files.delete(segment)
+                self.files.delete_unused(segment)
             else:
                 self._segments[segment] = count - 1
         if self._buffered_acks >= n // 2:
@@ -406,9 +498,7 @@ class QueueIndex:
 
     def _write_run(self, first: int, slots: list[bytes]) -> None:
         segment, rel = divmod(first, self.segment_entry_count)
-        os.pwrite(
-            self._files.for_writing(segment), b"".join(slots), HEADER_BYTES + rel * SLOT_BYTES
-        )
+        os.pwrite(self.files.for_writing(segment), b"".join(slots), HEADER_BYTES + rel * SLOT_BYTES)
 
     def sync(self) -> None:
         """Flush, then fdatasync what was written since the last sync (and the directory
@@ -421,7 +511,7 @@ class QueueIndex:
         if self._closed:
             raise QueueClosed(f"queue index {self.directory!r} is closed")
         self.flush()
-        return self._files
+        return self.files
 
     # ------------------------------------------------------------------ reads
 
@@ -435,7 +525,7 @@ class QueueIndex:
         while seq_id < end:
             segment = seq_id // n
             stop = min(end, (segment + 1) * n)
-            if self._segments.get(segment) and segment in self._files.on_disk:
+            if self._segments.get(segment) and segment in self.files.on_disk:
                 found.update(self._read_slots(segment, seq_id, stop))
             seq_id = stop
         for seq_id, slot in self._buffer.items():
@@ -449,11 +539,11 @@ class QueueIndex:
     def _read_slots(self, segment: int, start: int, stop: int) -> dict[int, Entry]:
         n = self.segment_entry_count
         rel = start - segment * n
-        fd = self._files.written.get(segment)
+        fd = self.files.written.get(segment)
         if fd is not None:
             data = os.pread(fd, (stop - start) * SLOT_BYTES, HEADER_BYTES + rel * SLOT_BYTES)
         else:
-            fd = self._files.open_for_reading(segment)
+            fd = self.files.open_for_reading(segment)
             try:
                 data = (
                     os.pread(fd, (stop - start) * SLOT_BYTES, HEADER_BYTES + rel * SLOT_BYTES)
@@ -507,11 +597,11 @@ class QueueIndex:
         self._buffer.clear()
         self._buffered_acks = 0
         self._segments.clear()
-        self._files.delete_all()
+        self.files.delete_all()
 
     def _release(self) -> None:
         self._closed = True
-        self._files.close()
+        self.files.close()
         os.close(self._lock_fd)
         os.close(self._dir_fd)
 
@@ -525,3 +615,12 @@ class QueueIndex:
             f"QueueIndex({self.directory!r}, segments={len(self._segments)}, "
             f"buffered={len(self._buffer)})"
         )
+
+
+def _read_or_empty(name: str, dir_fd: int) -> bytes:
+    try:
+        fd = os.open(name, os.O_RDONLY, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return b""
+    with open(fd, "rb") as file:
+        return file.read()

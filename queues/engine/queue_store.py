@@ -1,32 +1,34 @@
 """``QueueStore``: one queue's own store for small messages (RabbitMQ's per-queue store v2).
 
 Messages below ``embed_msgs_below`` (4096 bytes, properties plus body) live here instead
-of the shared store: one queue, one writer, no reference counts. Segment ``<seg>.qs``
-holds the messages of seq ids ``seg*N .. seg*N+N-1``, as the index's ``<seg>.qi`` does.
-
-File: a 64-byte header (magic "WQST", version, entry count, first seq id, CRC-32 at 60),
-then records appended in write order::
+of the shared store: one queue, one writer, no reference counts. The records of seq ids
+``seg*N .. seg*N+N-1`` are appended, in write order, to the record area of the index's
+segment file ``<seg>.qi`` (``queue_index``: the store shares the index's ``SegmentFiles``,
+so a group commit fdatasyncs each segment once, its slots and its records together)::
 
     size u32 | crc32 u32 of the data | data (the encoded message, ``size`` bytes)
 
 The index keeps each record's offset and size. A read checks both the size and the CRC:
 a record that fails never reaches a consumer (``CorruptMessage``; recovery drops it, logs
 and counts it). There is no per-message removal on disk: a segment file is deleted when
-its last live record goes (``remove``), which is when its index segment empties for every
-message the index holds.
+its last index entry and its last record are both gone (``SegmentFiles.delete_unused``: a
+transient message paged out has a record and no entry).
 
 Writes are buffered (up to ``max_cache_bytes``, 512,000 as RabbitMQ's, which one batch
 of ``write_many`` may overrun) as runs of records of consecutive seq ids laid back to back;
 the flush computes their headers a run at a time and writes each run with one pwritev
-(headers and data as they are, no copy); ``sync`` writes the buffer and fdatasyncs the
-files it touched. A record written and removed before the flush is never written.
+(headers and data as they are, no copy); the index's ``sync`` fdatasyncs the files they
+went to. A record written and removed before the flush is never written.
 
 Races this module guards against (one thread of control; a queue process owns it):
 
 - a crash after a write but before its sync: the record may be missing, short or torn;
   its index entry was not confirmed either, and recovery's CRC check drops it;
-- a crash after the last record of a segment was removed but before the unlink reached
-  the disk: recovery deletes segment files no index entry points into.
+- a segment file deleted and a later one of the same number: the store's next record
+  there starts after whatever the new file holds, and a read never goes through a
+  descriptor of the deleted file (``SegmentFiles.reader`` drops it with the file);
+- a crash after a segment's last entry and record went but before the unlink reached
+  the disk: the index's recovery deletes a segment file without an entry to keep.
 """
 
 from __future__ import annotations
@@ -41,24 +43,17 @@ from typing import TypeVar
 from isal.isal_zlib import crc32
 
 from ..errors import CorruptMessage, QueueClosed
-from .queue_index import DEFAULT_SEGMENT_ENTRY_COUNT
-from .segments import HEADER_BYTES, SegmentFiles, segment_header
+from .queue_index import DEFAULT_SEGMENT_ENTRY_COUNT, records_at
+from .segments import SegmentFiles
 
 __all__ = ["QueueStore"]
 
 log = logging.getLogger("warren.queues")
 
-STORE_SUFFIX = ".qs"
-MAGIC = b"WQST"
-VERSION = 1
 MAX_CACHE_BYTES = 512_000  # classic_queue_store_v2_max_cache_size
 RECORD = struct.Struct(">II")
 RECORD_HEADER_BYTES = RECORD.size
 _MAX_VECTORS = 1024  # IOV_MAX on Linux: buffers per pwritev
-
-
-def store_header(segment: int, entry_count: int) -> bytes:
-    return segment_header(MAGIC, VERSION, segment, entry_count)
 
 
 class _Run:
@@ -76,11 +71,13 @@ class _Run:
 
 
 class QueueStore:
-    """One queue's small-message segments, in ``directory`` (the queue's directory)."""
+    """One queue's small-message records, in the segment files ``files`` (the index's, of
+    the queue's directory ``directory``)."""
 
     def __init__(
         self,
         directory: str | os.PathLike,
+        files: SegmentFiles,
         *,
         segment_entry_count: int = DEFAULT_SEGMENT_ENTRY_COUNT,
         max_cache_bytes: int = MAX_CACHE_BYTES,
@@ -88,37 +85,32 @@ class QueueStore:
         self.directory = os.fspath(directory)
         self.segment_entry_count = segment_entry_count
         self.max_cache_bytes = max_cache_bytes
-        os.makedirs(self.directory, exist_ok=True)
-        self._dir_fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY)
+        self._records_at = records_at(segment_entry_count)
         self._live: dict[int, int] = {}  # segment -> records not yet removed
         self._ends: dict[int, int] = {}  # segment -> offset of its next record
         self._runs: list[_Run] = []  # in the order written
         self._buffer: dict[int, bytes] = {}  # seq id -> data of each buffered record
         self._buffer_bytes = 0
         self._removed_from_runs = False  # since the last flush: runs have gaps
-        self._read_fd: tuple[int, int] | None = None  # (segment, fd)
-        self._files = SegmentFiles(
-            self._dir_fd, STORE_SUFFIX, lambda segment: store_header(segment, segment_entry_count)
-        )
+        self._files = files
+        files.add_user(lambda segment: segment in self._live)
         self._closed = False
 
     # ------------------------------------------------------------------ recovery
 
     def recover(self, live: dict[int, int]) -> None:
         """Take each segment's live record count (from the recovery terms, or counted from
-        the index by a scan); delete segment files without any."""
+        the index by a scan)."""
         self._live = {int(s): int(c) for s, c in live.items() if int(c) > 0}
-        for segment in self._files.on_disk - set(self._live):
-            self._delete_file(segment)
 
     def valid_records(self, segment: int, places: list[tuple[int, int]]) -> list[bool]:
         """Whether a whole record with a good CRC is at each (offset, size): one read of
         the segment file (recovery's check)."""
-        data = self._files.read_all(segment)
-        if data[:HEADER_BYTES] != store_header(segment, self.segment_entry_count):
-            return [False] * len(places)
-        view = memoryview(data)  # slices of a view copy nothing
-        return [_record_at(view, offset, size) is not None for offset, size in places]
+        view = memoryview(self._files.read_all(segment))  # slices of a view copy nothing
+        return [
+            offset >= self._records_at and _record_at(view, offset, size) is not None
+            for offset, size in places
+        ]
 
     # ------------------------------------------------------------------ changes
 
@@ -184,13 +176,15 @@ class QueueStore:
 
     def _end_on_disk(self, segment: int) -> int:
         """Where a segment's next record goes when this open has not written it yet: after
-        whatever an earlier open left there."""
+        whatever an earlier open (or the index, creating the file) left there."""
         if segment not in self._files.on_disk:
-            return HEADER_BYTES
-        return max(HEADER_BYTES, os.stat(self._files.name(segment), dir_fd=self._dir_fd).st_size)
+            return self._records_at
+        size = os.stat(self._files.name(segment), dir_fd=self._files.dir_fd).st_size
+        return max(self._records_at, size)
 
     def remove(self, seq_ids: Iterable[int]) -> None:
-        """Forget the records (written or buffered); a segment file goes with its last."""
+        """Forget the records (written or buffered); a segment's file goes with the last
+        of its records and of its index entries (``SegmentFiles.delete_unused``)."""
         n, buffer = self.segment_entry_count, self._buffer
         for seq_id in seq_ids:
             segment = seq_id // n
@@ -207,8 +201,7 @@ class QueueStore:
             for other in [s for s in buffer if s // n == segment]:
                 self._buffer_bytes -= RECORD_HEADER_BYTES + len(buffer.pop(other))
                 self._removed_from_runs = True
-            if segment in self._files.on_disk:
-                self._delete_file(segment)
+            self._files.delete_unused(segment)
 
     def flush(self) -> None:
         if not self._runs:
@@ -254,17 +247,11 @@ class QueueStore:
 
     def flushed_files(self) -> SegmentFiles:
         """Flush; the files whose ``sync`` makes everything written durable (the first
-        half of ``sync``, for a caller that syncs them with others)."""
+        half of ``sync``, for a caller that syncs them with the index's slots)."""
         if self._closed:
             raise QueueClosed(f"queue store {self.directory!r} is closed")
         self.flush()
         return self._files
-
-    def _delete_file(self, segment: int) -> None:
-        if self._read_fd is not None and self._read_fd[0] == segment:
-            os.close(self._read_fd[1])
-            self._read_fd = None
-        self._files.delete(segment)
 
     # ------------------------------------------------------------------ reads
 
@@ -276,28 +263,19 @@ class QueueStore:
         if buffered is not None:
             return buffered
         segment = seq_id // self.segment_entry_count
-        fd = self._files.written.get(segment)
-        if fd is None:
-            fd = self._reader(segment)
-        record = os.pread(fd, RECORD_HEADER_BYTES + size, offset) if fd is not None else b""
+        fd = self._files.reader(segment)
+        record = (
+            os.pread(fd, RECORD_HEADER_BYTES + size, offset)
+            if fd is not None and offset >= self._records_at
+            else b""
+        )
         data = _record_at(record, 0, size)
         if data is None:
             raise CorruptMessage(
-                f"{self.directory}/{segment}{STORE_SUFFIX}: the record of seq id {seq_id} "
-                f"at offset {offset} is missing or fails its size or CRC check"
+                f"{self.directory}/{self._files.name(segment)}: the record of seq id "
+                f"{seq_id} at offset {offset} is missing or fails its size or CRC check"
             )
         return data
-
-    def _reader(self, segment: int) -> int | None:
-        if self._read_fd is not None:
-            if self._read_fd[0] == segment:
-                return self._read_fd[1]
-            os.close(self._read_fd[1])
-            self._read_fd = None
-        fd = self._files.open_for_reading(segment)
-        if fd is not None:
-            self._read_fd = (segment, fd)
-        return fd
 
     @property
     def live_counts(self) -> dict[int, int]:
@@ -307,36 +285,26 @@ class QueueStore:
     # ------------------------------------------------------------------ ending
 
     def close(self) -> None:
+        """Write out and sync everything (the index closes the files)."""
         if self._closed:
             return
         try:
             self.sync()
         finally:
-            self.abandon()
+            self._closed = True
 
     def delete(self) -> None:
-        """Delete every segment file."""
+        """Forget every record (the index deletes the files)."""
         self._runs.clear()
         self._buffer.clear()
         self._buffer_bytes = 0
         self._removed_from_runs = False
         self._live.clear()
         self._ends.clear()
-        if self._read_fd is not None:
-            os.close(self._read_fd[1])
-            self._read_fd = None
-        self._files.delete_all()
 
     def abandon(self) -> None:
-        """Release every file without writing anything more, as a crash would."""
-        if self._closed:
-            return
+        """Write nothing more, as a crash would."""
         self._closed = True
-        self._files.close()
-        if self._read_fd is not None:
-            os.close(self._read_fd[1])
-            self._read_fd = None
-        os.close(self._dir_fd)
 
 
 _Data = TypeVar("_Data", bytes, memoryview)

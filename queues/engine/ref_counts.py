@@ -27,7 +27,8 @@ from .queue_index import (
     HEADER_BYTES,
     INDEX_SUFFIX,
     SLOT_BYTES,
-    present_slot_count,
+    SLOT_PRESENT,
+    slot_area,
     unpack_slot,
     usable_entry_count,
 )
@@ -62,7 +63,7 @@ class QueueRefCounts:
 
     def _walk(self, directory: str) -> Iterator[tuple[bytes, int]]:
         for first, data in _usable_segments(directory, self):
-            for at in range(HEADER_BYTES, len(data) - SLOT_BYTES + 1, SLOT_BYTES):
+            for at in range(HEADER_BYTES, len(data), SLOT_BYTES):
                 if data[at] == 0:
                     continue
                 try:
@@ -79,8 +80,9 @@ class QueueRefCounts:
 def _usable_segments(
     directory: str, counts: QueueRefCounts | None = None
 ) -> Iterator[tuple[int, bytes]]:
-    """(first seq id, file contents) of each index segment of ``directory`` that the
-    queue's own recovery keeps; a skipped one is counted in ``counts.skipped``."""
+    """(first seq id, whole slots) of each index segment of ``directory`` that the
+    queue's own recovery keeps (the files of both formats: their slots lie alike); a
+    skipped one is counted in ``counts.skipped``."""
     try:
         dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     except FileNotFoundError:
@@ -98,7 +100,7 @@ def _usable_segments(
                 if counts is not None:
                     counts.skipped += 1
                 continue
-            yield segment * count, data
+            yield segment * count, slot_area(data, count)
     finally:
         os.close(dir_fd)
 
@@ -129,9 +131,9 @@ def node_message_count(data_dir: str) -> int:
     """How many messages the node's queue indexes hold (present slots of usable
     segments, torn ones included): what a node that is starting recovers, about."""
     return sum(
-        present_slot_count(data)
+        slots[HEADER_BYTES::SLOT_BYTES].count(SLOT_PRESENT)
         for directory in _queue_directories(data_dir)
-        for _first, data in _usable_segments(directory)
+        for _first, slots in _usable_segments(directory)
     )
 
 

@@ -1,20 +1,18 @@
-"""``SegmentFiles``: the numbered files of one kind in a queue directory (``<seg>.qi`` of
-the index, ``<seg>.qs`` of the per-queue store), shared by both.
+"""``SegmentFiles``: the numbered segment files of one queue directory (``<seg>.qi``), each
+holding the index slots and the per-queue store records of ``segment_entry_count`` seq
+ids (``queue_index`` describes the layout).
 
-A file is created with its header on its first write; the files written since the last
-``sync`` are fdatasync'd together (and the directory, when files came or went), and a
-sync with nothing written costs nothing; all but the newest are closed then, so a queue
-holds a handful of descriptors however long it is.
-
-``sync_together`` syncs two sets of files at once (a queue's index and its store): the
-first's fdatasyncs on a helper thread while the caller makes the second's, so a group
-commit waits for the slower flush, not for the sum of both.
+A file is created whole up to its record area on its first write (its header, then its
+slots written as zeros: an index segment's fixed size, as RabbitMQ preallocates its
+own); the files written since the last ``sync`` are fdatasync'd together (and the
+directory, when files came or went), and a sync with nothing written costs nothing; all
+but the newest are closed then, so a queue holds a handful of descriptors however long it
+is. One file per segment is what makes a group commit one fdatasync per segment written,
+the slots and the records of a batch together.
 
 Races it guards against: a crash right after a file was created or deleted. The directory
-is fsynced at the next sync, before anything written there is confirmed. A crash during
-a ``sync_together`` may leave either set durable without the other; nothing either holds
-is confirmed before both are, and recovery drops an index entry whose record did not
-land (it fails its size or CRC check).
+is fsynced at the next sync, before anything written there is confirmed. A crash in the
+middle of creating a file leaves it short: its missing slots read as absent.
 """
 
 from __future__ import annotations
@@ -22,13 +20,10 @@ from __future__ import annotations
 import os
 import struct
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 
 from isal.isal_zlib import crc32
 
-__all__ = ["SegmentFiles", "segment_numbers", "sync_together"]
-
-_sync_helper: tuple[int, ThreadPoolExecutor] | None = None  # (pid, its one thread)
+__all__ = ["SegmentFiles", "segment_numbers"]
 
 
 # Every segment file, of the index (.qi) and of the queue's store (.qs), opens with the
@@ -67,14 +62,21 @@ def segment_numbers(dir_fd: int, suffix: str) -> list[int]:
 
 
 class SegmentFiles:
-    def __init__(self, dir_fd: int, suffix: str, header: Callable[[int], bytes]) -> None:
+    def __init__(
+        self, dir_fd: int, suffix: str, header: Callable[[int], bytes], initial_bytes: int = 0
+    ) -> None:
+        """``header(segment)`` makes a new file's header; the file is written as zeros
+        after it up to ``initial_bytes``."""
         self.dir_fd = dir_fd
         self.suffix = suffix
         self._header = header
+        self._initial_bytes = initial_bytes
         self.on_disk: set[int] = set(segment_numbers(dir_fd, suffix))
         self.written: dict[int, int] = {}  # segment -> fd, open for writing
+        self._read_fd: tuple[int, int] | None = None  # (segment, fd) of the last read
         self._unsynced: set[int] = set()  # segments written since the last sync
         self._directory_unsynced = False
+        self._users: list[Callable[[int], bool]] = []  # what still needs which segment
 
     def name(self, segment: int) -> str:
         return f"{segment}{self.suffix}"
@@ -94,6 +96,27 @@ class SegmentFiles:
         except FileNotFoundError:
             return None
 
+    def reader(self, segment: int) -> int | None:
+        """An fd to read the segment with (its writer's, or one kept open for the next
+        read of it, closed when another segment is read or this one deleted); None when
+        the file does not exist."""
+        fd = self.written.get(segment)
+        if fd is not None:
+            return fd
+        if self._read_fd is not None:
+            if self._read_fd[0] == segment:
+                return self._read_fd[1]
+            self._close_reader()
+        fd = self.open_for_reading(segment)
+        if fd is not None:
+            self._read_fd = (segment, fd)
+        return fd
+
+    def _close_reader(self) -> None:
+        if self._read_fd is not None:
+            os.close(self._read_fd[1])
+            self._read_fd = None
+
     def for_writing(self, segment: int) -> int:
         """The segment's fd for writing; the file is created with its header if new.
         The caller writes to it: the next ``sync`` fdatasyncs it."""
@@ -103,12 +126,14 @@ class SegmentFiles:
             fd = os.open(self.name(segment), os.O_RDWR | os.O_CREAT, 0o644, dir_fd=self.dir_fd)
             self.written[segment] = fd
             if segment not in self.on_disk:
-                os.pwrite(fd, self._header(segment), 0)
+                os.pwrite(fd, self._header(segment).ljust(self._initial_bytes, b"\0"), 0)
                 self.on_disk.add(segment)
                 self._directory_unsynced = True
         return fd
 
     def delete(self, segment: int) -> None:
+        if self._read_fd is not None and self._read_fd[0] == segment:
+            self._close_reader()
         fd = self.written.pop(segment, None)
         self._unsynced.discard(segment)
         if fd is not None:
@@ -120,15 +145,20 @@ class SegmentFiles:
         self.on_disk.discard(segment)
         self._directory_unsynced = True
 
+    def add_user(self, needs: Callable[[int], bool]) -> None:
+        """Let ``needs(segment)`` keep a segment's file (the index for its entries, the
+        queue's own store for its records): see ``delete_unused``."""
+        self._users.append(needs)
+
+    def delete_unused(self, segment: int) -> None:
+        """Delete the segment's file unless one of its users still needs it."""
+        if segment in self.on_disk and not any(needs(segment) for needs in self._users):
+            self.delete(segment)
+
     def delete_all(self) -> None:
         for segment in sorted(self.on_disk):
             self.delete(segment)
         self.sync()
-
-    @property
-    def unsynced(self) -> bool:
-        """Whether ``sync`` has anything to flush."""
-        return bool(self._unsynced) or self._directory_unsynced
 
     def sync(self) -> None:
         """fdatasync every file written since the last sync, and the directory if needed."""
@@ -148,26 +178,4 @@ class SegmentFiles:
             os.close(fd)
         self.written.clear()
         self._unsynced.clear()
-
-
-def sync_together(first: SegmentFiles, second: SegmentFiles) -> None:
-    """``first.sync()`` and ``second.sync()``, overlapped when both have something to
-    flush: the first on this process's sync thread, the second here."""
-    if not (first.unsynced and second.unsynced):
-        first.sync()
-        second.sync()
-        return
-    flushed = _sync_thread().submit(first.sync)
-    try:
-        second.sync()
-    finally:
-        flushed.result()
-
-
-def _sync_thread() -> ThreadPoolExecutor:
-    """The process's sync thread, made on first use (and again in a forked child, which
-    has none of its parent's threads)."""
-    global _sync_helper
-    if _sync_helper is None or _sync_helper[0] != os.getpid():
-        _sync_helper = (os.getpid(), ThreadPoolExecutor(1, thread_name_prefix="segment sync"))
-    return _sync_helper[1]
+        self._close_reader()

@@ -41,11 +41,12 @@ the next sync, or the next call that reads the store or the index or publishes o
 hands the batch to both in one pass per step (``_write_unwritten``), not message by
 message; their statuses already count them as written.
 
-Confirms. ``sync()`` is the group commit: it fdatasyncs the queue's store and index at
-once (``segments.sync_together``), asks the persistent store client how far its writes
-are settled (waiting for it, or not), and returns the seq ids that became confirmed, each
-once: a persistent message of a durable queue once its message and its index entry are
-on disk; any other message at the first sync after its publish.
+Confirms. ``sync()`` is the group commit: it fdatasyncs each segment file written since
+the last (the index's slots and the queue's own store's records share them), asks the
+persistent store client how far its writes are settled (waiting for it, or not), and
+returns the seq ids that became confirmed, each once: a persistent message of a durable
+queue once its message and its index entry are on disk; any other message at the first
+sync after its publish.
 
 Recovery. ``terminate()`` writes the recovery terms (``recovery.json``: next seq id, the
 persistent count and bytes, per-segment counts, delivery counts, the persistent client
@@ -94,13 +95,13 @@ from ..message import MAX_MESSAGE_BYTES, Message, decode, encode
 from .queue_index import (
     DEFAULT_SEGMENT_ENTRY_COUNT,
     INDEX_SUFFIX,
+    V1_STORE_SUFFIX,
     Entry,
     QueueIndex,
     pack_slot,
     pack_slots,
 )
-from .queue_store import STORE_SUFFIX, QueueStore
-from .segments import sync_together
+from .queue_store import QueueStore
 
 __all__ = [
     "Delivery",
@@ -315,7 +316,9 @@ class VariableQueue:
         self._id_prefix = os.urandom(8)
         self._index = QueueIndex(self.directory, segment_entry_count=segment_entry_count)
         self.segment_entry_count = segment_entry_count
-        self._store = QueueStore(self.directory, segment_entry_count=segment_entry_count)
+        self._store = QueueStore(
+            self.directory, self._index.files, segment_entry_count=segment_entry_count
+        )
         self.q1: collections.deque[MsgStatus] = collections.deque()
         self.q2: collections.deque[MsgStatus] = collections.deque()
         self.delta = Delta()
@@ -388,6 +391,13 @@ class VariableQueue:
                 self.directory,
             )
             clean_terms = None
+        upgraded = self._index.upgrade()
+        if upgraded:
+            log.info(
+                "%s: %d segments of the previous format rewritten as one file each",
+                self.directory,
+                upgraded,
+            )
         clean = clean_terms is not None
         if clean_terms is not None:
             self._index.recover_clean({int(s): c for s, c in clean_terms["segments"].items()})
@@ -430,7 +440,7 @@ class VariableQueue:
         return {
             entry.name: entry.stat().st_size
             for entry in os.scandir(self.directory)
-            if entry.name.endswith((INDEX_SUFFIX, STORE_SUFFIX))
+            if entry.name.endswith((INDEX_SUFFIX, V1_STORE_SUFFIX))
         }
 
     def _take_terms(self) -> dict[str, Any] | None:
@@ -759,7 +769,8 @@ class VariableQueue:
         self._check_open()
         slow_sync()
         self._write_unwritten()
-        sync_together(self._store.flushed_files(), self._index.flushed_files())
+        self._store.flushed_files()  # the same files as the index's: one fdatasync each
+        self._index.flushed_files().sync()
         confirmed, self._confirmed = self._confirmed, []
         unconfirmed = self._unconfirmed
         if not unconfirmed:  # all in this queue's own store: durable now

@@ -51,7 +51,8 @@ from warren.actors import ActorError
 from warren.queues.broker.dedup import message_ids
 from warren.queues.broker.definitions import queue_directory
 from warren.queues.broker.listener import with_free_port
-from warren.queues.engine.queue_index import HEADER_BYTES, SLOT_BYTES
+from warren.queues.engine.queue_index import HEADER_BYTES, SLOT_BYTES, records_at
+from warren.queues.engine.segments import header_fields
 from warren.queues.engine.stream_log import INDEX_SUFFIX, SEGMENT_SUFFIX
 from warren.queues.errors import QueueError
 from warren.queues.protocol import STREAM_ACTOR_PREFIX
@@ -330,18 +331,24 @@ class ChaosWorkload:
         )
         header = 0 if path.endswith(".rdq") else HEADER_BYTES  # the shared store's: none
         whole = offset < header
-        if path.endswith(".qi"):
-            hit = HEADER_BYTES + (offset - HEADER_BYTES) // SLOT_BYTES * SLOT_BYTES
-            first, last = (
-                (HEADER_BYTES, len(data))
-                if whole
-                else (hit, len(data) if kind == "torn" else hit + SLOT_BYTES)
-            )
-            assert queue is not None  # an index file lies in its queue's directory
-            slots = self._destroyed_slots.setdefault(queue, set())
-            for at in range(first, min(last, len(data) - SLOT_BYTES + 1), SLOT_BYTES):
-                slots.add(data[at + _MSG_ID_AT : at + _MSG_ID_AT + 16])
-            return
+        if path.endswith(".qi"):  # a queue's segment: its slots, then its own records
+            fields = header_fields(data)
+            slots_end = min(len(data), records_at(fields[2]) if fields else len(data))
+            if offset < slots_end:
+                hit = HEADER_BYTES + (offset - HEADER_BYTES) // SLOT_BYTES * SLOT_BYTES
+                first, last = (
+                    (HEADER_BYTES, slots_end)
+                    if whole
+                    else (hit, slots_end if kind == "torn" else hit + SLOT_BYTES)
+                )
+                assert queue is not None  # a segment file lies in its queue's directory
+                slots = self._destroyed_slots.setdefault(queue, set())
+                for at in range(first, min(last, slots_end - SLOT_BYTES + 1), SLOT_BYTES):
+                    slots.add(data[at + _MSG_ID_AT : at + _MSG_ID_AT + 16])
+                if not (whole or kind == "torn"):
+                    return
+                whole = True  # the records after the slots are gone or unreadable too
+            data, offset = data[slots_end:], offset - slots_end
         # Bodies start with their event: the last one starting at or before the damage is
         # the record it lands in, unless it lands in the next record's framing.
         events = [(m.start(), m.group(1).decode()) for m in _ORDER.finditer(data)]

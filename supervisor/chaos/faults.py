@@ -76,11 +76,11 @@ PROCESS_FAULTS = ("kill", "stop")  # these take a pattern
 DISK_FAULTS = ("full", "slow")  # these last a while, then end
 TITLE_PREFIX = "warren: "
 # The files a torn write or a flipped byte may hit: the shared stores' data files, the
-# queues' index and per-queue store segments, and the streams' segments and indexes.
+# queues' segment files (index slots, then the queue's own records), and the streams'
+# segments and indexes.
 DAMAGEABLE = (
     "msg_store_persistent/*.rdq",
     "queues/*/*.qi",
-    "queues/*/*.qs",
     "queues/*/*" + SEGMENT_SUFFIX,
     "queues/*/*" + INDEX_SUFFIX,
 )

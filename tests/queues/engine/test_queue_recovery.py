@@ -1,6 +1,7 @@
 """What a queue brings back after a clean stop, a dropped object and a SIGKILLed process,
 with damaged files; and the reference counts the shared store takes from the queues."""
 
+import json
 import logging
 import os
 import signal
@@ -8,7 +9,18 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from warren.queues import VariableQueue, walk_ref_counts
+from warren.queues.engine.queue_index import (
+    HEADER_BYTES,
+    SLOT_BYTES,
+    pack_slot,
+    records_at,
+    unpack_slot,
+)
+from warren.queues.engine.queue_index import segment_header as index_segment_header
+from warren.queues.engine.segments import segment_header
 from warren.store import LocalStoreClient, MessageStore
 from warren.store.client import StoreClient
 from warren.store.protocol import StoreStats
@@ -45,9 +57,9 @@ def test_dirty_recovery_drops_records_failing_their_crc_and_keeps_the_rest(open_
         queue.publish(message(n, size=100))
     queue.sync()
     queue.abandon()
-    path = os.path.join(queue.directory, "1.qs")
+    path = os.path.join(queue.directory, "1.qi")
     with open(path, "r+b") as file:  # the first record of segment 1: message N
-        file.seek(64 + 8 + 30)
+        file.seek(records_at(N) + 8 + 30)
         file.write(b"\xff\xfe")
     with caplog.at_level(logging.WARNING, logger="warren.queues"):
         queue = open_queue()
@@ -62,25 +74,38 @@ def test_a_body_file_cut_mid_record_loses_only_the_records_it_cut(open_queue):
         queue.publish(message(n, size=100))
     queue.sync()
     queue.abandon()
-    path = os.path.join(queue.directory, "0.qs")
+    path = os.path.join(queue.directory, "0.qi")  # its records come after its slots
     os.truncate(path, os.path.getsize(path) - 50)
     queue = open_queue()
     assert [number(d) for d in drain(queue)] == list(range(N - 1))
 
 
-def test_an_index_cut_after_a_clean_stop_is_recovered_by_a_scan_that_says_so(open_queue, caplog):
+def test_a_segment_cut_after_a_clean_stop_is_recovered_by_a_scan_that_says_so(open_queue, caplog):
     queue = open_queue()
     for n in range(N):
         queue.publish(message(n, size=100))
     queue.sync()
     queue.terminate()  # clean: the terms count N messages
     path = os.path.join(queue.directory, "0.qi")
-    os.truncate(path, os.path.getsize(path) - 48 * 3 - 20)  # 3 slots and part of one
+    os.truncate(path, os.path.getsize(path) - 50)  # into the last record
     with caplog.at_level(logging.WARNING, logger="warren.queues"):
         queue = open_queue()
-    assert not queue.recovered_clean and queue.counters["torn_slots"] == 1
-    assert [number(d) for d in drain(queue)] == list(range(N - 4))
+    assert not queue.recovered_clean and queue.counters["dropped_corrupt"] == 1
+    assert [number(d) for d in drain(queue)] == list(range(N - 1))
     assert "changed size since the clean stop" in caplog.text
+
+
+def test_a_segment_cut_inside_its_slots_keeps_the_slots_before_the_cut(open_queue):
+    queue = open_queue()
+    for n in range(N):  # shared-store messages: their slots are all they have here
+        queue.publish(message(n, size=SIZE_LARGE))
+    queue.sync()
+    queue.abandon()
+    path = os.path.join(queue.directory, "0.qi")
+    os.truncate(path, 64 + 48 * (N - 4) + 20)  # the last four slots, one of them torn
+    queue = open_queue()
+    assert queue.counters["torn_slots"] == 1
+    assert [number(d) for d in drain(queue)] == list(range(N - 4))
 
 
 def test_a_segment_with_a_corrupt_header_is_dropped_and_the_others_recover(open_queue):
@@ -227,3 +252,104 @@ def test_a_killed_store_of_a_node_with_queues_takes_its_counts_from_their_indexe
         wait_for(lambda: getattr(node.actors.whereis("msg_store_persistent"), "pid", old) != old)
         figures = node.store("msg_store_persistent").ask(StoreStats())
         assert not figures["recovered_clean"] and figures["message_count"] == 15
+
+
+def as_format_1(directory: str, entry_count: int) -> None:
+    """Rewrite a queue directory's segment files as Warren's format version 1 laid them
+    out: each ``<seg>.qi`` its header and slots (up to its last written slot), the
+    records in ``<seg>.qs`` after a header of their own; the recovery terms, if any,
+    name the new sizes, as that version's clean stop wrote them."""
+    shift = records_at(entry_count) - HEADER_BYTES
+    for name in sorted(os.listdir(directory)):
+        if not name.endswith(".qi"):
+            continue
+        segment = int(name[: -len(".qi")])
+        with open(os.path.join(directory, name), "rb") as file:
+            data = file.read()
+        slots = bytearray(data[: records_at(entry_count)])
+        slots[:HEADER_BYTES] = index_segment_header(segment, entry_count, 1)
+        for at in range(HEADER_BYTES, len(slots), SLOT_BYTES):
+            if slots[at]:
+                entry = unpack_slot(
+                    segment * entry_count + (at - HEADER_BYTES) // SLOT_BYTES,
+                    bytes(slots[at : at + SLOT_BYTES]),
+                )
+                if not entry.shared:
+                    slots[at : at + SLOT_BYTES] = pack_slot(
+                        entry.msg_id,
+                        False,
+                        entry.store_offset - shift,
+                        entry.size,
+                        entry.persistent,
+                        entry.expiry_ms,
+                    )
+        end = len(slots)
+        while end > HEADER_BYTES and not any(slots[end - SLOT_BYTES : end]):
+            end -= SLOT_BYTES
+        with open(os.path.join(directory, name), "wb") as file:
+            file.write(slots[:end])
+        records = data[records_at(entry_count) :]
+        if records:
+            with open(os.path.join(directory, f"{segment}.qs"), "wb") as file:
+                file.write(segment_header(b"WQST", 1, segment, entry_count) + records)
+    terms_path = os.path.join(directory, "recovery.json")
+    if os.path.exists(terms_path):
+        with open(terms_path) as file:
+            terms = json.load(file)
+        terms["file_sizes"] = {
+            name: os.path.getsize(os.path.join(directory, name))
+            for name in os.listdir(directory)
+            if name.endswith((".qi", ".qs"))
+        }
+        with open(terms_path, "w") as file:
+            json.dump(terms, file)
+
+
+def _format_versions(directory: str) -> set[int]:
+    versions = set()
+    for name in os.listdir(directory):
+        if name.endswith(".qi"):
+            with open(os.path.join(directory, name), "rb") as file:
+                versions.add(file.read(5)[4])
+    return versions
+
+
+@pytest.mark.parametrize("stop", ["clean", "dirty"])
+def test_a_queue_left_in_the_previous_file_format_opens_with_every_message(open_queue, stop):
+    queue = open_queue()
+    for n in range(3 * N):  # small ones in the queue's own records, large ones shared
+        queue.publish(message(n, size=SIZE_LARGE if n % 3 == 0 else 100))
+    queue.sync()
+    acked = [queue.fetch(), queue.fetch()]  # two slots acked: zeros in the old index
+    queue.ack([d.seq_id for d in acked])
+    queue.sync()
+    queue.terminate() if stop == "clean" else queue.abandon()
+    as_format_1(queue.directory, N)
+    assert any(name.endswith(".qs") for name in os.listdir(queue.directory))
+    queue = open_queue()
+    assert queue.recovered_clean == (stop == "clean")
+    assert not [name for name in os.listdir(queue.directory) if name.endswith(".qs")]
+    assert _format_versions(queue.directory) == {2}
+    assert [number(d) for d in drain(queue)] == list(range(2, 3 * N))
+
+
+def test_an_upgrade_a_crash_cut_short_is_finished_at_the_next_open(open_queue):
+    queue = open_queue()
+    for n in range(3 * N):
+        queue.publish(message(n, size=100))
+    queue.sync()
+    queue.abandon()
+    directory = queue.directory
+    with open(os.path.join(directory, "1.qi"), "rb") as file:
+        upgraded = file.read()  # segment 1 as the upgrade writes it
+    as_format_1(directory, N)
+    # The crash: segment 1 renamed into place but its old records not deleted yet, and
+    # segment 2 half written aside.
+    with open(os.path.join(directory, "1.qi"), "wb") as file:
+        file.write(upgraded)
+    with open(os.path.join(directory, "2.qi.upgrade"), "wb") as file:
+        file.write(b"half a segment")
+    queue = open_queue()
+    assert sorted(os.listdir(directory)) == [".lock", "0.qi", "1.qi", "2.qi"]
+    assert _format_versions(directory) == {2}
+    assert [number(d) for d in drain(queue)] == list(range(3 * N))

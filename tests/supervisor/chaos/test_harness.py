@@ -15,7 +15,12 @@ import psutil
 import pytest
 
 from warren.queues.broker.dedup import message_ids
-from warren.queues.engine.queue_index import HEADER_BYTES, SLOT_BYTES
+from warren.queues.engine.queue_index import (
+    HEADER_BYTES,
+    SLOT_BYTES,
+    records_at,
+    segment_header,
+)
 from warren.queues.errors import Blocked
 from warren.store.disk_faults import ENVIRONMENT_VARIABLE, write_faults
 from warren.supervisor import Node
@@ -414,26 +419,28 @@ def test_only_what_a_damaged_file_held_is_counted_destroyed_rather_than_lost(tmp
     chunks = [b"HEAD" + body_of(f"{p0}-{n}", 150) for n in range(4)]
     bodies.write_bytes(b"".join(chunks))
     workload.note_damage(str(bodies), "torn", len(b"".join(chunks[:3])) + 60)
-    # A queue's index: a flip in the slot of 4 takes 4 alone; a cut in the slot of 7
-    # takes 7 and 8.
+    # A queue's segment files, of five slots then the queue's own records. In the slots:
+    # a flip in the slot of 4 takes 4 alone; a cut in the slot of 7 takes 7 and 8.
     index = tmp_path / "queues" / "chaos.default" / "0.qi"
     index.parent.mkdir(parents=True)
     slots = b"".join(
         bytes(16) + message_ids(p0.encode(), n, 1)[0] + bytes(16) for n in (4, 5, 6, 7, 8)
     )
-    index.write_bytes(bytes(HEADER_BYTES) + slots)
+    index.write_bytes(segment_header(0, 5) + slots)
     workload.note_damage(str(index), "flip", HEADER_BYTES + 20)
     workload.note_damage(str(index), "torn", HEADER_BYTES + 3 * SLOT_BYTES + 5)
-    # Queues' own store files: a flip inside the body of 9 takes it (or its neighbour
-    # 10, where the bit may fall in 10's framing), not 11; a flipped header takes the
-    # whole file, but only for its queue.
-    own = tmp_path / "queues" / "chaos.default" / "1.qs"
+    # In the records: a flip inside the body of 9 takes it (or its neighbour 10, where
+    # the bit may fall in 10's framing), not 11; a flipped header takes the whole file,
+    # but only for its queue.
+    own = tmp_path / "queues" / "chaos.default" / "1.qi"
     records = [b"HEAD" + body_of(f"{p0}-{n}", 150) for n in (9, 10, 11)]
-    own.write_bytes(bytes(HEADER_BYTES) + b"".join(records))
-    workload.note_damage(str(own), "flip", HEADER_BYTES + 30)
-    other = tmp_path / "queues" / "chaos.lazy" / "0.qs"
+    own.write_bytes(segment_header(1, 5) + bytes(5 * SLOT_BYTES) + b"".join(records))
+    workload.note_damage(str(own), "flip", records_at(5) + 30)
+    other = tmp_path / "queues" / "chaos.lazy" / "0.qi"
     other.parent.mkdir()
-    other.write_bytes(bytes(HEADER_BYTES) + b"HEAD" + body_of(f"{p0}-0", 150))
+    other.write_bytes(
+        segment_header(0, 5) + bytes(5 * SLOT_BYTES) + b"HEAD" + body_of(f"{p0}-0", 150)
+    )
     workload.note_damage(str(other), "flip", 10)
     audit = workload.audit()
     assert audit.destroyed == [f"chaos.default {p0}-{n}" for n in (10, 3, 4, 7, 8, 9)]
