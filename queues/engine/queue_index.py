@@ -42,7 +42,9 @@ out (``flush``) when it holds ``segment_entry_count`` entries or half as many ac
 records with them), and the directory when a segment file was created or deleted. Each
 segment's count of unacked entries is kept in memory (from the recovery terms after a
 clean stop, from a scan after a dirty one); the segment file is deleted the moment it
-reaches 0.
+reaches 0, unless the queue's own records in it are still live (a transient message paged
+out has a record and no entry): its slots are then all written as zeros, so that no acked
+entry of it reads present again.
 
 Races this module guards against (one thread of control; a queue process owns it):
 
@@ -57,6 +59,7 @@ Races this module guards against (one thread of control; a queue process owns it
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import logging
 import os
@@ -117,7 +120,7 @@ class RecoveredIndex(NamedTuple):
     """What a dirty scan found and dropped."""
 
     entries: int
-    deleted_segments: list[int]  # the caller deletes their per-queue store files too
+    deleted_segments: list[int]  # deleted with their files (bad header, or nothing kept)
     torn: int  # slots whose CRC failed
     bad_segments: int  # files with a corrupt header, deleted
 
@@ -260,38 +263,40 @@ class QueueIndex:
 
     # ------------------------------------------------------------------ recovery
 
-    def upgrade(self) -> int:
+    def upgrade(self) -> tuple[int, int]:
         """Rewrite each segment of format version 1 (slots in ``<seg>.qi``, records in
         ``<seg>.qs`` after a header of its own) as one file of version 2, before anything
-        reads them; how many. Each new file is written aside, fdatasync'd and renamed over
-        the old index file; the directory is fsynced before the old store files go. A
-        crash leaves either layout whole: a file written aside is deleted at the next
-        open, and a store file whose index file is already version 2 too. A segment whose
-        index header is not usable is left to recovery, which deletes it; a store file
-        without a usable index segment is deleted (no entry can reach its records)."""
+        reads them; how many, and how many segment files have a header neither version
+        uses (recovery deletes those: a queue must not trust counts that name them). Each
+        new file is written aside, fdatasync'd and renamed over the old index file; the
+        directory is fsynced before the old store files go. A crash leaves either layout
+        whole: a file written aside is deleted at the next open, and a store file whose
+        index file is already version 2 too. A store file without a usable index segment is
+        deleted (no entry can reach its records)."""
         names = os.listdir(self._dir_fd)
         for name in names:
             if name.endswith(UPGRADE_SUFFIX):
                 os.unlink(name, dir_fd=self._dir_fd)
-        n, upgraded = self.segment_entry_count, 0
+        n, upgraded, unusable = self.segment_entry_count, 0, 0
         for segment in sorted(self.files.on_disk):
             header = self.files.read_all(segment, HEADER_BYTES)
-            if usable_entry_count(header, segment, (1,)) != n:
-                continue  # version 2 already, or left to recovery
-            self._write_upgraded(segment, self.files.read_all(segment))
-            upgraded += 1
-        if upgraded:
-            os.fsync(self._dir_fd)
+            if usable_entry_count(header, segment, (1,)) == n:
+                self._write_upgraded(segment, self.files.read_all(segment))
+                upgraded += 1
+            elif usable_entry_count(header, segment, (VERSION,)) != n:
+                unusable += 1
         stale = [
             name
             for name in names
             if name.endswith(V1_STORE_SUFFIX) and name[: -len(V1_STORE_SUFFIX)].isdigit()
         ]
+        if upgraded or stale:
+            os.fsync(self._dir_fd)  # every rename durable before an old store file goes
         for name in stale:
             os.unlink(name, dir_fd=self._dir_fd)
         if stale:
             os.fsync(self._dir_fd)
-        return upgraded
+        return upgraded, unusable
 
     def _write_upgraded(self, segment: int, index_data: bytes) -> None:
         n, first = self.segment_entry_count, segment * self.segment_entry_count
@@ -323,7 +328,8 @@ class QueueIndex:
         aside = f"{segment}{INDEX_SUFFIX}{UPGRADE_SUFFIX}"
         fd = os.open(aside, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644, dir_fd=self._dir_fd)
         try:
-            os.pwritev(fd, [area, records], 0)
+            if os.pwritev(fd, [area, records], 0) != len(area) + len(records):
+                raise OSError(errno.ENOSPC, f"{aside}: short write; the segment stays as it was")
             os.fdatasync(fd)
         finally:
             os.close(fd)
@@ -455,6 +461,9 @@ class QueueIndex:
                 emptied.append(segment)
                 self._forget_buffered(segment)
                 self.files.delete_unused(segment)
+                if segment in self.files.on_disk:  # kept for the store's records
+                    fd = self.files.for_writing(segment)
+                    os.pwrite(fd, bytes(self.records_at - HEADER_BYTES), HEADER_BYTES)
             else:
                 self._segments[segment] = count - 1
         if self._buffered_acks >= n // 2:

@@ -33,7 +33,6 @@ Races this module guards against (one thread of control; a queue process owns it
 
 from __future__ import annotations
 
-import logging
 import os
 import struct
 from collections.abc import Iterable
@@ -47,8 +46,6 @@ from .queue_index import DEFAULT_SEGMENT_ENTRY_COUNT, records_at
 from .segments import SegmentFiles
 
 __all__ = ["QueueStore"]
-
-log = logging.getLogger("warren.queues")
 
 MAX_CACHE_BYTES = 512_000  # classic_queue_store_v2_max_cache_size
 RECORD = struct.Struct(">II")

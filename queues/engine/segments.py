@@ -17,6 +17,7 @@ middle of creating a file leaves it short: its missing slots read as absent.
 
 from __future__ import annotations
 
+import errno
 import os
 import struct
 from collections.abc import Callable
@@ -26,8 +27,8 @@ from isal.isal_zlib import crc32
 __all__ = ["SegmentFiles", "segment_numbers"]
 
 
-# Every segment file, of the index (.qi) and of the queue's store (.qs), opens with the
-# same 64-byte header: magic, format version, entries per segment and the segment's first
+# Every segment file opens with a 64-byte header (format 1's store files had one of the
+# same shape too): magic, format version, entries per segment and the segment's first
 # sequence id, zero-padded, with a CRC-32 of the first 60 bytes in the last 4.
 HEADER_BYTES = 64
 _HEADER = struct.Struct(">4sBIQ")
@@ -118,17 +119,31 @@ class SegmentFiles:
             self._read_fd = None
 
     def for_writing(self, segment: int) -> int:
-        """The segment's fd for writing; the file is created with its header if new.
-        The caller writes to it: the next ``sync`` fdatasyncs it."""
-        self._unsynced.add(segment)
+        """The segment's fd for writing; the file is created whole (header and zeros) if
+        new. The caller writes to it: the next ``sync`` fdatasyncs it."""
         fd = self.written.get(segment)
         if fd is None:
-            fd = os.open(self.name(segment), os.O_RDWR | os.O_CREAT, 0o644, dir_fd=self.dir_fd)
+            fd = self._open_for_writing(segment)
             self.written[segment] = fd
-            if segment not in self.on_disk:
-                os.pwrite(fd, self._header(segment).ljust(self._initial_bytes, b"\0"), 0)
-                self.on_disk.add(segment)
-                self._directory_unsynced = True
+        self._unsynced.add(segment)
+        return fd
+
+    def _open_for_writing(self, segment: int) -> int:
+        fd = os.open(self.name(segment), os.O_RDWR | os.O_CREAT, 0o644, dir_fd=self.dir_fd)
+        if segment in self.on_disk:
+            return fd
+        self._directory_unsynced = True  # the next sync makes the new entry durable
+        start = self._header(segment).ljust(self._initial_bytes, b"\0")
+        try:
+            if os.pwrite(fd, start, 0) != len(start):
+                raise OSError(errno.ENOSPC, f"{self.name(segment)}: short write creating it")
+        except BaseException:
+            # A file without its whole start is never used: a full disk fails this write,
+            # and the next one creates the file again.
+            os.close(fd)
+            os.unlink(self.name(segment), dir_fd=self.dir_fd)
+            raise
+        self.on_disk.add(segment)
         return fd
 
     def delete(self, segment: int) -> None:

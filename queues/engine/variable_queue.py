@@ -391,13 +391,20 @@ class VariableQueue:
                 self.directory,
             )
             clean_terms = None
-        upgraded = self._index.upgrade()
+        upgraded, unusable = self._index.upgrade()
         if upgraded:
             log.info(
                 "%s: %d segments of the previous format rewritten as one file each",
                 self.directory,
                 upgraded,
             )
+        if unusable and clean_terms is not None:
+            log.warning(
+                "%s: %d segment files have a damaged header; recovering dirty",
+                self.directory,
+                unusable,
+            )
+            clean_terms = None
         clean = clean_terms is not None
         if clean_terms is not None:
             self._index.recover_clean({int(s): c for s, c in clean_terms["segments"].items()})

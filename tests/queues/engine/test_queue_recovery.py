@@ -353,3 +353,36 @@ def test_an_upgrade_a_crash_cut_short_is_finished_at_the_next_open(open_queue):
     assert sorted(os.listdir(directory)) == [".lock", "0.qi", "1.qi", "2.qi"]
     assert _format_versions(directory) == {2}
     assert [number(d) for d in drain(queue)] == list(range(3 * N))
+
+
+def test_an_upgrade_that_finds_the_disk_full_leaves_the_segment_as_it_was(open_queue, monkeypatch):
+    queue = open_queue()
+    for n in range(N):
+        queue.publish(message(n, size=100))
+    queue.sync()
+    queue.abandon()
+    as_format_1(queue.directory, N)
+    pwritev = os.pwritev
+    monkeypatch.setattr(os, "pwritev", lambda fd, buffers, offset: pwritev(fd, buffers[:1], offset))
+    with pytest.raises(OSError, match="short write"):
+        open_queue()
+    assert _format_versions(queue.directory) == {1}
+    monkeypatch.setattr(os, "pwritev", pwritev)
+    queue = open_queue()
+    assert [number(d) for d in drain(queue)] == list(range(N))
+
+
+def test_a_damaged_segment_header_makes_the_start_after_a_clean_stop_dirty(open_queue, caplog):
+    queue = open_queue()
+    for n in range(3 * N):
+        queue.publish(message(n, size=100))
+    queue.sync()
+    queue.terminate()
+    with open(os.path.join(queue.directory, "1.qi"), "r+b") as file:
+        file.seek(20)
+        file.write(b"\xff")  # its size unchanged: the clean stop's size check passes
+    with caplog.at_level(logging.WARNING, logger="warren.queues"):
+        queue = open_queue()
+    assert not queue.recovered_clean and queue.counters["bad_segments"] == 1
+    assert [number(d) for d in drain(queue)] == list(range(N)) + list(range(2 * N, 3 * N))
+    assert "damaged header" in caplog.text

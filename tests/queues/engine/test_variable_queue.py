@@ -2,6 +2,7 @@
 RAM and disk, lazy mode, and restarts (RabbitMQ's variable-queue cases of
 backing_queue_SUITE, with 16-entry segments)."""
 
+import errno
 import gc
 import json
 import math
@@ -491,3 +492,43 @@ def test_a_paged_out_transient_message_outlives_the_acks_of_its_segments_entries
     queue.sync()
     assert number(first) == 0 and [number(d) for d in drain(queue)] == [1]
     assert queue.counters["corrupt_on_read"] == 0
+
+
+def test_acked_entries_of_a_segment_kept_for_a_paged_out_record_never_come_back(open_queue):
+    # The segment's entries are all acked while a paged-out transient message's record
+    # keeps its file: the acked slots must read absent, not present, when the segment is
+    # read again (here after a clean restart, as delta).
+    queue = open_queue(io_batch_size=10 * N)
+    queue.publish(message(0))
+    queue.publish(message(1, persistent=False))
+    queue.sync()
+    queue.set_ram_duration_target(0)
+    while queue.reduce_memory_use():
+        pass
+    queue.sync()
+    first = queue.fetch()
+    queue.ack([first.seq_id])  # the file stays for message 1's record
+    queue.publish(message(2))  # a new entry in the same segment
+    queue.sync()
+    queue.terminate()
+    queue = open_queue()
+    assert queue.recovered_clean
+    assert [number(d) for d in drain(queue)] == [2]
+
+
+def test_a_full_disk_when_a_segment_file_is_created_loses_nothing(open_queue, monkeypatch):
+    queue = open_queue()
+    queue.publish(message(0, size=100))
+    pwrite = os.pwrite
+
+    def full_disk_once(fd: int, data: bytes, offset: int) -> int:
+        monkeypatch.setattr(os, "pwrite", pwrite)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "pwrite", full_disk_once)  # the new file's header and slots
+    with pytest.raises(OSError, match="No space"):
+        queue.sync()
+    assert queue.sync() == [0]  # room again: written, with its file whole
+    queue.abandon()
+    queue = open_queue()
+    assert [number(d) for d in drain(queue)] == [0]
