@@ -33,6 +33,15 @@ ROOT = Path(__file__).resolve().parents[3]
 SIZE_LARGE = 5000  # above embed_msgs_below: in the shared store
 
 
+def synced_queue(open_queue, count: int):
+    """A queue holding messages 0..count-1 of 100 bytes (its own records), synced."""
+    queue = open_queue()
+    for n in range(count):
+        queue.publish(message(n, size=100))
+    queue.sync()
+    return queue
+
+
 def test_dirty_recovery_drops_entries_whose_shared_message_is_missing(
     open_queue, engine_stores, caplog
 ):
@@ -52,10 +61,7 @@ def test_dirty_recovery_drops_entries_whose_shared_message_is_missing(
 
 
 def test_dirty_recovery_drops_records_failing_their_crc_and_keeps_the_rest(open_queue, caplog):
-    queue = open_queue()
-    for n in range(3 * N):
-        queue.publish(message(n, size=100))
-    queue.sync()
+    queue = synced_queue(open_queue, 3 * N)
     queue.abandon()
     path = os.path.join(queue.directory, "1.qi")
     with open(path, "r+b") as file:  # the first record of segment 1: message N
@@ -69,10 +75,7 @@ def test_dirty_recovery_drops_records_failing_their_crc_and_keeps_the_rest(open_
 
 
 def test_a_body_file_cut_mid_record_loses_only_the_records_it_cut(open_queue):
-    queue = open_queue()
-    for n in range(N):
-        queue.publish(message(n, size=100))
-    queue.sync()
+    queue = synced_queue(open_queue, N)
     queue.abandon()
     path = os.path.join(queue.directory, "0.qi")  # its records come after its slots
     os.truncate(path, os.path.getsize(path) - 50)
@@ -81,10 +84,7 @@ def test_a_body_file_cut_mid_record_loses_only_the_records_it_cut(open_queue):
 
 
 def test_a_segment_cut_after_a_clean_stop_is_recovered_by_a_scan_that_says_so(open_queue, caplog):
-    queue = open_queue()
-    for n in range(N):
-        queue.publish(message(n, size=100))
-    queue.sync()
+    queue = synced_queue(open_queue, N)
     queue.terminate()  # clean: the terms count N messages
     path = os.path.join(queue.directory, "0.qi")
     os.truncate(path, os.path.getsize(path) - 50)  # into the last record
@@ -334,10 +334,7 @@ def test_a_queue_left_in_the_previous_file_format_opens_with_every_message(open_
 
 
 def test_an_upgrade_a_crash_cut_short_is_finished_at_the_next_open(open_queue):
-    queue = open_queue()
-    for n in range(3 * N):
-        queue.publish(message(n, size=100))
-    queue.sync()
+    queue = synced_queue(open_queue, 3 * N)
     queue.abandon()
     directory = queue.directory
     with open(os.path.join(directory, "1.qi"), "rb") as file:
@@ -356,10 +353,7 @@ def test_an_upgrade_a_crash_cut_short_is_finished_at_the_next_open(open_queue):
 
 
 def test_an_upgrade_that_finds_the_disk_full_leaves_the_segment_as_it_was(open_queue, monkeypatch):
-    queue = open_queue()
-    for n in range(N):
-        queue.publish(message(n, size=100))
-    queue.sync()
+    queue = synced_queue(open_queue, N)
     queue.abandon()
     as_format_1(queue.directory, N)
     pwritev = os.pwritev
@@ -373,10 +367,7 @@ def test_an_upgrade_that_finds_the_disk_full_leaves_the_segment_as_it_was(open_q
 
 
 def test_a_damaged_segment_header_makes_the_start_after_a_clean_stop_dirty(open_queue, caplog):
-    queue = open_queue()
-    for n in range(3 * N):
-        queue.publish(message(n, size=100))
-    queue.sync()
+    queue = synced_queue(open_queue, 3 * N)
     queue.terminate()
     with open(os.path.join(queue.directory, "1.qi"), "r+b") as file:
         file.seek(20)
