@@ -10,11 +10,12 @@ setup     bind the data ROUTER and the control ROUTER (ROUTER_MANDATORY, ROUTER_
 running   one poll over [control, data, wake pipe]. Each pass serves every waiting
           control message first (PING, STATS, FIGURES, STOP, and DOWN/EXIT from the
           node), then drains up to ``max_batch`` data messages (and about
-          ``MAX_BATCH_BYTES``): runs of tells go to ``on_receive_batch`` as one list,
-          each ask to ``on_receive`` in its place in the order. Then due timers, then
-          ``on_idle`` if the mailbox was found empty. A pass that stopped at either bound
-          with messages still waiting is counted (``backlogged_passes``): ZeroMQ keeps
-          the mailbox's queue and tells no length, but this says the actor falls behind.
+          ``MAX_BATCH_BYTES``, and for at most the class's ``max_pass_s``): runs of
+          tells go to ``on_receive_batch`` as one list, each ask to ``on_receive`` in its
+          place in the order. Then ``on_idle`` if the mailbox was found empty or the pass
+          ran out of time, then due timers. A pass that stopped at a bound with messages
+          still waiting is counted (``backlogged_passes``): ZeroMQ keeps the mailbox's
+          queue and tells no length, but this says the actor falls behind.
           FIGURES (a node's metrics) runs ``on_receive`` with the question it carries
           between two passes, ahead of the queued data, as a read of the actor's state
           now; what it raises is logged and answered None, never a crash.
@@ -202,6 +203,7 @@ class ActorLoop:
         self._parent_pid = os.getppid()
         cls = order.actor_class
         self._max_batch = int(order.options.get("max_batch", cls.max_batch))
+        self._max_pass_s = cls.max_pass_s
         self._max_bytes = int(order.options.get("max_message_bytes", cls.max_message_bytes))
         self._mailbox_size = int(order.options.get("mailbox_size", cls.mailbox_size))
         self._trap_exits = bool(cls.trap_exits)
@@ -456,11 +458,15 @@ class ActorLoop:
         tell, batch, ask = wire.TELL, wire.BATCH, wire.ASK
         tells: list[Any] = self._injected
         self._injected = []
-        empty = False
+        empty = timed_out = False
         received = 0
         budget = wire.MAX_BATCH_BYTES
+        deadline = None if self._max_pass_s is None else time.monotonic() + self._max_pass_s
         for _ in range(self._max_batch):
             if budget < 0:
+                break
+            if deadline is not None and received and time.monotonic() >= deadline:
+                timed_out = True
                 break
             try:
                 identity = recv(noblock)
@@ -509,7 +515,7 @@ class ActorLoop:
             self._deliver(tells)
         if not empty and not self._stopping and self._data.poll(0, zmq.POLLIN):
             self.counters["backlogged_passes"] += 1
-        if empty and self._delivered_since_idle and not self._stopping:
+        if (empty or timed_out) and self._delivered_since_idle and not self._stopping:
             self._delivered_since_idle = False
             self._guard(self.actor.on_idle)
         if empty and self._peers is not None and self._peers.has_gone and not self._stopping:

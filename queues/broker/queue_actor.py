@@ -9,9 +9,10 @@ Messages accepted (``warren.queues.protocol``), and what each gets back:
 
     Publish(payloads, persistent, msg_ids, expiration_ms, producer, sequence)
                                    → the batch's size, once every message is confirmed:
-                                     group commit when the mailbox is empty, at the latest
-                                     ``sync_interval_ms`` later while shared-store writes
-                                     are unsettled. With a producer, repeats of sequences
+                                     group commit when the mailbox is empty or after
+                                     ``MAX_PASS_S`` of handling it still is not, at the
+                                     latest ``sync_interval_ms`` later while shared-store
+                                     writes are unsettled. With a producer, repeats of sequences
                                      it already took are dropped (and counted as taken),
                                      and its publishes are answered in order, once its
                                      producer log names them (``warren.queues.broker.dedup``)
@@ -130,6 +131,9 @@ log = logging.getLogger("warren.queues")
 # How soon a queue looks again for the shared store's settlement of its writes, while
 # confirms wait on it (the store answers its own group commit; no fsync happens here).
 SYNC_INTERVAL_MS = 2
+# How long a queue whose mailbox stays busy handles messages between two group commits
+# (seconds): the loop's pass bound (``max_pass_s``).
+MAX_PASS_S = 0.0005
 CONSUMER_CHECK_S = 2.0  # how often dead consumers' deliveries are requeued
 RATES_INTERVAL_S = 5.0  # RAM_DURATION_UPDATE_INTERVAL
 EXPIRY_CHECK_S = 0.25  # how often expired messages at the head are dropped
@@ -169,6 +173,8 @@ class _Batch:
 
 class QueueActor(ProcessActor):
     """One queue process; see the module docstring."""
+
+    max_pass_s = MAX_PASS_S
 
     def __init__(
         self,

@@ -420,8 +420,8 @@ ACTOR_COUNTERS = (
     Figure(
         "warren_actor_mailbox_backlogged_passes",
         "backlogged_passes",
-        "Passes of the actor's loop that stopped at their bound (max_batch messages or 8 MiB) "
-        "with messages still waiting in its mailbox: the actor falls behind",
+        "Passes of the actor's loop that stopped at their bound (max_batch messages, 8 MiB or "
+        "max_pass_s) with messages still waiting in its mailbox: the actor falls behind",
     ),
 )
 CPU_SECONDS = Figure(

@@ -98,6 +98,10 @@ class Recorder(ProcessActor):
             case ("sleep", seconds):
                 time.sleep(seconds)
                 return "slept"
+            case ("nap", seconds, label):
+                time.sleep(seconds)
+                self.seen.append(label)
+                return label
             case ("busy", path):
                 with open(path, "w") as out:
                     out.write("busy")
@@ -168,6 +172,16 @@ class Recorder(ProcessActor):
 
 class SmallMailbox(Recorder):
     max_message_bytes = 64 * 1024
+
+
+class ShortPasses(Recorder):
+    """A Recorder whose loop passes end after half a millisecond of handling; it marks
+    every ``on_idle``, after asks too."""
+
+    max_pass_s = 0.0005
+
+    def on_idle(self) -> None:
+        self.idle_marks.append(len(self.seen))
 
 
 class Mute(ProcessActor):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.actors.sample_actors import Recorder
+from tests.actors.sample_actors import Recorder, ShortPasses
 from tests.waiting import wait_for
 from warren.actors import Node, Pong
 
@@ -63,6 +63,14 @@ def test_on_idle_runs_after_the_told_messages_are_handled(node: Node) -> None:
     ref.tell_many(list(range(50)))
     ref.tell("last")
     wait_for(lambda: 51 in ref.ask("idle_marks", timeout=10))
+
+
+def test_a_pass_bound_reaches_on_idle_while_the_mailbox_stays_busy(node: Node) -> None:
+    ref = node.spawn(ShortPasses)
+    naps = [ref.ask_async(("nap", 0.001, n)) for n in range(100)]
+    assert [nap.get(timeout=30) for nap in naps] == list(range(100))
+    busy_marks = [mark for mark in ref.ask("idle_marks", timeout=10) if mark < 100]
+    assert len(busy_marks) >= 20, f"on_idle ran only after {busy_marks} of 100 naps"
 
 
 def test_call_later_runs_on_the_actors_thread_after_the_delay(node: Node) -> None:
