@@ -133,7 +133,7 @@ log = logging.getLogger("warren.queues")
 SYNC_INTERVAL_MS = 2
 # How long a queue whose mailbox stays busy handles messages between two group commits
 # (seconds): the loop's pass bound (``max_pass_s``).
-MAX_PASS_S = 0.0005
+MAX_PASS_S = 0.00025
 CONSUMER_CHECK_S = 2.0  # how often dead consumers' deliveries are requeued
 RATES_INTERVAL_S = 5.0  # RAM_DURATION_UPDATE_INTERVAL
 EXPIRY_CHECK_S = 0.25  # how often expired messages at the head are dropped
