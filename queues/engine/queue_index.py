@@ -248,11 +248,15 @@ class QueueIndex:
 
     def _refuse_other_entry_count(self) -> None:
         """Segments written with another entry count would all read as corrupt and be
-        deleted: refuse to open them instead."""
+        deleted: refuse to open them instead. The first segment whose header is usable
+        decides (one queue writes every segment with the same count); a damaged one
+        before it says nothing."""
         for segment in sorted(self.files.on_disk):
             header = self.files.read_all(segment, HEADER_BYTES)
             count = usable_entry_count(header, segment)
-            if count is not None and count != self.segment_entry_count:
+            if count is None:
+                continue
+            if count != self.segment_entry_count:
                 self._release()
                 raise ValueError(
                     f"{self.directory} holds segments of {count} entries; open "

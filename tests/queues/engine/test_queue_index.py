@@ -226,6 +226,20 @@ def test_reopening_with_another_segment_size_is_refused_and_deletes_nothing(inde
     assert segment_files(index_dir) == ["0.qi"]
 
 
+def test_another_segment_size_is_refused_even_when_the_first_segments_header_is_damaged(
+    index_dir,
+):
+    index = QueueIndex(index_dir, segment_entry_count=N)
+    for seq_id in range(2 * N):
+        index.publish(entry(seq_id))
+    index.close()
+    first = index_dir / "0.qi"
+    first.write_bytes(b"JUNK" + first.read_bytes()[4:])
+    with pytest.raises(ValueError, match="segment_entry_count=16"):
+        QueueIndex(index_dir, segment_entry_count=32)
+    assert segment_files(index_dir) == ["0.qi", "1.qi"], "nothing was deleted"
+
+
 def test_reopening_the_same_directory_many_times_keeps_its_path(index_dir):
     for _ in range(100):
         index = QueueIndex(index_dir, segment_entry_count=N)
