@@ -540,17 +540,10 @@ class Connection:
         without enqueueing it: a producer that re-sends the same messages under the same
         sequences, in increasing order, adds no duplicates (``warren.queues.broker.dedup``). Such
         a message carries no publish timestamp: every attempt must be the same bytes."""
-        self.publish_async(
-            routing_key,
-            body,
-            exchange=exchange,
-            persistent=persistent,
-            headers=headers,
-            message_id=message_id,
-            expiration_ms=expiration_ms,
-            mandatory=mandatory,
-            producer_id=producer_id,
-            sequence=sequence,
+        message = _new_message(body, message_id, headers, expiration_ms, producer_id, persistent)
+        # Sent at once, not left to linger: the call waits for it anyway.
+        self._send_message(
+            routing_key, message, exchange, mandatory, producer_id, sequence, linger=False
         ).result(timeout if timeout is not None else self.call_timeout_s)
 
     def publish_async(
@@ -569,21 +562,9 @@ class Connection:
     ) -> Confirm:
         """Publish one message; its ``Confirm``, to wait on later. ``Unroutable`` if the
         exchange routes it nowhere and ``mandatory`` (else it is dropped, confirmed)."""
-        return self.publish_message(
-            routing_key,
-            Message(
-                body,
-                message_id,
-                headers,
-                expiration_ms,
-                _stamp(producer_id),
-                None,
-                bool(persistent),
-            ),
-            exchange=exchange,
-            mandatory=mandatory,
-            producer_id=producer_id,
-            sequence=sequence,
+        message = _new_message(body, message_id, headers, expiration_ms, producer_id, persistent)
+        return self._send_message(
+            routing_key, message, exchange, mandatory, producer_id, sequence, linger=True
         )
 
     def publish_message(
@@ -597,6 +578,23 @@ class Connection:
         sequence: int | None = None,
     ) -> Confirm:
         """``publish_async`` of a ``Message`` as it is (a dead letter keeps its properties)."""
+        return self._send_message(
+            routing_key, message, exchange, mandatory, producer_id, sequence, linger=True
+        )
+
+    def _send_message(
+        self,
+        routing_key: str,
+        message: Message,
+        exchange: str,
+        mandatory: bool,
+        producer_id: str | bytes | None,
+        sequence: int | None,
+        *,
+        linger: bool,
+    ) -> Confirm:
+        """Add the message to the Publish being filled; with ``linger``, it may wait there
+        up to ``linger_s`` for others to share its frame, else the frame is sent now."""
         producer = _producer(producer_id, sequence)
         payload = self._check_size(encode(message))
         size = len(payload)
@@ -627,11 +625,11 @@ class Connection:
                     producer,
                     sequence,
                 )
-                if self.linger_s:
+                if linger and self.linger_s:
                     _flusher().watch(self, publish.started + self.linger_s)
             publish.payloads.append(payload)
             publish.bytes += size
-            if not self.linger_s:
+            if not (linger and self.linger_s):
                 self._flush()
             return Confirm(self, publish, len(publish.payloads) - 1)
 
@@ -1336,6 +1334,20 @@ def _check_timeout(value: Any, what: str, *, zero: bool = False) -> None:
     ):
         bound = ">= 0" if zero else "> 0"
         raise ValueError(f"{what} must be a finite number of seconds {bound}, got {value!r}")
+
+
+def _new_message(
+    body: bytes,
+    message_id: str | None,
+    headers: dict[str, Any] | None,
+    expiration_ms: int | None,
+    producer_id: str | bytes | None,
+    persistent: bool,
+) -> Message:
+    """What ``publish`` and ``publish_async`` send: stamped now unless deduplicated."""
+    return Message(
+        body, message_id, headers, expiration_ms, _stamp(producer_id), None, bool(persistent)
+    )
 
 
 def _stamp(producer_id: str | bytes | None) -> int | None:
