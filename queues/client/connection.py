@@ -562,9 +562,13 @@ class Connection:
     ) -> Confirm:
         """Publish one message; its ``Confirm``, to wait on later. ``Unroutable`` if the
         exchange routes it nowhere and ``mandatory`` (else it is dropped, confirmed)."""
-        message = _new_message(body, message_id, headers, expiration_ms, producer_id, persistent)
-        return self._send_message(
-            routing_key, message, exchange, mandatory, producer_id, sequence, linger=True
+        return self.publish_message(
+            routing_key,
+            _new_message(body, message_id, headers, expiration_ms, producer_id, persistent),
+            exchange=exchange,
+            mandatory=mandatory,
+            producer_id=producer_id,
+            sequence=sequence,
         )
 
     def publish_message(
