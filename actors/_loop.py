@@ -13,9 +13,14 @@ running   one poll over [control, data, wake pipe]. Each pass serves every waiti
           ``MAX_BATCH_BYTES``, and for at most the class's ``max_pass_s``): runs of
           tells go to ``on_receive_batch`` as one list, each ask to ``on_receive`` in its
           place in the order. Then ``on_idle`` if the mailbox was found empty or the pass
-          ran out of time, then due timers. A pass that stopped at a bound with messages
-          still waiting is counted (``backlogged_passes``): ZeroMQ keeps the mailbox's
-          queue and tells no length, but this says the actor falls behind.
+          had run ``max_pass_s`` when it ended (the clock is read before each further
+          message, so a run of tells delivered at the end may take longer), then due
+          timers. A pass that left messages waiting after ``max_batch`` messages or the
+          byte budget is counted (``backlogged_passes``), and so is one ended by the clock
+          once ``max_batch`` messages were taken since the mailbox was last empty: ZeroMQ
+          keeps the mailbox's queue and tells no length, but this says the actor falls
+          behind (a busy queue ends a pass on the clock every quarter of a millisecond,
+          which alone says nothing).
           FIGURES (a node's metrics) runs ``on_receive`` with the question it carries
           between two passes, ahead of the queued data, as a read of the actor's state
           now; what it raises is logged and answered None, never a crash.
@@ -210,6 +215,7 @@ class ActorLoop:
         self._stopping = False
         self._exit_code = EXIT_NORMAL
         self._injected: list[Any] = []
+        self._received_since_empty = 0  # messages taken since the mailbox was last empty
         self._posted: collections.deque[Callable[[], None]] = collections.deque()
         self._timers: list[tuple[float, int, Callable[[], None]]] = []
         self._timer_ids = itertools.count()
@@ -458,7 +464,7 @@ class ActorLoop:
         tell, batch, ask = wire.TELL, wire.BATCH, wire.ASK
         tells: list[Any] = self._injected
         self._injected = []
-        empty = timed_out = False
+        empty = False
         received = 0
         budget = wire.MAX_BATCH_BYTES
         deadline = None if self._max_pass_s is None else time.monotonic() + self._max_pass_s
@@ -466,7 +472,6 @@ class ActorLoop:
             if budget < 0:
                 break
             if deadline is not None and received and time.monotonic() >= deadline:
-                timed_out = True
                 break
             try:
                 identity = recv(noblock)
@@ -513,8 +518,17 @@ class ActorLoop:
         self.counters["received"] += received
         if tells:
             self._deliver(tells)
-        if not empty and not self._stopping and self._data.poll(0, zmq.POLLIN):
+        # The pass ended at a bound (the byte budget, max_batch or the clock) or stopped.
+        timed_out = not empty and deadline is not None and time.monotonic() >= deadline
+        self._received_since_empty = 0 if empty else self._received_since_empty + received
+        if (
+            not empty
+            and not self._stopping
+            and (not timed_out or self._received_since_empty >= self._max_batch)
+            and self._data.poll(0, zmq.POLLIN)
+        ):
             self.counters["backlogged_passes"] += 1
+            self._received_since_empty = 0
         if (empty or timed_out) and self._delivered_since_idle and not self._stopping:
             self._delivered_since_idle = False
             self._guard(self.actor.on_idle)

@@ -17,8 +17,8 @@ thread, one at a time:
   ``ref.stats()``); any other exception raised for a tell crashes the actor:
   ``on_failure`` runs and the process exits with ``EXIT_CRASHED``.
 - ``on_idle()`` runs whenever the loop has drained its mailbox after delivering messages
-  (the moment for a store to flush its group commit), and after a pass that handled
-  messages for ``max_pass_s`` when the class sets it (a busy mailbox never empties).
+  (the moment for a store to flush its group commit), and after a pass that had run
+  ``max_pass_s`` when it ended, when the class sets it (a busy mailbox never empties).
 - ``on_peer_gone(pid)`` runs when the last connection process ``pid`` held to the data
   mailbox closed, after everything it sent was handled (``warren.actors.peers``: only
   for ``ipc://`` mailboxes, and only for actors that override it). The pid may name a
@@ -100,9 +100,10 @@ class ProcessActor:
     mailbox_size: ClassVar[int] = wire.DEFAULT_MAILBOX_SIZE
     # Messages drained from the mailbox in one loop pass (a batch is at most this long).
     max_batch: ClassVar[int] = 1024
-    # Longest a loop pass handles messages (seconds), or None for no bound but the above.
-    # A pass that reaches it ends as one that emptied the mailbox does, with ``on_idle``:
-    # the most a busy actor's group commit waits for the mailbox to empty.
+    # Longest a loop pass takes messages (seconds; the clock is read before each further
+    # one), or None for no bound but the above. A pass that ends past it ends as one that
+    # emptied the mailbox does, with ``on_idle``: the most a busy actor's group commit
+    # waits for the mailbox to empty.
     max_pass_s: ClassVar[float | None] = None
     # Largest message accepted, all frames together (bytes); larger ones are refused.
     max_message_bytes: ClassVar[int] = wire.MAX_MESSAGE_BYTES
@@ -143,7 +144,7 @@ class ProcessActor:
 
     def on_idle(self) -> None:
         """Called after the loop delivered messages and found the mailbox empty, or
-        handled them for ``max_pass_s``."""
+        after a pass that had run ``max_pass_s``."""
 
     def on_peer_gone(self, pid: int) -> None:
         """Process ``pid`` closed its last connection to this actor's mailbox, and all it

@@ -420,8 +420,9 @@ ACTOR_COUNTERS = (
     Figure(
         "warren_actor_mailbox_backlogged_passes",
         "backlogged_passes",
-        "Passes of the actor's loop that stopped at their bound (max_batch messages, 8 MiB or "
-        "max_pass_s) with messages still waiting in its mailbox: the actor falls behind",
+        "Passes of the actor's loop that left messages waiting in its mailbox after max_batch "
+        "messages or 8 MiB, or after max_batch messages since it was last empty: the actor "
+        "falls behind",
     ),
 )
 CPU_SECONDS = Figure(

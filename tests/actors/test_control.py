@@ -73,6 +73,28 @@ def test_a_pass_bound_reaches_on_idle_while_the_mailbox_stays_busy(node: Node) -
     assert len(busy_marks) >= 20, f"on_idle ran only after {busy_marks} of 100 naps"
 
 
+def test_a_pass_ended_by_its_byte_budget_after_the_pass_bound_reaches_on_idle(
+    node: Node,
+) -> None:
+    ref = node.spawn(ShortPasses)
+    big = b"x" * (9 * 2**20)  # over the 8 MiB a pass takes: one message a pass
+    naps = [ref.ask_async(("nap", 0.002, big)) for _ in range(5)]
+    for nap in naps:
+        nap.get(timeout=30)
+    busy_marks = [mark for mark in ref.ask("idle_marks", timeout=10) if mark < 5]
+    assert len(busy_marks) >= 3, f"on_idle ran only after {busy_marks} of 5 naps"
+
+
+def test_passes_ended_by_the_pass_bound_are_not_counted_as_falling_behind(
+    node: Node,
+) -> None:
+    ref = node.spawn(ShortPasses)
+    naps = [ref.ask_async(("nap", 0.001, n)) for n in range(100)]
+    for nap in naps:
+        nap.get(timeout=30)
+    assert ref.stats(timeout=10)["backlogged_passes"] == 0
+
+
 def test_call_later_runs_on_the_actors_thread_after_the_delay(node: Node) -> None:
     ref = node.spawn(Recorder)
     assert ref.ask(("remind_me", 0.05, "reminder"), timeout=10) == "scheduled"
