@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from tests.actors.sample_actors import Recorder, ShortPasses
 from tests.waiting import wait_for
-from warren.actors import Node, Pong
+from warren.actors import ActorRef, Node, Pong
 
 
 def test_a_heartbeat_is_answered_ahead_of_a_long_data_backlog(node: Node) -> None:
@@ -65,33 +67,37 @@ def test_on_idle_runs_after_the_told_messages_are_handled(node: Node) -> None:
     wait_for(lambda: 51 in ref.ask("idle_marks", timeout=10))
 
 
+def nap_through(ref: ActorRef, labels: Iterable[object], seconds: float) -> list[object]:
+    """Ask ``ref`` for a nap of ``seconds`` per label, all queued at once; the answers."""
+    naps = [ref.ask_async(("nap", seconds, label)) for label in labels]
+    return [nap.get(timeout=30) for nap in naps]
+
+
+def idle_marks_while_busy(ref: ActorRef, naps: int) -> list[int]:
+    """Where a ``ShortPasses`` ran ``on_idle`` before its last nap was handled."""
+    return [mark for mark in ref.ask("idle_marks", timeout=10) if mark < naps]
+
+
 def test_a_pass_bound_reaches_on_idle_while_the_mailbox_stays_busy(node: Node) -> None:
     ref = node.spawn(ShortPasses)
-    naps = [ref.ask_async(("nap", 0.001, n)) for n in range(100)]
-    assert [nap.get(timeout=30) for nap in naps] == list(range(100))
-    busy_marks = [mark for mark in ref.ask("idle_marks", timeout=10) if mark < 100]
-    assert len(busy_marks) >= 20, f"on_idle ran only after {busy_marks} of 100 naps"
+    assert nap_through(ref, range(100), 0.001) == list(range(100))
+    marks = idle_marks_while_busy(ref, 100)
+    assert len(marks) >= 20, f"on_idle ran only after {marks} of 100 naps"
 
 
 def test_a_pass_ended_by_its_byte_budget_after_the_pass_bound_reaches_on_idle(
     node: Node,
 ) -> None:
     ref = node.spawn(ShortPasses)
-    big = b"x" * (9 * 2**20)  # over the 8 MiB a pass takes: one message a pass
-    naps = [ref.ask_async(("nap", 0.002, big)) for _ in range(5)]
-    for nap in naps:
-        nap.get(timeout=30)
-    busy_marks = [mark for mark in ref.ask("idle_marks", timeout=10) if mark < 5]
-    assert len(busy_marks) >= 3, f"on_idle ran only after {busy_marks} of 5 naps"
+    nap_through(ref, [b"x" * (9 * 2**20)] * 5, 0.002)  # over the 8 MiB a pass takes
+    assert len(idle_marks_while_busy(ref, 5)) >= 3
 
 
 def test_passes_ended_by_the_pass_bound_are_not_counted_as_falling_behind(
     node: Node,
 ) -> None:
     ref = node.spawn(ShortPasses)
-    naps = [ref.ask_async(("nap", 0.001, n)) for n in range(100)]
-    for nap in naps:
-        nap.get(timeout=30)
+    nap_through(ref, range(100), 0.001)
     assert ref.stats(timeout=10)["backlogged_passes"] == 0
 
 
