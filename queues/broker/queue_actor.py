@@ -12,10 +12,11 @@ Messages accepted (``warren.queues.protocol``), and what each gets back:
                                      group commit when the mailbox is empty or after
                                      ``MAX_PASS_S`` of handling it still is not, at the
                                      latest ``sync_interval_ms`` later while shared-store
-                                     writes are unsettled. With a producer, repeats of sequences
-                                     it already took are dropped (and counted as taken),
-                                     and its publishes are answered in order, once its
-                                     producer log names them (``warren.queues.broker.dedup``)
+                                     writes are unsettled. With a producer, repeats of
+                                     sequences it already took are dropped (and counted
+                                     as taken), and its publishes are answered in order,
+                                     once its producer log names them
+                                     (``warren.queues.broker.dedup``)
     Fetch(consumer, pid, count, ack_required)
                                    → up to ``count`` Delivered; those needing an ack are
                                      held for ``consumer`` (its process ``pid``)
