@@ -12,7 +12,13 @@ searches, never a byte-by-byte Python loop:
   can still begin (this finds a record whose size has leading zeros right after a hole);
 - a candidate is a record when ``size >= 16``, the record fits in the file, and its last
   byte is 0xFF. A size field pointing past the end of the file, even by one byte, is not a
-  record, so a fake header near the end never hides the real records after it.
+  record, so a fake header near the end never hides the real records after it;
+- of those seven offsets after a zero run, more than one can pass: one byte before a record
+  of 4 KiB or more, the zero byte and the first seven bytes of its size field read as a
+  size 256 times smaller, a candidate inside the record's body that passes whenever the
+  body holds 0xFF at its end (one time in 256). So a candidate there must also be followed
+  by what follows a record (the end of the file, zeros, or another record), or a later
+  offset of the seven that is must win; only when none is does the first candidate stand.
 
 Every record found is reported, duplicates of one msg_id included: the store writes an id
 again after its count reached 0, and recovery keeps the last copy (highest file, then
@@ -61,10 +67,18 @@ def scan_buffer(buf: bytes | mmap.mmap) -> ScanResult:
     length = len(buf)
     pos = 0
     gap_start = -1
+    zero_run_end = -1  # after a zero run, its first non-zero byte
     while pos + RECORD_OVERHEAD <= length:
         (size,) = unpack_size(buf, pos)
         end = pos + size + 9
         if size >= 16 and end <= length and buf[end - 1] == OK_MARKER:
+            if pos < zero_run_end and not _followed_like_a_record(buf, end):
+                for later in range(pos + 1, zero_run_end):
+                    later_end = _record_end(buf, later)
+                    if later_end and _followed_like_a_record(buf, later_end):
+                        pos, end = later, later_end
+                        break
+            zero_run_end = -1
             if gap_start >= 0:
                 _note_gap(buf, gap_start, pos, result.damaged)
                 gap_start = -1
@@ -80,7 +94,8 @@ def scan_buffer(buf: bytes | mmap.mmap) -> ScanResult:
             if non_zero is None:
                 pos = length
                 break
-            pos = max(pos + 1, non_zero.start() - 7)
+            zero_run_end = non_zero.start()
+            pos = max(pos + 1, zero_run_end - 7)
             continue
         pos = find(_RECORD_START, pos + 1)
         if pos < 0:
@@ -108,6 +123,24 @@ def scan_file(path: str | os.PathLike, *, mapped: bool = True) -> ScanResult:
         with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as view:
             view.madvise(mmap.MADV_SEQUENTIAL)
             return scan_buffer(view)
+
+
+def _record_end(buf: bytes | mmap.mmap, pos: int) -> int:
+    """The end of the record starting at ``pos``, or 0 where none does."""
+    if pos + RECORD_OVERHEAD > len(buf):
+        return 0
+    (size,) = SIZE_FIELD.unpack_from(buf, pos)
+    end = pos + size + 9
+    if size >= 16 and end <= len(buf) and buf[end - 1] == OK_MARKER:
+        return end
+    return 0
+
+
+def _followed_like_a_record(buf: bytes | mmap.mmap, end: int) -> bool:
+    """Whether what stands at ``end`` can follow a record: the end of the file, zeros up to
+    it or for a whole size field, or another record."""
+    tail = buf[end : end + SIZE_FIELD.size]
+    return not any(tail) or bool(_record_end(buf, end))
 
 
 def _note_gap(buf: bytes | mmap.mmap, start: int, end: int, damaged: list[tuple[int, int]]) -> None:

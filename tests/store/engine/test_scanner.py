@@ -114,6 +114,32 @@ def test_a_record_right_after_a_zero_byte_with_a_leading_zero_size_is_found_at_o
     assert found(b"\x00" + encode_record(msg_id(5), payload)) == [(msg_id(5), 1, len(payload) + 25)]
 
 
+def a_body_that_fakes_a_record_one_byte_early(size: int) -> bytes:
+    """A random body of ``size`` bytes whose record, read from one byte before its start,
+    has a size field 256 times smaller that ends on a 0xFF in the body."""
+    fake_size = (size + 16) >> 8
+    body = bytearray(os.urandom(size))
+    body[fake_size - 17] = 0xFF  # the fake's last byte: 24 header bytes in, one back
+    return bytes(body)
+
+
+@pytest.mark.parametrize("size", [5000, 100 * KIB, MIB])
+@pytest.mark.parametrize(
+    ("after", "found_after"),
+    [(b"", []), (bytes(KIB), []), (record(3), [msg_id(3)])],
+    ids=["end-of-file", "zeros", "a-record"],
+)
+def test_a_record_after_zeros_is_not_hidden_by_a_shorter_record_its_body_fakes(
+    size, after, found_after
+):
+    real = encode_record(msg_id(1), a_body_that_fakes_a_record_one_byte_early(size))
+    buf = bytes(KIB) + real + after
+    fake_size = (size + 16) >> 8
+    assert fake_size >= 16 and buf[KIB - 1 + fake_size + 8] == 0xFF  # a record by its bytes
+    assert [ident for ident, _, _ in found(buf)] == [msg_id(1), *found_after]
+    assert found(buf)[0] == (msg_id(1), KIB, size + 25)
+
+
 @pytest.mark.parametrize("past_end", range(1, 10))
 def test_a_fake_size_header_near_a_4mib_boundary_does_not_hide_the_record_after_it(past_end):
     real = record(11)
