@@ -50,7 +50,10 @@ from functools import partial
 import psutil
 
 from warren.queues import Message, VariableQueue, encode
-from warren.queues.engine.variable_queue import EMBED_MSGS_BELOW, stop_automatic_full_collections
+from warren.queues.engine.variable_queue import (
+    EMBED_MSGS_BELOW,
+    collect_only_the_young_automatically,
+)
 from warren.store import LocalStoreClient, MessageStore
 
 from .bench_store import drop_cache
@@ -172,7 +175,7 @@ def queue_pass(
     queue = stores.open_queue(lazy)
     count = confirmed = 0
     drain = None
-    collector = stop_automatic_full_collections()  # as the queue's own process runs
+    collector = collect_only_the_young_automatically()  # as the queue's own process runs
     try:
         with Stopwatch() as publishes:
             if batch is None:

@@ -109,7 +109,7 @@ __all__ = [
     "MessageInfo",
     "SharedStoreClient",
     "VariableQueue",
-    "stop_automatic_full_collections",
+    "collect_only_the_young_automatically",
 ]
 
 log = logging.getLogger("warren.queues")
@@ -121,16 +121,18 @@ TERMS_FILE = "recovery.json"
 TERMS_VERSION = 1
 RATE_SMOOTHING = 0.5  # weight of the newest rate sample
 WRITE_BATCH = 1024  # persistent publishes held before they are handed to store and index
-_NO_AUTOMATIC_FULL_COLLECTION = 2**31 - 1  # the oldest generation's collection threshold
+_NO_AUTOMATIC_COLLECTION = 2**31 - 1  # an older generation's collection threshold
 
 
-def stop_automatic_full_collections() -> tuple[int, int, int]:
-    """Turn off this process's automatic full garbage collections, as a process holding a
-    large ``VariableQueue`` runs (a full collection walks every ``MsgStatus``: the queue
-    process's docstring, ``warren.queues.broker.queue_actor``, says why and when it
-    collects instead); the thresholds before, for ``gc.set_threshold`` to restore."""
+def collect_only_the_young_automatically() -> tuple[int, int, int]:
+    """Leave this process's automatic garbage collections to the youngest generation, as a
+    process holding a large ``VariableQueue`` runs: what outlives one collection waits for
+    a full one the process runs itself (a collection of an older generation walks every
+    ``MsgStatus`` that reached it: the queue process's docstring,
+    ``warren.queues.broker.queue_actor``, says why and when it collects instead); the
+    thresholds before, for ``gc.set_threshold`` to restore."""
     before = gc.get_threshold()
-    gc.set_threshold(before[0], before[1], _NO_AUTOMATIC_FULL_COLLECTION)
+    gc.set_threshold(before[0], _NO_AUTOMATIC_COLLECTION, _NO_AUTOMATIC_COLLECTION)
     return before
 
 
