@@ -23,8 +23,10 @@ run: $(INSTALLED)
 	$(PY) examples/demo.py
 
 # pytest exits 5 when it collects no test; make fails on any non-zero exit.
+# One worker per core, each taking whole test modules (a module's Spark session is
+# started once): the suite's tests mostly wait on processes, sockets and disks.
 test: lint
-	$(PY) -m pytest tests
+	$(PY) -m pytest -n auto --dist loadfile tests
 
 # mypy checks the installed ``warren`` package, which exists only under setup.py's mapping
 # of the part folders; build/typecheck lays that mapping out as links for it to read.

@@ -52,6 +52,7 @@ setup(
             "mypy>=1.10",
             "pytest>=7.4,<10",
             "pytest-timeout>=2.2,<3",
+            "pytest-xdist>=3.5,<4",
             "ruff>=0.6",
         ],
         # Spark executors as producers and readers (warren.queues.client.spark and

@@ -12,9 +12,12 @@ processes of other programs and other test runs on the machine are never judged 
 """
 
 import os
+import shutil
 import subprocess
+import tempfile
 import time
 import uuid
+from pathlib import Path
 
 import psutil
 import pytest
@@ -87,6 +90,18 @@ def no_process_survives_the_test():
             pass
     psutil.wait_procs(survivors, timeout=GRACE_SECONDS)
     pytest.fail(f"processes outlived the test: {described}")
+
+
+@pytest.fixture
+def short_tmp_path():
+    """A temporary directory with a short path, for tests whose nodes make their unix
+    sockets under it (a socket path is limited to 107 bytes, and ``tmp_path`` under a
+    parallel run's worker directory can come near that); removed at the end."""
+    path = tempfile.mkdtemp(prefix="wt-")
+    try:
+        yield Path(path)
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture

@@ -82,10 +82,12 @@ NODE_PROGRAM = textwrap.dedent("""
 """)
 
 
-def test_the_next_node_removes_the_runtime_directory_of_a_sigkilled_node(tmp_path: Path) -> None:
-    script = tmp_path / "node_program.py"
+def test_the_next_node_removes_the_runtime_directory_of_a_sigkilled_node(
+    short_tmp_path: Path,
+) -> None:
+    script = short_tmp_path / "node_program.py"
     script.write_text(NODE_PROGRAM)
-    runs = tmp_path / "runs"  # the temporary directory both nodes use
+    runs = short_tmp_path / "runs"  # the temporary directory both nodes use
     runs.mkdir()
     env = {**os.environ, "TMPDIR": str(runs), "PYTHONPATH": str(ROOT)}
     env.pop("XDG_RUNTIME_DIR", None)

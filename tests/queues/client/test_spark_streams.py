@@ -331,7 +331,9 @@ def test_a_node_that_stays_down_fails_the_task_naming_its_offsets(tmp_path):
 
 
 @pytest.mark.timeout(480)  # three Spark sessions start in turn: the loader and two drivers
-def test_the_stream_pipeline_example_counts_every_event_once_through_a_killed_driver(tmp_path):
+def test_the_stream_pipeline_example_counts_every_event_once_through_a_killed_driver(
+    short_tmp_path,
+):
     """The example end to end at a small size: it exits non-zero on any loss or repeat."""
     example = Path(__file__).resolve().parents[3] / "examples" / "spark_stream_pipeline.py"
     run = subprocess.Popen(
@@ -341,7 +343,7 @@ def test_the_stream_pipeline_example_counts_every_event_once_through_a_killed_dr
         stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,
-        env={**os.environ, "TMPDIR": str(tmp_path)},
+        env={**os.environ, "TMPDIR": str(short_tmp_path)},
     )
     try:
         output, _ = run.communicate(timeout=600)
