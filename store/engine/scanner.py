@@ -16,9 +16,16 @@ searches, never a byte-by-byte Python loop:
 - of those seven offsets after a zero run, more than one can pass: one byte before a record
   of 4 KiB or more, the zero byte and the first seven bytes of its size field read as a
   size 256 times smaller, a candidate inside the record's body that passes whenever the
-  body holds 0xFF at its end (one time in 256). So a candidate there must also be followed
-  by what follows a record (the end of the file, zeros, or another record), or a later
-  offset of the seven that is must win; only when none is does the first candidate stand.
+  body holds 0xFF at its end (one time in 256); one byte after a record's start, its size
+  field read with a byte of its id passes as often where the file is long enough. The
+  bytes cannot tell which reading is the record, so what follows each decides: the end
+  of the file, another record or the header of a torn one (a crash's last append) are
+  what follows a real record; zeros (a hole, or a body's own zeros) less surely; other
+  bytes not at all. The first candidate stands unless a later one of the seven is
+  followed by something more telling than it is. Left ambiguous, and then decided for
+  the wrong reading about once in 256: a record after a hole followed by damaged bytes
+  whose shifted reading ends before zeros, and a body of zeros around the shorter
+  reading's end whose record is itself followed by zeros.
 
 Every record found is reported, duplicates of one msg_id included: the store writes an id
 again after its count reached 0, and recovery keeps the last copy (highest file, then
@@ -33,7 +40,7 @@ import re
 from array import array
 from dataclasses import dataclass, field
 
-from .records import HEADER_BYTES, OK_MARKER, RECORD_OVERHEAD, SIZE_FIELD
+from .records import HEADER_BYTES, MAX_BODY_BYTES, OK_MARKER, RECORD_OVERHEAD, SIZE_FIELD
 
 _NON_ZERO = re.compile(rb"[^\x00]")
 _RECORD_START = b"\x00\x00\x00"
@@ -72,12 +79,8 @@ def scan_buffer(buf: bytes | mmap.mmap) -> ScanResult:
         (size,) = unpack_size(buf, pos)
         end = pos + size + 9
         if size >= 16 and end <= length and buf[end - 1] == OK_MARKER:
-            if pos < zero_run_end and not _followed_like_a_record(buf, end):
-                for later in range(pos + 1, zero_run_end):
-                    later_end = _record_end(buf, later)
-                    if later_end and _followed_like_a_record(buf, later_end):
-                        pos, end = later, later_end
-                        break
+            if pos < zero_run_end:
+                pos, end = _likeliest_reading(buf, pos, end, zero_run_end)
             zero_run_end = -1
             if gap_start >= 0:
                 _note_gap(buf, gap_start, pos, result.damaged)
@@ -136,11 +139,44 @@ def _record_end(buf: bytes | mmap.mmap, pos: int) -> int:
     return 0
 
 
-def _followed_like_a_record(buf: bytes | mmap.mmap, end: int) -> bool:
-    """Whether what stands at ``end`` can follow a record: the end of the file, zeros up to
-    it or for a whole size field, or another record."""
-    tail = buf[end : end + SIZE_FIELD.size]
-    return not any(tail) or bool(_record_end(buf, end))
+# What stands where a candidate record ends, from the least to the most telling of a record
+# boundary: bytes no record leaves behind, zeros (a hole, or a body's own zeros), then the
+# end of the file, another record, or the header of a torn record (a crash's last append).
+_NOT_A_BOUNDARY, _ZEROS, _A_BOUNDARY = 0, 1, 2
+_MAX_SIZE_FIELD = 16 + MAX_BODY_BYTES
+
+
+def _what_follows(buf: bytes | mmap.mmap, end: int) -> int:
+    """How much what stands at ``end`` looks like what follows a record."""
+    head = buf[end : end + SIZE_FIELD.size]
+    if len(head) < SIZE_FIELD.size:
+        # the end of the file, or a size field cut short: it starts with three zeros
+        return _A_BOUNDARY if not any(head[:3]) else _NOT_A_BOUNDARY
+    (size,) = SIZE_FIELD.unpack(head)
+    if size == 0:
+        return _ZEROS
+    if not 16 <= size <= _MAX_SIZE_FIELD:
+        return _NOT_A_BOUNDARY
+    record_end = end + size + 9
+    if record_end > len(buf) or buf[record_end - 1] == OK_MARKER:
+        return _A_BOUNDARY  # a torn last record, or a whole one
+    return _NOT_A_BOUNDARY
+
+
+def _likeliest_reading(
+    buf: bytes | mmap.mmap, first: int, first_end: int, zero_run_end: int
+) -> tuple[int, int]:
+    """Of the records that the offsets from ``first`` (a record ending at ``first_end``)
+    up to ``zero_run_end`` (the first non-zero byte after a hole) can start, the (start,
+    end) to take: the first, unless a later one is followed by something more telling."""
+    follows = _what_follows(buf, first_end)
+    if follows == _A_BOUNDARY:
+        return first, first_end
+    for later in range(first + 1, zero_run_end):
+        later_end = _record_end(buf, later)
+        if later_end and _what_follows(buf, later_end) > follows:
+            return later, later_end
+    return first, first_end
 
 
 def _note_gap(buf: bytes | mmap.mmap, start: int, end: int, damaged: list[tuple[int, int]]) -> None:

@@ -140,6 +140,33 @@ def test_a_record_after_zeros_is_not_hidden_by_a_shorter_record_its_body_fakes(
     assert found(buf)[0] == (msg_id(1), KIB, size + 25)
 
 
+@pytest.mark.parametrize("cut", [5, 30, 60])
+def test_a_record_after_zeros_before_a_torn_one_stays_the_last_whole_record(cut):
+    # A crash's current file: a hole, a record whose body fakes a shorter one, then the
+    # start of the next append.
+    real = encode_record(msg_id(1), a_body_that_fakes_a_record_one_byte_early(5000))
+    torn = record(2)[:cut]
+    result = scan_buffer(bytes(KIB) + real + torn)
+    assert result.records == [(msg_id(1), KIB, 5025)]
+    assert result.end_of_records == KIB + len(real)  # what recovery keeps of the file
+
+
+@pytest.mark.parametrize("after", [b"", record(3)], ids=["end-of-file", "a-record"])
+def test_a_record_after_zeros_whose_body_is_zeros_around_a_shorter_reading_is_found(after):
+    size = 5000
+    body = bytearray(size)
+    body[((size + 16) >> 8) - 17] = 0xFF  # the shorter reading's last byte, zeros after
+    buf = bytes(KIB) + encode_record(msg_id(1), bytes(body)) + after
+    assert found(buf)[0] == (msg_id(1), KIB, size + 25)
+
+
+def test_a_record_after_zeros_followed_by_damage_is_kept_and_the_damage_reported():
+    real = record(1)
+    result = scan_buffer(bytes(KIB) + real + b"\xab" * 9 + record(2))
+    assert [ident for ident, _, _ in result.records] == [msg_id(1), msg_id(2)]
+    assert result.damaged == [(KIB + len(real), 9)]
+
+
 @pytest.mark.parametrize("past_end", range(1, 10))
 def test_a_fake_size_header_near_a_4mib_boundary_does_not_hide_the_record_after_it(past_end):
     real = record(11)
