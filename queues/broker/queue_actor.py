@@ -61,10 +61,10 @@ expiry behind a head without one wait for a fetch, as RabbitMQ's wait to reach t
 republished there (``warren.queues.broker.dead_letters``) and acked here once confirmed
 there.
 
-Garbage collection: the queue leaves Python's automatic collections in its process to
-the youngest generation and runs a full one itself at most every
-``FULL_COLLECTION_EVERY_S`` (counted from its start too), on the rates tick, when objects
-have outlived a young collection since the last. A collection of an older generation
+Garbage collection: the queue leaves Python's automatic collections in its process to the
+youngest generation and runs a full one itself at most every ``FULL_COLLECTION_EVERY_S``
+(counted from its start too), on the rates tick, when a young collection has run since
+the last (what a young one leaves waits for it). A collection of an older generation
 walks every object the collector tracks there, and a queue holds one ``MsgStatus`` per
 message in RAM: the automatic full ones (each time the oldest generation has grown by a
 quarter) cost a queue taking ``publish_many`` batches of 100 into a growing backlog a

@@ -16,18 +16,18 @@ asked of the connection (a wait for a confirm included), or, for a producer that
 calling, by a flusher thread once it is ``linger_s`` (2 ms) old. That thread is the only
 one besides the user's: it sends on the user's thread's channel, under the connection's
 lock, which every call that uses the transport holds, so what a connection sends keeps
-the order of its calls. A ``publish_async`` that sent the frame before its own yields
-the processor (``sched_yield``) once it has let go of the connection: a producer calling
-in a loop keeps its core, and on a machine whose cores are all busy a thread woken to
-carry a frame or a confirm (this process's ZeroMQ I/O thread, a queue's, another
-client's) otherwise waits for the scheduler's next tick, 4 ms at 250 Hz: measured under
-a window-1,000 producer on two cores, another publisher's confirm p99 4.6–6.0 → 3.4–4.3
-ms at the same rates. The call costs under a microsecond where nothing else waits.
-At most ``max_in_flight``
-messages (4000, RabbitMQ's credit) or ``max_in_flight_bytes`` (32 MiB) are unconfirmed
-per connection, in at most ``MAX_IN_FLIGHT_REQUESTS`` publishes: a publish beyond that
-waits for the oldest confirms first. While the node's memory or disk alarm is raised
-(``blocked``), a publish waits, up to ``call_timeout_s``, then raises ``Blocked``.
+the order of its calls. A publish that sent the frame being filled before adding its
+message yields the processor (``sched_yield``) once it has let go of the connection: a
+producer calling in a loop keeps its core, and on a machine whose cores are all busy a
+thread woken to carry a frame or a confirm (this process's ZeroMQ I/O thread, a queue's,
+another client's) otherwise waits for the scheduler's next tick, 4 ms at 250 Hz: measured
+under a window-1,000 producer on two cores, another publisher's confirm p99 4.6–6.0 →
+3.4–4.3 ms at the same rates. The call costs under a microsecond where nothing else
+waits. At most ``max_in_flight`` messages (4000, RabbitMQ's credit) or
+``max_in_flight_bytes`` (32 MiB) are unconfirmed per connection, in at most
+``MAX_IN_FLIGHT_REQUESTS`` publishes: a publish beyond that waits for the oldest confirms
+first. While the node's memory or disk alarm is raised (``blocked``), a publish waits, up
+to ``call_timeout_s``, then raises ``Blocked``.
 
 Consumers fetch: ``get`` takes one message; ``consume(queue, prefetch=N)`` iterates,
 holding at most N deliveries unacked. Every delivery awaiting an ack is this
