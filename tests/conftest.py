@@ -4,11 +4,15 @@ The check runs after each test: any descendant of the test process that appeared
 the test (but not one a process already running before it started: a module fixture's
 Spark JVM forks its Python workers as it needs them, and the fixture stops them all), and
 any Warren process (titled ``warren: ...``) of this test run that appeared during it even
-if orphaned since (a forkserver whose node was killed is re-parented away from us), still
+if orphaned since (an actor whose forkserver died is re-parented away from us), still
 alive a few seconds later fails the test, and is killed so that one leak does not cascade
-into the tests after it. "Of this test run": its environment carries this run's
-``RUN_MARKER`` (every process the suite starts inherits it), so the Warren
-processes of other programs and other test runs on the machine are never judged or killed.
+into the tests after it. "Of this test run": the suite points ``XDG_RUNTIME_DIR`` at a
+directory of its own (``RUN_DIR``, one per pytest process), so every node it starts, here
+or in a child that inherits the environment, makes its ipc runtime directory there; a
+Warren process with a socket under it is this run's, wherever it was re-parented to. The
+Warren processes of other programs and other test runs on the machine (other workers of
+a parallel run included) are never judged or killed. (A process's environment cannot tell:
+a titled process's ``/proc/<pid>/environ`` holds its title now.)
 """
 
 import os
@@ -16,36 +20,39 @@ import shutil
 import subprocess
 import tempfile
 import time
-import uuid
 from pathlib import Path
 
 import psutil
 import pytest
 
+pytest_plugins = ["pytester"]
+
 GRACE_SECONDS = 5.0
-RUN_MARKER = "WARREN_TEST_RUN"
-os.environ[RUN_MARKER] = uuid.uuid4().hex
+# Short: a node takes XDG_RUNTIME_DIR for its runtime directory only under 40 characters.
+RUN_DIR = tempfile.mkdtemp(prefix="wr-")
+os.environ["XDG_RUNTIME_DIR"] = RUN_DIR
 
 
 def _ours(process: psutil.Process) -> bool:
+    """Whether a Warren process is this run's: a socket of it is under ``RUN_DIR``."""
     try:
-        return process.environ().get(RUN_MARKER) == os.environ[RUN_MARKER]
+        sockets = process.net_connections(kind="unix")
     except psutil.Error:
         return False  # gone, or not ours to read
+    return any(socket.laddr.startswith(RUN_DIR + os.sep) for socket in sockets)
 
 
-def _watched() -> dict[int, psutil.Process]:
-    found = {p.pid: p for p in psutil.Process().children(recursive=True)}
-    for process in psutil.process_iter(["cmdline"]):
-        cmdline = process.info["cmdline"] or []
-        if (
-            cmdline
-            and cmdline[0].startswith("warren: ")
-            and process.pid not in found
-            and _ours(process)
-        ):
-            found[process.pid] = process
-    return found
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    shutil.rmtree(RUN_DIR, ignore_errors=True)  # and what SIGKILLed nodes left there
+
+
+def _warren_processes() -> dict[int, psutil.Process]:
+    """Every process titled ``warren: ...`` on the machine, this run's or not."""
+    return {
+        process.pid: process
+        for process in psutil.process_iter(["cmdline"])
+        if (process.info["cmdline"] or [""])[0].startswith("warren: ")
+    }
 
 
 def _alive(process: psutil.Process) -> bool:
@@ -66,18 +73,32 @@ def _started_by_a_fixture(process: psutil.Process, before: set[int]) -> bool:
     return any(a.pid in before and a.pid != me for a in ancestors)
 
 
+def _survivors(before: set[int]) -> list[psutil.Process]:
+    """The live processes not in ``before`` that the test had to stop: its descendants
+    (but a fixture's), and this run's Warren processes wherever they were re-parented."""
+    descendants = {p.pid: p for p in psutil.Process().children(recursive=True)}
+    new = [
+        p
+        for pid, p in descendants.items()
+        if pid not in before and not _started_by_a_fixture(p, before)
+    ]
+    new += [
+        p
+        for pid, p in _warren_processes().items()
+        if pid not in before and pid not in descendants and _ours(p)
+    ]
+    return [p for p in new if _alive(p)]
+
+
 @pytest.fixture(autouse=True)
 def no_process_survives_the_test():
-    before = set(_watched())
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    before |= set(_warren_processes())
     yield
     deadline = time.monotonic() + GRACE_SECONDS
     survivors = []
     while time.monotonic() < deadline:
-        survivors = [
-            p
-            for pid, p in _watched().items()
-            if pid not in before and _alive(p) and not _started_by_a_fixture(p, before)
-        ]
+        survivors = _survivors(before)
         if not survivors:
             return
         time.sleep(0.05)
