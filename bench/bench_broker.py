@@ -19,7 +19,7 @@ API, against the bare one-hop pipeline measured in the same run.
   queue's process, over the 1 KiB ``publish_async`` run and the ``publish_many`` run of
   100 a call;
 - ``publish_many`` of 100 bodies a call (each call waits for its confirm, so every 100
-  messages pay a round trip and the queue's two fdatasyncs), and of every body in one
+  messages pay a round trip and the queue's fdatasync), and of every body in one
   call (sent in Publishes of up to 500, pipelined in the connection's window);
 - four producer processes into four queues at once;
 - confirm latency (one ``publish`` at a time) and end-to-end latency (publish, then get
