@@ -346,7 +346,12 @@ def test_the_stream_pipeline_example_counts_every_event_once_through_a_killed_dr
         env={**os.environ, "TMPDIR": str(short_tmp_path)},
     )
     try:
-        output, _ = run.communicate(timeout=600)
+        # under the test's timeout, so that a hang fails here with what the example said
+        output, _ = run.communicate(timeout=420)
+    except subprocess.TimeoutExpired:
+        os.killpg(run.pid, signal.SIGKILL)
+        output, _ = run.communicate()
+        pytest.fail(f"the example did not finish in 420 s; its output ended:\n{output[-3000:]}")
     finally:
         # the example's group: its own process, its Spark JVMs and their workers
         with contextlib.suppress(ProcessLookupError):
