@@ -61,20 +61,21 @@ expiry behind a head without one wait for a fetch, as RabbitMQ's wait to reach t
 republished there (``warren.queues.broker.dead_letters``) and acked here once confirmed
 there.
 
-Garbage collection: the queue leaves Python's automatic collections in its process to the
-youngest generation and runs a full one itself at most every ``FULL_COLLECTION_EVERY_S``
-(counted from its start too), on the rates tick, when a young collection has run since
-the last (what a young one leaves waits for it). A collection of an older generation
-walks every object the collector tracks there, and a queue holds one ``MsgStatus`` per
-message in RAM: the automatic full ones (each time the oldest generation has grown by a
-quarter) cost a queue taking ``publish_many`` batches of 100 into a growing backlog a
-tenth of its CPU, three pauses of about 55 ms by 300,000 messages; the automatic ones of
-the middle generation (every tenth young one) walk the 8,000 or so statuses that came
-since the last, a pause of 3 to 5 ms every few thousand messages in which every publish
-waits for its confirm (nearly all the confirms above the 99th percentile under a
-window-1,000 load). Message statuses never form reference cycles (reference counting
-frees them); the young collections still take the short-lived cycles of a queue's own
-work, and the full one what outlives them.
+Garbage collection: the queue leaves Python's automatic collections in its process to
+the youngest generation and runs a full one itself at most every
+``FULL_COLLECTION_EVERY_S`` (counted from its start too), on the rates tick, when a
+young collection has run since the last (what a young one leaves waits for it); a Python
+whose collector walks its old generation incrementally (CPython 3.14.0 to 3.14.4) is
+left as it is. A collection of an older generation walks every object the collector
+tracks there, and a queue holds one ``MsgStatus`` per message in RAM: the automatic full
+ones (each time the oldest generation has grown by a quarter) cost a queue taking
+``publish_many`` batches of 100 into a growing backlog a tenth of its CPU, three pauses
+of about 55 ms by 300,000 messages; the automatic ones of the middle generation (every
+tenth young one) walk the 8,000 or so statuses that came since the last, a pause of 3 to
+5 ms every few thousand messages in which every publish waits for its confirm (nearly
+all the confirms above the 99th percentile under a window-1,000 load). Message statuses
+never form reference cycles (reference counting frees them); the young collections still
+take the short-lived cycles of a queue's own work, and the full one what outlives them.
 
 Alarms: under the node's memory alarm the queue's RAM duration target drops to 0 and it
 pages out; when the alarm clears the target is infinity again. The rates are folded in
@@ -111,7 +112,12 @@ from warren.store.client import StoreClient
 from warren.store.errors import StoreError
 from warren.store.protocol import StoreStats
 
-from ..engine.variable_queue import MessageInfo, VariableQueue, collect_only_the_young_automatically
+from ..engine.variable_queue import (
+    MessageInfo,
+    VariableQueue,
+    collect_only_the_young_automatically,
+    collector_is_generational,
+)
 from ..errors import CorruptMessage, OutOfSequence, QueueClosed, UnsupportedOperation
 from ..protocol import (
     MAX_SEQUENCE,
@@ -220,6 +226,7 @@ class QueueActor(ProcessActor):
         self._stores: list[ActorRef] = []  # pinned: the incarnations we work with
         # monotonic time of the last full garbage collection, or of the start
         self._collected_at = time.monotonic()
+        self._collects_fully = False  # set by on_start
         self.counters = {
             "published": 0,
             "delivered": 0,
@@ -266,6 +273,8 @@ class QueueActor(ProcessActor):
             self._dead = DeadLetters(
                 self.data_dir, self.queue_name, self.definition.dead_letter_exchange
             )
+        # with an incremental collector, left as it is, the process runs no full collection
+        self._collects_fully = collector_is_generational()
         collect_only_the_young_automatically()
         self.call_later(RATES_INTERVAL_S, self._update_rates)
         head = self.queue.peek()  # with an expiry, the messages it recovered may expire
@@ -726,7 +735,11 @@ class QueueActor(ProcessActor):
         if not self._deleted:
             self._engine.update_rates()
         now = time.monotonic()
-        if any(gc.get_count()[1:]) and now - self._collected_at >= FULL_COLLECTION_EVERY_S:
+        if (
+            self._collects_fully
+            and any(gc.get_count()[1:])
+            and now - self._collected_at >= FULL_COLLECTION_EVERY_S
+        ):
             gc.collect()
             self._collected_at = now
         self.call_later(RATES_INTERVAL_S, self._update_rates)
