@@ -870,6 +870,11 @@ class ActorLoop:
     def peer_connected(self, pid: int) -> bool | None:
         return None if self._peers is None else self._peers.connected(pid)
 
+    def mailbox_empty(self) -> bool:
+        events = self._data.get(zmq.EVENTS)
+        assert isinstance(events, int), "ZMQ_EVENTS is an int option"
+        return not events & zmq.POLLIN
+
 
 _NO_ANSWER = object()
 _NO_QUESTION = object()  # no FIGURES request yet: the loop publishes nothing by itself

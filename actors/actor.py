@@ -92,6 +92,8 @@ class ActorServices(Protocol):
 
     def peer_connected(self, pid: int) -> bool | None: ...
 
+    def mailbox_empty(self) -> bool: ...
+
 
 class ProcessActor:
     """Subclass this and ``spawn`` it into its own OS process (see the module docstring)."""
@@ -216,6 +218,13 @@ class ProcessActor:
         this actor does not watch its peers (it does not override ``on_peer_gone``, or
         its mailbox is not ``ipc://``)."""
         return self._require_services().peer_connected(pid)
+
+    def mailbox_empty(self) -> bool:
+        """Whether no data message waits in the mailbox now: inside ``on_receive``, that
+        this one ends the loop's pass, so ``on_idle`` comes next (unless one arrives
+        meanwhile). A handler preparing work for ``on_idle`` (a group commit) can start
+        on it early then, and leave it to wait for the rest of the pass otherwise."""
+        return self._require_services().mailbox_empty()
 
     def _require_services(self) -> ActorServices:
         services = getattr(self, "_services", None)

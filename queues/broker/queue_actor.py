@@ -12,11 +12,13 @@ Messages accepted (``warren.queues.protocol``), and what each gets back:
                                      group commit when the mailbox is empty or after
                                      ``MAX_PASS_S`` of handling it still is not, at the
                                      latest ``sync_interval_ms`` later while shared-store
-                                     writes are unsettled. With a producer, repeats of
-                                     sequences it already took are dropped (and counted
-                                     as taken), and its publishes are answered in order,
-                                     once its producer log names them
-                                     (``warren.queues.broker.dedup``)
+                                     writes are unsettled (a Publish the mailbox's
+                                     emptiness shows to be the pass's last is written at
+                                     once: ``publish_many``'s ``sync_follows``). With a
+                                     producer, repeats of sequences it already took are
+                                     dropped (and counted as taken), and its publishes
+                                     are answered in order, once its producer log names
+                                     them (``warren.queues.broker.dedup``)
     Fetch(consumer, pid, count, ack_required)
                                    → up to ``count`` Delivered; those needing an ack are
                                      held for ``consumer`` (its process ``pid``)
@@ -389,7 +391,11 @@ class QueueActor(ProcessActor):
         ttls = [t for t in (message.expiration_ms, self.definition.message_ttl_ms) if t is not None]
         expiry = _now_ms() + min(ttls) if ttls else None
         seq_ids = queue.publish_many(
-            payloads, persistent=message.persistent, msg_ids=msg_ids, expiry_ms=expiry
+            payloads,
+            persistent=message.persistent,
+            msg_ids=msg_ids,
+            expiry_ms=expiry,
+            sync_follows=self.mailbox_empty(),
         )
         if expiry is not None and seq_ids:
             self._may_expire = True

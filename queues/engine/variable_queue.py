@@ -39,14 +39,22 @@ arrival; transient ones only when paged. Those for the queue's own store, while 
 to be paged (the RAM target is infinite), wait in a batch instead, up to ``WRITE_BATCH``:
 the next sync, or the next call that reads the store or the index or publishes otherwise,
 hands the batch to both in one pass per step (``_write_unwritten``), not message by
-message; their statuses already count them as written.
+message; their statuses already count them as written. A ``publish_many`` of at least
+``WRITE_AT_ONCE_BYTES`` (a producer's frame) that the sync follows is written at once
+instead, its statuses made after the write.
 
 Confirms. ``sync()`` is the group commit: it fdatasyncs each segment file written since
 the last (the index's slots and the queue's own store's records share them), asks the
 persistent store client how far its writes are settled (waiting for it, or not), and
 returns the seq ids that became confirmed, each once: a persistent message of a durable
 queue once its message and its index entry are on disk; any other message at the first
-sync after its publish.
+sync after its publish. A batch written at once has the device start on it right away
+(``SegmentFiles.start_writeback``), so that its writing overlaps the making of its
+statuses and the rest of the queue process's pass, and the sync waits for less: a call
+of publish_many of 100 × 1 KiB takes 0.1–0.15 ms less (of about 1.4) than with its
+records written just before the fdatasync. Only a caller whose sync comes next asks for
+it: frames written one by one while more wait in the mailbox would each start a small
+writeback of their own, costing more than the overlap gains.
 
 Recovery. ``terminate()`` writes the recovery terms (``recovery.json``: next seq id, the
 persistent count and bytes, per-segment counts, delivery counts, the persistent client
@@ -122,6 +130,7 @@ TERMS_FILE = "recovery.json"
 TERMS_VERSION = 1
 RATE_SMOOTHING = 0.5  # weight of the newest rate sample
 WRITE_BATCH = 1024  # persistent publishes held before they are handed to store and index
+WRITE_AT_ONCE_BYTES = 32 * 2**10  # a publish_many of this many bytes is written at once
 _NO_AUTOMATIC_COLLECTION = 2**31 - 1  # an older generation's collection threshold
 
 
@@ -655,6 +664,7 @@ class VariableQueue:
         persistent: bool = True,
         expiry_ms: int | None = None,
         msg_ids: list[bytes] | None = None,
+        sync_follows: bool = False,
     ) -> range:
         """``publish_encoded`` of a batch with one persistence and expiry (what a queue
         process takes from one producer's frame); their seq ids. ``msg_ids`` names the
@@ -662,7 +672,9 @@ class VariableQueue:
         it is written once there). A message over the
         maximum size refuses the whole batch before anything changes. Persistent
         messages for this queue's own store join the batch of ``publish_encoded``'s common
-        case (the module docstring's Storage)."""
+        case (the module docstring's Storage); ``sync_follows``, the caller's word that
+        its next call is ``sync``, has a batch of ``WRITE_AT_ONCE_BYTES`` or more written
+        at once instead."""
         self._check_open()
         limit, embed = self.max_message_bytes, self.embed_msgs_below
         sizes = [len(payload) for payload in payloads]
@@ -693,7 +705,22 @@ class VariableQueue:
         self._unwritten_expiries += repeat(expiry, count)
         if self.lazy:  # straight to delta: nothing of them stays in RAM
             self.delta.add_range(first, end, count, sum(sizes))
-        else:
+            if len(self._unwritten_payloads) >= WRITE_BATCH:
+                self._write_unwritten()
+            return seq_ids
+        # A large batch is written before its statuses are made, and the device set to
+        # work on it meanwhile (the module docstring's Confirms). Whatever fails, the
+        # statuses are made: a batch the store and the index did not take stays unwritten,
+        # for the next call, as one that waits for WRITE_BATCH does.
+        offsets: list[int] | None = None
+        try:
+            if (sync_follows and sum(sizes) >= WRITE_AT_ONCE_BYTES) or len(
+                self._unwritten_payloads
+            ) >= WRITE_BATCH:
+                offsets = self._write_unwritten()[-count:]
+                self._store.flushed_files()  # the same files as the index's
+                self._index.flushed_files().start_writeback()
+        finally:
             statuses = list(
                 map(
                     MsgStatus,
@@ -704,28 +731,28 @@ class VariableQueue:
                     repeat(True, count),
                     repeat(expiry, count),
                     repeat(False, count),
-                    repeat(0, count),
+                    repeat(0, count) if offsets is None else offsets,
                     repeat(True, count),
                 )
             )
-            self._unwritten_statuses += statuses
+            if offsets is None:
+                self._unwritten_statuses += statuses
             if self.q1 or self.q2 or self.q3 or not self.delta.is_empty():
                 self.q1.extend(statuses)
             else:
                 self.q4.extend(statuses)
-        if len(self._unwritten_payloads) >= WRITE_BATCH:
-            self._write_unwritten()
         return seq_ids
 
-    def _write_unwritten(self) -> None:
+    def _write_unwritten(self) -> list[int]:
         """Hand the batch of persistent publishes for this queue's own store to the store
         and the index, one pass per step (their seq ids run up to ``next_seq_id``: a
-        publish outside the batch writes it first). Their statuses say on disk from their
-        publish: whatever reads or removes from the store or the index calls this first.
-        A failed write (a disk error) raises with the batch left whole, for the next call."""
+        publish outside the batch writes it first); their records' offsets. Their statuses
+        say on disk from their publish: whatever reads or removes from the store or the
+        index calls this first. A failed write (a disk error) raises with the batch left
+        whole, for the next call."""
         payloads = self._unwritten_payloads
         if not payloads:
-            return
+            return []
         count = len(payloads)
         first = self.next_seq_id - count
         sizes = list(map(len, payloads))
@@ -737,15 +764,17 @@ class VariableQueue:
         except BaseException:
             self._store.remove(range(first, first + count))
             raise
-        statuses = self._unwritten_statuses  # none in a lazy queue
+        # None in a lazy queue; none yet for the batch publish_many writes at once.
+        statuses = self._unwritten_statuses
         if statuses:
-            for status, offset in zip(statuses, offsets, strict=True):
+            for status, offset in zip(statuses, offsets[: len(statuses)], strict=True):
                 status.store_offset = offset
         self._unwritten_payloads, self._unwritten_msg_ids = [], []
         self._unwritten_expiries, self._unwritten_statuses = [], []
         self._index_unsynced.extend(range(first, first + count))
         self._persistent_count += count
         self._persistent_bytes += sum(sizes)
+        return offsets
 
     def _client(self, status: MsgStatus) -> SharedStoreClient:
         return self._persistent if status.persistent else self._transient

@@ -136,6 +136,13 @@ class Recorder(ProcessActor):
                 return "scheduled"
             case "idle_marks":
                 return self.idle_marks
+            case "mailbox_empty":
+                return self.mailbox_empty()
+            case ("wait_for_more", seconds):
+                deadline = time.monotonic() + seconds
+                while self.mailbox_empty() and time.monotonic() < deadline:
+                    time.sleep(0.005)
+                return "more waits" if not self.mailbox_empty() else "nothing came"
             case ("link", ref):
                 self.link(ref)
                 return "linked"

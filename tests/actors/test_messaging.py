@@ -46,6 +46,17 @@ def test_tell_many_arrives_as_one_batch_in_order(node: Node, transport: str) -> 
     assert ref.ask("batch_sizes", timeout=10) == [100]
 
 
+def test_a_handler_sees_whether_more_messages_wait_behind_its_own(
+    node: Node, transport: str
+) -> None:
+    ref = node.spawn(Recorder, transport=transport)
+    assert ref.ask("mailbox_empty", timeout=10) is True
+    first = ref.ask_async(("wait_for_more", 10))
+    last = ref.ask_async("mailbox_empty")
+    assert first.get(20) == "more waits"
+    assert last.get(20) is True  # the pass's last: its on_idle comes next
+
+
 def test_an_exception_in_an_ask_reaches_the_caller_and_the_actor_carries_on(
     node: Node, transport: str
 ) -> None:

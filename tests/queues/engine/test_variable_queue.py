@@ -20,8 +20,10 @@ from warren.queues import (
     UnknownDeliveryTag,
     encode,
 )
+from warren.queues.engine import segments
 from warren.queues.engine.queue_index import records_at
 from warren.queues.engine.variable_queue import (
+    WRITE_AT_ONCE_BYTES,
     collect_only_the_young_automatically,
     collector_is_generational,
 )
@@ -397,6 +399,73 @@ def test_paged_transient_messages_go_to_the_transient_store_and_leave_it_when_ac
     assert engine_stores.persistent.stats()["message_count"] == 0
     drain(queue)
     assert engine_stores.transient.stats()["message_count"] == 0
+
+
+def _a_batch_written_at_once() -> list[bytes]:
+    """40 messages of 1,000 bytes: a producer's frame, more than ``WRITE_AT_ONCE_BYTES``,
+    over three of the tests' 16-entry segments."""
+    batch = [encode(message(n, size=1000)) for n in range(40)]
+    assert sum(map(len, batch)) >= WRITE_AT_ONCE_BYTES
+    return batch
+
+
+def _files_hold(directory, body: bytes) -> bool:
+    return any(body in path.read_bytes() for path in directory.glob("*.qi"))
+
+
+def test_a_large_batch_is_written_and_on_its_way_to_the_disk_before_its_sync(
+    open_queue, tmp_path, monkeypatch
+):
+    started_on: list[int] = []
+    start = segments._start_file_writeback
+    if start is None:
+        pytest.skip("this kernel has no sync_file_range: nothing is started before a sync")
+
+    def noting(fd: int) -> object:
+        started_on.append(fd)
+        return start(fd)
+
+    monkeypatch.setattr(segments, "_start_file_writeback", noting)
+    queue = open_queue()
+    small = encode(message(100, size=1000))
+    batch = _a_batch_written_at_once()
+    queue.publish_many([small], sync_follows=True)  # below the threshold
+    queue.publish_many(batch)  # no sync next: the batch waits for it as the small one does
+    assert not started_on
+    assert not any(_files_hold(tmp_path / "queues" / "q", body) for body in [small, *batch])
+    queue.sync()
+    queue.publish_many([small], sync_follows=True)
+    assert list(queue.publish_many(batch, sync_follows=True)) == list(range(42, 82))
+    assert len(set(started_on)) == len(started_on) == 4  # seq ids 41 to 81: segments 2 to 5
+    assert all(_files_hold(tmp_path / "queues" / "q", body) for body in [small, *batch])
+    assert queue.needs_sync()  # nothing confirmed before the fdatasync
+    assert queue.sync() == list(range(41, 82))
+    queue.abandon()  # a crash after the confirm
+    assert [number(d) for d in drain(open_queue())] == [100, *range(40)] * 2
+
+
+@pytest.mark.parametrize("failure", ["no space", "short write"])
+def test_a_full_disk_under_a_batch_written_at_once_loses_nothing(open_queue, monkeypatch, failure):
+    queue = open_queue()
+    pwritev = os.pwritev
+
+    def full_disk_once(fd: int, buffers: list[bytes], offset: int) -> int:
+        monkeypatch.setattr(os, "pwritev", pwritev)
+        if failure == "no space":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return pwritev(fd, buffers[: len(buffers) // 2], offset)  # the rest did not fit
+
+    monkeypatch.setattr(os, "pwritev", full_disk_once)
+    batch = _a_batch_written_at_once()
+    with pytest.raises(OSError, match="No space|short write"):
+        queue.publish_many(batch, sync_follows=True)
+    assert len(queue) == 40  # in the queue, not confirmed
+    assert queue.sync() == list(range(40))  # room again: written whole, then confirmed
+    bodies = [message(n, size=1000).body for n in range(40)]
+    queue.set_ram_duration_target(0)  # read back from where their statuses say they are
+    assert [d.message.body for d in drain(queue, ack=False)] == bodies
+    queue.abandon()  # a crash: unacked, they come back
+    assert [d.message.body for d in drain(open_queue())] == bodies
 
 
 def test_a_batch_with_a_message_over_the_maximum_publishes_nothing(open_queue):
