@@ -9,11 +9,12 @@ directory, when files came or went), and a sync with nothing written costs nothi
 but the newest are closed then, so a queue holds a handful of descriptors however long it
 is. One file per segment is what makes a group commit one fdatasync per segment written,
 the slots and the records of a batch together. ``start_writeback`` sets the device to
-work on what was written without waiting for it (``sync_file_range``, Linux): a caller
-that still has computing to do before its sync makes the sync wait only for the rest.
-Measured here, 100 KiB appended then fdatasync'd 150 µs of computing later: 475 µs a
-sync p50, 355 µs with the writeback started right after the write. It promises nothing:
-only ``sync`` makes anything durable.
+work on what was written without waiting for the writes (``sync_file_range``, Linux; it
+may wait for room in the device's queue): a caller that still has computing to do before
+its sync makes the sync wait only for the rest. Measured here, 100 KiB appended then
+fdatasync'd 150 µs of computing later: 475 µs a sync p50, 355 µs with the writeback
+started right after the write. It promises nothing: only ``sync`` makes anything durable,
+and reports what failed (a writeback's error reaches the fdatasync of the same file).
 
 Races it guards against: a crash right after a file was created or deleted. The directory
 is fsynced at the next sync, before anything written there is confirmed. A crash in the
@@ -201,8 +202,8 @@ class SegmentFiles:
         self.sync()
 
     def start_writeback(self) -> None:
-        """Have the device start on every file written since the last sync; returns at
-        once. An error it meets is left for ``sync`` to raise."""
+        """Have the device start on every file written since the last sync, without
+        waiting for the writes; what fails is left for ``sync`` to raise."""
         if _start_file_writeback is not None:
             for segment in self._unsynced:
                 _start_file_writeback(self.written[segment])

@@ -41,7 +41,7 @@ the next sync, or the next call that reads the store or the index or publishes o
 hands the batch to both in one pass per step (``_write_unwritten``), not message by
 message; their statuses already count them as written. A ``publish_many`` of at least
 ``WRITE_AT_ONCE_BYTES`` (a producer's frame) that the sync follows is written at once
-instead, its statuses made after the write.
+instead, its statuses made after the write (not in a lazy queue, which has none to make).
 
 Confirms. ``sync()`` is the group commit: it fdatasyncs each segment file written since
 the last (the index's slots and the queue's own store's records share them), asks the
@@ -708,18 +708,24 @@ class VariableQueue:
             if len(self._unwritten_payloads) >= WRITE_BATCH:
                 self._write_unwritten()
             return seq_ids
-        # A large batch is written before its statuses are made, and the device set to
-        # work on it meanwhile (the module docstring's Confirms). Whatever fails, the
-        # statuses are made: a batch the store and the index did not take stays unwritten,
-        # for the next call, as one that waits for WRITE_BATCH does.
+        # A large batch the sync follows is written before its statuses are made, and the
+        # device set to work on it meanwhile (the module docstring's Confirms). Whatever
+        # fails, the statuses are made and the batch is published: a disk error leaves it
+        # unwritten (the store and the index did not take it) or in their buffers, and the
+        # next sync writes it again (raising as any sync does if the disk still refuses);
+        # nothing of it is confirmed before.
         offsets: list[int] | None = None
         try:
-            if (sync_follows and sum(sizes) >= WRITE_AT_ONCE_BYTES) or len(
-                self._unwritten_payloads
-            ) >= WRITE_BATCH:
-                offsets = self._write_unwritten()[-count:]
+            if sync_follows and sum(sizes) >= WRITE_AT_ONCE_BYTES:
+                offsets = self._write_unwritten(statuses_to_come=count)[-count:]
                 self._store.flushed_files()  # the same files as the index's
                 self._index.flushed_files().start_writeback()
+            elif len(self._unwritten_payloads) >= WRITE_BATCH:
+                offsets = self._write_unwritten(statuses_to_come=count)[-count:]
+        except OSError as exc:
+            log.warning(
+                "%s: a batch's write failed (%s); the next sync writes it", self.directory, exc
+            )
         finally:
             statuses = list(
                 map(
@@ -743,13 +749,14 @@ class VariableQueue:
                 self.q4.extend(statuses)
         return seq_ids
 
-    def _write_unwritten(self) -> list[int]:
+    def _write_unwritten(self, statuses_to_come: int = 0) -> list[int]:
         """Hand the batch of persistent publishes for this queue's own store to the store
         and the index, one pass per step (their seq ids run up to ``next_seq_id``: a
         publish outside the batch writes it first); their records' offsets. Their statuses
         say on disk from their publish: whatever reads or removes from the store or the
-        index calls this first. A failed write (a disk error) raises with the batch left
-        whole, for the next call."""
+        index calls this first. The last ``statuses_to_come`` have none yet (``publish_many``
+        makes them with the offsets). A failed write (a disk error) raises with the batch
+        left whole, for the next call."""
         payloads = self._unwritten_payloads
         if not payloads:
             return []
@@ -758,16 +765,16 @@ class VariableQueue:
         sizes = list(map(len, payloads))
         offsets = self._store.write_many(first, payloads)
         msg_ids, expiries = self._unwritten_msg_ids, self._unwritten_expiries
-        slots = pack_slots(msg_ids, False, offsets, sizes, True, expiries)
         try:
+            slots = pack_slots(msg_ids, False, offsets, sizes, True, expiries)
             self._index.publish_slots(first, slots)
         except BaseException:
             self._store.remove(range(first, first + count))
             raise
-        # None in a lazy queue; none yet for the batch publish_many writes at once.
-        statuses = self._unwritten_statuses
+        statuses = self._unwritten_statuses  # none in a lazy queue
         if statuses:
-            for status, offset in zip(statuses, offsets[: len(statuses)], strict=True):
+            made = offsets[: count - statuses_to_come]
+            for status, offset in zip(statuses, made, strict=True):
                 status.store_offset = offset
         self._unwritten_payloads, self._unwritten_msg_ids = [], []
         self._unwritten_expiries, self._unwritten_statuses = [], []
