@@ -106,6 +106,10 @@ MAX_FETCH = 10_000  # messages one Fetch may take
 # field cannot say alone (one msg_id per payload, a producer with its sequence) the queue
 # process checks itself.
 NonNegative = Annotated[int, Check(lambda v: v >= 0, "an int >= 0")]
+# A message's expiry is the time it arrived plus its TTL, in an index slot's unsigned 64
+# bits: a TTL below 2**63 ms (290 million years) always fits.
+MAX_TTL_MS = 2**63 - 1
+Ttl = Annotated[int, Check(lambda v: 0 <= v <= MAX_TTL_MS, f"an int in 0..{MAX_TTL_MS}")]
 MsgIds = Annotated[list[bytes], Check(lambda v: all(len(m) == 16 for m in v), "16-byte ids")]
 Producer = Annotated[
     bytes, Check(lambda v: 0 < len(v) <= MAX_PRODUCER_BYTES, f"1 to {MAX_PRODUCER_BYTES} bytes")
@@ -153,7 +157,7 @@ class Publish:
     payloads: list[bytes]
     persistent: bool
     msg_ids: MsgIds | None = None
-    expiration_ms: NonNegative | None = None
+    expiration_ms: Ttl | None = None
     producer: Producer | None = None
     sequence: NonNegative | None = None
 
@@ -385,6 +389,10 @@ class QueueDefinition:
             value = getattr(self, field)
             if value is not None and (type(value) is not int or value < 0):
                 raise ValueError(f"{field} must be None or an int >= 0, got {value!r}")
+        if self.message_ttl_ms is not None and self.message_ttl_ms > MAX_TTL_MS:
+            raise ValueError(
+                f"message_ttl_ms must be at most {MAX_TTL_MS}, got {self.message_ttl_ms}"
+            )
         if self.overflow not in OVERFLOWS:
             raise ValueError(f"overflow must be one of {OVERFLOWS}, got {self.overflow!r}")
         if self.dead_letter_exchange is not None:

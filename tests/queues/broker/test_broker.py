@@ -248,6 +248,8 @@ def test_a_malformed_request_is_refused_and_the_queue_keeps_serving(node):
         ref.ask(Fetch(b"c", os.getpid(), -5, True))
     with pytest.raises(RemoteError, match="does not handle"):
         ref.ask("hello")
+    with pytest.raises(RemoteError, match="expiration_ms"):  # an expiry past 64 bits
+        ref.ask(Publish([encode(Message(b"too late"))], True, expiration_ms=2**64 - 1))
     connection = node.connect()
     connection.publish("orders", b"still here")
     assert connection.get("orders").body == b"still here"
@@ -445,6 +447,8 @@ def test_queue_arguments_are_checked_when_declared(node):
         node.declare_queue("q", overflow="drop-tail")
     with pytest.raises(ValueError, match="max_length must be None or an int >= 0"):
         node.declare_queue("q", max_length=-1)
+    with pytest.raises(ValueError, match="message_ttl_ms must be at most"):
+        node.declare_queue("q", message_ttl_ms=2**63)  # its expiries would overflow
     assert node.list_queues() == []
 
 
