@@ -12,8 +12,9 @@ running   one poll over [control, data, wake pipe]. Each pass serves every waiti
           node), then drains up to ``max_batch`` data messages (and about
           ``MAX_BATCH_BYTES``, and for at most the class's ``max_pass_s``): runs of
           tells go to ``on_receive_batch`` as one list, each ask to ``on_receive`` in its
-          place in the order. Then ``on_idle`` if the mailbox was found empty or the pass
-          had run ``max_pass_s`` when it ended (the clock is read before each further
+          place in the order. Then ``on_idle`` if the mailbox was found empty (at a
+          bound too, with nothing behind it) or the pass had run ``max_pass_s`` when it
+          ended (the clock is read before each further
           message, so a run of tells delivered at the end may take longer), then due
           timers. A pass that left messages waiting after ``max_batch`` messages or the
           byte budget is counted (``backlogged_passes``), and so is one ended by the clock
@@ -518,14 +519,17 @@ class ActorLoop:
         self.counters["received"] += received
         if tells:
             self._deliver(tells)
-        # The pass ended at a bound (the byte budget, max_batch or the clock) or stopped.
+        # The pass ended at a bound (the byte budget, max_batch or the clock) or stopped;
+        # at a bound with nothing behind it, the mailbox is as empty as if it had been
+        # found so (else on_idle would wait for the next message or the idle poll's end).
         timed_out = not empty and deadline is not None and time.monotonic() >= deadline
+        if not empty and not self._stopping and not self._data.poll(0, zmq.POLLIN):
+            empty = True
         self._received_since_empty = 0 if empty else self._received_since_empty + received
         if (
             not empty
             and not self._stopping
             and (not timed_out or self._received_since_empty >= self._max_batch)
-            and self._data.poll(0, zmq.POLLIN)
         ):
             self.counters["backlogged_passes"] += 1
             self._received_since_empty = 0

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
+from pathlib import Path
 
 from tests.actors.sample_actors import Recorder, ShortPasses
 from tests.waiting import wait_for
@@ -65,6 +67,19 @@ def test_on_idle_runs_after_the_told_messages_are_handled(node: Node) -> None:
     ref.tell_many(list(range(50)))
     ref.tell("last")
     wait_for(lambda: 51 in ref.ask("idle_marks", timeout=10))
+
+
+def test_a_pass_ended_by_its_message_bound_with_nothing_behind_reaches_on_idle(
+    node: Node, tmp_path: Path
+) -> None:
+    ref = node.spawn(Recorder, max_batch=2)
+    release = tmp_path / "release"
+    blocked = ref.ask_async(("block_until", str(release)))
+    ref.tell("told")  # the pass's second message and its last: nothing comes after it
+    release.touch()
+    assert blocked.get(10) == "released"
+    time.sleep(0.3)  # on_idle is not to wait for the next message or the idle poll (1 s)
+    assert ref.ask("idle_marks", timeout=10) == [1]
 
 
 def nap_through(ref: ActorRef, labels: Iterable[object], seconds: float) -> list[object]:
