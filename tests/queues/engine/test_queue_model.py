@@ -1,8 +1,9 @@
 """A model-based test of the variable queue, in the spirit of RabbitMQ's
-classic_queue_prop_SUITE: random publishes (sizes across the embed threshold, persistent
-or not, with and without expiry), fetches, acks and requeues (also out of order),
-purges, RAM-target changes, mode switches, clean restarts and dirty ones (the queue object
-dropped without terminate), against a model of what must come back.
+classic_queue_prop_SUITE: random publishes, one by one and in batches (sizes across the
+embed threshold, persistent or not, with and without expiry; a large batch may be written
+at once), fetches, acks and requeues (also out of order), purges, RAM-target changes,
+mode switches, clean restarts and dirty ones (the queue object dropped without
+terminate), against a model of what must come back.
 
 Invariants: nothing is delivered that was not published; messages come in seq-id order
 (requeued ones back in their place, before newer ones); every confirmed persistent
@@ -19,7 +20,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from warren.queues import VariableQueue
+from warren.queues import VariableQueue, encode
 from warren.store import LocalStoreClient, MessageStore
 
 from ..helpers import assert_counts_add_up, message, number
@@ -74,6 +75,30 @@ class QueueModel(RuleBasedStateMachine):
         self.published[n] = persistent
         if expires:
             self.expiries[seq_id] = n + 1
+
+    @rule(
+        count=st.integers(1, 24),
+        size=st.sampled_from([500, 3000, 5000]),  # 3000: a frame of 32 KiB from 11 on
+        persistent=st.booleans(),
+        expires=st.booleans(),
+        sync_follows=st.booleans(),
+    )
+    def publish_batch(self, count, size, persistent, expires, sync_follows):
+        """One producer's frame; a large one the sync is said to follow is written at once."""
+        numbers = range(self.next_number, self.next_number + count)
+        self.next_number += count
+        expiry = numbers[0] + 1 if expires else None
+        seq_ids = self.queue.publish_many(
+            [encode(message(n, size=size, persistent=persistent)) for n in numbers],
+            persistent=persistent,
+            expiry_ms=expiry,
+            sync_follows=sync_follows,
+        )
+        for seq_id, n in zip(seq_ids, numbers, strict=True):
+            self.ready[seq_id] = (n, persistent)
+            self.published[n] = persistent
+            if expiry is not None:
+                self.expiries[seq_id] = expiry
 
     @rule()
     def sync(self):
