@@ -391,7 +391,9 @@ def test_expired_rejected_and_dropped_messages_are_dead_lettered_with_their_reas
     node.declare_exchange("dlx", kind="fanout")
     node.declare_queue("dead")
     node.bind_queue("dead", "dlx")
-    node.declare_queue("work", message_ttl_ms=100, max_length=5, dead_letter_exchange="dlx")
+    # the queue's TTL bounds the batch's too: a second for the get and the reject below,
+    # which a loaded machine can take more than a tenth of
+    node.declare_queue("work", message_ttl_ms=1000, max_length=5, dead_letter_exchange="dlx")
     connection = node.connect()
     connection.publish("work", b"expires", headers={"order": 1})
     wait_for(lambda: connection.queue_stats("dead")["messages_ready"] == 1)
