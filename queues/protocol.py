@@ -6,7 +6,7 @@ encoded messages travels as one msgpack frame (bodies of 64 KiB or more as frame
 their own). ``consumer`` names a connection: the deliveries a connection holds unacked are
 its own, and go back to the queue when it closes or its process dies.
 
-    Publish(payloads, persistent, msg_ids, expiration_ms, producer, sequence)
+    Publish(payloads, persistent, msg_ids, expiration_ms, producer, sequence, awaited)
                                        ask → the number taken, answered once every one
                                        of them is confirmed (fdatasync'd); fewer than sent
                                        when the queue is full (overflow reject-publish:
@@ -18,7 +18,10 @@ its own, and go back to the queue when it closes or its process dies.
                                        ``producer`` and ``sequence`` (the first message's;
                                        the others follow one by one) deduplicate: a repeat
                                        is confirmed, counted as taken, and not enqueued
-                                       (``warren.queues.broker.dedup``)
+                                       (``warren.queues.broker.dedup``); ``awaited``: the
+                                       producer waits for this confirm before it sends
+                                       more (``publish_many``), so the queue may write the
+                                       batch ahead of its commit
     Fetch(consumer, pid, count, ack_required)
                                        ask → list[Delivered] (up to ``count``; [] when empty)
     Settle(consumer, tags, action)     tell (or ask → the tags ignored); action "ack",
@@ -160,6 +163,7 @@ class Publish:
     expiration_ms: Ttl | None = None
     producer: Producer | None = None
     sequence: NonNegative | None = None
+    awaited: bool = False
 
 
 @message

@@ -7,14 +7,15 @@ store crash restarts every queue after it (the node's root is rest_for_one).
 
 Messages accepted (``warren.queues.protocol``), and what each gets back:
 
-    Publish(payloads, persistent, msg_ids, expiration_ms, producer, sequence)
+    Publish(payloads, persistent, msg_ids, expiration_ms, producer, sequence, awaited)
                                    → the batch's size, once every message is confirmed:
                                      group commit when the mailbox is empty or after
                                      ``MAX_PASS_S`` of handling it still is not, at the
                                      latest ``sync_interval_ms`` later while shared-store
-                                     writes are unsettled (a Publish the mailbox's
-                                     emptiness shows to be the pass's last is written at
-                                     once: ``publish_many``'s ``sync_follows``). With a
+                                     writes are unsettled (an ``awaited`` Publish the
+                                     mailbox's emptiness shows to be the pass's last is
+                                     written at once: ``publish_many``'s
+                                     ``sync_follows``). With a
                                      producer, repeats of sequences it already took are
                                      dropped (and counted as taken), and its publishes
                                      are answered in order, once its producer log names
@@ -395,7 +396,7 @@ class QueueActor(ProcessActor):
             persistent=message.persistent,
             msg_ids=msg_ids,
             expiry_ms=expiry,
-            sync_follows=self.mailbox_empty(),
+            sync_follows=message.awaited and self.mailbox_empty(),
         )
         if expiry is not None and seq_ids:
             self._may_expire = True

@@ -7,7 +7,9 @@ for a second), and sent to each queue it goes to; its confirm comes when every o
 them has confirmed it. A message routed to several queues carries one id to all of them,
 so the shared store holds one copy with a reference per queue.
 ``publish`` waits for that; ``publish_async`` returns a ``Confirm`` at once;
-``publish_many`` sends batches and waits for all of them.
+``publish_many`` sends batches and waits for all of them, and marks them so
+(``Publish.awaited``): a queue with nothing else to handle writes such a batch before
+making its messages' statuses, ahead of its group commit (``docs/queue-engine.md``).
 
 Frames carry many messages, as RabbitMQ's writer batches frames: consecutive
 ``publish_async`` calls to the same queues with the same properties fill one ``Publish``
@@ -196,6 +198,7 @@ class _Publish:
         "_answers",
         "_failed",
         "_sent",
+        "awaited",
         "bytes",
         "channels",
         "expiration_ms",
@@ -216,9 +219,11 @@ class _Publish:
         expiration_ms: int | None,
         producer: bytes | None,
         sequence: int | None,
+        awaited: bool = False,
     ) -> None:
         self.queues = queues
         self.refs = refs
+        self.awaited = awaited  # its caller waits for its confirm before sending more
         self.channels = [_sender(ref) for ref in refs]
         self.persistent = persistent
         self.expiration_ms = expiration_ms
@@ -265,6 +270,7 @@ class _Publish:
             self.expiration_ms,
             self.producer,
             self.sequence,
+            self.awaited,
         )
         timeout = connection.call_timeout_s
         failed: list[tuple[str, int | Nacked]] = []
@@ -666,16 +672,17 @@ class Connection:
         """Publish every body (all with ``routing_key``); return once all are confirmed;
         how many. With ``producer_id``, ``sequence`` is the first body's; the others
         follow one by one (see ``publish``)."""
-        return self.publish_many_async(
+        return self._publish_bodies(
             routing_key,
             bodies,
-            exchange=exchange,
-            persistent=persistent,
-            headers=headers,
-            expiration_ms=expiration_ms,
-            mandatory=mandatory,
-            producer_id=producer_id,
-            sequence=sequence,
+            exchange,
+            persistent,
+            headers,
+            expiration_ms,
+            mandatory,
+            producer_id,
+            sequence,
+            awaited=True,
         ).result(timeout)
 
     def publish_many_async(
@@ -695,6 +702,36 @@ class Connection:
         the window of unconfirmed messages) and its ``BatchConfirm`` returned, so that a
         producer keeps several batches in flight (a stream's group commit then makes one
         fdatasync cover them)."""
+        return self._publish_bodies(
+            routing_key,
+            bodies,
+            exchange,
+            persistent,
+            headers,
+            expiration_ms,
+            mandatory,
+            producer_id,
+            sequence,
+            awaited=False,
+        )
+
+    def _publish_bodies(
+        self,
+        routing_key: str,
+        bodies: Iterable[bytes],
+        exchange: str,
+        persistent: bool,
+        headers: dict[str, Any] | None,
+        expiration_ms: int | None,
+        mandatory: bool,
+        producer_id: str | bytes | None,
+        sequence: int | None,
+        *,
+        awaited: bool,
+    ) -> BatchConfirm:
+        """Encode and send the bodies with one set of properties; ``awaited``: the caller
+        waits for their confirm before anything more (a queue may then write them ahead
+        of its group commit)."""
         encode_body = body_encoder(
             Message(b"", None, headers, expiration_ms, _stamp(producer_id), None, bool(persistent))
         )
@@ -706,6 +743,7 @@ class Connection:
             mandatory,
             producer_id,
             sequence,
+            awaited,
         )
 
     def publish_messages(
@@ -733,6 +771,7 @@ class Connection:
             mandatory,
             producer_id,
             sequence,
+            awaited=True,
         ).result(timeout)
 
     @_exclusive
@@ -744,12 +783,14 @@ class Connection:
         mandatory: bool,
         producer_id: str | bytes | None,
         sequence: int | None,
+        awaited: bool,
     ) -> BatchConfirm:
         """Send runs of encoded messages, each run with its persistence and TTL, in
         Publishes of at most ``PUBLISH_BATCH`` messages (when every queue routed to is a
         stream, each Publish is a chunk: a quarter of the window, ``max_in_flight``, up to
         a chunk's limit) and ``PUBLISH_BATCH_BYTES``; their confirm. Each run is checked
-        whole before any of it is sent."""
+        whole before any of it is sent. ``awaited``: the caller waits for the confirm
+        before it sends more (``Publish.awaited``)."""
         producer = _producer(producer_id, sequence)
         queues = self._route(exchange, routing_key, mandatory)
         refs = [self._ref(queue) for queue in queues]
@@ -771,6 +812,7 @@ class Connection:
                     expiration_ms,
                     producer,
                     None if sequence is None else sequence + count,
+                    awaited,
                 )
                 publish.payloads = payloads[start:stop]
                 publish.bytes = sum(sizes[start:stop])

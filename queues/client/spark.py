@@ -204,6 +204,7 @@ def _publish_runs(
                 target.mandatory,
                 producer,
                 sequence,
+                awaited=True,
             ).result()
         sequence += len(payloads)
 

@@ -383,6 +383,7 @@ class VariableQueue:
             "missing_on_read": 0,
             "store_write_failed": 0,
             "delta_lost": 0,
+            "written_ahead": 0,  # batches publish_many wrote ahead of their sync
         }
         try:
             self._open(persistent_store, transient_store, shared_store_clean)
@@ -720,6 +721,7 @@ class VariableQueue:
                 offsets = self._write_unwritten(statuses_to_come=count)[-count:]
                 self._store.flushed_files()  # the same files as the index's
                 self._index.flushed_files().start_writeback()
+                self.counters["written_ahead"] += 1
             elif len(self._unwritten_payloads) >= WRITE_BATCH:
                 offsets = self._write_unwritten(statuses_to_come=count)[-count:]
         except OSError as exc:

@@ -444,6 +444,20 @@ def test_messages_that_expired_while_the_node_was_down_are_dead_lettered_once_it
             running.close()
 
 
+def test_a_batch_its_producer_waits_for_is_written_ahead_of_the_commit_and_no_other(node):
+    node.declare_queue("orders")
+    connection = node.connect()
+    connection.publish_many("orders", [b"x" * 1024] * 100)  # waits: its frame goes ahead
+    assert connection.queue_stats("orders")["written_ahead"] == 1
+    # a pipelined producer's frames wait for the commit's one write, as before
+    confirms = [connection.publish_async("orders", b"y" * 1024) for _ in range(2000)]
+    for confirm in confirms:
+        confirm.result(30)
+    connection.publish_many_async("orders", [b"z" * 1024] * 100).result(30)
+    stats = connection.queue_stats("orders")
+    assert stats["written_ahead"] == 1 and stats["messages_ready"] == 2200
+
+
 def test_queue_arguments_are_checked_when_declared(node):
     with pytest.raises(ValueError, match="overflow must be one of"):
         node.declare_queue("q", overflow="drop-tail")
