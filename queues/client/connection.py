@@ -672,16 +672,16 @@ class Connection:
         """Publish every body (all with ``routing_key``); return once all are confirmed;
         how many. With ``producer_id``, ``sequence`` is the first body's; the others
         follow one by one (see ``publish``)."""
-        return self._publish_bodies(
+        return self.publish_many_async(
             routing_key,
             bodies,
-            exchange,
-            persistent,
-            headers,
-            expiration_ms,
-            mandatory,
-            producer_id,
-            sequence,
+            exchange=exchange,
+            persistent=persistent,
+            headers=headers,
+            expiration_ms=expiration_ms,
+            mandatory=mandatory,
+            producer_id=producer_id,
+            sequence=sequence,
             awaited=True,
         ).result(timeout)
 
@@ -697,41 +697,15 @@ class Connection:
         mandatory: bool = True,
         producer_id: str | bytes | None = None,
         sequence: int | None = None,
+        awaited: bool = False,
     ) -> BatchConfirm:
         """``publish_many`` without waiting: the batch is sent (waiting only for room in
         the window of unconfirmed messages) and its ``BatchConfirm`` returned, so that a
         producer keeps several batches in flight (a stream's group commit then makes one
-        fdatasync cover them)."""
-        return self._publish_bodies(
-            routing_key,
-            bodies,
-            exchange,
-            persistent,
-            headers,
-            expiration_ms,
-            mandatory,
-            producer_id,
-            sequence,
-            awaited=False,
-        )
-
-    def _publish_bodies(
-        self,
-        routing_key: str,
-        bodies: Iterable[bytes],
-        exchange: str,
-        persistent: bool,
-        headers: dict[str, Any] | None,
-        expiration_ms: int | None,
-        mandatory: bool,
-        producer_id: str | bytes | None,
-        sequence: int | None,
-        *,
-        awaited: bool,
-    ) -> BatchConfirm:
-        """Encode and send the bodies with one set of properties; ``awaited``: the caller
-        waits for their confirm before anything more (a queue may then write them ahead
-        of its group commit)."""
+        fdatasync cover them). ``awaited=True`` says the caller waits for this confirm
+        before it publishes more (as ``publish_many`` does): a queue with nothing else to
+        handle then writes the batch ahead of its group commit, which shortens that wait
+        and would only add writes for a producer keeping batches in flight."""
         encode_body = body_encoder(
             Message(b"", None, headers, expiration_ms, _stamp(producer_id), None, bool(persistent))
         )
@@ -743,7 +717,7 @@ class Connection:
             mandatory,
             producer_id,
             sequence,
-            awaited,
+            bool(awaited),
         )
 
     def publish_messages(
