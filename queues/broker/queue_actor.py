@@ -15,11 +15,11 @@ Messages accepted (``warren.queues.protocol``), and what each gets back:
                                      writes are unsettled (an ``awaited`` Publish the
                                      mailbox's emptiness shows to be the pass's last is
                                      written at once: ``publish_many``'s
-                                     ``sync_follows``). With a
-                                     producer, repeats of sequences it already took are
-                                     dropped (and counted as taken), and its publishes
-                                     are answered in order, once its producer log names
-                                     them (``warren.queues.broker.dedup``)
+                                     ``sync_follows``). With a producer, repeats of
+                                     sequences it already took are dropped (and counted
+                                     as taken), and its publishes are answered in order,
+                                     once its producer log names them
+                                     (``warren.queues.broker.dedup``)
     Fetch(consumer, pid, count, ack_required)
                                    → up to ``count`` Delivered; those needing an ack are
                                      held for ``consumer`` (its process ``pid``)
