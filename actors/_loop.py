@@ -523,7 +523,7 @@ class ActorLoop:
         # at a bound with nothing behind it, the mailbox is as empty as if it had been
         # found so (else on_idle would wait for the next message or the idle poll's end).
         timed_out = not empty and deadline is not None and time.monotonic() >= deadline
-        if not empty and not self._stopping and not self._data.poll(0, zmq.POLLIN):
+        if not empty and not self._stopping and self.mailbox_empty():
             empty = True
         self._received_since_empty = 0 if empty else self._received_since_empty + received
         if (
