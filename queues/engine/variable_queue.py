@@ -110,6 +110,7 @@ from .queue_index import (
     pack_slots,
 )
 from .queue_store import QueueStore
+from .segments import SegmentFiles
 
 __all__ = [
     "Delivery",
@@ -719,8 +720,7 @@ class VariableQueue:
         try:
             if sync_follows and sum(sizes) >= WRITE_AT_ONCE_BYTES:
                 offsets = self._write_unwritten(statuses_to_come=count)[-count:]
-                self._store.flushed_files()  # the same files as the index's
-                self._index.flushed_files().start_writeback()
+                self._flushed_files().start_writeback()
                 self.counters["written_ahead"] += 1
             elif len(self._unwritten_payloads) >= WRITE_BATCH:
                 offsets = self._write_unwritten(statuses_to_come=count)[-count:]
@@ -785,6 +785,12 @@ class VariableQueue:
         self._persistent_bytes += sum(sizes)
         return offsets
 
+    def _flushed_files(self) -> SegmentFiles:
+        """The store's and the index's buffers written out; the segment files they share,
+        to sync (one fdatasync each) or start writing back."""
+        self._store.flushed_files()
+        return self._index.flushed_files()
+
     def _client(self, status: MsgStatus) -> SharedStoreClient:
         return self._persistent if status.persistent else self._transient
 
@@ -828,8 +834,7 @@ class VariableQueue:
         self._check_open()
         slow_sync()
         self._write_unwritten()
-        self._store.flushed_files()  # the same files as the index's: one fdatasync each
-        self._index.flushed_files().sync()
+        self._flushed_files().sync()
         confirmed, self._confirmed = self._confirmed, []
         unconfirmed = self._unconfirmed
         if not unconfirmed:  # all in this queue's own store: durable now
