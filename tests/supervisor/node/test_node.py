@@ -18,6 +18,7 @@ import zmq
 from warren import connect
 from warren.queues.errors import NodeNotRunning
 from warren.supervisor import AlarmLimits, ChildSpec, Node, NodeLocked, query_status
+from warren.supervisor.chaos.faults import is_alive
 from warren.supervisor.errors import NotANodeDirectory
 
 from ...waiting import wait_for
@@ -232,18 +233,11 @@ def test_status_says_starting_while_a_node_recovers_and_stale_pid_once_it_is_kil
 
 def test_a_node_process_killed_with_sigkill_leaves_no_actor_behind(node_process, tmp_path):
     node, pids = node_process(str(tmp_path / "data"))
-    descendants = pids[1:]
+    descendants = [psutil.Process(pid) for pid in pids[1:]]
     assert len(descendants) == 6  # forkserver, GC, two stores, two application actors
     node.send_signal(signal.SIGKILL)
     node.wait(timeout=30)
-    wait_for(
-        lambda: (
-            not any(
-                psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-                for pid in descendants
-            )
-        )
-    )
+    wait_for(lambda: not any(map(is_alive, descendants)))
     with open(tmp_path / "data" / "node.json") as f:
         left_behind = os.path.dirname(json.load(f)["status_endpoint"][len("ipc://") :])
     assert os.path.isdir(left_behind)
