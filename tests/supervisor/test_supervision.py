@@ -188,16 +188,16 @@ def test_a_slow_restart_is_not_mistaken_for_a_hang(actor_node):
         SupervisorFlags("one_for_one", intensity=5),
         children=(
             ChildSpec(
-                "recovering", SlowStarter, (1.5,), heartbeat_interval_s=0.2, heartbeat_timeout_s=0.5
+                "recovering", SlowStarter, (3.0,), heartbeat_interval_s=0.3, heartbeat_timeout_s=1.5
             ),
         ),
     )
     with Supervisor(actor_node, spec) as supervisor:
         first = pids(supervisor)["recovering"]
-        os.kill(first, signal.SIGKILL)  # the restart takes 1.5 s in on_start
+        os.kill(first, signal.SIGKILL)  # the restart takes 3 s in on_start
         wait_for(lambda: pids(supervisor)["recovering"] != first and all_running(supervisor))
         second = pids(supervisor)["recovering"]
-        time.sleep(1.0)  # five heartbeat intervals, answered
+        time.sleep(1.5)  # five heartbeat intervals, answered
         assert pids(supervisor)["recovering"] == second
         assert supervisor.which_children()[0]["restarts"] == 1
 
@@ -234,7 +234,7 @@ def test_hung_children_do_not_get_their_healthy_siblings_killed(actor_node):
         "sup",
         SupervisorFlags("one_for_one", intensity=20),
         children=tuple(
-            ChildSpec(f"w{n}", Worker, heartbeat_interval_s=0.2, heartbeat_timeout_s=1.0)
+            ChildSpec(f"w{n}", Worker, heartbeat_interval_s=0.2, heartbeat_timeout_s=2.0)
             for n in range(8)
         ),
     )
