@@ -362,14 +362,14 @@ def test_a_queue_that_keeps_crashing_stays_down_alone_and_publishes_to_it_are_na
 
 
 def test_messages_expire_by_queue_ttl_or_their_own_whichever_is_shorter(node):
-    node.declare_queue("short", message_ttl_ms=1500)
+    node.declare_queue("short", message_ttl_ms=3000)  # room for a loaded machine's get
     connection = node.connect()
     connection.publish("short", b"own ttl", expiration_ms=50)
     connection.publish("short", b"queue ttl")
     wait_for(lambda: connection.queue_stats("short")["expired"] == 1)
     assert connection.get("short", ack=False).body == b"queue ttl"
     connection.publish("short", b"too late")
-    wait_for(lambda: connection.queue_stats("short")["messages_ready"] == 0, timeout=10)
+    wait_for(lambda: connection.queue_stats("short")["messages_ready"] == 0)
     assert connection.get("short") is None
 
 
@@ -391,11 +391,11 @@ def test_expired_rejected_and_dropped_messages_are_dead_lettered_with_their_reas
     node.declare_exchange("dlx", kind="fanout")
     node.declare_queue("dead")
     node.bind_queue("dead", "dlx")
-    # the queue's TTL bounds the batch's too: a second for the get and the reject below,
+    # the queue's TTL bounds the batch's below: three seconds for its get and reject,
     # which a loaded machine can take more than a tenth of
-    node.declare_queue("work", message_ttl_ms=1000, max_length=5, dead_letter_exchange="dlx")
+    node.declare_queue("work", message_ttl_ms=3000, max_length=5, dead_letter_exchange="dlx")
     connection = node.connect()
-    connection.publish("work", b"expires", headers={"order": 1})
+    connection.publish("work", b"expires", headers={"order": 1}, expiration_ms=100)
     wait_for(lambda: connection.queue_stats("dead")["messages_ready"] == 1)
     connection.publish_many("work", [b"%d" % n for n in range(6)], expiration_ms=60_000)
     connection.get("work").reject(requeue=False)
@@ -407,7 +407,13 @@ def test_expired_rejected_and_dropped_messages_are_dead_lettered_with_their_reas
         (b"1", "rejected"),
     ]
     assert dead[0].headers["order"] == 1 and dead[0].headers["x-death"][0]["queue"] == "work"
-    wait_for(lambda: connection.queue_stats("work")["depth"] == 4)
+    # the four left expire by the queue's TTL, not their own minute
+    wait_for(lambda: connection.queue_stats("dead")["messages_ready"] == 4)
+    wait_for(lambda: connection.queue_stats("work")["depth"] == 0)  # once dead-lettered
+    later = [connection.get("dead", ack=False) for _ in range(4)]
+    assert [(d.body, d.headers["x-death"][0]["reason"]) for d in later] == [
+        (b"%d" % n, "expired") for n in range(2, 6)
+    ]
 
 
 def test_messages_that_expired_while_the_node_was_down_are_dead_lettered_once_it_has_started(
