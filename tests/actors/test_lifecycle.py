@@ -120,7 +120,7 @@ def test_an_ask_to_a_stopped_actor_raises_actor_dead_error(node: Node) -> None:
 
 def test_asks_queued_when_an_actor_stops_are_answered_with_actor_dead_error(node: Node) -> None:
     ref = node.spawn(Recorder, max_batch=1)
-    ref.tell(("sleep", 0.3))
+    ref.tell(("sleep", 1.0))  # long enough for the stop request to arrive meanwhile
     late = ref.ask_async("label")
     ref.request_stop(timeout=10)
     with pytest.raises(ActorDeadError):

@@ -11,7 +11,7 @@ import time
 
 from warren import connect
 
-HAND_OVER_S = 0.3  # ample for this process's I/O thread to write the acks out
+HAND_OVER_S = 1.0  # ample for this process's I/O thread to write the acks out, loaded or not
 
 if __name__ == "__main__":
     target, queue, count = sys.argv[1], sys.argv[2], int(sys.argv[3])

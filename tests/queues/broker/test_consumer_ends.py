@@ -26,7 +26,7 @@ def node(tmp_path):
     with Node(
         tmp_path / "data",
         listen="tcp://127.0.0.1:*",
-        listener_options={"consumer_silence_s": 2.0},
+        listener_options={"consumer_silence_s": 6.0},  # above the client's 5 s beat
     ) as running:
         yield running
 

@@ -24,6 +24,7 @@ from warren.queues.engine.queue_index import (
 from warren.queues.errors import Blocked
 from warren.store.disk_faults import ENVIRONMENT_VARIABLE, write_faults
 from warren.supervisor import Node
+from warren.supervisor.chaos import run as chaos_run
 from warren.supervisor.chaos.broker_run import ChaosWorkload, pattern_limits
 from warren.supervisor.chaos.faults import Fault, is_alive, kill_processes, node_processes
 from warren.supervisor.chaos.run import NodeUnderTest, check_data_dir, run_faults
@@ -173,10 +174,12 @@ def test_a_full_disk_raises_the_disk_alarm_holds_publishers_and_clears(tmp_path,
 
 @pytest.mark.parametrize("disk_free_limit, alarmed", [("50MB", True), ("0", False)])
 def test_a_full_disk_the_node_never_alarms_on_is_a_problem_of_the_run(
-    tmp_path, disk_free_limit, alarmed
+    tmp_path, disk_free_limit, alarmed, monkeypatch
 ):
     # A limit of 0 bytes never trips: a node that ignores its disk must fail the run.
     full = Fault(0.5, "full", "", 2)  # seed 2: held for 2.9 s
+    if not alarmed:  # its alarm due well within the hold (the node checks every second)
+        monkeypatch.setattr(chaos_run, "DISK_ALARM_DUE_S", 1.0)
     node = NodeUnderTest(tmp_path / "data", options=("--disk-free-limit", disk_free_limit))
     try:
         node.start()
