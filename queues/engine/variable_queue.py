@@ -41,7 +41,8 @@ the next sync, or the next call that reads the store or the index or publishes o
 hands the batch to both in one pass per step (``_write_unwritten``), not message by
 message; their statuses already count them as written. A ``publish_many`` of at least
 ``WRITE_AT_ONCE_BYTES`` (a producer's frame) that the sync follows is written at once
-instead, its statuses made after the write (not in a lazy queue, which has none to make).
+instead, its statuses made after the write (a lazy queue, which keeps none, writes it all
+the same).
 
 Confirms. ``sync()`` is the group commit: it fdatasyncs each segment file written since
 the last (the index's slots and the queue's own store's records share them), asks the
@@ -707,27 +708,11 @@ class VariableQueue:
         self._unwritten_expiries += repeat(expiry, count)
         if self.lazy:  # straight to delta: nothing of them stays in RAM
             self.delta.add_range(first, end, count, sum(sizes))
-            if len(self._unwritten_payloads) >= WRITE_BATCH:
-                self._write_unwritten()
+            self._write_published(count, sum(sizes), sync_follows)
             return seq_ids
-        # A large batch the sync follows is written before its statuses are made, and the
-        # device set to work on it meanwhile (the module docstring's Confirms). Whatever
-        # fails, the statuses are made and the batch is published: a disk error leaves it
-        # unwritten (the store and the index did not take it) or in their buffers, and the
-        # next sync writes it again (raising as any sync does if the disk still refuses);
-        # nothing of it is confirmed before.
         offsets: list[int] | None = None
         try:
-            if sync_follows and sum(sizes) >= WRITE_AT_ONCE_BYTES:
-                offsets = self._write_unwritten(statuses_to_come=count)[-count:]
-                self._flushed_files().start_writeback()
-                self.counters["written_ahead"] += 1
-            elif len(self._unwritten_payloads) >= WRITE_BATCH:
-                offsets = self._write_unwritten(statuses_to_come=count)[-count:]
-        except OSError as exc:
-            log.warning(
-                "%s: a batch's write failed (%s); the next sync writes it", self.directory, exc
-            )
+            offsets = self._write_published(count, sum(sizes), sync_follows)
         finally:
             statuses = list(
                 map(
@@ -750,6 +735,30 @@ class VariableQueue:
             else:
                 self.q4.extend(statuses)
         return seq_ids
+
+    def _write_published(self, count: int, size: int, sync_follows: bool) -> list[int] | None:
+        """Write the batch of ``count`` messages (``size`` bytes) just added to the unwritten
+        ones, if it is to go now: at once when the sync follows and it is large, the device
+        set to work on it meanwhile (the module docstring's Confirms), or with the rest when
+        the unwritten batch is full; its records' offsets once the store has taken it, else
+        None. A disk error leaves it unwritten (the store and the index did not take it) or
+        in their buffers, and the next sync writes it again (raising as any sync does if the
+        disk still refuses): the batch is published whatever fails, nothing of it confirmed
+        before."""
+        to_come = 0 if self.lazy else count  # statuses publish_many makes with the offsets
+        offsets = None
+        try:
+            if sync_follows and size >= WRITE_AT_ONCE_BYTES:
+                offsets = self._write_unwritten(statuses_to_come=to_come)[-count:]
+                self._flushed_files().start_writeback()
+                self.counters["written_ahead"] += 1
+            elif len(self._unwritten_payloads) >= WRITE_BATCH:
+                offsets = self._write_unwritten(statuses_to_come=to_come)[-count:]
+        except OSError as exc:
+            log.warning(
+                "%s: a batch's write failed (%s); the next sync writes it", self.directory, exc
+            )
+        return offsets
 
     def _write_unwritten(self, statuses_to_come: int = 0) -> list[int]:
         """Hand the batch of persistent publishes for this queue's own store to the store

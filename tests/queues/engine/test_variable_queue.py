@@ -414,8 +414,9 @@ def _files_hold(directory, body: bytes) -> bool:
     return any(body in path.read_bytes() for path in directory.glob("*.qi"))
 
 
+@pytest.mark.parametrize("lazy", [False, True], ids=["default", "lazy"])
 def test_a_large_batch_is_written_and_on_its_way_to_the_disk_before_its_sync(
-    open_queue, tmp_path, monkeypatch
+    open_queue, tmp_path, monkeypatch, lazy
 ):
     started_on: list[int] = []
     start = segments._start_file_writeback
@@ -427,7 +428,7 @@ def test_a_large_batch_is_written_and_on_its_way_to_the_disk_before_its_sync(
         return start(fd)
 
     monkeypatch.setattr(segments, "_start_file_writeback", noting)
-    queue = open_queue()
+    queue = open_queue(lazy=lazy)
     small = encode(message(100, size=1000))
     batch = _a_batch_written_at_once()
     queue.publish_many([small], sync_follows=True)  # below the threshold
@@ -448,9 +449,12 @@ def test_a_large_batch_is_written_and_on_its_way_to_the_disk_before_its_sync(
     assert [number(d) for d in drain(open_queue())] == numbers
 
 
+@pytest.mark.parametrize("lazy", [False, True], ids=["default", "lazy"])
 @pytest.mark.parametrize("failure", ["records: no space", "records: short write", "entries"])
-def test_a_full_disk_under_a_batch_written_at_once_loses_nothing(open_queue, monkeypatch, failure):
-    queue = open_queue()
+def test_a_full_disk_under_a_batch_written_at_once_loses_nothing(
+    open_queue, monkeypatch, failure, lazy
+):
+    queue = open_queue(lazy=lazy)
     earlier = [encode(message(n, size=1000)) for n in range(100, 105)]
     queue.publish_many(earlier)  # waits for the sync, unwritten
     pwritev, publish_slots = os.pwritev, QueueIndex.publish_slots
