@@ -4,7 +4,7 @@ segment files that also hold the queue's own store's records (``QueueStore``).
 Layout (RabbitMQ's v2 index, chosen over v1's journal plus segments): the entry of seq
 id S lives in segment ``S // N`` (file ``<seg>.qi``, N = ``segment_entry_count``, default
 2048) at offset ``64 + (S % N) * 48``. Fixed slots make an ack one overwrite in place, and
-a flush one ``pwrite`` per run of adjacent slots, so nothing is ever replayed or copied: v1
+a flush one write per run of adjacent slots, so nothing is ever replayed or copied: v1
 appended publishes, delivers and acks to a journal that it had to rewrite into the segments
 every 32,768 entries, the throughput stall of RabbitMQ issue #227. Deliveries are not
 recorded (the variable queue keeps delivery counts in its recovery terms, and a dirty start
@@ -73,7 +73,7 @@ from isal.isal_zlib import crc32
 
 from ..errors import QueueClosed, QueueLocked, UnknownDeliveryTag
 from . import segments
-from .segments import HEADER_BYTES, SegmentFiles, header_fields
+from .segments import HEADER_BYTES, SegmentFiles, header_fields, write_vectors
 
 __all__ = ["DEFAULT_SEGMENT_ENTRY_COUNT", "Entry", "QueueIndex", "RecoveredIndex"]
 
@@ -481,7 +481,7 @@ class QueueIndex:
                 self._buffered_acks -= 1
 
     def flush(self) -> None:
-        """Write the buffer out: one pwrite per run of adjacent slots."""
+        """Write the buffer out: one write (``write_vectors``) per run of adjacent slots."""
         if not self._buffer:
             return
         n, buffer = self.segment_entry_count, self._buffer
@@ -510,8 +510,10 @@ class QueueIndex:
         self._write_run(run_start, run)
 
     def _write_run(self, first: int, slots: list[bytes]) -> None:
+        """Write consecutive slots; a short write raises, leaving the buffer whole for the
+        next flush."""
         segment, rel = divmod(first, self.segment_entry_count)
-        os.pwrite(self.files.for_writing(segment), b"".join(slots), HEADER_BYTES + rel * SLOT_BYTES)
+        write_vectors(self.files.for_writing(segment), slots, HEADER_BYTES + rel * SLOT_BYTES)
 
     def sync(self) -> None:
         """Flush, then fdatasync what was written since the last sync (and the directory

@@ -43,14 +43,13 @@ from isal.isal_zlib import crc32
 
 from ..errors import CorruptMessage, QueueClosed
 from .queue_index import DEFAULT_SEGMENT_ENTRY_COUNT, records_at
-from .segments import SegmentFiles
+from .segments import SegmentFiles, write_vectors
 
 __all__ = ["QueueStore"]
 
 MAX_CACHE_BYTES = 512_000  # classic_queue_store_v2_max_cache_size
 RECORD = struct.Struct(">II")
 RECORD_HEADER_BYTES = RECORD.size
-_MAX_VECTORS = 1024  # IOV_MAX on Linux: buffers per pwritev
 
 
 class _Run:
@@ -236,7 +235,7 @@ class QueueStore:
         vectors = [b""] * (2 * len(datas))
         vectors[0::2] = map(RECORD.pack, map(len, datas), map(crc32, datas))
         vectors[1::2] = datas
-        _write_vectors(self._files.for_writing(segment), vectors, offset)
+        write_vectors(self._files.for_writing(segment), vectors, offset)
 
     def sync(self) -> None:
         """Flush, then fdatasync every file written since the last sync."""
@@ -317,15 +316,3 @@ def _record_at(data: _Data, offset: int, size: int) -> _Data | None:
     if length != size or crc32(payload) != crc:
         return None
     return payload
-
-
-def _write_vectors(fd: int, vectors: list[bytes], offset: int) -> None:
-    """pwritev all of ``vectors`` at ``offset``, IOV_MAX buffers at a time; a short write
-    (which a regular file gives only when something is wrong) raises."""
-    for at in range(0, len(vectors), _MAX_VECTORS):
-        chunk = vectors[at : at + _MAX_VECTORS]
-        expected = sum(map(len, chunk))
-        written = os.pwritev(fd, chunk, offset)
-        if written != expected:
-            raise OSError(f"short write: {written} of {expected} bytes at offset {offset}")
-        offset += written

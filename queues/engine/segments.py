@@ -18,7 +18,11 @@ and reports what failed (a writeback's error reaches the fdatasync of the same f
 
 Races it guards against: a crash right after a file was created or deleted. The directory
 is fsynced at the next sync, before anything written there is confirmed. A crash in the
-middle of creating a file leaves it short: its missing slots read as absent.
+middle of creating a file leaves it short: its missing slots read as absent. A failed
+fdatasync: Linux may drop the pages it could not write, or mark them clean, so a second
+fdatasync of the file can succeed with the data lost. Every later ``sync`` raises
+instead; what was written is known again only by reopening the queue, which recovers
+from what is on disk (a queue process crashes on the first failure and does just that).
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from collections.abc import Callable
 
 from isal.isal_zlib import crc32
 
-__all__ = ["SegmentFiles", "segment_numbers"]
+__all__ = ["SegmentFiles", "segment_numbers", "write_vectors"]
 
 
 # Every segment file opens with a 64-byte header (format 1's store files had one of the
@@ -45,6 +49,7 @@ _CRC = struct.Struct(">I")
 
 
 _SYNC_FILE_RANGE_WRITE = 2  # start writing the dirty pages back; wait for none of them
+MAX_VECTORS = 1024  # IOV_MAX on Linux: buffers per pwritev
 
 
 def _writeback_starter() -> Callable[[int], object] | None:
@@ -102,6 +107,7 @@ class SegmentFiles:
         self.written: dict[int, int] = {}  # segment -> fd, open for writing
         self._read_fd: tuple[int, int] | None = None  # (segment, fd) of the last read
         self._unsynced: set[int] = set()  # segments written since the last sync
+        self._sync_failed: OSError | None = None  # an fdatasync's error: none succeeds after
         self._directory_unsynced = False
         self._users: list[Callable[[int], bool]] = []  # what still needs which segment
 
@@ -209,16 +215,27 @@ class SegmentFiles:
                 _start_file_writeback(self.written[segment])
 
     def sync(self) -> None:
-        """fdatasync every file written since the last sync, and the directory if needed."""
-        for segment in self._unsynced:
-            os.fdatasync(self.written[segment])
-        self._unsynced.clear()
-        newest = max(self.written, default=None)
-        for segment in [s for s in self.written if s != newest]:
-            os.close(self.written.pop(segment))
-        if self._directory_unsynced:
-            os.fsync(self.dir_fd)
-            self._directory_unsynced = False
+        """fdatasync every file written since the last sync, and the directory if needed;
+        after a failed one, raise every time (the module docstring)."""
+        if self._sync_failed is not None:
+            raise OSError(
+                self._sync_failed.errno,
+                f"an earlier fdatasync of these segment files failed ({self._sync_failed}); "
+                f"reopen the queue to recover from what is on disk",
+            )
+        try:
+            for segment in self._unsynced:
+                os.fdatasync(self.written[segment])
+            self._unsynced.clear()
+            newest = max(self.written, default=None)
+            for segment in [s for s in self.written if s != newest]:
+                os.close(self.written.pop(segment))
+            if self._directory_unsynced:
+                os.fsync(self.dir_fd)
+                self._directory_unsynced = False
+        except OSError as exc:
+            self._sync_failed = exc
+            raise
 
     def close(self) -> None:
         """Close every descriptor without syncing (the caller synced, or is crashing)."""
@@ -227,3 +244,15 @@ class SegmentFiles:
         self.written.clear()
         self._unsynced.clear()
         self._close_reader()
+
+
+def write_vectors(fd: int, vectors: list[bytes], offset: int) -> None:
+    """pwritev all of ``vectors`` at ``offset``, IOV_MAX buffers at a time; a short write
+    (which a regular file gives only when something is wrong) raises."""
+    for at in range(0, len(vectors), MAX_VECTORS):
+        chunk = vectors[at : at + MAX_VECTORS]
+        expected = sum(map(len, chunk))
+        written = os.pwritev(fd, chunk, offset)
+        if written != expected:
+            raise OSError(f"short write: {written} of {expected} bytes at offset {offset}")
+        offset += written

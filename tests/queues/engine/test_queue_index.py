@@ -188,13 +188,18 @@ def test_an_entry_published_and_acked_before_a_flush_is_never_written(
     index.publish(entry(1))
     index.sync()
     written: list[tuple[int, int]] = []  # (offset, length) of each write after
-    pwrite = os.pwrite
+    pwrite, pwritev = os.pwrite, os.pwritev
 
     def noting_pwrite(fd: int, data: bytes, offset: int) -> int:
         written.append((offset, len(data)))
         return pwrite(fd, data, offset)
 
+    def noting_pwritev(fd: int, buffers: list[bytes], offset: int) -> int:
+        written.append((offset, sum(map(len, buffers))))
+        return pwritev(fd, buffers, offset)
+
     monkeypatch.setattr(os, "pwrite", noting_pwrite)
+    monkeypatch.setattr(os, "pwritev", noting_pwritev)
     index.publish(entry(2))
     index.ack([2])
     index.sync()
@@ -202,6 +207,24 @@ def test_an_entry_published_and_acked_before_a_flush_is_never_written(
     assert not [w for w in written if w[0] < slot_2 + SLOT_BYTES and w[0] + w[1] > slot_2]
     assert index.read(0, N) == [entry(0), entry(1)]
     assert index.ack([0, 1]) == [0] and segment_files(index_dir) == []
+
+
+def test_a_short_write_of_slots_raises_and_the_next_sync_writes_them(open_index, monkeypatch):
+    index = open_index()
+    for seq_id in range(3):
+        index.publish(entry(seq_id))
+    pwritev = os.pwritev
+
+    def short_once(fd: int, buffers: list[bytes], offset: int) -> int:
+        monkeypatch.setattr(os, "pwritev", pwritev)
+        return pwritev(fd, buffers[:1], offset)  # the disk filled after the first slot
+
+    monkeypatch.setattr(os, "pwritev", short_once)
+    with pytest.raises(OSError, match="short write"):
+        index.sync()  # before any fdatasync: nothing of it is durable yet
+    index.sync()
+    index, _ = reopen_dirty(index, open_index)  # what is on disk
+    assert index.read(0, N) == [entry(0), entry(1), entry(2)]
 
 
 def test_a_second_index_on_the_same_directory_is_refused(open_index):

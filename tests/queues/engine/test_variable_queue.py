@@ -25,6 +25,7 @@ from warren.queues.engine import segments
 from warren.queues.engine.queue_index import QueueIndex, records_at
 from warren.queues.engine.variable_queue import (
     WRITE_AT_ONCE_BYTES,
+    WRITE_BATCH,
     collect_only_the_young_automatically,
     collector_is_generational,
 )
@@ -482,6 +483,64 @@ def test_a_full_disk_under_a_batch_written_at_once_loses_nothing(
     assert [d.message.body for d in drain(queue, ack=False)] == bodies
     queue.abandon()  # a crash: unacked, they come back
     assert [d.message.body for d in drain(open_queue())] == bodies
+
+
+@pytest.mark.parametrize("lazy", [False, True], ids=["default", "lazy"])
+@pytest.mark.parametrize("path", ["written at once", "a full batch"])
+def test_a_disk_that_stays_full_fails_every_sync_and_a_publish_none(
+    open_queue, monkeypatch, lazy, path
+):
+    queue = open_queue(lazy=lazy)
+    if path == "written at once":
+        earlier, batch = [], _a_batch_written_at_once()
+    else:  # the second batch's hand-over writes out the first's slots
+        earlier = [encode(message(n, size=10)) for n in range(WRITE_BATCH)]
+        batch = [encode(message(n, size=10)) for n in range(WRITE_BATCH, 2 * WRITE_BATCH)]
+    queue.publish_many(earlier)
+    pwritev = os.pwritev
+
+    def no_space(fd: int, buffers: list[bytes], offset: int) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "pwritev", no_space)
+    published = queue.publish_many(batch, sync_follows=path == "written at once")
+    assert list(published) == list(range(len(earlier), len(earlier) + len(batch)))
+    for _ in range(2):
+        with pytest.raises(OSError, match="No space"):
+            queue.sync()
+        assert queue.needs_sync()  # nothing confirmed
+    monkeypatch.setattr(os, "pwritev", pwritev)
+    assert queue.sync() == list(range(len(earlier) + len(batch)))
+    bodies = [decode(payload).body for payload in earlier + batch]
+    queue.set_ram_duration_target(0)  # read back from where their statuses say they are
+    assert [d.message.body for d in drain(queue, ack=False)] == bodies
+    queue.abandon()  # a crash: unacked, they come back
+    assert [d.message.body for d in drain(open_queue())] == bodies
+
+
+def test_after_a_failed_fdatasync_no_sync_succeeds_until_the_queue_is_reopened(
+    open_queue, monkeypatch
+):
+    queue = open_queue()
+    queue.publish_many([encode(message(n)) for n in range(3)])
+    fdatasync = os.fdatasync
+
+    def io_error_once(fd: int) -> None:
+        monkeypatch.setattr(os, "fdatasync", fdatasync)
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(os, "fdatasync", io_error_once)
+    with pytest.raises(OSError, match="Input/output error"):
+        queue.sync()
+    # The kernel may have dropped the pages it could not write: a second fdatasync
+    # succeeding would prove nothing.
+    with pytest.raises(OSError, match="earlier fdatasync"):
+        queue.sync()
+    assert queue.needs_sync()
+    queue.abandon()
+    reopened = open_queue()  # recovers from what is on disk (here: all of it)
+    assert [number(d) for d in drain(reopened)] == [0, 1, 2]
+    assert reopened.sync() == []
 
 
 def test_a_batch_with_a_message_over_the_maximum_publishes_nothing(open_queue):
