@@ -96,6 +96,10 @@ Races this module guards against:
 - a crash during rollover or retention: an index without its segment is deleted; a
   segment without an index is deleted when it is older than every indexed one (retention
   stopped between its two unlinks) and gets its index rebuilt otherwise.
+- a failed flush: Linux may drop the pages an fdatasync could not write, or mark them
+  clean, so a later flush can succeed with them gone. After one fails, ``begin_sync`` and
+  ``commit`` raise: nothing more is committed until the stream is reopened and recovers
+  from what the files show.
 
 Tracking is rebuilt on open from the newest segment that starts with a snapshot (or from
 the oldest segment when none does), replaying the deltas and user-chunk trailers after
@@ -627,17 +631,25 @@ class PendingSync:
     """One group commit between ``StreamLog.begin_sync`` and ``StreamLog.commit``: the
     offset it makes durable and the descriptors (its own duplicates) it flushes."""
 
-    __slots__ = ("offset", "_flush", "done")
+    __slots__ = ("offset", "_flush", "_failed", "done")
 
-    def __init__(self, offset: int, flush: list[tuple[Callable[[int], None], int]]) -> None:
-        self.offset, self._flush, self.done = offset, flush, False
+    def __init__(
+        self,
+        offset: int,
+        flush: list[tuple[Callable[[int], None], int]],
+        failed: Callable[[OSError], None],
+    ) -> None:
+        self.offset, self._flush, self._failed, self.done = offset, flush, failed, False
 
     def run(self) -> PendingSync:
         """Flush and close the duplicates (the only blocking step; any thread); an
-        OSError means nothing it covers may be confirmed."""
+        OSError means nothing it covers may be confirmed, nor anything after it."""
         try:
             for flush, fd in self._flush:
                 flush(fd)
+        except OSError as exc:
+            self._failed(exc)
+            raise
         finally:
             for _flush, fd in self._flush:
                 os.close(fd)
@@ -685,6 +697,7 @@ class StreamLog:
         self._committed_offset = -1
         self._unsynced = False
         self._directory_unsynced = False
+        self._flush_failed: OSError | None = None  # a failed flush: no commit after it
         self._tracking = _TrackingState()
         self._closed = False
         try:
@@ -791,6 +804,7 @@ class StreamLog:
         """The first step of ``sync``: what a flush must cover to commit the last offset
         (nothing to flush under ``sync=False``). Run it on any thread, then ``commit``."""
         self._check_open()
+        self._check_flushes()
         flush: list[tuple[Callable[[int], None], int]] = []
         if self.sync_policy:
             if self._unsynced:  # not the index: see the module docstring
@@ -799,11 +813,12 @@ class StreamLog:
                 flush.append((os.fsync, os.dup(self._dir_fd)))
         self._unsynced = False
         self._directory_unsynced = False
-        return PendingSync(self.last_offset, flush)
+        return PendingSync(self.last_offset, flush, self._note_failed_flush)
 
     def commit(self, pending: PendingSync) -> int:
         """The last step of ``sync``, after ``pending.run()`` returned: readers may now
         read up to its offset. Returns the committed offset."""
+        self._check_flushes()
         if not pending.done:
             raise StreamError("commit of a sync that has not run")
         self._committed_offset = max(self._committed_offset, pending.offset)
@@ -864,8 +879,12 @@ class StreamLog:
 
     def _roll_over(self) -> None:
         if self.sync_policy:
-            os.fdatasync(self._segment_fd)
-            os.fdatasync(self._index_fd)
+            try:
+                os.fdatasync(self._segment_fd)
+                os.fdatasync(self._index_fd)
+            except OSError as exc:
+                self._note_failed_flush(exc)
+                raise
         self._close_files()
         self._create_segment(self._next_offset)
         if self._tracking:
@@ -940,11 +959,14 @@ class StreamLog:
     # -- closing ------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Sync, then release the files and the lock."""
+        """Sync, then release the files and the lock (released as well when the sync
+        fails)."""
         if self._closed:
             return
-        self.sync()
-        self.abandon()
+        try:
+            self.sync()
+        finally:
+            self.abandon()
 
     def abandon(self) -> None:
         """Release the files and the lock without syncing (what a crash leaves behind)."""
@@ -970,6 +992,16 @@ class StreamLog:
     def _check_open(self) -> None:
         if self._closed:
             raise StreamError(f"stream {self.directory} is closed")
+
+    def _note_failed_flush(self, exc: OSError) -> None:
+        self._flush_failed = exc
+
+    def _check_flushes(self) -> None:
+        if self._flush_failed is not None:
+            raise StreamError(
+                f"stream {self.directory}: a flush failed ({self._flush_failed}); nothing "
+                f"more is committed: reopen it to recover from what is on disk"
+            )
 
     def _identity(self) -> str:
         """The directory's random id: read, or made and written (before the recovery's

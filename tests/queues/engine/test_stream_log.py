@@ -2,6 +2,7 @@
 with tracking snapshots, recovery from torn tails, corruption, retention, readers in
 other processes, a writer killed mid-append, and a model of the whole."""
 
+import errno
 import multiprocessing
 import os
 import shutil
@@ -203,6 +204,37 @@ def test_a_sync_on_another_thread_covers_what_came_before_it_even_past_a_rollove
         assert [r[2] for r in read_all(log)] == [b"a", b"b", b"c", b"d"]
     with StreamLog(tmp_path) as reopened:
         assert [r[2] for r in read_all(reopened)] == [b"a", b"b", b"c", b"d"]
+
+
+@pytest.mark.parametrize("where", ["group commit", "rollover"])
+def test_after_a_failed_flush_nothing_more_is_committed_until_the_stream_is_reopened(
+    tmp_path, monkeypatch, where
+):
+    log = StreamLog(tmp_path, max_segment_chunks=2)
+    log.append([b"a"])
+    fdatasync = os.fdatasync
+
+    def io_error_once(fd: int) -> None:
+        monkeypatch.setattr(os, "fdatasync", fdatasync)
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(os, "fdatasync", io_error_once)
+    with pytest.raises(OSError, match="Input/output error"):
+        if where == "group commit":
+            log.sync()
+        else:
+            log.append([b"b"])
+            log.append([b"c"])  # the segment is full: fdatasync'd before the next one
+    # The kernel may have dropped the pages it could not write: a second fdatasync
+    # succeeding would prove nothing, and a sync with nothing new to flush none at all.
+    with pytest.raises(StreamError, match="a flush failed"):
+        log.sync()
+    assert log.committed_offset == -1
+    with pytest.raises(StreamError, match="a flush failed"):
+        log.close()
+    with StreamLog(tmp_path) as reopened:  # the lock was released; recovery from disk
+        assert [r[2] for r in read_all(reopened)][:1] == [b"a"]
+        assert reopened.sync() == reopened.last_offset
 
 
 def test_a_second_writer_on_the_directory_is_refused(tmp_path):
