@@ -93,9 +93,13 @@ queue killed with confirms pending leaves its publishers an ActorDeadError (thei
 is in doubt: re-send it), never a false confirm. A store error in the middle of a
 handler (the store client gave up on a silent or dead store) stops the queue at once
 without a sync: carrying on would let the next sync confirm an index entry whose body
-the store never took. A Settle names its consumer, so one
-connection cannot ack another's deliveries; it travels on the same socket as that
-connection's fetches, so a fetch after an ack sees the ack applied.
+the store never took. So does a disk error (an OSError: a full disk under a batch that
+goes message by message): the batch would be half taken, and a deduplicating producer's
+accepted sequence already raised past the messages left out, so its retry would have
+them dropped as repeats; the restart recovers both from disk. Until it stops, it refuses
+every request (a retry queued behind the failed batch included). A Settle names its
+consumer, so one connection cannot ack another's deliveries; it travels on the same
+socket as that connection's fetches, so a fetch after an ack sees the ack applied.
 """
 
 from __future__ import annotations
@@ -222,7 +226,7 @@ class QueueActor(ProcessActor):
         self._consumer_check_armed = False  # the check runs only while there are owners
         self._subscribers: dict[bytes, int] = {}  # connection -> its active consumers
         self._deleted = False
-        self._store_down = False
+        self._no_clean_stop = False
         self._dead: DeadLetters | None = None
         self._may_expire = False  # messages with an expiry may be in the queue
         self._expiry_armed = False  # the expiry tick is scheduled
@@ -291,9 +295,9 @@ class QueueActor(ProcessActor):
             self._producers.close()
         if self.queue is None or self._deleted:
             return
-        if self._store_down or not self._stores_answer():
-            # The node restarts this queue after the store; its next start recovers dirty.
-            # Nothing unconfirmed is lost that a publisher was told is safe.
+        if self._no_clean_stop or not self._stores_answer():
+            # The node restarts this queue (after the store, when that went down); its
+            # next start recovers dirty. Nothing is lost that a publisher was told is safe.
             self.queue.abandon()
             return
         try:
@@ -355,15 +359,21 @@ class QueueActor(ProcessActor):
             raise UnhandledMessage(f"malformed {type(message).__name__}: {problem}")
         if self._deleted:
             raise QueueClosed(f"queue {self.queue_name} was deleted")
+        if self._no_clean_stop:
+            raise QueueClosed(
+                f"queue {self.queue_name} is stopping, to recover from disk after a store or "
+                f"disk error; nothing of this request was done: send it again"
+            )
         try:
             answer = handler(self, message)
-        except StoreError:
-            # A store call failed in the middle of a change (a publish whose index entry
-            # is written but whose body's settlement the store client gave up): the
-            # engine may be half way, and a later sync would confirm what the store never
-            # took. Never carry on from there: stop without a clean close (no sync, no
-            # confirm) and recover dirty after the store. The asker gets the error.
-            self._store_down = True
+        except (StoreError, OSError):
+            # A store call or a write failed in the middle of a change (a publish whose
+            # index entry is written but whose body's settlement the store client gave
+            # up, a batch half taken when the disk filled): the engine may be half way,
+            # and a later sync would confirm what the store never took. Never carry on
+            # from there: stop without a clean close (no sync, no confirm) and recover
+            # dirty. The asker gets the error.
+            self._no_clean_stop = True
             self.stop()
             raise
         self._arm_expiry_tick()  # a message may have brought an expiry or a dead letter
@@ -582,7 +592,7 @@ class QueueActor(ProcessActor):
             message.ref.name,
             message.reason,
         )
-        self._store_down = True
+        self._no_clean_stop = True
         self.stop()
 
     _handlers: ClassVar[dict[type, Callable[[QueueActor, Any], Any]]] = {

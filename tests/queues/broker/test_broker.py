@@ -2,6 +2,7 @@
 consume with acks, durable declarations, and what survives when a queue, a consumer or
 the persistent store is killed."""
 
+import contextlib
 import json
 import os
 import signal
@@ -28,6 +29,7 @@ from warren.queues import (
 )
 from warren.queues.errors import ConnectionClosed, NodeNotRunning
 from warren.queues.protocol import Fetch, Publish, QueueStats
+from warren.store.disk_faults import ENVIRONMENT_VARIABLE, write_faults
 from warren.supervisor import Node
 
 from ...supervisor.sample_actors import gated_worker
@@ -604,6 +606,49 @@ def test_repeats_found_among_recovered_messages_count_as_taken(data_dir):
         )
         stats = connection.queue_stats("orders")
         assert (stats["len"], stats["repeats_dropped"]) == (1500, 1000)
+
+
+def test_a_disk_error_under_a_deduplicated_batch_loses_none_of_it_on_the_retry(
+    data_dir, tmp_path, monkeypatch
+):
+    """The disk refuses the queue's writes (a file-size limit on its process: a short
+    write, as a full disk gives) in the middle of a frame that goes message by message
+    (one of its messages is for the shared store), then has room again before the queue's
+    next sync (a slow one: three seconds). The producer is told, and its retry of the same
+    sequences leaves every message in the queue exactly once."""
+    faults = tmp_path / "disk-faults"
+    write_faults(faults)
+    monkeypatch.setenv(ENVIRONMENT_VARIABLE, str(faults))
+    # One frame, as a raw client may send (publish_many's hold 500): its small messages
+    # are handed to the disk 1,024 at a time, and the second hand-over fails.
+    bodies = [b"big" * 2000] + [b"%04d" % n * 256 for n in range(2100)]
+    batch = Publish([encode(Message(body)) for body in bodies], True, None, None, b"p", 0)
+    with Node(data_dir) as node:
+        node.declare_queue("orders")
+        connection = node.connect()
+        connection.publish("orders", b"first")  # the segment file exists
+        queue = psutil.Process(node.queue("orders").pid)
+        files = (data_dir / "queues" / "orders").glob("*.qi")
+        limit = max(path.stat().st_size for path in files) + 100_000  # less than the batch
+        queue.rlimit(psutil.RLIMIT_FSIZE, (limit, psutil.RLIM_INFINITY))
+        write_faults(faults, sync_delay_s=3.0)
+        with pytest.raises(RemoteError, match="short write"):
+            node.queue("orders").ask(batch, timeout=30)
+        with contextlib.suppress(psutil.NoSuchProcess):  # it may have stopped already
+            queue.rlimit(psutil.RLIMIT_FSIZE, (psutil.RLIM_INFINITY, psutil.RLIM_INFINITY))
+        write_faults(faults)  # room again, before the sync under way writes anything
+        for _ in range(40):  # refused while the queue restarts
+            try:
+                assert node.queue("orders").ask(batch, timeout=30) == len(bodies)
+                break
+            except (RemoteError, ActorDeadError, NotFound):
+                time.sleep(0.5)
+        taken = []
+        while (delivery := connection.get("orders")) is not None:
+            taken.append(delivery.body)
+            delivery.ack()
+        assert taken.count(b"first") == 1
+        assert sorted(b for b in taken if b != b"first") == sorted(bodies)
 
 
 def test_a_node_file_left_by_a_killed_node_is_not_running_at_once(tmp_path):
