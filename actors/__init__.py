@@ -52,6 +52,7 @@ if TYPE_CHECKING:  # what the names are, for type checkers and editors
         EXIT_NORMAL,
         EXIT_PARENT_GONE,
         EXIT_START_FAILED,
+        EXIT_STOPPED_ABNORMALLY,
         EXIT_TERMINATED,
     )
     from .messages import Down, Exit, Pong
@@ -75,6 +76,7 @@ _EXPORTS = {
     "EXIT_NORMAL": ".exitcodes",
     "EXIT_PARENT_GONE": ".exitcodes",
     "EXIT_START_FAILED": ".exitcodes",
+    "EXIT_STOPPED_ABNORMALLY": ".exitcodes",
     "EXIT_TERMINATED": ".exitcodes",
     "FrameTooLarge": ".errors",
     "Future": ".ref",

@@ -121,6 +121,7 @@ from .exitcodes import (
     EXIT_NORMAL,
     EXIT_PARENT_GONE,
     EXIT_START_FAILED,
+    EXIT_STOPPED_ABNORMALLY,
     EXIT_TERMINATED,
 )
 from .figures import STAMP_S, FiguresSlot
@@ -853,8 +854,10 @@ class ActorLoop:
     def call_later(self, delay_s: float, callback: Callable[[], None]) -> None:
         heapq.heappush(self._timers, (time.monotonic() + delay_s, next(self._timer_ids), callback))
 
-    def stop(self) -> None:
+    def stop(self, abnormal: bool = False) -> None:
         self._stopping = True
+        if abnormal and self._exit_code == EXIT_NORMAL:
+            self._exit_code = EXIT_STOPPED_ABNORMALLY
 
     def monitor(self, target: ActorRef) -> None:
         self._node.monitor(self.ref, target)

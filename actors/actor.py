@@ -76,7 +76,7 @@ class ActorServices(Protocol):
 
     def call_soon_threadsafe(self, callback: Callable[[], None]) -> None: ...
 
-    def stop(self) -> None: ...
+    def stop(self, abnormal: bool = False) -> None: ...
 
     def monitor(self, target: ActorRef) -> None: ...
 
@@ -189,9 +189,12 @@ class ProcessActor:
         callback still waiting when the actor stops is not run."""
         self._require_services().call_soon_threadsafe(callback)
 
-    def stop(self) -> None:
-        """Stop this actor once the current batch is handled (``on_stop`` runs)."""
-        self._require_services().stop()
+    def stop(self, abnormal: bool = False) -> None:
+        """Stop this actor once the current batch is handled (``on_stop`` runs). With
+        ``abnormal``, it exits with ``EXIT_STOPPED_ABNORMALLY``: a failure to its
+        monitors, links and supervisor, which restarts even a transient child (Erlang's
+        stop with a reason other than normal)."""
+        self._require_services().stop(abnormal)
 
     def monitor(self, target: ActorRef) -> None:
         """Receive a ``Down`` message when ``target``'s incarnation exits (at once if dead)."""

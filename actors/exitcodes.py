@@ -18,6 +18,8 @@ EXIT_PARENT_GONE = 72
 EXIT_LINKED = 73
 # SIGTERM arrived (the second step of a stop after its graceful timeout); on_stop ran.
 EXIT_TERMINATED = 74
+# The actor stopped itself as a failure (``stop(abnormal=True)``); on_stop ran.
+EXIT_STOPPED_ABNORMALLY = 75
 
 _NAMES = {
     EXIT_NORMAL: "normal",
@@ -26,6 +28,7 @@ _NAMES = {
     EXIT_PARENT_GONE: "parent gone",
     EXIT_LINKED: "linked actor died",
     EXIT_TERMINATED: "terminated",
+    EXIT_STOPPED_ABNORMALLY: "stopped abnormally",
 }
 
 

@@ -131,6 +131,9 @@ class Recorder(ProcessActor):
                 return "monitoring"
             case ("stop_other", ref):
                 return ref.stop(timeout=5)
+            case ("stop_self", abnormal):
+                self.stop(abnormal=abnormal)
+                return "stopping"
             case ("remind_me", delay, note):
                 self.call_later(delay, lambda: self.seen.append(note))
                 return "scheduled"

@@ -24,6 +24,7 @@ from tests.waiting import wait_for
 from warren.actors import (
     EXIT_CRASHED,
     EXIT_NORMAL,
+    EXIT_STOPPED_ABNORMALLY,
     EXIT_TERMINATED,
     ActorDeadError,
     InvalidSpec,
@@ -73,6 +74,21 @@ def test_stop_runs_on_stop_and_reports_a_normal_exit(node: Node, tmp_path: Path)
     assert (down.exitcode, down.signal) == (EXIT_NORMAL, None)
     assert marker.read_text() == "stopped"
     assert not psutil.pid_exists(ref.pid) or psutil.Process(ref.pid).status() == "zombie"
+
+
+@pytest.mark.parametrize(
+    "abnormal, exitcode", [(False, EXIT_NORMAL), (True, EXIT_STOPPED_ABNORMALLY)]
+)
+def test_an_actor_stopping_itself_runs_on_stop_and_says_whether_it_failed(
+    node: Node, tmp_path: Path, abnormal: bool, exitcode: int
+) -> None:
+    marker = tmp_path / "marker"
+    ref = node.spawn(StopsOnSignal, str(marker))
+    monitor = node.monitor(ref)
+    assert ref.ask(("stop_self", abnormal), timeout=10) == "stopping"
+    down = monitor.wait(10)
+    assert down is not None and (down.exitcode, down.signal) == (exitcode, None)
+    assert marker.read_text() == "stopped"
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])

@@ -33,6 +33,8 @@ class Worker(ProcessActor):
             raise RuntimeError("asked to crash")
         if message == "quit":
             self.stop()
+        if message == "fail":
+            self.stop(abnormal=True)
         if message == "segfault":
             ctypes.string_at(0)  # a real SIGSEGV, as a broken C extension would
         if message == "exit 3":

@@ -130,6 +130,7 @@ def test_temporary_children_are_not_restarted_and_transient_ones_only_after_a_cr
             ChildSpec("temp", Worker, restart="temporary"),
             ChildSpec("trans", Worker, restart="transient"),
             ChildSpec("trans2", Worker, restart="transient"),
+            ChildSpec("trans3", Worker, restart="transient"),
         ),
     )
     with Supervisor(actor_node, spec) as supervisor:
@@ -137,11 +138,14 @@ def test_temporary_children_are_not_restarted_and_transient_ones_only_after_a_cr
         os.kill(before["temp"], signal.SIGKILL)
         actor_node.whereis("trans").tell("quit")  # a normal exit
         actor_node.whereis("trans2").tell("crash")  # an abnormal one
+        actor_node.whereis("trans3").tell("fail")  # a stop of its own, as a failure
         wait_for(
             lambda: (
                 "temp" not in pids(supervisor)
                 and pids(supervisor)["trans2"] != before["trans2"]
-                and [c["state"] for c in supervisor.which_children()] == ["stopped", "running"]
+                and pids(supervisor)["trans3"] != before["trans3"]
+                and [c["state"] for c in supervisor.which_children()]
+                == ["stopped", "running", "running"]
             )
         )
         assert not psutil.pid_exists(before["trans"])
