@@ -96,8 +96,9 @@ without a sync: carrying on would let the next sync confirm an index entry whose
 the store never took. So does a disk error (an OSError: a full disk under a batch that
 goes message by message): the batch would be half taken, and a deduplicating producer's
 accepted sequence already raised past the messages left out, so its retry would have
-them dropped as repeats; the restart recovers both from disk. Until it stops, it refuses
-every request (a retry queued behind the failed batch included). A Settle names its
+them dropped as repeats; the restart recovers both from disk. The pass ends there: what
+waits in the mailbox is answered ActorDeadError (an ask: clients send it again to the
+restarted queue) or dropped (a tell). A Settle names its
 consumer, so one connection cannot ack another's deliveries; it travels on the same
 socket as that connection's fetches, so a fetch after an ack sees the ack applied.
 """
@@ -114,7 +115,7 @@ from typing import Any, ClassVar, TypedDict
 
 import psutil
 
-from warren.actors import ActorError, ActorRef, Down, ProcessActor, UnhandledMessage
+from warren.actors import ActorError, ActorRef, Down, ProcessActor, UnhandledMessage, WarrenError
 from warren.store.client import StoreClient
 from warren.store.errors import StoreError
 from warren.store.protocol import StoreStats
@@ -359,25 +360,29 @@ class QueueActor(ProcessActor):
             raise UnhandledMessage(f"malformed {type(message).__name__}: {problem}")
         if self._deleted:
             raise QueueClosed(f"queue {self.queue_name} was deleted")
-        if self._no_clean_stop:
-            raise QueueClosed(
-                f"queue {self.queue_name} is stopping, to recover from disk after a store or "
-                f"disk error; nothing of this request was done: send it again"
-            )
         try:
             answer = handler(self, message)
-        except (StoreError, OSError):
-            # A store call or a write failed in the middle of a change (a publish whose
-            # index entry is written but whose body's settlement the store client gave
-            # up, a batch half taken when the disk filled): the engine may be half way,
-            # and a later sync would confirm what the store never took. Never carry on
-            # from there: stop without a clean close (no sync, no confirm) and recover
-            # dirty. The asker gets the error.
-            self._no_clean_stop = True
-            self.stop()
+        except StoreError:
+            self._stop_without_a_clean_close()
+            raise
+        except WarrenError:
+            raise  # another actor or the node failed a call (dead-lettering): not our disk
+        except OSError:
+            self._stop_without_a_clean_close()
             raise
         self._arm_expiry_tick()  # a message may have brought an expiry or a dead letter
         return answer
+
+    def _stop_without_a_clean_close(self) -> None:
+        """A store call or a write failed in the middle of a change (a publish whose index
+        entry is written but whose body's settlement the store client gave up, a batch
+        half taken when the disk filled): the engine may be half way, and a later sync
+        would confirm what the store never took. Never carry on from there: stop now
+        (the pass ends after this ask, no sync runs) without a clean close, as a failure,
+        so that the queue is restarted, transient (auto_delete) or not, and recovers
+        dirty. The asker gets the error."""
+        self._no_clean_stop = True
+        self.stop(abnormal=True)
 
     def _publish(self, message: Publish) -> None:
         queue = self._engine
@@ -392,13 +397,6 @@ class QueueActor(ProcessActor):
             self.counters["rejected_publishes"] += max(0, len(payloads) - room)
             payloads = payloads[:room]
             msg_ids = msg_ids[:room] if msg_ids is not None else None
-        if message.producer is not None:
-            # The highest taken: of the new messages kept, or of the repeats found among
-            # the recovered entries (durable, not yet in the producer log).
-            if payloads:
-                high = max(high, sequences[len(payloads) - 1])
-            if high > self._accepted.get(message.producer, -1):
-                self._accepted[message.producer] = high
         ttls = [t for t in (message.expiration_ms, self.definition.message_ttl_ms) if t is not None]
         expiry = _now_ms() + min(ttls) if ttls else None
         seq_ids = queue.publish_many(
@@ -408,6 +406,14 @@ class QueueActor(ProcessActor):
             expiry_ms=expiry,
             sync_follows=message.awaited and self.mailbox_empty(),
         )
+        if message.producer is not None:
+            # The highest taken, once taken (a batch refused whole, a message too large,
+            # leaves the producer where it was): of the new messages kept, or of the
+            # repeats found among the recovered entries (durable, not yet in the log).
+            if payloads:
+                high = max(high, sequences[len(payloads) - 1])
+            if high > self._accepted.get(message.producer, -1):
+                self._accepted[message.producer] = high
         if expiry is not None and seq_ids:
             self._may_expire = True
         self.counters["published"] += len(seq_ids)
