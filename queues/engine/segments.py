@@ -203,9 +203,12 @@ class SegmentFiles:
             self.delete(segment)
 
     def delete_all(self) -> None:
+        """Delete every file, and make that durable: nothing written is left to sync, so
+        this holds after a failed fdatasync too."""
         for segment in sorted(self.on_disk):
             self.delete(segment)
-        self.sync()
+        os.fsync(self.dir_fd)
+        self._directory_unsynced = False
 
     def start_writeback(self) -> None:
         """Have the device start on every file written since the last sync, without

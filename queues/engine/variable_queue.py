@@ -1363,19 +1363,25 @@ class VariableQueue:
     # ------------------------------------------------------------------ ending
 
     def terminate(self) -> None:
-        """Clean stop: make everything durable, write the recovery terms, release."""
+        """Clean stop: make everything durable, write the recovery terms, release. If
+        that fails (a full disk, a failed fdatasync), the files are released as a crash
+        would leave them, with no terms: the next open recovers dirty."""
         if self._closed:
             return
-        self._write_unwritten()
-        transient_in_store = [
-            s.seq_id
-            for s in self._all_statuses()
-            if not s.persistent and s.body_on_disk and not s.shared and not s.index_on_disk
-        ]
-        self._store.remove(transient_in_store)
-        self._persistent.settled(True)
-        self._store.close()
-        self._index.close()
+        try:
+            self._write_unwritten()
+            transient_in_store = [
+                s.seq_id
+                for s in self._all_statuses()
+                if not s.persistent and s.body_on_disk and not s.shared and not s.index_on_disk
+            ]
+            self._store.remove(transient_in_store)
+            self._persistent.settled(True)
+            self._store.close()
+            self._index.close()
+        except BaseException:
+            self.abandon()
+            raise
         delivery_counts = dict(self._delivery_counts)
         for status in self._all_statuses():
             if status.persistent and status.delivery_count:

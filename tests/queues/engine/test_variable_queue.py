@@ -537,10 +537,27 @@ def test_after_a_failed_fdatasync_no_sync_succeeds_until_the_queue_is_reopened(
     with pytest.raises(OSError, match="earlier fdatasync"):
         queue.sync()
     assert queue.needs_sync()
-    queue.abandon()
+    with pytest.raises(OSError, match="earlier fdatasync"):
+        queue.terminate()  # no clean stop: released as a crash would, no recovery terms
     reopened = open_queue()  # recovers from what is on disk (here: all of it)
     assert [number(d) for d in drain(reopened)] == [0, 1, 2]
     assert reopened.sync() == []
+
+
+def test_a_queue_whose_fdatasync_failed_can_still_be_deleted(open_queue, tmp_path, monkeypatch):
+    queue = open_queue()
+    queue.publish_many([encode(message(n)) for n in range(3)])
+    fdatasync = os.fdatasync
+
+    def io_error_once(fd: int) -> None:
+        monkeypatch.setattr(os, "fdatasync", fdatasync)
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(os, "fdatasync", io_error_once)
+    with pytest.raises(OSError, match="Input/output error"):
+        queue.sync()
+    queue.delete()
+    assert not (tmp_path / "queues" / "q").exists()
 
 
 def test_a_batch_with_a_message_over_the_maximum_publishes_nothing(open_queue):
