@@ -1,5 +1,8 @@
 """Small helpers shared by the queue tests."""
 
+import errno
+import os
+
 from warren.queues import Message
 
 N = 16
@@ -23,6 +26,18 @@ def drain(queue, ack=True):
     if ack and out:
         queue.ack([d.seq_id for d in out])
     return out
+
+
+def fail_the_next_fdatasync(monkeypatch) -> None:
+    """The next ``os.fdatasync`` raises EIO, as on a disk that lost a write; later ones
+    run as usual."""
+    fdatasync = os.fdatasync
+
+    def io_error_once(fd: int) -> None:
+        monkeypatch.setattr(os, "fdatasync", fdatasync)
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(os, "fdatasync", io_error_once)
 
 
 def assert_counts_add_up(queue):

@@ -2,7 +2,6 @@
 with tracking snapshots, recovery from torn tails, corruption, retention, readers in
 other processes, a writer killed mid-append, and a model of the whole."""
 
-import errno
 import multiprocessing
 import os
 import shutil
@@ -40,6 +39,8 @@ from warren.queues.engine.stream_log import (
     segment_file_name,
     unpack_chunk,
 )
+
+from ..helpers import fail_the_next_fdatasync
 
 T0 = 1_700_000_000_000
 
@@ -212,13 +213,7 @@ def test_after_a_failed_flush_nothing_more_is_committed_until_the_stream_is_reop
 ):
     log = StreamLog(tmp_path, max_segment_chunks=2)
     log.append([b"a"])
-    fdatasync = os.fdatasync
-
-    def io_error_once(fd: int) -> None:
-        monkeypatch.setattr(os, "fdatasync", fdatasync)
-        raise OSError(errno.EIO, "Input/output error")
-
-    monkeypatch.setattr(os, "fdatasync", io_error_once)
+    fail_the_next_fdatasync(monkeypatch)
     with pytest.raises(OSError, match="Input/output error"):
         if where == "group commit":
             log.sync()

@@ -30,7 +30,14 @@ from warren.queues.engine.variable_queue import (
     collector_is_generational,
 )
 
-from ..helpers import N, assert_counts_add_up, drain, message, number
+from ..helpers import (
+    N,
+    assert_counts_add_up,
+    drain,
+    fail_the_next_fdatasync,
+    message,
+    number,
+)
 
 SIZES = [10, 5000]  # below and above embed_msgs_below (4096)
 
@@ -518,20 +525,20 @@ def test_a_disk_that_stays_full_fails_every_sync_and_a_publish_none(
     assert [d.message.body for d in drain(open_queue())] == bodies
 
 
+def _a_queue_whose_fdatasync_failed(open_queue, monkeypatch):
+    """A queue holding messages 0 to 2, whose sync of them failed at its fdatasync."""
+    queue = open_queue()
+    queue.publish_many([encode(message(n)) for n in range(3)])
+    fail_the_next_fdatasync(monkeypatch)
+    with pytest.raises(OSError, match="Input/output error"):
+        queue.sync()
+    return queue
+
+
 def test_after_a_failed_fdatasync_no_sync_succeeds_until_the_queue_is_reopened(
     open_queue, monkeypatch
 ):
-    queue = open_queue()
-    queue.publish_many([encode(message(n)) for n in range(3)])
-    fdatasync = os.fdatasync
-
-    def io_error_once(fd: int) -> None:
-        monkeypatch.setattr(os, "fdatasync", fdatasync)
-        raise OSError(errno.EIO, "Input/output error")
-
-    monkeypatch.setattr(os, "fdatasync", io_error_once)
-    with pytest.raises(OSError, match="Input/output error"):
-        queue.sync()
+    queue = _a_queue_whose_fdatasync_failed(open_queue, monkeypatch)
     # The kernel may have dropped the pages it could not write: a second fdatasync
     # succeeding would prove nothing.
     with pytest.raises(OSError, match="earlier fdatasync"):
@@ -545,18 +552,7 @@ def test_after_a_failed_fdatasync_no_sync_succeeds_until_the_queue_is_reopened(
 
 
 def test_a_queue_whose_fdatasync_failed_can_still_be_deleted(open_queue, tmp_path, monkeypatch):
-    queue = open_queue()
-    queue.publish_many([encode(message(n)) for n in range(3)])
-    fdatasync = os.fdatasync
-
-    def io_error_once(fd: int) -> None:
-        monkeypatch.setattr(os, "fdatasync", fdatasync)
-        raise OSError(errno.EIO, "Input/output error")
-
-    monkeypatch.setattr(os, "fdatasync", io_error_once)
-    with pytest.raises(OSError, match="Input/output error"):
-        queue.sync()
-    queue.delete()
+    _a_queue_whose_fdatasync_failed(open_queue, monkeypatch).delete()
     assert not (tmp_path / "queues" / "q").exists()
 
 
