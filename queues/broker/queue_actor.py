@@ -98,9 +98,11 @@ goes message by message): the batch would be half taken, and a deduplicating pro
 accepted sequence already raised past the messages left out, so its retry would have
 them dropped as repeats; the restart recovers both from disk. The pass ends there: what
 waits in the mailbox is answered ActorDeadError (an ask: clients send it again to the
-restarted queue) or dropped (a tell). A Settle names its
-consumer, so one connection cannot ack another's deliveries; it travels on the same
-socket as that connection's fetches, so a fetch after an ack sees the ack applied.
+restarted queue) or dropped (a tell).
+
+A Settle names its consumer, so one connection cannot ack another's deliveries; it
+travels on the same socket as that connection's fetches, so a fetch after an ack sees the
+ack applied.
 """
 
 from __future__ import annotations

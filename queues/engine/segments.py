@@ -49,7 +49,7 @@ _CRC = struct.Struct(">I")
 
 
 _SYNC_FILE_RANGE_WRITE = 2  # start writing the dirty pages back; wait for none of them
-MAX_VECTORS = 1024  # IOV_MAX on Linux: buffers per pwritev
+_MAX_VECTORS = 1024  # IOV_MAX on Linux: buffers per pwritev
 
 
 def _writeback_starter() -> Callable[[int], object] | None:
@@ -252,8 +252,8 @@ class SegmentFiles:
 def write_vectors(fd: int, vectors: list[bytes], offset: int) -> None:
     """pwritev all of ``vectors`` at ``offset``, IOV_MAX buffers at a time; a short write
     (which a regular file gives only when something is wrong) raises."""
-    for at in range(0, len(vectors), MAX_VECTORS):
-        chunk = vectors[at : at + MAX_VECTORS]
+    for at in range(0, len(vectors), _MAX_VECTORS):
+        chunk = vectors[at : at + _MAX_VECTORS]
         expected = sum(map(len, chunk))
         written = os.pwritev(fd, chunk, offset)
         if written != expected:
