@@ -65,7 +65,15 @@ at once) is restarted only ``TERMINATED_RESTART_DELAY_S`` later, so that when th
 node is being stopped, the node's own stop begins before any such restart.
 
 A restart that fails to start counts as a restart too and is retried after
-``RETRY_DELAY_S``, until the intensity gives out. As in OTP, a supervisor that is itself
+``RETRY_DELAY_S``, until the intensity gives out.
+
+Restart counts: every supervisor of a tree shares the root's ``RestartCounts``, which
+counts, per actor name, every start after the first, when the start is made (a
+restart, a start retried, a start of a supervisor restarted above it). A node's metrics
+read them there: sampling the running actors' incarnations missed every restart of a
+queue that crash-looped and gave up between two scrapes, and forgot the count of a child
+no longer running. A name started again after it was removed (a queue deleted and
+declared again) counts one more. As in OTP, a supervisor that is itself
 restarted starts from its spec: children added with ``start_child`` are not brought back
 (whoever added them adds them again, as a queue's declaration is replayed).
 
@@ -123,6 +131,30 @@ COALESCE_S = 0.05
 BEAT_RETRY_S = 1.0
 
 
+class RestartCounts:
+    """How many times each actor of a tree was started again (see the module docstring);
+    thread-safe: the supervisors' event threads count, a node's metrics read."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._starts: dict[str, int] = {}  # actor name -> starts, the first included
+
+    def starting(self, name: str) -> None:
+        """The actor ``name`` is being started (again, unless this is its first)."""
+        with self._lock:
+            self._starts[name] = self._starts.get(name, 0) + 1
+
+    def of(self, name: str) -> int:
+        """The restarts of the actor ``name``: its starts after the first."""
+        with self._lock:
+            return max(0, self._starts.get(name, 0) - 1)
+
+    def total(self) -> int:
+        """The restarts of every actor the tree ever started."""
+        with self._lock:
+            return sum(starts - 1 for starts in self._starts.values())
+
+
 @dataclass(eq=False)  # children are compared by identity
 class _Child:
     spec: ChildSpec | SupervisorSpec
@@ -160,6 +192,7 @@ class Supervisor:
         spec: SupervisorSpec,
         *,
         on_failure: Callable[[str], None] | None = None,
+        restart_counts: RestartCounts | None = None,
     ) -> None:
         if not isinstance(spec, SupervisorSpec):
             raise SupervisorError(f"spec must be a SupervisorSpec, got {spec!r}")
@@ -167,6 +200,8 @@ class Supervisor:
         self.spec = spec
         self.id = spec.id
         self._on_failure = on_failure
+        # shared by the whole tree: the root's, handed to every supervisor below it
+        self.restart_counts = restart_counts if restart_counts is not None else RestartCounts()
         self._children: list[_Child] = []
         self._lock = threading.RLock()
         self._events: queue.Queue[_Event] = queue.Queue()
@@ -403,9 +438,11 @@ class Supervisor:
                     on_failure=lambda reason: self._events.put(
                         _Event("exit", child, generation, f"supervisor failed: {reason}")
                     ),
+                    restart_counts=self.restart_counts,
                 )
                 child.supervisor.start()
             else:
+                self.restart_counts.starting(child.name)
                 if child.ref is not None:
                     child.ref = self.node.restart(child.ref, start_timeout_s=spec.start_timeout_s)
                 else:

@@ -30,8 +30,12 @@ own: an actor restarted (after a SIGKILL or any crash) counts from 0 again under
 incarnation, so its first reading adds in whole, while what the old incarnation counted
 after its last reading is lost, never counted twice. No node counter goes backwards, so
 Prometheus's ``rate()`` stays true across restarts; a deleted queue's counts stay in the
-node's totals. Restarts are the node's too: an actor's incarnation number less one (every
-start after the first, at the same address). Gauges are reported as read. A published
+node's totals. Restarts are the node's too, counted by the supervisors as they start an
+actor again (``warren.supervisor.supervisor.RestartCounts``), not sampled: a queue that
+crash-loops between two scrapes and gives up shows every restart, and keeps its count,
+and its state (``warren_queue_state``, crashed) is a series of its own while its
+process is gone. Both are the node's, so an actor that does not answer keeps them.
+Gauges are reported as read. A published
 answer already booked (the same incarnation and sequence number) is not booked again.
 
 Protocol: every request goes to the incarnation the tree names now (a pinned ref), and a
@@ -56,6 +60,7 @@ The files of actors the tree no longer runs are unmapped at the end of each snap
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import dataclasses
 import logging
@@ -80,6 +85,7 @@ from warren.queues.protocol import QueueStats
 from warren.store.latency import LATENCY_BUCKETS_S
 from warren.store.protocol import StoreStats
 
+from ..supervisor import RestartCounts
 from .series import (
     ACTOR_COUNTERS,
     ACTOR_MEMORY,
@@ -97,6 +103,8 @@ from .series import (
     NODE_COUNTERS,
     QUEUE_COUNTERS,
     QUEUE_GAUGES,
+    QUEUE_STATE,
+    QUEUE_STATES,
     QUEUES_DECLARED,
     RESOURCE_GAUGES,
     START_SECONDS,
@@ -108,6 +116,7 @@ from .series import (
     STREAM_COUNTERS,
     STREAM_GAUGES,
     STREAM_OFFSETS,
+    STREAM_STATE,
     UNANSWERED,
     VARIABLE_QUEUE_FAMILY,
     VARIABLE_QUEUE_HELP,
@@ -193,6 +202,8 @@ class Snapshot:
     running: int
     unanswered: list[str]
     restarts: int
+    # actor -> its restarts: every actor the tree runs, and every crashed queue's
+    actor_restarts: dict[str, int]
     totals: dict[str, float]
     actors: dict[str, ActorFigures] = dataclasses.field(default_factory=dict)
     queues: dict[str, ActorFigures] = dataclasses.field(default_factory=dict)
@@ -246,7 +257,6 @@ class NodeFigures:
         self._listener = listener
         self.budget_s = budget_s
         self._ledger = CounterLedger()
-        self._incarnations: dict[str, int] = {}  # actor -> the newest incarnation seen
         self._outstanding: dict[str, tuple[int, Future]] = {}  # address -> unanswered
         self._slots = SlotReader()  # the actors' published figures
         self._booked: dict[str, tuple[int, int]] = {}  # address -> (incarnation, seq) booked
@@ -295,10 +305,15 @@ class NodeFigures:
         now = time.monotonic()
         deadline = now + self.budget_s
         asked = [self._read_or_ask(ref, per_object, now) for ref in refs]
-        for ref in refs:
-            self._incarnations[ref.name] = max(self._incarnations.get(ref.name, 0), ref.incarnation)
+        counts = root.restart_counts if root is not None else RestartCounts()
         queue_types = node.queue_types()
         declared = sorted(queue_types)
+        queue_states = self._queue_states(declared, {ref.name for ref in refs})
+        crashed = [
+            (self._stream_prefix if queue_types[name] == "stream" else self._queue_prefix) + name
+            for name, state in queue_states.items()
+            if state == "crashed"
+        ]
         snapshot = Snapshot(
             node=node.name,
             state=node.state,
@@ -311,10 +326,11 @@ class NodeFigures:
             node_counters=dict(node.counters),
             declared_queues=declared,
             queue_types=queue_types,
-            queue_states=self._queue_states(declared, {ref.name for ref in refs}),
+            queue_states=queue_states,
             running=len(refs),
             unanswered=[],
-            restarts=0,
+            restarts=counts.total(),
+            actor_restarts={name: counts.of(name) for name in [ref.name for ref in refs] + crashed},
             totals={},
         )
         for request in asked:
@@ -334,7 +350,7 @@ class NodeFigures:
                 name=ref.name,
                 pid=ref.pid,
                 incarnation=ref.incarnation,
-                restarts=ref.incarnation - 1,
+                restarts=snapshot.actor_restarts[ref.name],
                 own=answer.own,
                 rss_bytes=rss_bytes if isinstance(rss_bytes, int) else None,
                 counters=dict(self._ledger.by_owner.get(ref.name, {})),
@@ -350,7 +366,6 @@ class NodeFigures:
                 snapshot.listener = figures
         self._forget_gone(declared, refs)
         snapshot.totals = dict(self._ledger.totals)
-        snapshot.restarts = sum(n - 1 for n in self._incarnations.values())
         return snapshot
 
     def _read_or_ask(self, ref: ActorRef, per_object: bool, now: float) -> _Asked:
@@ -639,6 +654,27 @@ def _summed(snapshot: Snapshot, counters: Iterable[str]) -> float:
     return sum(snapshot.totals.get(counter, 0) for counter in counters)
 
 
+def _state_family(snapshot: Snapshot, per_object: bool, kind: str) -> Metric:
+    """The state of every declared queue of ``kind`` (``queue``: classic, or ``stream``),
+    the node's word (no answer needed): per object 1 for its state and 0 for the others,
+    node-wide how many are in each."""
+    figure = STREAM_STATE if kind == "stream" else QUEUE_STATE
+    states = {
+        name: state
+        for name, state in snapshot.queue_states.items()
+        if (snapshot.queue_types.get(name) == "stream") == (kind == "stream")
+    }
+    if per_object:
+        samples = [
+            ((name, state), int(states[name] == state))
+            for name in sorted(states)
+            for state in QUEUE_STATES
+        ]
+        return _gauge(figure, [kind, "state"], samples)
+    counts = collections.Counter(states.values())
+    return _gauge(figure, ["state"], [((state,), counts[state]) for state in QUEUE_STATES])
+
+
 def _queue_families(snapshot: Snapshot, per_object: bool) -> list[Metric]:
     queues = sorted(snapshot.queues.items())
     labels = ["queue"] if per_object else []
@@ -657,6 +693,7 @@ def _queue_families(snapshot: Snapshot, per_object: bool) -> list[Metric]:
             for state in VARIABLE_QUEUE_STATES
         ]
     families.append(_gauge(states, [*labels, "state"], samples))
+    families.append(_state_family(snapshot, per_object, "queue"))
     families += _counters(QUEUE_COUNTERS, queues, "queue", per_object, snapshot.totals)
     if per_object:
         samples = [
@@ -676,6 +713,7 @@ def _queue_families(snapshot: Snapshot, per_object: bool) -> list[Metric]:
 def _stream_families(snapshot: Snapshot, per_object: bool) -> list[Metric]:
     streams = sorted(snapshot.streams.items())
     families = _gauges(STREAM_GAUGES, streams, "stream", per_object)
+    families.append(_state_family(snapshot, per_object, "stream"))
     if per_object:
         families += _gauges(STREAM_OFFSETS, streams, "stream", per_object)
         consumers = [
@@ -718,7 +756,8 @@ def _actor_families(snapshot: Snapshot, per_object: bool) -> list[Metric]:
         return families
     actors = sorted(snapshot.actors.items())
     labels = ["actor"]
-    families.append(_counter(ACTOR_RESTARTS, labels, [((n,), a.restarts) for n, a in actors]))
+    restarts = sorted(snapshot.actor_restarts.items())
+    families.append(_counter(ACTOR_RESTARTS, labels, [((n,), count) for n, count in restarts]))
     families += [
         _counter(f, labels, [((name,), a.counters.get(f.name)) for name, a in actors])
         for f in (*ACTOR_COUNTERS, CPU_SECONDS)

@@ -519,6 +519,20 @@ UNANSWERED = Figure(
     "their series are missing",
 )
 ACTORS_RUNNING = Figure("warren_actors", "", "Actors the node's tree runs")
+QUEUE_STATES = ("starting", "running", "restarting", "crashed")
+QUEUE_STATE = Figure(
+    "warren_queue_state",
+    "",
+    "1 for the queue's state now and 0 for the others (node-wide: the queues in each): "
+    "starting (the node starts), running, restarting (between two processes), crashed "
+    "(it kept crashing and stays down)",
+)
+STREAM_STATE = Figure(
+    "warren_stream_state",
+    "",
+    "1 for the stream's state now and 0 for the others (node-wide: the streams in each), "
+    "as warren_queue_state's",
+)
 ACTOR_RESTARTS = Figure(
     "warren_actor_restarts",
     "",
@@ -563,6 +577,8 @@ def exported() -> dict[str, str]:
         UNANSWERED,
         ACTORS_RUNNING,
         ACTOR_MEMORY,
+        QUEUE_STATE,
+        STREAM_STATE,
     ]
     names = {figure.name + "_total": "counter" for figure in counters}
     names.update({name + "_total": "counter" for name, _, _ in GLOBAL_COUNTERS})

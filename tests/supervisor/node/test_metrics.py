@@ -31,6 +31,7 @@ from warren.queues.errors import NotFound
 from warren.supervisor import ChildSpec, Node
 from warren.supervisor.node import series
 from warren.supervisor.node.http_endpoint import CLIENT_TIMEOUT_S
+from warren.supervisor.node.node import QUEUE_FLAGS
 
 from ...waiting import wait_for
 from ..cli.test_cli import ROOT, WARREN, settings_from, warren
@@ -39,6 +40,8 @@ from .test_node import warren_node
 
 LOOPBACK_ANY_PORT = "127.0.0.1:0"
 ORDERS = (("queue", "orders"),)
+NODE_KEPT = ("warren_queue_state", "warren_actor_restarts_total")  # no answer needed
+STUCK_RUNNING = (("queue", "stuck"), ("state", "running"))
 
 
 def fetch(url: str, method: str = "GET") -> tuple[int, dict, bytes]:
@@ -232,6 +235,37 @@ def test_counters_never_go_backwards_when_the_queue_process_is_killed_and_restar
         assert node_wide[("warren_actor_restarts_total", ())] == 1
 
 
+def kill_queue_process(node: Node, queue: str) -> None:
+    """SIGKILL the queue's process once it runs, and wait until it has been replaced or
+    its supervisor gave up on it."""
+    wait_for(lambda: node.queue_state(queue) == "running")
+    pid = node.queue(queue).pid
+    os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: node.queue_state(queue) == "crashed" or restarted(node, queue, pid))
+
+
+def test_a_queue_that_crash_loops_between_two_scrapes_counts_every_restart_and_shows_crashed(
+    tmp_path,
+):
+    restarts = ("warren_actor_restarts_total", (("actor", "queue orders"),))
+    with Node(tmp_path / "data", http=LOOPBACK_ANY_PORT) as node:
+        node.declare_queue("orders")
+        node.declare_queue("steady")
+        assert scrape(node, "/metrics/per-object")[restarts] == 0
+        assert scrape(node)[("warren_actor_restarts_total", ())] == 0
+        for _ in range(QUEUE_FLAGS.intensity + 1):  # one crash more than it may restart
+            kill_queue_process(node, "orders")
+        assert node.queue_state("orders") == "crashed"
+        node_wide, per_object = scrape(node), scrape(node, "/metrics/per-object")
+        assert node_wide[("warren_actor_restarts_total", ())] == QUEUE_FLAGS.intensity
+        assert per_object[restarts] == QUEUE_FLAGS.intensity
+        assert per_object[("warren_queue_state", (("queue", "orders"), ("state", "crashed")))] == 1
+        assert per_object[("warren_queue_state", (("queue", "orders"), ("state", "running")))] == 0
+        assert per_object[("warren_queue_state", (("queue", "steady"), ("state", "running")))] == 1
+        assert node_wide[("warren_queue_state", (("state", "crashed"),))] == 1
+        assert node_wide[("warren_queue_state", (("state", "running"),))] == 1
+
+
 def test_dead_letters_are_counted_by_reason_expired_maxlen_and_rejected(tmp_path):
     reasons = ("expired", "maxlen", "rejected")
     with Node(tmp_path / "data", http=LOOPBACK_ANY_PORT) as node:
@@ -317,10 +351,14 @@ def test_a_stopped_queue_process_delays_a_scrape_half_a_second_and_hides_only_it
                 stuck = [
                     key
                     for key in samples
-                    if dict(key[1]).get("queue") == "stuck"
-                    or dict(key[1]).get("actor") == "queue stuck"
+                    if (
+                        dict(key[1]).get("queue") == "stuck"
+                        or dict(key[1]).get("actor") == "queue stuck"
+                    )
+                    and key[0] not in NODE_KEPT  # the node's, not the actor's answer
                 ]
                 assert stuck == []
+                assert samples[("warren_queue_state", STUCK_RUNNING)] == 1
         finally:
             os.kill(pid, signal.SIGCONT)
         stuck_ready = ("warren_queue_messages_ready", (("queue", "stuck"),))
