@@ -27,8 +27,16 @@ with them, and what a scrape every second takes from publish+confirm, all in the
   Prometheus would), five times each, the fastest of each kept (``best_of_alternating``);
   the queue is purged, untimed, after every run. The baseline is the run without scrapes.
   Target: the slowdown <= 5 %, so the ratio >= 0.95.
+- publish+confirm into a deep queue under scrapes: the same workload with 100-byte
+  bodies into a queue holding ``DEEP_DEPTH`` messages (1,000,000; 100,000 with
+  ``--quick``; ``--depth=N`` to choose), alternately without and with a scraper fetching
+  ``/metrics`` 16 times a second, the messages of each run left in the queue. The queue
+  is busy, so every scrape asks it for its stats, which once walked every message in
+  RAM (26 ms at 100,000). Target: the slowdown <= 10 %, so the ratio >= 0.90.
 
-``--quick`` shrinks the queues to 100 and the publishes by 4x.
+``--quick`` shrinks the queues to 100, the publishes by 4x and the deep queue to
+100,000. ``--only=scrape,load,deep`` runs only the parts named (the many-queue node, the
+publishes under a scrape a second, the deep queue).
 """
 
 from __future__ import annotations
@@ -40,6 +48,8 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import psutil
@@ -59,17 +69,24 @@ BODY = b"x" * 1024
 SLOWDOWN_RATIO_TARGET = 0.95
 SLOWDOWN_RUNS = 5  # each side: runs of under a second, so one disturbed run weighs less
 PAGES = ("/metrics", "/metrics/per-object")
+DEEP_DEPTH = 1_000_000  # messages in the deep queue before its timed runs
+DEEP_BODY = b"x" * 100
+DEEP_PUBLISHES = 200_000  # per timed run
+DEEP_SCRAPES_PER_S = 16
+DEEP_RATIO_TARGET = 0.90
+PREFILL_BATCH = 1000  # messages per publish_many of the deep queue's filling
+PARTS = ("scrape", "load", "deep")
 
 SCRAPER = """
 import sys, threading, time, urllib.request
-url = sys.argv[1]
+url, interval = sys.argv[1], float(sys.argv[2])
 stop = threading.Event()
 threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
 print("ready", flush=True)
 next_at = time.monotonic()
 while not stop.is_set():
     urllib.request.urlopen(url, timeout=10).read()
-    next_at += 1.0
+    next_at += interval
     stop.wait(max(0.0, next_at - time.monotonic()))
 """
 
@@ -151,42 +168,78 @@ def raise_open_files_limit() -> str:
     return "unlimited" if hard == resource.RLIM_INFINITY else f"{hard:,}"
 
 
+@contextmanager
+def scraping(url: str, per_second: float) -> Iterator[None]:
+    """A scraper process fetching ``url`` ``per_second`` times a second meanwhile."""
+    scraper = subprocess.Popen(
+        [sys.executable, "-c", SCRAPER, url, str(1 / per_second)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        scraper.stdout.readline()
+        yield
+    finally:
+        scraper.stdin.close()
+        scraper.wait(timeout=30)
+        scraper.stdout.close()
+
+
+def publish_rates(
+    node: Node, queue: str, body: bytes, count: int, page: str, per_second: float, purge: bool
+) -> tuple[float, float]:
+    """The fastest run of ``count`` publish+confirms into ``queue`` without and with
+    ``page`` scraped ``per_second`` times a second, in messages per second; the queue
+    purged, untimed, after each run when ``purge``."""
+    connection = node.connect(max_in_flight=WINDOW)
+
+    def publish() -> float:
+        started = time.perf_counter()
+        for _ in range(count):
+            connection.publish_async(queue, body)
+        connection.wait_for_confirms(timeout=300)
+        elapsed = time.perf_counter() - started
+        if purge:
+            connection.purge_queue(queue)
+        return elapsed
+
+    def publish_while_scraped() -> float:
+        with scraping(node.http_endpoint + page, per_second):
+            return publish()
+
+    try:
+        plain, scraped = best_of_alternating(publish, publish_while_scraped, runs=SLOWDOWN_RUNS)
+    finally:
+        connection.close()
+    return count / plain, count / scraped
+
+
 def publish_rate_runs(data_dir: str, count: int) -> tuple[float, float]:
     """The fastest publish+confirm run without and with a scrape every second, in
     messages per second."""
     with Node(data_dir, http="127.0.0.1:0") as node:
         node.declare_queue("load")
-        connection = node.connect(max_in_flight=WINDOW)
+        return publish_rates(node, "load", BODY, count, "/metrics/per-object", 1.0, purge=True)
 
-        def publish() -> float:
-            started = time.perf_counter()
-            for _ in range(count):
-                connection.publish_async("load", BODY)
-            connection.wait_for_confirms(timeout=300)
-            elapsed = time.perf_counter() - started
-            connection.purge_queue("load")
-            return elapsed
 
-        def publish_while_scraped() -> float:
-            scraper = subprocess.Popen(
-                [sys.executable, "-c", SCRAPER, node.http_endpoint + "/metrics/per-object"],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                text=True,
-            )
-            try:
-                scraper.stdout.readline()
-                return publish()
-            finally:
-                scraper.stdin.close()
-                scraper.wait(timeout=30)
-                scraper.stdout.close()
-
-        try:
-            plain, scraped = best_of_alternating(publish, publish_while_scraped, runs=SLOWDOWN_RUNS)
-        finally:
-            connection.close()
-    return count / plain, count / scraped
+def deep_queue_runs(data_dir: str, depth: int, count: int) -> tuple[float, float, float]:
+    """The fastest publish+confirm run into a queue of ``depth`` messages without and with
+    ``DEEP_SCRAPES_PER_S`` scrapes a second, in messages per second; and the seconds its
+    filling took."""
+    with Node(data_dir, http="127.0.0.1:0") as node:
+        node.declare_queue("deep")
+        started = time.perf_counter()
+        with node.connect(max_in_flight=WINDOW) as connection:
+            batch = [DEEP_BODY] * PREFILL_BATCH
+            for _ in range(depth // PREFILL_BATCH):
+                connection.publish_many_async("deep", batch)
+            connection.wait_for_confirms(timeout=1800)
+        filled_s = time.perf_counter() - started
+        plain, scraped = publish_rates(
+            node, "deep", DEEP_BODY, count, "/metrics", DEEP_SCRAPES_PER_S, purge=False
+        )
+    return plain, scraped, filled_s
 
 
 def met(figure: float, target: float) -> str:
@@ -202,17 +255,33 @@ def queue_counts(argv: list[str]) -> list[int]:
     return counts
 
 
+def option(argv: list[str], name: str) -> str | None:
+    """The value of ``--name=value`` on the command line, the last one given."""
+    values = [a.removeprefix(f"--{name}=") for a in argv if a.startswith(f"--{name}=")]
+    return values[-1] if values else None
+
+
 def main(argv: list[str]) -> str:
     quick = "--quick" in argv
     count = PUBLISHES // (4 if quick else 1)
+    depth = int(option(argv, "depth") or DEEP_DEPTH // (10 if quick else 1))
+    parts = (option(argv, "only") or ",".join(PARTS)).split(",")
+    unknown = sorted(set(parts) - set(PARTS))
+    if unknown:
+        raise SystemExit(f"bench metrics: --only names {unknown}; the parts are {list(PARTS)}")
     open_files = raise_open_files_limit()
     root = scratch_directory("warren-bench-metrics-")
+    runs, load, deep = [], None, None
     try:
-        runs = [
-            node_with_queues(os.path.join(root, f"queues-{queues}"), queues)
-            for queues in queue_counts(argv)
-        ]
-        plain, scraped = publish_rate_runs(os.path.join(root, "load"), count)
+        if "scrape" in parts:
+            runs = [
+                node_with_queues(os.path.join(root, f"queues-{queues}"), queues)
+                for queues in queue_counts(argv)
+            ]
+        if "load" in parts:
+            load = publish_rate_runs(os.path.join(root, "load"), count)
+        if "deep" in parts:
+            deep = deep_queue_runs(os.path.join(root, "deep"), depth, DEEP_PUBLISHES)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     ms = 1000
@@ -259,14 +328,37 @@ def main(argv: list[str]) -> str:
                 note=f"limit {open_files}",
             )
         )
-    rows.append(
-        Row(
-            f"publish+confirm 1 KiB, window {WINDOW:,}, a scrape every second",
-            scraped,
-            "msgs/s",
-            plain,
-            SLOWDOWN_RATIO_TARGET,
-            "baseline: the same without scrapes",
+    if load is not None:
+        plain, scraped = load
+        rows.append(
+            Row(
+                f"publish+confirm 1 KiB, window {WINDOW:,}, a scrape every second",
+                scraped,
+                "msgs/s",
+                plain,
+                SLOWDOWN_RATIO_TARGET,
+                "baseline: the same without scrapes",
+            )
         )
-    )
+    if deep is not None:
+        plain, scraped, filled_s = deep
+        rows.append(
+            Row(
+                f"publish+confirm 100 B into a queue of {depth:,}, no scrapes",
+                plain,
+                "msgs/s",
+                note=f"filled in {filled_s:.0f} s",
+            )
+        )
+        rows.append(
+            Row(
+                f"publish+confirm 100 B into a queue of {depth:,}, "
+                f"{DEEP_SCRAPES_PER_S} scrapes a second",
+                scraped,
+                "msgs/s",
+                plain,
+                DEEP_RATIO_TARGET,
+                "baseline: the row above",
+            )
+        )
     return render(f"node metrics: scrapes and their cost ({count:,} publishes a run)", rows)

@@ -81,26 +81,33 @@ Races this module guards against (one thread of control; a queue process owns it
 from __future__ import annotations
 
 import collections
-import gc
 import json
 import logging
 import math
 import os
 import time
-from bisect import insort
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from itertools import repeat
-from typing import Any, NamedTuple, Protocol
+from typing import Any
 
 from isal.isal_zlib import crc32
 
-from warren.store import Settlement
 from warren.store.disk_faults import slow_sync
 
 from ..durable_files import fsync_directory, write_atomically
 from ..errors import CorruptMessage, MessageTooLarge, QueueClosed, UnknownDeliveryTag
 from ..message import MAX_MESSAGE_BYTES, Message, decode, encode
+from .collector import collect_only_the_young_automatically, collector_is_generational
+from .msg_status import (
+    Delivery,
+    Delta,
+    Fetched,
+    MessageInfo,
+    MsgStatus,
+    RamFigures,
+    SharedStoreClient,
+    merge_in_order,
+)
 from .queue_index import (
     DEFAULT_SEGMENT_ENTRY_COUNT,
     INDEX_SUFFIX,
@@ -113,6 +120,8 @@ from .queue_index import (
 from .queue_store import QueueStore
 from .segments import SegmentFiles
 
+# The values it hands out (``msg_status``) and the collector's settings (``collector``)
+# are named here too: callers import them from this module.
 __all__ = [
     "Delivery",
     "Fetched",
@@ -133,167 +142,6 @@ TERMS_VERSION = 1
 RATE_SMOOTHING = 0.5  # weight of the newest rate sample
 WRITE_BATCH = 1024  # persistent publishes held before they are handed to store and index
 WRITE_AT_ONCE_BYTES = 32 * 2**10  # a publish_many of this many bytes is written at once
-_NO_AUTOMATIC_COLLECTION = 2**31 - 1  # an older generation's collection threshold
-
-
-def collector_is_generational() -> bool:
-    """Whether this Python's cyclic garbage collector has three generations, each collected
-    once the one below it has been collected ``threshold`` times (CPython up to 3.13, and
-    3.14.5 on). CPython 3.14.0 to 3.14.4 collect their old generation incrementally
-    instead, a slice at a time, and report a third threshold of 0."""
-    return gc.get_threshold()[2] != 0
-
-
-def collect_only_the_young_automatically() -> tuple[int, int, int]:
-    """Leave this process's automatic garbage collections to the youngest generation, as a
-    process holding a large ``VariableQueue`` runs: what outlives one collection waits for
-    a full one the process runs itself (a collection of an older generation walks every
-    ``MsgStatus`` that reached it: the queue process's docstring,
-    ``warren.queues.broker.queue_actor``, says why and when it collects instead); the
-    thresholds before, for ``gc.set_threshold`` to restore. An incremental collector is
-    left as it is: it already walks the old generation a slice at a time, and its
-    thresholds mean other things."""
-    before = gc.get_threshold()
-    if collector_is_generational():
-        gc.set_threshold(before[0], _NO_AUTOMATIC_COLLECTION, _NO_AUTOMATIC_COLLECTION)
-    return before
-
-
-class SharedStoreClient(Protocol):
-    """What the queue needs of a shared store: ``LocalStoreClient`` and ``StoreClient``."""
-
-    client_ref: bytes
-
-    def write(self, msg_id: bytes, body: bytes) -> int: ...
-    def remove(self, msg_ids: Iterable[bytes]) -> None: ...
-    def read_many(self, msg_ids: list[bytes]) -> list[bytes | None]: ...
-    def contains_many(self, msg_ids: list[bytes]) -> list[bool]: ...
-    def settled(self, wait: bool = True) -> Settlement: ...
-    def close(self) -> None: ...
-    def delete_and_terminate(self) -> None: ...
-
-
-@dataclass(frozen=True, slots=True)
-class MessageInfo:
-    """What is known of a message without reading it (for TTL predicates)."""
-
-    seq_id: int
-    expiry_ms: int  # 0: never expires
-    size: int
-    persistent: bool
-
-
-@dataclass(frozen=True, slots=True)
-class Delivery:
-    """A fetched message. ``seq_id`` is its ack tag; ``delivery_count`` counts the
-    deliveries before this one (requeues, and crashes that left it unacked)."""
-
-    seq_id: int
-    message: Message
-    redelivered: bool
-    delivery_count: int
-    msg_id: bytes
-
-
-class Fetched(NamedTuple):
-    """A fetched message, still encoded."""
-
-    seq_id: int
-    payload: bytes
-    delivery_count: int
-    msg_id: bytes
-
-
-class MsgStatus:
-    """One message's place in RAM: alpha while ``payload`` is set, else beta or gamma."""
-
-    __slots__ = (
-        "seq_id",
-        "msg_id",
-        "payload",
-        "size",
-        "persistent",
-        "expiry_ms",
-        "shared",
-        "store_offset",
-        "body_on_disk",
-        "index_on_disk",
-        "delivery_count",
-    )
-
-    def __init__(
-        self,
-        seq_id: int,
-        msg_id: bytes,
-        payload: bytes | None,
-        size: int,
-        persistent: bool,
-        expiry_ms: int,
-        shared: bool,
-        store_offset: int = 0,
-        on_disk: bool = False,
-    ) -> None:
-        self.seq_id = seq_id
-        self.msg_id = msg_id
-        self.payload = payload
-        self.size = size
-        self.persistent = persistent
-        self.expiry_ms = expiry_ms
-        self.shared = shared
-        self.store_offset = store_offset
-        self.body_on_disk = self.index_on_disk = on_disk
-        self.delivery_count = 0
-
-    @classmethod
-    def from_entry(cls, entry: Entry) -> MsgStatus:
-        return cls(
-            entry.seq_id,
-            entry.msg_id,
-            None,
-            entry.size,
-            entry.persistent,
-            entry.expiry_ms,
-            entry.shared,
-            entry.store_offset,
-            True,
-        )
-
-    def info(self) -> MessageInfo:
-        return MessageInfo(self.seq_id, self.expiry_ms, self.size, self.persistent)
-
-
-class Delta:
-    """The messages with nothing in RAM: ``count`` index entries with ``start <= seq id <
-    end`` (not every seq id in the range is one: some were acked, some are pending acks)."""
-
-    __slots__ = ("start", "end", "count", "bytes")
-
-    def __init__(self, start: int = 0, end: int = 0, count: int = 0, size: int = 0) -> None:
-        self.start, self.end, self.count, self.bytes = start, end, count, size
-
-    def is_empty(self) -> bool:
-        return self.start >= self.end
-
-    def add(self, status: MsgStatus) -> None:
-        if self.is_empty():
-            self.start, self.end = status.seq_id, status.seq_id + 1
-        else:
-            self.start = min(self.start, status.seq_id)
-            self.end = max(self.end, status.seq_id + 1)
-        self.count += 1
-        self.bytes += status.size
-
-    def add_range(self, start: int, end: int, count: int, size: int) -> None:
-        """Add ``count`` messages of ``size`` bytes in all, with seq ids from ``start`` up
-        to ``end``, none of them below the range's start."""
-        if self.is_empty():
-            self.start = start
-        self.end = max(self.end, end)
-        self.count += count
-        self.bytes += size
-
-    def __repr__(self) -> str:
-        return f"Delta(start={self.start}, end={self.end}, count={self.count})"
 
 
 class VariableQueue:
@@ -351,11 +199,14 @@ class VariableQueue:
         self.q4: collections.deque[MsgStatus] = collections.deque()
         self._ram_pending: dict[int, MsgStatus] = {}  # fetched, unacked, payload in RAM
         self._disk_pending: dict[int, MsgStatus] = {}  # fetched, unacked, paged out
+        self._figures = RamFigures()  # told of every move in and out of the above
         self._delivery_counts: dict[int, int] = {}  # of requeued messages in delta
-        # Persistent messages await the index's fsync (``_index_unsynced``); those in the
-        # shared store also await its settlement: parts not yet durable, 2 then 1.
+        # Persistent messages await the index's fsync: those in this queue's own store
+        # alone (``_index_unsynced``), those in the shared store (``_shared_unsynced``)
+        # its settlement too (``_unconfirmed``: parts not yet durable, 2 then 1).
         self._unconfirmed: dict[int, int] = {}
         self._index_unsynced: list[int] = []
+        self._shared_unsynced: list[int] = []
         self._store_unsettled: collections.deque[tuple[int, int]] = collections.deque()
         self._confirmed: list[int] = []  # due at the next sync
         self._removes_unsent = False  # shared-store removes since it
@@ -619,6 +470,9 @@ class VariableQueue:
             else:
                 status = MsgStatus(seq_id, msg_id, payload, size, True, expiry, False, 0, True)
                 self._unwritten_statuses.append(status)
+                figures = self._figures
+                figures.ram_bytes += size
+                figures.ram_bytes_on_disk += size
                 if self.q1 or self.q2 or self.q3 or self.delta.start < self.delta.end:
                     self.q1.append(status)
                 else:
@@ -638,24 +492,27 @@ class VariableQueue:
             if shared:
                 self._write_body(status)
                 self._unconfirmed[seq_id] = 2
+                self._shared_unsynced.append(seq_id)
             else:
                 status.store_offset = self._store.write(seq_id, payload)
                 status.body_on_disk = True
+                self._index_unsynced.append(seq_id)
             self._index.publish_slot(
                 seq_id, pack_slot(msg_id, shared, status.store_offset, size, True, status.expiry_ms)
             )
             status.index_on_disk = True
-            self._index_unsynced.append(seq_id)
             self._persistent_count += 1
             self._persistent_bytes += size
         else:
             self._confirmed.append(seq_id)
         if self.lazy:
             self._to_delta(status)
-        elif self.q1 or self.q2 or self.q3 or not self.delta.is_empty():
-            self.q1.append(status)
         else:
-            self.q4.append(status)
+            if self.q1 or self.q2 or self.q3 or not self.delta.is_empty():
+                self.q1.append(status)
+            else:
+                self.q4.append(status)
+            self._figures.add_in_ram(status)
         if self._target_ram_count != math.inf:
             self._page(self.page_batch)
         return seq_id
@@ -734,6 +591,9 @@ class VariableQueue:
                 self.q1.extend(statuses)
             else:
                 self.q4.extend(statuses)
+            size = sum(sizes)  # each status's body counts as written: see Storage
+            self._figures.ram_bytes += size
+            self._figures.ram_bytes_on_disk += size
         return seq_ids
 
     def _write_published(self, count: int, size: int, sync_follows: bool) -> list[int] | None:
@@ -845,16 +705,10 @@ class VariableQueue:
         self._write_unwritten()
         self._flushed_files().sync()
         confirmed, self._confirmed = self._confirmed, []
-        unconfirmed = self._unconfirmed
-        if not unconfirmed:  # all in this queue's own store: durable now
-            confirmed += self._index_unsynced
-        else:
-            for seq_id in self._index_unsynced:
-                if seq_id in unconfirmed:
-                    self._count_down(seq_id, confirmed)
-                else:
-                    confirmed.append(seq_id)
-        self._index_unsynced = []
+        confirmed += self._index_unsynced  # in this queue's own store: durable now
+        for seq_id in self._shared_unsynced:
+            self._count_down(seq_id, confirmed)
+        self._index_unsynced, self._shared_unsynced = [], []
         if self._removes_unsent:  # a store client batches removes: send them now
             self._removes_unsent = False
             self._transient.settled(False)
@@ -890,6 +744,7 @@ class VariableQueue:
             self._unconfirmed
             or self._confirmed
             or self._index_unsynced
+            or self._shared_unsynced
             or self._unwritten_payloads
             or self._removes_unsent
         )
@@ -947,8 +802,10 @@ class VariableQueue:
             if ack_required:
                 if status.payload is None:
                     self._disk_pending[status.seq_id] = status
+                    self._figures.add_paged(status, waiting=False)
                 else:
                     self._ram_pending[status.seq_id] = status
+                    self._figures.add_in_ram(status)
             else:
                 self._remove([status])
             if self._target_ram_count != math.inf:
@@ -993,8 +850,12 @@ class VariableQueue:
         if status is None:
             return None
         if self.q4:
-            return self.q4.popleft()
-        return self.q3.popleft()
+            status = self.q4.popleft()
+            self._figures.drop_in_ram(status)
+        else:
+            status = self.q3.popleft()
+            self._figures.drop_paged(status)
+        return status
 
     def _load_delta(self) -> None:
         """Read delta into q3, one segment at a time, until q3 holds something; when delta
@@ -1020,6 +881,7 @@ class VariableQueue:
                     count = max(count, 1)
                 status.delivery_count = count
                 self.q3.append(status)
+                self._figures.add_paged(status)
                 delta.count -= 1
                 delta.bytes -= entry.size
             if dropped:
@@ -1067,10 +929,17 @@ class VariableQueue:
                 raise UnknownDeliveryTag(
                     f"seq id {seq_id!r} awaits no ack: never fetched, or already acked or requeued"
                 )
-        return [
-            self._ram_pending.pop(s) if s in self._ram_pending else self._disk_pending.pop(s)
-            for s in seq_ids
-        ]
+        statuses = []
+        figures = self._figures
+        for seq_id in seq_ids:
+            status = self._ram_pending.pop(seq_id, None)
+            if status is not None:
+                figures.drop_in_ram(status)
+            else:
+                status = self._disk_pending.pop(seq_id)
+                figures.drop_paged(status, waiting=False)
+            statuses.append(status)
+        return statuses
 
     def pending_payload(self, seq_id: int) -> bytes | None:
         """The encoded message of a fetch awaiting its ack (None if its body is gone)."""
@@ -1094,7 +963,8 @@ class VariableQueue:
             # in RAM, so its requeued message goes back to q3 with its body left on disk
             # (RabbitMQ's requeue/2 for lazy queues), not read back into q4.
             self._to_beta(status)
-            _merge(self.q3, status)
+            merge_in_order(self.q3, status)
+            self._figures.add_paged(status)
         else:
             if status.payload is None:
                 try:
@@ -1107,7 +977,8 @@ class VariableQueue:
                     self.counters["missing_on_read"] += 1
                     self._remove([status])
                     return
-            _merge(self.q4, status)
+            merge_in_order(self.q4, status)
+            self._figures.add_in_ram(status)
 
     def _remove(self, statuses: list[MsgStatus]) -> None:
         """Drop the messages' index entries, records and shared-store references."""
@@ -1156,11 +1027,9 @@ class VariableQueue:
     def purge(self) -> int:
         """Drop every message waiting in the queue (not those awaiting acks); how many."""
         self._check_open()
-        purged = 0
-        for queue in (self.q4, self.q3, self.q2, self.q1):
-            purged += len(queue)
-            self._remove(list(queue))
-            queue.clear()
+        waiting = self._take_waiting()
+        purged = len(waiting)
+        self._remove(waiting)
         delta, n = self.delta, self.segment_entry_count
         start = delta.start
         while start < delta.end:
@@ -1179,6 +1048,22 @@ class VariableQueue:
         self.delta = Delta()
         self._delivery_counts.clear()
         return purged
+
+    def _take_waiting(self) -> list[MsgStatus]:
+        """Empty q4, q3, q2 and q1; their statuses, oldest first."""
+        figures = self._figures
+        for status in self.q4:
+            figures.drop_in_ram(status)
+        for status in self.q1:
+            figures.drop_in_ram(status)
+        for status in self.q3:
+            figures.drop_paged(status)
+        for status in self.q2:
+            figures.drop_paged(status)
+        waiting = [*self.q4, *self.q3, *self.q2, *self.q1]
+        for queue in (self.q1, self.q2, self.q3, self.q4):
+            queue.clear()
+        return waiting
 
     # ------------------------------------------------------------------ memory
 
@@ -1230,34 +1115,45 @@ class VariableQueue:
         target = self._target_ram_count
         if target == math.inf:
             return False
+        figures = self._figures
         excess = len(self.q1) + len(self.q4) + len(self._ram_pending) - target
         quota = min(excess, limit)
         while quota > 0 and self._ram_pending:
             seq_id = next(iter(self._ram_pending))
             status = self._ram_pending.pop(seq_id)
+            figures.drop_in_ram(status)
             self._write_body(status)
             status.payload = None
             self._disk_pending[seq_id] = status
+            figures.add_paged(status, waiting=False)
             quota -= 1
         while quota > 0 and self.q1:
             status = self.q1.popleft()
+            figures.drop_in_ram(status)
             self._to_beta(status)
             (self.q2 if not self.delta.is_empty() else self.q3).append(status)
+            figures.add_paged(status)
             quota -= 1
         while quota > 0 and self.q4:
             status = self.q4.pop()
+            figures.drop_in_ram(status)
             self._to_beta(status)
             self.q3.appendleft(status)
+            figures.add_paged(status)
             quota -= 1
         betas = len(self.q2) + len(self.q3)
         surplus = betas - self._permitted_betas()
         if surplus > 0 and (surplus >= self.io_batch_size or target == 0):
             moved = min(surplus, limit)
             while moved and self.q2:
-                self._to_delta(self.q2.popleft())
+                status = self.q2.popleft()
+                figures.drop_paged(status)
+                self._to_delta(status)
                 moved -= 1
             while moved and self.q3:
-                self._to_delta(self.q3.pop())
+                status = self.q3.pop()
+                figures.drop_paged(status)
+                self._to_delta(status)
                 moved -= 1
             surplus -= min(surplus, limit)
         excess = len(self.q1) + len(self.q4) + len(self._ram_pending) - target
@@ -1291,16 +1187,22 @@ class VariableQueue:
         self.lazy = bool(lazy)
         if not self.lazy:
             return
-        for status in list(self.q4) + list(self.q3):
-            self._write_body(status)
-            self._write_index(status)
-        for status in list(self.q2) + list(self.q1):
-            self._write_body(status)
-            self._write_index(status)
-        pushed = [*self.q4, *self.q3, *self.q2, *self.q1]
-        for queue in (self.q1, self.q2, self.q3, self.q4):
-            queue.clear()
-        for status in pushed:
+        # Everything written before anything moves: a failed write leaves the queue whole.
+        figures = self._figures
+        for queue, drop, add in (
+            (self.q4, figures.drop_in_ram, figures.add_in_ram),
+            (self.q3, figures.drop_paged, figures.add_paged),
+            (self.q2, figures.drop_paged, figures.add_paged),
+            (self.q1, figures.drop_in_ram, figures.add_in_ram),
+        ):
+            for status in queue:
+                drop(status)  # its flags change: the figures see it out and back in
+                try:
+                    self._write_body(status)
+                    self._write_index(status)
+                finally:
+                    add(status)
+        for status in self._take_waiting():
             self._to_delta(status)
 
     # ------------------------------------------------------------------ views
@@ -1325,23 +1227,15 @@ class VariableQueue:
 
     def stats(self) -> dict[str, Any]:
         """Counts per state and per queue (each set adds up to ``len``), pending acks in
-        RAM and on disk, RAM and disk bytes, the target and the rates."""
-        middle = list(self.q2) + list(self.q3)
-        gamma = sum(1 for s in middle if s.index_on_disk)
-        in_ram = [*self.q1, *self.q4, *self._ram_pending.values()]
-        everything = [
-            *self.q1,
-            *middle,
-            *self.q4,
-            *self._ram_pending.values(),
-            *self._disk_pending.values(),
-        ]
+        RAM and on disk, RAM and disk bytes, the target and the rates: running figures,
+        so a call costs the same at any depth (``msg_status.RamFigures``)."""
+        figures, paged = self._figures, len(self.q2) + len(self.q3)
         return {
             "len": len(self),
             "depth": self.depth,
             "alpha": len(self.q1) + len(self.q4),
-            "beta": len(middle) - gamma,
-            "gamma": gamma,
+            "beta": paged - figures.gammas,
+            "gamma": figures.gammas,
             "delta": self.delta.count,
             "q1": len(self.q1),
             "q2": len(self.q2),
@@ -1349,10 +1243,10 @@ class VariableQueue:
             "q4": len(self.q4),
             "pending_acks_ram": len(self._ram_pending),
             "pending_acks_disk": len(self._disk_pending),
-            "ram_bytes": sum(s.size for s in in_ram),
-            "disk_bytes": sum(s.size for s in everything if s.body_on_disk) + self.delta.bytes,
+            "ram_bytes": figures.ram_bytes,
+            "disk_bytes": figures.disk_bytes(self.delta),
             "unconfirmed": len(self._unconfirmed)
-            + sum(1 for s in self._index_unsynced if s not in self._unconfirmed)
+            + len(self._index_unsynced)
             + len(self._unwritten_payloads),
             "persistent": self._persistent_count + len(self._unwritten_payloads),
             "mode": "lazy" if self.lazy else "default",
@@ -1421,10 +1315,7 @@ class VariableQueue:
     def delete(self) -> None:
         """Delete the queue: every message, its files and its shared-store references."""
         self._check_open()
-        for status in [*self._ram_pending.values(), *self._disk_pending.values()]:
-            self._remove([status])
-        self._ram_pending.clear()
-        self._disk_pending.clear()
+        self._remove(self._take_pending([*self._ram_pending, *self._disk_pending]))
         self.purge()
         self._persistent.settled(True)
         self._index.delete()
@@ -1452,16 +1343,3 @@ class VariableQueue:
             f"VariableQueue({self.directory!r}, len={len(self)}, "
             f"mode={'lazy' if self.lazy else 'default'})"
         )
-
-
-def _merge(queue: collections.deque, status: MsgStatus) -> None:
-    """Insert ``status`` into ``queue`` (sorted by seq id); requeues usually go in front."""
-    if not queue or status.seq_id < queue[0].seq_id:
-        queue.appendleft(status)
-    elif status.seq_id > queue[-1].seq_id:
-        queue.append(status)
-    else:
-        items = list(queue)
-        insort(items, status, key=lambda s: s.seq_id)
-        queue.clear()
-        queue.extend(items)

@@ -9,7 +9,8 @@ Invariants: nothing is delivered that was not published; messages come in seq-id
 (requeued ones back in their place, before newer ones); every confirmed persistent
 message that was not acked survives every restart; after a dirty restart every message is
 flagged redelivered (and may include acked ones: acks are not synced, at-least-once);
-the per-state counts add up to the length.
+the per-state counts add up to the length; the byte totals, the gamma count and the
+unconfirmed count ``stats()`` keeps running are what a walk of every status finds.
 """
 
 import math
@@ -23,7 +24,12 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from warren.queues import VariableQueue, encode
 from warren.store import LocalStoreClient, MessageStore
 
-from ..helpers import assert_counts_add_up, message, number
+from ..helpers import (
+    assert_counts_add_up,
+    assert_running_figures_match_a_walk,
+    message,
+    number,
+)
 
 SIZES = st.sampled_from([10, 500, 3000, 5000, 20000])
 
@@ -213,6 +219,10 @@ class QueueModel(RuleBasedStateMachine):
         stats = assert_counts_add_up(self.queue)
         assert stats["len"] == len(self.ready)
         assert stats["pending_acks_ram"] + stats["pending_acks_disk"] == len(self.pending)
+
+    @invariant()
+    def running_figures_match_a_walk(self):
+        assert_running_figures_match_a_walk(self.queue)
 
 
 QueueModel.TestCase.settings = settings(

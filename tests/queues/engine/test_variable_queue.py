@@ -9,6 +9,7 @@ import json
 import math
 import os
 import time
+import tracemalloc
 
 import pytest
 
@@ -320,6 +321,31 @@ def test_counts_of_every_state_add_up_to_the_length_while_paging(open_queue):
         if not queue.reduce_memory_use():
             break
     assert seen == {"alpha", "beta", "gamma", "delta"}
+
+
+def test_stats_of_a_deep_queue_cost_no_more_memory_than_of_a_shallow_one(open_queue):
+    """Each scrape of a busy queue asks for its stats: they must not walk its statuses (a
+    walk of a million cost the queue most of its publish rate). What a call allocates
+    says whether it walks, where its time would depend on the machine."""
+    queue = open_queue(page_batch=5000)
+
+    def stats_allocate() -> int:
+        tracemalloc.start()
+        try:
+            queue.stats()
+            return tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+
+    queue.publish(message(0))
+    shallow = stats_allocate()
+    queue.publish_many([encode(message(n, size=100)) for n in range(1, 30_000)])
+    fetched = [queue.fetch() for _ in range(2000)]
+    queue.update_rates()
+    queue.set_ram_duration_target(0)  # a first batch of pending acks and alphas paged
+    stats = queue.stats()
+    assert stats["beta"] + stats["gamma"] > 0 and stats["pending_acks_disk"] == len(fetched)
+    assert stats_allocate() < shallow + 4096
 
 
 def test_a_clean_restart_reads_no_index_and_brings_unacked_messages_back_redelivered(
