@@ -8,7 +8,11 @@ sums them. Queue processes are not asked (they are stopped while the store recov
 and their locks are not taken: the files are only read.
 
 ``client_refs`` holds the persistent client refs the queues' recovery terms name (the
-queues that stopped cleanly), for the store's clean-start check.
+queues that stopped cleanly), for the store's clean-start check: only of a queue whose
+clean stop still holds (``recovery_terms.clean_stop_holds``: its segment files as the
+stop left them). A queue whose files were cut since recovers dirty and drops what is
+gone; its ref missing, the store recovers dirty too and takes this walk's counts, which
+leave out what the queue drops, instead of its own saved counts, which do not.
 
 A segment whose header the queue's own recovery would not keep is skipped (the same rule,
 ``queue_index.usable_entry_count``: a reference the walker counted for a segment the queue
@@ -32,8 +36,8 @@ from .queue_index import (
     unpack_slot,
     usable_entry_count,
 )
+from .recovery_terms import TERMS_FILE, TERMS_VERSION, clean_stop_holds
 from .segments import segment_numbers
-from .variable_queue import TERMS_FILE
 
 __all__ = [
     "QUEUES_DIR",
@@ -147,8 +151,12 @@ def _queue_directories(data_dir: str) -> list[str]:
 
 
 def _persistent_ref(directory: str) -> bytes | None:
+    """The persistent client ref of the queue's clean stop, if that stop still holds."""
     try:
         with open(os.path.join(directory, TERMS_FILE), "rb") as file:
-            return bytes.fromhex(json.loads(file.read())["persistent_ref"])
-    except (OSError, ValueError, KeyError, TypeError):
+            terms = json.loads(file.read())
+        if terms.get("version") != TERMS_VERSION or not clean_stop_holds(terms, directory):
+            return None
+        return bytes.fromhex(terms["persistent_ref"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None

@@ -65,7 +65,11 @@ Without terms (a crash) or after a dirty shared store, every segment is scanned:
 of transient messages, whose shared-store message is missing (one batched contains), or
 whose per-queue record fails its size or CRC check are dropped, and every recovered
 message is flagged redelivered. The terms are deleted at open, so a crash afterwards
-always recovers dirty.
+always recovers dirty. Terms whose segment files changed since the clean stop (cut or
+grown, a damaged header: ``recovery_terms``) are not trusted either, and the shared
+store's reference walker does not name this queue's client ref as clean then: the store
+recovers dirty as well and counts only the references the scan keeps, so a torn slot's
+message does not stay in the store for good.
 
 Races this module guards against (one thread of control; a queue process owns it):
 
@@ -110,14 +114,13 @@ from .msg_status import (
 )
 from .queue_index import (
     DEFAULT_SEGMENT_ENTRY_COUNT,
-    INDEX_SUFFIX,
-    V1_STORE_SUFFIX,
     Entry,
     QueueIndex,
     pack_slot,
     pack_slots,
 )
 from .queue_store import QueueStore
+from .recovery_terms import TERMS_FILE, TERMS_VERSION, segment_file_sizes
 from .segments import SegmentFiles
 
 # The values it hands out (``msg_status``) and the collector's settings (``collector``)
@@ -137,8 +140,6 @@ log = logging.getLogger("warren.queues")
 EMBED_MSGS_BELOW = 4096  # bytes: queue_index_embed_msgs_below
 IO_BATCH_SIZE = 4096  # msg_store_io_batch_size: betas to delta
 PAGE_BATCH = 8000  # messages paged per operation (2 × credit)
-TERMS_FILE = "recovery.json"
-TERMS_VERSION = 1
 RATE_SMOOTHING = 0.5  # weight of the newest rate sample
 WRITE_BATCH = 1024  # persistent publishes held before they are handed to store and index
 WRITE_AT_ONCE_BYTES = 32 * 2**10  # a publish_many of this many bytes is written at once
@@ -260,7 +261,9 @@ class VariableQueue:
         self._persistent = persistent_store(persistent_ref)
         self._transient = transient_store(os.urandom(16))
         clean_terms = terms if shared_store_clean else None  # None: recover dirty
-        if clean_terms is not None and clean_terms.get("file_sizes") != self._segment_file_sizes():
+        if clean_terms is not None and clean_terms.get("file_sizes") != segment_file_sizes(
+            self.directory
+        ):
             # Cut or grown since the clean stop (a torn copy, a restored backup): the
             # counts in the terms may name entries that are gone. Only a scan knows.
             log.warning(
@@ -319,13 +322,6 @@ class VariableQueue:
                 self.counters["bad_segments"],
             )
         self.recovered_clean = clean
-
-    def _segment_file_sizes(self) -> dict[str, int]:
-        return {
-            entry.name: entry.stat().st_size
-            for entry in os.scandir(self.directory)
-            if entry.name.endswith((INDEX_SUFFIX, V1_STORE_SUFFIX))
-        }
 
     def _take_terms(self) -> dict[str, Any] | None:
         """The recovery terms of a clean stop, deleted from disk (a crash from now on is
@@ -1293,7 +1289,7 @@ class VariableQueue:
             "store_segments": self._store.live_counts,
             "delivery_counts": delivery_counts,
             "persistent_ref": self._persistent.client_ref.hex(),
-            "file_sizes": self._segment_file_sizes(),
+            "file_sizes": segment_file_sizes(self.directory),
         }
         write_atomically(os.path.join(self.directory, TERMS_FILE), json.dumps(terms).encode())
         # The persistent client stays registered: the store's clean-shutdown files name

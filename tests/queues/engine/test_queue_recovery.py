@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from warren.queues import VariableQueue, walk_ref_counts
+from warren.queues.broker.definitions import queue_directory
 from warren.queues.engine.queue_index import (
     HEADER_BYTES,
     SLOT_BYTES,
@@ -106,6 +107,31 @@ def test_a_segment_cut_inside_its_slots_keeps_the_slots_before_the_cut(open_queu
     queue = open_queue()
     assert queue.counters["torn_slots"] == 1
     assert [number(d) for d in drain(queue)] == list(range(N - 4))
+
+
+def test_a_segment_cut_after_a_clean_stop_leaves_no_message_behind_in_the_shared_store(tmp_path):
+    """A torn copy or a restored backup: the index file cut inside its last slot after a
+    clean node stop. The queue recovers dirty without that message; the shared store must
+    not keep the reference its own clean stop saved for it, or the message stays there for
+    good, held by no queue."""
+    data = tmp_path / "data"
+    bodies = [b"%d:" % n + b"x" * 6000 for n in range(8)]  # each in the shared store
+    with Node(data) as node:
+        node.declare_queue("orders")
+        with node.connect() as conn:
+            conn.publish_many("orders", bodies)
+    index_file = Path(queue_directory(str(data), "orders")) / "0.qi"
+    os.truncate(index_file, HEADER_BYTES + 7 * SLOT_BYTES + SLOT_BYTES // 2)  # mid-slot 7
+    with Node(data) as node, node.connect() as conn:
+        drained = []
+        while (delivery := conn.get("orders")) is not None:
+            drained.append(delivery.body)
+            delivery.ack()
+        assert drained == bodies[:7]
+    with Node(data) as node:
+        assert node.store().ask(StoreStats())["message_count"] == 0
+        with node.connect() as conn:
+            assert conn.get("orders") is None
 
 
 def test_a_segment_with_a_corrupt_header_is_dropped_and_the_others_recover(open_queue):
