@@ -34,6 +34,7 @@ heartbeat_interval_s, heartbeat_timeout_s)``
 
 from __future__ import annotations
 
+import collections
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -150,7 +151,7 @@ class SupervisorSpec:
                 "children", self.children, "expected a tuple of ChildSpec and SupervisorSpec"
             )
         ids = [c.id for c in self.children]
-        duplicates = sorted({i for i in ids if ids.count(i) > 1})
+        duplicates = sorted(i for i, n in collections.Counter(ids).items() if n > 1)
         if duplicates:
             raise InvalidSpec("children", duplicates, "expected unique child ids")
         if self.flags.strategy == "simple_one_for_one" and (

@@ -169,6 +169,7 @@ class _Child:
     last_pong: float = 0.0
     last_ping: float = 0.0
     generation: int = 0  # bumped at every (re)start: names events
+    spec_of: Callable[[], ChildSpec | SupervisorSpec] | None = None  # its spec at a restart
 
 
 @dataclass
@@ -316,15 +317,19 @@ class Supervisor:
 
         self._call(terminate)
 
-    def update_child_spec(self, spec: ChildSpec | SupervisorSpec) -> None:
-        """Start the child of ``spec.id`` from ``spec`` at its next (re)start: a supervisor
+    def follow_child_spec(
+        self, child_id: str, spec_of: Callable[[], ChildSpec | SupervisorSpec]
+    ) -> None:
+        """Start the child ``child_id`` from ``spec_of()`` at each restart: a supervisor
         whose children change at run time (the node's queues) is restarted with all of
-        them, not with the ones it started with."""
+        them, not with the ones it started with, and its spec is made then, not at each
+        change (a node of thousands of queues would make it at every declare).
+        ``spec_of`` runs on this supervisor's event thread."""
 
-        def update() -> None:
-            self._find(spec.id).spec = spec
+        def follow() -> None:
+            self._find(child_id).spec_of = spec_of
 
-        self._call(update)
+        self._call(follow)
 
     def child_supervisor(self, child_id: str) -> Supervisor:
         """The supervisor running as child ``child_id`` (a SupervisorSpec child);
@@ -429,6 +434,8 @@ class Supervisor:
         child.generation += 1
         generation = child.generation
         child.state = "starting"
+        if child.spec_of is not None:
+            child.spec = child.spec_of()
         spec = child.spec
         try:
             if isinstance(spec, SupervisorSpec):

@@ -341,6 +341,7 @@ class Node:
                 ),
             )
             self.root = Supervisor(self.actors, spec, on_failure=self._root_failed).start()
+            self.root.follow_child_spec("queue_sup", self._queue_sup_spec)
             self._start_thread(self._watch_resources, "warren-alarms")
             if listen is not None:
                 listener_ref = self.actors.whereis(LISTENER_NAME)
@@ -538,17 +539,19 @@ class Node:
                     log.info("node %s: queue %s deleted itself (auto_delete)", self.name, name)
 
     def _definitions_changed(self) -> None:
-        """Keep what a restart of queue_sup starts, and the durable definitions on disk,
-        in step with the definitions (under the definitions lock)."""
-        self._tree.update_child_spec(self._queue_sup_spec())
+        """Keep the durable definitions on disk in step with the definitions (under the
+        definitions lock); a restart of queue_sup reads them itself (``_queue_sup_spec``)."""
         self._definitions.save()
 
     def _queue_sup_spec(self) -> SupervisorSpec:
-        """queue_sup with every queue declared now: what a restart of it starts."""
+        """queue_sup with every queue declared now: what a restart of it starts (made on
+        the root's event thread, from a copy of the definitions taken at once, without
+        their lock: a declare holding it may be waiting on queue_sup)."""
+        definitions = list(self._definitions.queues.values())
         return SupervisorSpec(
             "queue_sup",
             SUB_FLAGS,
-            children=tuple(self._queue_spec(d) for d in self._definitions.queues.values()),
+            children=tuple(self._queue_spec(d) for d in definitions),
         )
 
     def _queue_spec(self, definition: QueueDefinition) -> SupervisorSpec:
@@ -680,6 +683,7 @@ class Node:
                 if self.actors is not None:
                     self.actors.close(timeout=STORE_CLOSE_TIMEOUT_S)
             finally:
+                self._definitions.close()
                 os.close(self._lock_fd)
 
     def __enter__(self) -> Node:

@@ -3,11 +3,14 @@ or kill the node's process itself.
 
     python -m tests.supervisor.node_child DATA_DIR [--messages N] [--queue NAME]
                                           [--listen ADDR] [--until-signalled]
+                                          [--declare-forever PREFIX]
 
 Writes N persistent messages (ids ``message_id(i)``, bodies ``message_body(i)``) and waits
 until the store has confirmed them all, declares queue NAME if asked (listening on ADDR if
 asked), then prints the pids of the node's process, its forkserver and its actors on one
-line. Without ``--until-signalled`` it then waits, as an
+line. With ``--declare-forever`` it then declares durable queues PREFIX0, PREFIX1, ...
+one after another, printing each name once its declare has returned, until killed.
+Without ``--until-signalled`` it then waits, as an
 embedding application would, with the default reaction to every signal. With it, it runs
 as ``warren node`` does: the stop signals are blocked while the node is built, then
 ``Node.run_until_signalled`` runs it; it prints the signal that stopped it and exits 0,
@@ -15,6 +18,7 @@ or 3 if the node failed.
 """
 
 import argparse
+import itertools
 import signal
 import sys
 import time
@@ -40,6 +44,7 @@ def main() -> int:
     parser.add_argument("--queue")
     parser.add_argument("--listen")
     parser.add_argument("--until-signalled", action="store_true")
+    parser.add_argument("--declare-forever", metavar="PREFIX")
     args = parser.parse_args()
     if args.until_signalled:
         signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
@@ -56,6 +61,10 @@ def main() -> int:
     if args.queue:
         node.declare_queue(args.queue)
     print(*node._pids(), flush=True)
+    if args.declare_forever is not None:
+        for n in itertools.count():
+            node.declare_queue(f"{args.declare_forever}{n}")
+            print(f"{args.declare_forever}{n}", flush=True)
     if not args.until_signalled:
         while True:
             time.sleep(60)

@@ -245,6 +245,26 @@ def test_a_node_process_killed_with_sigkill_leaves_no_actor_behind(node_process,
         assert not os.path.exists(left_behind)
 
 
+def test_a_node_killed_in_the_middle_of_declares_keeps_every_queue_it_answered(
+    node_process, tmp_path
+):
+    data = str(tmp_path / "data")
+    node, _ = node_process(data, "--declare-forever", "q")
+    answered = [node.stdout.readline().strip() for _ in range(40)]
+    node.send_signal(signal.SIGKILL)  # in the middle of a declare, most likely
+    node.wait(timeout=30)
+    answered += node.stdout.read().split()  # those it answered since
+    with Node(data) as restarted:  # the definitions load, nothing of them corrupt
+        declared = restarted.list_queues()
+        assert set(answered) <= set(declared)
+        assert len(set(declared) - set(answered)) <= 1  # the one it was declaring
+        for name in declared:
+            wait_for(lambda name=name: restarted.queue_state(name) == "running")
+        restarted.declare_queue("after")
+    with Node(data) as again:
+        assert set(again.list_queues()) == {*declared, "after"}
+
+
 @pytest.fixture
 def alarmed(tmp_path):
     """A node whose memory alarm is raised (a 1-byte limit), and its one worker, told."""
