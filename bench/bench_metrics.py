@@ -361,4 +361,5 @@ def main(argv: list[str]) -> str:
                 "baseline: the row above",
             )
         )
-    return render(f"node metrics: scrapes and their cost ({count:,} publishes a run)", rows)
+    per_run = f" ({count:,} publishes a run)" if load is not None else ""
+    return render(f"node metrics: scrapes and their cost{per_run}", rows)
