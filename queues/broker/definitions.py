@@ -21,6 +21,9 @@ Races, each with its answer:
 - a crash during a compaction: before the rename the old snapshot and its log are whole;
   after it the new snapshot names the next generation, and a log of another generation
   is stale and deleted at load;
+- a failed append (a full disk, a failed fdatasync): the log is cut back to its last
+  whole line and the save raises (the declare is not answered); its changes are appended
+  again with the next save's;
 - a line that reads but does not apply (a binding to a queue gone since): applied as far
   as it goes, without the checks a declare runs (it is history, checked when made).
 
@@ -304,14 +307,26 @@ class Definitions:
                 self._log_path(self.generation), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644
             )
             fsync_directory(self.data_dir)  # the log itself must survive a crash
-        written = os.write(self._log_fd, lines)
+        try:
+            written = os.write(self._log_fd, lines)
+            if written != len(lines):
+                raise OSError(f"a short write to the definitions' log: {written} of {len(lines)}")
+            os.fdatasync(self._log_fd)
+        except OSError:
+            # A full disk, a failed fdatasync: what was written of these lines must not
+            # stay in front of the next ones (a load stops at the first bad line), and a
+            # failed fdatasync is never retried on the same file description.
+            fd, self._log_fd = self._log_fd, None
+            os.ftruncate(fd, self._log_bytes)
+            os.close(fd)
+            raise
         self._log_bytes += written
-        if written != len(lines):
-            raise OSError(f"a short write to the definitions' log: {written} of {len(lines)}")
-        os.fdatasync(self._log_fd)
         self._unsaved = []
         if self._log_bytes > max(COMPACT_AT_BYTES, self._snapshot_bytes):
-            self._compact()
+            try:
+                self._compact()
+            except OSError as exc:  # the log holds every change: compacting can wait
+                log.warning("%s: compacting the definitions failed (%s)", self.data_dir, exc)
 
     def _compact(self) -> None:
         """Write the snapshot anew under the next generation, then drop the old log."""

@@ -7,12 +7,16 @@ import os
 import zlib
 from dataclasses import asdict
 
+import pytest
+
 from warren.queues.broker.definitions import (
     DEFINITIONS_FILE,
     Definitions,
     ExchangeDefinition,
 )
 from warren.queues.protocol import QueueDefinition
+
+from ..helpers import fail_the_next_fdatasync
 
 
 def bytes_written_by_this_process() -> int:
@@ -83,6 +87,25 @@ def test_a_log_a_crash_cut_short_loads_up_to_its_last_whole_change_and_is_cut_ba
         assert set(Definitions(str(tmp_path)).queues) == {"a", "b", "c"}
         log_path.write_bytes(whole)
         caplog.clear()
+
+
+def test_a_save_whose_fdatasync_failed_leaves_no_line_behind_and_the_next_save_makes_it(
+    tmp_path, monkeypatch
+):
+    definitions = Definitions(str(tmp_path))
+    definitions.add_queue(QueueDefinition("a"))
+    definitions.save()
+    definitions.add_queue(QueueDefinition("b"))
+    fail_the_next_fdatasync(monkeypatch)
+    with pytest.raises(OSError):
+        definitions.save()
+    log_path = tmp_path / f"definitions-{definitions.generation}.log"
+    assert set(Definitions(str(tmp_path)).queues) == {"a"}
+    definitions.add_queue(QueueDefinition("c"))
+    definitions.save()
+    definitions.close()
+    assert len(log_path.read_bytes().splitlines()) == 3
+    assert set(Definitions(str(tmp_path)).queues) == {"a", "b", "c"}
 
 
 def test_a_stale_log_of_the_generation_before_a_compaction_is_ignored(tmp_path):
