@@ -652,6 +652,27 @@ def test_a_prometheus_server_scraping_the_node_answers_a_promql_query_for_the_re
             wait_for(lambda: ready_count() == "3", timeout=60)
 
 
+@needs_prometheus
+def test_a_prometheus_server_sees_every_restart_of_a_queue_that_crash_loops_and_its_state(
+    tmp_path,
+):
+    with Node(tmp_path / "data", http=LOOPBACK_ANY_PORT) as node:
+        node.declare_queue("orders")
+        with prometheus_scraping(node, tmp_path) as query:
+
+            def value(promql: str) -> str | None:
+                result = query(promql)
+                return result[0]["value"][1] if result else None
+
+            wait_for(lambda: value('warren_queue_state{queue="orders",state="running"}') == "1")
+            for _ in range(QUEUE_FLAGS.intensity + 1):  # faster than its scrapes, mostly
+                kill_queue_process(node, "orders")
+            crashed = 'warren_queue_state{queue="orders",state="crashed"}'
+            wait_for(lambda: value(crashed) == "1", timeout=60)
+            restarts = 'warren_actor_restarts_total{actor="queue orders"}'
+            assert value(restarts) == str(QUEUE_FLAGS.intensity)
+
+
 @pytest.mark.skipif(
     shutil.which("promtool") is None,
     reason="promtool is not installed (Debian's prometheus package has it)",
