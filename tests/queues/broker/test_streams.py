@@ -20,12 +20,14 @@ import pytest
 
 from warren import connect
 from warren.actors import ActorError
+from warren.errors import WarrenError
 from warren.queues import Nacked, PreconditionFailed
 from warren.queues.client.stream import StreamConsumer, Timestamp
 from warren.queues.engine.stream_log import StreamLog, inspect_stream, numbered_files
 from warren.queues.errors import (
     NotFound,
     OffsetOutOfRange,
+    OutOfSequence,
     StreamCorrupt,
     UnsupportedOperation,
 )
@@ -500,6 +502,27 @@ def test_errors_are_the_same_classes_over_tcp_as_on_the_node(node):
             remote.purge_queue("events")
         with pytest.raises(UnsupportedOperation, match="classic queue"):
             remote.last_sequence("jobs", "p")
+
+
+@pytest.mark.parametrize("where", ["local", "remote"])
+def test_bad_stream_arguments_and_a_sequence_gap_are_warren_errors_of_one_class(node, where):
+    """``except WarrenError`` catches a bad argument (still a ValueError for callers that
+    catch that), and a producer's gap is ``OutOfSequence`` whichever the transport."""
+    node.declare_queue("events", type="stream")
+    client = node.connect() if where == "local" else connect(node.listen_endpoint)
+    with client:
+        client.publish("events", b"one")
+        with pytest.raises(WarrenError, match="got 'banana'") as bad_offset:
+            client.consume("events", offset="banana")
+        assert isinstance(bad_offset.value, ValueError)
+        with pytest.raises(WarrenError, match="max_age is a positive number"):
+            client.declare_queue("logs", type="stream", max_age="seven days")
+        with pytest.raises(WarrenError, match="an int >= 0, got -1"):
+            client.store_offset("events", "billing", -1)
+        client.publish_many("events", [b"s0", b"s1"], producer_id="p", sequence=0)
+        with pytest.raises(OutOfSequence, match="send again from 2"):
+            client.publish_many("events", [b"s5"], producer_id="p", sequence=5)
+        assert client.list_queues() == ["events"]
 
 
 @pytest.mark.parametrize("where", ["local", "remote"])
