@@ -173,6 +173,56 @@ def test_a_named_consumer_stores_its_offset_and_resumes_after_it(node):
     assert connection.query_offset("events", "manual") == 42
 
 
+def test_ready_and_lag_count_user_records_not_the_offsets_tracking_entries_take(node):
+    """A stored offset is a tracking chunk, and a new segment starts with a snapshot:
+    each takes an offset, and neither is a record anyone will read."""
+    connection = node.connect()
+    connection.declare_queue("events", type="stream", max_segment_size_bytes=200)
+    connection.publish_many("events", [b"a", b"b", b"c"])
+    with connection.consume("events", name="billing", offset="first") as consumer:
+        assert [next(consumer).body for _ in range(3)] == [b"a", b"b", b"c"]
+    wait_for(lambda: connection.query_offset("events", "billing") == 2, timeout=10)
+    stats = connection.queue_stats("events")
+    assert stats["messages_ready"] == 3
+    assert stats["consumer_offsets"] == {"billing": {"offset": 2, "lag": 0}}
+    for n in range(5):  # each a chunk of its own, most in a new segment after a snapshot
+        connection.publish("events", b"new %d" % n + b"x" * 100)
+    stats = connection.queue_stats("events")
+    assert stats["segments"] > 2 and stats["offsets"] > 8
+    assert stats["messages_ready"] == 8
+    assert stats["consumer_offsets"] == {"billing": {"offset": 2, "lag": 5}}
+    table = subprocess.run(
+        [*WARREN, "queues", "--data-dir", node.data_dir], capture_output=True, text=True
+    )
+    row = next(line.split() for line in table.stdout.splitlines() if line.startswith("events"))
+    assert row[2] == "8", table.stdout  # the ready column
+    with connection.consume("events", name="billing", inactivity_timeout=0.3) as consumer:
+        assert len(list(consumer)) == 5
+    wait_for(
+        lambda: connection.queue_stats("events")["consumer_offsets"]["billing"]["lag"] == 0,
+        timeout=10,
+    )
+
+
+@pytest.mark.parametrize("where", ["local", "remote"])
+def test_an_offset_stored_past_the_streams_end_is_refused_and_the_stored_one_kept(node, where):
+    node.declare_queue("events", type="stream")
+    client = node.connect() if where == "local" else connect(node.listen_endpoint)
+    with client:
+        client.publish_many("events", [b"a", b"b", b"c"])
+        client.store_offset("events", "billing", 1)
+        with pytest.raises(OffsetOutOfRange, match="offset 10 is past the end of stream"):
+            client.store_offset("events", "billing", 10)
+        assert client.query_offset("events", "billing") == 1
+        client.store_offset("events", "billing", 2)  # the last record: taken
+        assert client.query_offset("events", "billing") == 2
+        resumed = client.consume("events", name="billing", offset="first")
+        assert resumed.get(timeout=0.3) is None  # nothing skipped, nothing read again
+        client.publish("events", b"d")
+        assert resumed.get(timeout=10).body == b"d"
+        resumed.cancel()
+
+
 def test_a_producer_resumes_after_its_last_sequence_and_repeats_are_dropped(node):
     connection = node.connect()
     connection.declare_queue("events", type="stream")
