@@ -55,7 +55,8 @@ a queue refuses:
                                        ``max_records`` records when more chunks fit; 0
                                        asks for none) and the offset to ask for next,
                                        answered once ``offset`` is committed or after
-                                       ``wait_ms``; a reader that opens the files itself
+                                       ``wait_ms``; from the first offset when retention
+                                       deleted ``offset``; a reader that opens the files itself
                                        asks it with 0 records to learn the committed offset
     StoreOffset(name, offset)          tell (or ask → None): consumer ``name`` has
                                        processed up to ``offset`` (None: forget it)

@@ -436,7 +436,9 @@ class StreamActor(ProcessActor):
         records: list[list[Any]] = []
         next_offset = message.offset
         if message.max_records and message.offset <= self._committed:
-            reader = self._reader_at(message.offset)
+            # retention may have deleted the offset since: read on from the new first, as a
+            # reader of the files does (one kept open here does so too)
+            reader = self._reader_at(max(message.offset, self._stream.first_offset))
             size = 0
             try:
                 while len(records) < message.max_records and size < MAX_READ_BYTES:

@@ -310,6 +310,41 @@ def test_retention_racing_a_reader_in_the_oldest_segment_never_breaks_its_order(
     assert seen[-1] == 599
 
 
+@pytest.mark.parametrize("when", ["before its first read", "after the stream restarted"])
+def test_a_remote_reader_whose_next_offset_retention_deleted_moves_on_to_the_first(node, when):
+    """As a reader of the files does: no ``OffsetOutOfRange`` in the middle of an
+    iteration, whatever the listener's side had open for it."""
+    node.declare_queue(
+        "events", type="stream", max_segment_size_bytes=16 * 1024, max_length_bytes=48 * 1024
+    )
+    local = node.connect()
+
+    def publish(numbers):
+        local.publish_many("events", [b"%06d" % n + b"x" * 500 for n in numbers])
+
+    publish(range(30))
+    with connect(node.listen_endpoint) as remote:
+        reader = remote.consume("events", offset="first", prefetch=10)
+        if when == "after the stream restarted":
+            assert next(reader).offset == 0
+            old = stream_pid(node)
+            os.kill(old, signal.SIGKILL)  # what it had open for the reader dies with it
+            wait_for(lambda: stream_pid(node) != old, timeout=60)
+            local = node.connect()
+        for start in range(30, 600, 30):
+            publish(range(start, start + 30))
+        first = local.queue_stats("events")["first_offset"]
+        assert first > 30  # the reader's next offset is gone
+        seen = []
+        while (delivery := reader.get(timeout=0.5)) is not None:
+            seen.append(delivery.offset)
+            assert int(delivery.body[:6]) == delivery.offset
+        reader.cancel()
+    assert seen[0] == (first if when == "before its first read" else 1) and seen[-1] == 599
+    assert seen == sorted(seen) and len(set(seen)) == len(seen)
+    assert set(range(first, 600)) <= set(seen)
+
+
 def test_a_remote_client_publishes_reads_and_stores_offsets_through_the_listener(node):
     node.declare_queue("events", type="stream")
     with connect(node.listen_endpoint) as remote:
