@@ -103,8 +103,10 @@ Races this module guards against:
 
 Tracking is rebuilt on open from the newest segment that starts with a snapshot (or from
 the oldest segment when none does), replaying the deltas and user-chunk trailers after
-it. The writer holds an exclusive ``flock`` on ``.lock``: a second writer raises
-``StreamLocked``.
+it. The offsets tracking chunks take are kept as well (from the index records, which
+recovery reads anyway), so that ``user_records`` counts the records a range holds, as a
+reader gets them, without reading a chunk. The writer holds an exclusive ``flock`` on
+``.lock``: a second writer raises ``StreamLocked``.
 """
 
 from __future__ import annotations
