@@ -469,7 +469,12 @@ class StreamActor(ProcessActor):
         return reader
 
     def _keep_reader(self, reader: StreamReader) -> None:
-        if len(self._readers) >= READERS_KEPT:
+        """Keep ``reader`` for the read at its next offset: in place of one kept there
+        (closed, as another reader left it at the same offset) or of the oldest."""
+        replaced = self._readers.pop(reader.next_offset, None)
+        if replaced is not None:
+            replaced.close()
+        elif len(self._readers) >= READERS_KEPT:
             oldest = next(iter(self._readers))
             self._readers.pop(oldest).close()
         self._readers[reader.next_offset] = reader

@@ -345,6 +345,23 @@ def test_a_remote_reader_whose_next_offset_retention_deleted_moves_on_to_the_fir
     assert set(range(first, 600)) <= set(seen)
 
 
+def test_remote_readers_at_one_offset_leave_the_stream_no_open_file_behind(node):
+    """The stream's process keeps a reader open per offset for the next read; a second
+    reader there replaces the first, which must be closed, not dropped."""
+    node.declare_queue("events", type="stream")
+    node.connect().publish_many("events", [b"%d" % n for n in range(30)])
+    stream = psutil.Process(stream_pid(node))
+    with connect(node.listen_endpoint) as remote:
+        first = remote.consume("events", offset="first")
+        assert next(first).offset == 0
+        before = stream.num_fds()
+        for _ in range(40):
+            reader = remote.consume("events", offset="first")
+            assert next(reader).offset == 0  # each reads the chunk, and ends at offset 30
+            reader.cancel()
+        assert stream.num_fds() <= before + 2
+
+
 def test_a_remote_client_publishes_reads_and_stores_offsets_through_the_listener(node):
     node.declare_queue("events", type="stream")
     with connect(node.listen_endpoint) as remote:
