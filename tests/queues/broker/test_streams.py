@@ -345,6 +345,33 @@ def test_a_remote_reader_whose_next_offset_retention_deleted_moves_on_to_the_fir
     assert set(range(first, 600)) <= set(seen)
 
 
+def test_a_remote_reader_among_more_than_the_stream_keeps_open_moves_on_past_retention(node):
+    """The stream's process keeps 16 readers open for the next reads; the reader of a
+    17th remote consumer closes the oldest, whose next read retention then deleted."""
+    node.declare_queue(
+        "events", type="stream", max_segment_size_bytes=16 * 1024, max_length_bytes=48 * 1024
+    )
+    local = node.connect()
+    for n in range(17):  # a chunk each
+        local.publish("events", b"%06d" % n + b"x" * 500)
+    with connect(node.listen_endpoint) as remote:
+        readers = [remote.consume("events", offset=n, prefetch=1) for n in range(17)]
+        assert [next(reader).offset for reader in readers] == list(range(17))
+        end = 17 + 20 * 30
+        for start in range(17, end, 30):
+            local.publish_many(
+                "events", [b"%06d" % n + b"x" * 500 for n in range(start, start + 30)]
+            )
+        first = local.queue_stats("events")["first_offset"]
+        assert first > 17
+        seen = []
+        while (delivery := readers[0].get(timeout=0.5)) is not None:
+            seen.append(delivery.offset)
+        for reader in readers:
+            reader.cancel()
+    assert seen == list(range(first, end))
+
+
 def test_remote_readers_at_one_offset_leave_the_stream_no_open_file_behind(node):
     """The stream's process keeps a reader open per offset for the next read; a second
     reader there replaces the first, which must be closed, not dropped."""
