@@ -16,6 +16,7 @@ __all__ = [
     "Blocked",
     "ConnectionClosed",
     "CorruptMessage",
+    "InvalidArgument",
     "InvalidMessage",
     "KeyFileError",
     "MessageTooLarge",
@@ -44,6 +45,12 @@ __all__ = [
 
 class QueueError(WarrenError):
     """Base class of every error the queues raise."""
+
+
+class InvalidArgument(QueueError, ValueError):
+    """An argument a queue, a stream or a consumer does not take (a queue's definition, a
+    stream offset, a retention age, a consumer's name): the message names it and what it
+    takes. Also a ``ValueError``, as a bad argument is in Python."""
 
 
 class InvalidMessage(QueueError, ValueError):

@@ -55,7 +55,8 @@ a queue refuses:
                                        ``max_records`` records when more chunks fit; 0
                                        asks for none) and the offset to ask for next,
                                        answered once ``offset`` is committed or after
-                                       ``wait_ms``; a reader that opens the files itself
+                                       ``wait_ms``; from the first offset when retention
+                                       deleted ``offset``; a reader that opens the files itself
                                        asks it with 0 records to learn the committed offset
     StoreOffset(name, offset)          tell (or ask → None): consumer ``name`` has
                                        processed up to ``offset`` (None: forget it)
@@ -100,6 +101,8 @@ from typing import Annotated, Any, NamedTuple, Protocol
 from warren.actors import message
 from warren.actors.codec import Check
 
+from .errors import InvalidArgument
+
 SETTLE_ACTIONS = ("ack", "requeue", "reject")
 MAX_PRODUCER_BYTES = 1024  # a deduplicating producer's id
 MAX_SEQUENCE = 2**63 - 1  # a producer's sequence numbers: a signed 64-bit int
@@ -142,7 +145,7 @@ def _is_tracking_name(name: object) -> bool:
 def check_tracking_name(name: object) -> str:
     """A stream consumer's name: 1 to 255 bytes of UTF-8 (Osiris's tracking ids)."""
     if not _is_tracking_name(name):
-        raise ValueError(
+        raise InvalidArgument(
             f"a stream consumer's name is 1 to {MAX_TRACKING_NAME_BYTES} bytes of UTF-8 "
             f"text; got {name!r}"
         )
@@ -326,7 +329,7 @@ def parse_interval(value: object, what: str) -> float:
         seconds = float(found[1]) * _INTERVAL_SECONDS[found[2]]
         if seconds > 0:
             return seconds
-    raise ValueError(
+    raise InvalidArgument(
         f"{what} is a positive number of seconds or a string like '7D', '12h', '30m' "
         f"(units Y, M, D, h, m, s); got {value!r}"
     )
@@ -345,7 +348,7 @@ def check_name(name: object, what: str = "queue") -> str:
                 return name
         except UnicodeEncodeError:
             pass  # a lone surrogate: not text that UTF-8 can hold
-    raise ValueError(
+    raise InvalidArgument(
         f"a {what} name is 1 to {MAX_NAME_BYTES} bytes of UTF-8 text without control "
         f"characters; got {name!r}"
     )
@@ -392,23 +395,23 @@ class QueueDefinition:
         for field in ("message_ttl_ms", "max_length"):
             value = getattr(self, field)
             if value is not None and (type(value) is not int or value < 0):
-                raise ValueError(f"{field} must be None or an int >= 0, got {value!r}")
+                raise InvalidArgument(f"{field} must be None or an int >= 0, got {value!r}")
         if self.message_ttl_ms is not None and self.message_ttl_ms > MAX_TTL_MS:
-            raise ValueError(
+            raise InvalidArgument(
                 f"message_ttl_ms must be at most {MAX_TTL_MS}, got {self.message_ttl_ms}"
             )
         if self.overflow not in OVERFLOWS:
-            raise ValueError(f"overflow must be one of {OVERFLOWS}, got {self.overflow!r}")
+            raise InvalidArgument(f"overflow must be one of {OVERFLOWS}, got {self.overflow!r}")
         if self.dead_letter_exchange is not None:
             check_name(self.dead_letter_exchange, "dead-letter exchange")
         if self.type not in QUEUE_TYPES:
-            raise ValueError(f"type must be one of {QUEUE_TYPES}, got {self.type!r}")
+            raise InvalidArgument(f"type must be one of {QUEUE_TYPES}, got {self.type!r}")
         if self.type == "stream":
             self._check_stream()
             return
         given = [field for field in STREAM_ARGUMENTS if getattr(self, field) is not None]
         if given:
-            raise ValueError(
+            raise InvalidArgument(
                 f"{', '.join(given)}: stream arguments; declare the queue with type='stream' "
                 f"to use them"
             )
@@ -424,16 +427,16 @@ class QueueDefinition:
             if getattr(self, k) != v
         ]
         if given:
-            raise ValueError(
+            raise InvalidArgument(
                 f"a stream takes no {', '.join(given)}: those are classic-queue arguments "
                 f"(a stream keeps its messages by max_length_bytes and max_age)"
             )
         if not self.durable:
-            raise ValueError("a stream is always durable; declare it without durable=False")
+            raise InvalidArgument("a stream is always durable; declare it without durable=False")
         if self.max_length_bytes is not None and (
             type(self.max_length_bytes) is not int or self.max_length_bytes < 1
         ):
-            raise ValueError(
+            raise InvalidArgument(
                 f"max_length_bytes must be None or an int >= 1, got {self.max_length_bytes!r}"
             )
         if self.max_age is not None:
@@ -442,14 +445,14 @@ class QueueDefinition:
         if segment is None:
             object.__setattr__(self, "max_segment_size_bytes", STREAM_SEGMENT_BYTES)
         elif type(segment) is not int or not 0 < segment <= MAX_STREAM_SEGMENT_BYTES:
-            raise ValueError(
+            raise InvalidArgument(
                 f"max_segment_size_bytes must be an int in 1..{MAX_STREAM_SEGMENT_BYTES}, "
                 f"got {segment!r}"
             )
         if self.sync_policy is None:
             object.__setattr__(self, "sync_policy", "fsync")
         elif self.sync_policy not in SYNC_POLICIES:
-            raise ValueError(
+            raise InvalidArgument(
                 f"sync_policy must be one of {SYNC_POLICIES}, got {self.sync_policy!r}"
             )
 

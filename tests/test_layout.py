@@ -195,3 +195,26 @@ def test_a_face_holds_warrens_names_and_no_others(face: str) -> None:
     assert all(isinstance(getattr(module, n), types.ModuleType) for n in extra), extra
     for helper in ("TYPE_CHECKING", "lazy_face"):
         assert not hasattr(module, helper)
+
+
+def test_every_error_a_part_defines_is_in_warren_errors_and_is_a_warren_error() -> None:
+    """``except warren.errors.X`` works for every error Warren raises, whichever part
+    defines it, and ``except WarrenError`` catches each of them."""
+    import warren.errors
+    from warren.errors import WarrenError
+
+    missing = []
+    for part in PARTS:
+        module = importlib.import_module(f"warren.{part}.errors")
+        for name, cls in vars(module).items():
+            if not isinstance(cls, type) or not issubclass(cls, Exception):
+                continue
+            if cls.__module__ != module.__name__ or name.startswith("_"):
+                continue
+            assert issubclass(cls, WarrenError), name
+            if getattr(warren.errors, name, None) is not cls:
+                missing.append(name)
+    assert missing == []
+    assert set(warren.errors.__all__) == {
+        name for name in dir(warren.errors) if isinstance(getattr(warren.errors, name), type)
+    }

@@ -31,11 +31,16 @@ Messages accepted (``warren.queues.protocol``), and what each gets back:
                                       once when ``offset`` is committed, else when it is or
                                       after ``wait_ms`` (a long poll)
     StoreOffset(name, offset)       (tell, or ask) a tracking delta chunk, committed with
-                                      the next group commit
+                                      the next group commit; an offset past the committed
+                                      one is refused (``OffsetOutOfRange`` to an ask; a
+                                      tell is dropped and logged)
     QueryOffset(name), LastSequence(producer)
                                     → the stored offset, the producer's last sequence
-    QueueStats()                    → offsets, segments, bytes, each named consumer's lag
-    DeleteQueue()                   → offsets deleted; the files are removed and every later
+    QueueStats()                    → offsets, segments, bytes, the user records held
+                                      (``messages_ready``: tracking chunks take offsets
+                                      but are no records) and each named consumer's lag
+                                      (the user records committed after its offset)
+    DeleteQueue()                   → records deleted; the files are removed and every later
                                       request is refused
     Purge(), Fetch(...), Settle(...) ... raise ``UnsupportedOperation``: a stream is read by
                                       offset, never consumed away
@@ -431,7 +436,9 @@ class StreamActor(ProcessActor):
         records: list[list[Any]] = []
         next_offset = message.offset
         if message.max_records and message.offset <= self._committed:
-            reader = self._reader_at(message.offset)
+            # retention may have deleted the offset since: read on from the new first, as a
+            # reader of the files does (one kept open here does so too)
+            reader = self._reader_at(max(message.offset, self._stream.first_offset))
             size = 0
             try:
                 while len(records) < message.max_records and size < MAX_READ_BYTES:
@@ -462,12 +469,29 @@ class StreamActor(ProcessActor):
         return reader
 
     def _keep_reader(self, reader: StreamReader) -> None:
-        if len(self._readers) >= READERS_KEPT:
+        """Keep ``reader`` for the read at its next offset: in place of one kept there
+        (closed, as another reader left it at the same offset) or of the oldest."""
+        replaced = self._readers.pop(reader.next_offset, None)
+        if replaced is not None:
+            replaced.close()
+        elif len(self._readers) >= READERS_KEPT:
             oldest = next(iter(self._readers))
             self._readers.pop(oldest).close()
         self._readers[reader.next_offset] = reader
 
     def _store_offset(self, message: StoreOffset) -> None:
+        if message.offset is not None and message.offset > self._committed:
+            refusal = (
+                f"offset {message.offset} is past the end of stream {self.stream_name!r} "
+                f"(its last offset is {self._committed}): store the offset of a record "
+                f"consumer {message.name!r} processed"
+            )
+            try:
+                reply = self.defer_reply()
+            except UnhandledMessage:  # a tell: dropped and logged, never stored
+                raise UnhandledMessage(refusal) from None
+            reply.fail(OffsetOutOfRange(refusal))
+            return
         offset = FORGOTTEN_OFFSET if message.offset is None else message.offset
         self._stream.append_tracking(consumers={message.name: offset})
         self.counters["offsets_stored"] += 1
@@ -488,7 +512,8 @@ class StreamActor(ProcessActor):
             for name, offset in stream.tracking().consumers.items()
             if offset != FORGOTTEN_OFFSET
         }
-        held = max(0, committed + 1 - stream.first_offset)
+        first = stream.first_offset
+        records_end = self._last_committed_record + 1
         return {
             "name": self.stream_name,
             "type": "stream",
@@ -498,12 +523,12 @@ class StreamActor(ProcessActor):
             "first_offset": stream.first_offset,
             "last_offset": stream.last_offset,
             "committed_offset": committed,
-            "offsets": held,
-            "messages_ready": held,
+            "offsets": max(0, committed + 1 - first),  # tracking chunks' included
+            "messages_ready": stream.user_records(first, committed + 1),
             "messages_unacked": 0,
             "consumers": len(offsets),
             "consumer_offsets": {
-                name: {"offset": offset, "lag": max(0, self._last_committed_record - offset)}
+                name: {"offset": offset, "lag": stream.user_records(offset + 1, records_end)}
                 for name, offset in sorted(offsets.items())
             },
             "producers": len(stream.tracking().producers),
@@ -513,7 +538,7 @@ class StreamActor(ProcessActor):
         }
 
     def _delete(self, message: DeleteQueue) -> int:
-        count = max(0, self._stream.last_offset + 1 - self._stream.first_offset)
+        count = self._stream.user_records(self._stream.first_offset, self._stream.last_offset + 1)
         for reply, _taken in self._take_pending():
             reply.fail(
                 QueueClosed(f"stream {self.stream_name} was deleted before confirming this publish")

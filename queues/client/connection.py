@@ -319,9 +319,10 @@ class _Publish:
                     )
                 )
             except RemoteError as exc:
-                answers.append(
-                    (queue, Nacked(f"queue {queue!r} refused the publish: {exc.message}"))
-                )
+                refused = local_error(exc.type_name, exc.message)  # OutOfSequence as itself
+                if not isinstance(refused, Nacked):
+                    refused = Nacked(f"queue {queue!r} refused the publish: {exc.message}")
+                answers.append((queue, refused))
         self._answers = answers = answers + self._failed
         return answers
 
@@ -1009,7 +1010,7 @@ class Connection:
         """Store ``offset`` as the last one consumer ``name`` processed: a named consumer
         resumes after it. It is durable with the stream's next group commit."""
         if type(offset) is not int or offset < 0:
-            raise ValueError(f"a stream offset is an int >= 0, got {offset!r}")
+            raise errors.InvalidArgument(f"a stream offset is an int >= 0, got {offset!r}")
         self._ask(self._stream_only(stream), StoreOffset(check_tracking_name(name), offset))
 
     @_exclusive

@@ -3,22 +3,76 @@ node and a queue or stream (``Target``), and how a task or the driver tells a fa
 worth retrying (the node or a queue was away) from a mistake (``retryable``).
 
 ``Target`` is checked on the driver, where a wrong option fails the job before any task
-runs, and is picklable: it travels to the executors. Retrying is the caller's loop
-(``spark.publish_columns`` for writes, ``spark_read.NodeSession`` for reads): attempts
-``RETRY_PAUSE_S`` apart, doubling, until ``timeout_s`` passes without progress.
+runs, and is picklable: it travels to the executors. An option the source does not take
+is refused there too, compared without case as Spark compares options (it passes them
+in lower case): a misspelt option would otherwise leave its default in force unseen.
+Retrying is the caller's loop (``spark.publish_columns`` for writes,
+``spark_read.NodeSession`` for reads): attempts ``RETRY_PAUSE_S`` apart, doubling, until
+``timeout_s`` passes without progress.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
+from collections.abc import Iterable, Sequence
 
 from ..errors import WarrenReadError, WarrenWriteError
 
-__all__ = ["DEFAULT_TIMEOUT_S", "RETRY_PAUSE_S", "Target", "retryable"]
+__all__ = [
+    "DEFAULT_TIMEOUT_S",
+    "READ_OPTIONS",
+    "RETRY_PAUSE_S",
+    "WRITE_OPTIONS",
+    "Target",
+    "check_known",
+    "retryable",
+]
 
 DEFAULT_TIMEOUT_S = 120.0
 RETRY_PAUSE_S = (0.2, 5.0)  # between attempts: from, to
+WRITE_OPTIONS = (
+    "endpoint",
+    "queue",
+    "stream",
+    "exchange",
+    "routing_key",
+    "key_file",
+    "persistent",
+    "mandatory",
+    "producer",
+    "timeout_s",
+    "checkpointLocation",  # Spark's own, which it passes to a streaming write
+    "queryName",
+)
+READ_OPTIONS = (
+    "endpoint",
+    "stream",
+    "key_file",
+    "timeout_s",
+    "startingOffsets",
+    "endingOffsets",
+    "failOnDataLoss",
+    "partitionBytes",
+    "maxRecordsPerTrigger",
+    "consumerName",
+)
+
+
+def check_known(
+    given: Iterable[str], known: Sequence[str], error: type[Exception], what: str
+) -> None:
+    """Refuse the options in ``given`` that are not in ``known``, case aside, naming the
+    option each is closest to."""
+    names = {name.lower(): name for name in known}
+    for option in sorted(given):
+        if option.lower() not in names:
+            close = difflib.get_close_matches(option.lower(), names, n=1)
+            hint = f"did you mean {names[close[0]]!r}? " if close else ""
+            raise error(
+                f"option {option!r} is not one {what} takes ({hint}it takes {', '.join(known)})"
+            )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,6 +95,10 @@ class Target:
         """The options' target; ``WarrenReadError`` (reading) or ``WarrenWriteError``
         naming the option that is wrong."""
         error = WarrenReadError if reading else WarrenWriteError
+        if reading:
+            check_known(options, READ_OPTIONS, error, "a read of a stream")
+        else:
+            check_known(options, WRITE_OPTIONS, error, "a write")
         endpoint = options.get("endpoint")
         if not endpoint or not endpoint.startswith("tcp://"):
             raise error(

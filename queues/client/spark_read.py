@@ -23,7 +23,18 @@ read fail the query naming them; false: they are skipped with a warning),
 ``partitionBytes`` (32 MiB: the size of one task's offset range; each task costs Spark
 tens of milliseconds of its own, so fewer, larger ranges read faster), and, streaming,
 ``maxRecordsPerTrigger`` and ``consumerName`` (the name the query's progress is stored
-under on the node, so ``warren streams`` shows its lag: "spark" unless given).
+under on the node, so ``warren streams`` shows its lag: "spark" unless given). Any other
+option is refused, case aside (``spark_options.check_known``). A ``startingOffsets``
+below the first offset is data loss (``failOnDataLoss``); one past the stream's end is
+refused either way, never read from the first.
+
+Progress. Spark commits a micro-batch to the source (``commit``) only when it plans the
+next one, so a query's last micro-batch would never be stored; but it asks for the next
+(``latestOffset(start, ...)``) once the last one is done, and ends a
+``trigger(availableNow=True)`` query only after that ask. The reader stores ``start``
+there, so a query that read everything shows lag 0; a micro-batch that failed is never
+stored (Spark asks for no next one). Spark does not stop the reader when a query ends
+(its process is ended), so nothing can be left to a ``stop``.
 
 How it reads. The driver resolves the offsets with the stream's process (``StreamAttach``)
 and has it cut ``[start, end)`` into ranges on chunk boundaries (``StreamPlan``, from the
@@ -247,12 +258,19 @@ def _attach(session: NodeSession, start: tuple[str, int], where: str) -> dict[st
     try:
         return session.call(attach, where)
     except OffsetOutOfRange as error:
-        if source.fail_on_data_loss or start[0] != "offset":
+        if start[0] != "offset":
+            raise WarrenReadError(f"{where}: {error}") from None
+        first = session.ask(StreamAttach("first"), where)
+        if start[1] > first["committed"] + 1:  # not data loss: refused whatever the flag
+            raise WarrenReadError(
+                f"{where}: offset {start[1]} is past the end of stream {source.stream!r} (it "
+                f"holds offsets {first['first']} to {first['committed']}): start at 'latest' "
+                f"to read what is published from now on"
+            ) from None
+        if source.fail_on_data_loss:
             raise WarrenReadError(f"{where}: {error}") from None
         log.warning("%s: %s; starting at the first offset (failOnDataLoss=false)", where, error)
-        return session.call(
-            lambda connection: connection._request(source.stream, StreamAttach("first")), where
-        )
+        return first
 
 
 def _plan(
@@ -584,6 +602,7 @@ class WarrenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._session = NodeSession(source)
         self._available_now_end: int | None = None
         self._identity: str | None = None
+        self._stored = 0  # the end whose offset before it is stored under consumerName
 
     def _offset(self, offset: int) -> dict[str, Any]:
         assert self._identity is not None
@@ -609,6 +628,10 @@ class WarrenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if start is not None:
             self._take_identity(start)
         end = self._latest()
+        if start is not None and self._stored < start["offset"] <= end:
+            # Spark asks for the next micro-batch once the last one is done: stored now,
+            # as the query may stop before it plans another (and commits this one)
+            self._store(int(start["offset"]))
         if self._available_now_end is not None:
             end = min(end, self._available_now_end)
         if start is not None and ReadMaxRows is not None and isinstance(limit, ReadMaxRows):
@@ -640,14 +663,19 @@ class WarrenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def commit(self, end: dict[str, Any]) -> None:
         """The query processed every offset before ``end``: stored on the node under
-        ``consumerName``, where its lag shows."""
-        if end["offset"] > 0:
+        ``consumerName``, where its lag shows (unless ``latestOffset`` stored it)."""
+        if end["offset"] > self._stored:
+            self._store(int(end["offset"]))
+
+    def _store(self, end: int) -> None:
+        if end > 0:
             self._session.call(
                 lambda connection: connection.store_offset(
-                    self.source.stream, self.source.consumer_name, end["offset"] - 1
+                    self.source.stream, self.source.consumer_name, end - 1
                 ),
                 f"storing the offset of stream {self.source.stream!r}",
             )
+        self._stored = end
 
     def stop(self) -> None:
         self._session.close()

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from warren.actors import ActorError, ActorRef
 
-from ..errors import Nacked, OffsetOutOfRange, QueueRestarting
+from ..errors import InvalidArgument, Nacked, OffsetOutOfRange, QueueRestarting
 from ..message import Message, decode
 from ..protocol import (
     MAX_WAIT_MS,
@@ -66,7 +66,7 @@ RESTART_POLL_S = 0.05
 
 
 def stream_start(offset: object) -> tuple[str, int]:
-    """A consumer's ``offset`` argument as ``StreamAttach(start, value)``; ValueError for
+    """A consumer's ``offset`` argument as ``StreamAttach(start, value)``; InvalidArgument for
     one that is none of the documented kinds."""
     if offset in ("first", "last", "next"):
         return str(offset), 0
@@ -76,7 +76,7 @@ def stream_start(offset: object) -> tuple[str, int]:
         return "timestamp", max(0, int(offset.timestamp() * 1000))
     if type(offset) is int:
         if offset < 0:
-            raise ValueError(f"a stream offset is an int >= 0, got {offset}")
+            raise InvalidArgument(f"a stream offset is an int >= 0, got {offset}")
         return "offset", offset
     if isinstance(offset, str):
         try:
@@ -85,7 +85,7 @@ def stream_start(offset: object) -> tuple[str, int]:
             pass
         else:
             return "timestamp", max(0, int((time.time() - seconds) * 1000))
-    raise ValueError(
+    raise InvalidArgument(
         "offset is 'first', 'last', 'next', an offset (int >= 0), a datetime, a "
         f"Timestamp(epoch ms) or an interval like '1h' (that long ago); got {offset!r}"
     )
@@ -129,7 +129,7 @@ class StreamConsumer:
         store_interval_s: float = STORE_INTERVAL_S,
     ) -> None:
         if type(store_every) is not int or store_every < 1:
-            raise ValueError(f"store_every must be an int >= 1, got {store_every!r}")
+            raise InvalidArgument(f"store_every must be an int >= 1, got {store_every!r}")
         self.connection = connection
         self.stream = stream
         self.name = name

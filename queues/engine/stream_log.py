@@ -103,8 +103,10 @@ Races this module guards against:
 
 Tracking is rebuilt on open from the newest segment that starts with a snapshot (or from
 the oldest segment when none does), replaying the deltas and user-chunk trailers after
-it. The writer holds an exclusive ``flock`` on ``.lock``: a second writer raises
-``StreamLocked``.
+it. The offsets tracking chunks take are kept as well (from the index records, which
+recovery reads anyway), so that ``user_records`` counts the records a range holds, as a
+reader gets them, without reading a chunk. The writer holds an exclusive ``flock`` on
+``.lock``: a second writer raises ``StreamLocked``.
 """
 
 from __future__ import annotations
@@ -115,7 +117,8 @@ import os
 import struct
 import time
 import uuid
-from bisect import bisect_right
+from array import array
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from itertools import chain, repeat
 from typing import Literal, NamedTuple
@@ -497,6 +500,11 @@ def read_index(path: str) -> list[IndexRecord]:
     return [IndexRecord(*fields) for fields in INDEX_RECORD.iter_unpack(body)]
 
 
+def _tracking_offsets(records: list[IndexRecord]) -> list[int]:
+    """The offsets the tracking chunks of a segment's index records take."""
+    return [record.chunk_id for record in records if record.chunk_type != CHUNK_USER]
+
+
 def chunk_ranges(
     directory: str | os.PathLike[str], start: int, end: int, target_bytes: int
 ) -> list[tuple[int, int]]:
@@ -699,6 +707,8 @@ class StreamLog:
         self._directory_unsynced = False
         self._flush_failed: OSError | None = None  # a failed flush: no commit after it
         self._tracking = _TrackingState()
+        # The offsets tracking chunks take, ascending: offsets that hold no user record.
+        self._tracking_offsets = array("Q")
         self._closed = False
         try:
             self.identity = self._identity()
@@ -744,6 +754,15 @@ class StreamLog:
     def size_bytes(self) -> int:
         """The bytes of every segment and index file."""
         return sum(info.size_bytes for info in self.segments())
+
+    def user_records(self, start: int, end: int) -> int:
+        """How many user records the offsets ``[start, end)`` hold: the offsets less those
+        tracking chunks take (offsets retention deleted or not yet written hold none)."""
+        start, end = max(start, self.first_offset), min(end, self._next_offset)
+        if start >= end:
+            return 0
+        offsets = self._tracking_offsets
+        return end - start - (bisect_left(offsets, end) - bisect_left(offsets, start))
 
     def reader(self, start: Start = "first") -> StreamReader:
         """A reader of this log that stops at this writer's committed offset."""
@@ -875,6 +894,8 @@ class StreamLog:
         self._segment_bytes += CHUNK_HEADER_BYTES + len(data) + len(trailer)
         self._segment_chunks += 1
         self._next_offset += record_count
+        if chunk_type != CHUNK_USER:
+            self._tracking_offsets.append(chunk_id)
         return chunk_id
 
     def _roll_over(self) -> None:
@@ -946,6 +967,7 @@ class StreamLog:
             infos.pop(0)
         if deleted:
             self._segment_firsts = self._segment_firsts[len(deleted) :]
+            del self._tracking_offsets[: bisect_left(self._tracking_offsets, self.first_offset)]
             if self.sync_policy:
                 os.fsync(self._dir_fd)
             log.info("stream %s: retention deleted segments %s", self.directory, deleted)
@@ -1050,6 +1072,7 @@ class StreamLog:
             self.sync()
             return
         next_offset, chunks, size, walked = segments[0], 0, FILE_HEADER_BYTES, False
+        tracking_offsets: dict[int, list[int]] = {}  # per segment
         for position, first in enumerate(segments):
             if first != next_offset:
                 for orphan in segments[position:]:
@@ -1065,12 +1088,18 @@ class StreamLog:
                 break
             self._segment_firsts.append(first)
             walked = position == len(segments) - 1
-            next_offset, chunks, size = self._recover_segment(first, walk=walked)
+            next_offset, chunks, size, tracking_offsets[first] = self._recover_segment(
+                first, walk=walked
+            )
+        last = self._segment_firsts[-1]
         if not walked:
-            next_offset, chunks, size = self._recover_segment(self._segment_firsts[-1], walk=True)
+            next_offset, chunks, size, tracking_offsets[last] = self._recover_segment(
+                last, walk=True
+            )
+        for first in self._segment_firsts:
+            self._tracking_offsets.extend(tracking_offsets[first])
         self._next_offset = next_offset
         self._segment_chunks, self._segment_bytes = chunks, size
-        last = self._segment_firsts[-1]
         self._segment_fd = os.open(segment_file_name(last), os.O_RDWR, dir_fd=self._dir_fd)
         self._index_fd = os.open(index_file_name(last), os.O_RDWR, dir_fd=self._dir_fd)
         os.lseek(self._segment_fd, 0, os.SEEK_END)
@@ -1081,9 +1110,10 @@ class StreamLog:
         self._unsynced = True
         self.sync()
 
-    def _recover_segment(self, first: int, walk: bool) -> tuple[int, int, int]:
+    def _recover_segment(self, first: int, walk: bool) -> tuple[int, int, int, list[int]]:
         """Check (``walk``: walk every chunk of) one segment and repair its tail and its
-        index; returns its next offset, its number of chunks and its size."""
+        index; returns its next offset, its number of chunks, its size and the offsets of
+        its tracking chunks."""
         segment_fd = os.open(segment_file_name(first), os.O_RDWR, dir_fd=self._dir_fd)
         index_fd = os.open(
             index_file_name(first), os.O_RDWR | os.O_CREAT, 0o644, dir_fd=self._dir_fd
@@ -1106,7 +1136,7 @@ class StreamLog:
                     and last.end == size
                     and index_size == FILE_HEADER_BYTES + INDEX_RECORD_BYTES * len(records)
                 ):
-                    return last.next_offset, len(records), size
+                    return last.next_offset, len(records), size, _tracking_offsets(records)
             chain = list(_walk_chunks(segment_fd, size, first))
             while chain and _data_of(segment_fd, chain[-1]) is None:
                 torn = chain.pop()
@@ -1127,9 +1157,10 @@ class StreamLog:
                 )
                 os.ftruncate(segment_fd, end)
                 os.fdatasync(segment_fd)
-            self._repair_index(index_fd, index_size, records, [h.index_record() for h in chain])
+            rebuilt = [h.index_record() for h in chain]
+            self._repair_index(index_fd, index_size, records, rebuilt)
             next_offset = chain[-1].next_offset if chain else first
-            return next_offset, len(chain), end
+            return next_offset, len(chain), end, _tracking_offsets(rebuilt)
         finally:
             os.close(segment_fd)
             os.close(index_fd)

@@ -90,9 +90,9 @@ def format_queues(rows: list[dict]) -> str:
             cells.append([row["name"], row["state"], "-", "-", "-", "-", "-", "-"])
             continue
         if row.get("type") == "stream":  # its own figures: `warren streams`
-            offsets = abbreviated(stats["offsets"])
+            records = abbreviated(stats["messages_ready"])  # user records, not tracking
             disk = abbreviated(stats["bytes"], "B")
-            cells.append([row["name"], row["state"], offsets, "-", "stream", "-", disk, "-"])
+            cells.append([row["name"], row["state"], records, "-", "stream", "-", disk, "-"])
             continue
         rates = stats["rates"]
         cells.append(

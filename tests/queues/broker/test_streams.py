@@ -20,12 +20,14 @@ import pytest
 
 from warren import connect
 from warren.actors import ActorError
+from warren.errors import WarrenError
 from warren.queues import Nacked, PreconditionFailed
 from warren.queues.client.stream import StreamConsumer, Timestamp
 from warren.queues.engine.stream_log import StreamLog, inspect_stream, numbered_files
 from warren.queues.errors import (
     NotFound,
     OffsetOutOfRange,
+    OutOfSequence,
     StreamCorrupt,
     UnsupportedOperation,
 )
@@ -171,6 +173,56 @@ def test_a_named_consumer_stores_its_offset_and_resumes_after_it(node):
     assert connection.query_offset("events", "manual") == 42
 
 
+def test_ready_and_lag_count_user_records_not_the_offsets_tracking_entries_take(node):
+    """A stored offset is a tracking chunk, and a new segment starts with a snapshot:
+    each takes an offset, and neither is a record anyone will read."""
+    connection = node.connect()
+    connection.declare_queue("events", type="stream", max_segment_size_bytes=200)
+    connection.publish_many("events", [b"a", b"b", b"c"])
+    with connection.consume("events", name="billing", offset="first") as consumer:
+        assert [next(consumer).body for _ in range(3)] == [b"a", b"b", b"c"]
+    wait_for(lambda: connection.query_offset("events", "billing") == 2, timeout=10)
+    stats = connection.queue_stats("events")
+    assert stats["messages_ready"] == 3
+    assert stats["consumer_offsets"] == {"billing": {"offset": 2, "lag": 0}}
+    for n in range(5):  # each a chunk of its own, most in a new segment after a snapshot
+        connection.publish("events", b"new %d" % n + b"x" * 100)
+    stats = connection.queue_stats("events")
+    assert stats["segments"] > 2 and stats["offsets"] > 8
+    assert stats["messages_ready"] == 8
+    assert stats["consumer_offsets"] == {"billing": {"offset": 2, "lag": 5}}
+    table = subprocess.run(
+        [*WARREN, "queues", "--data-dir", node.data_dir], capture_output=True, text=True
+    )
+    row = next(line.split() for line in table.stdout.splitlines() if line.startswith("events"))
+    assert row[2] == "8", table.stdout  # the ready column
+    with connection.consume("events", name="billing", inactivity_timeout=0.3) as consumer:
+        assert len(list(consumer)) == 5
+    wait_for(
+        lambda: connection.queue_stats("events")["consumer_offsets"]["billing"]["lag"] == 0,
+        timeout=10,
+    )
+
+
+@pytest.mark.parametrize("where", ["local", "remote"])
+def test_an_offset_stored_past_the_streams_end_is_refused_and_the_stored_one_kept(node, where):
+    node.declare_queue("events", type="stream")
+    client = node.connect() if where == "local" else connect(node.listen_endpoint)
+    with client:
+        client.publish_many("events", [b"a", b"b", b"c"])
+        client.store_offset("events", "billing", 1)
+        with pytest.raises(OffsetOutOfRange, match="offset 10 is past the end of stream"):
+            client.store_offset("events", "billing", 10)
+        assert client.query_offset("events", "billing") == 1
+        client.store_offset("events", "billing", 2)  # the last record: taken
+        assert client.query_offset("events", "billing") == 2
+        resumed = client.consume("events", name="billing", offset="first")
+        assert resumed.get(timeout=0.3) is None  # nothing skipped, nothing read again
+        client.publish("events", b"d")
+        assert resumed.get(timeout=10).body == b"d"
+        resumed.cancel()
+
+
 def test_a_producer_resumes_after_its_last_sequence_and_repeats_are_dropped(node):
     connection = node.connect()
     connection.declare_queue("events", type="stream")
@@ -256,6 +308,85 @@ def test_retention_racing_a_reader_in_the_oldest_segment_never_breaks_its_order(
     reader.cancel()
     assert seen == sorted(seen) and len(set(seen)) == len(seen)
     assert seen[-1] == 599
+
+
+@pytest.mark.parametrize("when", ["before its first read", "after the stream restarted"])
+def test_a_remote_reader_whose_next_offset_retention_deleted_moves_on_to_the_first(node, when):
+    """As a reader of the files does: no ``OffsetOutOfRange`` in the middle of an
+    iteration, whatever the listener's side had open for it."""
+    node.declare_queue(
+        "events", type="stream", max_segment_size_bytes=16 * 1024, max_length_bytes=48 * 1024
+    )
+    local = node.connect()
+
+    def publish(numbers):
+        local.publish_many("events", [b"%06d" % n + b"x" * 500 for n in numbers])
+
+    publish(range(30))
+    with connect(node.listen_endpoint) as remote:
+        reader = remote.consume("events", offset="first", prefetch=10)
+        if when == "after the stream restarted":
+            assert next(reader).offset == 0
+            old = stream_pid(node)
+            os.kill(old, signal.SIGKILL)  # what it had open for the reader dies with it
+            wait_for(lambda: stream_pid(node) != old, timeout=60)
+            local = node.connect()
+        for start in range(30, 600, 30):
+            publish(range(start, start + 30))
+        first = local.queue_stats("events")["first_offset"]
+        assert first > 30  # the reader's next offset is gone
+        seen = []
+        while (delivery := reader.get(timeout=0.5)) is not None:
+            seen.append(delivery.offset)
+            assert int(delivery.body[:6]) == delivery.offset
+        reader.cancel()
+    assert seen[0] == (first if when == "before its first read" else 1) and seen[-1] == 599
+    assert seen == sorted(seen) and len(set(seen)) == len(seen)
+    assert set(range(first, 600)) <= set(seen)
+
+
+def test_a_remote_reader_among_more_than_the_stream_keeps_open_moves_on_past_retention(node):
+    """The stream's process keeps 16 readers open for the next reads; the reader of a
+    17th remote consumer closes the oldest, whose next read retention then deleted."""
+    node.declare_queue(
+        "events", type="stream", max_segment_size_bytes=16 * 1024, max_length_bytes=48 * 1024
+    )
+    local = node.connect()
+    for n in range(17):  # a chunk each
+        local.publish("events", b"%06d" % n + b"x" * 500)
+    with connect(node.listen_endpoint) as remote:
+        readers = [remote.consume("events", offset=n, prefetch=1) for n in range(17)]
+        assert [next(reader).offset for reader in readers] == list(range(17))
+        end = 17 + 20 * 30
+        for start in range(17, end, 30):
+            local.publish_many(
+                "events", [b"%06d" % n + b"x" * 500 for n in range(start, start + 30)]
+            )
+        first = local.queue_stats("events")["first_offset"]
+        assert first > 17
+        seen = []
+        while (delivery := readers[0].get(timeout=0.5)) is not None:
+            seen.append(delivery.offset)
+        for reader in readers:
+            reader.cancel()
+    assert seen == list(range(first, end))
+
+
+def test_remote_readers_at_one_offset_leave_the_stream_no_open_file_behind(node):
+    """The stream's process keeps a reader open per offset for the next read; a second
+    reader there replaces the first, which must be closed, not dropped."""
+    node.declare_queue("events", type="stream")
+    node.connect().publish_many("events", [b"%d" % n for n in range(30)])
+    stream = psutil.Process(stream_pid(node))
+    with connect(node.listen_endpoint) as remote:
+        first = remote.consume("events", offset="first")
+        assert next(first).offset == 0
+        before = stream.num_fds()
+        for _ in range(40):
+            reader = remote.consume("events", offset="first")
+            assert next(reader).offset == 0  # each reads the chunk, and ends at offset 30
+            reader.cancel()
+        assert stream.num_fds() <= before + 2
 
 
 def test_a_remote_client_publishes_reads_and_stores_offsets_through_the_listener(node):
@@ -500,6 +631,27 @@ def test_errors_are_the_same_classes_over_tcp_as_on_the_node(node):
             remote.purge_queue("events")
         with pytest.raises(UnsupportedOperation, match="classic queue"):
             remote.last_sequence("jobs", "p")
+
+
+@pytest.mark.parametrize("where", ["local", "remote"])
+def test_bad_stream_arguments_and_a_sequence_gap_are_warren_errors_of_one_class(node, where):
+    """``except WarrenError`` catches a bad argument (still a ValueError for callers that
+    catch that), and a producer's gap is ``OutOfSequence`` whichever the transport."""
+    node.declare_queue("events", type="stream")
+    client = node.connect() if where == "local" else connect(node.listen_endpoint)
+    with client:
+        client.publish("events", b"one")
+        with pytest.raises(WarrenError, match="got 'banana'") as bad_offset:
+            client.consume("events", offset="banana")
+        assert isinstance(bad_offset.value, ValueError)
+        with pytest.raises(WarrenError, match="max_age is a positive number"):
+            client.declare_queue("logs", type="stream", max_age="seven days")
+        with pytest.raises(WarrenError, match="an int >= 0, got -1"):
+            client.store_offset("events", "billing", -1)
+        client.publish_many("events", [b"s0", b"s1"], producer_id="p", sequence=0)
+        with pytest.raises(OutOfSequence, match="send again from 2"):
+            client.publish_many("events", [b"s5"], producer_id="p", sequence=5)
+        assert client.list_queues() == ["events"]
 
 
 @pytest.mark.parametrize("where", ["local", "remote"])

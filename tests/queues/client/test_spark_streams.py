@@ -37,6 +37,8 @@ from warren.queues.message import Message, decode, encode
 from warren.queues.protocol import StreamAttach
 from warren.supervisor import Node
 
+from ...waiting import wait_for
+
 
 @pytest.fixture
 def node(tmp_path):
@@ -312,6 +314,88 @@ def test_bad_options_and_targets_fail_with_what_is_wrong(spark, node):
         spark.range(3).selectExpr("cast(id as string) as body").write.format("warren").mode(
             "append"
         ).option("endpoint", node.listen_endpoint).option("stream", "orders").save()
+
+
+@pytest.mark.timeout(300)  # a loaded machine: several Spark jobs and queries in turn
+def test_an_option_the_source_does_not_take_is_refused_whatever_its_case(spark, node, tmp_path):
+    """A misspelt option would leave its default in force: an ending read to the end, a
+    streaming start that skips the backlog, a rerun's producer made up anew."""
+    connection = node.connect()
+    connection.declare_queue("events", type="stream")
+    publish(node, "events", 20)
+    with pytest.raises(Exception, match="option 'endingoffset' is not one .*'endingOffsets'"):
+        load(spark, node, endingOffset=5).count()
+    failed = stream_query(spark, node, tmp_path / "checkpoint", [], startingOffset="first")
+    assert "did you mean 'startingOffsets'" in str(failed.exception())
+    frame = spark.range(3).selectExpr("cast(id as string) as body")
+    with pytest.raises(Exception, match="option 'producr' is not one a write takes"):
+        frame.write.format("warren").mode("append").option("endpoint", node.listen_endpoint).option(
+            "stream", "events"
+        ).option("producr", "nightly").save()
+    assert connection.queue_stats("events")["messages_ready"] == 20  # nothing written
+    # the options it takes, in any case, as Spark's own are (it passes them in lower case)
+    from pyspark.sql.datasource import CaseInsensitiveDict
+
+    given = CaseInsensitiveDict(endpoint="tcp://127.0.0.1:1", STREAM="events", FailOnDataLoss="0")
+    with pytest.raises(WarrenReadError, match="option failOnDataLoss is true or false, not '0'"):
+        Source.from_options(given, streaming=True)  # known, whatever its case: then checked
+
+
+@pytest.mark.timeout(300)
+def test_a_start_past_the_streams_end_is_refused_not_read_from_the_first(spark, node, tmp_path):
+    """Only a start below the first offset is data loss (skipped with failOnDataLoss=false);
+    one past the end is a mistake either way, and never reads the stream again."""
+    connection = node.connect()
+    connection.declare_queue("events", type="stream")
+    publish(node, "events", 100)
+    for flag in ("true", "false"):
+        with pytest.raises(Exception, match="offset 5000 is past the end of stream 'events'"):
+            load(spark, node, startingOffsets=5000, failOnDataLoss=flag).count()
+    seen: list = []
+    failed = stream_query(
+        spark, node, tmp_path / "checkpoint", seen, startingOffsets=5000, failOnDataLoss="false"
+    )
+    assert "offset 5000 is past the end" in str(failed.exception())
+    assert seen == []
+
+
+@pytest.mark.timeout(480)
+def test_a_query_that_read_everything_leaves_its_consumer_at_lag_0(spark, node, tmp_path):
+    """Spark commits a micro-batch only when it plans the next one, which a finished
+    query never does: the last one is stored all the same, and never one the query did
+    not finish."""
+    connection = node.connect()
+    connection.declare_queue("events", type="stream")
+    publish(node, "events", 2500)
+    seen: list = []
+    query = stream_query(
+        spark, node, tmp_path / "done", seen, startingOffsets="first", consumerName="counts"
+    )
+    assert query.exception() is None
+    assert sum(len(offsets) for _, offsets in seen) == 2500
+    assert connection.query_offset("events", "counts") == 2499
+    assert connection.queue_stats("events")["consumer_offsets"]["counts"]["lag"] == 0
+
+    def fail_the_second_batch(frame, batch_id):
+        if batch_id == 1:
+            raise RuntimeError("the second micro-batch fails, on purpose")
+
+    reader = spark.readStream.format("warren").option("endpoint", node.listen_endpoint)
+    options = {"stream": "events", "startingOffsets": "first", "maxRecordsPerTrigger": 1000}
+    for name, value in {**options, "consumerName": "halfway"}.items():
+        reader = reader.option(name, str(value))
+    failing = (
+        reader.load()
+        .writeStream.foreachBatch(fail_the_second_batch)
+        .option("checkpointLocation", str(tmp_path / "failing"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    with pytest.raises(Exception, match="the second micro-batch fails"):
+        failing.awaitTermination(timeout=180)
+    assert not failing.isActive
+    wait_for(lambda: connection.query_offset("events", "halfway") is not None, timeout=30)
+    assert connection.query_offset("events", "halfway") == 999  # the first batch alone
 
 
 def test_a_node_that_stays_down_fails_the_task_naming_its_offsets(tmp_path):

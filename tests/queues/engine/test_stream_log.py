@@ -298,6 +298,25 @@ def test_tracking_survives_reopen_and_retention_through_snapshots(tmp_path):
         assert log.tracking() == expected
 
 
+def test_user_records_leave_out_tracking_chunks_and_snapshots_across_reopen_and_retention(
+    tmp_path,
+):
+    with StreamLog(tmp_path, max_segment_chunks=2) as log:
+        log.append([b"a", b"b", b"c"])  # offsets 0-2
+        log.append_tracking(consumers={"billing": 2})  # 3
+        assert log.user_records(0, log.last_offset + 1) == 3
+        for n in range(5):  # each chunk after the second in a segment rolls over: a snapshot
+            log.append([body(n)])
+        assert log.last_offset + 1 - 3 > 5  # offsets taken by snapshots too
+        assert log.user_records(3, log.last_offset + 1) == 5
+        assert log.user_records(-10, 10**9) == 8
+    with StreamLog(tmp_path, max_segment_chunks=2) as log:  # rebuilt from the indexes
+        assert log.user_records(3, log.last_offset + 1) == 5
+        log.apply_retention(max_bytes=0)
+        held = [offset for offset, _, _ in read_all(log)]
+        assert log.user_records(0, log.last_offset + 1) == len(held) == 1
+
+
 # -- recovery -----------------------------------------------------------------------------
 
 
@@ -622,6 +641,16 @@ class StreamLogModel(RuleBasedStateMachine):
         assert [(o, r) for o, _, r in read_all(self.log)] == expected
         assert self.log.committed_offset == self.committed
         assert self.log.tracking() == (self.producers, self.consumers)
+
+    @invariant()
+    def user_records_count_records_not_tracking(self):
+        offsets = [o for o, _ in self.records]
+        assert self.log.user_records(0, self.next_offset) == len(offsets)
+        if offsets:  # from a record's offset on, and from the offset after it
+            middle = offsets[len(offsets) // 2]
+            later = [o for o in offsets if o > middle]
+            assert self.log.user_records(middle, self.next_offset) == len(later) + 1
+            assert self.log.user_records(middle + 1, self.next_offset + 5) == len(later)
 
     def teardown(self):
         self.log.abandon()
