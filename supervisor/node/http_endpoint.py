@@ -2,13 +2,17 @@
 page, read-only, served from the node's own process (``Node(http="127.0.0.1:15692")``,
 ``warren node --http``).
 
-    GET /                     the management page (HTML), with /page.css and /page.js
+    GET /                     the management page (HTML), with /page.css, /page.js and
+                              its icon (/favicon.svg, and /favicon.ico, the same)
     GET /metrics              Prometheus text format: node-wide series
     GET /metrics/per-object   the same, with a series per queue, stream, store and actor
     GET /api/overview         JSON: the node, its alarms, queue totals, its counters
     GET /api/queues           JSON: every declared queue and stream with its figures
     GET /api/actors           JSON: every actor with its process and counters
     GET /api/tree             JSON: the supervision tree, each child's state and restarts
+    GET /api/connections      JSON: the client connections that consume, with their consumers
+    GET /api/exchanges        JSON: every exchange, the default one first
+    GET /api/bindings         JSON: every binding of a queue to an exchange
 
 Anything else is a 404 (a path it does not serve) or a 405 (another method than GET,
 whichever: TRACE and names no server knows too), and a request it cannot read a 400,
@@ -18,7 +22,7 @@ documents come from ``warren.supervisor.node.metrics``; the Prometheus text is
 prometheus_client's own rendering of a registry of the node's (never the process-wide
 default one), holding one collector.
 
-The page is three small files shipped in the package (``page/``, package data), read
+The page is four small files shipped in the package (``page/``, package data), read
 when asked: it loads nothing else, and its script draws everything from the JSON pages
 it polls (see ``page/page.js``), so it works on a machine without internet access. The
 HTML is sent with a Content-Security-Policy of ``default-src 'self'``, so a browser
@@ -71,6 +75,7 @@ from .metrics import (
     Snapshot,
     WarrenCollector,
     actors_document,
+    connections_document,
     overview_document,
     queues_document,
 )
@@ -88,6 +93,8 @@ PAGE_FILES = (
     ("/", "index.html", HTML),
     ("/page.css", "page.css", "text/css; charset=utf-8"),
     ("/page.js", "page.js", "text/javascript; charset=utf-8"),
+    ("/favicon.svg", "favicon.svg", "image/svg+xml"),
+    ("/favicon.ico", "favicon.svg", "image/svg+xml"),  # asked for by browsers unprompted
 )
 PAGE_POLICY = "default-src 'self'"  # the page's Content-Security-Policy
 STOPPING = b"the node is stopping\n"
@@ -130,6 +137,9 @@ class HttpEndpoint:
             "/api/queues": functools.partial(self._document, queues_document, False),
             "/api/actors": functools.partial(self._document, actors_document, True),
             "/api/tree": self._tree,
+            "/api/connections": functools.partial(self._document, connections_document, False),
+            "/api/exchanges": functools.partial(self._routing, 0),
+            "/api/bindings": functools.partial(self._routing, 1),
         }
         for path, file_name, content_type in PAGE_FILES:
             self._routes[path] = functools.partial(_page_file, file_name, content_type)
@@ -157,6 +167,10 @@ class HttpEndpoint:
 
     def _tree(self) -> tuple[str, bytes]:
         return JSON, _json(self._figures.tree())
+
+    def _routing(self, part: int) -> tuple[str, bytes]:
+        """The exchanges (``part`` 0) or the bindings (1)."""
+        return JSON, _json(self._figures.exchanges_and_bindings()[part])
 
     def close(self) -> None:
         """Stop serving and close the listening socket; open connections are closed at

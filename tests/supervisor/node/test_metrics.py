@@ -9,6 +9,7 @@ connections kept open to it, and every bad address refused in one line. Everythi
 import contextlib
 import errno
 import http.client
+import importlib.metadata
 import json
 import os
 import re
@@ -382,6 +383,96 @@ def test_the_api_answers_strict_json_with_the_same_figures(tmp_path):
         names = {actor["name"] for actor in documents["actors"]}
         assert {"queue orders", "msg_store_persistent", "msg_store_gc"} <= names
         assert scrape(node)[("warren_queue_messages_ready", ())] == 3
+
+
+def api(node: Node, page: str):
+    status, headers, body = fetch(f"{node.http_endpoint}/api/{page}")
+    assert status == 200 and headers["Content-Type"] == "application/json", body
+    return strict_json(body)
+
+
+def test_the_overview_names_the_version_and_how_long_the_node_has_run(tmp_path):
+    before = time.time()
+    with Node(tmp_path / "data", http=LOOPBACK_ANY_PORT) as node:
+        first = api(node, "overview")
+        assert first["version"] == importlib.metadata.version("warren-mq")
+        assert before <= first["started_at"] <= time.time()
+        assert 0 <= first["uptime_seconds"] <= time.time() - before
+        assert first["tcp_connections"] is None  # no listener
+        wait_for(lambda: api(node, "overview")["uptime_seconds"] > first["uptime_seconds"])
+
+
+def test_the_exchanges_and_bindings_are_listed_the_default_exchange_first(tmp_path):
+    with Node(tmp_path / "data", http=LOOPBACK_ANY_PORT) as node:
+        node.declare_queue("orders")
+        node.declare_queue("audit")
+        node.declare_exchange("shop", kind="topic")
+        node.declare_exchange("logs", kind="fanout", durable=False)
+        node.bind_queue("orders", "shop", "order.*")
+        node.bind_queue("audit", "shop", "#")
+        node.bind_queue("audit", "logs")
+        assert api(node, "exchanges") == [
+            {"name": "", "kind": "direct", "durable": True},
+            {"name": "logs", "kind": "fanout", "durable": False},
+            {"name": "shop", "kind": "topic", "durable": True},
+        ]
+        assert api(node, "bindings") == [
+            {"exchange": "logs", "queue": "audit", "routing_key": ""},
+            {"exchange": "shop", "queue": "audit", "routing_key": "#"},
+            {"exchange": "shop", "queue": "orders", "routing_key": "order.*"},
+        ]
+        node.delete_exchange("logs")
+        assert [b["exchange"] for b in api(node, "bindings")] == ["shop", "shop"]
+
+
+def test_consumers_show_with_their_prefetch_and_unacked_and_their_connections(tmp_path):
+    with Node(tmp_path / "data", http=LOOPBACK_ANY_PORT, listen="tcp://127.0.0.1:*") as node:
+        node.declare_queue("orders")
+        node.declare_queue("idle")
+        with node.connect() as local, connect(node.listen_endpoint) as remote:
+            local.publish_many("orders", [b"order"] * 5)
+            local_consumer = local.consume("orders", prefetch=3)
+            taken = [next(local_consumer) for _ in range(3)]  # unacked: the prefetch is full
+            remote_consumer = remote.consume("orders", prefetch=50)
+            next(remote_consumer)  # and the two messages left, unacked
+            held = remote.get("idle") is None  # a get of an empty queue holds nothing
+
+            def details() -> list:
+                (orders,) = [q for q in api(node, "queues") if q["name"] == "orders"]
+                return sorted(orders["consumer_details"], key=lambda d: d["prefetch_count"])
+
+            wait_for(lambda: [d["unacked"] for d in details()] == [3, 2])
+            mine, theirs = details()
+            assert (mine["pid"], mine["consumers"], mine["prefetch_count"]) == (os.getpid(), 1, 3)
+            (listener_pid,) = [a["pid"] for a in api(node, "actors") if a["name"] == "listener"]
+            assert (theirs["pid"], theirs["consumers"], theirs["prefetch_count"]) == (
+                listener_pid,
+                1,
+                50,
+            )
+            (idle,) = [q for q in api(node, "queues") if q["name"] == "idle"]
+            assert held and idle["consumer_details"] == []
+
+            connections = {c["connection"]: c for c in api(node, "connections")}
+            assert set(connections) == {mine["connection"], theirs["connection"]}
+            local_row, remote_row = (
+                connections[mine["connection"]],
+                connections[theirs["connection"]],
+            )
+            assert (local_row["transport"], local_row["pid"]) == ("local", os.getpid())
+            assert (remote_row["transport"], remote_row["pid"]) == ("tcp", listener_pid)
+            assert local_row["queues"] == [
+                {"queue": "orders", "consumers": 1, "prefetch_count": 3, "unacked": 3}
+            ]
+            assert (remote_row["consumers"], remote_row["unacked"]) == (1, 2)
+            assert api(node, "overview")["tcp_connections"] >= 1
+
+            for delivery in taken:
+                delivery.ack()
+            local_consumer.cancel()
+            wait_for(lambda: [d["unacked"] for d in details()] == [2])
+        # Both connections closed: what they held went back, and they are gone
+        wait_for(lambda: api(node, "connections") == [])
 
 
 def test_unknown_pages_are_404_and_other_methods_405_each_in_one_line(tmp_path):
