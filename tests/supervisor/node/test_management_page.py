@@ -1,8 +1,13 @@
 """The management page at ``/`` as a person meets it: in a real browser (Debian's chromium,
 headless), which runs the page's own script against a running node. It shows a declared
-queue and its count, a stream and its consumer's lag; it says so when the node stops
-answering and clears that when the node answers again; and it loads nothing from
-anywhere but the node. A screenshot of it is saved in build/management-page.png.
+queue and its count, a stream and its consumer's lag, the exchanges and bindings, the
+connections and consumers with their prefetch and unacked, the version and uptime, and a
+queue's own page with its alpha to delta counts, consumers and charts; it says so, header
+red, when the node stops answering and clears that when the node answers again; at a
+laptop's width and a phone's nothing scrolls sideways, long names are cut with an
+ellipsis, and each chart has a y-axis and series told apart; and it loads nothing from
+anywhere but the node (its icon included). A screenshot of it is saved in
+build/management-page.png.
 
 Chromium runs in a session of its own with a throwaway profile, and its whole process
 group is killed at the end of each test, even a failed one."""
@@ -36,7 +41,17 @@ needs_chromium = pytest.mark.skipif(
     CHROMIUM is None,
     reason="chromium is not installed (Debian: apt-get install chromium; .ci/run does)",
 )
-HEADLESS = ("--headless", "--no-sandbox", "--disable-gpu", "--no-first-run")
+# Headless, and quiet: no network of its own (component updates, sync, QUIC probes)
+HEADLESS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+)
 # Virtual time runs the page's timers at once: enough for its first polls to be drawn.
 RENDER_BUDGET_MS = 8000
 SCREENSHOT = ROOT / "build" / "management-page.png"
