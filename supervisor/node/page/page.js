@@ -512,8 +512,13 @@ function drawBindings(bindings) {
   fill($("bindings"), bindings.map(bindingRow), "no bindings: publishers use the default exchange");
 }
 
+// The queues whose name holds the filter's text (any case), and how many of them.
 function drawQueues(queues) {
-  const rows = queues.map((q) => {
+  const wanted = $("queue-filter").value.trim().toLowerCase();
+  const shown = queues.filter((q) => q.name.toLowerCase().includes(wanted));
+  const total = counted(queues.length, "queue");
+  $("queue-count").textContent = wanted ? `${shown.length} of ${total}` : "";
+  const rows = shown.map((q) => {
     const per = (key) => rate(rateOf((r) => r.queues.get(q.name)?.[key]));
     return el(
       "tr",
@@ -530,7 +535,7 @@ function drawQueues(queues) {
       numberCell(bytes(q.messages_disk_bytes)),
     );
   });
-  fill($("queue-table"), rows, "no queues");
+  fill($("queue-table"), rows, wanted ? "no queue's name holds that" : "no queues");
 }
 
 function streamConsumers(stream) {
@@ -815,6 +820,10 @@ function streamSections(s, now) {
     ),
   ];
 }
+
+$("queue-filter").addEventListener("input", () => {
+  if (latest !== null) drawQueues(latest.queues.filter((q) => q.type !== "stream"));
+});
 
 window.addEventListener("hashchange", () => {
   if (latest !== null) drawView(readings[readings.length - 1].at);

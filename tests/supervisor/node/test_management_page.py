@@ -450,3 +450,12 @@ def test_at_a_laptops_width_and_a_phones_nothing_scrolls_sideways_and_long_names
                     assert len(labels) == 3 and labels[-1] == "0" and labels[0] != "0", labels
                     assert min(size for _, size in chart["axis"]) >= 11
                     assert len(set(chart["series"])) == len(chart["series"]) >= 2, chart
+            # Many queues: the filter keeps those whose name holds its text
+            browser.evaluate(
+                page,
+                "const box = document.getElementById('queue-filter'); box.value = 'QUEUE-1';"
+                "box.dispatchEvent(new Event('input'))",
+            )
+            assert browser.evaluate(page, rows) == 6  # queue-10 to queue-15
+            shown = "document.getElementById('queue-count').textContent"
+            assert browser.evaluate(page, shown) == f"6 of {len(queues)} queues"
