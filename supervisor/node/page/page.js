@@ -680,11 +680,11 @@ function queueBindings(name) {
 
 function queueCharts(name, now, rates, depths) {
   const pick = (key) => (r) => r.queues.get(name)?.[key];
-  const lines = rates.map(([series_, key]) => [series_, series(pick(key))]);
+  const lines = rates.map(([line, key]) => [line, series(pick(key))]);
   const charts = [chart("Messages per second", lines, now, rate)];
   if (depths.length) {
-    const levels = depths.map(([series_, key]) => [
-      series_,
+    const levels = depths.map(([line, key]) => [
+      line,
       readings.map((r) => [r.at, pick(key)(r) ?? null]),
     ]);
     charts.push(chart("Messages in the queue", levels, now, count));
