@@ -35,7 +35,9 @@ setup(
     packages=PACKAGES,
     package_dir=PACKAGE_DIR,
     # The node's management page (served at / by its HTTP endpoint): files, not modules.
-    package_data={"warren.supervisor.node": ["page/*.html", "page/*.css", "page/*.js"]},
+    package_data={
+        "warren.supervisor.node": ["page/*.html", "page/*.css", "page/*.js", "page/*.svg"]
+    },
     python_requires=">=3.11",
     install_requires=[
         "isal>=1.6,<2",

@@ -27,9 +27,12 @@ its own, and go back to the queue when it closes or its process dies.
     Settle(consumer, tags, action)     tell (or ask → the tags ignored); action "ack",
                                        "requeue" or "reject" (reject: drop); a tag the
                                        consumer does not hold is ignored and counted
-    Subscribe(consumer, pid, active)   tell: a consumer of the connection starts (active)
+    Subscribe(consumer, pid, active, prefetch)
+                                       tell: a consumer of the connection starts (active)
                                        or stops; an auto-delete queue goes when its last
-                                       one stops
+                                       one stops; ``prefetch``, the most deliveries it
+                                       holds unacked (0: not said), is only shown
+                                       (``QueueStats``'s ``consumer_details``)
     Release(consumer)                  tell: requeue what the consumer holds and end its
                                        subscriptions (it closed)
     Purge()                            ask → the number of messages purged
@@ -200,6 +203,7 @@ class Subscribe:
     consumer: bytes
     pid: int
     active: bool
+    prefetch: NonNegative = 0
 
 
 @message

@@ -31,7 +31,11 @@ START_A_NODE = textwrap.dedent("""
             client.settle()
             assert client.read(b"0123456789abcdef") == b"from a wheel"
             client.terminate()
-            for path, shows in (("/", b"page.js"), ("/page.js", b"api/overview")):
+            for path, shows in (
+                ("/", b"page.js"),
+                ("/page.js", b"api/${page}"),
+                ("/favicon.ico", b"<svg"),
+            ):
                 with urllib.request.urlopen(node.http_endpoint + path, timeout=10) as page:
                     assert shows in page.read(), path
         print("node ran")

@@ -27,13 +27,17 @@ Messages accepted (``warren.queues.protocol``), and what each gets back:
                                      consumer holds; any other tag is ignored, logged and
                                      counted (``foreign_tags``): one connection cannot
                                      settle another's deliveries
-    Subscribe(consumer, pid, active)
+    Subscribe(consumer, pid, active, prefetch)
                                    (tell) a consumer starts or stops; an ``auto_delete``
                                    queue deletes itself when the last one stops
     Release(consumer)              (tell) requeue what the consumer holds, end its
                                    subscriptions
     Purge()                        → messages purged
-    QueueStats()                   → the engine's stats, the consumers and the name
+    QueueStats()                   → the engine's stats, the consumers and the name;
+                                     ``consumer_details``: each connection that consumes
+                                     or holds deliveries, its pid (the listener's for a
+                                     remote one), its consumers, the prefetch its last
+                                     one subscribed with and its deliveries unacked
     DeleteQueue()                  → messages deleted; every later request is refused
 
 A message of another type, or whose fields are not what this list says, raises
@@ -228,6 +232,7 @@ class QueueActor(ProcessActor):
         self._owners: dict[bytes, tuple[int, float]] = {}  # consumer -> (pid, started)
         self._consumer_check_armed = False  # the check runs only while there are owners
         self._subscribers: dict[bytes, int] = {}  # connection -> its active consumers
+        self._prefetch: dict[bytes, int] = {}  # connection -> its last consumer's prefetch
         self._deleted = False
         self._no_clean_stop = False
         self._dead: DeadLetters | None = None
@@ -533,6 +538,7 @@ class QueueActor(ProcessActor):
     def _release(self, message: Release) -> None:
         held = self._held.pop(message.consumer, set())
         self._owners.pop(message.consumer, None)
+        self._prefetch.pop(message.consumer, None)
         if held:
             self._engine.requeue(sorted(held))
             self.counters["released"] += len(held)
@@ -544,10 +550,14 @@ class QueueActor(ProcessActor):
         if message.active and message.consumer not in self._owners:
             self._owners[message.consumer] = (message.pid, _started(message.pid))
             self._arm_consumer_check()
+        if message.active:
+            self._prefetch[message.consumer] = message.prefetch
         if count > 0:
             self._subscribers[message.consumer] = count
-        elif self._subscribers.pop(message.consumer, None) is not None:
-            self._maybe_auto_delete()
+        else:
+            self._prefetch.pop(message.consumer, None)
+            if self._subscribers.pop(message.consumer, None) is not None:
+                self._maybe_auto_delete()
 
     def _maybe_auto_delete(self) -> None:
         """An auto-delete queue whose last consumer stopped deletes itself, messages and
@@ -572,11 +582,28 @@ class QueueActor(ProcessActor):
             name=self.queue_name,
             durable=self.definition.durable,
             consumers=sum(self._subscribers.values()),
+            consumer_details=self._consumer_details(),
             messages_ready=stats["len"],
             messages_unacked=stats["depth"] - stats["len"],
             **self.counters,
         )
         return stats
+
+    def _consumer_details(self) -> list[dict[str, Any]]:
+        """Each connection that consumes from this queue or holds its deliveries (a
+        ``get`` with acks), by its id's first 8 bytes in hex."""
+        return [
+            {
+                "connection": consumer[:8].hex(),
+                "pid": self._owners[consumer][0] if consumer in self._owners else None,
+                "consumers": self._subscribers.get(consumer, 0),
+                "prefetch_count": self._prefetch.get(consumer, 0),
+                "unacked": len(self._held.get(consumer, ())),
+            }
+            for consumer in sorted(
+                self._subscribers.keys() | {c for c, tags in self._held.items() if tags}
+            )
+        ]
 
     def _delete(self, message: DeleteQueue) -> int:
         queue = self._engine

@@ -1000,7 +1000,7 @@ class Connection:
                 f"queue {queue!r} is a classic queue: offset, name and "
                 f"{', '.join(stream_options) or 'the store options'} are for streams"
             )
-        self._subscribe(queue, True)
+        self._subscribe(queue, True, prefetch)
         return Consumer(self, queue, prefetch, inactivity_timeout)
 
     # ------------------------------------------------------------------ streams
@@ -1059,9 +1059,9 @@ class Connection:
             self._forget(queue)
 
     @_exclusive
-    def _subscribe(self, queue: str, active: bool) -> None:
+    def _subscribe(self, queue: str, active: bool, prefetch: int = 0) -> None:
         self._ref(queue).tell(
-            Subscribe(self.consumer_id, self._pid, active), timeout=self.call_timeout_s
+            Subscribe(self.consumer_id, self._pid, active, prefetch), timeout=self.call_timeout_s
         )
         if active:
             self._subscribed.add(queue)

@@ -2,20 +2,27 @@
 page, read-only, served from the node's own process (``Node(http="127.0.0.1:15692")``,
 ``warren node --http``).
 
-    GET /                     the management page (HTML), with /page.css and /page.js
+    GET /                     the management page (HTML), with /page.css, /page.js and
+                              its icon (/favicon.svg, and /favicon.ico, the same)
     GET /metrics              Prometheus text format: node-wide series
     GET /metrics/per-object   the same, with a series per queue, stream, store and actor
     GET /api/overview         JSON: the node, its alarms, queue totals, its counters
     GET /api/queues           JSON: every declared queue and stream with its figures
     GET /api/actors           JSON: every actor with its process and counters
     GET /api/tree             JSON: the supervision tree, each child's state and restarts
+    GET /api/connections      JSON: the client connections that consume, with their consumers
+    GET /api/exchanges        JSON: every exchange, the default one first
+    GET /api/bindings         JSON: every binding of a queue to an exchange
 
-Anything else is a 404 (a path it does not serve) or a 405 (another method than GET),
-each with a one-line text body. The series and the documents come from ``warren.
-supervisor.node.metrics``; the Prometheus text is prometheus_client's own rendering of a
-registry of the node's (never the process-wide default one), holding one collector.
+Anything else is a 404 (a path it does not serve) or a 405 (another method than GET,
+whichever: TRACE and names no server knows too), and a request it cannot read a 400,
+414 or 505: every one a one-line text body, never the standard library's HTML page. The
+``Server`` header is ``Warren``, without the Python version. The series and the
+documents come from ``warren.supervisor.node.metrics``; the Prometheus text is
+prometheus_client's own rendering of a registry of the node's (never the process-wide
+default one), holding one collector.
 
-The page is three small files shipped in the package (``page/``, package data), read
+The page is four small files shipped in the package (``page/``, package data), read
 when asked: it loads nothing else, and its script draws everything from the JSON pages
 it polls (see ``page/page.js``), so it works on a machine without internet access. The
 HTML is sent with a Content-Security-Policy of ``default-src 'self'``, so a browser
@@ -27,12 +34,15 @@ alone, the rule the tcp listener applies (``check_listen_address``): the figures
 queues and the machine's memory and disk.
 
 Threads: the server runs in a daemon thread of the node's process (``warren-http``) and
-each connection in a daemon thread of its own, whose socket times out after
-``CLIENT_TIMEOUT_S``: a client that sends nothing, or reads slowly, holds its own thread
-and nothing else; it never delays another scrape, the node, or its stop. ``close`` stops
-accepting and closes the listening socket without waiting for such connections. Every
-scrape's figures are gathered on the metrics thread (``NodeFigures``); one that is not
-gathered within ``SNAPSHOT_TIMEOUT_S`` is answered 503.
+each connection in a daemon thread of its own, accepted from a backlog of
+``LISTEN_BACKLOG`` (the standard library's 5 made a burst of a few scrapers and pages wait
+for the kernel to retransmit the connections it dropped, a second or more each), whose
+socket times out after ``CLIENT_TIMEOUT_S``: a client that sends nothing, or reads
+slowly, holds its own thread and nothing else; it never delays another scrape, the
+node, or its stop. ``close`` stops accepting and closes the listening socket without
+waiting for such connections. Every scrape's figures are gathered on the metrics thread
+(``NodeFigures``); one that is not gathered within ``SNAPSHOT_TIMEOUT_S`` is answered
+503.
 
 Races: a connection kept alive (a browser's, polling the JSON pages) outlives ``close``
 in its own thread. Its next request, and one whose figures were being gathered while the
@@ -50,6 +60,7 @@ import socket
 import socketserver
 import threading
 from collections.abc import Callable
+from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
@@ -64,6 +75,7 @@ from .metrics import (
     Snapshot,
     WarrenCollector,
     actors_document,
+    connections_document,
     overview_document,
     queues_document,
 )
@@ -71,6 +83,8 @@ from .metrics import (
 log = logging.getLogger("warren.node")
 
 CLIENT_TIMEOUT_S = 10.0  # a connection silent this long is closed
+LISTEN_BACKLOG = 128  # connections the kernel holds until the server accepts them
+SERVER_NAME = "Warren"  # the Server header
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 JSON = "application/json"
 HTML = "text/html; charset=utf-8"
@@ -79,6 +93,8 @@ PAGE_FILES = (
     ("/", "index.html", HTML),
     ("/page.css", "page.css", "text/css; charset=utf-8"),
     ("/page.js", "page.js", "text/javascript; charset=utf-8"),
+    ("/favicon.svg", "favicon.svg", "image/svg+xml"),
+    ("/favicon.ico", "favicon.svg", "image/svg+xml"),  # asked for by browsers unprompted
 )
 PAGE_POLICY = "default-src 'self'"  # the page's Content-Security-Policy
 STOPPING = b"the node is stopping\n"
@@ -121,6 +137,9 @@ class HttpEndpoint:
             "/api/queues": functools.partial(self._document, queues_document, False),
             "/api/actors": functools.partial(self._document, actors_document, True),
             "/api/tree": self._tree,
+            "/api/connections": functools.partial(self._document, connections_document, False),
+            "/api/exchanges": functools.partial(self._routing, 0),
+            "/api/bindings": functools.partial(self._routing, 1),
         }
         for path, file_name, content_type in PAGE_FILES:
             self._routes[path] = functools.partial(_page_file, file_name, content_type)
@@ -149,6 +168,10 @@ class HttpEndpoint:
     def _tree(self) -> tuple[str, bytes]:
         return JSON, _json(self._figures.tree())
 
+    def _routing(self, part: int) -> tuple[str, bytes]:
+        """The exchanges (``part`` 0) or the bindings (1)."""
+        return JSON, _json(self._figures.exchanges_and_bindings()[part])
+
     def close(self) -> None:
         """Stop serving and close the listening socket; open connections are closed at
         their next request, or end on their own (daemon threads, timed out)."""
@@ -171,6 +194,7 @@ def _page_file(file_name: str, content_type: str) -> tuple[str, bytes]:
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     block_on_close = False
+    request_queue_size = LISTEN_BACKLOG
 
     def __init__(
         self, address: tuple[str, int], routes: dict[str, Callable[[], tuple[str, bytes]]]
@@ -215,6 +239,8 @@ class _Handler(BaseHTTPRequestHandler):
         self._reply(200, content_type, body)
 
     def _not_allowed(self) -> None:
+        # the request's body, if any, is not read: the connection ends with this answer
+        self.close_connection = True
         path = urlsplit(self.path).path
         if path not in self.server.routes:
             self._reply(404, "text/plain", f"no page {path}: {_pages(self.server)}\n".encode())
@@ -222,6 +248,22 @@ class _Handler(BaseHTTPRequestHandler):
         self._reply(405, "text/plain", f"{self.command} {path}: only GET is served\n".encode())
 
     do_POST = do_PUT = do_DELETE = do_PATCH = do_HEAD = do_OPTIONS = _not_allowed
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """The standard library's answer to a method it finds no ``do_`` for (501) and to
+        a request it cannot read (400, 414, 505): the endpoint's one-line text instead of
+        its HTML page. A request cut short has its connection closed."""
+        if code == HTTPStatus.NOT_IMPLEMENTED and self.command:
+            self._not_allowed()
+            return
+        self.close_connection = True
+        if self.request_version == "HTTP/0.9":  # not read that far: answer with a status line
+            self.request_version = self.protocol_version
+        text = " ".join((message or HTTPStatus(code).phrase).split())
+        self._reply(code, "text/plain", f"{text}\n".encode())
+
+    def version_string(self) -> str:
+        return SERVER_NAME
 
     def _reply(self, status: int, content_type: str, body: bytes) -> None:
         self.send_response(status)
@@ -232,8 +274,9 @@ class _Handler(BaseHTTPRequestHandler):
         if status == 405:
             self.send_header("Allow", "GET")
         if self.server.stopping.is_set():
-            self.send_header("Connection", "close")
             self.close_connection = True
+        if self.close_connection:
+            self.send_header("Connection", "close")
         try:
             self.end_headers()
             if self.command != "HEAD":

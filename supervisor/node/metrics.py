@@ -63,12 +63,15 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import dataclasses
+import functools
+import importlib.metadata
 import logging
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import psutil
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -191,6 +194,7 @@ class Snapshot:
     state: str
     data_dir: str
     start_seconds: float | None
+    started_at: float  # epoch seconds
     http_endpoint: str | None
     listen_endpoint: str | None
     alarms: list[str]
@@ -274,6 +278,11 @@ class NodeFigures:
         on the metrics thread; TimeoutError if it took longer than ``timeout``."""
         return self._worker.submit(self._tree).result(timeout)
 
+    def exchanges_and_bindings(self) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
+        """The node's exchanges and bindings (``Node.exchanges_and_bindings``), read at
+        once: no actor is asked."""
+        return self._node.exchanges_and_bindings()
+
     def _tree(self) -> dict[str, Any]:
         node = self._node
         root = node.root
@@ -319,6 +328,7 @@ class NodeFigures:
             state=node.state,
             data_dir=node.data_dir,
             start_seconds=node.start_duration_s,
+            started_at=node.started_at,
             http_endpoint=node.http_endpoint,
             listen_endpoint=node.listen_endpoint,
             alarms=sorted(node.alarms.active),
@@ -775,11 +785,16 @@ def _short(figure: Figure, prefix: str, counter: bool = False) -> str:
 
 
 def overview_document(snapshot: Snapshot) -> dict[str, Any]:
-    """``/api/overview``: the node, its alarms and readings, queue totals (``queues``
-    counts the streams too, ``streams`` those alone), the node's counters, the stores."""
+    """``/api/overview``: the node, its version and uptime, its alarms and readings, queue
+    totals (``queues`` counts the streams too, ``streams`` those alone), the node's
+    counters, the stores, the remote clients' tcp connections (None without a listener)."""
     queues = snapshot.queues.values()
+    listener = snapshot.listener
     return {
         "node": snapshot.node,
+        "version": warren_version(),
+        "started_at": snapshot.started_at,
+        "uptime_seconds": max(0.0, time.time() - snapshot.started_at),
         "state": snapshot.state,
         "data_dir": snapshot.data_dir,
         "http_endpoint": snapshot.http_endpoint,
@@ -808,7 +823,17 @@ def overview_document(snapshot: Snapshot) -> dict[str, Any]:
         "stores": {name: _store_document(store) for name, store in sorted(snapshot.stores.items())},
         "actors_running": snapshot.running,
         "actors_unanswered": sorted(snapshot.unanswered),
+        "tcp_connections": listener.own.get("connections") if listener else None,
     }
+
+
+@functools.cache
+def warren_version() -> str:
+    """The installed distribution's version (``warren --version`` says the same)."""
+    try:
+        return importlib.metadata.version("warren-mq")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown (not installed)"
 
 
 def _store_document(store: ActorFigures) -> dict[str, Any]:
@@ -859,6 +884,7 @@ def _queue_document(queue: ActorFigures | None) -> dict[str, Any]:
         document[_short(figure, "warren_queue_")] = queue.own.get(figure.key) if queue else None
     for state in VARIABLE_QUEUE_STATES:
         document[state] = queue.own.get(state) if queue else None
+    document["consumer_details"] = queue.own.get("consumer_details") if queue else None
     for figure in QUEUE_COUNTERS:
         document[_short(figure, "warren_queue_", True)] = (
             queue.counters.get(figure.name) if queue else None
@@ -908,3 +934,43 @@ def actors_document(snapshot: Snapshot) -> list[dict[str, Any]]:
         }
         for name, actor in sorted(snapshot.actors.items())
     ]
+
+
+def connections_document(snapshot: Snapshot) -> list[dict[str, Any]]:
+    """``/api/connections``: each client connection that consumes from a queue or holds
+    its deliveries, as the queues that answered say (``consumer_details``): its process
+    (the listener's for a remote client: ``transport`` "tcp") and, per queue, its
+    consumers, prefetch and unacked deliveries. A connection that only publishes is not
+    here: its publishes go straight to the queues, which keep no note of it."""
+    listener_pid = snapshot.listener.pid if snapshot.listener is not None else None
+    connections: dict[str, dict[str, Any]] = {}
+    for name, queue in sorted(snapshot.queues.items()):
+        for detail in queue.own.get("consumer_details") or ():
+            connection = connections.setdefault(
+                detail["connection"],
+                {
+                    "connection": detail["connection"],
+                    "pid": detail["pid"],
+                    "transport": "tcp" if detail["pid"] == listener_pid else "local",
+                    "process": _process_name(detail["pid"]),
+                    "consumers": 0,
+                    "unacked": 0,
+                    "queues": [],
+                },
+            )
+            connection["consumers"] += detail["consumers"]
+            connection["unacked"] += detail["unacked"]
+            connection["queues"].append(
+                {
+                    "queue": name,
+                    **{k: detail[k] for k in ("consumers", "prefetch_count", "unacked")},
+                }
+            )
+    return list(connections.values())
+
+
+def _process_name(pid: int | None) -> str | None:
+    try:
+        return psutil.Process(pid).name() if pid is not None else None
+    except psutil.Error:
+        return None

@@ -201,6 +201,7 @@ class Node:
         http: str | None = None,
     ) -> None:
         starting_at = time.monotonic()
+        self.started_at = time.time()  # when the node began to start, in epoch seconds
         if not os.fspath(data_dir):
             raise InvalidSpec("data_dir", data_dir, "must name a directory")
         if listen is not None:
@@ -465,6 +466,17 @@ class Node:
     def list_bindings(self) -> list[dict[str, str]]:
         with self._definitions_lock:
             return self._definitions.list_bindings()
+
+    def exchanges_and_bindings(self) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
+        """Every exchange (the default one ``""`` first) and every binding, as
+        ``list_exchanges`` and ``list_bindings`` say them. A copy taken at once without
+        the definitions lock, as ``queue_types``: the management page asks for it."""
+        exchanges = dict(self._definitions.exchanges)
+        bindings = sorted(set(self._definitions.bindings))
+        default = {"name": "", "kind": "direct", "durable": True}
+        return [default] + [dataclasses.asdict(exchanges[n]) for n in sorted(exchanges) if n], [
+            {"exchange": e, "queue": q, "routing_key": k} for e, q, k in bindings
+        ]
 
     def exchange(self, name: str) -> dict[str, Any]:
         """An exchange's kind and bindings, which publishers route with."""

@@ -1,8 +1,13 @@
 """The management page at ``/`` as a person meets it: in a real browser (Debian's chromium,
 headless), which runs the page's own script against a running node. It shows a declared
-queue and its count, a stream and its consumer's lag; it says so when the node stops
-answering and clears that when the node answers again; and it loads nothing from
-anywhere but the node. A screenshot of it is saved in build/management-page.png.
+queue and its count, a stream and its consumer's lag, the exchanges and bindings, the
+connections and consumers with their prefetch and unacked, the version and uptime, and a
+queue's own page with its alpha to delta counts, consumers and charts; it says so, header
+red, when the node stops answering and clears that when the node answers again; at a
+laptop's width and a phone's nothing scrolls sideways, long names are cut with an
+ellipsis, and each chart has a y-axis and series told apart; and it loads nothing from
+anywhere but the node (its icon included). A screenshot of it is saved in
+build/management-page.png.
 
 Chromium runs in a session of its own with a throwaway profile, and its whole process
 group is killed at the end of each test, even a failed one."""
@@ -10,6 +15,7 @@ group is killed at the end of each test, even a failed one."""
 import contextlib
 import fcntl
 import html.parser
+import importlib.metadata
 import json
 import os
 import re
@@ -22,6 +28,7 @@ import urllib.parse
 
 import pytest
 
+from warren import connect
 from warren.supervisor import Node
 from warren.supervisor.node.http_endpoint import PAGE_FILES, PAGE_POLICY
 
@@ -34,11 +41,23 @@ needs_chromium = pytest.mark.skipif(
     CHROMIUM is None,
     reason="chromium is not installed (Debian: apt-get install chromium; .ci/run does)",
 )
-HEADLESS = ("--headless", "--no-sandbox", "--disable-gpu", "--no-first-run")
+# Headless, and quiet: no network of its own (component updates, sync, QUIC probes)
+HEADLESS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+)
 # Virtual time runs the page's timers at once: enough for its first polls to be drawn.
 RENDER_BUDGET_MS = 8000
 SCREENSHOT = ROOT / "build" / "management-page.png"
 PIPE_FDS_FROM = 10  # the DevTools pipe's ends are moved at or above this fd (see below)
+RED, WHITE = "rgb(198, 40, 40)", "rgb(255, 255, 255)"  # the header's, in an outage and not
+LONG_NAME = "orders.eu-west-1.production.payments." + "settlement-retry-" * 8 + "end"
 
 
 @contextlib.contextmanager
@@ -74,18 +93,21 @@ def render(url: str, tmp_path, *arguments: str) -> str:
 
 
 class Rows(html.parser.HTMLParser):
-    """The text of each cell of the rows marked ``data-queue``/``data-stream``, by name."""
+    """The text of each cell of the rows marked with one of ``marks`` (``data-queue`` ...),
+    by the mark's value."""
 
-    def __init__(self) -> None:
+    def __init__(self, marks: tuple[str, ...]) -> None:
         super().__init__()
+        self.marks = marks
         self.rows: dict[str, list[str]] = {}
         self._row: list[str] | None = None
         self._cell: list[str] | None = None
 
     def handle_starttag(self, tag, attrs):
-        marks = dict(attrs)
-        if tag == "tr" and ("data-queue" in marks or "data-stream" in marks):
-            self._row = self.rows.setdefault(marks.get("data-queue") or marks["data-stream"], [])
+        attributes = dict(attrs)
+        marked = [attributes[mark] for mark in self.marks if mark in attributes]
+        if tag == "tr" and marked:
+            self._row = self.rows.setdefault(marked[0], [])
         elif tag == "td" and self._row is not None:
             self._cell = []
 
@@ -101,8 +123,9 @@ class Rows(html.parser.HTMLParser):
             self._cell.append(data)
 
 
-def rows_of(dom: str) -> dict[str, list[str]]:
-    parser = Rows()
+def rows_of(dom: str, *marks: str) -> dict[str, list[str]]:
+    """The rows of the queues and streams tables (or of those ``marks``), by name."""
+    parser = Rows(marks or ("data-queue", "data-stream"))
     parser.feed(dom)
     return parser.rows
 
@@ -194,7 +217,7 @@ def test_the_page_and_its_files_are_served_and_name_nothing_from_elsewhere(tmp_p
         assert status == 200 and headers["Content-Type"] == "text/html; charset=utf-8"
         assert headers["Content-Security-Policy"] == PAGE_POLICY == "default-src 'self'"
         linked = re.findall(rb'(?:src|href)="([^"]+)"', page)
-        assert {b"page.css", b"page.js", b"api/overview"} <= set(linked)
+        assert {b"page.css", b"page.js", b"favicon.svg", b"api/overview"} <= set(linked)
         for link in linked:
             status, _, _ = fetch(urllib.parse.urljoin(node.http_endpoint + "/", link.decode()))
             assert status == 200, link
@@ -204,7 +227,11 @@ def test_the_page_and_its_files_are_served_and_name_nothing_from_elsewhere(tmp_p
             # the SVG namespace is a name, never fetched; any other address would be
             addresses = set(re.findall(rb"\w+://[^\s\"'`)]*", body))
             assert addresses <= {b"http://www.w3.org/2000/svg"}, (path, addresses)
-        assert sum(len(fetch(node.http_endpoint + path)[2]) for path, _, _ in PAGE_FILES) < 40_000
+        # a browser asks for /favicon.ico of its own accord: it is there, not a 404
+        status, headers, icon = fetch(node.http_endpoint + "/favicon.ico")
+        assert status == 200 and headers["Content-Type"] == "image/svg+xml"
+        assert icon.startswith(b"<svg")
+        assert sum(len(fetch(node.http_endpoint + path)[2]) for path, _, _ in PAGE_FILES) < 60_000
 
 
 @needs_chromium
@@ -249,6 +276,7 @@ def test_the_page_says_when_the_node_stops_answering_and_clears_it_when_it_answe
     ready_in_page = "document.querySelector('tr[data-queue=\"orders\"] .ready')?.textContent"
     outage = "[document.getElementById('outage').hidden, document.getElementById('outage')"
     outage += ".textContent, document.getElementById('figures').className]"
+    header = "getComputedStyle(document.getElementById('header')).backgroundColor"
     with driven_chromium(tmp_path / "profile") as browser:
         with Node(data, http=LOOPBACK_ANY_PORT) as node:
             node.declare_queue("orders")
@@ -258,6 +286,7 @@ def test_the_page_says_when_the_node_stops_answering_and_clears_it_when_it_answe
             page = browser.open(node.http_endpoint + "/")
             wait_for(lambda: browser.evaluate(page, ready_in_page) == "3")
             assert browser.evaluate(page, outage)[0] is True
+            assert browser.evaluate(page, header) == WHITE
 
         # Given the node has stopped: its endpoint refuses connections
         # Then the page says so, since when, and keeps its last figures, greyed
@@ -266,6 +295,7 @@ def test_the_page_says_when_the_node_stops_answering_and_clears_it_when_it_answe
         assert re.search(r"Node not answering since \d\d:\d\d:\d\d", banner), banner
         assert figures == "stale"
         assert browser.evaluate(page, ready_in_page) == "3"
+        assert browser.evaluate(page, header) == RED  # the header turns red with the banner
 
         # When a node answers at the same address again, with more messages
         with Node(data, http=address) as node:
@@ -275,8 +305,157 @@ def test_the_page_says_when_the_node_stops_answering_and_clears_it_when_it_answe
             wait_for(lambda: browser.evaluate(page, ready_in_page) == "5")
             hidden, _, figures = browser.evaluate(page, outage)
             assert hidden is True and figures == ""
+            assert browser.evaluate(page, header) == WHITE
             last_outage = "document.getElementById('last-outage').textContent"
             assert re.search(
                 r"did not answer from \d\d:\d\d:\d\d to \d\d:\d\d:\d\d",
                 browser.evaluate(page, last_outage),
             )
+
+
+@needs_chromium
+def test_chromium_shows_exchanges_bindings_and_connections_with_consumers_prefetch_and_unacked(
+    tmp_path,
+):
+    with Node(tmp_path / "data", http=LOOPBACK_ANY_PORT, listen="tcp://127.0.0.1:*") as node:
+        node.declare_queue("orders")
+        node.declare_exchange("shop", kind="topic")
+        node.bind_queue("orders", "shop", "order.*")
+        with node.connect() as local, connect(node.listen_endpoint) as remote:
+            local.publish_many("orders", [b"order"] * 5)
+            mine = local.consume("orders", prefetch=3)
+            held = [next(mine) for _ in range(3)]  # the prefetch is full
+            theirs = remote.consume("orders", prefetch=10)
+            held.append(next(theirs))  # and the remote one holds the two left
+            wait_for(
+                lambda: b'"messages_unacked": 5' in fetch(node.http_endpoint + "/api/overview")[2]
+            )
+            wait_for(
+                lambda: len(json.loads(fetch(node.http_endpoint + "/api/connections")[2])) == 2
+            )
+
+            dom = render(node.http_endpoint + "/", tmp_path, "--dump-dom")
+
+        exchanges = rows_of(dom, "data-exchange")
+        assert exchanges[""] == ["(default)", "direct", "durable", "1"]  # routes to every queue
+        assert exchanges["shop"] == ["shop", "topic", "durable", "1"]
+        assert list(rows_of(dom, "data-binding").values()) == [["shop", "order.*", "orders"]]
+        connections = sorted(rows_of(dom, "data-connection").values(), key=lambda row: row[1])
+        assert connections[0][1].startswith(f"pid {os.getpid()}")  # and its process's name
+        assert [row[2:] for row in connections] == [["1", "3", "orders"], ["1", "2", "orders"]]
+        assert connections[1][1] == "remote, over tcp"
+        consumers = sorted(rows_of(dom, "data-consumer").values(), key=lambda row: int(row[3]))
+        assert [[row[0], *row[2:]] for row in consumers] == [
+            ["orders", "1", "3", "3"],
+            ["orders", "1", "10", "2"],
+        ]
+        version = importlib.metadata.version("warren-mq")
+        text = re.sub(r"<[^>]*>", "", dom)
+        assert re.search(rf"running · Warren {re.escape(version)} · up \d+ (s|min) · 1 queue", text)
+
+
+@needs_chromium
+def test_a_queues_own_page_shows_its_figures_its_four_states_its_consumers_and_charts(tmp_path):
+    view = """(() => {
+        const view = document.getElementById('queue-view');
+        if (view === null) return { lines: 0 };  // the page is not loaded yet
+        const consumer = view.querySelector('tr[data-consumer]');
+        return {
+            shown: [view.hidden, document.getElementById('figures').hidden],
+            heading: view.querySelector('h2')?.textContent,
+            states: Object.fromEntries([...view.querySelectorAll('[data-state]')].map(
+                (state) => [state.dataset.state, state.querySelector('dd').textContent])),
+            consumer: consumer && [...consumer.cells].map((cell) => cell.textContent),
+            bindings: [...view.querySelectorAll('tr[data-binding]')].map(
+                (row) => [...row.cells].map((cell) => cell.textContent)),
+            lines: view.querySelectorAll('.chart polyline').length,
+        };
+    })()"""
+    with driven_chromium(tmp_path / "profile") as browser:
+        with Node(tmp_path / "data", http=LOOPBACK_ANY_PORT) as node:
+            node.declare_queue(LONG_NAME)
+            node.declare_exchange("shop")
+            node.bind_queue(LONG_NAME, "shop", "payments")
+            with node.connect() as conn:
+                conn.publish_many(LONG_NAME, [b"payment"] * 4)
+                consumer = conn.consume(LONG_NAME, prefetch=2)
+                next(consumer)
+                address = node.http_endpoint + "/#/queue/" + urllib.parse.quote(LONG_NAME, safe="")
+                page = browser.open(address)
+                # Then the queue's page shows once the node answered, with a chart of its
+                # depth at once and of its rates from the second answer on
+                wait_for(lambda: (browser.evaluate(page, view)["lines"] or 0) >= 3)
+                shown = browser.evaluate(page, view)
+                (queue,) = json.loads(fetch(node.http_endpoint + "/api/queues")[2])
+                assert shown["shown"] == [False, True]
+                assert shown["heading"] == f"Queue {LONG_NAME} running"
+                assert shown["states"] == {
+                    state: str(queue[state]) for state in ("alpha", "beta", "gamma", "delta")
+                }
+                assert sum(queue[state] for state in ("alpha", "beta", "gamma", "delta")) == 2
+                assert shown["consumer"][2:] == ["1", "2", "2"]  # consumers, prefetch, unacked
+                assert shown["bindings"] == [["shop", "payments"]]
+                # And the page of every queue is one link away
+                browser.evaluate(page, "location.hash = '#queues'")
+                wait_for(lambda: browser.evaluate(page, view)["shown"] == [True, False])
+
+
+@needs_chromium
+def test_at_a_laptops_width_and_a_phones_nothing_scrolls_sideways_and_long_names_are_cut(
+    tmp_path,
+):
+    layout = """(() => {
+        const overflows = (inner, outer) =>
+            inner.getBoundingClientRect().right > outer.getBoundingClientRect().right + 0.5;
+        const name = document.querySelector('#queue-table td.name');
+        return {
+            page: document.documentElement.scrollWidth - window.innerWidth,
+            tables: [...document.querySelectorAll('table')].filter(
+                (table) => overflows(table, table.closest('.card'))).map((table) => table.id),
+            name: [name.title, name.scrollWidth > name.clientWidth,
+                   getComputedStyle(name).textOverflow],
+            charts: [...document.querySelectorAll('#charts .chart')].map((chart) => ({
+                axis: [...chart.querySelectorAll('.y-axis span')].map((label) => [
+                    label.textContent, parseFloat(getComputedStyle(label).fontSize)]),
+                series: [...chart.querySelectorAll('.legend line')].map((line) =>
+                    getComputedStyle(line).stroke + ' ' + getComputedStyle(line).strokeDasharray),
+            })),
+        };
+    })()"""
+    rows = "document.querySelectorAll('#queue-table tr[data-queue]').length"
+    queues = [LONG_NAME, *(f"queue-{n:02d}" for n in range(16))]
+    with driven_chromium(tmp_path / "profile") as browser:
+        with Node(tmp_path / "data", http=LOOPBACK_ANY_PORT) as node:
+            for name in queues:
+                node.declare_queue(name)
+            node.declare_queue(LONG_NAME + "-stream", type="stream")
+            node.declare_exchange(LONG_NAME + "-exchange", kind="topic")
+            node.bind_queue(LONG_NAME, LONG_NAME + "-exchange", "#." + LONG_NAME)
+            with node.connect() as conn:
+                conn.publish_many(LONG_NAME, [b"payment"] * 3)
+            page = browser.open(node.http_endpoint + "/")
+            wait_for(lambda: browser.evaluate(page, rows) == len(queues))
+            for width in (1280, 400):
+                browser.call(
+                    "Emulation.setDeviceMetricsOverride",
+                    {"width": width, "height": 900, "deviceScaleFactor": 1, "mobile": False},
+                    page,
+                )
+                shown = browser.evaluate(page, layout)
+                assert shown["page"] <= 0, f"the page scrolls sideways at {width} px"
+                assert shown["tables"] == [], f"wider than their cards at {width} px"
+                assert shown["name"] == [LONG_NAME, True, "ellipsis"]
+                for chart in shown["charts"]:
+                    labels = [text for text, _ in chart["axis"]]
+                    assert len(labels) == 3 and labels[-1] == "0" and labels[0] != "0", labels
+                    assert min(size for _, size in chart["axis"]) >= 11
+                    assert len(set(chart["series"])) == len(chart["series"]) >= 2, chart
+            # Many queues: the filter keeps those whose name holds its text
+            browser.evaluate(
+                page,
+                "const box = document.getElementById('queue-filter'); box.value = 'QUEUE-1';"
+                "box.dispatchEvent(new Event('input'))",
+            )
+            assert browser.evaluate(page, rows) == 6  # queue-10 to queue-15
+            shown = "document.getElementById('queue-count').textContent"
+            assert browser.evaluate(page, shown) == f"6 of {len(queues)} queues"

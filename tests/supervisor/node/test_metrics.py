@@ -7,13 +7,17 @@ connections kept open to it, and every bad address refused in one line. Everythi
 127.0.0.1 with port 0."""
 
 import contextlib
+import errno
 import http.client
+import importlib.metadata
 import json
 import os
 import re
+import select
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import textwrap
 import time
@@ -426,6 +430,96 @@ def test_the_api_answers_strict_json_with_the_same_figures(tmp_path):
         assert scrape(node)[("warren_queue_messages_ready", ())] == 3
 
 
+def api(node: Node, page: str):
+    status, headers, body = fetch(f"{node.http_endpoint}/api/{page}")
+    assert status == 200 and headers["Content-Type"] == "application/json", body
+    return strict_json(body)
+
+
+def test_the_overview_names_the_version_and_how_long_the_node_has_run(tmp_path):
+    before = time.time()
+    with Node(tmp_path / "data", http=LOOPBACK_ANY_PORT) as node:
+        first = api(node, "overview")
+        assert first["version"] == importlib.metadata.version("warren-mq")
+        assert before <= first["started_at"] <= time.time()
+        assert 0 <= first["uptime_seconds"] <= time.time() - before
+        assert first["tcp_connections"] is None  # no listener
+        wait_for(lambda: api(node, "overview")["uptime_seconds"] > first["uptime_seconds"])
+
+
+def test_the_exchanges_and_bindings_are_listed_the_default_exchange_first(tmp_path):
+    with Node(tmp_path / "data", http=LOOPBACK_ANY_PORT) as node:
+        node.declare_queue("orders")
+        node.declare_queue("audit")
+        node.declare_exchange("shop", kind="topic")
+        node.declare_exchange("logs", kind="fanout", durable=False)
+        node.bind_queue("orders", "shop", "order.*")
+        node.bind_queue("audit", "shop", "#")
+        node.bind_queue("audit", "logs")
+        assert api(node, "exchanges") == [
+            {"name": "", "kind": "direct", "durable": True},
+            {"name": "logs", "kind": "fanout", "durable": False},
+            {"name": "shop", "kind": "topic", "durable": True},
+        ]
+        assert api(node, "bindings") == [
+            {"exchange": "logs", "queue": "audit", "routing_key": ""},
+            {"exchange": "shop", "queue": "audit", "routing_key": "#"},
+            {"exchange": "shop", "queue": "orders", "routing_key": "order.*"},
+        ]
+        node.delete_exchange("logs")
+        assert [b["exchange"] for b in api(node, "bindings")] == ["shop", "shop"]
+
+
+def test_consumers_show_with_their_prefetch_and_unacked_and_their_connections(tmp_path):
+    with Node(tmp_path / "data", http=LOOPBACK_ANY_PORT, listen="tcp://127.0.0.1:*") as node:
+        node.declare_queue("orders")
+        node.declare_queue("idle")
+        with node.connect() as local, connect(node.listen_endpoint) as remote:
+            local.publish_many("orders", [b"order"] * 5)
+            local_consumer = local.consume("orders", prefetch=3)
+            taken = [next(local_consumer) for _ in range(3)]  # unacked: the prefetch is full
+            remote_consumer = remote.consume("orders", prefetch=50)
+            next(remote_consumer)  # and the two messages left, unacked
+            held = remote.get("idle") is None  # a get of an empty queue holds nothing
+
+            def details() -> list:
+                (orders,) = [q for q in api(node, "queues") if q["name"] == "orders"]
+                return sorted(orders["consumer_details"], key=lambda d: d["prefetch_count"])
+
+            wait_for(lambda: [d["unacked"] for d in details()] == [3, 2])
+            mine, theirs = details()
+            assert (mine["pid"], mine["consumers"], mine["prefetch_count"]) == (os.getpid(), 1, 3)
+            (listener_pid,) = [a["pid"] for a in api(node, "actors") if a["name"] == "listener"]
+            assert (theirs["pid"], theirs["consumers"], theirs["prefetch_count"]) == (
+                listener_pid,
+                1,
+                50,
+            )
+            (idle,) = [q for q in api(node, "queues") if q["name"] == "idle"]
+            assert held and idle["consumer_details"] == []
+
+            connections = {c["connection"]: c for c in api(node, "connections")}
+            assert set(connections) == {mine["connection"], theirs["connection"]}
+            local_row, remote_row = (
+                connections[mine["connection"]],
+                connections[theirs["connection"]],
+            )
+            assert (local_row["transport"], local_row["pid"]) == ("local", os.getpid())
+            assert (remote_row["transport"], remote_row["pid"]) == ("tcp", listener_pid)
+            assert local_row["queues"] == [
+                {"queue": "orders", "consumers": 1, "prefetch_count": 3, "unacked": 3}
+            ]
+            assert (remote_row["consumers"], remote_row["unacked"]) == (1, 2)
+            assert api(node, "overview")["tcp_connections"] >= 1
+
+            for delivery in taken:
+                delivery.ack()
+            local_consumer.cancel()
+            wait_for(lambda: [d["unacked"] for d in details()] == [2])
+        # Both connections closed: what they held went back, and they are gone
+        wait_for(lambda: api(node, "connections") == [])
+
+
 def test_unknown_pages_are_404_and_other_methods_405_each_in_one_line(tmp_path):
     with Node(tmp_path / "data", http=LOOPBACK_ANY_PORT) as node:
         status, _, body = fetch(node.http_endpoint + "/nowhere")
@@ -434,6 +528,111 @@ def test_unknown_pages_are_404_and_other_methods_405_each_in_one_line(tmp_path):
         assert status == 405 and body.count(b"\n") == 1 and headers["Allow"] == "GET"
         status, _, _ = fetch(node.http_endpoint + "/metrics?ignored=1")
         assert status == 200
+
+
+def raw_request(endpoint: str, request: bytes) -> tuple[bytes, dict, bytes]:
+    """The status line, headers and body the endpoint answers to ``request``, sent as is
+    on a connection of its own."""
+    address = urllib.parse.urlsplit(endpoint)
+    with socket.create_connection((address.hostname, address.port), timeout=10) as sock:
+        sock.sendall(request)
+        answer = http.client.HTTPResponse(sock)
+        answer.begin()
+        return (
+            f"{answer.status} {answer.reason}".encode(),
+            dict(answer.getheaders()),
+            answer.read(),
+        )
+
+
+def test_every_error_page_is_one_line_of_text_and_the_server_header_names_no_python(tmp_path):
+    with Node(tmp_path / "data", http=LOOPBACK_ANY_PORT) as node:
+        endpoint = node.http_endpoint
+        # a method the server has no handler for is refused as any other method but GET
+        for method in ("TRACE", "CONNECT", "FROBNICATE"):
+            status, headers, body = fetch(endpoint + "/metrics", method=method)
+            assert (status, body) == (405, f"{method} /metrics: only GET is served\n".encode())
+            assert headers["Allow"] == "GET" and headers["Content-Type"] == "text/plain"
+        status, _, body = fetch(endpoint + "/nowhere", method="TRACE")
+        assert status == 404 and body.count(b"\n") == 1
+        # requests the server cannot read (each no more than its line, which is all it reads
+        # before it answers): a bad HTTP version, HTTP/2 spoken to an HTTP/1.1 server, a
+        # request line over 64 KiB
+        for request, expected in (
+            (b"GET / HTTX/1.1\r\n", b"400"),
+            (b"GET / HTTP/2.0\r\n", b"505"),
+            (b"GET /" + b"x" * (65537 - 5), b"414"),
+        ):
+            status_line, headers, body = raw_request(endpoint, request)
+            assert status_line.startswith(expected), status_line
+            assert headers["Content-Type"] == "text/plain", headers
+            assert body.count(b"\n") == 1 and b"<" not in body, body
+        for method, path in (("GET", "/"), ("GET", "/nowhere"), ("TRACE", "/")):
+            _, headers, _ = fetch(endpoint + path, method=method)
+            assert "Python" not in headers["Server"] and "BaseHTTP" not in headers["Server"]
+
+
+def test_a_405_to_a_request_with_a_body_closes_the_connection_rather_than_read_the_body(
+    tmp_path,
+):
+    with Node(tmp_path / "data", http=LOOPBACK_ANY_PORT) as node:
+        address = urllib.parse.urlsplit(node.http_endpoint)
+        kept = http.client.HTTPConnection(address.hostname, address.port, timeout=10)
+        try:
+            kept.request("POST", "/metrics", body=b"GET /metrics HTTP/1.1\r\n\r\n")
+            answer = kept.getresponse()
+            assert answer.status == 405 and answer.getheader("Connection") == "close"
+            assert answer.read() == b"POST /metrics: only GET is served\n"
+        finally:
+            kept.close()
+
+
+def test_a_burst_of_fifty_connections_is_answered_without_one_waiting_for_a_retransmission(
+    tmp_path,
+):
+    """Two Prometheus servers, Grafana and a few open pages: more connections at once than
+    a listening socket's backlog of 5 holds. Each connection's TCP_INFO says whether the
+    kernel dropped any of its packets (a SYN or the request: a full accept queue drops
+    both), which a client meets as a wait of a second or more."""
+    burst = 50
+    with Node(tmp_path / "data", http=LOOPBACK_ANY_PORT) as node:
+        address = urllib.parse.urlsplit(node.http_endpoint)
+        clients = []
+        try:
+            for _ in range(burst):  # every connect sent before any is accepted
+                client = socket.socket()
+                clients.append(client)
+                client.setblocking(False)
+                assert client.connect_ex((address.hostname, address.port)) in (
+                    0,
+                    errno.EINPROGRESS,
+                )
+            paths = ("/", "/metrics", "/api/overview", "/page.js", "/api/queues")
+            for n, client in enumerate(clients):
+                select.select([], [client], [], 30)
+                client.setblocking(True)
+                client.settimeout(30)
+                path = paths[n % len(paths)]
+                client.sendall(
+                    f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode()
+                )
+            answers = []
+            for client in clients:
+                answer = http.client.HTTPResponse(client)
+                answer.begin()
+                answer.read()
+                answers.append(answer.status)
+            assert answers == [200] * burst
+            retransmitted = [
+                struct.unpack_from(
+                    "I", client.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104), 100
+                )[0]
+                for client in clients
+            ]
+            assert retransmitted == [0] * burst
+        finally:
+            for client in clients:
+                client.close()
 
 
 def test_a_connection_kept_open_is_answered_503_and_closed_once_the_node_stops(tmp_path):
