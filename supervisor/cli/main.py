@@ -51,7 +51,6 @@ before anything starts. Nothing here prints a traceback for a mistake a user can
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import itertools
 import logging
 import math
@@ -63,6 +62,8 @@ import time
 import tomllib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+
+import warren
 
 from ..errors import UsageError
 from ..tables import Column, counted, format_table, strict_json
@@ -406,9 +407,11 @@ def format_status(status: dict) -> str:
     lines = textwrap.wrap(
         f"node {status['node']} (pid {status['pid']}): {state}; alarms: {alarms}", 80
     )
-    lines += textwrap.wrap(f"data directory: {status['data_dir']}", 80, subsequent_indent="  ")
-    for line in listening(status):
-        lines += textwrap.wrap(line, 80, subsequent_indent="  ")
+    for line in [f"data directory: {status['data_dir']}", *listening(status)]:
+        # wrapped between words only: a path or an address stays whole, to be copied
+        lines += textwrap.wrap(
+            line, 80, subsequent_indent="  ", break_long_words=False, break_on_hyphens=False
+        )
     if status.get("tree"):
         walk(status["tree"], "", True, True)
         lines.append(format_table(_STATUS_COLUMNS, rows))
@@ -445,7 +448,10 @@ def listening(status: dict) -> list[str]:
     if http:
         lines.append(f"management page: {status.get('management_page') or http + '/'}")
         lines.append(f"metrics: {http}/metrics (Prometheus), {http}/api/* (JSON)")
-    return lines or ["listening: on this machine only, by its data directory (no --listen, --http)"]
+    return lines or [
+        "listening: on this machine only (--listen for remote clients, --http for a "
+        "management page)"
+    ]
 
 
 def _store_inspect(args: argparse.Namespace) -> int:
@@ -680,7 +686,7 @@ def build_parser() -> argparse.ArgumentParser:
         "Linux only (OFD locks, PR_SET_PDEATHSIG).",
         epilog=f"exit codes:\n{codes}",
     )
-    parser.add_argument("--version", action="version", version=f"warren {_version()}")
+    parser.add_argument("--version", action="version", version=f"warren {warren.__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     node = commands.add_parser(
         "node",
@@ -947,13 +953,6 @@ def _chosen(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argpar
             if chosen is not None:
                 return _chosen(chosen, args)
     return parser
-
-
-def _version() -> str:
-    try:
-        return importlib.metadata.version("warren-mq")
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown (not installed)"
 
 
 if __name__ == "__main__":
