@@ -69,6 +69,8 @@ CONSUME_PREFETCH = 100  # deliveries a consume holds ahead of what it wrote out
 # read but did not use (head reads a block) has those acked too: `--count N` takes N.
 ONE_AT_A_TIME = 100
 PUBLISH_BATCH = 1000  # messages a publish sends at once
+CONFIRM_LOOK_S = 1.0  # a publish awaiting its confirm looks at the stop signals this often
+NODE_LOOK_S = 10.0  # and, once it waited this long, whether its node is still there
 READ_BYTES = 1 << 16  # what one read of stdin takes, at most
 
 _QUEUE_COLUMNS = (
@@ -228,19 +230,22 @@ def _command(commands: argparse._SubParsersAction, name: str, text: str) -> argp
     return command
 
 
+def _connect(args: argparse.Namespace, **options: Any) -> Connection:
+    """A connection to the node the command names (``--url`` or ``--data-dir``)."""
+    if args.url is not None:
+        return connect(args.url, key_file=args.key_file, **options)
+    if args.key_file is not None:
+        raise UsageError("--key-file goes with --url: a node on this machine needs none")
+    refuse_unreachable_node(args.data_dir)
+    return connect(args.data_dir, **options)
+
+
 def _with_connection(
     action: Callable[[Connection, argparse.Namespace], int],
 ) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
         try:
-            if args.url is not None:
-                connection = connect(args.url, key_file=args.key_file)
-            elif args.key_file is not None:
-                raise UsageError("--key-file goes with --url: a node on this machine needs none")
-            else:
-                refuse_unreachable_node(args.data_dir)
-                connection = connect(args.data_dir)
-            with connection:
+            with _connect(args) as connection:
                 return action(connection, args)
         except NodeNotRunning as exc:
             print(f"warren: {exc}", file=sys.stderr)
@@ -428,13 +433,24 @@ def _publish(connection: Connection, args: argparse.Namespace) -> int:
         )
 
     def send(batch: list[bytes]) -> None:
+        """Publish ``batch`` and wait for its confirm; a stop signal or a node that went
+        away ends the wait with the batch in doubt."""
         nonlocal in_doubt
         in_doubt = len(batch)
-        progress.add(
-            connection.publish_many(
-                args.queue, batch, exchange=args.exchange, persistent=not args.transient
-            )
+        confirm = connection.publish_many_async(
+            args.queue, batch, exchange=args.exchange, persistent=not args.transient, awaited=True
         )
+        look_at_node = time.monotonic() + NODE_LOOK_S
+        while True:
+            try:
+                progress.add(confirm.result(timeout=CONFIRM_LOOK_S))
+                break
+            except TimeoutError:
+                stop.stop_if_received()
+                if time.monotonic() >= look_at_node:
+                    if not _node_reachable(args):
+                        raise _NodeWentAway() from None
+                    look_at_node = time.monotonic() + NODE_LOOK_S
         in_doubt = 0
 
     with StopSignals() as stop:
@@ -454,8 +470,8 @@ def _publish(connection: Connection, args: argparse.Namespace) -> int:
             raise MessageTooLarge(
                 f"{exc} ({counted(progress.count, 'message')} published before it)"
             ) from None
-        except (QueueError, ActorDeadError, TimeoutError):
-            if _node_answers(connection):
+        except (QueueError, ActorDeadError, TimeoutError, _NodeWentAway) as exc:
+            if not isinstance(exc, _NodeWentAway) and _node_reachable(args):
                 raise  # a refusal by a node that is still there: said as it is
             progress.done()
             print(f"warren: the node went away: {where_it_stands()}", file=sys.stderr)
@@ -464,14 +480,19 @@ def _publish(connection: Connection, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _node_answers(connection: Connection) -> bool:
-    """Whether the connection's node still answers a call (after a publish failed: a
-    node that went away, or a queue that refused)."""
+class _NodeWentAway(Exception):
+    """A publish's node no longer takes connections while its confirm is awaited."""
+
+
+def _node_reachable(args: argparse.Namespace) -> bool:
+    """Whether the node still takes a new connection within ``NODE_LOOK_S`` (after a
+    publish failed or waited long: a node that went away, or a queue that refused)."""
+    over_tcp = {"connect_timeout_s": NODE_LOOK_S} if args.url is not None else {}
     try:
-        connection.list_queues()
+        with _connect(args, **over_tcp):
+            return True
     except (QueueError, ActorDeadError, TimeoutError):
         return False
-    return True
 
 
 def _generated(count: int, size: int) -> Iterator[list[bytes]]:

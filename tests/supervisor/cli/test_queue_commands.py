@@ -366,10 +366,13 @@ def test_json_into_a_reader_that_left_ends_quietly(node, data_dir, command):
     assert (code, said) == (141, "")
 
 
-def test_a_publish_whose_node_is_killed_says_from_which_line_to_resume(tmp_path):
+@pytest.mark.parametrize("over", ["ipc", "tcp"])
+def test_a_publish_whose_node_is_killed_says_from_which_line_to_resume(tmp_path, over):
+    """Locally the node's pid is seen gone; over tcp the listener stops answering, and a
+    new connection is refused within seconds: either way one line, exit 1."""
     data_dir = str(tmp_path / "data")
     node = subprocess.Popen(
-        [*WARREN, "node", "--data-dir", data_dir],
+        [*WARREN, "node", "--data-dir", data_dir, "--listen", "tcp://127.0.0.1:*"],
         cwd=ROOT,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -379,8 +382,11 @@ def test_a_publish_whose_node_is_killed_says_from_which_line_to_resume(tmp_path)
     try:
         wait_for_node(data_dir)
         assert warren("declare", "queue", "orders", "--data-dir", data_dir).returncode == 0
+        with open(os.path.join(data_dir, "node.json")) as file:
+            url = json.load(file)["listen_endpoint"]
+        where = ["--data-dir", data_dir] if over == "ipc" else ["--url", url]
         publisher = subprocess.Popen(
-            [*WARREN, "publish", "orders", "--data-dir", data_dir],
+            [*WARREN, "publish", "orders", *where],
             cwd=ROOT,
             stdin=subprocess.PIPE,
             stderr=subprocess.PIPE,
