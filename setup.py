@@ -6,6 +6,8 @@ claims a name another package owns (``supervisor`` is supervisord's). The ``warr
 package itself is ``supervisor/facade/``.
 """
 
+import re
+
 from setuptools import find_packages, setup
 
 PARTS = ("actors", "store", "supervisor", "queues")
@@ -24,11 +26,20 @@ def warren_packages() -> tuple[list[str], dict[str, str]]:
     return packages, package_dir
 
 
+def warren_version() -> str:
+    """``warren.__version__``, read from its file as text: nothing of Warren is importable
+    while it is being installed."""
+    with open("supervisor/facade/__init__.py", encoding="utf-8") as file:
+        found = re.search(r'^__version__ = "([^"]+)"', file.read(), re.MULTILINE)
+    assert found, "supervisor/facade/__init__.py states no __version__"
+    return found.group(1)
+
+
 PACKAGES, PACKAGE_DIR = warren_packages()
 
 setup(
     name="warren-mq",
-    version="0.1.0",
+    version=warren_version(),
     description="A durable message broker you can embed, with RabbitMQ's persistence design",
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",

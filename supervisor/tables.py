@@ -10,6 +10,10 @@ width, never below ``min_width``; a table that still does not fit (too many fixe
 is left wider rather than cutting a figure. Cells are strings: callers format their
 numbers (``abbreviated`` keeps a big count short), so a figure is never rounded here
 behind their back.
+
+Widths are what a terminal shows, not characters: a wide character (CJK, most emoji:
+East Asian Width W or F) takes two columns and a combining mark none, so a queue named
+in Japanese keeps the columns after it aligned, and is cut or wrapped by what it shows.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import json
 import math
 import textwrap
+import unicodedata
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -54,7 +59,10 @@ def format_table(
     for row in rows:
         if len(row) != len(columns):
             raise ValueError(f"a row has {len(row)} cells for {len(columns)} columns: {row!r}")
-    widths = [max([len(c.name), *(len(row[i]) for row in rows)]) for i, c in enumerate(columns)]
+    widths = [
+        max([shown_width(c.name), *(shown_width(row[i]) for row in rows)])
+        for i, c in enumerate(columns)
+    ]
     widths = _fit(columns, widths, width)
     lines = [_join(columns, widths, [c.name for c in columns]), _GAP.join("-" * w for w in widths)]
     for row in rows:
@@ -68,13 +76,41 @@ def format_table(
     return "\n".join(lines)
 
 
+def shown_width(text: str) -> int:
+    """The columns ``text`` takes on a terminal: 2 for a wide character, 0 for a
+    combining one, 1 for the others."""
+    return sum(_char_width(char) for char in text)
+
+
+def _char_width(char: str) -> int:
+    if unicodedata.combining(char):
+        return 0
+    return 2 if unicodedata.east_asian_width(char) in "WF" else 1
+
+
+def _cut(text: str, width: int) -> tuple[str, str]:
+    """``text`` split where its first part takes at most ``width`` columns."""
+    taken = 0
+    for index, char in enumerate(text):
+        taken += _char_width(char)
+        if taken > width:
+            return text[:index], text[index:]
+    return text, ""
+
+
 def _fitted(column: Column, cell: str, width: int) -> list[str]:
     """The lines of one cell in a column ``width`` wide."""
-    if len(cell) <= width or not column.narrows:
+    if shown_width(cell) <= width or not column.narrows:
         return [cell]
     if column.cut:
-        return [cell[: width - 1] + "…"]
-    return textwrap.wrap(cell, width, break_on_hyphens=False) or [""]
+        return [_cut(cell, width - 1)[0] + "…"]
+    lines = []
+    for line in textwrap.wrap(cell, width, break_on_hyphens=False) or [""]:
+        while shown_width(line) > width:  # wide characters: textwrap counts characters
+            part, line = _cut(line, width)
+            lines.append(part)
+        lines.append(line)
+    return lines
 
 
 def _fit(columns: Sequence[Column], widths: list[int], width: int) -> list[int]:
@@ -94,7 +130,8 @@ def _fit(columns: Sequence[Column], widths: list[int], width: int) -> list[int]:
 
 def _join(columns: Sequence[Column], widths: list[int], cells: list[str]) -> str:
     return _GAP.join(
-        f"{cell:{c.align}{w}}" for c, cell, w in zip(columns, cells, widths, strict=True)
+        f"{cell:{c.align}{w - shown_width(cell) + len(cell)}}"
+        for c, cell, w in zip(columns, cells, widths, strict=True)
     ).rstrip()
 
 

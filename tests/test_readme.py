@@ -10,8 +10,10 @@ The node's ipc sockets go to a private temporary directory of this test (``TMPDI
 listens on no tcp port, and every node is stopped in a ``finally``: SIGTERM first (a clean
 stop, exit 0), SIGKILL only if it hangs."""
 
+import importlib.metadata
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -85,6 +87,7 @@ def start_node(line: str, cwd: Path, env: dict) -> subprocess.Popen:
     )
     first = node.stdout.readline()  # the node prints its tree once it runs
     assert first.startswith("node warren"), first + node.stderr.read()
+    node.first_line = first.rstrip("\n")  # type: ignore[attr-defined]
     return node
 
 
@@ -137,6 +140,22 @@ def test_the_quickstart_runs_as_written(tmp_path, shell_env):
 
     node = start_node(node_line, tmp_path, shell_env)
     try:
+        node_shown = blocks(quickstart, "text")[0].splitlines()  # what the node prints
+        assert node_shown[-1] == "..."
+        node_printed = [node.first_line]
+        while not node_printed[-1].startswith("actor "):
+            line = node.stdout.readline().rstrip("\n")
+            if line.startswith("  "):  # a long line wrapped at 80 columns
+                node_printed[-1] += " " + line.strip()
+            else:
+                node_printed.append(line)
+        for got, expected in zip(node_printed, node_shown[:-1], strict=True):
+            expected = expected.replace("/home/you/warren-data", str(tmp_path / "warren-data"))
+            expected = re.sub(r"\(pid \d+\)", f"(pid {node.pid})", expected)
+            if expected.startswith("actor "):  # its columns are as wide as the pids
+                assert got.split() == expected.split()
+            else:
+                assert got == expected
         printed = []
         for line in commands(client_block):
             done = sh(line, tmp_path, shell_env)
@@ -168,13 +187,48 @@ def test_the_quickstart_runs_as_written(tmp_path, shell_env):
     try:
         listing = sh("warren queues --data-dir ./warren-data", tmp_path, shell_env).stdout
         assert queue_row(listing, "orders")[:3] == ["orders", "running", "0"]
-        assert run_block("### Streams", tmp_path, shell_env) == "0 b'clicked'\n1 b'bought'\n"
+        assert run_block("### Streams", tmp_path, shell_env) == (
+            "0 b'clicked'\n1 b'bought'\nbilling read [0, 1]\n"
+        )
         listing = sh("warren streams --data-dir ./warren-data", tmp_path, shell_env).stdout
-        assert listing.splitlines()[2].split()[:4] == ["events", "running", "0", "1"]
+        row = listing.splitlines()[2].split()
+        assert row[:3] == ["events", "running", "0"] and row[-1] == "billing(0)"
+        # A second run: the named consumer resumes after what the first one read.
+        again = run_block("### Streams", tmp_path, shell_env).splitlines()
+        assert again[-1] == f"billing read {[int(line.split()[0]) for line in again[2:4]]}"
     finally:
         assert stop_node(node) == 0
 
     assert run_block("### A node inside your program", tmp_path, shell_env) == "order 6 False\n"
+
+
+def test_the_first_install_lines_install_from_the_clone():
+    """Each ``pip install`` line of "## Install" names what a clone holds: its own
+    directory (a setup.py whose distribution is warren-mq) and extras it declares. Warren
+    is not on PyPI: a line naming the distribution alone installs nothing."""
+    lines = commands(blocks(section("## Install"), "sh")[0])
+    assert lines and all(line.startswith("pip install ") for line in lines)
+    declared = set(importlib.metadata.metadata("warren-mq").get_all("Provides-Extra") or [])
+    for line in lines:
+        (requirement,) = shlex.split(line.split("#")[0])[2:]
+        where, _, extras = requirement.partition("[")
+        assert (ROOT / where / "setup.py").is_file(), f"{line}: not a directory of the clone"
+        assert set(filter(None, extras.rstrip("]").split(","))) <= declared, line
+    name = subprocess.run(
+        [sys.executable, "setup.py", "--name"], cwd=ROOT, capture_output=True, text=True
+    )
+    assert name.stdout.splitlines()[-1] == "warren-mq", name.stderr
+
+
+def test_the_version_is_one_figure_for_the_package_the_command_and_the_distribution():
+    import warren
+
+    shown = subprocess.run(
+        [str(BIN / "warren"), "--version"], capture_output=True, text=True, timeout=60
+    )
+    assert shown.stdout == f"warren {warren.__version__}\n"
+    assert importlib.metadata.version("warren-mq") == warren.__version__
+    assert re.fullmatch(r"\d+\.\d+\.\d+", warren.__version__)
 
 
 def test_the_readme_opens_with_make_run_and_make_test_and_stays_short():

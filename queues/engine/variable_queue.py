@@ -401,8 +401,12 @@ class VariableQueue:
             self._index.ack(e.seq_id for e in missing)
             self._index.sync()
             counters["dropped_missing"] += len(missing)
-            log.warning(
-                "%s: %d messages are missing from the shared store; dropped",
+            # Indexed before the shared store wrote them, so never confirmed (a confirm
+            # waits for both): the expected cost of a crash. Data the store had and lost
+            # is its own warning, in its recovery.
+            log.info(
+                "%s: %d messages were not in the shared store when it stopped (never "
+                "confirmed); dropped",
                 self.directory,
                 len(missing),
             )

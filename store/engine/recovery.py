@@ -231,9 +231,22 @@ class Recovery(_StoreState):
                     f"reference count {count} of {key:032x} exceeds {idx.MAX_REF_COUNT}"
                 )
             index[key] = value - 1 + count
-        if missing:
+        if missing and self._damaged:
             log.warning(
-                "%s: %d referenced messages have no data on disk; dropped", self.directory, missing
+                "%s: %d referenced messages have no data on disk (the damaged bytes above "
+                "held some of them); dropped",
+                self.directory,
+                missing,
+            )
+        elif missing:
+            # The expected cost of a crash: a queue indexed a message whose write the
+            # store had not made yet. A confirm waits for the store's fdatasync, so none
+            # of these was confirmed, and their publishers send them again.
+            log.info(
+                "%s: %d referenced messages were not yet written when the store stopped "
+                "(never confirmed); dropped",
+                self.directory,
+                missing,
             )
         self.counters["recovery_missing"] = missing
         return index

@@ -6,7 +6,8 @@
     warren chaos --data-dir DIR [--duration S] [--faults K,K] [--seed N] [--report DIR]
                                                            a node under faults and load,
                                                            then its invariants checked
-    warren store inspect DIR                               what a store (or stream) directory holds
+    warren store inspect DIR                               what a store, stream or queue
+                                                           directory holds
     warren queues | publish | consume | purge | delete     a running node's queues
                                                            (``warren.supervisor.cli.queues``)
 
@@ -50,7 +51,7 @@ before anything starts. Nothing here prints a traceback for a mistake a user can
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
+import itertools
 import logging
 import math
 import os
@@ -60,10 +61,13 @@ import textwrap
 import time
 import tomllib
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+
+import warren
 
 from ..errors import UsageError
 from ..tables import Column, counted, format_table, strict_json
+from .access import permission_denied, refuse_unreachable_node
 from .queues import add_queue_commands
 from .sizes import parse_size
 
@@ -77,17 +81,19 @@ EXIT_USAGE = 2
 EXIT_NODE_FAILED = 3
 EXIT_START_FAILED = 4
 EXIT_INTERRUPTED = 130
+EXIT_READER_GONE = 128 + 13  # SIGPIPE's: what a Unix tool whose reader left exits with
 EXIT_CODES = (
     (EXIT_OK, "success (a node stopped by Ctrl-C, SIGTERM or SIGHUP stops cleanly)"),
     (EXIT_NO_NODE, "no node answers on the data directory (chaos: an invariant failed)"),
     (
         EXIT_USAGE,
-        "bad usage or configuration, a path that is not a store directory, or a "
-        "data directory another node holds",
+        "bad usage or configuration, a path that is not a store directory, a data "
+        "directory another node holds, or a path this user may not open",
     ),
     (EXIT_NODE_FAILED, "the node's root supervisor gave up (restart intensity exceeded)"),
     (EXIT_START_FAILED, "the node did not start"),
     (EXIT_INTERRUPTED, "interrupted (Ctrl-C, SIGTERM, SIGHUP); everything started is stopped"),
+    (EXIT_READER_GONE, "the reader of the output went away (a pipe into head): nothing more said"),
 )
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 # What the config file may hold: section -> key -> the option it sets.
@@ -180,6 +186,8 @@ def node_settings(args: argparse.Namespace) -> dict[str, Any]:
         check_node_directory(data_dir)
     except NotANodeDirectory as exc:
         raise UsageError(str(exc)) from None
+    except PermissionError:
+        raise UsageError(permission_denied(data_dir, "the data directory")) from None
     settings: dict[str, Any] = {"data_dir": data_dir}
     if "name" in options:
         if not isinstance(options["name"], str) or not options["name"]:
@@ -317,24 +325,33 @@ def _node(args: argparse.Namespace) -> int:
     )
     # A stop signal that arrives while the tree starts waits for the node's handler.
     signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    data_dir = settings.pop("data_dir")
     try:
-        node = Node(settings.pop("data_dir"), **settings)
+        node = Node(data_dir, **settings)
     except NodeLocked as exc:
         print(f"warren: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except PermissionError:  # a directory it may list but not write, or a file in it
+        print(f"warren: {permission_denied(data_dir, 'the data directory')}", file=sys.stderr)
         return EXIT_USAGE
     except Exception as exc:  # reported as a line a person reads, with its own exit code
         print(f"warren: the node did not start: {type(exc).__name__}: {exc}", file=sys.stderr)
         return EXIT_START_FAILED
     with node:
         print(format_status(node.status()), flush=True)
-        node.run_until_signalled(STOP_SIGNALS)
-    return EXIT_NODE_FAILED if node.failed.is_set() else EXIT_OK
+        received = node.run_until_signalled(STOP_SIGNALS)
+    if node.failed.is_set():
+        print(f"node {node.name} stopped: its root supervisor gave up", flush=True)
+        return EXIT_NODE_FAILED
+    by = f" by {signal.Signals(received).name}" if received is not None else ""
+    print(f"node {node.name} stopped{by}; its data is in {data_dir}", flush=True)
+    return EXIT_OK
 
 
 def _status(args: argparse.Namespace) -> int:
-
     from ..node.node import query_status
 
+    refuse_unreachable_node(args.data_dir)
     try:
         status = query_status(args.data_dir)
     except OSError as exc:
@@ -390,10 +407,10 @@ def format_status(status: dict) -> str:
     lines = textwrap.wrap(
         f"node {status['node']} (pid {status['pid']}): {state}; alarms: {alarms}", 80
     )
-    lines += textwrap.wrap(f"data directory: {status['data_dir']}", 80, subsequent_indent="  ")
-    if status.get("http_endpoint"):
+    for line in [f"data directory: {status['data_dir']}", *listening(status)]:
+        # wrapped between words only: a path or an address stays whole, to be copied
         lines += textwrap.wrap(
-            f"metrics: {status['http_endpoint']}/metrics", 80, subsequent_indent="  "
+            line, 80, subsequent_indent="  ", break_long_words=False, break_on_hyphens=False
         )
     if status.get("tree"):
         walk(status["tree"], "", True, True)
@@ -420,13 +437,35 @@ def format_status(status: dict) -> str:
     return "\n".join(lines)
 
 
+def listening(status: dict) -> list[str]:
+    """Where the node listens, a line each: its tcp listener for remote clients, its HTTP
+    endpoint (the management page, Prometheus's /metrics, the JSON /api/*); or that it
+    answers only on this machine (by its data directory)."""
+    lines = []
+    if status.get("listen_endpoint"):
+        lines.append(f"listener: {status['listen_endpoint']} (remote clients: --url, connect)")
+    http = status.get("http_endpoint")
+    if http:
+        lines.append(f"management page: {status.get('management_page') or http + '/'}")
+        lines.append(f"metrics: {http}/metrics (Prometheus), {http}/api/* (JSON)")
+    return lines or [
+        "listening: on this machine only (--listen for remote clients, --http for a "
+        "management page)"
+    ]
+
+
 def _store_inspect(args: argparse.Namespace) -> int:
     from warren.queues.engine.stream_log import SEGMENT_SUFFIX, numbered_files
     from warren.store.engine.inspect import inspect_store
     from warren.store.errors import StoreDirectoryError
 
+    from .queue_files import format_queue_inspection, is_queue_directory
+
     if os.path.isdir(args.directory) and numbered_files(args.directory, SEGMENT_SUFFIX):
         print(format_stream_inspection(args.directory))
+        return EXIT_OK
+    if os.path.isdir(args.directory) and is_queue_directory(args.directory):
+        print(format_queue_inspection(args.directory))
         return EXIT_OK
     try:
         report = inspect_store(args.directory)
@@ -543,6 +582,9 @@ def _keys(args: argparse.Namespace) -> int:
         path = create_client_key(args.data_dir, args.name, args.out)
     except (KeyFileError, NotANodeDirectory) as exc:
         raise UsageError(str(exc)) from None
+    except PermissionError as exc:  # the data directory, or --out, or a file in them
+        what = "the data directory" if exc.filename == args.data_dir else ""
+        raise UsageError(permission_denied(str(exc.filename), what)) from None
     print(f"wrote {path}; a node started with --curve on {args.data_dir} lets it in")
     return EXIT_OK
 
@@ -624,17 +666,28 @@ def _chaos(args: argparse.Namespace) -> int:
     return EXIT_OK if document["ok"] else EXIT_INVARIANT_FAILED
 
 
+class CommandParser(argparse.ArgumentParser):
+    """argparse's parser (each subcommand's too), whose complaint about a missing name
+    also says where a name that starts with '-' goes: argparse takes it for an option."""
+
+    def error(self, message: str) -> NoReturn:
+        missing = message.partition("the following arguments are required: ")[2]
+        if any(not name.startswith("-") for name in missing.split(", ") if name):
+            message += _dash_hint(["-"])
+        super().error(message)
+
+
 def build_parser() -> argparse.ArgumentParser:
     codes = "\n".join(f"  {code}  {meaning}" for code, meaning in EXIT_CODES)
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="warren",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Warren: a durable message broker with RabbitMQ's persistence design. "
         "Linux only (OFD locks, PR_SET_PDEATHSIG).",
         epilog=f"exit codes:\n{codes}",
     )
-    parser.add_argument("--version", action="version", version=f"warren {_version()}")
-    commands = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument("--version", action="version", version=f"warren {warren.__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     node = commands.add_parser(
         "node",
         help="run a node in the foreground",
@@ -788,11 +841,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--report", metavar="DIR", help="write report.json, report.txt and throughput.png there"
     )
     chaos.set_defaults(handler=_chaos)
-    store = commands.add_parser("store", help="message store tools")
-    store_commands = store.add_subparsers(dest="store_command", required=True)
+    store = commands.add_parser(
+        "store",
+        help="message store tools",
+        description="Tools that read a store's, a stream's or a queue's files.",
+    )
+    store_commands = store.add_subparsers(dest="store_command", metavar="COMMAND")
     inspect = store_commands.add_parser(
         "inspect",
         help="report files, records, valid and garbage bytes, damaged regions; changes nothing",
+        description="What a directory holds, read without changing anything: a message "
+        "store's files (records, valid and garbage bytes, damaged regions), a stream's "
+        "segments, or a queue's segment files (<data_dir>/queues/NAME: its messages, "
+        "torn slots).",
     )
     inspect.add_argument("directory")
     inspect.set_defaults(handler=_store_inspect)
@@ -801,15 +862,87 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        try:
+            return _run(argv)
+        finally:
+            sys.stdout.flush()  # here, not at exit: a reader that left is seen below
+    except BrokenPipeError:
+        # The reader of stdout went away (`warren status --json | head`): as a Unix tool
+        # killed by SIGPIPE, say nothing more; what is still buffered goes nowhere, so
+        # the interpreter's flush at exit does not report the broken pipe either.
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, sys.stdout.fileno())
+        os.close(null)
+        return EXIT_READER_GONE
+
+
+def _run(argv: list[str] | None) -> int:
     parser = build_parser()
-    args, unknown = parser.parse_known_args(argv)
+    args, unknown = parser.parse_known_args(
+        names_after_double_dash(parser, sys.argv[1:] if argv is None else argv)
+    )
+    chosen = _chosen(parser, args)
     if unknown:  # said by the subcommand, with its own usage, not the top level's
-        _chosen(parser, args).error(f"unrecognized arguments: {' '.join(unknown)}")
+        chosen.error(f"unrecognized arguments: {' '.join(unknown)}{_dash_hint(unknown)}")
+    if getattr(args, "handler", None) is None:  # a command that needs a subcommand
+        chosen.error(f"name one of its commands: {', '.join(_subcommands(chosen))}")
     try:
         return args.handler(args)
     except UsageError as exc:
         print(f"warren: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except PermissionError as exc:  # a path of the user's that this user may not open
+        print(f"warren: {permission_denied(str(exc.filename))}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+def _dash_hint(unknown: list[str]) -> str:
+    """For an argument taken as an unknown option: where a name starting with '-' goes."""
+    if any(arg.startswith("-") for arg in unknown):
+        return " (a name that starts with '-' goes after '--': ... -- -name --data-dir D)"
+    return ""
+
+
+def names_after_double_dash(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
+    """``argv`` with the command's own long options that follow ``--`` (and their values)
+    moved before it. ``--`` makes what follows it names, so that a queue or exchange
+    whose name starts with '-' can be given; the options may still follow the name, as
+    the usage lines show them: ``warren declare queue -- -audit --data-dir D``."""
+    if "--" not in argv:
+        return argv
+    cut = argv.index("--")
+    command = parser
+    for token in argv[:cut]:  # the (sub)command the words before '--' choose
+        for action in command._actions:
+            if isinstance(action, argparse._SubParsersAction) and token in action.choices:
+                command = action.choices[token]
+    options = {
+        option: action
+        for action in command._actions
+        for option in action.option_strings
+        if option.startswith("--")
+    }
+    before, names = list(argv[:cut]), list[str]()
+    after = iter(argv[cut + 1 :])
+    for token in after:
+        option = options.get(token.partition("=")[0])
+        if option is None:
+            names.append(token)
+            continue
+        before.append(token)
+        if option.nargs != 0 and "=" not in token:
+            before.extend(itertools.islice(after, 1))  # its value
+    return [*before, "--", *names]
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> list[str]:
+    return [
+        name
+        for action in parser._actions
+        if isinstance(action, argparse._SubParsersAction)
+        for name in action.choices
+    ]
 
 
 def _chosen(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
@@ -820,13 +953,6 @@ def _chosen(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argpar
             if chosen is not None:
                 return _chosen(chosen, args)
     return parser
-
-
-def _version() -> str:
-    try:
-        return importlib.metadata.version("warren-mq")
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown (not installed)"
 
 
 if __name__ == "__main__":

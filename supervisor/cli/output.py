@@ -1,17 +1,27 @@
 """What ``warren consume`` needs to ack only what was really written out, and to stop on a
 signal without losing an ack.
 
-``Output.write(data)`` writes and flushes, and returns whether the data was *taken*:
-- a file or a terminal has taken it once write(2) returned (after the flush);
-- a pipe has taken it once the reader has read it: the bytes still in the pipe are what
-  Linux reports for FIONREAD, so ``write`` waits for that count to reach 0. A pipe holds
-  up to 64 KiB the reader may never read (``warren consume q | head -3``: head exits after
-  its third line), and acking a message that only reached the pipe would lose it.
-The races: the reader may exit while bytes wait in the pipe (POLLERR on our end: not
-taken), or before the write (EPIPE, which Python raises as BrokenPipeError: not taken);
-a stop signal while the reader is slow (not taken: it goes back to the queue). Once the
-reader is gone, stdout is pointed at /dev/null so that the interpreter's own flush at exit
-does not print a BrokenPipeError.
+``Output.write(data)`` writes and flushes one message; ``taken`` is how many of the bytes
+written its reader has *taken*:
+- a file or a terminal has taken them once write(2) returned (after the flush);
+- a pipe has taken them once the reader has read them: what is still in the pipe is what
+  Linux reports for FIONREAD, so the bytes taken are those written less that count. A
+  pipe holds up to 64 KiB the reader may never read (``warren consume q | head -3``: head
+  exits after its third line), and acking a message that only reached the pipe would
+  lose it. The consume loop keeps writing while the reader reads (a pipe's worth ahead)
+  and acks each batch of messages whose last byte was taken (``wait_taken``): a message
+  is never acked before it was read, and the reader is never waited for one message at a
+  time (that round trip per message held a pipe to 2,000 messages a second).
+- with ``checked=False`` (a stream read without a name: nothing is acked, nothing
+  stored) a pipe counts as taken too: only a reader that went away ends the run.
+
+The races: the reader may exit while bytes wait in the pipe (POLLERR on our end: those
+bytes not taken), or before the write (EPIPE, which Python raises as BrokenPipeError: not
+taken); a stop signal while the reader is slow (what it did not read goes back to the
+queue). A write never blocks on a full pipe: it first waits, watching the signals, for
+room (a message larger than the pipe waits for the pipe to be empty, then blocks while
+the reader reads it). Once the reader is gone, stdout is pointed at /dev/null so that the
+interpreter's own flush at exit does not print a BrokenPipeError.
 
 ``StopSignals`` turns SIGINT, SIGTERM and SIGHUP into a flag the consume loop checks
 between messages, so the loop ends where it stands, the acks it made are sent and the
@@ -28,13 +38,13 @@ import signal
 import stat
 import struct
 import termios
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import FrameType, TracebackType
 from typing import BinaryIO
 
 __all__ = ["Output", "StopSignals", "Stopped"]
 
-DRAIN_POLL_MS = 10  # how often a write to a pipe looks whether its reader took it
+DRAIN_POLL_MS = 10  # at most this long between looks whether a pipe's reader took more
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
@@ -88,18 +98,31 @@ class StopSignals:
 
 
 class Output:
-    """A binary stream written one message at a time, each known taken or not."""
+    """A binary stream written one message at a time, knowing how much its reader took."""
 
-    def __init__(self, stream: BinaryIO, stop: StopSignals) -> None:
+    def __init__(self, stream: BinaryIO, stop: StopSignals, *, checked: bool = True) -> None:
         self._stream = stream
         self._fd = stream.fileno()
         self._stop = stop
-        self._is_pipe = stat.S_ISFIFO(os.fstat(self._fd).st_mode)
+        self._is_pipe = checked and stat.S_ISFIFO(os.fstat(self._fd).st_mode)
+        self._capacity = fcntl.fcntl(self._fd, fcntl.F_GETPIPE_SZ) if self._is_pipe else 0
+        self.written = 0  # bytes written and flushed
         self.reader_gone = False
+        self._taken_when_gone = 0
+
+    @property
+    def taken(self) -> int:
+        """How many of the bytes written the reader has taken (see the module)."""
+        if self.reader_gone:
+            return self._taken_when_gone
+        return self.written - _unread(self._fd) if self._is_pipe else self.written
 
     def write(self, data: bytes) -> bool:
-        """Write and flush ``data``; whether its reader took it (see the module)."""
+        """Write and flush ``data``; False when it was not written (the reader went away,
+        or a stop signal came while the pipe had no room for it)."""
         if self.reader_gone:
+            return False
+        if self._is_pipe and not self._wait(lambda: self._room_for(len(data))):
             return False
         try:
             self._stream.write(data)
@@ -107,24 +130,39 @@ class Output:
         except BrokenPipeError:
             self._gone()
             return False
-        return self._taken() if self._is_pipe else True
+        self.written += len(data)
+        return True
 
-    def _taken(self) -> bool:
+    def wait_taken(self, position: int) -> bool:
+        """Wait until the reader has taken the bytes up to ``position``; False when it
+        went away first, or a stop signal came (one last look decides)."""
+        return self._wait(lambda: self.taken >= position)
+
+    def _room_for(self, size: int) -> bool:
+        if self.reader_gone:
+            return False
+        unread = _unread(self._fd)
+        return unread == 0 or unread + size <= self._capacity
+
+    def _wait(self, ready: Callable[[], bool]) -> bool:
         poller = select.poll()
         poller.register(self._fd, select.POLLERR)
-        while _unread(self._fd) > 0:
-            if poller.poll(DRAIN_POLL_MS):  # POLLERR: the read end is closed
+        pause_ms = 0  # a reader that keeps up is looked at again at once, a slow one less
+        while not ready():
+            if self.reader_gone:
+                return False
+            pause_ms = min(DRAIN_POLL_MS, 2 * pause_ms or 1)
+            if poller.poll(pause_ms):  # POLLERR: the read end is closed
                 # It may have read everything before it went (head reads its last line,
-                # then exits): taken, and the next write finds it gone.
-                taken = _unread(self._fd) == 0
+                # then exits): what it took stays taken, the rest is not.
                 self._gone()
-                return taken
+                return ready()
             if self._stop.received is not None:
-                # one last look: the reader may have taken it while the poll waited
-                return _unread(self._fd) == 0
+                return ready()  # one last look: it may have read while the poll waited
         return True
 
     def _gone(self) -> None:
+        self._taken_when_gone = self.taken  # while stdout is still the pipe
         self.reader_gone = True
         null = os.open(os.devnull, os.O_WRONLY)
         os.dup2(null, self._fd)

@@ -31,9 +31,11 @@ from __future__ import annotations
 
 import argparse
 import base64
+import collections
 import json
 import math
 import os
+import signal
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -50,6 +52,7 @@ from warren.queues.routing import EXCHANGE_KINDS
 
 from ..errors import UsageError
 from ..tables import Column, abbreviated, counted, format_table, strict_json
+from .access import refuse_unreachable_node
 from .output import Output, Stopped, StopSignals
 from .sizes import parse_size
 
@@ -60,7 +63,14 @@ PROGRESS_EVERY_S = 1.0
 POLL_S = 0.2  # a consumer's wait for the next message between looks at the signals
 IDLE_END_S = 5.0  # without --count or --timeout: an empty queue this long ends the run
 CONSUME_PREFETCH = 100  # deliveries a consume holds ahead of what it wrote out
+# Messages a consume into a pipe writes one at a time, each taken before the next goes:
+# a reader that stops within them (`| head -3`) has exactly what it used acked. After
+# them a pipe's worth goes ahead of the reader, and a reader that exits holding lines it
+# read but did not use (head reads a block) has those acked too: `--count N` takes N.
+ONE_AT_A_TIME = 100
 PUBLISH_BATCH = 1000  # messages a publish sends at once
+CONFIRM_LOOK_S = 1.0  # a publish awaiting its confirm looks at the stop signals this often
+NODE_LOOK_S = 10.0  # and, once it waited this long, whether its node is still there
 READ_BYTES = 1 << 16  # what one read of stdin takes, at most
 
 _QUEUE_COLUMNS = (
@@ -125,7 +135,7 @@ def add_queue_commands(commands: argparse._SubParsersAction) -> None:
     bindings.set_defaults(handler=_with_connection(_bindings))
 
     declare = commands.add_parser("declare", help="declare a queue or an exchange")
-    kinds = declare.add_subparsers(dest="declare_kind", required=True)
+    kinds = declare.add_subparsers(dest="declare_kind", metavar="KIND")
     queue = _command(kinds, "queue", "declare a queue (nothing happens if it exists alike)")
     queue.add_argument("name")
     queue.add_argument(
@@ -220,18 +230,22 @@ def _command(commands: argparse._SubParsersAction, name: str, text: str) -> argp
     return command
 
 
+def _connect(args: argparse.Namespace, **options: Any) -> Connection:
+    """A connection to the node the command names (``--url`` or ``--data-dir``)."""
+    if args.url is not None:
+        return connect(args.url, key_file=args.key_file, **options)
+    if args.key_file is not None:
+        raise UsageError("--key-file goes with --url: a node on this machine needs none")
+    refuse_unreachable_node(args.data_dir)
+    return connect(args.data_dir, **options)
+
+
 def _with_connection(
     action: Callable[[Connection, argparse.Namespace], int],
 ) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
         try:
-            if args.url is not None:
-                connection = connect(args.url, key_file=args.key_file)
-            elif args.key_file is not None:
-                raise UsageError("--key-file goes with --url: a node on this machine needs none")
-            else:
-                connection = connect(args.data_dir)
-            with connection:
+            with _connect(args) as connection:
                 return action(connection, args)
         except NodeNotRunning as exc:
             print(f"warren: {exc}", file=sys.stderr)
@@ -400,18 +414,43 @@ def _publish(connection: Connection, args: argparse.Namespace) -> int:
     """Generated messages in batches of ``PUBLISH_BATCH``; or stdin's lines as they arrive,
     each read's whole lines as one batch, confirmed before the next read (so ``tail -f``
     is never held back, and a file goes in large batches). A stop signal ends it where it
-    stands and says how many were confirmed, and how many are in doubt (exit 130)."""
+    stands (exit 130), and a node that went away under it ends it too (exit 1): either
+    way one line says how many were confirmed and where to resume."""
     progress = _Progress("published")
     in_doubt = 0
+    total = args.count
+
+    def where_it_stands() -> str:
+        """What was confirmed, what is in doubt and where to resume, in one phrase."""
+        done = progress.count
+        if total is not None:
+            doubt = f", {counted(in_doubt, 'message')} in doubt" if in_doubt else ""
+            return f"{done:,} of {counted(total, 'message')} confirmed{doubt}"
+        doubt = f"; lines {done + 1:,}-{done + in_doubt:,} may be in the queue already"
+        return (
+            f"{counted(done, 'line')} of the input confirmed; publish again from line "
+            f"{done + 1:,} (tail -n +{done + 1}){doubt if in_doubt else ''}"
+        )
 
     def send(batch: list[bytes]) -> None:
+        """Publish ``batch`` and wait for its confirm; a stop signal or a node that went
+        away ends the wait with the batch in doubt."""
         nonlocal in_doubt
         in_doubt = len(batch)
-        progress.add(
-            connection.publish_many(
-                args.queue, batch, exchange=args.exchange, persistent=not args.transient
-            )
+        confirm = connection.publish_many_async(
+            args.queue, batch, exchange=args.exchange, persistent=not args.transient, awaited=True
         )
+        look_at_node = time.monotonic() + NODE_LOOK_S
+        while True:
+            try:
+                progress.add(confirm.result(timeout=CONFIRM_LOOK_S))
+                break
+            except TimeoutError:
+                stop.stop_if_received()
+                if time.monotonic() >= look_at_node:
+                    if not _node_reachable(args):
+                        raise _NodeWentAway() from None
+                    look_at_node = time.monotonic() + NODE_LOOK_S
         in_doubt = 0
 
     with StopSignals() as stop:
@@ -425,15 +464,35 @@ def _publish(connection: Connection, args: argparse.Namespace) -> int:
                 stop.stop_if_received()
         except Stopped as stopped:
             progress.done()
-            doubt = f"; {counted(in_doubt, 'message')} in doubt (publish again)" if in_doubt else ""
-            print(f"warren: stopped by {stopped}{doubt}", file=sys.stderr)
+            print(f"warren: stopped by {stopped}: {where_it_stands()}", file=sys.stderr)
             return EXIT_INTERRUPTED
         except MessageTooLarge as exc:
             raise MessageTooLarge(
                 f"{exc} ({counted(progress.count, 'message')} published before it)"
             ) from None
+        except (QueueError, ActorDeadError, TimeoutError, _NodeWentAway) as exc:
+            if not isinstance(exc, _NodeWentAway) and _node_reachable(args):
+                raise  # a refusal by a node that is still there: said as it is
+            progress.done()
+            print(f"warren: the node went away: {where_it_stands()}", file=sys.stderr)
+            return EXIT_NO_NODE
     progress.done()
     return EXIT_OK
+
+
+class _NodeWentAway(Exception):
+    """A publish's node no longer takes connections while its confirm is awaited."""
+
+
+def _node_reachable(args: argparse.Namespace) -> bool:
+    """Whether the node still takes a new connection within ``NODE_LOOK_S`` (after a
+    publish failed or waited long: a node that went away, or a queue that refused)."""
+    over_tcp = {"connect_timeout_s": NODE_LOOK_S} if args.url is not None else {}
+    try:
+        with _connect(args, **over_tcp):
+            return True
+    except (QueueError, ActorDeadError, TimeoutError):
+        return False
 
 
 def _generated(count: int, size: int) -> Iterator[list[bytes]]:
@@ -478,9 +537,11 @@ def _line_batches(fd: int, stop: StopSignals) -> Iterator[list[bytes]]:
 
 
 def _consume(connection: Connection, args: argparse.Namespace) -> int:
-    """Write each message out and flush it, and ack it only once it was taken (see
-    ``output``); a signal ends the loop where it stands, and what was not acked goes back
-    to the queue when the connection closes."""
+    """Write each message out and flush it, and ack it only once its reader took it (see
+    ``output``): the messages written are acked in batches as the reader takes them, and
+    the loop waits for the reader only when it holds ``CONSUME_PREFETCH`` unacked or has
+    nothing new to write. A signal ends the loop where it stands; what was not acked goes
+    back to the queue when the connection closes."""
     if args.count is not None and args.count < 0:
         raise UsageError(f"--count must be >= 0, got {args.count}")
     if args.timeout is not None and not 0 < args.timeout < math.inf:
@@ -497,33 +558,68 @@ def _consume(connection: Connection, args: argparse.Namespace) -> int:
     prefetch = min(max(wanted or 1, 1), CONSUME_PREFETCH)
     consumer = connection.consume(args.queue, prefetch=prefetch)
     assert isinstance(consumer, Consumer)  # not a stream
+    written: collections.deque[tuple[int, Delivery]] = collections.deque()  # (end, delivery)
+
+    def settle_taken() -> None:
+        """Ack (or, peeking, requeue) every message written that the reader took."""
+        taken, settled = out.taken, 0
+        while written and written[0][0] <= taken:
+            last = written.popleft()[1]
+            settled += 1
+        if settled:
+            if args.requeue:
+                last.nack(requeue=True, multiple=True)
+            else:
+                last.ack(multiple=True)
+            progress.add(settled)
+
     with StopSignals() as stop, consumer:
         out = Output(sys.stdout.buffer, stop)
         idle_since = time.monotonic()
-        while stop.received is None and (wanted is None or progress.count < wanted):
-            delivery = consumer.get(timeout=POLL_S)
+        got = 0
+        while stop.received is None and (wanted is None or got < wanted):
+            settle_taken()
+            if len(written) >= prefetch:  # no more will come before some are acked
+                if not out.wait_taken(written[0][0]):
+                    break
+                continue
+            delivery = consumer.get(timeout=0 if written else POLL_S)
             if delivery is None:
+                if written:  # nothing new: wait for the reader to take what it has
+                    if not out.wait_taken(written[-1][0]):
+                        break
+                    continue
                 if time.monotonic() - idle_since >= idle_limit:
                     break
                 continue
             idle_since = time.monotonic()
+            if got < ONE_AT_A_TIME and not out.wait_taken(out.written):
+                break  # the reader stopped: this one and the untaken go back to the queue
             if not out.write(_render(delivery, args.json)):
-                break  # not taken: it goes back to the queue
-            if args.requeue:
-                delivery.nack(requeue=True)
-            else:
-                delivery.ack()
-            progress.add(1)
+                break  # not written: it goes back to the queue
+            written.append((out.written, delivery))
+            got += 1
+        if written and stop.received is None:
+            out.wait_taken(written[-1][0])
+        settle_taken()
     progress.done()
-    if stop.received is not None:
-        return EXIT_INTERRUPTED
-    return EXIT_OK
+    return _stopped(stop)
+
+
+def _stopped(stop: StopSignals) -> int:
+    """Exit 130 with a line saying so when a stop signal ended the run, else 0."""
+    if stop.received is None:
+        return EXIT_OK
+    print(f"warren: stopped by {signal.Signals(stop.received).name}", file=sys.stderr)
+    return EXIT_INTERRUPTED
 
 
 def _consume_stream(connection: Connection, args: argparse.Namespace) -> int:
     """Write a stream's records out from ``--offset``: without --count or --timeout, up to
     the offset committed when it started. A named consumer stores the offset of the last
-    record written out, and resumes after it."""
+    record its reader took (each record waits for the one before it to be taken, so a
+    stored offset never passes what was read); without a name nothing is stored or
+    acked, and a pipe is written as fast as its reader reads."""
     committed = connection.queue_stats(args.queue)["committed_offset"]
     offset: object = args.offset
     if isinstance(offset, str) and offset.isdigit():
@@ -536,7 +632,7 @@ def _consume_stream(connection: Connection, args: argparse.Namespace) -> int:
     assert isinstance(consumer, StreamConsumer)
     drain = args.count is None and args.timeout is None
     with StopSignals() as stop, consumer:
-        out = Output(sys.stdout.buffer, stop)
+        out = Output(sys.stdout.buffer, stop, checked=args.name is not None)
         idle_since = time.monotonic()
         while stop.received is None and (args.count is None or progress.count < args.count):
             delivery = consumer.get(timeout=POLL_S)
@@ -547,14 +643,14 @@ def _consume_stream(connection: Connection, args: argparse.Namespace) -> int:
                     break
                 continue
             idle_since = time.monotonic()
-            if not out.write(_render(delivery, args.json)):
+            if not out.write(_render(delivery, args.json)) or not out.wait_taken(out.written):
                 consumer.cancel(processed_last=False)
                 break
             progress.add(1)
             if drain and delivery.offset >= committed:
                 break
     progress.done()
-    return EXIT_INTERRUPTED if stop.received is not None else EXIT_OK
+    return _stopped(stop)
 
 
 def _render(delivery: Delivery | StreamDelivery, as_json: bool) -> bytes:

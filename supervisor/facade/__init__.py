@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING
 
 from warren.actors.lazy import lazy_face
 
+__version__ = "0.1.0"  # the one place it is written: setup.py reads it from here
+
 if TYPE_CHECKING:  # what the names are, for type checkers and editors
     from warren.errors import (
         AccessRefused,

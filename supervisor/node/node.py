@@ -607,9 +607,14 @@ class Node:
             return "starting"
         return "failed" if self.failed.is_set() else "running"
 
+    @property
+    def management_page(self) -> str | None:
+        """The management page's URL, when the node serves HTTP."""
+        return None if self.http_endpoint is None else f"{self.http_endpoint}/"
+
     def status(self) -> dict[str, Any]:
         """The tree (pid, state, restarts, RSS, CPU of every actor), the stores' figures,
-        each queue's state and the alarms."""
+        each queue's state, the alarms, and where the node listens."""
         if not self._started.is_set():
             return {
                 "node": self.name,
@@ -619,6 +624,8 @@ class Node:
                 "recovering": node_message_count(self.data_dir),
                 "alarms": sorted(self.alarms.active),
                 "http_endpoint": self.http_endpoint,
+                "listen_endpoint": self.listen_endpoint,
+                "management_page": self.management_page,
             }
         return {
             "node": self.name,
@@ -626,6 +633,8 @@ class Node:
             "data_dir": self.data_dir,
             "state": self.state,
             "http_endpoint": self.http_endpoint,
+            "listen_endpoint": self.listen_endpoint,
+            "management_page": self.management_page,
             "tree": self.root.status() if self.root else None,
             "stores": self.store_stats() if self.root else {},
             "queues": (

@@ -132,14 +132,20 @@ def test_a_client_with_a_key_is_let_in_and_one_without_or_with_an_unknown_key_is
     with pytest.raises(NodeNotRunning, match="refuses this key"):
         connect(curve_node.listen_endpoint, key_file=stranger, connect_timeout_s=1.0)
     # Removing alice's line from authorized_keys shuts her out from her next connection
-    # on: the node refuses her key, logs it and counts it.
+    # on, at once: the node refuses her key, logs it and counts it. The connection she
+    # opened before goes on working until it closes (docs/broker.md says so).
+    opened_before = connect(curve_node.listen_endpoint, key_file=key)
     path = os.path.join(data_dir, AUTHORIZED_FILE)
     with open(path) as file:
         kept = [line for line in file if not line.rstrip().endswith(" alice")]
     with open(path, "w") as file:
         file.writelines(kept)
-    with pytest.raises(AccessRefused, match="refuses this key"):
-        connect(curve_node.listen_endpoint, key_file=key)
+    with opened_before:
+        with pytest.raises(AccessRefused, match="refuses this key"):
+            connect(curve_node.listen_endpoint, key_file=key)
+        opened_before.declare_queue("after")
+        opened_before.publish("after", b"still open")
+        assert opened_before.get("after").body == b"still open"
     assert listener_stats(curve_node)["clients_refused"] >= 1
 
 

@@ -173,3 +173,33 @@ def test_an_empty_directory_opens_as_an_empty_store_with_file_zero(store_dir):
     with MessageStore(store_dir) as store:
         assert store.stats()["message_count"] == 0
         assert "0.rdq" in os.listdir(store_dir)
+
+
+def test_references_to_messages_never_written_are_dropped_below_warning_unless_data_was_damaged(
+    store_dir, caplog
+):
+    """A crash between a queue's index write and the store's write leaves references
+    without data: the expected loss of unconfirmed messages, logged at INFO. The same
+    loss beside damaged bytes is a warning: confirmed data may have been in them."""
+    store = MessageStore(store_dir, file_size_limit=1000)
+    fill(store, range(20))
+    crash(store)
+    never_written = [(msg_id(n), 1) for n in range(100, 103)]
+    refs = [(msg_id(n), 1) for n in range(20)] + never_written
+    with caplog.at_level(logging.INFO, logger="warren.store"):
+        again = MessageStore(store_dir, file_size_limit=1000, ref_counts=iter(refs))
+        assert again.stats()["recovery_missing"] == 3
+        crash(again)
+    dropped = [r for r in caplog.records if "were not yet written" in r.getMessage()]
+    assert [r.levelno for r in dropped] == [logging.INFO]
+    assert "3 referenced messages" in dropped[0].getMessage()
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    caplog.clear()
+    with open(store_dir / "0.rdq", "r+b") as f:
+        f.seek(130)
+        f.write(b"\xde\xad\xbe\xef" * 10)  # inside the second record: its data is gone
+    with caplog.at_level(logging.INFO, logger="warren.store"):
+        with MessageStore(store_dir, file_size_limit=1000, ref_counts=iter(refs)):
+            pass
+    warned = [r for r in caplog.records if "have no data on disk" in r.getMessage()]
+    assert [r.levelno for r in warned] == [logging.WARNING]

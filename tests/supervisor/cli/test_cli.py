@@ -1,19 +1,23 @@
 """The ``warren`` command as an operator meets it: its help, its settings from options and
 a TOML file, and one clear line (never a traceback) for every mistake."""
 
+import ctypes
+import json
 import os
 import signal
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
 
 from warren.store import MessageStore
+from warren.supervisor import Node
 from warren.supervisor.cli.main import build_parser, format_status, node_settings
 from warren.supervisor.cli.queues import format_queues
 from warren.supervisor.errors import UsageError
-from warren.supervisor.tables import Column, format_table
+from warren.supervisor.tables import Column, format_table, shown_width
 
 from ...waiting import wait_for
 from ..node.test_node import warren_node
@@ -347,3 +351,159 @@ def test_nan_infinite_zero_and_negative_settings_are_refused_from_toml_and_optio
     option = "--" + key.replace("_", "-")
     with pytest.raises(UsageError, match=key.removesuffix("_bytes")):
         settings_from("--data-dir", data, f"{option}={value.strip(chr(34))}")
+
+
+def test_a_command_without_its_subcommand_names_them_in_plain_words():
+    for command, named in ((["store"], "inspect"), (["declare"], "queue, exchange"), ([], "node")):
+        shown = warren(*command)
+        assert shown.returncode == 2
+        assert f"error: name one of its commands: {named}" in shown.stderr
+        assert "store_command" not in shown.stderr and "declare_kind" not in shown.stderr
+        assert "Traceback" not in shown.stderr
+
+
+def test_inspect_of_a_queue_directory_reads_its_segment_files(tmp_path):
+    data = str(tmp_path / "data")
+    with Node(data) as node:
+        node.declare_queue("orders")
+        with node.connect() as connection:
+            connection.publish_many("orders", [b"order %d" % n for n in range(5)])
+            delivery = connection.get("orders")
+            delivery.ack()
+    (queue_dir,) = (tmp_path / "data" / "queues").iterdir()
+    shown = warren("store", "inspect", str(queue_dir))
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.startswith(f"queue directory {queue_dir} (stopped cleanly")
+    assert "1 segment file, 4 messages (waiting or unacked)" in shown.stdout
+    assert "valid records judged by" not in shown.stdout  # not read as a message store
+    segment = queue_dir / "0.qi"
+    with open(segment, "r+b") as file:  # a torn write: the last present slot's CRC fails
+        file.seek(64 + 4 * 48 + 10)
+        file.write(b"\xff")
+    torn = warren("store", "inspect", str(queue_dir))
+    assert "1 segment file, 3 messages" in torn.stdout
+    assert "the queue's next recovery drops 1 torn slot" in torn.stdout
+
+
+def as_a_user_without_root_override() -> None:
+    """Run in a child before it execs: the permission bits bind it as they bind any user.
+    Root passes them by two capabilities (CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH); they
+    are dropped from the child's bounding set, which for a root process is what it holds
+    after exec. Not root: nothing to drop."""
+    if os.geteuid() != 0:
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    for capability in (CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH):
+        if libc.prctl(PR_CAPBSET_DROP, capability, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP)")
+
+
+PR_CAPBSET_DROP, CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH = 24, 1, 2
+
+
+def warren_unprivileged(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [*WARREN, *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        preexec_fn=as_a_user_without_root_override,
+    )
+
+
+def test_a_data_directory_the_user_may_not_open_is_one_line_and_exit_2(tmp_path):
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0)
+    try:
+        for command in (["node"], ["status"], ["queues"], ["keys", "laptop"]):
+            refused = warren_unprivileged(*command, "--data-dir", str(locked))
+            assert refused.returncode == 2, (command, refused.stderr)
+            assert refused.stderr.startswith(
+                f"warren: permission denied on the data directory {locked}: run warren as "
+            ), refused.stderr
+            assert len(refused.stderr.splitlines()) == 1
+    finally:
+        locked.chmod(0o700)
+
+
+def test_a_node_socket_the_user_may_not_open_is_said_so_not_a_silent_node(tmp_path):
+    data = str(tmp_path / "data")
+    with warren_node(data) as node:
+        assert node.stdout.readline().startswith("node warren")
+        wait_for(lambda: os.path.exists(os.path.join(data, "node.json")))
+        with open(os.path.join(data, "node.json")) as file:
+            socket_path = json.load(file)["status_endpoint"].removeprefix("ipc://")
+        os.chmod(socket_path, 0)  # the node's own processes keep their open sockets
+        try:
+            for command in (["status"], ["queues"]):
+                refused = warren_unprivileged(*command, "--data-dir", data)
+                assert refused.returncode == 2, refused.stderr
+                assert refused.stderr.startswith(
+                    f"warren: permission denied on the node's socket {socket_path}: "
+                ), refused.stderr
+                assert "does not answer" not in refused.stderr
+        finally:
+            os.chmod(socket_path, 0o755)
+        assert warren("status", "--data-dir", data).returncode == 0
+        node.send_signal(signal.SIGTERM)
+        assert node.wait(timeout=60) == 0
+
+
+def test_a_node_says_where_it_listens_and_says_stopped_last(tmp_path):
+    data = str(tmp_path / "data")
+    with warren_node(data, "--listen", "tcp://127.0.0.1:*", "--http", "127.0.0.1:0") as node:
+        assert node.stdout.readline().startswith("node warren")
+        wait_for(lambda: os.path.exists(os.path.join(data, "node.json")))
+        status = json.loads(warren("status", "--data-dir", data, "--json").stdout)
+        listener, page = status["listen_endpoint"], status["management_page"]
+        assert listener.startswith("tcp://127.0.0.1:") and not listener.endswith(":*")
+        assert page == status["http_endpoint"] + "/"
+        with urllib.request.urlopen(page, timeout=30) as answer:
+            assert answer.status == 200 and b"<html" in answer.read().lower()
+        shown = warren("status", "--data-dir", data).stdout.splitlines()
+        assert f"listener: {listener} (remote clients: --url, connect)" in shown
+        assert f"management page: {page}" in shown
+        node.send_signal(signal.SIGTERM)
+        assert node.wait(timeout=60) == 0
+        printed = node.stdout.read().splitlines()
+    assert f"listener: {listener} (remote clients: --url, connect)" in printed
+    assert printed[-1] == f"node warren stopped by SIGTERM; its data is in {data}"
+
+
+def test_wide_names_keep_the_columns_aligned():
+    names = ["orders", "注文キュー", "🐇 rabbits", "é-combining" + "\u0301"]
+    rows = [{"name": n, "state": "running", "stats": None} for n in names]
+    lines = format_queues(rows).splitlines()
+    starts = {shown_width(line[: line.index("running")]) for line in lines[2:]}
+    assert len(starts) == 1, format_queues(rows)
+    long_cjk = "長い名前" * 20
+    cut = format_queues([{"name": long_cjk, "state": "running", "stats": None}])
+    assert all(shown_width(line) <= 80 for line in cut.splitlines())
+    assert "…" in cut
+
+
+def printed_to_a_reader_that_left(*command: str) -> tuple[int, str]:
+    """Run ``warren COMMAND`` with its stdout a pipe whose reader has already exited (as
+    ``warren status --json | head`` once head has its lines): the exit status and what
+    the command said on stderr."""
+    process = subprocess.Popen(
+        [*WARREN, *command], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    process.stdout.close()  # the reader is gone before the first line
+    try:
+        said = process.stderr.read().decode()
+        return process.wait(timeout=60), said
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        process.stderr.close()
+
+
+def test_a_reader_that_went_away_ends_the_command_quietly(tmp_path):
+    with MessageStore(tmp_path / "store") as store:
+        store.write(b"m" * 16, b"kept")
+    code, said = printed_to_a_reader_that_left("store", "inspect", str(tmp_path / "store"))
+    assert (code, said) == (141, "")  # SIGPIPE's exit status, as a Unix tool's

@@ -4,6 +4,7 @@ delete; and what they say when there is no node or no such queue."""
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -14,6 +15,9 @@ import pytest
 
 from warren.queues.message import MAX_MESSAGE_BYTES
 from warren.supervisor import Node
+
+from ...waiting import wait_for
+from .test_cli import printed_to_a_reader_that_left
 
 ROOT = Path(__file__).resolve().parents[3]
 WARREN = [sys.executable, "-m", "warren.supervisor.cli"]
@@ -197,12 +201,14 @@ def test_a_consume_stopped_by_a_signal_acked_exactly_what_its_reader_took(
         consumer.send_signal(stop_signal)
         taken += consumer.stdout.read().splitlines(keepends=True)
         assert consumer.wait(timeout=30) == 130
+        said = consumer.stderr.read().decode()
     finally:
         consumer.kill()
         consumer.wait()
         consumer.stdout.close()
         consumer.stderr.close()
     assert taken[:3] == [b"order 0\n", b"order 1\n", b"order 2\n"]
+    assert said.splitlines()[-1] == f"warren: stopped by {stop_signal.name}"
     assert ready(node, "orders") == 300 - len(taken)
     rest = [d.body for d in drain_all(node, "orders")]
     assert sorted(rest + [line.rstrip(b"\n") for line in taken]) == sorted(
@@ -306,3 +312,131 @@ def test_a_line_over_the_message_limit_is_refused_at_once_in_one_line(node, data
         "message; it was not sent (1 message published before it)"
     ]
     assert node.connect().queue_stats("orders")["messages_ready"] == 1
+
+
+def test_a_consume_whose_reader_closes_the_pipe_mid_stream_loses_nothing(node, data_dir):
+    """The reader takes 100 whole lines and half of the next, then closes its end: those
+    100 were acked, every other message is back in the queue (the one cut in half too)."""
+    node.declare_queue("orders")
+    bodies = [b"order %03d" % n for n in range(300)]  # 10 bytes a line with its newline
+    node.connect().publish_many("orders", bodies)
+    consumer = subprocess.Popen(
+        [*WARREN, "consume", "orders", "--data-dir", data_dir, "--timeout", "30"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        taken = b""
+        while len(taken) < 1005:
+            chunk = os.read(consumer.stdout.fileno(), 1005 - len(taken))
+            assert chunk, consumer.stderr.read()
+            taken += chunk
+        consumer.stdout.close()  # mid-stream, mid-line
+        assert consumer.wait(timeout=60) == 0
+        said = consumer.stderr.read().decode()
+    finally:
+        if consumer.poll() is None:
+            consumer.kill()
+            consumer.wait()
+        consumer.stderr.close()
+    assert "Traceback" not in said and said.splitlines()[-1] == "consumed 100 messages"
+    assert taken.split(b"\n")[:100] == bodies[:100]
+    assert ready(node, "orders") == 200
+    assert sorted(d.body for d in drain_all(node, "orders")) == bodies[100:]
+
+
+def test_names_that_start_with_a_dash_are_given_after_double_dash(node, data_dir):
+    declared = warren("declare", "queue", "--", "-audit", "--data-dir", data_dir, "--lazy")
+    assert declared.returncode == 0, declared.stderr
+    published = warren("publish", "--data-dir", data_dir, "--", "-audit", stdin=b"kept\n")
+    assert published.returncode == 0, published.stderr
+    assert warren("consume", "--", "-audit", "--data-dir", data_dir).stdout == b"kept\n"
+    assert node.list_queues() == ["-audit"]
+    as_option = warren("declare", "queue", "-audit", "--data-dir", data_dir)
+    assert as_option.returncode == 2
+    assert b"a name that starts with '-' goes after '--'" in as_option.stderr
+
+
+@pytest.mark.parametrize("command", [["status", "--json"], ["queues", "--json"]])
+def test_json_into_a_reader_that_left_ends_quietly(node, data_dir, command):
+    """``warren status --json | head``: no BrokenPipeError traceback, SIGPIPE's status."""
+    node.declare_queue("orders")
+    code, said = printed_to_a_reader_that_left(*command, "--data-dir", data_dir)
+    assert (code, said) == (141, "")
+
+
+@pytest.mark.parametrize("over", ["ipc", "tcp"])
+def test_a_publish_whose_node_is_killed_says_from_which_line_to_resume(tmp_path, over):
+    """Locally the node's pid is seen gone; over tcp the listener stops answering, and a
+    new connection is refused within seconds: either way one line, exit 1."""
+    data_dir = str(tmp_path / "data")
+    node = subprocess.Popen(
+        [*WARREN, "node", "--data-dir", data_dir, "--listen", "tcp://127.0.0.1:*"],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    publisher = None
+    try:
+        wait_for_node(data_dir)
+        assert warren("declare", "queue", "orders", "--data-dir", data_dir).returncode == 0
+        with open(os.path.join(data_dir, "node.json")) as file:
+            url = json.load(file)["listen_endpoint"]
+        where = ["--data-dir", data_dir] if over == "ipc" else ["--url", url]
+        publisher = subprocess.Popen(
+            [*WARREN, "publish", "orders", *where],
+            cwd=ROOT,
+            stdin=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        publisher.stdin.write(b"".join(b"line %d\n" % n for n in range(1, 101)))
+        publisher.stdin.flush()
+        wait_for(lambda: queue_ready(data_dir, "orders") == 100, timeout=60)
+        os.killpg(node.pid, signal.SIGKILL)
+        node.wait()
+        publisher.stdin.write(b"line 101\nline 102\n")
+        publisher.stdin.close()
+        assert publisher.wait(timeout=60) == 1  # the node went away: not bad usage
+        said = publisher.stderr.read().decode().splitlines()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(node.pid, signal.SIGKILL)
+        node.wait()
+        if publisher is not None:
+            publisher.kill()
+            publisher.wait()
+            publisher.stderr.close()
+    assert said[-1].startswith(
+        "warren: the node went away: 100 lines of the input confirmed; publish again from "
+        "line 101 (tail -n +101); line"
+    ), said
+
+
+def queue_ready(data_dir, queue):
+    listed = warren("queues", "--data-dir", data_dir, "--json")
+    return json.loads(listed.stdout)[0]["stats"]["messages_ready"] if listed.stdout else None
+
+
+def test_ctrl_c_during_a_counted_publish_says_how_many_were_confirmed(node, data_dir):
+    node.declare_queue("orders")
+    publisher = subprocess.Popen(
+        [*WARREN, "publish", "orders", "--data-dir", data_dir, "--count", "10000000"],
+        cwd=ROOT,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        wait_for(lambda: ready(node, "orders") > 0, timeout=60)
+        publisher.send_signal(signal.SIGINT)
+        assert publisher.wait(timeout=60) == 130
+        said = publisher.stderr.read().decode().splitlines()
+    finally:
+        publisher.kill()
+        publisher.wait()
+        publisher.stderr.close()
+    last = re.fullmatch(
+        r"warren: stopped by SIGINT: ([\d,]+) of 10,000,000 messages confirmed", said[-1]
+    )
+    assert last, said
+    assert int(last.group(1).replace(",", "")) == ready(node, "orders")
