@@ -8,6 +8,7 @@ import stat
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -404,6 +405,22 @@ def test_a_node_call_refused_raises_the_same_class_over_every_transport(node, tr
             client.declare_queue("other", colour="blue")
         with pytest.raises(ValueError, match="name"):
             client.declare_exchange("x" * 256)
+
+
+def test_a_node_call_the_node_answers_slowly_still_succeeds_over_tcp(node, monkeypatch):
+    """The listener asks the node on the client's behalf and, while it waits, looks
+    whether the node lives; a node that takes longer than one look to answer (a busy
+    machine, a large declare) is waited for, not an error."""
+    declare = node.declare_queue
+
+    def slow_declare(*args, **kwargs):
+        time.sleep(1.0)  # several of the listener's liveness looks
+        return declare(*args, **kwargs)
+
+    monkeypatch.setattr(node, "declare_queue", slow_declare)
+    with connect(node.listen_endpoint) as remote:
+        assert remote.declare_queue("slow") == ("slow", 0, 0)
+        assert remote.list_queues() == ["slow"]
 
 
 @pytest.mark.parametrize("transport", ["in-process", "ipc", "tcp"])
