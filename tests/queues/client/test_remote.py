@@ -495,10 +495,10 @@ def test_a_passive_declare_counts_and_a_consumer_can_stop_on_an_empty_queue(node
         assert "nowhere" not in client.list_queues()
         client.publish_many("jobs", [b"a", b"b", b"c"])
         drained = []
-        with client.consume("jobs", prefetch=2, inactivity_timeout=0.5) as consumer:
+        with client.consume("jobs", prefetch=2, inactivity_timeout=3) as consumer:
             declared = client.declare_queue("jobs", passive=True)
             assert (declared.message_count, declared.consumer_count) == (3, 1)
-            for delivery in consumer:  # ends half a second after the queue is empty
+            for delivery in consumer:  # ends three seconds after the queue is empty
                 drained.append(delivery.body)
                 delivery.ack()
             assert consumer.get(timeout=0) is None
