@@ -38,6 +38,10 @@ from warren.queues.message import Message, decode, encode
 from warren.queues.protocol import StreamAttach
 from warren.supervisor import Node
 
+# A Spark job takes minutes on a loaded machine, and a test stopped by the timeout inside
+# a call into the JVM leaves the one Spark session broken for every test after it.
+pytestmark = pytest.mark.timeout(600)
+
 
 @pytest.fixture
 def node(tmp_path):
