@@ -54,9 +54,11 @@ def test_an_idle_supervisor_wakes_only_when_a_ping_is_due(actor_node, monkeypatc
         time.sleep(0.3)
         beats.clear()
         events.clear()
-        time.sleep(2.5)  # five pings; twice the heartbeat timeout
-        # one beat per ping, where a 50 ms poll would have made fifty
-        assert 3 <= beats["beating"] <= 7, beats
+        started = time.monotonic()
+        wait_for(lambda: beats["beating"] >= 5)  # five pings; twice the heartbeat timeout
+        # one beat per ping (0.5 s apart; the first may be due at once), where a 50 ms
+        # poll would have made five in a quarter of a second
+        assert time.monotonic() - started >= 4 * 0.5 - 0.1, beats
         assert beats["quiet"] == 0, beats  # no heartbeat at all: never woken
         assert events == []  # no event, no timer: both event threads slept throughout
         # the pongs were read, late as they were: the child was not taken for hung

@@ -49,8 +49,28 @@ def node(tmp_path):
         yield running
 
 
-def offsets(consumer):
-    return [(d.offset, d.body) for d in consumer]
+def read_through(consumer, last_offset, wait_s=60.0):
+    """What ``consumer`` reads up to the record at ``last_offset``, each record waited for
+    as long as a loaded machine may take (a pause in the reading ends nothing), then a
+    short look that no record follows; the consumer is cancelled (a named one stores the
+    offset it read last)."""
+    deliveries = []
+    with consumer:
+        last_read = consumer.next_offset - 1
+        while last_read < last_offset:
+            delivery = consumer.get(timeout=wait_s)
+            assert delivery is not None, f"no record after offset {last_read} in {wait_s} s"
+            deliveries.append(delivery)
+            last_read = delivery.offset
+        assert consumer.get(timeout=0.3) is None, "a record beyond the last one"
+    return deliveries
+
+
+def read_to_the_end(connection, **options):
+    """``read_through`` the end the stream has committed now (its last record is a
+    user's, not a stored offset)."""
+    end = connection.queue_stats("events")["committed_offset"]
+    return read_through(connection.consume("events", **options), end)
 
 
 def stream_pid(node, name="events"):
@@ -89,7 +109,7 @@ def test_every_kind_of_start_reads_from_where_it_says(node):
     connection.publish("events", b"c5")
 
     def read(offset):
-        return offsets(connection.consume("events", offset=offset, inactivity_timeout=0.3))
+        return [(d.offset, d.body) for d in read_to_the_end(connection, offset=offset)]
 
     everything = [(0, b"a0"), (1, b"a1"), (2, b"a2"), (3, b"b3"), (4, b"b4"), (5, b"c5")]
     assert read("first") == everything
@@ -135,9 +155,7 @@ def test_a_stream_refuses_what_only_a_queue_does_and_a_queue_what_only_a_stream_
         stream.ask(StreamRead(0, 10**9))
     assert node.actors.whereis("stream events").pid == stream.pid
     connection.publish("events", b"still here")
-    assert offsets(connection.consume("events", offset="first", inactivity_timeout=0.3)) == [
-        (0, b"still here")
-    ]
+    assert [d.body for d in read_to_the_end(connection, offset="first")] == [b"still here"]
 
 
 def test_a_named_consumer_stores_its_offset_and_resumes_after_it(node):
@@ -153,8 +171,8 @@ def test_a_named_consumer_stores_its_offset_and_resumes_after_it(node):
     wait_for(lambda: connection.query_offset("events", "billing") == 29, timeout=10)
     consumer.cancel()  # stores the last handed out
     assert connection.query_offset("events", "billing") == 34
-    resumed = connection.consume("events", name="billing", offset="first", inactivity_timeout=0.3)
-    assert [d.offset for d in resumed][:2] == [35, 36]
+    resumed = connection.consume("events", name="billing", offset="first")
+    assert [d.offset for d in read_through(resumed, 99)] == list(range(35, 100))
     assert connection.query_offset("events", "billing") == 99
     stats = connection.queue_stats("events")
     assert stats["consumer_offsets"] == {"billing": {"offset": 99, "lag": 0}}
@@ -167,8 +185,8 @@ def test_a_named_consumer_stores_its_offset_and_resumes_after_it(node):
     assert connection.query_offset("events", "audit") == 10
     connection.reset_offset("events", "billing")
     assert connection.query_offset("events", "billing") is None
-    again = connection.consume("events", name="billing", offset=98, inactivity_timeout=0.3)
-    assert [d.offset for d in again] == [98, 99]
+    again = connection.consume("events", name="billing", offset=98)
+    assert [d.offset for d in read_through(again, 99)] == [98, 99]
     connection.store_offset("events", "manual", 42)
     assert connection.query_offset("events", "manual") == 42
 
@@ -232,7 +250,7 @@ def test_a_producer_resumes_after_its_last_sequence_and_repeats_are_dropped(node
     # a retry of a batch in doubt: its first two are repeats
     connection.publish_many("events", [b"s1", b"s2", b"s3"], producer_id="spark-1", sequence=1)
     connection.publish("events", b"s3", producer_id="spark-1", sequence=3)
-    bodies = [d.body for d in connection.consume("events", offset="first", inactivity_timeout=0.3)]
+    bodies = [d.body for d in read_to_the_end(connection, offset="first")]
     assert bodies == [b"s0", b"s1", b"s2", b"s3"]
     assert connection.last_sequence("events", "spark-1") == 3
     assert connection.queue_stats("events")["repeats_dropped"] == 3
@@ -275,7 +293,7 @@ def test_retention_by_bytes_deletes_the_oldest_segments_and_frees_the_disk(node)
     directory = Path(node.data_dir) / "queues" / "events"
     on_disk = sum(p.stat().st_size for p in directory.iterdir() if p.suffix != ".lock")
     assert on_disk <= 256 * 1024 + 64 * 1024
-    first = [d.offset for d in connection.consume("events", offset="first", inactivity_timeout=0.3)]
+    first = [d.offset for d in read_to_the_end(connection, offset="first")]
     assert first[0] == stats["first_offset"]
     assert first[-1] == stats["committed_offset"]
 
@@ -394,12 +412,10 @@ def test_a_remote_client_publishes_reads_and_stores_offsets_through_the_listener
     with connect(node.listen_endpoint) as remote:
         assert remote.is_stream("events")
         remote.publish_many("events", [b"r%d" % i for i in range(250)])
-        consumer = remote.consume(
-            "events", prefetch=100, name="far", offset="first", inactivity_timeout=0.5
-        )
+        consumer = remote.consume("events", prefetch=100, name="far", offset="first")
         assert isinstance(consumer, StreamConsumer)
         assert not consumer._local  # behind a listener: the records come over the wire
-        assert [d.body for d in consumer] == [b"r%d" % i for i in range(250)]
+        assert [d.body for d in read_through(consumer, 249)] == [b"r%d" % i for i in range(250)]
         assert remote.query_offset("events", "far") == 249
         # a long poll: a record published while it waits is read within the poll
         waiting = remote.consume("events", offset="next")
@@ -444,9 +460,7 @@ def test_a_torn_chunk_at_the_tail_is_cut_and_everything_before_it_survives(tmp_p
         file.write(bytes([0x50, 0, 0, 1, 0, 0, 0, 1]) + bytes(40) + b"torn")
     with Node(data) as node:
         connection = node.connect()
-        bodies = [
-            d.body for d in connection.consume("events", offset="first", inactivity_timeout=0.3)
-        ]
+        bodies = [d.body for d in read_to_the_end(connection, offset="first")]
         assert bodies == [b"kept%d" % n for n in range(50)]
         connection.publish("events", b"after")
         assert connection.queue_stats("events")["committed_offset"] == 50
@@ -477,8 +491,7 @@ def start_producer(data, name, ledger, count):
 
 def read_all(connection):
     """(offset, message id) of every record, each body checked against its id."""
-    consumer = connection.consume("events", offset="first", inactivity_timeout=1.0)
-    return [(d.offset, checked_id(d.body)) for d in consumer]
+    return [(d.offset, checked_id(d.body)) for d in read_to_the_end(connection, offset="first")]
 
 
 def start_node(data):
@@ -686,7 +699,7 @@ def test_sigterm_to_the_stream_process_alone_stops_it_cleanly_and_it_comes_back(
     os.kill(old, signal.SIGTERM)
     wait_for(lambda: stream_pid(node) != old, timeout=60)
     connection.publish("events", b"100")
-    bodies = [d.body for d in connection.consume("events", offset="first", inactivity_timeout=0.3)]
+    bodies = [d.body for d in read_to_the_end(connection, offset="first")]
     assert bodies == [b"%d" % n for n in range(101)]
     assert connection.query_offset("events", "billing") == 41
 
@@ -706,8 +719,8 @@ def test_a_stop_signal_to_the_whole_node_group_keeps_every_record_and_offset(tmp
         assert node.wait(timeout=60) == 0
         node = start_node(data)
         with connect(str(data)) as connection:
-            records = connection.consume("events", offset="first", inactivity_timeout=0.5)
-            assert [d.body for d in records] == [b"%d" % n for n in range(500)]
+            records = connection.consume("events", offset="first")
+            assert [d.body for d in read_through(records, 499)] == [b"%d" % n for n in range(500)]
             assert connection.query_offset("events", "billing") == 250
     finally:
         with contextlib.suppress(ProcessLookupError):
@@ -732,8 +745,8 @@ def test_a_full_disk_refuses_the_batch_that_does_not_fit_and_loses_nothing_confi
 
         def read_all() -> bool:
             try:  # the stream is stopping, then restarting: asked until its successor serves
-                with connection.consume("events", offset="first", inactivity_timeout=0.5) as r:
-                    read.append([d.body for d in r])
+                records = read_through(connection.consume("events", offset="first"), 49)
+                read.append([d.body for d in records])
             except (ActorError, Nacked, NotFound):
                 return False
             return True
@@ -750,5 +763,5 @@ def test_a_full_disk_refuses_the_batch_that_does_not_fit_and_loses_nothing_confi
             return True
 
         wait_for(published, timeout=60)
-        reader = connection.consume("events", offset="first", inactivity_timeout=0.5)
+        reader = read_to_the_end(connection, offset="first")
         assert [d.body for d in reader] == [*kept, b"after the disk was freed"]

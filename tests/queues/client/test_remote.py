@@ -8,6 +8,7 @@ import stat
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -412,6 +413,22 @@ def test_a_node_call_refused_raises_the_same_class_over_every_transport(node, tr
             client.declare_exchange("x" * 256)
 
 
+def test_a_node_call_the_node_answers_slowly_still_succeeds_over_tcp(node, monkeypatch):
+    """The listener asks the node on the client's behalf and, while it waits, looks
+    whether the node lives; a node that takes longer than one look to answer (a busy
+    machine, a large declare) is waited for, not an error."""
+    declare = node.declare_queue
+
+    def slow_declare(*args, **kwargs):
+        time.sleep(1.0)  # several of the listener's liveness looks
+        return declare(*args, **kwargs)
+
+    monkeypatch.setattr(node, "declare_queue", slow_declare)
+    with connect(node.listen_endpoint) as remote:
+        assert remote.declare_queue("slow") == ("slow", 0, 0)
+        assert remote.list_queues() == ["slow"]
+
+
 @pytest.mark.parametrize("transport", ["in-process", "ipc", "tcp"])
 def test_bindings_and_exchanges_are_listed_undone_and_deleted_over_every_transport(node, transport):
     target = {"in-process": None, "ipc": node.data_dir, "tcp": node.listen_endpoint}[transport]
@@ -484,10 +501,10 @@ def test_a_passive_declare_counts_and_a_consumer_can_stop_on_an_empty_queue(node
         assert "nowhere" not in client.list_queues()
         client.publish_many("jobs", [b"a", b"b", b"c"])
         drained = []
-        with client.consume("jobs", prefetch=2, inactivity_timeout=0.5) as consumer:
+        with client.consume("jobs", prefetch=2, inactivity_timeout=3) as consumer:
             declared = client.declare_queue("jobs", passive=True)
             assert (declared.message_count, declared.consumer_count) == (3, 1)
-            for delivery in consumer:  # ends half a second after the queue is empty
+            for delivery in consumer:  # ends three seconds after the queue is empty
                 drained.append(delivery.body)
                 delivery.ack()
             assert consumer.get(timeout=0) is None

@@ -28,6 +28,10 @@ from ...waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[3]
 
+# A Spark job takes minutes on a loaded machine, and a test stopped by the timeout inside
+# a call into the JVM leaves the one Spark session broken for every test after it.
+pytestmark = pytest.mark.timeout(600)
+
 
 @pytest.fixture
 def node(tmp_path):

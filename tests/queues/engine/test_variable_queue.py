@@ -152,7 +152,7 @@ def test_a_restart_with_a_huge_next_seq_id_and_no_data_is_fast_and_empty(open_qu
     terms_path.write_text(json.dumps(terms))
     started = time.monotonic()
     queue = open_queue()
-    assert time.monotonic() - started < 0.5
+    assert time.monotonic() - started < 10  # no walk of the 10**11 sequence ids: hours
     assert len(queue) == 0 and queue.fetch() is None
     assert queue.publish(message(0)) == 10**11
 

@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from warren.store import MessageStore, rewrite_combine
-from warren.store.engine.lock_table import LockTableReader
+from warren.store.engine.lock_table import SWITCH_DEADLINE_SECONDS, LockTableReader
 
 from ..helpers import body, fill, msg_id
 
@@ -133,7 +133,7 @@ def test_a_reader_holding_its_lock_delays_the_switch_but_never_stalls_the_store(
             assert reader.line() == "held"
             started = time.monotonic()
             assert store.apply_combine(plan, result) is False
-            assert time.monotonic() - started < 2
+            assert time.monotonic() - started < 20  # gave up, not waiting for the reader
             store.write(msg_id(1000), body(1000))  # the store keeps serving
             store.sync()
             assert store.read(msg_id(0)) == body(0, 300)
@@ -274,7 +274,7 @@ def test_a_reader_follows_the_store_across_a_restart_even_one_that_died_mid_upda
         store._release()  # ... because the store died
         started = time.monotonic()
         assert reader.read(p.file, p.offset, p.total_size, msg_id(1)) is None
-        assert time.monotonic() - started < 1
+        assert time.monotonic() - started < 20  # gave up, not waiting for the dead store
         with MessageStore(store_dir, shared_readers=True) as restarted:
             restarted.write(msg_id(2), body(2))
             restarted.sync()
@@ -289,13 +289,13 @@ def test_a_reader_follows_the_store_across_a_restart_even_one_that_died_mid_upda
 def test_a_stopped_reader_costs_later_syncs_no_wait(store_dir):
     with file_zero_emptied_under_a_reader(store_dir, "stop") as (store, _reader):
         durations = []
-        for n in range(5):
+        for n in range(10):
             store.write(msg_id(100 + n), body(n))
             started = time.monotonic()
             store.sync()
             durations.append(time.monotonic() - started)
-        # Waiting out the switch deadline (0.1 s) would slow every sync; one fdatasync
-        # slowed by another process's writes must not fail the test.
-        assert sorted(durations)[-2] < 0.05, durations
+        # Waiting out the switch deadline would make every sync at least that long; on a
+        # loaded machine any fdatasync may be slow, but not every one of ten.
+        assert min(durations) < SWITCH_DEADLINE_SECONDS, durations
         assert store.stats()["deferred_deletes"] == 1
         assert store.stats()["files"][0]["readers"] == 1

@@ -74,10 +74,24 @@ def test_a_chaos_run_kills_tears_and_flips_the_stream_and_loses_no_confirmed_mes
     for failures in ("offset_conflicts", "out_of_order", "stream_duplicates"):
         assert report[failures] == [], failures
     assert report["unexplained_corrupt"] == []
-    # the roles did work, and every kind of fault landed on the stream
+    # the roles did work, and the damage landed on the stream's files
     assert report["stream_confirmed"] > 100 and report["stream_read"] > 100
-    landed = [e for e in report["events"] if e["landed"]]
-    assert {e["kind"] for e in landed} == {"kill", "torn", "flip"}
+    events = report["events"]
+    landed = [e for e in events if e["landed"]]
+    assert {e["kind"] for e in landed} >= {"torn", "flip"}
+    # A kill is due at its time even while the node restarts from a torn or flipped file
+    # (a loaded machine's restart can outlast the next fault): only then may it find no
+    # stream process, as the run's own record of that restart shows.
+    restarts = [
+        (e["at_s"], e["at_s"] + e["recovery_s"])
+        for e in events
+        if e["kind"] in ("torn", "flip") and e["recovery_s"] is not None
+    ]
+    kills = [e for e in events if e["kind"] == "kill"]
+    assert kills, events
+    for kill in kills:
+        restarting = any(start <= kill["at_s"] <= end for start, end in restarts)
+        assert kill["landed"] or restarting, kill
     assert all(e["target"] == f"stream {STREAM}" for e in landed if e["kind"] == "kill")
     assert all(e["target"].startswith(f"queues/{STREAM}/") for e in landed if e["kind"] != "kill")
 

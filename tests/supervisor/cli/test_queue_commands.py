@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from warren import connect
 from warren.queues.message import MAX_MESSAGE_BYTES
 from warren.supervisor import Node
 
@@ -235,7 +236,8 @@ def test_a_consume_whose_node_is_killed_ends_in_seconds_with_one_line(tmp_path):
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
         )
-        time.sleep(1.0)  # consuming an empty queue
+        with connect(data_dir) as watcher:  # until it consumes the empty queue
+            wait_for(lambda: watcher.queue_stats("orders")["consumers"] == 1, timeout=60)
         os.killpg(node.pid, signal.SIGKILL)
         assert consumer.wait(timeout=20) == 1
         complaint = consumer.stderr.read().decode()
