@@ -55,10 +55,10 @@ class RemoteNode(NodeCalls):
         process of the node itself, started before the node file is written)."""
         self.data_dir = os.fspath(data_dir)
         self.timeout_ms = timeout_ms
+        self.pid: int | None = None
         if endpoint is not None:
             self.endpoint = endpoint
             return
-        self.pid: int | None = None
         try:
             with open(os.path.join(self.data_dir, NODE_FILE)) as file:
                 found = json.load(file)
