@@ -16,7 +16,10 @@ Lifecycle:
   reverse, and ``start()`` raises ``SupervisorError``.
 - ``stop()`` stops the children in reverse order: a stop request, SIGTERM after the
   child's ``shutdown_s``, SIGKILL after ``shutdown_s`` more (``"brutal_kill"``: SIGKILL at
-  once). Nested supervisors stop their own children first.
+  once). Nested supervisors stop their own children first. A child with a heartbeat is
+  pinged first: one silent for its heartbeat timeout (counted from its last answered
+  ping) is hung, would answer no stop request either, and is killed at once, so that a
+  frozen child never holds a restart of its siblings up for its ``shutdown_s``.
 
 Watching (the event thread): every child incarnation is monitored; its ``Down`` (exit code
 or signal, SIGKILL included) arrives within the node's reaping latency. The heartbeat
@@ -102,7 +105,16 @@ from typing import Any
 
 import psutil
 
-from warren.actors import EXIT_TERMINATED, ActorError, ActorRef, AskTimeout, Down, Future, Monitor
+from warren.actors import (
+    EXIT_TERMINATED,
+    ActorError,
+    ActorRef,
+    AskTimeout,
+    Down,
+    Future,
+    MailboxFull,
+    Monitor,
+)
 from warren.actors import Node as ActorNode
 
 from .errors import SupervisorError
@@ -457,10 +469,39 @@ class Supervisor:
                 self.node.kill(ref)
                 if child.monitor is not None:
                     child.monitor.wait(30)
+            elif self._answers_no_heartbeat(child, ref):
+                log.warning(
+                    "%s: %s (pid %d) answers no heartbeat: killing it rather than "
+                    "waiting up to %g s for its stop",
+                    self.id,
+                    child.name,
+                    ref.pid,
+                    spec.shutdown_s,
+                )
+                self.node.kill(ref)
+                if child.monitor is not None:
+                    child.monitor.wait(30)
             else:
                 self.node.stop(ref, timeout=spec.shutdown_s)
         except ActorError as exc:
             log.error("%s: stopping %s failed: %s", self.id, child.name, exc)
+
+    def _answers_no_heartbeat(self, child: _Child, ref: ActorRef) -> bool:
+        """Whether ``child``, about to be stopped, is hung: silent for its heartbeat
+        timeout, counted from the last ping it answered. It is pinged once more, and
+        given the rest of that timeout (at least an interval) to answer."""
+        interval = getattr(child.spec, "heartbeat_interval_s", None)
+        timeout = getattr(child.spec, "heartbeat_timeout_s", None)
+        if interval is None or timeout is None:
+            return False
+        wait_s = max(interval, timeout - (time.monotonic() - child.last_pong))
+        try:
+            ref.pin().ping_async(timeout=0).get(timeout=wait_s)
+        except (AskTimeout, MailboxFull):
+            return True  # its control channel unread all that time
+        except ActorError:
+            return False  # gone already: its stop finds that out
+        return False
 
     # ------------------------------------------------------------------ the event thread
 

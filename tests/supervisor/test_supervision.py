@@ -216,6 +216,49 @@ def test_a_child_that_cannot_start_fails_the_start_and_stops_its_elder_siblings(
     assert actor_node.actors() == []
 
 
+def test_a_hung_child_its_supervisor_stops_is_killed_after_its_heartbeat_not_its_shutdown(
+    actor_node,
+):
+    # A queue frozen just before a store crash makes the node restart its queues: the
+    # queue's supervisor stops it, and a child that answers no heartbeat answers no stop
+    # request either. It must not hold the restart up for its whole shutdown_s.
+    frozen = ChildSpec(
+        "frozen", Worker, shutdown_s=600, heartbeat_interval_s=0.2, heartbeat_timeout_s=1.0
+    )
+    supervisor = Supervisor(actor_node, SupervisorSpec("sup", children=(frozen,))).start()
+    pid = pids(supervisor)["frozen"]
+    os.kill(pid, signal.SIGSTOP)
+    stopping = threading.Thread(target=supervisor.stop)
+    try:
+        stopping.start()
+        stopping.join(30)  # far below the child's shutdown_s, far above its heartbeat
+        assert not stopping.is_alive(), "the stop waited on a child that answers nothing"
+        assert not psutil.pid_exists(pid)
+    finally:
+        if psutil.pid_exists(pid):
+            os.kill(pid, signal.SIGCONT)  # so that a stop still waiting ends
+        stopping.join()
+
+
+def test_a_watched_child_that_answers_its_heartbeat_is_stopped_cleanly(actor_node, tmp_path):
+    journal = str(tmp_path / "journal")
+    spec = SupervisorSpec(
+        "sup",
+        children=(
+            ChildSpec(
+                "watched",
+                Worker,
+                ("watched", journal),
+                heartbeat_interval_s=0.2,
+                heartbeat_timeout_s=1.0,
+            ),
+        ),
+    )
+    supervisor = Supervisor(actor_node, spec).start()
+    supervisor.stop()
+    assert open(journal).read().split() == ["watched"]  # its on_stop ran: not killed
+
+
 @pytest.mark.parametrize("death,reason", [("segfault", "killed by SIGSEGV"), ("exit 3", "exit 3")])
 def test_a_child_that_segfaults_or_exits_with_a_code_is_restarted_and_says_why(
     actor_node, death, reason, caplog
