@@ -16,10 +16,11 @@ Lifecycle:
   reverse, and ``start()`` raises ``SupervisorError``.
 - ``stop()`` stops the children in reverse order: a stop request, SIGTERM after the
   child's ``shutdown_s``, SIGKILL after ``shutdown_s`` more (``"brutal_kill"``: SIGKILL at
-  once). Nested supervisors stop their own children first. A child with a heartbeat is
-  pinged first: one silent for its heartbeat timeout (counted from its last answered
-  ping) is hung, would answer no stop request either, and is killed at once, so that a
-  frozen child never holds a restart of its siblings up for its ``shutdown_s``.
+  once). Nested supervisors stop their own children first. A child stopped by a signal
+  (SIGSTOP, a debugger) is killed at once instead: it could not act on the request, and
+  would hold a restart of its siblings up for its whole ``shutdown_s``. (A child that
+  answers no ping is not killed for that alone: in its ``on_stop`` it answers none
+  either.)
 
 Watching (the event thread): every child incarnation is monitored; its ``Down`` (exit code
 or signal, SIGKILL included) arrives within the node's reaping latency. The heartbeat
@@ -112,7 +113,6 @@ from warren.actors import (
     AskTimeout,
     Down,
     Future,
-    MailboxFull,
     Monitor,
 )
 from warren.actors import Node as ActorNode
@@ -469,10 +469,10 @@ class Supervisor:
                 self.node.kill(ref)
                 if child.monitor is not None:
                     child.monitor.wait(30)
-            elif self._answers_no_heartbeat(child, ref):
+            elif _stopped_by_signal(ref.pid):
                 log.warning(
-                    "%s: %s (pid %d) answers no heartbeat: killing it rather than "
-                    "waiting up to %g s for its stop",
+                    "%s: %s (pid %d) is stopped by a signal (SIGSTOP, a debugger): killing "
+                    "it rather than waiting up to %g s for a stop it cannot act on",
                     self.id,
                     child.name,
                     ref.pid,
@@ -485,23 +485,6 @@ class Supervisor:
                 self.node.stop(ref, timeout=spec.shutdown_s)
         except ActorError as exc:
             log.error("%s: stopping %s failed: %s", self.id, child.name, exc)
-
-    def _answers_no_heartbeat(self, child: _Child, ref: ActorRef) -> bool:
-        """Whether ``child``, about to be stopped, is hung: silent for its heartbeat
-        timeout, counted from the last ping it answered. It is pinged once more, and
-        given the rest of that timeout (at least an interval) to answer."""
-        interval = getattr(child.spec, "heartbeat_interval_s", None)
-        timeout = getattr(child.spec, "heartbeat_timeout_s", None)
-        if interval is None or timeout is None:
-            return False
-        wait_s = max(interval, timeout - (time.monotonic() - child.last_pong))
-        try:
-            ref.pin().ping_async(timeout=0).get(timeout=wait_s)
-        except (AskTimeout, MailboxFull):
-            return True  # its control channel unread all that time
-        except ActorError:
-            return False  # gone already: its stop finds that out
-        return False
 
     # ------------------------------------------------------------------ the event thread
 
@@ -709,6 +692,17 @@ class Supervisor:
             else:
                 due = min(due, child.last_pong + timeout)
         return due
+
+
+def _stopped_by_signal(pid: int) -> bool:
+    """Whether process ``pid`` is stopped (SIGSTOP, SIGTSTP, a debugger's stop): it runs
+    no code until resumed, so it acts on no stop request. A process in its ``on_stop``
+    answers no ping either, but runs: only the kernel's word tells the two apart."""
+    try:
+        status = psutil.Process(pid).status()
+    except psutil.Error:
+        return False  # gone already: its stop finds that out
+    return status in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
 
 
 class _Heartbeats:
