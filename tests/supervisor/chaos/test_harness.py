@@ -87,7 +87,7 @@ def test_a_ledger_that_answers_before_it_writes_is_caught_losing_deposits(warren
     assert any(
         "was acknowledged but is not in the ledger" in line for line in report["invariant_failures"]
     )
-    assert "FAILED" in warren_chaos.text(report)
+    assert "FAILED: seed 3, 5 s: the application's check failed (" in warren_chaos.text(report)
 
 
 def test_the_same_seed_lands_the_same_faults_on_the_same_actors(warren_chaos):

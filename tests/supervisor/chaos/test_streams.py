@@ -226,7 +226,11 @@ def test_a_confirmed_stream_message_nobody_read_is_reported_lost(tmp_path):
     )
     assert document["lost"] == 1 and document["lost_ids"] == [lost]
     text = format_report(document)
-    assert f"lost ids: {STREAM} p-2" in text and "FAILED" in text
+    assert f"lost ids: {STREAM} p-2 (confirmed, never read" in text
+    assert text.endswith(
+        "FAILED: seed 1, 1 s: 1 confirmed messages lost (a confirmed message is consumed "
+        "from every queue it was routed to, or read from the stream)"
+    )
 
 
 def test_retention_excuses_only_what_lay_in_the_offsets_the_reader_jumped_over(tmp_path):
