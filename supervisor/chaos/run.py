@@ -99,8 +99,10 @@ DISK_ALARM_DUE_S = 2.5  # a node up this long on a full disk has raised its alar
 POLL_S = 0.05
 CHAOS_HEARTBEAT_TIMEOUT_S = 5.0  # so that a stopped store or queue is replaced in a run
 DISK_FAULTS_FILE = "chaos-disk-faults.json"  # in the data directory, while a run lasts
-VICTIM_WAIT_S = 5.0  # how long a kill waits for a process to match
-READY_WAIT_S = 30.0  # how long a stop waits for its victim to be ready (started)
+# How long a kill waits for a process to match, and a stop for its victim to be ready: a
+# node started again after a crash fault spawns its queues only after its stores have
+# recovered, ten seconds and more on a loaded machine.
+VICTIM_WAIT_S = 30.0
 NODE_LOG = "chaos-node.log"  # run_tree's node log, in the data directory
 RUN_DIR = "chaos-run"  # warren chaos's ledgers and logs, in the data directory
 HARNESS_FILES = (NODE_LOG, RUN_DIR, DISK_FAULTS_FILE)  # what a run leaves beside a node's
@@ -615,9 +617,9 @@ def _land(
         before = node.actor_pids()
         stopped = None
         # A node that is starting again has not spawned its actors yet: a kill waits for
-        # one to match (and lands on it while it recovers), up to VICTIM_WAIT_S; a stop
-        # waits, up to READY_WAIT_S, for its victim to be ready (see the module docstring).
-        deadline = time.monotonic() + (VICTIM_WAIT_S if fault.kind == "kill" else READY_WAIT_S)
+        # one to match (and lands on it while it recovers), a stop for its victim to be
+        # ready (see the module docstring), up to VICTIM_WAIT_S.
+        deadline = time.monotonic() + VICTIM_WAIT_S
         while True:
             try:
                 if fault.kind == "kill":

@@ -329,10 +329,17 @@ def test_warren_chaos_rides_through_every_kind_of_fault_and_reports_it(tmp_path)
     assert report["consumed"] >= report["confirmed"] - report["destroyed"] - report["trimmed"]
     # the roles worked through the faults (how much depends on the machine's load)
     assert report["stream_confirmed"] > 20 and report["stream_read"] > 20
-    assert report["recovery_p50_s"] is not None and report["restarts"] >= 1
+    # every victim replaced: by its supervisor, or by the node's start after a node kill
+    # that came first (how many restarts the supervisors made first is a race)
+    landed = [e for e in report["events"] if e["landed"] and e["kind"] not in ("full", "slow")]
+    assert landed and all(e["recovery_s"] is not None for e in landed)
+    assert report["recovery_p50_s"] is not None and report["node_starts"] >= 2
     assert (report_dir / "throughput.png").stat().st_size > 10_000
     assert "PASSED: seed 341" in run.stdout
-    assert set(report["faults_by_kind"]) == {"kill", "stop", "node", "torn", "flip", "full", "slow"}
+    # every kind was tried; a full disk lands only when the node is up to see it
+    kinds = {"kill", "stop", "node", "torn", "flip", "full", "slow"}
+    assert {e["kind"] for e in report["events"]} == kinds
+    assert kinds - {"full"} <= set(report["faults_by_kind"])
 
 
 @pytest.mark.parametrize(
