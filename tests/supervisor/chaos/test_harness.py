@@ -206,7 +206,8 @@ def test_a_node_that_exits_on_its_own_is_a_problem_of_the_run(tmp_path):
     try:
         node.start()
         os.kill(node.pid, signal.SIGKILL)  # not a fault of the schedule
-        result = run_faults(node, [Fault(0.5, "kill", "queue *", 1)], duration_s=0.6)
+        # a slow disk for a second or more: the run goes on, and sees the node gone
+        result = run_faults(node, [Fault(0.5, "slow", "", 1)], duration_s=0.6)
         wait_for(node.healthy, timeout=120)  # started again
     finally:
         node.close()
