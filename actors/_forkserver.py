@@ -49,7 +49,9 @@ Races and their answers:
   the node's end leaked into another process and EOF never comes.
 - The server dies: every child has PR_SET_PDEATHSIG = SIGKILL (the server is
   single-threaded, so "parent thread exits" means "parent exits"), and checks after the
-  prctl that its parent did not die before it.
+  prctl that its parent did not die before it: that its parent is still the server's pid,
+  as the server took it before the fork (a child killed with its node while it was being
+  forked would otherwise live on, adopted, holding its files' locks).
 - KILL names a pid: the server signals it only while that pid is its own unreaped child,
   so a recycled pid is never signalled.
 - SIGCHLD wakes the select through a wake-up pipe; every reap is reported, so no child is
@@ -205,6 +207,7 @@ def serve(fd: int) -> None:
                 flush=True,
             )
         elif kind == SPAWN:
+            server_pid = os.getpid()  # the child's parent: if it is not, it died meanwhile
             pid = os.fork()
             if pid == 0:
                 sock.close()
@@ -213,7 +216,7 @@ def serve(fd: int) -> None:
                 signal.set_wakeup_fd(-1)
                 signal.signal(signal.SIGCHLD, signal.SIG_DFL)
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
-                os._exit(_run_child(payload, key, log_level))
+                os._exit(_run_child(payload, key, log_level, server_pid))
             children.add(pid)
             token = SPAWN_HEAD.unpack_from(payload)[0]
             sock.sendall(REPORT.pack(FORKED, token, pid, 0))
@@ -309,12 +312,14 @@ def _reap(sock: socket.socket, children: set[int]) -> None:
             pass  # the node is gone; the main loop sees EOF and kills the rest
 
 
-def _run_child(payload: bytes, key: bytes, log_level: int) -> int:
-    """Run the forked child to its end: it must never return into the server's loop."""
+def _run_child(payload: bytes, key: bytes, log_level: int, server_pid: int) -> int:
+    """Run the forked child to its end: it must never return into the server's loop.
+    ``server_pid`` is the server that forked it, taken before the fork: asked here, after
+    it, the parent would be whoever adopted the child if the server died meanwhile."""
     from .exitcodes import EXIT_CRASHED
 
     try:
-        code = _child(payload, key, os.getppid(), log_level)
+        code = _child(payload, key, server_pid, log_level)
     except BaseException:
         traceback.print_exc()
         code = EXIT_CRASHED

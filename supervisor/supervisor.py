@@ -16,7 +16,11 @@ Lifecycle:
   reverse, and ``start()`` raises ``SupervisorError``.
 - ``stop()`` stops the children in reverse order: a stop request, SIGTERM after the
   child's ``shutdown_s``, SIGKILL after ``shutdown_s`` more (``"brutal_kill"``: SIGKILL at
-  once). Nested supervisors stop their own children first.
+  once). Nested supervisors stop their own children first. A child stopped by a signal
+  (SIGSTOP, a debugger) is killed at once instead: it could not act on the request, and
+  would hold a restart of its siblings up for its whole ``shutdown_s``. (A child that
+  answers no ping is not killed for that alone: in its ``on_stop`` it answers none
+  either.)
 
 Watching (the event thread): every child incarnation is monitored; its ``Down`` (exit code
 or signal, SIGKILL included) arrives within the node's reaping latency. The heartbeat
@@ -110,7 +114,15 @@ from typing import Any
 
 import psutil
 
-from warren.actors import EXIT_TERMINATED, ActorError, ActorRef, AskTimeout, Down, Future, Monitor
+from warren.actors import (
+    EXIT_TERMINATED,
+    ActorError,
+    ActorRef,
+    AskTimeout,
+    Down,
+    Future,
+    Monitor,
+)
 from warren.actors import Node as ActorNode
 
 from .errors import SupervisorError
@@ -501,6 +513,18 @@ class Supervisor:
                 self.node.kill(ref)
                 if child.monitor is not None:
                     child.monitor.wait(30)
+            elif _stopped_by_signal(ref.pid):
+                log.warning(
+                    "%s: %s (pid %d) is stopped by a signal (SIGSTOP, a debugger): killing "
+                    "it rather than waiting up to %g s for a stop it cannot act on",
+                    self.id,
+                    child.name,
+                    ref.pid,
+                    spec.shutdown_s,
+                )
+                self.node.kill(ref)
+                if child.monitor is not None:
+                    child.monitor.wait(30)
             else:
                 self.node.stop(ref, timeout=spec.shutdown_s)
         except ActorError as exc:
@@ -712,6 +736,17 @@ class Supervisor:
             else:
                 due = min(due, child.last_pong + timeout)
         return due
+
+
+def _stopped_by_signal(pid: int) -> bool:
+    """Whether process ``pid`` is stopped (SIGSTOP, SIGTSTP, a debugger's stop): it runs
+    no code until resumed, so it acts on no stop request. A process in its ``on_stop``
+    answers no ping either, but runs: only the kernel's word tells the two apart."""
+    try:
+        status = psutil.Process(pid).status()
+    except psutil.Error:
+        return False  # gone already: its stop finds that out
+    return status in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
 
 
 class _Heartbeats:

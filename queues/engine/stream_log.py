@@ -87,7 +87,9 @@ Races this module guards against:
   fails are dropped as torn, and the file is truncated after the last good chunk. The
   index is compared with the walk and cut and rebuilt where it is behind, torn or wrong.
   An older segment is checked at its end only (its last index record must point at a
-  chunk ending at the file's end) and walked the same way when it is not. A chunk whose
+  chunk ending at the file's end) and walked the same way when it is not, except that a
+  chunk at its end whose CRC fails is kept as damage: only the newest segment can end in
+  a torn write. A chunk whose
   CRC fails with good chunks after it is damage, not a torn write: it is kept, and a
   reader raises ``StreamCorrupt`` there rather than deliver its bytes. An older
   segment's index records before its last are not checked, so a reader that positions
@@ -1138,7 +1140,10 @@ class StreamLog:
                 ):
                     return last.next_offset, len(records), size, _tracking_offsets(records)
             chain = list(_walk_chunks(segment_fd, size, first))
-            while chain and _data_of(segment_fd, chain[-1]) is None:
+            # Only the newest segment can end in a torn write: an older one was synced
+            # whole before the next began, so a chunk failing its CRC there is damage,
+            # kept for readers to refuse (cutting it would orphan every later segment).
+            while walk and chain and _data_of(segment_fd, chain[-1]) is None:
                 torn = chain.pop()
                 log.warning(
                     "stream %s: dropping torn chunk %d at the end of segment %d",

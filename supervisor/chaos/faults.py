@@ -9,7 +9,10 @@ so a run that failed can be repeated fault for fault. The faults:
   ``msg_store_persistent``); its supervisor restarts it and it recovers from disk;
 - ``stop``: SIGSTOP one such process: it answers nothing, its supervisor's heartbeat
   gives up on it and kills it, and the fault sends SIGCONT when it is released (a
-  process the supervisor already killed is gone by then);
+  process the supervisor already killed is gone by then). Only a process that is ready
+  is stopped: a supervisor pings a child once its start (its recovery) is done, and
+  bounds the start by ``start_timeout_s`` alone, so a process stopped while it starts is
+  not a heartbeat's to find;
 - ``node``: SIGKILL every process of a node at once (the node's own, its forkserver, its
   actors), as the kernel's OOM killer or a power cut would;
 - ``torn``: with the node stopped, cut one of its store, queue or stream files at a random
@@ -43,7 +46,7 @@ import os
 import random
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 import psutil
@@ -205,10 +208,18 @@ def _pick(processes: list[psutil.Process], pattern: str, seed: int) -> psutil.Pr
 
 
 def _signal_one(
-    processes: list[psutil.Process], pattern: str, seed: int, signum: signal.Signals
+    processes: list[psutil.Process],
+    pattern: str,
+    seed: int,
+    signum: signal.Signals,
+    ready: Collection[int] | None = None,
 ) -> tuple[str, psutil.Process]:
     victim = _pick(processes, pattern, seed)
     name = _title(victim)
+    if ready is not None and victim.pid not in ready:
+        raise FaultMissed(
+            f"{name} (pid {victim.pid}) is still starting: no heartbeat watches it yet"
+        )
     try:
         victim.send_signal(signum)
     except psutil.NoSuchProcess:
@@ -222,10 +233,17 @@ def kill_process(processes: list[psutil.Process], pattern: str, seed: int) -> st
 
 
 def stop_process(
-    processes: list[psutil.Process], pattern: str, seed: int
+    processes: list[psutil.Process],
+    pattern: str,
+    seed: int,
+    ready: Collection[int] | None = None,
 ) -> tuple[str, psutil.Process]:
-    """SIGSTOP one process matching ``pattern``; its name and handle (for ``SIGCONT``)."""
-    return _signal_one(processes, pattern, seed, signal.SIGSTOP)
+    """SIGSTOP one process matching ``pattern``; its name and handle (for ``SIGCONT``).
+    With ``ready`` (the pids of the actors that are ready), a victim not among them (an
+    actor still starting: its supervisor pings it only once it is ready) is not stopped:
+    ``FaultMissed``, and the caller asks again later (the same seed picks the same
+    actor)."""
+    return _signal_one(processes, pattern, seed, signal.SIGSTOP, ready)
 
 
 def kill_processes(

@@ -8,10 +8,13 @@ level always has ``faults`` (how many landed), ``faults_by_kind``, ``restarts``,
 ``recovery_p50_s``, ``recovery_max_s``, ``healthy``, ``ok``, ``seed`` and the events, so a
 CI step reads one file whatever the workload.
 
-``format_report`` prints it in 80 columns; ``write_report(directory, ...)`` writes
-``report.json``, ``report.txt`` and ``throughput.png`` (confirmed and consumed messages a
-second over the run, each fault a labelled vertical line), the plot only when matplotlib
-is installed (``pip install 'warren-mq[plot]'``); without it the report says so.
+``format_report`` prints it in 80 columns, ending in the verdict: ``PASSED``, or
+``FAILED`` and each promise broken, in words, with how often (``broken_promises``); the
+ids and the evidence behind each are listed above it. ``write_report(directory, ...)``
+writes ``report.json``, ``report.txt`` and ``throughput.png`` (confirmed and consumed
+messages a second over the run, each fault a labelled vertical line), the plot only when
+matplotlib is installed (``pip install 'warren-mq[plot]'``); without it the report says
+so.
 """
 
 from __future__ import annotations
@@ -29,6 +32,21 @@ __all__ = ["format_report", "report_document", "write_report"]
 LISTED_IDS = 20  # ids of lost or unflagged messages shown on the terminal
 PLOT_WINDOWS = 200  # a run's plot shows rates over this many windows at most
 LABELLED_FAULTS = 30  # more faults than this are told apart by colour alone
+# What each failing figure says was broken, for the verdict's line: the promise, in words.
+BROKEN_PROMISES = {
+    "lost": "{n} confirmed messages lost (a confirmed message is consumed from every queue "
+    "it was routed to, or read from the stream)",
+    "unflagged_duplicates": "{n} messages delivered twice without the redelivered flag",
+    "misrouted": "{n} messages consumed from a queue they were not routed to",
+    "wrong_bodies": "{n} bodies read with bytes their message never had",
+    "offset_conflicts": "{n} stream offsets read with two different messages",
+    "out_of_order": "{n} stream offsets read out of order within one attach",
+    "stream_duplicates": "{n} stream messages held at two offsets though deduplicated",
+    "unexplained_corrupt": "{n} stream chunks refused as damaged where no damage landed",
+    "invariant_failures": "the application's check failed ({n} findings, above)",
+    "problems": "{n} problems of the run (each named above: a victim not replaced, a "
+    "node that exited or stayed down, a disk alarm that never went off)",
+}
 FAULT_COLOURS = {
     "kill": "red",
     "stop": "orange",
@@ -147,11 +165,26 @@ def format_report(document: dict) -> str:
     lines += [f"problem: {p}" for p in document["problems"]]
     if "plot" in document:
         lines.append(f"plot: {document['plot']}")
-    lines.append(
-        f"{'PASSED' if document['ok'] else 'FAILED'}: seed {document['seed']}, "
-        f"{document['duration_s']:g} s"
-    )
+    verdict = f"seed {document['seed']}, {document['duration_s']:g} s"
+    if document["ok"]:
+        lines.append(f"PASSED: {verdict}")
+    else:
+        lines.append(f"FAILED: {verdict}: {'; '.join(broken_promises(document))}")
     return "\n".join(lines)
+
+
+def broken_promises(document: dict) -> list[str]:
+    """What a failed run's document says was broken, each with how often (the ids and
+    the evidence are listed above the verdict)."""
+    broken = []
+    for key, promise in BROKEN_PROMISES.items():
+        value = document.get(key)
+        count = len(value) if isinstance(value, list) else value
+        if count:
+            broken.append(promise.format(n=count))
+    if not document["healthy"]:
+        broken.append("the node was not healthy at the end (an actor not running, or missing)")
+    return broken or ["an invariant failed (above)"]
 
 
 def write_report(directory: str | os.PathLike, document: dict) -> dict:

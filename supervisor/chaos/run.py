@@ -7,7 +7,11 @@ the disk-fault file of ``warren.store.disk_faults`` in its environment. ``run_fa
 then lands each fault of a schedule (``warren.supervisor.chaos.faults.schedule``) at its time:
 
 - ``kill`` / ``stop``: one actor process matching the fault's pattern; a stopped one is
-  resumed once its supervisor has killed it (or after twice the heartbeat timeout);
+  resumed once its supervisor has killed it (or after twice the heartbeat timeout). A
+  stop lands only on an actor its tree shows running: a supervisor pings a child once it
+  is ready, and a start (a recovery) is bounded by the child's ``start_timeout_s``, not
+  by its heartbeat, so a stop that lands while its victim starts (a node just started
+  again) waits for it to be ready;
 - ``node``: SIGKILL every process of the node, then start it again;
 - ``torn`` / ``flip``: SIGKILL the node, damage one of its files, start it again;
 - ``full`` / ``slow``: the disk is full (the disk alarm goes off) or every group commit
@@ -16,9 +20,13 @@ then lands each fault of a schedule (``warren.supervisor.chaos.faults.schedule``
 After each crash fault it waits until the node is healthy again (every actor of its tree
 running, none of the actors it is expected to have missing, the victim replaced) and notes
 how long that took: the recovery time. A stopped actor its supervisor never replaced is
-resumed after twice the heartbeat timeout, a problem of the run. A full disk whose alarm
-never goes off, though the node ran on it for ``DISK_ALARM_DUE_S``, is a problem of the
-run (one the node spent restarting from a crash fault is a missed fault). Between
+resumed after twice the heartbeat timeout, a problem of the run. A node that exits on
+its own is started again, as a service manager would: after a kill or stop that struck
+one of its actors while it started (a child that dies before it is ready fails its
+supervisor's start, and so the node's), noted on that fault; otherwise, a problem of
+the run. A full disk whose alarm never goes off, though the node ran on it for
+``DISK_ALARM_DUE_S``, is a problem of the run (one the node spent restarting from a
+crash fault is a missed fault). Between
 faults it samples the caller's counters (``sample``, for the throughput plot) every
 ``SAMPLE_EVERY_S``. Every fault is logged, with its time, to the ``warren.chaos`` logger
 and in the result's events, so a failed run can be read and repeated from its seed.
@@ -91,7 +99,10 @@ DISK_ALARM_DUE_S = 2.5  # a node up this long on a full disk has raised its alar
 POLL_S = 0.05
 CHAOS_HEARTBEAT_TIMEOUT_S = 5.0  # so that a stopped store or queue is replaced in a run
 DISK_FAULTS_FILE = "chaos-disk-faults.json"  # in the data directory, while a run lasts
-VICTIM_WAIT_S = 5.0  # how long a kill or stop waits for a process to match
+# How long a kill waits for a process to match, and a stop for its victim to be ready: a
+# node started again after a crash fault spawns its queues only after its stores have
+# recovered, ten seconds and more on a loaded machine.
+VICTIM_WAIT_S = 30.0
 NODE_LOG = "chaos-node.log"  # run_tree's node log, in the data directory
 RUN_DIR = "chaos-run"  # warren chaos's ledgers and logs, in the data directory
 HARNESS_FILES = (NODE_LOG, RUN_DIR, DISK_FAULTS_FILE)  # what a run leaves beside a node's
@@ -181,6 +192,9 @@ class NodeUnderTest:
         self._seen: dict[int, psutil.Process] = {}  # the node's processes, as listed
         self.expected: frozenset[str] = frozenset()  # actors healthy() insists on
         self.starts = 0
+        self.starting = False  # started, and not seen healthy since
+        # a kill or stop that landed on an actor while the node was starting
+        self.struck_while_starting: Event | None = None
         write_faults(self.faults_file)
 
     @property
@@ -210,6 +224,7 @@ class NodeUnderTest:
             if not isinstance(log_file, int):  # a file opened above, not DEVNULL
                 log_file.close()
         self.starts += 1
+        self.starting, self.struck_while_starting = True, None
         deadline = time.monotonic() + timeout_s
         while wait and not self.healthy():
             if self._process.poll() is not None:
@@ -246,13 +261,29 @@ class NodeUnderTest:
         if status is None or status["state"] != "running" or status.get("tree") is None:
             return False
         states = {name: state for name, _, state in _actors(status["tree"])}
-        return (
+        healthy = (
             all(state == "running" for state in states.values()) and self.expected <= states.keys()
         )
+        if healthy:  # started: a fault that struck its start excuses nothing any more
+            self.starting, self.struck_while_starting = False, None
+        return healthy
+
+    def exit_code(self) -> int | None:
+        """The exit status of a node that ended on its own (None while it runs, and once
+        the harness killed or stopped it)."""
+        return None if self._process is None else self._process.poll()
 
     def expect(self, names: Iterable[str]) -> None:
         """From now on the node is healthy only with every one of these actors running."""
         self.expected = frozenset(names)
+
+    def running_pids(self) -> set[int]:
+        """The pids of the actors its tree shows running: started, and so watched by
+        their supervisor's heartbeat (empty while the node starts)."""
+        status = self.status()
+        if status is None or status.get("tree") is None:
+            return set()
+        return {pid for _, pid, state in _actors(status["tree"]) if state == "running" and pid}
 
     def actor_pids(self) -> dict[str, int | None]:
         status = self.status()
@@ -373,7 +404,8 @@ class _Watch:
     actor: str | None = None  # None: the whole node
     old_pid: int | None = None
     stopped: psutil.Process | None = None
-    resume_at: float = 0.0  # seconds from the start
+    stopped_at: float = 0.0  # seconds from the start
+    resume_at: float = 0.0
     resumed: bool = False  # its supervisor never replaced it: resumed
     disk_until: float | None = None  # a full or slow disk: when it ends
     full_since: float | None = None  # the node up on the full disk since
@@ -425,6 +457,21 @@ def run_faults(
         return time.monotonic() - start
 
     def tick() -> None:
+        code = node.exit_code()
+        if code is not None:
+            struck = node.struck_while_starting
+            if struck is not None:
+                # A supervisor whose child dies before it is ready fails its start, and so
+                # the node's (OTP's semantics): a service manager starts it again.
+                struck.detail = (struck.detail + "; " if struck.detail else "") + (
+                    f"the node, still starting, gave up (exit {code}) and was started again"
+                )
+            else:
+                result.problems.append(
+                    f"the node exited on its own at {now():.2f} s with status {code} "
+                    f"(its log says why); started again"
+                )
+            node.start(wait=False)
         if sample and (not result.samples or now() - result.samples[-1][0] >= SAMPLE_EVERY_S):
             result.samples.append((round(now(), 3), sample()))
         disk.update(now())
@@ -465,12 +512,15 @@ def run_faults(
                 if chaos.is_alive(stopped):
                     watch.resumed = True
                     watch.event.detail = (
-                        f"resumed after {now() - watch.event.at_s:.1f} s: "
+                        f"resumed after {now() - watch.stopped_at:.1f} s: "
                         f"its supervisor had not replaced it"
                     )
                     result.problems.append(
-                        f"stop at {watch.event.at_s:.2f} s: {watch.actor} answered no "
-                        f"heartbeat and its supervisor did not replace it"
+                        f"stop at {watch.event.at_s:.2f} s: {watch.actor} (pid "
+                        f"{stopped.pid}), stopped while its tree showed it running, "
+                        f"answered no heartbeat for {now() - watch.stopped_at:.1f} s and its "
+                        f"supervisor did not replace it (heartbeat timeout "
+                        f"{node.heartbeat_timeout_s:g} s: a hung actor is killed within it)"
                     )
                 watch.stopped = None
         if watching:
@@ -501,7 +551,7 @@ def run_faults(
 
     for fault in faults:
         wait_until(fault.at_s)
-        event, watch = _land(node, fault, round(now(), 3), before_damage, files, disk)
+        event, watch = _land(node, fault, round(now(), 3), before_damage, files, disk, tick)
         result.events.append(event)
         if watch is None:
             _log(event)
@@ -544,7 +594,11 @@ def _land(
     before_damage: Callable[[str, str, int], None] | None,
     files: tuple[str, ...],
     disk: _Disk,
+    tick: Callable[[], None],
 ) -> tuple[Event, _Watch | None]:
+    """Land ``fault`` at ``at`` seconds; ``tick`` keeps the other faults watched while a
+    kill or stop waits for its victim."""
+    called = time.monotonic()
     rng = random.Random(fault.seed)
     if fault.kind in chaos.DISK_FAULTS:
         hold = round(rng.uniform(*DISK_FAULT_HOLD_S), 1)
@@ -562,24 +616,35 @@ def _land(
     if fault.kind in chaos.PROCESS_FAULTS:
         before = node.actor_pids()
         stopped = None
-        # A node that is starting again has not spawned its actors yet: the fault waits
-        # for one to match (and lands on it while it recovers), up to VICTIM_WAIT_S.
+        # A node that is starting again has not spawned its actors yet: a kill waits for
+        # one to match (and lands on it while it recovers), a stop for its victim to be
+        # ready (see the module docstring), up to VICTIM_WAIT_S.
         deadline = time.monotonic() + VICTIM_WAIT_S
         while True:
             try:
                 if fault.kind == "kill":
                     name = chaos.kill_process(node.processes(), fault.pattern, fault.seed)
                 else:
-                    name, stopped = chaos.stop_process(node.processes(), fault.pattern, fault.seed)
+                    name, stopped = chaos.stop_process(
+                        node.processes(), fault.pattern, fault.seed, ready=node.running_pids()
+                    )
                 break
             except chaos.FaultMissed as exc:
                 if time.monotonic() > deadline:
                     return Event(at, fault.kind, fault.pattern, False, str(exc)), None
+                tick()
                 time.sleep(POLL_S)
         actor = name[len(chaos.TITLE_PREFIX) :]
         event = Event(at, fault.kind, actor, True)
+        if node.starting:
+            node.struck_while_starting = event
+        if stopped is None:
+            return event, _Watch(event, actor, before.get(actor))
+        landed = at + time.monotonic() - called
+        if landed - at >= 1:
+            event.detail = f"landed at {landed:.2f} s, once its victim had started"
         return event, _Watch(
-            event, actor, before.get(actor), stopped, at + 2 * node.heartbeat_timeout_s
+            event, actor, stopped.pid, stopped, landed, landed + 2 * node.heartbeat_timeout_s
         )
     node.kill()
     event = Event(at, fault.kind, "node", True)

@@ -58,7 +58,12 @@ Races: a producer's ledger line is written after the confirm and its next batch
 published after that, so a message confirmed later has a higher offset (until a damaged
 tail is cut: the offsets written again are damaged ones); the first offset is asked just
 after the jump, and retention may have moved it since, which excuses only offsets the
-reader did jump over (tracking chunks, if retention overtook it meanwhile).
+reader did jump over (tracking chunks, if retention overtook it meanwhile). It is asked
+until the stream answers (``FIRST_OFFSET_WAIT_S``): a jump often follows a node's restart
+(the reader attaches again, and its stored offset's segment is gone), and the node may
+be away again then; an unknown first offset excuses nothing. Each lost message names
+its evidence: the offset that held it unread, or its producer's neighbours seen around
+it and the reader's jumps between them, each with the first offset seen then.
 """
 
 from __future__ import annotations
@@ -114,7 +119,11 @@ MAX_BATCH = 4  # messages a stream publish carries at most: one chunk
 BATCH_PAUSE_S = 0.01
 READ_PREFETCH = 100  # records a reader asks for at a time
 POLL_S = 0.2  # a reader's wait for the next record before it looks at the clock again
-FIRST_OFFSET_WAIT_S = 5.0  # how long a reader asks for the first offset before giving up
+# How long a reader asks for the first offset before giving up: longer than a node's
+# restart under a run's faults (a node kill, or a torn file, lands every few seconds, and
+# a restart on a loaded machine can take ten), which an unknown first offset would turn
+# a retention jump into a loss.
+FIRST_OFFSET_WAIT_S = 60.0
 PAUSE_EVERY_S = (3.0, 8.0)  # a pausing reader reads this long (from, to seconds) ...
 PAUSE_S = (1.0, 3.0)  # ... then stops for this long
 
@@ -416,6 +425,7 @@ class _Reading:
 
     offsets_of: dict[str, set[int]] = field(default_factory=dict)  # message id -> offsets
     trimmed: list[tuple[int, int]] = field(default_factory=list)  # offsets [from, to)
+    jumps: list[tuple[int, int, int]] = field(default_factory=list)  # every gap line
     corrupt: set[int] = field(default_factory=set)
     retention_jumps: int = 0
     out_of_order: list[str] = field(default_factory=list)
@@ -430,6 +440,7 @@ class _Reading:
                 previous = -1
             elif kind == "gap":
                 last, following, first = map(int, rest)
+                self.jumps.append((last, following, first))
                 if min(following, first) > last + 1:
                     self.trimmed.append((last + 1, min(following, first)))
                     self.retention_jumps += 1
@@ -484,9 +495,13 @@ def audit_stream(
             if message_id in held_at:
                 # held, and not read: only a reader already past a cut tail's offsets
                 # when they were written again may miss it
-                (result.destroyed if damage.covers(held_at[message_id]) else result.lost).append(
-                    name
-                )
+                if damage.covers(held_at[message_id]):
+                    result.destroyed.append(name)
+                else:
+                    result.lost.append(
+                        f"{name} (confirmed; held at offset {held_at[message_id]} at the "
+                        f"end, and never read)"
+                    )
                 continue
             low = next((o for o in reversed(known[:position]) if o is not None), -1)
             high = next((o for o in known[position + 1 :] if o is not None), 2**63)
@@ -497,7 +512,7 @@ def audit_stream(
             elif damage.reaches(low, high):
                 result.destroyed.append(name)
             else:
-                result.lost.append(name)
+                result.lost.append(f"{name} ({_why_lost(low, high, reading.jumps)})")
     result.rewound = len(rewound)
     result.lost += [f"{stream} {m} (the stream forgot it)" for m in sorted(rewound - damage.ids)]
     for message_id, offsets in sorted(seen.items()):
@@ -520,6 +535,25 @@ def audit_stream(
         f"{stream} {offset}" for offset in sorted(reading.corrupt - explained)
     ]
     return result
+
+
+def _why_lost(low: int, high: int, jumps: list[tuple[int, int, int]]) -> str:
+    """The evidence against the stream for a confirmed message neither read nor held,
+    whose producer's neighbours were seen at offsets ``low`` and ``high``."""
+    seen = [str(offset) for offset in (low, high) if 0 <= offset < 2**63]
+    around = f"its producer's neighbours at {' and '.join(seen)}" if seen else "no neighbour seen"
+    over = [
+        f"from {last} to {following} (the stream's first offset then "
+        f"{'unknown' if first < 0 else first})"
+        for last, following, first in jumps
+        if last < high and following > low
+    ]
+    jumped = (
+        "; the reader jumped " + ", ".join(over) + ", which retention does not explain"
+        if over
+        else "; the reader jumped over no offset there"
+    )
+    return f"confirmed, never read, not held at the end; {around}{jumped}"
 
 
 def with_stream(counts: dict, stream: StreamAudit) -> dict:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import signal
@@ -30,7 +31,9 @@ from warren.actors import (
     InvalidSpec,
     Node,
     SpawnError,
+    _forkserver,
 )
+from warren.actors.exitcodes import EXIT_PARENT_GONE
 
 
 def test_spawn_returns_a_ref_whose_process_is_running_and_answering(node: Node) -> None:
@@ -251,3 +254,20 @@ def test_a_script_that_starts_a_node_without_a_main_guard_fails_instead_of_recur
     # own run then goes on, so the whole thing ends instead of forking without end.
     assert run.returncode == 0
     assert run.stdout.count("refused: a Node was started while the forkserver imported") == 1
+
+
+def test_a_child_forked_as_its_forkserver_dies_exits_rather_than_live_on_adopted() -> None:
+    # A node killed while its forkserver forks an actor: the child starts after the
+    # server is gone, adopted by another process. Seed 1683702795 left such a stream
+    # process holding its stream's lock: no later start of the node got past it.
+    ended = subprocess.Popen(["true"])
+    ended.wait()  # the server that forked the child, gone before it starts
+    pid = os.fork()
+    if pid == 0:
+        code = 99
+        try:
+            code = _forkserver._run_child(b"", b"", logging.WARNING, ended.pid)
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == EXIT_PARENT_GONE

@@ -84,6 +84,20 @@ class GatedStarter(Worker):
             time.sleep(0.02)
 
 
+class SlowToStop(Worker):
+    """Takes ``stop_s`` seconds in on_stop, then appends its name to ``journal``, like a
+    store writing its recovery files (it answers no ping meanwhile)."""
+
+    def __init__(self, name: str, journal: str, stop_s: float) -> None:
+        super().__init__(name)
+        self.stopped_journal, self.stop_s = journal, stop_s
+
+    def on_stop(self) -> None:
+        time.sleep(self.stop_s)
+        with open(self.stopped_journal, "a") as f:
+            f.write(f"{self.name}\n")
+
+
 class FailsToStart(ProcessActor):
     def on_start(self) -> None:
         raise ValueError("cannot start")

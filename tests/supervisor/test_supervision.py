@@ -12,7 +12,7 @@ from warren.supervisor import ChildSpec, Supervisor, SupervisorFlags, Supervisor
 from warren.supervisor.errors import SupervisorError
 
 from ..waiting import wait_for
-from .sample_actors import FailsToStart, SlowStarter, Worker
+from .sample_actors import FailsToStart, SlowStarter, SlowToStop, Worker
 
 
 def pids(supervisor) -> dict[str, int]:
@@ -214,6 +214,48 @@ def test_a_child_that_cannot_start_fails_the_start_and_stops_its_elder_siblings(
     with pytest.raises(SupervisorError, match="broken failed to start"):
         supervisor.start()
     assert actor_node.actors() == []
+
+
+def test_a_child_stopped_by_a_signal_is_killed_when_its_supervisor_stops_it(actor_node):
+    # A queue SIGSTOPped just before a store crash makes the node restart its queues: the
+    # queue's supervisor stops it, and a stopped process acts on no stop request. It must
+    # not hold the restart up for its whole shutdown_s (seed 274990805).
+    frozen = ChildSpec(
+        "frozen", Worker, shutdown_s=600, heartbeat_interval_s=0.2, heartbeat_timeout_s=1.0
+    )
+    supervisor = Supervisor(actor_node, SupervisorSpec("sup", children=(frozen,))).start()
+    pid = pids(supervisor)["frozen"]
+    os.kill(pid, signal.SIGSTOP)
+    wait_for(lambda: psutil.Process(pid).status() == psutil.STATUS_STOPPED)
+    stopping = threading.Thread(target=supervisor.stop)
+    try:
+        stopping.start()
+        stopping.join(30)  # far below the child's shutdown_s
+        assert not stopping.is_alive(), "the stop waited on a child that runs no code"
+        assert not psutil.pid_exists(pid)
+    finally:
+        if psutil.pid_exists(pid):
+            os.kill(pid, signal.SIGCONT)  # so that a stop still waiting ends
+        stopping.join()
+
+
+def test_a_child_in_a_long_on_stop_is_waited_for_though_it_answers_no_ping(actor_node, tmp_path):
+    # systemd stops a node by signalling every process at once: each actor is in its
+    # on_stop (a store writing its recovery files) when its supervisor comes to stop it,
+    # silent for longer than its heartbeat timeout, and must be let finish.
+    journal = str(tmp_path / "journal")
+    slow = ChildSpec(
+        "slow",
+        SlowToStop,
+        ("slow", journal, 3.0),
+        shutdown_s=60,
+        heartbeat_interval_s=0.2,
+        heartbeat_timeout_s=1.0,
+    )
+    supervisor = Supervisor(actor_node, SupervisorSpec("sup", children=(slow,))).start()
+    os.kill(pids(supervisor)["slow"], signal.SIGTERM)
+    supervisor.stop()
+    assert open(journal).read().split() == ["slow"]  # its on_stop ran to its end
 
 
 @pytest.mark.parametrize("death,reason", [("segfault", "killed by SIGSEGV"), ("exit 3", "exit 3")])

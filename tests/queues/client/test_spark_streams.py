@@ -39,6 +39,7 @@ from warren.queues.protocol import StreamAttach
 from warren.supervisor import Node
 
 from ...waiting import wait_for
+
 # A Spark job takes minutes on a loaded machine, and a test stopped by the timeout inside
 # a call into the JVM leaves the one Spark session broken for every test after it.
 pytestmark = pytest.mark.timeout(600)

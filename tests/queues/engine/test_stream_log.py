@@ -399,6 +399,34 @@ def test_a_flipped_bit_in_a_middle_chunk_raises_instead_of_delivering_it(tmp_pat
         assert read_all(log, 10)[:10] == records[10:]
 
 
+def test_a_flipped_bit_in_an_older_segment_s_last_chunk_costs_that_chunk_alone(tmp_path):
+    # Only the newest segment can end in a torn write: an older one was synced whole
+    # before the next began. A bit flipped in an older segment's last chunk, with its
+    # index damaged too (so that recovery walks it), cut that chunk as torn, and then
+    # deleted every later segment as not following it (chaos seed 311768900).
+    with StreamLog(tmp_path, max_segment_chunks=3) as log:
+        for n in range(9):
+            log.append([b"%d" % n])
+        log.sync()
+    older = tmp_path / segment_file_name(0)
+    raw = bytearray(older.read_bytes())
+    raw[chunk_positions(bytes(raw))[-1] + 48] ^= 0x04  # its last chunk's data
+    older.write_bytes(raw)
+    index = tmp_path / index_file_name(0)
+    header = bytearray(index.read_bytes())
+    header[1] ^= 0x01  # its index's header: recovery walks the segment
+    index.write_bytes(header)
+    with StreamLog(tmp_path, max_segment_chunks=3) as log:
+        assert [info.first_offset for info in log.segments()] == [0, 3, 6]
+        assert log.last_offset == 8
+        reader = log.reader("first")
+        assert [r[2] for r in reader.read_chunk() + reader.read_chunk()] == [b"0", b"1"]
+        with pytest.raises(StreamCorrupt):
+            reader.read_chunk()
+        reader.close()
+        assert [r[2] for r in read_all(log, 3)] == [b"%d" % n for n in range(3, 9)]
+
+
 def test_a_segment_created_but_never_written_is_reused_and_gets_a_snapshot(tmp_path):
     with StreamLog(tmp_path, max_segment_chunks=2) as log:
         log.append_tracking(consumers={"c": 0})

@@ -24,6 +24,7 @@ from warren.queues.engine.queue_index import (
 from warren.queues.errors import Blocked
 from warren.store.disk_faults import ENVIRONMENT_VARIABLE, write_faults
 from warren.supervisor import Node
+from warren.supervisor.chaos import faults as chaos_faults
 from warren.supervisor.chaos import run as chaos_run
 from warren.supervisor.chaos.broker_run import ChaosWorkload, pattern_limits
 from warren.supervisor.chaos.faults import Fault, is_alive, kill_processes, node_processes
@@ -38,22 +39,6 @@ sys.path.insert(0, str(ROOT))
 from examples import chaos_ledger  # noqa: E402  (the example is the application under test)
 
 NODE_CRASHES = ("node", "torn", "flip")  # faults that kill the whole node
-
-
-def a_restart_was_due(events: list[dict]) -> bool:
-    """Whether the run's own record shows a kill or stop whose victim its supervisor had
-    to restart: one that landed, with no crash of the whole node between it and the node
-    being healthy again. (Faults are due at their times: on a loaded machine a node's
-    restart outlasts the next faults, which then find no victim, and a node killed before
-    the supervisor restarted the victim counts no restart.)"""
-    crashes = [e["at_s"] for e in events if e["kind"] in NODE_CRASHES and e["landed"]]
-    return any(
-        e["kind"] in ("kill", "stop")
-        and e["landed"]
-        and e["recovery_s"] is not None
-        and not any(e["at_s"] <= at < e["at_s"] + e["recovery_s"] for at in crashes)
-        for e in events
-    )
 
 
 def missed_only_while_the_node_restarted(events: list[dict], kind: str) -> bool:
@@ -95,8 +80,11 @@ def test_the_ledger_keeps_every_deposit_through_kills_stops_and_node_kills(warre
     )
     assert report["ok"], warren_chaos.text(report)
     assert report["faults"] >= 4 and report["invariant_failures"] == []
+    # every victim was replaced (by its supervisor, or by a node kill that came first:
+    # how many restarts a supervisor made before a node kill is a race, not a promise)
+    landed = [e for e in report["events"] if e["landed"]]
+    assert landed and all(e["recovery_s"] is not None for e in landed)
     assert report["node_starts"] >= 1
-    assert report["restarts"] >= 1 or not a_restart_was_due(report["events"]), report["events"]
     assert report["samples"][-1][1]["confirmed"] > 0  # deposits went on
     run = Path(warren_chaos.directory) / "chaos-1"
     assert json.loads((run / "report" / "report.json").read_text())["ok"] is True
@@ -118,7 +106,7 @@ def test_a_ledger_that_answers_before_it_writes_is_caught_losing_deposits(warren
     assert any(
         "was acknowledged but is not in the ledger" in line for line in report["invariant_failures"]
     )
-    assert "FAILED" in warren_chaos.text(report)
+    assert "FAILED: seed 3, 5 s: the application's check failed (" in warren_chaos.text(report)
 
 
 def test_the_same_seed_lands_the_same_faults_on_the_same_actors(warren_chaos):
@@ -152,6 +140,97 @@ def test_a_frozen_actor_its_supervisor_never_replaces_fails_the_run(warren_chaos
     assert not report["ok"] and report["events"]
     assert all("its supervisor had not replaced it" in e["detail"] for e in report["events"])
     assert any("did not replace it" in problem for problem in report["problems"])
+
+
+def test_a_stop_lands_only_once_its_victim_is_ready_and_its_heartbeat_watches_it(
+    tmp_path, monkeypatch
+):
+    # A supervisor pings a child once its start is done; a start is bounded by its
+    # start_timeout_s. Seed 2144887954 stopped a queue the node was still recovering
+    # after a torn file: nothing watched its heartbeat yet, and the run failed on a
+    # promise Warren never made.
+    data = tmp_path / "data"
+    gate = Path(f"{data}.gate")  # the worker's start ends once this exists
+    gate.touch()
+    gated = "tests.supervisor.sample_actors:gated_worker"
+    node = NodeUnderTest(data, options=("--children", gated))
+    stop_process = chaos_faults.stop_process
+    refused: list[str] = []
+
+    def stop_then_let_it_start(processes, pattern, seed, **options):
+        # the restarted worker finishes its start only once a stop was tried on it
+        starting = [p for p in chaos_faults.matching(processes, pattern) if p.pid != first]
+        try:
+            return stop_process(processes, pattern, seed, **options)
+        except chaos_faults.FaultMissed as missed:
+            refused.append(str(missed))
+            raise
+        finally:
+            if starting:
+                gate.touch()
+
+    monkeypatch.setattr(chaos_faults, "stop_process", stop_then_let_it_start)
+    monkeypatch.setattr(chaos_run, "VICTIM_WAIT_S", 120.0)  # the kill's, however slow
+    try:
+        node.start()
+        first = node.actor_pids()["worker"]
+        gate.unlink()
+        kill, stop = Fault(0.1, "kill", "worker", 1), Fault(0.2, "stop", "worker", 1)
+        result = run_faults(node, [kill, stop], duration_s=0.3)
+    finally:
+        node.close()
+    assert result.problems == []
+    assert [(e.kind, e.landed) for e in result.events] == [("kill", True), ("stop", True)]
+    assert result.events[1].recovery_s is not None and not result.events[1].detail
+    assert any("is still starting: no heartbeat watches it yet" in r for r in refused)
+
+
+def test_a_node_that_gives_up_a_start_a_kill_struck_is_started_again(tmp_path, monkeypatch):
+    # A child killed before it is ready fails its supervisor's start, and so the node's
+    # (exit 4): a service manager starts it again, and so does the harness. Seed
+    # 350394154 killed a store while the node started, and the node stayed down.
+    data = tmp_path / "data"
+    gate = Path(f"{data}.gate")  # the worker's start ends once this exists
+    gate.touch()
+    node = NodeUnderTest(
+        data, options=("--children", "tests.supervisor.sample_actors:gated_worker")
+    )
+    kill_process = chaos_faults.kill_process
+
+    def kill_then_let_it_start(*args, **options):
+        killed = kill_process(*args, **options)
+        gate.touch()  # the next start of the node goes through
+        return killed
+
+    monkeypatch.setattr(chaos_faults, "kill_process", kill_then_let_it_start)
+    # the kill waits for the worker to be spawned again, however long the node's start
+    monkeypatch.setattr(chaos_run, "VICTIM_WAIT_S", 120.0)
+    try:
+        node.start()
+        gate.unlink()
+        faults = [Fault(0.1, "node", "", 1), Fault(0.2, "kill", "worker", 1)]
+        result = run_faults(node, faults, duration_s=0.3)
+        wait_for(node.healthy, timeout=120)
+    finally:
+        node.close()
+    assert result.problems == []
+    restart, kill = result.events
+    assert restart.recovery_s is not None and kill.recovery_s is not None
+    assert "the node, still starting, gave up (exit 4) and was started again" in kill.detail
+    assert node.starts == 3
+
+
+def test_a_node_that_exits_on_its_own_is_a_problem_of_the_run(tmp_path):
+    node = NodeUnderTest(tmp_path / "data")
+    try:
+        node.start()
+        os.kill(node.pid, signal.SIGKILL)  # not a fault of the schedule
+        # a slow disk for a second or more: the run goes on, and sees the node gone
+        result = run_faults(node, [Fault(0.5, "slow", "", 1)], duration_s=0.6)
+        wait_for(node.healthy, timeout=120)  # started again
+    finally:
+        node.close()
+    assert any("the node exited on its own" in problem for problem in result.problems)
 
 
 def test_a_pattern_that_matches_no_process_is_refused_before_any_fault(warren_chaos):
@@ -270,16 +349,59 @@ def test_warren_chaos_rides_through_every_kind_of_fault_and_reports_it(tmp_path)
     # every confirmed message consumed, or destroyed by damage, or (of the stream) deleted
     # by retention before its reader got there
     assert report["consumed"] >= report["confirmed"] - report["destroyed"] - report["trimmed"]
-    assert report["stream_confirmed"] > 0 and report["stream_read"] > 0
-    assert report["recovery_p50_s"] is not None
-    assert report["restarts"] >= 1 or not a_restart_was_due(report["events"]), report["events"]
+    # the roles worked through the faults (how much depends on the machine's load)
+    assert report["stream_confirmed"] > 20 and report["stream_read"] > 20
+    # every victim replaced: by its supervisor, or by the node's start after a node kill
+    # that came first (how many restarts the supervisors made first is a race)
+    landed = [e for e in report["events"] if e["landed"] and e["kind"] not in ("full", "slow")]
+    assert landed and all(e["recovery_s"] is not None for e in landed)
+    assert report["recovery_p50_s"] is not None and report["node_starts"] >= 2
     assert (report_dir / "throughput.png").stat().st_size > 10_000
     assert "PASSED: seed 341" in run.stdout
+    # every kind was tried, and landed unless it fell due only while the node restarted
     for kind in ("kill", "stop", "node", "torn", "flip", "full", "slow"):
         assert any(e["kind"] == kind for e in report["events"]), kind
         assert kind in report["faults_by_kind"] or missed_only_while_the_node_restarted(
             report["events"], kind
         ), [e for e in report["events"] if e["kind"] == kind]
+
+
+@pytest.mark.parametrize(
+    "seed, sizes",
+    [
+        # the reader jumped over segments retention had deleted while the node restarted:
+        # the stream's first offset, unknown then, made it 22 lost messages (the default
+        # sizes: retention paced as it was)
+        (376620024, "1KiB..64KiB"),
+        # a stop landed on a queue the node was still recovering after a torn file
+        (2144887954, "1KiB..16KiB"),
+    ],
+)
+def test_warren_chaos_passes_the_seeds_that_failed_on_a_fresh_clone(tmp_path, seed, sizes):
+    report_dir = tmp_path / "report"
+    run = warren(
+        "chaos",
+        "--data-dir",
+        str(tmp_path / "data"),
+        "--duration",
+        "30",
+        "--seed",
+        str(seed),
+        "--producers",
+        "2",
+        "--size",
+        sizes,
+        "--report",
+        str(report_dir),
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    report = json.loads((report_dir / "report.json").read_text())
+    assert report["ok"] and report["problems"] == [] and report["lost"] == 0
+    # the roles worked through the faults (how much depends on the machine's load)
+    assert report["stream_confirmed"] > 20 and report["stream_read"] > 20
+    assert {"kill", "stop", "node", "torn"} <= set(report["faults_by_kind"])
+    assert f"PASSED: seed {seed}" in run.stdout
 
 
 @pytest.mark.parametrize(

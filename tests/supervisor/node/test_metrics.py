@@ -35,8 +35,8 @@ from warren.queues.errors import NotFound, QueueDown
 from warren.supervisor import ChildSpec, Node
 from warren.supervisor.node import series
 from warren.supervisor.node.http_endpoint import CLIENT_TIMEOUT_S
-from warren.supervisor.node.node import QUEUE_FLAGS
 from warren.supervisor.node.metrics import SNAPSHOT_TIMEOUT_S
+from warren.supervisor.node.node import QUEUE_FLAGS
 
 from ...waiting import wait_for
 from ..cli.test_cli import ROOT, WARREN, settings_from, warren
