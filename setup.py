@@ -29,9 +29,9 @@ def warren_packages() -> tuple[list[str], dict[str, str]]:
 def warren_version() -> str:
     """``warren.__version__``, read from its file as text: nothing of Warren is importable
     while it is being installed."""
-    with open("supervisor/facade/__init__.py", encoding="utf-8") as file:
+    with open("supervisor/version.py", encoding="utf-8") as file:
         found = re.search(r'^__version__ = "([^"]+)"', file.read(), re.MULTILINE)
-    assert found, "supervisor/facade/__init__.py states no __version__"
+    assert found, "supervisor/version.py states no __version__"
     return found.group(1)
 
 

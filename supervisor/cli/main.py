@@ -63,10 +63,9 @@ import tomllib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
-import warren
-
 from ..errors import UsageError
 from ..tables import Column, counted, format_table, strict_json
+from ..version import __version__
 from .access import permission_denied, refuse_unreachable_node
 from .queues import add_queue_commands
 from .sizes import parse_size
@@ -686,7 +685,7 @@ def build_parser() -> argparse.ArgumentParser:
         "Linux only (OFD locks, PR_SET_PDEATHSIG).",
         epilog=f"exit codes:\n{codes}",
     )
-    parser.add_argument("--version", action="version", version=f"warren {warren.__version__}")
+    parser.add_argument("--version", action="version", version=f"warren {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     node = commands.add_parser(
         "node",

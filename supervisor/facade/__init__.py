@@ -19,8 +19,6 @@ from typing import TYPE_CHECKING
 
 from warren.actors.lazy import lazy_face
 
-__version__ = "0.1.0"  # the one place it is written: setup.py reads it from here
-
 if TYPE_CHECKING:  # what the names are, for type checkers and editors
     from warren.errors import (
         AccessRefused,
@@ -75,9 +73,11 @@ if TYPE_CHECKING:  # what the names are, for type checkers and editors
     from warren.store.client import StoreClient
     from warren.supervisor.node.alarms import AlarmLimits
     from warren.supervisor.node.node import Node
+    from warren.supervisor.version import __version__
 
 
 _EXPORTS = {
+    "__version__": "warren.supervisor.version",
     "AlarmLimits": "warren.supervisor.node.alarms",
     "Connection": "warren.queues.client.connection",
     "Message": "warren.queues.message",

@@ -63,8 +63,6 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import dataclasses
-import functools
-import importlib.metadata
 import logging
 import time
 from collections.abc import Iterable, Iterator
@@ -89,6 +87,7 @@ from warren.store.latency import LATENCY_BUCKETS_S
 from warren.store.protocol import StoreStats
 
 from ..supervisor import RestartCounts
+from ..version import __version__
 from .series import (
     ACTOR_COUNTERS,
     ACTOR_MEMORY,
@@ -792,7 +791,7 @@ def overview_document(snapshot: Snapshot) -> dict[str, Any]:
     listener = snapshot.listener
     return {
         "node": snapshot.node,
-        "version": warren_version(),
+        "version": __version__,
         "started_at": snapshot.started_at,
         "uptime_seconds": max(0.0, time.time() - snapshot.started_at),
         "state": snapshot.state,
@@ -825,15 +824,6 @@ def overview_document(snapshot: Snapshot) -> dict[str, Any]:
         "actors_unanswered": sorted(snapshot.unanswered),
         "tcp_connections": listener.own.get("connections") if listener else None,
     }
-
-
-@functools.cache
-def warren_version() -> str:
-    """The installed distribution's version (``warren --version`` says the same)."""
-    try:
-        return importlib.metadata.version("warren-mq")
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown (not installed)"
 
 
 def _store_document(store: ActorFigures) -> dict[str, Any]:
