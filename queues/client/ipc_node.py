@@ -55,10 +55,10 @@ class RemoteNode(NodeCalls):
         process of the node itself, started before the node file is written)."""
         self.data_dir = os.fspath(data_dir)
         self.timeout_ms = timeout_ms
+        self.pid: int | None = None
         if endpoint is not None:
             self.endpoint = endpoint
             return
-        self.pid: int | None = None
         try:
             with open(os.path.join(self.data_dir, NODE_FILE)) as file:
                 found = json.load(file)
@@ -114,6 +114,19 @@ class RemoteNode(NodeCalls):
         if "error" in answer:
             raise local_error(str(answer["error"]), str(answer.get("message", "")))
         return answer["ok"]
+
+    def gone(self) -> bool:
+        """Whether the node this handle reached stopped running: its process is gone,
+        or the data directory's node file names another (it was restarted)."""
+        if self.pid is None:
+            return False
+        if not process_exists(self.pid):
+            return True
+        try:
+            with open(os.path.join(self.data_dir, NODE_FILE)) as file:
+                return json.load(file).get("pid") != self.pid
+        except (OSError, ValueError, AttributeError):
+            return False  # being rewritten, or removed by a stop the process survives yet
 
     def _alive(self) -> bool:
         if self.pid is None:

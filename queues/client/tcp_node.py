@@ -47,6 +47,7 @@ from .. import errors
 from ..errors import AccessRefused, NodeNotRunning, local_error
 from ..protocol import Fetch, NodeCalls, Subscribe
 from .keys import ClientKey, load_client_key
+from .recovery import NODE_SILENCE_S, NodeLost
 
 __all__ = ["RemoteQueue", "TcpNode"]
 
@@ -83,8 +84,10 @@ class TcpNode(NodeCalls):
         self._beat: threading.Thread | None = None
         self._closed = threading.Event()
         self._lost_below = 0  # requests before this id died with a listener
+        # since when it awaits an answer and has heard nothing (None: it heard since)
+        self._silent_since: float | None = None
         try:
-            self.boot = self._first_answer(handshakes, connect_timeout_s)
+            self.boot = self.first_boot = self._first_answer(handshakes, connect_timeout_s)
         except AskTimeout:
             self.close()
             hint = (
@@ -175,7 +178,11 @@ class TcpNode(NodeCalls):
 
     def _call(self, op: str, timeout: float | None = None, **args: Any) -> Any:
         """A node call's answer. While it waits, it looks every ``RESTART_CHECK_S``
-        whether the listener restarted (the call was then lost: ``ConnectionClosed``)."""
+        whether the listener restarted (the call was then lost: ``ConnectionClosed``).
+        Calls carry no boot: one that the socket carried to a restarted listener is
+        answered by the new node, which is right for what it answers, but a refusal
+        (``NotFound``: an exchange this connection declared and the restarted node
+        lacks) may mean the node restarted; then the connection is told so instead."""
         request_id = self.send("call", op, args)
         timeout = timeout if timeout is not None else self.call_timeout_s
         deadline = time.monotonic() + timeout
@@ -191,12 +198,21 @@ class TcpNode(NodeCalls):
                             f"the node at {self.endpoint} did not answer {op} within {timeout:g} s"
                         ) from None
                     if self._listener_restarted(request_id):
-                        raise errors.ConnectionClosed(
+                        raise NodeLost(
                             f"the listener at {self.endpoint} restarted during {op}; the call "
                             f"was lost: make it again"
                         ) from None
+                    if self.silent():
+                        raise NodeLost(
+                            f"the listener at {self.endpoint} answered nothing for "
+                            f"{NODE_SILENCE_S:g} s"
+                        ) from None
         except (TimeoutError, errors.ConnectionClosed):
             self.forget(request_id)
+            raise
+        except errors.QueueError as exc:
+            if self.gone():
+                raise NodeLost(f"the node at {self.endpoint} restarted ({exc})") from exc
             raise
 
     def send(self, op: str, *args: Any, answered: bool = True) -> int:
@@ -207,6 +223,8 @@ class TcpNode(NodeCalls):
         frames = self._encoder.encode([op, request_id, *args])
         if answered:
             self._awaited.add(request_id)
+            if self._silent_since is None:
+                self._silent_since = time.monotonic()
         try:
             self._socket.send_multipart(frames, copy=False)
         except zmq.ZMQError as exc:
@@ -233,6 +251,7 @@ class TcpNode(NodeCalls):
                     kind, answer_id, value = self._decoder.decode(frames)
                 except (CodecError, ValueError, TypeError):
                     continue  # nothing a listener sends; not ours to trust
+                self._silent_since = None
                 if answer_id in self._awaited:
                     self._answers[answer_id] = (kind, value)
         self._awaited.discard(request_id)
@@ -259,6 +278,28 @@ class TcpNode(NodeCalls):
             self.forget(probe)
             return False  # away: the caller waits on
         return self.in_flight_lost(request_id, boot)
+
+    def silent(self) -> bool:
+        """Whether the listener has answered nothing for ``NODE_SILENCE_S`` while this
+        connection awaited an answer: taken as gone (the node was killed and has not
+        come back)."""
+        since = self._silent_since
+        return since is not None and time.monotonic() - since >= NODE_SILENCE_S
+
+    def gone(self) -> bool:
+        """Whether the listener this connection was made through went away: another
+        answers at its address (its boot changed: it or the node restarted), or none
+        has answered for ``NODE_SILENCE_S``."""
+        if self._closed.is_set() or self.boot != self.first_boot:
+            return True
+        probe = self.send("boot")
+        try:
+            boot = self.wait(probe, RESTART_CHECK_S)
+        except AskTimeout:
+            self.forget(probe)
+            return self.silent()
+        self.in_flight_lost(probe, boot)
+        return self.boot != self.first_boot
 
     def in_flight_lost(self, request_id: int, boot: bytes) -> bool:
         """Whether ``request_id`` was lost: the listener answering now (``boot``) is not
@@ -324,7 +365,7 @@ class RemoteQueue:
             alive, boot = self.node.wait(request_id, RESTART_CHECK_S)
         except AskTimeout:
             self.node.forget(request_id)
-            return True  # the listener is busy or away: wait on
+            return not self.node.silent()  # busy or away: wait on, for a while
         return alive and not self.node.in_flight_lost(answer.request_id, boot)
 
     def _note_consumer(self, message: Any) -> None:

@@ -43,7 +43,7 @@ from warren.actors.errors import ActorDeadError
 from warren.queues.client import connect
 from warren.queues.client.connection import Connection, Consumer, Delivery
 from warren.queues.client.stream import StreamConsumer, StreamDelivery
-from warren.queues.errors import MessageTooLarge, NodeNotRunning, QueueError
+from warren.queues.errors import ConnectionClosed, MessageTooLarge, NodeNotRunning, QueueError
 from warren.queues.message import MAX_MESSAGE_BYTES
 from warren.queues.protocol import OVERFLOWS, QUEUE_TYPES, SYNC_POLICIES
 from warren.queues.routing import EXCHANGE_KINDS
@@ -226,17 +226,17 @@ def _with_connection(
     def run(args: argparse.Namespace) -> int:
         try:
             if args.url is not None:
-                connection = connect(args.url, key_file=args.key_file)
+                connection = connect(args.url, key_file=args.key_file, recover=False)
             elif args.key_file is not None:
                 raise UsageError("--key-file goes with --url: a node on this machine needs none")
             else:
-                connection = connect(args.data_dir)
+                connection = connect(args.data_dir, recover=False)
             with connection:
                 return action(connection, args)
         except NodeNotRunning as exc:
             print(f"warren: {exc}", file=sys.stderr)
             return EXIT_NO_NODE
-        except (ActorDeadError, TimeoutError) as exc:  # the node went away under the command
+        except (ActorDeadError, TimeoutError, ConnectionClosed) as exc:  # the node went away
             print(f"warren: the node stopped answering ({exc})", file=sys.stderr)
             return EXIT_NO_NODE
         except (QueueError, ValueError, TypeError) as exc:
