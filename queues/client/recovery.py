@@ -21,7 +21,8 @@ Recovery, in this order (``Connection._recover``), each step on the new transpor
    so that a queue that took it before confirms the repeat without enqueueing it;
 4. subscribe its consumers again under a new consumer id (the node requeued, flagged
    redelivered, what the old one held); a stream consumer attaches again after the
-   last record it handed out, a named one after its stored offset.
+   last record it handed out (a named one then stores its offset again: the kill may
+   have lost its last store), so that its offsets keep increasing.
 
 Then ``on_recovery(connection)`` runs. ``on_disconnect(error)`` ran when the loss was
 found, before step 1, with or without recovery.

@@ -167,9 +167,10 @@ class StreamConsumer:
 
     def _recovered(self) -> None:
         """The connection recovered on a new node: attach there again, after the last
-        record handed out; a named consumer after the offset the node has stored for it
-        (what it handed out since is read again: at least once). Records read ahead
-        and not handed out are read again."""
+        record handed out (where it started, if none was), so that its offsets keep
+        increasing; records read ahead and not handed out are read again. A named
+        consumer stores its offset again at its next record: the node may have lost
+        the last one it stored with the node's kill."""
         if self._closed:
             return
         if self._reader is not None:
@@ -184,12 +185,11 @@ class StreamConsumer:
             # gone from the restarted node: the next read raises NotFound
 
     def _attach_again(self) -> None:
-        after = self._handed
         if self.name is not None:
             stored = self.connection.query_offset(self.stream, self.name)
-            self._stored = after = -1 if stored is None else stored
-            self._handed = self._stored
-        start = after + 1 if after >= 0 else self._first
+            self._stored = -1 if stored is None else stored
+            self._stored_at = float("-inf")
+        start = self._handed + 1 if self._handed >= 0 else self._first
         self._open(self.connection._ref(self.stream), ("offset", start), resuming=True)
 
     def _attach(self, start: tuple[str, int], resuming: bool) -> dict[str, Any]:
