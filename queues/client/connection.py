@@ -198,9 +198,9 @@ class Connection:
         ``recovery_timeout_s``, and rebuilds what it had. ``on_disconnect(error)`` runs
         when the loss is found, ``on_recovery(connection)`` once it recovered. Without
         recovery, the loss closes the connection and raises ``ConnectionClosed``.
-        A publish in doubt is sent again: with the application's producer id, or, with
-        ``idempotent``, the connection's own (``AutoProducers``), a queue drops the
-        repeat; without either, the repeat may be a duplicate (at least once)."""
+        A publish in doubt is sent again when it has a producer id, the application's
+        or, with ``idempotent``, the connection's own (``AutoProducers``): a queue drops
+        the repeat. Without one it is ``Nacked`` (it may or may not have been taken)."""
         if type(linger_s) not in (int, float) or not 0 <= linger_s <= 1:
             raise ValueError(f"linger_s must be a number of seconds in 0..1, got {linger_s!r}")
         check_recovery_options(recovery_interval_s, recovery_timeout_s)
@@ -1208,8 +1208,19 @@ class Connection:
         self._settling = None
         self._topology.declare_on(self._node)
         for publish in self._in_flight:
-            if not publish.answered or publish.lost is not None:
+            if publish.answered and publish.lost is None:
+                continue
+            if publish.producer is not None:
                 publish.resend(self)
+            else:  # sent again, it could be taken twice: its publisher decides
+                publish.fail(
+                    Nacked(
+                        "the node went away before confirming this publish; the connection "
+                        "recovered, but the message is in doubt: publish it again (with a "
+                        "producer_id, or connect(..., idempotent=True), the connection "
+                        "sends it again itself, without duplicates)"
+                    )
+                )
         for consumer in list(self._consumers):
             consumer._recovered()
 

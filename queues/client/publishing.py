@@ -229,6 +229,11 @@ class OutgoingPublish:
                     )
         self._failed = failed
 
+    def fail(self, why: Nacked) -> None:
+        """Answer it ``why`` at every queue, unsent (its node went away with it in doubt)."""
+        self._sent, self._failed, self.lost = [], [], None
+        self._answers = [(queue, why) for queue in self.queues]
+
     def resend(self, connection: Connection) -> None:
         """Send it again whole, to the queues of a connection that recovered: a queue
         that took it before confirms the repeat of its producer's sequences."""

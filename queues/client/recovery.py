@@ -16,9 +16,11 @@ Recovery, in this order (``Connection._recover``), each step on the new transpor
    closes and raises ``ConnectionClosed``);
 2. declare again what this connection declared (``Topology``: exchanges, then queues,
    then bindings, each as it was last declared, less what it deleted or unbound);
-3. send again every publish whose confirm was in doubt, oldest first, with its producer
-   id and sequences (the application's, or the connection's own: see ``AutoProducers``),
-   so that a queue that took it before confirms the repeat without enqueueing it;
+3. send again every publish whose confirm was in doubt and that has a producer id (the
+   application's, or the connection's own: see ``AutoProducers``), oldest first, with
+   its sequences, so that a queue that took it before confirms the repeat without
+   enqueueing it; one without a producer id is ``Nacked`` instead (sent again, it could
+   be taken twice: its publisher decides);
 4. subscribe its consumers again under a new consumer id (the node requeued, flagged
    redelivered, what the old one held); a stream consumer attaches again after the
    last record it handed out (a named one then stores its offset again: the kill may

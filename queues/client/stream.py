@@ -149,6 +149,7 @@ class StreamConsumer:
                 self._stored = stored
                 start = ("offset", stored + 1)
         self._reader: StreamReader | None = None
+        self._broken: OffsetOutOfRange | None = None  # why it cannot go on after a recovery
         self._open(ref, start, resuming=name is not None and self._stored >= 0)
         self._first = self._next  # where it started: where it starts again, read nothing
 
@@ -190,7 +191,16 @@ class StreamConsumer:
             self._stored = -1 if stored is None else stored
             self._stored_at = float("-inf")
         start = self._handed + 1 if self._handed >= 0 else self._first
-        self._open(self.connection._ref(self.stream), ("offset", start), resuming=True)
+        ref = self.connection._ref(self.stream)
+        try:
+            self._open(ref, ("offset", start), resuming=False)
+        except OffsetOutOfRange as exc:
+            self._open(ref, ("first", 0), resuming=False)
+            if self._next < start:
+                # Not retention (which moves it forwards): the restarted stream lost
+                # its tail, which it may write again at these offsets; going back would
+                # break its order. The next read says so; consume again to go on.
+                self._broken = exc
 
     def _attach(self, start: tuple[str, int], resuming: bool) -> dict[str, Any]:
         try:
@@ -226,6 +236,8 @@ class StreamConsumer:
         return self._next_within(time.monotonic() + timeout)
 
     def _next_within(self, deadline: float | None) -> StreamDelivery | None:
+        if self._broken is not None:
+            raise self._broken
         if self._closed:
             return None
         if self.name is not None and self._handed > self._stored:

@@ -2,6 +2,7 @@
 group of its own, is SIGKILLed whole and started again on the same data directory and
 port; connections recover by themselves (or, told not to, end in ConnectionClosed)."""
 
+import contextlib
 import os
 import signal
 import socket
@@ -11,10 +12,11 @@ import threading
 import traceback
 from pathlib import Path
 
+import psutil
 import pytest
 
 from warren import connect
-from warren.queues.errors import ConnectionClosed
+from warren.queues.errors import ConnectionClosed, Nacked
 
 from ...waiting import wait_for
 
@@ -60,6 +62,15 @@ class NodeProcess:
     def restart(self) -> None:
         self.kill()
         self.start()
+
+    def queue_pid(self, queue: str) -> int:
+        """The pid of the process titled ``warren: queue QUEUE``."""
+        assert self.process is not None
+        for child in psutil.Process(self.process.pid).children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                if child.cmdline()[:1] == [f"warren: queue {queue}"]:
+                    return child.pid
+        raise AssertionError(f"no process for queue {queue}")
 
     def target(self, transport: str) -> str:
         return str(self.data_dir) if transport == "ipc" else self.endpoint
@@ -205,6 +216,24 @@ def test_a_recovery_gives_up_after_its_timeout_with_connection_closed(node, tran
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_publish_in_doubt_is_sent_again_with_a_producer_id_and_nacked_without(node, transport):
+    connection = connect(node.target(transport))
+    connection.declare_queue("orders")
+    os.kill(node.queue_pid("orders"), signal.SIGSTOP)  # it confirms nothing from now on
+    plain = connection.publish_async("orders", b"plain")
+    deduplicated = connection.publish_async("orders", b"dedup", producer_id="p", sequence=0)
+    connection.flush()
+    node.restart()
+    with pytest.raises(Nacked, match="in doubt: publish it again"):
+        plain.result(timeout=60)
+    deduplicated.result(timeout=60)
+    assert connection.recoveries == 1
+    assert connection.get("orders", ack=False).body == b"dedup"  # the stopped queue
+    assert connection.get("orders") is None  # never took the plain one
+    connection.close()
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
 def test_after_a_node_kill_what_the_connection_declared_is_declared_again(node, transport):
     connection = connect(node.target(transport))
     connection.declare_exchange("events", kind="fanout", durable=False)
@@ -241,7 +270,11 @@ def test_a_stream_consumer_resumes_after_the_last_record_it_handed_out(node, tra
     got = [reader.get(timeout=30) for _ in range(4)]
     assert [d.offset for d in got] == [0, 1, 2, 3]
     node.restart()
-    connection.publish_many("events", [b"e%d" % n for n in range(10, 15)])
+    # sent before the connection noticed the node went away, so in doubt: a producer
+    # id makes the connection send it again itself
+    connection.publish_many(
+        "events", [b"e%d" % n for n in range(10, 15)], producer_id="late", sequence=0
+    )
     rest = []
     while (delivery := reader.get(timeout=10)) is not None:
         rest.append(delivery.offset)
