@@ -39,7 +39,14 @@ def connect(
     ``Connection`` (``max_in_flight``, ``call_timeout_s`` ...), but ``connect_timeout_s``
     (10), how long a tcp connect waits for the listener's first answer. ``wait``: for up
     to this many seconds, a node that is not running (yet: starting, recovering, being
-    restarted) is waited for, and the connection made as soon as it serves."""
+    restarted) is waited for, and the connection made as soon as it serves.
+
+    The connection recovers by itself when the node goes away (``recover=True``, the
+    default; see ``warren.queues.client.recovery`` and docs/broker.md): it connects
+    again, declares again what it declared, sends again the publishes in doubt and
+    subscribes its consumers again. ``recovery_interval_s``, ``recovery_timeout_s``,
+    ``on_disconnect`` and ``on_recovery`` go to ``Connection``. With ``recover=False``
+    the loss of the node closes it with ``ConnectionClosed``."""
     deadline = time.monotonic() + wait
     while True:
         try:
@@ -58,18 +65,21 @@ def _connect(
 ) -> Connection:
     if isinstance(target, str) and target.startswith("tcp://"):
         _check_tcp_address(target)
-        node = TcpNode(
-            target,
-            key_file=key_file,
-            **{k: options.pop(k) for k in ("connect_timeout_s",) if k in options},
-        )
-        return Connection(node, on_close=node.close, **options)
+        endpoint = target
+        tcp_options = {k: options.pop(k) for k in ("connect_timeout_s",) if k in options}
+
+        def reconnect_tcp() -> TcpNode:
+            return TcpNode(endpoint, key_file=key_file, **tcp_options)
+
+        node = reconnect_tcp()
+        return Connection(node, on_close=node.close, reconnect=reconnect_tcp, **options)
     if key_file is not None:
         raise ValueError(
             "key_file is for a tcp:// address; a node on this machine is "
             "reached through its data directory without one"
         )
-    return Connection(RemoteNode(target), **options)
+    data_dir = target
+    return Connection(RemoteNode(data_dir), reconnect=lambda: RemoteNode(data_dir), **options)
 
 
 def _check_tcp_address(target: str) -> None:

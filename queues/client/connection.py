@@ -40,44 +40,50 @@ closes hands its unacked deliveries back to their queues before ``close`` return
 whose process ends (killed, or a zombie not reaped yet) has them requeued by the queue as
 soon as the kernel closes its sockets, after the acks it sent before it ended.
 
+When the node goes away (killed, restarted, its tcp listener restarted), a connection
+made by ``connect`` recovers by itself (``warren.queues.client.recovery``): it connects
+again, declares again what it declared, sends again the publishes in doubt and
+subscribes its consumers again; each call that found the loss is made again, or goes
+on, once it recovered. Without recovery the loss closes the connection:
+``ConnectionClosed``, whichever call found it.
+
+The parts: ``warren.queues.client.publishing`` (frames, confirms, the flusher),
+``warren.queues.client.consuming`` (deliveries, consumers, settles),
+``warren.queues.client.queue_refs`` (asking one queue incarnation) and recovery; this
+module is the connection itself, which holds their state under its lock.
+
 Errors (``warren.queues.errors``): ``NotFound`` for an unknown queue, ``Nacked`` for a
 publish the queue did not confirm (it was deleted, or it restarted with the message in
-doubt: publish it again), ``UnknownDeliveryTag`` for an ack of a delivery this
-connection does not hold, ``MessageTooLarge``, ``InvalidMessage``, ``Unroutable``,
-``Blocked``, ``ConnectionClosed``. A ``Connection`` is used from one thread; open one per
-thread or process.
+doubt while the node lived: publish it again), ``UnknownDeliveryTag`` for an ack of a
+delivery this connection does not hold, ``MessageTooLarge``, ``InvalidMessage``,
+``Unroutable``, ``Blocked``, ``ConnectionClosed`` (closed, or its node went away and it
+did not recover). A ``Connection`` is used from one thread; open one per thread or
+process.
 """
 
 from __future__ import annotations
 
-import atexit
-import collections
 import functools
 import itertools
 import logging
-import math
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+import weakref
+from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple, TypeVar, cast
 
-from warren.actors import ActorDeadError, ActorError, ActorRef, AskTimeout, RemoteError
+from warren.actors import ActorDeadError, ActorError, RemoteError
 from warren.actors.flow import MAX_IN_FLIGHT, MAX_IN_FLIGHT_BYTES, CreditWindow
-from warren.actors.process import process_exists
 
 from .. import errors
-from ..errors import ConnectionClosed, Nacked, QueueError, local_error
+from ..errors import ConnectionClosed, Nacked, NodeNotRunning, QueueError, local_error
 from ..message import MAX_MESSAGE_BYTES, Message, body_encoder, decode, encode
 from ..protocol import (
     MAX_ENTRIES_PER_CHUNK,
-    MAX_PRODUCER_BYTES,
-    MAX_SEQUENCE,
-    STREAM_ACTOR_PREFIX,
     Fetch,
     LastSequence,
     NodeHandle,
-    Publish,
     Purge,
     QueryOffset,
     QueueDefinition,
@@ -90,33 +96,48 @@ from ..protocol import (
     check_tracking_name,
 )
 from ..routing import route
+from .consuming import SETTLE_BATCH, Consumer, Delivery, PendingSettles, check_timeout
+from .publishing import (
+    ASYNC_BATCH,
+    ASYNC_BATCH_BYTES,
+    BUSY_DOUBLINGS,
+    BUSY_RECHECK_S,
+    LINGER_S,
+    PUBLISH_BATCH,
+    STREAM_WINDOW_SHARE,
+    BatchConfirm,
+    Confirm,
+    OutgoingPublish,
+    byte_batches,
+    flusher,
+    new_message,
+    producer_bytes,
+    publish_stamp,
+    read_ahead_chunks,
+)
+from .queue_refs import await_answer, is_stream_ref
+from .recovery import (
+    RECOVERY_INTERVAL_S,
+    RECOVERY_TIMEOUT_S,
+    AutoProducers,
+    NodeLost,
+    Topology,
+    backoff,
+    check_recovery_options,
+    notify,
+)
 from .stream import StreamConsumer
-from .tcp_node import RemoteQueue
 
 __all__ = ["BatchConfirm", "Confirm", "Connection", "Consumer", "Delivery", "QueueDeclared"]
 
 log = logging.getLogger("warren.queues")
 
-PUBLISH_BATCH = 500  # messages per Publish from publish_many, to a queue
-# and to streams only: a Publish is one chunk of the stream, so a batch is kept whole up
-# to a quarter of the connection's window (four share it) and a chunk's limit
-STREAM_WINDOW_SHARE = 4
-PUBLISH_BATCH_BYTES = 4 * 2**20
-READ_AHEAD = 4096  # messages publish_many takes from its iterable at a time, at most
-READ_AHEAD_STEP = 64  # and in steps of this many, stopping at PUBLISH_BATCH_BYTES
-LINGER_S = 0.002  # how long publish_async's messages wait for more to share their frame
-ASYNC_BATCH = 64  # publish_async's messages per frame, at most
-ASYNC_BATCH_BYTES = 256 * 2**10
-SETTLE_BATCH = 1000  # tags per Settle, at most
-BUSY_RECHECK_S = 0.05  # the longest the flusher waits to look again at a busy connection
-BUSY_DOUBLINGS = 8  # how many times that wait doubles from linger_s (reaching the above)
-EXIT_FLUSH_WAIT_S = 1.0  # how long an exiting process waits for a busy connection to flush
 CALL_TIMEOUT_S = 60.0
 ROUTES_TTL_S = 1.0  # how long an exchange's bindings are routed with
-RESTART_CHECK_S = 1.0  # how often a wait looks whether its queue restarted
 CLOSE_WAIT_S = 2.0  # how long close waits for its queues to confirm they took its settles
 ALARMS_READ_EVERY_S = 0.1  # how stale a publisher's view of the alarms may be
-IDLE_POLL_S = (0.001, 0.05)  # a consumer's wait between empty fetches: from, to
+# what a call raises when the node it went to is no longer there (or a queue restarted)
+NODE_ERRORS = (NodeNotRunning, ConnectionClosed, ActorDeadError)
 
 
 class QueueDeclared(NamedTuple):
@@ -129,279 +150,20 @@ class QueueDeclared(NamedTuple):
     consumer_count: int | None
 
 
-class Confirm:
-    """The confirm of one ``publish_async``: ``result(timeout)`` returns once every queue
-    the message was routed to confirmed it, or raises ``Nacked``."""
-
-    __slots__ = ("_connection", "_index", "_publish")
-
-    def __init__(self, connection: Connection, publish: _Publish, index: int) -> None:
-        self._connection = connection
-        self._publish = publish
-        self._index = index  # the message's place in its Publish
-
-    def result(self, timeout: float | None = None) -> None:
-        self._connection._await_publish(self._publish, self._index, timeout)
-
-    def done(self) -> bool:
-        try:
-            self.result(timeout=0)
-        except TimeoutError:
-            return False
-        except Nacked:
-            pass
-        return True
-
-
-class BatchConfirm:
-    """The confirm of one ``publish_many_async``: ``result(timeout)`` returns how many
-    messages the batch held once every queue confirmed every one of them, or raises
-    ``Nacked`` (the connection's ``call_timeout_s`` when no timeout is given)."""
-
-    __slots__ = ("_connection", "_publishes", "count")
-
-    def __init__(self, connection: Connection, publishes: list[_Publish], count: int) -> None:
-        self._connection = connection
-        self._publishes = publishes
-        self.count = count
-
-    def result(self, timeout: float | None = None) -> int:
-        wait = timeout if timeout is not None else self._connection.call_timeout_s
-        deadline = time.monotonic() + wait
-        for publish in self._publishes:
-            self._connection._await_publish(publish, None, max(0.0, deadline - time.monotonic()))
-        return self.count
-
-
-class _Settles:
-    """The tags of consecutive settles of one queue with one action, not sent yet."""
-
-    __slots__ = ("action", "channel", "queue", "ref", "started", "tags")
-
-    def __init__(self, queue: str, ref: QueueRef, action: str) -> None:
-        self.queue = queue
-        self.ref = ref
-        self.channel = _sender(ref)  # the filling thread's, as for a Publish
-        self.action = action
-        self.tags: list[int] = []
-        self.started = time.monotonic()
-
-
-class _Publish:
-    """One ``Publish`` of a connection. ``publish_async`` fills it: its messages wait in
-    the connection, at most ``linger_s``, for more to share their frame. It is then sent
-    to each of its queues, on the channels of the thread that filled it (so that the
-    flusher thread sending it keeps that thread's order), and awaited: each queue answers
-    how many of its messages it took."""
-
-    __slots__ = (
-        "_answers",
-        "_failed",
-        "_sent",
-        "awaited",
-        "bytes",
-        "channels",
-        "expiration_ms",
-        "payloads",
-        "persistent",
-        "producer",
-        "queues",
-        "refs",
-        "sequence",
-        "started",
-    )
-
-    def __init__(
-        self,
-        queues: list[str],
-        refs: list[QueueRef],
-        persistent: bool,
-        expiration_ms: int | None,
-        producer: bytes | None,
-        sequence: int | None,
-        awaited: bool = False,
-    ) -> None:
-        self.queues = queues
-        self.refs = refs
-        self.awaited = awaited  # its caller waits for its confirm before sending more
-        self.channels = [_sender(ref) for ref in refs]
-        self.persistent = persistent
-        self.expiration_ms = expiration_ms
-        self.producer = producer
-        self.sequence = sequence  # the first message's, with a producer
-        self.payloads: list[bytes] = []
-        self.bytes = 0
-        self.started = time.monotonic()
-        self._sent: list[tuple[str, QueueRef, Any]] = []  # (queue, ref, future) per queue
-        self._failed: list[tuple[str, int | Nacked]] = []  # the queues it could not reach
-        self._answers: list[tuple[str, int | Nacked]] | None = None  # per queue, once known
-
-    def takes(
-        self,
-        queues: list[str],
-        persistent: bool,
-        expiration_ms: int | None,
-        producer: bytes | None,
-        sequence: int | None,
-    ) -> bool:
-        """Whether a message so published can join this Publish's frame."""
-        return (
-            queues == self.queues
-            and persistent == self.persistent
-            and expiration_ms == self.expiration_ms
-            and producer == self.producer
-            and (self.sequence is None or sequence == self.sequence + len(self.payloads))
-        )
-
-    def send(self, connection: Connection) -> None:
-        """Ask each queue; a queue it cannot reach gets its answer now, a ``Nacked``."""
-        # One id per message for all its queues: the shared store keeps one copy of a
-        # large message, with a reference per queue (a producer's messages have ids the
-        # queues derive from their sequences).
-        msg_ids = (
-            [os.urandom(16) for _ in self.payloads]
-            if len(self.queues) > 1 and self.producer is None
-            else None
-        )
-        publish = Publish(
-            self.payloads,
-            self.persistent,
-            msg_ids,
-            self.expiration_ms,
-            self.producer,
-            self.sequence,
-            self.awaited,
-        )
-        timeout = connection.call_timeout_s
-        failed: list[tuple[str, int | Nacked]] = []
-        for queue, ref, channel in zip(self.queues, self.refs, self.channels, strict=True):
-            try:
-                try:
-                    future = ref.ask_async(publish, timeout, channel)
-                except ActorDeadError:  # known dead already: ask the node again
-                    connection._forget(queue)
-                    ref = connection._ref(queue)
-                    future = ref.ask_async(publish, timeout, _same_mailbox(ref, channel))
-                self._sent.append((queue, ref, future))
-            except ActorDeadError:
-                failed.append((queue, Nacked(f"queue {queue!r} is restarting; publish again")))
-            except (ActorError, QueueError, OSError) as exc:
-                failed.append(
-                    (queue, Nacked(f"the publish could not be sent to queue {queue!r}: {exc}"))
-                )
-        self._failed = failed
-
-    def answers(
-        self, timeout: float | None, on_restart: Callable[[str], None]
-    ) -> list[tuple[str, int | Nacked]]:
-        """Per queue, how many of the messages it took, or why it took none."""
-        if self._answers is not None:
-            return self._answers
-        deadline = None if timeout is None else time.monotonic() + timeout
-        answers: list[tuple[str, int | Nacked]] = []
-        for queue, ref, future in self._sent:
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            try:
-                answers.append((queue, await_answer(ref, future, left)))
-            except TimeoutError:
-                raise TimeoutError(
-                    f"no confirm from queue {queue!r} within {timeout} s; it may still come"
-                ) from None
-            except ActorDeadError:
-                on_restart(queue)
-                answers.append(
-                    (
-                        queue,
-                        Nacked(
-                            f"queue {queue!r} restarted before confirming; the message is in "
-                            f"doubt: publish it again"
-                        ),
-                    )
-                )
-            except RemoteError as exc:
-                refused = local_error(exc.type_name, exc.message)  # OutOfSequence as itself
-                if not isinstance(refused, Nacked):
-                    refused = Nacked(f"queue {queue!r} refused the publish: {exc.message}")
-                answers.append((queue, refused))
-        self._answers = answers = answers + self._failed
-        return answers
-
-    @property
-    def answered(self) -> bool:
-        return self._answers is not None
-
-    def refusal(self, index: int | None) -> Nacked | None:
-        """Why message ``index`` (None: any of them) was not confirmed, once answered."""
-        assert self._answers is not None, "answers() first"
-        size = len(self.payloads)
-        for queue, answer in self._answers:
-            if isinstance(answer, Nacked):
-                return answer
-            if answer < size and (index is None or index >= answer):
-                what = (
-                    f"{size - answer} of {size} messages refused, the last ones"
-                    if index is None
-                    else "the message was refused"
-                )
-                return Nacked(
-                    f"queue {queue!r} is full (max_length, overflow reject-publish): {what}; "
-                    f"publish again later"
-                )
-        return None
-
-
-class Delivery:
-    """One message delivered to this connection."""
-
-    def __init__(
-        self,
-        connection: Connection,
-        queue: str,
-        seq_id: int,
-        message: Message,
-        delivery_count: int,
-        ack_required: bool,
-    ) -> None:
-        self._connection = connection
-        self.queue = queue
-        self.delivery_tag = seq_id
-        self.message = message
-        self.body = message.body
-        self.headers = message.headers or {}
-        self.message_id = message.message_id
-        self.delivery_count = delivery_count
-        self.redelivered = delivery_count > 0
-        self.ack_required = ack_required
-
-    def ack(self, multiple: bool = False) -> None:
-        self._connection._settle(self, "ack", multiple)
-
-    def nack(self, requeue: bool = True, multiple: bool = False) -> None:
-        self._connection._settle(self, "requeue" if requeue else "reject", multiple)
-
-    def reject(self, requeue: bool = True) -> None:
-        self._connection._settle(self, "requeue" if requeue else "reject", False)
-
-    def __repr__(self) -> str:
-        return (
-            f"Delivery(queue={self.queue!r}, tag={self.delivery_tag}, "
-            f"redelivered={self.redelivered}, {len(self.body)} bytes)"
-        )
-
-
 Call = TypeVar("Call", bound=Callable[..., Any])
+Result = TypeVar("Result")
 
 
 def _exclusive(call: Call) -> Call:
     """A call of the connection that uses its transport: it holds the connection's lock
     (the flusher thread sends nothing meanwhile) and sends what ``publish_async`` keeps
-    first, so that everything the connection sends stays in the order it was called."""
+    first, so that everything the connection sends stays in the order it was called.
+    A call that finds the node gone is made again once the connection recovered (each
+    such call changes nothing twice: see ``Connection._recovering``)."""
 
     @functools.wraps(call)
     def exclusive(self: Connection, *args: Any, **kwargs: Any) -> Any:
-        with self._lock:
-            self._flush()
-            return call(self, *args, **kwargs)
+        return self._recovering(functools.partial(call, self, *args, **kwargs), flush=True)
 
     return cast(Call, exclusive)
 
@@ -416,15 +178,48 @@ class Connection:
         call_timeout_s: float = CALL_TIMEOUT_S,
         linger_s: float = LINGER_S,
         on_close: Callable[[], None] | None = None,
+        reconnect: Callable[[], NodeHandle] | None = None,
+        recover: bool = True,
+        idempotent: bool = False,
+        recovery_interval_s: float = RECOVERY_INTERVAL_S,
+        recovery_timeout_s: float = RECOVERY_TIMEOUT_S,
+        on_disconnect: Callable[[Exception], None] | None = None,
+        on_recovery: Callable[[Connection], None] | None = None,
     ) -> None:
         """``linger_s``: how long a message of ``publish_async`` may wait in the
         connection for more to share its frame (0: each goes at once, alone).
         ``on_close`` runs once when the connection closes: ``connect`` passes the
-        transport it opened for this connection, which nothing else uses."""
+        transport it opened for this connection, which nothing else uses.
+
+        Recovery (``warren.queues.client.recovery``): ``reconnect`` opens a new
+        transport to the same node (``connect`` passes one); with it and ``recover``
+        (the default), a connection whose node went away connects again, waiting
+        ``recovery_interval_s`` (doubling) between attempts for up to
+        ``recovery_timeout_s``, and rebuilds what it had. ``on_disconnect(error)`` runs
+        when the loss is found, ``on_recovery(connection)`` once it recovered. Without
+        recovery, the loss closes the connection and raises ``ConnectionClosed``.
+        A publish in doubt is sent again when it has a producer id, the application's
+        or, with ``idempotent``, the connection's own (``AutoProducers``): a queue drops
+        the repeat. Without one it is ``Nacked`` (it may or may not have been taken)."""
         if type(linger_s) not in (int, float) or not 0 <= linger_s <= 1:
             raise ValueError(f"linger_s must be a number of seconds in 0..1, got {linger_s!r}")
+        check_recovery_options(recovery_interval_s, recovery_timeout_s)
         self._node = node
         self._on_close = on_close
+        self._reconnect = reconnect
+        self.recover = bool(recover) and reconnect is not None
+        self.idempotent = bool(idempotent)
+        self.recovery_interval_s = recovery_interval_s
+        self.recovery_timeout_s = recovery_timeout_s
+        self.on_disconnect = on_disconnect
+        self.on_recovery = on_recovery
+        self.recoveries = 0  # how many times it recovered
+        self._recovering_now = False
+        self._topology = Topology()
+        self._auto_producers = AutoProducers()
+        # the consumers to start again after a recovery (a cancelled one leaves itself)
+        self._consumers: weakref.WeakSet[Consumer | StreamConsumer] = weakref.WeakSet()
+        self.session = 0  # its sessions with a node: one more at each recovery
         self.max_in_flight = max_in_flight
         self.max_in_flight_bytes = max_in_flight_bytes
         self.call_timeout_s = call_timeout_s
@@ -432,9 +227,11 @@ class Connection:
         self._pid = os.getpid()
         self._refs: dict[str, QueueRef] = {}
         self.linger_s = linger_s
-        self._in_flight: CreditWindow[_Publish] = CreditWindow(max_in_flight, max_in_flight_bytes)
-        self._filling: _Publish | None = None  # what publish_async fills, not sent yet
-        self._settling: _Settles | None = None  # what acks, nacks and rejects fill
+        self._in_flight: CreditWindow[OutgoingPublish] = CreditWindow(
+            max_in_flight, max_in_flight_bytes
+        )
+        self._filling: OutgoingPublish | None = None  # what publish_async fills, not sent yet
+        self._settling: PendingSettles | None = None  # what acks, nacks and rejects fill
         self._busy_rechecks = 0  # the flusher found the connection in use this many times
         self._batch = max(1, min(ASYNC_BATCH, max_in_flight // 4))
         # Held by every call that uses the transport, and by the flusher thread while it
@@ -463,6 +260,8 @@ class Connection:
         if not passive:
             QueueDefinition(name, **arguments)
         answer = self._node.declare_queue(name, passive=passive, **arguments)
+        if not passive:
+            self._topology.queue_declared(name, arguments)
         return QueueDeclared(answer["queue"], answer["message_count"], answer["consumer_count"])
 
     @_exclusive
@@ -470,6 +269,7 @@ class Connection:
         self._check_open()
         self._refs.pop(name, None)
         self._routes.clear()
+        self._topology.queue_deleted(name)
         return self._node.delete_queue(name)
 
     @_exclusive
@@ -477,17 +277,20 @@ class Connection:
         """``direct``, ``fanout`` or ``topic`` (the default exchange ``""`` always exists)."""
         self._check_open()
         self._node.declare_exchange(name, kind=kind, durable=durable)
+        self._topology.exchange_declared(name, kind, durable)
 
     @_exclusive
     def bind_queue(self, queue: str, exchange: str, routing_key: str = "") -> None:
         self._check_open()
         self._node.bind_queue(queue, exchange, routing_key)
+        self._topology.bound(queue, exchange, routing_key)
         self._routes.pop(exchange, None)
 
     @_exclusive
     def unbind_queue(self, queue: str, exchange: str, routing_key: str = "") -> None:
         """Undo ``bind_queue`` (nothing happens for a binding that is not there)."""
         self._check_open()
+        self._topology.unbound(queue, exchange, routing_key)
         self._node.unbind_queue(queue, exchange, routing_key)
         self._routes.pop(exchange, None)
 
@@ -495,6 +298,7 @@ class Connection:
     def delete_exchange(self, name: str) -> None:
         """Delete an exchange and its bindings; the queues it routed to stay."""
         self._check_open()
+        self._topology.exchange_deleted(name)
         self._node.delete_exchange(name)
         self._routes.pop(name, None)
 
@@ -554,7 +358,7 @@ class Connection:
         without enqueueing it: a producer that re-sends the same messages under the same
         sequences, in increasing order, adds no duplicates (``warren.queues.broker.dedup``). Such
         a message carries no publish timestamp: every attempt must be the same bytes."""
-        message = _new_message(body, message_id, headers, expiration_ms, producer_id, persistent)
+        message = new_message(body, message_id, headers, expiration_ms, producer_id, persistent)
         # Sent at once, not left to linger: the call waits for it anyway.
         self._send_message(
             routing_key, message, exchange, mandatory, producer_id, sequence, linger=False
@@ -578,7 +382,7 @@ class Connection:
         exchange routes it nowhere and ``mandatory`` (else it is dropped, confirmed)."""
         return self.publish_message(
             routing_key,
-            _new_message(body, message_id, headers, expiration_ms, producer_id, persistent),
+            new_message(body, message_id, headers, expiration_ms, producer_id, persistent),
             exchange=exchange,
             mandatory=mandatory,
             producer_id=producer_id,
@@ -613,19 +417,25 @@ class Connection:
     ) -> Confirm:
         """Add the message to the Publish being filled; with ``linger``, it may wait there
         up to ``linger_s`` for others to share its frame, else the frame is sent now."""
-        producer = _producer(producer_id, sequence)
+        producer = producer_bytes(producer_id, sequence)
         payload = self._check_size(encode(message))
         size = len(payload)
-        sent_a_frame = False
-        with self._lock:
+
+        def add() -> tuple[Confirm, bool]:
             queues = self._route(exchange, routing_key, mandatory)
+            refs = [self._ref(queue) for queue in queues]
             if self.blocked:
                 self._flush()
                 self._wait_while_blocked()
+            auto = self._auto_producer(producer, refs)
             publish = self._filling
+            sent_a_frame = False
             if publish is not None and (
                 not publish.takes(
-                    queues, message.persistent, message.expiration_ms, producer, sequence
+                    queues,
+                    message.persistent,
+                    message.expiration_ms,
+                    *(self._auto_producers.peek(queues) if auto else (producer, sequence)),
                 )
                 or len(publish.payloads) >= self._batch
                 or publish.bytes + size > ASYNC_BATCH_BYTES
@@ -637,21 +447,24 @@ class Connection:
                 sent_a_frame = True
             if publish is None:
                 self._make_room(1, size)
-                publish = self._filling = _Publish(
+                publish = self._filling = OutgoingPublish(
                     queues,
-                    [self._ref(queue) for queue in queues],
+                    refs,
                     message.persistent,
                     message.expiration_ms,
-                    producer,
-                    sequence,
+                    *(self._auto_producers.peek(queues) if auto else (producer, sequence)),
                 )
                 if linger and self.linger_s:
-                    _flusher().watch(self, publish.started + self.linger_s)
+                    flusher().watch(self, publish.started + self.linger_s)
             publish.payloads.append(payload)
             publish.bytes += size
+            if auto:
+                self._auto_producers.advance(queues, 1)
             if not (linger and self.linger_s):
                 self._flush()
-            confirm = Confirm(self, publish, len(publish.payloads) - 1)
+            return Confirm(self, publish, len(publish.payloads) - 1), sent_a_frame
+
+        confirm, sent_a_frame = self._recovering(add)
         if sent_a_frame:
             os.sched_yield()
         return confirm
@@ -708,12 +521,20 @@ class Connection:
         handle then writes the batch ahead of its group commit, which shortens that wait
         and would only add writes for a producer keeping batches in flight."""
         encode_body = body_encoder(
-            Message(b"", None, headers, expiration_ms, _stamp(producer_id), None, bool(persistent))
+            Message(
+                b"",
+                None,
+                headers,
+                expiration_ms,
+                publish_stamp(producer_id),
+                None,
+                bool(persistent),
+            )
         )
         properties = (bool(persistent), expiration_ms)
         return self._send_runs(
             routing_key,
-            ((*properties, [encode_body(b) for b in chunk]) for chunk in _chunks(bodies)),
+            ((*properties, [encode_body(b) for b in chunk]) for chunk in read_ahead_chunks(bodies)),
             exchange,
             mandatory,
             producer_id,
@@ -740,7 +561,7 @@ class Connection:
             (
                 (*properties, [encode(m) for m in chunk])
                 for properties, run in runs
-                for chunk in _chunks(run)
+                for chunk in read_ahead_chunks(run)
             ),
             exchange,
             mandatory,
@@ -749,7 +570,6 @@ class Connection:
             awaited=True,
         ).result(timeout)
 
-    @_exclusive
     def _send_runs(
         self,
         routing_key: str,
@@ -765,22 +585,44 @@ class Connection:
         stream, each Publish is a chunk: a quarter of the window, ``max_in_flight``, up to
         a chunk's limit) and ``PUBLISH_BATCH_BYTES``; their confirm. Each run is checked
         whole before any of it is sent. ``awaited``: the caller waits for the confirm
-        before it sends more (``Publish.awaited``)."""
-        producer = _producer(producer_id, sequence)
-        queues = self._route(exchange, routing_key, mandatory)
-        refs = [self._ref(queue) for queue in queues]
+        before it sends more (``Publish.awaited``). Not made again whole after a
+        recovery (``runs`` is read once): what it sent is in the window, sent again by
+        the recovery, and it goes on with the rest."""
+        producer = producer_bytes(producer_id, sequence)
+        with self._lock:
+            return self._send_runs_locked(
+                routing_key, runs, exchange, mandatory, producer, sequence, awaited
+            )
+
+    def _send_runs_locked(
+        self,
+        routing_key: str,
+        runs: Iterable[tuple[bool, int | None, list[bytes]]],
+        exchange: str,
+        mandatory: bool,
+        producer: bytes | None,
+        sequence: int | None,
+        awaited: bool,
+    ) -> BatchConfirm:
+        def prepare() -> tuple[list[str], list[QueueRef]]:
+            self._flush()
+            queues = self._route(exchange, routing_key, mandatory)
+            return queues, [self._ref(queue) for queue in queues]
+
+        queues, refs = self._recovering(prepare)
+        auto = self._auto_producer(producer, refs)
         most = PUBLISH_BATCH
-        if all(map(_is_stream_ref, refs)):
+        if all(map(is_stream_ref, refs)):
             share = self.max_in_flight // STREAM_WINDOW_SHARE
             most = min(MAX_ENTRIES_PER_CHUNK, max(PUBLISH_BATCH, share))
-        sent: list[_Publish] = []
+        sent: list[OutgoingPublish] = []
         count = 0
         for persistent, expiration_ms, payloads in runs:
             sizes = list(map(len, payloads))
             if max(sizes) > MAX_MESSAGE_BYTES:
                 self._check_size(payloads[sizes.index(max(sizes))])
-            for start, stop in _byte_batches(sizes, most):
-                publish = _Publish(
+            for start, stop in byte_batches(sizes, most):
+                publish = OutgoingPublish(
                     queues,
                     refs,
                     persistent,
@@ -794,6 +636,9 @@ class Connection:
                 if self.blocked:
                     self._wait_while_blocked()
                 self._make_room(stop - start, publish.bytes)
+                if auto:
+                    publish.producer, publish.sequence = self._auto_producers.peek(queues)
+                    self._auto_producers.advance(queues, stop - start)
                 self._filling = publish
                 self._flush()
                 sent.append(publish)
@@ -851,7 +696,10 @@ class Connection:
         now = time.monotonic()
         if now - self._alarms_read_at > ALARMS_READ_EVERY_S:
             with self._lock:
-                self._alarms = self._node.active_alarms()
+                try:
+                    self._alarms = self._node.active_alarms()
+                except NODE_ERRORS:
+                    pass  # the node went away: the publishes' confirms say so, and recover
             self._alarms_read_at = now
         return bool(self._alarms)
 
@@ -909,7 +757,7 @@ class Connection:
             # sends what it finds older than linger_s; look again, ever less often.
             self._busy_rechecks = min(self._busy_rechecks + 1, BUSY_DOUBLINGS)
             wait = min(self.linger_s * 2**self._busy_rechecks, BUSY_RECHECK_S)
-            _flusher().watch(self, time.monotonic() + wait)
+            flusher().watch(self, time.monotonic() + wait)
             return
         self._busy_rechecks = 0
         try:
@@ -918,19 +766,21 @@ class Connection:
                 return
             due = min(f.started for f in filling) + self.linger_s
             if due > time.monotonic():
-                _flusher().watch(self, due)
+                flusher().watch(self, due)
                 return
             self._flush()
         finally:
             self._lock.release()
 
-    def _await_publish(self, publish: _Publish, index: int | None, timeout: float | None) -> None:
+    def _await_publish(
+        self, publish: OutgoingPublish, index: int | None, timeout: float | None
+    ) -> None:
         """Wait for ``publish``'s answers; ``Nacked`` unless message ``index`` (None: all
         of them) was confirmed by every queue."""
         with self._lock:
             if publish is self._filling:
                 self._flush()
-            publish.answers(timeout, self._forget)
+            self._answers_of(publish, timeout)
             refusal = publish.refusal(index)
         if refusal is not None:
             raise refusal
@@ -939,9 +789,23 @@ class Connection:
         """Wait for the oldest Publish in flight and take it out of the window; why it was
         not confirmed, if it was not (its own publisher learns it from its ``Confirm``)."""
         publish = self._in_flight.oldest()
-        publish.answers(timeout, self._forget)
+        self._answers_of(publish, timeout)
         self._in_flight.pop_oldest()
         return publish.refusal(None)
+
+    def _answers_of(self, publish: OutgoingPublish, timeout: float | None) -> None:
+        """Wait for ``publish``'s answers; when the node went away meanwhile, recover
+        (which sends it again) and wait for the new ones. A refused publish retires the
+        connection's own producer of its queues (``AutoProducers``)."""
+        while True:
+            try:
+                publish.answers(timeout, self._queue_died)
+                break
+            except NODE_ERRORS as exc:
+                if not self._lost(exc):
+                    raise
+        if publish.refusal(None) is not None:
+            self._auto_producers.retire(publish.queues, publish.producer)
 
     # ------------------------------------------------------------------ consuming
 
@@ -981,11 +845,11 @@ class Connection:
         if type(prefetch) is not int or prefetch < 1:
             raise ValueError(f"prefetch must be an int >= 1, got {prefetch!r}")
         if inactivity_timeout is not None:
-            _check_timeout(inactivity_timeout, "inactivity_timeout")
+            check_timeout(inactivity_timeout, "inactivity_timeout")
         if self.is_stream(queue):
             if name is not None:
                 check_tracking_name(name)
-            return StreamConsumer(
+            reader = StreamConsumer(
                 self,
                 queue,
                 self._ref(queue),
@@ -995,13 +859,17 @@ class Connection:
                 inactivity_timeout=inactivity_timeout,
                 **stream_options,
             )
+            self._consumers.add(reader)
+            return reader
         if offset is not None or name is not None or stream_options:
             raise errors.UnsupportedOperation(
                 f"queue {queue!r} is a classic queue: offset, name and "
                 f"{', '.join(stream_options) or 'the store options'} are for streams"
             )
         self._subscribe(queue, True, prefetch)
-        return Consumer(self, queue, prefetch, inactivity_timeout)
+        consumer = Consumer(self, queue, prefetch, inactivity_timeout)
+        self._consumers.add(consumer)
+        return consumer
 
     # ------------------------------------------------------------------ streams
 
@@ -1027,14 +895,14 @@ class Connection:
     def last_sequence(self, stream: str, producer_id: str | bytes) -> int | None:
         """The last sequence ``stream`` took from ``producer_id`` (None: none yet): a
         producer that restarts publishes on from the one after it."""
-        producer = _producer(producer_id, 0)
+        producer = producer_bytes(producer_id, 0)
         assert producer is not None  # a producer id was given
         return self._ask(self._stream_only(stream), LastSequence(producer))
 
     @_exclusive
     def is_stream(self, queue: str) -> bool:
         """Whether ``queue`` is a stream (declared with type="stream")."""
-        return _is_stream_ref(self._ref(queue))
+        return is_stream_ref(self._ref(queue))
 
     def _stream_only(self, queue: str) -> str:
         if not self.is_stream(queue):
@@ -1085,11 +953,23 @@ class Connection:
         ref, future = asked
         try:
             answer = await_answer(ref, future, self.call_timeout_s)
+        except NODE_ERRORS as exc:  # first: a stopping queue's answer is a RemoteError too
+            # The fetch died with the queue, or with the node (recover first): either
+            # way the queue has every message back.
+            lost = (
+                self._queue_died(queue)
+                if isinstance(exc, ActorDeadError)
+                else NodeLost(str(exc))
+                if self._node_gone(exc)
+                else None
+            )
+            if lost is not None and not self._lost(lost):
+                raise lost from exc
+            if lost is None and not isinstance(exc, ActorDeadError):
+                raise
+            return []
         except RemoteError as exc:
             raise local_error(exc.type_name, exc.message, exc.remote_traceback) from None
-        except ActorDeadError:
-            self._forget(queue)
-            return []
         return self._deliveries(queue, answer, True)
 
     def _fetch_request(self, count: int, ack: bool) -> Fetch:
@@ -1116,6 +996,8 @@ class Connection:
         is full, at the connection's next call, or within ``linger_s``."""
         with self._lock:
             self._check_open()
+            if delivery.session != self.session:
+                return  # held by a session before a recovery: the node requeued it
             queue = delivery.queue
             held = self._held.get(queue, {})
             if delivery.delivery_tag not in held:
@@ -1137,9 +1019,9 @@ class Connection:
                 self._flush()
                 settles = None
             if settles is None:
-                settles = self._settling = _Settles(queue, self._ref(queue), action)
+                settles = self._settling = PendingSettles(queue, self._ref(queue), action)
                 if self.linger_s:
-                    _flusher().watch(self, settles.started + self.linger_s)
+                    flusher().watch(self, settles.started + self.linger_s)
             settles.tags += tags
             self._settled.add(queue)
             for tag in tags:
@@ -1179,18 +1061,171 @@ class Connection:
                 return await_answer(
                     ref, ref.ask_async(request, timeout=self.call_timeout_s), self.call_timeout_s
                 )
-            except RemoteError as exc:
-                raise local_error(exc.type_name, exc.message, exc.remote_traceback) from None
-            except ActorDeadError:
-                self._forget(queue)
+            except ActorDeadError:  # first: a stopping queue's answer is a RemoteError too
+                lost = self._queue_died(queue)
+                if lost is not None:
+                    raise lost from None
                 if attempt == 2:
                     raise Nacked(
                         f"queue {queue!r} restarted twice during one call; try again"
                     ) from None
+            except RemoteError as exc:
+                raise local_error(exc.type_name, exc.message, exc.remote_traceback) from None
 
     def _forget(self, queue: str) -> None:
         """Drop the cached ref of a queue that restarted: the next call asks the node."""
         self._refs.pop(queue, None)
+
+    # ------------------------------------------------------------------ recovery
+
+    def _recovering(self, call: Callable[[], Result], flush: bool = False) -> Result:
+        """``call()`` under the connection's lock (after sending what ``publish_async``
+        keeps, with ``flush``); when it finds the node gone, recover and call it again,
+        or close and raise ``ConnectionClosed``. Only for calls that change nothing
+        twice: a declaration, a read, a fetch (lost with the node: the node has every
+        message back), a subscribe."""
+        with self._lock:
+            while True:
+                try:
+                    if flush:
+                        self._flush()
+                    return call()
+                except NODE_ERRORS as exc:
+                    if not self._lost(exc):
+                        raise
+
+    def _auto_producer(self, producer: bytes | None, refs: list[QueueRef]) -> bool:
+        """Whether a publish to ``refs`` gets the connection's own producer id: when the
+        application gave none, the connection recovers and is ``idempotent``, and no
+        queue is a stream."""
+        return (
+            producer is None
+            and self.idempotent
+            and self.recover
+            and not any(map(is_stream_ref, refs))
+        )
+
+    def _node_gone(self, error: BaseException | None = None) -> bool:
+        """Whether the node (the tcp listener) this connection spoke to went away, as
+        opposed to one of its queues restarting."""
+        if isinstance(error, NodeLost):
+            return True
+        gone = getattr(self._node, "gone", None)
+        return gone is not None and bool(gone())
+
+    def _queue_died(self, queue: str) -> NodeLost | None:
+        """A queue's process went away before it answered: forget its ref; the
+        ``NodeLost`` to raise if the whole node went away with it."""
+        self._forget(queue)
+        if self._node_gone():
+            return NodeLost(f"the node went away while queue {queue!r} was answering")
+        return None
+
+    def _lost(self, error: BaseException) -> bool:
+        """``error`` came from a call to the node or a queue: True once the connection
+        recovered from the node going away (make the call again); False when it is not
+        that (raise ``error`` on); ``ConnectionClosed`` when the connection does not
+        recover, or gave up."""
+        if self._closed or self._recovering_now or not self._node_gone(error):
+            return False
+        notify(self.on_disconnect, error)
+        if not self.recover:
+            self._abandon()
+            how = (
+                "connect again (connect(..., recover=True) does it by itself)"
+                if self._reconnect is not None
+                else "connect again"
+            )
+            raise ConnectionClosed(
+                f"the node went away ({error}); this connection is closed: {how}"
+            ) from error
+        self._recover(error)
+        return True
+
+    def _abandon(self) -> None:
+        """Close a connection whose node went away: nothing to hand back (the node
+        requeued what it held), nothing more to wait for."""
+        self._closed = True
+        self._filling = self._settling = None
+        self._in_flight.clear()
+        self._held.clear()
+        if self._on_close is not None:
+            self._on_close()
+
+    def _recover(self, error: BaseException) -> None:
+        """Connect again and rebuild (``warren.queues.client.recovery``); or close and
+        raise ``ConnectionClosed`` after ``recovery_timeout_s``."""
+        assert self._reconnect is not None, "recover is set only with a reconnect"
+        log.warning("the node went away (%s); recovering the connection", error)
+        deadline = time.monotonic() + self.recovery_timeout_s
+        waits = backoff(self.recovery_interval_s)
+        self._recovering_now = True
+        try:
+            while True:
+                try:
+                    self._new_session()
+                    break
+                except errors.PreconditionFailed as exc:
+                    # the restarted node holds a queue this connection declared with other
+                    # arguments: no attempt can change that
+                    self._abandon()
+                    raise ConnectionClosed(
+                        f"the node went away and, back, refuses what this connection "
+                        f"declared ({exc}); this connection is closed"
+                    ) from exc
+                except (QueueError, ActorError, OSError, TimeoutError) as exc:
+                    error = exc  # the node is away, or starting, again: another attempt
+                wait = next(waits)
+                if time.monotonic() + wait >= deadline:
+                    self._abandon()
+                    raise ConnectionClosed(
+                        f"the node went away and did not come back within "
+                        f"{self.recovery_timeout_s:g} s ({error}); this connection is closed"
+                    ) from error
+                time.sleep(wait)
+        finally:
+            self._recovering_now = False
+        self.recoveries += 1
+        log.warning("the connection recovered (recovery %d)", self.recoveries)
+        notify(self.on_recovery, self)
+
+    def _new_session(self) -> None:
+        """One attempt at recovery: a new transport, what was declared, the publishes in
+        doubt, the consumers. What fails here fails the attempt."""
+        if self._on_close is not None:
+            self._on_close()  # the old transport: what it still queues must not go out
+        assert self._reconnect is not None
+        self._node = self._reconnect()
+        self._on_close = getattr(self._node, "close", None)
+        self._refs.clear()
+        self._routes.clear()
+        self._alarms_read_at = float("-inf")
+        self.session += 1
+        self.consumer_id = os.urandom(16)  # the node requeued what the old one held
+        self._held.clear()
+        self._settled.clear()
+        self._subscribed.clear()
+        self._settling = None
+        self._topology.declare_on(self._node)
+        for publish in self._in_flight:
+            if publish.answered and publish.lost is None:
+                continue
+            if publish.producer is not None:
+                publish.resend(self)
+            else:  # sent again, it could be taken twice: its publisher decides
+                publish.fail(
+                    Nacked(
+                        "the node went away before confirming this publish; the connection "
+                        "recovered, but the message is in doubt: publish it again (with a "
+                        "producer_id, or connect(..., idempotent=True), the connection "
+                        "sends it again itself, without duplicates)"
+                    )
+                )
+        for consumer in list(self._consumers):
+            consumer._recovered()
+
+    def _consumer_done(self, consumer: Consumer | StreamConsumer) -> None:
+        self._consumers.discard(consumer)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -1234,314 +1269,3 @@ class Connection:
 
     def __exit__(self, *exc_info) -> None:
         self.close()
-
-
-class Consumer:
-    """An iterator over one queue's deliveries, with at most ``prefetch`` unacked; a
-    context manager whose exit requeues what was not acked."""
-
-    def __init__(
-        self,
-        connection: Connection,
-        queue: str,
-        prefetch: int,
-        inactivity_timeout: float | None = None,
-    ) -> None:
-        self.connection = connection
-        self.queue = queue
-        self.prefetch = prefetch
-        self.inactivity_timeout = inactivity_timeout
-        self._ready: collections.deque[Delivery] = collections.deque()
-        self._ahead: tuple[QueueRef, Any] | None = None  # the fetch sent ahead, unanswered
-        self._fetch_at = max(1, prefetch // 2)  # how much free prefetch sends the next
-        self._closed = False
-
-    def __iter__(self) -> Iterator[Delivery]:
-        return self
-
-    def __next__(self) -> Delivery:
-        if self.inactivity_timeout is None:
-            delivery = self._next_within(None)
-        else:
-            delivery = self._next_within(time.monotonic() + self.inactivity_timeout)
-            if delivery is None and not self._closed:
-                self.cancel()
-        if delivery is None:
-            raise StopIteration
-        return delivery
-
-    def get(self, timeout: float) -> Delivery | None:
-        """The next delivery, waiting up to ``timeout`` seconds (0: look once); None when
-        none came, or the consumer was cancelled. Each delivery awaits its ack."""
-        _check_timeout(timeout, "timeout", zero=True)
-        return self._next_within(time.monotonic() + timeout)
-
-    def _next_within(self, deadline: float | None) -> Delivery | None:
-        """The next delivery; None at ``deadline``. The next fetch goes out as soon as
-        half the prefetch is free, while the deliveries at hand are handed out, so the
-        queue reads messages while the application works (its answer is taken once they
-        are used up); an empty queue is polled ever less often (``IDLE_POLL_S``)."""
-        wait = IDLE_POLL_S[0]
-        while not self._closed:
-            if self._ahead is None:
-                room = self.prefetch - self.connection.held(self.queue)
-                if room >= self._fetch_at or (room > 0 and not self._ready):
-                    self._ahead = self.connection._fetch_async(self.queue, room)
-            if self._ready:
-                break
-            if self._ahead is not None:
-                asked, self._ahead = self._ahead, None
-                self._ready.extend(self.connection._fetched(self.queue, asked))
-                if self._ready:
-                    break
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                return None
-            time.sleep(wait if left is None else min(wait, left))
-            wait = min(wait * 2, IDLE_POLL_S[1])
-        return self._ready.popleft() if self._ready else None
-
-    def cancel(self) -> None:
-        """Stop iterating; deliveries fetched but not yet handed out go back now."""
-        if self._closed:
-            return
-        self._closed = True
-        if self._ahead is not None:
-            asked, self._ahead = self._ahead, None
-            try:
-                self._ready.extend(self.connection._fetched(self.queue, asked))
-            except (QueueError, TimeoutError):
-                pass  # what it fetched goes back when the connection closes
-        if self._ready:
-            self.connection._give_back(self.queue, [d.delivery_tag for d in self._ready])
-            self._ready.clear()
-        self.connection._subscribe(self.queue, False)
-
-    def __enter__(self) -> Consumer:
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self.cancel()
-
-
-def await_answer(ref: QueueRef, future: Any, timeout: float | None) -> Any:
-    """``future``'s answer. A plain process cannot monitor the queue, so while it waits it
-    looks, every ``RESTART_CHECK_S``, whether the incarnation ``ref`` names still lives:
-    ``ActorDeadError`` once its process is gone or another incarnation answers at its
-    address (the request died with it); ``TimeoutError`` after ``timeout``."""
-    deadline = None if timeout is None else time.monotonic() + timeout
-    while True:
-        wait = (
-            RESTART_CHECK_S
-            if deadline is None
-            else max(0.0, min(RESTART_CHECK_S, deadline - time.monotonic()))
-        )
-        try:
-            return future.get(timeout=wait)
-        except AskTimeout:
-            if deadline is not None and time.monotonic() >= deadline:
-                raise TimeoutError(f"{ref.name} did not answer within {timeout} s") from None
-            if not _alive(ref, future):
-                raise ActorDeadError(f"{ref.name} incarnation {ref.incarnation} is gone") from None
-
-
-def _alive(ref: QueueRef, future: Any) -> bool:
-    if isinstance(ref, RemoteQueue):
-        return ref.alive(future)  # the listener looks, on the node's machine
-    assert isinstance(ref, ActorRef), "a queue ref is an ActorRef or a RemoteQueue"
-    if not process_exists(ref.pid):  # the node runs on this machine
-        return False
-    try:
-        return ref.unpin().ping(timeout=RESTART_CHECK_S).incarnation == ref.incarnation
-    except ActorError:
-        return True  # busy, or between incarnations: wait on
-
-
-def _check_timeout(value: Any, what: str, *, zero: bool = False) -> None:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or not math.isfinite(value)
-        or value < 0
-        or (value == 0 and not zero)
-    ):
-        bound = ">= 0" if zero else "> 0"
-        raise ValueError(f"{what} must be a finite number of seconds {bound}, got {value!r}")
-
-
-def _new_message(
-    body: bytes,
-    message_id: str | None,
-    headers: dict[str, Any] | None,
-    expiration_ms: int | None,
-    producer_id: str | bytes | None,
-    persistent: bool,
-) -> Message:
-    """What ``publish`` and ``publish_async`` send: stamped now unless deduplicated."""
-    return Message(
-        body, message_id, headers, expiration_ms, _stamp(producer_id), None, bool(persistent)
-    )
-
-
-def _stamp(producer_id: str | bytes | None) -> int | None:
-    """The publish timestamp a message gets: now, but none for a deduplicated one. Its
-    shared-store id is derived from (producer, sequence), the same for every attempt, and
-    the store keeps one copy per id: an attempt stamped a moment later would be other
-    bytes under that id, and a queue taking the second attempt (a fanout whose first
-    attempt reached only some queues) would read the first's bytes and find them failing
-    its CRC."""
-    return None if producer_id is not None else int(time.time() * 1000)
-
-
-def _producer(producer_id: str | bytes | None, sequence: int | None) -> bytes | None:
-    """A producer id as the queues take it; ValueError for a half-given or bad pair."""
-    if producer_id is None and sequence is None:
-        return None
-    producer = producer_id.encode() if isinstance(producer_id, str) else producer_id
-    if type(producer) is not bytes or not 0 < len(producer) <= MAX_PRODUCER_BYTES:
-        raise ValueError(
-            f"producer_id must be a str or bytes of 1 to {MAX_PRODUCER_BYTES} "
-            f"bytes, with a sequence; got {producer_id!r}"
-        )
-    if type(sequence) is not int or not 0 <= sequence <= MAX_SEQUENCE:
-        raise ValueError(
-            f"sequence must be an int in 0..{MAX_SEQUENCE} with a producer_id "
-            f"(the message's place in what that producer sends); got {sequence!r}"
-        )
-    return producer
-
-
-def _sender(ref: QueueRef) -> Any:
-    """The channel this thread sends to ``ref`` on (None for a queue behind a listener,
-    whose connection has one socket whichever thread sends)."""
-    return ref.channel() if isinstance(ref, ActorRef) else None
-
-
-def _same_mailbox(ref: QueueRef, channel: Any) -> Any:
-    """``channel`` for the incarnation ``ref`` names, if it lives at the same address."""
-    return (
-        channel
-        if channel is not None and channel.endpoint == getattr(ref, "address", None)
-        else None
-    )
-
-
-class _Flusher:
-    """The thread that sends a connection's lingering Publish once it is ``linger_s`` old,
-    for a producer that stopped publishing without waiting for its confirms: one per
-    process, started with the first Publish that lingers (and anew in a forked child)."""
-
-    def __init__(self) -> None:
-        self._pid = os.getpid()
-        self._due: dict[Connection, float] = {}  # connection -> when to look at it
-        self._changed = threading.Condition()
-        threading.Thread(target=self._run, name="warren-flusher", daemon=True).start()
-        atexit.register(self._flush_all)
-
-    def _flush_all(self) -> None:
-        """At exit: send what every connection still keeps, as a message handed to
-        ZeroMQ goes out at exit (within the sockets' linger), so that a process that
-        publishes and exits loses nothing it published. Not in a forked child, which
-        inherits the registration but not the parent's connections."""
-        if os.getpid() != self._pid:
-            return
-        with self._changed:
-            connections = list(self._due)
-            self._due.clear()
-        for connection in connections:
-            if connection._lock.acquire(timeout=EXIT_FLUSH_WAIT_S):
-                try:
-                    connection._flush()
-                except Exception:
-                    log.exception("sending a lingering publish at exit failed")
-                finally:
-                    connection._lock.release()
-
-    def watch(self, connection: Connection, at: float) -> None:
-        with self._changed:
-            known = self._due.get(connection)
-            if known is None or at < known:
-                self._due[connection] = at
-                self._changed.notify()
-
-    def _run(self) -> None:
-        while True:
-            with self._changed:
-                while True:
-                    now = time.monotonic()
-                    due = [c for c, at in self._due.items() if at <= now]
-                    if due:
-                        break
-                    self._changed.wait(min(self._due.values()) - now if self._due else None)
-                for connection in due:
-                    del self._due[connection]
-            for connection in due:
-                try:
-                    connection._flush_lingering()
-                except Exception:  # a connection's failure is its Confirms'; never the thread's
-                    log.exception("sending a lingering publish failed")
-
-
-_the_flusher: tuple[int, _Flusher] | None = None
-_flusher_lock = threading.Lock()
-
-
-def _flusher() -> _Flusher:
-    global _the_flusher
-    with _flusher_lock:
-        if _the_flusher is None or _the_flusher[0] != os.getpid():
-            _the_flusher = (os.getpid(), _Flusher())
-        return _the_flusher[1]
-
-
-def _is_stream_ref(ref: QueueRef) -> bool:
-    if isinstance(ref, RemoteQueue):
-        return ref.stream
-    return ref.name.startswith(STREAM_ACTOR_PREFIX)
-
-
-def _chunks(items: Iterable[Any]) -> Iterator[list[Any]]:
-    """``items`` in lists of at most ``READ_AHEAD`` and about ``PUBLISH_BATCH_BYTES``
-    (``READ_AHEAD_STEP`` at a time), taken as they are needed: a producer's generator is
-    never read far ahead, in messages or in bytes."""
-    items = iter(items)
-    while True:
-        chunk: list[Any] = []
-        size = 0
-        while len(chunk) < READ_AHEAD and size < PUBLISH_BATCH_BYTES:
-            step = list(itertools.islice(items, READ_AHEAD_STEP))
-            if not step:
-                break
-            chunk += step
-            size += _size(step)
-        if not chunk:
-            return
-        yield chunk
-
-
-def _size(items: list[Any]) -> int:
-    """The bytes of ``items``, bodies or ``Message``s (anything else counts nothing here:
-    encoding it raises the error that names it)."""
-    try:
-        return sum(map(len, items))
-    except TypeError:
-        return sum(
-            len(item.body) if isinstance(item, Message) else len(item)
-            for item in items
-            if isinstance(item, (bytes, bytearray, memoryview, Message))
-        )
-
-
-def _byte_batches(sizes: list[int], most: int) -> Iterator[tuple[int, int]]:
-    """(start, stop) of consecutive messages of ``sizes`` that share a Publish of at most
-    ``most`` messages and ``PUBLISH_BATCH_BYTES`` (a larger message goes alone)."""
-    if len(sizes) <= most and sum(sizes) <= PUBLISH_BATCH_BYTES:
-        yield 0, len(sizes)
-        return
-    start, total = 0, 0
-    for at, size in enumerate(sizes):
-        if at > start and (total + size > PUBLISH_BATCH_BYTES or at - start == most):
-            yield start, at
-            start, total = at, 0
-        total += size
-    yield start, len(sizes)

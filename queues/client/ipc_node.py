@@ -115,6 +115,19 @@ class RemoteNode(NodeCalls):
             raise local_error(str(answer["error"]), str(answer.get("message", "")))
         return answer["ok"]
 
+    def gone(self) -> bool:
+        """Whether the node this handle reached stopped running: its process is gone,
+        or the data directory's node file names another (it was restarted)."""
+        if self.pid is None:
+            return False
+        if not process_exists(self.pid):
+            return True
+        try:
+            with open(os.path.join(self.data_dir, NODE_FILE)) as file:
+                return json.load(file).get("pid") != self.pid
+        except (OSError, ValueError, AttributeError):
+            return False  # being rewritten, or removed by a stop the process survives yet
+
     def _alive(self) -> bool:
         if self.pid is None:
             return True  # a node file without a pid: the call's timeout decides

@@ -341,8 +341,8 @@ def _messages(
         if isinstance(row_headers, list):  # Arrow gives a map as (key, value) pairs
             row_headers = dict(row_headers)
         key = (keys[index] or default_key) if target.exchange is not None else default_key
-        # No timestamp: a retried task must publish the same bytes (see the connection's
-        # ``_stamp``).
+        # No timestamp: a retried task must publish the same bytes (see
+        # ``warren.queues.client.publishing.publish_stamp``).
         out.append(
             (key, Message(body, ids[index], row_headers or None, None, None, None, persistent))
         )

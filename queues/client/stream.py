@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from warren.actors import ActorError, ActorRef
 
-from ..errors import InvalidArgument, Nacked, OffsetOutOfRange, QueueRestarting
+from ..errors import InvalidArgument, Nacked, NotFound, OffsetOutOfRange, QueueRestarting
 from ..message import Message, decode
 from ..protocol import (
     MAX_WAIT_MS,
@@ -148,18 +148,59 @@ class StreamConsumer:
             if stored is not None:
                 self._stored = stored
                 start = ("offset", stored + 1)
-        attached = self._attach(start, resuming=name is not None and self._stored >= 0)
+        self._reader: StreamReader | None = None
+        self._broken: OffsetOutOfRange | None = None  # why it cannot go on after a recovery
+        self._open(ref, start, resuming=name is not None and self._stored >= 0)
+        self._first = self._next  # where it started: where it starts again, read nothing
+
+    def _open(self, ref: Any, start: tuple[str, int], resuming: bool) -> None:
+        attached = self._attach(start, resuming)
         self._next = attached["offset"]
         self._committed = attached["committed"]
         directory = attached["directory"]
         # On the node's machine: read the files; behind a listener: ask for the records.
         self._local = isinstance(ref, ActorRef) and os.path.isdir(directory)
-        self._reader: StreamReader | None = None
         if self._local:
             # the engine's reader, loaded only by a process that reads a stream's files
             from ..engine.stream_log import StreamReader
 
             self._reader = StreamReader(directory, self._next, lambda: self._committed)
+
+    def _recovered(self) -> None:
+        """The connection recovered on a new node: attach there again, after the last
+        record handed out (where it started, if none was), so that its offsets keep
+        increasing; records read ahead and not handed out are read again. A named
+        consumer stores its offset again at its next record: the node may have lost
+        the last one it stored with the node's kill."""
+        if self._closed:
+            return
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
+        self._ready.clear()
+        try:
+            self._attach_again()
+        except NotFound as exc:
+            if isinstance(exc, QueueRestarting):
+                raise  # the node is still starting it: the recovery tries again
+            # gone from the restarted node: the next read raises NotFound
+
+    def _attach_again(self) -> None:
+        if self.name is not None:
+            stored = self.connection.query_offset(self.stream, self.name)
+            self._stored = -1 if stored is None else stored
+            self._stored_at = float("-inf")
+        start = self._handed + 1 if self._handed >= 0 else self._first
+        ref = self.connection._ref(self.stream)
+        try:
+            self._open(ref, ("offset", start), resuming=False)
+        except OffsetOutOfRange as exc:
+            self._open(ref, ("first", 0), resuming=False)
+            if self._next < start:
+                # Not retention (which moves it forwards): the restarted stream lost
+                # its tail, which it may write again at these offsets; going back would
+                # break its order. The next read says so; consume again to go on.
+                self._broken = exc
 
     def _attach(self, start: tuple[str, int], resuming: bool) -> dict[str, Any]:
         try:
@@ -195,6 +236,8 @@ class StreamConsumer:
         return self._next_within(time.monotonic() + timeout)
 
     def _next_within(self, deadline: float | None) -> StreamDelivery | None:
+        if self._broken is not None:
+            raise self._broken
         if self._closed:
             return None
         if self.name is not None and self._handed > self._stored:
@@ -214,16 +257,23 @@ class StreamConsumer:
 
     def _fill(self, left: float | None) -> None:
         """Read what is committed; when nothing is, wait (a long poll of at most ``left``
-        seconds) for the next commit."""
+        seconds) for the next commit. An answer that comes after the connection
+        recovered (the poll was asked again of the new node) is dropped: the consumer
+        attached again meanwhile, from where it is now."""
         reader = self._reader
+        session = self.connection.session
         if reader is not None:
             chunk = reader.read_chunk()
             if chunk is not None:
                 self._ready.extend(chunk)
                 return
-            self._committed = self._poll(reader.next_offset, 0, left)["committed"]
+            answer = self._poll(reader.next_offset, 0, left)
+            if self.connection.session == session:
+                self._committed = answer["committed"]
             return
         answer = self._poll(self._next, self.prefetch, left)
+        if self.connection.session != session:
+            return
         self._ready.extend((offset, ts, body) for offset, ts, body in answer["records"])
         self._committed, self._next = answer["committed"], answer["next"]
 
@@ -263,6 +313,7 @@ class StreamConsumer:
         if self._closed:
             return
         self._closed = True
+        self.connection._consumer_done(self)
         if self._reader is not None:
             self._reader.close()
         processed = self._handed if processed_last else self._handed - 1

@@ -7,13 +7,16 @@ uses as it uses a local queue's pinned ref (``ask_async``, ``tell``), plus ``ali
 which asks the listener whether that incarnation of the queue still lives. Answers are
 matched by request id; an answer nobody waits for any more is dropped.
 
-Restarts. The listener's boot id is learnt at connect. Every alive check and every
-overdue node call asks for it again: a new one means the listener restarted, and every
-request sent before that moment was lost with it (a publish is then in doubt: ``Nacked``;
-a fetch is asked again). Queue requests carry the boot they were meant for, so a request
-left in this socket while the node was down is refused by the restarted listener rather
-than done late, after the publisher was told to send it again. A connection given up with
-answers still awaited closes without linger, for the same reason.
+Restarts. The listener's boot id is learnt at connect. Every alive check, every overdue
+node call and every node call answered after the socket lost its connection asks for it
+again: a new one means the listener (or the whole node) restarted, and this transport is
+done (``gone``): every request sent through it from then on is refused by the new
+listener, and the ``Connection`` recovers on a new transport
+(``warren.queues.client.recovery``) or closes. Queue requests carry the boot they were
+meant for, so a request left in this socket while the node was down is refused by the
+restarted listener rather than done late, after the publisher sent it again. A
+connection given up with answers still awaited closes without linger, for the same
+reason.
 
 A connection's consumers are kept alive by a beat (``BEAT_S``) sent from a thread of
 its own, on a socket of its own, while it has consumed: the listener releases a remote
@@ -47,6 +50,7 @@ from .. import errors
 from ..errors import AccessRefused, NodeNotRunning, local_error
 from ..protocol import Fetch, NodeCalls, Subscribe
 from .keys import ClientKey, load_client_key
+from .recovery import NODE_SILENCE_S, NodeLost
 
 __all__ = ["RemoteQueue", "TcpNode"]
 
@@ -73,7 +77,8 @@ class TcpNode(NodeCalls):
         self.call_timeout_s = call_timeout_s
         self._key: ClientKey | None = load_client_key(key_file) if key_file is not None else None
         self._context: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
-        self._socket, handshakes = self._open_socket(watch_handshake=True)
+        # the socket's monitor: failed handshakes (at connect), lost connections (after)
+        self._socket, self._events = self._open_socket(watch=True)
         self._encoder = Encoder()
         self._decoder = Decoder()
         self._ids = iter(range(1, 2**62))
@@ -82,9 +87,11 @@ class TcpNode(NodeCalls):
         self._consumers: set[bytes] = set()
         self._beat: threading.Thread | None = None
         self._closed = threading.Event()
-        self._lost_below = 0  # requests before this id died with a listener
+        self._replaced = False  # another listener answers at the address: gone
+        # since when it awaits an answer and has heard nothing (None: it heard since)
+        self._silent_since: float | None = None
         try:
-            self.boot = self._first_answer(handshakes, connect_timeout_s)
+            self.boot = self._first_answer(connect_timeout_s)
         except AskTimeout:
             self.close()
             hint = (
@@ -99,47 +106,54 @@ class TcpNode(NodeCalls):
             ) from None
 
     def _open_socket(
-        self, watch_handshake: bool = False
+        self, watch: bool = False
     ) -> tuple[zmq.Socket[bytes], zmq.Socket[bytes] | None]:
-        """A DEALER connected to the listener; with ``watch_handshake``, also a monitor of
-        its failed handshakes, attached before it connects so that none is missed."""
+        """A DEALER connected to the listener; with ``watch``, also a monitor of its
+        failed handshakes and lost connections, attached before it connects so that
+        none is missed."""
         socket = self._context.socket(zmq.DEALER)
         socket.linger = LINGER_MS
         if self._key is not None:
             self._key.apply(socket)
         monitor = (
             socket.get_monitor_socket(
-                zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+                zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+                | zmq.EVENT_DISCONNECTED
             )
-            if watch_handshake
+            if watch
             else None
         )
         socket.connect(self.endpoint)
         return socket, monitor
 
-    def _first_answer(self, handshakes: zmq.Socket[bytes] | None, timeout_s: float) -> Any:
+    def _first_answer(self, timeout_s: float) -> Any:
         """The listener's boot; a handshake the listener fails (it does or does not use
         CURVE where this client does not or does, or it refuses this key) is
         ``AccessRefused`` at once, rather than a wait for an answer that cannot come."""
         request_id = self.send("boot")
         deadline = time.monotonic() + timeout_s
-        try:
-            while handshakes is not None and request_id not in self._answers:
-                if handshakes.poll(0):
-                    self.close()
-                    event = recv_monitor_message(handshakes)["event"]
-                    raise AccessRefused(self._handshake_failure(event))
-                try:
-                    return self.wait(request_id, min(HANDSHAKE_CHECK_S, timeout_s))
-                except AskTimeout:
-                    if time.monotonic() >= deadline:
-                        raise
-            return self.wait(request_id, max(0.0, deadline - time.monotonic()))
-        finally:
-            if handshakes is not None:
-                if not self._socket.closed:
-                    self._socket.disable_monitor()
-                handshakes.close(linger=0)
+        while True:
+            refused = self._handshake_refused()
+            if refused is not None:
+                self.close()
+                raise AccessRefused(self._handshake_failure(refused))
+            try:
+                return self.wait(
+                    request_id, min(HANDSHAKE_CHECK_S, max(0.0, deadline - time.monotonic()))
+                )
+            except AskTimeout:
+                if time.monotonic() >= deadline:
+                    raise
+
+    def _handshake_refused(self) -> int | None:
+        """The event of a failed handshake the monitor reported, if any (a lost
+        connection it reported before the first answer needs nothing: it reconnects)."""
+        while self._events is not None and self._events.poll(0):
+            event = recv_monitor_message(self._events)["event"]
+            if event != zmq.EVENT_DISCONNECTED:
+                return event
+        return None
 
     def _handshake_failure(self, event: int) -> str:
         if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
@@ -169,20 +183,29 @@ class TcpNode(NodeCalls):
         queued while the node was away must not reach the node later."""
         if not self._closed.is_set():
             self._closed.set()
+            if self._events is not None:
+                self._socket.disable_monitor()
+                self._events.close(linger=0)
             self._socket.close(linger=0 if self._awaited else LINGER_MS)
 
     # ------------------------------------------------------------------ plumbing
 
     def _call(self, op: str, timeout: float | None = None, **args: Any) -> Any:
         """A node call's answer. While it waits, it looks every ``RESTART_CHECK_S``
-        whether the listener restarted (the call was then lost: ``ConnectionClosed``)."""
+        whether the listener restarted (the call was then lost: ``ConnectionClosed``).
+        Calls carry no boot: one that the socket carried to a restarted listener is
+        answered by the new node. So an answer that came after the socket lost its
+        connection, or a refusal (``NotFound``: an exchange this connection declared
+        and the restarted node lacks), is checked against the listener's boot: a new
+        one means the node went away under the connection (``NodeLost``), which it
+        must learn even from a call that succeeded."""
         request_id = self.send("call", op, args)
         timeout = timeout if timeout is not None else self.call_timeout_s
         deadline = time.monotonic() + timeout
         try:
             while True:
                 try:
-                    return self.wait(
+                    answer = self.wait(
                         request_id, min(RESTART_CHECK_S, max(0.0, deadline - time.monotonic()))
                     )
                 except AskTimeout:
@@ -190,13 +213,26 @@ class TcpNode(NodeCalls):
                         raise TimeoutError(
                             f"the node at {self.endpoint} did not answer {op} within {timeout:g} s"
                         ) from None
-                    if self._listener_restarted(request_id):
-                        raise errors.ConnectionClosed(
+                    if self._listener_replaced():
+                        raise NodeLost(
                             f"the listener at {self.endpoint} restarted during {op}; the call "
                             f"was lost: make it again"
                         ) from None
+                    if self.silent():
+                        raise NodeLost(
+                            f"the listener at {self.endpoint} answered nothing for "
+                            f"{NODE_SILENCE_S:g} s"
+                        ) from None
+                else:
+                    if self._dropped() and self.gone():
+                        raise NodeLost(f"the node at {self.endpoint} restarted before {op}")
+                    return answer
         except (TimeoutError, errors.ConnectionClosed):
             self.forget(request_id)
+            raise
+        except errors.QueueError as exc:
+            if self.gone():
+                raise NodeLost(f"the node at {self.endpoint} restarted ({exc})") from exc
             raise
 
     def send(self, op: str, *args: Any, answered: bool = True) -> int:
@@ -207,6 +243,8 @@ class TcpNode(NodeCalls):
         frames = self._encoder.encode([op, request_id, *args])
         if answered:
             self._awaited.add(request_id)
+            if self._silent_since is None:
+                self._silent_since = time.monotonic()
         try:
             self._socket.send_multipart(frames, copy=False)
         except zmq.ZMQError as exc:
@@ -233,6 +271,7 @@ class TcpNode(NodeCalls):
                     kind, answer_id, value = self._decoder.decode(frames)
                 except (CodecError, ValueError, TypeError):
                     continue  # nothing a listener sends; not ours to trust
+                self._silent_since = None
                 if answer_id in self._awaited:
                     self._answers[answer_id] = (kind, value)
         self._awaited.discard(request_id)
@@ -241,9 +280,8 @@ class TcpNode(NodeCalls):
             return value
         type_name, text, _ = value
         if type_name == "ListenerRestarted":  # as a restarted queue's pinned ref
-            # Sent to a listener before this one: learn the new one's boot, so that what
-            # this connection sends next is taken.
-            self._listener_restarted(request_id)
+            # Sent to a listener before this one: this transport is gone.
+            self._replaced = True
             raise ActorDeadError(str(text))
         raise local_error(str(type_name), str(text))
 
@@ -251,22 +289,52 @@ class TcpNode(NodeCalls):
         self._awaited.discard(request_id)
         self._answers.pop(request_id, None)
 
-    def _listener_restarted(self, request_id: int) -> bool:
+    def _listener_replaced(self) -> bool:
         probe = self.send("boot")
         try:
             boot = self.wait(probe, RESTART_CHECK_S)
         except AskTimeout:
             self.forget(probe)
             return False  # away: the caller waits on
-        return self.in_flight_lost(request_id, boot)
+        return self.replaced(boot)
 
-    def in_flight_lost(self, request_id: int, boot: bytes) -> bool:
-        """Whether ``request_id`` was lost: the listener answering now (``boot``) is not
-        the one it was sent to (every request sent before a change of boot is lost)."""
+    def _dropped(self) -> bool:
+        """Whether the socket lost its connection to the listener (or failed a new
+        handshake) since last asked."""
+        dropped = False
+        while self._events is not None and self._events.poll(0):
+            self._events.recv_multipart()
+            dropped = True
+        return dropped
+
+    def silent(self) -> bool:
+        """Whether the listener has answered nothing for ``NODE_SILENCE_S`` while this
+        connection awaited an answer: taken as gone (the node was killed and has not
+        come back)."""
+        since = self._silent_since
+        return since is not None and time.monotonic() - since >= NODE_SILENCE_S
+
+    def gone(self) -> bool:
+        """Whether the listener this connection was made through went away: another
+        answers at its address (its boot changed: it or the node restarted), or none
+        has answered for ``NODE_SILENCE_S``."""
+        if self._closed.is_set() or self._replaced:
+            return True
+        probe = self.send("boot")
+        try:
+            boot = self.wait(probe, RESTART_CHECK_S)
+        except AskTimeout:
+            self.forget(probe)
+            return self.silent()
+        self.replaced(boot)
+        return self._replaced
+
+    def replaced(self, boot: bytes) -> bool:
+        """Whether the listener answering now (``boot``) replaced the one this transport
+        was made through: every request since is lost, and the transport gone."""
         if boot != self.boot:
-            self.boot = boot
-            self._lost_below = next(self._ids)
-        return request_id < self._lost_below
+            self._replaced = True
+        return self._replaced
 
     def consuming(self, consumer: bytes) -> None:
         """Keep ``consumer`` alive at the listener from now on."""
@@ -324,8 +392,8 @@ class RemoteQueue:
             alive, boot = self.node.wait(request_id, RESTART_CHECK_S)
         except AskTimeout:
             self.node.forget(request_id)
-            return True  # the listener is busy or away: wait on
-        return alive and not self.node.in_flight_lost(answer.request_id, boot)
+            return not self.node.silent()  # busy or away: wait on, for a while
+        return alive and not self.node.replaced(boot)
 
     def _note_consumer(self, message: Any) -> None:
         if isinstance(message, (Fetch, Subscribe)):

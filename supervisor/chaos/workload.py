@@ -103,7 +103,8 @@ def produce(
     bytes. With ``deduplicate``, under producer id ``name`` and sequence ``n``, so a
     re-send is a repeat the queue drops. A publish refused (the node's alarm held it,
     the queue was between incarnations) is sent again; one in doubt (no answer, or the
-    queue restarted before confirming it) is sent again and noted in ``.resent``."""
+    queue restarted before confirming it) is sent again and noted in ``.resent``, and so
+    is one the connection sent again itself, recovering from the node going away."""
     size_key = name if size_key is None else size_key
     with (
         open(ledger, "a", buffering=1) as confirmed,
@@ -113,6 +114,7 @@ def produce(
             message_id = f"{name}-{n}"
             body = body_of(message_id, None if sizes is None else size_of(f"{size_key}-{n}", sizes))
             while True:
+                recoveries = connection.recoveries
                 try:
                     connection.publish(
                         routing_key,
@@ -122,6 +124,8 @@ def produce(
                         producer_id=name if deduplicate else None,
                         sequence=n if deduplicate else None,
                     )
+                    if connection.recoveries != recoveries:
+                        resent.write(message_id + "\n")
                     break
                 except (InvalidMessage, MessageTooLarge):
                     raise  # the workload's own mistake: no retry cures it

@@ -45,7 +45,7 @@ from warren.actors.errors import ActorDeadError
 from warren.queues.client import connect
 from warren.queues.client.connection import Connection, Consumer, Delivery
 from warren.queues.client.stream import StreamConsumer, StreamDelivery
-from warren.queues.errors import MessageTooLarge, NodeNotRunning, QueueError
+from warren.queues.errors import ConnectionClosed, MessageTooLarge, NodeNotRunning, QueueError
 from warren.queues.message import MAX_MESSAGE_BYTES
 from warren.queues.protocol import OVERFLOWS, QUEUE_TYPES, SYNC_POLICIES
 from warren.queues.routing import EXCHANGE_KINDS
@@ -231,7 +231,10 @@ def _command(commands: argparse._SubParsersAction, name: str, text: str) -> argp
 
 
 def _connect(args: argparse.Namespace, **options: Any) -> Connection:
-    """A connection to the node the command names (``--url`` or ``--data-dir``)."""
+    """A connection to the node the command names (``--url`` or ``--data-dir``). A command
+    fails fast when its node goes away, saying so, rather than recover behind the user's
+    back: ``recover=False``, so that the loss is ``ConnectionClosed``."""
+    options.setdefault("recover", False)
     if args.url is not None:
         return connect(args.url, key_file=args.key_file, **options)
     if args.key_file is not None:
@@ -250,7 +253,7 @@ def _with_connection(
         except NodeNotRunning as exc:
             print(f"warren: {exc}", file=sys.stderr)
             return EXIT_NO_NODE
-        except (ActorDeadError, TimeoutError) as exc:  # the node went away under the command
+        except (ActorDeadError, TimeoutError, ConnectionClosed) as exc:  # the node went away
             print(f"warren: the node stopped answering ({exc})", file=sys.stderr)
             return EXIT_NO_NODE
         except (QueueError, ValueError, TypeError) as exc:

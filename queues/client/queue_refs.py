@@ -1,0 +1,69 @@
+"""Asking one incarnation of a queue's process, as every part of a connection does: the
+answer to an ask, while looking whether the incarnation still lives (a plain process
+cannot monitor it), the channel a thread sends on, and whether a queue is a stream.
+
+The race it guards against: a queue killed while an ask waits for its answer. The ask
+died with it; the wait looks every ``RESTART_CHECK_S`` whether the process is gone or
+another incarnation answers at its address, and says so (``ActorDeadError``) rather than
+waiting out the whole timeout.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from warren.actors import ActorDeadError, ActorError, ActorRef, AskTimeout
+from warren.actors.process import process_exists
+
+from ..protocol import STREAM_ACTOR_PREFIX, QueueRef
+from .tcp_node import RemoteQueue
+
+__all__ = ["RESTART_CHECK_S", "await_answer", "is_stream_ref", "sender"]
+
+RESTART_CHECK_S = 1.0  # how often a wait looks whether its queue restarted
+
+
+def await_answer(ref: QueueRef, future: Any, timeout: float | None) -> Any:
+    """``future``'s answer. A plain process cannot monitor the queue, so while it waits it
+    looks, every ``RESTART_CHECK_S``, whether the incarnation ``ref`` names still lives:
+    ``ActorDeadError`` once its process is gone or another incarnation answers at its
+    address (the request died with it); ``TimeoutError`` after ``timeout``."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        wait = (
+            RESTART_CHECK_S
+            if deadline is None
+            else max(0.0, min(RESTART_CHECK_S, deadline - time.monotonic()))
+        )
+        try:
+            return future.get(timeout=wait)
+        except AskTimeout:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"{ref.name} did not answer within {timeout} s") from None
+            if not _alive(ref, future):
+                raise ActorDeadError(f"{ref.name} incarnation {ref.incarnation} is gone") from None
+
+
+def _alive(ref: QueueRef, future: Any) -> bool:
+    if isinstance(ref, RemoteQueue):
+        return ref.alive(future)  # the listener looks, on the node's machine
+    assert isinstance(ref, ActorRef), "a queue ref is an ActorRef or a RemoteQueue"
+    if not process_exists(ref.pid):  # the node runs on this machine
+        return False
+    try:
+        return ref.unpin().ping(timeout=RESTART_CHECK_S).incarnation == ref.incarnation
+    except ActorError:
+        return True  # busy, or between incarnations: wait on
+
+
+def sender(ref: QueueRef) -> Any:
+    """The channel this thread sends to ``ref`` on (None for a queue behind a listener,
+    whose connection has one socket whichever thread sends)."""
+    return ref.channel() if isinstance(ref, ActorRef) else None
+
+
+def is_stream_ref(ref: QueueRef) -> bool:
+    if isinstance(ref, RemoteQueue):
+        return ref.stream
+    return ref.name.startswith(STREAM_ACTOR_PREFIX)
