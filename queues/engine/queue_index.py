@@ -60,7 +60,6 @@ Races this module guards against (one thread of control; a queue process owns it
 from __future__ import annotations
 
 import errno
-import fcntl
 import logging
 import os
 import struct
@@ -70,6 +69,8 @@ from itertools import repeat
 from typing import NamedTuple
 
 from isal.isal_zlib import crc32
+
+from warren.store.locks import lock_exclusive
 
 from ..errors import QueueClosed, QueueLocked, UnknownDeliveryTag
 from . import segments
@@ -223,9 +224,7 @@ class QueueIndex:
         os.makedirs(self.directory, exist_ok=True)
         self._dir_fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY)
         self._lock_fd = os.open(LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644, dir_fd=self._dir_fd)
-        try:
-            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        if not lock_exclusive(self._lock_fd):
             os.close(self._lock_fd)
             os.close(self._dir_fd)
             raise QueueLocked(

@@ -113,7 +113,6 @@ reader gets them, without reading a chunk. The writer holds an exclusive ``flock
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
 import struct
@@ -126,6 +125,8 @@ from itertools import chain, repeat
 from typing import Literal, NamedTuple
 
 from isal.isal_zlib import crc32
+
+from warren.store.locks import lock_exclusive
 
 from ..errors import OffsetOutOfRange, StreamCorrupt, StreamError, StreamLocked
 from ..protocol import MAX_ENTRIES_PER_CHUNK, Timestamp
@@ -692,9 +693,7 @@ class StreamLog:
         self._lock_fd = os.open(
             os.path.join(self.directory, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644
         )
-        try:
-            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        if not lock_exclusive(self._lock_fd):
             os.close(self._lock_fd)
             raise StreamLocked(f"stream {self.directory} is open in another writer") from None
         self._dir_fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY)

@@ -19,13 +19,13 @@ that the next recovery relies on (it only deletes files no recovery reads).
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
 import stat
 from collections.abc import Iterable
 
 from ..errors import StoreDirectoryError, StoreError, StoreLocked
+from ..locks import lock_exclusive
 from . import index as idx
 from . import snapshot
 from .file_changes import DISK_FULL_ERRNOS, reserve
@@ -58,9 +58,7 @@ class Recovery(_StoreState):
         except OSError as exc:
             os.close(dir_fd)
             raise StoreDirectoryError(f"store directory {path!r} is not writable: {exc}") from exc
-        try:
-            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        if not lock_exclusive(lock_fd):
             os.close(lock_fd)
             os.close(dir_fd)
             raise StoreLocked(f"store directory {path!r} is open in another MessageStore") from None
