@@ -219,37 +219,46 @@ def test_a_consume_stopped_by_a_signal_acked_exactly_what_its_reader_took(
 
 def test_a_consume_whose_node_is_killed_ends_in_seconds_with_one_line(tmp_path):
     data_dir = str(tmp_path / "data")
+    consumer = None
+    try:
+        with node_to_kill(data_dir) as node:
+            assert warren("declare", "queue", "orders", "--data-dir", data_dir).returncode == 0
+            consumer = subprocess.Popen(
+                [*WARREN, "consume", "orders", "--data-dir", data_dir, "--timeout", "60"],
+                cwd=ROOT,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+            )
+            with connect(data_dir) as watcher:  # until it consumes the empty queue
+                wait_for(lambda: watcher.queue_stats("orders")["consumers"] == 1, timeout=60)
+            os.killpg(node.pid, signal.SIGKILL)
+            assert consumer.wait(timeout=20) == 1
+            complaint = consumer.stderr.read().decode()
+            assert complaint.startswith("warren: ") and complaint.count("\n") == 1
+    finally:
+        if consumer is not None:
+            consumer.kill()
+            consumer.wait()
+            consumer.stderr.close()
+
+
+@contextlib.contextmanager
+def node_to_kill(data_dir, *options):
+    """``warren node`` in a process group of its own, served; killed whole at the end."""
     node = subprocess.Popen(
-        [*WARREN, "node", "--data-dir", data_dir],
+        [*WARREN, "node", "--data-dir", data_dir, *options],
         cwd=ROOT,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
-    consumer = None
     try:
         wait_for_node(data_dir)
-        assert warren("declare", "queue", "orders", "--data-dir", data_dir).returncode == 0
-        consumer = subprocess.Popen(
-            [*WARREN, "consume", "orders", "--data-dir", data_dir, "--timeout", "60"],
-            cwd=ROOT,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-        )
-        with connect(data_dir) as watcher:  # until it consumes the empty queue
-            wait_for(lambda: watcher.queue_stats("orders")["consumers"] == 1, timeout=60)
-        os.killpg(node.pid, signal.SIGKILL)
-        assert consumer.wait(timeout=20) == 1
-        complaint = consumer.stderr.read().decode()
-        assert complaint.startswith("warren: ") and complaint.count("\n") == 1
+        yield node
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(node.pid, signal.SIGKILL)
         node.wait()
-        if consumer is not None:
-            consumer.kill()
-            consumer.wait()
-            consumer.stderr.close()
 
 
 def wait_for_node(data_dir):
@@ -373,39 +382,29 @@ def test_a_publish_whose_node_is_killed_says_from_which_line_to_resume(tmp_path,
     """Locally the node's pid is seen gone; over tcp the listener stops answering, and a
     new connection is refused within seconds: either way one line, exit 1."""
     data_dir = str(tmp_path / "data")
-    node = subprocess.Popen(
-        [*WARREN, "node", "--data-dir", data_dir, "--listen", "tcp://127.0.0.1:*"],
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
     publisher = None
     try:
-        wait_for_node(data_dir)
-        assert warren("declare", "queue", "orders", "--data-dir", data_dir).returncode == 0
-        with open(os.path.join(data_dir, "node.json")) as file:
-            url = json.load(file)["listen_endpoint"]
-        where = ["--data-dir", data_dir] if over == "ipc" else ["--url", url]
-        publisher = subprocess.Popen(
-            [*WARREN, "publish", "orders", *where],
-            cwd=ROOT,
-            stdin=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-        )
-        publisher.stdin.write(b"".join(b"line %d\n" % n for n in range(1, 101)))
-        publisher.stdin.flush()
-        wait_for(lambda: queue_ready(data_dir, "orders") == 100, timeout=60)
-        os.killpg(node.pid, signal.SIGKILL)
-        node.wait()
-        publisher.stdin.write(b"line 101\nline 102\n")
-        publisher.stdin.close()
-        assert publisher.wait(timeout=60) == 1  # the node went away: not bad usage
-        said = publisher.stderr.read().decode().splitlines()
-    finally:
-        with contextlib.suppress(ProcessLookupError):
+        with node_to_kill(data_dir, "--listen", "tcp://127.0.0.1:*") as node:
+            assert warren("declare", "queue", "orders", "--data-dir", data_dir).returncode == 0
+            with open(os.path.join(data_dir, "node.json")) as file:
+                url = json.load(file)["listen_endpoint"]
+            where = ["--data-dir", data_dir] if over == "ipc" else ["--url", url]
+            publisher = subprocess.Popen(
+                [*WARREN, "publish", "orders", *where],
+                cwd=ROOT,
+                stdin=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            )
+            publisher.stdin.write(b"".join(b"line %d\n" % n for n in range(1, 101)))
+            publisher.stdin.flush()
+            wait_for(lambda: queue_ready(data_dir, "orders") == 100, timeout=60)
             os.killpg(node.pid, signal.SIGKILL)
-        node.wait()
+            node.wait()
+            publisher.stdin.write(b"line 101\nline 102\n")
+            publisher.stdin.close()
+            assert publisher.wait(timeout=60) == 1  # the node went away: not bad usage
+            said = publisher.stderr.read().decode().splitlines()
+    finally:
         if publisher is not None:
             publisher.kill()
             publisher.wait()
