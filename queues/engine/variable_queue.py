@@ -987,6 +987,12 @@ class VariableQueue:
         self._store.remove(s.seq_id for s in statuses if s.body_on_disk and not s.shared)
         persistent = [s.msg_id for s in statuses if s.shared and s.body_on_disk and s.persistent]
         transient = [s.msg_id for s in statuses if s.shared and s.body_on_disk and not s.persistent]
+        if persistent or transient:
+            # The index forgets them on file before a store may drop their bodies (a
+            # store client sends its removes whenever its batch fills): killed between
+            # the two, the queue would recover entries whose bodies the store no longer
+            # holds, and fail to read them later.
+            self._index.flush()
         if persistent:
             self._persistent.remove(persistent)
         if transient:

@@ -65,6 +65,25 @@ def test_dirty_recovery_drops_entries_whose_shared_message_is_missing(
     assert "2 messages were not in the shared store when it stopped" in caplog.text
 
 
+def test_a_crash_after_acks_whose_removes_reached_the_store_brings_none_of_them_back(
+    open_queue, caplog
+):
+    # The in-process store client applies a remove at once, as a store actor does once
+    # the client's batch fills: before the queue's next sync writes its index.
+    queue = open_queue()
+    for n in range(6):
+        queue.publish(message(n, size=SIZE_LARGE))
+    queue.sync()
+    fetched = [queue.fetch() for _ in range(6)]
+    queue.ack(d.seq_id for d in fetched[:3])
+    queue.abandon()  # killed before its sync: only what it wrote is on file
+    with caplog.at_level(logging.INFO, logger="warren.queues"):
+        queue = open_queue()
+    assert queue.counters["dropped_missing"] == 0
+    assert [number(d) for d in drain(queue)] == [3, 4, 5]
+    assert "not in the shared store" not in caplog.text
+
+
 def test_dirty_recovery_drops_records_failing_their_crc_and_keeps_the_rest(open_queue, caplog):
     queue = synced_queue(open_queue, 3 * N)
     queue.abandon()
