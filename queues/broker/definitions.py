@@ -57,7 +57,7 @@ from isal.isal_zlib import crc32
 
 from ..durable_files import fsync_directory, write_atomically
 from ..engine.ref_counts import QUEUES_DIR
-from ..errors import NotFound, PreconditionFailed
+from ..errors import InvalidArgument, NotFound, PreconditionFailed
 from ..protocol import QueueDefinition, check_name
 from ..routing import EXCHANGE_KINDS
 
@@ -198,7 +198,7 @@ class Definitions:
 
     def add_exchange(self, definition: ExchangeDefinition) -> bool:
         if definition.kind not in EXCHANGE_KINDS:
-            raise ValueError(
+            raise InvalidArgument(
                 f"exchange kind must be one of {EXCHANGE_KINDS}, got {definition.kind!r}"
             )
         existing = self.exchanges.get(definition.name)
@@ -221,7 +221,7 @@ class Definitions:
         if exchange not in self.exchanges:
             raise NotFound(f"no exchange {exchange!r} to bind to; declare it first")
         if not isinstance(routing_key, str) or len(routing_key) > 255:
-            raise ValueError(
+            raise InvalidArgument(
                 f"a routing key is a str of at most 255 characters, got {routing_key!r}"
             )
         binding = (exchange, queue, routing_key)
