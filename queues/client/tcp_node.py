@@ -283,6 +283,8 @@ class TcpNode(NodeCalls):
             # Sent to a listener before this one: this transport is gone.
             self._replaced = True
             raise ActorDeadError(str(text))
+        if type_name == NodeLost.__name__:  # the node behind the listener went away
+            raise NodeLost(str(text))
         raise local_error(str(type_name), str(text))
 
     def forget(self, request_id: int) -> None:

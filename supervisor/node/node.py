@@ -313,6 +313,7 @@ class Node:
                         (self.data_dir, with_free_port(listen)),
                         {
                             "control_endpoint": self.status_endpoint,
+                            "node_pid": os.getpid(),
                             "curve": curve,
                             **(listener_options or {}),
                         },
