@@ -265,8 +265,12 @@ class Definitions:
     def _forget_bindings(self, gone: Callable[[tuple[str, str, str]], bool]) -> None:
         """Drop the bindings ``gone`` picks (those of a queue or an exchange removed)."""
         forgotten = {binding for binding in self.bindings if gone(binding)}
-        self.bindings -= forgotten
-        self._undo.append(lambda: self.bindings.update(forgotten))
+        self.bindings = self.bindings - forgotten  # a new set: a reader's copy stays whole
+
+        def restore() -> None:
+            self.bindings = self.bindings | forgotten
+
+        self._undo.append(restore)
 
     def _durable(self, binding: tuple[str, str, str]) -> bool:
         """Whether a binding is kept across restarts: both its ends are durable."""
