@@ -22,8 +22,10 @@ Races, each with its answer:
   after it the new snapshot names the next generation, and a log of another generation
   is stale and deleted at load;
 - a failed append (a full disk, a failed fdatasync): the log is cut back to its last
-  whole line and the save raises (the declare is not answered); its changes are appended
-  again with the next save's;
+  whole line, every change since the last save is undone in memory, and the save raises:
+  the declare (bind, delete) that made them answers an error and did not happen, so the
+  definitions in memory never hold a durable change the disk lacks (a second declare of
+  the same queue saves it again, rather than find it there and answer ok unsaved);
 - a line that reads but does not apply (a binding to a queue gone since): applied as far
   as it goes, without the checks a declare runs (it is history, checked when made).
 
@@ -40,12 +42,14 @@ arguments raises ``PreconditionFailed``; binding to an unknown queue or exchange
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
 import os
 import re
 import shutil
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -53,7 +57,7 @@ from isal.isal_zlib import crc32
 
 from ..durable_files import fsync_directory, write_atomically
 from ..engine.ref_counts import QUEUES_DIR
-from ..errors import NotFound, PreconditionFailed
+from ..errors import InvalidArgument, NotFound, PreconditionFailed
 from ..protocol import QueueDefinition, check_name
 from ..routing import EXCHANGE_KINDS
 
@@ -103,6 +107,7 @@ class Definitions:
         self.exchanges: dict[str, ExchangeDefinition] = {}
         self.bindings: set[tuple[str, str, str]] = set()  # (exchange, queue, key)
         self._unsaved: list[dict[str, Any]] = []  # changes to durable ones since save()
+        self._undo: list[Callable[[], object]] = []  # how to take back each change since save()
         self._log_fd: int | None = None  # the log, opened at the first append
         self._log_bytes = 0
         self._snapshot_bytes = 0
@@ -176,6 +181,7 @@ class Definitions:
                 )
             return False
         self.queues[definition.name] = definition
+        self._undo.append(lambda: self.queues.pop(definition.name))
         if definition.durable:
             self._unsaved.append({"add_queue": asdict(definition)})
         return True
@@ -184,14 +190,15 @@ class Definitions:
         definition = self.queues.pop(name, None)
         if definition is None:
             raise NotFound(f"no queue {name!r} on this node; nothing to delete")
-        self.bindings = {b for b in self.bindings if b[1] != name}
+        self._forget_bindings(lambda binding: binding[1] == name)
+        self._undo.append(lambda: self.queues.__setitem__(name, definition))
         if definition.durable:
             self._unsaved.append({"remove_queue": name})
         return definition
 
     def add_exchange(self, definition: ExchangeDefinition) -> bool:
         if definition.kind not in EXCHANGE_KINDS:
-            raise ValueError(
+            raise InvalidArgument(
                 f"exchange kind must be one of {EXCHANGE_KINDS}, got {definition.kind!r}"
             )
         existing = self.exchanges.get(definition.name)
@@ -203,6 +210,7 @@ class Definitions:
                 )
             return False
         self.exchanges[definition.name] = definition
+        self._undo.append(lambda: self.exchanges.pop(definition.name))
         if definition.durable:
             self._unsaved.append({"add_exchange": asdict(definition)})
         return True
@@ -213,13 +221,14 @@ class Definitions:
         if exchange not in self.exchanges:
             raise NotFound(f"no exchange {exchange!r} to bind to; declare it first")
         if not isinstance(routing_key, str) or len(routing_key) > 255:
-            raise ValueError(
+            raise InvalidArgument(
                 f"a routing key is a str of at most 255 characters, got {routing_key!r}"
             )
         binding = (exchange, queue, routing_key)
         if binding in self.bindings:
             return False
         self.bindings.add(binding)
+        self._undo.append(lambda: self.bindings.discard(binding))
         if self._durable(binding):
             self._unsaved.append({"bind": list(binding)})
         return True
@@ -235,6 +244,7 @@ class Definitions:
         if binding not in self.bindings:
             return False
         self.bindings.discard(binding)
+        self._undo.append(lambda: self.bindings.add(binding))
         if self._durable(binding):
             self._unsaved.append({"unbind": list(binding)})
         return True
@@ -246,10 +256,21 @@ class Definitions:
         definition = self.exchanges.pop(name, None)
         if definition is None:
             raise NotFound(f"no exchange {name!r} on this node; nothing to delete")
-        self.bindings = {b for b in self.bindings if b[0] != name}
+        self._forget_bindings(lambda binding: binding[0] == name)
+        self._undo.append(lambda: self.exchanges.__setitem__(name, definition))
         if definition.durable:
             self._unsaved.append({"remove_exchange": name})
         return definition
+
+    def _forget_bindings(self, gone: Callable[[tuple[str, str, str]], bool]) -> None:
+        """Drop the bindings ``gone`` picks (those of a queue or an exchange removed)."""
+        forgotten = {binding for binding in self.bindings if gone(binding)}
+        self.bindings = self.bindings - forgotten  # a new set: a reader's copy stays whole
+
+        def restore() -> None:
+            self.bindings = self.bindings | forgotten
+
+        self._undo.append(restore)
 
     def _durable(self, binding: tuple[str, str, str]) -> bool:
         """Whether a binding is kept across restarts: both its ends are durable."""
@@ -298,35 +319,55 @@ class Definitions:
 
     def save(self) -> None:
         """Make the changes since the last save durable: appended to the log and synced,
-        the log compacted into a new snapshot once it outgrows the last (see Storage)."""
+        the log compacted into a new snapshot once it outgrows the last (see Storage).
+        On an ``OSError`` every change since the last save is undone first (see Races)."""
         if not self._unsaved:
+            self._undo = []
             return
         lines = b"".join(map(_line, self._unsaved))
-        if self._log_fd is None:
-            self._log_fd = os.open(
-                self._log_path(self.generation), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644
-            )
-            fsync_directory(self.data_dir)  # the log itself must survive a crash
         try:
-            written = os.write(self._log_fd, lines)
-            if written != len(lines):
-                raise OSError(f"a short write to the definitions' log: {written} of {len(lines)}")
-            os.fdatasync(self._log_fd)
+            written = self._append(lines)
         except OSError:
-            # A full disk, a failed fdatasync: what was written of these lines must not
-            # stay in front of the next ones (a load stops at the first bad line), and a
-            # failed fdatasync is never retried on the same file description.
-            fd, self._log_fd = self._log_fd, None
-            os.ftruncate(fd, self._log_bytes)
-            os.close(fd)
+            for undo in reversed(self._undo):
+                undo()
+            self._undo, self._unsaved = [], []
             raise
         self._log_bytes += written
-        self._unsaved = []
+        self._undo, self._unsaved = [], []
         if self._log_bytes > max(COMPACT_AT_BYTES, self._snapshot_bytes):
             try:
                 self._compact()
             except OSError as exc:  # the log holds every change: compacting can wait
                 log.warning("%s: compacting the definitions failed (%s)", self.data_dir, exc)
+
+    def _append(self, lines: bytes) -> int:
+        """Append ``lines`` to the log and sync them; on an error, none of them stays."""
+        opened = self._log_fd is None
+        if self._log_fd is None:
+            path = self._log_path(self.generation)
+            self._log_fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        fd = self._log_fd
+        try:
+            if opened:
+                fsync_directory(self.data_dir)  # the log itself must survive a crash
+            written = os.write(fd, lines)
+            if written != len(lines):
+                raise OSError(
+                    errno.ENOSPC,
+                    f"a short write to the definitions' log ({written} of {len(lines)} bytes)",
+                )
+            os.fdatasync(fd)
+        except OSError:
+            # A full disk, a failed fdatasync: what was written of these lines must not
+            # stay in front of the next ones (a load stops at the first bad line), and a
+            # failed fdatasync is never retried on the same file description.
+            self._log_fd = None
+            try:
+                os.ftruncate(fd, self._log_bytes)
+            finally:
+                os.close(fd)
+            raise
+        return written
 
     def _compact(self) -> None:
         """Write the snapshot anew under the next generation, then drop the old log."""

@@ -28,7 +28,9 @@ registered message types only: nothing a peer sends is ever unpickled or importe
                                       were lost with the listener before
     ["beat", 0, [consumer ids]]       the client's consumers are still there
     answers: [REPLY_OK | REPLY_ERROR, id, value]; an error's value is
-             [type name, message, ""]
+             [type name, message, ""]; ``NodeLost`` says the node went away (its
+             process is gone) or the listener stopped before the node answered: the
+             client's ``NodeLost``, which it recovers from or closes on at once
 
 Hostile or broken peers: a frame that does not decode, or is not one of these shapes, is
 answered with an error when it carries an id and dropped otherwise, and counted
@@ -53,7 +55,12 @@ Authentication: with ``curve``, the ROUTER is a CURVE server with the node's key
 Races: node calls can block (a declare spawns a process, a queue may recover for
 seconds), so they run on a small pool of threads, whose answers come back to the gateway
 through a queue and a wake-up pipe; a queue's mailbox that stays full answers the ask
-with an error after ``SEND_TIMEOUT_S`` rather than stalling everyone for long.
+with an error after ``SEND_TIMEOUT_S`` rather than stalling everyone for long. A node
+that dies in the middle of a call (even SIGKILL): the listener knows the node's pid
+(``node_pid``) and its call looks every quarter second whether it lives, as a local
+client's does, so the call ends at once in ``NodeLost`` instead of waiting out its
+timeout; and the listener, stopped by the node's death at the same moment, answers
+``NodeLost`` to every call still waiting for the node before it closes its socket.
 """
 
 from __future__ import annotations
@@ -82,6 +89,7 @@ from warren.actors.process import drain_wake_pipe, process_exists
 from .. import errors
 from ..client.ipc_node import RemoteNode, read_alarms
 from ..client.keys import AUTHORIZED_FILE, authorized_keys, node_keys
+from ..client.recovery import NodeLost
 from ..protocol import (
     NODE_CALLS,
     STREAM_ACTOR_PREFIX,
@@ -111,6 +119,7 @@ CONSUMER_SILENCE_S = 30.0  # a remote consumer unheard of this long is released
 SWEEP_S = 5.0  # how often silent consumers are looked for
 SEND_TIMEOUT_S = 5.0  # how long a full queue mailbox may hold the gateway
 NODE_CALL_THREADS = 4
+LAST_ANSWERS_LINGER_MS = 1000  # how long a stopping listener's last answers may take to go
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]", "::1")
 
 
@@ -163,12 +172,16 @@ class ListenerActor(ProcessActor):
         endpoint: str,
         *,
         control_endpoint: str,
+        node_pid: int | None = None,
         curve: bool = False,
         consumer_silence_s: float = CONSUMER_SILENCE_S,
     ) -> None:
+        """``node_pid``: the node's process, which a call to the node watches (without
+        it, a call to a node that died waits out its timeout)."""
         self.data_dir = data_dir
         self.endpoint = endpoint
         self.control_endpoint = control_endpoint
+        self.node_pid = node_pid
         self.curve = curve
         self.consumer_silence_s = consumer_silence_s
         self._gateway: _Gateway | None = None
@@ -176,7 +189,12 @@ class ListenerActor(ProcessActor):
 
     def on_start(self) -> None:
         self._gateway = _Gateway(
-            self.data_dir, self.endpoint, self.control_endpoint, self.curve, self.consumer_silence_s
+            self.data_dir,
+            self.endpoint,
+            self.control_endpoint,
+            self.node_pid,
+            self.curve,
+            self.consumer_silence_s,
         )
         self._thread = threading.Thread(
             target=self._gateway.run, name="warren-gateway", daemon=True
@@ -218,6 +236,7 @@ class _Gateway:
         data_dir: str,
         endpoint: str,
         control_endpoint: str,
+        node_pid: int | None,
         curve: bool,
         consumer_silence_s: float,
     ) -> None:
@@ -262,7 +281,8 @@ class _Gateway:
         self._connection_events = self._router.get_monitor_socket(
             zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED
         )
-        self._node = RemoteNode(data_dir, endpoint=control_endpoint)
+        self._node = RemoteNode(data_dir, endpoint=control_endpoint, pid=node_pid)
+        self._calls_waiting: dict[tuple[bytes, int], str] = {}  # (client, id) -> op, in the pool
         self._pool = concurrent.futures.ThreadPoolExecutor(
             NODE_CALL_THREADS, thread_name_prefix="warren-node-call"
         )
@@ -300,6 +320,7 @@ class _Gateway:
                 if time.monotonic() - swept_at > min(SWEEP_S, self.consumer_silence_s / 2):
                     swept_at = time.monotonic()
                     self._release_silent_consumers()
+            self._answer_calls_left()
         except Exception:
             # A bug here must not leave a listener that accepts and never answers: the
             # supervisor restarts the process.
@@ -383,7 +404,7 @@ class _Gateway:
                 queue, incarnation = request[2], request[3]
                 if type(queue) is not str or type(incarnation) is not int:
                     raise ValueError("alive takes a queue name and an incarnation")
-                self._in_pool(client, request_id, self._alive, queue, incarnation)
+                self._in_pool(client, request_id, "alive", self._alive, queue, incarnation)
             elif op == "boot" and len(request) == 2:
                 self._answer(client, wire.REPLY_OK, request_id, self.boot)
             elif op == "beat" and len(request) == 3 and type(request[2]) is list:
@@ -508,7 +529,7 @@ class _Gateway:
         elif op == "active_alarms":
             self._answer(client, wire.REPLY_OK, request_id, read_alarms(self.data_dir))
         else:
-            self._in_pool(client, request_id, self._node_call, op, args)
+            self._in_pool(client, request_id, op, self._node_call, op, args)
 
     def _node_call(self, op: str, args: dict) -> Any:
         if op == "queue":
@@ -524,6 +545,10 @@ class _Gateway:
     def _alive(self, queue: str, incarnation: int) -> list:
         try:
             ref = self._node.queue(queue)
+        except errors.NodeNotRunning:
+            if self._node.gone():
+                raise  # answered NodeLost
+            return [True, self.boot]  # slow to answer: wait on
         except errors.NotFound:
             return [False, self.boot]
         except errors.QueueError:
@@ -533,17 +558,33 @@ class _Gateway:
         return [process_exists(ref.pid), self.boot]
 
     def _in_pool(
-        self, client: bytes, request_id: int, function: Callable[..., Any], *args: Any
+        self, client: bytes, request_id: int, op: str, function: Callable[..., Any], *args: Any
     ) -> None:
         def run() -> None:
             try:
                 result = (wire.REPLY_OK, function(*args))
+            except errors.NodeNotRunning as exc:
+                name = NodeLost.__name__ if self._node.gone() else type(exc).__name__
+                result = (wire.REPLY_ERROR, [name, str(exc), ""])
             except Exception as exc:  # every call is answered, whatever it holds
                 result = (wire.REPLY_ERROR, [type(exc).__name__, str(exc), ""])
             self._done.put((client, request_id, result))
             os.write(self._wake_write, b"x")
 
+        self._calls_waiting[client, request_id] = op
         self._pool.submit(run)
+
+    def _answer_calls_left(self) -> None:
+        """The listener stops (with its node, most often): every call still waiting for
+        the node is answered ``NodeLost`` now, or its client would wait for an answer
+        that never comes until it takes the listener's silence for its death."""
+        self._send_node_answers()
+        for (client, request_id), op in self._calls_waiting.items():
+            text = f"the listener stopped before the node answered {op}"
+            self._answer(client, wire.REPLY_ERROR, request_id, [NodeLost.__name__, text, ""])
+        if self._calls_waiting:
+            self._router.linger = LAST_ANSWERS_LINGER_MS  # sent before the socket closes
+        self._calls_waiting.clear()
 
     def _send_node_answers(self) -> None:
         drain_wake_pipe(self._wake_read)
@@ -552,6 +593,7 @@ class _Gateway:
                 client, request_id, (kind, value) = self._done.get_nowait()
             except queue_module.Empty:
                 return
+            self._calls_waiting.pop((client, request_id), None)
             if (
                 kind == wire.REPLY_OK
                 and isinstance(value, dict)
@@ -587,8 +629,9 @@ class _Gateway:
         if getattr(self, "_connection_events", None) is not None:
             self._router.disable_monitor()
             self._connection_events.close(linger=0)
-        for open_socket in [self._router, *getattr(self, "_dealers", {}).values()]:
-            open_socket.close(linger=0)
+        self._router.close()  # its linger: 0, or time for the last answers
+        for dealer in getattr(self, "_dealers", {}).values():
+            dealer.close(linger=0)
         if self._auth is not None:
             self._auth.stop()
         self._context.term()

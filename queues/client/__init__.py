@@ -15,8 +15,9 @@ from typing import Any
 
 from warren.actors.errors import InvalidSpec
 
-from ..errors import NodeNotRunning
+from ..errors import InvalidArgument, NodeNotRunning
 from .connection import Connection
+from .consuming import check_timeout
 from .ipc_node import RemoteNode
 from .tcp_node import TcpNode
 
@@ -67,14 +68,20 @@ def _connect(
         _check_tcp_address(target)
         endpoint = target
         tcp_options = {k: options.pop(k) for k in ("connect_timeout_s",) if k in options}
+        if tcp_options:
+            check_timeout(tcp_options["connect_timeout_s"], "connect_timeout_s")
 
         def reconnect_tcp() -> TcpNode:
             return TcpNode(endpoint, key_file=key_file, **tcp_options)
 
         node = reconnect_tcp()
-        return Connection(node, on_close=node.close, reconnect=reconnect_tcp, **options)
+        try:
+            return Connection(node, on_close=node.close, reconnect=reconnect_tcp, **options)
+        except BaseException:  # a bad option: the transport just opened is closed
+            node.close()
+            raise
     if key_file is not None:
-        raise ValueError(
+        raise InvalidArgument(
             "key_file is for a tcp:// address; a node on this machine is "
             "reached through its data directory without one"
         )

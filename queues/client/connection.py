@@ -77,7 +77,14 @@ from warren.actors import ActorDeadError, ActorError, RemoteError
 from warren.actors.flow import MAX_IN_FLIGHT, MAX_IN_FLIGHT_BYTES, CreditWindow
 
 from .. import errors
-from ..errors import ConnectionClosed, Nacked, NodeNotRunning, QueueError, local_error
+from ..errors import (
+    ConnectionClosed,
+    InvalidArgument,
+    Nacked,
+    NodeNotRunning,
+    QueueError,
+    local_error,
+)
 from ..message import MAX_MESSAGE_BYTES, Message, body_encoder, decode, encode
 from ..protocol import (
     MAX_ENTRIES_PER_CHUNK,
@@ -202,7 +209,14 @@ class Connection:
         or, with ``idempotent``, the connection's own (``AutoProducers``): a queue drops
         the repeat. Without one it is ``Nacked`` (it may or may not have been taken)."""
         if type(linger_s) not in (int, float) or not 0 <= linger_s <= 1:
-            raise ValueError(f"linger_s must be a number of seconds in 0..1, got {linger_s!r}")
+            raise InvalidArgument(f"linger_s must be a number of seconds in 0..1, got {linger_s!r}")
+        for value, what in (
+            (max_in_flight, "max_in_flight"),
+            (max_in_flight_bytes, "max_in_flight_bytes"),
+        ):
+            if type(value) is not int or value < 1:
+                raise InvalidArgument(f"{what} must be an int >= 1, got {value!r}")
+        check_timeout(call_timeout_s, "call_timeout_s")
         check_recovery_options(recovery_interval_s, recovery_timeout_s)
         self._node = node
         self._on_close = on_close
@@ -843,7 +857,7 @@ class Connection:
         makes it a named consumer, which stores its offset on the node (every
         ``store_every`` records and ``store_interval_s`` seconds) and resumes after it."""
         if type(prefetch) is not int or prefetch < 1:
-            raise ValueError(f"prefetch must be an int >= 1, got {prefetch!r}")
+            raise InvalidArgument(f"prefetch must be an int >= 1, got {prefetch!r}")
         if inactivity_timeout is not None:
             check_timeout(inactivity_timeout, "inactivity_timeout")
         if self.is_stream(queue):

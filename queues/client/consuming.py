@@ -17,7 +17,7 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from ..errors import NotFound, QueueError, QueueRestarting
+from ..errors import InvalidArgument, NotFound, QueueError, QueueRestarting
 from ..message import Message
 from ..protocol import QueueRef
 from .queue_refs import sender
@@ -196,4 +196,4 @@ def check_timeout(value: Any, what: str, *, zero: bool = False) -> None:
         or (value == 0 and not zero)
     ):
         bound = ">= 0" if zero else "> 0"
-        raise ValueError(f"{what} must be a finite number of seconds {bound}, got {value!r}")
+        raise InvalidArgument(f"{what} must be a finite number of seconds {bound}, got {value!r}")

@@ -50,12 +50,15 @@ class RemoteNode(NodeCalls):
         *,
         timeout_ms: int = CALL_TIMEOUT_MS,
         endpoint: str | None = None,
+        pid: int | None = None,
     ) -> None:
         """``endpoint``: the node's control socket, when the caller knows it already (a
-        process of the node itself, started before the node file is written)."""
+        process of the node itself, started before the node file is written), and
+        ``pid`` the node's process (without it, only the timeout ends a call to a node
+        that died)."""
         self.data_dir = os.fspath(data_dir)
         self.timeout_ms = timeout_ms
-        self.pid: int | None = None  # unknown to a process of the node: the timeout decides
+        self.pid: int | None = pid
         if endpoint is not None:
             self.endpoint = endpoint
             return

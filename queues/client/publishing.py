@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from warren.actors import ActorDeadError, ActorError, RemoteError
 
-from ..errors import Nacked, QueueError, local_error
+from ..errors import InvalidArgument, Nacked, QueueError, local_error
 from ..message import Message
 from ..protocol import MAX_PRODUCER_BYTES, MAX_SEQUENCE, Publish, QueueRef
 from .queue_refs import await_answer, sender
@@ -331,17 +331,18 @@ def publish_stamp(producer_id: str | bytes | None) -> int | None:
 
 
 def producer_bytes(producer_id: str | bytes | None, sequence: int | None) -> bytes | None:
-    """A producer id as the queues take it; ValueError for a half-given or bad pair."""
+    """A producer id as the queues take it; ``InvalidArgument`` for a half-given or bad
+    pair."""
     if producer_id is None and sequence is None:
         return None
     producer = producer_id.encode() if isinstance(producer_id, str) else producer_id
     if type(producer) is not bytes or not 0 < len(producer) <= MAX_PRODUCER_BYTES:
-        raise ValueError(
+        raise InvalidArgument(
             f"producer_id must be a str or bytes of 1 to {MAX_PRODUCER_BYTES} "
             f"bytes, with a sequence; got {producer_id!r}"
         )
     if type(sequence) is not int or not 0 <= sequence <= MAX_SEQUENCE:
-        raise ValueError(
+        raise InvalidArgument(
             f"sequence must be an int in 0..{MAX_SEQUENCE} with a producer_id "
             f"(the message's place in what that producer sends); got {sequence!r}"
         )

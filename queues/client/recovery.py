@@ -44,7 +44,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import ConnectionClosed
+from ..errors import ConnectionClosed, InvalidArgument
 from ..protocol import NodeHandle
 
 __all__ = [
@@ -82,7 +82,7 @@ def check_recovery_options(interval_s: Any, timeout_s: Any) -> None:
             or not math.isfinite(value)
             or value <= 0
         ):
-            raise ValueError(f"{what} must be a finite number of seconds > 0, got {value!r}")
+            raise InvalidArgument(f"{what} must be a finite number of seconds > 0, got {value!r}")
 
 
 def backoff(first_s: float) -> Any:

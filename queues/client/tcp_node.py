@@ -47,7 +47,7 @@ from warren.actors.codec import Decoder, Encoder
 from warren.actors.errors import ActorDeadError, AskTimeout, CodecError
 
 from .. import errors
-from ..errors import AccessRefused, NodeNotRunning, local_error
+from ..errors import AccessRefused, InvalidArgument, NodeNotRunning, local_error
 from ..protocol import Fetch, NodeCalls, Subscribe
 from .keys import ClientKey, load_client_key
 from .recovery import NODE_SILENCE_S, NodeLost
@@ -72,7 +72,7 @@ class TcpNode(NodeCalls):
         connect_timeout_s: float = CONNECT_TIMEOUT_S,
     ) -> None:
         if not isinstance(endpoint, str) or not endpoint.startswith("tcp://"):
-            raise ValueError(f"a remote node's address is tcp://host:port; got {endpoint!r}")
+            raise InvalidArgument(f"a remote node's address is tcp://host:port; got {endpoint!r}")
         self.endpoint = endpoint
         self.call_timeout_s = call_timeout_s
         self._key: ClientKey | None = load_client_key(key_file) if key_file is not None else None
@@ -283,6 +283,8 @@ class TcpNode(NodeCalls):
             # Sent to a listener before this one: this transport is gone.
             self._replaced = True
             raise ActorDeadError(str(text))
+        if type_name == NodeLost.__name__:  # the node behind the listener went away
+            raise NodeLost(str(text))
         raise local_error(str(type_name), str(text))
 
     def forget(self, request_id: int) -> None:

@@ -313,6 +313,7 @@ class Node:
                         (self.data_dir, with_free_port(listen)),
                         {
                             "control_endpoint": self.status_endpoint,
+                            "node_pid": os.getpid(),
                             "curve": curve,
                             **(listener_options or {}),
                         },
@@ -395,14 +396,21 @@ class Node:
         definition = QueueDefinition(check_name(name), **arguments)
         with self._definitions_lock:
             if self._definitions.add_queue(definition):
+                # On disk before its process starts: a failed save leaves nothing to undo
+                # but the definition (see _definitions_changed), and a crash after it
+                # starts the queue at the next boot.
+                self._definitions_changed(f"queue {name!r} was not declared")
                 try:
                     if not definition.durable:
                         self._definitions.mark_transient(name)
                     self._supervisor("queue_sup").start_child(self._queue_spec(definition))
                 except BaseException:
                     self._definitions.remove_queue(name)
+                    try:
+                        self._definitions_changed(f"queue {name!r} stays declared")
+                    except OSError as exc:  # it is started at the next boot
+                        log.error("node %s: %s", self.name, exc)
                     raise
-                self._definitions_changed()
         return self._declared(name)
 
     def _declared(self, name: str) -> dict:
@@ -423,15 +431,24 @@ class Node:
             if name not in self._definitions.queues:
                 raise NotFound(f"no queue {name!r} on this node; nothing to delete")
             try:
-                count = self.queue(name).ask(DeleteQueue())
+                ref: ActorRef | None = self.queue(name)  # QueueRestarting: try again
             except QueueDown:  # nothing runs to delete its messages: its files go
-                count = 0
-                shutil.rmtree(queue_directory(self.data_dir, name), ignore_errors=True)
+                ref = None
+            # Off the disk before its messages go: a failed save leaves the queue whole.
+            self._definitions.remove_queue(name)
+            self._definitions_changed(f"queue {name!r} was not deleted")
+            count = 0
+            if ref is not None:
+                try:
+                    count = ref.ask(DeleteQueue())
+                except (QueueError, ActorError) as exc:  # deleted all the same, below
+                    log.warning(
+                        "node %s: queue %s did not count its messages: %s", self.name, name, exc
+                    )
             queue_sup = self._supervisor("queue_sup")
             if any(c["id"] == QUEUE_SUP_PREFIX + name for c in queue_sup.which_children()):
                 queue_sup.terminate_child(QUEUE_SUP_PREFIX + name)
-            self._definitions.remove_queue(name)
-            self._definitions_changed()
+            shutil.rmtree(queue_directory(self.data_dir, name), ignore_errors=True)
             return count
 
     def declare_exchange(self, name: str, *, kind: str = "direct", durable: bool = True) -> None:
@@ -439,25 +456,25 @@ class Node:
         definition = ExchangeDefinition(check_name(name, "exchange"), kind, bool(durable))
         with self._definitions_lock:
             if self._definitions.add_exchange(definition):
-                self._definitions_changed()
+                self._definitions_changed(f"exchange {name!r} was not declared")
 
     def bind_queue(self, queue: str, exchange: str, routing_key: str = "") -> None:
         """Route ``exchange``'s messages with ``routing_key`` to ``queue``."""
         with self._definitions_lock:
             if self._definitions.bind(queue, exchange, routing_key):
-                self._definitions_changed()
+                self._definitions_changed(f"queue {queue!r} was not bound to {exchange!r}")
 
     def unbind_queue(self, queue: str, exchange: str, routing_key: str = "") -> None:
         """Stop routing ``exchange``'s messages with ``routing_key`` to ``queue``."""
         with self._definitions_lock:
             if self._definitions.unbind(queue, exchange, routing_key):
-                self._definitions_changed()
+                self._definitions_changed(f"queue {queue!r} was not unbound from {exchange!r}")
 
     def delete_exchange(self, name: str) -> None:
         """Delete an exchange and its bindings; the queues it routed to stay."""
         with self._definitions_lock:
             self._definitions.remove_exchange(name)
-            self._definitions_changed()
+            self._definitions_changed(f"exchange {name!r} was not deleted")
 
     def list_exchanges(self) -> list[dict[str, Any]]:
         with self._definitions_lock:
@@ -547,13 +564,24 @@ class Node:
                     if any(c["id"] == QUEUE_SUP_PREFIX + name for c in queue_sup.which_children()):
                         queue_sup.terminate_child(QUEUE_SUP_PREFIX + name)
                     self._definitions.remove_queue(name)
-                    self._definitions_changed()
+                    self._definitions_changed(f"auto-delete queue {name!r} is kept for now")
                     log.info("node %s: queue %s deleted itself (auto_delete)", self.name, name)
 
-    def _definitions_changed(self) -> None:
+    def _definitions_changed(self, undone: str) -> None:
         """Keep the durable definitions on disk in step with the definitions (under the
-        definitions lock); a restart of queue_sup reads them itself (``_queue_sup_spec``)."""
-        self._definitions.save()
+        definitions lock); a restart of queue_sup reads them itself (``_queue_sup_spec``).
+        A save that fails (a full disk, an I/O error) undoes the change in memory too, and
+        raises an ``OSError`` that begins with ``undone``: an answer of ok always means the
+        change is on disk, and the call can simply be made again."""
+        try:
+            self._definitions.save()
+        except OSError as exc:
+            reason = exc.strerror or str(exc)
+            raise OSError(
+                exc.errno,
+                f"{undone}: the node could not write its definitions in {self.data_dir} "
+                f"({reason}); nothing changed, try again once the disk is writable",
+            ) from exc
 
     def _queue_sup_spec(self) -> SupervisorSpec:
         """queue_sup with every queue declared now: what a restart of it starts (made on

@@ -28,14 +28,16 @@ def drain(queue, ack=True):
     return out
 
 
-def fail_the_next_fdatasync(monkeypatch) -> None:
-    """The next ``os.fdatasync`` raises EIO, as on a disk that lost a write; later ones
-    run as usual."""
+def fail_the_next_fdatasync(monkeypatch, of: str = "", error: int = errno.EIO) -> None:
+    """The next ``os.fdatasync`` (of a file whose name starts with ``of``) raises
+    ``error``, EIO as on a disk that lost a write by default; later ones run as usual."""
     fdatasync = os.fdatasync
 
     def io_error_once(fd: int) -> None:
+        if not os.path.basename(os.readlink(f"/proc/self/fd/{fd}")).startswith(of):
+            return fdatasync(fd)
         monkeypatch.setattr(os, "fdatasync", fdatasync)
-        raise OSError(errno.EIO, "Input/output error")
+        raise OSError(error, os.strerror(error))
 
     monkeypatch.setattr(os, "fdatasync", io_error_once)
 

@@ -3,6 +3,7 @@ consume with acks, durable declarations, and what survives when a queue, a consu
 the persistent store is killed."""
 
 import contextlib
+import errno
 import json
 import os
 import signal
@@ -27,6 +28,8 @@ from warren.queues import (
     Unroutable,
     encode,
 )
+from warren.queues.broker.definitions import LOG_PREFIX as DEFINITIONS_LOG_PREFIX
+from warren.queues.broker.definitions import queue_directory
 from warren.queues.errors import ConnectionClosed, NodeNotRunning
 from warren.queues.message import MAX_MESSAGE_BYTES
 from warren.queues.protocol import Fetch, Publish, QueueStats
@@ -35,6 +38,7 @@ from warren.supervisor import Node
 
 from ...supervisor.sample_actors import gated_worker
 from ...waiting import wait_for
+from ..helpers import fail_the_next_fdatasync
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -342,6 +346,81 @@ def test_durable_exchanges_and_bindings_survive_a_restart(data_dir):
         connection = node.connect()
         connection.publish("", b"after restart", exchange="orders")
         assert connection.get("billing").body == b"after restart"
+
+
+def refuse_the_next_definitions_write(monkeypatch, error=errno.ENOSPC):
+    """The node's next write of its definitions fails (a full disk by default)."""
+    fail_the_next_fdatasync(monkeypatch, of=DEFINITIONS_LOG_PREFIX, error=error)
+
+
+def test_a_declare_the_disk_refused_is_an_error_and_declared_again_is_kept(data_dir, monkeypatch):
+    """The first declare's definition could not be written: the second must write it,
+    not find it in memory and answer ok with nothing on disk."""
+    with Node(data_dir) as node:
+        refuse_the_next_definitions_write(monkeypatch)
+        with pytest.raises(OSError, match="queue 'orders' was not declared.*No space left"):
+            node.declare_queue("orders")
+        assert node.declare_queue("orders") == {
+            "queue": "orders",
+            "message_count": 0,
+            "consumer_count": 0,
+        }
+        node.connect().publish("orders", b"kept")
+    with Node(data_dir) as node:
+        assert node.list_queues() == ["orders"]
+        assert node.connect().get("orders").body == b"kept"
+
+
+def test_a_declare_the_disk_refused_left_no_queue_behind_nor_after_a_restart(data_dir, monkeypatch):
+    with Node(data_dir) as node:
+        refuse_the_next_definitions_write(monkeypatch)
+        with pytest.raises(OSError, match="queue 'orders' was not declared"):
+            node.declare_queue("orders")
+        assert node.list_queues() == []
+        with pytest.raises(NotFound, match="declare it first"):
+            node.connect().publish("orders", b"lost")
+    with Node(data_dir) as node:
+        assert node.list_queues() == []
+        assert not os.path.exists(queue_directory(str(data_dir), "orders"))
+        node.declare_queue("orders")
+        connection = node.connect()
+        connection.publish("orders", b"declared at last")
+        assert connection.get("orders").body == b"declared at last"
+
+
+def test_exchanges_bindings_and_deletes_the_disk_refused_did_not_happen(data_dir, monkeypatch):
+    """Each change whose write failed is undone whole (a queue whose delete failed keeps
+    its messages) and made again as new, so that after a restart every change answered
+    ok is there."""
+    with Node(data_dir) as node:
+        for name in ("billing", "audit", "old"):
+            node.declare_queue(name)
+        node.declare_exchange("legacy", kind="fanout")
+        node.bind_queue("audit", "legacy")
+        connection = node.connect()
+        connection.publish("old", b"still here")
+        changes = [
+            (lambda: node.declare_exchange("orders", kind="fanout"), "exchange 'orders'"),
+            (lambda: node.bind_queue("billing", "orders"), "queue 'billing' was not bound"),
+            (lambda: node.unbind_queue("audit", "legacy"), "queue 'audit' was not unbound"),
+            (lambda: node.delete_exchange("legacy"), "exchange 'legacy' was not deleted"),
+            (lambda: node.delete_queue("old"), "queue 'old' was not deleted"),
+        ]
+        for change, refused in changes:
+            before = (node.list_queues(), node.list_exchanges(), node.list_bindings())
+            refuse_the_next_definitions_write(monkeypatch, errno.EIO)
+            with pytest.raises(OSError, match=f"{refused}.*Input/output error"):
+                change()
+            assert (node.list_queues(), node.list_exchanges(), node.list_bindings()) == before
+            if refused == "queue 'old' was not deleted":
+                assert connection.get("old").body == b"still here"
+            change()
+    with Node(data_dir) as node:
+        assert node.list_queues() == ["audit", "billing"]
+        assert [e["name"] for e in node.list_exchanges()] == ["orders"]
+        assert node.list_bindings() == [
+            {"exchange": "orders", "queue": "billing", "routing_key": ""}
+        ]
 
 
 def test_a_queue_that_keeps_crashing_stays_down_alone_and_publishes_to_it_are_nacked(node):

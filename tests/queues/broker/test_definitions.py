@@ -89,23 +89,43 @@ def test_a_log_a_crash_cut_short_loads_up_to_its_last_whole_change_and_is_cut_ba
         caplog.clear()
 
 
-def test_a_save_whose_fdatasync_failed_leaves_no_line_behind_and_the_next_save_makes_it(
+def test_a_save_whose_fdatasync_failed_leaves_no_line_behind_and_undoes_its_changes(
     tmp_path, monkeypatch
 ):
+    """What a failed save held is neither on disk nor in memory: made again, it is new
+    again, and saved (a second declare of a queue must not find it and save nothing)."""
     definitions = Definitions(str(tmp_path))
     definitions.add_queue(QueueDefinition("a"))
+    definitions.add_queue(QueueDefinition("gone"))
+    definitions.add_exchange(ExchangeDefinition("orders", "topic"))
+    definitions.bind("a", "orders", "a.#")
+    definitions.bind("gone", "orders", "gone.#")
     definitions.save()
-    definitions.add_queue(QueueDefinition("b"))
+    before = (dict(definitions.queues), dict(definitions.exchanges), set(definitions.bindings))
+
+    def changes():
+        assert definitions.add_queue(QueueDefinition("b"))
+        assert definitions.add_exchange(ExchangeDefinition("audit", "fanout"))
+        assert definitions.bind("b", "audit", "")
+        assert definitions.unbind("a", "orders", "a.#")
+        definitions.remove_queue("gone")
+        definitions.remove_exchange("orders")
+
+    changes()
     fail_the_next_fdatasync(monkeypatch)
     with pytest.raises(OSError):
         definitions.save()
+    assert (definitions.queues, definitions.exchanges, definitions.bindings) == before
     log_path = tmp_path / f"definitions-{definitions.generation}.log"
-    assert set(Definitions(str(tmp_path)).queues) == {"a"}
-    definitions.add_queue(QueueDefinition("c"))
+    assert len(log_path.read_bytes().splitlines()) == 5
+    loaded = Definitions(str(tmp_path))
+    assert (loaded.queues, loaded.exchanges, loaded.bindings) == before
+    changes()
     definitions.save()
     definitions.close()
-    assert len(log_path.read_bytes().splitlines()) == 3
-    assert set(Definitions(str(tmp_path)).queues) == {"a", "b", "c"}
+    loaded = Definitions(str(tmp_path))
+    assert set(loaded.queues) == {"a", "b"} and set(loaded.exchanges) == {"audit"}
+    assert loaded.bindings == {("audit", "b", "")}
 
 
 def test_a_stale_log_of_the_generation_before_a_compaction_is_ignored(tmp_path):

@@ -3,6 +3,7 @@ hostile frames; and publisher deduplication across kills of the queue and the li
 
 import math
 import os
+import re
 import signal
 import stat
 import subprocess
@@ -17,6 +18,7 @@ import zmq
 from warren import AlarmLimits, connect
 from warren.actors import wire
 from warren.actors.codec import Encoder
+from warren.errors import WarrenError
 from warren.queues import (
     Blocked,
     MessageTooLarge,
@@ -505,3 +507,86 @@ def test_a_passive_declare_counts_and_a_consumer_can_stop_on_an_empty_queue(node
         for bad in (math.nan, math.inf, -1, "1"):
             with pytest.raises(ValueError, match="inactivity_timeout must be a finite number"):
                 client.consume("jobs", inactivity_timeout=bad)
+
+
+def get_one_within(client, timeout):
+    with client.consume("orders") as consumer:
+        return consumer.get(timeout)
+
+
+BAD_CALLS = {  # what a client may pass wrong, and what the error says
+    "prefetch": (lambda c: c.consume("orders", prefetch=0), "prefetch must be an int >= 1"),
+    "inactivity_timeout": (
+        lambda c: c.consume("orders", inactivity_timeout=-1),
+        "inactivity_timeout must be a finite number of seconds > 0, got -1",
+    ),
+    "a consumer's timeout": (
+        lambda c: get_one_within(c, math.nan),
+        "timeout must be a finite number of seconds >= 0, got nan",
+    ),
+    "producer_id": (
+        lambda c: c.publish("orders", b"x", producer_id="", sequence=0),
+        "producer_id must be a str or bytes of 1 to",
+    ),
+    "sequence": (
+        lambda c: c.publish("orders", b"x", producer_id="p", sequence=-1),
+        "sequence must be an int in 0..",
+    ),
+    "exchange kind": (
+        lambda c: c.declare_exchange("events", kind="sideways"),
+        "exchange kind must be one of",
+    ),
+    "routing key": (
+        lambda c: c.bind_queue("orders", "amq.x", "k" * 256),
+        "a routing key is a str of at most 255 characters",
+    ),
+}
+BAD_OPTIONS = {  # what connect (or node.connect) may be passed wrong
+    "linger_s": ({"linger_s": 2}, "linger_s must be a number of seconds in 0..1, got 2"),
+    "recovery_interval_s": (
+        {"recovery_interval_s": 0},
+        "recovery_interval_s must be a finite number of seconds > 0, got 0",
+    ),
+    "call_timeout_s": (
+        {"call_timeout_s": -1},
+        "call_timeout_s must be a finite number of seconds > 0, got -1",
+    ),
+    "max_in_flight": ({"max_in_flight": 0}, "max_in_flight must be an int >= 1, got 0"),
+    "max_in_flight_bytes": (
+        {"max_in_flight_bytes": 1.5},
+        "max_in_flight_bytes must be an int >= 1, got 1.5",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_CALLS) + sorted(BAD_OPTIONS))
+@pytest.mark.parametrize("transport", ["in-process", "ipc", "tcp"])
+def test_every_bad_argument_to_the_client_is_a_warren_error_and_a_value_error(
+    node, transport, case
+):
+    """``except WarrenError`` catches any argument a user got wrong, as ``except
+    ValueError`` always did, over every transport, with a message that names it."""
+    target = {"in-process": None, "ipc": node.data_dir, "tcp": node.listen_endpoint}[transport]
+    node.declare_queue("orders")
+    node.declare_exchange("amq.x")
+    if case in BAD_OPTIONS:
+        options, says = BAD_OPTIONS[case]
+        with pytest.raises(WarrenError, match=re.escape(says)) as refused:
+            node.connect(**options) if target is None else connect(target, **options)
+    else:
+        call, says = BAD_CALLS[case]
+        with node.connect() if target is None else connect(target) as client:
+            with pytest.raises(WarrenError, match=re.escape(says)) as refused:
+                call(client)
+            client.publish("orders", b"still served")  # the bad call changed nothing
+            assert client.get("orders").body == b"still served"
+    assert isinstance(refused.value, ValueError)
+
+
+def test_the_options_only_one_transport_takes_are_checked_as_well(node, tmp_path):
+    with pytest.raises(WarrenError, match="key_file is for a tcp:// address") as refused:
+        connect(node.data_dir, key_file=tmp_path / "key")
+    assert isinstance(refused.value, ValueError)
+    with pytest.raises(WarrenError, match="connect_timeout_s must be a finite") as refused:
+        connect(node.listen_endpoint, connect_timeout_s=-1)
+    assert isinstance(refused.value, ValueError)

@@ -16,7 +16,8 @@ import pytest
 import zmq
 
 from warren import connect
-from warren.queues.errors import NodeNotRunning
+from warren.queues.broker.listener import ListenerActor, with_free_port
+from warren.queues.errors import ConnectionClosed, NodeNotRunning
 from warren.supervisor import AlarmLimits, ChildSpec, Node, NodeLocked, query_status
 from warren.supervisor.chaos.faults import is_alive
 from warren.supervisor.errors import NotANodeDirectory
@@ -353,3 +354,69 @@ def test_malformed_status_requests_are_answered_and_the_node_keeps_answering(tmp
             junk.close()
         assert query_status(tmp_path / "data")["state"] == "running"
         assert node.counters["malformed_status_requests"] == 5
+
+
+def declare_while_the_node_is_killed(node, endpoint: str) -> tuple[BaseException | None, float]:
+    """A remote client's declare, through the listener at ``endpoint``, in flight when
+    the ``node`` process is killed (stopped first, so that the call is surely waiting
+    for it): what the declare raised, and how long after the kill."""
+    outcome: list[BaseException] = []
+    with connect(endpoint, recover=False) as client:
+        client.declare_queue("before")
+
+        def declare() -> None:
+            try:
+                client.declare_queue("in flight")
+            except BaseException as exc:
+                outcome.append(exc)
+
+        node.send_signal(signal.SIGSTOP)  # the node takes the call and cannot answer it
+        caller = threading.Thread(target=declare)
+        caller.start()
+        node.send_signal(signal.SIGKILL)
+        killed_at = time.monotonic()
+        caller.join(timeout=120)
+        return (outcome or [None])[0], time.monotonic() - killed_at
+
+
+def test_a_tcp_call_in_flight_when_the_node_is_killed_ends_in_connection_closed_at_once(
+    node_process, tmp_path
+):
+    """The client is told at once, as a local one is, not after its listener's silence
+    (15 s) or the call's whole timeout (60 s): the node's death stops the listener, which
+    answers the calls it was making for its clients before it goes."""
+    data = tmp_path / "data"
+    node, pids = node_process(str(data), "--listen", "tcp://127.0.0.1:*")
+    family = [psutil.Process(pid) for pid in pids]
+    endpoint = json.loads((data / "node.json").read_text())["listen_endpoint"]
+    error, told_after_s = declare_while_the_node_is_killed(node, endpoint)
+    assert isinstance(error, ConnectionClosed), error
+    assert "the node went away (the listener stopped before the node answered" in str(error)
+    assert told_after_s < 20, f"told after {told_after_s:.1f} s"
+    node.wait(timeout=30)
+    wait_for(lambda: not any(map(is_alive, family)), timeout=60)
+
+
+def test_a_listener_that_outlives_its_killed_node_ends_the_call_in_flight_at_once(
+    node_process, tmp_path
+):
+    """A listener that nothing stops yet (here one run in the test's process) sees the
+    node's pid gone while it waits for the node's answer, as a local client does."""
+    data = tmp_path / "data"
+    node, pids = node_process(str(data))
+    family = [psutil.Process(pid) for pid in pids]
+    found = json.loads((data / "node.json").read_text())
+    endpoint = with_free_port("tcp://127.0.0.1:*")
+    listener = ListenerActor(
+        str(data), endpoint, control_endpoint=found["status_endpoint"], node_pid=found["pid"]
+    )
+    listener.on_start()
+    try:
+        error, told_after_s = declare_while_the_node_is_killed(node, endpoint)
+    finally:
+        listener.on_stop()
+    assert isinstance(error, ConnectionClosed), error
+    assert f"is not running (its pid {found['pid']} is gone)" in str(error)
+    assert told_after_s < 20, f"told after {told_after_s:.1f} s"
+    node.wait(timeout=30)
+    wait_for(lambda: not any(map(is_alive, family)), timeout=60)
