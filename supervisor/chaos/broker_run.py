@@ -41,6 +41,7 @@ import bisect
 import fnmatch
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -394,8 +395,25 @@ class ChaosWorkload:
                 if now != last:
                     last, since = now, time.monotonic()
                 time.sleep(DRAIN_POLL_S)
+            self._stalled(dict(zip(QUEUES, last[0] if last else (), strict=False)))
         finally:
             connection.close()
+
+    def _stalled(self, depths: dict[str, int | None]) -> None:
+        """The drain gave up with messages left: a problem of the run, named with the
+        queues' depths, and every consumer's stacks written to ``workload.log`` (SIGUSR1)
+        to show where it stands."""
+        left = {queue: depth for queue, depth in depths.items() if depth}
+        if not left:
+            return
+        for process in self._consumers:
+            if process.poll() is None:
+                process.send_signal(signal.SIGUSR1)
+        self.problems.append(
+            f"the consumers took nothing for {DRAIN_IDLE_S:g} s while queues held messages "
+            f"({', '.join(f'{q} {d}' for q, d in sorted(left.items()))}): a consumer stuck "
+            f"(its stacks are in workload.log), or a queue that does not deliver"
+        )
 
     def _stream_read_idle(self) -> bool:
         lines = self._count(self.stream_reader_ledger)

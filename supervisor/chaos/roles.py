@@ -14,6 +14,11 @@ on SIGTERM with every ledger line it wrote whole::
 ``NODE`` is a node's data directory or a listener's ``tcp://`` address. The stream's
 roles and their audit are ``warren.supervisor.chaos.stream_workload``'s.
 
+What a role logs (its connection going away and recovering) goes to stderr, each line
+with its time, role, ledger and pid, since every role shares the run's ``workload.log``;
+SIGUSR1 writes every thread's stack there (``faulthandler``), which the run asks for
+when a role stops making progress.
+
 This module only dispatches: it stands above both workload modules, so neither imports
 the other.
 """
@@ -21,6 +26,8 @@ the other.
 from __future__ import annotations
 
 import argparse
+import faulthandler
+import logging
 import os
 import signal
 import sys
@@ -67,6 +74,11 @@ def main(argv: list[str]) -> None:
     stream_reader.add_argument("--pause-key", help="pause now and then, drawn from KEY")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _stop)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    logging.basicConfig(
+        format=f"%(asctime)s {args.role} {os.path.basename(args.ledger)}[%(process)d] "
+        f"%(levelname)s %(message)s"
+    )
     from warren.queues.client import connect
 
     try:

@@ -5,6 +5,7 @@ before anything starts, and no process left behind when the harness is interrupt
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -24,6 +25,7 @@ from warren.queues.engine.queue_index import (
 from warren.queues.errors import Blocked
 from warren.store.disk_faults import ENVIRONMENT_VARIABLE, write_faults
 from warren.supervisor import Node
+from warren.supervisor.chaos import broker_run
 from warren.supervisor.chaos import faults as chaos_faults
 from warren.supervisor.chaos import run as chaos_run
 from warren.supervisor.chaos.broker_run import ChaosWorkload, pattern_limits
@@ -572,6 +574,34 @@ def test_the_audit_names_lost_unflagged_misrouted_and_wrong_messages(tmp_path):
     assert audit.unflagged == [f"chaos.default {p0}-1"] and audit.duplicates == 3
     assert audit.misrouted == [f"chaos.fanout.1 {p1}-1"]
     assert audit.wrong_bodies == 1 and audit.confirmed == 6 and audit.consumed == 10
+
+
+def test_a_drain_a_stuck_consumer_never_ends_names_the_queues_left_and_its_stacks(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setattr(broker_run, "DRAIN_IDLE_S", 2.0)
+    monkeypatch.setattr(broker_run, "STREAM_DRAIN_IDLE_S", 0.0)
+    with Node(tmp_path / "data", listen="tcp://127.0.0.1:*") as node:
+        workload = ChaosWorkload(
+            str(tmp_path / "run"), node.listen_endpoint, producers=1, consumers=1, sizes=(10, 20)
+        )
+        workload.declare()
+        workload.start()
+        try:
+            consumer = psutil.Process(workload._consumers[0].pid)
+            consumer.suspend()  # stuck: it takes nothing more
+            wait_for(lambda: workload.sample()["confirmed"] >= 10, timeout=60)
+            workload.stop_producers()
+            workload.drain()
+            consumer.resume()  # it writes its stacks on the SIGUSR1 the drain sent
+            log = tmp_path / "run" / "workload.log"
+            wait_for(lambda: "most recent call first" in log.read_text(), timeout=30)
+        finally:
+            workload.close()
+    assert any(
+        re.search(r"took nothing for 2 s while queues held messages \(chaos.default \d+\)", p)
+        for p in workload.problems
+    ), workload.problems
 
 
 def test_only_what_a_damaged_file_held_is_counted_destroyed_rather_than_lost(tmp_path):
