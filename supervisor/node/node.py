@@ -393,8 +393,13 @@ class Node:
                 raise NotFound(f"no queue {name!r} on this node (a passive declare creates none)")
             return self._declared(name)
         definition = QueueDefinition(check_name(name), **arguments)
+        created_empty = False
         with self._definitions_lock:
             if self._definitions.add_queue(definition):
+                # Nothing on disk to recover: the queue starts empty, and its counts
+                # need no question to its process (a directory left without a
+                # definition may hold messages: that queue is asked).
+                created_empty = not os.path.exists(queue_directory(self.data_dir, name))
                 try:
                     if not definition.durable:
                         self._definitions.mark_transient(name)
@@ -403,6 +408,8 @@ class Node:
                     self._definitions.remove_queue(name)
                     raise
                 self._definitions_changed()
+        if created_empty:
+            return {"queue": name, "message_count": 0, "consumer_count": 0}
         return self._declared(name)
 
     def _declared(self, name: str) -> dict:
