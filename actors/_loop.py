@@ -871,6 +871,9 @@ class ActorLoop:
     def whereis(self, name: str) -> ActorRef | None:
         return self._node.whereis(name)
 
+    def monitor_named(self, names: list[str]) -> list[ActorRef | None]:
+        return self._node.monitor_named(self.ref, names)
+
     def register(self, name: str) -> None:
         self._node.register(name, self.ref)
 

@@ -67,6 +67,9 @@ class NodeClient:
     def whereis(self, name: str) -> ActorRef | None:
         return self._request(wire.WHEREIS, name)
 
+    def monitor_named(self, watcher: ActorRef, names: list[str]) -> list[ActorRef | None]:
+        return self._request(wire.MONITOR_NAMED, [watcher, names])
+
     def register(self, name: str, ref: ActorRef) -> None:
         self._request(wire.REGISTER, [name, ref])
 

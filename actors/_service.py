@@ -241,6 +241,9 @@ class NodeService:
             return None
         if kind == wire.WHEREIS:
             return node.registry.whereis(str(body))
+        if kind == wire.MONITOR_NAMED:
+            watcher, names = body
+            return node.monitor_named(watcher, [str(name) for name in names])
         if kind == wire.REGISTER:
             name, ref = body
             node.registry.register(str(name), ref)

@@ -86,6 +86,8 @@ class ActorServices(Protocol):
 
     def whereis(self, name: str) -> ActorRef | None: ...
 
+    def monitor_named(self, names: list[str]) -> list[ActorRef | None]: ...
+
     def register(self, name: str) -> None: ...
 
     def unhandled(self, message: Any, error: UnhandledMessage) -> None: ...
@@ -211,6 +213,13 @@ class ProcessActor:
     def whereis(self, name: str) -> ActorRef | None:
         """Look ``name`` up in the node's registry."""
         return self._require_services().whereis(name)
+
+    def monitor_named(self, names: list[str]) -> list[ActorRef | None]:
+        """Look each of ``names`` up and monitor the incarnation found, in one round trip
+        to the node (``whereis`` then ``monitor`` of each take two apiece): its ref, or
+        None (nothing monitored) where nobody holds the name. Like ``monitor``, a
+        ``Down`` comes at once for an incarnation that exited in between."""
+        return self._require_services().monitor_named(names)
 
     def register(self, name: str) -> None:
         """Register this actor under ``name`` in the node's registry."""

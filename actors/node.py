@@ -329,6 +329,16 @@ class Node:
         """The ref registered under ``name`` in this node, or ``None``."""
         return self.registry.whereis(name)
 
+    def monitor_named(self, watcher: ActorRef, names: list[str]) -> list[ActorRef | None]:
+        """For each name, the ref registered under it now, whose incarnation ``watcher``
+        then monitors (its ``Down`` at once if that one has exited since); ``None``, and
+        nothing monitored, for a name nobody holds."""
+        refs = [self.registry.whereis(name) for name in names]
+        for ref in refs:
+            if ref is not None:
+                self.monitor(ref, notify=watcher)
+        return refs
+
     def actors(self) -> list[ActorRef]:
         """Refs of every incarnation alive now."""
         return [life.ref for life in self._lives.alive()]

@@ -18,7 +18,9 @@ frames of their own. The ROUTER side sees the DEALER's routing id as an extra fi
                     actor also publishes the answer, and answers the question itself
                     from then on, where the node reads it (``warren.actors.figures``).
     node service    [READY | FAILED | MONITOR | DEMONITOR | LINK | WHEREIS | REGISTER
-                     | UNREGISTER | STOP_ACTOR, request_id, body]
+                     | UNREGISTER | STOP_ACTOR | MONITOR_NAMED, request_id, body]
+                    MONITOR_NAMED ([watcher, [name, ...]]) looks each name up and
+                    monitors the incarnation found: answered [ref | None, ...].
 """
 
 TELL = 1
@@ -44,6 +46,7 @@ WHEREIS = 25
 REGISTER = 26
 UNREGISTER = 27
 STOP_ACTOR = 28
+MONITOR_NAMED = 29
 
 # Hard limit of one message, all frames together (bytes); both ends enforce it. It leaves
 # room for the largest broker message (128 MiB, RabbitMQ's max_message_size) in one

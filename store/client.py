@@ -175,6 +175,7 @@ class StoreClient:
             ) from None
         self._pinned = info.ref
         self.incarnation = info.ref.incarnation
+        self.recovered_clean = info.recovered_clean
         self._reader = LockTableReader(info.directory)
         self._table = os.path.join(info.directory, TABLE_FILE)
         self._table_inode = os.stat(self._table).st_ino

@@ -34,6 +34,7 @@ class LocalStoreClient:
         self._next_seq = 0
         self._settled_up_to = 0
         self._failed: list[int] = []
+        self.recovered_clean = store.recovered_clean
         store.register_client(self.client_ref)
         _CLIENTS.setdefault(store, weakref.WeakValueDictionary())[self.client_ref] = self
 

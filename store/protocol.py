@@ -77,11 +77,14 @@ class Register:
 @dataclass(frozen=True)
 class StoreInfo:
     """What a client needs: the store's ref pinned to this incarnation (so a newer one
-    never applies its requests), and the directory it reads directly."""
+    never applies its requests), and the directory it reads directly; and whether this
+    incarnation recovered from a clean stop (a queue whose store did not recovers dirty
+    itself)."""
 
     ref: ActorRef
     directory: str
     transient: bool
+    recovered_clean: bool
 
 
 @message

@@ -9,7 +9,7 @@ Supervised by the node's root (rest_for_one): a store crash restarts everything 
 Messages accepted (``warren.store.protocol``), and what each gets back:
 
     Register(client_ref)            → StoreInfo(this incarnation's pinned ref, directory,
-                                      transient)
+                                      transient, recovered_clean)
     WriteBatch(client_ref, first_seq, records, removes)
                                     → Settled, once every write of the batch is on disk,
                                       ignored, or failed because the disk is full; the
@@ -249,7 +249,7 @@ class MessageStoreActor(ProcessActor):
     def _register(self, message: Register) -> StoreInfo:
         self.store.register_client(message.client_ref)
         self._dying.discard(message.client_ref)
-        return StoreInfo(self.ref.pin(), self.directory, self.transient)
+        return StoreInfo(self.ref.pin(), self.directory, self.transient, self.store.recovered_clean)
 
     def _write_batch(self, message: WriteBatch) -> None:
         records = message.records

@@ -216,6 +216,11 @@ class Supervisor:
         # shared by the whole tree: the root's, handed to every supervisor below it
         self.restart_counts = restart_counts if restart_counts is not None else RestartCounts()
         self._children: list[_Child] = []
+        # The same children by name, and those with heartbeats (dicts: in start order),
+        # so that adding a child or beating them costs the same whatever their number (a
+        # node's queue_sup holds a supervisor per queue, none with a heartbeat).
+        self._named: dict[str, _Child] = {}
+        self._beating: dict[_Child, None] = {}
         self._lock = threading.RLock()
         self._events: queue.Queue[_Event] = queue.Queue()
         self._restart_times: collections.deque[float] = collections.deque()
@@ -240,9 +245,9 @@ class Supervisor:
         """Start every child in order; raise SupervisorError if one cannot start."""
         template_only = self.spec.flags.strategy == "simple_one_for_one"
         with self._lock:
-            self._children = (
-                [] if template_only else [_Child(spec, spec.id) for spec in self.spec.children]
-            )
+            self._children, self._named, self._beating = [], {}, {}
+        for spec in () if template_only else self.spec.children:
+            self._add(_Child(spec, spec.id))
         for child in list(self._children):
             try:
                 self._start_child(child)
@@ -308,12 +313,11 @@ class Supervisor:
             else:
                 if not isinstance(spec_or_args, (ChildSpec, SupervisorSpec)):
                     raise SupervisorError(f"start_child takes a spec here, got {spec_or_args!r}")
-                if any(c.spec.id == spec_or_args.id for c in self._children):
+                if spec_or_args.id in self._named:
                     raise SupervisorError(f"a child {spec_or_args.id!r} exists already")
                 child = _Child(spec_or_args, spec_or_args.id)
             self._start_child(child)
-            with self._lock:
-                self._children.append(child)
+            self._add(child)
             return child.ref
 
         return self._call(add)
@@ -324,8 +328,7 @@ class Supervisor:
         def terminate() -> None:
             child = self._find(child_id)
             self._stop_children([child])
-            with self._lock:
-                self._children.remove(child)
+            self._remove(child)
 
         self._call(terminate)
 
@@ -347,12 +350,10 @@ class Supervisor:
         """The supervisor running as child ``child_id`` (a SupervisorSpec child);
         KeyError if there is no such child, ValueError if it is an actor."""
         with self._lock:
-            for child in self._children:
-                if child.name == child_id:
-                    if child.supervisor is None:
-                        raise ValueError(f"{child_id} is an actor, not a supervisor")
-                    return child.supervisor
-        raise KeyError(child_id)
+            child = self._named[child_id]
+        if child.supervisor is None:
+            raise ValueError(f"{child_id} is an actor, not a supervisor")
+        return child.supervisor
 
     def which_children(self) -> list[dict[str, Any]]:
         """id, pid, state, restarts and incarnation of each child, in start order."""
@@ -435,10 +436,31 @@ class Supervisor:
         return value
 
     def _find(self, child_id: str) -> _Child:
-        for child in self._children:
-            if child.name == child_id:
-                return child
-        raise SupervisorError(f"supervisor {self.id} has no child {child_id!r}")
+        child = self._named.get(child_id)
+        if child is None:
+            raise SupervisorError(f"supervisor {self.id} has no child {child_id!r}")
+        return child
+
+    def _add(self, child: _Child) -> None:
+        """Make ``child`` the last of the children (the event thread, or ``start``)."""
+        with self._lock:
+            self._children.append(child)
+            self._named[child.name] = child
+            self._note_heartbeats(child)
+
+    def _note_heartbeats(self, child: _Child) -> None:
+        """Beat ``child`` if its spec asks for heartbeats (under the lock)."""
+        if getattr(child.spec, "heartbeat_interval_s", None) is not None:
+            self._beating[child] = None
+        else:
+            self._beating.pop(child, None)
+
+    def _remove(self, child: _Child) -> None:
+        """Forget ``child`` (the event thread)."""
+        with self._lock:
+            self._children.remove(child)
+            del self._named[child.name]
+            self._beating.pop(child, None)
 
     # ------------------------------------------------------------------ starting and stopping
 
@@ -448,6 +470,9 @@ class Supervisor:
         child.state = "starting"
         if child.spec_of is not None:
             child.spec = child.spec_of()
+            with self._lock:
+                if self._named.get(child.name) is child:  # a child, not one being added
+                    self._note_heartbeats(child)
         spec = child.spec
         try:
             if isinstance(spec, SupervisorSpec):
@@ -613,7 +638,7 @@ class Supervisor:
             child.generation != event.generation
             or child.state not in ("running", "hung")
             or self._stopping.is_set()
-            or child not in self._children
+            or self._named.get(child.name) is not child  # removed since
         ):
             return
         abnormal = event.abnormal or child.state == "hung"
@@ -622,8 +647,7 @@ class Supervisor:
         restart = child.spec.restart
         if restart == "temporary" or (restart == "transient" and not abnormal):
             if restart == "temporary":
-                with self._lock:
-                    self._children.remove(child)
+                self._remove(child)
             return
         if event.terminated:
             self._later(
@@ -685,7 +709,7 @@ class Supervisor:
         """(The heartbeat thread.) Beat every child at ``now`` (see ``_beat``); return
         when this supervisor is next due, ``math.inf`` when none of its children is."""
         with self._lock:
-            children = list(self._children)
+            children = list(self._beating)
         due = math.inf
         for child in children:
             due = min(due, self._beat(child, now))

@@ -124,7 +124,6 @@ import psutil
 from warren.actors import ActorError, ActorRef, Down, ProcessActor, UnhandledMessage, WarrenError
 from warren.store.client import StoreClient
 from warren.store.errors import StoreError
-from warren.store.protocol import StoreStats
 
 from ..engine.variable_queue import (
     MessageInfo,
@@ -259,21 +258,21 @@ class QueueActor(ProcessActor):
     # ------------------------------------------------------------------ lifecycle
 
     def on_start(self) -> None:
-        persistent = self.whereis("msg_store_persistent")
-        transient = self.whereis("msg_store_transient")
+        # the stores' refs and their monitors in one round trip to the node
+        persistent, transient = self.monitor_named(["msg_store_persistent", "msg_store_transient"])
         if persistent is None or transient is None:
+            for store in (persistent, transient):
+                if store is not None:
+                    self.demonitor(store)
             raise RuntimeError(f"queue {self.queue_name}: the node's stores are not running")
-        store_clean = bool(persistent.ask(StoreStats()).get("recovered_clean"))
         self._stores = [persistent.pin(), transient.pin()]
-        for store in self._stores:
-            self.monitor(store)
         self.queue = VariableQueue(
             self.directory,
             durable=self.definition.durable,
             lazy=self.definition.lazy,
             persistent_store=lambda ref: StoreClient(persistent, ref, **STORE_CLIENT_OPTIONS),
             transient_store=lambda ref: StoreClient(transient, ref, **STORE_CLIENT_OPTIONS),
-            shared_store_clean=store_clean,
+            shared_store_clean=None,  # as the persistent store answers the registration
             **self.queue_options,
         )
         self._producers = ProducerLog(self.directory)

@@ -48,6 +48,7 @@ class SharedStoreClient(Protocol):
     """What the queue needs of a shared store: ``LocalStoreClient`` and ``StoreClient``."""
 
     client_ref: bytes
+    recovered_clean: bool  # the store it registered with recovered from a clean stop
 
     def write(self, msg_id: bytes, body: bytes) -> int: ...
     def remove(self, msg_ids: Iterable[bytes]) -> None: ...

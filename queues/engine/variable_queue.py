@@ -152,7 +152,8 @@ class VariableQueue:
     ``g`` take a client ref (bytes) and return a store client on ``msg_store_persistent``
     and ``msg_store_transient`` (``lambda ref: LocalStoreClient(store, ref)``, or
     ``lambda ref: StoreClient(store_actor, ref)``). ``shared_store_clean`` says whether
-    the persistent store recovered from a clean stop (a dirty one means a full scan here).
+    the persistent store recovered from a clean stop (a dirty one means a full scan here);
+    None: as its client says (``recovered_clean``, learnt when it registered).
     """
 
     def __init__(
@@ -168,7 +169,7 @@ class VariableQueue:
         max_message_bytes: int = MAX_MESSAGE_BYTES,
         io_batch_size: int = IO_BATCH_SIZE,
         page_batch: int = PAGE_BATCH,
-        shared_store_clean: bool = True,
+        shared_store_clean: bool | None = True,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         for name, value, low in (
@@ -252,7 +253,7 @@ class VariableQueue:
         self,
         persistent_store: Callable[[bytes], SharedStoreClient],
         transient_store: Callable[[bytes], SharedStoreClient],
-        shared_store_clean: bool,
+        shared_store_clean: bool | None,
     ) -> None:
         started = time.monotonic()
         had_files = any(name.endswith(".qi") for name in os.listdir(self.directory))
@@ -260,6 +261,8 @@ class VariableQueue:
         persistent_ref = bytes.fromhex(terms["persistent_ref"]) if terms else os.urandom(16)
         self._persistent = persistent_store(persistent_ref)
         self._transient = transient_store(os.urandom(16))
+        if shared_store_clean is None:
+            shared_store_clean = self._persistent.recovered_clean
         clean_terms = terms if shared_store_clean else None  # None: recover dirty
         if clean_terms is not None and clean_terms.get("file_sizes") != segment_file_sizes(
             self.directory

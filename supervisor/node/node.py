@@ -394,8 +394,13 @@ class Node:
                 raise NotFound(f"no queue {name!r} on this node (a passive declare creates none)")
             return self._declared(name)
         definition = QueueDefinition(check_name(name), **arguments)
+        created_empty = False
         with self._definitions_lock:
             if self._definitions.add_queue(definition):
+                # Nothing on disk to recover: the queue starts empty, and its counts
+                # need no question to its process (a directory left without a
+                # definition may hold messages: that queue is asked).
+                created_empty = not os.path.exists(queue_directory(self.data_dir, name))
                 # On disk before its process starts: a failed save leaves nothing to undo
                 # but the definition (see _definitions_changed), and a crash after it
                 # starts the queue at the next boot.
@@ -411,6 +416,8 @@ class Node:
                     except OSError as exc:  # it is started at the next boot
                         log.error("node %s: %s", self.name, exc)
                     raise
+        if created_empty:
+            return {"queue": name, "message_count": 0, "consumer_count": 0}
         return self._declared(name)
 
     def _declared(self, name: str) -> dict:

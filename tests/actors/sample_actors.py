@@ -129,6 +129,8 @@ class Recorder(ProcessActor):
             case ("monitor", ref):
                 self.monitor(ref)
                 return "monitoring"
+            case ("monitor_named", names):
+                return self.monitor_named(names)
             case ("stop_other", ref):
                 return ref.stop(timeout=5)
             case ("stop_self", abnormal):

@@ -74,6 +74,20 @@ def test_an_actor_that_monitors_receives_down_as_a_message(node: Node) -> None:
     assert watcher.ask("downs", timeout=10) == [Down(target, None, signal.SIGKILL)]
 
 
+def test_an_actor_finds_and_monitors_named_actors_in_one_request(node: Node) -> None:
+    watcher = node.spawn(Watcher)
+    first = node.spawn(Recorder, name="first")
+    second = node.spawn(Recorder, name="second")
+    found = watcher.ask(("monitor_named", ["first", "nobody", "second"]), timeout=10)
+    assert found == [first, None, second]
+    os.kill(second.pid, signal.SIGKILL)
+    wait_for(lambda: watcher.ask("downs", timeout=10))
+    assert watcher.ask("downs", timeout=10) == [Down(second, None, signal.SIGKILL)]
+    first.stop(timeout=10)
+    wait_for(lambda: len(watcher.ask("downs", timeout=10)) == 2)
+    assert watcher.ask("downs", timeout=10)[1] == Down(first, EXIT_NORMAL, None)
+
+
 def test_an_actor_that_monitored_a_dead_actor_knows_it_is_dead(node: Node) -> None:
     watcher = node.spawn(Watcher)
     target = node.spawn(Recorder)

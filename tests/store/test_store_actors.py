@@ -237,6 +237,7 @@ def test_a_clean_stop_through_the_tree_makes_the_next_start_clean(tmp_path):
     with Node(tmp_path / "data") as second:
         assert stats(second)["recovered_clean"]
         client = StoreClient(second.store())
+        assert client.recovered_clean  # learnt when it registered
         assert all(client.read(msg_id(n)) == body(n) for n in range(100))
         client.terminate()
 
@@ -260,6 +261,7 @@ def test_a_killed_store_takes_its_reference_counts_from_the_nodes_source(tmp_pat
         figures = stats(node)
         assert not figures["recovered_clean"] and figures["message_count"] == 50
         fresh = StoreClient(node.store())
+        assert not fresh.recovered_clean
         assert fresh.contains_many([msg_id(n) for n in range(4)]) == [True, False, True, False]
         fresh.terminate()
 

@@ -186,6 +186,24 @@ def test_a_sigstopped_child_is_found_hung_and_restarted(actor_node):
         assert not psutil.pid_exists(before)
 
 
+def test_a_child_added_at_run_time_is_watched_refused_twice_and_forgotten_once_stopped(
+    actor_node,
+):
+    spec = SupervisorSpec("sup", SupervisorFlags("one_for_one", intensity=5), children=())
+    late = ChildSpec("late", Worker, heartbeat_interval_s=0.2, heartbeat_timeout_s=1.0)
+    with Supervisor(actor_node, spec) as supervisor:
+        first = supervisor.start_child(late)
+        with pytest.raises(SupervisorError, match="exists already"):
+            supervisor.start_child(late)
+        os.kill(first.pid, signal.SIGSTOP)  # its heartbeats find it hung
+        wait_for(lambda: pids(supervisor)["late"] != first.pid and all_running(supervisor))
+        assert not psutil.pid_exists(first.pid)
+        supervisor.terminate_child("late")
+        assert supervisor.which_children() == []
+        again = supervisor.start_child(late)  # its name is free again
+        assert pids(supervisor) == {"late": again.pid}
+
+
 def test_a_slow_restart_is_not_mistaken_for_a_hang(actor_node):
     spec = SupervisorSpec(
         "sup",

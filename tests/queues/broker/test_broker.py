@@ -29,7 +29,7 @@ from warren.queues import (
     encode,
 )
 from warren.queues.broker.definitions import LOG_PREFIX as DEFINITIONS_LOG_PREFIX
-from warren.queues.broker.definitions import queue_directory
+from warren.queues.broker.definitions import Definitions, queue_directory
 from warren.queues.errors import ConnectionClosed, NodeNotRunning
 from warren.queues.message import MAX_MESSAGE_BYTES
 from warren.queues.protocol import Fetch, Publish, QueueStats
@@ -94,6 +94,30 @@ def test_declaring_again_is_harmless_and_with_other_arguments_refused(node):
     with pytest.raises(ValueError, match="queue name"):
         node.declare_queue("line\nbreak")
     assert node.list_queues() == ["orders"]
+
+
+def test_a_declare_counts_the_messages_a_directory_left_without_its_definition_holds(
+    data_dir,
+):
+    with Node(data_dir) as node:
+        assert node.declare_queue("orders") == {
+            "queue": "orders",
+            "message_count": 0,
+            "consumer_count": 0,
+        }
+        node.connect().publish_many("orders", [b"a", b"b", b"c"])
+    lost = Definitions(str(data_dir))  # the definition gone, the queue's files not
+    lost.remove_queue("orders")
+    lost.save()
+    lost.close()
+    with Node(data_dir) as node:
+        assert node.list_queues() == []
+        assert node.declare_queue("orders") == {
+            "queue": "orders",
+            "message_count": 3,
+            "consumer_count": 0,
+        }
+        assert node.connect().get("orders").body == b"a"
 
 
 def test_an_unknown_queue_is_a_clear_error(node):
