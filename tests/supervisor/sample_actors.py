@@ -126,3 +126,13 @@ def unwatched_worker(data_dir):
 def gated_worker(data_dir):
     """A tree of one worker that starts once ``<data_dir>.gate`` exists."""
     return (ChildSpec("worker", GatedStarter, (f"{data_dir}.gate",), start_timeout_s=120),)
+
+
+def worker_beside_gated_starter(data_dir):
+    """A tree of two workers under one supervisor: ``idle``, and ``gated``, which starts
+    once ``<data_dir>.gate`` exists; while ``gated`` starts, their supervisor acts on
+    nothing else."""
+    return (
+        ChildSpec("idle", Worker),
+        ChildSpec("gated", GatedStarter, (f"{data_dir}.gate",), start_timeout_s=120),
+    )
