@@ -26,7 +26,11 @@ unpinned refs reach the new incarnation.
 Stopping: ``stop`` sends a stop request on the control channel, sends SIGTERM after
 ``timeout`` seconds, SIGKILL after ``timeout`` more, and returns the ``Down``. Neither the
 request nor the SIGTERM interrupts the actor's code: the handler call in progress runs to
-its end, then ``on_stop``. ``close`` stops every actor (requests first, in parallel; then
+its end, then ``on_stop``. A caller can name a state in which the process cannot act on
+either (``kill_if``: a supervisor's check that the kernel shows it stopped by a signal):
+it is checked at once and every ``STOP_CHECK_S`` while the stop waits, and the process
+is sent SIGKILL as soon as it holds, since a process can be stopped by a signal (or seen
+so only) after its stop began. ``close`` stops every actor (requests first, in parallel; then
 SIGKILL through the forkserver), stops the forkserver and the service thread, and removes
 the runtime directory: after ``close`` no process of this node exists.
 
@@ -60,6 +64,7 @@ import pickle
 import shutil
 import signal
 import time
+from collections.abc import Callable
 from typing import Any
 
 import zmq
@@ -86,6 +91,8 @@ DEFAULT_START_TIMEOUT_S = 30.0
 DEFAULT_STOP_TIMEOUT_S = 5.0
 # How long we wait for the exit of a process sent SIGKILL (seconds).
 _KILL_WAIT_S = 10.0
+# How often a stop with ``kill_if`` checks it while it waits (seconds).
+STOP_CHECK_S = 0.25
 _TRANSPORTS = ("ipc", "tcp")
 
 
@@ -372,24 +379,53 @@ class Node:
 
     # -- stopping ------------------------------------------------------------------------
 
-    def stop(self, ref: ActorRef, timeout: float = DEFAULT_STOP_TIMEOUT_S) -> Down:
-        """Stop request, SIGTERM after ``timeout`` s, SIGKILL after ``timeout`` s more."""
+    def stop(
+        self,
+        ref: ActorRef,
+        timeout: float = DEFAULT_STOP_TIMEOUT_S,
+        kill_if: Callable[[int], bool] | None = None,
+    ) -> Down:
+        """Stop request, SIGTERM after ``timeout`` s, SIGKILL after ``timeout`` s more;
+        SIGKILL at once whenever ``kill_if(pid)`` holds (see the module docstring)."""
         life = self._lives.to_stop(ref)
         if isinstance(life, Down):
             return life
-        self._request_stop(life)
+        if kill_if is None or not self._killed_if(life, kill_if):
+            self._request_stop(life)
         for signum, wait_s in (
             (signal.SIGTERM, timeout),
             (signal.SIGKILL, timeout),
             (None, _KILL_WAIT_S),
         ):
-            if life.exited.wait(wait_s):
+            if self._exited_within(life, wait_s, kill_if):
                 break
             if signum is not None:
                 self._forkserver.signal(life.ref.pid, signum)
         if life.down is None:
             raise ActorError(f"{life.ref.name} (pid {life.ref.pid}) did not exit")
         return life.down
+
+    def _exited_within(
+        self, life: Life, wait_s: float, kill_if: Callable[[int], bool] | None
+    ) -> bool:
+        """Whether ``life`` exits within ``wait_s``; with ``kill_if``, checked every
+        ``STOP_CHECK_S`` meanwhile, SIGKILLed when it holds."""
+        if kill_if is None:
+            return life.exited.wait(wait_s)
+        deadline = time.monotonic() + wait_s
+        while not life.exited.wait(max(0.0, min(STOP_CHECK_S, deadline - time.monotonic()))):
+            if self._killed_if(life, kill_if):
+                return life.exited.wait(_KILL_WAIT_S)
+            if time.monotonic() >= deadline:
+                return False
+        return True
+
+    def _killed_if(self, life: Life, kill_if: Callable[[int], bool]) -> bool:
+        """SIGKILL ``life``'s process if ``kill_if`` holds for it; whether it did."""
+        if not kill_if(life.ref.pid):
+            return False
+        self._forkserver.signal(life.ref.pid, signal.SIGKILL)
+        return True
 
     def _request_stop(self, life: Life) -> None:
         channel = self._runtime.channel(life.ref.control)

@@ -18,9 +18,11 @@ Lifecycle:
   child's ``shutdown_s``, SIGKILL after ``shutdown_s`` more (``"brutal_kill"``: SIGKILL at
   once). Nested supervisors stop their own children first. A child stopped by a signal
   (SIGSTOP, a debugger) is killed at once instead: it could not act on the request, and
-  would hold a restart of its siblings up for its whole ``shutdown_s``. (A child that
-  answers no ping is not killed for that alone: in its ``on_stop`` it answers none
-  either.)
+  would hold a restart of its siblings up for its whole ``shutdown_s``. That is checked
+  all along the stop, not only as it begins: the kernel shows a SIGSTOP only once the
+  process has run to take it (one waiting for a core or in an fsync shows running for a
+  while), and one may come during the stop. (A child that answers no ping is not
+  killed for that alone: in its ``on_stop`` it answers none either.)
 
 Watching (the event thread): every child incarnation is monitored; its ``Down`` (exit code
 or signal, SIGKILL included) arrives within the node's reaping latency. The heartbeat
@@ -538,22 +540,30 @@ class Supervisor:
                 self.node.kill(ref)
                 if child.monitor is not None:
                     child.monitor.wait(30)
-            elif _stopped_by_signal(ref.pid):
-                log.warning(
-                    "%s: %s (pid %d) is stopped by a signal (SIGSTOP, a debugger): killing "
-                    "it rather than waiting up to %g s for a stop it cannot act on",
-                    self.id,
-                    child.name,
-                    ref.pid,
-                    spec.shutdown_s,
-                )
-                self.node.kill(ref)
-                if child.monitor is not None:
-                    child.monitor.wait(30)
             else:
-                self.node.stop(ref, timeout=spec.shutdown_s)
+                self.node.stop(
+                    ref,
+                    timeout=spec.shutdown_s,
+                    kill_if=lambda pid: self._frozen_while_stopped(child, pid),
+                )
         except ActorError as exc:
             log.error("%s: stopping %s failed: %s", self.id, child.name, exc)
+
+    def _frozen_while_stopped(self, child: _Child, pid: int) -> bool:
+        """Whether ``child``, being stopped, is stopped by a signal (so to be killed): at
+        the start of its stop or at any moment of it, as the kernel may show a SIGSTOP
+        late (the process still running, or in an fsync) or it may come later."""
+        if not _stopped_by_signal(pid):
+            return False
+        log.warning(
+            "%s: %s (pid %d) is stopped by a signal (SIGSTOP, a debugger): killing it "
+            "rather than waiting up to %g s for a stop it cannot act on",
+            self.id,
+            child.name,
+            pid,
+            child.spec.shutdown_s,
+        )
+        return True
 
     # ------------------------------------------------------------------ the event thread
 

@@ -20,7 +20,11 @@ then lands each fault of a schedule (``warren.supervisor.chaos.faults.schedule``
 After each crash fault it waits until the node is healthy again (every actor of its tree
 running, none of the actors it is expected to have missing, the victim replaced) and notes
 how long that took: the recovery time. A stopped actor its supervisor never replaced is
-resumed after twice the heartbeat timeout, a problem of the run. A node that exits on
+resumed after twice the heartbeat timeout, a problem of the run; unless the tree shows
+something else being started or stopped then while it still shows the victim running
+(``_busy_beside``): a supervisor busy starting a child (a recovery) acts on a hung one
+once done, so the bound runs again from then, up to ``HEALTH_TIMEOUT_S`` after the stop.
+A node that exits on
 its own is started again, as a service manager would: after a kill or stop that struck
 one of its actors while it started (a child that dies before it is ready fails its
 supervisor's start, and so the node's), noted on that fault; otherwise, a problem of
@@ -352,6 +356,24 @@ class NodeUnderTest:
         self._seen.clear()
 
 
+def _busy_beside(status: dict | None, victim: str | None) -> str | None:
+    """What the node's tree shows being started or stopped beside ``victim`` (``"name
+    state"``), while it shows ``victim`` itself running; else None. A supervisor acts on
+    one event at a time: one busy starting a child (a recovery, bounded by its
+    ``start_timeout_s``) or stopping one acts on a hung child once done, so a kill late for
+    that is no broken promise. ``victim`` shown otherwise (being stopped, killed) excuses
+    nothing: its supervisor is acting on it."""
+    if status is None or status.get("tree") is None:
+        return None
+    actors = list(_actors(status["tree"]))
+    if (victim, "running") not in {(name, state) for name, _, state in actors}:
+        return None
+    for name, _, state in actors:
+        if name != victim and state not in ("running", "failed"):
+            return f"{name} {state}"
+    return None
+
+
 def _actors(entry: dict) -> Iterator[tuple[str, int | None, str]]:
     if entry.get("kind") == "supervisor":
         if entry["state"] != "running":
@@ -407,6 +429,7 @@ class _Watch:
     stopped_at: float = 0.0  # seconds from the start
     resume_at: float = 0.0
     resumed: bool = False  # its supervisor never replaced it: resumed
+    waited_on_supervisor: bool = False  # its kill was late, its supervisor busy: waited
     disk_until: float | None = None  # a full or slow disk: when it ends
     full_since: float | None = None  # the node up on the full disk since
     alarm_due: bool = False  # ... for DISK_ALARM_DUE_S: its alarm must go off
@@ -507,6 +530,19 @@ def run_faults(
             if stopped is None:
                 continue
             if not chaos.is_alive(stopped) or now() >= watch.resume_at:
+                busy = _busy_beside(node.status(), watch.actor) if chaos.is_alive(stopped) else None
+                if busy is not None and now() - watch.stopped_at < HEALTH_TIMEOUT_S:
+                    # its supervisor acts on the hang once done with what holds it up
+                    watch.resume_at = now() + 2 * node.heartbeat_timeout_s
+                    if not watch.waited_on_supervisor:
+                        watch.waited_on_supervisor = True
+                        watch.event.detail = (
+                            watch.event.detail + "; " if watch.event.detail else ""
+                        ) + (
+                            f"its supervisor was busy ({busy}) {now() - watch.stopped_at:.1f} "
+                            "s after the stop: waited for it"
+                        )
+                    continue
                 with contextlib.suppress(psutil.Error):
                     stopped.resume()
                 if chaos.is_alive(stopped):

@@ -86,13 +86,16 @@ class GatedStarter(Worker):
 
 class SlowToStop(Worker):
     """Takes ``stop_s`` seconds in on_stop, then appends its name to ``journal``, like a
-    store writing its recovery files (it answers no ping meanwhile)."""
+    store writing its recovery files (it answers no ping meanwhile); creates the file
+    ``began``, if given, as its on_stop begins."""
 
-    def __init__(self, name: str, journal: str, stop_s: float) -> None:
+    def __init__(self, name: str, journal: str, stop_s: float, began: str | None = None) -> None:
         super().__init__(name)
-        self.stopped_journal, self.stop_s = journal, stop_s
+        self.stopped_journal, self.stop_s, self.began = journal, stop_s, began
 
     def on_stop(self) -> None:
+        if self.began is not None:
+            open(self.began, "w").close()
         time.sleep(self.stop_s)
         with open(self.stopped_journal, "a") as f:
             f.write(f"{self.name}\n")
@@ -123,3 +126,13 @@ def unwatched_worker(data_dir):
 def gated_worker(data_dir):
     """A tree of one worker that starts once ``<data_dir>.gate`` exists."""
     return (ChildSpec("worker", GatedStarter, (f"{data_dir}.gate",), start_timeout_s=120),)
+
+
+def worker_beside_gated_starter(data_dir):
+    """A tree of two workers under one supervisor: ``idle``, and ``gated``, which starts
+    once ``<data_dir>.gate`` exists; while ``gated`` starts, their supervisor acts on
+    nothing else."""
+    return (
+        ChildSpec("idle", Worker),
+        ChildSpec("gated", GatedStarter, (f"{data_dir}.gate",), start_timeout_s=120),
+    )

@@ -257,6 +257,36 @@ def test_a_child_stopped_by_a_signal_is_killed_when_its_supervisor_stops_it(acto
         stopping.join()
 
 
+def test_a_child_stopped_by_a_signal_once_its_stop_began_is_killed(actor_node, tmp_path):
+    # The kernel shows a SIGSTOP only once the process has run to take it: on a loaded
+    # machine, one waiting for a core or in an fsync still shows running when its
+    # supervisor begins to stop it (a store's crash restarting the queues). It must be
+    # killed once it shows stopped, not waited for up to its shutdown_s (seed 38545210).
+    began = tmp_path / "began"
+    slow = ChildSpec(
+        "slow",
+        SlowToStop,
+        ("slow", str(tmp_path / "journal"), 20.0, str(began)),
+        shutdown_s=600,
+        heartbeat_interval_s=0.2,
+        heartbeat_timeout_s=1.0,
+    )
+    supervisor = Supervisor(actor_node, SupervisorSpec("sup", children=(slow,))).start()
+    pid = pids(supervisor)["slow"]
+    stopping = threading.Thread(target=supervisor.stop)
+    try:
+        stopping.start()
+        wait_for(began.exists)  # its stop began while it ran: it is in its on_stop
+        os.kill(pid, signal.SIGSTOP)
+        stopping.join(15)  # far below the child's shutdown_s and its on_stop
+        assert not stopping.is_alive(), "the stop waited on a child that runs no code"
+        assert not psutil.pid_exists(pid)
+    finally:
+        if psutil.pid_exists(pid):
+            os.kill(pid, signal.SIGCONT)  # so that a stop still waiting ends
+        stopping.join()
+
+
 def test_a_child_in_a_long_on_stop_is_waited_for_though_it_answers_no_ping(actor_node, tmp_path):
     # systemd stops a node by signalling every process at once: each actor is in its
     # on_stop (a store writing its recovery files) when its supervisor comes to stop it,

@@ -187,6 +187,44 @@ def test_a_stop_lands_only_once_its_victim_is_ready_and_its_heartbeat_watches_it
     assert any("is still starting: no heartbeat watches it yet" in r for r in refused)
 
 
+def test_a_stop_whose_supervisor_is_busy_starting_a_sibling_is_waited_for(tmp_path, monkeypatch):
+    # A supervisor acts on one event at a time: one starting a child (a recovery, bounded
+    # by its start_timeout_s) acts on a hung sibling once that start is done. On a loaded
+    # machine that can be past twice the heartbeat timeout (seed 38545210: node restarts
+    # of 5-12 s): no broken promise while the tree shows the start under way.
+    data = tmp_path / "data"
+    gate = Path(f"{data}.gate")  # the gated worker's start ends once this exists
+    gate.touch()
+    node = NodeUnderTest(
+        data, options=("--children", "tests.supervisor.sample_actors:worker_beside_gated_starter")
+    )
+    busy_beside = chaos_run._busy_beside
+    seen_busy: list[str] = []
+
+    def busy_then_let_it_start(status, victim):
+        # the restart that holds the supervisor up ends once the harness waited for it
+        busy = busy_beside(status, victim)
+        if busy is not None:
+            seen_busy.append(busy)
+            gate.touch()
+        return busy
+
+    monkeypatch.setattr(chaos_run, "_busy_beside", busy_then_let_it_start)
+    try:
+        node.start()
+        gate.unlink()
+        kill, stop = Fault(0.1, "kill", "gated", 1), Fault(0.2, "stop", "idle", 1)
+        result = run_faults(node, [kill, stop], duration_s=0.3)
+    finally:
+        node.close()
+    assert result.problems == []
+    assert seen_busy and seen_busy[0] == "gated starting"
+    stop_event = result.events[1]
+    assert (stop_event.kind, stop_event.landed) == ("stop", True)
+    assert "its supervisor was busy (gated starting)" in stop_event.detail
+    assert stop_event.recovery_s is not None  # killed and replaced once the start was done
+
+
 def test_a_node_that_gives_up_a_start_a_kill_struck_is_started_again(tmp_path, monkeypatch):
     # A child killed before it is ready fails its supervisor's start, and so the node's
     # (exit 4): a service manager starts it again, and so does the harness. Seed
