@@ -88,9 +88,10 @@ class RemoteNode(NodeCalls):
 
     def _call(self, op: str, **args: Any) -> Any:
         """One request on the node's control socket. While it waits, it looks every
-        ``LIVENESS_CHECK_S`` whether the node's process still lives: a node killed before
-        or during the call (a node file left by a SIGKILLed node names a dead pid) is
-        ``NodeNotRunning`` at once, not after the call's whole timeout."""
+        ``LIVENESS_CHECK_S`` whether the node is gone (``gone``): a node killed before or
+        during the call (a node file left by a SIGKILLed node names a dead pid), or
+        stopping (its control socket answers no more), is ``NodeNotRunning`` at once, not
+        after the call's whole timeout."""
         socket: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.REQ)
         socket.linger = 0
         socket.sndtimeo = self.timeout_ms
@@ -99,10 +100,11 @@ class RemoteNode(NodeCalls):
             socket.connect(self.endpoint)
             socket.send_multipart([b"call", json.dumps({"op": op, "args": args}).encode()])
             while not socket.poll(int(LIVENESS_CHECK_S * 1000)):
-                if not self._alive():
+                if self.gone():
                     raise NodeNotRunning(
                         f"the node on {self.data_dir} is not running (its pid {self.pid} is "
-                        f"gone); start it with `warren node --data-dir {self.data_dir}`"
+                        f"gone, or it is stopping); start it with `warren node --data-dir "
+                        f"{self.data_dir}`"
                     )
                 if time.monotonic() >= deadline:
                     raise NodeNotRunning(
@@ -119,8 +121,11 @@ class RemoteNode(NodeCalls):
         return answer["ok"]
 
     def gone(self) -> bool:
-        """Whether the node this handle reached stopped running: its process is gone,
-        or the data directory's node file names another (it was restarted)."""
+        """Whether the node this handle reached stopped running or is stopping: its
+        process is gone, or the data directory's node file is gone (a node's orderly stop
+        removes it first, before it stops any queue) or names another (it was
+        restarted). The file is replaced by a rename, never left missing while a node
+        runs."""
         if self.pid is None:
             return False
         if not process_exists(self.pid):
@@ -128,13 +133,10 @@ class RemoteNode(NodeCalls):
         try:
             with open(os.path.join(self.data_dir, NODE_FILE)) as file:
                 return json.load(file).get("pid") != self.pid
+        except FileNotFoundError:
+            return True  # stopping: its queues are going, and it answers no more calls
         except (OSError, ValueError, AttributeError):
-            return False  # being rewritten, or removed by a stop the process survives yet
-
-    def _alive(self) -> bool:
-        if self.pid is None:
-            return True  # a node file without a pid: the call's timeout decides
-        return process_exists(self.pid)
+            return False  # unreadable for a moment: the process's exit decides
 
 
 def write_alarms(data_dir: str, active: Iterable[str]) -> None:
