@@ -51,11 +51,13 @@ class RemoteNode(NodeCalls):
         timeout_ms: int = CALL_TIMEOUT_MS,
         endpoint: str | None = None,
         pid: int | None = None,
+        connect_timeout_s: float = CONNECT_TIMEOUT_MS / 1000,
     ) -> None:
         """``endpoint``: the node's control socket, when the caller knows it already (a
         process of the node itself, started before the node file is written), and
         ``pid`` the node's process (without it, only the timeout ends a call to a node
-        that died)."""
+        that died). ``connect_timeout_s``: how long the first call waits for the node's
+        answer."""
         self.data_dir = os.fspath(data_dir)
         self.timeout_ms = timeout_ms
         self.pid: int | None = pid
@@ -74,7 +76,7 @@ class RemoteNode(NodeCalls):
             ) from None
         # Fail now, not at the first publish; and within seconds: a node that is alive but
         # does not answer yet is starting (recovering), which connect(wait=...) waits for.
-        self.timeout_ms = min(timeout_ms, CONNECT_TIMEOUT_MS)
+        self.timeout_ms = max(1, min(timeout_ms, int(connect_timeout_s * 1000)))
         try:
             self.list_queues()
         finally:
