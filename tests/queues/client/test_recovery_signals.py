@@ -45,8 +45,10 @@ def test_producers_and_consumers_go_through_a_node_stopped_by_a_signal_and_start
     node, stop
 ):
     signum, to = STOPS[stop]
-    traffic = [Traffic(node.target(t), queue=f"orders-{t}") for t in TRANSPORTS]
+    traffic: list[Traffic] = []
     try:
+        for transport in TRANSPORTS:
+            traffic.append(Traffic(node.target(transport), queue=f"orders-{transport}"))
         for each in traffic:
             each.progressed()
         node.stop_by(signum, to)
@@ -125,12 +127,17 @@ def test_a_full_disk_holds_recovering_producers_and_a_restart_while_full_loses_n
     node_on_a_small_disk, small_disk
 ):
     node = node_on_a_small_disk
-    traffic = [
-        Traffic(node.target(t), queue=f"orders-{t}", producer_options={"call_timeout_s": 2})
-        for t in TRANSPORTS
-    ]
+    traffic: list[Traffic] = []
     filler = None
     try:
+        for transport in TRANSPORTS:
+            traffic.append(
+                Traffic(
+                    node.target(transport),
+                    queue=f"orders-{transport}",
+                    producer_options={"call_timeout_s": 2},
+                )
+            )
         for each in traffic:
             each.progressed()
         filler = fill_disk(small_disk, leave_bytes=MiB // 2)
