@@ -240,3 +240,33 @@ def test_a_call_in_flight_when_the_node_stops_completes_on_the_node_started_agai
     if call == "a confirm":
         assert [connection.get("orders").body, connection.get("orders")] == [b"late", None]
     connection.close()
+
+
+def test_a_node_restarted_on_a_disk_full_to_the_last_byte_serves_and_producers_go_on(
+    node_on_a_small_disk, small_disk
+):
+    node = node_on_a_small_disk
+    producers = {t: connect(node.target(t), idempotent=True) for t in TRANSPORTS}
+    before = [b"before %d" % n for n in range(500)]
+    for transport, producer in producers.items():
+        producer.declare_queue(f"orders-{transport}")
+        producer.publish_many(f"orders-{transport}", before)
+    filler = fill_disk(small_disk)  # to the last byte, faster than the alarm's check
+    try:
+        node.stop_by(signal.SIGTERM, "node")
+        node.start()  # serves, on both transports: it did not start ("No space left")
+        for transport, producer in producers.items():  # recovers, and finds all it had
+            assert producer.queue_stats(f"orders-{transport}")["depth"] == len(before)
+    finally:
+        os.unlink(filler)
+    after = [b"after %d" % n for n in range(100)]
+    for transport, producer in producers.items():
+        wait_for(lambda producer=producer: not producer.blocked)  # the alarm cleared
+        producer.publish_many(f"orders-{transport}", after)
+        got = []
+        while (delivery := producer.get(f"orders-{transport}")) is not None:
+            got.append(delivery.body)
+            delivery.ack()
+        assert got == before + after
+        assert producer.recoveries == 1
+        producer.close()
