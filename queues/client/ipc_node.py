@@ -103,10 +103,10 @@ class RemoteNode(NodeCalls):
             socket.send_multipart([b"call", json.dumps({"op": op, "args": args}).encode()])
             while not socket.poll(int(LIVENESS_CHECK_S * 1000)):
                 if self.gone():
+                    how = "is gone" if not process_exists(self.pid or 0) else "is stopping"
                     raise NodeNotRunning(
-                        f"the node on {self.data_dir} is not running (its pid {self.pid} is "
-                        f"gone, or it is stopping); start it with `warren node --data-dir "
-                        f"{self.data_dir}`"
+                        f"the node on {self.data_dir} is not running (its pid {self.pid} "
+                        f"{how}); start it with `warren node --data-dir {self.data_dir}`"
                     )
                 if time.monotonic() >= deadline:
                     raise NodeNotRunning(

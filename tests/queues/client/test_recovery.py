@@ -144,15 +144,22 @@ class Traffic:
     of its own, until ``finish``; then every confirmed message must have been consumed,
     none twice but flagged redelivered. A batch the node's alarm held until ``Blocked``
     (counted in ``blocked``) is published again, as a producer would;
-    ``producer_options`` go to the producer's ``connect``."""
+    ``producer_options`` go to the producer's ``connect``. With ``backlog``, the producer
+    waits while that many confirmed messages are not consumed yet (what the queue holds on
+    disk stays small)."""
 
     BATCH = 100
 
     def __init__(
-        self, target: str, queue: str = "orders", producer_options: dict | None = None
+        self,
+        target: str,
+        queue: str = "orders",
+        producer_options: dict | None = None,
+        backlog: int | None = None,
     ) -> None:
         self.target, self.queue = target, queue
         self.producer_options = producer_options or {}
+        self.backlog = backlog
         self.blocked = 0
         setup = connect(target, recover=False)
         setup.declare_queue(queue)
@@ -182,6 +189,9 @@ class Traffic:
             ) as producer:
                 start = 0
                 while not self._produced_all.is_set():
+                    if self._backlogged():
+                        self._produced_all.wait(0.01)  # for the consumer
+                        continue
                     bodies = [
                         b"%s %d" % (self.queue.encode(), n)
                         for n in range(start, start + self.BATCH)
@@ -195,6 +205,9 @@ class Traffic:
                     start += self.BATCH
         except BaseException:
             self.failures.append(traceback.format_exc())
+
+    def _backlogged(self) -> bool:
+        return self.backlog is not None and len(self.confirmed) - len(self.consumed) >= self.backlog
 
     def _consume(self) -> None:
         try:

@@ -136,6 +136,7 @@ def test_a_full_disk_holds_recovering_producers_and_a_restart_while_full_loses_n
                     node.target(transport),
                     queue=f"orders-{transport}",
                     producer_options={"call_timeout_s": 2},
+                    backlog=1000,  # the disk holds what the test fills it with
                 )
             )
         for each in traffic:
