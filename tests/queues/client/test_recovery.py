@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 from warren import connect
-from warren.queues.errors import Blocked, ConnectionClosed, Nacked
+from warren.queues.errors import ConnectionClosed, Nacked
 
 from ...waiting import wait_for
 
@@ -142,25 +142,12 @@ class Traffic:
     """A producer (``publish_many`` batches, each confirmed) and a consumer (acks each
     delivery) of queue ``queue``, each on a recovering connection of its own and a thread
     of its own, until ``finish``; then every confirmed message must have been consumed,
-    none twice but flagged redelivered. A batch the node's alarm held until ``Blocked``
-    (counted in ``blocked``) is published again, as a producer would;
-    ``producer_options`` go to the producer's ``connect``. With ``backlog``, the producer
-    waits while that many confirmed messages are not consumed yet (what the queue holds on
-    disk stays small)."""
+    none twice but flagged redelivered."""
 
     BATCH = 100
 
-    def __init__(
-        self,
-        target: str,
-        queue: str = "orders",
-        producer_options: dict | None = None,
-        backlog: int | None = None,
-    ) -> None:
+    def __init__(self, target: str, queue: str = "orders") -> None:
         self.target, self.queue = target, queue
-        self.producer_options = producer_options or {}
-        self.backlog = backlog
-        self.blocked = 0
         setup = connect(target, recover=False)
         setup.declare_queue(queue)
         setup.close()
@@ -182,32 +169,19 @@ class Traffic:
     def _produce(self) -> None:
         try:
             with connect(
-                self.target,
-                idempotent=True,
-                on_recovery=lambda _: self._recovered("producer"),
-                **self.producer_options,
+                self.target, idempotent=True, on_recovery=lambda _: self._recovered("producer")
             ) as producer:
                 start = 0
                 while not self._produced_all.is_set():
-                    if self._backlogged():
-                        self._produced_all.wait(0.01)  # for the consumer
-                        continue
                     bodies = [
                         b"%s %d" % (self.queue.encode(), n)
                         for n in range(start, start + self.BATCH)
                     ]
-                    try:
-                        producer.publish_many(self.queue, bodies)
-                    except Blocked:  # nothing of it was sent
-                        self.blocked += 1
-                        continue
+                    producer.publish_many(self.queue, bodies)
                     self.confirmed.extend(bodies)
                     start += self.BATCH
         except BaseException:
             self.failures.append(traceback.format_exc())
-
-    def _backlogged(self) -> bool:
-        return self.backlog is not None and len(self.confirmed) - len(self.consumed) >= self.backlog
 
     def _consume(self) -> None:
         try:
