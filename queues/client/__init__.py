@@ -9,6 +9,7 @@ wire vocabulary (``warren.queues.protocol``) and these modules only.
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from typing import Any
@@ -18,8 +19,8 @@ from warren.actors.errors import InvalidSpec
 from ..errors import InvalidArgument, NodeNotRunning
 from .connection import Connection
 from .consuming import check_timeout
-from .ipc_node import RemoteNode
-from .tcp_node import TcpNode
+from .ipc_node import CONNECT_TIMEOUT_MS, RemoteNode
+from .tcp_node import CONNECT_TIMEOUT_S, TcpNode
 
 __all__ = ["Connection", "connect"]
 
@@ -67,12 +68,13 @@ def _connect(
     if isinstance(target, str) and target.startswith("tcp://"):
         _check_tcp_address(target)
         endpoint = target
-        tcp_options = {k: options.pop(k) for k in ("connect_timeout_s",) if k in options}
-        if tcp_options:
-            check_timeout(tcp_options["connect_timeout_s"], "connect_timeout_s")
+        connect_timeout_s = options.pop("connect_timeout_s", CONNECT_TIMEOUT_S)
+        check_timeout(connect_timeout_s, "connect_timeout_s")
 
-        def reconnect_tcp() -> TcpNode:
-            return TcpNode(endpoint, key_file=key_file, **tcp_options)
+        def reconnect_tcp(timeout_s: float = math.inf) -> TcpNode:
+            return TcpNode(
+                endpoint, key_file=key_file, connect_timeout_s=min(connect_timeout_s, timeout_s)
+            )
 
         node = reconnect_tcp()
         try:
@@ -86,7 +88,11 @@ def _connect(
             "reached through its data directory without one"
         )
     data_dir = target
-    return Connection(RemoteNode(data_dir), reconnect=lambda: RemoteNode(data_dir), **options)
+
+    def reconnect_ipc(timeout_s: float = math.inf) -> RemoteNode:
+        return RemoteNode(data_dir, connect_timeout_s=min(CONNECT_TIMEOUT_MS / 1000, timeout_s))
+
+    return Connection(reconnect_ipc(), reconnect=reconnect_ipc, **options)
 
 
 def _check_tcp_address(target: str) -> None:

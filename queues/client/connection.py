@@ -185,7 +185,7 @@ class Connection:
         call_timeout_s: float = CALL_TIMEOUT_S,
         linger_s: float = LINGER_S,
         on_close: Callable[[], None] | None = None,
-        reconnect: Callable[[], NodeHandle] | None = None,
+        reconnect: Callable[[float], NodeHandle] | None = None,
         recover: bool = True,
         idempotent: bool = False,
         recovery_interval_s: float = RECOVERY_INTERVAL_S,
@@ -198,8 +198,9 @@ class Connection:
         ``on_close`` runs once when the connection closes: ``connect`` passes the
         transport it opened for this connection, which nothing else uses.
 
-        Recovery (``warren.queues.client.recovery``): ``reconnect`` opens a new
-        transport to the same node (``connect`` passes one); with it and ``recover``
+        Recovery (``warren.queues.client.recovery``): ``reconnect(timeout_s)`` opens a
+        new transport to the same node, waiting at most ``timeout_s`` for its first
+        answer (``connect`` passes one); with it and ``recover``
         (the default), a connection whose node went away connects again, waiting
         ``recovery_interval_s`` (doubling) between attempts for up to
         ``recovery_timeout_s``, and rebuilds what it had. ``on_disconnect(error)`` runs
@@ -1177,7 +1178,8 @@ class Connection:
         try:
             while True:
                 try:
-                    self._new_session()
+                    # an attempt waits for the node no longer than the recovery has left
+                    self._new_session(deadline - time.monotonic())
                     break
                 except errors.PreconditionFailed as exc:
                     # the restarted node holds a queue this connection declared with other
@@ -1203,13 +1205,14 @@ class Connection:
         log.warning("the connection recovered (recovery %d)", self.recoveries)
         notify(self.on_recovery, self)
 
-    def _new_session(self) -> None:
-        """One attempt at recovery: a new transport, what was declared, the publishes in
+    def _new_session(self, connect_timeout_s: float) -> None:
+        """One attempt at recovery: a new transport (which waits for the node's first
+        answer at most ``connect_timeout_s``), what was declared, the publishes in
         doubt, the consumers. What fails here fails the attempt."""
         if self._on_close is not None:
             self._on_close()  # the old transport: what it still queues must not go out
         assert self._reconnect is not None
-        self._node = self._reconnect()
+        self._node = self._reconnect(connect_timeout_s)
         self._on_close = getattr(self._node, "close", None)
         self._refs.clear()
         self._routes.clear()

@@ -51,11 +51,13 @@ class RemoteNode(NodeCalls):
         timeout_ms: int = CALL_TIMEOUT_MS,
         endpoint: str | None = None,
         pid: int | None = None,
+        connect_timeout_s: float = CONNECT_TIMEOUT_MS / 1000,
     ) -> None:
         """``endpoint``: the node's control socket, when the caller knows it already (a
         process of the node itself, started before the node file is written), and
         ``pid`` the node's process (without it, only the timeout ends a call to a node
-        that died)."""
+        that died). ``connect_timeout_s``: how long the first call waits for the node's
+        answer."""
         self.data_dir = os.fspath(data_dir)
         self.timeout_ms = timeout_ms
         self.pid: int | None = pid
@@ -74,7 +76,7 @@ class RemoteNode(NodeCalls):
             ) from None
         # Fail now, not at the first publish; and within seconds: a node that is alive but
         # does not answer yet is starting (recovering), which connect(wait=...) waits for.
-        self.timeout_ms = min(timeout_ms, CONNECT_TIMEOUT_MS)
+        self.timeout_ms = max(1, min(timeout_ms, int(connect_timeout_s * 1000)))
         try:
             self.list_queues()
         finally:
@@ -88,9 +90,10 @@ class RemoteNode(NodeCalls):
 
     def _call(self, op: str, **args: Any) -> Any:
         """One request on the node's control socket. While it waits, it looks every
-        ``LIVENESS_CHECK_S`` whether the node's process still lives: a node killed before
-        or during the call (a node file left by a SIGKILLed node names a dead pid) is
-        ``NodeNotRunning`` at once, not after the call's whole timeout."""
+        ``LIVENESS_CHECK_S`` whether the node is gone (``gone``): a node killed before or
+        during the call (a node file left by a SIGKILLed node names a dead pid), or
+        stopping (its control socket answers no more), is ``NodeNotRunning`` at once, not
+        after the call's whole timeout."""
         socket: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.REQ)
         socket.linger = 0
         socket.sndtimeo = self.timeout_ms
@@ -99,10 +102,11 @@ class RemoteNode(NodeCalls):
             socket.connect(self.endpoint)
             socket.send_multipart([b"call", json.dumps({"op": op, "args": args}).encode()])
             while not socket.poll(int(LIVENESS_CHECK_S * 1000)):
-                if not self._alive():
+                if self.gone():
+                    how = "is gone" if not process_exists(self.pid or 0) else "is stopping"
                     raise NodeNotRunning(
-                        f"the node on {self.data_dir} is not running (its pid {self.pid} is "
-                        f"gone); start it with `warren node --data-dir {self.data_dir}`"
+                        f"the node on {self.data_dir} is not running (its pid {self.pid} "
+                        f"{how}); start it with `warren node --data-dir {self.data_dir}`"
                     )
                 if time.monotonic() >= deadline:
                     raise NodeNotRunning(
@@ -119,8 +123,11 @@ class RemoteNode(NodeCalls):
         return answer["ok"]
 
     def gone(self) -> bool:
-        """Whether the node this handle reached stopped running: its process is gone,
-        or the data directory's node file names another (it was restarted)."""
+        """Whether the node this handle reached stopped running or is stopping: its
+        process is gone, or the data directory's node file is gone (a node's orderly stop
+        removes it first, before it stops any queue) or names another (it was
+        restarted). The file is replaced by a rename, never left missing while a node
+        runs."""
         if self.pid is None:
             return False
         if not process_exists(self.pid):
@@ -128,13 +135,10 @@ class RemoteNode(NodeCalls):
         try:
             with open(os.path.join(self.data_dir, NODE_FILE)) as file:
                 return json.load(file).get("pid") != self.pid
+        except FileNotFoundError:
+            return True  # stopping: its queues are going, and it answers no more calls
         except (OSError, ValueError, AttributeError):
-            return False  # being rewritten, or removed by a stop the process survives yet
-
-    def _alive(self) -> bool:
-        if self.pid is None:
-            return True  # a node file without a pid: the call's timeout decides
-        return process_exists(self.pid)
+            return False  # unreadable for a moment: the process's exit decides
 
 
 def write_alarms(data_dir: str, active: Iterable[str]) -> None:

@@ -4,7 +4,8 @@ transport, how long it tries, and the error it ends in when it does not.
 
 "The node went away" (``NodeLost``) means the process or listener this connection spoke
 to is no longer the one answering: over ipc, the node's process is gone (kill -9, a
-crash, a stop) or another node runs on the data directory; over tcp, the listener's boot
+crash, a stop), it is stopping (an orderly stop removes the node file before it stops
+any queue) or another node runs on the data directory; over tcp, the listener's boot
 id changed (the node or its listener restarted) or the listener answered nothing for
 ``NODE_SILENCE_S``. A queue restarting inside a living node is not that: it stays a
 ``Nacked`` or a ``QueueRestarting`` for the one call it hit, as before.
@@ -12,8 +13,9 @@ id changed (the node or its listener restarted) or the listener answered nothing
 Recovery, in this order (``Connection._recover``), each step on the new transport:
 
 1. connect again, waiting ``recovery_interval_s`` between attempts, doubling up to
-   ``MAX_INTERVAL_S``, for at most ``recovery_timeout_s`` in all (then the connection
-   closes and raises ``ConnectionClosed``);
+   ``MAX_INTERVAL_S``, for at most ``recovery_timeout_s`` in all (an attempt waits for
+   the node's first answer no longer than what is left; then the connection closes and
+   raises ``ConnectionClosed``);
 2. declare again what this connection declared (``Topology``: exchanges, then queues,
    then bindings, each as it was last declared, less what it deleted or unbound);
 3. send again every publish whose confirm was in doubt and that has a producer id (the

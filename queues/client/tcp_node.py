@@ -88,6 +88,9 @@ class TcpNode(NodeCalls):
         self._beat: threading.Thread | None = None
         self._closed = threading.Event()
         self._replaced = False  # another listener answers at the address: gone
+        # the socket lost its connection, and no boot heard since says whether the
+        # listener answering now is the same one
+        self._drop_unchecked = False
         # since when it awaits an answer and has heard nothing (None: it heard since)
         self._silent_since: float | None = None
         try:
@@ -224,7 +227,8 @@ class TcpNode(NodeCalls):
                             f"{NODE_SILENCE_S:g} s"
                         ) from None
                 else:
-                    if self._dropped() and self.gone():
+                    # the listener that answered answers the boot too: wait for it
+                    if self._dropped() and self.gone(wait_s=NODE_SILENCE_S):
                         raise NodeLost(f"the node at {self.endpoint} restarted before {op}")
                     return answer
         except (TimeoutError, errors.ConnectionClosed):
@@ -302,12 +306,13 @@ class TcpNode(NodeCalls):
 
     def _dropped(self) -> bool:
         """Whether the socket lost its connection to the listener (or failed a new
-        handshake) since last asked."""
-        dropped = False
+        handshake) since a boot was last heard (``replaced``): until one is, a drop is
+        not forgotten, so that a probe left unanswered for a moment does not let a
+        restarted listener pass for the same one."""
         while self._events is not None and self._events.poll(0):
             self._events.recv_multipart()
-            dropped = True
-        return dropped
+            self._drop_unchecked = True
+        return self._drop_unchecked
 
     def silent(self) -> bool:
         """Whether the listener has answered nothing for ``NODE_SILENCE_S`` while this
@@ -316,15 +321,16 @@ class TcpNode(NodeCalls):
         since = self._silent_since
         return since is not None and time.monotonic() - since >= NODE_SILENCE_S
 
-    def gone(self) -> bool:
+    def gone(self, wait_s: float = RESTART_CHECK_S) -> bool:
         """Whether the listener this connection was made through went away: another
         answers at its address (its boot changed: it or the node restarted), or none
-        has answered for ``NODE_SILENCE_S``."""
+        has answered for ``NODE_SILENCE_S``. The listener's boot is waited for
+        ``wait_s``."""
         if self._closed.is_set() or self._replaced:
             return True
         probe = self.send("boot")
         try:
-            boot = self.wait(probe, RESTART_CHECK_S)
+            boot = self.wait(probe, wait_s)
         except AskTimeout:
             self.forget(probe)
             return self.silent()
@@ -336,6 +342,7 @@ class TcpNode(NodeCalls):
         was made through: every request since is lost, and the transport gone."""
         if boot != self.boot:
             self._replaced = True
+        self._drop_unchecked = False
         return self._replaced
 
     def consuming(self, consumer: bytes) -> None:

@@ -69,6 +69,7 @@ answer reports the node as not answering rather than hanging (its request has a 
 from __future__ import annotations
 
 import dataclasses
+import errno
 import fcntl
 import functools
 import json
@@ -140,6 +141,10 @@ from .metrics import NodeFigures
 log = logging.getLogger("warren.node")
 
 LOCK_FILE = "node.lock"
+# Room the node keeps in its data directory for its own small files (the node file, the
+# alarms): a node started on a disk full to the last byte gives it up to write them.
+RESERVE_FILE = "node.reserve"
+RESERVE_BYTES = 64 * 1024
 # What a node's data directory holds: a directory with files but none of these is not one
 # (the key files are there once `warren keys` ran, even before the node's first start).
 NODE_FILES = (LOCK_FILE, DEFINITIONS_FILE, "msg_store_persistent", NODE_PUBLIC_FILE)
@@ -302,7 +307,7 @@ class Node:
                     ),
                 )
                 self.http_endpoint = self._http.endpoint
-            self._write_node_file()
+            self._with_room(self._write_node_file)
             listener = (
                 ()
                 if listen is None
@@ -349,10 +354,11 @@ class Node:
                 listener_ref = self.actors.whereis(LISTENER_NAME)
                 assert listener_ref is not None, "the tree has just started the listener"
                 self.listen_endpoint = listener_ref.ask(ListenerStats())["endpoint"]
-            write_alarms(self.data_dir, self.alarms.active)
+            self._with_room(functools.partial(write_alarms, self.data_dir, self.alarms.active))
             self.start_duration_s = time.monotonic() - starting_at
             self._started.set()
-            self._write_node_file()
+            self._with_room(self._write_node_file)
+            self._keep_reserve()
         except BaseException:
             self.close()
             raise
@@ -797,7 +803,11 @@ class Node:
                         change.limit,
                     )
                 if changes:
-                    write_alarms(self.data_dir, self.alarms.active)
+                    self._with_room(
+                        functools.partial(write_alarms, self.data_dir, self.alarms.active)
+                    )
+                    if "disk" not in self.alarms.active:
+                        self._keep_reserve()  # room again: keep it for the next full disk
                 self._tell_alarms(told)
                 self._forget_auto_deleted()
             except Exception:  # the watch must outlive one bad reading; logged
@@ -907,6 +917,32 @@ class Node:
             )
             shutil.rmtree(runtime_dir, ignore_errors=True)
         os.unlink(path)
+
+    def _with_room(self, write: Callable[[], None]) -> None:
+        """Write one of the node's own small files; on a disk with no room left (ENOSPC),
+        give up the reserve (``RESERVE_FILE``) and try once more, so that a node starts,
+        and publishes its disk alarm, on a disk full to the last byte."""
+        try:
+            write()
+        except OSError as exc:
+            reserve = os.path.join(self.data_dir, RESERVE_FILE)
+            if exc.errno != errno.ENOSPC or not os.path.exists(reserve):
+                raise
+            log.warning("node %s: the disk is full; using the room kept for its files", self.name)
+            os.unlink(reserve)
+            write()
+
+    def _keep_reserve(self) -> None:
+        """Keep ``RESERVE_BYTES`` allocated in ``RESERVE_FILE`` (none while the disk has
+        no room for it: it is made again once the disk alarm clears)."""
+        try:
+            fd = os.open(os.path.join(self.data_dir, RESERVE_FILE), os.O_WRONLY | os.O_CREAT, 0o600)
+            try:
+                os.posix_fallocate(fd, 0, RESERVE_BYTES)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            log.info("node %s: no room kept for its files (%s)", self.name, exc)
 
     def _write_node_file(self) -> None:
         path = os.path.join(self.data_dir, NODE_FILE)

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -32,25 +33,38 @@ def free_port() -> int:
 
 
 class NodeProcess:
-    """``warren node`` on one data directory and one tcp port, killed whole and started
-    again there."""
+    """``warren node`` on one data directory and one tcp port (and ``options``), killed
+    whole or stopped by a signal, and started again there."""
 
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(self, data_dir: Path, options: tuple[str, ...] = ()) -> None:
         self.data_dir = data_dir
+        self.options = options
         self.endpoint = f"tcp://127.0.0.1:{free_port()}"
         self.process: subprocess.Popen | None = None
         self.start()
 
     def start(self) -> None:
         self.process = subprocess.Popen(
-            [*WARREN, "node", "--data-dir", str(self.data_dir), "--listen", self.endpoint],
+            [
+                *WARREN,
+                "node",
+                "--data-dir",
+                str(self.data_dir),
+                "--listen",
+                self.endpoint,
+                *self.options,
+            ],
             cwd=ROOT,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,
         )
-        for transport in TRANSPORTS:  # it serves, on both
-            connect(self.target(transport), wait=60, recover=False).close()
+        try:
+            for transport in TRANSPORTS:  # it serves, on both
+                connect(self.target(transport), wait=60, recover=False).close()
+        except BaseException:
+            self.stop()  # it does not serve: no test will stop it
+            raise
 
     def kill(self) -> None:
         """SIGKILL every process of the node at once, and reap its main process."""
@@ -62,6 +76,26 @@ class NodeProcess:
     def restart(self) -> None:
         self.kill()
         self.start()
+
+    def stop_by(self, signum: int, to: str) -> None:
+        """Send ``signum`` to the node's process (``to="node"``), to its process group
+        (``"group"``: a terminal, ``kill -- -PGID``) or to every process of the node at
+        once (``"every process"``: systemd's control-group stop), and wait until it
+        stopped: cleanly, exit 0."""
+        assert self.process is not None
+        if to == "group":
+            os.killpg(self.process.pid, signum)
+        elif to == "every process":
+            family = psutil.Process(self.process.pid).children(recursive=True)
+            self.process.send_signal(signum)
+            for process in family:
+                with contextlib.suppress(psutil.Error):
+                    process.send_signal(signum)
+        else:
+            assert to == "node", to
+            self.process.send_signal(signum)
+        assert self.process.wait(timeout=300) == 0
+        wait_for(lambda: not _group_alive(self.process.pid), timeout=30)
 
     def queue_pid(self, queue: str) -> int:
         """The pid of the process titled ``warren: queue QUEUE``."""
@@ -104,79 +138,120 @@ def node(tmp_path):
         running.stop()
 
 
+class Traffic:
+    """A producer (``publish_many`` batches, each confirmed) and a consumer (acks each
+    delivery) of queue ``queue``, each on a recovering connection of its own and a thread
+    of its own, until ``finish``; then every confirmed message must have been consumed,
+    none twice but flagged redelivered."""
+
+    BATCH = 100
+
+    def __init__(self, target: str, queue: str = "orders") -> None:
+        self.target, self.queue = target, queue
+        setup = connect(target, recover=False)
+        setup.declare_queue(queue)
+        setup.close()
+        self.confirmed: list[bytes] = []
+        self.consumed: list[tuple[bytes, bool]] = []
+        self.failures: list[str] = []
+        self.recoveries = {"producer": 0, "consumer": 0}
+        self._produced_all = threading.Event()
+        self._threads = [
+            threading.Thread(target=self._produce, name=f"producer of {queue}"),
+            threading.Thread(target=self._consume, name=f"consumer of {queue}"),
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def _recovered(self, who: str) -> None:
+        self.recoveries[who] += 1
+
+    def _produce(self) -> None:
+        try:
+            with connect(
+                self.target, idempotent=True, on_recovery=lambda _: self._recovered("producer")
+            ) as producer:
+                start = 0
+                while not self._produced_all.is_set():
+                    bodies = [
+                        b"%s %d" % (self.queue.encode(), n)
+                        for n in range(start, start + self.BATCH)
+                    ]
+                    producer.publish_many(self.queue, bodies)
+                    self.confirmed.extend(bodies)
+                    start += self.BATCH
+        except BaseException:
+            self.failures.append(traceback.format_exc())
+
+    def _consume(self) -> None:
+        try:
+            with connect(
+                self.target, on_recovery=lambda _: self._recovered("consumer")
+            ) as consumer:
+                deliveries = consumer.consume(self.queue, prefetch=50)
+                bodies: set[bytes] = set()
+                while not (
+                    self._produced_all.is_set()
+                    and len(bodies) >= len(self.confirmed)
+                    and bodies.issuperset(self.confirmed)
+                ):
+                    delivery = deliveries.get(timeout=1)
+                    if delivery is not None:
+                        self.consumed.append((delivery.body, delivery.redelivered))
+                        bodies.add(delivery.body)
+                        delivery.ack()
+        except BaseException:
+            self.failures.append(traceback.format_exc())
+
+    def confirmed_past(self, mark: int) -> Callable[[], object]:
+        """A condition: ``mark`` messages confirmed, or a thread failed."""
+        return lambda: len(self.confirmed) >= mark or self.failures
+
+    def progressed(self, messages: int = 500, timeout: float = 120) -> None:
+        """Wait until ``messages`` more are confirmed (or a thread failed)."""
+        wait_for(self.confirmed_past(len(self.confirmed) + messages), timeout=timeout)
+
+    def finish(self) -> int:
+        """Stop producing, let the consumer take the rest, and check what it got; how
+        many came twice (flagged)."""
+        self._produced_all.set()
+        for thread in self._threads:
+            thread.join(timeout=300)
+        assert not self.failures, self.failures[0]
+        assert not any(thread.is_alive() for thread in self._threads)
+        assert {body for body, _ in self.consumed} == set(self.confirmed)
+        seen: set[bytes] = set()
+        for body, redelivered in self.consumed:
+            assert body not in seen or redelivered, f"{body!r} delivered twice, not flagged"
+            seen.add(body)
+        return len(self.consumed) - len(seen)
+
+    def stop(self) -> None:
+        """End the threads however the test went (after ``finish``, nothing to do)."""
+        self._produced_all.set()
+        for thread in self._threads:
+            thread.join(timeout=300)
+
+
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_producers_and_consumers_go_through_three_node_kills_and_lose_nothing_confirmed(
     node, transport
 ):
-    target = node.target(transport)
-    setup = connect(target, recover=False)
-    setup.declare_queue("orders")
-    setup.close()
-    batch = 100
-    confirmed: list[bytes] = []
-    consumed: list[tuple[bytes, bool]] = []
-    failures: list[str] = []
-    recoveries = {"producer": 0, "consumer": 0}
-    produced_all = threading.Event()
-
-    def recovered(who):
-        recoveries[who] += 1
-
-    def produce():
-        try:
-            with connect(
-                target, idempotent=True, on_recovery=lambda _: recovered("producer")
-            ) as producer:
-                start = 0
-                while not produced_all.is_set():
-                    bodies = [b"order %d" % n for n in range(start, start + batch)]
-                    producer.publish_many("orders", bodies)
-                    confirmed.extend(bodies)
-                    start += batch
-        except BaseException:
-            failures.append(traceback.format_exc())
-
-    def consume():
-        try:
-            with connect(target, on_recovery=lambda _: recovered("consumer")) as consumer:
-                deliveries = consumer.consume("orders", prefetch=50)
-                while not (produced_all.is_set() and {b for b, _ in consumed} >= set(confirmed)):
-                    delivery = deliveries.get(timeout=1)
-                    if delivery is not None:
-                        consumed.append((delivery.body, delivery.redelivered))
-                        delivery.ack()
-        except BaseException:
-            failures.append(traceback.format_exc())
-
-    def confirmed_past(mark):
-        return lambda: len(confirmed) >= mark or failures
-
-    threads = [threading.Thread(target=produce), threading.Thread(target=consume)]
-    for thread in threads:
-        thread.start()
+    traffic = Traffic(node.target(transport))
     try:
         for _ in range(3):  # each kill once the producer went on after the last
-            wait_for(confirmed_past(len(confirmed) + 500), timeout=120)
+            traffic.progressed()
             node.restart()
-        wait_for(confirmed_past(len(confirmed) + 500), timeout=120)
+        traffic.progressed()
+        again = traffic.finish()
     finally:
-        produced_all.set()
-        for thread in threads:
-            thread.join(timeout=300)
-    assert not failures, failures[0]
-    assert not any(thread.is_alive() for thread in threads)
-    assert {body for body, _ in consumed} == set(confirmed)
-    seen: set[bytes] = set()
-    for body, redelivered in consumed:
-        assert body not in seen or redelivered, f"{body!r} delivered twice, not flagged"
-        seen.add(body)
+        traffic.stop()
     # Each kill waited for the producer's progress, so it recovered from each; the
     # consumer may have been recovering still when the next kill came, and recovered
     # from both at once.
+    recoveries = traffic.recoveries
     assert recoveries["producer"] == 3 and 1 <= recoveries["consumer"] <= 3, recoveries
-    print(
-        f"{len(confirmed)} confirmed, {len(consumed)} consumed, {len(consumed) - len(seen)} again"
-    )
+    print(f"{len(traffic.confirmed)} confirmed, {len(traffic.consumed)} consumed, {again} again")
 
 
 CALLS_AFTER_THE_KILL = {
