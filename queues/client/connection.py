@@ -1192,6 +1192,12 @@ class Connection:
                 except (QueueError, ActorError, OSError, TimeoutError) as exc:
                     error = exc  # the node is away, or starting, again: another attempt
                 wait = next(waits)
+                log.warning(
+                    "a recovery attempt failed (%s: %s); the next in %.1f s",
+                    type(error).__name__,
+                    error,
+                    wait,
+                )
                 if time.monotonic() + wait >= deadline:
                     self._abandon()
                     raise ConnectionClosed(
