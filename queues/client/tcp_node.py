@@ -137,10 +137,16 @@ class TcpNode(NodeCalls):
         request_id = self.send("boot")
         deadline = time.monotonic() + timeout_s
         while True:
-            refused = self._handshake_refused()
+            refused, dropped = self._handshake_events()
             if refused is not None:
                 self.close()
                 raise AccessRefused(self._handshake_failure(refused))
+            if dropped:
+                # The boot may have gone down with that connection (a listener that
+                # stopped before it answered: the node was killed again while this
+                # client recovered); ask again over the next one, or wait for ever.
+                self._awaited.discard(request_id)
+                request_id = self.send("boot")
             try:
                 return self.wait(
                     request_id, min(HANDSHAKE_CHECK_S, max(0.0, deadline - time.monotonic()))
@@ -149,14 +155,17 @@ class TcpNode(NodeCalls):
                 if time.monotonic() >= deadline:
                     raise
 
-    def _handshake_refused(self) -> int | None:
-        """The event of a failed handshake the monitor reported, if any (a lost
-        connection it reported before the first answer needs nothing: it reconnects)."""
+    def _handshake_events(self) -> tuple[int | None, bool]:
+        """The event of a failed handshake the monitor reported, if any, and whether it
+        reported a lost connection (the socket connects again by itself, but what it
+        had sent over the lost one is gone)."""
+        dropped = False
         while self._events is not None and self._events.poll(0):
             event = recv_monitor_message(self._events)["event"]
             if event != zmq.EVENT_DISCONNECTED:
-                return event
-        return None
+                return event, dropped
+            dropped = True
+        return None, dropped
 
     def _handshake_failure(self, event: int) -> str:
         if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:

@@ -26,8 +26,9 @@ from warren.queues import (
     NotFound,
     PreconditionFailed,
 )
-from warren.queues.broker.listener import ListenerStats
+from warren.queues.broker.listener import ListenerStats, with_free_port
 from warren.queues.client.keys import AUTHORIZED_FILE, create_client_key
+from warren.queues.client.tcp_node import TcpNode
 from warren.queues.errors import AccessRefused, KeyFileError, NodeNotRunning
 from warren.queues.message import MAX_MESSAGE_BYTES
 from warren.queues.protocol import DeleteQueue, Fetch, Publish
@@ -62,6 +63,31 @@ def curve_node(data_dir):
 
 def listener_stats(node):
     return node.actors.whereis("listener").ask(ListenerStats())
+
+
+def test_a_connect_whose_first_listener_stops_before_answering_asks_the_next_one(tmp_path):
+    # A recovering client connects while the node is killed again: its first request
+    # reaches a listener that stops without answering, and the node's next listener
+    # must be asked again, not waited on for the whole connect timeout.
+    endpoint = with_free_port("tcp://127.0.0.1:*")
+    dying = zmq.Context.instance().socket(zmq.ROUTER)
+    dying.bind(endpoint)
+    connected: list = []
+    connecting = threading.Thread(
+        target=lambda: connected.append(TcpNode(endpoint, connect_timeout_s=600)), daemon=True
+    )
+    connecting.start()
+    try:
+        assert dying.poll(30_000), "the client sent nothing"
+        dying.recv_multipart()  # its boot request, never answered
+        dying.close(linger=0)
+        with Node(tmp_path / "data", listen=endpoint):
+            connecting.join(60)
+            assert connected, "the client waited on the listener that had stopped"
+            assert connected[0].list_queues() == []
+    finally:
+        for node in connected:
+            node.close()
 
 
 def test_a_remote_client_declares_publishes_consumes_and_acks_like_a_local_one(node):
