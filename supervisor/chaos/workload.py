@@ -104,7 +104,8 @@ def produce(
     re-send is a repeat the queue drops. A publish refused (the node's alarm held it,
     the queue was between incarnations) is sent again; one in doubt (no answer, or the
     queue restarted before confirming it) is sent again and noted in ``.resent``, and so
-    is one the connection sent again itself, recovering from the node going away."""
+    is one the connection sent again itself, recovering from the node going away, and
+    the one whose publish a stop interrupted (it may have been sent twice)."""
     size_key = name if size_key is None else size_key
     with (
         open(ledger, "a", buffering=1) as confirmed,
@@ -134,6 +135,11 @@ def produce(
                 except (QueueError, ActorError, TimeoutError):
                     resent.write(message_id + "\n")
                     time.sleep(RETRY_S)
+                except BaseException:
+                    # Stopped in the middle of it (the run's end): its connection may
+                    # have sent it again while recovering, before it could say so.
+                    resent.write(message_id + "\n")
+                    raise
             confirmed.write(message_id + "\n")
 
 

@@ -31,7 +31,7 @@ from warren.supervisor.chaos import run as chaos_run
 from warren.supervisor.chaos.broker_run import ChaosWorkload, pattern_limits
 from warren.supervisor.chaos.faults import Fault, is_alive, kill_processes, node_processes
 from warren.supervisor.chaos.run import NodeUnderTest, check_data_dir, run_faults
-from warren.supervisor.chaos.workload import body_of
+from warren.supervisor.chaos.workload import body_of, produce
 
 from ...waiting import wait_for
 
@@ -612,6 +612,30 @@ def test_the_audit_names_lost_unflagged_misrouted_and_wrong_messages(tmp_path):
     assert audit.unflagged == [f"chaos.default {p0}-1"] and audit.duplicates == 3
     assert audit.misrouted == [f"chaos.fanout.1 {p1}-1"]
     assert audit.wrong_bodies == 1 and audit.confirmed == 6 and audit.consumed == 10
+
+
+class _StoppedMidPublish(BaseException):
+    """What a producer's SIGTERM raises (``roles._Stop``): out of any publish."""
+
+
+def test_a_publish_a_stop_interrupts_is_noted_in_doubt_as_it_may_have_gone_twice(tmp_path):
+    # A recovering connection sends a publish in doubt again before the call returns:
+    # stopped then (the run's end), the producer never hears how often it went, and a
+    # queue that lost the first one's trace (acked before its confirm, then a node
+    # kill) delivers both unflagged.
+    class Connection:
+        recoveries = 0
+
+        def publish(self, routing_key, body, **options):
+            if options["sequence"] == 2:
+                raise _StoppedMidPublish
+            return None
+
+    ledger = str(tmp_path / "producer0.ledger")
+    with pytest.raises(_StoppedMidPublish):
+        produce(Connection(), "q", "p0", None, ledger, deduplicate=True)
+    assert (tmp_path / "producer0.ledger").read_text().split() == ["p0-0", "p0-1"]
+    assert (tmp_path / "producer0.ledger.resent").read_text().split() == ["p0-2"]
 
 
 def test_a_drain_a_stuck_consumer_never_ends_names_the_queues_left_and_its_stacks(
