@@ -794,10 +794,20 @@ class VariableQueue:
                     raise
                 if payload is None:
                     self.counters["missing_on_read"] += 1
-                    log.error(
-                        "%s: message %d is missing from the shared store; dropped",
+                    # Recovered from a crash: its own write may have died with it while
+                    # another queue's reference to the same body (a fanout) answered
+                    # for it at recovery, until that queue acked it. Never confirmed
+                    # (a confirm waits for this queue's write): the expected cost of a
+                    # crash, as the recovery's drops are. Anything else is an error.
+                    recovered = status.seq_id < self._redeliver_below
+                    log.log(
+                        logging.INFO if recovered else logging.ERROR,
+                        "%s: message %d is missing from the shared store%s; dropped",
                         self.directory,
                         status.seq_id,
+                        " (recovered after a crash that lost its write: never confirmed)"
+                        if recovered
+                        else "",
                     )
                     self._remove([status])
                     continue

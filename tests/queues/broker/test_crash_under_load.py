@@ -17,6 +17,7 @@ import pytest
 from warren import connect
 from warren.queues import NotFound
 from warren.supervisor import Node
+from warren.supervisor.chaos.faults import kill_processes
 from warren.supervisor.chaos.workload import Producer, audit
 
 from ...waiting import wait_for
@@ -129,8 +130,7 @@ def test_a_whole_node_killed_keeps_every_confirmed_message_and_flags_the_unacked
         bodies = [b"order %d" % n + b"x" * (n % 3 * 3000) for n in range(500)]
         connection.publish_many("orders", bodies)
         unacked = connection.get("orders")
-        for process in family:  # every process of the node at once
-            process.kill()
+        kill_processes(family)  # every process of the node at once (some die of it first)
     finally:
         for process in family:
             try:

@@ -84,6 +84,30 @@ def test_a_crash_after_acks_whose_removes_reached_the_store_brings_none_of_them_
     assert "not in the shared store" not in caplog.text
 
 
+def test_a_recovered_message_whose_body_only_another_queue_held_is_dropped_quietly(
+    open_queue, engine_stores, caplog
+):
+    # A fanout: another queue holds a reference to the same body. This queue's own write
+    # died with it (killed before its store client sent it), so at its recovery the
+    # body is there, held by the other queue alone, until that queue acks it.
+    queue = open_queue()
+    msg_id = os.urandom(16)
+    queue.publish(message(0, size=SIZE_LARGE), msg_id=msg_id)
+    queue.publish(message(1, size=SIZE_LARGE))
+    queue.sync()
+    queue.abandon()
+    store = engine_stores.persistent
+    store.write(msg_id, store.read(msg_id))  # the other queue's reference
+    store.remove(msg_id)  # this queue's write, never made
+    with caplog.at_level(logging.INFO, logger="warren.queues"):
+        queue = open_queue()
+        store.remove(msg_id)  # the other queue acks it: the body goes
+        assert [number(d) for d in drain(queue)] == [1]
+    assert queue.counters["missing_on_read"] == 1
+    assert "recovered after a crash that lost its write" in caplog.text
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
 def test_dirty_recovery_drops_records_failing_their_crc_and_keeps_the_rest(open_queue, caplog):
     queue = synced_queue(open_queue, 3 * N)
     queue.abandon()
