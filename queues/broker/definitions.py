@@ -53,6 +53,10 @@ a tombstone means is read against the definitions:
   of a removal leaves the tombstone, and the removal is made again.
 A delete whose files the disk refuses to remove at once is still done (answered ok);
 its tombstone stays until the next declare of the name, or the next boot, removes them.
+Left open: a shared store that restarts (dirty) after the save and before the queue
+released its references recounts them from the directory still there, and keeps those
+bodies until its next dirty start. The recount does not skip a tombstoned directory: a
+delete whose save is then refused keeps its queue, which needs them.
 
 Exchanges (``warren.queues.routing``): the default exchange ``""`` routes a message to the
 queue its routing key names, and exists always; ``direct``, ``fanout`` and ``topic``
