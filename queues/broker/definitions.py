@@ -33,6 +33,31 @@ A non-durable queue's directory holds a ``.transient`` marker; a node deletes su
 directories at boot, and leaves alone (with a warning) any queue directory it has no
 definition of, rather than guess.
 
+Deletes (RabbitMQ never brings a deleted queue's messages back): the save that drops a
+queue's definition is the moment its delete is done, and its files go after it. A crash
+between the two left a directory with no definition, whose messages a later declare of
+the name recovered, and whose references kept their bodies in the shared store (a dirty
+start of the store counts the references of every queue directory). So a delete first
+writes a tombstone beside the queue's directory, ``queues/<directory>~deleted`` (the
+queue's name in it, for whoever reads the directory; no queue directory is so named: a
+plain one has no ``~``, a digest's is ``~`` and 40 hex digits), synced with the
+directory, then saves, then removes the directory, synced, and the tombstone last. What
+a tombstone means is read against the definitions:
+- a tombstone of a queue still defined: the delete's save never happened (a crash
+  before it, or a refused save whose own removal of the tombstone failed): the queue
+  stays whole and the tombstone is removed (its client got an error, or no answer);
+- a tombstone of a queue not defined: the delete is done, its files are not all gone.
+  ``finish_deletes`` at boot (before the shared store starts, so its recount no longer
+  sees their references and drops the bodies only they held) and ``finish_delete`` at
+  the next declare of the name remove them, the tombstone last: a crash in the middle
+  of a removal leaves the tombstone, and the removal is made again.
+A delete whose files the disk refuses to remove at once is still done (answered ok);
+its tombstone stays until the next declare of the name, or the next boot, removes them.
+Left open: a shared store that restarts (dirty) after the save and before the queue
+released its references recounts them from the directory still there, and keeps those
+bodies until its next dirty start. The recount does not skip a tombstoned directory: a
+delete whose save is then refused keeps its queue, which needs them.
+
 Exchanges (``warren.queues.routing``): the default exchange ``""`` routes a message to the
 queue its routing key names, and exists always; ``direct``, ``fanout`` and ``topic``
 exchanges route by their bindings. Re-declaring a queue or an exchange with other
@@ -74,6 +99,7 @@ DEFINITIONS_FILE = "definitions.json"
 LOG_PREFIX, LOG_SUFFIX = "definitions-", ".log"  # definitions-<generation>.log
 COMPACT_AT_BYTES = 64 * 2**10  # a log below this size is never compacted
 TRANSIENT_MARKER = ".transient"
+TOMBSTONE_SUFFIX = "~deleted"  # queues/<directory>~deleted: a delete not finished
 
 
 @dataclass(frozen=True)
@@ -96,6 +122,11 @@ def queue_directory(data_dir: str, name: str) -> str:
         return os.path.join(data_dir, QUEUES_DIR, name)
     digest = hashlib.sha256(name.encode()).hexdigest()[:40]
     return os.path.join(data_dir, QUEUES_DIR, f"~{digest}")
+
+
+def tombstone_path(data_dir: str, name: str) -> str:
+    """The tombstone of queue ``name`` while its delete is not finished (see Deletes)."""
+    return queue_directory(data_dir, name) + TOMBSTONE_SUFFIX
 
 
 class Definitions:
@@ -412,12 +443,84 @@ class Definitions:
             return
         for name in names:
             directory = os.path.join(root, name)
-            if name in self.queues:
+            if name in self.queues or name.endswith(TOMBSTONE_SUFFIX):  # see finish_deletes
                 continue
             if os.path.exists(os.path.join(directory, TRANSIENT_MARKER)):
                 shutil.rmtree(directory)
             else:
                 log.warning("%s has no queue definition; left alone", directory)
+
+    def mark_deleted(self, name: str) -> None:
+        """Write queue ``name``'s tombstone, durably, before the save of its delete (see
+        Deletes); an ``OSError`` if the disk refuses it (nothing is changed then)."""
+        path = tombstone_path(self.data_dir, name)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            try:
+                os.write(fd, name.encode())
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            fsync_directory(os.path.dirname(path))
+        except OSError:
+            self.unmark_deleted(name)
+            raise
+
+    def unmark_deleted(self, name: str) -> None:
+        """Remove the tombstone of a delete whose save was refused: the queue stays. One
+        that cannot be removed is left, with a warning, to the next boot (see Deletes)."""
+        try:
+            os.unlink(tombstone_path(self.data_dir, name))
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            log.warning("queue %r stays, but its tombstone could not be removed: %s", name, exc)
+
+    def finish_delete(self, name: str) -> None:
+        """Remove what is left of the deleted queue ``name``, if its tombstone says its
+        delete was not finished: its directory, then the tombstone (see Deletes). Only
+        for a name with no definition; an ``OSError`` if the disk refuses."""
+        assert name not in self.queues, "a defined queue's files are its own"
+        path = tombstone_path(self.data_dir, name)
+        if os.path.lexists(path):
+            _remove_deleted(queue_directory(self.data_dir, name), path)
+
+    def finish_deletes(self) -> None:
+        """At boot, before the shared store starts: every tombstone's delete finished, or
+        taken back where the queue is still defined (see Deletes). A removal the disk
+        refuses is logged and left to the next declare of the name, or the next boot."""
+        root = os.path.join(self.data_dir, QUEUES_DIR)
+        try:
+            names = os.listdir(root)
+        except FileNotFoundError:
+            return
+        defined = {os.path.basename(queue_directory(self.data_dir, n)) for n in self.queues}
+        for name in names:
+            if not name.endswith(TOMBSTONE_SUFFIX):
+                continue
+            tombstone = os.path.join(root, name)
+            directory = name.removesuffix(TOMBSTONE_SUFFIX)
+            try:
+                if directory in defined:
+                    log.warning(
+                        "%s: the delete of this queue was never saved; the queue stays",
+                        tombstone,
+                    )
+                    os.unlink(tombstone)
+                else:
+                    log.info("%s: removing the files of a deleted queue", tombstone)
+                    _remove_deleted(os.path.join(root, directory), tombstone)
+            except OSError as exc:
+                log.error("%s: left for the next start (%s)", tombstone, exc)
+
+
+def _remove_deleted(directory: str, tombstone: str) -> None:
+    """Remove a deleted queue's directory, durably, then its tombstone (see Deletes)."""
+    if os.path.lexists(directory):
+        shutil.rmtree(directory)
+    fsync_directory(os.path.dirname(tombstone))  # the directory gone before its tombstone
+    os.unlink(tombstone)
 
 
 def _line(change: dict[str, Any]) -> bytes:

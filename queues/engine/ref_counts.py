@@ -5,7 +5,10 @@ still hold each message; the queues' index files can. ``walk_ref_counts`` reads 
 segment files of every durable queue directory given and yields ``(msg_id, 1)`` for
 every entry that is present (unacked), persistent and in the shared store; the store
 sums them. Queue processes are not asked (they are stopped while the store recovers),
-and their locks are not taken: the files are only read.
+and their locks are not taken: the files are only read. A node with a ``queues``
+directory and no queue in it (every one deleted) walks nothing: its store's messages are
+then all garbage, where a node that never had a queue (no such directory) gives the
+store no walk, which then counts every message it finds once.
 
 ``client_refs`` holds the persistent client refs the queues' recovery terms name (the
 queues that stopped cleanly), for the store's clean-start check: only of a queue whose
@@ -116,19 +119,21 @@ def walk_ref_counts(queue_directories: Iterable[str | os.PathLike]) -> QueueRefC
 
 
 def node_ref_counts(data_dir: str) -> QueueRefCounts | None:
-    """The walk over a node's queue directories, or None when the node has no queues (its
-    store is then used directly, and recovers with its own stand-in counts)."""
+    """The walk over a node's queue directories, or None when the node never had a queue
+    (no ``queues`` directory: its store is then used directly, and recovers with its own
+    stand-in counts). A node whose queues were all deleted walks none: every message left
+    in its store is garbage (the bodies of a queue whose delete a crash cut short)."""
     directories = _queue_directories(data_dir)
-    return walk_ref_counts(directories) if directories else None
+    return None if directories is None else walk_ref_counts(directories)
 
 
 def node_clean_clients(data_dir: str) -> frozenset[bytes] | None:
     """The persistent client refs of the node's queues that stopped cleanly, which the
     store's clean-shutdown files must name exactly for a clean start (a queue that
     crashed since leaves its old ref there: the store then rebuilds its counts from the
-    queue indexes); None when the node has no queues."""
+    queue indexes); None when the node never had a queue."""
     directories = _queue_directories(data_dir)
-    return QueueRefCounts(directories).client_refs if directories else None
+    return None if directories is None else QueueRefCounts(directories).client_refs
 
 
 def node_message_count(data_dir: str) -> int:
@@ -136,17 +141,18 @@ def node_message_count(data_dir: str) -> int:
     segments, torn ones included): what a node that is starting recovers, about."""
     return sum(
         slots[HEADER_BYTES::SLOT_BYTES].count(SLOT_PRESENT)
-        for directory in _queue_directories(data_dir)
+        for directory in _queue_directories(data_dir) or ()
         for _first, slots in _usable_segments(directory)
     )
 
 
-def _queue_directories(data_dir: str) -> list[str]:
+def _queue_directories(data_dir: str) -> list[str] | None:
+    """Every directory in ``<data_dir>/queues``; None when there is no such directory."""
     root = os.path.join(data_dir, QUEUES_DIR)
     try:
         names = sorted(os.listdir(root))
     except FileNotFoundError:
-        return []
+        return None
     return [os.path.join(root, n) for n in names if os.path.isdir(os.path.join(root, n))]
 
 

@@ -29,7 +29,7 @@ the recovery files of a large store takes time, and a store killed while writing
 recovers dirty. ``ref_counts`` is a picklable function the persistent store calls at a
 dirty start for its reference counts; by default a walker over the queue indexes in
 ``<data_dir>/queues/`` (``warren.queues.node_ref_counts``), which leaves the store its own
-stand-in counts when the node has no queues.
+stand-in counts when the node never had a queue.
 
 It then checks the resource alarms every ``check_interval_s`` and tells every actor of
 each change (``ProcessActor.on_alarm``), and an actor (re)started while an alarm is raised
@@ -58,7 +58,13 @@ If the root supervisor gives up (its restart intensity exceeded), the node stops
 everything and ``failed`` is set; ``warren node`` then exits with ``EXIT_NODE_FAILED``.
 
 A node killed with SIGKILL cannot clean up: the next node on the same data directory,
-holding the lock and so sure the other is dead, removes the ipc directory it left.
+holding the lock and so sure the other is dead, removes the ipc directory it left, and
+finishes the queue deletes it left undone (before the stores start: see Deletes in
+``warren.queues.broker.definitions``). A deleted queue never comes back: ``delete_queue``
+writes its tombstone, saves the definitions without it, then removes its messages and
+files; a refused save takes the tombstone back and leaves the queue whole, and a crash
+or a refused removal after the save leaves the files to the next declare of the name or
+the next start, which remove them rather than recover them.
 
 Races: the lock is taken before anything else is created, so a second node never binds
 over the first one's ipc paths; ``node.json`` is written after the status socket is
@@ -243,6 +249,7 @@ class Node:
             raise NodeLocked(f"a node already runs on {self.data_dir}") from None
         self._remove_leftovers()
         self._definitions = Definitions(self.data_dir)
+        self._definitions.finish_deletes()  # before the store counts the queues' references
         self._definitions.remove_transient_queues()
         self._definitions_lock = threading.Lock()
         self.failed = threading.Event()
@@ -402,6 +409,14 @@ class Node:
         definition = QueueDefinition(check_name(name), **arguments)
         created_empty = False
         with self._definitions_lock:
+            if name not in self._definitions.queues:
+                try:  # what a delete of this name left is not recovered, but removed
+                    self._definitions.finish_delete(name)
+                except OSError as exc:
+                    left = f"the files a delete of this name left in {self.data_dir}"
+                    raise _refused(
+                        exc, f"queue {name!r} was not declared", f"remove {left}"
+                    ) from exc
             if self._definitions.add_queue(definition):
                 # Nothing on disk to recover: the queue starts empty, and its counts
                 # need no question to its process (a directory left without a
@@ -439,7 +454,11 @@ class Node:
 
     def delete_queue(self, name: str) -> int:
         """Delete the queue, its bindings, its messages and its files; how many messages
-        it held."""
+        it held. Done for good once its definition's removal is saved: its tombstone,
+        written before that save, has the files removed at the next declare of the name
+        or the next boot if a crash or the disk stops their removal (see Deletes in
+        ``warren.queues.broker.definitions``)."""
+        undone = f"queue {name!r} was not deleted"
         with self._definitions_lock:
             if name not in self._definitions.queues:
                 raise NotFound(f"no queue {name!r} on this node; nothing to delete")
@@ -447,9 +466,19 @@ class Node:
                 ref: ActorRef | None = self.queue(name)  # QueueRestarting: try again
             except QueueDown:  # nothing runs to delete its messages: its files go
                 ref = None
+            try:
+                self._definitions.mark_deleted(name)
+            except OSError as exc:
+                raise _refused(
+                    exc, undone, f"write the queue's tombstone in {self.data_dir}"
+                ) from exc
             # Off the disk before its messages go: a failed save leaves the queue whole.
             self._definitions.remove_queue(name)
-            self._definitions_changed(f"queue {name!r} was not deleted")
+            try:
+                self._definitions_changed(undone)
+            except OSError:
+                self._definitions.unmark_deleted(name)
+                raise
             count = 0
             if ref is not None:
                 try:
@@ -461,7 +490,16 @@ class Node:
             queue_sup = self._supervisor("queue_sup")
             if any(c["id"] == QUEUE_SUP_PREFIX + name for c in queue_sup.which_children()):
                 queue_sup.terminate_child(QUEUE_SUP_PREFIX + name)
-            shutil.rmtree(queue_directory(self.data_dir, name), ignore_errors=True)
+            try:
+                self._definitions.finish_delete(name)
+            except OSError as exc:  # deleted all the same: its tombstone stays
+                log.error(
+                    "node %s: queue %s is deleted, but its files could not be removed (%s); "
+                    "the next declare of its name, or the node's next start, removes them",
+                    self.name,
+                    name,
+                    exc,
+                )
             return count
 
     def declare_exchange(self, name: str, *, kind: str = "direct", durable: bool = True) -> None:
@@ -589,12 +627,7 @@ class Node:
         try:
             self._definitions.save()
         except OSError as exc:
-            reason = exc.strerror or str(exc)
-            raise OSError(
-                exc.errno,
-                f"{undone}: the node could not write its definitions in {self.data_dir} "
-                f"({reason}); nothing changed, try again once the disk is writable",
-            ) from exc
+            raise _refused(exc, undone, f"write its definitions in {self.data_dir}") from exc
 
     def _queue_sup_spec(self) -> SupervisorSpec:
         """queue_sup with every queue declared now: what a restart of it starts (made on
@@ -958,6 +991,18 @@ class Node:
                 f,
             )
         os.rename(path + ".tmp", path)
+
+
+def _refused(exc: OSError, undone: str, what: str) -> OSError:
+    """The error of a change the disk refused (``exc``), which did not happen: it begins
+    with ``undone``, says what the node could not do, and that the call may be made
+    again."""
+    reason = exc.strerror or str(exc)
+    return OSError(
+        exc.errno,
+        f"{undone}: the node could not {what} ({reason}); nothing changed, try again "
+        f"once the disk is writable",
+    )
 
 
 def _split_envelope(frames: list[bytes]) -> tuple[list[bytes], list[bytes]]:

@@ -4,12 +4,17 @@ or kill the node's process itself.
     python -m tests.supervisor.node_child DATA_DIR [--messages N] [--queue NAME]
                                           [--listen ADDR] [--until-signalled]
                                           [--declare-forever PREFIX]
+                                          [--delete-and-die NAME [--before-the-save]]
 
 Writes N persistent messages (ids ``message_id(i)``, bodies ``message_body(i)``) and waits
 until the store has confirmed them all, declares queue NAME if asked (listening on ADDR if
 asked), then prints the pids of the node's process, its forkserver and its actors on one
 line. With ``--declare-forever`` it then declares durable queues PREFIX0, PREFIX1, ...
 one after another, printing each name once its declare has returned, until killed.
+With ``--delete-and-die`` it then deletes queue NAME and SIGKILLs itself the moment the
+definitions without NAME are saved, before its messages and files are removed: a node
+killed in the middle of a delete (its forkserver then ends its actors); with
+``--before-the-save``, the moment before that save instead.
 Without ``--until-signalled`` it then waits, as an
 embedding application would, with the default reaction to every signal. With it, it runs
 as ``warren node`` does: the stop signals are blocked while the node is built, then
@@ -19,6 +24,7 @@ or 3 if the node failed.
 
 import argparse
 import itertools
+import os
 import signal
 import sys
 import time
@@ -45,6 +51,8 @@ def main() -> int:
     parser.add_argument("--listen")
     parser.add_argument("--until-signalled", action="store_true")
     parser.add_argument("--declare-forever", metavar="PREFIX")
+    parser.add_argument("--delete-and-die", metavar="NAME")
+    parser.add_argument("--before-the-save", action="store_true")
     args = parser.parse_args()
     if args.until_signalled:
         signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
@@ -65,6 +73,9 @@ def main() -> int:
         for n in itertools.count():
             node.declare_queue(f"{args.declare_forever}{n}")
             print(f"{args.declare_forever}{n}", flush=True)
+    if args.delete_and_die is not None:
+        die_saving_without(node, args.delete_and_die, before=args.before_the_save)
+        node.delete_queue(args.delete_and_die)
     if not args.until_signalled:
         while True:
             time.sleep(60)
@@ -73,6 +84,22 @@ def main() -> int:
         return 3
     print(signal.Signals(signum).name, flush=True)
     return 0
+
+
+def die_saving_without(node: Node, name: str, before: bool) -> None:
+    """SIGKILL this process as soon as a save of the node's definitions without queue
+    ``name`` returns (``before``: as soon as one is called)."""
+    definitions = node._definitions
+    save = definitions.save
+
+    def save_then_die() -> None:
+        if before and name not in definitions.queues:
+            os.kill(os.getpid(), signal.SIGKILL)
+        save()
+        if name not in definitions.queues:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    definitions.save = save_then_die  # type: ignore[method-assign]
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ import contextlib
 import errno
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -35,6 +36,7 @@ from warren.queues.message import MAX_MESSAGE_BYTES
 from warren.queues.protocol import Fetch, Publish, QueueStats
 from warren.store.disk_faults import ENVIRONMENT_VARIABLE, write_faults
 from warren.supervisor import Node
+from warren.supervisor.node.node import QUEUE_FLAGS
 
 from ...supervisor.sample_actors import gated_worker
 from ...waiting import wait_for
@@ -447,6 +449,42 @@ def test_exchanges_bindings_and_deletes_the_disk_refused_did_not_happen(data_dir
         ]
 
 
+def refuse_the_next_write_in_the_queues_directory(monkeypatch) -> None:
+    """The next fsync of a file the node writes in ``<data_dir>/queues`` fails (EIO)."""
+    fsync = os.fsync
+
+    def io_error_once(fd: int) -> None:
+        if os.path.basename(os.path.dirname(os.readlink(f"/proc/self/fd/{fd}"))) != "queues":
+            return fsync(fd)
+        monkeypatch.setattr(os, "fsync", fsync)
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    monkeypatch.setattr(os, "fsync", io_error_once)
+
+
+@pytest.mark.parametrize(
+    "refuse, refused",
+    [
+        (refuse_the_next_definitions_write, "could not write its definitions"),
+        (refuse_the_next_write_in_the_queues_directory, "could not write the queue's tombstone"),
+    ],
+    ids=["definitions", "tombstone"],
+)
+def test_a_delete_the_disk_refused_leaves_the_queue_whole_and_nothing_behind(
+    data_dir, monkeypatch, refuse, refused
+):
+    with Node(data_dir) as node:
+        node.declare_queue("orders")
+        node.connect().publish("orders", b"still here" + b"x" * 6000)
+        refuse(monkeypatch)
+        with pytest.raises(OSError, match=f"queue 'orders' was not deleted: .*{refused}"):
+            node.delete_queue("orders")
+        assert os.listdir(data_dir / "queues") == ["orders"]
+    with Node(data_dir) as node:
+        assert node.list_queues() == ["orders"]
+        assert node.connect().get("orders").body == b"still here" + b"x" * 6000
+
+
 def test_a_queue_that_keeps_crashing_stays_down_alone_and_publishes_to_it_are_nacked(node):
     node.declare_queue("fragile")
     node.declare_queue("steady")
@@ -465,6 +503,46 @@ def test_a_queue_that_keeps_crashing_stays_down_alone_and_publishes_to_it_are_na
     assert connection.get("steady").body == b"fine"
     assert node.delete_queue("fragile") == 0
     assert node.list_queues() == ["steady"]
+
+
+def test_files_a_delete_could_not_remove_are_removed_before_the_name_is_declared_again(
+    data_dir, monkeypatch
+):
+    """A queue that kept crashing stays down, so the node removes its files itself; the
+    disk refuses that once: the delete is done all the same (its definition is gone), and
+    the next declare of the name removes what was left before it starts the queue, whose
+    old messages never come back, nor stay in the shared store."""
+    with Node(data_dir) as node:
+        node.declare_queue("orders")
+        connection = node.connect()
+        connection.publish_many("orders", [b"%d" % n + b"x" * 6000 for n in range(20)])
+        for _ in range(QUEUE_FLAGS.intensity):  # as many crashes as its supervisor allows
+            pid = node.queue("orders").pid
+            os.kill(pid, signal.SIGKILL)
+            wait_for(lambda pid=pid: restarted(node, "orders", pid))
+        os.kill(node.queue("orders").pid, signal.SIGKILL)  # and one more
+        wait_for(lambda: node.queue_state("orders") == "crashed")
+        directory = queue_directory(str(data_dir), "orders")
+        rmtree = shutil.rmtree
+
+        def refused_once(path, ignore_errors=False, **options):  # as rmtree fails
+            monkeypatch.setattr(shutil, "rmtree", rmtree)
+            if not ignore_errors:
+                raise OSError(errno.EIO, os.strerror(errno.EIO), path)
+
+        monkeypatch.setattr(shutil, "rmtree", refused_once)
+        assert node.delete_queue("orders") == 0
+        assert node.list_queues() == []
+        assert os.path.isdir(directory)  # left behind
+        assert node.declare_queue("orders") == {
+            "queue": "orders",
+            "message_count": 0,
+            "consumer_count": 0,
+        }
+        assert connection.get("orders") is None
+    with Node(data_dir) as node:
+        assert node.connect().get("orders") is None
+        assert store_messages(node) == 0
 
 
 def test_messages_expire_by_queue_ttl_or_their_own_whichever_is_shorter(node):

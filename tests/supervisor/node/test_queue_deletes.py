@@ -1,0 +1,124 @@
+"""A queue's delete interrupted where it is committed but not yet done: the node killed
+(SIGKILL) the moment the definitions without the queue are saved, before its messages
+and files are removed. Deleted stays deleted: the next boot lists no such queue and
+leaves none of its files, a later declare of the name finds it empty, and the shared
+store drops the bodies only the deleted queue held. Killed the moment before that save,
+the delete did not happen. (A delete whose files or save the disk refused:
+``tests/queues/broker/test_broker.py``.)"""
+
+import os
+import signal
+
+import psutil
+import pytest
+
+from warren.queues.broker.definitions import queue_directory
+from warren.supervisor import Node
+from warren.supervisor.chaos.faults import is_alive
+
+from ...waiting import wait_for
+
+BODY_BYTES = 6000  # a body this large is kept in the shared store, not in the queue's files
+EMPTY = {"message_count": 0, "consumer_count": 0}
+
+
+def bodies(label: str, count: int) -> list[bytes]:
+    return [b"%s %d " % (label.encode(), n) + b"x" * BODY_BYTES for n in range(count)]
+
+
+def store_messages(node: Node) -> int:
+    return node.store_stats()["msg_store_persistent"]["message_count"]
+
+
+def gone(pid: int) -> bool:
+    try:
+        return not is_alive(psutil.Process(pid))
+    except psutil.NoSuchProcess:
+        return True
+
+
+def killed_while_deleting(node_process, data: str, name: str, *when: str) -> None:
+    """Start the node on ``data`` in a process of its own, delete ``name`` there, and see
+    the process killed the moment the delete is saved (``--before-the-save``: the moment
+    before), and its actors gone after it."""
+    process, pids = node_process(data, "--delete-and-die", name, *when)
+    assert process.wait(timeout=120) == -signal.SIGKILL, process.stderr_path.read_text()
+    wait_for(lambda: all(map(gone, pids[1:])), timeout=60)
+
+
+def drained(connection, name: str) -> list[bytes]:
+    got = []
+    while (delivery := connection.get(name)) is not None:
+        got.append(delivery.body)
+        delivery.ack()
+    return got
+
+
+@pytest.mark.parametrize("beside_another", [False, True], ids=["its-only-queue", "beside-another"])
+def test_a_queue_whose_delete_a_kill_interrupted_stays_deleted_and_its_bodies_go(
+    node_process, tmp_path, beside_another
+):
+    data = str(tmp_path / "data")
+    kept = bodies("kept", 5) if beside_another else []
+    with Node(data) as node, node.connect() as connection:
+        node.declare_queue("orders")
+        connection.publish_many("orders", bodies("order", 20))
+        if beside_another:
+            node.declare_queue("kept")
+            connection.publish_many("kept", kept)
+    killed_while_deleting(node_process, data, "orders")
+    directory = queue_directory(data, "orders")
+    assert os.path.isdir(directory)  # killed before its files went
+    survivors = ["kept"] if beside_another else []
+    with Node(data) as node:
+        assert node.list_queues() == survivors
+        assert not os.path.exists(directory)
+        assert sorted(os.listdir(os.path.dirname(directory))) == survivors
+        wait_for(lambda: store_messages(node) == len(kept))
+        assert node.declare_queue("orders") == {"queue": "orders", **EMPTY}
+        with node.connect() as connection:
+            assert connection.get("orders") is None
+            if beside_another:
+                assert drained(connection, "kept") == kept
+    with Node(data) as node, node.connect() as connection:
+        assert connection.get("orders") is None
+        assert store_messages(node) == 0
+
+
+def test_a_stream_whose_delete_a_kill_interrupted_stays_deleted(node_process, tmp_path):
+    data = str(tmp_path / "data")
+    with Node(data) as node, node.connect() as connection:
+        connection.declare_queue("events", type="stream")
+        connection.publish_many("events", [b"event %d" % n for n in range(10)])
+    killed_while_deleting(node_process, data, "events")
+    directory = queue_directory(data, "events")
+    assert os.path.isdir(directory)
+    with Node(data) as node:
+        assert node.list_queues() == []
+        assert not os.path.exists(directory)
+        assert node.declare_queue("events", type="stream") == {"queue": "events", **EMPTY}
+        with node.connect() as connection:
+            connection.publish("events", b"after the delete")
+            with connection.consume("events", offset="first") as consumer:
+                first = consumer.get(timeout=60)
+            assert (first.offset, first.body) == (0, b"after the delete")
+
+
+def test_a_queue_whose_delete_a_kill_cut_before_its_save_stays_whole(node_process, tmp_path):
+    """The client had no answer: the delete did not happen, and nothing of it is left."""
+    data = str(tmp_path / "data")
+    orders = bodies("order", 20)
+    with Node(data) as node, node.connect() as connection:
+        node.declare_queue("orders")
+        connection.publish_many("orders", orders)
+    killed_while_deleting(node_process, data, "orders", "--before-the-save")
+    directory = queue_directory(data, "orders")
+    with Node(data) as node, node.connect() as connection:
+        assert node.list_queues() == ["orders"]
+        assert os.listdir(os.path.dirname(directory)) == ["orders"]
+        assert drained(connection, "orders") == orders
+        assert node.delete_queue("orders") == 0
+        assert node.list_queues() == []
+    with Node(data) as node:
+        assert node.list_queues() == []
+        assert store_messages(node) == 0
