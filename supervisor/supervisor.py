@@ -73,6 +73,15 @@ node is being stopped, the node's own stop begins before any such restart.
 A restart that fails to start counts as a restart too and is retried after
 ``RETRY_DELAY_S``, until the intensity gives out.
 
+What a supervisor is busy with: its event thread acts on one event at a time, so while
+it starts a child (a recovery: up to that child's ``start_timeout_s``) or stops one (up
+to twice its ``shutdown_s``), a hung sibling is killed only once that is done.
+``status()`` shows it (``busy``: the child, ``starting`` or ``stopping``, for how long,
+and ``bound_s``, how long that may take; None when idle), so that a watcher (the chaos
+harness) can tell a late kill held up by a sibling's recovery from a supervisor that
+never acts. A nested supervisor's start is bounded by its children's starts one after
+another, its stop by their stops.
+
 Restart counts: every supervisor of a tree shares the root's ``RestartCounts``, which
 counts, per actor name, every start after the first, when the start is made (a
 restart, a start retried, a start of a supervisor restarted above it). A node's metrics
@@ -240,6 +249,9 @@ class Supervisor:
         self._stopped = threading.Event()  # every child stopped, threads done
         self.state = "stopped"
         self.failure: str | None = None
+        # (starting|stopping, child name, since (monotonic), bound in seconds), or None:
+        # set by whichever thread starts or stops a child, read by status()
+        self._busy: tuple[str, str, float, float] | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -401,12 +413,21 @@ class Supervisor:
                 except psutil.Error:
                     pass  # exited since: the next status shows its restart
             rows.append(row)
+        busy = self._busy
         return {
             "id": self.id,
             "kind": "supervisor",
             "strategy": self.spec.flags.strategy,
             "state": self.state,
             "failure": self.failure,
+            "busy": None
+            if busy is None
+            else {
+                "action": busy[0],
+                "child": busy[1],
+                "for_s": round(time.monotonic() - busy[2], 3),
+                "bound_s": busy[3],
+            },
             "children": rows,
         }
 
@@ -476,6 +497,7 @@ class Supervisor:
                 if self._named.get(child.name) is child:  # a child, not one being added
                     self._note_heartbeats(child)
         spec = child.spec
+        self._busy = ("starting", child.name, time.monotonic(), _start_bound_s(spec))
         try:
             if isinstance(spec, SupervisorSpec):
                 child.supervisor = Supervisor(
@@ -516,6 +538,8 @@ class Supervisor:
         except (ActorError, SupervisorError) as exc:
             child.state = "failed"
             raise SupervisorError(f"{self.id}: child {child.name} failed to start: {exc}") from exc
+        finally:
+            self._busy = None
         now = time.monotonic()
         child.ready_at = child.last_pong = child.last_ping = now
         child.state = "running"
@@ -526,10 +550,14 @@ class Supervisor:
                 continue
             child.state = "stopping"
             child.generation += 1  # whatever Down comes now is expected
-            if child.supervisor is not None:
-                child.supervisor.stop()
-            elif child.ref is not None:
-                self._stop_actor(child)
+            self._busy = ("stopping", child.name, time.monotonic(), _stop_bound_s(child))
+            try:
+                if child.supervisor is not None:
+                    child.supervisor.stop()
+                elif child.ref is not None:
+                    self._stop_actor(child)
+            finally:
+                self._busy = None
             child.state = "stopped"
 
     def _stop_actor(self, child: _Child) -> None:
@@ -770,6 +798,29 @@ class Supervisor:
             else:
                 due = min(due, child.last_pong + timeout)
         return due
+
+
+def _start_bound_s(spec: ChildSpec | SupervisorSpec) -> float:
+    """How long starting ``spec`` may take: an actor's ``start_timeout_s``; a nested
+    supervisor's children, started one after another (a ``simple_one_for_one`` one starts
+    none: they are added later)."""
+    if isinstance(spec, ChildSpec):
+        return spec.start_timeout_s
+    if spec.flags.strategy == "simple_one_for_one":
+        return 0.0
+    return sum(_start_bound_s(c) for c in spec.children)
+
+
+def _stop_bound_s(child: _Child) -> float:
+    """How long stopping ``child`` may take: an actor's stop request, SIGTERM after its
+    ``shutdown_s`` and SIGKILL after as long again; a nested supervisor's children,
+    stopped one after another."""
+    if child.supervisor is not None:
+        with child.supervisor._lock:
+            children = list(child.supervisor._children)
+        return sum(_stop_bound_s(c) for c in children)
+    shutdown_s = child.spec.shutdown_s
+    return 0.0 if isinstance(shutdown_s, str) else 2 * shutdown_s
 
 
 def _stopped_by_signal(pid: int) -> bool:

@@ -7,7 +7,8 @@ the disk-fault file of ``warren.store.disk_faults`` in its environment. ``run_fa
 then lands each fault of a schedule (``warren.supervisor.chaos.faults.schedule``) at its time:
 
 - ``kill`` / ``stop``: one actor process matching the fault's pattern; a stopped one is
-  resumed once its supervisor has killed it (or after twice the heartbeat timeout). A
+  resumed once its supervisor has killed it (or after twice the heartbeat timeout, or
+  later while its supervisor is busy: below). A
   stop lands only on an actor its tree shows running: a supervisor pings a child once it
   is ready, and a start (a recovery) is bounded by the child's ``start_timeout_s``, not
   by its heartbeat, so a stop that lands while its victim starts (a node just started
@@ -20,11 +21,16 @@ then lands each fault of a schedule (``warren.supervisor.chaos.faults.schedule``
 After each crash fault it waits until the node is healthy again (every actor of its tree
 running, none of the actors it is expected to have missing, the victim replaced) and notes
 how long that took: the recovery time. A stopped actor its supervisor never replaced is
-resumed after twice the heartbeat timeout, a problem of the run; unless the tree shows
-something else being started or stopped then while it still shows the victim running
-(``_busy_beside``): a supervisor busy starting a child (a recovery) acts on a hung one
-once done, so the bound runs again from then, up to ``HEALTH_TIMEOUT_S`` after the stop.
-A node that exits on
+resumed after twice the heartbeat timeout, a problem of the run. A supervisor acts on one
+event at a time: one busy starting a sibling of the victim (a recovery) or stopping one
+acts on the hang once done. So while the node's status shows the victim's own supervisor
+busy so (``_supervisor_busy``: each supervisor's ``busy``, with how long that may take,
+its ``bound_s``), and the victim running, the victim may be killed up to twice the
+heartbeat timeout after that supervisor was last seen busy; never later than twice the
+timeout after that start or stop could have ended (its beginning plus its bound). Another
+supervisor busy excuses nothing: it holds up no event of the victim's. A late kill that
+was waited for is noted on the fault, and the problem of one never made names the
+supervisor, what it was busy with and for how long. A node that exits on
 its own is started again, as a service manager would: after a kill or stop that struck
 one of its actors while it started (a child that dies before it is ready fails its
 supervisor's start, and so the node's), noted on that fault; otherwise, a problem of
@@ -356,22 +362,78 @@ class NodeUnderTest:
         self._seen.clear()
 
 
-def _busy_beside(status: dict | None, victim: str | None) -> str | None:
-    """What the node's tree shows being started or stopped beside ``victim`` (``"name
-    state"``), while it shows ``victim`` itself running; else None. A supervisor acts on
-    one event at a time: one busy starting a child (a recovery, bounded by its
-    ``start_timeout_s``) or stopping one acts on a hung child once done, so a kill late for
-    that is no broken promise. ``victim`` shown otherwise (being stopped, killed) excuses
-    nothing: its supervisor is acting on it."""
+@dataclass(frozen=True)
+class _Busy:
+    """A victim's own supervisor, seen starting or stopping one of the victim's siblings."""
+
+    supervisor: str
+    action: str  # "starting" or "stopping"
+    child: str
+    for_s: float  # how long it had been at it, when seen
+    bound_s: float  # how long that may take: a start's start_timeout_s, a stop's twice shutdown_s
+
+    def __str__(self) -> str:
+        return f"{self.supervisor} {self.action} {self.child} for {self.for_s:.1f} s"
+
+
+def _supervisor_busy(status: dict | None, victim: str | None) -> _Busy | None:
+    """What ``victim``'s own supervisor is shown busy with, starting or stopping one of
+    its siblings, while the tree shows ``victim`` itself running; else None. Only that
+    supervisor's event thread acts on the victim's hang; ``victim`` shown otherwise (being
+    stopped, killed) excuses nothing: its supervisor is acting on it."""
     if status is None or status.get("tree") is None:
         return None
-    actors = list(_actors(status["tree"]))
-    if (victim, "running") not in {(name, state) for name, _, state in actors}:
+    found = _parent_of(status["tree"], victim)
+    if found is None:
         return None
-    for name, _, state in actors:
-        if name != victim and state not in ("running", "failed"):
-            return f"{name} {state}"
+    supervisor, entry = found
+    busy = supervisor.get("busy")
+    if entry["state"] != "running" or busy is None or busy["child"] == victim:
+        return None
+    return _Busy(supervisor["id"], busy["action"], busy["child"], busy["for_s"], busy["bound_s"])
+
+
+def _parent_of(entry: dict, actor: str | None) -> tuple[dict, dict] | None:
+    """The supervisor entry of the tree ``entry`` whose child is the worker ``actor``, and
+    that child's entry."""
+    for child in entry.get("children", []):
+        if child.get("kind") == "supervisor":
+            found = _parent_of(child, actor)
+            if found is not None:
+                return found
+        elif child["id"] == actor:
+            return entry, child
     return None
+
+
+def _note_busy(watch: _Watch, busy: _Busy | None, now: float, node: NodeUnderTest) -> None:
+    """Note what the stopped victim's supervisor is seen busy with (``busy``, at ``now``):
+    it must kill the victim within twice the heartbeat timeout after it was last busy, and
+    never later than that after what it was busy with could have ended."""
+    if busy is None:
+        return
+    watch.busy, watch.busy_seen_at = busy, now
+    could_end = now - busy.for_s + busy.bound_s
+    watch.kill_due = max(watch.kill_due, min(now, could_end) + 2 * node.heartbeat_timeout_s)
+
+
+def _broken_promise(watch: _Watch, now: float, node: NodeUnderTest) -> str:
+    """The promise a victim still alive at its deadline shows broken, with the evidence."""
+    hung = f"heartbeat timeout {node.heartbeat_timeout_s:g} s: a hung actor is killed within it"
+    busy = watch.busy
+    if busy is None:
+        return hung
+    if busy.for_s > busy.bound_s:
+        return (
+            f"its supervisor {busy.supervisor} was {busy.action} {busy.child} for "
+            f"{busy.for_s:.1f} s, beyond the {busy.bound_s:g} s that may take: a supervisor "
+            f"busy with a sibling acts on a hung actor once done, and is done within that"
+        )
+    return (
+        f"{hung}, or once its supervisor is no longer busy: {busy.supervisor} was last seen "
+        f"{busy.action} {busy.child} {now - watch.busy_seen_at:.1f} s before, for "
+        f"{busy.for_s:.1f} s of the {busy.bound_s:g} s that may take"
+    )
 
 
 def _actors(entry: dict) -> Iterator[tuple[str, int | None, str]]:
@@ -429,7 +491,10 @@ class _Watch:
     stopped_at: float = 0.0  # seconds from the start
     resume_at: float = 0.0
     resumed: bool = False  # its supervisor never replaced it: resumed
-    waited_on_supervisor: bool = False  # its kill was late, its supervisor busy: waited
+    busy: _Busy | None = None  # its supervisor, as last seen busy with a sibling
+    busy_seen_at: float = 0.0  # ... when (seconds from the start)
+    kill_due: float = 0.0  # when its supervisor must have killed it, by what it was seen doing
+    waited: bool = False  # its kill was late, its supervisor busy: waited for
     disk_until: float | None = None  # a full or slow disk: when it ends
     full_since: float | None = None  # the node up on the full disk since
     alarm_due: bool = False  # ... for DISK_ALARM_DUE_S: its alarm must go off
@@ -525,42 +590,48 @@ def run_faults(
                     event.detail = "the node was away while the disk was full"
                 _log(event)
                 watching.remove(watch)
+        status = node.status() if watching else None  # one question a tick, for all below
         for watch in list(watching):
             stopped = watch.stopped
             if stopped is None:
                 continue
-            if not chaos.is_alive(stopped) or now() >= watch.resume_at:
-                busy = _busy_beside(node.status(), watch.actor) if chaos.is_alive(stopped) else None
-                if busy is not None and now() - watch.stopped_at < HEALTH_TIMEOUT_S:
-                    # its supervisor acts on the hang once done with what holds it up
-                    watch.resume_at = now() + 2 * node.heartbeat_timeout_s
-                    if not watch.waited_on_supervisor:
-                        watch.waited_on_supervisor = True
-                        watch.event.detail = (
-                            watch.event.detail + "; " if watch.event.detail else ""
-                        ) + (
-                            f"its supervisor was busy ({busy}) {now() - watch.stopped_at:.1f} "
-                            "s after the stop: waited for it"
-                        )
-                    continue
-                with contextlib.suppress(psutil.Error):
-                    stopped.resume()
-                if chaos.is_alive(stopped):
-                    watch.resumed = True
+            alive = chaos.is_alive(stopped)
+            if alive:
+                _note_busy(watch, _supervisor_busy(status, watch.actor), now(), node)
+            if alive and now() < max(watch.resume_at, watch.kill_due):
+                if now() >= watch.resume_at and not watch.waited and watch.busy is not None:
+                    watch.waited = True
                     watch.event.detail = (
-                        f"resumed after {now() - watch.stopped_at:.1f} s: "
-                        f"its supervisor had not replaced it"
+                        watch.event.detail + "; " if watch.event.detail else ""
+                    ) + (
+                        f"its supervisor was busy ({watch.busy}) "
+                        f"{now() - watch.stopped_at:.1f} s after the stop: waited for it"
                     )
-                    result.problems.append(
-                        f"stop at {watch.event.at_s:.2f} s: {watch.actor} (pid "
-                        f"{stopped.pid}), stopped while its tree showed it running, "
-                        f"answered no heartbeat for {now() - watch.stopped_at:.1f} s and its "
-                        f"supervisor did not replace it (heartbeat timeout "
-                        f"{node.heartbeat_timeout_s:g} s: a hung actor is killed within it)"
+                    log.warning(
+                        "chaos %7.2f s: stop %s: its supervisor is busy (%s): waiting for it",
+                        watch.event.at_s,
+                        watch.actor,
+                        watch.busy,
                     )
-                watch.stopped = None
+                continue
+            with contextlib.suppress(psutil.Error):
+                stopped.resume()
+            if chaos.is_alive(stopped):
+                watch.resumed = True
+                watch.event.detail = (
+                    f"resumed after {now() - watch.stopped_at:.1f} s: "
+                    f"its supervisor had not replaced it"
+                )
+                problem = (
+                    f"stop at {watch.event.at_s:.2f} s: {watch.actor} (pid "
+                    f"{stopped.pid}), stopped while its tree showed it running, "
+                    f"answered no heartbeat for {now() - watch.stopped_at:.1f} s and its "
+                    f"supervisor did not replace it ({_broken_promise(watch, now(), node)})"
+                )
+                result.problems.append(problem)
+                log.warning("chaos %7.2f s: %s", watch.event.at_s, problem)
+            watch.stopped = None
         if watching:
-            status = node.status()
             # healthy(None) asks the node again, and its answer has no tree here: wait for
             # the next tick instead
             if status is not None and node.healthy(status):

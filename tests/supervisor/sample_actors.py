@@ -5,7 +5,7 @@ import os
 import time
 
 from warren.actors import ProcessActor
-from warren.supervisor import ChildSpec
+from warren.supervisor import ChildSpec, SupervisorSpec
 
 
 class Worker(ProcessActor):
@@ -135,4 +135,19 @@ def worker_beside_gated_starter(data_dir):
     return (
         ChildSpec("idle", Worker),
         ChildSpec("gated", GatedStarter, (f"{data_dir}.gate",), start_timeout_s=120),
+    )
+
+
+def unwatched_worker_beside_gated_supervisor(data_dir):
+    """A tree of ``idle``, a worker with no heartbeat (frozen, it is never replaced), and
+    ``gated_sup``, a supervisor of its own whose ``gated`` starts once ``<data_dir>.gate``
+    exists: while it starts, ``gated_sup`` is busy, and ``idle``'s supervisor is not."""
+    return (
+        ChildSpec("idle", Worker, heartbeat_interval_s=None, heartbeat_timeout_s=None),
+        SupervisorSpec(
+            "gated_sup",
+            children=(
+                ChildSpec("gated", GatedStarter, (f"{data_dir}.gate",), start_timeout_s=120),
+            ),
+        ),
     )

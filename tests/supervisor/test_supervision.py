@@ -1,5 +1,6 @@
 """OTP's supervision semantics with real processes SIGKILLed, SIGSTOPped and stopped."""
 
+import contextlib
 import os
 import signal
 import threading
@@ -12,7 +13,7 @@ from warren.supervisor import ChildSpec, Supervisor, SupervisorFlags, Supervisor
 from warren.supervisor.errors import SupervisorError
 
 from ..waiting import wait_for
-from .sample_actors import FailsToStart, SlowStarter, SlowToStop, Worker
+from .sample_actors import FailsToStart, GatedStarter, SlowStarter, SlowToStop, Worker
 
 
 def pids(supervisor) -> dict[str, int]:
@@ -222,6 +223,71 @@ def test_a_slow_restart_is_not_mistaken_for_a_hang(actor_node):
         time.sleep(1.5)  # five heartbeat intervals, answered
         assert pids(supervisor)["recovering"] == second
         assert supervisor.which_children()[0]["restarts"] == 1
+
+
+def test_a_supervisor_shows_the_child_it_is_busy_starting_and_how_long_that_may_take(
+    actor_node, tmp_path
+):
+    # A supervisor acts on one event at a time: while it starts a child (a recovery) a
+    # hung sibling waits. Its status says so, so that a late kill can be told from none.
+    gate = tmp_path / "gate"  # the gated child's start ends once this exists
+    gate.touch()
+    inner = SupervisorSpec(
+        "inner",
+        SupervisorFlags("one_for_one", intensity=5),
+        children=(
+            ChildSpec("gated", GatedStarter, (str(gate),), start_timeout_s=120),
+            ChildSpec("quick", Worker, start_timeout_s=30),
+        ),
+    )
+    spec = SupervisorSpec(
+        "outer",
+        SupervisorFlags("rest_for_one", intensity=5),
+        children=(ChildSpec("first", Worker), inner),
+    )
+    with Supervisor(actor_node, spec) as supervisor:
+        assert supervisor.status()["busy"] is None
+        gate.unlink()
+        os.kill(pids(supervisor)["first"], signal.SIGKILL)  # inner is restarted after it
+
+        def busy_starting_inner() -> bool:
+            busy = supervisor.status()["busy"]
+            return busy is not None and busy["action"] == "starting" and busy["child"] == "inner"
+
+        wait_for(busy_starting_inner, timeout=60)
+        status = supervisor.status()
+        # a nested supervisor's start: its children's starts, one after another
+        assert status["busy"]["bound_s"] == 150 and status["busy"]["for_s"] >= 0
+        nested = status["children"][1]["busy"]
+        assert (nested["action"], nested["child"], nested["bound_s"]) == ("starting", "gated", 120)
+        gate.touch()
+        wait_for(lambda: supervisor.status()["busy"] is None and all_running(supervisor))
+        assert supervisor.status()["children"][1]["busy"] is None
+
+
+def test_a_supervisor_shows_the_child_it_is_busy_stopping_and_how_long_that_may_take(
+    actor_node, tmp_path
+):
+    began = tmp_path / "began"  # the slow child's on_stop has begun
+    slow = ChildSpec(
+        "slow", SlowToStop, ("slow", str(tmp_path / "journal"), 600.0, str(began)), shutdown_s=60
+    )
+    supervisor = Supervisor(
+        actor_node, SupervisorSpec("sup", children=(ChildSpec("idle", Worker), slow))
+    ).start()
+    pid = pids(supervisor)["slow"]
+    stopping = threading.Thread(target=supervisor.stop)
+    try:
+        stopping.start()
+        wait_for(began.exists)
+        busy = supervisor.status()["busy"]
+        # a stop request, SIGTERM after shutdown_s, SIGKILL after as long again
+        assert (busy["action"], busy["child"], busy["bound_s"]) == ("stopping", "slow", 120)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)  # its on_stop would outlast the test
+        stopping.join()
+    assert supervisor.status()["busy"] is None
 
 
 def test_a_child_that_cannot_start_fails_the_start_and_stops_its_elder_siblings(actor_node):
