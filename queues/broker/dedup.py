@@ -37,12 +37,20 @@ Races it guards against:
   message under the same sequence) covers every property it gives.
 - A torn record at the end (a crash mid-append): its CRC fails; it and what follows are
   cut off. Its messages were not confirmed yet, and the tail covers them.
+- A message consumed before its record was written, then the queue killed: acked (or
+  fetched without an ack) before the index's buffer was written out, its entry never
+  reaches the disk (a publish and its ack cancel out there), and an ack written out since
+  zeroes its slot; neither the log nor the tail names it, and the producer, never told,
+  re-sends it. So the queue process fetches nothing from the lowest seq id of a
+  deduplicated message its log does not name yet (``_hold_from``), nor expires anything
+  from there, until the log names it: a deduplicated message waits for its confirm and
+  its record (one group commit, as its publisher does) before a consumer gets it, and
+  what came after it waits behind it, in order. What a consumer took is then named by
+  the log, and its re-sent copy is a repeat. A queue without deduplicated messages
+  waiting holds nothing back. (What ``max_length`` drops from the head or a purge takes
+  before its record is not consumed: re-sent after a kill, it is taken again.)
 - Growth: past ``COMPACT_BYTES`` the log is rewritten (temporary file, fsync, rename)
   with one record per producer, leaving out producers unheard of for ``FORGET_AFTER_S``.
-
-Left open: a message published, delivered and acked within the same group commit (a
-couple of milliseconds) is never written to the index; if the queue is killed before that
-commit's record is written, a producer that re-sends it has it enqueued again.
 """
 
 from __future__ import annotations

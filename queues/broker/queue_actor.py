@@ -22,7 +22,9 @@ Messages accepted (``warren.queues.protocol``), and what each gets back:
                                      (``warren.queues.broker.dedup``)
     Fetch(consumer, pid, count, ack_required)
                                    → up to ``count`` Delivered; those needing an ack are
-                                     held for ``consumer`` (its process ``pid``)
+                                     held for ``consumer`` (its process ``pid``); none
+                                     from a deduplicated message its producer log does
+                                     not name yet on (``warren.queues.broker.dedup``)
     Settle(consumer, tags, action) (tell, or ask → the tags ignored) settles the tags the
                                      consumer holds; any other tag is ignored, logged and
                                      counted (``foreign_tags``): one connection cannot
@@ -185,15 +187,17 @@ STORE_CLIENT_OPTIONS: _StoreClientOptions = {
 
 class _Batch:
     """A Publish awaiting its confirms: ``left`` of its messages are unconfirmed; a
-    deduplicated one names its producer and the highest sequence it accepted."""
+    deduplicated one names its producer, the highest sequence it accepted and the seq id
+    of its first message taken (infinity when it took none)."""
 
-    __slots__ = ("reply", "size", "left", "producer", "high")
+    __slots__ = ("reply", "size", "left", "producer", "high", "first_seq_id")
 
     def __init__(
         self, reply: Any, size: int, left: int, producer: bytes | None = None, high: int = -1
     ) -> None:
         self.reply, self.size, self.left = reply, size, left
         self.producer, self.high = producer, high
+        self.first_seq_id: float = math.inf
 
 
 class QueueActor(ProcessActor):
@@ -226,6 +230,9 @@ class QueueActor(ProcessActor):
         # A producer's batches are answered in the order they came, once its log record
         # says so: producer -> its batches not yet answered.
         self._producer_batches: dict[bytes, collections.deque[_Batch]] = {}
+        # The lowest seq id of a deduplicated message its producer log does not name yet:
+        # no message from there on is fetched or expired until it does (infinity: none).
+        self._hold_from: float = math.inf
         self._sync_armed = False
         self._held: dict[bytes, set[int]] = {}  # consumer -> tags awaiting its ack
         self._owners: dict[bytes, tuple[int, float]] = {}  # consumer -> (pid, started)
@@ -427,6 +434,9 @@ class QueueActor(ProcessActor):
             self._drop_over_max_length(self.definition.max_length)
         batch = _Batch(reply, len(seq_ids) + repeats, len(seq_ids), message.producer, high)
         if message.producer is not None:
+            if seq_ids:  # the newest seq ids: above any held already
+                batch.first_seq_id = seq_ids[0]
+                self._hold_from = min(self._hold_from, seq_ids[0])
             self._producer_batches.setdefault(message.producer, collections.deque()).append(batch)
             if not seq_ids:
                 self._answer([])
@@ -484,7 +494,7 @@ class QueueActor(ProcessActor):
         out = []
         for _ in range(message.count):
             try:
-                fetched = queue.fetch_encoded(message.ack_required)
+                fetched = queue.fetch_encoded(message.ack_required, self._hold_from)
             except CorruptMessage:
                 continue  # dropped, logged and counted: never delivered
             if fetched is None:
@@ -614,6 +624,7 @@ class QueueActor(ProcessActor):
             )
         self._confirms.clear()
         self._producer_batches.clear()
+        self._hold_from = math.inf
         self._producer_log.close()
         queue.delete()
         self._deleted = True
@@ -684,6 +695,14 @@ class QueueActor(ProcessActor):
         if highs:
             low_water = min(confirms) if confirms else self._engine.next_seq_id
             self._producer_log.record(highs, low_water)
+        if answered:  # each producer's batches are in seq order: its first one taking any
+            self._hold_from = min(
+                (
+                    next((b.first_seq_id for b in batches if b.first_seq_id < math.inf), math.inf)
+                    for batches in self._producer_batches.values()
+                ),
+                default=math.inf,
+            )
         for batch in answered:
             batch.reply.send(batch.size)
             self.counters["confirmed"] += batch.size
@@ -695,9 +714,10 @@ class QueueActor(ProcessActor):
         queue's messages at its head only)."""
         now = _now_ms()
         queue = self._engine
+        hold_from = self._hold_from
 
         def expired(info: MessageInfo) -> bool:
-            return 0 < info.expiry_ms <= now
+            return 0 < info.expiry_ms <= now and info.seq_id < hold_from
 
         if self._dead is None:
             before = len(queue)
