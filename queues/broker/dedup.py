@@ -51,6 +51,12 @@ Races it guards against:
   before its record is not consumed: re-sent after a kill, it is taken again.)
 - Growth: past ``COMPACT_BYTES`` the log is rewritten (temporary file, fsync, rename)
   with one record per producer, leaving out producers unheard of for ``FORGET_AFTER_S``.
+
+Left open: a queue started twice before a producer re-sends what the first start
+recovered unnamed (its connection still recovering). The ids the first start collected
+are kept in memory only; a record written meanwhile (another producer's) moves the low
+water past their entries, and an ack zeroes an entry: the second start does not collect
+them, and the re-sent messages are taken again.
 """
 
 from __future__ import annotations
