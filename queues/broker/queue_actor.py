@@ -188,16 +188,17 @@ STORE_CLIENT_OPTIONS: _StoreClientOptions = {
 class _Batch:
     """A Publish awaiting its confirms: ``left`` of its messages are unconfirmed; a
     deduplicated one names its producer, the highest sequence it accepted and the seq id
-    of its first message taken (infinity when it took none)."""
+    it holds consumers back from: its first message's until its producer record is
+    written (infinity then, or when it took none)."""
 
-    __slots__ = ("reply", "size", "left", "producer", "high", "first_seq_id")
+    __slots__ = ("reply", "size", "left", "producer", "high", "holds_from")
 
     def __init__(
         self, reply: Any, size: int, left: int, producer: bytes | None = None, high: int = -1
     ) -> None:
         self.reply, self.size, self.left = reply, size, left
         self.producer, self.high = producer, high
-        self.first_seq_id: float = math.inf
+        self.holds_from: float = math.inf
 
 
 class QueueActor(ProcessActor):
@@ -230,8 +231,10 @@ class QueueActor(ProcessActor):
         # A producer's batches are answered in the order they came, once its log record
         # says so: producer -> its batches not yet answered.
         self._producer_batches: dict[bytes, collections.deque[_Batch]] = {}
-        # The lowest seq id of a deduplicated message its producer log does not name yet:
-        # no message from there on is fetched or expired until it does (infinity: none).
+        # The deduplicated batches holding messages back, in seq order, and the lowest seq
+        # id of a message their producer log does not name yet: no message from there on
+        # is fetched or expired until it does (infinity: none).
+        self._holding: collections.deque[_Batch] = collections.deque()
         self._hold_from: float = math.inf
         self._sync_armed = False
         self._held: dict[bytes, set[int]] = {}  # consumer -> tags awaiting its ack
@@ -285,6 +288,7 @@ class QueueActor(ProcessActor):
         self._producers = ProducerLog(self.directory)
         if self._producers.existed:
             self._recovered_ids = self.queue.msg_ids_from(self._producers.low_water)
+            self._producers.record_recovered(self._recovered_ids)
         self._accepted = dict(self._producers.high)
         if self.definition.dead_letter_exchange is not None:
             if self.data_dir is None:
@@ -435,7 +439,8 @@ class QueueActor(ProcessActor):
         batch = _Batch(reply, len(seq_ids) + repeats, len(seq_ids), message.producer, high)
         if message.producer is not None:
             if seq_ids:  # the newest seq ids: above any held already
-                batch.first_seq_id = seq_ids[0]
+                batch.holds_from = seq_ids[0]
+                self._holding.append(batch)
                 self._hold_from = min(self._hold_from, seq_ids[0])
             self._producer_batches.setdefault(message.producer, collections.deque()).append(batch)
             if not seq_ids:
@@ -624,6 +629,7 @@ class QueueActor(ProcessActor):
             )
         self._confirms.clear()
         self._producer_batches.clear()
+        self._holding.clear()
         self._hold_from = math.inf
         self._producer_log.close()
         queue.delete()
@@ -695,17 +701,14 @@ class QueueActor(ProcessActor):
         if highs:
             low_water = min(confirms) if confirms else self._engine.next_seq_id
             self._producer_log.record(highs, low_water)
-        if answered:  # each producer's batches are in seq order: its first one taking any
-            self._hold_from = min(
-                (
-                    next((b.first_seq_id for b in batches if b.first_seq_id < math.inf), math.inf)
-                    for batches in self._producer_batches.values()
-                ),
-                default=math.inf,
-            )
         for batch in answered:
+            batch.holds_from = math.inf  # named by the log: a consumer may have it
             batch.reply.send(batch.size)
             self.counters["confirmed"] += batch.size
+        holding = self._holding
+        while holding and holding[0].holds_from == math.inf:
+            holding.popleft()
+        self._hold_from = holding[0].holds_from if holding else math.inf
 
     # ------------------------------------------------------------------ TTL, max-length
 

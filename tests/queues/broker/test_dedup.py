@@ -65,3 +65,35 @@ def is_zombie(pid):
         return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return True
+
+
+def test_a_resend_after_two_restarts_is_a_repeat_though_the_first_had_it_consumed(tmp_path):
+    """A queue stopped after its second batch was durable but before that batch's record
+    (the log cut back to the first batch's), then started: a consumer takes everything
+    and another producer's record moves the low water past the batch. Started again, the
+    queue still knows the batch when its producer, never told, sends it at last."""
+    data_dir = tmp_path / "data"
+    log = data_dir / "queues" / "orders" / "producers.log"
+    first = [b"first %d" % n for n in range(500)]
+    second = [b"second %d" % n for n in range(500)]
+    with Node(data_dir) as node:
+        node.declare_queue("orders")
+        connection = node.connect()
+        connection.publish_many("orders", first, producer_id="p", sequence=0)
+        logged = log.read_bytes()
+        connection.publish_many("orders", second, producer_id="p", sequence=500)
+    log.write_bytes(logged)
+    with Node(data_dir) as node:
+        connection = node.connect()
+        taken = []
+        while (delivery := connection.get("orders")) is not None:
+            taken.append(delivery.body)
+            delivery.ack()
+        assert taken == first + second
+        connection.publish("orders", b"other", producer_id="q", sequence=0)
+    with Node(data_dir) as node:
+        connection = node.connect()
+        connection.publish_many("orders", second, producer_id="p", sequence=500)
+        stats = connection.queue_stats("orders")
+        assert (stats["len"], stats["repeats_dropped"]) == (1, 500)
+        assert connection.get("orders").body == b"other"
