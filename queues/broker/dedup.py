@@ -27,7 +27,10 @@ Races it guards against:
   producer re-sends them. Every message of a deduplicated publish is stored under an id
   derived from (producer, sequence) (``message_ids``), so the queue collects the ids of
   its entries from the last record's low water on (``tail``) and drops a re-sent message
-  whose id is among them.
+  whose id is among them. Those of producers the log knows it logs at once
+  (``record_recovered``: from each one's highest on, while they run unbroken), so that a
+  second start before the re-send, after a record moved the low water past them or a
+  consumer acked them, still knows them.
 - One id, two byte strings. The shared store keeps one copy per id, and a derived id is
   the same for every attempt and every queue: an attempt that encoded differently (the
   connection stamping each with its own time) was stored under the first attempt's bytes
@@ -37,12 +40,27 @@ Races it guards against:
   message under the same sequence) covers every property it gives.
 - A torn record at the end (a crash mid-append): its CRC fails; it and what follows are
   cut off. Its messages were not confirmed yet, and the tail covers them.
+- A message consumed before its record was written, then the queue killed: acked (or
+  fetched without an ack) before the index's buffer was written out, its entry never
+  reaches the disk (a publish and its ack cancel out there), and an ack written out since
+  zeroes its slot; neither the log nor the tail names it, and the producer, never told,
+  re-sends it. So the queue process fetches nothing from the lowest seq id of a
+  deduplicated message its log does not name yet (``_hold_from``), nor expires anything
+  from there, until the log names it: a deduplicated message waits for its confirm and
+  its record (one group commit, as its publisher does) before a consumer gets it, and
+  what came after it waits behind it, in order. What a consumer took is then named by
+  the log, and its re-sent copy is a repeat. A queue without deduplicated messages
+  waiting holds nothing back. (What ``max_length`` drops from the head or a purge takes
+  before its record is not consumed: re-sent after a kill, it is taken again.)
 - Growth: past ``COMPACT_BYTES`` the log is rewritten (temporary file, fsync, rename)
   with one record per producer, leaving out producers unheard of for ``FORGET_AFTER_S``.
 
-Left open: a message published, delivered and acked within the same group commit (a
-couple of milliseconds) is never written to the index; if the queue is killed before that
-commit's record is written, a producer that re-sends it has it enqueued again.
+Left open: a queue started twice before a producer the log did not know yet re-sends its
+first messages, which the first start recovered (its connection still recovering). Their
+ids are kept in memory only (the log has no name to match them with); a record written
+meanwhile (another producer's) moves the low water past their entries, and an ack zeroes
+an entry: the second start does not collect them, and the re-sent messages are taken
+again.
 """
 
 from __future__ import annotations
@@ -169,6 +187,21 @@ class ProducerLog:
         self._size += len(data)
         if self._size > COMPACT_BYTES:
             self.compact(low_water)
+
+    def record_recovered(self, recovered: set[bytes]) -> None:
+        """Name the sequences of producers the log knows that a start found among the
+        ids of its recovered entries (``tail``): from each one's highest on, as long as
+        they run unbroken (a hole is a message not durable: its re-send must be taken).
+        Durable in the queue, they are logged at once, under the same low water (the
+        tail may hold other producers' entries)."""
+        highs = []
+        for producer, high in self.high.items():
+            sequence = high
+            while message_ids(producer, sequence + 1, 1)[0] in recovered:
+                sequence += 1
+            if sequence > high:
+                highs.append((producer, sequence))
+        self.record(highs, self.low_water)
 
     def compact(self, low_water: int) -> None:
         """Rewrite the log with one record per producer heard of in ``FORGET_AFTER_S``."""

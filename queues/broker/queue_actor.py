@@ -22,7 +22,9 @@ Messages accepted (``warren.queues.protocol``), and what each gets back:
                                      (``warren.queues.broker.dedup``)
     Fetch(consumer, pid, count, ack_required)
                                    → up to ``count`` Delivered; those needing an ack are
-                                     held for ``consumer`` (its process ``pid``)
+                                     held for ``consumer`` (its process ``pid``); none
+                                     from a deduplicated message its producer log does
+                                     not name yet on (``warren.queues.broker.dedup``)
     Settle(consumer, tags, action) (tell, or ask → the tags ignored) settles the tags the
                                      consumer holds; any other tag is ignored, logged and
                                      counted (``foreign_tags``): one connection cannot
@@ -185,15 +187,18 @@ STORE_CLIENT_OPTIONS: _StoreClientOptions = {
 
 class _Batch:
     """A Publish awaiting its confirms: ``left`` of its messages are unconfirmed; a
-    deduplicated one names its producer and the highest sequence it accepted."""
+    deduplicated one names its producer, the highest sequence it accepted and the seq id
+    it holds consumers back from: its first message's until its producer record is
+    written (infinity then, or when it took none)."""
 
-    __slots__ = ("reply", "size", "left", "producer", "high")
+    __slots__ = ("reply", "size", "left", "producer", "high", "holds_from")
 
     def __init__(
         self, reply: Any, size: int, left: int, producer: bytes | None = None, high: int = -1
     ) -> None:
         self.reply, self.size, self.left = reply, size, left
         self.producer, self.high = producer, high
+        self.holds_from: float = math.inf
 
 
 class QueueActor(ProcessActor):
@@ -226,6 +231,11 @@ class QueueActor(ProcessActor):
         # A producer's batches are answered in the order they came, once its log record
         # says so: producer -> its batches not yet answered.
         self._producer_batches: dict[bytes, collections.deque[_Batch]] = {}
+        # The deduplicated batches holding messages back, in seq order, and the lowest seq
+        # id of a message their producer log does not name yet: no message from there on
+        # is fetched or expired until it does (infinity: none).
+        self._holding: collections.deque[_Batch] = collections.deque()
+        self._hold_from: float = math.inf
         self._sync_armed = False
         self._held: dict[bytes, set[int]] = {}  # consumer -> tags awaiting its ack
         self._owners: dict[bytes, tuple[int, float]] = {}  # consumer -> (pid, started)
@@ -278,6 +288,7 @@ class QueueActor(ProcessActor):
         self._producers = ProducerLog(self.directory)
         if self._producers.existed:
             self._recovered_ids = self.queue.msg_ids_from(self._producers.low_water)
+            self._producers.record_recovered(self._recovered_ids)
         self._accepted = dict(self._producers.high)
         if self.definition.dead_letter_exchange is not None:
             if self.data_dir is None:
@@ -427,6 +438,10 @@ class QueueActor(ProcessActor):
             self._drop_over_max_length(self.definition.max_length)
         batch = _Batch(reply, len(seq_ids) + repeats, len(seq_ids), message.producer, high)
         if message.producer is not None:
+            if seq_ids:  # the newest seq ids: above any held already
+                batch.holds_from = seq_ids[0]
+                self._holding.append(batch)
+                self._hold_from = min(self._hold_from, seq_ids[0])
             self._producer_batches.setdefault(message.producer, collections.deque()).append(batch)
             if not seq_ids:
                 self._answer([])
@@ -484,7 +499,7 @@ class QueueActor(ProcessActor):
         out = []
         for _ in range(message.count):
             try:
-                fetched = queue.fetch_encoded(message.ack_required)
+                fetched = queue.fetch_encoded(message.ack_required, self._hold_from)
             except CorruptMessage:
                 continue  # dropped, logged and counted: never delivered
             if fetched is None:
@@ -614,6 +629,8 @@ class QueueActor(ProcessActor):
             )
         self._confirms.clear()
         self._producer_batches.clear()
+        self._holding.clear()
+        self._hold_from = math.inf
         self._producer_log.close()
         queue.delete()
         self._deleted = True
@@ -685,8 +702,13 @@ class QueueActor(ProcessActor):
             low_water = min(confirms) if confirms else self._engine.next_seq_id
             self._producer_log.record(highs, low_water)
         for batch in answered:
+            batch.holds_from = math.inf  # named by the log: a consumer may have it
             batch.reply.send(batch.size)
             self.counters["confirmed"] += batch.size
+        holding = self._holding
+        while holding and holding[0].holds_from == math.inf:
+            holding.popleft()
+        self._hold_from = holding[0].holds_from if holding else math.inf
 
     # ------------------------------------------------------------------ TTL, max-length
 
@@ -695,9 +717,10 @@ class QueueActor(ProcessActor):
         queue's messages at its head only)."""
         now = _now_ms()
         queue = self._engine
+        hold_from = self._hold_from
 
         def expired(info: MessageInfo) -> bool:
-            return 0 < info.expiry_ms <= now
+            return 0 < info.expiry_ms <= now and info.seq_id < hold_from
 
         if self._dead is None:
             before = len(queue)

@@ -776,11 +776,13 @@ class VariableQueue:
             fetched.msg_id,
         )
 
-    def fetch_encoded(self, ack_required: bool = True) -> Fetched | None:
-        """``fetch`` without decoding: what a queue process sends on to its consumer."""
+    def fetch_encoded(self, ack_required: bool = True, below: float = math.inf) -> Fetched | None:
+        """``fetch`` without decoding: what a queue process sends on to its consumer. None
+        too while the oldest message's seq id is not below ``below`` (the queue process
+        holds its deduplicated messages until their producer record is written)."""
         self._check_open()
         while True:
-            status = self._pop_head()
+            status = self._pop_head(below)
             if status is None:
                 return None
             payload = status.payload
@@ -858,9 +860,9 @@ class VariableQueue:
                 return self.q4[0]
         return self.q3[0] if self.q3 else None
 
-    def _pop_head(self) -> MsgStatus | None:
+    def _pop_head(self, below: float = math.inf) -> MsgStatus | None:
         status = self._head()
-        if status is None:
+        if status is None or status.seq_id >= below:
             return None
         if self.q4:
             status = self.q4.popleft()

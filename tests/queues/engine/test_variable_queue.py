@@ -77,6 +77,21 @@ def test_a_message_fetched_without_ack_is_gone_and_with_ack_awaits_it(open_queue
     assert (number(gone), number(kept), len(queue), queue.depth) == (0, 1, 1, 1)
 
 
+@pytest.mark.parametrize("lazy", [False, True])
+def test_a_fetch_below_a_seq_id_leaves_the_head_from_there_in_place(open_queue, lazy):
+    """What a queue process asks while a deduplicated message waits for its producer
+    record: the messages before it, and none from it on, in RAM or paged out alike."""
+    queue = open_queue(lazy=lazy)
+    seqs = [queue.publish(message(n)) for n in range(3 * N)]
+    held = seqs[N + 1]
+    before = [queue.fetch_encoded(True, held) for _ in range(N + 1)]
+    assert [f.seq_id for f in before] == seqs[: N + 1]
+    assert queue.fetch_encoded(True, held) is None
+    assert queue.fetch_encoded(False, held) is None
+    assert (len(queue), queue.peek().seq_id) == (2 * N - 1, held)
+    assert [number(d) for d in drain(queue)] == list(range(N + 1, 3 * N))
+
+
 def test_acks_and_requeues_of_tags_not_awaiting_one_are_refused_and_change_nothing(open_queue):
     queue = open_queue()
     for n in range(3):

@@ -1,0 +1,99 @@
+"""Publisher deduplication against a queue killed between a confirm's group commit and its
+producer record: a producer that re-sends what it was never told of gets it confirmed,
+and no consumer gets it twice."""
+
+import os
+import signal
+
+import psutil
+import pytest
+
+from warren.queues import Message, encode
+from warren.queues.protocol import Fetch, Publish, QueueStats, Settle
+from warren.supervisor import Node
+
+from ...waiting import wait_for
+from .test_broker import restarted
+
+CONSUMER = b"consumer-1"
+
+
+@pytest.fixture
+def node(tmp_path):
+    with Node(tmp_path / "data") as running:
+        yield running
+
+
+def fetch_and_ack(queue):
+    """What one fetch of up to 10 delivers, each acked at once."""
+    delivered = queue.ask(Fetch(CONSUMER, os.getpid(), 10, True), timeout=30)
+    if delivered:
+        queue.ask(Settle(CONSUMER, [d.seq_id for d in delivered], "ack"), timeout=30)
+    return delivered
+
+
+def test_a_message_acked_before_its_producer_record_is_not_delivered_again_when_resent(node):
+    """The persistent store is stopped, so a message for it waits for its confirm (and
+    its producer record) as long as the test wants: the window between a publish and
+    its record, held open. A consumer asks for it meanwhile and acks what it gets; the
+    queue is killed, the producer (never confirmed) sends it again under the same
+    sequence: it is confirmed, and the consumer gets it once in all."""
+    node.declare_queue("orders")
+    body = b"order 7 " + b"x" * 6000  # in the shared store: its confirm waits for it
+    publish = Publish([encode(Message(body))], True, None, None, b"p", 0)
+    queue = node.queue("orders")
+    store = node.store().pid
+    os.kill(store, signal.SIGSTOP)
+    try:
+        queue.ask_async(publish, timeout=60)  # never answered: the queue dies first
+        taken = [d.payload for d in fetch_and_ack(queue)]
+        assert queue.ask(QueueStats(), timeout=30)["depth"] == (0 if taken else 1)
+        os.kill(queue.pid, signal.SIGKILL)
+        wait_for(lambda: not psutil.pid_exists(queue.pid) or is_zombie(queue.pid))
+    finally:
+        os.kill(store, signal.SIGCONT)
+    wait_for(lambda: restarted(node, "orders", queue.pid), timeout=60)
+    queue = node.queue("orders")
+    assert queue.ask(publish, timeout=60) == 1
+    while delivered := fetch_and_ack(queue):
+        taken += [d.payload for d in delivered]
+    assert [encode(Message(body))] == taken
+
+
+def is_zombie(pid):
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def test_a_resend_after_two_restarts_is_a_repeat_though_the_first_had_it_consumed(tmp_path):
+    """A queue stopped after its second batch was durable but before that batch's record
+    (the log cut back to the first batch's), then started: a consumer takes everything
+    and another producer's record moves the low water past the batch. Started again, the
+    queue still knows the batch when its producer, never told, sends it at last."""
+    data_dir = tmp_path / "data"
+    log = data_dir / "queues" / "orders" / "producers.log"
+    first = [b"first %d" % n for n in range(500)]
+    second = [b"second %d" % n for n in range(500)]
+    with Node(data_dir) as node:
+        node.declare_queue("orders")
+        connection = node.connect()
+        connection.publish_many("orders", first, producer_id="p", sequence=0)
+        logged = log.read_bytes()
+        connection.publish_many("orders", second, producer_id="p", sequence=500)
+    log.write_bytes(logged)
+    with Node(data_dir) as node:
+        connection = node.connect()
+        taken = []
+        while (delivery := connection.get("orders")) is not None:
+            taken.append(delivery.body)
+            delivery.ack()
+        assert taken == first + second
+        connection.publish("orders", b"other", producer_id="q", sequence=0)
+    with Node(data_dir) as node:
+        connection = node.connect()
+        connection.publish_many("orders", second, producer_id="p", sequence=500)
+        stats = connection.queue_stats("orders")
+        assert (stats["len"], stats["repeats_dropped"]) == (1, 500)
+        assert connection.get("orders").body == b"other"
