@@ -29,7 +29,11 @@ process with unsent frames still exits.
 Errors: ``AccessRefused`` at once when the listener fails the handshake (it refuses the
 key, wants one, or uses none: a ZeroMQ monitor on the new socket reports it);
 ``NodeNotRunning`` when nothing answers at the address within ``connect_timeout_s`` (no
-listener there); ``KeyFileError`` for a key file that cannot be used.
+listener there); ``NodeStarting`` when the listener answers but its node is still
+starting (a connect asks the node once, ``list_queues``, before it returns: a listener
+answers before its node serves); ``KeyFileError`` for a key file that cannot be used.
+A "starting" answer later, to a transport whose node served it, comes from a node
+started again since: ``NodeLost``.
 """
 
 from __future__ import annotations
@@ -47,7 +51,7 @@ from warren.actors.codec import Decoder, Encoder
 from warren.actors.errors import ActorDeadError, AskTimeout, CodecError
 
 from .. import errors
-from ..errors import AccessRefused, InvalidArgument, NodeNotRunning, local_error
+from ..errors import AccessRefused, InvalidArgument, NodeNotRunning, NodeStarting, local_error
 from ..protocol import Fetch, NodeCalls, Subscribe
 from .keys import ClientKey, load_client_key
 from .recovery import NODE_SILENCE_S, NodeLost
@@ -93,6 +97,10 @@ class TcpNode(NodeCalls):
         self._drop_unchecked = False
         # since when it awaits an answer and has heard nothing (None: it heard since)
         self._silent_since: float | None = None
+        # Whether the node served a call through this transport: it never starts again,
+        # so a "starting" answer from then on comes from another node (``_call``).
+        self._served = False
+        deadline = time.monotonic() + connect_timeout_s
         try:
             self.boot = self._first_answer(connect_timeout_s)
         except AskTimeout:
@@ -107,6 +115,20 @@ class TcpNode(NodeCalls):
                 f"{connect_timeout_s:g} s: no node listens there (start one "
                 f"with `warren node --listen {endpoint}`),{hint}"
             ) from None
+        # As over ipc, fail now, not at the first call: a listener answers before its node
+        # serves, and a node still starting (``NodeStarting``) is what connect(wait=...)
+        # and a recovery wait for.
+        try:
+            self._call("list_queues", timeout=max(0.0, deadline - time.monotonic()))
+        except (TimeoutError, errors.ConnectionClosed) as exc:
+            self.close()
+            raise NodeNotRunning(
+                f"the node at {endpoint} did not serve within {connect_timeout_s:g} s ({exc})"
+            ) from None
+        except BaseException:
+            self.close()
+            raise
+        self._served = True
 
     def _open_socket(
         self, watch: bool = False
@@ -244,7 +266,7 @@ class TcpNode(NodeCalls):
             self.forget(request_id)
             raise
         except errors.QueueError as exc:
-            if self.gone():
+            if (self._served and isinstance(exc, NodeStarting)) or self.gone():
                 raise NodeLost(f"the node at {self.endpoint} restarted ({exc})") from exc
             raise
 
