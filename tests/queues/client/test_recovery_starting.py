@@ -21,24 +21,28 @@ from .test_recovery import ROOT, TRANSPORTS, NodeProcess, Traffic
 # A node whose start stops before its last step (its listener is up, it serves nothing
 # yet), says "held", and goes on once a line comes on its standard input; it says
 # "serving" once it serves, and stops in order on SIGTERM.
+# (Its standard output, which its actors' processes share, goes to /dev/null: the two
+# lines go on a descriptor of its own, which no other process holds.)
 HELD_NODE = """
-import sys, threading
+import os, sys, threading
 from warren.supervisor import Node
 from warren.supervisor.node import node as node_module
 
+said = os.fdopen(os.dup(1), "w")
+os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
 write_alarms = node_module.write_alarms
 starting = threading.current_thread()
 
 def held_write_alarms(*args, **kwargs):
     if threading.current_thread() is starting:
         node_module.write_alarms = write_alarms
-        print("held", flush=True)
+        print("held", file=said, flush=True)
         sys.stdin.readline()
     return write_alarms(*args, **kwargs)
 
 node_module.write_alarms = held_write_alarms
 node = Node(sys.argv[1], listen=sys.argv[2])
-print("serving", flush=True)
+print("serving", file=said, flush=True)
 node.run_until_signalled()
 """
 
