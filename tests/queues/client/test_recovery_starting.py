@@ -4,6 +4,7 @@ written and its tcp listener answers before it serves a call (its control socket
 up, until every client has met it starting: the test waits for that event, never for a
 time."""
 
+import contextlib
 import logging
 import signal
 import subprocess
@@ -71,9 +72,11 @@ def start_held(node: NodeProcess) -> None:
 
 
 def release(node: NodeProcess) -> None:
-    node.process.stdin.write("go on\n")
-    node.process.stdin.flush()
-    assert node.process.stdout.readline() == "serving\n"
+    """Let the held start go on (once; again does nothing), and wait until it serves."""
+    if not node.process.stdin.closed:
+        node.process.stdin.write("go on\n")
+        node.process.stdin.close()
+        assert node.process.stdout.readline() == "serving\n"
 
 
 def met_the_node_starting(records, thread: threading.Thread) -> bool:
@@ -114,10 +117,6 @@ def test_recovering_clients_wait_for_a_node_still_starting_and_nothing_is_nacked
             each.progressed()
         node.stop_by(signal.SIGTERM, "node")
         start_held(node)
-        # What a client meets now: the node is starting, and its listener answers.
-        for transport in TRANSPORTS:
-            with pytest.raises(NodeStarting, match="is starting"):
-                connect(node.target(transport), recover=False)
         for key in idle:
             callers.append(threading.Thread(target=call_on_idle, args=(key,), name=str(key)))
             callers[-1].start()
@@ -136,6 +135,9 @@ def test_recovering_clients_wait_for_a_node_still_starting_and_nothing_is_nacked
         for each in traffic:
             each.finish()
     finally:
+        if node.process.stdin is not None:  # failing while held: let its clients end
+            with contextlib.suppress(OSError):
+                release(node)
         for each in traffic:
             each.stop()
         for caller in callers:
@@ -149,3 +151,19 @@ def test_recovering_clients_wait_for_a_node_still_starting_and_nothing_is_nacked
     assert {key: connection.recoveries for key, connection in idle.items()} == dict.fromkeys(
         idle, 1
     )
+
+
+def test_a_connect_to_a_node_still_starting_is_node_starting_over_ipc_and_tcp(node):
+    """Its listener answers, but a tcp connect asks the node too, as an ipc one does:
+    ``NodeStarting`` at once, which ``connect(wait=...)`` waits through."""
+    node.stop_by(signal.SIGTERM, "node")
+    start_held(node)
+    try:
+        for transport in TRANSPORTS:
+            with pytest.raises(NodeStarting, match="is starting"):
+                connect(node.target(transport), recover=False)
+    finally:
+        release(node)
+    for transport in TRANSPORTS:
+        with connect(node.target(transport), recover=False) as connection:
+            assert connection.list_queues() == []
