@@ -22,6 +22,7 @@ __all__ = [
     "MessageTooLarge",
     "Nacked",
     "NodeNotRunning",
+    "NodeStarting",
     "NotFound",
     "OffsetOutOfRange",
     "OutOfSequence",
@@ -128,6 +129,12 @@ class Blocked(QueueError):
 
 class NodeNotRunning(QueueError, ConnectionError):
     """No node answers on that data directory: start one (``warren node --data-dir D``)."""
+
+
+class NodeStarting(NodeNotRunning):
+    """The node runs but is still starting (recovering its queues) and serves no call yet:
+    ``connect(wait=...)`` waits for it, and so does a connection recovering from the
+    node's restart, as for a node not back yet."""
 
 
 class AccessRefused(QueueError, ConnectionError):

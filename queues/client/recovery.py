@@ -15,7 +15,10 @@ Recovery, in this order (``Connection._recover``), each step on the new transpor
 1. connect again, waiting ``recovery_interval_s`` between attempts, doubling up to
    ``MAX_INTERVAL_S``, for at most ``recovery_timeout_s`` in all (an attempt waits for
    the node's first answer no longer than what is left; then the connection closes and
-   raises ``ConnectionClosed``);
+   raises ``ConnectionClosed``). A node back but still starting is not back yet: a
+   transport is made only once the node served a call (``RemoteNode`` and ``TcpNode``
+   each ask it one, as ``connect(wait=...)`` relies on), so its ``NodeStarting`` fails
+   the attempt, and the next one waits its turn;
 2. declare again what this connection declared (``Topology``: exchanges, then queues,
    then bindings, each as it was last declared, less what it deleted or unbound);
 3. send again every publish whose confirm was in doubt and that has a producer id (the
@@ -32,10 +35,14 @@ Then ``on_recovery(connection)`` runs. ``on_disconnect(error)`` ran when the los
 found, before step 1, with or without recovery.
 
 Races it guards against: the node going away again during recovery (every step's error
-ends the attempt; the next one starts over from step 1); a call of the application that
-found the loss while another part of the connection was recovering (recovery is not
-re-entered: errors inside it go to its own loop); a publish sent by the old session and
-taken by the node just before it died (the producer's sequence makes the repeat a no-op).
+ends the attempt; the next one starts over from step 1); a node that restarted under a
+transport which saw it serve, and answers "starting" (over tcp, a node call carries no
+boot, so the new node answers it): that node is another one, ``NodeLost`` (over ipc,
+each start has a control socket of its own, which an older transport never reaches); a
+call of the application that found the loss while another part of the connection was
+recovering (recovery is not re-entered: errors inside it go to its own loop); a publish
+sent by the old session and taken by the node just before it died (the producer's
+sequence makes the repeat a no-op).
 """
 
 from __future__ import annotations

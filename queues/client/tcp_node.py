@@ -27,9 +27,15 @@ partition function, not on the driver). Its sockets linger ``LINGER_MS`` at most
 process with unsent frames still exits.
 
 Errors: ``AccessRefused`` at once when the listener fails the handshake (it refuses the
-key, wants one, or uses none: a ZeroMQ monitor on the new socket reports it);
+key, wants one, or uses none: a ZeroMQ monitor on the new socket reports it, and a
+handshake closed with no detail is told from a listener stopping by the mechanism its
+greeting names, ``warren.queues.client.greeting``);
 ``NodeNotRunning`` when nothing answers at the address within ``connect_timeout_s`` (no
-listener there); ``KeyFileError`` for a key file that cannot be used.
+listener there); ``NodeStarting`` when the listener answers but its node is still
+starting (a connect asks the node once, ``list_queues``, before it returns: a listener
+answers before its node serves); ``KeyFileError`` for a key file that cannot be used.
+A "starting" answer later, to a transport whose node served it, comes from a node
+started again since: ``NodeLost``.
 """
 
 from __future__ import annotations
@@ -47,8 +53,9 @@ from warren.actors.codec import Decoder, Encoder
 from warren.actors.errors import ActorDeadError, AskTimeout, CodecError
 
 from .. import errors
-from ..errors import AccessRefused, InvalidArgument, NodeNotRunning, local_error
+from ..errors import AccessRefused, InvalidArgument, NodeNotRunning, NodeStarting, local_error
 from ..protocol import Fetch, NodeCalls, Subscribe
+from .greeting import MECHANISM_CURVE, MECHANISM_NULL, listener_mechanism
 from .keys import ClientKey, load_client_key
 from .recovery import NODE_SILENCE_S, NodeLost
 
@@ -76,6 +83,7 @@ class TcpNode(NodeCalls):
         self.endpoint = endpoint
         self.call_timeout_s = call_timeout_s
         self._key: ClientKey | None = load_client_key(key_file) if key_file is not None else None
+        self._mechanism = MECHANISM_CURVE if self._key is not None else MECHANISM_NULL
         self._context: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         # the socket's monitor: failed handshakes (at connect), lost connections (after)
         self._socket, self._events = self._open_socket(watch=True)
@@ -93,6 +101,10 @@ class TcpNode(NodeCalls):
         self._drop_unchecked = False
         # since when it awaits an answer and has heard nothing (None: it heard since)
         self._silent_since: float | None = None
+        # Whether the node served a call through this transport: it never starts again,
+        # so a "starting" answer from then on comes from another node (``_call``).
+        self._served = False
+        deadline = time.monotonic() + connect_timeout_s
         try:
             self.boot = self._first_answer(connect_timeout_s)
         except AskTimeout:
@@ -107,6 +119,20 @@ class TcpNode(NodeCalls):
                 f"{connect_timeout_s:g} s: no node listens there (start one "
                 f"with `warren node --listen {endpoint}`),{hint}"
             ) from None
+        # As over ipc, fail now, not at the first call: a listener answers before its node
+        # serves, and a node still starting (``NodeStarting``) is what connect(wait=...)
+        # and a recovery wait for.
+        try:
+            self._call("list_queues", timeout=max(0.0, deadline - time.monotonic()))
+        except (TimeoutError, errors.ConnectionClosed) as exc:
+            self.close()
+            raise NodeNotRunning(
+                f"the node at {endpoint} did not serve within {connect_timeout_s:g} s ({exc})"
+            ) from None
+        except BaseException:
+            self.close()
+            raise
+        self._served = True
 
     def _open_socket(
         self, watch: bool = False
@@ -122,6 +148,7 @@ class TcpNode(NodeCalls):
             socket.get_monitor_socket(
                 zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
                 | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+                | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
                 | zmq.EVENT_DISCONNECTED
             )
             if watch
@@ -133,38 +160,53 @@ class TcpNode(NodeCalls):
     def _first_answer(self, timeout_s: float) -> Any:
         """The listener's boot; a handshake the listener fails (it does or does not use
         CURVE where this client does not or does, or it refuses this key) is
-        ``AccessRefused`` at once, rather than a wait for an answer that cannot come."""
+        ``AccessRefused`` at once, rather than a wait for an answer that cannot come.
+        The monitor's events are looked at once more after the last wait, so a refusal
+        reported as the time runs out is still a refusal."""
         request_id = self.send("boot")
         deadline = time.monotonic() + timeout_s
         while True:
-            refused, dropped = self._handshake_events()
+            refused, dropped = self._handshake_events(deadline)
             if refused is not None:
                 self.close()
-                raise AccessRefused(self._handshake_failure(refused))
+                raise AccessRefused(refused)
             if dropped:
                 # The boot may have gone down with that connection (a listener that
                 # stopped before it answered: the node was killed again while this
                 # client recovered); ask again over the next one, or wait for ever.
                 self._awaited.discard(request_id)
                 request_id = self.send("boot")
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AskTimeout(f"no answer from {self.endpoint} in time")
             try:
-                return self.wait(
-                    request_id, min(HANDSHAKE_CHECK_S, max(0.0, deadline - time.monotonic()))
-                )
+                return self.wait(request_id, min(HANDSHAKE_CHECK_S, left))
             except AskTimeout:
-                if time.monotonic() >= deadline:
-                    raise
+                continue
 
-    def _handshake_events(self) -> tuple[int | None, bool]:
-        """The event of a failed handshake the monitor reported, if any, and whether it
-        reported a lost connection (the socket connects again by itself, but what it
-        had sent over the lost one is gone)."""
+    def _handshake_events(self, deadline: float) -> tuple[str | None, bool]:
+        """Why the listener failed a handshake, if the monitor reported that it did,
+        and whether it reported a lost connection (the socket connects again by itself,
+        but what it had sent over the lost one is gone).
+
+        A connection closed during the handshake with no detail may be a refusal too:
+        each end sends its greeting in parts, and a listener that reads this client's
+        version and mechanism in one piece (it was not scheduled in between, as on a
+        loaded machine) finds that it uses another mechanism before it has sent its own,
+        and closes; this client never learns the mismatch from ZeroMQ. The listener's
+        mechanism is then read (``listener_mechanism``) to tell that from a listener
+        that stopped."""
         dropped = False
         while self._events is not None and self._events.poll(0):
             event = recv_monitor_message(self._events)["event"]
-            if event != zmq.EVENT_DISCONNECTED:
-                return event, dropped
-            dropped = True
+            if event == zmq.EVENT_DISCONNECTED:
+                dropped = True
+            elif event != zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
+                return self._handshake_failure(event), dropped
+            elif listener_mechanism(
+                self.endpoint, self._mechanism, max(HANDSHAKE_CHECK_S, deadline - time.monotonic())
+            ) not in (None, self._mechanism):
+                return self._handshake_failure(zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL), dropped
         return None, dropped
 
     def _handshake_failure(self, event: int) -> str:
@@ -244,7 +286,7 @@ class TcpNode(NodeCalls):
             self.forget(request_id)
             raise
         except errors.QueueError as exc:
-            if self.gone():
+            if (self._served and isinstance(exc, NodeStarting)) or self.gone():
                 raise NodeLost(f"the node at {self.endpoint} restarted ({exc})") from exc
             raise
 

@@ -202,7 +202,8 @@ class ChaosWorkload:
     def connect(self) -> Connection:
         from warren.queues.client import connect
 
-        return connect(self.endpoint, connect_timeout_s=60)
+        # a node a fault has just restarted may still be starting: waited for as well
+        return connect(self.endpoint, connect_timeout_s=60, wait=60)
 
     def declare(self) -> None:
         connection = self.connect()

@@ -115,7 +115,7 @@ from warren.queues.engine.ref_counts import (
     node_message_count,
     node_ref_counts,
 )
-from warren.queues.errors import NodeNotRunning, NotFound, QueueDown, QueueError, QueueRestarting
+from warren.queues.errors import NodeStarting, NotFound, QueueDown, QueueError, QueueRestarting
 from warren.queues.protocol import (
     NODE_CALLS,
     STREAM_ACTOR_PREFIX,
@@ -918,7 +918,7 @@ class Node:
             if op not in NODE_CALLS or not isinstance(args, dict):
                 raise ValueError(f"no call {op!r}; the calls are {sorted(NODE_CALLS)}")
             if not self._started.is_set():
-                raise NodeNotRunning(
+                raise NodeStarting(
                     f"the node on {self.data_dir} is starting (recovering "
                     f"{counted(node_message_count(self.data_dir), 'message')}); "
                     f"connect(wait=...) waits for it"
