@@ -1,7 +1,22 @@
-"""The client tests' Spark session: one for the whole run, stopped with every process it began."""
+"""The client tests' shared fixtures: a ``warren node`` process of its own for a recovery
+test (``node``; a module with a node of another kind defines its own), and the Spark
+session, one for the whole run, stopped with every process it began."""
 
 import psutil
 import pytest
+
+from .test_recovery import NodeProcess
+
+
+@pytest.fixture
+def node(tmp_path):
+    """A ``warren node`` of its own on a data directory under ``tmp_path``, stopped (its
+    whole process group) when the test ends, whatever it did to it."""
+    running = NodeProcess(tmp_path / "data")
+    try:
+        yield running
+    finally:
+        running.stop()
 
 
 @pytest.fixture(scope="session")

@@ -129,15 +129,6 @@ def _group_alive(group: int) -> bool:
     return True
 
 
-@pytest.fixture
-def node(tmp_path):
-    running = NodeProcess(tmp_path / "data")
-    try:
-        yield running
-    finally:
-        running.stop()
-
-
 class Traffic:
     """A producer (``publish_many`` batches, each confirmed) and a consumer (acks each
     delivery) of queue ``queue``, each on a recovering connection of its own and a thread

@@ -29,15 +29,6 @@ STOPS = {
 }
 
 
-@pytest.fixture
-def node(tmp_path):
-    running = NodeProcess(tmp_path / "data")
-    try:
-        yield running
-    finally:
-        running.stop()
-
-
 @pytest.mark.parametrize("stop", STOPS)
 def test_producers_and_consumers_go_through_a_node_stopped_by_a_signal_and_started_again(
     node, stop

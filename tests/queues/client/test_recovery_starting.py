@@ -48,15 +48,6 @@ node.run_until_signalled()
 """
 
 
-@pytest.fixture
-def node(tmp_path):
-    running = NodeProcess(tmp_path / "data")
-    try:
-        yield running
-    finally:
-        running.stop()
-
-
 def start_held(node: NodeProcess) -> None:
     """Start ``node`` again on its data directory and port, held before it serves."""
     node.process = subprocess.Popen(
