@@ -280,6 +280,19 @@ def test_a_killed_spare_is_replaced_unnoticed_and_spawns_go_on(node: Node) -> No
     assert first.ask("pid", timeout=10) == first.pid
 
 
+def test_an_order_larger_than_the_spares_pipe_is_forked_directly(node: Node) -> None:
+    node.spawn(Recorder, name="first")
+    spare = _spare_of(node)
+    label = "x" * (1024 * 1024)  # a pipe holds 64 KiB: the spare cannot take it at once
+    big = node.spawn(Recorder, label, name="big")
+    assert big.pid != spare.pid
+    assert big.ask("label", timeout=10) == label
+    psutil.wait_procs([spare], timeout=10)  # given up: killed, reaped unreported
+    assert not spare.is_running()
+    assert _spare_of(node).pid not in (spare.pid, big.pid)
+    assert sorted(r.name for r in node.actors()) == ["big", "first"]
+
+
 def test_a_spare_stops_with_its_node() -> None:
     with Node("spare", preload=("tests.actors.sample_actors",)) as node:
         node.spawn(Recorder)
