@@ -77,6 +77,9 @@ Races and their answers:
 - The spare cannot take the order at once (stopped by a signal with its pipe full, or an
   order larger than the pipe holds): the write never blocks; the spare is SIGKILLed (it
   exits at EOF if it read part of it) and the order is forked directly.
+- The spare cannot be forked (the machine is out of processes, or the server out of
+  descriptors): it is said on stderr and the next SPAWN is forked directly; the server
+  itself goes on (a failed spare fork must not take the node's actors with it).
 - The server goes (EOF of the node, or killed): a waiting spare's pipe reaches EOF and it
   exits; it is also sent SIGTERM with the other children, and PR_SET_PDEATHSIG covers a
   killed server.
@@ -253,9 +256,13 @@ def serve(fd: int) -> None:
             spare = None
             token = SPAWN_HEAD.unpack_from(payload)[0]
             sock.sendall(REPORT.pack(FORKED, token, pid, 0))
-            spare = _Spare.fork(forget, key, log_level, _node_endpoint(payload))
-            children.add(spare.pid)
-            spares.add(spare.pid)
+            try:
+                spare = _Spare.fork(forget, key, log_level, _node_endpoint(payload))
+            except OSError as exc:  # out of processes or descriptors: no spare this time
+                print(f"warren forkserver: no spare child: {exc}", file=sys.stderr, flush=True)
+            else:
+                children.add(spare.pid)
+                spares.add(spare.pid)
         elif kind == KILL:
             pid, signum = KILL_BODY.unpack(payload)
             if pid in children and pid not in spares:  # a spare is none of the node's
@@ -300,8 +307,13 @@ class _Spare:
     ) -> _Spare:
         orders_read, orders_write = os.pipe()
         run = functools.partial(_run_spare, orders_read, key, log_level, node_endpoint)
-        pid = _fork((*forget, orders_write), run)
-        os.close(orders_read)
+        try:
+            pid = _fork((*forget, orders_write), run)
+        except OSError:
+            os.close(orders_write)
+            raise
+        finally:
+            os.close(orders_read)
         os.set_blocking(orders_write, False)
         return cls(pid, orders_write)
 
