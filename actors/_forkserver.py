@@ -23,6 +23,21 @@ Protocol on one unix stream socket (a socketpair; the node holds the other end):
                     EXITED  (0, pid, status)   a child was reaped; status is its exit code,
                                                or minus the signal that killed it
 
+Spares. Forking and readying a child is the slowest part of a spawn (the fork itself, the
+child's first copy-on-write faults, its ZeroMQ context and its connection to the node):
+a few milliseconds that a declare of a thousand queues pays a thousand times. So after
+each SPAWN the server forks one spare child ahead of the next order: it ties its life to
+the server's, makes its ZeroMQ context, connects to the node (whose endpoint the last
+order named) and then waits on a pipe of its own for an order. The next SPAWN goes down
+that pipe (u32 length · the SPAWN payload) instead of into a fork, the spare's pid is
+reported FORKED, and the spare becomes the actor as a freshly forked child would; the
+server then forks the next spare while the node waits for that actor's READY. A spare is
+the server's child like any other (stopped and reaped with them when the node goes,
+killed by PR_SET_PDEATHSIG with the server), titled ``warren: spare``, and unknown to the
+node: no EXITED is reported for it, and the node counts and watches only the actors it
+ordered. None is forked before the first SPAWN (the node's endpoint is not known, nor
+bound, before it), so a node that spawns nothing has none.
+
 The spawn order is pickled by the node and unpickled only in the forked child: that is the
 one sanctioned use of pickle (start arguments handed to a child we created), and it keeps
 the user's modules out of the forkserver's own memory. The socket is an anonymous
@@ -54,13 +69,26 @@ Races and their answers:
   forked would otherwise live on, adopted, holding its files' locks).
 - KILL names a pid: the server signals it only while that pid is its own unreaped child,
   so a recycled pid is never signalled.
-- SIGCHLD wakes the select through a wake-up pipe; every reap is reported, so no child is
-  left a zombie and the node learns exit codes and signals exactly.
+- SIGCHLD wakes the select through a wake-up pipe; every reap is reported (but a spare's),
+  so no child is left a zombie and the node learns exit codes and signals exactly.
+- The spare dies while it waits (killed by someone, or its warm-up failed): it is reaped
+  unreported, the next SPAWN forks its child directly, and a new spare is forked after
+  it (at most one spare fork per order: a spare that cannot start never loops).
+- The spare cannot take the order at once (stopped by a signal with its pipe full, or an
+  order larger than the pipe holds): the write never blocks; the spare is SIGKILLed (it
+  exits at EOF if it read part of it) and the order is forked directly.
+- The spare cannot be forked (the machine is out of processes, or the server out of
+  descriptors): it is said on stderr and the next SPAWN is forked directly; the server
+  itself goes on (a failed spare fork must not take the node's actors with it).
+- The server goes (EOF of the node, or killed): a waiting spare's pipe reaches EOF and it
+  exits; it is also sent SIGTERM with the other children, and PR_SET_PDEATHSIG covers a
+  killed server.
 """
 
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import hmac
 import importlib
@@ -76,6 +104,7 @@ import struct
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 from .process import die_with_parent
@@ -90,6 +119,7 @@ EXITED = 2
 
 HEADER = struct.Struct(">IB")
 REPORT = struct.Struct(">BQii")
+ORDER_LENGTH = struct.Struct(">I")  # before a SPAWN payload handed down a spare's pipe
 SPAWN_HEAD = struct.Struct(">QH")
 KILL_BODY = struct.Struct(">ii")
 SIGNATURE_BYTES = 32
@@ -104,6 +134,7 @@ _PARENT_CHECK_S = 1.0
 # How long the children of a dead node get to stop cleanly before SIGKILL (seconds): a
 # store writes its recovery files in well under this.
 CHILD_STOP_GRACE_S = 30.0
+SPARE_TITLE = "warren: spare"  # a spare child's title until its order makes it an actor
 
 
 def _read_exactly(sock: socket.socket, size: int) -> bytes | None:
@@ -179,7 +210,9 @@ def serve(fd: int) -> None:
     os.set_blocking(wake_write, False)
     signal.set_wakeup_fd(wake_write, warn_on_full_buffer=False)
     signal.signal(signal.SIGCHLD, lambda _signum, _frame: None)
-    children: set[int] = set()
+    children: set[int] = set()  # every unreaped child, spares included
+    spares: set[int] = set()  # the children forked as spares and never handed an order
+    spare: _Spare | None = None
     sock.sendall(REPORT.pack(BOOTED, 0, 0, 0))
     watched: list[Any] = [sock, wake_read]
     while True:
@@ -190,7 +223,10 @@ def serve(fd: int) -> None:
                     pass
             except BlockingIOError:
                 pass  # drained; the pipe only says "reap now"
-        _reap(sock, children)
+        _reap(sock, children, spares)
+        if spare is not None and spare.pid not in children:
+            spare.close()
+            spare = None
         if os.getppid() != parent_pid:
             break
         if sock not in readable:
@@ -207,25 +243,132 @@ def serve(fd: int) -> None:
                 flush=True,
             )
         elif kind == SPAWN:
-            server_pid = os.getpid()  # the child's parent: if it is not, it died meanwhile
-            pid = os.fork()
-            if pid == 0:
-                sock.close()
-                os.close(wake_read)
-                os.close(wake_write)
-                signal.set_wakeup_fd(-1)
-                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-                signal.signal(signal.SIGTERM, signal.SIG_DFL)
-                os._exit(_run_child(payload, key, log_level, server_pid))
-            children.add(pid)
+            forget = (sock.fileno(), wake_read, wake_write)
+            pid = spare.take(payload) if spare is not None else None
+            if pid is not None:
+                spares.discard(pid)  # an actor now: its exit is reported
+            else:
+                if spare is not None:
+                    spare.close()
+                    os.kill(spare.pid, signal.SIGKILL)  # still unreaped: it is our child
+                pid = _fork(forget, functools.partial(_run_child, payload, key, log_level))
+                children.add(pid)
+            spare = None
             token = SPAWN_HEAD.unpack_from(payload)[0]
             sock.sendall(REPORT.pack(FORKED, token, pid, 0))
+            try:
+                spare = _Spare.fork(forget, key, log_level, _node_endpoint(payload))
+            except OSError as exc:  # out of processes or descriptors: no spare this time
+                print(f"warren forkserver: no spare child: {exc}", file=sys.stderr, flush=True)
+            else:
+                children.add(spare.pid)
+                spares.add(spare.pid)
         elif kind == KILL:
             pid, signum = KILL_BODY.unpack(payload)
-            if pid in children:
+            if pid in children and pid not in spares:  # a spare is none of the node's
                 os.kill(pid, signum)
+    if spare is not None:
+        spare.close()  # at EOF, a spare that has not yet seen the SIGTERM exits too
     _stop_children(children)
     os._exit(0)
+
+
+def _fork(forget: tuple[int, ...], run: Callable[[int], int]) -> int:
+    """Fork a child that closes the server's own descriptors (``forget``), takes the
+    default SIGCHLD and SIGTERM, and runs ``run(server_pid)`` to its exit code; its pid."""
+    server_pid = os.getpid()  # the child's parent: if it is not, it died meanwhile
+    pid = os.fork()
+    if pid == 0:
+        for fd in forget:
+            os.close(fd)
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os._exit(run(server_pid))
+    return pid
+
+
+def _node_endpoint(payload: bytes) -> str:
+    """The node endpoint a SPAWN payload names (where the child reports)."""
+    size = SPAWN_HEAD.unpack_from(payload)[1]
+    return payload[SPAWN_HEAD.size : SPAWN_HEAD.size + size].decode()
+
+
+class _Spare:
+    """The server's end of its spare child: the pid, and the pipe its order goes down."""
+
+    def __init__(self, pid: int, orders: int) -> None:
+        self.pid = pid
+        self._orders = orders
+
+    @classmethod
+    def fork(
+        cls, forget: tuple[int, ...], key: bytes, log_level: int, node_endpoint: str
+    ) -> _Spare:
+        orders_read, orders_write = os.pipe()
+        run = functools.partial(_run_spare, orders_read, key, log_level, node_endpoint)
+        try:
+            pid = _fork((*forget, orders_write), run)
+        except OSError:
+            os.close(orders_write)
+            raise
+        finally:
+            os.close(orders_read)
+        os.set_blocking(orders_write, False)
+        return cls(pid, orders_write)
+
+    def take(self, payload: bytes) -> int | None:
+        """Hand ``payload`` to the spare; its pid, or None when it could not take it all
+        at once (its pipe is closed: it is gone, or full: it is stopped)."""
+        order = ORDER_LENGTH.pack(len(payload)) + payload
+        try:
+            written = os.write(self._orders, order)
+        except OSError:  # EPIPE: it died; EAGAIN: the pipe is full
+            return None
+        if written != len(order):
+            return None
+        self.close()
+        return self.pid
+
+    def close(self) -> None:
+        """Close our end of the pipe (a spare waiting on it then exits); idempotent."""
+        if self._orders >= 0:
+            os.close(self._orders)
+            self._orders = -1
+
+
+def _run_spare(orders: int, key: bytes, log_level: int, node_endpoint: str, server_pid: int) -> int:
+    """A spare child's life: get ready for any actor, wait for an order on ``orders``,
+    then become that order's actor; exit quietly if the server closes the pipe first."""
+    from ._runtime import runtime
+    from .exitcodes import EXIT_CRASHED, EXIT_NORMAL, EXIT_PARENT_GONE
+
+    try:
+        if not die_with_parent(server_pid):
+            return EXIT_PARENT_GONE
+        set_title(SPARE_TITLE)
+        runtime().channel(node_endpoint)  # READY and the actor's requests go through it
+        head = _read_pipe(orders, ORDER_LENGTH.size)
+        payload = None if head is None else _read_pipe(orders, ORDER_LENGTH.unpack(head)[0])
+        os.close(orders)
+    except BaseException:
+        traceback.print_exc()
+        return EXIT_CRASHED
+    if payload is None:
+        return EXIT_NORMAL  # the server went, or gave the order to another child
+    return _run_child(payload, key, log_level, server_pid, parent_checked=True)
+
+
+def _read_pipe(fd: int, size: int) -> bytes | None:
+    """Exactly ``size`` bytes from a blocking pipe; None at EOF before them."""
+    chunks = []
+    while size:
+        chunk = os.read(fd, size)
+        if not chunk:
+            return None
+        chunks.append(chunk)
+        size -= len(chunk)
+    return b"".join(chunks)
 
 
 def order_offset(payload: bytes) -> int:
@@ -296,15 +439,20 @@ def importing_main() -> bool:
     return _importing_main
 
 
-def _reap(sock: socket.socket, children: set[int]) -> None:
+def _reap(sock: socket.socket, children: set[int], spares: set[int]) -> None:
+    """Reap every child that exited and report it, but ``spares``: children the node
+    never ordered (forgotten once reaped)."""
     while children:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
-            return
+            break
         if pid == 0:
-            return
+            break
         children.discard(pid)
+        if pid in spares:
+            spares.discard(pid)
+            continue
         code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
         try:
             sock.sendall(REPORT.pack(EXITED, 0, pid, code))
@@ -312,14 +460,17 @@ def _reap(sock: socket.socket, children: set[int]) -> None:
             pass  # the node is gone; the main loop sees EOF and kills the rest
 
 
-def _run_child(payload: bytes, key: bytes, log_level: int, server_pid: int) -> int:
+def _run_child(
+    payload: bytes, key: bytes, log_level: int, server_pid: int, parent_checked: bool = False
+) -> int:
     """Run the forked child to its end: it must never return into the server's loop.
     ``server_pid`` is the server that forked it, taken before the fork: asked here, after
-    it, the parent would be whoever adopted the child if the server died meanwhile."""
+    it, the parent would be whoever adopted the child if the server died meanwhile
+    (``parent_checked``: a spare did that already)."""
     from .exitcodes import EXIT_CRASHED
 
     try:
-        code = _child(payload, key, server_pid, log_level)
+        code = _child(payload, key, server_pid, log_level, parent_checked)
     except BaseException:
         traceback.print_exc()
         code = EXIT_CRASHED
@@ -339,14 +490,16 @@ def log_to_stderr(actor_name: str, level: int) -> None:
     )
 
 
-def _child(payload: bytes, key: bytes, forkserver_pid: int, log_level: int) -> int:
+def _child(
+    payload: bytes, key: bytes, forkserver_pid: int, log_level: int, parent_checked: bool
+) -> int:
     """Become the actor described by ``payload``; return the exit code."""
     from .exitcodes import EXIT_PARENT_GONE, EXIT_START_FAILED
 
-    if not die_with_parent(forkserver_pid):
+    if not parent_checked and not die_with_parent(forkserver_pid):
         return EXIT_PARENT_GONE
-    token, size = SPAWN_HEAD.unpack_from(payload)
-    node_endpoint = payload[SPAWN_HEAD.size : SPAWN_HEAD.size + size].decode()
+    token = SPAWN_HEAD.unpack_from(payload)[0]
+    node_endpoint = _node_endpoint(payload)
     try:
         # Checked again here, where it is unpickled, not only by the server before the
         # fork: nothing but the node's own signed order ever reaches pickle.

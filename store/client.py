@@ -33,6 +33,14 @@ and asks the store when the location is unknown, the file is locked or gone, the
 not yet flushed, or the record fails validation; the store's answer carries the fresh
 location.
 
+Registering. A client registers with its store when it is made: one round trip. A process
+that needs clients of several stores (a queue starting: the persistent store's and the
+transient one's) makes them with ``register_now=False``, which sends the ``Register``
+and returns; the answer is taken by ``registered()``, or by the first use that needs it
+(``recovered_clean``, a flush or another request). Its clients' registrations so cost one
+round trip together, and each one's errors are raised where its answer is taken; a client
+whose registration failed is done with, as one whose constructor raised.
+
 Incarnations. Every request goes through the store's ref pinned to the incarnation the
 client registered with: a store that restarted (and recovered from disk) drops and counts
 what was meant for its predecessor instead of applying it, so nothing is applied twice.
@@ -132,6 +140,7 @@ class StoreClient:
         unavailable_after_s: float = UNAVAILABLE_AFTER_S,
         call_timeout_s: float = CALL_TIMEOUT_S,
         unavailable_once_dead: bool = False,
+        register_now: bool = True,
     ) -> None:
         self.store = store.unpin()  # whoever lives at the address: pings
         self.client_ref = client_ref if client_ref is not None else os.urandom(16)
@@ -161,12 +170,35 @@ class StoreClient:
         self.fallback_reads = 0
         self._reported = (0, 0)
         self._pinned: ActorRef | None = None
-        self._register()
+        self._recovered_clean = False
+        # The answer to a Register sent and not yet taken (register_now=False).
+        self._registering: Future | None = None
+        if register_now:
+            self._register()
+        else:
+            self._registering = self.store.ask_async(Register(self.client_ref))
+
+    def registered(self) -> None:
+        """Take the answer to the registration sent when this client was made with
+        ``register_now=False`` (raising what registering raises); nothing otherwise."""
+        if self._registering is not None:
+            self._register()
+
+    @property
+    def recovered_clean(self) -> bool:
+        """Whether the store it registered with recovered from a clean stop."""
+        self.registered()
+        return self._recovered_clean
 
     def _register(self) -> ActorRef:
-        """Register with the store; its ref, pinned to the incarnation that answered."""
+        """Register with the store (or take the answer to the registration sent ahead);
+        its ref, pinned to the incarnation that answered."""
+        registering, self._registering = self._registering, None
         try:
-            info: StoreInfo = self.store.ask(Register(self.client_ref), timeout=self.call_timeout_s)
+            if registering is not None:
+                info: StoreInfo = registering.get(timeout=self.call_timeout_s)
+            else:
+                info = self.store.ask(Register(self.client_ref), timeout=self.call_timeout_s)
         except AskTimeout:
             raise StoreTimeout(
                 f"the store did not register this client within "
@@ -175,7 +207,7 @@ class StoreClient:
             ) from None
         self._pinned = info.ref
         self.incarnation = info.ref.incarnation
-        self.recovered_clean = info.recovered_clean
+        self._recovered_clean = info.recovered_clean
         self._reader = LockTableReader(info.directory)
         self._table = os.path.join(info.directory, TABLE_FILE)
         self._table_inode = os.stat(self._table).st_ino
@@ -218,6 +250,7 @@ class StoreClient:
 
     def flush(self) -> None:
         """Send the current batch, once the credit has room for it."""
+        self.registered()
         if not (self._batch or self._removes):
             return
         messages = len(self._batch) + self._removed

@@ -114,6 +114,7 @@ ack applied.
 from __future__ import annotations
 
 import collections
+import functools
 import gc
 import logging
 import math
@@ -276,15 +277,25 @@ class QueueActor(ProcessActor):
                     self.demonitor(store)
             raise RuntimeError(f"queue {self.queue_name}: the node's stores are not running")
         self._stores = [persistent.pin(), transient.pin()]
+        clients: list[StoreClient] = []
+
+        def client_of(store: ActorRef, ref: bytes) -> StoreClient:
+            # registered with both stores in one round trip: each answer is taken at
+            # its first use, the persistent store's at once, the transient one's below
+            clients.append(StoreClient(store, ref, register_now=False, **STORE_CLIENT_OPTIONS))
+            return clients[-1]
+
         self.queue = VariableQueue(
             self.directory,
             durable=self.definition.durable,
             lazy=self.definition.lazy,
-            persistent_store=lambda ref: StoreClient(persistent, ref, **STORE_CLIENT_OPTIONS),
-            transient_store=lambda ref: StoreClient(transient, ref, **STORE_CLIENT_OPTIONS),
+            persistent_store=functools.partial(client_of, persistent),
+            transient_store=functools.partial(client_of, transient),
             shared_store_clean=None,  # as the persistent store answers the registration
             **self.queue_options,
         )
+        for client in clients:
+            client.registered()  # a store that does not answer fails the start, as before
         self._producers = ProducerLog(self.directory)
         if self._producers.existed:
             self._recovered_ids = self.queue.msg_ids_from(self._producers.low_water)

@@ -48,7 +48,9 @@ class SharedStoreClient(Protocol):
     """What the queue needs of a shared store: ``LocalStoreClient`` and ``StoreClient``."""
 
     client_ref: bytes
-    recovered_clean: bool  # the store it registered with recovered from a clean stop
+
+    @property
+    def recovered_clean(self) -> bool: ...  # the store it registered with stopped clean
 
     def write(self, msg_id: bytes, body: bytes) -> int: ...
     def remove(self, msg_ids: Iterable[bytes]) -> None: ...

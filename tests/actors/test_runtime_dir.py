@@ -13,7 +13,13 @@ from pathlib import Path
 import pytest
 
 from warren.actors import InvalidSpec, Node
-from warren.actors.runtime_dir import MAX_IPC_PATH_BYTES, create_runtime_dir, ipc_endpoint
+from warren.actors.runtime_dir import (
+    MAX_IPC_PATH_BYTES,
+    MEMORY_FS,
+    create_runtime_dir,
+    default_parent,
+    ipc_endpoint,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -110,3 +116,23 @@ def test_the_next_node_removes_the_runtime_directory_of_a_sigkilled_node(
     assert following.returncode == 0, following.stderr
     assert not os.path.exists(left_behind)
     assert not os.path.exists(following.stdout.strip())  # closed cleanly, removed
+
+
+def test_without_xdg_runtime_dir_a_node_keeps_its_sockets_in_memory(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Under the temporary directory, on a disk, every actor's start waited for the
+    # filesystem's journal whenever the disk was busy.
+    if not os.access(MEMORY_FS, os.W_OK | os.X_OK):
+        pytest.skip(f"{MEMORY_FS} is not writable here")
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    monkeypatch.delenv("TMPDIR", raising=False)
+    with Node("in-memory") as node:
+        assert os.path.dirname(node.runtime_dir) == MEMORY_FS
+        assert node.endpoint.startswith(f"ipc://{node.runtime_dir}/")
+    assert not os.path.exists(node.runtime_dir)
+
+
+def test_xdg_runtime_dir_comes_first(short_tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(short_tmp_path))
+    assert default_parent() == str(short_tmp_path)

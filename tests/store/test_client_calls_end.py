@@ -121,6 +121,31 @@ def test_a_client_made_while_its_store_is_silent_gets_a_timeout_not_a_long_wait(
     client.terminate()
 
 
+def test_clients_registering_together_each_fail_only_where_their_answer_is_taken(node):
+    # A queue starting registers with both stores in one round trip: each client sends
+    # its Register when made, and its answer (or its timeout) comes where it is taken.
+    transient_store = node.store("msg_store_transient")
+    with stopped(transient_store.pid):
+        made = in_thread(
+            lambda: (
+                StoreClient(node.store(), register_now=False, call_timeout_s=1.5),
+                StoreClient(transient_store, register_now=False, call_timeout_s=1.5),
+            )
+        )
+        persistent, transient = made(timeout=10)  # neither waited for an answer
+        persistent.registered()  # its store answers
+        assert persistent.incarnation == node.store().incarnation
+        with pytest.raises(StoreTimeout, match="alive but silent"):
+            transient.registered()
+    # done with, as a client whose constructor raised: the store answers a new one
+    transient = StoreClient(transient_store, register_now=False, call_timeout_s=10)
+    for client in (persistent, transient):
+        client.write(msg_id(1), body(1))
+        client.settle()
+        assert client.read(msg_id(1)) == body(1)
+        client.terminate()
+
+
 def test_no_more_than_the_window_is_ever_unanswered(node):
     window = 1000
     client = StoreClient(node.store(), batch_messages=300, max_in_flight=window)
