@@ -17,9 +17,12 @@ took 3.4 ms under ``/tmp`` (ext4) and 0.13 ms under ``/dev/shm``, its figures fi
 and 0.55 ms: a declare of a queue went from 30 to 14 ms at the median.
 
 Leftovers: a node killed with SIGKILL cannot remove its directory. Each directory holds
-an ``owner`` file (the creating process's pid and start time); the next node to create
-one in the same place removes every ``warren-*`` directory of this user whose owner is
-gone. A directory without an owner file (one being created right now) is left alone.
+an ``owner`` file (the creating process's pid, start time and pid namespace); the next
+node to create one in the same place removes every ``warren-*`` directory of this user
+whose owner is gone. A directory without an owner file (one being created right now) is
+left alone, and so is one whose owner lives in another pid namespace: containers of one
+pod share ``/dev/shm`` (and may share a temporary directory) but not their pids, so a
+live node's pid there means nothing here, and its directory is not ours to judge.
 
 Races: a second bind on an ipc path silently steals it from the first binder. Only the
 owner of the directory binds in it: a ``Node`` creates its own directory (or is handed
@@ -42,7 +45,8 @@ from .errors import InvalidSpec
 
 # Longest usable unix socket path, bytes (sun_path is 108 bytes with its NUL).
 MAX_IPC_PATH_BYTES = 107
-# The memory filesystem a runtime directory goes to when $XDG_RUNTIME_DIR is not set.
+# The memory filesystem a runtime directory goes to when neither $XDG_RUNTIME_DIR nor
+# $TMPDIR is set.
 MEMORY_FS = "/dev/shm"
 # Hex digits of the name hash in a socket file name.
 _HASH_HEX_DIGITS = 16
@@ -62,8 +66,17 @@ def create_runtime_dir(parent: str | None = None) -> str:
     check_private(path)
     me = psutil.Process()
     with open(os.path.join(path, OWNER_FILE), "w") as owner:
-        owner.write(f"{me.pid} {me.create_time()!r}\n")
+        owner.write(f"{me.pid} {me.create_time()!r} {_pid_namespace()}\n")
     return path
+
+
+def _pid_namespace() -> str:
+    """This process's pid namespace (``pid:[inode]``), or ``-`` where the kernel does not
+    say."""
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return "-"
 
 
 def default_parent() -> str:
@@ -102,10 +115,12 @@ def _owner_gone(path: str) -> bool:
         ):
             return False
         with open(os.path.join(path, OWNER_FILE)) as owner:
-            pid_text, started_text = owner.read().split()
+            pid_text, started_text, namespace = owner.read().split()
         pid, started = int(pid_text), float(started_text)
     except (OSError, ValueError):
         return False  # not ours, or being created: leave it alone
+    if namespace != _pid_namespace():
+        return False  # its pid names no process of ours (see Leftovers)
     try:
         return psutil.Process(pid).create_time() != started  # a reused pid
     except psutil.NoSuchProcess:

@@ -73,6 +73,38 @@ def test_a_node_sweeps_the_runtime_directories_of_nodes_that_died(tmp_path: Path
     assert os.path.isdir(alive)  # its owner (this process) lives
 
 
+def test_the_runtime_directory_of_a_live_node_in_another_pid_namespace_is_left_alone(
+    tmp_path: Path,
+) -> None:
+    """Containers of one pod share /dev/shm but not their pids: a node there, alive, wrote
+    a pid that names another process here (or none); its directory must not be swept."""
+    if subprocess.run(
+        ["unshare", "--pid", "--fork", "--mount-proc", "true"], capture_output=True
+    ).returncode:
+        pytest.skip("this machine does not let the tests make a pid namespace (unshare)")
+    program = (
+        "import sys\n"
+        "from warren.actors.runtime_dir import create_runtime_dir\n"
+        f"print(create_runtime_dir({str(tmp_path)!r}), flush=True)\n"
+        "sys.stdin.read()\n"
+    )
+    other = subprocess.Popen(
+        ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", program],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        theirs = other.stdout.readline().strip()
+        assert os.path.isdir(theirs)
+        create_runtime_dir(str(tmp_path))
+        assert os.path.isdir(theirs)
+    finally:
+        other.stdin.close()
+        other.wait(timeout=60)
+        other.stdout.close()
+
+
 NODE_PROGRAM = textwrap.dedent("""
     import os, signal, sys
     from warren.actors import Node
