@@ -44,8 +44,10 @@ plain one has no ``~``, a digest's is ``~`` and 40 hex digits), synced with the
 directory, then saves, then removes the directory, synced, and the tombstone last. What
 a tombstone means is read against the definitions:
 - a tombstone of a queue still defined: the delete's save never happened (a crash
-  before it, or a refused save whose own removal of the tombstone failed): the queue
-  stays whole and the tombstone is removed (its client got an error, or no answer);
+  before it, or a refused save): the queue stays whole and the tombstone is removed
+  (its client got an error, or no answer). A refused save leaves its tombstone: a save
+  can reach the disk and still fail (an fsync's EIO), and the definitions read at the
+  next boot say which it was;
 - a tombstone of a queue not defined: the delete is done, its files are not all gone.
   ``finish_deletes`` at boot (before the shared store starts, so its recount no longer
   sees their references and drops the bodies only they held) and ``finish_delete`` at
@@ -468,8 +470,9 @@ class Definitions:
             raise
 
     def unmark_deleted(self, name: str) -> None:
-        """Remove the tombstone of a delete whose save was refused: the queue stays. One
-        that cannot be removed is left, with a warning, to the next boot (see Deletes)."""
+        """Remove the tombstone of a delete the disk refused before its save: the queue
+        stays. One that cannot be removed is left, with a warning, to the next boot (see
+        Deletes)."""
         try:
             os.unlink(tombstone_path(self.data_dir, name))
         except FileNotFoundError:

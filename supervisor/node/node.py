@@ -62,7 +62,8 @@ holding the lock and so sure the other is dead, removes the ipc directory it lef
 finishes the queue deletes it left undone (before the stores start: see Deletes in
 ``warren.queues.broker.definitions``). A deleted queue never comes back: ``delete_queue``
 writes its tombstone, saves the definitions without it, then removes its messages and
-files; a refused save takes the tombstone back and leaves the queue whole, and a crash
+files; a refused save leaves the queue whole (its tombstone, to the next start: the
+save may have reached the disk all the same), and a crash
 or a refused removal after the save leaves the files to the next declare of the name or
 the next start, which remove them rather than recover them.
 
@@ -472,13 +473,10 @@ class Node:
                 raise _refused(
                     exc, undone, f"write the queue's tombstone in {self.data_dir}"
                 ) from exc
-            # Off the disk before its messages go: a failed save leaves the queue whole.
+            # Off the disk before its messages go: a failed save leaves the queue whole,
+            # and its tombstone (see Deletes: the save may be on the disk all the same).
             self._definitions.remove_queue(name)
-            try:
-                self._definitions_changed(undone)
-            except OSError:
-                self._definitions.unmark_deleted(name)
-                raise
+            self._definitions_changed(undone)
             count = 0
             if ref is not None:
                 try:
