@@ -64,6 +64,7 @@ __all__ = ["RemoteQueue", "TcpNode"]
 CALL_TIMEOUT_S = 60.0
 RESTART_CHECK_S = 1.0  # how often a wait looks whether the listener restarted
 CONNECT_TIMEOUT_S = 10.0
+SERVE_FLOOR_S = 1.0  # the least a connect gives the node to answer once its listener did
 HANDSHAKE_CHECK_S = 0.05  # how often a new connection looks whether its handshake failed
 BEAT_S = 5.0
 LINGER_MS = 1000
@@ -121,9 +122,12 @@ class TcpNode(NodeCalls):
             ) from None
         # As over ipc, fail now, not at the first call: a listener answers before its node
         # serves, and a node still starting (``NodeStarting``) is what connect(wait=...)
-        # and a recovery wait for.
+        # and a recovery wait for. The node's answer gets what the bound left, but at
+        # least ``SERVE_FLOOR_S`` (or the whole bound, if shorter): a listener slow to
+        # answer on a loaded machine must not leave a node that serves no time to say so.
+        floor = min(connect_timeout_s, SERVE_FLOOR_S)
         try:
-            self._call("list_queues", timeout=max(0.0, deadline - time.monotonic()))
+            self._call("list_queues", timeout=max(floor, deadline - time.monotonic()))
         except (TimeoutError, errors.ConnectionClosed) as exc:
             self.close()
             raise NodeNotRunning(
