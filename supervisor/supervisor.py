@@ -152,6 +152,9 @@ COALESCE_S = 0.05
 # A supervisor whose beat raised (a bug, or a runtime closed under it) is beaten again
 # this long after (seconds), rather than taking every other supervisor's heartbeat down.
 BEAT_RETRY_S = 1.0
+# How long a SIGKILLed child may take to exit and be reaped, in the bound a watcher is
+# given for its stop (``busy``): a process in an fsync on a slow disk dies only after it.
+EXIT_AFTER_KILL_S = 10.0
 
 
 class RestartCounts:
@@ -813,14 +816,15 @@ def _start_bound_s(spec: ChildSpec | SupervisorSpec) -> float:
 
 def _stop_bound_s(child: _Child) -> float:
     """How long stopping ``child`` may take: an actor's stop request, SIGTERM after its
-    ``shutdown_s`` and SIGKILL after as long again; a nested supervisor's children,
-    stopped one after another."""
+    ``shutdown_s`` and SIGKILL after as long again (at once for ``"brutal_kill"``), then
+    its exit (``EXIT_AFTER_KILL_S``); a nested supervisor's children, stopped one after
+    another."""
     if child.supervisor is not None:
         with child.supervisor._lock:
             children = list(child.supervisor._children)
         return sum(_stop_bound_s(c) for c in children)
     shutdown_s = child.spec.shutdown_s
-    return 0.0 if isinstance(shutdown_s, str) else 2 * shutdown_s
+    return EXIT_AFTER_KILL_S + (0.0 if isinstance(shutdown_s, str) else 2 * shutdown_s)
 
 
 def _stopped_by_signal(pid: int) -> bool:
