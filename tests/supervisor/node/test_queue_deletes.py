@@ -157,22 +157,23 @@ def test_an_auto_delete_queue_killed_deleting_itself_stays_deleted_and_its_bodie
         assert store_messages(node) == 0
 
 
-def test_an_auto_delete_queue_whose_node_died_as_it_deleted_itself_goes_at_the_next_boot(
-    tmp_path,
+def test_an_auto_delete_queue_whose_node_was_killed_as_it_deleted_itself_stays_deleted(
+    node_process, tmp_path
 ):
-    """What a node killed right after the queue wrote its tombstone leaves: the queue's
-    files whole, its definition saved, its tombstone beside them. The next boot does not
-    bring it back: it finishes the delete, and the store drops the queue's bodies."""
+    """The node, its store and the queue killed while the queue, deleting itself, waited
+    for the store: the queue's files whole, its definition saved, its tombstone beside
+    them. The next boot does not bring it back: the queue finishes its delete as it
+    starts, and the store drops its bodies, not those of another queue."""
     data = str(tmp_path / "data")
     directory = queue_directory(data, "replies")
     kept = bodies("kept", 5)
     with Node(data) as node, node.connect() as connection:
-        node.declare_queue("replies", auto_delete=True)
-        connection.publish_many("replies", bodies("reply", 20))
         node.declare_queue("kept")
         connection.publish_many("kept", kept)
-    with open(directory + "~deleted", "w") as tombstone:
-        tombstone.write("replies")
+    process, pids = node_process(data, "--auto-delete-and-die", "replies")
+    assert process.wait(timeout=120) == -signal.SIGKILL, process.stderr_path.read_text()
+    wait_for(lambda: all(map(gone, pids[1:])), timeout=60)
+    assert is_marked_deleted(directory) and os.path.isdir(directory)
     with Node(data) as node, node.connect() as connection:
         wait_for(lambda: node.list_queues() == ["kept"] and not is_marked_deleted(directory), 60)
         assert not os.path.lexists(directory)
