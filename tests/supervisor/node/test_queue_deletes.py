@@ -18,7 +18,7 @@ from warren.queues.broker.definitions import is_marked_deleted, queue_directory
 from warren.supervisor import Node
 from warren.supervisor.chaos.faults import is_alive
 
-from ...waiting import wait_for
+from ...waiting import all_threads_asleep, wait_for
 
 BODY_BYTES = 6000  # a body this large is kept in the shared store, not in the queue's files
 EMPTY = {"message_count": 0, "consumer_count": 0}
@@ -129,7 +129,10 @@ def test_a_queue_whose_delete_a_kill_cut_before_its_save_stays_whole(node_proces
 def test_an_auto_delete_queue_killed_deleting_itself_stays_deleted_and_its_bodies_go(tmp_path):
     """The persistent store is stopped (SIGSTOP) so that the queue's delete of itself
     waits for it, its tombstone written; the queue is killed there, then the store
-    resumed: the queue, restarted by its supervisor, finishes the delete."""
+    resumed: the queue, restarted by its supervisor, finishes the delete. (Killed after
+    its index forgot messages and before their removes left its process, a queue leaves
+    their bodies in the store until its next dirty start, as any ack so cut does: the
+    kill waits until the queue is blocked on the store.)"""
     data = str(tmp_path / "data")
     directory = queue_directory(data, "replies")
     with Node(data) as node, node.connect() as connection:
@@ -142,6 +145,8 @@ def test_an_auto_delete_queue_killed_deleting_itself_stays_deleted_and_its_bodie
         try:
             consumer.cancel()  # the last consumer: the queue deletes itself
             wait_for(lambda: is_marked_deleted(directory), timeout=60)
+            # blocked on the store: its removes sent (the kill does not lose them)
+            wait_for(lambda: all_threads_asleep(queue_pid), timeout=60)
             os.kill(queue_pid, signal.SIGKILL)
             wait_for(lambda: gone(queue_pid), timeout=60)
         finally:
