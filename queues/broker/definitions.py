@@ -43,8 +43,9 @@ queue's name in it, for whoever reads the directory; no queue directory is so na
 plain one has no ``~``, a digest's is ``~`` and 40 hex digits), synced with the
 directory, then saves, then removes the directory, synced, and the tombstone last. What
 a tombstone means is read against the definitions:
-- a tombstone of a queue still defined: the delete's save never happened (a crash
-  before it, or a refused save): the queue stays whole and the tombstone is removed
+- a tombstone of a queue still defined (not ``auto_delete``: see Auto-delete below):
+  the delete's save never happened (a crash before it, or a refused save): the queue
+  stays whole and the tombstone is removed
   (its client got an error, or no answer). A refused save leaves its tombstone: a save
   can reach the disk and still fail (an fsync's EIO), and the definitions read at the
   next boot say which it was;
@@ -55,6 +56,26 @@ a tombstone means is read against the definitions:
   of a removal leaves the tombstone, and the removal is made again.
 A delete whose files the disk refuses to remove at once is still done (answered ok);
 its tombstone stays until the next declare of the name, or the next boot, removes them.
+Auto-delete (RabbitMQ's auto-delete queue that deleted itself never comes back either):
+such a queue deletes itself in its own process when its last consumer stops, and the
+node drops its definition only later, once it sees the process ended and the directory
+gone. So the queue writes its tombstone (``mark_deleted``, as the node's delete does)
+before it deletes anything, and for a queue defined ``auto_delete`` a tombstone means
+the delete is decided, whether the queue or the node wrote it:
+- the queue's process, killed in the middle of its delete (between two unlinks, or
+  waiting for the store) and restarted by its supervisor, or started at the node's next
+  boot (``finish_deletes`` leaves such a tombstone to it), sees the tombstone as it
+  starts: it recovers what is left only to delete it (releasing its references in the
+  shared store, which drops the bodies only it held) and ends normally, for good;
+- the tombstone outlives the files: the node removes it (``finish_delete``) once the
+  save that drops the definition is done. A node killed in between finds the tombstone
+  at boot, and the queue, started, finishes an empty delete again, rather than coming
+  back empty; a queue_sup restarted in between (after a store crash) likewise;
+- a delete by the node whose save is refused leaves the tombstone of an auto-delete
+  queue still defined: either reading of that save ends in the delete, at the queue's
+  next start;
+- a tombstone the disk refuses: the queue stays, messages and all, and is deleted when
+  its last consumer stops again.
 Left open: a shared store that restarts (dirty) after the save and before the queue
 released its references recounts them from the directory still there, and keeps those
 bodies until its next dirty start. The recount does not skip a tombstoned directory: a
@@ -92,6 +113,8 @@ __all__ = [
     "DEFINITIONS_FILE",
     "Definitions",
     "ExchangeDefinition",
+    "is_marked_deleted",
+    "mark_deleted",
     "queue_directory",
 ]
 
@@ -124,11 +147,6 @@ def queue_directory(data_dir: str, name: str) -> str:
         return os.path.join(data_dir, QUEUES_DIR, name)
     digest = hashlib.sha256(name.encode()).hexdigest()[:40]
     return os.path.join(data_dir, QUEUES_DIR, f"~{digest}")
-
-
-def tombstone_path(data_dir: str, name: str) -> str:
-    """The tombstone of queue ``name`` while its delete is not finished (see Deletes)."""
-    return queue_directory(data_dir, name) + TOMBSTONE_SUFFIX
 
 
 class Definitions:
@@ -452,42 +470,14 @@ class Definitions:
             else:
                 log.warning("%s has no queue definition; left alone", directory)
 
-    def mark_deleted(self, name: str) -> None:
-        """Write queue ``name``'s tombstone, durably, before the save of its delete (see
-        Deletes); an ``OSError`` if the disk refuses it (nothing is changed then)."""
-        path = tombstone_path(self.data_dir, name)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            try:
-                os.write(fd, name.encode())
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            fsync_directory(os.path.dirname(path))
-        except OSError:
-            self.unmark_deleted(name)
-            raise
-
-    def unmark_deleted(self, name: str) -> None:
-        """Remove the tombstone of a delete the disk refused before its save: the queue
-        stays. One that cannot be removed is left, with a warning, to the next boot (see
-        Deletes)."""
-        try:
-            os.unlink(tombstone_path(self.data_dir, name))
-        except FileNotFoundError:
-            pass
-        except OSError as exc:
-            log.warning("queue %r stays, but its tombstone could not be removed: %s", name, exc)
-
     def finish_delete(self, name: str) -> None:
         """Remove what is left of the deleted queue ``name``, if its tombstone says its
         delete was not finished: its directory, then the tombstone (see Deletes). Only
         for a name with no definition; an ``OSError`` if the disk refuses."""
         assert name not in self.queues, "a defined queue's files are its own"
-        path = tombstone_path(self.data_dir, name)
-        if os.path.lexists(path):
-            _remove_deleted(queue_directory(self.data_dir, name), path)
+        directory = queue_directory(self.data_dir, name)
+        if is_marked_deleted(directory):
+            _remove_deleted(directory)
 
     def finish_deletes(self) -> None:
         """At boot, before the shared store starts: every tombstone's delete finished, or
@@ -498,14 +488,19 @@ class Definitions:
             names = os.listdir(root)
         except FileNotFoundError:
             return
-        defined = {os.path.basename(queue_directory(self.data_dir, n)) for n in self.queues}
+        defined = {
+            os.path.basename(queue_directory(self.data_dir, name)): definition
+            for name, definition in self.queues.items()
+        }
         for name in names:
             if not name.endswith(TOMBSTONE_SUFFIX):
                 continue
             tombstone = os.path.join(root, name)
             directory = name.removesuffix(TOMBSTONE_SUFFIX)
             try:
-                if directory in defined:
+                if directory in defined and defined[directory].auto_delete:
+                    log.info("%s: the queue finishes its own delete as it starts", tombstone)
+                elif directory in defined:
                     log.warning(
                         "%s: the delete of this queue was never saved; the queue stays",
                         tombstone,
@@ -513,17 +508,46 @@ class Definitions:
                     os.unlink(tombstone)
                 else:
                     log.info("%s: removing the files of a deleted queue", tombstone)
-                    _remove_deleted(os.path.join(root, directory), tombstone)
+                    _remove_deleted(os.path.join(root, directory))
             except OSError as exc:
                 log.error("%s: left for the next start (%s)", tombstone, exc)
 
 
-def _remove_deleted(directory: str, tombstone: str) -> None:
+def mark_deleted(directory: str, name: str) -> None:
+    """Write the tombstone of queue ``name`` (whose files are in ``directory``), durably,
+    before its delete is saved, or before an ``auto_delete`` queue deletes itself (see
+    Deletes); an ``OSError`` if the disk refuses it (nothing is changed then)."""
+    path = directory + TOMBSTONE_SUFFIX
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        try:
+            os.write(fd, name.encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        fsync_directory(os.path.dirname(path))
+    except OSError:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            log.warning("queue %r stays, but its tombstone could not be removed: %s", name, exc)
+        raise
+
+
+def is_marked_deleted(directory: str) -> bool:
+    """Whether the queue whose files are in ``directory`` has a tombstone (see Deletes)."""
+    return os.path.lexists(directory + TOMBSTONE_SUFFIX)
+
+
+def _remove_deleted(directory: str) -> None:
     """Remove a deleted queue's directory, durably, then its tombstone (see Deletes)."""
     if os.path.lexists(directory):
         shutil.rmtree(directory)
-    fsync_directory(os.path.dirname(tombstone))  # the directory gone before its tombstone
-    os.unlink(tombstone)
+    fsync_directory(os.path.dirname(directory))  # the directory gone before its tombstone
+    os.unlink(directory + TOMBSTONE_SUFFIX)
 
 
 def _line(change: dict[str, Any]) -> bytes:

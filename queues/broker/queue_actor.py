@@ -31,7 +31,10 @@ Messages accepted (``warren.queues.protocol``), and what each gets back:
                                      settle another's deliveries
     Subscribe(consumer, pid, active, prefetch)
                                    (tell) a consumer starts or stops; an ``auto_delete``
-                                   queue deletes itself when the last one stops
+                                   queue deletes itself when the last one stops,
+                                   its tombstone first: a process killed in the
+                                   middle is restarted only to finish the delete
+                                   (see Auto-delete in ``definitions``)
     Release(consumer)              (tell) requeue what the consumer holds, end its
                                    subscriptions
     Purge()                        → messages purged
@@ -151,6 +154,7 @@ from ..protocol import (
 )
 from .dead_letters import DeadLetters
 from .dedup import ProducerLog, message_ids
+from .definitions import is_marked_deleted, mark_deleted
 
 __all__ = ["QueueActor"]
 
@@ -313,6 +317,13 @@ class QueueActor(ProcessActor):
         self._collects_fully = collector_is_generational()
         collect_only_the_young_automatically()
         self.call_later(RATES_INTERVAL_S, self._update_rates)
+        if self.definition.auto_delete and is_marked_deleted(self.directory):
+            log.warning(
+                "queue %s: finishing the delete it began (auto_delete) before it ended",
+                self.queue_name,
+            )
+            self._delete_for_good()
+            return
         head = self.queue.peek()  # with an expiry, the messages it recovered may expire
         self._may_expire = head is not None and head.expiry_ms > 0
         self._arm_expiry_tick()
@@ -586,13 +597,30 @@ class QueueActor(ProcessActor):
 
     def _maybe_auto_delete(self) -> None:
         """An auto-delete queue whose last consumer stopped deletes itself, messages and
-        files, and ends its process (for good: the node then forgets its definition)."""
+        files, and ends its process (for good: the node then forgets its definition).
+        Its tombstone first: from then on the delete is decided (see Auto-delete)."""
         if self.definition.auto_delete and not self._subscribers and not self._deleted:
             log.info(
                 "queue %s: its last consumer stopped; deleting it (auto_delete)", self.queue_name
             )
-            self._delete(DeleteQueue())
-            self.stop()
+            try:
+                mark_deleted(self.directory, self.queue_name)
+            except OSError as exc:
+                log.error(
+                    "queue %s stays, until its next last consumer stops: its tombstone "
+                    "could not be written (%s)",
+                    self.queue_name,
+                    exc,
+                )
+                return
+            self._delete_for_good()
+
+    def _delete_for_good(self) -> None:
+        """Delete this auto-delete queue, whose tombstone is written, and end the process
+        normally: its transient restart does not start it again. The tombstone stays
+        until the node has dropped the definition (see Auto-delete in ``definitions``)."""
+        self._delete(DeleteQueue())
+        self.stop()
 
     def _purge(self, message: Purge) -> int:
         return self._engine.purge()

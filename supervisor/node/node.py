@@ -65,7 +65,9 @@ writes its tombstone, saves the definitions without it, then removes its message
 files; a refused save leaves the queue whole (its tombstone, to the next start: the
 save may have reached the disk all the same), and a crash
 or a refused removal after the save leaves the files to the next declare of the name or
-the next start, which remove them rather than recover them.
+the next start, which remove them rather than recover them. An ``auto_delete`` queue
+that deleted itself does not come back either: it writes the same tombstone first, and
+its process, restarted or started at boot in the middle of that delete, finishes it.
 
 Races: the lock is taken before anything else is created, so a second node never binds
 over the first one's ipc paths; ``node.json`` is written after the status socket is
@@ -98,6 +100,7 @@ from warren.queues.broker.definitions import (
     DEFINITIONS_FILE,
     Definitions,
     ExchangeDefinition,
+    mark_deleted,
     queue_directory,
 )
 from warren.queues.broker.listener import (
@@ -468,7 +471,7 @@ class Node:
             except QueueDown:  # nothing runs to delete its messages: its files go
                 ref = None
             try:
-                self._definitions.mark_deleted(name)
+                mark_deleted(queue_directory(self.data_dir, name), name)
             except OSError as exc:
                 raise _refused(
                     exc, undone, f"write the queue's tombstone in {self.data_dir}"
@@ -601,7 +604,8 @@ class Node:
 
     def _forget_auto_deleted(self) -> None:
         """Drop the definitions of auto-delete queues that deleted themselves (their
-        process ended and their directory is gone)."""
+        process ended and their directory is gone), then the tombstone each wrote first
+        (see Auto-delete in ``warren.queues.broker.definitions``)."""
         with self._definitions_lock:
             for name, definition in list(self._definitions.queues.items()):
                 if (
@@ -615,6 +619,10 @@ class Node:
                     self._definitions.remove_queue(name)
                     self._definitions_changed(f"auto-delete queue {name!r} is kept for now")
                     log.info("node %s: queue %s deleted itself (auto_delete)", self.name, name)
+                    try:
+                        self._definitions.finish_delete(name)  # its tombstone, last
+                    except OSError as exc:  # the next declare of the name, or boot
+                        log.error("node %s: queue %s keeps its tombstone: %s", self.name, name, exc)
 
     def _definitions_changed(self, undone: str) -> None:
         """Keep the durable definitions on disk in step with the definitions (under the

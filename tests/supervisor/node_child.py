@@ -5,6 +5,7 @@ or kill the node's process itself.
                                           [--listen ADDR] [--until-signalled]
                                           [--declare-forever PREFIX]
                                           [--delete-and-die NAME [--before-the-save]]
+                                          [--auto-delete-and-die NAME]
 
 Writes N persistent messages (ids ``message_id(i)``, bodies ``message_body(i)``) and waits
 until the store has confirmed them all, declares queue NAME if asked (listening on ADDR if
@@ -14,7 +15,12 @@ one after another, printing each name once its declare has returned, until kille
 With ``--delete-and-die`` it then deletes queue NAME and SIGKILLs itself the moment the
 definitions without NAME are saved, before its messages and files are removed: a node
 killed in the middle of a delete (its forkserver then ends its actors); with
-``--before-the-save``, the moment before that save instead.
+``--before-the-save``, the moment before that save instead. With
+``--auto-delete-and-die`` it declares NAME durable and ``auto_delete``, publishes
+``AUTO_DELETED_MESSAGES`` persistent messages to it, has a consumer start and stop
+with the persistent store stopped (SIGSTOP), and once the queue, deleting itself, has
+written its tombstone, SIGKILLs the queue, the store and itself: a node killed while
+an auto-delete queue was deleting itself.
 Without ``--until-signalled`` it then waits, as an
 embedding application would, with the default reaction to every signal. With it, it runs
 as ``warren node`` does: the stop signals are blocked while the node is built, then
@@ -29,10 +35,18 @@ import signal
 import sys
 import time
 
+import psutil
+
 from tests.supervisor.sample_actors import Worker
+from tests.waiting import wait_for
+from warren.queues.broker.definitions import is_marked_deleted, queue_directory
 from warren.store.client import StoreClient
 from warren.supervisor import ChildSpec, Node
+from warren.supervisor.chaos.faults import is_alive
 from warren.supervisor.node.node import STOP_SIGNALS
+
+AUTO_DELETED_MESSAGES = 20
+AUTO_DELETED_BODY_BYTES = 6000  # kept in the shared store, not in the queue's files
 
 
 def message_id(i: int) -> bytes:
@@ -53,6 +67,7 @@ def main() -> int:
     parser.add_argument("--declare-forever", metavar="PREFIX")
     parser.add_argument("--delete-and-die", metavar="NAME")
     parser.add_argument("--before-the-save", action="store_true")
+    parser.add_argument("--auto-delete-and-die", metavar="NAME")
     args = parser.parse_args()
     if args.until_signalled:
         signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
@@ -76,6 +91,8 @@ def main() -> int:
     if args.delete_and_die is not None:
         die_saving_without(node, args.delete_and_die, before=args.before_the_save)
         node.delete_queue(args.delete_and_die)
+    if args.auto_delete_and_die is not None:
+        die_auto_deleting(node, args.auto_delete_and_die)
     if not args.until_signalled:
         while True:
             time.sleep(60)
@@ -100,6 +117,25 @@ def die_saving_without(node: Node, name: str, before: bool) -> None:
             os.kill(os.getpid(), signal.SIGKILL)
 
     definitions.save = save_then_die  # type: ignore[method-assign]
+
+
+def die_auto_deleting(node: Node, name: str) -> None:
+    """SIGKILL auto-delete queue ``name``, the persistent store and this process while
+    the queue waits for the stopped store in the middle of deleting itself."""
+    node.declare_queue(name, auto_delete=True)
+    connection = node.connect()
+    connection.publish_many(
+        name, [b"%d " % n + b"x" * AUTO_DELETED_BODY_BYTES for n in range(AUTO_DELETED_MESSAGES)]
+    )
+    consumer = connection.consume(name)  # nothing fetched: no store read pending
+    queue, store = psutil.Process(node.queue(name).pid), psutil.Process(node.store().pid)
+    store.suspend()
+    consumer.cancel()  # the last consumer: the queue deletes itself
+    wait_for(lambda: is_marked_deleted(queue_directory(node.data_dir, name)), timeout=60)
+    queue.kill()
+    store.kill()
+    wait_for(lambda: not is_alive(queue) and not is_alive(store), timeout=60)
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 if __name__ == "__main__":

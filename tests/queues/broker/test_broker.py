@@ -721,6 +721,25 @@ def test_an_auto_delete_queue_goes_when_its_last_consumer_stops(node, data_dir):
     assert connection.queue_stats("replies")["messages_ready"] == 0
 
 
+def test_an_auto_delete_queue_whose_tombstone_the_disk_refuses_stays_whole(node, data_dir):
+    """Its tombstone cannot be written (a directory is in its place): the queue does not
+    delete itself, messages and all, until its last consumer stops again."""
+    node.declare_queue("replies", auto_delete=True, durable=False)
+    connection = node.connect()
+    connection.publish("replies", b"kept")
+    in_the_way = data_dir / "queues" / "replies~deleted"
+    in_the_way.mkdir()
+    consumer = connection.consume("replies")
+    consumer.cancel()
+    assert connection.queue_stats("replies")["messages_ready"] == 1  # after the cancel
+    assert node.list_queues() == ["replies"]
+    in_the_way.rmdir()
+    consumer = connection.consume("replies")
+    assert next(consumer).body == b"kept"
+    consumer.cancel()
+    wait_for(lambda: node.list_queues() == [] and os.listdir(data_dir / "queues") == [], 60)
+
+
 def test_closing_the_connection_of_an_auto_delete_queues_consumer_deletes_the_queue(node):
     node.declare_queue("replies", auto_delete=True, durable=False)
     connection = node.connect()

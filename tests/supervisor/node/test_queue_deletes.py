@@ -3,8 +3,10 @@
 and files are removed. Deleted stays deleted: the next boot lists no such queue and
 leaves none of its files, a later declare of the name finds it empty, and the shared
 store drops the bodies only the deleted queue held. Killed the moment before that save,
-the delete did not happen. (A delete whose files or save the disk refused:
-``tests/queues/broker/test_broker.py``.)"""
+the delete did not happen. An ``auto_delete`` queue deleting itself (its last consumer
+gone) is killed in the middle of its delete: it neither comes back with its messages
+when its supervisor restarts it, nor at the node's next boot. (A delete whose files or
+save the disk refused: ``tests/queues/broker/test_broker.py``.)"""
 
 import os
 import signal
@@ -12,11 +14,11 @@ import signal
 import psutil
 import pytest
 
-from warren.queues.broker.definitions import queue_directory
+from warren.queues.broker.definitions import is_marked_deleted, queue_directory
 from warren.supervisor import Node
 from warren.supervisor.chaos.faults import is_alive
 
-from ...waiting import wait_for
+from ...waiting import all_threads_asleep, wait_for
 
 BODY_BYTES = 6000  # a body this large is kept in the shared store, not in the queue's files
 EMPTY = {"message_count": 0, "consumer_count": 0}
@@ -121,4 +123,67 @@ def test_a_queue_whose_delete_a_kill_cut_before_its_save_stays_whole(node_proces
         assert node.list_queues() == []
     with Node(data) as node:
         assert node.list_queues() == []
+        assert store_messages(node) == 0
+
+
+def test_an_auto_delete_queue_killed_deleting_itself_stays_deleted_and_its_bodies_go(tmp_path):
+    """The persistent store is stopped (SIGSTOP) so that the queue's delete of itself
+    waits for it, its tombstone written; the queue is killed there, then the store
+    resumed: the queue, restarted by its supervisor, finishes the delete. (Killed after
+    its index forgot messages and before their removes left its process, a queue leaves
+    their bodies in the store until its next dirty start, as any ack so cut does: the
+    kill waits until the queue is blocked on the store.)"""
+    data = str(tmp_path / "data")
+    directory = queue_directory(data, "replies")
+    with Node(data) as node, node.connect() as connection:
+        node.declare_queue("replies", auto_delete=True)  # durable: defined at every boot
+        connection.publish_many("replies", bodies("reply", 20))
+        consumer = connection.consume("replies")  # nothing fetched: no store read pending
+        queue_pid = node.queue("replies").pid
+        store = psutil.Process(node.store("msg_store_persistent").pid)
+        store.suspend()
+        try:
+            consumer.cancel()  # the last consumer: the queue deletes itself
+            wait_for(lambda: is_marked_deleted(directory), timeout=60)
+            # blocked on the store: its removes sent (the kill does not lose them)
+            wait_for(lambda: all_threads_asleep(queue_pid), timeout=60)
+            os.kill(queue_pid, signal.SIGKILL)
+            wait_for(lambda: gone(queue_pid), timeout=60)
+        finally:
+            store.resume()
+        wait_for(lambda: node.list_queues() == [] and not is_marked_deleted(directory), 60)
+        assert not os.path.lexists(directory)
+        wait_for(lambda: store_messages(node) == 0, timeout=60)
+        assert node.declare_queue("replies", auto_delete=True) == {"queue": "replies", **EMPTY}
+        assert connection.get("replies") is None
+    with Node(data) as node, node.connect() as connection:
+        assert node.list_queues() == ["replies"]  # the one declared anew, empty
+        assert connection.get("replies") is None
+        assert store_messages(node) == 0
+
+
+def test_an_auto_delete_queue_whose_node_was_killed_as_it_deleted_itself_stays_deleted(
+    node_process, tmp_path
+):
+    """The node, its store and the queue killed while the queue, deleting itself, waited
+    for the store: the queue's files whole, its definition saved, its tombstone beside
+    them. The next boot does not bring it back: the queue finishes its delete as it
+    starts, and the store drops its bodies, not those of another queue."""
+    data = str(tmp_path / "data")
+    directory = queue_directory(data, "replies")
+    kept = bodies("kept", 5)
+    with Node(data) as node, node.connect() as connection:
+        node.declare_queue("kept")
+        connection.publish_many("kept", kept)
+    process, pids = node_process(data, "--auto-delete-and-die", "replies")
+    assert process.wait(timeout=120) == -signal.SIGKILL, process.stderr_path.read_text()
+    wait_for(lambda: all(map(gone, pids[1:])), timeout=60)
+    assert is_marked_deleted(directory) and os.path.isdir(directory)
+    with Node(data) as node, node.connect() as connection:
+        wait_for(lambda: node.list_queues() == ["kept"] and not is_marked_deleted(directory), 60)
+        assert not os.path.lexists(directory)
+        wait_for(lambda: store_messages(node) == len(kept), timeout=60)
+        assert drained(connection, "kept") == kept
+    with Node(data) as node:
+        assert node.list_queues() == ["kept"]
         assert store_messages(node) == 0
