@@ -15,6 +15,7 @@ import psutil
 import pytest
 
 from warren import connect
+from warren.queues.errors import ConnectionClosed
 from warren.queues.message import MAX_MESSAGE_BYTES
 from warren.supervisor import Node
 
@@ -429,6 +430,21 @@ def test_a_publish_whose_node_is_killed_says_from_which_line_to_resume(tmp_path,
         "warren: the node went away: 100 lines of the input confirmed; publish again from "
         "line 101 (tail -n +101); line"
     ), said
+
+
+def test_a_confirm_awaited_in_short_waits_says_the_node_went_away_at_the_first(tmp_path):
+    """``warren publish`` waits for a confirm a second at a time (to look at its stop
+    signals): a wait of that length on a node whose processes are all gone says so,
+    rather than time out again and again until the command looks at the node itself."""
+    data_dir = str(tmp_path / "data")
+    with node_to_kill(data_dir) as node:
+        assert warren("declare", "queue", "orders", "--data-dir", data_dir).returncode == 0
+        with connect(data_dir, recover=False) as connection:
+            connection.publish_many("orders", [b"before"])
+            kill_node(node)
+            confirm = connection.publish_many_async("orders", [b"after"], awaited=True)
+            with pytest.raises(ConnectionClosed, match="the node went away"):
+                confirm.result(timeout=1.0)
 
 
 def queue_figure(data_dir, queue, figure):
