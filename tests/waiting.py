@@ -27,3 +27,12 @@ def all_threads_asleep(pid: int) -> bool:
         except FileNotFoundError:  # a thread that just ended
             continue
     return all(state == "S" for state in states)
+
+
+def group_alive(group: int) -> bool:
+    """Whether process group ``group`` still has a process (a zombie counts)."""
+    try:
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        return False
+    return True

@@ -5,7 +5,10 @@ cannot monitor it), the channel a thread sends on, and whether a queue is a stre
 The race it guards against: a queue killed while an ask waits for its answer. The ask
 died with it; the wait looks every ``RESTART_CHECK_S`` whether the process is gone or
 another incarnation answers at its address, and says so (``ActorDeadError``) rather than
-waiting out the whole timeout.
+waiting out the whole timeout. A wait no longer than that look (a caller that waits in
+short slices, as ``warren publish`` does) would never reach it: at its end, a process that
+is gone is said so too (a cheap look, no ping), not a timeout after which the answer "may
+still come".
 """
 
 from __future__ import annotations
@@ -40,6 +43,10 @@ def await_answer(ref: QueueRef, future: Any, timeout: float | None) -> Any:
             return future.get(timeout=wait)
         except AskTimeout:
             if deadline is not None and time.monotonic() >= deadline:
+                if isinstance(ref, ActorRef) and not process_exists(ref.pid):
+                    raise ActorDeadError(
+                        f"{ref.name} incarnation {ref.incarnation} is gone"
+                    ) from None
                 raise TimeoutError(f"{ref.name} did not answer within {timeout} s") from None
             if not _alive(ref, future):
                 raise ActorDeadError(f"{ref.name} incarnation {ref.incarnation} is gone") from None

@@ -19,7 +19,7 @@ import pytest
 from warren import connect
 from warren.queues.errors import ConnectionClosed, Nacked
 
-from ...waiting import wait_for
+from ...waiting import group_alive, wait_for
 
 ROOT = Path(__file__).resolve().parents[3]
 WARREN = [sys.executable, "-m", "warren.supervisor.cli"]
@@ -71,7 +71,7 @@ class NodeProcess:
         assert self.process is not None
         os.killpg(self.process.pid, signal.SIGKILL)
         self.process.wait()
-        wait_for(lambda: not _group_alive(self.process.pid), timeout=30)
+        wait_for(lambda: not group_alive(self.process.pid), timeout=30)
 
     def restart(self) -> None:
         self.kill()
@@ -95,7 +95,7 @@ class NodeProcess:
             assert to == "node", to
             self.process.send_signal(signum)
         assert self.process.wait(timeout=300) == 0
-        wait_for(lambda: not _group_alive(self.process.pid), timeout=30)
+        wait_for(lambda: not group_alive(self.process.pid), timeout=30)
 
     def queue_pid(self, queue: str) -> int:
         """The pid of the process titled ``warren: queue QUEUE``."""
@@ -118,15 +118,7 @@ class NodeProcess:
                 os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait()
         if self.process is not None:
-            wait_for(lambda: not _group_alive(self.process.pid), timeout=30)
-
-
-def _group_alive(group: int) -> bool:
-    try:
-        os.killpg(group, 0)
-    except ProcessLookupError:
-        return False
-    return True
+            wait_for(lambda: not group_alive(self.process.pid), timeout=30)
 
 
 class Traffic:

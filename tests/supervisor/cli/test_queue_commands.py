@@ -11,13 +11,15 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from warren import connect
+from warren.queues.errors import ConnectionClosed
 from warren.queues.message import MAX_MESSAGE_BYTES
 from warren.supervisor import Node
 
-from ...waiting import wait_for
+from ...waiting import group_alive, wait_for
 from .test_cli import printed_to_a_reader_that_left
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -256,9 +258,25 @@ def node_to_kill(data_dir, *options):
         wait_for_node(data_dir)
         yield node
     finally:
+        kill_node(node)
+
+
+def kill_node(node):
+    """SIGKILL the node's process group (``kill -9 -PGID``) and wait until every process
+    of the node is gone. Its actors are not in that group: they live in their
+    forkserver's, which stops them in order once it sees the node gone (seconds later on
+    a loaded machine); until then a queue still confirms what its publishers send it,
+    truthfully (it is in the queue after a restart). A node already dead: reaped."""
+    if node.poll() is not None:
+        return
+    groups = set()
+    for process in psutil.Process(node.pid).children(recursive=True):
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(node.pid, signal.SIGKILL)
-        node.wait()
+            groups.add(os.getpgid(process.pid))
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(node.pid, signal.SIGKILL)
+    node.wait()
+    wait_for(lambda: not any(map(group_alive, groups)), timeout=90)
 
 
 def wait_for_node(data_dir):
@@ -397,9 +415,8 @@ def test_a_publish_whose_node_is_killed_says_from_which_line_to_resume(tmp_path,
             )
             publisher.stdin.write(b"".join(b"line %d\n" % n for n in range(1, 101)))
             publisher.stdin.flush()
-            wait_for(lambda: queue_ready(data_dir, "orders") == 100, timeout=60)
-            os.killpg(node.pid, signal.SIGKILL)
-            node.wait()
+            wait_for(lambda: queue_figure(data_dir, "orders", "confirmed") == 100, timeout=60)
+            kill_node(node)  # no process of the node left to confirm the next lines
             publisher.stdin.write(b"line 101\nline 102\n")
             publisher.stdin.close()
             assert publisher.wait(timeout=60) == 1  # the node went away: not bad usage
@@ -415,9 +432,25 @@ def test_a_publish_whose_node_is_killed_says_from_which_line_to_resume(tmp_path,
     ), said
 
 
-def queue_ready(data_dir, queue):
+def test_a_confirm_awaited_in_short_waits_says_the_node_went_away_at_the_first(tmp_path):
+    """``warren publish`` waits for a confirm a second at a time (to look at its stop
+    signals): a wait of that length on a node whose processes are all gone says so,
+    rather than time out again and again until the command looks at the node itself."""
+    data_dir = str(tmp_path / "data")
+    with node_to_kill(data_dir) as node:
+        assert warren("declare", "queue", "orders", "--data-dir", data_dir).returncode == 0
+        with connect(data_dir, recover=False) as connection:
+            connection.publish_many("orders", [b"before"])
+            kill_node(node)
+            confirm = connection.publish_many_async("orders", [b"after"], awaited=True)
+            with pytest.raises(ConnectionClosed, match="the node went away"):
+                confirm.result(timeout=1.0)
+
+
+def queue_figure(data_dir, queue, figure):
     listed = warren("queues", "--data-dir", data_dir, "--json")
-    return json.loads(listed.stdout)[0]["stats"]["messages_ready"] if listed.stdout else None
+    rows = json.loads(listed.stdout) if listed.stdout else []
+    return next((row["stats"][figure] for row in rows if row["name"] == queue), None)
 
 
 def test_ctrl_c_during_a_counted_publish_says_how_many_were_confirmed(node, data_dir):
