@@ -199,6 +199,7 @@ def test_closing_a_node_stops_its_actors_and_its_forkserver() -> None:
 
 
 def test_a_sigkilled_node_process_leaves_no_actor_behind(tmp_path: Path) -> None:
+    """Nor the spare its forkserver keeps ready for the next spawn."""
     script = tmp_path / "app.py"
     script.write_text(
         textwrap.dedent(f"""
@@ -210,17 +211,29 @@ def test_a_sigkilled_node_process_leaves_no_actor_behind(tmp_path: Path) -> None
         if __name__ == "__main__":
             node = Node("doomed")
             refs = [node.spawn(Recorder) for _ in range(2)]
-            print(node.runtime_dir, " ".join(str(r.pid) for r in refs), flush=True)
+            pids = " ".join(str(r.pid) for r in refs)
+            print(node.runtime_dir, node.forkserver_pid, pids, flush=True)
             time.sleep(600)
     """)
     )
     app = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
     runtime_dir = None
     try:
-        runtime_dir, *pid_text = app.stdout.readline().split()
-        pids = [int(p) for p in pid_text]
+        runtime_dir, forkserver_pid, *pid_text = app.stdout.readline().split()
+        actor_pids = {int(p) for p in pid_text}
+        forkserver = psutil.Process(int(forkserver_pid))
+
+        def spare_pids() -> list[int]:
+            return [
+                p.pid
+                for p in forkserver.children()
+                if p.pid not in actor_pids and p.cmdline()[:1] == [_forkserver.SPARE_TITLE]
+            ]
+
+        wait_for(spare_pids)
         descendants = psutil.Process(app.pid).children(recursive=True)
-        assert len(pids) == 2
+        assert len(actor_pids) == 2
+        assert set(spare_pids()) <= {p.pid for p in descendants}
         app.kill()
         app.wait(10)
         gone, alive = psutil.wait_procs(descendants, timeout=10)
@@ -299,50 +312,6 @@ def test_a_spare_stops_with_its_node() -> None:
         spare = _spare_of(node)
     gone, alive = psutil.wait_procs([spare], timeout=10)
     assert alive == []
-
-
-def test_a_sigkilled_node_process_leaves_no_spare_behind(tmp_path: Path) -> None:
-    script = tmp_path / "app.py"
-    script.write_text(
-        textwrap.dedent(f"""
-        import sys, time
-        sys.path.insert(0, {str(Path(__file__).parents[2])!r})
-        from warren.actors import Node
-        from tests.actors.sample_actors import Recorder
-
-        if __name__ == "__main__":
-            node = Node("doomed")
-            ref = node.spawn(Recorder)
-            print(node.runtime_dir, node.forkserver_pid, ref.pid, flush=True)
-            time.sleep(600)
-    """)
-    )
-    app = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
-    runtime_dir = None
-    try:
-        runtime_dir, forkserver_pid, actor_pid = app.stdout.readline().split()
-        forkserver = psutil.Process(int(forkserver_pid))
-
-        def spare_pids() -> list[int]:
-            return [
-                p.pid
-                for p in forkserver.children()
-                if p.pid != int(actor_pid) and p.cmdline()[:1] == [_forkserver.SPARE_TITLE]
-            ]
-
-        wait_for(spare_pids)
-        descendants = psutil.Process(app.pid).children(recursive=True)
-        assert set(spare_pids()) <= {p.pid for p in descendants}
-        app.kill()
-        app.wait(10)
-        gone, alive = psutil.wait_procs(descendants, timeout=10)
-        assert alive == []
-    finally:
-        app.kill()
-        app.wait(10)
-        app.stdout.close()
-        if runtime_dir is not None:  # a SIGKILLed node cannot remove its own
-            shutil.rmtree(runtime_dir, ignore_errors=True)
 
 
 def test_a_script_that_starts_a_node_without_a_main_guard_fails_instead_of_recursing(
