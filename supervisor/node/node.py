@@ -260,6 +260,9 @@ class Node:
         self._stop_wanted = threading.Event()  # a stop signal arrived, or the root failed
         self._closing = threading.Event()
         self._started = threading.Event()  # the whole tree is up: calls are served
+        # How many messages the start recovers (``_recovering``): counted once, at the first
+        # question, not at every poll of every client waiting for the start.
+        self._recovering_count: int | None = None
         self.counters = {"malformed_status_requests": 0, "refused_control_calls": 0}
         self.actors: ActorNode | None = None
         self.listen_endpoint: str | None = None  # where remote clients connect
@@ -692,6 +695,13 @@ class Node:
         """The management page's URL, when the node serves HTTP."""
         return None if self.http_endpoint is None else f"{self.http_endpoint}/"
 
+    def _recovering(self) -> int:
+        """About how many messages the start recovers (every segment read once: two
+        threads asking at once both count, and agree)."""
+        if self._recovering_count is None:
+            self._recovering_count = node_message_count(self.data_dir)
+        return self._recovering_count
+
     def status(self) -> dict[str, Any]:
         """The tree (pid, state, restarts, RSS, CPU of every actor), the stores' figures,
         each queue's state, the alarms, and where the node listens."""
@@ -701,7 +711,7 @@ class Node:
                 "pid": os.getpid(),
                 "data_dir": self.data_dir,
                 "state": "starting",
-                "recovering": node_message_count(self.data_dir),
+                "recovering": self._recovering(),
                 "alarms": sorted(self.alarms.active),
                 "http_endpoint": self.http_endpoint,
                 "listen_endpoint": self.listen_endpoint,
@@ -926,7 +936,7 @@ class Node:
             if not self._started.is_set():
                 raise NodeStarting(
                     f"the node on {self.data_dir} is starting (recovering "
-                    f"{counted(node_message_count(self.data_dir), 'message')}); "
+                    f"{counted(self._recovering(), 'message')}); "
                     f"connect(wait=...) waits for it"
                 )
             result = getattr(self, op)(**args)
