@@ -485,6 +485,28 @@ def test_a_delete_the_disk_refused_leaves_the_queue_whole_and_nothing_behind(
         assert node.connect().get("orders").body == b"still here" + b"x" * 6000
 
 
+def test_a_refused_save_of_an_auto_delete_queues_delete_says_it_completes_at_its_next_start(
+    data_dir, monkeypatch
+):
+    """Its tombstone stays (the save may have reached the disk), and for an
+    ``auto_delete`` queue a tombstone is a decided delete: the error must not say that
+    nothing changed. The queue runs on until its next start, which deletes it."""
+    with Node(data_dir) as node:
+        node.declare_queue("replies", auto_delete=True)
+        connection = node.connect()
+        connection.publish("replies", b"goes at the next start")
+        refuse_the_next_definitions_write(monkeypatch, errno.EIO)
+        with pytest.raises(OSError) as refused:
+            node.delete_queue("replies")
+        message = refused.value.strerror
+        assert message.startswith("queue 'replies' was not deleted yet: the node could not")
+        assert "its delete completes at the queue's next start" in message
+        assert "nothing changed" not in message
+        assert connection.queue_stats("replies")["messages_ready"] == 1  # runs on
+    with Node(data_dir) as node:  # as the error said
+        wait_for(lambda: node.list_queues() == [] and os.listdir(data_dir / "queues") == [], 60)
+
+
 def test_a_queue_that_keeps_crashing_stays_down_alone_and_publishes_to_it_are_nacked(node):
     node.declare_queue("fragile")
     node.declare_queue("steady")
