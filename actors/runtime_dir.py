@@ -22,7 +22,9 @@ node to create one in the same place removes every ``warren-*`` directory of thi
 whose owner is gone. A directory without an owner file (one being created right now) is
 left alone, and so is one whose owner lives in another pid namespace: containers of one
 pod share ``/dev/shm`` (and may share a temporary directory) but not their pids, so a
-live node's pid there means nothing here, and its directory is not ours to judge.
+live node's pid there means nothing here, and its directory is not ours to judge. An
+owner file of an older version holds the pid and start time only: its pid is judged as
+if it were in ours.
 
 Races: a second bind on an ipc path silently steals it from the first binder. Only the
 owner of the directory binds in it: a ``Node`` creates its own directory (or is handed
@@ -115,11 +117,12 @@ def _owner_gone(path: str) -> bool:
         ):
             return False
         with open(os.path.join(path, OWNER_FILE)) as owner:
-            pid_text, started_text, namespace = owner.read().split()
+            # an older version wrote the first two only: its namespace is unknown
+            pid_text, started_text, *namespace = owner.read().split()
         pid, started = int(pid_text), float(started_text)
     except (OSError, ValueError):
         return False  # not ours, or being created: leave it alone
-    if namespace != _pid_namespace():
+    if namespace and namespace != [_pid_namespace()]:
         return False  # its pid names no process of ours (see Leftovers)
     try:
         return psutil.Process(pid).create_time() != started  # a reused pid

@@ -41,8 +41,10 @@ start of the store counts the references of every queue directory). So a delete 
 writes a tombstone beside the queue's directory, ``queues/<directory>~deleted`` (the
 queue's name in it, for whoever reads the directory; no queue directory is so named: a
 plain one has no ``~``, a digest's is ``~`` and 40 hex digits), synced with the
-directory, then saves, then removes the directory, synced, and the tombstone last. What
-a tombstone means is read against the definitions:
+directory, then saves, then removes the directory, synced, and the tombstone last, synced
+(a tombstone a power cut brought back would delete an ``auto_delete`` queue declared
+again under the name, messages and all, as it starts). What a tombstone means is read
+against the definitions:
 - a tombstone of a queue still defined (not ``auto_delete``: see Auto-delete below):
   the delete's save never happened (a crash before it, or a refused save): the queue
   stays whole and the tombstone is removed
@@ -530,6 +532,7 @@ def mark_deleted(directory: str, name: str) -> None:
     except OSError:
         try:
             os.unlink(path)
+            fsync_directory(os.path.dirname(path))  # brought back, it would delete the queue
         except FileNotFoundError:
             pass
         except OSError as exc:
@@ -548,6 +551,7 @@ def _remove_deleted(directory: str) -> None:
         shutil.rmtree(directory)
     fsync_directory(os.path.dirname(directory))  # the directory gone before its tombstone
     os.unlink(directory + TOMBSTONE_SUFFIX)
+    fsync_directory(os.path.dirname(directory))  # brought back, it would delete a new queue
 
 
 def _line(change: dict[str, Any]) -> bytes:

@@ -769,9 +769,11 @@ class QueueActor(ProcessActor):
         dead: list[tuple[int, bytes]] = []
         room = self._dead.room()
         while len(dead) < room and (info := queue.peek()) is not None and expired(info):
-            fetched = queue.fetch_encoded(ack_required=True)
-            if fetched is None:  # the rest of the queue was lost from the shared store
-                break
+            # that head only: one whose body is missing from the shared store is dropped,
+            # and the next message may be unexpired, or held (see _hold_from)
+            fetched = queue.fetch_encoded(ack_required=True, below=info.seq_id + 1)
+            if fetched is None:  # dropped: the next head is checked in turn
+                continue
             dead.append((fetched.seq_id, fetched.payload))
         self.counters["expired"] += len(dead)
         self._dead.send(dead, "expired")

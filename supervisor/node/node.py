@@ -180,6 +180,14 @@ LISTENER_NAME = "listener"  # the actor remote clients reach (Node(listen=...))
 QUEUE_SUP_PREFIX = "queue_sup "  # each queue's own supervisor, under queue_sup
 QUEUE_FLAGS = SupervisorFlags("one_for_one", intensity=3, period_s=60.0)
 QUEUE_PREFIX = "queue "  # a queue's actor name, and so its title: "warren: queue orders"
+# How the error of a change the disk refused ends: it did not happen; for a delete of an
+# auto_delete queue whose save failed, the tombstone it keeps decides the delete.
+NOTHING_CHANGED = "nothing changed, try again once the disk is writable"
+DELETED_AT_NEXT_START = (
+    "the queue is auto_delete and stays marked deleted (the save may have reached the "
+    "disk): it serves on, and its delete completes at the queue's next start (a restart "
+    "of its process or of the node), messages and all"
+)
 # What ``run_until_signalled`` stops on: a service manager's stop, Ctrl-C, a closed terminal.
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 PRELOAD = (
@@ -480,9 +488,14 @@ class Node:
                     exc, undone, f"write the queue's tombstone in {self.data_dir}"
                 ) from exc
             # Off the disk before its messages go: a failed save leaves the queue whole,
-            # and its tombstone (see Deletes: the save may be on the disk all the same).
+            # and its tombstone (see Deletes: the save may be on the disk all the same),
+            # which an auto_delete queue's next start takes for a decided delete.
+            auto_delete = self._definitions.queues[name].auto_delete
             self._definitions.remove_queue(name)
-            self._definitions_changed(undone)
+            if auto_delete:
+                self._definitions_changed(f"{undone} yet", DELETED_AT_NEXT_START)
+            else:
+                self._definitions_changed(undone)
             count = 0
             if ref is not None:
                 try:
@@ -627,16 +640,16 @@ class Node:
                     except OSError as exc:  # the next declare of the name, or boot
                         log.error("node %s: queue %s keeps its tombstone: %s", self.name, name, exc)
 
-    def _definitions_changed(self, undone: str) -> None:
+    def _definitions_changed(self, undone: str, then: str = NOTHING_CHANGED) -> None:
         """Keep the durable definitions on disk in step with the definitions (under the
         definitions lock); a restart of queue_sup reads them itself (``_queue_sup_spec``).
         A save that fails (a full disk, an I/O error) undoes the change in memory too, and
-        raises an ``OSError`` that begins with ``undone``: an answer of ok always means the
-        change is on disk, and the call can simply be made again."""
+        raises an ``OSError`` that begins with ``undone`` and ends with ``then``: an answer
+        of ok always means the change is on disk, and the call can simply be made again."""
         try:
             self._definitions.save()
         except OSError as exc:
-            raise _refused(exc, undone, f"write its definitions in {self.data_dir}") from exc
+            raise _refused(exc, undone, f"write its definitions in {self.data_dir}", then) from exc
 
     def _queue_sup_spec(self) -> SupervisorSpec:
         """queue_sup with every queue declared now: what a restart of it starts (made on
@@ -1009,16 +1022,12 @@ class Node:
         os.rename(path + ".tmp", path)
 
 
-def _refused(exc: OSError, undone: str, what: str) -> OSError:
-    """The error of a change the disk refused (``exc``), which did not happen: it begins
-    with ``undone``, says what the node could not do, and that the call may be made
-    again."""
+def _refused(exc: OSError, undone: str, what: str, then: str = NOTHING_CHANGED) -> OSError:
+    """The error of a change the disk refused (``exc``): it begins with ``undone``, says
+    what the node could not do, then what follows (``then``: by default, that nothing
+    changed and the call may be made again)."""
     reason = exc.strerror or str(exc)
-    return OSError(
-        exc.errno,
-        f"{undone}: the node could not {what} ({reason}); nothing changed, try again "
-        f"once the disk is writable",
-    )
+    return OSError(exc.errno, f"{undone}: the node could not {what} ({reason}); {then}")
 
 
 def _split_envelope(frames: list[bytes]) -> tuple[list[bytes], list[bytes]]:

@@ -10,12 +10,14 @@ import sys
 import textwrap
 from pathlib import Path
 
+import psutil
 import pytest
 
 from warren.actors import InvalidSpec, Node
 from warren.actors.runtime_dir import (
     MAX_IPC_PATH_BYTES,
     MEMORY_FS,
+    OWNER_FILE,
     create_runtime_dir,
     default_parent,
     ipc_endpoint,
@@ -71,6 +73,30 @@ def test_a_node_sweeps_the_runtime_directories_of_nodes_that_died(tmp_path: Path
     assert os.path.isdir(alive)
     create_runtime_dir(str(tmp_path))
     assert os.path.isdir(alive)  # its owner (this process) lives
+
+
+def test_runtime_directories_whose_owner_file_has_no_pid_namespace_are_judged_by_pid(
+    tmp_path: Path,
+) -> None:
+    """An owner file written before the pid namespace was recorded holds the pid and the
+    start time only: its directory is swept once that process is gone, and kept while
+    it lives."""
+
+    def old_runtime_dir(name: str, process: psutil.Process) -> Path:
+        path = tmp_path / f"warren-{name}"
+        path.mkdir(mode=0o700)
+        (path / OWNER_FILE).write_text(f"{process.pid} {process.create_time()!r}\n")
+        return path
+
+    child = subprocess.Popen([sys.executable, "-c", "input()"], stdin=subprocess.PIPE)
+    try:
+        gone = old_runtime_dir("gone", psutil.Process(child.pid))
+    finally:
+        child.communicate(b"\n", timeout=60)
+    alive = old_runtime_dir("alive", psutil.Process())
+    create_runtime_dir(str(tmp_path))
+    assert not gone.exists()
+    assert alive.is_dir()
 
 
 def test_the_runtime_directory_of_a_live_node_in_another_pid_namespace_is_left_alone(

@@ -34,6 +34,7 @@ from warren.queues.broker.definitions import Definitions, queue_directory
 from warren.queues.errors import ConnectionClosed, NodeNotRunning
 from warren.queues.message import MAX_MESSAGE_BYTES
 from warren.queues.protocol import Fetch, Publish, QueueStats
+from warren.store.client import StoreClient
 from warren.store.disk_faults import ENVIRONMENT_VARIABLE, write_faults
 from warren.supervisor import Node
 from warren.supervisor.node.node import QUEUE_FLAGS
@@ -485,6 +486,28 @@ def test_a_delete_the_disk_refused_leaves_the_queue_whole_and_nothing_behind(
         assert node.connect().get("orders").body == b"still here" + b"x" * 6000
 
 
+def test_a_refused_save_of_an_auto_delete_queues_delete_says_it_completes_at_its_next_start(
+    data_dir, monkeypatch
+):
+    """Its tombstone stays (the save may have reached the disk), and for an
+    ``auto_delete`` queue a tombstone is a decided delete: the error must not say that
+    nothing changed. The queue runs on until its next start, which deletes it."""
+    with Node(data_dir) as node:
+        node.declare_queue("replies", auto_delete=True)
+        connection = node.connect()
+        connection.publish("replies", b"goes at the next start")
+        refuse_the_next_definitions_write(monkeypatch, errno.EIO)
+        with pytest.raises(OSError) as refused:
+            node.delete_queue("replies")
+        message = refused.value.strerror
+        assert message.startswith("queue 'replies' was not deleted yet: the node could not")
+        assert "its delete completes at the queue's next start" in message
+        assert "nothing changed" not in message
+        assert connection.queue_stats("replies")["messages_ready"] == 1  # runs on
+    with Node(data_dir) as node:  # as the error said
+        wait_for(lambda: node.list_queues() == [] and os.listdir(data_dir / "queues") == [], 60)
+
+
 def test_a_queue_that_keeps_crashing_stays_down_alone_and_publishes_to_it_are_nacked(node):
     node.declare_queue("fragile")
     node.declare_queue("steady")
@@ -598,6 +621,35 @@ def test_expired_rejected_and_dropped_messages_are_dead_lettered_with_their_reas
     assert [(d.body, d.headers["x-death"][0]["reason"]) for d in later] == [
         (b"%d" % n, "expired") for n in range(2, 6)
     ]
+
+
+def test_an_expired_head_whose_body_is_missing_dead_letters_no_message_behind_it(data_dir):
+    """The head expired, and its body is gone from the shared store (its one reference
+    dropped by another client, as when another queue's reference answered for it at a
+    recovery and that queue then acked it): the head is dropped, and the message behind
+    it, with a minute of its TTL left, stays (the dead-lettering of the expired head
+    went on to it, and dead-lettered it as expired)."""
+    lost = os.urandom(16)
+    with Node(data_dir, file_size_limit=4096) as node:  # a body fills a store file
+        node.declare_exchange("dlx", kind="fanout")
+        node.declare_queue("dead")
+        node.bind_queue("dead", "dlx")
+        node.declare_queue("work", dead_letter_exchange="dlx")
+        connection = node.connect()
+        connection.publish("work", b"first")  # no expiry: none behind it expires yet
+        body = encode(Message(b"lost " + b"x" * 6000))  # kept in the shared store
+        assert node.queue("work").ask(Publish([body], True, [lost], 1)) == 1
+        connection.publish("work", b"a minute to live", expiration_ms=60_000)
+    with Node(data_dir, file_size_limit=4096) as node:  # its bodies read from the store
+        stray = StoreClient(node.store("msg_store_persistent"))
+        stray.remove([lost])  # its file, holding nothing else, is deleted
+        stray.settle()
+        stray.close()
+        connection = node.connect()
+        connection.get("work").ack()
+        assert connection.get("work", ack=False).body == b"a minute to live"
+        assert connection.queue_stats("work")["missing_on_read"] == 1
+        assert connection.queue_stats("dead")["messages_ready"] == 0
 
 
 def test_messages_that_expired_while_the_node_was_down_are_dead_lettered_once_it_has_started(

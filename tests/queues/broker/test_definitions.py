@@ -1,9 +1,12 @@
 """A node's durable definitions on disk: what a declare writes (the same whatever the
-number of definitions), and what a load makes of a log a crash cut short."""
+number of definitions), what a load makes of a log a crash cut short, and what reaches
+the disk, in which order, as a delete's tombstone is removed."""
 
+import errno
 import json
 import logging
 import os
+import stat
 import zlib
 from dataclasses import asdict
 
@@ -13,6 +16,8 @@ from warren.queues.broker.definitions import (
     DEFINITIONS_FILE,
     Definitions,
     ExchangeDefinition,
+    mark_deleted,
+    queue_directory,
 )
 from warren.queues.protocol import QueueDefinition
 
@@ -145,3 +150,67 @@ def test_a_stale_log_of_the_generation_before_a_compaction_is_ignored(tmp_path):
     loaded = Definitions(str(tmp_path))
     assert "q0" not in loaded.queues and len(loaded.queues) == 399
     assert not stale.exists()
+
+
+@pytest.fixture
+def unlinks_and_directory_syncs(monkeypatch):
+    """Record, in order, each unlink (the file's name) and each fsync of a directory
+    (the directory's name), as the calls are really made."""
+    calls = []
+    unlink, fsync = os.unlink, os.fsync
+
+    def recorded_unlink(path, *args, **kwargs):
+        calls.append(("unlink", os.path.basename(path)))
+        return unlink(path, *args, **kwargs)
+
+    def recorded_fsync(fd):
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            calls.append(("fsync", os.path.basename(os.readlink(f"/proc/self/fd/{fd}"))))
+        return fsync(fd)
+
+    monkeypatch.setattr(os, "unlink", recorded_unlink)
+    monkeypatch.setattr(os, "fsync", recorded_fsync)
+    return calls
+
+
+def test_a_finished_delete_syncs_the_removal_of_its_tombstone(
+    tmp_path, unlinks_and_directory_syncs
+):
+    """A power cut must not bring the tombstone back: over an ``auto_delete`` queue of
+    the same name declared again, it would make that queue delete itself, confirmed
+    messages and all, as it starts."""
+    definitions = Definitions(str(tmp_path))
+    definitions.add_queue(QueueDefinition("replies", auto_delete=True))
+    definitions.save()
+    directory = queue_directory(str(tmp_path), "replies")
+    os.makedirs(directory)
+    mark_deleted(directory, "replies")
+    definitions.remove_queue("replies")
+    definitions.save()
+    unlinks_and_directory_syncs.clear()
+    definitions.finish_delete("replies")
+    definitions.close()
+    assert os.listdir(tmp_path / "queues") == []
+    assert unlinks_and_directory_syncs == [
+        ("fsync", "queues"),  # the queue's directory gone before its tombstone
+        ("unlink", "replies~deleted"),
+        ("fsync", "queues"),
+    ]
+
+
+def test_a_tombstone_whose_write_failed_is_removed_and_the_removal_synced(
+    tmp_path, monkeypatch, unlinks_and_directory_syncs
+):
+    """The queue stays: a tombstone a power cut brought back would delete it at boot."""
+    directory = queue_directory(str(tmp_path), "replies")
+    recorded_fsync = os.fsync
+
+    def refused_once(fd):  # the tombstone's own fsync
+        monkeypatch.setattr(os, "fsync", recorded_fsync)
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    monkeypatch.setattr(os, "fsync", refused_once)
+    with pytest.raises(OSError, match="Input/output error"):
+        mark_deleted(directory, "replies")
+    assert os.listdir(tmp_path / "queues") == []
+    assert unlinks_and_directory_syncs == [("unlink", "replies~deleted"), ("fsync", "queues")]
