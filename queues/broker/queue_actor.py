@@ -784,13 +784,19 @@ class QueueActor(ProcessActor):
         if excess <= 0:
             return
         self.counters["dropped_over_max_length"] += excess
-        if self._dead is None:
-            for _ in range(excess):
-                queue.fetch_encoded(ack_required=False)
-            return
-        dead = [queue.fetch_encoded(ack_required=True) for _ in range(excess)]
-        # None: the rest of the queue was lost from the shared store
-        self._dead.send([(f.seq_id, f.payload) for f in dead if f is not None], "maxlen")
+        dead_letters = self._dead is not None
+        dead: list[tuple[int, bytes]] = []
+        for _ in range(excess):
+            info = queue.peek()
+            if info is None:
+                break
+            # that head only: one whose body is missing from the shared store is dropped
+            # as it is, and counts towards the excess (see _expire)
+            fetched = queue.fetch_encoded(ack_required=dead_letters, below=info.seq_id + 1)
+            if fetched is not None and dead_letters:
+                dead.append((fetched.seq_id, fetched.payload))
+        if self._dead is not None:
+            self._dead.send(dead, "maxlen")
 
     def _arm_expiry_tick(self) -> None:
         """Schedule the expiry tick, unless it is already or nothing needs it: no message

@@ -652,6 +652,36 @@ def test_an_expired_head_whose_body_is_missing_dead_letters_no_message_behind_it
         assert connection.queue_stats("dead")["messages_ready"] == 0
 
 
+def test_a_head_dropped_over_max_length_whose_body_is_missing_takes_no_message_behind_it(
+    data_dir,
+):
+    """A queue at its max-length whose head's body is gone from the shared store (as in
+    the test above) gets one message more: only that head goes, and no message behind it
+    is dead-lettered with it."""
+    lost = os.urandom(16)
+    with Node(data_dir, file_size_limit=4096) as node:  # a body fills a store file
+        node.declare_exchange("dlx", kind="fanout")
+        node.declare_queue("dead")
+        node.bind_queue("dead", "dlx")
+        node.declare_queue("work", max_length=3, dead_letter_exchange="dlx")
+        body = encode(Message(b"lost " + b"x" * 6000))  # kept in the shared store
+        assert node.queue("work").ask(Publish([body], True, [lost])) == 1
+        connection = node.connect()
+        connection.publish("work", b"second")
+        connection.publish("work", b"third")
+    with Node(data_dir, file_size_limit=4096) as node:  # its bodies read from the store
+        stray = StoreClient(node.store("msg_store_persistent"))
+        stray.remove([lost])  # its file, holding nothing else, is deleted
+        stray.settle()
+        stray.close()
+        connection = node.connect()
+        connection.publish("work", b"fourth")
+        bodies = [connection.get("work", ack=False).body for _ in range(3)]
+        assert bodies == [b"second", b"third", b"fourth"]
+        assert connection.queue_stats("work")["missing_on_read"] == 1
+        assert connection.queue_stats("dead")["messages_ready"] == 0
+
+
 def test_messages_that_expired_while_the_node_was_down_are_dead_lettered_once_it_has_started(
     data_dir,
 ):
