@@ -77,6 +77,15 @@ Races and their answers:
 - The spare cannot take the order at once (stopped by a signal with its pipe full, or an
   order larger than the pipe holds): the write never blocks; the spare is SIGKILLed (it
   exits at EOF if it read part of it) and the order is forked directly.
+- Something else writes to the spare's pipe (any process of the node's user can open
+  it through /proc): the spare runs only a whole order, written in one write (so all
+  there once its first byte is), of a length the pipe can hold, and signed under the
+  BOOT key. Anything else (cut short, garbage, a bad signature) it refuses: it says so
+  on stderr, contacts nobody, unpickles nothing and exits ``EXIT_ORDER_REFUSED``. Those
+  bytes may have come before the node's order, or mixed with it: so a spare handed an
+  order that exits so has the server fork that order afresh and report it FORKED again
+  under its token (the node then waits on the new pid), and its exit is not reported.
+  The server keeps each order handed to a spare until that child is reaped.
 - The spare cannot be forked (the machine is out of processes, or the server out of
   descriptors): it is said on stderr and the next SPAWN is forked directly; the server
   itself goes on (a failed spare fork must not take the node's actors with it).
@@ -88,6 +97,7 @@ Races and their answers:
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import functools
 import hashlib
 import hmac
@@ -212,7 +222,9 @@ def serve(fd: int) -> None:
     signal.signal(signal.SIGCHLD, lambda _signum, _frame: None)
     children: set[int] = set()  # every unreaped child, spares included
     spares: set[int] = set()  # the children forked as spares and never handed an order
+    handed: dict[int, bytes] = {}  # the spares handed an order: the order, until reaped
     spare: _Spare | None = None
+    forget = (sock.fileno(), wake_read, wake_write)
     sock.sendall(REPORT.pack(BOOTED, 0, 0, 0))
     watched: list[Any] = [sock, wake_read]
     while True:
@@ -223,7 +235,10 @@ def serve(fd: int) -> None:
                     pass
             except BlockingIOError:
                 pass  # drained; the pipe only says "reap now"
-        _reap(sock, children, spares)
+        for refused in _reap(sock, children, spares, handed):  # forked afresh
+            child = _fork(forget, functools.partial(_run_child, refused, key, log_level))
+            children.add(child)
+            sock.sendall(REPORT.pack(FORKED, SPAWN_HEAD.unpack_from(refused)[0], child, 0))
         if spare is not None and spare.pid not in children:
             spare.close()
             spare = None
@@ -243,10 +258,10 @@ def serve(fd: int) -> None:
                 flush=True,
             )
         elif kind == SPAWN:
-            forget = (sock.fileno(), wake_read, wake_write)
             pid = spare.take(payload) if spare is not None else None
             if pid is not None:
                 spares.discard(pid)  # an actor now: its exit is reported
+                handed[pid] = payload
             else:
                 if spare is not None:
                     spare.close()
@@ -341,34 +356,71 @@ def _run_spare(orders: int, key: bytes, log_level: int, node_endpoint: str, serv
     """A spare child's life: get ready for any actor, wait for an order on ``orders``,
     then become that order's actor; exit quietly if the server closes the pipe first."""
     from ._runtime import runtime
-    from .exitcodes import EXIT_CRASHED, EXIT_NORMAL, EXIT_PARENT_GONE
+    from .exitcodes import EXIT_CRASHED, EXIT_NORMAL, EXIT_ORDER_REFUSED, EXIT_PARENT_GONE
 
     try:
         if not die_with_parent(server_pid):
             return EXIT_PARENT_GONE
         set_title(SPARE_TITLE)
         runtime().channel(node_endpoint)  # READY and the actor's requests go through it
-        head = _read_pipe(orders, ORDER_LENGTH.size)
-        payload = None if head is None else _read_pipe(orders, ORDER_LENGTH.unpack(head)[0])
+        first = os.read(orders, 1)  # blocks until the order comes, or EOF
+        payload = _read_order(orders, first, key) if first else None
         os.close(orders)
     except BaseException:
         traceback.print_exc()
         return EXIT_CRASHED
-    if payload is None:
+    if not first:
         return EXIT_NORMAL  # the server went, or gave the order to another child
+    if payload is None:
+        print(
+            "warren forkserver: a spare child refused what came down its order pipe "
+            "(cut short, garbage, or not signed by the node); it ran nothing",
+            file=sys.stderr,
+            flush=True,
+        )
+        return EXIT_ORDER_REFUSED
     return _run_child(payload, key, log_level, server_pid, parent_checked=True)
 
 
-def _read_pipe(fd: int, size: int) -> bytes | None:
-    """Exactly ``size`` bytes from a blocking pipe; None at EOF before them."""
+def _read_order(fd: int, first: bytes, key: bytes) -> bytes | None:
+    """The SPAWN payload whose first byte was ``first``, read from the spare's pipe when
+    it is whole there (the server writes an order in one write, so all of it is in the
+    pipe once its first byte is), no longer than the pipe holds, and signed under
+    ``key``; None for anything else."""
+    os.set_blocking(fd, False)
+    head = first + _read_available(fd, ORDER_LENGTH.size - 1)
+    if len(head) < ORDER_LENGTH.size:
+        return None
+    size = ORDER_LENGTH.unpack(head)[0]
+    if size > _pipe_capacity(fd):
+        return None
+    payload = _read_available(fd, size)
+    if len(payload) < size or signed_order(key, payload) is None:
+        return None
+    return payload
+
+
+def _read_available(fd: int, size: int) -> bytes:
+    """Up to ``size`` bytes that a non-blocking pipe holds now."""
     chunks = []
     while size:
-        chunk = os.read(fd, size)
+        try:
+            chunk = os.read(fd, size)
+        except BlockingIOError:
+            break
         if not chunk:
-            return None
+            break
         chunks.append(chunk)
         size -= len(chunk)
     return b"".join(chunks)
+
+
+def _pipe_capacity(fd: int) -> int:
+    """How many bytes the pipe ``fd`` holds at most (Linux's F_GETPIPE_SZ; 64 KiB else)."""
+    try:
+        return fcntl.fcntl(fd, getattr(fcntl, "F_GETPIPE_SZ", 1032))
+    except OSError:
+        return 2**16
 
 
 def order_offset(payload: bytes) -> int:
@@ -439,9 +491,15 @@ def importing_main() -> bool:
     return _importing_main
 
 
-def _reap(sock: socket.socket, children: set[int], spares: set[int]) -> None:
+def _reap(
+    sock: socket.socket, children: set[int], spares: set[int], handed: dict[int, bytes]
+) -> list[bytes]:
     """Reap every child that exited and report it, but ``spares``: children the node
-    never ordered (forgotten once reaped)."""
+    never ordered (forgotten once reaped), and a spare that refused the order it was
+    ``handed``: that order is returned, to be forked afresh."""
+    from .exitcodes import EXIT_ORDER_REFUSED
+
+    refused = []
     while children:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
@@ -454,10 +512,15 @@ def _reap(sock: socket.socket, children: set[int], spares: set[int]) -> None:
             spares.discard(pid)
             continue
         code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+        order = handed.pop(pid, None)
+        if order is not None and code == EXIT_ORDER_REFUSED:
+            refused.append(order)
+            continue
         try:
             sock.sendall(REPORT.pack(EXITED, 0, pid, code))
         except OSError:
             pass  # the node is gone; the main loop sees EOF and kills the rest
+    return refused
 
 
 def _run_child(

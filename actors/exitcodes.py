@@ -20,6 +20,10 @@ EXIT_LINKED = 73
 EXIT_TERMINATED = 74
 # The actor stopped itself as a failure (``stop(abnormal=True)``); on_stop ran.
 EXIT_STOPPED_ABNORMALLY = 75
+# A forkserver's spare child refused what came down its order pipe (cut short, garbage, or
+# not signed by the node) and ran nothing: the forkserver forks the order it handed that
+# spare, if any, afresh (never reported to the node as an actor's exit).
+EXIT_ORDER_REFUSED = 76
 
 _NAMES = {
     EXIT_NORMAL: "normal",
@@ -29,6 +33,7 @@ _NAMES = {
     EXIT_LINKED: "linked actor died",
     EXIT_TERMINATED: "terminated",
     EXIT_STOPPED_ABNORMALLY: "stopped abnormally",
+    EXIT_ORDER_REFUSED: "order refused",
 }
 
 

@@ -56,6 +56,11 @@ against the definitions:
   sees their references and drops the bodies only they held) and ``finish_delete`` at
   the next declare of the name remove them, the tombstone last: a crash in the middle
   of a removal leaves the tombstone, and the removal is made again.
+A tombstone is read for its name alone (what it holds, empty, cut short or garbage, is
+for people). One that is no file (a directory), or whose name stripped of its suffix is
+no name ``queue_directory`` gives ("~deleted", "..~deleted": the queues' or the node's
+own directory), is no queue's: ``finish_deletes`` logs it and leaves it alone, and
+removes nothing on its word. Each tombstone found at boot is told in one log line.
 A delete whose files the disk refuses to remove at once is still done (answered ok);
 its tombstone stays until the next declare of the name, or the next boot, removes them.
 Auto-delete (RabbitMQ's auto-delete queue that deleted itself never comes back either):
@@ -137,6 +142,11 @@ class ExchangeDefinition:
 
 
 _PLAIN_NAME = re.compile(r"[A-Za-z0-9_.-]{1,200}")
+_DIGEST_NAME = re.compile(r"~[0-9a-f]{40}")
+
+
+def _is_plain(name: str) -> bool:
+    return bool(_PLAIN_NAME.fullmatch(name)) and name not in (".", "..")
 
 
 def queue_directory(data_dir: str, name: str) -> str:
@@ -145,7 +155,7 @@ def queue_directory(data_dir: str, name: str) -> str:
     else a digest of the name, which no such name can equal: any name is a safe, short
     file name, and "." or ".." never climbs out."""
     check_name(name)
-    if _PLAIN_NAME.fullmatch(name) and name not in (".", ".."):
+    if _is_plain(name):
         return os.path.join(data_dir, QUEUES_DIR, name)
     digest = hashlib.sha256(name.encode()).hexdigest()[:40]
     return os.path.join(data_dir, QUEUES_DIR, f"~{digest}")
@@ -499,20 +509,36 @@ class Definitions:
                 continue
             tombstone = os.path.join(root, name)
             directory = name.removesuffix(TOMBSTONE_SUFFIX)
+            if not _is_queue_directory_name(directory) or not os.path.isfile(tombstone):
+                log.warning(
+                    "%s: no queue's tombstone (it names no queue directory, or is no "
+                    "file); left alone",
+                    tombstone,
+                )
+                continue
+            if directory in defined and defined[directory].auto_delete:
+                log.info("%s: the queue finishes its own delete as it starts", tombstone)
+                continue
             try:
-                if directory in defined and defined[directory].auto_delete:
-                    log.info("%s: the queue finishes its own delete as it starts", tombstone)
-                elif directory in defined:
+                if directory in defined:
+                    os.unlink(tombstone)
                     log.warning(
                         "%s: the delete of this queue was never saved; the queue stays",
                         tombstone,
                     )
-                    os.unlink(tombstone)
                 else:
-                    log.info("%s: removing the files of a deleted queue", tombstone)
                     _remove_deleted(os.path.join(root, directory))
+                    log.info("%s: removed the files of a deleted queue", tombstone)
             except OSError as exc:
                 log.error("%s: left for the next start (%s)", tombstone, exc)
+
+
+def _is_queue_directory_name(name: str) -> bool:
+    """Whether ``name`` is one ``queue_directory`` gives: a plain name (never "." or
+    "..") or a digest's. A tombstone's name stripped of its suffix must be one before
+    anything is removed on its word: "~deleted" or "..~deleted" name the queues' or the
+    node's own directory."""
+    return _is_plain(name) or bool(_DIGEST_NAME.fullmatch(name))
 
 
 def mark_deleted(directory: str, name: str) -> None:
@@ -541,8 +567,9 @@ def mark_deleted(directory: str, name: str) -> None:
 
 
 def is_marked_deleted(directory: str) -> bool:
-    """Whether the queue whose files are in ``directory`` has a tombstone (see Deletes)."""
-    return os.path.lexists(directory + TOMBSTONE_SUFFIX)
+    """Whether the queue whose files are in ``directory`` has a tombstone (see Deletes):
+    a file, as ``mark_deleted`` writes (a directory in its place is none)."""
+    return os.path.isfile(directory + TOMBSTONE_SUFFIX)
 
 
 def _remove_deleted(directory: str) -> None:

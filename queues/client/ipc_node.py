@@ -113,11 +113,17 @@ class RemoteNode(NodeCalls):
                         f"the node on {self.data_dir} (pid {self.pid}) did not answer "
                         f"{op} within {self.timeout_ms / 1000:g} s"
                     )
-            answer = json.loads(socket.recv())
+            reply = socket.recv()
         except zmq.ZMQError as exc:
             raise NodeNotRunning(f"the node on {self.data_dir} does not answer ({exc})") from None
         finally:
             socket.close()
+        answer = _node_answer(reply)
+        if answer is None:
+            raise NodeNotRunning(
+                f"the node on {self.data_dir} answered {op} with what no Warren node sends "
+                f"({reply[:40]!r}): is another program on its control socket {self.endpoint}?"
+            )
         if "error" in answer:
             raise local_error(str(answer["error"]), str(answer.get("message", "")))
         return answer["ok"]
@@ -139,6 +145,18 @@ class RemoteNode(NodeCalls):
             return True  # stopping: its queues are going, and it answers no more calls
         except (OSError, ValueError, AttributeError):
             return False  # unreadable for a moment: the process's exit decides
+
+
+def _node_answer(reply: bytes) -> dict[str, Any] | None:
+    """A control socket's reply as a node answers, ``{"ok": ...}`` or ``{"error": ...}``;
+    None for anything else."""
+    try:
+        answer = json.loads(reply)
+    except ValueError:
+        return None
+    if isinstance(answer, dict) and ("ok" in answer or "error" in answer):
+        return answer
+    return None
 
 
 def write_alarms(data_dir: str, active: Iterable[str]) -> None:

@@ -35,7 +35,8 @@ listener there); ``NodeStarting`` when the listener answers but its node is stil
 starting (a connect asks the node once, ``list_queues``, before it returns: a listener
 answers before its node serves); ``KeyFileError`` for a key file that cannot be used.
 A "starting" answer later, to a transport whose node served it, comes from a node
-started again since: ``NodeLost``.
+started again since: ``NodeLost``. An answer no listener sends (of another kind, or an
+error that is not a type name, a message and a traceback) is ``NodeNotRunning``.
 """
 
 from __future__ import annotations
@@ -337,6 +338,11 @@ class TcpNode(NodeCalls):
         kind, value = self._answers.pop(request_id)
         if kind == wire.REPLY_OK:
             return value
+        if not _is_error_answer(kind, value):
+            raise NodeNotRunning(
+                f"the listener at {self.endpoint} answered with what no Warren listener "
+                f"sends ({kind!r}, {value!r:.40}): is another program at that address?"
+            )
         type_name, text, _ = value
         if type_name == "ListenerRestarted":  # as a restarted queue's pinned ref
             # Sent to a listener before this one: this transport is gone.
@@ -422,6 +428,18 @@ class TcpNode(NodeCalls):
                     pass  # the listener is away; the next beat tries again
         finally:
             socket.close(linger=0)
+
+
+def _is_error_answer(kind: Any, value: Any) -> bool:
+    """Whether an answer is a listener's error: its kind, and a value of the error's type
+    name, its message and a traceback."""
+    return (
+        kind == wire.REPLY_ERROR
+        and isinstance(value, (list, tuple))
+        and len(value) == 3
+        and isinstance(value[0], str)
+        and isinstance(value[1], str)
+    )
 
 
 class RemoteQueue:

@@ -28,7 +28,8 @@ busy so (``_supervisor_busy``: each supervisor's ``busy``, with how long that ma
 its ``bound_s``), and the victim running, the victim may be killed up to twice the
 heartbeat timeout after that supervisor was last seen busy; never later than twice the
 timeout after that start or stop could have ended (its beginning plus its bound). Another
-supervisor busy excuses nothing: it holds up no event of the victim's. A late kill that
+supervisor busy excuses nothing: it holds up no event of the victim's; nor does a ``busy``
+the harness cannot read (a node of another version), taken as none. A late kill that
 was waited for is noted on the fault, and the problem of one never made names the
 supervisor, what it was busy with and for how long. A node that exits on
 its own is started again, as a service manager would: after a kill or stop that struck
@@ -75,7 +76,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 import psutil
 
@@ -387,10 +388,29 @@ def _supervisor_busy(status: dict | None, victim: str | None) -> _Busy | None:
     if found is None:
         return None
     supervisor, entry = found
-    busy = supervisor.get("busy")
-    if entry["state"] != "running" or busy is None or busy["child"] == victim:
+    busy = _busy_of(supervisor)
+    if entry["state"] != "running" or busy is None or busy.child == victim:
         return None
-    return _Busy(supervisor["id"], busy["action"], busy["child"], busy["for_s"], busy["bound_s"])
+    return busy
+
+
+def _busy_of(supervisor: dict) -> _Busy | None:
+    """The ``busy`` a supervisor's entry shows; None when it shows none, or one this
+    harness cannot read (a node of another version, a damaged answer): it then excuses
+    nothing, as a supervisor shown idle."""
+    busy = supervisor.get("busy")
+    if not isinstance(busy, dict):
+        return None
+    action, child, for_s, bound_s = (busy.get(k) for k in ("action", "child", "for_s", "bound_s"))
+    if not (isinstance(action, str) and isinstance(child, str)):
+        return None
+    if not (_is_seconds(for_s) and _is_seconds(bound_s)):
+        return None
+    return _Busy(str(supervisor.get("id")), action, child, float(for_s), float(bound_s))
+
+
+def _is_seconds(value: object) -> TypeGuard[float]:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _parent_of(entry: dict, actor: str | None) -> tuple[dict, dict] | None:

@@ -2,15 +2,24 @@
 
 from __future__ import annotations
 
+import array
 import contextlib
+import fcntl
+import os
+import pickle
 import random
+import termios
+import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import msgpack
+import psutil
 import pytest
 import zmq
 
 from tests.actors.sample_actors import Mute, NeverRegistered, Put, Recorder, SmallMailbox, Span
+from tests.actors.test_lifecycle import _spare_of
 from tests.waiting import wait_for
 from warren.actors import (
     ActorDeadError,
@@ -20,6 +29,7 @@ from warren.actors import (
     Node,
     RemoteError,
     UnhandledMessage,
+    _forkserver,
     codec,
     register_message,
     wire,
@@ -254,3 +264,111 @@ def test_a_spawn_order_without_the_nodes_signature_is_never_unpickled(node: Node
     assert not planted.exists()
     # The server refused that one and goes on: the node still spawns.
     assert node.spawn(Recorder, "after").ask("label", timeout=10) == "after"
+
+
+class MakesADirectory:
+    """Unpickled, it makes a directory: a mark that a spare ran what it was given."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple:
+        return (os.mkdir, (self.path,))
+
+
+def _pipes(pid: int) -> dict[str, str]:
+    """The pipes process ``pid`` holds beside its standard streams: descriptor by pipe."""
+    found = {}
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(FileNotFoundError):
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            if int(fd) > 2 and target.startswith("pipe:"):
+                found[target] = fd
+    return found
+
+
+def _order_pipe(node: Node, spare: psutil.Process) -> int:
+    """A descriptor that writes to ``spare``'s order pipe, as any process of the user can
+    open it: the one pipe the spare shares with its forkserver (which writes to it)."""
+    server = _pipes(node.forkserver_pid)
+    (fd,) = [fd for pipe, fd in _pipes(spare.pid).items() if pipe in server]
+    return os.open(f"/proc/{spare.pid}/fd/{fd}", os.O_WRONLY)
+
+
+def _stray_orders(node: Node, marker: str) -> dict[str, bytes]:
+    endpoint = node.endpoint.encode()
+    pickled = pickle.dumps(MakesADirectory(marker))
+    unsigned = _forkserver.SPAWN_HEAD.pack(7, len(endpoint)) + endpoint + b"\0" * 32 + pickled
+    return {
+        "garbage": b"\xff" * 64,
+        "cut short": _forkserver.ORDER_LENGTH.pack(1000) + unsigned[:10],
+        "not signed": _forkserver.ORDER_LENGTH.pack(len(unsigned)) + unsigned,
+    }
+
+
+STRAY_ORDERS = ["garbage", "cut short", "not signed"]
+
+
+@pytest.mark.parametrize("stray", STRAY_ORDERS)
+def test_a_spare_refuses_a_stray_order_runs_nothing_and_spawns_go_on(
+    node: Node, tmp_path: Path, stray: str
+) -> None:
+    first = node.spawn(Recorder, name="first")
+    down = node.monitor(first)
+    spare = _spare_of(node)
+    marker = str(tmp_path / "ran")
+    pipe = _order_pipe(node, spare)
+    try:
+        os.write(pipe, _stray_orders(node, marker)[stray])
+    finally:
+        os.close(pipe)
+    gone, alive = psutil.wait_procs([spare], timeout=30)
+    assert alive == []
+    assert not os.path.exists(marker)
+    second = node.spawn(Recorder, name="second")  # forked at once, then a new spare
+    assert second.ask("pid", timeout=10) == second.pid != spare.pid
+    third = node.spawn(Recorder, name="third")
+    assert third.ask("pid", timeout=10) == third.pid
+    assert sorted(r.name for r in node.actors()) == ["first", "second", "third"]
+    assert down.down is None  # the spare's end is nobody's Down
+
+
+@pytest.mark.parametrize("stray", STRAY_ORDERS)
+def test_a_stray_order_ahead_of_the_nodes_order_costs_no_spawn(
+    node: Node, tmp_path: Path, stray: str
+) -> None:
+    # The spare is stopped: the stray bytes and the node's order both wait in its pipe,
+    # the one ahead of the other; the spare, let go, refuses what it reads, and the
+    # order handed to it is forked afresh.
+    node.spawn(Recorder, name="first")
+    spare = _spare_of(node)
+    marker = str(tmp_path / "ran")
+    stray_bytes = _stray_orders(node, marker)[stray]
+    pipe = _order_pipe(node, spare)
+    spawned: list = []
+    try:
+        spare.suspend()
+        wait_for(lambda: spare.status() == psutil.STATUS_STOPPED)
+        os.write(pipe, stray_bytes)
+        spawning = threading.Thread(
+            target=lambda: spawned.append(node.spawn(Recorder, name="second")), daemon=True
+        )
+        spawning.start()
+        wait_for(lambda: _unread(pipe) > len(stray_bytes))  # the node's order is behind
+    finally:
+        spare.resume()
+        os.close(pipe)
+    spawning.join(60)
+    (second,) = spawned
+    assert second.ask("pid", timeout=10) == second.pid != spare.pid
+    gone, alive = psutil.wait_procs([spare], timeout=30)
+    assert alive == []
+    assert not os.path.exists(marker)
+    assert sorted(r.name for r in node.actors()) == ["first", "second"]
+
+
+def _unread(pipe: int) -> int:
+    """How many bytes wait in the pipe ``pipe`` writes to."""
+    unread = array.array("i", [0])
+    fcntl.ioctl(pipe, termios.FIONREAD, unread)
+    return unread[0]

@@ -293,6 +293,36 @@ def test_a_supervisor_busy_beyond_what_that_may_take_is_no_excuse(tmp_path):
     ), problem
 
 
+MALFORMED_BUSY = {
+    "without busy": lambda busy: None,
+    "busy a word": lambda busy: "starting",
+    "busy an empty map": lambda busy: {},
+    "busy with a word for a time": lambda busy: {**busy, "for_s": "long", "bound_s": None},
+}
+
+
+@pytest.mark.parametrize("rewrite", MALFORMED_BUSY.values(), ids=MALFORMED_BUSY.keys())
+def test_a_status_with_no_or_a_malformed_busy_shows_no_busy_supervisor(tmp_path, rewrite):
+    # A node of another version, or a status damaged on its way: the run goes on and
+    # judges the stop as it would a supervisor shown busy with nothing.
+    def malformed(status):
+        for supervisor in supervisors(status and status.get("tree")):
+            if supervisor.get("busy"):
+                busy = rewrite(supervisor.pop("busy"))
+                if busy is not None:
+                    supervisor["busy"] = busy
+        return status
+
+    result = a_stop_beside_a_gated_restart(
+        tmp_path, "worker_beside_gated_starter", opens_on="did not replace it", shown=malformed
+    )
+    kill_event, stop_event = result.events
+    assert "its supervisor had not replaced it" in stop_event.detail
+    [problem] = result.problems
+    assert "did not replace it (heartbeat timeout 5 s: a hung actor is killed" in problem
+    assert kill_event.recovery_s is not None
+
+
 def supervisors(entry: dict | None) -> Iterator[dict]:
     """Every supervisor entry of a node's tree."""
     if entry is not None and entry.get("kind") == "supervisor":

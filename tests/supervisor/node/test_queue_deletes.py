@@ -10,6 +10,7 @@ save the disk refused: ``tests/queues/broker/test_broker.py``.)"""
 
 import os
 import signal
+from pathlib import Path
 
 import psutil
 import pytest
@@ -187,3 +188,42 @@ def test_an_auto_delete_queue_whose_node_was_killed_as_it_deleted_itself_stays_d
     with Node(data) as node:
         assert node.list_queues() == ["kept"]
         assert store_messages(node) == 0
+
+
+def tombstone_lines(caplog, tombstone: str) -> list[str]:
+    return [r.getMessage() for r in caplog.records if tombstone in r.getMessage()]
+
+
+BAD_TOMBSTONES = {
+    "empty": ("orders~deleted", b""),
+    "truncated": ("orders~deleted", b"ord"),
+    "garbage": ("orders~deleted", b"\xff\x00\x17 not a name"),
+    "a directory": ("orders~deleted", None),
+    "of no name": ("~deleted", b"orders"),
+    "of the queues directory": (".~deleted", b"orders"),
+    "of the data directory": ("..~deleted", b"orders"),
+    "of no queue directory": ("notes~deleted", b"notes"),
+    "of a file": ("notes.txt~deleted", b"notes.txt"),
+}
+
+
+@pytest.mark.parametrize("name,content", BAD_TOMBSTONES.values(), ids=BAD_TOMBSTONES.keys())
+def test_a_damaged_or_stray_tombstone_costs_no_confirmed_message(tmp_path, caplog, name, content):
+    data = tmp_path / "data"
+    orders = bodies("order", 10)
+    with Node(data) as node, node.connect() as connection:
+        node.declare_queue("orders")
+        connection.publish_many("orders", orders)
+    queues = os.path.dirname(queue_directory(str(data), "orders"))
+    (Path(queues) / "notes.txt").write_text("the operator's")
+    tombstone = os.path.join(queues, name)
+    if content is None:
+        os.mkdir(tombstone)
+    else:
+        Path(tombstone).write_bytes(content)
+    with caplog.at_level("INFO", logger="warren.queues"), Node(data) as node:
+        assert node.list_queues() == ["orders"]
+        with node.connect() as connection:
+            assert drained(connection, "orders") == orders
+    assert len(tombstone_lines(caplog, tombstone)) == 1, caplog.text
+    assert (Path(queues) / "notes.txt").read_text() == "the operator's"

@@ -4,7 +4,9 @@ its processes at once (systemd's control-group stop) reaches a program that runs
 with ``Node.run_until_signalled``, as ``warren node`` does. It exits 0, leaves no process
 behind, and its persistent store starts clean next time with every message it had
 confirmed. A signal to one actor stops that actor in order, and its supervisor restarts
-it."""
+it. SIGINT (Ctrl-C) is the node's alone: sent to one of its other processes (the
+forkserver, its spare child, a queue, a store) it is ignored, and the node loses nothing
+and serves on."""
 
 import contextlib
 import os
@@ -19,6 +21,7 @@ from warren.supervisor import Node
 
 from ...waiting import wait_for
 from ..node_child import message_body, message_id
+from .test_node import _spare_pids
 
 MESSAGES = 500
 
@@ -93,3 +96,53 @@ def test_a_signal_to_one_store_stops_it_in_order_and_it_is_restarted_clean(tmp_p
         assert stats["recovered_clean"]
         store_row = node.status()["tree"]["children"][1]
         assert (store_row["id"], store_row["restarts"]) == ("msg_store_persistent", 1)
+
+
+def signal_taken(pid: int, signum: int) -> bool:
+    """Whether process ``pid`` has taken ``signum`` (acted on it or ignored it: it is
+    pending no more), or is gone."""
+    bit = 1 << (signum - 1)
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            lines = dict(line.split(":", 1) for line in status)
+    except FileNotFoundError:
+        return True
+    return not any(int(lines[mask], 16) & bit for mask in ("SigPnd", "ShdPnd"))
+
+
+def sigint_target(node: Node, target: str) -> int:
+    if target == "forkserver":
+        return node.actors.forkserver_pid
+    if target == "spare":
+        wait_for(lambda: len(_spare_pids(node.actors.forkserver_pid)) == 1)
+        return _spare_pids(node.actors.forkserver_pid)[0]
+    if target == "queue":
+        return node.queue("orders").pid
+    return node.store(target).pid
+
+
+@pytest.mark.parametrize(
+    "target", ["forkserver", "spare", "queue", "msg_store_persistent", "msg_store_transient"]
+)
+def test_sigint_to_one_process_of_the_node_is_ignored_and_loses_nothing(tmp_path, target):
+    orders = [b"order %d" % n for n in range(50)]
+    with Node(tmp_path / "data") as node, node.connect() as connection:
+        node.declare_queue("orders")
+        assert connection.publish_many("orders", orders[:25]) == 25
+        connection.publish_many("orders", orders[25:], persistent=False)
+        pid = sigint_target(node, target)
+        os.kill(pid, signal.SIGINT)
+        wait_for(lambda: signal_taken(pid, signal.SIGINT))
+        assert not gone([pid])  # ignored: the same process serves on
+        node.declare_queue("invoices")  # a spawn: through the spare, if it was the target
+        if target == "spare":
+            assert node.queue("invoices").pid == pid
+        connection.publish_many("invoices", [b"invoice"])
+        got = []
+        while (delivery := connection.get("orders")) is not None:
+            got.append(delivery.body)
+            delivery.ack()
+        assert got == orders
+        assert connection.get("invoices").body == b"invoice"
+        assert not gone([pid])
+        assert all(child["restarts"] == 0 for child in node.status()["tree"]["children"])
