@@ -110,15 +110,22 @@ class NodeProcess:
         return str(self.data_dir) if transport == "ipc" else self.endpoint
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
+        """Stop the node's whole process group (SIGTERM, then SIGKILL), and close the pipes
+        a test gave its process."""
+        if self.process is None:
+            return
+        if self.process.poll() is None:
             os.killpg(self.process.pid, signal.SIGTERM)
             try:
                 self.process.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait()
-        if self.process is not None:
-            wait_for(lambda: not group_alive(self.process.pid), timeout=30)
+        wait_for(lambda: not group_alive(self.process.pid), timeout=30)
+        for pipe in (self.process.stdin, self.process.stdout):
+            if pipe is not None:
+                with contextlib.suppress(OSError):  # a write its reader never took
+                    pipe.close()
 
 
 class Traffic:
