@@ -93,6 +93,7 @@ def test_the_runtime_directory_of_a_live_node_in_another_pid_namespace_is_left_a
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
+        start_new_session=True,  # its group: unshare and the node's process in the namespace
     )
     try:
         theirs = other.stdout.readline().strip()
@@ -100,9 +101,14 @@ def test_the_runtime_directory_of_a_live_node_in_another_pid_namespace_is_left_a
         create_runtime_dir(str(tmp_path))
         assert os.path.isdir(theirs)
     finally:
-        other.stdin.close()
-        other.wait(timeout=60)
-        other.stdout.close()
+        other.stdin.close()  # its end of input: it exits
+        try:
+            other.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(other.pid, signal.SIGKILL)
+            other.wait()
+        finally:
+            other.stdout.close()
 
 
 NODE_PROGRAM = textwrap.dedent("""
