@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import stat
 import subprocess
@@ -16,6 +17,7 @@ from warren.actors import InvalidSpec, Node
 from warren.actors.runtime_dir import (
     MAX_IPC_PATH_BYTES,
     MEMORY_FS,
+    OWNER_FILE,
     create_runtime_dir,
     default_parent,
     ipc_endpoint,
@@ -159,16 +161,35 @@ def test_the_next_node_removes_the_runtime_directory_of_a_sigkilled_node(
 def test_without_xdg_runtime_dir_a_node_keeps_its_sockets_in_memory(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # Under the temporary directory, on a disk, every actor's start waited for the
-    # filesystem's journal whenever the disk was busy.
+    """Under the temporary directory, on a disk, every actor's start waited for the
+    filesystem's journal whenever the disk was busy. This test binds its node's ipc
+    sockets in ``MEMORY_FS`` itself, outside any temporary directory of the test: that is
+    the behaviour under test. Whatever runtime directory this process made there is
+    removed at the end, even when the test fails."""
     if not os.access(MEMORY_FS, os.W_OK | os.X_OK):
         pytest.skip(f"{MEMORY_FS} is not writable here")
     monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
     monkeypatch.delenv("TMPDIR", raising=False)
-    with Node("in-memory") as node:
-        assert os.path.dirname(node.runtime_dir) == MEMORY_FS
-        assert node.endpoint.startswith(f"ipc://{node.runtime_dir}/")
-    assert not os.path.exists(node.runtime_dir)
+    before = set(os.listdir(MEMORY_FS))
+    try:
+        with Node("in-memory") as node:
+            assert os.path.dirname(node.runtime_dir) == MEMORY_FS
+            assert node.endpoint.startswith(f"ipc://{node.runtime_dir}/")
+        assert not os.path.exists(node.runtime_dir)
+    finally:
+        for name in set(os.listdir(MEMORY_FS)) - before:
+            if made_by_this_process(os.path.join(MEMORY_FS, name)):
+                shutil.rmtree(os.path.join(MEMORY_FS, name), ignore_errors=True)
+
+
+def made_by_this_process(path: str) -> bool:
+    """Whether ``path`` is a runtime directory this process created (its owner file names
+    this process): not one of another program's, which may share ``MEMORY_FS``."""
+    try:
+        with open(os.path.join(path, OWNER_FILE)) as owner:
+            return owner.read().split()[:1] == [str(os.getpid())]
+    except OSError:
+        return False
 
 
 def test_xdg_runtime_dir_comes_first(short_tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
