@@ -5,9 +5,9 @@ and no consumer gets it twice."""
 import os
 import signal
 
-import psutil
 import pytest
 
+from warren.actors.process import process_exists
 from warren.queues import Message, encode
 from warren.queues.protocol import Fetch, Publish, QueueStats, Settle
 from warren.supervisor import Node
@@ -49,7 +49,7 @@ def test_a_message_acked_before_its_producer_record_is_not_delivered_again_when_
         taken = [d.payload for d in fetch_and_ack(queue)]
         assert queue.ask(QueueStats(), timeout=30)["depth"] == (0 if taken else 1)
         os.kill(queue.pid, signal.SIGKILL)
-        wait_for(lambda: not psutil.pid_exists(queue.pid) or is_zombie(queue.pid))
+        wait_for(lambda: not process_exists(queue.pid))
     finally:
         os.kill(store, signal.SIGCONT)
     wait_for(lambda: restarted(node, "orders", queue.pid), timeout=60)
@@ -58,13 +58,6 @@ def test_a_message_acked_before_its_producer_record_is_not_delivered_again_when_
     while delivered := fetch_and_ack(queue):
         taken += [d.payload for d in delivered]
     assert [encode(Message(body))] == taken
-
-
-def is_zombie(pid):
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
 
 
 def test_a_resend_after_two_restarts_is_a_repeat_though_the_first_had_it_consumed(tmp_path):
