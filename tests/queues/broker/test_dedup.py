@@ -13,6 +13,7 @@ from warren.queues.protocol import Fetch, Publish, QueueStats, Settle
 from warren.supervisor import Node
 
 from ...waiting import wait_for
+from ..helpers import drained
 from .test_broker import restarted
 
 CONSUMER = b"consumer-1"
@@ -78,11 +79,7 @@ def test_a_resend_after_two_restarts_is_a_repeat_though_the_first_had_it_consume
     log.write_bytes(logged)
     with Node(data_dir) as node:
         connection = node.connect()
-        taken = []
-        while (delivery := connection.get("orders")) is not None:
-            taken.append(delivery.body)
-            delivery.ack()
-        assert taken == first + second
+        assert drained(connection, "orders") == first + second
         connection.publish("orders", b"other", producer_id="q", sequence=0)
     with Node(data_dir) as node:
         connection = node.connect()

@@ -18,6 +18,7 @@ from warren.actors.process import process_exists
 from warren.queues.broker.definitions import is_marked_deleted, queue_directory
 from warren.supervisor import Node
 
+from ...queues.helpers import drained, store_messages
 from ...waiting import all_threads_asleep, wait_for
 
 BODY_BYTES = 6000  # a body this large is kept in the shared store, not in the queue's files
@@ -28,10 +29,6 @@ def bodies(label: str, count: int) -> list[bytes]:
     return [b"%s %d " % (label.encode(), n) + b"x" * BODY_BYTES for n in range(count)]
 
 
-def store_messages(node: Node) -> int:
-    return node.store_stats()["msg_store_persistent"]["message_count"]
-
-
 def killed_while_deleting(node_process, data: str, name: str, *when: str) -> None:
     """Start the node on ``data`` in a process of its own, delete ``name`` there, and see
     the process killed the moment the delete is saved (``--before-the-save``: the moment
@@ -39,14 +36,6 @@ def killed_while_deleting(node_process, data: str, name: str, *when: str) -> Non
     process, pids = node_process(data, "--delete-and-die", name, *when)
     assert process.wait(timeout=120) == -signal.SIGKILL, process.stderr_path.read_text()
     wait_for(lambda: not any(map(process_exists, pids[1:])), timeout=60)
-
-
-def drained(connection, name: str) -> list[bytes]:
-    got = []
-    while (delivery := connection.get(name)) is not None:
-        got.append(delivery.body)
-        delivery.ack()
-    return got
 
 
 @pytest.mark.parametrize("beside_another", [False, True], ids=["its-only-queue", "beside-another"])
