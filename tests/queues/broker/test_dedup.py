@@ -5,8 +5,6 @@ and no consumer gets it twice."""
 import os
 import signal
 
-import pytest
-
 from warren.actors.process import process_exists
 from warren.queues import Message, encode
 from warren.queues.protocol import Fetch, Publish, QueueStats, Settle
@@ -17,12 +15,6 @@ from ..helpers import drained
 from .test_broker import restarted
 
 CONSUMER = b"consumer-1"
-
-
-@pytest.fixture
-def node(tmp_path):
-    with Node(tmp_path / "data") as running:
-        yield running
 
 
 def fetch_and_ack(queue):
