@@ -17,7 +17,7 @@ from warren import connect
 from warren.queues.errors import NodeStarting
 
 from ...waiting import wait_for
-from .test_recovery import ROOT, TRANSPORTS, NodeProcess, Traffic
+from .node_process import ROOT, TRANSPORTS, NodeProcess, Traffic
 
 # A node whose start stops before its last step (its listener is up, it serves nothing
 # yet), says "held", and goes on once a line comes on its standard input; it says
