@@ -25,6 +25,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from warren.supervisor import Node
+
 pytest_plugins = ["pytester"]
 
 GRACE_SECONDS = 5.0
@@ -111,6 +113,15 @@ def no_process_survives_the_test():
             pass
     psutil.wait_procs(survivors, timeout=GRACE_SECONDS)
     pytest.fail(f"processes outlived the test: {described}")
+
+
+@pytest.fixture
+def node(tmp_path):
+    """A node (``warren.supervisor.Node``) on the data directory ``tmp_path / "data"``,
+    closed at the end. A directory or module whose tests need a node of another kind
+    defines its own ``node``."""
+    with Node(tmp_path / "data") as running:
+        yield running
 
 
 @pytest.fixture

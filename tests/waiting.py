@@ -1,8 +1,15 @@
-"""Waiting for an outcome in another process, with a generous deadline."""
+"""Waiting for an outcome in another process, with a generous deadline, and telling
+where such a process stands (its threads asleep, its group alive, a forkserver's spare
+child ready)."""
 
+import contextlib
 import os
 import time
 from collections.abc import Callable
+
+import psutil
+
+from warren.actors._forkserver import SPARE_TITLE
 
 
 def wait_for(condition: Callable[[], object], timeout: float = 20.0) -> None:
@@ -36,3 +43,27 @@ def group_alive(group: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+def spare_children(forkserver_pid: int) -> list[psutil.Process]:
+    """The children of forkserver ``forkserver_pid`` that wait for an order, forked ahead
+    of the next spawn (a child that exits, or becomes an actor, as they are listed is not
+    one)."""
+    spares = []
+    for child in psutil.Process(forkserver_pid).children():
+        with contextlib.suppress(psutil.Error):
+            if child.cmdline()[:1] == [SPARE_TITLE]:
+                spares.append(child)
+    return spares
+
+
+def the_spare(forkserver_pid: int) -> psutil.Process:
+    """The one spare child of forkserver ``forkserver_pid``, once it is there alone."""
+    found: list[psutil.Process] = []
+
+    def one_spare() -> bool:
+        found[:] = spare_children(forkserver_pid)
+        return len(found) == 1
+
+    wait_for(one_spare)
+    return found[0]

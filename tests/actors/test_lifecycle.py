@@ -21,7 +21,7 @@ from tests.actors.sample_actors import (
     StopsOnSignal,
     TitledWorker,
 )
-from tests.waiting import wait_for
+from tests.waiting import spare_children, the_spare, wait_for
 from warren.actors import (
     EXIT_CRASHED,
     EXIT_NORMAL,
@@ -221,14 +221,10 @@ def test_a_sigkilled_node_process_leaves_no_actor_behind(tmp_path: Path) -> None
     try:
         runtime_dir, forkserver_pid, *pid_text = app.stdout.readline().split()
         actor_pids = {int(p) for p in pid_text}
-        forkserver = psutil.Process(int(forkserver_pid))
 
         def spare_pids() -> list[int]:
-            return [
-                p.pid
-                for p in forkserver.children()
-                if p.pid not in actor_pids and p.cmdline()[:1] == [_forkserver.SPARE_TITLE]
-            ]
+            spares = spare_children(int(forkserver_pid))
+            return [p.pid for p in spares if p.pid not in actor_pids]
 
         wait_for(spare_pids)
         descendants = psutil.Process(app.pid).children(recursive=True)
@@ -246,48 +242,29 @@ def test_a_sigkilled_node_process_leaves_no_actor_behind(tmp_path: Path) -> None
             shutil.rmtree(runtime_dir, ignore_errors=True)
 
 
-def _spares(node: Node) -> list[psutil.Process]:
-    """The children of ``node``'s forkserver waiting for an order."""
-    spares = []
-    for child in psutil.Process(node.forkserver_pid).children():
-        try:
-            if child.cmdline()[:1] == [_forkserver.SPARE_TITLE]:
-                spares.append(child)
-        except psutil.Error:
-            pass  # exited, or became an actor, while we looked
-    return spares
-
-
-def _spare_of(node: Node) -> psutil.Process:
-    """The one spare child of ``node``, once it is there."""
-    wait_for(lambda: len(_spares(node)) == 1)
-    (spare,) = _spares(node)
-    return spare
-
-
 def test_a_spawn_leaves_a_spare_child_that_is_none_of_the_nodes_actors(node: Node) -> None:
     first = node.spawn(Recorder, name="first")
-    spare = _spare_of(node)
+    spare = the_spare(node.forkserver_pid)
     assert spare.pid != first.pid
     assert node.actors() == [first]
     # the next spawn is the spare, which becomes that actor; a new spare waits after it
     second = node.spawn(TitledWorker, name="second", title="worker second")
     assert second.pid == spare.pid
     assert second.ask("title", timeout=10) == "warren: worker second"
-    assert _spare_of(node).pid not in (first.pid, second.pid)
+    assert the_spare(node.forkserver_pid).pid not in (first.pid, second.pid)
     assert sorted(r.name for r in node.actors()) == ["first", "second"]
 
 
 def test_a_killed_spare_is_replaced_unnoticed_and_spawns_go_on(node: Node) -> None:
     first = node.spawn(Recorder, name="first")
     down = node.monitor(first)
-    spare = _spare_of(node)
+    spare = the_spare(node.forkserver_pid)
     spare.kill()
     psutil.wait_procs([spare], timeout=10)
     second = node.spawn(Recorder, name="second")  # forked at once, then a new spare
     assert second.pid != spare.pid
     assert second.ask("pid", timeout=10) == second.pid
-    assert _spare_of(node).pid not in (spare.pid, first.pid, second.pid)
+    assert the_spare(node.forkserver_pid).pid not in (spare.pid, first.pid, second.pid)
     assert sorted(r.name for r in node.actors()) == ["first", "second"]
     assert down.down is None  # the spare's death is nobody's Down
     assert first.ask("pid", timeout=10) == first.pid
@@ -295,21 +272,21 @@ def test_a_killed_spare_is_replaced_unnoticed_and_spawns_go_on(node: Node) -> No
 
 def test_an_order_larger_than_the_spares_pipe_is_forked_directly(node: Node) -> None:
     node.spawn(Recorder, name="first")
-    spare = _spare_of(node)
+    spare = the_spare(node.forkserver_pid)
     label = "x" * (1024 * 1024)  # a pipe holds 64 KiB: the spare cannot take it at once
     big = node.spawn(Recorder, label, name="big")
     assert big.pid != spare.pid
     assert big.ask("label", timeout=10) == label
     psutil.wait_procs([spare], timeout=10)  # given up: killed, reaped unreported
     assert not spare.is_running()
-    assert _spare_of(node).pid not in (spare.pid, big.pid)
+    assert the_spare(node.forkserver_pid).pid not in (spare.pid, big.pid)
     assert sorted(r.name for r in node.actors()) == ["big", "first"]
 
 
 def test_a_spare_stops_with_its_node() -> None:
     with Node("spare", preload=("tests.actors.sample_actors",)) as node:
         node.spawn(Recorder)
-        spare = _spare_of(node)
+        spare = the_spare(node.forkserver_pid)
     gone, alive = psutil.wait_procs([spare], timeout=10)
     assert alive == []
 

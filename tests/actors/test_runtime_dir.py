@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import stat
 import subprocess
@@ -119,6 +120,7 @@ def test_the_runtime_directory_of_a_live_node_in_another_pid_namespace_is_left_a
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
+        start_new_session=True,  # its group: unshare and the node's process in the namespace
     )
     try:
         theirs = other.stdout.readline().strip()
@@ -126,9 +128,14 @@ def test_the_runtime_directory_of_a_live_node_in_another_pid_namespace_is_left_a
         create_runtime_dir(str(tmp_path))
         assert os.path.isdir(theirs)
     finally:
-        other.stdin.close()
-        other.wait(timeout=60)
-        other.stdout.close()
+        other.stdin.close()  # its end of input: it exits
+        try:
+            other.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(other.pid, signal.SIGKILL)
+            other.wait()
+        finally:
+            other.stdout.close()
 
 
 NODE_PROGRAM = textwrap.dedent("""
@@ -179,16 +186,35 @@ def test_the_next_node_removes_the_runtime_directory_of_a_sigkilled_node(
 def test_without_xdg_runtime_dir_a_node_keeps_its_sockets_in_memory(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # Under the temporary directory, on a disk, every actor's start waited for the
-    # filesystem's journal whenever the disk was busy.
+    """Under the temporary directory, on a disk, every actor's start waited for the
+    filesystem's journal whenever the disk was busy. This test binds its node's ipc
+    sockets in ``MEMORY_FS`` itself, outside any temporary directory of the test: that is
+    the behaviour under test. Whatever runtime directory this process made there is
+    removed at the end, even when the test fails."""
     if not os.access(MEMORY_FS, os.W_OK | os.X_OK):
         pytest.skip(f"{MEMORY_FS} is not writable here")
     monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
     monkeypatch.delenv("TMPDIR", raising=False)
-    with Node("in-memory") as node:
-        assert os.path.dirname(node.runtime_dir) == MEMORY_FS
-        assert node.endpoint.startswith(f"ipc://{node.runtime_dir}/")
-    assert not os.path.exists(node.runtime_dir)
+    before = set(os.listdir(MEMORY_FS))
+    try:
+        with Node("in-memory") as node:
+            assert os.path.dirname(node.runtime_dir) == MEMORY_FS
+            assert node.endpoint.startswith(f"ipc://{node.runtime_dir}/")
+        assert not os.path.exists(node.runtime_dir)
+    finally:
+        for name in set(os.listdir(MEMORY_FS)) - before:
+            if made_by_this_process(os.path.join(MEMORY_FS, name)):
+                shutil.rmtree(os.path.join(MEMORY_FS, name), ignore_errors=True)
+
+
+def made_by_this_process(path: str) -> bool:
+    """Whether ``path`` is a runtime directory this process created (its owner file names
+    this process): not one of another program's, which may share ``MEMORY_FS``."""
+    try:
+        with open(os.path.join(path, OWNER_FILE)) as owner:
+            return owner.read().split()[:1] == [str(os.getpid())]
+    except OSError:
+        return False
 
 
 def test_xdg_runtime_dir_comes_first(short_tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

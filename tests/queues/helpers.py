@@ -28,6 +28,21 @@ def drain(queue, ack=True):
     return out
 
 
+def drained(connection, queue: str) -> list[bytes]:
+    """The bodies of what ``queue`` holds, each got through ``connection`` and acked
+    until the queue has none ready."""
+    bodies = []
+    while (delivery := connection.get(queue)) is not None:
+        bodies.append(delivery.body)
+        delivery.ack()
+    return bodies
+
+
+def store_messages(node) -> int:
+    """How many messages ``node``'s persistent store holds."""
+    return node.store_stats()["msg_store_persistent"]["message_count"]
+
+
 def fail_the_next_fdatasync(monkeypatch, of: str = "", error: int = errno.EIO) -> None:
     """The next ``os.fdatasync`` (of a file whose name starts with ``of``) raises
     ``error``, EIO as on a disk that lost a write by default; later ones run as usual."""

@@ -10,16 +10,9 @@ import pytest
 
 from warren.store import StoreTimeout, StoreUnavailable
 from warren.store.client import StoreClient
-from warren.supervisor import Node
 
 from ..waiting import wait_for
 from .helpers import body, msg_id
-
-
-@pytest.fixture
-def node(tmp_path):
-    with Node(tmp_path / "data") as running:
-        yield running
 
 
 @contextlib.contextmanager

@@ -18,18 +18,11 @@ from warren.store.protocol import (
     StoreStats,
     WriteBatch,
 )
-from warren.supervisor import Node
 
 from ..waiting import wait_for
 from .helpers import body, msg_id
 
 STORES = ("msg_store_persistent", "msg_store_transient")
-
-
-@pytest.fixture
-def node(tmp_path):
-    with Node(tmp_path / "data") as running:
-        yield running
 
 
 def incarnations(node):

@@ -41,7 +41,7 @@ from warren.supervisor.node.node import QUEUE_FLAGS
 
 from ...supervisor.sample_actors import gated_worker
 from ...waiting import wait_for
-from ..helpers import fail_the_next_fdatasync
+from ..helpers import drained, fail_the_next_fdatasync, store_messages
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -301,10 +301,6 @@ def test_deleting_a_queue_removes_its_process_and_files_and_later_publishes_fail
     with pytest.raises((NotFound, ActorDeadError)):
         connection.publish("orders", b"late")
     assert node.list_queues() == []
-
-
-def store_messages(node):
-    return node.store_stats()["msg_store_persistent"]["message_count"]
 
 
 def test_a_large_message_fanned_out_to_two_queues_is_stored_once_until_both_ack(node):
@@ -926,10 +922,7 @@ def test_a_disk_error_under_a_deduplicated_batch_loses_none_of_it_on_the_retry(
                 break
             except (RemoteError, ActorDeadError, AskTimeout, NotFound):
                 time.sleep(0.5)
-        taken = []
-        while (delivery := connection.get("orders")) is not None:
-            taken.append(delivery.body)
-            delivery.ack()
+        taken = drained(connection, "orders")
         assert taken.count(b"first") == 1
         assert sorted(b for b in taken if b != b"first") == sorted(bodies)
 

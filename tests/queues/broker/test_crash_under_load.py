@@ -21,6 +21,7 @@ from warren.supervisor.chaos.faults import kill_processes
 from warren.supervisor.chaos.workload import Producer, audit
 
 from ...waiting import wait_for
+from ..helpers import drained, store_messages
 
 ROOT = Path(__file__).resolve().parents[3]
 PER_PRODUCER = 600
@@ -168,14 +169,10 @@ def test_a_fanned_out_message_keeps_both_references_across_a_store_crash(tmp_pat
             timeout=60,
         )
         fresh = node.connect()
-        assert node.store_stats()["msg_store_persistent"]["message_count"] == 50
+        assert store_messages(node) == 50
         for name in ("billing", "shipping"):
-            got = []
-            while (delivery := fresh.get(name)) is not None:
-                got.append(delivery.body)
-                delivery.ack()
-            assert got == bodies, name
-        wait_for(lambda: node.store_stats()["msg_store_persistent"]["message_count"] == 0)
+            assert drained(fresh, name) == bodies, name
+        wait_for(lambda: store_messages(node) == 0)
 
 
 def test_a_producer_killed_mid_batch_leaves_its_confirmed_messages_and_a_healthy_queue(tmp_path):

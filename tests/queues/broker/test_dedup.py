@@ -5,23 +5,16 @@ and no consumer gets it twice."""
 import os
 import signal
 
-import psutil
-import pytest
-
+from warren.actors.process import process_exists
 from warren.queues import Message, encode
 from warren.queues.protocol import Fetch, Publish, QueueStats, Settle
 from warren.supervisor import Node
 
 from ...waiting import wait_for
+from ..helpers import drained
 from .test_broker import restarted
 
 CONSUMER = b"consumer-1"
-
-
-@pytest.fixture
-def node(tmp_path):
-    with Node(tmp_path / "data") as running:
-        yield running
 
 
 def fetch_and_ack(queue):
@@ -49,7 +42,7 @@ def test_a_message_acked_before_its_producer_record_is_not_delivered_again_when_
         taken = [d.payload for d in fetch_and_ack(queue)]
         assert queue.ask(QueueStats(), timeout=30)["depth"] == (0 if taken else 1)
         os.kill(queue.pid, signal.SIGKILL)
-        wait_for(lambda: not psutil.pid_exists(queue.pid) or is_zombie(queue.pid))
+        wait_for(lambda: not process_exists(queue.pid))
     finally:
         os.kill(store, signal.SIGCONT)
     wait_for(lambda: restarted(node, "orders", queue.pid), timeout=60)
@@ -58,13 +51,6 @@ def test_a_message_acked_before_its_producer_record_is_not_delivered_again_when_
     while delivered := fetch_and_ack(queue):
         taken += [d.payload for d in delivered]
     assert [encode(Message(body))] == taken
-
-
-def is_zombie(pid):
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
 
 
 def test_a_resend_after_two_restarts_is_a_repeat_though_the_first_had_it_consumed(tmp_path):
@@ -85,11 +71,7 @@ def test_a_resend_after_two_restarts_is_a_repeat_though_the_first_had_it_consume
     log.write_bytes(logged)
     with Node(data_dir) as node:
         connection = node.connect()
-        taken = []
-        while (delivery := connection.get("orders")) is not None:
-            taken.append(delivery.body)
-            delivery.ack()
-        assert taken == first + second
+        assert drained(connection, "orders") == first + second
         connection.publish("orders", b"other", producer_id="q", sequence=0)
     with Node(data_dir) as node:
         connection = node.connect()

@@ -5,7 +5,7 @@ session, one for the whole run, stopped with every process it began."""
 import psutil
 import pytest
 
-from .test_recovery import NodeProcess
+from .node_process import NodeProcess
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from warren.queues.errors import Blocked, ConnectionClosed, NodeNotRunning
 
 from ...store.helpers import fill_disk
 from ...waiting import wait_for
-from .test_recovery import TRANSPORTS, NodeProcess, Traffic
+from .node_process import TRANSPORTS, NodeProcess, Traffic
 
 STOPS = {
     "SIGTERM to the node": (signal.SIGTERM, "node"),

@@ -17,7 +17,7 @@ from warren import connect
 from warren.queues.errors import NodeStarting
 
 from ...waiting import wait_for
-from .test_recovery import ROOT, TRANSPORTS, NodeProcess, Traffic
+from .node_process import ROOT, TRANSPORTS, NodeProcess, Traffic
 
 # A node whose start stops before its last step (its listener is up, it serves nothing
 # yet), says "held", and goes on once a line comes on its standard input; it says
@@ -62,12 +62,21 @@ def start_held(node: NodeProcess) -> None:
     assert node.process.stdout.readline() == "held\n"
 
 
+def let_go(node: NodeProcess) -> None:
+    """Let the held start go on, without waiting for it (once; again, or for a node not
+    held, does nothing). Whatever became of the node: a test that failed while it was held
+    lets its clients end this way, and the fixture stops it."""
+    held = node.process.stdin
+    if held is not None and not held.closed:
+        with contextlib.suppress(OSError):  # it died held: nothing reads its input
+            held.write("go on\n")
+            held.close()
+
+
 def release(node: NodeProcess) -> None:
-    """Let the held start go on (once; again does nothing), and wait until it serves."""
-    if not node.process.stdin.closed:
-        node.process.stdin.write("go on\n")
-        node.process.stdin.close()
-        assert node.process.stdout.readline() == "serving\n"
+    """Let the held start go on, and wait until it serves."""
+    let_go(node)
+    assert node.process.stdout.readline() == "serving\n"
 
 
 def met_the_node_starting(records, thread: threading.Thread) -> bool:
@@ -126,9 +135,7 @@ def test_recovering_clients_wait_for_a_node_still_starting_and_nothing_is_nacked
         for each in traffic:
             each.finish()
     finally:
-        if node.process.stdin is not None:  # failing while held: let its clients end
-            with contextlib.suppress(OSError):
-                release(node)
+        let_go(node)  # failing while held: let its clients end
         for each in traffic:
             each.stop()
         for caller in callers:
@@ -154,7 +161,8 @@ def test_a_connect_to_a_node_still_starting_is_node_starting_over_ipc_and_tcp(no
             with pytest.raises(NodeStarting, match="is starting"):
                 connect(node.target(transport), recover=False)
     finally:
-        release(node)
+        let_go(node)
+    release(node)
     for transport in TRANSPORTS:
         with connect(node.target(transport), recover=False) as connection:
             assert connection.list_queues() == []

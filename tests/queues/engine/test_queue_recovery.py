@@ -28,7 +28,7 @@ from warren.store.protocol import StoreStats
 from warren.supervisor import Node
 
 from ...waiting import wait_for
-from ..helpers import N, drain, message, number
+from ..helpers import N, drain, drained, message, number
 
 ROOT = Path(__file__).resolve().parents[3]
 SIZE_LARGE = 5000  # above embed_msgs_below: in the shared store
@@ -170,11 +170,7 @@ def test_a_segment_cut_after_a_clean_stop_leaves_no_message_behind_in_the_shared
     index_file = Path(queue_directory(str(data), "orders")) / "0.qi"
     os.truncate(index_file, HEADER_BYTES + 7 * SLOT_BYTES + SLOT_BYTES // 2)  # mid-slot 7
     with Node(data) as node, node.connect() as conn:
-        drained = []
-        while (delivery := conn.get("orders")) is not None:
-            drained.append(delivery.body)
-            delivery.ack()
-        assert drained == bodies[:7]
+        assert drained(conn, "orders") == bodies[:7]
     with Node(data) as node:
         assert node.store().ask(StoreStats())["message_count"] == 0
         with node.connect() as conn:

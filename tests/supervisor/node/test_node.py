@@ -16,14 +16,13 @@ import pytest
 import zmq
 
 from warren import connect
-from warren.actors._forkserver import SPARE_TITLE
 from warren.queues.broker.listener import ListenerActor, with_free_port
 from warren.queues.errors import ConnectionClosed, NodeNotRunning
 from warren.supervisor import AlarmLimits, ChildSpec, Node, NodeLocked, query_status
 from warren.supervisor.chaos.faults import is_alive
 from warren.supervisor.errors import NotANodeDirectory
 
-from ...waiting import wait_for
+from ...waiting import the_spare, wait_for
 from ..sample_actors import Worker
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -88,29 +87,17 @@ def warren_node(data: str, *options: str):
         node.stderr.close()
 
 
-def _spare_pids(forkserver_pid):
-    """The children of a forkserver that wait, forked ahead of the next spawn."""
-    pids = []
-    for child in psutil.Process(forkserver_pid).children():
-        with contextlib.suppress(psutil.Error):  # exited, or became an actor, meanwhile
-            if child.cmdline()[:1] == [SPARE_TITLE]:
-                pids.append(child.pid)
-    return pids
-
-
 def test_the_spare_child_is_no_queue_nor_in_the_tree_and_becomes_the_next_queue(tmp_path):
     with Node(tmp_path / "data") as node:
         node.declare_queue("orders")
-        wait_for(lambda: len(_spare_pids(node.actors.forkserver_pid)) == 1)
-        (spare,) = _spare_pids(node.actors.forkserver_pid)
+        spare = the_spare(node.actors.forkserver_pid).pid
         assert node.list_queues() == ["orders"]
         assert spare not in node.root.actor_pids()
         assert spare not in node._pids()  # nor in the memory the alarm sums
         node.declare_queue("invoices")
         assert node.queue("invoices").pid == spare
         assert psutil.Process(spare).cmdline()[0] == "warren: queue invoices"
-        wait_for(lambda: len(_spare_pids(node.actors.forkserver_pid)) == 1)
-        next_spare = psutil.Process(_spare_pids(node.actors.forkserver_pid)[0])
+        next_spare = the_spare(node.actors.forkserver_pid)
     gone, alive = psutil.wait_procs([next_spare], timeout=10)
     assert alive == []
 

@@ -15,10 +15,11 @@ from pathlib import Path
 import psutil
 import pytest
 
+from warren.actors.process import process_exists
 from warren.queues.broker.definitions import is_marked_deleted, queue_directory
 from warren.supervisor import Node
-from warren.supervisor.chaos.faults import is_alive
 
+from ...queues.helpers import drained, store_messages
 from ...waiting import all_threads_asleep, wait_for
 
 BODY_BYTES = 6000  # a body this large is kept in the shared store, not in the queue's files
@@ -29,32 +30,13 @@ def bodies(label: str, count: int) -> list[bytes]:
     return [b"%s %d " % (label.encode(), n) + b"x" * BODY_BYTES for n in range(count)]
 
 
-def store_messages(node: Node) -> int:
-    return node.store_stats()["msg_store_persistent"]["message_count"]
-
-
-def gone(pid: int) -> bool:
-    try:
-        return not is_alive(psutil.Process(pid))
-    except psutil.NoSuchProcess:
-        return True
-
-
 def killed_while_deleting(node_process, data: str, name: str, *when: str) -> None:
     """Start the node on ``data`` in a process of its own, delete ``name`` there, and see
     the process killed the moment the delete is saved (``--before-the-save``: the moment
     before), and its actors gone after it."""
     process, pids = node_process(data, "--delete-and-die", name, *when)
     assert process.wait(timeout=120) == -signal.SIGKILL, process.stderr_path.read_text()
-    wait_for(lambda: all(map(gone, pids[1:])), timeout=60)
-
-
-def drained(connection, name: str) -> list[bytes]:
-    got = []
-    while (delivery := connection.get(name)) is not None:
-        got.append(delivery.body)
-        delivery.ack()
-    return got
+    wait_for(lambda: not any(map(process_exists, pids[1:])), timeout=60)
 
 
 @pytest.mark.parametrize("beside_another", [False, True], ids=["its-only-queue", "beside-another"])
@@ -149,7 +131,7 @@ def test_an_auto_delete_queue_killed_deleting_itself_stays_deleted_and_its_bodie
             # blocked on the store: its removes sent (the kill does not lose them)
             wait_for(lambda: all_threads_asleep(queue_pid), timeout=60)
             os.kill(queue_pid, signal.SIGKILL)
-            wait_for(lambda: gone(queue_pid), timeout=60)
+            wait_for(lambda: not process_exists(queue_pid), timeout=60)
         finally:
             store.resume()
         wait_for(lambda: node.list_queues() == [] and not is_marked_deleted(directory), 60)
@@ -178,7 +160,7 @@ def test_an_auto_delete_queue_whose_node_was_killed_as_it_deleted_itself_stays_d
         connection.publish_many("kept", kept)
     process, pids = node_process(data, "--auto-delete-and-die", "replies")
     assert process.wait(timeout=120) == -signal.SIGKILL, process.stderr_path.read_text()
-    wait_for(lambda: all(map(gone, pids[1:])), timeout=60)
+    wait_for(lambda: not any(map(process_exists, pids[1:])), timeout=60)
     assert is_marked_deleted(directory) and os.path.isdir(directory)
     with Node(data) as node, node.connect() as connection:
         wait_for(lambda: node.list_queues() == ["kept"] and not is_marked_deleted(directory), 60)

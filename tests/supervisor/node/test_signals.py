@@ -13,9 +13,9 @@ import os
 import signal
 from pathlib import Path
 
-import psutil
 import pytest
 
+from warren.actors.process import process_exists
 from warren.store import MessageStore
 from warren.supervisor import Node
 
@@ -26,19 +26,9 @@ from .test_node import _spare_pids
 MESSAGES = 500
 
 
-def gone(pids: list[int]) -> bool:
-    def alive(pid: int) -> bool:
-        try:
-            return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-        except psutil.NoSuchProcess:
-            return False
-
-    return not any(alive(pid) for pid in pids)
-
-
 def assert_stopped_cleanly(process, family: list[int], data: Path) -> None:
     assert process.wait(timeout=120) == 0, process.stderr_path.read_text()
-    wait_for(lambda: gone(family))
+    wait_for(lambda: not any(map(process_exists, family)))
     with MessageStore(data / "msg_store_persistent") as reopened:
         assert reopened.recovered_clean
         assert all(reopened.read(message_id(i)) == message_body(i) for i in range(MESSAGES))
@@ -71,7 +61,7 @@ def test_an_embedding_program_killed_by_a_signal_leaves_its_stores_clean(node_pr
     process, family = node_process(str(tmp_path / "data"), "--messages", str(MESSAGES))
     process.send_signal(signal.SIGTERM)  # the default action: the program just dies
     assert process.wait(timeout=30) == -signal.SIGTERM
-    wait_for(lambda: gone(family))
+    wait_for(lambda: not any(map(process_exists, family)))
     with MessageStore(tmp_path / "data" / "msg_store_persistent") as reopened:
         assert reopened.recovered_clean
         assert all(reopened.read(message_id(i)) == message_body(i) for i in range(MESSAGES))
