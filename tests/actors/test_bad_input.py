@@ -19,8 +19,7 @@ import pytest
 import zmq
 
 from tests.actors.sample_actors import Mute, NeverRegistered, Put, Recorder, SmallMailbox, Span
-from tests.actors.test_lifecycle import _spare_of
-from tests.waiting import wait_for
+from tests.waiting import the_spare, wait_for
 from warren.actors import (
     ActorDeadError,
     CodecError,
@@ -315,7 +314,7 @@ def test_a_spare_refuses_a_stray_order_runs_nothing_and_spawns_go_on(
 ) -> None:
     first = node.spawn(Recorder, name="first")
     down = node.monitor(first)
-    spare = _spare_of(node)
+    spare = the_spare(node.forkserver_pid)
     marker = str(tmp_path / "ran")
     pipe = _order_pipe(node, spare)
     try:
@@ -341,7 +340,7 @@ def test_a_stray_order_ahead_of_the_nodes_order_costs_no_spawn(
     # the one ahead of the other; the spare, let go, refuses what it reads, and the
     # order handed to it is forked afresh.
     node.spawn(Recorder, name="first")
-    spare = _spare_of(node)
+    spare = the_spare(node.forkserver_pid)
     marker = str(tmp_path / "ran")
     stray_bytes = _stray_orders(node, marker)[stray]
     pipe = _order_pipe(node, spare)
