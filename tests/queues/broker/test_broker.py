@@ -601,7 +601,7 @@ def test_expired_rejected_and_dropped_messages_are_dead_lettered_with_their_reas
 
 
 def test_messages_that_expired_while_the_node_was_down_are_dead_lettered_once_it_has_started(
-    data_dir,
+    data_dir, monkeypatch
 ):
     with Node(data_dir) as first:
         first.declare_exchange("dlx", kind="fanout")
@@ -609,9 +609,21 @@ def test_messages_that_expired_while_the_node_was_down_are_dead_lettered_once_it
         first.bind_queue("dead", "dlx")
         first.declare_queue("work", dead_letter_exchange="dlx")
         first.connect().publish_many("work", [b"a", b"b"], expiration_ms=1_000)
-    time.sleep(1.0)  # they expire while no node runs
+    time.sleep(1.0)  # they expire while no node runs (a wall clock must pass their TTL)
     gate = f"{data_dir}.gate"
     started: list = []
+    # each expiry round of "work" asks the node for a connection to dead-letter through,
+    # and is told that the node is starting
+    told_starting: list[bytes] = []
+    answer_call = Node._control_call
+
+    def counted_call(node: Node, body: bytes) -> bytes:
+        answer = answer_call(node, body)
+        if b'"NodeStarting"' in answer:
+            told_starting.append(body)
+        return answer
+
+    monkeypatch.setattr(Node, "_control_call", counted_call)
     # the application's worker holds the start open until the gate file exists, while
     # the queues, which start before it, already look for expired messages
     starting = threading.Thread(
@@ -619,7 +631,8 @@ def test_messages_that_expired_while_the_node_was_down_are_dead_lettered_once_it
     )
     starting.start()
     try:
-        time.sleep(1.0)  # several expiry rounds of the queue, with the node not serving
+        # several expiry rounds of the queue, with the node not serving
+        wait_for(lambda: len(told_starting) >= 3, timeout=120)
         open(gate, "w").close()
         starting.join(timeout=120)
         node = started[0]
