@@ -851,12 +851,16 @@ def test_a_disk_error_under_a_deduplicated_batch_loses_none_of_it_on_the_retry(
         with contextlib.suppress(psutil.NoSuchProcess):  # it may have stopped already
             queue.rlimit(psutil.RLIMIT_FSIZE, (psutil.RLIM_INFINITY, psutil.RLIM_INFINITY))
         write_faults(faults)  # room again, before the sync under way writes anything
-        for _ in range(20):  # refused, or unanswered (in doubt), while the queue restarts
+
+        def retried() -> bool:  # refused, or unanswered (in doubt), while the queue restarts
             try:
                 assert node.queue("orders").ask(batch, timeout=5) == len(bodies)
-                break
             except (RemoteError, ActorDeadError, AskTimeout, NotFound):
-                time.sleep(0.5)
+                time.sleep(0.5)  # pacing: each try sends the whole 2 MB frame again
+                return False
+            return True
+
+        wait_for(retried, timeout=120)
         taken = []
         while (delivery := connection.get("orders")) is not None:
             taken.append(delivery.body)
