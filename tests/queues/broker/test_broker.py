@@ -901,19 +901,21 @@ def test_a_node_file_left_by_a_killed_node_is_not_running_at_once(tmp_path):
 
 def test_a_client_waiting_for_a_node_is_served_as_soon_as_it_starts(tmp_path):
     data_dir = tmp_path / "data"
+    refused = threading.Event()
     started = threading.Event()
     nodes = []
 
     def start_later():
-        time.sleep(1.0)
-        nodes.append(Node(data_dir))
-        started.set()
+        if refused.wait(timeout=60):
+            nodes.append(Node(data_dir))
+            started.set()
 
     starter = threading.Thread(target=start_later)
     starter.start()
     try:
         with pytest.raises(NodeNotRunning):
             connect(data_dir)  # not yet, and no wait: at once
+        refused.set()
         with connect(data_dir, wait=60) as connection:
             assert started.is_set()
             connection.declare_queue("orders")
