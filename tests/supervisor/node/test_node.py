@@ -192,7 +192,7 @@ def test_a_client_retrying_through_a_kill_of_every_node_process_is_served_once_i
                 return
             except NodeNotRunning:
                 attempts.append((began, time.monotonic(), "not running"))
-                time.sleep(0.1)
+                time.sleep(0.1)  # pacing of the retries
 
     with warren_node(data) as first:
         assert first.stdout.readline().startswith("node warren")
