@@ -259,7 +259,7 @@ def test_a_spawn_order_without_the_nodes_signature_is_never_unpickled(node: Node
         + order
     )
     node._forkserver._send(_forkserver.SPAWN, forged)
-    time.sleep(1.0)
+    time.sleep(1.0)  # what is not to happen: a child forked for it would have unpickled it
     assert not planted.exists()
     # The server refused that one and goes on: the node still spawns.
     assert node.spawn(Recorder, "after").ask("label", timeout=10) == "after"

@@ -2,7 +2,8 @@
 
 python -m tests.store.reader_child read DIR LOCATIONS SECONDS
     reads every record listed in LOCATIONS (lines "id_hex file offset size sha_hex")
-    directly, again and again for SECONDS; prints "direct fallback wrong".
+    directly, again and again for SECONDS; prints "reading" once it has read them all
+    once, then "direct fallback wrong".
 python -m tests.store.reader_child hold DIR FILE stop|wait|fork
     takes the read lock of FILE's slot, prints "held" (with "fork", after forking a
     child that sleeps, prints "held CHILD_PID"), then stops itself (SIGSTOP) or waits
@@ -25,7 +26,7 @@ def read_loop(directory: str, locations: str, seconds: float) -> None:
         for line in f:
             id_hex, file, offset, size, sha = line.split()
             records.append((bytes.fromhex(id_hex), int(file), int(offset), int(size), sha))
-    direct = fallback = wrong = 0
+    direct = fallback = wrong = passes = 0
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         for msg_id, file, offset, size, sha in records:
@@ -36,6 +37,9 @@ def read_loop(directory: str, locations: str, seconds: float) -> None:
                 direct += 1
             else:
                 wrong += 1
+        passes += 1
+        if passes == 1:
+            print("reading", flush=True)
     print(direct, fallback, wrong, flush=True)
 
 

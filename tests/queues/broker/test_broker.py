@@ -679,7 +679,7 @@ def test_a_head_dropped_over_max_length_whose_body_is_missing_takes_no_message_b
 
 
 def test_messages_that_expired_while_the_node_was_down_are_dead_lettered_once_it_has_started(
-    data_dir,
+    data_dir, monkeypatch
 ):
     with Node(data_dir) as first:
         first.declare_exchange("dlx", kind="fanout")
@@ -687,9 +687,21 @@ def test_messages_that_expired_while_the_node_was_down_are_dead_lettered_once_it
         first.bind_queue("dead", "dlx")
         first.declare_queue("work", dead_letter_exchange="dlx")
         first.connect().publish_many("work", [b"a", b"b"], expiration_ms=1_000)
-    time.sleep(1.0)  # they expire while no node runs
+    time.sleep(1.0)  # they expire while no node runs (a wall clock must pass their TTL)
     gate = f"{data_dir}.gate"
     started: list = []
+    # each expiry round of "work" asks the node for a connection to dead-letter through,
+    # and is told that the node is starting
+    told_starting: list[bytes] = []
+    answer_call = Node._control_call
+
+    def counted_call(node: Node, body: bytes) -> bytes:
+        answer = answer_call(node, body)
+        if b'"NodeStarting"' in answer:
+            told_starting.append(body)
+        return answer
+
+    monkeypatch.setattr(Node, "_control_call", counted_call)
     # the application's worker holds the start open until the gate file exists, while
     # the queues, which start before it, already look for expired messages
     starting = threading.Thread(
@@ -697,7 +709,8 @@ def test_messages_that_expired_while_the_node_was_down_are_dead_lettered_once_it
     )
     starting.start()
     try:
-        time.sleep(1.0)  # several expiry rounds of the queue, with the node not serving
+        # several expiry rounds of the queue, with the node not serving
+        wait_for(lambda: len(told_starting) >= 3, timeout=120)
         open(gate, "w").close()
         starting.join(timeout=120)
         node = started[0]
@@ -916,12 +929,16 @@ def test_a_disk_error_under_a_deduplicated_batch_loses_none_of_it_on_the_retry(
         with contextlib.suppress(psutil.NoSuchProcess):  # it may have stopped already
             queue.rlimit(psutil.RLIMIT_FSIZE, (psutil.RLIM_INFINITY, psutil.RLIM_INFINITY))
         write_faults(faults)  # room again, before the sync under way writes anything
-        for _ in range(20):  # refused, or unanswered (in doubt), while the queue restarts
+
+        def retried() -> bool:  # refused, or unanswered (in doubt), while the queue restarts
             try:
                 assert node.queue("orders").ask(batch, timeout=5) == len(bodies)
-                break
             except (RemoteError, ActorDeadError, AskTimeout, NotFound):
-                time.sleep(0.5)
+                time.sleep(0.5)  # pacing: each try sends the whole 2 MB frame again
+                return False
+            return True
+
+        wait_for(retried, timeout=120)
         taken = drained(connection, "orders")
         assert taken.count(b"first") == 1
         assert sorted(b for b in taken if b != b"first") == sorted(bodies)
@@ -959,19 +976,21 @@ def test_a_node_file_left_by_a_killed_node_is_not_running_at_once(tmp_path):
 
 def test_a_client_waiting_for_a_node_is_served_as_soon_as_it_starts(tmp_path):
     data_dir = tmp_path / "data"
+    refused = threading.Event()
     started = threading.Event()
     nodes = []
 
     def start_later():
-        time.sleep(1.0)
-        nodes.append(Node(data_dir))
-        started.set()
+        if refused.wait(timeout=60):
+            nodes.append(Node(data_dir))
+            started.set()
 
     starter = threading.Thread(target=start_later)
     starter.start()
     try:
         with pytest.raises(NodeNotRunning):
             connect(data_dir)  # not yet, and no wait: at once
+        refused.set()
         with connect(data_dir, wait=60) as connection:
             assert started.is_set()
             connection.declare_queue("orders")

@@ -104,7 +104,7 @@ def test_every_kind_of_start_reads_from_where_it_says(node):
     connection.publish_many("events", [b"a0", b"a1", b"a2"])
     time.sleep(0.05)  # the next chunks are written later than the first
     between = datetime.datetime.now()
-    time.sleep(0.05)
+    time.sleep(0.05)  # and later than the moment between them
     connection.publish_many("events", [b"b3", b"b4"])
     connection.publish("events", b"c5")
 

@@ -91,9 +91,9 @@ def test_a_batch_read_takes_offset_and_timestamp_ranges(spark, node):
     connection = node.connect()
     connection.declare_queue("events", type="stream")
     publish(node, "events", 2000)
-    time.sleep(0.05)
+    time.sleep(0.05)  # the wall clock moves past the first chunks' timestamps
     middle_ms = int(time.time() * 1000)
-    time.sleep(0.05)
+    time.sleep(0.05)  # and the next chunks are stamped later than middle_ms
     publish(node, "events", 2000, first=2000)
     ranged = load(spark, node, startingOffsets=1500, endingOffsets=2500)
     assert [o for o, _ in offsets_and_bodies(ranged)] == list(range(1500, 2500))

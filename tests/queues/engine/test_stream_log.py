@@ -511,7 +511,7 @@ def read_in_another_process(directory, committed, stop, results) -> None:
                 offsets.append(offset)
             if stopping:
                 break
-            time.sleep(0.001)
+            time.sleep(0.001)  # pacing: the reader follows, stop decides when it ends
     results.put((offsets, beyond))
 
 
@@ -531,7 +531,7 @@ def test_a_reader_in_another_process_follows_the_writer_up_to_the_committed_offs
             committed.value = log.sync()
             # on disk but uncommitted until the next sync, the last one for good
             log.append([body(log.last_offset + 1)])
-            time.sleep(0.001)
+            time.sleep(0.001)  # pacing, so that the reader meets the log at many sizes
         stop.set()
         offsets, beyond = results.get(timeout=60)
         reader.join(timeout=30)

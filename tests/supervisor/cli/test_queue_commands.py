@@ -283,7 +283,7 @@ def wait_for_node(data_dir):
     deadline = time.monotonic() + 60
     while warren("queues", "--data-dir", data_dir).returncode != 0:
         assert time.monotonic() < deadline, "the node did not start"
-        time.sleep(0.2)
+        time.sleep(0.2)  # pacing of a poll that the deadline above bounds
 
 
 def test_consume_json_lines_show_headers_ids_and_the_redelivered_flag(node, data_dir):
@@ -317,7 +317,7 @@ def test_publish_sends_each_line_as_it_arrives_and_says_what_an_interrupt_left(n
             deadline = time.monotonic() + 30
             while ready(node, "log") < n + 1:
                 assert time.monotonic() < deadline, f"line {n} was held back"
-                time.sleep(0.05)
+                time.sleep(0.05)  # pacing of a poll that the deadline above bounds
         publisher.send_signal(signal.SIGINT)
         assert publisher.wait(timeout=30) == 130
         said = publisher.stderr.read().decode()

@@ -179,7 +179,7 @@ def test_a_client_retrying_through_a_kill_of_every_node_process_is_served_once_i
                 return
             except NodeNotRunning:
                 attempts.append((began, time.monotonic(), "not running"))
-                time.sleep(0.1)
+                time.sleep(0.1)  # pacing of the retries
 
     with warren_node(data) as first:
         assert first.stdout.readline().startswith("node warren")
@@ -190,7 +190,7 @@ def test_a_client_retrying_through_a_kill_of_every_node_process_is_served_once_i
     client = threading.Thread(target=retry)
     client.start()
     try:
-        time.sleep(1.0)  # the client meets a node file naming dead processes
+        wait_for(lambda: attempts)  # the client met a node file naming dead processes
         assert not served.is_set()
         with warren_node(data) as second:
             assert second.stdout.readline().startswith("node warren")
