@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -619,6 +620,19 @@ def test_expired_rejected_and_dropped_messages_are_dead_lettered_with_their_reas
     ]
 
 
+@contextlib.contextmanager
+def restarted_without_the_body(data_dir, msg_id: bytes) -> Iterator[Node]:
+    """The node on ``data_dir`` started again (its queues read their bodies from the
+    store), once the body of ``msg_id`` lost its one reference there to another client,
+    which removes its store file (each body fills one at this file size)."""
+    with Node(data_dir, file_size_limit=4096) as node:
+        stray = StoreClient(node.store("msg_store_persistent"))
+        stray.remove([msg_id])
+        stray.settle()
+        stray.close()
+        yield node
+
+
 def test_an_expired_head_whose_body_is_missing_dead_letters_no_message_behind_it(data_dir):
     """The head expired, and its body is gone from the shared store (its one reference
     dropped by another client, as when another queue's reference answered for it at a
@@ -636,11 +650,7 @@ def test_an_expired_head_whose_body_is_missing_dead_letters_no_message_behind_it
         body = encode(Message(b"lost " + b"x" * 6000))  # kept in the shared store
         assert node.queue("work").ask(Publish([body], True, [lost], 1)) == 1
         connection.publish("work", b"a minute to live", expiration_ms=60_000)
-    with Node(data_dir, file_size_limit=4096) as node:  # its bodies read from the store
-        stray = StoreClient(node.store("msg_store_persistent"))
-        stray.remove([lost])  # its file, holding nothing else, is deleted
-        stray.settle()
-        stray.close()
+    with restarted_without_the_body(data_dir, lost) as node:
         connection = node.connect()
         connection.get("work").ack()
         assert connection.get("work", ack=False).body == b"a minute to live"
@@ -665,11 +675,7 @@ def test_a_head_dropped_over_max_length_whose_body_is_missing_takes_no_message_b
         connection = node.connect()
         connection.publish("work", b"second")
         connection.publish("work", b"third")
-    with Node(data_dir, file_size_limit=4096) as node:  # its bodies read from the store
-        stray = StoreClient(node.store("msg_store_persistent"))
-        stray.remove([lost])  # its file, holding nothing else, is deleted
-        stray.settle()
-        stray.close()
+    with restarted_without_the_body(data_dir, lost) as node:
         connection = node.connect()
         connection.publish("work", b"fourth")
         bodies = [connection.get("work", ack=False).body for _ in range(3)]

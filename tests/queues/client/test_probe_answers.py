@@ -9,6 +9,7 @@ import os
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 import zmq
@@ -44,6 +45,25 @@ def answering(socket: zmq.Socket, answer: Callable[[zmq.Socket], bool]) -> Itera
         socket.close(linger=0)
 
 
+@contextmanager
+def node_file_answering(data: Path, reply: bytes) -> Iterator[None]:
+    """A data directory ``data`` whose node file names an ipc socket (beside it) that
+    answers the client's probe with ``reply``, while the block runs."""
+    data.mkdir()
+    endpoint = f"ipc://{data.parent}/control"
+    (data / NODE_FILE).write_text(json.dumps({"status_endpoint": endpoint, "pid": os.getpid()}))
+    socket = zmq.Context.instance().socket(zmq.REP)
+    socket.bind(endpoint)
+
+    def answer(socket: zmq.Socket) -> bool:
+        socket.recv_multipart()
+        socket.send(reply)
+        return True
+
+    with answering(socket, answer):
+        yield
+
+
 IPC_ANSWERS = {
     "not json": b"\xff\x00 node?",
     "a list": b"[1, 2]",
@@ -54,18 +74,7 @@ IPC_ANSWERS = {
 @pytest.mark.parametrize("reply", IPC_ANSWERS.values(), ids=IPC_ANSWERS.keys())
 def test_a_node_file_whose_socket_answers_no_node_answer_is_no_node(short_tmp_path, reply):
     data = short_tmp_path / "data"
-    data.mkdir()
-    endpoint = f"ipc://{short_tmp_path}/control"
-    (data / NODE_FILE).write_text(json.dumps({"status_endpoint": endpoint, "pid": os.getpid()}))
-    socket = zmq.Context.instance().socket(zmq.REP)
-    socket.bind(endpoint)
-
-    def answer(socket: zmq.Socket) -> bool:
-        socket.recv_multipart()
-        socket.send(reply)
-        return True
-
-    with answering(socket, answer), pytest.raises(NodeNotRunning) as refused:
+    with node_file_answering(data, reply), pytest.raises(NodeNotRunning) as refused:
         connect(data)
     assert f"the node on {data} answered list_queues with what no Warren node sends" in str(
         refused.value
@@ -75,18 +84,11 @@ def test_a_node_file_whose_socket_answers_no_node_answer_is_no_node(short_tmp_pa
 
 def test_a_node_still_starting_is_still_node_starting(short_tmp_path):
     data = short_tmp_path / "data"
-    data.mkdir()
-    endpoint = f"ipc://{short_tmp_path}/control"
-    (data / NODE_FILE).write_text(json.dumps({"status_endpoint": endpoint, "pid": os.getpid()}))
-    socket = zmq.Context.instance().socket(zmq.REP)
-    socket.bind(endpoint)
-
-    def answer(socket: zmq.Socket) -> bool:
-        socket.recv_multipart()
-        socket.send(json.dumps({"error": "NodeStarting", "message": "recovering"}).encode())
-        return True
-
-    with answering(socket, answer), pytest.raises(NodeStarting, match="recovering"):
+    starting = json.dumps({"error": "NodeStarting", "message": "recovering"}).encode()
+    with (
+        node_file_answering(data, starting),
+        pytest.raises(NodeStarting, match="recovering"),
+    ):
         connect(data)
 
 
