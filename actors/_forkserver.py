@@ -71,9 +71,14 @@ Races and their answers:
   so a recycled pid is never signalled.
 - SIGCHLD wakes the select through a wake-up pipe; every reap is reported (but a spare's),
   so no child is left a zombie and the node learns exit codes and signals exactly.
-- The spare dies while it waits (killed by someone, or its warm-up failed): it is reaped
-  unreported, the next SPAWN forks its child directly, and a new spare is forked after
-  it (at most one spare fork per order: a spare that cannot start never loops).
+- The spare dies while it waits (killed by someone): it is reaped unreported, the next
+  SPAWN forks its child directly, and a new spare is forked after it (at most one spare
+  fork per order: a spare that cannot start never loops).
+- The spare's warm-up fails (its ZeroMQ context or its connection: out of descriptors),
+  maybe after its order went down the pipe: the warm-up only saves time, so the spare
+  says so on stderr and still reads its order and runs it as a directly forked child
+  would (its actor connects, or fails its start and says why, as that child does); an
+  order handed to a spare is never lost to a failed warm-up.
 - The spare cannot take the order at once (stopped by a signal with its pipe full, or an
   order larger than the pipe holds): the write never blocks; the spare is SIGKILLed (it
   exits at EOF if it read part of it) and the order is forked directly.
@@ -360,15 +365,26 @@ class _Spare:
 
 def _run_spare(orders: int, key: bytes, log_level: int, node_endpoint: str, server_pid: int) -> int:
     """A spare child's life: get ready for any actor, wait for an order on ``orders``,
-    then become that order's actor; exit quietly if the server closes the pipe first."""
+    then become that order's actor; exit quietly if the server closes the pipe first.
+    Getting ready only saves time: an order is run whether or not it succeeded."""
     from ._runtime import runtime
     from .exitcodes import EXIT_CRASHED, EXIT_NORMAL, EXIT_ORDER_REFUSED, EXIT_PARENT_GONE
 
+    parent_checked = False
     try:
         if not die_with_parent(server_pid):
             return EXIT_PARENT_GONE
+        parent_checked = True
         set_title(SPARE_TITLE)
         runtime().channel(node_endpoint)  # READY and the actor's requests go through it
+    except BaseException:
+        print(
+            f"warren spare (pid {os.getpid()}): its warm-up failed; its order will be run "
+            "without it",
+            file=sys.stderr,
+        )
+        traceback.print_exc()
+    try:
         first = os.read(orders, 1)  # blocks until the order comes, or EOF
         payload = _read_order(orders, first, key) if first else None
         os.close(orders)
@@ -385,7 +401,7 @@ def _run_spare(orders: int, key: bytes, log_level: int, node_endpoint: str, serv
             flush=True,
         )
         return EXIT_ORDER_REFUSED
-    return _run_child(payload, key, log_level, server_pid, parent_checked=True)
+    return _run_child(payload, key, log_level, server_pid, parent_checked)
 
 
 def _read_order(fd: int, first: bytes, key: bytes) -> bytes | None:
