@@ -71,9 +71,14 @@ Races and their answers:
   so a recycled pid is never signalled.
 - SIGCHLD wakes the select through a wake-up pipe; every reap is reported (but a spare's),
   so no child is left a zombie and the node learns exit codes and signals exactly.
-- The spare dies while it waits (killed by someone, or its warm-up failed): it is reaped
-  unreported, the next SPAWN forks its child directly, and a new spare is forked after
-  it (at most one spare fork per order: a spare that cannot start never loops).
+- The spare dies while it waits (killed by someone): it is reaped unreported, the next
+  SPAWN forks its child directly, and a new spare is forked after it (at most one spare
+  fork per order: a spare that cannot start never loops).
+- The spare's warm-up fails (its ZeroMQ context or its connection: out of descriptors),
+  maybe after its order went down the pipe: the warm-up only saves time, so the spare
+  says so on stderr and still reads its order and runs it as a directly forked child
+  would (its actor connects, or fails its start and says why, as that child does); an
+  order handed to a spare is never lost to a failed warm-up.
 - The spare cannot take the order at once (stopped by a signal with its pipe full, or an
   order larger than the pipe holds): the write never blocks; the spare is SIGKILLed (it
   exits at EOF if it read part of it) and the order is forked directly.
@@ -147,24 +152,29 @@ CHILD_STOP_GRACE_S = 30.0
 SPARE_TITLE = "warren: spare"  # a spare child's title until its order makes it an actor
 
 
-def _read_exactly(sock: socket.socket, size: int) -> bytes | None:
+def _read_up_to(read: Callable[[int], bytes], size: int) -> bytes:
+    """Up to ``size`` bytes from ``read`` (a blocking socket's ``recv``; ``os.read`` of a
+    non-blocking pipe): fewer at EOF, or once a non-blocking one holds no more now."""
     chunks = []
     while size:
-        chunk = sock.recv(size)
+        try:
+            chunk = read(size)
+        except BlockingIOError:
+            break
         if not chunk:
-            return None
+            break
         chunks.append(chunk)
         size -= len(chunk)
     return b"".join(chunks)
 
 
 def _read_request(sock: socket.socket) -> tuple[int, bytes] | None:
-    head = _read_exactly(sock, HEADER.size)
-    if head is None:
+    head = _read_up_to(sock.recv, HEADER.size)
+    if len(head) < HEADER.size:
         return None
     length, kind = HEADER.unpack(head)
-    payload = _read_exactly(sock, length)
-    return None if payload is None else (kind, payload)
+    payload = _read_up_to(sock.recv, length)
+    return (kind, payload) if len(payload) == length else None
 
 
 def set_title(title: str) -> None:
@@ -224,7 +234,7 @@ def serve(fd: int) -> None:
     spares: set[int] = set()  # the children forked as spares and never handed an order
     handed: dict[int, bytes] = {}  # the spares handed an order: the order, until reaped
     spare: _Spare | None = None
-    forget = (sock.fileno(), wake_read, wake_write)
+    close_in_child = (sock.fileno(), wake_read, wake_write)
     sock.sendall(REPORT.pack(BOOTED, 0, 0, 0))
     watched: list[Any] = [sock, wake_read]
     while True:
@@ -236,7 +246,7 @@ def serve(fd: int) -> None:
             except BlockingIOError:
                 pass  # drained; the pipe only says "reap now"
         for refused in _reap(sock, children, spares, handed):  # forked afresh
-            child = _fork(forget, functools.partial(_run_child, refused, key, log_level))
+            child = _fork(close_in_child, functools.partial(_run_child, refused, key, log_level))
             children.add(child)
             sock.sendall(REPORT.pack(FORKED, SPAWN_HEAD.unpack_from(refused)[0], child, 0))
         if spare is not None and spare.pid not in children:
@@ -266,13 +276,13 @@ def serve(fd: int) -> None:
                 if spare is not None:
                     spare.close()
                     os.kill(spare.pid, signal.SIGKILL)  # still unreaped: it is our child
-                pid = _fork(forget, functools.partial(_run_child, payload, key, log_level))
+                pid = _fork(close_in_child, functools.partial(_run_child, payload, key, log_level))
                 children.add(pid)
             spare = None
             token = SPAWN_HEAD.unpack_from(payload)[0]
             sock.sendall(REPORT.pack(FORKED, token, pid, 0))
             try:
-                spare = _Spare.fork(forget, key, log_level, _node_endpoint(payload))
+                spare = _Spare.fork(close_in_child, key, log_level, _node_endpoint(payload))
             except OSError as exc:  # out of processes or descriptors: no spare this time
                 print(f"warren forkserver: no spare child: {exc}", file=sys.stderr, flush=True)
             else:
@@ -288,13 +298,14 @@ def serve(fd: int) -> None:
     os._exit(0)
 
 
-def _fork(forget: tuple[int, ...], run: Callable[[int], int]) -> int:
-    """Fork a child that closes the server's own descriptors (``forget``), takes the
-    default SIGCHLD and SIGTERM, and runs ``run(server_pid)`` to its exit code; its pid."""
+def _fork(close_in_child: tuple[int, ...], run: Callable[[int], int]) -> int:
+    """Fork a child that closes the server's own descriptors (``close_in_child``), takes
+    the default SIGCHLD and SIGTERM, and runs ``run(server_pid)`` to its exit code; its
+    pid."""
     server_pid = os.getpid()  # the child's parent: if it is not, it died meanwhile
     pid = os.fork()
     if pid == 0:
-        for fd in forget:
+        for fd in close_in_child:
             os.close(fd)
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
@@ -318,12 +329,12 @@ class _Spare:
 
     @classmethod
     def fork(
-        cls, forget: tuple[int, ...], key: bytes, log_level: int, node_endpoint: str
+        cls, close_in_child: tuple[int, ...], key: bytes, log_level: int, node_endpoint: str
     ) -> _Spare:
         orders_read, orders_write = os.pipe()
         run = functools.partial(_run_spare, orders_read, key, log_level, node_endpoint)
         try:
-            pid = _fork((*forget, orders_write), run)
+            pid = _fork((*close_in_child, orders_write), run)
         except OSError:
             os.close(orders_write)
             raise
@@ -354,15 +365,26 @@ class _Spare:
 
 def _run_spare(orders: int, key: bytes, log_level: int, node_endpoint: str, server_pid: int) -> int:
     """A spare child's life: get ready for any actor, wait for an order on ``orders``,
-    then become that order's actor; exit quietly if the server closes the pipe first."""
+    then become that order's actor; exit quietly if the server closes the pipe first.
+    Getting ready only saves time: an order is run whether or not it succeeded."""
     from ._runtime import runtime
     from .exitcodes import EXIT_CRASHED, EXIT_NORMAL, EXIT_ORDER_REFUSED, EXIT_PARENT_GONE
 
+    parent_checked = False
     try:
         if not die_with_parent(server_pid):
             return EXIT_PARENT_GONE
+        parent_checked = True
         set_title(SPARE_TITLE)
         runtime().channel(node_endpoint)  # READY and the actor's requests go through it
+    except BaseException:
+        print(
+            f"warren spare (pid {os.getpid()}): its warm-up failed; its order will be run "
+            "without it",
+            file=sys.stderr,
+        )
+        traceback.print_exc()
+    try:
         first = os.read(orders, 1)  # blocks until the order comes, or EOF
         payload = _read_order(orders, first, key) if first else None
         os.close(orders)
@@ -379,7 +401,7 @@ def _run_spare(orders: int, key: bytes, log_level: int, node_endpoint: str, serv
             flush=True,
         )
         return EXIT_ORDER_REFUSED
-    return _run_child(payload, key, log_level, server_pid, parent_checked=True)
+    return _run_child(payload, key, log_level, server_pid, parent_checked)
 
 
 def _read_order(fd: int, first: bytes, key: bytes) -> bytes | None:
@@ -388,31 +410,17 @@ def _read_order(fd: int, first: bytes, key: bytes) -> bytes | None:
     pipe once its first byte is), no longer than the pipe holds, and signed under
     ``key``; None for anything else."""
     os.set_blocking(fd, False)
-    head = first + _read_available(fd, ORDER_LENGTH.size - 1)
+    read = functools.partial(os.read, fd)
+    head = first + _read_up_to(read, ORDER_LENGTH.size - 1)
     if len(head) < ORDER_LENGTH.size:
         return None
     size = ORDER_LENGTH.unpack(head)[0]
     if size > _pipe_capacity(fd):
         return None
-    payload = _read_available(fd, size)
+    payload = _read_up_to(read, size)
     if len(payload) < size or signed_order(key, payload) is None:
         return None
     return payload
-
-
-def _read_available(fd: int, size: int) -> bytes:
-    """Up to ``size`` bytes that a non-blocking pipe holds now."""
-    chunks = []
-    while size:
-        try:
-            chunk = os.read(fd, size)
-        except BlockingIOError:
-            break
-        if not chunk:
-            break
-        chunks.append(chunk)
-        size -= len(chunk)
-    return b"".join(chunks)
 
 
 def _pipe_capacity(fd: int) -> int:

@@ -89,8 +89,10 @@ logger = logging.getLogger("warren.actors")
 DEFAULT_START_TIMEOUT_S = 30.0
 # How long a stop waits at each step: request, then SIGTERM (seconds).
 DEFAULT_STOP_TIMEOUT_S = 5.0
-# How long we wait for the exit of a process sent SIGKILL (seconds).
-_KILL_WAIT_S = 10.0
+# How long we wait for the exit of a process sent SIGKILL (seconds): a process in an
+# fsync on a slow disk dies only after it. A supervisor waits as long after a brutal kill
+# and counts it in the bound a watcher is given for a stop.
+EXIT_AFTER_KILL_S = 10.0
 # How often a stop with ``kill_if`` checks it while it waits (seconds).
 STOP_CHECK_S = 0.25
 _TRANSPORTS = ("ipc", "tcp")
@@ -395,7 +397,7 @@ class Node:
         for signum, wait_s in (
             (signal.SIGTERM, timeout),
             (signal.SIGKILL, timeout),
-            (None, _KILL_WAIT_S),
+            (None, EXIT_AFTER_KILL_S),
         ):
             if self._exited_within(life, wait_s, kill_if):
                 break
@@ -415,7 +417,7 @@ class Node:
         deadline = time.monotonic() + wait_s
         while not life.exited.wait(max(0.0, min(STOP_CHECK_S, deadline - time.monotonic()))):
             if self._killed_if(life, kill_if):
-                return life.exited.wait(_KILL_WAIT_S)
+                return life.exited.wait(EXIT_AFTER_KILL_S)
             if time.monotonic() >= deadline:
                 return False
         return True
@@ -453,8 +455,8 @@ class Node:
             if not life.exited.wait(max(0.0, deadline - time.monotonic())):
                 self._forkserver.signal(life.ref.pid, signal.SIGKILL)
         for life in lives:
-            life.exited.wait(_KILL_WAIT_S)
-        self._service.stop(_KILL_WAIT_S)
+            life.exited.wait(EXIT_AFTER_KILL_S)
+        self._service.stop(EXIT_AFTER_KILL_S)
         self._forkserver.close()
         if self._curve is not None and self._runtime.curve == self._curve:
             self._runtime.curve = None

@@ -75,7 +75,8 @@ A restart that fails to start counts as a restart too and is retried after
 
 What a supervisor is busy with: its event thread acts on one event at a time, so while
 it starts a child (a recovery: up to that child's ``start_timeout_s``) or stops one (up
-to twice its ``shutdown_s``), a hung sibling is killed only once that is done.
+to twice its ``shutdown_s``, then ``EXIT_AFTER_KILL_S`` for a killed child's exit), a
+hung sibling is killed only once that is done.
 ``status()`` shows it (``busy``: the child, ``starting`` or ``stopping``, for how long,
 and ``bound_s``, how long that may take; None when idle), so that a watcher (the chaos
 harness) can tell a late kill held up by a sibling's recovery from a supervisor that
@@ -135,6 +136,7 @@ from warren.actors import (
     Monitor,
 )
 from warren.actors import Node as ActorNode
+from warren.actors.node import EXIT_AFTER_KILL_S
 
 from .errors import SupervisorError
 from .specs import ChildSpec, SupervisorSpec
@@ -152,9 +154,6 @@ COALESCE_S = 0.05
 # A supervisor whose beat raised (a bug, or a runtime closed under it) is beaten again
 # this long after (seconds), rather than taking every other supervisor's heartbeat down.
 BEAT_RETRY_S = 1.0
-# How long a SIGKILLed child may take to exit and be reaped, in the bound a watcher is
-# given for its stop (``busy``): a process in an fsync on a slow disk dies only after it.
-EXIT_AFTER_KILL_S = 10.0
 
 
 class RestartCounts:
@@ -298,6 +297,13 @@ class Supervisor:
         if self.state != "failed":
             self.state = "stopped"
         self._stopped.set()
+
+    def stop_bound_s(self) -> float:
+        """How long ``stop()`` may take: its children's stops, one after another (each its
+        stop request, SIGTERM and SIGKILL, then ``EXIT_AFTER_KILL_S`` for its exit)."""
+        with self._lock:
+            children = list(self._children)
+        return sum(_stop_bound_s(child) for child in children)
 
     def _refuse_restarts(self) -> None:
         """From now on no child of this subtree is restarted (the subtree is stopping)."""
@@ -570,7 +576,7 @@ class Supervisor:
             if isinstance(spec.shutdown_s, str):  # BRUTAL_KILL, the only word allowed
                 self.node.kill(ref)
                 if child.monitor is not None:
-                    child.monitor.wait(30)
+                    child.monitor.wait(EXIT_AFTER_KILL_S)
             else:
                 self.node.stop(
                     ref,
@@ -817,12 +823,9 @@ def _start_bound_s(spec: ChildSpec | SupervisorSpec) -> float:
 def _stop_bound_s(child: _Child) -> float:
     """How long stopping ``child`` may take: an actor's stop request, SIGTERM after its
     ``shutdown_s`` and SIGKILL after as long again (at once for ``"brutal_kill"``), then
-    its exit (``EXIT_AFTER_KILL_S``); a nested supervisor's children, stopped one after
-    another."""
+    its exit (``EXIT_AFTER_KILL_S``); a nested supervisor's ``stop_bound_s()``."""
     if child.supervisor is not None:
-        with child.supervisor._lock:
-            children = list(child.supervisor._children)
-        return sum(_stop_bound_s(c) for c in children)
+        return child.supervisor.stop_bound_s()
     shutdown_s = child.spec.shutdown_s
     return EXIT_AFTER_KILL_S + (0.0 if isinstance(shutdown_s, str) else 2 * shutdown_s)
 

@@ -31,7 +31,10 @@ supervisor that gives up is then a finding of the run, not the schedule's doing.
 
 Processes are found from the node's process (its descendants, titled ``warren: <name>``),
 never by name across the machine, so a fault never lands on another node's or program's
-processes. A pattern that matches none of them is an error, said before anything is done.
+processes. Only actors are victims: not the forkserver, nor the spare child it forks ahead
+of the next spawn (``warren: spare``, no actor until an order makes it one: a kill of it
+would take down no actor, and no supervisor acts on a stop of it). A pattern that matches
+none of them is an error, said before anything is done.
 
 Races: a process can exit between being listed and being signalled; the signal then
 finds no process and the fault is reported as not landed (``FaultMissed``), never sent
@@ -51,6 +54,7 @@ from dataclasses import dataclass
 
 import psutil
 
+from warren.actors._forkserver import SPARE_TITLE
 from warren.queues.engine.stream_log import INDEX_SUFFIX, SEGMENT_SUFFIX, numbered_files
 
 from ..errors import FaultMissed
@@ -177,29 +181,31 @@ def _title(process: psutil.Process) -> str:
     return cmdline[0] if cmdline else ""
 
 
+def _actor_title_name(process: psutil.Process) -> str | None:
+    """The actor name in ``process``'s title; None for a process that is no actor: not
+    titled ``warren: <name>``, the forkserver, or its spare child awaiting an order."""
+    title = _title(process)
+    if not title.startswith(TITLE_PREFIX) or title == SPARE_TITLE:
+        return None
+    name = title[len(TITLE_PREFIX) :]
+    return None if name.startswith("forkserver") else name
+
+
 def matching(processes: list[psutil.Process], pattern: str) -> list[psutil.Process]:
     """The actor processes (titled ``warren: <name>``) whose name matches ``pattern``
-    (shell-style: ``queue *``); the forkserver is never one of them."""
+    (shell-style: ``queue *``); the forkserver and its spare are never among them."""
     found = []
     for process in processes:
-        title = _title(process)
-        if title.startswith(TITLE_PREFIX):
-            name = title[len(TITLE_PREFIX) :]
-            if not name.startswith("forkserver") and fnmatch.fnmatchcase(name, pattern):
-                found.append(process)
+        name = _actor_title_name(process)
+        if name is not None and fnmatch.fnmatchcase(name, pattern):
+            found.append(process)
     return found
 
 
 def _pick(processes: list[psutil.Process], pattern: str, seed: int) -> psutil.Process:
     found = sorted(matching(processes, pattern), key=_title)
     if not found:
-        names = sorted(
-            {
-                _title(p)[len(TITLE_PREFIX) :]
-                for p in processes
-                if _title(p).startswith(TITLE_PREFIX)
-            }
-        )
+        names = sorted({name for p in processes if (name := _actor_title_name(p)) is not None})
         raise FaultMissed(
             f"no process of the node matches {pattern!r}; its processes are "
             f"{', '.join(names) or 'none'}"

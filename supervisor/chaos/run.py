@@ -371,7 +371,9 @@ class _Busy:
     action: str  # "starting" or "stopping"
     child: str
     for_s: float  # how long it had been at it, when seen
-    bound_s: float  # how long that may take: a start's start_timeout_s, a stop's twice shutdown_s
+    # how long that may take: a start's start_timeout_s; a stop's twice shutdown_s (none
+    # for brutal_kill), then the killed child's exit (EXIT_AFTER_KILL_S)
+    bound_s: float
 
     def __str__(self) -> str:
         return f"{self.supervisor} {self.action} {self.child} for {self.for_s:.1f} s"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import os
 import shutil
@@ -14,6 +15,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.actors import failing_warm_up
+from tests.actors.conftest import PRELOAD
 from tests.actors.sample_actors import (
     FailsToStart,
     IgnoresStop,
@@ -268,6 +271,41 @@ def test_a_killed_spare_is_replaced_unnoticed_and_spawns_go_on(node: Node) -> No
     assert sorted(r.name for r in node.actors()) == ["first", "second"]
     assert down.down is None  # the spare's death is nobody's Down
     assert first.ask("pid", timeout=10) == first.pid
+
+
+def test_a_spare_whose_warm_up_fails_after_it_took_its_order_still_runs_it(
+    runtime_dir: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The warm-up (the spare's connection to the node) only saves its actor time: failing
+    # (out of descriptors) once the order is down the spare's pipe, it must lose no spawn.
+    gate = tmp_path / "gate"
+    monkeypatch.setenv(failing_warm_up.GATE_VARIABLE, str(gate))
+    preload = (*PRELOAD, "tests.actors.failing_warm_up")
+    with Node("warm-up", runtime_dir=runtime_dir, preload=preload) as node:
+        node.spawn(Recorder, name="first")
+        spare = the_spare(node.forkserver_pid)  # held in its warm-up until the gate opens
+        after: list[psutil.Process] = []
+
+        def next_spare_forked() -> bool:
+            after[:] = [p for p in spare_children(node.forkserver_pid) if p.pid != spare.pid]
+            return len(after) == 1
+
+        with concurrent.futures.ThreadPoolExecutor(1) as spawner:
+            spawning = spawner.submit(node.spawn, Recorder, "second", name="second")
+            try:
+                # the order went down the spare's pipe: the server forked the next spare
+                wait_for(next_spare_forked)
+            finally:
+                gate.touch()  # the warm-ups fail now (and the spawn is not held, if it failed)
+            (next_spare,) = after
+            second = spawning.result(timeout=30)
+        assert second.pid == spare.pid
+        assert second.ask("label", timeout=10) == "second"
+        # the next spare's warm-up failed before any order: it still takes the next one
+        third = node.spawn(Recorder, "third", name="third")
+        assert third.pid == next_spare.pid
+        assert third.ask("label", timeout=10) == "third"
+        assert sorted(r.name for r in node.actors()) == ["first", "second", "third"]
 
 
 def test_an_order_larger_than_the_spares_pipe_is_forked_directly(node: Node) -> None:

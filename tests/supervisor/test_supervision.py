@@ -9,6 +9,7 @@ import time
 import psutil
 import pytest
 
+from warren.actors.node import EXIT_AFTER_KILL_S
 from warren.supervisor import ChildSpec, Supervisor, SupervisorFlags, SupervisorSpec
 from warren.supervisor.errors import SupervisorError
 
@@ -276,18 +277,51 @@ def test_a_supervisor_shows_the_child_it_is_busy_stopping_and_how_long_that_may_
         actor_node, SupervisorSpec("sup", children=(ChildSpec("idle", Worker), slow))
     ).start()
     pid = pids(supervisor)["slow"]
+    # its children's stops one after another: idle's default shutdown_s is 5 s
+    assert supervisor.stop_bound_s() == (2 * 5 + EXIT_AFTER_KILL_S) + (2 * 60 + EXIT_AFTER_KILL_S)
     stopping = threading.Thread(target=supervisor.stop)
     try:
         stopping.start()
         wait_for(began.exists)
         busy = supervisor.status()["busy"]
         # a stop request, SIGTERM after shutdown_s, SIGKILL after as long again, its exit
-        assert (busy["action"], busy["child"], busy["bound_s"]) == ("stopping", "slow", 130)
+        bound_s = 2 * 60 + EXIT_AFTER_KILL_S
+        assert (busy["action"], busy["child"], busy["bound_s"]) == ("stopping", "slow", bound_s)
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)  # its on_stop would outlast the test
         stopping.join()
     assert supervisor.status()["busy"] is None
+
+
+def test_a_brutal_kill_whose_exit_never_shows_ends_its_stop_within_the_bound_shown(actor_node):
+    # The forkserver stopped by a signal neither kills the child nor reports an exit: the
+    # supervisor waits for that exit no longer than the bound a watcher reads for the stop
+    # (the chaos harness calls a stop past it one that never ends).
+    spec = SupervisorSpec("sup", children=(ChildSpec("brutal", Worker, shutdown_s="brutal_kill"),))
+    supervisor = Supervisor(actor_node, spec).start()
+    pid = pids(supervisor)["brutal"]
+    forkserver = psutil.Process(actor_node.forkserver_pid)
+    stopping = threading.Thread(target=supervisor.stop)
+    forkserver.suspend()
+    try:
+        stopping.start()
+        wait_for(lambda: supervisor.status()["busy"] is not None or not stopping.is_alive())
+        busy = supervisor.status()["busy"]
+        assert busy is not None, "the stop ended without waiting for the exit"
+        assert (busy["action"], busy["child"], busy["bound_s"]) == (
+            "stopping",
+            "brutal",
+            EXIT_AFTER_KILL_S,
+        )
+        # well past the bound, and well short of a wait longer than it
+        stopping.join(timeout=EXIT_AFTER_KILL_S + 15)
+        assert not stopping.is_alive(), "the stop outlasted its bound"
+        assert psutil.pid_exists(pid)  # the kill is still waiting for the forkserver
+    finally:
+        forkserver.resume()
+        stopping.join()
+    wait_for(lambda: not psutil.pid_exists(pid))  # the forkserver now kills and reaps it
 
 
 def test_a_child_that_cannot_start_fails_the_start_and_stops_its_elder_siblings(actor_node):

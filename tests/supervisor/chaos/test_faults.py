@@ -17,13 +17,14 @@ from warren.supervisor.chaos.faults import (
     is_alive,
     kill_process,
     kill_processes,
+    matching,
     node_processes,
     schedule,
     stop_process,
 )
 from warren.supervisor.chaos.workload import body_of, checked_id
 
-from ...waiting import wait_for
+from ...waiting import the_spare, wait_for
 from ..sample_actors import Worker
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -97,6 +98,21 @@ def test_kill_and_stop_land_and_the_supervisor_restarts_the_victim(tmp_path):
             if is_alive(victim):
                 victim.resume()
         assert node.connect().get("orders").body == b"kept"
+
+
+def test_no_pattern_picks_the_forkservers_spare_child(tmp_path):
+    # The spare, forked ahead of the next spawn, is titled like an actor but is none: a
+    # kill of it takes down no actor, and a stop of it is never acted on.
+    with Node(tmp_path / "data") as node:
+        node.declare_queue("orders")
+        spare = the_spare(node.actors.forkserver_pid)
+        processes = node_processes(os.getpid())
+        for pattern in ("*", "s*", "spare"):
+            assert spare not in matching(processes, pattern), pattern
+        assert "warren: queue orders" in {p.cmdline()[0] for p in matching(processes, "*")}
+        with pytest.raises(FaultMissed, match="no process of the node matches 'spare'"):
+            kill_process(processes, "spare", 1)
+        assert is_alive(spare)
 
 
 def test_the_node_fault_kills_every_process_of_the_node_at_once(tmp_path):
