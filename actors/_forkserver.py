@@ -122,7 +122,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from .process import die_with_parent
+from .process import SPARE_TITLE, die_with_parent
 
 BOOT = 1
 SPAWN = 2
@@ -149,7 +149,6 @@ _PARENT_CHECK_S = 1.0
 # How long the children of a dead node get to stop cleanly before SIGKILL (seconds): a
 # store writes its recovery files in well under this.
 CHILD_STOP_GRACE_S = 30.0
-SPARE_TITLE = "warren: spare"  # a spare child's title until its order makes it an actor
 
 
 def _read_up_to(read: Callable[[int], bytes], size: int) -> bytes:

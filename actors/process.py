@@ -9,6 +9,10 @@ exit at once in that case.
 ``process_exists`` says whether a pid names a running process: a process that ended but
 is not reaped yet (a zombie) does not run, and another user's process does.
 
+``SPARE_TITLE`` is the process title of the forkserver's spare child, forked ahead of the
+next spawn and no actor until its order comes: what lists a node's actors by their titles
+(the chaos harness) passes over it.
+
 ``drain_wake_pipe`` empties the self-pipe a thread writes to when it queues work for a loop
 that polls sockets (an actor's loop, the listener's gateway): the bytes carry no meaning, only
 "look at the queue", so they are read and dropped until the pipe is empty.
@@ -19,7 +23,9 @@ import os
 import signal
 import sys
 
-__all__ = ["die_with_parent", "drain_wake_pipe", "process_exists"]
+__all__ = ["SPARE_TITLE", "die_with_parent", "drain_wake_pipe", "process_exists"]
+
+SPARE_TITLE = "warren: spare"  # a spare child's title until its order makes it an actor
 
 _PR_SET_PDEATHSIG = 1  # prctl option: the signal a process receives when its parent exits
 

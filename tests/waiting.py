@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import psutil
 
-from warren.actors._forkserver import SPARE_TITLE
+from warren.actors.process import SPARE_TITLE
 
 
 def wait_for(condition: Callable[[], object], timeout: float = 20.0) -> None:

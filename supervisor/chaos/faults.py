@@ -54,7 +54,7 @@ from dataclasses import dataclass
 
 import psutil
 
-from warren.actors._forkserver import SPARE_TITLE
+from warren.actors.process import SPARE_TITLE
 from warren.queues.engine.stream_log import INDEX_SUFFIX, SEGMENT_SUFFIX, numbered_files
 
 from ..errors import FaultMissed
