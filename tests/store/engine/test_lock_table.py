@@ -189,14 +189,20 @@ def test_a_reader_that_forks_does_not_keep_its_locks_alive_in_the_child(store_di
         store.close()
 
 
-def open_fds_of_deleted_files() -> list[str]:
+def open_fds_of_deleted_files(store_dir) -> list[str]:
+    """The deleted store files of ``store_dir`` this process still holds open (only its
+    own: a worker that ran other tests before may hold theirs)."""
     links = []
     for fd in os.listdir("/proc/self/fd"):
         try:
             links.append(os.readlink(f"/proc/self/fd/{fd}"))
         except OSError:
             continue
-    return [link for link in links if link.endswith(".rdq (deleted)")]
+    return [
+        link
+        for link in links
+        if link.startswith(f"{store_dir}/") and link.endswith(".rdq (deleted)")
+    ]
 
 
 def combine_everything(store, directory):
@@ -215,7 +221,7 @@ def test_a_reader_lets_go_of_files_the_gc_deleted(store_dir):
         for n in range(0, 400, 4):  # stale places: fall back, and refresh
             p = store.location(msg_id(n))
             reader.read(p.file, p.offset, p.total_size, msg_id(n))
-        assert open_fds_of_deleted_files() == []
+        assert open_fds_of_deleted_files(store_dir) == []
     finally:
         reader.close()
         store.close()
