@@ -37,7 +37,8 @@ would take down no actor, and no supervisor acts on a stop of it). A pattern tha
 none of them is an error, said before anything is done.
 
 Races: a process can exit between being listed and being signalled; the signal then
-finds no process and the fault is reported as not landed (``FaultMissed``), never sent
+finds no process (or only a zombie, not reaped yet) and the fault is reported as not
+landed (``FaultMissed``), named by the title it was listed with, never sent
 to a pid the kernel reused, because the victim is signalled through its psutil handle,
 which checks the process's start time first.
 """
@@ -194,16 +195,25 @@ def _actor_title_name(process: psutil.Process) -> str | None:
 def matching(processes: list[psutil.Process], pattern: str) -> list[psutil.Process]:
     """The actor processes (titled ``warren: <name>``) whose name matches ``pattern``
     (shell-style: ``queue *``); the forkserver and its spare are never among them."""
+    return [process for _, process in _named_matching(processes, pattern)]
+
+
+def _named_matching(
+    processes: list[psutil.Process], pattern: str
+) -> list[tuple[str, psutil.Process]]:
+    """``matching``, each with its title as it was read then (a process that exits later
+    has none to read)."""
     found = []
     for process in processes:
         name = _actor_title_name(process)
         if name is not None and fnmatch.fnmatchcase(name, pattern):
-            found.append(process)
+            found.append((TITLE_PREFIX + name, process))
     return found
 
 
-def _pick(processes: list[psutil.Process], pattern: str, seed: int) -> psutil.Process:
-    found = sorted(matching(processes, pattern), key=_title)
+def _pick(processes: list[psutil.Process], pattern: str, seed: int) -> tuple[str, psutil.Process]:
+    """One actor matching ``pattern``, drawn by ``seed``, and its title as listed."""
+    found = sorted(_named_matching(processes, pattern), key=lambda named: named[0])
     if not found:
         names = sorted({name for p in processes if (name := _actor_title_name(p)) is not None})
         raise FaultMissed(
@@ -220,13 +230,14 @@ def _signal_one(
     signum: signal.Signals,
     ready: Collection[int] | None = None,
 ) -> tuple[str, psutil.Process]:
-    victim = _pick(processes, pattern, seed)
-    name = _title(victim)
+    name, victim = _pick(processes, pattern, seed)
     if ready is not None and victim.pid not in ready:
         raise FaultMissed(
             f"{name} (pid {victim.pid}) is still starting: no heartbeat watches it yet"
         )
     try:
+        if victim.status() == psutil.STATUS_ZOMBIE:  # ended since it was listed
+            raise psutil.NoSuchProcess(victim.pid)
         victim.send_signal(signum)
     except psutil.NoSuchProcess:
         raise FaultMissed(f"{name} exited before the {signum.name}") from None

@@ -2,6 +2,7 @@
 seed gives the same schedule every time; damaged files never deliver wrong bytes."""
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -113,6 +114,30 @@ def test_no_pattern_picks_the_forkservers_spare_child(tmp_path):
         with pytest.raises(FaultMissed, match="no process of the node matches 'spare'"):
             kill_process(processes, "spare", 1)
         assert is_alive(spare)
+
+
+class EndsOnceListed(psutil.Process):
+    """A process whose title reads once, when the fault lists it; it ends (killed, not
+    reaped: a zombie) before the fault signals it, the window a supervisor's own kill of
+    its victim opens."""
+
+    def cmdline(self) -> list[str]:
+        title = super().cmdline()
+        os.kill(self.pid, signal.SIGKILL)
+        wait_for(lambda: self.status() == psutil.STATUS_ZOMBIE)
+        return title
+
+
+@pytest.mark.parametrize("fault", [kill_process, stop_process])
+def test_a_victim_that_ends_between_being_listed_and_signalled_is_a_fault_missed(fault):
+    child = subprocess.Popen(["bash", "-c", 'exec -a "warren: queue orders" sleep 600'])
+    try:
+        wait_for(lambda: psutil.Process(child.pid).cmdline()[:1] == ["warren: queue orders"])
+        with pytest.raises(FaultMissed, match="warren: queue orders exited before the SIG"):
+            fault([EndsOnceListed(child.pid)], "queue *", 1)
+    finally:
+        child.kill()
+        child.wait()
 
 
 def test_the_node_fault_kills_every_process_of_the_node_at_once(tmp_path):
