@@ -998,7 +998,9 @@ def test_a_client_waiting_for_a_node_is_served_as_soon_as_it_starts(tmp_path):
             connect(data_dir)  # not yet, and no wait: at once
         refused.set()
         with connect(data_dir, wait=60) as connection:
-            assert started.is_set()
+            # served by the node started after the refusal: it serves before its
+            # constructor has returned, so that return is waited for, not assumed
+            assert started.wait(timeout=60)
             connection.declare_queue("orders")
             assert connection.list_queues() == ["orders"]
     finally:
