@@ -98,6 +98,7 @@ from .errors import (
     WritesBlocked,
 )
 from .protocol import (
+    Claim,
     ClientDying,
     Contains,
     Found,
@@ -449,10 +450,18 @@ class StoreClient:
         self.flush()
         return self._ask(Contains([check_msg_id(m) for m in msg_ids]))
 
-    def _ask(self, request: Read | ReadMany | Contains | Terminate) -> Any:
+    def claim_many(self, msg_ids: list[bytes], predecessors: list[bytes]) -> list[bool]:
+        """Whether this client now holds a reference to each id: its own, one a
+        predecessor (the client of this queue before a crash) held, or one recovered at
+        the store's start (``MessageStore.claim``)."""
+        self.flush()
+        return self._ask(Claim(self.client_ref, predecessors, [check_msg_id(m) for m in msg_ids]))
+
+    def _ask(self, request: Read | ReadMany | Contains | Claim | Terminate) -> Any:
         """Ask our store incarnation; after a restart, ask the new one again (every request
-        sent through here changes nothing, or nothing twice); StoreRestarted if writes or
-        removes were in doubt, StoreTimeout after ``call_timeout_s`` without an answer."""
+        sent through here changes nothing, or nothing twice: a claim asked again answers
+        the same); StoreRestarted if writes or removes were in doubt, StoreTimeout after
+        ``call_timeout_s`` without an answer."""
         deadline = time.monotonic() + self.call_timeout_s
         future = self._send(lambda store: store.ask_async(request))
         while True:

@@ -1,7 +1,7 @@
 """``LocalStoreClient``: a store client for a ``MessageStore`` in this process.
 
 It has the calls of ``warren.store.client.StoreClient`` that a queue uses (``write``,
-``remove``, ``read``, ``read_many``, ``contains_many``, ``settled``, ``close``,
+``remove``, ``read``, ``read_many``, ``contains_many``, ``claim_many``, ``settled``, ``close``,
 ``terminate``, ``delete_and_terminate``), so the queue engine runs unchanged against the
 in-process engine (tests, benchmarks, embedding) or against a store actor.
 
@@ -42,13 +42,13 @@ class LocalStoreClient:
         """Add one reference to ``msg_id`` (its body stored if it has none); its sequence
         number, settled by a later ``settled()``."""
         seq = self._next_seq
-        self.store.write(msg_id, body, (self.client_ref, seq))
+        self.store.write(msg_id, body, (self.client_ref, seq), self.client_ref)
         self._next_seq = seq + 1
         return seq
 
     def remove(self, msg_ids: Iterable[bytes]) -> None:
         for msg_id in msg_ids:
-            self.store.remove(msg_id)
+            self.store.remove(msg_id, self.client_ref)
 
     def read(self, msg_id: bytes) -> bytes | None:
         return self.store.read(msg_id)
@@ -60,6 +60,9 @@ class LocalStoreClient:
     def contains_many(self, msg_ids: list[bytes]) -> list[bool]:
         contains = self.store.contains
         return [contains(m) for m in msg_ids]
+
+    def claim_many(self, msg_ids: list[bytes], predecessors: list[bytes]) -> list[bool]:
+        return self.store.claim(msg_ids, self.client_ref, predecessors)
 
     def settled(self, wait: bool = True) -> Settlement:
         """Sync the store if any of this client's writes are unsettled (``wait`` changes

@@ -13,6 +13,11 @@ Client → store (``msg_store_persistent`` / ``msg_store_transient``):
     Read(msg_id)                          ask → Found | None
     ReadMany(msg_ids)                     ask → list[Found | None]
     Contains(msg_ids)                     ask → list[bool]
+    Claim(client_ref, predecessors, msg_ids)
+                                          ask → list[bool]: whether the client now holds
+                                          a reference to each (its own, a predecessor's
+                                          taken over, or one recovered at the store's
+                                          start): a queue's recovery after a crash
     ReadsReport(client_ref, direct, fallback)   tell: the client's read counters
     Terminate(client_ref)                 ask → None, after everything the client sent
     ClientDying(client_ref)               tell: later writes of unknown ids are ignored,
@@ -64,6 +69,9 @@ MsgIds = Annotated[
     Check(lambda v: all(len(m) == MSG_ID_BYTES for m in v), f"a list of {MSG_ID_BYTES}-byte ids"),
 ]
 ClientRef = Annotated[bytes, Check(lambda v: 0 < len(v) < 2**16, "1..65535 bytes")]
+ClientRefs = Annotated[
+    list[bytes], Check(lambda v: all(0 < len(r) < 2**16 for r in v), "a list of client refs")
+]
 Count = Annotated[int, Check(lambda v: v >= 0, "an int >= 0")]
 
 
@@ -136,6 +144,14 @@ class Found:
 @message
 @dataclass(frozen=True)
 class Contains:
+    msg_ids: MsgIds
+
+
+@message
+@dataclass(frozen=True)
+class Claim:
+    client_ref: ClientRef
+    predecessors: ClientRefs
     msg_ids: MsgIds
 
 

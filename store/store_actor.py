@@ -20,6 +20,9 @@ Messages accepted (``warren.store.protocol``), and what each gets back:
     Read(msg_id) / ReadMany(ids)    → Found(body, file, offset, total_size) | None each
                                       (file -1: not yet flushed, do not cache the place)
     Contains(ids)                   → list[bool]
+    Claim(client_ref, predecessors, ids)
+                                    → list[bool]: whether the client now holds a
+                                      reference to each id (``MessageStore.claim``)
     ReadsReport(client, direct, fallback)   (tell) a client's read counters
     Terminate(client_ref)           → None, after everything that client sent before it
     ClientDying(client_ref)         (tell) forget the client; its writes of ids the store
@@ -98,6 +101,7 @@ from .engine.rewrite import CombinePlan, RewriteResult
 from .errors import StoreError
 from .latency import LatencyHistogram
 from .protocol import (
+    Claim,
     ClientDying,
     Contains,
     Found,
@@ -268,7 +272,7 @@ class MessageStoreActor(ProcessActor):
         for position in range(len(parsed) + 1):
             while removes and removes[-1][0] == position:
                 for removed in removes.pop()[1]:
-                    self.store.remove(removed)
+                    self.store.remove(removed, client)
             if position == len(parsed):
                 break
             start, end = parsed[position]
@@ -276,7 +280,7 @@ class MessageStoreActor(ProcessActor):
             if dying and not self.store.contains(msg_id):
                 self._ignored_unwritten.append((client, seq, msg_id))
             else:
-                write(msg_id, records[start:end], (client, seq, msg_id))
+                write(msg_id, records[start:end], (client, seq, msg_id), client)
             seq += 1
         self.counters["batches"] += 1
         self._waiting.append((reply, client, message.first_seq, seq - 1, time.monotonic()))
@@ -304,6 +308,9 @@ class MessageStoreActor(ProcessActor):
 
     def _contains(self, message: Contains) -> list[bool]:
         return [self.store.contains(msg_id) for msg_id in message.msg_ids]
+
+    def _claim(self, message: Claim) -> list[bool]:
+        return self.store.claim(message.msg_ids, message.client_ref, message.predecessors)
 
     def _reads_report(self, message: ReadsReport) -> None:
         self.counters["direct_reads_reported"] += message.direct
@@ -441,6 +448,7 @@ class MessageStoreActor(ProcessActor):
         Read: _read,
         ReadMany: _read_many,
         Contains: _contains,
+        Claim: _claim,
         ReadsReport: _reads_report,
         Terminate: _terminate,
         ClientDying: _client_dying,

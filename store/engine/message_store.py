@@ -99,7 +99,9 @@ Modules. This one holds the public API, the state's initial values and closing;
 ``warren.store.engine.recovery`` holds opening and recovery,
 ``warren.store.engine.file_changes`` the multi-step changes of the files (the write path,
 rollover, sync, deletion, and the guard that breaks the store when one is interrupted),
-``warren.store.engine.gc`` the store's side of GC.
+``warren.store.engine.gc`` the store's side of GC, ``warren.store.engine.holders`` which
+client holds each reference (``claim``: a client restarted after a crash takes back the
+references its predecessor held, and no other client's).
 
 Races this module guards against (within its one thread of control):
 
@@ -117,7 +119,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -126,6 +128,7 @@ from . import index as idx
 from . import removal_log, snapshot
 from .file_changes import DISK_FULL_ERRNOS, FileChanges
 from .gc import Combining
+from .holders import Holders
 from .lock_table import RESERVE_FILE, TABLE_FILE, LockTableOwner
 from .records import (
     FILE_SUFFIX,
@@ -249,6 +252,7 @@ class MessageStore(Recovery, FileChanges, Combining):
         self._unsynced_files = set()
         self._lock_table = None
         self._clients = set()
+        self._holders = Holders()
         self._damaged = []
         self._broken = None
         self._closed = False
@@ -279,28 +283,38 @@ class MessageStore(Recovery, FileChanges, Combining):
 
     # ---------------------------------------------------------------- public API
 
-    def write(self, msg_id: bytes, body: bytes, ticket: Hashable = None) -> Hashable:
+    def write(
+        self, msg_id: bytes, body: bytes, ticket: Hashable = None, holder: bytes | None = None
+    ) -> Hashable:
         """Add one reference to ``msg_id``, storing ``body`` if the id has none.
 
         Returns the write's ticket (``ticket``, or a fresh int), which a later ``sync()``
-        reports as durable or ignored exactly once.
+        reports as durable or ignored exactly once. ``holder`` (a client ref) is who holds
+        the reference, for ``claim`` (``warren.store.engine.holders``).
         """
         if type(msg_id) is not bytes or len(msg_id) != MSG_ID_BYTES:
             msg_id = check_msg_id(msg_id)
         if type(body) is not bytes or len(body) > MAX_BODY_BYTES:
             body = check_body(body)
-        return self._write(msg_id, body, None, ticket)
+        return self._write(msg_id, body, None, ticket, holder)
 
-    def write_record(self, msg_id: bytes, record: bytes, ticket: Hashable) -> Hashable:
+    def write_record(
+        self, msg_id: bytes, record: bytes, ticket: Hashable, holder: bytes | None = None
+    ) -> Hashable:
         """``write`` for a caller that holds the record already encoded (``size · msg_id ·
         body · 0xFF``, checked by the caller: the store actor's batches arrive so): no
         re-encoding, one copy less of every body."""
         if len(record) - RECORD_OVERHEAD > MAX_BODY_BYTES:
             check_body(record[HEADER_BYTES:-1])
-        return self._write(msg_id, None, record, ticket)
+        return self._write(msg_id, None, record, ticket, holder)
 
     def _write(
-        self, msg_id: bytes, body: bytes | None, record: bytes | None, ticket: Hashable
+        self,
+        msg_id: bytes,
+        body: bytes | None,
+        record: bytes | None,
+        ticket: Hashable,
+        holder: bytes | None,
     ) -> Hashable:
         if self._closed:
             self._check_usable()
@@ -323,6 +337,8 @@ class MessageStore(Recovery, FileChanges, Combining):
                 index[key] = _PENDING_ONE_REF | (size << _SIZE_SHIFT)
                 self._pending[key] = record
                 self._pending_tickets[key] = ticket
+                if holder is not None:
+                    self._holders[key] = holder  # its first reference
                 pending = self._pending_bytes = self._pending_bytes + size
                 if pending >= self._write_buffer_bytes:
                     self._flush()
@@ -332,9 +348,13 @@ class MessageStore(Recovery, FileChanges, Combining):
                 if self._moves is not None and key in self._moves:
                     self._moves[key] ^= _ADOPTABLE
                 self.counters["writes_adopted"] += 1
+                if holder is not None:
+                    self._holders.adopted(key, holder, value & idx.REF_MASK)
                 self._unsynced_tickets.append(ticket)
                 return ticket
             index[key] = value + 1
+            if holder is not None:
+                self._holders.added(key, holder)
             if self._moves is not None and key in self._moves:
                 self._moves[key] += 1  # a combine staged it: keep up
             if value >> _FILE_SHIFT == _PENDING_FILE:
@@ -346,8 +366,9 @@ class MessageStore(Recovery, FileChanges, Combining):
             self._break("write", exc)
             raise
 
-    def remove(self, msg_id: bytes) -> bool:
-        """Drop one reference to ``msg_id``; False (and nothing changes) if it has none."""
+    def remove(self, msg_id: bytes, holder: bytes | None = None) -> bool:
+        """Drop one reference to ``msg_id`` (one of ``holder``'s, when it names one);
+        False (and nothing changes) if it has none."""
         key = _key(check_msg_id(msg_id))
         self._check_usable()
         value = self._index.get(key)
@@ -358,11 +379,13 @@ class MessageStore(Recovery, FileChanges, Combining):
         try:
             moves = self._moves
             if value & idx.REF_MASK > 1:
+                self._holders.removed(key, holder, value & idx.REF_MASK)
                 self._index[key] = value - 1
                 if moves is not None and key in moves:
                     moves[key] -= 1  # a combine staged it: keep up
                 return True
             del self._index[key]
+            self._holders.pop(key, None)
             file = value >> idx.FILE_SHIFT
             total = (value >> idx.SIZE_SHIFT) & idx.SIZE_MASK
             if moves is not None and moves.pop(key, None) is not None:
@@ -424,6 +447,31 @@ class MessageStore(Recovery, FileChanges, Combining):
         key = _key(check_msg_id(msg_id))
         self._check_usable()
         return key in self._index
+
+    def claim(
+        self, msg_ids: Iterable[bytes], holder: bytes, predecessors: Sequence[bytes]
+    ) -> list[bool]:
+        """For each id, whether ``holder`` now holds a reference to it: one it held, one
+        of ``predecessors`` held (now its), or one recovered at this store's start that
+        no client has claimed (``warren.store.engine.holders``). An id named n times
+        wants n references. A client restarted after a crash asks it for the entries its
+        index names, before it writes or removes anything; asked again, it answers the
+        same."""
+        self._check_usable()
+        index, holders = self._index, self._holders
+        answers: list[bool] = []
+        claimed: dict[int, int] = {}
+        for msg_id in msg_ids:
+            key = _key(check_msg_id(msg_id))
+            value = index.get(key)
+            nth = claimed.get(key, 0) + 1
+            held = value is not None and holders.claim(
+                key, holder, predecessors, value & idx.REF_MASK, nth
+            )
+            if held:
+                claimed[key] = nth
+            answers.append(held)
+        return answers
 
     def places(self, msg_ids: Iterable[bytes]) -> list[tuple[int, int, int] | None]:
         """(file, offset, total_size) of each id's record, None for an id without
