@@ -23,8 +23,12 @@ def fsync_directory(path: str | os.PathLike) -> None:
         os.close(fd)
 
 
-def write_atomically(path: str | os.PathLike, data: bytes, mode: int = 0o644) -> None:
-    """Replace ``path`` with ``data`` (a new file gets ``mode``), durably."""
+def write_atomically(
+    path: str | os.PathLike, data: bytes, mode: int = 0o644, *, durable: bool = True
+) -> None:
+    """Replace ``path`` with ``data`` (a new file gets ``mode``), durably unless
+    ``durable`` is False (then a process killed at any point leaves the old file or the
+    new one, whole, and only a power loss may leave neither)."""
     path = os.fspath(path)
     temporary = f"{path}.{os.getpid()}.tmp"
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
@@ -32,8 +36,10 @@ def write_atomically(path: str | os.PathLike, data: bytes, mode: int = 0o644) ->
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view) :]
-        os.fsync(fd)
+        if durable:
+            os.fsync(fd)
     finally:
         os.close(fd)
     os.replace(temporary, path)
-    fsync_directory(os.path.dirname(path) or ".")
+    if durable:
+        fsync_directory(os.path.dirname(path) or ".")

@@ -62,8 +62,10 @@ persistent count and bytes, per-segment counts, delivery counts, the persistent 
 ref), and the next open with terms and a clean shared store starts without reading the
 index: everything is in delta, and transient entries met while loading it are dropped.
 Without terms (a crash) or after a dirty shared store, every segment is scanned: entries
-of transient messages, whose shared-store message is missing (one batched contains), or
-whose per-queue record fails its size or CRC check are dropped, and every recovered
+of transient messages, whose shared-store message holds no reference of this queue (one
+batched claim: the body may be there for another queue, while this queue's write died with
+it; ``recovery_terms`` names the refs it claims from), or whose per-queue record fails its
+size or CRC check are dropped, and every recovered
 message is flagged redelivered. The terms are deleted at open, so a crash afterwards
 always recovers dirty. Terms whose segment files changed since the clean stop (cut or
 grown, a damaged header: ``recovery_terms``) are not trusted either, and the shared
@@ -120,7 +122,13 @@ from .queue_index import (
     pack_slots,
 )
 from .queue_store import QueueStore
-from .recovery_terms import TERMS_FILE, TERMS_VERSION, segment_file_sizes
+from .recovery_terms import (
+    TERMS_FILE,
+    TERMS_VERSION,
+    name_store_clients,
+    segment_file_sizes,
+    store_clients,
+)
 from .segments import SegmentFiles
 
 # The values it hands out (``msg_status``) and the collector's settings (``collector``)
@@ -259,6 +267,10 @@ class VariableQueue:
         had_files = any(name.endswith(".qi") for name in os.listdir(self.directory))
         terms = self._take_terms()
         persistent_ref = bytes.fromhex(terms["persistent_ref"]) if terms else os.urandom(16)
+        predecessors = store_clients(self.directory)
+        named = predecessors if persistent_ref in predecessors else [*predecessors, persistent_ref]
+        if named != predecessors:  # before this client writes anything
+            name_store_clients(self.directory, named)
         self._persistent = persistent_store(persistent_ref)
         self._transient = transient_store(os.urandom(16))
         if shared_store_clean is None:
@@ -298,7 +310,9 @@ class VariableQueue:
             self._delivery_counts = {int(s): c for s, c in clean_terms["delivery_counts"].items()}
             self._redeliver_below = 0
         else:
-            self._recover_dirty()
+            self._recover_dirty(predecessors)
+        if named != [persistent_ref]:  # what the predecessors held is this client's now
+            name_store_clients(self.directory, [persistent_ref])
         self.transient_threshold = self.next_seq_id
         if self._persistent_count:
             low = self._index.bounds()[0]
@@ -351,7 +365,7 @@ class VariableQueue:
             return None
         return terms
 
-    def _recover_dirty(self) -> None:
+    def _recover_dirty(self, predecessors: list[bytes]) -> None:
         counters = self.counters
         store_live: dict[int, int] = {}
         shared: list[Entry] = []
@@ -398,18 +412,19 @@ class VariableQueue:
             )
         missing: list[Entry] = []
         if shared:
-            present = self._persistent.contains_many([e.msg_id for e in shared])
-            missing = [e for e, found in zip(shared, present, strict=True) if not found]
+            held = self._persistent.claim_many([e.msg_id for e in shared], predecessors)
+            missing = [e for e, found in zip(shared, held, strict=True) if not found]
         if missing:
             self._index.ack(e.seq_id for e in missing)
             self._index.sync()
             counters["dropped_missing"] += len(missing)
-            # Indexed before the shared store wrote them, so never confirmed (a confirm
-            # waits for both): the expected cost of a crash. Data the store had and lost
-            # is its own warning, in its recovery.
+            # Indexed before this queue's write reached the shared store (the body may be
+            # there, another queue's reference), so never confirmed (a confirm waits for
+            # both): the expected cost of a crash. Data the store had and lost is its own
+            # warning, in its recovery.
             log.info(
-                "%s: %d messages were not in the shared store when it stopped (never "
-                "confirmed); dropped",
+                "%s: %d messages had no reference of this queue in the shared store when "
+                "it stopped (never confirmed); dropped",
                 self.directory,
                 len(missing),
             )
@@ -796,20 +811,12 @@ class VariableQueue:
                     raise
                 if payload is None:
                     self.counters["missing_on_read"] += 1
-                    # Recovered from a crash: its own write may have died with it while
-                    # another queue's reference to the same body (a fanout) answered
-                    # for it at recovery, until that queue acked it. Never confirmed
-                    # (a confirm waits for this queue's write): the expected cost of a
-                    # crash, as the recovery's drops are. Anything else is an error.
-                    recovered = status.seq_id < self._redeliver_below
-                    log.log(
-                        logging.INFO if recovered else logging.ERROR,
-                        "%s: message %d is missing from the shared store%s; dropped",
+                    # The queue holds a reference (a recovery keeps only the entries it
+                    # claimed one for), so the store lost it.
+                    log.error(
+                        "%s: message %d is missing from the shared store; dropped",
                         self.directory,
                         status.seq_id,
-                        " (recovered after a crash that lost its write: never confirmed)"
-                        if recovered
-                        else "",
                     )
                     self._remove([status])
                     continue

@@ -24,8 +24,8 @@ from warren.queues.engine.queue_index import (
     unpack_slot,
     usable_entry_count,
 )
+from warren.queues.engine.recovery_terms import STORE_CLIENTS_FILE, TERMS_FILE
 from warren.queues.engine.segments import HEADER_BYTES, segment_numbers
-from warren.queues.engine.variable_queue import TERMS_FILE
 
 from ..tables import Column, counted, format_table
 
@@ -50,12 +50,12 @@ class SegmentReport:
 
 def is_queue_directory(directory: str) -> bool:
     """A directory of segment files, or an empty queue's: its recovery terms (a clean
-    stop), or its lock alone in a node's ``queues`` directory."""
+    stop), or its lock and store clients alone in a node's ``queues`` directory."""
     with os.scandir(directory) as entries:
         names = {entry.name for entry in entries}
     if any(name.endswith(INDEX_SUFFIX) and name[:-3].isdigit() for name in names):
         return True
-    if names and names <= {LOCK_FILE, TERMS_FILE}:
+    if names and names <= {LOCK_FILE, TERMS_FILE, STORE_CLIENTS_FILE}:
         parent = os.path.basename(os.path.dirname(os.path.abspath(directory)))
         return TERMS_FILE in names or parent == QUEUES_DIR
     return False

@@ -635,8 +635,7 @@ def restarted_without_the_body(data_dir, msg_id: bytes) -> Iterator[Node]:
 
 def test_an_expired_head_whose_body_is_missing_dead_letters_no_message_behind_it(data_dir):
     """The head expired, and its body is gone from the shared store (its one reference
-    dropped by another client, as when another queue's reference answered for it at a
-    recovery and that queue then acked it): the head is dropped, and the message behind
+    dropped by another client: a store that lost it): the head is dropped, and the message behind
     it, with a minute of its TTL left, stays (the dead-lettering of the expired head
     went on to it, and dead-lettered it as expired)."""
     lost = os.urandom(16)

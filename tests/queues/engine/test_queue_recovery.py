@@ -22,6 +22,7 @@ from warren.queues.engine.queue_index import (
 )
 from warren.queues.engine.queue_index import segment_header as index_segment_header
 from warren.queues.engine.segments import segment_header
+from warren.queues.message import encode
 from warren.store import LocalStoreClient, MessageStore
 from warren.store.client import StoreClient
 from warren.store.protocol import StoreStats
@@ -62,7 +63,7 @@ def test_dirty_recovery_drops_entries_whose_shared_message_is_missing(
     # the expected cost of a crash (never confirmed), not a warning to a newcomer: data the
     # store lost is the store's own warning
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
-    assert "2 messages were not in the shared store when it stopped" in caplog.text
+    assert "2 messages had no reference of this queue in the shared store" in caplog.text
 
 
 def test_a_crash_after_acks_whose_removes_reached_the_store_brings_none_of_them_back(
@@ -84,28 +85,110 @@ def test_a_crash_after_acks_whose_removes_reached_the_store_brings_none_of_them_
     assert "not in the shared store" not in caplog.text
 
 
-def test_a_recovered_message_whose_body_only_another_queue_held_is_dropped_quietly(
-    open_queue, engine_stores, caplog
+class Recording:
+    """A store factory that keeps the persistent clients it made, oldest first."""
+
+    def __init__(self, make):
+        self.make = make
+        self.clients = []
+
+    def __call__(self, ref):
+        self.clients.append(self.make(ref))
+        return self.clients[-1]
+
+
+def fanout_queue(tmp_path, stores, persistent):
+    return VariableQueue(
+        tmp_path / "queues" / "q",
+        segment_entry_count=N,
+        persistent_store=persistent,
+        transient_store=stores.transient_client,
+    )
+
+
+def test_a_queue_killed_before_its_fanout_write_reached_the_store_leaves_the_other_copy_alone(
+    tmp_path, stores, caplog
 ):
-    # A fanout: another queue holds a reference to the same body. This queue's own write
-    # died with it (killed before its store client sent it), so at its recovery the
-    # body is there, held by the other queue alone, until that queue acks it.
-    queue = open_queue()
+    """A fanout: another queue holds a reference to the same body. This queue's own write
+    died with it (its index named the message, its store client never sent the write), so
+    only the other queue's reference keeps the body. Its recovery drops the entry (never
+    confirmed) rather than take that reference as its own: acking it would have removed
+    the other queue's confirmed copy."""
+    other = stores.persistent_client(os.urandom(16))
     msg_id = os.urandom(16)
-    queue.publish(message(0, size=SIZE_LARGE), msg_id=msg_id)
+    body = message(0, size=SIZE_LARGE)
+    persistent = Recording(stores.persistent_client)
+    queue = fanout_queue(tmp_path, stores, persistent)
+    queue.publish(body, msg_id=msg_id)
     queue.publish(message(1, size=SIZE_LARGE))
     queue.sync()
+    other.write(msg_id, encode(body))
+    other.settled(True)
+    persistent.clients[0].remove([msg_id])  # as if this queue's write had never arrived
+    persistent.clients[0].settled(True)
     queue.abandon()
-    store = engine_stores.persistent
-    store.write(msg_id, store.read(msg_id))  # the other queue's reference
-    store.remove(msg_id)  # this queue's write, never made
     with caplog.at_level(logging.INFO, logger="warren.queues"):
-        queue = open_queue()
-        store.remove(msg_id)  # the other queue acks it: the body goes
+        queue = fanout_queue(tmp_path, stores, persistent)
+        assert queue.counters["dropped_missing"] == 1
         assert [number(d) for d in drain(queue)] == [1]
-    assert queue.counters["missing_on_read"] == 1
-    assert "recovered after a crash that lost its write" in caplog.text
+        queue.sync()
+    assert other.read_many([msg_id]) == [encode(body)]
+    assert "1 messages had no reference of this queue in the shared store" in caplog.text
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    queue.terminate()
+    other.terminate()
+
+
+def test_a_queue_killed_after_its_write_of_a_fanout_body_reached_the_store_keeps_it(
+    tmp_path, stores
+):
+    """The same fanout, with this queue's write in the store: its recovery keeps the
+    message, and the other queue's ack leaves this queue's copy readable."""
+    other = stores.persistent_client(os.urandom(16))
+    msg_id = os.urandom(16)
+    body = message(0, size=SIZE_LARGE)
+    persistent = Recording(stores.persistent_client)
+    queue = fanout_queue(tmp_path, stores, persistent)
+    queue.publish(body, msg_id=msg_id)
+    queue.sync()
+    other.write(msg_id, encode(body))
+    other.settled(True)
+    queue.abandon()
+    queue = fanout_queue(tmp_path, stores, persistent)
+    other.remove([msg_id])
+    other.settled(True)
+    assert [d.message.body for d in drain(queue)] == [body.body]
+    queue.terminate()
+    other.terminate()
+
+
+def test_a_queue_killed_again_during_its_recovery_keeps_what_its_first_life_held(
+    tmp_path, stores, monkeypatch
+):
+    """Killed once, then again while its next open recovered (before it had claimed its
+    predecessor's references): the open after that still claims them, and keeps every
+    message."""
+    persistent = Recording(stores.persistent_client)
+    queue = fanout_queue(tmp_path, stores, persistent)
+    for n in range(4):
+        queue.publish(message(n, size=SIZE_LARGE))
+    queue.sync()
+    queue.abandon()
+
+    def killed(self, predecessors):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patched:
+        patched.setattr(VariableQueue, "_recover_dirty", killed)
+        with pytest.raises(KeyboardInterrupt):
+            fanout_queue(tmp_path, stores, persistent)
+    queue = fanout_queue(tmp_path, stores, persistent)
+    assert queue.counters["dropped_missing"] == 0 and len(queue) == 4
+    queue.abandon()
+    queue = fanout_queue(tmp_path, stores, persistent)  # killed once more: its refs moved on
+    assert queue.counters["dropped_missing"] == 0
+    assert [number(d) for d in drain(queue)] == [0, 1, 2, 3]
+    queue.terminate()
 
 
 def test_dirty_recovery_drops_records_failing_their_crc_and_keeps_the_rest(open_queue, caplog):
@@ -416,7 +499,7 @@ def test_an_upgrade_a_crash_cut_short_is_finished_at_the_next_open(open_queue):
     with open(os.path.join(directory, "2.qi.upgrade"), "wb") as file:
         file.write(b"half a segment")
     queue = open_queue()
-    assert sorted(os.listdir(directory)) == [".lock", "0.qi", "1.qi", "2.qi"]
+    assert sorted(os.listdir(directory)) == [".lock", "0.qi", "1.qi", "2.qi", "store_clients"]
     assert _format_versions(directory) == {2}
     assert [number(d) for d in drain(queue)] == list(range(3 * N))
 

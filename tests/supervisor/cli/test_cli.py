@@ -385,6 +385,15 @@ def test_inspect_of_a_queue_directory_reads_its_segment_files(tmp_path):
     assert "the queue's next recovery drops 1 torn slot" in torn.stdout
 
 
+def test_inspect_of_an_empty_queues_directory_says_it_is_one(tmp_path):
+    with Node(tmp_path / "data") as node:
+        node.declare_queue("empty")
+    (queue_dir,) = (tmp_path / "data" / "queues").iterdir()
+    shown = warren("store", "inspect", str(queue_dir))
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.startswith(f"queue directory {queue_dir}")
+
+
 def as_a_user_without_root_override() -> None:
     """Run in a child before it execs: the permission bits bind it as they bind any user.
     Root passes them by two capabilities (CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH); they
