@@ -172,6 +172,7 @@ class StoreClient:
         self._reported = (0, 0)
         self._pinned: ActorRef | None = None
         self._recovered_clean = False
+        self._store_start = ""
         # The answer to a Register sent and not yet taken (register_now=False).
         self._registering: Future | None = None
         if register_now:
@@ -191,6 +192,12 @@ class StoreClient:
         self.registered()
         return self._recovered_clean
 
+    @property
+    def store_start(self) -> str:
+        """The start token of the store it registered with: another after its restart."""
+        self.registered()
+        return self._store_start
+
     def _register(self) -> ActorRef:
         """Register with the store (or take the answer to the registration sent ahead);
         its ref, pinned to the incarnation that answered."""
@@ -209,6 +216,7 @@ class StoreClient:
         self._pinned = info.ref
         self.incarnation = info.ref.incarnation
         self._recovered_clean = info.recovered_clean
+        self._store_start = info.start_token
         self._reader = LockTableReader(info.directory)
         self._table = os.path.join(info.directory, TABLE_FILE)
         self._table_inode = os.stat(self._table).st_ino
@@ -450,12 +458,16 @@ class StoreClient:
         self.flush()
         return self._ask(Contains([check_msg_id(m) for m in msg_ids]))
 
-    def claim_many(self, msg_ids: list[bytes], predecessors: list[bytes]) -> list[bool]:
+    def claim_many(
+        self, msg_ids: list[bytes], predecessors: list[bytes], recovered: bool
+    ) -> list[bool]:
         """Whether this client now holds a reference to each id: its own, one a
-        predecessor (the client of this queue before a crash) held, or one recovered at
-        the store's start (``MessageStore.claim``)."""
+        predecessor (the client of this queue before a crash) held, or, for entries
+        older than the store's start (``recovered``), one recovered then
+        (``MessageStore.claim``)."""
         self.flush()
-        return self._ask(Claim(self.client_ref, predecessors, [check_msg_id(m) for m in msg_ids]))
+        ids = [check_msg_id(m) for m in msg_ids]
+        return self._ask(Claim(self.client_ref, predecessors, ids, recovered))
 
     def _ask(self, request: Read | ReadMany | Contains | Claim | Terminate) -> Any:
         """Ask our store incarnation; after a restart, ask the new one again (every request

@@ -35,6 +35,7 @@ class LocalStoreClient:
         self._settled_up_to = 0
         self._failed: list[int] = []
         self.recovered_clean = store.recovered_clean
+        self.store_start = store.start_token
         store.register_client(self.client_ref)
         _CLIENTS.setdefault(store, weakref.WeakValueDictionary())[self.client_ref] = self
 
@@ -61,8 +62,10 @@ class LocalStoreClient:
         contains = self.store.contains
         return [contains(m) for m in msg_ids]
 
-    def claim_many(self, msg_ids: list[bytes], predecessors: list[bytes]) -> list[bool]:
-        return self.store.claim(msg_ids, self.client_ref, predecessors)
+    def claim_many(
+        self, msg_ids: list[bytes], predecessors: list[bytes], recovered: bool
+    ) -> list[bool]:
+        return self.store.claim(msg_ids, self.client_ref, predecessors, recovered)
 
     def settled(self, wait: bool = True) -> Settlement:
         """Sync the store if any of this client's writes are unsettled (``wait`` changes

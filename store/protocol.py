@@ -13,11 +13,12 @@ Client → store (``msg_store_persistent`` / ``msg_store_transient``):
     Read(msg_id)                          ask → Found | None
     ReadMany(msg_ids)                     ask → list[Found | None]
     Contains(msg_ids)                     ask → list[bool]
-    Claim(client_ref, predecessors, msg_ids)
+    Claim(client_ref, predecessors, msg_ids, recovered)
                                           ask → list[bool]: whether the client now holds
                                           a reference to each (its own, a predecessor's
-                                          taken over, or one recovered at the store's
-                                          start): a queue's recovery after a crash
+                                          taken over, or, for ``recovered`` entries, one
+                                          recovered at the store's start): a queue's
+                                          recovery after a crash
     ReadsReport(client_ref, direct, fallback)   tell: the client's read counters
     Terminate(client_ref)                 ask → None, after everything the client sent
     ClientDying(client_ref)               tell: later writes of unknown ids are ignored,
@@ -93,6 +94,7 @@ class StoreInfo:
     directory: str
     transient: bool
     recovered_clean: bool
+    start_token: str  # tells this start of the store from the next (a queue keeps it)
 
 
 @message
@@ -153,6 +155,7 @@ class Claim:
     client_ref: ClientRef
     predecessors: ClientRefs
     msg_ids: MsgIds
+    recovered: bool
 
 
 @message

@@ -253,7 +253,13 @@ class MessageStoreActor(ProcessActor):
     def _register(self, message: Register) -> StoreInfo:
         self.store.register_client(message.client_ref)
         self._dying.discard(message.client_ref)
-        return StoreInfo(self.ref.pin(), self.directory, self.transient, self.store.recovered_clean)
+        return StoreInfo(
+            self.ref.pin(),
+            self.directory,
+            self.transient,
+            self.store.recovered_clean,
+            self.store.start_token,
+        )
 
     def _write_batch(self, message: WriteBatch) -> None:
         records = message.records
@@ -310,7 +316,9 @@ class MessageStoreActor(ProcessActor):
         return [self.store.contains(msg_id) for msg_id in message.msg_ids]
 
     def _claim(self, message: Claim) -> list[bool]:
-        return self.store.claim(message.msg_ids, message.client_ref, message.predecessors)
+        return self.store.claim(
+            message.msg_ids, message.client_ref, message.predecessors, message.recovered
+        )
 
     def _reads_report(self, message: ReadsReport) -> None:
         self.counters["direct_reads_reported"] += message.direct

@@ -13,19 +13,23 @@ walker names a queue's persistent client ref as clean only when its clean stop h
 the store, missing it, recovers dirty.
 
 The queue's store clients (``store_clients``): the persistent client refs whose references
-the queue's index may rely on, one hex ref a line. An open names its new ref there before
-its client writes anything, and only that ref once its recovery has claimed the references
-of the refs named before (``MessageStore.claim``): a queue killed at any point leaves every
-ref that holds one of its references named, so the next recovery claims them all. Written
-without fsync: only a queue process that dies while the store runs on needs it (a store
-that restarts counts the references from the indexes, and knows no holders).
+the queue's index may rely on, one hex ref a line, after a line ``store START SINCE``: the
+start token of the store they were made with and the first seq id the queue took since
+that start. An open names its new ref there before its recovery claims the references of
+the refs named before (``MessageStore.claim``), and only that ref once it has: a queue
+killed at any point leaves every ref that holds one of its references named, so the next
+recovery claims them all. Only the entries below SINCE may claim a reference the store
+recovered at its start (of no known holder): a newer entry's reference was written since,
+and is its own or another queue's. Written without fsync: only a queue process that dies
+while the store runs on needs it (a store that restarts starts anew: SINCE then is the
+queue's next seq id).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..durable_files import write_atomically
 from .queue_index import INDEX_SUFFIX, V1_STORE_SUFFIX, usable_entry_count
@@ -33,6 +37,7 @@ from .segments import HEADER_BYTES
 
 __all__ = [
     "STORE_CLIENTS_FILE",
+    "StoreClients",
     "TERMS_FILE",
     "TERMS_VERSION",
     "clean_stop_holds",
@@ -73,22 +78,40 @@ def clean_stop_holds(terms: dict[str, Any], directory: str) -> bool:
     return True
 
 
-def store_clients(directory: str) -> list[bytes]:
-    """The persistent client refs the queue's earlier opens named; [] when there are none
-    or the file does not read as refs."""
+class StoreClients(NamedTuple):
+    """What ``store_clients`` holds: the start token of the store the queue last opened
+    against, the first seq id the queue took since that start (None: not known yet, the
+    open that would have said died first), and the persistent client refs whose
+    references the queue's index may rely on."""
+
+    store_start: str | None
+    since: int | None
+    refs: list[bytes]
+
+
+def store_clients(directory: str) -> StoreClients:
+    """The queue's store clients as its earlier opens named them; none when there are
+    none or the file does not read."""
     path = os.path.join(directory, STORE_CLIENTS_FILE)
     try:
         with open(path, "rb") as file:
-            return [bytes.fromhex(line.decode()) for line in file.read().split()]
+            head, *refs = file.read().decode().splitlines()
+        word, start, since = head.split(" ")
+        if word != "store":
+            raise ValueError(f"a first line of {head!r}")
+        first = None if since == "-" else int(since)
+        return StoreClients(start, first, [bytes.fromhex(ref) for ref in refs])
     except FileNotFoundError:
-        return []
+        return StoreClients(None, None, [])
     except (OSError, ValueError) as exc:
         # Only references recovered at the store's start can be claimed then.
         log.warning("%s does not read (%s); its refs are not claimed", path, exc)
-        return []
+        return StoreClients(None, None, [])
 
 
-def name_store_clients(directory: str, refs: list[bytes]) -> None:
-    """Name ``refs`` as the queue's store clients (see the module docstring)."""
-    data = "".join(f"{ref.hex()}\n" for ref in refs).encode()
+def name_store_clients(directory: str, clients: StoreClients) -> None:
+    """Write ``clients`` as the queue's store clients (see the module docstring)."""
+    since = "-" if clients.since is None else str(clients.since)
+    lines = [f"store {clients.store_start} {since}", *(ref.hex() for ref in clients.refs)]
+    data = "".join(f"{line}\n" for line in lines).encode()
     write_atomically(os.path.join(directory, STORE_CLIENTS_FILE), data, durable=False)

@@ -125,6 +125,7 @@ from .queue_store import QueueStore
 from .recovery_terms import (
     TERMS_FILE,
     TERMS_VERSION,
+    StoreClients,
     name_store_clients,
     segment_file_sizes,
     store_clients,
@@ -267,14 +268,18 @@ class VariableQueue:
         had_files = any(name.endswith(".qi") for name in os.listdir(self.directory))
         terms = self._take_terms()
         persistent_ref = bytes.fromhex(terms["persistent_ref"]) if terms else os.urandom(16)
-        predecessors = store_clients(self.directory)
-        named = predecessors if persistent_ref in predecessors else [*predecessors, persistent_ref]
-        if named != predecessors:  # before this client writes anything
-            name_store_clients(self.directory, named)
         self._persistent = persistent_store(persistent_ref)
         self._transient = transient_store(os.urandom(16))
         if shared_store_clean is None:
             shared_store_clean = self._persistent.recovered_clean
+        store_start = self._persistent.store_start
+        named = store_clients(self.directory)
+        since = named.since if named.store_start == store_start else None
+        if persistent_ref not in named.refs:  # before the recovery's claim moves any to it
+            name_store_clients(
+                self.directory,
+                StoreClients(named.store_start, named.since, [*named.refs, persistent_ref]),
+            )
         clean_terms = terms if shared_store_clean else None  # None: recover dirty
         if clean_terms is not None and clean_terms.get("file_sizes") != segment_file_sizes(
             self.directory
@@ -310,9 +315,12 @@ class VariableQueue:
             self._delivery_counts = {int(s): c for s, c in clean_terms["delivery_counts"].items()}
             self._redeliver_below = 0
         else:
-            self._recover_dirty(predecessors)
-        if named != [persistent_ref]:  # what the predecessors held is this client's now
-            name_store_clients(self.directory, [persistent_ref])
+            self._recover_dirty(named.refs, since)
+        clients = StoreClients(
+            store_start, self.next_seq_id if since is None else since, [persistent_ref]
+        )
+        if clients != named:  # what the predecessors held is this client's now
+            name_store_clients(self.directory, clients)
         self.transient_threshold = self.next_seq_id
         if self._persistent_count:
             low = self._index.bounds()[0]
@@ -365,7 +373,9 @@ class VariableQueue:
             return None
         return terms
 
-    def _recover_dirty(self, predecessors: list[bytes]) -> None:
+    def _recover_dirty(self, predecessors: list[bytes], since: int | None) -> None:
+        """Scan every segment (see the module docstring); ``predecessors`` and ``since``
+        are what the queue claims in the shared store (``recovery_terms``)."""
         counters = self.counters
         store_live: dict[int, int] = {}
         shared: list[Entry] = []
@@ -411,9 +421,12 @@ class VariableQueue:
                 counters["dropped_corrupt"],
             )
         missing: list[Entry] = []
-        if shared:
-            held = self._persistent.claim_many([e.msg_id for e in shared], predecessors)
-            missing = [e for e, found in zip(shared, held, strict=True) if not found]
+        for older in (True, False):  # than the store's start: may claim a recovered one
+            entries = [e for e in shared if (since is None or e.seq_id < since) == older]
+            if entries:
+                ids = [e.msg_id for e in entries]
+                held = self._persistent.claim_many(ids, predecessors, older)
+                missing += [e for e, found in zip(entries, held, strict=True) if not found]
         if missing:
             self._index.ack(e.seq_id for e in missing)
             self._index.sync()

@@ -140,7 +140,7 @@ class FileChanges(_StoreState):
         before = len(failed)
         for key in self._pending:
             del self._index[key]
-            self._holders.pop(key, None)
+            self._holders.table.pop(key, None)
             failed.append(self._pending_tickets[key])
             failed += self._pending_fan_out.get(key, ())
         self._pending.clear()

@@ -10,110 +10,128 @@ re-send of that message would then be dropped as a repeat of one the queue has (
 confirmed message lost), and the queue's ack of it would take the other queue's
 reference, and the body with it.
 
-So each write and remove names its holder (a client ref), and ``Holders`` counts, per
-id, the references each holder added since the store opened. References the store
+So each write and remove names its holder (a client ref), and ``Holders`` keeps, per id,
+the holder of each reference added since the store started. References the store
 recovered at its start (from the queues' indexes or its clean-shutdown files) have no
-known holder: for an id, *unknown* = its reference count less the references its holders
-have. A client restarted after a crash names its predecessors' refs, and ``claim`` gives
-it one reference for each entry of its index that a predecessor's reference, or an
-unknown one, backs.
+known holder: for an id, *recovered* = its reference count less the references of known
+holders. A client restarted after a crash names its predecessors' refs, and ``claim``
+gives it a reference for an entry of its index that a predecessor's reference backs,
+or, only for an entry its index had when the store started, a recovered one.
 
-Rules, which keep every id's holders within its reference count:
+Rules, which keep every id's known references within its reference count:
 
-- a write adds one reference to its holder; a write that adopts a record recovered
-  without a source adds no reference, and takes an unknown one if any is left;
-- a remove takes one reference of its holder, else an unknown one, else (a remove by a
-  client that holds none: a predecessor's late batch) one of any holder, so that the
-  counts still add up;
-- an id without references (its last remove, its write failed on a full disk) leaves
-  the table.
+- a write adds a reference of its holder; a write that adopts a record recovered without
+  a source adds no reference, and takes a recovered one if any is left;
+- a remove takes a reference of its holder, else a recovered one; a remove by a named
+  holder that holds none while none is recovered is refused (``take`` answers False,
+  the store changes nothing and counts it): it would take another client's (a body kept
+  for good is the price, never a body lost); a remove naming no holder takes any;
+- an id without references leaves the table (its last remove, its write failed on a
+  full disk).
 
-Races it leaves as they are, each costing a body kept, never one lost: a dead client's
-write that reaches the store after its successor claimed is held by the dead client
-alone, until the store restarts and counts from the indexes again.
-
-Memory: one dict entry per id written since the store opened, its value the holder's ref
-(one object shared by all that holder's ids) while the id has one holder with one
-reference, a small dict of counts beyond.
+Layout: a plain dict, key (the id as an int) -> the holder's number while the id has one
+known reference, else the numbers of its holders packed in bytes (four bytes a
+reference). Holders are numbered once (``number``), so a value is an int shared by all
+the ids of its holder: the commonest steps cost a dict store or pop, and no value is a
+container, so the cyclic garbage collector never walks the table (as it never walks the
+index).
 """
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence
 
 __all__ = ["Holders"]
 
-# An id's holders: the one holder of its one reference, or each holder's count.
-_Held = bytes | dict[bytes, int]
+
+def _pack(numbers: list[int]) -> int | bytes:
+    return numbers[0] if len(numbers) == 1 else array("I", numbers).tobytes()
 
 
-class Holders(dict[int, _Held]):
-    """The references of each holder, per index key (the id as an int). A dict, so that
-    the store's commonest steps cost no call: the first write of an id sets its holder
-    (``holders[key] = holder``), its last remove drops it (``holders.pop(key, None)``)."""
+def _unpack(held: int | bytes) -> list[int]:
+    return [held] if isinstance(held, int) else array("I", held).tolist()
 
-    def added(self, key: int, holder: bytes) -> None:
-        """A write of ``holder`` added a reference to ``key``."""
-        held = self.get(key)
+
+class Holders:
+    """The holders of the references added since the store started, per index key.
+
+    ``table`` is the plain dict itself, for the store's commonest steps: the first write
+    of an id sets its holder (``table[key] = number``), the remove of its last reference
+    drops it (``table.pop(key, None)``)."""
+
+    def __init__(self) -> None:
+        self.table: dict[int, int | bytes] = {}
+        self._numbers: dict[bytes, int] = {}
+
+    def number(self, holder: bytes) -> int:
+        """The holder's number (the same int object every time)."""
+        number = self._numbers.get(holder)
+        if number is None:
+            number = self._numbers[holder] = len(self._numbers)
+        return number
+
+    def added(self, key: int, number: int) -> None:
+        """A write of holder ``number`` added a reference to ``key``."""
+        held = self.table.get(key)
+        self.table[key] = number if held is None else _pack([*_unpack(held), number])
+
+    def adopted(self, key: int, number: int, ref_count: int) -> None:
+        """A write of holder ``number`` adopted a recovered record of ``key`` (no new
+        reference): it takes a recovered one, if any is left."""
+        held = self.table.get(key)
+        if held is None or ref_count > len(_unpack(held)):
+            self.added(key, number)
+
+    def take(self, key: int, number: int | None, ref_count: int) -> bool:
+        """A remove of holder ``number`` (None: any) of one of the ``ref_count``
+        references of ``key``: whether it may go (see the module docstring)."""
+        held = self.table.get(key)
         if held is None:
-            self[key] = holder
-        elif isinstance(held, bytes):
-            self[key] = {held: 2} if held == holder else {held: 1, holder: 1}
+            return True  # every reference is a recovered one
+        if isinstance(held, int) and held == number:  # the commonest: its one reference
+            del self.table[key]
+            return True
+        numbers = _unpack(held)
+        if number is not None and number in numbers:
+            numbers.remove(number)
+        elif ref_count > len(numbers):
+            return True  # a recovered one
+        elif number is not None:
+            return False
         else:
-            held[holder] = held.get(holder, 0) + 1
-
-    def adopted(self, key: int, holder: bytes, ref_count: int) -> None:
-        """A write of ``holder`` adopted a recovered record of ``key`` (no new reference)."""
-        held = self.get(key)
-        if held is None or ref_count > sum(_counts(held).values()):
-            self.added(key, holder)
-
-    def removed(self, key: int, holder: bytes | None, ref_count: int) -> None:
-        """A remove of ``holder`` took one of the ``ref_count`` (more than one) references
-        of ``key`` (the remove of its last drops the key)."""
-        held = self.get(key)
-        if held is None:
-            return
-        counts = _counts(held)
-        if holder is None or holder not in counts:
-            if ref_count > sum(counts.values()):
-                return  # an unknown reference
-            holder = next(iter(counts))
-        self._take(key, counts, holder)
+            numbers.pop()
+        self._set(key, numbers)
+        return True
 
     def claim(
-        self, key: int, holder: bytes, predecessors: Sequence[bytes], ref_count: int, nth: int
+        self,
+        key: int,
+        number: int,
+        predecessors: Sequence[int],
+        ref_count: int,
+        nth: int,
+        recovered: bool,
     ) -> bool:
-        """Whether ``holder`` holds ``nth`` references of ``key`` (which has ``ref_count``),
-        taking one of a predecessor's, else an unknown one, if it holds fewer."""
-        held = self.get(key)
-        counts = {} if held is None else _counts(held)
-        if counts.get(holder, 0) >= nth:
+        """Whether holder ``number`` holds ``nth`` references of ``key`` (which has
+        ``ref_count``), taking one of a predecessor's, else (``recovered``: the entry is
+        older than the store's start) a recovered one, if it holds fewer."""
+        held = self.table.get(key)
+        numbers = [] if held is None else _unpack(held)
+        if numbers.count(number) >= nth:
             return True
         for predecessor in predecessors:
-            if predecessor != holder and counts.get(predecessor, 0) > 0:
-                self._take(key, counts, predecessor)
-                self.added(key, holder)
+            if predecessor != number and predecessor in numbers:
+                numbers[numbers.index(predecessor)] = number
+                self._set(key, numbers)
                 return True
-        if ref_count > sum(counts.values()):
-            self.added(key, holder)
+        if recovered and ref_count > len(numbers):
+            self._set(key, [*numbers, number])
             return True
         return False
 
-    def _take(self, key: int, counts: dict[bytes, int], holder: bytes) -> None:
-        """One reference less for ``holder`` (which has one) among ``counts``."""
-        if counts[holder] > 1:
-            counts[holder] -= 1
+    def _set(self, key: int, numbers: list[int]) -> None:
+        if numbers:
+            self.table[key] = _pack(numbers)
         else:
-            del counts[holder]
-        if not counts:
-            del self[key]
-        elif len(counts) == 1 and next(iter(counts.values())) == 1:
-            self[key] = next(iter(counts))
-        else:
-            self[key] = counts
-
-
-def _counts(held: _Held) -> dict[bytes, int]:
-    """Each holder's count (the table's own dict, or a new one for a single holder)."""
-    return {held: 1} if isinstance(held, bytes) else held
+            del self.table[key]

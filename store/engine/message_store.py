@@ -253,6 +253,7 @@ class MessageStore(Recovery, FileChanges, Combining):
         self._lock_table = None
         self._clients = set()
         self._holders = Holders()
+        self.start_token = os.urandom(8).hex()  # tells this start from the next
         self._damaged = []
         self._broken = None
         self._closed = False
@@ -261,6 +262,7 @@ class MessageStore(Recovery, FileChanges, Combining):
         self.counters = {
             "removes": 0,
             "removes_unknown": 0,
+            "removes_not_held": 0,
             "writes_ignored": 0,
             "writes_adopted": 0,
             "gc_runs": 0,
@@ -338,7 +340,7 @@ class MessageStore(Recovery, FileChanges, Combining):
                 self._pending[key] = record
                 self._pending_tickets[key] = ticket
                 if holder is not None:
-                    self._holders[key] = holder  # its first reference
+                    self._holders.table[key] = self._holders.number(holder)  # its first
                 pending = self._pending_bytes = self._pending_bytes + size
                 if pending >= self._write_buffer_bytes:
                     self._flush()
@@ -349,12 +351,13 @@ class MessageStore(Recovery, FileChanges, Combining):
                     self._moves[key] ^= _ADOPTABLE
                 self.counters["writes_adopted"] += 1
                 if holder is not None:
-                    self._holders.adopted(key, holder, value & idx.REF_MASK)
+                    holders = self._holders
+                    holders.adopted(key, holders.number(holder), value & idx.REF_MASK)
                 self._unsynced_tickets.append(ticket)
                 return ticket
             index[key] = value + 1
             if holder is not None:
-                self._holders.added(key, holder)
+                self._holders.added(key, self._holders.number(holder))
             if self._moves is not None and key in self._moves:
                 self._moves[key] += 1  # a combine staged it: keep up
             if value >> _FILE_SHIFT == _PENDING_FILE:
@@ -367,25 +370,29 @@ class MessageStore(Recovery, FileChanges, Combining):
             raise
 
     def remove(self, msg_id: bytes, holder: bytes | None = None) -> bool:
-        """Drop one reference to ``msg_id`` (one of ``holder``'s, when it names one);
-        False (and nothing changes) if it has none."""
+        """Drop one reference to ``msg_id``: one of ``holder``'s, when it names one, or
+        one recovered at the store's start; False (and nothing changes) if it has none,
+        or none ``holder`` may take (``warren.store.engine.holders``)."""
         key = _key(check_msg_id(msg_id))
         self._check_usable()
         value = self._index.get(key)
         if value is None:
             self.counters["removes_unknown"] += 1
             return False
+        holders = self._holders
+        number = None if holder is None else holders.number(holder)
+        if not holders.take(key, number, value & idx.REF_MASK):
+            self.counters["removes_not_held"] += 1
+            return False
         self.counters["removes"] += 1
         try:
             moves = self._moves
             if value & idx.REF_MASK > 1:
-                self._holders.removed(key, holder, value & idx.REF_MASK)
                 self._index[key] = value - 1
                 if moves is not None and key in moves:
                     moves[key] -= 1  # a combine staged it: keep up
                 return True
             del self._index[key]
-            self._holders.pop(key, None)
             file = value >> idx.FILE_SHIFT
             total = (value >> idx.SIZE_SHIFT) & idx.SIZE_MASK
             if moves is not None and moves.pop(key, None) is not None:
@@ -449,16 +456,24 @@ class MessageStore(Recovery, FileChanges, Combining):
         return key in self._index
 
     def claim(
-        self, msg_ids: Iterable[bytes], holder: bytes, predecessors: Sequence[bytes]
+        self,
+        msg_ids: Iterable[bytes],
+        holder: bytes,
+        predecessors: Sequence[bytes],
+        recovered: bool = True,
     ) -> list[bool]:
         """For each id, whether ``holder`` now holds a reference to it: one it held, one
-        of ``predecessors`` held (now its), or one recovered at this store's start that
-        no client has claimed (``warren.store.engine.holders``). An id named n times
-        wants n references. A client restarted after a crash asks it for the entries its
-        index names, before it writes or removes anything; asked again, it answers the
-        same."""
+        of ``predecessors`` held (now its), or, when ``recovered`` (the entries naming
+        these ids are older than this store's start), one the store recovered at its
+        start that no client has claimed (``warren.store.engine.holders``). An id named
+        n times wants n references. A client restarted after a crash asks it for the
+        entries its index names, before it writes or removes anything; asked again, it
+        answers the same."""
         self._check_usable()
+        self._guarded(self._flush)  # a pending write that then fails holds nothing
         index, holders = self._index, self._holders
+        number = holders.number(holder)
+        numbers = [holders.number(p) for p in predecessors]
         answers: list[bool] = []
         claimed: dict[int, int] = {}
         for msg_id in msg_ids:
@@ -466,10 +481,14 @@ class MessageStore(Recovery, FileChanges, Combining):
             value = index.get(key)
             nth = claimed.get(key, 0) + 1
             held = value is not None and holders.claim(
-                key, holder, predecessors, value & idx.REF_MASK, nth
+                key, number, numbers, value & idx.REF_MASK, nth, recovered
             )
-            if held:
+            if value is not None and held:
                 claimed[key] = nth
+                if value & _ADOPTABLE:  # claimed: a later write is a reference more
+                    index[key] = value ^ _ADOPTABLE
+                    if self._moves is not None and key in self._moves:
+                        self._moves[key] ^= _ADOPTABLE
             answers.append(held)
         return answers
 

@@ -42,7 +42,7 @@ class _StoreState:
     _index: dict[int, int]  # msg_id as int -> packed Location (warren.store.engine.index)
     _summary: dict[int, FileSummary]  # data file number -> its summary
     _clients: set[bytes]  # client refs the next clean marker names
-    _holders: Holders  # who holds each reference written since the open
+    _holders: Holders  # who holds each reference added since the store started
     _damaged: list[dict[str, int]]  # regions a dirty recovery skipped: file, offset, length
 
     # Writes not yet handed to write(2), keyed like the index, in arrival order.

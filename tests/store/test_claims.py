@@ -5,7 +5,8 @@ from warren.store import MessageStore
 
 from .helpers import msg_id
 
-QUEUE_A, QUEUE_A_AGAIN, QUEUE_B, STRANGER = b"queue a", b"queue a again", b"queue b", b"nobody"
+QUEUE_A, QUEUE_A_AGAIN, QUEUE_B, QUEUE_B_AGAIN = b"a", b"a again", b"b", b"b again"
+STRANGER = b"nobody"
 
 
 def test_a_restarted_client_claims_its_predecessors_references_and_not_another_clients(tmp_path):
@@ -20,7 +21,7 @@ def test_a_restarted_client_claims_its_predecessors_references_and_not_another_c
         assert claimed == [True, False, True, False]
         assert store.claim([shared, only_a], STRANGER, [QUEUE_A]) == [False, False]
         # B's references are still B's: its own successor gets them
-        assert store.claim([shared, only_b], b"queue b again", [QUEUE_B]) == [True, True]
+        assert store.claim([shared, only_b], QUEUE_B_AGAIN, [QUEUE_B]) == [True, True]
 
 
 def test_asked_again_a_claim_answers_the_same(tmp_path):
@@ -40,8 +41,18 @@ def test_references_recovered_at_the_stores_start_are_claimed_once_each(tmp_path
         store.sync()
     with MessageStore(tmp_path) as reopened:  # the holders are not kept: two references
         assert reopened.claim([msg_id(1)], QUEUE_A_AGAIN, [QUEUE_A]) == [True]
-        assert reopened.claim([msg_id(1)], b"queue b again", []) == [True]
+        assert reopened.claim([msg_id(1)], QUEUE_B_AGAIN, []) == [True]
         assert reopened.claim([msg_id(1)], STRANGER, []) == [False]
+
+
+def test_an_entry_newer_than_the_stores_start_cannot_claim_a_reference_recovered_then(tmp_path):
+    """B's reference predates the start; A's entry of the same id came after it, and A's
+    write never arrived: A may not take B's reference for it."""
+    with MessageStore(tmp_path) as store:
+        store.write(msg_id(1), b"fanout", holder=QUEUE_B)
+    with MessageStore(tmp_path) as reopened:
+        assert reopened.claim([msg_id(1)], QUEUE_A_AGAIN, [QUEUE_A], recovered=False) == [False]
+        assert reopened.claim([msg_id(1)], QUEUE_B_AGAIN, [QUEUE_B]) == [True]
 
 
 def test_a_remove_by_a_client_that_holds_none_takes_no_other_clients_reference(tmp_path):
@@ -49,8 +60,10 @@ def test_a_remove_by_a_client_that_holds_none_takes_no_other_clients_reference(t
         store.write(msg_id(1), b"fanout", holder=QUEUE_A)
     with MessageStore(tmp_path) as reopened:  # one reference, its holder unknown
         reopened.write(msg_id(1), b"fanout", holder=QUEUE_B)
-        assert reopened.remove(msg_id(1), STRANGER)  # the unknown one goes
-        assert reopened.claim([msg_id(1)], b"queue b again", [QUEUE_B]) == [True]
+        assert reopened.remove(msg_id(1), STRANGER)  # the recovered one goes
         assert reopened.claim([msg_id(1)], QUEUE_A_AGAIN, [QUEUE_A]) == [False]
-        assert reopened.remove(msg_id(1), b"queue b again")
+        assert not reopened.remove(msg_id(1), STRANGER)  # B's is not the stranger's
+        assert reopened.stats()["message_count"] == 1
+        assert reopened.claim([msg_id(1)], QUEUE_B_AGAIN, [QUEUE_B]) == [True]
+        assert reopened.remove(msg_id(1), QUEUE_B_AGAIN)
         assert not reopened.contains(msg_id(1))

@@ -13,6 +13,7 @@ import pytest
 
 from warren.queues import VariableQueue, walk_ref_counts
 from warren.queues.broker.definitions import queue_directory
+from warren.queues.engine import variable_queue
 from warren.queues.engine.queue_index import (
     HEADER_BYTES,
     SLOT_BYTES,
@@ -21,6 +22,7 @@ from warren.queues.engine.queue_index import (
     unpack_slot,
 )
 from warren.queues.engine.queue_index import segment_header as index_segment_header
+from warren.queues.engine.recovery_terms import name_store_clients
 from warren.queues.engine.segments import segment_header
 from warren.queues.message import encode
 from warren.store import LocalStoreClient, MessageStore
@@ -175,7 +177,7 @@ def test_a_queue_killed_again_during_its_recovery_keeps_what_its_first_life_held
     queue.sync()
     queue.abandon()
 
-    def killed(self, predecessors):
+    def killed(self, predecessors, since):
         raise KeyboardInterrupt
 
     with monkeypatch.context() as patched:
@@ -188,6 +190,66 @@ def test_a_queue_killed_again_during_its_recovery_keeps_what_its_first_life_held
     queue = fanout_queue(tmp_path, stores, persistent)  # killed once more: its refs moved on
     assert queue.counters["dropped_missing"] == 0
     assert [number(d) for d in drain(queue)] == [0, 1, 2, 3]
+    queue.terminate()
+
+
+def test_a_queue_killed_after_its_claim_keeps_what_its_first_life_held(
+    tmp_path, stores, monkeypatch
+):
+    """Killed again after its recovery claimed its predecessor's references (they are its
+    new client's now) but before it named that client alone: the next open claims them
+    from the client it named first."""
+    persistent = Recording(stores.persistent_client)
+    queue = fanout_queue(tmp_path, stores, persistent)
+    for n in range(4):
+        queue.publish(message(n, size=SIZE_LARGE))
+    queue.sync()
+    queue.abandon()
+    written = []
+
+    def killed_at_the_second(directory, clients):
+        written.append(clients)
+        if len(written) == 2:
+            raise KeyboardInterrupt
+        name_store_clients(directory, clients)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(variable_queue, "name_store_clients", killed_at_the_second)
+        with pytest.raises(KeyboardInterrupt):
+            fanout_queue(tmp_path, stores, persistent)
+    assert len(written[1].refs) == 1  # killed as it named the new client alone
+    queue = fanout_queue(tmp_path, stores, persistent)
+    assert queue.counters["dropped_missing"] == 0
+    assert [number(d) for d in drain(queue)] == [0, 1, 2, 3]
+    queue.terminate()
+
+
+def test_a_fanout_entry_newer_than_the_stores_start_does_not_take_a_reference_recovered_then(
+    tmp_path, engine_stores
+):
+    """The other queue's copy predates the store's start, so the store knows no holder of
+    its reference. This queue took the same message (a producer's re-send: the same id)
+    after the start, and was killed before its write reached the store: its recovery
+    drops it, and the other queue's copy stays."""
+    msg_id = os.urandom(16)
+    body = message(0, size=SIZE_LARGE)
+    other = engine_stores.persistent_client(os.urandom(16))
+    other.write(msg_id, encode(body))
+    other.settled(True)
+    engine_stores.close()
+    engine_stores.open()  # the node restarted: one reference of no known holder
+    persistent = Recording(engine_stores.persistent_client)
+    queue = fanout_queue(tmp_path, engine_stores, persistent)
+    queue.publish(body, msg_id=msg_id)
+    queue.sync()
+    persistent.clients[0].remove([msg_id])  # as if this queue's write had never arrived
+    persistent.clients[0].settled(True)
+    queue.abandon()
+    queue = fanout_queue(tmp_path, engine_stores, persistent)
+    assert queue.counters["dropped_missing"] == 1
+    assert drain(queue) == []
+    queue.sync()
+    assert engine_stores.persistent.read(msg_id) == encode(body)
     queue.terminate()
 
 
