@@ -108,6 +108,22 @@ def fanout_queue(tmp_path, stores, persistent):
     )
 
 
+def a_fanout(tmp_path, stores, *more):
+    """A queue and another store client (the other queue), both holding a reference to
+    one large message, the queue's first; the queue also holds ``more``. (the other
+    client, the message's id, the message, the queue's store clients, the queue)"""
+    other = stores.persistent_client(os.urandom(16))
+    msg_id, body = os.urandom(16), message(0, size=SIZE_LARGE)
+    persistent = Recording(stores.persistent_client)
+    queue = fanout_queue(tmp_path, stores, persistent)
+    for published, published_id in ((body, msg_id), *((m, None) for m in more)):
+        queue.publish(published, msg_id=published_id)
+    queue.sync()
+    other.write(msg_id, encode(body))
+    other.settled(True)
+    return other, msg_id, body, persistent, queue
+
+
 def test_a_queue_killed_before_its_fanout_write_reached_the_store_leaves_the_other_copy_alone(
     tmp_path, stores, caplog
 ):
@@ -116,16 +132,7 @@ def test_a_queue_killed_before_its_fanout_write_reached_the_store_leaves_the_oth
     only the other queue's reference keeps the body. Its recovery drops the entry (never
     confirmed) rather than take that reference as its own: acking it would have removed
     the other queue's confirmed copy."""
-    other = stores.persistent_client(os.urandom(16))
-    msg_id = os.urandom(16)
-    body = message(0, size=SIZE_LARGE)
-    persistent = Recording(stores.persistent_client)
-    queue = fanout_queue(tmp_path, stores, persistent)
-    queue.publish(body, msg_id=msg_id)
-    queue.publish(message(1, size=SIZE_LARGE))
-    queue.sync()
-    other.write(msg_id, encode(body))
-    other.settled(True)
+    other, msg_id, body, persistent, queue = a_fanout(tmp_path, stores, message(1, SIZE_LARGE))
     persistent.clients[0].remove([msg_id])  # as if this queue's write had never arrived
     persistent.clients[0].settled(True)
     queue.abandon()
@@ -146,15 +153,7 @@ def test_a_queue_killed_after_its_write_of_a_fanout_body_reached_the_store_keeps
 ):
     """The same fanout, with this queue's write in the store: its recovery keeps the
     message, and the other queue's ack leaves this queue's copy readable."""
-    other = stores.persistent_client(os.urandom(16))
-    msg_id = os.urandom(16)
-    body = message(0, size=SIZE_LARGE)
-    persistent = Recording(stores.persistent_client)
-    queue = fanout_queue(tmp_path, stores, persistent)
-    queue.publish(body, msg_id=msg_id)
-    queue.sync()
-    other.write(msg_id, encode(body))
-    other.settled(True)
+    other, msg_id, body, persistent, queue = a_fanout(tmp_path, stores)
     queue.abandon()
     queue = fanout_queue(tmp_path, stores, persistent)
     other.remove([msg_id])
@@ -164,11 +163,13 @@ def test_a_queue_killed_after_its_write_of_a_fanout_body_reached_the_store_keeps
     other.terminate()
 
 
+@pytest.mark.parametrize("when", ["before its claim", "after its claim"])
 def test_a_queue_killed_again_during_its_recovery_keeps_what_its_first_life_held(
-    tmp_path, stores, monkeypatch
+    tmp_path, stores, monkeypatch, when
 ):
-    """Killed once, then again while its next open recovered (before it had claimed its
-    predecessor's references): the open after that still claims them, and keeps every
+    """Killed once, then again while its next open recovered: before it claimed its
+    predecessor's references, or after (they are its new client's then) but before it
+    named that client alone. The opens after that still claim them, and keep every
     message."""
     persistent = Recording(stores.persistent_client)
     queue = fanout_queue(tmp_path, stores, persistent)
@@ -176,49 +177,29 @@ def test_a_queue_killed_again_during_its_recovery_keeps_what_its_first_life_held
         queue.publish(message(n, size=SIZE_LARGE))
     queue.sync()
     queue.abandon()
+    named = []
 
-    def killed(self, predecessors, since):
+    def recovery_killed(self, predecessors, since):
         raise KeyboardInterrupt
 
+    def killed_naming_it_alone(directory, clients):
+        named.append(clients)
+        if len(named) == 2:
+            assert len(clients.refs) == 1
+            raise KeyboardInterrupt
+        name_store_clients(directory, clients)
+
     with monkeypatch.context() as patched:
-        patched.setattr(VariableQueue, "_recover_dirty", killed)
+        if when == "before its claim":
+            patched.setattr(VariableQueue, "_recover_dirty", recovery_killed)
+        else:
+            patched.setattr(variable_queue, "name_store_clients", killed_naming_it_alone)
         with pytest.raises(KeyboardInterrupt):
             fanout_queue(tmp_path, stores, persistent)
     queue = fanout_queue(tmp_path, stores, persistent)
     assert queue.counters["dropped_missing"] == 0 and len(queue) == 4
     queue.abandon()
     queue = fanout_queue(tmp_path, stores, persistent)  # killed once more: its refs moved on
-    assert queue.counters["dropped_missing"] == 0
-    assert [number(d) for d in drain(queue)] == [0, 1, 2, 3]
-    queue.terminate()
-
-
-def test_a_queue_killed_after_its_claim_keeps_what_its_first_life_held(
-    tmp_path, stores, monkeypatch
-):
-    """Killed again after its recovery claimed its predecessor's references (they are its
-    new client's now) but before it named that client alone: the next open claims them
-    from the client it named first."""
-    persistent = Recording(stores.persistent_client)
-    queue = fanout_queue(tmp_path, stores, persistent)
-    for n in range(4):
-        queue.publish(message(n, size=SIZE_LARGE))
-    queue.sync()
-    queue.abandon()
-    written = []
-
-    def killed_at_the_second(directory, clients):
-        written.append(clients)
-        if len(written) == 2:
-            raise KeyboardInterrupt
-        name_store_clients(directory, clients)
-
-    with monkeypatch.context() as patched:
-        patched.setattr(variable_queue, "name_store_clients", killed_at_the_second)
-        with pytest.raises(KeyboardInterrupt):
-            fanout_queue(tmp_path, stores, persistent)
-    assert len(written[1].refs) == 1  # killed as it named the new client alone
-    queue = fanout_queue(tmp_path, stores, persistent)
     assert queue.counters["dropped_missing"] == 0
     assert [number(d) for d in drain(queue)] == [0, 1, 2, 3]
     queue.terminate()
