@@ -459,15 +459,17 @@ class StoreClient:
         return self._ask(Contains([check_msg_id(m) for m in msg_ids]))
 
     def claim_many(
-        self, msg_ids: list[bytes], predecessors: list[bytes], recovered: bool
+        self, msg_ids: list[bytes], predecessors: list[bytes], written_since: str | None
     ) -> list[bool]:
         """Whether this client now holds a reference to each id: its own, one a
-        predecessor (the client of this queue before a crash) held, or, for entries
-        older than the store's start (``recovered``), one recovered then
-        (``MessageStore.claim``)."""
+        predecessor (the client of this queue before a crash) held, or, unless the
+        entries were written since the start of the store that answers
+        (``written_since``, its ``store_start``), one recovered at that start
+        (``MessageStore.claim``). Asked again of a store that restarted meanwhile, every
+        entry is older than its start."""
         self.flush()
         ids = [check_msg_id(m) for m in msg_ids]
-        return self._ask(Claim(self.client_ref, predecessors, ids, recovered))
+        return self._ask(Claim(self.client_ref, predecessors, ids, written_since))
 
     def _ask(self, request: Read | ReadMany | Contains | Claim | Terminate) -> Any:
         """Ask our store incarnation; after a restart, ask the new one again (every request

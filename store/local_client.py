@@ -63,9 +63,9 @@ class LocalStoreClient:
         return [contains(m) for m in msg_ids]
 
     def claim_many(
-        self, msg_ids: list[bytes], predecessors: list[bytes], recovered: bool
+        self, msg_ids: list[bytes], predecessors: list[bytes], written_since: str | None
     ) -> list[bool]:
-        return self.store.claim(msg_ids, self.client_ref, predecessors, recovered)
+        return self.store.claim(msg_ids, self.client_ref, predecessors, written_since)
 
     def settled(self, wait: bool = True) -> Settlement:
         """Sync the store if any of this client's writes are unsettled (``wait`` changes

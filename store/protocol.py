@@ -13,12 +13,12 @@ Client → store (``msg_store_persistent`` / ``msg_store_transient``):
     Read(msg_id)                          ask → Found | None
     ReadMany(msg_ids)                     ask → list[Found | None]
     Contains(msg_ids)                     ask → list[bool]
-    Claim(client_ref, predecessors, msg_ids, recovered)
+    Claim(client_ref, predecessors, msg_ids, written_since)
                                           ask → list[bool]: whether the client now holds
                                           a reference to each (its own, a predecessor's
-                                          taken over, or, for ``recovered`` entries, one
-                                          recovered at the store's start): a queue's
-                                          recovery after a crash
+                                          taken over, or, unless written since the start
+                                          ``written_since`` names, one recovered at the
+                                          store's start): a queue's recovery after a crash
     ReadsReport(client_ref, direct, fallback)   tell: the client's read counters
     Terminate(client_ref)                 ask → None, after everything the client sent
     ClientDying(client_ref)               tell: later writes of unknown ids are ignored,
@@ -155,7 +155,7 @@ class Claim:
     client_ref: ClientRef
     predecessors: ClientRefs
     msg_ids: MsgIds
-    recovered: bool
+    written_since: str | None  # a store's start token: the entries are newer than it
 
 
 @message

@@ -317,7 +317,7 @@ class MessageStoreActor(ProcessActor):
 
     def _claim(self, message: Claim) -> list[bool]:
         return self.store.claim(
-            message.msg_ids, message.client_ref, message.predecessors, message.recovered
+            message.msg_ids, message.client_ref, message.predecessors, message.written_since
         )
 
     def _reads_report(self, message: ReadsReport) -> None:

@@ -315,7 +315,7 @@ class VariableQueue:
             self._delivery_counts = {int(s): c for s, c in clean_terms["delivery_counts"].items()}
             self._redeliver_below = 0
         else:
-            self._recover_dirty(named.refs, since)
+            self._recover_dirty(named.refs, store_start, since)
         clients = StoreClients(
             store_start, self.next_seq_id if since is None else since, [persistent_ref]
         )
@@ -373,9 +373,13 @@ class VariableQueue:
             return None
         return terms
 
-    def _recover_dirty(self, predecessors: list[bytes], since: int | None) -> None:
-        """Scan every segment (see the module docstring); ``predecessors`` and ``since``
-        are what the queue claims in the shared store (``recovery_terms``)."""
+    def _recover_dirty(
+        self, predecessors: list[bytes], store_start: str, since: int | None
+    ) -> None:
+        """Scan every segment (see the module docstring); the entries it keeps from the
+        shared store are those it claims there: from ``predecessors``, and (entries
+        below ``since``, taken before the store's start ``store_start``) from what the
+        store recovered at that start (``recovery_terms``)."""
         counters = self.counters
         store_live: dict[int, int] = {}
         shared: list[Entry] = []
@@ -421,11 +425,12 @@ class VariableQueue:
                 counters["dropped_corrupt"],
             )
         missing: list[Entry] = []
-        for older in (True, False):  # than the store's start: may claim a recovered one
-            entries = [e for e in shared if (since is None or e.seq_id < since) == older]
+        newer = [e for e in shared if since is not None and e.seq_id >= since]
+        older = [e for e in shared if since is None or e.seq_id < since]
+        for entries, written_since in ((older, None), (newer, store_start)):
             if entries:
                 ids = [e.msg_id for e in entries]
-                held = self._persistent.claim_many(ids, predecessors, older)
+                held = self._persistent.claim_many(ids, predecessors, written_since)
                 missing += [e for e, found in zip(entries, held, strict=True) if not found]
         if missing:
             self._index.ack(e.seq_id for e in missing)

@@ -460,15 +460,16 @@ class MessageStore(Recovery, FileChanges, Combining):
         msg_ids: Iterable[bytes],
         holder: bytes,
         predecessors: Sequence[bytes],
-        recovered: bool = True,
+        written_since: str | None = None,
     ) -> list[bool]:
         """For each id, whether ``holder`` now holds a reference to it: one it held, one
-        of ``predecessors`` held (now its), or, when ``recovered`` (the entries naming
-        these ids are older than this store's start), one the store recovered at its
-        start that no client has claimed (``warren.store.engine.holders``). An id named
-        n times wants n references. A client restarted after a crash asks it for the
-        entries its index names, before it writes or removes anything; asked again, it
-        answers the same."""
+        of ``predecessors`` held (now its), or, unless the entries naming these ids were
+        written since this store started (``written_since`` is its ``start_token``), one
+        the store recovered at its start that no client has claimed
+        (``warren.store.engine.holders``). An id named n times wants n references. A
+        client restarted after a crash asks it for the entries its index names, before it
+        writes or removes anything; asked again, it answers the same."""
+        recovered = written_since != self.start_token
         self._check_usable()
         self._guarded(self._flush)  # a pending write that then fails holds nothing
         index, holders = self._index, self._holders

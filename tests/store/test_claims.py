@@ -51,8 +51,21 @@ def test_an_entry_newer_than_the_stores_start_cannot_claim_a_reference_recovered
     with MessageStore(tmp_path) as store:
         store.write(msg_id(1), b"fanout", holder=QUEUE_B)
     with MessageStore(tmp_path) as reopened:
-        assert reopened.claim([msg_id(1)], QUEUE_A_AGAIN, [QUEUE_A], recovered=False) == [False]
+        since_its_start = reopened.start_token
+        assert reopened.claim([msg_id(1)], QUEUE_A_AGAIN, [QUEUE_A], since_its_start) == [False]
         assert reopened.claim([msg_id(1)], QUEUE_B_AGAIN, [QUEUE_B]) == [True]
+
+
+def test_entries_written_since_an_earlier_start_are_older_than_this_one(tmp_path):
+    """A queue's entries written since the store's previous start, claimed of the store
+    that restarted meanwhile: that store recovered their references at its own start."""
+    with MessageStore(tmp_path) as store:
+        before_the_restart = store.start_token
+        store.write(msg_id(1), b"the queue's", holder=QUEUE_A)
+    with MessageStore(tmp_path) as reopened:
+        assert reopened.start_token != before_the_restart
+        claimed = reopened.claim([msg_id(1)], QUEUE_A_AGAIN, [QUEUE_A], before_the_restart)
+        assert claimed == [True]
 
 
 def test_a_remove_by_a_client_that_holds_none_takes_no_other_clients_reference(tmp_path):

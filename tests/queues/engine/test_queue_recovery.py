@@ -179,7 +179,7 @@ def test_a_queue_killed_again_during_its_recovery_keeps_what_its_first_life_held
     queue.abandon()
     named = []
 
-    def recovery_killed(self, predecessors, since):
+    def recovery_killed(self, *claims):
         raise KeyboardInterrupt
 
     def killed_naming_it_alone(directory, clients):
