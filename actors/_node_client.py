@@ -24,7 +24,7 @@ from ._runtime import NodeOps, runtime
 
 if TYPE_CHECKING:
     from .messages import Down
-    from .ref import ActorRef
+    from .ref import ActorRef, Future
 
 # Extra time a remote stop request waits beyond the stop's own timeouts (seconds): the
 # node escalates to SIGTERM after ``timeout``, then SIGKILL after as long again at most.
@@ -44,6 +44,17 @@ class NodeClient:
         channel = rt.channel(self.endpoint)
         request_id = next(rt.request_ids)
         return channel.request([kind, request_id, body], request_id, timeout, None, self._abandon)
+
+    def _request_async(self, kind: int, body: Any) -> Future:
+        """Send a request now; its answer comes from the ``Future``'s ``get``."""
+        from .ref import Future
+
+        rt = runtime()
+        channel = rt.channel(self.endpoint)
+        request_id = next(rt.request_ids)
+        channel.expect(request_id)
+        channel.send([kind, request_id, body], _REQUEST_TIMEOUT_S)
+        return Future(channel, request_id, None)
 
     def _notify(self, kind: int, body: Any) -> None:
         channel = runtime().channel(self.endpoint)
@@ -69,6 +80,9 @@ class NodeClient:
 
     def monitor_named(self, watcher: ActorRef, names: list[str]) -> list[ActorRef | None]:
         return self._request(wire.MONITOR_NAMED, [watcher, names])
+
+    def monitor_named_async(self, watcher: ActorRef, names: list[str]) -> Future:
+        return self._request_async(wire.MONITOR_NAMED, [watcher, names])
 
     def register(self, name: str, ref: ActorRef) -> None:
         self._request(wire.REGISTER, [name, ref])
