@@ -21,10 +21,11 @@ from typing import TYPE_CHECKING, Any
 
 from . import wire
 from ._runtime import NodeOps, runtime
+from .ref import Future
 
 if TYPE_CHECKING:
     from .messages import Down
-    from .ref import ActorRef, Future
+    from .ref import ActorRef
 
 # Extra time a remote stop request waits beyond the stop's own timeouts (seconds): the
 # node escalates to SIGTERM after ``timeout``, then SIGKILL after as long again at most.
@@ -47,8 +48,6 @@ class NodeClient:
 
     def _request_async(self, kind: int, body: Any) -> Future:
         """Send a request now; its answer comes from the ``Future``'s ``get``."""
-        from .ref import Future
-
         rt = runtime()
         channel = rt.channel(self.endpoint)
         request_id = next(rt.request_ids)
