@@ -875,7 +875,7 @@ class ActorLoop:
         return self._node.monitor_named(self.ref, names)
 
     def monitor_named_async(self, names: list[str]) -> Future:
-        return self._node.monitor_named_async(self.ref, names)
+        return Future(*self._node.send_monitor_named(self.ref, names), None)
 
     def register(self, name: str) -> None:
         self._node.register(name, self.ref)
