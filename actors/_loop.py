@@ -128,7 +128,7 @@ from .figures import STAMP_S, FiguresSlot
 from .messages import Down, Exit, Pong
 from .peers import PeerWatch
 from .process import drain_wake_pipe
-from .ref import ActorRef
+from .ref import ActorRef, Future
 
 logger = logging.getLogger("warren.actors")
 
@@ -873,6 +873,9 @@ class ActorLoop:
 
     def monitor_named(self, names: list[str]) -> list[ActorRef | None]:
         return self._node.monitor_named(self.ref, names)
+
+    def monitor_named_async(self, names: list[str]) -> Future:
+        return Future(*self._node.send_monitor_named(self.ref, names), None)
 
     def register(self, name: str) -> None:
         self._node.register(name, self.ref)

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from . import wire
-from ._runtime import NodeOps, runtime
+from ._runtime import Channel, NodeOps, runtime
 
 if TYPE_CHECKING:
     from .messages import Down
@@ -44,6 +44,16 @@ class NodeClient:
         channel = rt.channel(self.endpoint)
         request_id = next(rt.request_ids)
         return channel.request([kind, request_id, body], request_id, timeout, None, self._abandon)
+
+    def _send_request(self, kind: int, body: Any) -> tuple[Channel, int]:
+        """Send a request now: the channel and request id its answer comes back by (a
+        ``Future`` of them takes it)."""
+        rt = runtime()
+        channel = rt.channel(self.endpoint)
+        request_id = next(rt.request_ids)
+        channel.expect(request_id)
+        channel.send([kind, request_id, body], _REQUEST_TIMEOUT_S)
+        return channel, request_id
 
     def _notify(self, kind: int, body: Any) -> None:
         channel = runtime().channel(self.endpoint)
@@ -69,6 +79,9 @@ class NodeClient:
 
     def monitor_named(self, watcher: ActorRef, names: list[str]) -> list[ActorRef | None]:
         return self._request(wire.MONITOR_NAMED, [watcher, names])
+
+    def send_monitor_named(self, watcher: ActorRef, names: list[str]) -> tuple[Channel, int]:
+        return self._send_request(wire.MONITOR_NAMED, [watcher, names])
 
     def register(self, name: str, ref: ActorRef) -> None:
         self._request(wire.REGISTER, [name, ref])

@@ -56,7 +56,7 @@ from .errors import ActorError, UnhandledMessage
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from .ref import ActorRef
+    from .ref import ActorRef, Future
 
 
 class DeferredReply(Protocol):
@@ -87,6 +87,8 @@ class ActorServices(Protocol):
     def whereis(self, name: str) -> ActorRef | None: ...
 
     def monitor_named(self, names: list[str]) -> list[ActorRef | None]: ...
+
+    def monitor_named_async(self, names: list[str]) -> Future: ...
 
     def register(self, name: str) -> None: ...
 
@@ -220,6 +222,12 @@ class ProcessActor:
         None (nothing monitored) where nobody holds the name. Like ``monitor``, a
         ``Down`` comes at once for an incarnation that exited in between."""
         return self._require_services().monitor_named(names)
+
+    def monitor_named_async(self, names: list[str]) -> Future:
+        """``monitor_named`` sent now, its answer taken later from the ``Future``'s
+        ``get`` (which raises what ``monitor_named`` would): the node answers while the
+        actor does other work (a queue opens its files)."""
+        return self._require_services().monitor_named_async(names)
 
     def register(self, name: str) -> None:
         """Register this actor under ``name`` in the node's registry."""

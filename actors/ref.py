@@ -215,9 +215,10 @@ class ActorRef:
 
 
 class Future:
-    """The answer to an ``ask_async``; ``get`` may be called from any thread."""
+    """The answer to an ``ask_async`` (or to a request to the node: ``target`` None);
+    ``get`` may be called from any thread."""
 
-    def __init__(self, channel: Channel, request_id: int, target: ActorRef) -> None:
+    def __init__(self, channel: Channel, request_id: int, target: ActorRef | None) -> None:
         self._channel = channel
         self._request_id = request_id
         self._target = target

@@ -97,6 +97,15 @@ A store that goes down (a ``Down`` from the monitor the queue holds on each stor
 the queue stop at once, without a clean stop: the node restarts it after the store, and
 it recovers dirty, checking its entries against the store.
 
+Starting: the queue asks the node for both stores' refs and monitors (``monitor_named``),
+registers with both and opens its files. Given ``stores`` (where the node's stores live,
+as the node knew them when it made the queue's spec: a declare's), it sends that request
+first and opens its files while the node answers, registering with the stores at those
+addresses meanwhile (a round trip to the node, a millisecond or two of each declare, off
+its path). A store that restarted in between (its registration answered by another
+incarnation than the one monitored) fails the start: the node restarts the queue after
+the store anyway.
+
 Races: a confirm is sent only after the sync that made the whole batch durable, so a
 queue killed with confirms pending leaves its publishers an ActorDeadError (their batch
 is in doubt: re-send it), never a false confirm. A store error in the middle of a
@@ -171,6 +180,7 @@ RATES_INTERVAL_S = 5.0  # RAM_DURATION_UPDATE_INTERVAL
 EXPIRY_CHECK_S = 0.25  # how often expired messages at the head are dropped
 FULL_COLLECTION_EVERY_S = 60.0  # the most often a queue runs a full garbage collection
 STORE_PING_S = 1.0  # how long a stopping queue waits for its stores' answer
+STORES = ("msg_store_persistent", "msg_store_transient")  # the node's stores, by name
 
 
 class _StoreClientOptions(TypedDict):
@@ -217,6 +227,7 @@ class QueueActor(ProcessActor):
         directory: str,
         *,
         data_dir: str | None = None,
+        stores: tuple[ActorRef, ActorRef] | None = None,
         queue_options: dict[str, Any] | None = None,
         sync_interval_ms: float = SYNC_INTERVAL_MS,
         consumer_check_s: float = CONSUMER_CHECK_S,
@@ -225,6 +236,7 @@ class QueueActor(ProcessActor):
         self.queue_name = definition.name
         self.directory = directory
         self.data_dir = data_dir
+        self.stores = stores  # the persistent and the transient store, as found ahead
         self.queue_options = dict(queue_options or {})
         self.sync_interval_s = sync_interval_ms / 1000
         self.consumer_check_s = consumer_check_s
@@ -273,14 +285,14 @@ class QueueActor(ProcessActor):
     # ------------------------------------------------------------------ lifecycle
 
     def on_start(self) -> None:
-        # the stores' refs and their monitors in one round trip to the node
-        persistent, transient = self.monitor_named(["msg_store_persistent", "msg_store_transient"])
-        if persistent is None or transient is None:
-            for store in (persistent, transient):
-                if store is not None:
-                    self.demonitor(store)
-            raise RuntimeError(f"queue {self.queue_name}: the node's stores are not running")
-        self._stores = [persistent.pin(), transient.pin()]
+        # the stores' refs and their monitors in one round trip to the node, answered
+        # while the queue opens when it knows where the stores live (see Starting)
+        monitoring = None
+        if self.stores is None:
+            persistent, transient = self._monitored(self.monitor_named(list(STORES)))
+        else:
+            monitoring = self.monitor_named_async(list(STORES))
+            persistent, transient = self.stores
         clients: list[StoreClient] = []
 
         def client_of(store: ActorRef, ref: bytes) -> StoreClient:
@@ -300,6 +312,10 @@ class QueueActor(ProcessActor):
         )
         for client in clients:
             client.registered()  # a store that does not answer fails the start, as before
+        if monitoring is not None:
+            persistent, transient = self._monitored(monitoring.get())
+            self._check_registered(clients, (persistent, transient))
+        self._stores = [persistent.pin(), transient.pin()]
         self._producers = ProducerLog(self.directory)
         if self._producers.existed:
             self._recovered_ids = self.queue.msg_ids_from(self._producers.low_water)
@@ -327,6 +343,40 @@ class QueueActor(ProcessActor):
         head = self.queue.peek()  # with an expiry, the messages it recovered may expire
         self._may_expire = head is not None and head.expiry_ms > 0
         self._arm_expiry_tick()
+
+    def _monitored(self, found: list[ActorRef | None]) -> tuple[ActorRef, ActorRef]:
+        """Both stores as ``monitor_named`` found them; a start fails without either."""
+        persistent, transient = found
+        if persistent is None or transient is None:
+            for store in (persistent, transient):
+                if store is not None:
+                    self.demonitor(store)
+            raise RuntimeError(f"queue {self.queue_name}: the node's stores are not running")
+        return persistent, transient
+
+    def _check_registered(self, clients: list[StoreClient], stores: tuple[ActorRef, ...]) -> None:
+        """Fail the start unless the stores given ahead (``stores``) are the node's, and
+        each client registered with the incarnation monitored, not one that restarted
+        between its registration and the monitor."""
+        given = [store.address for store in self.stores or ()]
+        if given != [store.address for store in stores]:
+            for store in stores:
+                self.demonitor(store)
+            raise RuntimeError(
+                f"queue {self.queue_name}: the stores it was given ({', '.join(given)}) are "
+                f"not the node's ({', '.join(store.address for store in stores)})"
+            )
+        monitored = {store.address: store for store in stores}
+        for client in clients:
+            running = monitored[client.store.address]
+            if client.incarnation != running.incarnation:
+                for store in stores:
+                    self.demonitor(store)
+                raise RuntimeError(
+                    f"queue {self.queue_name}: {running.name} restarted while the queue "
+                    f"started (it registered with incarnation {client.incarnation}, "
+                    f"incarnation {running.incarnation} runs now)"
+                )
 
     def on_stop(self) -> None:
         if self._dead is not None:

@@ -24,15 +24,21 @@ took a third of a core on a node of 1,000 queues (most of its process's 40 % idl
 Reading RSS (``/proc/PID/statm``) costs a twentieth of that. So ``NodeMemory`` keeps each
 process's last PSS reading with the RSS it had then, and a check estimates each process
 as that PSS plus what its RSS grew since (memory a process allocates is private: it adds
-to its PSS in whole). It reads PSS again:
+to its PSS in whole). A process it has no reading of (a new actor, or one restarted) is
+not read at once either: a node declaring a hundred queues a second would read a hundred
+PSS a second (a fifth of its process's CPU per declare). Its first check estimates it as
+its RSS times the PSS per byte of RSS of the readings held (the node's processes are
+forked from one forkserver and share alike), kept as the oldest reading, so that one of
+the next checks reads it. It reads PSS:
 
-- of a process it has no reading of (a new actor, or one restarted);
-- of the processes whose readings are the oldest, a few each check, so that each is read
-  again about every ``PSS_REFRESH_S``;
+- of every process when it holds no reading at all (the first check);
+- of the processes whose readings are the oldest, a few each check (first the estimated
+  ones), so that each is read again about every ``PSS_REFRESH_S`` (longer while many
+  processes start at once: the reads per check stay the same);
 - of every process at once, when the estimate would raise or clear the memory alarm: an
   alarm changes only on an exact sum, and the exact readings become the next estimate's.
 
-What the estimate misses, until a process's next reading (at most ``PSS_REFRESH_S``
+What the estimate misses, until a process's next reading (about ``PSS_REFRESH_S``
 later), is PSS that grows while RSS does not: pages of the forkserver's that a child
 writes to (copy on write: resident in the child before and after, shared before, private
 after), and the share of shared pages that falls to the others when a sharer exits.
@@ -130,7 +136,7 @@ class _Reading:
     process: psutil.Process
     pss: int
     rss: int
-    read_at: float  # time.monotonic() of the reading
+    read_at: float  # time.monotonic() of the reading; -inf for an estimate never read
 
 
 class NodeMemory:
@@ -150,9 +156,13 @@ class NodeMemory:
         oldest = sorted(self._readings, key=lambda pid: self._readings[pid].read_at)
         due = math.ceil(len(oldest) * check_interval_s / self.refresh_s)
         reread = set(oldest[:due])
+        pss_per_rss = self._pss_per_rss()
         total = 0
         for pid in pids:
             reading = self._readings.get(pid)
+            if reading is None and pss_per_rss is not None:
+                total += self._estimate_new(pid, pss_per_rss)
+                continue
             if reading is None or pid in reread:
                 total += self._read(pid)
                 continue
@@ -163,6 +173,25 @@ class NodeMemory:
                 continue
             total += max(0, reading.pss + rss - reading.rss)
         return total
+
+    def _pss_per_rss(self) -> float | None:
+        """The PSS of the readings held per byte of their RSS; None when none is held."""
+        rss = sum(reading.rss for reading in self._readings.values())
+        if not rss:
+            return None
+        return sum(reading.pss for reading in self._readings.values()) / rss
+
+    def _estimate_new(self, pid: int, pss_per_rss: float) -> int:
+        """A new process's PSS as its RSS times ``pss_per_rss``, kept as the oldest
+        reading (read at one of the next checks); 0 for a process that is gone."""
+        try:
+            process = psutil.Process(pid)
+            rss = process.memory_info().rss
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            return 0
+        pss = round(rss * pss_per_rss)
+        self._readings[pid] = _Reading(process, pss, rss, read_at=-math.inf)
+        return pss
 
     def exact(self, pids: Iterable[int]) -> int:
         """The sum for ``pids``, every process's PSS read now."""

@@ -109,7 +109,7 @@ from warren.queues.broker.listener import (
     check_listen_address,
     with_free_port,
 )
-from warren.queues.broker.queue_actor import QueueActor
+from warren.queues.broker.queue_actor import STORES, QueueActor
 from warren.queues.broker.stream_actor import StreamActor
 from warren.queues.client.connection import Connection
 from warren.queues.client.ipc_node import NODE_FILE, write_alarms
@@ -174,7 +174,6 @@ STORE_HEARTBEAT_TIMEOUT_S = 60.0
 BEATS_PER_HEARTBEAT_TIMEOUT = 12
 # What the runtime's close gives actors still alive after the tree stopped (seconds).
 STORE_CLOSE_TIMEOUT_S = 60.0
-STORES = ("msg_store_persistent", "msg_store_transient")
 LISTENER_NAME = "listener"  # the actor remote clients reach (Node(listen=...))
 # What other processes may call on the node through its control socket (warren.connect).
 QUEUE_SUP_PREFIX = "queue_sup "  # each queue's own supervisor, under queue_sup
@@ -665,11 +664,15 @@ class Node:
     def _queue_spec(self, definition: QueueDefinition) -> SupervisorSpec:
         """A queue under a small supervisor of its own: a queue that keeps crashing
         exhausts that one (which, temporary, is not restarted), never queue_sup."""
+        options: dict[str, Any] = {"data_dir": self.data_dir}
+        stores = [self._actor_node.whereis(store) for store in STORES]
+        if not definition.is_stream and None not in stores:  # see QueueActor's Starting
+            options["stores"] = tuple(store.unpin() for store in stores if store is not None)
         queue = ChildSpec(
             (STREAM_ACTOR_PREFIX if definition.is_stream else QUEUE_PREFIX) + definition.name,
             StreamActor if definition.is_stream else QueueActor,
             (definition, queue_directory(self.data_dir, definition.name)),
-            {"data_dir": self.data_dir},
+            options,
             # an auto-deleted queue's process ends normally, for good
             restart="transient" if definition.auto_delete else "permanent",
             shutdown_s=STORE_SHUTDOWN_S,

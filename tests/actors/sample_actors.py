@@ -131,6 +131,10 @@ class Recorder(ProcessActor):
                 return "monitoring"
             case ("monitor_named", names):
                 return self.monitor_named(names)
+            case ("monitor_named_async", names, other, question):
+                monitoring = self.monitor_named_async(names)
+                answered = other.ask(question, timeout=10)  # work while the node answers
+                return answered, monitoring.get(timeout=10)
             case ("stop_other", ref):
                 return ref.stop(timeout=5)
             case ("stop_self", abnormal):

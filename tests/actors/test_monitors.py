@@ -88,6 +88,25 @@ def test_an_actor_finds_and_monitors_named_actors_in_one_request(node: Node) -> 
     assert watcher.ask("downs", timeout=10)[1] == Down(first, EXIT_NORMAL, None)
 
 
+def test_an_actor_asks_the_node_to_find_and_monitor_named_actors_and_works_meanwhile(
+    node: Node,
+) -> None:
+    # Given an actor and two named ones
+    watcher = node.spawn(Watcher)
+    first = node.spawn(Recorder, name="first")
+    second = node.spawn(Recorder, name="second")
+    # When it sends the request, asks one of them something, then takes the node's answer
+    answered, found = watcher.ask(
+        ("monitor_named_async", ["first", "nobody", "second"], first, "label"), timeout=20
+    )
+    # Then it got both answers, the refs as monitor_named gives them, and monitors them
+    assert answered == "recorder"
+    assert found == [first, None, second]
+    os.kill(second.pid, signal.SIGKILL)
+    wait_for(lambda: watcher.ask("downs", timeout=10))
+    assert watcher.ask("downs", timeout=10) == [Down(second, None, signal.SIGKILL)]
+
+
 def test_an_actor_that_monitored_a_dead_actor_knows_it_is_dead(node: Node) -> None:
     watcher = node.spawn(Watcher)
     target = node.spawn(Recorder)

@@ -234,3 +234,39 @@ def test_a_steady_check_reads_the_pss_of_a_few_processes_and_each_in_turn(
     assert [len(pids) for pids in rounds] == [2, 2, 2, 2]
     assert sorted(pid for pids in rounds for pid in pids) == sorted(sleepers)
     assert monitor.readings["memory_bytes"] > 0
+
+
+def test_a_new_process_is_estimated_at_its_first_check_and_its_pss_read_at_the_next(
+    tmp_path, sleepers, monkeypatch
+):
+    # Given seven processes whose PSS was read, and readings that stand in for an hour
+    read: list[int] = []
+    full_info = psutil.Process.memory_full_info
+
+    def counted(process: psutil.Process) -> object:
+        read.append(process.pid)
+        return full_info(process)
+
+    monkeypatch.setattr(psutil.Process, "memory_full_info", counted)
+    pids, newcomer = sleepers[:7], sleepers[7]
+    limits = AlarmLimits(memory_limit_bytes=2**62, disk_free_limit_bytes=0)
+    monitor = ResourceMonitor(
+        str(tmp_path), limits, lambda: pids, memory_readings=NodeMemory(refresh_s=3600)
+    )
+    monitor.check()
+    assert sorted(read) == sorted(pids)
+    seven = monitor.readings["memory_bytes"]
+    # When an eighth process starts
+    pids.append(newcomer)
+    read.clear()
+    monitor.check()
+    # Then the check counts it without reading its PSS (a node declaring queues would read
+    # one at each declare), from its RSS and the others' PSS per byte of RSS
+    assert newcomer not in read
+    estimated = monitor.readings["memory_bytes"] - seven
+    # and the next check reads it, before any other reading due
+    read.clear()
+    monitor.check()
+    assert read == [newcomer]
+    measured = monitor.readings["memory_bytes"] - seven
+    assert measured / 2 < estimated < measured * 2

@@ -19,7 +19,7 @@ import psutil
 import pytest
 
 from warren import AlarmLimits, connect
-from warren.actors import ActorDeadError, AskTimeout, RemoteError
+from warren.actors import ActorDeadError, AskTimeout, RemoteError, SpawnError
 from warren.queues import (
     Blocked,
     Message,
@@ -32,9 +32,10 @@ from warren.queues import (
 )
 from warren.queues.broker.definitions import LOG_PREFIX as DEFINITIONS_LOG_PREFIX
 from warren.queues.broker.definitions import Definitions, queue_directory
+from warren.queues.broker.queue_actor import QueueActor
 from warren.queues.errors import ConnectionClosed, NodeNotRunning
 from warren.queues.message import MAX_MESSAGE_BYTES
-from warren.queues.protocol import Fetch, Publish, QueueStats
+from warren.queues.protocol import Fetch, Publish, QueueDefinition, QueueStats
 from warren.store.client import StoreClient
 from warren.store.disk_faults import ENVIRONMENT_VARIABLE, write_faults
 from warren.supervisor import Node
@@ -227,6 +228,32 @@ def test_a_killed_persistent_store_restarts_the_queues_and_loses_nothing_confirm
     fresh = node.connect()
     wait_for(lambda: fresh.queue_stats("orders")["messages_ready"] == 200)
     assert [fresh.get("orders", ack=False).body for _ in range(200)] == bodies
+
+
+def test_a_queue_registers_with_its_stores_while_the_node_monitors_them_and_checks_they_match(
+    node, data_dir
+):
+    # Given a queue declared on a running node (its process is handed the stores: it
+    # registers with them while the node answers its monitor of both)
+    node.declare_queue("found-ahead")
+    # When a queue is started handed stores that are not the node's (the right addresses
+    # the wrong way round: each registration reaches the other store)
+    persistent, transient = node.store("msg_store_persistent"), node.store("msg_store_transient")
+    definition = QueueDefinition("handed-wrong")
+    with pytest.raises(SpawnError, match="the stores it was given .* are not the node's"):
+        node.actors.spawn(
+            QueueActor,
+            definition,
+            queue_directory(str(data_dir), definition.name),
+            name="queue handed-wrong",
+            data_dir=str(data_dir),
+            stores=(transient.unpin(), persistent.unpin()),
+        )
+    # Then it does not start, while the declared queue serves (a store's kill restarts it:
+    # test_a_killed_persistent_store_restarts_the_queues_and_loses_nothing_confirmed)
+    connection = node.connect()
+    connection.publish("found-ahead", b"served")
+    assert connection.get("found-ahead").body == b"served"
 
 
 def test_a_consumer_process_killed_holding_deliveries_has_them_redelivered(node, data_dir):
