@@ -275,7 +275,7 @@ class VariableQueue:
         store_start = self._persistent.store_start
         named = store_clients(self.directory)
         since = named.since if named.store_start == store_start else None
-        if persistent_ref not in named.refs:  # before the recovery's claim moves any to it
+        if had_files and persistent_ref not in named.refs:  # before a claim moves any to it
             name_store_clients(
                 self.directory,
                 StoreClients(named.store_start, named.since, [*named.refs, persistent_ref]),
