@@ -1,6 +1,7 @@
 """Fixtures for the supervision tests: an actor node per test, and node processes, each
 stopped at the end even when the test fails."""
 
+import contextlib
 import signal
 import subprocess
 import sys
@@ -50,7 +51,9 @@ def node_process(tmp_path: Path) -> Iterator[Callable[..., NodeProcess]]:
         line = process.stdout.readline()
         assert line, f"the node did not start: {stderr_path.read_text()}"
         pids = [int(pid) for pid in line.split()]
-        family += [psutil.Process(pid) for pid in pids]
+        for pid in pids:
+            with contextlib.suppress(psutil.NoSuchProcess):  # ended already: nothing to stop
+                family.append(psutil.Process(pid))
         return process, pids
 
     yield start
