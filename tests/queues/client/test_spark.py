@@ -7,6 +7,7 @@ import subprocess
 import sys
 import threading
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import psutil
@@ -23,6 +24,7 @@ from warren.queues.broker.listener import with_free_port
 from warren.queues.client.spark import encode_bodies, partition_publisher
 from warren.queues.message import Message, encode
 from warren.supervisor import Node
+from warren.supervisor.chaos.faults import kill_processes
 
 from ...waiting import wait_for
 
@@ -163,29 +165,29 @@ def test_a_node_killed_mid_job_loses_nothing_confirmed_and_the_job_completes(spa
         return [psutil.Process(int(p)) for p in process.stdout.readline().split()]
 
     family = start_node()
-    restarted = threading.Event()
+    job_ended = threading.Event()
 
     def kill_the_node_mid_job_and_start_it_again():
         # Spark's Python data sources are found through the session of the thread that
         # writes, so the job runs on the test's thread and the kill on this one.
         with connect(endpoint) as client:
             wait_for(lambda: client.queue_stats("orders")["len"] > 30_000, timeout=120)
-        for process in family:  # every process of the node at once
-            process.kill()
-        psutil.wait_procs(family, timeout=10)
+        assert not job_ended.is_set(), "the job ended before the kill"
+        assert not kill_processes(family)  # every process of the node at once
         start_node()
-        restarted.set()
 
-    killer = threading.Thread(target=kill_the_node_mid_job_and_start_it_again)
+    killer = ThreadPoolExecutor(max_workers=1)
     try:
-        killer.start()
-        write(rows(spark, 300_000), endpoint, queue="orders", timeout_s=60)
-        killer.join(timeout=60)
-        assert restarted.is_set()  # the kill landed before the job ended
+        killed = killer.submit(kill_the_node_mid_job_and_start_it_again)
+        try:
+            write(rows(spark, 300_000), endpoint, queue="orders", timeout_s=60)
+            job_ended.set()
+        finally:
+            killed.result(timeout=120)  # a kill or restart that failed says why the job did
         with connect(endpoint) as check:
             assert check.queue_stats("orders")["len"] == 300_000
     finally:
-        killer.join(timeout=120)
+        killer.shutdown()
         for process in nodes:
             process.kill()
             process.wait()

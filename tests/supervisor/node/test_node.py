@@ -19,7 +19,7 @@ from warren import connect
 from warren.queues.broker.listener import ListenerActor, with_free_port
 from warren.queues.errors import ConnectionClosed, NodeNotRunning
 from warren.supervisor import AlarmLimits, ChildSpec, Node, NodeLocked, query_status
-from warren.supervisor.chaos.faults import is_alive
+from warren.supervisor.chaos.faults import is_alive, kill_processes
 from warren.supervisor.errors import NotANodeDirectory
 
 from ...waiting import the_spare, wait_for
@@ -184,8 +184,7 @@ def test_a_client_retrying_through_a_kill_of_every_node_process_is_served_once_i
     with warren_node(data) as first:
         assert first.stdout.readline().startswith("node warren")
         family = [psutil.Process(first.pid), *psutil.Process(first.pid).children(recursive=True)]
-        for process in family:
-            process.send_signal(signal.SIGKILL)
+        assert not kill_processes(family)
         first.wait()
     client = threading.Thread(target=retry)
     client.start()
