@@ -122,6 +122,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+from .codec import work_out_field_checks
 from .process import SPARE_TITLE, die_with_parent
 
 BOOT = 1
@@ -224,6 +225,7 @@ def serve(fd: int) -> None:
         importlib.import_module(module)
     if main_path:
         _import_main(main_path)
+    work_out_field_checks()
     wake_read, wake_write = os.pipe()
     os.set_blocking(wake_read, False)
     os.set_blocking(wake_write, False)

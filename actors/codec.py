@@ -181,6 +181,14 @@ def _field_checks(cls: type) -> tuple[tuple[int, str, Callable[[Any], bool], str
     return found
 
 
+def work_out_field_checks() -> None:
+    """Work out the field checks of every message type registered so far: a forkserver
+    does so once, and each process it forks inherits them rather than working out (and
+    touching the memory for) those of each type it decodes for the first time."""
+    for cls in list(_types_by_name.values()):
+        _field_checks(cls)
+
+
 def field_problem(cls: type, values: list[Any] | tuple[Any, ...]) -> str | None:
     """What is wrong with ``values`` as the fields of the registered ``cls`` (in order), or
     None when every field passes its check."""
