@@ -506,14 +506,12 @@ class QueueActor(ProcessActor):
         if expiry is not None and seq_ids:
             self._may_expire = True
         self.counters["published"] += len(seq_ids)
-        if self.definition.max_length is not None and self.definition.overflow == "drop-head":
-            self._drop_over_max_length(self.definition.max_length)
         batch = _Batch(reply, len(seq_ids) + repeats, len(seq_ids), message.producer, high)
+        if message.producer is not None and seq_ids:  # the newest seq ids: above any held
+            batch.holds_from = seq_ids[0]
+            self._holding.append(batch)
+            self._hold_from = min(self._hold_from, seq_ids[0])
         if message.producer is not None:
-            if seq_ids:  # the newest seq ids: above any held already
-                batch.holds_from = seq_ids[0]
-                self._holding.append(batch)
-                self._hold_from = min(self._hold_from, seq_ids[0])
             self._producer_batches.setdefault(message.producer, collections.deque()).append(batch)
             if not seq_ids:
                 self._answer([])
@@ -521,6 +519,7 @@ class QueueActor(ProcessActor):
             reply.send(0)
         for seq_id in seq_ids:
             self._confirms[seq_id] = batch
+        self._drop_over_max_length()
 
     def _without_repeats(
         self, message: Publish
@@ -752,6 +751,9 @@ class QueueActor(ProcessActor):
     def _sync(self) -> None:
         queue = self._engine
         self._answer(queue.sync(wait=False))
+        if not self._deleted:
+            self._drop_over_max_length()  # what the answers stopped holding may go now
+            self._arm_expiry_tick()  # for the dead letters' confirms
         if queue.needs_sync() and not self._sync_armed:
             self._sync_armed = True
             self.call_later(self.sync_interval_s, self._sync_timer)
@@ -828,21 +830,27 @@ class QueueActor(ProcessActor):
         self.counters["expired"] += len(dead)
         self._dead.send(dead, "expired")
 
-    def _drop_over_max_length(self, max_length: int) -> None:
-        queue = self._engine
-        excess = len(queue) - max_length
-        if excess <= 0:
+    def _drop_over_max_length(self) -> None:
+        """With ``overflow="drop-head"``, drop the oldest messages beyond ``max_length``,
+        or dead-letter them. A message held for its producer's record (see
+        ``_hold_from``) is dead-lettered only once the record names it: a queue killed
+        before would otherwise have it sent on, and then again when its producer,
+        never confirmed, sends it again. Until then the queue is over its length."""
+        max_length = self.definition.max_length
+        if max_length is None or self.definition.overflow != "drop-head":
             return
-        self.counters["dropped_over_max_length"] += excess
+        queue = self._engine
         dead_letters = self._dead is not None
+        below = self._hold_from if dead_letters else math.inf
         dead: list[tuple[int, bytes]] = []
-        for _ in range(excess):
+        for _ in range(len(queue) - max_length):
             info = queue.peek()
-            if info is None:
+            if info is None or info.seq_id >= below:
                 break
             # that head only: one whose body is missing from the shared store is dropped
             # as it is, and counts towards the excess (see _expire)
             fetched = queue.fetch_encoded(ack_required=dead_letters, below=info.seq_id + 1)
+            self.counters["dropped_over_max_length"] += 1
             if fetched is not None and dead_letters:
                 dead.append((fetched.seq_id, fetched.payload))
         if self._dead is not None:
