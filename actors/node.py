@@ -147,26 +147,26 @@ class Node:
         else:
             check_private(runtime_dir)
         self.runtime_dir = runtime_dir
-        self.endpoint = ipc_endpoint(runtime_dir, f"node:{name}", "node")
         self._curve: tuple[bytes, bytes] | None = None
-        if curve:
-            self._curve = self._runtime.curve = zmq.curve_keypair()
         self._lives = Lives()
         self._tokens = itertools.count(1)
         self._names_seen = itertools.count(1)
         self._closed = False
         self.counters = {"undeliverable_notices": 0, "malformed": 0}
         try:
+            self.endpoint = ipc_endpoint(runtime_dir, f"node:{name}", "node")
+            if curve:
+                self._curve = self._runtime.curve = zmq.curve_keypair()
             self._forkserver = ForkserverClient(name, preload, log_level)
             try:
                 self._service = NodeService(self)
+                self._service.start()
             except BaseException:
                 self._forkserver.close()
                 raise
         except BaseException:  # nothing of this node stays: its directory, its CURVE keys
             self._release_process_resources()
             raise
-        self._service.start()
         self._runtime.nodes[self.endpoint] = self
 
     @property

@@ -836,14 +836,17 @@ class QueueActor(ProcessActor):
         ``_hold_from``) is dead-lettered only once the record names it: a queue killed
         before would otherwise have it sent on, and then again when its producer,
         never confirmed, sends it again. Until then the queue is over its length."""
-        max_length = self.definition.max_length
-        if max_length is None or self.definition.overflow != "drop-head":
+        excess = self._over_max_length()
+        if not excess:
             return
         queue = self._engine
         dead_letters = self._dead is not None
         below = self._hold_from if dead_letters else math.inf
+        # none while the node starts (a queue recovered over its length): the expiry tick
+        # tries again, as it does for expired messages
+        room = self._dead.room() if self._dead is not None else excess
         dead: list[tuple[int, bytes]] = []
-        for _ in range(len(queue) - max_length):
+        for _ in range(min(excess, room)):
             info = queue.peek()
             if info is None or info.seq_id >= below:
                 break
@@ -856,12 +859,26 @@ class QueueActor(ProcessActor):
         if self._dead is not None:
             self._dead.send(dead, "maxlen")
 
+    def _over_max_length(self) -> int:
+        """How many messages a drop-head queue holds beyond its ``max_length`` (0 for
+        any other queue)."""
+        max_length = self.definition.max_length
+        if max_length is None or self.definition.overflow != "drop-head":
+            return 0
+        return max(0, len(self._engine) - max_length)
+
     def _arm_expiry_tick(self) -> None:
         """Schedule the expiry tick, unless it is already or nothing needs it: no message
-        that may expire is held, and no dead letter waits for its confirm."""
+        that may expire is held, no dead letter waits for its confirm, and the queue
+        holds no message beyond its max-length (one recovered over it, or waiting for
+        the dead-letter exchange)."""
         if self._expiry_armed or self._deleted:
             return
-        if self._may_expire or (self._dead is not None and self._dead.pending):
+        if (
+            self._may_expire
+            or (self._dead is not None and self._dead.pending)
+            or self._over_max_length()
+        ):
             self._expiry_armed = True
             self.call_later(EXPIRY_CHECK_S, self._expiry_tick)
 
@@ -870,6 +887,7 @@ class QueueActor(ProcessActor):
         if self._deleted:
             return
         self._expire()
+        self._drop_over_max_length()
         if self._dead is not None:
             done = self._dead.settled()
             if done:
