@@ -133,36 +133,40 @@ class Node:
         self.name = name
         self.registry = Registry()
         self.start_timeout_s = start_timeout_s
+        self._runtime = runtime()
+        if curve and self._runtime.curve is not None:
+            raise InvalidSpec(
+                "curve",
+                curve,
+                "one node of a process may keep its tcp "
+                "actors to itself; this process has one already",
+            )
         self._owns_dir = runtime_dir is None
         if runtime_dir is None:
             runtime_dir = create_runtime_dir()
         else:
             check_private(runtime_dir)
         self.runtime_dir = runtime_dir
-        self.endpoint = ipc_endpoint(runtime_dir, f"node:{name}", "node")
-        self._runtime = runtime()
         self._curve: tuple[bytes, bytes] | None = None
-        if curve:
-            if self._runtime.curve is not None:
-                raise InvalidSpec(
-                    "curve",
-                    curve,
-                    "one node of a process may keep its tcp "
-                    "actors to itself; this process has one already",
-                )
-            self._curve = self._runtime.curve = zmq.curve_keypair()
         self._lives = Lives()
         self._tokens = itertools.count(1)
         self._names_seen = itertools.count(1)
         self._closed = False
         self.counters = {"undeliverable_notices": 0, "malformed": 0}
-        self._forkserver = ForkserverClient(name, preload, log_level)
         try:
-            self._service = NodeService(self)
-        except BaseException:
-            self._forkserver.close()
+            self.endpoint = ipc_endpoint(runtime_dir, f"node:{name}", "node")
+            if curve:
+                self._curve = self._runtime.curve = zmq.curve_keypair()
+            self._forkserver = ForkserverClient(name, preload, log_level)
+            try:
+                self._service = NodeService(self)
+                self._service.start()
+            except BaseException:
+                self._forkserver.close()
+                raise
+        except BaseException:  # nothing of this node stays: its directory, its CURVE keys
+            self._release_process_resources()
             raise
-        self._service.start()
         self._runtime.nodes[self.endpoint] = self
 
     @property
@@ -458,8 +462,6 @@ class Node:
             life.exited.wait(EXIT_AFTER_KILL_S)
         self._service.stop(EXIT_AFTER_KILL_S)
         self._forkserver.close()
-        if self._curve is not None and self._runtime.curve == self._curve:
-            self._runtime.curve = None
         self._runtime.nodes.pop(self.endpoint, None)
         every_life = self._lives.newest()
         self._runtime.forget(
@@ -467,6 +469,13 @@ class Node:
             + [life.ref.address for life in every_life]
             + [life.ref.control for life in every_life]
         )
+        self._release_process_resources()
+
+    def _release_process_resources(self) -> None:
+        """Give back what this node holds in its process beyond its children: the CURVE
+        keys of the process's runtime, and the runtime directory it made."""
+        if self._curve is not None and self._runtime.curve == self._curve:
+            self._runtime.curve = None
         if self._owns_dir:
             shutil.rmtree(self.runtime_dir, ignore_errors=True)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["fsync_directory", "write_atomically"]
+__all__ = ["fsync_directory", "is_temporary_of", "write_atomically"]
 
 
 def fsync_directory(path: str | os.PathLike) -> None:
@@ -23,6 +23,13 @@ def fsync_directory(path: str | os.PathLike) -> None:
         os.close(fd)
 
 
+def is_temporary_of(name: str, target: str) -> bool:
+    """Whether ``name`` is the temporary file ``write_atomically`` makes for ``target``
+    (a name in the same directory), as a process killed before its rename leaves it."""
+    prefix = f"{target}."
+    return name.startswith(prefix) and name.endswith(".tmp") and name[len(prefix) : -4].isdigit()
+
+
 def write_atomically(
     path: str | os.PathLike, data: bytes, mode: int = 0o644, *, durable: bool = True
 ) -> None:
@@ -30,7 +37,7 @@ def write_atomically(
     ``durable`` is False (then a process killed at any point leaves the old file or the
     new one, whole, and only a power loss may leave neither)."""
     path = os.fspath(path)
-    temporary = f"{path}.{os.getpid()}.tmp"
+    temporary = f"{path}.{os.getpid()}.tmp"  # see is_temporary_of
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     try:
         view = memoryview(data)

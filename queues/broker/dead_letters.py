@@ -7,7 +7,10 @@ with the queue's name as routing key. The queue publishes like any producer, thr
 connection to its node, without waiting: the confirms are collected by ``settled()``,
 which the queue calls from a timer, so a dead-letter exchange that routes back to the
 same queue cannot deadlock it. A publish the exchange routes nowhere is confirmed and the
-message dropped (as RabbitMQ does); one that is nacked is dropped and logged.
+message dropped (as RabbitMQ does); one that is nacked is dropped and logged, and so is
+one that cannot be sent at all (no such exchange, as RabbitMQ drops it; the node gone; a
+message that does not decode): ``send`` never raises for one message, so that a queue
+dead-lettering never fails the publish or the timer that made it do so.
 
 Each dead letter settled is counted under its reason, RabbitMQ's: ``dead_lettered_expired``
 (a TTL), ``dead_lettered_rejected`` (a consumer's reject without requeue) and
@@ -26,6 +29,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+
+from warren.actors import WarrenError
 
 from ..client.connection import Confirm, Connection
 from ..client.ipc_node import RemoteNode
@@ -48,6 +53,7 @@ class DeadLetters:
         self._connection: Connection | None = None
         # (its confirm, seq id in the queue, its reason)
         self._pending: list[tuple[Confirm, int, str]] = []
+        self._unsent: list[int] = []  # seq ids of dead letters dropped unsent: settled
         self.counters = {f"dead_lettered_{reason}": 0 for reason in REASONS}
         self.counters["dead_letters_nacked"] = 0
 
@@ -66,27 +72,37 @@ class DeadLetters:
             raise ValueError(f"a dead letter's reason is one of {REASONS}, not {reason!r}")
         if not dead:
             return
-        if self._connection is None:
-            self._connection = Connection(RemoteNode(self.data_dir), linger_s=0)
         death = {"queue": self.queue_name, "reason": reason, "time_ms": int(time.time() * 1000)}
         for seq_id, payload in dead:
-            message = decode(payload)
-            headers = dict(message.headers or {})
-            headers["x-death"] = [death, *headers.get("x-death", [])]
-            message = dataclasses.replace(message, headers=headers, expiration_ms=None)
-            confirm = self._connection.publish_message(
-                self.queue_name, message, exchange=self.exchange, mandatory=False
-            )
+            try:
+                if self._connection is None:
+                    self._connection = Connection(RemoteNode(self.data_dir), linger_s=0)
+                message = decode(payload)
+                headers = dict(message.headers or {})
+                headers["x-death"] = [death, *headers.get("x-death", [])]
+                message = dataclasses.replace(message, headers=headers, expiration_ms=None)
+                confirm = self._connection.publish_message(
+                    self.queue_name, message, exchange=self.exchange, mandatory=False
+                )
+            except WarrenError as exc:  # one of the queues', or an actor's (the node gone)
+                self.counters["dead_letters_nacked"] += 1
+                log.error(
+                    "queue %s: a dead letter could not be sent (%s); dropped", self.queue_name, exc
+                )
+                self._unsent.append(seq_id)
+                continue
             self._pending.append((confirm, seq_id, reason))
 
     @property
     def pending(self) -> int:
         """Dead letters sent and not settled yet (``settled`` must be called again)."""
-        return len(self._pending)
+        return len(self._pending) + len(self._unsent)
 
     def settled(self) -> list[int]:
-        """The seq ids whose dead letters are settled (confirmed, or nacked and dropped)."""
-        done, waiting = [], []
+        """The seq ids whose dead letters are settled (confirmed, or nacked or unsent and
+        dropped)."""
+        done, waiting = self._unsent, []
+        self._unsent = []
         for confirm, seq_id, reason in self._pending:
             if not confirm.done():
                 waiting.append((confirm, seq_id, reason))

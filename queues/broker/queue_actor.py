@@ -506,14 +506,12 @@ class QueueActor(ProcessActor):
         if expiry is not None and seq_ids:
             self._may_expire = True
         self.counters["published"] += len(seq_ids)
-        if self.definition.max_length is not None and self.definition.overflow == "drop-head":
-            self._drop_over_max_length(self.definition.max_length)
         batch = _Batch(reply, len(seq_ids) + repeats, len(seq_ids), message.producer, high)
+        if message.producer is not None and seq_ids:  # the newest seq ids: above any held
+            batch.holds_from = seq_ids[0]
+            self._holding.append(batch)
+            self._hold_from = min(self._hold_from, seq_ids[0])
         if message.producer is not None:
-            if seq_ids:  # the newest seq ids: above any held already
-                batch.holds_from = seq_ids[0]
-                self._holding.append(batch)
-                self._hold_from = min(self._hold_from, seq_ids[0])
             self._producer_batches.setdefault(message.producer, collections.deque()).append(batch)
             if not seq_ids:
                 self._answer([])
@@ -521,6 +519,7 @@ class QueueActor(ProcessActor):
             reply.send(0)
         for seq_id in seq_ids:
             self._confirms[seq_id] = batch
+        self._drop_over_max_length()
 
     def _without_repeats(
         self, message: Publish
@@ -752,6 +751,9 @@ class QueueActor(ProcessActor):
     def _sync(self) -> None:
         queue = self._engine
         self._answer(queue.sync(wait=False))
+        if not self._deleted:
+            self._drop_over_max_length()  # what the answers stopped holding may go now
+            self._arm_expiry_tick()  # for the dead letters' confirms
         if queue.needs_sync() and not self._sync_armed:
             self._sync_armed = True
             self.call_later(self.sync_interval_s, self._sync_timer)
@@ -828,32 +830,55 @@ class QueueActor(ProcessActor):
         self.counters["expired"] += len(dead)
         self._dead.send(dead, "expired")
 
-    def _drop_over_max_length(self, max_length: int) -> None:
-        queue = self._engine
-        excess = len(queue) - max_length
-        if excess <= 0:
+    def _drop_over_max_length(self) -> None:
+        """With ``overflow="drop-head"``, drop the oldest messages beyond ``max_length``,
+        or dead-letter them. A message held for its producer's record (see
+        ``_hold_from``) is dead-lettered only once the record names it: a queue killed
+        before would otherwise have it sent on, and then again when its producer,
+        never confirmed, sends it again. Until then the queue is over its length."""
+        excess = self._over_max_length()
+        if not excess:
             return
-        self.counters["dropped_over_max_length"] += excess
+        queue = self._engine
         dead_letters = self._dead is not None
+        below = self._hold_from if dead_letters else math.inf
+        # none while the node starts (a queue recovered over its length): the expiry tick
+        # tries again, as it does for expired messages
+        room = self._dead.room() if self._dead is not None else excess
         dead: list[tuple[int, bytes]] = []
-        for _ in range(excess):
+        for _ in range(min(excess, room)):
             info = queue.peek()
-            if info is None:
+            if info is None or info.seq_id >= below:
                 break
             # that head only: one whose body is missing from the shared store is dropped
             # as it is, and counts towards the excess (see _expire)
             fetched = queue.fetch_encoded(ack_required=dead_letters, below=info.seq_id + 1)
+            self.counters["dropped_over_max_length"] += 1
             if fetched is not None and dead_letters:
                 dead.append((fetched.seq_id, fetched.payload))
         if self._dead is not None:
             self._dead.send(dead, "maxlen")
 
+    def _over_max_length(self) -> int:
+        """How many messages a drop-head queue holds beyond its ``max_length`` (0 for
+        any other queue)."""
+        max_length = self.definition.max_length
+        if max_length is None or self.definition.overflow != "drop-head":
+            return 0
+        return max(0, len(self._engine) - max_length)
+
     def _arm_expiry_tick(self) -> None:
         """Schedule the expiry tick, unless it is already or nothing needs it: no message
-        that may expire is held, and no dead letter waits for its confirm."""
+        that may expire is held, no dead letter waits for its confirm, and the queue
+        holds no message beyond its max-length (one recovered over it, or waiting for
+        the dead-letter exchange)."""
         if self._expiry_armed or self._deleted:
             return
-        if self._may_expire or (self._dead is not None and self._dead.pending):
+        if (
+            self._may_expire
+            or (self._dead is not None and self._dead.pending)
+            or self._over_max_length()
+        ):
             self._expiry_armed = True
             self.call_later(EXPIRY_CHECK_S, self._expiry_tick)
 
@@ -862,6 +887,7 @@ class QueueActor(ProcessActor):
         if self._deleted:
             return
         self._expire()
+        self._drop_over_max_length()
         if self._dead is not None:
             done = self._dead.settled()
             if done:

@@ -59,7 +59,9 @@ a victim that exits before the signal makes the fault ``missed``, not a kill of 
 pid (psutil checks the start time). A node killed while it was starting is started again
 like any other. A stop signal that lands while the harness forks (a node, a workload
 process) has its KeyboardInterrupt raised in the handlers the fork runs, which ignore
-it: ``spawn_with_parent`` notices, kills the process just forked and raises it.
+it: ``spawn_with_parent`` notices, kills the process just forked and raises it. One sent
+to the whole group also reaches the child before its exec, which runs the harness's
+handler until then: there it does nothing (the harness stops the child with the rest).
 """
 
 from __future__ import annotations
@@ -485,9 +487,15 @@ def harness_signals() -> Iterator[None]:
         yield
         return
     signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    harness = os.getpid()
 
     def interrupt(signum: int, _frame: object) -> None:
         global _stops_received
+        if os.getpid() != harness:
+            # A process the harness forked, before its exec (a stop to the whole group
+            # lands in its preexec_fn): raising there would fail the spawn with a
+            # SubprocessError; the harness itself stops it, as it stops everything.
+            return
         _stops_received += 1
         for other in signals:
             signal.signal(other, signal.SIG_IGN)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from warren.queues.durable_files import is_temporary_of
 from warren.queues.engine.queue_index import (
     INDEX_SUFFIX,
     LOCK_FILE,
@@ -50,12 +51,19 @@ class SegmentReport:
 
 def is_queue_directory(directory: str) -> bool:
     """A directory of segment files, or an empty queue's: its recovery terms (a clean
-    stop), or its lock and store clients alone in a node's ``queues`` directory."""
+    stop), or its lock and store clients alone in a node's ``queues`` directory (with
+    the temporary copy of either that a queue killed while writing it leaves)."""
     with os.scandir(directory) as entries:
         names = {entry.name for entry in entries}
     if any(name.endswith(INDEX_SUFFIX) and name[:-3].isdigit() for name in names):
         return True
-    if names and names <= {LOCK_FILE, TERMS_FILE, STORE_CLIENTS_FILE}:
+    replaced_whole = (TERMS_FILE, STORE_CLIENTS_FILE)
+    if names and all(
+        name == LOCK_FILE
+        or name in replaced_whole
+        or any(is_temporary_of(name, target) for target in replaced_whole)
+        for name in names
+    ):
         parent = os.path.basename(os.path.dirname(os.path.abspath(directory)))
         return TERMS_FILE in names or parent == QUEUES_DIR
     return False

@@ -367,3 +367,19 @@ def test_a_child_forked_as_its_forkserver_dies_exits_rather_than_live_on_adopted
             os._exit(code)
     _, status = os.waitpid(pid, 0)
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == EXIT_PARENT_GONE
+
+
+def test_a_node_whose_forkserver_cannot_start_leaves_no_directory_and_frees_its_keys(
+    short_tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A node that keeps its tcp actors to itself (curve) takes the process's one slot
+    # for CURVE keys, and every node makes a runtime directory: one whose start fails
+    # (here its forkserver cannot import a module it was asked to preload) must give
+    # both back, or the next node of the process is refused and the directory stays.
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(short_tmp_path))
+    with pytest.raises(SpawnError, match="forkserver"):
+        Node("broken", preload=("tests.actors.no_such_module",), curve=True)
+    assert os.listdir(short_tmp_path) == []
+    with Node("next", preload=PRELOAD, curve=True) as node:
+        assert node.spawn(Recorder, "served", name="served").ask("label", timeout=20) == "served"
+    assert os.listdir(short_tmp_path) == []

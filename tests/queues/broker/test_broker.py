@@ -710,6 +710,42 @@ def test_a_head_dropped_over_max_length_whose_body_is_missing_takes_no_message_b
         assert connection.queue_stats("dead")["messages_ready"] == 0
 
 
+def test_a_dead_letter_exchange_that_does_not_exist_drops_what_max_length_pushes_out(node):
+    # RabbitMQ drops a dead letter whose exchange is missing: the publish that pushed it
+    # out is confirmed, and the queue carries on at its length.
+    node.declare_queue("work", max_length=1, dead_letter_exchange="nowhere")
+    queue = node.queue("work")
+    connection = node.connect()
+    connection.publish_many("work", [b"first", b"second"])
+    wait_for(lambda: connection.queue_stats("work")["depth"] == 1)  # the drop settled
+    stats = connection.queue_stats("work")
+    assert (stats["dropped_over_max_length"], stats["dead_letters_nacked"]) == (1, 1)
+    assert node.queue("work").pid == queue.pid  # not restarted
+    assert drained(connection, "work") == [b"second"]
+
+
+def test_a_queue_that_starts_over_its_max_length_dead_letters_the_excess(data_dir):
+    # What a directory left without its definition holds (see the declare test above),
+    # declared again with a max-length: the oldest go to the dead-letter exchange at
+    # once, not at the next publish (which may never come).
+    with Node(data_dir) as node:
+        node.declare_queue("orders")
+        node.connect().publish_many("orders", [b"a", b"b", b"c"])
+    lost = Definitions(str(data_dir))  # the definition gone, the queue's files not
+    lost.remove_queue("orders")
+    lost.save()
+    lost.close()
+    with Node(data_dir) as node:
+        node.declare_exchange("dlx", kind="fanout")
+        node.declare_queue("dead")
+        node.bind_queue("dead", "dlx")
+        node.declare_queue("orders", max_length=1, dead_letter_exchange="dlx")
+        connection = node.connect()
+        wait_for(lambda: connection.queue_stats("orders")["depth"] == 1)
+        assert drained(connection, "dead") == [b"a", b"b"]
+        assert drained(connection, "orders") == [b"c"]
+
+
 def test_messages_that_expired_while_the_node_was_down_are_dead_lettered_once_it_has_started(
     data_dir, monkeypatch
 ):

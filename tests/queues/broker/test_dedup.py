@@ -79,3 +79,36 @@ def test_a_resend_after_two_restarts_is_a_repeat_though_the_first_had_it_consume
         stats = connection.queue_stats("orders")
         assert (stats["len"], stats["repeats_dropped"]) == (1, 500)
         assert connection.get("orders").body == b"other"
+
+
+def test_messages_a_held_batch_pushes_over_max_length_are_dead_lettered_once_though_resent(
+    node,
+):
+    """A deduplicated batch of three over a queue's max-length of one, its producer
+    record held back (the persistent store stopped): the two it pushes out of the queue
+    go to the dead-letter exchange only once the record names them. The queue is killed
+    in that window and the producer, never confirmed, sends the batch again: each message
+    pushed out reaches the dead-letter queue once in all."""
+    node.declare_exchange("dlx", kind="fanout")
+    node.declare_queue("dead")
+    node.bind_queue("dead", "dlx")
+    node.declare_queue("orders", max_length=1, dead_letter_exchange="dlx")
+    bodies = [b"order %d " % n + b"x" * 6000 for n in range(3)]  # in the shared store
+    publish = Publish([encode(Message(body)) for body in bodies], True, None, None, b"p", 0)
+    queue = node.queue("orders")
+    store = node.store().pid
+    os.kill(store, signal.SIGSTOP)
+    try:
+        queue.ask_async(publish, timeout=60)  # never answered: the queue dies first
+        assert queue.ask(QueueStats(), timeout=30)["messages_ready"] >= 1  # taken, held
+        os.kill(queue.pid, signal.SIGKILL)
+        wait_for(lambda: not process_exists(queue.pid))
+    finally:
+        os.kill(store, signal.SIGCONT)
+    wait_for(lambda: restarted(node, "orders", queue.pid), timeout=60)
+    assert node.queue("orders").ask(publish, timeout=60) == 3
+    connection = node.connect()
+    # the dead letters confirmed, and acked in the queue: the one left is all it holds
+    wait_for(lambda: connection.queue_stats("orders")["depth"] == 1, timeout=60)
+    assert sorted(drained(connection, "dead")) == bodies[:2]
+    assert drained(connection, "orders") == bodies[2:]

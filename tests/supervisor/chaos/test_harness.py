@@ -597,6 +597,36 @@ def test_a_node_that_will_not_start_ends_the_run_with_one_line_and_its_log(tmp_p
     assert "msg_store_persistent" in (data_dir / "chaos-run" / "node.log").read_text()
 
 
+STOP_IN_A_FORKED_CHILD = """
+import os, signal
+from warren.supervisor.chaos.run import harness_signals
+
+with harness_signals():
+    child = os.fork()
+    if child == 0:  # as a workload process is, in its preexec_fn, before its exec
+        try:
+            os.kill(os.getpid(), signal.{signal})
+            for _ in range(1000):  # a handler runs between two bytecodes
+                pass
+        except KeyboardInterrupt:
+            os._exit(3)
+        os._exit(0)
+    print(os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]))
+"""
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_a_stop_signal_in_a_child_before_its_exec_does_not_raise_there(signum):
+    # A stop to the whole group during a spawn reaches the child too, which runs the
+    # harness's handler until its exec: raising there failed the spawn, and the run
+    # ended in a SubprocessError (exit 1) rather than its interrupt (130).
+    script = STOP_IN_A_FORKED_CHILD.format(signal=signal.Signals(signum).name)
+    ran = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert (ran.returncode, ran.stdout) == (0, "0\n"), ran.stderr
+
+
 @pytest.mark.parametrize(
     "signum, to_group",
     [
