@@ -8,8 +8,10 @@ connection to its node, without waiting: the confirms are collected by ``settled
 which the queue calls from a timer, so a dead-letter exchange that routes back to the
 same queue cannot deadlock it. A publish the exchange routes nowhere is confirmed and the
 message dropped (as RabbitMQ does); one that is nacked is dropped and logged, and so is
-one that cannot be sent at all (no such exchange, as RabbitMQ drops it; the node gone; a
-message that does not decode): ``send`` never raises for one message, so that a queue
+one that can never be sent (no such exchange, as RabbitMQ drops it; a message that does
+not decode or is too large). One that cannot be sent now (the node stopping, a queue of
+the exchange restarting, an alarm) is handed back with those after it: the queue puts
+them back and tries again later. ``send`` raises for none of them, so that a queue
 dead-lettering never fails the publish or the timer that made it do so.
 
 Each dead letter settled is counted under its reason, RabbitMQ's: ``dead_lettered_expired``
@@ -21,7 +23,8 @@ once, in ``dead_letters_nacked``, whatever its reason.
 At most ``MAX_PENDING`` dead messages are in flight; beyond that ``room()`` is 0 and the
 queue leaves its expired messages in place until the next round. ``room()`` is 0 too
 while the node is starting (it serves no calls yet, and a queue recovers while the node
-starts): expired messages wait, rather than the queue crashing on its first expiry.
+starts), and while the node's alarm blocks publishers: expired messages wait, rather
+than the queue crashing on its first expiry or waiting on the alarm.
 """
 
 from __future__ import annotations
@@ -29,13 +32,22 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from typing import Any
 
 from warren.actors import WarrenError
 
 from ..client.connection import Confirm, Connection
 from ..client.ipc_node import RemoteNode
-from ..errors import Nacked, NodeNotRunning
-from ..message import decode
+from ..errors import (
+    ConnectionClosed,
+    CorruptMessage,
+    MessageTooLarge,
+    Nacked,
+    NodeNotRunning,
+    NotFound,
+    QueueRestarting,
+)
+from ..message import Message, decode
 
 __all__ = ["REASONS", "DeadLetters"]
 
@@ -63,35 +75,57 @@ class DeadLetters:
                 self._connection = Connection(RemoteNode(self.data_dir), linger_s=0)
             except NodeNotRunning:
                 return 0
+        if self._connection.blocked:
+            return 0
         return max(0, MAX_PENDING - len(self._pending))
 
-    def send(self, dead: list[tuple[int, bytes]], reason: str) -> None:
+    def send(self, dead: list[tuple[int, bytes]], reason: str) -> list[int]:
         """Republish each (seq id, encoded message), dead for ``reason`` (one of
-        ``REASONS``); ack them later, when ``settled``."""
+        ``REASONS``); ack them later, when ``settled``. The seq ids it could not send
+        now, for the caller to put back (see the module docstring)."""
         if reason not in REASONS:
             raise ValueError(f"a dead letter's reason is one of {REASONS}, not {reason!r}")
-        if not dead:
-            return
         death = {"queue": self.queue_name, "reason": reason, "time_ms": int(time.time() * 1000)}
-        for seq_id, payload in dead:
+        for index, (seq_id, payload) in enumerate(dead):
             try:
                 if self._connection is None:
                     self._connection = Connection(RemoteNode(self.data_dir), linger_s=0)
-                message = decode(payload)
-                headers = dict(message.headers or {})
-                headers["x-death"] = [death, *headers.get("x-death", [])]
-                message = dataclasses.replace(message, headers=headers, expiration_ms=None)
                 confirm = self._connection.publish_message(
-                    self.queue_name, message, exchange=self.exchange, mandatory=False
+                    self.queue_name,
+                    _dead_letter(payload, death),
+                    exchange=self.exchange,
+                    mandatory=False,
                 )
-            except WarrenError as exc:  # one of the queues', or an actor's (the node gone)
-                self.counters["dead_letters_nacked"] += 1
-                log.error(
-                    "queue %s: a dead letter could not be sent (%s); dropped", self.queue_name, exc
-                )
-                self._unsent.append(seq_id)
-                continue
-            self._pending.append((confirm, seq_id, reason))
+            except (CorruptMessage, MessageTooLarge) as exc:
+                self._drop(seq_id, exc)
+            except NotFound as exc:
+                if isinstance(exc, QueueRestarting):
+                    return self._hand_back(dead[index:], exc)
+                self._drop(seq_id, exc)  # no such exchange
+            except WarrenError as exc:
+                return self._hand_back(dead[index:], exc)
+            else:
+                self._pending.append((confirm, seq_id, reason))
+        return []
+
+    def _drop(self, seq_id: int, reason: Exception) -> None:
+        """A dead letter that can never be sent: dropped, and settled at the next round."""
+        self.counters["dead_letters_nacked"] += 1
+        log.error("queue %s: a dead letter cannot be sent (%s); dropped", self.queue_name, reason)
+        self._unsent.append(seq_id)
+
+    def _hand_back(self, dead: list[tuple[int, bytes]], reason: Exception) -> list[int]:
+        """What cannot be sent now (``reason``): its seq ids, to be put back."""
+        log.warning(
+            "queue %s: %d dead letters wait (%s); sent again later",
+            self.queue_name,
+            len(dead),
+            reason,
+        )
+        if isinstance(reason, (ConnectionClosed, NodeNotRunning)) and self._connection:
+            self._connection.close()
+            self._connection = None  # the next round connects again
+        return [seq_id for seq_id, _ in dead]
 
     @property
     def pending(self) -> int:
@@ -122,3 +156,13 @@ class DeadLetters:
     def close(self) -> None:
         if self._connection is not None:
             self._connection.close()
+
+
+def _dead_letter(payload: bytes, death: dict[str, Any]) -> Message:
+    """The message of ``payload`` as a dead letter: ``death`` first in its ``x-death``
+    (a list; a header of that name that is not one is replaced) and no expiration."""
+    message = decode(payload)
+    headers = dict(message.headers or {})
+    earlier = headers.get("x-death")
+    headers["x-death"] = [death, *(earlier if isinstance(earlier, list) else [])]
+    return dataclasses.replace(message, headers=headers, expiration_ms=None)

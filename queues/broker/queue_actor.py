@@ -602,8 +602,11 @@ class QueueActor(ProcessActor):
         if message.action == "requeue":
             queue.requeue(tags)
         elif message.action == "reject" and self._dead is not None:
-            # acked once the dead-letter exchange confirmed them (``_expiry_tick``)
-            self._dead.send([(t, self._rejected_payload(t)) for t in tags], "rejected")
+            # acked once the dead-letter exchange confirmed them (``_expiry_tick``); what
+            # cannot be sent now goes back to the queue
+            queue.requeue(
+                self._dead.send([(t, self._rejected_payload(t)) for t in tags], "rejected")
+            )
         else:
             queue.ack(tags)
             if message.action == "ack":
@@ -827,8 +830,9 @@ class QueueActor(ProcessActor):
             if fetched is None:  # dropped: the next head is checked in turn
                 continue
             dead.append((fetched.seq_id, fetched.payload))
-        self.counters["expired"] += len(dead)
-        self._dead.send(dead, "expired")
+        back = self._dead.send(dead, "expired")
+        self._engine.requeue(back)  # at the head again: the next round tries them again
+        self.counters["expired"] += len(dead) - len(back)
 
     def _drop_over_max_length(self) -> None:
         """With ``overflow="drop-head"``, drop the oldest messages beyond ``max_length``,
@@ -857,7 +861,9 @@ class QueueActor(ProcessActor):
             if fetched is not None and dead_letters:
                 dead.append((fetched.seq_id, fetched.payload))
         if self._dead is not None:
-            self._dead.send(dead, "maxlen")
+            back = self._dead.send(dead, "maxlen")
+            queue.requeue(back)  # over the length again: the expiry tick tries them again
+            self.counters["dropped_over_max_length"] -= len(back)
 
     def _over_max_length(self) -> int:
         """How many messages a drop-head queue holds beyond its ``max_length`` (0 for

@@ -61,7 +61,7 @@ like any other. A stop signal that lands while the harness forks (a node, a work
 process) has its KeyboardInterrupt raised in the handlers the fork runs, which ignore
 it: ``spawn_with_parent`` notices, kills the process just forked and raises it. One sent
 to the whole group also reaches the child before its exec, which runs the harness's
-handler until then: there it does nothing (the harness stops the child with the rest).
+handler until then: there it ends the child as the signal's default would.
 """
 
 from __future__ import annotations
@@ -494,7 +494,10 @@ def harness_signals() -> Iterator[None]:
         if os.getpid() != harness:
             # A process the harness forked, before its exec (a stop to the whole group
             # lands in its preexec_fn): raising there would fail the spawn with a
-            # SubprocessError; the harness itself stops it, as it stops everything.
+            # SubprocessError. It ends as the signal ends any process of the group: the
+            # harness then sees a child that died, not one it would not know to stop.
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
             return
         _stops_received += 1
         for other in signals:

@@ -724,6 +724,23 @@ def test_a_dead_letter_exchange_that_does_not_exist_drops_what_max_length_pushes
     assert drained(connection, "work") == [b"second"]
 
 
+def test_a_message_whose_own_x_death_header_is_not_a_list_is_dead_lettered_with_a_list(node):
+    # x-death is the dead-letter path's own header, but a publisher may set anything
+    # under that name: the dead letter gets a list all the same, and the queue goes on.
+    node.declare_exchange("dlx", kind="fanout")
+    node.declare_queue("dead")
+    node.bind_queue("dead", "dlx")
+    node.declare_queue("work", max_length=1, dead_letter_exchange="dlx")
+    queue = node.queue("work")
+    connection = node.connect()
+    connection.publish("work", b"first", headers={"x-death": 5})
+    connection.publish("work", b"second")
+    wait_for(lambda: connection.queue_stats("work")["depth"] == 1)  # the drop settled
+    dead = connection.get("dead")
+    assert (dead.body, [d["reason"] for d in dead.headers["x-death"]]) == (b"first", ["maxlen"])
+    assert node.queue("work").pid == queue.pid  # not restarted
+
+
 def test_a_queue_that_starts_over_its_max_length_dead_letters_the_excess(data_dir):
     # What a directory left without its definition holds (see the declare test above),
     # declared again with a max-length: the oldest go to the dead-letter exchange at
