@@ -9,10 +9,12 @@ which the queue calls from a timer, so a dead-letter exchange that routes back t
 same queue cannot deadlock it. A publish the exchange routes nowhere is confirmed and the
 message dropped (as RabbitMQ does); one that is nacked is dropped and logged, and so is
 one that can never be sent (no such exchange, as RabbitMQ drops it; a message that does
-not decode or is too large). One that cannot be sent now (the node stopping, a queue of
-the exchange restarting, an alarm) is handed back with those after it: the queue puts
-them back and tries again later. ``send`` raises for none of them, so that a queue
-dead-lettering never fails the publish or the timer that made it do so.
+not decode or is too large; one nacked at once, as by a bound queue that stays down).
+One that cannot be sent now (the node stopping, a queue of the exchange restarting, an
+alarm) is handed back with those after it: the queue puts them back, unseen (neither
+redelivered nor counted as a delivery), and tries again at its next round. ``send``
+raises for none of them, so that a queue dead-lettering never fails the publish or the
+timer that made it do so.
 
 Each dead letter settled is counted under its reason, RabbitMQ's: ``dead_lettered_expired``
 (a TTL), ``dead_lettered_rejected`` (a consumer's reject without requeue) and
@@ -96,8 +98,8 @@ class DeadLetters:
                     exchange=self.exchange,
                     mandatory=False,
                 )
-            except (CorruptMessage, MessageTooLarge) as exc:
-                self._drop(seq_id, exc)
+            except (CorruptMessage, MessageTooLarge, Nacked) as exc:
+                self._drop(seq_id, exc)  # a nack (a bound queue that stays down) included
             except NotFound as exc:
                 if isinstance(exc, QueueRestarting):
                     return self._hand_back(dead[index:], exc)

@@ -567,10 +567,14 @@ class QueueActor(ProcessActor):
     def _fetch(self, message: Fetch) -> list[Delivered]:
         self._expire()
         queue = self._engine
+        below = self._hold_from
+        if self._may_expire and (head := queue.peek()) is not None and 0 < head.expiry_ms:
+            if head.expiry_ms <= _now_ms():  # left for the dead-letter exchange's next round
+                below = min(below, head.seq_id)  # never delivered; nor what is behind it
         out = []
         for _ in range(message.count):
             try:
-                fetched = queue.fetch_encoded(message.ack_required, self._hold_from)
+                fetched = queue.fetch_encoded(message.ack_required, below)
             except CorruptMessage:
                 continue  # dropped, logged and counted: never delivered
             if fetched is None:
@@ -603,10 +607,12 @@ class QueueActor(ProcessActor):
             queue.requeue(tags)
         elif message.action == "reject" and self._dead is not None:
             # acked once the dead-letter exchange confirmed them (``_expiry_tick``); what
-            # cannot be sent now goes back to the queue
-            queue.requeue(
-                self._dead.send([(t, self._rejected_payload(t)) for t in tags], "rejected")
-            )
+            # cannot be sent now (nothing while an alarm blocks publishers) goes back
+            unsent = tags
+            if self._dead.room() >= len(tags):
+                payloads = [(t, self._rejected_payload(t)) for t in tags]
+                unsent = self._dead.send(payloads, "rejected")
+            queue.requeue(unsent)
         else:
             queue.ack(tags)
             if message.action == "ack":
@@ -831,7 +837,7 @@ class QueueActor(ProcessActor):
                 continue
             dead.append((fetched.seq_id, fetched.payload))
         back = self._dead.send(dead, "expired")
-        self._engine.requeue(back)  # at the head again: the next round tries them again
+        queue.requeue(back, delivered=False)  # at the head again, for the next round
         self.counters["expired"] += len(dead) - len(back)
 
     def _drop_over_max_length(self) -> None:
@@ -862,7 +868,7 @@ class QueueActor(ProcessActor):
                 dead.append((fetched.seq_id, fetched.payload))
         if self._dead is not None:
             back = self._dead.send(dead, "maxlen")
-            queue.requeue(back)  # over the length again: the expiry tick tries them again
+            queue.requeue(back, delivered=False)  # over the length: the expiry tick's again
             self.counters["dropped_over_max_length"] -= len(back)
 
     def _over_max_length(self) -> int:

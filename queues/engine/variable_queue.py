@@ -949,12 +949,13 @@ class VariableQueue:
         self._since_rates["ack"] += len(statuses)
         self._remove(statuses)
 
-    def requeue(self, seq_ids: Iterable[int]) -> None:
+    def requeue(self, seq_ids: Iterable[int], *, delivered: bool = True) -> None:
         """Put fetched messages back, in seq-id order before newer ones, flagged
-        redelivered with their delivery count raised by one."""
+        redelivered with their delivery count raised by one; with ``delivered`` False,
+        as they were (messages the queue took out itself and puts back unseen)."""
         statuses = sorted(self._take_pending(seq_ids), key=lambda s: s.seq_id)
         for status in statuses:
-            status.delivery_count += 1
+            status.delivery_count += delivered
             self._requeue_one(status)
         if self._target_ram_count != math.inf:
             self._page(self.page_batch)

@@ -134,6 +134,15 @@ def test_a_message_requeued_twice_counts_two_deliveries(open_queue):
     assert queue.fetch().delivery_count == 2
 
 
+def test_a_message_put_back_undelivered_is_not_flagged_redelivered(open_queue):
+    # a dead letter the exchange could not take now: the queue took it out itself, and
+    # its consumer, when it gets it, gets it as never delivered
+    queue = open_queue()
+    queue.publish(message(0))
+    queue.requeue([queue.fetch().seq_id], delivered=False)
+    assert queue.fetch().delivery_count == 0
+
+
 def test_drop_and_fetch_while_a_predicate_holds_stop_at_the_first_it_refuses(open_queue):
     queue = open_queue()
     for n in range(1, 11):
