@@ -61,6 +61,15 @@ def data_dir(tmp_path):
     return tmp_path / "data"
 
 
+def forget_the_definition(data_dir, name: str) -> None:
+    """Remove queue ``name``'s definition from the stopped node on ``data_dir``, its files
+    left: what a lost or restored definitions file leaves."""
+    lost = Definitions(str(data_dir))
+    lost.remove_queue(name)
+    lost.save()
+    lost.close()
+
+
 @pytest.fixture
 def node(data_dir):
     with Node(data_dir) as running:
@@ -111,10 +120,7 @@ def test_a_declare_counts_the_messages_a_directory_left_without_its_definition_h
             "consumer_count": 0,
         }
         node.connect().publish_many("orders", [b"a", b"b", b"c"])
-    lost = Definitions(str(data_dir))  # the definition gone, the queue's files not
-    lost.remove_queue("orders")
-    lost.save()
-    lost.close()
+    forget_the_definition(data_dir, "orders")
     with Node(data_dir) as node:
         assert node.list_queues() == []
         assert node.declare_queue("orders") == {
@@ -748,10 +754,7 @@ def test_a_queue_that_starts_over_its_max_length_dead_letters_the_excess(data_di
     with Node(data_dir) as node:
         node.declare_queue("orders")
         node.connect().publish_many("orders", [b"a", b"b", b"c"])
-    lost = Definitions(str(data_dir))  # the definition gone, the queue's files not
-    lost.remove_queue("orders")
-    lost.save()
-    lost.close()
+    forget_the_definition(data_dir, "orders")
     with Node(data_dir) as node:
         node.declare_exchange("dlx", kind="fanout")
         node.declare_queue("dead")
