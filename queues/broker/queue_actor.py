@@ -568,7 +568,9 @@ class QueueActor(ProcessActor):
         self._expire()
         queue = self._engine
         below = self._hold_from
-        if self._may_expire and (head := queue.peek()) is not None and 0 < head.expiry_ms:
+        # without dead letters _expire dropped an expired head, unless the hold keeps it back
+        may_be_left = self._dead is not None and self._may_expire
+        if may_be_left and (head := queue.peek()) is not None and 0 < head.expiry_ms:
             if head.expiry_ms <= _now_ms():  # left for the dead-letter exchange's next round
                 below = min(below, head.seq_id)  # never delivered; nor what is behind it
         out = []

@@ -954,6 +954,8 @@ class VariableQueue:
         redelivered with their delivery count raised by one; with ``delivered`` False,
         as they were (messages the queue took out itself and puts back unseen)."""
         statuses = sorted(self._take_pending(seq_ids), key=lambda s: s.seq_id)
+        if not statuses:
+            return  # nothing moved: no paging due (a dead-letter round hands back none)
         for status in statuses:
             status.delivery_count += delivered
             self._requeue_one(status)
