@@ -83,6 +83,8 @@ from typing import Any
 
 import msgpack
 
+from .process import LIBC
+
 MAGIC = b"WRNFIG01"
 HEADER = struct.Struct("<8sIIQdQQII")
 SLOT_BYTES = 64 * 1024  # the file's size: the header and the largest answer published
@@ -97,9 +99,8 @@ _PUBLISHED = struct.Struct("<QII")  # seq, length, crc
 _SEQ_BYTES = struct.Struct("<Q")
 
 
-_libc = ctypes.CDLL(None, use_errno=True)
-_libc.mmap.restype = ctypes.c_void_p
-_libc.mmap.argtypes = (
+LIBC.mmap.restype = ctypes.c_void_p
+LIBC.mmap.argtypes = (
     ctypes.c_void_p,
     ctypes.c_size_t,
     ctypes.c_int,
@@ -107,7 +108,7 @@ _libc.mmap.argtypes = (
     ctypes.c_int,
     ctypes.c_long,
 )
-_libc.munmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
+LIBC.munmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
 _MAP_FAILED = ctypes.c_void_p(-1).value
 
 
@@ -226,7 +227,7 @@ class _Mapping:
     actor). ``view`` is the bytes; never used after ``close``."""
 
     def __init__(self, fd: int, size: int) -> None:
-        address = _libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        address = LIBC.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
         if address is None or address == _MAP_FAILED:
             code = ctypes.get_errno()
             raise OSError(code, os.strerror(code))
@@ -245,7 +246,7 @@ class _Mapping:
     def close(self) -> None:
         if self._address:
             del self.view
-            _libc.munmap(self._address, self._size)
+            LIBC.munmap(self._address, self._size)
             self._address = 0
 
 
