@@ -36,9 +36,14 @@ running   one poll over [control, data, wake pipe]. Each pass serves every waiti
           answers the question itself and publishes what changed, or marks the file
           clean when nothing did. A busy actor so spends nothing on it (the node asks
           it instead) and an idle one is read by the node without a round trip. Every
-          turn of the loop stamps the file (``STAMP_S`` apart at most), and an idle loop
-          turns at least once a second (``_IDLE_POLL_MS``): the node takes a loop silent
-          for longer than ``LIVE_S`` for stopped.
+          turn of the loop stamps the file (``STAMP_S`` apart at most), and a loop about
+          to sleep longer than that stamps the moment it will have turned by (its poll's
+          timeout): the node takes a loop silent for ``LIVE_S`` past its last stamp for
+          stopped.
+          An idle loop sleeps until something is due, ``_IDLE_POLL_MS`` at most (then it
+          checks its parent): RabbitMQ's queues hibernate, and a node of a thousand
+          actors that each woke every second spent a tenth of a core on nothing. What
+          wakes an idle actor of a node is its supervisor's heartbeat.
 teardown  ``on_stop`` (clean stops) or nothing more (``on_failure`` ran at the crash); asks
           still queued are answered with ActorDeadError and tells still queued are
           counted as dropped; sockets close with a bounded linger, and the figures file
@@ -132,9 +137,10 @@ from .ref import ActorRef, Future
 
 logger = logging.getLogger("warren.actors")
 
-# Longest poll when nothing is due (milliseconds): how often an idle actor checks its parent
-# (and stamps its figures file: warren.actors.figures relies on a turn a second at least).
-_IDLE_POLL_MS = 1000
+# Longest poll when nothing is due (milliseconds): how often an idle actor checks its parent.
+# Its figures file then says when it will have turned by (see "running"), so a stopped
+# actor is asked within this and ``LIVE_S``.
+_IDLE_POLL_MS = 5000
 # How long the loop waits after its last turn that handled messages before it checks its
 # published figures (seconds): a busy actor is asked by the node instead.
 _QUIET_S = 0.5
@@ -352,7 +358,11 @@ class ActorLoop:
         slot = self._slot
         now = 0.0
         while not self._stopping:
-            events = dict(poller.poll(self._poll_timeout_ms()))
+            timeout_ms = self._poll_timeout_ms()
+            if slot is not None and timeout_ms > STAMP_S * 1000:
+                slot.stamp(time.monotonic() + timeout_ms / 1000)  # turned by then
+                self._stamp_due = 0.0  # the turn after the sleep stamps its own time
+            events = dict(poller.poll(timeout_ms))
             if self._stopping:
                 break
             if not events and os.getppid() != self._parent_pid:

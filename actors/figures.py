@@ -21,7 +21,8 @@ Layout, little-endian (``HEADER``), then the answer::
     12  (unused)     u32
     16  incarnation  u64, the writing incarnation
     24  turned_at    f64, CLOCK_MONOTONIC seconds of the loop's last turn (``STAMP_S``
-                     apart at most: an idle loop turns at least once a second)
+                     apart at most), or of the latest it will turn by, written as it
+                     goes to sleep (an idle loop sleeps until something is due)
     32  dirty        u64, 0 while the published answer is the actor's answer now; set
                      before the loop handles anything that may change it
     40  seq          u64, answers published so far (0: none yet)
@@ -39,7 +40,7 @@ usage published with them (CPU seconds and RSS) stays that of the last publish, 
 the caller says ``always`` (an answer to a request that asked for the usage); then the
 same figures are written again, with the new usage, while ``dirty`` stays clear. The reader takes an
 answer only when ``magic``, ``pid`` and ``incarnation`` are the ref's, ``dirty`` is clear,
-``seq`` is not 0, the loop turned within ``LIVE_S`` and the CRC holds; otherwise it says
+``seq`` is not 0, ``turned_at`` is no more than ``LIVE_S`` ago and the CRC holds; otherwise it says
 None and the node asks the actor. It decodes an answer once per ``seq``.
 
 Races, each with its answer:
@@ -48,8 +49,9 @@ Races, each with its answer:
   before the rewrite began is the answer of that moment, whole.
 - The actor changes after the reader saw ``dirty`` clear: what the reader took was the
   actor's answer when the read began, a snapshot like an answer to a request.
-- A process killed or stopped: its loop stops turning, and after ``LIVE_S`` the reader
-  says None; the node asks, and an actor that does not answer has no series. An actor
+- A process killed or stopped: its loop stops turning, and ``LIVE_S`` after its last
+  stamp (its last turn, or the turn it promised as it went to sleep) the reader says
+  None; the node asks, and an actor that does not answer has no series. An actor
   the node's tree no longer runs is not read at all.
 - A restarted incarnation: it makes a new file (a temporary name, sized, its header
   written, then renamed over the path: a new inode), so a mapping of the previous file
@@ -60,7 +62,7 @@ Races, each with its answer:
   actor stays dirty and is asked at every scrape.
 - A write that fails (a full disk, where the file system must allocate to overwrite):
   the writer writes nothing more, stamps included, and removes its file; the reader
-  asks once the loop has not been seen turning for ``LIVE_S``, and until then reads the
+  asks ``LIVE_S`` past the loop's last stamp, and until then reads the
   last answer published. Writing through a mapping instead would kill the actor with a
   SIGBUS. The reader's mapping never faults: the file is never shrunk, and a hole in it
   reads as zeros.
@@ -89,7 +91,7 @@ MAGIC = b"WRNFIG01"
 HEADER = struct.Struct("<8sIIQdQQII")
 SLOT_BYTES = 64 * 1024  # the file's size: the header and the largest answer published
 STAMP_S = 0.25  # the loop writes its turn's time at most this often
-LIVE_S = 2.5  # a loop that has not turned for this long is not read: it is asked
+LIVE_S = 2.5  # a loop silent this long past its stamp is not read: it is asked
 _TURNED_AT = 24
 _DIRTY = 32
 _SEQ = 40  # seq, length and crc, then the answer: written at once
@@ -166,7 +168,8 @@ class FiguresSlot:
         return True
 
     def stamp(self, now: float) -> None:
-        """The loop turned at ``now`` (``time.monotonic()``)."""
+        """The loop turned at ``now`` (``time.monotonic()``), or, going to sleep, will
+        have turned by then."""
         self._write(_TURN.pack(now), _TURNED_AT)
 
     def mark_dirty(self) -> None:
@@ -260,7 +263,8 @@ class SlotReader:
 
     def read(self, control: str, pid: int, incarnation: int, now: float) -> tuple[int, list] | None:
         """``(seq, answer)`` published by that incarnation, when it is the actor's answer
-        now and its loop turned within ``LIVE_S`` of ``now``; else None (ask it)."""
+        now and its loop's stamp is no more than ``LIVE_S`` before ``now``; else None
+        (ask it)."""
         header = self._header(control, pid, incarnation)
         if header is None:
             return None
