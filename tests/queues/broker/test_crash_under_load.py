@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -114,6 +115,16 @@ def test_an_idle_queue_process_costs_a_few_mib(tmp_path):
         # Reported in bench/README.md; the bound only catches a gross regression.
         assert max(pss) < 64 * 2**20, [p // 2**20 for p in pss]
         print(f"idle queue PSS: {sorted(pss)[4] / 2**20:.1f} MiB (median of 8)")
+
+
+def test_a_declared_queue_adds_no_thread_to_the_node(tmp_path):
+    with Node(tmp_path / "data") as node:
+        node.declare_queue("first")  # queue_sup's own first event: its thread starts
+        before = threading.active_count()
+        for n in range(20):
+            node.declare_queue(f"q{n}")
+        # each queue has a supervisor of its own, whose thread starts at its first event
+        assert threading.active_count() == before
 
 
 def test_an_idle_queue_process_sleeps_between_its_heartbeats(tmp_path):
