@@ -35,11 +35,12 @@ running   one poll over [control, data, wake pipe]. Each pass serves every waiti
           has been handled for ``_QUIET_S`` (a pass of timers alone is quiet), the loop
           answers the question itself and publishes what changed, or marks the file
           clean when nothing did. A busy actor so spends nothing on it (the node asks
-          it instead) and an idle one is read by the node without a round trip. Every
-          turn of the loop stamps the file (``STAMP_S`` apart at most), and a loop about
-          to sleep longer than that stamps the moment it will have turned by (its poll's
-          timeout): the node takes a loop silent for ``LIVE_S`` past its last stamp for
-          stopped.
+          it instead) and an idle one is read by the node without a round trip. Before
+          each poll the loop stamps the file with the moment it will have turned by at
+          the latest (the poll's timeout from now), when that is ``STAMP_S`` past its
+          last stamp: a busy loop stamps four times a second, an idle one once per
+          sleep. The node takes a loop silent for ``LIVE_S`` past its stamp for stopped
+          (what it handles in the meantime marks the file dirty first).
           An idle loop sleeps until something is due, ``_IDLE_POLL_MS`` at most (then it
           checks its parent): RabbitMQ's queues hibernate, and a node of a thousand
           actors that each woke every second spent a tenth of a core on nothing. What
@@ -248,13 +249,13 @@ class ActorLoop:
         # The published figures (warren.actors.figures): the file, the question of the
         # last FIGURES request (the loop answers it itself from then on), whether anything
         # was handled since the figures were last checked, the start of the last turn that
-        # handled messages, when to check them next, when to stamp the next turn.
+        # handled messages, when to check them next, the turn last stamped (by when).
         self._slot: FiguresSlot | None = None
         self._question: Any = _NO_QUESTION
         self._touched = True
         self._busy_at = 0.0
         self._check_at: float | None = None
-        self._stamp_due = 0.0
+        self._stamped = 0.0
         # Both set by _setup, before anything else reads them.
         self.actor: ProcessActor
         self.ref: ActorRef
@@ -359,9 +360,11 @@ class ActorLoop:
         now = 0.0
         while not self._stopping:
             timeout_ms = self._poll_timeout_ms()
-            if slot is not None and timeout_ms > STAMP_S * 1000:
-                slot.stamp(time.monotonic() + timeout_ms / 1000)  # turned by then
-                self._stamp_due = 0.0  # the turn after the sleep stamps its own time
+            if slot is not None:
+                turned_by = time.monotonic() + timeout_ms / 1000  # at the latest
+                if turned_by > self._stamped + STAMP_S:
+                    slot.stamp(turned_by)
+                    self._stamped = turned_by
             events = dict(poller.poll(timeout_ms))
             if self._stopping:
                 break
@@ -371,9 +374,6 @@ class ActorLoop:
                 break
             if slot is not None:
                 now = time.monotonic()
-                if now >= self._stamp_due:
-                    slot.stamp(now)
-                    self._stamp_due = now + STAMP_S
             busy = False
             if control in events:
                 self._serve_control()

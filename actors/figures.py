@@ -20,9 +20,9 @@ Layout, little-endian (``HEADER``), then the answer::
     8   pid          u32, the writing process
     12  (unused)     u32
     16  incarnation  u64, the writing incarnation
-    24  turned_at    f64, CLOCK_MONOTONIC seconds of the loop's last turn (``STAMP_S``
-                     apart at most), or of the latest it will turn by, written as it
-                     goes to sleep (an idle loop sleeps until something is due)
+    24  turned_at    f64, CLOCK_MONOTONIC seconds by which the loop will have turned
+                     next at the latest, written before it polls (``STAMP_S`` apart at
+                     least; an idle loop sleeps until something is due)
     32  dirty        u64, 0 while the published answer is the actor's answer now; set
                      before the loop handles anything that may change it
     40  seq          u64, answers published so far (0: none yet)
@@ -49,10 +49,10 @@ Races, each with its answer:
   before the rewrite began is the answer of that moment, whole.
 - The actor changes after the reader saw ``dirty`` clear: what the reader took was the
   actor's answer when the read began, a snapshot like an answer to a request.
-- A process killed or stopped: its loop stops turning, and ``LIVE_S`` after its last
-  stamp (its last turn, or the turn it promised as it went to sleep) the reader says
-  None; the node asks, and an actor that does not answer has no series. An actor
-  the node's tree no longer runs is not read at all.
+- A process killed or stopped: its loop stops turning, and ``LIVE_S`` past its last
+  stamp (the turn it promised before its last poll) the reader says None; the node
+  asks, and an actor that does not answer has no series. An actor the node's tree no
+  longer runs is not read at all.
 - A restarted incarnation: it makes a new file (a temporary name, sized, its header
   written, then renamed over the path: a new inode), so a mapping of the previous file
   never sees it shrink (no SIGBUS) and the reader, seeing another incarnation in its
@@ -90,7 +90,7 @@ from .process import LIBC
 MAGIC = b"WRNFIG01"
 HEADER = struct.Struct("<8sIIQdQQII")
 SLOT_BYTES = 64 * 1024  # the file's size: the header and the largest answer published
-STAMP_S = 0.25  # the loop writes its turn's time at most this often
+STAMP_S = 0.25  # the loop stamps the file at most this often
 LIVE_S = 2.5  # a loop silent this long past its stamp is not read: it is asked
 _TURNED_AT = 24
 _DIRTY = 32
@@ -167,10 +167,9 @@ class FiguresSlot:
             return False
         return True
 
-    def stamp(self, now: float) -> None:
-        """The loop turned at ``now`` (``time.monotonic()``), or, going to sleep, will
-        have turned by then."""
-        self._write(_TURN.pack(now), _TURNED_AT)
+    def stamp(self, turned_by: float) -> None:
+        """The loop will have turned again by ``turned_by`` (``time.monotonic()``)."""
+        self._write(_TURN.pack(turned_by), _TURNED_AT)
 
     def mark_dirty(self) -> None:
         """The actor is about to handle something that may change its answer."""
