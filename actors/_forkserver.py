@@ -101,7 +101,6 @@ Races and their answers:
 
 from __future__ import annotations
 
-import ctypes
 import fcntl
 import functools
 import hashlib
@@ -123,7 +122,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .codec import work_out_field_checks
-from .process import SPARE_TITLE, die_with_parent
+from .process import LIBC, SPARE_TITLE, die_with_parent
 
 BOOT = 1
 SPAWN = 2
@@ -196,9 +195,8 @@ def keep_large_buffers_on_the_heap() -> None:
     MiB) costs a fresh mapping and a page fault per 4 KiB: measured at a fifth of a store
     process's time. Inherited by every actor forked from here; nothing elsewhere."""
     if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(None)
-        libc.mallopt(_M_MMAP_THRESHOLD, LARGE_BUFFER_BYTES)
-        libc.mallopt(_M_TRIM_THRESHOLD, 2 * LARGE_BUFFER_BYTES)
+        LIBC.mallopt(_M_MMAP_THRESHOLD, LARGE_BUFFER_BYTES)
+        LIBC.mallopt(_M_TRIM_THRESHOLD, 2 * LARGE_BUFFER_BYTES)
 
 
 def serve(fd: int) -> None:

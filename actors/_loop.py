@@ -35,10 +35,16 @@ running   one poll over [control, data, wake pipe]. Each pass serves every waiti
           has been handled for ``_QUIET_S`` (a pass of timers alone is quiet), the loop
           answers the question itself and publishes what changed, or marks the file
           clean when nothing did. A busy actor so spends nothing on it (the node asks
-          it instead) and an idle one is read by the node without a round trip. Every
-          turn of the loop stamps the file (``STAMP_S`` apart at most), and an idle loop
-          turns at least once a second (``_IDLE_POLL_MS``): the node takes a loop silent
-          for longer than ``LIVE_S`` for stopped.
+          it instead) and an idle one is read by the node without a round trip. Before
+          each poll the loop stamps the file with the moment it will have turned by at
+          the latest (the poll's timeout from now), when that is ``STAMP_S`` past its
+          last stamp: a busy loop stamps four times a second, an idle one once per
+          sleep. The node takes a loop silent for ``LIVE_S`` past its stamp for stopped
+          (what it handles in the meantime marks the file dirty first).
+          An idle loop sleeps until something is due, ``_IDLE_POLL_MS`` at most (then it
+          checks its parent): RabbitMQ's queues hibernate, and a node of a thousand
+          actors that each woke every second spent a tenth of a core on nothing. What
+          wakes an idle actor of a node is its supervisor's heartbeat.
 teardown  ``on_stop`` (clean stops) or nothing more (``on_failure`` ran at the crash); asks
           still queued are answered with ActorDeadError and tells still queued are
           counted as dropped; sockets close with a bounded linger, and the figures file
@@ -132,9 +138,10 @@ from .ref import ActorRef, Future
 
 logger = logging.getLogger("warren.actors")
 
-# Longest poll when nothing is due (milliseconds): how often an idle actor checks its parent
-# (and stamps its figures file: warren.actors.figures relies on a turn a second at least).
-_IDLE_POLL_MS = 1000
+# Longest poll when nothing is due (milliseconds): how often an idle actor checks its parent.
+# Its figures file then says when it will have turned by (see "running"), so a stopped
+# actor is asked within this and ``LIVE_S``.
+_IDLE_POLL_MS = 5000
 # How long the loop waits after its last turn that handled messages before it checks its
 # published figures (seconds): a busy actor is asked by the node instead.
 _QUIET_S = 0.5
@@ -242,13 +249,13 @@ class ActorLoop:
         # The published figures (warren.actors.figures): the file, the question of the
         # last FIGURES request (the loop answers it itself from then on), whether anything
         # was handled since the figures were last checked, the start of the last turn that
-        # handled messages, when to check them next, when to stamp the next turn.
+        # handled messages, when to check them next, the turn last stamped (by when).
         self._slot: FiguresSlot | None = None
         self._question: Any = _NO_QUESTION
         self._touched = True
         self._busy_at = 0.0
         self._check_at: float | None = None
-        self._stamp_due = 0.0
+        self._stamped = 0.0
         # Both set by _setup, before anything else reads them.
         self.actor: ProcessActor
         self.ref: ActorRef
@@ -352,7 +359,13 @@ class ActorLoop:
         slot = self._slot
         now = 0.0
         while not self._stopping:
-            events = dict(poller.poll(self._poll_timeout_ms()))
+            timeout_ms = self._poll_timeout_ms()
+            if slot is not None:
+                turned_by = time.monotonic() + timeout_ms / 1000  # at the latest
+                if turned_by > self._stamped + STAMP_S:
+                    slot.stamp(turned_by)
+                    self._stamped = turned_by
+            events = dict(poller.poll(timeout_ms))
             if self._stopping:
                 break
             if not events and os.getppid() != self._parent_pid:
@@ -361,9 +374,6 @@ class ActorLoop:
                 break
             if slot is not None:
                 now = time.monotonic()
-                if now >= self._stamp_due:
-                    slot.stamp(now)
-                    self._stamp_due = now + STAMP_S
             busy = False
             if control in events:
                 self._serve_control()

@@ -20,8 +20,9 @@ Layout, little-endian (``HEADER``), then the answer::
     8   pid          u32, the writing process
     12  (unused)     u32
     16  incarnation  u64, the writing incarnation
-    24  turned_at    f64, CLOCK_MONOTONIC seconds of the loop's last turn (``STAMP_S``
-                     apart at most: an idle loop turns at least once a second)
+    24  turned_at    f64, CLOCK_MONOTONIC seconds by which the loop will have turned
+                     next at the latest, written before it polls (``STAMP_S`` apart at
+                     least; an idle loop sleeps until something is due)
     32  dirty        u64, 0 while the published answer is the actor's answer now; set
                      before the loop handles anything that may change it
     40  seq          u64, answers published so far (0: none yet)
@@ -39,7 +40,7 @@ usage published with them (CPU seconds and RSS) stays that of the last publish, 
 the caller says ``always`` (an answer to a request that asked for the usage); then the
 same figures are written again, with the new usage, while ``dirty`` stays clear. The reader takes an
 answer only when ``magic``, ``pid`` and ``incarnation`` are the ref's, ``dirty`` is clear,
-``seq`` is not 0, the loop turned within ``LIVE_S`` and the CRC holds; otherwise it says
+``seq`` is not 0, ``turned_at`` is no more than ``LIVE_S`` ago and the CRC holds; otherwise it says
 None and the node asks the actor. It decodes an answer once per ``seq``.
 
 Races, each with its answer:
@@ -48,9 +49,10 @@ Races, each with its answer:
   before the rewrite began is the answer of that moment, whole.
 - The actor changes after the reader saw ``dirty`` clear: what the reader took was the
   actor's answer when the read began, a snapshot like an answer to a request.
-- A process killed or stopped: its loop stops turning, and after ``LIVE_S`` the reader
-  says None; the node asks, and an actor that does not answer has no series. An actor
-  the node's tree no longer runs is not read at all.
+- A process killed or stopped: its loop stops turning, and ``LIVE_S`` past its last
+  stamp (the turn it promised before its last poll) the reader says None; the node
+  asks, and an actor that does not answer has no series. An actor the node's tree no
+  longer runs is not read at all.
 - A restarted incarnation: it makes a new file (a temporary name, sized, its header
   written, then renamed over the path: a new inode), so a mapping of the previous file
   never sees it shrink (no SIGBUS) and the reader, seeing another incarnation in its
@@ -60,7 +62,7 @@ Races, each with its answer:
   actor stays dirty and is asked at every scrape.
 - A write that fails (a full disk, where the file system must allocate to overwrite):
   the writer writes nothing more, stamps included, and removes its file; the reader
-  asks once the loop has not been seen turning for ``LIVE_S``, and until then reads the
+  asks ``LIVE_S`` past the loop's last stamp, and until then reads the
   last answer published. Writing through a mapping instead would kill the actor with a
   SIGBUS. The reader's mapping never faults: the file is never shrunk, and a hole in it
   reads as zeros.
@@ -83,11 +85,13 @@ from typing import Any
 
 import msgpack
 
+from .process import LIBC
+
 MAGIC = b"WRNFIG01"
 HEADER = struct.Struct("<8sIIQdQQII")
 SLOT_BYTES = 64 * 1024  # the file's size: the header and the largest answer published
-STAMP_S = 0.25  # the loop writes its turn's time at most this often
-LIVE_S = 2.5  # a loop that has not turned for this long is not read: it is asked
+STAMP_S = 0.25  # the loop stamps the file at most this often
+LIVE_S = 2.5  # a loop silent this long past its stamp is not read: it is asked
 _TURNED_AT = 24
 _DIRTY = 32
 _SEQ = 40  # seq, length and crc, then the answer: written at once
@@ -97,9 +101,8 @@ _PUBLISHED = struct.Struct("<QII")  # seq, length, crc
 _SEQ_BYTES = struct.Struct("<Q")
 
 
-_libc = ctypes.CDLL(None, use_errno=True)
-_libc.mmap.restype = ctypes.c_void_p
-_libc.mmap.argtypes = (
+LIBC.mmap.restype = ctypes.c_void_p
+LIBC.mmap.argtypes = (
     ctypes.c_void_p,
     ctypes.c_size_t,
     ctypes.c_int,
@@ -107,7 +110,7 @@ _libc.mmap.argtypes = (
     ctypes.c_int,
     ctypes.c_long,
 )
-_libc.munmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
+LIBC.munmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
 _MAP_FAILED = ctypes.c_void_p(-1).value
 
 
@@ -164,9 +167,9 @@ class FiguresSlot:
             return False
         return True
 
-    def stamp(self, now: float) -> None:
-        """The loop turned at ``now`` (``time.monotonic()``)."""
-        self._write(_TURN.pack(now), _TURNED_AT)
+    def stamp(self, turned_by: float) -> None:
+        """The loop will have turned again by ``turned_by`` (``time.monotonic()``)."""
+        self._write(_TURN.pack(turned_by), _TURNED_AT)
 
     def mark_dirty(self) -> None:
         """The actor is about to handle something that may change its answer."""
@@ -226,7 +229,7 @@ class _Mapping:
     actor). ``view`` is the bytes; never used after ``close``."""
 
     def __init__(self, fd: int, size: int) -> None:
-        address = _libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        address = LIBC.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
         if address is None or address == _MAP_FAILED:
             code = ctypes.get_errno()
             raise OSError(code, os.strerror(code))
@@ -245,7 +248,7 @@ class _Mapping:
     def close(self) -> None:
         if self._address:
             del self.view
-            _libc.munmap(self._address, self._size)
+            LIBC.munmap(self._address, self._size)
             self._address = 0
 
 
@@ -259,7 +262,8 @@ class SlotReader:
 
     def read(self, control: str, pid: int, incarnation: int, now: float) -> tuple[int, list] | None:
         """``(seq, answer)`` published by that incarnation, when it is the actor's answer
-        now and its loop turned within ``LIVE_S`` of ``now``; else None (ask it)."""
+        now and its loop's stamp is no more than ``LIVE_S`` before ``now``; else None
+        (ask it)."""
         header = self._header(control, pid, incarnation)
         if header is None:
             return None

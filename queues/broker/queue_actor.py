@@ -76,7 +76,8 @@ there.
 Garbage collection: the queue leaves Python's automatic collections in its process to
 the youngest generation and runs a full one itself at most every
 ``FULL_COLLECTION_EVERY_S`` (counted from its start too), on the rates tick, when a
-young collection has run since the last (what a young one leaves waits for it); a Python
+young collection has run since the last (what a young one leaves waits for it; at rest,
+until the queue works again, as nothing new comes meanwhile); a Python
 whose collector walks its old generation incrementally (CPython 3.14.0 to 3.14.4) is
 left as it is. A collection of an older generation walks every object the collector
 tracks there, and a queue holds one ``MsgStatus`` per message in RAM: the automatic full
@@ -91,7 +92,12 @@ take the short-lived cycles of a queue's own work, and the full one what outlive
 
 Alarms: under the node's memory alarm the queue's RAM duration target drops to 0 and it
 pages out; when the alarm clears the target is infinity again. The rates are folded in
-every ``RATES_INTERVAL_S`` (RabbitMQ: 5 s).
+every ``RATES_INTERVAL_S`` (RabbitMQ: 5 s) while the queue works. Once they have decayed
+to nothing with no operation since (``VariableQueue.rates_at_rest``), the rate timer
+stops, as RabbitMQ stops it when a queue hibernates; the next operation starts it again
+(looked for after each pass that handled messages, and at each expiry tick): an idle
+queue of a node of a thousand does not wake every five seconds to fold zeros. A message
+handled that moves no rate (a ``QueueStats``, a re-declare's question) leaves it at rest.
 
 A store that goes down (a ``Down`` from the monitor the queue holds on each store) makes
 the queue stop at once, without a clean stop: the node restarts it after the store, and
@@ -264,6 +270,8 @@ class QueueActor(ProcessActor):
         self._dead: DeadLetters | None = None
         self._may_expire = False  # messages with an expiry may be in the queue
         self._expiry_armed = False  # the expiry tick is scheduled
+        self._rates_armed = False  # the rate timer is scheduled
+        self._rates_resting = True  # it is not, the rates at rest (see Alarms)
         self._stores: list[ActorRef] = []  # pinned: the incarnations we work with
         # monotonic time of the last full garbage collection, or of the start
         self._collected_at = time.monotonic()
@@ -332,7 +340,7 @@ class QueueActor(ProcessActor):
         # with an incremental collector, left as it is, the process runs no full collection
         self._collects_fully = collector_is_generational()
         collect_only_the_young_automatically()
-        self.call_later(RATES_INTERVAL_S, self._update_rates)
+        self._arm_rates()
         if self.definition.auto_delete and is_marked_deleted(self.directory):
             log.warning(
                 "queue %s: finishing the delete it began (auto_delete) before it ended",
@@ -428,8 +436,10 @@ class QueueActor(ProcessActor):
             self.queue.set_ram_duration_target(0 if raised else math.inf)
 
     def on_idle(self) -> None:
-        if self.queue is not None and not self._deleted and self.queue.needs_sync():
-            self._sync()
+        if self.queue is not None and not self._deleted:
+            self._arm_rates()  # when what it handled moved the rates
+            if self.queue.needs_sync():
+                self._sync()
 
     # ------------------------------------------------------------------ messages
 
@@ -900,6 +910,7 @@ class QueueActor(ProcessActor):
         self._expiry_armed = False
         if self._deleted:
             return
+        self._arm_rates()  # when what it did meanwhile moved the rates
         self._expire()
         self._drop_over_max_length()
         if self._dead is not None:
@@ -942,9 +953,22 @@ class QueueActor(ProcessActor):
                 )
                 self._release(Release(consumer))
 
+    def _arm_rates(self) -> None:
+        """Schedule the rate timer, unless it is already or the rates are at rest; after
+        a rest, the rates' next interval starts now (the time at rest held no operation)."""
+        if self._rates_armed or self._engine.rates_at_rest():
+            return
+        if self._rates_resting:
+            self._rates_resting = False
+            self._engine.resume_rates()
+        self._rates_armed = True
+        self.call_later(RATES_INTERVAL_S, self._update_rates)
+
     def _update_rates(self) -> None:
-        if not self._deleted:
-            self._engine.update_rates()
+        self._rates_armed = False
+        if self._deleted:
+            return
+        self._engine.update_rates()
         now = time.monotonic()
         if (
             self._collects_fully
@@ -953,7 +977,10 @@ class QueueActor(ProcessActor):
         ):
             gc.collect()
             self._collected_at = now
-        self.call_later(RATES_INTERVAL_S, self._update_rates)
+        if self._engine.rates_at_rest():
+            self._rates_resting = True
+        else:
+            self._arm_rates()
 
 
 def _now_ms() -> int:

@@ -150,6 +150,7 @@ EMBED_MSGS_BELOW = 4096  # bytes: queue_index_embed_msgs_below
 IO_BATCH_SIZE = 4096  # msg_store_io_batch_size: betas to delta
 PAGE_BATCH = 8000  # messages paged per operation (2 × credit)
 RATE_SMOOTHING = 0.5  # weight of the newest rate sample
+RATE_AT_REST = 0.01  # messages a second below which a rate with nothing new is taken as 0
 WRITE_BATCH = 1024  # persistent publishes held before they are handed to store and index
 WRITE_AT_ONCE_BYTES = 32 * 2**10  # a publish_many of this many bytes is written at once
 
@@ -1144,10 +1145,26 @@ class VariableQueue:
         self._rates_seq_id = self.next_seq_id
         for name, count in self._since_rates.items():
             sample = count / elapsed
-            self._rates[name] = RATE_SMOOTHING * sample + (1 - RATE_SMOOTHING) * self._rates[name]
+            rate = RATE_SMOOTHING * sample + (1 - RATE_SMOOTHING) * self._rates[name]
+            self._rates[name] = 0.0 if not count and rate < RATE_AT_REST else rate
             self._since_rates[name] = 0
         self._rates_at = now
         self._update_target()
+
+    def resume_rates(self) -> None:
+        """Start the rates' next interval now: the caller stopped folding them at rest
+        (``rates_at_rest``), and the time since held no operation but the one that woke
+        it."""
+        self._rates_at = self._clock()
+
+    def rates_at_rest(self) -> bool:
+        """Whether every rate is 0 (decayed below ``RATE_AT_REST`` with no operation in
+        the last interval) and no operation came since: folding more would change nothing."""
+        return (
+            not any(self._rates.values())
+            and not any(self._since_rates.values())
+            and self.next_seq_id == self._rates_seq_id
+        )
 
     def ram_duration(self) -> float:
         """Seconds of messages in RAM at the current rates (inf when idle)."""

@@ -21,7 +21,8 @@ skipped: the next check sees the tree as it is then.
 Reading PSS is dear: the kernel walks every page table of the process
 (``/proc/PID/smaps_rollup``), about 0.6 ms per process, so every process every second
 took a third of a core on a node of 1,000 queues (most of its process's 40 % idle).
-Reading RSS (``/proc/PID/statm``) costs a twentieth of that. So ``NodeMemory`` keeps each
+Reading RSS (``/proc/PID/statm``, read directly: psutil's wrapper doubled the cost, at each
+of a thousand processes every second) costs a hundredth of that. So ``NodeMemory`` keeps each
 process's last PSS reading with the RSS it had then, and a check estimates each process
 as that PSS plus what its RSS grew since (memory a process allocates is private: it adds
 to its PSS in whole). A process it has no reading of (a new actor, or one restarted) is
@@ -166,9 +167,8 @@ class NodeMemory:
             if reading is None or pid in reread:
                 total += self._read(pid)
                 continue
-            try:
-                rss = reading.process.memory_info().rss
-            except psutil.NoSuchProcess:  # it exited: it holds nothing now
+            rss = _resident_bytes(reading.process)
+            if rss is None:  # it exited: it holds nothing now
                 del self._readings[pid]
                 continue
             total += max(0, reading.pss + rss - reading.rss)
@@ -186,8 +186,10 @@ class NodeMemory:
         reading (read at one of the next checks); 0 for a process that is gone."""
         try:
             process = psutil.Process(pid)
-            rss = process.memory_info().rss
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            return 0
+        rss = _resident_bytes(process)
+        if rss is None:
             return 0
         pss = round(rss * pss_per_rss)
         self._readings[pid] = _Reading(process, pss, rss, read_at=-math.inf)
@@ -214,6 +216,32 @@ class NodeMemory:
     def _forget_all_but(self, pids: set[int]) -> None:
         for pid in self._readings.keys() - pids:
             del self._readings[pid]
+
+
+_PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
+
+
+def _resident_bytes(process: psutil.Process) -> int | None:
+    """The process's RSS now, None once it has exited: its ``statm`` read directly where
+    there is one (Linux), else through psutil."""
+    try:
+        fd = os.open(f"/proc/{process.pid}/statm", os.O_RDONLY)
+    except FileNotFoundError:
+        if os.path.isdir("/proc/self"):
+            return None  # no such process
+    except OSError:
+        pass
+    else:
+        try:
+            return int(os.read(fd, 128).split()[1]) * _PAGE_BYTES
+        except (OSError, IndexError, ValueError):
+            return None  # gone between the open and the read
+        finally:
+            os.close(fd)
+    try:
+        return int(process.memory_info().rss)
+    except psutil.NoSuchProcess:
+        return None
 
 
 @dataclass

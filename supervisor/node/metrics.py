@@ -11,8 +11,9 @@ process's CPU time and RSS, read by the process itself, in one of two ways:
   now. Most actors of a large node are idle, and a scrape costs each a few microseconds
   of the node's time and nothing of its own;
 - asked, when they are not there to read (never asked yet, handled something since,
-  its loop silent for ``LIVE_S``, an actor that opts out as the listener does, or, for a
-  snapshot ``per_object``, an answer published without the process's usage):
+  its loop silent for ``LIVE_S`` past its stamp, an actor that opts out as the listener
+  does, or, for a snapshot ``per_object``, an answer published without the process's
+  usage):
   one request, all sent at once (``ActorRef.figures_async``, on its control channel, so
   a busy actor answers between two passes rather than after its backlog), all answered
   within one budget (``SCRAPE_BUDGET_S``). Answering also publishes, so the next scrape
@@ -52,7 +53,9 @@ drops its answer if it has come and asks again; if it still has not, that snapsh
 the actor nothing and counts it unanswered at once. A stopped actor so holds one request,
 not one per scrape, and delays one scrape, not every one. An actor stopped or killed
 while idle is read as it last published until the tree no longer runs it or its loop
-has not turned for ``LIVE_S`` (about two and a half seconds), then asked as above. The
+has been silent for ``LIVE_S`` (two and a half seconds) past its last stamp (an idle
+loop, asleep, stamps when it will turn by: five seconds ahead at most), then asked as
+above. The
 readings of a queue deleted meanwhile are forgotten only once the tree no longer runs its
 process, so the next reading of an incarnation still alive is never taken for its first.
 The files of actors the tree no longer runs are unmapped at the end of each snapshot.

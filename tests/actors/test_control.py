@@ -78,7 +78,7 @@ def test_a_pass_ended_by_its_message_bound_with_nothing_behind_reaches_on_idle(
     ref.tell("told")  # the pass's second message and its last: nothing comes after it
     release.touch()
     assert blocked.get(10) == "released"
-    # on_idle is not to wait for the next message or the idle poll (1 s from the pass)
+    # on_idle is not to wait for the next message or the idle poll (5 s from the pass)
     time.sleep(0.6)
     assert ref.ask("idle_marks", timeout=10) == [1]
 

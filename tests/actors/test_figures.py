@@ -8,6 +8,7 @@ import os
 import time
 
 import msgpack
+import psutil
 import zmq
 
 from tests.actors.sample_actors import Recorder
@@ -164,4 +165,21 @@ def test_a_control_frame_of_no_known_kind_marks_the_figures_stale_and_the_actor_
     wait_for(lambda: reader.read(ref.control, ref.pid, ref.incarnation, time.monotonic()))
     _, figures = reader.read(ref.control, ref.pid, ref.incarnation, time.monotonic())
     assert figures[0]["malformed"] == 4, "published again with what it counted"
+    reader.close()
+
+
+def test_an_idle_actor_sleeps_past_live_s_and_is_still_read_without_being_asked(
+    node: Node,
+) -> None:
+    ref = node.spawn(Recorder)  # no supervisor: nothing pings it
+    reader = SlotReader()
+    ref.figures_async("seen").get(10)
+    wait_for(lambda: reader.read(ref.control, ref.pid, ref.incarnation, time.monotonic()))
+    main_thread = psutil.Process(ref.pid)
+    woken = main_thread.num_ctx_switches().voluntary
+    time.sleep(LIVE_S + 1)  # idle: its loop sleeps until its next check, five seconds on
+    # it woke once a second before it slept this long (and stamped each turn)
+    assert main_thread.num_ctx_switches().voluntary - woken <= 1
+    # asleep, it stamped when it will have turned by: read, not asked
+    assert reader.read(ref.control, ref.pid, ref.incarnation, time.monotonic()) is not None
     reader.close()

@@ -13,6 +13,7 @@ import pytest
 
 from warren.actors import ProcessActor
 from warren.supervisor.errors import InvalidSpec
+from warren.supervisor.node import alarms
 from warren.supervisor.node.alarms import (
     AlarmLimits,
     NodeMemory,
@@ -136,6 +137,23 @@ def test_a_process_that_is_gone_counts_no_memory():
     assert NodeMemory().estimate([2**22 + 12345], check_interval_s=1.0) == 0
 
 
+def test_processes_that_exit_after_their_readings_count_no_memory_at_the_next_estimate():
+    sleepers = [
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) for _ in range(3)
+    ]
+    pids = [sleeper.pid for sleeper in sleepers]
+    try:
+        # readings that stand in for an hour: a check reads the PSS of one, the RSS of the rest
+        readings = NodeMemory(refresh_s=3600)
+        assert readings.exact(pids) > 0
+        assert readings.estimate(pids, check_interval_s=1.0) > 0
+    finally:
+        for sleeper in sleepers:
+            sleeper.kill()
+            sleeper.wait()
+    assert readings.estimate(pids, check_interval_s=1.0) == 0
+
+
 MIB = 2**20
 # A process that holds memory on demand: each line read is a number of MiB to allocate
 # (every page written, so resident), answered "ok" once they are.
@@ -252,9 +270,7 @@ def test_a_new_process_is_estimated_at_its_first_check_and_its_pss_read_at_the_n
         return types.SimpleNamespace(rss=rss[process.pid], pss=rss[process.pid] // 4)
 
     monkeypatch.setattr(psutil.Process, "memory_full_info", counted)
-    monkeypatch.setattr(
-        psutil.Process, "memory_info", lambda process: types.SimpleNamespace(rss=rss[process.pid])
-    )
+    monkeypatch.setattr(alarms, "_resident_bytes", lambda process: rss[process.pid])
     limits = AlarmLimits(memory_limit_bytes=2**62, disk_free_limit_bytes=0)
     monitor = ResourceMonitor(
         str(tmp_path), limits, lambda: pids, memory_readings=NodeMemory(refresh_s=3600)

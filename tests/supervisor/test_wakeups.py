@@ -69,6 +69,23 @@ def test_an_idle_supervisor_wakes_only_when_a_ping_is_due(actor_node, monkeypatc
         assert not [name for name in threads if name.startswith("heartbeats ")]
 
 
+def supervisor_threads(supervisor_id: str) -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name == f"supervisor {supervisor_id}"]
+
+
+def test_a_supervisor_holds_no_thread_until_its_first_event_and_then_acts_on_it(actor_node):
+    spec = SupervisorSpec(
+        "resting", SupervisorFlags("one_for_one", intensity=5), (ChildSpec("w", Worker),)
+    )
+    with Supervisor(actor_node, spec) as supervisor:
+        assert supervisor_threads("resting") == []  # started its child, nothing to act on
+        before = pid(supervisor, "w")  # answered without a thread: a read under its lock
+        os.kill(before, signal.SIGKILL)  # the child's exit: its first event
+        wait_for(lambda: pid(supervisor, "w") != before and state(supervisor, "w") == "running")
+        assert supervisor_threads("resting") == ["supervisor resting"]
+    assert supervisor_threads("resting") == []  # joined at the stop
+
+
 def test_a_hung_child_is_killed_within_its_timeout_less_one_interval_and_its_timeout(
     actor_node,
 ):

@@ -2,12 +2,13 @@
 queue, the persistent store and the GC are SIGKILLed; every confirmed message must then
 be consumed at least once, whole, and a message seen twice must be flagged redelivered
 (unless its producer sent it twice: a publish in doubt is sent again). And what an idle
-queue process costs."""
+queue process costs: its memory, and how often it wakes."""
 
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -16,6 +17,7 @@ import pytest
 
 from warren import connect
 from warren.queues import NotFound
+from warren.queues.broker.queue_actor import RATES_INTERVAL_S
 from warren.supervisor import Node
 from warren.supervisor.chaos.faults import kill_processes
 from warren.supervisor.chaos.workload import Producer, audit
@@ -113,6 +115,28 @@ def test_an_idle_queue_process_costs_a_few_mib(tmp_path):
         # Reported in bench/README.md; the bound only catches a gross regression.
         assert max(pss) < 64 * 2**20, [p // 2**20 for p in pss]
         print(f"idle queue PSS: {sorted(pss)[4] / 2**20:.1f} MiB (median of 8)")
+
+
+def test_a_declared_queue_adds_no_thread_to_the_node(tmp_path):
+    with Node(tmp_path / "data") as node:
+        node.declare_queue("first")  # queue_sup's own first event: its thread starts
+        before = threading.active_count()
+        for n in range(20):
+            node.declare_queue(f"q{n}")
+        # each queue has a supervisor of its own, whose thread starts at its first event
+        assert threading.active_count() == before
+
+
+def test_an_idle_queue_process_sleeps_between_its_heartbeats(tmp_path):
+    with Node(tmp_path / "data") as node:
+        node.declare_queue("idle")
+        time.sleep(RATES_INTERVAL_S + 1)  # its first fold of the rates found them at rest
+        main_thread = psutil.Process(node.queue("idle").pid)
+        woken = main_thread.num_ctx_switches().voluntary
+        time.sleep(10)
+        # Two pings (the node's heartbeat, every 5 s), each maybe beside the loop's own
+        # check: it used to turn every second and fold its rates every five seconds.
+        assert main_thread.num_ctx_switches().voluntary - woken <= 6
 
 
 def test_a_whole_node_killed_keeps_every_confirmed_message_and_flags_the_unacked(tmp_path):

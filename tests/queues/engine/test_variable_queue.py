@@ -762,3 +762,29 @@ def test_a_full_disk_when_a_segment_file_is_created_loses_nothing(open_queue, mo
     queue.abandon()
     queue = open_queue()
     assert [number(d) for d in drain(queue)] == [0]
+
+
+def test_rates_come_to_rest_once_decayed_and_move_again_from_the_next_operation(open_queue):
+    clock = [0.0]
+    queue = open_queue(clock=lambda: clock[0])
+    queue.publish_many([encode(message(n)) for n in range(50)])
+    clock[0] += 5.0
+    queue.update_rates()
+    assert queue.stats()["rates"]["ingress"] == 5.0  # half of the 10 a second, smoothed
+    assert not queue.rates_at_rest()
+    folds = 0
+    while not queue.rates_at_rest():  # what the queue's rate timer does every 5 s
+        clock[0] += 5.0
+        queue.update_rates()
+        folds += 1
+    assert folds <= 10  # halved at each fold, nothing after 0.01 a second
+    assert queue.stats()["rates"] == {"ingress": 0.0, "egress": 0.0, "ack": 0.0}
+    assert queue.ram_duration() == math.inf
+    clock[0] += 600.0  # ten minutes at rest: the timer stopped, nothing folded
+    queue.publish_many([encode(message(n)) for n in range(50, 60)])
+    assert not queue.rates_at_rest()  # the operation that starts the timer again
+    queue.resume_rates()
+    clock[0] += 5.0
+    queue.update_rates()
+    # ten in the five seconds since the rest ended, not in the ten minutes of rest
+    assert queue.stats()["rates"]["ingress"] == 1.0
