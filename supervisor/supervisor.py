@@ -275,8 +275,13 @@ class Supervisor:
                 self._start_child(child)
             except SupervisorError:
                 self._stop_children(reversed(self._children))
+                with self._thread_lock:
+                    self._answer_queued()  # the exits of those stopped: nothing acts on them
                 raise
-        self.state = "running"
+        with self._thread_lock:
+            self.state = "running"
+            if not self._events.empty():  # what came while the children started
+                self._start_event_thread()
         _HEARTBEATS.watch(self)
         return self
 
@@ -296,6 +301,8 @@ class Supervisor:
         for thread in threads:
             if thread is not threading.current_thread():
                 thread.join()
+        with self._thread_lock:
+            self._answer_queued()  # had no thread taken them
         self._stop_children(reversed(self._children))
         if self.state != "failed":
             self.state = "stopped"
@@ -608,21 +615,35 @@ class Supervisor:
     # ------------------------------------------------------------------ the event thread
 
     def _post(self, event: _Event) -> None:
-        """Hand ``event`` to the event thread, started here at the first event. Once the
-        supervisor stops, no thread starts: an event that none will take is dropped, and
-        a call answered that the supervisor stopped."""
+        """Hand ``event`` to the event thread, started here at the first event once the
+        supervisor runs (before, the event waits for ``start()`` to end, as a child's
+        exit did when the thread started there: the children are still being started).
+        Once it stops, nothing acts on an event: a call is answered that it stopped, and
+        anything else dropped."""
         with self._thread_lock:
-            if self._threads or not self._stopping.is_set():
+            if not self._stopping.is_set():
                 self._events.put(event)
-                if not self._threads:
-                    thread = threading.Thread(
-                        target=self._event_loop, daemon=True, name=f"supervisor {self.id}"
-                    )
-                    thread.start()
-                    self._threads.append(thread)
+                if not self._threads and self.state == "running":
+                    self._start_event_thread()
                 return
         if event.reply is not None:
             event.reply.put((False, SupervisorError(f"supervisor {self.id} stopped")))
+
+    def _start_event_thread(self) -> None:
+        """(Under ``_thread_lock``.) Start the event thread."""
+        thread = threading.Thread(
+            target=self._event_loop, daemon=True, name=f"supervisor {self.id}"
+        )
+        thread.start()
+        self._threads.append(thread)
+
+    def _answer_queued(self) -> None:
+        """(Under ``_thread_lock``, the supervisor stopping or its start failed.) Empty the
+        queue of events: a caller waiting on a call is answered that it stopped."""
+        while not self._events.empty():
+            event = self._events.get_nowait()
+            if event.reply is not None:
+                event.reply.put((False, SupervisorError(f"supervisor {self.id} stopped")))
 
     def _event_loop(self) -> None:
         while not self._stopping.is_set():
@@ -632,10 +653,8 @@ class Supervisor:
             except Exception:  # supervision must go on; the next event may succeed
                 log.exception("%s: handling %s failed", self.id, event)
             _HEARTBEATS.changed(self)  # a child may have started, stopped or gone
-        while not self._events.empty():  # callers waiting on a call get an answer
-            event = self._events.get_nowait()
-            if event.reply is not None:
-                event.reply.put((False, SupervisorError(f"supervisor {self.id} stopped")))
+        with self._thread_lock:  # no event comes after this (see _post)
+            self._answer_queued()
 
     def _next_event(self) -> _Event:
         """The next event: a timer that is due, else the queue's next, waited for no

@@ -222,8 +222,8 @@ _PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
 
 
 def _resident_bytes(process: psutil.Process) -> int | None:
-    """The process's RSS now, None once it has exited: its ``statm`` read directly where
-    there is one (Linux), else through psutil."""
+    """The process's RSS now, None once it has exited (or may not be read): its
+    ``statm`` read directly where there is one (Linux), else through psutil."""
     try:
         fd = os.open(f"/proc/{process.pid}/statm", os.O_RDONLY)
     except FileNotFoundError:
@@ -240,7 +240,7 @@ def _resident_bytes(process: psutil.Process) -> int | None:
             os.close(fd)
     try:
         return int(process.memory_info().rss)
-    except psutil.NoSuchProcess:
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
         return None
 
 

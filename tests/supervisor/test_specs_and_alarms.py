@@ -154,6 +154,16 @@ def test_processes_that_exit_after_their_readings_count_no_memory_at_the_next_es
     assert readings.estimate(pids, check_interval_s=1.0) == 0
 
 
+def test_a_process_rss_is_read_as_psutil_reads_it_and_none_once_it_is_gone():
+    me = psutil.Process()
+    assert abs(alarms._resident_bytes(me) - me.memory_info().rss) < 2**20
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    gone = psutil.Process(sleeper.pid)
+    sleeper.kill()
+    sleeper.wait()
+    assert alarms._resident_bytes(gone) is None
+
+
 MIB = 2**20
 # A process that holds memory on demand: each line read is a number of MiB to allocate
 # (every page written, so resident), answered "ok" once they are.

@@ -1,5 +1,6 @@
 """A supervisor at rest sleeps until something is due: the next ping, the moment a child
-would turn hung, a delayed restart. Nothing polls, and every deadline is still kept."""
+would turn hung, a delayed restart. Nothing polls, and every deadline is still kept. Its
+event thread starts at its first event, and no event is lost or left unanswered for it."""
 
 import collections
 import os
@@ -8,13 +9,20 @@ import threading
 import time
 
 import psutil
+import pytest
 
-from warren.supervisor import ChildSpec, Supervisor, SupervisorFlags, SupervisorSpec
+from warren.supervisor import (
+    ChildSpec,
+    Supervisor,
+    SupervisorError,
+    SupervisorFlags,
+    SupervisorSpec,
+)
 from warren.supervisor.chaos.faults import is_alive
 from warren.supervisor.supervisor import RETRY_DELAY_S, TERMINATED_RESTART_DELAY_S
 
 from ..waiting import wait_for
-from .sample_actors import FailsWhileBlocked, Worker
+from .sample_actors import FailsToStart, FailsWhileBlocked, SlowToStop, Worker
 
 
 def pid(supervisor, child_id):
@@ -84,6 +92,70 @@ def test_a_supervisor_holds_no_thread_until_its_first_event_and_then_acts_on_it(
         wait_for(lambda: pid(supervisor, "w") != before and state(supervisor, "w") == "running")
         assert supervisor_threads("resting") == ["supervisor resting"]
     assert supervisor_threads("resting") == []  # joined at the stop
+
+
+def test_a_child_that_dies_while_its_supervisor_starts_is_restarted_once_the_start_ends(
+    actor_node, monkeypatch
+):
+    monitor = actor_node.monitor
+
+    def dying_first(ref, notify=None):
+        # the child dies as soon as it is ready, and the node has heard of it before the
+        # supervisor monitors it: its Down comes at once, inside start()
+        monkeypatch.setattr(actor_node, "monitor", monitor)
+        actor_node.kill(ref)
+        wait_for(lambda: all(alive.pid != ref.pid for alive in actor_node.actors()))
+        return monitor(ref, notify)
+
+    monkeypatch.setattr(actor_node, "monitor", dying_first)
+    spec = SupervisorSpec(
+        "starting", SupervisorFlags("one_for_one", intensity=5), (ChildSpec("w", Worker),)
+    )
+    with Supervisor(actor_node, spec) as supervisor:
+        # the exit waited for the end of start(), then was acted on: not dropped as an
+        # exit of a child still starting, which left it "running" under a dead pid
+        wait_for(lambda: supervisor.which_children()[0]["restarts"] == 1)
+        wait_for(lambda: state(supervisor, "w") == "running")
+        assert is_alive(psutil.Process(pid(supervisor, "w")))
+
+
+def test_a_supervisor_whose_start_fails_leaves_no_thread(actor_node):
+    spec = SupervisorSpec(
+        "failing",
+        SupervisorFlags("one_for_one"),
+        (ChildSpec("a", Worker), ChildSpec("b", FailsToStart)),
+    )
+    for _ in range(3):
+        with pytest.raises(SupervisorError):
+            Supervisor(actor_node, spec).start()  # stops "a", whose exit is its first event
+    assert supervisor_threads("failing") == []
+
+
+def test_a_call_made_while_its_supervisor_stops_is_answered_that_it_stopped(actor_node, tmp_path):
+    began = tmp_path / "began"
+    spec = SupervisorSpec(
+        "stopping",
+        SupervisorFlags("one_for_one", intensity=5),
+        (
+            ChildSpec("a", Worker),
+            ChildSpec(
+                "slow",
+                SlowToStop,
+                ("slow", str(tmp_path / "journal"), 3.0, str(began)),
+                shutdown_s=10,
+            ),
+        ),
+    )
+    supervisor = Supervisor(actor_node, spec).start()
+    supervisor.follow_child_spec("a", lambda: spec.children[0])  # its event thread runs
+    stopper = threading.Thread(target=supervisor.stop)
+    stopper.start()
+    try:
+        wait_for(began.exists)  # the event thread is gone; its children are being stopped
+        with pytest.raises(SupervisorError, match="stopped"):
+            supervisor.terminate_child("a")  # used to wait for ever
+    finally:
+        stopper.join()
 
 
 def test_a_hung_child_is_killed_within_its_timeout_less_one_interval_and_its_timeout(
