@@ -278,11 +278,11 @@ class Supervisor:
                 with self._thread_lock:
                     self._answer_queued()  # the exits of those stopped: nothing acts on them
                 raise
+        _HEARTBEATS.watch(self)  # before the thread may act: a failure there forgets it
         with self._thread_lock:
             self.state = "running"
             if not self._events.empty():  # what came while the children started
                 self._start_event_thread()
-        _HEARTBEATS.watch(self)
         return self
 
     def stop(self) -> None:
