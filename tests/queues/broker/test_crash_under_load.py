@@ -127,16 +127,28 @@ def test_a_declared_queue_adds_no_thread_to_the_node(tmp_path):
         assert threading.active_count() == before
 
 
-def test_an_idle_queue_process_sleeps_between_its_heartbeats(tmp_path):
+def test_an_idle_queue_process_sleeps_between_its_heartbeats_and_wakes_its_rates_to_work(
+    tmp_path,
+):
     with Node(tmp_path / "data") as node:
         node.declare_queue("idle")
-        time.sleep(RATES_INTERVAL_S + 1)  # its first fold of the rates found them at rest
+        time.sleep(RATES_INTERVAL_S + 1)  # no operation: its rates are at rest
         main_thread = psutil.Process(node.queue("idle").pid)
         woken = main_thread.num_ctx_switches().voluntary
         time.sleep(10)
         # Two pings (the node's heartbeat, every 5 s), each maybe beside the loop's own
         # check: it used to turn every second and fold its rates every five seconds.
         assert main_thread.num_ctx_switches().voluntary - woken <= 6
+        with node.connect() as conn:
+            conn.publish_many("idle", [b"order"] * 10)
+
+            def ingress() -> float:
+                return conn.queue_stats("idle")["rates"]["ingress"]
+
+            wait_for(lambda: ingress() > 0)  # its rate timer runs again
+            # ten in the first interval after the rest (half of 2 a second, smoothed),
+            # not spread over the sixteen seconds at rest (0.3)
+            assert 0.4 < ingress() <= 1.0
 
 
 def test_a_whole_node_killed_keeps_every_confirmed_message_and_flags_the_unacked(tmp_path):
