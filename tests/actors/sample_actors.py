@@ -281,6 +281,30 @@ class PykkaHost(ProcessActor):
         pykka.ActorRegistry.stop_all()
 
 
+class PeerTracker(Recorder):
+    """Records the pids whose last connection to its mailbox closed."""
+
+    def __init__(self) -> None:
+        super().__init__("peer tracker")
+        self.gone: list[int] = []
+
+    def on_peer_gone(self, pid: int) -> None:
+        self.gone.append(pid)
+
+    def on_receive(self, message: Any) -> Any:
+        if message == "gone":
+            return self.gone
+        return super().on_receive(message)
+
+
+class Caller(Recorder):
+    """Is given a peer's ref, and never talks to it unless told."""
+
+    def __init__(self, peer: ActorRef) -> None:
+        super().__init__("caller")
+        self.peer = peer
+
+
 class Watcher(Recorder):
     """Records Down and Exit messages (it traps exits)."""
 

@@ -18,8 +18,10 @@ import pytest
 from tests.actors import failing_warm_up
 from tests.actors.conftest import PRELOAD
 from tests.actors.sample_actors import (
+    Caller,
     FailsToStart,
     IgnoresStop,
+    PeerTracker,
     Recorder,
     StopsOnSignal,
     TitledWorker,
@@ -256,6 +258,19 @@ def test_a_spawn_leaves_a_spare_child_that_is_none_of_the_nodes_actors(node: Nod
     assert second.ask("title", timeout=10) == "warren: worker second"
     assert the_spare(node.forkserver_pid).pid not in (first.pid, second.pid)
     assert sorted(r.name for r in node.actors()) == ["first", "second"]
+
+
+def test_a_spare_connects_ahead_to_the_ipc_peers_the_last_order_named(node: Node) -> None:
+    # A queue's order names its two stores, which the next queue registers with as it
+    # starts: the spare forked after an order connects to its peers while it waits.
+    peer = node.spawn(PeerTracker, name="peer")
+    caller = node.spawn(Caller, peer, name="caller")  # the spare after "peer": no peers
+    bystander = node.spawn(Recorder, name="bystander")  # the spare after "caller"
+    for ref in (caller, bystander):  # neither ever sends the peer a thing
+        os.kill(ref.pid, signal.SIGKILL)
+    # the kernel closed the bystander's connection, made while it was a spare
+    wait_for(lambda: bystander.pid in peer.ask("gone", timeout=10))
+    assert peer.ask("gone", timeout=10) == [bystander.pid]
 
 
 def test_a_killed_spare_is_replaced_unnoticed_and_spawns_go_on(node: Node) -> None:
