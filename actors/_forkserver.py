@@ -109,6 +109,7 @@ from __future__ import annotations
 
 import fcntl
 import functools
+import gc
 import hashlib
 import hmac
 import importlib
@@ -207,6 +208,20 @@ def keep_large_buffers_on_the_heap() -> None:
         LIBC.mallopt(_M_TRIM_THRESHOLD, 2 * LARGE_BUFFER_BYTES)
 
 
+def settle_the_heap() -> None:
+    """Collect the garbage of the imports, freeze what is left, and give the heap's free
+    pages back, once, before the first fork. Every child shares the server's pages until
+    it writes to one, and a full collection writes to the header of every object it
+    walks: unfrozen, an actor's first full collection (a queue runs one a minute while
+    it works) copied the pages of every object the server held, 2,000 pages (8 MiB) with
+    the node's preloads, against 18 frozen. A fork copies the page table of what the
+    server holds: trimmed, 20 MiB of anonymous memory against 22."""
+    gc.collect()
+    gc.freeze()
+    if hasattr(LIBC, "malloc_trim"):  # glibc's
+        LIBC.malloc_trim(0)
+
+
 def serve(fd: int) -> None:
     """The forkserver's main: boot, then fork on request until the node goes away."""
     sock = socket.socket(fileno=fd)
@@ -232,6 +247,7 @@ def serve(fd: int) -> None:
     if main_path:
         _import_main(main_path)
     work_out_field_checks()
+    settle_the_heap()
     wake_read, wake_write = os.pipe()
     os.set_blocking(wake_read, False)
     os.set_blocking(wake_write, False)

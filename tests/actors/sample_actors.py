@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
+import resource
 import threading
 import time
 from dataclasses import dataclass
@@ -143,6 +145,10 @@ class Recorder(ProcessActor):
             case ("remind_me", delay, note):
                 self.call_later(delay, lambda: self.seen.append(note))
                 return "scheduled"
+            case "full_collection_faults":  # the pages one full collection copied
+                before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+                gc.collect()
+                return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
             case "idle_marks":
                 return self.idle_marks
             case "mailbox_empty":

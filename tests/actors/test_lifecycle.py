@@ -273,6 +273,18 @@ def test_a_spare_connects_ahead_to_the_ipc_peers_the_last_order_named(node: Node
     assert peer.ask("gone", timeout=10) == [bystander.pid]
 
 
+def test_an_actors_full_collection_copies_none_of_the_forkservers_objects() -> None:
+    # An actor shares the forkserver's pages until it writes to one, and a full garbage
+    # collection writes to every object it walks: those the forkserver imported are
+    # frozen before its first fork, or each actor's first full collection copied them.
+    preload = (*PRELOAD, "warren.queues.broker.queue_actor")  # the node's heaviest
+    with Node("collect", preload=preload) as node:
+        first = node.spawn(Recorder, name="first")  # forked directly
+        second = node.spawn(Recorder, name="second")  # a spare
+        for ref in (first, second):
+            assert ref.ask("full_collection_faults", timeout=30) < 100
+
+
 def test_a_killed_spare_is_replaced_unnoticed_and_spawns_go_on(node: Node) -> None:
     first = node.spawn(Recorder, name="first")
     down = node.monitor(first)
