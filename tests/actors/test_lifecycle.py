@@ -273,6 +273,26 @@ def test_a_spare_connects_ahead_to_the_ipc_peers_the_last_order_named(node: Node
     assert peer.ask("gone", timeout=10) == [bystander.pid]
 
 
+def test_a_spawn_names_to_the_forkserver_only_the_live_peers_of_its_order(
+    node: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A dead actor's endpoint would have the next spare, and the actor it becomes, try to
+    # connect again and again for nothing: only the node's live actors are named.
+    live = node.spawn(Recorder, name="live")
+    dead = node.spawn(Recorder, name="dead")
+    node.stop(dead)
+    named: list[tuple[str, ...]] = []
+    spawn = node._forkserver.spawn
+
+    def recording_spawn(token: int, endpoint: str, order: bytes, peers: tuple[str, ...]) -> None:
+        named.append(peers)
+        spawn(token, endpoint, order, peers)
+
+    monkeypatch.setattr(node._forkserver, "spawn", recording_spawn)
+    node.spawn(Caller, (dead, live, live), name="caller")
+    assert named == [(live.address,)]
+
+
 def test_an_actors_full_collection_copies_none_of_the_forkservers_objects() -> None:
     # An actor shares the forkserver's pages until it writes to one, and a full garbage
     # collection writes to every object it walks: those the forkserver imported are
