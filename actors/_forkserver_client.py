@@ -110,13 +110,15 @@ class ForkserverClient:
     def fileno(self) -> int:
         return self._socket.fileno()
 
-    def spawn(self, token: int, node_endpoint: str, pickled_order: bytes) -> None:
-        """Order a fork for the spawn ``token``; OSError or SpawnError if it cannot go."""
-        endpoint = node_endpoint.encode()
+    def spawn(
+        self, token: int, node_endpoint: str, pickled_order: bytes, peers: tuple[str, ...] = ()
+    ) -> None:
+        """Order a fork for the spawn ``token``, whose actor will talk to ``peers`` (the
+        endpoints the next spare connects to ahead); OSError or SpawnError if it cannot
+        go."""
         self._send(
             _forkserver.SPAWN,
-            _forkserver.SPAWN_HEAD.pack(token, len(endpoint))
-            + endpoint
+            _forkserver.spawn_head(token, node_endpoint, peers)
             + _forkserver.sign(self._key, pickled_order)
             + pickled_order,
         )

@@ -17,7 +17,9 @@ A node is an object in the application's process (the "node process"). It owns:
 This module is the public API over those parts.
 
 Spawning: ``spawn`` validates its arguments, pickles a ``SpawnOrder`` and hands it to the
-forkserver, then waits until the child reports READY (mailboxes bound, ``on_start`` done)
+forkserver (with the endpoints of this node's live actors its arguments name: the next
+spare connects to those on ipc ahead, see ``_forkserver``), then waits until the child
+reports READY (mailboxes bound, ``on_start`` done)
 or FAILED (``SpawnError`` with the remote type name and message), or until
 ``start_timeout_s`` (the child is killed and ``SpawnError`` raised). ``restart`` spawns
 the same order again at the same addresses under the next incarnation number; old
@@ -283,7 +285,7 @@ class Node:
             raise InvalidSpec("args", args, f"cannot be handed to a child: {exc}") from exc
         pending = self._lives.expect(token, order)
         try:
-            self._forkserver.spawn(token, self.endpoint, pickled)
+            self._forkserver.spawn(token, self.endpoint, pickled, self._live_peers(args, kwargs))
         except OSError as exc:
             self._lives.give_up(token)
             raise SpawnError(f"{name}: the forkserver refused the order: {exc}") from exc
@@ -295,6 +297,20 @@ class Node:
         if pending.error is not None or pending.ref is None:
             raise SpawnError(f"{name} failed to start: {pending.error}")
         return pending.ref
+
+    def _live_peers(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, ...]:
+        """The endpoints of this node's live actors that a spawn order's arguments name,
+        each once: a ref given as an argument, or in a tuple or list that is one (a dead
+        one's endpoint would have a spare, and the actor it becomes, try to connect
+        again and again for nothing)."""
+        endpoints: dict[str, None] = {}
+        for value in (*args, *kwargs.values()):
+            for item in value if isinstance(value, (tuple, list)) else (value,):
+                if isinstance(item, ActorRef):
+                    life = self._lives.newest_at(item.address)
+                    if life is not None and life.down is None:
+                        endpoints[item.address] = None
+        return tuple(endpoints)
 
     def _report_ready(self, token: int, address: str, control: str, pid: int) -> None:
         """A spawned process is ready (the service heard its READY): hand out its ref."""

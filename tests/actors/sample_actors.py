@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
+import resource
 import threading
 import time
 from dataclasses import dataclass
@@ -143,6 +145,10 @@ class Recorder(ProcessActor):
             case ("remind_me", delay, note):
                 self.call_later(delay, lambda: self.seen.append(note))
                 return "scheduled"
+            case "full_collection_faults":  # the pages one full collection copied
+                before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+                gc.collect()
+                return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
             case "idle_marks":
                 return self.idle_marks
             case "mailbox_empty":
@@ -279,6 +285,30 @@ class PykkaHost(ProcessActor):
 
     def on_stop(self) -> None:
         pykka.ActorRegistry.stop_all()
+
+
+class PeerTracker(Recorder):
+    """Records the pids whose last connection to its mailbox closed."""
+
+    def __init__(self) -> None:
+        super().__init__("peer tracker")
+        self.gone: list[int] = []
+
+    def on_peer_gone(self, pid: int) -> None:
+        self.gone.append(pid)
+
+    def on_receive(self, message: Any) -> Any:
+        if message == "gone":
+            return self.gone
+        return super().on_receive(message)
+
+
+class Caller(Recorder):
+    """Is given a peer's ref, and never talks to it unless told."""
+
+    def __init__(self, peer: ActorRef) -> None:
+        super().__init__("caller")
+        self.peer = peer
 
 
 class Watcher(Recorder):

@@ -18,8 +18,10 @@ import pytest
 from tests.actors import failing_warm_up
 from tests.actors.conftest import PRELOAD
 from tests.actors.sample_actors import (
+    Caller,
     FailsToStart,
     IgnoresStop,
+    PeerTracker,
     Recorder,
     StopsOnSignal,
     TitledWorker,
@@ -256,6 +258,51 @@ def test_a_spawn_leaves_a_spare_child_that_is_none_of_the_nodes_actors(node: Nod
     assert second.ask("title", timeout=10) == "warren: worker second"
     assert the_spare(node.forkserver_pid).pid not in (first.pid, second.pid)
     assert sorted(r.name for r in node.actors()) == ["first", "second"]
+
+
+def test_a_spare_connects_ahead_to_the_ipc_peers_the_last_order_named(node: Node) -> None:
+    # A queue's order names its two stores, which the next queue registers with as it
+    # starts: the spare forked after an order connects to its peers while it waits.
+    peer = node.spawn(PeerTracker, name="peer")
+    caller = node.spawn(Caller, peer, name="caller")  # the spare after "peer": no peers
+    bystander = node.spawn(Recorder, name="bystander")  # the spare after "caller"
+    for ref in (caller, bystander):  # neither ever sends the peer a thing
+        os.kill(ref.pid, signal.SIGKILL)
+    # the kernel closed the bystander's connection, made while it was a spare
+    wait_for(lambda: bystander.pid in peer.ask("gone", timeout=10))
+    assert peer.ask("gone", timeout=10) == [bystander.pid]
+
+
+def test_a_spawn_names_to_the_forkserver_only_the_live_peers_of_its_order(
+    node: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A dead actor's endpoint would have the next spare, and the actor it becomes, try to
+    # connect again and again for nothing: only the node's live actors are named.
+    live = node.spawn(Recorder, name="live")
+    dead = node.spawn(Recorder, name="dead")
+    node.stop(dead)
+    named: list[tuple[str, ...]] = []
+    spawn = node._forkserver.spawn
+
+    def recording_spawn(token: int, endpoint: str, order: bytes, peers: tuple[str, ...]) -> None:
+        named.append(peers)
+        spawn(token, endpoint, order, peers)
+
+    monkeypatch.setattr(node._forkserver, "spawn", recording_spawn)
+    node.spawn(Caller, (dead, live, live), name="caller")
+    assert named == [(live.address,)]
+
+
+def test_an_actors_full_collection_copies_none_of_the_forkservers_objects() -> None:
+    # An actor shares the forkserver's pages until it writes to one, and a full garbage
+    # collection writes to every object it walks: those the forkserver imported are
+    # frozen before its first fork, or each actor's first full collection copied them.
+    preload = (*PRELOAD, "warren.queues.broker.queue_actor")  # the node's heaviest
+    with Node("collect", preload=preload) as node:
+        first = node.spawn(Recorder, name="first")  # forked directly
+        second = node.spawn(Recorder, name="second")  # a spare
+        for ref in (first, second):
+            assert ref.ask("full_collection_faults", timeout=30) < 100
 
 
 def test_a_killed_spare_is_replaced_unnoticed_and_spawns_go_on(node: Node) -> None:
