@@ -16,8 +16,9 @@ Protocol on one unix stream socket (a socketpair; the node holds the other end):
                     SPAWN  payload = u64 token · u16 n · endpoints (n bytes) ·
                                      HMAC-SHA256 of the order under ``key`` (32 bytes) ·
                                      pickled order
-                                     endpoints: the node's, then those of the actors the
-                                     order's arguments name (its peers), NUL-separated
+                                     endpoints: the node's, then those of at most
+                                     ``SPARE_PEERS`` live actors the order's arguments
+                                     name (its peers), NUL-separated
                     KILL   payload = i32 pid · i32 signal
     server → node   fixed 17-byte records: u8 kind · u64 token · i32 pid · i32 status
                     BOOTED  (0, 0, 0)          the preloads are imported
@@ -32,8 +33,9 @@ each SPAWN the server forks one spare child ahead of the next order: it ties its
 the server's, makes its ZeroMQ context, connects to the node (whose endpoint the last
 order named) and to the last order's peers that listen on ipc (a queue's two stores:
 the next order is most likely another queue, which registers with both as it starts;
-connections made ahead took 0.8–1.1 ms off a queue's 5 ms start; an actor that never
-talks to them keeps them idle), sets up its logging to stderr (the actor then only
+connections made ahead took 0.8–1.1 ms off a queue's 5 ms start; the actor closes those
+its own order does not name, so that none holds an idle connection, nor tries again and
+again to reach a peer gone since), sets up its logging to stderr (the actor then only
 names itself in it), and then waits on a pipe of its own for an order. The next SPAWN goes down
 that pipe (u32 length · the SPAWN payload) instead of into a fork, the spare's pid is
 reported FORKED, and the spare becomes the actor as a freshly forked child would; the
@@ -125,11 +127,14 @@ import struct
 import sys
 import time
 import traceback
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 from .codec import work_out_field_checks
 from .process import LIBC, SPARE_TITLE, die_with_parent
+
+if TYPE_CHECKING:
+    from .ref import ActorRef
 
 BOOT = 1
 SPAWN = 2
@@ -145,6 +150,7 @@ ORDER_LENGTH = struct.Struct(">I")  # before a SPAWN payload handed down a spare
 SPAWN_HEAD = struct.Struct(">QH")
 ENDPOINT_SEPARATOR = "\0"  # between a SPAWN's endpoints: no path or address holds one
 MAX_ENDPOINTS_BYTES = 2**16 - 1  # what SPAWN_HEAD's length holds
+SPARE_PEERS = 4  # the most peers a spare connects to ahead (a queue talks to two stores)
 KILL_BODY = struct.Struct(">ii")
 SIGNATURE_BYTES = 32
 
@@ -344,11 +350,23 @@ def _endpoints(payload: bytes) -> list[str]:
     return payload[SPAWN_HEAD.size : SPAWN_HEAD.size + size].decode().split(ENDPOINT_SEPARATOR)
 
 
+def peer_refs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Iterator[ActorRef]:
+    """The refs a spawn order's arguments name: an argument, or in a tuple or list that
+    is one."""
+    from .ref import ActorRef  # not at import: the server itself has no use for ZeroMQ
+
+    for value in (*args, *kwargs.values()):
+        for item in value if isinstance(value, (tuple, list)) else (value,):
+            if isinstance(item, ActorRef):
+                yield item
+
+
 def spawn_head(token: int, node_endpoint: str, peers: tuple[str, ...]) -> bytes:
-    """A SPAWN payload's head for ``token``: the node's endpoint and the order's peers
-    (those that fit in the head's length: they only save time)."""
+    """A SPAWN payload's head for ``token``: the node's endpoint and the first
+    ``SPARE_PEERS`` of the order's peers that fit in the head's length (they only save
+    time)."""
     endpoints = node_endpoint.encode()
-    for peer in peers:
+    for peer in peers[:SPARE_PEERS]:
         more = endpoints + ENDPOINT_SEPARATOR.encode() + peer.encode()
         if len(more) > MAX_ENDPOINTS_BYTES:
             break
@@ -411,6 +429,7 @@ def _run_spare(
     from .exitcodes import EXIT_CRASHED, EXIT_NORMAL, EXIT_ORDER_REFUSED, EXIT_PARENT_GONE
 
     parent_checked = False
+    warmed: list[str] = []  # the peers it connected to
     try:
         if not die_with_parent(server_pid):
             return EXIT_PARENT_GONE
@@ -421,6 +440,7 @@ def _run_spare(
         for peer in peers:
             if peer.startswith("ipc://"):
                 runtime().channel(peer)
+                warmed.append(peer)
         log_to_stderr("spare", log_level)  # the actor's name replaces it in a quarter the time
     except BaseException:
         print(
@@ -446,7 +466,7 @@ def _run_spare(
             flush=True,
         )
         return EXIT_ORDER_REFUSED
-    return _run_child(payload, key, log_level, server_pid, parent_checked)
+    return _run_child(payload, key, log_level, server_pid, parent_checked, warmed)
 
 
 def _read_order(fd: int, first: bytes, key: bytes) -> bytes | None:
@@ -577,16 +597,22 @@ def _reap(
 
 
 def _run_child(
-    payload: bytes, key: bytes, log_level: int, server_pid: int, parent_checked: bool = False
+    payload: bytes,
+    key: bytes,
+    log_level: int,
+    server_pid: int,
+    parent_checked: bool = False,
+    warmed: list[str] | None = None,
 ) -> int:
     """Run the forked child to its end: it must never return into the server's loop.
     ``server_pid`` is the server that forked it, taken before the fork: asked here, after
     it, the parent would be whoever adopted the child if the server died meanwhile
-    (``parent_checked``: a spare did that already)."""
+    (``parent_checked``: a spare did that already; ``warmed``: the peers it connected
+    to)."""
     from .exitcodes import EXIT_CRASHED
 
     try:
-        code = _child(payload, key, server_pid, log_level, parent_checked)
+        code = _child(payload, key, server_pid, log_level, parent_checked, warmed or [])
     except BaseException:
         traceback.print_exc()
         code = EXIT_CRASHED
@@ -607,9 +633,15 @@ def log_to_stderr(actor_name: str, level: int) -> None:
 
 
 def _child(
-    payload: bytes, key: bytes, forkserver_pid: int, log_level: int, parent_checked: bool
+    payload: bytes,
+    key: bytes,
+    forkserver_pid: int,
+    log_level: int,
+    parent_checked: bool,
+    warmed: list[str],
 ) -> int:
-    """Become the actor described by ``payload``; return the exit code."""
+    """Become the actor described by ``payload``, closing the connections made ahead
+    (``warmed``) to peers its order does not name; return the exit code."""
     from .exitcodes import EXIT_PARENT_GONE, EXIT_START_FAILED
 
     if not parent_checked and not die_with_parent(forkserver_pid):
@@ -630,6 +662,12 @@ def _child(
         NodeClient(node_endpoint).failed(token, type(exc).__name__, str(exc), "")
         runtime().context.destroy(linger=1000)
         return EXIT_START_FAILED
+    named = {ref.address for ref in peer_refs(order.args, order.kwargs)}
+    unnamed = [peer for peer in warmed if peer not in named]
+    if unnamed:
+        from ._runtime import runtime
+
+        runtime().forget(unnamed)
     set_title(f"warren: {order.options.get('title') or order.name}")
     log_to_stderr(order.name, log_level)
     from ._loop import ActorLoop

@@ -283,9 +283,10 @@ class Node:
             pickled = pickle.dumps(order)
         except Exception as exc:
             raise InvalidSpec("args", args, f"cannot be handed to a child: {exc}") from exc
+        peers = self._live_peers(args, kwargs)
         pending = self._lives.expect(token, order)
         try:
-            self._forkserver.spawn(token, self.endpoint, pickled, self._live_peers(args, kwargs))
+            self._forkserver.spawn(token, self.endpoint, pickled, peers)
         except OSError as exc:
             self._lives.give_up(token)
             raise SpawnError(f"{name}: the forkserver refused the order: {exc}") from exc
@@ -299,17 +300,14 @@ class Node:
         return pending.ref
 
     def _live_peers(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, ...]:
-        """The endpoints of this node's live actors that a spawn order's arguments name,
-        each once: a ref given as an argument, or in a tuple or list that is one (a dead
-        one's endpoint would have a spare, and the actor it becomes, try to connect
-        again and again for nothing)."""
+        """The endpoints of this node's live actors that a spawn order's arguments name
+        (``_forkserver.peer_refs``), each once: a dead one's would have a spare try to
+        connect again and again for nothing."""
         endpoints: dict[str, None] = {}
-        for value in (*args, *kwargs.values()):
-            for item in value if isinstance(value, (tuple, list)) else (value,):
-                if isinstance(item, ActorRef):
-                    life = self._lives.newest_at(item.address)
-                    if life is not None and life.down is None:
-                        endpoints[item.address] = None
+        for ref in _forkserver.peer_refs(args, kwargs):
+            life = self._lives.newest_at(ref.address)
+            if life is not None and life.down is None:
+                endpoints[ref.address] = None
         return tuple(endpoints)
 
     def _report_ready(self, token: int, address: str, control: str, pid: int) -> None:

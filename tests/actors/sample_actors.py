@@ -298,8 +298,11 @@ class PeerTracker(Recorder):
         self.gone.append(pid)
 
     def on_receive(self, message: Any) -> Any:
-        if message == "gone":
-            return self.gone
+        match message:
+            case "gone":
+                return self.gone
+            case ("connected", pid):
+                return self.peer_connected(pid)
         return super().on_receive(message)
 
 

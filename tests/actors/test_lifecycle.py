@@ -262,15 +262,43 @@ def test_a_spawn_leaves_a_spare_child_that_is_none_of_the_nodes_actors(node: Nod
 
 def test_a_spare_connects_ahead_to_the_ipc_peers_the_last_order_named(node: Node) -> None:
     # A queue's order names its two stores, which the next queue registers with as it
-    # starts: the spare forked after an order connects to its peers while it waits.
+    # starts: the spare forked after an order connects to its peers while it waits, and
+    # the actor it becomes keeps those connections only if its own order names them.
     peer = node.spawn(PeerTracker, name="peer")
-    caller = node.spawn(Caller, peer, name="caller")  # the spare after "peer": no peers
-    bystander = node.spawn(Recorder, name="bystander")  # the spare after "caller"
-    for ref in (caller, bystander):  # neither ever sends the peer a thing
-        os.kill(ref.pid, signal.SIGKILL)
-    # the kernel closed the bystander's connection, made while it was a spare
+    node.spawn(Caller, peer, name="first caller")
+    spare = the_spare(node.forkserver_pid)
+    wait_for(lambda: peer.ask(("connected", spare.pid), timeout=10))
+    caller = node.spawn(Caller, peer, name="second caller")  # that spare: it keeps it
+    assert caller.pid == spare.pid
+    spare = the_spare(node.forkserver_pid)
+    wait_for(lambda: peer.ask(("connected", spare.pid), timeout=10))
+    bystander = node.spawn(Recorder, name="bystander")  # that spare: it closes it
+    assert bystander.pid == spare.pid
     wait_for(lambda: bystander.pid in peer.ask("gone", timeout=10))
-    assert peer.ask("gone", timeout=10) == [bystander.pid]
+    assert peer.ask(("connected", caller.pid), timeout=10)
+    assert bystander.ask("pid", timeout=10) == bystander.pid
+
+
+def test_a_spawn_names_to_the_forkserver_at_most_a_few_peers(
+    node: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Each peer named costs the next spare, and the actor it becomes if its order names
+    # them too, two descriptors: an order naming hundreds would leave the next actor
+    # none.
+    workers = [node.spawn(Recorder, name=f"worker {n}") for n in range(_forkserver.SPARE_PEERS + 2)]
+    heads: list[bytes] = []
+    spawn_head = _forkserver.spawn_head
+
+    def recording_head(token: int, endpoint: str, peers: tuple[str, ...]) -> bytes:
+        heads.append(spawn_head(token, endpoint, peers))
+        return heads[-1]
+
+    monkeypatch.setattr(_forkserver, "spawn_head", recording_head)
+    node.spawn(Caller, workers, name="router")
+    assert _forkserver._endpoints(heads[-1]) == [
+        node.endpoint,
+        *(worker.address for worker in workers[: _forkserver.SPARE_PEERS]),
+    ]
 
 
 def test_a_spawn_names_to_the_forkserver_only_the_live_peers_of_its_order(
