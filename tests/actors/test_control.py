@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable
 from pathlib import Path
 
 from tests.actors.sample_actors import Recorder, ShortPasses
-from tests.waiting import wait_for
+from tests.waiting import all_threads_asleep, wait_for
 from warren.actors import ActorRef, Node, Pong
 
 
@@ -78,8 +77,9 @@ def test_a_pass_ended_by_its_message_bound_with_nothing_behind_reaches_on_idle(
     ref.tell("told")  # the pass's second message and its last: nothing comes after it
     release.touch()
     assert blocked.get(10) == "released"
-    # on_idle is not to wait for the next message or the idle poll (5 s from the pass)
-    time.sleep(0.6)
+    # on_idle is not to wait for the next message or the idle poll (5 s from the pass):
+    # it has run by the time the process first sleeps after the pass
+    wait_for(lambda: all_threads_asleep(ref.pid))
     assert ref.ask("idle_marks", timeout=10) == [1]
 
 
