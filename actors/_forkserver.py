@@ -36,8 +36,10 @@ the next order is most likely another queue, which registers with both as it sta
 connections made ahead took 0.8–1.1 ms off a queue's 5 ms start; the actor closes those
 its own order does not name, so that none holds an idle connection, nor tries again and
 again to reach a peer gone since), sets up its logging to stderr (the actor then only
-names itself in it), and then waits on a pipe of its own for an order. The next SPAWN goes down
-that pipe (u32 length · the SPAWN payload) instead of into a fork, the spare's pid is
+names itself in it), makes its two mailboxes and a monitor of the data one's connections
+(the loop binds them: ``Mailboxes``; 0.5 ms of a start), and then waits on a pipe of its
+own for an order. The next SPAWN goes down that pipe (u32 length · the SPAWN payload)
+instead of into a fork, the spare's pid is
 reported FORKED, and the spare becomes the actor as a freshly forked child would; the
 server then forks the next spare while the node waits for that actor's READY. A spare is
 the server's child like any other (stopped and reaped with them when the node goes,
@@ -134,6 +136,7 @@ from .codec import work_out_field_checks
 from .process import LIBC, SPARE_TITLE, die_with_parent
 
 if TYPE_CHECKING:
+    from ._loop import Mailboxes
     from .ref import ActorRef
 
 BOOT = 1
@@ -425,11 +428,13 @@ def _run_spare(
     then become that order's actor; exit quietly if the server closes the pipe first.
     Getting ready only saves time: an order is run whether or not it succeeded. A peer
     on tcp is left to the actor: a node with CurveZMQ gives its keys in the order."""
+    from ._loop import Mailboxes
     from ._runtime import runtime
     from .exitcodes import EXIT_CRASHED, EXIT_NORMAL, EXIT_ORDER_REFUSED, EXIT_PARENT_GONE
 
     parent_checked = False
     warmed: list[str] = []  # the peers it connected to
+    made: Mailboxes | None = None
     try:
         if not die_with_parent(server_pid):
             return EXIT_PARENT_GONE
@@ -442,6 +447,7 @@ def _run_spare(
                 runtime().channel(peer)
                 warmed.append(peer)
         log_to_stderr("spare", log_level)  # the actor's name replaces it in a quarter the time
+        made = Mailboxes.make()  # the loop binds them
     except BaseException:
         print(
             f"warren spare (pid {os.getpid()}): its warm-up failed; its order will be run "
@@ -466,7 +472,7 @@ def _run_spare(
             flush=True,
         )
         return EXIT_ORDER_REFUSED
-    return _run_child(payload, key, log_level, server_pid, parent_checked, warmed)
+    return _run_child(payload, key, log_level, server_pid, parent_checked, warmed, made)
 
 
 def _read_order(fd: int, first: bytes, key: bytes) -> bytes | None:
@@ -603,16 +609,17 @@ def _run_child(
     server_pid: int,
     parent_checked: bool = False,
     warmed: list[str] | None = None,
+    made: Mailboxes | None = None,
 ) -> int:
     """Run the forked child to its end: it must never return into the server's loop.
     ``server_pid`` is the server that forked it, taken before the fork: asked here, after
     it, the parent would be whoever adopted the child if the server died meanwhile
     (``parent_checked``: a spare did that already; ``warmed``: the peers it connected
-    to)."""
+    to; ``made``: its mailboxes)."""
     from .exitcodes import EXIT_CRASHED
 
     try:
-        code = _child(payload, key, server_pid, log_level, parent_checked, warmed or [])
+        code = _child(payload, key, server_pid, log_level, parent_checked, warmed or [], made)
     except BaseException:
         traceback.print_exc()
         code = EXIT_CRASHED
@@ -639,9 +646,11 @@ def _child(
     log_level: int,
     parent_checked: bool,
     warmed: list[str],
+    made: Mailboxes | None,
 ) -> int:
     """Become the actor described by ``payload``, closing the connections made ahead
-    (``warmed``) to peers its order does not name; return the exit code."""
+    (``warmed``) to peers its order does not name, binding the mailboxes made ahead
+    (``made``); return the exit code."""
     from .exitcodes import EXIT_PARENT_GONE, EXIT_START_FAILED
 
     if not parent_checked and not die_with_parent(forkserver_pid):
@@ -672,4 +681,4 @@ def _child(
     log_to_stderr(order.name, log_level)
     from ._loop import ActorLoop
 
-    return ActorLoop(order).run()
+    return ActorLoop(order, made).run()

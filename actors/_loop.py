@@ -132,7 +132,7 @@ from .exitcodes import (
 )
 from .figures import STAMP_S, FiguresSlot
 from .messages import Down, Exit, Pong
-from .peers import PeerWatch
+from .peers import PeerWatch, watch_connections
 from .process import drain_wake_pipe
 from .ref import ActorRef, Future
 
@@ -200,11 +200,33 @@ class _Crash(Exception):
     """Raised inside the loop to leave it after an unhandled exception in the actor."""
 
 
+@dataclass
+class Mailboxes:
+    """An actor's two ROUTER sockets and a monitor of the data one, made by a spare ahead
+    of its order (``make``), bound by the loop at its setup with the order's options."""
+
+    data: zmq.Socket
+    control: zmq.Socket
+    events: zmq.Socket
+
+    @classmethod
+    def make(cls) -> Mailboxes:
+        context = runtime().context
+        data = context.socket(zmq.ROUTER)
+        return cls(data, context.socket(zmq.ROUTER), watch_connections(data))
+
+    def unwatch(self) -> None:
+        """Drop the monitor: the actor hears of no peer's end (``on_peer_gone``)."""
+        self.data.disable_monitor()
+        self.events.close(linger=0)
+
+
 class ActorLoop:
     """The running phase's state; implements ``ActorServices`` for the actor."""
 
-    def __init__(self, order: SpawnOrder) -> None:
+    def __init__(self, order: SpawnOrder, made: Mailboxes | None = None) -> None:
         self._order = order
+        self._made = made  # by a spare, ahead of the order
         self._runtime = runtime()
         if "curve" in order.options:  # this actor's node keeps tcp to its own
             self._runtime.curve = tuple(order.options["curve"])
@@ -285,8 +307,8 @@ class ActorLoop:
                 self._slot.close()
             self._runtime.context.destroy(linger=wire.LINGER_MS)
 
-    def _bind(self, kind: int, endpoint: str) -> zmq.Socket:
-        socket = self._runtime.context.socket(kind)
+    def _bind(self, endpoint: str, made: zmq.Socket | None) -> zmq.Socket:
+        socket = made if made is not None else self._runtime.context.socket(zmq.ROUTER)
         socket.linger = wire.LINGER_MS
         socket.router_mandatory = 1
         socket.router_handover = 1
@@ -301,9 +323,10 @@ class ActorLoop:
     def _setup(self) -> bool:
         order = self._order
         started = False
+        made = self._made
         try:
-            self._data = self._bind(zmq.ROUTER, order.address)
-            self._control = self._bind(zmq.ROUTER, order.control)
+            self._data = self._bind(order.address, made.data if made else None)
+            self._control = self._bind(order.control, made.control if made else None)
             self.ref = ActorRef(
                 order.name,
                 self._endpoint(self._data),
@@ -320,7 +343,9 @@ class ActorLoop:
             if order.address.startswith("ipc://") and (
                 type(self.actor).on_peer_gone is not ProcessActor.on_peer_gone
             ):
-                self._peers = PeerWatch(self._data)
+                self._peers = PeerWatch(self._data, made.events if made else None)
+            elif made is not None:
+                made.unwatch()
             started = True
             self.actor.on_start()
         except Exception as exc:

@@ -34,7 +34,7 @@ import struct
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-__all__ = ["PeerWatch"]
+__all__ = ["PeerWatch", "watch_connections"]
 
 _UCRED = struct.Struct("3i")  # pid, uid, gid
 
@@ -42,11 +42,11 @@ _UCRED = struct.Struct("3i")  # pid, uid, gid
 class PeerWatch:
     """The peer processes of one data socket (see the module docstring)."""
 
-    def __init__(self, data: zmq.Socket) -> None:
+    def __init__(self, data: zmq.Socket, events: zmq.Socket | None = None) -> None:
+        """Watch ``data``, through ``events`` when its monitor was made ahead
+        (``watch_connections``)."""
         self._data = data
-        self.events: zmq.Socket = data.get_monitor_socket(
-            zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED
-        )
+        self.events: zmq.Socket = events if events is not None else watch_connections(data)
         self._pid_of_fd: dict[int, int] = {}
         self._connections: collections.Counter[int] = collections.Counter()
         self._gone: list[int] = []
@@ -90,6 +90,12 @@ class PeerWatch:
     def close(self) -> None:
         self._data.disable_monitor()
         self.events.close(linger=0)
+
+
+def watch_connections(data: zmq.Socket) -> zmq.Socket:
+    """A monitor of ``data``'s accepted and closed connections (before its bind, it misses
+    none)."""
+    return data.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
 
 
 def _peer_pid(fd: int) -> int | None:

@@ -301,6 +301,19 @@ def test_a_spawn_names_to_the_forkserver_at_most_a_few_peers(
     ]
 
 
+def test_an_actor_started_from_a_spare_hears_of_a_peers_end(node: Node) -> None:
+    # A spare makes its mailboxes, and a monitor of their connections, ahead of its order.
+    node.spawn(Recorder, name="first")  # forked directly: a spare waits after it
+    spare = the_spare(node.forkserver_pid)
+    tracker = node.spawn(PeerTracker, name="tracker")
+    assert tracker.pid == spare.pid
+    talker = node.spawn(Recorder, name="talker")
+    assert talker.ask(("ask_other", tracker, "label"), timeout=10) == "peer tracker"
+    wait_for(lambda: tracker.ask(("connected", talker.pid), timeout=10))
+    os.kill(talker.pid, signal.SIGKILL)
+    wait_for(lambda: talker.pid in tracker.ask("gone", timeout=10))
+
+
 def test_a_spawn_names_to_the_forkserver_only_the_live_peers_of_its_order(
     node: Node, monkeypatch: pytest.MonkeyPatch
 ) -> None:
