@@ -424,7 +424,8 @@ def _run_spare(
     orders: int, key: bytes, log_level: int, endpoints: list[str], server_pid: int
 ) -> int:
     """A spare child's life: get ready for any actor (connected to the node, the first of
-    ``endpoints``, and to those of the others on ipc), wait for an order on ``orders``,
+    ``endpoints``, and to those of the others on ipc; its logging and mailboxes made),
+    wait for an order on ``orders``,
     then become that order's actor; exit quietly if the server closes the pipe first.
     Getting ready only saves time: an order is run whether or not it succeeded. A peer
     on tcp is left to the actor: a node with CurveZMQ gives its keys in the order."""

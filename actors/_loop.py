@@ -212,8 +212,16 @@ class Mailboxes:
     @classmethod
     def make(cls) -> Mailboxes:
         context = runtime().context
-        data = context.socket(zmq.ROUTER)
-        return cls(data, context.socket(zmq.ROUTER), watch_connections(data))
+        made: list[zmq.Socket] = []
+        try:
+            made.append(context.socket(zmq.ROUTER))
+            made.append(context.socket(zmq.ROUTER))
+            made.append(watch_connections(made[0]))
+        except BaseException:  # out of descriptors: close what was made
+            for socket in made:
+                socket.close(linger=0)
+            raise
+        return cls(*made)
 
     def unwatch(self) -> None:
         """Drop the monitor: the actor hears of no peer's end (``on_peer_gone``)."""
@@ -324,7 +332,16 @@ class ActorLoop:
         order = self._order
         started = False
         made = self._made
+        # Watched from before the bind, made ahead or not: a peer that connects while the
+        # actor is made (one reconnecting to a restarted actor) is heard of too.
+        watched = order.address.startswith("ipc://") and (
+            order.actor_class.on_peer_gone is not ProcessActor.on_peer_gone
+        )
         try:
+            if made is None:
+                made = Mailboxes.make() if watched else None
+            elif not watched:
+                made.unwatch()
             self._data = self._bind(order.address, made.data if made else None)
             self._control = self._bind(order.control, made.control if made else None)
             self.ref = ActorRef(
@@ -340,12 +357,8 @@ class ActorLoop:
             self.actor._services = self
             if order.actor_class.figures_from_loop:
                 self._slot = self._make_slot()
-            if order.address.startswith("ipc://") and (
-                type(self.actor).on_peer_gone is not ProcessActor.on_peer_gone
-            ):
-                self._peers = PeerWatch(self._data, made.events if made else None)
-            elif made is not None:
-                made.unwatch()
+            if watched and made is not None:
+                self._peers = PeerWatch(self._data, made.events)
             started = True
             self.actor.on_start()
         except Exception as exc:

@@ -17,8 +17,12 @@ Races, and how each is met:
   reports the disconnection; the loop hands ``gone`` pids to the actor only after a
   drain of the data socket found it empty, so an ack sent just before a consumer died is
   applied before that consumer's deliveries are requeued.
+- A peer may connect while the actor is being made (one reconnecting to a restarted
+  actor): the monitor watches the mailbox from before its bind, so that connection is
+  reported too, read once the loop runs.
 - A descriptor may be closed, or even reused, by the time its acceptance is read (the
-  loop reads events between handler calls). A closed or non-socket descriptor is skipped;
+  loop reads events between handler calls, and first once the actor has started). A
+  closed or non-socket descriptor is skipped;
   a reused one can name the wrong process. So ``gone`` is a hint to look at that process
   (alive, a zombie, or a new process under the old pid), never a verdict on its own.
 - A tcp connection has no peer credentials; its peers are never reported (an actor that
@@ -42,11 +46,10 @@ _UCRED = struct.Struct("3i")  # pid, uid, gid
 class PeerWatch:
     """The peer processes of one data socket (see the module docstring)."""
 
-    def __init__(self, data: zmq.Socket, events: zmq.Socket | None = None) -> None:
-        """Watch ``data``, through ``events`` when its monitor was made ahead
-        (``watch_connections``)."""
+    def __init__(self, data: zmq.Socket, events: zmq.Socket) -> None:
+        """Watch ``data`` through ``events``, its monitor (``watch_connections``)."""
         self._data = data
-        self.events: zmq.Socket = events if events is not None else watch_connections(data)
+        self.events = events
         self._pid_of_fd: dict[int, int] = {}
         self._connections: collections.Counter[int] = collections.Counter()
         self._gone: list[int] = []

@@ -290,9 +290,10 @@ class PykkaHost(ProcessActor):
 class PeerTracker(Recorder):
     """Records the pids whose last connection to its mailbox closed."""
 
-    def __init__(self) -> None:
+    def __init__(self, making_s: float = 0.0) -> None:
         super().__init__("peer tracker")
         self.gone: list[int] = []
+        time.sleep(making_s)  # a slow constructor: peers may connect meanwhile
 
     def on_peer_gone(self, pid: int) -> None:
         self.gone.append(pid)

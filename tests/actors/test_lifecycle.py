@@ -314,6 +314,26 @@ def test_an_actor_started_from_a_spare_hears_of_a_peers_end(node: Node) -> None:
     wait_for(lambda: talker.pid in tracker.ask("gone", timeout=10))
 
 
+@pytest.mark.parametrize("started", ["from a spare", "forked directly"])
+def test_a_peer_that_reconnects_while_a_restarted_actor_is_made_is_heard_of(
+    node: Node, started: str
+) -> None:
+    # The talker's connection comes back by itself once the restarted tracker binds its
+    # mailbox, while its constructor still runs: watched from before the bind, it counts.
+    tracker = node.spawn(PeerTracker, 1.0, name="tracker")
+    talker = node.spawn(Recorder, name="talker")
+    assert talker.ask(("ask_other", tracker, "label"), timeout=10) == "peer tracker"
+    node.stop(tracker)
+    if started == "forked directly":  # no spare: the next spawn is forked
+        spare = the_spare(node.forkserver_pid)
+        spare.kill()
+        psutil.wait_procs([spare], timeout=10)
+    tracker = node.restart(tracker)
+    wait_for(lambda: tracker.ask(("connected", talker.pid), timeout=10))
+    os.kill(talker.pid, signal.SIGKILL)
+    wait_for(lambda: talker.pid in tracker.ask("gone", timeout=10))
+
+
 def test_a_spawn_names_to_the_forkserver_only_the_live_peers_of_its_order(
     node: Node, monkeypatch: pytest.MonkeyPatch
 ) -> None:
