@@ -32,6 +32,7 @@ UNEXPECTED_FRAME, as the spec says.
 
 from __future__ import annotations
 
+import collections
 import ipaddress
 import platform
 from collections.abc import Callable
@@ -128,6 +129,9 @@ class Session:
         self.heartbeat_s = heartbeat_s
         self.state = AWAIT_HEADER
         self.channels: set[int] = set()
+        # How many times each channel number was closed: what a handler sends for a
+        # channel names the count it knew, and is dropped once the channel closed since.
+        self.closes: collections.Counter[int] = collections.Counter()
         self._authenticate = authenticate
         self._handler = handler
         self._closing_channels: set[int] = set()  # sent Channel.Close, awaiting CloseOk
@@ -143,16 +147,25 @@ class Session:
         """True once the socket should be closed (after sending ``take_output``)."""
         return self.state == FINISHED
 
-    def take_output(self) -> bytes:
+    def take_output(self, now: float | None = None) -> bytes:
+        """What to send the client now; ``now``: when it goes (heartbeats wait for a
+        quiet half interval after it)."""
         out = b"".join(self._output)
         self._output.clear()
+        if out and now is not None:
+            self._sent_at = now
         return out
 
-    def send(self, data: bytes, now: float | None = None) -> None:
-        """Queue frames for the client (the handler's deliveries and answers)."""
-        self._output.append(data)
-        if now is not None:
-            self._sent_at = now
+    def send_on(self, channel: int, closes: int, data: bytes) -> None:
+        """Send ``data`` on ``channel`` unless it closed since the sender last knew it
+        open (``closes``: ``self.closes[channel]`` then)."""
+        if channel in self.channels and self.closes[channel] == closes:
+            self._output.append(data)
+
+    def close_channel_if(self, channel: int, closes: int, error: AmqpError) -> None:
+        """``close_channel`` unless it closed since the sender knew it (``send_on``)."""
+        if self.closes[channel] == closes:
+            self.close_channel(channel, error)
 
     def receive(self, data: bytes, now: float = 0.0) -> None:
         """Take what the socket read."""
@@ -465,6 +478,8 @@ class Session:
                 self.close_channel(frame.channel, error)
 
     def _forget_channel(self, channel: int) -> None:
+        if channel in self.channels:
+            self.closes[channel] += 1
         self.channels.discard(channel)
         self._contents.pop(channel, None)
         if self._handler is not None:

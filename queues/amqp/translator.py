@@ -1,0 +1,645 @@
+"""``Translator``: one AMQP connection's channels served by Warren's own client.
+
+Each AMQP connection gets a worker thread holding one Warren ``Connection`` to the node
+(a ``Connection`` is used from one thread). The gateway thread, which owns the socket and
+the ``Session``, hands the worker what the client sent (``method``, ``content``,
+``channel_closed``: a queue of tasks, in the client's order); the worker answers through
+``post``, which the gateway runs on its own thread. Between tasks the worker serves its
+consumers (each a Warren ``Consumer`` of the channel's prefetch) and sends the confirms
+that came in, oldest first.
+
+What a channel holds, as RabbitMQ's does: its delivery tags (counted from 1, one
+sequence for its deliveries and gets), the deliveries awaiting an ack, its consumers by
+tag, its prefetch (``Basic.Qos``: each consumer started after it takes at most that many
+unacked; 0 is no limit, ``UNLIMITED_PREFETCH`` here), and in confirm mode its publishes'
+sequence numbers with their ``Confirm``s. A channel that closes, or the connection,
+hands its unacked deliveries back to their queues (redelivered), as RabbitMQ does.
+
+Messages: a publish becomes a Warren ``Message`` whose ``amqp`` keeps the exchange,
+routing key and properties as the client sent them; ``delivery_mode`` 2 makes it
+persistent and ``expiration`` its TTL, the only properties read. A delivery of such a
+message carries them back unchanged; one published by a Warren client gets properties
+made from its own (content type, message id, headers, delivery mode, expiration, its
+timestamp in seconds), its routing key the queue's name.
+
+Races: the worker posts a delivery for a channel by its number and the number of times
+that number was closed (``Session.closes``): the gateway drops one meant for a channel
+closed since, and the worker, told of the close after, requeues what it had delivered
+there. Every answer of a method is posted in the order the methods came.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import itertools
+import logging
+import queue as queue_module
+import secrets
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pamqp.base
+import pamqp.commands as commands
+
+from ..client.connection import Confirm, Connection
+from ..client.consuming import IDLE_POLL_S, Consumer, Delivery
+from ..errors import (
+    AccessRefused,
+    ConnectionClosed,
+    InvalidArgument,
+    InvalidMessage,
+    MessageTooLarge,
+    NodeNotRunning,
+    NotFound,
+    PreconditionFailed,
+    QueueError,
+    Unroutable,
+)
+from ..message import Message
+from . import frames
+from .frames import AmqpError, ContentHeader, Frame
+from .session import Session
+
+log = logging.getLogger("warren.amqp")
+
+# How long the worker waits for the oldest confirm before it looks at the client again.
+CONFIRM_WAIT_S = 0.005
+UNLIMITED_PREFETCH = 1000  # what a consumer without a prefetch (0) takes at most
+# Queue arguments Warren takes, and the definition field each fills.
+QUEUE_ARGUMENTS = {
+    "x-message-ttl": "message_ttl_ms",
+    "x-max-length": "max_length",
+    "x-max-length-bytes": "max_length_bytes",
+    "x-overflow": "overflow",
+    "x-dead-letter-exchange": "dead_letter_exchange",
+}
+EXCHANGE_KINDS = ("direct", "fanout", "topic")
+SETTLES = (frames.ACK, frames.NACK, frames.REJECT)
+
+Post = Callable[[Callable[[], None]], None]
+
+
+@dataclasses.dataclass
+class _Channel:
+    """What one open channel holds (see the module docstring)."""
+
+    next_tag: Any = dataclasses.field(default_factory=lambda: itertools.count(1))
+    unacked: dict[int, Delivery] = dataclasses.field(default_factory=dict)
+    consumers: dict[str, tuple[Consumer, bool]] = dataclasses.field(default_factory=dict)
+    prefetch: int = 0
+    confirming: bool = False
+    published: int = 0  # the sequence number of the last publish, in confirm mode
+    confirms: collections.deque[tuple[int, Confirm | None]] = dataclasses.field(
+        default_factory=collections.deque
+    )
+
+
+class Translator:
+    """One AMQP connection's worker (see the module docstring)."""
+
+    def __init__(self, connect: Callable[[], Connection], post: Post) -> None:
+        self._connect = connect
+        self._post = post
+        # Set by the gateway before the client's first byte. Used in what is posted (on
+        # the gateway's thread), but for its frame_max, fixed before any channel opens.
+        self.session: Session | None = None
+        self._tasks: queue_module.SimpleQueue[tuple[str, tuple[Any, ...]]] = (
+            queue_module.SimpleQueue()
+        )
+        self._channels: dict[int, _Channel] = {}
+        self._closes: collections.Counter[int] = collections.Counter()
+        self._connection: Connection | None = None
+        self._thread = threading.Thread(target=self._run, name="warren-amqp-worker", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------ the gateway's side
+
+    def method(self, channel: int, method: Frame) -> None:
+        self._tasks.put(("method", (channel, method)))
+
+    def content(self, channel: int, publish: Frame, header: ContentHeader, body: bytes) -> None:
+        self._tasks.put(("content", (channel, publish, header, body)))
+
+    def channel_closed(self, channel: int) -> None:
+        self._tasks.put(("channel_closed", (channel,)))
+
+    def stop(self) -> None:
+        """The connection is gone: hand back what it held, close, end the thread."""
+        self._tasks.put(("stop", ()))
+
+    def join(self, timeout: float) -> None:
+        self._thread.join(timeout)
+
+    # ------------------------------------------------------------ the worker
+
+    def _run(self) -> None:
+        try:
+            self._connection = self._connect()
+        except QueueError as exc:
+            self._close_connection(AmqpError(frames.CONNECTION_FORCED, f"the node: {exc}"))
+            return
+        idle = IDLE_POLL_S[0]
+        try:
+            while True:
+                task = self._next_task(idle)
+                while task is not None:  # everything the client sent already, first
+                    if task[0] == "stop":
+                        return
+                    self._task(*task)
+                    try:
+                        task = self._tasks.get_nowait()
+                    except queue_module.Empty:
+                        task = None
+                busy = self._deliver() | self._send_confirms()
+                idle = IDLE_POLL_S[0] if busy else min(idle * 2, IDLE_POLL_S[1])
+        except (ConnectionClosed, NodeNotRunning) as exc:
+            self._close_connection(
+                AmqpError(frames.CONNECTION_FORCED, f"the node went away: {exc}")
+            )
+        finally:
+            self._finish()
+
+    def _next_task(self, idle: float) -> tuple[str, tuple[Any, ...]] | None:
+        """The client's next task; None after a wait for the oldest confirm (at most
+        ``CONFIRM_WAIT_S``), or, with consumers, ``idle`` seconds (their next poll)."""
+        try:
+            return self._tasks.get_nowait()
+        except queue_module.Empty:
+            pass
+        confirming = [c.confirms[0][1] for c in self._channels.values() if c.confirms]
+        if confirming:
+            oldest = confirming[0]  # None: an unroutable publish, confirmed at once
+            if oldest is not None:
+                try:
+                    oldest.result(CONFIRM_WAIT_S)
+                except (TimeoutError, QueueError):
+                    pass  # not yet, or refused: _send_confirms tells the client which
+            return None
+        consuming = any(c.consumers for c in self._channels.values())
+        try:
+            return self._tasks.get(timeout=idle if consuming else None)
+        except queue_module.Empty:
+            return None
+
+    def _finish(self) -> None:
+        for number in list(self._channels):
+            self._forget(number)
+        if self._connection is not None:
+            try:
+                self._connection.close()
+            except QueueError:
+                pass  # the node is gone: its queues requeue what this process held
+
+    def _task(self, kind: str, args: tuple[Any, ...]) -> None:
+        if kind == "channel_closed":
+            self._forget(args[0])
+            self._closes[args[0]] += 1
+            return
+        channel_number = args[0]
+        channel = self._channels.get(channel_number)
+        if channel is None:
+            channel = self._channels[channel_number] = _Channel()
+        try:
+            if kind == "content":
+                self._publish(channel_number, channel, *args[1:])
+            elif frames.method_id(args[1].payload) in SETTLES:
+                self._settle(channel, args[1].payload)
+            else:
+                self._method(channel_number, channel, frames.decode_method(args[1]))
+        except AmqpError as error:
+            self._fail(channel_number, error)
+        except (ConnectionClosed, NodeNotRunning):
+            raise
+        except QueueError as exc:
+            self._fail(channel_number, _amqp_error(exc))
+
+    def _fail(self, channel: int, error: AmqpError) -> None:
+        if error.code >= 500:
+            self._close_connection(error)
+        else:
+            closes = self._closes[channel]
+            self._post(lambda: self._require_session().close_channel_if(channel, closes, error))
+
+    def _close_connection(self, error: AmqpError) -> None:
+        self._post(lambda: self._require_session().close_connection(error))
+
+    def _send(self, channel: int, data: bytes) -> None:
+        closes = self._closes[channel]
+        self._post(lambda: self._require_session().send_on(channel, closes, data))
+
+    def _answer(self, channel: int, method: pamqp.base.Frame, nowait: bool = False) -> None:
+        if not nowait:
+            self._send(channel, frames.method_frame(channel, method))
+
+    def _forget(self, number: int) -> None:
+        """The channel closed: its consumers end, its unacked go back to their queues."""
+        channel = self._channels.pop(number, None)
+        if channel is None:
+            return
+        for consumer, _ in channel.consumers.values():
+            consumer.cancel()
+        for delivery in channel.unacked.values():
+            delivery.nack(requeue=True)
+
+    # ------------------------------------------------------------ methods
+
+    def _method(self, number: int, channel: _Channel, method: pamqp.base.Frame) -> None:
+        connection = self._connection
+        assert connection is not None, "_run connects first"
+        ids = frames.ids_of(method)
+        if isinstance(method, commands.Queue.Declare):
+            self._declare_queue(number, method)
+        elif isinstance(method, commands.Queue.Delete):
+            self._delete_queue(number, method)
+        elif isinstance(method, commands.Queue.Purge):
+            count = connection.purge_queue(method.queue)
+            self._answer(number, commands.Queue.PurgeOk(count), method.nowait)
+        elif isinstance(method, commands.Queue.Bind | commands.Queue.Unbind):
+            if method.exchange == "":
+                raise AmqpError(
+                    frames.ACCESS_REFUSED,
+                    "ACCESS_REFUSED - operation not permitted on the default exchange",
+                    *ids,
+                )
+            if isinstance(method, commands.Queue.Bind):
+                connection.bind_queue(method.queue, method.exchange, method.routing_key)
+                self._answer(number, commands.Queue.BindOk(), method.nowait)
+            else:
+                connection.unbind_queue(method.queue, method.exchange, method.routing_key)
+                self._answer(number, commands.Queue.UnbindOk())
+        elif isinstance(method, commands.Exchange.Declare):
+            self._declare_exchange(number, method)
+        elif isinstance(method, commands.Exchange.Delete):
+            if method.exchange == "" or method.exchange.startswith("amq."):
+                raise AmqpError(
+                    frames.ACCESS_REFUSED,
+                    f"ACCESS_REFUSED - exchange '{method.exchange}' may not be deleted",
+                    *ids,
+                )
+            connection.delete_exchange(method.exchange)
+            self._answer(number, commands.Exchange.DeleteOk(), method.nowait)
+        elif isinstance(method, commands.Basic.Qos):
+            channel.prefetch = method.prefetch_count
+            self._answer(number, commands.Basic.QosOk())
+        elif isinstance(method, commands.Basic.Consume):
+            self._consume(number, channel, method)
+        elif isinstance(method, commands.Basic.Cancel):
+            found = channel.consumers.pop(method.consumer_tag or "", None)
+            if found is not None:
+                found[0].cancel()
+            self._answer(number, commands.Basic.CancelOk(method.consumer_tag), method.nowait)
+        elif isinstance(method, commands.Basic.Get):
+            self._get(number, channel, method)
+        elif isinstance(method, commands.Basic.Recover):
+            for delivery in channel.unacked.values():
+                delivery.nack(requeue=True)
+            channel.unacked.clear()
+            self._answer(number, commands.Basic.RecoverOk())
+        elif isinstance(method, commands.Confirm.Select):
+            channel.confirming = True
+            self._answer(number, commands.Confirm.SelectOk(), method.nowait)
+        else:
+            raise AmqpError(
+                frames.NOT_IMPLEMENTED, f"NOT_IMPLEMENTED - {method.name} is not served", *ids
+            )
+
+    def _declare_queue(self, number: int, method: commands.Queue.Declare) -> None:
+        connection = self._connection
+        assert connection is not None
+        ids = frames.ids_of(method)
+        name = method.queue or f"amq.gen-{secrets.token_urlsafe(16)}"
+        if method.passive:
+            declared = connection.declare_queue(name, passive=True)
+        else:
+            if name.startswith("amq.") and method.queue:
+                raise AmqpError(
+                    frames.ACCESS_REFUSED,
+                    f"ACCESS_REFUSED - queue name '{name}' contains reserved prefix 'amq.*'",
+                    *ids,
+                )
+            if method.exclusive:
+                raise AmqpError(frames.NOT_IMPLEMENTED, "NOT_IMPLEMENTED - exclusive queues", *ids)
+            arguments = _queue_arguments(method.arguments or {}, ids)
+            declared = connection.declare_queue(
+                name, durable=method.durable, auto_delete=method.auto_delete, **arguments
+            )
+        ok = commands.Queue.DeclareOk(
+            name, declared.message_count or 0, declared.consumer_count or 0
+        )
+        self._answer(number, ok, method.nowait)
+
+    def _delete_queue(self, number: int, method: commands.Queue.Delete) -> None:
+        connection = self._connection
+        assert connection is not None
+        if method.if_unused or method.if_empty:
+            stats = connection.queue_stats(method.queue)
+            if method.if_unused and stats.get("consumers"):
+                raise AmqpError(
+                    frames.PRECONDITION_FAILED,
+                    f"PRECONDITION_FAILED - queue '{method.queue}' in use",
+                    *frames.ids_of(method),
+                )
+            if method.if_empty and stats.get("messages_ready"):
+                raise AmqpError(
+                    frames.PRECONDITION_FAILED,
+                    f"PRECONDITION_FAILED - queue '{method.queue}' not empty",
+                    *frames.ids_of(method),
+                )
+        count = connection.delete_queue(method.queue)
+        self._answer(number, commands.Queue.DeleteOk(count), method.nowait)
+
+    def _declare_exchange(self, number: int, method: commands.Exchange.Declare) -> None:
+        connection = self._connection
+        assert connection is not None
+        ids = frames.ids_of(method)
+        name = method.exchange
+        if method.passive:
+            known = {exchange["name"] for exchange in connection.list_exchanges()}
+            if name not in known:
+                raise AmqpError(frames.NOT_FOUND, f"NOT_FOUND - no exchange '{name}'", *ids)
+        elif name.startswith("amq."):
+            raise AmqpError(
+                frames.ACCESS_REFUSED,
+                f"ACCESS_REFUSED - exchange name '{name}' contains reserved prefix 'amq.*'",
+                *ids,
+            )
+        elif method.exchange_type not in EXCHANGE_KINDS:
+            raise AmqpError(
+                frames.NOT_IMPLEMENTED,
+                f"NOT_IMPLEMENTED - exchange type '{method.exchange_type}'",
+                *ids,
+            )
+        elif method.internal or method.auto_delete or method.arguments:
+            raise AmqpError(
+                frames.NOT_IMPLEMENTED,
+                "NOT_IMPLEMENTED - internal and auto-delete exchanges, exchange arguments",
+                *ids,
+            )
+        else:
+            connection.declare_exchange(name, method.exchange_type, durable=method.durable)
+        self._answer(number, commands.Exchange.DeclareOk(), method.nowait)
+
+    def _consume(self, number: int, channel: _Channel, method: commands.Basic.Consume) -> None:
+        connection = self._connection
+        assert connection is not None
+        tag = method.consumer_tag or f"amq.ctag-{secrets.token_urlsafe(16)}"
+        if tag in channel.consumers:
+            raise AmqpError(
+                frames.NOT_ALLOWED,
+                f"NOT_ALLOWED - attempt to reuse consumer tag '{tag}'",
+                *frames.ids_of(method),
+            )
+        consumer = connection.consume(method.queue, prefetch=channel.prefetch or UNLIMITED_PREFETCH)
+        if not isinstance(consumer, Consumer):
+            consumer.cancel()
+            raise AmqpError(
+                frames.NOT_IMPLEMENTED,
+                "NOT_IMPLEMENTED - consuming a stream over AMQP",
+                *frames.ids_of(method),
+            )
+        channel.consumers[tag] = (consumer, method.no_ack)
+        self._answer(number, commands.Basic.ConsumeOk(tag), method.nowait)
+
+    def _get(self, number: int, channel: _Channel, method: commands.Basic.Get) -> None:
+        connection = self._connection
+        assert connection is not None
+        delivery = connection.get(method.queue, ack=True)
+        if delivery is None:
+            self._answer(number, commands.Basic.GetEmpty())
+            return
+        left = connection.queue_stats(method.queue).get("messages_ready", 0)
+        tag = next(channel.next_tag)
+        exchange, routing_key, properties = _publish_of(delivery)
+        self._send(
+            number,
+            frames.get_ok_frames(
+                number,
+                tag,
+                delivery.redelivered,
+                exchange,
+                routing_key,
+                left,
+                properties,
+                delivery.body,
+                self._frame_max(),
+            ),
+        )
+        if method.no_ack:
+            delivery.ack()
+        else:
+            channel.unacked[tag] = delivery
+
+    def _settle(self, channel: _Channel, payload: bytes) -> None:
+        """A client's ack, nack or reject (by hand: one comes for each message)."""
+        ids = frames.method_id(payload)
+        tag, multiple, requeue = frames.decode_settle(payload)
+        if multiple:
+            tags = [t for t in channel.unacked if tag == 0 or t <= tag]
+        elif tag in channel.unacked:
+            tags = [tag]
+        else:
+            tags = []
+        if not tags:
+            raise AmqpError(
+                frames.PRECONDITION_FAILED,
+                f"PRECONDITION_FAILED - unknown delivery tag {tag}",
+                *ids,
+            )
+        for settled in tags:
+            delivery = channel.unacked.pop(settled)
+            if ids == frames.ACK:
+                delivery.ack()
+            else:
+                delivery.nack(requeue=requeue)
+
+    # ------------------------------------------------------------ publishing
+
+    def _publish(
+        self, number: int, channel: _Channel, publish: Frame, header: ContentHeader, body: bytes
+    ) -> None:
+        connection = self._connection
+        assert connection is not None
+        sent = frames.decode_publish(publish.payload)
+        if sent.immediate:
+            raise AmqpError(
+                frames.NOT_IMPLEMENTED, "NOT_IMPLEMENTED - immediate=true", *frames.PUBLISH
+            )
+        delivery_mode = frames.read_property(header.properties, "delivery_mode")
+        expiration = frames.read_property(header.properties, "expiration")
+        message = Message(
+            body,
+            expiration_ms=_expiration_ms(expiration),
+            persistent=delivery_mode == 2,
+            amqp=frames.encode_short_string(sent.exchange)
+            + frames.encode_short_string(sent.routing_key)
+            + header.properties,
+        )
+        if channel.confirming:
+            channel.published += 1
+        confirm: Confirm | None = None
+        try:
+            confirm = connection.publish_message(
+                sent.routing_key, message, exchange=sent.exchange, mandatory=True
+            )
+        except (Unroutable, NotFound) as exc:
+            if isinstance(exc, NotFound) and sent.exchange != "":
+                raise AmqpError(
+                    frames.NOT_FOUND, f"NOT_FOUND - no exchange '{sent.exchange}'", *frames.PUBLISH
+                ) from None
+            if sent.mandatory:
+                self._return(number, sent.exchange, sent.routing_key, header.properties, body)
+        except (InvalidMessage, MessageTooLarge) as exc:
+            raise AmqpError(
+                frames.PRECONDITION_FAILED, f"PRECONDITION_FAILED - {exc}", *frames.PUBLISH
+            ) from None
+        if channel.confirming:
+            channel.confirms.append((channel.published, confirm))
+
+    def _return(
+        self, number: int, exchange: str, routing_key: str, properties: bytes, body: bytes
+    ) -> None:
+        method = frames.method_frame(
+            number, commands.Basic.Return(frames.NO_ROUTE, "NO_ROUTE", exchange, routing_key)
+        )
+        content = frames.content_frames(number, properties, body, self._frame_max())
+        self._send(number, method + b"".join(content))
+
+    def _send_confirms(self) -> bool:
+        """Confirm, oldest first, each publish whose queues confirmed it (or refused it:
+        a nack); True when any was sent."""
+        sent = False
+        for number, channel in self._channels.items():
+            acked_up_to = 0
+            while channel.confirms:
+                sequence, confirm = channel.confirms[0]
+                if confirm is not None and not confirm.done():
+                    break
+                channel.confirms.popleft()
+                try:
+                    if confirm is not None:
+                        confirm.result(0)
+                except QueueError:
+                    if acked_up_to:
+                        self._send(number, frames.confirm_frame(number, acked_up_to, True))
+                        acked_up_to = 0
+                    self._send(number, frames.confirm_frame(number, sequence, False, nack=True))
+                else:
+                    acked_up_to = sequence
+                sent = True
+            if acked_up_to:
+                self._send(number, frames.confirm_frame(number, acked_up_to, True))
+        return sent
+
+    # ------------------------------------------------------------ consuming
+
+    def _deliver(self) -> bool:
+        """Hand each consumer what its queue has for it now; True when any came."""
+        delivered = False
+        for number, channel in self._channels.items():
+            for tag, (consumer, no_ack) in list(channel.consumers.items()):
+                while True:
+                    delivery = consumer.get(0)
+                    if delivery is None:
+                        break
+                    delivered = True
+                    delivery_tag = next(channel.next_tag)
+                    exchange, routing_key, properties = _publish_of(delivery)
+                    self._send(
+                        number,
+                        frames.deliver_frames(
+                            number,
+                            frames.encode_short_string(tag),
+                            delivery_tag,
+                            delivery.redelivered,
+                            exchange,
+                            routing_key,
+                            properties,
+                            delivery.body,
+                            self._frame_max(),
+                        ),
+                    )
+                    if no_ack:
+                        delivery.ack()
+                    else:
+                        channel.unacked[delivery_tag] = delivery
+        return delivered
+
+    def _frame_max(self) -> int:
+        return self._require_session().frame_max
+
+    def _require_session(self) -> Session:
+        assert self.session is not None, "the gateway sets it before the client's first byte"
+        return self.session
+
+
+def _publish_of(delivery: Delivery) -> tuple[bytes, bytes, bytes]:
+    """The exchange and routing key (encoded shortstrs) and properties to deliver a
+    message with: as its AMQP publisher sent them, or made from a Warren client's."""
+    message = delivery.message
+    if message.amqp is not None:
+        exchange_end = 1 + message.amqp[0]
+        key_end = exchange_end + 1 + message.amqp[exchange_end]
+        return (
+            message.amqp[:exchange_end],
+            message.amqp[exchange_end:key_end],
+            message.amqp[key_end:],
+        )
+    properties = commands.Basic.Properties(
+        content_type=message.content_type,
+        headers=message.headers,
+        delivery_mode=2 if message.persistent else 1,
+        expiration=None if message.expiration_ms is None else str(message.expiration_ms),
+        message_id=message.message_id,
+        timestamp=None,
+    )
+    return b"\x00", frames.encode_short_string(delivery.queue), properties.marshal()
+
+
+def _expiration_ms(expiration: str | None) -> int | None:
+    if expiration is None:
+        return None
+    if not expiration.isdigit():
+        raise AmqpError(
+            frames.PRECONDITION_FAILED,
+            f"PRECONDITION_FAILED - invalid expiration '{expiration}': not a non-negative "
+            "integer of milliseconds",
+            *frames.PUBLISH,
+        )
+    return int(expiration)
+
+
+def _queue_arguments(arguments: dict[str, Any], ids: tuple[int, int]) -> dict[str, Any]:
+    """A queue's definition fields from its ``x-`` arguments; 406 for one Warren does not
+    take, as RabbitMQ answers one it does not know the value of."""
+    fields: dict[str, Any] = {}
+    for key, value in arguments.items():
+        if key == "x-queue-type":
+            if value not in ("classic", "stream"):
+                raise AmqpError(
+                    frames.PRECONDITION_FAILED,
+                    f"PRECONDITION_FAILED - invalid arg 'x-queue-type': '{value}'",
+                    *ids,
+                )
+            fields["type"] = value
+        elif key in QUEUE_ARGUMENTS:
+            fields[QUEUE_ARGUMENTS[key]] = value
+        else:
+            raise AmqpError(
+                frames.PRECONDITION_FAILED,
+                f"PRECONDITION_FAILED - queue argument '{key}' is not supported",
+                *ids,
+            )
+    return fields
+
+
+def _amqp_error(exc: QueueError) -> AmqpError:
+    """The channel error a Warren error is, as RabbitMQ would answer the same case."""
+    if isinstance(exc, NotFound):
+        return AmqpError(frames.NOT_FOUND, f"NOT_FOUND - {exc}")
+    if isinstance(exc, AccessRefused):
+        return AmqpError(frames.ACCESS_REFUSED, f"ACCESS_REFUSED - {exc}")
+    if isinstance(exc, PreconditionFailed | InvalidArgument):
+        return AmqpError(frames.PRECONDITION_FAILED, f"PRECONDITION_FAILED - {exc}")
+    return AmqpError(frames.INTERNAL_ERROR, f"INTERNAL_ERROR - {type(exc).__name__}: {exc}")

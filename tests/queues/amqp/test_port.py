@@ -1,0 +1,262 @@
+"""The AMQP port of a real node, used by pika as an application on RabbitMQ would.
+
+Each test starts a node with ``amqp="127.0.0.1:0"`` and talks to it with pika's
+``BlockingConnection``: what a publisher sent comes back to a consumer byte for byte, a
+queue's messages survive a client that vanishes and a port that is killed, and errors
+come back with the codes RabbitMQ uses."""
+
+from __future__ import annotations
+
+import decimal
+import os
+import signal
+
+import pika
+import pika.exceptions
+import psutil
+import pytest
+
+from warren.queues.amqp import frames
+from warren.supervisor import InvalidSpec, Node
+
+from ...waiting import wait_for
+
+
+@pytest.fixture
+def node(tmp_path):
+    with Node(tmp_path / "data", amqp="127.0.0.1:0") as running:
+        yield running
+
+
+def _connect(node: Node, **options: object) -> pika.BlockingConnection:
+    assert node.amqp_endpoint is not None
+    host, port = node.amqp_endpoint.rsplit(":", 1)
+    return pika.BlockingConnection(pika.ConnectionParameters(host, int(port), **options))
+
+
+CELERY_LIKE = pika.BasicProperties(
+    content_type="application/json",
+    content_encoding="utf-8",
+    headers={"task": "add", "retries": 0, "eta": None, "price": decimal.Decimal("1.25")},
+    delivery_mode=2,
+    priority=0,
+    correlation_id="c0ffee",
+    reply_to="replies",
+    message_id="m-1",
+    timestamp=1_700_000_000,
+    type="task",
+    app_id="tests",
+)
+
+
+def test_a_message_comes_back_as_its_publisher_sent_it(node):
+    connection = _connect(node)
+    channel = connection.channel()
+    channel.queue_declare("jobs", durable=True)
+    channel.confirm_delivery()
+    channel.basic_publish("", "jobs", b'{"x": 1}', CELERY_LIKE, mandatory=True)
+    method, properties, body = channel.basic_get("jobs", auto_ack=True)
+    assert body == b'{"x": 1}'
+    assert (method.exchange, method.routing_key, method.redelivered) == ("", "jobs", False)
+    assert method.message_count == 0
+    for name in ("content_type", "content_encoding", "headers", "delivery_mode", "priority"):
+        assert getattr(properties, name) == getattr(CELERY_LIKE, name), name
+    for name in ("correlation_id", "reply_to", "message_id", "timestamp", "type", "app_id"):
+        assert getattr(properties, name) == getattr(CELERY_LIKE, name), name
+    assert channel.basic_get("jobs") == (None, None, None)
+    connection.close()
+
+
+def test_a_confirmed_persistent_message_outlives_the_node(tmp_path):
+    with Node(tmp_path / "data", amqp="127.0.0.1:0") as node:
+        connection = _connect(node)
+        channel = connection.channel()
+        channel.queue_declare("kept", durable=True)
+        channel.confirm_delivery()
+        for n in range(50):
+            channel.basic_publish("", "kept", b"%d" % n, pika.BasicProperties(delivery_mode=2))
+        connection.close()
+    with Node(tmp_path / "data", amqp="127.0.0.1:0") as node:
+        connection = _connect(node)
+        channel = connection.channel()
+        assert channel.queue_declare("kept", passive=True).method.message_count == 50
+        bodies = [channel.basic_get("kept", auto_ack=True)[2] for _ in range(50)]
+        assert bodies == [b"%d" % n for n in range(50)]
+        connection.close()
+
+
+def test_a_consumer_holds_at_most_its_prefetch_and_a_nack_redelivers(node):
+    connection = _connect(node)
+    channel = connection.channel()
+    channel.queue_declare("work")
+    for n in range(20):
+        channel.basic_publish("", "work", b"%d" % n)
+    channel.basic_qos(prefetch_count=5)
+    held = []
+    for method, _, body in channel.consume("work", inactivity_timeout=1.0):
+        if method is None:
+            break
+        held.append((method, body))
+    assert [body for _, body in held] == [b"%d" % n for n in range(5)]  # no ack yet
+    channel.basic_ack(held[2][0].delivery_tag, multiple=True)  # the first three
+    channel.basic_nack(held[3][0].delivery_tag, requeue=True)
+    channel.basic_ack(held[4][0].delivery_tag)
+    taken = []
+    for method, _, body in channel.consume("work", inactivity_timeout=1.0):
+        if method is None:
+            break
+        taken.append((body, method.redelivered))
+        channel.basic_ack(method.delivery_tag)
+    channel.cancel()
+    assert sorted(body for body, _ in taken) == sorted([b"3"] + [b"%d" % n for n in range(5, 20)])
+    assert dict(taken)[b"3"] is True and dict(taken)[b"19"] is False
+    connection.close()
+
+
+def test_what_a_vanished_client_held_is_back_at_once_flagged_redelivered(node):
+    holder = _connect(node)
+    channel = holder.channel()
+    channel.queue_declare("orders")
+    for n in range(3):
+        channel.basic_publish("", "orders", b"%d" % n)
+    got = [channel.basic_get("orders")[2] for _ in range(3)]
+    assert got == [b"0", b"1", b"2"]
+    # the client's socket goes without a close (a process killed, a cable pulled)
+    holder._impl._transport._sock.shutdown(2)
+    other = _connect(node)
+    again = other.channel()
+    seen = []
+
+    def back() -> bool:
+        method, _, body = again.basic_get("orders", auto_ack=True)
+        if method is not None:
+            seen.append((body, method.redelivered))
+        return len(seen) == 3
+
+    wait_for(back)
+    assert seen == [(b"0", True), (b"1", True), (b"2", True)]
+    other.close()
+
+
+def test_exchanges_route_and_an_unroutable_mandatory_publish_is_returned(node):
+    connection = _connect(node)
+    channel = connection.channel()
+    channel.exchange_declare("events", "topic", durable=True)
+    channel.queue_declare("eu")
+    channel.queue_bind("eu", "events", "eu.*")
+    channel.confirm_delivery()
+    channel.basic_publish("events", "eu.new", b"routed", mandatory=True)
+    with pytest.raises(pika.exceptions.UnroutableError):
+        channel.basic_publish("events", "us.new", b"nowhere", mandatory=True)
+    channel.basic_publish("events", "us.new", b"dropped")  # not mandatory: confirmed
+    method, _, body = channel.basic_get("eu", auto_ack=True)
+    assert (body, method.exchange, method.routing_key) == (b"routed", "events", "eu.new")
+    assert channel.basic_get("eu") == (None, None, None)
+    connection.close()
+
+
+def test_a_warren_client_and_an_amqp_client_read_each_others_messages(node):
+    warren = node.connect()
+    warren.declare_queue("mixed")
+    warren.publish("mixed", b"from warren", headers={"k": "v"}, message_id="w-1")
+    connection = _connect(node)
+    channel = connection.channel()
+    method, properties, body = channel.basic_get("mixed", auto_ack=True)
+    assert body == b"from warren" and method.routing_key == "mixed"
+    assert properties.headers == {"k": "v"} and properties.message_id == "w-1"
+    assert properties.delivery_mode == 2
+    channel.confirm_delivery()  # so that the publish is in the queue before the get
+    channel.basic_publish("", "mixed", b"from amqp", pika.BasicProperties(delivery_mode=1))
+    delivery = warren.get("mixed")
+    assert delivery is not None and delivery.body == b"from amqp"
+    assert delivery.message.persistent is False
+    delivery.ack()
+    connection.close()
+    warren.close()
+
+
+@pytest.mark.parametrize(
+    ("call", "code"),
+    [
+        pytest.param(lambda c: c.queue_declare("absent", passive=True), 404, id="passive absent"),
+        pytest.param(lambda c: c.exchange_declare("absent", passive=True), 404, id="no exchange"),
+        pytest.param(lambda c: c.queue_declare("amq.mine"), 403, id="reserved name"),
+        pytest.param(lambda c: c.queue_bind("q", ""), 403, id="bind to default"),
+        pytest.param(
+            lambda c: c.queue_declare("q", arguments={"x-max-priority": 5}), 406, id="argument"
+        ),
+        pytest.param(lambda c: c.basic_ack(99), 406, id="unknown tag"),
+        pytest.param(
+            lambda c: c.basic_publish("", "q", b"", pika.BasicProperties(expiration="soon")),
+            406,
+            id="bad expiration",
+        ),
+    ],
+)
+def test_a_channel_error_closes_the_channel_with_rabbitmqs_code(node, call, code):
+    connection = _connect(node)
+    channel = connection.channel()
+    channel.queue_declare("q")
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
+        call(channel)
+        channel.basic_get("q")  # a publish or ack is not answered: this makes it show
+    assert closed.value.reply_code == code
+    channel = connection.channel()  # the connection goes on
+    assert channel.queue_declare("q", passive=True).method.queue == "q"
+    connection.close()
+
+
+def test_what_warren_does_not_serve_yet_closes_the_connection_with_540(node):
+    connection = _connect(node)
+    channel = connection.channel()
+    with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as closed:
+        channel.exchange_declare("h", "headers")
+    assert closed.value.reply_code == frames.NOT_IMPLEMENTED
+    connection = _connect(node)
+    with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as closed:
+        connection.channel().tx_select()
+    assert closed.value.reply_code == frames.NOT_IMPLEMENTED
+
+
+def test_a_server_named_queue_gets_a_name_of_amq_gen(node):
+    connection = _connect(node)
+    channel = connection.channel()
+    name = channel.queue_declare("", durable=False, auto_delete=True).method.queue
+    assert name.startswith("amq.gen-")
+    channel.basic_publish("", name, b"to myself")
+    assert channel.basic_get(name, auto_ack=True)[2] == b"to myself"
+    connection.close()
+
+
+def test_a_killed_port_comes_back_on_its_port_and_the_messages_are_there(node):
+    connection = _connect(node)
+    channel = connection.channel()
+    channel.queue_declare("safe")
+    channel.confirm_delivery()
+    channel.basic_publish("", "safe", b"confirmed", pika.BasicProperties(delivery_mode=2))
+    port_pid = next(
+        p.pid
+        for p in psutil.Process().children(recursive=True)
+        if p.cmdline()[:1] == ["warren: amqp"]
+    )
+    os.kill(port_pid, signal.SIGKILL)
+    with pytest.raises(pika.exceptions.AMQPConnectionError):
+        channel.basic_publish("", "safe", b"after")
+        connection.process_data_events(time_limit=5)
+        channel.basic_publish("", "safe", b"after")
+
+    def connected() -> pika.BlockingConnection | None:
+        try:
+            return _connect(node)
+        except pika.exceptions.AMQPConnectionError:
+            return None
+
+    wait_for(connected)
+    again = _connect(node)
+    assert again.channel().basic_get("safe", auto_ack=True)[2] == b"confirmed"
+    again.close()
+
+
+def test_a_port_beyond_loopback_needs_insecure(tmp_path):
+    with pytest.raises(InvalidSpec, match="loopback"):
+        Node(tmp_path / "data", amqp="0.0.0.0:5672")
