@@ -38,7 +38,7 @@ from ..client.connection import Connection
 from ..client.ipc_node import RemoteNode
 from . import session as session_module
 from .session import Session
-from .translator import Translator
+from .translator import TopologyChanges, Translator
 
 log = logging.getLogger("warren.amqp")
 
@@ -57,6 +57,8 @@ class AmqpStats:
 def check_amqp_address(address: str, *, insecure: bool) -> tuple[str, int]:
     """``host:port`` as (host, port); ValueError unless the host is loopback or
     ``insecure`` says the network is the user's alone (port 0: any free one)."""
+    if not isinstance(address, str):
+        raise ValueError(f"the AMQP port is host:port, such as 127.0.0.1:5672; got {address!r}")
     host, _, port = address.rpartition(":")
     host = host.strip("[]")
     if not host or not port.isdigit() or not 0 <= int(port) < 65536:
@@ -97,15 +99,17 @@ class AmqpActor(ProcessActor):
 
     figures_from_loop = False  # its counters change on the gateway thread
 
-    def __init__(self, data_dir: str, host: str, port: int) -> None:
+    def __init__(self, data_dir: str, host: str, port: int, version: str) -> None:
+        """``version``: Warren's, which the port announces to clients."""
         self.data_dir = data_dir
         self.host = host
         self.port = port
+        self.version = version
         self._gateway: _Gateway | None = None
         self._thread: threading.Thread | None = None
 
     def on_start(self) -> None:
-        self._gateway = _Gateway(self.data_dir, self.host, self.port)
+        self._gateway = _Gateway(self.data_dir, self.host, self.port, self.version)
         self._thread = threading.Thread(target=self._gateway.run, name="warren-amqp", daemon=True)
         self._thread.start()
 
@@ -139,8 +143,9 @@ class AmqpActor(ProcessActor):
 class _Gateway:
     """The gateway thread's state; every socket and session here is used by it alone."""
 
-    def __init__(self, data_dir: str, host: str, port: int) -> None:
+    def __init__(self, data_dir: str, host: str, port: int, version: str) -> None:
         self.data_dir = data_dir
+        self.version = version
         self.stopping = threading.Event()
         self.counters = {"connections_opened": 0, "connections_closed": 0}
         self.clients: dict[socket.socket, _Client] = {}
@@ -155,6 +160,7 @@ class _Gateway:
         self._selector.register(self._wake_read, selectors.EVENT_READ)
         self._posted: collections.deque[Callable[[], None]] = collections.deque()
         self._dirty: set[_Client] = set()
+        self._topology = TopologyChanges()
 
     def wake(self) -> None:
         try:
@@ -222,8 +228,10 @@ class _Gateway:
             self._posted.append(run)
             self.wake()
 
-        translator = Translator(self._connect, post)
-        session = Session(address[0], guest_only, translator, now=time.monotonic())
+        translator = Translator(self._connect, post, self._topology)
+        session = Session(
+            address[0], guest_only, translator, version=self.version, now=time.monotonic()
+        )
         translator.session = session  # before anything it is handed can need it
         client = _Client(sock, session, translator, bytearray())
         self.clients[sock] = client

@@ -43,8 +43,6 @@ import pamqp.base
 import pamqp.commands as commands
 from pamqp.common import FieldTable
 
-from warren.supervisor.version import __version__
-
 from . import frames
 from .frames import AmqpError, Frame
 
@@ -119,9 +117,12 @@ class Session:
         channel_max: int = CHANNEL_MAX,
         frame_max: int = FRAME_MAX,
         heartbeat_s: int = HEARTBEAT_S,
+        version: str = "",
         now: float = 0.0,
     ) -> None:
+        """``version``: Warren's, announced in the server properties."""
         self.peer_host = peer_host
+        self.version = version
         self.user: str | None = None
         self.client_properties: dict[str, object] = {}
         self.channel_max = channel_max
@@ -240,7 +241,7 @@ class Session:
             version_minor=9,
             server_properties={
                 "product": "Warren",
-                "version": __version__,
+                "version": self.version,
                 "platform": f"Python {platform.python_version()}",
                 "information": "Warren's AMQP 0-9-1 port",
                 "capabilities": CAPABILITIES,

@@ -81,6 +81,21 @@ SETTLES = (frames.ACK, frames.NACK, frames.REJECT)
 Post = Callable[[Callable[[], None]], None]
 
 
+class TopologyChanges:
+    """How many bindings, unbindings and deletes the port's connections have made: a
+    translator that sees the count move drops its cached routes before its next publish
+    through an exchange, so that a binding one client made is routed by every other as
+    soon as it was answered (as RabbitMQ's are)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.count = 0
+
+    def changed(self) -> None:
+        with self._lock:
+            self.count += 1
+
+
 @dataclasses.dataclass
 class _Channel:
     """What one open channel holds (see the module docstring)."""
@@ -99,9 +114,13 @@ class _Channel:
 class Translator:
     """One AMQP connection's worker (see the module docstring)."""
 
-    def __init__(self, connect: Callable[[], Connection], post: Post) -> None:
+    def __init__(
+        self, connect: Callable[[], Connection], post: Post, topology: TopologyChanges
+    ) -> None:
         self._connect = connect
         self._post = post
+        self._topology = topology
+        self._topology_seen = topology.count
         # Set by the gateway before the client's first byte. Used in what is posted (on
         # the gateway's thread), but for its frame_max, fixed before any channel opens.
         self.session: Session | None = None
@@ -265,9 +284,11 @@ class Translator:
                 )
             if isinstance(method, commands.Queue.Bind):
                 connection.bind_queue(method.queue, method.exchange, method.routing_key)
+                self._topology.changed()
                 self._answer(number, commands.Queue.BindOk(), method.nowait)
             else:
                 connection.unbind_queue(method.queue, method.exchange, method.routing_key)
+                self._topology.changed()
                 self._answer(number, commands.Queue.UnbindOk())
         elif isinstance(method, commands.Exchange.Declare):
             self._declare_exchange(number, method)
@@ -279,6 +300,7 @@ class Translator:
                     *ids,
                 )
             connection.delete_exchange(method.exchange)
+            self._topology.changed()
             self._answer(number, commands.Exchange.DeleteOk(), method.nowait)
         elif isinstance(method, commands.Basic.Qos):
             channel.prefetch = method.prefetch_count
@@ -348,6 +370,7 @@ class Translator:
                     *frames.ids_of(method),
                 )
         count = connection.delete_queue(method.queue)
+        self._topology.changed()
         self._answer(number, commands.Queue.DeleteOk(count), method.nowait)
 
     def _declare_exchange(self, number: int, method: commands.Exchange.Declare) -> None:
@@ -476,6 +499,9 @@ class Translator:
             + frames.encode_short_string(sent.routing_key)
             + header.properties,
         )
+        if sent.exchange and self._topology.count != self._topology_seen:
+            self._topology_seen = self._topology.count
+            connection.forget_routes()
         if channel.confirming:
             channel.published += 1
         confirm: Confirm | None = None

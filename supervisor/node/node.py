@@ -148,6 +148,7 @@ from ..specs import (
 )
 from ..supervisor import Supervisor
 from ..tables import counted
+from ..version import __version__
 from .alarms import AlarmLimits, ResourceMonitor
 from .http_endpoint import HttpEndpoint, check_http_address
 from .metrics import NodeFigures
@@ -366,7 +367,7 @@ class Node:
                     ChildSpec(
                         AMQP_NAME,
                         AmqpActor,
-                        (self.data_dir, amqp_address[0], free_port(*amqp_address)),
+                        (self.data_dir, amqp_address[0], free_port(*amqp_address), __version__),
                     ),
                 )
             )
@@ -760,6 +761,7 @@ class Node:
                 "alarms": sorted(self.alarms.active),
                 "http_endpoint": self.http_endpoint,
                 "listen_endpoint": self.listen_endpoint,
+                "amqp_endpoint": self.amqp_endpoint,
                 "management_page": self.management_page,
             }
         return {
@@ -769,6 +771,7 @@ class Node:
             "state": self.state,
             "http_endpoint": self.http_endpoint,
             "listen_endpoint": self.listen_endpoint,
+            "amqp_endpoint": self.amqp_endpoint,
             "management_page": self.management_page,
             "tree": self.root.status() if self.root else None,
             "stores": self.store_stats() if self.root else {},
@@ -1048,6 +1051,7 @@ class Node:
                     "status_endpoint": self.status_endpoint,
                     "listen_endpoint": self.listen_endpoint,
                     "http_endpoint": self.http_endpoint,
+                    "amqp_endpoint": self.amqp_endpoint,
                 },
                 f,
             )

@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from warren.queues.amqp.session import ChannelHandler, Session
 
@@ -28,7 +29,7 @@ class Served:
 
 @contextlib.contextmanager
 def serving(
-    handler: Callable[[], ChannelHandler | None] = lambda: None, **options: int
+    handler: Callable[[], ChannelHandler | None] = lambda: None, **options: Any
 ) -> Iterator[Served]:
     listener = socket.create_server(("127.0.0.1", 0))
     listener.setblocking(False)

@@ -155,6 +155,24 @@ def test_exchanges_route_and_an_unroutable_mandatory_publish_is_returned(node):
     connection.close()
 
 
+def test_a_binding_one_client_made_routes_another_clients_next_publish(node):
+    binder, publisher = _connect(node), _connect(node)
+    binding = binder.channel()
+    binding.exchange_declare("fan", "fanout")
+    binding.queue_declare("first")
+    binding.queue_bind("first", "fan")
+    publishing = publisher.channel()
+    publishing.confirm_delivery()
+    publishing.basic_publish("fan", "", b"one")  # its connection now knows the bindings
+    binding.queue_declare("second")
+    binding.queue_bind("second", "fan")
+    publishing.basic_publish("fan", "", b"two")  # at once: no second to wait
+    assert binding.basic_get("second", auto_ack=True)[2] == b"two"
+    assert [binding.basic_get("first", auto_ack=True)[2] for _ in range(2)] == [b"one", b"two"]
+    binder.close()
+    publisher.close()
+
+
 def test_a_warren_client_and_an_amqp_client_read_each_others_messages(node):
     warren = node.connect()
     warren.declare_queue("mixed")

@@ -31,10 +31,11 @@ def _parameters(port: int, **options: object) -> pika.ConnectionParameters:
 
 
 def test_pika_connects_opens_channels_and_closes_cleanly() -> None:
-    with serving() as served:
+    with serving(version="9.9.9") as served:
         connection = pika.BlockingConnection(_parameters(served.port, heartbeat=30))
         server_properties = connection._impl.server_properties
         assert server_properties["product"] == "Warren"
+        assert server_properties["version"] == "9.9.9"  # what its owner said
         assert server_properties["capabilities"]["publisher_confirms"] is True
         channels = [connection.channel() for _ in range(3)]
         channels[1].close()
