@@ -36,14 +36,17 @@ from warren.actors import ProcessActor, UnhandledMessage, message
 
 from ..client.connection import Connection
 from ..client.ipc_node import RemoteNode
+from ..errors import NotFound
 from . import session as session_module
 from .session import Session
-from .translator import TopologyChanges, Translator
+from .shared import ExclusiveQueues, TopologyChanges
+from .translator import Translator
 
 log = logging.getLogger("warren.amqp")
 
 TICK_S = 1.0  # how often sessions are looked at for heartbeats
 READ_BYTES = 256 * 1024
+PORT_DIRECTORY = "amqp"  # the port's own files, in the node's data directory
 LOOPBACK_HOSTS = ("127.0.0.1", "::1", "localhost")
 GUEST_PASSWORD = "guest"
 
@@ -161,6 +164,7 @@ class _Gateway:
         self._posted: collections.deque[Callable[[], None]] = collections.deque()
         self._dirty: set[_Client] = set()
         self._topology = TopologyChanges()
+        self._exclusive = ExclusiveQueues(os.path.join(data_dir, PORT_DIRECTORY))
 
     def wake(self) -> None:
         try:
@@ -169,6 +173,7 @@ class _Gateway:
             pass  # a wake-up is pending already
 
     def run(self) -> None:
+        self._delete_left_exclusive_queues()
         next_tick = time.monotonic() + TICK_S
         while not self.stopping.is_set():
             timeout = max(0.0, next_tick - time.monotonic())
@@ -203,6 +208,24 @@ class _Gateway:
         os.close(self._wake_read)
         os.close(self._wake_write)
 
+    def _delete_left_exclusive_queues(self) -> None:
+        """Delete the exclusive queues of the connections an earlier run of the port had
+        when it died (before anyone is served: the clients meanwhile wait in the
+        listening socket's backlog)."""
+        left = self._exclusive.left_by_a_crash()
+        if not left:
+            return
+        connection = self._connect()
+        try:
+            for name in left:
+                try:
+                    connection.delete_queue(name)
+                except NotFound:
+                    pass  # gone with a node restart, or deleted by hand
+        finally:
+            connection.close()
+        log.info("deleted %d exclusive queue(s) of connections that died with the port", len(left))
+
     def _drain_wake(self) -> None:
         try:
             while os.read(self._wake_read, 4096):
@@ -228,7 +251,7 @@ class _Gateway:
             self._posted.append(run)
             self.wake()
 
-        translator = Translator(self._connect, post, self._topology)
+        translator = Translator(self._connect, post, self._topology, self._exclusive)
         session = Session(
             address[0], guest_only, translator, version=self.version, now=time.monotonic()
         )

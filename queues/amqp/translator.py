@@ -61,6 +61,7 @@ from ..message import Message
 from . import frames
 from .frames import AmqpError, ContentHeader, Frame
 from .session import Session
+from .shared import ExclusiveQueues, TopologyChanges
 
 log = logging.getLogger("warren.amqp")
 
@@ -79,21 +80,6 @@ EXCHANGE_KINDS = ("direct", "fanout", "topic")
 SETTLES = (frames.ACK, frames.NACK, frames.REJECT)
 
 Post = Callable[[Callable[[], None]], None]
-
-
-class TopologyChanges:
-    """How many bindings, unbindings and deletes the port's connections have made: a
-    translator that sees the count move drops its cached routes before its next publish
-    through an exchange, so that a binding one client made is routed by every other as
-    soon as it was answered (as RabbitMQ's are)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.count = 0
-
-    def changed(self) -> None:
-        with self._lock:
-            self.count += 1
 
 
 @dataclasses.dataclass
@@ -115,11 +101,16 @@ class Translator:
     """One AMQP connection's worker (see the module docstring)."""
 
     def __init__(
-        self, connect: Callable[[], Connection], post: Post, topology: TopologyChanges
+        self,
+        connect: Callable[[], Connection],
+        post: Post,
+        topology: TopologyChanges,
+        exclusive: ExclusiveQueues,
     ) -> None:
         self._connect = connect
         self._post = post
         self._topology = topology
+        self._exclusive = exclusive
         self._topology_seen = topology.count
         # Set by the gateway before the client's first byte. Used in what is posted (on
         # the gateway's thread), but for its frame_max, fixed before any channel opens.
@@ -206,6 +197,14 @@ class Translator:
         for number in list(self._channels):
             self._forget(number)
         if self._connection is not None:
+            for name in self._exclusive.owned_by(self):
+                try:
+                    self._connection.delete_queue(name)
+                except NotFound:
+                    pass  # deleted already
+                except QueueError:
+                    break  # the node is gone: its next start drops transient queues
+                self._exclusive.release(name)
             try:
                 self._connection.close()
             except QueueError:
@@ -268,6 +267,14 @@ class Translator:
         connection = self._connection
         assert connection is not None, "_run connects first"
         ids = frames.ids_of(method)
+        queue = getattr(method, "queue", None)
+        if queue and self._exclusive.locked_for(queue, self):
+            raise AmqpError(
+                frames.RESOURCE_LOCKED,
+                f"RESOURCE_LOCKED - cannot obtain exclusive access to locked queue '{queue}' "
+                "in vhost '/'",
+                *ids,
+            )
         if isinstance(method, commands.Queue.Declare):
             self._declare_queue(number, method)
         elif isinstance(method, commands.Queue.Delete):
@@ -341,12 +348,26 @@ class Translator:
                     f"ACCESS_REFUSED - queue name '{name}' contains reserved prefix 'amq.*'",
                     *ids,
                 )
-            if method.exclusive:
-                raise AmqpError(frames.NOT_IMPLEMENTED, "NOT_IMPLEMENTED - exclusive queues", *ids)
             arguments = _queue_arguments(method.arguments or {}, ids)
-            declared = connection.declare_queue(
-                name, durable=method.durable, auto_delete=method.auto_delete, **arguments
-            )
+            if method.exclusive and not self._exclusive.claim(name, self):
+                raise AmqpError(
+                    frames.RESOURCE_LOCKED,
+                    f"RESOURCE_LOCKED - cannot obtain exclusive access to locked queue "
+                    f"'{name}' in vhost '/'",
+                    *ids,
+                )
+            try:
+                declared = connection.declare_queue(
+                    name,
+                    # an exclusive queue lives as long as its connection: never durable
+                    durable=method.durable and not method.exclusive,
+                    auto_delete=method.auto_delete,
+                    **arguments,
+                )
+            except QueueError:
+                if method.exclusive:
+                    self._exclusive.release(name)
+                raise
         ok = commands.Queue.DeclareOk(
             name, declared.message_count or 0, declared.consumer_count or 0
         )
@@ -370,6 +391,7 @@ class Translator:
                     *frames.ids_of(method),
                 )
         count = connection.delete_queue(method.queue)
+        self._exclusive.release(method.queue)
         self._topology.changed()
         self._answer(number, commands.Queue.DeleteOk(count), method.nowait)
 

@@ -246,18 +246,59 @@ def test_a_server_named_queue_gets_a_name_of_amq_gen(node):
     connection.close()
 
 
+def test_an_exclusive_queue_is_its_connections_alone_and_goes_with_it(node):
+    owner, other = _connect(node), _connect(node)
+    mine = owner.channel()
+    name = mine.queue_declare("", exclusive=True).method.queue
+    mine.basic_publish("", name, b"reply")
+    for attempt in (
+        lambda c: c.queue_declare(name, passive=True),
+        lambda c: c.basic_get(name),
+        lambda c: c.queue_purge(name),
+        lambda c: c.queue_declare(name, exclusive=True),
+    ):
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
+            attempt(other.channel())
+        assert closed.value.reply_code == frames.RESOURCE_LOCKED
+    other.channel().basic_publish("", name, b"anyone may publish to it")
+    assert mine.basic_get(name, auto_ack=True)[2] == b"reply"
+    owner.close()
+
+    def gone() -> bool:  # locked (405) until its deletion is over, then not found
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
+            other.channel().queue_declare(name, passive=True)
+        return closed.value.reply_code == frames.NOT_FOUND
+
+    wait_for(gone)
+    assert name not in node.list_queues()
+    other.close()
+
+
+def test_the_exclusive_queues_of_a_killed_port_are_deleted_when_it_comes_back(node):
+    connection = _connect(node)
+    name = connection.channel().queue_declare("", exclusive=True).method.queue
+    assert name in node.list_queues()
+    port_pid = _port_pid()
+    os.kill(port_pid, signal.SIGKILL)
+    wait_for(lambda: name not in node.list_queues())
+    assert _port_pid() != port_pid
+
+
+def _port_pid() -> int:
+    return next(
+        p.pid
+        for p in psutil.Process().children(recursive=True)
+        if p.cmdline()[:1] == ["warren: amqp"]
+    )
+
+
 def test_a_killed_port_comes_back_on_its_port_and_the_messages_are_there(node):
     connection = _connect(node)
     channel = connection.channel()
     channel.queue_declare("safe")
     channel.confirm_delivery()
     channel.basic_publish("", "safe", b"confirmed", pika.BasicProperties(delivery_mode=2))
-    port_pid = next(
-        p.pid
-        for p in psutil.Process().children(recursive=True)
-        if p.cmdline()[:1] == ["warren: amqp"]
-    )
-    os.kill(port_pid, signal.SIGKILL)
+    os.kill(_port_pid(), signal.SIGKILL)
     with pytest.raises(pika.exceptions.AMQPConnectionError):
         channel.basic_publish("", "safe", b"after")
         connection.process_data_events(time_limit=5)
