@@ -94,7 +94,13 @@ class _Client:
     sock: socket.socket
     session: Session
     translator: Translator
-    pending: bytearray
+    pending: bytearray  # what the client has not taken yet
+    paused: bool = False  # not read: its worker has not taken what it sent
+    told_blocked: bool = False  # sent connection.blocked, not unblocked since
+    # While an alarm is raised: how many publishes the client had made when it was
+    # raised (or 0, connected since). Told it is blocked at its next publish, as
+    # RabbitMQ tells a connection: one that does not publish is not blocked.
+    blocking_from: int | None = None
 
 
 class AmqpActor(ProcessActor):
@@ -127,6 +133,10 @@ class AmqpActor(ProcessActor):
                 **gateway.counters,
             }
         raise UnhandledMessage(f"the AMQP port does not handle {type(message).__name__}")
+
+    def on_alarm(self, resource: str, raised: bool) -> None:
+        if self._gateway is not None:
+            self._gateway.alarm(resource, raised)
 
     def on_stop(self) -> None:
         self._close()
@@ -163,6 +173,8 @@ class _Gateway:
         self._selector.register(self._wake_read, selectors.EVENT_READ)
         self._posted: collections.deque[Callable[[], None]] = collections.deque()
         self._dirty: set[_Client] = set()
+        self._unwatched: set[_Client] = set()
+        self.alarms: set[str] = set()  # the node's resource alarms raised now
         self._topology = TopologyChanges()
         self._exclusive = ExclusiveQueues(os.path.join(data_dir, PORT_DIRECTORY))
 
@@ -257,6 +269,13 @@ class _Gateway:
         )
         translator.session = session  # before anything it is handed can need it
         client = _Client(sock, session, translator, bytearray())
+        if self.alarms:
+            client.blocking_from = 0
+
+        def drained() -> None:
+            client.paused = False
+
+        translator.on_drained = drained
         self.clients[sock] = client
         self.counters["connections_opened"] += 1
         self._selector.register(sock, selectors.EVENT_READ, client)
@@ -275,11 +294,38 @@ class _Gateway:
             self._drop(client)
             return
         client.session.receive(data, time.monotonic())
+        client.paused = client.translator.backlogged
         self._dirty.add(client)
+
+    def alarm(self, resource: str, raised: bool) -> None:
+        """Post a change of the node's alarms (from the actor's thread); every open
+        client that asked for them hears ``connection.blocked`` or ``unblocked``."""
+
+        def change() -> None:
+            was = bool(self.alarms)
+            if raised:
+                self.alarms.add(resource)
+            else:
+                self.alarms.discard(resource)
+            if was != bool(self.alarms):
+                for client in self.clients.values():
+                    client.blocking_from = client.session.publishes if self.alarms else None
+            self._dirty.update(self.clients.values())
+
+        self._posted.append(change)
+        self.wake()
 
     def _flush(self, client: _Client, now: float) -> None:
         if client.sock not in self.clients:
             return
+        blocked = (
+            client.blocking_from is not None and client.session.publishes > client.blocking_from
+        )
+        if client.told_blocked != blocked and client.session.hears_of_blocks:
+            client.session.blocked(
+                f"low on {' and '.join(sorted(self.alarms))}" if blocked else None
+            )
+            client.told_blocked = blocked
         client.pending += client.session.take_output(now)
         if client.pending:
             try:
@@ -293,14 +339,33 @@ class _Gateway:
         if client.session.finished and not client.pending:
             self._drop(client)
             return
-        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if client.pending else 0)
-        self._selector.modify(client.sock, events, client)
+        events = (0 if client.paused else selectors.EVENT_READ) | (
+            selectors.EVENT_WRITE if client.pending else 0
+        )
+        self._watch(client, events)
+
+    def _watch(self, client: _Client, events: int) -> None:
+        """Watch the client's socket for ``events``; for none, not at all (until its
+        worker catches up: a paused client with nothing to send)."""
+        watched = client not in self._unwatched
+        if not events:
+            if watched:
+                self._selector.unregister(client.sock)
+                self._unwatched.add(client)
+        elif watched:
+            self._selector.modify(client.sock, events, client)
+        else:
+            self._selector.register(client.sock, events, client)
+            self._unwatched.discard(client)
 
     def _drop(self, client: _Client) -> None:
         if self.clients.pop(client.sock, None) is None:
             return
         self.counters["connections_closed"] += 1
-        self._selector.unregister(client.sock)
+        if client in self._unwatched:
+            self._unwatched.discard(client)
+        else:
+            self._selector.unregister(client.sock)
         client.sock.close()
         client.translator.stop()
 

@@ -130,6 +130,7 @@ class Session:
         self.heartbeat_s = heartbeat_s
         self.state = AWAIT_HEADER
         self.channels: set[int] = set()
+        self.publishes = 0  # how many publishes the client began
         # How many times each channel number was closed: what a handler sends for a
         # channel names the count it knew, and is dropped once the channel closed since.
         self.closes: collections.Counter[int] = collections.Counter()
@@ -156,6 +157,26 @@ class Session:
         if out and now is not None:
             self._sent_at = now
         return out
+
+    @property
+    def hears_of_blocks(self) -> bool:
+        """Whether the connection is open and its client asked (in its capabilities) to
+        be told when the node blocks publishers."""
+        capabilities = self.client_properties.get("capabilities")
+        return (
+            self.state == OPEN
+            and isinstance(capabilities, dict)
+            and bool(capabilities.get("connection.blocked"))
+        )
+
+    def blocked(self, reason: str | None) -> None:
+        """Tell the client the node blocks publishers (``reason``), or no longer (None)."""
+        method = (
+            commands.Connection.Unblocked()
+            if reason is None
+            else commands.Connection.Blocked(reason)
+        )
+        self._output.append(frames.method_frame(0, method))
 
     def send_on(self, channel: int, closes: int, data: bytes) -> None:
         """Send ``data`` on ``channel`` unless it closed since the sender last knew it
@@ -398,6 +419,7 @@ class Session:
             if channel not in self.channels:
                 raise AmqpError(frames.CHANNEL_ERROR, f"channel {channel} is not open", *ids)
             frames.decode_publish(frame.payload)  # refused here when malformed
+            self.publishes += 1
             self._contents[channel] = _Content(frame)
             return
         if ids[0] == frames.ids_of(commands.Channel.Open)[0]:

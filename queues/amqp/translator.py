@@ -67,7 +67,10 @@ log = logging.getLogger("warren.amqp")
 
 # How long the worker waits for the oldest confirm before it looks at the client again.
 CONFIRM_WAIT_S = 0.005
-UNLIMITED_PREFETCH = 1000  # what a consumer without a prefetch (0) takes at most
+UNLIMITED_PREFETCH = 1000
+# What a client may have sent that its worker has not taken yet before the port stops
+# reading its socket (the worker waits on the node: a publish under an alarm, a declare).
+BACKLOG_PAUSE_BYTES = 8 * 2**20  # what a consumer without a prefetch (0) takes at most
 # Queue arguments Warren takes, and the definition field each fills.
 QUEUE_ARGUMENTS = {
     "x-message-ttl": "message_ttl_ms",
@@ -115,9 +118,14 @@ class Translator:
         # Set by the gateway before the client's first byte. Used in what is posted (on
         # the gateway's thread), but for its frame_max, fixed before any channel opens.
         self.session: Session | None = None
-        self._tasks: queue_module.SimpleQueue[tuple[str, tuple[Any, ...]]] = (
+        self._tasks: queue_module.SimpleQueue[tuple[str, tuple[Any, ...], int]] = (
             queue_module.SimpleQueue()
         )
+        # The bytes the client sent that the worker has not taken (see ``backlogged``),
+        # and what the gateway runs once they fall to half the limit.
+        self._backlog = 0
+        self._backlog_lock = threading.Lock()
+        self.on_drained: Callable[[], None] = lambda: None
         self._channels: dict[int, _Channel] = {}
         self._closes: collections.Counter[int] = collections.Counter()
         self._connection: Connection | None = None
@@ -127,17 +135,28 @@ class Translator:
     # ------------------------------------------------------------ the gateway's side
 
     def method(self, channel: int, method: Frame) -> None:
-        self._tasks.put(("method", (channel, method)))
+        self._put("method", (channel, method), len(method.payload))
 
     def content(self, channel: int, publish: Frame, header: ContentHeader, body: bytes) -> None:
-        self._tasks.put(("content", (channel, publish, header, body)))
+        self._put("content", (channel, publish, header, body), len(body))
 
     def channel_closed(self, channel: int) -> None:
-        self._tasks.put(("channel_closed", (channel,)))
+        self._put("channel_closed", (channel,), 0)
 
     def stop(self) -> None:
         """The connection is gone: hand back what it held, close, end the thread."""
-        self._tasks.put(("stop", ()))
+        self._put("stop", (), 0)
+
+    @property
+    def backlogged(self) -> bool:
+        """Whether the client sent more than ``BACKLOG_PAUSE_BYTES`` the worker has not
+        taken yet: its socket is not read until ``on_drained`` says so."""
+        return self._backlog > BACKLOG_PAUSE_BYTES
+
+    def _put(self, kind: str, args: tuple[Any, ...], size: int) -> None:
+        with self._backlog_lock:
+            self._backlog += size
+        self._tasks.put((kind, args, size))
 
     def join(self, timeout: float) -> None:
         self._thread.join(timeout)
@@ -155,9 +174,11 @@ class Translator:
             while True:
                 task = self._next_task(idle)
                 while task is not None:  # everything the client sent already, first
-                    if task[0] == "stop":
+                    kind, args, size = task
+                    self._taken(size)
+                    if kind == "stop":
                         return
-                    self._task(*task)
+                    self._task(kind, args)
                     try:
                         task = self._tasks.get_nowait()
                     except queue_module.Empty:
@@ -168,10 +189,23 @@ class Translator:
             self._close_connection(
                 AmqpError(frames.CONNECTION_FORCED, f"the node went away: {exc}")
             )
+        except Exception as exc:  # a bug: the client hears of it rather than waiting
+            log.exception("the AMQP connection's worker failed")
+            self._close_connection(
+                AmqpError(frames.INTERNAL_ERROR, f"INTERNAL_ERROR - {type(exc).__name__}")
+            )
         finally:
             self._finish()
 
-    def _next_task(self, idle: float) -> tuple[str, tuple[Any, ...]] | None:
+    def _taken(self, size: int) -> None:
+        with self._backlog_lock:
+            was = self._backlog
+            self._backlog -= size
+            drained = was > BACKLOG_PAUSE_BYTES // 2 >= self._backlog
+        if drained:
+            self._post(self.on_drained)
+
+    def _next_task(self, idle: float) -> tuple[str, tuple[Any, ...], int] | None:
         """The client's next task; None after a wait for the oldest confirm (at most
         ``CONFIRM_WAIT_S``), or, with consumers, ``idle`` seconds (their next poll)."""
         try:

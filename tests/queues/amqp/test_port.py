@@ -10,6 +10,10 @@ from __future__ import annotations
 import decimal
 import os
 import signal
+import socket
+import time
+
+import pamqp.commands as commands
 
 import pika
 import pika.exceptions
@@ -17,7 +21,7 @@ import psutil
 import pytest
 
 from warren.queues.amqp import frames
-from warren.supervisor import InvalidSpec, Node
+from warren.supervisor import AlarmLimits, InvalidSpec, Node
 
 from ...waiting import wait_for
 
@@ -319,3 +323,92 @@ def test_a_killed_port_comes_back_on_its_port_and_the_messages_are_there(node):
 def test_a_port_beyond_loopback_needs_insecure(tmp_path):
     with pytest.raises(InvalidSpec, match="loopback"):
         Node(tmp_path / "data", amqp="0.0.0.0:5672")
+
+
+@pytest.fixture
+def alarmed_node(tmp_path):
+    """A node with an AMQP port whose memory alarm is raised (a 1-byte limit)."""
+    tight = AlarmLimits(memory_limit_bytes=1, check_interval_s=0.1)
+    with Node(tmp_path / "data", amqp="127.0.0.1:0", alarm_limits=tight) as running:
+        wait_for(lambda: running.status()["alarms"] == ["memory"])
+        yield running
+
+
+def test_a_client_hears_when_the_node_blocks_publishers_and_when_it_lets_them_go(
+    alarmed_node,
+):
+    node = alarmed_node
+    heard: list[str] = []
+    connection = _connect(node)
+    connection.add_on_connection_blocked_callback(
+        lambda _, frame: heard.append(f"blocked: {frame.method.reason}")
+    )
+    connection.add_on_connection_unblocked_callback(lambda _, __: heard.append("unblocked"))
+
+    def heard_of(count: int) -> bool:
+        connection.process_data_events(time_limit=0.05)
+        return len(heard) >= count
+
+    channel = connection.channel()
+    channel.queue_declare("held")
+    assert not heard_of(1)  # a connection that does not publish is not blocked
+    channel.basic_publish("", "held", b"sent while blocked")
+    wait_for(lambda: heard_of(1))
+    node.alarms.limits = AlarmLimits(memory_limit_bytes=2**62, check_interval_s=0.1)
+    wait_for(lambda: heard_of(2))
+    assert heard == ["blocked: low on memory", "unblocked"]
+    wait_for(lambda: channel.basic_get("held", auto_ack=True)[2] == b"sent while blocked")
+    connection.close()
+
+
+def test_a_client_whose_publishes_wait_is_not_read_without_bound(alarmed_node):
+    """Under the alarm its worker waits on the node; the port stops reading the client's
+    socket once a few MiB wait, so the client's sends block instead of the port's memory
+    growing with everything it sends."""
+    host, port = alarmed_node.amqp_endpoint.rsplit(":", 1)
+    alarmed_node.declare_queue("held")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        _open_raw(sock)
+        body = b"x" * 2**20
+        publish = frames.method_frame(1, commands.Basic.Publish(routing_key="held"))
+        message = publish + b"".join(frames.content_frames(1, b"\x00\x00", body, 131072))
+        sock.settimeout(5)
+        sent = 0
+        with pytest.raises(TimeoutError):
+            while sent < 256 * 2**20:
+                sock.sendall(message)
+                sent += len(message)
+        assert sent < 64 * 2**20
+    assert psutil.Process(_port_pid()).memory_info().rss < 256 * 2**20
+
+
+def _open_raw(sock: socket.socket) -> None:
+    """The handshake and channel 1 opened, by hand."""
+    sock.sendall(frames.PROTOCOL_HEADER)
+    _expect(sock, commands.Connection.Start)
+    sock.sendall(
+        frames.method_frame(
+            0,
+            commands.Connection.StartOk(
+                client_properties={}, mechanism="PLAIN", response="\x00guest\x00guest"
+            ),
+        )
+    )
+    _expect(sock, commands.Connection.Tune)
+    sock.sendall(frames.method_frame(0, commands.Connection.TuneOk(2047, 131072, 0)))
+    sock.sendall(frames.method_frame(0, commands.Connection.Open()))
+    _expect(sock, commands.Connection.OpenOk)
+    sock.sendall(frames.method_frame(1, commands.Channel.Open()))
+    _expect(sock, commands.Channel.OpenOk)
+
+
+def _expect(sock: socket.socket, kind: type) -> None:
+    buffer = bytearray()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        buffer += sock.recv(65536)
+        read, _ = frames.split_frames(buffer, 1 << 20)
+        if read:
+            assert isinstance(frames.decode_method(read[0]), kind)
+            return
+    raise AssertionError(f"no {kind.__name__} within 10 s")
