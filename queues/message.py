@@ -158,7 +158,9 @@ def decode(data: bytes) -> Message:
         msgpack.StackError,
     ) as exc:
         raise CorruptMessage(f"not an encoded message: {exc}") from None
-    if type(fields) is not list or type(fields[-1]) is not bytes:
+    if type(fields) is not list or len(fields) not in (_FIELDS, _AMQP_FIELDS):
+        raise CorruptMessage("not an encoded message: wrong shape or version")
+    if type(fields[-1]) is not bytes:
         raise CorruptMessage("not an encoded message: wrong shape or version")
     amqp = None
     if len(fields) == _AMQP_FIELDS and fields[0] == AMQP_FORMAT_VERSION:

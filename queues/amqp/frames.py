@@ -52,7 +52,6 @@ SYNTAX_ERROR = 502
 COMMAND_INVALID = 503
 CHANNEL_ERROR = 504
 UNEXPECTED_FRAME = 505
-RESOURCE_ERROR = 506
 NOT_ALLOWED = 530
 NOT_IMPLEMENTED = 540
 INTERNAL_ERROR = 541
@@ -73,7 +72,6 @@ _TAG_BITS = struct.Struct(">QB")
 _CONTENT_HEAD = struct.Struct(">HHQ")
 _U16 = struct.Struct(">H")
 _U32 = struct.Struct(">I")
-_DELIVER = struct.Struct(">HH")
 _HEARTBEAT = _HEAD.pack(FRAME_HEARTBEAT, 0, 0) + bytes([FRAME_END])
 
 
@@ -233,6 +231,7 @@ PROPERTIES: tuple[tuple[str, str], ...] = (
     ("app_id", _SHORT),
     ("cluster_id", _SHORT),
 )
+_LAYOUTS = dict(PROPERTIES)
 _UNUSED_FLAGS = 0b11  # bit 1 is no property; bit 0 says another flag word follows
 
 
@@ -263,21 +262,29 @@ def property_spans(properties: bytes) -> Iterator[tuple[str, int, int]]:
 
 
 def read_property(properties: bytes, wanted: str) -> Any:
-    """One property's value (None when absent): an octet as an int, a shortstr as str,
-    a table as a dict, the timestamp as an aware datetime."""
+    """One property's value (None when absent); see ``read_properties``."""
+    return read_properties(properties, (wanted,))[wanted]
+
+
+def read_properties(properties: bytes, wanted: tuple[str, ...]) -> dict[str, Any]:
+    """The values of the properties ``wanted``, in one walk (None for one absent): an
+    octet as an int, a shortstr as str, a table as a dict, the timestamp as an aware
+    datetime."""
+    found: dict[str, Any] = dict.fromkeys(wanted)
     for name, start, end in property_spans(properties):
-        if name != wanted:
+        if name not in found:
             continue
-        layout = dict(PROPERTIES)[name]
+        layout = _LAYOUTS[name]
         if layout == _OCTET:
-            return properties[start]
-        if layout == _SHORT:
-            return _short_string(properties, start)[0]
-        if layout == _TIMESTAMP:
+            found[name] = properties[start]
+        elif layout == _SHORT:
+            found[name] = _short_string(properties, start)[0]
+        elif layout == _TIMESTAMP:
             seconds = int.from_bytes(properties[start:end], "big")
-            return datetime.datetime.fromtimestamp(seconds, datetime.UTC)
-        return decode_table(properties[start + 4 : end])
-    return None
+            found[name] = datetime.datetime.fromtimestamp(seconds, datetime.UTC)
+        else:
+            found[name] = decode_table(properties[start + 4 : end])
+    return found
 
 
 def decode_table(data: bytes) -> dict[str, Any]:
@@ -320,7 +327,7 @@ def deliver_frames(
     encoded shortstrs (``encode_short_string``)."""
     method = b"".join(
         (
-            _DELIVER.pack(*DELIVER),
+            _METHOD_ID.pack(*DELIVER),
             consumer_tag,
             _TAG_BITS.pack(delivery_tag, int(redelivered)),
             exchange,
@@ -345,7 +352,7 @@ def get_ok_frames(
     """``Basic.GetOk`` and its content (the exchange and key encoded shortstrs)."""
     method = b"".join(
         (
-            _DELIVER.pack(*GET_OK),
+            _METHOD_ID.pack(*GET_OK),
             _TAG_BITS.pack(delivery_tag, int(redelivered)),
             exchange,
             routing_key,

@@ -9,19 +9,32 @@ blocking on any one client (what a client does not take yet waits in its buffer,
 that client's socket is watched for room). The actor's own loop answers its supervisor
 and ``AmqpStats``.
 
+Flow: a client whose worker has not taken more than ``BACKLOG_PAUSE_BYTES`` of what it
+sent is not read until the worker catches up (its sends then wait, as RabbitMQ's credit
+flow makes them wait), and a client's consumers get nothing more while
+``OUTBOX_LIMIT_BYTES`` wait for it to read. A translator and its node connection are made
+when the client's connection opens: a socket that never logs in costs neither, and is
+closed after the handshake timeout.
+
 Races: a translator's answers and deliveries reach the gateway through ``post`` (a
 queue of callables and a wake-up pipe), so only the gateway thread touches a session
-and a socket. A client that goes (its socket closes, or the session finishes) has its
+and a socket. A client that goes (its socket closes, its session finishes and its last
+frames left or waited ``CLOSE_LINGER_S``, or it missed its heartbeats) has its
 translator stopped: it hands back what the client held unacked and closes its Warren
-connection; the queues requeue what it held if the whole process dies instead.
+connection; the queues requeue what it held if the whole process dies instead. A
+stopping port tells its clients (320 CONNECTION_FORCED) and waits for the workers.
 
 Bad input: what the session refuses closes that client with RabbitMQ's code; a client
-that sends a protocol header of another version is answered with ours and closed.
+that sends a protocol header of another version is answered with ours and closed. A bug
+met while serving one client closes that client (541); one in the gateway's own loop
+ends the process, which its supervisor restarts, rather than leave a port that accepts
+and never answers.
 """
 
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 import os
 import selectors
@@ -33,11 +46,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from warren.actors import ProcessActor, UnhandledMessage, message
+from warren.actors.exitcodes import EXIT_CRASHED
 
+from ..broker.listener import LOOPBACK_HOSTS, host_and_port, with_free_port
 from ..client.connection import Connection
 from ..client.ipc_node import RemoteNode
 from ..errors import NotFound
+from . import frames
 from . import session as session_module
+from .frames import AmqpError
 from .session import Session
 from .shared import ExclusiveQueues, TopologyChanges
 from .translator import Translator
@@ -45,9 +62,10 @@ from .translator import Translator
 log = logging.getLogger("warren.amqp")
 
 TICK_S = 1.0  # how often sessions are looked at for heartbeats
+CLOSE_LINGER_S = 5.0  # how long a closed client's last frames may wait to leave
+STOP_WORKERS_S = 5.0  # how long a stopping port waits for its workers, all together
 READ_BYTES = 256 * 1024
 PORT_DIRECTORY = "amqp"  # the port's own files, in the node's data directory
-LOOPBACK_HOSTS = ("127.0.0.1", "::1", "localhost")
 GUEST_PASSWORD = "guest"
 
 
@@ -57,31 +75,25 @@ class AmqpStats:
     """ask → {"endpoint", "connections", "connections_opened", "connections_closed"}."""
 
 
-def check_amqp_address(address: str, *, insecure: bool) -> tuple[str, int]:
-    """``host:port`` as (host, port); ValueError unless the host is loopback or
-    ``insecure`` says the network is the user's alone (port 0: any free one)."""
-    if not isinstance(address, str):
-        raise ValueError(f"the AMQP port is host:port, such as 127.0.0.1:5672; got {address!r}")
-    host, _, port = address.rpartition(":")
-    host = host.strip("[]")
-    if not host or not port.isdigit() or not 0 <= int(port) < 65536:
-        raise ValueError(f"the AMQP port is host:port, with a port in 0..65535; got {address!r}")
-    if host not in LOOPBACK_HOSTS and not insecure:
+def check_amqp_address(address: object) -> tuple[str, int]:
+    """``(host, port)`` of ``HOST:PORT`` (port 0: any free one); ValueError for anything
+    else, and for a host other than loopback: the port's one user, ``guest``, may log in
+    from loopback only (a users file and TLS are still to come)."""
+    host, port = host_and_port(
+        address, "the AMQP port", "such as 127.0.0.1:5672 (port 0: any free one)"
+    )
+    if host not in LOOPBACK_HOSTS:
         raise ValueError(
-            f"{address} is not a loopback address: anyone who reaches it could publish and "
-            "consume (TLS is not served yet); pass --insecure if the network is yours alone"
+            f"{address} is not a loopback address: the AMQP port serves loopback only for "
+            "now (its one user, guest, may log in from loopback only)"
         )
-    return host, int(port)
+    return host, port
 
 
 def free_port(host: str, port: int) -> int:
     """``port``, or one free now when it is 0: a restarted AMQP port binds the same one
     as the first, so that its clients reconnect to it."""
-    if port:
-        return port
-    with socket.socket(_family(host)) as probe:
-        probe.bind((host, 0))
-        return int(probe.getsockname()[1])
+    return port or int(with_free_port(f"tcp://{host}:*").rpartition(":")[2])
 
 
 def guest_only(user: str, password: str) -> bool:
@@ -93,8 +105,9 @@ def guest_only(user: str, password: str) -> bool:
 class _Client:
     sock: socket.socket
     session: Session
-    translator: Translator
     pending: bytearray  # what the client has not taken yet
+    translator: Translator | None = None  # once its connection is open
+    finished_at: float | None = None  # when its session finished
     paused: bool = False  # not read: its worker has not taken what it sent
     told_blocked: bool = False  # sent connection.blocked, not unblocked since
     # While an alarm is raised: how many publishes the client had made when it was
@@ -160,7 +173,7 @@ class _Gateway:
         self.data_dir = data_dir
         self.version = version
         self.stopping = threading.Event()
-        self.counters = {"connections_opened": 0, "connections_closed": 0}
+        self.counters = {"connections_opened": 0, "connections_closed": 0, "clients_failed": 0}
         self.clients: dict[socket.socket, _Client] = {}
         self._listener = socket.create_server((host, port), family=_family(host), backlog=128)
         self._listener.setblocking(False)
@@ -171,7 +184,13 @@ class _Gateway:
         os.set_blocking(self._wake_read, False)
         os.set_blocking(self._wake_write, False)
         self._selector.register(self._wake_read, selectors.EVENT_READ)
-        self._posted: collections.deque[Callable[[], None]] = collections.deque()
+        # What other threads hand the gateway: a callable, and the client it is for
+        # (dropped if that client is gone meanwhile), or None.
+        self._posted: collections.deque[tuple[_Client | None, Callable[[], None]]] = (
+            collections.deque()
+        )
+        self._accepting = True  # the listening socket is watched (not when out of fds)
+        self._stopped: list[Translator] = []  # workers told to stop, joined at close
         self._dirty: set[_Client] = set()
         self._unwatched: set[_Client] = set()
         self.alarms: set[str] = set()  # the node's resource alarms raised now
@@ -185,7 +204,16 @@ class _Gateway:
             pass  # a wake-up is pending already
 
     def run(self) -> None:
-        self._delete_left_exclusive_queues()
+        try:
+            self._delete_left_exclusive_queues()
+            self._serve()
+        except Exception:
+            # A bug here must not leave a port that accepts and never answers: the
+            # supervisor restarts the process.
+            log.exception("amqp: the gateway thread failed; exiting to be restarted")
+            os._exit(EXIT_CRASHED)
+
+    def _serve(self) -> None:
         next_tick = time.monotonic() + TICK_S
         while not self.stopping.is_set():
             timeout = max(0.0, next_tick - time.monotonic())
@@ -199,22 +227,58 @@ class _Gateway:
                     if events & selectors.EVENT_WRITE:
                         self._dirty.add(client)
                     if events & selectors.EVENT_READ:
-                        self._read(client)
+                        self._guarded(client, self._read)
             while self._posted:
-                self._posted.popleft()()
+                posted_for, callback = self._posted.popleft()
+                if posted_for is None:
+                    callback()
+                elif posted_for.sock in self.clients:
+                    self._guarded(posted_for, _run_posted(callback))
+                    self._dirty.add(posted_for)
             now = time.monotonic()
             if now >= next_tick:
                 next_tick = now + TICK_S
-                for client in list(self.clients.values()):
-                    client.session.tick(now)
-                    self._dirty.add(client)
+                self._tick(now)
             for client in list(self._dirty):
-                self._flush(client, now)
+                self._guarded(client, functools.partial(self._flush, now=now))
             self._dirty.clear()
 
-    def close(self) -> None:
+    def _tick(self, now: float) -> None:
+        if not self._accepting:
+            self._accepting = True
+            self._selector.register(self._listener, selectors.EVENT_READ)
         for client in list(self.clients.values()):
+            client.session.tick(now)
+            self._dirty.add(client)
+
+    def _guarded(self, client: _Client, step: Callable[[_Client], None]) -> None:
+        """Run one client's step; a bug in it closes that client alone (541)."""
+        try:
+            step(client)
+        except Exception as exc:
+            log.exception("amqp: serving a client failed; it is closed")
+            self.counters["clients_failed"] += 1
+            client.session.close_connection(
+                AmqpError(frames.INTERNAL_ERROR, f"INTERNAL_ERROR - {type(exc).__name__}")
+            )
+            try:
+                self._flush(client, now=time.monotonic())
+            except Exception:
+                self._drop(client)
+
+    def close(self) -> None:
+        """Tell every client the node shuts down (320), stop their workers, close."""
+        shutdown = AmqpError(frames.CONNECTION_FORCED, "CONNECTION_FORCED - shutdown")
+        for client in list(self.clients.values()):
+            client.session.close_connection(shutdown)
+            try:
+                client.sock.send(client.pending + client.session.take_output())
+            except OSError:
+                pass  # it hears of it from the socket's close
             self._drop(client)
+        deadline = time.monotonic() + STOP_WORKERS_S
+        for translator in self._stopped:
+            translator.join(max(0.0, deadline - time.monotonic()))
         self._selector.close()
         self._listener.close()
         os.close(self._wake_read)
@@ -250,35 +314,39 @@ class _Gateway:
             sock, address = self._listener.accept()
         except (BlockingIOError, InterruptedError):
             return
+        except OSError as exc:  # out of descriptors: look again at the next tick
+            log.warning("amqp: cannot accept a connection: %s", exc)
+            self._selector.unregister(self._listener)
+            self._accepting = False
+            return
         sock.setblocking(False)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        client: _Client | None = None
-
-        def post(callback: Callable[[], None]) -> None:
-            def run() -> None:
-                callback()
-                if client is not None and client.sock in self.clients:
-                    self._dirty.add(client)
-
-            self._posted.append(run)
-            self.wake()
-
-        translator = Translator(self._connect, post, self._topology, self._exclusive)
-        session = Session(
-            address[0], guest_only, translator, version=self.version, now=time.monotonic()
-        )
-        translator.session = session  # before anything it is handed can need it
-        client = _Client(sock, session, translator, bytearray())
+        session = Session(address[0], guest_only, version=self.version, now=time.monotonic())
+        client = _Client(sock, session, bytearray())
+        session.on_open = lambda: self._serve_channels(client)
         if self.alarms:
             client.blocking_from = 0
+        self.clients[sock] = client
+        self.counters["connections_opened"] += 1
+        self._selector.register(sock, selectors.EVENT_READ, client)
+
+    def _serve_channels(self, client: _Client) -> Translator:
+        """The worker of a client whose connection just opened (none before: a socket
+        that never logs in costs no thread and no connection to the node)."""
+
+        def post(callback: Callable[[], None]) -> None:
+            self._posted.append((client, callback))
+            self.wake()
 
         def drained() -> None:
             client.paused = False
 
+        translator = Translator(self._connect, post, self._topology, self._exclusive)
+        translator.session = client.session
         translator.on_drained = drained
-        self.clients[sock] = client
-        self.counters["connections_opened"] += 1
-        self._selector.register(sock, selectors.EVENT_READ, client)
+        translator.outbox = lambda: len(client.pending)
+        client.translator = translator
+        return translator
 
     def _connect(self) -> Connection:
         return Connection(RemoteNode(self.data_dir), linger_s=0, recover=False)
@@ -294,7 +362,7 @@ class _Gateway:
             self._drop(client)
             return
         client.session.receive(data, time.monotonic())
-        client.paused = client.translator.backlogged
+        client.paused = client.translator is not None and client.translator.backlogged
         self._dirty.add(client)
 
     def alarm(self, resource: str, raised: bool) -> None:
@@ -312,10 +380,10 @@ class _Gateway:
                     client.blocking_from = client.session.publishes if self.alarms else None
             self._dirty.update(self.clients.values())
 
-        self._posted.append(change)
+        self._posted.append((None, change))
         self.wake()
 
-    def _flush(self, client: _Client, now: float) -> None:
+    def _flush(self, client: _Client, *, now: float) -> None:
         if client.sock not in self.clients:
             return
         blocked = (
@@ -336,9 +404,17 @@ class _Gateway:
                 self._drop(client)
                 return
             del client.pending[:sent]
-        if client.session.finished and not client.pending:
-            self._drop(client)
-            return
+        if client.session.finished:
+            if client.finished_at is None:
+                client.finished_at = now
+            # a closed client's last frames get a moment to leave; a vanished one none
+            if (
+                not client.pending
+                or client.session.peer_gone
+                or now - client.finished_at > CLOSE_LINGER_S
+            ):
+                self._drop(client)
+                return
         events = (0 if client.paused else selectors.EVENT_READ) | (
             selectors.EVENT_WRITE if client.pending else 0
         )
@@ -367,7 +443,14 @@ class _Gateway:
         else:
             self._selector.unregister(client.sock)
         client.sock.close()
-        client.translator.stop()
+        if client.translator is not None:
+            client.translator.stop()
+            self._stopped.append(client.translator)
+
+
+def _run_posted(callback: Callable[[], None]) -> Callable[[_Client], None]:
+    """A callback posted for a client, as a step of that client's (``_guarded``)."""
+    return lambda _client: callback()
 
 
 def _family(host: str) -> socket.AddressFamily:

@@ -13,16 +13,22 @@ Its owner feeds it what the socket read (``receive``), sends what it says
   answers a vhost it does not have);
 - ``guest``: let in from loopback only, as RabbitMQ's ``loopback_users``;
 - channels: ``Channel.Open`` of a number from 1 to channel_max not in use, its
-  ``Close``/``CloseOk`` both ways, and ``Channel.Flow``;
+  ``Close``/``CloseOk`` both ways, and ``Channel.Flow`` (``active=false`` refused with
+  540, as RabbitMQ refuses it);
 - errors, as RabbitMQ sends them: a channel error closes that channel (``Channel.Close``
   with the code, text and the method that caused it; what the client sends on it before
   its ``CloseOk`` is dropped), a connection error the connection (``Connection.Close``;
   everything but ``Close``/``CloseOk`` is dropped until the client's ``CloseOk``);
-- heartbeats: one is sent when nothing else was for half the interval, and a client
-  heard from for two intervals is dropped (no close handshake: the peer is gone).
+- heartbeats: one is sent when nothing else was for half the interval, and a client not
+  heard from for two intervals is dropped (no close handshake: the peer is gone);
+- what a client may send before it is trusted: frames of at most 4 KiB until the
+  connection is tuned, and ``HANDSHAKE_TIMEOUT_S`` from its connect to ``Open``; a
+  publish whose header announces a body over ``MAX_MESSAGE_BYTES`` closes its channel
+  (406) before any of the body is kept.
 
-Other methods go to the ``ChannelHandler`` the owner gives, with a publish's content
-gathered first; a session without one closes the connection with 540 NOT_IMPLEMENTED.
+Other methods go to the ``ChannelHandler`` the owner gives (or ``on_open`` makes when
+the connection opens), with a publish's content gathered first; a session without one
+closes the connection with 540 NOT_IMPLEMENTED.
 
 Races: none inside (one thread drives it). A client that stops reading is the owner's
 business (its socket's send buffer fills); a client that sends frames of the wrong kind
@@ -43,6 +49,7 @@ import pamqp.base
 import pamqp.commands as commands
 from pamqp.common import FieldTable
 
+from ..message import MAX_MESSAGE_BYTES
 from . import frames
 from .frames import AmqpError, Frame
 
@@ -50,6 +57,7 @@ from .frames import AmqpError, Frame
 CHANNEL_MAX = 2047
 FRAME_MAX = 131072
 HEARTBEAT_S = 60
+HANDSHAKE_TIMEOUT_S = 10.0  # from the connect to Connection.Open, as RabbitMQ's
 MECHANISMS = ("PLAIN", "AMQPLAIN")
 VIRTUAL_HOST = "/"
 GUEST = "guest"
@@ -99,10 +107,19 @@ class _Content:
 
 
 def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an address) is loopback, an IPv4 one mapped into IPv6 too."""
     try:
-        return ipaddress.ip_address(host).is_loopback
+        address = ipaddress.ip_address(host)
     except ValueError:
         return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped.is_loopback
+    return address.is_loopback
+
+
+def reply_text(text: str) -> str:
+    """``text`` cut to a short string's 255 bytes, on a character's boundary."""
+    return text.encode()[:255].decode(errors="ignore")
 
 
 class Session:
@@ -135,7 +152,13 @@ class Session:
         # channel names the count it knew, and is dropped once the channel closed since.
         self.closes: collections.Counter[int] = collections.Counter()
         self._authenticate = authenticate
-        self._handler = handler
+        # Set by the owner once the connection is open, if not given here: nothing
+        # reaches it before (a client's channels open only after the connection).
+        self.handler = handler
+        # Called when the connection opens, for the handler if none was given.
+        self.on_open: Callable[[], ChannelHandler] | None = None
+        self.peer_gone = False  # silent past its heartbeats: nothing more goes to it
+        self._opened_at = now
         self._closing_channels: set[int] = set()  # sent Channel.Close, awaiting CloseOk
         self._contents: dict[int, _Content] = {}
         self._input = bytearray()
@@ -178,11 +201,13 @@ class Session:
         )
         self._output.append(frames.method_frame(0, method))
 
-    def send_on(self, channel: int, closes: int, data: bytes) -> None:
+    def send_on(self, channel: int, closes: int, data: bytes) -> bool:
         """Send ``data`` on ``channel`` unless it closed since the sender last knew it
-        open (``closes``: ``self.closes[channel]`` then)."""
+        open (``closes``: ``self.closes[channel]`` then); whether it was sent."""
         if channel in self.channels and self.closes[channel] == closes:
             self._output.append(data)
+            return True
+        return False
 
     def close_channel_if(self, channel: int, closes: int, error: AmqpError) -> None:
         """``close_channel`` unless it closed since the sender knew it (``send_on``)."""
@@ -199,7 +224,9 @@ class Session:
             if self.state == AWAIT_HEADER:
                 if not self._read_header():
                     return
-            frames_read, used = frames.split_frames(self._input, self.frame_max)
+            # Until tuned, a frame is at most the spec's minimum, as RabbitMQ holds it.
+            limit = self.frame_max if self.state >= AWAIT_OPEN else frames.FRAME_MIN_SIZE
+            frames_read, used = frames.split_frames(self._input, limit)
             del self._input[:used]
             for frame in frames_read:
                 if self.state == FINISHED:
@@ -207,19 +234,31 @@ class Session:
                 self._frame(frame)
         except AmqpError as error:
             self.close_connection(error)
+        except RecursionError:  # a field table nested thousands deep
+            self.close_connection(AmqpError(frames.SYNTAX_ERROR, "a field table nests too deep"))
 
     def tick(self, now: float) -> None:
-        """Send a heartbeat when due; drop a client silent for two intervals."""
+        """Send a heartbeat when due; drop a client not heard from for two intervals,
+        and one that has not opened the connection ``HANDSHAKE_TIMEOUT_S`` after it
+        connected (RabbitMQ's ``handshake_timeout``)."""
+        if self.state < OPEN and now - self._opened_at > HANDSHAKE_TIMEOUT_S:
+            self._gone()
+            return
         if self.heartbeat_s == 0 or self.state in (AWAIT_HEADER, FINISHED):
             return
         if now - self._heard_at > 2 * self.heartbeat_s:
-            self.state = FINISHED  # the peer is gone: no close handshake
-            self._output.clear()
-            self._closed_all_channels()
+            self._gone()
             return
         if now - self._sent_at >= self.heartbeat_s / 2:
             self._output.append(frames.heartbeat_frame())
             self._sent_at = now
+
+    def _gone(self) -> None:
+        """The peer is gone, or never came: no close handshake, nothing more sent."""
+        self.state = FINISHED
+        self.peer_gone = True
+        self._output.clear()
+        self._closed_all_channels()
 
     def close_connection(self, error: AmqpError) -> None:
         """Close the connection with ``error``'s code (the server's side of the close)."""
@@ -229,7 +268,7 @@ class Session:
             self.state = FINISHED  # nothing tuned yet: the socket just closes
             return
         close = commands.Connection.Close(
-            error.code, error.text[:255], error.class_id, error.method_id
+            error.code, reply_text(error.text), error.class_id, error.method_id
         )
         self._output.append(frames.method_frame(0, close))
         self.state = CLOSING
@@ -240,7 +279,7 @@ class Session:
         if channel not in self.channels:
             return
         close = commands.Channel.Close(
-            error.code, error.text[:255], error.class_id, error.method_id
+            error.code, reply_text(error.text), error.class_id, error.method_id
         )
         self._output.append(frames.method_frame(channel, close))
         self._forget_channel(channel)
@@ -300,7 +339,7 @@ class Session:
         if isinstance(capabilities, dict) and capabilities.get("authentication_failure_close"):
             close = commands.Connection.Close(
                 frames.ACCESS_REFUSED,
-                f"ACCESS_REFUSED - {refused}",
+                reply_text(f"ACCESS_REFUSED - {refused}"),
                 *frames.ids_of(commands.Connection.StartOk),
             )
             self._output.append(frames.method_frame(0, close))
@@ -340,6 +379,8 @@ class Session:
                 f"{VIRTUAL_HOST})",
                 *frames.ids_of(commands.Connection.Open),
             )
+        if self.handler is None and self.on_open is not None:
+            self.handler = self.on_open()
         self._output.append(frames.method_frame(0, commands.Connection.OpenOk()))
         self.state = OPEN
 
@@ -427,10 +468,10 @@ class Session:
             return
         if channel not in self.channels:
             raise AmqpError(frames.CHANNEL_ERROR, f"channel {channel} is not open", *ids)
-        if self._handler is None:
+        if self.handler is None:
             raise AmqpError(frames.NOT_IMPLEMENTED, "NOT_IMPLEMENTED - not served yet", *ids)
         try:
-            self._handler.method(channel, frame)
+            self.handler.method(channel, frame)
         except AmqpError as error:
             if error.code >= 500:
                 raise
@@ -457,9 +498,9 @@ class Session:
             self._forget_channel(channel)
             self._output.append(frames.method_frame(channel, commands.Channel.CloseOk()))
         elif isinstance(method, commands.Channel.Flow):
-            self._output.append(
-                frames.method_frame(channel, commands.Channel.FlowOk(method.active))
-            )
+            if not method.active:  # as RabbitMQ: consumers are paused with basic.qos
+                raise AmqpError(frames.NOT_IMPLEMENTED, "NOT_IMPLEMENTED - active=false", *ids)
+            self._output.append(frames.method_frame(channel, commands.Channel.FlowOk(True)))
         else:
             raise AmqpError(frames.COMMAND_INVALID, f"{method.name} is not expected now", *ids)
 
@@ -473,6 +514,18 @@ class Session:
             if content.header is not None:
                 raise AmqpError(frames.UNEXPECTED_FRAME, "a second content header for a publish")
             content.header = frames.decode_content_header(frame.payload)
+            if content.header.body_size > MAX_MESSAGE_BYTES:
+                del self._contents[frame.channel]  # its body frames are dropped
+                self.close_channel(
+                    frame.channel,
+                    AmqpError(
+                        frames.PRECONDITION_FAILED,
+                        f"PRECONDITION_FAILED - message size {content.header.body_size} is "
+                        f"larger than configured max size {MAX_MESSAGE_BYTES}",
+                        *frames.PUBLISH,
+                    ),
+                )
+                return
         elif frame.kind == frames.FRAME_BODY and content.header is not None:
             content.body.append(frame.payload)
             content.received += len(frame.payload)
@@ -487,12 +540,12 @@ class Session:
             )
         if content.header.body_size == content.received:
             del self._contents[frame.channel]
-            if self._handler is None:
+            if self.handler is None:
                 raise AmqpError(
                     frames.NOT_IMPLEMENTED, "NOT_IMPLEMENTED - not served yet", *frames.PUBLISH
                 )
             try:
-                self._handler.content(
+                self.handler.content(
                     frame.channel, content.publish, content.header, b"".join(content.body)
                 )
             except AmqpError as error:
@@ -505,8 +558,8 @@ class Session:
             self.closes[channel] += 1
         self.channels.discard(channel)
         self._contents.pop(channel, None)
-        if self._handler is not None:
-            self._handler.channel_closed(channel)
+        if self.handler is not None:
+            self.handler.channel_closed(channel)
 
     def _closed_all_channels(self) -> None:
         for channel in sorted(self.channels):

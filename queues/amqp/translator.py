@@ -19,13 +19,25 @@ Messages: a publish becomes a Warren ``Message`` whose ``amqp`` keeps the exchan
 routing key and properties as the client sent them; ``delivery_mode`` 2 makes it
 persistent and ``expiration`` its TTL, the only properties read. A delivery of such a
 message carries them back unchanged; one published by a Warren client gets properties
-made from its own (content type, message id, headers, delivery mode, expiration, its
-timestamp in seconds), its routing key the queue's name.
+made from its own (content type, message id, headers, delivery mode, expiration), its
+routing key the queue's name.
+
+Prefetch: each consumer is a Warren ``Consumer`` of its channel's prefetch, and Warren
+counts what one connection holds of a queue: two consumers of one queue on one AMQP
+connection share their prefetch (they get fewer messages than RabbitMQ would give them,
+never more). A consumer without acks takes ``NO_ACK_PREFETCH`` ahead, and each of its
+deliveries is settled once the gateway took it for the client's socket.
+
+Refusals: a publish its queue does not take (it restarts) is nacked, never confirmed; a
+publish routed nowhere is confirmed (and returned when mandatory). After a channel
+error, what the client sent on that channel before it heard of it is dropped; after a
+connection error, everything.
 
 Races: the worker posts a delivery for a channel by its number and the number of times
 that number was closed (``Session.closes``): the gateway drops one meant for a channel
 closed since, and the worker, told of the close after, requeues what it had delivered
-there. Every answer of a method is posted in the order the methods came.
+there (one without acks too: it is settled only once the gateway took it). Every answer
+of a method is posted in the order the methods came.
 """
 
 from __future__ import annotations
@@ -36,6 +48,7 @@ import itertools
 import logging
 import queue as queue_module
 import secrets
+import struct
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -54,7 +67,9 @@ from ..errors import (
     NodeNotRunning,
     NotFound,
     PreconditionFailed,
+    QueueClosed,
     QueueError,
+    QueueRestarting,
     Unroutable,
 )
 from ..message import Message
@@ -68,9 +83,15 @@ log = logging.getLogger("warren.amqp")
 # How long the worker waits for the oldest confirm before it looks at the client again.
 CONFIRM_WAIT_S = 0.005
 UNLIMITED_PREFETCH = 1000
+# What a consumer without acks takes from its queue ahead of its client: each is settled
+# once the gateway took it, so this bounds what the port holds for a slow client.
+NO_ACK_PREFETCH = 100
 # What a client may have sent that its worker has not taken yet before the port stops
 # reading its socket (the worker waits on the node: a publish under an alarm, a declare).
-BACKLOG_PAUSE_BYTES = 8 * 2**20  # what a consumer without a prefetch (0) takes at most
+BACKLOG_PAUSE_BYTES = 8 * 2**20
+# What the port holds for a client that has not read it yet before its consumers are
+# given no more (a consumer without acks, or with a large prefetch, and a slow client).
+OUTBOX_LIMIT_BYTES = 4 * 2**20  # what a consumer without a prefetch (0) takes at most
 # Queue arguments Warren takes, and the definition field each fills.
 QUEUE_ARGUMENTS = {
     "x-message-ttl": "message_ttl_ms",
@@ -95,7 +116,9 @@ class _Channel:
     prefetch: int = 0
     confirming: bool = False
     published: int = 0  # the sequence number of the last publish, in confirm mode
-    confirms: collections.deque[tuple[int, Confirm | None]] = dataclasses.field(
+    # A publish's sequence number and its Confirm; None: confirmed at once (routed
+    # nowhere); a QueueError: refused (nacked)
+    confirms: collections.deque[tuple[int, Confirm | QueueError | None]] = dataclasses.field(
         default_factory=collections.deque
     )
 
@@ -127,6 +150,14 @@ class Translator:
         self._backlog_lock = threading.Lock()
         self.on_drained: Callable[[], None] = lambda: None
         self._channels: dict[int, _Channel] = {}
+        self._failed: set[int] = set()  # channels closed by an error, until the client's CloseOk
+        self._closing = False  # the connection is being closed by an error
+        # Bytes posted for the client and not yet handed to the gateway's buffer: with
+        # what waits in that buffer (``outbox``, set by the gateway), deliveries stop
+        # past ``OUTBOX_LIMIT_BYTES`` until the client reads.
+        self._posted_bytes = 0
+        self._posted_lock = threading.Lock()
+        self.outbox: Callable[[], int] = lambda: 0
         self._closes: collections.Counter[int] = collections.Counter()
         self._connection: Connection | None = None
         self._thread = threading.Thread(target=self._run, name="warren-amqp-worker", daemon=True)
@@ -214,8 +245,8 @@ class Translator:
             pass
         confirming = [c.confirms[0][1] for c in self._channels.values() if c.confirms]
         if confirming:
-            oldest = confirming[0]  # None: an unroutable publish, confirmed at once
-            if oldest is not None:
+            oldest = confirming[0]
+            if isinstance(oldest, Confirm):
                 try:
                     oldest.result(CONFIRM_WAIT_S)
                 except (TimeoutError, QueueError):
@@ -248,8 +279,14 @@ class Translator:
         if kind == "channel_closed":
             self._forget(args[0])
             self._closes[args[0]] += 1
+            self._failed.discard(args[0])
+            return
+        if kind == "sent":
+            self._sent_without_ack(*args)
             return
         channel_number = args[0]
+        if self._closing or channel_number in self._failed:
+            return  # what the client sent after an error, before it heard of it: dropped
         channel = self._channels.get(channel_number)
         if channel is None:
             channel = self._channels[channel_number] = _Channel()
@@ -265,21 +302,45 @@ class Translator:
         except (ConnectionClosed, NodeNotRunning):
             raise
         except QueueError as exc:
-            self._fail(channel_number, _amqp_error(exc))
+            ids = frames.PUBLISH if kind == "content" else frames.method_id(args[1].payload)
+            self._fail(channel_number, _amqp_error(exc, ids))
 
     def _fail(self, channel: int, error: AmqpError) -> None:
         if error.code >= 500:
             self._close_connection(error)
         else:
+            self._failed.add(channel)
             closes = self._closes[channel]
             self._post(lambda: self._require_session().close_channel_if(channel, closes, error))
 
     def _close_connection(self, error: AmqpError) -> None:
+        self._closing = True
         self._post(lambda: self._require_session().close_connection(error))
 
-    def _send(self, channel: int, data: bytes) -> None:
+    def _send(self, channel: int, data: bytes, sent: list[int] | None = None) -> None:
+        """Post ``data`` for ``channel``; ``sent``: no-ack deliveries it carries, acked
+        once the gateway took the data (requeued if the channel closed first)."""
         closes = self._closes[channel]
-        self._post(lambda: self._require_session().send_on(channel, closes, data))
+        with self._posted_lock:
+            self._posted_bytes += len(data)
+
+        def send() -> None:
+            with self._posted_lock:
+                self._posted_bytes -= len(data)
+            if self._require_session().send_on(channel, closes, data) and sent:
+                self._put("sent", (channel, sent), 0)
+
+        self._post(send)
+
+    def _sent_without_ack(self, number: int, tags: list[int]) -> None:
+        """No-ack deliveries (by tag) that reached the client's buffer: settled now."""
+        channel = self._channels.get(number)
+        if channel is None:
+            return  # closed since: requeued with the rest of its unacked
+        for tag in tags:
+            delivery = channel.unacked.pop(tag, None)
+            if delivery is not None:
+                delivery.ack()
 
     def _answer(self, channel: int, method: pamqp.base.Frame, nowait: bool = False) -> None:
         if not nowait:
@@ -291,9 +352,15 @@ class Translator:
         if channel is None:
             return
         for consumer, _ in channel.consumers.values():
-            consumer.cancel()
+            try:
+                consumer.cancel()
+            except QueueError:
+                pass  # its queue is gone, or the node: nothing of it to hand back
         for delivery in channel.unacked.values():
-            delivery.nack(requeue=True)
+            try:
+                delivery.nack(requeue=True)
+            except QueueError:
+                pass  # the queue requeues it when this connection closes
 
     # ------------------------------------------------------------ methods
 
@@ -344,6 +411,10 @@ class Translator:
             self._topology.changed()
             self._answer(number, commands.Exchange.DeleteOk(), method.nowait)
         elif isinstance(method, commands.Basic.Qos):
+            if method.prefetch_size:  # as RabbitMQ, which has no byte prefetch either
+                raise AmqpError(
+                    frames.NOT_IMPLEMENTED, "NOT_IMPLEMENTED - prefetch_size != 0", *ids
+                )
             channel.prefetch = method.prefetch_count
             self._answer(number, commands.Basic.QosOk())
         elif isinstance(method, commands.Basic.Consume):
@@ -463,6 +534,12 @@ class Translator:
     def _consume(self, number: int, channel: _Channel, method: commands.Basic.Consume) -> None:
         connection = self._connection
         assert connection is not None
+        if method.exclusive:
+            raise AmqpError(
+                frames.NOT_IMPLEMENTED,
+                "NOT_IMPLEMENTED - exclusive consumers",
+                *frames.ids_of(method),
+            )
         tag = method.consumer_tag or f"amq.ctag-{secrets.token_urlsafe(16)}"
         if tag in channel.consumers:
             raise AmqpError(
@@ -470,7 +547,8 @@ class Translator:
                 f"NOT_ALLOWED - attempt to reuse consumer tag '{tag}'",
                 *frames.ids_of(method),
             )
-        consumer = connection.consume(method.queue, prefetch=channel.prefetch or UNLIMITED_PREFETCH)
+        prefetch = NO_ACK_PREFETCH if method.no_ack else channel.prefetch or UNLIMITED_PREFETCH
+        consumer = connection.consume(method.queue, prefetch=prefetch)
         if not isinstance(consumer, Consumer):
             consumer.cancel()
             raise AmqpError(
@@ -520,7 +598,7 @@ class Translator:
             tags = [tag]
         else:
             tags = []
-        if not tags:
+        if not tags and not (multiple and tag == 0):  # "all of none" is no error
             raise AmqpError(
                 frames.PRECONDITION_FAILED,
                 f"PRECONDITION_FAILED - unknown delivery tag {tag}",
@@ -528,10 +606,13 @@ class Translator:
             )
         for settled in tags:
             delivery = channel.unacked.pop(settled)
-            if ids == frames.ACK:
-                delivery.ack()
-            else:
-                delivery.nack(requeue=requeue)
+            try:
+                if ids == frames.ACK:
+                    delivery.ack()
+                else:
+                    delivery.nack(requeue=requeue)
+            except (NotFound, QueueClosed):
+                pass  # its queue was deleted: nothing left to settle
 
     # ------------------------------------------------------------ publishing
 
@@ -545,12 +626,11 @@ class Translator:
             raise AmqpError(
                 frames.NOT_IMPLEMENTED, "NOT_IMPLEMENTED - immediate=true", *frames.PUBLISH
             )
-        delivery_mode = frames.read_property(header.properties, "delivery_mode")
-        expiration = frames.read_property(header.properties, "expiration")
+        read = frames.read_properties(header.properties, ("delivery_mode", "expiration"))
         message = Message(
             body,
-            expiration_ms=_expiration_ms(expiration),
-            persistent=delivery_mode == 2,
+            expiration_ms=_expiration_ms(read["expiration"]),
+            persistent=read["delivery_mode"] == 2,
             amqp=frames.encode_short_string(sent.exchange)
             + frames.encode_short_string(sent.routing_key)
             + header.properties,
@@ -560,13 +640,19 @@ class Translator:
             connection.forget_routes()
         if channel.confirming:
             channel.published += 1
-        confirm: Confirm | None = None
+        confirm: Confirm | QueueError | None = None
         try:
             confirm = connection.publish_message(
                 sent.routing_key, message, exchange=sent.exchange, mandatory=True
             )
+        except QueueRestarting as exc:  # first: it is a NotFound, but the queue exists
+            confirm = exc  # not taken: nacked, and the client publishes it again
         except (Unroutable, NotFound) as exc:
-            if isinstance(exc, NotFound) and sent.exchange != "":
+            if (
+                isinstance(exc, NotFound)
+                and sent.exchange != ""
+                and sent.exchange not in {e["name"] for e in connection.list_exchanges()}
+            ):
                 raise AmqpError(
                     frames.NOT_FOUND, f"NOT_FOUND - no exchange '{sent.exchange}'", *frames.PUBLISH
                 ) from None
@@ -596,10 +682,12 @@ class Translator:
             acked_up_to = 0
             while channel.confirms:
                 sequence, confirm = channel.confirms[0]
-                if confirm is not None and not confirm.done():
+                if isinstance(confirm, Confirm) and not confirm.done():
                     break
                 channel.confirms.popleft()
                 try:
+                    if isinstance(confirm, QueueError):
+                        raise confirm
                     if confirm is not None:
                         confirm.result(0)
                 except QueueError:
@@ -617,36 +705,49 @@ class Translator:
     # ------------------------------------------------------------ consuming
 
     def _deliver(self) -> bool:
-        """Hand each consumer what its queue has for it now; True when any came."""
+        """Hand each consumer what its queue has for it now, while the client takes what
+        it was sent (``OUTBOX_LIMIT_BYTES``); True when any came. A consumer whose queue
+        is gone is cancelled, and its client told (``Basic.Cancel``)."""
         delivered = False
-        for number, channel in self._channels.items():
+        for number, channel in list(self._channels.items()):
             for tag, (consumer, no_ack) in list(channel.consumers.items()):
-                while True:
-                    delivery = consumer.get(0)
+                while self._outbox_bytes() < OUTBOX_LIMIT_BYTES:
+                    try:
+                        delivery = consumer.get(0)
+                    except (NotFound, QueueClosed):  # deleted, or being deleted
+                        del channel.consumers[tag]
+                        self._cancelled(number, tag)
+                        break
                     if delivery is None:
                         break
                     delivered = True
                     delivery_tag = next(channel.next_tag)
                     exchange, routing_key, properties = _publish_of(delivery)
-                    self._send(
+                    channel.unacked[delivery_tag] = delivery
+                    data = frames.deliver_frames(
                         number,
-                        frames.deliver_frames(
-                            number,
-                            frames.encode_short_string(tag),
-                            delivery_tag,
-                            delivery.redelivered,
-                            exchange,
-                            routing_key,
-                            properties,
-                            delivery.body,
-                            self._frame_max(),
-                        ),
+                        frames.encode_short_string(tag),
+                        delivery_tag,
+                        delivery.redelivered,
+                        exchange,
+                        routing_key,
+                        properties,
+                        delivery.body,
+                        self._frame_max(),
                     )
-                    if no_ack:
-                        delivery.ack()
-                    else:
-                        channel.unacked[delivery_tag] = delivery
+                    self._send(number, data, [delivery_tag] if no_ack else None)
         return delivered
+
+    def _cancelled(self, number: int, tag: str) -> None:
+        """Tell a client that asked for it (``consumer_cancel_notify``) that the server
+        cancelled its consumer ``tag``, as RabbitMQ does when the queue is deleted."""
+        capabilities = self._require_session().client_properties.get("capabilities")
+        if isinstance(capabilities, dict) and capabilities.get("consumer_cancel_notify"):
+            self._send(number, frames.method_frame(number, commands.Basic.Cancel(tag)))
+
+    def _outbox_bytes(self) -> int:
+        with self._posted_lock:
+            return self._posted_bytes + self.outbox()
 
     def _frame_max(self) -> int:
         return self._require_session().frame_max
@@ -658,31 +759,36 @@ class Translator:
 
 def _publish_of(delivery: Delivery) -> tuple[bytes, bytes, bytes]:
     """The exchange and routing key (encoded shortstrs) and properties to deliver a
-    message with: as its AMQP publisher sent them, or made from a Warren client's."""
+    message with: as its AMQP publisher sent them, or made from a Warren client's (what
+    of those AMQP cannot carry, a message id over 255 bytes or a header it has no type
+    for, is left out, and logged)."""
     message = delivery.message
     if message.amqp is not None:
-        exchange_end = 1 + message.amqp[0]
-        key_end = exchange_end + 1 + message.amqp[exchange_end]
-        return (
-            message.amqp[:exchange_end],
-            message.amqp[exchange_end:key_end],
-            message.amqp[key_end:],
-        )
-    properties = commands.Basic.Properties(
-        content_type=message.content_type,
-        headers=message.headers,
-        delivery_mode=2 if message.persistent else 1,
-        expiration=None if message.expiration_ms is None else str(message.expiration_ms),
-        message_id=message.message_id,
-        timestamp=None,
-    )
-    return b"\x00", frames.encode_short_string(delivery.queue), properties.marshal()
+        publish = message.amqp
+        exchange_end = 1 + publish[0] if publish else 0
+        key_end = exchange_end + 1 + publish[exchange_end] if exchange_end < len(publish) else 0
+        if exchange_end and key_end and key_end + 2 <= len(publish):
+            return publish[:exchange_end], publish[exchange_end:key_end], publish[key_end:]
+        log.warning("a message's AMQP publish does not read: delivered with its own properties")
+    delivery_mode = 2 if message.persistent else 1
+    try:
+        properties = commands.Basic.Properties(
+            content_type=message.content_type,
+            headers=message.headers,
+            delivery_mode=delivery_mode,
+            expiration=None if message.expiration_ms is None else str(message.expiration_ms),
+            message_id=message.message_id,
+        ).marshal()
+    except (TypeError, ValueError, struct.error) as exc:
+        log.warning("a message's properties do not fit AMQP (%s): delivered without them", exc)
+        properties = commands.Basic.Properties(delivery_mode=delivery_mode).marshal()
+    return b"\x00", frames.encode_short_string(delivery.queue), properties
 
 
 def _expiration_ms(expiration: str | None) -> int | None:
     if expiration is None:
         return None
-    if not expiration.isdigit():
+    if not (expiration.isascii() and expiration.isdigit()):
         raise AmqpError(
             frames.PRECONDITION_FAILED,
             f"PRECONDITION_FAILED - invalid expiration '{expiration}': not a non-negative "
@@ -716,12 +822,13 @@ def _queue_arguments(arguments: dict[str, Any], ids: tuple[int, int]) -> dict[st
     return fields
 
 
-def _amqp_error(exc: QueueError) -> AmqpError:
-    """The channel error a Warren error is, as RabbitMQ would answer the same case."""
+def _amqp_error(exc: QueueError, ids: tuple[int, int]) -> AmqpError:
+    """The error a Warren error is, as RabbitMQ would answer the same case, naming the
+    method (``ids``) that met it."""
     if isinstance(exc, NotFound):
-        return AmqpError(frames.NOT_FOUND, f"NOT_FOUND - {exc}")
+        return AmqpError(frames.NOT_FOUND, f"NOT_FOUND - {exc}", *ids)
     if isinstance(exc, AccessRefused):
-        return AmqpError(frames.ACCESS_REFUSED, f"ACCESS_REFUSED - {exc}")
+        return AmqpError(frames.ACCESS_REFUSED, f"ACCESS_REFUSED - {exc}", *ids)
     if isinstance(exc, PreconditionFailed | InvalidArgument):
-        return AmqpError(frames.PRECONDITION_FAILED, f"PRECONDITION_FAILED - {exc}")
-    return AmqpError(frames.INTERNAL_ERROR, f"INTERNAL_ERROR - {type(exc).__name__}: {exc}")
+        return AmqpError(frames.PRECONDITION_FAILED, f"PRECONDITION_FAILED - {exc}", *ids)
+    return AmqpError(frames.INTERNAL_ERROR, f"INTERNAL_ERROR - {type(exc).__name__}: {exc}", *ids)

@@ -148,6 +148,17 @@ def check_listen_address(endpoint: str, *, curve: bool, insecure: bool) -> None:
         )
 
 
+def host_and_port(address: object, what: str, example: str) -> tuple[str, int]:
+    """``(host, port)`` of a ``HOST:PORT`` address with a port in 0..65535 (the host's
+    IPv6 brackets taken off); ValueError naming ``what``, with ``example``, otherwise."""
+    if not isinstance(address, str) or "/" in address or ":" not in address:
+        raise ValueError(f"{what} is HOST:PORT, {example}; got {address!r}")
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"{what} is HOST:PORT with a port in 0..65535, {example}; got {address!r}")
+    return host.strip("[]"), int(port)
+
+
 def with_free_port(endpoint: str) -> str:
     """``endpoint`` with its port ``*`` replaced by one free now: a restarted listener
     binds the same port as the first, so that its clients reconnect to it."""

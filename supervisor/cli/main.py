@@ -107,7 +107,7 @@ _CONFIG_KEYS = {
     "store": {"file_size_limit": "file_size_limit", "sync_policy": "sync_policy"},
     "listener": {"listen": "listen", "curve": "curve", "insecure": "insecure"},
     "http": {"listen": "http", "insecure": "insecure"},
-    "amqp": {"listen": "amqp", "insecure": "insecure"},
+    "amqp": {"listen": "amqp"},
     "alarms": {
         "memory_high_watermark": "memory_high_watermark",
         "memory_limit": "memory_limit",
@@ -257,7 +257,7 @@ def node_settings(args: argparse.Namespace) -> dict[str, Any]:
         from warren.queues.amqp.server import check_amqp_address
 
         try:
-            check_amqp_address(settings["amqp"], insecure=settings.get("insecure", False))
+            check_amqp_address(settings["amqp"])
         except ValueError as exc:
             raise UsageError(str(exc)) from None
     limits: dict[str, Any] = {}
@@ -756,14 +756,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--insecure",
         action="store_true",
         default=None,
-        help="allow --listen on a non-loopback address without --curve, and --http and "
-        "--amqp on a non-loopback address",
+        help="allow --listen on a non-loopback address without --curve, and --http on "
+        "a non-loopback address",
     )
     node.add_argument(
         "--amqp",
         metavar="HOST:PORT",
-        help="serve AMQP 0-9-1 clients (pika, kombu, Celery) there (loopback unless "
-        "--insecure; port 0: any free one)",
+        help="serve AMQP 0-9-1 clients (pika) there (loopback only for now; port 0: any free one)",
     )
     node.add_argument(
         "--http",

@@ -248,7 +248,7 @@ class Node:
         amqp_address: tuple[str, int] | None = None
         if amqp is not None:
             try:
-                amqp_address = check_amqp_address(amqp, insecure=insecure)
+                amqp_address = check_amqp_address(amqp)
             except ValueError as exc:
                 raise InvalidSpec("amqp", amqp, str(exc)) from None
         check_seconds("heartbeat_timeout_s", heartbeat_timeout_s, at_least=2)  # beats: 1 s

@@ -14,7 +14,6 @@ import socket
 import time
 
 import pamqp.commands as commands
-
 import pika
 import pika.exceptions
 import psutil
@@ -320,9 +319,11 @@ def test_a_killed_port_comes_back_on_its_port_and_the_messages_are_there(node):
     again.close()
 
 
-def test_a_port_beyond_loopback_needs_insecure(tmp_path):
-    with pytest.raises(InvalidSpec, match="loopback"):
-        Node(tmp_path / "data", amqp="0.0.0.0:5672")
+def test_a_port_beyond_loopback_is_refused_while_guest_is_its_only_user(tmp_path):
+    for insecure in (False, True):
+        with pytest.raises(InvalidSpec, match="loopback"):
+            Node(tmp_path / "data", amqp="0.0.0.0:5672", insecure=insecure)
+    assert not (tmp_path / "data").exists()
 
 
 @pytest.fixture
@@ -412,3 +413,221 @@ def _expect(sock: socket.socket, kind: type) -> None:
             assert isinstance(frames.decode_method(read[0]), kind)
             return
     raise AssertionError(f"no {kind.__name__} within 10 s")
+
+
+# ----------------------------------------------------------------------------- hostile
+# clients and failures: each of these took the port down, hung a client or lost a
+# message before it was guarded against
+
+
+def _still_serves(node) -> None:
+    """A new client connects and declares: the port lives."""
+    bystander = _connect(node)
+    assert bystander.channel().queue_declare("bystander").method.queue == "bystander"
+    bystander.close()
+
+
+def test_replies_longer_than_a_short_string_are_cut_not_fatal(node):
+    with pytest.raises(pika.exceptions.ProbableAuthenticationError):
+        _connect(node, credentials=pika.PlainCredentials("u" * 200, "wrong"))
+    connection = _connect(node)
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
+        connection.channel().exchange_declare("€" * 85, passive=True)
+    assert closed.value.reply_code == frames.NOT_FOUND
+    connection.close()
+    _still_serves(node)
+
+
+def test_a_table_nested_thousands_deep_before_login_closes_that_client_alone(node):
+    host, port = node.amqp_endpoint.rsplit(":", 1)
+    nested = b"\x00\x00\x00\x00"
+    for _ in range(600):  # inside the 4 KiB a frame may have before tuning
+        entry = b"\x01kF" + nested
+        nested = len(entry).to_bytes(4, "big") + entry
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(frames.PROTOCOL_HEADER)
+        _expect(sock, commands.Connection.Start)
+        payload = b"\x00\x0a\x00\x0b" + nested + b"\x05PLAIN\x00\x00\x00\x00\x05en_US"
+        sock.sendall(_frame(payload))
+        assert _closed_by_server(sock)
+    _still_serves(node)
+
+
+def _frame(payload: bytes) -> bytes:
+    return b"\x01\x00\x00" + len(payload).to_bytes(4, "big") + payload + b"\xce"
+
+
+def _closed_by_server(sock: socket.socket) -> bool:
+    sock.settimeout(10)
+    try:
+        while sock.recv(65536):
+            pass
+    except ConnectionResetError:
+        pass
+    return True
+
+
+def test_a_publish_to_a_restarting_queue_is_nacked_never_acked_and_lost(node):
+    connection = _connect(node)
+    channel = connection.channel()
+    channel.queue_declare("restarting", durable=True)
+    channel.confirm_delivery()
+    acked = []
+    killed = 0
+    for n in range(3000):
+        if n in (800, 1600):
+            queue = next(
+                p
+                for p in psutil.Process().children(recursive=True)
+                if p.cmdline()[:1] == ["warren: queue restarting"]
+            )
+            queue.kill()
+            killed += 1
+        try:
+            channel.basic_publish(
+                "", "restarting", b"%d" % n, pika.BasicProperties(delivery_mode=2)
+            )
+        except pika.exceptions.NackError:
+            continue
+        acked.append(b"%d" % n)
+    assert killed == 2
+    held = []
+    while True:
+        method, _, body = channel.basic_get("restarting", auto_ack=True)
+        if method is None:
+            break
+        held.append(body)
+    assert not set(acked) - set(held)  # every acked message is in the queue
+    connection.close()
+
+
+def test_an_expiration_of_digits_that_are_not_ascii_is_a_channel_error(node):
+    connection = _connect(node)
+    channel = connection.channel()
+    channel.queue_declare("q")
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
+        channel.basic_publish("", "q", b"", pika.BasicProperties(expiration="²"))
+        channel.basic_get("q")
+    assert closed.value.reply_code == frames.PRECONDITION_FAILED
+    assert connection.channel().queue_declare("q", passive=True).method.queue == "q"
+    connection.close()
+
+
+def test_a_consumer_whose_queue_is_deleted_is_cancelled_by_the_server(node):
+    connection, other = _connect(node), _connect(node)
+    channel = connection.channel()
+    channel.queue_declare("doomed")
+    cancelled = []
+    channel.add_on_cancel_callback(lambda frame: cancelled.append(frame.method.consumer_tag))
+    tag = channel.basic_consume("doomed", lambda *_: None)
+    other.channel().queue_delete("doomed")
+
+    def heard() -> bool:
+        connection.process_data_events(time_limit=0.05)
+        return bool(cancelled)
+
+    wait_for(heard)
+    assert cancelled == [tag]
+    assert channel.queue_declare("again").method.queue == "again"  # the channel lives
+    connection.close()
+    other.close()
+
+
+def test_a_warren_message_amqp_cannot_carry_whole_is_delivered_without_what_does_not_fit(
+    node,
+):
+    with node.connect() as warren:
+        warren.declare_queue("odd")
+        warren.publish("odd", b"long id", message_id="m" * 300)
+        warren.publish("odd", b"huge header", headers={"n": 2**64 - 1})
+    connection = _connect(node)
+    channel = connection.channel()
+    first = channel.basic_get("odd", auto_ack=True)
+    second = channel.basic_get("odd", auto_ack=True)
+    assert (first[2], second[2]) == (b"long id", b"huge header")
+    assert first[1].message_id is None and first[1].delivery_mode == 2
+    connection.close()
+
+
+def test_a_body_larger_than_a_message_may_be_is_refused_at_its_header(node):
+    host, port = node.amqp_endpoint.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        _open_raw(sock)
+        sock.sendall(frames.method_frame(1, commands.Basic.Publish(routing_key="q")))
+        header = (60).to_bytes(2, "big") + b"\x00\x00" + (2**40).to_bytes(8, "big") + b"\x00\x00"
+        sock.sendall(b"\x02\x00\x01" + len(header).to_bytes(4, "big") + header + b"\xce")
+        close = _next_method(sock)
+        assert isinstance(close, commands.Channel.Close), close.reply_text
+        assert close.reply_code == frames.PRECONDITION_FAILED
+
+
+def test_publishes_after_a_channel_error_are_dropped_until_the_client_hears_of_it(node):
+    connection = _connect(node)
+    channel = connection.channel()
+    channel.queue_declare("after-error")
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker):
+        channel.basic_publish("no-such-exchange", "k", b"fails")
+        for n in range(3):  # sent before the close reaches the client
+            channel.basic_publish("", "after-error", b"%d" % n)
+        channel.basic_get("after-error")
+    assert connection.channel().queue_declare("after-error", passive=True).method.message_count == 0
+    connection.close()
+
+
+def test_flow_off_is_refused_as_rabbitmq_refuses_it(node):
+    connection = _connect(node)
+    with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as closed:
+        connection.channel().flow(False)
+    assert closed.value.reply_code == frames.NOT_IMPLEMENTED
+
+
+def test_sockets_that_never_log_in_cost_the_port_no_thread(node):
+    host, port = node.amqp_endpoint.rsplit(":", 1)
+    threads = psutil.Process(_port_pid()).num_threads()
+    silent = [socket.create_connection((host, int(port)), timeout=10) for _ in range(30)]
+    try:
+        time.sleep(0.5)  # let the port accept them all; nothing to wait for otherwise
+        assert psutil.Process(_port_pid()).num_threads() <= threads + 1
+        _still_serves(node)
+    finally:
+        for sock in silent:
+            sock.close()
+
+
+def test_a_consumer_without_acks_that_does_not_read_leaves_its_queue_mostly_full(node):
+    with node.connect() as warren:
+        warren.declare_queue("big")
+        warren.publish_many("big", [b"x" * 65536] * 400)
+    host, port = node.amqp_endpoint.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
+        _open_raw(sock)
+        sock.sendall(frames.method_frame(1, commands.Basic.Consume(queue="big", no_ack=True)))
+        time.sleep(1.0)  # it reads nothing more; the port gives up sending by itself
+        with node.connect() as warren:
+            ready = warren.queue_stats("big")["messages_ready"]
+        assert ready >= 150, ready
+
+
+def test_a_stopping_node_tells_its_amqp_clients_and_stops_cleanly(tmp_path, capfd):
+    with Node(tmp_path / "data", amqp="127.0.0.1:0") as node:
+        connection = _connect(node)
+        channel = connection.channel()
+        channel.queue_declare("q")
+        channel.basic_consume("q", lambda *_: None)
+    with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as closed:
+        connection.process_data_events(time_limit=5)
+        connection.channel()
+    assert closed.value.reply_code == frames.CONNECTION_FORCED
+    assert "Socket operation on non-socket" not in capfd.readouterr().err
+
+
+def _next_method(sock: socket.socket):
+    buffer = bytearray()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        buffer += sock.recv(65536)
+        read, _ = frames.split_frames(buffer, 1 << 20)
+        if read:
+            return frames.decode_method(read[0])
+    raise AssertionError("no method within 10 s")

@@ -548,8 +548,8 @@ def test_a_node_with_an_amqp_port_says_where_and_pika_connects_there(tmp_path):
     ("address", "complaint"),
     [
         ("0.0.0.0:5672", "not a loopback address"),
-        ("127.0.0.1", "host:port"),
-        ("127.0.0.1:99999", "host:port"),
+        ("127.0.0.1", "HOST:PORT"),
+        ("127.0.0.1:99999", "HOST:PORT"),
     ],
 )
 def test_an_amqp_address_that_will_not_do_is_refused_in_one_line(tmp_path, address, complaint):
