@@ -45,9 +45,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from warren.actors import ProcessActor, UnhandledMessage, message
+from warren.actors import UnhandledMessage, message
 from warren.actors.exitcodes import EXIT_CRASHED
+from warren.actors.process import drain_wake_pipe
 
+from ..broker.gateway_actor import GatewayActor
 from ..broker.listener import LOOPBACK_HOSTS, host_and_port, with_free_port
 from ..client.connection import Connection
 from ..client.ipc_node import RemoteNode
@@ -116,7 +118,7 @@ class _Client:
     blocking_from: int | None = None
 
 
-class AmqpActor(ProcessActor):
+class AmqpActor(GatewayActor):
     """The AMQP port's process; see the module docstring."""
 
     figures_from_loop = False  # its counters change on the gateway thread
@@ -128,12 +130,10 @@ class AmqpActor(ProcessActor):
         self.port = port
         self.version = version
         self._gateway: _Gateway | None = None
-        self._thread: threading.Thread | None = None
 
     def on_start(self) -> None:
         self._gateway = _Gateway(self.data_dir, self.host, self.port, self.version)
-        self._thread = threading.Thread(target=self._gateway.run, name="warren-amqp", daemon=True)
-        self._thread.start()
+        self.start_gateway(self._gateway, "warren-amqp")
 
     def on_receive(self, message: Any) -> Any:
         if isinstance(message, AmqpStats):
@@ -150,20 +150,6 @@ class AmqpActor(ProcessActor):
     def on_alarm(self, resource: str, raised: bool) -> None:
         if self._gateway is not None:
             self._gateway.alarm(resource, raised)
-
-    def on_stop(self) -> None:
-        self._close()
-
-    def on_failure(self, *exc_info: object) -> None:
-        self._close()
-
-    def _close(self) -> None:
-        if self._gateway is not None:
-            self._gateway.stopping.set()
-            self._gateway.wake()
-            if self._thread is not None:
-                self._thread.join(timeout=5)
-            self._gateway.close()
 
 
 class _Gateway:
@@ -197,6 +183,10 @@ class _Gateway:
         self._topology = TopologyChanges()
         self._exclusive = ExclusiveQueues(os.path.join(data_dir, PORT_DIRECTORY))
 
+    def stop(self) -> None:
+        self.stopping.set()
+        self.wake()
+
     def wake(self) -> None:
         try:
             os.write(self._wake_write, b"\x00")
@@ -221,7 +211,7 @@ class _Gateway:
                 if key.fileobj is self._listener:
                     self._accept()
                 elif key.fileobj == self._wake_read:
-                    self._drain_wake()
+                    drain_wake_pipe(self._wake_read)
                 else:
                     client = key.data
                     if events & selectors.EVENT_WRITE:
@@ -301,13 +291,6 @@ class _Gateway:
         finally:
             connection.close()
         log.info("deleted %d exclusive queue(s) of connections that died with the port", len(left))
-
-    def _drain_wake(self) -> None:
-        try:
-            while os.read(self._wake_read, 4096):
-                pass
-        except BlockingIOError:
-            pass
 
     def _accept(self) -> None:
         try:

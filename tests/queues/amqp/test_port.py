@@ -95,25 +95,29 @@ def test_a_consumer_holds_at_most_its_prefetch_and_a_nack_redelivers(node):
     for n in range(20):
         channel.basic_publish("", "work", b"%d" % n)
     channel.basic_qos(prefetch_count=5)
-    held = []
-    for method, _, body in channel.consume("work", inactivity_timeout=1.0):
-        if method is None:
-            break
-        held.append((method, body))
+    held = _consumed(channel, "work", ack=False)
     assert [body for _, body in held] == [b"%d" % n for n in range(5)]  # no ack yet
     channel.basic_ack(held[2][0].delivery_tag, multiple=True)  # the first three
     channel.basic_nack(held[3][0].delivery_tag, requeue=True)
     channel.basic_ack(held[4][0].delivery_tag)
-    taken = []
-    for method, _, body in channel.consume("work", inactivity_timeout=1.0):
-        if method is None:
-            break
-        taken.append((body, method.redelivered))
-        channel.basic_ack(method.delivery_tag)
+    taken = [(body, method.redelivered) for method, body in _consumed(channel, "work")]
     channel.cancel()
     assert sorted(body for body, _ in taken) == sorted([b"3"] + [b"%d" % n for n in range(5, 20)])
     assert dict(taken)[b"3"] is True and dict(taken)[b"19"] is False
     connection.close()
+
+
+def _consumed(channel, queue: str, ack: bool = True) -> list:
+    """(method, body) of what a consumer of ``queue`` gets until a second passes with
+    nothing more; each acked as it comes with ``ack``."""
+    got = []
+    for method, _, body in channel.consume(queue, inactivity_timeout=1.0):
+        if method is None:
+            break
+        got.append((method, body))
+        if ack:
+            channel.basic_ack(method.delivery_tag)
+    return got
 
 
 def test_what_a_vanished_client_held_is_back_at_once_flagged_redelivered(node):
