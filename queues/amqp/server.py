@@ -37,6 +37,7 @@ import collections
 import functools
 import logging
 import os
+import resource
 import selectors
 import socket
 import threading
@@ -66,6 +67,7 @@ log = logging.getLogger("warren.amqp")
 TICK_S = 1.0  # how often sessions are looked at for heartbeats
 CLOSE_LINGER_S = 5.0  # how long a closed client's last frames may wait to leave
 STOP_WORKERS_S = 5.0  # how long a stopping port waits for its workers, all together
+DESCRIPTORS_KEPT = 64  # a connection is refused while fewer descriptors than this are left
 READ_BYTES = 256 * 1024
 PORT_DIRECTORY = "amqp"  # the port's own files, in the node's data directory
 GUEST_PASSWORD = "guest"
@@ -132,6 +134,9 @@ class AmqpActor(GatewayActor):
         self._gateway: _Gateway | None = None
 
     def on_start(self) -> None:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft != hard:  # each client costs descriptors: take all this process may have
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
         self._gateway = _Gateway(self.data_dir, self.host, self.port, self.version)
         self.start_gateway(self._gateway, "warren-amqp")
 
@@ -159,7 +164,12 @@ class _Gateway:
         self.data_dir = data_dir
         self.version = version
         self.stopping = threading.Event()
-        self.counters = {"connections_opened": 0, "connections_closed": 0, "clients_failed": 0}
+        self.counters = {
+            "connections_opened": 0,
+            "connections_closed": 0,
+            "clients_failed": 0,
+            "refused_for_descriptors": 0,
+        }
         self.clients: dict[socket.socket, _Client] = {}
         self._listener = socket.create_server((host, port), family=_family(host), backlog=128)
         self._listener.setblocking(False)
@@ -238,6 +248,8 @@ class _Gateway:
             self._accepting = True
             self._selector.register(self._listener, selectors.EVENT_READ)
         for client in list(self.clients.values()):
+            if client.paused:
+                client.session.heard(now)  # its beats wait behind what it sent, unread
             client.session.tick(now)
             self._dirty.add(client)
 
@@ -271,8 +283,10 @@ class _Gateway:
             translator.join(max(0.0, deadline - time.monotonic()))
         self._selector.close()
         self._listener.close()
-        os.close(self._wake_read)
-        os.close(self._wake_write)
+        if not any(translator.running for translator in self._stopped):
+            # a worker still waiting on the node may post yet: its pipe stays open
+            os.close(self._wake_read)
+            os.close(self._wake_write)
 
     def _delete_left_exclusive_queues(self) -> None:
         """Delete the exclusive queues of the connections an earlier run of the port had
@@ -290,6 +304,7 @@ class _Gateway:
                     pass  # gone with a node restart, or deleted by hand
         finally:
             connection.close()
+        self._exclusive.forget_left()
         log.info("deleted %d exclusive queue(s) of connections that died with the port", len(left))
 
     def _accept(self) -> None:
@@ -302,8 +317,21 @@ class _Gateway:
             self._selector.unregister(self._listener)
             self._accepting = False
             return
-        sock.setblocking(False)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        try:
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except OSError:  # reset already
+            sock.close()
+            return
+        if _descriptors_left() < DESCRIPTORS_KEPT:
+            # each client costs a few descriptors (its socket, its connection to the
+            # node's sockets); past the limit ZeroMQ aborts the whole process
+            log.warning(
+                "amqp: refused a connection: fewer than %d descriptors left", DESCRIPTORS_KEPT
+            )
+            self.counters["refused_for_descriptors"] += 1
+            sock.close()
+            return
         session = Session(address[0], guest_only, version=self.version, now=time.monotonic())
         client = _Client(sock, session, bytearray())
         session.on_open = lambda: self._serve_channels(client)
@@ -429,6 +457,14 @@ class _Gateway:
         if client.translator is not None:
             client.translator.stop()
             self._stopped.append(client.translator)
+
+
+def _descriptors_left() -> int:
+    """How many more files this process may open (its limit less those open)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return DESCRIPTORS_KEPT
+    return soft - len(os.listdir("/proc/self/fd"))
 
 
 def _run_posted(callback: Callable[[], None]) -> Callable[[_Client], None]:

@@ -58,6 +58,7 @@ CHANNEL_MAX = 2047
 FRAME_MAX = 131072
 HEARTBEAT_S = 60
 HANDSHAKE_TIMEOUT_S = 10.0  # from the connect to Connection.Open, as RabbitMQ's
+CLOSE_TIMEOUT_S = 30.0  # for a client's CloseOk after the server's Close, as RabbitMQ's
 MECHANISMS = ("PLAIN", "AMQPLAIN")
 VIRTUAL_HOST = "/"
 GUEST = "guest"
@@ -158,7 +159,9 @@ class Session:
         # Called when the connection opens, for the handler if none was given.
         self.on_open: Callable[[], ChannelHandler] | None = None
         self.peer_gone = False  # silent past its heartbeats: nothing more goes to it
+        self.gathering_bytes = 0  # the bodies of the publishes being gathered
         self._opened_at = now
+        self._closing_at = now
         self._closing_channels: set[int] = set()  # sent Channel.Close, awaiting CloseOk
         self._contents: dict[int, _Content] = {}
         self._input = bytearray()
@@ -244,6 +247,9 @@ class Session:
         if self.state < OPEN and now - self._opened_at > HANDSHAKE_TIMEOUT_S:
             self._gone()
             return
+        if self.state == CLOSING and now - self._closing_at > CLOSE_TIMEOUT_S:
+            self._gone()  # it never answered the server's Close
+            return
         if self.heartbeat_s == 0 or self.state in (AWAIT_HEADER, FINISHED):
             return
         if now - self._heard_at > 2 * self.heartbeat_s:
@@ -252,6 +258,11 @@ class Session:
         if now - self._sent_at >= self.heartbeat_s / 2:
             self._output.append(frames.heartbeat_frame())
             self._sent_at = now
+
+    def heard(self, now: float) -> None:
+        """Count the client as heard from at ``now``: its owner stopped reading it (it
+        sent more than the server takes yet), so its heartbeats wait in its socket."""
+        self._heard_at = now
 
     def _gone(self) -> None:
         """The peer is gone, or never came: no close handshake, nothing more sent."""
@@ -272,6 +283,7 @@ class Session:
         )
         self._output.append(frames.method_frame(0, close))
         self.state = CLOSING
+        self._closing_at = self._heard_at
         self._closed_all_channels()
 
     def close_channel(self, channel: int, error: AmqpError) -> None:
@@ -529,6 +541,14 @@ class Session:
         elif frame.kind == frames.FRAME_BODY and content.header is not None:
             content.body.append(frame.payload)
             content.received += len(frame.payload)
+            self.gathering_bytes += len(frame.payload)
+            if self.gathering_bytes > MAX_MESSAGE_BYTES:  # bodies begun on many channels
+                raise AmqpError(
+                    frames.RESOURCE_ERROR,
+                    f"RESOURCE_ERROR - the bodies being sent on this connection's channels "
+                    f"add up to more than {MAX_MESSAGE_BYTES} bytes",
+                    *frames.PUBLISH,
+                )
             if content.received > content.header.body_size:
                 raise AmqpError(
                     frames.FRAME_ERROR,
@@ -540,6 +560,7 @@ class Session:
             )
         if content.header.body_size == content.received:
             del self._contents[frame.channel]
+            self.gathering_bytes -= content.received
             if self.handler is None:
                 raise AmqpError(
                     frames.NOT_IMPLEMENTED, "NOT_IMPLEMENTED - not served yet", *frames.PUBLISH
@@ -557,7 +578,9 @@ class Session:
         if channel in self.channels:
             self.closes[channel] += 1
         self.channels.discard(channel)
-        self._contents.pop(channel, None)
+        dropped = self._contents.pop(channel, None)
+        if dropped is not None:
+            self.gathering_bytes -= dropped.received
         if self.handler is not None:
             self.handler.channel_closed(channel)
 

@@ -48,16 +48,19 @@ class ExclusiveQueues:
         self._owners: dict[str, Any] = {}
 
     def left_by_a_crash(self) -> list[str]:
-        """The queues owned by connections of an earlier run of the port (each to be
-        deleted), forgotten here."""
+        """The queues owned by connections of an earlier run of the port, to be deleted
+        (then ``forget_left``: until then a port that dies again finds them again)."""
         try:
             with open(self._path, encoding="utf-8") as file:
                 names = json.load(file)
         except (OSError, ValueError):
             return []  # none, or a file cut short: nothing to go on
+        return [name for name in names if isinstance(name, str)] if isinstance(names, list) else []
+
+    def forget_left(self) -> None:
+        """The queues ``left_by_a_crash`` named are deleted: the file names this run's."""
         with self._lock:
             self._save()
-        return [name for name in names if isinstance(name, str)] if isinstance(names, list) else []
 
     def claim(self, name: str, owner: Any) -> bool:
         """Make ``owner`` the queue's; False when another connection owns it."""

@@ -50,6 +50,7 @@ import queue as queue_module
 import secrets
 import struct
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -86,6 +87,9 @@ UNLIMITED_PREFETCH = 1000
 # What a consumer without acks takes from its queue ahead of its client: each is settled
 # once the gateway took it, so this bounds what the port holds for a slow client.
 NO_ACK_PREFETCH = 100
+# How many of a client's tasks the worker runs before it sends the confirms and
+# deliveries due meanwhile.
+TASKS_BETWEEN_SERVING = 64
 # What a client may have sent that its worker has not taken yet before the port stops
 # reading its socket (the worker waits on the node: a publish under an alarm, a declare).
 BACKLOG_PAUSE_BYTES = 8 * 2**20
@@ -114,6 +118,7 @@ class _Channel:
     unacked: dict[int, Delivery] = dataclasses.field(default_factory=dict)
     consumers: dict[str, tuple[Consumer, bool]] = dataclasses.field(default_factory=dict)
     prefetch: int = 0
+    no_ack: set[int] = dataclasses.field(default_factory=set)  # tags settled once sent
     confirming: bool = False
     published: int = 0  # the sequence number of the last publish, in confirm mode
     # A publish's sequence number and its Confirm; None: confirmed at once (routed
@@ -192,28 +197,34 @@ class Translator:
     def join(self, timeout: float) -> None:
         self._thread.join(timeout)
 
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
     # ------------------------------------------------------------ the worker
 
     def _run(self) -> None:
         try:
             self._connection = self._connect()
-        except QueueError as exc:
+        except Exception as exc:  # the node gone, or out of descriptors: the client hears
             self._close_connection(AmqpError(frames.CONNECTION_FORCED, f"the node: {exc}"))
             return
         idle = IDLE_POLL_S[0]
         try:
             while True:
                 task = self._next_task(idle)
-                while task is not None:  # everything the client sent already, first
+                taken = 0
+                while task is not None:  # what the client sent already, first
                     kind, args, size = task
                     self._taken(size)
                     if kind == "stop":
                         return
                     self._task(kind, args)
-                    try:
-                        task = self._tasks.get_nowait()
-                    except queue_module.Empty:
-                        task = None
+                    taken += 1
+                    if taken % TASKS_BETWEEN_SERVING == 0:  # a publisher that never stops
+                        self._send_confirms()  # still hears of its confirms
+                        self._deliver()
+                    task = None if self._outbox_full() else self._take_now()
                 busy = self._deliver() | self._send_confirms()
                 idle = IDLE_POLL_S[0] if busy else min(idle * 2, IDLE_POLL_S[1])
         except (ConnectionClosed, NodeNotRunning) as exc:
@@ -236,13 +247,28 @@ class Translator:
         if drained:
             self._post(self.on_drained)
 
-    def _next_task(self, idle: float) -> tuple[str, tuple[Any, ...], int] | None:
-        """The client's next task; None after a wait for the oldest confirm (at most
-        ``CONFIRM_WAIT_S``), or, with consumers, ``idle`` seconds (their next poll)."""
+    def _take_now(self) -> tuple[str, tuple[Any, ...], int] | None:
         try:
             return self._tasks.get_nowait()
         except queue_module.Empty:
-            pass
+            return None
+
+    def _outbox_full(self) -> bool:
+        """Whether ``OUTBOX_LIMIT_BYTES`` wait for the client to read: the worker then takes
+        nothing more it sent (a get, a returned publish would add to it), and the
+        gateway stops reading it once its backlog fills."""
+        return self._outbox_bytes() >= OUTBOX_LIMIT_BYTES
+
+    def _next_task(self, idle: float) -> tuple[str, tuple[Any, ...], int] | None:
+        """The client's next task; None after a wait for the oldest confirm (at most
+        ``CONFIRM_WAIT_S``), with consumers ``idle`` seconds (their next poll), or while
+        the client does not read what it was sent."""
+        if self._outbox_full():
+            time.sleep(IDLE_POLL_S[1])
+            return None
+        task = self._take_now()
+        if task is not None:
+            return task
         confirming = [c.confirms[0][1] for c in self._channels.values() if c.confirms]
         if confirming:
             oldest = confirming[0]
@@ -338,9 +364,13 @@ class Translator:
         if channel is None:
             return  # closed since: requeued with the rest of its unacked
         for tag in tags:
+            channel.no_ack.discard(tag)
             delivery = channel.unacked.pop(tag, None)
             if delivery is not None:
-                delivery.ack()
+                try:
+                    delivery.ack()
+                except QueueError:
+                    pass  # its queue is gone, or restarted: nothing left to settle
 
     def _answer(self, channel: int, method: pamqp.base.Frame, nowait: bool = False) -> None:
         if not nowait:
@@ -427,9 +457,8 @@ class Translator:
         elif isinstance(method, commands.Basic.Get):
             self._get(number, channel, method)
         elif isinstance(method, commands.Basic.Recover):
-            for delivery in channel.unacked.values():
-                delivery.nack(requeue=True)
-            channel.unacked.clear()
+            for tag in [t for t in channel.unacked if t not in channel.no_ack]:
+                channel.unacked.pop(tag).nack(requeue=True)
             self._answer(number, commands.Basic.RecoverOk())
         elif isinstance(method, commands.Confirm.Select):
             channel.confirming = True
@@ -454,7 +483,10 @@ class Translator:
                     *ids,
                 )
             arguments = _queue_arguments(method.arguments or {}, ids)
-            if method.exclusive and not self._exclusive.claim(name, self):
+            if method.exclusive and (
+                (name not in self._exclusive.owned_by(self) and name in connection.list_queues())
+                or not self._exclusive.claim(name, self)
+            ):  # another's, or a queue that is no one's: not taken over
                 raise AmqpError(
                     frames.RESOURCE_LOCKED,
                     f"RESOURCE_LOCKED - cannot obtain exclusive access to locked queue "
@@ -569,32 +601,31 @@ class Translator:
         left = connection.queue_stats(method.queue).get("messages_ready", 0)
         tag = next(channel.next_tag)
         exchange, routing_key, properties = _publish_of(delivery)
-        self._send(
-            number,
-            frames.get_ok_frames(
-                number,
-                tag,
-                delivery.redelivered,
-                exchange,
-                routing_key,
-                left,
-                properties,
-                delivery.body,
-                self._frame_max(),
-            ),
-        )
+        channel.unacked[tag] = delivery
         if method.no_ack:
-            delivery.ack()
-        else:
-            channel.unacked[tag] = delivery
+            channel.no_ack.add(tag)  # settled once the gateway took it, as a consumer's
+        data = frames.get_ok_frames(
+            number,
+            tag,
+            delivery.redelivered,
+            exchange,
+            routing_key,
+            left,
+            properties,
+            delivery.body,
+            self._frame_max(),
+        )
+        self._send(number, data, [tag] if method.no_ack else None)
 
     def _settle(self, channel: _Channel, payload: bytes) -> None:
         """A client's ack, nack or reject (by hand: one comes for each message)."""
         ids = frames.method_id(payload)
         tag, multiple, requeue = frames.decode_settle(payload)
         if multiple:
-            tags = [t for t in channel.unacked if tag == 0 or t <= tag]
-        elif tag in channel.unacked:
+            tags = [
+                t for t in channel.unacked if (tag == 0 or t <= tag) and t not in channel.no_ack
+            ]
+        elif tag in channel.unacked and tag not in channel.no_ack:
             tags = [tag]
         else:
             tags = []
@@ -724,6 +755,8 @@ class Translator:
                     delivery_tag = next(channel.next_tag)
                     exchange, routing_key, properties = _publish_of(delivery)
                     channel.unacked[delivery_tag] = delivery
+                    if no_ack:
+                        channel.no_ack.add(delivery_tag)
                     data = frames.deliver_frames(
                         number,
                         frames.encode_short_string(tag),

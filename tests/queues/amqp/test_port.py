@@ -635,3 +635,141 @@ def _next_method(sock: socket.socket):
         if read:
             return frames.decode_method(read[0])
     raise AssertionError("no method within 10 s")
+
+
+def test_a_pipelining_publisher_hears_of_every_publish_when_its_queue_is_killed(node):
+    """20,000 confirm-mode publishes sent without waiting, the queue killed among them:
+    each is acked or nacked soon after, none left waiting on the killed incarnation (they
+    had been found dead one look, a second, each)."""
+    connection = _connect(node)
+    connection.channel().queue_declare("rq", durable=True)
+    connection.close()
+    host, port = node.amqp_endpoint.rsplit(":", 1)
+    publishes = 20_000
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        _open_raw(sock)
+        sock.sendall(frames.method_frame(1, commands.Confirm.Select()))
+        _expect(sock, commands.Confirm.SelectOk)
+        one = frames.method_frame(1, commands.Basic.Publish(routing_key="rq")) + b"".join(
+            frames.content_frames(1, b"\x10\x00\x02", b"x" * 100, 131072)
+        )
+        sock.sendall(one * (publishes // 2))
+        queue = next(
+            p
+            for p in psutil.Process().children(recursive=True)
+            if p.cmdline()[:1] == ["warren: queue rq"]
+        )
+        queue.kill()
+        sock.sendall(one * (publishes // 2))
+        settled: dict[int, bool] = {}
+        buffer = bytearray()
+        deadline = time.monotonic() + 60
+        while len(settled) < publishes and time.monotonic() < deadline:
+            buffer += sock.recv(1 << 20)
+            read, used = frames.split_frames(buffer, 1 << 20)
+            del buffer[:used]
+            for frame in read:
+                ids = frames.method_id(frame.payload)
+                if ids in (frames.ACK, frames.NACK):
+                    tag, multiple, _ = frames.decode_settle(frame.payload)
+                    first = min((t for t in range(1, tag + 1) if t not in settled), default=tag)
+                    for settled_tag in range(first if multiple else tag, tag + 1):
+                        settled.setdefault(settled_tag, ids == frames.ACK)
+        assert len(settled) == publishes, f"{len(settled)} of {publishes} confirmed in 60 s"
+        assert not all(settled.values())  # the killed queue's in-flight ones were nacked
+
+
+def test_an_exclusive_declare_does_not_take_over_a_queue_that_exists(node):
+    first, second = _connect(node), _connect(node)
+    first.channel().queue_declare("shared")
+    first.channel().basic_publish("", "shared", b"kept")
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
+        second.channel().queue_declare("shared", exclusive=True)
+    assert closed.value.reply_code == frames.RESOURCE_LOCKED
+    second.close()
+    assert first.channel().queue_declare("shared", passive=True).method.message_count == 1
+    first.close()
+
+
+def test_bodies_begun_on_many_channels_are_bounded_together(node):
+    host, port = node.amqp_endpoint.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        _open_raw(sock)
+        for channel in range(2, 4):
+            sock.sendall(frames.method_frame(channel, commands.Channel.Open()))
+            _expect(sock, commands.Channel.OpenOk)
+        header = (60).to_bytes(2, "big") + b"\x00\x00" + (100 * 2**20).to_bytes(8, "big")
+        for channel in range(1, 4):
+            sock.sendall(frames.method_frame(channel, commands.Basic.Publish(routing_key="q")))
+            sock.sendall(
+                bytes([2, 0, channel])
+                + len(header + b"\x00\x00").to_bytes(4, "big")
+                + header
+                + b"\x00\x00\xce"
+            )
+        piece = b"x" * 131_000
+        body = b"".join(
+            bytes([3, 0, channel]) + len(piece).to_bytes(4, "big") + piece + b"\xce"
+            for channel in range(1, 4)
+        )
+        for _ in range(400):  # 150 MiB across the three, read and dropped once refused
+            sock.sendall(body)
+        close = _next_method(sock)
+        assert isinstance(close, commands.Connection.Close)
+        assert close.reply_code == frames.RESOURCE_ERROR
+        assert psutil.Process(_port_pid()).memory_info().rss < 512 * 2**20
+    _still_serves(node)
+
+
+def test_a_client_held_back_by_an_alarm_is_not_dropped_for_its_unread_heartbeats(
+    alarmed_node,
+):
+    host, port = alarmed_node.amqp_endpoint.rsplit(":", 1)
+    alarmed_node.declare_queue("held")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(frames.PROTOCOL_HEADER)
+        _expect(sock, commands.Connection.Start)
+        sock.sendall(
+            frames.method_frame(
+                0,
+                commands.Connection.StartOk(
+                    client_properties={}, mechanism="PLAIN", response="\x00guest\x00guest"
+                ),
+            )
+        )
+        _expect(sock, commands.Connection.Tune)
+        sock.sendall(frames.method_frame(0, commands.Connection.TuneOk(2047, 131072, 1)))
+        sock.sendall(frames.method_frame(0, commands.Connection.Open()))
+        _expect(sock, commands.Connection.OpenOk)
+        sock.sendall(frames.method_frame(1, commands.Channel.Open()))
+        _expect(sock, commands.Channel.OpenOk)
+        publish = frames.method_frame(1, commands.Basic.Publish(routing_key="held")) + b"".join(
+            frames.content_frames(1, b"\x00\x00", b"x" * 2**20, 131072)
+        )
+        sock.settimeout(3)
+        with pytest.raises(TimeoutError):
+            while True:
+                sock.sendall(publish)  # until the port stops reading it
+        time.sleep(4)  # two heartbeat intervals and more, with nothing read from it
+        stats = alarmed_node.actors.whereis("amqp").ask(_amqp_stats())
+        assert stats["connections"] == 1 and stats["connections_closed"] == 0
+
+
+def _amqp_stats():
+    from warren.queues.amqp.server import AmqpStats
+
+    return AmqpStats()
+
+
+def test_a_get_without_ack_is_settled_only_once_sent(node):
+    connection = _connect(node)
+    channel = connection.channel()
+    channel.queue_declare("once")
+    channel.confirm_delivery()
+    for n in range(20):
+        channel.basic_publish("", "once", b"%d" % n)
+    got = [channel.basic_get("once", auto_ack=True)[2] for _ in range(20)]
+    channel.basic_recover(requeue=True)  # nothing of a get without ack comes back
+    assert got == [b"%d" % n for n in range(20)]
+    assert channel.queue_declare("once", passive=True).method.message_count == 0
+    connection.close()

@@ -248,3 +248,13 @@ def _closed_with(session: Session) -> int:
     code = closes[-1].reply_code
     assert isinstance(code, int)
     return code
+
+
+def test_a_client_that_never_answers_the_servers_close_is_dropped() -> None:
+    session = _open_session(Recording())
+    session.receive(pika.frame.Method(9, pika.spec.Basic.Publish(routing_key="q")).marshal(), 5.0)
+    assert _closed_with(session) == frames.CHANNEL_ERROR
+    session.tick(30.0)
+    assert not session.finished
+    session.tick(36.0)
+    assert session.finished and session.peer_gone
