@@ -53,6 +53,8 @@ setup(
     install_requires=[
         "isal>=1.6,<2",
         "msgpack>=1.0,<2",
+        # AMQP 0-9-1's rarely sent methods (the hot ones are coded by hand)
+        "pamqp>=4.0,<5",
         "prometheus_client>=0.17,<1",
         "psutil>=5.9,<8",
         "pykka>=4.0,<5",
@@ -63,6 +65,8 @@ setup(
         "test": [
             "hypothesis>=6.100,<7",
             "mypy>=1.10",
+            # an AMQP 0-9-1 client to test the amqp port with
+            "pika>=1.3,<2",
             "pytest>=7.4,<10",
             "pytest-timeout>=2.2,<3",
             "pytest-xdist>=3.5,<4",

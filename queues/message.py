@@ -2,7 +2,13 @@
 the wire.
 
 Encoding: a msgpack array ``[1, message_id, headers, expiration_ms, timestamp_ms,
-content_type, persistent, body]`` (the leading 1 is the format version). Headers are a
+content_type, persistent, body]`` (the leading 1 is the format version); a message
+published over AMQP also keeps its publish as the bytes its publisher sent (``amqp``:
+the exchange and routing key as AMQP short strings, then the properties' flag word and
+values, RabbitMQ's ``properties_bin``), in ``[2, ..., persistent, amqp, body]``, so that a
+delivery over AMQP carries them back unchanged (their field types included, which
+msgpack cannot all hold). A message without them encodes as before, byte for byte. The
+body is always last. Headers are a
 map from str to anything msgpack encodes (str, bytes, int, float, bool, None, lists and
 maps of those). Nothing else is accepted: a property that does not encode is refused
 with an ``InvalidMessage`` naming it, before anything is stored; bytes that do not decode
@@ -32,8 +38,10 @@ __all__ = [
 ]
 
 FORMAT_VERSION = 1
+AMQP_FORMAT_VERSION = 2  # with the AMQP publish's bytes before the body
 MAX_MESSAGE_BYTES = 128 * 2**20  # RabbitMQ's max_message_size: a message, encoded
 _FIELDS = 8
+_AMQP_FIELDS = 9
 _EMPTY_BODY = b"\xc4\x00"  # msgpack's bin 8 of length 0
 _U8, _U16, _U32 = (struct.Struct(f">{c}").pack for c in "BHI")
 
@@ -51,6 +59,7 @@ class Message:
     timestamp_ms: int | None = None
     content_type: str | None = None
     persistent: bool = True
+    amqp: bytes | None = None
 
 
 def _check(message: Message) -> None:
@@ -66,6 +75,8 @@ def _check(message: Message) -> None:
             raise InvalidMessage(f"{name} must be a non-negative int or None, got {value!r}")
     if not isinstance(message.persistent, bool):
         raise InvalidMessage(f"persistent must be a bool, got {message.persistent!r}")
+    if message.amqp is not None and type(message.amqp) is not bytes:
+        raise InvalidMessage(f"amqp must be bytes or None, got {type(message.amqp).__name__}")
     headers = message.headers
     if headers is not None:
         if not isinstance(headers, dict):
@@ -78,18 +89,22 @@ def _check(message: Message) -> None:
 def encode(message: Message) -> bytes:
     """The message's bytes; ``InvalidMessage`` if a property does not encode."""
     _check(message)
+    fields = [
+        FORMAT_VERSION,
+        message.message_id,
+        message.headers,
+        message.expiration_ms,
+        message.timestamp_ms,
+        message.content_type,
+        message.persistent,
+        bytes(message.body),
+    ]
+    if message.amqp is not None:
+        fields[0] = AMQP_FORMAT_VERSION
+        fields.insert(-1, message.amqp)
     try:
         return msgpack.packb(
-            [
-                FORMAT_VERSION,
-                message.message_id,
-                message.headers,
-                message.expiration_ms,
-                message.timestamp_ms,
-                message.content_type,
-                message.persistent,
-                bytes(message.body),
-            ],
+            fields,
             use_bin_type=True,
             strict_types=False,
         )
@@ -143,16 +158,27 @@ def decode(data: bytes) -> Message:
         msgpack.StackError,
     ) as exc:
         raise CorruptMessage(f"not an encoded message: {exc}") from None
-    if (
-        type(fields) is not list
-        or len(fields) != _FIELDS
-        or fields[0] != FORMAT_VERSION
-        or type(fields[7]) is not bytes
-    ):
+    if type(fields) is not list or len(fields) not in (_FIELDS, _AMQP_FIELDS):
+        raise CorruptMessage("not an encoded message: wrong shape or version")
+    if type(fields[-1]) is not bytes:
+        raise CorruptMessage("not an encoded message: wrong shape or version")
+    amqp = None
+    if len(fields) == _AMQP_FIELDS and fields[0] == AMQP_FORMAT_VERSION:
+        amqp = fields.pop(7)
+        if type(amqp) is not bytes:
+            raise CorruptMessage("not an encoded message: its AMQP publish is not bytes")
+    elif len(fields) != _FIELDS or fields[0] != FORMAT_VERSION:
         raise CorruptMessage("not an encoded message: wrong shape or version")
     _, message_id, headers, expiration_ms, timestamp_ms, content_type, persistent, body = fields
     message = Message(
-        body, message_id, headers, expiration_ms, timestamp_ms, content_type, persistent
+        body,
+        message_id,
+        headers,
+        expiration_ms,
+        timestamp_ms,
+        content_type,
+        persistent,
+        amqp,
     )
     if (
         headers is None

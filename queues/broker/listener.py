@@ -80,7 +80,7 @@ import zmq
 from zmq.auth.thread import ThreadAuthenticator
 from zmq.utils.monitor import recv_monitor_message
 
-from warren.actors import ProcessActor, UnhandledMessage, message, wire
+from warren.actors import UnhandledMessage, message, wire
 from warren.actors.codec import Decoder, Encoder, find_unknown
 from warren.actors.errors import CodecError
 from warren.actors.exitcodes import EXIT_CRASHED
@@ -102,6 +102,7 @@ from ..protocol import (
     Settle,
     Subscribe,
 )
+from .gateway_actor import GatewayActor
 
 __all__ = [
     "CLIENT_MESSAGES",
@@ -148,6 +149,17 @@ def check_listen_address(endpoint: str, *, curve: bool, insecure: bool) -> None:
         )
 
 
+def host_and_port(address: object, what: str, example: str) -> tuple[str, int]:
+    """``(host, port)`` of a ``HOST:PORT`` address with a port in 0..65535 (the host's
+    IPv6 brackets taken off); ValueError naming ``what``, with ``example``, otherwise."""
+    if not isinstance(address, str) or "/" in address or ":" not in address:
+        raise ValueError(f"{what} is HOST:PORT, {example}; got {address!r}")
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"{what} is HOST:PORT with a port in 0..65535, {example}; got {address!r}")
+    return host.strip("[]"), int(port)
+
+
 def with_free_port(endpoint: str) -> str:
     """``endpoint`` with its port ``*`` replaced by one free now: a restarted listener
     binds the same port as the first, so that its clients reconnect to it."""
@@ -161,7 +173,7 @@ def with_free_port(endpoint: str) -> str:
         return f"{host}:{probe.getsockname()[1]}"
 
 
-class ListenerActor(ProcessActor):
+class ListenerActor(GatewayActor):
     """The listener process; see the module docstring."""
 
     figures_from_loop = False  # its counters and connections change on the gateway thread
@@ -185,7 +197,6 @@ class ListenerActor(ProcessActor):
         self.curve = curve
         self.consumer_silence_s = consumer_silence_s
         self._gateway: _Gateway | None = None
-        self._thread: threading.Thread | None = None
 
     def on_start(self) -> None:
         self._gateway = _Gateway(
@@ -196,10 +207,7 @@ class ListenerActor(ProcessActor):
             self.curve,
             self.consumer_silence_s,
         )
-        self._thread = threading.Thread(
-            target=self._gateway.run, name="warren-gateway", daemon=True
-        )
-        self._thread.start()
+        self.start_gateway(self._gateway, "warren-gateway")
 
     def on_receive(self, message: Any) -> Any:
         if isinstance(message, ListenerStats):
@@ -213,19 +221,6 @@ class ListenerActor(ProcessActor):
                 **gateway.counters,
             }
         raise UnhandledMessage(f"the listener does not handle {type(message).__name__}")
-
-    def on_stop(self) -> None:
-        self._close()
-
-    def on_failure(self, *exc_info: object) -> None:
-        self._close()
-
-    def _close(self) -> None:
-        if self._gateway is not None:
-            self._gateway.stopping.set()
-            if self._thread is not None:
-                self._thread.join(timeout=5)
-            self._gateway.close()
 
 
 class _Gateway:
@@ -622,6 +617,9 @@ class _Gateway:
         log.warning("listener: a malformed request: %s", text)
         if request_id is not None:
             self._answer(client, wire.REPLY_ERROR, request_id, ["ValueError", text, ""])
+
+    def stop(self) -> None:
+        self.stopping.set()
 
     def close(self) -> None:
         if getattr(self, "_pool", None) is not None:

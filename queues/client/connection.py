@@ -318,6 +318,14 @@ class Connection:
         self._routes.pop(name, None)
 
     @_exclusive
+    def forget_routes(self) -> None:
+        """Drop the exchanges' bindings this connection routes with (each is kept for
+        ``ROUTES_TTL_S``): the next publish through an exchange reads them from the node.
+        For a process that hears of another connection's binding (the AMQP port, whose
+        clients bind for each other)."""
+        self._routes.clear()
+
+    @_exclusive
     def list_exchanges(self) -> list[dict[str, Any]]:
         """Every declared exchange as ``{"name", "kind", "durable"}``."""
         self._check_open()

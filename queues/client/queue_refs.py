@@ -8,11 +8,16 @@ another incarnation answers at its address, and says so (``ActorDeadError``) rat
 waiting out the whole timeout. A wait no longer than that look (a caller that waits in
 short slices, as ``warren publish`` does) would never reach it: at its end, a process that
 is gone is said so too (a cheap look, no ping), not a timeout after which the answer "may
-still come".
+still come". An incarnation found gone is remembered (the last ``GONE_REMEMBERED``), so
+that the other asks waiting on it end at once: a producer with thousands of single
+publishes in flight to a killed queue would otherwise learn of it one look, a second,
+per publish.
 """
 
 from __future__ import annotations
 
+import collections
+import threading
 import time
 from typing import Any
 
@@ -25,6 +30,10 @@ from .tcp_node import RemoteQueue
 __all__ = ["RESTART_CHECK_S", "await_answer", "is_stream_ref", "sender"]
 
 RESTART_CHECK_S = 1.0  # how often a wait looks whether its queue restarted
+GONE_REMEMBERED = 1024  # incarnations known gone, kept to end other waits on them at once
+# (address, incarnation, pid): a pid is never an earlier node's incarnation at one address
+_gone: collections.OrderedDict[tuple[str, int, int], None] = collections.OrderedDict()
+_gone_lock = threading.Lock()
 
 
 def await_answer(ref: QueueRef, future: Any, timeout: float | None) -> Any:
@@ -34,6 +43,8 @@ def await_answer(ref: QueueRef, future: Any, timeout: float | None) -> Any:
     address (the request died with it); ``TimeoutError`` after ``timeout``."""
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
+        if _known_gone(ref):
+            raise ActorDeadError(f"{ref.name} incarnation {ref.incarnation} is gone")
         wait = (
             RESTART_CHECK_S
             if deadline is None
@@ -49,7 +60,24 @@ def await_answer(ref: QueueRef, future: Any, timeout: float | None) -> Any:
                     ) from None
                 raise TimeoutError(f"{ref.name} did not answer within {timeout} s") from None
             if not _alive(ref, future):
+                _remember_gone(ref)
                 raise ActorDeadError(f"{ref.name} incarnation {ref.incarnation} is gone") from None
+
+
+def _known_gone(ref: QueueRef) -> bool:
+    if not isinstance(ref, ActorRef):
+        return False  # behind a listener, whose node looks for itself
+    with _gone_lock:
+        return (ref.address, ref.incarnation, ref.pid) in _gone
+
+
+def _remember_gone(ref: QueueRef) -> None:
+    if not isinstance(ref, ActorRef):
+        return
+    with _gone_lock:
+        _gone[(ref.address, ref.incarnation, ref.pid)] = None
+        while len(_gone) > GONE_REMEMBERED:
+            _gone.popitem(last=False)
 
 
 def _alive(ref: QueueRef, future: Any) -> bool:

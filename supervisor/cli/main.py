@@ -107,6 +107,7 @@ _CONFIG_KEYS = {
     "store": {"file_size_limit": "file_size_limit", "sync_policy": "sync_policy"},
     "listener": {"listen": "listen", "curve": "curve", "insecure": "insecure"},
     "http": {"listen": "http", "insecure": "insecure"},
+    "amqp": {"listen": "amqp"},
     "alarms": {
         "memory_high_watermark": "memory_high_watermark",
         "memory_limit": "memory_limit",
@@ -225,6 +226,8 @@ def node_settings(args: argparse.Namespace) -> dict[str, Any]:
         settings["listen"] = options["listen"]
     if "http" in options:
         settings["http"] = options["http"]
+    if "amqp" in options:
+        settings["amqp"] = options["amqp"]
     for flag in ("curve", "insecure"):
         if flag in options:
             if not isinstance(options[flag], bool):
@@ -248,6 +251,13 @@ def node_settings(args: argparse.Namespace) -> dict[str, Any]:
 
         try:
             check_http_address(settings["http"], insecure=settings.get("insecure", False))
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+    if "amqp" in settings:
+        from warren.queues.amqp.server import check_amqp_address
+
+        try:
+            check_amqp_address(settings["amqp"])
         except ValueError as exc:
             raise UsageError(str(exc)) from None
     limits: dict[str, Any] = {}
@@ -443,13 +453,15 @@ def listening(status: dict) -> list[str]:
     lines = []
     if status.get("listen_endpoint"):
         lines.append(f"listener: {status['listen_endpoint']} (remote clients: --url, connect)")
+    if status.get("amqp_endpoint"):
+        lines.append(f"amqp: {status['amqp_endpoint']} (AMQP 0-9-1 clients: pika, kombu ...)")
     http = status.get("http_endpoint")
     if http:
         lines.append(f"management page: {status.get('management_page') or http + '/'}")
         lines.append(f"metrics: {http}/metrics (Prometheus), {http}/api/* (JSON)")
     return lines or [
-        "listening: on this machine only (--listen for remote clients, --http for a "
-        "management page)"
+        "listening: on this machine only (--listen for remote clients, --amqp for AMQP, "
+        "--http for metrics)"
     ]
 
 
@@ -746,6 +758,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="allow --listen on a non-loopback address without --curve, and --http on "
         "a non-loopback address",
+    )
+    node.add_argument(
+        "--amqp",
+        metavar="HOST:PORT",
+        help="serve AMQP 0-9-1 clients (pika) there (loopback only for now; port 0: any free one)",
     )
     node.add_argument(
         "--http",

@@ -67,7 +67,7 @@ from urllib.parse import urlsplit
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import CollectorRegistry
 
-from warren.queues.broker.listener import LOOPBACK_HOSTS
+from warren.queues.broker.listener import LOOPBACK_HOSTS, host_and_port
 
 from ..tables import strict_json
 from .metrics import (
@@ -103,20 +103,15 @@ STOPPING = b"the node is stopping\n"
 def check_http_address(address: object, *, insecure: bool) -> tuple[str, int]:
     """``(host, port)`` of ``HOST:PORT``; ValueError for anything else, and for a host
     other than loopback unless ``insecure``."""
-    example = "such as 127.0.0.1:15692 (port 0: any free one)"
-    if not isinstance(address, str) or "/" in address or ":" not in address:
-        raise ValueError(f"the HTTP endpoint is HOST:PORT, {example}; got {address!r}")
-    host, _, port = address.rpartition(":")
-    if not host or not port.isdigit() or int(port) > 65535:
-        raise ValueError(
-            f"the HTTP endpoint is HOST:PORT with a port in 0..65535, {example}; got {address!r}"
-        )
+    host, port = host_and_port(
+        address, "the HTTP endpoint", "such as 127.0.0.1:15692 (port 0: any free one)"
+    )
     if host not in LOOPBACK_HOSTS and not insecure:
         raise ValueError(
             f"{address} is not a loopback address: anyone who reaches it could read the "
             f"node's queues and figures. Pass --insecure if the network is yours alone"
         )
-    return host.strip("[]"), int(port)
+    return host, port
 
 
 class HttpEndpoint:

@@ -16,6 +16,9 @@ boots the tree of the design, with the children that exist so far::
                                   their keys; a port ``*`` is any free one, kept across
                                   the listener's restarts, and ``listen_endpoint`` says
                                   which)
+    └── amqp                      with ``amqp="127.0.0.1:5672"``: AMQP 0-9-1 clients
+                                  (``warren.queues.amqp.server``; port 0 is any free
+                                  one, kept across restarts; ``amqp_endpoint`` says which)
 
 With ``http="127.0.0.1:15692"`` the node also serves its figures over HTTP from its own
 process, for Prometheus, as JSON and as a management page (``warren.supervisor.node.
@@ -96,6 +99,7 @@ import zmq
 from warren.actors import ActorError, ActorRef
 from warren.actors import Node as ActorNode
 from warren.actors.process import process_exists
+from warren.queues.amqp.server import AmqpActor, AmqpStats, check_amqp_address, free_port
 from warren.queues.broker.definitions import (
     DEFINITIONS_FILE,
     Definitions,
@@ -144,6 +148,7 @@ from ..specs import (
 )
 from ..supervisor import Supervisor
 from ..tables import counted
+from ..version import __version__
 from .alarms import AlarmLimits, ResourceMonitor
 from .http_endpoint import HttpEndpoint, check_http_address
 from .metrics import NodeFigures
@@ -175,6 +180,7 @@ BEATS_PER_HEARTBEAT_TIMEOUT = 12
 # What the runtime's close gives actors still alive after the tree stopped (seconds).
 STORE_CLOSE_TIMEOUT_S = 60.0
 LISTENER_NAME = "listener"  # the actor remote clients reach (Node(listen=...))
+AMQP_NAME = "amqp"  # the AMQP 0-9-1 port's actor (Node(amqp=...))
 # What other processes may call on the node through its control socket (warren.connect).
 QUEUE_SUP_PREFIX = "queue_sup "  # each queue's own supervisor, under queue_sup
 QUEUE_FLAGS = SupervisorFlags("one_for_one", intensity=3, period_s=60.0)
@@ -221,6 +227,7 @@ class Node:
         listener_options: dict[str, Any] | None = None,
         heartbeat_timeout_s: float = STORE_HEARTBEAT_TIMEOUT_S,
         http: str | None = None,
+        amqp: str | None = None,
     ) -> None:
         starting_at = time.monotonic()
         self.started_at = time.time()  # when the node began to start, in epoch seconds
@@ -238,6 +245,12 @@ class Node:
                 check_http_address(http, insecure=insecure)
             except ValueError as exc:
                 raise InvalidSpec("http", http, str(exc)) from None
+        amqp_address: tuple[str, int] | None = None
+        if amqp is not None:
+            try:
+                amqp_address = check_amqp_address(amqp)
+            except ValueError as exc:
+                raise InvalidSpec("amqp", amqp, str(exc)) from None
         check_seconds("heartbeat_timeout_s", heartbeat_timeout_s, at_least=2)  # beats: 1 s
         self._heartbeat_timeout_s = float(heartbeat_timeout_s)
         self._heartbeat_interval_s = max(
@@ -273,6 +286,7 @@ class Node:
         self.counters = {"malformed_status_requests": 0, "refused_control_calls": 0}
         self.actors: ActorNode | None = None
         self.listen_endpoint: str | None = None  # where remote clients connect
+        self.amqp_endpoint: str | None = None  # where AMQP clients connect, host:port
         self.http_endpoint: str | None = None  # where the figures are served over HTTP
         self.start_duration_s: float | None = None  # how long the start took
         self._http: HttpEndpoint | None = None
@@ -346,6 +360,17 @@ class Node:
                     ),
                 )
             )
+            amqp_port = (
+                ()
+                if amqp_address is None
+                else (
+                    ChildSpec(
+                        AMQP_NAME,
+                        AmqpActor,
+                        (self.data_dir, amqp_address[0], free_port(*amqp_address), __version__),
+                    ),
+                )
+            )
             spec = SupervisorSpec(
                 "node",
                 ROOT_FLAGS,
@@ -366,6 +391,7 @@ class Node:
                     self._queue_sup_spec(),
                     SupervisorSpec("app_sup", SUB_FLAGS, children=tuple(children)),
                     *listener,
+                    *amqp_port,
                 ),
             )
             self.root = Supervisor(self.actors, spec, on_failure=self._root_failed).start()
@@ -375,6 +401,10 @@ class Node:
                 listener_ref = self.actors.whereis(LISTENER_NAME)
                 assert listener_ref is not None, "the tree has just started the listener"
                 self.listen_endpoint = listener_ref.ask(ListenerStats())["endpoint"]
+            if amqp is not None:
+                amqp_ref = self.actors.whereis(AMQP_NAME)
+                assert amqp_ref is not None, "the tree has just started the AMQP port"
+                self.amqp_endpoint = amqp_ref.ask(AmqpStats())["endpoint"]
             self._with_room(functools.partial(write_alarms, self.data_dir, self.alarms.active))
             self.start_duration_s = time.monotonic() - starting_at
             self._started.set()
@@ -731,6 +761,7 @@ class Node:
                 "alarms": sorted(self.alarms.active),
                 "http_endpoint": self.http_endpoint,
                 "listen_endpoint": self.listen_endpoint,
+                "amqp_endpoint": self.amqp_endpoint,
                 "management_page": self.management_page,
             }
         return {
@@ -740,6 +771,7 @@ class Node:
             "state": self.state,
             "http_endpoint": self.http_endpoint,
             "listen_endpoint": self.listen_endpoint,
+            "amqp_endpoint": self.amqp_endpoint,
             "management_page": self.management_page,
             "tree": self.root.status() if self.root else None,
             "stores": self.store_stats() if self.root else {},
@@ -1019,6 +1051,7 @@ class Node:
                     "status_endpoint": self.status_endpoint,
                     "listen_endpoint": self.listen_endpoint,
                     "http_endpoint": self.http_endpoint,
+                    "amqp_endpoint": self.amqp_endpoint,
                 },
                 f,
             )

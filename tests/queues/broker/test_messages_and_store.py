@@ -32,6 +32,35 @@ def test_every_property_survives_encoding():
     assert decode(encode(message)) == message
 
 
+def test_a_message_published_over_amqp_keeps_its_publish_bytes():
+    """The AMQP publish as a publisher sent it (exchange, routing key, and properties:
+    here delivery_mode 2 and a header whose type, a decimal, msgpack cannot hold) comes
+    back unchanged; a message without one encodes exactly as before they existed."""
+    properties = b"\x02ex\x02rk\x30\x00\x00\x00\x00\x0a\x03feeD\x02\x00\x00\x01\x2c\x02"
+    message = Message(b"body", expiration_ms=5, persistent=True, amqp=properties)
+    assert decode(encode(message)) == message
+    plain = Message(b"body", message_id="m")
+    assert encode(plain) == bytes.fromhex("9801a16dc0c0c0c0c3c404626f6479")
+    assert decode(encode(plain)).amqp is None
+    encode_body = body_encoder(message)
+    assert encode_body(b"other") == encode(
+        Message(b"other", None, None, 5, None, None, True, properties)
+    )
+
+
+def test_a_message_whose_amqp_publish_is_not_bytes_is_refused_both_ways():
+    with pytest.raises(InvalidMessage, match="amqp"):
+        encode(Message(b"x", amqp="\x00\x00"))
+    import msgpack
+
+    not_bytes = msgpack.packb([2, None, None, None, None, None, True, "text", b"x"])
+    with pytest.raises(CorruptMessage, match="AMQP publish"):
+        decode(not_bytes)
+    wrong_version = msgpack.packb([1, None, None, None, None, None, True, b"\x00\x00", b"x"])
+    with pytest.raises(CorruptMessage):
+        decode(wrong_version)
+
+
 @pytest.mark.parametrize(
     "message, field",
     [

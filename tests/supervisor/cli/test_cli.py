@@ -520,3 +520,43 @@ def test_a_reader_that_went_away_ends_the_command_quietly(tmp_path):
         store.write(b"m" * 16, b"kept")
     code, said = printed_to_a_reader_that_left("store", "inspect", str(tmp_path / "store"))
     assert (code, said) == (141, "")  # SIGPIPE's exit status, as a Unix tool's
+
+
+def test_a_node_with_an_amqp_port_says_where_and_pika_connects_there(tmp_path):
+    import pika
+
+    data = str(tmp_path / "data")
+    with warren_node(data, "--amqp", "127.0.0.1:0") as node:
+        assert node.stdout.readline().startswith("node warren")
+        wait_for(lambda: os.path.exists(os.path.join(data, "node.json")))
+        status = json.loads(warren("status", "--data-dir", data, "--json").stdout)
+        endpoint = status["amqp_endpoint"]
+        host, port = endpoint.rsplit(":", 1)
+        assert host == "127.0.0.1" and int(port) > 0
+        shown = warren("status", "--data-dir", data).stdout.splitlines()
+        assert f"amqp: {endpoint} (AMQP 0-9-1 clients: pika, kombu ...)" in shown
+        connection = pika.BlockingConnection(pika.ConnectionParameters(host, int(port)))
+        channel = connection.channel()
+        channel.queue_declare("from-pika")
+        connection.close()
+        assert "from-pika" in warren("queues", "--data-dir", data).stdout
+        node.send_signal(signal.SIGTERM)
+        assert node.wait(timeout=60) == 0
+
+
+@pytest.mark.parametrize(
+    ("address", "complaint"),
+    [
+        ("0.0.0.0:5672", "not a loopback address"),
+        ("127.0.0.1", "HOST:PORT"),
+        ("127.0.0.1:99999", "HOST:PORT"),
+    ],
+)
+def test_an_amqp_address_that_will_not_do_is_refused_in_one_line(tmp_path, address, complaint):
+    refused = warren("node", "--data-dir", str(tmp_path / "data"), "--amqp", address)
+    assert refused.returncode == 2 and complaint in refused.stderr
+    assert len(refused.stderr.splitlines()) == 1
+    config = tmp_path / "warren.toml"
+    config.write_text(f'[amqp]\nlisten = "{address}"\n')
+    with pytest.raises(UsageError, match=complaint):
+        settings_from("--config", str(config), "--data-dir", str(tmp_path / "data"))

@@ -1,0 +1,476 @@
+"""``AmqpActor`` (``warren: amqp``): the node's AMQP 0-9-1 port.
+
+The node runs one when told to (``warren node --amqp 127.0.0.1:5672``,
+``Node(amqp=...)``). Its gateway thread owns the listening socket and every client's
+socket, each with its ``Session`` (the protocol) and ``Translator`` (a worker thread with
+a Warren connection to the node): it reads, lets the session frame and answer what it
+can, hands the rest to the translator, and writes what both have to send, without
+blocking on any one client (what a client does not take yet waits in its buffer, and
+that client's socket is watched for room). The actor's own loop answers its supervisor
+and ``AmqpStats``.
+
+Flow: a client whose worker has not taken more than ``BACKLOG_PAUSE_BYTES`` of what it
+sent is not read until the worker catches up (its sends then wait, as RabbitMQ's credit
+flow makes them wait), and a client's consumers get nothing more while
+``OUTBOX_LIMIT_BYTES`` wait for it to read. A translator and its node connection are made
+when the client's connection opens: a socket that never logs in costs neither, and is
+closed after the handshake timeout.
+
+Races: a translator's answers and deliveries reach the gateway through ``post`` (a
+queue of callables and a wake-up pipe), so only the gateway thread touches a session
+and a socket. A client that goes (its socket closes, its session finishes and its last
+frames left or waited ``CLOSE_LINGER_S``, or it missed its heartbeats) has its
+translator stopped: it hands back what the client held unacked and closes its Warren
+connection; the queues requeue what it held if the whole process dies instead. A
+stopping port tells its clients (320 CONNECTION_FORCED) and waits for the workers.
+
+Bad input: what the session refuses closes that client with RabbitMQ's code; a client
+that sends a protocol header of another version is answered with ours and closed. A bug
+met while serving one client closes that client (541); one in the gateway's own loop
+ends the process, which its supervisor restarts, rather than leave a port that accepts
+and never answers.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import logging
+import os
+import resource
+import selectors
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from warren.actors import UnhandledMessage, message
+from warren.actors.exitcodes import EXIT_CRASHED
+from warren.actors.process import drain_wake_pipe
+
+from ..broker.gateway_actor import GatewayActor
+from ..broker.listener import LOOPBACK_HOSTS, host_and_port, with_free_port
+from ..client.connection import Connection
+from ..client.ipc_node import RemoteNode
+from ..errors import NotFound
+from . import frames
+from . import session as session_module
+from .frames import AmqpError
+from .session import Session
+from .shared import ExclusiveQueues, TopologyChanges
+from .translator import Translator
+
+log = logging.getLogger("warren.amqp")
+
+TICK_S = 1.0  # how often sessions are looked at for heartbeats
+CLOSE_LINGER_S = 5.0  # how long a closed client's last frames may wait to leave
+STOP_WORKERS_S = 5.0  # how long a stopping port waits for its workers, all together
+DESCRIPTORS_KEPT = 64  # a connection is refused while fewer descriptors than this are left
+READ_BYTES = 256 * 1024
+PORT_DIRECTORY = "amqp"  # the port's own files, in the node's data directory
+GUEST_PASSWORD = "guest"
+
+
+@message
+@dataclass(frozen=True)
+class AmqpStats:
+    """ask → {"endpoint", "connections", "connections_opened", "connections_closed"}."""
+
+
+def check_amqp_address(address: object) -> tuple[str, int]:
+    """``(host, port)`` of ``HOST:PORT`` (port 0: any free one); ValueError for anything
+    else, and for a host other than loopback: the port's one user, ``guest``, may log in
+    from loopback only (a users file and TLS are still to come)."""
+    host, port = host_and_port(
+        address, "the AMQP port", "such as 127.0.0.1:5672 (port 0: any free one)"
+    )
+    if host not in LOOPBACK_HOSTS:
+        raise ValueError(
+            f"{address} is not a loopback address: the AMQP port serves loopback only for "
+            "now (its one user, guest, may log in from loopback only)"
+        )
+    return host, port
+
+
+def free_port(host: str, port: int) -> int:
+    """``port``, or one free now when it is 0: a restarted AMQP port binds the same one
+    as the first, so that its clients reconnect to it."""
+    return port or int(with_free_port(f"tcp://{host}:*").rpartition(":")[2])
+
+
+def guest_only(user: str, password: str) -> bool:
+    """The users let in: ``guest`` (from loopback only, which the session checks)."""
+    return user == session_module.GUEST and password == GUEST_PASSWORD
+
+
+@dataclass(eq=False)
+class _Client:
+    sock: socket.socket
+    session: Session
+    pending: bytearray  # what the client has not taken yet
+    translator: Translator | None = None  # once its connection is open
+    finished_at: float | None = None  # when its session finished
+    paused: bool = False  # not read: its worker has not taken what it sent
+    told_blocked: bool = False  # sent connection.blocked, not unblocked since
+    # While an alarm is raised: how many publishes the client had made when it was
+    # raised (or 0, connected since). Told it is blocked at its next publish, as
+    # RabbitMQ tells a connection: one that does not publish is not blocked.
+    blocking_from: int | None = None
+
+
+class AmqpActor(GatewayActor):
+    """The AMQP port's process; see the module docstring."""
+
+    figures_from_loop = False  # its counters change on the gateway thread
+
+    def __init__(self, data_dir: str, host: str, port: int, version: str) -> None:
+        """``version``: Warren's, which the port announces to clients."""
+        self.data_dir = data_dir
+        self.host = host
+        self.port = port
+        self.version = version
+        self._gateway: _Gateway | None = None
+
+    def on_start(self) -> None:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft != hard:  # each client costs descriptors: take all this process may have
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        self._gateway = _Gateway(self.data_dir, self.host, self.port, self.version)
+        self.start_gateway(self._gateway, "warren-amqp")
+
+    def on_receive(self, message: Any) -> Any:
+        if isinstance(message, AmqpStats):
+            gateway = self._gateway
+            assert gateway is not None, "on_start sets the gateway"
+            host, port = gateway.bound
+            return {
+                "endpoint": f"{host}:{port}" if ":" not in host else f"[{host}]:{port}",
+                "connections": len(gateway.clients),
+                **gateway.counters,
+            }
+        raise UnhandledMessage(f"the AMQP port does not handle {type(message).__name__}")
+
+    def on_alarm(self, resource: str, raised: bool) -> None:
+        if self._gateway is not None:
+            self._gateway.alarm(resource, raised)
+
+
+class _Gateway:
+    """The gateway thread's state; every socket and session here is used by it alone."""
+
+    def __init__(self, data_dir: str, host: str, port: int, version: str) -> None:
+        self.data_dir = data_dir
+        self.version = version
+        self.stopping = threading.Event()
+        self.counters = {
+            "connections_opened": 0,
+            "connections_closed": 0,
+            "clients_failed": 0,
+            "refused_for_descriptors": 0,
+        }
+        self.clients: dict[socket.socket, _Client] = {}
+        self._listener = socket.create_server((host, port), family=_family(host), backlog=128)
+        self._listener.setblocking(False)
+        self.bound: tuple[str, int] = self._listener.getsockname()[:2]
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(self._listener, selectors.EVENT_READ)
+        self._wake_read, self._wake_write = os.pipe()
+        os.set_blocking(self._wake_read, False)
+        os.set_blocking(self._wake_write, False)
+        self._selector.register(self._wake_read, selectors.EVENT_READ)
+        # What other threads hand the gateway: a callable, and the client it is for
+        # (dropped if that client is gone meanwhile), or None.
+        self._posted: collections.deque[tuple[_Client | None, Callable[[], None]]] = (
+            collections.deque()
+        )
+        self._accepting = True  # the listening socket is watched (not when out of fds)
+        self._stopped: list[Translator] = []  # workers told to stop, joined at close
+        self._dirty: set[_Client] = set()
+        self._unwatched: set[_Client] = set()
+        self.alarms: set[str] = set()  # the node's resource alarms raised now
+        self._topology = TopologyChanges()
+        self._exclusive = ExclusiveQueues(os.path.join(data_dir, PORT_DIRECTORY))
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.wake()
+
+    def wake(self) -> None:
+        try:
+            os.write(self._wake_write, b"\x00")
+        except BlockingIOError:
+            pass  # a wake-up is pending already
+
+    def run(self) -> None:
+        try:
+            self._delete_left_exclusive_queues()
+            self._serve()
+        except Exception:
+            # A bug here must not leave a port that accepts and never answers: the
+            # supervisor restarts the process.
+            log.exception("amqp: the gateway thread failed; exiting to be restarted")
+            os._exit(EXIT_CRASHED)
+
+    def _serve(self) -> None:
+        next_tick = time.monotonic() + TICK_S
+        while not self.stopping.is_set():
+            timeout = max(0.0, next_tick - time.monotonic())
+            for key, events in self._selector.select(timeout):
+                if key.fileobj is self._listener:
+                    self._accept()
+                elif key.fileobj == self._wake_read:
+                    drain_wake_pipe(self._wake_read)
+                else:
+                    client = key.data
+                    if events & selectors.EVENT_WRITE:
+                        self._dirty.add(client)
+                    if events & selectors.EVENT_READ:
+                        self._guarded(client, self._read)
+            while self._posted:
+                posted_for, callback = self._posted.popleft()
+                if posted_for is None:
+                    callback()
+                elif posted_for.sock in self.clients:
+                    self._guarded(posted_for, _run_posted(callback))
+                    self._dirty.add(posted_for)
+            now = time.monotonic()
+            if now >= next_tick:
+                next_tick = now + TICK_S
+                self._tick(now)
+            for client in list(self._dirty):
+                self._guarded(client, functools.partial(self._flush, now=now))
+            self._dirty.clear()
+
+    def _tick(self, now: float) -> None:
+        if not self._accepting:
+            self._accepting = True
+            self._selector.register(self._listener, selectors.EVENT_READ)
+        for client in list(self.clients.values()):
+            if client.paused:
+                client.session.heard(now)  # its beats wait behind what it sent, unread
+            client.session.tick(now)
+            self._dirty.add(client)
+
+    def _guarded(self, client: _Client, step: Callable[[_Client], None]) -> None:
+        """Run one client's step; a bug in it closes that client alone (541)."""
+        try:
+            step(client)
+        except Exception as exc:
+            log.exception("amqp: serving a client failed; it is closed")
+            self.counters["clients_failed"] += 1
+            client.session.close_connection(
+                AmqpError(frames.INTERNAL_ERROR, f"INTERNAL_ERROR - {type(exc).__name__}")
+            )
+            try:
+                self._flush(client, now=time.monotonic())
+            except Exception:
+                self._drop(client)
+
+    def close(self) -> None:
+        """Tell every client the node shuts down (320), stop their workers, close."""
+        shutdown = AmqpError(frames.CONNECTION_FORCED, "CONNECTION_FORCED - shutdown")
+        for client in list(self.clients.values()):
+            client.session.close_connection(shutdown)
+            try:
+                client.sock.send(client.pending + client.session.take_output())
+            except OSError:
+                pass  # it hears of it from the socket's close
+            self._drop(client)
+        deadline = time.monotonic() + STOP_WORKERS_S
+        for translator in self._stopped:
+            translator.join(max(0.0, deadline - time.monotonic()))
+        self._selector.close()
+        self._listener.close()
+        if not any(translator.running for translator in self._stopped):
+            # a worker still waiting on the node may post yet: its pipe stays open
+            os.close(self._wake_read)
+            os.close(self._wake_write)
+
+    def _delete_left_exclusive_queues(self) -> None:
+        """Delete the exclusive queues of the connections an earlier run of the port had
+        when it died (before anyone is served: the clients meanwhile wait in the
+        listening socket's backlog)."""
+        left = self._exclusive.left_by_a_crash()
+        if not left:
+            return
+        connection = self._connect()
+        try:
+            for name in left:
+                try:
+                    connection.delete_queue(name)
+                except NotFound:
+                    pass  # gone with a node restart, or deleted by hand
+        finally:
+            connection.close()
+        self._exclusive.forget_left()
+        log.info("deleted %d exclusive queue(s) of connections that died with the port", len(left))
+
+    def _accept(self) -> None:
+        try:
+            sock, address = self._listener.accept()
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:  # out of descriptors: look again at the next tick
+            log.warning("amqp: cannot accept a connection: %s", exc)
+            self._selector.unregister(self._listener)
+            self._accepting = False
+            return
+        try:
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except OSError:  # reset already
+            sock.close()
+            return
+        if _descriptors_left() < DESCRIPTORS_KEPT:
+            # each client costs a few descriptors (its socket, its connection to the
+            # node's sockets); past the limit ZeroMQ aborts the whole process
+            log.warning(
+                "amqp: refused a connection: fewer than %d descriptors left", DESCRIPTORS_KEPT
+            )
+            self.counters["refused_for_descriptors"] += 1
+            sock.close()
+            return
+        session = Session(address[0], guest_only, version=self.version, now=time.monotonic())
+        client = _Client(sock, session, bytearray())
+        session.on_open = lambda: self._serve_channels(client)
+        if self.alarms:
+            client.blocking_from = 0
+        self.clients[sock] = client
+        self.counters["connections_opened"] += 1
+        self._selector.register(sock, selectors.EVENT_READ, client)
+
+    def _serve_channels(self, client: _Client) -> Translator:
+        """The worker of a client whose connection just opened (none before: a socket
+        that never logs in costs no thread and no connection to the node)."""
+
+        def post(callback: Callable[[], None]) -> None:
+            self._posted.append((client, callback))
+            self.wake()
+
+        def drained() -> None:
+            client.paused = False
+
+        translator = Translator(self._connect, post, self._topology, self._exclusive)
+        translator.session = client.session
+        translator.on_drained = drained
+        translator.outbox = lambda: len(client.pending)
+        client.translator = translator
+        return translator
+
+    def _connect(self) -> Connection:
+        return Connection(RemoteNode(self.data_dir), linger_s=0, recover=False)
+
+    def _read(self, client: _Client) -> None:
+        try:
+            data = client.sock.recv(READ_BYTES)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._drop(client)
+            return
+        client.session.receive(data, time.monotonic())
+        client.paused = client.translator is not None and client.translator.backlogged
+        self._dirty.add(client)
+
+    def alarm(self, resource: str, raised: bool) -> None:
+        """Post a change of the node's alarms (from the actor's thread); every open
+        client that asked for them hears ``connection.blocked`` or ``unblocked``."""
+
+        def change() -> None:
+            was = bool(self.alarms)
+            if raised:
+                self.alarms.add(resource)
+            else:
+                self.alarms.discard(resource)
+            if was != bool(self.alarms):
+                for client in self.clients.values():
+                    client.blocking_from = client.session.publishes if self.alarms else None
+            self._dirty.update(self.clients.values())
+
+        self._posted.append((None, change))
+        self.wake()
+
+    def _flush(self, client: _Client, *, now: float) -> None:
+        if client.sock not in self.clients:
+            return
+        blocked = (
+            client.blocking_from is not None and client.session.publishes > client.blocking_from
+        )
+        if client.told_blocked != blocked and client.session.hears_of_blocks:
+            client.session.blocked(
+                f"low on {' and '.join(sorted(self.alarms))}" if blocked else None
+            )
+            client.told_blocked = blocked
+        client.pending += client.session.take_output(now)
+        if client.pending:
+            try:
+                sent = client.sock.send(client.pending)
+            except (BlockingIOError, InterruptedError):
+                sent = 0
+            except OSError:
+                self._drop(client)
+                return
+            del client.pending[:sent]
+        if client.session.finished:
+            if client.finished_at is None:
+                client.finished_at = now
+            # a closed client's last frames get a moment to leave; a vanished one none
+            if (
+                not client.pending
+                or client.session.peer_gone
+                or now - client.finished_at > CLOSE_LINGER_S
+            ):
+                self._drop(client)
+                return
+        events = (0 if client.paused else selectors.EVENT_READ) | (
+            selectors.EVENT_WRITE if client.pending else 0
+        )
+        self._watch(client, events)
+
+    def _watch(self, client: _Client, events: int) -> None:
+        """Watch the client's socket for ``events``; for none, not at all (until its
+        worker catches up: a paused client with nothing to send)."""
+        watched = client not in self._unwatched
+        if not events:
+            if watched:
+                self._selector.unregister(client.sock)
+                self._unwatched.add(client)
+        elif watched:
+            self._selector.modify(client.sock, events, client)
+        else:
+            self._selector.register(client.sock, events, client)
+            self._unwatched.discard(client)
+
+    def _drop(self, client: _Client) -> None:
+        if self.clients.pop(client.sock, None) is None:
+            return
+        self.counters["connections_closed"] += 1
+        if client in self._unwatched:
+            self._unwatched.discard(client)
+        else:
+            self._selector.unregister(client.sock)
+        client.sock.close()
+        if client.translator is not None:
+            client.translator.stop()
+            self._stopped.append(client.translator)
+
+
+def _descriptors_left() -> int:
+    """How many more files this process may open (its limit less those open)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return DESCRIPTORS_KEPT
+    return soft - len(os.listdir("/proc/self/fd"))
+
+
+def _run_posted(callback: Callable[[], None]) -> Callable[[_Client], None]:
+    """A callback posted for a client, as a step of that client's (``_guarded``)."""
+    return lambda _client: callback()
+
+
+def _family(host: str) -> socket.AddressFamily:
+    return socket.AF_INET6 if ":" in host else socket.AF_INET

@@ -1,0 +1,93 @@
+"""What the AMQP port's connections share: the count of their topology changes, and the
+exclusive queues each of them owns.
+
+``TopologyChanges``: every binding, unbinding and delete one connection makes is counted;
+a connection that sees the count move drops its cached routes before its next publish
+through an exchange, so that a binding one client made routes every other client's next
+publish, as RabbitMQ's bindings do once answered.
+
+``ExclusiveQueues``: which connection owns each exclusive queue (the others get 405
+RESOURCE_LOCKED for it), kept in a file of the port's (``exclusive.json`` in its
+directory) so that a port restarted after a crash deletes the queues its dead
+connections owned, as RabbitMQ deletes an exclusive queue when its connection goes.
+
+Races: both are used from every connection's worker thread, under a lock each. The file
+is replaced whole (written aside, then renamed) at each change, without an fsync: its
+queues are transient, so a node that lost the file in a power cut lost them too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from typing import Any
+
+EXCLUSIVE_FILE = "exclusive.json"
+
+
+class TopologyChanges:
+    """How many topology changes the port's connections made (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.count = 0
+
+    def changed(self) -> None:
+        with self._lock:
+            self.count += 1
+
+
+class ExclusiveQueues:
+    """The exclusive queues and their owners (see the module docstring)."""
+
+    def __init__(self, directory: str) -> None:
+        os.makedirs(directory, exist_ok=True)
+        self._path = os.path.join(directory, EXCLUSIVE_FILE)
+        self._lock = threading.Lock()
+        self._owners: dict[str, Any] = {}
+
+    def left_by_a_crash(self) -> list[str]:
+        """The queues owned by connections of an earlier run of the port, to be deleted
+        (then ``forget_left``: until then a port that dies again finds them again)."""
+        try:
+            with open(self._path, encoding="utf-8") as file:
+                names = json.load(file)
+        except (OSError, ValueError):
+            return []  # none, or a file cut short: nothing to go on
+        return [name for name in names if isinstance(name, str)] if isinstance(names, list) else []
+
+    def forget_left(self) -> None:
+        """The queues ``left_by_a_crash`` named are deleted: the file names this run's."""
+        with self._lock:
+            self._save()
+
+    def claim(self, name: str, owner: Any) -> bool:
+        """Make ``owner`` the queue's; False when another connection owns it."""
+        with self._lock:
+            held = self._owners.setdefault(name, owner)
+            if held is not owner:
+                return False
+            self._save()
+            return True
+
+    def locked_for(self, name: str, connection: Any) -> bool:
+        """Whether another connection than ``connection`` owns the queue."""
+        with self._lock:
+            owner = self._owners.get(name)
+        return owner is not None and owner is not connection
+
+    def release(self, name: str) -> None:
+        with self._lock:
+            if self._owners.pop(name, None) is not None:
+                self._save()
+
+    def owned_by(self, owner: Any) -> list[str]:
+        with self._lock:
+            return [name for name, held in self._owners.items() if held is owner]
+
+    def _save(self) -> None:
+        aside = self._path + ".tmp"
+        with open(aside, "w", encoding="utf-8") as file:
+            json.dump(sorted(self._owners), file)
+        os.replace(aside, self._path)

@@ -1,0 +1,775 @@
+"""The AMQP port of a real node, used by pika as an application on RabbitMQ would.
+
+Each test starts a node with ``amqp="127.0.0.1:0"`` and talks to it with pika's
+``BlockingConnection``: what a publisher sent comes back to a consumer byte for byte, a
+queue's messages survive a client that vanishes and a port that is killed, and errors
+come back with the codes RabbitMQ uses."""
+
+from __future__ import annotations
+
+import decimal
+import os
+import signal
+import socket
+import time
+
+import pamqp.commands as commands
+import pika
+import pika.exceptions
+import psutil
+import pytest
+
+from warren.queues.amqp import frames
+from warren.supervisor import AlarmLimits, InvalidSpec, Node
+
+from ...waiting import wait_for
+
+
+@pytest.fixture
+def node(tmp_path):
+    with Node(tmp_path / "data", amqp="127.0.0.1:0") as running:
+        yield running
+
+
+def _connect(node: Node, **options: object) -> pika.BlockingConnection:
+    assert node.amqp_endpoint is not None
+    host, port = node.amqp_endpoint.rsplit(":", 1)
+    return pika.BlockingConnection(pika.ConnectionParameters(host, int(port), **options))
+
+
+CELERY_LIKE = pika.BasicProperties(
+    content_type="application/json",
+    content_encoding="utf-8",
+    headers={"task": "add", "retries": 0, "eta": None, "price": decimal.Decimal("1.25")},
+    delivery_mode=2,
+    priority=0,
+    correlation_id="c0ffee",
+    reply_to="replies",
+    message_id="m-1",
+    timestamp=1_700_000_000,
+    type="task",
+    app_id="tests",
+)
+
+
+def test_a_message_comes_back_as_its_publisher_sent_it(node):
+    connection = _connect(node)
+    channel = connection.channel()
+    channel.queue_declare("jobs", durable=True)
+    channel.confirm_delivery()
+    channel.basic_publish("", "jobs", b'{"x": 1}', CELERY_LIKE, mandatory=True)
+    method, properties, body = channel.basic_get("jobs", auto_ack=True)
+    assert body == b'{"x": 1}'
+    assert (method.exchange, method.routing_key, method.redelivered) == ("", "jobs", False)
+    assert method.message_count == 0
+    for name in ("content_type", "content_encoding", "headers", "delivery_mode", "priority"):
+        assert getattr(properties, name) == getattr(CELERY_LIKE, name), name
+    for name in ("correlation_id", "reply_to", "message_id", "timestamp", "type", "app_id"):
+        assert getattr(properties, name) == getattr(CELERY_LIKE, name), name
+    assert channel.basic_get("jobs") == (None, None, None)
+    connection.close()
+
+
+def test_a_confirmed_persistent_message_outlives_the_node(tmp_path):
+    with Node(tmp_path / "data", amqp="127.0.0.1:0") as node:
+        connection = _connect(node)
+        channel = connection.channel()
+        channel.queue_declare("kept", durable=True)
+        channel.confirm_delivery()
+        for n in range(50):
+            channel.basic_publish("", "kept", b"%d" % n, pika.BasicProperties(delivery_mode=2))
+        connection.close()
+    with Node(tmp_path / "data", amqp="127.0.0.1:0") as node:
+        connection = _connect(node)
+        channel = connection.channel()
+        assert channel.queue_declare("kept", passive=True).method.message_count == 50
+        bodies = [channel.basic_get("kept", auto_ack=True)[2] for _ in range(50)]
+        assert bodies == [b"%d" % n for n in range(50)]
+        connection.close()
+
+
+def test_a_consumer_holds_at_most_its_prefetch_and_a_nack_redelivers(node):
+    connection = _connect(node)
+    channel = connection.channel()
+    channel.queue_declare("work")
+    for n in range(20):
+        channel.basic_publish("", "work", b"%d" % n)
+    channel.basic_qos(prefetch_count=5)
+    held = _consumed(channel, "work", ack=False)
+    assert [body for _, body in held] == [b"%d" % n for n in range(5)]  # no ack yet
+    channel.basic_ack(held[2][0].delivery_tag, multiple=True)  # the first three
+    channel.basic_nack(held[3][0].delivery_tag, requeue=True)
+    channel.basic_ack(held[4][0].delivery_tag)
+    taken = [(body, method.redelivered) for method, body in _consumed(channel, "work")]
+    channel.cancel()
+    assert sorted(body for body, _ in taken) == sorted([b"3"] + [b"%d" % n for n in range(5, 20)])
+    assert dict(taken)[b"3"] is True and dict(taken)[b"19"] is False
+    connection.close()
+
+
+def _consumed(channel, queue: str, ack: bool = True) -> list:
+    """(method, body) of what a consumer of ``queue`` gets until a second passes with
+    nothing more; each acked as it comes with ``ack``."""
+    got = []
+    for method, _, body in channel.consume(queue, inactivity_timeout=1.0):
+        if method is None:
+            break
+        got.append((method, body))
+        if ack:
+            channel.basic_ack(method.delivery_tag)
+    return got
+
+
+def test_what_a_vanished_client_held_is_back_at_once_flagged_redelivered(node):
+    holder = _connect(node)
+    channel = holder.channel()
+    channel.queue_declare("orders")
+    for n in range(3):
+        channel.basic_publish("", "orders", b"%d" % n)
+    got = [channel.basic_get("orders")[2] for _ in range(3)]
+    assert got == [b"0", b"1", b"2"]
+    # the client's socket goes without a close (a process killed, a cable pulled)
+    holder._impl._transport._sock.shutdown(2)
+    other = _connect(node)
+    again = other.channel()
+    seen = []
+
+    def back() -> bool:
+        method, _, body = again.basic_get("orders", auto_ack=True)
+        if method is not None:
+            seen.append((body, method.redelivered))
+        return len(seen) == 3
+
+    wait_for(back)
+    assert seen == [(b"0", True), (b"1", True), (b"2", True)]
+    other.close()
+
+
+def test_exchanges_route_and_an_unroutable_mandatory_publish_is_returned(node):
+    connection = _connect(node)
+    channel = connection.channel()
+    channel.exchange_declare("events", "topic", durable=True)
+    channel.queue_declare("eu")
+    channel.queue_bind("eu", "events", "eu.*")
+    channel.confirm_delivery()
+    channel.basic_publish("events", "eu.new", b"routed", mandatory=True)
+    with pytest.raises(pika.exceptions.UnroutableError):
+        channel.basic_publish("events", "us.new", b"nowhere", mandatory=True)
+    channel.basic_publish("events", "us.new", b"dropped")  # not mandatory: confirmed
+    method, _, body = channel.basic_get("eu", auto_ack=True)
+    assert (body, method.exchange, method.routing_key) == (b"routed", "events", "eu.new")
+    assert channel.basic_get("eu") == (None, None, None)
+    connection.close()
+
+
+def test_a_binding_one_client_made_routes_another_clients_next_publish(node):
+    binder, publisher = _connect(node), _connect(node)
+    binding = binder.channel()
+    binding.exchange_declare("fan", "fanout")
+    binding.queue_declare("first")
+    binding.queue_bind("first", "fan")
+    publishing = publisher.channel()
+    publishing.confirm_delivery()
+    publishing.basic_publish("fan", "", b"one")  # its connection now knows the bindings
+    binding.queue_declare("second")
+    binding.queue_bind("second", "fan")
+    publishing.basic_publish("fan", "", b"two")  # at once: no second to wait
+    assert binding.basic_get("second", auto_ack=True)[2] == b"two"
+    assert [binding.basic_get("first", auto_ack=True)[2] for _ in range(2)] == [b"one", b"two"]
+    binder.close()
+    publisher.close()
+
+
+def test_a_warren_client_and_an_amqp_client_read_each_others_messages(node):
+    warren = node.connect()
+    warren.declare_queue("mixed")
+    warren.publish("mixed", b"from warren", headers={"k": "v"}, message_id="w-1")
+    connection = _connect(node)
+    channel = connection.channel()
+    method, properties, body = channel.basic_get("mixed", auto_ack=True)
+    assert body == b"from warren" and method.routing_key == "mixed"
+    assert properties.headers == {"k": "v"} and properties.message_id == "w-1"
+    assert properties.delivery_mode == 2
+    channel.confirm_delivery()  # so that the publish is in the queue before the get
+    channel.basic_publish("", "mixed", b"from amqp", pika.BasicProperties(delivery_mode=1))
+    delivery = warren.get("mixed")
+    assert delivery is not None and delivery.body == b"from amqp"
+    assert delivery.message.persistent is False
+    delivery.ack()
+    connection.close()
+    warren.close()
+
+
+@pytest.mark.parametrize(
+    ("call", "code"),
+    [
+        pytest.param(lambda c: c.queue_declare("absent", passive=True), 404, id="passive absent"),
+        pytest.param(lambda c: c.exchange_declare("absent", passive=True), 404, id="no exchange"),
+        pytest.param(lambda c: c.queue_declare("amq.mine"), 403, id="reserved name"),
+        pytest.param(lambda c: c.queue_bind("q", ""), 403, id="bind to default"),
+        pytest.param(
+            lambda c: c.queue_declare("q", arguments={"x-max-priority": 5}), 406, id="argument"
+        ),
+        pytest.param(lambda c: c.basic_ack(99), 406, id="unknown tag"),
+        pytest.param(
+            lambda c: c.basic_publish("", "q", b"", pika.BasicProperties(expiration="soon")),
+            406,
+            id="bad expiration",
+        ),
+    ],
+)
+def test_a_channel_error_closes_the_channel_with_rabbitmqs_code(node, call, code):
+    connection = _connect(node)
+    channel = connection.channel()
+    channel.queue_declare("q")
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
+        call(channel)
+        channel.basic_get("q")  # a publish or ack is not answered: this makes it show
+    assert closed.value.reply_code == code
+    channel = connection.channel()  # the connection goes on
+    assert channel.queue_declare("q", passive=True).method.queue == "q"
+    connection.close()
+
+
+def test_what_warren_does_not_serve_yet_closes_the_connection_with_540(node):
+    connection = _connect(node)
+    channel = connection.channel()
+    with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as closed:
+        channel.exchange_declare("h", "headers")
+    assert closed.value.reply_code == frames.NOT_IMPLEMENTED
+    connection = _connect(node)
+    with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as closed:
+        connection.channel().tx_select()
+    assert closed.value.reply_code == frames.NOT_IMPLEMENTED
+
+
+def test_a_server_named_queue_gets_a_name_of_amq_gen(node):
+    connection = _connect(node)
+    channel = connection.channel()
+    name = channel.queue_declare("", durable=False, auto_delete=True).method.queue
+    assert name.startswith("amq.gen-")
+    channel.basic_publish("", name, b"to myself")
+    assert channel.basic_get(name, auto_ack=True)[2] == b"to myself"
+    connection.close()
+
+
+def test_an_exclusive_queue_is_its_connections_alone_and_goes_with_it(node):
+    owner, other = _connect(node), _connect(node)
+    mine = owner.channel()
+    name = mine.queue_declare("", exclusive=True).method.queue
+    mine.basic_publish("", name, b"reply")
+    for attempt in (
+        lambda c: c.queue_declare(name, passive=True),
+        lambda c: c.basic_get(name),
+        lambda c: c.queue_purge(name),
+        lambda c: c.queue_declare(name, exclusive=True),
+    ):
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
+            attempt(other.channel())
+        assert closed.value.reply_code == frames.RESOURCE_LOCKED
+    other.channel().basic_publish("", name, b"anyone may publish to it")
+    assert mine.basic_get(name, auto_ack=True)[2] == b"reply"
+    owner.close()
+
+    def gone() -> bool:  # locked (405) until its deletion is over, then not found
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
+            other.channel().queue_declare(name, passive=True)
+        return closed.value.reply_code == frames.NOT_FOUND
+
+    wait_for(gone)
+    assert name not in node.list_queues()
+    other.close()
+
+
+def test_the_exclusive_queues_of_a_killed_port_are_deleted_when_it_comes_back(node):
+    connection = _connect(node)
+    name = connection.channel().queue_declare("", exclusive=True).method.queue
+    assert name in node.list_queues()
+    port_pid = _port_pid()
+    os.kill(port_pid, signal.SIGKILL)
+    wait_for(lambda: name not in node.list_queues())
+    assert _port_pid() != port_pid
+
+
+def _port_pid() -> int:
+    return next(
+        p.pid
+        for p in psutil.Process().children(recursive=True)
+        if p.cmdline()[:1] == ["warren: amqp"]
+    )
+
+
+def test_a_killed_port_comes_back_on_its_port_and_the_messages_are_there(node):
+    connection = _connect(node)
+    channel = connection.channel()
+    channel.queue_declare("safe")
+    channel.confirm_delivery()
+    channel.basic_publish("", "safe", b"confirmed", pika.BasicProperties(delivery_mode=2))
+    os.kill(_port_pid(), signal.SIGKILL)
+    with pytest.raises(pika.exceptions.AMQPConnectionError):
+        channel.basic_publish("", "safe", b"after")
+        connection.process_data_events(time_limit=5)
+        channel.basic_publish("", "safe", b"after")
+
+    def connected() -> pika.BlockingConnection | None:
+        try:
+            return _connect(node)
+        except pika.exceptions.AMQPConnectionError:
+            return None
+
+    wait_for(connected)
+    again = _connect(node)
+    assert again.channel().basic_get("safe", auto_ack=True)[2] == b"confirmed"
+    again.close()
+
+
+def test_a_port_beyond_loopback_is_refused_while_guest_is_its_only_user(tmp_path):
+    for insecure in (False, True):
+        with pytest.raises(InvalidSpec, match="loopback"):
+            Node(tmp_path / "data", amqp="0.0.0.0:5672", insecure=insecure)
+    assert not (tmp_path / "data").exists()
+
+
+@pytest.fixture
+def alarmed_node(tmp_path):
+    """A node with an AMQP port whose memory alarm is raised (a 1-byte limit)."""
+    tight = AlarmLimits(memory_limit_bytes=1, check_interval_s=0.1)
+    with Node(tmp_path / "data", amqp="127.0.0.1:0", alarm_limits=tight) as running:
+        wait_for(lambda: running.status()["alarms"] == ["memory"])
+        yield running
+
+
+def test_a_client_hears_when_the_node_blocks_publishers_and_when_it_lets_them_go(
+    alarmed_node,
+):
+    node = alarmed_node
+    heard: list[str] = []
+    connection = _connect(node)
+    connection.add_on_connection_blocked_callback(
+        lambda _, frame: heard.append(f"blocked: {frame.method.reason}")
+    )
+    connection.add_on_connection_unblocked_callback(lambda _, __: heard.append("unblocked"))
+
+    def heard_of(count: int) -> bool:
+        connection.process_data_events(time_limit=0.05)
+        return len(heard) >= count
+
+    channel = connection.channel()
+    channel.queue_declare("held")
+    assert not heard_of(1)  # a connection that does not publish is not blocked
+    channel.basic_publish("", "held", b"sent while blocked")
+    wait_for(lambda: heard_of(1))
+    node.alarms.limits = AlarmLimits(memory_limit_bytes=2**62, check_interval_s=0.1)
+    wait_for(lambda: heard_of(2))
+    assert heard == ["blocked: low on memory", "unblocked"]
+    wait_for(lambda: channel.basic_get("held", auto_ack=True)[2] == b"sent while blocked")
+    connection.close()
+
+
+def test_a_client_whose_publishes_wait_is_not_read_without_bound(alarmed_node):
+    """Under the alarm its worker waits on the node; the port stops reading the client's
+    socket once a few MiB wait, so the client's sends block instead of the port's memory
+    growing with everything it sends."""
+    host, port = alarmed_node.amqp_endpoint.rsplit(":", 1)
+    alarmed_node.declare_queue("held")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        _open_raw(sock)
+        body = b"x" * 2**20
+        publish = frames.method_frame(1, commands.Basic.Publish(routing_key="held"))
+        message = publish + b"".join(frames.content_frames(1, b"\x00\x00", body, 131072))
+        sock.settimeout(5)
+        sent = 0
+        with pytest.raises(TimeoutError):
+            while sent < 256 * 2**20:
+                sock.sendall(message)
+                sent += len(message)
+        assert sent < 64 * 2**20
+    assert psutil.Process(_port_pid()).memory_info().rss < 256 * 2**20
+
+
+def _open_raw(sock: socket.socket) -> None:
+    """The handshake and channel 1 opened, by hand."""
+    sock.sendall(frames.PROTOCOL_HEADER)
+    _expect(sock, commands.Connection.Start)
+    sock.sendall(
+        frames.method_frame(
+            0,
+            commands.Connection.StartOk(
+                client_properties={}, mechanism="PLAIN", response="\x00guest\x00guest"
+            ),
+        )
+    )
+    _expect(sock, commands.Connection.Tune)
+    sock.sendall(frames.method_frame(0, commands.Connection.TuneOk(2047, 131072, 0)))
+    sock.sendall(frames.method_frame(0, commands.Connection.Open()))
+    _expect(sock, commands.Connection.OpenOk)
+    sock.sendall(frames.method_frame(1, commands.Channel.Open()))
+    _expect(sock, commands.Channel.OpenOk)
+
+
+def _expect(sock: socket.socket, kind: type) -> None:
+    buffer = bytearray()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        buffer += sock.recv(65536)
+        read, _ = frames.split_frames(buffer, 1 << 20)
+        if read:
+            assert isinstance(frames.decode_method(read[0]), kind)
+            return
+    raise AssertionError(f"no {kind.__name__} within 10 s")
+
+
+# ----------------------------------------------------------------------------- hostile
+# clients and failures: each of these took the port down, hung a client or lost a
+# message before it was guarded against
+
+
+def _still_serves(node) -> None:
+    """A new client connects and declares: the port lives."""
+    bystander = _connect(node)
+    assert bystander.channel().queue_declare("bystander").method.queue == "bystander"
+    bystander.close()
+
+
+def test_replies_longer_than_a_short_string_are_cut_not_fatal(node):
+    with pytest.raises(pika.exceptions.ProbableAuthenticationError):
+        _connect(node, credentials=pika.PlainCredentials("u" * 200, "wrong"))
+    connection = _connect(node)
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
+        connection.channel().exchange_declare("€" * 85, passive=True)
+    assert closed.value.reply_code == frames.NOT_FOUND
+    connection.close()
+    _still_serves(node)
+
+
+def test_a_table_nested_thousands_deep_before_login_closes_that_client_alone(node):
+    host, port = node.amqp_endpoint.rsplit(":", 1)
+    nested = b"\x00\x00\x00\x00"
+    for _ in range(600):  # inside the 4 KiB a frame may have before tuning
+        entry = b"\x01kF" + nested
+        nested = len(entry).to_bytes(4, "big") + entry
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(frames.PROTOCOL_HEADER)
+        _expect(sock, commands.Connection.Start)
+        payload = b"\x00\x0a\x00\x0b" + nested + b"\x05PLAIN\x00\x00\x00\x00\x05en_US"
+        sock.sendall(_frame(payload))
+        assert _closed_by_server(sock)
+    _still_serves(node)
+
+
+def _frame(payload: bytes) -> bytes:
+    return b"\x01\x00\x00" + len(payload).to_bytes(4, "big") + payload + b"\xce"
+
+
+def _closed_by_server(sock: socket.socket) -> bool:
+    sock.settimeout(10)
+    try:
+        while sock.recv(65536):
+            pass
+    except ConnectionResetError:
+        pass
+    return True
+
+
+def test_a_publish_to_a_restarting_queue_is_nacked_never_acked_and_lost(node):
+    connection = _connect(node)
+    channel = connection.channel()
+    channel.queue_declare("restarting", durable=True)
+    channel.confirm_delivery()
+    acked = []
+    killed = 0
+    for n in range(3000):
+        if n in (800, 1600):
+            queue = next(
+                p
+                for p in psutil.Process().children(recursive=True)
+                if p.cmdline()[:1] == ["warren: queue restarting"]
+            )
+            queue.kill()
+            killed += 1
+        try:
+            channel.basic_publish(
+                "", "restarting", b"%d" % n, pika.BasicProperties(delivery_mode=2)
+            )
+        except pika.exceptions.NackError:
+            continue
+        acked.append(b"%d" % n)
+    assert killed == 2
+    held = []
+    while True:
+        method, _, body = channel.basic_get("restarting", auto_ack=True)
+        if method is None:
+            break
+        held.append(body)
+    assert not set(acked) - set(held)  # every acked message is in the queue
+    connection.close()
+
+
+def test_an_expiration_of_digits_that_are_not_ascii_is_a_channel_error(node):
+    connection = _connect(node)
+    channel = connection.channel()
+    channel.queue_declare("q")
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
+        channel.basic_publish("", "q", b"", pika.BasicProperties(expiration="²"))
+        channel.basic_get("q")
+    assert closed.value.reply_code == frames.PRECONDITION_FAILED
+    assert connection.channel().queue_declare("q", passive=True).method.queue == "q"
+    connection.close()
+
+
+def test_a_consumer_whose_queue_is_deleted_is_cancelled_by_the_server(node):
+    connection, other = _connect(node), _connect(node)
+    channel = connection.channel()
+    channel.queue_declare("doomed")
+    cancelled = []
+    channel.add_on_cancel_callback(lambda frame: cancelled.append(frame.method.consumer_tag))
+    tag = channel.basic_consume("doomed", lambda *_: None)
+    other.channel().queue_delete("doomed")
+
+    def heard() -> bool:
+        connection.process_data_events(time_limit=0.05)
+        return bool(cancelled)
+
+    wait_for(heard)
+    assert cancelled == [tag]
+    assert channel.queue_declare("again").method.queue == "again"  # the channel lives
+    connection.close()
+    other.close()
+
+
+def test_a_warren_message_amqp_cannot_carry_whole_is_delivered_without_what_does_not_fit(
+    node,
+):
+    with node.connect() as warren:
+        warren.declare_queue("odd")
+        warren.publish("odd", b"long id", message_id="m" * 300)
+        warren.publish("odd", b"huge header", headers={"n": 2**64 - 1})
+    connection = _connect(node)
+    channel = connection.channel()
+    first = channel.basic_get("odd", auto_ack=True)
+    second = channel.basic_get("odd", auto_ack=True)
+    assert (first[2], second[2]) == (b"long id", b"huge header")
+    assert first[1].message_id is None and first[1].delivery_mode == 2
+    connection.close()
+
+
+def test_a_body_larger_than_a_message_may_be_is_refused_at_its_header(node):
+    host, port = node.amqp_endpoint.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        _open_raw(sock)
+        sock.sendall(frames.method_frame(1, commands.Basic.Publish(routing_key="q")))
+        header = (60).to_bytes(2, "big") + b"\x00\x00" + (2**40).to_bytes(8, "big") + b"\x00\x00"
+        sock.sendall(b"\x02\x00\x01" + len(header).to_bytes(4, "big") + header + b"\xce")
+        close = _next_method(sock)
+        assert isinstance(close, commands.Channel.Close), close.reply_text
+        assert close.reply_code == frames.PRECONDITION_FAILED
+
+
+def test_publishes_after_a_channel_error_are_dropped_until_the_client_hears_of_it(node):
+    connection = _connect(node)
+    channel = connection.channel()
+    channel.queue_declare("after-error")
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker):
+        channel.basic_publish("no-such-exchange", "k", b"fails")
+        for n in range(3):  # sent before the close reaches the client
+            channel.basic_publish("", "after-error", b"%d" % n)
+        channel.basic_get("after-error")
+    assert connection.channel().queue_declare("after-error", passive=True).method.message_count == 0
+    connection.close()
+
+
+def test_flow_off_is_refused_as_rabbitmq_refuses_it(node):
+    connection = _connect(node)
+    with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as closed:
+        connection.channel().flow(False)
+    assert closed.value.reply_code == frames.NOT_IMPLEMENTED
+
+
+def test_sockets_that_never_log_in_cost_the_port_no_thread(node):
+    host, port = node.amqp_endpoint.rsplit(":", 1)
+    threads = psutil.Process(_port_pid()).num_threads()
+    silent = [socket.create_connection((host, int(port)), timeout=10) for _ in range(30)]
+    try:
+        time.sleep(0.5)  # let the port accept them all; nothing to wait for otherwise
+        assert psutil.Process(_port_pid()).num_threads() <= threads + 1
+        _still_serves(node)
+    finally:
+        for sock in silent:
+            sock.close()
+
+
+def test_a_consumer_without_acks_that_does_not_read_leaves_its_queue_mostly_full(node):
+    with node.connect() as warren:
+        warren.declare_queue("big")
+        warren.publish_many("big", [b"x" * 65536] * 400)
+    host, port = node.amqp_endpoint.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
+        _open_raw(sock)
+        sock.sendall(frames.method_frame(1, commands.Basic.Consume(queue="big", no_ack=True)))
+        time.sleep(1.0)  # it reads nothing more; the port gives up sending by itself
+        with node.connect() as warren:
+            ready = warren.queue_stats("big")["messages_ready"]
+        assert ready >= 150, ready
+
+
+def test_a_stopping_node_tells_its_amqp_clients_and_stops_cleanly(tmp_path, capfd):
+    with Node(tmp_path / "data", amqp="127.0.0.1:0") as node:
+        connection = _connect(node)
+        channel = connection.channel()
+        channel.queue_declare("q")
+        channel.basic_consume("q", lambda *_: None)
+    with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as closed:
+        connection.process_data_events(time_limit=5)
+        connection.channel()
+    assert closed.value.reply_code == frames.CONNECTION_FORCED
+    assert "Socket operation on non-socket" not in capfd.readouterr().err
+
+
+def _next_method(sock: socket.socket):
+    buffer = bytearray()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        buffer += sock.recv(65536)
+        read, _ = frames.split_frames(buffer, 1 << 20)
+        if read:
+            return frames.decode_method(read[0])
+    raise AssertionError("no method within 10 s")
+
+
+def test_a_pipelining_publisher_hears_of_every_publish_when_its_queue_is_killed(node):
+    """20,000 confirm-mode publishes sent without waiting, the queue killed among them:
+    each is acked or nacked soon after, none left waiting on the killed incarnation (they
+    had been found dead one look, a second, each)."""
+    connection = _connect(node)
+    connection.channel().queue_declare("rq", durable=True)
+    connection.close()
+    host, port = node.amqp_endpoint.rsplit(":", 1)
+    publishes = 20_000
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        _open_raw(sock)
+        sock.sendall(frames.method_frame(1, commands.Confirm.Select()))
+        _expect(sock, commands.Confirm.SelectOk)
+        one = frames.method_frame(1, commands.Basic.Publish(routing_key="rq")) + b"".join(
+            frames.content_frames(1, b"\x10\x00\x02", b"x" * 100, 131072)
+        )
+        sock.sendall(one * (publishes // 2))
+        queue = next(
+            p
+            for p in psutil.Process().children(recursive=True)
+            if p.cmdline()[:1] == ["warren: queue rq"]
+        )
+        queue.kill()
+        sock.sendall(one * (publishes // 2))
+        settled: dict[int, bool] = {}
+        buffer = bytearray()
+        deadline = time.monotonic() + 60
+        while len(settled) < publishes and time.monotonic() < deadline:
+            buffer += sock.recv(1 << 20)
+            read, used = frames.split_frames(buffer, 1 << 20)
+            del buffer[:used]
+            for frame in read:
+                ids = frames.method_id(frame.payload)
+                if ids in (frames.ACK, frames.NACK):
+                    tag, multiple, _ = frames.decode_settle(frame.payload)
+                    first = min((t for t in range(1, tag + 1) if t not in settled), default=tag)
+                    for settled_tag in range(first if multiple else tag, tag + 1):
+                        settled.setdefault(settled_tag, ids == frames.ACK)
+        assert len(settled) == publishes, f"{len(settled)} of {publishes} confirmed in 60 s"
+        assert not all(settled.values())  # the killed queue's in-flight ones were nacked
+
+
+def test_an_exclusive_declare_does_not_take_over_a_queue_that_exists(node):
+    first, second = _connect(node), _connect(node)
+    first.channel().queue_declare("shared")
+    first.channel().basic_publish("", "shared", b"kept")
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
+        second.channel().queue_declare("shared", exclusive=True)
+    assert closed.value.reply_code == frames.RESOURCE_LOCKED
+    second.close()
+    assert first.channel().queue_declare("shared", passive=True).method.message_count == 1
+    first.close()
+
+
+def test_bodies_begun_on_many_channels_are_bounded_together(node):
+    host, port = node.amqp_endpoint.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        _open_raw(sock)
+        for channel in range(2, 4):
+            sock.sendall(frames.method_frame(channel, commands.Channel.Open()))
+            _expect(sock, commands.Channel.OpenOk)
+        header = (60).to_bytes(2, "big") + b"\x00\x00" + (100 * 2**20).to_bytes(8, "big")
+        for channel in range(1, 4):
+            sock.sendall(frames.method_frame(channel, commands.Basic.Publish(routing_key="q")))
+            sock.sendall(
+                bytes([2, 0, channel])
+                + len(header + b"\x00\x00").to_bytes(4, "big")
+                + header
+                + b"\x00\x00\xce"
+            )
+        piece = b"x" * 131_000
+        body = b"".join(
+            bytes([3, 0, channel]) + len(piece).to_bytes(4, "big") + piece + b"\xce"
+            for channel in range(1, 4)
+        )
+        for _ in range(400):  # 150 MiB across the three, read and dropped once refused
+            sock.sendall(body)
+        close = _next_method(sock)
+        assert isinstance(close, commands.Connection.Close)
+        assert close.reply_code == frames.RESOURCE_ERROR
+        assert psutil.Process(_port_pid()).memory_info().rss < 512 * 2**20
+    _still_serves(node)
+
+
+def test_a_client_held_back_by_an_alarm_is_not_dropped_for_its_unread_heartbeats(
+    alarmed_node,
+):
+    host, port = alarmed_node.amqp_endpoint.rsplit(":", 1)
+    alarmed_node.declare_queue("held")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(frames.PROTOCOL_HEADER)
+        _expect(sock, commands.Connection.Start)
+        sock.sendall(
+            frames.method_frame(
+                0,
+                commands.Connection.StartOk(
+                    client_properties={}, mechanism="PLAIN", response="\x00guest\x00guest"
+                ),
+            )
+        )
+        _expect(sock, commands.Connection.Tune)
+        sock.sendall(frames.method_frame(0, commands.Connection.TuneOk(2047, 131072, 1)))
+        sock.sendall(frames.method_frame(0, commands.Connection.Open()))
+        _expect(sock, commands.Connection.OpenOk)
+        sock.sendall(frames.method_frame(1, commands.Channel.Open()))
+        _expect(sock, commands.Channel.OpenOk)
+        publish = frames.method_frame(1, commands.Basic.Publish(routing_key="held")) + b"".join(
+            frames.content_frames(1, b"\x00\x00", b"x" * 2**20, 131072)
+        )
+        sock.settimeout(3)
+        with pytest.raises(TimeoutError):
+            while True:
+                sock.sendall(publish)  # until the port stops reading it
+        time.sleep(4)  # two heartbeat intervals and more, with nothing read from it
+        stats = alarmed_node.actors.whereis("amqp").ask(_amqp_stats())
+        assert stats["connections"] == 1 and stats["connections_closed"] == 0
+
+
+def _amqp_stats():
+    from warren.queues.amqp.server import AmqpStats
+
+    return AmqpStats()
+
+
+def test_a_get_without_ack_is_settled_only_once_sent(node):
+    connection = _connect(node)
+    channel = connection.channel()
+    channel.queue_declare("once")
+    channel.confirm_delivery()
+    for n in range(20):
+        channel.basic_publish("", "once", b"%d" % n)
+    got = [channel.basic_get("once", auto_ack=True)[2] for _ in range(20)]
+    channel.basic_recover(requeue=True)  # nothing of a get without ack comes back
+    assert got == [b"%d" % n for n in range(20)]
+    assert channel.queue_declare("once", passive=True).method.message_count == 0
+    connection.close()
