@@ -387,8 +387,9 @@ def test_a_client_whose_publishes_wait_is_not_read_without_bound(alarmed_node):
     assert psutil.Process(_port_pid()).memory_info().rss < 256 * 2**20
 
 
-def _open_raw(sock: socket.socket) -> None:
-    """The handshake and channel 1 opened, by hand."""
+def _open_raw(sock: socket.socket, heartbeat_s: int = 0) -> None:
+    """The handshake (with heartbeats every ``heartbeat_s``) and channel 1 opened, by
+    hand."""
     sock.sendall(frames.PROTOCOL_HEADER)
     _expect(sock, commands.Connection.Start)
     sock.sendall(
@@ -400,7 +401,7 @@ def _open_raw(sock: socket.socket) -> None:
         )
     )
     _expect(sock, commands.Connection.Tune)
-    sock.sendall(frames.method_frame(0, commands.Connection.TuneOk(2047, 131072, 0)))
+    sock.sendall(frames.method_frame(0, commands.Connection.TuneOk(2047, 131072, heartbeat_s)))
     sock.sendall(frames.method_frame(0, commands.Connection.Open()))
     _expect(sock, commands.Connection.OpenOk)
     sock.sendall(frames.method_frame(1, commands.Channel.Open()))
@@ -727,22 +728,7 @@ def test_a_client_held_back_by_an_alarm_is_not_dropped_for_its_unread_heartbeats
     host, port = alarmed_node.amqp_endpoint.rsplit(":", 1)
     alarmed_node.declare_queue("held")
     with socket.create_connection((host, int(port)), timeout=10) as sock:
-        sock.sendall(frames.PROTOCOL_HEADER)
-        _expect(sock, commands.Connection.Start)
-        sock.sendall(
-            frames.method_frame(
-                0,
-                commands.Connection.StartOk(
-                    client_properties={}, mechanism="PLAIN", response="\x00guest\x00guest"
-                ),
-            )
-        )
-        _expect(sock, commands.Connection.Tune)
-        sock.sendall(frames.method_frame(0, commands.Connection.TuneOk(2047, 131072, 1)))
-        sock.sendall(frames.method_frame(0, commands.Connection.Open()))
-        _expect(sock, commands.Connection.OpenOk)
-        sock.sendall(frames.method_frame(1, commands.Channel.Open()))
-        _expect(sock, commands.Channel.OpenOk)
+        _open_raw(sock, heartbeat_s=1)
         publish = frames.method_frame(1, commands.Basic.Publish(routing_key="held")) + b"".join(
             frames.content_frames(1, b"\x00\x00", b"x" * 2**20, 131072)
         )
