@@ -262,11 +262,6 @@ def property_spans(properties: bytes) -> Iterator[tuple[str, int, int]]:
         raise AmqpError(SYNTAX_ERROR, "bytes left over after the last property")
 
 
-def read_property(properties: bytes, wanted: str) -> Any:
-    """One property's value (None when absent); see ``read_properties``."""
-    return read_properties(properties, (wanted,))[wanted]
-
-
 def read_properties(properties: bytes, wanted: tuple[str, ...]) -> dict[str, Any]:
     """The values of the properties ``wanted``, in one walk (None for one absent): an
     octet as an int, a shortstr as str, a table as a dict, the timestamp as an aware

@@ -81,14 +81,14 @@ def test_a_publish_as_pika_sends_it_is_read_with_its_properties_kept_as_sent() -
     assert b"".join(f.payload for f in read[2:]) == body
     # the properties are the very bytes pika encoded after the fixed fields
     assert header.properties == read[1].payload[12:]
-    assert frames.read_property(header.properties, "delivery_mode") == 2
-    assert frames.read_property(header.properties, "expiration") == "60000"
-    assert frames.read_property(header.properties, "priority") == 7
-    assert frames.read_property(header.properties, "reply_to") == "replies"
-    assert frames.read_property(header.properties, "timestamp") == datetime.datetime(
-        2023, 11, 14, 22, 13, 20, tzinfo=datetime.UTC
+    values = frames.read_properties(
+        header.properties,
+        ("delivery_mode", "expiration", "priority", "reply_to", "timestamp", "headers"),
     )
-    headers = frames.read_property(header.properties, "headers")
+    assert values["delivery_mode"] == 2 and values["expiration"] == "60000"
+    assert values["priority"] == 7 and values["reply_to"] == "replies"
+    assert values["timestamp"] == datetime.datetime(2023, 11, 14, 22, 13, 20, tzinfo=datetime.UTC)
+    headers = values["headers"]
     assert headers == {
         "retries": 3,
         "nested": {"list": [1, "two", decimal.Decimal("3.50")]},
@@ -105,7 +105,7 @@ def test_absent_properties_read_as_none_and_an_empty_header_has_none() -> None:
     read, _ = frames.split_frames(wire, 4096)
     header = frames.decode_content_header(read[1].payload)
     assert header.properties == b"\x00\x00"
-    assert frames.read_property(header.properties, "delivery_mode") is None
+    assert frames.read_properties(header.properties, ("delivery_mode",)) == {"delivery_mode": None}
     assert list(frames.property_spans(header.properties)) == []
 
 
