@@ -54,7 +54,7 @@ from ..broker.gateway_actor import GatewayActor
 from ..broker.listener import LOOPBACK_HOSTS, host_and_port, with_free_port
 from ..client.connection import Connection
 from ..client.ipc_node import RemoteNode
-from ..errors import NotFound
+from ..errors import NodeStarting, NotFound
 from . import frames
 from . import session as session_module
 from .frames import AmqpError
@@ -67,6 +67,9 @@ log = logging.getLogger("warren.amqp")
 TICK_S = 1.0  # how often sessions are looked at for heartbeats
 CLOSE_LINGER_S = 5.0  # how long a closed client's last frames may wait to leave
 STOP_WORKERS_S = 5.0  # how long a stopping port waits for its workers, all together
+# The exchanges every AMQP broker has, declared by the port when missing.
+STANDARD_EXCHANGES = (("amq.direct", "direct"), ("amq.fanout", "fanout"), ("amq.topic", "topic"))
+NODE_START_POLL_S = 0.05  # how often the starting port looks whether the node serves
 DESCRIPTORS_KEPT = 64  # a connection is refused while fewer descriptors than this are left
 READ_BYTES = 256 * 1024
 PORT_DIRECTORY = "amqp"  # the port's own files, in the node's data directory
@@ -205,7 +208,7 @@ class _Gateway:
 
     def run(self) -> None:
         try:
-            self._delete_left_exclusive_queues()
+            self._prepare()
             self._serve()
         except Exception:
             # A bug here must not leave a port that accepts and never answers: the
@@ -288,15 +291,27 @@ class _Gateway:
             os.close(self._wake_read)
             os.close(self._wake_write)
 
-    def _delete_left_exclusive_queues(self) -> None:
-        """Delete the exclusive queues of the connections an earlier run of the port had
-        when it died (before anyone is served: the clients meanwhile wait in the
-        listening socket's backlog)."""
+    def _prepare(self) -> None:
+        """Before anyone is served (the clients meanwhile wait in the listening socket's
+        backlog), once the node serves (the port starts with the node's tree, before the
+        node answers calls): declare the exchanges AMQP says every broker has
+        (``amq.direct``, ``amq.fanout``, ``amq.topic``; durable), and delete the
+        exclusive queues of the connections an earlier run of the port had when it died."""
+        while not self.stopping.is_set():
+            try:
+                self._prepare_now()
+                return
+            except NodeStarting:
+                time.sleep(NODE_START_POLL_S)
+
+    def _prepare_now(self) -> None:
         left = self._exclusive.left_by_a_crash()
-        if not left:
-            return
         connection = self._connect()
         try:
+            declared = {exchange["name"] for exchange in connection.list_exchanges()}
+            for name, kind in STANDARD_EXCHANGES:
+                if name not in declared:
+                    connection.declare_exchange(name, kind, durable=True)
             for name in left:
                 try:
                     connection.delete_queue(name)
@@ -304,8 +319,11 @@ class _Gateway:
                     pass  # gone with a node restart, or deleted by hand
         finally:
             connection.close()
-        self._exclusive.forget_left()
-        log.info("deleted %d exclusive queue(s) of connections that died with the port", len(left))
+        if left:
+            self._exclusive.forget_left()
+            log.info(
+                "deleted %d exclusive queue(s) of connections that died with the port", len(left)
+            )
 
     def _accept(self) -> None:
         try:

@@ -759,3 +759,34 @@ def test_a_get_without_ack_is_settled_only_once_sent(node):
     assert got == [b"%d" % n for n in range(20)]
     assert channel.queue_declare("once", passive=True).method.message_count == 0
     connection.close()
+
+
+def test_the_exchanges_every_amqp_broker_has_are_there_and_route(node):
+    connection = _connect(node)
+    channel = connection.channel()
+    for name in ("amq.direct", "amq.fanout", "amq.topic"):
+        channel.exchange_declare(name, passive=True)
+    channel.queue_declare("through-amq-direct")
+    channel.queue_bind("through-amq-direct", "amq.direct", "key")
+    channel.confirm_delivery()
+    channel.basic_publish("amq.direct", "key", b"routed", mandatory=True)
+    assert channel.basic_get("through-amq-direct", auto_ack=True)[2] == b"routed"
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
+        channel.exchange_delete("amq.topic")
+    assert closed.value.reply_code == frames.ACCESS_REFUSED
+    connection.close()
+
+
+def test_a_node_starts_its_port_with_exclusive_queues_left_from_before(tmp_path):
+    """The port prepares (the standard exchanges, the exclusive queues a crash left) once
+    the node serves: started with the node's tree, it asked a node still starting and
+    crashed until the root supervisor gave up."""
+    data = tmp_path / "data"
+    with Node(data):
+        pass  # a node's directory, for the file a crash left to be in
+    (data / "amqp").mkdir()
+    (data / "amqp" / "exclusive.json").write_text('["amq.gen-left-by-a-crash"]')
+    with Node(data, amqp="127.0.0.1:0") as node:
+        _still_serves(node)
+        wait_for(lambda: (data / "amqp" / "exclusive.json").read_text() == "[]")
+        assert node.status()["tree"]["children"][-1]["restarts"] == 0
