@@ -13,6 +13,7 @@ from warren.actors.errors import WarrenError, remote_error
 
 __all__ = [
     "AccessRefused",
+    "AmqpError",
     "Blocked",
     "ConnectionClosed",
     "CorruptMessage",
@@ -46,6 +47,18 @@ __all__ = [
 
 class QueueError(WarrenError):
     """Base class of every error the queues raise."""
+
+
+class AmqpError(QueueError):
+    """What makes the AMQP port close a channel or a connection: the reply code and text
+    (AMQP's), and the method that caused it (0, 0 when no method did)."""
+
+    def __init__(self, code: int, text: str, class_id: int = 0, method_id: int = 0) -> None:
+        super().__init__(f"{code} {text}")
+        self.code = code
+        self.text = text
+        self.class_id = class_id
+        self.method_id = method_id
 
 
 class InvalidArgument(QueueError, ValueError):

@@ -28,7 +28,7 @@ import pamqp.base
 import pamqp.exceptions
 import pamqp.frame
 
-from warren.actors.errors import WarrenError
+from ..errors import AmqpError
 
 PROTOCOL_HEADER = b"AMQP\x00\x00\x09\x01"
 
@@ -74,18 +74,6 @@ _CONTENT_HEAD = struct.Struct(">HHQ")
 _U16 = struct.Struct(">H")
 _U32 = struct.Struct(">I")
 _HEARTBEAT = _HEAD.pack(FRAME_HEARTBEAT, 0, 0) + bytes([FRAME_END])
-
-
-class AmqpError(WarrenError):
-    """What makes the server close a channel or the connection: the reply code and text,
-    and the method that caused it (0, 0 when no method did)."""
-
-    def __init__(self, code: int, text: str, class_id: int = 0, method_id: int = 0) -> None:
-        super().__init__(f"{code} {text}")
-        self.code = code
-        self.text = text
-        self.class_id = class_id
-        self.method_id = method_id
 
 
 @dataclass(slots=True)

@@ -21,6 +21,7 @@ from warren.actors.errors import (
 )
 from warren.queues.errors import (
     AccessRefused,
+    AmqpError,
     Blocked,
     ConnectionClosed,
     CorruptMessage,
@@ -94,6 +95,7 @@ __all__ = [
     "Nacked",
     "NodeLocked",
     "AccessRefused",
+    "AmqpError",
     "NodeNotRunning",
     "NodeStarting",
     "NotANodeDirectory",
