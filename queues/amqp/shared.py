@@ -13,15 +13,20 @@ connections owned, as RabbitMQ deletes an exclusive queue when its connection go
 
 Races: both are used from every connection's worker thread, under a lock each. The file
 is replaced whole (written aside, then renamed) at each change, without an fsync: its
-queues are transient, so a node that lost the file in a power cut lost them too.
+queues are transient, so a node that lost the file in a power cut lost them too. A disk
+that refuses the file (full) fails no declare: the file is written again at the next
+change.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 from typing import Any
+
+log = logging.getLogger("warren.amqp")
 
 EXCLUSIVE_FILE = "exclusive.json"
 
@@ -87,7 +92,13 @@ class ExclusiveQueues:
             return [name for name, held in self._owners.items() if held is owner]
 
     def _save(self) -> None:
+        """Write the file; a disk that refuses it (full) is logged, not raised: the
+        queues stay their connections' all the same, and only a crash of the port
+        before the next write that succeeds would leave them undeleted."""
         aside = self._path + ".tmp"
-        with open(aside, "w", encoding="utf-8") as file:
-            json.dump(sorted(self._owners), file)
-        os.replace(aside, self._path)
+        try:
+            with open(aside, "w", encoding="utf-8") as file:
+                json.dump(sorted(self._owners), file)
+            os.replace(aside, self._path)
+        except OSError as exc:
+            log.warning("amqp: could not write %s: %s", self._path, exc)

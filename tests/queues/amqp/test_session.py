@@ -258,3 +258,16 @@ def test_a_client_that_never_answers_the_servers_close_is_dropped() -> None:
     assert not session.finished
     session.tick(36.0)
     assert session.finished and session.peer_gone
+
+
+def test_exclusive_queues_are_owned_even_when_the_disk_refuses_their_file(tmp_path) -> None:
+    from warren.queues.amqp.shared import EXCLUSIVE_FILE, ExclusiveQueues
+
+    owners = ExclusiveQueues(str(tmp_path))
+    (tmp_path / (EXCLUSIVE_FILE + ".tmp")).mkdir()  # the file cannot be written
+    mine, theirs = object(), object()
+    assert owners.claim("reply", mine)
+    assert owners.locked_for("reply", theirs) and not owners.claim("reply", theirs)
+    (tmp_path / (EXCLUSIVE_FILE + ".tmp")).rmdir()  # the disk takes it again
+    assert owners.claim("other", mine)
+    assert ExclusiveQueues(str(tmp_path)).left_by_a_crash() == ["other", "reply"]
