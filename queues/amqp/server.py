@@ -79,7 +79,9 @@ GUEST_PASSWORD = "guest"
 @message
 @dataclass(frozen=True)
 class AmqpStats:
-    """ask → {"endpoint", "connections", "connections_opened", "connections_closed"}."""
+    """ask → {"endpoint", "connections", "output_waiting_bytes" (what clients have not
+    read yet), "connections_opened", "connections_closed", "clients_failed",
+    "refused_for_descriptors"}."""
 
 
 def check_amqp_address(address: object) -> tuple[str, int]:
@@ -151,6 +153,7 @@ class AmqpActor(GatewayActor):
             return {
                 "endpoint": f"{host}:{port}" if ":" not in host else f"[{host}]:{port}",
                 "connections": len(gateway.clients),
+                "output_waiting_bytes": sum(len(c.pending) for c in list(gateway.clients.values())),
                 **gateway.counters,
             }
         raise UnhandledMessage(f"the AMQP port does not handle {type(message).__name__}")

@@ -89,43 +89,50 @@ def test_a_confirmed_persistent_message_outlives_the_node(tmp_path):
 
 
 def test_a_consumer_holds_at_most_its_prefetch_and_a_nack_redelivers(node):
-    connection = _connect(node)
-    channel = connection.channel()
-    channel.queue_declare("work")
-    for n in range(20):
-        channel.basic_publish("", "work", b"%d" % n)
+    connection, channel = _queue_with(node, "work", 20)
     channel.basic_qos(prefetch_count=5)
-    held = _consumed(channel, "work", ack=False)
+    held = _consumed(channel, "work", 5, ack=False)
     assert [body for _, body in held] == [b"%d" % n for n in range(5)]  # no ack yet
+    with node.connect() as warren:  # five held, and nothing more taken for them
+        stats = warren.queue_stats("work")
+    assert (stats["messages_unacked"], stats["messages_ready"]) == (5, 15)
     channel.basic_ack(held[2][0].delivery_tag, multiple=True)  # the first three
     channel.basic_nack(held[3][0].delivery_tag, requeue=True)
     channel.basic_ack(held[4][0].delivery_tag)
-    taken = [(body, method.redelivered) for method, body in _consumed(channel, "work")]
+    taken = [(body, method.redelivered) for method, body in _consumed(channel, "work", 16)]
     channel.cancel()
     assert sorted(body for body, _ in taken) == sorted([b"3"] + [b"%d" % n for n in range(5, 20)])
     assert dict(taken)[b"3"] is True and dict(taken)[b"19"] is False
     connection.close()
 
 
-def _consumed(channel, queue: str, ack: bool = True) -> list:
-    """(method, body) of what a consumer of ``queue`` gets until a second passes with
-    nothing more; each acked as it comes with ``ack``."""
+def _consumed(channel, queue: str, count: int, ack: bool = True) -> list:
+    """(method, body) of the first ``count`` deliveries to a consumer of ``queue``; each
+    acked as it comes with ``ack``. Fails when none comes for 30 s."""
     got = []
-    for method, _, body in channel.consume(queue, inactivity_timeout=1.0):
-        if method is None:
-            break
+    for method, _, body in channel.consume(queue, inactivity_timeout=30):
+        assert method is not None, f"{len(got)} of {count} deliveries came"
         got.append((method, body))
         if ack:
             channel.basic_ack(method.delivery_tag)
-    return got
+        if len(got) == count:
+            return got
+    raise AssertionError("the consumer ended")
+
+
+def _queue_with(node, queue: str, count: int) -> tuple[pika.BlockingConnection, object]:
+    """A connection and channel, and ``queue`` declared with ``count`` messages, "0"..."""
+    connection = _connect(node)
+    channel = connection.channel()
+    channel.queue_declare(queue)
+    channel.confirm_delivery()
+    for n in range(count):
+        channel.basic_publish("", queue, b"%d" % n)
+    return connection, channel
 
 
 def test_what_a_vanished_client_held_is_back_at_once_flagged_redelivered(node):
-    holder = _connect(node)
-    channel = holder.channel()
-    channel.queue_declare("orders")
-    for n in range(3):
-        channel.basic_publish("", "orders", b"%d" % n)
+    holder, channel = _queue_with(node, "orders", 3)
     got = [channel.basic_get("orders")[2] for _ in range(3)]
     assert got == [b"0", b"1", b"2"]
     # the client's socket goes without a close (a process killed, a cable pulled)
@@ -589,9 +596,10 @@ def test_flow_off_is_refused_as_rabbitmq_refuses_it(node):
 def test_sockets_that_never_log_in_cost_the_port_no_thread(node):
     host, port = node.amqp_endpoint.rsplit(":", 1)
     threads = psutil.Process(_port_pid()).num_threads()
+    port_actor = node.actors.whereis("amqp")
     silent = [socket.create_connection((host, int(port)), timeout=10) for _ in range(30)]
     try:
-        time.sleep(0.5)  # let the port accept them all; nothing to wait for otherwise
+        wait_for(lambda: port_actor.ask(_amqp_stats())["connections"] == 30)
         assert psutil.Process(_port_pid()).num_threads() <= threads + 1
         _still_serves(node)
     finally:
@@ -608,10 +616,14 @@ def test_a_consumer_without_acks_that_does_not_read_leaves_its_queue_mostly_full
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
         _open_raw(sock)
         sock.sendall(frames.method_frame(1, commands.Basic.Consume(queue="big", no_ack=True)))
-        time.sleep(1.0)  # it reads nothing more; the port gives up sending by itself
+        port_actor = node.actors.whereis("amqp")  # it reads nothing more: the port stops
         with node.connect() as warren:
+            # stopped: 4 MiB wait for the client, and the consumer holds its 100 ahead
+            wait_for(lambda: port_actor.ask(_amqp_stats())["output_waiting_bytes"] >= 3 * 2**20)
+            wait_for(lambda: warren.queue_stats("big")["messages_unacked"] == 100)
             ready = warren.queue_stats("big")["messages_ready"]
-        assert ready >= 150, ready
+            waiting = port_actor.ask(_amqp_stats())["output_waiting_bytes"]
+        assert ready >= 150 and waiting < 6 * 2**20, (ready, waiting)
 
 
 def test_a_stopping_node_tells_its_amqp_clients_and_stops_cleanly(tmp_path, capfd):
