@@ -47,7 +47,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from warren.actors import UnhandledMessage, message
-from warren.actors.exitcodes import EXIT_CRASHED
 from warren.actors.process import drain_wake_pipe
 
 from ..broker.gateway_actor import GatewayActor
@@ -210,14 +209,8 @@ class _Gateway:
             pass  # a wake-up is pending already
 
     def run(self) -> None:
-        try:
-            self._prepare()
-            self._serve()
-        except Exception:
-            # A bug here must not leave a port that accepts and never answers: the
-            # supervisor restarts the process.
-            log.exception("amqp: the gateway thread failed; exiting to be restarted")
-            os._exit(EXIT_CRASHED)
+        self._prepare()
+        self._serve()
 
     def _serve(self) -> None:
         next_tick = time.monotonic() + TICK_S

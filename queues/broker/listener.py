@@ -83,7 +83,6 @@ from zmq.utils.monitor import recv_monitor_message
 from warren.actors import UnhandledMessage, message, wire
 from warren.actors.codec import Decoder, Encoder, find_unknown
 from warren.actors.errors import CodecError
-from warren.actors.exitcodes import EXIT_CRASHED
 from warren.actors.process import drain_wake_pipe, process_exists
 
 from .. import errors
@@ -300,27 +299,21 @@ class _Gateway:
     # ------------------------------------------------------------------ the loop
 
     def run(self) -> None:
-        try:
-            swept_at = time.monotonic()
-            while not self.stopping.is_set():
-                events = dict(self._poller.poll(100))
-                if events.get(self._router):
-                    self._serve_clients()
-                for dealer in [d for d in self._dealers.values() if events.get(d)]:
-                    self._forward_answers(dealer)
-                if events.get(self._wake_read):
-                    self._send_node_answers()
-                if events.get(self._connection_events):
-                    self._count_connections()
-                if time.monotonic() - swept_at > min(SWEEP_S, self.consumer_silence_s / 2):
-                    swept_at = time.monotonic()
-                    self._release_silent_consumers()
-            self._answer_calls_left()
-        except Exception:
-            # A bug here must not leave a listener that accepts and never answers: the
-            # supervisor restarts the process.
-            log.exception("listener: the gateway thread failed; exiting to be restarted")
-            os._exit(EXIT_CRASHED)
+        swept_at = time.monotonic()
+        while not self.stopping.is_set():
+            events = dict(self._poller.poll(100))
+            if events.get(self._router):
+                self._serve_clients()
+            for dealer in [d for d in self._dealers.values() if events.get(d)]:
+                self._forward_answers(dealer)
+            if events.get(self._wake_read):
+                self._send_node_answers()
+            if events.get(self._connection_events):
+                self._count_connections()
+            if time.monotonic() - swept_at > min(SWEEP_S, self.consumer_silence_s / 2):
+                swept_at = time.monotonic()
+                self._release_silent_consumers()
+        self._answer_calls_left()
 
     def _count_connections(self) -> None:
         while True:
