@@ -53,6 +53,9 @@ Races this module guards against (one thread of control; a queue process owns it
 - a crash between a flush and the next sync: the slots written may or may not be on disk;
   nothing was confirmed for them, and recovery checks every slot it finds;
 - a crash in the middle of a slot write: the slot's CRC fails, it is dropped and counted;
+- a crash after a flush wrote slots whose records were still in the store's buffer: the
+  entries would point at nothing and recover as corrupt; a flush writes those records
+  first (``records_before_slots``), so a kill leaves at most records without a slot;
 - a crash after a segment's last ack but before its unlink reached the disk: the file
   comes back with its entries; they are redelivered (at-least-once), never lost.
 """
@@ -241,6 +244,7 @@ class QueueIndex:
             self.records_at,
         )
         self.files.add_user(lambda segment: segment in self._segments)
+        self._write_records_first: Callable[[], None] = _nothing
         self._closed = False
         self.torn_slots = 0
         self._refuse_other_entry_count()
@@ -479,10 +483,17 @@ class QueueIndex:
             if self._buffer.pop(seq_id) is _EMPTY_SLOT:
                 self._buffered_acks -= 1
 
+    def records_before_slots(self, flush_records: Callable[[], None]) -> None:
+        """Have every flush call ``flush_records`` (the queue store's ``flush``) before it
+        writes a slot, so that no slot on file points at a record still in a buffer."""
+        self._write_records_first = flush_records
+
     def flush(self) -> None:
-        """Write the buffer out: one write (``write_vectors``) per run of adjacent slots."""
+        """Write the buffer out: one write (``write_vectors``) per run of adjacent slots,
+        after the records they point at."""
         if not self._buffer:
             return
+        self._write_records_first()
         n, buffer = self.segment_entry_count, self._buffer
         keys = sorted(buffer)
         start = 0
@@ -629,6 +640,10 @@ class QueueIndex:
             f"QueueIndex({self.directory!r}, segments={len(self._segments)}, "
             f"buffered={len(self._buffer)})"
         )
+
+
+def _nothing() -> None:
+    """No records to write first (an index without a queue store)."""
 
 
 def _read_or_empty(name: str, dir_fd: int) -> bytes:

@@ -204,6 +204,7 @@ class VariableQueue:
         self._store = QueueStore(
             self.directory, self._index.files, segment_entry_count=segment_entry_count
         )
+        self._index.records_before_slots(self._store.flush)
         self.q1: collections.deque[MsgStatus] = collections.deque()
         self.q2: collections.deque[MsgStatus] = collections.deque()
         self.delta = Delta()

@@ -248,6 +248,36 @@ def test_dirty_recovery_drops_records_failing_their_crc_and_keeps_the_rest(open_
     assert "failed their size or CRC check" in caplog.text
 
 
+@pytest.mark.parametrize(
+    "flushed_by", ["an ack of a shared-store message", "half a segment of acks"]
+)
+def test_a_kill_after_the_index_wrote_its_slots_leaves_no_entry_pointing_at_an_unwritten_record(
+    open_queue, caplog, flushed_by
+):
+    """The index writes its buffer before its sync when the queue acks a message of the
+    shared store (before the store may drop the body) or when acks fill half a segment.
+    Small messages published since the last sync then have their slots on file; killed
+    before the sync, the queue must not come back with entries whose records it never
+    wrote (once reported as a corrupt message at the restart after a demo's kill)."""
+    queue = open_queue()
+    queue.publish(message(0, size=SIZE_LARGE))
+    for n in range(1, N):
+        queue.publish(message(n, size=100))
+    queue.sync()
+    for n in range(N, N + 5):  # never synced: the queue store holds their records
+        queue.publish(message(n, size=100))
+    if flushed_by == "an ack of a shared-store message":
+        queue.ack([queue.fetch().seq_id])
+    else:
+        queue.ack([queue.fetch().seq_id for _ in range(N // 2)])
+    queue.abandon()
+    with caplog.at_level(logging.WARNING, logger="warren.queues"):
+        queue = open_queue()
+    assert queue.counters["dropped_corrupt"] == 0 and not caplog.records
+    kept = [number(d) for d in drain(queue)]
+    assert kept[-5:] == list(range(N, N + 5))  # the slots on file found their records
+
+
 def test_a_body_file_cut_mid_record_loses_only_the_records_it_cut(open_queue):
     queue = synced_queue(open_queue, N)
     queue.abandon()
