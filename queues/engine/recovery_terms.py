@@ -1,6 +1,7 @@
-"""A queue's recovery terms (``recovery.json``, written by ``VariableQueue.terminate``) and
-the one rule that says whether its clean stop still holds, which both the queue's own
-start and the shared store's reference walker (``ref_counts``) go by.
+"""A queue's recovery terms (``recovery.json``, written by ``VariableQueue.terminate``
+through ``save_terms``, taken by its next open through ``take_terms``) and the one rule
+that says whether its clean stop still holds, which both the queue's own start and the
+shared store's reference walker (``ref_counts``) go by.
 
 A clean stop holds while the terms read, are of this version, and the segment files are
 as the stop left them: the same names and sizes (``file_sizes``), and every header one the
@@ -27,11 +28,12 @@ queue's next seq id).
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from typing import Any, NamedTuple
 
-from ..durable_files import write_atomically
+from ..durable_files import fsync_directory, write_atomically
 from .queue_index import INDEX_SUFFIX, V1_STORE_SUFFIX, usable_entry_count
 from .segments import HEADER_BYTES
 
@@ -42,8 +44,10 @@ __all__ = [
     "TERMS_VERSION",
     "clean_stop_holds",
     "name_store_clients",
+    "save_terms",
     "segment_file_sizes",
     "store_clients",
+    "take_terms",
 ]
 
 TERMS_FILE = "recovery.json"
@@ -60,6 +64,43 @@ def segment_file_sizes(directory: str) -> dict[str, int]:
         for entry in os.scandir(directory)
         if entry.name.endswith((INDEX_SUFFIX, V1_STORE_SUFFIX))
     }
+
+
+def save_terms(directory: str, segment_entry_count: int, **terms: Any) -> None:
+    """Write the recovery terms of a clean stop of the queue in ``directory``: ``terms``
+    (next_seq_id, persistent_count and persistent_bytes, segments, store_segments,
+    delivery_counts, persistent_ref), the version, the layout and the file sizes."""
+    terms.update(
+        version=TERMS_VERSION,
+        segment_entry_count=segment_entry_count,
+        file_sizes=segment_file_sizes(directory),
+    )
+    write_atomically(os.path.join(directory, TERMS_FILE), json.dumps(terms).encode())
+
+
+def take_terms(directory: str, segment_entry_count: int) -> dict[str, Any] | None:
+    """The recovery terms of a clean stop, deleted from disk (a crash from now on is a
+    dirty stop); None if there are none, they do not read, or they are of another
+    version or layout."""
+    path = os.path.join(directory, TERMS_FILE)
+    try:
+        with open(path, "rb") as file:
+            terms = json.loads(file.read())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        log.warning("%s: recovery terms unreadable (%s); recovering dirty", directory, exc)
+        terms = None
+    os.unlink(path)
+    fsync_directory(directory)
+    if terms is not None and (
+        not isinstance(terms, dict)
+        or terms.get("version") != TERMS_VERSION
+        or terms.get("segment_entry_count") != segment_entry_count
+    ):
+        log.warning("%s: recovery terms of another version or layout; recovering dirty", directory)
+        return None
+    return terms
 
 
 def clean_stop_holds(terms: dict[str, Any], directory: str) -> bool:

@@ -57,21 +57,8 @@ records written just before the fdatasync. Only a caller whose sync comes next a
 it: frames written one by one while more wait in the mailbox would each start a small
 writeback of their own, costing more than the overlap gains.
 
-Recovery. ``terminate()`` writes the recovery terms (``recovery.json``: next seq id, the
-persistent count and bytes, per-segment counts, delivery counts, the persistent client
-ref), and the next open with terms and a clean shared store starts without reading the
-index: everything is in delta, and transient entries met while loading it are dropped.
-Without terms (a crash) or after a dirty shared store, every segment is scanned: entries
-of transient messages, whose shared-store message holds no reference of this queue (one
-batched claim: the body may be there for another queue, while this queue's write died with
-it; ``recovery_terms`` names the refs it claims from), or whose per-queue record fails its
-size or CRC check are dropped, and every recovered
-message is flagged redelivered. The terms are deleted at open, so a crash afterwards
-always recovers dirty. Terms whose segment files changed since the clean stop (cut or
-grown, a damaged header: ``recovery_terms``) are not trusted either, and the shared
-store's reference walker does not name this queue's client ref as clean then: the store
-recovers dirty as well and counts only the references the scan keeps, so a torn slot's
-message does not stay in the store for good.
+Recovery. ``terminate()`` writes the recovery terms; the next open starts from them
+without reading the index, or scans every segment after a crash (``queue_recovery``).
 
 Races this module guards against (one thread of control; a queue process owns it):
 
@@ -87,7 +74,6 @@ Races this module guards against (one thread of control; a queue process owns it
 from __future__ import annotations
 
 import collections
-import json
 import logging
 import math
 import os
@@ -100,7 +86,6 @@ from isal.isal_zlib import crc32
 
 from warren.store.disk_faults import slow_sync
 
-from ..durable_files import fsync_directory, write_atomically
 from ..errors import CorruptMessage, MessageTooLarge, QueueClosed, UnknownDeliveryTag
 from ..message import MAX_MESSAGE_BYTES, Message, decode, encode
 from .collector import collect_only_the_young_automatically, collector_is_generational
@@ -116,20 +101,13 @@ from .msg_status import (
 )
 from .queue_index import (
     DEFAULT_SEGMENT_ENTRY_COUNT,
-    Entry,
     QueueIndex,
     pack_slot,
     pack_slots,
 )
+from .queue_recovery import recover
 from .queue_store import QueueStore
-from .recovery_terms import (
-    TERMS_FILE,
-    TERMS_VERSION,
-    StoreClients,
-    name_store_clients,
-    segment_file_sizes,
-    store_clients,
-)
+from .recovery_terms import save_terms
 from .segments import SegmentFiles
 
 # The values it hands out (``msg_status``) and the collector's settings (``collector``)
@@ -266,63 +244,21 @@ class VariableQueue:
         transient_store: Callable[[bytes], SharedStoreClient],
         shared_store_clean: bool | None,
     ) -> None:
-        started = time.monotonic()
-        had_files = any(name.endswith(".qi") for name in os.listdir(self.directory))
-        terms = self._take_terms()
-        persistent_ref = bytes.fromhex(terms["persistent_ref"]) if terms else os.urandom(16)
-        self._persistent = persistent_store(persistent_ref)
-        self._transient = transient_store(os.urandom(16))
-        if shared_store_clean is None:
-            shared_store_clean = self._persistent.recovered_clean
-        store_start = self._persistent.store_start
-        named = store_clients(self.directory)
-        since = named.since if named.store_start == store_start else None
-        if had_files and persistent_ref not in named.refs:  # before a claim moves any to it
-            name_store_clients(
-                self.directory,
-                StoreClients(named.store_start, named.since, [*named.refs, persistent_ref]),
-            )
-        clean_terms = terms if shared_store_clean else None  # None: recover dirty
-        if clean_terms is not None and clean_terms.get("file_sizes") != segment_file_sizes(
-            self.directory
-        ):
-            # Cut or grown since the clean stop (a torn copy, a restored backup): the
-            # counts in the terms may name entries that are gone. Only a scan knows.
-            log.warning(
-                "%s: segment files changed size since the clean stop; recovering dirty",
-                self.directory,
-            )
-            clean_terms = None
-        upgraded, unusable = self._index.upgrade()
-        if upgraded:
-            log.info(
-                "%s: %d segments of the previous format rewritten as one file each",
-                self.directory,
-                upgraded,
-            )
-        if unusable and clean_terms is not None:
-            log.warning(
-                "%s: %d segment files have a damaged header; recovering dirty",
-                self.directory,
-                unusable,
-            )
-            clean_terms = None
-        clean = clean_terms is not None
-        if clean_terms is not None:
-            self._index.recover_clean({int(s): c for s, c in clean_terms["segments"].items()})
-            self._store.recover({int(s): c for s, c in clean_terms["store_segments"].items()})
-            self.next_seq_id = clean_terms["next_seq_id"]
-            self._persistent_count = clean_terms["persistent_count"]
-            self._persistent_bytes = clean_terms["persistent_bytes"]
-            self._delivery_counts = {int(s): c for s, c in clean_terms["delivery_counts"].items()}
-            self._redeliver_below = 0
-        else:
-            self._recover_dirty(named.refs, store_start, since)
-        clients = StoreClients(
-            store_start, self.next_seq_id if since is None else since, [persistent_ref]
+        recovered = recover(
+            self.directory,
+            self._index,
+            self._store,
+            persistent_store=persistent_store,
+            transient_store=transient_store,
+            shared_store_clean=shared_store_clean,
+            counters=self.counters,
         )
-        if clients != named:  # what the predecessors held is this client's now
-            name_store_clients(self.directory, clients)
+        self._persistent, self._transient = recovered.persistent, recovered.transient
+        self.next_seq_id = recovered.next_seq_id
+        self._persistent_count = recovered.persistent_count
+        self._persistent_bytes = recovered.persistent_bytes
+        self._delivery_counts = recovered.delivery_counts
+        self._redeliver_below = recovered.redeliver_below
         self.transient_threshold = self.next_seq_id
         if self._persistent_count:
             low = self._index.bounds()[0]
@@ -332,131 +268,7 @@ class VariableQueue:
         elif self._index.bounds() != (0, 0):  # only transient entries are left
             self.delta = Delta(self._index.bounds()[0], self.next_seq_id)
         self.counters["recovered"] = self._persistent_count
-        if terms is not None or had_files:
-            log.info(
-                "%s: recovered %d messages (%d bytes) %s in %.3f s; dropped %d transient, "
-                "%d missing from the shared store, %d failing their CRC, %d torn index "
-                "slots, %d corrupt segments",
-                self.directory,
-                self._persistent_count,
-                self._persistent_bytes,
-                "clean" if clean else "dirty",
-                time.monotonic() - started,
-                self.counters["dropped_transient"],
-                self.counters["dropped_missing"],
-                self.counters["dropped_corrupt"],
-                self.counters["torn_slots"],
-                self.counters["bad_segments"],
-            )
-        self.recovered_clean = clean
-
-    def _take_terms(self) -> dict[str, Any] | None:
-        """The recovery terms of a clean stop, deleted from disk (a crash from now on is
-        a dirty stop); None if there are none or they do not read."""
-        path = os.path.join(self.directory, TERMS_FILE)
-        try:
-            with open(path, "rb") as file:
-                terms = json.loads(file.read())
-        except FileNotFoundError:
-            return None
-        except (OSError, ValueError) as exc:
-            log.warning("%s: recovery terms unreadable (%s); recovering dirty", self.directory, exc)
-            terms = None
-        os.unlink(path)
-        fsync_directory(self.directory)
-        if terms is not None and (
-            not isinstance(terms, dict)
-            or terms.get("version") != TERMS_VERSION
-            or terms.get("segment_entry_count") != self.segment_entry_count
-        ):
-            log.warning(
-                "%s: recovery terms of another version or layout; recovering dirty", self.directory
-            )
-            return None
-        return terms
-
-    def _recover_dirty(
-        self, predecessors: list[bytes], store_start: str, since: int | None
-    ) -> None:
-        """Scan every segment (see the module docstring); the entries it keeps from the
-        shared store are those it claims there: from ``predecessors``, and (entries
-        below ``since``, taken before the store's start ``store_start``) from what the
-        store recovered at that start (``recovery_terms``)."""
-        counters = self.counters
-        store_live: dict[int, int] = {}
-        shared: list[Entry] = []
-        kept_bytes = 0
-        n = self.segment_entry_count
-
-        def keep(entries: list[Entry]) -> list[bool]:
-            nonlocal kept_bytes
-            verdicts = []
-            in_store = [(i, e) for i, e in enumerate(entries) if e.persistent and not e.shared]
-            valid = (
-                self._store.valid_records(
-                    entries[0].seq_id // n, [(e.store_offset, e.size) for _, e in in_store]
-                )
-                if in_store
-                else []
-            )
-            valid_at = {i: ok for (i, _), ok in zip(in_store, valid, strict=True)}
-            for i, entry in enumerate(entries):
-                if not entry.persistent:
-                    counters["dropped_transient"] += 1
-                    verdicts.append(False)
-                elif entry.shared:
-                    shared.append(entry)
-                    verdicts.append(True)
-                elif valid_at[i]:
-                    segment = entry.seq_id // n
-                    store_live[segment] = store_live.get(segment, 0) + 1
-                    kept_bytes += entry.size
-                    verdicts.append(True)
-                else:
-                    counters["dropped_corrupt"] += 1
-                    verdicts.append(False)
-            return verdicts
-
-        recovered = self._index.recover_dirty(keep)
-        counters["torn_slots"] += recovered.torn
-        counters["bad_segments"] += recovered.bad_segments
-        if counters["dropped_corrupt"]:
-            log.warning(
-                "%s: %d messages failed their size or CRC check; dropped",
-                self.directory,
-                counters["dropped_corrupt"],
-            )
-        missing: list[Entry] = []
-        newer = [e for e in shared if since is not None and e.seq_id >= since]
-        older = [e for e in shared if since is None or e.seq_id < since]
-        for entries, written_since in ((older, None), (newer, store_start)):
-            if entries:
-                ids = [e.msg_id for e in entries]
-                held = self._persistent.claim_many(ids, predecessors, written_since)
-                missing += [e for e, found in zip(entries, held, strict=True) if not found]
-        if missing:
-            self._index.ack(e.seq_id for e in missing)
-            self._index.sync()
-            counters["dropped_missing"] += len(missing)
-            # Indexed before this queue's write reached the shared store (the body may be
-            # there, another queue's reference), so never confirmed (a confirm waits for
-            # both): the expected cost of a crash. Data the store had and lost is its own
-            # warning, in its recovery.
-            log.info(
-                "%s: %d messages had no reference of this queue in the shared store when "
-                "it stopped (never confirmed); dropped",
-                self.directory,
-                len(missing),
-            )
-        self._store.recover(store_live)
-        self._persistent_count = recovered.entries - len(missing)
-        self._persistent_bytes = (
-            kept_bytes + sum(e.size for e in shared) - sum(e.size for e in missing)
-        )
-        high = self._index.bounds()[1]
-        self.next_seq_id = high
-        self._redeliver_below = high
-        self._delivery_counts = {}
+        self.recovered_clean = recovered.clean
 
     # ------------------------------------------------------------------ publishing
 
@@ -1350,19 +1162,17 @@ class VariableQueue:
         for status in [*self._ram_pending.values(), *self._disk_pending.values()]:
             if status.persistent:
                 delivery_counts[status.seq_id] = status.delivery_count + 1
-        terms = {
-            "version": TERMS_VERSION,
-            "segment_entry_count": self.segment_entry_count,
-            "next_seq_id": self.next_seq_id,
-            "persistent_count": self._persistent_count,
-            "persistent_bytes": self._persistent_bytes,
-            "segments": self._index.segment_counts(),
-            "store_segments": self._store.live_counts,
-            "delivery_counts": delivery_counts,
-            "persistent_ref": self._persistent.client_ref.hex(),
-            "file_sizes": segment_file_sizes(self.directory),
-        }
-        write_atomically(os.path.join(self.directory, TERMS_FILE), json.dumps(terms).encode())
+        save_terms(
+            self.directory,
+            self.segment_entry_count,
+            next_seq_id=self.next_seq_id,
+            persistent_count=self._persistent_count,
+            persistent_bytes=self._persistent_bytes,
+            segments=self._index.segment_counts(),
+            store_segments=self._store.live_counts,
+            delivery_counts=delivery_counts,
+            persistent_ref=self._persistent.client_ref.hex(),
+        )
         # The persistent client stays registered: the store's clean-shutdown files name
         # it, and the next clean start checks them against these terms' ref.
         self._persistent.close()

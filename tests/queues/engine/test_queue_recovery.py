@@ -13,7 +13,7 @@ import pytest
 
 from warren.queues import VariableQueue, walk_ref_counts
 from warren.queues.broker.definitions import queue_directory
-from warren.queues.engine import variable_queue
+from warren.queues.engine import queue_recovery
 from warren.queues.engine.queue_index import (
     HEADER_BYTES,
     SLOT_BYTES,
@@ -179,7 +179,7 @@ def test_a_queue_killed_again_during_its_recovery_keeps_what_its_first_life_held
     queue.abandon()
     named = []
 
-    def recovery_killed(self, *claims):
+    def recovery_killed(*scan):
         raise KeyboardInterrupt
 
     def killed_naming_it_alone(directory, clients):
@@ -191,9 +191,9 @@ def test_a_queue_killed_again_during_its_recovery_keeps_what_its_first_life_held
 
     with monkeypatch.context() as patched:
         if when == "before its claim":
-            patched.setattr(VariableQueue, "_recover_dirty", recovery_killed)
+            patched.setattr(queue_recovery, "_recover_dirty", recovery_killed)
         else:
-            patched.setattr(variable_queue, "name_store_clients", killed_naming_it_alone)
+            patched.setattr(queue_recovery, "name_store_clients", killed_naming_it_alone)
         with pytest.raises(KeyboardInterrupt):
             fanout_queue(tmp_path, stores, persistent)
     queue = fanout_queue(tmp_path, stores, persistent)
