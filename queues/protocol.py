@@ -316,6 +316,7 @@ CLASSIC_ARGUMENTS = {
     "max_length": None,
     "overflow": "drop-head",
     "dead_letter_exchange": None,
+    "dead_letter_routing_key": None,
     "auto_delete": False,
 }
 STREAM_ARGUMENTS = ("max_length_bytes", "max_age", "max_segment_size_bytes", "sync_policy")
@@ -358,12 +359,27 @@ def check_name(name: object, what: str = "queue") -> str:
     )
 
 
+def check_routing_key(key: object, what: str = "routing key") -> str:
+    """A routing key: UTF-8 text of at most 255 bytes (an AMQP short string; empty is
+    one)."""
+    if isinstance(key, str):
+        try:
+            if len(key.encode()) <= MAX_NAME_BYTES:
+                return key
+        except UnicodeEncodeError:
+            pass  # a lone surrogate: not text that UTF-8 can hold
+    raise InvalidArgument(f"a {what} is UTF-8 text of at most {MAX_NAME_BYTES} bytes; got {key!r}")
+
+
 @dataclass(frozen=True)
 class QueueDefinition:
     """A queue's arguments. ``message_ttl_ms``: how long a message may wait (None: for
     ever); ``max_length``: how many messages may wait, the oldest dropped beyond it
     (``overflow="drop-head"``) or new ones refused (``"reject-publish"``);
-    ``dead_letter_exchange``: where expired, rejected and dropped messages go;
+    ``dead_letter_exchange``: where expired, rejected and dropped messages go (``""``: the
+    default exchange, to the queue their key names), routed with
+    ``dead_letter_routing_key`` (None: each with its own routing key, RabbitMQ's
+    ``x-dead-letter-routing-key``);
     ``auto_delete``: the queue deletes itself when its last consumer stops.
 
     ``type="stream"`` makes an append-only log instead (``warren.queues.engine.stream_log``),
@@ -385,6 +401,7 @@ class QueueDefinition:
     max_length: int | None = None
     overflow: str = "drop-head"
     dead_letter_exchange: str | None = None
+    dead_letter_routing_key: str | None = None
     auto_delete: bool = False
     type: str = "classic"
     max_length_bytes: int | None = None
@@ -406,8 +423,15 @@ class QueueDefinition:
             )
         if self.overflow not in OVERFLOWS:
             raise InvalidArgument(f"overflow must be one of {OVERFLOWS}, got {self.overflow!r}")
-        if self.dead_letter_exchange is not None:
+        if self.dead_letter_exchange:  # "": the default exchange, to the key's queue
             check_name(self.dead_letter_exchange, "dead-letter exchange")
+        if self.dead_letter_routing_key is not None:
+            check_routing_key(self.dead_letter_routing_key, "dead-letter routing key")
+            if self.dead_letter_exchange is None:
+                raise InvalidArgument(
+                    "a dead-letter routing key needs a dead-letter exchange too, as RabbitMQ's "
+                    "x-dead-letter-routing-key needs x-dead-letter-exchange"
+                )
         if self.type not in QUEUE_TYPES:
             raise InvalidArgument(f"type must be one of {QUEUE_TYPES}, got {self.type!r}")
         if self.type == "stream":

@@ -128,14 +128,6 @@ def _short_string(payload: bytes, position: int) -> tuple[str, int]:
         raise AmqpError(SYNTAX_ERROR, "a short string is not UTF-8") from None
 
 
-def encode_short_string(value: str) -> bytes:
-    """A shortstr: one length octet, then up to 255 bytes of UTF-8."""
-    data = value.encode()
-    if len(data) > 255:
-        raise ValueError(f"a short string holds at most 255 bytes, not {len(data)}")
-    return bytes([len(data)]) + data
-
-
 @dataclass(slots=True)
 class Publish:
     """``Basic.Publish``'s arguments."""

@@ -57,6 +57,7 @@ from typing import Any
 import pamqp.base
 import pamqp.commands as commands
 
+from ..amqp_envelope import encode_short_string, envelope, split
 from ..client.connection import Confirm, Connection
 from ..client.consuming import IDLE_POLL_S, Consumer, Delivery
 from ..errors import (
@@ -103,6 +104,7 @@ QUEUE_ARGUMENTS = {
     "x-max-length-bytes": "max_length_bytes",
     "x-overflow": "overflow",
     "x-dead-letter-exchange": "dead_letter_exchange",
+    "x-dead-letter-routing-key": "dead_letter_routing_key",
 }
 EXCHANGE_KINDS = ("direct", "fanout", "topic")
 SETTLES = (frames.ACK, frames.NACK, frames.REJECT)
@@ -662,9 +664,7 @@ class Translator:
             body,
             expiration_ms=_expiration_ms(read["expiration"]),
             persistent=read["delivery_mode"] == 2,
-            amqp=frames.encode_short_string(sent.exchange)
-            + frames.encode_short_string(sent.routing_key)
-            + header.properties,
+            amqp=envelope(sent.exchange, sent.routing_key, header.properties),
         )
         if sent.exchange and self._topology.count != self._topology_seen:
             self._topology_seen = self._topology.count
@@ -759,7 +759,7 @@ class Translator:
                         channel.no_ack.add(delivery_tag)
                     data = frames.deliver_frames(
                         number,
-                        frames.encode_short_string(tag),
+                        encode_short_string(tag),
                         delivery_tag,
                         delivery.redelivered,
                         exchange,
@@ -797,11 +797,9 @@ def _publish_of(delivery: Delivery) -> tuple[bytes, bytes, bytes]:
     for, is left out, and logged)."""
     message = delivery.message
     if message.amqp is not None:
-        publish = message.amqp
-        exchange_end = 1 + publish[0] if publish else 0
-        key_end = exchange_end + 1 + publish[exchange_end] if exchange_end < len(publish) else 0
-        if exchange_end and key_end and key_end + 2 <= len(publish):
-            return publish[:exchange_end], publish[exchange_end:key_end], publish[key_end:]
+        parts = split(message.amqp)
+        if parts is not None:
+            return parts
         log.warning("a message's AMQP publish does not read: delivered with its own properties")
     delivery_mode = 2 if message.persistent else 1
     try:
@@ -815,7 +813,7 @@ def _publish_of(delivery: Delivery) -> tuple[bytes, bytes, bytes]:
     except (TypeError, ValueError, struct.error) as exc:
         log.warning("a message's properties do not fit AMQP (%s): delivered without them", exc)
         properties = commands.Basic.Properties(delivery_mode=delivery_mode).marshal()
-    return b"\x00", frames.encode_short_string(delivery.queue), properties
+    return b"\x00", encode_short_string(delivery.queue), properties
 
 
 def _expiration_ms(expiration: str | None) -> int | None:

@@ -2,19 +2,24 @@
 republished to its dead-letter exchange, and acked in the queue once confirmed there.
 
 Each dead message gets an ``x-death`` header (a list, newest first, of
-``{"queue", "reason", "time_ms"}``) and loses its per-message expiration; it is routed
-with the queue's name as routing key. The queue publishes like any producer, through a
-connection to its node, without waiting: the confirms are collected by ``settled()``,
-which the queue calls from a timer, so a dead-letter exchange that routes back to the
-same queue cannot deadlock it. A publish the exchange routes nowhere is confirmed and the
-message dropped (as RabbitMQ does); one that is nacked is dropped and logged, and so is
-one that can never be sent (no such exchange, as RabbitMQ drops it; a message that does
-not decode or is too large; one nacked at once, as by a bound queue that stays down).
-One that cannot be sent now (the node stopping, a queue of the exchange restarting, an
-alarm) is handed back with those after it: the queue puts them back, unseen (neither
-redelivered nor counted as a delivery), and tries again at its next round. ``send``
-raises for none of them, so that a queue dead-lettering never fails the publish or the
-timer that made it do so.
+``{"queue", "reason", "time_ms"}``) and loses its per-message expiration. It is routed
+with the queue's dead-letter routing key when it has one, else with its own: the routing
+key its AMQP publisher gave it, or the queue's name for a message of Warren's client
+(which keeps none). A message published over AMQP has its AMQP publish rewritten too, as
+RabbitMQ does (``amqp_envelope.dead_lettered``: the exchange and key it goes to now, and
+RabbitMQ's ``x-death`` and ``x-first-death-*`` headers in its AMQP headers).
+
+The queue publishes like any producer, through a connection to its node, without
+waiting: the confirms are collected by ``settled()``, which the queue calls from a
+timer, so a dead-letter exchange that routes back to the same queue cannot deadlock it.
+A publish the exchange routes nowhere is confirmed and the message dropped (as RabbitMQ
+does); one that is nacked is dropped and logged, and so is one that can never be sent
+(no such exchange, as RabbitMQ drops it; a message that does not decode or is too large;
+one nacked at once, as by a bound queue that stays down). One that cannot be sent now
+(the node stopping, a queue of the exchange restarting, an alarm) is handed back with
+those after it: the queue puts them back, unseen (neither redelivered nor counted as a
+delivery), and tries again at its next round. ``send`` raises for none of them, so that
+a queue dead-lettering never fails the publish or the timer that made it do so.
 
 Each dead letter settled is counted under its reason, RabbitMQ's: ``dead_lettered_expired``
 (a TTL), ``dead_lettered_rejected`` (a consumer's reject without requeue) and
@@ -38,6 +43,7 @@ from typing import Any
 
 from warren.actors import WarrenError
 
+from ..amqp_envelope import dead_lettered, split
 from ..client.connection import Confirm, Connection
 from ..client.ipc_node import RemoteNode
 from ..errors import (
@@ -60,10 +66,13 @@ REASONS = ("expired", "rejected", "maxlen")  # what ``send`` takes, as x-death n
 
 
 class DeadLetters:
-    def __init__(self, data_dir: str, queue_name: str, exchange: str) -> None:
+    def __init__(
+        self, data_dir: str, queue_name: str, exchange: str, routing_key: str | None = None
+    ) -> None:
         self.data_dir = data_dir
         self.queue_name = queue_name
         self.exchange = exchange
+        self.routing_key = routing_key  # None: each message's own
         self._connection: Connection | None = None
         # (its confirm, seq id in the queue, its reason)
         self._pending: list[tuple[Confirm, int, str]] = []
@@ -87,16 +96,15 @@ class DeadLetters:
         now, for the caller to put back (see the module docstring)."""
         if reason not in REASONS:
             raise ValueError(f"a dead letter's reason is one of {REASONS}, not {reason!r}")
-        death = {"queue": self.queue_name, "reason": reason, "time_ms": int(time.time() * 1000)}
+        now_ms = int(time.time() * 1000)
+        death = {"queue": self.queue_name, "reason": reason, "time_ms": now_ms}
         for index, (seq_id, payload) in enumerate(dead):
             try:
                 if self._connection is None:
                     self._connection = Connection(RemoteNode(self.data_dir), linger_s=0)
+                routing_key, message = self._dead_letter(payload, death)
                 confirm = self._connection.publish_message(
-                    self.queue_name,
-                    _dead_letter(payload, death),
-                    exchange=self.exchange,
-                    mandatory=False,
+                    routing_key, message, exchange=self.exchange, mandatory=False
                 )
             except (CorruptMessage, MessageTooLarge, Nacked) as exc:
                 self._drop(seq_id, exc)  # a nack (a bound queue that stays down) included
@@ -159,12 +167,29 @@ class DeadLetters:
         if self._connection is not None:
             self._connection.close()
 
-
-def _dead_letter(payload: bytes, death: dict[str, Any]) -> Message:
-    """The message of ``payload`` as a dead letter: ``death`` first in its ``x-death``
-    (a list; a header of that name that is not one is replaced) and no expiration."""
-    message = decode(payload)
-    headers = dict(message.headers or {})
-    earlier = headers.get("x-death")
-    headers["x-death"] = [death, *(earlier if isinstance(earlier, list) else [])]
-    return dataclasses.replace(message, headers=headers, expiration_ms=None)
+    def _dead_letter(self, payload: bytes, death: dict[str, Any]) -> tuple[str, Message]:
+        """The routing key and message of ``payload`` as a dead letter: ``death`` first in
+        its ``x-death`` (a list; a header of that name that is not one is replaced), no
+        expiration, and its AMQP publish rewritten (see the module docstring)."""
+        message = decode(payload)
+        headers = dict(message.headers or {})
+        earlier = headers.get("x-death")
+        headers["x-death"] = [death, *(earlier if isinstance(earlier, list) else [])]
+        routing_key = self.routing_key
+        amqp = message.amqp
+        if amqp is not None:
+            parts = split(amqp)
+            if parts is None:
+                raise CorruptMessage("a message's AMQP publish does not read")
+            if routing_key is None:
+                routing_key = parts[1][1:].decode(errors="replace")
+            amqp = dead_lettered(
+                amqp,
+                queue=self.queue_name,
+                reason=death["reason"],
+                exchange=self.exchange,
+                routing_key=routing_key,
+                now_s=death["time_ms"] // 1000,
+            )
+        changed = dataclasses.replace(message, headers=headers, expiration_ms=None, amqp=amqp)
+        return (self.queue_name if routing_key is None else routing_key), changed

@@ -335,7 +335,10 @@ class QueueActor(ProcessActor):
                     f"queue {self.queue_name}: a dead-letter exchange needs the node's data_dir"
                 )
             self._dead = DeadLetters(
-                self.data_dir, self.queue_name, self.definition.dead_letter_exchange
+                self.data_dir,
+                self.queue_name,
+                self.definition.dead_letter_exchange,
+                self.definition.dead_letter_routing_key,
             )
         # with an incremental collector, left as it is, the process runs no full collection
         self._collects_fully = collector_is_generational()

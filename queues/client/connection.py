@@ -267,7 +267,8 @@ class Connection:
         """Create the queue unless it exists (``PreconditionFailed`` if it exists with
         other arguments). The arguments are ``QueueDefinition``'s: ``durable`` (True),
         ``lazy`` (False), ``message_ttl_ms``, ``max_length``, ``overflow`` ("drop-head"
-        or "reject-publish"), ``dead_letter_exchange``, ``auto_delete`` (False); a bad
+        or "reject-publish"), ``dead_letter_exchange``, ``dead_letter_routing_key``
+        (None: each message's own), ``auto_delete`` (False); a bad
         one raises here, before anything is sent. ``passive=True`` creates nothing and
         raises ``NotFound`` unless the queue exists. Returns the queue's ``QueueDeclared``
         (its name, ready messages and consumers), as AMQP's declare-ok does."""

@@ -6,7 +6,8 @@ Each names its node with ``--data-dir D`` (on this machine) or ``--url tcp://HOS
     warren exchanges NODE [--json]               the declared exchanges
     warren bindings NODE [--json]                exchange, queue and routing key of each
     warren declare queue NAME NODE [--transient --lazy --message-ttl-ms N --max-length N
-                   --overflow drop-head|reject-publish --dead-letter-exchange E --auto-delete]
+                   --overflow drop-head|reject-publish --dead-letter-exchange E
+                   --dead-letter-routing-key K --auto-delete]
     warren declare queue NAME NODE --type stream [--max-length-bytes SIZE --max-age 7D
                    --max-segment-size SIZE --sync-policy fsync|flush]
     warren streams NODE [--json]                 every stream: offsets, segments, bytes, and
@@ -154,6 +155,10 @@ def add_queue_commands(commands: argparse._SubParsersAction) -> None:
         help="beyond --max-length: drop the oldest (default) or refuse new ones",
     )
     queue.add_argument("--dead-letter-exchange", help="where expired and dropped ones go")
+    queue.add_argument(
+        "--dead-letter-routing-key",
+        help="the routing key they go there with (default: each message's own)",
+    )
     queue.add_argument("--auto-delete", action="store_true", help="go with the last consumer")
     queue.add_argument(
         "--type", choices=QUEUE_TYPES, default="classic", help="a classic queue or a stream"
@@ -280,6 +285,7 @@ def _declare_queue(connection: Connection, args: argparse.Namespace) -> int:
             "max_length": args.max_length,
             "overflow": args.overflow,
             "dead_letter_exchange": args.dead_letter_exchange,
+            "dead_letter_routing_key": args.dead_letter_routing_key,
             "auto_delete": args.auto_delete,
         }
         if args.type == "stream":

@@ -436,7 +436,8 @@ class Node:
         arguments raises ``PreconditionFailed``. An ``auto_delete`` queue deletes itself
         when its last consumer stops (one that never had a consumer stays). The
         arguments are ``QueueDefinition``'s (``durable``, ``lazy``, ``message_ttl_ms``,
-        ``max_length``, ``overflow``, ``dead_letter_exchange``, ``auto_delete``; with
+        ``max_length``, ``overflow``, ``dead_letter_exchange``, ``dead_letter_routing_key``,
+        ``auto_delete``; with
         ``type="stream"``, a stream's: ``max_length_bytes``, ``max_age``,
         ``max_segment_size_bytes``, ``sync_policy``; its process is ``warren: stream NAME``).
         ``passive`` creates nothing: ``NotFound`` unless the queue exists. Either way the

@@ -17,6 +17,7 @@ import pytest
 
 from warren.queues.amqp import frames
 from warren.queues.amqp.frames import AmqpError
+from warren.queues.amqp_envelope import encode_short_string
 
 EVERY_PROPERTY = pika.spec.BasicProperties(
     content_type="application/json",
@@ -131,11 +132,11 @@ def test_a_delivery_reads_in_pika_with_the_publishers_properties_and_whole_body(
     properties = frames.decode_content_header(frames.split_frames(wire, 4096)[0][1].payload)
     data = frames.deliver_frames(
         5,
-        frames.encode_short_string("ctag-1"),
+        encode_short_string("ctag-1"),
         2**40 + 7,
         True,
-        frames.encode_short_string("orders"),
-        frames.encode_short_string("eu.new"),
+        encode_short_string("orders"),
+        encode_short_string("eu.new"),
         properties.properties,
         body,
         frame_max,
@@ -159,7 +160,7 @@ def test_a_delivery_reads_in_pika_with_the_publishers_properties_and_whole_body(
 
 def test_an_empty_body_is_delivered_without_body_frames() -> None:
     data = frames.get_ok_frames(
-        1, 9, False, b"\x00", frames.encode_short_string("q"), 41, b"\x00\x00", b"", 4096
+        1, 9, False, b"\x00", encode_short_string("q"), 41, b"\x00\x00", b"", 4096
     )
     get_ok, header = _pika_frames(data)
     assert isinstance(get_ok.method, pika.spec.Basic.GetOk)
@@ -277,6 +278,6 @@ def test_a_table_that_does_not_decode_is_a_syntax_error() -> None:
 
 
 def test_a_short_string_longer_than_255_bytes_is_refused_when_encoded() -> None:
-    assert frames.encode_short_string("é") == b"\x02\xc3\xa9"
+    assert encode_short_string("é") == b"\x02\xc3\xa9"
     with pytest.raises(ValueError, match="at most 255 bytes"):
-        frames.encode_short_string("x" * 256)
+        encode_short_string("x" * 256)

@@ -33,7 +33,7 @@ from warren.queues import (
 from warren.queues.broker.definitions import LOG_PREFIX as DEFINITIONS_LOG_PREFIX
 from warren.queues.broker.definitions import Definitions, queue_directory
 from warren.queues.broker.queue_actor import QueueActor
-from warren.queues.errors import ConnectionClosed, NodeNotRunning
+from warren.queues.errors import ConnectionClosed, InvalidArgument, NodeNotRunning
 from warren.queues.message import MAX_MESSAGE_BYTES
 from warren.queues.protocol import Fetch, Publish, QueueDefinition, QueueStats
 from warren.store.client import StoreClient
@@ -1089,3 +1089,26 @@ def test_a_client_waiting_for_a_node_is_served_as_soon_as_it_starts(tmp_path):
         starter.join()
         for node in nodes:
             node.close()
+
+
+def test_dead_letters_go_with_the_queues_dead_letter_routing_key_when_it_has_one(node):
+    node.declare_exchange("dlx", kind="direct")
+    node.declare_queue("retry")
+    node.bind_queue("retry", "dlx", "again")
+    node.declare_queue("work", dead_letter_exchange="dlx", dead_letter_routing_key="again")
+    node.declare_queue("parked")
+    # the default exchange as dead-letter exchange: to the queue the key names
+    node.declare_queue("loop", dead_letter_exchange="", dead_letter_routing_key="parked")
+    connection = node.connect()
+    connection.publish("work", b"failed")
+    connection.get("work").reject(requeue=False)
+    connection.publish("loop", b"looped")
+    connection.get("loop").reject(requeue=False)
+    wait_for(lambda: connection.queue_stats("retry")["messages_ready"] == 1)
+    wait_for(lambda: connection.queue_stats("parked")["messages_ready"] == 1)
+    assert connection.get("retry").headers["x-death"][0]["queue"] == "work"
+    assert connection.get("parked").body == b"looped"
+    with pytest.raises(InvalidArgument, match="needs a dead-letter exchange too"):
+        node.declare_queue("lonely", dead_letter_routing_key="again")
+    with pytest.raises(InvalidArgument, match="at most 255 bytes"):
+        node.declare_queue("long", dead_letter_exchange="dlx", dead_letter_routing_key="k" * 256)
