@@ -221,7 +221,10 @@ class Purge:
 @message
 @dataclass(frozen=True)
 class QueueStats:
-    pass
+    """``declare``: asked for a declare of the queue, which counts as a use of it (an
+    ``expires_ms`` queue's clock starts again), as a look at its figures does not."""
+
+    declare: bool = False
 
 
 @message
@@ -318,6 +321,7 @@ CLASSIC_ARGUMENTS = {
     "dead_letter_exchange": None,
     "dead_letter_routing_key": None,
     "auto_delete": False,
+    "expires_ms": None,
 }
 STREAM_ARGUMENTS = ("max_length_bytes", "max_age", "max_segment_size_bytes", "sync_policy")
 _INTERVAL = re.compile(r"(\d+(?:\.\d+)?)(Y|M|D|h|m|s)")
@@ -380,7 +384,9 @@ class QueueDefinition:
     default exchange, to the queue their key names), routed with
     ``dead_letter_routing_key`` (None: each with its own routing key, RabbitMQ's
     ``x-dead-letter-routing-key``);
-    ``auto_delete``: the queue deletes itself when its last consumer stops.
+    ``auto_delete``: the queue deletes itself when its last consumer stops;
+    ``expires_ms``: it deletes itself once unused that long (no consumer, no get, no
+    declare: RabbitMQ's ``x-expires``).
 
     ``type="stream"`` makes an append-only log instead (``warren.queues.engine.stream_log``),
     always durable, which takes none of the arguments above but these:
@@ -403,6 +409,7 @@ class QueueDefinition:
     dead_letter_exchange: str | None = None
     dead_letter_routing_key: str | None = None
     auto_delete: bool = False
+    expires_ms: int | None = None
     type: str = "classic"
     max_length_bytes: int | None = None
     max_age: float | None = None
@@ -417,6 +424,12 @@ class QueueDefinition:
             value = getattr(self, field)
             if value is not None and (type(value) is not int or value < 0):
                 raise InvalidArgument(f"{field} must be None or an int >= 0, got {value!r}")
+        if self.expires_ms is not None and (
+            type(self.expires_ms) is not int or not 0 < self.expires_ms <= MAX_TTL_MS
+        ):
+            raise InvalidArgument(
+                f"expires_ms must be None or an int in 1..{MAX_TTL_MS}, got {self.expires_ms!r}"
+            )
         if self.message_ttl_ms is not None and self.message_ttl_ms > MAX_TTL_MS:
             raise InvalidArgument(
                 f"message_ttl_ms must be at most {MAX_TTL_MS}, got {self.message_ttl_ms}"
@@ -447,6 +460,12 @@ class QueueDefinition:
     @property
     def is_stream(self) -> bool:
         return self.type == "stream"
+
+    @property
+    def deletes_itself(self) -> bool:
+        """Whether the queue may delete itself (``auto_delete``, ``expires_ms``): its
+        process then ends for good, and its tombstone means a decided delete."""
+        return self.auto_delete or self.expires_ms is not None
 
     def _check_stream(self) -> None:
         given = [

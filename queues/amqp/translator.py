@@ -105,6 +105,7 @@ QUEUE_ARGUMENTS = {
     "x-overflow": "overflow",
     "x-dead-letter-exchange": "dead_letter_exchange",
     "x-dead-letter-routing-key": "dead_letter_routing_key",
+    "x-expires": "expires_ms",
 }
 EXCHANGE_KINDS = ("direct", "fanout", "topic")
 SETTLES = (frames.ACK, frames.NACK, frames.REJECT)

@@ -67,7 +67,8 @@ Auto-delete (RabbitMQ's auto-delete queue that deleted itself never comes back e
 such a queue deletes itself in its own process when its last consumer stops, and the
 node drops its definition only later, once it sees the process ended and the directory
 gone. So the queue writes its tombstone (``mark_deleted``, as the node's delete does)
-before it deletes anything, and for a queue defined ``auto_delete`` a tombstone means
+before it deletes anything, and for a queue defined to delete itself (``auto_delete``, or
+an ``expires_ms`` that ran out: ``QueueDefinition.deletes_itself``) a tombstone means
 the delete is decided, whether the queue or the node wrote it:
 - the queue's process, killed in the middle of its delete (between two unlinks, or
   waiting for the store) and restarted by its supervisor, or started at the node's next
@@ -516,7 +517,7 @@ class Definitions:
                     tombstone,
                 )
                 continue
-            if directory in defined and defined[directory].auto_delete:
+            if directory in defined and defined[directory].deletes_itself:
                 log.info("%s: the queue finishes its own delete as it starts", tombstone)
                 continue
             try:

@@ -34,15 +34,18 @@ Messages accepted (``warren.queues.protocol``), and what each gets back:
                                    queue deletes itself when the last one stops,
                                    its tombstone first: a process killed in the
                                    middle is restarted only to finish the delete
-                                   (see Auto-delete in ``definitions``)
+                                   (see Auto-delete in ``definitions``); an
+                                   ``expires_ms`` one when unused that long (no
+                                   consumer, Fetch or declare), the same way
     Release(consumer)              (tell) requeue what the consumer holds, end its
                                    subscriptions
     Purge()                        → messages purged
-    QueueStats()                   → the engine's stats, the consumers and the name;
+    QueueStats(declare)            → the engine's stats, the consumers and the name;
                                      ``consumer_details``: each connection that consumes
                                      or holds deliveries, its pid (the listener's for a
                                      remote one), its consumers, the prefetch its last
-                                     one subscribed with and its deliveries unacked
+                                     one subscribed with and its deliveries unacked;
+                                     ``declare``: a declare's, a use of the queue
     DeleteQueue()                  → messages deleted; every later request is refused
 
 A message of another type, or whose fields are not what this list says, raises
@@ -267,6 +270,10 @@ class QueueActor(ProcessActor):
         self._prefetch: dict[bytes, int] = {}  # connection -> its last consumer's prefetch
         self._deleted = False
         self._no_clean_stop = False
+        # expires_ms: the last use (a consumer, a get, a declare), monotonic, and whether
+        # the check that deletes the queue unused that long is scheduled
+        self._used_at = time.monotonic()
+        self._unused_check_armed = False
         self._dead: DeadLetters | None = None
         self._may_expire = False  # messages with an expiry may be in the queue
         self._expiry_armed = False  # the expiry tick is scheduled
@@ -344,13 +351,14 @@ class QueueActor(ProcessActor):
         self._collects_fully = collector_is_generational()
         collect_only_the_young_automatically()
         self._arm_rates()
-        if self.definition.auto_delete and is_marked_deleted(self.directory):
+        if self.definition.deletes_itself and is_marked_deleted(self.directory):
             log.warning(
-                "queue %s: finishing the delete it began (auto_delete) before it ended",
+                "queue %s: finishing the delete it began itself before it ended",
                 self.queue_name,
             )
             self._delete_for_good()
             return
+        self._arm_unused_check()
         head = self.queue.peek()  # with an expiry, the messages it recovered may expire
         self._may_expire = head is not None and head.expiry_ms > 0
         self._arm_expiry_tick()
@@ -578,6 +586,7 @@ class QueueActor(ProcessActor):
         return payloads, msg_ids, sequences, repeats, high
 
     def _fetch(self, message: Fetch) -> list[Delivered]:
+        self._used_at = time.monotonic()
         self._expire()
         queue = self._engine
         below = self._hold_from
@@ -645,6 +654,7 @@ class QueueActor(ProcessActor):
         return payload
 
     def _release(self, message: Release) -> None:
+        self._used_at = time.monotonic()
         held = self._held.pop(message.consumer, set())
         self._owners.pop(message.consumer, None)
         self._prefetch.pop(message.consumer, None)
@@ -655,6 +665,7 @@ class QueueActor(ProcessActor):
             self._maybe_auto_delete()
 
     def _subscribe(self, message: Subscribe) -> None:
+        self._used_at = time.monotonic()
         count = self._subscribers.get(message.consumer, 0) + (1 if message.active else -1)
         if message.active and message.consumer not in self._owners:
             self._owners[message.consumer] = (message.pid, _started(message.pid))
@@ -669,27 +680,53 @@ class QueueActor(ProcessActor):
                 self._maybe_auto_delete()
 
     def _maybe_auto_delete(self) -> None:
-        """An auto-delete queue whose last consumer stopped deletes itself, messages and
-        files, and ends its process (for good: the node then forgets its definition).
-        Its tombstone first: from then on the delete is decided (see Auto-delete)."""
+        """An auto-delete queue whose last consumer stopped deletes itself."""
         if self.definition.auto_delete and not self._subscribers and not self._deleted:
-            log.info(
-                "queue %s: its last consumer stopped; deleting it (auto_delete)", self.queue_name
-            )
-            try:
-                mark_deleted(self.directory, self.queue_name)
-            except OSError as exc:
-                log.error(
-                    "queue %s stays, until its next last consumer stops: its tombstone "
-                    "could not be written (%s)",
-                    self.queue_name,
-                    exc,
-                )
+            self._delete_itself("its last consumer stopped (auto_delete)")
+
+    def _arm_unused_check(self) -> None:
+        """Schedule the check that deletes an ``expires_ms`` queue unused that long, for
+        when that would be; unless it is scheduled already."""
+        expires_ms = self.definition.expires_ms
+        if expires_ms is None or self._unused_check_armed or self._deleted:
+            return
+        self._unused_check_armed = True
+        due = self._used_at + expires_ms / 1000 - time.monotonic()
+        self.call_later(max(due, 0.0), self._unused_check)
+
+    def _unused_check(self) -> None:
+        self._unused_check_armed = False
+        expires_ms = self.definition.expires_ms
+        if self._deleted or expires_ms is None:
+            return
+        if self._subscribers:
+            self._used_at = time.monotonic()  # in use: its time starts from its last consumer
+        elif time.monotonic() - self._used_at >= expires_ms / 1000:
+            self._delete_itself(f"unused for {expires_ms} ms (expires_ms)")
+            if self._deleted:
                 return
-            self._delete_for_good()
+            self._used_at = time.monotonic()  # its tombstone failed: again a period on
+        self._arm_unused_check()
+
+    def _delete_itself(self, why: str) -> None:
+        """Delete this queue that deletes itself (see ``QueueDefinition.deletes_itself``),
+        messages and files, and end its process, for good: the node then forgets its
+        definition. Its tombstone first: from then on the delete is decided (see
+        Auto-delete in ``definitions``). One that cannot be written leaves it as it is."""
+        log.info("queue %s: %s; deleting it", self.queue_name, why)
+        try:
+            mark_deleted(self.directory, self.queue_name)
+        except OSError as exc:
+            log.error(
+                "queue %s stays for now: its tombstone could not be written (%s)",
+                self.queue_name,
+                exc,
+            )
+            return
+        self._delete_for_good()
 
     def _delete_for_good(self) -> None:
-        """Delete this auto-delete queue, whose tombstone is written, and end the process
+        """Delete this queue, whose tombstone is written, and end the process
         normally: its transient restart does not start it again. The tombstone stays
         until the node has dropped the definition (see Auto-delete in ``definitions``)."""
         self._delete(DeleteQueue())
@@ -699,6 +736,8 @@ class QueueActor(ProcessActor):
         return self._engine.purge()
 
     def _stats(self, message: QueueStats) -> dict[str, Any]:
+        if message.declare:
+            self._used_at = time.monotonic()
         queue = self._engine
         stats = queue.stats()
         stats.update(queue.counters)  # what recovery and reads dropped, and why

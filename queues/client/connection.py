@@ -268,7 +268,8 @@ class Connection:
         other arguments). The arguments are ``QueueDefinition``'s: ``durable`` (True),
         ``lazy`` (False), ``message_ttl_ms``, ``max_length``, ``overflow`` ("drop-head"
         or "reject-publish"), ``dead_letter_exchange``, ``dead_letter_routing_key``
-        (None: each message's own), ``auto_delete`` (False); a bad
+        (None: each message's own), ``auto_delete`` (False), ``expires_ms`` (None: the
+        queue never expires; else it deletes itself once unused that long); a bad
         one raises here, before anything is sent. ``passive=True`` creates nothing and
         raises ``NotFound`` unless the queue exists. Returns the queue's ``QueueDeclared``
         (its name, ready messages and consumers), as AMQP's declare-ok does."""

@@ -7,7 +7,7 @@ Each names its node with ``--data-dir D`` (on this machine) or ``--url tcp://HOS
     warren bindings NODE [--json]                exchange, queue and routing key of each
     warren declare queue NAME NODE [--transient --lazy --message-ttl-ms N --max-length N
                    --overflow drop-head|reject-publish --dead-letter-exchange E
-                   --dead-letter-routing-key K --auto-delete]
+                   --dead-letter-routing-key K --auto-delete --expires-ms N]
     warren declare queue NAME NODE --type stream [--max-length-bytes SIZE --max-age 7D
                    --max-segment-size SIZE --sync-policy fsync|flush]
     warren streams NODE [--json]                 every stream: offsets, segments, bytes, and
@@ -161,6 +161,9 @@ def add_queue_commands(commands: argparse._SubParsersAction) -> None:
     )
     queue.add_argument("--auto-delete", action="store_true", help="go with the last consumer")
     queue.add_argument(
+        "--expires-ms", type=int, help="go once unused this long (no consumer, get, declare)"
+    )
+    queue.add_argument(
         "--type", choices=QUEUE_TYPES, default="classic", help="a classic queue or a stream"
     )
     queue.add_argument("--max-length-bytes", help="a stream's retention by size: 10GB, 500MiB")
@@ -287,6 +290,7 @@ def _declare_queue(connection: Connection, args: argparse.Namespace) -> int:
             "dead_letter_exchange": args.dead_letter_exchange,
             "dead_letter_routing_key": args.dead_letter_routing_key,
             "auto_delete": args.auto_delete,
+            "expires_ms": args.expires_ms,
         }
         if args.type == "stream":
             arguments.update(type="stream", **stream_arguments)

@@ -68,9 +68,10 @@ writes its tombstone, saves the definitions without it, then removes its message
 files; a refused save leaves the queue whole (its tombstone, to the next start: the
 save may have reached the disk all the same), and a crash
 or a refused removal after the save leaves the files to the next declare of the name or
-the next start, which remove them rather than recover them. An ``auto_delete`` queue
-that deleted itself does not come back either: it writes the same tombstone first, and
-its process, restarted or started at boot in the middle of that delete, finishes it.
+the next start, which remove them rather than recover them. A queue that deleted itself
+(``auto_delete``, or unused for its ``expires_ms``) does not come back either: it writes
+the same tombstone first, and its process, restarted or started at boot in the middle of
+that delete, finishes it.
 
 Races: the lock is taken before anything else is created, so a second node never binds
 over the first one's ipc paths; ``node.json`` is written after the status socket is
@@ -185,11 +186,12 @@ AMQP_NAME = "amqp"  # the AMQP 0-9-1 port's actor (Node(amqp=...))
 QUEUE_SUP_PREFIX = "queue_sup "  # each queue's own supervisor, under queue_sup
 QUEUE_FLAGS = SupervisorFlags("one_for_one", intensity=3, period_s=60.0)
 QUEUE_PREFIX = "queue "  # a queue's actor name, and so its title: "warren: queue orders"
-# How the error of a change the disk refused ends: it did not happen; for a delete of an
-# auto_delete queue whose save failed, the tombstone it keeps decides the delete.
+# How the error of a change the disk refused ends: it did not happen; for a delete of a
+# queue that deletes itself (auto_delete, expires_ms) whose save failed, the tombstone it
+# keeps decides the delete.
 NOTHING_CHANGED = "nothing changed, try again once the disk is writable"
 DELETED_AT_NEXT_START = (
-    "the queue is auto_delete and stays marked deleted (the save may have reached the "
+    "the queue deletes itself and stays marked deleted (the save may have reached the "
     "disk): it serves on, and its delete completes at the queue's next start (a restart "
     "of its process or of the node), messages and all"
 )
@@ -434,10 +436,11 @@ class Node:
         """Create the queue (a process under ``queue_sup``) unless it exists; a durable
         one is kept in the definitions and started at every boot. Re-declaring with other
         arguments raises ``PreconditionFailed``. An ``auto_delete`` queue deletes itself
-        when its last consumer stops (one that never had a consumer stays). The
+        when its last consumer stops (one that never had a consumer stays), an
+        ``expires_ms`` one once unused that long (a declare counts as a use). The
         arguments are ``QueueDefinition``'s (``durable``, ``lazy``, ``message_ttl_ms``,
         ``max_length``, ``overflow``, ``dead_letter_exchange``, ``dead_letter_routing_key``,
-        ``auto_delete``; with
+        ``auto_delete``, ``expires_ms``; with
         ``type="stream"``, a stream's: ``max_length_bytes``, ``max_age``,
         ``max_segment_size_bytes``, ``sync_policy``; its process is ``warren: stream NAME``).
         ``passive`` creates nothing: ``NotFound`` unless the queue exists. Either way the
@@ -488,7 +491,7 @@ class Node:
 
     def _declared(self, name: str) -> dict:
         try:
-            stats = self.queue(name).ask(QueueStats(), timeout=STATS_TIMEOUT_S)
+            stats = self.queue(name).ask(QueueStats(declare=True), timeout=STATS_TIMEOUT_S)
         except (QueueError, ActorError):  # between incarnations, down, or silent
             return {"queue": name, "message_count": None, "consumer_count": None}
         return {
@@ -519,10 +522,10 @@ class Node:
                 ) from exc
             # Off the disk before its messages go: a failed save leaves the queue whole,
             # and its tombstone (see Deletes: the save may be on the disk all the same),
-            # which an auto_delete queue's next start takes for a decided delete.
-            auto_delete = self._definitions.queues[name].auto_delete
+            # which the next start of a queue that deletes itself takes for a decided delete.
+            deletes_itself = self._definitions.queues[name].deletes_itself
             self._definitions.remove_queue(name)
-            if auto_delete:
+            if deletes_itself:
                 self._definitions_changed(f"{undone} yet", DELETED_AT_NEXT_START)
             else:
                 self._definitions_changed(undone)
@@ -649,13 +652,13 @@ class Node:
         return Connection(self, **options)
 
     def _forget_auto_deleted(self) -> None:
-        """Drop the definitions of auto-delete queues that deleted themselves (their
-        process ended and their directory is gone), then the tombstone each wrote first
-        (see Auto-delete in ``warren.queues.broker.definitions``)."""
+        """Drop the definitions of queues that deleted themselves (auto-delete, expired:
+        their process ended and their directory is gone), then the tombstone each wrote
+        first (see Auto-delete in ``warren.queues.broker.definitions``)."""
         with self._definitions_lock:
             for name, definition in list(self._definitions.queues.items()):
                 if (
-                    definition.auto_delete
+                    definition.deletes_itself
                     and not os.path.exists(queue_directory(self.data_dir, name))
                     and self._actor_node.whereis(QUEUE_PREFIX + name) is None
                 ):
@@ -663,8 +666,8 @@ class Node:
                     if any(c["id"] == QUEUE_SUP_PREFIX + name for c in queue_sup.which_children()):
                         queue_sup.terminate_child(QUEUE_SUP_PREFIX + name)
                     self._definitions.remove_queue(name)
-                    self._definitions_changed(f"auto-delete queue {name!r} is kept for now")
-                    log.info("node %s: queue %s deleted itself (auto_delete)", self.name, name)
+                    self._definitions_changed(f"queue {name!r}, deleted by itself, is kept for now")
+                    log.info("node %s: queue %s deleted itself", self.name, name)
                     try:
                         self._definitions.finish_delete(name)  # its tombstone, last
                     except OSError as exc:  # the next declare of the name, or boot
@@ -704,8 +707,8 @@ class Node:
             StreamActor if definition.is_stream else QueueActor,
             (definition, queue_directory(self.data_dir, definition.name)),
             options,
-            # an auto-deleted queue's process ends normally, for good
-            restart="transient" if definition.auto_delete else "permanent",
+            # a queue that deleted itself ends its process normally, for good
+            restart="transient" if definition.deletes_itself else "permanent",
             shutdown_s=STORE_SHUTDOWN_S,
             start_timeout_s=STORE_START_TIMEOUT_S,
             heartbeat_interval_s=self._heartbeat_interval_s,

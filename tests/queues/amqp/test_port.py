@@ -794,3 +794,19 @@ def test_a_node_starts_its_port_with_exclusive_queues_left_from_before(tmp_path)
         _still_serves(node)
         wait_for(lambda: (data / "amqp" / "exclusive.json").read_text() == "[]")
         assert node.status()["tree"]["children"][-1]["restarts"] == 0
+
+
+def test_a_queue_declared_with_x_expires_goes_once_unused(node):
+    connection = _connect(node)
+    channel = connection.channel()
+    channel.queue_declare("celery@host.pidbox", arguments={"x-expires": 300})
+    channel.basic_publish("", "celery@host.pidbox", b"ping")
+    # a declare, passive too, is a use that starts its time again, as on RabbitMQ
+    wait_for(lambda: node.list_queues() == [], timeout=30)
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as gone:
+        channel.queue_declare("celery@host.pidbox", passive=True)
+    assert gone.value.reply_code == 404
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as refused:
+        connection.channel().queue_declare("bad", arguments={"x-expires": 0})
+    assert refused.value.reply_code == 406
+    connection.close()

@@ -1112,3 +1112,39 @@ def test_dead_letters_go_with_the_queues_dead_letter_routing_key_when_it_has_one
         node.declare_queue("lonely", dead_letter_routing_key="again")
     with pytest.raises(InvalidArgument, match="at most 255 bytes"):
         node.declare_queue("long", dead_letter_exchange="dlx", dead_letter_routing_key="k" * 256)
+
+
+def test_a_queue_with_expires_lives_while_consumed_and_goes_once_unused_that_long(node, data_dir):
+    """RabbitMQ's x-expires: a consumer keeps the queue, however long; once the last
+    one stops, the queue deletes itself after the period, messages and files, durable
+    or not, and a node restarted in the middle finishes the delete."""
+    node.declare_queue("session", expires_ms=500)
+    connection = node.connect()
+    connection.publish("session", b"left behind")
+    consumer = connection.consume("session", prefetch=1)
+    assert next(consumer).body == b"left behind"
+    started = time.monotonic()
+    while time.monotonic() - started < 2.0:  # four periods pass with a consumer
+        time.sleep(0.1)  # paces the look: the outcome waits for no clock
+        assert node.list_queues() == ["session"]
+    consumer.cancel()
+    wait_for(lambda: node.list_queues() == [], timeout=30)
+    assert not (data_dir / "queues" / "session").exists()
+    with pytest.raises(InvalidArgument, match="expires_ms must be None or an int in 1"):
+        node.declare_queue("never", expires_ms=0)
+    with pytest.raises(InvalidArgument, match="expires_ms"):
+        node.declare_queue("log", type="stream", expires_ms=1000)
+
+
+def test_an_unused_queue_with_expires_is_deleted_after_a_restart_too(data_dir):
+    """A queue never used expires from its start, also when that start is a boot."""
+    with Node(data_dir) as node:
+        node.declare_queue("forgotten", expires_ms=60_000)
+        node.connect().publish("forgotten", b"nobody reads this")
+    with Node(data_dir) as node:
+        with pytest.raises(PreconditionFailed):  # kept with its expiry
+            node.declare_queue("forgotten")
+        node.delete_queue("forgotten")
+        node.declare_queue("forgotten", expires_ms=300)
+    with Node(data_dir) as node:  # its tombstone goes last, after its definition
+        wait_for(lambda: node.list_queues() == [] and os.listdir(data_dir / "queues") == [], 30)
