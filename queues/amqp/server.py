@@ -40,6 +40,7 @@ and never answers.
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import functools
 import logging
 import os
@@ -79,6 +80,8 @@ NODE_START_POLL_S = 0.05  # how often the starting port looks whether the node s
 DESCRIPTORS_KEPT = 64  # a connection is refused while fewer descriptors than this are left
 READ_BYTES = 256 * 1024
 TLS_WRITE_BYTES = 256 * 1024  # the most one TLS write takes (a retry repeats the same)
+LOGIN_CHECK_THREADS = 2  # the threads running scrypt for logins (it releases the GIL)
+LOGIN_CHECKS_WAITING = 64  # logins being checked at most; one more is refused at once
 PORT_DIRECTORY = "amqp"  # the port's own files, in the node's data directory
 
 
@@ -119,7 +122,13 @@ class TlsFiles:
         """A server context with them loaded; ValueError naming the file that is wrong."""
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         try:
-            context.load_cert_chain(self.certfile, self.keyfile)
+            # never a pass phrase prompt: it would stop the node's processes at the terminal
+            context.load_cert_chain(self.certfile, self.keyfile, password=_no_pass_phrase)
+        except _KeyEncrypted:
+            raise ValueError(
+                f"{self.keyfile} is encrypted: give the key without a pass phrase "
+                "(openssl pkey -in KEY -out PLAIN), readable by the node's user alone"
+            ) from None
         except FileNotFoundError as exc:
             raise ValueError(f"no such file: {exc.filename}") from None
         except PermissionError as exc:
@@ -129,7 +138,19 @@ class TlsFiles:
                 f"{self.certfile} and {self.keyfile} are not a PEM certificate chain and its "
                 f"private key ({exc.reason or exc})"
             ) from None
+        except OSError as exc:  # a directory, an I/O error
+            raise ValueError(
+                f"cannot read {exc.filename or self.certfile}: {exc.strerror}"
+            ) from None
         return context
+
+
+class _KeyEncrypted(Exception):
+    """The TLS key asks for a pass phrase."""
+
+
+def _no_pass_phrase() -> bytes:
+    raise _KeyEncrypted
 
 
 def free_port(host: str, port: int) -> int:
@@ -207,12 +228,17 @@ class _Gateway:
         self.version = version
         self._tls_context = tls.context() if tls is not None else None
         self._users = Users(data_dir)
+        self._login_checks = concurrent.futures.ThreadPoolExecutor(
+            LOGIN_CHECK_THREADS, thread_name_prefix="warren-amqp-login"
+        )
+        self._logins_checking = 0
         self.stopping = threading.Event()
         self.counters = {
             "connections_opened": 0,
             "connections_closed": 0,
             "clients_failed": 0,
             "refused_for_descriptors": 0,
+            "logins_refused_busy": 0,
         }
         self.clients: dict[socket.socket, _Client] = {}
         self._listener = socket.create_server((host, port), family=_family(host), backlog=128)
@@ -319,6 +345,8 @@ class _Gateway:
         deadline = time.monotonic() + STOP_WORKERS_S
         for translator in self._stopped:
             translator.join(max(0.0, deadline - time.monotonic()))
+        # a check still running posts its answer through the wake-up pipe: it ends first
+        self._login_checks.shutdown(wait=True, cancel_futures=True)
         self._selector.close()
         self._listener.close()
         if not any(translator.running for translator in self._stopped):
@@ -393,7 +421,11 @@ class _Gateway:
             except OSError:  # reset already
                 sock.close()
                 return
-        session = Session(address[0], self._users.check, version=self.version, now=time.monotonic())
+
+        def authenticate(user: str, password: str) -> bool | None:
+            return self._authenticate(client, user, password)
+
+        session = Session(address[0], authenticate, version=self.version, now=time.monotonic())
         client = _Client(sock, session, bytearray(), tls_handshaking=self._tls_context is not None)
         session.on_open = lambda: self._serve_channels(client)
         if self.alarms:
@@ -401,6 +433,40 @@ class _Gateway:
         self.clients[sock] = client
         self.counters["connections_opened"] += 1
         self._selector.register(sock, selectors.EVENT_READ, client)
+
+    def _authenticate(self, client: _Client, user: str, password: str) -> bool | None:
+        """The client's login: answered at once when the users know it without scrypt,
+        else checked by a login thread and told to its session when done (None), or
+        refused when too many logins are being checked already."""
+        verdict = self._users.answer(user, password)
+        if verdict is not None:
+            return verdict
+        if self._logins_checking >= LOGIN_CHECKS_WAITING:
+            self.counters["logins_refused_busy"] += 1
+            log.warning(
+                "amqp: refused a login of %r: %d logins are being checked already",
+                user,
+                LOGIN_CHECKS_WAITING,
+            )
+            return False
+        check = self._users.slow_check(user, password)
+        self._logins_checking += 1
+
+        def checked(done: concurrent.futures.Future[bool]) -> None:
+            matched = not done.cancelled() and done.exception() is None and done.result()
+
+            def tell() -> None:
+                self._logins_checking -= 1
+                self._users.remember(check, matched)
+                if client.sock in self.clients:
+                    client.session.login_checked(matched)
+                    self._dirty.add(client)
+
+            self._posted.append((None, tell))
+            self.wake()
+
+        self._login_checks.submit(check.run).add_done_callback(checked)
+        return None
 
     def _serve_channels(self, client: _Client) -> Translator:
         """The worker of a client whose connection just opened (none before: a socket

@@ -10,16 +10,19 @@ line in it, and ``warren users delete guest`` takes it out. ``guest`` may log in
 loopback only wherever it is defined (the session checks that).
 
 Passwords are hashed with scrypt (2**14, 8, 1: some 16 MiB and tens of milliseconds a
-check, so a stolen file is slow to guess from). The port (``Users``) reads the file again
-whenever it changes (its inode, size or mtime), so a user added or deleted counts from
-the next login, and remembers the last password that checked out for each user as an
-HMAC under a key of its process's own, so that a client reconnecting costs no scrypt; and,
-the same way, the last wrong passwords tried for each user, so that a client retrying a
-stale password (a worker restarting in a loop) costs one scrypt, not one a login.
+check, so a stolen file is slow to guess from). The port (``Users``) reads the file at
+each login and parses it again when its bytes changed, so a user added or deleted counts
+from the next login. It remembers the last password that checked out for each user, and
+the last wrong ones, as HMACs under a key of its process's own, so that a client
+reconnecting, or retrying a stale password in a loop (a worker restarting), costs no
+scrypt; the scrypt checks left (``SlowCheck``) run off the thread that serves clients,
+and a name the file does not have is checked against a decoy, so that a login's time
+does not tell which names exist.
 
 Races: the file is written to a temporary name and renamed, so the port reads the old
-file or the new one; changes go under an exclusive ``flock`` of ``amqp_users.lock`` so two
-``warren users`` at once lose neither change.
+file or the new one; changes go under an exclusive ``flock`` of the data directory, so
+two ``warren users`` at once lose neither change. A change refused (a name taken or
+unknown) leaves nothing behind, not even a data directory it would have made.
 """
 
 from __future__ import annotations
@@ -51,7 +54,6 @@ __all__ = [
 ]
 
 USERS_FILE = "amqp_users"
-LOCK_SUFFIX = ".lock"
 DEFAULT_USERS = {"guest": "guest"}  # a node without the file: RabbitMQ's first user
 SCRYPT_LOG2_N, SCRYPT_R, SCRYPT_P = 14, 8, 1
 SALT_BYTES = 16
@@ -59,6 +61,9 @@ HASH_BYTES = 32
 SCRYPT_MAXMEM = 64 * 2**20
 MAX_PASSWORD_BYTES = 1024
 WRONG_PASSWORDS_KEPT = 16  # a user's last wrong passwords remembered (as HMACs)
+# What a password is checked against for a user the file does not have: no password
+# matches 32 zero bytes of scrypt (the salt is any).
+_DECOY = f"scrypt${SCRYPT_LOG2_N}${SCRYPT_R}${SCRYPT_P}${'A' * 22}==${'A' * 43}="
 _NAME = re.compile(r"^[A-Za-z0-9_.@+-][A-Za-z0-9_.@+=-]{0,127}$")
 
 
@@ -130,10 +135,16 @@ def read_users(data_dir: str | os.PathLike) -> dict[str, str] | None:
     """Each user's hashed password, from the file; None if there is no file."""
     path = os.path.join(os.fspath(data_dir), USERS_FILE)
     try:
-        with open(path, encoding="utf-8") as file:
-            text = file.read()
+        with open(path, "rb") as file:
+            return parse_users(file.read(), path)
     except FileNotFoundError:
         return None
+
+
+def parse_users(data: bytes, path: str) -> dict[str, str]:
+    """Each user's hashed password in ``data``, the text of the users file ``path``."""
+    try:
+        text = data.decode()
     except UnicodeDecodeError:
         raise UsersFileError(f"{path} is not text") from None
     users: dict[str, str] = {}
@@ -194,8 +205,13 @@ def _must_have(users: dict[str, str], name: str) -> None:
 
 
 def _change(data_dir: str | os.PathLike, change: Callable[[dict[str, str]], None]) -> None:
-    """Apply ``change`` to the users and write them, under the file's lock."""
+    """Apply ``change`` to the users and write them, under the data directory's lock. A
+    change refused (``UsersFileError``) leaves everything as it was: a data directory
+    that does not exist yet is made only for a change that goes through."""
     directory = os.fspath(data_dir)
+    if not os.path.isdir(directory):
+        change(dict.fromkeys(DEFAULT_USERS, ""))  # refused here, before anything is made
+        os.makedirs(directory, exist_ok=True)
     with _locked(directory):
         users = read_users(directory)
         if users is None:
@@ -209,8 +225,9 @@ def _change(data_dir: str | os.PathLike, change: Callable[[dict[str, str]], None
 
 @contextmanager
 def _locked(directory: str) -> Iterator[None]:
-    os.makedirs(directory, exist_ok=True)
-    fd = os.open(os.path.join(directory, USERS_FILE + LOCK_SUFFIX), os.O_RDWR | os.O_CREAT, 0o600)
+    """An exclusive flock of the directory itself (a lock file would be one more file
+    in a data directory that may hold nothing else yet)."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
@@ -218,53 +235,96 @@ def _locked(directory: str) -> Iterator[None]:
         os.close(fd)
 
 
+class SlowCheck:
+    """A password to check against a user's hash (scrypt: run it on any thread but the
+    one serving clients): ``run()`` says whether it matches. A user the file does not
+    have is checked against a decoy all the same, so that the time taken does not tell
+    which names exist."""
+
+    def __init__(self, name: str, password: str, hashed: str | None) -> None:
+        self.name, self.password, self.hashed = name, password, hashed
+
+    def run(self) -> bool:
+        matches = password_matches(self.password, self.hashed or _DECOY)
+        return matches and self.hashed is not None
+
+
 class Users:
-    """The port's view of the users file: ``check(name, password)``, reading the file
-    again whenever it changed (see the module docstring)."""
+    """The port's view of the users file (see the module docstring): ``answer`` says at
+    once whether a login goes through when it can (a password remembered, the default
+    users, a file that does not read), else leaves a ``SlowCheck`` to run elsewhere and
+    ``remember`` its outcome. Used by one thread (but ``SlowCheck.run``)."""
 
     def __init__(self, data_dir: str | os.PathLike) -> None:
         self.path = os.path.join(os.fspath(data_dir), USERS_FILE)
-        self._data_dir = os.fspath(data_dir)
-        self._seen: tuple[int, int, int] | None = None  # inode, size, mtime of the file read
-        self._hashed: dict[str, str] = {}
+        self._read: bytes | None = None  # the file as last read (None: there was none)
+        self._hashed: dict[str, str] | None = None  # None: no file, the default users
+        self._unreadable = False  # the file as last read does not parse: nobody logs in
         self._remembered: dict[str, bytes] = {}  # name -> HMAC of its last good password
         self._wrong: dict[str, collections.deque[bytes]] = {}  # name -> HMACs of wrong ones
         self._key = os.urandom(32)
 
-    def check(self, name: str, password: str) -> bool:
-        """Whether ``name`` may log in with ``password`` (a users file that does not read
-        lets nobody in, and the log says why, once a change of the file)."""
+    def answer(self, name: str, password: str) -> bool | None:
+        """Whether ``name`` may log in with ``password``, when that needs no scrypt; None:
+        ``slow_check`` tells."""
         self._reload()
-        hashed = self._hashed.get(name)
-        if hashed is None:
+        if self._unreadable:
             return False
-        mac = hmac.digest(self._key, password.encode(), "sha256")
+        if self._hashed is None:
+            expected = DEFAULT_USERS.get(name)
+            return expected is not None and hmac.compare_digest(
+                password.encode(), expected.encode()
+            )
+        if name not in self._hashed:
+            return None  # the decoy's time, as a known user's
+        mac = self._mac(password)
         remembered = self._remembered.get(name)
         if remembered is not None and hmac.compare_digest(mac, remembered):
             return True
-        wrong = self._wrong.setdefault(name, collections.deque(maxlen=WRONG_PASSWORDS_KEPT))
-        if mac in wrong:
+        if mac in self._wrong.get(name, ()):
             return False
-        if not password_matches(password, hashed):
+        return None
+
+    def slow_check(self, name: str, password: str) -> SlowCheck:
+        """The check ``answer`` left to do."""
+        return SlowCheck(name, password, (self._hashed or {}).get(name))
+
+    def remember(self, check: SlowCheck, matched: bool) -> None:
+        """Keep the outcome of ``check`` for the next login, unless the user's password
+        changed meanwhile."""
+        if check.hashed is None or (self._hashed or {}).get(check.name) != check.hashed:
+            return
+        mac = self._mac(check.password)
+        if matched:
+            self._remembered[check.name] = mac
+        else:
+            wrong = self._wrong.setdefault(
+                check.name, collections.deque(maxlen=WRONG_PASSWORDS_KEPT)
+            )
             wrong.append(mac)
-            return False
-        self._remembered[name] = mac
-        return True
+
+    def _mac(self, password: str) -> bytes:
+        return hmac.digest(self._key, password.encode(), "sha256")
 
     def _reload(self) -> None:
+        """Read the file; parse it again if its bytes changed (it is small: comparing
+        them misses no change, as a size and a time could)."""
         try:
-            stat = os.stat(self.path)
-            seen: tuple[int, int, int] | None = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
+            with open(self.path, "rb") as file:
+                data: bytes | None = file.read()
         except FileNotFoundError:
-            seen = None
-        if seen == self._seen and (seen is not None or self._hashed):
+            data = None
+        except OSError as exc:
+            if not self._unreadable:
+                log.warning("amqp: nobody may log in until the users file reads: %s", exc)
+            self._unreadable, self._read = True, None
             return
-        self._hashed, self._remembered, self._wrong, self._seen = {}, {}, {}, seen
+        if data == self._read and not (self._unreadable and data is None):
+            return
+        self._read, self._remembered, self._wrong = data, {}, {}
         try:
-            users = read_users(self._data_dir)
-        except (OSError, UsersFileError) as exc:
+            self._hashed = None if data is None else parse_users(data, self.path)
+            self._unreadable = False
+        except UsersFileError as exc:
             log.warning("amqp: nobody may log in until the users file reads: %s", exc)
-            return
-        if users is None:
-            users = {name: hash_password(pw) for name, pw in DEFAULT_USERS.items()}
-        self._hashed = users
+            self._unreadable = True

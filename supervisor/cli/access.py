@@ -25,7 +25,12 @@ from warren.queues.client.ipc_node import NODE_FILE
 
 from ..errors import UsageError
 
-__all__ = ["permission_denied", "refuse_unreachable_node", "usable_data_directory"]
+__all__ = [
+    "permission_denied",
+    "refuse_another_owner",
+    "refuse_unreachable_node",
+    "usable_data_directory",
+]
 
 
 def usable_data_directory(data_dir: str) -> str:
@@ -82,6 +87,19 @@ def permission_denied(path: str, what: str = "") -> str:
     """One line: permission denied on ``path`` (``what`` it is), and whom to run as."""
     named = f"{what} {path}" if what else path
     return f"permission denied on {named}: run warren as its owner, {_owner(path)}"
+
+
+def refuse_another_owner(path: str, why: str) -> None:
+    """``UsageError`` unless this process runs as the owner of ``path`` (when it exists):
+    a file it would write there would be another user's, which the node may not read
+    (``why`` says what would follow)."""
+    try:
+        uid = os.stat(path).st_uid
+    except OSError:
+        return
+    if uid != os.geteuid():
+        owner = _name(uid)
+        raise UsageError(f"{path} belongs to {owner}: run warren as {owner} ({why})")
 
 
 def _owner(path: str) -> str:

@@ -27,11 +27,11 @@ from warren.queues.amqp.users import (
 )
 
 from ..errors import UsageError
-from .access import permission_denied, usable_data_directory
+from .access import permission_denied, refuse_another_owner, usable_data_directory
 
 __all__ = ["add_user_commands"]
 
-EXIT_OK = 0
+EXIT_OK, EXIT_INTERRUPTED = 0, 130
 
 
 def add_user_commands(commands: argparse._SubParsersAction) -> None:
@@ -59,6 +59,7 @@ def add_user_commands(commands: argparse._SubParsersAction) -> None:
 
 def _change(args: argparse.Namespace) -> int:
     data_dir = usable_data_directory(args.data_dir)
+    refuse_another_owner(data_dir, "a users file of another owner keeps its node's port from it")
     try:
         if args.users_command == "delete":
             delete_user(data_dir, args.name)
@@ -73,6 +74,9 @@ def _change(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     except PermissionError as exc:
         raise UsageError(permission_denied(str(exc.filename), "")) from None
+    except KeyboardInterrupt:  # at the password's prompt
+        print("\nwarren: interrupted; nothing changed", file=sys.stderr)
+        return EXIT_INTERRUPTED
     print(f"{done}; the AMQP port on {data_dir} goes by it from the next login")
     return EXIT_OK
 
@@ -92,10 +96,15 @@ def _list(args: argparse.Namespace) -> int:
 
 def _password(name: str) -> str:
     """The password typed twice at the terminal, or the first line of stdin."""
-    if sys.stdin.isatty():
-        first = getpass.getpass(f"password for {name}: ")
-        if getpass.getpass("the same again: ") != first:
-            raise UsageError("the two passwords differ; nothing changed")
-        return first
-    line = sys.stdin.readline()
+    if sys.stdin is None:
+        raise UsageError("no password: stdin is closed; nothing changed")
+    try:
+        if sys.stdin.isatty():
+            first = getpass.getpass(f"password for {name}: ")
+            if getpass.getpass("the same again: ") != first:
+                raise UsageError("the two passwords differ; nothing changed")
+            return first
+        line = sys.stdin.readline()
+    except EOFError:
+        raise UsageError("no password given (end of input); nothing changed") from None
     return line[:-1] if line.endswith("\n") else line

@@ -18,12 +18,15 @@ import pika
 import pika.exceptions
 import pytest
 
+from warren.queues.amqp import frames
 from warren.queues.amqp.server import check_amqp_address
+from warren.queues.amqp.session import Session
 from warren.queues.amqp.users import USERS_FILE, Users, hash_password
 from warren.supervisor import InvalidSpec, Node
 
 from ...supervisor.node.test_node import warren_node
 from ...waiting import wait_for
+from .sessions import start_ok
 
 WARREN = [sys.executable, "-m", "warren.supervisor.cli"]
 
@@ -98,10 +101,13 @@ def test_the_users_file_keeps_no_password_and_only_its_owner_reads_it(tmp_path):
     ],
 )
 def test_a_users_mistake_is_one_line_and_changes_nothing(tmp_path, args, stdin, says):
-    data = str(tmp_path / "data")
-    ran = _warren(*args, "--data-dir", data, stdin=stdin)
+    data = tmp_path / "data"
+    ran = _warren(*args, "--data-dir", str(data), stdin=stdin)
     assert ran.returncode == 2 and says in ran.stderr and "Traceback" not in ran.stderr
-    assert not os.path.exists(os.path.join(data, USERS_FILE))
+    assert not data.exists()  # not even the directory it would have made
+    data.mkdir()
+    again = _warren(*args, "--data-dir", str(data), stdin=stdin)
+    assert again.returncode == 2 and os.listdir(data) == []  # the node may start there
 
 
 def test_guest_deleted_may_not_log_in_and_a_users_file_that_does_not_read_lets_nobody_in(
@@ -125,16 +131,78 @@ def test_guest_deleted_may_not_log_in_and_a_users_file_that_does_not_read_lets_n
         _connect(node, "erin", "pw").close()
 
 
-def test_a_password_is_checked_against_its_hash_once_and_then_from_memory(tmp_path):
-    """A client that reconnects costs no scrypt; a changed file is read again."""
+def test_a_password_is_checked_with_scrypt_once_and_then_from_memory(tmp_path):
+    """The port's thread answers what it remembers; the scrypt check runs elsewhere, and
+    only its outcome for the password the file still has is remembered. A rewrite of the
+    file that keeps its size and time is seen too."""
     path = tmp_path / USERS_FILE
     path.write_text(f"frank {hash_password('pw')}\n")
     users = Users(tmp_path)
-    assert users.check("frank", "pw") and not users.check("frank", "pW")
-    assert not users.check("nobody", "pw")
-    path.write_text(f"frank {hash_password('other')}\n")
-    os.utime(path, ns=(1, 1))  # a change the size alone would not show
-    assert not users.check("frank", "pw") and users.check("frank", "other")
+    for password, matches in (("pw", True), ("pW", False)):
+        assert users.answer("frank", password) is None  # not known yet: scrypt decides
+        check = users.slow_check("frank", password)
+        assert check.run() is matches
+        users.remember(check, matches)
+        assert users.answer("frank", password) is matches
+    unknown = users.slow_check("nobody", "pw")
+    assert users.answer("nobody", "pw") is None and unknown.run() is False  # a decoy's time
+    stale = users.slow_check("frank", "other")
+    stat = path.stat()
+    path.write_text(f"frank {hash_password('other')}\n")  # as long as the file before
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert users.answer("frank", "pw") is None  # forgotten with the file that changed
+    users.remember(stale, False)  # checked against the old hash: not kept
+    assert users.answer("frank", "other") is None
+    path.unlink()
+    assert users.answer("guest", "guest") is True  # the default user, without scrypt
+    assert users.answer("guest", "nope") is False and users.answer("frank", "other") is False
+
+
+def test_a_login_the_port_checks_later_tunes_or_refuses_the_connection_then():
+    pending: list[tuple[str, str]] = []
+
+    def later(user: str, password: str) -> None:
+        pending.append((user, password))
+
+    for let_in in (True, False):
+        session = Session("127.0.0.1", later)
+        session.receive(frames.PROTOCOL_HEADER)
+        session.take_output()
+        session.receive(start_ok("PLAIN", b"\x00erin\x00pw"))
+        assert pending.pop() == ("erin", "pw") and session.take_output() == b""
+        session.login_checked(let_in)
+        said = session.take_output()
+        assert (session.user == "erin") is let_in
+        assert (b"ACCESS_REFUSED" in said) is not let_in and said
+    session.login_checked(True)  # the client went meanwhile: nothing happens
+    assert session.user is None
+
+
+def test_an_encrypted_key_is_refused_in_one_line_and_never_asks_for_its_pass_phrase(
+    tmp_path, certificate
+):
+    cert, key = certificate
+    encrypted = str(tmp_path / "encrypted.key")
+    subprocess.run(
+        ["openssl", "pkey", "-in", key, "-aes256", "-passout", "pass:secret", "-out", encrypted],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    with pytest.raises(InvalidSpec, match="is encrypted: give the key without a pass phrase"):
+        Node(tmp_path / "data", amqp="127.0.0.1:0", amqp_certfile=cert, amqp_keyfile=encrypted)
+    with pytest.raises(InvalidSpec, match="cannot read"):
+        Node(tmp_path / "data", amqp="127.0.0.1:0", amqp_certfile=str(tmp_path), amqp_keyfile=key)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a directory to another user needs root")
+def test_warren_users_run_as_another_user_than_the_directorys_owner_is_refused(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    os.chown(data, 65534, 65534)  # nobody's
+    ran = _warren("users", "add", "app", "--data-dir", str(data), stdin="pw\n")
+    assert ran.returncode == 2 and "run warren as" in ran.stderr
+    assert os.listdir(data) == []
 
 
 # ----------------------------------------------------------------------------- TLS
