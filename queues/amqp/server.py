@@ -7,7 +7,13 @@ a Warren connection to the node): it reads, lets the session frame and answer wh
 can, hands the rest to the translator, and writes what both have to send, without
 blocking on any one client (what a client does not take yet waits in its buffer, and
 that client's socket is watched for room). The actor's own loop answers its supervisor
-and ``AmqpStats``.
+and ``AmqpStats``. Logins are checked against the node's users (``users``).
+
+TLS (``TlsFiles``): every accepted socket is wrapped and its handshake moved on, without
+blocking, each time the socket is ready, before a byte of AMQP; a client not through it
+within the session's handshake time is dropped. Records OpenSSL has already decrypted
+are read at once (the selector does not see them), and a write it could not finish is
+repeated with the same bytes before anything newer, as OpenSSL requires.
 
 Flow: a client whose worker has not taken more than ``BACKLOG_PAUSE_BYTES`` of what it
 sent is not read until the worker catches up (its sends then wait, as RabbitMQ's credit
@@ -34,12 +40,14 @@ and never answers.
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import functools
 import logging
 import os
 import resource
 import selectors
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable
@@ -55,11 +63,11 @@ from ..client.connection import Connection
 from ..client.ipc_node import RemoteNode
 from ..errors import NodeStarting, NotFound
 from . import frames
-from . import session as session_module
 from .frames import AmqpError
 from .session import Session
 from .shared import ExclusiveQueues, TopologyChanges
 from .translator import Translator
+from .users import Users
 
 log = logging.getLogger("warren.amqp")
 
@@ -71,8 +79,10 @@ STANDARD_EXCHANGES = (("amq.direct", "direct"), ("amq.fanout", "fanout"), ("amq.
 NODE_START_POLL_S = 0.05  # how often the starting port looks whether the node serves
 DESCRIPTORS_KEPT = 64  # a connection is refused while fewer descriptors than this are left
 READ_BYTES = 256 * 1024
+TLS_WRITE_BYTES = 256 * 1024  # the most one TLS write takes (a retry repeats the same)
+LOGIN_CHECK_THREADS = 2  # the threads running scrypt for logins (it releases the GIL)
+LOGIN_CHECKS_WAITING = 64  # logins being checked at most; one more is refused at once
 PORT_DIRECTORY = "amqp"  # the port's own files, in the node's data directory
-GUEST_PASSWORD = "guest"
 
 
 @message
@@ -83,30 +93,70 @@ class AmqpStats:
     "refused_for_descriptors"}."""
 
 
-def check_amqp_address(address: object) -> tuple[str, int]:
+def check_amqp_address(
+    address: object, *, tls: TlsFiles | None = None, insecure: bool = False
+) -> tuple[str, int]:
     """``(host, port)`` of ``HOST:PORT`` (port 0: any free one); ValueError for anything
-    else, and for a host other than loopback: the port's one user, ``guest``, may log in
-    from loopback only (a users file and TLS are still to come)."""
+    else, and for a host other than loopback unless the port speaks TLS (``tls``) or
+    ``insecure`` says the network is the operator's (passwords then cross it in clear)."""
     host, port = host_and_port(
         address, "the AMQP port", "such as 127.0.0.1:5672 (port 0: any free one)"
     )
-    if host not in LOOPBACK_HOSTS:
+    if host not in LOOPBACK_HOSTS and tls is None and not insecure:
         raise ValueError(
-            f"{address} is not a loopback address: the AMQP port serves loopback only for "
-            "now (its one user, guest, may log in from loopback only)"
+            f"{address} is not a loopback address: serve AMQP there over TLS (a certificate "
+            "and key: --amqp-certfile and --amqp-keyfile), or pass --insecure if the network "
+            "is yours alone (passwords would cross it in clear)"
         )
     return host, port
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """The certificate chain and private key (PEM files) the AMQP port serves TLS with."""
+
+    certfile: str
+    keyfile: str
+
+    def context(self) -> ssl.SSLContext:
+        """A server context with them loaded; ValueError naming the file that is wrong."""
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        try:
+            # never a pass phrase prompt: it would stop the node's processes at the terminal
+            context.load_cert_chain(self.certfile, self.keyfile, password=_no_pass_phrase)
+        except _KeyEncrypted:
+            raise ValueError(
+                f"{self.keyfile} is encrypted: give the key without a pass phrase "
+                "(openssl pkey -in KEY -out PLAIN), readable by the node's user alone"
+            ) from None
+        except FileNotFoundError as exc:
+            raise ValueError(f"no such file: {exc.filename}") from None
+        except PermissionError as exc:
+            raise ValueError(f"permission denied reading {exc.filename}") from None
+        except ssl.SSLError as exc:
+            raise ValueError(
+                f"{self.certfile} and {self.keyfile} are not a PEM certificate chain and its "
+                f"private key ({exc.reason or exc})"
+            ) from None
+        except OSError as exc:  # a directory, an I/O error
+            raise ValueError(
+                f"cannot read {exc.filename or self.certfile}: {exc.strerror}"
+            ) from None
+        return context
+
+
+class _KeyEncrypted(Exception):
+    """The TLS key asks for a pass phrase."""
+
+
+def _no_pass_phrase() -> bytes:
+    raise _KeyEncrypted
 
 
 def free_port(host: str, port: int) -> int:
     """``port``, or one free now when it is 0: a restarted AMQP port binds the same one
     as the first, so that its clients reconnect to it."""
     return port or int(with_free_port(f"tcp://{host}:*").rpartition(":")[2])
-
-
-def guest_only(user: str, password: str) -> bool:
-    """The users let in: ``guest`` (from loopback only, which the session checks)."""
-    return user == session_module.GUEST and password == GUEST_PASSWORD
 
 
 @dataclass(eq=False)
@@ -122,6 +172,8 @@ class _Client:
     # raised (or 0, connected since). Told it is blocked at its next publish, as
     # RabbitMQ tells a connection: one that does not publish is not blocked.
     blocking_from: int | None = None
+    tls_handshaking: bool = False  # a TLS client whose handshake is not done yet
+    tls_retry: int = 0  # the length of a TLS write to repeat, as OpenSSL requires
 
 
 class AmqpActor(GatewayActor):
@@ -129,19 +181,23 @@ class AmqpActor(GatewayActor):
 
     figures_from_loop = False  # its counters change on the gateway thread
 
-    def __init__(self, data_dir: str, host: str, port: int, version: str) -> None:
-        """``version``: Warren's, which the port announces to clients."""
+    def __init__(
+        self, data_dir: str, host: str, port: int, version: str, tls: TlsFiles | None = None
+    ) -> None:
+        """``version``: Warren's, which the port announces to clients; ``tls``: serve TLS
+        alone, with that certificate and key."""
         self.data_dir = data_dir
         self.host = host
         self.port = port
         self.version = version
+        self.tls = tls
         self._gateway: _Gateway | None = None
 
     def on_start(self) -> None:
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         if soft != hard:  # each client costs descriptors: take all this process may have
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-        self._gateway = _Gateway(self.data_dir, self.host, self.port, self.version)
+        self._gateway = _Gateway(self.data_dir, self.host, self.port, self.version, self.tls)
         self.start_gateway(self._gateway, "warren-amqp")
 
     def on_receive(self, message: Any) -> Any:
@@ -165,15 +221,24 @@ class AmqpActor(GatewayActor):
 class _Gateway:
     """The gateway thread's state; every socket and session here is used by it alone."""
 
-    def __init__(self, data_dir: str, host: str, port: int, version: str) -> None:
+    def __init__(
+        self, data_dir: str, host: str, port: int, version: str, tls: TlsFiles | None
+    ) -> None:
         self.data_dir = data_dir
         self.version = version
+        self._tls_context = tls.context() if tls is not None else None
+        self._users = Users(data_dir)
+        self._login_checks = concurrent.futures.ThreadPoolExecutor(
+            LOGIN_CHECK_THREADS, thread_name_prefix="warren-amqp-login"
+        )
+        self._logins_checking = 0
         self.stopping = threading.Event()
         self.counters = {
             "connections_opened": 0,
             "connections_closed": 0,
             "clients_failed": 0,
             "refused_for_descriptors": 0,
+            "logins_refused_busy": 0,
         }
         self.clients: dict[socket.socket, _Client] = {}
         self._listener = socket.create_server((host, port), family=_family(host), backlog=128)
@@ -280,6 +345,8 @@ class _Gateway:
         deadline = time.monotonic() + STOP_WORKERS_S
         for translator in self._stopped:
             translator.join(max(0.0, deadline - time.monotonic()))
+        # a check still running posts its answer through the wake-up pipe: it ends first
+        self._login_checks.shutdown(wait=True, cancel_futures=True)
         self._selector.close()
         self._listener.close()
         if not any(translator.running for translator in self._stopped):
@@ -346,14 +413,60 @@ class _Gateway:
             self.counters["refused_for_descriptors"] += 1
             sock.close()
             return
-        session = Session(address[0], guest_only, version=self.version, now=time.monotonic())
-        client = _Client(sock, session, bytearray())
+        if self._tls_context is not None:
+            try:
+                sock = self._tls_context.wrap_socket(
+                    sock, server_side=True, do_handshake_on_connect=False
+                )
+            except OSError:  # reset already
+                sock.close()
+                return
+
+        def authenticate(user: str, password: str) -> bool | None:
+            return self._authenticate(client, user, password)
+
+        session = Session(address[0], authenticate, version=self.version, now=time.monotonic())
+        client = _Client(sock, session, bytearray(), tls_handshaking=self._tls_context is not None)
         session.on_open = lambda: self._serve_channels(client)
         if self.alarms:
             client.blocking_from = 0
         self.clients[sock] = client
         self.counters["connections_opened"] += 1
         self._selector.register(sock, selectors.EVENT_READ, client)
+
+    def _authenticate(self, client: _Client, user: str, password: str) -> bool | None:
+        """The client's login: answered at once when the users know it without scrypt,
+        else checked by a login thread and told to its session when done (None), or
+        refused when too many logins are being checked already."""
+        verdict = self._users.answer(user, password)
+        if verdict is not None:
+            return verdict
+        if self._logins_checking >= LOGIN_CHECKS_WAITING:
+            self.counters["logins_refused_busy"] += 1
+            log.warning(
+                "amqp: refused a login of %r: %d logins are being checked already",
+                user,
+                LOGIN_CHECKS_WAITING,
+            )
+            return False
+        check = self._users.slow_check(user, password)
+        self._logins_checking += 1
+
+        def checked(done: concurrent.futures.Future[bool]) -> None:
+            matched = not done.cancelled() and done.exception() is None and done.result()
+
+            def tell() -> None:
+                self._logins_checking -= 1
+                self._users.remember(check, matched)
+                if client.sock in self.clients:
+                    client.session.login_checked(matched)
+                    self._dirty.add(client)
+
+            self._posted.append((None, tell))
+            self.wake()
+
+        self._login_checks.submit(check.run).add_done_callback(checked)
+        return None
 
     def _serve_channels(self, client: _Client) -> Translator:
         """The worker of a client whose connection just opened (none before: a socket
@@ -377,9 +490,12 @@ class _Gateway:
         return Connection(RemoteNode(self.data_dir), linger_s=0, recover=False)
 
     def _read(self, client: _Client) -> None:
+        if client.tls_handshaking:
+            self._dirty.add(client)  # its flush moves the handshake on
+            return
         try:
-            data = client.sock.recv(READ_BYTES)
-        except (BlockingIOError, InterruptedError):
+            data = _receive(client.sock)
+        except (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
             return
         except OSError:
             data = b""
@@ -411,6 +527,8 @@ class _Gateway:
     def _flush(self, client: _Client, *, now: float) -> None:
         if client.sock not in self.clients:
             return
+        if client.tls_handshaking and not self._tls_handshake(client):
+            return
         blocked = (
             client.blocking_from is not None and client.session.publishes > client.blocking_from
         )
@@ -422,7 +540,7 @@ class _Gateway:
         client.pending += client.session.take_output(now)
         if client.pending:
             try:
-                sent = client.sock.send(client.pending)
+                sent = _send(client)
             except (BlockingIOError, InterruptedError):
                 sent = 0
             except OSError:
@@ -444,6 +562,28 @@ class _Gateway:
             selectors.EVENT_WRITE if client.pending else 0
         )
         self._watch(client, events)
+
+    def _tls_handshake(self, client: _Client) -> bool:
+        """Move a TLS client's handshake on; whether it is done. One that fails, or is
+        not done when the session's handshake time is up, is dropped."""
+        assert isinstance(client.sock, ssl.SSLSocket)
+        if client.session.finished:
+            self._drop(client)
+            return False
+        try:
+            client.sock.do_handshake()
+        except ssl.SSLWantReadError:
+            self._watch(client, selectors.EVENT_READ)
+            return False
+        except ssl.SSLWantWriteError:
+            self._watch(client, selectors.EVENT_WRITE)
+            return False
+        except OSError as exc:  # not TLS, a certificate it refuses, a reset
+            log.info("amqp: a TLS handshake from %s failed: %s", client.session.peer_host, exc)
+            self._drop(client)
+            return False
+        client.tls_handshaking = False
+        return True
 
     def _watch(self, client: _Client, events: int) -> None:
         """Watch the client's socket for ``events``; for none, not at all (until its
@@ -479,6 +619,32 @@ def _descriptors_left() -> int:
     if soft == resource.RLIM_INFINITY:
         return DESCRIPTORS_KEPT
     return soft - len(os.listdir("/proc/self/fd"))
+
+
+def _receive(sock: socket.socket) -> bytes:
+    """What ``sock`` has for us, TLS records already decrypted included (the selector
+    does not see those)."""
+    data = sock.recv(READ_BYTES)
+    if isinstance(sock, ssl.SSLSocket):
+        while data and (more := sock.pending()):
+            data += sock.recv(more)
+    return data
+
+
+def _send(client: _Client) -> int:
+    """Send what the client has pending; how much went. A TLS write that could not finish
+    is repeated with the same bytes, as OpenSSL requires, before anything newer."""
+    sock = client.sock
+    if not isinstance(sock, ssl.SSLSocket):
+        return sock.send(client.pending)
+    size = client.tls_retry or min(len(client.pending), TLS_WRITE_BYTES)
+    try:
+        sent = sock.send(bytes(client.pending[:size]))
+    except (ssl.SSLWantWriteError, ssl.SSLWantReadError):
+        client.tls_retry = size
+        return 0
+    client.tls_retry = 0
+    return sent
 
 
 def _run_posted(callback: Callable[[], None]) -> Callable[[_Client], None]:

@@ -76,9 +76,20 @@ CAPABILITIES: FieldTable = {
 }
 
 # The states of a connection, in the order a client goes through them.
-AWAIT_HEADER, AWAIT_START_OK, AWAIT_TUNE_OK, AWAIT_OPEN, OPEN, CLOSING, FINISHED = range(7)
+(
+    AWAIT_HEADER,
+    AWAIT_START_OK,
+    AWAIT_LOGIN_CHECK,
+    AWAIT_TUNE_OK,
+    AWAIT_OPEN,
+    OPEN,
+    CLOSING,
+    FINISHED,
+) = range(8)
 
-Authenticate = Callable[[str, str], bool]
+# Whether the user may log in with the password; None: the answer comes later, through
+# ``Session.login_checked`` (a check too slow for the caller's thread).
+Authenticate = Callable[[str, str], bool | None]
 
 
 class ChannelHandler(Protocol):
@@ -153,6 +164,7 @@ class Session:
         # channel names the count it knew, and is dropped once the channel closed since.
         self.closes: collections.Counter[int] = collections.Counter()
         self._authenticate = authenticate
+        self._login = ("", "")  # the user and mechanism of the StartOk being answered
         # Set by the owner once the connection is open, if not given here: nothing
         # reaches it before (a client's channels open only after the connection).
         self.handler = handler
@@ -275,7 +287,7 @@ class Session:
         """Close the connection with ``error``'s code (the server's side of the close)."""
         if self.state in (CLOSING, FINISHED):
             return
-        if self.state in (AWAIT_HEADER, AWAIT_START_OK):
+        if self.state in (AWAIT_HEADER, AWAIT_START_OK, AWAIT_LOGIN_CHECK):
             self.state = FINISHED  # nothing tuned yet: the socket just closes
             return
         close = commands.Connection.Close(
@@ -334,19 +346,34 @@ class Session:
         assert isinstance(method, commands.Connection.StartOk)
         self.client_properties = dict(method.client_properties or {})
         user, password = _credentials(method.mechanism, method.response)
+        self._login = (user, method.mechanism)
         if user == GUEST and not is_loopback(self.peer_host):
-            refused = f"user '{GUEST}' may connect from loopback only"
-        elif not self._authenticate(user, password):
-            refused = (
-                f"Login was refused using authentication mechanism {method.mechanism}: "
+            self._refuse_login(f"user '{GUEST}' may connect from loopback only")
+            return
+        verdict = self._authenticate(user, password)
+        if verdict is None:
+            self.state = AWAIT_LOGIN_CHECK  # the client sends nothing until it is tuned
+        else:
+            self.login_checked(verdict)
+
+    def login_checked(self, let_in: bool) -> None:
+        """The answer to the login an ``authenticate`` left pending (or gave at once):
+        the connection is tuned, or refused. Nothing happens if the client went since."""
+        if self.state not in (AWAIT_START_OK, AWAIT_LOGIN_CHECK):
+            return
+        user, mechanism = self._login
+        if not let_in:
+            self._refuse_login(
+                f"Login was refused using authentication mechanism {mechanism}: "
                 f"no user '{user}' with that password"
             )
-        else:
-            self.user = user
-            tune = commands.Connection.Tune(self.channel_max, self.frame_max, self.heartbeat_s)
-            self._output.append(frames.method_frame(0, tune))
-            self.state = AWAIT_TUNE_OK
             return
+        self.user = user
+        tune = commands.Connection.Tune(self.channel_max, self.frame_max, self.heartbeat_s)
+        self._output.append(frames.method_frame(0, tune))
+        self.state = AWAIT_TUNE_OK
+
+    def _refuse_login(self, refused: str) -> None:
         capabilities = self.client_properties.get("capabilities")
         if isinstance(capabilities, dict) and capabilities.get("authentication_failure_close"):
             close = commands.Connection.Close(

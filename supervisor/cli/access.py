@@ -9,7 +9,8 @@ socket the user may not open would only show as a node that "does not answer" af
 call's timeout. ``refuse_unreachable_node`` looks first, with the same permission checks
 the kernel makes (a directory to search, a socket to write), and raises ``UsageError``
 naming the path and its owner: one line, exit 2. ``permission_denied`` is that line, for
-any other path the command may not open (a data directory a node is started on).
+any other path the command may not open (a data directory a node is started on), and
+``usable_data_directory`` refuses, in one line too, a data directory a node could not use.
 Anything else (no node file, a node that is not running) is left to the connection,
 which says it in its own words.
 """
@@ -24,7 +25,38 @@ from warren.queues.client.ipc_node import NODE_FILE
 
 from ..errors import UsageError
 
-__all__ = ["permission_denied", "refuse_unreachable_node"]
+__all__ = [
+    "permission_denied",
+    "refuse_another_owner",
+    "refuse_unreachable_node",
+    "usable_data_directory",
+]
+
+
+def usable_data_directory(data_dir: str) -> str:
+    """``data_dir`` made absolute, if it is a node's or may become one (missing, empty):
+    else ``UsageError`` saying why (not a directory, no parent, another program's files,
+    not this user's to open)."""
+    from ..errors import NotANodeDirectory
+    from ..node.node import check_node_directory
+
+    data_dir = os.path.abspath(data_dir)
+    if os.path.exists(data_dir) and not os.path.isdir(data_dir):
+        raise UsageError(f"the data directory {data_dir} exists and is not a directory")
+    parent = os.path.dirname(data_dir)
+    if not os.path.isdir(parent):
+        raise UsageError(
+            f"the parent of the data directory, {parent}, does not exist; "
+            f"create it first (a mistyped path would otherwise start a new "
+            f"empty node)"
+        )
+    try:
+        check_node_directory(data_dir)
+    except NotANodeDirectory as exc:
+        raise UsageError(str(exc)) from None
+    except PermissionError:
+        raise UsageError(permission_denied(data_dir, "the data directory")) from None
+    return data_dir
 
 
 def refuse_unreachable_node(data_dir: str) -> None:
@@ -55,6 +87,19 @@ def permission_denied(path: str, what: str = "") -> str:
     """One line: permission denied on ``path`` (``what`` it is), and whom to run as."""
     named = f"{what} {path}" if what else path
     return f"permission denied on {named}: run warren as its owner, {_owner(path)}"
+
+
+def refuse_another_owner(path: str, why: str) -> None:
+    """``UsageError`` unless this process runs as the owner of ``path`` (when it exists):
+    a file it would write there would be another user's, which the node may not read
+    (``why`` says what would follow)."""
+    try:
+        uid = os.stat(path).st_uid
+    except OSError:
+        return
+    if uid != os.geteuid():
+        owner = _name(uid)
+        raise UsageError(f"{path} belongs to {owner}: run warren as {owner} ({why})")
 
 
 def _owner(path: str) -> str:

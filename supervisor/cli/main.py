@@ -3,6 +3,8 @@
     warren node --data-dir DIR [--config FILE] [options]   run a node in the foreground
     warren status --data-dir DIR [--json]                  the tree of the node on DIR
     warren keys --data-dir DIR NAME [--out DIR]            a CURVE key for a remote client
+    warren users add|password|delete|list --data-dir DIR [NAME]
+                                                           the AMQP port's users
     warren chaos --data-dir DIR [--duration S] [--faults K,K] [--seed N] [--report DIR]
                                                            a node under faults and load,
                                                            then its invariants checked
@@ -37,6 +39,12 @@ from options, the options winning::
                                    # non-loopback address needs insecure, here or in
                                    # [listener]; port 0: any free one)
 
+    [amqp]
+    listen = "127.0.0.1:5672"      # AMQP 0-9-1 clients (pika, kombu, Celery); users
+                                   # from `warren users` (guest: from loopback only)
+    certfile = "/etc/warren/amqp.pem"    # TLS: a non-loopback address needs it, or
+    keyfile = "/etc/warren/amqp.key"     # insecure (passwords would cross in clear)
+
     [alarms]
     memory_high_watermark = 0.4    # a fraction of RAM (or of the cgroup's limit)
     memory_limit = "2GiB"          # instead of the fraction
@@ -66,9 +74,10 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 from ..errors import UsageError
 from ..tables import Column, counted, format_table, strict_json
 from ..version import __version__
-from .access import permission_denied, refuse_unreachable_node
+from .access import permission_denied, refuse_unreachable_node, usable_data_directory
 from .queues import add_queue_commands
 from .sizes import parse_size
+from .users import add_user_commands
 
 if TYPE_CHECKING:
     from warren.store.engine.inspect import StoreReport
@@ -107,7 +116,12 @@ _CONFIG_KEYS = {
     "store": {"file_size_limit": "file_size_limit", "sync_policy": "sync_policy"},
     "listener": {"listen": "listen", "curve": "curve", "insecure": "insecure"},
     "http": {"listen": "http", "insecure": "insecure"},
-    "amqp": {"listen": "amqp"},
+    "amqp": {
+        "listen": "amqp",
+        "certfile": "amqp_certfile",
+        "keyfile": "amqp_keyfile",
+        "insecure": "insecure",
+    },
     "alarms": {
         "memory_high_watermark": "memory_high_watermark",
         "memory_limit": "memory_limit",
@@ -156,9 +170,8 @@ def load_config(path: str) -> dict[str, Any]:
 
 def node_settings(args: argparse.Namespace) -> dict[str, Any]:
     """``Node``'s keyword arguments from the config file and the options (options win)."""
-    from ..errors import InvalidSpec, NotANodeDirectory
+    from ..errors import InvalidSpec
     from ..node.alarms import AlarmLimits
-    from ..node.node import check_node_directory
     from ..specs import check_seconds
 
     options = load_config(args.config) if args.config else {}
@@ -172,22 +185,7 @@ def node_settings(args: argparse.Namespace) -> dict[str, Any]:
     data_dir = options.get("data_dir")
     if not isinstance(data_dir, str) or not data_dir.strip():
         raise UsageError("--data-dir (or data_dir in [node]) must name a directory")
-    data_dir = os.path.abspath(data_dir)
-    if os.path.exists(data_dir) and not os.path.isdir(data_dir):
-        raise UsageError(f"the data directory {data_dir} exists and is not a directory")
-    parent = os.path.dirname(data_dir)
-    if not os.path.isdir(parent):
-        raise UsageError(
-            f"the parent of the data directory, {parent}, does not exist; "
-            f"create it first (a mistyped path would otherwise start a new "
-            f"empty node)"
-        )
-    try:
-        check_node_directory(data_dir)
-    except NotANodeDirectory as exc:
-        raise UsageError(str(exc)) from None
-    except PermissionError:
-        raise UsageError(permission_denied(data_dir, "the data directory")) from None
+    data_dir = usable_data_directory(data_dir)
     settings: dict[str, Any] = {"data_dir": data_dir}
     if "name" in options:
         if not isinstance(options["name"], str) or not options["name"]:
@@ -226,8 +224,9 @@ def node_settings(args: argparse.Namespace) -> dict[str, Any]:
         settings["listen"] = options["listen"]
     if "http" in options:
         settings["http"] = options["http"]
-    if "amqp" in options:
-        settings["amqp"] = options["amqp"]
+    for option in ("amqp", "amqp_certfile", "amqp_keyfile"):
+        if option in options:
+            settings[option] = options[option]
     for flag in ("curve", "insecure"):
         if flag in options:
             if not isinstance(options[flag], bool):
@@ -253,12 +252,19 @@ def node_settings(args: argparse.Namespace) -> dict[str, Any]:
             check_http_address(settings["http"], insecure=settings.get("insecure", False))
         except ValueError as exc:
             raise UsageError(str(exc)) from None
-    if "amqp" in settings:
+    if "amqp" in settings or "amqp_certfile" in settings or "amqp_keyfile" in settings:
         from warren.queues.amqp.server import check_amqp_address
 
+        from ..node.node import amqp_tls_files
+
         try:
-            check_amqp_address(settings["amqp"])
-        except ValueError as exc:
+            tls = amqp_tls_files(
+                settings.get("amqp"), settings.get("amqp_certfile"), settings.get("amqp_keyfile")
+            )
+            check_amqp_address(
+                settings.get("amqp"), tls=tls, insecure=settings.get("insecure", False)
+            )
+        except ValueError as exc:  # InvalidSpec too
             raise UsageError(str(exc)) from None
     limits: dict[str, Any] = {}
     if "memory_high_watermark" in options:
@@ -454,7 +460,8 @@ def listening(status: dict) -> list[str]:
     if status.get("listen_endpoint"):
         lines.append(f"listener: {status['listen_endpoint']} (remote clients: --url, connect)")
     if status.get("amqp_endpoint"):
-        lines.append(f"amqp: {status['amqp_endpoint']} (AMQP 0-9-1 clients: pika, kombu ...)")
+        over = " over TLS" if status.get("amqp_tls") else ""
+        lines.append(f"amqp: {status['amqp_endpoint']}{over} (AMQP 0-9-1 clients: pika, kombu ...)")
     http = status.get("http_endpoint")
     if http:
         lines.append(f"management page: {status.get('management_page') or http + '/'}")
@@ -756,14 +763,21 @@ def build_parser() -> argparse.ArgumentParser:
         "--insecure",
         action="store_true",
         default=None,
-        help="allow --listen on a non-loopback address without --curve, and --http on "
-        "a non-loopback address",
+        help="allow --listen on a non-loopback address without --curve, --amqp without "
+        "TLS, and --http on a non-loopback address",
     )
     node.add_argument(
         "--amqp",
         metavar="HOST:PORT",
-        help="serve AMQP 0-9-1 clients (pika) there (loopback only for now; port 0: any free one)",
+        help="serve AMQP 0-9-1 clients (pika, kombu, Celery) there (loopback unless TLS or "
+        "--insecure; port 0: any free one); users: warren users",
     )
+    node.add_argument(
+        "--amqp-certfile",
+        metavar="PEM",
+        help="serve the AMQP port over TLS with this certificate chain (and --amqp-keyfile)",
+    )
+    node.add_argument("--amqp-keyfile", metavar="PEM", help="the private key of --amqp-certfile")
     node.add_argument(
         "--http",
         metavar="HOST:PORT",
@@ -874,6 +888,7 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("directory")
     inspect.set_defaults(handler=_store_inspect)
     add_queue_commands(commands)
+    add_user_commands(commands)
     return parser
 
 

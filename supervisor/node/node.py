@@ -18,7 +18,8 @@ boots the tree of the design, with the children that exist so far::
                                   which)
     └── amqp                      with ``amqp="127.0.0.1:5672"``: AMQP 0-9-1 clients
                                   (``warren.queues.amqp.server``; port 0 is any free
-                                  one, kept across restarts; ``amqp_endpoint`` says which)
+                                  one, kept across restarts; ``amqp_endpoint`` says which;
+                                  TLS with ``amqp_certfile`` and ``amqp_keyfile``)
 
 With ``http="127.0.0.1:15692"`` the node also serves its figures over HTTP from its own
 process, for Prometheus, as JSON and as a management page (``warren.supervisor.node.
@@ -100,7 +101,14 @@ import zmq
 from warren.actors import ActorError, ActorRef
 from warren.actors import Node as ActorNode
 from warren.actors.process import process_exists
-from warren.queues.amqp.server import AmqpActor, AmqpStats, check_amqp_address, free_port
+from warren.queues.amqp.server import (
+    AmqpActor,
+    AmqpStats,
+    TlsFiles,
+    check_amqp_address,
+    free_port,
+)
+from warren.queues.amqp.users import USERS_FILE
 from warren.queues.broker.definitions import (
     DEFINITIONS_FILE,
     Definitions,
@@ -163,7 +171,8 @@ RESERVE_FILE = "node.reserve"
 RESERVE_BYTES = 64 * 1024
 # What a node's data directory holds: a directory with files but none of these is not one
 # (the key files are there once `warren keys` ran, even before the node's first start).
-NODE_FILES = (LOCK_FILE, DEFINITIONS_FILE, "msg_store_persistent", NODE_PUBLIC_FILE)
+# A directory holding one of them is a node's (the AMQP users may be added before its start).
+NODE_FILES = (LOCK_FILE, DEFINITIONS_FILE, "msg_store_persistent", NODE_PUBLIC_FILE, USERS_FILE)
 STATUS_TIMEOUT_MS = 5000
 STATS_TIMEOUT_S = 2.0
 ROOT_FLAGS = SupervisorFlags("rest_for_one", intensity=3, period_s=60.0)
@@ -230,6 +239,8 @@ class Node:
         heartbeat_timeout_s: float = STORE_HEARTBEAT_TIMEOUT_S,
         http: str | None = None,
         amqp: str | None = None,
+        amqp_certfile: str | None = None,
+        amqp_keyfile: str | None = None,
     ) -> None:
         starting_at = time.monotonic()
         self.started_at = time.time()  # when the node began to start, in epoch seconds
@@ -248,9 +259,10 @@ class Node:
             except ValueError as exc:
                 raise InvalidSpec("http", http, str(exc)) from None
         amqp_address: tuple[str, int] | None = None
+        amqp_tls = amqp_tls_files(amqp, amqp_certfile, amqp_keyfile)
         if amqp is not None:
             try:
-                amqp_address = check_amqp_address(amqp)
+                amqp_address = check_amqp_address(amqp, tls=amqp_tls, insecure=insecure)
             except ValueError as exc:
                 raise InvalidSpec("amqp", amqp, str(exc)) from None
         check_seconds("heartbeat_timeout_s", heartbeat_timeout_s, at_least=2)  # beats: 1 s
@@ -289,6 +301,7 @@ class Node:
         self.actors: ActorNode | None = None
         self.listen_endpoint: str | None = None  # where remote clients connect
         self.amqp_endpoint: str | None = None  # where AMQP clients connect, host:port
+        self.amqp_tls = amqp_tls is not None  # whether they connect with TLS alone
         self.http_endpoint: str | None = None  # where the figures are served over HTTP
         self.start_duration_s: float | None = None  # how long the start took
         self._http: HttpEndpoint | None = None
@@ -369,7 +382,13 @@ class Node:
                     ChildSpec(
                         AMQP_NAME,
                         AmqpActor,
-                        (self.data_dir, amqp_address[0], free_port(*amqp_address), __version__),
+                        (
+                            self.data_dir,
+                            amqp_address[0],
+                            free_port(*amqp_address),
+                            __version__,
+                            amqp_tls,
+                        ),
                     ),
                 )
             )
@@ -766,6 +785,7 @@ class Node:
                 "http_endpoint": self.http_endpoint,
                 "listen_endpoint": self.listen_endpoint,
                 "amqp_endpoint": self.amqp_endpoint,
+                "amqp_tls": self.amqp_tls,
                 "management_page": self.management_page,
             }
         return {
@@ -776,6 +796,7 @@ class Node:
             "http_endpoint": self.http_endpoint,
             "listen_endpoint": self.listen_endpoint,
             "amqp_endpoint": self.amqp_endpoint,
+            "amqp_tls": self.amqp_tls,
             "management_page": self.management_page,
             "tree": self.root.status() if self.root else None,
             "stores": self.store_stats() if self.root else {},
@@ -1078,6 +1099,24 @@ def _split_envelope(frames: list[bytes]) -> tuple[list[bytes], list[bytes]]:
         if not frame:
             return frames[: index + 1], frames[index + 1 :]
     return frames[:1], frames[1:]
+
+
+def amqp_tls_files(amqp: str | None, certfile: str | None, keyfile: str | None) -> TlsFiles | None:
+    """The AMQP port's TLS files, checked to load (``InvalidSpec`` naming what is wrong),
+    or None for a port without TLS."""
+    if certfile is None and keyfile is None:
+        return None
+    if certfile is None or keyfile is None:
+        name, value = ("amqp_keyfile", keyfile) if certfile is None else ("amqp_certfile", certfile)
+        raise InvalidSpec(name, value, "TLS needs both a certificate file and a key file")
+    if amqp is None:
+        raise InvalidSpec("amqp_certfile", certfile, "TLS is for the AMQP port: pass amqp too")
+    tls = TlsFiles(os.path.abspath(certfile), os.path.abspath(keyfile))
+    try:
+        tls.context()
+    except ValueError as exc:
+        raise InvalidSpec("amqp_certfile", certfile, str(exc)) from None
+    return tls
 
 
 def check_node_directory(

@@ -12,11 +12,24 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import pamqp.commands as commands
+
+from warren.queues.amqp import frames
 from warren.queues.amqp.session import ChannelHandler, Session
 
 
 def guest_only(user: str, password: str) -> bool:
     return (user, password) == ("guest", "guest")
+
+
+def start_ok(mechanism: str, response: bytes) -> bytes:
+    """A client's ``Connection.StartOk`` frame, logging in with ``response``."""
+    method = commands.Connection.StartOk(
+        client_properties={"capabilities": {"authentication_failure_close": True}},
+        mechanism=mechanism,
+        response=response.decode("latin-1"),
+    )
+    return frames.method_frame(0, method)
 
 
 @dataclass

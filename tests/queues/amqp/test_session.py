@@ -22,7 +22,7 @@ from warren.queues.amqp import frames
 from warren.queues.amqp.frames import AmqpError, Frame
 from warren.queues.amqp.session import FINISHED, OPEN, Session
 
-from .sessions import guest_only, serving
+from .sessions import guest_only, serving, start_ok
 
 
 def _parameters(port: int, **options: object) -> pika.ConnectionParameters:
@@ -160,7 +160,7 @@ def test_guest_is_let_in_from_loopback_only() -> None:
         session = Session(host, guest_only)
         session.receive(frames.PROTOCOL_HEADER)
         session.take_output()
-        session.receive(_start_ok("PLAIN", b"\x00guest\x00guest"))
+        session.receive(start_ok("PLAIN", b"\x00guest\x00guest"))
         assert (session.user == "guest") is let_in, host
         if not let_in:
             assert b"loopback only" in session.take_output()
@@ -170,7 +170,7 @@ def test_amqplain_logs_in_as_plain_does() -> None:
     session = Session("127.0.0.1", guest_only)
     session.receive(frames.PROTOCOL_HEADER)
     response = encode.field_table({"LOGIN": "guest", "PASSWORD": "guest"})[4:]
-    session.receive(_start_ok("AMQPLAIN", response))
+    session.receive(start_ok("AMQPLAIN", response))
     assert session.user == "guest"
 
 
@@ -206,19 +206,10 @@ def _method(channel: int, method: pamqp.base.Frame) -> bytes:
     return frames.method_frame(channel, method)
 
 
-def _start_ok(mechanism: str, response: bytes) -> bytes:
-    start_ok = commands.Connection.StartOk(
-        client_properties={"capabilities": {"authentication_failure_close": True}},
-        mechanism=mechanism,
-        response=response.decode("latin-1"),
-    )
-    return _method(0, start_ok)
-
-
 def _tuned_session(now: float = 0.0) -> Session:
     session = Session("127.0.0.1", guest_only, channel_max=10, frame_max=8192, now=now)
     session.receive(frames.PROTOCOL_HEADER, now)
-    session.receive(_start_ok("PLAIN", b"\x00guest\x00guest"), now)
+    session.receive(start_ok("PLAIN", b"\x00guest\x00guest"), now)
     session.take_output()
     return session
 
@@ -226,7 +217,7 @@ def _tuned_session(now: float = 0.0) -> Session:
 def _open_session(handler: Recording) -> Session:
     session = Session("127.0.0.1", guest_only, handler, channel_max=10, frame_max=8192)
     session.receive(frames.PROTOCOL_HEADER)
-    session.receive(_start_ok("PLAIN", b"\x00guest\x00guest"))
+    session.receive(start_ok("PLAIN", b"\x00guest\x00guest"))
     session.receive(_method(0, commands.Connection.TuneOk(10, 8192, 0)))
     session.receive(_method(0, commands.Connection.Open()))
     session.receive(_method(1, commands.Channel.Open()))

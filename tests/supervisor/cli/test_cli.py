@@ -75,13 +75,13 @@ def test_a_directory_of_other_files_is_refused_by_node_and_keys_and_left_as_it_w
     papers = tmp_path / "papers"
     papers.mkdir()
     (papers / "thesis.txt").write_text("years of work")
-    for command in (["node"], ["keys", "laptop", "--out", str(tmp_path)]):
+    for command in (["node"], ["keys", "laptop", "--out", str(tmp_path)], ["users", "add", "x"]):
         refused = warren(*command, "--data-dir", str(papers))
         assert refused.returncode == 2, refused.stderr
         assert refused.stderr.splitlines() == [
             f"warren: {papers} is not a node's data directory (it has files, but none of "
-            "node.lock, definitions.json, msg_store_persistent, node.key): give a new or "
-            "empty directory, or a node's"
+            "node.lock, definitions.json, msg_store_persistent, node.key, amqp_users): give "
+            "a new or empty directory, or a node's"
         ]
         assert os.listdir(papers) == ["thesis.txt"]
     assert not (tmp_path / "laptop.key").exists()
