@@ -299,11 +299,14 @@ def test_the_exclusive_queues_of_a_killed_port_are_deleted_when_it_comes_back(no
 
 
 def _port_pid() -> int:
-    return next(
-        p.pid
-        for p in psutil.Process().children(recursive=True)
-        if p.cmdline()[:1] == ["warren: amqp"]
-    )
+    """The pid of the node's AMQP port (one killed and not reaped yet is skipped)."""
+    for process in psutil.Process().children(recursive=True):
+        try:
+            if process.cmdline()[:1] == ["warren: amqp"]:
+                return process.pid
+        except psutil.Error:
+            continue  # gone, or a zombie: its cmdline no longer reads
+    raise LookupError("the node runs no AMQP port")
 
 
 def test_a_killed_port_comes_back_on_its_port_and_the_messages_are_there(node):
