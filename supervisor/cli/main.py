@@ -461,7 +461,11 @@ def listening(status: dict) -> list[str]:
         lines.append(f"listener: {status['listen_endpoint']} (remote clients: --url, connect)")
     if status.get("amqp_endpoint"):
         over = " over TLS" if status.get("amqp_tls") else ""
-        lines.append(f"amqp: {status['amqp_endpoint']}{over} (AMQP 0-9-1 clients: pika, kombu ...)")
+        connected = status.get("amqp_connections")
+        open_now = "" if connected is None else f": {counted(connected, 'connection')} open"
+        lines.append(
+            f"amqp: {status['amqp_endpoint']}{over} (AMQP 0-9-1 clients: pika, kombu ...){open_now}"
+        )
     http = status.get("http_endpoint")
     if http:
         lines.append(f"management page: {status.get('management_page') or http + '/'}")

@@ -84,6 +84,7 @@ from prometheus_client.utils import floatToGoString
 
 from warren.actors import ActorError, ActorRef, AskTimeout, Future
 from warren.actors.figures import SlotReader
+from warren.queues.amqp.server import AmqpStats
 from warren.queues.broker.listener import ListenerStats
 from warren.queues.protocol import QueueStats
 from warren.store.latency import LATENCY_BUCKETS_S
@@ -97,6 +98,8 @@ from .series import (
     ACTOR_RESTARTS,
     ACTORS_RUNNING,
     ALARMS,
+    AMQP_COUNTERS,
+    AMQP_GAUGES,
     CONSUMERS,
     CPU_SECONDS,
     DEAD_LETTER_REASONS,
@@ -176,7 +179,8 @@ class CounterLedger:
 @dataclass
 class ActorFigures:
     """One actor that answered: its process, its runtime counters, the figures of its kind
-    (a queue's, a stream's, a store's, the listener's; empty for others) and its
+    (a queue's, a stream's, a store's, the listener's, the AMQP port's; empty for others)
+    and its
     node-owned counts."""
 
     name: str
@@ -216,6 +220,7 @@ class Snapshot:
     streams: dict[str, ActorFigures] = dataclasses.field(default_factory=dict)
     stores: dict[str, ActorFigures] = dataclasses.field(default_factory=dict)
     listener: ActorFigures | None = None
+    amqp: ActorFigures | None = None  # the AMQP port
 
 
 QUESTIONS = {
@@ -223,6 +228,7 @@ QUESTIONS = {
     "stream": QueueStats(),
     "store": StoreStats(),
     "listener": ListenerStats(),
+    "amqp": AmqpStats(),
 }
 
 
@@ -230,7 +236,7 @@ QUESTIONS = {
 class _Asked:
     ref: ActorRef
     figures: Future | None  # None: not asked (published, or its last request unanswered)
-    kind: str  # "queue", "stream", "store", "listener" or "actor"
+    kind: str  # "queue", "stream", "store", "listener", "amqp" or "actor"
     published: tuple[int, list[Any]] | None = None  # (seq, answer) read from its file
 
 
@@ -243,8 +249,8 @@ class _Answer:
 
 class NodeFigures:
     """Gathers ``Snapshot``s of one node, on a thread of its own; see the module
-    docstring. ``queue_prefix``, ``stream_prefix``, ``stores`` and ``listener`` say which
-    actors are what."""
+    docstring. ``queue_prefix``, ``stream_prefix``, ``stores``, ``listener`` and ``amqp``
+    say which actors are what."""
 
     def __init__(
         self,
@@ -254,6 +260,7 @@ class NodeFigures:
         stream_prefix: str,
         stores: Iterable[str],
         listener: str,
+        amqp: str,
         budget_s: float = SCRAPE_BUDGET_S,
     ) -> None:
         self._node = node
@@ -261,6 +268,7 @@ class NodeFigures:
         self._stream_prefix = stream_prefix
         self._stores = frozenset(stores)
         self._listener = listener
+        self._amqp = amqp
         self.budget_s = budget_s
         self._ledger = CounterLedger()
         self._outstanding: dict[str, tuple[int, Future]] = {}  # address -> unanswered
@@ -307,6 +315,8 @@ class NodeFigures:
             return "stream"
         if name in self._stores:
             return "store"
+        if name == self._amqp:
+            return "amqp"
         return "listener" if name == self._listener else "actor"
 
     def _gather(self, per_object: bool) -> Snapshot:
@@ -376,6 +386,8 @@ class NodeFigures:
                 snapshot.stores[ref.name] = figures
             elif request.kind == "listener":
                 snapshot.listener = figures
+            elif request.kind == "amqp":
+                snapshot.amqp = figures
         self._forget_gone(declared, refs)
         snapshot.totals = dict(self._ledger.totals)
         return snapshot
@@ -455,6 +467,7 @@ class NodeFigures:
             "stream": STREAM_COUNTERS,
             "store": STORE_COUNTERS,
             "listener": LISTENER_COUNTERS,
+            "amqp": AMQP_COUNTERS,
         }.get(kind, ())
         readings += _values(own_counters, own)
         if kind == "store":
@@ -567,12 +580,13 @@ def prometheus_families(snapshot: Snapshot, *, per_object: bool) -> list[Metric]
         *_store_families(snapshot),
         *_actor_families(snapshot, per_object),
     ]
-    if snapshot.listener is not None:
-        listener = snapshot.listener
-        families += [_gauge(f, [], [((), listener.own.get(f.key))]) for f in LISTENER_GAUGES]
-        families += [
-            _counter(f, [], [((), listener.counters.get(f.name))]) for f in LISTENER_COUNTERS
-        ]
+    for port, gauges, counters in (
+        (snapshot.listener, LISTENER_GAUGES, LISTENER_COUNTERS),
+        (snapshot.amqp, AMQP_GAUGES, AMQP_COUNTERS),
+    ):
+        if port is not None:
+            families += [_gauge(f, [], [((), port.own.get(f.key))]) for f in gauges]
+            families += [_counter(f, [], [((), port.counters.get(f.name))]) for f in counters]
     return [family for family in families if family.samples]
 
 
@@ -789,7 +803,8 @@ def _short(figure: Figure, prefix: str, counter: bool = False) -> str:
 def overview_document(snapshot: Snapshot) -> dict[str, Any]:
     """``/api/overview``: the node, its version and uptime, its alarms and readings, queue
     totals (``queues`` counts the streams too, ``streams`` those alone), the node's
-    counters, the stores, the remote clients' tcp connections (None without a listener)."""
+    counters, the stores, the remote clients' tcp connections (None without a listener)
+    and the AMQP clients' (None without an AMQP port)."""
     queues = snapshot.queues.values()
     listener = snapshot.listener
     return {
@@ -826,6 +841,7 @@ def overview_document(snapshot: Snapshot) -> dict[str, Any]:
         "actors_running": snapshot.running,
         "actors_unanswered": sorted(snapshot.unanswered),
         "tcp_connections": listener.own.get("connections") if listener else None,
+        "amqp_connections": snapshot.amqp.own.get("connections") if snapshot.amqp else None,
     }
 
 
@@ -932,10 +948,15 @@ def actors_document(snapshot: Snapshot) -> list[dict[str, Any]]:
 def connections_document(snapshot: Snapshot) -> list[dict[str, Any]]:
     """``/api/connections``: each client connection that consumes from a queue or holds
     its deliveries, as the queues that answered say (``consumer_details``): its process
-    (the listener's for a remote client: ``transport`` "tcp") and, per queue, its
+    (the listener's for a remote client: ``transport`` "tcp"; the AMQP port's for an AMQP
+    client: "amqp") and, per queue, its
     consumers, prefetch and unacked deliveries. A connection that only publishes is not
     here: its publishes go straight to the queues, which keep no note of it."""
-    listener_pid = snapshot.listener.pid if snapshot.listener is not None else None
+    transports = {
+        port.pid: transport
+        for port, transport in ((snapshot.listener, "tcp"), (snapshot.amqp, "amqp"))
+        if port is not None
+    }
     connections: dict[str, dict[str, Any]] = {}
     for name, queue in sorted(snapshot.queues.items()):
         for detail in queue.own.get("consumer_details") or ():
@@ -944,7 +965,7 @@ def connections_document(snapshot: Snapshot) -> list[dict[str, Any]]:
                 {
                     "connection": detail["connection"],
                     "pid": detail["pid"],
-                    "transport": "tcp" if detail["pid"] == listener_pid else "local",
+                    "transport": transports.get(detail["pid"], "local"),
                     "process": _process_name(detail["pid"]),
                     "consumers": 0,
                     "unacked": 0,

@@ -354,6 +354,7 @@ class Node:
                         stream_prefix=STREAM_ACTOR_PREFIX,
                         stores=STORES,
                         listener=LISTENER_NAME,
+                        amqp=AMQP_NAME,
                     ),
                 )
                 self.http_endpoint = self._http.endpoint
@@ -751,6 +752,19 @@ class Node:
                 figures[name] = None
         return figures
 
+    def _amqp_connections(self) -> int | None:
+        """How many AMQP clients are connected; None without an AMQP port, or while it
+        does not answer."""
+        if self.amqp_endpoint is None:
+            return None
+        ref = self._actor_node.whereis(AMQP_NAME)
+        if ref is None:
+            return None
+        try:
+            return ref.ask(AmqpStats(), timeout=STATS_TIMEOUT_S)["connections"]
+        except ActorError:
+            return None
+
     @property
     def state(self) -> str:
         """``starting`` (the tree is being built), ``running``, or ``failed`` (the root
@@ -800,6 +814,7 @@ class Node:
             "management_page": self.management_page,
             "tree": self.root.status() if self.root else None,
             "stores": self.store_stats() if self.root else {},
+            "amqp_connections": self._amqp_connections(),
             "queues": (
                 {name: self.queue_state(name) for name in self.list_queues()} if self.root else {}
             ),

@@ -465,6 +465,45 @@ LISTENER_COUNTERS = (
         "Remote clients refused because their CURVE key is not authorized",
     ),
 )
+AMQP_GAUGES = (
+    Figure(
+        "warren_amqp_connections",
+        "connections",
+        "AMQP 0-9-1 client connections open to the AMQP port now",
+    ),
+    Figure(
+        "warren_amqp_output_waiting_bytes",
+        "output_waiting_bytes",
+        "Bytes the AMQP port has for its clients that they have not read yet",
+    ),
+)
+AMQP_COUNTERS = (
+    Figure(
+        "warren_amqp_connections_opened",
+        "connections_opened",
+        "AMQP client connections the AMQP port accepted",
+    ),
+    Figure(
+        "warren_amqp_connections_closed",
+        "connections_closed",
+        "AMQP client connections that closed",
+    ),
+    Figure(
+        "warren_amqp_clients_failed",
+        "clients_failed",
+        "AMQP clients closed by an error of the port serving them (541 INTERNAL_ERROR)",
+    ),
+    Figure(
+        "warren_amqp_connections_refused_for_descriptors",
+        "refused_for_descriptors",
+        "AMQP connections refused because the port was short of file descriptors",
+    ),
+    Figure(
+        "warren_amqp_logins_refused_busy",
+        "logins_refused_busy",
+        "AMQP logins refused because too many were being checked already",
+    ),
+)
 NODE_COUNTERS = (
     Figure(
         "warren_node_control_calls_refused",
@@ -557,6 +596,7 @@ def exported() -> dict[str, str]:
         *STORE_COUNTERS,
         *ACTOR_COUNTERS,
         *LISTENER_COUNTERS,
+        *AMQP_COUNTERS,
         *NODE_COUNTERS,
         CPU_SECONDS,
         ACTOR_RESTARTS,
@@ -568,6 +608,7 @@ def exported() -> dict[str, str]:
         *STREAM_CONSUMER_GAUGES,
         *STORE_GAUGES,
         *LISTENER_GAUGES,
+        *AMQP_GAUGES,
         *RESOURCE_GAUGES,
         *ALARMS,
         IDENTITY,

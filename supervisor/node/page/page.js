@@ -436,6 +436,7 @@ function queueLink(name) {
 
 function client(connection) {
   if (connection.transport === "tcp") return "remote, over tcp";
+  if (connection.transport === "amqp") return "an AMQP client, through the AMQP port";
   const process = connection.process ? ` ${connection.process}` : "";
   return `pid ${connection.pid ?? "–"}${process}`;
 }

@@ -534,10 +534,14 @@ def test_a_node_with_an_amqp_port_says_where_and_pika_connects_there(tmp_path):
         host, port = endpoint.rsplit(":", 1)
         assert host == "127.0.0.1" and int(port) > 0
         shown = warren("status", "--data-dir", data).stdout.splitlines()
-        assert f"amqp: {endpoint} (AMQP 0-9-1 clients: pika, kombu ...)" in shown
+        assert (
+            f"amqp: {endpoint} (AMQP 0-9-1 clients: pika, kombu ...): 0 connections open" in shown
+        )
         connection = pika.BlockingConnection(pika.ConnectionParameters(host, int(port)))
         channel = connection.channel()
         channel.queue_declare("from-pika")
+        shown = warren("status", "--data-dir", data).stdout
+        assert "pika, kombu ...): 1 connection open" in shown
         connection.close()
         assert "from-pika" in warren("queues", "--data-dir", data).stdout
         node.send_signal(signal.SIGTERM)

@@ -522,6 +522,40 @@ def test_consumers_show_with_their_prefetch_and_unacked_and_their_connections(tm
         wait_for(lambda: api(node, "connections") == [])
 
 
+def test_an_amqp_client_shows_as_a_connection_of_the_amqp_port_and_in_its_figures(tmp_path):
+    import pika
+
+    with Node(tmp_path / "data", http=LOOPBACK_ANY_PORT, amqp=LOOPBACK_ANY_PORT) as node:
+        assert node.amqp_endpoint is not None
+        host, port = node.amqp_endpoint.rsplit(":", 1)
+        connection = pika.BlockingConnection(pika.ConnectionParameters(host, int(port)))
+        channel = connection.channel()
+        channel.queue_declare("tasks")
+        channel.basic_publish("", "tasks", b"work")
+        channel.basic_qos(prefetch_count=7)
+        channel.basic_consume("tasks", lambda *delivery: None)
+        (amqp_pid,) = [a["pid"] for a in api(node, "actors") if a["name"] == "amqp"]
+
+        def amqp_rows() -> list:
+            connection.process_data_events(time_limit=0)
+            return [c for c in api(node, "connections") if c["transport"] == "amqp"]
+
+        wait_for(lambda: [r["unacked"] for r in amqp_rows()] == [1])
+        (row,) = amqp_rows()
+        assert (row["pid"], row["queues"][0]["queue"], row["queues"][0]["prefetch_count"]) == (
+            amqp_pid,
+            "tasks",
+            7,
+        )
+        assert api(node, "overview")["amqp_connections"] == 1
+        samples = scrape(node)
+        assert samples[("warren_amqp_connections", ())] == 1
+        assert samples[("warren_amqp_connections_opened_total", ())] >= 1
+        connection.close()
+        wait_for(lambda: scrape(node)[("warren_amqp_connections_closed_total", ())] >= 1)
+        assert api(node, "overview")["amqp_connections"] == 0
+
+
 def test_unknown_pages_are_404_and_other_methods_405_each_in_one_line(tmp_path):
     with Node(tmp_path / "data", http=LOOPBACK_ANY_PORT) as node:
         status, _, body = fetch(node.http_endpoint + "/nowhere")
