@@ -325,12 +325,23 @@ class Result:
         return "; ".join(filter(None, [self.cut_short, *self.notes]))
 
 
-def first_line(text: str | None) -> str:
-    for line in (text or "").splitlines():
-        if line.strip():
-            line = " ".join(line.split())
-            return line if len(line) <= REASON_WIDTH else line[: REASON_WIDTH - 1] + "…"
-    return ""
+def shortened(line: str) -> str:
+    line = " ".join(line.split())
+    return line if len(line) <= REASON_WIDTH else line[: REASON_WIDTH - 1] + "…"
+
+
+def reason(message: str | None, text: str | None) -> str:
+    """A failure's reason in one line: its message's first line, or, when that message
+    is a whole traceback (a test that failed in a thread of its own reports so), the
+    traceback's last unindented line, the exception it ended with."""
+    lines = [line for line in (message or text or "").splitlines() if line.strip()]
+    if not lines:
+        return ""
+    if "Traceback (most recent call last)" in lines[0]:
+        ends = [line for line in lines[1:] if not line[0].isspace()]
+        if ends:
+            return shortened(ends[-1])
+    return shortened(lines[0])
 
 
 def read_junit(path: Path) -> dict[str, tuple[str, str]]:
@@ -339,16 +350,16 @@ def read_junit(path: Path) -> dict[str, tuple[str, str]]:
     outcomes: dict[str, tuple[str, str]] = {}
     for case in ET.parse(path).getroot().iter("testcase"):
         test = f"{case.get('classname', '')}::{case.get('name', '')}".lstrip(":")
-        outcome, reason = "passed", ""
+        outcome, why = "passed", ""
         for child in case:
             if child.tag in ("failure", "error"):
                 outcome = "failed"
-                reason = first_line(child.get("message")) or first_line(child.text)
+                why = reason(child.get("message"), child.text)
                 break
             if child.tag == "skipped":
-                outcome, reason = "skipped", first_line(child.get("message"))
+                outcome, why = "skipped", reason(child.get("message"), None)
         if outcomes.get(test, ("passed",))[0] != "failed":
-            outcomes[test] = (outcome, reason)
+            outcomes[test] = (outcome, why)
     return outcomes
 
 
