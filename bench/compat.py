@@ -72,6 +72,7 @@ class Suite:
     args: tuple[str, ...]
     env: tuple[tuple[str, str], ...] = ()
     budget_s: float = 1200.0
+    path: tuple[str, ...] = ()  # folders of bench/compat_plugins on its PYTHONPATH
 
 
 RABBITMQ_ENV = (("RABBITMQ_HOST", HOST), ("RABBITMQ_5672_TCP", str(PORT)))
@@ -80,18 +81,17 @@ SUITES = {
     suite.name: suite
     for suite in (
         # The acceptance tests, less the two files that test a thread-safe connection newer
-        # than the released client (they cannot import it); the plugin gives the release's
-        # helpers module the name the tests import.
+        # than the released client (they cannot import it); compat_plugins/pika gives the
+        # release's helpers module the name the tests import.
         Suite(
             "pika",
             (
                 "tests/acceptance",
-                "-p",
-                "pika_names",
                 "--ignore=tests/acceptance/thread_safe_connection_test.py",
                 "--ignore=tests/acceptance/thread_safe_bounded_queue_test.py",
             ),
             budget_s=1500,
+            path=("pika",),
         ),
         Suite("kombu", ("t/integration/test_py_amqp.py", "-E", "py-amqp"), RABBITMQ_ENV, 600),
         Suite("py-amqp", ("t/integration", "-E", "rabbitmq", "-k", "not tls"), RABBITMQ_ENV, 300),
@@ -367,7 +367,8 @@ def pytest_env(python: Path, suite_dir: Path, suite: Suite, plugins: Path) -> di
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env.update(suite.env)
     env["PATH"] = f"{python.parent}{os.pathsep}{env.get('PATH', '')}"
-    env["PYTHONPATH"] = os.pathsep.join([str(PLUGINS), str(plugins), str(suite_dir)])
+    path = [str(PLUGINS / folder) for folder in suite.path] + [str(plugins), str(suite_dir)]
+    env["PYTHONPATH"] = os.pathsep.join(path)
     env["PYTHONDONTWRITEBYTECODE"] = "1"  # nothing written into the suites' folders
     return env
 
