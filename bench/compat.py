@@ -638,8 +638,8 @@ def main(argv: list[str]) -> int:
     def stop_on(signum, frame):
         raise KeyboardInterrupt
 
-    signal.signal(signal.SIGTERM, stop_on)
-    signal.signal(signal.SIGHUP, stop_on)
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # SIGINT: even if inherited
+        signal.signal(signum, stop_on)  # ignored, as by a shell's background job
     python = clients_python()
     ran = {b: run_against(b, chosen, suites_dir, python, options) for b in brokers}
     for broker_name, results in ran.items():
