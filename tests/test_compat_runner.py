@@ -86,3 +86,21 @@ def test_junit_outcomes_count_errors_as_failures_with_the_line_that_says_why(tmp
         "t.test_a::test_threaded": ("failed", "AssertionError: closed: (540) NOT_IMPLEMENTED"),
         "t.test_a::test_later": ("skipped", "needs redis"),
     }
+
+
+def test_the_brokers_are_compared_test_by_test_where_both_ran_a_suite():
+    warren = [
+        compat.Result(
+            "kombu", {"a": ("passed", ""), "b": ("failed", "(540) tx"), "c": ("skipped", "")}
+        ),
+        compat.Result("pika", {"x": ("failed", "(406)")}),
+    ]
+    rabbitmq = [
+        compat.Result("kombu", {"a": ("passed", ""), "b": ("passed", ""), "c": ("skipped", "")}),
+        compat.Result("pika", cut_short="not run: rabbitmq exited 1 before its port answered"),
+    ]
+    assert compat.differences(warren, rabbitmq).splitlines() == [
+        "kombu: 1 tests differ",
+        "  b: warren failed, rabbitmq passed",
+        "      (540) tx",
+    ]
