@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
 
-.PHONY: run test lint bench chaos spark-stream clean
+.PHONY: run test lint bench compat chaos spark-stream clean
 
 $(PY):
 	@echo "make: creating the virtual environment $(VENV) with $(PYTHON)"
@@ -41,6 +41,15 @@ lint: $(INSTALLED)
 
 bench: $(INSTALLED)
 	$(PY) -m bench $(BENCH)
+
+# Other AMQP clients' own test suites against the AMQP port (docs/amqp.md, "Compatibility,
+# measured with the clients' own suites"): 20 minutes or more, so not part of `test`.
+# SUITES names the folder of the exported suites; COMPAT_ARGS picks some
+# (--suites pika,kombu); RabbitMQ's run is added where rabbitmq-server is installed.
+COMPAT_ARGS ?=
+compat: $(INSTALLED)
+	@test -n "$(SUITES)" || { echo "make compat: give SUITES=DIR, the folder of the exported client suites (pika kombu py-amqp aiormq aio-pika celery)" >&2; exit 2; }
+	$(PY) -m bench.compat --suites-dir "$(SUITES)" --against rabbitmq $(COMPAT_ARGS)
 
 # Five minutes of every fault on a fresh node; the report lands in build/chaos/report.
 CHAOS_ARGS ?= --duration 300 --faults kill,stop,node,torn,flip,full,slow
