@@ -454,6 +454,21 @@ class QueueActor(ProcessActor):
 
     # ------------------------------------------------------------------ messages
 
+    def on_receive_batch(self, messages: list[Any]) -> None:
+        """Tells, in order; those that come after the queue deleted itself (an auto-delete
+        queue's last consumer went: its other consumers' releases, settles of what they
+        held) have nothing left to apply to and are dropped, where raising would end the
+        process as a crash."""
+        for index, message in enumerate(messages):
+            if self._deleted:
+                log.debug(
+                    "queue %s: %d tells after its delete dropped",
+                    self.queue_name,
+                    len(messages) - index,
+                )
+                return
+            super().on_receive_batch([message])
+
     def on_receive(self, message: Any) -> Any:
         handler = self._handlers.get(type(message))
         if isinstance(message, STREAM_MESSAGES):

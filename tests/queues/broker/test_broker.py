@@ -35,7 +35,7 @@ from warren.queues.broker.definitions import Definitions, queue_directory
 from warren.queues.broker.queue_actor import QueueActor
 from warren.queues.errors import ConnectionClosed, InvalidArgument, NodeNotRunning
 from warren.queues.message import MAX_MESSAGE_BYTES
-from warren.queues.protocol import Fetch, Publish, QueueDefinition, QueueStats
+from warren.queues.protocol import Fetch, Publish, QueueDefinition, QueueStats, Release, Subscribe
 from warren.store.client import StoreClient
 from warren.store.disk_faults import ENVIRONMENT_VARIABLE, write_faults
 from warren.supervisor import Node
@@ -1148,3 +1148,19 @@ def test_an_unused_queue_with_expires_is_deleted_after_a_restart_too(data_dir):
         node.declare_queue("forgotten", expires_ms=300)
     with Node(data_dir) as node:  # its tombstone goes last, after its definition
         wait_for(lambda: node.list_queues() == [] and os.listdir(data_dir / "queues") == [], 30)
+
+
+def test_tells_that_come_after_an_auto_delete_queue_went_are_dropped_not_a_crash(node):
+    """A consumer's stop deletes the queue; what its connection told it next (a release,
+    in the same mailbox read) has nothing left to apply to. The queue's process ends for
+    good, never restarted as crashed (clients would hear "restarting" meanwhile)."""
+    node.declare_queue("jobs", auto_delete=True, durable=False)
+    queue = node.queue("jobs")
+    consumer = os.urandom(16)
+    queue.tell(Subscribe(consumer, os.getpid(), True, 10))
+    queue.ask(QueueStats())  # the subscription is in
+    node.connect().publish_many("jobs", [b"x" * 1000] * 2000)  # keeps it busy a moment
+    for message in (Subscribe(consumer, os.getpid(), False), Release(consumer)):
+        queue.tell(message)  # read in one pass, most likely: the delete, then the release
+    wait_for(lambda: node.list_queues() == [], timeout=30)
+    assert node.root.restart_counts.of("queue jobs") == 0
