@@ -470,6 +470,7 @@ class Session:
             AWAIT_START_OK: (commands.Connection.StartOk, self._start_ok),
             AWAIT_TUNE_OK: (commands.Connection.TuneOk, self._tune_ok),
             AWAIT_OPEN: (commands.Connection.Open, self._open),
+            OPEN: (commands.Connection.UpdateSecret, self._update_secret),
         }.get(self.state)
         if isinstance(method, commands.Connection.Close):
             self._output.append(frames.method_frame(0, commands.Connection.CloseOk()))
@@ -485,6 +486,12 @@ class Session:
                 f"{method.name} is not expected on channel 0 now",
                 *frames.ids_of(method),
             )
+
+    def _update_secret(self, method: pamqp.base.Frame) -> None:
+        """A client's new secret for the connection (an expiring token, with RabbitMQ's
+        OAuth 2 backend): the port's users have passwords, checked at login alone, so
+        it is taken as RabbitMQ's own users backend takes it."""
+        self._output.append(frames.method_frame(0, commands.Connection.UpdateSecretOk()))
 
     def _channel_method(self, frame: Frame) -> None:
         channel = frame.channel

@@ -108,6 +108,7 @@ QUEUE_ARGUMENTS = {
     "x-expires": "expires_ms",
 }
 EXCHANGE_KINDS = ("direct", "fanout", "topic")
+UNSERVED_EXCHANGE_KINDS = ("headers",)  # RabbitMQ's, not Warren's (yet): 540
 SETTLES = (frames.ACK, frames.NACK, frames.REJECT)
 
 Post = Callable[[Callable[[], None]], None]
@@ -146,6 +147,9 @@ class Translator:
         self._topology = topology
         self._exclusive = exclusive
         self._topology_seen = topology.count
+        # exchange -> internal, as last read from the node (read again on a name it does
+        # not hold, and once the port's clients changed the topology)
+        self._internal: dict[str, bool] = {}
         # Set by the gateway before the client's first byte. Used in what is posted (on
         # the gateway's thread), but for its frame_max, fixed before any channel opens.
         self.session: Session | None = None
@@ -434,15 +438,7 @@ class Translator:
         elif isinstance(method, commands.Exchange.Declare):
             self._declare_exchange(number, method)
         elif isinstance(method, commands.Exchange.Delete):
-            if method.exchange == "" or method.exchange.startswith("amq."):
-                raise AmqpError(
-                    frames.ACCESS_REFUSED,
-                    f"ACCESS_REFUSED - exchange '{method.exchange}' may not be deleted",
-                    *ids,
-                )
-            connection.delete_exchange(method.exchange)
-            self._topology.changed()
-            self._answer(number, commands.Exchange.DeleteOk(), method.nowait)
+            self._delete_exchange(number, method)
         elif isinstance(method, commands.Basic.Qos):
             if method.prefetch_size:  # as RabbitMQ, which has no byte prefetch either
                 raise AmqpError(
@@ -514,6 +510,21 @@ class Translator:
         self._answer(number, ok, method.nowait)
 
     def _delete_queue(self, number: int, method: commands.Queue.Delete) -> None:
+        """Delete the queue; one that is not there is deleted already (0 messages), as
+        RabbitMQ answers."""
+        connection = self._connection
+        assert connection is not None
+        try:
+            count = self._delete_existing_queue(method)
+        except QueueRestarting:
+            raise  # a NotFound, but the queue is there
+        except NotFound:
+            count = 0  # gone already: the delete's outcome all the same
+        self._exclusive.release(method.queue)
+        self._topology.changed()
+        self._answer(number, commands.Queue.DeleteOk(count), method.nowait)
+
+    def _delete_existing_queue(self, method: commands.Queue.Delete) -> int:
         connection = self._connection
         assert connection is not None
         if method.if_unused or method.if_empty:
@@ -530,16 +541,43 @@ class Translator:
                     f"PRECONDITION_FAILED - queue '{method.queue}' not empty",
                     *frames.ids_of(method),
                 )
-        count = connection.delete_queue(method.queue)
-        self._exclusive.release(method.queue)
+        return connection.delete_queue(method.queue)
+
+    def _delete_exchange(self, number: int, method: commands.Exchange.Delete) -> None:
+        """Delete the exchange; one that is not there is deleted already, as RabbitMQ
+        answers (``if_unused``: 406 while it has bindings)."""
+        connection = self._connection
+        assert connection is not None
+        ids = frames.ids_of(method)
+        name = method.exchange
+        if name == "" or name.startswith("amq."):
+            raise AmqpError(
+                frames.ACCESS_REFUSED,
+                f"ACCESS_REFUSED - exchange '{name}' may not be deleted",
+                *ids,
+            )
+        if method.if_unused and any(b["exchange"] == name for b in connection.list_bindings()):
+            raise AmqpError(
+                frames.PRECONDITION_FAILED, f"PRECONDITION_FAILED - exchange '{name}' in use", *ids
+            )
+        try:
+            connection.delete_exchange(name)
+        except NotFound:
+            pass  # gone already: the delete's outcome all the same
         self._topology.changed()
-        self._answer(number, commands.Queue.DeleteOk(count), method.nowait)
+        self._answer(number, commands.Exchange.DeleteOk(), method.nowait)
 
     def _declare_exchange(self, number: int, method: commands.Exchange.Declare) -> None:
         connection = self._connection
         assert connection is not None
         ids = frames.ids_of(method)
         name = method.exchange
+        if name == "":
+            raise AmqpError(
+                frames.ACCESS_REFUSED,
+                "ACCESS_REFUSED - operation not permitted on the default exchange",
+                *ids,
+            )
         if method.passive:
             known = {exchange["name"] for exchange in connection.list_exchanges()}
             if name not in known:
@@ -550,20 +588,31 @@ class Translator:
                 f"ACCESS_REFUSED - exchange name '{name}' contains reserved prefix 'amq.*'",
                 *ids,
             )
-        elif method.exchange_type not in EXCHANGE_KINDS:
+        elif method.exchange_type in UNSERVED_EXCHANGE_KINDS or (
+            method.exchange_type.startswith("x-")
+        ):
             raise AmqpError(
                 frames.NOT_IMPLEMENTED,
                 f"NOT_IMPLEMENTED - exchange type '{method.exchange_type}'",
                 *ids,
             )
-        elif method.internal or method.auto_delete or method.arguments:
+        elif method.exchange_type not in EXCHANGE_KINDS:
             raise AmqpError(
-                frames.NOT_IMPLEMENTED,
-                "NOT_IMPLEMENTED - internal and auto-delete exchanges, exchange arguments",
+                frames.PRECONDITION_FAILED,
+                f"PRECONDITION_FAILED - invalid exchange type '{method.exchange_type}'",
                 *ids,
             )
-        else:
-            connection.declare_exchange(name, method.exchange_type, durable=method.durable)
+        elif "alternate-exchange" in (method.arguments or {}):
+            raise AmqpError(frames.NOT_IMPLEMENTED, "NOT_IMPLEMENTED - alternate exchanges", *ids)
+        else:  # other arguments are taken and have no effect, as RabbitMQ's unknown ones
+            connection.declare_exchange(
+                name,
+                method.exchange_type,
+                durable=method.durable,
+                auto_delete=method.auto_delete,
+                internal=method.internal,
+            )
+            self._topology.changed()
         self._answer(number, commands.Exchange.DeclareOk(), method.nowait)
 
     def _consume(self, number: int, channel: _Channel, method: commands.Basic.Consume) -> None:
@@ -669,7 +718,15 @@ class Translator:
         )
         if sent.exchange and self._topology.count != self._topology_seen:
             self._topology_seen = self._topology.count
+            self._internal.clear()
             connection.forget_routes()
+        if sent.exchange and self._is_internal(sent.exchange):
+            raise AmqpError(
+                frames.ACCESS_REFUSED,
+                f"ACCESS_REFUSED - cannot publish to internal exchange '{sent.exchange}' in "
+                "vhost '/'",
+                *frames.PUBLISH,
+            )
         if channel.confirming:
             channel.published += 1
         confirm: Confirm | QueueError | None = None
@@ -696,6 +753,15 @@ class Translator:
             ) from None
         if channel.confirming:
             channel.confirms.append((channel.published, confirm))
+
+    def _is_internal(self, exchange: str) -> bool:
+        """Whether ``exchange`` is internal (False for one the node does not have: its
+        publish fails as such)."""
+        if exchange not in self._internal:
+            connection = self._connection
+            assert connection is not None
+            self._internal = {e["name"]: e["internal"] for e in connection.list_exchanges()}
+        return self._internal.get(exchange, False)
 
     def _return(
         self, number: int, exchange: str, routing_key: str, properties: bytes, body: bytes

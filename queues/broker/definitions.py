@@ -137,9 +137,15 @@ TOMBSTONE_SUFFIX = "~deleted"  # queues/<directory>~deleted: a delete not finish
 
 @dataclass(frozen=True)
 class ExchangeDefinition:
+    """An exchange: ``auto_delete`` goes when its last binding does (one that never had
+    a binding stays, as RabbitMQ's); ``internal`` takes no publish from an AMQP client
+    (it is a dead-letter exchange's, say)."""
+
     name: str
     kind: str = "direct"
     durable: bool = True
+    auto_delete: bool = False
+    internal: bool = False
 
 
 _PLAIN_NAME = re.compile(r"[A-Za-z0-9_.-]{1,200}")
@@ -270,7 +276,8 @@ class Definitions:
             if existing != definition:
                 raise PreconditionFailed(
                     f"exchange {definition.name!r} exists with kind={existing.kind!r}, "
-                    f"durable={existing.durable}; declare it with those arguments"
+                    f"durable={existing.durable}, auto_delete={existing.auto_delete}, "
+                    f"internal={existing.internal}; declare it with those arguments"
                 )
             return False
         self.exchanges[definition.name] = definition
@@ -311,6 +318,7 @@ class Definitions:
         self._undo.append(lambda: self.bindings.add(binding))
         if self._durable(binding):
             self._unsaved.append({"unbind": list(binding)})
+        self._drop_unbound_auto_delete({exchange})
         return True
 
     def remove_exchange(self, name: str) -> ExchangeDefinition:
@@ -327,7 +335,8 @@ class Definitions:
         return definition
 
     def _forget_bindings(self, gone: Callable[[tuple[str, str, str]], bool]) -> None:
-        """Drop the bindings ``gone`` picks (those of a queue or an exchange removed)."""
+        """Drop the bindings ``gone`` picks (those of a queue or an exchange removed), and
+        the auto-delete exchanges that leaves without any."""
         forgotten = {binding for binding in self.bindings if gone(binding)}
         self.bindings = self.bindings - forgotten  # a new set: a reader's copy stays whole
 
@@ -335,6 +344,16 @@ class Definitions:
             self.bindings = self.bindings | forgotten
 
         self._undo.append(restore)
+        self._drop_unbound_auto_delete({exchange for exchange, _, _ in forgotten})
+
+    def _drop_unbound_auto_delete(self, unbound_from: set[str]) -> None:
+        """Remove the auto-delete exchanges of ``unbound_from`` (each just lost a binding)
+        that have none left, as RabbitMQ deletes one when its last binding goes."""
+        bound = {exchange for exchange, _, _ in self.bindings}
+        for name in sorted(unbound_from - bound):
+            definition = self.exchanges.get(name)
+            if definition is not None and definition.auto_delete:
+                self.remove_exchange(name)
 
     def _durable(self, binding: tuple[str, str, str]) -> bool:
         """Whether a binding is kept across restarts: both its ends are durable."""

@@ -290,11 +290,22 @@ class Connection:
         return self._node.delete_queue(name)
 
     @_exclusive
-    def declare_exchange(self, name: str, kind: str = "direct", durable: bool = True) -> None:
-        """``direct``, ``fanout`` or ``topic`` (the default exchange ``""`` always exists)."""
+    def declare_exchange(
+        self,
+        name: str,
+        kind: str = "direct",
+        durable: bool = True,
+        *,
+        auto_delete: bool = False,
+        internal: bool = False,
+    ) -> None:
+        """``direct``, ``fanout`` or ``topic`` (the default exchange ``""`` always exists);
+        ``auto_delete``: it goes with its last binding; ``internal``: AMQP clients may
+        not publish to it."""
         self._check_open()
-        self._node.declare_exchange(name, kind=kind, durable=durable)
-        self._topology.exchange_declared(name, kind, durable)
+        options = {"durable": durable, "auto_delete": auto_delete, "internal": internal}
+        self._node.declare_exchange(name, kind=kind, **options)
+        self._topology.exchange_declared(name, kind, options)
 
     @_exclusive
     def bind_queue(self, queue: str, exchange: str, routing_key: str = "") -> None:

@@ -120,7 +120,7 @@ class Topology:
     takes it out (a deleted queue or exchange takes its bindings with it)."""
 
     def __init__(self) -> None:
-        self.exchanges: dict[str, tuple[str, bool]] = {}  # name -> (kind, durable)
+        self.exchanges: dict[str, tuple[str, dict[str, bool]]] = {}  # name -> (kind, options)
         self.queues: dict[str, dict[str, Any]] = {}  # name -> declare arguments
         self.bindings: dict[tuple[str, str, str], None] = {}  # (queue, exchange, key)
 
@@ -131,8 +131,8 @@ class Topology:
         self.queues.pop(name, None)
         self.bindings = {b: None for b in self.bindings if b[0] != name}
 
-    def exchange_declared(self, name: str, kind: str, durable: bool) -> None:
-        self.exchanges[name] = (kind, durable)
+    def exchange_declared(self, name: str, kind: str, options: dict[str, bool]) -> None:
+        self.exchanges[name] = (kind, options)
 
     def exchange_deleted(self, name: str) -> None:
         self.exchanges.pop(name, None)
@@ -147,8 +147,8 @@ class Topology:
     def declare_on(self, node: NodeHandle) -> None:
         """Declare it all on ``node``: what exists already is left as it is (a queue
         declared elsewhere with other arguments since raises ``PreconditionFailed``)."""
-        for name, (kind, durable) in self.exchanges.items():
-            node.declare_exchange(name, kind=kind, durable=durable)
+        for name, (kind, options) in self.exchanges.items():
+            node.declare_exchange(name, kind=kind, **options)
         for name, arguments in self.queues.items():
             node.declare_queue(name, **arguments)
         for queue, exchange, routing_key in self.bindings:

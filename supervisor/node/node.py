@@ -572,9 +572,21 @@ class Node:
                 )
             return count
 
-    def declare_exchange(self, name: str, *, kind: str = "direct", durable: bool = True) -> None:
-        """Create an exchange (``direct``, ``fanout`` or ``topic``) unless it exists."""
-        definition = ExchangeDefinition(check_name(name, "exchange"), kind, bool(durable))
+    def declare_exchange(
+        self,
+        name: str,
+        *,
+        kind: str = "direct",
+        durable: bool = True,
+        auto_delete: bool = False,
+        internal: bool = False,
+    ) -> None:
+        """Create an exchange (``direct``, ``fanout`` or ``topic``) unless it exists: an
+        ``auto_delete`` one goes with its last binding, an ``internal`` one takes no
+        publish from an AMQP client (``ExchangeDefinition``)."""
+        definition = ExchangeDefinition(
+            check_name(name, "exchange"), kind, bool(durable), bool(auto_delete), bool(internal)
+        )
         with self._definitions_lock:
             if self._definitions.add_exchange(definition):
                 self._definitions_changed(f"exchange {name!r} was not declared")
@@ -611,7 +623,7 @@ class Node:
         the definitions lock, as ``queue_types``: the management page asks for it."""
         exchanges = dict(self._definitions.exchanges)
         bindings = sorted(set(self._definitions.bindings))
-        default = {"name": "", "kind": "direct", "durable": True}
+        default = dataclasses.asdict(ExchangeDefinition("", "direct"))
         return [default] + [dataclasses.asdict(exchanges[n]) for n in sorted(exchanges) if n], [
             {"exchange": e, "queue": q, "routing_key": k} for e, q, k in bindings
         ]

@@ -218,6 +218,22 @@ def test_a_warren_client_and_an_amqp_client_read_each_others_messages(node):
             lambda c: c.queue_declare("q", arguments={"x-max-priority": 5}), 406, id="argument"
         ),
         pytest.param(lambda c: c.basic_ack(99), 406, id="unknown tag"),
+        pytest.param(lambda c: c.exchange_declare("", passive=True), 403, id="default exchange"),
+        pytest.param(lambda c: c.exchange_declare("e", "ZZwwInvalid"), 406, id="unknown type"),
+        pytest.param(
+            lambda c: c.exchange_declare("in", internal=True) and c.basic_publish("in", "", b""),
+            403,
+            id="publish to internal",
+        ),
+        pytest.param(
+            lambda c: (
+                c.exchange_declare("used")
+                and c.queue_bind("q", "used")
+                and c.exchange_delete("used", if_unused=True)
+            ),
+            406,
+            id="delete used exchange",
+        ),
         pytest.param(
             lambda c: c.basic_publish("", "q", b"", pika.BasicProperties(expiration="soon")),
             406,
@@ -235,6 +251,46 @@ def test_a_channel_error_closes_the_channel_with_rabbitmqs_code(node, call, code
     assert closed.value.reply_code == code
     channel = connection.channel()  # the connection goes on
     assert channel.queue_declare("q", passive=True).method.queue == "q"
+    connection.close()
+
+
+def test_an_auto_delete_exchange_goes_with_its_last_binding_and_deletes_are_idempotent(node):
+    """RabbitMQ's rules: an auto-delete exchange is deleted when its last queue is unbound
+    or deleted (not before it had one); deleting what is not there is a delete-ok."""
+    connection = _connect(node)
+    channel = connection.channel()
+    channel.exchange_declare("events", "fanout", auto_delete=True)
+    channel.exchange_declare("events", "fanout", passive=True)  # never bound: it stays
+    for name in ("a", "b"):
+        channel.queue_declare(name)
+        channel.queue_bind(name, "events")
+    channel.queue_unbind("a", "events")
+    channel.exchange_declare("events", "fanout", passive=True)  # b is still bound
+    channel.queue_delete("b")
+    assert "events" not in {e["name"] for e in node.list_exchanges()}
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as refused:
+        channel.exchange_declare("events", "fanout", auto_delete=False)
+        channel.exchange_declare("events", "fanout", auto_delete=True)  # not equivalent
+    assert refused.value.reply_code == 406
+    channel = connection.channel()
+    assert channel.queue_delete("never-there").method.message_count == 0
+    channel.exchange_delete("never-there")
+    connection.update_secret("guest", "token refreshed")
+    channel.queue_declare("a", passive=True)  # the connection goes on
+    connection.close()
+
+
+def test_dead_letters_reach_an_internal_exchange_no_client_may_publish_to(node):
+    connection = _connect(node)
+    channel = connection.channel()
+    channel.exchange_declare("dlx", "fanout", internal=True)
+    channel.queue_declare("dead")
+    channel.queue_bind("dead", "dlx")
+    channel.queue_declare("work", arguments={"x-dead-letter-exchange": "dlx"})
+    channel.basic_publish("", "work", b"doomed")
+    method, _, _ = channel.basic_get("work")
+    channel.basic_reject(method.delivery_tag, requeue=False)
+    wait_for(lambda: channel.basic_get("dead", auto_ack=True)[2] == b"doomed")
     connection.close()
 
 

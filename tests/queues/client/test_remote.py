@@ -458,7 +458,15 @@ def test_bindings_and_exchanges_are_listed_undone_and_deleted_over_every_transpo
         client.declare_exchange("events", kind="topic")
         client.declare_queue("audit")
         client.bind_queue("audit", "events", "order.*")
-        assert client.list_exchanges() == [{"name": "events", "kind": "topic", "durable": True}]
+        assert client.list_exchanges() == [
+            {
+                "name": "events",
+                "kind": "topic",
+                "durable": True,
+                "auto_delete": False,
+                "internal": False,
+            }
+        ]
         assert client.list_bindings() == [
             {"exchange": "events", "queue": "audit", "routing_key": "order.*"}
         ]

@@ -95,7 +95,13 @@ def test_a_shell_user_declares_binds_routes_and_undoes_it_all(node, data_dir):
     missing = warren("declare", "queue", "nowhere", "--passive", "--data-dir", data_dir)
     assert missing.returncode == 2 and b"creates none" in missing.stderr
     assert json.loads(ok("exchanges", "--json")) == [
-        {"name": "events", "kind": "topic", "durable": True}
+        {
+            "name": "events",
+            "kind": "topic",
+            "durable": True,
+            "auto_delete": False,
+            "internal": False,
+        }
     ]
     assert json.loads(ok("bindings", "--json")) == [
         {"exchange": "events", "queue": "audit", "routing_key": "order.*"}

@@ -44,6 +44,7 @@ from ..sample_actors import OneAtATime
 from .test_node import warren_node
 
 LOOPBACK_ANY_PORT = "127.0.0.1:0"
+PLAIN = {"auto_delete": False, "internal": False}  # an exchange's flags, unset
 ORDERS = (("queue", "orders"),)
 NODE_KEPT = ("warren_queue_state", "warren_actor_restarts_total")  # no answer needed
 STUCK_RUNNING = (("queue", "stuck"), ("state", "running"))
@@ -459,9 +460,9 @@ def test_the_exchanges_and_bindings_are_listed_the_default_exchange_first(tmp_pa
         node.bind_queue("audit", "shop", "#")
         node.bind_queue("audit", "logs")
         assert api(node, "exchanges") == [
-            {"name": "", "kind": "direct", "durable": True},
-            {"name": "logs", "kind": "fanout", "durable": False},
-            {"name": "shop", "kind": "topic", "durable": True},
+            {"name": "", "kind": "direct", "durable": True, **PLAIN},
+            {"name": "logs", "kind": "fanout", "durable": False, **PLAIN},
+            {"name": "shop", "kind": "topic", "durable": True, **PLAIN},
         ]
         assert api(node, "bindings") == [
             {"exchange": "logs", "queue": "audit", "routing_key": ""},
