@@ -84,6 +84,7 @@ log = logging.getLogger("warren.amqp")
 
 # How long the worker waits for the oldest confirm before it looks at the client again.
 CONFIRM_WAIT_S = 0.005
+TX_COMMIT_WAIT_S = 60.0  # the longest a commit waits for its publishes' confirms
 UNLIMITED_PREFETCH = 1000
 # What a consumer without acks takes from its queue ahead of its client: each is settled
 # once the gateway took it, so this bounds what the port holds for a slow client.
@@ -130,6 +131,9 @@ class _Channel:
     confirms: collections.deque[tuple[int, Confirm | QueueError | None]] = dataclasses.field(
         default_factory=collections.deque
     )
+    # In a transaction (tx.select): the publishes and settles since the last commit or
+    # rollback, as the client sent them; None: the channel is not transactional.
+    tx: list[tuple[str, tuple[Any, ...]]] | None = None
 
 
 class Translator:
@@ -323,6 +327,11 @@ class Translator:
         channel = self._channels.get(channel_number)
         if channel is None:
             channel = self._channels[channel_number] = _Channel()
+        if channel.tx is not None and (
+            kind == "content" or frames.method_id(args[1].payload) in SETTLES
+        ):
+            channel.tx.append((kind, args))  # done at the commit
+            return
         try:
             if kind == "content":
                 self._publish(channel_number, channel, *args[1:])
@@ -460,12 +469,61 @@ class Translator:
                 channel.unacked.pop(tag).nack(requeue=True)
             self._answer(number, commands.Basic.RecoverOk())
         elif isinstance(method, commands.Confirm.Select):
+            if channel.tx is not None:
+                raise AmqpError(
+                    frames.PRECONDITION_FAILED,
+                    "PRECONDITION_FAILED - cannot switch from tx to confirm mode",
+                    *ids,
+                )
             channel.confirming = True
             self._answer(number, commands.Confirm.SelectOk(), method.nowait)
+        elif isinstance(method, commands.Tx.Select | commands.Tx.Commit | commands.Tx.Rollback):
+            self._transaction(number, channel, method)
         else:
             raise AmqpError(
                 frames.NOT_IMPLEMENTED, f"NOT_IMPLEMENTED - {method.name} is not served", *ids
             )
+
+    def _transaction(self, number: int, channel: _Channel, method: pamqp.base.Frame) -> None:
+        """``tx.select`` makes the channel transactional: its publishes and settles wait
+        for ``tx.commit``, which does them in order and answers once every publish is
+        confirmed (on disk, for a persistent message), or ``tx.rollback``, which drops
+        them (the deliveries stay unacked, as RabbitMQ's)."""
+        ids = frames.ids_of(method)
+        if isinstance(method, commands.Tx.Select):
+            if channel.confirming:
+                raise AmqpError(
+                    frames.PRECONDITION_FAILED,
+                    "PRECONDITION_FAILED - cannot switch from confirm to tx mode",
+                    *ids,
+                )
+            if channel.tx is None:
+                channel.tx = []
+            self._answer(number, commands.Tx.SelectOk())
+            return
+        if channel.tx is None:
+            raise AmqpError(
+                frames.PRECONDITION_FAILED,
+                "PRECONDITION_FAILED - channel is not transactional",
+                *ids,
+            )
+        pending, channel.tx = channel.tx, []
+        if isinstance(method, commands.Tx.Rollback):
+            self._answer(number, commands.Tx.RollbackOk())
+            return
+        confirms = []
+        for kind, args in pending:
+            if kind == "content":
+                confirms.append(self._publish(args[0], channel, *args[1:]))
+            else:
+                self._settle(channel, args[1].payload)
+        for confirm in confirms:
+            if isinstance(confirm, Confirm):
+                try:
+                    confirm.result(TX_COMMIT_WAIT_S)
+                except QueueError:
+                    pass  # refused by its queue (full, deleted), as RabbitMQ drops it
+        self._answer(number, commands.Tx.CommitOk())
 
     def _declare_queue(self, number: int, method: commands.Queue.Declare) -> None:
         connection = self._connection
@@ -701,7 +759,9 @@ class Translator:
 
     def _publish(
         self, number: int, channel: _Channel, publish: Frame, header: ContentHeader, body: bytes
-    ) -> None:
+    ) -> Confirm | QueueError | None:
+        """Publish to the node; the publish's confirm (None: routed nowhere; an error: not
+        taken)."""
         connection = self._connection
         assert connection is not None
         sent = frames.decode_publish(publish.payload)
@@ -753,6 +813,7 @@ class Translator:
             ) from None
         if channel.confirming:
             channel.confirms.append((channel.published, confirm))
+        return confirm
 
     def _is_internal(self, exchange: str) -> bool:
         """Whether ``exchange`` is internal (False for one the node does not have: its

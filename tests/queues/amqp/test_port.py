@@ -302,8 +302,35 @@ def test_what_warren_does_not_serve_yet_closes_the_connection_with_540(node):
     assert closed.value.reply_code == frames.NOT_IMPLEMENTED
     connection = _connect(node)
     with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as closed:
-        connection.channel().tx_select()
+        connection.channel().exchange_bind("amq.direct", "amq.fanout")
     assert closed.value.reply_code == frames.NOT_IMPLEMENTED
+
+
+def test_a_transaction_publishes_and_acks_at_its_commit_and_a_rollback_drops_them(node):
+    connection = _connect(node)
+    watcher = connection.channel()
+    watcher.queue_declare("ledger", durable=True)
+    for n in range(2):
+        watcher.basic_publish("", "ledger", b"old %d" % n)
+    channel = connection.channel()
+    channel.tx_select()
+    method, _, body = channel.basic_get("ledger")
+    channel.basic_ack(method.delivery_tag)
+    channel.basic_publish("", "ledger", b"new", pika.BasicProperties(delivery_mode=2))
+    assert watcher.queue_declare("ledger", passive=True).method.message_count == 1
+    channel.tx_rollback()  # neither the ack nor the publish happened
+    assert watcher.queue_declare("ledger", passive=True).method.message_count == 1
+    channel.basic_ack(method.delivery_tag)  # the same delivery, acked for good this time
+    channel.basic_publish("", "ledger", b"new", pika.BasicProperties(delivery_mode=2))
+    channel.tx_commit()
+    assert [watcher.basic_get("ledger", auto_ack=True)[2] for _ in range(2)] == [b"old 1", b"new"]
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as refused:
+        channel.confirm_delivery()
+    assert refused.value.reply_code == 406
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as refused:
+        connection.channel().tx_commit()
+    assert refused.value.reply_code == 406
+    connection.close()
 
 
 def test_a_server_named_queue_gets_a_name_of_amq_gen(node):
