@@ -65,7 +65,7 @@ from ..errors import NodeStarting, NotFound
 from . import frames
 from .frames import AmqpError
 from .session import Session
-from .shared import ExclusiveQueues, TopologyChanges
+from .shared import ExclusiveConsumers, ExclusiveQueues, TopologyChanges
 from .translator import Translator
 from .users import Users
 
@@ -262,6 +262,7 @@ class _Gateway:
         self.alarms: set[str] = set()  # the node's resource alarms raised now
         self._topology = TopologyChanges()
         self._exclusive = ExclusiveQueues(os.path.join(data_dir, PORT_DIRECTORY))
+        self._exclusive_consumers = ExclusiveConsumers()
 
     def stop(self) -> None:
         self.stopping.set()
@@ -479,7 +480,9 @@ class _Gateway:
         def drained() -> None:
             client.paused = False
 
-        translator = Translator(self._connect, post, self._topology, self._exclusive)
+        translator = Translator(
+            self._connect, post, self._topology, self._exclusive, self._exclusive_consumers
+        )
         translator.session = client.session
         translator.on_drained = drained
         translator.outbox = lambda: len(client.pending)

@@ -1,5 +1,5 @@
-"""What the AMQP port's connections share: the count of their topology changes, and the
-exclusive queues each of them owns.
+"""What the AMQP port's connections share: the count of their topology changes, the
+exclusive queues each of them owns, and the queues an exclusive consumer holds.
 
 ``TopologyChanges``: every binding, unbinding and delete one connection makes is counted;
 a connection that sees the count move drops its cached routes before its next publish
@@ -11,7 +11,14 @@ RESOURCE_LOCKED for it), kept in a file of the port's (``exclusive.json`` in its
 directory) so that a port restarted after a crash deletes the queues its dead
 connections owned, as RabbitMQ deletes an exclusive queue when its connection goes.
 
-Races: both are used from every connection's worker thread, under a lock each. The file
+``ExclusiveConsumers``: the queues a consumer of one of the port's connections holds
+alone (``basic.consume`` with ``exclusive``): it is refused while the queue has any
+consumer, and every other consume of the port's clients is refused while it holds the
+queue (403 ACCESS_REFUSED, as RabbitMQ's). A consume of a queue is checked and made under
+that queue's own lock, so that an exclusive one and another cannot both get in. Warren's
+own clients consume past it: they do not go through the port.
+
+Races: all three are used from every connection's worker thread, under a lock each. The file
 is replaced whole (written aside, then renamed) at each change, without an fsync: its
 queues are transient, so a node that lost the file in a power cut lost them too. A disk
 that refuses the file (full) fails no declare: the file is written again at the next
@@ -41,6 +48,35 @@ class TopologyChanges:
     def changed(self) -> None:
         with self._lock:
             self.count += 1
+
+
+class ExclusiveConsumers:
+    """The queues held by an exclusive consumer, and by which (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._holders: dict[str, Any] = {}
+        self._guards: dict[str, threading.Lock] = {}
+
+    def guard(self, queue: str) -> threading.Lock:
+        """The lock a consume of ``queue`` is checked and made under."""
+        with self._lock:
+            return self._guards.setdefault(queue, threading.Lock())
+
+    def holder(self, queue: str) -> Any:
+        """The consumer holding ``queue`` alone, or None."""
+        with self._lock:
+            return self._holders.get(queue)
+
+    def hold(self, queue: str, consumer: Any) -> None:
+        with self._lock:
+            self._holders[queue] = consumer
+
+    def release(self, consumer: Any) -> None:
+        """``consumer`` ended: the queues it held are free again."""
+        with self._lock:
+            for queue in [q for q, held in self._holders.items() if held is consumer]:
+                del self._holders[queue]
 
 
 class ExclusiveQueues:

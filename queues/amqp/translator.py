@@ -78,7 +78,7 @@ from ..message import Message
 from . import frames
 from .frames import AmqpError, ContentHeader, Frame
 from .session import Session
-from .shared import ExclusiveQueues, TopologyChanges
+from .shared import ExclusiveConsumers, ExclusiveQueues, TopologyChanges
 
 log = logging.getLogger("warren.amqp")
 
@@ -145,11 +145,13 @@ class Translator:
         post: Post,
         topology: TopologyChanges,
         exclusive: ExclusiveQueues,
+        exclusive_consumers: ExclusiveConsumers,
     ) -> None:
         self._connect = connect
         self._post = post
         self._topology = topology
         self._exclusive = exclusive
+        self._exclusive_consumers = exclusive_consumers
         self._topology_seen = topology.count
         # exchange -> internal, as last read from the node (read again on a name it does
         # not hold, and once the port's clients changed the topology)
@@ -398,6 +400,7 @@ class Translator:
         if channel is None:
             return
         for consumer, _ in channel.consumers.values():
+            self._exclusive_consumers.release(consumer)
             try:
                 consumer.cancel()
             except QueueError:
@@ -460,6 +463,7 @@ class Translator:
         elif isinstance(method, commands.Basic.Cancel):
             found = channel.consumers.pop(method.consumer_tag or "", None)
             if found is not None:
+                self._exclusive_consumers.release(found[0])
                 found[0].cancel()
             self._answer(number, commands.Basic.CancelOk(method.consumer_tag), method.nowait)
         elif isinstance(method, commands.Basic.Get):
@@ -676,12 +680,6 @@ class Translator:
     def _consume(self, number: int, channel: _Channel, method: commands.Basic.Consume) -> None:
         connection = self._connection
         assert connection is not None
-        if method.exclusive:
-            raise AmqpError(
-                frames.NOT_IMPLEMENTED,
-                "NOT_IMPLEMENTED - exclusive consumers",
-                *frames.ids_of(method),
-            )
         tag = method.consumer_tag or f"amq.ctag-{secrets.token_urlsafe(16)}"
         if tag in channel.consumers:
             raise AmqpError(
@@ -690,7 +688,20 @@ class Translator:
                 *frames.ids_of(method),
             )
         prefetch = NO_ACK_PREFETCH if method.no_ack else channel.prefetch or UNLIMITED_PREFETCH
-        consumer = connection.consume(method.queue, prefetch=prefetch)
+        exclusive = self._exclusive_consumers
+        with exclusive.guard(method.queue):
+            in_use = exclusive.holder(method.queue) is not None or (
+                method.exclusive and connection.queue_stats(method.queue).get("consumers")
+            )
+            if in_use:
+                raise AmqpError(
+                    frames.ACCESS_REFUSED,
+                    f"ACCESS_REFUSED - queue '{method.queue}' in vhost '/' in exclusive use",
+                    *frames.ids_of(method),
+                )
+            consumer = connection.consume(method.queue, prefetch=prefetch)
+            if method.exclusive:
+                exclusive.hold(method.queue, consumer)
         if not isinstance(consumer, Consumer):
             consumer.cancel()
             raise AmqpError(
@@ -875,6 +886,7 @@ class Translator:
                         delivery = consumer.get(0)
                     except (NotFound, QueueClosed):  # deleted, or being deleted
                         del channel.consumers[tag]
+                        self._exclusive_consumers.release(consumer)
                         self._cancelled(number, tag)
                         break
                     if delivery is None:

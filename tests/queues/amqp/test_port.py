@@ -889,3 +889,22 @@ def test_a_queue_declared_with_x_expires_goes_once_unused(node):
         connection.channel().queue_declare("bad", arguments={"x-expires": 0})
     assert refused.value.reply_code == 406
     connection.close()
+
+
+def test_an_exclusive_consumer_holds_its_queue_alone_until_it_is_cancelled(node):
+    first, second = _connect(node), _connect(node)
+    holder = first.channel()
+    holder.queue_declare("sole")
+    tag = holder.basic_consume("sole", lambda *delivery: None, exclusive=True)
+    for exclusive in (False, True):
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as refused:
+            second.channel().basic_consume("sole", lambda *delivery: None, exclusive=exclusive)
+        assert refused.value.reply_code == 403
+    holder.basic_cancel(tag)
+    other = second.channel()
+    other.basic_consume("sole", lambda *delivery: None)  # free again
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as refused:
+        holder.basic_consume("sole", lambda *delivery: None, exclusive=True)  # has a consumer
+    assert refused.value.reply_code == 403
+    first.close()
+    second.close()
