@@ -544,10 +544,13 @@ class Translator:
                     *ids,
                 )
             arguments = _queue_arguments(method.arguments or {}, ids)
-            if method.exclusive and (
-                (name not in self._exclusive.owned_by(self) and name in connection.list_queues())
-                or not self._exclusive.claim(name, self)
-            ):  # another's, or a queue that is no one's: not taken over
+            owned = name in self._exclusive.owned_by(self)
+            if (
+                (method.exclusive and not owned and name in connection.list_queues())
+                or (method.exclusive and not self._exclusive.claim(name, self))
+                or (owned and not method.exclusive)
+            ):  # another's, a queue that is no one's (not taken over), or a declare of this
+                # connection's exclusive queue as not exclusive: the property must match
                 raise AmqpError(
                     frames.RESOURCE_LOCKED,
                     f"RESOURCE_LOCKED - cannot obtain exclusive access to locked queue "

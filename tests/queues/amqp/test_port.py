@@ -908,3 +908,13 @@ def test_an_exclusive_consumer_holds_its_queue_alone_until_it_is_cancelled(node)
     assert refused.value.reply_code == 403
     first.close()
     second.close()
+
+
+def test_a_declare_of_ones_own_exclusive_queue_as_not_exclusive_is_resource_locked(node):
+    connection = _connect(node)
+    connection.channel().queue_declare("mine", exclusive=True)
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as locked:
+        connection.channel().queue_declare("mine")
+    assert locked.value.reply_code == 405
+    assert connection.channel().queue_declare("mine", exclusive=True).method.queue == "mine"
+    connection.close()
