@@ -477,6 +477,8 @@ class Node:
         definition = QueueDefinition(check_name(name), **arguments)
         created_empty = False
         with self._definitions_lock:
+            if self._deleted_itself(name):  # a new queue of the name, not the one gone
+                self._forget_deleted_itself(name)
             if name not in self._definitions.queues:
                 try:  # what a delete of this name left is not recovered, but removed
                     self._definitions.finish_delete(name)
@@ -650,6 +652,8 @@ class Node:
                 f"{QUEUE_FLAGS.period_s:g} s and stays down (see the node's log); "
                 f"restart the node, or delete the queue and declare it again"
             )
+        if ref is None and self._deleted_itself(name):  # the node forgets it in a moment
+            raise NotFound(f"no queue {name!r} on this node: it deleted itself")
         if ref is None:
             raise QueueRestarting(f"queue {name!r} is restarting; try again in a moment")
         return ref
@@ -688,22 +692,33 @@ class Node:
         their process ended and their directory is gone), then the tombstone each wrote
         first (see Auto-delete in ``warren.queues.broker.definitions``)."""
         with self._definitions_lock:
-            for name, definition in list(self._definitions.queues.items()):
-                if (
-                    definition.deletes_itself
-                    and not os.path.exists(queue_directory(self.data_dir, name))
-                    and self._actor_node.whereis(QUEUE_PREFIX + name) is None
-                ):
-                    queue_sup = self._supervisor("queue_sup")
-                    if any(c["id"] == QUEUE_SUP_PREFIX + name for c in queue_sup.which_children()):
-                        queue_sup.terminate_child(QUEUE_SUP_PREFIX + name)
-                    self._definitions.remove_queue(name)
-                    self._definitions_changed(f"queue {name!r}, deleted by itself, is kept for now")
-                    log.info("node %s: queue %s deleted itself", self.name, name)
-                    try:
-                        self._definitions.finish_delete(name)  # its tombstone, last
-                    except OSError as exc:  # the next declare of the name, or boot
-                        log.error("node %s: queue %s keeps its tombstone: %s", self.name, name, exc)
+            for name in [n for n in self._definitions.queues if self._deleted_itself(n)]:
+                self._forget_deleted_itself(name)
+
+    def _deleted_itself(self, name: str) -> bool:
+        """Whether queue ``name`` deleted itself (its process ended for good and its
+        directory is gone) and the node has not dropped its definition yet."""
+        definition = self._definitions.queues.get(name)
+        return (
+            definition is not None
+            and definition.deletes_itself
+            and not os.path.exists(queue_directory(self.data_dir, name))
+            and self._actor_node.whereis(QUEUE_PREFIX + name) is None
+        )
+
+    def _forget_deleted_itself(self, name: str) -> None:
+        """Drop the definition of ``name``, which ``_deleted_itself`` (under the
+        definitions lock)."""
+        queue_sup = self._supervisor("queue_sup")
+        if any(c["id"] == QUEUE_SUP_PREFIX + name for c in queue_sup.which_children()):
+            queue_sup.terminate_child(QUEUE_SUP_PREFIX + name)
+        self._definitions.remove_queue(name)
+        self._definitions_changed(f"queue {name!r}, deleted by itself, is kept for now")
+        log.info("node %s: queue %s deleted itself", self.name, name)
+        try:
+            self._definitions.finish_delete(name)  # its tombstone, last
+        except OSError as exc:  # the next declare of the name, or boot
+            log.error("node %s: queue %s keeps its tombstone: %s", self.name, name, exc)
 
     def _definitions_changed(self, undone: str, then: str = NOTHING_CHANGED) -> None:
         """Keep the durable definitions on disk in step with the definitions (under the

@@ -33,7 +33,7 @@ from warren.queues import (
 from warren.queues.broker.definitions import LOG_PREFIX as DEFINITIONS_LOG_PREFIX
 from warren.queues.broker.definitions import Definitions, queue_directory
 from warren.queues.broker.queue_actor import QueueActor
-from warren.queues.errors import ConnectionClosed, InvalidArgument, NodeNotRunning
+from warren.queues.errors import ConnectionClosed, InvalidArgument, NodeNotRunning, QueueRestarting
 from warren.queues.message import MAX_MESSAGE_BYTES
 from warren.queues.protocol import Fetch, Publish, QueueDefinition, QueueStats, Release, Subscribe
 from warren.store.client import StoreClient
@@ -1164,3 +1164,21 @@ def test_tells_that_come_after_an_auto_delete_queue_went_are_dropped_not_a_crash
         queue.tell(message)  # read in one pass, most likely: the delete, then the release
     wait_for(lambda: node.list_queues() == [], timeout=30)
     assert node.root.restart_counts.of("queue jobs") == 0
+
+
+def test_a_queue_that_deleted_itself_is_gone_at_once_and_its_name_declared_anew(data_dir):
+    """Between its self-delete and the node dropping its definition (at its next look,
+    here a minute away), the queue is not "restarting": it is gone, and a declare of its
+    name makes a new queue."""
+    with Node(data_dir, alarm_limits=AlarmLimits(check_interval_s=60)) as node:
+        node.declare_queue("replies", auto_delete=True, durable=False)
+        connection = node.connect()
+        connection.consume("replies").cancel()
+        wait_for(lambda: not (data_dir / "queues" / "replies").exists())
+        wait_for(lambda: node.queue_state("replies") != "running")
+        with pytest.raises(NotFound) as gone:
+            node.queue("replies")
+        assert not isinstance(gone.value, QueueRestarting)
+        node.declare_queue("replies", auto_delete=True, durable=False)
+        connection.publish("replies", b"to the new one")
+        assert connection.get("replies").body == b"to the new one"
