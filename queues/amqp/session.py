@@ -12,7 +12,8 @@ Its owner feeds it what the socket read (``receive``), sends what it says
   ``Open`` of the virtual host ``/``, the only one (another: 530 NOT_ALLOWED, as RabbitMQ
   answers a vhost it does not have);
 - ``guest``: let in from loopback only, as RabbitMQ's ``loopback_users``;
-- channels: ``Channel.Open`` of a number from 1 to channel_max not in use, its
+- channels: ``Channel.Open`` of any number not in use while fewer than channel_max are
+  open (RabbitMQ counts them: a client may number them as it likes), its
   ``Close``/``CloseOk`` both ways, and ``Channel.Flow`` (``active=false`` refused with
   540, as RabbitMQ refuses it);
 - errors, as RabbitMQ sends them: a channel error closes that channel (``Channel.Close``
@@ -530,10 +531,11 @@ class Session:
                 raise AmqpError(
                     frames.CHANNEL_ERROR, f"CHANNEL_ERROR - channel {channel} is open", *ids
                 )
-            if channel > self.channel_max:
+            if self.channel_max and len(self.channels) >= self.channel_max:
                 raise AmqpError(
                     frames.NOT_ALLOWED,
-                    f"NOT_ALLOWED - channel {channel} is over channel_max {self.channel_max}",
+                    f"NOT_ALLOWED - number of channels opened ({len(self.channels)}) has "
+                    f"reached the negotiated channel_max ({self.channel_max})",
                     *ids,
                 )
             self.channels.add(channel)

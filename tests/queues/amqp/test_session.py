@@ -262,3 +262,14 @@ def test_exclusive_queues_are_owned_even_when_the_disk_refuses_their_file(tmp_pa
     (tmp_path / (EXCLUSIVE_FILE + ".tmp")).rmdir()  # the disk takes it again
     assert owners.claim("other", mine)
     assert ExclusiveQueues(str(tmp_path)).left_by_a_crash() == ["other", "reply"]
+
+
+def test_channel_max_counts_the_open_channels_whatever_their_numbers() -> None:
+    with serving(channel_max=2) as served:
+        connection = pika.BlockingConnection(_parameters(served.port))
+        connection.channel(65535)
+        connection.channel(7)
+        with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as refused:
+            connection.channel(8)
+        assert refused.value.reply_code == frames.NOT_ALLOWED
+        assert "reached the negotiated channel_max (2)" in refused.value.reply_text
