@@ -109,6 +109,15 @@ QUEUE_ARGUMENTS = {
     "x-expires": "expires_ms",
 }
 EXCHANGE_KINDS = ("direct", "fanout", "topic")
+# The methods whose queue "" is the channel's last declared one
+NAMING_A_QUEUE = (
+    commands.Queue.Bind,
+    commands.Queue.Unbind,
+    commands.Queue.Purge,
+    commands.Queue.Delete,
+    commands.Basic.Consume,
+    commands.Basic.Get,
+)
 UNSERVED_EXCHANGE_KINDS = ("headers",)  # RabbitMQ's, not Warren's (yet): 540
 SETTLES = (frames.ACK, frames.NACK, frames.REJECT)
 
@@ -134,6 +143,7 @@ class _Channel:
     # In a transaction (tx.select): the publishes and settles since the last commit or
     # rollback, as the client sent them; None: the channel is not transactional.
     tx: list[tuple[str, tuple[Any, ...]]] | None = None
+    last_queue: str = ""  # the queue declared last: what a method naming the queue "" means
 
 
 class Translator:
@@ -417,6 +427,10 @@ class Translator:
         connection = self._connection
         assert connection is not None, "_run connects first"
         ids = frames.ids_of(method)
+        if isinstance(method, NAMING_A_QUEUE) and method.queue == "":  # AMQP's shortcut
+            if not channel.last_queue:
+                raise AmqpError(frames.NOT_FOUND, "NOT_FOUND - no previously declared queue", *ids)
+            method.queue = channel.last_queue
         queue = getattr(method, "queue", None)
         if queue and self._exclusive.locked_for(queue, self):
             raise AmqpError(
@@ -426,7 +440,7 @@ class Translator:
                 *ids,
             )
         if isinstance(method, commands.Queue.Declare):
-            self._declare_queue(number, method)
+            channel.last_queue = self._declare_queue(number, method)
         elif isinstance(method, commands.Queue.Delete):
             self._delete_queue(number, method)
         elif isinstance(method, commands.Queue.Purge):
@@ -529,7 +543,8 @@ class Translator:
                     pass  # refused by its queue (full, deleted), as RabbitMQ drops it
         self._answer(number, commands.Tx.CommitOk())
 
-    def _declare_queue(self, number: int, method: commands.Queue.Declare) -> None:
+    def _declare_queue(self, number: int, method: commands.Queue.Declare) -> str:
+        """Declare the queue; its name (made by the server for ``""``)."""
         connection = self._connection
         assert connection is not None
         ids = frames.ids_of(method)
@@ -573,6 +588,7 @@ class Translator:
             name, declared.message_count or 0, declared.consumer_count or 0
         )
         self._answer(number, ok, method.nowait)
+        return name
 
     def _delete_queue(self, number: int, method: commands.Queue.Delete) -> None:
         """Delete the queue; one that is not there is deleted already (0 messages), as

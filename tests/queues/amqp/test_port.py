@@ -918,3 +918,17 @@ def test_a_declare_of_ones_own_exclusive_queue_as_not_exclusive_is_resource_lock
     assert locked.value.reply_code == 405
     assert connection.channel().queue_declare("mine", exclusive=True).method.queue == "mine"
     connection.close()
+
+
+def test_a_queue_named_empty_is_the_channels_last_declared_one(node):
+    connection = _connect(node)
+    channel = connection.channel()
+    name = channel.queue_declare("", exclusive=True).method.queue
+    channel.basic_publish("", name, b"first")
+    channel.basic_publish("", name, b"second")
+    assert channel.basic_get("", auto_ack=True)[2] == b"first"
+    assert channel.queue_purge("").method.message_count == 1
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as refused:
+        connection.channel().basic_get("")  # a channel that declared none
+    assert refused.value.reply_code == 404
+    connection.close()
