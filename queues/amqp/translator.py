@@ -458,7 +458,12 @@ class Translator:
                 self._topology.changed()
                 self._answer(number, commands.Queue.BindOk(), method.nowait)
             else:
-                connection.unbind_queue(method.queue, method.exchange, method.routing_key)
+                try:
+                    connection.unbind_queue(method.queue, method.exchange, method.routing_key)
+                except QueueRestarting:
+                    raise  # a NotFound, but the queue is there
+                except NotFound:
+                    pass  # its queue or exchange is gone, and the binding with it: as RabbitMQ
                 self._topology.changed()
                 self._answer(number, commands.Queue.UnbindOk())
         elif isinstance(method, commands.Exchange.Declare):
