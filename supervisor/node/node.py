@@ -174,6 +174,7 @@ RESERVE_BYTES = 64 * 1024
 # A directory holding one of them is a node's (the AMQP users may be added before its start).
 NODE_FILES = (LOCK_FILE, DEFINITIONS_FILE, "msg_store_persistent", NODE_PUBLIC_FILE, USERS_FILE)
 STATUS_TIMEOUT_MS = 5000
+SIGNAL_LOOK_S = 0.5  # how often run_until_signalled looks for a stop signal's handler
 STATS_TIMEOUT_S = 2.0
 ROOT_FLAGS = SupervisorFlags("rest_for_one", intensity=3, period_s=60.0)
 SUB_FLAGS = SupervisorFlags("one_for_one", intensity=10, period_s=60.0)
@@ -871,7 +872,10 @@ class Node:
         previous = {signum: signal.signal(signum, stop_on) for signum in signals}
         blocked = signal.pthread_sigmask(signal.SIG_UNBLOCK, signals)
         try:
-            self._stop_wanted.wait()
+            # Woken now and then: Python runs a signal's handler in this thread at its next
+            # bytecode, and a signal the kernel gave another thread interrupts no wait here.
+            while not self._stop_wanted.wait(SIGNAL_LOOK_S):
+                pass
             if received:
                 log.warning(
                     "node %s: %s received: stopping in order",
