@@ -14,7 +14,8 @@ for a delivery; ``dead_lettered`` writes it anew for a dead letter, as RabbitMQ 
   ``-reason`` and ``-exchange`` are set by the first death.
 
 Properties are decoded and encoded again by pamqp on this path alone (a dead letter is
-rare), so a header's integer may come back in another AMQP integer type of the same
+rare; pamqp is imported there, so that the queue processes, forked at each declare, do
+not carry it), so a header's integer may come back in another AMQP integer type of the same
 value; a delivery never decodes them.
 """
 
@@ -23,9 +24,6 @@ from __future__ import annotations
 import datetime
 import struct
 from typing import Any
-
-import pamqp.commands as commands
-import pamqp.exceptions
 
 from .errors import CorruptMessage
 
@@ -56,6 +54,11 @@ def dead_lettered(
     """The kept publish of a message that died in ``queue`` for ``reason`` and goes to
     ``exchange`` with ``routing_key`` (see the module docstring); ``CorruptMessage`` if
     the publish does not read."""
+    # pamqp, here alone: a queue process that never dead-letters an AMQP message (every
+    # queue forked, every declare) does not load its ~20 modules
+    import pamqp.commands as commands
+    import pamqp.exceptions
+
     parts = split(amqp)
     if parts is None:
         raise CorruptMessage("a message's AMQP publish does not read")
