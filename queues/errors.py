@@ -20,6 +20,7 @@ __all__ = [
     "InvalidArgument",
     "InvalidMessage",
     "KeyFileError",
+    "UsersFileError",
     "MessageTooLarge",
     "Nacked",
     "NodeNotRunning",
@@ -157,6 +158,11 @@ class AccessRefused(QueueError, ConnectionError):
 
 class KeyFileError(QueueError, ValueError):
     """A key file or name that cannot be used; the message says why and what to do."""
+
+
+class UsersFileError(QueueError, ValueError):
+    """The AMQP port's users file does not read, or a user's name or password is refused,
+    or a user is missing or there already: the message says which."""
 
 
 class UnsupportedOperation(QueueError):

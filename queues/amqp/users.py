@@ -39,6 +39,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from ..durable_files import write_atomically
+from ..errors import UsersFileError
 
 log = logging.getLogger("warren.amqp")
 
@@ -65,11 +66,6 @@ WRONG_PASSWORDS_KEPT = 16  # a user's last wrong passwords remembered (as HMACs)
 # matches 32 zero bytes of scrypt (the salt is any).
 _DECOY = f"scrypt${SCRYPT_LOG2_N}${SCRYPT_R}${SCRYPT_P}${'A' * 22}==${'A' * 43}="
 _NAME = re.compile(r"^[A-Za-z0-9_.@+-][A-Za-z0-9_.@+=-]{0,127}$")
-
-
-class UsersFileError(ValueError):
-    """A users file that does not read, a name or password refused, a user missing or
-    already there: the message says which."""
 
 
 def hash_password(password: str, salt: bytes | None = None) -> str:

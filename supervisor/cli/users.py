@@ -74,6 +74,8 @@ def _change(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     except PermissionError as exc:
         raise UsageError(permission_denied(str(exc.filename), "")) from None
+    except OSError as exc:  # a full disk, an I/O error: the file is as it was
+        raise UsageError(f"cannot write the users file: {exc.strerror}; nothing changed") from None
     except KeyboardInterrupt:  # at the password's prompt
         print("\nwarren: interrupted; nothing changed", file=sys.stderr)
         return EXIT_INTERRUPTED

@@ -47,6 +47,7 @@ from warren.queues.errors import (
     UnknownDeliveryTag,
     Unroutable,
     UnsupportedOperation,
+    UsersFileError,
     WarrenReadError,
     WarrenWriteError,
 )
@@ -90,6 +91,7 @@ __all__ = [
     "InvalidMessageId",
     "InvalidSpec",
     "KeyFileError",
+    "UsersFileError",
     "MailboxFull",
     "MessageTooLarge",
     "Nacked",

@@ -316,3 +316,11 @@ def test_a_node_configured_for_tls_says_so_and_serves_tls(tmp_path, certificate)
         pika.BlockingConnection(parameters).close()
         node.send_signal(signal.SIGTERM)
         assert node.wait(timeout=60) == 0
+
+
+def test_a_users_file_the_disk_refuses_is_one_line_and_changes_nothing(tmp_path):
+    data = tmp_path / "data"
+    (data / USERS_FILE).mkdir(parents=True)  # in the file's place: every write fails
+    ran = _warren("users", "add", "gail", "--data-dir", str(data), stdin="pw\n")
+    assert ran.returncode == 2 and "Traceback" not in ran.stderr
+    assert "nothing changed" in ran.stderr and os.listdir(data) == [USERS_FILE]
