@@ -510,8 +510,9 @@ class Translator:
     def _transaction(self, number: int, channel: _Channel, method: pamqp.base.Frame) -> None:
         """``tx.select`` makes the channel transactional: its publishes and settles wait
         for ``tx.commit``, which does them in order and answers once every publish is
-        confirmed (on disk, for a persistent message), or ``tx.rollback``, which drops
-        them (the deliveries stay unacked, as RabbitMQ's)."""
+        confirmed (on disk, for a persistent message), or closes the channel (406) when a
+        queue refused one, or ``tx.rollback``, which drops them (the deliveries stay
+        unacked, as RabbitMQ's)."""
         ids = frames.ids_of(method)
         if isinstance(method, commands.Tx.Select):
             if channel.confirming:
@@ -540,12 +541,22 @@ class Translator:
                 confirms.append(self._publish(args[0], channel, *args[1:]))
             else:
                 self._settle(channel, args[1].payload)
+        refused: list[QueueError] = []
         for confirm in confirms:
-            if isinstance(confirm, Confirm):
+            if isinstance(confirm, QueueError):
+                refused.append(confirm)  # not taken at all (its queue restarting)
+            elif isinstance(confirm, Confirm):
                 try:
                     confirm.result(TX_COMMIT_WAIT_S)
-                except QueueError:
-                    pass  # refused by its queue (full, deleted), as RabbitMQ drops it
+                except QueueError as exc:  # refused by its queue (full, deleted)
+                    refused.append(exc)
+        if refused:  # a commit-ok would say they are all safe
+            raise AmqpError(
+                frames.PRECONDITION_FAILED,
+                f"PRECONDITION_FAILED - {len(refused)} of the commit's {len(confirms)} "
+                f"publishes were not taken ({refused[0]}): publish them again",
+                *ids,
+            )
         self._answer(number, commands.Tx.CommitOk())
 
     def _declare_queue(self, number: int, method: commands.Queue.Declare) -> str:

@@ -933,3 +933,17 @@ def test_a_queue_named_empty_is_the_channels_last_declared_one(node):
         connection.channel().basic_get("")  # a channel that declared none
     assert refused.value.reply_code == 404
     connection.close()
+
+
+def test_a_commit_whose_publish_a_queue_refused_is_not_answered_commit_ok(node):
+    connection = _connect(node)
+    channel = connection.channel()
+    args = {"x-max-length": 1, "x-overflow": "reject-publish"}
+    channel.queue_declare("full", durable=True, arguments=args)
+    channel.basic_publish("", "full", b"fills it")
+    channel.tx_select()
+    channel.basic_publish("", "full", b"refused", pika.BasicProperties(delivery_mode=2))
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as refused:
+        channel.tx_commit()
+    assert refused.value.reply_code == 406 and "were not taken" in refused.value.reply_text
+    connection.close()
