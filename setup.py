@@ -63,6 +63,9 @@ setup(
     ],
     extras_require={
         "test": [
+            # examples/celery_app.py, run by a test with a real worker; its results
+            # in SQLite through Celery's database backend
+            "celery>=5.3,<6",
             "hypothesis>=6.100,<7",
             "mypy>=1.10",
             # an AMQP 0-9-1 client to test the amqp port with
@@ -71,6 +74,7 @@ setup(
             "pytest-timeout>=2.2,<3",
             "pytest-xdist>=3.5,<4",
             "ruff>=0.6",
+            "sqlalchemy>=2.0,<3",
         ],
         # Spark executors as producers and readers (warren.queues.client.spark and
         # spark_read): Spark 4's Python data sources, which trade Arrow batches; numpy
