@@ -699,15 +699,22 @@ class Translator:
                 f"PRECONDITION_FAILED - invalid exchange type '{method.exchange_type}'",
                 *ids,
             )
-        elif "alternate-exchange" in (method.arguments or {}):
-            raise AmqpError(frames.NOT_IMPLEMENTED, "NOT_IMPLEMENTED - alternate exchanges", *ids)
         else:  # other arguments are taken and have no effect, as RabbitMQ's unknown ones
+            alternate = (method.arguments or {}).get("alternate-exchange", "")
+            if not isinstance(alternate, str):
+                raise AmqpError(
+                    frames.PRECONDITION_FAILED,
+                    f"PRECONDITION_FAILED - invalid arg 'alternate-exchange' for exchange "
+                    f"'{name}' in vhost '/': {alternate!r} is not a string",
+                    *ids,
+                )
             connection.declare_exchange(
                 name,
                 method.exchange_type,
                 durable=method.durable,
                 auto_delete=method.auto_delete,
                 internal=method.internal,
+                alternate_exchange=alternate,
             )
             self._topology.changed()
         self._answer(number, commands.Exchange.DeclareOk(), method.nowait)

@@ -139,13 +139,15 @@ TOMBSTONE_SUFFIX = "~deleted"  # queues/<directory>~deleted: a delete not finish
 class ExchangeDefinition:
     """An exchange: ``auto_delete`` goes when its last binding does (one that never had
     a binding stays, as RabbitMQ's); ``internal`` takes no publish from an AMQP client
-    (it is a dead-letter exchange's, say)."""
+    (it is a dead-letter exchange's, say); ``alternate_exchange`` (RabbitMQ's
+    ``alternate-exchange`` argument) takes what this one routes to no queue, ``""`` none."""
 
     name: str
     kind: str = "direct"
     durable: bool = True
     auto_delete: bool = False
     internal: bool = False
+    alternate_exchange: str = ""
 
 
 _PLAIN_NAME = re.compile(r"[A-Za-z0-9_.-]{1,200}")
@@ -277,7 +279,8 @@ class Definitions:
                 raise PreconditionFailed(
                     f"exchange {definition.name!r} exists with kind={existing.kind!r}, "
                     f"durable={existing.durable}, auto_delete={existing.auto_delete}, "
-                    f"internal={existing.internal}; declare it with those arguments"
+                    f"internal={existing.internal}, alternate_exchange="
+                    f"{existing.alternate_exchange!r}; declare it with those arguments"
                 )
             return False
         self.exchanges[definition.name] = definition
@@ -390,14 +393,15 @@ class Definitions:
         return [{"exchange": e, "queue": q, "routing_key": k} for e, q, k in sorted(self.bindings)]
 
     def exchange(self, name: str) -> dict[str, Any]:
-        """An exchange's kind and bindings ``[queue, routing_key]``: what a publisher
-        routes with."""
+        """An exchange's kind, bindings ``[queue, routing_key]`` and alternate exchange:
+        what a publisher routes with."""
         definition = self.exchanges.get(name)
         if definition is None:
             raise NotFound(f"no exchange {name!r} on this node; declare it first")
         return {
             "kind": definition.kind,
             "bindings": sorted([q, k] for e, q, k in self.bindings if e == name),
+            "alternate_exchange": definition.alternate_exchange,
         }
 
     def save(self) -> None:

@@ -255,7 +255,8 @@ class Connection:
         self._held: dict[str, dict[int, Delivery]] = {}  # queue -> tag -> delivery
         self._subscribed: set[str] = set()  # queues it has consumed from
         self._settled: set[str] = set()  # queues it sent settles to
-        self._routes: dict[str, tuple[float, str, list]] = {}  # exchange -> (at, kind, bindings)
+        # exchange -> (read at, kind, bindings, alternate exchange)
+        self._routes: dict[str, tuple[float, str, list, str]] = {}
         self._alarms: list[str] = []
         self._alarms_read_at = float("-inf")
         self._closed = False
@@ -298,12 +299,19 @@ class Connection:
         *,
         auto_delete: bool = False,
         internal: bool = False,
+        alternate_exchange: str = "",
     ) -> None:
         """``direct``, ``fanout`` or ``topic`` (the default exchange ``""`` always exists);
         ``auto_delete``: it goes with its last binding; ``internal``: AMQP clients may
-        not publish to it."""
+        not publish to it; ``alternate_exchange``: where a message it routes to no queue
+        goes instead (and on, to that one's, while none routes it)."""
         self._check_open()
-        options = {"durable": durable, "auto_delete": auto_delete, "internal": internal}
+        options: dict[str, Any] = {
+            "durable": durable,
+            "auto_delete": auto_delete,
+            "internal": internal,
+            "alternate_exchange": alternate_exchange,
+        }
         self._node.declare_exchange(name, kind=kind, **options)
         self._topology.exchange_declared(name, kind, options)
 
@@ -709,22 +717,44 @@ class Connection:
         return payload
 
     def _route(self, exchange: str, routing_key: str, mandatory: bool) -> list[str]:
-        """The queues a message goes to; the exchange's bindings are cached for
-        ``ROUTES_TTL_S`` (and dropped by this connection's own declarations)."""
+        """The queues a message goes to: its exchange's, else its alternate exchange's,
+        and so on while none routes it (each exchange once: a loop of them ends); the
+        exchanges' bindings are cached for ``ROUTES_TTL_S`` (and dropped by this
+        connection's own declarations). An alternate exchange that does not exist
+        routes nothing, as RabbitMQ's."""
         self._check_open()
         if exchange == "":
             return [routing_key]
-        cached = self._routes.get(exchange)
-        if cached is None or time.monotonic() - cached[0] > ROUTES_TTL_S:
-            table = self._node.exchange(exchange)
-            cached = self._routes[exchange] = (time.monotonic(), table["kind"], table["bindings"])
-        queues = route(cached[1], cached[2], routing_key)
+        queues: list[str] = []
+        tried = set()
+        name = exchange
+        while name and name not in tried and not queues:
+            tried.add(name)
+            try:
+                _, kind, bindings, name = self._exchange_routes(name)
+            except errors.NotFound:
+                if len(tried) == 1:
+                    raise  # the exchange published to: the publisher hears of it
+                break
+            queues = route(kind, bindings, routing_key)
         if not queues and mandatory:
             raise errors.Unroutable(
                 f"exchange {exchange!r} routes {routing_key!r} to no "
                 f"queue; bind one, or publish with mandatory=False"
             )
         return queues
+
+    def _exchange_routes(self, name: str) -> tuple[float, str, list, str]:
+        cached = self._routes.get(name)
+        if cached is None or time.monotonic() - cached[0] > ROUTES_TTL_S:
+            table = self._node.exchange(name)
+            cached = self._routes[name] = (
+                time.monotonic(),
+                table["kind"],
+                table["bindings"],
+                table["alternate_exchange"],
+            )
+        return cached
 
     @property
     def blocked(self) -> bool:

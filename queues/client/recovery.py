@@ -120,7 +120,7 @@ class Topology:
     takes it out (a deleted queue or exchange takes its bindings with it)."""
 
     def __init__(self) -> None:
-        self.exchanges: dict[str, tuple[str, dict[str, bool]]] = {}  # name -> (kind, options)
+        self.exchanges: dict[str, tuple[str, dict[str, Any]]] = {}  # name -> (kind, options)
         self.queues: dict[str, dict[str, Any]] = {}  # name -> declare arguments
         self.bindings: dict[tuple[str, str, str], None] = {}  # (queue, exchange, key)
 
@@ -131,7 +131,7 @@ class Topology:
         self.queues.pop(name, None)
         self.bindings = {b: None for b in self.bindings if b[0] != name}
 
-    def exchange_declared(self, name: str, kind: str, options: dict[str, bool]) -> None:
+    def exchange_declared(self, name: str, kind: str, options: dict[str, Any]) -> None:
         self.exchanges[name] = (kind, options)
 
     def exchange_deleted(self, name: str) -> None:

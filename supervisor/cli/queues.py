@@ -12,7 +12,8 @@ Each names its node with ``--data-dir D`` (on this machine) or ``--url tcp://HOS
                    --max-segment-size SIZE --sync-policy fsync|flush]
     warren streams NODE [--json]                 every stream: offsets, segments, bytes, and
                                                  each named consumer's offset and lag
-    warren declare exchange NAME NODE [--kind direct|fanout|topic --transient]
+    warren declare exchange NAME NODE [--kind direct|fanout|topic --transient
+                                     --alternate-exchange NAME]
     warren bind QUEUE EXCHANGE NODE [--routing-key K]
     warren unbind QUEUE EXCHANGE NODE [--routing-key K]
     warren publish QUEUE NODE [--exchange E] [--count N --size BYTES]
@@ -84,7 +85,12 @@ _QUEUE_COLUMNS = (
     Column("disk", ">"),
     Column("in/out/s", ">"),
 )
-_EXCHANGE_COLUMNS = (Column("exchange", cut=True, min_width=10), Column("kind"), Column("durable"))
+_EXCHANGE_COLUMNS = (
+    Column("exchange", cut=True, min_width=10),
+    Column("kind"),
+    Column("durable"),
+    Column("alternate", cut=True, min_width=9),
+)
 _BINDING_COLUMNS = (
     Column("exchange", cut=True, min_width=10),
     Column("queue", cut=True, min_width=10),
@@ -175,6 +181,12 @@ def add_queue_commands(commands: argparse._SubParsersAction) -> None:
     exchange.add_argument("name")
     exchange.add_argument("--kind", choices=EXCHANGE_KINDS, default="direct")
     exchange.add_argument("--transient", action="store_true", help="not kept across restarts")
+    exchange.add_argument(
+        "--alternate-exchange",
+        default="",
+        metavar="NAME",
+        help="where what it routes to no queue goes instead",
+    )
     exchange.set_defaults(handler=_with_connection(_declare_exchange))
     for name, action, text in (
         ("bind", _bind, "route an exchange's messages with a routing key to a queue"),
@@ -323,7 +335,12 @@ def _interval_or_none(value: str | None) -> float | str | None:
 
 
 def _declare_exchange(connection: Connection, args: argparse.Namespace) -> int:
-    connection.declare_exchange(args.name, kind=args.kind, durable=not args.transient)
+    connection.declare_exchange(
+        args.name,
+        kind=args.kind,
+        durable=not args.transient,
+        alternate_exchange=args.alternate_exchange,
+    )
     print(f"declared {args.kind} exchange {args.name}")
     return EXIT_OK
 
@@ -345,7 +362,10 @@ def _exchanges(connection: Connection, args: argparse.Namespace) -> int:
     if args.json:
         print(strict_json(rows))
     else:
-        table = [[r["name"], r["kind"], "yes" if r["durable"] else "no"] for r in rows]
+        table = [
+            [r["name"], r["kind"], "yes" if r["durable"] else "no", r["alternate_exchange"]]
+            for r in rows
+        ]
         print(format_table(_EXCHANGE_COLUMNS, table))
     return EXIT_OK
 

@@ -583,12 +583,21 @@ class Node:
         durable: bool = True,
         auto_delete: bool = False,
         internal: bool = False,
+        alternate_exchange: str = "",
     ) -> None:
         """Create an exchange (``direct``, ``fanout`` or ``topic``) unless it exists: an
         ``auto_delete`` one goes with its last binding, an ``internal`` one takes no
-        publish from an AMQP client (``ExchangeDefinition``)."""
+        publish from an AMQP client, and what it routes to no queue goes to its
+        ``alternate_exchange`` if it has one (it need not exist yet; ``ExchangeDefinition``)."""
+        if alternate_exchange:
+            check_name(alternate_exchange, "alternate exchange")
         definition = ExchangeDefinition(
-            check_name(name, "exchange"), kind, bool(durable), bool(auto_delete), bool(internal)
+            check_name(name, "exchange"),
+            kind,
+            bool(durable),
+            bool(auto_delete),
+            bool(internal),
+            alternate_exchange,
         )
         with self._definitions_lock:
             if self._definitions.add_exchange(definition):

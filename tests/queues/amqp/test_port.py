@@ -307,6 +307,55 @@ def test_what_warren_does_not_serve_yet_closes_the_connection_with_540(node):
     assert closed.value.reply_code == frames.NOT_IMPLEMENTED
 
 
+def test_what_an_exchange_routes_nowhere_goes_to_its_alternate_exchange(node):
+    connection = _connect(node)
+    channel = connection.channel()
+    channel.exchange_declare("unrouted", "fanout")
+    channel.queue_declare("caught")
+    channel.queue_bind("caught", "unrouted")
+    channel.exchange_declare("second", "direct", arguments={"alternate-exchange": "unrouted"})
+    channel.exchange_declare("orders", "direct", arguments={"alternate-exchange": "second"})
+    channel.queue_declare("paid")
+    channel.queue_bind("paid", "orders", "paid")
+    channel.confirm_delivery()  # a mandatory publish routed nowhere raises UnroutableError
+    channel.basic_publish("orders", "paid", b"routed", mandatory=True)
+    channel.basic_publish("orders", "refund", b"through two", mandatory=True)
+    assert channel.basic_get("paid", auto_ack=True)[2] == b"routed"
+    assert channel.basic_get("caught", auto_ack=True)[2] == b"through two"
+    assert channel.basic_get("paid")[0] is None
+    # an alternate exchange that routes nothing (or does not exist): a mandatory
+    # publish comes back, as on RabbitMQ; loops of alternates end
+    channel.queue_unbind("caught", "unrouted")
+    channel.exchange_declare("loop-a", "direct", arguments={"alternate-exchange": "loop-b"})
+    channel.exchange_declare("loop-b", "direct", arguments={"alternate-exchange": "loop-a"})
+    channel.exchange_declare("dangling", "direct", arguments={"alternate-exchange": "nowhere"})
+    for exchange in ("orders", "loop-a", "dangling"):
+        with pytest.raises(pika.exceptions.UnroutableError):
+            channel.basic_publish(exchange, "refund", exchange.encode(), mandatory=True)
+    # redeclared with another alternate, or with one that is no string: 406
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
+        connection.channel().exchange_declare("orders", "direct")
+    assert closed.value.reply_code == frames.PRECONDITION_FAILED
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
+        connection.channel().exchange_declare("bad", arguments={"alternate-exchange": 7})
+    assert closed.value.reply_code == frames.PRECONDITION_FAILED
+    connection.close()
+
+
+def test_an_alternate_exchange_outlives_a_restart_and_serves_warren_clients_too(tmp_path):
+    with Node(tmp_path / "data") as node:
+        node.declare_exchange("spill", kind="fanout")
+        node.declare_queue("spilled")
+        node.bind_queue("spilled", "spill")
+        node.declare_exchange("main", alternate_exchange="spill")
+    with Node(tmp_path / "data") as node, node.connect() as warren:
+        warren.publish("nothing-bound", b"spilt", exchange="main", mandatory=True)
+        assert warren.get("spilled", ack=False).body == b"spilt"
+        assert {"name": "main", "alternate_exchange": "spill"}.items() <= next(
+            e for e in warren.list_exchanges() if e["name"] == "main"
+        ).items()
+
+
 def test_a_transaction_publishes_and_acks_at_its_commit_and_a_rollback_drops_them(node):
     connection = _connect(node)
     watcher = connection.channel()

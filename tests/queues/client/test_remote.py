@@ -465,6 +465,7 @@ def test_bindings_and_exchanges_are_listed_undone_and_deleted_over_every_transpo
                 "durable": True,
                 "auto_delete": False,
                 "internal": False,
+                "alternate_exchange": "",
             }
         ]
         assert client.list_bindings() == [

@@ -85,7 +85,7 @@ def test_a_shell_user_declares_binds_routes_and_undoes_it_all(node, data_dir):
         return done.stdout.decode()
 
     ok("declare", "queue", "audit", "--max-length", "10", "--overflow", "reject-publish")
-    ok("declare", "exchange", "events", "--kind", "topic")
+    ok("declare", "exchange", "events", "--kind", "topic", "--alternate-exchange", "spill")
     assert ok("bind", "audit", "events", "--routing-key", "order.*").startswith("bound audit")
     ok("publish", "order.paid", "--exchange", "events", stdin=b"paid\n")
     assert (
@@ -101,12 +101,13 @@ def test_a_shell_user_declares_binds_routes_and_undoes_it_all(node, data_dir):
             "durable": True,
             "auto_delete": False,
             "internal": False,
+            "alternate_exchange": "spill",
         }
     ]
     assert json.loads(ok("bindings", "--json")) == [
         {"exchange": "events", "queue": "audit", "routing_key": "order.*"}
     ]
-    assert ok("exchanges").splitlines()[2].split() == ["events", "topic", "yes"]
+    assert ok("exchanges").splitlines()[2].split() == ["events", "topic", "yes", "spill"]
     ok("unbind", "audit", "events", "--routing-key", "order.*")
     ok("delete-exchange", "events")
     assert json.loads(ok("exchanges", "--json")) == [] == json.loads(ok("bindings", "--json"))

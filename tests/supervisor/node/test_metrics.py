@@ -44,7 +44,7 @@ from ..sample_actors import OneAtATime
 from .test_node import warren_node
 
 LOOPBACK_ANY_PORT = "127.0.0.1:0"
-PLAIN = {"auto_delete": False, "internal": False}  # an exchange's flags, unset
+PLAIN = {"auto_delete": False, "internal": False, "alternate_exchange": ""}  # flags unset
 ORDERS = (("queue", "orders"),)
 NODE_KEPT = ("warren_queue_state", "warren_actor_restarts_total")  # no answer needed
 STUCK_RUNNING = (("queue", "stuck"), ("state", "running"))
