@@ -28,6 +28,10 @@ connection share their prefetch (they get fewer messages than RabbitMQ would giv
 never more). A consumer without acks takes ``NO_ACK_PREFETCH`` ahead, and each of its
 deliveries is settled once the gateway took it for the client's socket.
 
+Streams (``streams``): a consumer of a stream is a ``StreamConsumer`` from its
+``x-stream-offset``, sent at most its prefetch of records unacked (its ``StreamCredit``);
+its deliveries are kept as ``HeldRecord``s, whose settling only gives the credit back.
+
 Refusals: a publish its queue does not take (it restarts) is nacked, never confirmed; a
 publish routed nowhere is confirmed (and returned when mandatory). After a channel
 error, what the client sent on that channel before it heard of it is dropped; after a
@@ -60,6 +64,7 @@ import pamqp.commands as commands
 from ..amqp_envelope import encode_short_string, envelope, split
 from ..client.connection import Confirm, Connection
 from ..client.consuming import IDLE_POLL_S, Consumer, Delivery
+from ..client.stream import StreamConsumer, StreamDelivery
 from ..errors import (
     AccessRefused,
     ConnectionClosed,
@@ -79,6 +84,7 @@ from . import frames
 from .frames import AmqpError, ContentHeader, Frame
 from .session import Session
 from .shared import ExclusiveConsumers, ExclusiveQueues, TopologyChanges
+from .streams import HeldRecord, StreamCredit, consume_offset, with_offset_header
 
 log = logging.getLogger("warren.amqp")
 
@@ -107,6 +113,8 @@ QUEUE_ARGUMENTS = {
     "x-dead-letter-exchange": "dead_letter_exchange",
     "x-dead-letter-routing-key": "dead_letter_routing_key",
     "x-expires": "expires_ms",
+    "x-max-age": "max_age",  # a stream's, as the two below
+    "x-stream-max-segment-size-bytes": "max_segment_size_bytes",
 }
 EXCHANGE_KINDS = ("direct", "fanout", "topic")
 # The methods whose queue "" is the channel's last declared one
@@ -129,8 +137,12 @@ class _Channel:
     """What one open channel holds (see the module docstring)."""
 
     next_tag: Any = dataclasses.field(default_factory=lambda: itertools.count(1))
-    unacked: dict[int, Delivery] = dataclasses.field(default_factory=dict)
-    consumers: dict[str, tuple[Consumer, bool]] = dataclasses.field(default_factory=dict)
+    unacked: dict[int, Delivery | HeldRecord] = dataclasses.field(default_factory=dict)
+    consumers: dict[str, tuple[Consumer | StreamConsumer, bool]] = dataclasses.field(
+        default_factory=dict
+    )
+    # a stream consumer's credit, by consumer tag (a queue's counts its unacked itself)
+    credits: dict[str, StreamCredit] = dataclasses.field(default_factory=dict)
     prefetch: int = 0
     no_ack: set[int] = dataclasses.field(default_factory=set)  # tags settled once sent
     confirming: bool = False
@@ -481,6 +493,7 @@ class Translator:
             self._consume(number, channel, method)
         elif isinstance(method, commands.Basic.Cancel):
             found = channel.consumers.pop(method.consumer_tag or "", None)
+            channel.credits.pop(method.consumer_tag or "", None)
             if found is not None:
                 self._exclusive_consumers.release(found[0])
                 found[0].cancel()
@@ -575,6 +588,8 @@ class Translator:
                     *ids,
                 )
             arguments = _queue_arguments(method.arguments or {}, ids)
+            if arguments.get("type") == "stream":
+                _check_stream_properties(name, method, ids)
             owned = name in self._exclusive.owned_by(self)
             if (
                 (method.exclusive and not owned and name in connection.list_queues())
@@ -729,6 +744,9 @@ class Translator:
                 f"NOT_ALLOWED - attempt to reuse consumer tag '{tag}'",
                 *frames.ids_of(method),
             )
+        if connection.is_stream(method.queue):
+            self._consume_stream(number, channel, method, tag)
+            return
         prefetch = NO_ACK_PREFETCH if method.no_ack else channel.prefetch or UNLIMITED_PREFETCH
         exclusive = self._exclusive_consumers
         with exclusive.guard(method.queue):
@@ -744,19 +762,47 @@ class Translator:
             consumer = connection.consume(method.queue, prefetch=prefetch)
             if method.exclusive:
                 exclusive.hold(method.queue, consumer)
-        if not isinstance(consumer, Consumer):
-            consumer.cancel()
-            raise AmqpError(
-                frames.NOT_IMPLEMENTED,
-                "NOT_IMPLEMENTED - consuming a stream over AMQP",
-                *frames.ids_of(method),
-            )
         channel.consumers[tag] = (consumer, method.no_ack)
+        self._answer(number, commands.Basic.ConsumeOk(tag), method.nowait)
+
+    def _consume_stream(
+        self, number: int, channel: _Channel, method: commands.Basic.Consume, tag: str
+    ) -> None:
+        """A consumer of a stream, as RabbitMQ takes one (``streams``): with a prefetch
+        and manual acks, from its ``x-stream-offset``."""
+        connection = self._connection
+        assert connection is not None
+        ids = frames.ids_of(method)
+        refused = (
+            "consumer prefetch count is not set for stream queue"
+            if not channel.prefetch
+            else "a stream queue takes consumers with manual acks (no_ack=false)"
+            if method.no_ack
+            else "exclusive consume is not supported for stream queues"
+            if method.exclusive
+            else ""
+        )
+        if refused:
+            raise AmqpError(
+                frames.PRECONDITION_FAILED,
+                f"PRECONDITION_FAILED - {refused}: '{method.queue}'",
+                *ids,
+            )
+        offset = consume_offset(method.arguments or {})
+        consumer = connection.consume(method.queue, prefetch=channel.prefetch, offset=offset)
+        channel.consumers[tag] = (consumer, False)
+        channel.credits[tag] = StreamCredit(channel.prefetch)
         self._answer(number, commands.Basic.ConsumeOk(tag), method.nowait)
 
     def _get(self, number: int, channel: _Channel, method: commands.Basic.Get) -> None:
         connection = self._connection
         assert connection is not None
+        if connection.is_stream(method.queue):
+            raise AmqpError(
+                frames.NOT_IMPLEMENTED,
+                f"NOT_IMPLEMENTED - basic.get not supported by stream queues '{method.queue}'",
+                *frames.ids_of(method),
+            )
         delivery = connection.get(method.queue, ack=True)
         if delivery is None:
             self._answer(number, commands.Basic.GetEmpty())
@@ -923,19 +969,30 @@ class Translator:
         delivered = False
         for number, channel in list(self._channels.items()):
             for tag, (consumer, no_ack) in list(channel.consumers.items()):
+                credit = channel.credits.get(tag)
                 while self._outbox_bytes() < OUTBOX_LIMIT_BYTES:
+                    if credit is not None and credit.left <= 0:
+                        break  # a stream consumer's client holds its prefetch unacked
                     try:
-                        delivery = consumer.get(0)
+                        got = consumer.get(0)
                     except (NotFound, QueueClosed):  # deleted, or being deleted
                         del channel.consumers[tag]
+                        channel.credits.pop(tag, None)
                         self._exclusive_consumers.release(consumer)
                         self._cancelled(number, tag)
                         break
-                    if delivery is None:
+                    if got is None:
                         break
                     delivered = True
                     delivery_tag = next(channel.next_tag)
-                    exchange, routing_key, properties = _publish_of(delivery)
+                    exchange, routing_key, properties = _publish_of(got)
+                    delivery: Delivery | HeldRecord
+                    if isinstance(got, StreamDelivery):
+                        assert credit is not None
+                        properties = with_offset_header(properties, got.offset)
+                        delivery = HeldRecord(got, credit)
+                    else:
+                        delivery = got
                     channel.unacked[delivery_tag] = delivery
                     if no_ack:
                         channel.no_ack.add(delivery_tag)
@@ -972,7 +1029,7 @@ class Translator:
         return self.session
 
 
-def _publish_of(delivery: Delivery) -> tuple[bytes, bytes, bytes]:
+def _publish_of(delivery: Delivery | StreamDelivery) -> tuple[bytes, bytes, bytes]:
     """The exchange and routing key (encoded shortstrs) and properties to deliver a
     message with: as its AMQP publisher sent them, or made from a Warren client's (what
     of those AMQP cannot carry, a message id over 255 bytes or a header it has no type
@@ -995,7 +1052,8 @@ def _publish_of(delivery: Delivery) -> tuple[bytes, bytes, bytes]:
     except (TypeError, ValueError, struct.error) as exc:
         log.warning("a message's properties do not fit AMQP (%s): delivered without them", exc)
         properties = commands.Basic.Properties(delivery_mode=delivery_mode).marshal()
-    return b"\x00", encode_short_string(delivery.queue), properties
+    queue = delivery.stream if isinstance(delivery, StreamDelivery) else delivery.queue
+    return b"\x00", encode_short_string(queue), properties
 
 
 def _expiration_ms(expiration: str | None) -> int | None:
@@ -1009,6 +1067,25 @@ def _expiration_ms(expiration: str | None) -> int | None:
             *frames.PUBLISH,
         )
     return int(expiration)
+
+
+def _check_stream_properties(
+    name: str, method: commands.Queue.Declare, ids: tuple[int, int]
+) -> None:
+    """A stream is durable, not exclusive and not auto-delete (406 otherwise), as on
+    RabbitMQ: it outlives its publishers and readers by design."""
+    for wrong, property_name in (
+        (not method.durable, "non-durable"),
+        (method.exclusive, "exclusive"),
+        (method.auto_delete, "auto-delete"),
+    ):
+        if wrong:
+            raise AmqpError(
+                frames.PRECONDITION_FAILED,
+                f"PRECONDITION_FAILED - invalid property '{property_name}' for queue "
+                f"'{name}' in vhost '/'",
+                *ids,
+            )
 
 
 def _queue_arguments(arguments: dict[str, Any], ids: tuple[int, int]) -> dict[str, Any]:

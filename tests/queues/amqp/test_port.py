@@ -7,6 +7,7 @@ come back with the codes RabbitMQ uses."""
 
 from __future__ import annotations
 
+import datetime
 import decimal
 import os
 import signal
@@ -354,6 +355,98 @@ def test_an_alternate_exchange_outlives_a_restart_and_serves_warren_clients_too(
         assert {"name": "main", "alternate_exchange": "spill"}.items() <= next(
             e for e in warren.list_exchanges() if e["name"] == "main"
         ).items()
+
+
+def _stream_offsets(channel, stream: str, count: int, **arguments: object) -> list:
+    """The ``(offset, body)`` of ``count`` deliveries of a consumer of ``stream`` from the
+    ``x-stream-offset`` argument given (each acked), then cancelled."""
+    channel.basic_qos(prefetch_count=10)
+    got = []
+    for method, properties, body in channel.consume(
+        stream, arguments=arguments or None, inactivity_timeout=30
+    ):
+        assert method is not None, f"only {len(got)} of {count} records came"
+        got.append((properties.headers["x-stream-offset"], body))
+        channel.basic_ack(method.delivery_tag)
+        if len(got) == count:
+            break
+    channel.cancel()
+    return got
+
+
+def test_a_stream_is_read_over_amqp_from_the_offset_a_consumer_asks_for(node):
+    connection = _connect(node)
+    channel = connection.channel()
+    channel.queue_declare("ledger", durable=True, arguments={"x-queue-type": "stream"})
+    channel.confirm_delivery()
+    before = datetime.datetime.now(datetime.UTC) - datetime.timedelta(seconds=5)
+    for n in range(5):
+        headers = {"n": n} if n % 2 else None  # with headers of its own, and without
+        channel.basic_publish("", "ledger", b"r%d" % n, pika.BasicProperties(headers=headers))
+    everything = [(n, b"r%d" % n) for n in range(5)]
+    assert _stream_offsets(channel, "ledger", 5, **{"x-stream-offset": "first"}) == everything
+    assert _stream_offsets(channel, "ledger", 2, **{"x-stream-offset": 3}) == everything[3:]
+    assert _stream_offsets(channel, "ledger", 5, **{"x-stream-offset": before}) == everything
+    assert _stream_offsets(channel, "ledger", 5, **{"x-stream-offset": "1h"}) == everything
+    # reading took nothing away; a publisher's own headers are kept beside the offset
+    method, properties, body = next(
+        channel.consume("ledger", arguments={"x-stream-offset": 1}, inactivity_timeout=30)
+    )
+    assert properties.headers == {"n": 1, "x-stream-offset": 1} and body == b"r1"
+    channel.cancel()
+    assert channel.queue_declare("ledger", passive=True).method.message_count >= 5
+    connection.close()
+
+
+def test_a_stream_consumer_is_sent_no_more_than_its_prefetch_until_it_acks(node):
+    connection = _connect(node)
+    channel = connection.channel()
+    channel.queue_declare("ticks", durable=True, arguments={"x-queue-type": "stream"})
+    channel.confirm_delivery()
+    for n in range(20):
+        channel.basic_publish("", "ticks", b"%d" % n)
+    channel.basic_qos(prefetch_count=3)
+    held = []
+    channel.basic_consume(
+        "ticks",
+        lambda ch, method, props, body: held.append(method.delivery_tag),
+        arguments={"x-stream-offset": "first"},
+    )
+    wait_for(lambda: connection.process_data_events(time_limit=0.1) or len(held) >= 3)
+    connection.process_data_events(time_limit=0.5)
+    assert len(held) == 3  # its prefetch, and no more while none is acked
+    channel.basic_ack(held[-1], multiple=True)
+    wait_for(lambda: connection.process_data_events(time_limit=0.1) or len(held) >= 6)
+    connection.process_data_events(time_limit=0.5)
+    assert len(held) == 6
+    connection.close()
+
+
+def test_what_a_stream_does_not_take_over_amqp_is_refused_as_rabbitmq_refuses_it(node):
+    connection = _connect(node)
+    channel = connection.channel()
+    channel.queue_declare("events", durable=True, arguments={"x-queue-type": "stream"})
+    refusals = (
+        (lambda ch: ch.basic_consume("events", print), frames.PRECONDITION_FAILED),  # no qos
+        (lambda ch: ch.basic_qos(prefetch_count=5) or ch.basic_consume(
+            "events", print, auto_ack=True), frames.PRECONDITION_FAILED),
+        (lambda ch: ch.basic_qos(prefetch_count=5) or ch.basic_consume(
+            "events", print, arguments={"x-stream-offset": True}), frames.PRECONDITION_FAILED),
+        (lambda ch: ch.queue_declare(
+            "gone", exclusive=True, arguments={"x-queue-type": "stream"}),
+            frames.PRECONDITION_FAILED),
+        (lambda ch: ch.queue_declare(
+            "brief", durable=False, arguments={"x-queue-type": "stream"}),
+            frames.PRECONDITION_FAILED),
+    )  # fmt: skip
+    for refuse, code in refusals:
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
+            refuse(connection.channel())
+        assert closed.value.reply_code == code, closed.value.reply_text
+    with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as closed:
+        connection.channel().basic_get("events")
+    assert closed.value.reply_code == frames.NOT_IMPLEMENTED
+    assert "gone" not in node.list_queues() and "brief" not in node.list_queues()
 
 
 def test_a_transaction_publishes_and_acks_at_its_commit_and_a_rollback_drops_them(node):
