@@ -10,8 +10,8 @@ that came in, oldest first.
 
 What a channel holds, as RabbitMQ's does: its delivery tags (counted from 1, one
 sequence for its deliveries and gets), the deliveries awaiting an ack, its consumers by
-tag, its prefetch (``Basic.Qos``: each consumer started after it takes at most that many
-unacked; 0 is no limit, ``UNLIMITED_PREFETCH`` here), and in confirm mode its publishes'
+tag, its prefetch (``Basic.Qos``: each consumer, the live ones too, takes at most that
+many unacked; 0 is no limit, ``UNLIMITED_PREFETCH`` here), and in confirm mode its publishes'
 sequence numbers with their ``Confirm``s. A channel that closes, or the connection,
 hands its unacked deliveries back to their queues (redelivered), as RabbitMQ does.
 
@@ -487,7 +487,7 @@ class Translator:
                 raise AmqpError(
                     frames.NOT_IMPLEMENTED, "NOT_IMPLEMENTED - prefetch_size != 0", *ids
                 )
-            channel.prefetch = method.prefetch_count
+            _apply_prefetch(channel, method.prefetch_count)
             self._answer(number, commands.Basic.QosOk())
         elif isinstance(method, commands.Basic.Consume):
             self._consume(number, channel, method)
@@ -1027,6 +1027,23 @@ class Translator:
     def _require_session(self) -> Session:
         assert self.session is not None, "the gateway sets it before the client's first byte"
         return self.session
+
+
+def _apply_prefetch(channel: _Channel, prefetch: int) -> None:
+    """A new ``basic.qos`` prefetch: for the consumers the channel starts from now on, and,
+    where RabbitMQ cannot (rabbitmq-server#11948), for its live ones too (a consumer
+    without acks keeps ``NO_ACK_PREFETCH``; a stream consumer's credit grows or shrinks
+    by the change; 0, no limit, leaves a stream consumer's as it was)."""
+    for tag, (consumer, no_ack) in channel.consumers.items():
+        credit = channel.credits.get(tag)
+        if credit is not None:
+            if prefetch:
+                credit.left += prefetch - consumer.prefetch
+                consumer.prefetch = prefetch
+        elif not no_ack:
+            assert isinstance(consumer, Consumer)
+            consumer.set_prefetch(prefetch or UNLIMITED_PREFETCH)
+    channel.prefetch = prefetch
 
 
 def _publish_of(delivery: Delivery | StreamDelivery) -> tuple[bytes, bytes, bytes]:

@@ -98,12 +98,19 @@ class Consumer:
     ) -> None:
         self.connection = connection
         self.queue = queue
-        self.prefetch = prefetch
         self.inactivity_timeout = inactivity_timeout
         self._ready: collections.deque[Delivery] = collections.deque()
         self._ahead: tuple[QueueRef, Any] | None = None  # the fetch sent ahead, unanswered
-        self._fetch_at = max(1, prefetch // 2)  # how much free prefetch sends the next
         self._closed = False
+        self.set_prefetch(prefetch)
+
+    def set_prefetch(self, prefetch: int) -> None:
+        """Take at most ``prefetch`` unacked from now on (what is held beyond it stays
+        held: no more is fetched until acks bring it under)."""
+        if type(prefetch) is not int or prefetch < 1:
+            raise InvalidArgument(f"prefetch must be an int >= 1, got {prefetch!r}")
+        self.prefetch = prefetch
+        self._fetch_at = max(1, prefetch // 2)  # how much free prefetch sends the next fetch
 
     def __iter__(self) -> Iterator[Delivery]:
         return self

@@ -449,6 +449,40 @@ def test_what_a_stream_does_not_take_over_amqp_is_refused_as_rabbitmq_refuses_it
     assert "gone" not in node.list_queues() and "brief" not in node.list_queues()
 
 
+def test_a_new_prefetch_applies_to_the_channels_live_consumers_too(node):
+    connection = _connect(node)
+    channel = connection.channel()
+    channel.queue_declare("work")
+    channel.queue_declare("events", durable=True, arguments={"x-queue-type": "stream"})
+    channel.confirm_delivery()
+    for n in range(20):
+        channel.basic_publish("", "work", b"%d" % n)
+        channel.basic_publish("", "events", b"%d" % n)
+    held: dict[str, list[int]] = {"work": [], "events": []}
+    channel.basic_qos(prefetch_count=2)
+    for queue in held:
+        channel.basic_consume(
+            queue,
+            lambda ch, method, props, body, queue=queue: held[queue].append(method.delivery_tag),
+            arguments={"x-stream-offset": "first"} if queue == "events" else None,
+        )
+
+    def settled_at(count: int) -> bool:
+        connection.process_data_events(time_limit=0.1)
+        return all(len(tags) >= count for tags in held.values())
+
+    wait_for(lambda: settled_at(2))
+    connection.process_data_events(time_limit=0.5)
+    assert [len(tags) for tags in held.values()] == [2, 2]
+    # Celery raises its prefetch this way (for ETA tasks): RabbitMQ applies it only to
+    # consumers started after it; Warren to these as well
+    channel.basic_qos(prefetch_count=5)
+    wait_for(lambda: settled_at(5))
+    connection.process_data_events(time_limit=0.5)
+    assert [len(tags) for tags in held.values()] == [5, 5]
+    connection.close()
+
+
 def test_a_transaction_publishes_and_acks_at_its_commit_and_a_rollback_drops_them(node):
     connection = _connect(node)
     watcher = connection.channel()
