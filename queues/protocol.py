@@ -322,6 +322,7 @@ CLASSIC_ARGUMENTS = {
     "dead_letter_routing_key": None,
     "auto_delete": False,
     "expires_ms": None,
+    "consumer_timeout_ms": None,
 }
 STREAM_ARGUMENTS = ("max_length_bytes", "max_age", "max_segment_size_bytes", "sync_policy")
 _INTERVAL = re.compile(r"(\d+(?:\.\d+)?)(Y|M|D|h|m|s)")
@@ -386,7 +387,9 @@ class QueueDefinition:
     ``x-dead-letter-routing-key``);
     ``auto_delete``: the queue deletes itself when its last consumer stops;
     ``expires_ms``: it deletes itself once unused that long (no consumer, no get, no
-    declare: RabbitMQ's ``x-expires``).
+    declare: RabbitMQ's ``x-expires``); ``consumer_timeout_ms``: how long an AMQP client
+    may hold one of its deliveries unacked before the port closes that channel (406, as
+    RabbitMQ's ``x-consumer-timeout``; None, the default: no limit).
 
     ``type="stream"`` makes an append-only log instead (``warren.queues.engine.stream_log``),
     always durable, which takes none of the arguments above but these:
@@ -410,6 +413,7 @@ class QueueDefinition:
     dead_letter_routing_key: str | None = None
     auto_delete: bool = False
     expires_ms: int | None = None
+    consumer_timeout_ms: int | None = None
     type: str = "classic"
     max_length_bytes: int | None = None
     max_age: float | None = None
@@ -424,12 +428,12 @@ class QueueDefinition:
             value = getattr(self, field)
             if value is not None and (type(value) is not int or value < 0):
                 raise InvalidArgument(f"{field} must be None or an int >= 0, got {value!r}")
-        if self.expires_ms is not None and (
-            type(self.expires_ms) is not int or not 0 < self.expires_ms <= MAX_TTL_MS
-        ):
-            raise InvalidArgument(
-                f"expires_ms must be None or an int in 1..{MAX_TTL_MS}, got {self.expires_ms!r}"
-            )
+        for field in ("expires_ms", "consumer_timeout_ms"):
+            value = getattr(self, field)
+            if value is not None and (type(value) is not int or not 0 < value <= MAX_TTL_MS):
+                raise InvalidArgument(
+                    f"{field} must be None or an int in 1..{MAX_TTL_MS}, got {value!r}"
+                )
         if self.message_ttl_ms is not None and self.message_ttl_ms > MAX_TTL_MS:
             raise InvalidArgument(
                 f"message_ttl_ms must be at most {MAX_TTL_MS}, got {self.message_ttl_ms}"

@@ -98,6 +98,8 @@ NO_ACK_PREFETCH = 100
 # How many of a client's tasks the worker runs before it sends the confirms and
 # deliveries due meanwhile.
 TASKS_BETWEEN_SERVING = 64
+# How often the deliveries held past their queue's consumer timeout are looked for.
+ACK_TIMEOUT_CHECK_S = 1.0
 # What a client may have sent that its worker has not taken yet before the port stops
 # reading its socket (the worker waits on the node: a publish under an alarm, a declare).
 BACKLOG_PAUSE_BYTES = 8 * 2**20
@@ -113,6 +115,7 @@ QUEUE_ARGUMENTS = {
     "x-dead-letter-exchange": "dead_letter_exchange",
     "x-dead-letter-routing-key": "dead_letter_routing_key",
     "x-expires": "expires_ms",
+    "x-consumer-timeout": "consumer_timeout_ms",
     "x-max-age": "max_age",  # a stream's, as the two below
     "x-stream-max-segment-size-bytes": "max_segment_size_bytes",
 }
@@ -156,6 +159,10 @@ class _Channel:
     # rollback, as the client sent them; None: the channel is not transactional.
     tx: list[tuple[str, tuple[Any, ...]]] | None = None
     last_queue: str = ""  # the queue declared last: what a method naming the queue "" means
+    # The consumer timeout (ms) of each consumer whose queue has one, by consumer tag, and
+    # each delivery of such a queue not acked yet: tag -> (deadline, timeout ms)
+    timeouts: dict[str, int] = dataclasses.field(default_factory=dict)
+    ack_deadlines: dict[int, tuple[float, int]] = dataclasses.field(default_factory=dict)
 
 
 class Translator:
@@ -199,6 +206,7 @@ class Translator:
         self._posted_lock = threading.Lock()
         self.outbox: Callable[[], int] = lambda: 0
         self._closes: collections.Counter[int] = collections.Counter()
+        self._timeouts_checked_at = time.monotonic()
         self._connection: Connection | None = None
         self._thread = threading.Thread(target=self._run, name="warren-amqp-worker", daemon=True)
         self._thread.start()
@@ -262,6 +270,7 @@ class Translator:
                     task = None if self._outbox_full() else self._take_now()
                 busy = self._deliver() | self._send_confirms()
                 idle = IDLE_POLL_S[0] if busy else min(idle * 2, IDLE_POLL_S[1])
+                self._expire_unacked()
         except (ConnectionClosed, NodeNotRunning) as exc:
             self._close_connection(
                 AmqpError(frames.CONNECTION_FORCED, f"the node went away: {exc}")
@@ -313,9 +322,10 @@ class Translator:
                 except (TimeoutError, QueueError):
                     pass  # not yet, or refused: _send_confirms tells the client which
             return None
-        consuming = any(c.consumers for c in self._channels.values())
+        # consumers to serve, or deliveries that may outlive their consumer timeout
+        polling = any(c.consumers or c.ack_deadlines for c in self._channels.values())
         try:
-            return self._tasks.get(timeout=idle if consuming else None)
+            return self._tasks.get(timeout=idle if polling else None)
         except queue_module.Empty:
             return None
 
@@ -370,6 +380,27 @@ class Translator:
         except QueueError as exc:
             ids = frames.PUBLISH if kind == "content" else frames.method_id(args[1].payload)
             self._fail(channel_number, _amqp_error(exc, ids))
+
+    def _expire_unacked(self) -> None:
+        """Close each channel that holds a delivery unacked past its queue's consumer
+        timeout (406, as RabbitMQ's consumer_timeout does; the channel's close requeues
+        its deliveries). Looked for every ``ACK_TIMEOUT_CHECK_S``."""
+        now = time.monotonic()
+        if now - self._timeouts_checked_at < ACK_TIMEOUT_CHECK_S:
+            return
+        self._timeouts_checked_at = now
+        for number, channel in list(self._channels.items()):
+            deadlines = channel.ack_deadlines
+            for tag in [t for t in deadlines if t not in channel.unacked]:
+                del deadlines[tag]  # settled
+            late = [timeout for deadline, timeout in deadlines.values() if deadline <= now]
+            if late and number not in self._failed:
+                deadlines.clear()
+                text = (
+                    f"PRECONDITION_FAILED - delivery acknowledgement on channel {number} "
+                    f"timed out. Timeout value used: {late[0]} ms"
+                )
+                self._fail(number, AmqpError(frames.PRECONDITION_FAILED, text))
 
     def _fail(self, channel: int, error: AmqpError) -> None:
         if error.code >= 500:
@@ -494,6 +525,7 @@ class Translator:
         elif isinstance(method, commands.Basic.Cancel):
             found = channel.consumers.pop(method.consumer_tag or "", None)
             channel.credits.pop(method.consumer_tag or "", None)
+            channel.timeouts.pop(method.consumer_tag or "", None)
             if found is not None:
                 self._exclusive_consumers.release(found[0])
                 found[0].cancel()
@@ -762,6 +794,9 @@ class Translator:
             consumer = connection.consume(method.queue, prefetch=prefetch)
             if method.exclusive:
                 exclusive.hold(method.queue, consumer)
+        timeout = connection.queue_stats(method.queue).get("consumer_timeout_ms")
+        if timeout and not method.no_ack:
+            channel.timeouts[tag] = timeout
         channel.consumers[tag] = (consumer, method.no_ack)
         self._answer(number, commands.Basic.ConsumeOk(tag), method.nowait)
 
@@ -807,10 +842,14 @@ class Translator:
         if delivery is None:
             self._answer(number, commands.Basic.GetEmpty())
             return
-        left = connection.queue_stats(method.queue).get("messages_ready", 0)
+        stats = connection.queue_stats(method.queue)
+        left = stats.get("messages_ready", 0)
         tag = next(channel.next_tag)
         exchange, routing_key, properties = _publish_of(delivery)
         channel.unacked[tag] = delivery
+        timeout = stats.get("consumer_timeout_ms")
+        if timeout and not method.no_ack:
+            channel.ack_deadlines[tag] = (time.monotonic() + timeout / 1000, timeout)
         if method.no_ack:
             channel.no_ack.add(tag)  # settled once the gateway took it, as a consumer's
         data = frames.get_ok_frames(
@@ -994,6 +1033,12 @@ class Translator:
                     else:
                         delivery = got
                     channel.unacked[delivery_tag] = delivery
+                    timeout = channel.timeouts.get(tag)
+                    if timeout:
+                        channel.ack_deadlines[delivery_tag] = (
+                            time.monotonic() + timeout / 1000,
+                            timeout,
+                        )
                     if no_ack:
                         channel.no_ack.add(delivery_tag)
                     data = frames.deliver_frames(

@@ -761,6 +761,7 @@ class QueueActor(ProcessActor):
         stats.update(
             name=self.queue_name,
             durable=self.definition.durable,
+            consumer_timeout_ms=self.definition.consumer_timeout_ms,
             consumers=sum(self._subscribers.values()),
             consumer_details=self._consumer_details(),
             messages_ready=stats["len"],

@@ -483,6 +483,34 @@ def test_a_new_prefetch_applies_to_the_channels_live_consumers_too(node):
     connection.close()
 
 
+def test_a_delivery_held_past_its_queues_consumer_timeout_closes_its_channel(node):
+    connection = _connect(node)
+    channel = connection.channel()
+    channel.queue_declare("slow", arguments={"x-consumer-timeout": 1000})
+    channel.queue_declare("patient")  # no timeout: RabbitMQ's 30 minutes are not Warren's
+    channel.confirm_delivery()
+    for queue in ("slow", "patient"):
+        channel.basic_publish("", queue, b"held")
+    keeper = connection.channel()
+    method, _, _ = keeper.basic_get("patient")
+    channel.basic_qos(prefetch_count=1)
+    delivered = []
+    channel.basic_consume("slow", lambda ch, m, p, b: delivered.append(m.redelivered))
+    connection.call_later(30, channel.stop_consuming)  # a bound: it closes long before
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
+        channel.start_consuming()
+    assert closed.value.reply_code == frames.PRECONDITION_FAILED
+    assert "delivery acknowledgement on channel" in closed.value.reply_text
+    assert "1000 ms" in closed.value.reply_text and delivered == [False]
+    # its delivery is back in the queue; the channel that held one of a queue without a
+    # timeout is still open, and acks it
+    again = connection.channel().basic_get("slow", auto_ack=True)
+    assert again[2] == b"held" and again[0].redelivered
+    keeper.basic_ack(method.delivery_tag)
+    assert keeper.is_open
+    connection.close()
+
+
 def test_a_transaction_publishes_and_acks_at_its_commit_and_a_rollback_drops_them(node):
     connection = _connect(node)
     watcher = connection.channel()
