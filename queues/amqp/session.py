@@ -85,8 +85,9 @@ CAPABILITIES: FieldTable = {
     AWAIT_OPEN,
     OPEN,
     CLOSING,
+    RELEASING,  # the client closed: its CloseOk waits for its handler to let go
     FINISHED,
-) = range(8)
+) = range(9)
 
 # Whether the user may log in with the password; None: the answer comes later, through
 # ``Session.login_checked`` (a check too slow for the caller's thread).
@@ -107,6 +108,11 @@ class ChannelHandler(Protocol):
 
     def channel_closed(self, channel: int) -> None:
         """The channel is gone (closed by either side, or with the connection)."""
+
+    def connection_closing(self, then: Callable[[], None]) -> None:
+        """The client closes the connection: let go of what it held that another may
+        want at once (its exclusive queues), then run ``then`` on the session's thread
+        (it answers the client's ``Close``)."""
 
 
 @dataclass
@@ -433,6 +439,8 @@ class Session:
             return
         if self.state == CLOSING:
             self._while_closing(frame)
+        elif self.state == RELEASING:
+            return  # nothing may follow a client's Close
         elif frame.channel == 0:
             self._connection_frame(frame)
         elif self.state != OPEN:
@@ -474,9 +482,16 @@ class Session:
             OPEN: (commands.Connection.UpdateSecret, self._update_secret),
         }.get(self.state)
         if isinstance(method, commands.Connection.Close):
-            self._output.append(frames.method_frame(0, commands.Connection.CloseOk()))
-            self.state = FINISHED
+            opened = self.state == OPEN and self.handler is not None
+            self.state = RELEASING
             self._closed_all_channels()
+            if opened:
+                assert self.handler is not None
+                # as RabbitMQ: its exclusive queues are gone by the time it hears CloseOk,
+                # so it may declare them again on its next connection
+                self.handler.connection_closing(self._close_ok)
+            else:
+                self._close_ok()
         elif expected is not None and isinstance(method, expected[0]):
             expected[1](method)
         elif self.state == OPEN and isinstance(method, commands.Connection.CloseOk):
@@ -619,6 +634,11 @@ class Session:
             self.gathering_bytes -= dropped.received
         if self.handler is not None:
             self.handler.channel_closed(channel)
+
+    def _close_ok(self) -> None:
+        if self.state == RELEASING:
+            self._output.append(frames.method_frame(0, commands.Connection.CloseOk()))
+            self.state = FINISHED
 
     def _closed_all_channels(self) -> None:
         for channel in sorted(self.channels):

@@ -222,6 +222,14 @@ class Translator:
     def channel_closed(self, channel: int) -> None:
         self._put("channel_closed", (channel,), 0)
 
+    def connection_closing(self, then: Callable[[], None]) -> None:
+        """The client closes: its exclusive queues are deleted, then ``then`` posted
+        (at once, if the worker has ended)."""
+        if self.running:
+            self._put("closing", (then,), 0)
+        else:
+            then()
+
     def stop(self) -> None:
         """The connection is gone: hand back what it held, close, end the thread."""
         self._put("stop", (), 0)
@@ -333,20 +341,28 @@ class Translator:
         for number in list(self._channels):
             self._forget(number)
         if self._connection is not None:
-            for name in self._exclusive.owned_by(self):
-                try:
-                    self._connection.delete_queue(name)
-                except NotFound:
-                    pass  # deleted already
-                except QueueError:
-                    break  # the node is gone: its next start drops transient queues
-                self._exclusive.release(name)
+            self._delete_exclusive_queues()
             try:
                 self._connection.close()
             except QueueError:
                 pass  # the node is gone: its queues requeue what this process held
 
+    def _delete_exclusive_queues(self) -> None:
+        assert self._connection is not None
+        for name in self._exclusive.owned_by(self):
+            try:
+                self._connection.delete_queue(name)
+            except NotFound:
+                pass  # deleted already
+            except QueueError:
+                break  # the node is gone: its next start drops transient queues
+            self._exclusive.release(name)
+
     def _task(self, kind: str, args: tuple[Any, ...]) -> None:
+        if kind == "closing":  # its channels' closes came first
+            self._delete_exclusive_queues()
+            self._post(args[0])
+            return
         if kind == "channel_closed":
             self._forget(args[0])
             self._closes[args[0]] += 1
@@ -1165,6 +1181,10 @@ def _queue_arguments(arguments: dict[str, Any], ids: tuple[int, int]) -> dict[st
             fields["type"] = value
         elif key in QUEUE_ARGUMENTS:
             fields[QUEUE_ARGUMENTS[key]] = value
+        elif key == "x-max-priority":  # a feature not served, not a bad argument
+            raise AmqpError(
+                frames.NOT_IMPLEMENTED, "NOT_IMPLEMENTED - priority queues (x-max-priority)", *ids
+            )
         else:
             raise AmqpError(
                 frames.PRECONDITION_FAILED,

@@ -306,6 +306,11 @@ def test_what_warren_does_not_serve_yet_closes_the_connection_with_540(node):
     with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as closed:
         connection.channel().exchange_bind("amq.direct", "amq.fanout")
     assert closed.value.reply_code == frames.NOT_IMPLEMENTED
+    connection = _connect(node)
+    with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as closed:
+        connection.channel().queue_declare("urgent", arguments={"x-max-priority": 10})
+    assert closed.value.reply_code == frames.NOT_IMPLEMENTED
+    assert "urgent" not in node.list_queues()
 
 
 def test_what_an_exchange_routes_nowhere_goes_to_its_alternate_exchange(node):
@@ -509,6 +514,16 @@ def test_a_delivery_held_past_its_queues_consumer_timeout_closes_its_channel(nod
     keeper.basic_ack(method.delivery_tag)
     assert keeper.is_open
     connection.close()
+
+
+def test_an_exclusive_queue_is_gone_when_its_connections_close_is_answered(node):
+    for _ in range(20):  # py-amqp's tests declare the same exclusive queue, one after another
+        connection = _connect(node)
+        channel = connection.channel()
+        channel.queue_declare("mine", exclusive=True)
+        channel.basic_publish("", "mine", b"kept until the close")
+        connection.close()  # returns with the server's CloseOk
+    assert "mine" not in node.list_queues()
 
 
 def test_a_transaction_publishes_and_acks_at_its_commit_and_a_rollback_drops_them(node):

@@ -81,6 +81,8 @@ class Recording:
 
     contents: list[tuple[int, str, bytes, bytes]] = field(default_factory=list)
     closed: list[int] = field(default_factory=list)
+    closing: list = field(default_factory=list)
+    hold_close: bool = False
 
     def method(self, channel: int, method: Frame) -> None:
         decoded = frames.decode_method(method)
@@ -96,6 +98,12 @@ class Recording:
 
     def channel_closed(self, channel: int) -> None:
         self.closed.append(channel)
+
+    def connection_closing(self, then) -> None:
+        if self.hold_close:
+            self.closing.append(then)  # answered when the test says
+        else:
+            then()
 
 
 def test_a_publish_reaches_the_handler_whole_with_its_property_bytes() -> None:
@@ -239,6 +247,20 @@ def _closed_with(session: Session) -> int:
     code = closes[-1].reply_code
     assert isinstance(code, int)
     return code
+
+
+def test_a_clients_close_is_answered_once_its_handler_let_go_and_nothing_after_it_counts():
+    recording = Recording(hold_close=True)
+    session = _open_session(recording)
+    session.receive(_method(0, commands.Connection.Close(200, "bye", 0, 0)))
+    assert recording.closed == [1] and len(recording.closing) == 1
+    session.receive(_method(1, commands.Queue.Declare(queue="late")))  # after its Close
+    assert session.take_output() == b"" and not session.finished
+    recording.closing[0]()  # the handler deleted its exclusive queues
+    data = bytearray(session.take_output())
+    read, _ = frames.split_frames(data, 1 << 20)
+    assert [frames.method_id(f.payload) for f in read] == [(10, 51)]  # CloseOk alone
+    assert session.finished
 
 
 def test_a_client_that_never_answers_the_servers_close_is_dropped() -> None:
