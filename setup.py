@@ -82,6 +82,8 @@ setup(
         "spark": ["pyspark>=4.0,<5", "pyarrow>=15", "pandas>=2.2,<3", "numpy>=1.26"],
         # The chaos report's plot.
         "plot": ["matplotlib>=3.7,<4"],
+        # bench amqp's asyncio client (pika, its other client, is in the test extra).
+        "bench": ["aio-pika>=9.4,<11"],
         # Profiling the bench's workloads (bench/README.md): sampling from outside a
         # process, and a call-tree view from inside.
         "profile": ["py-spy>=0.3", "pyinstrument>=4.6"],

@@ -490,7 +490,7 @@ class _Gateway:
         return translator
 
     def _connect(self) -> Connection:
-        return Connection(RemoteNode(self.data_dir), linger_s=0, recover=False)
+        return Connection(RemoteNode(self.data_dir), recover=False)
 
     def _read(self, client: _Client) -> None:
         if client.tls_handshaking:
