@@ -247,6 +247,10 @@ class _Gateway:
         self._selector = selectors.DefaultSelector()
         self._selector.register(self._listener, selectors.EVENT_READ)
         self._wake_read, self._wake_write = os.pipe()
+        # A byte is in the pipe, or about to be, that the gateway has not drained yet:
+        # a post then writes none (a worker posts a frame per delivery). Set by posters,
+        # cleared by the gateway once drained and before it runs what was posted.
+        self._wake_pending = False
         os.set_blocking(self._wake_read, False)
         os.set_blocking(self._wake_write, False)
         self._selector.register(self._wake_read, selectors.EVENT_READ)
@@ -269,6 +273,9 @@ class _Gateway:
         self.wake()
 
     def wake(self) -> None:
+        if self._wake_pending:
+            return
+        self._wake_pending = True
         try:
             os.write(self._wake_write, b"\x00")
         except BlockingIOError:
@@ -287,6 +294,7 @@ class _Gateway:
                     self._accept()
                 elif key.fileobj == self._wake_read:
                     drain_wake_pipe(self._wake_read)
+                    self._wake_pending = False
                 else:
                     client = key.data
                     if events & selectors.EVENT_WRITE:
