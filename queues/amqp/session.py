@@ -60,6 +60,9 @@ FRAME_MAX = 131072
 HEARTBEAT_S = 60
 HANDSHAKE_TIMEOUT_S = 10.0  # from the connect to Connection.Open, as RabbitMQ's
 CLOSE_TIMEOUT_S = 30.0  # for a client's CloseOk after the server's Close, as RabbitMQ's
+# The longest a client's Close waits for its handler to let go before its CloseOk goes
+# anyway (a worker held up by the node: its exclusive queues are deleted after it)
+RELEASE_TIMEOUT_S = 5.0
 MECHANISMS = ("PLAIN", "AMQPLAIN")
 VIRTUAL_HOST = "/"
 GUEST = "guest"
@@ -269,6 +272,8 @@ class Session:
         if self.state == CLOSING and now - self._closing_at > CLOSE_TIMEOUT_S:
             self._gone()  # it never answered the server's Close
             return
+        if self.state == RELEASING and now - self._closing_at > RELEASE_TIMEOUT_S:
+            self._close_ok()
         if self.heartbeat_s == 0 or self.state in (AWAIT_HEADER, FINISHED):
             return
         if now - self._heard_at > 2 * self.heartbeat_s:
@@ -293,6 +298,9 @@ class Session:
     def close_connection(self, error: AmqpError) -> None:
         """Close the connection with ``error``'s code (the server's side of the close)."""
         if self.state in (CLOSING, FINISHED):
+            return
+        if self.state == RELEASING:  # the client closed first: it is answered, no more
+            self._close_ok()
             return
         if self.state in (AWAIT_HEADER, AWAIT_START_OK, AWAIT_LOGIN_CHECK):
             self.state = FINISHED  # nothing tuned yet: the socket just closes
@@ -484,6 +492,7 @@ class Session:
         if isinstance(method, commands.Connection.Close):
             opened = self.state == OPEN and self.handler is not None
             self.state = RELEASING
+            self._closing_at = self._heard_at
             self._closed_all_channels()
             if opened:
                 assert self.handler is not None

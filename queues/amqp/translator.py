@@ -275,6 +275,7 @@ class Translator:
                     if taken % TASKS_BETWEEN_SERVING == 0:  # a publisher that never stops
                         self._send_confirms()  # still hears of its confirms
                         self._deliver()
+                        self._expire_unacked()
                     task = None if self._outbox_full() else self._take_now()
                 busy = self._deliver() | self._send_confirms()
                 idle = IDLE_POLL_S[0] if busy else min(idle * 2, IDLE_POLL_S[1])
@@ -325,6 +326,8 @@ class Translator:
         if confirming:
             oldest = confirming[0]
             if isinstance(oldest, Confirm):
+                assert self._connection is not None
+                self._connection.flush()  # what it waits behind goes first, not at linger
                 try:
                     oldest.result(CONFIRM_WAIT_S)
                 except (TimeoutError, QueueError):
@@ -618,6 +621,8 @@ class Translator:
                 f"publishes were not taken ({refused[0]}): publish them again",
                 *ids,
             )
+        assert self._connection is not None
+        self._connection.flush()  # the commit's settles leave before its commit-ok
         self._answer(number, commands.Tx.CommitOk())
 
     def _declare_queue(self, number: int, method: commands.Queue.Declare) -> str:
@@ -798,8 +803,9 @@ class Translator:
         prefetch = NO_ACK_PREFETCH if method.no_ack else channel.prefetch or UNLIMITED_PREFETCH
         exclusive = self._exclusive_consumers
         with exclusive.guard(method.queue):
+            stats = connection.queue_stats(method.queue)  # before a consumer exists to leak
             in_use = exclusive.holder(method.queue) is not None or (
-                method.exclusive and connection.queue_stats(method.queue).get("consumers")
+                method.exclusive and stats.get("consumers")
             )
             if in_use:
                 raise AmqpError(
@@ -810,9 +816,11 @@ class Translator:
             consumer = connection.consume(method.queue, prefetch=prefetch)
             if method.exclusive:
                 exclusive.hold(method.queue, consumer)
-        timeout = connection.queue_stats(method.queue).get("consumer_timeout_ms")
+        timeout = stats.get("consumer_timeout_ms")
         if timeout and not method.no_ack:
             channel.timeouts[tag] = timeout
+        else:  # a tag used before, by a consumer the server cancelled
+            channel.timeouts.pop(tag, None)
         channel.consumers[tag] = (consumer, method.no_ack)
         self._answer(number, commands.Basic.ConsumeOk(tag), method.nowait)
 
@@ -1033,6 +1041,7 @@ class Translator:
                     except (NotFound, QueueClosed):  # deleted, or being deleted
                         del channel.consumers[tag]
                         channel.credits.pop(tag, None)
+                        channel.timeouts.pop(tag, None)
                         self._exclusive_consumers.release(consumer)
                         self._cancelled(number, tag)
                         break

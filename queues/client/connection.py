@@ -752,7 +752,7 @@ class Connection:
                 time.monotonic(),
                 table["kind"],
                 table["bindings"],
-                table["alternate_exchange"],
+                table.get("alternate_exchange", ""),  # none from a node before them
             )
         return cached
 

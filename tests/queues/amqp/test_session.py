@@ -263,6 +263,21 @@ def test_a_clients_close_is_answered_once_its_handler_let_go_and_nothing_after_i
     assert session.finished
 
 
+def test_a_clients_close_is_answered_even_when_its_handler_never_lets_go() -> None:
+    for end_it in ("tick", "server close"):
+        session = _open_session(Recording(hold_close=True))
+        session.receive(_method(0, commands.Connection.Close(200, "bye", 0, 0)), 10.0)
+        session.tick(12.0)
+        assert session.take_output() == b""  # its handler may still delete its queues
+        if end_it == "tick":
+            session.tick(16.0)  # a worker held up by the node: answered all the same
+        else:  # the worker failed meanwhile: the client closing hears CloseOk, not Close
+            session.close_connection(AmqpError(frames.CONNECTION_FORCED, "node gone"))
+        read, _ = frames.split_frames(bytearray(session.take_output()), 1 << 20)
+        assert [frames.method_id(f.payload) for f in read] == [(10, 51)], end_it
+        assert session.finished
+
+
 def test_a_client_that_never_answers_the_servers_close_is_dropped() -> None:
     session = _open_session(Recording())
     session.receive(pika.frame.Method(9, pika.spec.Basic.Publish(routing_key="q")).marshal(), 5.0)
