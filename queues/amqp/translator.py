@@ -431,6 +431,10 @@ class Translator:
 
     def _close_connection(self, error: AmqpError) -> None:
         self._closing = True
+        if self._connection is not None:
+            # before the client hears of it: a client that connects again at once may
+            # declare its exclusive queues anew, as on RabbitMQ
+            self._delete_exclusive_queues()
         self._post(lambda: self._require_session().close_connection(error))
 
     def _send(self, channel: int, data: bytes, sent: list[int] | None = None) -> None:

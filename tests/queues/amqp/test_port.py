@@ -517,12 +517,21 @@ def test_a_delivery_held_past_its_queues_consumer_timeout_closes_its_channel(nod
 
 
 def test_an_exclusive_queue_is_gone_when_its_connections_close_is_answered(node):
-    for _ in range(20):  # py-amqp's tests declare the same exclusive queue, one after another
+    other = _connect(node)  # open already: its declare follows the close at once
+    for n in range(10):  # py-amqp's tests declare one exclusive queue, one after another
         connection = _connect(node)
         channel = connection.channel()
         channel.queue_declare("mine", exclusive=True)
         channel.basic_publish("", "mine", b"kept until the close")
-        connection.close()  # returns with the server's CloseOk
+        if n % 2:
+            connection.close()  # returns with the server's CloseOk
+        else:  # or closed by the server for an error: gone before the client hears of it
+            with pytest.raises(pika.exceptions.ConnectionClosedByBroker):
+                channel.exchange_declare("h", "headers")  # 540: not served
+        taken = other.channel()
+        taken.queue_declare("mine", exclusive=True)  # no 405: the queue is gone
+        taken.queue_delete("mine")  # for the next round's first connection
+    other.close()
     assert "mine" not in node.list_queues()
 
 
