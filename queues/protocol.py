@@ -97,6 +97,7 @@ from __future__ import annotations
 import inspect
 import math
 import re
+import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any, NamedTuple, Protocol
@@ -362,6 +363,12 @@ def check_name(name: object, what: str = "queue") -> str:
         f"a {what} name is 1 to {MAX_NAME_BYTES} bytes of UTF-8 text without control "
         f"characters; got {name!r}"
     )
+
+
+def server_named_queue() -> str:
+    """A new queue name for a declare of ``""``: ``amq.gen-`` and 128 random bits, as
+    RabbitMQ names one (no two declares meet)."""
+    return f"amq.gen-{secrets.token_urlsafe(16)}"
 
 
 def check_routing_key(key: object, what: str = "routing key") -> str:

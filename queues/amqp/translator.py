@@ -80,6 +80,7 @@ from ..errors import (
     Unroutable,
 )
 from ..message import Message
+from ..protocol import server_named_queue
 from . import frames
 from .frames import AmqpError, ContentHeader, Frame
 from .session import Session
@@ -634,7 +635,7 @@ class Translator:
         connection = self._connection
         assert connection is not None
         ids = frames.ids_of(method)
-        name = method.queue or f"amq.gen-{secrets.token_urlsafe(16)}"
+        name = method.queue or server_named_queue()
         if method.passive:
             declared = connection.declare_queue(name, passive=True)
         else:

@@ -101,6 +101,7 @@ from ..protocol import (
     StoreOffset,
     Subscribe,
     check_tracking_name,
+    server_named_queue,
 )
 from ..routing import route
 from .consuming import SETTLE_BATCH, Consumer, Delivery, PendingSettles, check_timeout
@@ -273,8 +274,12 @@ class Connection:
         queue never expires; else it deletes itself once unused that long); a bad
         one raises here, before anything is sent. ``passive=True`` creates nothing and
         raises ``NotFound`` unless the queue exists. Returns the queue's ``QueueDeclared``
-        (its name, ready messages and consumers), as AMQP's declare-ok does."""
+        (its name, ready messages and consumers), as AMQP's declare-ok does. A queue
+        declared with the name ``""`` is given one (``amq.gen-...``, as RabbitMQ names
+        it): ``QueueDeclared.queue`` says which."""
         self._check_open()
+        if name == "" and not passive:
+            name = server_named_queue()
         if not passive:
             QueueDefinition(name, **arguments)
         answer = self._node.declare_queue(name, passive=passive, **arguments)

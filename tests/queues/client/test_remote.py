@@ -517,9 +517,15 @@ def test_queue_names_are_any_utf8_text_as_rabbitmq_allows(node, transport):
         assert sorted(client.list_queues()) == sorted(UTF8_NAMES)
         for name in UTF8_NAMES:
             assert client.get(name).body == "ünïcode".encode()
-        for bad in ("", "é" * 128, "tab\there", "nul\x00", "\ud800"):
+        for bad in ("é" * 128, "tab\there", "nul\x00", "\ud800"):
             with pytest.raises(ValueError, match="UTF-8 text without control characters"):
                 client.declare_queue(bad)
+        # "" asks for a name, as AMQP's declare does: a new one each time
+        named = [client.declare_queue("", durable=False).queue for _ in range(2)]
+        assert all(name.startswith("amq.gen-") for name in named) and named[0] != named[1]
+        assert set(named) <= set(client.list_queues())
+        with pytest.raises(NotFound):
+            client.declare_queue("", passive=True)  # no name to look for
 
 
 @pytest.mark.parametrize("transport", ["in-process", "ipc", "tcp"])
