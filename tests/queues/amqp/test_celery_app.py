@@ -1,7 +1,7 @@
 """examples/celery_app.py run as its users run it: ``warren node --amqp`` as a process, a
-``celery worker`` process, and the tasks sent from here; the node is killed with SIGKILL
-(every process of its session) in the middle of the work and started again on the same data
-directory and port.
+``celery worker`` process, and the tasks sent from here; the node is killed with SIGKILL,
+or stopped with SIGTERM (either to every process of its session at once, as systemd
+does), in the middle of the work and started again on the same data directory and port.
 
 What must hold, as Celery promises with late acknowledgements: every task sent before the
 kill completes with the right result, the worker and the sender recovering by
@@ -118,7 +118,13 @@ def _runs(ledger: Path) -> dict[str, list[str]]:
     return runs
 
 
-def test_a_celery_app_completes_every_task_through_a_kill_9_of_the_node(tmp_path, example):
+# each case loads the example anew (its settings are read at import): its tasks' names
+# are then registered a second time in this process, on purpose
+@pytest.mark.filterwarnings("ignore::celery.exceptions.DuplicateTaskNameWarning")
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM], ids=["kill-9", "stop"])
+def test_a_celery_app_completes_every_task_through_a_kill_9_or_a_stop_of_the_node(
+    tmp_path, example, signum
+):
     celery_app, port, env = example
     ledger = Path(env["CELERY_LEDGER"])
     node_argv = [*WARREN, "node", "--data-dir", str(tmp_path / "data")]
@@ -140,7 +146,7 @@ def test_a_celery_app_completes_every_task_through_a_kill_9_of_the_node(tmp_path
         summed = celery_app.chord(add.s(n, 1) for n in range(10))(celery_app.total.s())
         # Sent with confirms: all of it is on the node's disk. Kill it mid-work.
         wait_for(lambda: len(_runs(ledger)) >= 10, timeout=120)
-        _kill_session(node, signal.SIGKILL)
+        _kill_session(node, signum)  # SIGTERM to all at once: systemd's stop
         done_at_kill = len(_runs(ledger))
         assert done_at_kill < TASKS, "the work was over before the kill: nothing was tested"
         node = _start(node_argv, tmp_path / "node.log", env)
