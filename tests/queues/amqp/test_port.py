@@ -535,6 +535,16 @@ def test_an_exclusive_queue_is_gone_when_its_connections_close_is_answered(node)
     assert "mine" not in node.list_queues()
 
 
+def test_a_consumer_timeout_that_is_no_positive_number_of_ms_is_refused(node):
+    connection = _connect(node)
+    for bad in ("abc", 0, -5):
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
+            connection.channel().queue_declare("q", arguments={"x-consumer-timeout": bad})
+        assert closed.value.reply_code == frames.PRECONDITION_FAILED
+    assert "q" not in node.list_queues()
+    connection.close()
+
+
 def test_a_transaction_publishes_and_acks_at_its_commit_and_a_rollback_drops_them(node):
     connection = _connect(node)
     watcher = connection.channel()
