@@ -1,5 +1,5 @@
-"""``GCActor`` (``msg_store_gc``): the scanning and copying of both stores' combines, in its
-own process, so neither runs on a store's thread.
+"""``GCActor`` (``msg_store_gc``): the scanning and copying of both stores' combines and
+compactions, in its own process, so neither runs on a store's thread.
 
 Accepts (tells, from a store actor; ``warren.store.protocol``):
 
@@ -11,9 +11,18 @@ Accepts (tells, from a store actor; ``warren.store.protocol``):
         fdatasyncs it (``warren.store.engine.rewrite``); tells ``Rewritten(job_id, dst, src,
         file_size)``, or ``RewriteFailed(job_id, reason)`` when a record does not
         validate, the disk fails, or the job's scan is unknown (this GC restarted since).
+    CompactScan(job_id, directory, file, reply_to)
+        scans the file and tells ``reply_to`` ``FileScanned`` with every record found.
+    CompactJob(job_id, directory, file, reply_to)
+        carries out the file's compaction journal, which the store wrote
+        (``warren.store.engine.compaction.compact_in_place``); tells ``Compacted(job_id,
+        file, truncate_at)``, or ``RewriteFailed`` when a record to move does not
+        validate, the journal is missing or damaged, or the disk fails.
 
-It touches no byte the store's index can point at (it reads files that no longer change
-and writes only the ``.rdt``), so it holds no lock and needs none. Jobs run one at a
+It touches no byte the store's index can point at (a combine reads files that no longer
+change and writes only the ``.rdt``; a compaction writes only into a file's holes, below
+bytes that stay where they are until the store cuts the file), so it holds no lock and
+needs none. Jobs run one at a
 time, in mailbox order, for either store; one kept scan per store directory (a new
 ScanJob for a directory replaces its old scan). Anything else, or a job whose fields are
 malformed, raises ``UnhandledMessage``: logged and counted, never a crash.
@@ -34,10 +43,21 @@ from typing import Any
 
 from warren.actors import ActorRef, ProcessActor, UnhandledMessage
 
+from .engine.compaction import compact_in_place
 from .engine.records import data_file_name
 from .engine.rewrite import CombinePlan, Record, rewrite_combine
 from .engine.scanner import ScanResult, scan_file
-from .protocol import RewriteFailed, RewriteJob, Rewritten, ScanJob, Scanned
+from .protocol import (
+    Compacted,
+    CompactJob,
+    CompactScan,
+    FileScanned,
+    RewriteFailed,
+    RewriteJob,
+    Rewritten,
+    ScanJob,
+    Scanned,
+)
 
 log = logging.getLogger("warren.store")
 
@@ -60,6 +80,10 @@ class GCActor(ProcessActor):
             return self._scan(message)
         if isinstance(message, RewriteJob):
             return self._rewrite(message)
+        if isinstance(message, CompactScan):
+            return self._scan_one(message)
+        if isinstance(message, CompactJob):
+            return self._compact(message)
         raise UnhandledMessage(f"GCActor does not handle {type(message).__name__}")
 
     def _scan(self, job: ScanJob) -> None:
@@ -127,6 +151,40 @@ class GCActor(ProcessActor):
             job.reply_to.tell(RewriteFailed(job.job_id, f"{type(exc).__name__}: {exc}"))
             return
         job.reply_to.tell(Rewritten(job.job_id, dst, src, result.file_size))
+
+    def _scan_one(self, job: CompactScan) -> None:
+        _check_compaction_job(job)
+        try:
+            found = scan_file(os.path.join(job.directory, data_file_name(job.file)))
+        except OSError as exc:
+            log.error("GC scan %d of %s failed: %s", job.job_id, job.directory, exc)
+            job.reply_to.tell(RewriteFailed(job.job_id, f"{type(exc).__name__}: {exc}"))
+            return
+        job.reply_to.tell(FileScanned(job.job_id, job.file, *_packed(found)))
+
+    def _compact(self, job: CompactJob) -> None:
+        _check_compaction_job(job)
+        try:
+            plan = compact_in_place(job.directory, job.file)
+        except Exception as exc:  # reported to the store, which abandons the job
+            log.error("GC compaction %d on %s failed: %s", job.job_id, job.directory, exc)
+            job.reply_to.tell(RewriteFailed(job.job_id, f"{type(exc).__name__}: {exc}"))
+            return
+        job.reply_to.tell(Compacted(job.job_id, job.file, plan.truncate_at))
+
+
+def _check_compaction_job(job: CompactScan | CompactJob) -> None:
+    if not (
+        type(job.job_id) is int
+        and type(job.directory) is str
+        and os.path.isabs(job.directory)
+        and _is_file_number(job.file)
+        and isinstance(job.reply_to, ActorRef)
+    ):
+        raise UnhandledMessage(
+            f"malformed {type(job).__name__}: job_id and file must be ints "
+            "and directory an absolute path"
+        )
 
 
 def _is_file_number(value: object) -> bool:

@@ -34,6 +34,18 @@ Store → GC (``msg_store_gc``) and back, one combine in two round trips:
     Rewritten(job_id, dst, src, file_size)                           tell
     RewriteFailed(job_id, reason)                                    tell
 
+Store → GC and back, one compaction in two round trips:
+
+    CompactScan(job_id, directory, file, reply_to)                   tell
+    FileScanned(job_id, file, ids, offsets, sizes)                   tell
+    CompactJob(job_id, directory, file, reply_to)                    tell
+    Compacted(job_id, file, truncate_at)                             tell
+    RewriteFailed(job_id, reason)                                    tell
+
+A compaction's plan travels in no message: the store writes it as the file's journal
+(``warren.store.engine.compaction``) before it sends ``CompactJob``, and the GC carries
+out the journal it finds.
+
 The GC scans both files and sends every record it finds: ``*_ids`` the 16-byte ids back
 to back, ``*_offsets`` and ``*_sizes`` native ``array("Q")`` bytes (both processes run on
 one machine). The store stages them against its index a slice at a time and answers with
@@ -233,3 +245,39 @@ class Rewritten:
 class RewriteFailed:
     job_id: Count
     reason: str
+
+
+@message
+@dataclass(frozen=True)
+class CompactScan:
+    job_id: int
+    directory: str
+    file: int
+    reply_to: ActorRef
+
+
+@message
+@dataclass(frozen=True)
+class FileScanned:
+    job_id: Count
+    file: Count
+    ids: bytes
+    offsets: bytes
+    sizes: bytes
+
+
+@message
+@dataclass(frozen=True)
+class CompactJob:
+    job_id: int
+    directory: str
+    file: int
+    reply_to: ActorRef
+
+
+@message
+@dataclass(frozen=True)
+class Compacted:
+    job_id: Count
+    file: Count
+    truncate_at: Count

@@ -94,8 +94,14 @@ from typing import TYPE_CHECKING, Any, cast
 
 from warren.actors import ActorError, ActorRef, Down, ProcessActor, UnhandledMessage
 
+from .engine.compaction import CompactionPlan
 from .engine.index import PENDING_FILE
-from .engine.message_store import FILE_SIZE_LIMIT_BYTES, MessageStore, remove_store_files
+from .engine.message_store import (
+    DEFAULT_GC,
+    FILE_SIZE_LIMIT_BYTES,
+    MessageStore,
+    remove_store_files,
+)
 from .engine.records import HEADER_BYTES, MSG_ID_BYTES, OK_MARKER
 from .engine.rewrite import CombinePlan, RewriteResult
 from .errors import StoreError
@@ -103,7 +109,11 @@ from .latency import LatencyHistogram
 from .protocol import (
     Claim,
     ClientDying,
+    Compacted,
+    CompactJob,
+    CompactScan,
     Contains,
+    FileScanned,
     Found,
     Read,
     ReadMany,
@@ -132,6 +142,9 @@ SYNC_INTERVAL_MS = 25  # longest a pending confirm waits for its fsync
 GC_SLICE_RECORDS = 4096
 GC_CHECK_INTERVAL_S = 1.0  # how often an idle store looks for garbage to combine
 GC_RETRY_S = 5.0  # after a failed or abandoned combine
+# A file that saw removes within this long is not compacted yet: a file being drained is
+# left to empty and be deleted, not copied first (RabbitMQ waits 15 s).
+COMPACT_QUIET_S = 2.0
 GC_NAME = "msg_store_gc"
 _SIZE = struct.Struct(">Q")
 # The ticket of each write this actor makes: (client_ref, seq, msg_id).
@@ -156,6 +169,8 @@ class MessageStoreActor(ProcessActor):
         gc_name: str = GC_NAME,
         gc_check_interval_s: float = GC_CHECK_INTERVAL_S,
         gc_retry_s: float = GC_RETRY_S,
+        gc: str = DEFAULT_GC,
+        compact_quiet_s: float = COMPACT_QUIET_S,
     ) -> None:
         self.directory = os.path.abspath(directory)
         self.transient = transient
@@ -167,6 +182,8 @@ class MessageStoreActor(ProcessActor):
         self.gc_name = gc_name
         self.gc_check_interval_s = gc_check_interval_s
         self.gc_retry_s = gc_retry_s
+        self.gc = gc
+        self.compact_quiet_s = compact_quiet_s
         # (reply, client_ref, first_seq, last_seq, arrived) of each unanswered WriteBatch
         self._waiting: list[tuple[DeferredReply, bytes, int, int, float]] = []
         self._sync_armed = False
@@ -174,7 +191,7 @@ class MessageStoreActor(ProcessActor):
         self._ignored_unwritten: list[tuple[bytes, int, bytes]] = []  # dying clients' writes
         self._gc_watched: tuple[str, int] | None = None  # (address, incarnation)
         self._gc_ref: ActorRef | None = None  # whereis(gc_name), cached
-        self._job: _Job | None = None
+        self._job: _Job | _CompactionJob | None = None
         self._job_ids = itertools.count(1)
         self._gc_not_before = 0.0
         self.counters = {
@@ -208,6 +225,7 @@ class MessageStoreActor(ProcessActor):
             self.directory,
             file_size_limit=self.file_size_limit,
             sync_policy=self.sync_policy,
+            gc=self.gc,
             auto_gc=False,
             shared_readers=True,
             ref_counts=None if self.transient or self.ref_counts is None else self.ref_counts(),
@@ -222,6 +240,7 @@ class MessageStoreActor(ProcessActor):
             self._settle()
             if self._job is not None:
                 self.store.abandon_combine()
+                self.store.abandon_compaction()
         finally:
             self.store.close()
 
@@ -347,7 +366,7 @@ class MessageStoreActor(ProcessActor):
     def _scanned(self, message: Scanned) -> None:
         job = self._job
         if (
-            job is None
+            not isinstance(job, _Job)
             or job.job_id != message.job_id
             or job.scan is not None
             or (message.dst, message.src) != (job.dst, job.src)
@@ -403,7 +422,7 @@ class MessageStoreActor(ProcessActor):
     def _rewritten(self, message: Rewritten) -> None:
         job = self._job
         if (
-            job is None
+            not isinstance(job, _Job)
             or job.job_id != message.job_id
             or job.plan is None
             or (message.dst, message.src) != (job.dst, job.src)
@@ -426,6 +445,73 @@ class MessageStoreActor(ProcessActor):
             self._job = job
             self._abandon_job(retry_s=0.0)
         self._collect_garbage()  # while garbage is over the fraction, keep going
+
+    def _file_scanned(self, message: FileScanned) -> None:
+        job = self._job
+        if (
+            not isinstance(job, _CompactionJob)
+            or job.job_id != message.job_id
+            or job.scan is not None
+            or message.file != job.file
+        ):
+            return  # a job abandoned since
+        ids, offsets, sizes = message.ids, message.offsets, message.sizes
+        if len(offsets) % 8 or len(ids) != 2 * len(offsets) or len(sizes) != len(offsets):
+            log.error("%s: the GC's scan is malformed; abandoning the job", self.directory)
+            self._abandon_job()
+            return
+        job.scan = (ids, memoryview(offsets).cast("Q"), memoryview(sizes).cast("Q"))
+        self.call_later(0, lambda: self._stage_compaction_slice(job))
+
+    def _stage_compaction_slice(self, job: _CompactionJob) -> None:
+        """Stage one slice of the file's scan against the index; then yield the loop.
+        The last one writes the plan's journal and hands the moves to the GC."""
+        if self._job is not job:
+            return  # abandoned meanwhile
+        started = time.perf_counter()
+        assert job.scan is not None  # _file_scanned set it before staging began
+        ids, offsets, sizes = job.scan
+        at, stop = job.cursor, min(len(offsets), job.cursor + GC_SLICE_RECORDS)
+        msg_ids = [ids[i * 16 : i * 16 + 16] for i in range(at, stop)]
+        self.store.stage_compaction(job.file, msg_ids, offsets[at:stop], sizes[at:stop])
+        job.cursor = stop
+        if stop < len(offsets):
+            self.call_later(0, lambda: self._stage_compaction_slice(job))
+        else:
+            try:
+                job.plan = self.store.finish_compaction_staging()
+            except OSError as exc:
+                log.error("%s: the compaction journal was not written: %s", self.directory, exc)
+                self._job = None
+                self._abandoned()
+                return
+            if job.plan is None:
+                self._job = None
+                self.counters["gc_jobs_abandoned"] += 1
+            else:
+                job.gc.tell(CompactJob(job.job_id, self.directory, job.file, self.ref.pin()))
+        self._note_gc_slice(started)
+
+    def _compacted(self, message: Compacted) -> None:
+        job = self._job
+        if (
+            not isinstance(job, _CompactionJob)
+            or job.job_id != message.job_id
+            or job.plan is None
+            or message.file != job.file
+        ):
+            return  # a job abandoned since
+        self._job = None
+        started = time.perf_counter()
+        if message.truncate_at != job.plan.truncate_at:
+            log.error("%s: the GC's compaction does not match the plan", self.directory)
+            self._job = job
+            self._abandon_job()
+            return
+        # False: readers hold the file; its cut is retried at each GC check meanwhile.
+        self.store.apply_compaction(job.plan)
+        self._note_gc_slice(started)
+        self._collect_garbage()
 
     def _note_gc_slice(self, started: float) -> None:
         held_ms = (time.perf_counter() - started) * 1000
@@ -463,6 +549,8 @@ class MessageStoreActor(ProcessActor):
         StoreStats: _stats,
         Scanned: _scanned,
         Rewritten: _rewritten,
+        FileScanned: _file_scanned,
+        Compacted: _compacted,
         RewriteFailed: _rewrite_failed,
         Down: _down,
     }
@@ -529,21 +617,42 @@ class MessageStoreActor(ProcessActor):
         self.call_later(self.gc_check_interval_s, self._gc_tick)
 
     def _collect_garbage(self) -> None:
+        if self.gc == "compact":
+            self.store.retry_cuts()
         if self._job is not None or time.monotonic() < self._gc_not_before:
+            return
+        if self.gc == "compact":
+            file = self.store.choose_compaction(quiet_s=self.compact_quiet_s)
+            if file is None:
+                return
+            gc = self._watched_gc()
+            if gc is None:
+                self.store.abandon_compaction()
+                return
+            self._job = _CompactionJob(next(self._job_ids), file, gc)
+            gc.tell(CompactScan(self._job.job_id, self.directory, file, self.ref.pin()))
             return
         pair = self.store.choose_combine()
         if pair is None:
             return
-        gc = self._gc()
+        gc = self._watched_gc()
         if gc is None:
             self.store.abandon_combine()
             return
         self._job = _Job(next(self._job_ids), *pair, gc)
+        gc.tell(ScanJob(self._job.job_id, self.directory, *pair, self.ref.pin()))
+
+    def _watched_gc(self) -> ActorRef | None:
+        """The GC's ref, monitored, for a job about to start (counted); None when the
+        node does not answer."""
+        gc = self._gc()
+        if gc is None:
+            return None
         self.counters["gc_jobs"] += 1
         if self._gc_watched != (gc.address, gc.incarnation):
             self._gc_watched = (gc.address, gc.incarnation)
             self.monitor(gc)
-        gc.tell(ScanJob(self._job.job_id, self.directory, *pair, self.ref.pin()))
+        return gc
 
     def _gc(self) -> ActorRef | None:
         """The GC actor's ref, asked of the node only when a combine is due and the last
@@ -557,7 +666,11 @@ class MessageStoreActor(ProcessActor):
 
     def _abandon_job(self, retry_s: float | None = None) -> None:
         self.store.abandon_combine()
+        self.store.abandon_compaction()
         self._job = None
+        self._abandoned(retry_s)
+
+    def _abandoned(self, retry_s: float | None = None) -> None:
         self.counters["gc_jobs_abandoned"] += 1
         self._gc_not_before = time.monotonic() + (self.gc_retry_s if retry_s is None else retry_s)
 
@@ -575,6 +688,19 @@ class _Job:
     cursor: tuple[int, int] = (0, 0)  # (0 = Dst / 1 = Src, next record) to stage
     keep: list[bytearray] = field(default_factory=lambda: [bytearray(), bytearray()])
     plan: CombinePlan | None = None  # once staged: what the GC copies
+
+
+@dataclass
+class _CompactionJob:
+    """A compaction this store runs with the GC: scanned, staged in slices, journal
+    written, moved by the GC, applied."""
+
+    job_id: int
+    file: int
+    gc: ActorRef
+    scan: tuple[bytes, memoryview, memoryview] | None = None  # (ids, offsets, sizes)
+    cursor: int = 0  # the next record to stage
+    plan: CompactionPlan | None = None  # once staged: the journal the GC carries out
 
 
 def _valid_removes(removes: Any, records: int) -> bool:

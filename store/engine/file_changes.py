@@ -33,6 +33,7 @@ from typing import TypeVar, TypeVarTuple
 
 from ..disk_faults import slow_sync
 from ..errors import StoreError
+from . import compaction
 from . import index as idx
 from .lock_table import SWITCH_DEADLINE_SECONDS
 from .records import data_file_name
@@ -289,6 +290,9 @@ class FileChanges(_StoreState):
         self._unmap(file)
         os.unlink(data_file_name(file), dir_fd=self._dir_fd)
         self._removals.forget(file)
+        compaction.forget(self._dir_fd, file)
+        self._not_worth_compacting.pop(file, None)
+        self._removes_seen.pop(file, None)
         self._directory_unsynced = True
         self.counters["files_deleted"] += 1
 

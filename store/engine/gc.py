@@ -257,7 +257,7 @@ class Combining(_StoreState):
             if summary.valid_total_size == 0:
                 self._delete_empty_file(file)
 
-    def collect_garbage(self) -> int:
+    def combine_garbage(self) -> int:
         """Combine pairs in-process until the trigger no longer holds, or until readers
         hold a switch past its deadline (retried at the next call); the number done."""
         done = 0

@@ -126,6 +126,7 @@ from typing import Any
 from ..errors import CorruptRecord, StoreClosed, StoreError
 from . import index as idx
 from . import removal_log, snapshot
+from .compacting import Compacting
 from .file_changes import DISK_FULL_ERRNOS, FileChanges
 from .gc import Combining
 from .holders import Holders
@@ -163,6 +164,8 @@ FILE_SIZE_LIMIT_BYTES = 16 * 2**20  # msg_store_file_size_limit
 WRITE_BUFFER_BYTES = 2**20  # the append buffer handed to write(2) at once
 GARBAGE_FRACTION = 0.5  # combine when garbage exceeds this share of disk
 SYNC_POLICIES = ("fsync", "flush")
+GC_MODES = ("compact", "combine")
+DEFAULT_GC = "compact"
 
 
 @dataclass(frozen=True)
@@ -187,12 +190,13 @@ class Settlement:
     failed: list[int] = field(default_factory=list)
 
 
-class MessageStore(Recovery, FileChanges, Combining):
+class MessageStore(Recovery, FileChanges, Combining, Compacting):
     """A message store directory, opened and recovered. See the module docstring.
 
     ``MessageStore(directory, file_size_limit=16 MiB, sync_policy="fsync", ref_counts=None,
-    clean_clients=None, garbage_fraction=0.5, auto_gc=True, shared_readers=False,
-    write_buffer_bytes=1 MiB)``; a context manager whose exit is ``close()``, a clean stop.
+    clean_clients=None, garbage_fraction=0.5, gc="compact", auto_gc=True,
+    shared_readers=False, write_buffer_bytes=1 MiB)``; a context manager whose exit is
+    ``close()``, a clean stop.
     """
 
     def __init__(
@@ -204,6 +208,7 @@ class MessageStore(Recovery, FileChanges, Combining):
         ref_counts: Iterable[tuple[bytes, int]] | None = None,
         clean_clients: Iterable[bytes] | None = None,
         garbage_fraction: float = GARBAGE_FRACTION,
+        gc: str = DEFAULT_GC,
         auto_gc: bool = True,
         shared_readers: bool = False,
         write_buffer_bytes: int = WRITE_BUFFER_BYTES,
@@ -214,12 +219,15 @@ class MessageStore(Recovery, FileChanges, Combining):
             raise ValueError(
                 f"file_size_limit must be an int in 1..{idx.MAX_OFFSET}, got {file_size_limit!r}"
             )
+        if gc not in GC_MODES:
+            raise ValueError(f"gc must be one of {GC_MODES}, got {gc!r}")
         if not 0 < garbage_fraction < 1:
             raise ValueError(f"garbage_fraction must be between 0 and 1, got {garbage_fraction!r}")
         self.directory = os.fspath(directory)
         self.file_size_limit = file_size_limit
         self.sync_policy = sync_policy
         self.garbage_fraction = garbage_fraction
+        self.gc = gc
         self.auto_gc = auto_gc
         self._write_buffer_bytes = write_buffer_bytes
         self._fsync = sync_policy == "fsync"
@@ -249,6 +257,10 @@ class MessageStore(Recovery, FileChanges, Combining):
         self._deferred_apply = None
         self._deferred_deletes = set()
         self._uncombinable = set()
+        self._compaction = None
+        self._pending_cuts = {}
+        self._not_worth_compacting = {}
+        self._removes_seen = {}
         self._unsynced_files = set()
         self._lock_table = None
         self._clients = set()
@@ -266,7 +278,9 @@ class MessageStore(Recovery, FileChanges, Combining):
             "writes_ignored": 0,
             "writes_adopted": 0,
             "gc_runs": 0,
+            "gc_compactions": 0,
             "gc_bytes_moved": 0,
+            "gc_bytes_reclaimed": 0,
             "files_deleted": 0,
             "recovery_removed": 0,
             "writes_failed_disk_full": 0,
@@ -409,6 +423,7 @@ class MessageStore(Recovery, FileChanges, Combining):
             self._removals.note(file, (value >> _OFFSET_SHIFT) & _OFFSET_MASK, msg_id)
             summary = self._summary[file]
             summary.valid_total_size -= total
+            summary.removes += 1
             if summary.valid_total_size == 0 and file != self._current_file and not summary.locked:
                 self._delete_empty_file(file)
             return True
@@ -532,11 +547,20 @@ class MessageStore(Recovery, FileChanges, Combining):
                 self._deferred_deletes.discard(file)
                 self._summary[file].locked = False
                 self._guarded(self._delete_empty_file, file, 0.0)
+            self.retry_cuts()
             if self.auto_gc:
                 self.collect_garbage()
         except (OSError, CorruptRecord) as exc:
             log.error("%s: garbage collection failed: %s", self.directory, exc)
         return result
+
+    def collect_garbage(self) -> int:
+        """Run the store's GC in-process until nothing qualifies (``compact_garbage`` or
+        ``combine_garbage``, as ``gc`` says); the number of files compacted or pairs
+        combined."""
+        if self.gc == "compact":
+            return self.compact_garbage()
+        return self.combine_garbage()
 
     def block_writes(self, blocked: bool) -> None:
         """Ask the clients that read through the lock table (``shared_readers``) to hold
@@ -575,6 +599,8 @@ class MessageStore(Recovery, FileChanges, Combining):
             "locked_files": sum(s.locked for s in self._summary.values()),
             "uncombinable_files": sorted(self._uncombinable),
             "deferred_deletes": len(self._deferred_deletes),
+            "deferred_cuts": len(self._pending_cuts),
+            "gc": self.gc,
             "recovered_clean": self.recovered_clean,
             "disk_full": self.disk_full,
             "writes_blocked": self.writes_blocked,

@@ -4,17 +4,20 @@ clean start trusts, what a dirty one keeps) is in ``warren.store.engine.message_
 
 Opening takes an exclusive ``flock`` on ``.lock`` (the kernel drops it when the process
 dies), deletes stray ``.rdt`` files of an unfinished combine and removal logs whose data
-file is gone, ignores anything named like a data file that is not a regular file, then
-loads the snapshot if it is intact, names the same clients and agrees with the files on
-disk, or else rebuilds: every file scanned, the last copy of each id kept, a torn tail cut
-off, reference counts from the caller's source, or one per record less the removed ones.
+file is gone, rolls back every compaction a crash left unapplied (its journal present:
+``warren.store.engine.compaction``), ignores anything named like a data file that is not
+a regular file, then loads the snapshot if it is intact, names the same clients and
+agrees with the files on disk, or else rebuilds: every file scanned, the last copy of
+each id kept, a torn tail cut off, reference counts from the caller's source, or one per
+record less the removed ones.
 The snapshot files are deleted (and the directory fsynced) before anything is served, so
 a crash after a clean start is a dirty start next time. The current file's space is
 reserved; a full disk then only fails the writes that do not fit.
 
 Races: a second store on the same directory, in this or another process, is refused with
 StoreLocked before anything is read; a crash at any point of a recovery changes nothing
-that the next recovery relies on (it only deletes files no recovery reads).
+that the next recovery relies on (it only deletes files no recovery reads, and zeroes
+only bytes no index points at: a rolled-back compaction's copies).
 """
 
 from __future__ import annotations
@@ -26,8 +29,8 @@ from collections.abc import Iterable
 
 from ..errors import StoreDirectoryError, StoreError, StoreLocked
 from ..locks import lock_exclusive
+from . import compaction, snapshot
 from . import index as idx
-from . import snapshot
 from .file_changes import DISK_FULL_ERRNOS, reserve
 from .records import TEMP_SUFFIX, check_msg_id, data_file_name, data_file_number
 from .removal_log import RemovalLog
@@ -88,6 +91,7 @@ class Recovery(_StoreState):
         self._removals = RemovalLog(self._dir_fd)
         for stray in self._removals.stray_logs(set(files)):
             os.unlink(stray, dir_fd=self._dir_fd)
+        self._roll_back_compactions(names, set(files))
         clean = self._load_snapshot(files, clean_clients)
         if snapshot.delete(self._dir_fd):
             os.fsync(self._dir_fd)
@@ -110,6 +114,36 @@ class Recovery(_StoreState):
         os.lseek(self._current_fd, self._write_offset, os.SEEK_SET)
         os.fsync(self._dir_fd)
         return clean
+
+    def _roll_back_compactions(self, names: list[str], files: set[int]) -> None:
+        """Undo every compaction a crash left unapplied (its journal present), before
+        anything reads the files; drop journals and markers whose data file is gone."""
+        for name in names:
+            number = compaction.file_of(name)
+            if number is None:
+                continue
+            if number not in files:
+                os.unlink(name, dir_fd=self._dir_fd)
+                continue
+            if not name.endswith(compaction.JOURNAL_SUFFIX):
+                continue
+            undone = compaction.roll_back(self._dir_fd, number)
+            if undone.journal_invalid:
+                log.warning(
+                    "%s: deleted the torn compaction journal of %s (no record had moved)",
+                    self.directory,
+                    data_file_name(number),
+                )
+            else:
+                log.warning(
+                    "%s: rolled back the unfinished compaction of %s: %d copies complete, "
+                    "%d torn (found by their CRC against the source), all zeroed; "
+                    "every record is at its old place",
+                    self.directory,
+                    data_file_name(number),
+                    undone.complete,
+                    undone.torn,
+                )
 
     def _load_snapshot(self, files: list[int], clean_clients: Iterable[bytes] | None) -> bool:
         try:

@@ -116,9 +116,15 @@ class RemovalLog:
             return False
         return True
 
-    def entries(self, files: Iterable[int]) -> Iterator[tuple[int, int, bytes]]:
-        """Every intact entry on disk of the logs of ``files``: (file, offset, msg_id)."""
+    def entries(
+        self, files: Iterable[int], *, buffered: bool = False
+    ) -> Iterator[tuple[int, int, bytes]]:
+        """Every intact entry on disk of the logs of ``files``, and with ``buffered``
+        those not written yet: (file, offset, msg_id)."""
         for file in files:
+            if buffered and file in self._buffers:
+                for offset, msg_id in parse_entries(bytes(self._buffers[file])):
+                    yield file, offset, msg_id
             try:
                 fd = os.open(log_name(file), os.O_RDONLY, dir_fd=self._dir_fd)
             except FileNotFoundError:

@@ -1,8 +1,8 @@
 """The state ``MessageStore`` shares with the parts it is built from.
 
 ``MessageStore`` (``warren.store.engine.message_store``) is one object spread over
-``Recovery``, ``FileChanges`` and ``Combining``, each in its own module, and every part
-reads and changes the same state: ``MessageStore.__init__`` assigns it (``_removals``
+``Recovery``, ``FileChanges``, ``Combining`` and ``Compacting``, each in its own module,
+and every part reads and changes the same state: ``MessageStore.__init__`` assigns it (``_removals``
 is assigned by recovery, before anything uses it). ``_StoreState``, their common base,
 declares that state once, so every part is checked against the same types. It holds
 annotations only: it assigns nothing and defines nothing at run time.
@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Hashable
     from typing import TypeVar, TypeVarTuple
 
+    from .compacting import CompactionStaging
     from .gc import Staging
     from .holders import Holders
     from .lock_table import LockTableOwner
@@ -29,7 +30,8 @@ if TYPE_CHECKING:
 
 
 class _StoreState:
-    """What ``MessageStore``, ``Recovery``, ``FileChanges`` and ``Combining`` share."""
+    """What ``MessageStore``, ``Recovery``, ``FileChanges``, ``Combining`` and
+    ``Compacting`` share."""
 
     # Settings, fixed at open.
     directory: str  # the store directory (os.fspath of the argument)
@@ -74,7 +76,12 @@ class _StoreState:
     _staging: Staging | None  # the combine in progress
     _moves: dict[int, int] | None  # its staged index values (_staging.moves), None without one
     _deferred_apply: tuple[CombinePlan, RewriteResult] | None  # a switch readers held off
-    _uncombinable: set[int]  # files a combine found damaged: never combined again
+    _uncombinable: set[int]  # files a GC job found damaged: never combined or compacted again
+    gc: str  # "compact" (one file at a time, in place) or "combine" (two neighbours)
+    _compaction: CompactionStaging | None  # the compaction in progress
+    _pending_cuts: dict[int, int]  # compacted file -> where to cut it, once no reader holds it
+    _not_worth_compacting: dict[int, int]  # file -> its valid bytes when a plan reclaimed nothing
+    _removes_seen: dict[int, tuple[int, float]]  # file -> (its removes, since when), for quiet_s
 
     # Stopping.
     _broken: BaseException | None  # what broke the store, None while it is sound
@@ -88,3 +95,4 @@ class _StoreState:
         def _delete_empty_file(self, file: int, wait_s: float = ...) -> None: ...
         def _unlink_file(self, file: int) -> None: ...
         def _unmap(self, file: int) -> None: ...
+        def _held_by_readers(self, file: int) -> bool: ...

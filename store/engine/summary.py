@@ -20,6 +20,7 @@ class FileSummary:
     left: int | None = None  # the next older file
     right: int | None = None  # the next younger file; None for the current file
     locked: bool = False
+    removes: int = 0  # removes that dropped a record of the file, since the store started
 
     def as_dict(self) -> dict[str, int | bool | None]:
         return asdict(self)

@@ -28,6 +28,7 @@ from options, the options winning::
     [store]
     file_size_limit = "16MiB"      # bytes, or a size with a unit: kB MB GB KiB MiB GiB
     sync_policy = "fsync"          # or "flush"
+    gc = "compact"                 # or "combine" (docs/store.md, "Garbage collection")
 
     [listener]
     listen = "tcp://127.0.0.1:5673"   # remote clients (warren.connect("tcp://..."))
@@ -104,6 +105,9 @@ EXIT_CODES = (
     (EXIT_READER_GONE, "the reader of the output went away (a pipe into head): nothing more said"),
 )
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+# The store's GC settings (``warren.store.engine.message_store.GC_MODES``, which ``Node``
+# checks), spelt here so that parsing a command line imports no store code.
+STORE_GC_MODES = ("compact", "combine")
 # What the config file may hold: section -> key -> the option it sets.
 _CONFIG_KEYS = {
     "node": {
@@ -113,7 +117,11 @@ _CONFIG_KEYS = {
         "heartbeat_timeout_s": "heartbeat_timeout_s",
         "children": "children",
     },
-    "store": {"file_size_limit": "file_size_limit", "sync_policy": "sync_policy"},
+    "store": {
+        "file_size_limit": "file_size_limit",
+        "sync_policy": "sync_policy",
+        "gc": "store_gc",
+    },
     "listener": {"listen": "listen", "curve": "curve", "insecure": "insecure"},
     "http": {"listen": "http", "insecure": "insecure"},
     "amqp": {
@@ -216,6 +224,10 @@ def node_settings(args: argparse.Namespace) -> dict[str, Any]:
                 f"sync_policy must be 'fsync' or 'flush', got {options['sync_policy']!r}"
             )
         settings["sync_policy"] = options["sync_policy"]
+    if "store_gc" in options:
+        if options["store_gc"] not in STORE_GC_MODES:
+            raise UsageError(f"gc must be 'compact' or 'combine', got {options['store_gc']!r}")
+        settings["store_gc"] = options["store_gc"]
     if "listen" in options:
         if not isinstance(options["listen"], str):
             raise UsageError(
@@ -750,6 +762,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--sync-policy",
         choices=("fsync", "flush"),
         help="fsync: confirm after fdatasync (default); flush: after write(2)",
+    )
+    node.add_argument(
+        "--store-gc",
+        choices=STORE_GC_MODES,
+        help="compact: a file's live messages moved to its head in place (default); "
+        "combine: two neighbouring files merged",
     )
     node.add_argument(
         "--listen",

@@ -141,7 +141,7 @@ from warren.queues.protocol import (
     QueueStats,
     check_name,
 )
-from warren.store.engine.message_store import FILE_SIZE_LIMIT_BYTES
+from warren.store.engine.message_store import DEFAULT_GC, FILE_SIZE_LIMIT_BYTES, GC_MODES
 from warren.store.gc_actor import GCActor
 from warren.store.protocol import StoreStats
 from warren.store.store_actor import MessageStoreActor
@@ -230,6 +230,7 @@ class Node:
         alarm_limits: AlarmLimits | None = None,
         file_size_limit: int = FILE_SIZE_LIMIT_BYTES,
         sync_policy: str = "fsync",
+        store_gc: str = DEFAULT_GC,
         ref_counts: Callable[[], Iterable[tuple[bytes, int]] | None] | None = None,
         preload: tuple[str, ...] = (),
         log_level: int | str | None = None,
@@ -254,6 +255,8 @@ class Node:
                 raise InvalidSpec("listen", listen, str(exc)) from None
         elif curve:
             raise InvalidSpec("curve", curve, "CURVE protects a listener: pass listen too")
+        if store_gc not in GC_MODES:
+            raise InvalidSpec("store_gc", store_gc, f"expected one of {', '.join(GC_MODES)}")
         if http is not None:
             try:
                 check_http_address(http, insecure=insecure)
@@ -313,7 +316,11 @@ class Node:
             self.actors = ActorNode(
                 name=name, preload=PRELOAD + tuple(preload), log_level=log_level
             )
-            store_options = {"file_size_limit": file_size_limit, "sync_policy": sync_policy}
+            store_options = {
+                "file_size_limit": file_size_limit,
+                "sync_policy": sync_policy,
+                "gc": store_gc,
+            }
             stores = tuple(
                 ChildSpec(
                     store,

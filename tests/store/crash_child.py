@@ -6,6 +6,9 @@ python -m tests.store.crash_child write DIR
 python -m tests.store.crash_child combine DIR POINT
     builds a fragmented store, then SIGKILLs itself at POINT of the first combine:
     after-plan, mid-copy, before-fsync, after-rename, before-delete.
+python -m tests.store.crash_child compact DIR POINT
+    builds the same store, then SIGKILLs itself at POINT of the first compaction:
+    after-journal, mid-blank, mid-move, before-fsync, after-journal-delete, after-cut.
 python -m tests.store.crash_child hold DIR
     opens the store, prints "open", and waits to be killed.
 python -m tests.store.crash_child churn DIR [restart]
@@ -19,6 +22,7 @@ import signal
 import sys
 import time
 
+import warren.store.engine.compacting
 import warren.store.engine.gc
 from warren.store import MessageStore
 
@@ -88,8 +92,56 @@ def kill_at(point: str) -> None:
     os.write, os.fdatasync, os.rename, os.unlink = write, fdatasync, rename, unlink
 
 
+def kill_in_compaction_at(point: str) -> None:
+    """Arrange for this process to SIGKILL itself at one step of a compaction."""
+    real_compact = warren.store.engine.compacting.compact_in_place
+    real_pwrite, real_fdatasync = os.pwrite, os.fdatasync
+    real_unlink, real_ftruncate = os.unlink, os.ftruncate
+    moving = []
+
+    def compact_then(directory, file):
+        if point == "after-journal":
+            die()
+        moving.append(True)
+        return real_compact(directory, file)
+
+    def pwrite(fd, data, offset):
+        zeros = not any(data)
+        if moving and ((point == "mid-blank" and zeros) or (point == "mid-move" and not zeros)):
+            real_pwrite(fd, bytes(data[: len(data) // 2]), offset)  # torn
+            die()
+        return real_pwrite(fd, data, offset)
+
+    def fdatasync(fd):
+        if point == "before-fsync" and moving:
+            die()
+        return real_fdatasync(fd)
+
+    def unlink(path, **kwargs):
+        real_unlink(path, **kwargs)
+        if point == "after-journal-delete" and str(path).endswith(".compact"):
+            die()
+
+    def ftruncate(fd, length):
+        real_ftruncate(fd, length)
+        if point == "after-cut":
+            die()
+
+    warren.store.engine.compacting.compact_in_place = compact_then
+    os.pwrite, os.fdatasync, os.unlink, os.ftruncate = pwrite, fdatasync, unlink, ftruncate
+
+
+def compact_and_die(directory: str, point: str) -> None:
+    store_ = MessageStore(directory, file_size_limit=4096, auto_gc=False, gc="compact")
+    build_fragmented_store(store_)
+    kill_in_compaction_at(point)
+    print("compacting", flush=True)
+    store_.collect_garbage()
+    print("compaction finished without reaching the crash point", flush=True)
+
+
 def combine_and_die(directory: str, point: str) -> None:
-    store_ = MessageStore(directory, file_size_limit=4096, auto_gc=False)
+    store_ = MessageStore(directory, file_size_limit=4096, auto_gc=False, gc="combine")
     build_fragmented_store(store_)
     kill_at(point)
     print("combining", flush=True)
@@ -138,6 +190,7 @@ if __name__ == "__main__":
     {
         "write": lambda: write_forever(directory),
         "combine": lambda: combine_and_die(directory, rest[0]),
+        "compact": lambda: compact_and_die(directory, rest[0]),
         "hold": lambda: hold(directory),
         "churn": lambda: churn(directory, rest == ["restart"]),
     }[command]()

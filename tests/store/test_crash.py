@@ -1,7 +1,10 @@
 """SIGKILL a real process that owns a store, then recover: nothing synced is lost, no
-body comes back wrong, and a combine killed at any step loses no live message."""
+body comes back wrong, and a combine or a compaction killed at any step loses no live
+message."""
 
+import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -73,17 +76,45 @@ def test_a_writer_killed_mid_write_loses_no_synced_message(store_dir):
 
 
 @pytest.mark.parametrize(
-    "point", ["after-plan", "mid-copy", "before-fsync", "after-rename", "before-delete"]
+    ("gc", "point"),
+    [
+        *(
+            ("combine", point)
+            for point in ("after-plan", "mid-copy", "before-fsync", "after-rename", "before-delete")
+        ),
+        *(
+            ("compact", point)
+            for point in (
+                "after-journal",
+                "mid-blank",
+                "mid-move",
+                "before-fsync",
+                "after-journal-delete",
+                "after-cut",
+            )
+        ),
+    ],
 )
-def test_a_combine_killed_at_any_step_loses_no_live_message(tmp_path, point):
+def test_a_gc_job_killed_at_any_step_loses_no_live_message(tmp_path, gc, point, caplog):
     directory = tmp_path / "store"
-    with Child("combine", str(directory), point) as child:
-        assert next(child.lines()) == "combining"
+    with Child(gc, str(directory), point) as child:
+        assert next(child.lines()) == ("combining" if gc == "combine" else "compacting")
         assert child.process.wait(timeout=60) == -signal.SIGKILL
     with MessageStore(tmp_path / "expected", file_size_limit=4096, auto_gc=False) as model:
         live = build_fragmented_store(model)
-    with MessageStore(directory, file_size_limit=4096, auto_gc=False) as standalone:
+    with (
+        caplog.at_level(logging.WARNING, logger="warren.store"),
+        MessageStore(directory, file_size_limit=4096, auto_gc=False, gc=gc) as standalone,
+    ):
         assert not os.path.exists(directory / "0.rdt")
+        assert not [name for name in os.listdir(directory) if name.endswith(".compact")]
+        rolled_back = re.search(r"(\d+) copies complete, (\d+) torn", caplog.text)
+        if gc == "compact" and point in ("after-journal", "mid-blank", "mid-move", "before-fsync"):
+            assert rolled_back, caplog.text  # the journal was found and undone
+            complete, torn = map(int, rolled_back.groups())
+            assert torn >= 1 if point != "before-fsync" else complete >= 1
+        else:
+            assert not rolled_back, caplog.text
         for n, expected in live.items():
             assert standalone.read(msg_id(n)) == expected, n
         assert all(
@@ -95,6 +126,7 @@ def test_a_combine_killed_at_any_step_loses_no_live_message(tmp_path, point):
         file_size_limit=4096,
         ref_counts=references,
         clean_clients=[b"a queue that crashed"],
+        gc=gc,
     ) as node_view:
         assert {n for n in range(420) if node_view.contains(msg_id(n))} == set(live)
         node_view.collect_garbage()

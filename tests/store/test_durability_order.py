@@ -9,6 +9,7 @@ import stat
 import pytest
 
 from warren.store import MessageStore, rewrite_combine
+from warren.store.engine import compacting as compacting_module
 from warren.store.engine import gc as gc_module
 
 from .helpers import body, fill, msg_id
@@ -16,7 +17,8 @@ from .helpers import body, fill, msg_id
 
 @pytest.fixture
 def disk_calls(monkeypatch):
-    """Record fdatasync/fsync (naming the file or "dir"), rename and unlink, in order."""
+    """Record fdatasync/fsync/pwrite/ftruncate (naming the file or "dir"), rename and
+    unlink, in order."""
     calls = []
 
     def target(fd):
@@ -24,16 +26,15 @@ def disk_calls(monkeypatch):
             return "dir"
         return os.path.basename(os.readlink(f"/proc/self/fd/{fd}"))
 
-    real = {name: getattr(os, name) for name in ("fdatasync", "fsync", "rename", "unlink")}
+    on_fd = ("fdatasync", "fsync", "pwrite", "ftruncate")
+    real = {name: getattr(os, name) for name in (*on_fd, "rename", "unlink")}
 
     def recorder(name):
         def call(first, *args, **kwargs):
             calls.append(
                 (
                     name,
-                    target(first)
-                    if name in ("fdatasync", "fsync")
-                    else os.path.basename(str(first)),
+                    target(first) if name in on_fd else os.path.basename(str(first)),
                 )
             )
             return real[name](first, *args, **kwargs)
@@ -64,7 +65,7 @@ def test_a_sync_that_created_a_file_fsyncs_every_file_written_and_then_the_direc
 def test_a_combine_syncs_its_copy_renames_it_syncs_the_directory_then_deletes_src(
     open_store, store_dir, disk_calls
 ):
-    store = open_store(file_size_limit=1000, auto_gc=False)
+    store = open_store(file_size_limit=1000, auto_gc=False, gc="combine")
     fill(store, range(40))
     for n in range(36):
         if n % 8:
@@ -117,16 +118,46 @@ def test_close_reports_the_writes_no_sync_reported(store_dir):
         assert again.read(msg_id(1)) == body(1)
 
 
-def test_a_gc_that_fails_inside_sync_loses_no_ticket_and_the_store_carries_on(
-    open_store, monkeypatch, caplog
+def test_a_compaction_makes_its_journal_durable_first_and_cuts_the_file_after_deleting_it(
+    open_store, disk_calls
 ):
-    store = open_store(file_size_limit=1000)
+    store = open_store(file_size_limit=1000, auto_gc=False, gc="compact")
+    fill(store, range(40))
+    for n in range(8):  # file 0 keeps 3 and 7 of its eight
+        if n not in (3, 7):
+            store.remove(msg_id(n))
+    store.sync()
+    disk_calls.clear()
+    assert store.collect_garbage() == 1
+    journal_durable = disk_calls.index(("fdatasync", "0.compact"))
+    first_data_write = disk_calls.index(("pwrite", "0.rdq"))
+    assert disk_calls[journal_durable + 1] == ("fsync", "dir") and journal_durable < first_data_write
+    moves_durable = disk_calls.index(("fdatasync", "0.rdq"))
+    journal_gone = disk_calls.index(("unlink", "0.compact"))
+    cut = disk_calls.index(("ftruncate", "0.rdq"))
+    assert first_data_write < moves_durable < journal_gone < cut
+    assert disk_calls[journal_gone + 1] == ("fsync", "dir")
+    assert disk_calls[cut + 1] == ("fdatasync", "0.rdq")
+    # The last live record moves first, into the first hole (RabbitMQ's order).
+    assert store.location(msg_id(7)).offset == 0 and store.location(msg_id(3)).offset == 125
+    assert store.stats()["files"][0]["file_size"] == 250
+    assert store.read(msg_id(7)) == body(7)
+
+
+@pytest.mark.parametrize("gc", ["compact", "combine"])
+def test_a_gc_that_fails_inside_sync_loses_no_ticket_and_the_store_carries_on(
+    open_store, monkeypatch, caplog, gc
+):
+    store = open_store(file_size_limit=1000, gc=gc)
     fill(store, range(40))
 
     def disk_full(directory, plan):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(gc_module, "rewrite_combine", disk_full)
+    if gc == "combine":
+        monkeypatch.setattr(gc_module, "rewrite_combine", disk_full)
+    else:
+        monkeypatch.setattr(compacting_module, "compact_in_place", disk_full)
     store.write(msg_id(99), body(99), ticket="T99")
     for n in range(36):
         if n % 8:
@@ -139,10 +170,11 @@ def test_a_gc_that_fails_inside_sync_loses_no_ticket_and_the_store_carries_on(
     assert store.stats()["locked_files"] == 0
 
 
+@pytest.mark.parametrize("gc", ["compact", "combine"])
 def test_a_damaged_record_keeps_its_file_out_of_gc_and_loses_no_other_message(
-    open_store, store_dir, caplog
+    open_store, store_dir, caplog, gc
 ):
-    store = open_store(file_size_limit=1000, auto_gc=False)
+    store = open_store(file_size_limit=1000, auto_gc=False, gc=gc)
     fill(store, range(40))
     place = store.location(msg_id(3))
     with open(store_dir / f"{place.file}.rdq", "r+b") as f:
@@ -154,7 +186,7 @@ def test_a_damaged_record_keeps_its_file_out_of_gc_and_loses_no_other_message(
             store.remove(msg_id(n))
     with caplog.at_level(logging.ERROR, logger="warren.store"):
         store.collect_garbage()
-    assert "will not be combined" in caplog.text
+    assert f"will not be {'compacted' if gc == 'compact' else 'combined'}" in caplog.text
     assert place.file in store.stats()["uncombinable_files"]
     for n in live - {3}:
         assert store.read(msg_id(n)) == body(n)

@@ -3,6 +3,8 @@ deletion and GC (RabbitMQ's msg_store suite, ported)."""
 
 import os
 
+import pytest
+
 from ..helpers import body, fill, msg_id
 
 
@@ -175,15 +177,17 @@ def test_stats_report_sizes_counts_and_counters(open_store):
         "left": 0,
         "right": 2,
         "locked": False,
+        "removes": 1,
         "readers": 0,
     }
     assert (stats["writes"], stats["reads"], stats["removes"], stats["gc_runs"]) == (20, 1, 1, 0)
 
 
+@pytest.mark.parametrize("gc", ["compact", "combine"])
 def test_a_hundred_files_emptied_in_thirds_with_gc_running_leave_only_the_current_file(
-    open_store, store_dir
+    open_store, store_dir, gc
 ):
-    store = open_store(file_size_limit=8 * 1024)
+    store = open_store(file_size_limit=8 * 1024, gc=gc)
     count = 100 * 8  # 1 KiB bodies: 7-8 per file, ~110 files
     ids = [msg_id(n) for n in range(count)]
     for n, mid in enumerate(ids):
@@ -200,14 +204,14 @@ def test_a_hundred_files_emptied_in_thirds_with_gc_running_leave_only_the_curren
         survivors = set(range(count)) - {n for t in thirds[: phase + 1] for n in t}
         assert all(store.read(ids[n]) == body(n, 1000) for n in survivors)
         if phase == 1:
-            assert store.stats()["gc_runs"] > 0
+            assert store.stats()["gc_runs" if gc == "combine" else "gc_compactions"] > 0
             assert store.stats()["garbage_fraction"] <= 0.5
     assert not any(store.contains(mid) for mid in ids)
     assert rdq_files(store_dir) == [store.stats()["current_file"]]
 
 
 def test_gc_combines_two_adjacent_files_into_the_older_one(open_store, store_dir):
-    store = open_store(file_size_limit=1000, auto_gc=False)
+    store = open_store(file_size_limit=1000, auto_gc=False, gc="combine")
     for n in range(40):  # files 0..4 hold 8 records each; 5 is current
         store.write(msg_id(n), body(n))
     store.sync()
@@ -229,6 +233,7 @@ def test_gc_combines_two_adjacent_files_into_the_older_one(open_store, store_dir
         "left": None,
         "right": 3,
         "locked": False,
+        "removes": 7,
         "readers": 0,
     }
     assert stats["gc_runs"] == 1 and stats["garbage_fraction"] <= 0.5

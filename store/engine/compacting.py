@@ -1,0 +1,286 @@
+"""The store's side of compaction: choosing a file, staging its live records, writing the
+journal, pointing the index at the moved records, cutting the file.
+
+``MessageStore`` takes these steps from ``Compacting`` when its ``gc`` is ``"compact"``;
+``warren.store.engine.compaction`` holds the plan, the journal and the moves
+(``compact_in_place``, run wherever the caller likes: the GC process in a node). For one
+file N:
+
+1. ``choose_compaction``: the oldest non-current file whose garbage is over
+   ``garbage_fraction`` of its size (RabbitMQ: valid × 2 < size), with live data, not
+   locked, not known damaged, not held by a reader right now, and that saw no remove for
+   ``quiet_s`` (a file being drained is left to empty, and is then deleted without a
+   copy: RabbitMQ waits 15 s); it is locked.
+2. ``stage_compaction``, once per slice of the file's records as a scan found them, in
+   offset order: keep those the index points at. Cheap, and bounded per call.
+3. ``finish_compaction_staging``: the records still live now (one removed meanwhile is
+   dropped) must add up to the file's valid bytes (else the file is damaged: never
+   compacted); the plan (``plan_compaction``, avoiding a place the removal log names for
+   the same id) is written as the journal, durable, and returned. A file whose plan would
+   reclaim nothing is not chosen again until its valid bytes change.
+4. ``compact_in_place`` (elsewhere): zero the holes, copy the moves, fdatasync.
+5. ``apply_compaction``: delete the journal, fsync the directory, point every index entry
+   still at a copied place at its new one, note in the removal log the copies of records
+   removed meanwhile (their new places hold a dead copy now), then cut the file under its
+   lock-table slot. Readers holding the slot past the deadline defer the cut
+   (``retry_cuts``, at each sync and each GC check), the file locked until then.
+
+Races and their answers (the store is single-threaded; "meanwhile" is between slices, or
+while the GC moves):
+
+- a remove of a staged record meanwhile: at 3 it is not live and is not planned; after 3
+  it is moved as planned (a dead copy), and 5 leaves its entry alone and logs the copy;
+- a new reference to a staged record: the index entry keeps its place, so 5 relocates it
+  with its count (``index.relocate`` keeps the count and the adoptable flag);
+- a record removed and written again: the new one is pending or in the current file,
+  never in N, so 5 leaves it alone;
+- a reader in another process with a cached place: the old places stay intact until the
+  cut, which waits for readers to leave N's slot and bumps its generation; a read of a
+  place that no longer holds the record fails its check and falls back to the store;
+- the file empties meanwhile: 5 (or the abandon) deletes it instead;
+- an exception in 5 breaks the store (``_guarded``): no clean snapshot describes a half
+  applied compaction.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from ..errors import CorruptRecord, StoreError
+from . import compaction
+from . import index as idx
+from .compaction import CompactionPlan, compact_in_place, plan_compaction
+from .lock_table import SWITCH_DEADLINE_SECONDS
+from .records import data_file_name
+from .rewrite import Record
+from .scanner import scan_file
+from .state import _StoreState
+
+log = logging.getLogger("warren.store")
+
+_key = int.from_bytes
+
+
+@dataclass
+class CompactionStaging:
+    """A compaction being staged or carried out: its file, its live records, its plan."""
+
+    file: int
+    live: list[Record] = field(default_factory=list)
+    plan: CompactionPlan | None = None
+
+
+class Compacting(_StoreState):
+    """Compaction steps of ``MessageStore`` (see the module docstring); uses its state."""
+
+    def choose_compaction(self, quiet_s: float = 0.0) -> int | None:
+        """Step 1: pick and lock a file; None when none is due (or a job runs)."""
+        self._check_usable()
+        if self._compaction is not None:
+            return None
+        fraction = self.garbage_fraction
+        now = time.monotonic()
+        for file, summary in sorted(self._summary.items()):
+            valid = summary.valid_total_size
+            if (
+                summary.right is None
+                or summary.locked
+                or valid == 0
+                or summary.file_size - valid <= fraction * summary.file_size
+                or file in self._uncombinable
+                or not self._quiet(file, summary.removes, now, quiet_s)
+                or self._not_worth_compacting.get(file) == valid
+                or self._held_by_readers(file)
+            ):
+                continue
+            summary.locked = True
+            self._compaction = CompactionStaging(file)
+            return file
+        return None
+
+    def _quiet(self, file: int, removes: int, now: float, quiet_s: float) -> bool:
+        """Whether ``file`` saw no remove for ``quiet_s``, by its count of removes as
+        this method saw it before."""
+        seen = self._removes_seen.get(file)
+        if seen is None or seen[0] != removes:
+            self._removes_seen[file] = (removes, now)
+            return quiet_s <= 0
+        return now - seen[1] >= quiet_s
+
+    def stage_compaction(
+        self, file: int, msg_ids: Sequence[bytes], offsets: Sequence[int], sizes: Sequence[int]
+    ) -> None:
+        """Step 2, one slice of ``file``'s records in offset order: keep those the index
+        points at."""
+        staging = self._compaction
+        if staging is None or staging.file != file or staging.plan is not None:
+            raise StoreError(f"stage_compaction of file {file}: not the file being staged")
+        index, live = self._index, staging.live
+        file_shift, offset_shift, offset_mask = idx.FILE_SHIFT, idx.OFFSET_SHIFT, idx.OFFSET_MASK
+        for msg_id, offset, size in zip(msg_ids, offsets, sizes, strict=True):
+            value = index.get(_key(msg_id))
+            if (
+                value is not None
+                and value >> file_shift == file
+                and (value >> offset_shift) & offset_mask == offset
+            ):
+                live.append((bytes(msg_id), offset, size))
+
+    def finish_compaction_staging(self) -> CompactionPlan | None:
+        """Step 3: the plan, its journal durable; None (the file unlocked) when the file
+        is damaged or a compaction would reclaim nothing."""
+        staging = self._compaction
+        assert staging is not None, "finish_compaction_staging without a compaction staged"
+        file = staging.file
+        summary = self._summary[file]
+        live = [record for record in staging.live if self._still_at(file, record)]
+        if sum(size for _, _, size in live) != summary.valid_total_size:
+            log.error(
+                "%s: %s holds %d valid bytes by the index but the scan finds %d; "
+                "the file is damaged and will not be compacted",
+                self.directory,
+                data_file_name(file),
+                summary.valid_total_size,
+                sum(size for _, _, size in live),
+            )
+            self._uncombinable.add(file)
+            self._guarded(self._abandon_compaction)
+            return None
+        avoid = {
+            (offset, msg_id) for _, offset, msg_id in self._removals.entries([file], buffered=True)
+        }
+        plan = plan_compaction(file, summary.file_size, live, avoid)
+        if plan is None:
+            self._not_worth_compacting[file] = summary.valid_total_size
+            self._guarded(self._abandon_compaction)
+            return None
+        try:
+            compaction.write_journal(self._dir_fd, plan)
+        except OSError:
+            self._guarded(self._abandon_compaction)
+            raise
+        staging.plan = plan
+        staging.live = []
+        return plan
+
+    def _still_at(self, file: int, record: Record) -> bool:
+        value = self._index.get(_key(record[0]))
+        return (
+            value is not None
+            and value >> idx.FILE_SHIFT == file
+            and (value >> idx.OFFSET_SHIFT) & idx.OFFSET_MASK == record[1]
+        )
+
+    def apply_compaction(
+        self, plan: CompactionPlan, *, wait_s: float = SWITCH_DEADLINE_SECONDS
+    ) -> bool:
+        """Step 5: the index and the journal at once, then the cut; False when readers
+        held the file past ``wait_s`` and the cut waits for ``retry_cuts``."""
+        staging = self._compaction
+        if staging is None or staging.plan is not plan:
+            raise StoreError("apply_compaction of a plan this store is not running")
+        self._check_usable()
+        self._guarded(self._point_index_at_moves, plan)
+        return self._guarded(self._cut, plan.file, wait_s)
+
+    def _point_index_at_moves(self, plan: CompactionPlan) -> None:
+        file = plan.file
+        compaction.forget_journal(self._dir_fd, file)
+        index, relocate = self._index, idx.relocate
+        dead_copies = 0
+        for msg_id, source, to, _size in plan.moves:
+            key = _key(msg_id)
+            value = index.get(key)
+            if (
+                value is not None
+                and value >> idx.FILE_SHIFT == file
+                and (value >> idx.OFFSET_SHIFT) & idx.OFFSET_MASK == source
+            ):
+                index[key] = relocate(value, file, to)
+            else:  # removed meanwhile: its new place holds a dead copy
+                self._removals.note(file, to, msg_id)
+                dead_copies += 1
+        if dead_copies:
+            self._removals.write()
+        compaction.note_compacted(self._dir_fd, file, plan.reclaimed)
+        self._compaction = None
+        self._pending_cuts[file] = plan.truncate_at
+        self.counters["gc_compactions"] += 1
+        self.counters["gc_bytes_moved"] += plan.moved_bytes
+
+    def _cut(self, file: int, wait_s: float) -> bool:
+        if self._lock_table is None:
+            self._cut_now(file)
+            return True
+        with self._lock_table.exclusive([file], wait_s) as acquired:
+            if acquired:
+                self._cut_now(file)
+        return acquired
+
+    def _cut_now(self, file: int) -> None:
+        """Cut ``file`` where its compaction ended (the caller holds its slot), or delete
+        it if it emptied meanwhile."""
+        truncate_at = self._pending_cuts.pop(file)
+        summary = self._summary[file]
+        summary.locked = False
+        if summary.valid_total_size == 0:
+            self._unlink_file(file)
+            return
+        self._unmap(file)
+        fd = os.open(data_file_name(file), os.O_WRONLY, dir_fd=self._dir_fd)
+        try:
+            os.ftruncate(fd, truncate_at)
+            os.fdatasync(fd)
+        finally:
+            os.close(fd)
+        self.counters["gc_bytes_reclaimed"] += summary.file_size - truncate_at
+        summary.file_size = truncate_at
+
+    def retry_cuts(self) -> None:
+        """Cut the files whose readers deferred it, where none holds them now."""
+        for file in sorted(self._pending_cuts):
+            self._guarded(self._cut, file, 0.0)
+
+    def abandon_compaction(self, plan: CompactionPlan | None = None) -> None:
+        """Give the compaction in progress up (``plan``: only if it is that one); its
+        journal, if written, stays for the next job on the file or the next start."""
+        staging = self._compaction
+        if staging is None or (plan is not None and staging.plan is not plan):
+            return
+        self._guarded(self._abandon_compaction)
+
+    def _abandon_compaction(self) -> None:
+        staging = self._compaction
+        assert staging is not None  # its callers run it only while one is staged
+        self._compaction = None
+        summary = self._summary[staging.file]
+        summary.locked = False
+        if summary.valid_total_size == 0:
+            self._delete_empty_file(staging.file)
+
+    def compact_garbage(self) -> int:
+        """Compact files in-process until none qualifies; the number compacted."""
+        done = 0
+        self.retry_cuts()
+        while (file := self.choose_compaction()) is not None:
+            found = scan_file(os.path.join(self.directory, data_file_name(file)))
+            self.stage_compaction(file, found.msg_ids, found.offsets, found.total_sizes)
+            plan = self.finish_compaction_staging()
+            if plan is None:
+                continue
+            try:
+                compact_in_place(self.directory, file)
+            except CorruptRecord:
+                self._uncombinable.add(file)
+                self.abandon_compaction(plan)
+                raise
+            except BaseException:
+                self.abandon_compaction(plan)
+                raise
+            self.apply_compaction(plan)
+            done += 1
+        return done

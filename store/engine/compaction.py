@@ -1,0 +1,376 @@
+"""Compaction: one file's live records moved towards its head in place, then the file cut
+(RabbitMQ 3.13+'s GC, seed 002 A4.2), beside the combining of neighbours (``rewrite``).
+
+The steps, and who runs them:
+
+1. plan (the store, ``warren.store.engine.compacting``): the file's live records, from a
+   scan checked against the index, give the moves (``plan_compaction``): walking holes
+   from the head, the *last* live record moves into the hole before the next live one
+   when it fits, else that next one stays and the walk goes on past it. A record only
+   moves to a lower offset, into bytes no live record occupies, and never overlaps its
+   own old place; every old place of a moved record ends up past the cut
+   (``truncate_at``). Worked example (RabbitMQ's)::
+
+       [A@0 100][hole 200][B@300 50][C@350 150]  ->  C to 100, B to 250, cut at 300
+       [A][C][B]
+
+   The store writes the plan as the file's *journal*, ``N.compact``, fdatasyncs it and
+   the directory, then hands the job on.
+2. move (``compact_in_place``; the GC process in a node): check every record to move
+   (size field, id, 0xFF trailer) before writing anything, zero the holes (every byte
+   below the cut that no staying record holds: no stale bytes of removed records are
+   left for a scanner to mistake for a record, RabbitMQ's `fcd011f9cf`), copy each
+   record to its new place, fdatasync (also every megabyte, so that the store's group
+   commits never wait behind a backlog of dirty pages).
+3. apply (the store): delete the journal and fsync the directory, point the index at the
+   new places (only entries still at the copied place: a record removed, or removed and
+   written again, meanwhile is left alone), then, holding the file's lock-table slot so
+   no reader is inside it, cut the file at ``truncate_at`` and fdatasync it. Readers
+   that hold the slot past the deadline defer only the cut, retried later; the file
+   stays locked until it is done.
+
+Crash safety. Until the journal is deleted, the index (in memory, in a clean snapshot, or
+rebuilt by a dirty start) points at the old places, which nothing writes to: the moves
+only write into holes. A start that finds a journal therefore *rolls it back* before
+anything scans the file: each destination is compared with its intact source (a move that
+did not finish, a torn one, differs from it), and every destination is zeroed, so that
+no half-written copy is left for a scan to find; then the journal is deleted. A journal
+whose own CRC fails was torn while it was written, before any move began: it is deleted.
+After the journal is deleted, the old copies stay intact until the cut and are the last
+copy of their id a dirty start keeps; after the cut only the new copies exist, durable
+since step 2. No crash makes recovery read a moved record at its old place.
+
+A journal left by a job its store gave up (the GC died) stays until the next job on that
+file replaces it, the file is deleted, or a start rolls it back: every destination it
+names was a hole when it was planned, and only a later job on the same file (which
+writes its own journal first) could put a live record there.
+
+``N.compacted`` beside a compacted file counts its compactions and the bytes they
+reclaimed, for ``warren store inspect``; it is written without fsync (a figure, not
+state) and deleted with the file.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import struct
+from collections.abc import Container, Sequence
+from dataclasses import dataclass
+
+from isal.isal_zlib import crc32
+
+from ..errors import CorruptRecord
+from .records import HEADER, OK_MARKER, data_file_name
+from .rewrite import WRITE_CHUNK_BYTES, Record
+
+log = logging.getLogger("warren.store")
+
+JOURNAL_SUFFIX = ".compact"
+MARKER_SUFFIX = ".compacted"
+_JOURNAL_MAGIC = b"WRNCMPCT"
+_JOURNAL_VERSION = 1
+_JOURNAL_HEAD = struct.Struct("<8sIQQQII")  # magic, version, file, size, cut, moves, holes
+_MOVE = struct.Struct("<16sQQQ")  # msg_id, from, to, total size
+_HOLE = struct.Struct("<QQ")  # start, end
+_CRC = struct.Struct("<I")
+_ZEROS = bytes(WRITE_CHUNK_BYTES)
+
+Move = tuple[bytes, int, int, int]  # (msg_id, from, to, total_size)
+
+
+class JournalInvalid(Exception):
+    """A compaction journal that is torn, damaged or not a journal."""
+
+
+@dataclass(frozen=True)
+class CompactionPlan:
+    """One file's compaction: its size when planned, where it is cut, the records that
+    move, and the holes zeroed before they do (all below the cut)."""
+
+    file: int
+    file_size: int
+    truncate_at: int
+    moves: tuple[Move, ...]
+    holes: tuple[tuple[int, int], ...]
+
+    @property
+    def reclaimed(self) -> int:
+        return self.file_size - self.truncate_at
+
+    @property
+    def moved_bytes(self) -> int:
+        return sum(move[3] for move in self.moves)
+
+
+def journal_name(file: int) -> str:
+    return f"{file}{JOURNAL_SUFFIX}"
+
+
+def marker_name(file: int) -> str:
+    return f"{file}{MARKER_SUFFIX}"
+
+
+_NAME = re.compile(r"^(0|[1-9][0-9]*)\.(compact|compacted)$")
+
+
+def file_of(name: str) -> int | None:
+    """The N of a journal or marker name (``N.compact``, ``N.compacted``); None else."""
+    match = _NAME.match(name)
+    return int(match.group(1)) if match else None
+
+
+def plan_compaction(
+    file: int,
+    file_size: int,
+    live: Sequence[Record],
+    avoid: Container[tuple[int, bytes]] = (),
+) -> CompactionPlan | None:
+    """The plan for ``file`` whose live records (``(msg_id, offset, total_size)``, in
+    offset order) are ``live``; None when it would reclaim nothing. ``avoid`` names
+    places a record of that id must not move to: where the removal log says a removed
+    copy of the same id was (an entry must never name a live record)."""
+    moves: list[Move] = []
+    staying: list[Record] = []
+    front, back = 0, len(live) - 1
+    end = 0  # the end of the data kept or moved so far, from the head
+    while front <= back:
+        msg_id, offset, size = live[front]
+        hole = offset - end
+        if hole and back > front:
+            last_id, last_offset, last_size = live[back]
+            if last_size <= hole and (end, last_id) not in avoid:
+                moves.append((last_id, last_offset, end, last_size))
+                end += last_size
+                back -= 1
+                continue
+        elif hole and size <= hole and (end, msg_id) not in avoid:
+            moves.append((msg_id, offset, end, size))  # the last one, into the hole before it
+            end += size
+            front += 1
+            continue
+        staying.append(live[front])  # it stays; the hole before it stays a hole
+        end = offset + size
+        front += 1
+    if end >= file_size:
+        return None
+    holes = []
+    at = 0
+    for _msg_id, offset, size in staying:
+        if offset > at:
+            holes.append((at, offset))
+        at = offset + size
+    if at < end:
+        holes.append((at, end))
+    return CompactionPlan(file, file_size, end, tuple(moves), tuple(holes))
+
+
+def encode_journal(plan: CompactionPlan) -> bytes:
+    parts = [
+        _JOURNAL_HEAD.pack(
+            _JOURNAL_MAGIC,
+            _JOURNAL_VERSION,
+            plan.file,
+            plan.file_size,
+            plan.truncate_at,
+            len(plan.moves),
+            len(plan.holes),
+        )
+    ]
+    parts += [_MOVE.pack(*move) for move in plan.moves]
+    parts += [_HOLE.pack(*hole) for hole in plan.holes]
+    body = b"".join(parts)
+    return body + _CRC.pack(crc32(body))
+
+
+def decode_journal(data: bytes) -> CompactionPlan:
+    """The plan a journal holds; ``JournalInvalid`` unless it is whole and intact."""
+    if len(data) < _JOURNAL_HEAD.size + _CRC.size:
+        raise JournalInvalid("the journal is shorter than its header")
+    body, (crc,) = data[: -_CRC.size], _CRC.unpack(data[-_CRC.size :])
+    if crc32(body) != crc:
+        raise JournalInvalid("the journal fails its CRC (torn while it was written)")
+    magic, version, file, size, cut, moves, holes = _JOURNAL_HEAD.unpack_from(body)
+    if magic != _JOURNAL_MAGIC or version != _JOURNAL_VERSION:
+        raise JournalInvalid("not a compaction journal of this version")
+    if len(body) != _JOURNAL_HEAD.size + moves * _MOVE.size + holes * _HOLE.size:
+        raise JournalInvalid("the journal's length does not match its counts")
+    at = _JOURNAL_HEAD.size
+    move_list = [_MOVE.unpack_from(body, at + i * _MOVE.size) for i in range(moves)]
+    at += moves * _MOVE.size
+    hole_list = [_HOLE.unpack_from(body, at + i * _HOLE.size) for i in range(holes)]
+    return CompactionPlan(file, size, cut, tuple(move_list), tuple(hole_list))
+
+
+def write_journal(dir_fd: int, plan: CompactionPlan) -> None:
+    """Write the plan as ``N.compact`` and make it durable (file and directory entry)
+    before any byte of the data file changes."""
+    fd = os.open(
+        journal_name(plan.file), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644, dir_fd=dir_fd
+    )
+    try:
+        _write_all_at(fd, encode_journal(plan), 0)
+        os.fdatasync(fd)
+    finally:
+        os.close(fd)
+    os.fsync(dir_fd)
+
+
+def read_journal(directory: str, file: int) -> CompactionPlan:
+    with open(os.path.join(directory, journal_name(file)), "rb") as journal:
+        return decode_journal(journal.read())
+
+
+def compact_in_place(directory: str | os.PathLike, file: int) -> CompactionPlan:
+    """Step 2: carry out the journal of ``file`` (see the module docstring); the plan.
+    ``CorruptRecord`` (nothing written) when a record to move is not where the plan says,
+    or the file is not the size it was planned at; ``JournalInvalid`` without a journal
+    that is intact."""
+    directory = os.fspath(directory)
+    try:
+        plan = read_journal(directory, file)
+    except FileNotFoundError:
+        raise JournalInvalid(f"no compaction journal for {data_file_name(file)}") from None
+    path = os.path.join(directory, data_file_name(file))
+    fd = os.open(path, os.O_RDWR)
+    try:
+        size = os.fstat(fd).st_size
+        if size != plan.file_size:
+            raise CorruptRecord(
+                f"{path} is {size} bytes; its compaction was planned at {plan.file_size}"
+            )
+        records = [_checked_record(fd, path, move) for move in plan.moves]
+        written = 0
+        for start, stop in plan.holes:
+            while start < stop:
+                chunk = min(stop - start, len(_ZEROS))
+                _write_all_at(fd, memoryview(_ZEROS)[:chunk], start)
+                start += chunk
+                written = _sync_every_chunk(fd, written + chunk)
+        for (_msg_id, _source, to, _size), record in zip(plan.moves, records, strict=True):
+            _write_all_at(fd, record, to)
+            written = _sync_every_chunk(fd, written + len(record))
+        os.fdatasync(fd)
+    finally:
+        os.close(fd)
+    return plan
+
+
+def _checked_record(fd: int, path: str, move: Move) -> bytes:
+    msg_id, source, _to, size = move
+    record = os.pread(fd, size, source)
+    if (
+        len(record) != size
+        or record[-1] != OK_MARKER
+        or HEADER.unpack_from(record) != (size - 9, msg_id)
+    ):
+        raise CorruptRecord(f"{path} has no valid record of {msg_id.hex()} at offset {source}")
+    return record
+
+
+def _sync_every_chunk(fd: int, written: int) -> int:
+    """fdatasync once a megabyte is dirty (see the module docstring); what is dirty now."""
+    if written >= WRITE_CHUNK_BYTES:
+        os.fdatasync(fd)
+        return 0
+    return written
+
+
+def _write_all_at(fd: int, data: bytes | memoryview, offset: int) -> None:
+    view = memoryview(data)
+    while view:
+        done = os.pwrite(fd, view, offset)
+        view, offset = view[done:], offset + done
+
+
+@dataclass(frozen=True)
+class RollBack:
+    """What a start found of an unfinished compaction of one file."""
+
+    file: int
+    complete: int  # moves whose copy matched its source
+    torn: int  # moves whose copy did not (cut short, or never begun)
+    journal_invalid: bool  # the journal itself was torn: nothing had moved
+
+
+def roll_back(dir_fd: int, file: int) -> RollBack:
+    """Undo an unfinished compaction of ``file`` (its journal present at a start): zero
+    every destination, fdatasync, delete the journal and fsync the directory."""
+    try:
+        fd = os.open(journal_name(file), os.O_RDONLY, dir_fd=dir_fd)
+        with os.fdopen(fd, "rb") as journal:
+            plan = decode_journal(journal.read())
+    except JournalInvalid:
+        forget_journal(dir_fd, file)
+        return RollBack(file, 0, 0, journal_invalid=True)
+    complete = torn = 0
+    try:
+        data_fd = os.open(data_file_name(file), os.O_RDWR, dir_fd=dir_fd)
+    except FileNotFoundError:
+        forget_journal(dir_fd, file)
+        return RollBack(file, 0, len(plan.moves), journal_invalid=False)
+    try:
+        if os.fstat(data_fd).st_size != plan.file_size:
+            # Not the file this journal planned for (a job given up long ago on a file
+            # since changed by other means): its places mean nothing here.
+            log.warning(
+                "%s is not the size its compaction journal planned for; "
+                "the journal is dropped and the file left as it is",
+                data_file_name(file),
+            )
+        else:
+            for _msg_id, source, to, size in plan.moves:
+                copy = os.pread(data_fd, size, to)
+                if crc32(copy) == crc32(os.pread(data_fd, size, source)):
+                    complete += 1
+                else:
+                    torn += 1
+                _write_all_at(data_fd, bytes(size), to)
+            os.fdatasync(data_fd)
+    finally:
+        os.close(data_fd)
+    forget_journal(dir_fd, file)
+    return RollBack(file, complete, torn, journal_invalid=False)
+
+
+def forget_journal(dir_fd: int, file: int) -> None:
+    """Delete ``file``'s journal, if any, and fsync the directory: from here on the
+    compaction it planned is applied, never rolled back."""
+    try:
+        os.unlink(journal_name(file), dir_fd=dir_fd)
+    except FileNotFoundError:
+        return
+    os.fsync(dir_fd)
+
+
+def note_compacted(dir_fd: int, file: int, reclaimed: int) -> None:
+    """Add one compaction and ``reclaimed`` bytes to ``N.compacted`` (no fsync: a figure)."""
+    compactions, total = read_marker(dir_fd, file)
+    fd = os.open(marker_name(file), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644, dir_fd=dir_fd)
+    try:
+        _write_all_at(fd, f"{compactions + 1} {total + reclaimed}\n".encode(), 0)
+    finally:
+        os.close(fd)
+
+
+def read_marker(dir_fd: int, file: int) -> tuple[int, int]:
+    """(compactions, bytes reclaimed) of ``file``; (0, 0) without a readable marker."""
+    try:
+        fd = os.open(marker_name(file), os.O_RDONLY, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return 0, 0
+    with os.fdopen(fd, "rb") as marker:
+        fields = marker.read(64).split()
+    if len(fields) == 2 and all(field.isdigit() for field in fields):
+        return int(fields[0]), int(fields[1])
+    return 0, 0
+
+
+def forget(dir_fd: int, file: int) -> None:
+    """Delete the journal and marker of a file that is going (no fsync: the caller's)."""
+    for name in (journal_name(file), marker_name(file)):
+        try:
+            os.unlink(name, dir_fd=dir_fd)
+        except FileNotFoundError:
+            pass
