@@ -131,7 +131,8 @@ def test_a_compaction_makes_its_journal_durable_first_and_cuts_the_file_after_de
     assert store.collect_garbage() == 1
     journal_durable = disk_calls.index(("fdatasync", "0.compact"))
     first_data_write = disk_calls.index(("pwrite", "0.rdq"))
-    assert disk_calls[journal_durable + 1] == ("fsync", "dir") and journal_durable < first_data_write
+    assert disk_calls[journal_durable + 1] == ("fsync", "dir")
+    assert journal_durable < first_data_write
     moves_durable = disk_calls.index(("fdatasync", "0.rdq"))
     journal_gone = disk_calls.index(("unlink", "0.compact"))
     cut = disk_calls.index(("ftruncate", "0.rdq"))
