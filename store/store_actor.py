@@ -530,7 +530,7 @@ class MessageStoreActor(ProcessActor):
             and (message.ref.address, message.ref.incarnation) == self._gc_watched
         ):
             log.warning(
-                "%s: the GC died mid-combine (%s); abandoning the job",
+                "%s: the GC died mid-job (%s); abandoning the job",
                 self.directory,
                 message.reason,
             )

@@ -1,7 +1,9 @@
 """``warren store inspect DIR``: what a store directory holds, changing nothing.
 
 Reads every ``.rdq`` file with the scanner and reports, per file, its records, valid and
-garbage bytes and damaged regions. Which records are valid comes from the clean-shutdown
+garbage bytes, damaged regions, and how often it was compacted (its ``N.compacted``
+marker); and any compaction a crash left unapplied (its journal, rolled back at the next
+open). Which records are valid comes from the clean-shutdown
 index when one is present and intact (what a clean start would load); otherwise from the
 rule dirty recovery uses without reference counts: the last copy of each id is valid,
 unless the removal log names it.
@@ -17,8 +19,8 @@ import os
 from dataclasses import dataclass, field
 
 from ..errors import StoreDirectoryError
+from . import compaction, snapshot
 from . import index as idx
-from . import snapshot
 from .records import TEMP_SUFFIX, data_file_name, data_file_number
 from .recovery import LOCK_FILE
 from .removal_log import read_entries
@@ -33,6 +35,8 @@ class FileReport:
     valid_records: int = 0
     valid_bytes: int = 0
     damaged: list[tuple[int, int]] = field(default_factory=list)
+    compactions: int = 0  # times compacted in place
+    compacted_bytes: int = 0  # bytes those compactions cut off
 
     @property
     def garbage_bytes(self) -> int:
@@ -47,6 +51,7 @@ class StoreReport:
     stray_temp_files: list[str]
     snapshot_problem: str | None
     not_files: list[str] = field(default_factory=list)  # named like data files, but not files
+    unfinished_compactions: list[str] = field(default_factory=list)  # journals left
 
     @property
     def message_count(self) -> int:
@@ -74,12 +79,14 @@ def inspect_store(directory: str | os.PathLike) -> StoreReport:
         )
     dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        saved = snapshot.read(dir_fd)
-        problem = snapshot.mismatch(saved, dir_fd, files)
-        saved_index = None if problem else saved.index
-    except snapshot.SnapshotInvalid as exc:
-        saved_index = None
-        problem = str(exc) if snapshot.present(dir_fd) else None
+        compacted = {file: compaction.read_marker(dir_fd, file) for file in files}
+        try:
+            saved = snapshot.read(dir_fd)
+            problem = snapshot.mismatch(saved, dir_fd, files)
+            saved_index = None if problem else saved.index
+        except snapshot.SnapshotInvalid as exc:
+            saved_index = None
+            problem = str(exc) if snapshot.present(dir_fd) else None
     finally:
         os.close(dir_fd)
     reports: list[FileReport] = []
@@ -87,7 +94,16 @@ def inspect_store(directory: str | os.PathLike) -> StoreReport:
     for file in files:
         # A copy, not a mapping: a store starting beside us may truncate its current file.
         found = scan_file(os.path.join(directory, data_file_name(file)), mapped=False)
-        reports.append(FileReport(file, found.size, len(found.offsets), damaged=found.damaged))
+        reports.append(
+            FileReport(
+                file,
+                found.size,
+                len(found.offsets),
+                damaged=found.damaged,
+                compactions=compacted[file][0],
+                compacted_bytes=compacted[file][1],
+            )
+        )
         for msg_id, offset, size in zip(
             found.msg_ids, found.offsets, found.total_sizes, strict=True
         ):
@@ -107,4 +123,5 @@ def inspect_store(directory: str | os.PathLike) -> StoreReport:
             by_file[file].valid_records += 1
             by_file[file].valid_bytes += size
     stray = sorted(n for n in names if n.endswith(TEMP_SUFFIX))
-    return StoreReport(directory, source, reports, stray, problem, not_files)
+    journals = sorted(n for n in names if n.endswith(compaction.JOURNAL_SUFFIX))
+    return StoreReport(directory, source, reports, stray, problem, not_files, journals)

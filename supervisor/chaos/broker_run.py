@@ -111,6 +111,10 @@ DRAIN_IDLE_S = 20.0  # draining ends when the queues stay as they are this long
 STREAM_DRAIN_IDLE_S = PAUSE_S[1] + 2.0
 DRAIN_POLL_S = 0.5
 STOP_WAIT_S = 30.0  # a workload process told to stop, before it is killed
+STORE_GC_BY_SEED = ("compact", "combine")  # an even seed compacts, an odd one combines
+# Store files of 1 MiB (16 by default): a run of a minute rolls over dozens, so the GC
+# compacts or combines them while the faults land.
+CHAOS_STORE_FILE_BYTES = "1MiB"
 _ORDER = re.compile(rb'\{"order": "([0-9a-f]+p\d+-\d+)"')
 _MSG_ID_AT = 16  # where a queue index slot keeps the message id (16 bytes)
 # Process faults a pattern may take in a period: under the restart intensity of the node's
@@ -478,12 +482,15 @@ def run_chaos(
     every_s: tuple[float, float] = (1.0, 3.0),
     files: tuple[str, ...] = chaos.DAMAGEABLE,
     report_dir: str | None = None,
+    store_gc: str | None = None,
     say: Callable[[str], None] = print,
 ) -> dict:
     """The whole run; its report document (``ok`` says whether every invariant held).
     ``patterns`` name the actors kill and stop aim at, ``files`` the files torn and flip
-    pick from (patterns under the data directory). ValueError, before anything starts,
-    for a bad fault kind, pattern or duration, or a data directory that is not a node's."""
+    pick from (patterns under the data directory). ``store_gc`` is the stores' GC
+    ("compact" or "combine"); None lets the seed choose, so that random seeds run both.
+    ValueError, before anything starts, for a bad fault kind, pattern or duration, or a
+    data directory that is not a node's."""
     faults = chaos.schedule(
         seed, duration_s, kinds, patterns=patterns, every_s=every_s, limits=pattern_limits(patterns)
     )
@@ -494,13 +501,25 @@ def run_chaos(
             os.unlink(os.path.join(run_dir, name))
     os.makedirs(run_dir, exist_ok=True)
     endpoint = with_free_port("tcp://127.0.0.1:*")
+    if store_gc is None:
+        store_gc = STORE_GC_BY_SEED[seed % len(STORE_GC_BY_SEED)]
     say(
         f"chaos: seed {seed}, {len(faults)} faults over {duration_s:g} s "
         f"({', '.join(sorted(set(kinds)))}), {producers} producers, {consumers} consumers, "
-        f"bodies of {sizes[0]:,} to {sizes[1]:,} bytes; node on {data_dir} at {endpoint}"
+        f"bodies of {sizes[0]:,} to {sizes[1]:,} bytes, store GC {store_gc}; "
+        f"node on {data_dir} at {endpoint}"
     )
     node = NodeUnderTest(
-        data_dir, options=("--listen", endpoint), log_path=os.path.join(run_dir, "node.log")
+        data_dir,
+        options=(
+            "--listen",
+            endpoint,
+            "--store-gc",
+            store_gc,
+            "--file-size-limit",
+            CHAOS_STORE_FILE_BYTES,
+        ),
+        log_path=os.path.join(run_dir, "node.log"),
     )
     workload = ChaosWorkload(
         run_dir, endpoint, producers=producers, consumers=consumers, sizes=sizes, seed=seed
@@ -533,6 +552,7 @@ def run_chaos(
     document = report_document(
         result, with_stream(verdict.counts(), stream_verdict), verdict.ok and stream_verdict.ok
     )
+    document["store_gc"] = store_gc
     if report_dir is not None:
         document = write_report(report_dir, document)
     say(format_report(document))

@@ -449,7 +449,9 @@ def format_status(status: dict) -> str:
         lines += textwrap.wrap(
             f"{name}: {figures['message_count']:,} messages, {figures['file_count']} files, "
             f"{figures['bytes_on_disk']:,} bytes ({figures['garbage_fraction']:.0%} garbage), "
-            f"{figures['gc_runs']} GC runs, reads {figures['direct_reads_reported']:,} direct / "
+            f"GC {figures['gc']}: {figures['gc_runs']} combines, "
+            f"{figures['gc_compactions']} compactions, "
+            f"reads {figures['direct_reads_reported']:,} direct / "
             f"{figures['fallback_reads']:,} through the store, {figures['locked_files']} locked "
             f"files, longest confirm wait {figures['longest_confirm_wait_ms']:.1f} ms",
             80,
@@ -517,6 +519,7 @@ _INSPECT_COLUMNS = (
     Column("valid", ">"),
     Column("valid bytes", ">"),
     Column("garbage", ">"),
+    Column("compacted", ">"),
     Column("damaged regions", wrap=True, min_width=15),
 )
 
@@ -583,6 +586,7 @@ def format_inspection(report: StoreReport) -> str:
             f"{f.valid_records:,}",
             f"{f.valid_bytes:,}",
             f"{f.garbage_bytes:,}",
+            f"{f.compactions}x, {f.compacted_bytes:,} B cut" if f.compactions else "no",
             ", ".join(f"{length} B at {offset}" for offset, length in f.damaged) or "-",
         ]
         for f in report.files
@@ -598,6 +602,11 @@ def format_inspection(report: StoreReport) -> str:
         lines.append(
             f"left by an unfinished combine (deleted at next open): "
             f"{', '.join(report.stray_temp_files)}"
+        )
+    if report.unfinished_compactions:
+        lines.append(
+            f"left by an unfinished compaction (rolled back at next open): "
+            f"{', '.join(report.unfinished_compactions)}"
         )
     if report.not_files:
         lines.append(f"not regular files, ignored: {', '.join(report.not_files)}")
@@ -683,6 +692,7 @@ def _chaos(args: argparse.Namespace) -> int:
             patterns=patterns,
             every_s=every,
             report_dir=args.report,
+            store_gc=args.store_gc,
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from None
@@ -891,6 +901,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     chaos.add_argument(
         "--report", metavar="DIR", help="write report.json, report.txt and throughput.png there"
+    )
+    chaos.add_argument(
+        "--store-gc",
+        choices=STORE_GC_MODES,
+        help="the stores' GC (default: an even seed compacts, an odd one combines)",
     )
     chaos.set_defaults(handler=_chaos)
     store = commands.add_parser(

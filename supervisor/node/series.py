@@ -375,9 +375,19 @@ STORE_COUNTERS = (
     ),
     Figure("warren_msg_store_gc_runs", "gc_runs", "Pairs of files combined by the GC"),
     Figure(
+        "warren_msg_store_gc_compactions",
+        "gc_compactions",
+        "Files compacted in place by the GC",
+    ),
+    Figure(
         "warren_msg_store_gc_bytes_moved",
         "gc_bytes_moved",
-        "Bytes the GC copied while combining files",
+        "Bytes the GC copied while combining or compacting files",
+    ),
+    Figure(
+        "warren_msg_store_gc_bytes_reclaimed",
+        "gc_bytes_reclaimed",
+        "Bytes cut off compacted files",
     ),
     Figure(
         "warren_msg_store_gc_jobs_abandoned",

@@ -71,3 +71,28 @@ def test_inspect_of_something_that_is_not_a_store_exits_with_a_usage_error(tmp_p
     )
     assert cli.returncode == 2
     assert "is not a store directory" in cli.stderr
+
+
+def test_inspect_shows_which_files_were_compacted_and_an_unfinished_compaction(store_dir):
+    with MessageStore(store_dir, file_size_limit=1000, auto_gc=False, gc="compact") as store:
+        fill(store, range(24))
+        for n in range(8):
+            if n not in (0, 7):
+                store.remove(msg_id(n))
+        store.sync()
+        assert store.collect_garbage() == 1
+    (store_dir / "1.compact").write_bytes(b"left by a crash")
+    report = inspect_store(store_dir)
+    files = {f.file: f for f in report.files}
+    assert (files[0].compactions, files[0].compacted_bytes) == (1, 750)
+    assert files[0].size == files[0].valid_bytes == 250
+    assert files[1].compactions == 0
+    assert report.unfinished_compactions == ["1.compact"]
+    cli = subprocess.run(
+        [sys.executable, "-m", "warren.supervisor.cli", "store", "inspect", str(store_dir)],
+        capture_output=True,
+        text=True,
+    )
+    assert cli.returncode == 0
+    assert "1x, 750 B cut" in cli.stdout
+    assert "unfinished compaction (rolled back at next open): 1.compact" in cli.stdout

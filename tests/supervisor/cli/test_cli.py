@@ -107,12 +107,14 @@ def test_a_config_file_sets_what_node_takes_and_options_win(tmp_path):
     config = tmp_path / "warren.toml"
     config.write_text(
         f'[node]\ndata_dir = "{tmp_path / "data"}"\nlog_level = "info"\n'
-        f'[store]\nfile_size_limit = "4MiB"\nsync_policy = "flush"\n'
+        f'[store]\nfile_size_limit = "4MiB"\nsync_policy = "flush"\ngc = "combine"\n'
         f'[alarms]\ndisk_free_limit = "1GB"\nmemory_high_watermark = 0.5\n'
     )
     settings = settings_from(
         "--config", str(config), "--sync-policy", "fsync", "--memory-limit", "2GiB"
     )
+    assert settings["store_gc"] == "combine"
+    assert settings_from("--config", str(config), "--store-gc", "compact")["store_gc"] == "compact"
     assert settings["data_dir"] == str(tmp_path / "data")
     assert settings["log_level"] == "INFO"
     assert settings["file_size_limit"] == 4 * 2**20
@@ -130,6 +132,7 @@ def test_a_config_file_sets_what_node_takes_and_options_win(tmp_path):
         ("[queues]\nx = 1\n", "unknown section [queues]"),
         ('[store]\nfile_size_limit = "4 parsecs"\n', "unknown unit 'parsecs'"),
         ('[store]\nsync_policy = "sometimes"\n', "sync_policy must be 'fsync' or 'flush'"),
+        ('[store]\ngc = "sweep"\n', "gc must be 'compact' or 'combine', got 'sweep'"),
         ("[alarms]\nmemory_high_watermark = 7\n", "memory_high_watermark=7"),
         ("[store\n", "is not valid TOML"),
         (bytes(range(256)), "is not text: a config file is UTF-8 TOML"),

@@ -1,0 +1,189 @@
+"""Compaction of one file in place (``gc="compact"``): what it moves, what it cuts, and
+what a remove, a new reference, a reader or a crash meanwhile leaves behind."""
+
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from warren.store import MessageStore
+from warren.store.engine.compaction import compact_in_place, journal_name, read_marker
+from warren.store.engine.scanner import scan_file
+
+from ..helpers import body, fill, msg_id
+
+ROOT = Path(__file__).resolve().parents[3]
+RECORD = 125  # a 100-byte body on disk: 8 to a file of 1,000 bytes
+
+
+def compacting_store(open_store, **options):
+    return open_store(file_size_limit=1000, auto_gc=False, gc="compact", **options)
+
+
+def remove_all_but(store, numbers, keep):
+    for n in numbers:
+        if n not in keep:
+            store.remove(msg_id(n))
+    store.sync()
+
+
+def crash_copy(store_dir, tmp_path) -> Path:
+    """The directory as a crash would leave it (no clean-shutdown files, no lock held)."""
+    copy = tmp_path / "after-crash"
+    shutil.copytree(store_dir, copy, ignore=shutil.ignore_patterns(".lock"))
+    return copy
+
+
+def test_rabbitmqs_worked_example_moves_the_last_records_into_the_first_hole_and_cuts(
+    open_store, store_dir
+):
+    store = compacting_store(open_store)
+    fill(store, range(16))  # files 0 and 1 full, 2 current
+    # File 0: A@0 kept, a hole of two records, B@375 and C@500 kept, the rest removed.
+    remove_all_but(store, range(8), keep={0, 3, 4})
+    assert store.collect_garbage() == 1
+    assert store.location(msg_id(0)).offset == 0
+    assert store.location(msg_id(4)).offset == RECORD  # the last one went first
+    assert store.location(msg_id(3)).offset == 2 * RECORD
+    assert os.path.getsize(store_dir / "0.rdq") == 3 * RECORD
+    stats = store.stats()
+    assert stats["files"][0]["file_size"] == stats["files"][0]["valid_total_size"] == 375
+    assert stats["gc_compactions"] == 1 and stats["gc_bytes_reclaimed"] == 1000 - 375
+    assert all(store.read(msg_id(n)) == body(n) for n in (0, 3, 4, *range(8, 16)))
+    assert read_marker(os.open(store_dir, os.O_RDONLY), 0) == (1, 625)
+
+
+def test_a_compacted_store_recovers_clean_and_dirty_with_every_body(
+    open_store, store_dir, tmp_path
+):
+    store = compacting_store(open_store)
+    fill(store, range(64))
+    live = {n for n in range(56) if n % 3 == 0} | set(range(56, 64))
+    remove_all_but(store, range(56), keep=live)
+    assert store.collect_garbage() > 0
+    crashed = crash_copy(store_dir, tmp_path)
+    store.close()
+    with MessageStore(store_dir, file_size_limit=1000, gc="compact") as clean:
+        assert clean.recovered_clean
+        assert all(clean.read(msg_id(n)) == body(n) for n in live)
+    with MessageStore(crashed, file_size_limit=1000, gc="compact") as dirty:
+        assert not dirty.recovered_clean
+        assert {n for n in range(64) if dirty.contains(msg_id(n))} == live
+        assert all(dirty.read(msg_id(n)) == body(n) for n in live)
+
+
+def test_the_current_file_and_a_file_still_being_drained_are_not_compacted(open_store):
+    store = compacting_store(open_store)
+    fill(store, range(12))  # file 0 full, file 1 current with 4 records
+    remove_all_but(store, range(12), keep={0, 8})
+    assert store.choose_compaction(quiet_s=60) is None  # file 0 just saw removes
+    assert store.choose_compaction(quiet_s=60) is None  # and none since, but not for 60 s
+    assert store.choose_compaction() == 0  # never the current file 1
+    store.abandon_compaction()
+    assert store.stats()["locked_files"] == 0
+
+
+def test_a_record_removed_while_it_moves_does_not_come_back_after_a_crash(
+    open_store, store_dir, tmp_path
+):
+    store = compacting_store(open_store)
+    fill(store, range(16))
+    remove_all_but(store, range(8), keep={0, 6, 7})
+    assert store.choose_compaction() == 0
+    found = scan_file(store_dir / "0.rdq")
+    store.stage_compaction(0, found.msg_ids, found.offsets, found.total_sizes)
+    plan = store.finish_compaction_staging()
+    assert {move[0] for move in plan.moves} == {msg_id(6), msg_id(7)}
+    store.remove(msg_id(7))  # acknowledged while the GC copies it
+    store.write(msg_id(6), body(6))  # a second reference, while it moves
+    store.sync()
+    compact_in_place(store_dir, 0)
+    store.apply_compaction(plan)
+    store.sync()
+    assert store.read(msg_id(7)) is None and store.read(msg_id(6)) == body(6)
+    store.remove(msg_id(6))
+    assert store.read(msg_id(6)) == body(6)  # its second reference holds it
+    crashed = crash_copy(store_dir, tmp_path)
+    with MessageStore(crashed, file_size_limit=1000, gc="compact") as recovered:
+        assert not recovered.contains(msg_id(7))  # its moved copy is in the removal log
+        assert recovered.read(msg_id(0)) == body(0)
+
+
+def test_a_record_is_never_moved_onto_a_removed_copy_of_its_own_id(open_store, store_dir, tmp_path):
+    # X written at 125, removed (the removal log names 125, X), written again at 250 in
+    # the same file: moving it back to 125 would have a crash drop it as removed.
+    store = compacting_store(open_store)
+    x = msg_id(1)
+    store.write(msg_id(0), body(0))
+    store.write(x, body(1))
+    store.sync()
+    store.remove(x)
+    store.sync()
+    store.write(x, body(1, generation=1))
+    fill(store, range(3, 12))
+    remove_all_but(store, range(3, 8), keep=set())
+    assert store.location(x).file == 0 and store.location(x).offset == 2 * RECORD
+    store.collect_garbage()
+    assert store.location(x).offset != RECORD
+    crashed = crash_copy(store_dir, tmp_path)
+    with MessageStore(crashed, file_size_limit=1000, gc="compact") as recovered:
+        assert recovered.read(x) == body(1, generation=1)
+        assert recovered.read(msg_id(0)) == body(0)
+
+
+def test_a_file_emptied_during_its_compaction_is_deleted_and_its_journal_with_it(
+    open_store, store_dir
+):
+    store = compacting_store(open_store)
+    fill(store, range(16))
+    remove_all_but(store, range(8), keep={0, 7})
+    assert store.choose_compaction() == 0
+    found = scan_file(store_dir / "0.rdq")
+    store.stage_compaction(0, found.msg_ids, found.offsets, found.total_sizes)
+    plan = store.finish_compaction_staging()
+    assert (store_dir / journal_name(0)).exists()
+    store.remove(msg_id(0))
+    store.remove(msg_id(7))
+    assert (store_dir / "0.rdq").exists()  # locked by the job: not deleted under it
+    store.abandon_compaction(plan)
+    assert not (store_dir / "0.rdq").exists() and not (store_dir / journal_name(0)).exists()
+    assert store.stats()["locked_files"] == 0
+
+
+def test_a_reader_holding_the_file_defers_only_the_cut(open_store, store_dir):
+    store = compacting_store(open_store, shared_readers=True)
+    fill(store, range(16))
+    remove_all_but(store, range(8), keep={0, 7})
+    holder = subprocess.Popen(
+        [sys.executable, "-m", "tests.store.reader_child", "hold", str(store_dir), "0", "wait"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        # Held now: not chosen at all (a reader is inside it).
+        assert store.collect_garbage() == 0
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+        holder.stdout.close()
+    assert store.collect_garbage() == 1
+    assert os.path.getsize(store_dir / "0.rdq") == 2 * RECORD
+    assert store.read(msg_id(7)) == body(7)
+
+
+def test_a_torn_journal_is_deleted_at_the_start_and_nothing_moves(open_store, store_dir, caplog):
+    store = compacting_store(open_store)
+    fill(store, range(16))
+    remove_all_but(store, range(8), keep={0, 7})
+    store.close()
+    (store_dir / journal_name(0)).write_bytes(b"WRNCMPCT" + b"\x01" * 30)  # torn
+    with caplog.at_level(logging.WARNING, logger="warren.store"):
+        reopened = compacting_store(open_store)
+    assert "torn compaction journal of 0.rdq" in caplog.text
+    assert not (store_dir / journal_name(0)).exists()
+    assert reopened.read(msg_id(7)) == body(7) and reopened.recovered_clean
