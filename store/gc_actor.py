@@ -12,9 +12,10 @@ Accepts (tells, from a store actor; ``warren.store.protocol``):
         file_size)``, or ``RewriteFailed(job_id, reason)`` when a record does not
         validate, the disk fails, or the job's scan is unknown (this GC restarted since).
     CompactScan(job_id, directory, file, reply_to)
-        scans the file and tells ``reply_to`` ``FileScanned`` with every record found.
-    CompactJob(job_id, directory, file, reply_to)
-        carries out the file's compaction journal, which the store wrote
+        scans the file and its removal log and tells ``reply_to`` ``FileScanned`` with
+        every record found and the log's entries naming one of their ids.
+    CompactJob(job_id, directory, file, token, reply_to)
+        carries out the file's compaction journal bearing ``token``, which the store wrote
         (``warren.store.engine.compaction.compact_in_place``); tells ``Compacted(job_id,
         file, truncate_at)``, or ``RewriteFailed`` when a record to move does not
         validate, the journal is missing or damaged, or the disk fails.
@@ -45,6 +46,7 @@ from warren.actors import ActorRef, ProcessActor, UnhandledMessage
 
 from .engine.compaction import compact_in_place
 from .engine.records import data_file_name
+from .engine.removal_log import named_among
 from .engine.rewrite import CombinePlan, Record, rewrite_combine
 from .engine.scanner import ScanResult, scan_file
 from .protocol import (
@@ -160,12 +162,26 @@ class GCActor(ProcessActor):
             log.error("GC scan %d of %s failed: %s", job.job_id, job.directory, exc)
             job.reply_to.tell(RewriteFailed(job.job_id, f"{type(exc).__name__}: {exc}"))
             return
-        job.reply_to.tell(FileScanned(job.job_id, job.file, *_packed(found)))
+        try:
+            named = named_among(job.directory, job.file, set(found.msg_ids))
+        except OSError as exc:
+            log.error("GC scan %d of %s failed: %s", job.job_id, job.directory, exc)
+            job.reply_to.tell(RewriteFailed(job.job_id, f"{type(exc).__name__}: {exc}"))
+            return
+        job.reply_to.tell(
+            FileScanned(
+                job.job_id,
+                job.file,
+                *_packed(found),
+                b"".join(msg_id for _, msg_id in named),
+                array.array("Q", [offset for offset, _ in named]).tobytes(),
+            )
+        )
 
     def _compact(self, job: CompactJob) -> None:
         _check_compaction_job(job)
         try:
-            plan = compact_in_place(job.directory, job.file)
+            plan = compact_in_place(job.directory, job.file, job.token)
         except Exception as exc:  # reported to the store, which abandons the job
             log.error("GC compaction %d on %s failed: %s", job.job_id, job.directory, exc)
             job.reply_to.tell(RewriteFailed(job.job_id, f"{type(exc).__name__}: {exc}"))
@@ -180,6 +196,7 @@ def _check_compaction_job(job: CompactScan | CompactJob) -> None:
         and os.path.isabs(job.directory)
         and _is_file_number(job.file)
         and isinstance(job.reply_to, ActorRef)
+        and (isinstance(job, CompactScan) or type(job.token) is bytes)
     ):
         raise UnhandledMessage(
             f"malformed {type(job).__name__}: job_id and file must be ints "

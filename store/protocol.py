@@ -37,14 +37,18 @@ Store → GC (``msg_store_gc``) and back, one combine in two round trips:
 Store → GC and back, one compaction in two round trips:
 
     CompactScan(job_id, directory, file, reply_to)                   tell
-    FileScanned(job_id, file, ids, offsets, sizes)                   tell
-    CompactJob(job_id, directory, file, reply_to)                    tell
+    FileScanned(job_id, file, ids, offsets, sizes,
+                removed_ids, removed_offsets)                        tell
+    CompactJob(job_id, directory, file, token, reply_to)             tell
     Compacted(job_id, file, truncate_at)                             tell
     RewriteFailed(job_id, reason)                                    tell
 
 A compaction's plan travels in no message: the store writes it as the file's journal
 (``warren.store.engine.compaction``) before it sends ``CompactJob``, and the GC carries
-out the journal it finds.
+out the journal it finds if it bears the job's ``token`` (a job of a store that has since
+restarted finds another job's journal, or none, and fails). ``FileScanned`` also carries
+the removal log's entries that name an id the scan found (read in the GC, not on the
+store's thread): the plan never moves a record onto one.
 
 The GC scans both files and sends every record it finds: ``*_ids`` the 16-byte ids back
 to back, ``*_offsets`` and ``*_sizes`` native ``array("Q")`` bytes (both processes run on
@@ -264,6 +268,8 @@ class FileScanned:
     ids: bytes
     offsets: bytes
     sizes: bytes
+    removed_ids: bytes  # the removal log's entries naming an id the scan found ...
+    removed_offsets: bytes  # ... and their offsets
 
 
 @message
@@ -272,6 +278,7 @@ class CompactJob:
     job_id: int
     directory: str
     file: int
+    token: bytes
     reply_to: ActorRef
 
 

@@ -240,7 +240,8 @@ class MessageStoreActor(ProcessActor):
             self._settle()
             if self._job is not None:
                 self.store.abandon_combine()
-                self.store.abandon_compaction()
+                # The GC may still be moving: the next start rolls the journal back.
+                self.store.abandon_compaction(roll_back=False)
         finally:
             self.store.close()
 
@@ -456,11 +457,22 @@ class MessageStoreActor(ProcessActor):
         ):
             return  # a job abandoned since
         ids, offsets, sizes = message.ids, message.offsets, message.sizes
-        if len(offsets) % 8 or len(ids) != 2 * len(offsets) or len(sizes) != len(offsets):
+        removed_ids, removed_offsets = message.removed_ids, message.removed_offsets
+        if (
+            len(offsets) % 8
+            or len(ids) != 2 * len(offsets)
+            or len(sizes) != len(offsets)
+            or len(removed_offsets) % 8
+            or len(removed_ids) != 2 * len(removed_offsets)
+        ):
             log.error("%s: the GC's scan is malformed; abandoning the job", self.directory)
             self._abandon_job()
             return
         job.scan = (ids, memoryview(offsets).cast("Q"), memoryview(sizes).cast("Q"))
+        job.removed = [
+            (offset, removed_ids[i * 16 : i * 16 + 16])
+            for i, offset in enumerate(memoryview(removed_offsets).cast("Q"))
+        ]
         self.call_later(0, lambda: self._stage_compaction_slice(job))
 
     def _stage_compaction_slice(self, job: _CompactionJob) -> None:
@@ -479,7 +491,7 @@ class MessageStoreActor(ProcessActor):
             self.call_later(0, lambda: self._stage_compaction_slice(job))
         else:
             try:
-                job.plan = self.store.finish_compaction_staging()
+                job.plan = self.store.finish_compaction_staging(job.removed)
             except OSError as exc:
                 log.error("%s: the compaction journal was not written: %s", self.directory, exc)
                 self._job = None
@@ -489,7 +501,9 @@ class MessageStoreActor(ProcessActor):
                 self._job = None
                 self.counters["gc_jobs_abandoned"] += 1
             else:
-                job.gc.tell(CompactJob(job.job_id, self.directory, job.file, self.ref.pin()))
+                job.gc.tell(
+                    CompactJob(job.job_id, self.directory, job.file, job.plan.token, self.ref.pin())
+                )
         self._note_gc_slice(started)
 
     def _compacted(self, message: Compacted) -> None:
@@ -508,9 +522,13 @@ class MessageStoreActor(ProcessActor):
             self._job = job
             self._abandon_job()
             return
-        # False: readers hold the file; its cut is retried at each GC check meanwhile.
-        self.store.apply_compaction(job.plan)
+        applied = self.store.apply_compaction(job.plan)
         self._note_gc_slice(started)
+        if not applied:
+            # Readers hold the file: give it up (rolled back) so that files no reader
+            # holds go ahead; this one is chosen again once free.
+            self._job = job
+            self._abandon_job(retry_s=0.0)
         self._collect_garbage()
 
     def _note_gc_slice(self, started: float) -> None:
@@ -617,8 +635,6 @@ class MessageStoreActor(ProcessActor):
         self.call_later(self.gc_check_interval_s, self._gc_tick)
 
     def _collect_garbage(self) -> None:
-        if self.gc == "compact":
-            self.store.retry_cuts()
         if self._job is not None or time.monotonic() < self._gc_not_before:
             return
         if self.gc == "compact":
@@ -699,6 +715,7 @@ class _CompactionJob:
     file: int
     gc: ActorRef
     scan: tuple[bytes, memoryview, memoryview] | None = None  # (ids, offsets, sizes)
+    removed: list[tuple[int, bytes]] = field(default_factory=list)  # the log's, for the plan
     cursor: int = 0  # the next record to stage
     plan: CompactionPlan | None = None  # once staged: the journal the GC carries out
 

@@ -15,15 +15,25 @@ file N:
    offset order: keep those the index points at. Cheap, and bounded per call.
 3. ``finish_compaction_staging``: the records still live now (one removed meanwhile is
    dropped) must add up to the file's valid bytes (else the file is damaged: never
-   compacted); the plan (``plan_compaction``, avoiding a place the removal log names for
-   the same id) is written as the journal, durable, and returned. A file whose plan would
-   reclaim nothing is not chosen again until its valid bytes change.
+   compacted); the plan (``plan_compaction``) is written as the journal, durable, and
+   returned. It never moves a record onto a place the removal log names for the same id
+   (an id written twice into one file): the entries a scan read from the log
+   (``removal_log.named_among``, in the GC process for a node), with those noted since
+   the file was chosen (``RemovalLog.watch``). A file whose plan would reclaim nothing is
+   not chosen again until its valid bytes change.
 4. ``compact_in_place`` (elsewhere): zero the holes, copy the moves, fdatasync.
-5. ``apply_compaction``: delete the journal, fsync the directory, point every index entry
-   still at a copied place at its new one, note in the removal log the copies of records
-   removed meanwhile (their new places hold a dead copy now), then cut the file under its
-   lock-table slot. Readers holding the slot past the deadline defer the cut
-   (``retry_cuts``, at each sync and each GC check), the file locked until then.
+5. ``apply_compaction``, in one step once no reader in another process is inside the
+   file (its lock-table slot, as a combine's switch): delete the journal and fsync the
+   directory, point every index entry still at a copied place at its new one, note in
+   the removal log the copies of records removed meanwhile (their new places hold a dead
+   copy), cut the file and fdatasync it. Readers holding the slot past the deadline make
+   it return False with nothing changed: the caller gives the job up
+   (``abandon_compaction``) and the file is chosen again once they are gone.
+
+Abandoning a job whose journal was written rolls it back at once (every copy zeroed, the
+journal deleted): no copy ever outlives the journal that describes it, so a later job's
+holes, or a later crash's scan, never meet one. A store that stops while its GC may still
+move leaves the journal to the next start instead, which waits for the GC's lock on it.
 
 Races and their answers (the store is single-threaded; "meanwhile" is between slices, or
 while the GC moves):
@@ -34,9 +44,11 @@ while the GC moves):
   with its count (``index.relocate`` keeps the count and the adoptable flag);
 - a record removed and written again: the new one is pending or in the current file,
   never in N, so 5 leaves it alone;
-- a reader in another process with a cached place: the old places stay intact until the
-  cut, which waits for readers to leave N's slot and bumps its generation; a read of a
-  place that no longer holds the record fails its check and falls back to the store;
+- a reader in another process with a cached place: the old places stay intact until 5,
+  which waits for readers to leave N's slot and bumps its generation; a read of a place
+  that no longer holds the record fails its check and falls back to the store. No index
+  entry ever points at a new place while the old one is still in the file, so a remove
+  always logs the copy a dirty start would keep;
 - the file empties meanwhile: 5 (or the abandon) deletes it instead;
 - an exception in 5 breaks the store (``_guarded``): no clean snapshot describes a half
   applied compaction.
@@ -47,11 +59,11 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from ..errors import CorruptRecord, StoreError
-from . import compaction
+from . import compaction, removal_log
 from . import index as idx
 from .compaction import CompactionPlan, compact_in_place, plan_compaction
 from .lock_table import SWITCH_DEADLINE_SECONDS
@@ -99,6 +111,7 @@ class Compacting(_StoreState):
                 continue
             summary.locked = True
             self._compaction = CompactionStaging(file)
+            self._removals.watch(file)
             return file
         return None
 
@@ -130,9 +143,14 @@ class Compacting(_StoreState):
             ):
                 live.append((bytes(msg_id), offset, size))
 
-    def finish_compaction_staging(self) -> CompactionPlan | None:
+    def finish_compaction_staging(
+        self, removed: Iterable[tuple[int, bytes]] = ()
+    ) -> CompactionPlan | None:
         """Step 3: the plan, its journal durable; None (the file unlocked) when the file
-        is damaged or a compaction would reclaim nothing."""
+        is damaged or a compaction would reclaim nothing. ``removed`` are the removal
+        log's entries (offset, msg_id) for the file's ids as the scan read them
+        (``removal_log.named_among``); the store adds those noted since it chose the
+        file."""
         staging = self._compaction
         assert staging is not None, "finish_compaction_staging without a compaction staged"
         file = staging.file
@@ -150,9 +168,7 @@ class Compacting(_StoreState):
             self._uncombinable.add(file)
             self._guarded(self._abandon_compaction)
             return None
-        avoid = {
-            (offset, msg_id) for _, offset, msg_id in self._removals.entries([file], buffered=True)
-        }
+        avoid = {*removed, *self._removals.watched(file)}
         plan = plan_compaction(file, summary.file_size, live, avoid)
         if plan is None:
             self._not_worth_compacting[file] = summary.valid_total_size
@@ -178,20 +194,43 @@ class Compacting(_StoreState):
     def apply_compaction(
         self, plan: CompactionPlan, *, wait_s: float = SWITCH_DEADLINE_SECONDS
     ) -> bool:
-        """Step 5: the index and the journal at once, then the cut; False when readers
-        held the file past ``wait_s`` and the cut waits for ``retry_cuts``."""
+        """Step 5, in one step once no reader is inside the file: the journal deleted,
+        the index pointed at the moves, the file cut. False (nothing changed) when
+        readers held the file for ``wait_s``: give the job up (``abandon_compaction``)
+        and compact the file again once they are gone."""
         staging = self._compaction
         if staging is None or staging.plan is not plan:
             raise StoreError("apply_compaction of a plan this store is not running")
         self._check_usable()
-        self._guarded(self._point_index_at_moves, plan)
-        return self._guarded(self._cut, plan.file, wait_s)
+        if self._lock_table is None:
+            self._guarded(self._apply_compaction_now, plan)
+        else:
+            with self._lock_table.exclusive([plan.file], wait_s) as acquired:
+                if acquired:
+                    self._guarded(self._apply_compaction_now, plan)
+            if not acquired:
+                return False
+        try:
+            compaction.note_compacted(self._dir_fd, plan.file, plan.reclaimed)
+        except OSError as exc:  # a figure for inspect, not state: a full disk skips it
+            log.warning("%s: %s's compaction not counted: %s", self.directory, plan.file, exc)
+        return True
 
-    def _point_index_at_moves(self, plan: CompactionPlan) -> None:
+    def _apply_compaction_now(self, plan: CompactionPlan) -> None:
+        """The switch (the caller holds the file's slot): from the journal's deletion on,
+        the compaction is never rolled back, and the old places are gone with the cut
+        before anything else can look up an index entry."""
         file = plan.file
+        summary = self._summary[file]
         compaction.forget_journal(self._dir_fd, file)
+        self._compaction = None
+        self._removals.unwatch(file)
+        summary.locked = False
+        if summary.valid_total_size == 0:  # emptied meanwhile
+            self._unlink_file(file)
+            return
         index, relocate = self._index, idx.relocate
-        dead_copies = 0
+        dead_copies = False
         for msg_id, source, to, _size in plan.moves:
             key = _key(msg_id)
             value = index.get(key)
@@ -203,84 +242,69 @@ class Compacting(_StoreState):
                 index[key] = relocate(value, file, to)
             else:  # removed meanwhile: its new place holds a dead copy
                 self._removals.note(file, to, msg_id)
-                dead_copies += 1
+                dead_copies = True
         if dead_copies:
             self._removals.write()
-        compaction.note_compacted(self._dir_fd, file, plan.reclaimed)
-        self._compaction = None
-        self._pending_cuts[file] = plan.truncate_at
-        self.counters["gc_compactions"] += 1
-        self.counters["gc_bytes_moved"] += plan.moved_bytes
-
-    def _cut(self, file: int, wait_s: float) -> bool:
-        if self._lock_table is None:
-            self._cut_now(file)
-            return True
-        with self._lock_table.exclusive([file], wait_s) as acquired:
-            if acquired:
-                self._cut_now(file)
-        return acquired
-
-    def _cut_now(self, file: int) -> None:
-        """Cut ``file`` where its compaction ended (the caller holds its slot), or delete
-        it if it emptied meanwhile."""
-        truncate_at = self._pending_cuts.pop(file)
-        summary = self._summary[file]
-        summary.locked = False
-        if summary.valid_total_size == 0:
-            self._unlink_file(file)
-            return
         self._unmap(file)
         fd = os.open(data_file_name(file), os.O_WRONLY, dir_fd=self._dir_fd)
         try:
-            os.ftruncate(fd, truncate_at)
+            os.ftruncate(fd, plan.truncate_at)
             os.fdatasync(fd)
         finally:
             os.close(fd)
-        self.counters["gc_bytes_reclaimed"] += summary.file_size - truncate_at
-        summary.file_size = truncate_at
+        summary.file_size = plan.truncate_at
+        self.counters["gc_compactions"] += 1
+        self.counters["gc_bytes_moved"] += plan.moved_bytes
+        self.counters["gc_bytes_reclaimed"] += plan.reclaimed
 
-    def retry_cuts(self) -> None:
-        """Cut the files whose readers deferred it, where none holds them now."""
-        for file in sorted(self._pending_cuts):
-            self._guarded(self._cut, file, 0.0)
-
-    def abandon_compaction(self, plan: CompactionPlan | None = None) -> None:
-        """Give the compaction in progress up (``plan``: only if it is that one); its
-        journal, if written, stays for the next job on the file or the next start."""
+    def abandon_compaction(
+        self, plan: CompactionPlan | None = None, *, roll_back: bool = True
+    ) -> None:
+        """Give the compaction in progress up (``plan``: only if it is that one). A
+        journal already written is rolled back now (every copy zeroed, the journal
+        deleted), so that no copy outlives the plan that describes it, unless
+        ``roll_back`` is False (the store is stopping while a GC may still move: the
+        next start rolls it back once that GC lets go of it)."""
         staging = self._compaction
         if staging is None or (plan is not None and staging.plan is not plan):
             return
-        self._guarded(self._abandon_compaction)
+        self._guarded(self._abandon_compaction, roll_back)
 
-    def _abandon_compaction(self) -> None:
+    def _abandon_compaction(self, roll_back: bool = True) -> None:
         staging = self._compaction
         assert staging is not None  # its callers run it only while one is staged
         self._compaction = None
+        self._removals.unwatch(staging.file)
+        if staging.plan is not None and roll_back:
+            compaction.roll_back(self._dir_fd, staging.file)
         summary = self._summary[staging.file]
         summary.locked = False
         if summary.valid_total_size == 0:
             self._delete_empty_file(staging.file)
 
     def compact_garbage(self) -> int:
-        """Compact files in-process until none qualifies; the number compacted."""
+        """Compact files in-process until none qualifies, or until readers hold a file
+        being applied (tried again at the next call); the number compacted."""
         done = 0
-        self.retry_cuts()
         while (file := self.choose_compaction()) is not None:
-            found = scan_file(os.path.join(self.directory, data_file_name(file)))
-            self.stage_compaction(file, found.msg_ids, found.offsets, found.total_sizes)
-            plan = self.finish_compaction_staging()
-            if plan is None:
-                continue
             try:
-                compact_in_place(self.directory, file)
+                found = scan_file(os.path.join(self.directory, data_file_name(file)))
+                self.stage_compaction(file, found.msg_ids, found.offsets, found.total_sizes)
+                plan = self.finish_compaction_staging(
+                    removal_log.named_among(self.directory, file, set(found.msg_ids))
+                )
+                if plan is None:
+                    continue
+                compact_in_place(self.directory, file, plan.token)
             except CorruptRecord:
                 self._uncombinable.add(file)
-                self.abandon_compaction(plan)
+                self.abandon_compaction()
                 raise
             except BaseException:
-                self.abandon_compaction(plan)
+                self.abandon_compaction()
                 raise
-            self.apply_compaction(plan)
+            if not self.apply_compaction(plan):
+                self.abandon_compaction(plan)
+                break
             done += 1
         return done

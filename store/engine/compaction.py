@@ -14,20 +14,21 @@ The steps, and who runs them:
        [A@0 100][hole 200][B@300 50][C@350 150]  ->  C to 100, B to 250, cut at 300
        [A][C][B]
 
-   The store writes the plan as the file's *journal*, ``N.compact``, fdatasyncs it and
-   the directory, then hands the job on.
-2. move (``compact_in_place``; the GC process in a node): check every record to move
+   The store writes the plan as the file's *journal*, ``N.compact``, with a token naming
+   the job, fdatasyncs it and the directory, then hands the job (file and token) on.
+2. move (``compact_in_place``; the GC process in a node): holding an exclusive flock on
+   the journal, and only if it bears the job's token (a job sent by a store process that
+   has since restarted finds another job's journal, or none), check every record to move
    (size field, id, 0xFF trailer) before writing anything, zero the holes (every byte
    below the cut that no staying record holds: no stale bytes of removed records are
    left for a scanner to mistake for a record, RabbitMQ's `fcd011f9cf`), copy each
    record to its new place, fdatasync (also every megabyte, so that the store's group
    commits never wait behind a backlog of dirty pages).
-3. apply (the store): delete the journal and fsync the directory, point the index at the
+3. apply (the store, ``warren.store.engine.compacting``), in one step once no reader is
+   inside the file: delete the journal and fsync the directory, point the index at the
    new places (only entries still at the copied place: a record removed, or removed and
-   written again, meanwhile is left alone), then, holding the file's lock-table slot so
-   no reader is inside it, cut the file at ``truncate_at`` and fdatasync it. Readers
-   that hold the slot past the deadline defer only the cut, retried later; the file
-   stays locked until it is done.
+   written again, meanwhile is left alone), cut the file at ``truncate_at`` and
+   fdatasync it.
 
 Crash safety. Until the journal is deleted, the index (in memory, in a clean snapshot, or
 rebuilt by a dirty start) points at the old places, which nothing writes to: the moves
@@ -40,10 +41,10 @@ After the journal is deleted, the old copies stay intact until the cut and are t
 copy of their id a dirty start keeps; after the cut only the new copies exist, durable
 since step 2. No crash makes recovery read a moved record at its old place.
 
-A journal left by a job its store gave up (the GC died) stays until the next job on that
-file replaces it, the file is deleted, or a start rolls it back: every destination it
-names was a hole when it was planned, and only a later job on the same file (which
-writes its own journal first) could put a live record there.
+A job the store gives up is rolled back at once by the store; one left by a store that
+stopped or crashed is rolled back by the next start, which first waits (at most
+``ROLL_BACK_WAIT_S``) for the flock a GC still moving holds on it. So no copy outlives
+the journal that describes it.
 
 ``N.compacted`` beside a compacted file counts its compactions and the bytes they
 reclaimed, for ``warren store inspect``; it is written without fsync (a figure, not
@@ -52,10 +53,12 @@ state) and deleted with the file.
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import re
 import struct
+import time
 from collections.abc import Container, Sequence
 from dataclasses import dataclass
 
@@ -71,7 +74,10 @@ JOURNAL_SUFFIX = ".compact"
 MARKER_SUFFIX = ".compacted"
 _JOURNAL_MAGIC = b"WRNCMPCT"
 _JOURNAL_VERSION = 1
-_JOURNAL_HEAD = struct.Struct("<8sIQQQII")  # magic, version, file, size, cut, moves, holes
+# magic, version, token, file, size, cut, moves, holes
+_JOURNAL_HEAD = struct.Struct("<8sI8sQQQII")
+TOKEN_BYTES = 8
+ROLL_BACK_WAIT_S = 30.0  # how long a start waits for a GC still carrying out the journal
 _MOVE = struct.Struct("<16sQQQ")  # msg_id, from, to, total size
 _HOLE = struct.Struct("<QQ")  # start, end
 _CRC = struct.Struct("<I")
@@ -80,20 +86,23 @@ _ZEROS = bytes(WRITE_CHUNK_BYTES)
 Move = tuple[bytes, int, int, int]  # (msg_id, from, to, total_size)
 
 
-class JournalInvalid(Exception):
-    """A compaction journal that is torn, damaged or not a journal."""
+class JournalInvalid(CorruptRecord):
+    """A compaction journal that is torn, damaged, not a journal, or not the job's."""
 
 
 @dataclass(frozen=True)
 class CompactionPlan:
     """One file's compaction: its size when planned, where it is cut, the records that
-    move, and the holes zeroed before they do (all below the cut)."""
+    move, and the holes zeroed before they do (all below the cut). ``token`` tells this
+    job's journal from any other's: the GC carries out a journal only for the job that
+    names it."""
 
     file: int
     file_size: int
     truncate_at: int
     moves: tuple[Move, ...]
     holes: tuple[tuple[int, int], ...]
+    token: bytes = bytes(TOKEN_BYTES)
 
     @property
     def reclaimed(self) -> int:
@@ -163,7 +172,7 @@ def plan_compaction(
         at = offset + size
     if at < end:
         holes.append((at, end))
-    return CompactionPlan(file, file_size, end, tuple(moves), tuple(holes))
+    return CompactionPlan(file, file_size, end, tuple(moves), tuple(holes), os.urandom(TOKEN_BYTES))
 
 
 def encode_journal(plan: CompactionPlan) -> bytes:
@@ -171,6 +180,7 @@ def encode_journal(plan: CompactionPlan) -> bytes:
         _JOURNAL_HEAD.pack(
             _JOURNAL_MAGIC,
             _JOURNAL_VERSION,
+            plan.token,
             plan.file,
             plan.file_size,
             plan.truncate_at,
@@ -191,7 +201,7 @@ def decode_journal(data: bytes) -> CompactionPlan:
     body, (crc,) = data[: -_CRC.size], _CRC.unpack(data[-_CRC.size :])
     if crc32(body) != crc:
         raise JournalInvalid("the journal fails its CRC (torn while it was written)")
-    magic, version, file, size, cut, moves, holes = _JOURNAL_HEAD.unpack_from(body)
+    magic, version, token, file, size, cut, moves, holes = _JOURNAL_HEAD.unpack_from(body)
     if magic != _JOURNAL_MAGIC or version != _JOURNAL_VERSION:
         raise JournalInvalid("not a compaction journal of this version")
     if len(body) != _JOURNAL_HEAD.size + moves * _MOVE.size + holes * _HOLE.size:
@@ -200,7 +210,7 @@ def decode_journal(data: bytes) -> CompactionPlan:
     move_list = [_MOVE.unpack_from(body, at + i * _MOVE.size) for i in range(moves)]
     at += moves * _MOVE.size
     hole_list = [_HOLE.unpack_from(body, at + i * _HOLE.size) for i in range(holes)]
-    return CompactionPlan(file, size, cut, tuple(move_list), tuple(hole_list))
+    return CompactionPlan(file, size, cut, tuple(move_list), tuple(hole_list), token)
 
 
 def write_journal(dir_fd: int, plan: CompactionPlan) -> None:
@@ -217,22 +227,42 @@ def write_journal(dir_fd: int, plan: CompactionPlan) -> None:
     os.fsync(dir_fd)
 
 
-def read_journal(directory: str, file: int) -> CompactionPlan:
-    with open(os.path.join(directory, journal_name(file)), "rb") as journal:
-        return decode_journal(journal.read())
-
-
-def compact_in_place(directory: str | os.PathLike, file: int) -> CompactionPlan:
-    """Step 2: carry out the journal of ``file`` (see the module docstring); the plan.
-    ``CorruptRecord`` (nothing written) when a record to move is not where the plan says,
-    or the file is not the size it was planned at; ``JournalInvalid`` without a journal
-    that is intact."""
+def compact_in_place(
+    directory: str | os.PathLike, file: int, token: bytes | None = None
+) -> CompactionPlan:
+    """Step 2: carry out the journal of ``file`` (see the module docstring), holding an
+    exclusive flock on it (a start's roll-back waits for it); the plan. ``CorruptRecord``
+    (nothing written) when a record to move is not where the plan says, or the file is
+    not the size it was planned at; ``JournalInvalid`` without an intact journal, or one
+    of another job than ``token`` names."""
     directory = os.fspath(directory)
     try:
-        plan = read_journal(directory, file)
+        journal_fd = os.open(os.path.join(directory, journal_name(file)), os.O_RDONLY)
     except FileNotFoundError:
         raise JournalInvalid(f"no compaction journal for {data_file_name(file)}") from None
-    path = os.path.join(directory, data_file_name(file))
+    try:
+        fcntl.flock(journal_fd, fcntl.LOCK_EX)
+        plan = decode_journal(_read_all(journal_fd))
+        if token is not None and plan.token != token:
+            raise JournalInvalid(
+                f"the compaction journal of {data_file_name(file)} is another job's"
+            )
+        _move(directory, plan)
+    finally:
+        os.close(journal_fd)  # and its lock
+    return plan
+
+
+def _read_all(fd: int) -> bytes:
+    size = os.fstat(fd).st_size
+    data = os.pread(fd, size, 0)
+    if len(data) != size:
+        raise JournalInvalid("the journal changed while it was read")
+    return data
+
+
+def _move(directory: str, plan: CompactionPlan) -> None:
+    path = os.path.join(directory, data_file_name(plan.file))
     fd = os.open(path, os.O_RDWR)
     try:
         size = os.fstat(fd).st_size
@@ -254,7 +284,6 @@ def compact_in_place(directory: str | os.PathLike, file: int) -> CompactionPlan:
         os.fdatasync(fd)
     finally:
         os.close(fd)
-    return plan
 
 
 def _checked_record(fd: int, path: str, move: Move) -> bytes:
@@ -294,16 +323,43 @@ class RollBack:
     journal_invalid: bool  # the journal itself was torn: nothing had moved
 
 
-def roll_back(dir_fd: int, file: int) -> RollBack:
-    """Undo an unfinished compaction of ``file`` (its journal present at a start): zero
-    every destination, fdatasync, delete the journal and fsync the directory."""
+def roll_back(dir_fd: int, file: int, wait_s: float = ROLL_BACK_WAIT_S) -> RollBack:
+    """Undo a compaction of ``file`` that was not applied (its journal present at a
+    start, or its job given up): once no GC holds the journal (``wait_s`` at most: a GC
+    of an earlier store process may still be moving), zero every destination, fdatasync,
+    delete the journal and fsync the directory."""
+    fd = os.open(journal_name(file), os.O_RDONLY, dir_fd=dir_fd)
     try:
-        fd = os.open(journal_name(file), os.O_RDONLY, dir_fd=dir_fd)
-        with os.fdopen(fd, "rb") as journal:
-            plan = decode_journal(journal.read())
-    except JournalInvalid:
-        forget_journal(dir_fd, file)
-        return RollBack(file, 0, 0, journal_invalid=True)
+        if not _lock_within(fd, wait_s):
+            log.warning(
+                "the GC held the compaction journal of %s for %g s; rolling it back anyway",
+                data_file_name(file),
+                wait_s,
+            )
+        try:
+            plan = decode_journal(_read_all(fd))
+        except JournalInvalid:
+            forget_journal(dir_fd, file)
+            return RollBack(file, 0, 0, journal_invalid=True)
+        return _roll_back(dir_fd, plan)
+    finally:
+        os.close(fd)
+
+
+def _lock_within(fd: int, wait_s: float) -> bool:
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
+
+
+def _roll_back(dir_fd: int, plan: CompactionPlan) -> RollBack:
+    file = plan.file
     complete = torn = 0
     try:
         data_fd = os.open(data_file_name(file), os.O_RDWR, dir_fd=dir_fd)

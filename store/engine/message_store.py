@@ -258,7 +258,6 @@ class MessageStore(Recovery, FileChanges, Combining, Compacting):
         self._deferred_deletes = set()
         self._uncombinable = set()
         self._compaction = None
-        self._pending_cuts = {}
         self._not_worth_compacting = {}
         self._removes_seen = {}
         self._unsynced_files = set()
@@ -547,7 +546,6 @@ class MessageStore(Recovery, FileChanges, Combining, Compacting):
                 self._deferred_deletes.discard(file)
                 self._summary[file].locked = False
                 self._guarded(self._delete_empty_file, file, 0.0)
-            self.retry_cuts()
             if self.auto_gc:
                 self.collect_garbage()
         except (OSError, CorruptRecord) as exc:
@@ -599,7 +597,6 @@ class MessageStore(Recovery, FileChanges, Combining, Compacting):
             "locked_files": sum(s.locked for s in self._summary.values()),
             "uncombinable_files": sorted(self._uncombinable),
             "deferred_deletes": len(self._deferred_deletes),
-            "deferred_cuts": len(self._pending_cuts),
             "gc": self.gc,
             "recovered_clean": self.recovered_clean,
             "disk_full": self.disk_full,

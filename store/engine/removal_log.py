@@ -55,6 +55,7 @@ _NAME = re.compile(r"^(0|[1-9][0-9]*)\.removed$")
 _HEAD = struct.Struct(">Q16s")
 _CRC = struct.Struct(">I")
 ENTRY_BYTES = _HEAD.size + _CRC.size
+_ENTRY = struct.Struct(">Q16sI")
 
 
 def is_log_name(name: str) -> bool:
@@ -71,9 +72,12 @@ class RemovalLog:
     def __init__(self, dir_fd: int) -> None:
         self._dir_fd = dir_fd
         self._buffers: dict[int, bytearray] = {}
+        self._watched: dict[int, list[tuple[int, bytes]]] = {}  # file -> entries noted
 
     def note(self, file: int, offset: int, msg_id: bytes) -> None:
         head = _HEAD.pack(offset, msg_id)
+        if file in self._watched:
+            self._watched[file].append((offset, msg_id))
         buffer = self._buffers.get(file)
         if buffer is None:
             buffer = self._buffers[file] = bytearray()
@@ -106,6 +110,19 @@ class RemovalLog:
         finally:
             os.close(fd)
 
+    def watch(self, file: int) -> None:
+        """Keep, from now on, the entries noted for ``file`` (with those still buffered),
+        for ``watched``: a compaction planned from a scan's reading of the log also
+        needs the entries noted after that reading."""
+        buffered = self._buffers.get(file, b"")
+        self._watched[file] = list(parse_entries(bytes(buffered)))
+
+    def watched(self, file: int) -> list[tuple[int, bytes]]:
+        return list(self._watched.get(file, ()))
+
+    def unwatch(self, file: int) -> None:
+        self._watched.pop(file, None)
+
     def forget(self, file: int) -> bool:
         """Delete ``file``'s log and drop its buffered entries (the file is going, or its
         records are moving); True if a log was deleted (the directory needs an fsync)."""
@@ -116,15 +133,9 @@ class RemovalLog:
             return False
         return True
 
-    def entries(
-        self, files: Iterable[int], *, buffered: bool = False
-    ) -> Iterator[tuple[int, int, bytes]]:
-        """Every intact entry on disk of the logs of ``files``, and with ``buffered``
-        those not written yet: (file, offset, msg_id)."""
+    def entries(self, files: Iterable[int]) -> Iterator[tuple[int, int, bytes]]:
+        """Every intact entry on disk of the logs of ``files``: (file, offset, msg_id)."""
         for file in files:
-            if buffered and file in self._buffers:
-                for offset, msg_id in parse_entries(bytes(self._buffers[file])):
-                    yield file, offset, msg_id
             try:
                 fd = os.open(log_name(file), os.O_RDONLY, dir_fd=self._dir_fd)
             except FileNotFoundError:
@@ -150,6 +161,26 @@ def parse_entries(data: bytes) -> Iterator[tuple[int, bytes]]:
         (crc,) = _CRC.unpack_from(data, start + _HEAD.size)
         if crc32(head) == crc:
             yield _HEAD.unpack(head)
+
+
+def named_among(directory: str, file: int, msg_ids: Container[bytes]) -> list[tuple[int, bytes]]:
+    """The intact entries (offset, msg_id) of ``file``'s log on disk whose id is among
+    ``msg_ids``: what a compaction must not move a record of that id onto. Cheap per
+    entry (the CRC is checked only on a match), as a log may name a file's every record."""
+    try:
+        with open(os.path.join(directory, log_name(file)), "rb") as log:
+            data = log.read()
+    except FileNotFoundError:
+        return []
+    named = []
+    whole = len(data) - len(data) % ENTRY_BYTES
+    for at, (offset, msg_id, crc) in enumerate(_ENTRY.iter_unpack(memoryview(data)[:whole])):
+        if (
+            msg_id in msg_ids
+            and crc32(data[at * ENTRY_BYTES : at * ENTRY_BYTES + _HEAD.size]) == crc
+        ):
+            named.append((offset, msg_id))
+    return named
 
 
 def read_entries(directory: str, files: Iterable[int]) -> list[tuple[int, int, bytes]]:

@@ -79,7 +79,6 @@ class _StoreState:
     _uncombinable: set[int]  # files a GC job found damaged: never combined or compacted again
     gc: str  # "compact" (one file at a time, in place) or "combine" (two neighbours)
     _compaction: CompactionStaging | None  # the compaction in progress
-    _pending_cuts: dict[int, int]  # compacted file -> where to cut it, once no reader holds it
     _not_worth_compacting: dict[int, int]  # file -> its valid bytes when a plan reclaimed nothing
     _removes_seen: dict[int, tuple[int, float]]  # file -> (its removes, since when), for quiet_s
 

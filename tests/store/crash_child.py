@@ -99,11 +99,11 @@ def kill_in_compaction_at(point: str) -> None:
     real_unlink, real_ftruncate = os.unlink, os.ftruncate
     moving = []
 
-    def compact_then(directory, file):
+    def compact_then(directory, file, token=None):
         if point == "after-journal":
             die()
         moving.append(True)
-        return real_compact(directory, file)
+        return real_compact(directory, file, token)
 
     def pwrite(fd, data, offset):
         zeros = not any(data)

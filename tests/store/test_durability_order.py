@@ -152,7 +152,7 @@ def test_a_gc_that_fails_inside_sync_loses_no_ticket_and_the_store_carries_on(
     store = open_store(file_size_limit=1000, gc=gc)
     fill(store, range(40))
 
-    def disk_full(directory, plan):
+    def disk_full(*job):
         raise OSError(errno.ENOSPC, "No space left on device")
 
     if gc == "combine":

@@ -1,6 +1,7 @@
 """Compaction of one file in place (``gc="compact"``): what it moves, what it cuts, and
 what a remove, a new reference, a reader or a crash meanwhile leaves behind."""
 
+import errno
 import logging
 import os
 import shutil
@@ -9,8 +10,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from warren.store import MessageStore
-from warren.store.engine.compaction import compact_in_place, journal_name, read_marker
+from warren.store.engine import compacting, compaction
+from warren.store.engine.compaction import (
+    JournalInvalid,
+    compact_in_place,
+    journal_name,
+    read_marker,
+)
 from warren.store.engine.scanner import scan_file
 
 from ..helpers import body, fill, msg_id
@@ -153,7 +162,7 @@ def test_a_file_emptied_during_its_compaction_is_deleted_and_its_journal_with_it
     assert store.stats()["locked_files"] == 0
 
 
-def test_a_reader_holding_the_file_defers_only_the_cut(open_store, store_dir):
+def test_a_file_a_reader_holds_is_left_until_the_reader_goes(open_store, store_dir):
     store = compacting_store(open_store, shared_readers=True)
     fill(store, range(16))
     remove_all_but(store, range(8), keep={0, 7})
@@ -187,3 +196,93 @@ def test_a_torn_journal_is_deleted_at_the_start_and_nothing_moves(open_store, st
     assert "torn compaction journal of 0.rdq" in caplog.text
     assert not (store_dir / journal_name(0)).exists()
     assert reopened.read(msg_id(7)) == body(7) and reopened.recovered_clean
+
+
+def staged(store, store_dir, file=0):
+    """Choose ``file`` and stage it from a scan; the plan (its journal written)."""
+    assert store.choose_compaction() == file
+    found = scan_file(store_dir / f"{file}.rdq")
+    store.stage_compaction(file, found.msg_ids, found.offsets, found.total_sizes)
+    return store.finish_compaction_staging()
+
+
+def test_readers_inside_the_file_at_the_switch_leave_everything_as_it_was(
+    open_store, store_dir, tmp_path
+):
+    store = compacting_store(open_store, shared_readers=True)
+    fill(store, range(16))
+    remove_all_but(store, range(8), keep={0, 6, 7})
+    plan = staged(store, store_dir)
+    compact_in_place(store_dir, 0, plan.token)
+    holder = subprocess.Popen(
+        [sys.executable, "-m", "tests.store.reader_child", "hold", str(store_dir), "0", "wait"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert store.apply_compaction(plan, wait_s=0.05) is False
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+        holder.stdout.close()
+    store.abandon_compaction(plan)  # rolled back: the copies zeroed, the journal gone
+    assert not (store_dir / journal_name(0)).exists()
+    assert store.location(msg_id(7)).offset == 7 * RECORD  # never moved in the index
+    assert os.path.getsize(store_dir / "0.rdq") == 1000
+    store.remove(msg_id(7))
+    store.sync()
+    crashed = crash_copy(store_dir, tmp_path)
+    with MessageStore(crashed, file_size_limit=1000, gc="compact") as recovered:
+        assert not recovered.contains(msg_id(7))  # acknowledged: it stays gone
+        assert recovered.read(msg_id(6)) == body(6)
+    assert store.collect_garbage() == 1  # no reader now: done
+    assert store.read(msg_id(6)) == body(6) and store.read(msg_id(0)) == body(0)
+
+
+def test_a_gc_job_of_another_plan_finds_the_journal_is_not_its_own(open_store, store_dir):
+    store = compacting_store(open_store)
+    fill(store, range(16))
+    remove_all_but(store, range(8), keep={0, 7})
+    plan = staged(store, store_dir)
+    before = (store_dir / "0.rdq").read_bytes()
+    with pytest.raises(JournalInvalid, match="another job's"):
+        compact_in_place(store_dir, 0, b"stalejob")
+    assert (store_dir / "0.rdq").read_bytes() == before
+    compact_in_place(store_dir, 0, plan.token)
+    assert store.apply_compaction(plan)
+    assert store.read(msg_id(7)) == body(7)
+
+
+def test_a_full_disk_for_the_compacted_marker_costs_only_the_figure(
+    open_store, store_dir, monkeypatch
+):
+    store = compacting_store(open_store)
+    fill(store, range(16))
+    remove_all_but(store, range(8), keep={0, 7})
+
+    def disk_full(*args):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(compaction, "note_compacted", disk_full)
+    assert store.collect_garbage() == 1
+    assert store.read(msg_id(7)) == body(7)
+    store.write(msg_id(99), body(99))
+    assert store.sync().durable  # the store was not broken
+
+
+def test_a_scan_that_fails_in_process_leaves_the_file_unlocked(open_store, monkeypatch):
+    store = compacting_store(open_store)
+    fill(store, range(16))
+    remove_all_but(store, range(8), keep={0, 7})
+
+    def unreadable(path, **options):
+        raise PermissionError(errno.EACCES, "Permission denied", str(path))
+
+    monkeypatch.setattr(compacting, "scan_file", unreadable)
+    with pytest.raises(PermissionError):
+        store.collect_garbage()
+    assert store.stats()["locked_files"] == 0
+    monkeypatch.undo()
+    assert store.collect_garbage() == 1
