@@ -9,6 +9,9 @@ python -m tests.store.crash_child combine DIR POINT
 python -m tests.store.crash_child compact DIR POINT
     builds the same store, then SIGKILLs itself at POINT of the first compaction:
     after-journal, mid-blank, mid-move, before-fsync, after-journal-delete, after-cut.
+python -m tests.store.crash_child gc DIR FILE TOKEN_HEX POINT
+    the GC's part of a compaction the test's store planned (its journal written):
+    SIGKILLs itself at POINT (mid-blank, mid-move, before-fsync).
 python -m tests.store.crash_child hold DIR
     opens the store, prints "open", and waits to be killed.
 python -m tests.store.crash_child churn DIR [restart]
@@ -140,6 +143,13 @@ def compact_and_die(directory: str, point: str) -> None:
     print("compaction finished without reaching the crash point", flush=True)
 
 
+def gc_compacts_and_dies(directory: str, file: str, token: str, point: str) -> None:
+    kill_in_compaction_at(point)
+    print("moving", flush=True)
+    warren.store.engine.compacting.compact_in_place(directory, int(file), bytes.fromhex(token))
+    print("compaction finished without reaching the crash point", flush=True)
+
+
 def combine_and_die(directory: str, point: str) -> None:
     store_ = MessageStore(directory, file_size_limit=4096, auto_gc=False, gc="combine")
     build_fragmented_store(store_)
@@ -191,6 +201,7 @@ if __name__ == "__main__":
         "write": lambda: write_forever(directory),
         "combine": lambda: combine_and_die(directory, rest[0]),
         "compact": lambda: compact_and_die(directory, rest[0]),
+        "gc": lambda: gc_compacts_and_dies(directory, *rest),
         "hold": lambda: hold(directory),
         "churn": lambda: churn(directory, rest == ["restart"]),
     }[command]()

@@ -5,6 +5,7 @@ message."""
 import logging
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from warren.store import MessageStore, StoreLocked
+from warren.store.engine.scanner import scan_file
 
 from .crash_child import BATCH, batch_size
 from .helpers import body, build_fragmented_store, msg_id
@@ -131,6 +133,35 @@ def test_a_gc_job_killed_at_any_step_loses_no_live_message(tmp_path, gc, point, 
         assert {n for n in range(420) if node_view.contains(msg_id(n))} == set(live)
         node_view.collect_garbage()
         assert all(node_view.read(msg_id(n)) == expected for n, expected in live.items())
+
+
+@pytest.mark.parametrize("point", ["mid-blank", "mid-move", "before-fsync"])
+def test_a_gc_process_killed_mid_compaction_costs_the_living_store_nothing(
+    tmp_path, store_dir, point
+):
+    store = MessageStore(store_dir, file_size_limit=4096, auto_gc=False, gc="compact")
+    try:
+        live = build_fragmented_store(store)
+        file = store.choose_compaction()
+        found = scan_file(store_dir / f"{file}.rdq")
+        store.stage_compaction(file, found.msg_ids, found.offsets, found.total_sizes)
+        plan = store.finish_compaction_staging()
+        assert plan.moves
+        with Child("gc", str(store_dir), str(file), plan.token.hex(), point) as gc:
+            assert next(gc.lines()) == "moving"
+            assert gc.process.wait(timeout=60) == -signal.SIGKILL
+        store.abandon_compaction(plan)  # what the store actor does on the GC's Down
+        assert not (store_dir / f"{file}.compact").exists()
+        assert all(store.read(msg_id(n)) == expected for n, expected in live.items())
+        crashed = tmp_path / "after-crash"
+        shutil.copytree(store_dir, crashed, ignore=shutil.ignore_patterns(".lock"))
+        with MessageStore(crashed, file_size_limit=4096, gc="compact") as recovered:
+            assert {n for n in range(420) if recovered.contains(msg_id(n))} == set(live)
+            assert all(recovered.read(msg_id(n)) == expected for n, expected in live.items())
+        assert store.collect_garbage() > 0
+        assert all(store.read(msg_id(n)) == expected for n, expected in live.items())
+    finally:
+        store.close()
 
 
 def test_a_second_process_cannot_open_an_open_store_until_the_first_dies(store_dir):
