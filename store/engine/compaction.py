@@ -328,7 +328,10 @@ def roll_back(dir_fd: int, file: int, wait_s: float = ROLL_BACK_WAIT_S) -> RollB
     start, or its job given up): once no GC holds the journal (``wait_s`` at most: a GC
     of an earlier store process may still be moving), zero every destination, fdatasync,
     delete the journal and fsync the directory."""
-    fd = os.open(journal_name(file), os.O_RDONLY, dir_fd=dir_fd)
+    try:
+        fd = os.open(journal_name(file), os.O_RDONLY, dir_fd=dir_fd)
+    except FileNotFoundError:  # nothing was planned on disk, so nothing moved
+        return RollBack(file, 0, 0, journal_invalid=False)
     try:
         if not _lock_within(fd, wait_s):
             log.warning(
