@@ -56,6 +56,7 @@ while the GC moves):
 
 from __future__ import annotations
 
+import bisect
 import logging
 import os
 import time
@@ -144,10 +145,10 @@ class Compacting(_StoreState):
                 live.append((bytes(msg_id), offset, size))
 
     def finish_compaction_staging(
-        self, removed: Iterable[tuple[int, bytes]] = ()
+        self, named: Iterable[tuple[int, bytes]] = ()
     ) -> CompactionPlan | None:
         """Step 3: the plan, its journal durable; None (the file unlocked) when the file
-        is damaged or a compaction would reclaim nothing. ``removed`` are the removal
+        is damaged or a compaction would reclaim nothing. ``named`` are the removal
         log's entries (offset, msg_id) for the file's ids as the scan read them
         (``removal_log.named_among``); the store adds those noted since it chose the
         file."""
@@ -155,7 +156,10 @@ class Compacting(_StoreState):
         assert staging is not None, "finish_compaction_staging without a compaction staged"
         file = staging.file
         summary = self._summary[file]
-        live = [record for record in staging.live if self._still_at(file, record)]
+        # A staged record leaves its place only by a remove to no reference, which the
+        # removal log noted (watched since the file was chosen): no index lookups here.
+        removed = {offset for offset, _ in self._removals.watched(file)}
+        live = [record for record in staging.live if record[1] not in removed]
         if sum(size for _, _, size in live) != summary.valid_total_size:
             log.error(
                 "%s: %s holds %d valid bytes by the index but the scan finds %d; "
@@ -168,7 +172,7 @@ class Compacting(_StoreState):
             self._uncombinable.add(file)
             self._guarded(self._abandon_compaction)
             return None
-        avoid = {*removed, *self._removals.watched(file)}
+        avoid = {*named, *self._removals.watched(file)}
         plan = plan_compaction(file, summary.file_size, live, avoid)
         if plan is None:
             self._not_worth_compacting[file] = summary.valid_total_size
@@ -183,14 +187,6 @@ class Compacting(_StoreState):
         staging.live = []
         return plan
 
-    def _still_at(self, file: int, record: Record) -> bool:
-        value = self._index.get(_key(record[0]))
-        return (
-            value is not None
-            and value >> idx.FILE_SHIFT == file
-            and (value >> idx.OFFSET_SHIFT) & idx.OFFSET_MASK == record[1]
-        )
-
     def apply_compaction(
         self, plan: CompactionPlan, *, wait_s: float = SWITCH_DEADLINE_SECONDS
     ) -> bool:
@@ -203,32 +199,48 @@ class Compacting(_StoreState):
             raise StoreError("apply_compaction of a plan this store is not running")
         self._check_usable()
         if self._lock_table is None:
-            self._guarded(self._apply_compaction_now, plan)
+            still_named = self._guarded(self._apply_compaction_now, plan)
         else:
             with self._lock_table.exclusive([plan.file], wait_s) as acquired:
                 if acquired:
-                    self._guarded(self._apply_compaction_now, plan)
+                    still_named = self._guarded(self._apply_compaction_now, plan)
             if not acquired:
                 return False
+        if still_named is None:  # the file emptied and went
+            return True
+        # Best effort, after the switch: the log as it was, with the dead copies' entries
+        # added, is right too, only longer; a full disk keeps it.
         try:
+            self._removals.replace(plan.file, still_named)
             compaction.note_compacted(self._dir_fd, plan.file, plan.reclaimed)
-        except OSError as exc:  # a figure for inspect, not state: a full disk skips it
-            log.warning("%s: %s's compaction not counted: %s", self.directory, plan.file, exc)
+        except OSError as exc:
+            log.warning(
+                "%s: after compacting %s: %s", self.directory, data_file_name(plan.file), exc
+            )
         return True
 
-    def _apply_compaction_now(self, plan: CompactionPlan) -> None:
+    def _apply_compaction_now(self, plan: CompactionPlan) -> list[tuple[int, bytes]] | None:
         """The switch (the caller holds the file's slot): from the journal's deletion on,
         the compaction is never rolled back, and the old places are gone with the cut
-        before anything else can look up an index entry."""
+        before anything else can look up an index entry. The removal log's entries that
+        still name a removed record in the file (a dead copy, or a staying record
+        removed since the file was chosen); None when the file emptied and is gone."""
         file = plan.file
         summary = self._summary[file]
         compaction.forget_journal(self._dir_fd, file)
         self._compaction = None
+        watched = self._removals.watched(file)
         self._removals.unwatch(file)
         summary.locked = False
         if summary.valid_total_size == 0:  # emptied meanwhile
             self._unlink_file(file)
-            return
+            return None
+        hole_starts = [start for start, _ in plan.holes]
+        still_named = [
+            (offset, msg_id)
+            for offset, msg_id in watched
+            if offset < plan.truncate_at and not _in_holes(plan.holes, hole_starts, offset)
+        ]
         index, relocate = self._index, idx.relocate
         dead_copies = False
         for msg_id, source, to, _size in plan.moves:
@@ -242,6 +254,7 @@ class Compacting(_StoreState):
                 index[key] = relocate(value, file, to)
             else:  # removed meanwhile: its new place holds a dead copy
                 self._removals.note(file, to, msg_id)
+                still_named.append((to, msg_id))
                 dead_copies = True
         if dead_copies:
             self._removals.write()
@@ -256,6 +269,7 @@ class Compacting(_StoreState):
         self.counters["gc_compactions"] += 1
         self.counters["gc_bytes_moved"] += plan.moved_bytes
         self.counters["gc_bytes_reclaimed"] += plan.reclaimed
+        return still_named
 
     def abandon_compaction(
         self, plan: CompactionPlan | None = None, *, roll_back: bool = True
@@ -308,3 +322,9 @@ class Compacting(_StoreState):
                 break
             done += 1
         return done
+
+
+def _in_holes(holes: Sequence[tuple[int, int]], starts: list[int], offset: int) -> bool:
+    """Whether ``offset`` lies in one of ``holes`` (sorted, apart; ``starts`` theirs)."""
+    at = bisect.bisect_right(starts, offset) - 1
+    return at >= 0 and offset < holes[at][1]

@@ -24,8 +24,9 @@ Protocol with the store (``warren.store.engine.message_store``):
   message may come back (at-least-once), never a live one lost;
 - a dirty recovery without reference counts drops every record an entry names
   (``entries``);
-- a data file deleted, or combined away, takes its log with it (``forget``): no log ever
-  needs compacting, and a combine costs two unlinks, not a pass over the entries.
+- a data file deleted, or combined away, takes its log with it (``forget``), and a data
+  file compacted has its log written anew with only the entries that still name a
+  record in it (``replace``: the compaction zeroed or cut off the others).
 
 Races and their answers:
 - A combine moves live records into Dst at new offsets: a live record could land exactly
@@ -46,11 +47,12 @@ import errno
 import os
 import re
 import struct
-from collections.abc import Container, Iterable, Iterator
+from collections.abc import Container, Iterable, Iterator, Sequence
 
 from isal.isal_zlib import crc32
 
 SUFFIX = ".removed"
+REPLACING_SUFFIX = ".new"  # a log being written anew, renamed over the log when whole
 _NAME = re.compile(r"^(0|[1-9][0-9]*)\.removed$")
 _HEAD = struct.Struct(">Q16s")
 _CRC = struct.Struct(">I")
@@ -110,6 +112,31 @@ class RemovalLog:
         finally:
             os.close(fd)
 
+    def replace(self, file: int, entries: Sequence[tuple[int, bytes]]) -> None:
+        """Write ``file``'s log anew with ``entries`` (offset, msg_id) alone (written out,
+        nothing buffered left): a compaction zeroed or cut off what the others named.
+        By rename, so a crash leaves the old log or the new one, each of them right."""
+        self._buffers.pop(file, None)
+        if not entries:
+            try:
+                os.unlink(log_name(file), dir_fd=self._dir_fd)
+            except FileNotFoundError:
+                pass
+            return
+        data = bytearray()
+        for offset, msg_id in entries:
+            head = _HEAD.pack(offset, msg_id)
+            data += head + _CRC.pack(crc32(head))
+        temporary = log_name(file) + REPLACING_SUFFIX
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644, dir_fd=self._dir_fd)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+        finally:
+            os.close(fd)
+        os.rename(temporary, log_name(file), src_dir_fd=self._dir_fd, dst_dir_fd=self._dir_fd)
+
     def watch(self, file: int) -> None:
         """Keep, from now on, the entries noted for ``file`` (with those still buffered),
         for ``watched``: a compaction planned from a scan's reading of the log also
@@ -146,11 +173,13 @@ class RemovalLog:
                 yield file, offset, msg_id
 
     def stray_logs(self, files: Container[int]) -> list[str]:
-        """Logs whose data file is gone (a crash between the two unlinks)."""
+        """Logs whose data file is gone (a crash between the two unlinks), and logs a
+        crash left half replaced."""
         return [
             name
             for name in os.listdir(self._dir_fd)
-            if (match := _NAME.match(name)) and int(match.group(1)) not in files
+            if name.endswith(REPLACING_SUFFIX)
+            or ((match := _NAME.match(name)) and int(match.group(1)) not in files)
         ]
 
 

@@ -53,6 +53,7 @@ def test_rabbitmqs_worked_example_moves_the_last_records_into_the_first_hole_and
     fill(store, range(16))  # files 0 and 1 full, 2 current
     # File 0: A@0 kept, a hole of two records, B@375 and C@500 kept, the rest removed.
     remove_all_but(store, range(8), keep={0, 3, 4})
+    assert (store_dir / "0.removed").exists()
     assert store.collect_garbage() == 1
     assert store.location(msg_id(0)).offset == 0
     assert store.location(msg_id(4)).offset == RECORD  # the last one went first
@@ -63,6 +64,8 @@ def test_rabbitmqs_worked_example_moves_the_last_records_into_the_first_hole_and
     assert stats["gc_compactions"] == 1 and stats["gc_bytes_reclaimed"] == 1000 - 375
     assert all(store.read(msg_id(n)) == body(n) for n in (0, 3, 4, *range(8, 16)))
     assert read_marker(os.open(store_dir, os.O_RDONLY), 0) == (1, 625)
+    # The removed records it named are zeroed or cut off: the log goes with them.
+    assert not (store_dir / "0.removed").exists()
 
 
 def test_a_compacted_store_recovers_clean_and_dirty_with_every_body(
@@ -119,6 +122,7 @@ def test_a_record_removed_while_it_moves_does_not_come_back_after_a_crash(
     with MessageStore(crashed, file_size_limit=1000, gc="compact") as recovered:
         assert not recovered.contains(msg_id(7))  # its moved copy is in the removal log
         assert recovered.read(msg_id(0)) == body(0)
+    assert len((store_dir / "0.removed").read_bytes()) == 28  # that entry alone
 
 
 def test_a_record_is_never_moved_onto_a_removed_copy_of_its_own_id(open_store, store_dir, tmp_path):
