@@ -259,10 +259,12 @@ class Compacting(_StoreState):
         if dead_copies:
             self._removals.write()
         self._unmap(file)
+        # Not fdatasync'd: until the new size is on disk, an OS crash finds the old
+        # copies past the cut, intact, as the last copy of each id; a process crash
+        # finds the file cut (the page cache).
         fd = os.open(data_file_name(file), os.O_WRONLY, dir_fd=self._dir_fd)
         try:
             os.ftruncate(fd, plan.truncate_at)
-            os.fdatasync(fd)
         finally:
             os.close(fd)
         summary.file_size = plan.truncate_at

@@ -20,10 +20,11 @@ The steps, and who runs them:
    the journal, and only if it bears the job's token (a job sent by a store process that
    has since restarted finds another job's journal, or none), check every record to move
    (size field, id, 0xFF trailer) before writing anything, zero the holes (every byte
-   below the cut that no staying record holds: no stale bytes of removed records are
-   left for a scanner to mistake for a record, RabbitMQ's `fcd011f9cf`), copy each
-   record to its new place, fdatasync (also every megabyte, so that the store's group
-   commits never wait behind a backlog of dirty pages).
+   below the cut that neither a staying nor a moved record will hold: no stale bytes of
+   removed records are left for a scanner to mistake for a record, RabbitMQ's
+   `fcd011f9cf`), copy each record to its new place (consecutive ones in one write),
+   fdatasync (also every megabyte, so that the store's group commits never wait behind
+   a backlog of dirty pages).
 3. apply (the store, ``warren.store.engine.compacting``), in one step once no reader is
    inside the file: delete the journal and fsync the directory, point the index at the
    new places (only entries still at the copied place: a record removed, or removed and
@@ -101,7 +102,7 @@ class CompactionPlan:
     file_size: int
     truncate_at: int
     moves: tuple[Move, ...]
-    holes: tuple[tuple[int, int], ...]
+    holes: tuple[tuple[int, int], ...]  # below the cut, held by no record after the moves
     token: bytes = bytes(TOKEN_BYTES)
 
     @property
@@ -164,9 +165,14 @@ def plan_compaction(
         front += 1
     if end >= file_size:
         return None
+    # The holes left below the cut: what neither a staying record nor a moved one will
+    # hold. A destination needs no zeroing first: a torn copy is zeroed by the roll-back.
+    occupied = sorted(
+        [(offset, size) for _, offset, size in staying] + [(m[2], m[3]) for m in moves]
+    )
     holes = []
     at = 0
-    for _msg_id, offset, size in staying:
+    for offset, size in occupied:
         if offset > at:
             holes.append((at, offset))
         at = offset + size
@@ -278,9 +284,18 @@ def _move(directory: str, plan: CompactionPlan) -> None:
                 _write_all_at(fd, memoryview(_ZEROS)[:chunk], start)
                 start += chunk
                 written = _sync_every_chunk(fd, written + chunk)
+        # Consecutive destinations (a hole filled record after record) in one write each.
+        pending, pending_at = bytearray(), -1
         for (_msg_id, _source, to, _size), record in zip(plan.moves, records, strict=True):
-            _write_all_at(fd, record, to)
-            written = _sync_every_chunk(fd, written + len(record))
+            if pending and to != pending_at + len(pending):
+                _write_all_at(fd, pending, pending_at)
+                written = _sync_every_chunk(fd, written + len(pending))
+                pending = bytearray()
+            if not pending:
+                pending_at = to
+            pending += record
+        if pending:
+            _write_all_at(fd, pending, pending_at)
         os.fdatasync(fd)
     finally:
         os.close(fd)
@@ -306,7 +321,7 @@ def _sync_every_chunk(fd: int, written: int) -> int:
     return written
 
 
-def _write_all_at(fd: int, data: bytes | memoryview, offset: int) -> None:
+def _write_all_at(fd: int, data: bytes | bytearray | memoryview, offset: int) -> None:
     view = memoryview(data)
     while view:
         done = os.pwrite(fd, view, offset)

@@ -11,7 +11,7 @@ python -m tests.store.crash_child compact DIR POINT
     after-journal, mid-blank, mid-move, before-fsync, after-journal-delete, after-cut.
 python -m tests.store.crash_child gc DIR FILE TOKEN_HEX POINT
     the GC's part of a compaction the test's store planned (its journal written):
-    SIGKILLs itself at POINT (mid-blank, mid-move, before-fsync).
+    SIGKILLs itself at POINT (mid-move, before-fsync).
 python -m tests.store.crash_child hold DIR
     opens the store, prints "open", and waits to be killed.
 python -m tests.store.crash_child churn DIR [restart]
