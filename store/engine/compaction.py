@@ -15,10 +15,11 @@ The steps, and who runs them:
        [A][C][B]
 
    The store writes the plan as the file's *journal*, ``N.compact``, with a token naming
-   the job, fdatasyncs it and the directory, then hands the job (file and token) on.
+   the job, and hands the job (file and token) on.
 2. move (``compact_in_place``; the GC process in a node): holding an exclusive flock on
    the journal, and only if it bears the job's token (a job sent by a store process that
-   has since restarted finds another job's journal, or none), check every record to move
+   has since restarted finds another job's journal, or none), fdatasync the journal and
+   the directory (the store's thread pays for no sync of it), check every record to move
    (size field, id, 0xFF trailer) before writing anything, zero the holes (every byte
    below the cut that neither a staying nor a moved record will hold: no stale bytes of
    removed records are left for a scanner to mistake for a record, RabbitMQ's
@@ -220,17 +221,15 @@ def decode_journal(data: bytes) -> CompactionPlan:
 
 
 def write_journal(dir_fd: int, plan: CompactionPlan) -> None:
-    """Write the plan as ``N.compact`` and make it durable (file and directory entry)
-    before any byte of the data file changes."""
+    """Write the plan as ``N.compact``; ``compact_in_place`` makes it durable (file and
+    directory entry) before any byte of the data file changes, off the store's thread."""
     fd = os.open(
         journal_name(plan.file), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644, dir_fd=dir_fd
     )
     try:
         _write_all_at(fd, encode_journal(plan), 0)
-        os.fdatasync(fd)
     finally:
         os.close(fd)
-    os.fsync(dir_fd)
 
 
 def compact_in_place(
@@ -253,6 +252,12 @@ def compact_in_place(
             raise JournalInvalid(
                 f"the compaction journal of {data_file_name(file)} is another job's"
             )
+        os.fdatasync(journal_fd)
+        dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
         _move(directory, plan)
     finally:
         os.close(journal_fd)  # and its lock

@@ -116,8 +116,12 @@ def kill_in_compaction_at(point: str) -> None:
         return real_pwrite(fd, data, offset)
 
     def fdatasync(fd):
-        if point == "before-fsync" and moving:
-            die()
+        if (
+            point == "before-fsync"
+            and moving
+            and os.readlink(f"/proc/self/fd/{fd}").endswith(".rdq")
+        ):
+            die()  # the moves written, not yet durable
         return real_fdatasync(fd)
 
     def unlink(path, **kwargs):
