@@ -199,17 +199,16 @@ class Compacting(_StoreState):
             raise StoreError("apply_compaction of a plan this store is not running")
         self._check_usable()
         if self._lock_table is None:
-            still_named = self._guarded(self._apply_compaction_now, plan)
+            applied, still_named = self._guarded(self._apply_compaction_now, plan)
         else:
+            applied, still_named = False, None
             with self._lock_table.exclusive([plan.file], wait_s) as acquired:
                 if acquired:
-                    still_named = self._guarded(self._apply_compaction_now, plan)
-            if not acquired:
-                return False
-        if still_named is None:  # the file emptied and went
-            return True
+                    applied, still_named = self._guarded(self._apply_compaction_now, plan)
+        if not applied or still_named is None:  # not done, or the file emptied and went
+            return applied
         # Best effort, after the switch: the log as it was, with the dead copies' entries
-        # added, is right too, only longer; a full disk keeps it.
+        # appended, is right too, only longer; a full disk keeps it.
         try:
             self._removals.replace(plan.file, still_named)
             compaction.note_compacted(self._dir_fd, plan.file, plan.reclaimed)
@@ -219,14 +218,37 @@ class Compacting(_StoreState):
             )
         return True
 
-    def _apply_compaction_now(self, plan: CompactionPlan) -> list[tuple[int, bytes]] | None:
+    def _apply_compaction_now(
+        self, plan: CompactionPlan
+    ) -> tuple[bool, list[tuple[int, bytes]] | None]:
         """The switch (the caller holds the file's slot): from the journal's deletion on,
         the compaction is never rolled back, and the old places are gone with the cut
-        before anything else can look up an index entry. The removal log's entries that
-        still name a removed record in the file (a dead copy, or a staying record
-        removed since the file was chosen); None when the file emptied and is gone."""
+        before anything else can look up an index entry. Whether it was done (not when
+        the log entries of its dead copies find no room: they must be written before
+        the cut takes their old places), and the removal log's entries that still name
+        a removed record in the file (a dead copy, or a staying record removed since the
+        file was chosen); None when the file emptied and is gone."""
         file = plan.file
         summary = self._summary[file]
+        index, relocate = self._index, idx.relocate
+        file_shift, offset_shift, offset_mask = idx.FILE_SHIFT, idx.OFFSET_SHIFT, idx.OFFSET_MASK
+        staying_moves, dead_copies = [], []
+        for msg_id, source, to, _size in plan.moves:
+            key = _key(msg_id)
+            value = index.get(key)
+            if (
+                value is not None
+                and value >> file_shift == file
+                and (value >> offset_shift) & offset_mask == source
+            ):
+                staying_moves.append((key, to))
+            else:  # removed meanwhile: its new place holds a dead copy
+                dead_copies.append((to, msg_id))
+        if summary.valid_total_size and dead_copies:
+            for to, msg_id in dead_copies:
+                self._removals.note(file, to, msg_id)
+            if not self._removals.write():
+                return False, None  # given up and rolled back: the copies zeroed
         compaction.forget_journal(self._dir_fd, file)
         self._compaction = None
         watched = self._removals.watched(file)
@@ -234,30 +256,17 @@ class Compacting(_StoreState):
         summary.locked = False
         if summary.valid_total_size == 0:  # emptied meanwhile
             self._unlink_file(file)
-            return None
+            return True, None
+        for key, to in staying_moves:
+            index[key] = relocate(index[key], file, to)
+        # Those noted since the file was chosen (the dead copies' among them) that name
+        # neither a zeroed hole nor a place past the cut.
         hole_starts = [start for start, _ in plan.holes]
         still_named = [
             (offset, msg_id)
             for offset, msg_id in watched
             if offset < plan.truncate_at and not _in_holes(plan.holes, hole_starts, offset)
         ]
-        index, relocate = self._index, idx.relocate
-        dead_copies = False
-        for msg_id, source, to, _size in plan.moves:
-            key = _key(msg_id)
-            value = index.get(key)
-            if (
-                value is not None
-                and value >> idx.FILE_SHIFT == file
-                and (value >> idx.OFFSET_SHIFT) & idx.OFFSET_MASK == source
-            ):
-                index[key] = relocate(value, file, to)
-            else:  # removed meanwhile: its new place holds a dead copy
-                self._removals.note(file, to, msg_id)
-                still_named.append((to, msg_id))
-                dead_copies = True
-        if dead_copies:
-            self._removals.write()
         self._unmap(file)
         # Not fdatasync'd: until the new size is on disk, an OS crash finds the old
         # copies past the cut, intact, as the last copy of each id; a process crash
@@ -271,7 +280,7 @@ class Compacting(_StoreState):
         self.counters["gc_compactions"] += 1
         self.counters["gc_bytes_moved"] += plan.moved_bytes
         self.counters["gc_bytes_reclaimed"] += plan.reclaimed
-        return still_named
+        return True, still_named
 
     def abandon_compaction(
         self, plan: CompactionPlan | None = None, *, roll_back: bool = True
@@ -292,7 +301,7 @@ class Compacting(_StoreState):
         self._compaction = None
         self._removals.unwatch(staging.file)
         if staging.plan is not None and roll_back:
-            compaction.roll_back(self._dir_fd, staging.file)
+            compaction.roll_back(self._dir_fd, staging.file, compare=False)
         summary = self._summary[staging.file]
         summary.locked = False
         if summary.valid_total_size == 0:

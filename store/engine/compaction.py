@@ -44,9 +44,10 @@ copy of their id a dirty start keeps; after the cut only the new copies exist, d
 since step 2. No crash makes recovery read a moved record at its old place.
 
 A job the store gives up is rolled back at once by the store; one left by a store that
-stopped or crashed is rolled back by the next start, which first waits (at most
-``ROLL_BACK_WAIT_S``) for the flock a GC still moving holds on it. So no copy outlives
-the journal that describes it.
+stopped or crashed is rolled back by the next start, which first waits (as long as
+any time it takes) for the flock a GC still moving holds on it; a GC that gets the lock
+of a journal already rolled back (unlinked) does nothing. So no copy outlives the journal
+that describes it.
 
 ``N.compacted`` beside a compacted file counts its compactions and the bytes they
 reclaimed, for ``warren store inspect``; it is written without fsync (a figure, not
@@ -79,7 +80,7 @@ _JOURNAL_VERSION = 1
 # magic, version, token, file, size, cut, moves, holes
 _JOURNAL_HEAD = struct.Struct("<8sI8sQQQII")
 TOKEN_BYTES = 8
-ROLL_BACK_WAIT_S = 30.0  # how long a start waits for a GC still carrying out the journal
+ROLL_BACK_WAIT_S = 30.0  # a start waiting for a GC still carrying out the journal says so
 _MOVE = struct.Struct("<16sQQQ")  # msg_id, from, to, total size
 _HOLE = struct.Struct("<QQ")  # start, end
 _CRC = struct.Struct("<I")
@@ -247,6 +248,8 @@ def compact_in_place(
         raise JournalInvalid(f"no compaction journal for {data_file_name(file)}") from None
     try:
         fcntl.flock(journal_fd, fcntl.LOCK_EX)
+        if os.fstat(journal_fd).st_nlink == 0:  # rolled back while this GC waited
+            raise JournalInvalid(f"the compaction of {data_file_name(file)} was rolled back")
         plan = decode_journal(_read_all(journal_fd))
         if token is not None and plan.token != token:
             raise JournalInvalid(
@@ -343,28 +346,30 @@ class RollBack:
     journal_invalid: bool  # the journal itself was torn: nothing had moved
 
 
-def roll_back(dir_fd: int, file: int, wait_s: float = ROLL_BACK_WAIT_S) -> RollBack:
+def roll_back(dir_fd: int, file: int, *, compare: bool = True) -> RollBack:
     """Undo a compaction of ``file`` that was not applied (its journal present at a
-    start, or its job given up): once no GC holds the journal (``wait_s`` at most: a GC
-    of an earlier store process may still be moving), zero every destination, fdatasync,
-    delete the journal and fsync the directory."""
+    start, or its job given up): once no GC holds the journal (a GC of an earlier store
+    process may still be moving: never without its lock, or that GC would write after
+    it), zero every destination, fdatasync, delete the journal and fsync the directory.
+    ``compare`` checks each copy against its source first, to count the torn ones."""
     try:
         fd = os.open(journal_name(file), os.O_RDONLY, dir_fd=dir_fd)
     except FileNotFoundError:  # nothing was planned on disk, so nothing moved
         return RollBack(file, 0, 0, journal_invalid=False)
     try:
-        if not _lock_within(fd, wait_s):
+        while not _lock_within(fd, ROLL_BACK_WAIT_S):
             log.warning(
-                "the GC held the compaction journal of %s for %g s; rolling it back anyway",
+                "waiting for the GC to let go of the compaction journal of %s (held %g s "
+                "more); the roll-back needs it",
                 data_file_name(file),
-                wait_s,
+                ROLL_BACK_WAIT_S,
             )
         try:
             plan = decode_journal(_read_all(fd))
         except JournalInvalid:
             forget_journal(dir_fd, file)
             return RollBack(file, 0, 0, journal_invalid=True)
-        return _roll_back(dir_fd, plan)
+        return _roll_back(dir_fd, plan, compare)
     finally:
         os.close(fd)
 
@@ -381,7 +386,7 @@ def _lock_within(fd: int, wait_s: float) -> bool:
             time.sleep(0.05)
 
 
-def _roll_back(dir_fd: int, plan: CompactionPlan) -> RollBack:
+def _roll_back(dir_fd: int, plan: CompactionPlan, compare: bool) -> RollBack:
     file = plan.file
     complete = torn = 0
     try:
@@ -400,11 +405,12 @@ def _roll_back(dir_fd: int, plan: CompactionPlan) -> RollBack:
             )
         else:
             for _msg_id, source, to, size in plan.moves:
-                copy = os.pread(data_fd, size, to)
-                if crc32(copy) == crc32(os.pread(data_fd, size, source)):
-                    complete += 1
-                else:
-                    torn += 1
+                if compare:
+                    copy = os.pread(data_fd, size, to)
+                    if crc32(copy) == crc32(os.pread(data_fd, size, source)):
+                        complete += 1
+                    else:
+                        torn += 1
                 _write_all_at(data_fd, bytes(size), to)
             os.fdatasync(data_fd)
     finally:

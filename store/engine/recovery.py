@@ -91,6 +91,7 @@ class Recovery(_StoreState):
         self._removals = RemovalLog(self._dir_fd)
         for stray in self._removals.stray_logs(set(files)):
             os.unlink(stray, dir_fd=self._dir_fd)
+        self._removals.trim_torn_tails(files)
         self._roll_back_compactions(names, set(files))
         clean = self._load_snapshot(files, clean_clients)
         if snapshot.delete(self._dir_fd):

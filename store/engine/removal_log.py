@@ -86,12 +86,13 @@ class RemovalLog:
         buffer += head
         buffer += _CRC.pack(crc32(head))
 
-    def write(self) -> None:
+    def write(self) -> bool:
         """Append every buffered entry to its file's log; on a full disk keep them
-        buffered for the next try."""
+        buffered for the next try. Whether every one was written."""
         for file in list(self._buffers):
             if self._append(file, self._buffers[file]):
                 del self._buffers[file]
+        return not self._buffers
 
     def _append(self, file: int, entries: bytearray) -> bool:
         fd = os.open(
@@ -115,13 +116,15 @@ class RemovalLog:
     def replace(self, file: int, entries: Sequence[tuple[int, bytes]]) -> None:
         """Write ``file``'s log anew with ``entries`` (offset, msg_id) alone (written out,
         nothing buffered left): a compaction zeroed or cut off what the others named.
-        By rename, so a crash leaves the old log or the new one, each of them right."""
-        self._buffers.pop(file, None)
+        By rename, so a crash leaves the old log or the new one, each of them right; the
+        entries still buffered are dropped only once the new log is in place (an error
+        leaves them for the next ``write``)."""
         if not entries:
             try:
                 os.unlink(log_name(file), dir_fd=self._dir_fd)
             except FileNotFoundError:
                 pass
+            self._buffers.pop(file, None)
             return
         data = bytearray()
         for offset, msg_id in entries:
@@ -136,6 +139,7 @@ class RemovalLog:
         finally:
             os.close(fd)
         os.rename(temporary, log_name(file), src_dir_fd=self._dir_fd, dst_dir_fd=self._dir_fd)
+        self._buffers.pop(file, None)
 
     def watch(self, file: int) -> None:
         """Keep, from now on, the entries noted for ``file`` (with those still buffered),
@@ -171,6 +175,21 @@ class RemovalLog:
                 data = log.read()
             for offset, msg_id in parse_entries(data):
                 yield file, offset, msg_id
+
+    def trim_torn_tails(self, files: Iterable[int]) -> None:
+        """Cut each log of ``files`` to whole entries: an append cut short by a kill
+        would put every later entry off the grid, where each fails its CRC."""
+        for file in files:
+            try:
+                fd = os.open(log_name(file), os.O_WRONLY, dir_fd=self._dir_fd)
+            except FileNotFoundError:
+                continue
+            try:
+                size = os.fstat(fd).st_size
+                if size % ENTRY_BYTES:
+                    os.ftruncate(fd, size - size % ENTRY_BYTES)
+            finally:
+                os.close(fd)
 
     def stray_logs(self, files: Container[int]) -> list[str]:
         """Logs whose data file is gone (a crash between the two unlinks), and logs a

@@ -2,12 +2,14 @@
 what a remove, a new reference, a reader or a crash meanwhile leaves behind."""
 
 import errno
+import fcntl
 import logging
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -20,8 +22,10 @@ from warren.store.engine.compaction import (
     journal_name,
     read_marker,
 )
+from warren.store.engine.removal_log import RemovalLog
 from warren.store.engine.scanner import scan_file
 
+from ...waiting import wait_for
 from ..helpers import body, fill, msg_id
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -290,3 +294,80 @@ def test_a_scan_that_fails_in_process_leaves_the_file_unlocked(open_store, monke
     assert store.stats()["locked_files"] == 0
     monkeypatch.undo()
     assert store.collect_garbage() == 1
+
+
+def test_no_room_for_a_dead_copys_log_entry_gives_the_compaction_up(
+    open_store, store_dir, tmp_path, monkeypatch
+):
+    store = compacting_store(open_store)
+    fill(store, range(16))
+    remove_all_but(store, range(8), keep={0, 6, 7})
+    plan = staged(store, store_dir)
+    compact_in_place(store_dir, 0, plan.token)
+    store.remove(msg_id(7))  # acknowledged while it moved: its copy at 125 is dead
+    store.sync()
+    monkeypatch.setattr(RemovalLog, "_append", lambda self, file, entries: False)  # no room
+    assert store.apply_compaction(plan) is False
+    store.abandon_compaction(plan)  # rolled back: the dead copy is zeroed
+    monkeypatch.undo()
+    crashed = crash_copy(store_dir, tmp_path)
+    with MessageStore(crashed, file_size_limit=1000, gc="compact") as recovered:
+        assert not recovered.contains(msg_id(7))
+        assert recovered.read(msg_id(6)) == body(6)
+
+
+def opened(path) -> int:
+    """How many of this process's fds name ``path``."""
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            count += os.readlink(f"/proc/self/fd/{fd}") == str(path)
+        except OSError:  # closed meanwhile
+            pass
+    return count
+
+
+def test_a_gc_that_gets_the_journal_after_its_roll_back_writes_nothing(open_store, store_dir):
+    store = compacting_store(open_store)
+    fill(store, range(16))
+    remove_all_but(store, range(8), keep={0, 7})
+    plan = staged(store, store_dir)
+    before = (store_dir / "0.rdq").read_bytes()
+    outcome = []
+    holder = os.open(store_dir / journal_name(0), os.O_RDONLY)
+    try:
+        fcntl.flock(holder, fcntl.LOCK_EX)  # a start's roll-back holds it
+
+        def gc():
+            try:
+                compact_in_place(store_dir, 0, plan.token)
+            except JournalInvalid as exc:
+                outcome.append(exc)
+
+        waiting = threading.Thread(target=gc)
+        waiting.start()
+        wait_for(lambda: opened(store_dir / journal_name(0)) == 2)  # the GC waits on it
+        os.unlink(store_dir / journal_name(0))  # the roll-back deletes it, then lets go
+    finally:
+        os.close(holder)
+    waiting.join(timeout=30)
+    assert outcome and "rolled back" in str(outcome[0])
+    assert (store_dir / "0.rdq").read_bytes() == before
+
+
+def test_a_removal_log_cut_mid_entry_keeps_the_entries_after_it_readable(
+    open_store, store_dir, tmp_path
+):
+    store = compacting_store(open_store)
+    fill(store, range(16))
+    remove_all_but(store, range(8), keep=set(range(1, 8)))  # 0 removed: one entry
+    store.close()
+    with open(store_dir / "0.removed", "ab") as log:
+        log.write(b"\x00" * 10)  # an append a kill cut short
+    store = compacting_store(open_store)
+    store.remove(msg_id(5))
+    store.sync()
+    crashed = crash_copy(store_dir, tmp_path)
+    with MessageStore(crashed, file_size_limit=1000, gc="compact") as recovered:
+        assert not recovered.contains(msg_id(0)) and not recovered.contains(msg_id(5))
+        assert recovered.read(msg_id(4)) == body(4)
