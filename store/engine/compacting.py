@@ -23,10 +23,11 @@ file N:
    not chosen again until its valid bytes change.
 4. ``compact_in_place`` (elsewhere): zero the holes, copy the moves, fdatasync.
 5. ``apply_compaction``, in one step once no reader in another process is inside the
-   file (its lock-table slot, as a combine's switch): delete the journal and fsync the
-   directory, point every index entry still at a copied place at its new one, note in
-   the removal log the copies of records removed meanwhile (their new places hold a dead
-   copy), cut the file and fdatasync it. Readers holding the slot past the deadline make
+   file (its lock-table slot, as a combine's switch): write the removal log's entries
+   for the copies of records removed meanwhile (their new places hold a dead copy),
+   delete the journal, point every index entry still at a copied place at its new one,
+   cut the file (neither synced: see ``compaction``'s crash safety). Readers holding the
+   slot past the deadline make
    it return False with nothing changed: the caller gives the job up
    (``abandon_compaction``) and the file is chosen again once they are gone.
 
@@ -249,7 +250,8 @@ class Compacting(_StoreState):
                 self._removals.note(file, to, msg_id)
             if not self._removals.write():
                 return False, None  # given up and rolled back: the copies zeroed
-        compaction.forget_journal(self._dir_fd, file)
+        compaction.forget_journal(self._dir_fd, file, sync=False)
+        self._directory_unsynced = True
         self._compaction = None
         watched = self._removals.watched(file)
         self._removals.unwatch(file)

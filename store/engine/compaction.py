@@ -27,14 +27,17 @@ The steps, and who runs them:
    fdatasync (also every megabyte, so that the store's group commits never wait behind
    a backlog of dirty pages), at most ``rewrite.GC_WRITE_BYTES_PER_S``.
 3. apply (the store, ``warren.store.engine.compacting``), in one step once no reader is
-   inside the file: delete the journal and fsync the directory, point the index at the
+   inside the file: delete the journal (unsynced: below), point the index at the
    new places (only entries still at the copied place: a record removed, or removed and
-   written again, meanwhile is left alone), cut the file at ``truncate_at`` and
-   fdatasync it.
+   written again, meanwhile is left alone), cut the file at ``truncate_at`` (no
+   fdatasync: until the new size is on disk, the old copies past it are intact).
 
 Crash safety. Until the journal is deleted, the index (in memory, in a clean snapshot, or
 rebuilt by a dirty start) points at the old places, which nothing writes to: the moves
-only write into holes. A start that finds a journal therefore *rolls it back* before
+only write into holes. The store deletes the journal without an fsync (the next group
+commit's makes it durable), so an OS crash may keep the journal beside a file already
+cut: a start that finds the file at the plan's cut knows the compaction was applied and
+only drops the journal. A start that finds it at the planned size *rolls it back* before
 anything scans the file: each destination is compared with its intact source (a move that
 did not finish, a torn one, differs from it), and every destination is zeroed, so that
 no half-written copy is left for a scan to find; then the journal is deleted. A journal
@@ -398,9 +401,13 @@ def _roll_back(dir_fd: int, plan: CompactionPlan, compare: bool) -> RollBack:
         forget_journal(dir_fd, file)
         return RollBack(file, 0, len(plan.moves), journal_invalid=False)
     try:
-        if os.fstat(data_fd).st_size != plan.file_size:
-            # Not the file this journal planned for (a job given up long ago on a file
-            # since changed by other means): its places mean nothing here.
+        size = os.fstat(data_fd).st_size
+        if size == plan.truncate_at:
+            # Applied: the store deletes the journal without an fsync of its own, and an
+            # OS crash kept the cut but not the deletion. The copies are the messages now.
+            log.info("%s was compacted; its journal is dropped", data_file_name(file))
+        elif size != plan.file_size:
+            # Not the file this journal planned for: its places mean nothing here.
             log.warning(
                 "%s is not the size its compaction journal planned for; "
                 "the journal is dropped and the file left as it is",
@@ -422,14 +429,17 @@ def _roll_back(dir_fd: int, plan: CompactionPlan, compare: bool) -> RollBack:
     return RollBack(file, complete, torn, journal_invalid=False)
 
 
-def forget_journal(dir_fd: int, file: int) -> None:
-    """Delete ``file``'s journal, if any, and fsync the directory: from here on the
-    compaction it planned is applied, never rolled back."""
+def forget_journal(dir_fd: int, file: int, *, sync: bool = True) -> None:
+    """Delete ``file``'s journal, if any, and (``sync``) fsync the directory. The store's
+    switch passes ``sync=False``: a start that finds the journal beside a file already
+    cut to the plan's size knows the compaction was applied, and one that finds the file
+    uncut rolls it back, the old copies intact."""
     try:
         os.unlink(journal_name(file), dir_fd=dir_fd)
     except FileNotFoundError:
         return
-    os.fsync(dir_fd)
+    if sync:
+        os.fsync(dir_fd)
 
 
 def note_compacted(dir_fd: int, file: int, reclaimed: int) -> None:

@@ -371,3 +371,25 @@ def test_a_removal_log_cut_mid_entry_keeps_the_entries_after_it_readable(
     with MessageStore(crashed, file_size_limit=1000, gc="compact") as recovered:
         assert not recovered.contains(msg_id(0)) and not recovered.contains(msg_id(5))
         assert recovered.read(msg_id(4)) == body(4)
+
+
+def test_a_journal_found_beside_a_file_already_cut_is_only_dropped(
+    open_store, store_dir, tmp_path, caplog
+):
+    # An OS crash may keep the cut and lose the journal's unsynced deletion.
+    store = compacting_store(open_store)
+    fill(store, range(16))
+    remove_all_but(store, range(8), keep={0, 6, 7})
+    plan = staged(store, store_dir)
+    journal = (store_dir / journal_name(0)).read_bytes()
+    compact_in_place(store_dir, 0, plan.token)
+    assert store.apply_compaction(plan)
+    crashed = crash_copy(store_dir, tmp_path)
+    (crashed / journal_name(0)).write_bytes(journal)
+    with (
+        caplog.at_level(logging.INFO, logger="warren.store"),
+        MessageStore(crashed, file_size_limit=1000, gc="compact") as recovered,
+    ):
+        assert "0.rdq was compacted; its journal is dropped" in caplog.text
+        assert not (crashed / journal_name(0)).exists()
+        assert all(recovered.read(msg_id(n)) == body(n) for n in (0, 6, 7, *range(8, 16)))
