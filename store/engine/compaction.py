@@ -25,7 +25,7 @@ The steps, and who runs them:
    removed records are left for a scanner to mistake for a record, RabbitMQ's
    `fcd011f9cf`), copy each record to its new place (consecutive ones in one write),
    fdatasync (also every megabyte, so that the store's group commits never wait behind
-   a backlog of dirty pages), at most ``rewrite.GC_WRITE_BYTES_PER_S``.
+   a backlog of dirty pages).
 3. apply (the store, ``warren.store.engine.compacting``), in one step once no reader is
    inside the file: delete the journal (unsynced: below), point the index at the
    new places (only entries still at the copied place: a record removed, or removed and
@@ -72,7 +72,7 @@ from isal.isal_zlib import crc32
 
 from ..errors import CorruptRecord
 from .records import HEADER, OK_MARKER, data_file_name
-from .rewrite import WRITE_CHUNK_BYTES, Record, WritePace
+from .rewrite import WRITE_CHUNK_BYTES, Record
 
 log = logging.getLogger("warren.store")
 
@@ -289,19 +289,18 @@ def _move(directory: str, plan: CompactionPlan) -> None:
             )
         records = [_checked_record(fd, path, move) for move in plan.moves]
         written = 0
-        pace = WritePace()
         for start, stop in plan.holes:
             while start < stop:
                 chunk = min(stop - start, len(_ZEROS))
                 _write_all_at(fd, memoryview(_ZEROS)[:chunk], start)
                 start += chunk
-                written = _sync_every_chunk(fd, written + chunk, pace)
+                written = _sync_every_chunk(fd, written + chunk)
         # Consecutive destinations (a hole filled record after record) in one write each.
         pending, pending_at = bytearray(), -1
         for (_msg_id, _source, to, _size), record in zip(plan.moves, records, strict=True):
             if pending and to != pending_at + len(pending):
                 _write_all_at(fd, pending, pending_at)
-                written = _sync_every_chunk(fd, written + len(pending), pace)
+                written = _sync_every_chunk(fd, written + len(pending))
                 pending = bytearray()
             if not pending:
                 pending_at = to
@@ -325,12 +324,10 @@ def _checked_record(fd: int, path: str, move: Move) -> bytes:
     return record
 
 
-def _sync_every_chunk(fd: int, written: int, pace: WritePace) -> int:
-    """fdatasync once a megabyte is dirty (see the module docstring), at the GC's pace;
-    what is dirty now."""
+def _sync_every_chunk(fd: int, written: int) -> int:
+    """fdatasync once a megabyte is dirty (see the module docstring); what is dirty now."""
     if written >= WRITE_CHUNK_BYTES:
         os.fdatasync(fd)
-        pace.wrote(written)
         return 0
     return written
 

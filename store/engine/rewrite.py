@@ -8,10 +8,9 @@ The three steps, and who runs them:
    from a scan (the GC process scans in a node) checked against the index.
 2. rewrite (``rewrite_combine`` below; the GC process in a node): copy Dst's valid
    records, then Src's, into ``Dst.rdt``, validating every record it copies, and
-   fdatasync it, a megabyte at a time, at most ``GC_WRITE_BYTES_PER_S``. It reads only
-   files that no longer change (neither is current) and writes only the temporary file,
-   so it never touches a byte the index can point at and the store keeps serving reads,
-   writes and removes meanwhile.
+   fdatasync it, a megabyte at a time. It reads only files that no longer change (neither
+   is current) and writes only the temporary file, so it never touches a byte the index
+   can point at and the store keeps serving reads, writes and removes meanwhile.
 3. apply (the store): in one step, the staged index values (kept right through removes
    and new references during the copy) replace the old ones, ``Dst.rdt`` is renamed over
    ``Dst.rdq``, the directory fsynced, ``Src.rdq`` deleted, the directory fsynced again.
@@ -28,34 +27,12 @@ from __future__ import annotations
 
 import mmap
 import os
-import time
 from dataclasses import dataclass
 
 from ..errors import CorruptRecord
 from .records import HEADER, OK_MARKER, data_file_name, temp_file_name
 
 WRITE_CHUNK_BYTES = 2**20  # the copy is written out, and fdatasync'd, in chunks of this size
-# The pace of the GC's writes (a combine's copy, a compaction's zeroes and moves): on a disk
-# shared with the store's group commits, an unpaced copy makes every commit wait behind
-# its megabytes. Cassandra's compaction_throughput has the same default.
-GC_WRITE_BYTES_PER_S = 64 * 2**20
-
-
-class WritePace:
-    """Sleeps, when told of each write, as long as the bytes written since it began run
-    ahead of ``bytes_per_s``."""
-
-    def __init__(self, bytes_per_s: float = GC_WRITE_BYTES_PER_S) -> None:
-        self.bytes_per_s = bytes_per_s
-        self.started = time.monotonic()
-        self.written = 0
-
-    def wrote(self, count: int) -> None:
-        self.written += count
-        ahead = self.written / self.bytes_per_s - (time.monotonic() - self.started)
-        if ahead > 0:
-            time.sleep(ahead)
-
 
 Record = tuple[bytes, int, int]  # (msg_id, offset, total_size)
 
@@ -87,10 +64,9 @@ def rewrite_combine(directory: str | os.PathLike, plan: CombinePlan) -> RewriteR
     try:
         written = 0
         offsets = []
-        pace = WritePace()
         for file, records in ((plan.dst, plan.dst_records), (plan.src, plan.src_records)):
             new_offsets, written = _copy_records(
-                os.path.join(directory, data_file_name(file)), records, out, written, pace
+                os.path.join(directory, data_file_name(file)), records, out, written
             )
             offsets.append(tuple(new_offsets))
         os.fdatasync(out)
@@ -100,7 +76,7 @@ def rewrite_combine(directory: str | os.PathLike, plan: CombinePlan) -> RewriteR
 
 
 def _copy_records(
-    path: str, records: tuple[Record, ...], out: int, written: int, pace: WritePace
+    path: str, records: tuple[Record, ...], out: int, written: int
 ) -> tuple[list[int], int]:
     """Append ``records`` of ``path`` to ``out``, validating each; new offsets and size."""
     new_offsets: list[int] = []
@@ -129,7 +105,6 @@ def _copy_records(
                 # journal, which first flushes every file's dirty data; a copy left dirty
                 # by the megabyte would make each group commit wait for it.
                 os.fdatasync(out)
-                pace.wrote(len(buffer))
                 buffer.clear()
     written += _write_all(out, buffer)
     return new_offsets, written
