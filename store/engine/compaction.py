@@ -64,13 +64,13 @@ import logging
 import os
 import re
 import struct
-import time
 from collections.abc import Container, Sequence
 from dataclasses import dataclass
 
 from isal.isal_zlib import crc32
 
 from ..errors import CorruptRecord
+from ..locks import lock_exclusive
 from .records import HEADER, OK_MARKER, data_file_name
 from .rewrite import WRITE_CHUNK_BYTES, Record
 
@@ -360,7 +360,7 @@ def roll_back(dir_fd: int, file: int, *, compare: bool = True) -> RollBack:
     except FileNotFoundError:  # nothing was planned on disk, so nothing moved
         return RollBack(file, 0, 0, journal_invalid=False)
     try:
-        while not _lock_within(fd, ROLL_BACK_WAIT_S):
+        while not lock_exclusive(fd, ROLL_BACK_WAIT_S):
             log.warning(
                 "waiting for the GC to let go of the compaction journal of %s (held %g s "
                 "more); the roll-back needs it",
@@ -375,18 +375,6 @@ def roll_back(dir_fd: int, file: int, *, compare: bool = True) -> RollBack:
         return _roll_back(dir_fd, plan, compare)
     finally:
         os.close(fd)
-
-
-def _lock_within(fd: int, wait_s: float) -> bool:
-    deadline = time.monotonic() + wait_s
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return True
-        except BlockingIOError:
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(0.05)
 
 
 def _roll_back(dir_fd: int, plan: CompactionPlan, compare: bool) -> RollBack:

@@ -1,6 +1,7 @@
 """Compaction of one file in place (``gc="compact"``): what it moves, what it cuts, and
 what a remove, a new reference, a reader or a crash meanwhile leaves behind."""
 
+import contextlib
 import errno
 import fcntl
 import logging
@@ -48,6 +49,32 @@ def crash_copy(store_dir, tmp_path) -> Path:
     copy = tmp_path / "after-crash"
     shutil.copytree(store_dir, copy, ignore=shutil.ignore_patterns(".lock"))
     return copy
+
+
+@contextlib.contextmanager
+def a_reader_inside(store_dir, file: int):
+    """A reader process holding ``file``'s lock-table slot, killed at the end."""
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tests.store.reader_child",
+            "hold",
+            str(store_dir),
+            str(file),
+            "wait",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        yield
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+        holder.stdout.close()
 
 
 def test_rabbitmqs_worked_example_moves_the_last_records_into_the_first_hole_and_cuts(
@@ -174,20 +201,8 @@ def test_a_file_a_reader_holds_is_left_until_the_reader_goes(open_store, store_d
     store = compacting_store(open_store, shared_readers=True)
     fill(store, range(16))
     remove_all_but(store, range(8), keep={0, 7})
-    holder = subprocess.Popen(
-        [sys.executable, "-m", "tests.store.reader_child", "hold", str(store_dir), "0", "wait"],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert holder.stdout.readline().strip() == "held"
-        # Held now: not chosen at all (a reader is inside it).
+    with a_reader_inside(store_dir, 0):  # not chosen at all
         assert store.collect_garbage() == 0
-    finally:
-        holder.send_signal(signal.SIGKILL)
-        holder.wait()
-        holder.stdout.close()
     assert store.collect_garbage() == 1
     assert os.path.getsize(store_dir / "0.rdq") == 2 * RECORD
     assert store.read(msg_id(7)) == body(7)
@@ -222,19 +237,8 @@ def test_readers_inside_the_file_at_the_switch_leave_everything_as_it_was(
     remove_all_but(store, range(8), keep={0, 6, 7})
     plan = staged(store, store_dir)
     compact_in_place(store_dir, 0, plan.token)
-    holder = subprocess.Popen(
-        [sys.executable, "-m", "tests.store.reader_child", "hold", str(store_dir), "0", "wait"],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert holder.stdout.readline().strip() == "held"
+    with a_reader_inside(store_dir, 0):
         assert store.apply_compaction(plan, wait_s=0.05) is False
-    finally:
-        holder.send_signal(signal.SIGKILL)
-        holder.wait()
-        holder.stdout.close()
     store.abandon_compaction(plan)  # rolled back: the copies zeroed, the journal gone
     assert not (store_dir / journal_name(0)).exists()
     assert store.location(msg_id(7)).offset == 7 * RECORD  # never moved in the index
