@@ -135,14 +135,9 @@ class Compacting(_StoreState):
         if staging is None or staging.file != file or staging.plan is not None:
             raise StoreError(f"stage_compaction of file {file}: not the file being staged")
         index, live = self._index, staging.live
-        file_shift, offset_shift, offset_mask = idx.FILE_SHIFT, idx.OFFSET_SHIFT, idx.OFFSET_MASK
+        is_at = idx.is_at
         for msg_id, offset, size in zip(msg_ids, offsets, sizes, strict=True):
-            value = index.get(_key(msg_id))
-            if (
-                value is not None
-                and value >> file_shift == file
-                and (value >> offset_shift) & offset_mask == offset
-            ):
+            if is_at(index.get(_key(msg_id)), file, offset):
                 live.append((bytes(msg_id), offset, size))
 
     def finish_compaction_staging(
@@ -232,16 +227,11 @@ class Compacting(_StoreState):
         file = plan.file
         summary = self._summary[file]
         index, relocate = self._index, idx.relocate
-        file_shift, offset_shift, offset_mask = idx.FILE_SHIFT, idx.OFFSET_SHIFT, idx.OFFSET_MASK
+        is_at = idx.is_at
         staying_moves, dead_copies = [], []
         for msg_id, source, to, _size in plan.moves:
             key = _key(msg_id)
-            value = index.get(key)
-            if (
-                value is not None
-                and value >> file_shift == file
-                and (value >> offset_shift) & offset_mask == source
-            ):
+            if is_at(index.get(key), file, source):
                 staying_moves.append((key, to))
             else:  # removed meanwhile: its new place holds a dead copy
                 dead_copies.append((to, msg_id))

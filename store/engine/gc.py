@@ -118,19 +118,14 @@ class Combining(_StoreState):
             )
         staging.src_started = file == staging.src
         index, moves, records = self._index, staging.moves, staging.records[file]
-        file_shift, offset_shift, offset_mask = idx.FILE_SHIFT, idx.OFFSET_SHIFT, idx.OFFSET_MASK
-        relocate, dst = idx.relocate, staging.dst
+        is_at, relocate, dst = idx.is_at, idx.relocate, staging.dst
         keep = bytearray(len(msg_ids))
         new_offset = staging.next_offset
         staged_bytes = 0
         for i, (msg_id, offset, size) in enumerate(zip(msg_ids, offsets, sizes, strict=True)):
             key = _key(msg_id)
             value = index.get(key)
-            if (
-                value is not None
-                and value >> file_shift == file
-                and (value >> offset_shift) & offset_mask == offset
-            ):
+            if is_at(value, file, offset):
                 moves[key] = relocate(value, dst, new_offset)
                 records.append((msg_id, offset, size))
                 new_offset += size

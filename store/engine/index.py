@@ -25,7 +25,7 @@ so a later write of the same id appends a fresh record (no resurrection of dead 
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, TypeGuard
 
 REF_BITS = 20
 SIZE_BITS = 36
@@ -73,6 +73,17 @@ def unpack(value: int) -> Location:
 
 def size_of(value: int) -> int:
     return (value >> SIZE_SHIFT) & SIZE_MASK
+
+
+_PLACE_MASK = (OFFSET_MASK << OFFSET_SHIFT) | (FILE_MASK << FILE_SHIFT)
+
+
+def is_at(value: int | None, file: int, offset: int) -> TypeGuard[int]:
+    """Whether an index entry (None: no entry) names this place: the record a scan found
+    there, or a GC copied from there, is the one the index holds."""
+    return value is not None and value & _PLACE_MASK == (file << FILE_SHIFT) | (
+        offset << OFFSET_SHIFT
+    )
 
 
 def relocate(value: int, file: int, offset: int) -> int:

@@ -233,11 +233,7 @@ class Recovery(_StoreState):
         for file, offset, msg_id in self._removals.entries(list(found_bytes)):
             key = _key(msg_id)
             value = index.get(key)
-            if (
-                value is not None
-                and value >> idx.FILE_SHIFT == file
-                and (value >> idx.OFFSET_SHIFT) & idx.OFFSET_MASK == offset
-            ):
+            if idx.is_at(value, file, offset):
                 del index[key]
                 found_bytes[file] -= (value >> idx.SIZE_SHIFT) & idx.SIZE_MASK
                 dropped += 1

@@ -221,6 +221,15 @@ def test_a_torn_journal_is_deleted_at_the_start_and_nothing_moves(open_store, st
     assert reopened.read(msg_id(7)) == body(7) and reopened.recovered_clean
 
 
+def file_0_planned(open_store, store_dir, keep, **options):
+    """Files 0 and 1 full, 0 keeping ``keep`` of its eight; its compaction planned (the
+    journal written): the store and the plan."""
+    store = compacting_store(open_store, **options)
+    fill(store, range(16))
+    remove_all_but(store, range(8), keep=keep)
+    return store, staged(store, store_dir)
+
+
 def staged(store, store_dir, file=0):
     """Choose ``file`` and stage it from a scan; the plan (its journal written)."""
     assert store.choose_compaction() == file
@@ -232,10 +241,7 @@ def staged(store, store_dir, file=0):
 def test_readers_inside_the_file_at_the_switch_leave_everything_as_it_was(
     open_store, store_dir, tmp_path
 ):
-    store = compacting_store(open_store, shared_readers=True)
-    fill(store, range(16))
-    remove_all_but(store, range(8), keep={0, 6, 7})
-    plan = staged(store, store_dir)
+    store, plan = file_0_planned(open_store, store_dir, keep={0, 6, 7}, shared_readers=True)
     compact_in_place(store_dir, 0, plan.token)
     with a_reader_inside(store_dir, 0):
         assert store.apply_compaction(plan, wait_s=0.05) is False
@@ -254,10 +260,7 @@ def test_readers_inside_the_file_at_the_switch_leave_everything_as_it_was(
 
 
 def test_a_gc_job_of_another_plan_finds_the_journal_is_not_its_own(open_store, store_dir):
-    store = compacting_store(open_store)
-    fill(store, range(16))
-    remove_all_but(store, range(8), keep={0, 7})
-    plan = staged(store, store_dir)
+    store, plan = file_0_planned(open_store, store_dir, keep={0, 7})
     before = (store_dir / "0.rdq").read_bytes()
     with pytest.raises(JournalInvalid, match="another job's"):
         compact_in_place(store_dir, 0, b"stalejob")
@@ -303,10 +306,7 @@ def test_a_scan_that_fails_in_process_leaves_the_file_unlocked(open_store, monke
 def test_no_room_for_a_dead_copys_log_entry_gives_the_compaction_up(
     open_store, store_dir, tmp_path, monkeypatch
 ):
-    store = compacting_store(open_store)
-    fill(store, range(16))
-    remove_all_but(store, range(8), keep={0, 6, 7})
-    plan = staged(store, store_dir)
+    store, plan = file_0_planned(open_store, store_dir, keep={0, 6, 7})
     compact_in_place(store_dir, 0, plan.token)
     store.remove(msg_id(7))  # acknowledged while it moved: its copy at 125 is dead
     store.sync()
@@ -332,10 +332,7 @@ def opened(path) -> int:
 
 
 def test_a_gc_that_gets_the_journal_after_its_roll_back_writes_nothing(open_store, store_dir):
-    store = compacting_store(open_store)
-    fill(store, range(16))
-    remove_all_but(store, range(8), keep={0, 7})
-    plan = staged(store, store_dir)
+    store, plan = file_0_planned(open_store, store_dir, keep={0, 7})
     before = (store_dir / "0.rdq").read_bytes()
     outcome = []
     holder = os.open(store_dir / journal_name(0), os.O_RDONLY)
@@ -381,10 +378,7 @@ def test_a_journal_found_beside_a_file_already_cut_is_only_dropped(
     open_store, store_dir, tmp_path, caplog
 ):
     # An OS crash may keep the cut and lose the journal's unsynced deletion.
-    store = compacting_store(open_store)
-    fill(store, range(16))
-    remove_all_but(store, range(8), keep={0, 6, 7})
-    plan = staged(store, store_dir)
+    store, plan = file_0_planned(open_store, store_dir, keep={0, 6, 7})
     journal = (store_dir / journal_name(0)).read_bytes()
     compact_in_place(store_dir, 0, plan.token)
     assert store.apply_compaction(plan)
@@ -397,3 +391,22 @@ def test_a_journal_found_beside_a_file_already_cut_is_only_dropped(
         assert "0.rdq was compacted; its journal is dropped" in caplog.text
         assert not (crashed / journal_name(0)).exists()
         assert all(recovered.read(msg_id(n)) == body(n) for n in (0, 6, 7, *range(8, 16)))
+
+
+def test_a_store_stopped_while_its_gc_moves_rolls_the_job_back_at_its_next_start(
+    open_store, store_dir, caplog
+):
+    # What the store actor does on SIGTERM with a job out: give it up without rolling it
+    # back (its GC may still be moving), stop cleanly; the next start rolls it back.
+    store, plan = file_0_planned(open_store, store_dir, keep={0, 6, 7})
+    compact_in_place(store_dir, 0, plan.token)
+    store.abandon_compaction(plan, roll_back=False)
+    store.close()
+    assert (store_dir / journal_name(0)).exists()
+    with caplog.at_level(logging.WARNING, logger="warren.store"):
+        reopened = compacting_store(open_store)
+    assert "2 copies complete, 0 torn" in caplog.text
+    assert reopened.recovered_clean and not (store_dir / journal_name(0)).exists()
+    assert all(reopened.read(msg_id(n)) == body(n) for n in (0, 6, 7, *range(8, 16)))
+    assert reopened.collect_garbage() == 1
+    assert all(reopened.read(msg_id(n)) == body(n) for n in (0, 6, 7))
