@@ -23,6 +23,7 @@ from ..waiting import wait_for
 from .helpers import body, msg_id
 
 ROOT = Path(__file__).resolve().parents[2]
+STORE = "msg_store_persistent"
 
 
 @pytest.fixture
@@ -336,3 +337,30 @@ def test_a_reader_stopped_holding_one_file_delays_only_that_files_gc(gc_node):
 def test_the_gc_process_runs_below_the_stores_priority(node):
     gc = node.actors.whereis("msg_store_gc")
     assert psutil.Process(gc.pid).nice() > psutil.Process(node.store().pid).nice()
+
+
+def test_a_store_sigtermed_with_a_compaction_out_loses_nothing_once_its_gc_goes_on(tmp_path):
+    with Node(tmp_path / "data", file_size_limit=64 * 1024, store_gc="compact") as node:
+        gc = node.actors.whereis("msg_store_gc")
+        os.kill(gc.pid, signal.SIGSTOP)  # the job goes out and waits in its mailbox
+        try:
+            client = StoreClient(node.store())
+            live = fill_and_fragment(client)
+            wait_for(lambda: stats(node)["gc_job_in_flight"])
+            store_pid = node.store().pid
+            os.kill(store_pid, signal.SIGTERM)  # a clean stop, then its supervisor's restart
+            wait_for(lambda: getattr(node.actors.whereis(STORE), "pid", store_pid) != store_pid)
+        finally:
+            os.kill(gc.pid, signal.SIGCONT)  # it answers the old store's job: dropped
+        client = StoreClient(node.store())
+        wait_for(lambda: gc_jobs_done(node) > 0, timeout=60)
+        assert all(client.read(msg_id(n)) == body(n, 1000) for n in live)
+        directory = tmp_path / "data" / STORE
+
+        def settled() -> bool:  # no job out, no journal left behind
+            journals = [name for name in os.listdir(directory) if name.endswith(".compact")]
+            return not journals and not stats(node)["gc_job_in_flight"]
+
+        wait_for(settled, timeout=60)
+        assert all(client.read(msg_id(n)) == body(n, 1000) for n in live)
+        client.terminate()

@@ -10,7 +10,11 @@ from warren.actors import UnhandledMessage
 from warren.store.client import StoreClient
 from warren.store.engine.records import HEADER
 from warren.store.protocol import (
+    Compacted,
+    CompactJob,
+    CompactScan,
     Contains,
+    FileScanned,
     Read,
     ReadMany,
     Register,
@@ -58,14 +62,20 @@ def test_stray_tells_to_the_stores_and_the_gc_are_counted_and_restart_nothing(no
     for stray in strays:
         persistent.tell(stray)
     node.actors.whereis("msg_store_gc").tell("collect everything")
-    node.actors.whereis("msg_store_gc").tell(ScanJob(1, "relative/dir", 0, 1, persistent))
+    gc = node.actors.whereis("msg_store_gc")
+    gc.tell(ScanJob(1, "relative/dir", 0, 1, persistent))
+    gc.tell(CompactScan(2, "relative/dir", 0, persistent))
+    gc.tell(CompactJob(3, "/no/such/store", -1, b"token", persistent))
+    # A compaction's answers with no job of the store's to match: dropped.
+    persistent.tell(FileScanned(4, 0, b"", b"", b"", b"", b""))
+    persistent.tell(Compacted(5, 0, 0))
 
     # what the codec refuses by its fields counts as malformed, the rest as unhandled
     def refused(stats):
         return stats["unhandled"] + stats["malformed"]
 
     wait_for(lambda: refused(persistent.stats(timeout=10)) == len(strays) - 1)
-    wait_for(lambda: node.actors.whereis("msg_store_gc").stats(timeout=10)["unhandled"] == 2)
+    wait_for(lambda: node.actors.whereis("msg_store_gc").stats(timeout=10)["unhandled"] == 4)
     assert incarnations(node) == before
     client = StoreClient(persistent)
     assert client.contains_many([msg_id(7), msg_id(8), msg_id(9)]) == [False] * 3
