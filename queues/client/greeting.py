@@ -17,13 +17,17 @@ greeting, whatever the order, and its answer names its mechanism; a listener usi
 client's own mechanism, or one stopping, may close first, which tells only that it is
 not a mismatch to report. The probe closes before any command, so the listener counts
 an opened and closed connection, nothing else.
+
+``nothing_listens`` is the plainest probe: a connect the host refuses at once means no
+listener at that port (its node was killed or stopped), where ZeroMQ's own connect would
+retry in silence until its timeout.
 """
 
 from __future__ import annotations
 
 import socket
 
-__all__ = ["MECHANISM_CURVE", "MECHANISM_NULL", "listener_mechanism"]
+__all__ = ["MECHANISM_CURVE", "MECHANISM_NULL", "listener_mechanism", "nothing_listens"]
 
 MECHANISM_NULL = b"NULL"
 MECHANISM_CURVE = b"CURVE"
@@ -41,9 +45,8 @@ def listener_mechanism(endpoint: str, ours: bytes, timeout_s: float) -> bytes | 
     offered = MECHANISM_NULL if ours == MECHANISM_CURVE else MECHANISM_CURVE
     greeting = SIGNATURE + VERSION + offered.ljust(MECHANISM_BYTES, b"\0")
     greeting = greeting.ljust(GREETING_BYTES, b"\0")  # as a client; filler
-    host, _, port = endpoint.removeprefix("tcp://").rpartition(":")
     try:
-        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s) as probe:
+        with socket.create_connection(_address(endpoint), timeout=timeout_s) as probe:
             probe.sendall(greeting)
             answer = b""
             while len(answer) < GREETING_BYTES:
@@ -54,3 +57,22 @@ def listener_mechanism(endpoint: str, ours: bytes, timeout_s: float) -> bytes | 
     except (OSError, ValueError):
         return None
     return answer[MECHANISM_AT : MECHANISM_AT + MECHANISM_BYTES].rstrip(b"\0")
+
+
+def nothing_listens(endpoint: str, timeout_s: float) -> bool:
+    """Whether the host of ``endpoint`` refuses a connection to its port: no listener is
+    there. False when one accepts, or when the host does not answer within ``timeout_s``
+    (it may be slow or unreachable: not told apart from a listener here)."""
+    try:
+        with socket.create_connection(_address(endpoint), timeout=timeout_s):
+            return False
+    except ConnectionRefusedError:
+        return True
+    except (OSError, ValueError):
+        return False
+
+
+def _address(endpoint: str) -> tuple[str, int]:
+    """``tcp://host:port`` (``[::1]:port`` for IPv6) as a socket address."""
+    host, _, port = endpoint.removeprefix("tcp://").rpartition(":")
+    return host.strip("[]"), int(port)

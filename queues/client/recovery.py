@@ -6,7 +6,8 @@ transport, how long it tries, and the error it ends in when it does not.
 to is no longer the one answering: over ipc, the node's process is gone (kill -9, a
 crash, a stop), it is stopping (an orderly stop removes the node file before it stops
 any queue) or another node runs on the data directory; over tcp, the listener's boot
-id changed (the node or its listener restarted) or the listener answered nothing for
+id changed (the node or its listener restarted), the connection dropped and nothing
+listens at the listener's port any more, or the listener answered nothing for
 ``NODE_SILENCE_S``. A queue restarting inside a living node is not that: it stays a
 ``Nacked`` or a ``QueueRestarting`` for the one call it hit, as before.
 

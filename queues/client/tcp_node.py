@@ -10,7 +10,10 @@ matched by request id; an answer nobody waits for any more is dropped.
 Restarts. The listener's boot id is learnt at connect. Every alive check, every overdue
 node call and every node call answered after the socket lost its connection asks for it
 again: a new one means the listener (or the whole node) restarted, and this transport is
-done (``gone``): every request sent through it from then on is refused by the new
+done (``gone``), as it is once the socket lost its connection and the listener's port
+refuses connections (nothing listens: the node was killed or stopped), or once the
+listener answered nothing for ``NODE_SILENCE_S`` (a host gone quiet): every request sent
+through it from then on is refused by the new
 listener, and the ``Connection`` recovers on a new transport
 (``warren.queues.client.recovery``) or closes. Queue requests carry the boot they were
 meant for, so a request left in this socket while the node was down is refused by the
@@ -56,7 +59,7 @@ from warren.actors.errors import ActorDeadError, AskTimeout, CodecError
 from .. import errors
 from ..errors import AccessRefused, InvalidArgument, NodeNotRunning, NodeStarting, local_error
 from ..protocol import Fetch, NodeCalls, Subscribe
-from .greeting import MECHANISM_CURVE, MECHANISM_NULL, listener_mechanism
+from .greeting import MECHANISM_CURVE, MECHANISM_NULL, listener_mechanism, nothing_listens
 from .keys import ClientKey, load_client_key
 from .recovery import NODE_SILENCE_S, NodeLost
 
@@ -277,11 +280,9 @@ class TcpNode(NodeCalls):
                             f"the listener at {self.endpoint} restarted during {op}; the call "
                             f"was lost: make it again"
                         ) from None
-                    if self.silent():
-                        raise NodeLost(
-                            f"the listener at {self.endpoint} answered nothing for "
-                            f"{NODE_SILENCE_S:g} s"
-                        ) from None
+                    silence = self.silence()
+                    if silence is not None:
+                        raise NodeLost(silence) from None
                 else:
                     # the listener that answered answers the boot too: wait for it
                     if self._dropped() and self.gone(wait_s=NODE_SILENCE_S):
@@ -376,11 +377,23 @@ class TcpNode(NodeCalls):
         return self._drop_unchecked
 
     def silent(self) -> bool:
-        """Whether the listener has answered nothing for ``NODE_SILENCE_S`` while this
-        connection awaited an answer: taken as gone (the node was killed and has not
-        come back)."""
+        """Whether the listener is taken as gone for its silence (``silence``)."""
+        return self.silence() is not None
+
+    def silence(self) -> str | None:
+        """Why the listener, which has answered nothing while this connection awaited an
+        answer, is taken as gone (the node was killed or stopped and has not come back):
+        the socket lost its connection and the port now refuses connections (said at
+        once), or nothing came for ``NODE_SILENCE_S`` (a host gone quiet is waited for).
+        None while neither holds."""
         since = self._silent_since
-        return since is not None and time.monotonic() - since >= NODE_SILENCE_S
+        if since is None:
+            return None
+        if time.monotonic() - since >= NODE_SILENCE_S:
+            return f"the listener at {self.endpoint} answered nothing for {NODE_SILENCE_S:g} s"
+        if self._dropped() and nothing_listens(self.endpoint, RESTART_CHECK_S):
+            return f"the connection to {self.endpoint} dropped and nothing listens there now"
+        return None
 
     def gone(self, wait_s: float = RESTART_CHECK_S) -> bool:
         """Whether the listener this connection was made through went away: another

@@ -46,6 +46,7 @@ from typing import Any
 from warren.actors.errors import ActorDeadError
 from warren.queues.client import connect
 from warren.queues.client.connection import Connection, Consumer, Delivery
+from warren.queues.client.greeting import nothing_listens
 from warren.queues.client.stream import StreamConsumer, StreamDelivery
 from warren.queues.errors import ConnectionClosed, MessageTooLarge, NodeNotRunning, QueueError
 from warren.queues.message import MAX_MESSAGE_BYTES
@@ -72,7 +73,8 @@ CONSUME_PREFETCH = 100  # deliveries a consume holds ahead of what it wrote out
 ONE_AT_A_TIME = 100
 PUBLISH_BATCH = 1000  # messages a publish sends at once
 CONFIRM_LOOK_S = 1.0  # a publish awaiting its confirm looks at the stop signals this often
-NODE_LOOK_S = 10.0  # and, once it waited this long, whether its node is still there
+NODE_LOOK_S = 3.0  # and, once it waited this long, whether its node is still there
+NODE_CONNECT_S = 10.0  # how long that look gives a node that takes connections to answer
 READ_BYTES = 1 << 16  # what one read of stdin takes, at most
 
 _QUEUE_COLUMNS = (
@@ -518,9 +520,12 @@ class _NodeWentAway(Exception):
 
 
 def _node_reachable(args: argparse.Namespace) -> bool:
-    """Whether the node still takes a new connection within ``NODE_LOOK_S`` (after a
-    publish failed or waited long: a node that went away, or a queue that refused)."""
-    over_tcp = {"connect_timeout_s": NODE_LOOK_S} if args.url is not None else {}
+    """Whether the node still takes a new connection within ``NODE_CONNECT_S`` (after a
+    publish failed or waited long: a node that went away, or a queue that refused). Over
+    tcp a port that refuses connections says it at once: its listener is gone."""
+    if args.url is not None and nothing_listens(args.url, NODE_CONNECT_S):
+        return False
+    over_tcp = {"connect_timeout_s": NODE_CONNECT_S} if args.url is not None else {}
     try:
         with _connect(args, **over_tcp):
             return True
