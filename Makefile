@@ -23,10 +23,13 @@ run: $(INSTALLED)
 	$(PY) examples/demo.py
 
 # pytest exits 5 when it collects no test; make fails on any non-zero exit.
-# One worker per core, each taking whole test modules (a module's Spark session is
-# started once): the suite's tests mostly wait on processes, sockets and disks.
+# One worker more than the cores, each taking whole test modules (a module's Spark
+# session is started once): the suite's tests mostly wait on processes, sockets and
+# disks (two workers kept two cores about half busy). The modules go in collection
+# order, where tests/conftest.py puts the longest first.
+TEST_WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
 test: lint
-	$(PY) -m pytest -n auto --dist loadfile tests
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder tests
 
 # mypy checks the installed ``warren`` package, which exists only under setup.py's mapping
 # of the part folders; build/typecheck lays that mapping out as links for it to read.
