@@ -64,9 +64,13 @@ copy what it kept (``RewriteJob``). ``Rewritten`` is applied in one step (the st
 index values, the rename, the delete: ``warren.store.engine.gc``); if readers hold either
 file past the deadline, the job is given up and the next pair no reader holds is chosen
 (a reader stopped while holding a file delays only that file). No step holds the
-store's loop for long: the longest is kept in ``longest_gc_slice_ms``. A GC that dies or
-fails mid-job: the store abandons the job (flags cleared, ``.rdt`` deleted) and plans
-again after ``gc_retry_s``.
+store's loop for long: the longest is kept in ``longest_gc_slice_ms``. While clients
+write, the GC yields to them: after a job during which messages were written, the next
+waits until the job's steps took at most ``GC_LOOP_SHARE`` of the loop and the job at
+most ``GC_BUSY_SHARE`` of the time (counted in ``gc_yields`` and ``gc_yield_seconds``;
+``gc_paused_s`` in the stats is the wait left); without writers it goes at full speed.
+A GC that dies or fails mid-job: the store abandons the job (flags cleared, ``.rdt``
+deleted) and plans again after ``gc_retry_s``.
 
 Races: a client's removes travel inside its write batches, in their place among the
 writes, so a remove is never applied before a write sent ahead of it, and a write and its
@@ -145,6 +149,14 @@ GC_RETRY_S = 5.0  # after a failed or abandoned combine
 # A file that saw removes within this long is not compacted yet: a file being drained is
 # left to empty and be deleted, not copied first (RabbitMQ waits 15 s).
 COMPACT_QUIET_S = 2.0
+# While clients write, the GC yields to them: its steps on the store's loop take at most
+# GC_LOOP_SHARE of the loop, and its jobs (the GC process's scans, copies and syncs
+# included) run at most GC_BUSY_SHARE of the time. After a job during which messages
+# were written, the next one waits long enough for both. Without writers the GC goes at
+# full speed.
+GC_LOOP_SHARE = 0.05
+GC_BUSY_SHARE = 0.5
+GC_MAX_PAUSE_S = 5.0  # a job stretched by a stall (a slow disk, a stopped GC) waits no more
 GC_NAME = "msg_store_gc"
 _SIZE = struct.Struct(">Q")
 # The ticket of each write this actor makes: (client_ref, seq, msg_id).
@@ -194,6 +206,7 @@ class MessageStoreActor(ProcessActor):
         self._job: _Job | _CompactionJob | None = None
         self._job_ids = itertools.count(1)
         self._gc_not_before = 0.0
+        self._messages_written = 0  # by clients, since this incarnation started
         self.counters = {
             "batches": 0,
             "malformed_batches": 0,
@@ -202,6 +215,8 @@ class MessageStoreActor(ProcessActor):
             "fallback_reads_reported": 0,
             "gc_jobs": 0,
             "gc_jobs_abandoned": 0,
+            "gc_yields": 0,  # jobs after which the GC waited for the writers
+            "gc_yield_seconds": 0.0,  # the waits
             "longest_gc_slice_ms": 0.0,
             "longest_confirm_wait_ms": 0.0,
         }
@@ -309,6 +324,7 @@ class MessageStoreActor(ProcessActor):
                 write(msg_id, records[start:end], (client, seq, msg_id), client)
             seq += 1
         self.counters["batches"] += 1
+        self._messages_written += len(parsed)
         self._waiting.append((reply, client, message.first_seq, seq - 1, time.monotonic()))
         if not self._sync_armed:
             self._sync_armed = True
@@ -359,6 +375,8 @@ class MessageStoreActor(ProcessActor):
             **self.counters,
             "transient": self.transient,
             "gc_job_in_flight": self._job is not None,
+            # the wait before the GC may start its next job (yielding, or after a failure)
+            "gc_paused_s": max(0.0, self._gc_not_before - time.monotonic()),
             "clients": len(self.store.clients),
             "confirm_wait_seconds": self._confirm_waits.reading(),
             "sync_duration_seconds": self._sync_durations.reading(),
@@ -418,7 +436,9 @@ class MessageStoreActor(ProcessActor):
                         self.ref.pin(),
                     )
                 )
-        self._note_gc_slice(started)
+        self._note_gc_slice(job, started)
+        if job.plan is None:  # the staging's turns on the loop were spent all the same
+            self._yield_to_writers(job)
 
     def _rewritten(self, message: Rewritten) -> None:
         job = self._job
@@ -439,12 +459,13 @@ class MessageStoreActor(ProcessActor):
             self._job = job
             self._abandon_job()
             return
-        self._note_gc_slice(started)
+        self._note_gc_slice(job, started)
         if not applied:
             # Readers hold Dst or Src: give this pair up (the copy is cheap to redo) so
             # that pairs no reader holds go ahead; this one is chosen again once free.
             self._job = job
             self._abandon_job(retry_s=0.0)
+        self._yield_to_writers(job)
         self._collect_garbage()  # while garbage is over the fraction, keep going
 
     def _file_scanned(self, message: FileScanned) -> None:
@@ -504,7 +525,9 @@ class MessageStoreActor(ProcessActor):
                 job.gc.tell(
                     CompactJob(job.job_id, self.directory, job.file, job.plan.token, self.ref.pin())
                 )
-        self._note_gc_slice(started)
+        self._note_gc_slice(job, started)
+        if job.plan is None:  # the staging's turns on the loop were spent all the same
+            self._yield_to_writers(job)
 
     def _compacted(self, message: Compacted) -> None:
         job = self._job
@@ -523,17 +546,37 @@ class MessageStoreActor(ProcessActor):
             self._abandon_job()
             return
         applied = self.store.apply_compaction(job.plan)
-        self._note_gc_slice(started)
+        self._note_gc_slice(job, started)
         if not applied:
             # Readers hold the file: give it up (rolled back) so that files no reader
             # holds go ahead; this one is chosen again once free.
             self._job = job
             self._abandon_job(retry_s=0.0)
+        self._yield_to_writers(job)
         self._collect_garbage()
 
-    def _note_gc_slice(self, started: float) -> None:
-        held_ms = (time.perf_counter() - started) * 1000
-        self.counters["longest_gc_slice_ms"] = max(self.counters["longest_gc_slice_ms"], held_ms)
+    def _note_gc_slice(self, job: _Job | _CompactionJob, started: float) -> None:
+        held_s = time.perf_counter() - started
+        job.held_s += held_s
+        self.counters["longest_gc_slice_ms"] = max(
+            self.counters["longest_gc_slice_ms"], held_s * 1000
+        )
+
+    def _yield_to_writers(self, job: _Job | _CompactionJob) -> None:
+        """After a finished job: if clients wrote while it ran, the next job waits long
+        enough that the job's steps took at most ``GC_LOOP_SHARE`` of the store's loop,
+        and the job itself at most ``GC_BUSY_SHARE`` of the time (``GC_MAX_PAUSE_S`` at most)."""
+        if self._messages_written > job.written_before:
+            pause_s = min(
+                GC_MAX_PAUSE_S,
+                max(
+                    job.held_s * (1 / GC_LOOP_SHARE - 1),
+                    (time.monotonic() - job.began) * (1 / GC_BUSY_SHARE - 1),
+                ),
+            )
+            self._gc_not_before = max(self._gc_not_before, time.monotonic() + pause_s)
+            self.counters["gc_yields"] += 1
+            self.counters["gc_yield_seconds"] += pause_s
 
     def _rewrite_failed(self, message: RewriteFailed) -> None:
         if self._job is not None and self._job.job_id == message.job_id:
@@ -645,7 +688,7 @@ class MessageStoreActor(ProcessActor):
             if gc is None:
                 self.store.abandon_compaction()
                 return
-            self._job = _CompactionJob(next(self._job_ids), file, gc)
+            self._job = _CompactionJob(next(self._job_ids), file, gc, self._messages_written)
             gc.tell(CompactScan(self._job.job_id, self.directory, file, self.ref.pin()))
             return
         pair = self.store.choose_combine()
@@ -655,7 +698,7 @@ class MessageStoreActor(ProcessActor):
         if gc is None:
             self.store.abandon_combine()
             return
-        self._job = _Job(next(self._job_ids), *pair, gc)
+        self._job = _Job(next(self._job_ids), *pair, gc, self._messages_written)
         gc.tell(ScanJob(self._job.job_id, self.directory, *pair, self.ref.pin()))
 
     def _watched_gc(self) -> ActorRef | None:
@@ -688,7 +731,8 @@ class MessageStoreActor(ProcessActor):
 
     def _abandoned(self, retry_s: float | None = None) -> None:
         self.counters["gc_jobs_abandoned"] += 1
-        self._gc_not_before = time.monotonic() + (self.gc_retry_s if retry_s is None else retry_s)
+        wait_s = self.gc_retry_s if retry_s is None else retry_s
+        self._gc_not_before = max(self._gc_not_before, time.monotonic() + wait_s)
 
 
 @dataclass
@@ -699,6 +743,9 @@ class _Job:
     dst: int
     src: int
     gc: ActorRef
+    written_before: int  # the store's count of messages written when the job began
+    held_s: float = 0.0  # the store's loop time its steps took
+    began: float = field(default_factory=time.monotonic)
     # per file: (ids, offsets, sizes) from the GC
     scan: list[tuple[bytes, memoryview, memoryview]] | None = None
     cursor: tuple[int, int] = (0, 0)  # (0 = Dst / 1 = Src, next record) to stage
@@ -714,6 +761,9 @@ class _CompactionJob:
     job_id: int
     file: int
     gc: ActorRef
+    written_before: int  # the store's count of messages written when the job began
+    held_s: float = 0.0  # the store's loop time its steps took
+    began: float = field(default_factory=time.monotonic)
     scan: tuple[bytes, memoryview, memoryview] | None = None  # (ids, offsets, sizes)
     removed: list[tuple[int, bytes]] = field(default_factory=list)  # the log's, for the plan
     cursor: int = 0  # the next record to stage

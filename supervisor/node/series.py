@@ -394,6 +394,16 @@ STORE_COUNTERS = (
         "gc_jobs_abandoned",
         "GC jobs given up (readers held a file, or the GC failed)",
     ),
+    Figure(
+        "warren_msg_store_gc_yields",
+        "gc_yields",
+        "GC jobs after which the GC waited for the store's writers (its share of loop and time)",
+    ),
+    Figure(
+        "warren_msg_store_gc_yield_seconds",
+        "gc_yield_seconds",
+        "Seconds the GC waited for the store's writers",
+    ),
     Figure("warren_msg_store_files_deleted", "files_deleted", "Data files deleted when empty"),
     Figure(
         "warren_msg_store_writes_failed_disk_full",

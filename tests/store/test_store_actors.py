@@ -1,6 +1,7 @@
 """The stores as actor processes in a node: group commit, settlement, direct reads, and
 what survives when a store, the GC or a reader is killed or stopped."""
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -8,6 +9,8 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psutil
@@ -160,6 +163,89 @@ def test_a_gc_killed_mid_job_loses_nothing_and_the_node_carries_on(gc_node, tmp_
     assert all(client.read(msg_id(n)) == body(n, 1000) for n in live)
     assert node.store().pid == store_pid
     client.terminate()
+
+
+def test_the_gc_yields_to_a_writer_and_still_gets_through_the_backlog(gc_node):
+    """Without writers (acks alone count for none) the GC goes at full speed; while a
+    client writes, the store makes its GC wait after each job (so that the GC takes a
+    small share of the store's loop), and the GC still gets through a backlog as the
+    writer goes on."""
+    node = gc_node
+    client = StoreClient(node.store())
+    with beside(acks_of_unknown_ids(node)):
+        fill_and_fragment(client)
+        wait_for(lambda: gc_jobs_done(node) >= 2, timeout=30)
+    assert stats(node)["gc_yields"] == 0
+
+    with beside(writes_acked_50_behind(node)):
+        for n in range(1000, 1600):
+            client.write(msg_id(n), body(n, 1000))
+        client.settle()  # on disk: else the removes below cancel the writes
+        client.remove([msg_id(n) for n in range(1000, 1600) if n % 4])
+        client.settle()
+        backlog = stats(node)["bytes_on_disk"]  # 450 KB of it garbage
+        wait_for(lambda: stats(node)["bytes_on_disk"] < backlog - 100_000, timeout=60)
+        wait_for(lambda: stats(node)["gc_yields"] >= 2, timeout=60)
+    assert stats(node)["gc_yield_seconds"] > 0
+    assert all(client.read(msg_id(n)) == body(n, 1000) for n in range(1000, 1600, 4))
+    client.terminate()
+
+
+def acks_of_unknown_ids(node) -> Callable[[threading.Event], None]:
+    """A client sending batches of removes alone (of ids the store never held)."""
+
+    def ack(stop: threading.Event) -> None:
+        acker = StoreClient(node.store())
+        n = 200_000
+        while not stop.is_set():
+            acker.remove([msg_id(m) for m in range(n, n + 10)])
+            acker.settle()
+            n += 10
+        acker.terminate()
+
+    return ack
+
+
+def writes_acked_50_behind(node) -> Callable[[threading.Event], None]:
+    """A client writing 100-byte messages and acking each 50 messages later: no backlog
+    of its own."""
+
+    def write(stop: threading.Event) -> None:
+        writer = StoreClient(node.store())
+        n = 100_000
+        while not stop.is_set():
+            for m in range(n, n + 10):
+                writer.write(msg_id(m), body(m, 100))
+            writer.remove([msg_id(m) for m in range(n - 50, n - 40)])
+            writer.settle()
+            n += 10
+        writer.terminate()
+
+    return write
+
+
+@contextlib.contextmanager
+def beside(work: Callable[[threading.Event], None]) -> Iterator[None]:
+    """Run ``work(stop)`` in a thread for the block; its error, if any, fails the test."""
+    stop = threading.Event()
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            work(stop)
+        except BaseException as exc:
+            failed.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=60)
+    assert not thread.is_alive(), "the client beside the test did not stop"
+    if failed:
+        raise failed[0]
 
 
 def test_the_transient_store_is_empty_after_a_restart(node):
