@@ -396,11 +396,13 @@ class TcpNode(NodeCalls):
         return None
 
     def gone(self, wait_s: float = RESTART_CHECK_S) -> bool:
-        """Whether the listener this connection was made through went away: another
-        answers at its address (its boot changed: it or the node restarted), or none
-        has answered for ``NODE_SILENCE_S``. The listener's boot is waited for
-        ``wait_s``."""
+        """Whether the listener this connection was made through went away: the
+        connection dropped and nothing listens at its port now, another answers at its
+        address (its boot changed: it or the node restarted), or none has answered for
+        ``NODE_SILENCE_S``. The listener's boot is waited for ``wait_s``."""
         if self._closed.is_set() or self._replaced:
+            return True
+        if self._dropped() and nothing_listens(self.endpoint, RESTART_CHECK_S):
             return True
         probe = self.send("boot")
         try:
