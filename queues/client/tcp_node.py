@@ -13,13 +13,12 @@ again: a new one means the listener (or the whole node) restarted, and this tran
 done (``gone``), as it is once the socket lost its connection and the listener's port
 refuses connections (nothing listens: the node was killed or stopped), or once the
 listener answered nothing for ``NODE_SILENCE_S`` (a host gone quiet): every request sent
-through it from then on is refused by the new
-listener, and the ``Connection`` recovers on a new transport
-(``warren.queues.client.recovery``) or closes. Queue requests carry the boot they were
-meant for, so a request left in this socket while the node was down is refused by the
-restarted listener rather than done late, after the publisher sent it again. A
-connection given up with answers still awaited closes without linger, for the same
-reason.
+through it from then on is refused by the new listener, and the ``Connection`` recovers
+on a new transport (``warren.queues.client.recovery``) or closes. Queue requests carry
+the boot they were meant for, so a request left in this socket while the node was down
+is refused by the restarted listener rather than done late, after the publisher sent it
+again. A connection given up with answers still awaited closes without linger, for the
+same reason.
 
 A connection's consumers are kept alive by a beat (``BEAT_S``) sent from a thread of
 its own, on a socket of its own, while it has consumed: the listener releases a remote
@@ -391,9 +390,14 @@ class TcpNode(NodeCalls):
             return None
         if time.monotonic() - since >= NODE_SILENCE_S:
             return f"the listener at {self.endpoint} answered nothing for {NODE_SILENCE_S:g} s"
-        if self._dropped() and nothing_listens(self.endpoint, RESTART_CHECK_S):
+        if self._refused():
             return f"the connection to {self.endpoint} dropped and nothing listens there now"
         return None
+
+    def _refused(self) -> bool:
+        """Whether the socket lost its connection and the listener's port now refuses
+        new ones (asked only after a drop, at most ``RESTART_CHECK_S``)."""
+        return self._dropped() and nothing_listens(self.endpoint, RESTART_CHECK_S)
 
     def gone(self, wait_s: float = RESTART_CHECK_S) -> bool:
         """Whether the listener this connection was made through went away: the
@@ -402,7 +406,7 @@ class TcpNode(NodeCalls):
         ``NODE_SILENCE_S``. The listener's boot is waited for ``wait_s``."""
         if self._closed.is_set() or self._replaced:
             return True
-        if self._dropped() and nothing_listens(self.endpoint, RESTART_CHECK_S):
+        if self._refused():
             return True
         probe = self.send("boot")
         try:
