@@ -206,7 +206,6 @@ class MessageStoreActor(ProcessActor):
         self._job: _Job | _CompactionJob | None = None
         self._job_ids = itertools.count(1)
         self._gc_not_before = 0.0
-        self._messages_written = 0  # by clients, since this incarnation started
         self.counters = {
             "batches": 0,
             "malformed_batches": 0,
@@ -324,7 +323,6 @@ class MessageStoreActor(ProcessActor):
                 write(msg_id, records[start:end], (client, seq, msg_id), client)
             seq += 1
         self.counters["batches"] += 1
-        self._messages_written += len(parsed)
         self._waiting.append((reply, client, message.first_seq, seq - 1, time.monotonic()))
         if not self._sync_armed:
             self._sync_armed = True
@@ -565,8 +563,9 @@ class MessageStoreActor(ProcessActor):
     def _yield_to_writers(self, job: _Job | _CompactionJob) -> None:
         """After a finished job: if clients wrote while it ran, the next job waits long
         enough that the job's steps took at most ``GC_LOOP_SHARE`` of the store's loop,
-        and the job itself at most ``GC_BUSY_SHARE`` of the time (``GC_MAX_PAUSE_S`` at most)."""
-        if self._messages_written > job.written_before:
+        and the job itself at most ``GC_BUSY_SHARE`` of the time (``GC_MAX_PAUSE_S`` at
+        most)."""
+        if self.store.writes > job.written_before:
             pause_s = min(
                 GC_MAX_PAUSE_S,
                 max(
@@ -688,7 +687,7 @@ class MessageStoreActor(ProcessActor):
             if gc is None:
                 self.store.abandon_compaction()
                 return
-            self._job = _CompactionJob(next(self._job_ids), file, gc, self._messages_written)
+            self._job = _CompactionJob(next(self._job_ids), file, gc, self.store.writes)
             gc.tell(CompactScan(self._job.job_id, self.directory, file, self.ref.pin()))
             return
         pair = self.store.choose_combine()
@@ -698,7 +697,7 @@ class MessageStoreActor(ProcessActor):
         if gc is None:
             self.store.abandon_combine()
             return
-        self._job = _Job(next(self._job_ids), *pair, gc, self._messages_written)
+        self._job = _Job(next(self._job_ids), *pair, gc, self.store.writes)
         gc.tell(ScanJob(self._job.job_id, self.directory, *pair, self.ref.pin()))
 
     def _watched_gc(self) -> ActorRef | None:
@@ -743,7 +742,7 @@ class _Job:
     dst: int
     src: int
     gc: ActorRef
-    written_before: int  # the store's count of messages written when the job began
+    written_before: int  # the store's count of writes when the job began
     held_s: float = 0.0  # the store's loop time its steps took
     began: float = field(default_factory=time.monotonic)
     # per file: (ids, offsets, sizes) from the GC
@@ -761,7 +760,7 @@ class _CompactionJob:
     job_id: int
     file: int
     gc: ActorRef
-    written_before: int  # the store's count of messages written when the job began
+    written_before: int  # the store's count of writes when the job began
     held_s: float = 0.0  # the store's loop time its steps took
     began: float = field(default_factory=time.monotonic)
     scan: tuple[bytes, memoryview, memoryview] | None = None  # (ids, offsets, sizes)

@@ -580,6 +580,11 @@ class MessageStore(Recovery, FileChanges, Combining, Compacting):
     def clients(self) -> frozenset[bytes]:
         return frozenset(self._clients)
 
+    @property
+    def writes(self) -> int:
+        """Writes made since this store opened (``stats()["writes"]``, without the rest)."""
+        return self._writes
+
     def stats(self) -> dict[str, Any]:
         """Counts, sizes, the per-file summary and the counters."""
         bytes_on_disk = sum(s.file_size for s in self._summary.values())
