@@ -7,8 +7,8 @@ meanwhile, what it costs a writer, and the confirm latency while it works.
 Every workload runs in a fresh node (``Node(store_gc=...)``) whose persistent store actor
 and GC process do the work, as users run them; the bench reaches the store through
 ``StoreClient``s and asks it for ``StoreStats`` every 10 ms (every 100 ms while a writer
-runs). The reclaim and writer workloads run ``ROUNDS`` times, each setting in turn, and
-report their sums.
+runs). The reclaim workloads run ``ROUNDS`` times and the writer workload ``WRITER_ROUNDS``
+times, each setting in turn, and report their sums.
 
 Reclaiming: the store is filled with 1 KiB messages (48 files of 4 MiB), then a random
 50 %, 75 % or 90 % of them are acked (garbage spread over every file), or 90 % of those in
@@ -70,7 +70,10 @@ FILES = 48  # per reclaim workload
 STEADY_FILES = 48  # the writers' workload: the backlog the GC works on
 STEADY_ACKED = 0.75
 IDLE_S = 5.0  # the writer with the GC idle: before the backlog is acked, and once it is done
-ROUNDS = 2  # of every reclaim and writer workload, each setting in turn
+ROUNDS = 2  # of every reclaim workload, each setting in turn
+# Of the writer workload, each setting in turn: a writer alone moves by 10-20 % from one
+# five seconds to the next here, so two rounds' ratio swung by as much as the target.
+WRITER_ROUNDS = 4
 ACK_LAG = 8000  # the writer acks each message this many messages after it
 ACK_GROUP = 100  # messages written, then acked, at a time
 ACK_CHUNK = 800  # acks per batch when a workload acks its garbage
@@ -584,6 +587,7 @@ def main(argv: list[str]) -> str:
     steady_files = STEADY_FILES // 2 if quick else STEADY_FILES
     idle_s = IDLE_S / 2 if quick else IDLE_S
     rounds = 1 if quick else ROUNDS
+    writer_rounds = 1 if quick else WRITER_ROUNDS
     probe_file_bytes = PROBE_FILE_BYTES // scale
     volumes = "quick" if quick else "full"
     root = scratch_directory("warren-bench-gc-")
@@ -600,7 +604,7 @@ def main(argv: list[str]) -> str:
                     )
         took.append(time.monotonic())
         under_load: dict[str, list[WritersUnderGC]] = {setting: [] for setting in SETTINGS}
-        for _ in range(rounds):
+        for _ in range(writer_rounds):
             for setting in SETTINGS:
                 under_load[setting].append(writers(root, setting, steady_files, file_bytes, idle_s))
         took.append(time.monotonic())
@@ -625,7 +629,7 @@ def main(argv: list[str]) -> str:
             render(
                 f"a writer while the GC works ({steady_files} files of "
                 f"{file_bytes // MIB} MiB, {STEADY_ACKED:.0%} acked at once; "
-                f"{_rounds(rounds)}, {seconds[1]})",
+                f"{_rounds(writer_rounds)}, {seconds[1]})",
                 writer_rows(under_load),
             ),
             render(
