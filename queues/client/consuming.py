@@ -23,7 +23,7 @@ from ..protocol import QueueRef
 from .queue_refs import sender
 
 if TYPE_CHECKING:
-    from .connection import Connection
+    from .connection_consuming import ConsumingCalls
 
 __all__ = ["SETTLE_BATCH", "Consumer", "Delivery", "PendingSettles", "check_timeout"]
 
@@ -50,7 +50,7 @@ class Delivery:
 
     def __init__(
         self,
-        connection: Connection,
+        connection: ConsumingCalls,
         queue: str,
         seq_id: int,
         message: Message,
@@ -91,7 +91,7 @@ class Consumer:
 
     def __init__(
         self,
-        connection: Connection,
+        connection: ConsumingCalls,
         queue: str,
         prefetch: int,
         inactivity_timeout: float | None = None,

@@ -34,7 +34,8 @@ from .queue_refs import await_answer, sender
 from .recovery import NodeLost
 
 if TYPE_CHECKING:
-    from .connection import Connection
+    from .connection_core import ConnectionCore
+    from .connection_publishing import PublishingCalls
 
 __all__ = [
     "ASYNC_BATCH",
@@ -79,7 +80,7 @@ class Confirm:
 
     __slots__ = ("_connection", "_index", "_publish")
 
-    def __init__(self, connection: Connection, publish: OutgoingPublish, index: int) -> None:
+    def __init__(self, connection: PublishingCalls, publish: OutgoingPublish, index: int) -> None:
         self._connection = connection
         self._publish = publish
         self._index = index  # the message's place in its Publish
@@ -105,7 +106,7 @@ class BatchConfirm:
     __slots__ = ("_connection", "_publishes", "count")
 
     def __init__(
-        self, connection: Connection, publishes: list[OutgoingPublish], count: int
+        self, connection: PublishingCalls, publishes: list[OutgoingPublish], count: int
     ) -> None:
         self._connection = connection
         self._publishes = publishes
@@ -185,7 +186,7 @@ class OutgoingPublish:
             and (self.sequence is None or sequence == self.sequence + len(self.payloads))
         )
 
-    def send(self, connection: Connection) -> None:
+    def send(self, connection: ConnectionCore) -> None:
         """Ask each queue; a queue it cannot reach gets its answer now, a ``Nacked``."""
         # One id per message for all its queues: the shared store keeps one copy of a
         # large message, with a reference per queue (a producer's messages have ids the
@@ -234,7 +235,7 @@ class OutgoingPublish:
         self._sent, self._failed, self.lost = [], [], None
         self._answers = [(queue, why) for queue in self.queues]
 
-    def resend(self, connection: Connection) -> None:
+    def resend(self, connection: ConnectionCore) -> None:
         """Send it again whole, to the queues of a connection that recovered: a queue
         that took it before confirms the repeat of its producer's sequences."""
         self._sent, self._failed, self._answers, self.lost = [], [], None, None
@@ -365,7 +366,7 @@ class _Flusher:
 
     def __init__(self) -> None:
         self._pid = os.getpid()
-        self._due: dict[Connection, float] = {}  # connection -> when to look at it
+        self._due: dict[ConnectionCore, float] = {}  # connection -> when to look at it
         self._changed = threading.Condition()
         threading.Thread(target=self._run, name="warren-flusher", daemon=True).start()
         atexit.register(self._flush_all)
@@ -389,7 +390,7 @@ class _Flusher:
                 finally:
                     connection._lock.release()
 
-    def watch(self, connection: Connection, at: float) -> None:
+    def watch(self, connection: ConnectionCore, at: float) -> None:
         with self._changed:
             known = self._due.get(connection)
             if known is None or at < known:

@@ -54,7 +54,7 @@ from ..protocol import (
 
 if TYPE_CHECKING:
     from ..engine.stream_log import StreamReader
-    from .connection import Connection
+    from .connection_consuming import ConsumingCalls
 
 __all__ = ["StreamConsumer", "StreamDelivery", "Timestamp", "stream_start"]
 
@@ -117,7 +117,7 @@ class StreamConsumer:
 
     def __init__(
         self,
-        connection: Connection,
+        connection: ConsumingCalls,
         stream: str,
         ref: Any,
         offset: object,

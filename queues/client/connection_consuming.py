@@ -1,0 +1,277 @@
+"""``ConsumingCalls``: a ``Connection``'s consuming role.
+
+``get`` fetches one message; ``consume`` returns a ``Consumer`` (a classic queue: it
+fetches ahead up to its prefetch) or a ``StreamConsumer`` (a stream: read from an
+offset, nothing taken away); the stream calls store, query and reset a named consumer's
+offset and read a producer's last sequence. Every delivery awaiting an ack is held by
+the connection (``_held``, by queue and tag); ``Delivery.ack``, ``nack`` and
+``reject`` come back here (``_settle``), and consecutive settles of one queue share a
+``Settle`` frame, sent as publishes are. The deliveries and consumers are
+``warren.queues.client.consuming``'s and ``warren.queues.client.stream``'s.
+
+Races it guards against: a fetch lost with a queue that restarted or a node that went
+away (nothing was delivered: the queue has every message back, and after a recovery
+the fetch is made again); a settle of a delivery held before a recovery (the node
+requeued it: the settle is dropped, not sent to the new session); an ack of a tag this
+connection does not hold (``UnknownDeliveryTag``, nothing sent).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from warren.actors import ActorDeadError, ActorError, RemoteError
+
+from .. import errors
+from ..errors import InvalidArgument, local_error
+from ..message import decode
+from ..protocol import (
+    Fetch,
+    LastSequence,
+    QueryOffset,
+    QueueRef,
+    Settle,
+    StoreOffset,
+    Subscribe,
+    check_tracking_name,
+)
+from .connection_core import NODE_ERRORS, ConnectionCore, exclusive
+from .consuming import SETTLE_BATCH, Consumer, Delivery, PendingSettles, check_timeout
+from .publishing import flusher, producer_bytes
+from .queue_refs import await_answer, is_stream_ref
+from .recovery import NodeLost
+from .stream import StreamConsumer
+
+
+class ConsumingCalls(ConnectionCore):
+    """The consuming calls of a ``Connection`` (see the module docstring)."""
+
+    @exclusive
+    def get(self, queue: str, *, ack: bool = True) -> Delivery | None:
+        """The next message of ``queue``, or None when it is empty; with ``ack`` it
+        awaits ``Delivery.ack`` (or nack, reject)."""
+        if self.is_stream(queue):
+            raise errors.UnsupportedOperation(
+                f"{queue!r} is a stream: read it with consume({queue!r}, offset=...)"
+            )
+        deliveries = self._fetch(queue, 1, ack)
+        return deliveries[0] if deliveries else None
+
+    @exclusive
+    def consume(
+        self,
+        queue: str,
+        prefetch: int = 100,
+        *,
+        inactivity_timeout: float | None = None,
+        offset: object = None,
+        name: str | None = None,
+        **stream_options: Any,
+    ) -> Consumer | StreamConsumer:
+        """Iterate over ``queue``'s messages, at most ``prefetch`` unacked at a time. The
+        iteration waits for the next message for ever, or, with ``inactivity_timeout``,
+        ends (and the consumer is cancelled) once no message came for that many seconds:
+        ``for delivery in connection.consume(q, inactivity_timeout=5)`` drains a queue
+        and stops. ``Consumer.get(timeout)`` takes one message at a time instead.
+
+        A stream is read instead (``StreamConsumer``, ``warren.queues.client.stream``):
+        from ``offset`` ("first", "last", "next" by default, an offset, a datetime, a
+        ``Timestamp`` or an interval like "1h"), nothing taken away, no ack; ``name``
+        makes it a named consumer, which stores its offset on the node (every
+        ``store_every`` records and ``store_interval_s`` seconds) and resumes after it."""
+        if type(prefetch) is not int or prefetch < 1:
+            raise InvalidArgument(f"prefetch must be an int >= 1, got {prefetch!r}")
+        if inactivity_timeout is not None:
+            check_timeout(inactivity_timeout, "inactivity_timeout")
+        if self.is_stream(queue):
+            if name is not None:
+                check_tracking_name(name)
+            reader = StreamConsumer(
+                self,
+                queue,
+                self._ref(queue),
+                "next" if offset is None else offset,
+                name=name,
+                prefetch=prefetch,
+                inactivity_timeout=inactivity_timeout,
+                **stream_options,
+            )
+            self._consumers.add(reader)
+            return reader
+        if offset is not None or name is not None or stream_options:
+            raise errors.UnsupportedOperation(
+                f"queue {queue!r} is a classic queue: offset, name and "
+                f"{', '.join(stream_options) or 'the store options'} are for streams"
+            )
+        self._subscribe(queue, True, prefetch)
+        consumer = Consumer(self, queue, prefetch, inactivity_timeout)
+        self._consumers.add(consumer)
+        return consumer
+
+    # ------------------------------------------------------------------ streams
+
+    @exclusive
+    def store_offset(self, stream: str, name: str, offset: int) -> None:
+        """Store ``offset`` as the last one consumer ``name`` processed: a named consumer
+        resumes after it. It is durable with the stream's next group commit."""
+        if type(offset) is not int or offset < 0:
+            raise errors.InvalidArgument(f"a stream offset is an int >= 0, got {offset!r}")
+        self._ask(self._stream_only(stream), StoreOffset(check_tracking_name(name), offset))
+
+    @exclusive
+    def query_offset(self, stream: str, name: str) -> int | None:
+        """The offset stored for consumer ``name``, None when there is none."""
+        return self._ask(self._stream_only(stream), QueryOffset(check_tracking_name(name)))
+
+    @exclusive
+    def reset_offset(self, stream: str, name: str) -> None:
+        """Forget consumer ``name``'s offset: it next starts where ``consume`` says."""
+        self._ask(self._stream_only(stream), StoreOffset(check_tracking_name(name), None))
+
+    @exclusive
+    def last_sequence(self, stream: str, producer_id: str | bytes) -> int | None:
+        """The last sequence ``stream`` took from ``producer_id`` (None: none yet): a
+        producer that restarts publishes on from the one after it."""
+        producer = producer_bytes(producer_id, 0)
+        assert producer is not None  # a producer id was given
+        return self._ask(self._stream_only(stream), LastSequence(producer))
+
+    @exclusive
+    def is_stream(self, queue: str) -> bool:
+        """Whether ``queue`` is a stream (declared with type="stream")."""
+        return is_stream_ref(self._ref(queue))
+
+    def _stream_only(self, queue: str) -> str:
+        if not self.is_stream(queue):
+            raise errors.UnsupportedOperation(
+                f"queue {queue!r} is a classic queue: stored offsets and sequences are a "
+                f"stream's (declare one with type='stream')"
+            )
+        return queue
+
+    @exclusive
+    def _request(self, queue: str, request: Any) -> Any:
+        """``_ask`` for a caller outside the connection (a stream consumer)."""
+        return self._ask(queue, request)
+
+    @exclusive
+    def _tell(self, queue: str, message: Any) -> None:
+        """Send without an answer; lost if the process is restarting (what is told this
+        way may be: a stored offset sent again later)."""
+        try:
+            self._ref(queue).tell(message, timeout=self.call_timeout_s)
+        except ActorError:
+            self._forget(queue)
+
+    @exclusive
+    def _subscribe(self, queue: str, active: bool, prefetch: int = 0) -> None:
+        self._ref(queue).tell(
+            Subscribe(self.consumer_id, self._pid, active, prefetch), timeout=self.call_timeout_s
+        )
+        if active:
+            self._subscribed.add(queue)
+
+    @exclusive
+    def _fetch(self, queue: str, count: int, ack: bool) -> list[Delivery]:
+        return self._deliveries(queue, self._ask(queue, self._fetch_request(count, ack)), ack)
+
+    @exclusive
+    def _fetch_async(self, queue: str, count: int) -> tuple[QueueRef, Any]:
+        """Ask for up to ``count`` deliveries awaiting acks without waiting for them (a
+        consumer's next fetch, sent while it hands out the last one's): its answer for
+        ``_fetched``."""
+        ref = self._ref(queue)
+        return ref, ref.ask_async(self._fetch_request(count, True), timeout=self.call_timeout_s)
+
+    @exclusive
+    def _fetched(self, queue: str, asked: tuple[QueueRef, Any]) -> list[Delivery]:
+        """The deliveries ``_fetch_async`` asked for; none from a queue that restarted
+        meanwhile (the fetch died with it, and it has every message back)."""
+        ref, future = asked
+        try:
+            answer = await_answer(ref, future, self.call_timeout_s)
+        except NODE_ERRORS as exc:  # first: a stopping queue's answer is a RemoteError too
+            # The fetch died with the queue, or with the node (recover first): either
+            # way the queue has every message back.
+            lost = (
+                self._queue_died(queue)
+                if isinstance(exc, ActorDeadError)
+                else NodeLost(str(exc))
+                if self._node_gone(exc)
+                else None
+            )
+            if lost is not None and not self._lost(lost):
+                raise lost from exc
+            if lost is None and not isinstance(exc, ActorDeadError):
+                raise
+            return []
+        except RemoteError as exc:
+            raise local_error(exc.type_name, exc.message, exc.remote_traceback) from None
+        return self._deliveries(queue, answer, True)
+
+    def _fetch_request(self, count: int, ack: bool) -> Fetch:
+        return Fetch(self.consumer_id, self._pid, count, ack)
+
+    def _deliveries(self, queue: str, answer: list[Any], ack: bool) -> list[Delivery]:
+        deliveries = [
+            Delivery(self, queue, d.seq_id, decode(d.payload), d.delivery_count, ack)
+            for d in answer
+        ]
+        if ack:
+            held = self._held.setdefault(queue, {})
+            for delivery in deliveries:
+                held[delivery.delivery_tag] = delivery
+        return deliveries
+
+    def held(self, queue: str) -> int:
+        """Deliveries of ``queue`` this connection holds unacked."""
+        return len(self._held.get(queue, ()))
+
+    def _settle(self, delivery: Delivery, action: str, multiple: bool) -> None:
+        """Settle the delivery (and the earlier ones, ``multiple``). Consecutive settles of
+        one queue with the same action share a ``Settle``, sent as publishes are: when it
+        is full, at the connection's next call, or within ``linger_s``."""
+        with self._lock:
+            self._check_open()
+            if delivery.session != self.session:
+                return  # held by a session before a recovery: the node requeued it
+            queue = delivery.queue
+            held = self._held.get(queue, {})
+            if delivery.delivery_tag not in held:
+                raise errors.UnknownDeliveryTag(
+                    f"delivery {delivery.delivery_tag} of queue {queue!r} is not awaiting "
+                    f"an ack from this connection (already settled, or fetched without ack)"
+                )
+            tags = (
+                [t for t in held if t <= delivery.delivery_tag]
+                if multiple
+                else [delivery.delivery_tag]
+            )
+            settles = self._settling
+            if settles is not None and (
+                settles.queue != queue
+                or settles.action != action
+                or len(settles.tags) >= SETTLE_BATCH
+            ):
+                self._flush()
+                settles = None
+            if settles is None:
+                settles = self._settling = PendingSettles(queue, self._ref(queue), action)
+                if self.linger_s:
+                    flusher().watch(self, settles.started + self.linger_s)
+            settles.tags += tags
+            self._settled.add(queue)
+            for tag in tags:
+                del held[tag]
+            if not self.linger_s:
+                self._flush()
+
+    @exclusive
+    def _give_back(self, queue: str, tags: list[int]) -> None:
+        """Requeue deliveries fetched but never handed to the application."""
+        self._ref(queue).tell(
+            Settle(self.consumer_id, sorted(tags), "requeue"), timeout=self.call_timeout_s
+        )
+        held = self._held.get(queue, {})
+        for tag in tags:
+            held.pop(tag, None)
