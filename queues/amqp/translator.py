@@ -232,7 +232,11 @@ class Translator:
             then()
 
     def stop(self) -> None:
-        """The connection is gone: hand back what it held, close, end the thread."""
+        """The connection is gone: hand back what it held, close, end the thread (a
+        publish it has waiting out the node's alarm ends at once)."""
+        connection = self._connection
+        if connection is not None:
+            connection.interrupt()
         self._put("stop", (), 0)
 
     @property

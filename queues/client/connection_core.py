@@ -186,6 +186,8 @@ class ConnectionCore:
         self._alarms: list[str] = []
         self._alarms_read_at = float("-inf")
         self._closed = False
+        # Set from any thread by ``interrupt``: a publish waiting out the node's alarms ends.
+        self._interrupted = threading.Event()
 
     # ------------------------------------------------------------------ frames being filled
 
@@ -436,6 +438,14 @@ class ConnectionCore:
 
     def _consumer_done(self, consumer: Consumer | StreamConsumer) -> None:
         self._consumers.discard(consumer)
+
+    def interrupt(self) -> None:
+        """End a publish that waits for the node's resource alarm to clear, now or later,
+        with ``ConnectionClosed`` (the message is not sent): for a server stopping the
+        thread that uses this connection, which would otherwise wait up to
+        ``call_timeout_s``. The one method another thread may call; the connection's own
+        thread still closes it."""
+        self._interrupted.set()
 
     def _check_open(self) -> None:
         if self._closed:

@@ -30,7 +30,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from .. import errors
-from ..errors import Nacked
+from ..errors import ConnectionClosed, Nacked
 from ..message import MAX_MESSAGE_BYTES, Message, body_encoder, encode
 from ..protocol import MAX_ENTRIES_PER_CHUNK, QueueRef
 from ..routing import route
@@ -451,13 +451,19 @@ class PublishingCalls(ConnectionCore):
     def _wait_while_blocked(self) -> None:
         deadline = time.monotonic() + self.call_timeout_s
         while self.blocked:
+            if self._interrupted.is_set():
+                raise ConnectionClosed(
+                    f"the connection was interrupted while its publish waited for the "
+                    f"node's {' and '.join(self._alarms)} alarm to clear; that message was "
+                    f"not sent"
+                )
             if time.monotonic() >= deadline:
                 raise errors.Blocked(
                     f"the node's {' and '.join(self._alarms)} alarm has held this publish for "
                     f"{self.call_timeout_s:g} s; free the resource (consume messages, free "
                     f"disk space) and publish again"
                 )
-            time.sleep(ALARMS_READ_EVERY_S)
+            self._interrupted.wait(ALARMS_READ_EVERY_S)
 
     def _make_room(self, messages: int, size: int) -> None:
         """Wait for the oldest confirms until a Publish of ``messages`` and ``size`` bytes

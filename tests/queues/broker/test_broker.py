@@ -852,6 +852,36 @@ def test_under_a_memory_alarm_publishers_are_held_and_queues_page_out(tmp_path):
         assert stats["alpha"] == 0 and stats["messages_ready"] == 50
 
 
+def test_a_publish_held_by_an_alarm_ends_when_another_thread_interrupts_its_connection(tmp_path):
+    """A server stopping the thread that publishes (the AMQP port's worker) must not wait
+    out the alarm: the held publish ends with ConnectionClosed and sends nothing."""
+    tight = AlarmLimits(memory_limit_bytes=1, check_interval_s=0.1)
+    with Node(tmp_path / "data", alarm_limits=tight) as node:
+        node.declare_queue("orders")
+        connection = node.connect(call_timeout_s=600)  # far beyond the wait below
+        wait_for(lambda: connection.blocked)
+        outcome: list[BaseException] = []
+
+        def publish() -> None:
+            try:
+                connection.publish("orders", b"held")
+            except BaseException as exc:
+                outcome.append(exc)
+
+        publisher = threading.Thread(target=publish, daemon=True)
+        publisher.start()
+        try:
+            publisher.join(0.5)  # it waits out the alarm: nothing ends it but the interrupt
+            assert publisher.is_alive() and not outcome
+        finally:
+            connection.interrupt()
+            publisher.join(60)
+        assert not publisher.is_alive()
+        assert isinstance(outcome[0], ConnectionClosed)
+        assert "memory alarm to clear; that message was not sent" in str(outcome[0])
+        assert node.connect().queue_stats("orders")["published"] == 0
+
+
 def persistent_store_figures(node):
     return node.store_stats()["msg_store_persistent"]
 
