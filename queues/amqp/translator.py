@@ -209,6 +209,7 @@ class Translator:
         self._closes: collections.Counter[int] = collections.Counter()
         self._timeouts_checked_at = time.monotonic()
         self._connection: Connection | None = None
+        self._stop_asked = False
         self._thread = threading.Thread(target=self._run, name="warren-amqp-worker", daemon=True)
         self._thread.start()
 
@@ -234,6 +235,7 @@ class Translator:
     def stop(self) -> None:
         """The connection is gone: hand back what it held, close, end the thread (a
         publish it has waiting out the node's alarm ends at once)."""
+        self._stop_asked = True  # a worker still connecting interrupts its connection itself
         connection = self._connection
         if connection is not None:
             connection.interrupt()
@@ -262,6 +264,8 @@ class Translator:
     def _run(self) -> None:
         try:
             self._connection = self._connect()
+            if self._stop_asked:  # stop() came before the connection was there to interrupt
+                self._connection.interrupt()
         except Exception as exc:  # the node gone, or out of descriptors: the client hears
             self._close_connection(AmqpError(frames.CONNECTION_FORCED, f"the node: {exc}"))
             return

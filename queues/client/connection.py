@@ -29,7 +29,8 @@ waits. At most ``max_in_flight`` messages (4000, RabbitMQ's credit) or
 ``max_in_flight_bytes`` (32 MiB) are unconfirmed per connection, in at most
 ``MAX_IN_FLIGHT_REQUESTS`` publishes: a publish beyond that waits for the oldest confirms
 first. While the node's memory or disk alarm is raised (``blocked``), a publish waits, up
-to ``call_timeout_s``, then raises ``Blocked``.
+to ``call_timeout_s`` or until another thread calls ``interrupt``, then raises
+``Blocked``.
 
 Consumers fetch: ``get`` takes one message; ``consume(queue, prefetch=N)`` iterates,
 holding at most N deliveries unacked. Every delivery awaiting an ack is this
@@ -60,8 +61,8 @@ publish the queue did not confirm (it was deleted, or it restarted with the mess
 doubt while the node lived: publish it again), ``UnknownDeliveryTag`` for an ack of a
 delivery this connection does not hold, ``MessageTooLarge``, ``InvalidMessage``,
 ``Unroutable``, ``Blocked``, ``ConnectionClosed`` (closed, or its node went away and it
-did not recover). A ``Connection`` is used from one thread; open one per thread or
-process.
+did not recover). A ``Connection`` is used from one thread (but ``interrupt``, for
+another); open one per thread or process.
 """
 
 from __future__ import annotations

@@ -176,7 +176,8 @@ class ConnectionCore:
         self._busy_rechecks = 0  # the flusher found the connection in use this many times
         self._batch = max(1, min(ASYNC_BATCH, max_in_flight // 4))
         # Held by every call that uses the transport, and by the flusher thread while it
-        # sends a lingering Publish: the one thing the connection shares with a thread.
+        # sends a lingering Publish: what the connection shares with a thread, beside
+        # the event ``interrupt`` sets.
         self._lock = threading.RLock()
         self._held: dict[str, dict[int, Delivery]] = {}  # queue -> tag -> delivery
         self._subscribed: set[str] = set()  # queues it has consumed from
@@ -441,7 +442,7 @@ class ConnectionCore:
 
     def interrupt(self) -> None:
         """End a publish that waits for the node's resource alarm to clear, now or later,
-        with ``ConnectionClosed`` (the message is not sent): for a server stopping the
+        with ``Blocked`` (what it had not sent is not sent): for a server stopping the
         thread that uses this connection, which would otherwise wait up to
         ``call_timeout_s``. The one method another thread may call; the connection's own
         thread still closes it."""

@@ -15,10 +15,13 @@ are ``ConnectionCore``'s.
 
 Races it guards against: a node that goes away while a publish waits for its confirm
 (``_answers_of`` recovers, which sends the publish again with its producer and
-sequence, and waits for the new answers); a queue that restarts with a publish in
-doubt (the publish is nacked unless it has a producer id: a repeat is dropped by
-dedup); a refused publish under the connection's own producer id (that producer is
-retired, so the next publish does not look like a gap in its sequence).
+sequence, and waits for the new answers; a repeat is dropped by dedup); a queue that
+restarts while the node lives, with a publish in doubt (the publish is nacked: publish
+it again); an interrupt from another thread while the node's alarm holds a publish
+(``ConnectionCore.interrupt``: ``Blocked``, which no recovery catches, so the message
+is never sent later behind the caller's back); a refused publish under the
+connection's own producer id (that producer is retired, so the next publish does not
+look like a gap in its sequence).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from .. import errors
-from ..errors import ConnectionClosed, Nacked
+from ..errors import Nacked
 from ..message import MAX_MESSAGE_BYTES, Message, body_encoder, encode
 from ..protocol import MAX_ENTRIES_PER_CHUNK, QueueRef
 from ..routing import route
@@ -451,11 +454,11 @@ class PublishingCalls(ConnectionCore):
     def _wait_while_blocked(self) -> None:
         deadline = time.monotonic() + self.call_timeout_s
         while self.blocked:
-            if self._interrupted.is_set():
-                raise ConnectionClosed(
-                    f"the connection was interrupted while its publish waited for the "
-                    f"node's {' and '.join(self._alarms)} alarm to clear; that message was "
-                    f"not sent"
+            if self._interrupted.is_set():  # Blocked, not a node error: nothing recovers
+                raise errors.Blocked(
+                    f"the connection was interrupted while the node's "
+                    f"{' and '.join(self._alarms)} alarm held this publish; what it had not "
+                    f"sent yet was not sent"
                 )
             if time.monotonic() >= deadline:
                 raise errors.Blocked(
