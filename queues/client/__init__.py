@@ -20,6 +20,7 @@ from ..errors import InvalidArgument, NodeNotRunning
 from .connection import Connection
 from .consuming import check_timeout
 from .ipc_node import CONNECT_TIMEOUT_MS, RemoteNode
+from .keys import ClientKey
 from .tcp_node import CONNECT_TIMEOUT_S, TcpNode
 
 __all__ = ["Connection", "connect"]
@@ -31,11 +32,13 @@ def connect(
     target: str | os.PathLike[str],
     *,
     key_file: str | os.PathLike[str] | None = None,
+    key: ClientKey | None = None,
     wait: float = 0.0,
     **options: Any,
 ) -> Connection:
     """A connection to a node: ``"tcp://host:5673"`` reaches one listening there (with
-    ``key_file``, a key from ``warren keys``, when it wants CURVE); a directory names the
+    ``key_file``, a key from ``warren keys``, when it wants CURVE, or ``key``, the same
+    read by ``warren.queues.client.keys.parse_client_key``); a directory names the
     node running on that data directory on this machine (in the node's own process, use
     ``node.connect()``). ``NodeNotRunning`` when none answers. ``options`` go to
     ``Connection`` (``max_in_flight``, ``call_timeout_s`` ...), but ``connect_timeout_s``
@@ -52,7 +55,7 @@ def connect(
     deadline = time.monotonic() + wait
     while True:
         try:
-            return _connect(target, key_file=key_file, options=dict(options))
+            return _connect(target, key_file=key_file, key=key, options=dict(options))
         except NodeNotRunning:
             if time.monotonic() >= deadline:
                 raise
@@ -63,6 +66,7 @@ def _connect(
     target: str | os.PathLike[str],
     *,
     key_file: str | os.PathLike[str] | None,
+    key: ClientKey | None,
     options: dict[str, Any],
 ) -> Connection:
     if isinstance(target, str) and target.startswith("tcp://"):
@@ -73,7 +77,10 @@ def _connect(
 
         def reconnect_tcp(timeout_s: float = math.inf) -> TcpNode:
             return TcpNode(
-                endpoint, key_file=key_file, connect_timeout_s=min(connect_timeout_s, timeout_s)
+                endpoint,
+                key_file=key_file,
+                key=key,
+                connect_timeout_s=min(connect_timeout_s, timeout_s),
             )
 
         node = reconnect_tcp()
@@ -82,10 +89,10 @@ def _connect(
         except BaseException:  # a bad option: the transport just opened is closed
             node.close()
             raise
-    if key_file is not None:
+    if key_file is not None or key is not None:
         raise InvalidArgument(
-            "key_file is for a tcp:// address; a node on this machine is "
-            "reached through its data directory without one"
+            f"{'key_file' if key_file is not None else 'key'} is for a tcp:// address; a "
+            f"node on this machine is reached through its data directory without one"
         )
     data_dir = target
 

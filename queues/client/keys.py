@@ -40,6 +40,7 @@ __all__ = [
     "create_client_key",
     "load_client_key",
     "node_keys",
+    "parse_client_key",
 ]
 
 NODE_SECRET_FILE = "node.key_secret"
@@ -76,15 +77,22 @@ def _certificate(
 def _read_certificate(path: str) -> dict[str, str]:
     """Every ``key = "value"`` line of a certificate file, sections flattened."""
     try:
-        with open(path, encoding="utf-8") as file:
-            text = file.read()
+        with open(path, "rb") as file:
+            return _certificate_fields(file.read(), path)
     except OSError as exc:
         raise KeyFileError(f"cannot read the key file {path}: {exc.strerror}") from None
-    except UnicodeDecodeError:
-        raise KeyFileError(
-            f"{path} is not a Warren client key file: it is not text (make one with "
-            f"`warren keys --data-dir D NAME`)"
-        ) from None
+
+
+def _certificate_fields(text: bytes | str, where: str) -> dict[str, str]:
+    """Every ``key = "value"`` line of a certificate's text, sections flattened."""
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError:
+            raise KeyFileError(
+                f"{where} is not a Warren client key file: it is not text (make one with "
+                f"`warren keys --data-dir D NAME`)"
+            ) from None
     fields = {}
     for line in text.splitlines():
         match = _FIELD.match(line)
@@ -192,11 +200,21 @@ def create_client_key(
 def load_client_key(path: str | os.PathLike) -> ClientKey:
     """A client key file, checked; ``KeyFileError`` says what is wrong with it."""
     path = os.fspath(path)
-    fields = _read_certificate(path)
+    return _client_key(_read_certificate(path), path)
+
+
+def parse_client_key(text: bytes | str, where: str) -> ClientKey:
+    """The client key in ``text``, a key file's content (what ``warren keys`` wrote), for
+    a program that cannot place the file itself (a Spark executor); ``where`` names it
+    in the ``KeyFileError`` that says what is wrong with it."""
+    return _client_key(_certificate_fields(text, where), where)
+
+
+def _client_key(fields: dict[str, str], where: str) -> ClientKey:
     for field in ("public-key", "secret-key", "server-key"):
         if not _valid_key(fields.get(field)):
             raise KeyFileError(
-                f"{path} is not a Warren client key file: its {field} is "
+                f"{where} is not a Warren client key file: its {field} is "
                 f"missing or malformed (make one with `warren keys --data-dir D "
                 f"NAME`)"
             )

@@ -15,7 +15,8 @@ Columns: ``body`` (binary or string, never null) and, optionally, ``routing_key`
 columns first). Options: ``endpoint`` (required), ``queue``, ``stream`` or ``exchange``
 (exactly one; a stream takes each Arrow batch as one chunk),
 ``routing_key`` (for an exchange, rows without their own), ``key_file`` (a CURVE key from
-``warren keys``, readable on every executor), ``persistent`` (true), ``mandatory`` (true:
+``warren keys``: a path on every executor, or a file shipped with ``addFile``) or ``key``
+(its content, base64), ``persistent`` (true), ``mandatory`` (true:
 a row the exchange routes to no queue fails the job; false: it is dropped), ``producer``
 (a name for the job: see below), ``timeout_s`` (120: how long a task retries a node that
 is down before it fails the job).
@@ -80,7 +81,7 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import BinaryType, MapType, StringType, StructType
 
 from ..errors import WarrenWriteError
-from .spark_options import DEFAULT_TIMEOUT_S, RETRY_PAUSE_S, Target, retryable
+from .spark_options import DEFAULT_TIMEOUT_S, RETRY_PAUSE_S, Target, node_connection, retryable
 
 if TYPE_CHECKING:
     import pyarrow
@@ -102,6 +103,7 @@ COLUMNS = {
 }
 BATCH_ROWS = 5000  # rows published (and confirmed) per chunk
 STREAM_BATCH_ROWS = 65_535  # into a stream, an Arrow batch as one chunk: at most this many
+REDACTED_OPTIONS = "(?i)url|^key$"  # Spark's own (url), and a client's inline secret key
 Columns: TypeAlias = "dict[str, list] | pyarrow.RecordBatch"  # a chunk's rows, by column
 
 
@@ -146,7 +148,6 @@ def publish_columns(
     ``producer``, each chunk confirmed before the next; a chunk that fails is sent again,
     under the same sequences, until ``target.timeout_s`` has passed without progress.
     (rows, retries)."""
-    from . import connect
 
     connection = None
     sequence = retries = 0
@@ -159,7 +160,9 @@ def publish_columns(
             while True:
                 try:
                     if connection is None:
-                        connection = connect(target.endpoint, key_file=target.key_file)
+                        connection = node_connection(
+                            target.endpoint, target.key_file, target.key, WarrenWriteError
+                        )
                     _publish_runs(connection, target, runs, producer, sequence)
                     break
                 except Exception as exc:
@@ -501,9 +504,8 @@ class WarrenDataSource(DataSource):
 def _check_stream(target: Target) -> None:
     """On the driver, before any task: the stream option names a stream."""
     from ..errors import NotFound, QueueRestarting
-    from . import connect
 
-    connection = connect(target.endpoint, key_file=target.key_file)
+    connection = node_connection(target.endpoint, target.key_file, target.key, WarrenWriteError)
     try:
         if not connection.is_stream(target.stream or ""):
             raise WarrenWriteError(
@@ -534,6 +536,7 @@ def partition_publisher(
     exchange: str | None = None,
     routing_key: str | None = None,
     key_file: str | None = None,
+    key: str | None = None,
     persistent: bool = True,
     timeout_s: float = DEFAULT_TIMEOUT_S,
 ) -> Callable[[Iterable], None]:
@@ -549,6 +552,7 @@ def partition_publisher(
         ("exchange", exchange),
         ("routing_key", routing_key),
         ("key_file", key_file),
+        ("key", key),
     ):
         if value is not None:
             options[name] = value
@@ -570,7 +574,9 @@ def partition_publisher(
 
 def local_session(app_name: str = "warren", cores: int = 2, max_failures: int = 2) -> SparkSession:
     """A local SparkSession kept on loopback and quiet, its workers on this python;
-    ``local[cores, max_failures]`` retries a failed task ``max_failures - 1`` times."""
+    ``local[cores, max_failures]`` retries a failed task ``max_failures - 1`` times.
+    Option ``key`` (a client's secret key) is redacted where Spark shows options, beside
+    Spark's own ``url``."""
     from pyspark.sql import SparkSession
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -583,6 +589,7 @@ def local_session(app_name: str = "warren", cores: int = 2, max_failures: int = 
         .config("spark.driver.bindAddress", "127.0.0.1")
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.redaction.options.regex", REDACTED_OPTIONS)
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")

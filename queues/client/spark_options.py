@@ -6,19 +6,31 @@ worth retrying (the node or a queue was away) from a mistake (``retryable``).
 runs, and is picklable: it travels to the executors. An option the source does not take
 is refused there too, compared without case as Spark compares options (it passes them
 in lower case): a misspelt option would otherwise leave its default in force unseen.
-Retrying is the caller's loop (``spark.publish_columns`` for writes,
-``spark_read.NodeSession`` for reads): attempts ``RETRY_PAUSE_S`` apart, doubling, until
-``timeout_s`` passes without progress.
+A CURVE key reaches the executors as option ``key`` (a key file's content in base64,
+in the options themselves) or as option ``key_file``: a path on each machine that runs
+a task, or the name of a file shipped with ``SparkContext.addFile`` (found through
+``SparkFiles.get`` where the path is not there): ``node_connection``. Retrying is the
+caller's loop (``spark.publish_columns`` for writes, ``spark_read.NodeSession`` for
+reads): attempts ``RETRY_PAUSE_S`` apart, doubling, until ``timeout_s`` passes without
+progress.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import dataclasses
 import difflib
 import math
+import os
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
-from ..errors import WarrenReadError, WarrenWriteError
+from ..errors import KeyFileError, WarrenReadError, WarrenWriteError
+from .keys import ClientKey, load_client_key, parse_client_key
+
+if TYPE_CHECKING:
+    from .connection import Connection
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",
@@ -27,6 +39,8 @@ __all__ = [
     "WRITE_OPTIONS",
     "Target",
     "check_known",
+    "client_key",
+    "node_connection",
     "retryable",
 ]
 
@@ -39,6 +53,7 @@ WRITE_OPTIONS = (
     "exchange",
     "routing_key",
     "key_file",
+    "key",
     "persistent",
     "mandatory",
     "producer",
@@ -50,6 +65,7 @@ READ_OPTIONS = (
     "endpoint",
     "stream",
     "key_file",
+    "key",
     "timeout_s",
     "startingOffsets",
     "endingOffsets",
@@ -89,6 +105,7 @@ class Target:
     mandatory: bool = True
 
     stream: str | None = None  # the queue named is a stream, checked when planned
+    key: str | None = None  # a key file's content, base64
 
     @classmethod
     def from_options(cls, options: dict[str, str], reading: bool = False) -> Target:
@@ -132,6 +149,11 @@ class Target:
             ) from None
         if not 0 < timeout_s < math.inf:
             raise error("option timeout_s must be a positive number of seconds")
+        key = options.get("key")
+        if key is not None:
+            if options.get("key_file") is not None:
+                raise error("give option key or option key_file, not both: they name one key")
+            client_key(None, key, error)  # on the driver: a bad key fails the job at once
         return cls(
             endpoint,
             queue,
@@ -142,7 +164,62 @@ class Target:
             timeout_s,
             flags["mandatory"] == "true",
             stream,
+            key,
         )
+
+
+def client_key(key_file: str | None, key: str | None, error: type[Exception]) -> ClientKey | None:
+    """The CURVE key of options ``key_file`` and ``key`` (None: none given), on the
+    driver or on an executor; ``error`` says what is wrong with it. ``key`` is a key
+    file's content in base64 (``base64 -w0 NAME.key``); ``key_file`` a path on the
+    machine that runs the task, or else the name of a file shipped to every executor with
+    ``SparkContext.addFile``."""
+    if key is not None:
+        try:
+            text = base64.b64decode(key, validate=True)
+        except (binascii.Error, ValueError):
+            raise error(
+                "option key is a client key file's content in base64 (base64 -w0 NAME.key); "
+                "what it holds is not base64"
+            ) from None
+        try:
+            return parse_client_key(text, "option key")
+        except KeyFileError as exc:
+            raise error(str(exc)) from None
+    if key_file is None:
+        return None
+    path = key_file if os.path.exists(key_file) else _shipped(key_file)
+    try:
+        return load_client_key(path or key_file)
+    except KeyFileError as exc:
+        hint = (
+            ""
+            if path
+            else "; on other machines, ship it with spark.sparkContext.addFile(path) or "
+            "give its content as option key"
+        )
+        raise error(f"option key_file: {exc}{hint}") from None
+
+
+def _shipped(key_file: str) -> str | None:
+    """Where ``SparkContext.addFile`` put a file of ``key_file``'s name on this machine,
+    if it did."""
+    try:
+        from pyspark import SparkFiles
+
+        shipped = SparkFiles.get(os.path.basename(key_file))
+    except Exception:  # no Spark here, or no file shipped
+        return None
+    return shipped if os.path.exists(shipped) else None
+
+
+def node_connection(
+    endpoint: str, key_file: str | None, key: str | None, error: type[Exception]
+) -> Connection:
+    """A connection to the node at ``endpoint`` with the key of the options."""
+    from . import connect
+
+    return connect(endpoint, key=client_key(key_file, key, error))
 
 
 def retryable(exc: Exception) -> bool:

@@ -12,7 +12,8 @@ chunk), ``body`` (binary), ``routing_key`` (the ``x-routing-key`` header, Rabbit
 for it in a stream: a stream keeps messages, not the key they were routed by),
 ``headers`` (map of string to string: other values as text), ``message_id``.
 
-Options: ``endpoint`` and ``stream`` (required), ``key_file`` (CURVE), ``timeout_s``
+Options: ``endpoint`` and ``stream`` (required), ``key_file`` or ``key`` (CURVE: see
+``spark_options``), ``timeout_s``
 (120: how long a node that is down is retried before the read fails, naming the offsets
 it was reading), ``startingOffsets`` ("first", "last": the last chunk, "latest": what is
 published from now on, an offset, or ``timestamp:<epoch ms>``; "first" for a batch read,
@@ -82,7 +83,7 @@ from ..engine.stream_log import SIMPLE_ENTRY_HEADER_BYTES
 from ..errors import NotFound, OffsetOutOfRange, QueueRestarting, WarrenReadError
 from ..message import Message, decode, encode
 from ..protocol import StreamAttach, StreamChunks, StreamPlan
-from .spark_options import RETRY_PAUSE_S, Target, retryable
+from .spark_options import RETRY_PAUSE_S, Target, node_connection, retryable
 
 try:
     from pyspark.sql.streaming.datasource import (
@@ -125,6 +126,7 @@ class Source:
     endpoint: str
     stream: str
     key_file: str | None
+    key: str | None
     timeout_s: float
     starting: tuple[str, int]  # a StreamAttach (start, value)
     ending: tuple[str, int] | None  # None: what is committed at planning
@@ -162,6 +164,7 @@ class Source:
             target.endpoint,
             target.stream,
             target.key_file,
+            target.key,
             target.timeout_s,
             starting,
             ending,
@@ -217,14 +220,18 @@ class NodeSession:
         return self.call(lambda connection: connection._request(self.source.stream, request), where)
 
     def call(self, action: Callable[[Connection], T], where: str) -> T:
-        from . import connect
 
         deadline = time.monotonic() + self.source.timeout_s
         pause = RETRY_PAUSE_S[0]
         while True:
             try:
                 if self._connection is None:
-                    self._connection = connect(self.source.endpoint, key_file=self.source.key_file)
+                    self._connection = node_connection(
+                        self.source.endpoint,
+                        self.source.key_file,
+                        self.source.key,
+                        WarrenReadError,
+                    )
                 return action(self._connection)
             except Exception as exc:
                 if isinstance(exc, NotFound) and not isinstance(exc, QueueRestarting):

@@ -79,6 +79,7 @@ class TcpNode(NodeCalls):
         endpoint: str,
         *,
         key_file: str | os.PathLike | None = None,
+        key: ClientKey | None = None,
         call_timeout_s: float = CALL_TIMEOUT_S,
         connect_timeout_s: float = CONNECT_TIMEOUT_S,
     ) -> None:
@@ -86,7 +87,9 @@ class TcpNode(NodeCalls):
             raise InvalidArgument(f"a remote node's address is tcp://host:port; got {endpoint!r}")
         self.endpoint = endpoint
         self.call_timeout_s = call_timeout_s
-        self._key: ClientKey | None = load_client_key(key_file) if key_file is not None else None
+        if key_file is not None and key is not None:
+            raise InvalidArgument("give key_file or key, not both: they name the same thing")
+        self._key = load_client_key(key_file) if key_file is not None else key
         self._mechanism = MECHANISM_CURVE if self._key is not None else MECHANISM_NULL
         self._context: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         # the socket's monitor: failed handshakes (at connect), lost connections (after)
