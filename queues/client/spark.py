@@ -12,14 +12,14 @@ executors, and a node listening there (``warren node --listen ...``).
 Columns: ``body`` (binary or string, never null) and, optionally, ``routing_key``
 (string; with an exchange, each row's own), ``headers`` (a map of string to string) and
 ``message_id`` (string). Any other column is refused before anything is sent (select the
-columns first). Options: ``endpoint`` (required), ``queue``, ``stream`` or ``exchange``
-(exactly one; a stream takes each Arrow batch as one chunk),
-``routing_key`` (for an exchange, rows without their own), ``key_file`` (a CURVE key from
-``warren keys``: a path on every executor, or a file shipped with ``addFile``) or ``key``
-(its content, base64), ``persistent`` (true), ``mandatory`` (true:
-a row the exchange routes to no queue fails the job; false: it is dropped), ``producer``
-(a name for the job: see below), ``timeout_s`` (120: how long a task retries a node that
-is down before it fails the job).
+columns first), or left out with option ``ignoreUnknownColumns``. Options: ``endpoint``
+(required), ``queue``, ``stream`` or ``exchange`` (exactly one; a stream takes each Arrow
+batch as one chunk), ``routing_key`` (for an exchange, rows without their own),
+``key_file`` (a CURVE key from ``warren keys``: a path on every executor, or a file
+shipped with ``addFile``) or ``key`` (its content, base64), ``persistent`` (true),
+``mandatory`` (true: a row the exchange routes to no queue fails the job; false: it is
+dropped), ``producer`` (a name for the job: see below), ``timeout_s`` (120: how long a
+task retries a node that is down before it fails the job).
 
 Exactly once, per row. Each task is a producer, ``<job>/<partition>``, and a row's
 sequence is its index in the partition, so a retried task, a speculative copy, or a
@@ -107,15 +107,19 @@ REDACTED_OPTIONS = "(?i)url|^key$"  # Spark's own (url), and a client's inline s
 Columns: TypeAlias = "dict[str, list] | pyarrow.RecordBatch"  # a chunk's rows, by column
 
 
-def check_schema(schema: StructType) -> list[str]:
-    """The columns a write publishes, in order; ``WarrenWriteError`` for any other."""
+def check_schema(schema: StructType, ignore_unknown: bool = False) -> list[str]:
+    """The columns a write publishes, in order; ``WarrenWriteError`` for any other, unless
+    ``ignore_unknown`` (option ignoreUnknownColumns): then they are left out."""
     names = []
     for field in schema.fields:
         allowed = COLUMNS.get(field.name)
+        if allowed is None and ignore_unknown:
+            continue
         if allowed is None:
             raise WarrenWriteError(
                 f"column {field.name!r} is not one Warren publishes; select body (binary or "
-                f"string) and any of routing_key, headers, message_id first"
+                f"string) and any of routing_key, headers, message_id first, or set option "
+                f"ignoreUnknownColumns"
             )
         if not isinstance(field.dataType, allowed):
             raise WarrenWriteError(
@@ -221,6 +225,8 @@ def _encoded_runs(
     messages sharing one prefix (``encode_bodies``); any other chunk row by row."""
     from ..message import encode
 
+    if target.ignore_unknown_columns:
+        columns = _known_columns(columns)
     if not isinstance(columns, dict):
         names = columns.schema.names
         # a queue's or a stream's messages take its name as their key, whatever the row's
@@ -245,6 +251,13 @@ def _encoded_runs(
             runs.append((key, []))
         runs[-1][1].append(encode(message))
     return runs
+
+
+def _known_columns(columns: Columns) -> Columns:
+    """``columns`` without those Warren does not publish (option ignoreUnknownColumns)."""
+    if isinstance(columns, dict):
+        return {name: values for name, values in columns.items() if name in COLUMNS}
+    return columns.select([name for name in columns.schema.names if name in COLUMNS])
 
 
 def encode_bodies(bodies: pyarrow.Array, persistent: bool) -> list[bytes]:
@@ -493,8 +506,8 @@ class WarrenDataSource(DataSource):
     def _plan(self, schema: StructType, overwrite: bool) -> tuple[Target, str]:
         if overwrite:
             raise WarrenWriteError('a queue cannot be overwritten: use mode("append")')
-        check_schema(schema)
         target = Target.from_options(dict(self.options))
+        check_schema(schema, target.ignore_unknown_columns)
         if target.stream is not None:
             _check_stream(target)
         job = self.options.get("producer") or uuid.uuid4().hex

@@ -58,6 +58,7 @@ WRITE_OPTIONS = (
     "mandatory",
     "producer",
     "timeout_s",
+    "ignoreUnknownColumns",
     "checkpointLocation",  # Spark's own, which it passes to a streaming write
     "queryName",
 )
@@ -106,6 +107,7 @@ class Target:
 
     stream: str | None = None  # the queue named is a stream, checked when planned
     key: str | None = None  # a key file's content, base64
+    ignore_unknown_columns: bool = False  # columns Warren does not publish are dropped
 
     @classmethod
     def from_options(cls, options: dict[str, str], reading: bool = False) -> Target:
@@ -136,9 +138,14 @@ class Target:
             raise error("give exactly one of the options queue, stream and exchange")
         if stream is not None:
             queue = stream
+        given = {name.lower(): value for name, value in options.items()}
         flags = {}
-        for flag in ("persistent", "mandatory"):
-            flags[flag] = options.get(flag, "true").lower()
+        for flag, default in (
+            ("persistent", "true"),
+            ("mandatory", "true"),
+            ("ignoreUnknownColumns", "false"),
+        ):
+            flags[flag] = str(given.get(flag.lower(), default)).lower()
             if flags[flag] not in ("true", "false"):
                 raise error(f"option {flag} is true or false, not {flags[flag]!r}")
         try:
@@ -165,6 +172,7 @@ class Target:
             flags["mandatory"] == "true",
             stream,
             key,
+            flags["ignoreUnknownColumns"] == "true",
         )
 
 

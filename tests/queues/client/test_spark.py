@@ -22,7 +22,7 @@ if shutil.which("java") is None:
 from warren import connect
 from warren.queues.broker.listener import with_free_port
 from warren.queues.client.spark import encode_bodies, partition_publisher
-from warren.queues.message import Message, encode
+from warren.queues.message import Message, decode, encode
 from warren.supervisor import Node
 from warren.supervisor.chaos.faults import kill_processes
 
@@ -140,6 +140,38 @@ def test_bad_rows_and_settings_fail_the_job_with_what_and_where(spark, node):
         rows(spark, 3).write.format("warren").mode("overwrite").option(
             "endpoint", node.listen_endpoint
         ).option("queue", "orders").save()
+
+
+def test_columns_warren_does_not_publish_are_left_out_with_ignore_unknown_columns(spark, node):
+    node.declare_queue("orders")
+    frame = rows(spark, 300).selectExpr("body", "cast(body as int) * 2 as doubled", "'x' as note")
+    with pytest.raises(Exception, match="column 'doubled' is not one Warren publishes"):
+        write(frame, node.listen_endpoint, queue="orders")
+    write(frame, node.listen_endpoint, queue="orders", ignoreUnknownColumns="true")
+    assert drain(node, "orders") == Counter({b"%d" % i: 1 for i in range(300)})
+    with pytest.raises(Exception, match="column 'message_id' is bigint"):  # still checked
+        write(
+            frame.selectExpr("body", "1L as message_id", "note"),
+            node.listen_endpoint,
+            queue="orders",
+            ignoreUnknownColumns="true",
+        )
+    with pytest.raises(Exception, match="option ignoreUnknownColumns is true or false"):
+        write(frame, node.listen_endpoint, queue="orders", ignoreunknowncolumns="yes")
+
+
+def test_a_streamed_micro_batch_leaves_out_unknown_columns_with_the_option_too():
+    """A streaming write's rows come as columns of Python values, not Arrow batches."""
+    from warren.queues.client.spark import _encoded_runs
+    from warren.queues.client.spark_options import Target
+
+    options = {"endpoint": "tcp://127.0.0.1:1", "queue": "orders"}
+    chunk = {"body": [b"a", b"b"], "message_id": ["1", None], "note": ["x", "y"]}
+    ignoring = Target.from_options({**options, "ignoreUnknownColumns": "true"})
+    runs = _encoded_runs(chunk, ignoring, "micro-batch 0", 0)
+    kept = {"body": [b"a", b"b"], "message_id": ["1", None]}
+    assert runs == _encoded_runs(kept, Target.from_options(options), "micro-batch 0", 0)
+    assert [decode(payload).message_id for payload in runs[0][1]] == ["1", None]
 
 
 def test_a_node_killed_mid_job_loses_nothing_confirmed_and_the_job_completes(spark, tmp_path):
