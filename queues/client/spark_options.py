@@ -73,6 +73,9 @@ READ_OPTIONS = (
     "failOnDataLoss",
     "partitionBytes",
     "maxRecordsPerTrigger",
+    "maxBytesPerTrigger",
+    "minOffsetsPerTrigger",
+    "maxTriggerDelay",
     "consumerName",
 )
 

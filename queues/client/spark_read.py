@@ -13,21 +13,22 @@ for it in a stream: a stream keeps messages, not the key they were routed by),
 ``headers`` (map of string to string: other values as text), ``message_id``.
 
 Options: ``endpoint`` and ``stream`` (required), ``key_file`` or ``key`` (CURVE: see
-``spark_options``), ``timeout_s``
-(120: how long a node that is down is retried before the read fails, naming the offsets
-it was reading), ``startingOffsets`` ("first", "last": the last chunk, "latest": what is
-published from now on, an offset, or ``timestamp:<epoch ms>``; "first" for a batch read,
-"latest" for a streaming one), ``endingOffsets`` (batch only: "latest", the default, is
-everything committed when the read is planned; an offset, excluded; or
-``timestamp:<ms>``), ``failOnDataLoss`` (true: offsets retention deleted before they were
-read fail the query naming them; false: they are skipped with a warning),
-``partitionBytes`` (32 MiB: the size of one task's offset range; each task costs Spark
-tens of milliseconds of its own, so fewer, larger ranges read faster), and, streaming,
-``maxRecordsPerTrigger`` and ``consumerName`` (the name the query's progress is stored
-under on the node, so ``warren streams`` shows its lag: "spark" unless given). Any other
-option is refused, case aside (``spark_options.check_known``). A ``startingOffsets``
-below the first offset is data loss (``failOnDataLoss``); one past the stream's end is
-refused either way, never read from the first.
+``spark_options``), ``timeout_s`` (120: how long a node that is down is retried before
+the read fails, naming the offsets it was reading), ``startingOffsets`` ("first", "last":
+the last chunk, "latest": what is published from now on, an offset, or
+``timestamp:<epoch ms>``; "first" for a batch read, "latest" for a streaming one),
+``endingOffsets`` (batch only: "latest", the default, is everything committed when the
+read is planned; an offset, excluded; or ``timestamp:<ms>``), ``failOnDataLoss`` (true:
+offsets retention deleted before they were read fail the query naming them; false: they
+are skipped with a warning), ``partitionBytes`` (32 MiB: the size of one task's offset
+range; each task costs Spark tens of milliseconds of its own, so fewer, larger ranges
+read faster), and, streaming, ``maxRecordsPerTrigger``, ``maxBytesPerTrigger``,
+``minOffsetsPerTrigger`` with ``maxTriggerDelay`` (``WarrenStreamReader._shaped``) and
+``consumerName`` (the name the query's progress is stored under on the node, so
+``warren streams`` shows its lag: "spark" unless given). Any other option is refused,
+case aside (``spark_options.check_known``). A ``startingOffsets`` below the first offset
+is data loss (``failOnDataLoss``); one past the stream's end is refused either way, never
+read from the first.
 
 Progress. Spark commits a micro-batch to the source (``commit``) only when it plans the
 next one, so a query's last micro-batch would never be stored; but it asks for the next
@@ -80,9 +81,15 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
 
 from ..engine.stream_log import SIMPLE_ENTRY_HEADER_BYTES
-from ..errors import NotFound, OffsetOutOfRange, QueueRestarting, WarrenReadError
+from ..errors import (
+    InvalidArgument,
+    NotFound,
+    OffsetOutOfRange,
+    QueueRestarting,
+    WarrenReadError,
+)
 from ..message import Message, decode, encode
-from ..protocol import StreamAttach, StreamChunks, StreamPlan
+from ..protocol import StreamAttach, StreamChunks, StreamPlan, parse_interval
 from .spark_options import RETRY_PAUSE_S, Target, node_connection, retryable
 
 try:
@@ -116,6 +123,11 @@ ROUTING_KEY_HEADER = "x-routing-key"
 DEFAULT_PARTITION_BYTES = 32 * 2**20
 ANSWER_BYTES = 2 * 2**20  # chunks one StreamChunks answer carries: one Arrow batch
 DEFAULT_CONSUMER_NAME = "spark"
+# Streaming: the most a micro-batch waits for minOffsetsPerTrigger once some data is there
+# (Kafka's source: 15 minutes), and the options that shape micro-batches beside
+# maxRecordsPerTrigger.
+DEFAULT_MAX_TRIGGER_DELAY_S = 15 * 60.0
+TRIGGER_OPTIONS = ("maxBytesPerTrigger", "minOffsetsPerTrigger", "maxTriggerDelay")
 T = TypeVar("T")
 
 
@@ -134,6 +146,9 @@ class Source:
     partition_bytes: int
     max_records_per_trigger: int | None
     consumer_name: str
+    max_bytes_per_trigger: int | None = None
+    min_offsets_per_trigger: int | None = None
+    max_trigger_delay_s: float = DEFAULT_MAX_TRIGGER_DELAY_S
 
     @classmethod
     def from_options(cls, options: Any, streaming: bool) -> Source:
@@ -158,8 +173,23 @@ class Source:
             options.get("partitionBytes", DEFAULT_PARTITION_BYTES), "partitionBytes"
         )
         max_records = options.get("maxRecordsPerTrigger")
-        if max_records is not None and not streaming:
-            raise WarrenReadError("maxRecordsPerTrigger is for a streaming read only")
+        for name in ("maxRecordsPerTrigger", *TRIGGER_OPTIONS):
+            if options.get(name) is not None and not streaming:
+                raise WarrenReadError(f"{name} is for a streaming read only")
+        max_bytes, min_offsets, delay = (options.get(name) for name in TRIGGER_OPTIONS)
+        if delay is not None and min_offsets is None:
+            raise WarrenReadError(
+                "maxTriggerDelay is how long a micro-batch waits for minOffsetsPerTrigger; "
+                "give minOffsetsPerTrigger too"
+            )
+        try:
+            delay_s = (
+                DEFAULT_MAX_TRIGGER_DELAY_S
+                if delay is None
+                else parse_interval(_number_or_text(delay), "option maxTriggerDelay")
+            )
+        except InvalidArgument as exc:
+            raise WarrenReadError(str(exc)) from None
         return cls(
             target.endpoint,
             target.stream,
@@ -172,6 +202,9 @@ class Source:
             partition_bytes,
             None if max_records is None else _positive_int(max_records, "maxRecordsPerTrigger"),
             options.get("consumerName", DEFAULT_CONSUMER_NAME),
+            None if max_bytes is None else _positive_int(max_bytes, "maxBytesPerTrigger"),
+            None if min_offsets is None else _positive_int(min_offsets, "minOffsetsPerTrigger"),
+            delay_s,
         )
 
 
@@ -187,6 +220,15 @@ def _offset_option(value: object, name: str, words: Sequence[str]) -> tuple[str,
         f"option {name} is {', '.join(repr(w) for w in words)}, an offset (an int >= 0) "
         f"or 'timestamp:<epoch ms>'; got {text!r}"
     )
+
+
+def _number_or_text(value: str) -> float | str:
+    """An option's text as a number of seconds where it is one ("30"), else as it is
+    ("30s", "15m")."""
+    try:
+        return float(value)
+    except ValueError:
+        return value
 
 
 def _positive_int(value: object, name: str) -> int:
@@ -220,7 +262,6 @@ class NodeSession:
         return self.call(lambda connection: connection._request(self.source.stream, request), where)
 
     def call(self, action: Callable[[Connection], T], where: str) -> T:
-
         deadline = time.monotonic() + self.source.timeout_s
         pause = RETRY_PAUSE_S[0]
         while True:
@@ -610,6 +651,7 @@ class WarrenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._available_now_end: int | None = None
         self._identity: str | None = None
         self._stored = 0  # the end whose offset before it is stored under consumerName
+        self._last_batch_at = time.monotonic()  # when the last micro-batch with data was planned
 
     def _offset(self, offset: int) -> dict[str, Any]:
         assert self._identity is not None
@@ -641,11 +683,42 @@ class WarrenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self._store(int(start["offset"]))
         if self._available_now_end is not None:
             end = min(end, self._available_now_end)
-        if start is not None and ReadMaxRows is not None and isinstance(limit, ReadMaxRows):
-            end = min(end, start["offset"] + limit.max_rows)
         if start is not None:
-            end = max(end, start["offset"])
+            end = max(self._shaped(int(start["offset"]), end, limit), start["offset"])
         return self._offset(end)
+
+    def _shaped(self, start: int, end: int, limit: ReadLimit | None) -> int:
+        """The end of the micro-batch from ``start`` with ``[start, end)`` available, as
+        maxRecordsPerTrigger, maxBytesPerTrigger (a soft maximum, as Delta's: the first
+        chunk boundary at or past it) and minOffsetsPerTrigger with maxTriggerDelay shape
+        it (``start``: none)."""
+        source = self.source
+        if ReadMaxRows is not None and isinstance(limit, ReadMaxRows):
+            end = min(end, start + limit.max_rows)
+        if source.max_bytes_per_trigger is not None and end > start:
+            end = self._bytes_end(start, end, source.max_bytes_per_trigger)
+        if (
+            source.min_offsets_per_trigger is not None
+            and self._available_now_end is None  # availableNow reads what there is, now
+            and end - start < source.min_offsets_per_trigger
+            and time.monotonic() - self._last_batch_at < source.max_trigger_delay_s
+        ):
+            return start
+        if end > start:
+            self._last_batch_at = time.monotonic()
+        return end
+
+    def _bytes_end(self, start: int, end: int, max_bytes: int) -> int:
+        """The end of the first range from ``start`` as the stream cuts ``[start, end)``
+        on chunk boundaries into ranges of about ``max_bytes`` (each ends at the first
+        boundary at or past it)."""
+        where = f"planning a micro-batch of stream {self.source.stream!r}"
+        try:
+            answer = self._session.ask(StreamPlan(start, end, max_bytes), where)
+        except OffsetOutOfRange:  # retention took them: the micro-batch's plan says how
+            return end
+        ranges = answer["ranges"]
+        return int(ranges[0][1]) if ranges else end
 
     def getDefaultReadLimit(self) -> ReadLimit:
         if self.source.max_records_per_trigger is not None:

@@ -233,6 +233,91 @@ def test_a_stream_deleted_and_declared_again_fails_the_query_that_read_it(spark,
     assert "deleted and declared again" in str(query.exception())
 
 
+def test_max_bytes_per_trigger_cuts_micro_batches_on_chunk_boundaries(spark, node, tmp_path):
+    connection = node.connect()
+    connection.declare_queue("events", type="stream")
+    for _ in range(20):  # 20 chunks of 50 records of 1,000 bytes: one chunk a call
+        connection.publish_many("events", [b"x" * 1000] * 50)
+    seen: list = []
+    query = stream_query(
+        spark,
+        node,
+        tmp_path / "checkpoint",
+        seen,
+        startingOffsets="first",
+        maxBytesPerTrigger=120_000,
+    )
+    assert query.exception() is None
+    sizes = [len(offsets) for _, offsets in seen if offsets]
+    assert sorted(o for _, offsets in seen for o in offsets) == list(range(1000))
+    # a micro-batch ends at the first chunk boundary at or past the bytes: three chunks
+    # (two hold some 103 KB), never the whole stream at once
+    assert max(sizes) <= 150 and len(sizes) >= 6
+
+
+def continuous_query(spark, node, checkpoint, seen, **options):
+    """A streaming read of "events" triggered every 100 ms, recording each micro-batch's
+    offsets in ``seen``; the caller stops it."""
+
+    def keep(frame, batch_id):
+        seen.append((batch_id, sorted(row.offset for row in frame.select("offset").collect())))
+
+    reader = spark.readStream.format("warren").option("endpoint", node.listen_endpoint)
+    for name, value in {"stream": "events", **options}.items():
+        reader = reader.option(name, str(value))
+    return (
+        reader.load()
+        .writeStream.foreachBatch(keep)
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(processingTime="100 milliseconds")
+        .start()
+    )
+
+
+def test_min_offsets_per_trigger_waits_for_enough_records_or_for_max_trigger_delay(
+    spark, node, tmp_path
+):
+    connection = node.connect()
+    connection.declare_queue("events", type="stream")
+    publish(node, "events", 30)
+    # a progress report for every trigger, with data or not: the triggers can be counted
+    spark.conf.set("spark.sql.streaming.noDataProgressEventInterval", "10")
+    seen: list = []
+    query = continuous_query(
+        spark,
+        node,
+        tmp_path / "waits",
+        seen,
+        startingOffsets="first",
+        minOffsetsPerTrigger=100,
+        maxTriggerDelay="1h",
+    )
+    try:
+        wait_for(lambda: len(query.recentProgress) >= 5, timeout=120)
+        assert not [offsets for _, offsets in seen if offsets]  # 30 < 100: no micro-batch
+        publish(node, "events", 80, first=30)
+        wait_for(lambda: any(offsets for _, offsets in seen), timeout=120)
+        assert [offsets for _, offsets in seen if offsets][0] == list(range(110))
+    finally:
+        query.stop()
+        spark.conf.unset("spark.sql.streaming.noDataProgressEventInterval")
+    late: list = []
+    query = continuous_query(
+        spark,
+        node,
+        tmp_path / "delayed",
+        late,
+        startingOffsets="first",
+        minOffsetsPerTrigger=10_000,
+        maxTriggerDelay="1s",
+    )
+    try:  # never 10,000: the delay lets what there is through
+        wait_for(lambda: any(offsets for _, offsets in late), timeout=120)
+        assert [offsets for _, offsets in late if offsets][0] == list(range(110))
+    finally:
+        query.stop()
+
+
 def test_retention_past_a_query_fails_it_by_name_or_is_skipped_when_asked(spark, node, tmp_path):
     connection = node.connect()
     connection.declare_queue(
@@ -303,6 +388,26 @@ def test_rows_with_and_without_properties_written_into_a_stream_read_back_as_wri
         headers = {"x-routing-key": "eu", "n": str(i)} if i >= 4000 and i % 7 == 0 else None
         assert (row.headers, row.routing_key) == (headers, headers and "eu")
         assert row.message_id == (f"m-{i}" if i >= 4000 and i % 5 == 0 else None)
+
+
+def test_the_trigger_options_are_checked_before_a_query_starts():
+    streaming = {"endpoint": "tcp://127.0.0.1:1", "stream": "events"}
+    with pytest.raises(WarrenReadError, match="give minOffsetsPerTrigger too"):
+        Source.from_options({**streaming, "maxTriggerDelay": "5s"}, streaming=True)
+    with pytest.raises(WarrenReadError, match="maxTriggerDelay is a positive number of seconds"):
+        Source.from_options(
+            {**streaming, "minOffsetsPerTrigger": "10", "maxTriggerDelay": "soon"}, streaming=True
+        )
+    with pytest.raises(WarrenReadError, match="minOffsetsPerTrigger"):
+        Source.from_options({**streaming, "minOffsetsPerTrigger": "-1"}, streaming=True)
+    with pytest.raises(WarrenReadError, match="maxBytesPerTrigger is for a streaming read only"):
+        Source.from_options({**streaming, "maxBytesPerTrigger": "1000"}, streaming=False)
+    source = Source.from_options(
+        {**streaming, "minOffsetsPerTrigger": "10", "maxTriggerDelay": "2m"}, streaming=True
+    )
+    assert (source.min_offsets_per_trigger, source.max_trigger_delay_s) == (10, 120.0)
+    default = Source.from_options({**streaming, "minOffsetsPerTrigger": "10"}, streaming=True)
+    assert default.max_trigger_delay_s == 15 * 60  # Kafka's source waits as long
 
 
 def test_bad_options_and_targets_fail_with_what_is_wrong(spark, node):
