@@ -69,6 +69,8 @@ READ_OPTIONS = (
     "key",
     "timeout_s",
     "startingOffsets",
+    "startingOffsetsByTimestamp",
+    "startingOffsetsByTimestampStrategy",
     "endingOffsets",
     "failOnDataLoss",
     "partitionBytes",

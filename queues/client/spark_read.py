@@ -16,7 +16,8 @@ Options: ``endpoint`` and ``stream`` (required), ``key_file`` or ``key`` (CURVE:
 ``spark_options``), ``timeout_s`` (120: how long a node that is down is retried before
 the read fails, naming the offsets it was reading), ``startingOffsets`` ("first", "last":
 the last chunk, "latest": what is published from now on, an offset, or
-``timestamp:<epoch ms>``; "first" for a batch read, "latest" for a streaming one),
+``timestamp:<epoch ms>``; "first" for a batch read, "latest" for a streaming one; or,
+as Kafka's, ``startingOffsetsByTimestamp`` with its strategy: ``_starting_by_timestamp``),
 ``endingOffsets`` (batch only: "latest", the default, is everything committed when the
 read is planned; an offset, excluded; or ``timestamp:<ms>``), ``failOnDataLoss`` (true:
 offsets retention deleted before they were read fail the query naming them; false: they
@@ -149,6 +150,9 @@ class Source:
     max_bytes_per_trigger: int | None = None
     min_offsets_per_trigger: int | None = None
     max_trigger_delay_s: float = DEFAULT_MAX_TRIGGER_DELAY_S
+    # startingOffsetsByTimestampStrategy: "error" or "latest" where a start was given by
+    # startingOffsetsByTimestamp, None otherwise
+    timestamp_strategy: str | None = None
 
     @classmethod
     def from_options(cls, options: Any, streaming: bool) -> Source:
@@ -159,6 +163,9 @@ class Source:
             "startingOffsets",
             ("first", "last", "latest"),
         )
+        by_timestamp, strategy = _starting_by_timestamp(options, target.stream)
+        if by_timestamp is not None:
+            starting = ("timestamp", by_timestamp)
         ending = None
         if "endingOffsets" in options:
             if streaming:
@@ -205,6 +212,7 @@ class Source:
             None if max_bytes is None else _positive_int(max_bytes, "maxBytesPerTrigger"),
             None if min_offsets is None else _positive_int(min_offsets, "minOffsetsPerTrigger"),
             delay_s,
+            strategy,
         )
 
 
@@ -220,6 +228,59 @@ def _offset_option(value: object, name: str, words: Sequence[str]) -> tuple[str,
         f"option {name} is {', '.join(repr(w) for w in words)}, an offset (an int >= 0) "
         f"or 'timestamp:<epoch ms>'; got {text!r}"
     )
+
+
+def _starting_by_timestamp(options: Any, stream: str) -> tuple[int | None, str | None]:
+    """Option startingOffsetsByTimestamp, Kafka's JSON (``{"events": 1700000000000}``, or
+    ``{"events": {"0": ...}}``: a stream is one partition), as epoch ms, and its strategy
+    (startingOffsetsByTimestampStrategy, "error" unless given); (None, None) without it."""
+    text = options.get("startingOffsetsByTimestamp")
+    strategy = options.get("startingOffsetsByTimestampStrategy")
+    if text is None:
+        if strategy is not None:
+            raise WarrenReadError(
+                "startingOffsetsByTimestampStrategy is for startingOffsetsByTimestamp; "
+                "give that too"
+            )
+        return None, None
+    if options.get("startingOffsets") is not None:
+        raise WarrenReadError(
+            "give startingOffsets or startingOffsetsByTimestamp, not both: they say where "
+            "the read starts"
+        )
+    strategy = str(strategy or "error").lower()
+    if strategy not in ("error", "latest"):
+        raise WarrenReadError(
+            f"option startingOffsetsByTimestampStrategy is error or latest, not {strategy!r}"
+        )
+    shape = (
+        f'option startingOffsetsByTimestamp is JSON naming the stream read: {{"{stream}": '
+        f"<epoch ms>}}"
+    )
+    try:
+        given = json.loads(text)
+    except ValueError:
+        raise WarrenReadError(f"{shape}; got {text!r}") from None
+    if not isinstance(given, dict) or set(given) != {stream}:
+        raise WarrenReadError(f"{shape}; got {text!r}")
+    value = given[stream]
+    if isinstance(value, dict) and set(value) == {"0"}:  # Kafka's by partition: one here
+        value = value["0"]
+    if type(value) is not int or value < 0:
+        raise WarrenReadError(f"{shape}; got {text!r}")
+    return value, strategy
+
+
+def _started(source: Source, begun: dict[str, Any], where: str) -> dict[str, Any]:
+    """``begun``, where a read starts, unless startingOffsetsByTimestamp found no record
+    at or after its timestamp and its strategy is "error" ("latest": the end)."""
+    if source.timestamp_strategy == "error" and begun["offset"] >= begun["records_end"]:
+        raise WarrenReadError(
+            f"{where}: stream {source.stream!r} has no record at or after timestamp "
+            f"{source.starting[1]} (startingOffsetsByTimestamp); set "
+            f"startingOffsetsByTimestampStrategy=latest to start at its end instead"
+        )
+    return begun
 
 
 def _number_or_text(value: str) -> float | str:
@@ -621,7 +682,7 @@ class WarrenBatchReader(DataSourceReader):
         where = f"planning a read of stream {source.stream!r}"
         session = NodeSession(source)
         try:
-            begun = _attach(session, source.starting, where)
+            begun = _started(source, _attach(session, source.starting, where), where)
             identity, end = begun["identity"], begun["records_end"]
             if source.ending is not None:
                 if source.ending[0] == "offset" and source.ending[1] > begun["committed"] + 1:
@@ -667,7 +728,7 @@ class WarrenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def initialOffset(self) -> dict[str, Any]:
         where = f"starting a query on stream {self.source.stream!r}"
-        begun = _attach(self._session, self.source.starting, where)
+        begun = _started(self.source, _attach(self._session, self.source.starting, where), where)
         self._identity = begun["identity"]
         return self._offset(begun["offset"])
 

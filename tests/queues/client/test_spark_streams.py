@@ -3,6 +3,7 @@ session, every listener on loopback): ranges, timestamps and checkpoints read ea
 once, damage and retention fail a read by name, and a retried task adds nothing twice."""
 
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -105,6 +106,35 @@ def test_a_batch_read_takes_offset_and_timestamp_ranges(spark, node):
     last_chunk = [o for o, _ in offsets_and_bodies(load(spark, node, startingOffsets="last"))]
     assert 0 < len(last_chunk) <= 1000
     assert last_chunk == list(range(last_chunk[0], 4000))
+
+
+def test_starting_offsets_by_timestamp_reads_from_the_first_chunk_at_or_after_it(spark, node):
+    """Kafka's option names: startingOffsetsByTimestamp, and its strategy where no record
+    is at or after the timestamp (error, or latest: start at the end)."""
+    connection = node.connect()
+    connection.declare_queue("events", type="stream")
+    publish(node, "events", 500)
+    middle_ms = int(time.time() * 1000) + 1
+    wait_for(lambda: time.time() * 1000 > middle_ms, timeout=5)  # the next chunk is later
+    publish(node, "events", 500, first=500)
+    since = load(spark, node, startingOffsetsByTimestamp=json.dumps({"events": middle_ms}))
+    assert [o for o, _ in offsets_and_bodies(since)] == list(range(500, 1000))
+    by_partition = json.dumps({"events": {"0": middle_ms}})  # Kafka's shape: one partition
+    assert load(spark, node, startingOffsetsByTimestamp=by_partition).count() == 500
+    future = json.dumps({"events": int(time.time() * 1000) + 3_600_000})
+    with pytest.raises(Exception, match="has no record at or after timestamp"):
+        load(spark, node, startingOffsetsByTimestamp=future).count()
+    latest = load(
+        spark,
+        node,
+        startingOffsetsByTimestamp=future,
+        startingOffsetsByTimestampStrategy="latest",
+    )
+    assert latest.count() == 0
+    with pytest.raises(Exception, match="JSON naming the stream read"):
+        load(spark, node, startingOffsetsByTimestamp=json.dumps({"other": middle_ms})).count()
+    with pytest.raises(Exception, match="not both"):
+        load(spark, node, startingOffsets="first", startingOffsetsByTimestamp=future).count()
 
 
 def test_a_flipped_bit_in_a_chunk_fails_the_read_naming_the_chunk(spark, node, tmp_path):
