@@ -346,6 +346,16 @@ def parse_interval(value: object, what: str) -> float:
     )
 
 
+def interval_text(value: str) -> float | str:
+    """An interval given as text (a command-line flag, a Spark option) as
+    ``parse_interval`` takes it: a number of seconds where it is one ("30"), else the
+    text as it is ("30s", "7D")."""
+    try:
+        return float(value)
+    except ValueError:
+        return value
+
+
 MAX_NAME_BYTES = 255  # RabbitMQ's: a queue or exchange name is a shortstr
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 

@@ -111,7 +111,7 @@ class Target:
     mandatory: bool = True
 
     stream: str | None = None  # the queue named is a stream, checked when planned
-    key: str | None = None  # a key file's content, base64
+    key: str | None = dataclasses.field(default=None, repr=False)  # a key file's, base64
     ignore_unknown_columns: bool = False  # columns Warren does not publish are dropped
 
     @classmethod

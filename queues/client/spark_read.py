@@ -75,6 +75,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -90,7 +91,7 @@ from ..errors import (
     WarrenReadError,
 )
 from ..message import Message, decode, encode
-from ..protocol import StreamAttach, StreamChunks, StreamPlan, parse_interval
+from ..protocol import StreamAttach, StreamChunks, StreamPlan, interval_text, parse_interval
 from .spark_options import RETRY_PAUSE_S, Target, node_connection, retryable
 
 try:
@@ -106,6 +107,10 @@ except ImportError:  # PySpark 4.0 and 4.1: no read limits; every trigger reads 
         """Stands in for the mixin PySpark 4.2 added."""
 
     ReadLimit = ReadAllAvailable = ReadMaxRows = None  # type: ignore[assignment, misc]
+try:  # PySpark 4.3: a default limit that tells a "read everything" trigger from ours
+    from pyspark.sql.streaming.datasource import ReadMaxBytes, ReadMinRows
+except ImportError:
+    ReadMaxBytes = ReadMinRows = None  # type: ignore[assignment, misc]
 
 if TYPE_CHECKING:
     import pyarrow
@@ -139,7 +144,7 @@ class Source:
     endpoint: str
     stream: str
     key_file: str | None
-    key: str | None
+    key: str | None = dataclasses.field(repr=False)  # a client's secret
     timeout_s: float
     starting: tuple[str, int]  # a StreamAttach (start, value)
     ending: tuple[str, int] | None  # None: what is committed at planning
@@ -193,7 +198,7 @@ class Source:
             delay_s = (
                 DEFAULT_MAX_TRIGGER_DELAY_S
                 if delay is None
-                else parse_interval(_number_or_text(delay), "option maxTriggerDelay")
+                else parse_interval(interval_text(delay), "option maxTriggerDelay")
             )
         except InvalidArgument as exc:
             raise WarrenReadError(str(exc)) from None
@@ -281,15 +286,6 @@ def _started(source: Source, begun: dict[str, Any], where: str) -> dict[str, Any
             f"startingOffsetsByTimestampStrategy=latest to start at its end instead"
         )
     return begun
-
-
-def _number_or_text(value: str) -> float | str:
-    """An option's text as a number of seconds where it is one ("30"), else as it is
-    ("30s", "15m")."""
-    try:
-        return float(value)
-    except ValueError:
-        return value
 
 
 def _positive_int(value: object, name: str) -> int:
@@ -712,7 +708,9 @@ class WarrenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._available_now_end: int | None = None
         self._identity: str | None = None
         self._stored = 0  # the end whose offset before it is stored under consumerName
-        self._last_batch_at = time.monotonic()  # when the last micro-batch with data was planned
+        # when a micro-batch was last let through (Kafka's source: never, at a start, so
+        # the first is not held back by minOffsetsPerTrigger)
+        self._last_batch_at = -math.inf
 
     def _offset(self, offset: int) -> dict[str, Any]:
         assert self._identity is not None
@@ -754,19 +752,23 @@ class WarrenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         chunk boundary at or past it) and minOffsetsPerTrigger with maxTriggerDelay shape
         it (``start``: none)."""
         source = self.source
-        if ReadMaxRows is not None and isinstance(limit, ReadMaxRows):
-            end = min(end, start + limit.max_rows)
+        if limit is None or (
+            isinstance(limit, ReadAllAvailable)
+            and not isinstance(self.getDefaultReadLimit(), ReadAllAvailable)
+        ):
+            return end  # PySpark 4.0/4.1, or a trigger that reads everything (once)
+        if source.min_offsets_per_trigger is not None and self._available_now_end is None:
+            # as Kafka's: what is available against the minimum, before any maximum;
+            # availableNow reads what there is, now
+            if end - start < source.min_offsets_per_trigger and (
+                time.monotonic() - self._last_batch_at < source.max_trigger_delay_s
+            ):
+                return start
+            self._last_batch_at = time.monotonic()
+        if source.max_records_per_trigger is not None:
+            end = min(end, start + source.max_records_per_trigger)
         if source.max_bytes_per_trigger is not None and end > start:
             end = self._bytes_end(start, end, source.max_bytes_per_trigger)
-        if (
-            source.min_offsets_per_trigger is not None
-            and self._available_now_end is None  # availableNow reads what there is, now
-            and end - start < source.min_offsets_per_trigger
-            and time.monotonic() - self._last_batch_at < source.max_trigger_delay_s
-        ):
-            return start
-        if end > start:
-            self._last_batch_at = time.monotonic()
         return end
 
     def _bytes_end(self, start: int, end: int, max_bytes: int) -> int:
@@ -782,8 +784,15 @@ class WarrenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return int(ranges[0][1]) if ranges else end
 
     def getDefaultReadLimit(self) -> ReadLimit:
-        if self.source.max_records_per_trigger is not None:
-            return ReadMaxRows(self.source.max_records_per_trigger)
+        """The options' limit, so that Spark hands back ``ReadAllAvailable`` only when a
+        trigger asks for everything (``once``); ``_shaped`` applies every option."""
+        source = self.source
+        if source.min_offsets_per_trigger is not None and ReadMinRows is not None:
+            return ReadMinRows(source.min_offsets_per_trigger)
+        if source.max_bytes_per_trigger is not None and ReadMaxBytes is not None:
+            return ReadMaxBytes(source.max_bytes_per_trigger)
+        if source.max_records_per_trigger is not None:
+            return ReadMaxRows(source.max_records_per_trigger)
         return ReadAllAvailable()
 
     def reportLatestOffset(self) -> dict[str, Any]:

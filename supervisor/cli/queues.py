@@ -50,7 +50,7 @@ from warren.queues.client.greeting import nothing_listens
 from warren.queues.client.stream import StreamConsumer, StreamDelivery
 from warren.queues.errors import ConnectionClosed, MessageTooLarge, NodeNotRunning, QueueError
 from warren.queues.message import MAX_MESSAGE_BYTES
-from warren.queues.protocol import OVERFLOWS, QUEUE_TYPES, SYNC_POLICIES
+from warren.queues.protocol import OVERFLOWS, QUEUE_TYPES, SYNC_POLICIES, interval_text
 from warren.queues.routing import EXCHANGE_KINDS
 
 from ..errors import UsageError
@@ -328,12 +328,7 @@ def _size_or_none(value: str | None, what: str) -> int | None:
 
 def _interval_or_none(value: str | None) -> float | str | None:
     """--max-age as seconds when it is a plain number, else as the unit string it is."""
-    if value is None:
-        return None
-    try:
-        return float(value)
-    except ValueError:
-        return value
+    return None if value is None else interval_text(value)
 
 
 def _declare_exchange(connection: Connection, args: argparse.Namespace) -> int:

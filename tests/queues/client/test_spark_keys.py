@@ -5,6 +5,7 @@ mistakes a user makes with either, each failing the job with what is wrong."""
 
 import base64
 import shutil
+import uuid
 from collections import Counter
 from pathlib import Path
 
@@ -58,11 +59,13 @@ def test_a_key_file_shipped_with_add_file_is_found_where_its_path_is_not(
     spark, curve_node, tmp_path
 ):
     (tmp_path / "keys").mkdir()
-    shipped = create_client_key(curve_node.data_dir, "spark-shipped", tmp_path / "keys")
+    # a file shipped stays shipped for the session's life: a name of this test's own
+    name = f"spark-shipped-{uuid.uuid4().hex[:12]}"
+    shipped = create_client_key(curve_node.data_dir, name, tmp_path / "keys")
     spark.sparkContext.addFile(shipped)
     curve_node.declare_queue("orders")
     # the path the job names exists on no machine: each task finds the file by its name
-    nowhere = str(tmp_path / "not-placed" / "spark-shipped.key")
+    nowhere = str(tmp_path / "not-placed" / f"{name}.key")
     write(rows(spark, 500), curve_node.listen_endpoint, queue="orders", key_file=nowhere)
     assert drain(curve_node, "orders") == Counter({b"%d" % i: 1 for i in range(500)})
 

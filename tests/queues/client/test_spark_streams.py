@@ -22,7 +22,13 @@ if shutil.which("java") is None:
         allow_module_level=True,
     )
 
-from warren.queues.client.spark_read import OffsetRange, Source, read_range, record_batch
+from warren.queues.client.spark_read import (
+    OffsetRange,
+    Source,
+    WarrenStreamReader,
+    read_range,
+    record_batch,
+)
 from warren.queues.engine.stream_log import (
     CHUNK_HEADER_BYTES,
     CHUNK_USER,
@@ -307,45 +313,38 @@ def continuous_query(spark, node, checkpoint, seen, **options):
 def test_min_offsets_per_trigger_waits_for_enough_records_or_for_max_trigger_delay(
     spark, node, tmp_path
 ):
+    """As Kafka's source: the first trigger after a start is never held back; later ones
+    wait for minOffsetsPerTrigger offsets, or for maxTriggerDelay since the last."""
     connection = node.connect()
     connection.declare_queue("events", type="stream")
-    publish(node, "events", 30)
     # a progress report for every trigger, with data or not: the triggers can be counted
     spark.conf.set("spark.sql.streaming.noDataProgressEventInterval", "10")
     seen: list = []
-    query = continuous_query(
-        spark,
-        node,
-        tmp_path / "waits",
-        seen,
-        startingOffsets="first",
-        minOffsetsPerTrigger=100,
-        maxTriggerDelay="1h",
-    )
+    options = {"startingOffsets": "latest", "minOffsetsPerTrigger": 100}
+    query = continuous_query(spark, node, tmp_path / "waits", seen, maxTriggerDelay="1h", **options)
     try:
-        wait_for(lambda: len(query.recentProgress) >= 5, timeout=120)
-        assert not [offsets for _, offsets in seen if offsets]  # 30 < 100: no micro-batch
+        wait_for(lambda: len(query.recentProgress) >= 3, timeout=120)  # it has started
+        publish(node, "events", 30)
+        triggers = len(query.recentProgress)
+        wait_for(lambda: len(query.recentProgress) >= triggers + 5, timeout=120)
+        assert not [offsets for _, offsets in seen if offsets]  # 30 < 100: held back
         publish(node, "events", 80, first=30)
         wait_for(lambda: any(offsets for _, offsets in seen), timeout=120)
         assert [offsets for _, offsets in seen if offsets][0] == list(range(110))
     finally:
         query.stop()
-        spark.conf.unset("spark.sql.streaming.noDataProgressEventInterval")
     late: list = []
     query = continuous_query(
-        spark,
-        node,
-        tmp_path / "delayed",
-        late,
-        startingOffsets="first",
-        minOffsetsPerTrigger=10_000,
-        maxTriggerDelay="1s",
+        spark, node, tmp_path / "delayed", late, maxTriggerDelay="1s", **options
     )
-    try:  # never 10,000: the delay lets what there is through
+    try:
+        wait_for(lambda: len(query.recentProgress) >= 3, timeout=120)
+        publish(node, "events", 30, first=110)  # never 100: the delay lets them through
         wait_for(lambda: any(offsets for _, offsets in late), timeout=120)
-        assert [offsets for _, offsets in late if offsets][0] == list(range(110))
+        assert [len(offsets) for _, offsets in late if offsets][0] == 30
     finally:
         query.stop()
+        spark.conf.unset("spark.sql.streaming.noDataProgressEventInterval")
 
 
 def test_retention_past_a_query_fails_it_by_name_or_is_skipped_when_asked(spark, node, tmp_path):
@@ -438,6 +437,21 @@ def test_the_trigger_options_are_checked_before_a_query_starts():
     assert (source.min_offsets_per_trigger, source.max_trigger_delay_s) == (10, 120.0)
     default = Source.from_options({**streaming, "minOffsetsPerTrigger": "10"}, streaming=True)
     assert default.max_trigger_delay_s == 15 * 60  # Kafka's source waits as long
+
+
+def test_every_trigger_option_shapes_a_micro_batch_unless_spark_asks_for_everything():
+    """What ``latestOffset`` lets through (no node: nothing here asks one)."""
+    from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMinRows
+
+    options = {"endpoint": "tcp://127.0.0.1:1", "stream": "events"}
+    options |= {"minOffsetsPerTrigger": "100", "maxRecordsPerTrigger": "50"}
+    reader = WarrenStreamReader(Source.from_options(options, streaming=True))
+    limit = reader.getDefaultReadLimit()
+    assert isinstance(limit, ReadMinRows)  # not ReadAllAvailable: a once trigger shows
+    assert reader._shaped(0, 30, limit) == 30  # the first after a start is never held
+    assert reader._shaped(30, 60, limit) == 30  # then under the minimum: held back
+    assert reader._shaped(30, 10_000, limit) == 80  # a backlog: the maximum, not held
+    assert reader._shaped(80, 90, ReadAllAvailable()) == 90  # trigger(once=True): all
 
 
 def test_bad_options_and_targets_fail_with_what_is_wrong(spark, node):
