@@ -78,8 +78,9 @@ setup(
         ],
         # Spark executors as producers and readers (warren.queues.client.spark and
         # spark_read): Spark 4's Python data sources, which trade Arrow batches; numpy
-        # encodes and finds a batch's bodies.
-        "spark": ["pyspark>=4.0,<5", "pyarrow>=15", "pandas>=2.2,<3", "numpy>=1.26"],
+        # encodes and finds a batch's bodies. With Spark Connect's client (its gRPC), so
+        # that a pyspark.sql.connect session uses the data source too.
+        "spark": ["pyspark[connect]>=4.0,<5", "pyarrow>=15", "pandas>=2.2,<3", "numpy>=1.26"],
         # The chaos report's plot.
         "plot": ["matplotlib>=3.7,<4"],
         # bench amqp's asyncio client (pika, its other client, is in the test extra).
