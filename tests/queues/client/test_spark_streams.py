@@ -257,6 +257,50 @@ def test_a_streaming_query_restarted_from_its_checkpoint_reads_each_offset_once(
     assert connection.query_offset("events", "counts") is not None  # commit stores progress
 
 
+def test_a_progress_listener_computes_the_lag_docs_spark_shows(spark, node, tmp_path):
+    """docs/spark.md's recipe: latestOffset minus endOffset, from each query progress."""
+    from pyspark.sql.streaming import StreamingQueryListener
+
+    lags: list[tuple[str, int]] = []  # (query id, lag): other tests' queries' events may come
+
+    class WarrenLag(StreamingQueryListener):
+        def onQueryProgress(self, event):
+            for source in event.progress.sources:
+                latest, end = source.latestOffset, source.endOffset
+                if latest and end and '"identity"' in latest:
+                    lag = json.loads(latest)["offset"] - json.loads(end)["offset"]
+                    lags.append((str(event.progress.id), lag))
+
+        def onQueryStarted(self, event): ...
+
+        def onQueryIdle(self, event): ...
+
+        def onQueryTerminated(self, event): ...
+
+    node.connect().declare_queue("events", type="stream")
+    publish(node, "events", 3000)
+    listener = WarrenLag()
+    spark.streams.addListener(listener)
+    try:
+        query = stream_query(
+            spark,
+            node,
+            tmp_path / "checkpoint",
+            [],
+            startingOffsets="first",
+            maxRecordsPerTrigger=1000,
+        )
+        assert query.exception() is None
+
+        def ours() -> list[int]:
+            return [lag for query_id, lag in lags if query_id == str(query.id)]
+
+        wait_for(lambda: 0 in ours(), timeout=60)  # progress reaches listeners after the end
+    finally:
+        spark.streams.removeListener(listener)
+    assert ours()[:3] == [2000, 1000, 0]
+
+
 def test_a_stream_deleted_and_declared_again_fails_the_query_that_read_it(spark, node, tmp_path):
     connection = node.connect()
     connection.declare_queue("events", type="stream")
