@@ -74,6 +74,7 @@ READ_OPTIONS = (
     "endingOffsets",
     "failOnDataLoss",
     "partitionBytes",
+    "minPartitions",
     "maxRecordsPerTrigger",
     "maxBytesPerTrigger",
     "minOffsetsPerTrigger",

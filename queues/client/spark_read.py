@@ -23,7 +23,8 @@ read is planned; an offset, excluded; or ``timestamp:<ms>``), ``failOnDataLoss``
 offsets retention deleted before they were read fail the query naming them; false: they
 are skipped with a warning), ``partitionBytes`` (32 MiB: the size of one task's offset
 range; each task costs Spark tens of milliseconds of its own, so fewer, larger ranges
-read faster), and, streaming, ``maxRecordsPerTrigger``, ``maxBytesPerTrigger``,
+read faster) with ``minPartitions`` (a hint: smaller ranges until there are that many),
+and, streaming, ``maxRecordsPerTrigger``, ``maxBytesPerTrigger``,
 ``minOffsetsPerTrigger`` with ``maxTriggerDelay`` (``WarrenStreamReader._shaped``) and
 ``consumerName`` (the name the query's progress is stored under on the node, so
 ``warren streams`` shows its lag: "spark" unless given). Any other option is refused,
@@ -158,6 +159,7 @@ class Source:
     # startingOffsetsByTimestampStrategy: "error" or "latest" where a start was given by
     # startingOffsetsByTimestamp, None otherwise
     timestamp_strategy: str | None = None
+    min_partitions: int | None = None  # a hint over partition_bytes (Kafka's minPartitions)
 
     @classmethod
     def from_options(cls, options: Any, streaming: bool) -> Source:
@@ -218,6 +220,9 @@ class Source:
             None if min_offsets is None else _positive_int(min_offsets, "minOffsetsPerTrigger"),
             delay_s,
             strategy,
+            None
+            if options.get("minPartitions") is None
+            else _positive_int(options["minPartitions"], "minPartitions"),
         )
 
 
@@ -397,7 +402,19 @@ def _plan(
             return []
         answer = session.ask(StreamPlan(lost_to, end, source.partition_bytes), where)
     _check_identity(source, identity, answer["identity"], where)
-    return [OffsetRange(low, high, identity) for low, high in answer["ranges"]]
+    ranges = answer["ranges"]
+    target = source.partition_bytes
+    # minPartitions: smaller ranges until there are enough (a hint, as Kafka's: chunks are
+    # not cut, so a few large ones may leave fewer)
+    while source.min_partitions is not None and len(ranges) < source.min_partitions:
+        if target <= 1:  # a range a chunk already
+            break
+        target //= 2  # at most some 30 asks, each a read of the index files alone
+        try:
+            ranges = session.ask(StreamPlan(ranges[0][0], end, target), where)["ranges"]
+        except OffsetOutOfRange:  # retention moved meanwhile: the ranges found stand
+            break
+    return [OffsetRange(low, high, identity) for low, high in ranges]
 
 
 def _data_lost(source: Source, start: int, end: int, why: str) -> None:

@@ -143,6 +143,18 @@ def test_starting_offsets_by_timestamp_reads_from_the_first_chunk_at_or_after_it
         load(spark, node, startingOffsets="first", startingOffsetsByTimestamp=future).count()
 
 
+def test_min_partitions_cuts_a_small_stream_into_at_least_that_many_tasks(spark, node):
+    connection = node.connect()
+    connection.declare_queue("events", type="stream")
+    publish(node, "events", 8000)  # 8 chunks of 1,000 records: far under partitionBytes
+    assert load(spark, node).rdd.getNumPartitions() == 1
+    frame = load(spark, node, minPartitions=4)
+    assert frame.rdd.getNumPartitions() >= 4
+    assert [o for o, _ in offsets_and_bodies(frame)] == list(range(8000))
+    # a hint: chunks are never cut, so asking for more tasks than chunks gives a chunk each
+    assert load(spark, node, minPartitions=100).rdd.getNumPartitions() == 8
+
+
 def test_a_flipped_bit_in_a_chunk_fails_the_read_naming_the_chunk(spark, node, tmp_path):
     connection = node.connect()
     connection.declare_queue("events", type="stream")
