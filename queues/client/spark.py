@@ -10,16 +10,17 @@ Needs ``pip install warren-mq[spark]`` (pyspark and pyarrow) on the driver and t
 executors, and a node listening there (``warren node --listen ...``).
 
 Columns: ``body`` (binary or string, never null) and, optionally, ``routing_key``
-(string; with an exchange, each row's own), ``headers`` (a map of string to string) and
-``message_id`` (string). Any other column is refused before anything is sent (select the
-columns first), or left out with option ``ignoreUnknownColumns``. Options: ``endpoint``
-(required), ``queue``, ``stream`` or ``exchange`` (exactly one; a stream takes each Arrow
-batch as one chunk), ``routing_key`` (for an exchange, rows without their own),
-``key_file`` (a CURVE key from ``warren keys``: a path on every executor, or a file
-shipped with ``addFile``) or ``key`` (its content, base64), ``persistent`` (true),
-``mandatory`` (true: a row the exchange routes to no queue fails the job; false: it is
-dropped), ``producer`` (a name for the job: see below), ``timeout_s`` (120: how long a
-task retries a node that is down before it fails the job).
+(string; with an exchange, each row's own), ``headers`` (a map of string to string,
+binary, number or boolean) and ``message_id`` (string). Any other column is refused
+before anything is sent (select the columns first), or left out with option
+``ignoreUnknownColumns``. Options: ``endpoint`` (required), ``queue``, ``stream`` or
+``exchange`` (exactly one; a stream takes each Arrow batch as one chunk),
+``routing_key`` (for an exchange, rows without their own), ``key_file`` (a CURVE key
+from ``warren keys``: a path on every executor, or a file shipped with ``addFile``) or
+``key`` (its content, base64), ``persistent`` (true), ``mandatory`` (true: a row the
+exchange routes to no queue fails the job; false: it is dropped), ``producer`` (a name
+for the job: see below), ``timeout_s`` (120: how long a task retries a node that is
+down before it fails the job).
 
 Exactly once, per row. Each task is a producer, ``<job>/<partition>``, and a row's
 sequence is its index in the partition, so a retried task, a speculative copy, or a

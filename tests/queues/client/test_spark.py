@@ -81,6 +81,20 @@ def test_a_write_of_n_rows_gives_exactly_n_messages_with_their_properties(spark,
     assert node.connect().get("eu") is None
 
 
+def test_binary_and_typed_header_values_arrive_as_their_types(spark, node):
+    node.declare_queue("orders")
+    frame = spark.createDataFrame(
+        [(b"a", {"raw": b"\x00\xff"}, {"n": 7}, {"ok": True})],
+        "body binary, raw map<string,binary>, counts map<string,bigint>, flags map<string,boolean>",
+    )
+    for column in ("raw", "counts", "flags"):
+        headers = frame.selectExpr("body", f"{column} as headers")
+        write(headers, node.listen_endpoint, queue="orders")
+    connection = node.connect()
+    headers = [connection.get("orders").headers for _ in range(3)]
+    assert headers == [{"raw": b"\x00\xff"}, {"n": 7}, {"ok": True}]
+
+
 def test_bodies_encoded_a_batch_at_a_time_are_the_bytes_of_encoding_each_alone():
     import pyarrow as pa
 
