@@ -45,6 +45,16 @@ def group_alive(group: int) -> bool:
     return True
 
 
+def descendant_titled(title: str) -> psutil.Process | None:
+    """This process's descendant whose title is ``title``, if one lives (a zombie left by
+    an earlier test, or a process gone as they are listed, reads no title: skipped)."""
+    for process in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if process.cmdline()[:1] == [title]:
+                return process
+    return None
+
+
 def spare_children(forkserver_pid: int) -> list[psutil.Process]:
     """The children of forkserver ``forkserver_pid`` that wait for an order, forked ahead
     of the next spawn (a child that exits, or becomes an actor, as they are listed is not

@@ -23,7 +23,7 @@ import pytest
 from warren.queues.amqp import frames
 from warren.supervisor import AlarmLimits, Node
 
-from ...waiting import wait_for
+from ...waiting import descendant_titled, wait_for
 
 
 @pytest.fixture
@@ -622,13 +622,10 @@ def test_the_exclusive_queues_of_a_killed_port_are_deleted_when_it_comes_back(no
 
 def _port_pid() -> int:
     """The pid of the node's AMQP port (one killed and not reaped yet is skipped)."""
-    for process in psutil.Process().children(recursive=True):
-        try:
-            if process.cmdline()[:1] == ["warren: amqp"]:
-                return process.pid
-        except psutil.Error:
-            continue  # gone, or a zombie: its cmdline no longer reads
-    raise LookupError("the node runs no AMQP port")
+    port = descendant_titled("warren: amqp")
+    if port is None:
+        raise LookupError("the node runs no AMQP port")
+    return port.pid
 
 
 def test_a_killed_port_comes_back_on_its_port_and_the_messages_are_there(node):
@@ -798,11 +795,8 @@ def test_a_publish_to_a_restarting_queue_is_nacked_never_acked_and_lost(node):
     killed = 0
     for n in range(3000):
         if n in (800, 1600):
-            queue = next(
-                p
-                for p in psutil.Process().children(recursive=True)
-                if p.cmdline()[:1] == ["warren: queue restarting"]
-            )
+            queue = descendant_titled("warren: queue restarting")
+            assert queue is not None
             queue.kill()
             killed += 1
         try:
@@ -977,11 +971,8 @@ def test_a_pipelining_publisher_hears_of_every_publish_when_its_queue_is_killed(
             frames.content_frames(1, b"\x10\x00\x02", b"x" * 100, 131072)
         )
         sock.sendall(one * (publishes // 2))
-        queue = next(
-            p
-            for p in psutil.Process().children(recursive=True)
-            if p.cmdline()[:1] == ["warren: queue rq"]
-        )
+        queue = descendant_titled("warren: queue rq")
+        assert queue is not None
         queue.kill()
         sock.sendall(one * (publishes // 2))
         settled: dict[int, bool] = {}
