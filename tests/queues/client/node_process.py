@@ -151,6 +151,7 @@ class Traffic:
         self.failures: list[str] = []
         self.recoveries = {"producer": 0, "consumer": 0}
         self._produced_all = threading.Event()
+        self._producer_done = threading.Event()  # its last batch confirmed (or it failed)
         self._threads = [
             threading.Thread(target=self._produce, name=f"producer of {queue}"),
             threading.Thread(target=self._consume, name=f"consumer of {queue}"),
@@ -177,6 +178,8 @@ class Traffic:
                     start += self.BATCH
         except BaseException:
             self.failures.append(traceback.format_exc())
+        finally:
+            self._producer_done.set()
 
     def _consume(self) -> None:
         try:
@@ -185,8 +188,8 @@ class Traffic:
             ) as consumer:
                 deliveries = consumer.consume(self.queue, prefetch=50)
                 bodies: set[bytes] = set()
-                while not (
-                    self._produced_all.is_set()
+                while not (  # the producer's batch in flight at the stop counts too
+                    self._producer_done.is_set()
                     and len(bodies) >= len(self.confirmed)
                     and bodies.issuperset(self.confirmed)
                 ):
@@ -214,7 +217,9 @@ class Traffic:
             thread.join(timeout=300)
         assert not self.failures, self.failures[0]
         assert not any(thread.is_alive() for thread in self._threads)
-        assert {body for body, _ in self.consumed} == set(self.confirmed)
+        consumed = {body for body, _ in self.consumed}
+        missing, unconfirmed = set(self.confirmed) - consumed, consumed - set(self.confirmed)
+        assert not missing and not unconfirmed, (sorted(missing)[:10], sorted(unconfirmed)[:10])
         seen: set[bytes] = set()
         for body, redelivered in self.consumed:
             assert body not in seen or redelivered, f"{body!r} delivered twice, not flagged"
