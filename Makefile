@@ -13,9 +13,9 @@ $(PY):
 
 # pip runs quietly (pyspark alone is a large download): one line says what is happening.
 $(INSTALLED): $(PY) setup.py
-	@echo "make: installing Warren with its test, spark, plot and bench extras into $(VENV)" \
+	@echo "make: installing Warren with its test, spark, plot, bench and cluster extras into $(VENV)" \
 		"(a few minutes on a fresh machine; quiet until done)"
-	@$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test,spark,plot,bench]'
+	@$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test,spark,plot,bench,cluster]'
 	@touch $(INSTALLED)
 	@echo "make: installed; $(VENV)/bin/warren is the command line"
 

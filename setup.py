@@ -81,6 +81,9 @@ setup(
         # encodes and finds a batch's bodies. With Spark Connect's client (its gRPC), so
         # that a pyspark.sql.connect session uses the data source too.
         "spark": ["pyspark[connect]>=4.0,<5", "pyarrow>=15", "pandas>=2.2,<3", "numpy>=1.26"],
+        # A node in a cluster (warren.supervisor.cluster): etcd's HTTP gateway client,
+        # no gRPC.
+        "cluster": ["etcd3gw>=2.7,<3"],
         # The chaos report's plot.
         "plot": ["matplotlib>=3.7,<4"],
         # bench amqp's asyncio client (pika, its other client, is in the test extra).

@@ -4,7 +4,17 @@ from __future__ import annotations
 
 from warren.actors.errors import InvalidSpec, WarrenError
 
-__all__ = ["FaultMissed", "InvalidSpec", "NodeLocked", "SupervisorError", "UsageError"]
+__all__ = [
+    "ClusterError",
+    "ClusterMismatch",
+    "EtcdUnavailable",
+    "FaultMissed",
+    "InvalidSpec",
+    "NodeLocked",
+    "StaleLeadership",
+    "SupervisorError",
+    "UsageError",
+]
 
 
 class SupervisorError(WarrenError):
@@ -27,3 +37,21 @@ class UsageError(SupervisorError, ValueError):
 
 class FaultMissed(SupervisorError, RuntimeError):
     """A chaos fault could not land: its target was gone, or the node never came back."""
+
+
+class ClusterError(SupervisorError):
+    """Base of the errors of a node in a cluster (``warren.supervisor.cluster``)."""
+
+
+class EtcdUnavailable(ClusterError):
+    """No member of the cluster's etcd answered; the message names each one's error."""
+
+
+class StaleLeadership(ClusterError):
+    """A leader's fenced write found another epoch in etcd: it leads no more, and wrote
+    nothing."""
+
+
+class ClusterMismatch(ClusterError):
+    """A node that may not join as it was asked: its data directory belongs to another
+    cluster, or another node of the cluster already has its name."""

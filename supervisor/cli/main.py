@@ -46,6 +46,12 @@ from options, the options winning::
     certfile = "/etc/warren/amqp.pem"    # TLS: a non-loopback address needs it, or
     keyfile = "/etc/warren/amqp.key"     # insecure (passwords would cross in clear)
 
+    [cluster]
+    name = "orders"                # join this cluster (docs/cluster.md); with etcd and peer
+    etcd = "http://10.0.0.1:2379,http://10.0.0.2:2379,http://10.0.0.3:2379"
+    peer = "tcp://10.0.0.1:5680"   # where the cluster's other nodes reach this one
+    lease_ttl_s = 10               # a leader unheard of this long is replaced
+
     [alarms]
     memory_high_watermark = 0.4    # a fraction of RAM (or of the cgroup's limit)
     memory_limit = "2GiB"          # instead of the fraction
@@ -76,6 +82,7 @@ from ..errors import UsageError
 from ..tables import Column, counted, format_table, strict_json
 from ..version import __version__
 from .access import permission_denied, refuse_unreachable_node, usable_data_directory
+from .cluster import add_cluster_commands, add_cluster_options, cluster_settings
 from .queues import add_queue_commands
 from .sizes import parse_size
 from .users import add_user_commands
@@ -129,6 +136,12 @@ _CONFIG_KEYS = {
         "certfile": "amqp_certfile",
         "keyfile": "amqp_keyfile",
         "insecure": "insecure",
+    },
+    "cluster": {
+        "name": "cluster",
+        "etcd": "etcd",
+        "peer": "peer",
+        "lease_ttl_s": "cluster_ttl_s",
     },
     "alarms": {
         "memory_high_watermark": "memory_high_watermark",
@@ -278,6 +291,7 @@ def node_settings(args: argparse.Namespace) -> dict[str, Any]:
             )
         except ValueError as exc:  # InvalidSpec too
             raise UsageError(str(exc)) from None
+    settings.update(cluster_settings(options))
     limits: dict[str, Any] = {}
     if "memory_high_watermark" in options:
         limits["memory_high_watermark"] = options["memory_high_watermark"]
@@ -342,7 +356,7 @@ def application_children(target: Any, data_dir: str) -> tuple:
 def _node(args: argparse.Namespace) -> int:
     import signal
 
-    from ..errors import NodeLocked
+    from ..errors import ClusterMismatch, NodeLocked
     from ..node.node import STOP_SIGNALS, Node
 
     settings = node_settings(args)
@@ -355,7 +369,7 @@ def _node(args: argparse.Namespace) -> int:
     data_dir = settings.pop("data_dir")
     try:
         node = Node(data_dir, **settings)
-    except NodeLocked as exc:
+    except (NodeLocked, ClusterMismatch) as exc:
         print(f"warren: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except PermissionError:  # a directory it may list but not write, or a file in it
@@ -479,6 +493,14 @@ def listening(status: dict) -> list[str]:
         open_now = "" if connected is None else f": {counted(connected, 'connection')} open"
         lines.append(
             f"amqp: {status['amqp_endpoint']}{over} (AMQP 0-9-1 clients: pika, kombu ...){open_now}"
+        )
+    cluster = status.get("cluster")
+    if cluster:
+        leader = cluster["leader"] or "no leader"
+        lines.append(
+            f"cluster {cluster['cluster']}: this node is {cluster['role']}; leader {leader}, "
+            f"epoch {cluster['epoch'] if cluster['epoch'] is not None else '-'} "
+            "(warren cluster status)"
         )
     http = status.get("http_endpoint")
     if http:
@@ -836,6 +858,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="how often the alarms are checked (default 1)",
     )
+    add_cluster_options(node)
     node.set_defaults(handler=_node)
     status = commands.add_parser("status", help="the tree of the node running on a data dir")
     status.add_argument("--data-dir", required=True)
@@ -926,6 +949,7 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.set_defaults(handler=_store_inspect)
     add_queue_commands(commands)
     add_user_commands(commands)
+    add_cluster_commands(commands)
     return parser
 
 

@@ -93,7 +93,7 @@ import shutil
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import zmq
@@ -146,6 +146,14 @@ from warren.store.gc_actor import GCActor
 from warren.store.protocol import StoreStats
 from warren.store.store_actor import MessageStoreActor
 
+from ..cluster.coordinator import (
+    COORDINATOR_NAME,
+    CoordinatorStats,
+    coordinator_spec,
+    reachable,
+)
+from ..cluster.election import LEASE_TTL_S
+from ..cluster.settings import ClusterSettings
 from ..errors import InvalidSpec, NodeLocked, NotANodeDirectory, SupervisorError
 from ..specs import (
     HEARTBEAT_INTERVAL_S,
@@ -243,6 +251,10 @@ class Node:
         amqp: str | None = None,
         amqp_certfile: str | None = None,
         amqp_keyfile: str | None = None,
+        cluster: str | None = None,
+        etcd: str | Sequence[str] | None = None,
+        peer: str | None = None,
+        cluster_ttl_s: int = LEASE_TTL_S,
     ) -> None:
         starting_at = time.monotonic()
         self.started_at = time.time()  # when the node began to start, in epoch seconds
@@ -269,6 +281,15 @@ class Node:
                 amqp_address = check_amqp_address(amqp, tls=amqp_tls, insecure=insecure)
             except ValueError as exc:
                 raise InvalidSpec("amqp", amqp, str(exc)) from None
+        cluster_settings = None
+        if cluster is not None:
+            try:
+                cluster_settings = ClusterSettings.checked(cluster, etcd, peer, cluster_ttl_s)
+            except ValueError as exc:
+                raise InvalidSpec("cluster", cluster, str(exc)) from None
+            reachable(cluster_settings)  # EtcdUnavailable: one line, nothing written
+        elif etcd is not None or peer is not None:
+            raise InvalidSpec("cluster", cluster, "etcd and peer go with a cluster's name")
         check_seconds("heartbeat_timeout_s", heartbeat_timeout_s, at_least=2)  # beats: 1 s
         self._heartbeat_timeout_s = float(heartbeat_timeout_s)
         self._heartbeat_interval_s = max(
@@ -289,6 +310,13 @@ class Node:
         except BlockingIOError:
             os.close(self._lock_fd)
             raise NodeLocked(f"a node already runs on {self.data_dir}") from None
+        coordinator: tuple[ChildSpec, ...] = ()
+        if cluster_settings is not None:
+            try:
+                coordinator = (coordinator_spec(cluster_settings, self.data_dir, name),)
+            except BaseException:
+                os.close(self._lock_fd)
+                raise
         self._remove_leftovers()
         self._definitions = Definitions(self.data_dir)
         self._definitions.finish_deletes()  # before the store counts the queues' references
@@ -422,6 +450,7 @@ class Node:
                     SupervisorSpec("app_sup", SUB_FLAGS, children=tuple(children)),
                     *listener,
                     *amqp_port,
+                    *coordinator,
                 ),
             )
             self.root = Supervisor(self.actors, spec, on_failure=self._root_failed).start()
@@ -809,6 +838,17 @@ class Node:
         except ActorError:
             return None
 
+    def cluster_status(self) -> dict[str, Any] | None:
+        """The node's view of its cluster (``CoordinatorStats``); None outside a cluster
+        or while its coordinator does not answer."""
+        ref = self._actor_node.whereis(COORDINATOR_NAME)
+        if ref is None:
+            return None
+        try:
+            return ref.ask(CoordinatorStats(), timeout=STATS_TIMEOUT_S)
+        except ActorError:
+            return None
+
     @property
     def state(self) -> str:
         """``starting`` (the tree is being built), ``running``, or ``failed`` (the root
@@ -859,6 +899,7 @@ class Node:
             "tree": self.root.status() if self.root else None,
             "stores": self.store_stats() if self.root else {},
             "amqp_connections": self._amqp_connections(),
+            "cluster": self.cluster_status(),
             "queues": (
                 {name: self.queue_state(name) for name in self.list_queues()} if self.root else {}
             ),

@@ -1,0 +1,230 @@
+"""The coordinator: the process of a node in a cluster (``warren: coordinator``) that
+keeps the node's etcd lease, campaigns for the leader key and follows who leads.
+
+Its work runs on a thread of its own (a ``GatewayActor``'s), a step every ``STEP_S``:
+join (a new lease, the node registered under it) when it has no lease; renew the lease
+every third of its TTL; read the cluster's view (leader, epoch, ISR, live nodes); campaign
+when no node leads. The actor's own loop answers ``CoordinatorStats`` from what the last
+steps saw, so a status never waits on etcd; the members' health is read every
+``HEALTH_EVERY_S``.
+
+Roles, as the status says them:
+- ``leader``: this node holds the leader key and its lease is known alive;
+- ``follower``: another node leads;
+- ``candidate``: no node leads, and this one may (it is in the ISR, or there is none yet);
+- ``out of the ISR``: no node leads, and this one may not (it lacks data the ISR has):
+  it waits for an ISR member to come back, as Kafka without unclean elections does;
+- ``cut off``: the lease is not known alive (etcd unreachable, or the lease lost): such a
+  node leads nothing, even if it led a moment ago (see ``Election.leading``).
+
+Races it guards against:
+- etcd unreachable: every step's error is kept for the status and the step is tried again
+  at the next turn; the lease's own deadline, not the error, ends a leadership.
+- A stop while a request hangs on a dead member: the thread is told to stop, each request
+  is bounded by ``REQUEST_TIMEOUT_S`` a member, and the gateway's join bounds the wait;
+  a clean stop revokes the lease at the thread's last step (the leader key goes at once, so
+  the cluster elects without waiting out a TTL); a kill leaves it to expire.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from warren.actors import UnhandledMessage, message
+from warren.queues.broker.gateway_actor import GatewayActor
+
+from ..errors import ClusterError
+from ..specs import ChildSpec
+from .election import ClusterView, Election, kept_node_id, new_node_id
+from .etcd import Etcd
+from .settings import ClusterSettings
+
+__all__ = [
+    "COORDINATOR_NAME",
+    "CoordinatorActor",
+    "CoordinatorStats",
+    "coordinator_spec",
+    "reachable",
+]
+
+log = logging.getLogger("warren.cluster")
+
+COORDINATOR_NAME = "coordinator"
+STEP_S = 0.5  # how often the thread looks at etcd (a view, and a campaign if no one leads)
+HEALTH_EVERY_S = 5.0  # how often each etcd member's health is read for the status
+
+
+@message
+@dataclass(frozen=True)
+class CoordinatorStats:
+    """ask → the node's view of its cluster: {"cluster", "node", "peer", "role", "epoch",
+    "leader", "leader_peer", "isr", "isr_epoch", "nodes", "lease_ttl_s", "etcd",
+    "last_error", "refused", "elections_won", "revision"}."""
+
+
+def reachable(settings: ClusterSettings) -> None:
+    """``EtcdUnavailable`` unless a member of the cluster's etcd answers."""
+    etcd = Etcd(settings.endpoints)
+    try:
+        etcd.post("maintenance/status", {})
+    finally:
+        etcd.close()
+
+
+def coordinator_spec(settings: ClusterSettings, data_dir: str, node: str) -> ChildSpec:
+    """The coordinator's child spec for the node ``node`` on ``data_dir`` (whose lock the
+    caller holds); ``ClusterMismatch`` when the directory is another cluster's or a live
+    node of the cluster has this name, with nothing written."""
+    node_id = kept_node_id(data_dir, settings.cluster)
+    etcd = Etcd(settings.endpoints)
+    try:
+        Election(etcd, settings.cluster, node, node_id or "", settings.peer).check_name_free()
+    finally:
+        etcd.close()
+    if node_id is None:
+        node_id = new_node_id(data_dir, settings.cluster)
+    arguments = (settings.cluster, node, node_id, settings.peer, settings.endpoints)
+    return ChildSpec(COORDINATOR_NAME, CoordinatorActor, (*arguments, settings.ttl_s))
+
+
+def _eligible(view: ClusterView, election: Election) -> bool:
+    """Whether the node may campaign: it is in the ISR, or the cluster has none yet."""
+    return not view.isr or election.node in view.isr
+
+
+class CoordinatorActor(GatewayActor):
+    """The coordinator's process; see the module docstring."""
+
+    figures_from_loop = False
+
+    def __init__(
+        self,
+        cluster: str,
+        node: str,
+        node_id: str,
+        peer: str,
+        endpoints: tuple[str, ...],
+        ttl_s: int,
+    ) -> None:
+        self._settings = (cluster, node, node_id, peer, endpoints, ttl_s)
+        self._coordination: _Coordination | None = None
+
+    def on_start(self) -> None:
+        cluster, node, node_id, peer, endpoints, ttl_s = self._settings
+        election = Election(Etcd(endpoints), cluster, node, node_id, peer, ttl_s=ttl_s)
+        self._coordination = _Coordination(election)
+        self.start_gateway(self._coordination, "warren-coordinator")
+
+    def on_receive(self, message: Any) -> Any:
+        if isinstance(message, CoordinatorStats):
+            assert self._coordination is not None, "on_start sets it"
+            return self._coordination.status()
+        raise UnhandledMessage(f"the coordinator does not handle {type(message).__name__}")
+
+
+class _Coordination:
+    """The coordinator thread's state; the election is used by that thread alone, and the
+    status by the actor's loop under ``_lock``."""
+
+    def __init__(self, election: Election) -> None:
+        self.election = election
+        self.stopping = threading.Event()
+        self._lock = threading.Lock()
+        self._view: ClusterView | None = None
+        self._role = "cut off"
+        self._last_error: str | None = None
+        self._health: list[dict[str, Any]] = []
+        self._health_at = 0.0
+        self._renewed_at = 0.0
+        self._elections_won = 0
+
+    def run(self) -> None:
+        while not self.stopping.is_set():
+            self._step()
+            self.stopping.wait(STEP_S)
+        try:
+            self.election.leave()
+        except ClusterError as exc:  # the lease then expires on its own
+            log.warning("coordinator: the lease was not revoked at the stop: %s", exc)
+
+    def _step(self) -> None:
+        election = self.election
+        error = None
+        view: ClusterView | None
+        try:
+            if election.lease is None:
+                election.join()
+                self._renewed_at = time.monotonic()
+            elif time.monotonic() - self._renewed_at >= election.ttl_s / 3:
+                if election.keepalive():
+                    self._renewed_at = time.monotonic()
+                else:
+                    log.warning("coordinator: the node's etcd lease expired; joining again")
+            view = election.observe()
+            if view.leader is None and election.lease_alive() and _eligible(view, election):
+                if election.campaign():
+                    self._elections_won += 1
+                    log.info(
+                        "coordinator: %s leads cluster %s at epoch %s",
+                        election.node,
+                        election.cluster,
+                        election.epoch,
+                    )
+                    view = election.observe()
+                elif election.refused:
+                    log.warning("coordinator: %s", election.refused)
+        except ClusterError as exc:
+            error, view = str(exc), self._view
+        except (ValueError, KeyError, TypeError) as exc:  # an answer not shaped as etcd's
+            error, view = f"etcd answered what it should not: {exc!r}", self._view
+        health = None
+        if time.monotonic() - self._health_at >= HEALTH_EVERY_S:
+            health = election.etcd.health()
+            self._health_at = time.monotonic()
+        with self._lock:
+            self._view, self._last_error = view, error
+            self._role = self._role_now(view)
+            if health is not None:
+                self._health = health
+
+    def _role_now(self, view: ClusterView | None) -> str:
+        if self.election.leading():
+            return "leader"
+        if not self.election.lease_alive() or view is None:
+            return "cut off"
+        if view.leader is not None:
+            return "follower"
+        return "candidate" if _eligible(view, self.election) else "out of the ISR"
+
+    def status(self) -> dict[str, Any]:
+        election = self.election
+        with self._lock:
+            view = self._view
+            return {
+                "cluster": election.cluster,
+                "node": election.node,
+                "peer": election.peer,
+                "role": self._role,
+                "epoch": view.epoch if view else None,
+                "leader": view.leader if view else None,
+                "leader_peer": view.leader_peer if view else None,
+                "isr": list(view.isr) if view else [],
+                "isr_epoch": view.isr_epoch if view else None,
+                "nodes": dict(view.nodes) if view else {},
+                "revision": view.revision if view else None,
+                "lease_ttl_s": election.ttl_s,
+                "etcd": [dict(member) for member in self._health],
+                "last_error": self._last_error,
+                "refused": election.refused,
+                "elections_won": self._elections_won,
+            }
+
+    def stop(self) -> None:
+        self.stopping.set()
+
+    def close(self) -> None:
+        self.election.etcd.close()

@@ -1,0 +1,58 @@
+"""What a node needs to join a cluster (``Node(cluster=, etcd=, peer=)``, ``warren node
+--cluster --etcd --peer``, ``[cluster]`` in the config), checked before anything starts
+or is written: a bad value is one ``ValueError`` naming it."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .election import LEASE_TTL_S
+from .etcd import parse_endpoints
+
+__all__ = ["ClusterSettings"]
+
+CLUSTER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+SHORTEST_TTL_S = 2  # etcd's own minimum lease is about its election timeout (1 s here)
+
+
+@dataclass(frozen=True)
+class ClusterSettings:
+    cluster: str
+    endpoints: tuple[str, ...]
+    peer: str
+    ttl_s: int = LEASE_TTL_S
+
+    @classmethod
+    def checked(
+        cls, cluster: str, etcd: str | Sequence[str] | None, peer: str | None, ttl_s: int
+    ) -> ClusterSettings:
+        if not isinstance(cluster, str) or not CLUSTER_NAME.fullmatch(cluster):
+            raise ValueError(
+                f"cluster={cluster!r}: a cluster's name is 1-64 letters, digits, '.', '_' "
+                "or '-', starting with a letter or digit"
+            )
+        if etcd is None:
+            raise ValueError("a node in a cluster needs etcd: --etcd http://HOST:2379[,…]")
+        if not isinstance(etcd, str) and not (
+            isinstance(etcd, Sequence) and all(isinstance(url, str) for url in etcd)
+        ):
+            raise ValueError(f"etcd={etcd!r}: name etcd's members as http://HOST:PORT URLs")
+        text = etcd if isinstance(etcd, str) else ",".join(etcd)
+        endpoints = parse_endpoints(text)
+        if peer is None:
+            raise ValueError(
+                "a node in a cluster needs the address its peers reach it at: "
+                "--peer tcp://HOST:PORT"
+            )
+        if not isinstance(peer, str):
+            raise ValueError(f"peer={peer!r}: expected tcp://HOST:PORT")
+        host, _, port = peer.removeprefix("tcp://").rpartition(":")
+        if not peer.startswith("tcp://") or not host or not port.isdigit():
+            raise ValueError(f"peer={peer!r}: expected tcp://HOST:PORT")
+        if not 0 < int(port) < 65536:
+            raise ValueError(f"peer={peer!r}: a port is 1-65535")
+        if isinstance(ttl_s, bool) or not isinstance(ttl_s, int) or ttl_s < SHORTEST_TTL_S:
+            raise ValueError(f"cluster_ttl_s={ttl_s!r}: a whole number of seconds, at least 2")
+        return cls(cluster, endpoints, peer, ttl_s)

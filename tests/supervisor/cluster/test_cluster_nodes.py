@@ -1,0 +1,235 @@
+"""Three ``warren node --cluster`` processes on one etcd: they agree on one leader and
+its epoch, `warren cluster status` and `warren status` say so, a killed leader that
+restarts leads again at a new epoch without waiting out its lease, a stopped one gives
+its lease back, a paused one is replaced once its lease expired, and every bad start is
+one line with nothing written."""
+
+import json
+import os
+import signal
+import subprocess
+
+import pytest
+
+from ...queues.client.node_process import ROOT, WARREN, NodeProcess
+from ...waiting import descendant_titled, wait_for
+
+
+def cluster_status(node: NodeProcess) -> dict:
+    done = subprocess.run(
+        [*WARREN, "cluster", "status", "--data-dir", str(node.data_dir), "--json"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def start_nodes(etcd, tmp_path, cluster: str, count: int = 3, ttl_s: int = 10):
+    nodes = []
+    try:
+        for i in range(count):
+            nodes.append(
+                NodeProcess(
+                    tmp_path / f"n{i}",
+                    (
+                        "--name",
+                        f"n{i}",
+                        "--cluster",
+                        cluster,
+                        "--etcd",
+                        ",".join(etcd.endpoints),
+                        "--peer",
+                        f"tcp://127.0.0.1:{7100 + i}",
+                        "--cluster-ttl-s",
+                        str(ttl_s),
+                    ),
+                )
+            )
+    except BaseException:
+        for node in nodes:
+            node.stop()
+        raise
+    return nodes
+
+
+def agreed_leader(nodes: list[NodeProcess]) -> tuple[str, int] | None:
+    """The leader and epoch every node reports, once they agree and one leads."""
+    seen = {(s["leader"], s["epoch"]) for s in map(cluster_status, nodes)}
+    if len(seen) == 1:
+        leader, epoch = seen.pop()
+        if leader is not None:
+            return leader, epoch
+    return None
+
+
+def test_three_nodes_agree_on_a_leader_and_a_killed_leader_leads_again_under_a_new_epoch(
+    etcd, tmp_path
+):
+    nodes = start_nodes(etcd, tmp_path, "three")
+    try:
+        wait_for(lambda: agreed_leader(nodes), timeout=60)
+        leader, epoch = agreed_leader(nodes)
+        statuses = {s["node"]: s for s in map(cluster_status, nodes)}
+        assert {name: s["role"] for name, s in statuses.items()} == {
+            name: "leader" if name == leader else "follower" for name in statuses
+        }
+        for status in statuses.values():
+            assert status["isr"] == [leader] and status["isr_epoch"] == epoch
+            assert status["nodes"] == {f"n{i}": f"tcp://127.0.0.1:{7100 + i}" for i in range(3)}
+            assert [m["healthy"] for m in status["etcd"]] == [True, True, True]
+        shown = subprocess.run(
+            [*WARREN, "status", "--data-dir", str(nodes[0].data_dir)],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        ).stdout
+        assert f"cluster three: this node is {statuses['n0']['role']}; leader {leader}" in shown
+        # kill -9 of the leader's whole node, started again: its new lease releases the
+        # key its killed run left, and it leads again under a new epoch (it is the ISR).
+        killed = nodes[int(leader[-1])]
+        killed.restart()
+        wait_for(lambda: (agreed := agreed_leader(nodes)) and agreed[1] > epoch, timeout=60)
+        assert agreed_leader(nodes)[0] == leader
+        # A clean stop gives the lease back: the others see no leader at once, and none
+        # of them may lead (not in the ISR): they wait for it.
+        killed.stop_by(signal.SIGTERM, "node")
+        others = [node for node in nodes if node is not killed]
+        wait_for(lambda: all(cluster_status(n)["leader"] is None for n in others), timeout=60)
+        assert {cluster_status(n)["role"] for n in others} == {"out of the ISR"}
+    finally:
+        for node in nodes:
+            node.stop()
+
+
+def test_a_leader_paused_past_its_lease_is_replaced_and_leads_only_under_a_new_epoch(
+    etcd, tmp_path
+):
+    (node,) = start_nodes(etcd, tmp_path, "paused", count=1, ttl_s=2)
+    try:
+        wait_for(lambda: cluster_status(node)["role"] == "leader", timeout=60)
+        epoch = cluster_status(node)["epoch"]
+        coordinator = next(p for p in _family(node) if p.cmdline()[:1] == ["warren: coordinator"])
+        os.kill(coordinator.pid, signal.SIGSTOP)
+        try:
+            probe = _election_view(etcd, "paused")
+            wait_for(lambda: probe() is None, timeout=60)  # etcd expired its lease
+        finally:
+            os.kill(coordinator.pid, signal.SIGCONT)
+        wait_for(
+            lambda: (s := cluster_status(node))["role"] == "leader" and s["epoch"] > epoch,
+            timeout=60,
+        )
+    finally:
+        node.stop()
+
+
+def _family(node: NodeProcess):
+    import psutil
+
+    return psutil.Process(node.process.pid).children(recursive=True)
+
+
+def _election_view(etcd, cluster: str):
+    from warren.supervisor.cluster.election import Election
+    from warren.supervisor.cluster.etcd import Etcd
+
+    reader = Election(Etcd(etcd.endpoints), cluster, "reader", "reader", "tcp://127.0.0.1:1")
+    return lambda: reader.observe().leader
+
+
+def warren_node(tmp_path, *options: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [*WARREN, "node", *options],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_a_start_with_no_etcd_answering_is_one_line_and_writes_nothing(tmp_path):
+    data_dir = tmp_path / "node"
+    done = warren_node(
+        tmp_path,
+        "--data-dir",
+        str(data_dir),
+        "--cluster",
+        "c",
+        "--etcd",
+        "http://127.0.0.1:9",
+        "--peer",
+        "tcp://127.0.0.1:7001",
+    )
+    assert done.returncode == 4
+    assert done.stderr.strip().splitlines() == [
+        "warren: the node did not start: EtcdUnavailable: no etcd member answered "
+        "(http://127.0.0.1:9: connection refused)"
+    ]
+    assert not data_dir.exists()
+
+
+@pytest.mark.parametrize(
+    ("options", "said"),
+    [
+        (
+            ("--etcd", "http://127.0.0.1:2379"),
+            "--etcd, --peer and --cluster-ttl-s go with --cluster",
+        ),
+        (("--cluster", "c", "--peer", "tcp://127.0.0.1:1"), "needs etcd"),
+        (("--cluster", "c", "--etcd", "http://127.0.0.1:2379"), "needs the address its peers"),
+        (("--cluster", "c", "--etcd", "h:1", "--peer", "tcp://a:1"), "is not an etcd endpoint"),
+        (("--cluster", "c", "--etcd", "http://a:1", "--peer", "a:1"), "expected tcp://HOST:PORT"),
+        (("--cluster", "a/b", "--etcd", "http://a:1", "--peer", "tcp://a:1"), "a cluster's name"),
+    ],
+)
+def test_bad_cluster_options_are_one_line_and_exit_2(tmp_path, options, said):
+    done = warren_node(tmp_path, "--data-dir", str(tmp_path / "node"), *options)
+    assert done.returncode == 2, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and said in done.stderr
+    assert not (tmp_path / "node").exists()
+
+
+def test_another_clusters_data_and_a_name_in_use_are_refused_in_one_line(etcd, tmp_path):
+    (first,) = start_nodes(etcd, tmp_path, "owned", count=1)
+    try:
+        common = ("--etcd", ",".join(etcd.endpoints), "--peer", "tcp://127.0.0.1:7200")
+        taken = warren_node(
+            tmp_path,
+            "--data-dir",
+            str(tmp_path / "other"),
+            "--name",
+            "n0",
+            "--cluster",
+            "owned",
+            *common,
+        )
+        assert taken.returncode == 2
+        assert taken.stderr.strip().splitlines() == [
+            "warren: another node named 'n0' is in cluster 'owned' (at tcp://127.0.0.1:7100): "
+            "give each node of a cluster its own name"
+        ]
+        first.stop()
+        before = sorted(os.listdir(first.data_dir))
+        foreign = warren_node(
+            tmp_path,
+            "--data-dir",
+            str(first.data_dir),
+            "--name",
+            "n0",
+            "--cluster",
+            "someone-else",
+            *common,
+        )
+        assert foreign.returncode == 2
+        assert foreign.stderr.strip().splitlines() == [
+            f"warren: {first.data_dir} holds the data of cluster 'owned', not 'someone-else': "
+            "a node joins a cluster only with its own data (use another data directory)"
+        ]
+        assert sorted(os.listdir(first.data_dir)) == before
+    finally:
+        first.stop()
+    assert descendant_titled("warren: coordinator") is None
