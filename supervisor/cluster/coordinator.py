@@ -63,7 +63,8 @@ HEALTH_EVERY_S = 5.0  # how often each etcd member's health is read for the stat
 class CoordinatorStats:
     """ask → the node's view of its cluster: {"cluster", "node", "peer", "role", "epoch",
     "leader", "leader_peer", "isr", "isr_epoch", "nodes", "lease_ttl_s", "etcd",
-    "last_error", "refused", "elections_won", "revision"}."""
+    "last_error", "refused", "elections_won", "revision"}, and the figures its series
+    read: "leading" (0 or 1), "isr_members", "nodes_up", "etcd_healthy"."""
 
 
 def reachable(settings: ClusterSettings) -> None:
@@ -221,6 +222,10 @@ class _Coordination:
                 "last_error": self._last_error,
                 "refused": election.refused,
                 "elections_won": self._elections_won,
+                "leading": int(self._role == "leader"),
+                "isr_members": len(view.isr) if view else 0,
+                "nodes_up": len(view.nodes) if view else 0,
+                "etcd_healthy": sum(1 for member in self._health if member["healthy"]),
             }
 
     def stop(self) -> None:

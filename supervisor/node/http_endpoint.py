@@ -13,6 +13,7 @@ page, read-only, served from the node's own process (``Node(http="127.0.0.1:1569
     GET /api/connections      JSON: the client connections that consume, with their consumers
     GET /api/exchanges        JSON: every exchange, the default one first
     GET /api/bindings         JSON: every binding of a queue to an exchange
+    GET /api/cluster          JSON: the node's view of its cluster (leader, epoch, ISR, etcd)
 
 Anything else is a 404 (a path it does not serve) or a 405 (another method than GET,
 whichever: TRACE and names no server knows too), and a request it cannot read a 400,
@@ -75,6 +76,7 @@ from .metrics import (
     Snapshot,
     WarrenCollector,
     actors_document,
+    cluster_document,
     connections_document,
     overview_document,
     queues_document,
@@ -133,6 +135,7 @@ class HttpEndpoint:
             "/api/actors": functools.partial(self._document, actors_document, True),
             "/api/tree": self._tree,
             "/api/connections": functools.partial(self._document, connections_document, False),
+            "/api/cluster": functools.partial(self._document, cluster_document, False),
             "/api/exchanges": functools.partial(self._routing, 0),
             "/api/bindings": functools.partial(self._routing, 1),
         }

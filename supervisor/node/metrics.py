@@ -90,6 +90,7 @@ from warren.queues.protocol import QueueStats
 from warren.store.latency import LATENCY_BUCKETS_S
 from warren.store.protocol import StoreStats
 
+from ..cluster.coordinator import CoordinatorStats
 from ..supervisor import RestartCounts
 from ..version import __version__
 from .series import (
@@ -100,6 +101,8 @@ from .series import (
     ALARMS,
     AMQP_COUNTERS,
     AMQP_GAUGES,
+    CLUSTER_COUNTERS,
+    CLUSTER_GAUGES,
     CONSUMERS,
     CPU_SECONDS,
     DEAD_LETTER_REASONS,
@@ -221,6 +224,7 @@ class Snapshot:
     stores: dict[str, ActorFigures] = dataclasses.field(default_factory=dict)
     listener: ActorFigures | None = None
     amqp: ActorFigures | None = None  # the AMQP port
+    cluster: ActorFigures | None = None  # the coordinator, in a cluster
 
 
 QUESTIONS = {
@@ -229,6 +233,7 @@ QUESTIONS = {
     "store": StoreStats(),
     "listener": ListenerStats(),
     "amqp": AmqpStats(),
+    "coordinator": CoordinatorStats(),
 }
 
 
@@ -236,7 +241,7 @@ QUESTIONS = {
 class _Asked:
     ref: ActorRef
     figures: Future | None  # None: not asked (published, or its last request unanswered)
-    kind: str  # "queue", "stream", "store", "listener", "amqp" or "actor"
+    kind: str  # "queue", "stream", "store", "listener", "amqp", "coordinator" or "actor"
     published: tuple[int, list[Any]] | None = None  # (seq, answer) read from its file
 
 
@@ -261,6 +266,7 @@ class NodeFigures:
         stores: Iterable[str],
         listener: str,
         amqp: str,
+        coordinator: str,
         budget_s: float = SCRAPE_BUDGET_S,
     ) -> None:
         self._node = node
@@ -269,6 +275,7 @@ class NodeFigures:
         self._stores = frozenset(stores)
         self._listener = listener
         self._amqp = amqp
+        self._coordinator = coordinator
         self.budget_s = budget_s
         self._ledger = CounterLedger()
         self._outstanding: dict[str, tuple[int, Future]] = {}  # address -> unanswered
@@ -317,6 +324,8 @@ class NodeFigures:
             return "store"
         if name == self._amqp:
             return "amqp"
+        if name == self._coordinator:
+            return "coordinator"
         return "listener" if name == self._listener else "actor"
 
     def _gather(self, per_object: bool) -> Snapshot:
@@ -388,6 +397,8 @@ class NodeFigures:
                 snapshot.listener = figures
             elif request.kind == "amqp":
                 snapshot.amqp = figures
+            elif request.kind == "coordinator":
+                snapshot.cluster = figures
         self._forget_gone(declared, refs)
         snapshot.totals = dict(self._ledger.totals)
         return snapshot
@@ -468,6 +479,7 @@ class NodeFigures:
             "store": STORE_COUNTERS,
             "listener": LISTENER_COUNTERS,
             "amqp": AMQP_COUNTERS,
+            "coordinator": CLUSTER_COUNTERS,
         }.get(kind, ())
         readings += _values(own_counters, own)
         if kind == "store":
@@ -583,6 +595,7 @@ def prometheus_families(snapshot: Snapshot, *, per_object: bool) -> list[Metric]
     for port, gauges, counters in (
         (snapshot.listener, LISTENER_GAUGES, LISTENER_COUNTERS),
         (snapshot.amqp, AMQP_GAUGES, AMQP_COUNTERS),
+        (snapshot.cluster, CLUSTER_GAUGES, CLUSTER_COUNTERS),
     ):
         if port is not None:
             families += [_gauge(f, [], [((), port.own.get(f.key))]) for f in gauges]
@@ -800,11 +813,19 @@ def _short(figure: Figure, prefix: str, counter: bool = False) -> str:
     return figure.name.removeprefix(prefix) + ("_total" if counter else "")
 
 
+def cluster_document(snapshot: Snapshot) -> dict[str, Any]:
+    """``/api/cluster``: the node's view of its cluster (``CoordinatorStats``), or
+    ``{"cluster": None}`` for a node outside a cluster or while its coordinator does not
+    answer."""
+    return dict(snapshot.cluster.own) if snapshot.cluster else {"cluster": None}
+
+
 def overview_document(snapshot: Snapshot) -> dict[str, Any]:
     """``/api/overview``: the node, its version and uptime, its alarms and readings, queue
     totals (``queues`` counts the streams too, ``streams`` those alone), the node's
     counters, the stores, the remote clients' tcp connections (None without a listener)
-    and the AMQP clients' (None without an AMQP port)."""
+    and the AMQP clients' (None without an AMQP port), and the node's view of its cluster
+    (``CoordinatorStats``; None outside a cluster)."""
     queues = snapshot.queues.values()
     listener = snapshot.listener
     return {
@@ -842,6 +863,7 @@ def overview_document(snapshot: Snapshot) -> dict[str, Any]:
         "actors_unanswered": sorted(snapshot.unanswered),
         "tcp_connections": listener.own.get("connections") if listener else None,
         "amqp_connections": snapshot.amqp.own.get("connections") if snapshot.amqp else None,
+        "cluster": snapshot.cluster.own if snapshot.cluster else None,
     }
 
 

@@ -391,6 +391,7 @@ class Node:
                         stores=STORES,
                         listener=LISTENER_NAME,
                         amqp=AMQP_NAME,
+                        coordinator=COORDINATOR_NAME,
                     ),
                 )
                 self.http_endpoint = self._http.endpoint

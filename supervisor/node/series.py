@@ -524,6 +524,32 @@ AMQP_COUNTERS = (
         "AMQP logins refused because too many were being checked already",
     ),
 )
+CLUSTER_GAUGES = (
+    Figure(
+        "warren_cluster_leader",
+        "leading",
+        "1 while this node leads its cluster (its etcd lease known alive), else 0",
+    ),
+    Figure(
+        "warren_cluster_epoch",
+        "epoch",
+        "The epoch of the cluster's leader as this node sees it (the leader key's etcd revision)",
+    ),
+    Figure(
+        "warren_cluster_isr_members",
+        "isr_members",
+        "Nodes in the cluster's in-sync replica set (ISR)",
+    ),
+    Figure("warren_cluster_nodes_up", "nodes_up", "Nodes of the cluster whose etcd lease lives"),
+    Figure(
+        "warren_cluster_etcd_members_healthy",
+        "etcd_healthy",
+        "etcd members whose last health check this node made answered healthy",
+    ),
+)
+CLUSTER_COUNTERS = (
+    Figure("warren_cluster_elections_won", "elections_won", "Elections this node won"),
+)
 NODE_COUNTERS = (
     Figure(
         "warren_node_control_calls_refused",
@@ -617,6 +643,7 @@ def exported() -> dict[str, str]:
         *ACTOR_COUNTERS,
         *LISTENER_COUNTERS,
         *AMQP_COUNTERS,
+        *CLUSTER_COUNTERS,
         *NODE_COUNTERS,
         CPU_SECONDS,
         ACTOR_RESTARTS,
@@ -629,6 +656,7 @@ def exported() -> dict[str, str]:
         *STORE_GAUGES,
         *LISTENER_GAUGES,
         *AMQP_GAUGES,
+        *CLUSTER_GAUGES,
         *RESOURCE_GAUGES,
         *ALARMS,
         IDENTITY,

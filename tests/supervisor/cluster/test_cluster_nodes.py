@@ -233,3 +233,32 @@ def test_another_clusters_data_and_a_name_in_use_are_refused_in_one_line(etcd, t
     finally:
         first.stop()
     assert descendant_titled("warren: coordinator") is None
+
+
+def test_the_leaders_metrics_and_api_show_its_cluster_and_a_lone_node_shows_none(etcd, tmp_path):
+    from warren.supervisor import Node
+
+    from ..node.test_metrics import fetch, scrape
+
+    options = {"etcd": etcd.endpoints, "peer": "tcp://127.0.0.1:7300", "http": "127.0.0.1:0"}
+    with Node(tmp_path / "n0", name="n0", cluster="scraped", **options) as node:
+        wait_for(lambda: (node.cluster_status() or {}).get("etcd_healthy") == 3, timeout=60)
+        wait_for(lambda: node.cluster_status()["role"] == "leader", timeout=60)
+        epoch = node.cluster_status()["epoch"]
+        samples = scrape(node)
+        assert samples[("warren_cluster_leader", ())] == 1
+        assert samples[("warren_cluster_epoch", ())] == epoch
+        assert samples[("warren_cluster_isr_members", ())] == 1
+        assert samples[("warren_cluster_nodes_up", ())] == 1
+        assert samples[("warren_cluster_etcd_members_healthy", ())] == 3
+        assert samples[("warren_cluster_elections_won_total", ())] == 1
+        status, _, body = fetch(node.http_endpoint + "/api/cluster")
+        document = json.loads(body)
+        assert status == 200 and document["leader"] == "n0" and document["epoch"] == epoch
+        assert json.loads(fetch(node.http_endpoint + "/api/overview")[2])["cluster"]["role"] == (
+            "leader"
+        )
+    with Node(tmp_path / "lone", http="127.0.0.1:0") as lone:
+        assert json.loads(fetch(lone.http_endpoint + "/api/cluster")[2]) == {"cluster": None}
+        assert not [name for name, _ in scrape(lone) if name.startswith("warren_cluster_")]
+        assert lone.cluster_status() is None
