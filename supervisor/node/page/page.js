@@ -253,6 +253,18 @@ function drawAlarms(overview) {
     );
   }
   rows.push(el("dt", {}, "started"), el("dd", {}, startedAt(overview)));
+  const cluster = overview.cluster;
+  if (cluster && cluster.cluster) {
+    const epoch = cluster.epoch === null ? "-" : cluster.epoch;
+    rows.push(
+      el("dt", {}, "cluster"),
+      el(
+        "dd",
+        { "data-cluster": cluster.cluster },
+        `${cluster.cluster}: ${cluster.role}; leader ${cluster.leader ?? "none"}, epoch ${epoch}`,
+      ),
+    );
+  }
   $("resources").replaceChildren(...rows);
 }
 

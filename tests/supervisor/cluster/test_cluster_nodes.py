@@ -262,3 +262,18 @@ def test_the_leaders_metrics_and_api_show_its_cluster_and_a_lone_node_shows_none
         assert json.loads(fetch(lone.http_endpoint + "/api/cluster")[2]) == {"cluster": None}
         assert not [name for name, _ in scrape(lone) if name.startswith("warren_cluster_")]
         assert lone.cluster_status() is None
+
+
+def test_the_management_page_shows_the_cluster_its_role_leader_and_epoch(etcd, tmp_path):
+    from warren.supervisor import Node
+
+    from ..node.test_management_page import CHROMIUM, render
+
+    if CHROMIUM is None:
+        pytest.skip("chromium is not installed (Debian: apt-get install chromium; .ci/run does)")
+    options = {"etcd": etcd.endpoints, "peer": "tcp://127.0.0.1:7400", "http": "127.0.0.1:0"}
+    with Node(tmp_path / "n0", name="n0", cluster="paged", **options) as node:
+        wait_for(lambda: node.cluster_status()["role"] == "leader", timeout=60)
+        epoch = node.cluster_status()["epoch"]
+        dom = render(node.http_endpoint + "/", tmp_path, "--dump-dom")
+    assert f'<dd data-cluster="paged">paged: leader; leader n0, epoch {epoch}</dd>' in dom
