@@ -7,6 +7,7 @@ from warren.actors.errors import InvalidSpec, WarrenError
 __all__ = [
     "ClusterError",
     "ClusterMismatch",
+    "EtcdRefused",
     "EtcdUnavailable",
     "FaultMissed",
     "InvalidSpec",
@@ -45,6 +46,11 @@ class ClusterError(SupervisorError):
 
 class EtcdUnavailable(ClusterError):
     """No member of the cluster's etcd answered; the message names each one's error."""
+
+
+class EtcdRefused(ClusterError):
+    """etcd answered a request with an error of its own (a lease it no longer has, a
+    request it will not serve): the message is etcd's."""
 
 
 class StaleLeadership(ClusterError):

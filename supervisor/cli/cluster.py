@@ -102,6 +102,12 @@ def _cluster_status(args: argparse.Namespace) -> int:
     if cluster is None:
         if status.get("state") == "starting":
             print(f"warren: the node on {args.data_dir} is starting", file=sys.stderr)
+        elif status.get("cluster_name"):
+            print(
+                f"warren: the coordinator of the node on {args.data_dir} (cluster "
+                f"{status['cluster_name']}) does not answer now; try again",
+                file=sys.stderr,
+            )
         else:
             print(
                 f"warren: the node on {args.data_dir} is not in a cluster "

@@ -40,15 +40,15 @@ from warren.queues.broker.gateway_actor import GatewayActor
 from ..errors import ClusterError
 from ..specs import ChildSpec
 from .election import ClusterView, Election, kept_node_id, new_node_id
-from .etcd import Etcd
+from .etcd import HEALTH_TIMEOUT_S, Etcd
 from .settings import ClusterSettings
 
 __all__ = [
     "COORDINATOR_NAME",
     "CoordinatorActor",
     "CoordinatorStats",
+    "checked_node_id",
     "coordinator_spec",
-    "reachable",
 ]
 
 log = logging.getLogger("warren.cluster")
@@ -67,29 +67,42 @@ class CoordinatorStats:
     read: "leading" (0 or 1), "isr_members", "nodes_up", "etcd_healthy"."""
 
 
-def reachable(settings: ClusterSettings) -> None:
-    """``EtcdUnavailable`` unless a member of the cluster's etcd answers."""
-    etcd = Etcd(settings.endpoints)
-    try:
-        etcd.post("maintenance/status", {})
-    finally:
-        etcd.close()
-
-
-def coordinator_spec(settings: ClusterSettings, data_dir: str, node: str) -> ChildSpec:
-    """The coordinator's child spec for the node ``node`` on ``data_dir`` (whose lock the
-    caller holds); ``ClusterMismatch`` when the directory is another cluster's or a live
-    node of the cluster has this name, with nothing written."""
+def checked_node_id(settings: ClusterSettings, data_dir: str, node: str) -> str | None:
+    """The node id ``data_dir`` keeps for the cluster (None before its first join), once
+    etcd answers and no live node of the cluster has the name ``node``; reads only, so a
+    refusal (``EtcdUnavailable``, ``ClusterMismatch``) leaves nothing written."""
     node_id = kept_node_id(data_dir, settings.cluster)
     etcd = Etcd(settings.endpoints)
     try:
+        etcd.post("maintenance/status", {})
         Election(etcd, settings.cluster, node, node_id or "", settings.peer).check_name_free()
     finally:
         etcd.close()
+    return node_id
+
+
+def coordinator_spec(
+    settings: ClusterSettings,
+    data_dir: str,
+    node: str,
+    node_id: str | None,
+    heartbeats: tuple[float, float],
+) -> ChildSpec:
+    """The coordinator's child spec for the node ``node`` on ``data_dir``, whose lock the
+    caller holds (a first join keeps a new node id there), heartbeated as the node's
+    stores are (``heartbeats``: interval and timeout): a coordinator that stopped
+    answering is replaced, and the new one takes the node's leadership up again."""
     if node_id is None:
         node_id = new_node_id(data_dir, settings.cluster)
     arguments = (settings.cluster, node, node_id, settings.peer, settings.endpoints)
-    return ChildSpec(COORDINATOR_NAME, CoordinatorActor, (*arguments, settings.ttl_s))
+    interval, timeout = heartbeats
+    return ChildSpec(
+        COORDINATOR_NAME,
+        CoordinatorActor,
+        (*arguments, settings.ttl_s),
+        heartbeat_interval_s=interval,
+        heartbeat_timeout_s=timeout,
+    )
 
 
 def _eligible(view: ClusterView, election: Election) -> bool:
@@ -128,29 +141,40 @@ class CoordinatorActor(GatewayActor):
 
 
 class _Coordination:
-    """The coordinator thread's state; the election is used by that thread alone, and the
-    status by the actor's loop under ``_lock``."""
+    """The coordinator thread's state. The election is driven by that thread alone; the
+    actor's loop reads the last view, the health and the errors under ``_lock``, and asks
+    the election whether it leads at the moment it answers (a step stuck on a request
+    must not leave a stale "leader" in the status). The health is read by a thread of
+    its own, on sessions of its own, so that members that do not answer never delay a
+    keepalive."""
 
     def __init__(self, election: Election) -> None:
         self.election = election
         self.stopping = threading.Event()
+        self._finished = threading.Event()  # run returned: the sessions may be closed
         self._lock = threading.Lock()
         self._view: ClusterView | None = None
-        self._role = "cut off"
         self._last_error: str | None = None
         self._health: list[dict[str, Any]] = []
-        self._health_at = 0.0
+        self._health_etcd = Etcd(election.etcd.endpoints)
+        self._health_thread = threading.Thread(
+            target=self._read_health, name="warren-coordinator-health", daemon=True
+        )
         self._renewed_at = 0.0
         self._elections_won = 0
 
     def run(self) -> None:
-        while not self.stopping.is_set():
-            self._step()
-            self.stopping.wait(STEP_S)
+        self._health_thread.start()
         try:
-            self.election.leave()
-        except ClusterError as exc:  # the lease then expires on its own
-            log.warning("coordinator: the lease was not revoked at the stop: %s", exc)
+            while not self.stopping.is_set():
+                self._step()
+                self.stopping.wait(STEP_S)
+            try:
+                self.election.leave()
+            except ClusterError as exc:  # the lease then expires on its own
+                log.warning("coordinator: the lease was not revoked at the stop: %s", exc)
+        finally:
+            self._finished.set()
 
     def _step(self) -> None:
         election = self.election
@@ -166,7 +190,9 @@ class _Coordination:
                 else:
                     log.warning("coordinator: the node's etcd lease expired; joining again")
             view = election.observe()
-            if view.leader is None and election.lease_alive() and _eligible(view, election):
+            election.follow(view)
+            vacant = view.leader is None or election.holds_key(view)
+            if vacant and election.lease_alive() and _eligible(view, election):
                 if election.campaign():
                     self._elections_won += 1
                     log.info(
@@ -180,21 +206,22 @@ class _Coordination:
                     log.warning("coordinator: %s", election.refused)
         except ClusterError as exc:
             error, view = str(exc), self._view
-        except (ValueError, KeyError, TypeError) as exc:  # an answer not shaped as etcd's
-            error, view = f"etcd answered what it should not: {exc!r}", self._view
-        health = None
-        if time.monotonic() - self._health_at >= HEALTH_EVERY_S:
-            health = election.etcd.health()
-            self._health_at = time.monotonic()
+        except Exception as exc:  # an answer of a shape no etcd gives: kept, tried again
+            log.exception("coordinator: a step failed")
+            error, view = f"{type(exc).__name__}: {exc}", self._view
         with self._lock:
             self._view, self._last_error = view, error
-            self._role = self._role_now(view)
-            if health is not None:
-                self._health = health
 
-    def _role_now(self, view: ClusterView | None) -> str:
-        if self.election.leading():
-            return "leader"
+    def _read_health(self) -> None:
+        while not self.stopping.is_set():
+            health = self._health_etcd.health()
+            with self._lock:
+                self._health = health
+            self.stopping.wait(HEALTH_EVERY_S)
+
+    def _role(self, view: ClusterView | None) -> str:
+        if self.election.leading() and view is not None and view.epoch == self.election.epoch:
+            return "leader"  # (until the step that won has read the view, a candidate)
         if not self.election.lease_alive() or view is None:
             return "cut off"
         if view.leader is not None:
@@ -204,12 +231,13 @@ class _Coordination:
     def status(self) -> dict[str, Any]:
         election = self.election
         with self._lock:
-            view = self._view
+            view, health = self._view, list(self._health)
+            role = self._role(view)
             return {
                 "cluster": election.cluster,
                 "node": election.node,
                 "peer": election.peer,
-                "role": self._role,
+                "role": role,
                 "epoch": view.epoch if view else None,
                 "leader": view.leader if view else None,
                 "leader_peer": view.leader_peer if view else None,
@@ -218,18 +246,22 @@ class _Coordination:
                 "nodes": dict(view.nodes) if view else {},
                 "revision": view.revision if view else None,
                 "lease_ttl_s": election.ttl_s,
-                "etcd": [dict(member) for member in self._health],
+                "etcd": [dict(member) for member in health],
                 "last_error": self._last_error,
                 "refused": election.refused,
                 "elections_won": self._elections_won,
-                "leading": int(self._role == "leader"),
+                "leading": int(role == "leader"),
                 "isr_members": len(view.isr) if view else 0,
                 "nodes_up": len(view.nodes) if view else 0,
-                "etcd_healthy": sum(1 for member in self._health if member["healthy"]),
+                "etcd_healthy": sum(1 for member in health if member["healthy"]),
             }
 
     def stop(self) -> None:
         self.stopping.set()
 
     def close(self) -> None:
-        self.election.etcd.close()
+        if self._finished.is_set():  # else a request still runs: the process exit ends it
+            self.election.etcd.close()
+        self._health_thread.join(timeout=HEALTH_TIMEOUT_S * len(self._health_etcd.members))
+        if not self._health_thread.is_alive():
+            self._health_etcd.close()

@@ -24,9 +24,13 @@ Rules, with the races they guard against:
   ``ttl_s`` less ``LEASE_MARGIN`` of it passed since the last keepalive etcd answered was *sent* (so
   before etcd can have expired the lease, a paused or cut-off leader stops on its own), and
   at once when a keepalive says the lease is gone.
-- A request that timed out may have been applied: a campaign that finds the leader key
-  holding its own lease takes that key's epoch as its own; the ISR writes are
-  compare-and-set, so a retry writes the same thing again.
+- A request that timed out may have been applied: a leader key found under this node's
+  own lease (``holds_key``) is taken up by the next campaign at that key's epoch; a
+  leadership whose epoch is not the key's any more (deleted, or a resign whose answer
+  was lost) ends at the next view (``follow``); the ISR writes are compare-and-set, so a
+  retry writes the same thing again; a lease is this node's only once it is registered
+  (a failed registration revokes it), and a revoke of a lease etcd no longer has counts
+  as done.
 - A node restarted (kill -9) while it led leaves its old lease's key for up to a TTL: it
   finds the key naming its own node id under a lease not its own, and revokes that lease
   (no other process can hold that id: a node holds its data directory's lock), so the
@@ -43,7 +47,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import ClusterMismatch, StaleLeadership
+from ..errors import ClusterMismatch, EtcdRefused, StaleLeadership
 from .etcd import Etcd, decoded, encoded
 
 __all__ = [
@@ -102,6 +106,7 @@ class ClusterView:
     leader: str | None = None
     leader_peer: str | None = None
     epoch: int | None = None  # the leader key's create_revision
+    leader_lease: int | None = None  # the lease the leader key is bound to
     isr: tuple[str, ...] = ()
     isr_epoch: int | None = None  # the epoch of the leader that last wrote the ISR
     nodes: dict[str, str] = field(default_factory=dict)  # name -> peer, lease alive
@@ -151,13 +156,13 @@ class Election:
             request["range_end"] = encoded(_prefix_end(self._key(name)))
         return {"request_range": request}
 
-    def _put(self, name: str, value: dict[str, Any], *, leased: bool) -> dict[str, Any]:
+    def _put(self, name: str, value: dict[str, Any], *, lease: int | None) -> dict[str, Any]:
         request: dict[str, Any] = {
             "key": encoded(self._key(name)),
             "value": encoded(json.dumps(value, sort_keys=True)),
         }
-        if leased:
-            request["lease"] = self.lease
+        if lease is not None:
+            request["lease"] = lease
         return {"request_put": request}
 
     def _absent(self, name: str) -> dict[str, Any]:
@@ -180,31 +185,52 @@ class Election:
     # ------------------------------------------------------------------ lease
 
     def join(self) -> None:
-        """Take a new lease and register this node under it. ``ClusterMismatch`` when
-        another node (another id) has this name; a leader key its own earlier run left is
-        released."""
+        """Take a new lease and register this node under it; the lease is this node's
+        only once it is registered. ``ClusterMismatch`` when another node (another id)
+        has this name; a leader key its own earlier run left is released."""
         sent = self._clock()
         granted = self.etcd.post("lease/grant", {"TTL": self.ttl_s})
-        self.lease, self.epoch = int(granted["ID"]), None
+        lease = int(granted["ID"])
+        try:
+            self._register(lease)
+        except BaseException:
+            self._revoke(lease)
+            raise
+        self.lease, self.epoch = lease, None
         self._alive_until = sent + int(granted.get("TTL", self.ttl_s)) * (1 - LEASE_MARGIN)
+
+    def _register(self, lease: int) -> None:
         me = {"id": self.node_id, "peer": self.peer}
         answer = self._txn(
             [self._absent(f"nodes/{self.node}")],
-            [self._put(f"nodes/{self.node}", me, leased=True)],
+            [self._put(f"nodes/{self.node}", me, lease=lease)],
             [self._range(f"nodes/{self.node}"), self._range("leader")],
         )
-        if not answer.get("succeeded"):
-            named, leader = (_first_value(response) for response in answer["responses"])
-            if named is not None and named.get("id") != self.node_id:
-                self.leave()
-                self.check_name_free()  # raises, unless that node left meanwhile
-            self._txn([], [self._put(f"nodes/{self.node}", me, leased=True)])
-            if (
-                leader is not None
-                and leader.get("id") == self.node_id
-                and leader.get("lease") != self.lease
-            ):
-                self.etcd.post("kv/lease/revoke", {"ID": leader.get("lease")})
+        if answer.get("succeeded"):
+            return
+        named, leader = (_first_value(response) for response in answer["responses"][:2])
+        if named is not None and named.get("id") != self.node_id:
+            raise self._name_taken(named)
+        self._txn([], [self._put(f"nodes/{self.node}", me, lease=lease)])
+        if leader is not None and leader.get("id") == self.node_id:
+            held = leader.get("lease")
+            if isinstance(held, int) and held != lease:  # its killed run's: no process has it
+                self._revoke(held)
+
+    def _name_taken(self, named: dict[str, Any]) -> ClusterMismatch:
+        return ClusterMismatch(
+            f"another node named {self.node!r} is in cluster {self.cluster!r} (at "
+            f"{named.get('peer')}): give each node of a cluster its own name"
+        )
+
+    def _revoke(self, lease: int) -> None:
+        """Revoke ``lease``; one etcd no longer has (expired, or revoked by an earlier
+        attempt whose answer was lost) is revoked all the same."""
+        try:
+            self.etcd.post("kv/lease/revoke", {"ID": lease})
+        except EtcdRefused as exc:
+            if "not found" not in str(exc):
+                raise
 
     def check_name_free(self) -> None:
         """``ClusterMismatch`` when a live node of another id has this node's name (read
@@ -212,10 +238,7 @@ class Election:
         answer = self._txn([], [self._range(f"nodes/{self.node}")])
         named = _first_value(answer["responses"][0])
         if named is not None and named.get("id") != self.node_id:
-            raise ClusterMismatch(
-                f"another node named {self.node!r} is in cluster {self.cluster!r} (at "
-                f"{named.get('peer')}): give each node of a cluster its own name"
-            )
+            raise self._name_taken(named)
 
     def keepalive(self) -> bool:
         """Renew the lease; False (and no lease, no leadership) when etcd says it is gone."""
@@ -223,7 +246,8 @@ class Election:
             return False
         sent = self._clock()
         answer = self.etcd.post("lease/keepalive", {"ID": self.lease})
-        ttl = int(answer.get("result", {}).get("TTL", -1))
+        result = answer.get("result")
+        ttl = int(result.get("TTL", -1)) if isinstance(result, dict) else -1
         if ttl <= 0:
             self.lease, self.epoch = None, None
             return False
@@ -238,7 +262,7 @@ class Election:
         """Revoke the lease: the node's keys, the leader key too, go at once."""
         lease, self.lease, self.epoch = self.lease, None, None
         if lease is not None:
-            self.etcd.post("kv/lease/revoke", {"ID": lease})
+            self._revoke(lease)
 
     # ------------------------------------------------------------------ leadership
 
@@ -246,8 +270,20 @@ class Election:
         """Whether this node may act as the leader now (see the module docstring)."""
         return self.epoch is not None and self.lease_alive()
 
+    def follow(self, view: ClusterView) -> None:
+        """Take what etcd holds as the truth: an epoch that is not this node's leader key
+        any more (deleted, expired, or another's) ends this node's leadership."""
+        if self.epoch is not None and view.epoch != self.epoch:
+            self.epoch = None
+
+    def holds_key(self, view: ClusterView) -> bool:
+        """Whether the leader key in ``view`` is under this node's lease: a campaign whose
+        answer was lost won it, or a leadership this node dropped still holds it."""
+        return self.lease is not None and view.leader_lease == self.lease
+
     def campaign(self) -> bool:
-        """Try to take the leader key; whether this node leads now."""
+        """Try to take the leader key (or take up the one this node's lease holds);
+        whether this node leads now."""
         if self.lease is None:
             return False
         if self.epoch is not None:
@@ -255,32 +291,34 @@ class Election:
         me = {"node": self.node, "id": self.node_id, "peer": self.peer, "lease": self.lease}
         answer = self._txn(
             [self._absent("leader")],
-            [self._put("leader", me, leased=True), self._range("isr")],
+            [self._put("leader", me, lease=self.lease), self._range("isr")],
             [self._range("leader"), self._range("isr")],
         )
         if answer.get("succeeded"):
             epoch = int(answer["header"]["revision"])
-            isr = _first_value(answer["responses"][1])
         else:
             held = _first_kv(answer["responses"][0])
             if held is None or _value(held).get("lease") != self.lease:
                 return False
             epoch = int(held["create_revision"])  # an earlier attempt won: its answer was lost
-            isr = _first_value(answer["responses"][1])
-        self.epoch = epoch
+        isr = _first_value(answer["responses"][1])
         members = tuple(isr["members"]) if isr is not None else (self.node,)
         if self.node not in members:
             self.refused = (
                 f"won the election at epoch {epoch} but is not in the ISR "
                 f"({', '.join(members)}): resigned"
             )
-            self.resign()
+            self._resign(epoch)
             return False
         self.refused = None
+        self.epoch = epoch
         try:
-            self.write_isr(members)
+            self.write_isr(members)  # its epoch in the ISR: a leader's first fenced write
         except StaleLeadership:
             return False
+        except BaseException:
+            self.epoch = None  # taken up again at the next campaign, the key still held
+            raise
         return self.leading()
 
     def write_isr(self, members: tuple[str, ...]) -> None:
@@ -289,7 +327,7 @@ class Election:
         if self.epoch is None:
             raise StaleLeadership(f"{self.node} does not lead cluster {self.cluster!r}")
         value = {"epoch": self.epoch, "members": sorted(set(members))}
-        answer = self._txn([self._fence()], [self._put("isr", value, leased=False)])
+        answer = self._txn([self._fence()], [self._put("isr", value, lease=None)])
         if not answer.get("succeeded"):
             epoch, self.epoch = self.epoch, None
             raise StaleLeadership(
@@ -298,15 +336,15 @@ class Election:
             )
 
     def resign(self) -> None:
-        """Give the leader key up (only the one of this node's epoch)."""
-        epoch = self.epoch
-        if epoch is None:
-            return
-        self._txn(
-            [self._fence()],
-            [{"request_delete_range": {"key": encoded(self._key("leader"))}}],
-        )
-        self.epoch = None
+        """Give the leader key up (only the one of this node's epoch); this node leads no
+        more from the call on, whether or not etcd's answer comes back."""
+        epoch, self.epoch = self.epoch, None
+        if epoch is not None:
+            self._resign(epoch)
+
+    def _resign(self, epoch: int) -> None:
+        fence = {**self._fence(), "create_revision": epoch}
+        self._txn([fence], [{"request_delete_range": {"key": encoded(self._key("leader"))}}])
 
     # ------------------------------------------------------------------ reading
 
@@ -327,6 +365,7 @@ class Election:
             leader=leader.get("node") if leader else None,
             leader_peer=leader.get("peer") if leader else None,
             epoch=int(leader_kv["create_revision"]) if leader_kv is not None else None,
+            leader_lease=(int(leader_kv.get("lease", 0)) or None) if leader_kv else None,
             isr=tuple(isr["members"]) if isr else (),
             isr_epoch=int(isr["epoch"]) if isr else None,
             nodes=nodes,

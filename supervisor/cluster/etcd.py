@@ -24,11 +24,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from ..errors import EtcdUnavailable
+from ..errors import EtcdRefused, EtcdUnavailable
 
 __all__ = ["Etcd", "EtcdMember", "decoded", "encoded", "parse_endpoints"]
 
-REQUEST_TIMEOUT_S = 3.0  # one request to one member, then the next member is asked
+REQUEST_TIMEOUT_S = 1.5  # one request to one member, then the next member is asked
 HEALTH_TIMEOUT_S = 1.0  # a member's /health, for the cluster's status
 API_PATH = "/v3/"  # etcd 3.4 and later; named, so that no request asks /version first
 
@@ -105,8 +105,15 @@ class Etcd:
 
     def call(self, request: Callable[[Any], T]) -> T:
         """``request(client)`` on the member that answered last, else on each other in
-        turn; ``EtcdUnavailable`` when none answered."""
-        from etcd3gw.exceptions import Etcd3Exception
+        turn; ``EtcdUnavailable`` when none answered, ``EtcdRefused`` at once when one
+        answered with an error of etcd's own (4xx: asking another would change nothing)."""
+        import requests
+        from etcd3gw.exceptions import (
+            ConnectionFailedError,
+            ConnectionTimeoutError,
+            Etcd3Exception,
+            InternalServerError,
+        )
 
         errors = []
         count = len(self.members)
@@ -115,8 +122,13 @@ class Etcd:
             member = self.members[index]
             try:
                 answer = request(member.connected())
-            except (Etcd3Exception, ValueError, KeyError, TypeError) as exc:
-                errors.append(f"{member.endpoint}: {_reason(exc)}")
+            except (ConnectionFailedError, ConnectionTimeoutError, InternalServerError) as exc:
+                errors.append(f"{member.endpoint}: {_reason(exc)}")  # down, or no quorum
+                continue
+            except Etcd3Exception as exc:
+                raise EtcdRefused(f"etcd at {member.endpoint} refused: {_reason(exc)}") from None
+            except (requests.RequestException, ValueError, KeyError, TypeError) as exc:
+                errors.append(f"{member.endpoint}: {_reason(exc)}")  # cut mid-answer, or not etcd
                 continue
             self._preferred = index
             return answer
@@ -159,6 +171,11 @@ class Etcd:
 def _reason(exc: BaseException) -> str:
     """The first line of an error, short enough for a status line."""
     detail = getattr(exc, "detail_text", None)  # etcd3gw's errors keep their text there
+    if isinstance(detail, str) and detail.startswith("{"):
+        try:  # etcd's own error: {"error": ..., "message": ..., "code": ...}
+            detail = json.loads(detail).get("message") or detail
+        except ValueError:
+            pass
     text = str(detail if detail else exc).strip().splitlines()
     line = text[0] if text else type(exc).__name__
     if "Connection refused" in line or "NewConnectionError" in line:

@@ -14,7 +14,9 @@ from .etcd import parse_endpoints
 __all__ = ["ClusterSettings"]
 
 CLUSTER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
-SHORTEST_TTL_S = 2  # etcd's own minimum lease is about its election timeout (1 s here)
+# A lease outlives a keepalive that met a member not answering (REQUEST_TIMEOUT_S) and
+# went to the next: renewed every third of it, it must leave room for two such.
+SHORTEST_TTL_S = 5
 
 
 @dataclass(frozen=True)
@@ -54,5 +56,7 @@ class ClusterSettings:
         if not 0 < int(port) < 65536:
             raise ValueError(f"peer={peer!r}: a port is 1-65535")
         if isinstance(ttl_s, bool) or not isinstance(ttl_s, int) or ttl_s < SHORTEST_TTL_S:
-            raise ValueError(f"cluster_ttl_s={ttl_s!r}: a whole number of seconds, at least 2")
+            raise ValueError(
+                f"cluster_ttl_s={ttl_s!r}: a whole number of seconds, at least {SHORTEST_TTL_S}"
+            )
         return cls(cluster, endpoints, peer, ttl_s)

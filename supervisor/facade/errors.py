@@ -68,6 +68,7 @@ from warren.store.errors import (
 from warren.supervisor.errors import (
     ClusterError,
     ClusterMismatch,
+    EtcdRefused,
     EtcdUnavailable,
     FaultMissed,
     NodeLocked,
@@ -89,6 +90,7 @@ __all__ = [
     "CorruptMessage",
     "CorruptRecord",
     "DiskFull",
+    "EtcdRefused",
     "EtcdUnavailable",
     "FaultMissed",
     "FrameTooLarge",

@@ -149,8 +149,8 @@ from warren.store.store_actor import MessageStoreActor
 from ..cluster.coordinator import (
     COORDINATOR_NAME,
     CoordinatorStats,
+    checked_node_id,
     coordinator_spec,
-    reachable,
 )
 from ..cluster.election import LEASE_TTL_S
 from ..cluster.settings import ClusterSettings
@@ -287,7 +287,6 @@ class Node:
                 cluster_settings = ClusterSettings.checked(cluster, etcd, peer, cluster_ttl_s)
             except ValueError as exc:
                 raise InvalidSpec("cluster", cluster, str(exc)) from None
-            reachable(cluster_settings)  # EtcdUnavailable: one line, nothing written
         elif etcd is not None or peer is not None:
             raise InvalidSpec("cluster", cluster, "etcd and peer go with a cluster's name")
         check_seconds("heartbeat_timeout_s", heartbeat_timeout_s, at_least=2)  # beats: 1 s
@@ -297,6 +296,9 @@ class Node:
         )
         self.data_dir = os.path.abspath(os.fspath(data_dir))
         check_node_directory(self.data_dir)
+        self.cluster = cluster_settings.cluster if cluster_settings else None
+        if cluster_settings is not None:  # EtcdUnavailable, ClusterMismatch: nothing written
+            node_id = checked_node_id(cluster_settings, self.data_dir, name)
         if ref_counts is None:
             ref_counts = functools.partial(node_ref_counts, self.data_dir)
         self.name = name
@@ -313,10 +315,14 @@ class Node:
         coordinator: tuple[ChildSpec, ...] = ()
         if cluster_settings is not None:
             try:
-                coordinator = (coordinator_spec(cluster_settings, self.data_dir, name),)
+                heartbeats = (self._heartbeat_interval_s, self._heartbeat_timeout_s)
+                coordinator_child = coordinator_spec(
+                    cluster_settings, self.data_dir, name, node_id, heartbeats
+                )
             except BaseException:
                 os.close(self._lock_fd)
                 raise
+            coordinator = (coordinator_child,)
         self._remove_leftovers()
         self._definitions = Definitions(self.data_dir)
         self._definitions.finish_deletes()  # before the store counts the queues' references
@@ -886,6 +892,7 @@ class Node:
                 "amqp_endpoint": self.amqp_endpoint,
                 "amqp_tls": self.amqp_tls,
                 "management_page": self.management_page,
+                "cluster_name": self.cluster,
             }
         return {
             "node": self.name,
@@ -900,6 +907,7 @@ class Node:
             "tree": self.root.status() if self.root else None,
             "stores": self.store_stats() if self.root else {},
             "amqp_connections": self._amqp_connections(),
+            "cluster_name": self.cluster,
             "cluster": self.cluster_status(),
             "queues": (
                 {name: self.queue_state(name) for name in self.list_queues()} if self.root else {}

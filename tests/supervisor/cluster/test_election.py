@@ -2,33 +2,66 @@
 leader key's revision, writes fenced on it, only ISR members leading, a node's own
 earlier run released, and any member of etcd serving."""
 
+import contextlib
 import http.server
 import threading
+import time
 
 import pytest
 
-from warren.errors import ClusterMismatch, EtcdUnavailable, StaleLeadership
+from warren.errors import (
+    ClusterError,
+    ClusterMismatch,
+    EtcdRefused,
+    EtcdUnavailable,
+    StaleLeadership,
+)
 from warren.supervisor.cluster.election import Election
-from warren.supervisor.cluster.etcd import Etcd, parse_endpoints
+from warren.supervisor.cluster.etcd import Etcd, encoded, parse_endpoints
 
 from ...waiting import wait_for
 
 
-def election(etcd_members, cluster: str, node: str, node_id: str | None = None, ttl_s: int = 10):
-    own = Election(
-        Etcd(etcd_members.endpoints),
-        cluster,
-        node,
-        node_id or f"id-{node}",
-        f"tcp://127.0.0.1:{7000 + int(node[-1])}",
-        ttl_s=ttl_s,
-    )
-    own.join()
-    return own
+class Clock:
+    """A monotonic clock the test moves by hand (etcd's own clock runs as it does)."""
+
+    def __init__(self) -> None:
+        self.now = time.monotonic()
+
+    def __call__(self) -> float:
+        return self.now
 
 
-def test_of_two_nodes_campaigning_at_once_exactly_one_leads_under_the_leader_keys_revision(etcd):
-    first, second = (election(etcd, "race", f"n{i}") for i in (1, 2))
+@pytest.fixture
+def elections(etcd):
+    """``elect(cluster, node, …)``: a joined Election; each one's sessions are closed
+    (and its lease revoked) at the end."""
+    made: list[Election] = []
+
+    def elect(cluster: str, node: str, node_id: str | None = None, **options) -> Election:
+        own = Election(
+            Etcd(etcd.endpoints),
+            cluster,
+            node,
+            node_id or f"id-{node}",
+            f"tcp://127.0.0.1:{7000 + int(node[-1])}",
+            **options,
+        )
+        made.append(own)
+        own.join()
+        return own
+
+    yield elect
+    for own in made:
+        with contextlib.suppress(ClusterError):
+            own.leave()
+        own.etcd.close()
+
+
+def test_of_two_nodes_campaigning_at_once_exactly_one_leads_under_the_leader_keys_revision(
+    elections,
+):
+    first, second = (elections("race", f"n{i}") for i in (1, 2))
     won: dict[str, bool] = {}
     threads = [
         threading.Thread(target=lambda e=e: won.__setitem__(e.node, e.campaign()))
@@ -44,63 +77,96 @@ def test_of_two_nodes_campaigning_at_once_exactly_one_leads_under_the_leader_key
     assert view.leader == leader.node and view.epoch == leader.epoch
     assert view.isr == (leader.node,) and view.isr_epoch == leader.epoch
     assert set(view.nodes) == {"n1", "n2"}
-    for own in (first, second):
-        own.leave()
 
 
-def test_a_leader_whose_lease_expired_stops_leading_and_its_isr_write_is_refused(etcd):
-    old = election(etcd, "fenced", "n1", ttl_s=2)
+def test_a_leader_stops_on_its_own_clock_before_etcd_expires_it_and_its_isr_write_is_refused(
+    elections,
+):
+    clock = Clock()
+    old = elections("fenced", "n1", ttl_s=2, clock=clock)
     assert old.campaign()
     old.write_isr(("n1", "n2"))
-    new = election(etcd, "fenced", "n2")
-    # No keepalive: as a leader paused past its lease (SIGSTOP) or cut from etcd.
-    wait_for(lambda: new.observe().leader is None, timeout=30)
-    assert not old.leading()  # its own clock said so before etcd expired the key
+    new = elections("fenced", "n2", ttl_s=30)
+    # No keepalive: as a leader paused (SIGSTOP) or cut from etcd. Past 80 % of its TTL
+    # by its own clock, it leads no more, while etcd still holds its key.
+    clock.now += 2 * 0.8
+    assert not old.leading() and new.observe().leader == "n1"
+    wait_for(lambda: new.observe().leader is None, timeout=30)  # etcd expired the lease
     assert new.campaign() and new.epoch > old.epoch
     with pytest.raises(StaleLeadership, match="its ISR write was refused"):
         old.write_isr(("n1",))
-    assert not old.leading()
     view = new.observe()
     assert view.leader == "n2" and view.isr == ("n1", "n2") and view.isr_epoch == new.epoch
-    new.leave()
 
 
-def test_a_node_outside_the_isr_that_wins_the_key_resigns_and_says_why(etcd):
-    first = election(etcd, "isr-only", "n1")
+def test_a_leader_whose_key_vanished_or_whose_win_was_not_heard_follows_what_etcd_holds(
+    elections,
+):
+    leader = elections("lost-answers", "n1")
+    assert leader.campaign()
+    # The key deleted behind its back (by hand, or a resign whose answer was lost).
+    leader._txn([], [{"request_delete_range": {"key": encoded("/warren/lost-answers/leader")}}])
+    leader.follow(leader.observe())
+    assert not leader.leading()
+    # A win whose answer was lost: the key under its lease, the node not knowing it.
+    assert leader.campaign()
+    epoch, leader.epoch = leader.epoch, None
+    view = leader.observe()
+    assert leader.holds_key(view) and not leader.leading()
+    assert leader.campaign() and leader.epoch == epoch  # taken up, not a new election
+
+
+def test_a_node_outside_the_isr_that_wins_the_key_resigns_and_says_why(elections):
+    first = elections("isr-only", "n1")
     assert first.campaign()
     first.leave()  # the ISR stays: n1 alone
-    second = election(etcd, "isr-only", "n2")
-    assert not second.campaign()
+    second = elections("isr-only", "n2")
+    assert not second.campaign() and not second.leading()
     assert "is not in the ISR (n1): resigned" in (second.refused or "")
     assert second.observe().leader is None
-    second.leave()
 
 
-def test_a_restarted_leader_releases_the_key_its_killed_run_left_and_leads_at_a_new_epoch(etcd):
-    killed = election(etcd, "restart", "n1")
+def test_a_restarted_leader_releases_the_key_its_killed_run_left_and_leads_at_a_new_epoch(
+    elections,
+):
+    killed = elections("restart", "n1", ttl_s=60)
     assert killed.campaign()
-    others = election(etcd, "restart", "n2")
+    others = elections("restart", "n2")
     assert others.observe().leader == "n1"
     # Killed: no leave. The same node id comes back with a new lease.
-    again = election(etcd, "restart", "n1")
-    assert others.observe().leader is None  # not after a TTL: at once
+    again = elections("restart", "n1")
+    assert others.observe().leader is None  # not after the 60 s TTL: at once
     assert again.campaign() and again.epoch > killed.epoch
-    for own in (others, again):
-        own.leave()
 
 
-def test_a_name_another_node_holds_is_refused_and_the_same_node_may_rejoin(etcd):
-    first = election(etcd, "names", "n1", node_id="a")
+def test_a_name_another_node_holds_is_refused_and_the_same_node_may_rejoin(elections):
+    first = elections("names", "n1", node_id="a")
     with pytest.raises(ClusterMismatch, match="another node named 'n1' is in cluster 'names'"):
-        election(etcd, "names", "n1", node_id="b")
-    assert first.observe().nodes == {"n1": "tcp://127.0.0.1:7001"}
-    election(etcd, "names", "n1", node_id="a").leave()
-    first.leave()
+        elections("names", "n1", node_id="b")
+    assert first.observe().nodes == {"n1": "tcp://127.0.0.1:7001"}  # the refused one's lease went
+    again = elections("names", "n1", node_id="a")
+    assert again.lease is not None and again.lease != first.lease
+
+
+def test_a_revoke_of_a_lease_etcd_no_longer_has_counts_as_done_and_other_refusals_are_said(
+    elections,
+):
+    own = elections("refusals", "n1")
+    lease = own.lease
+    own.leave()
+    own.lease = lease
+    own.leave()  # its earlier revoke's answer lost: the second finds no lease, and is done
+    with pytest.raises(EtcdRefused, match="refused: etcdserver: requested lease not found"):
+        own.etcd.post("kv/put", {"key": encoded("k"), "value": encoded("v"), "lease": lease})
 
 
 def test_with_an_etcd_member_killed_the_others_serve_and_its_health_says_so(own_etcd):
-    own = election(own_etcd, "member-down", "n1")
+    own = Election(Etcd(own_etcd.endpoints), "member-down", "n1", "id-n1", "tcp://127.0.0.1:7001")
+    own.join()
     own_etcd.kill(0)  # the member each client asks first
+    # Once the two left have a raft leader between them (if the killed one led, they
+    # elect one first: requests time out until then), they serve every request.
+    wait_for(lambda: [m["healthy"] for m in own.etcd.health()] == [False, True, True], 60)
     assert own.keepalive()
     assert own.campaign()
     assert own.observe().leader == "n1"
@@ -108,6 +174,7 @@ def test_with_an_etcd_member_killed_the_others_serve_and_its_health_says_so(own_
     assert [member["healthy"] for member in health] == [False, True, True]
     assert health[0]["error"] == "connection refused"
     own.leave()
+    own.etcd.close()
 
 
 def test_no_etcd_answering_is_one_error_naming_each_member(tmp_path):
