@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import pwd
+import sys
 
 from warren.queues.client.ipc_node import NODE_FILE
 
@@ -81,6 +82,19 @@ def refuse_unreachable_node(data_dir: str) -> None:
         return  # gone: the node is not running, which the connection says
     if not os.access(socket_path, os.W_OK):
         raise UsageError(permission_denied(socket_path, "the node's socket"))
+
+
+def node_status(data_dir: str) -> dict | None:
+    """The status of the node running on ``data_dir``, or None once the reason none
+    answers is printed (a path the user may not use is a ``UsageError``)."""
+    from ..node.node import query_status
+
+    refuse_unreachable_node(data_dir)
+    try:
+        return query_status(data_dir)
+    except OSError as exc:
+        print(f"warren: {exc}", file=sys.stderr)
+        return None
 
 
 def permission_denied(path: str, what: str = "") -> str:

@@ -12,7 +12,7 @@ from typing import Any
 
 from ..errors import UsageError
 from ..tables import strict_json
-from .access import refuse_unreachable_node
+from .access import node_status
 
 __all__ = ["add_cluster_commands", "add_cluster_options", "cluster_settings", "format_cluster"]
 
@@ -90,13 +90,8 @@ def add_cluster_commands(commands: Any) -> None:
 
 
 def _cluster_status(args: argparse.Namespace) -> int:
-    from ..node.node import query_status
-
-    refuse_unreachable_node(args.data_dir)
-    try:
-        status = query_status(args.data_dir)
-    except OSError as exc:
-        print(f"warren: {exc}", file=sys.stderr)
+    status = node_status(args.data_dir)
+    if status is None:
         return EXIT_NO_NODE
     cluster = status.get("cluster")
     if cluster is None:

@@ -81,7 +81,11 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 from ..errors import UsageError
 from ..tables import Column, counted, format_table, strict_json
 from ..version import __version__
-from .access import permission_denied, refuse_unreachable_node, usable_data_directory
+from .access import (
+    node_status,
+    permission_denied,
+    usable_data_directory,
+)
 from .cluster import add_cluster_commands, add_cluster_options, cluster_settings
 from .queues import add_queue_commands
 from .sizes import parse_size
@@ -390,13 +394,8 @@ def _node(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from ..node.node import query_status
-
-    refuse_unreachable_node(args.data_dir)
-    try:
-        status = query_status(args.data_dir)
-    except OSError as exc:
-        print(f"warren: {exc}", file=sys.stderr)
+    status = node_status(args.data_dir)
+    if status is None:
         return EXIT_NO_NODE
     print(strict_json(status) if args.json else format_status(status))
     return EXIT_OK
