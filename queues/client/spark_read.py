@@ -92,7 +92,14 @@ from ..errors import (
     WarrenReadError,
 )
 from ..message import Message, decode, encode
-from ..protocol import StreamAttach, StreamChunks, StreamPlan, interval_text, parse_interval
+from ..protocol import (
+    MAX_PLAN_BYTES,
+    StreamAttach,
+    StreamChunks,
+    StreamPlan,
+    interval_text,
+    parse_interval,
+)
 from .spark_options import RETRY_PAUSE_S, Target, node_connection, retryable
 
 try:
@@ -183,8 +190,8 @@ class Source:
         flag = options.get("failOnDataLoss", "true").lower()
         if flag not in ("true", "false"):
             raise WarrenReadError(f"option failOnDataLoss is true or false, not {flag!r}")
-        partition_bytes = _positive_int(
-            options.get("partitionBytes", DEFAULT_PARTITION_BYTES), "partitionBytes"
+        partition_bytes = _positive_int(  # a task's range is one plan request's at most
+            options.get("partitionBytes", DEFAULT_PARTITION_BYTES), "partitionBytes", MAX_PLAN_BYTES
         )
         max_records = options.get("maxRecordsPerTrigger")
         for name in ("maxRecordsPerTrigger", *TRIGGER_OPTIONS):
@@ -216,7 +223,9 @@ class Source:
             partition_bytes,
             None if max_records is None else _positive_int(max_records, "maxRecordsPerTrigger"),
             options.get("consumerName", DEFAULT_CONSUMER_NAME),
-            None if max_bytes is None else _positive_int(max_bytes, "maxBytesPerTrigger"),
+            None
+            if max_bytes is None
+            else _positive_int(max_bytes, "maxBytesPerTrigger", MAX_PLAN_BYTES),
             None if min_offsets is None else _positive_int(min_offsets, "minOffsetsPerTrigger"),
             delay_s,
             strategy,
@@ -293,13 +302,14 @@ def _started(source: Source, begun: dict[str, Any], where: str) -> dict[str, Any
     return begun
 
 
-def _positive_int(value: object, name: str) -> int:
+def _positive_int(value: object, name: str, at_most: int | None = None) -> int:
     try:
         number = int(str(value))
     except ValueError:
         number = 0
-    if number < 1:
-        raise WarrenReadError(f"option {name} is an int >= 1, not {value!r}")
+    if number < 1 or (at_most is not None and number > at_most):
+        bounds = ">= 1" if at_most is None else f"in 1..{at_most}"
+        raise WarrenReadError(f"option {name} is an int {bounds}, not {value!r}")
     return number
 
 
@@ -795,8 +805,16 @@ class WarrenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         where = f"planning a micro-batch of stream {self.source.stream!r}"
         try:
             answer = self._session.ask(StreamPlan(start, end, max_bytes), where)
-        except OffsetOutOfRange:  # retention took them: the micro-batch's plan says how
-            return end
+        except OffsetOutOfRange:
+            # Retention took the start (the micro-batch's plan fails the query or skips
+            # them, as failOnDataLoss says): the bound counts from what the stream kept.
+            first = int(self._session.ask(StreamAttach("first"), where)["offset"])
+            if first >= end:
+                return end
+            try:
+                answer = self._session.ask(StreamPlan(first, end, max_bytes), where)
+            except OffsetOutOfRange:  # retention runs on: a micro-batch of one chunk
+                return min(end, first + 1)
         ranges = answer["ranges"]
         return int(ranges[0][1]) if ranges else end
 

@@ -409,8 +409,13 @@ def test_retention_past_a_query_fails_it_by_name_or_is_skipped_when_asked(spark,
         "events", type="stream", max_segment_size_bytes=20_000, max_length_bytes=60_000
     )
     publish(node, "events", 200)
-    stream_query(spark, node, tmp_path / "checkpoint", [], startingOffsets="first")
-    publish(node, "events", 20_000, first=200)  # retention deletes offsets 200 onwards
+    for checkpoint in ("checkpoint", "bounded"):  # two queries stopped at offset 200
+        stream_query(spark, node, tmp_path / checkpoint, [], startingOffsets="first")
+    publish(node, "events", 19_000, first=200)  # retention deletes offsets 200 onwards
+    for start in range(19_200, 20_200, 100):  # what it keeps, in chunks of 100
+        connection.publish_many(
+            "events", [f"event {i}".encode() for i in range(start, start + 100)]
+        )
     first = connection.queue_stats("events")["first_offset"]
     assert first > 200
     failed = stream_query(spark, node, tmp_path / "checkpoint", [])
@@ -425,6 +430,20 @@ def test_retention_past_a_query_fails_it_by_name_or_is_skipped_when_asked(spark,
     with connection.consume("events", offset="first", inactivity_timeout=2) as reader:
         kept = [record.offset for record in reader]
     assert read == kept and kept[0] >= first and len(kept) > 100
+    # The other query, planning its first micro-batch past the skip with a bound in
+    # bytes: the bound still counts (from the first offset kept), batch after batch.
+    bounded: list = []
+    query = stream_query(
+        spark,
+        node,
+        tmp_path / "bounded",
+        bounded,
+        failOnDataLoss="false",
+        maxBytesPerTrigger=10_000,
+    )
+    assert query.exception() is None
+    assert len([offsets for _, offsets in bounded if offsets]) >= 3, bounded
+    assert sorted(o for _, offsets in bounded for o in offsets)[: len(kept)] == kept
 
 
 def test_writing_into_a_stream_with_a_failed_task_adds_no_duplicate(spark, node):
@@ -485,6 +504,11 @@ def test_the_trigger_options_are_checked_before_a_query_starts():
         )
     with pytest.raises(WarrenReadError, match="minOffsetsPerTrigger"):
         Source.from_options({**streaming, "minOffsetsPerTrigger": "-1"}, streaming=True)
+    too_large = {**streaming, "maxBytesPerTrigger": str(2**31 + 1)}
+    with pytest.raises(WarrenReadError, match=r"maxBytesPerTrigger is an int in 1\.\.2147483648"):
+        Source.from_options(too_large, streaming=True)
+    with pytest.raises(WarrenReadError, match="partitionBytes is an int in 1"):
+        Source.from_options({**streaming, "partitionBytes": str(2**40)}, streaming=True)
     with pytest.raises(WarrenReadError, match="maxBytesPerTrigger is for a streaming read only"):
         Source.from_options({**streaming, "maxBytesPerTrigger": "1000"}, streaming=False)
     source = Source.from_options(
