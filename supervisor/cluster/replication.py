@@ -5,14 +5,19 @@ nodes, and tests drive both ends directly.
 
 Actions (``FileAction``), each with a sequence number the leader gives in order:
 ``append``/``write`` (bytes at an offset), ``create``, ``truncate`` (to a size),
-``rename`` and ``delete``. Every one is **idempotent** (a write names its offset, a
-create of an existing file, a delete of a missing one, a rename whose source is gone and
-whose target is there: each is done already), so a follower killed between applying a
-batch and recording it applies the batch again and ends where the leader is.
+``rename`` and ``delete``. Writes, creates and truncates are **idempotent** (a write
+names its offset), so a follower killed mid-batch applies them again and ends where the
+leader is. Renames and deletes are not (a rename then a write of the old name, applied
+twice, would write into the renamed file): the follower records its position durably
+right before and right after each one, so that a batch taken up again after a kill
+never repeats an action that came before a rename or delete already done, and finds the
+rename or delete itself done (its source gone, its target there; the file gone).
 
 Paths are relative to the data directory; ``check_path`` refuses absolute ones, ``..``,
 and the node's own files (``NODE_OWN_FILES``: its lock, its address, its cluster id,
-which belong to each node, not to the cluster's data).
+which belong to each node, not to the cluster's data); a follower never follows a
+symbolic link (``O_NOFOLLOW``, and none among a path's directories), and a file or
+directory that stands where the leader has the other kind is removed first.
 
 The follower (``Replica``):
 - refuses a batch of an older epoch than the newest it has seen (``StaleEpoch``): a
@@ -20,27 +25,38 @@ The follower (``Replica``):
   from its successor;
 - takes a batch only at ``applied + 1`` (a gap or a repeat is refused with the position
   it needs, ``OutOfOrder``: the leader resends from there);
-- applies a batch, fdatasyncs every file it touched and the directories whose entries
-  changed (group commit: one sync per file per batch), then records ``(epoch, applied)``
-  durably in ``REPLICA_FILE``; only then is the batch acknowledged.
+- applies a batch, fdatasyncs every file it touched and every directory from the data
+  directory down to each path it named (whether or not this run changed the entry: a
+  run killed after the change left it unsynced), one sync each per batch (group
+  commit), then records ``(epoch, applied)`` durably in ``REPLICA_FILE``; only then is
+  the batch acknowledged.
 
-The leader (``ActionLog``) keeps every action no ISR member has acknowledged yet, the
-position each follower acknowledged, and ``committed(isr)``: the highest action every
-member of the ISR has, below which a confirm may be given (the leader's own fdatasync is
-its writer's, before the action is recorded).
+The leader (``ActionLog``) keeps the actions its followers have not acknowledged yet (at
+most ``KEPT_ACTIONS``: one further behind needs a full sync), the position each follower
+acknowledged, and ``committed(isr)``: the highest action every other member of the ISR
+has, below which a confirm may be given (the leader's own fdatasync is its writer's,
+before the action is recorded).
 
 A follower that joins, or fell further behind than the log keeps, is brought level by a
-**full sync**: ``manifest`` lists each file's size and the CRC-32 of each ``BLOCK_BYTES``
-block; ``sync_actions`` turns the leader's manifest and the follower's into the actions
-that make the follower's files the leader's (only the blocks that differ are written,
-files the leader lacks are deleted, longer ones cut).
+**full sync**: the leader notes its position S, then ``manifest`` lists each file's size
+and a 128-bit BLAKE2 digest of each ``BLOCK_BYTES`` block; ``sync_actions`` turns the
+leader's manifest and the follower's into the actions that make the follower's files
+the leader's (only the blocks that differ are written, files the leader lacks are
+deleted, longer ones cut), read one block at a time as they are sent. The follower
+applies them with ``resync_to=S``: its position becomes S, and the leader's log goes on
+from S + 1. Files the leader changes during the sync are read as they are then: the
+actions after S, applied next, write the same bytes or later ones (a file deleted
+meanwhile is skipped: its delete follows).
 """
 
 from __future__ import annotations
 
+import collections
+import hashlib
 import json
 import os
-import zlib
+import shutil
+import stat
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -52,6 +68,7 @@ __all__ = [
     "ActionLog",
     "BLOCK_BYTES",
     "FileAction",
+    "KEPT_ACTIONS",
     "NODE_OWN_FILES",
     "OutOfOrder",
     "REPLICA_FILE",
@@ -69,6 +86,7 @@ NODE_OWN_FILES = frozenset(
     {"node.lock", "node.json", "cluster.json", REPLICA_FILE, "alarms.json", "node.reserve"}
 )
 BLOCK_BYTES = 1 << 20  # a full sync compares files block by block, this size
+KEPT_ACTIONS = 100_000  # the most actions the leader keeps for followers behind
 KINDS = ("append", "write", "create", "truncate", "rename", "delete")
 
 
@@ -128,49 +146,88 @@ class Replica:
         self.data_dir = data_dir
         self.epoch, self.applied = _read_position(data_dir)
 
-    def apply(self, epoch: int, actions: Sequence[FileAction]) -> int:
-        """Apply one batch of the leader of ``epoch``; the position now durable (what the
-        follower acknowledges)."""
+    def apply(
+        self, epoch: int, actions: Sequence[FileAction], *, resync_to: int | None = None
+    ) -> int:
+        """Apply one batch of the leader of ``epoch`` (a full sync's with ``resync_to``,
+        the leader's position it brings the follower to); the position now durable (what
+        the follower acknowledges)."""
         if epoch < self.epoch:
             raise StaleEpoch(
                 f"a batch of epoch {epoch} came after epoch {self.epoch}: its leader was "
                 "deposed; nothing applied"
             )
-        if actions and actions[0].seq != self.applied + 1:
-            raise OutOfOrder(
-                f"a batch from action {actions[0].seq}, where the replica has "
-                f"{self.applied}: nothing applied",
-                self.applied + 1,
-            )
-        for previous, action in zip(actions, actions[1:], strict=False):
-            if action.seq != previous.seq + 1:
-                raise OutOfOrder(
-                    f"a batch with a gap after action {previous.seq}: nothing applied",
-                    self.applied + 1,
-                )
-        touched: set[str] = set()
-        directories: set[str] = set()
+        if resync_to is None:
+            _check_order(actions, self.applied)
+        pending = _Syncs(self.data_dir)
         for action in actions:
-            _apply(self.data_dir, action, touched, directories)
-        for path in sorted(touched):
-            _fdatasync(os.path.join(self.data_dir, path))
-        for directory in sorted(directories):
-            fsync_directory(directory)
-        if actions or epoch != self.epoch:
-            self.epoch = epoch
-            self.applied = actions[-1].seq if actions else self.applied
-            _write_position(self.data_dir, self.epoch, self.applied)
+            if action.kind in ("rename", "delete") and resync_to is None:
+                self._checkpoint(epoch, action.seq - 1, pending)
+                _apply(self.data_dir, action, pending)
+                self._checkpoint(epoch, action.seq, pending)
+            else:
+                _apply(self.data_dir, action, pending)
+        if resync_to is not None:
+            self._checkpoint(epoch, resync_to, pending)
+        elif actions or epoch != self.epoch:
+            self._checkpoint(epoch, actions[-1].seq if actions else self.applied, pending)
         return self.applied
 
+    def _checkpoint(self, epoch: int, applied: int, pending: _Syncs) -> None:
+        """Sync what the batch changed so far, then record the position."""
+        pending.flush()
+        if (epoch, applied) != (self.epoch, self.applied):
+            _write_position(self.data_dir, epoch, applied)
+            self.epoch, self.applied = epoch, applied
 
-def _apply(data_dir: str, action: FileAction, touched: set[str], directories: set[str]) -> None:
+
+def _check_order(actions: Sequence[FileAction], applied: int) -> None:
+    if actions and actions[0].seq != applied + 1:
+        raise OutOfOrder(
+            f"a batch from action {actions[0].seq}, where the replica has {applied}: "
+            "nothing applied",
+            applied + 1,
+        )
+    for previous, action in zip(actions, actions[1:], strict=False):
+        if action.seq != previous.seq + 1:
+            raise OutOfOrder(
+                f"a batch with a gap after action {previous.seq}: nothing applied", applied + 1
+            )
+
+
+class _Syncs:
+    """The files and directories a batch touched, synced together at a checkpoint."""
+
+    def __init__(self, data_dir: str) -> None:
+        self.data_dir = data_dir
+        self.files: set[str] = set()
+        self.directories: set[str] = set()
+
+    def named(self, path: str) -> None:
+        """Every directory from the data directory down to ``path``'s."""
+        directory = self.data_dir
+        self.directories.add(directory)
+        for part in path.split("/")[:-1]:
+            directory = os.path.join(directory, part)
+            self.directories.add(directory)
+
+    def flush(self) -> None:
+        for path in sorted(self.files):
+            _fdatasync(os.path.join(self.data_dir, path))
+        for directory in sorted(self.directories, key=len, reverse=True):
+            if os.path.isdir(directory):
+                fsync_directory(directory)
+        self.files.clear()
+        self.directories.clear()
+
+
+def _apply(data_dir: str, action: FileAction, syncs: _Syncs) -> None:
     path = os.path.join(data_dir, action.path)
-    parent = os.path.dirname(path)
+    syncs.named(action.path)
     if action.kind in ("append", "write", "create", "truncate"):
-        _make_directories(parent, directories)
-        if not os.path.exists(path):
-            directories.add(parent)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+        _make_directories(data_dir, os.path.dirname(action.path))
+        _clear_the_way(path, keep=stat.S_ISREG)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o644)
         try:
             if action.kind in ("append", "write"):
                 os.pwrite(fd, action.data, action.offset)
@@ -178,39 +235,52 @@ def _apply(data_dir: str, action: FileAction, touched: set[str], directories: se
                 os.ftruncate(fd, action.offset)
         finally:
             os.close(fd)
-        touched.add(action.path)
+        syncs.files.add(action.path)
     elif action.kind == "delete":
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            return  # deleted already
-        touched.discard(action.path)
-        directories.add(parent)
+        _clear_the_way(path, keep=None)
+        syncs.files.discard(action.path)
     else:  # rename
         target = os.path.join(data_dir, action.target)
-        if not os.path.exists(path) and os.path.exists(target):
-            return  # renamed already
-        _make_directories(os.path.dirname(target), directories)
+        syncs.named(action.target)
+        if not os.path.lexists(path) and os.path.lexists(target):
+            return  # renamed already (the position before it was recorded first)
+        _make_directories(data_dir, os.path.dirname(action.target))
+        _clear_the_way(target, keep=stat.S_ISREG)
         os.replace(path, target)
-        if action.path in touched:
-            touched.discard(action.path)
-            touched.add(action.target)
-        directories.update({parent, os.path.dirname(target)})
+        if action.path in syncs.files:
+            syncs.files.discard(action.path)
+        syncs.files.add(action.target)
 
 
-def _make_directories(directory: str, directories: set[str]) -> None:
-    """Create ``directory`` and its missing parents, noting each parent whose entries
-    changed (synced with the batch)."""
-    if os.path.isdir(directory):
+def _make_directories(data_dir: str, relative: str) -> None:
+    """Create the directories of ``relative`` under ``data_dir``, replacing a file or a
+    link that stands where one belongs."""
+    directory = data_dir
+    for part in relative.split("/") if relative else ():
+        directory = os.path.join(directory, part)
+        _clear_the_way(directory, keep=stat.S_ISDIR)
+        if not os.path.lexists(directory):
+            os.mkdir(directory)
+
+
+def _clear_the_way(path: str, keep: object) -> None:
+    """Remove what is at ``path`` unless it is of the kind ``keep`` tests for (a
+    symbolic link never is; ``keep=None``: remove whatever is there)."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
         return
-    _make_directories(os.path.dirname(directory), directories)
-    os.mkdir(directory)
-    directories.add(os.path.dirname(directory))
+    if callable(keep) and keep(mode):
+        return
+    if stat.S_ISDIR(mode):
+        shutil.rmtree(path)
+    else:
+        os.unlink(path)
 
 
 def _fdatasync(path: str) -> None:
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     except FileNotFoundError:
         return  # renamed or deleted later in the batch: its new name was synced
     try:
@@ -235,95 +305,127 @@ def _write_position(data_dir: str, epoch: int, applied: int) -> None:
 
 @dataclass
 class ActionLog:
-    """The leader's side; see the module docstring."""
+    """The leader's side; see the module docstring. ``leader``: its own name, which the
+    ISR holds too and which has every action."""
 
+    leader: str
     next_seq: int = 1
-    kept: list[FileAction] = field(default_factory=list)  # from the lowest ISR ack on
+    kept: collections.deque[FileAction] = field(default_factory=collections.deque)
     acked: dict[str, int] = field(default_factory=dict)  # follower -> its durable position
 
+    @property
+    def position(self) -> int:
+        """The last action recorded."""
+        return self.next_seq - 1
+
     def record(self, kind: str, path: str, **fields: object) -> FileAction:
-        """The next action, kept until every ISR member has it."""
+        """The next action, kept until every follower has it (or is too far behind)."""
         action = FileAction(self.next_seq, kind, path, **fields)  # type: ignore[arg-type]
         self.kept.append(action)
         self.next_seq += 1
+        while len(self.kept) > KEPT_ACTIONS:
+            self.kept.popleft()
         return action
 
     def batch_for(self, follower: str, limit: int = 1000) -> list[FileAction] | None:
         """The actions ``follower`` lacks, at most ``limit``; None when the log no longer
         keeps the first of them (the follower needs a full sync)."""
         after = self.acked.get(follower, 0)
-        if after + 1 >= self.next_seq:
+        if after >= self.position:
             return []
         if not self.kept or self.kept[0].seq > after + 1:
             return None
         start = after + 1 - self.kept[0].seq
-        return self.kept[start : start + limit]
+        return [self.kept[index] for index in range(start, min(start + limit, len(self.kept)))]
 
     def acknowledge(self, follower: str, position: int) -> None:
+        """``follower`` has every action up to ``position`` on its disk."""
+        if not 0 <= position <= self.position:
+            raise ValueError(
+                f"{follower} acknowledged action {position}; the log is at {self.position}"
+            )
         self.acked[follower] = max(self.acked.get(follower, 0), position)
 
+    def resynced(self, follower: str, position: int) -> None:
+        """``follower`` was brought level by a full sync at ``position`` (lower, too: a
+        follower whose disk was replaced starts over)."""
+        if not 0 <= position <= self.position:
+            raise ValueError(f"a full sync to {position}; the log is at {self.position}")
+        self.acked[follower] = position
+
     def committed(self, isr: Iterable[str]) -> int:
-        """The highest action every ISR member but the leader has (the leader has all)."""
-        followers = list(isr)
-        if not followers:
-            return self.next_seq - 1
-        return min(self.acked.get(follower, 0) for follower in followers)
+        """The highest action every ISR member has (the leader has all of them)."""
+        followers = [member for member in isr if member != self.leader]
+        return min((self.acked.get(f, 0) for f in followers), default=self.position)
 
-    def release(self, isr: Iterable[str]) -> None:
-        """Drop what every ISR member has: a follower outside the ISR that needs it later
-        is brought level by a full sync."""
-        done = self.committed(isr)
+    def release(self) -> None:
+        """Drop what every follower has."""
+        done = min(self.acked.values(), default=self.position)
         while self.kept and self.kept[0].seq <= done:
-            self.kept.pop(0)
+            self.kept.popleft()
 
 
-def manifest(data_dir: str) -> dict[str, tuple[int, tuple[int, ...]]]:
-    """Each replicated file's size and its blocks' CRC-32s, by path."""
-    files: dict[str, tuple[int, tuple[int, ...]]] = {}
+Manifest = dict[str, tuple[int, tuple[bytes, ...]]]  # path -> (size, its blocks' digests)
+
+
+def manifest(data_dir: str) -> Manifest:
+    """Each replicated file's size and its blocks' digests, by path."""
+    files: Manifest = {}
     for path in _replicated_files(data_dir):
-        with open(os.path.join(data_dir, path), "rb") as file:
-            crcs = []
+        try:
+            fd = os.open(os.path.join(data_dir, path), os.O_RDONLY | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            continue  # deleted since the listing
+        with os.fdopen(fd, "rb") as file:
+            digests = []
             size = 0
             while block := file.read(BLOCK_BYTES):
-                crcs.append(zlib.crc32(block))
+                digests.append(hashlib.blake2b(block, digest_size=16).digest())
                 size += len(block)
-        files[path] = (size, tuple(crcs))
+        files[path] = (size, tuple(digests))
     return files
 
 
 def _replicated_files(data_dir: str) -> Iterator[str]:
+    """The regular files under ``data_dir`` (no link followed), but each node's own and
+    the temporary files a replace leaves when it is killed."""
     for root, _, names in os.walk(data_dir):
         for name in sorted(names):
-            path = os.path.relpath(os.path.join(root, name), data_dir)
-            if path not in NODE_OWN_FILES:
-                yield path
+            full = os.path.join(root, name)
+            path = os.path.relpath(full, data_dir)
+            if path in NODE_OWN_FILES or name.endswith(".tmp") or not _regular(full):
+                continue
+            yield path
 
 
-def sync_actions(
-    data_dir: str,
-    leader: dict[str, tuple[int, tuple[int, ...]]],
-    follower: dict[str, tuple[int, tuple[int, ...]]],
-    first_seq: int,
-) -> list[FileAction]:
-    """The actions (numbered from ``first_seq``) that make the follower's files those of
-    the leader's ``data_dir``, whose manifest is ``leader``."""
-    actions: list[FileAction] = []
+def _regular(path: str) -> bool:
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except FileNotFoundError:
+        return False
 
-    def add(kind: str, path: str, **fields: object) -> None:
-        actions.append(FileAction(first_seq + len(actions), kind, path, **fields))  # type: ignore[arg-type]
 
+def sync_actions(data_dir: str, leader: Manifest, follower: Manifest) -> Iterator[FileAction]:
+    """The actions that make the follower's files those of the leader's ``data_dir``
+    (whose manifest is ``leader``), numbered from 1 within the sync, each block read as
+    it is taken."""
+    numbers = iter(range(1, 1 << 62))
     for path in sorted(set(follower) - set(leader)):
-        add("delete", path)
-    for path, (size, crcs) in sorted(leader.items()):
+        yield FileAction(next(numbers), "delete", path)
+    for path, (size, digests) in sorted(leader.items()):
         theirs_size, theirs = follower.get(path, (-1, ()))
         if theirs_size < 0:
-            add("create", path)
-        with open(os.path.join(data_dir, path), "rb") as file:
-            for index, crc in enumerate(crcs):
-                if index < len(theirs) and theirs[index] == crc:
+            yield FileAction(next(numbers), "create", path)
+        try:
+            fd = os.open(os.path.join(data_dir, path), os.O_RDONLY | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            continue  # deleted since the manifest: its delete action follows the sync
+        with os.fdopen(fd, "rb") as file:
+            for index, digest in enumerate(digests):
+                if index < len(theirs) and theirs[index] == digest:
                     continue
-                file.seek(index * BLOCK_BYTES)
-                add("write", path, offset=index * BLOCK_BYTES, data=file.read(BLOCK_BYTES))
+                offset = index * BLOCK_BYTES
+                data = os.pread(file.fileno(), BLOCK_BYTES, offset)
+                yield FileAction(next(numbers), "write", path, offset=offset, data=data)
         if theirs_size != size:
-            add("truncate", path, offset=size)
-    return actions
+            yield FileAction(next(numbers), "truncate", path, offset=size)
