@@ -495,7 +495,7 @@ def listening(status: dict) -> list[str]:
         )
     cluster = status.get("cluster")
     if cluster:
-        leader = cluster["leader"] or "no leader"
+        leader = cluster["leader"] or "none"
         lines.append(
             f"cluster {cluster['cluster']}: this node is {cluster['role']}; leader {leader}, "
             f"epoch {cluster['epoch'] if cluster['epoch'] is not None else '-'} "

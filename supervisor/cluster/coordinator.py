@@ -15,7 +15,8 @@ Roles, as the status says them:
 - ``out of the ISR``: no node leads, and this one may not (it lacks data the ISR has):
   it waits for an ISR member to come back, as Kafka without unclean elections does;
 - ``cut off``: the lease is not known alive (etcd unreachable, or the lease lost): such a
-  node leads nothing, even if it led a moment ago (see ``Election.leading``).
+  node leads nothing, even if it led a moment ago (see ``Election.leading``);
+- ``joining``: the coordinator has just started and not yet heard from etcd.
 
 Races it guards against:
 - etcd unreachable: every step's error is kept for the status and the step is tried again
@@ -220,6 +221,8 @@ class _Coordination:
             self.stopping.wait(HEALTH_EVERY_S)
 
     def _role(self, view: ClusterView | None) -> str:
+        if view is None and self._last_error is None:
+            return "joining"  # its first step has not ended yet
         if self.election.leading() and view is not None and view.epoch == self.election.epoch:
             return "leader"  # (until the step that won has read the view, a candidate)
         if not self.election.lease_alive() or view is None:
