@@ -1,0 +1,250 @@
+"""Replication's wire between two nodes' coordinators: the follower serves its replica
+at its ``--peer`` address (``ReplicaServer``, a ZeroMQ ROUTER), and the leader keeps one
+``FollowerLink`` (a DEALER) to each follower. Both are driven by their coordinator's
+thread (``serve``/``pump`` with a timeout); neither starts a thread of its own.
+
+Messages, each a multipart ZeroMQ message whose first frame is a JSON header and whose
+other frames are the actions' bytes in order:
+- ``hello {cluster, epoch}`` → ``state {epoch, applied}``: where the replica stands;
+- ``manifest {cluster, epoch}`` → ``manifest {files}``: its files' sizes and block
+  digests (hex), for a full sync;
+- ``batch {cluster, epoch, actions, resync_to}`` + data → ``ack {applied}``, or
+  ``refused {reason, needed}`` (a deposed epoch, a gap: nothing applied).
+Any request of another cluster, or that does not parse, is answered ``refused`` with the
+reason and changes nothing; a peer that answers nothing the link can read is reported
+in one line (``PeerError``), never taken for a follower.
+
+Races it guards against:
+- A follower restarted while a batch was in flight: the batch is refused or never
+  answered; the link asks ``hello`` again and sends from the position the replica has.
+- A batch applied whose ack was lost: sending it again is refused with ``needed`` past
+  it, and the link moves on from there (never a gap: the replica checks the order).
+- A leader deposed while it sends: a replica that has seen a newer epoch refuses it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import zmq
+
+from ..errors import ClusterError
+from .replication import (
+    ActionLog,
+    FileAction,
+    OutOfOrder,
+    Replica,
+    StaleEpoch,
+    manifest,
+    sync_actions,
+)
+
+__all__ = ["FollowerLink", "PeerError", "ReplicaServer"]
+
+ANSWER_TIMEOUT_S = 5.0  # how long a link waits for a follower's answer before it asks anew
+BATCH_ACTIONS = 1000  # the most actions one batch carries
+SYNC_BATCH_BYTES = 16 * 2**20  # a full sync goes in batches of about this many bytes
+
+
+class PeerError(ClusterError):
+    """A peer that is not a follower of this cluster, or that answered nothing readable."""
+
+
+def _frames(header: dict[str, Any], actions: Sequence[FileAction] = ()) -> list[bytes]:
+    meta = [
+        {"seq": a.seq, "kind": a.kind, "path": a.path, "offset": a.offset, "target": a.target}
+        for a in actions
+    ]
+    return [json.dumps({**header, "actions": meta}).encode(), *(a.data for a in actions)]
+
+
+def _actions(header: dict[str, Any], data: list[bytes]) -> list[FileAction]:
+    meta = header.get("actions", [])
+    if not isinstance(meta, list) or len(meta) != len(data):
+        raise ValueError("a batch whose actions and data frames do not match")
+    return [
+        FileAction(
+            int(m["seq"]),
+            str(m["kind"]),
+            str(m["path"]),
+            int(m["offset"]),
+            payload,
+            str(m["target"]),
+        )
+        for m, payload in zip(meta, data, strict=True)
+    ]
+
+
+class ReplicaServer:
+    """A follower's replica, served at ``endpoint`` to its cluster's leader."""
+
+    def __init__(self, context: zmq.Context, endpoint: str, cluster: str, replica: Replica) -> None:
+        self.cluster, self.replica = cluster, replica
+        self.socket = context.socket(zmq.ROUTER)
+        self.socket.linger = 0
+        self.socket.bind(endpoint)
+        self.counters = {"batches": 0, "refused": 0}
+
+    def serve(self, timeout_s: float) -> None:
+        """Answer every request that arrives within ``timeout_s``."""
+        if not self.socket.poll(int(timeout_s * 1000)):
+            return
+        while True:
+            try:
+                identity, *frames = self.socket.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self.socket.send_multipart([identity, json.dumps(self._answer(frames)).encode()])
+
+    def _answer(self, frames: list[bytes]) -> dict[str, Any]:
+        try:
+            header = json.loads(frames[0]) if frames else None
+            if not isinstance(header, dict):
+                raise ValueError("not a replication request")
+            if header.get("cluster") != self.cluster:
+                raise ValueError(f"a request of cluster {header.get('cluster')!r}")
+            kind, epoch = header.get("kind"), int(header.get("epoch", 0))
+            if kind == "hello":
+                return {
+                    "kind": "state",
+                    "epoch": self.replica.epoch,
+                    "applied": self.replica.applied,
+                }
+            if kind == "manifest":
+                files = manifest(self.replica.data_dir)
+                listed = {p: [size, [d.hex() for d in ds]] for p, (size, ds) in files.items()}
+                return {"kind": "manifest", "files": listed}
+            if kind == "batch":
+                resync = header.get("resync_to")
+                actions = _actions(header, frames[1:])
+                applied = self.replica.apply(
+                    epoch, actions, resync_to=None if resync is None else int(resync)
+                )
+                self.counters["batches"] += 1
+                return {"kind": "ack", "applied": applied}
+            raise ValueError(f"an unknown request {kind!r}")
+        except OutOfOrder as exc:
+            self.counters["refused"] += 1
+            return {"kind": "refused", "reason": str(exc), "needed": exc.needed}
+        except (StaleEpoch, ValueError, KeyError, TypeError) as exc:
+            self.counters["refused"] += 1
+            return {"kind": "refused", "reason": str(exc)}
+
+    def close(self) -> None:
+        self.socket.close()
+
+
+class FollowerLink:
+    """The leader's link to one follower at ``endpoint``, fed from ``log``."""
+
+    def __init__(
+        self,
+        context: zmq.Context,
+        endpoint: str,
+        cluster: str,
+        follower: str,
+        log: ActionLog,
+        data_dir: str,
+    ) -> None:
+        self.endpoint, self.cluster, self.follower = endpoint, cluster, follower
+        self.log, self.data_dir = log, data_dir
+        self.socket = context.socket(zmq.DEALER)
+        self.socket.linger = 0
+        self.socket.connect(endpoint)
+        self.known = False  # the follower's position is known (after a hello)
+        self.last_error: str | None = None
+
+    def _ask(self, header: dict[str, Any], actions: Sequence[FileAction] = ()) -> dict[str, Any]:
+        self.socket.send_multipart(_frames({"cluster": self.cluster, **header}, actions))
+        if not self.socket.poll(int(ANSWER_TIMEOUT_S * 1000)):
+            self._reconnect()
+            raise PeerError(f"{self.follower} at {self.endpoint} did not answer")
+        frames = self.socket.recv_multipart()
+        try:
+            answer = json.loads(frames[0])
+            if not isinstance(answer, dict) or "kind" not in answer:
+                raise ValueError(answer)
+        except ValueError:
+            self._reconnect()
+            raise PeerError(
+                f"{self.endpoint} is not a Warren node's peer address: it answered "
+                f"{frames[0][:60]!r}"
+            ) from None
+        return answer
+
+    def _reconnect(self) -> None:
+        """A fresh socket: an answer that comes late must not be taken for the next."""
+        context = self.socket.context
+        self.socket.close()
+        self.socket = context.socket(zmq.DEALER)
+        self.socket.linger = 0
+        self.socket.connect(self.endpoint)
+        self.known = False
+
+    def pump(self, epoch: int) -> int:
+        """Bring the follower one batch nearer the log's end (a full sync when the log no
+        longer holds what it lacks); its position, acknowledged."""
+        if not self.known:
+            state = self._ask({"kind": "hello", "epoch": epoch})
+            if state.get("kind") != "state":
+                self.last_error = str(state.get("reason", state))
+                raise PeerError(f"{self.follower} refused: {self.last_error}")
+            self.log.resynced(self.follower, min(int(state.get("applied", 0)), self.log.position))
+            self.known = True
+        batch = self.log.batch_for(self.follower, BATCH_ACTIONS)
+        if batch is None:
+            return self._full_sync(epoch)
+        if not batch:
+            return self.log.acked.get(self.follower, 0)
+        answer = self._ask({"kind": "batch", "epoch": epoch}, batch)
+        return self._acknowledged(answer)
+
+    def _acknowledged(self, answer: dict[str, Any]) -> int:
+        if answer.get("kind") == "ack":
+            self.log.acknowledge(self.follower, int(answer["applied"]))
+            self.last_error = None
+        elif answer.get("kind") == "refused" and "needed" in answer:
+            self.log.resynced(self.follower, min(int(answer["needed"]) - 1, self.log.position))
+        else:
+            self.last_error = str(answer.get("reason", answer))
+            raise PeerError(f"{self.follower} refused: {self.last_error}")
+        return self.log.acked[self.follower]
+
+    def _full_sync(self, epoch: int) -> int:
+        """The follower's files made the leader's, as of the log's position now, in
+        batches of about ``SYNC_BATCH_BYTES``. All but the last set the replica's
+        position to 0, so that a follower killed mid-sync is synced again from the
+        start, never taken for one that has the log up to where it was."""
+        position = self.log.position
+        theirs = self._ask({"kind": "manifest", "epoch": epoch})
+        files = {
+            path: (int(size), tuple(bytes.fromhex(d) for d in digests))
+            for path, (size, digests) in theirs.get("files", {}).items()
+        }
+        batches = _sized(sync_actions(self.data_dir, manifest(self.data_dir), files))
+        batch = next(batches, [])
+        for following in batches:
+            self._acknowledged(self._ask({"kind": "batch", "epoch": epoch, "resync_to": 0}, batch))
+            self.log.resynced(self.follower, 0)
+            batch = following
+        header = {"kind": "batch", "epoch": epoch, "resync_to": position}
+        return self._acknowledged(self._ask(header, batch))
+
+    def close(self) -> None:
+        self.socket.close()
+
+
+def _sized(actions: Iterator[FileAction]) -> Iterator[list[FileAction]]:
+    """``actions`` in lists of about ``SYNC_BATCH_BYTES`` of data each."""
+    batch: list[FileAction] = []
+    size = 0
+    for action in actions:
+        batch.append(action)
+        size += len(action.data)
+        if size >= SYNC_BATCH_BYTES or len(batch) >= BATCH_ACTIONS:
+            yield batch
+            batch, size = [], 0
+    if batch:
+        yield batch
