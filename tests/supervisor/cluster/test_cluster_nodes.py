@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 
+import psutil
 import pytest
 
 from warren.supervisor.cluster.election import Election
@@ -60,6 +61,19 @@ def start_nodes(etcd, tmp_path, cluster: str, count: int = 3, ttl_s: int = 10):
     return nodes
 
 
+def lose_machine(node: NodeProcess) -> None:
+    """SIGKILL every process of ``node`` at once, as a machine that dies (a kill of the
+    node's process alone lets its forkserver stop the actors, and the coordinator give
+    its lease back on the way)."""
+    family = psutil.Process(node.process.pid).children(recursive=True)
+    for process in family:
+        with contextlib.suppress(psutil.Error):
+            process.kill()
+    node.kill()
+    psutil.wait_procs(family, timeout=30)
+    assert not [p for p in family if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
 def agreed_leader(nodes: list[NodeProcess]) -> tuple[str, int] | None:
     """The leader and epoch every node reports, once they agree and one leads."""
     seen = {(s["leader"], s["epoch"]) for s in map(cluster_status, nodes)}
@@ -96,10 +110,11 @@ def test_three_nodes_agree_on_a_leader_and_a_killed_leader_leads_again_under_a_n
             timeout=60,
         ).stdout
         assert f"cluster three: this node is {statuses['n0']['role']}; leader {leader}" in shown
-        # kill -9 of the leader's whole node, started again: its new lease releases the
-        # key its killed run left, and it leads again under a new epoch (it is the ISR).
+        # Every process of the leader SIGKILLed, started again: its new lease releases
+        # the key its killed run left, and it leads again under a new epoch (it is the ISR).
         killed = nodes[int(leader[-1])]
-        killed.restart()
+        lose_machine(killed)
+        killed.start()
         wait_for(lambda: (agreed := agreed_leader(nodes)) and agreed[1] > epoch, timeout=30)
         assert agreed_leader(nodes)[0] == leader
         # A clean stop gives the lease back: the others see no leader at once, and none
@@ -127,7 +142,7 @@ def test_when_the_leader_is_killed_an_isr_follower_takes_over_under_a_higher_epo
         with fenced_writer(etcd, "failover", epoch) as writer:
             writer.write_isr(("n0", "n1", "n2"))
         killed = nodes[int(leader[-1])]
-        killed.kill()
+        lose_machine(killed)  # no process of it is left to give its lease back
         others = [node for node in nodes if node is not killed]
         wait_for(lambda: (agreed := agreed_leader(others)) and agreed[1] > epoch, timeout=60)
         new_leader, _ = agreed_leader(others)
