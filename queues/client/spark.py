@@ -20,7 +20,9 @@ from ``warren keys``: a path on every executor, or a file shipped with ``addFile
 ``key`` (its content, base64), ``persistent`` (true), ``mandatory`` (true: a row the
 exchange routes to no queue fails the job; false: it is dropped), ``producer`` (a name
 for the job: see below), ``timeout_s`` (120: how long a task retries a node that is
-down before it fails the job).
+down before it fails the job), ``max_in_flight`` (4: the chunks a task sends before the
+first one's confirm, so that it encodes the next while the node writes and syncs; 1
+waits for each).
 
 Exactly once, per row. Each task is a producer, ``<job>/<partition>``, and a row's
 sequence is its index in the partition, so a retried task, a speculative copy, or a
@@ -44,7 +46,8 @@ connection's bytes per Publish).
 
 A task returns only once every row it sent is confirmed (fsynced by every queue it went
 to). A node down or restarting is retried, with the same sequences, for ``timeout_s``;
-then the task fails with the node's last error. The driver's commit logs the totals
+then the task fails with the node's last error. A confirm that fails has every chunk
+not yet confirmed sent again (those after it too): the queues drop what had landed. The driver's commit logs the totals
 (``warren.spark`` logger, and stderr); an abort logs what the finished tasks published.
 
 Streaming: ``df.writeStream.format("warren")`` writes each micro-batch the same way, the
@@ -62,6 +65,7 @@ failed task does not hang.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
 import os
@@ -150,71 +154,104 @@ def publish_columns(
 ) -> tuple[int, int]:
     """Publish the rows of ``chunks`` (Arrow batches, or column name -> values, at most
     ``BATCH_ROWS`` rows each, ``STREAM_BATCH_ROWS`` into a stream) as producer
-    ``producer``, each chunk confirmed before the next; a chunk that fails is sent again,
-    under the same sequences, until ``target.timeout_s`` has passed without progress.
-    (rows, retries)."""
-
-    connection = None
-    sequence = retries = 0
+    ``producer``, at most ``target.max_in_flight`` chunks sent ahead of the oldest one's
+    confirm; when a confirm fails, every chunk not confirmed is sent again, under the
+    same sequences (the node drops what had landed), until ``target.timeout_s`` has
+    passed without a chunk confirmed. (rows, retries)."""
+    connection: Connection | None = None
+    in_flight: collections.deque[_Chunk] = collections.deque()
+    chunks = iter(chunks)
+    sequence = confirmed = retries = 0
+    deadline = time.monotonic() + target.timeout_s
+    pause = RETRY_PAUSE_S[0]
     try:
-        for columns in chunks:
-            runs = _encoded_runs(columns, target, where, sequence)
-            count = sum(len(payloads) for _, payloads in runs)
+        while True:
+            while len(in_flight) < target.max_in_flight:
+                columns = next(chunks, None)
+                if columns is None:
+                    break
+                runs = _encoded_runs(columns, target, where, sequence)
+                count = sum(len(payloads) for _, payloads in runs)
+                in_flight.append(_Chunk(sequence, count, runs))
+                sequence += count
+            if not in_flight:
+                return confirmed, retries
+            oldest = in_flight[0]
+            try:
+                if connection is None:
+                    connection = node_connection(
+                        target.endpoint, target.key_file, target.key, WarrenWriteError
+                    )
+                for chunk in in_flight:
+                    if chunk.confirms is None:
+                        chunk.confirms = _send_runs(connection, target, chunk, producer)
+                for confirm in oldest.confirms or ():
+                    confirm.result()
+            except Exception as exc:
+                if not retryable(exc) or time.monotonic() + pause > deadline:
+                    last = in_flight[-1]
+                    raise WarrenWriteError(
+                        f"{where}: rows {oldest.sequence}..{last.sequence + last.count - 1} "
+                        f"were not confirmed: {type(exc).__name__}: {exc} (after {retries} "
+                        f"retries; the {oldest.sequence} rows before them are confirmed)"
+                    ) from None
+                retries += 1
+                log.warning(
+                    "%s: %s; publishing rows %d.. again in %.1f s",
+                    where,
+                    exc,
+                    oldest.sequence,
+                    pause,
+                )
+                if connection is not None:
+                    connection.close()
+                    connection = None
+                for chunk in in_flight:
+                    chunk.confirms = None
+                time.sleep(pause)
+                pause = min(pause * 2, RETRY_PAUSE_S[1])
+                continue
+            in_flight.popleft()
+            confirmed += oldest.count
             deadline = time.monotonic() + target.timeout_s
             pause = RETRY_PAUSE_S[0]
-            while True:
-                try:
-                    if connection is None:
-                        connection = node_connection(
-                            target.endpoint, target.key_file, target.key, WarrenWriteError
-                        )
-                    _publish_runs(connection, target, runs, producer, sequence)
-                    break
-                except Exception as exc:
-                    if not retryable(exc) or time.monotonic() + pause > deadline:
-                        raise WarrenWriteError(
-                            f"{where}: rows {sequence}..{sequence + count - 1} were "
-                            f"not confirmed: {type(exc).__name__}: {exc} (after {retries} "
-                            f"retries; the {sequence} rows before them are confirmed)"
-                        ) from None
-                    retries += 1
-                    log.warning(
-                        "%s: %s; publishing rows %d.. again in %.1f s", where, exc, sequence, pause
-                    )
-                    if connection is not None:
-                        connection.close()
-                        connection = None
-                    time.sleep(pause)
-                    pause = min(pause * 2, RETRY_PAUSE_S[1])
-            sequence += count
-        return sequence, retries
     finally:
         if connection is not None:
             connection.close()
 
 
-def _publish_runs(
-    connection: Connection,
-    target: Target,
-    runs: list[tuple[str, list[bytes]]],
-    producer: str,
-    sequence: int,
-) -> None:
-    """Each run of encoded messages (one routing key) sent and confirmed in turn; the
-    connection cuts it into Publishes: of ``PUBLISH_BATCH`` messages into a queue, into a
-    stream one Publish (one chunk) while it keeps under the bytes one Publish holds."""
-    for key, payloads in runs:
+@dataclasses.dataclass
+class _Chunk:
+    """A chunk's rows as encoded runs, from ``sequence``; ``confirms`` once sent."""
+
+    sequence: int
+    count: int
+    runs: list[tuple[str, list[bytes]]]
+    confirms: list[Any] | None = None
+
+
+def _send_runs(connection: Connection, target: Target, chunk: _Chunk, producer: str) -> list[Any]:
+    """Each run of the chunk's encoded messages (one routing key) sent, in order; their
+    confirms. The connection cuts a run into Publishes: of ``PUBLISH_BATCH`` messages
+    into a queue, into a stream one Publish (one chunk) while it keeps under the bytes
+    one Publish holds."""
+    confirms = []
+    sequence = chunk.sequence
+    for key, payloads in chunk.runs:
         if payloads:
-            connection._send_runs(
-                key,
-                [(target.persistent, None, payloads)],
-                target.exchange or "",
-                target.mandatory,
-                producer,
-                sequence,
-                awaited=True,
-            ).result()
+            confirms.append(
+                connection._send_runs(
+                    key,
+                    [(target.persistent, None, payloads)],
+                    target.exchange or "",
+                    target.mandatory,
+                    producer,
+                    sequence,
+                    awaited=True,
+                )
+            )
         sequence += len(payloads)
+    return confirms
 
 
 def _encoded_runs(

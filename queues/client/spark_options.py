@@ -45,6 +45,11 @@ __all__ = [
 ]
 
 DEFAULT_TIMEOUT_S = 120.0
+# A task's chunks sent ahead of the first one's confirm (option max_in_flight): the next
+# is encoded and sent while the node writes and syncs the one before; each holds its rows
+# until confirmed (BATCH_ROWS into a queue, an Arrow batch into a stream).
+DEFAULT_CHUNKS_IN_FLIGHT = 4
+MAX_CHUNKS_IN_FLIGHT = 64
 RETRY_PAUSE_S = (0.2, 5.0)  # between attempts: from, to
 WRITE_OPTIONS = (
     "endpoint",
@@ -59,6 +64,7 @@ WRITE_OPTIONS = (
     "producer",
     "timeout_s",
     "ignoreUnknownColumns",
+    "max_in_flight",
     "checkpointLocation",  # Spark's own, which it passes to a streaming write
     "queryName",
 )
@@ -114,6 +120,7 @@ class Target:
     stream: str | None = None  # the queue named is a stream, checked when planned
     key: str | None = dataclasses.field(default=None, repr=False)  # a key file's, base64
     ignore_unknown_columns: bool = False  # columns Warren does not publish are dropped
+    max_in_flight: int = DEFAULT_CHUNKS_IN_FLIGHT  # chunks a task has sent unconfirmed
 
     @classmethod
     def from_options(cls, options: dict[str, str], reading: bool = False) -> Target:
@@ -162,6 +169,12 @@ class Target:
             ) from None
         if not 0 < timeout_s < math.inf:
             raise error("option timeout_s must be a positive number of seconds")
+        in_flight = given.get("max_in_flight", str(DEFAULT_CHUNKS_IN_FLIGHT))
+        if not (in_flight.isdigit() and 1 <= int(in_flight) <= MAX_CHUNKS_IN_FLIGHT):
+            raise error(
+                f"option max_in_flight is the chunks a task sends before the first is "
+                f"confirmed, 1..{MAX_CHUNKS_IN_FLIGHT}; not {in_flight!r}"
+            )
         key = options.get("key")
         if key is not None:
             if options.get("key_file") is not None:
@@ -179,6 +192,7 @@ class Target:
             stream,
             key,
             flags["ignoreUnknownColumns"] == "true",
+            int(in_flight),
         )
 
 

@@ -20,6 +20,7 @@ if shutil.which("java") is None:
     )
 
 from warren import connect
+from warren.errors import WarrenWriteError
 from warren.queues.broker.listener import with_free_port
 from warren.queues.client.spark import encode_bodies, partition_publisher
 from warren.queues.message import Message, decode, encode
@@ -275,3 +276,39 @@ def test_a_streaming_write_publishes_each_micro_batch_once(spark, node, tmp_path
     assert query.exception() is None
     expected = Counter({f"event {b}-{i}".encode(): 1 for b in range(3) for i in range(100)})
     assert drain(node, "stream") == expected
+
+
+def test_chunks_in_flight_through_a_queue_killed_mid_write_arrive_once_each(node):
+    """A task's chunks sent ahead of the oldest confirm (max_in_flight): the queue's
+    process is killed while several are unconfirmed; each is sent again, and every row
+    arrives exactly once (no Spark needed: the task's publishing loop itself)."""
+    from warren.queues.client.spark import BATCH_ROWS, publish_columns
+    from warren.queues.client.spark_options import Target
+
+    node.declare_queue("orders")
+    target = Target.from_options(
+        {"endpoint": node.listen_endpoint, "queue": "orders", "max_in_flight": "8"}
+    )
+    killed = []
+
+    def chunks():
+        for n in range(20):
+            yield {"body": [b"%d-%d" % (n, i) for i in range(BATCH_ROWS)]}
+            if n == 9:  # eight chunks after the first nine are sent and unconfirmed
+                pid = node.queue("orders").pid
+                os.kill(pid, 9)
+                killed.append(pid)
+
+    published, retries = publish_columns(target, "job/0", chunks(), "partition 0")
+    assert killed and retries >= 1
+    assert published == 20 * BATCH_ROWS
+    bodies = drain(node, "orders")
+    assert len(bodies) == 20 * BATCH_ROWS and set(bodies.values()) == {1}
+
+
+@pytest.mark.parametrize("value", ["0", "65", "two", "-1"])
+def test_max_in_flight_is_checked_before_anything_is_sent(value):
+    from warren.queues.client.spark_options import Target
+
+    with pytest.raises(WarrenWriteError, match="option max_in_flight is the chunks a task"):
+        Target.from_options({"endpoint": "tcp://127.0.0.1:1", "queue": "q", "max_in_flight": value})
