@@ -47,8 +47,9 @@ connection's bytes per Publish).
 A task returns only once every row it sent is confirmed (fsynced by every queue it went
 to). A node down or restarting is retried, with the same sequences, for ``timeout_s``;
 then the task fails with the node's last error. A confirm that fails has every chunk
-not yet confirmed sent again (those after it too): the queues drop what had landed. The driver's commit logs the totals
-(``warren.spark`` logger, and stderr); an abort logs what the finished tasks published.
+not yet confirmed sent again (those after it too): the queues drop what had landed. The
+driver's commit logs the totals (``warren.spark`` logger, and stderr); an abort logs
+what the finished tasks published.
 
 Streaming: ``df.writeStream.format("warren")`` writes each micro-batch the same way, the
 producer being ``<query>/<batch>/<partition>``.
