@@ -64,7 +64,7 @@ HEALTH_EVERY_S = 5.0  # how often each etcd member's health is read for the stat
 class CoordinatorStats:
     """ask → the node's view of its cluster: {"cluster", "node", "peer", "role", "epoch",
     "leader", "leader_peer", "isr", "isr_epoch", "nodes", "lease_ttl_s", "etcd",
-    "last_error", "refused", "elections_won", "revision"}, and the figures its series
+    "last_error", "refused", "elections_won", "revision", "steps"}, and the figures its series
     read: "leading" (0 or 1), "isr_members", "nodes_up", "etcd_healthy"."""
 
 
@@ -163,6 +163,7 @@ class _Coordination:
         )
         self._renewed_at = 0.0
         self._elections_won = 0
+        self._steps = 0  # the steps taken: a status that counts them has seen them end
 
     def run(self) -> None:
         self._health_thread.start()
@@ -193,7 +194,12 @@ class _Coordination:
             view = election.observe()
             election.follow(view)
             vacant = view.leader is None or election.holds_key(view)
-            if vacant and election.lease_alive() and _eligible(view, election):
+            if (
+                vacant
+                and election.epoch is None
+                and election.lease_alive()
+                and _eligible(view, election)
+            ):
                 if election.campaign():
                     self._elections_won += 1
                     log.info(
@@ -212,6 +218,7 @@ class _Coordination:
             error, view = f"{type(exc).__name__}: {exc}", self._view
         with self._lock:
             self._view, self._last_error = view, error
+            self._steps += 1
 
     def _read_health(self) -> None:
         while not self.stopping.is_set():
@@ -253,6 +260,7 @@ class _Coordination:
                 "last_error": self._last_error,
                 "refused": election.refused,
                 "elections_won": self._elections_won,
+                "steps": self._steps,
                 "leading": int(role == "leader"),
                 "isr_members": len(view.isr) if view else 0,
                 "nodes_up": len(view.nodes) if view else 0,

@@ -5,7 +5,9 @@
 boots the tree of the design, with the children that exist so far::
 
     node (rest_for_one)
-    ├── gc_sup (one_for_one)      first: a GC crash restarts the GC alone
+    ├── cluster_sup (one_for_one) with ``cluster=``: the coordinator (``warren.supervisor.
+    │   └── coordinator           cluster``), first, so no other child's crash restarts it
+    ├── gc_sup (one_for_one)      a GC crash restarts the GC alone
     │   └── msg_store_gc
     ├── msg_store_persistent      <data_dir>/msg_store_persistent
     ├── msg_store_transient       <data_dir>/msg_store_transient, emptied at every start
@@ -200,6 +202,7 @@ BEATS_PER_HEARTBEAT_TIMEOUT = 12
 STORE_CLOSE_TIMEOUT_S = 60.0
 LISTENER_NAME = "listener"  # the actor remote clients reach (Node(listen=...))
 AMQP_NAME = "amqp"  # the AMQP 0-9-1 port's actor (Node(amqp=...))
+CLUSTER_SUP = "cluster_sup"  # the coordinator's supervisor (Node(cluster=...))
 # What other processes may call on the node through its control socket (warren.connect).
 QUEUE_SUP_PREFIX = "queue_sup "  # each queue's own supervisor, under queue_sup
 QUEUE_FLAGS = SupervisorFlags("one_for_one", intensity=3, period_s=60.0)
@@ -312,7 +315,7 @@ class Node:
         except BlockingIOError:
             os.close(self._lock_fd)
             raise NodeLocked(f"a node already runs on {self.data_dir}") from None
-        coordinator: tuple[ChildSpec, ...] = ()
+        coordinator: tuple[SupervisorSpec, ...] = ()
         if cluster_settings is not None:
             try:
                 heartbeats = (self._heartbeat_interval_s, self._heartbeat_timeout_s)
@@ -322,7 +325,10 @@ class Node:
             except BaseException:
                 os.close(self._lock_fd)
                 raise
-            coordinator = (coordinator_child,)
+            # First, under a supervisor of its own: the root restarts what comes after a
+            # crashed child, and a restarted coordinator gives its lease (and the
+            # leadership) back, so a store's or the listener's crash must not reach it.
+            coordinator = (SupervisorSpec(CLUSTER_SUP, SUB_FLAGS, children=(coordinator_child,)),)
         self._remove_leftovers()
         self._definitions = Definitions(self.data_dir)
         self._definitions.finish_deletes()  # before the store counts the queues' references
@@ -440,6 +446,7 @@ class Node:
                 "node",
                 ROOT_FLAGS,
                 children=(
+                    *coordinator,
                     SupervisorSpec(
                         "gc_sup",
                         SUB_FLAGS,
@@ -457,7 +464,6 @@ class Node:
                     SupervisorSpec("app_sup", SUB_FLAGS, children=tuple(children)),
                     *listener,
                     *amqp_port,
-                    *coordinator,
                 ),
             )
             self.root = Supervisor(self.actors, spec, on_failure=self._root_failed).start()

@@ -300,8 +300,9 @@ def test_the_leaders_metrics_and_api_show_its_cluster_and_a_lone_node_shows_none
     with Node(tmp_path / "n0", name="n0", cluster="scraped", **options) as node:
         wait_for(lambda: (node.cluster_status() or {}).get("etcd_healthy") == 3, timeout=60)
         wait_for(lambda: node.cluster_status()["role"] == "leader", timeout=60)
-        epoch = node.cluster_status()["epoch"]
-        samples = scrape(node)
+        epoch, steps = node.cluster_status()["epoch"], node.cluster_status()["steps"]
+        wait_for(lambda: node.cluster_status()["steps"] >= steps + 3, timeout=60)
+        samples = scrape(node)  # several steps of a leader later: still one election
         assert samples[("warren_cluster_leader", ())] == 1
         assert samples[("warren_cluster_epoch", ())] == epoch
         assert samples[("warren_cluster_isr_members", ())] == 1
@@ -333,3 +334,32 @@ def test_the_management_page_shows_the_cluster_its_role_leader_and_epoch(etcd, t
         epoch = node.cluster_status()["epoch"]
         dom = render(node.http_endpoint + "/", tmp_path, "--dump-dom")
     assert f'<dd data-cluster="paged">paged: leader; leader n0, epoch {epoch}</dd>' in dom
+
+
+def test_a_crash_elsewhere_in_the_leaders_tree_costs_no_election(etcd, tmp_path):
+    from warren.supervisor import Node
+    from warren.supervisor.chaos.faults import kill_processes
+
+    options = {"etcd": etcd.endpoints, "peer": "tcp://127.0.0.1:7500"}
+    with Node(
+        tmp_path / "n0", name="n0", cluster="steady", listen="tcp://127.0.0.1:*", **options
+    ) as node:
+        wait_for(lambda: node.cluster_status()["role"] == "leader", timeout=60)
+        epoch = node.cluster_status()["epoch"]
+        coordinator = node.actors.whereis("coordinator").pid
+        for name in ("msg_store_persistent", "listener"):  # the root restarts what follows
+            wait_for(lambda name=name: node.actors.whereis(name) is not None, timeout=60)
+            pid = node.actors.whereis(name).pid
+            assert not kill_processes([psutil.Process(pid)])
+            wait_for(lambda name=name, pid=pid: restarted(node, name, pid), timeout=60)
+        steps = node.cluster_status()["steps"]
+        wait_for(lambda: node.cluster_status()["steps"] >= steps + 3, timeout=60)
+        status = node.cluster_status()
+        assert (status["role"], status["epoch"], status["elections_won"]) == ("leader", epoch, 1)
+        assert node.actors.whereis("coordinator").pid == coordinator
+
+
+def restarted(node, name: str, pid: int) -> bool:
+    """Whether actor ``name`` runs again, in another process than ``pid``."""
+    ref = node.actors.whereis(name)
+    return ref is not None and ref.pid != pid
