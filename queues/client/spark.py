@@ -163,8 +163,8 @@ def publish_columns(
     in_flight: collections.deque[_Chunk] = collections.deque()
     chunks = iter(chunks)
     sequence = confirmed = retries = 0
-    deadline = time.monotonic() + target.timeout_s
-    pause = RETRY_PAUSE_S[0]
+    deadline: float | None = None  # set once chunks wait to be sent (their upstream's
+    pause = RETRY_PAUSE_S[0]  # time, a sort within partitions say, is not the node's)
     try:
         while True:
             while len(in_flight) < target.max_in_flight:
@@ -177,6 +177,8 @@ def publish_columns(
                 sequence += count
             if not in_flight:
                 return confirmed, retries
+            if deadline is None:
+                deadline = time.monotonic() + target.timeout_s
             oldest = in_flight[0]
             try:
                 if connection is None:
@@ -214,7 +216,7 @@ def publish_columns(
                 continue
             in_flight.popleft()
             confirmed += oldest.count
-            deadline = time.monotonic() + target.timeout_s
+            deadline = None
             pause = RETRY_PAUSE_S[0]
     finally:
         if connection is not None:

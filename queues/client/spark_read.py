@@ -813,7 +813,7 @@ class WarrenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 return end
             try:
                 answer = self._session.ask(StreamPlan(first, end, max_bytes), where)
-            except OffsetOutOfRange:  # retention runs on: a micro-batch of one chunk
+            except OffsetOutOfRange:  # retention runs on: a micro-batch of one offset
                 return min(end, first + 1)
         ranges = answer["ranges"]
         return int(ranges[0][1]) if ranges else end

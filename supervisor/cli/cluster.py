@@ -16,7 +16,7 @@ from .access import node_status
 
 __all__ = ["add_cluster_commands", "add_cluster_options", "cluster_settings", "format_cluster"]
 
-EXIT_OK, EXIT_NO_NODE = 0, 1
+EXIT_OK, EXIT_NO_NODE, EXIT_USAGE = 0, 1, 2
 
 
 def add_cluster_options(node: argparse.ArgumentParser) -> None:
@@ -109,6 +109,7 @@ def _cluster_status(args: argparse.Namespace) -> int:
                 "(warren node --cluster NAME --etcd URL --peer tcp://HOST:PORT)",
                 file=sys.stderr,
             )
+            return EXIT_USAGE
         return EXIT_NO_NODE
     print(strict_json(cluster) if args.json else format_cluster(cluster))
     return EXIT_OK

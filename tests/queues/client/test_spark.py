@@ -3,6 +3,7 @@ listener on loopback): exactly the rows written arrive, whatever is retried or k
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -279,9 +280,10 @@ def test_a_streaming_write_publishes_each_micro_batch_once(spark, node, tmp_path
 
 
 def test_chunks_in_flight_through_a_queue_killed_mid_write_arrive_once_each(node):
-    """A task's chunks sent ahead of the oldest confirm (max_in_flight): the queue's
-    process is killed while several are unconfirmed; each is sent again, and every row
-    arrives exactly once (no Spark needed: the task's publishing loop itself)."""
+    """A task's chunks are sent ahead of the oldest confirm (max_in_flight): with the
+    queue's process stopped, the task still takes and sends eight chunks; the process is
+    then killed with all eight unconfirmed, each is sent again, and every row arrives
+    exactly once (no Spark needed: the task's publishing loop itself)."""
     from warren.queues.client.spark import BATCH_ROWS, publish_columns
     from warren.queues.client.spark_options import Target
 
@@ -289,19 +291,30 @@ def test_chunks_in_flight_through_a_queue_killed_mid_write_arrive_once_each(node
     target = Target.from_options(
         {"endpoint": node.listen_endpoint, "queue": "orders", "max_in_flight": "8"}
     )
-    killed = []
+    stopped = node.queue("orders").pid
+    taken_at_the_kill: list[int] = []
+    taken = 0
+
+    def kill_when_eight_are_out() -> None:
+        wait_for(lambda: taken >= 8, timeout=60)
+        taken_at_the_kill.append(taken)
+        os.kill(stopped, signal.SIGKILL)
 
     def chunks():
+        nonlocal taken
         for n in range(20):
+            taken += 1
             yield {"body": [b"%d-%d" % (n, i) for i in range(BATCH_ROWS)]}
-            if n == 9:  # eight chunks after the first nine are sent and unconfirmed
-                pid = node.queue("orders").pid
-                os.kill(pid, 9)
-                killed.append(pid)
 
-    published, retries = publish_columns(target, "job/0", chunks(), "partition 0")
-    assert killed and retries >= 1
-    assert published == 20 * BATCH_ROWS
+    os.kill(stopped, signal.SIGSTOP)  # it confirms nothing from now on
+    killer = threading.Thread(target=kill_when_eight_are_out)
+    killer.start()
+    try:
+        published, retries = publish_columns(target, "job/0", chunks(), "partition 0")
+    finally:
+        killer.join(timeout=60)
+    assert taken_at_the_kill == [8]  # eight sent, none confirmed, the ninth not taken
+    assert retries >= 1 and published == 20 * BATCH_ROWS
     bodies = drain(node, "orders")
     assert len(bodies) == 20 * BATCH_ROWS and set(bodies.values()) == {1}
 

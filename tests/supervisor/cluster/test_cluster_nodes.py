@@ -363,3 +363,21 @@ def restarted(node, name: str, pid: int) -> bool:
     """Whether actor ``name`` runs again, in another process than ``pid``."""
     ref = node.actors.whereis(name)
     return ref is not None and ref.pid != pid
+
+
+def test_cluster_status_of_a_node_outside_a_cluster_is_one_line_and_exit_2(tmp_path):
+    from warren.supervisor import Node
+
+    with Node(tmp_path / "lone"):
+        done = subprocess.run(
+            [*WARREN, "cluster", "status", "--data-dir", str(tmp_path / "lone")],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        f"warren: the node on {tmp_path / 'lone'} is not in a cluster "
+        "(warren node --cluster NAME --etcd URL --peer tcp://HOST:PORT)"
+    ]
