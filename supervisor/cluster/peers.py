@@ -5,18 +5,28 @@ thread (``serve``/``pump`` with a timeout); neither starts a thread of its own.
 
 Messages, each a multipart ZeroMQ message whose first frame is a JSON header and whose
 other frames are the actions' bytes in order:
-- ``hello {cluster, epoch}`` → ``state {epoch, applied}``: where the replica stands;
+- ``hello {cluster, epoch}`` → ``state {epoch, applied, level}``: where the replica
+  stands;
 - ``manifest {cluster, epoch}`` → ``manifest {files}``: its files' sizes and block
   digests (hex), for a full sync;
-- ``batch {cluster, epoch, actions, resync_to}`` + data → ``ack {applied}``, or
+- ``batch {cluster, epoch, actions, resync_to, partial}`` + data → ``ack {applied}``, or
   ``refused {reason, needed}`` (a deposed epoch, a gap: nothing applied).
 Any request of another cluster, or that does not parse, is answered ``refused`` with the
 reason and changes nothing; a peer that answers nothing the link can read is reported
 in one line (``PeerError``), never taken for a follower.
 
+Not yet wired into the coordinator. Before it is: the port needs CURVE between peers
+(anyone who reaches it could write into a follower's data directory), and each link its
+own thread (a dead follower must not hold the leader's keepalives).
+
 Races it guards against:
 - A follower restarted while a batch was in flight: the batch is refused or never
-  answered; the link asks ``hello`` again and sends from the position the replica has.
+  answered; the link asks ``hello`` again and sends from the position the replica has,
+  which counts only when the replica is level with this leader's epoch (a full sync from
+  it ended there): a new follower, one of another leader and one whose sync was cut
+  short are synced whole.
+- A follower's disk failing (full, an I/O error): the request is refused with the
+  reason, nothing is acknowledged, and the server goes on.
 - A batch applied whose ack was lost: sending it again is refused with ``needed`` past
   it, and the link moves on from there (never a gap: the replica checks the order).
 - A leader deposed while it sends: a replica that has seen a newer epoch refuses it.
@@ -107,10 +117,12 @@ class ReplicaServer:
                 raise ValueError(f"a request of cluster {header.get('cluster')!r}")
             kind, epoch = header.get("kind"), int(header.get("epoch", 0))
             if kind == "hello":
+                replica = self.replica
                 return {
                     "kind": "state",
-                    "epoch": self.replica.epoch,
-                    "applied": self.replica.applied,
+                    "epoch": replica.epoch,
+                    "applied": replica.applied,
+                    "level": replica.level,
                 }
             if kind == "manifest":
                 files = manifest(self.replica.data_dir)
@@ -120,7 +132,10 @@ class ReplicaServer:
                 resync = header.get("resync_to")
                 actions = _actions(header, frames[1:])
                 applied = self.replica.apply(
-                    epoch, actions, resync_to=None if resync is None else int(resync)
+                    epoch,
+                    actions,
+                    resync_to=None if resync is None else int(resync),
+                    partial=bool(header.get("partial", False)),
                 )
                 self.counters["batches"] += 1
                 return {"kind": "ack", "applied": applied}
@@ -131,6 +146,9 @@ class ReplicaServer:
         except (StaleEpoch, ValueError, KeyError, TypeError) as exc:
             self.counters["refused"] += 1
             return {"kind": "refused", "reason": str(exc)}
+        except OSError as exc:  # its disk (full, failing): said, and the server goes on
+            self.counters["refused"] += 1
+            return {"kind": "refused", "reason": f"the follower's disk: {exc}"}
 
     def close(self) -> None:
         self.socket.close()
@@ -154,6 +172,7 @@ class FollowerLink:
         self.socket.linger = 0
         self.socket.connect(endpoint)
         self.known = False  # the follower's position is known (after a hello)
+        self.needs_sync = True  # until a hello or a full sync says it is level
         self.last_error: str | None = None
 
     def _ask(self, header: dict[str, Any], actions: Sequence[FileAction] = ()) -> dict[str, Any]:
@@ -184,33 +203,52 @@ class FollowerLink:
         self.known = False
 
     def pump(self, epoch: int) -> int:
-        """Bring the follower one batch nearer the log's end (a full sync when the log no
-        longer holds what it lacks); its position, acknowledged."""
+        """Bring the follower one batch nearer the log's end (a full sync first when it
+        is not level with this leader's log); its position, acknowledged."""
         if not self.known:
-            state = self._ask({"kind": "hello", "epoch": epoch})
-            if state.get("kind") != "state":
-                self.last_error = str(state.get("reason", state))
-                raise PeerError(f"{self.follower} refused: {self.last_error}")
-            self.log.resynced(self.follower, min(int(state.get("applied", 0)), self.log.position))
-            self.known = True
-        batch = self.log.batch_for(self.follower, BATCH_ACTIONS)
+            self._hello(epoch)
+        batch = None if self.needs_sync else self.log.batch_for(self.follower, BATCH_ACTIONS)
         if batch is None:
             return self._full_sync(epoch)
         if not batch:
             return self.log.acked.get(self.follower, 0)
-        answer = self._ask({"kind": "batch", "epoch": epoch}, batch)
-        return self._acknowledged(answer)
+        return self._acknowledged(self._ask({"kind": "batch", "epoch": epoch}, batch))
+
+    def _hello(self, epoch: int) -> None:
+        """Where the follower stands. Its position counts only when a full sync from this
+        leader's epoch ended there and the log reaches it; anything else (a new follower,
+        one of another leader, one whose sync was cut short) is synced whole."""
+        state = self._ask({"kind": "hello", "epoch": epoch})
+        if state.get("kind") != "state":
+            self.last_error = str(state.get("reason", state))
+            raise PeerError(f"{self.follower} refused: {self.last_error}")
+        try:
+            their_epoch, applied = int(state["epoch"]), int(state["applied"])
+        except (KeyError, TypeError, ValueError):
+            raise PeerError(f"{self.endpoint} answered a hello with {state!r}") from None
+        level = bool(state.get("level")) and their_epoch == epoch
+        self.needs_sync = not level or applied > self.log.position
+        if not self.needs_sync:
+            self.log.resynced(self.follower, applied)
+        self.known = True
 
     def _acknowledged(self, answer: dict[str, Any]) -> int:
-        if answer.get("kind") == "ack":
-            self.log.acknowledge(self.follower, int(answer["applied"]))
-            self.last_error = None
-        elif answer.get("kind") == "refused" and "needed" in answer:
-            self.log.resynced(self.follower, min(int(answer["needed"]) - 1, self.log.position))
-        else:
-            self.last_error = str(answer.get("reason", answer))
-            raise PeerError(f"{self.follower} refused: {self.last_error}")
-        return self.log.acked[self.follower]
+        try:
+            if answer.get("kind") == "ack":
+                self.log.acknowledge(self.follower, int(answer["applied"]))
+                self.last_error = None
+                return self.log.acked[self.follower]
+            if answer.get("kind") == "refused" and "needed" in answer:
+                needed = int(answer["needed"])
+                if needed - 1 > self.log.position:  # ahead of this log: not its data
+                    self.needs_sync = True
+                else:
+                    self.log.resynced(self.follower, needed - 1)
+                return self.log.acked.get(self.follower, 0)
+        except (KeyError, TypeError, ValueError):
+            raise PeerError(f"{self.endpoint} answered a batch with {answer!r}") from None
+        self.last_error = str(answer.get("reason", answer))
+        raise PeerError(f"{self.follower} refused: {self.last_error}")
 
     def _full_sync(self, epoch: int) -> int:
         """The follower's files made the leader's, as of the log's position now, in
@@ -219,18 +257,27 @@ class FollowerLink:
         start, never taken for one that has the log up to where it was."""
         position = self.log.position
         theirs = self._ask({"kind": "manifest", "epoch": epoch})
-        files = {
-            path: (int(size), tuple(bytes.fromhex(d) for d in digests))
-            for path, (size, digests) in theirs.get("files", {}).items()
-        }
+        if theirs.get("kind") != "manifest":
+            self.last_error = str(theirs.get("reason", theirs))
+            raise PeerError(f"{self.follower} refused its manifest: {self.last_error}")
+        try:
+            files = {
+                str(path): (int(size), tuple(bytes.fromhex(d) for d in digests))
+                for path, (size, digests) in theirs["files"].items()
+            }
+        except (KeyError, TypeError, ValueError, AttributeError):
+            raise PeerError(f"{self.endpoint} answered a manifest request badly") from None
+        self.log.resynced(self.follower, 0)
         batches = _sized(sync_actions(self.data_dir, manifest(self.data_dir), files))
         batch = next(batches, [])
         for following in batches:
-            self._acknowledged(self._ask({"kind": "batch", "epoch": epoch, "resync_to": 0}, batch))
-            self.log.resynced(self.follower, 0)
+            header = {"kind": "batch", "epoch": epoch, "resync_to": 0, "partial": True}
+            self._acknowledged(self._ask(header, batch))
             batch = following
         header = {"kind": "batch", "epoch": epoch, "resync_to": position}
-        return self._acknowledged(self._ask(header, batch))
+        acked = self._acknowledged(self._ask(header, batch))
+        self.needs_sync = False
+        return acked
 
     def close(self) -> None:
         self.socket.close()

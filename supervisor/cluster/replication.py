@@ -79,7 +79,7 @@ __all__ = [
     "sync_actions",
 ]
 
-REPLICA_FILE = "replica.json"  # a follower's position: {"epoch", "applied"}
+REPLICA_FILE = "replica.json"  # a follower's position: {"epoch", "applied", "level"}
 # Each node's own files, never replicated: its lock and address, its cluster id, its
 # position as a replica, the alarms it raised, the disk space it keeps in reserve.
 NODE_OWN_FILES = frozenset(
@@ -144,41 +144,52 @@ class Replica:
 
     def __init__(self, data_dir: str) -> None:
         self.data_dir = data_dir
-        self.epoch, self.applied = _read_position(data_dir)
+        # level: a full sync ended here, so its files are a leader's as of ``applied``
+        # (a sync cut short, or none yet, leaves it false: the leader syncs it whole)
+        self.epoch, self.applied, self.level = _read_position(data_dir)
 
     def apply(
-        self, epoch: int, actions: Sequence[FileAction], *, resync_to: int | None = None
+        self,
+        epoch: int,
+        actions: Sequence[FileAction],
+        *,
+        resync_to: int | None = None,
+        partial: bool = False,
     ) -> int:
-        """Apply one batch of the leader of ``epoch`` (a full sync's with ``resync_to``,
-        the leader's position it brings the follower to); the position now durable (what
-        the follower acknowledges)."""
+        """Apply one batch of the leader of ``epoch``; the position now durable (what the
+        follower acknowledges). A full sync's batches give ``resync_to``, the leader's
+        position they bring the follower to, and all but the last are ``partial``: the
+        replica is not level until the last one is applied."""
         if epoch < self.epoch:
             raise StaleEpoch(
                 f"a batch of epoch {epoch} came after epoch {self.epoch}: its leader was "
                 "deposed; nothing applied"
             )
+        pending = _Syncs(self.data_dir)
         if resync_to is None:
             _check_order(actions, self.applied)
-        pending = _Syncs(self.data_dir)
+        else:  # not level from its first write on, whenever it is cut short
+            self._checkpoint(self.epoch, self.applied, pending, level=False)
         for action in actions:
             if action.kind in ("rename", "delete") and resync_to is None:
-                self._checkpoint(epoch, action.seq - 1, pending)
+                self._checkpoint(epoch, action.seq - 1, pending, self.level)
                 _apply(self.data_dir, action, pending)
-                self._checkpoint(epoch, action.seq, pending)
+                self._checkpoint(epoch, action.seq, pending, self.level)
             else:
                 _apply(self.data_dir, action, pending)
         if resync_to is not None:
-            self._checkpoint(epoch, resync_to, pending)
+            self._checkpoint(epoch, resync_to, pending, level=not partial)
         elif actions or epoch != self.epoch:
-            self._checkpoint(epoch, actions[-1].seq if actions else self.applied, pending)
+            last = actions[-1].seq if actions else self.applied
+            self._checkpoint(epoch, last, pending, self.level)
         return self.applied
 
-    def _checkpoint(self, epoch: int, applied: int, pending: _Syncs) -> None:
+    def _checkpoint(self, epoch: int, applied: int, pending: _Syncs, level: bool) -> None:
         """Sync what the batch changed so far, then record the position."""
         pending.flush()
-        if (epoch, applied) != (self.epoch, self.applied):
-            _write_position(self.data_dir, epoch, applied)
-            self.epoch, self.applied = epoch, applied
+        if (epoch, applied, level) != (self.epoch, self.applied, self.level):
+            _write_position(self.data_dir, epoch, applied, level)
+            self.epoch, self.applied, self.level = epoch, applied, level
 
 
 def _check_order(actions: Sequence[FileAction], applied: int) -> None:
@@ -289,17 +300,17 @@ def _fdatasync(path: str) -> None:
         os.close(fd)
 
 
-def _read_position(data_dir: str) -> tuple[int, int]:
+def _read_position(data_dir: str) -> tuple[int, int, bool]:
     try:
         with open(os.path.join(data_dir, REPLICA_FILE), encoding="utf-8") as file:
             kept = json.load(file)
-        return int(kept["epoch"]), int(kept["applied"])
+        return int(kept["epoch"]), int(kept["applied"]), bool(kept.get("level", False))
     except FileNotFoundError:
-        return 0, 0
+        return 0, 0, False
 
 
-def _write_position(data_dir: str, epoch: int, applied: int) -> None:
-    position = json.dumps({"epoch": epoch, "applied": applied}).encode()
+def _write_position(data_dir: str, epoch: int, applied: int, level: bool) -> None:
+    position = json.dumps({"epoch": epoch, "applied": applied, "level": level}).encode()
     write_atomically(os.path.join(data_dir, REPLICA_FILE), position)
 
 

@@ -54,6 +54,7 @@ def wire(tmp_path):
     class Wire:
         endpoint = free_endpoint()
         log = ActionLog("n1")
+        follower_dir = str(tmp_path / "follower")
 
         def follower(self, cluster="c"):
             follower = Follower(context, self.endpoint, follower_dir, cluster)
@@ -168,3 +169,49 @@ def test_an_address_that_is_not_a_warren_peer_is_said_so(tmp_path):
         link.close()
         impostor.close()
         context.term()
+
+
+def test_a_new_follower_is_synced_whole_even_where_the_leaders_log_is_empty(wire, tmp_path):
+    # The leader's directory holds data from before its log began (its own start).
+    (tmp_path / "leader" / "streams" / "s").mkdir(parents=True)
+    (tmp_path / "leader" / "streams" / "s" / "0.segment").write_bytes(os.urandom(5000))
+    wire.follower()
+    link = wire.link()
+    assert link.pump(epoch=1) == 0 and wire.same()  # position 0, but the files level
+
+
+def test_a_follower_of_another_leader_is_not_taken_at_its_word(wire, tmp_path):
+    (tmp_path / "follower" / "stale").write_bytes(b"the old leader's")
+    Replica(str(tmp_path / "follower")).apply(
+        5, [], resync_to=7
+    )  # level with epoch 5's leader at its action 7
+    wire.write("a", b"1")
+    wire.write("a", b"2", offset=1)
+    wire.follower()
+    link = wire.link()
+    assert link.pump(epoch=9) == 2 and wire.same()  # synced whole: "stale" is gone
+
+
+def test_a_full_sync_cut_short_by_the_followers_disk_is_synced_whole_again(wire, monkeypatch):
+    monkeypatch.setattr(peers, "SYNC_BATCH_BYTES", 1000)
+    for n in range(6):
+        wire.write(f"queues/q{n}/0.qi", os.urandom(900))
+    apply = Replica.apply
+    calls = []
+
+    def disk_fails_once_mid_sync(replica, *arguments, **options):
+        calls.append(options.get("partial"))
+        if len(calls) == 2:
+            raise OSError(28, "No space left on device")
+        return apply(replica, *arguments, **options)
+
+    monkeypatch.setattr(Replica, "apply", disk_fails_once_mid_sync)
+    wire.follower()
+    link = wire.link()
+    with pytest.raises(PeerError, match="the follower's disk: .*No space left on device"):
+        link.pump(epoch=1)
+    replica = Replica(str(wire.follower_dir))
+    assert not replica.level  # cut short: not level, whatever it holds
+    link.known = False  # as a link that comes back to it
+    assert link.pump(epoch=1) == 6 and wire.same()
+    assert Replica(str(wire.follower_dir)).level

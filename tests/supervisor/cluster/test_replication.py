@@ -144,10 +144,10 @@ def test_a_follower_killed_after_any_action_of_a_batch_ends_as_the_leader_when_i
 def _kill_at_the_last(module):
     write = module._write_position
 
-    def write_until_the_last(data_dir, epoch, applied):
+    def write_until_the_last(data_dir, epoch, applied, level):
         if applied == len(EARLIER) + len(TRICKY):
             raise Killed
-        write(data_dir, epoch, applied)
+        write(data_dir, epoch, applied, level)
 
     return write_until_the_last
 
