@@ -68,6 +68,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import hashlib
 import logging
 import os
 import sys
@@ -161,6 +162,9 @@ def publish_columns(
     passed without a chunk confirmed. (rows, retries)."""
     connection: Connection | None = None
     in_flight: collections.deque[_Chunk] = collections.deque()
+    # through an exchange: each set of queues a run goes to, and the next sequence its
+    # producer gives, after the chunks sent so far (see _send_runs)
+    routed: dict[tuple[str, ...], int] = {}
     chunks = iter(chunks)
     sequence = confirmed = retries = 0
     deadline: float | None = None  # set once chunks wait to be sent (their upstream's
@@ -187,7 +191,11 @@ def publish_columns(
                     )
                 for chunk in in_flight:
                     if chunk.confirms is None:
-                        chunk.confirms = _send_runs(connection, target, chunk, producer)
+                        if chunk.routed_before is None:
+                            chunk.routed_before = dict(routed)
+                        else:  # sent again after a failure: from where it began
+                            routed = dict(chunk.routed_before)
+                        chunk.confirms = _send_runs(connection, target, chunk, producer, routed)
                 for confirm in oldest.confirms or ():
                     confirm.result()
             except Exception as exc:
@@ -231,28 +239,52 @@ class _Chunk:
     count: int
     runs: list[tuple[str, list[bytes]]]
     confirms: list[Any] | None = None
+    routed_before: dict[tuple[str, ...], int] | None = None  # exchange: sequences before it
 
 
-def _send_runs(connection: Connection, target: Target, chunk: _Chunk, producer: str) -> list[Any]:
+def _send_runs(
+    connection: Connection,
+    target: Target,
+    chunk: _Chunk,
+    producer: str,
+    routed: dict[tuple[str, ...], int],
+) -> list[Any]:
     """Each run of the chunk's encoded messages (one routing key) sent, in order; their
     confirms. The connection cuts a run into Publishes: of ``PUBLISH_BATCH`` messages
     into a queue, into a stream one Publish (one chunk) while it keeps under the bytes
-    one Publish holds."""
+    one Publish holds.
+
+    Into a queue or a stream a row's sequence is its index in the partition. Through an
+    exchange each queue sees only the rows routed to it, and a queue refuses a gap in a
+    producer's sequences: so each set of queues a run is routed to has a producer of its
+    own (the task's name and the set's digest) whose sequences count the rows sent to
+    that set (``routed``, advanced here), as a recovering connection's own producers do.
+    A retried task routes its rows the same way, while the bindings stay as they were."""
     confirms = []
     sequence = chunk.sequence
     for key, payloads in chunk.runs:
-        if payloads:
-            confirms.append(
-                connection._send_runs(
-                    key,
-                    [(target.persistent, None, payloads)],
-                    target.exchange or "",
-                    target.mandatory,
-                    producer,
-                    sequence,
-                    awaited=True,
-                )
+        if not payloads:
+            continue
+        exchange = target.exchange or ""
+        run_producer, run_sequence = producer, sequence
+        if exchange:
+            with connection._lock:
+                queues = tuple(sorted(connection._route(exchange, key, target.mandatory)))
+            if queues:
+                digest = hashlib.blake2b("\0".join(queues).encode(), digest_size=8).hexdigest()
+                run_producer, run_sequence = f"{producer}@{digest}", routed.get(queues, 0)
+                routed[queues] = run_sequence + len(payloads)
+        confirms.append(
+            connection._send_runs(
+                key,
+                [(target.persistent, None, payloads)],
+                exchange,
+                target.mandatory,
+                run_producer,
+                run_sequence,
+                awaited=True,
             )
+        )
         sequence += len(payloads)
     return confirms
 
