@@ -63,6 +63,23 @@ def write(frame, endpoint, **options):
     writer.save()
 
 
+def body_failing_first_attempt():
+    """A ``body`` column of each ``id`` as text, whose task in partition 1 fails halfway
+    (at id 15,000) in its first attempt."""
+    from pyspark.sql.functions import col, udf
+
+    @udf("string")
+    def fail_first_attempt(value):
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        if context.partitionId() == 1 and context.attemptNumber() == 0 and value == 15_000:
+            raise RuntimeError("the first attempt of partition 1 fails halfway")
+        return str(value)
+
+    return fail_first_attempt(col("id")).alias("body")
+
+
 def test_a_write_of_n_rows_gives_exactly_n_messages_with_their_properties(spark, node):
     node.declare_queue("orders")
     write(rows(spark, 20_000), node.listen_endpoint, queue="orders")
@@ -87,24 +104,15 @@ def test_an_exchange_sending_each_rows_key_to_its_own_queue_gets_every_row_once(
     """Through an exchange that routes rows by key to different queues, each queue sees
     only its rows: they carry sequences without gaps for it, and a task that fails
     halfway and runs again adds nothing twice."""
-    from pyspark.sql.functions import col, udf
+    from pyspark.sql.functions import col
 
     node.declare_exchange("regions", kind="direct")
     for region in ("eu", "us"):
         node.declare_queue(region)
         node.bind_queue(region, "regions", region)
 
-    @udf("string")
-    def fail_first_attempt(value):
-        from pyspark import TaskContext
-
-        context = TaskContext.get()
-        if context.partitionId() == 1 and context.attemptNumber() == 0 and value == 15_000:
-            raise RuntimeError("the first attempt of partition 1 fails halfway")
-        return str(value)
-
     frame = spark.range(40_000, numPartitions=4).select(
-        fail_first_attempt(col("id")).alias("body"),
+        body_failing_first_attempt(),
         # runs of 3 rows to eu, then 7 to us, and so on: neither queue gets every row
         ((col("id") % 10) < 3).cast("int").alias("eu"),
     )
@@ -150,20 +158,8 @@ def test_bodies_encoded_a_batch_at_a_time_are_the_bytes_of_encoding_each_alone()
 
 
 def test_a_task_failing_its_first_attempt_and_a_repeated_write_add_no_duplicates(spark, node):
-    from pyspark.sql.functions import col, udf
-
     node.declare_queue("orders")
-
-    @udf("string")
-    def fail_first_attempt(value):
-        from pyspark import TaskContext
-
-        context = TaskContext.get()
-        if context.partitionId() == 1 and context.attemptNumber() == 0 and value == 15_000:
-            raise RuntimeError("the first attempt of partition 1 fails halfway")
-        return str(value)
-
-    frame = spark.range(40_000, numPartitions=4).select(fail_first_attempt(col("id")).alias("body"))
+    frame = spark.range(40_000, numPartitions=4).select(body_failing_first_attempt())
     write(frame, node.listen_endpoint, queue="orders", producer="nightly-orders")
     assert drain(node, "orders") == Counter({b"%d" % i: 1 for i in range(40_000)})
     # The same job once more, as a speculative copy of every task would send it.
