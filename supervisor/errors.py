@@ -12,6 +12,9 @@ __all__ = [
     "FaultMissed",
     "InvalidSpec",
     "NodeLocked",
+    "OutOfOrder",
+    "PeerError",
+    "StaleEpoch",
     "StaleLeadership",
     "SupervisorError",
     "UsageError",
@@ -61,3 +64,20 @@ class StaleLeadership(ClusterError):
 class ClusterMismatch(ClusterError):
     """A node that may not join as it was asked: its data directory belongs to another
     cluster, or another node of the cluster already has its name."""
+
+
+class PeerError(ClusterError):
+    """A peer that is not a follower of this cluster, or that answered nothing readable."""
+
+
+class StaleEpoch(ClusterError):
+    """A replication batch of an older epoch than one the replica has already taken."""
+
+
+class OutOfOrder(ClusterError):
+    """A replication batch that does not start right after the replica's last action;
+    ``needed`` is the sequence number it takes next."""
+
+    def __init__(self, message: str, needed: int) -> None:
+        super().__init__(message)
+        self.needed = needed

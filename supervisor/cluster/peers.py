@@ -40,7 +40,7 @@ from typing import Any
 
 import zmq
 
-from ..errors import ClusterError
+from ..errors import PeerError
 from .replication import (
     ActionLog,
     FileAction,
@@ -51,15 +51,11 @@ from .replication import (
     sync_actions,
 )
 
-__all__ = ["FollowerLink", "PeerError", "ReplicaServer"]
+__all__ = ["FollowerLink", "ReplicaServer"]
 
 ANSWER_TIMEOUT_S = 5.0  # how long a link waits for a follower's answer before it asks anew
 BATCH_ACTIONS = 1000  # the most actions one batch carries
 SYNC_BATCH_BYTES = 16 * 2**20  # a full sync goes in batches of about this many bytes
-
-
-class PeerError(ClusterError):
-    """A peer that is not a follower of this cluster, or that answered nothing readable."""
 
 
 def _frames(header: dict[str, Any], actions: Sequence[FileAction] = ()) -> list[bytes]:

@@ -62,7 +62,7 @@ from dataclasses import dataclass, field
 
 from warren.queues.durable_files import fsync_directory, write_atomically
 
-from ..errors import ClusterError
+from ..errors import OutOfOrder, StaleEpoch
 
 __all__ = [
     "ActionLog",
@@ -70,10 +70,8 @@ __all__ = [
     "FileAction",
     "KEPT_ACTIONS",
     "NODE_OWN_FILES",
-    "OutOfOrder",
     "REPLICA_FILE",
     "Replica",
-    "StaleEpoch",
     "check_path",
     "manifest",
     "sync_actions",
@@ -88,19 +86,6 @@ NODE_OWN_FILES = frozenset(
 BLOCK_BYTES = 1 << 20  # a full sync compares files block by block, this size
 KEPT_ACTIONS = 100_000  # the most actions the leader keeps for followers behind
 KINDS = ("append", "write", "create", "truncate", "rename", "delete")
-
-
-class StaleEpoch(ClusterError):
-    """A batch of an older epoch than one the replica has already taken."""
-
-
-class OutOfOrder(ClusterError):
-    """A batch that does not start right after the replica's last action; ``needed`` is
-    the sequence number it takes next."""
-
-    def __init__(self, message: str, needed: int) -> None:
-        super().__init__(message)
-        self.needed = needed
 
 
 def check_path(path: str) -> str:

@@ -11,8 +11,9 @@ import threading
 import pytest
 import zmq
 
+from warren.errors import PeerError
 from warren.supervisor.cluster import peers
-from warren.supervisor.cluster.peers import FollowerLink, PeerError, ReplicaServer
+from warren.supervisor.cluster.peers import FollowerLink, ReplicaServer
 from warren.supervisor.cluster.replication import ActionLog, Replica, manifest
 
 

@@ -8,15 +8,14 @@ import os
 
 import pytest
 
+from warren.errors import OutOfOrder, StaleEpoch
 from warren.supervisor.cluster import replication
 from warren.supervisor.cluster.replication import (
     BLOCK_BYTES,
     REPLICA_FILE,
     ActionLog,
     FileAction,
-    OutOfOrder,
     Replica,
-    StaleEpoch,
     check_path,
     manifest,
     sync_actions,
