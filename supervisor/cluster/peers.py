@@ -164,9 +164,7 @@ class FollowerLink:
     ) -> None:
         self.endpoint, self.cluster, self.follower = endpoint, cluster, follower
         self.log, self.data_dir = log, data_dir
-        self.socket = context.socket(zmq.DEALER)
-        self.socket.linger = 0
-        self.socket.connect(endpoint)
+        self.socket = self._dealer(context)
         self.known = False  # the follower's position is known (after a hello)
         self.needs_sync = True  # until a hello or a full sync says it is level
         self.last_error: str | None = None
@@ -191,12 +189,15 @@ class FollowerLink:
 
     def _reconnect(self) -> None:
         """A fresh socket: an answer that comes late must not be taken for the next."""
-        context = self.socket.context
         self.socket.close()
-        self.socket = context.socket(zmq.DEALER)
-        self.socket.linger = 0
-        self.socket.connect(self.endpoint)
+        self.socket = self._dealer(self.socket.context)
         self.known = False
+
+    def _dealer(self, context: zmq.Context) -> zmq.Socket:
+        socket = context.socket(zmq.DEALER)
+        socket.linger = 0
+        socket.connect(self.endpoint)
+        return socket
 
     def pump(self, epoch: int) -> int:
         """Bring the follower one batch nearer the log's end (a full sync first when it

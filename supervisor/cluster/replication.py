@@ -274,10 +274,18 @@ def _clear_the_way(path: str, keep: object) -> None:
         os.unlink(path)
 
 
-def _fdatasync(path: str) -> None:
+def _opened(path: str) -> int | None:
+    """A descriptor of the file at ``path`` for reading, never through a link; None when
+    it is gone (renamed or deleted since it was named: what did that is an action too)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        return os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     except FileNotFoundError:
+        return None
+
+
+def _fdatasync(path: str) -> None:
+    fd = _opened(path)
+    if fd is None:
         return  # renamed or deleted later in the batch: its new name was synced
     try:
         os.fdatasync(fd)
@@ -368,9 +376,8 @@ def manifest(data_dir: str) -> Manifest:
     """Each replicated file's size and its blocks' digests, by path."""
     files: Manifest = {}
     for path in _replicated_files(data_dir):
-        try:
-            fd = os.open(os.path.join(data_dir, path), os.O_RDONLY | os.O_NOFOLLOW)
-        except FileNotFoundError:
+        fd = _opened(os.path.join(data_dir, path))
+        if fd is None:
             continue  # deleted since the listing
         with os.fdopen(fd, "rb") as file:
             digests = []
@@ -412,9 +419,8 @@ def sync_actions(data_dir: str, leader: Manifest, follower: Manifest) -> Iterato
         theirs_size, theirs = follower.get(path, (-1, ()))
         if theirs_size < 0:
             yield FileAction(next(numbers), "create", path)
-        try:
-            fd = os.open(os.path.join(data_dir, path), os.O_RDONLY | os.O_NOFOLLOW)
-        except FileNotFoundError:
+        fd = _opened(os.path.join(data_dir, path))
+        if fd is None:
             continue  # deleted since the manifest: its delete action follows the sync
         with os.fdopen(fd, "rb") as file:
             for index, digest in enumerate(digests):

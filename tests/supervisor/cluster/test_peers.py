@@ -5,7 +5,6 @@ batches, an ack that was lost, a deposed leader refused, and a peer address that
 a Warren node's."""
 
 import os
-import socket
 import threading
 
 import pytest
@@ -16,11 +15,11 @@ from warren.supervisor.cluster import peers
 from warren.supervisor.cluster.peers import FollowerLink, ReplicaServer
 from warren.supervisor.cluster.replication import ActionLog, Replica, manifest
 
+from ...queues.client.node_process import free_port
+
 
 def free_endpoint() -> str:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return f"tcp://127.0.0.1:{probe.getsockname()[1]}"
+    return f"tcp://127.0.0.1:{free_port()}"
 
 
 class Follower:
