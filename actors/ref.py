@@ -30,6 +30,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import zmq
+
 from . import wire
 from ._runtime import Channel, channel_to, runtime
 from .codec import _install_ref_type
@@ -225,6 +227,13 @@ class Future:
         self._done = False
         self._value: Any = None
         self._error: BaseException | None = None
+
+    @property
+    def socket(self) -> zmq.Socket:
+        """The socket the answer comes on (this thread's channel to the actor): for a
+        thread that waits on several actors' answers at once, with a ``zmq.Poller``,
+        before it ``get``s them."""
+        return self._channel.socket
 
     def get(self, timeout: float | None = wire.DEFAULT_ASK_TIMEOUT_S) -> Any:
         """The answer; raises like ``ActorRef.ask`` does. Repeated calls give the same result."""

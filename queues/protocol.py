@@ -22,8 +22,12 @@ its own, and go back to the queue when it closes or its process dies.
                                        producer waits for this confirm before it sends
                                        more (``publish_many``), so the queue may write the
                                        batch ahead of its commit
-    Fetch(consumer, pid, count, ack_required)
-                                       ask → list[Delivered] (up to ``count``; [] when empty)
+    Fetch(consumer, pid, count, ack_required, wait_ms)
+                                       ask → list[Delivered] (up to ``count``); an empty
+                                       queue answers [] at once, or with ``wait_ms`` (a
+                                       long poll) when messages come, within ``wait_ms``
+                                       ([] then), or when the consumer stops (``Subscribe``
+                                       inactive, ``Release``)
     Settle(consumer, tags, action)     tell (or ask → the tags ignored); action "ack",
                                        "requeue" or "reject" (reject: drop); a tag the
                                        consumer does not hold is ignored and counted
@@ -132,7 +136,7 @@ MAX_READ_RECORDS = 100_000  # records one StreamRead may ask for
 ReadCount = Annotated[
     int, Check(lambda v: 0 <= v <= MAX_READ_RECORDS, f"an int in 0..{MAX_READ_RECORDS}")
 ]
-MAX_WAIT_MS = 60_000  # the longest a StreamRead waits for its offset to be committed
+MAX_WAIT_MS = 60_000  # the longest a long poll (StreamRead, Fetch with wait_ms) is held
 WaitMs = Annotated[int, Check(lambda v: 0 <= v <= MAX_WAIT_MS, f"an int in 0..{MAX_WAIT_MS}")]
 MAX_TRACKING_NAME_BYTES = 255  # a stream's tracking ids (Osiris: a u8 length)
 
@@ -180,6 +184,7 @@ class Fetch:
     pid: int
     count: FetchCount
     ack_required: bool
+    wait_ms: WaitMs = 0
 
 
 @message

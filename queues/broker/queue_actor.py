@@ -20,11 +20,13 @@ Messages accepted (``warren.queues.protocol``), and what each gets back:
                                      as taken), and its publishes are answered in order,
                                      once its producer log names them
                                      (``warren.queues.broker.dedup``)
-    Fetch(consumer, pid, count, ack_required)
+    Fetch(consumer, pid, count, ack_required, wait_ms)
                                    → up to ``count`` Delivered; those needing an ack are
                                      held for ``consumer`` (its process ``pid``); none
                                      from a deduplicated message its producer log does
-                                     not name yet on (``warren.queues.broker.dedup``)
+                                     not name yet on (``warren.queues.broker.dedup``).
+                                     With ``wait_ms``, one that finds nothing is parked
+                                     (see Long polls)
     Settle(consumer, tags, action) (tell, or ask → the tags ignored) settles the tags the
                                      consumer holds; any other tag is ignored, logged and
                                      counted (``foreign_tags``): one connection cannot
@@ -62,6 +64,13 @@ connection left open. A consumer SIGKILLed
 mid-flight loses nothing, and an ack that reached this mailbox before the consumer's
 end is applied before its deliveries are requeued, so a message acked by a consumer
 that then died is never delivered again.
+
+Long polls: a parked Fetch is answered, oldest first, after the pass (``on_idle``) or
+the timer (a sync, an expiry tick) that left messages for it, so a consumer hears of a
+publish as soon as the queue took it, without asking again and again; with [] when its
+``wait_ms`` runs out, when its consumer stops (``Subscribe`` inactive: a cancel waits
+for no poll) or is released (its process ended), and when the queue stops; a deleted
+queue fails it with ``QueueClosed``, as any request after the delete.
 
 Policies, from the queue's definition: ``message_ttl_ms`` (and a publish's own
 ``expiration_ms``, the shorter wins) expires messages at the head, every
@@ -145,7 +154,15 @@ from typing import Any, ClassVar, TypedDict
 
 import psutil
 
-from warren.actors import ActorError, ActorRef, Down, ProcessActor, UnhandledMessage, WarrenError
+from warren.actors import (
+    ActorError,
+    ActorRef,
+    DeferredReply,
+    Down,
+    ProcessActor,
+    UnhandledMessage,
+    WarrenError,
+)
 from warren.store.client import StoreClient
 from warren.store.errors import StoreError
 
@@ -209,6 +226,16 @@ STORE_CLIENT_OPTIONS: _StoreClientOptions = {
 }
 
 
+class _Parked:
+    """A Fetch that found nothing, its answer deferred until messages come or ``until``
+    (monotonic seconds)."""
+
+    __slots__ = ("fetch", "reply", "until")
+
+    def __init__(self, fetch: Fetch, reply: DeferredReply, until: float) -> None:
+        self.fetch, self.reply, self.until = fetch, reply, until
+
+
 class _Batch:
     """A Publish awaiting its confirms: ``left`` of its messages are unconfirmed; a
     deduplicated one names its producer, the highest sequence it accepted and the seq id
@@ -264,6 +291,8 @@ class QueueActor(ProcessActor):
         self._hold_from: float = math.inf
         self._sync_armed = False
         self._held: dict[bytes, set[int]] = {}  # consumer -> tags awaiting its ack
+        self._parked: collections.deque[_Parked] = collections.deque()  # oldest first
+        self._park_timer_at = math.inf  # when the timer for the parked fetches runs
         self._owners: dict[bytes, tuple[int, float]] = {}  # consumer -> (pid, started)
         self._consumer_check_armed = False  # the check runs only while there are owners
         self._subscribers: dict[bytes, int] = {}  # connection -> its active consumers
@@ -398,6 +427,7 @@ class QueueActor(ProcessActor):
                 )
 
     def on_stop(self) -> None:
+        self._unpark(lambda entry: True)  # to ask again, of the next incarnation
         if self._dead is not None:
             self._dead.close()
         if self._producers is not None and (self.queue is None or self._deleted):
@@ -449,8 +479,10 @@ class QueueActor(ProcessActor):
     def on_idle(self) -> None:
         if self.queue is not None and not self._deleted:
             self._arm_rates()  # when what it handled moved the rates
+            self._serve_parked()  # a delivery goes before the confirm, as RabbitMQ's
             if self.queue.needs_sync():
                 self._sync()
+                self._serve_parked()  # what the producer log named is no longer held back
 
     # ------------------------------------------------------------------ messages
 
@@ -602,6 +634,15 @@ class QueueActor(ProcessActor):
 
     def _fetch(self, message: Fetch) -> list[Delivered]:
         self._used_at = time.monotonic()
+        out = self._take(message)
+        if not out and message.wait_ms:
+            until = self._used_at + message.wait_ms / 1000
+            self._parked.append(_Parked(message, self.defer_reply(), until))
+            self._arm_park_timer()
+        return out
+
+    def _take(self, message: Fetch) -> list[Delivered]:
+        """What ``message`` fetches now, held for its consumer when it acks."""
         self._expire()
         queue = self._engine
         below = self._hold_from
@@ -670,17 +711,21 @@ class QueueActor(ProcessActor):
 
     def _release(self, message: Release) -> None:
         self._used_at = time.monotonic()
+        self._unpark(lambda entry: entry.fetch.consumer == message.consumer)
         held = self._held.pop(message.consumer, set())
         self._owners.pop(message.consumer, None)
         self._prefetch.pop(message.consumer, None)
         if held:
             self._engine.requeue(sorted(held))
             self.counters["released"] += len(held)
+            self._serve_parked()  # also when a timer found its process ended
         if self._subscribers.pop(message.consumer, 0):
             self._maybe_auto_delete()
 
     def _subscribe(self, message: Subscribe) -> None:
         self._used_at = time.monotonic()
+        if not message.active:  # answered, so that the consumer's cancel waits for none
+            self._unpark(lambda entry: entry.fetch.consumer == message.consumer)
         count = self._subscribers.get(message.consumer, 0) + (1 if message.active else -1)
         if message.active and message.consumer not in self._owners:
             self._owners[message.consumer] = (message.pid, _started(message.pid))
@@ -789,6 +834,9 @@ class QueueActor(ProcessActor):
     def _delete(self, message: DeleteQueue) -> int:
         queue = self._engine
         count = queue.depth
+        parked, self._parked = self._parked, collections.deque()
+        for entry in parked:
+            entry.reply.fail(QueueClosed(f"queue {self.queue_name} was deleted"))
         waiting = set(self._confirms.values()).union(*self._producer_batches.values())
         for batch in waiting:
             batch.reply.fail(
@@ -825,6 +873,44 @@ class QueueActor(ProcessActor):
         Down: _down,
     }
 
+    # ------------------------------------------------------------------ long polls
+
+    def _serve_parked(self) -> None:
+        """Answer the parked fetches, oldest first, while the queue has messages for them
+        (none while the head is held back: the next sync's call serves them)."""
+        while self._parked and not self._deleted and len(self._engine):
+            entry = self._parked[0]
+            out = self._take(entry.fetch)
+            if not out:
+                return
+            self._parked.popleft()
+            entry.reply.send(out)
+
+    def _unpark(self, which: Callable[[_Parked], bool]) -> None:
+        """Answer the parked fetches ``which`` picks with nothing."""
+        kept: collections.deque[_Parked] = collections.deque()
+        for entry in self._parked:
+            if which(entry):
+                entry.reply.send([])
+            else:
+                kept.append(entry)
+        self._parked = kept
+
+    def _arm_park_timer(self) -> None:
+        """Run ``_park_timer`` when the first parked fetch's wait ends, unless a timer
+        runs before then already."""
+        if self._parked:
+            soonest = min(entry.until for entry in self._parked)
+            if soonest < self._park_timer_at:
+                self._park_timer_at = soonest
+                self.call_later(max(0.0, soonest - time.monotonic()), self._park_timer)
+
+    def _park_timer(self) -> None:
+        self._park_timer_at = math.inf
+        now = time.monotonic()
+        self._unpark(lambda entry: entry.until <= now)
+        self._arm_park_timer()
+
     # ------------------------------------------------------------------ confirms
 
     def _sync(self) -> None:
@@ -841,6 +927,7 @@ class QueueActor(ProcessActor):
         self._sync_armed = False
         if not self._deleted and self._engine.needs_sync():
             self._sync()
+            self._serve_parked()  # what the producer log named is no longer held back
 
     def _answer(self, confirmed: list[int]) -> None:
         """Answer the publishes whose messages are all confirmed now. A deduplicated
@@ -978,6 +1065,7 @@ class QueueActor(ProcessActor):
         if self._engine.depth == 0:  # nothing held, ready or unacked, can expire now
             self._may_expire = False
         self._arm_expiry_tick()
+        self._serve_parked()  # behind a head dead-lettered now
 
     # ------------------------------------------------------------------ timers
 

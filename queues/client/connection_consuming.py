@@ -18,9 +18,10 @@ connection does not hold (``UnknownDeliveryTag``, nothing sent).
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
-from warren.actors import ActorDeadError, ActorError, RemoteError
+from warren.actors import ActorDeadError, ActorError, AskTimeout, RemoteError
 
 from .. import errors
 from ..errors import InvalidArgument, local_error
@@ -41,6 +42,8 @@ from .publishing import flusher, producer_bytes
 from .queue_refs import await_answer, is_stream_ref
 from .recovery import NodeLost
 from .stream import StreamConsumer
+
+ANSWER_SLICE_S = 0.05  # the longest a consumer's wait for a long poll holds the lock
 
 
 class ConsumingCalls(ConnectionCore):
@@ -176,12 +179,33 @@ class ConsumingCalls(ConnectionCore):
         return self._deliveries(queue, self._ask(queue, self._fetch_request(count, ack)), ack)
 
     @exclusive
-    def _fetch_async(self, queue: str, count: int) -> tuple[QueueRef, Any]:
+    def _fetch_async(self, queue: str, count: int, wait_ms: int = 0) -> tuple[QueueRef, Any]:
         """Ask for up to ``count`` deliveries awaiting acks without waiting for them (a
-        consumer's next fetch, sent while it hands out the last one's): its answer for
+        consumer's next fetch, sent while it hands out the last one's; with ``wait_ms``,
+        one the queue answers when messages come: a long poll): its answer for
         ``_fetched``."""
         ref = self._ref(queue)
-        return ref, ref.ask_async(self._fetch_request(count, True), timeout=self.call_timeout_s)
+        request = Fetch(self.consumer_id, self._pid, count, True, wait_ms)
+        return ref, ref.ask_async(request, timeout=self.call_timeout_s)
+
+    def _answered(self, asked: tuple[QueueRef, Any], timeout: float) -> bool:
+        """Whether the answer to ``asked`` came (or its wait ended otherwise: ``_fetched``
+        says how) within ``timeout`` seconds. The connection's lock is held only a slice
+        (``ANSWER_SLICE_S``) at a time: a consumer waiting out a long poll holds up no
+        other thread's call, nor its recovery."""
+        _, future = asked
+        deadline = time.monotonic() + timeout
+        while True:
+            with self._lock:
+                try:
+                    future.get(timeout=max(0.0, min(ANSWER_SLICE_S, deadline - time.monotonic())))
+                except AskTimeout:
+                    if time.monotonic() >= deadline:
+                        return False
+                    continue
+                except Exception:  # the answer is an error, which _fetched handles
+                    return True
+                return True
 
     @exclusive
     def _fetched(self, queue: str, asked: tuple[QueueRef, Any]) -> list[Delivery]:

@@ -28,7 +28,12 @@ if TYPE_CHECKING:
 __all__ = ["SETTLE_BATCH", "Consumer", "Delivery", "PendingSettles", "check_timeout"]
 
 SETTLE_BATCH = 1000  # tags per Settle, at most
-IDLE_POLL_S = (0.001, 0.05)  # a consumer's wait between empty fetches: from, to
+IDLE_POLL_S = (0.001, 0.05)  # a consumer's wait for room in its prefetch: from, to
+LONG_POLL_MS = 2000  # how long a consumer's fetch waits in an empty queue for messages
+# How late a long poll's answer may be (a busy queue) before the consumer waits for it
+# as for any answer, looking whether the queue still lives (a SIGKILLed queue never
+# answers; its restarted incarnation does not know the poll).
+LATE_ANSWER_S = 1.0
 
 
 class PendingSettles:
@@ -101,6 +106,7 @@ class Consumer:
         self.inactivity_timeout = inactivity_timeout
         self._ready: collections.deque[Delivery] = collections.deque()
         self._ahead: tuple[QueueRef, Any] | None = None  # the fetch sent ahead, unanswered
+        self._ahead_due = math.inf  # when a long poll's answer is late (see LATE_ANSWER_S)
         self._closed = False
         self.set_prefetch(prefetch)
 
@@ -132,25 +138,59 @@ class Consumer:
         check_timeout(timeout, "timeout", zero=True)
         return self._next_within(time.monotonic() + timeout)
 
-    def _next_within(self, deadline: float | None) -> Delivery | None:
+    def take(self) -> Delivery | None:
+        """A delivery that has come, without waiting; meanwhile the next fetch, once the
+        prefetch has room, waits in the queue for messages (a long poll) and
+        ``answer_socket`` says where its answer will come: for a thread that serves
+        many consumers (the AMQP port's worker) and sleeps until one has something."""
+        return self._next_within(time.monotonic(), LONG_POLL_MS)
+
+    def answer_socket(self) -> Any | None:
+        """The socket the answer to this consumer's long poll comes on, to wait on with
+        others (a ``zmq.Poller``) before ``take``; None when none is out, or the queue is
+        reached through a listener (no socket of this thread's: look every so often)."""
+        if self._ahead is None:
+            return None
+        return getattr(self._ahead[1], "socket", None)
+
+    def _next_within(self, deadline: float | None, wait_ms: int | None = None) -> Delivery | None:
         """The next delivery; None at ``deadline``. The next fetch goes out as soon as
         half the prefetch is free, while the deliveries at hand are handed out, so the
         queue reads messages while the application works (its answer is taken once they
-        are used up); an empty queue is polled ever less often (``IDLE_POLL_S``)."""
+        are used up). A fetch waits in an empty queue until messages come (a long poll of
+        ``wait_ms``, else what is left until ``deadline`` up to ``LONG_POLL_MS``: 0 looks
+        once), so a consumer hears of a publish at once and an idle one costs the queue
+        a fetch every ``LONG_POLL_MS``. With its prefetch held unacked, it looks for room
+        ever less often (``IDLE_POLL_S``)."""
         wait = IDLE_POLL_S[0]
         while not self._closed:
+            now = time.monotonic()
             if self._ahead is None:
                 room = self.prefetch - self.connection.held(self.queue)
                 if room >= self._fetch_at or (room > 0 and not self._ready):
-                    self._ahead = self.connection._fetch_async(self.queue, room)
+                    poll_ms = wait_ms
+                    if poll_ms is None:
+                        left_ms = LONG_POLL_MS if deadline is None else (deadline - now) * 1000
+                        poll_ms = max(0, min(LONG_POLL_MS, int(left_ms)))
+                    self._ahead = self.connection._fetch_async(self.queue, room, poll_ms)
+                    self._ahead_due = now + poll_ms / 1000 + LATE_ANSWER_S if poll_ms else now
             if self._ready:
                 break
             if self._ahead is not None:
+                if now < self._ahead_due:  # a long poll: its answer may take until then
+                    look = self._ahead_due - now
+                    if deadline is not None:
+                        look = max(0.0, min(look, deadline - now))
+                    if not self.connection._answered(self._ahead, look):
+                        if deadline is not None and time.monotonic() >= deadline:
+                            return None
+                        continue
                 asked, self._ahead = self._ahead, None
                 self._ready.extend(self.connection._fetched(self.queue, asked))
-                if self._ready:
-                    break
-            left = None if deadline is None else deadline - time.monotonic()
+                if self._ready or deadline is None or time.monotonic() < deadline:
+                    continue
+                return None
+            left = None if deadline is None else deadline - now
             if left is not None and left <= 0:
                 return None
             time.sleep(wait if left is None else min(wait, left))
@@ -171,11 +211,13 @@ class Consumer:
             # declared): the next fetch raises NotFound to the application
 
     def cancel(self) -> None:
-        """Stop iterating; deliveries fetched but not yet handed out go back now."""
+        """Stop iterating; deliveries fetched but not yet handed out go back now. The
+        queue hears of the stop first: it answers a long poll at once (with nothing)."""
         if self._closed:
             return
         self._closed = True
         self.connection._consumer_done(self)
+        self.connection._subscribe(self.queue, False)
         if self._ahead is not None:
             asked, self._ahead = self._ahead, None
             try:
@@ -183,9 +225,12 @@ class Consumer:
             except (QueueError, TimeoutError):
                 pass  # what it fetched goes back when the connection closes
         if self._ready:
-            self.connection._give_back(self.queue, [d.delivery_tag for d in self._ready])
+            tags = [d.delivery_tag for d in self._ready]
             self._ready.clear()
-        self.connection._subscribe(self.queue, False)
+            try:
+                self.connection._give_back(self.queue, tags)
+            except NotFound:
+                pass  # an auto-delete queue that went with its last consumer, messages too
 
     def __enter__(self) -> Consumer:
         return self

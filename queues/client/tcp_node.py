@@ -509,10 +509,24 @@ class RemoteQueue:
 
 class _RemoteAnswer:
     """The answer to one ask, as a ``Future``: ``get(timeout)`` (``AskTimeout`` while it
-    has not come; its callers keep what it gave)."""
+    has not come); once it came, every ``get`` gives it again (its value or its error),
+    as an ``ActorRef``'s ``Future`` does."""
 
     def __init__(self, node: TcpNode, request_id: int) -> None:
         self._node, self.request_id = node, request_id
+        self._done = False
+        self._value: Any = None
+        self._error: BaseException | None = None
 
     def get(self, timeout: float | None = None) -> Any:
-        return self._node.wait(self.request_id, timeout)
+        if not self._done:
+            try:
+                self._value = self._node.wait(self.request_id, timeout)
+            except AskTimeout:
+                raise
+            except Exception as exc:
+                self._error = exc
+            self._done = True
+        if self._error is not None:
+            raise self._error
+        return self._value
