@@ -6,7 +6,10 @@ the ``Session``, hands the worker what the client sent (``method``, ``content``,
 ``channel_closed``: a queue of tasks, in the client's order); the worker answers through
 ``post``, which the gateway runs on its own thread. Between tasks the worker serves its
 consumers (each a Warren ``Consumer`` of the channel's prefetch) and sends the confirms
-that came in, oldest first.
+that came in, oldest first. A consumer's fetch waits in its empty queue until messages
+come (a long poll): an idle worker sleeps on those answers' sockets and on a wake-up the
+gateway writes when it hands over a task, so a delivery leaves as soon as its queue
+took the message, in the order the queues answered.
 
 What a channel holds, as RabbitMQ's does: its delivery tags (counted from 1, one
 sequence for its deliveries and gets), the deliveries awaiting an ack, its consumers by
@@ -50,6 +53,7 @@ import collections
 import dataclasses
 import itertools
 import logging
+import os
 import queue as queue_module
 import secrets
 import struct
@@ -60,10 +64,13 @@ from typing import Any
 
 import pamqp.base
 import pamqp.commands as commands
+import zmq
+
+from warren.actors.process import drain_wake_pipe
 
 from ..amqp_envelope import encode_short_string, envelope, split
 from ..client.connection import Confirm, Connection
-from ..client.consuming import IDLE_POLL_S, Consumer, Delivery
+from ..client.consuming import IDLE_POLL_S, LATE_ANSWER_S, Consumer, Delivery
 from ..client.stream import StreamConsumer, StreamDelivery
 from ..errors import (
     AccessRefused,
@@ -192,6 +199,11 @@ class Translator:
         self._tasks: queue_module.SimpleQueue[tuple[str, tuple[Any, ...], int]] = (
             queue_module.SimpleQueue()
         )
+        # Written by the gateway when it hands a task to the worker asleep on its
+        # consumers' long polls (``_sleeping``); closed under the lock by the worker.
+        self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self._wake_lock = threading.Lock()
+        self._sleeping = False
         # The bytes the client sent that the worker has not taken (see ``backlogged``),
         # and what the gateway runs once they fall to half the limit.
         self._backlog = 0
@@ -251,6 +263,10 @@ class Translator:
         with self._backlog_lock:
             self._backlog += size
         self._tasks.put((kind, args, size))
+        if self._sleeping:  # read after the put: a worker that looked before it, sleeps
+            with self._wake_lock:
+                if self._wake_fd >= 0:
+                    os.eventfd_write(self._wake_fd, 1)
 
     def join(self, timeout: float) -> None:
         self._thread.join(timeout)
@@ -262,6 +278,14 @@ class Translator:
     # ------------------------------------------------------------ the worker
 
     def _run(self) -> None:
+        try:
+            self._serve()
+        finally:
+            with self._wake_lock:
+                os.close(self._wake_fd)
+                self._wake_fd = -1
+
+    def _serve(self) -> None:
         try:
             self._connection = self._connect()
             if self._stop_asked:  # stop() came before the connection was there to interrupt
@@ -343,11 +367,36 @@ class Translator:
                     pass  # not yet, or refused: _send_confirms tells the client which
             return None
         # consumers to serve, or deliveries that may outlive their consumer timeout
-        polling = any(c.consumers or c.ack_deadlines for c in self._channels.values())
+        if any(c.consumers or c.ack_deadlines for c in self._channels.values()):
+            return self._wait_for_task(idle)
+        return self._tasks.get()
+
+    def _wait_for_task(self, idle: float) -> tuple[str, tuple[Any, ...], int] | None:
+        """The client's next task, or None once a consumer's long poll is answered, or
+        after ``idle`` seconds with a stream consumer or a consumer timeout to look at
+        (else ``LATE_ANSWER_S``: a long poll's queue may have died). The gateway wakes
+        a worker asleep here when it hands it a task."""
+        poller = zmq.Poller()
+        poller.register(self._wake_fd, zmq.POLLIN)
+        timed = False
+        for channel in self._channels.values():
+            timed = timed or bool(channel.ack_deadlines)
+            for consumer, _ in channel.consumers.values():
+                socket = consumer.answer_socket() if isinstance(consumer, Consumer) else None
+                if socket is not None:
+                    poller.register(socket, zmq.POLLIN)
+                else:
+                    timed = timed or isinstance(consumer, StreamConsumer)
+        self._sleeping = True
         try:
-            return self._tasks.get(timeout=idle if polling else None)
-        except queue_module.Empty:
-            return None
+            task = self._take_now()
+            if task is None:
+                poller.poll(int((idle if timed else LATE_ANSWER_S) * 1000))
+                drain_wake_pipe(self._wake_fd)
+                task = self._take_now()
+        finally:
+            self._sleeping = False
+        return task
 
     def _finish(self) -> None:
         for number in list(self._channels):
@@ -1050,7 +1099,7 @@ class Translator:
                     if credit is not None and credit.left <= 0:
                         break  # a stream consumer's client holds its prefetch unacked
                     try:
-                        got = consumer.get(0)
+                        got = consumer.take() if isinstance(consumer, Consumer) else consumer.get(0)
                     except (NotFound, QueueClosed):  # deleted, or being deleted
                         del channel.consumers[tag]
                         channel.credits.pop(tag, None)
