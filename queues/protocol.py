@@ -27,7 +27,9 @@ its own, and go back to the queue when it closes or its process dies.
                                        queue answers [] at once, or with ``wait_ms`` (a
                                        long poll) when messages come, within ``wait_ms``
                                        ([] then), or when the consumer stops (``Subscribe``
-                                       inactive, ``Release``)
+                                       inactive, ``Release``: [] too); it fails when the
+                                       queue stops (``ActorDeadError``) or is deleted
+                                       (``QueueClosed``)
     Settle(consumer, tags, action)     tell (or ask → the tags ignored); action "ack",
                                        "requeue" or "reject" (reject: drop); a tag the
                                        consumer does not hold is ignored and counted

@@ -9,7 +9,8 @@ consumers (each a Warren ``Consumer`` of the channel's prefetch) and sends the c
 that came in, oldest first. A consumer's fetch waits in its empty queue until messages
 come (a long poll): an idle worker sleeps on those answers' sockets and on a wake-up the
 gateway writes when it hands over a task, so a delivery leaves as soon as its queue
-took the message, in the order the queues answered.
+took the message (one queue's before another's it took later, unless both answers come
+within one wake-up: then in channel order).
 
 What a channel holds, as RabbitMQ's does: its delivery tags (counted from 1, one
 sequence for its deliveries and gets), the deliveries awaiting an ack, its consumers by
@@ -382,11 +383,12 @@ class Translator:
         for channel in self._channels.values():
             timed = timed or bool(channel.ack_deadlines)
             for consumer, _ in channel.consumers.values():
-                socket = consumer.answer_socket() if isinstance(consumer, Consumer) else None
-                if socket is not None:
+                if isinstance(consumer, StreamConsumer):
+                    timed = True
+                elif (socket := consumer.answer_socket()) is not None:
+                    if consumer.answered():  # read off a shared socket by another's look
+                        return self._take_now()
                     poller.register(socket, zmq.POLLIN)
-                else:
-                    timed = timed or isinstance(consumer, StreamConsumer)
         self._sleeping = True
         try:
             task = self._take_now()

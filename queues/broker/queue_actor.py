@@ -69,8 +69,10 @@ Long polls: a parked Fetch is answered, oldest first, after the pass (``on_idle`
 the timer (a sync, an expiry tick) that left messages for it, so a consumer hears of a
 publish as soon as the queue took it, without asking again and again; with [] when its
 ``wait_ms`` runs out, when its consumer stops (``Subscribe`` inactive: a cancel waits
-for no poll) or is released (its process ended), and when the queue stops; a deleted
-queue fails it with ``QueueClosed``, as any request after the delete.
+for no poll) or is released (its process ended). A queue that stops fails it with
+``ActorDeadError``, as the asks still in its mailbox (the consumer forgets this
+incarnation and asks the next); a deleted one with ``QueueClosed``, as any request
+after the delete.
 
 Policies, from the queue's definition: ``message_ttl_ms`` (and a publish's own
 ``expiration_ms``, the shorter wins) expires messages at the head, every
@@ -155,6 +157,7 @@ from typing import Any, ClassVar, TypedDict
 import psutil
 
 from warren.actors import (
+    ActorDeadError,
     ActorError,
     ActorRef,
     DeferredReply,
@@ -427,7 +430,10 @@ class QueueActor(ProcessActor):
                 )
 
     def on_stop(self) -> None:
-        self._unpark(lambda entry: True)  # to ask again, of the next incarnation
+        gone = ActorDeadError(f"queue {self.queue_name} has stopped")
+        parked, self._parked = self._parked, collections.deque()
+        for entry in parked:  # as the asks still queued: the consumer asks the next one
+            entry.reply.fail(gone)
         if self._dead is not None:
             self._dead.close()
         if self._producers is not None and (self.queue is None or self._deleted):
@@ -638,7 +644,8 @@ class QueueActor(ProcessActor):
         if not out and message.wait_ms:
             until = self._used_at + message.wait_ms / 1000
             self._parked.append(_Parked(message, self.defer_reply(), until))
-            self._arm_park_timer()
+            if until < self._park_timer_at:  # else the timer armed runs first
+                self._arm_park_timer(until)
         return out
 
     def _take(self, message: Fetch) -> list[Delivered]:
@@ -896,20 +903,19 @@ class QueueActor(ProcessActor):
                 kept.append(entry)
         self._parked = kept
 
-    def _arm_park_timer(self) -> None:
-        """Run ``_park_timer`` when the first parked fetch's wait ends, unless a timer
-        runs before then already."""
-        if self._parked:
-            soonest = min(entry.until for entry in self._parked)
-            if soonest < self._park_timer_at:
-                self._park_timer_at = soonest
-                self.call_later(max(0.0, soonest - time.monotonic()), self._park_timer)
+    def _arm_park_timer(self, at: float) -> None:
+        """Run ``_park_timer`` at ``at`` (monotonic seconds)."""
+        self._park_timer_at = at
+        self.call_later(max(0.0, at - time.monotonic()), self._park_timer)
 
     def _park_timer(self) -> None:
+        """Answer the parked fetches whose wait ended; run again when the next one's
+        does (an earlier timer, armed for a shorter wait, may run first: it looks too)."""
         self._park_timer_at = math.inf
         now = time.monotonic()
         self._unpark(lambda entry: entry.until <= now)
-        self._arm_park_timer()
+        if self._parked:
+            self._arm_park_timer(min(entry.until for entry in self._parked))
 
     # ------------------------------------------------------------------ confirms
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from warren.actors import ActorDeadError, ActorError, AskTimeout, RemoteError
+from warren.actors import ActorDeadError, ActorError, RemoteError
 
 from .. import errors
 from ..errors import InvalidArgument, local_error
@@ -190,20 +190,27 @@ class ConsumingCalls(ConnectionCore):
 
     def _answered(self, asked: tuple[QueueRef, Any], timeout: float) -> bool:
         """Whether the answer to ``asked`` came (or its wait ended otherwise: ``_fetched``
-        says how) within ``timeout`` seconds. The connection's lock is held only a slice
+        says how) within ``timeout`` seconds. What ``publish_async`` and the settles keep
+        is sent before a wait (an ack, or a request whose reply the consumer waits for,
+        must not wait out the poll), and the connection's lock is held only a slice
         (``ANSWER_SLICE_S``) at a time: a consumer waiting out a long poll holds up no
-        other thread's call, nor its recovery."""
-        _, future = asked
+        other thread's call, nor its recovery. A queue whose process is gone ends the
+        wait at the next slice (a stopped or killed one never answers)."""
+        ref, future = asked
         deadline = time.monotonic() + timeout
+        if timeout > 0:
+            self._recovering(lambda: None, flush=True)
         while True:
             with self._lock:
                 try:
-                    future.get(timeout=max(0.0, min(ANSWER_SLICE_S, deadline - time.monotonic())))
-                except AskTimeout:
+                    await_answer(
+                        ref, future, max(0.0, min(ANSWER_SLICE_S, deadline - time.monotonic()))
+                    )
+                except TimeoutError:
                     if time.monotonic() >= deadline:
                         return False
                     continue
-                except Exception:  # the answer is an error, which _fetched handles
+                except Exception:  # the answer is an error, or the queue died: _fetched says
                     return True
                 return True
 

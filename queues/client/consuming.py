@@ -148,10 +148,17 @@ class Consumer:
     def answer_socket(self) -> Any | None:
         """The socket the answer to this consumer's long poll comes on, to wait on with
         others (a ``zmq.Poller``) before ``take``; None when none is out, or the queue is
-        reached through a listener (no socket of this thread's: look every so often)."""
+        reached through a listener (no socket of this thread's: look every so often).
+        Consumers of one queue on one connection share it: ``answered`` first."""
         if self._ahead is None:
             return None
         return getattr(self._ahead[1], "socket", None)
+
+    def answered(self) -> bool:
+        """Whether the answer to this consumer's long poll is here, without waiting: a
+        look at another consumer of the same queue may have read it off their shared
+        socket, which then stays quiet."""
+        return self._ahead is not None and self.connection._answered(self._ahead, 0)
 
     def _next_within(self, deadline: float | None, wait_ms: int | None = None) -> Delivery | None:
         """The next delivery; None at ``deadline``. The next fetch goes out as soon as
@@ -166,14 +173,7 @@ class Consumer:
         while not self._closed:
             now = time.monotonic()
             if self._ahead is None:
-                room = self.prefetch - self.connection.held(self.queue)
-                if room >= self._fetch_at or (room > 0 and not self._ready):
-                    poll_ms = wait_ms
-                    if poll_ms is None:
-                        left_ms = LONG_POLL_MS if deadline is None else (deadline - now) * 1000
-                        poll_ms = max(0, min(LONG_POLL_MS, int(left_ms)))
-                    self._ahead = self.connection._fetch_async(self.queue, room, poll_ms)
-                    self._ahead_due = now + poll_ms / 1000 + LATE_ANSWER_S if poll_ms else now
+                self._fetch_ahead(deadline, wait_ms)
             if self._ready:
                 break
             if self._ahead is not None:
@@ -189,6 +189,8 @@ class Consumer:
                 self._ready.extend(self.connection._fetched(self.queue, asked))
                 if self._ready or deadline is None or time.monotonic() < deadline:
                     continue
+                if wait_ms is not None:  # the next long poll waits while the caller is away
+                    self._fetch_ahead(deadline, wait_ms)
                 return None
             left = None if deadline is None else deadline - now
             if left is not None and left <= 0:
@@ -196,6 +198,19 @@ class Consumer:
             time.sleep(wait if left is None else min(wait, left))
             wait = min(wait * 2, IDLE_POLL_S[1])
         return self._ready.popleft() if self._ready else None
+
+    def _fetch_ahead(self, deadline: float | None, wait_ms: int | None) -> None:
+        """Send the next fetch, when half the prefetch is free or nothing is at hand (see
+        ``_next_within``)."""
+        room = self.prefetch - self.connection.held(self.queue)
+        if room >= self._fetch_at or (room > 0 and not self._ready):
+            now = time.monotonic()
+            poll_ms = wait_ms
+            if poll_ms is None:
+                left_ms = LONG_POLL_MS if deadline is None else (deadline - now) * 1000
+                poll_ms = max(0, min(LONG_POLL_MS, int(left_ms)))
+            self._ahead = self.connection._fetch_async(self.queue, room, poll_ms)
+            self._ahead_due = now + poll_ms / 1000 + LATE_ANSWER_S if poll_ms else now
 
     def _recovered(self) -> None:
         """The connection recovered on a new node: what it fetched is back in the queue

@@ -55,6 +55,7 @@ def await_answer(ref: QueueRef, future: Any, timeout: float | None) -> Any:
         except AskTimeout:
             if deadline is not None and time.monotonic() >= deadline:
                 if isinstance(ref, ActorRef) and not process_exists(ref.pid):
+                    _remember_gone(ref)
                     raise ActorDeadError(
                         f"{ref.name} incarnation {ref.incarnation} is gone"
                     ) from None

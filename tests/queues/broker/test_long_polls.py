@@ -131,13 +131,19 @@ def test_a_consumer_cancelled_with_a_poll_out_gives_back_what_the_poll_brought(n
 def test_a_consumer_cancelled_with_a_poll_out_does_not_wait_for_the_poll(node, monkeypatch):
     monkeypatch.setattr(consuming, "LONG_POLL_MS", 60_000)
     consumer = node.connect().consume("orders", prefetch=10)
-    assert consumer.take() is None
-    cancelling = threading.Thread(target=consumer.cancel)
+    taken = []
+
+    def take_then_cancel() -> None:  # one thread: what it sends reaches the queue in order
+        taken.append(consumer.take())  # its fetch waits in the queue
+        consumer.cancel()
+
+    cancelling = threading.Thread(target=take_then_cancel)
     cancelling.start()
     try:
         wait_for(lambda: not cancelling.is_alive(), timeout=30)  # the poll: 60 s
     finally:
         cancelling.join()
+    assert taken == [None]
     assert node.connect().queue_stats("orders")["consumers"] == 0
 
 
@@ -155,3 +161,34 @@ def test_a_consumer_waiting_on_a_queue_killed_meanwhile_gets_what_comes_after_it
     finally:
         waiter.join(timeout=120)
     assert got[0].body == b"after the restart"
+
+
+def test_a_consumer_waiting_sends_what_its_connection_kept_first(node, monkeypatch):
+    """The request-reply pattern on one connection: a publish kept to share a frame
+    (``publish_async``) leaves before the consumer waits out its poll for the reply."""
+    monkeypatch.setattr(consuming, "LONG_POLL_MS", 60_000)
+    connection = node.connect(linger_s=1)
+    replies = connection.consume("orders", prefetch=10)
+    assert replies.take() is None  # its poll waits in the queue
+    connection.publish_async("orders", b"request")
+    delivery = replies.get(timeout=30)
+    assert delivery is not None and delivery.body == b"request"
+
+
+def test_a_consumer_waiting_on_a_queue_stopped_meanwhile_asks_its_next_incarnation(
+    node, monkeypatch
+):
+    monkeypatch.setattr(consuming, "LONG_POLL_MS", 60_000)
+    got = []
+    consumer = node.connect().consume("orders", prefetch=10)
+    waiter = threading.Thread(target=lambda: got.append(consumer.get(timeout=45)))
+    waiter.start()
+    try:
+        wait_for(lambda: node.connect().queue_stats("orders")["consumers"] == 1)
+        stopped = node.queue("orders")
+        stopped.stop()  # a clean stop: the supervisor starts the queue again
+        wait_for(lambda: restarted(node, "orders", stopped.pid), timeout=60)
+        node.connect().publish("orders", b"after the restart")
+    finally:
+        waiter.join(timeout=90)
+    assert got[0] is not None and got[0].body == b"after the restart"
