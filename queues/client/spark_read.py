@@ -10,7 +10,15 @@ both share are ``spark_options``'s).
 Columns (``SCHEMA``): ``offset`` (long), ``timestamp`` (when the stream wrote the record's
 chunk), ``body`` (binary), ``routing_key`` (the ``x-routing-key`` header, RabbitMQ's name
 for it in a stream: a stream keeps messages, not the key they were routed by),
-``headers`` (map of string to string: other values as text), ``message_id``.
+``headers`` (map of string to string: other values as text), ``message_id``, and
+``properties``, a struct of what the publisher set (null when it set none): its
+``message_id``, ``correlation_id``, ``content_type``, ``content_encoding``,
+``reply_to``, ``expiration`` (milliseconds, as text), ``timestamp``, ``priority``,
+``type``, ``app_id`` and ``user_id``. A message published over AMQP (the node's AMQP
+port) has them from its AMQP properties, its AMQP headers in ``headers`` and, without
+an ``x-routing-key`` header, the key it was published with in ``routing_key``; one of
+Warren's client, its message id and expiration (the client's own clock stamp is not a
+property its publisher set: the ``timestamp`` column is when the stream wrote it).
 
 Options: ``endpoint`` and ``stream`` (required), ``key_file`` or ``key`` (CURVE: see
 ``spark_options``), ``timeout_s`` (120: how long a node that is down is retried before
@@ -129,9 +137,25 @@ __all__ = ["SCHEMA", "Source", "WarrenBatchReader", "WarrenStreamReader"]
 
 log = logging.getLogger("warren.spark")
 
+# The properties struct's fields: a publisher's AMQP properties, by their AMQP names
+PROPERTY_FIELDS = (
+    ("message_id", "string"),
+    ("correlation_id", "string"),
+    ("content_type", "string"),
+    ("content_encoding", "string"),
+    ("reply_to", "string"),
+    ("expiration", "string"),
+    ("timestamp", "timestamp"),
+    ("priority", "int"),
+    ("type", "string"),
+    ("app_id", "string"),
+    ("user_id", "string"),
+)
 SCHEMA = (
     "offset long, timestamp timestamp, body binary, routing_key string, "
-    "headers map<string,string>, message_id string"
+    "headers map<string,string>, message_id string, properties struct<"
+    + ", ".join(f"{name}: {kind}" for name, kind in PROPERTY_FIELDS)
+    + ">"
 )
 ROUTING_KEY_HEADER = "x-routing-key"
 DEFAULT_PARTITION_BYTES = 32 * 2**20
@@ -495,7 +519,7 @@ def record_batch(chunks: Sequence[bytes], start: int, end: int, where: str) -> p
     offsets: list[Any] = []  # numpy arrays, one a chunk
     stamps: list[Any] = []
     bodies: list[Any] = []  # Arrow arrays, one a chunk
-    properties: list[tuple[int, list | None]] = []  # (rows, [(key, headers, id)] or None)
+    properties: list[tuple[int, list | None]] = []  # (rows, [_Described] or None)
     for raw in chunks:
         header = check_chunk(raw, where)
         first = header.chunk_id
@@ -527,11 +551,11 @@ def record_batch(chunks: Sequence[bytes], start: int, end: int, where: str) -> p
         if bodies
         else pa.array([], pa.binary()),
     ]
-    types = [pa.string(), pa.map_(pa.string(), pa.string()), pa.string()]
+    types = [pa.string(), pa.map_(pa.string(), pa.string()), pa.string(), _properties_type()]
     if all(found is None for _, found in properties):
         columns += [pa.nulls(rows, kind) for kind in types]
     else:
-        nothing = (None, None, None)
+        nothing = (None, None, None, None)
         listed = [
             values
             for count, found in properties
@@ -541,37 +565,80 @@ def record_batch(chunks: Sequence[bytes], start: int, end: int, where: str) -> p
             pa.array([values[i] for values in listed], kind) for i, kind in enumerate(types)
         ]
     return pa.RecordBatch.from_arrays(
-        columns, names=["offset", "timestamp", "body", "routing_key", "headers", "message_id"]
+        columns,
+        names=["offset", "timestamp", "body", "routing_key", "headers", "message_id", "properties"],
     )
 
 
-def _decoded(
-    payloads: list[bytes],
-) -> tuple[list[bytes], list[tuple[str | None, list[tuple[str, str | None]] | None, str | None]]]:
-    """Each record's body and (routing key, headers, message id), record by record."""
+def _properties_type() -> Any:
+    import pyarrow as pa
+
+    kinds = {"string": pa.string(), "int": pa.int32(), "timestamp": pa.timestamp("us", tz="UTC")}
+    return pa.struct([(name, kinds[kind]) for name, kind in PROPERTY_FIELDS])
+
+
+# A record's routing key, headers (name, value as text), message id and properties
+_Described = tuple[str | None, list[tuple[str, str | None]] | None, str | None, dict | None]
+
+
+def _decoded(payloads: list[bytes]) -> tuple[list[bytes], list[_Described]]:
+    """Each record's body and what describes it (``_Described``), record by record."""
     bodies: list[bytes] = []
-    properties: list[tuple[str | None, list[tuple[str, str | None]] | None, str | None]] = []
+    described: list[_Described] = []
     for payload in payloads:
         body = _plain_body(payload)
         if body is not None:
             bodies.append(body)
-            properties.append((None, None, None))
+            described.append((None, None, None, None))
             continue
         message = decode(payload)
         bodies.append(message.body)
-        headers = message.headers
-        if headers:
-            key = headers.get(ROUTING_KEY_HEADER)
-            properties.append(
-                (
-                    None if key is None else _text(key),
-                    [(name, _text(value)) for name, value in headers.items()],
-                    message.message_id,
-                )
+        headers = dict(message.headers or {})
+        key: object = headers.get(ROUTING_KEY_HEADER)
+        properties: dict[str, Any] = {
+            "message_id": message.message_id,
+            "content_type": message.content_type,
+            "expiration": None if message.expiration_ms is None else str(message.expiration_ms),
+        }
+        if message.amqp is not None:
+            published = _amqp_published(message.amqp)
+            if published is not None:
+                amqp_key, amqp_properties, amqp_headers = published
+                key = amqp_key if key is None else key
+                properties.update(amqp_properties)
+                headers.update(amqp_headers)
+        described.append(
+            (
+                None if key is None else _text(key),
+                [(name, _text(value)) for name, value in headers.items()] if headers else None,
+                properties["message_id"],
+                properties if any(v is not None for v in properties.values()) else None,
             )
-        else:
-            properties.append((None, None, message.message_id))
-    return bodies, properties
+        )
+    return bodies, described
+
+
+def _amqp_published(amqp: bytes) -> tuple[str, dict[str, Any], dict[str, Any]] | None:
+    """The routing key, properties (``PROPERTY_FIELDS``'s, those set) and headers of a
+    message published over AMQP; None when its kept publish does not read."""
+    from ..amqp.frames import AmqpError, read_properties  # pamqp, only where needed
+    from ..amqp_envelope import split
+
+    parts = split(amqp)
+    if parts is None:
+        return None
+    _, routing_key, properties = parts
+    names = tuple(name for name, _ in PROPERTY_FIELDS) + ("headers",)
+    try:
+        found = read_properties(properties, names)
+    except AmqpError:
+        return None
+    headers = found.pop("headers") or {}
+    return (
+        routing_key[1:].decode("utf-8", "backslashreplace"),
+        {name: value for name, value in found.items() if value is not None},
+        headers,
+    )
 
 
 def _plain_spans(raw: bytes, header: Any) -> tuple[Any, Any] | None:
@@ -691,7 +758,15 @@ def _text(value: object) -> str | None:
         return value.decode("utf-8", "backslashreplace")
     if isinstance(value, (bool, int, float)):
         return json.dumps(value)
-    return json.dumps(value, default=lambda v: v.decode("utf-8", "backslashreplace"))
+    return json.dumps(value, default=_json_default)
+
+
+def _json_default(value: object) -> str:
+    """What a header value JSON has no type for becomes in its text: bytes decoded, an
+    AMQP table's decimal or timestamp as Python writes it."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "backslashreplace")
+    return str(value)
 
 
 class WarrenBatchReader(DataSourceReader):

@@ -94,6 +94,59 @@ def test_a_batch_read_gives_every_record_with_its_offset_and_properties(spark, n
     assert abs(tagged.timestamp.timestamp() - time.time()) < 60
 
 
+def test_a_read_gives_what_each_publisher_set_in_properties_amqp_ones_too(spark, tmp_path):
+    import datetime
+    import decimal
+
+    import pika
+
+    with Node(tmp_path / "amqp", listen="tcp://127.0.0.1:*", amqp="127.0.0.1:0") as node:
+        host, port = node.amqp_endpoint.rsplit(":", 1)
+        amqp = pika.BlockingConnection(pika.ConnectionParameters(host, int(port)))
+        channel = amqp.channel()
+        channel.queue_declare("events", durable=True, arguments={"x-queue-type": "stream"})
+        channel.confirm_delivery()
+        sent = pika.BasicProperties(
+            content_type="application/json",
+            content_encoding="utf-8",
+            correlation_id="c-1",
+            reply_to="replies",
+            message_id="a-1",
+            timestamp=1_700_000_000,
+            priority=3,
+            expiration="60000",
+            type="task",
+            app_id="tests",
+            user_id="guest",
+            headers={"task": "add", "price": decimal.Decimal("1.25")},
+        )
+        channel.basic_publish("", "events", b"{}", sent)
+        amqp.close()
+        connection = node.connect()
+        connection.publish("events", b"own", message_id="w-1")
+        connection.publish_many("events", [b"bare"])
+        rows = {row.body: row for row in load(spark, node).collect()}
+    by_amqp, own, bare = rows[b"{}"], rows[b"own"], rows[b"bare"]
+    assert by_amqp.properties.asDict() == {
+        "message_id": "a-1",
+        "correlation_id": "c-1",
+        "content_type": "application/json",
+        "content_encoding": "utf-8",
+        "reply_to": "replies",
+        "expiration": "60000",
+        "timestamp": datetime.datetime.fromtimestamp(1_700_000_000),
+        "priority": 3,
+        "type": "task",
+        "app_id": "tests",
+        "user_id": "guest",
+    }
+    assert (by_amqp.message_id, by_amqp.routing_key) == ("a-1", "events")
+    assert by_amqp.headers == {"task": "add", "price": '"1.25"'}
+    assert own.properties.message_id == "w-1"
+    assert own.properties.timestamp is None  # the client's clock stamp: not a property set
+    assert bare.properties is None
+
+
 def test_a_batch_read_takes_offset_and_timestamp_ranges(spark, node):
     connection = node.connect()
     connection.declare_queue("events", type="stream")
