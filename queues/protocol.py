@@ -195,6 +195,7 @@ class Delivered:
     seq_id: int
     payload: bytes
     delivery_count: int
+    served_ns: int = 0  # when the queue handed it out (CLOCK_MONOTONIC: the machine's)
 
 
 @message

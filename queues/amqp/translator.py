@@ -1091,58 +1091,81 @@ class Translator:
 
     def _deliver(self) -> bool:
         """Hand each consumer what its queue has for it now, while the client takes what
-        it was sent (``OUTBOX_LIMIT_BYTES``); True when any came. A consumer whose queue
-        is gone is cancelled, and its client told (``Basic.Cancel``)."""
-        delivered = False
+        it was sent (``OUTBOX_LIMIT_BYTES``); True when any came. The consumers' first
+        deliveries go out oldest served first (``Delivery.served_ns``): what two queues
+        took in turn (a broadcast, then a task) reaches the client in that order, whatever
+        their channels, also when both answers came within one wake-up."""
+        firsts: list[tuple[int, int, _Channel, str, Delivery | StreamDelivery]] = []
         for number, channel in list(self._channels.items()):
-            for tag, (consumer, no_ack) in list(channel.consumers.items()):
-                credit = channel.credits.get(tag)
-                while self._outbox_bytes() < OUTBOX_LIMIT_BYTES:
-                    if credit is not None and credit.left <= 0:
-                        break  # a stream consumer's client holds its prefetch unacked
-                    try:
-                        got = consumer.take() if isinstance(consumer, Consumer) else consumer.get(0)
-                    except (NotFound, QueueClosed):  # deleted, or being deleted
-                        del channel.consumers[tag]
-                        channel.credits.pop(tag, None)
-                        channel.timeouts.pop(tag, None)
-                        self._exclusive_consumers.release(consumer)
-                        self._cancelled(number, tag)
-                        break
-                    if got is None:
-                        break
+            for tag in list(channel.consumers):
+                got = self._take(number, channel, tag)
+                if got is not None:
+                    served = got.served_ns if isinstance(got, Delivery) else 0
+                    firsts.append((served, number, channel, tag, got))
+        firsts.sort(key=lambda first: first[0])
+        for _, number, channel, tag, got in firsts:
+            self._hand_over(number, channel, tag, got)
+        delivered = bool(firsts)
+        for number, channel in list(self._channels.items()):
+            for tag in list(channel.consumers):
+                while (got := self._take(number, channel, tag)) is not None:
+                    self._hand_over(number, channel, tag, got)
                     delivered = True
-                    delivery_tag = next(channel.next_tag)
-                    exchange, routing_key, properties = _publish_of(got)
-                    delivery: Delivery | HeldRecord
-                    if isinstance(got, StreamDelivery):
-                        assert credit is not None
-                        properties = with_offset_header(properties, got.offset)
-                        delivery = HeldRecord(got, credit)
-                    else:
-                        delivery = got
-                    channel.unacked[delivery_tag] = delivery
-                    timeout = channel.timeouts.get(tag)
-                    if timeout:
-                        channel.ack_deadlines[delivery_tag] = (
-                            time.monotonic() + timeout / 1000,
-                            timeout,
-                        )
-                    if no_ack:
-                        channel.no_ack.add(delivery_tag)
-                    data = frames.deliver_frames(
-                        number,
-                        encode_short_string(tag),
-                        delivery_tag,
-                        delivery.redelivered,
-                        exchange,
-                        routing_key,
-                        properties,
-                        delivery.body,
-                        self._frame_max(),
-                    )
-                    self._send(number, data, [delivery_tag] if no_ack else None)
         return delivered
+
+    def _take(self, number: int, channel: _Channel, tag: str) -> Delivery | StreamDelivery | None:
+        """Consumer ``tag``'s next delivery, while the client takes what it was sent and a
+        stream consumer's client has credit. A consumer whose queue is gone is cancelled,
+        and its client told (``Basic.Cancel``)."""
+        if self._outbox_bytes() >= OUTBOX_LIMIT_BYTES:
+            return None
+        consumer, _ = channel.consumers[tag]
+        credit = channel.credits.get(tag)
+        if credit is not None and credit.left <= 0:
+            return None  # a stream consumer's client holds its prefetch unacked
+        try:
+            return consumer.take() if isinstance(consumer, Consumer) else consumer.get(0)
+        except (NotFound, QueueClosed):  # deleted, or being deleted
+            del channel.consumers[tag]
+            channel.credits.pop(tag, None)
+            channel.timeouts.pop(tag, None)
+            self._exclusive_consumers.release(consumer)
+            self._cancelled(number, tag)
+            return None
+
+    def _hand_over(
+        self, number: int, channel: _Channel, tag: str, got: Delivery | StreamDelivery
+    ) -> None:
+        """Send consumer ``tag`` its delivery ``got`` as ``Basic.Deliver``, under the
+        channel's next delivery tag."""
+        _, no_ack = channel.consumers[tag]
+        delivery_tag = next(channel.next_tag)
+        exchange, routing_key, properties = _publish_of(got)
+        delivery: Delivery | HeldRecord
+        if isinstance(got, StreamDelivery):
+            credit = channel.credits[tag]
+            properties = with_offset_header(properties, got.offset)
+            delivery = HeldRecord(got, credit)
+        else:
+            delivery = got
+        channel.unacked[delivery_tag] = delivery
+        timeout = channel.timeouts.get(tag)
+        if timeout:
+            channel.ack_deadlines[delivery_tag] = (time.monotonic() + timeout / 1000, timeout)
+        if no_ack:
+            channel.no_ack.add(delivery_tag)
+        data = frames.deliver_frames(
+            number,
+            encode_short_string(tag),
+            delivery_tag,
+            delivery.redelivered,
+            exchange,
+            routing_key,
+            properties,
+            delivery.body,
+            self._frame_max(),
+        )
+        self._send(number, data, [delivery_tag] if no_ack else None)
 
     def _cancelled(self, number: int, tag: str) -> None:
         """Tell a client that asked for it (``consumer_cancel_notify``) that the server

@@ -659,6 +659,7 @@ class QueueActor(ProcessActor):
             if head.expiry_ms <= _now_ms():  # left for the dead-letter exchange's next round
                 below = min(below, head.seq_id)  # never delivered; nor what is behind it
         out = []
+        served_ns = time.monotonic_ns()
         for _ in range(message.count):
             try:
                 fetched = queue.fetch_encoded(message.ack_required, below)
@@ -666,7 +667,9 @@ class QueueActor(ProcessActor):
                 continue  # dropped, logged and counted: never delivered
             if fetched is None:
                 break
-            out.append(Delivered(fetched.seq_id, fetched.payload, fetched.delivery_count))
+            out.append(
+                Delivered(fetched.seq_id, fetched.payload, fetched.delivery_count, served_ns)
+            )
         if message.ack_required and out:
             self._held.setdefault(message.consumer, set()).update(d.seq_id for d in out)
             if message.consumer not in self._owners:

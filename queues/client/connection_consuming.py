@@ -245,7 +245,7 @@ class ConsumingCalls(ConnectionCore):
 
     def _deliveries(self, queue: str, answer: list[Any], ack: bool) -> list[Delivery]:
         deliveries = [
-            Delivery(self, queue, d.seq_id, decode(d.payload), d.delivery_count, ack)
+            Delivery(self, queue, d.seq_id, decode(d.payload), d.delivery_count, ack, d.served_ns)
             for d in answer
         ]
         if ack:

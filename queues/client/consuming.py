@@ -61,6 +61,7 @@ class Delivery:
         message: Message,
         delivery_count: int,
         ack_required: bool,
+        served_ns: int = 0,
     ) -> None:
         self._connection = connection
         self.session = connection.session  # settled only within it
@@ -73,6 +74,9 @@ class Delivery:
         self.delivery_count = delivery_count
         self.redelivered = delivery_count > 0
         self.ack_required = ack_required
+        # when its queue handed it out (the machine's monotonic clock, in ns): what two
+        # queues of one node took in turn can be handed on in that order
+        self.served_ns = served_ns
 
     def ack(self, multiple: bool = False) -> None:
         self._connection._settle(self, "ack", multiple)

@@ -192,3 +192,26 @@ def test_a_consumer_waiting_on_a_queue_stopped_meanwhile_asks_its_next_incarnati
     finally:
         waiter.join(timeout=90)
     assert got[0] is not None and got[0].body == b"after the restart"
+
+
+def test_deliveries_of_waiting_consumers_say_when_their_queues_took_them(node, monkeypatch):
+    """What two queues took in turn, each waited for by a consumer, is stamped in that
+    order (the machine's monotonic clock): a consumer of both can hand it on so."""
+    monkeypatch.setattr(consuming, "LONG_POLL_MS", 60_000)
+    node.declare_queue("control")
+    connection = node.connect()
+    tasks, control = connection.consume("orders"), connection.consume("control")
+    assert tasks.take() is None and control.take() is None  # both wait in their queues
+    publisher = node.connect()
+    publisher.publish("control", b"revoke")
+    publisher.publish("orders", b"task")
+    got = {}
+
+    def both() -> bool:
+        for consumer in (tasks, control):
+            if consumer.queue not in got and (delivery := consumer.take()) is not None:
+                got[consumer.queue] = delivery
+        return len(got) == 2
+
+    wait_for(both)
+    assert 0 < got["control"].served_ns < got["orders"].served_ns
