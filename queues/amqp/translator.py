@@ -107,6 +107,11 @@ NO_ACK_PREFETCH = 100
 # How many of a client's tasks the worker runs before it sends the confirms and
 # deliveries due meanwhile.
 TASKS_BETWEEN_SERVING = 64
+# How long a consumer's fetch waits in its empty queue (a long poll). Long: between a
+# poll's empty answer and the next one's arrival, a message its queue takes waits, and a
+# message another queue takes just after may go out first. A queue that dies meanwhile
+# is noticed at the worker's next look (``LATE_ANSWER_S``) by its process's absence.
+CONSUMER_POLL_MS = 30_000
 # How often the deliveries held past their queue's consumer timeout are looked for.
 ACK_TIMEOUT_CHECK_S = 1.0
 # What a client may have sent that its worker has not taken yet before the port stops
@@ -348,8 +353,9 @@ class Translator:
 
     def _next_task(self, idle: float) -> tuple[str, tuple[Any, ...], int] | None:
         """The client's next task; None after a wait for the oldest confirm (at most
-        ``CONFIRM_WAIT_S``), with consumers ``idle`` seconds (their next poll), or while
-        the client does not read what it was sent."""
+        ``CONFIRM_WAIT_S``), with consumers once one's long poll is answered (or after
+        ``idle`` seconds: ``_wait_for_task``), or while the client does not read what it
+        was sent."""
         if self._outbox_full():
             time.sleep(IDLE_POLL_S[1])
             return None
@@ -380,15 +386,19 @@ class Translator:
         poller = zmq.Poller()
         poller.register(self._wake_fd, zmq.POLLIN)
         timed = False
+        polls: list[Consumer] = []
         for channel in self._channels.values():
             timed = timed or bool(channel.ack_deadlines)
             for consumer, _ in channel.consumers.values():
                 if isinstance(consumer, StreamConsumer):
                     timed = True
                 elif (socket := consumer.answer_socket()) is not None:
-                    if consumer.answered():  # read off a shared socket by another's look
-                        return self._take_now()
+                    polls.append(consumer)
                     poller.register(socket, zmq.POLLIN)
+        # Twice: consumers of one queue share its socket, and a look at one may read
+        # another's answer (looked at already) off it, which then stays quiet.
+        if any(consumer.answered() for _ in range(2) for consumer in polls):
+            return self._take_now()
         self._sleeping = True
         try:
             task = self._take_now()
@@ -1124,7 +1134,11 @@ class Translator:
         if credit is not None and credit.left <= 0:
             return None  # a stream consumer's client holds its prefetch unacked
         try:
-            return consumer.take() if isinstance(consumer, Consumer) else consumer.get(0)
+            if isinstance(consumer, Consumer):
+                return consumer.take(CONSUMER_POLL_MS)
+            return consumer.get(0)
+        except QueueRestarting:
+            return None  # between two incarnations: the next look asks the new one
         except (NotFound, QueueClosed):  # deleted, or being deleted
             del channel.consumers[tag]
             channel.credits.pop(tag, None)

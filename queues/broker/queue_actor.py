@@ -907,13 +907,16 @@ class QueueActor(ProcessActor):
         self._parked = kept
 
     def _arm_park_timer(self, at: float) -> None:
-        """Run ``_park_timer`` at ``at`` (monotonic seconds)."""
+        """Run ``_park_timer`` at ``at`` (monotonic seconds), in place of the timer armed
+        for later (which then does nothing when it runs)."""
         self._park_timer_at = at
-        self.call_later(max(0.0, at - time.monotonic()), self._park_timer)
+        self.call_later(max(0.0, at - time.monotonic()), lambda: self._park_timer(at))
 
-    def _park_timer(self) -> None:
+    def _park_timer(self, at: float) -> None:
         """Answer the parked fetches whose wait ended; run again when the next one's
-        does (an earlier timer, armed for a shorter wait, may run first: it looks too)."""
+        does."""
+        if at != self._park_timer_at:
+            return  # superseded by a timer armed for earlier
         self._park_timer_at = math.inf
         now = time.monotonic()
         self._unpark(lambda entry: entry.until <= now)

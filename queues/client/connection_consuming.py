@@ -21,7 +21,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from warren.actors import ActorDeadError, ActorError, RemoteError
+from warren.actors import ActorDeadError, ActorError, ActorRef, RemoteError
 
 from .. import errors
 from ..errors import InvalidArgument, local_error
@@ -192,20 +192,22 @@ class ConsumingCalls(ConnectionCore):
         """Whether the answer to ``asked`` came (or its wait ended otherwise: ``_fetched``
         says how) within ``timeout`` seconds. What ``publish_async`` and the settles keep
         is sent before a wait (an ack, or a request whose reply the consumer waits for,
-        must not wait out the poll), and the connection's lock is held only a slice
-        (``ANSWER_SLICE_S``) at a time: a consumer waiting out a long poll holds up no
-        other thread's call, nor its recovery. A queue whose process is gone ends the
-        wait at the next slice (a stopped or killed one never answers)."""
+        must not wait out the poll). A local queue's process that is gone ends the wait
+        at the next slice (``ANSWER_SLICE_S``: a stopped or killed queue never answers);
+        one behind a listener is asked after every ``RESTART_CHECK_S`` whether it lives
+        (``await_answer``), as a restarted listener forgot the poll. The lock is let go
+        between slices, for the flusher."""
         ref, future = asked
         deadline = time.monotonic() + timeout
         if timeout > 0:
-            self._recovering(lambda: None, flush=True)
+            with self._lock:
+                self._flush()
         while True:
             with self._lock:
+                left = max(0.0, deadline - time.monotonic())
+                wait = min(ANSWER_SLICE_S, left) if isinstance(ref, ActorRef) else left
                 try:
-                    await_answer(
-                        ref, future, max(0.0, min(ANSWER_SLICE_S, deadline - time.monotonic()))
-                    )
+                    await_answer(ref, future, wait)
                 except TimeoutError:
                     if time.monotonic() >= deadline:
                         return False

@@ -142,12 +142,12 @@ class Consumer:
         check_timeout(timeout, "timeout", zero=True)
         return self._next_within(time.monotonic() + timeout)
 
-    def take(self) -> Delivery | None:
+    def take(self, wait_ms: int = LONG_POLL_MS) -> Delivery | None:
         """A delivery that has come, without waiting; meanwhile the next fetch, once the
-        prefetch has room, waits in the queue for messages (a long poll) and
-        ``answer_socket`` says where its answer will come: for a thread that serves
+        prefetch has room, waits in the queue for messages (a long poll of ``wait_ms``)
+        and ``answer_socket`` says where its answer will come: for a thread that serves
         many consumers (the AMQP port's worker) and sleeps until one has something."""
-        return self._next_within(time.monotonic(), LONG_POLL_MS)
+        return self._next_within(time.monotonic(), wait_ms)
 
     def answer_socket(self) -> Any | None:
         """The socket the answer to this consumer's long poll comes on, to wait on with
@@ -190,7 +190,7 @@ class Consumer:
                             return None
                         continue
                 asked, self._ahead = self._ahead, None
-                self._ready.extend(self.connection._fetched(self.queue, asked))
+                self._take_in(self.connection._fetched(self.queue, asked))
                 if self._ready or deadline is None or time.monotonic() < deadline:
                     continue
                 if wait_ms is not None:  # the next long poll waits while the caller is away
@@ -202,6 +202,15 @@ class Consumer:
             time.sleep(wait if left is None else min(wait, left))
             wait = min(wait * 2, IDLE_POLL_S[1])
         return self._ready.popleft() if self._ready else None
+
+    def _take_in(self, fetched: list[Delivery]) -> None:
+        """Keep what a fetch brought, but what is beyond the prefetch (lowered while the
+        fetch waited in the queue, whose room it asked for): that goes back at once."""
+        over = min(len(fetched), self.connection.held(self.queue) - self.prefetch)
+        if over > 0:
+            self.connection._give_back(self.queue, [d.delivery_tag for d in fetched[-over:]])
+            fetched = fetched[:-over]
+        self._ready.extend(fetched)
 
     def _fetch_ahead(self, deadline: float | None, wait_ms: int | None) -> None:
         """Send the next fetch, when half the prefetch is free or nothing is at hand (see

@@ -488,6 +488,32 @@ def test_a_new_prefetch_applies_to_the_channels_live_consumers_too(node):
     connection.close()
 
 
+def test_a_lowered_prefetch_holds_a_live_consumer_whose_fetch_waits_in_its_queue(node):
+    """Celery lowers its prefetch again once its ETA tasks ran: the fetch the consumer
+    had waiting in the empty queue asked for the old prefetch's room, and what it brings
+    beyond the new one goes back."""
+    connection = _connect(node)
+    channel = connection.channel()
+    channel.queue_declare("work")
+    held: list[int] = []
+    channel.basic_qos(prefetch_count=10)
+    channel.basic_consume("work", lambda ch, method, props, body: held.append(method.delivery_tag))
+    connection.process_data_events(time_limit=0.3)  # its fetch waits in the empty queue
+    channel.basic_qos(prefetch_count=1)
+    with node.connect() as warren:
+        warren.publish_many("work", [b"%d" % n for n in range(5)])  # taken at once
+
+        def one_held_and_the_rest_ready() -> bool:
+            connection.process_data_events(time_limit=0.05)
+            stats = warren.queue_stats("work")
+            return len(held) == 1 and stats["messages_ready"] == 4
+
+        wait_for(one_held_and_the_rest_ready)
+        connection.process_data_events(time_limit=0.5)
+        assert len(held) == 1 and warren.queue_stats("work")["messages_unacked"] == 1
+    connection.close()
+
+
 def test_a_delivery_held_past_its_queues_consumer_timeout_closes_its_channel(node):
     connection = _connect(node)
     channel = connection.channel()
