@@ -216,17 +216,42 @@ class ActorRef:
         return f"<ActorRef {self.name} #{self.incarnation} pid {self.pid}{pin} {self.address}>"
 
 
-class Future:
-    """The answer to an ``ask_async`` (or to a request to the node: ``target`` None);
-    ``get`` may be called from any thread."""
+class Answer:
+    """An answer that comes once: ``get(timeout)`` waits for it (``_wait``), raising
+    ``AskTimeout`` while it has not come; once it came, every ``get`` gives it again, its
+    value or its error."""
 
-    def __init__(self, channel: Channel, request_id: int, target: ActorRef | None) -> None:
-        self._channel = channel
-        self._request_id = request_id
-        self._target = target
+    def __init__(self) -> None:
         self._done = False
         self._value: Any = None
         self._error: BaseException | None = None
+
+    def get(self, timeout: float | None = wire.DEFAULT_ASK_TIMEOUT_S) -> Any:
+        if not self._done:
+            try:
+                self._value = self._wait(timeout)
+            except TimeoutError:
+                raise
+            except Exception as exc:
+                self._error = exc
+            self._done = True
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+    def _wait(self, timeout: float | None) -> Any:
+        raise NotImplementedError
+
+
+class Future(Answer):
+    """The answer to an ``ask_async`` (or to a request to the node: ``target`` None);
+    ``get`` may be called from any thread, and raises like ``ActorRef.ask`` does."""
+
+    def __init__(self, channel: Channel, request_id: int, target: ActorRef | None) -> None:
+        super().__init__()
+        self._channel = channel
+        self._request_id = request_id
+        self._target = target
 
     @property
     def socket(self) -> zmq.Socket:
@@ -235,21 +260,13 @@ class Future:
         before it ``get``s them."""
         return self._channel.socket
 
-    def get(self, timeout: float | None = wire.DEFAULT_ASK_TIMEOUT_S) -> Any:
-        """The answer; raises like ``ActorRef.ask`` does. Repeated calls give the same result."""
-        if not self._done:
-            deadline = None if timeout is None else time.monotonic() + timeout
-            try:
-                self._value = self._channel.wait(self._request_id, deadline, self._target)
-            except TimeoutError:
-                self._channel.expect(self._request_id)
-                raise
-            except Exception as exc:
-                self._error = exc
-            self._done = True
-        if self._error is not None:
-            raise self._error
-        return self._value
+    def _wait(self, timeout: float | None) -> Any:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            return self._channel.wait(self._request_id, deadline, self._target)
+        except TimeoutError:
+            self._channel.expect(self._request_id)  # a later get may still take it
+            raise
 
 
 _install_ref_type(ActorRef, tuple(f.name for f in dataclasses.fields(ActorRef)))

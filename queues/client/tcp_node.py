@@ -54,6 +54,7 @@ from zmq.utils.monitor import recv_monitor_message
 from warren.actors import wire
 from warren.actors.codec import Decoder, Encoder
 from warren.actors.errors import ActorDeadError, AskTimeout, CodecError
+from warren.actors.ref import Answer
 
 from .. import errors
 from ..errors import AccessRefused, InvalidArgument, NodeNotRunning, NodeStarting, local_error
@@ -507,26 +508,12 @@ class RemoteQueue:
         return f"<RemoteQueue {self.name} #{self.incarnation} at {self.node.endpoint}>"
 
 
-class _RemoteAnswer:
-    """The answer to one ask, as a ``Future``: ``get(timeout)`` (``AskTimeout`` while it
-    has not come); once it came, every ``get`` gives it again (its value or its error),
-    as an ``ActorRef``'s ``Future`` does."""
+class _RemoteAnswer(Answer):
+    """The answer to one ask through the listener, as an ``ActorRef``'s ``Future``."""
 
     def __init__(self, node: TcpNode, request_id: int) -> None:
+        super().__init__()
         self._node, self.request_id = node, request_id
-        self._done = False
-        self._value: Any = None
-        self._error: BaseException | None = None
 
-    def get(self, timeout: float | None = None) -> Any:
-        if not self._done:
-            try:
-                self._value = self._node.wait(self.request_id, timeout)
-            except AskTimeout:
-                raise
-            except Exception as exc:
-                self._error = exc
-            self._done = True
-        if self._error is not None:
-            raise self._error
-        return self._value
+    def _wait(self, timeout: float | None) -> Any:
+        return self._node.wait(self.request_id, timeout)

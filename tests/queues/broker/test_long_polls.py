@@ -3,6 +3,7 @@ when its consumer stops, when its wait ends, when the queue stops or is deleted;
 consumer built on it hears of a publish without asking again and again, and loses
 nothing when it is cancelled or its queue is killed while it waits."""
 
+import contextlib
 import os
 import signal
 import threading
@@ -26,6 +27,21 @@ def node(tmp_path):
     with Node(tmp_path / "data") as running:
         running.declare_queue("orders")
         yield running
+
+
+@contextlib.contextmanager
+def consumer_waiting(node, timeout=60):
+    """A consumer of "orders" waiting in another thread for its next delivery, subscribed
+    when the block runs; yields the list the delivery (or None) lands in."""
+    got = []
+    consumer = node.connect().consume("orders", prefetch=10)
+    waiter = threading.Thread(target=lambda: got.append(consumer.get(timeout=timeout)))
+    waiter.start()
+    try:
+        wait_for(lambda: node.connect().queue_stats("orders")["consumers"] == 1)
+        yield got
+    finally:
+        waiter.join(timeout=timeout + 30)
 
 
 def parked_fetch(node, wait_ms=60_000):
@@ -100,18 +116,9 @@ def test_an_idle_consumer_asks_its_queue_once_per_long_poll_not_again_and_again(
 
 
 def test_a_consumer_waiting_in_another_thread_gets_a_message_published_meanwhile(node):
-    got = []
-    consumer = node.connect().consume("orders", prefetch=10)
-    waiter = threading.Thread(target=lambda: got.append(consumer.get(timeout=60)))
-    waiter.start()
-    try:
-        wait_for(lambda: node.connect().queue_stats("orders")["consumers"] == 1)
+    with consumer_waiting(node) as got:
         node.connect().publish("orders", b"order 1")
-    finally:
-        waiter.join(timeout=90)
     assert got[0].body == b"order 1"
-    got[0].ack()
-    consumer.cancel()
 
 
 def test_a_consumer_cancelled_with_a_poll_out_gives_back_what_the_poll_brought(node, monkeypatch):
@@ -148,18 +155,11 @@ def test_a_consumer_cancelled_with_a_poll_out_does_not_wait_for_the_poll(node, m
 
 
 def test_a_consumer_waiting_on_a_queue_killed_meanwhile_gets_what_comes_after_its_restart(node):
-    got = []
-    consumer = node.connect().consume("orders", prefetch=10)
-    waiter = threading.Thread(target=lambda: got.append(consumer.get(timeout=90)))
-    waiter.start()
-    try:
-        wait_for(lambda: node.connect().queue_stats("orders")["consumers"] == 1)
+    with consumer_waiting(node, timeout=90) as got:
         killed = node.queue("orders").pid
         os.kill(killed, signal.SIGKILL)
         wait_for(lambda: restarted(node, "orders", killed), timeout=60)
         node.connect().publish("orders", b"after the restart")
-    finally:
-        waiter.join(timeout=120)
     assert got[0].body == b"after the restart"
 
 
@@ -179,18 +179,11 @@ def test_a_consumer_waiting_on_a_queue_stopped_meanwhile_asks_its_next_incarnati
     node, monkeypatch
 ):
     monkeypatch.setattr(consuming, "LONG_POLL_MS", 60_000)
-    got = []
-    consumer = node.connect().consume("orders", prefetch=10)
-    waiter = threading.Thread(target=lambda: got.append(consumer.get(timeout=45)))
-    waiter.start()
-    try:
-        wait_for(lambda: node.connect().queue_stats("orders")["consumers"] == 1)
+    with consumer_waiting(node, timeout=45) as got:
         stopped = node.queue("orders")
         stopped.stop()  # a clean stop: the supervisor starts the queue again
         wait_for(lambda: restarted(node, "orders", stopped.pid), timeout=60)
         node.connect().publish("orders", b"after the restart")
-    finally:
-        waiter.join(timeout=90)
     assert got[0] is not None and got[0].body == b"after the restart"
 
 
