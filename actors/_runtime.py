@@ -171,6 +171,14 @@ class Channel:
             self._send_locked(self.encoder.encode(header), timeout)
         return self.wait(request_id, deadline, target, abandon)
 
+    def may_hold(self, request_id: int) -> bool:
+        """Whether the reply to ``request_id`` was kept for it, or the socket has a
+        message to read (which may be it)."""
+        with self.lock:
+            if request_id in self._replies:
+                return True
+            return bool(int(self.socket.getsockopt(zmq.EVENTS)) & zmq.POLLIN)
+
     def expect(self, request_id: int) -> None:
         """Keep the reply to ``request_id`` when another caller receives it first."""
         with self.lock:

@@ -260,6 +260,12 @@ class Future(Answer):
         before it ``get``s them."""
         return self._channel.socket
 
+    def arrived(self) -> bool:
+        """Whether ``get`` may not have to wait: the answer came, or something waits on
+        its socket to be read (a look that costs no exception, for a thread that looks
+        at many answers often)."""
+        return self._done or self._channel.may_hold(self._request_id)
+
     def _wait(self, timeout: float | None) -> Any:
         deadline = None if timeout is None else time.monotonic() + timeout
         try:

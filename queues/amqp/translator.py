@@ -210,6 +210,9 @@ class Translator:
         self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._wake_lock = threading.Lock()
         self._sleeping = False
+        self._poller = zmq.Poller()  # the wake-up and the sockets in _polled
+        self._poller.register(self._wake_fd, zmq.POLLIN)
+        self._polled: set[Any] = set()
         # The bytes the client sent that the worker has not taken (see ``backlogged``),
         # and what the gateway runs once they fall to half the limit.
         self._backlog = 0
@@ -383,10 +386,9 @@ class Translator:
         after ``idle`` seconds with a stream consumer or a consumer timeout to look at
         (else ``LATE_ANSWER_S``: a long poll's queue may have died). The gateway wakes
         a worker asleep here when it hands it a task."""
-        poller = zmq.Poller()
-        poller.register(self._wake_fd, zmq.POLLIN)
         timed = False
         polls: list[Consumer] = []
+        sockets: set[Any] = set()
         for channel in self._channels.values():
             timed = timed or bool(channel.ack_deadlines)
             for consumer, _ in channel.consumers.values():
@@ -394,11 +396,19 @@ class Translator:
                     timed = True
                 elif (socket := consumer.answer_socket()) is not None:
                     polls.append(consumer)
-                    poller.register(socket, zmq.POLLIN)
-        # Twice: consumers of one queue share its socket, and a look at one may read
-        # another's answer (looked at already) off it, which then stays quiet.
-        if any(consumer.answered() for _ in range(2) for consumer in polls):
+                    sockets.add(socket)
+        # Consumers of one queue share its socket, and a look at one may have read
+        # another's answer (looked at already) off it, which then stays quiet: looked at
+        # twice more.
+        shared = len(sockets) < len(polls)
+        if shared and any(consumer.answered() for _ in range(2) for consumer in polls):
             return self._take_now()
+        poller = self._poller  # kept: one made per wait cost more than the wait's work
+        for gone in self._polled - sockets:
+            poller.unregister(gone)
+        for new in sockets - self._polled:
+            poller.register(new, zmq.POLLIN)
+        self._polled = sockets
         self._sleeping = True
         try:
             task = self._take_now()

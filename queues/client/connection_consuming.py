@@ -18,6 +18,7 @@ connection does not hold (``UnknownDeliveryTag``, nothing sent).
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
@@ -39,11 +40,12 @@ from ..protocol import (
 from .connection_core import NODE_ERRORS, ConnectionCore, exclusive
 from .consuming import SETTLE_BATCH, Consumer, Delivery, PendingSettles, check_timeout
 from .publishing import flusher, producer_bytes
-from .queue_refs import await_answer, is_stream_ref
+from .queue_refs import await_answer, is_stream_ref, process_gone
 from .recovery import NodeLost
 from .stream import StreamConsumer
 
 ANSWER_SLICE_S = 0.05  # the longest a consumer's wait for a long poll holds the lock
+PROCESS_LOOKS_KEPT = 4096  # queue processes whose last look is remembered, at most
 
 
 class ConsumingCalls(ConnectionCore):
@@ -193,28 +195,47 @@ class ConsumingCalls(ConnectionCore):
         says how) within ``timeout`` seconds. What ``publish_async`` and the settles keep
         is sent before a wait (an ack, or a request whose reply the consumer waits for,
         must not wait out the poll). A local queue's process that is gone ends the wait
-        at the next slice (``ANSWER_SLICE_S``: a stopped or killed queue never answers);
-        one behind a listener is asked after every ``RESTART_CHECK_S`` whether it lives
-        (``await_answer``), as a restarted listener forgot the poll. The lock is let go
-        between slices, for the flusher."""
+        (a stopped or killed queue never answers): looked for at most every
+        ``ANSWER_SLICE_S`` (a look at /proc costs more than the look at the socket, and
+        the AMQP port looks at every consumer's socket often). One behind a listener is
+        asked after every ``RESTART_CHECK_S`` whether it lives (``await_answer``), as a
+        restarted listener forgot the poll. The lock is let go between slices, for the
+        flusher."""
         ref, future = asked
         deadline = time.monotonic() + timeout
         if timeout > 0:
             with self._lock:
                 self._flush()
+        elif isinstance(ref, ActorRef) and not future.arrived():  # a look, made often
+            return self._queue_process_gone(ref)
         while True:
             with self._lock:
                 left = max(0.0, deadline - time.monotonic())
-                wait = min(ANSWER_SLICE_S, left) if isinstance(ref, ActorRef) else left
                 try:
-                    await_answer(ref, future, wait)
+                    if isinstance(ref, ActorRef):
+                        future.get(timeout=min(ANSWER_SLICE_S, left))
+                    else:
+                        await_answer(ref, future, left)
                 except TimeoutError:
+                    if isinstance(ref, ActorRef) and self._queue_process_gone(ref):
+                        return True  # _fetched says so
                     if time.monotonic() >= deadline:
                         return False
                     continue
                 except Exception:  # the answer is an error, or the queue died: _fetched says
                     return True
                 return True
+
+    def _queue_process_gone(self, ref: ActorRef) -> bool:
+        """Whether queue ``ref``'s process has ended, looked for at most every
+        ``ANSWER_SLICE_S``."""
+        now = time.monotonic()
+        if now - self._process_looks.get(ref.pid, -math.inf) < ANSWER_SLICE_S:
+            return False
+        if len(self._process_looks) > PROCESS_LOOKS_KEPT:
+            self._process_looks.clear()
+        self._process_looks[ref.pid] = now
+        return process_gone(ref)
 
     @exclusive
     def _fetched(self, queue: str, asked: tuple[QueueRef, Any]) -> list[Delivery]:

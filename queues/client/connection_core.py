@@ -180,6 +180,8 @@ class ConnectionCore:
         # the event ``interrupt`` sets.
         self._lock = threading.RLock()
         self._held: dict[str, dict[int, Delivery]] = {}  # queue -> tag -> delivery
+        # queue process pid -> when a long poll's wait last looked whether it lives
+        self._process_looks: dict[int, float] = {}
         self._subscribed: set[str] = set()  # queues it has consumed from
         self._settled: set[str] = set()  # queues it sent settles to
         # exchange -> (read at, kind, bindings, alternate exchange)

@@ -27,7 +27,7 @@ from warren.actors.process import process_exists
 from ..protocol import STREAM_ACTOR_PREFIX, QueueRef
 from .tcp_node import RemoteQueue
 
-__all__ = ["RESTART_CHECK_S", "await_answer", "is_stream_ref", "sender"]
+__all__ = ["RESTART_CHECK_S", "await_answer", "is_stream_ref", "process_gone", "sender"]
 
 RESTART_CHECK_S = 1.0  # how often a wait looks whether its queue restarted
 GONE_REMEMBERED = 1024  # incarnations known gone, kept to end other waits on them at once
@@ -54,8 +54,7 @@ def await_answer(ref: QueueRef, future: Any, timeout: float | None) -> Any:
             return future.get(timeout=wait)
         except AskTimeout:
             if deadline is not None and time.monotonic() >= deadline:
-                if isinstance(ref, ActorRef) and not process_exists(ref.pid):
-                    _remember_gone(ref)
+                if isinstance(ref, ActorRef) and process_gone(ref):
                     raise ActorDeadError(
                         f"{ref.name} incarnation {ref.incarnation} is gone"
                     ) from None
@@ -63,6 +62,15 @@ def await_answer(ref: QueueRef, future: Any, timeout: float | None) -> Any:
             if not _alive(ref, future):
                 _remember_gone(ref)
                 raise ActorDeadError(f"{ref.name} incarnation {ref.incarnation} is gone") from None
+
+
+def process_gone(ref: ActorRef) -> bool:
+    """Whether the process of the incarnation ``ref`` names (on this machine) has ended;
+    remembered, so that every wait on it ends at once."""
+    if process_exists(ref.pid):
+        return False
+    _remember_gone(ref)
+    return True
 
 
 def _known_gone(ref: QueueRef) -> bool:
