@@ -1317,7 +1317,7 @@ def _queue_arguments(arguments: dict[str, Any], ids: tuple[int, int]) -> dict[st
 def _amqp_error(exc: QueueError, ids: tuple[int, int]) -> AmqpError:
     """The error a Warren error is, as RabbitMQ would answer the same case, naming the
     method (``ids``) that met it."""
-    if isinstance(exc, NotFound):
+    if isinstance(exc, NotFound | QueueClosed):  # QueueClosed: deleted as it was asked
         return AmqpError(frames.NOT_FOUND, f"NOT_FOUND - {exc}", *ids)
     if isinstance(exc, AccessRefused):
         return AmqpError(frames.ACCESS_REFUSED, f"ACCESS_REFUSED - {exc}", *ids)

@@ -310,3 +310,14 @@ def test_channel_max_counts_the_open_channels_whatever_their_numbers() -> None:
             connection.channel(8)
         assert refused.value.reply_code == frames.NOT_ALLOWED
         assert "reached the negotiated channel_max (2)" in refused.value.reply_text
+
+
+def test_a_method_that_meets_its_queue_deleted_meanwhile_is_answered_not_found():
+    """A consume racing the delete of its (auto-delete, expiring) queue: the queue's
+    process answers QueueClosed; the client hears 404 on its channel, as from RabbitMQ,
+    not 541, which closes its whole connection."""
+    from warren.queues.amqp.translator import _amqp_error
+    from warren.queues.errors import QueueClosed
+
+    error = _amqp_error(QueueClosed("queue replies was deleted"), (60, 20))
+    assert (error.code, error.class_id, error.method_id) == (frames.NOT_FOUND, 60, 20)
