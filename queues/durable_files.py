@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import os
 
+from warren.store import replicated_io
+
 __all__ = ["fsync_directory", "is_temporary_of", "write_atomically"]
 
 
@@ -18,7 +20,7 @@ def fsync_directory(path: str | os.PathLike) -> None:
     """Make the directory's entries (files created, renamed, deleted) durable."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        os.fsync(fd)
+        replicated_io.fsync(fd)
     finally:
         os.close(fd)
 
@@ -38,15 +40,15 @@ def write_atomically(
     new one, whole, and only a power loss may leave neither)."""
     path = os.fspath(path)
     temporary = f"{path}.{os.getpid()}.tmp"  # see is_temporary_of
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    fd = replicated_io.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     try:
         view = memoryview(data)
         while view:
-            view = view[os.write(fd, view) :]
+            view = view[replicated_io.write(fd, view) :]
         if durable:
-            os.fsync(fd)
+            replicated_io.fsync(fd)
     finally:
         os.close(fd)
-    os.replace(temporary, path)
+    replicated_io.rename(temporary, path)
     if durable:
         fsync_directory(os.path.dirname(path) or ".")

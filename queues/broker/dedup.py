@@ -74,6 +74,8 @@ from collections.abc import Iterable
 
 from isal.isal_zlib import crc32
 
+from warren.store import replicated_io
+
 from ..durable_files import fsync_directory, write_atomically
 
 __all__ = ["LOG_FILE", "ProducerLog", "message_ids"]
@@ -126,7 +128,7 @@ class ProducerLog:
             self._open()
 
     def _open(self) -> None:
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._fd = replicated_io.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         self._size = os.fstat(self._fd).st_size
 
     def begin(self) -> None:
@@ -163,8 +165,8 @@ class ProducerLog:
                 len(data) - at,
             )
             with open(self.path, "r+b") as file:
-                file.truncate(at)
-                os.fdatasync(file.fileno())
+                replicated_io.ftruncate(file.fileno(), at)
+                replicated_io.fdatasync(file.fileno())
         return len(data) - at
 
     def record(self, highs: Iterable[tuple[bytes, int]], low_water: int) -> None:
@@ -181,8 +183,8 @@ class ProducerLog:
             return
         self.begin()
         data = b"".join(chunks)
-        os.write(self._fd, data)
-        os.fdatasync(self._fd)
+        replicated_io.write(self._fd, data)
+        replicated_io.fdatasync(self._fd)
         self.low_water = low_water
         self._size += len(data)
         if self._size > COMPACT_BYTES:

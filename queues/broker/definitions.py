@@ -104,12 +104,13 @@ import json
 import logging
 import os
 import re
-import shutil
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from isal.isal_zlib import crc32
+
+from warren.store import replicated_io
 
 from ..durable_files import fsync_directory, write_atomically
 from ..engine.ref_counts import QUEUES_DIR
@@ -213,7 +214,7 @@ class Definitions:
         current = f"{LOG_PREFIX}{self.generation}{LOG_SUFFIX}"
         for name in names:
             if name.startswith(LOG_PREFIX) and name.endswith(LOG_SUFFIX) and name != current:
-                os.unlink(os.path.join(self.data_dir, name))
+                replicated_io.unlink(os.path.join(self.data_dir, name))
         path = self._log_path(self.generation)
         try:
             with open(path, "rb") as file:
@@ -234,7 +235,7 @@ class Definitions:
             self._apply(change)
             whole += len(line)
         if whole != len(data):
-            os.truncate(path, whole)
+            replicated_io.truncate(path, whole)
         self._log_bytes = whole
 
     # ------------------------------------------------------------------ changes
@@ -432,25 +433,25 @@ class Definitions:
         opened = self._log_fd is None
         if self._log_fd is None:
             path = self._log_path(self.generation)
-            self._log_fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            self._log_fd = replicated_io.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         fd = self._log_fd
         try:
             if opened:
                 fsync_directory(self.data_dir)  # the log itself must survive a crash
-            written = os.write(fd, lines)
+            written = replicated_io.write(fd, lines)
             if written != len(lines):
                 raise OSError(
                     errno.ENOSPC,
                     f"a short write to the definitions' log ({written} of {len(lines)} bytes)",
                 )
-            os.fdatasync(fd)
+            replicated_io.fdatasync(fd)
         except OSError:
             # A full disk, a failed fdatasync: what was written of these lines must not
             # stay in front of the next ones (a load stops at the first bad line), and a
             # failed fdatasync is never retried on the same file description.
             self._log_fd = None
             try:
-                os.ftruncate(fd, self._log_bytes)
+                replicated_io.ftruncate(fd, self._log_bytes)
             finally:
                 os.close(fd)
             raise
@@ -473,7 +474,7 @@ class Definitions:
         data = json.dumps(saved).encode()
         write_atomically(os.path.join(self.data_dir, DEFINITIONS_FILE), data)
         self.close()
-        os.unlink(self._log_path(self.generation))
+        replicated_io.unlink(self._log_path(self.generation))
         self.generation += 1
         self._log_bytes, self._snapshot_bytes = 0, len(data)
 
@@ -502,7 +503,7 @@ class Definitions:
             if name in self.queues or name.endswith(TOMBSTONE_SUFFIX):  # see finish_deletes
                 continue
             if os.path.exists(os.path.join(directory, TRANSIENT_MARKER)):
-                shutil.rmtree(directory)
+                replicated_io.remove_tree(directory)
             else:
                 log.warning("%s has no queue definition; left alone", directory)
 
@@ -545,7 +546,7 @@ class Definitions:
                 continue
             try:
                 if directory in defined:
-                    os.unlink(tombstone)
+                    replicated_io.unlink(tombstone)
                     log.warning(
                         "%s: the delete of this queue was never saved; the queue stays",
                         tombstone,
@@ -571,17 +572,17 @@ def mark_deleted(directory: str, name: str) -> None:
     Deletes); an ``OSError`` if the disk refuses it (nothing is changed then)."""
     path = directory + TOMBSTONE_SUFFIX
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    fd = replicated_io.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         try:
-            os.write(fd, name.encode())
-            os.fsync(fd)
+            replicated_io.write(fd, name.encode())
+            replicated_io.fsync(fd)
         finally:
             os.close(fd)
         fsync_directory(os.path.dirname(path))
     except OSError:
         try:
-            os.unlink(path)
+            replicated_io.unlink(path)
             fsync_directory(os.path.dirname(path))  # brought back, it would delete the queue
         except FileNotFoundError:
             pass
@@ -599,9 +600,9 @@ def is_marked_deleted(directory: str) -> bool:
 def _remove_deleted(directory: str) -> None:
     """Remove a deleted queue's directory, durably, then its tombstone (see Deletes)."""
     if os.path.lexists(directory):
-        shutil.rmtree(directory)
+        replicated_io.remove_tree(directory)
     fsync_directory(os.path.dirname(directory))  # the directory gone before its tombstone
-    os.unlink(directory + TOMBSTONE_SUFFIX)
+    replicated_io.unlink(directory + TOMBSTONE_SUFFIX)
     fsync_directory(os.path.dirname(directory))  # brought back, it would delete a new queue
 
 

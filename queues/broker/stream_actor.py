@@ -84,13 +84,13 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import shutil
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, ClassVar, NamedTuple
 
 from warren.actors import ProcessActor, UnhandledMessage
+from warren.store import replicated_io
 
 from ..engine.stream_log import (
     MAX_TRACKING_ID_BYTES,
@@ -545,7 +545,7 @@ class StreamActor(ProcessActor):
             )
         self._close_readers()
         self._stream.abandon()
-        shutil.rmtree(self.directory, ignore_errors=True)
+        replicated_io.remove_tree(self.directory, ignore_errors=True)
         self._deleted = True
         return count
 

@@ -73,6 +73,7 @@ from typing import NamedTuple
 
 from isal.isal_zlib import crc32
 
+from warren.store import replicated_io
 from warren.store.locks import lock_exclusive
 
 from ..errors import QueueClosed, QueueLocked, UnknownDeliveryTag
@@ -226,7 +227,9 @@ class QueueIndex:
         self.segment_entry_count = segment_entry_count
         os.makedirs(self.directory, exist_ok=True)
         self._dir_fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY)
-        self._lock_fd = os.open(LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644, dir_fd=self._dir_fd)
+        self._lock_fd = replicated_io.open(
+            LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644, dir_fd=self._dir_fd
+        )
         if not lock_exclusive(self._lock_fd):
             os.close(self._lock_fd)
             os.close(self._dir_fd)
@@ -283,7 +286,7 @@ class QueueIndex:
         names = os.listdir(self._dir_fd)
         for name in names:
             if name.endswith(UPGRADE_SUFFIX):
-                os.unlink(name, dir_fd=self._dir_fd)
+                replicated_io.unlink(name, dir_fd=self._dir_fd)
         n, upgraded, unusable = self.segment_entry_count, 0, 0
         for segment in sorted(self.files.on_disk):
             header = self.files.read_all(segment, HEADER_BYTES)
@@ -298,11 +301,11 @@ class QueueIndex:
             if name.endswith(V1_STORE_SUFFIX) and name[: -len(V1_STORE_SUFFIX)].isdigit()
         ]
         if upgraded or stale:
-            os.fsync(self._dir_fd)  # every rename durable before an old store file goes
+            replicated_io.fsync(self._dir_fd)  # every rename durable before an old store file goes
         for name in stale:
-            os.unlink(name, dir_fd=self._dir_fd)
+            replicated_io.unlink(name, dir_fd=self._dir_fd)
         if stale:
-            os.fsync(self._dir_fd)
+            replicated_io.fsync(self._dir_fd)
         return upgraded, unusable
 
     def _write_upgraded(self, segment: int, index_data: bytes) -> None:
@@ -333,14 +336,16 @@ class QueueIndex:
                     entry.expiry_ms,
                 )
         aside = f"{segment}{INDEX_SUFFIX}{UPGRADE_SUFFIX}"
-        fd = os.open(aside, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644, dir_fd=self._dir_fd)
+        fd = replicated_io.open(
+            aside, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644, dir_fd=self._dir_fd
+        )
         try:
-            if os.pwritev(fd, [area, records], 0) != len(area) + len(records):
+            if replicated_io.pwritev(fd, [area, records], 0) != len(area) + len(records):
                 raise OSError(errno.ENOSPC, f"{aside}: short write; the segment stays as it was")
-            os.fdatasync(fd)
+            replicated_io.fdatasync(fd)
         finally:
             os.close(fd)
-        os.replace(
+        replicated_io.rename(
             aside, self.files.name(segment), src_dir_fd=self._dir_fd, dst_dir_fd=self._dir_fd
         )
 
@@ -398,7 +403,7 @@ class QueueIndex:
             if drop:
                 fd = self.files.for_writing(segment)
                 for seq_id in drop:  # one zero byte marks the slot absent
-                    os.pwrite(fd, b"\0", HEADER_BYTES + (seq_id - first) * SLOT_BYTES)
+                    replicated_io.pwrite(fd, b"\0", HEADER_BYTES + (seq_id - first) * SLOT_BYTES)
             self._segments[segment] = kept
             entries += kept
         if torn:
@@ -470,7 +475,7 @@ class QueueIndex:
                 self.files.delete_unused(segment)
                 if segment in self.files.on_disk:  # kept for the store's records
                     fd = self.files.for_writing(segment)
-                    os.pwrite(fd, bytes(self.records_at - HEADER_BYTES), HEADER_BYTES)
+                    replicated_io.pwrite(fd, bytes(self.records_at - HEADER_BYTES), HEADER_BYTES)
             else:
                 self._segments[segment] = count - 1
         if self._buffered_acks >= n // 2:

@@ -36,6 +36,8 @@ from collections.abc import Callable
 
 from isal.isal_zlib import crc32
 
+from warren.store import replicated_io
+
 __all__ = ["SegmentFiles", "segment_numbers", "write_vectors"]
 
 
@@ -161,19 +163,21 @@ class SegmentFiles:
         return fd
 
     def _open_for_writing(self, segment: int) -> int:
-        fd = os.open(self.name(segment), os.O_RDWR | os.O_CREAT, 0o644, dir_fd=self.dir_fd)
+        fd = replicated_io.open(
+            self.name(segment), os.O_RDWR | os.O_CREAT, 0o644, dir_fd=self.dir_fd
+        )
         if segment in self.on_disk:
             return fd
         self._directory_unsynced = True  # the next sync makes the new entry durable
         start = self._header(segment).ljust(self._initial_bytes, b"\0")
         try:
-            if os.pwrite(fd, start, 0) != len(start):
+            if replicated_io.pwrite(fd, start, 0) != len(start):
                 raise OSError(errno.ENOSPC, f"{self.name(segment)}: short write creating it")
         except BaseException:
             # A file without its whole start is never used: a full disk fails this write,
             # and the next one creates the file again.
             os.close(fd)
-            os.unlink(self.name(segment), dir_fd=self.dir_fd)
+            replicated_io.unlink(self.name(segment), dir_fd=self.dir_fd)
             raise
         self.on_disk.add(segment)
         return fd
@@ -186,7 +190,7 @@ class SegmentFiles:
         if fd is not None:
             os.close(fd)
         try:
-            os.unlink(self.name(segment), dir_fd=self.dir_fd)
+            replicated_io.unlink(self.name(segment), dir_fd=self.dir_fd)
         except FileNotFoundError:
             pass  # never written, or deleted by an earlier start
         self.on_disk.discard(segment)
@@ -207,7 +211,7 @@ class SegmentFiles:
         this holds after a failed fdatasync too."""
         for segment in sorted(self.on_disk):
             self.delete(segment)
-        os.fsync(self.dir_fd)
+        replicated_io.fsync(self.dir_fd)
         self._directory_unsynced = False
 
     def start_writeback(self) -> None:
@@ -228,13 +232,13 @@ class SegmentFiles:
             )
         try:
             for segment in self._unsynced:
-                os.fdatasync(self.written[segment])
+                replicated_io.fdatasync(self.written[segment])
             self._unsynced.clear()
             newest = max(self.written, default=None)
             for segment in [s for s in self.written if s != newest]:
                 os.close(self.written.pop(segment))
             if self._directory_unsynced:
-                os.fsync(self.dir_fd)
+                replicated_io.fsync(self.dir_fd)
                 self._directory_unsynced = False
         except OSError as exc:
             self._sync_failed = exc
@@ -255,7 +259,7 @@ def write_vectors(fd: int, vectors: list[bytes], offset: int) -> None:
     for at in range(0, len(vectors), _MAX_VECTORS):
         chunk = vectors[at : at + _MAX_VECTORS]
         expected = sum(map(len, chunk))
-        written = os.pwritev(fd, chunk, offset)
+        written = replicated_io.pwritev(fd, chunk, offset)
         if written != expected:
             raise OSError(f"short write: {written} of {expected} bytes at offset {offset}")
         offset += written

@@ -126,6 +126,7 @@ from typing import Literal, NamedTuple
 
 from isal.isal_zlib import crc32
 
+from warren.store import replicated_io
 from warren.store.locks import lock_exclusive
 
 from ..errors import OffsetOutOfRange, StreamCorrupt, StreamError, StreamLocked
@@ -627,11 +628,11 @@ def inspect_stream(directory: str | os.PathLike[str]) -> list[SegmentReport]:
 
 def _write_all(fd: int, parts: list[bytes]) -> None:
     total = sum(map(len, parts))
-    written = os.writev(fd, parts)
+    written = replicated_io.writev(fd, parts)
     if written != total:  # a short write on a regular file: write the rest
         rest = memoryview(b"".join(parts))[written:]
         while rest:
-            rest = rest[os.write(fd, rest) :]
+            rest = rest[replicated_io.write(fd, rest) :]
 
 
 def _now_ms() -> int:
@@ -690,7 +691,7 @@ class StreamLog:
         self.sync_policy = sync
         self.epoch = epoch
         os.makedirs(self.directory, exist_ok=True)
-        self._lock_fd = os.open(
+        self._lock_fd = replicated_io.open(
             os.path.join(self.directory, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644
         )
         if not lock_exclusive(self._lock_fd):
@@ -828,9 +829,9 @@ class StreamLog:
         flush: list[tuple[Callable[[int], None], int]] = []
         if self.sync_policy:
             if self._unsynced:  # not the index: see the module docstring
-                flush.append((os.fdatasync, os.dup(self._segment_fd)))
+                flush.append((replicated_io.fdatasync, os.dup(self._segment_fd)))
             if self._directory_unsynced:
-                flush.append((os.fsync, os.dup(self._dir_fd)))
+                flush.append((replicated_io.fsync, os.dup(self._dir_fd)))
         self._unsynced = False
         self._directory_unsynced = False
         return PendingSync(self.last_offset, flush, self._note_failed_flush)
@@ -889,7 +890,7 @@ class StreamLog:
         )
         self._unsynced = True
         _write_all(self._segment_fd, [header, data, trailer] if trailer else [header, data])
-        os.write(
+        replicated_io.write(
             self._index_fd, INDEX_RECORD.pack(chunk_id, timestamp, self.epoch, position, chunk_type)
         )
         self._segment_bytes += CHUNK_HEADER_BYTES + len(data) + len(trailer)
@@ -902,8 +903,8 @@ class StreamLog:
     def _roll_over(self) -> None:
         if self.sync_policy:
             try:
-                os.fdatasync(self._segment_fd)
-                os.fdatasync(self._index_fd)
+                replicated_io.fdatasync(self._segment_fd)
+                replicated_io.fdatasync(self._index_fd)
             except OSError as exc:
                 self._note_failed_flush(exc)
                 raise
@@ -919,17 +920,17 @@ class StreamLog:
     def _create_segment(self, first: int) -> None:
         """Create the index then the segment (so that a segment never lacks its index but
         after retention), each with its header, and make them the ones written."""
-        self._index_fd = os.open(
+        self._index_fd = replicated_io.open(
             index_file_name(first), os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644, dir_fd=self._dir_fd
         )
-        os.write(self._index_fd, INDEX_HEADER)
-        self._segment_fd = os.open(
+        replicated_io.write(self._index_fd, INDEX_HEADER)
+        self._segment_fd = replicated_io.open(
             segment_file_name(first),
             os.O_RDWR | os.O_CREAT | os.O_TRUNC,
             0o644,
             dir_fd=self._dir_fd,
         )
-        os.write(self._segment_fd, LOG_HEADER)
+        replicated_io.write(self._segment_fd, LOG_HEADER)
         self._segment_firsts.append(first)
         self._segment_bytes = FILE_HEADER_BYTES
         self._segment_chunks = 0
@@ -961,8 +962,8 @@ class StreamLog:
             )
             if not (too_big or too_old):
                 break
-            os.unlink(oldest.index_path)
-            os.unlink(oldest.segment_path)
+            replicated_io.unlink(oldest.index_path)
+            replicated_io.unlink(oldest.segment_path)
             deleted.append(oldest.first_offset)
             total -= oldest.size_bytes
             infos.pop(0)
@@ -970,7 +971,7 @@ class StreamLog:
             self._segment_firsts = self._segment_firsts[len(deleted) :]
             del self._tracking_offsets[: bisect_left(self._tracking_offsets, self.first_offset)]
             if self.sync_policy:
-                os.fsync(self._dir_fd)
+                replicated_io.fsync(self._dir_fd)
             log.info("stream %s: retention deleted segments %s", self.directory, deleted)
         return deleted
 
@@ -1039,14 +1040,18 @@ class StreamLog:
             return found
         identity = uuid.uuid4().hex
         temporary = f"{IDENTITY_FILE}.new"
-        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644, dir_fd=self._dir_fd)
+        fd = replicated_io.open(
+            temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644, dir_fd=self._dir_fd
+        )
         try:
             _write_all(fd, [identity.encode(), b"\n"])
             if self.sync_policy:
-                os.fsync(fd)
+                replicated_io.fsync(fd)
         finally:
             os.close(fd)
-        os.rename(temporary, IDENTITY_FILE, src_dir_fd=self._dir_fd, dst_dir_fd=self._dir_fd)
+        replicated_io.rename(
+            temporary, IDENTITY_FILE, src_dir_fd=self._dir_fd, dst_dir_fd=self._dir_fd
+        )
         self._directory_unsynced = True
         return identity
 
@@ -1057,7 +1062,7 @@ class StreamLog:
         indexes = numbered_files(self.directory, INDEX_SUFFIX)
         for first in sorted(set(indexes) - set(segments)):
             log.warning("stream %s: deleting index %d without its segment", self.directory, first)
-            os.unlink(index_file_name(first), dir_fd=self._dir_fd)
+            replicated_io.unlink(index_file_name(first), dir_fd=self._dir_fd)
             self._directory_unsynced = True
         oldest_indexed = min(set(indexes) & set(segments), default=None)
         for first in segments:
@@ -1065,7 +1070,7 @@ class StreamLog:
                 log.warning(
                     "stream %s: deleting segment %d left by retention", self.directory, first
                 )
-                os.unlink(segment_file_name(first), dir_fd=self._dir_fd)
+                replicated_io.unlink(segment_file_name(first), dir_fd=self._dir_fd)
                 self._directory_unsynced = True
         segments = [s for s in segments if oldest_indexed is None or s >= oldest_indexed]
         if not segments:
@@ -1083,8 +1088,8 @@ class StreamLog:
                         orphan,
                         next_offset,
                     )
-                    os.unlink(index_file_name(orphan), dir_fd=self._dir_fd)
-                    os.unlink(segment_file_name(orphan), dir_fd=self._dir_fd)
+                    replicated_io.unlink(index_file_name(orphan), dir_fd=self._dir_fd)
+                    replicated_io.unlink(segment_file_name(orphan), dir_fd=self._dir_fd)
                 self._directory_unsynced = True
                 break
             self._segment_firsts.append(first)
@@ -1116,7 +1121,7 @@ class StreamLog:
         index; returns its next offset, its number of chunks, its size and the offsets of
         its tracking chunks."""
         segment_fd = os.open(segment_file_name(first), os.O_RDWR, dir_fd=self._dir_fd)
-        index_fd = os.open(
+        index_fd = replicated_io.open(
             index_file_name(first), os.O_RDWR | os.O_CREAT, 0o644, dir_fd=self._dir_fd
         )
         try:
@@ -1124,7 +1129,7 @@ class StreamLog:
             if os.pread(segment_fd, FILE_HEADER_BYTES, 0) != LOG_HEADER:
                 if size > FILE_HEADER_BYTES:
                     raise StreamCorrupt(f"{segment_file_name(first)} does not start with OSIL")
-                os.pwrite(segment_fd, LOG_HEADER, 0)  # created, then the crash
+                replicated_io.pwrite(segment_fd, LOG_HEADER, 0)  # created, then the crash
                 size = FILE_HEADER_BYTES
             index_path = os.path.join(self.directory, index_file_name(first))
             records = read_index(index_path)
@@ -1159,8 +1164,8 @@ class StreamLog:
                     size,
                     end,
                 )
-                os.ftruncate(segment_fd, end)
-                os.fdatasync(segment_fd)
+                replicated_io.ftruncate(segment_fd, end)
+                replicated_io.fdatasync(segment_fd)
             rebuilt = [h.index_record() for h in chain]
             self._repair_index(index_fd, index_size, records, rebuilt)
             next_offset = chain[-1].next_offset if chain else first
@@ -1192,11 +1197,11 @@ class StreamLog:
             len(expected),
             len(found),
         )
-        os.ftruncate(index_fd, good_size)
-        os.pwrite(index_fd, INDEX_HEADER, 0)
+        replicated_io.ftruncate(index_fd, good_size)
+        replicated_io.pwrite(index_fd, INDEX_HEADER, 0)
         rebuilt = b"".join(INDEX_RECORD.pack(*record) for record in expected[good:])
-        os.pwrite(index_fd, rebuilt, good_size)
-        os.fdatasync(index_fd)
+        replicated_io.pwrite(index_fd, rebuilt, good_size)
+        replicated_io.fdatasync(index_fd)
 
     def _recover_tracking(self) -> None:
         start = 0

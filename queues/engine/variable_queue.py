@@ -84,6 +84,7 @@ from typing import Any
 
 from isal.isal_zlib import crc32
 
+from warren.store import replicated_io
 from warren.store.disk_faults import slow_sync
 
 from ..errors import CorruptMessage, MessageTooLarge, QueueClosed, UnknownDeliveryTag
@@ -1201,7 +1202,7 @@ class VariableQueue:
         self._transient.delete_and_terminate()
         self.abandon()
         for name in os.listdir(self.directory):
-            os.unlink(os.path.join(self.directory, name))
+            replicated_io.unlink(os.path.join(self.directory, name))
         os.rmdir(self.directory)
 
     def abandon(self) -> None:

@@ -64,6 +64,7 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from .. import replicated_io
 from ..errors import CorruptRecord, StoreError
 from . import compaction, removal_log
 from . import index as idx
@@ -265,7 +266,7 @@ class Compacting(_StoreState):
         # finds the file cut (the page cache).
         fd = os.open(data_file_name(file), os.O_WRONLY, dir_fd=self._dir_fd)
         try:
-            os.ftruncate(fd, plan.truncate_at)
+            replicated_io.ftruncate(fd, plan.truncate_at)
         finally:
             os.close(fd)
         summary.file_size = plan.truncate_at

@@ -69,6 +69,7 @@ from dataclasses import dataclass
 
 from isal.isal_zlib import crc32
 
+from .. import replicated_io
 from ..errors import CorruptRecord
 from ..locks import lock_exclusive
 from .records import HEADER, OK_MARKER, data_file_name
@@ -227,7 +228,7 @@ def decode_journal(data: bytes) -> CompactionPlan:
 def write_journal(dir_fd: int, plan: CompactionPlan) -> None:
     """Write the plan as ``N.compact``; ``compact_in_place`` makes it durable (file and
     directory entry) before any byte of the data file changes, off the store's thread."""
-    fd = os.open(
+    fd = replicated_io.open(
         journal_name(plan.file), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644, dir_fd=dir_fd
     )
     try:
@@ -258,10 +259,10 @@ def compact_in_place(
             raise JournalInvalid(
                 f"the compaction journal of {data_file_name(file)} is another job's"
             )
-        os.fdatasync(journal_fd)
+        replicated_io.fdatasync(journal_fd)
         dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
         try:
-            os.fsync(dir_fd)
+            replicated_io.fsync(dir_fd)
         finally:
             os.close(dir_fd)
         _move(directory, plan)
@@ -307,7 +308,7 @@ def _move(directory: str, plan: CompactionPlan) -> None:
             pending += record
         if pending:
             _write_all_at(fd, pending, pending_at)
-        os.fdatasync(fd)
+        replicated_io.fdatasync(fd)
     finally:
         os.close(fd)
 
@@ -327,7 +328,7 @@ def _checked_record(fd: int, path: str, move: Move) -> bytes:
 def _sync_every_chunk(fd: int, written: int) -> int:
     """fdatasync once a megabyte is dirty (see the module docstring); what is dirty now."""
     if written >= WRITE_CHUNK_BYTES:
-        os.fdatasync(fd)
+        replicated_io.fdatasync(fd)
         return 0
     return written
 
@@ -335,7 +336,7 @@ def _sync_every_chunk(fd: int, written: int) -> int:
 def _write_all_at(fd: int, data: bytes | bytearray | memoryview, offset: int) -> None:
     view = memoryview(data)
     while view:
-        done = os.pwrite(fd, view, offset)
+        done = replicated_io.pwrite(fd, view, offset)
         view, offset = view[done:], offset + done
 
 
@@ -407,7 +408,7 @@ def _roll_back(dir_fd: int, plan: CompactionPlan, compare: bool) -> RollBack:
                     else:
                         torn += 1
                 _write_all_at(data_fd, bytes(size), to)
-            os.fdatasync(data_fd)
+            replicated_io.fdatasync(data_fd)
     finally:
         os.close(data_fd)
     forget_journal(dir_fd, file)
@@ -420,17 +421,19 @@ def forget_journal(dir_fd: int, file: int, *, sync: bool = True) -> None:
     cut to the plan's size knows the compaction was applied, and one that finds the file
     uncut rolls it back, the old copies intact."""
     try:
-        os.unlink(journal_name(file), dir_fd=dir_fd)
+        replicated_io.unlink(journal_name(file), dir_fd=dir_fd)
     except FileNotFoundError:
         return
     if sync:
-        os.fsync(dir_fd)
+        replicated_io.fsync(dir_fd)
 
 
 def note_compacted(dir_fd: int, file: int, reclaimed: int) -> None:
     """Add one compaction and ``reclaimed`` bytes to ``N.compacted`` (no fsync: a figure)."""
     compactions, total = read_marker(dir_fd, file)
-    fd = os.open(marker_name(file), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644, dir_fd=dir_fd)
+    fd = replicated_io.open(
+        marker_name(file), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644, dir_fd=dir_fd
+    )
     try:
         _write_all_at(fd, f"{compactions + 1} {total + reclaimed}\n".encode(), 0)
     finally:
@@ -454,6 +457,6 @@ def forget(dir_fd: int, file: int) -> None:
     """Delete the journal and marker of a file that is going (no fsync: the caller's)."""
     for name in (journal_name(file), marker_name(file)):
         try:
-            os.unlink(name, dir_fd=dir_fd)
+            replicated_io.unlink(name, dir_fd=dir_fd)
         except FileNotFoundError:
             pass

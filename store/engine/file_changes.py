@@ -31,6 +31,7 @@ import os
 from collections.abc import Callable, Iterable
 from typing import TypeVar, TypeVarTuple
 
+from .. import replicated_io
 from ..disk_faults import slow_sync
 from ..errors import StoreError
 from . import compaction
@@ -164,7 +165,7 @@ class FileChanges(_StoreState):
         written = 0
         try:
             while view:
-                count = os.write(self._current_fd, view)
+                count = replicated_io.write(self._current_fd, view)
                 written += count
                 view = view[count:]
         except OSError as exc:
@@ -178,7 +179,7 @@ class FileChanges(_StoreState):
                 landed += 1
             # The file must end with whole records, where the index expects the next one.
             end = self._write_offset + whole
-            os.ftruncate(self._current_fd, end)
+            replicated_io.ftruncate(self._current_fd, end)
             os.lseek(self._current_fd, end, os.SEEK_SET)
             try:
                 reserve(self._current_fd, self.file_size_limit)  # truncating dropped it
@@ -209,7 +210,7 @@ class FileChanges(_StoreState):
         new_fd = self._open_data_file(new)
         if self._data_unsynced:
             if self._fsync:
-                os.fdatasync(self._current_fd)
+                replicated_io.fdatasync(self._current_fd)
                 self.counters["syncs"] += 1
             else:
                 self._unsynced_files.add(old)
@@ -231,7 +232,7 @@ class FileChanges(_StoreState):
         """Create data file ``file`` with its space reserved; _NoSpace (and no file left
         behind) when the disk cannot hold it."""
         try:
-            fd = os.open(
+            fd = replicated_io.open(
                 data_file_name(file),
                 os.O_RDWR | os.O_CREAT | os.O_TRUNC,
                 0o644,
@@ -245,7 +246,7 @@ class FileChanges(_StoreState):
             reserve(fd, self.file_size_limit)
         except OSError as exc:
             os.close(fd)
-            os.unlink(data_file_name(file), dir_fd=self._dir_fd)
+            replicated_io.unlink(data_file_name(file), dir_fd=self._dir_fd)
             if exc.errno in DISK_FULL_ERRNOS:
                 raise _NoSpace from exc
             raise
@@ -258,10 +259,10 @@ class FileChanges(_StoreState):
         if self._fsync:
             slow_sync()
             if self._data_unsynced:
-                os.fdatasync(self._current_fd)
+                replicated_io.fdatasync(self._current_fd)
                 self.counters["syncs"] += 1
             if self._directory_unsynced:
-                os.fsync(self._dir_fd)
+                replicated_io.fsync(self._dir_fd)
                 self.counters["syncs"] += 1
                 self._directory_unsynced = False
         self._data_unsynced = False
@@ -288,7 +289,7 @@ class FileChanges(_StoreState):
         if summary.right is not None:
             self._summary[summary.right].left = summary.left
         self._unmap(file)
-        os.unlink(data_file_name(file), dir_fd=self._dir_fd)
+        replicated_io.unlink(data_file_name(file), dir_fd=self._dir_fd)
         self._removals.forget(file)
         compaction.forget(self._dir_fd, file)
         self._not_worth_compacting.pop(file, None)

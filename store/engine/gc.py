@@ -51,6 +51,7 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from .. import replicated_io
 from ..errors import CorruptRecord, StoreError
 from . import index as idx
 from .lock_table import SWITCH_DEADLINE_SECONDS
@@ -207,16 +208,16 @@ class Combining(_StoreState):
         # the old Dst's removal log names a removed record of the same id.
         forgotten = [self._removals.forget(file) for file in (plan.dst, plan.src)]
         if any(forgotten):
-            os.fsync(self._dir_fd)
+            replicated_io.fsync(self._dir_fd)
         self._index.update(staging.moves)
         self._unmap(plan.dst)
-        os.rename(
+        replicated_io.rename(
             temp_file_name(plan.dst),
             data_file_name(plan.dst),
             src_dir_fd=self._dir_fd,
             dst_dir_fd=self._dir_fd,
         )
-        os.fsync(self._dir_fd)
+        replicated_io.fsync(self._dir_fd)
         dst.valid_total_size = sum(staging.valid_bytes.values())
         dst.file_size = file_size
         src.valid_total_size = 0
@@ -225,7 +226,7 @@ class Combining(_StoreState):
         self._unlink_file(plan.src)  # the caller holds both files' slots
         if dst.valid_total_size == 0:
             self._unlink_file(plan.dst)
-        os.fsync(self._dir_fd)
+        replicated_io.fsync(self._dir_fd)
         self._directory_unsynced = False
         self.counters["gc_runs"] += 1
         self.counters["gc_bytes_moved"] += file_size
@@ -242,7 +243,7 @@ class Combining(_StoreState):
         assert staging is not None  # its callers run it only while a combine is staged
         self._combine = self._staging = self._moves = None
         try:
-            os.unlink(temp_file_name(staging.dst), dir_fd=self._dir_fd)
+            replicated_io.unlink(temp_file_name(staging.dst), dir_fd=self._dir_fd)
             self._directory_unsynced = True
         except FileNotFoundError:
             pass

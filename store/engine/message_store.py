@@ -123,6 +123,7 @@ from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import replicated_io
 from ..errors import CorruptRecord, StoreClosed, StoreError
 from . import index as idx
 from . import removal_log, snapshot
@@ -650,13 +651,13 @@ class MessageStore(Recovery, FileChanges, Combining, Compacting):
                 self._unlink_file(file)
             self._deferred_deletes.clear()
             self._guarded(self._sync_to_disk)
-            os.fsync(self._current_fd)
+            replicated_io.fsync(self._current_fd)
             # The marker will vouch for every file's size: with the "flush" policy files
             # were rolled over unsynced, and must be on disk before it is written.
             for file in sorted(self._unsynced_files):
                 fd = os.open(data_file_name(file), os.O_RDONLY, dir_fd=self._dir_fd)
                 try:
-                    os.fdatasync(fd)
+                    replicated_io.fdatasync(fd)
                 finally:
                     os.close(fd)
             self._unsynced_files.clear()
@@ -738,7 +739,7 @@ def remove_store_files(directory: str) -> list[str]:
     left = []
     for name in names:
         if is_store_file(name) and not os.path.isdir(os.path.join(directory, name)):
-            os.unlink(os.path.join(directory, name))
+            replicated_io.unlink(os.path.join(directory, name))
         else:
             left.append(name)
     if not left:

@@ -27,6 +27,7 @@ import os
 import stat
 from collections.abc import Iterable
 
+from .. import replicated_io
 from ..errors import StoreDirectoryError, StoreError, StoreLocked
 from ..locks import lock_exclusive
 from . import compaction, snapshot
@@ -57,7 +58,7 @@ class Recovery(_StoreState):
         except OSError as exc:
             raise StoreDirectoryError(f"cannot open store directory {path!r}: {exc}") from exc
         try:
-            lock_fd = os.open(LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644, dir_fd=dir_fd)
+            lock_fd = replicated_io.open(LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644, dir_fd=dir_fd)
         except OSError as exc:
             os.close(dir_fd)
             raise StoreDirectoryError(f"store directory {path!r} is not writable: {exc}") from exc
@@ -77,7 +78,7 @@ class Recovery(_StoreState):
         for name in names:
             if name.endswith(TEMP_SUFFIX):
                 log.info("%s: deleting %s left by an unfinished combine", self.directory, name)
-                os.unlink(name, dir_fd=self._dir_fd)
+                replicated_io.unlink(name, dir_fd=self._dir_fd)
         files: list[int] = []
         for name in names:
             number = data_file_number(name)
@@ -90,22 +91,22 @@ class Recovery(_StoreState):
         files.sort()
         self._removals = RemovalLog(self._dir_fd)
         for stray in self._removals.stray_logs(set(files)):
-            os.unlink(stray, dir_fd=self._dir_fd)
+            replicated_io.unlink(stray, dir_fd=self._dir_fd)
         self._removals.trim_torn_tails(files)
         self._roll_back_compactions(names, set(files))
         clean = self._load_snapshot(files, clean_clients)
         if snapshot.delete(self._dir_fd):
-            os.fsync(self._dir_fd)
+            replicated_io.fsync(self._dir_fd)
         if not clean:
             self._rebuild(files, ref_counts)
         if not self._summary:
             self._summary[0] = FileSummary()
         self._current_file = max(self._summary)
-        self._current_fd = os.open(
+        self._current_fd = replicated_io.open(
             data_file_name(self._current_file), os.O_RDWR | os.O_CREAT, 0o644, dir_fd=self._dir_fd
         )
         self._write_offset = self._summary[self._current_file].file_size
-        os.ftruncate(self._current_fd, self._write_offset)
+        replicated_io.ftruncate(self._current_fd, self._write_offset)
         try:
             reserve(self._current_fd, self.file_size_limit)
         except OSError as exc:
@@ -113,7 +114,7 @@ class Recovery(_StoreState):
                 raise
             log.warning("%s: no space to reserve the current file; writes may fail", self.directory)
         os.lseek(self._current_fd, self._write_offset, os.SEEK_SET)
-        os.fsync(self._dir_fd)
+        replicated_io.fsync(self._dir_fd)
         return clean
 
     def _roll_back_compactions(self, names: list[str], files: set[int]) -> None:
@@ -124,7 +125,7 @@ class Recovery(_StoreState):
             if number is None:
                 continue
             if number not in files:
-                os.unlink(name, dir_fd=self._dir_fd)
+                replicated_io.unlink(name, dir_fd=self._dir_fd)
                 continue
             if not name.endswith(compaction.JOURNAL_SUFFIX):
                 continue

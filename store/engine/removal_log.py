@@ -51,6 +51,8 @@ from collections.abc import Container, Iterable, Iterator, Sequence
 
 from isal.isal_zlib import crc32
 
+from .. import replicated_io
+
 SUFFIX = ".removed"
 REPLACING_SUFFIX = ".new"  # a log being written anew, renamed over the log when whole
 _NAME = re.compile(r"^(0|[1-9][0-9]*)\.removed$")
@@ -95,7 +97,7 @@ class RemovalLog:
         return not self._buffers
 
     def _append(self, file: int, entries: bytearray) -> bool:
-        fd = os.open(
+        fd = replicated_io.open(
             log_name(file), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644, dir_fd=self._dir_fd
         )
         try:
@@ -103,11 +105,11 @@ class RemovalLog:
             view = memoryview(entries)
             try:
                 while view:
-                    view = view[os.write(fd, view) :]
+                    view = view[replicated_io.write(fd, view) :]
             except OSError as exc:
                 if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
                     raise
-                os.ftruncate(fd, size)
+                replicated_io.ftruncate(fd, size)
                 return False
             return True
         finally:
@@ -121,7 +123,7 @@ class RemovalLog:
         leaves them for the next ``write``)."""
         if not entries:
             try:
-                os.unlink(log_name(file), dir_fd=self._dir_fd)
+                replicated_io.unlink(log_name(file), dir_fd=self._dir_fd)
             except FileNotFoundError:
                 pass
             self._buffers.pop(file, None)
@@ -131,14 +133,18 @@ class RemovalLog:
             head = _HEAD.pack(offset, msg_id)
             data += head + _CRC.pack(crc32(head))
         temporary = log_name(file) + REPLACING_SUFFIX
-        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644, dir_fd=self._dir_fd)
+        fd = replicated_io.open(
+            temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644, dir_fd=self._dir_fd
+        )
         try:
             view = memoryview(data)
             while view:
-                view = view[os.write(fd, view) :]
+                view = view[replicated_io.write(fd, view) :]
         finally:
             os.close(fd)
-        os.rename(temporary, log_name(file), src_dir_fd=self._dir_fd, dst_dir_fd=self._dir_fd)
+        replicated_io.rename(
+            temporary, log_name(file), src_dir_fd=self._dir_fd, dst_dir_fd=self._dir_fd
+        )
         self._buffers.pop(file, None)
 
     def watch(self, file: int) -> None:
@@ -159,7 +165,7 @@ class RemovalLog:
         records are moving); True if a log was deleted (the directory needs an fsync)."""
         self._buffers.pop(file, None)
         try:
-            os.unlink(log_name(file), dir_fd=self._dir_fd)
+            replicated_io.unlink(log_name(file), dir_fd=self._dir_fd)
         except FileNotFoundError:
             return False
         return True
@@ -187,7 +193,7 @@ class RemovalLog:
             try:
                 size = os.fstat(fd).st_size
                 if size % ENTRY_BYTES:
-                    os.ftruncate(fd, size - size % ENTRY_BYTES)
+                    replicated_io.ftruncate(fd, size - size % ENTRY_BYTES)
             finally:
                 os.close(fd)
 

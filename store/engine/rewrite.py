@@ -29,6 +29,7 @@ import mmap
 import os
 from dataclasses import dataclass
 
+from .. import replicated_io
 from ..errors import CorruptRecord
 from .records import HEADER, OK_MARKER, data_file_name, temp_file_name
 
@@ -60,7 +61,7 @@ def rewrite_combine(directory: str | os.PathLike, plan: CombinePlan) -> RewriteR
     """Write and fdatasync ``Dst.rdt`` holding the plan's records, Dst's first."""
     directory = os.fspath(directory)
     temp_path = os.path.join(directory, temp_file_name(plan.dst))
-    out = os.open(temp_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    out = replicated_io.open(temp_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         written = 0
         offsets = []
@@ -69,7 +70,7 @@ def rewrite_combine(directory: str | os.PathLike, plan: CombinePlan) -> RewriteR
                 os.path.join(directory, data_file_name(file)), records, out, written
             )
             offsets.append(tuple(new_offsets))
-        os.fdatasync(out)
+        replicated_io.fdatasync(out)
     finally:
         os.close(out)
     return RewriteResult(offsets[0], offsets[1], written)
@@ -104,7 +105,7 @@ def _copy_records(
                 # At once: on ext4 (data=ordered) the store's own fdatasync commits the
                 # journal, which first flushes every file's dirty data; a copy left dirty
                 # by the megabyte would make each group commit wait for it.
-                os.fdatasync(out)
+                replicated_io.fdatasync(out)
                 buffer.clear()
     written += _write_all(out, buffer)
     return new_offsets, written
@@ -113,5 +114,5 @@ def _copy_records(
 def _write_all(fd: int, data: bytearray) -> int:
     view = memoryview(data)
     while view:
-        view = view[os.write(fd, view) :]
+        view = view[replicated_io.write(fd, view) :]
     return len(data)

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 from isal.isal_zlib import crc32
 
+from .. import replicated_io
 from .index import ADOPTABLE
 from .records import data_file_name
 
@@ -134,15 +135,15 @@ def _decode_marker(payload: bytes) -> tuple[int, int, frozenset[bytes]]:
 def _write_file(dir_fd: int, name: str, payload: bytes) -> int:
     crc = crc32(payload)
     temp = name + ".tmp"
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644, dir_fd=dir_fd)
+    fd = replicated_io.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644, dir_fd=dir_fd)
     try:
         view = memoryview(_PREAMBLE.pack(_MAGIC[name], _VERSION, len(payload), crc) + payload)
         while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
+            view = view[replicated_io.write(fd, view) :]
+        replicated_io.fsync(fd)
     finally:
         os.close(fd)
-    os.rename(temp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    replicated_io.rename(temp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     return crc
 
 
@@ -174,7 +175,7 @@ def write(
     index_crc = _write_file(dir_fd, INDEX_FILE, _encode_index(index))
     summary_crc = _write_file(dir_fd, SUMMARY_FILE, _encode_summary(summary))
     _write_file(dir_fd, MARKER_FILE, _encode_marker(index_crc, summary_crc, clients))
-    os.fsync(dir_fd)
+    replicated_io.fsync(dir_fd)
 
 
 def read(dir_fd: int) -> Snapshot:
@@ -212,6 +213,6 @@ def delete(dir_fd: int) -> bool:
     deleted = False
     for name in os.listdir(dir_fd):
         if name in FILES or (name.endswith(".tmp") and name[:-4] in FILES):
-            os.unlink(name, dir_fd=dir_fd)
+            replicated_io.unlink(name, dir_fd=dir_fd)
             deleted = True
     return deleted
