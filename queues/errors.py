@@ -25,6 +25,7 @@ __all__ = [
     "Nacked",
     "NodeNotRunning",
     "NodeStarting",
+    "NotLeader",
     "NotFound",
     "OffsetOutOfRange",
     "OutOfSequence",
@@ -149,6 +150,11 @@ class NodeStarting(NodeNotRunning):
     """The node runs but is still starting (recovering its queues) and serves no call yet:
     ``connect(wait=...)`` waits for it, and so does a connection recovering from the
     node's restart, as for a node not back yet."""
+
+
+class NotLeader(NodeNotRunning):
+    """The node is a follower in its cluster: it serves nothing until it leads (the
+    message names the leader, when one is known)."""
 
 
 class AccessRefused(QueueError, ConnectionError):

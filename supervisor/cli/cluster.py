@@ -39,26 +39,35 @@ def add_cluster_options(node: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="the node's etcd lease: a leader unheard of this long is replaced (default 10)",
     )
+    node.add_argument(
+        "--min-insync",
+        type=int,
+        metavar="N",
+        help="nodes (the leader's among them) that hold each confirmed write (default 2)",
+    )
 
 
 def cluster_settings(options: dict[str, Any]) -> dict[str, Any]:
     """``Node``'s cluster arguments from the merged options; ``UsageError`` for a bad one."""
     from ..cluster.election import LEASE_TTL_S
-    from ..cluster.settings import ClusterSettings
+    from ..cluster.settings import MIN_INSYNC, ClusterSettings
 
     given = {
-        key: options[key] for key in ("cluster", "etcd", "peer", "cluster_ttl_s") if key in options
+        key: options[key]
+        for key in ("cluster", "etcd", "peer", "cluster_ttl_s", "min_insync")
+        if key in options
     }
     if not given:
         return {}
     if "cluster" not in given:
-        raise UsageError("--etcd, --peer and --cluster-ttl-s go with --cluster NAME")
+        raise UsageError("--etcd, --peer, --cluster-ttl-s and --min-insync go with --cluster NAME")
     try:
         checked = ClusterSettings.checked(
             given["cluster"],
             given.get("etcd"),
             given.get("peer"),
             given.get("cluster_ttl_s", LEASE_TTL_S),
+            given.get("min_insync", MIN_INSYNC),
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from None
@@ -67,6 +76,7 @@ def cluster_settings(options: dict[str, Any]) -> dict[str, Any]:
         "etcd": checked.endpoints,
         "peer": checked.peer,
         "cluster_ttl_s": checked.ttl_s,
+        "min_insync": checked.min_insync,
     }
 
 

@@ -146,6 +146,7 @@ _CONFIG_KEYS = {
         "etcd": "etcd",
         "peer": "peer",
         "lease_ttl_s": "cluster_ttl_s",
+        "min_insync": "min_insync",
     },
     "alarms": {
         "memory_high_watermark": "memory_high_watermark",

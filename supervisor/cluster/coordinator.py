@@ -37,17 +37,21 @@ from typing import Any
 
 from warren.actors import UnhandledMessage, message
 from warren.queues.broker.gateway_actor import GatewayActor
+from warren.store import replicated_io
 
 from ..errors import ClusterError
 from ..specs import ChildSpec
 from .election import ClusterView, Election, kept_node_id, new_node_id
 from .etcd import HEALTH_TIMEOUT_S, Etcd
 from .settings import ClusterSettings
+from .shipping import Shipping
 
 __all__ = [
     "COORDINATOR_NAME",
     "CoordinatorActor",
     "CoordinatorStats",
+    "FollowData",
+    "LeadData",
     "checked_node_id",
     "coordinator_spec",
 ]
@@ -65,7 +69,26 @@ class CoordinatorStats:
     """ask → the node's view of its cluster: {"cluster", "node", "peer", "role", "epoch",
     "leader", "leader_peer", "isr", "isr_epoch", "nodes", "lease_ttl_s", "etcd",
     "last_error", "refused", "elections_won", "revision", "steps"}, and the figures its series
-    read: "leading" (0 or 1), "isr_members", "nodes_up", "etcd_healthy"."""
+    read: "leading" (0 or 1), "isr_members", "nodes_up", "etcd_healthy"; and
+    "replication", its ``Shipping``'s status."""
+
+
+@message
+@dataclass(frozen=True)
+class LeadData:
+    """ask → ``{"leading": bool, "epoch"}``: the node would start the processes that
+    write its data directory. True (and the replica's server closed, the writes shipped
+    under that epoch from now on) only when the node leads at that moment."""
+
+
+@message
+@dataclass(frozen=True)
+class FollowData:
+    """ask → None: with ``serve``, the node's writing processes have stopped and the
+    data directory is the replica's again; without, the node is stopping: every commit
+    is refused from now on and no replica is served."""
+
+    serve: bool
 
 
 def checked_node_id(settings: ClusterSettings, data_dir: str, node: str) -> str | None:
@@ -88,11 +111,13 @@ def coordinator_spec(
     node: str,
     node_id: str | None,
     heartbeats: tuple[float, float],
+    commit_endpoint: str,
 ) -> ChildSpec:
     """The coordinator's child spec for the node ``node`` on ``data_dir``, whose lock the
     caller holds (a first join keeps a new node id there), heartbeated as the node's
     stores are (``heartbeats``: interval and timeout): a coordinator that stopped
-    answering is replaced, and the new one takes the node's leadership up again."""
+    answering is replaced, and the new one takes the node's leadership up again. The
+    node's processes commit their writes at ``commit_endpoint``."""
     if node_id is None:
         node_id = new_node_id(data_dir, settings.cluster)
     arguments = (settings.cluster, node, node_id, settings.peer, settings.endpoints)
@@ -100,7 +125,7 @@ def coordinator_spec(
     return ChildSpec(
         COORDINATOR_NAME,
         CoordinatorActor,
-        (*arguments, settings.ttl_s),
+        (*arguments, settings.ttl_s, data_dir, commit_endpoint, settings.min_insync),
         heartbeat_interval_s=interval,
         heartbeat_timeout_s=timeout,
     )
@@ -124,20 +149,37 @@ class CoordinatorActor(GatewayActor):
         peer: str,
         endpoints: tuple[str, ...],
         ttl_s: int,
+        data_dir: str,
+        commit_endpoint: str,
+        min_insync: int,
     ) -> None:
         self._settings = (cluster, node, node_id, peer, endpoints, ttl_s)
+        self._data = (data_dir, commit_endpoint, min_insync)
         self._coordination: _Coordination | None = None
 
     def on_start(self) -> None:
+        # The replica's own writes (a follower applying its leader's) are not the node's:
+        # recorded, they would be committed to this very process.
+        replicated_io.disable()
         cluster, node, node_id, peer, endpoints, ttl_s = self._settings
         election = Election(Etcd(endpoints), cluster, node, node_id, peer, ttl_s=ttl_s)
-        self._coordination = _Coordination(election)
+        shipping = Shipping(election, *self._data)
+        self._coordination = _Coordination(election, shipping)
+        shipping.start()
         self.start_gateway(self._coordination, "warren-coordinator")
 
     def on_receive(self, message: Any) -> Any:
+        coordination = self._coordination
+        assert coordination is not None, "on_start sets it"
         if isinstance(message, CoordinatorStats):
-            assert self._coordination is not None, "on_start sets it"
-            return self._coordination.status()
+            return coordination.status()
+        if isinstance(message, LeadData):
+            epoch = coordination.election.epoch
+            leading = epoch is not None and coordination.shipping.lead(epoch)
+            return {"leading": leading, "epoch": epoch}
+        if isinstance(message, FollowData):
+            coordination.shipping.follow(serve=message.serve)
+            return None
         raise UnhandledMessage(f"the coordinator does not handle {type(message).__name__}")
 
 
@@ -149,8 +191,9 @@ class _Coordination:
     its own, on sessions of its own, so that members that do not answer never delay a
     keepalive."""
 
-    def __init__(self, election: Election) -> None:
+    def __init__(self, election: Election, shipping: Shipping) -> None:
         self.election = election
+        self.shipping = shipping
         self.stopping = threading.Event()
         self._finished = threading.Event()  # run returned: the sessions may be closed
         self._lock = threading.Lock()
@@ -193,6 +236,12 @@ class _Coordination:
                     log.warning("coordinator: the node's etcd lease expired; joining again")
             view = election.observe()
             election.follow(view)
+            self.shipping.observed(view)
+            wanted = self.shipping.isr_change()
+            if wanted is not None and election.leading():
+                election.write_isr(wanted)  # fenced: StaleLeadership ends the leadership
+                self.shipping.isr_written(wanted)
+                log.info("coordinator: the ISR is now %s", ", ".join(wanted))
             vacant = view.leader is None or election.holds_key(view)
             if (
                 vacant
@@ -265,12 +314,14 @@ class _Coordination:
                 "isr_members": len(view.isr) if view else 0,
                 "nodes_up": len(view.nodes) if view else 0,
                 "etcd_healthy": sum(1 for member in health if member["healthy"]),
+                "replication": self.shipping.status(),
             }
 
     def stop(self) -> None:
         self.stopping.set()
 
     def close(self) -> None:
+        self.shipping.stop()
         if self._finished.is_set():  # else a request still runs: the process exit ends it
             self.election.etcd.close()
         self._health_thread.join(timeout=HEALTH_TIMEOUT_S * len(self._health_etcd.members))

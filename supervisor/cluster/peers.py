@@ -15,9 +15,9 @@ Any request of another cluster, or that does not parse, is answered ``refused`` 
 reason and changes nothing; a peer that answers nothing the link can read is reported
 in one line (``PeerError``), never taken for a follower.
 
-Not yet wired into the coordinator. Before it is: the port needs CURVE between peers
-(anyone who reaches it could write into a follower's data directory), and each link its
-own thread (a dead follower must not hold the leader's keepalives).
+The coordinator's ``warren.supervisor.cluster.shipping`` drives them, each link on a
+thread of its own. Not yet: CURVE between peers (anyone who reaches a follower's peer
+port could write into its data directory: keep it on a private network until then).
 
 Races it guards against:
 - A follower restarted while a batch was in flight: the batch is refused or never

@@ -57,10 +57,13 @@ import json
 import os
 import shutil
 import stat
+import threading
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from warren.queues.durable_files import fsync_directory, write_atomically
+from warren.store.engine.lock_table import RESERVE_FILE, TABLE_FILE
+from warren.store.replicated_io import NODE_OWN_FILES, UNREPLICATED_DIRECTORIES
 
 from ..errors import OutOfOrder, StaleEpoch
 
@@ -69,6 +72,7 @@ __all__ = [
     "BLOCK_BYTES",
     "FileAction",
     "KEPT_ACTIONS",
+    "KEPT_BYTES",
     "NODE_OWN_FILES",
     "REPLICA_FILE",
     "Replica",
@@ -78,13 +82,11 @@ __all__ = [
 ]
 
 REPLICA_FILE = "replica.json"  # a follower's position: {"epoch", "applied", "level"}
-# Each node's own files, never replicated: its lock and address, its cluster id, its
-# position as a replica, the alarms it raised, the disk space it keeps in reserve.
-NODE_OWN_FILES = frozenset(
-    {"node.lock", "node.json", "cluster.json", REPLICA_FILE, "alarms.json", "node.reserve"}
-)
+assert REPLICA_FILE in NODE_OWN_FILES
 BLOCK_BYTES = 1 << 20  # a full sync compares files block by block, this size
 KEPT_ACTIONS = 100_000  # the most actions the leader keeps for followers behind
+KEPT_BYTES = 256 * 2**20  # and the most bytes they carry
+_LOCK_TABLE_FILES = frozenset({TABLE_FILE, RESERVE_FILE})
 KINDS = ("append", "write", "create", "truncate", "rename", "delete")
 
 
@@ -310,12 +312,15 @@ def _write_position(data_dir: str, epoch: int, applied: int, level: bool) -> Non
 @dataclass
 class ActionLog:
     """The leader's side; see the module docstring. ``leader``: its own name, which the
-    ISR holds too and which has every action."""
+    ISR holds too and which has every action. Safe to share between threads (the
+    coordinator records, each follower's link reads and acknowledges)."""
 
     leader: str
     next_seq: int = 1
     kept: collections.deque[FileAction] = field(default_factory=collections.deque)
     acked: dict[str, int] = field(default_factory=dict)  # follower -> its durable position
+    kept_bytes: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
     def position(self) -> int:
@@ -323,50 +328,59 @@ class ActionLog:
         return self.next_seq - 1
 
     def record(self, kind: str, path: str, **fields: object) -> FileAction:
-        """The next action, kept until every follower has it (or is too far behind)."""
-        action = FileAction(self.next_seq, kind, path, **fields)  # type: ignore[arg-type]
-        self.kept.append(action)
-        self.next_seq += 1
-        while len(self.kept) > KEPT_ACTIONS:
-            self.kept.popleft()
-        return action
+        """The next action, kept until every follower has it (or is too far behind:
+        more than ``KEPT_ACTIONS`` or ``KEPT_BYTES`` after it)."""
+        with self.lock:
+            action = FileAction(self.next_seq, kind, path, **fields)  # type: ignore[arg-type]
+            self.kept.append(action)
+            self.kept_bytes += len(action.data)
+            self.next_seq += 1
+            while len(self.kept) > KEPT_ACTIONS or self.kept_bytes > KEPT_BYTES:
+                self.kept_bytes -= len(self.kept.popleft().data)
+            return action
 
     def batch_for(self, follower: str, limit: int = 1000) -> list[FileAction] | None:
         """The actions ``follower`` lacks, at most ``limit``; None when the log no longer
         keeps the first of them (the follower needs a full sync)."""
-        after = self.acked.get(follower, 0)
-        if after >= self.position:
-            return []
-        if not self.kept or self.kept[0].seq > after + 1:
-            return None
-        start = after + 1 - self.kept[0].seq
-        return [self.kept[index] for index in range(start, min(start + limit, len(self.kept)))]
+        with self.lock:
+            after = self.acked.get(follower, 0)
+            if after >= self.position:
+                return []
+            if not self.kept or self.kept[0].seq > after + 1:
+                return None
+            start = after + 1 - self.kept[0].seq
+            stop = min(start + limit, len(self.kept))
+            return [self.kept[index] for index in range(start, stop)]
 
     def acknowledge(self, follower: str, position: int) -> None:
         """``follower`` has every action up to ``position`` on its disk."""
-        if not 0 <= position <= self.position:
-            raise ValueError(
-                f"{follower} acknowledged action {position}; the log is at {self.position}"
-            )
-        self.acked[follower] = max(self.acked.get(follower, 0), position)
+        with self.lock:
+            if not 0 <= position <= self.position:
+                raise ValueError(
+                    f"{follower} acknowledged action {position}; the log is at {self.position}"
+                )
+            self.acked[follower] = max(self.acked.get(follower, 0), position)
 
     def resynced(self, follower: str, position: int) -> None:
         """``follower`` was brought level by a full sync at ``position`` (lower, too: a
         follower whose disk was replaced starts over)."""
-        if not 0 <= position <= self.position:
-            raise ValueError(f"a full sync to {position}; the log is at {self.position}")
-        self.acked[follower] = position
+        with self.lock:
+            if not 0 <= position <= self.position:
+                raise ValueError(f"a full sync to {position}; the log is at {self.position}")
+            self.acked[follower] = position
 
     def committed(self, isr: Iterable[str]) -> int:
         """The highest action every ISR member has (the leader has all of them)."""
         followers = [member for member in isr if member != self.leader]
-        return min((self.acked.get(f, 0) for f in followers), default=self.position)
+        with self.lock:
+            return min((self.acked.get(f, 0) for f in followers), default=self.position)
 
     def release(self) -> None:
         """Drop what every follower has."""
-        done = min(self.acked.values(), default=self.position)
-        while self.kept and self.kept[0].seq <= done:
-            self.kept.popleft()
+        with self.lock:
+            done = min(self.acked.values(), default=self.position)
+            while self.kept and self.kept[0].seq <= done:
+                self.kept_bytes -= len(self.kept.popleft().data)
 
 
 Manifest = dict[str, tuple[int, tuple[bytes, ...]]]  # path -> (size, its blocks' digests)
@@ -391,12 +405,21 @@ def manifest(data_dir: str) -> Manifest:
 
 def _replicated_files(data_dir: str) -> Iterator[str]:
     """The regular files under ``data_dir`` (no link followed), but each node's own and
-    the temporary files a replace leaves when it is killed."""
-    for root, _, names in os.walk(data_dir):
+    the temporary files a replace leaves when it is killed, the stores' lock tables
+    (their readers' live state, made anew at each start), and none of the directories no
+    start reads back (the transient store's)."""
+    for root, directories, names in os.walk(data_dir):
+        if root == data_dir:
+            directories[:] = [d for d in directories if d not in UNREPLICATED_DIRECTORIES]
         for name in sorted(names):
             full = os.path.join(root, name)
             path = os.path.relpath(full, data_dir)
-            if path in NODE_OWN_FILES or name.endswith(".tmp") or not _regular(full):
+            if (
+                path in NODE_OWN_FILES
+                or name in _LOCK_TABLE_FILES
+                or name.endswith(".tmp")
+                or not _regular(full)
+            ):
                 continue
             yield path
 

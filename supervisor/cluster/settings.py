@@ -11,12 +11,14 @@ from dataclasses import dataclass
 from .election import LEASE_TTL_S
 from .etcd import parse_endpoints
 
-__all__ = ["ClusterSettings"]
+__all__ = ["MIN_INSYNC", "ClusterSettings"]
 
 CLUSTER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 # A lease outlives a keepalive that met a member not answering (REQUEST_TIMEOUT_S) and
 # went to the next: renewed every third of it, it must leave room for two such.
 SHORTEST_TTL_S = 5
+# How many copies (the leader's among them) a commit needs: below it, writes wait.
+MIN_INSYNC = 2
 
 
 @dataclass(frozen=True)
@@ -25,10 +27,16 @@ class ClusterSettings:
     endpoints: tuple[str, ...]
     peer: str
     ttl_s: int = LEASE_TTL_S
+    min_insync: int = MIN_INSYNC
 
     @classmethod
     def checked(
-        cls, cluster: str, etcd: str | Sequence[str] | None, peer: str | None, ttl_s: int
+        cls,
+        cluster: str,
+        etcd: str | Sequence[str] | None,
+        peer: str | None,
+        ttl_s: int,
+        min_insync: int = MIN_INSYNC,
     ) -> ClusterSettings:
         if not isinstance(cluster, str) or not CLUSTER_NAME.fullmatch(cluster):
             raise ValueError(
@@ -59,4 +67,9 @@ class ClusterSettings:
             raise ValueError(
                 f"cluster_ttl_s={ttl_s!r}: a whole number of seconds, at least {SHORTEST_TTL_S}"
             )
-        return cls(cluster, endpoints, peer, ttl_s)
+        if isinstance(min_insync, bool) or not isinstance(min_insync, int) or min_insync < 1:
+            raise ValueError(
+                f"min_insync={min_insync!r}: how many nodes (the leader's among them) hold "
+                "each confirmed write, at least 1"
+            )
+        return cls(cluster, endpoints, peer, ttl_s, min_insync)

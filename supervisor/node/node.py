@@ -84,6 +84,7 @@ answer reports the node as not answering rather than hanging (its request has a 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import fcntl
@@ -95,7 +96,7 @@ import shutil
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import zmq
@@ -103,6 +104,7 @@ import zmq
 from warren.actors import ActorError, ActorRef
 from warren.actors import Node as ActorNode
 from warren.actors.process import process_exists
+from warren.actors.runtime_dir import create_runtime_dir
 from warren.queues.amqp.server import (
     AmqpActor,
     AmqpStats,
@@ -134,7 +136,14 @@ from warren.queues.engine.ref_counts import (
     node_message_count,
     node_ref_counts,
 )
-from warren.queues.errors import NodeStarting, NotFound, QueueDown, QueueError, QueueRestarting
+from warren.queues.errors import (
+    NodeStarting,
+    NotFound,
+    NotLeader,
+    QueueDown,
+    QueueError,
+    QueueRestarting,
+)
 from warren.queues.protocol import (
     NODE_CALLS,
     STREAM_ACTOR_PREFIX,
@@ -143,19 +152,23 @@ from warren.queues.protocol import (
     QueueStats,
     check_name,
 )
+from warren.store import replicated_io
 from warren.store.engine.message_store import DEFAULT_GC, FILE_SIZE_LIMIT_BYTES, GC_MODES
 from warren.store.gc_actor import GCActor
 from warren.store.protocol import StoreStats
+from warren.store.replication_link import committer_to
 from warren.store.store_actor import MessageStoreActor
 
 from ..cluster.coordinator import (
     COORDINATOR_NAME,
     CoordinatorStats,
+    FollowData,
+    LeadData,
     checked_node_id,
     coordinator_spec,
 )
 from ..cluster.election import LEASE_TTL_S
-from ..cluster.settings import ClusterSettings
+from ..cluster.settings import MIN_INSYNC, ClusterSettings
 from ..errors import InvalidSpec, NodeLocked, NotANodeDirectory, SupervisorError
 from ..specs import (
     HEARTBEAT_INTERVAL_S,
@@ -203,6 +216,8 @@ STORE_CLOSE_TIMEOUT_S = 60.0
 LISTENER_NAME = "listener"  # the actor remote clients reach (Node(listen=...))
 AMQP_NAME = "amqp"  # the AMQP 0-9-1 port's actor (Node(amqp=...))
 CLUSTER_SUP = "cluster_sup"  # the coordinator's supervisor (Node(cluster=...))
+COMMIT_SOCKET = "replication"  # in the runtime directory: where the node's writers commit
+LEADERSHIP_LOOK_S = 0.2  # how often a node in a cluster looks whether it leads
 # What other processes may call on the node through its control socket (warren.connect).
 QUEUE_SUP_PREFIX = "queue_sup "  # each queue's own supervisor, under queue_sup
 QUEUE_FLAGS = SupervisorFlags("one_for_one", intensity=3, period_s=60.0)
@@ -258,6 +273,7 @@ class Node:
         etcd: str | Sequence[str] | None = None,
         peer: str | None = None,
         cluster_ttl_s: int = LEASE_TTL_S,
+        min_insync: int = MIN_INSYNC,
     ) -> None:
         starting_at = time.monotonic()
         self.started_at = time.time()  # when the node began to start, in epoch seconds
@@ -287,7 +303,9 @@ class Node:
         cluster_settings = None
         if cluster is not None:
             try:
-                cluster_settings = ClusterSettings.checked(cluster, etcd, peer, cluster_ttl_s)
+                cluster_settings = ClusterSettings.checked(
+                    cluster, etcd, peer, cluster_ttl_s, min_insync
+                )
             except ValueError as exc:
                 raise InvalidSpec("cluster", cluster, str(exc)) from None
         elif etcd is not None or peer is not None:
@@ -316,13 +334,26 @@ class Node:
             os.close(self._lock_fd)
             raise NodeLocked(f"a node already runs on {self.data_dir}") from None
         coordinator: tuple[SupervisorSpec, ...] = ()
+        # In a cluster the node makes its runtime directory itself: the processes it
+        # starts commit their writes to a socket there (see Leadership below).
+        self._runtime_dir: str | None = None
+        self._commit_endpoint: str | None = None
         if cluster_settings is not None:
             try:
                 heartbeats = (self._heartbeat_interval_s, self._heartbeat_timeout_s)
+                self._runtime_dir = create_runtime_dir()
+                self._commit_endpoint = f"ipc://{self._runtime_dir}/{COMMIT_SOCKET}"
                 coordinator_child = coordinator_spec(
-                    cluster_settings, self.data_dir, name, node_id, heartbeats
+                    cluster_settings,
+                    self.data_dir,
+                    name,
+                    node_id,
+                    heartbeats,
+                    self._commit_endpoint,
                 )
             except BaseException:
+                if self._runtime_dir is not None:
+                    shutil.rmtree(self._runtime_dir, ignore_errors=True)
                 os.close(self._lock_fd)
                 raise
             # First, under a supervisor of its own: the root restarts what comes after a
@@ -330,10 +361,14 @@ class Node:
             # leadership) back, so a store's or the listener's crash must not reach it.
             coordinator = (SupervisorSpec(CLUSTER_SUP, SUB_FLAGS, children=(coordinator_child,)),)
         self._remove_leftovers()
-        self._definitions = Definitions(self.data_dir)
-        self._definitions.finish_deletes()  # before the store counts the queues' references
-        self._definitions.remove_transient_queues()
+        self._opened_definitions: Definitions | None = None
         self._definitions_lock = threading.Lock()
+        self._data_lock = threading.Lock()  # a start or a stop of the data part at a time
+        self._data_running = False  # the processes that write the data directory run
+        self._data_starting = False  # they are being started (a leader's recovery)
+        self._data_child_ids: list[str] = []
+        if cluster_settings is None:
+            self._open_definitions()
         self.failed = threading.Event()
         self._stop_wanted = threading.Event()  # a stop signal arrived, or the root failed
         self._closing = threading.Event()
@@ -353,9 +388,15 @@ class Node:
         self._status_socket: zmq.Socket[bytes] | None = None
         self._threads: list[threading.Thread] = []
         try:
-            self.actors = ActorNode(
-                name=name, preload=PRELOAD + tuple(preload), log_level=log_level
-            )
+            with _replicated_environment(self.data_dir, self._commit_endpoint):
+                self.actors = ActorNode(
+                    name=name,
+                    runtime_dir=self._runtime_dir,
+                    preload=PRELOAD + tuple(preload),
+                    log_level=log_level,
+                )
+            if self._commit_endpoint is not None:
+                replicated_io.enable(self.data_dir, committer_to(self._commit_endpoint))
             store_options = {
                 "file_size_limit": file_size_limit,
                 "sync_policy": sync_policy,
@@ -408,45 +449,43 @@ class Node:
                 )
                 self.http_endpoint = self._http.endpoint
             self._with_room(self._write_node_file)
-            listener = (
-                ()
-                if listen is None
-                else (
-                    ChildSpec(
-                        LISTENER_NAME,
-                        ListenerActor,
-                        (self.data_dir, with_free_port(listen)),
-                        {
-                            "control_endpoint": self.status_endpoint,
-                            "node_pid": os.getpid(),
-                            "curve": curve,
-                            **(listener_options or {}),
-                        },
-                    ),
-                )
-            )
-            amqp_port = (
-                ()
-                if amqp_address is None
-                else (
-                    ChildSpec(
-                        AMQP_NAME,
-                        AmqpActor,
-                        (
-                            self.data_dir,
-                            amqp_address[0],
-                            free_port(*amqp_address),
-                            __version__,
-                            amqp_tls,
+
+            def data_children() -> tuple[ChildSpec | SupervisorSpec, ...]:
+                listener = (
+                    ()
+                    if listen is None
+                    else (
+                        ChildSpec(
+                            LISTENER_NAME,
+                            ListenerActor,
+                            (self.data_dir, with_free_port(listen)),
+                            {
+                                "control_endpoint": self.status_endpoint,
+                                "node_pid": os.getpid(),
+                                "curve": curve,
+                                **(listener_options or {}),
+                            },
                         ),
-                    ),
+                    )
                 )
-            )
-            spec = SupervisorSpec(
-                "node",
-                ROOT_FLAGS,
-                children=(
-                    *coordinator,
+                amqp_port = (
+                    ()
+                    if amqp_address is None
+                    else (
+                        ChildSpec(
+                            AMQP_NAME,
+                            AmqpActor,
+                            (
+                                self.data_dir,
+                                amqp_address[0],
+                                free_port(*amqp_address),
+                                __version__,
+                                amqp_tls,
+                            ),
+                        ),
+                    )
+                )
+                return (
                     SupervisorSpec(
                         "gc_sup",
                         SUB_FLAGS,
@@ -464,19 +503,21 @@ class Node:
                     SupervisorSpec("app_sup", SUB_FLAGS, children=tuple(children)),
                     *listener,
                     *amqp_port,
-                ),
+                )
+
+            self._data_children = data_children
+            self._serves = (listen is not None, amqp is not None)
+            spec = SupervisorSpec(
+                "node",
+                ROOT_FLAGS,
+                children=coordinator if cluster_settings is not None else data_children(),
             )
             self.root = Supervisor(self.actors, spec, on_failure=self._root_failed).start()
-            self.root.follow_child_spec("queue_sup", self._queue_sup_spec)
             self._start_thread(self._watch_resources, "warren-alarms")
-            if listen is not None:
-                listener_ref = self.actors.whereis(LISTENER_NAME)
-                assert listener_ref is not None, "the tree has just started the listener"
-                self.listen_endpoint = listener_ref.ask(ListenerStats())["endpoint"]
-            if amqp is not None:
-                amqp_ref = self.actors.whereis(AMQP_NAME)
-                assert amqp_ref is not None, "the tree has just started the AMQP port"
-                self.amqp_endpoint = amqp_ref.ask(AmqpStats())["endpoint"]
+            if cluster_settings is None:
+                self._data_started()
+            else:
+                self._start_thread(self._follow_leadership, "warren-leadership")
             self._with_room(functools.partial(write_alarms, self.data_dir, self.alarms.active))
             self.start_duration_s = time.monotonic() - starting_at
             self._started.set()
@@ -749,8 +790,11 @@ class Node:
     def _forget_auto_deleted(self) -> None:
         """Drop the definitions of queues that deleted themselves (auto-delete, expired:
         their process ended and their directory is gone), then the tombstone each wrote
-        first (see Auto-delete in ``warren.queues.broker.definitions``)."""
+        first (see Auto-delete in ``warren.queues.broker.definitions``); nothing on a
+        follower."""
         with self._definitions_lock:
+            if self._opened_definitions is None:
+                return
             for name in [n for n in self._definitions.queues if self._deleted_itself(n)]:
                 self._forget_deleted_itself(name)
 
@@ -868,7 +912,11 @@ class Node:
         supervisor gave up)."""
         if not self._started.is_set():
             return "starting"
-        return "failed" if self.failed.is_set() else "running"
+        if self.failed.is_set():
+            return "failed"
+        if self.cluster is not None and not self._data_running:
+            return "starting" if self._data_starting else "following"
+        return "running"
 
     @property
     def management_page(self) -> str | None:
@@ -916,7 +964,9 @@ class Node:
             "cluster_name": self.cluster,
             "cluster": self.cluster_status(),
             "queues": (
-                {name: self.queue_state(name) for name in self.list_queues()} if self.root else {}
+                {name: self.queue_state(name) for name in self.list_queues()}
+                if self.root and self._data_running
+                else {}
             ),
             "alarms": sorted(self.alarms.active),
             "readings": dict(self.alarms.readings),
@@ -974,6 +1024,10 @@ class Node:
                 pass
             if self._http is not None:
                 self._http.close()
+            if self._commit_endpoint is not None and self.actors is not None:
+                # before the threads are joined: a leader's start may be waiting on a
+                # commit, which the cluster may hold until a follower comes
+                self._refuse_commits()
             for thread in self._threads:
                 thread.join()
             if self._status_socket is not None and not self._status_socket.closed:
@@ -985,7 +1039,12 @@ class Node:
                 if self.actors is not None:
                     self.actors.close(timeout=STORE_CLOSE_TIMEOUT_S)
             finally:
-                self._definitions.close()
+                if self._opened_definitions is not None:
+                    self._opened_definitions.close()
+                if self._commit_endpoint is not None:
+                    replicated_io.disable()
+                if self._runtime_dir is not None:
+                    shutil.rmtree(self._runtime_dir, ignore_errors=True)
                 os.close(self._lock_fd)
 
     def __enter__(self) -> Node:
@@ -1011,6 +1070,120 @@ class Node:
 
     def _supervisor(self, child_id: str) -> Supervisor:
         return self._tree.child_supervisor(child_id)
+
+    @property
+    def _definitions(self) -> Definitions:
+        """The node's definitions; ``NotLeader`` on a follower (it reads none)."""
+        definitions = self._opened_definitions
+        if definitions is None:
+            raise NotLeader(self._follower_says())
+        return definitions
+
+    def _open_definitions(self) -> None:
+        definitions = Definitions(self.data_dir)
+        definitions.finish_deletes()  # before the store counts the queues' references
+        definitions.remove_transient_queues()
+        self._opened_definitions = definitions
+
+    # ------------------------------------------------------------------ leadership
+
+    # In a cluster, the processes that write the data directory (the stores and the GC,
+    # the queues, the app's children, the listener and the AMQP port: the "data part")
+    # run only while the node leads; a follower's directory is its coordinator's
+    # replica. ``_follow_leadership`` looks at the coordinator's role: on "leader" it
+    # asks the coordinator for the directory (``LeadData``: the replica's server is
+    # closed, writes are shipped from then on) and starts the data part, which recovers
+    # as after a SIGKILL; on any other role it stops the data part (its commits are
+    # refused already: it confirms nothing more) and gives the directory back
+    # (``FollowData``).
+
+    def _follower_says(self) -> str:
+        status = self.cluster_status() or {}
+        leader = status.get("leader")
+        where = f"; {leader} leads at {status.get('leader_peer')}" if leader else ""
+        return f"node {self.name} does not lead cluster {self.cluster}{where}"
+
+    def _follow_leadership(self) -> None:
+        while not self._closing.wait(LEADERSHIP_LOOK_S):
+            try:
+                self._look_at_leadership()
+            except Exception:  # looked at again at the next turn
+                log.exception("node %s: a look at the leadership failed", self.name)
+
+    def _look_at_leadership(self) -> None:
+        role = (self.cluster_status() or {}).get("role")
+        coordinator = self._actor_node.whereis(COORDINATOR_NAME)
+        with self._data_lock:
+            if self._closing.is_set() or coordinator is None:
+                return
+            if not self._data_running and role == "leader":
+                answer = coordinator.ask(LeadData(), timeout=STATS_TIMEOUT_S * 15)
+                if not answer["leading"]:
+                    return
+                log.info("node %s: leads at epoch %s: starting", self.name, answer["epoch"])
+                self._data_starting = True
+                try:
+                    self._start_data()
+                except Exception:
+                    log.exception("node %s: the start as leader failed", self.name)
+                    self._stop_data(coordinator)
+                finally:
+                    self._data_starting = False
+            elif self._data_running and role != "leader":
+                log.warning("node %s: leads no more (%s): stopping its queues", self.name, role)
+                self._stop_data(coordinator)
+
+    def _start_data(self) -> None:
+        with self._definitions_lock:
+            self._open_definitions()
+        children = self._data_children()
+        self._data_child_ids = [child.id for child in children]
+        for child in children:
+            self._tree.start_child(child)
+        self._data_started()
+        self._with_room(self._write_node_file)
+
+    def _data_started(self) -> None:
+        self._tree.follow_child_spec("queue_sup", self._queue_sup_spec)
+        listen, amqp = self._serves
+        if listen:
+            listener_ref = self._actor_node.whereis(LISTENER_NAME)
+            assert listener_ref is not None, "the tree has just started the listener"
+            self.listen_endpoint = listener_ref.ask(ListenerStats())["endpoint"]
+        if amqp:
+            amqp_ref = self._actor_node.whereis(AMQP_NAME)
+            assert amqp_ref is not None, "the tree has just started the AMQP port"
+            self.amqp_endpoint = amqp_ref.ask(AmqpStats())["endpoint"]
+        self._data_running = True
+
+    def _stop_data(self, coordinator: ActorRef) -> None:
+        self._data_running = False
+        for child_id in reversed(self._data_child_ids):
+            try:
+                self._tree.terminate_child(child_id)
+            except Exception as exc:  # never started, or gone: nothing of it runs
+                log.debug("node %s: %s was not running: %s", self.name, child_id, exc)
+        self._data_child_ids = []
+        with self._definitions_lock:
+            if self._opened_definitions is not None:
+                self._opened_definitions.close()
+                self._opened_definitions = None
+        self.listen_endpoint = self.amqp_endpoint = None
+        if not self._closing.is_set():
+            self._with_room(self._write_node_file)
+            coordinator.ask(FollowData(serve=True), timeout=STATS_TIMEOUT_S * 15)
+
+    def _refuse_commits(self) -> None:
+        """At the node's stop: the coordinator refuses every commit from now on (and
+        serves no replica), so the data part stops without waiting for followers (its
+        stores, refused their last writes, recover as after a kill at the next start)."""
+        coordinator = self._actor_node.whereis(COORDINATOR_NAME)
+        if coordinator is None:
+            return
+        try:
+            coordinator.ask(FollowData(serve=False), timeout=STATS_TIMEOUT_S * 15)
+        except ActorError as exc:
+            log.warning("node %s: its coordinator did not answer at the stop: %s", self.name, exc)
 
     def _start_thread(self, target: Callable[[], None], name: str) -> None:
         thread = threading.Thread(target=target, daemon=True, name=name)
@@ -1124,12 +1297,14 @@ class Node:
             op, args = call["op"], call.get("args", {})
             if op not in NODE_CALLS or not isinstance(args, dict):
                 raise ValueError(f"no call {op!r}; the calls are {sorted(NODE_CALLS)}")
-            if not self._started.is_set():
+            if not self._started.is_set() or self._data_starting:
                 raise NodeStarting(
                     f"the node on {self.data_dir} is starting (recovering "
                     f"{counted(self._recovering(), 'message')}); "
                     f"connect(wait=...) waits for it"
                 )
+            if not self._data_running:
+                raise NotLeader(self._follower_says())
             result = getattr(self, op)(**args)
             if isinstance(result, ActorRef):
                 result = dataclasses.asdict(result)
@@ -1289,3 +1464,26 @@ def query_status(data_dir: str | os.PathLike, timeout_ms: int = STATUS_TIMEOUT_M
         ) from exc
     finally:
         socket.close()
+
+
+@contextlib.contextmanager
+def _replicated_environment(data_dir: str, commit_endpoint: str | None) -> Iterator[None]:
+    """The environment under which the runtime's forkserver starts: in a cluster, every
+    process it starts records its writes under ``data_dir`` and commits them at
+    ``commit_endpoint`` (``warren.store.replicated_io``); this process's own environment
+    is left as it was."""
+    if commit_endpoint is None:
+        yield
+        return
+    names = (replicated_io.ROOT_VARIABLE, replicated_io.ENDPOINT_VARIABLE)
+    before = {name: os.environ.get(name) for name in names}
+    os.environ[replicated_io.ROOT_VARIABLE] = data_dir
+    os.environ[replicated_io.ENDPOINT_VARIABLE] = commit_endpoint
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value

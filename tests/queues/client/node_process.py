@@ -23,6 +23,7 @@ from pathlib import Path
 import psutil
 
 from warren import connect
+from warren.supervisor.node.node import query_status
 
 from ...waiting import group_alive, wait_for
 
@@ -41,9 +42,12 @@ class NodeProcess:
     """``warren node`` on one data directory and one tcp port (and ``options``), killed
     whole or stopped by a signal, and started again there."""
 
-    def __init__(self, data_dir: Path, options: tuple[str, ...] = ()) -> None:
+    def __init__(self, data_dir: Path, options: tuple[str, ...] = (), serves: bool = True) -> None:
+        """``serves=False``: a node that may not serve clients once started (a follower
+        of a cluster): its start waits only until its status answers."""
         self.data_dir = data_dir
         self.options = options
+        self.serves = serves
         self.endpoint = f"tcp://127.0.0.1:{free_port()}"
         self.process: subprocess.Popen | None = None
         self.start()
@@ -65,7 +69,9 @@ class NodeProcess:
             start_new_session=True,
         )
         try:
-            for transport in TRANSPORTS:  # it serves, on both
+            if not self.serves:
+                wait_for(self.answers, timeout=60)
+            for transport in TRANSPORTS if self.serves else ():  # it serves, on both
                 connect(self.target(transport), wait=60, recover=False).close()
         except BaseException:
             self.stop()  # it does not serve: no test will stop it
@@ -77,6 +83,14 @@ class NodeProcess:
         os.killpg(self.process.pid, signal.SIGKILL)
         self.process.wait()
         wait_for(lambda: not group_alive(self.process.pid), timeout=30)
+
+    def answers(self) -> bool:
+        """Whether the node answers ``warren status`` (it runs, whatever its role)."""
+        try:
+            query_status(self.data_dir, timeout_ms=1000)
+        except OSError:
+            return False
+        return True
 
     def restart(self) -> None:
         self.kill()

@@ -1,0 +1,93 @@
+"""Nodes of a cluster with clients on the leader: every message and stream record the
+leader confirmed is on the node that takes over when the leader's machine is lost
+(every process of it killed at once); the lost node, started again, is synced whole
+and rejoins the ISR holding the leader's files; a leader short of ``min_insync`` copies
+confirms nothing, and what it holds back is confirmed once a follower has caught up."""
+
+from warren import connect
+from warren.supervisor.cluster.replication import manifest
+
+from ...waiting import wait_for
+from .test_cluster_nodes import (
+    ALL_THREE,
+    agreed_leader,
+    cluster_node,
+    cluster_status,
+    lose_machine,
+    start_nodes,
+)
+
+
+def same_files(one, other) -> bool:
+    """Whether two data directories hold the same replicated files, byte for byte."""
+    return manifest(str(one.data_dir)) == manifest(str(other.data_dir))
+
+
+def test_every_confirmed_message_survives_the_loss_of_the_leaders_machine(etcd, tmp_path):
+    nodes = start_nodes(etcd, tmp_path, "survive", ttl_s=5)
+    try:
+        wait_for(lambda: agreed_leader(nodes), timeout=60)
+        leader, epoch = agreed_leader(nodes)
+        wait_for(lambda: all(cluster_status(n)["isr"] == ALL_THREE for n in nodes), timeout=60)
+        first = nodes[int(leader[-1])]
+        orders = [b"order %d" % n for n in range(300)]
+        events = [b"event %d" % n for n in range(100)]
+        with connect(first.endpoint, wait=60, recover=False) as connection:
+            connection.declare_queue("orders")
+            connection.declare_queue("events", type="stream")
+            for order in orders[:50]:  # one commit each
+                connection.publish("orders", order)
+            connection.publish_many("orders", orders[50:])  # commits of many
+            connection.publish_many("events", events)
+        lose_machine(first)
+        others = [node for node in nodes if node is not first]
+        wait_for(lambda: (agreed := agreed_leader(others)) and agreed[1] > epoch, timeout=60)
+        second = nodes[int(agreed_leader(others)[0][-1])]
+        with connect(second.endpoint, wait=60, recover=False) as connection:
+            got = []
+            while (delivery := connection.get("orders")) is not None:
+                got.append(delivery.body)
+                delivery.ack()
+            assert got == orders
+            reader = connection.consume("events", offset="first")
+            assert [reader.get(timeout=30).body for _ in events] == events
+            reader.cancel()
+        # The lost node, back: its files are of an older epoch, so it is synced whole
+        # from the new leader, then written into the ISR again.
+        first.start()
+        wait_for(lambda: cluster_status(second)["isr"] == ALL_THREE, timeout=60)
+        assert cluster_status(first)["role"] == "follower"
+        wait_for(lambda: same_files(second, first), timeout=60)
+    finally:
+        for node in nodes:
+            node.stop()
+
+
+def test_a_leader_short_of_min_insync_copies_confirms_only_once_a_follower_caught_up(
+    etcd, tmp_path
+):
+    first = cluster_node(etcd, tmp_path, "few", 0, ttl_s=5, min_insync=2)
+    nodes = [first]
+    try:
+        wait_for(lambda: cluster_status(first)["role"] == "leader", timeout=60)
+        # Its stores' first writes wait for a second copy: it leads, but serves nothing.
+        wait_for(lambda: cluster_status(first)["replication"]["waiting_commits"], timeout=60)
+        assert cluster_status(first)["isr"] == ["n0"]
+        nodes.append(second := cluster_node(etcd, tmp_path, "few", 1, ttl_s=5, min_insync=2))
+        wait_for(lambda: cluster_status(first)["isr"] == ["n0", "n1"], timeout=60)
+        with connect(first.endpoint, wait=60, recover=False) as connection:
+            connection.declare_queue("orders")
+            connection.publish("orders", b"two copies")
+            # The follower's machine lost: after its deadline the leader writes it out of
+            # the ISR, which leaves one copy, below min_insync: the next publish waits.
+            lose_machine(second)
+            held = connection.publish_async("orders", b"held back")
+            wait_for(lambda: cluster_status(first)["isr"] == ["n0"], timeout=60)
+            assert not held.done()
+            second.start()  # synced, written back into the ISR: the publish confirmed
+            held.result(timeout=60)
+            assert cluster_status(first)["isr"] == ["n0", "n1"]
+            assert connection.queue_stats("orders")["messages_ready"] == 2
+    finally:
+        for node in nodes:
+            node.stop()
