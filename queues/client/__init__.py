@@ -26,10 +26,11 @@ from .tcp_node import CONNECT_TIMEOUT_S, TcpNode
 __all__ = ["Connection", "connect"]
 
 WAIT_POLL_S = 0.2  # how often connect(wait=...) tries a node that is not running yet
+CLUSTER_CONNECT_TIMEOUT_S = 2.0  # how long each node of a cluster is given to answer
 
 
 def connect(
-    target: str | os.PathLike[str],
+    target: str | os.PathLike[str] | list[str] | tuple[str, ...],
     *,
     key_file: str | os.PathLike[str] | None = None,
     key: ClientKey | None = None,
@@ -40,7 +41,11 @@ def connect(
     ``key_file``, a key from ``warren keys``, when it wants CURVE, or ``key``, the same
     read by ``warren.queues.client.keys.parse_client_key``); a directory names the
     node running on that data directory on this machine (in the node's own process, use
-    ``node.connect()``). ``NodeNotRunning`` when none answers. ``options`` go to
+    ``node.connect()``); a list of ``tcp://`` addresses names the nodes of a cluster, and
+    the connection is made to the one that serves (its leader: a follower refuses,
+    ``NotLeader``), and made again to whichever leads after a failover (each address is
+    given ``connect_timeout_s``, 2 s by default there, before the next is tried).
+    ``NodeNotRunning`` when none answers. ``options`` go to
     ``Connection`` (``max_in_flight``, ``call_timeout_s`` ...), but ``connect_timeout_s``
     (10), how long a tcp connect waits for the listener's first answer. ``wait``: for up
     to this many seconds, a node that is not running (yet: starting, recovering, being
@@ -63,12 +68,14 @@ def connect(
 
 
 def _connect(
-    target: str | os.PathLike[str],
+    target: str | os.PathLike[str] | list[str] | tuple[str, ...],
     *,
     key_file: str | os.PathLike[str] | None,
     key: ClientKey | None,
     options: dict[str, Any],
 ) -> Connection:
+    if isinstance(target, (list, tuple)):
+        return _connect_cluster(list(target), key_file=key_file, key=key, options=options)
     if isinstance(target, str) and target.startswith("tcp://"):
         _check_tcp_address(target)
         endpoint = target
@@ -100,6 +107,51 @@ def _connect(
         return RemoteNode(data_dir, connect_timeout_s=min(CONNECT_TIMEOUT_MS / 1000, timeout_s))
 
     return Connection(reconnect_ipc(), reconnect=reconnect_ipc, **options)
+
+
+def _connect_cluster(
+    endpoints: list[str],
+    *,
+    key_file: str | os.PathLike[str] | None,
+    key: ClientKey | None,
+    options: dict[str, Any],
+) -> Connection:
+    """A connection to whichever of ``endpoints`` serves, tried in turn, the one that
+    served last first (see ``connect``)."""
+    if not endpoints:
+        raise InvalidSpec("target", endpoints, "name at least one node: tcp://HOST:PORT")
+    for endpoint in endpoints:
+        if not isinstance(endpoint, str) or not endpoint.startswith("tcp://"):
+            raise InvalidSpec("target", endpoint, "a cluster's nodes are tcp://HOST:PORT")
+        _check_tcp_address(endpoint)
+    connect_timeout_s = options.pop("connect_timeout_s", CLUSTER_CONNECT_TIMEOUT_S)
+    check_timeout(connect_timeout_s, "connect_timeout_s")
+    order = list(dict.fromkeys(endpoints))
+
+    def reconnect_cluster(timeout_s: float = math.inf) -> TcpNode:
+        refusals = []
+        for endpoint in list(order):
+            try:
+                node = TcpNode(
+                    endpoint,
+                    key_file=key_file,
+                    key=key,
+                    connect_timeout_s=min(connect_timeout_s, timeout_s),
+                )
+            except NodeNotRunning as exc:  # a follower (NotLeader), a node down or starting
+                refusals.append(f"{endpoint}: {exc}")
+                continue
+            order.remove(endpoint)
+            order.insert(0, endpoint)
+            return node
+        raise NodeNotRunning("no node of the cluster serves: " + "; ".join(refusals))
+
+    node = reconnect_cluster()
+    try:
+        return Connection(node, on_close=node.close, reconnect=reconnect_cluster, **options)
+    except BaseException:  # a bad option: the transport just opened is closed
+        node.close()
+        raise
 
 
 def _check_tcp_address(target: str) -> None:

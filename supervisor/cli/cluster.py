@@ -142,6 +142,19 @@ def format_cluster(cluster: dict[str, Any]) -> str:
         ),
         f"lease: {cluster['lease_ttl_s']} s",
     ]
+    shipping = cluster.get("replication") or {}
+    if shipping.get("mode") == "leader":
+        lines.append(
+            f"replication: action {shipping['position']}, committed "
+            f"{shipping['committed']}, min in sync {shipping['min_insync']}"
+        )
+        for name, follower in sorted(shipping["followers"].items()):
+            state = "syncing whole" if follower["syncing"] else "following the log"
+            lines.append(
+                f"  {name}: {state}, {follower['lag_actions']} actions "
+                f"({follower['lag_bytes']} bytes) behind"
+                + (f"; {follower['error']}" if follower["error"] else "")
+            )
     for member in cluster["etcd"]:
         state = "healthy" if member["healthy"] else f"unhealthy: {member['error']}"
         lines.append(f"etcd {member['endpoint']}: {state}")
@@ -151,5 +164,12 @@ def format_cluster(cluster: dict[str, Any]) -> str:
         lines.append(f"last error: {cluster['last_error']}")
     wrapped = []
     for line in lines:
-        wrapped += textwrap.wrap(line, 80, subsequent_indent="  ", break_long_words=False)
+        indent = " " * (len(line) - len(line.lstrip()))
+        wrapped += textwrap.wrap(
+            line.lstrip(),
+            80,
+            initial_indent=indent,
+            subsequent_indent=indent + "  ",
+            break_long_words=False,
+        )
     return "\n".join(wrapped)

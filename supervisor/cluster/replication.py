@@ -61,7 +61,7 @@ import threading
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-from warren.queues.durable_files import fsync_directory, write_atomically
+from warren.queues.durable_files import fsync_directory
 from warren.store.engine.lock_table import RESERVE_FILE, TABLE_FILE
 from warren.store.replicated_io import NODE_OWN_FILES, UNREPLICATED_DIRECTORIES
 
@@ -83,6 +83,7 @@ __all__ = [
 
 REPLICA_FILE = "replica.json"  # a follower's position: {"epoch", "applied", "level"}
 assert REPLICA_FILE in NODE_OWN_FILES
+POSITION_BYTES = 256  # REPLICA_FILE's size: the position, padded with spaces
 BLOCK_BYTES = 1 << 20  # a full sync compares files block by block, this size
 KEPT_ACTIONS = 100_000  # the most actions the leader keeps for followers behind
 KEPT_BYTES = 256 * 2**20  # and the most bytes they carry
@@ -134,6 +135,10 @@ class Replica:
         # level: a full sync ended here, so its files are a leader's as of ``applied``
         # (a sync cut short, or none yet, leaves it false: the leader syncs it whole)
         self.epoch, self.applied, self.level = _read_position(data_dir)
+        # Entries an earlier run (or a batch that failed) may have made and not synced:
+        # until a batch has been applied whole, every directory a batch names is synced,
+        # changed now or not; from then on, only those whose entries it changes.
+        self.entries_unsure = True
 
     def apply(
         self,
@@ -152,7 +157,8 @@ class Replica:
                 f"a batch of epoch {epoch} came after epoch {self.epoch}: its leader was "
                 "deposed; nothing applied"
             )
-        pending = _Syncs(self.data_dir)
+        pending = _Syncs(self.data_dir, every_directory=self.entries_unsure)
+        self.entries_unsure = True
         if resync_to is None:
             _check_order(actions, self.applied)
         else:  # not level from its first write on, whenever it is cut short
@@ -169,6 +175,7 @@ class Replica:
         elif actions or epoch != self.epoch:
             last = actions[-1].seq if actions else self.applied
             self._checkpoint(epoch, last, pending, self.level)
+        self.entries_unsure = False
         return self.applied
 
     def _checkpoint(self, epoch: int, applied: int, pending: _Syncs, level: bool) -> None:
@@ -196,8 +203,9 @@ def _check_order(actions: Sequence[FileAction], applied: int) -> None:
 class _Syncs:
     """The files and directories a batch touched, synced together at a checkpoint."""
 
-    def __init__(self, data_dir: str) -> None:
+    def __init__(self, data_dir: str, every_directory: bool) -> None:
         self.data_dir = data_dir
+        self.every_directory = every_directory  # see Replica.entries_unsure
         self.files: set[str] = set()
         self.directories: set[str] = set()
 
@@ -221,10 +229,11 @@ class _Syncs:
 
 def _apply(data_dir: str, action: FileAction, syncs: _Syncs) -> None:
     path = os.path.join(data_dir, action.path)
-    syncs.named(action.path)
     if action.kind in ("append", "write", "create", "truncate"):
         _make_directories(data_dir, os.path.dirname(action.path))
         _clear_the_way(path, keep=stat.S_ISREG)
+        if syncs.every_directory or action.kind == "create" or not os.path.lexists(path):
+            syncs.named(action.path)  # a new entry (a write to an existing file adds none)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o644)
         try:
             if action.kind in ("append", "write"):
@@ -235,10 +244,12 @@ def _apply(data_dir: str, action: FileAction, syncs: _Syncs) -> None:
             os.close(fd)
         syncs.files.add(action.path)
     elif action.kind == "delete":
+        syncs.named(action.path)
         _clear_the_way(path, keep=None)
         syncs.files.discard(action.path)
     else:  # rename
         target = os.path.join(data_dir, action.target)
+        syncs.named(action.path)
         syncs.named(action.target)
         if not os.path.lexists(path) and os.path.lexists(target):
             return  # renamed already (the position before it was recorded first)
@@ -296,17 +307,32 @@ def _fdatasync(path: str) -> None:
 
 
 def _read_position(data_dir: str) -> tuple[int, int, bool]:
+    """The position ``_write_position`` left; a file torn by a crash mid-write (it does
+    not parse) reads as no position at all, so the leader syncs the replica whole."""
     try:
         with open(os.path.join(data_dir, REPLICA_FILE), encoding="utf-8") as file:
-            kept = json.load(file)
+            kept = json.loads(file.read())
         return int(kept["epoch"]), int(kept["applied"]), bool(kept.get("level", False))
     except FileNotFoundError:
+        return 0, 0, False
+    except (ValueError, KeyError, TypeError):
         return 0, 0, False
 
 
 def _write_position(data_dir: str, epoch: int, applied: int, level: bool) -> None:
+    """Overwrite the position in place, padded to ``POSITION_BYTES``, and fdatasync:
+    one sync a batch (a replace would cost three)."""
     position = json.dumps({"epoch": epoch, "applied": applied, "level": level}).encode()
-    write_atomically(os.path.join(data_dir, REPLICA_FILE), position)
+    path = os.path.join(data_dir, REPLICA_FILE)
+    created = not os.path.exists(path)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        os.pwrite(fd, position.ljust(POSITION_BYTES), 0)
+        os.fdatasync(fd)
+    finally:
+        os.close(fd)
+    if created:
+        fsync_directory(data_dir)
 
 
 @dataclass
@@ -368,6 +394,14 @@ class ActionLog:
             if not 0 <= position <= self.position:
                 raise ValueError(f"a full sync to {position}; the log is at {self.position}")
             self.acked[follower] = position
+
+    def lag(self, follower: str) -> tuple[int, int]:
+        """How many actions, and bytes of data, ``follower`` lacks (the bytes counted
+        over the actions the log still keeps)."""
+        with self.lock:
+            after = self.acked.get(follower, 0)
+            missing = sum(len(a.data) for a in self.kept if a.seq > after)
+            return self.position - after, missing
 
     def committed(self, isr: Iterable[str]) -> int:
         """The highest action every ISR member has (the leader has all of them)."""

@@ -17,7 +17,8 @@ One thread (``warren-replication``) owns two sockets and the mode:
 
 The ISR moves with what the links see, always by a fenced etcd write that the
 coordinator's own thread makes (``wanted_isr``, then ``isr_written``): a follower
-level with this leader's log and caught up to its end joins it; a member that leaves a
+level with this leader's log and caught up to its end joins it; a member whose etcd
+lease is gone (its node lost or stopped) is removed at once, and one that leaves a
 commit waiting ``FOLLOWER_DEADLINE_S`` is removed, and the commit is released only
 after the smaller ISR is written (and only if it still holds ``min_insync``: below
 that, commits wait for a follower to catch up, as Kafka's ``min.insync.replicas``).
@@ -200,10 +201,11 @@ class Shipping:
         shipped = self.log
         followers = {}
         for name, link in list(self.links.items()):
-            acked = shipped.acked.get(name, 0) if shipped else 0
+            lag_actions, lag_bytes = shipped.lag(name) if shipped else (0, 0)
             followers[name] = {
-                "acked": acked,
-                "lag_actions": (shipped.position - acked) if shipped else 0,
+                "acked": shipped.acked.get(name, 0) if shipped else 0,
+                "lag_actions": lag_actions,
+                "lag_bytes": lag_bytes,
                 "syncing": link.link.needs_sync,
                 "error": link.error,
             }
@@ -385,6 +387,11 @@ class Shipping:
             link.stop()
         if wanted is not None:
             return  # one change at a time: the coordinator writes it
+        dead = {m for m in isr if m != self.node and m not in nodes} if self.node in nodes else ()
+        if dead:  # no lease in etcd: lost, nothing to wait for (a new leader's old leader)
+            log.warning("replication: %s left the cluster: out of the ISR", ", ".join(dead))
+            self._want(tuple(m for m in isr if m not in dead))
+            return
         if self.waiting and time.monotonic() - self.waiting[0][2] > FOLLOWER_DEADLINE_S:
             oldest = self.waiting[0][1]
             late = {m for m in isr if m != self.node and self.log.acked.get(m, 0) < oldest}

@@ -107,6 +107,7 @@ from .series import (
     CPU_SECONDS,
     DEAD_LETTER_REASONS,
     DEAD_LETTERED,
+    FOLLOWER_GAUGES,
     GLOBAL_COUNTERS,
     IDENTITY,
     LISTENER_COUNTERS,
@@ -600,6 +601,12 @@ def prometheus_families(snapshot: Snapshot, *, per_object: bool) -> list[Metric]
         if port is not None:
             families += [_gauge(f, [], [((), port.own.get(f.key))]) for f in gauges]
             families += [_counter(f, [], [((), port.counters.get(f.name))]) for f in counters]
+    if snapshot.cluster is not None:
+        followers = (snapshot.cluster.own.get("replication") or {}).get("followers", {})
+        families += [
+            _gauge(f, ["follower"], [((name,), row[f.key]) for name, row in followers.items()])
+            for f in FOLLOWER_GAUGES
+        ]
     return [family for family in families if family.samples]
 
 

@@ -550,6 +550,19 @@ CLUSTER_GAUGES = (
 CLUSTER_COUNTERS = (
     Figure("warren_cluster_elections_won", "elections_won", "Elections this node won"),
 )
+# A leader's, one sample per follower it ships to (label "follower").
+FOLLOWER_GAUGES = (
+    Figure(
+        "warren_cluster_follower_lag_actions",
+        "lag_actions",
+        "Replicated actions the leader wrote that this follower has not acknowledged",
+    ),
+    Figure(
+        "warren_cluster_follower_lag_bytes",
+        "lag_bytes",
+        "Bytes of data in the actions this follower has not acknowledged",
+    ),
+)
 NODE_COUNTERS = (
     Figure(
         "warren_node_control_calls_refused",
@@ -657,6 +670,7 @@ def exported() -> dict[str, str]:
         *LISTENER_GAUGES,
         *AMQP_GAUGES,
         *CLUSTER_GAUGES,
+        *FOLLOWER_GAUGES,
         *RESOURCE_GAUGES,
         *ALARMS,
         IDENTITY,

@@ -8,6 +8,7 @@ a new epoch, and every bad start is one line with nothing written."""
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 
@@ -119,6 +120,16 @@ def test_three_nodes_elect_a_leader_whose_followers_catch_up_into_the_isr(etcd, 
         assert shipping["mode"] == "leader"
         assert set(shipping["followers"]) == set(ALL_THREE) - {leader}
         assert all(statuses[n]["replication"]["mode"] == "replica" for n in shipping["followers"])
+        shown = subprocess.run(
+            [*WARREN, "cluster", "status", "--data-dir", str(nodes[int(leader[-1])].data_dir)],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        ).stdout
+        assert "replication: action " in shown and "min in sync 2" in shown
+        for follower in shipping["followers"]:
+            assert re.search(rf"\n  {follower}: following the log, \d+ actions", shown), shown
         for node in nodes:
             wait_for(lambda node=node: etcd_healthy(node) == 3, timeout=30)
         shown = subprocess.run(

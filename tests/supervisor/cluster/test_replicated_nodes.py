@@ -91,3 +91,34 @@ def test_a_leader_short_of_min_insync_copies_confirms_only_once_a_follower_caugh
     finally:
         for node in nodes:
             node.stop()
+
+
+def test_a_client_naming_every_node_follows_a_failover_and_loses_no_confirmed_message(
+    etcd, tmp_path
+):
+    nodes = start_nodes(etcd, tmp_path, "follow", ttl_s=5)
+    try:
+        wait_for(lambda: agreed_leader(nodes), timeout=60)
+        leader, epoch = agreed_leader(nodes)
+        wait_for(lambda: all(cluster_status(n)["isr"] == ALL_THREE for n in nodes), timeout=60)
+        everyone = [node.endpoint for node in reversed(nodes)]  # the leader anywhere in it
+        with connect(everyone, wait=60, recovery_timeout_s=120) as connection:
+            connection.declare_queue("orders")
+            for sequence in range(200):
+                if sequence == 100:  # the leader's machine lost mid-stream
+                    lose_machine(nodes[int(leader[-1])])
+                body = b"order %d" % sequence
+                connection.publish("orders", body, producer_id="shop", sequence=sequence)
+            assert connection.recoveries == 1
+            got = []
+            while (delivery := connection.get("orders")) is not None:
+                got.append(delivery.body)
+                delivery.ack()
+        # every publish above returned confirmed; a re-sent one is dropped by the dedup
+        # state the new leader holds (it is replicated too)
+        assert got == [b"order %d" % sequence for sequence in range(200)]
+        others = [node for node in nodes if node.endpoint != nodes[int(leader[-1])].endpoint]
+        assert agreed_leader(others)[1] > epoch
+    finally:
+        for node in nodes:
+            node.stop()

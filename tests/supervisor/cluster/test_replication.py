@@ -289,3 +289,13 @@ def test_a_full_sync_brings_a_follower_level_writing_only_the_blocks_that_differ
     expected = {"empty": len(big), "behind": BLOCK_BYTES + 123, "diverged": BLOCK_BYTES + 123}
     assert written == expected[start] + 2  # and definitions.json's two bytes
     assert Replica(str(follower)).applied == 40
+
+
+def test_a_position_torn_by_a_crash_reads_as_none_so_the_replica_is_synced_whole(tmp_path):
+    replica = Replica(str(tmp_path))
+    replica.apply(4, [FileAction(1, "write", "f", data=b"kept")], resync_to=9)
+    assert (Replica(str(tmp_path)).applied, Replica(str(tmp_path)).level) == (9, True)
+    position = tmp_path / REPLICA_FILE
+    position.write_bytes(position.read_bytes()[:20])  # the write cut short
+    again = Replica(str(tmp_path))
+    assert (again.epoch, again.applied, again.level) == (0, 0, False)
