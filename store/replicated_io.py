@@ -19,8 +19,11 @@ node does not lead any more, or its coordinator does not answer within
 ``COMMIT_TIMEOUT_S``) raises ``ReplicationRefused`` (an ``OSError``, as a failed
 fdatasync): the writer's sync fails, and so does what it was about to confirm.
 
-The transport is ``warren.store.replication_link``'s, loaded at the first commit (the
-engines that call this module import no ZeroMQ); it connects to ``ENDPOINT_VARIABLE``.
+The transport is ``warren.store.replication_link``'s, which enables this module at its
+import when the environment names a data directory (``ROOT_VARIABLE``) and the
+coordinator's socket (``ENDPOINT_VARIABLE``): a node in a cluster sets both for its
+forkserver, which imports it before it forks any actor (the engines that call this
+module import no ZeroMQ).
 
 Races it guards against:
 - Two threads of one process committing (a stream syncs on a thread of its own): one
@@ -57,6 +60,7 @@ __all__ = [
     "fdatasync",
     "fsync",
     "ftruncate",
+    "node_own",
     "open",
     "pwrite",
     "pwritev",
@@ -78,6 +82,12 @@ NODE_OWN_FILES = frozenset(
 )
 # Directories whose files no start reads back: the transient store is emptied at each.
 UNREPLICATED_DIRECTORIES = ("msg_store_transient",)
+
+
+def node_own(path: str) -> bool:
+    """Whether ``path`` (relative to the data directory) is one of the node's own files,
+    or a temporary file one is made in."""
+    return any(path == own or path.startswith(own + ".") for own in NODE_OWN_FILES)
 
 
 class ReplicationRefused(StoreError, OSError):
@@ -103,7 +113,7 @@ Committer = Callable[[Sequence[RecordedAction]], None]
 
 
 class _Journal:
-    def __init__(self, root: str, committer: Committer | None) -> None:
+    def __init__(self, root: str, committer: Committer) -> None:
         self.root = os.path.realpath(root)
         self.prefix = self.root + os.sep
         self.committer = committer
@@ -116,11 +126,8 @@ class _Journal:
         if not path.startswith(self.prefix):
             return None
         relative = path[len(self.prefix) :]
-        top = relative.split(os.sep, 1)[0]
-        if top in UNREPLICATED_DIRECTORIES or any(
-            relative == own or relative.startswith(own + ".") for own in NODE_OWN_FILES
-        ):
-            return None  # the node's own files, and the temporary files they are made in
+        if relative.split(os.sep, 1)[0] in UNREPLICATED_DIRECTORIES or node_own(relative):
+            return None
         return relative
 
     def record(self, kind: str, path: str | None, **fields: Any) -> None:
@@ -132,21 +139,17 @@ class _Journal:
         with self.committing:
             with self.lock:
                 actions, self.pending = self.pending, []
-            if not actions:
-                return
-            if self.committer is None:
-                from .replication_link import committer_to
-
-                self.committer = committer_to(os.environ[ENDPOINT_VARIABLE])
-            self.committer(actions)
+            if actions:
+                self.committer(actions)
 
 
 _journal: _Journal | None = None
 
 
-def enable(root: str, committer: Committer | None = None) -> None:
-    """Record the writes under ``root`` in this process (``committer``: where commits
-    go; by default the coordinator at ``ENDPOINT_VARIABLE``)."""
+def enable(root: str, committer: Committer) -> None:
+    """Record the writes under ``root`` in this process; ``committer`` takes each
+    commit's actions and returns once the cluster holds them (``warren.store.
+    replication_link``'s, or a test's)."""
     global _journal
     _journal = _Journal(root, committer)
 
@@ -157,29 +160,26 @@ def disable() -> None:
     _journal = None
 
 
-def _from_environment() -> None:
-    root = os.environ.get(ROOT_VARIABLE)
-    if root and os.environ.get(ENDPOINT_VARIABLE):
-        enable(root)
-
-
 def _forgotten_in_child() -> None:
+    """A forked child starts with nothing pending (its committer makes a socket of its
+    own: ``replication_link``'s never uses its parent's)."""
     if _journal is not None:
         _journal.pending = []
         _journal.lock = threading.Lock()
         _journal.committing = threading.Lock()
-        _journal.committer = None  # a socket is never shared with a parent
 
 
 os.register_at_fork(after_in_child=_forgotten_in_child)
-_from_environment()
 
 
 def _fd_path(journal: _Journal, fd: int) -> str | None:
     try:
-        return journal.relative(os.readlink(f"/proc/self/fd/{fd}"))
+        path = os.readlink(f"/proc/self/fd/{fd}")
     except OSError:
         return None
+    if path.endswith(" (deleted)"):  # written after its unlink: its delete is recorded
+        return None
+    return journal.relative(path)
 
 
 def _named(journal: _Journal, path: str | os.PathLike, dir_fd: int | None) -> str | None:
@@ -303,12 +303,14 @@ def unlink(path: str | os.PathLike, *, dir_fd: int | None = None) -> None:
 
 
 def remove_tree(path: str | os.PathLike, *, ignore_errors: bool = False) -> None:
-    """``shutil.rmtree``, recorded as one delete of the directory."""
+    """``shutil.rmtree``, recorded as one delete of the directory and committed at once
+    (a queue's process that removes its own directory ends without a sync after it)."""
     journal = _journal
     named = None if journal is None else _named(journal, path, None)
     shutil.rmtree(path, ignore_errors=ignore_errors)
     if journal is not None:
         journal.record("delete", named)
+        journal.commit()
 
 
 def fdatasync(fd: int) -> None:

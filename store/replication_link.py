@@ -1,6 +1,10 @@
 """A writer process's link to its node's coordinator, for ``replicated_io``'s commits.
 
-One DEALER socket a process, made at its first commit. A commit is one multipart
+Imported with ``replicated_io.ROOT_VARIABLE`` and ``ENDPOINT_VARIABLE`` in the
+environment (a node in a cluster sets them for its forkserver, which imports this
+module before it forks), it enables ``replicated_io`` with a committer to that socket.
+One DEALER socket a process, made at its first commit (a forked child never uses its
+parent's). A commit is one multipart
 message: a JSON header ``{"kind": "commit", "pid", "actions": [[kind, path, offset,
 target], ...]}`` and each action's bytes as a frame of its own, in order. The answer is
 ``{"committed": N}`` (the coordinator's number of the last of them, on every in-sync
@@ -20,6 +24,7 @@ from collections.abc import Sequence
 
 import zmq
 
+from . import replicated_io
 from .replicated_io import COMMIT_TIMEOUT_S, RecordedAction, ReplicationRefused
 
 __all__ = ["commit_frames", "committer_to", "recorded_actions"]
@@ -52,8 +57,11 @@ class _Link:
     def __init__(self, endpoint: str) -> None:
         self.endpoint = endpoint
         self.socket: zmq.Socket[bytes] | None = None
+        self.pid = os.getpid()
 
     def __call__(self, actions: Sequence[RecordedAction]) -> None:
+        if self.pid != os.getpid():  # forked: the parent's socket is not this process's
+            self.socket, self.pid = None, os.getpid()
         socket = self.socket
         if socket is None:
             socket = self.socket = zmq.Context.instance().socket(zmq.DEALER)
@@ -77,3 +85,13 @@ class _Link:
 def committer_to(endpoint: str) -> _Link:
     """A committer for ``replicated_io`` that sends to the coordinator at ``endpoint``."""
     return _Link(endpoint)
+
+
+def _enable_from_environment() -> None:
+    root = os.environ.get(replicated_io.ROOT_VARIABLE)
+    endpoint = os.environ.get(replicated_io.ENDPOINT_VARIABLE)
+    if root and endpoint:
+        replicated_io.enable(root, committer_to(endpoint))
+
+
+_enable_from_environment()

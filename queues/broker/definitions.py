@@ -489,7 +489,11 @@ class Definitions:
     def mark_transient(self, name: str) -> None:
         directory = queue_directory(self.data_dir, name)
         os.makedirs(directory, exist_ok=True)
-        open(os.path.join(directory, TRANSIENT_MARKER), "w").close()
+        os.close(
+            replicated_io.open(
+                os.path.join(directory, TRANSIENT_MARKER), os.O_WRONLY | os.O_CREAT, 0o644
+            )
+        )
 
     def remove_transient_queues(self) -> None:
         """Delete the directories of non-durable queues left by the node's last run."""

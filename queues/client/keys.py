@@ -29,7 +29,6 @@ import time
 import zmq
 from zmq.utils import z85
 
-from ..durable_files import write_atomically
 from ..errors import KeyFileError
 
 __all__ = [
@@ -111,6 +110,8 @@ def _valid_key(value: str | None) -> bool:
 
 def node_keys(data_dir: str | os.PathLike) -> tuple[bytes, bytes]:
     """The node's (public, secret) keys, created on first use."""
+    from ..durable_files import write_atomically  # a node's or the CLI's: not a client's
+
     path = os.path.join(os.fspath(data_dir), NODE_SECRET_FILE)
     if not os.path.exists(path):
         public, secret = zmq.curve_keypair()
@@ -151,6 +152,8 @@ def create_client_key(
     data_dir: str | os.PathLike, name: str, out_dir: str | os.PathLike = "."
 ) -> str:
     """Make ``NAME.key`` in ``out_dir`` and let its public key in; its path."""
+    from ..durable_files import write_atomically  # a node's or the CLI's: not a client's
+
     if not isinstance(name, str) or not _NAME.match(name):
         raise KeyFileError(
             f"a key name is 1 to 64 letters, digits, '_', '.' or '-', starting "

@@ -33,6 +33,8 @@ import logging
 import os
 from typing import Any, NamedTuple
 
+from warren.store import replicated_io
+
 from ..durable_files import fsync_directory, write_atomically
 from .queue_index import INDEX_SUFFIX, V1_STORE_SUFFIX, usable_entry_count
 from .segments import HEADER_BYTES
@@ -91,7 +93,7 @@ def take_terms(directory: str, segment_entry_count: int) -> dict[str, Any] | Non
     except (OSError, ValueError) as exc:
         log.warning("%s: recovery terms unreadable (%s); recovering dirty", directory, exc)
         terms = None
-    os.unlink(path)
+    replicated_io.unlink(path)
     fsync_directory(directory)
     if terms is not None and (
         not isinstance(terms, dict)

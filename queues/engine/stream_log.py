@@ -659,6 +659,7 @@ class PendingSync:
         try:
             for flush, fd in self._flush:
                 flush(fd)
+            replicated_io.commit()  # the writes, even where no flush is asked for
         except OSError as exc:
             self._failed(exc)
             raise

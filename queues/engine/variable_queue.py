@@ -555,6 +555,7 @@ class VariableQueue:
         slow_sync()
         self._write_unwritten()
         self._flushed_files().sync()
+        replicated_io.commit()  # the writes, even where no fsync covers them
         confirmed, self._confirmed = self._confirmed, []
         confirmed += self._index_unsynced  # in this queue's own store: durable now
         for seq_id in self._shared_unsynced:

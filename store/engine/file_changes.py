@@ -265,6 +265,7 @@ class FileChanges(_StoreState):
                 replicated_io.fsync(self._dir_fd)
                 self.counters["syncs"] += 1
                 self._directory_unsynced = False
+        replicated_io.commit()  # the writes, even where the policy asks for no fsync
         self._data_unsynced = False
 
     def _delete_empty_file(self, file: int, wait_s: float = SWITCH_DEADLINE_SECONDS) -> None:

@@ -52,6 +52,7 @@ __all__ = [
     "CoordinatorStats",
     "FollowData",
     "LeadData",
+    "Resync",
     "checked_node_id",
     "coordinator_spec",
 ]
@@ -89,6 +90,14 @@ class FollowData:
     is refused from now on and no replica is served."""
 
     serve: bool
+
+
+@message
+@dataclass(frozen=True)
+class Resync:
+    """ask → None: one of the node's writing processes is being started again after it
+    ended (a crash): what it wrote last may never have been committed, so every follower
+    is synced whole before a later commit is answered."""
 
 
 def checked_node_id(settings: ClusterSettings, data_dir: str, node: str) -> str | None:
@@ -179,6 +188,9 @@ class CoordinatorActor(GatewayActor):
             return {"leading": leading, "epoch": epoch}
         if isinstance(message, FollowData):
             coordination.shipping.follow(serve=message.serve)
+            return None
+        if isinstance(message, Resync):
+            coordination.shipping.resync()
             return None
         raise UnhandledMessage(f"the coordinator does not handle {type(message).__name__}")
 

@@ -29,7 +29,8 @@ Races it guards against:
   reason, nothing is acknowledged, and the server goes on.
 - A batch applied whose ack was lost: sending it again is refused with ``needed`` past
   it, and the link moves on from there (never a gap: the replica checks the order).
-- A leader deposed while it sends: a replica that has seen a newer epoch refuses it.
+- A leader deposed while it sends: a replica that has heard from a newer epoch (a
+  hello, a manifest request or a batch) refuses it.
 """
 
 from __future__ import annotations
@@ -92,6 +93,9 @@ class ReplicaServer:
         self.socket.linger = 0
         self.socket.bind(endpoint)
         self.counters = {"batches": 0, "refused": 0}
+        # The newest epoch a leader spoke to it under: a deposed leader still shipping
+        # is refused from a newer one's first hello on, not only from its first batch.
+        self.fenced_epoch = replica.epoch
 
     def serve(self, timeout_s: float) -> None:
         """Answer every request that arrives within ``timeout_s``."""
@@ -112,6 +116,12 @@ class ReplicaServer:
             if header.get("cluster") != self.cluster:
                 raise ValueError(f"a request of cluster {header.get('cluster')!r}")
             kind, epoch = header.get("kind"), int(header.get("epoch", 0))
+            if epoch < self.fenced_epoch:
+                raise StaleEpoch(
+                    f"a {kind} of epoch {epoch}, where a leader of epoch "
+                    f"{self.fenced_epoch} spoke already: its leader was deposed"
+                )
+            self.fenced_epoch = epoch
             if kind == "hello":
                 replica = self.replica
                 return {
@@ -119,6 +129,7 @@ class ReplicaServer:
                     "epoch": replica.epoch,
                     "applied": replica.applied,
                     "level": replica.level,
+                    "log": replica.log,
                 }
             if kind == "manifest":
                 files = manifest(self.replica.data_dir)
@@ -130,6 +141,7 @@ class ReplicaServer:
                 applied = self.replica.apply(
                     epoch,
                     actions,
+                    log=str(header.get("log", "")),
                     resync_to=None if resync is None else int(resync),
                     partial=bool(header.get("partial", False)),
                 )
@@ -209,7 +221,8 @@ class FollowerLink:
             return self._full_sync(epoch)
         if not batch:
             return self.log.acked.get(self.follower, 0)
-        return self._acknowledged(self._ask({"kind": "batch", "epoch": epoch}, batch))
+        header = {"kind": "batch", "epoch": epoch, "log": self.log.identity}
+        return self._acknowledged(self._ask(header, batch))
 
     def _hello(self, epoch: int) -> None:
         """Where the follower stands. Its position counts only when a full sync from this
@@ -223,7 +236,11 @@ class FollowerLink:
             their_epoch, applied = int(state["epoch"]), int(state["applied"])
         except (KeyError, TypeError, ValueError):
             raise PeerError(f"{self.endpoint} answered a hello with {state!r}") from None
-        level = bool(state.get("level")) and their_epoch == epoch
+        level = (
+            bool(state.get("level"))
+            and their_epoch == epoch
+            and state.get("log") == self.log.identity
+        )
         self.needs_sync = not level or applied > self.log.position
         if not self.needs_sync:
             self.log.resynced(self.follower, applied)
@@ -245,6 +262,7 @@ class FollowerLink:
         except (KeyError, TypeError, ValueError):
             raise PeerError(f"{self.endpoint} answered a batch with {answer!r}") from None
         self.last_error = str(answer.get("reason", answer))
+        self.known = False  # where it stands is asked again before the next batch
         raise PeerError(f"{self.follower} refused: {self.last_error}")
 
     def _full_sync(self, epoch: int) -> int:
@@ -268,10 +286,21 @@ class FollowerLink:
         batches = _sized(sync_actions(self.data_dir, manifest(self.data_dir), files))
         batch = next(batches, [])
         for following in batches:
-            header = {"kind": "batch", "epoch": epoch, "resync_to": 0, "partial": True}
+            header = {
+                "kind": "batch",
+                "epoch": epoch,
+                "log": self.log.identity,
+                "resync_to": 0,
+                "partial": True,
+            }
             self._acknowledged(self._ask(header, batch))
             batch = following
-        header = {"kind": "batch", "epoch": epoch, "resync_to": position}
+        header = {
+            "kind": "batch",
+            "epoch": epoch,
+            "log": self.log.identity,
+            "resync_to": position,
+        }
         acked = self._acknowledged(self._ask(header, batch))
         self.needs_sync = False
         return acked

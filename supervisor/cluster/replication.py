@@ -58,12 +58,13 @@ import os
 import shutil
 import stat
 import threading
+import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from warren.queues.durable_files import fsync_directory
 from warren.store.engine.lock_table import RESERVE_FILE, TABLE_FILE
-from warren.store.replicated_io import NODE_OWN_FILES, UNREPLICATED_DIRECTORIES
+from warren.store.replicated_io import NODE_OWN_FILES, UNREPLICATED_DIRECTORIES, node_own
 
 from ..errors import OutOfOrder, StaleEpoch
 
@@ -81,7 +82,7 @@ __all__ = [
     "sync_actions",
 ]
 
-REPLICA_FILE = "replica.json"  # a follower's position: {"epoch", "applied", "level"}
+REPLICA_FILE = "replica.json"  # a follower's position: {"epoch", "applied", "level", "log"}
 assert REPLICA_FILE in NODE_OWN_FILES
 POSITION_BYTES = 256  # REPLICA_FILE's size: the position, padded with spaces
 BLOCK_BYTES = 1 << 20  # a full sync compares files block by block, this size
@@ -134,7 +135,7 @@ class Replica:
         self.data_dir = data_dir
         # level: a full sync ended here, so its files are a leader's as of ``applied``
         # (a sync cut short, or none yet, leaves it false: the leader syncs it whole)
-        self.epoch, self.applied, self.level = _read_position(data_dir)
+        self.epoch, self.applied, self.level, self.log = _read_position(data_dir)
         # Entries an earlier run (or a batch that failed) may have made and not synced:
         # until a batch has been applied whole, every directory a batch names is synced,
         # changed now or not; from then on, only those whose entries it changes.
@@ -145,17 +146,25 @@ class Replica:
         epoch: int,
         actions: Sequence[FileAction],
         *,
+        log: str = "",
         resync_to: int | None = None,
         partial: bool = False,
     ) -> int:
-        """Apply one batch of the leader of ``epoch``; the position now durable (what the
-        follower acknowledges). A full sync's batches give ``resync_to``, the leader's
-        position they bring the follower to, and all but the last are ``partial``: the
-        replica is not level until the last one is applied."""
+        """Apply one batch of the leader of ``epoch``, from its action log ``log`` (each
+        leadership numbers its actions anew: a position counts only in the log it was
+        reached in); the position now durable (what the follower acknowledges). A full
+        sync's batches give ``resync_to``, the leader's position they bring the follower
+        to, and all but the last are ``partial``: the replica is not level until the last
+        one is applied."""
         if epoch < self.epoch:
             raise StaleEpoch(
                 f"a batch of epoch {epoch} came after epoch {self.epoch}: its leader was "
                 "deposed; nothing applied"
+            )
+        if resync_to is None and log != self.log:
+            raise ValueError(
+                f"a batch of action log {log!r}, where the replica follows {self.log!r}: "
+                "nothing applied (a full sync brings it into that log)"
             )
         pending = _Syncs(self.data_dir, every_directory=self.entries_unsure)
         self.entries_unsure = True
@@ -163,6 +172,7 @@ class Replica:
             _check_order(actions, self.applied)
         else:  # not level from its first write on, whenever it is cut short
             self._checkpoint(self.epoch, self.applied, pending, level=False)
+            self.log = log
         for action in actions:
             if action.kind in ("rename", "delete") and resync_to is None:
                 self._checkpoint(epoch, action.seq - 1, pending, self.level)
@@ -182,7 +192,7 @@ class Replica:
         """Sync what the batch changed so far, then record the position."""
         pending.flush()
         if (epoch, applied, level) != (self.epoch, self.applied, self.level):
-            _write_position(self.data_dir, epoch, applied, level)
+            _write_position(self.data_dir, epoch, applied, level, self.log)
             self.epoch, self.applied, self.level = epoch, applied, level
 
 
@@ -306,23 +316,28 @@ def _fdatasync(path: str) -> None:
         os.close(fd)
 
 
-def _read_position(data_dir: str) -> tuple[int, int, bool]:
+def _read_position(data_dir: str) -> tuple[int, int, bool, str]:
     """The position ``_write_position`` left; a file torn by a crash mid-write (it does
     not parse) reads as no position at all, so the leader syncs the replica whole."""
     try:
         with open(os.path.join(data_dir, REPLICA_FILE), encoding="utf-8") as file:
             kept = json.loads(file.read())
-        return int(kept["epoch"]), int(kept["applied"]), bool(kept.get("level", False))
+        return (
+            int(kept["epoch"]),
+            int(kept["applied"]),
+            bool(kept.get("level", False)),
+            str(kept.get("log", "")),
+        )
     except FileNotFoundError:
-        return 0, 0, False
+        return 0, 0, False, ""
     except (ValueError, KeyError, TypeError):
-        return 0, 0, False
+        return 0, 0, False, ""
 
 
-def _write_position(data_dir: str, epoch: int, applied: int, level: bool) -> None:
+def _write_position(data_dir: str, epoch: int, applied: int, level: bool, log: str) -> None:
     """Overwrite the position in place, padded to ``POSITION_BYTES``, and fdatasync:
     one sync a batch (a replace would cost three)."""
-    position = json.dumps({"epoch": epoch, "applied": applied, "level": level}).encode()
+    position = json.dumps({"epoch": epoch, "applied": applied, "level": level, "log": log}).encode()
     path = os.path.join(data_dir, REPLICA_FILE)
     created = not os.path.exists(path)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
@@ -342,6 +357,8 @@ class ActionLog:
     coordinator records, each follower's link reads and acknowledges)."""
 
     leader: str
+    # each leadership's log is another: a follower's position counts only in its own
+    identity: str = field(default_factory=lambda: uuid.uuid4().hex)
     next_seq: int = 1
     kept: collections.deque[FileAction] = field(default_factory=collections.deque)
     acked: dict[str, int] = field(default_factory=dict)  # follower -> its durable position
@@ -438,8 +455,9 @@ def manifest(data_dir: str) -> Manifest:
 
 
 def _replicated_files(data_dir: str) -> Iterator[str]:
-    """The regular files under ``data_dir`` (no link followed), but each node's own and
-    the temporary files a replace leaves when it is killed, the stores' lock tables
+    """The regular files under ``data_dir`` (no link followed), but each node's own
+    (temporary files too: a replace's source renamed after the sync began must be
+    there for its rename to bring it), the stores' lock tables
     (their readers' live state, made anew at each start), and none of the directories no
     start reads back (the transient store's)."""
     for root, directories, names in os.walk(data_dir):
@@ -448,12 +466,7 @@ def _replicated_files(data_dir: str) -> Iterator[str]:
         for name in sorted(names):
             full = os.path.join(root, name)
             path = os.path.relpath(full, data_dir)
-            if (
-                path in NODE_OWN_FILES
-                or name in _LOCK_TABLE_FILES
-                or name.endswith(".tmp")
-                or not _regular(full)
-            ):
+            if node_own(path) or name in _LOCK_TABLE_FILES or not _regular(full):
                 continue
             yield path
 

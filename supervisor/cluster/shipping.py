@@ -6,9 +6,13 @@ One thread (``warren-replication``) owns two sockets and the mode:
 - the **commit socket** (a ROUTER at ``commit_endpoint``, an ipc path of the node's
   runtime directory) where the node's processes send what they wrote (``warren.store.
   replicated_io``, through ``warren.store.replication_link``);
-- in mode ``replica`` (the start, and after ``follow``): a ``ReplicaServer`` at the node's
-  ``--peer`` address, which applies a leader's batches; every commit is refused (a
-  follower's processes write nothing: the node runs them only while it leads);
+- in mode ``idle`` (the start: a coordinator restarted while its node led must not
+  serve a replica under the node's running processes) nothing is served and every
+  commit is refused, until the node says which of the two it is;
+- in mode ``replica`` (after ``follow(serve=True)``, which the node sends once none of
+  its processes writes): a ``ReplicaServer`` at the node's ``--peer`` address, which
+  applies a leader's batches; every commit is refused (a follower's processes write
+  nothing: the node runs them only while it leads);
 - in mode ``leader`` (after ``lead(epoch)``, which the node asks for before it starts the
   processes that write): each commit's actions are numbered into an ``ActionLog``, a
   thread per other node (``_Link``) pumps them to it, and the commit is answered
@@ -143,7 +147,8 @@ class Shipping:
         self.wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self.changed = threading.Condition()  # the log grew, or a link should stop
         self.lock = threading.Lock()  # isr, nodes, wanted_isr
-        self.mode = "replica"
+        self.mode = "idle"  # until the node says whether its processes write (see Node)
+        self.closing = False  # the node is stopping: it leads no more from now on
         self.epoch: int | None = None
         self.log: ActionLog | None = None
         self.replica_server: ReplicaServer | None = None
@@ -152,14 +157,19 @@ class Shipping:
         self.isr: tuple[str, ...] = ()
         self.nodes: dict[str, str] = {}
         self.wanted_isr: tuple[str, ...] | None = None
-        self.counters = {"commits": 0, "actions": 0, "refused": 0, "isr_changes": 0}
+        self.counters = {
+            "commits": 0,
+            "actions": 0,
+            "refused": 0,
+            "isr_changes": 0,
+            "resyncs": 0,
+        }
         self._commands: queue.Queue[tuple[Callable[[], Any], list[Any], threading.Event]]
         self._commands = queue.Queue()
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="warren-replication", daemon=True)
 
     def start(self) -> None:
-        self._serve_replica()
         self._thread.start()
 
     # ------------------------------------------------------------------ other threads
@@ -194,6 +204,11 @@ class Shipping:
         """Ship nothing more and refuse every commit; with ``serve`` (the node's
         processes stopped writing), serve the replica again."""
         self._on_thread(lambda: self._follow(serve))
+
+    def resync(self) -> None:
+        """Sync every follower whole before any later commit is answered (a writing
+        process of the node ended without committing what it wrote last)."""
+        self._on_thread(self._resync)
 
     def status(self) -> dict[str, Any]:
         with self.lock:
@@ -232,6 +247,8 @@ class Shipping:
         self.poke()
         if not done.wait(timeout=30):
             raise PeerError("the replication thread did not answer within 30 s")
+        if isinstance(result[0], Exception):
+            raise result[0]
         return result[0]
 
     # ------------------------------------------------------------------ its thread
@@ -240,33 +257,21 @@ class Shipping:
         poller = zmq.Poller()
         poller.register(self.commits, zmq.POLLIN)
         poller.register(self.wake_fd, zmq.POLLIN)
-        replica_socket: zmq.Socket | None = None
+        registered: list[zmq.Socket] = []  # the replica server's socket, while served
         try:
             while not self._stopping.is_set():
                 server = self.replica_server
-                if replica_socket is not (server.socket if server else None):
-                    if replica_socket is not None:
-                        poller.unregister(replica_socket)
-                    replica_socket = server.socket if server else None
-                    if replica_socket is not None:
-                        poller.register(replica_socket, zmq.POLLIN)
+                if registered != ([server.socket] if server else []):
+                    for socket in registered:
+                        poller.unregister(socket)
+                    registered = [server.socket] if server else []
+                    for socket in registered:
+                        poller.register(socket, zmq.POLLIN)
                 ready = dict(poller.poll(TURN_MS))
-                if self.wake_fd in ready:
-                    try:
-                        os.eventfd_read(self.wake_fd)
-                    except BlockingIOError:
-                        pass
-                while not self._commands.empty():
-                    call, result, done = self._commands.get()
-                    result.append(call())
-                    done.set()
-                if self.commits in ready:
-                    self._take_commits()
-                if server is not None and replica_socket in ready:
-                    server.serve(0)
-                if self.mode == "leader":
-                    self._release()
-                    self._mind_links()
+                try:
+                    self._turn(ready, server)
+                except Exception:  # a bug, or a disk: logged, and the next turn goes on
+                    log.exception("replication: a turn failed")
         finally:
             self._stop_links()
             self._refuse_waiting("the node's coordinator stopped")
@@ -276,13 +281,38 @@ class Shipping:
             self.context.term()
             os.close(self.wake_fd)
 
+    def _turn(self, ready: dict[Any, int], server: ReplicaServer | None) -> None:
+        if self.wake_fd in ready:
+            try:
+                os.eventfd_read(self.wake_fd)
+            except BlockingIOError:
+                pass
+        while not self._commands.empty():
+            call, result, done = self._commands.get()
+            try:
+                result.append(call())
+            except Exception as exc:
+                result.append(exc)
+            done.set()
+        if self.commits in ready:
+            self._take_commits()
+        # the server polled, if a command has not closed it since
+        if server is not None and server is self.replica_server and server.socket in ready:
+            server.serve(0)
+        if self.mode == "leader":
+            self._release()
+            if self._leads_now():
+                self._mind_links()
+            else:  # deposed: it ships nothing more (the node stops its processes next)
+                self._stop_links()
+
     def _serve_replica(self) -> None:
         self.replica_server = ReplicaServer(
             self.context, self.election.peer, self.cluster, Replica(self.data_dir)
         )
 
     def _lead(self, epoch: int) -> bool:
-        if not self.election.leading() or self.election.epoch != epoch:
+        if self.closing or not self.election.leading() or self.election.epoch != epoch:
             return False
         if self.mode == "leader" and self.epoch == epoch:
             return True
@@ -299,8 +329,21 @@ class Shipping:
         self._stop_links()
         self._refuse_waiting("the node does not lead any more")
         self.mode, self.epoch, self.log = ("replica" if serve else "stopped"), None, None
+        self.closing = self.closing or not serve
         if serve and self.replica_server is None:
             self._serve_replica()
+        elif not serve and self.replica_server is not None:
+            self.replica_server.close()
+            self.replica_server = None
+
+    def _resync(self) -> None:
+        if self.mode != "leader" or self.log is None:
+            return
+        self._stop_links()  # joined: no ack of theirs moves the commit point after this
+        for follower in list(self.log.acked):
+            self.log.resynced(follower, 0)
+        self.counters["resyncs"] += 1
+        log.warning("replication: a process of the node ended unsynced: syncing followers whole")
 
     def _stop_links(self) -> None:
         links, self.links = list(self.links.values()), {}
@@ -363,10 +406,13 @@ class Shipping:
             return
         assert self.log is not None, "a leader has its log"
         with self.lock:
-            isr = self.isr
+            isr, wanted = self.isr, self.wanted_isr
         if len(isr) < self.min_insync or self.node not in isr:
             return
-        committed = self.log.committed(isr)
+        # A member being written into the ISR counts from the moment it is wanted: once
+        # written it may lead, so it must hold everything confirmed from then on.
+        joining = set(wanted or ()) - set(isr)
+        committed = self.log.committed((*isr, *joining))
         while self.waiting and self.waiting[0][1] <= committed:
             identity, seq, _ = self.waiting.popleft()
             self._answer(identity, {"committed": seq})

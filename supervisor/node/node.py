@@ -164,6 +164,7 @@ from ..cluster.coordinator import (
     CoordinatorStats,
     FollowData,
     LeadData,
+    Resync,
     checked_node_id,
     coordinator_spec,
 )
@@ -178,7 +179,7 @@ from ..specs import (
     SupervisorSpec,
     check_seconds,
 )
-from ..supervisor import Supervisor
+from ..supervisor import RestartCounts, Supervisor
 from ..tables import counted
 from ..version import __version__
 from .alarms import AlarmLimits, ResourceMonitor
@@ -235,6 +236,7 @@ DELETED_AT_NEXT_START = (
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 PRELOAD = (
     "warren.store",
+    "warren.store.replication_link",  # in a cluster, it enables the forks' journals
     "warren.store.store_actor",
     "warren.store.gc_actor",
     "warren.store.protocol",
@@ -366,6 +368,7 @@ class Node:
         self._data_lock = threading.Lock()  # a start or a stop of the data part at a time
         self._data_running = False  # the processes that write the data directory run
         self._data_starting = False  # they are being started (a leader's recovery)
+        self._led_epoch: int | None = None  # the epoch they were started under
         self._data_child_ids: list[str] = []
         if cluster_settings is None:
             self._open_definitions()
@@ -512,7 +515,14 @@ class Node:
                 ROOT_FLAGS,
                 children=coordinator if cluster_settings is not None else data_children(),
             )
-            self.root = Supervisor(self.actors, spec, on_failure=self._root_failed).start()
+            self.root = Supervisor(
+                self.actors,
+                spec,
+                on_failure=self._root_failed,
+                restart_counts=(
+                    _ResyncOnRestart(self) if cluster_settings is not None else RestartCounts()
+                ),
+            ).start()
             self._start_thread(self._watch_resources, "warren-alarms")
             if cluster_settings is None:
                 self._data_started()
@@ -722,9 +732,13 @@ class Node:
     def exchanges_and_bindings(self) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
         """Every exchange (the default one ``""`` first) and every binding, as
         ``list_exchanges`` and ``list_bindings`` say them. A copy taken at once without
-        the definitions lock, as ``queue_types``: the management page asks for it."""
-        exchanges = dict(self._definitions.exchanges)
-        bindings = sorted(set(self._definitions.bindings))
+        the definitions lock, as ``queue_types``: the management page asks for it. None
+        on a follower, which holds no definitions of its own."""
+        definitions = self._opened_definitions
+        if definitions is None:
+            return [], []
+        exchanges = dict(definitions.exchanges)
+        bindings = sorted(set(definitions.bindings))
         default = dataclasses.asdict(ExchangeDefinition("", "direct"))
         return [default] + [dataclasses.asdict(exchanges[n]) for n in sorted(exchanges) if n], [
             {"exchange": e, "queue": q, "routing_key": k} for e, q, k in bindings
@@ -770,10 +784,12 @@ class Node:
         return sorted(self._definitions.queues)
 
     def queue_types(self) -> dict[str, str]:
-        """Every declared queue's type: ``classic``, or ``stream``."""
+        """Every declared queue's type: ``classic``, or ``stream`` (none on a follower,
+        which holds no definitions of its own: its figures are scraped all the same)."""
         # A copy, taken at once without the definitions lock: a scrape asks for this,
         # and must not wait behind a declare that is starting the queue's process.
-        declared = dict(self._definitions.queues)
+        definitions = self._opened_definitions
+        declared = dict(definitions.queues) if definitions is not None else {}
         return {name: definition.type for name, definition in sorted(declared.items())}
 
     def _actor_name(self, name: str) -> str:
@@ -1111,16 +1127,32 @@ class Node:
                 log.exception("node %s: a look at the leadership failed", self.name)
 
     def _look_at_leadership(self) -> None:
-        role = (self.cluster_status() or {}).get("role")
+        status = self.cluster_status() or {}
+        role, epoch = status.get("role"), status.get("epoch")
+        shipping = (status.get("replication") or {}).get("mode")
         coordinator = self._actor_node.whereis(COORDINATOR_NAME)
         with self._data_lock:
-            if self._closing.is_set() or coordinator is None:
+            if self._closing.is_set() or coordinator is None or not status:
                 return
-            if not self._data_running and role == "leader":
+            if self._data_running and (
+                role != "leader" or epoch != self._led_epoch or shipping != "leader"
+            ):
+                # deposed, led again at another epoch between two looks, or a coordinator
+                # restarted under the running processes: none of their commits is taken
+                log.warning(
+                    "node %s: leads no more at epoch %s (%s, epoch %s): stopping its queues",
+                    self.name,
+                    self._led_epoch,
+                    role,
+                    epoch,
+                )
+                self._stop_data(coordinator)
+            elif not self._data_running and role == "leader":
                 answer = coordinator.ask(LeadData(), timeout=STATS_TIMEOUT_S * 15)
                 if not answer["leading"]:
                     return
-                log.info("node %s: leads at epoch %s: starting", self.name, answer["epoch"])
+                self._led_epoch = answer["epoch"]
+                log.info("node %s: leads at epoch %s: starting", self.name, self._led_epoch)
                 self._data_starting = True
                 try:
                     self._start_data()
@@ -1129,9 +1161,9 @@ class Node:
                     self._stop_data(coordinator)
                 finally:
                     self._data_starting = False
-            elif self._data_running and role != "leader":
-                log.warning("node %s: leads no more (%s): stopping its queues", self.name, role)
-                self._stop_data(coordinator)
+            elif not self._data_running and shipping == "idle":
+                # a coordinator (re)started while none of the node's processes writes
+                coordinator.ask(FollowData(serve=True), timeout=STATS_TIMEOUT_S * 15)
 
     def _start_data(self) -> None:
         with self._definitions_lock:
@@ -1487,3 +1519,28 @@ def _replicated_environment(data_dir: str, commit_endpoint: str | None) -> Itera
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+
+class _ResyncOnRestart(RestartCounts):
+    """A leader's restart counts, which also tell its coordinator before a process that
+    writes the data directory starts again (``Resync``): the one it replaces may have
+    ended with writes it never committed, which the followers lack."""
+
+    def __init__(self, node: Node) -> None:
+        super().__init__()
+        self._node = node
+
+    def starting(self, name: str) -> None:
+        super().starting(name)
+        node = self._node
+        if self.of(name) == 0 or name == COORDINATOR_NAME:
+            return
+        if not (node._data_running or node._data_starting):
+            return
+        coordinator = node._actor_node.whereis(COORDINATOR_NAME)
+        if coordinator is None:
+            return
+        try:
+            coordinator.ask(Resync(), timeout=STATS_TIMEOUT_S * 15)
+        except ActorError as exc:  # it restarts: its followers are synced whole anyway
+            log.warning("node %s: its coordinator did not take a resync: %s", node.name, exc)

@@ -18,7 +18,7 @@ import pytest
 from warren.supervisor.cluster.election import Election
 from warren.supervisor.cluster.etcd import Etcd
 
-from ...queues.client.node_process import ROOT, WARREN, NodeProcess
+from ...queues.client.node_process import ROOT, WARREN, NodeProcess, free_port
 from ...waiting import descendant_titled, wait_for
 
 
@@ -35,10 +35,17 @@ def cluster_status(node: NodeProcess) -> dict:
 
 
 def cluster_node(
-    etcd, tmp_path, cluster: str, index: int, ttl_s: int = 10, min_insync: int = 2
+    etcd,
+    tmp_path,
+    cluster: str,
+    index: int,
+    ttl_s: int = 10,
+    min_insync: int = 2,
+    extra: tuple[str, ...] = (),
 ) -> NodeProcess:
-    """Node ``n<index>`` of ``cluster`` (``min_insync`` nodes hold each confirmed write);
-    its start waits only for its status: a follower serves no client."""
+    """Node ``n<index>`` of ``cluster`` (``min_insync`` nodes hold each confirmed write;
+    ``extra``: more options); its start waits only for its status: a follower serves no
+    client."""
     return NodeProcess(
         tmp_path / f"n{index}",
         (
@@ -49,14 +56,20 @@ def cluster_node(
             "--etcd",
             ",".join(etcd.endpoints),
             "--peer",
-            f"tcp://127.0.0.1:{7100 + index}",
+            f"tcp://127.0.0.1:{free_port()}",  # each test its own: tests run side by side
             "--cluster-ttl-s",
             str(ttl_s),
             "--min-insync",
             str(min_insync),
+            *extra,
         ),
         serves=False,
     )
+
+
+def peer(node: NodeProcess) -> str:
+    """The address ``node``'s peers reach it at (its ``--peer``)."""
+    return node.options[node.options.index("--peer") + 1]
 
 
 def start_nodes(etcd, tmp_path, cluster: str, count: int = 3, ttl_s: int = 10, min_insync: int = 2):
@@ -115,7 +128,7 @@ def test_three_nodes_elect_a_leader_whose_followers_catch_up_into_the_isr(etcd, 
         }
         for status in statuses.values():
             assert status["isr_epoch"] == epoch
-            assert status["nodes"] == {f"n{i}": f"tcp://127.0.0.1:{7100 + i}" for i in range(3)}
+            assert status["nodes"] == {f"n{i}": peer(node) for i, node in enumerate(nodes)}
         shipping = statuses[leader]["replication"]
         assert shipping["mode"] == "leader"
         assert set(shipping["followers"]) == set(ALL_THREE) - {leader}
@@ -274,7 +287,7 @@ def test_bad_cluster_options_are_one_line_and_exit_2(tmp_path, options, said):
 def test_another_clusters_data_and_a_name_in_use_are_refused_in_one_line(etcd, tmp_path):
     (first,) = start_nodes(etcd, tmp_path, "owned", count=1)
     try:
-        common = ("--etcd", ",".join(etcd.endpoints), "--peer", "tcp://127.0.0.1:7200")
+        common = ("--etcd", ",".join(etcd.endpoints), "--peer", f"tcp://127.0.0.1:{free_port()}")
         taken = warren_node(
             tmp_path,
             "--data-dir",
@@ -288,7 +301,7 @@ def test_another_clusters_data_and_a_name_in_use_are_refused_in_one_line(etcd, t
         assert taken.returncode == 2
         assert not (tmp_path / "other").exists()  # refused before anything was written
         assert taken.stderr.strip().splitlines() == [
-            "warren: another node named 'n0' is in cluster 'owned' (at tcp://127.0.0.1:7100): "
+            f"warren: another node named 'n0' is in cluster 'owned' (at {peer(first)}): "
             "give each node of a cluster its own name"
         ]
         first.stop()
@@ -321,7 +334,7 @@ def test_the_leaders_metrics_and_api_show_its_cluster_and_a_lone_node_shows_none
 
     options = {
         "etcd": etcd.endpoints,
-        "peer": "tcp://127.0.0.1:7300",
+        "peer": f"tcp://127.0.0.1:{free_port()}",
         "http": "127.0.0.1:0",
         "min_insync": 1,
     }
@@ -358,7 +371,7 @@ def test_the_management_page_shows_the_cluster_its_role_leader_and_epoch(etcd, t
         pytest.skip("chromium is not installed (Debian: apt-get install chromium; .ci/run does)")
     options = {
         "etcd": etcd.endpoints,
-        "peer": "tcp://127.0.0.1:7400",
+        "peer": f"tcp://127.0.0.1:{free_port()}",
         "http": "127.0.0.1:0",
         "min_insync": 1,
     }
@@ -373,7 +386,7 @@ def test_a_crash_elsewhere_in_the_leaders_tree_costs_no_election(etcd, tmp_path)
     from warren.supervisor import Node
     from warren.supervisor.chaos.faults import kill_processes
 
-    options = {"etcd": etcd.endpoints, "peer": "tcp://127.0.0.1:7500", "min_insync": 1}
+    options = {"etcd": etcd.endpoints, "peer": f"tcp://127.0.0.1:{free_port()}", "min_insync": 1}
     with Node(
         tmp_path / "n0", name="n0", cluster="steady", listen="tcp://127.0.0.1:*", **options
     ) as node:

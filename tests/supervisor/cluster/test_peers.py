@@ -138,7 +138,7 @@ def test_a_deposed_leader_is_refused_by_a_follower_that_heard_its_successor(wire
     wire.write("f", b"epoch 5")
     link.pump(epoch=5)
     wire.write("f", b"stale!!", offset=0)
-    with pytest.raises(PeerError, match="batch of epoch 4 came after epoch 5"):
+    with pytest.raises(PeerError, match="batch of epoch 4, where a leader of epoch 5 spoke"):
         link.pump(epoch=4)
 
 
@@ -215,3 +215,26 @@ def test_a_full_sync_cut_short_by_the_followers_disk_is_synced_whole_again(wire,
     link.known = False  # as a link that comes back to it
     assert link.pump(epoch=1) == 6 and wire.same()
     assert Replica(str(wire.follower_dir)).level
+
+
+def test_a_new_leadership_at_the_same_epoch_syncs_the_follower_whole(wire, tmp_path):
+    wire.follower()
+    link = wire.link()
+    for n in range(3):
+        wire.write("a", b"first log %d" % n)
+    assert link.pump(epoch=5) == 3 and wire.same()
+    # The node stopped leading and led again at the same epoch: its log starts over at
+    # action 1, where the follower's position (3) means something else entirely.
+    wire.log = ActionLog("n1")
+    relink = FollowerLink(
+        link.socket.context, wire.endpoint, "c", "n2", wire.log, str(tmp_path / "leader")
+    )
+    try:
+        for n in range(4):
+            wire.write("b", b"second log %d" % n, offset=n * 12)
+        assert relink.pump(epoch=5) == 4  # synced whole: its position is the new log's
+        assert relink.needs_sync is False and wire.same()
+        wire.write("b", b"then a batch")
+        assert relink.pump(epoch=5) == 5 and wire.same()
+    finally:
+        relink.close()

@@ -4,10 +4,17 @@ leader confirmed is on the node that takes over when the leader's machine is los
 and rejoins the ISR holding the leader's files; a leader short of ``min_insync`` copies
 confirms nothing, and what it holds back is confirmed once a follower has caught up."""
 
+import contextlib
+import json
+
+import psutil
+
 from warren import connect
+from warren.errors import Nacked
 from warren.supervisor.cluster.replication import manifest
 
 from ...waiting import wait_for
+from ..node.test_metrics import fetch
 from .test_cluster_nodes import (
     ALL_THREE,
     agreed_leader,
@@ -16,6 +23,15 @@ from .test_cluster_nodes import (
     lose_machine,
     start_nodes,
 )
+
+
+def titled(node, title: str) -> psutil.Process | None:
+    """The process of ``node`` titled ``title``."""
+    for child in psutil.Process(node.process.pid).children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if child.cmdline()[:1] == [title]:
+                return child
+    return None
 
 
 def same_files(one, other) -> bool:
@@ -38,7 +54,17 @@ def test_every_confirmed_message_survives_the_loss_of_the_leaders_machine(etcd, 
             for order in orders[:50]:  # one commit each
                 connection.publish("orders", order)
             connection.publish_many("orders", orders[50:])  # commits of many
-            connection.publish_many("events", events)
+            connection.publish_many("events", events[:60], producer_id="feed", sequence=0)
+            # The stream's process killed and started again: what it wrote last may never
+            # have been shipped, so the followers are synced whole before the next commit.
+            stream = titled(first, "warren: stream events")
+            stream.kill()
+            wait_for(lambda: (again := titled(first, "warren: stream events")) and again != stream)
+            wait_for(lambda: cluster_status(first)["replication"]["counters"]["resyncs"], 60)
+            for _ in range(2):  # the first may meet the restart: sent again, never twice
+                with contextlib.suppress(Nacked):
+                    connection.publish_many("events", events[60:], producer_id="feed", sequence=60)
+                    break
         lose_machine(first)
         others = [node for node in nodes if node is not first]
         wait_for(lambda: (agreed := agreed_leader(others)) and agreed[1] > epoch, timeout=60)
@@ -73,8 +99,16 @@ def test_a_leader_short_of_min_insync_copies_confirms_only_once_a_follower_caugh
         # Its stores' first writes wait for a second copy: it leads, but serves nothing.
         wait_for(lambda: cluster_status(first)["replication"]["waiting_commits"], timeout=60)
         assert cluster_status(first)["isr"] == ["n0"]
-        nodes.append(second := cluster_node(etcd, tmp_path, "few", 1, ttl_s=5, min_insync=2))
+        scraped = ("--http", "127.0.0.1:0")
+        nodes.append(
+            second := cluster_node(etcd, tmp_path, "few", 1, ttl_s=5, min_insync=2, extra=scraped)
+        )
         wait_for(lambda: cluster_status(first)["isr"] == ["n0", "n1"], timeout=60)
+        # a follower is scraped as any node: it says it follows, and whom
+        http = json.loads((second.data_dir / "node.json").read_text())["http_endpoint"]
+        status, _, body = fetch(http + "/metrics")
+        assert status == 200 and "warren_cluster_leader 0.0" in body.decode()
+        assert json.loads(fetch(http + "/api/cluster")[2])["leader"] == "n0"
         with connect(first.endpoint, wait=60, recover=False) as connection:
             connection.declare_queue("orders")
             connection.publish("orders", b"two copies")

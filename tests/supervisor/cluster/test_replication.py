@@ -143,10 +143,10 @@ def test_a_follower_killed_after_any_action_of_a_batch_ends_as_the_leader_when_i
 def _kill_at_the_last(module):
     write = module._write_position
 
-    def write_until_the_last(data_dir, epoch, applied, level):
+    def write_until_the_last(data_dir, epoch, applied, level, log):
         if applied == len(EARLIER) + len(TRICKY):
             raise Killed
-        write(data_dir, epoch, applied, level)
+        write(data_dir, epoch, applied, level, log)
 
     return write_until_the_last
 
@@ -283,11 +283,12 @@ def test_a_full_sync_brings_a_follower_level_writing_only_the_blocks_that_differ
     replica.apply(1, [FileAction(1, "write", "seen", data=b"x"), FileAction(2, "delete", "seen")])
     actions = list(sync_actions(str(leader), manifest(str(leader)), manifest(str(follower))))
     assert replica.apply(2, actions, resync_to=40) == 40  # the leader's position at the sync
-    assert tree(follower) == {k: v for k, v in tree(leader).items() if not k.endswith(".tmp")}
+    assert tree(follower) == tree(leader)
     assert (follower / "node.lock").read_bytes() == b"the follower's own"
     written = sum(len(a.data) for a in actions)
     expected = {"empty": len(big), "behind": BLOCK_BYTES + 123, "diverged": BLOCK_BYTES + 123}
-    assert written == expected[start] + 2  # and definitions.json's two bytes
+    leftover = len(b"a killed replace's leftover")
+    assert written == expected[start] + 2 + leftover  # and definitions.json's two bytes
     assert Replica(str(follower)).applied == 40
 
 
@@ -299,3 +300,20 @@ def test_a_position_torn_by_a_crash_reads_as_none_so_the_replica_is_synced_whole
     position.write_bytes(position.read_bytes()[:20])  # the write cut short
     again = Replica(str(tmp_path))
     assert (again.epoch, again.applied, again.level) == (0, 0, False)
+
+
+def test_a_replace_begun_before_a_full_sync_and_renamed_after_it_lands_whole(tmp_path):
+    leader, follower = tmp_path / "leader", tmp_path / "follower"
+    write(leader, "definitions.json", b"old")
+    follower.mkdir()
+    log = ActionLog("n1")
+    write(leader, "definitions.json.77.tmp", b"new")  # written, then the sync begins
+    log.record("write", "definitions.json.77.tmp", data=b"new")
+    at = log.position
+    actions = list(sync_actions(str(leader), manifest(str(leader)), manifest(str(follower))))
+    os.replace(leader / "definitions.json.77.tmp", leader / "definitions.json")
+    rename = log.record("rename", "definitions.json.77.tmp", target="definitions.json")
+    replica = Replica(str(follower))
+    replica.apply(2, actions, log=log.identity, resync_to=at)
+    replica.apply(2, [rename], log=log.identity)
+    assert tree(follower) == tree(leader) == {"definitions.json": b"new"}
