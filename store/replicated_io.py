@@ -37,10 +37,11 @@ Races it guards against:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,6 +62,7 @@ __all__ = [
     "fsync",
     "ftruncate",
     "node_own",
+    "one_commit",
     "open",
     "pwrite",
     "pwritev",
@@ -191,13 +193,21 @@ def _named(journal: _Journal, path: str | os.PathLike, dir_fd: int | None) -> st
     return journal.relative(os.path.join(os.path.realpath(directory), name))
 
 
+def _kept(data: Any, count: int) -> bytes:
+    """The first ``count`` bytes of ``data``, as bytes no caller can change: a whole
+    ``bytes`` object as it is, anything else (a reused buffer, a view) copied."""
+    if type(data) is bytes and len(data) == count:
+        return data
+    return bytes(memoryview(data).cast("B")[:count])
+
+
 def write(fd: int, data: Any) -> int:
     """``os.write``, recorded at the offset it wrote at."""
     count = os.write(fd, data)
     journal = _journal
     if journal is not None and count:
         end = os.lseek(fd, 0, os.SEEK_CUR)
-        chunk = bytes(memoryview(data).cast("B")[:count])
+        chunk = _kept(data, count)
         journal.record("write", _fd_path(journal, fd), offset=end - count, data=chunk)
     return count
 
@@ -214,14 +224,14 @@ def writev(fd: int, buffers: Sequence[Any]) -> int:
 
 
 def _joined(buffers: Sequence[Any]) -> bytes:
-    return b"".join(bytes(memoryview(buffer).cast("B")) for buffer in buffers)
+    return b"".join(buffers)  # a copy of each, whatever bytes-like object it is
 
 
 def pwrite(fd: int, data: Any, offset: int) -> int:
     count = os.pwrite(fd, data, offset)
     journal = _journal
     if journal is not None and count:
-        chunk = bytes(memoryview(data).cast("B")[:count])
+        chunk = _kept(data, count)
         journal.record("write", _fd_path(journal, fd), offset=offset, data=chunk)
     return count
 
@@ -314,15 +324,37 @@ def remove_tree(path: str | os.PathLike, *, ignore_errors: bool = False) -> None
 
 
 def fdatasync(fd: int) -> None:
-    """``os.fdatasync``, then a commit (see the module docstring)."""
+    """``os.fdatasync``, then a commit (see the module docstring), unless inside
+    ``one_commit``."""
     os.fdatasync(fd)
-    commit()
+    if not getattr(_deferring, "depth", 0):
+        commit()
 
 
 def fsync(fd: int) -> None:
-    """``os.fsync`` (a file's, a directory's), then a commit."""
+    """``os.fsync`` (a file's, a directory's), then a commit, unless inside
+    ``one_commit``."""
     os.fsync(fd)
-    commit()
+    if not getattr(_deferring, "depth", 0):
+        commit()
+
+
+_deferring = threading.local()
+
+
+@contextlib.contextmanager
+def one_commit() -> Iterator[None]:
+    """The syncs of a group commit (a file's, then its directory's, then another
+    file's) made one commit, at the end: one round trip to the followers, not one a
+    sync. Nothing is confirmed before it returns, so nothing is lost by the wait; an
+    exception inside sends nothing (what was recorded goes with the next commit)."""
+    _deferring.depth = getattr(_deferring, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _deferring.depth -= 1
+    if not _deferring.depth:
+        commit()
 
 
 def commit() -> None:

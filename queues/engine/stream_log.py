@@ -657,9 +657,9 @@ class PendingSync:
         """Flush and close the duplicates (the only blocking step; any thread); an
         OSError means nothing it covers may be confirmed, nor anything after it."""
         try:
-            for flush, fd in self._flush:
-                flush(fd)
-            replicated_io.commit()  # the writes, even where no flush is asked for
+            with replicated_io.one_commit():  # the writes, even where no flush is asked
+                for flush, fd in self._flush:
+                    flush(fd)
         except OSError as exc:
             self._failed(exc)
             raise

@@ -554,8 +554,8 @@ class VariableQueue:
         self._check_open()
         slow_sync()
         self._write_unwritten()
-        self._flushed_files().sync()
-        replicated_io.commit()  # the writes, even where no fsync covers them
+        with replicated_io.one_commit():  # the writes, even where no fsync covers them
+            self._flushed_files().sync()
         confirmed, self._confirmed = self._confirmed, []
         confirmed += self._index_unsynced  # in this queue's own store: durable now
         for seq_id in self._shared_unsynced:

@@ -256,16 +256,16 @@ class FileChanges(_StoreState):
     def _sync_to_disk(self) -> None:
         self._flush()
         self._removals.write()
-        if self._fsync:
-            slow_sync()
-            if self._data_unsynced:
-                replicated_io.fdatasync(self._current_fd)
-                self.counters["syncs"] += 1
-            if self._directory_unsynced:
-                replicated_io.fsync(self._dir_fd)
-                self.counters["syncs"] += 1
-                self._directory_unsynced = False
-        replicated_io.commit()  # the writes, even where the policy asks for no fsync
+        with replicated_io.one_commit():  # the writes, even where no fsync covers them
+            if self._fsync:
+                slow_sync()
+                if self._data_unsynced:
+                    replicated_io.fdatasync(self._current_fd)
+                    self.counters["syncs"] += 1
+                if self._directory_unsynced:
+                    replicated_io.fsync(self._dir_fd)
+                    self.counters["syncs"] += 1
+                    self._directory_unsynced = False
         self._data_unsynced = False
 
     def _delete_empty_file(self, file: int, wait_s: float = SWITCH_DEADLINE_SECONDS) -> None:

@@ -182,7 +182,8 @@ class FollowerLink:
         self.last_error: str | None = None
 
     def _ask(self, header: dict[str, Any], actions: Sequence[FileAction] = ()) -> dict[str, Any]:
-        self.socket.send_multipart(_frames({"cluster": self.cluster, **header}, actions))
+        frames = _frames({"cluster": self.cluster, **header}, actions)
+        self.socket.send_multipart(frames, copy=False)  # the data frames as they are
         if not self.socket.poll(int(ANSWER_TIMEOUT_S * 1000)):
             self._reconnect()
             raise PeerError(f"{self.follower} at {self.endpoint} did not answer")
