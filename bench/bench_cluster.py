@@ -36,7 +36,7 @@ from collections.abc import Iterator
 import psutil
 
 from warren import connect
-from warren.supervisor.node.node import query_status
+from warren.supervisor.node.node import answers_status, query_status
 
 from .table import Row, median, render, scale_of, scratch_directory
 
@@ -112,14 +112,7 @@ class NodeRun:
             stderr=subprocess.DEVNULL,
             start_new_session=True,
         )
-        wait_until(self.answers)
-
-    def answers(self) -> bool:
-        try:
-            query_status(self.data_dir, timeout_ms=1000)
-        except OSError:
-            return False
-        return True
+        wait_until(lambda: answers_status(self.data_dir))
 
     def cluster(self) -> dict:
         return query_status(self.data_dir).get("cluster") or {}

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 from warren.actors.errors import InvalidSpec
@@ -90,12 +91,7 @@ def _connect(
                 connect_timeout_s=min(connect_timeout_s, timeout_s),
             )
 
-        node = reconnect_tcp()
-        try:
-            return Connection(node, on_close=node.close, reconnect=reconnect_tcp, **options)
-        except BaseException:  # a bad option: the transport just opened is closed
-            node.close()
-            raise
+        return _over_tcp(reconnect_tcp, options)
     if key_file is not None or key is not None:
         raise InvalidArgument(
             f"{'key_file' if key_file is not None else 'key'} is for a tcp:// address; a "
@@ -146,9 +142,15 @@ def _connect_cluster(
             return node
         raise NodeNotRunning("no node of the cluster serves: " + "; ".join(refusals))
 
-    node = reconnect_cluster()
+    return _over_tcp(reconnect_cluster, options)
+
+
+def _over_tcp(reconnect: Callable[..., TcpNode], options: dict[str, Any]) -> Connection:
+    """A connection over the transport ``reconnect()`` opens, which it opens again to
+    recover."""
+    node = reconnect()
     try:
-        return Connection(node, on_close=node.close, reconnect=reconnect_cluster, **options)
+        return Connection(node, on_close=node.close, reconnect=reconnect, **options)
     except BaseException:  # a bad option: the transport just opened is closed
         node.close()
         raise

@@ -1468,6 +1468,16 @@ def check_node_directory(
         )
 
 
+def answers_status(data_dir: str | os.PathLike, timeout_ms: int = 1000) -> bool:
+    """Whether a node runs on ``data_dir`` and answers ``warren status`` (whatever its
+    role in a cluster: a follower serves no client, but answers this)."""
+    try:
+        query_status(data_dir, timeout_ms=timeout_ms)
+    except OSError:
+        return False
+    return True
+
+
 def query_status(data_dir: str | os.PathLike, timeout_ms: int = STATUS_TIMEOUT_MS) -> dict:
     """Ask the node running on ``data_dir`` for its status; OSError if none answers."""
     path = os.path.join(os.fspath(data_dir), NODE_FILE)

@@ -23,7 +23,7 @@ from pathlib import Path
 import psutil
 
 from warren import connect
-from warren.supervisor.node.node import query_status
+from warren.supervisor.node.node import answers_status
 
 from ...waiting import group_alive, wait_for
 
@@ -70,7 +70,7 @@ class NodeProcess:
         )
         try:
             if not self.serves:
-                wait_for(self.answers, timeout=60)
+                wait_for(lambda: answers_status(self.data_dir), timeout=60)
             for transport in TRANSPORTS if self.serves else ():  # it serves, on both
                 connect(self.target(transport), wait=60, recover=False).close()
         except BaseException:
@@ -83,14 +83,6 @@ class NodeProcess:
         os.killpg(self.process.pid, signal.SIGKILL)
         self.process.wait()
         wait_for(lambda: not group_alive(self.process.pid), timeout=30)
-
-    def answers(self) -> bool:
-        """Whether the node answers ``warren status`` (it runs, whatever its role)."""
-        try:
-            query_status(self.data_dir, timeout_ms=1000)
-        except OSError:
-            return False
-        return True
 
     def restart(self) -> None:
         self.kill()
