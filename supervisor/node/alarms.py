@@ -124,9 +124,9 @@ class AlarmLimits:
 class AlarmChange:
     """One alarm raised or cleared, with the reading and the limit that decided it."""
 
-    resource: str  # "memory" or "disk"
+    resource: str  # "memory", "disk", or a cluster leader's "replication"
     raised: bool
-    value: int  # bytes used (memory) or free (disk)
+    value: int  # bytes used (memory) or free (disk); nodes in sync (replication)
     limit: int
 
 

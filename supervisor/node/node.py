@@ -182,7 +182,7 @@ from ..specs import (
 from ..supervisor import RestartCounts, Supervisor
 from ..tables import counted
 from ..version import __version__
-from .alarms import AlarmLimits, ResourceMonitor
+from .alarms import AlarmChange, AlarmLimits, ResourceMonitor
 from .http_endpoint import HttpEndpoint, check_http_address
 from .metrics import NodeFigures
 
@@ -219,6 +219,7 @@ AMQP_NAME = "amqp"  # the AMQP 0-9-1 port's actor (Node(amqp=...))
 CLUSTER_SUP = "cluster_sup"  # the coordinator's supervisor (Node(cluster=...))
 COMMIT_SOCKET = "replication"  # in the runtime directory: where the node's writers commit
 LEADERSHIP_LOOK_S = 0.2  # how often a node in a cluster looks whether it leads
+REPLICATION_ALARM = "replication"  # a leader's ISR is short of min_insync nodes
 # What other processes may call on the node through its control socket (warren.connect).
 QUEUE_SUP_PREFIX = "queue_sup "  # each queue's own supervisor, under queue_sup
 QUEUE_FLAGS = SupervisorFlags("one_for_one", intensity=3, period_s=60.0)
@@ -1237,7 +1238,7 @@ class Node:
         told: dict[str, tuple[int, frozenset[str]]] = {}  # address -> (incarnation, raised)
         while not self._closing.wait(self.limits.check_interval_s):
             try:
-                changes = self.alarms.check()
+                changes = self.alarms.check() + self._replication_alarm()
                 for change in changes:
                     log.warning(
                         "node %s: %s alarm %s (%d against a limit of %d)",
@@ -1257,6 +1258,21 @@ class Node:
                 self._forget_auto_deleted()
             except Exception:  # the watch must outlive one bad reading; logged
                 log.exception("node %s: checking the resource alarms failed", self.name)
+
+    def _replication_alarm(self) -> list[AlarmChange]:
+        """A leader's ``replication`` alarm: raised while its ISR holds fewer nodes than
+        ``min_insync`` (its commits wait: no confirm may rest on fewer copies), so that
+        publishers are held back, as by a full disk, until a follower has caught up."""
+        if self.cluster is None:
+            return []
+        status = (self.cluster_status() or {}) if self._data_running else {}
+        shipping = status.get("replication") or {}
+        in_sync, needed = len(status.get("isr") or ()), shipping.get("min_insync", 0)
+        short = shipping.get("mode") == "leader" and in_sync < needed
+        if short == (REPLICATION_ALARM in self.alarms.active):
+            return []
+        (self.alarms.active.add if short else self.alarms.active.discard)(REPLICATION_ALARM)
+        return [AlarmChange(REPLICATION_ALARM, short, in_sync, needed)]
 
     def _tell_alarms(self, told: dict[str, tuple[int, frozenset[str]]]) -> None:
         """Bring every actor's view of the alarms up to date: a change is told to all, and

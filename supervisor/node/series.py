@@ -601,6 +601,11 @@ RESOURCE_GAUGES = (
 ALARMS = (
     Figure("warren_alarms_memory_used_watermark", "memory", "1 while the memory alarm is raised"),
     Figure("warren_alarms_free_disk_space_watermark", "disk", "1 while the disk alarm is raised"),
+    Figure(
+        "warren_alarms_replication",
+        "replication",
+        "1 while a cluster leader's ISR holds fewer nodes than min_insync",
+    ),
 )
 IDENTITY = Figure("warren_identity_info", "", "The node, named by the warren_node label")
 QUEUES_DECLARED = Figure("warren_queues", "", "Queues declared on the node")

@@ -12,6 +12,7 @@ import psutil
 from warren import connect
 from warren.errors import Nacked
 from warren.supervisor.cluster.replication import manifest
+from warren.supervisor.node.node import query_status
 
 from ...waiting import wait_for
 from ..node.test_metrics import fetch
@@ -117,10 +118,14 @@ def test_a_leader_short_of_min_insync_copies_confirms_only_once_a_follower_caugh
             lose_machine(second)
             held = connection.publish_async("orders", b"held back")
             wait_for(lambda: cluster_status(first)["isr"] == ["n0"], timeout=60)
+            # publishers are held back as by a full disk, and the publish waits
+            wait_for(lambda: "replication" in query_status(first.data_dir)["alarms"], 30)
+            wait_for(lambda: connection.blocked, timeout=30)
             assert not held.done()
             second.start()  # synced, written back into the ISR: the publish confirmed
             held.result(timeout=60)  # released once the ISR write is done: seen next
             wait_for(lambda: cluster_status(first)["isr"] == ["n0", "n1"], timeout=10)
+            wait_for(lambda: not connection.blocked, timeout=30)
             assert connection.queue_stats("orders")["messages_ready"] == 2
     finally:
         for node in nodes:
