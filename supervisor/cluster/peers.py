@@ -217,18 +217,20 @@ class FollowerLink:
         is not level with this leader's log); its position, acknowledged."""
         if not self.known:
             self._hello(epoch)
+        identity = self.log.identity  # a renewed log ignores what this pump learns
         batch = None if self.needs_sync else self.log.batch_for(self.follower, BATCH_ACTIONS)
         if batch is None:
             return self._full_sync(epoch)
         if not batch:
             return self.log.acked.get(self.follower, 0)
-        header = {"kind": "batch", "epoch": epoch, "log": self.log.identity}
-        return self._acknowledged(self._ask(header, batch))
+        header = {"kind": "batch", "epoch": epoch, "log": identity}
+        return self._acknowledged(self._ask(header, batch), identity)
 
     def _hello(self, epoch: int) -> None:
         """Where the follower stands. Its position counts only when a full sync from this
         leader's epoch ended there and the log reaches it; anything else (a new follower,
         one of another leader, one whose sync was cut short) is synced whole."""
+        identity = self.log.identity
         state = self._ask({"kind": "hello", "epoch": epoch})
         if state.get("kind") != "state":
             self.last_error = str(state.get("reason", state))
@@ -237,28 +239,26 @@ class FollowerLink:
             their_epoch, applied = int(state["epoch"]), int(state["applied"])
         except (KeyError, TypeError, ValueError):
             raise PeerError(f"{self.endpoint} answered a hello with {state!r}") from None
-        level = (
-            bool(state.get("level"))
-            and their_epoch == epoch
-            and state.get("log") == self.log.identity
-        )
+        level = bool(state.get("level")) and their_epoch == epoch and state.get("log") == identity
         self.needs_sync = not level or applied > self.log.position
         if not self.needs_sync:
-            self.log.resynced(self.follower, applied)
+            self.log.resynced(self.follower, applied, identity)
         self.known = True
 
-    def _acknowledged(self, answer: dict[str, Any]) -> int:
+    def _acknowledged(self, answer: dict[str, Any], identity: str) -> int:
+        """The follower's answer to a batch of the log ``identity`` taken in (nothing,
+        if the log was renewed since: its position is then unknown)."""
         try:
             if answer.get("kind") == "ack":
-                self.log.acknowledge(self.follower, int(answer["applied"]))
+                self.log.acknowledge(self.follower, int(answer["applied"]), identity)
                 self.last_error = None
-                return self.log.acked[self.follower]
+                return self.log.acked.get(self.follower, 0)
             if answer.get("kind") == "refused" and "needed" in answer:
                 needed = int(answer["needed"])
                 if needed - 1 > self.log.position:  # ahead of this log: not its data
                     self.needs_sync = True
                 else:
-                    self.log.resynced(self.follower, needed - 1)
+                    self.log.resynced(self.follower, needed - 1, identity)
                 return self.log.acked.get(self.follower, 0)
         except (KeyError, TypeError, ValueError):
             raise PeerError(f"{self.endpoint} answered a batch with {answer!r}") from None
@@ -271,7 +271,7 @@ class FollowerLink:
         batches of about ``SYNC_BATCH_BYTES``. All but the last set the replica's
         position to 0, so that a follower killed mid-sync is synced again from the
         start, never taken for one that has the log up to where it was."""
-        position = self.log.position
+        identity, position = self.log.identity, self.log.position
         theirs = self._ask({"kind": "manifest", "epoch": epoch})
         if theirs.get("kind") != "manifest":
             self.last_error = str(theirs.get("reason", theirs))
@@ -283,27 +283,22 @@ class FollowerLink:
             }
         except (KeyError, TypeError, ValueError, AttributeError):
             raise PeerError(f"{self.endpoint} answered a manifest request badly") from None
-        self.log.resynced(self.follower, 0)
+        self.log.resynced(self.follower, 0, identity)
         batches = _sized(sync_actions(self.data_dir, manifest(self.data_dir), files))
         batch = next(batches, [])
         for following in batches:
             header = {
                 "kind": "batch",
                 "epoch": epoch,
-                "log": self.log.identity,
+                "log": identity,
                 "resync_to": 0,
                 "partial": True,
             }
-            self._acknowledged(self._ask(header, batch))
+            self._acknowledged(self._ask(header, batch), identity)
             batch = following
-        header = {
-            "kind": "batch",
-            "epoch": epoch,
-            "log": self.log.identity,
-            "resync_to": position,
-        }
-        acked = self._acknowledged(self._ask(header, batch))
-        self.needs_sync = False
+        header = {"kind": "batch", "epoch": epoch, "log": identity, "resync_to": position}
+        acked = self._acknowledged(self._ask(header, batch), identity)
+        self.needs_sync = identity != self.log.identity  # renewed meanwhile: again
         return acked
 
     def close(self) -> None:

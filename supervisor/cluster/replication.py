@@ -395,22 +395,36 @@ class ActionLog:
             stop = min(start + limit, len(self.kept))
             return [self.kept[index] for index in range(start, stop)]
 
-    def acknowledge(self, follower: str, position: int) -> None:
-        """``follower`` has every action up to ``position`` on its disk."""
+    def acknowledge(self, follower: str, position: int, identity: str) -> None:
+        """``follower`` has every action up to ``position`` of the log ``identity`` on
+        its disk (nothing, when that log was renewed since)."""
         with self.lock:
+            if identity != self.identity:
+                return
             if not 0 <= position <= self.position:
                 raise ValueError(
                     f"{follower} acknowledged action {position}; the log is at {self.position}"
                 )
             self.acked[follower] = max(self.acked.get(follower, 0), position)
 
-    def resynced(self, follower: str, position: int) -> None:
-        """``follower`` was brought level by a full sync at ``position`` (lower, too: a
-        follower whose disk was replaced starts over)."""
+    def resynced(self, follower: str, position: int, identity: str) -> None:
+        """``follower`` was brought level with the log ``identity`` at ``position`` (by
+        a full sync, or found there: lower, too, for a follower whose disk was replaced);
+        nothing when that log was renewed since."""
         with self.lock:
+            if identity != self.identity:
+                return
             if not 0 <= position <= self.position:
                 raise ValueError(f"a full sync to {position}; the log is at {self.position}")
             self.acked[follower] = position
+
+    def renew(self) -> None:
+        """A new identity, and no follower's position known any more: each is synced
+        whole before it counts again (a writer of the leader ended with writes it never
+        committed, which no follower has)."""
+        with self.lock:
+            self.identity = uuid.uuid4().hex
+            self.acked = dict.fromkeys(self.acked, 0)
 
     def lag(self, follower: str) -> tuple[int, int]:
         """How many actions, and bytes of data, ``follower`` lacks (the bytes counted

@@ -337,11 +337,16 @@ class Shipping:
             self.replica_server = None
 
     def _resync(self) -> None:
+        """Renew the log (every follower's position unknown, an ack of the old log
+        ignored) and have each link ask where its follower stands: the hello finds
+        another log, and the follower is synced whole. Nothing is joined: it is quick."""
         if self.mode != "leader" or self.log is None:
             return
-        self._stop_links()  # joined: no ack of theirs moves the commit point after this
-        for follower in list(self.log.acked):
-            self.log.resynced(follower, 0)
+        self.log.renew()
+        for link in self.links.values():
+            link.link.known = False
+        with self.changed:
+            self.changed.notify_all()
         self.counters["resyncs"] += 1
         log.warning("replication: a process of the node ended unsynced: syncing followers whole")
 

@@ -1162,11 +1162,18 @@ class Node:
                     self._stop_data(coordinator)
                 finally:
                     self._data_starting = False
-            elif not self._data_running and shipping == "idle":
-                # a coordinator (re)started while none of the node's processes writes
+            elif not self._data_running and (
+                shipping == "idle" or (shipping == "leader" and role != "leader")
+            ):
+                # a coordinator (re)started while none of the node's processes writes, or
+                # one that took the directory for a start that never came (a LeadData
+                # answered too late): the directory is the replica's
                 coordinator.ask(FollowData(serve=True), timeout=STATS_TIMEOUT_S * 15)
 
     def _start_data(self) -> None:
+        restarts = self._tree.restart_counts
+        if isinstance(restarts, _ResyncOnRestart):
+            restarts.new_leadership()
         with self._definitions_lock:
             self._open_definitions()
         children = self._data_children()
@@ -1265,7 +1272,9 @@ class Node:
         publishers are held back, as by a full disk, until a follower has caught up."""
         if self.cluster is None:
             return []
-        status = (self.cluster_status() or {}) if self._data_running else {}
+        status = self.cluster_status() if self._data_running else {}
+        if status is None:  # the coordinator did not answer in time: nothing known
+            return []
         shipping = status.get("replication") or {}
         in_sync, needed = len(status.get("isr") or ()), shipping.get("min_insync", 0)
         short = shipping.get("mode") == "leader" and in_sync < needed
@@ -1549,19 +1558,26 @@ def _replicated_environment(data_dir: str, commit_endpoint: str | None) -> Itera
 
 class _ResyncOnRestart(RestartCounts):
     """A leader's restart counts, which also tell its coordinator before a process that
-    writes the data directory starts again (``Resync``): the one it replaces may have
-    ended with writes it never committed, which the followers lack."""
+    writes the data directory starts again within one leadership (``Resync``): the one
+    it replaces may have ended with writes it never committed, which the followers
+    lack. (A leadership's first start of each needs none: a new leadership's log is a
+    new one, which syncs every follower whole.)"""
 
     def __init__(self, node: Node) -> None:
         super().__init__()
         self._node = node
+        self._started_in_leadership: set[str] = set()
+
+    def new_leadership(self) -> None:
+        self._started_in_leadership = set()
 
     def starting(self, name: str) -> None:
         super().starting(name)
         node = self._node
-        if self.of(name) == 0 or name == COORDINATOR_NAME:
+        if name == COORDINATOR_NAME or not (node._data_running or node._data_starting):
             return
-        if not (node._data_running or node._data_starting):
+        if name not in self._started_in_leadership:
+            self._started_in_leadership.add(name)
             return
         coordinator = node._actor_node.whereis(COORDINATOR_NAME)
         if coordinator is None:

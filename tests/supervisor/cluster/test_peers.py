@@ -112,7 +112,7 @@ def test_a_follower_the_log_left_behind_is_synced_whole_in_several_batches(wire,
     monkeypatch.setattr(peers, "SYNC_BATCH_BYTES", 1000)
     for n in range(10):
         wire.write(f"queues/q{n}/0.qi", os.urandom(700))
-    wire.log.acknowledge("n9", wire.log.position)  # another follower had it all
+    wire.log.acknowledge("n9", wire.log.position, wire.log.identity)  # another follower had it all
     wire.log.release()  # the log keeps nothing n2 would need
     wire.follower()
     link = wire.link()
@@ -127,7 +127,7 @@ def test_a_batch_whose_ack_was_lost_is_not_applied_twice_and_the_link_moves_on(w
     wire.write("f", b"abc")
     wire.write("g", b"def")
     link.pump(epoch=1)
-    wire.log.resynced("n2", 0)  # as if both acks had been lost
+    wire.log.resynced("n2", 0, wire.log.identity)  # as if both acks had been lost
     assert link.pump(epoch=1) == 2  # refused with "needed 3": the link takes that
     assert wire.same()
 
@@ -238,3 +238,22 @@ def test_a_new_leadership_at_the_same_epoch_syncs_the_follower_whole(wire, tmp_p
         assert relink.pump(epoch=5) == 5 and wire.same()
     finally:
         relink.close()
+
+
+def test_a_renewed_log_syncs_a_level_follower_whole_and_ignores_the_old_logs_acks(wire):
+    wire.follower()
+    link = wire.link()
+    wire.write("s", b"chunk 1 ")
+    assert link.pump(epoch=2) == 1 and wire.same()
+    # A writer of the leader killed with a write it never committed: on the leader's
+    # disk, never shipped (no action); its successor's next write lands after it.
+    with open(os.path.join(os.path.dirname(wire.follower_dir), "leader", "s"), "ab") as file:
+        file.write(b"lost 2 ")
+    identity = wire.log.identity
+    wire.log.renew()  # the node's Resync, before the successor writes
+    wire.write("s", b"chunk 3", offset=15)
+    wire.log.acknowledge("n2", wire.log.position, identity)  # a late ack of the old log
+    assert wire.log.acked["n2"] == 0
+    link.known = False
+    assert link.pump(epoch=2) == wire.log.position  # synced whole: the hole filled
+    assert wire.same()

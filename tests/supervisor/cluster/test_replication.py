@@ -54,7 +54,7 @@ def test_a_follower_applying_the_leaders_actions_ends_with_the_leaders_files(tmp
         "msg_store_persistent/0.rdq": b"x" * 40,
     }
     assert Replica(str(tmp_path)).applied == 10  # durable: a restarted follower knows it
-    log.acknowledge("n2", 10)
+    log.acknowledge("n2", 10, log.identity)
     assert log.committed(["n1", "n2"]) == 10 and log.committed(["n1", "n2", "n3"]) == 0
     assert log.committed(["n1"]) == 10  # the leader alone has everything
 
@@ -243,16 +243,16 @@ def test_the_log_keeps_what_a_follower_lacks_and_refuses_an_ack_of_what_it_never
     log = ActionLog("n1")
     for n in range(5):
         log.record("write", "f", offset=n, data=b"x")
-    log.acknowledge("n2", 3)
-    log.acknowledge("n3", 5)
+    log.acknowledge("n2", 3, log.identity)
+    log.acknowledge("n3", 5, log.identity)
     assert [a.seq for a in log.batch_for("n2")] == [4, 5]
     assert log.batch_for("n3") == []
     log.release()
     assert [a.seq for a in log.kept] == [4, 5]
     assert log.batch_for("n4") is None  # it joins with nothing: the log begins at 4
     with pytest.raises(ValueError, match="n2 acknowledged action 6; the log is at 5"):
-        log.acknowledge("n2", 6)
-    log.resynced("n2", 0)  # its disk was replaced: it starts over
+        log.acknowledge("n2", 6, log.identity)
+    log.resynced("n2", 0, log.identity)  # its disk was replaced: it starts over
     assert log.committed(["n1", "n2"]) == 0
 
 
