@@ -287,6 +287,8 @@ def test_bad_cluster_options_are_one_line_and_exit_2(tmp_path, options, said):
 def test_another_clusters_data_and_a_name_in_use_are_refused_in_one_line(etcd, tmp_path):
     (first,) = start_nodes(etcd, tmp_path, "owned", count=1)
     try:
+        # registered in etcd (its status answers before its coordinator has joined)
+        wait_for(lambda: "n0" in cluster_status(first)["nodes"], timeout=60)
         common = ("--etcd", ",".join(etcd.endpoints), "--peer", f"tcp://127.0.0.1:{free_port()}")
         taken = warren_node(
             tmp_path,
