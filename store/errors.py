@@ -13,6 +13,7 @@ __all__ = [
     "DiskFull",
     "InvalidBody",
     "InvalidMessageId",
+    "ReplicationRefused",
     "StoreClosed",
     "StoreDirectoryError",
     "StoreError",
@@ -26,6 +27,13 @@ __all__ = [
 
 class StoreError(WarrenError):
     """Base class of every error the message store raises."""
+
+
+class ReplicationRefused(StoreError, OSError):
+    """A commit the cluster did not take (``warren.store.replicated_io``): the node
+    leads no more, or its coordinator did not answer; what the sync covered is not
+    confirmed. An ``OSError`` too: every writer takes it as it takes a failed fdatasync
+    (nothing confirmed, the file not trusted)."""
 
 
 class InvalidMessageId(StoreError, TypeError):

@@ -45,8 +45,6 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import StoreError
-
 __all__ = [
     "COMMIT_TIMEOUT_S",
     "ENDPOINT_VARIABLE",
@@ -54,7 +52,6 @@ __all__ = [
     "ROOT_VARIABLE",
     "RecordedAction",
     "UNREPLICATED_DIRECTORIES",
-    "ReplicationRefused",
     "commit",
     "disable",
     "enable",
@@ -90,12 +87,6 @@ def node_own(path: str) -> bool:
     """Whether ``path`` (relative to the data directory) is one of the node's own files,
     or a temporary file one is made in."""
     return any(path == own or path.startswith(own + ".") for own in NODE_OWN_FILES)
-
-
-class ReplicationRefused(StoreError, OSError):
-    """A commit the cluster did not take: the node leads no more, or its coordinator did
-    not answer; what the sync covered is not confirmed. An ``OSError`` too: every writer
-    takes it as it takes a failed fdatasync (nothing confirmed, the file not trusted)."""
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,8 @@ from collections.abc import Sequence
 import zmq
 
 from . import replicated_io
-from .replicated_io import COMMIT_TIMEOUT_S, RecordedAction, ReplicationRefused
+from .errors import ReplicationRefused
+from .replicated_io import COMMIT_TIMEOUT_S, RecordedAction
 
 __all__ = ["commit_frames", "committer_to", "recorded_actions"]
 

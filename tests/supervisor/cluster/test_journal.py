@@ -8,6 +8,7 @@ import os
 
 import pytest
 
+from warren.errors import ReplicationRefused
 from warren.queues.broker.definitions import Definitions
 from warren.queues.durable_files import write_atomically
 from warren.queues.engine.stream_log import StreamLog
@@ -103,7 +104,7 @@ def test_writes_elsewhere_to_the_nodes_own_files_and_to_the_transient_store_are_
 
 def test_a_refused_commit_fails_the_sync_as_an_os_error_and_nothing_is_taken_back(tmp_path):
     def refuse(actions):
-        raise replicated_io.ReplicationRefused(5, "the node does not lead its cluster")
+        raise ReplicationRefused(5, "the node does not lead its cluster")
 
     replicated_io.enable(str(tmp_path), committer=refuse)
     try:
