@@ -57,7 +57,7 @@ from warren.store.replication_link import recorded_actions
 from ..errors import PeerError
 from .election import ClusterView, Election
 from .peers import FollowerLink, ReplicaServer
-from .replication import ActionLog, Replica
+from .replication import ActionLog, FileAction, Replica
 
 __all__ = ["FOLLOWER_DEADLINE_S", "Shipping"]
 
@@ -375,6 +375,8 @@ class Shipping:
                 continue
             try:
                 actions = recorded_actions(frames)
+                for action in actions:  # all checked before any is recorded
+                    FileAction(1, action.kind, action.path, action.offset, b"", action.target)
                 for action in actions:
                     self.log.record(
                         action.kind,

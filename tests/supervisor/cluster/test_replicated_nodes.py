@@ -8,6 +8,7 @@ import contextlib
 import json
 
 import psutil
+import zmq
 
 from warren import connect
 from warren.errors import Nacked
@@ -161,3 +162,44 @@ def test_a_client_naming_every_node_follows_a_failover_and_loses_no_confirmed_me
     finally:
         for node in nodes:
             node.stop()
+
+
+def test_stray_and_malformed_commits_are_refused_and_the_leader_goes_on(etcd, tmp_path):
+    (node,) = start_nodes(etcd, tmp_path, "stray", count=1)
+    try:
+        wait_for(lambda: cluster_status(node)["replication"]["mode"] == "leader", timeout=60)
+        status_endpoint = json.loads((node.data_dir / "node.json").read_text())["status_endpoint"]
+        commits = status_endpoint.rsplit("/", 1)[0] + "/replication"
+        socket = zmq.Context.instance().socket(zmq.DEALER)
+        socket.linger = 0
+        socket.connect(commits)
+        header = {"kind": "commit", "pid": 1}
+        position = cluster_status(node)["replication"]["position"]
+        strays = [
+            [b"not json at all"],
+            [json.dumps({**header, "actions": [["write", "a", 0, ""]]}).encode()],  # no data
+            [json.dumps({**header, "actions": [["write", "../outside", 0, ""]]}).encode(), b"x"],
+            [json.dumps({**header, "actions": [["format", "a", 0, ""]]}).encode(), b"x"],
+            [  # a good action before a bad one: the whole commit refused, none shipped
+                json.dumps(
+                    {**header, "actions": [["write", "a", 0, ""], ["write", "/etc/x", 0, ""]]}
+                ).encode(),
+                b"x",
+                b"y",
+            ],
+        ]
+        try:
+            for frames in strays:
+                socket.send_multipart(frames)
+                assert socket.poll(30_000), frames
+                assert "refused" in json.loads(socket.recv()), frames
+        finally:
+            socket.close()
+        assert not (tmp_path / "outside").exists()
+        assert cluster_status(node)["replication"]["position"] == position
+        with connect(node.endpoint, wait=60, recover=False) as connection:
+            connection.declare_queue("orders")
+            connection.publish("orders", b"after the strays")
+            assert connection.get("orders").body == b"after the strays"
+    finally:
+        node.stop()
