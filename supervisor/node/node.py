@@ -1494,13 +1494,13 @@ def check_node_directory(
 
 
 def answers_status(data_dir: str | os.PathLike, timeout_ms: int = 1000) -> bool:
-    """Whether a node runs on ``data_dir`` and answers ``warren status`` (whatever its
-    role in a cluster: a follower serves no client, but answers this)."""
+    """Whether a node runs on ``data_dir``, has started (its tree and, in a cluster,
+    its coordinator run) and answers ``warren status`` (whatever its role in a cluster:
+    a follower serves no client, but answers this)."""
     try:
-        query_status(data_dir, timeout_ms=timeout_ms)
+        return "tree" in query_status(data_dir, timeout_ms=timeout_ms)  # not the start's
     except OSError:
         return False
-    return True
 
 
 def query_status(data_dir: str | os.PathLike, timeout_ms: int = STATUS_TIMEOUT_MS) -> dict:
