@@ -10,7 +10,8 @@ One thread (``warren-replication``) owns two sockets and the mode:
   serve a replica under the node's running processes) nothing is served and every
   commit is refused, until the node says which of the two it is;
 - in mode ``replica`` (after ``follow(serve=True)``, which the node sends once none of
-  its processes writes): a ``ReplicaServer`` at the node's ``--peer`` address, which
+  its processes writes): a ``ReplicaServer`` at the node's ``--peer-listen`` address
+  (its ``--peer`` by default), which
   applies a leader's batches; every commit is refused (a follower's processes write
   nothing: the node runs them only while it leads);
 - in mode ``leader`` (after ``lead(epoch)``, which the node asks for before it starts the
@@ -137,8 +138,10 @@ class Shipping:
         data_dir: str,
         commit_endpoint: str,
         min_insync: int,
+        peer_listen: str,
     ) -> None:
         self.election, self.data_dir, self.min_insync = election, data_dir, min_insync
+        self.peer_listen = peer_listen  # where its replica server binds
         self.cluster, self.node = election.cluster, election.node
         self.context = zmq.Context()
         self.commits = self.context.socket(zmq.ROUTER)
@@ -273,7 +276,7 @@ class Shipping:
                 except Exception:  # a bug, or a disk: logged, and the next turn goes on
                     log.exception("replication: a turn failed")
         finally:
-            self._stop_links()
+            self._stop_links(wait=True)  # their sockets closed before the context ends
             self._refuse_waiting("the node's coordinator stopped")
             if self.replica_server is not None:
                 self.replica_server.close()
@@ -308,7 +311,7 @@ class Shipping:
 
     def _serve_replica(self) -> None:
         self.replica_server = ReplicaServer(
-            self.context, self.election.peer, self.cluster, Replica(self.data_dir)
+            self.context, self.peer_listen, self.cluster, Replica(self.data_dir)
         )
 
     def _lead(self, epoch: int) -> bool:
@@ -350,11 +353,17 @@ class Shipping:
         self.counters["resyncs"] += 1
         log.warning("replication: a process of the node ended unsynced: syncing followers whole")
 
-    def _stop_links(self) -> None:
+    def _stop_links(self, wait: bool = False) -> None:
+        """Tell every link to stop. Only the thread's own end (``wait``) waits for them:
+        a link in the middle of a question to a follower that is gone ends with its
+        answer's timeout (``peers.ANSWER_TIMEOUT_S`` a question), and this thread, held
+        that long, would hold the coordinator's actor (its ``follow`` waits for it) past
+        its heartbeat. A link told to stop asks nothing more, and what it was asking
+        under an older leadership a follower refuses or ignores (its epoch, its log)."""
         links, self.links = list(self.links.values()), {}
         for link in links:
             link.stop()
-        for link in links:
+        for link in links if wait else ():
             link.join(timeout=10)
 
     def _leads_now(self) -> bool:
@@ -462,8 +471,11 @@ class Shipping:
             self._want((*isr, *joining))
 
     def _want(self, members: tuple[str, ...]) -> None:
+        # The leader is always among them: the ISR it computes from may be a view read
+        # before its own campaign wrote it in (an empty ISR, at a cluster's first
+        # election), and a leader written out of its own ISR would never commit again.
         with self.lock:
-            self.wanted_isr = tuple(sorted(set(members)))
+            self.wanted_isr = tuple(sorted({*members, self.node}))
 
 
 def _json(answer: dict[str, Any]) -> bytes:

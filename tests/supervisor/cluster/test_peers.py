@@ -257,3 +257,49 @@ def test_a_renewed_log_syncs_a_level_follower_whole_and_ignores_the_old_logs_ack
     link.known = False
     assert link.pump(epoch=2) == wire.log.position  # synced whole: the hole filled
     assert wire.same()
+
+
+class _CaughtUpLink:
+    """A link whose follower is level with the log (and that stops when told)."""
+
+    def caught_up(self) -> bool:
+        return True
+
+    def stop(self) -> None:
+        pass
+
+    def join(self, timeout: float) -> None:
+        pass
+
+
+class _Leading:
+    cluster, node, peer, epoch = "c", "n0", "tcp://127.0.0.1:1", 4
+
+    def leading(self) -> bool:
+        return True
+
+
+def test_a_new_leader_never_writes_itself_out_of_the_isr_from_a_view_older_than_its_win(
+    tmp_path,
+):
+    # A cluster's first election: the view the leader holds was read before its own
+    # campaign wrote the ISR, so it says none. A follower caught up then asked for an
+    # ISR of the followers alone, and the leader, outside it, never committed again (a
+    # chaos run's start hung so, one in about nine).
+    from warren.supervisor.cluster.election import ClusterView
+    from warren.supervisor.cluster.shipping import Shipping
+
+    shipping = Shipping(
+        _Leading(), str(tmp_path), f"ipc://{tmp_path}/commits", 2, "tcp://127.0.0.1:1"
+    )
+    try:
+        assert shipping._lead(4)
+        shipping.observed(
+            ClusterView(revision=3, isr=(), nodes={"n0": "tcp://a:1", "n1": "tcp://b:1"})
+        )
+        shipping.links["n1"] = _CaughtUpLink()
+        shipping._mind_links()
+        assert shipping.isr_change() == ("n0", "n1")
+    finally:
+        shipping.start()
+        shipping.stop()
