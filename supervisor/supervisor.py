@@ -37,7 +37,11 @@ interval is dropped for the next one. A child none of whose pings sent in the la
 ``heartbeat_timeout_s`` was answered within its interval is hung (SIGSTOPped, deadlocked,
 one handler call running too long): the heartbeat thread tells the event thread, which
 kills it with SIGKILL, and that then counts as its crash. Heartbeats begin only once a
-child is ready: a long start is bounded by ``start_timeout_s`` alone.
+child is ready: a long start is bounded by ``start_timeout_s`` alone. Time the
+supervisor's own process was held (the heartbeat thread woke more than ``HELD_S`` after
+it meant to: a SIGSTOP of the whole node, a suspended machine) counts against no child:
+each child's silence is shortened by it, so that a node resumed after a pause longer
+than the heartbeat timeout does not kill every actor it has.
 
 Nothing polls: an idle supervisor costs nothing between the moments something is due, so at
 rest the supervisors of a node with many queues (one each) cost it their pings and nothing
@@ -156,6 +160,8 @@ TERMINATED_RESTART_DELAY_S = 1.0
 # A ping due within this long (seconds; at most a quarter of the child's interval) is sent
 # with the ones due now: the heartbeats of a node's many supervisors go out together.
 COALESCE_S = 0.05
+# The heartbeat thread woke this much later than it meant to: its process was held.
+HELD_S = 1.0
 # A supervisor whose beat raised (a bug, or a runtime closed under it) is beaten again
 # this long after (seconds), rather than taking every other supervisor's heartbeat down.
 BEAT_RETRY_S = 1.0
@@ -804,6 +810,15 @@ class Supervisor:
             self._hung_reported.pop(gone, None)
         return due
 
+    def _excuse_silence(self, held_s: float) -> None:
+        """(The heartbeat thread.) Every running child's silence is ``held_s`` shorter:
+        this process was held that long, and could neither ping nor hear it."""
+        with self._lock:
+            children = list(self._beating)
+        for child in children:
+            if child.state == "running":
+                child.last_pong += held_s
+
     def _beat(self, child: _Child, now: float) -> float:
         """One child's heartbeat at ``now``: credit its ping's answer, send the next ping
         when one is due (or due within ``COALESCE_S``), tell the event thread when the
@@ -922,6 +937,7 @@ class _Heartbeats:
         schedule: list[tuple[float, int, Supervisor]] = []  # (due, order, supervisor)
         order = itertools.count()
         wait_s: float | None = None
+        planned = math.inf  # when this thread meant to wake up at the latest
         while True:
             self._wake.wait(wait_s)
             self._wake.clear()  # before reading what changed: no wake-up is lost
@@ -930,6 +946,18 @@ class _Heartbeats:
                 if not self._due:
                     self._thread = None
                     return
+                watched = list(self._due)
+            if now - planned > HELD_S:
+                # This thread, and so its process, was held (SIGSTOP, a suspended machine):
+                # the children were too, and time nobody could ping them is not theirs.
+                log.warning(
+                    "heartbeats: this process was held %.1f s (stopped, or its machine "
+                    "suspended): its children's silence meanwhile is not held against them",
+                    now - planned,
+                )
+                for supervisor in watched:
+                    supervisor._excuse_silence(now - planned)
+            with self._lock:
                 ready, self._changed = self._changed, set()
                 while schedule and schedule[0][0] <= now + COALESCE_S:
                     due, _, supervisor = heapq.heappop(schedule)
@@ -948,6 +976,7 @@ class _Heartbeats:
                         if due != math.inf:
                             heapq.heappush(schedule, (due, next(order), supervisor))
             wait_s = None if not schedule else max(0.0, schedule[0][0] - time.monotonic())
+            planned = math.inf if wait_s is None else time.monotonic() + wait_s
 
     def _after_fork(self) -> None:
         """A forked child has none of its parent's threads, and watches nothing."""

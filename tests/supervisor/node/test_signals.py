@@ -11,8 +11,10 @@ and serves on."""
 import contextlib
 import os
 import signal
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from warren.actors.process import process_exists
@@ -134,3 +136,33 @@ def test_sigint_to_one_process_of_the_node_is_ignored_and_loses_nothing(tmp_path
         assert connection.get("invoices").body == b"invoice"
         assert process_exists(pid)
         assert all(child["restarts"] == 0 for child in node.status()["tree"]["children"])
+
+
+def test_a_node_stopped_whole_past_its_heartbeat_timeout_resumes_with_every_actor(tmp_path):
+    # SIGSTOP to every process of the node (a suspended machine, a paused container, a
+    # cluster's paused leader), then SIGCONT: its supervisors were held as long as their
+    # children, and killed every one of them for the silence they had not been there to
+    # hear.
+    from warren import connect
+
+    from ...queues.client.node_process import NodeProcess
+
+    node = NodeProcess(tmp_path / "data", ("--heartbeat-timeout-s", "2"))
+    try:
+        with connect(node.endpoint) as connection:
+            connection.declare_queue("orders")
+            connection.publish("orders", b"before the pause")
+        family = [p.pid for p in psutil.Process(node.process.pid).children(recursive=True)]
+        os.killpg(node.process.pid, signal.SIGSTOP)
+        time.sleep(5)  # the pause itself: more than twice the heartbeat timeout
+        os.killpg(node.process.pid, signal.SIGCONT)
+        with connect(node.endpoint, wait=30) as connection:
+            connection.publish("orders", b"after it")
+            assert [connection.get("orders", ack=False).body for _ in range(2)] == [
+                b"before the pause",
+                b"after it",
+            ]
+        # no process was killed for the pause (a restart replaces one)
+        assert [pid for pid in family if not process_exists(pid)] == []
+    finally:
+        node.stop()
