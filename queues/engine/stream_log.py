@@ -138,7 +138,6 @@ __all__ = [
     "OffsetOutOfRange",
     "PendingSync",
     "SegmentInfo",
-    "SegmentReport",
     "StreamCorrupt",
     "StreamError",
     "StreamLocked",
@@ -150,10 +149,11 @@ __all__ = [
     "chunk_ranges",
     "Tracking",
     "entry_bodies",
-    "inspect_stream",
     "numbered_files",
     "read_index",
     "unpack_chunk",
+    "verified_data",
+    "walk_chunks",
 ]
 
 log = logging.getLogger("warren.queues")
@@ -552,7 +552,7 @@ def _read_header_at(fd: int, position: int) -> ChunkHeader | None:
     return parse_chunk_header(os.pread(fd, CHUNK_HEADER_BYTES, position), position)
 
 
-def _walk_chunks(fd: int, file_size: int, first_chunk_id: int) -> Iterator[ChunkHeader]:
+def walk_chunks(fd: int, file_size: int, first_chunk_id: int) -> Iterator[ChunkHeader]:
     """The chunks of a segment file from its start, while each header is whole, follows
     its predecessor and its chunk fits in the file. CRCs are not checked here."""
     position, expected = FILE_HEADER_BYTES, first_chunk_id
@@ -564,66 +564,12 @@ def _walk_chunks(fd: int, file_size: int, first_chunk_id: int) -> Iterator[Chunk
         position, expected = header.end, header.next_offset
 
 
-def _data_of(fd: int, header: ChunkHeader) -> bytes | None:
+def verified_data(fd: int, header: ChunkHeader) -> bytes | None:
     """The chunk's data, or None when it is short or fails its CRC."""
     data = os.pread(fd, header.data_bytes, header.data_position)
     if len(data) != header.data_bytes or crc32(data) != header.data_crc:
         return None
     return data
-
-
-class SegmentReport(NamedTuple):
-    """What ``inspect_stream`` found in one segment file."""
-
-    first_offset: int
-    size_bytes: int
-    user_chunks: int
-    tracking_chunks: int
-    records: int  # in user chunks
-    first_timestamp_ms: int | None
-    last_timestamp_ms: int | None
-    bad_crc_chunks: list[int]  # chunk ids whose data fails its CRC
-    unreadable_tail_bytes: int  # after the last whole chunk: torn, or not a chunk
-
-
-def inspect_stream(directory: str | os.PathLike[str]) -> list[SegmentReport]:
-    """Walk every segment of a stream directory, checking every chunk's CRC; reads only
-    (no lock is taken, nothing is repaired: a writer's open does that)."""
-    reports = []
-    for first in numbered_files(os.fspath(directory), SEGMENT_SUFFIX):
-        path = os.path.join(directory, segment_file_name(first))
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            size = os.fstat(fd).st_size
-            user = tracking = records = 0
-            stamps: list[int] = []
-            bad: list[int] = []
-            end = FILE_HEADER_BYTES
-            for header in _walk_chunks(fd, size, first):
-                end = header.end
-                stamps.append(header.timestamp_ms)
-                if header.chunk_type == CHUNK_USER:
-                    user, records = user + 1, records + header.record_count
-                else:
-                    tracking += 1
-                if _data_of(fd, header) is None:
-                    bad.append(header.chunk_id)
-        finally:
-            os.close(fd)
-        reports.append(
-            SegmentReport(
-                first,
-                size,
-                user,
-                tracking,
-                records,
-                min(stamps) if stamps else None,
-                max(stamps) if stamps else None,
-                bad,
-                max(0, size - end),
-            )
-        )
-    return reports
 
 
 def _write_all(fd: int, parts: list[bytes]) -> None:
@@ -1144,11 +1090,11 @@ class StreamLog:
                     and index_size == FILE_HEADER_BYTES + INDEX_RECORD_BYTES * len(records)
                 ):
                     return last.next_offset, len(records), size, _tracking_offsets(records)
-            chain = list(_walk_chunks(segment_fd, size, first))
+            chain = list(walk_chunks(segment_fd, size, first))
             # Only the newest segment can end in a torn write: an older one was synced
             # whole before the next began, so a chunk failing its CRC there is damage,
             # kept for readers to refuse (cutting it would orphan every later segment).
-            while walk and chain and _data_of(segment_fd, chain[-1]) is None:
+            while walk and chain and verified_data(segment_fd, chain[-1]) is None:
                 torn = chain.pop()
                 log.warning(
                     "stream %s: dropping torn chunk %d at the end of segment %d",
@@ -1215,7 +1161,7 @@ class StreamLog:
         for first in self._segment_firsts[start:]:
             fd = os.open(segment_file_name(first), os.O_RDONLY, dir_fd=self._dir_fd)
             try:
-                for header in _walk_chunks(fd, os.fstat(fd).st_size, first):
+                for header in walk_chunks(fd, os.fstat(fd).st_size, first):
                     self._replay_tracking(fd, header)
             finally:
                 os.close(fd)
@@ -1229,7 +1175,7 @@ class StreamLog:
                     )
                     self._tracking.apply(trailer, header.chunk_id, snapshot=False)
                 return
-            data = _data_of(fd, header)
+            data = verified_data(fd, header)
             if data is None:
                 raise ValueError("its CRC fails")
             (body,) = decode_entries(data)
@@ -1472,7 +1418,7 @@ class StreamReader:
             # it (a flipped bit) would send the reader to the wrong chunk, and refuse offsets
             # of intact chunks as corrupt.
             position, chunk_id = FILE_HEADER_BYTES, segment_first
-            for header in _walk_chunks(fd, os.fstat(fd).st_size, segment_first):
+            for header in walk_chunks(fd, os.fstat(fd).st_size, segment_first):
                 if header.chunk_id > target:
                     break
                 position, chunk_id = header.position, header.chunk_id

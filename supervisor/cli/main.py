@@ -558,9 +558,9 @@ _STREAM_INSPECT_COLUMNS = (
 
 
 def format_stream_inspection(directory: str) -> str:
-    """What a stream directory holds (``warren.queues.engine.stream_log.inspect_stream``),
+    """What a stream directory holds (``warren.queues.engine.stream_inspect.inspect_stream``),
     as a person reads it."""
-    from warren.queues.engine.stream_log import inspect_stream
+    from warren.queues.engine.stream_inspect import inspect_stream
 
     def when(ms: int | None) -> str:
         return "-" if ms is None else time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ms / 1000))

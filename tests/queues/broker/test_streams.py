@@ -23,7 +23,8 @@ from warren.actors import ActorError
 from warren.errors import WarrenError
 from warren.queues import Nacked, PreconditionFailed
 from warren.queues.client.stream import StreamConsumer, Timestamp
-from warren.queues.engine.stream_log import StreamLog, inspect_stream, numbered_files
+from warren.queues.engine.stream_inspect import inspect_stream
+from warren.queues.engine.stream_log import StreamLog, numbered_files
 from warren.queues.errors import (
     NotFound,
     OffsetOutOfRange,
