@@ -31,11 +31,12 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from pathlib import Path
 
 import psutil
 
 from warren import connect
+from warren.supervisor.cluster.local_etcd import ETCD, local_etcd
 from warren.supervisor.node.node import answers_status, query_status
 
 from .table import Row, median, render, scale_of, scratch_directory
@@ -63,36 +64,6 @@ def wait_until(predicate, timeout_s: float = 120.0) -> None:
         if time.monotonic() > deadline:
             raise TimeoutError("the cluster did not come up in time")
         time.sleep(0.2)
-
-
-@contextlib.contextmanager
-def etcd_member(root: str) -> Iterator[str]:
-    etcd = shutil.which("etcd")
-    if etcd is None:
-        raise SystemExit("bench cluster needs etcd (Debian's etcd-server)")
-    client, peer = free_port(), free_port()
-    url = f"http://127.0.0.1:{client}"
-    process = subprocess.Popen(
-        [
-            etcd,
-            "--data-dir",
-            os.path.join(root, "etcd"),
-            "--listen-client-urls",
-            url,
-            "--advertise-client-urls",
-            url,
-            "--listen-peer-urls",
-            f"http://127.0.0.1:{peer}",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    try:
-        yield url
-    finally:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
 
 
 class NodeRun:
@@ -201,8 +172,10 @@ def main(argv: list[str]) -> str:
             lone_publish, lone_stream, lone_waited = workload(single.endpoint, count, records)
         finally:
             single.stop()
-        with etcd_member(root) as etcd:
-            nodes = cluster_nodes(root, etcd)
+        if ETCD is None:
+            raise SystemExit("bench cluster needs etcd (Debian's etcd-server)")
+        with local_etcd(Path(root, "etcd"), size=1) as etcd:
+            nodes = cluster_nodes(root, etcd.endpoints[0])
             try:
                 everyone = [n.endpoint for n in nodes]
                 publish, stream, waited = workload(everyone, count, records)
