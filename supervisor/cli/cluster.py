@@ -34,6 +34,12 @@ def add_cluster_options(node: argparse.ArgumentParser) -> None:
         "--peer", metavar="tcp://HOST:PORT", help="where the cluster's other nodes reach this one"
     )
     node.add_argument(
+        "--peer-listen",
+        metavar="tcp://HOST:PORT",
+        help="where this node listens for its peers, when not at --peer (behind a NAT, a "
+        "port forward or a proxy)",
+    )
+    node.add_argument(
         "--cluster-ttl-s",
         type=int,
         metavar="SECONDS",
@@ -54,13 +60,15 @@ def cluster_settings(options: dict[str, Any]) -> dict[str, Any]:
 
     given = {
         key: options[key]
-        for key in ("cluster", "etcd", "peer", "cluster_ttl_s", "min_insync")
+        for key in ("cluster", "etcd", "peer", "peer_listen", "cluster_ttl_s", "min_insync")
         if key in options
     }
     if not given:
         return {}
     if "cluster" not in given:
-        raise UsageError("--etcd, --peer, --cluster-ttl-s and --min-insync go with --cluster NAME")
+        raise UsageError(
+            "--etcd, --peer, --peer-listen, --cluster-ttl-s and --min-insync go with --cluster NAME"
+        )
     try:
         checked = ClusterSettings.checked(
             given["cluster"],
@@ -68,6 +76,7 @@ def cluster_settings(options: dict[str, Any]) -> dict[str, Any]:
             given.get("peer"),
             given.get("cluster_ttl_s", LEASE_TTL_S),
             given.get("min_insync", MIN_INSYNC),
+            given.get("peer_listen"),
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from None
@@ -77,6 +86,7 @@ def cluster_settings(options: dict[str, Any]) -> dict[str, Any]:
         "peer": checked.peer,
         "cluster_ttl_s": checked.ttl_s,
         "min_insync": checked.min_insync,
+        **({"peer_listen": checked.peer_listen} if checked.peer_listen else {}),
     }
 
 

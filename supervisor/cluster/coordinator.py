@@ -134,7 +134,14 @@ def coordinator_spec(
     return ChildSpec(
         COORDINATOR_NAME,
         CoordinatorActor,
-        (*arguments, settings.ttl_s, data_dir, commit_endpoint, settings.min_insync),
+        (
+            *arguments,
+            settings.ttl_s,
+            data_dir,
+            commit_endpoint,
+            settings.min_insync,
+            settings.listen_address,
+        ),
         heartbeat_interval_s=interval,
         heartbeat_timeout_s=timeout,
     )
@@ -161,9 +168,10 @@ class CoordinatorActor(GatewayActor):
         data_dir: str,
         commit_endpoint: str,
         min_insync: int,
+        peer_listen: str,
     ) -> None:
         self._settings = (cluster, node, node_id, peer, endpoints, ttl_s)
-        self._data = (data_dir, commit_endpoint, min_insync)
+        self._data = (data_dir, commit_endpoint, min_insync, peer_listen)
         self._coordination: _Coordination | None = None
 
     def on_start(self) -> None:

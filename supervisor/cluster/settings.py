@@ -1,6 +1,10 @@
 """What a node needs to join a cluster (``Node(cluster=, etcd=, peer=)``, ``warren node
 --cluster --etcd --peer``, ``[cluster]`` in the config), checked before anything starts
-or is written: a bad value is one ``ValueError`` naming it."""
+or is written: a bad value is one ``ValueError`` naming it.
+
+``peer`` is the address the other nodes reach this one at, and where it listens for
+them unless ``peer_listen`` says otherwise: behind a NAT, a port forward or a proxy the
+two differ (the listening address is never told to the cluster)."""
 
 from __future__ import annotations
 
@@ -28,6 +32,11 @@ class ClusterSettings:
     peer: str
     ttl_s: int = LEASE_TTL_S
     min_insync: int = MIN_INSYNC
+    peer_listen: str | None = None  # where the replica server binds: peer when None
+
+    @property
+    def listen_address(self) -> str:
+        return self.peer_listen or self.peer
 
     @classmethod
     def checked(
@@ -37,6 +46,7 @@ class ClusterSettings:
         peer: str | None,
         ttl_s: int,
         min_insync: int = MIN_INSYNC,
+        peer_listen: str | None = None,
     ) -> ClusterSettings:
         if not isinstance(cluster, str) or not CLUSTER_NAME.fullmatch(cluster):
             raise ValueError(
@@ -56,13 +66,9 @@ class ClusterSettings:
                 "a node in a cluster needs the address its peers reach it at: "
                 "--peer tcp://HOST:PORT"
             )
-        if not isinstance(peer, str):
-            raise ValueError(f"peer={peer!r}: expected tcp://HOST:PORT")
-        host, _, port = peer.removeprefix("tcp://").rpartition(":")
-        if not peer.startswith("tcp://") or not host or not port.isdigit():
-            raise ValueError(f"peer={peer!r}: expected tcp://HOST:PORT")
-        if not 0 < int(port) < 65536:
-            raise ValueError(f"peer={peer!r}: a port is 1-65535")
+        _check_tcp_address("peer", peer)
+        if peer_listen is not None:
+            _check_tcp_address("peer_listen", peer_listen)
         if isinstance(ttl_s, bool) or not isinstance(ttl_s, int) or ttl_s < SHORTEST_TTL_S:
             raise ValueError(
                 f"cluster_ttl_s={ttl_s!r}: a whole number of seconds, at least {SHORTEST_TTL_S}"
@@ -72,4 +78,14 @@ class ClusterSettings:
                 f"min_insync={min_insync!r}: how many nodes (the leader's among them) hold "
                 "each confirmed write, at least 1"
             )
-        return cls(cluster, endpoints, peer, ttl_s, min_insync)
+        return cls(cluster, endpoints, peer, ttl_s, min_insync, peer_listen)
+
+
+def _check_tcp_address(name: str, address: object) -> None:
+    if not isinstance(address, str):
+        raise ValueError(f"{name}={address!r}: expected tcp://HOST:PORT")
+    host, _, port = address.removeprefix("tcp://").rpartition(":")
+    if not address.startswith("tcp://") or not host or not port.isdigit():
+        raise ValueError(f"{name}={address!r}: expected tcp://HOST:PORT")
+    if not 0 < int(port) < 65536:
+        raise ValueError(f"{name}={address!r}: a port is 1-65535")

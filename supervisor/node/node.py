@@ -277,6 +277,7 @@ class Node:
         peer: str | None = None,
         cluster_ttl_s: int = LEASE_TTL_S,
         min_insync: int = MIN_INSYNC,
+        peer_listen: str | None = None,
     ) -> None:
         starting_at = time.monotonic()
         self.started_at = time.time()  # when the node began to start, in epoch seconds
@@ -307,12 +308,14 @@ class Node:
         if cluster is not None:
             try:
                 cluster_settings = ClusterSettings.checked(
-                    cluster, etcd, peer, cluster_ttl_s, min_insync
+                    cluster, etcd, peer, cluster_ttl_s, min_insync, peer_listen
                 )
             except ValueError as exc:
                 raise InvalidSpec("cluster", cluster, str(exc)) from None
-        elif etcd is not None or peer is not None:
-            raise InvalidSpec("cluster", cluster, "etcd and peer go with a cluster's name")
+        elif etcd is not None or peer is not None or peer_listen is not None:
+            raise InvalidSpec(
+                "cluster", cluster, "etcd, peer and peer_listen go with a cluster's name"
+            )
         check_seconds("heartbeat_timeout_s", heartbeat_timeout_s, at_least=2)  # beats: 1 s
         self._heartbeat_timeout_s = float(heartbeat_timeout_s)
         self._heartbeat_interval_s = max(

@@ -264,7 +264,7 @@ def test_a_start_with_no_etcd_answering_is_one_line_and_writes_nothing(tmp_path)
     [
         (
             ("--etcd", "http://127.0.0.1:2379"),
-            "--etcd, --peer, --cluster-ttl-s and --min-insync go with --cluster",
+            "--etcd, --peer, --peer-listen, --cluster-ttl-s and --min-insync go with --cluster",
         ),
         (
             ("--cluster", "c", "--etcd", "http://a:1", "--peer", "tcp://a:1", "--min-insync", "0"),
@@ -274,6 +274,10 @@ def test_a_start_with_no_etcd_answering_is_one_line_and_writes_nothing(tmp_path)
         (("--cluster", "c", "--etcd", "http://127.0.0.1:2379"), "needs the address its peers"),
         (("--cluster", "c", "--etcd", "h:1", "--peer", "tcp://a:1"), "is not an etcd endpoint"),
         (("--cluster", "c", "--etcd", "http://a:1", "--peer", "a:1"), "expected tcp://HOST:PORT"),
+        (
+            ("--cluster", "c", "--etcd", "http://a:1", "--peer", "tcp://a:1", "--peer-listen", "a"),
+            "peer_listen='a': expected tcp://HOST:PORT",
+        ),
         (("--cluster", "a/b", "--etcd", "http://a:1", "--peer", "tcp://a:1"), "a cluster's name"),
     ],
 )
