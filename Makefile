@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
 
-.PHONY: run test lint bench compat chaos spark-stream clean
+.PHONY: run test lint bench compat chaos chaos-cluster spark-stream clean
 
 $(PY):
 	@echo "make: creating the virtual environment $(VENV) with $(PYTHON)"
@@ -59,6 +59,13 @@ CHAOS_ARGS ?= --duration 300 --faults kill,stop,node,torn,flip,full,slow
 chaos: $(INSTALLED)
 	rm -rf build/chaos && mkdir -p build/chaos
 	$(PY) -m warren.supervisor.cli chaos --data-dir build/chaos/data --report build/chaos/report $(CHAOS_ARGS)
+
+# Eight minutes of the cluster's faults, round after round, on three etcd members and three
+# nodes made fresh under build/chaos-cluster (needs etcd: Debian's etcd-server).
+CHAOS_CLUSTER_ARGS ?= --duration 480
+chaos-cluster: $(INSTALLED)
+	rm -rf build/chaos-cluster && mkdir -p build
+	$(PY) -m warren.supervisor.cli chaos --cluster --data-dir build/chaos-cluster/nodes --report build/chaos-cluster/report $(CHAOS_CLUSTER_ARGS)
 
 # Spark -> stream -> Spark with a driver killed midway, at full size (a million events).
 spark-stream: $(INSTALLED)

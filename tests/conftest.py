@@ -50,6 +50,7 @@ def _ours(process: psutil.Process) -> bool:
 # worker is nearly done, and the two end together.
 LONGEST_FIRST = (
     "tests/supervisor/chaos/test_harness.py",
+    "tests/supervisor/chaos/test_cluster_chaos.py",
     "tests/queues/client/test_spark_streams.py",
     "tests/queues/client/test_spark.py",
     "tests/supervisor/cli/test_queue_commands.py",

@@ -78,7 +78,7 @@ from .stream_workload import (
     stream_contents,
     with_stream,
 )
-from .workload import Audit, Producer, audit
+from .workload import Audit, Producer, audit, connect_node
 
 if TYPE_CHECKING:
     from warren.queues.client import Connection
@@ -156,7 +156,8 @@ def pattern_limits(patterns: tuple[str, ...]) -> dict[str, tuple[int, float]]:
 
 class ChaosWorkload:
     """The workload's processes and ledgers in ``directory``, against the node listening
-    on ``endpoint``."""
+    on ``endpoint`` (or the cluster whose nodes' addresses it lists, separated by commas:
+    ``warren.supervisor.chaos.cluster_run``)."""
 
     def __init__(
         self,
@@ -204,10 +205,8 @@ class ChaosWorkload:
         return self.ledger("streamreader", 0)
 
     def connect(self) -> Connection:
-        from warren.queues.client import connect
-
         # a node a fault has just restarted may still be starting: waited for as well
-        return connect(self.endpoint, connect_timeout_s=60, wait=60)
+        return connect_node(self.endpoint, wait=60)
 
     def declare(self) -> None:
         connection = self.connect()

@@ -43,6 +43,9 @@ BROKEN_PROMISES = {
     "out_of_order": "{n} stream offsets read out of order within one attach",
     "stream_duplicates": "{n} stream messages held at two offsets though deduplicated",
     "unexplained_corrupt": "{n} stream chunks refused as damaged where no damage landed",
+    "two_leaders_one_epoch": "{n} times two nodes led under one epoch (the fence failed)",
+    "leaders_outside_isr": "{n} times a node led while out of the ISR",
+    "replica_mismatches": "{n} differences between the in-sync copies of the stream",
     "invariant_failures": "the application's check failed ({n} findings, above)",
     "problems": "{n} problems of the run (each named above: a victim not replaced, a "
     "node that exited or stayed down, a disk alarm that never went off)",

@@ -11,7 +11,8 @@ on SIGTERM with every ledger line it wrote whole::
     python -m warren.supervisor.chaos.roles read-stream NODE STREAM NAME LEDGER
         [--pause-key KEY]
 
-``NODE`` is a node's data directory or a listener's ``tcp://`` address. The stream's
+``NODE`` is a node's data directory, a listener's ``tcp://`` address, or a cluster's
+``tcp://`` addresses separated by commas. The stream's
 roles and their audit are ``warren.supervisor.chaos.stream_workload``'s.
 
 What a role logs (its connection going away and recovering) goes to stderr, each line
@@ -33,7 +34,7 @@ import signal
 import sys
 
 from .stream_workload import produce_stream, read_stream
-from .workload import consume, produce
+from .workload import connect_node, consume, produce
 
 
 class _Stop(Exception):
@@ -44,11 +45,17 @@ def _stop(_signum: int, _frame: object) -> None:
     raise _Stop
 
 
+NODE_HELP = "a node's data directory or tcp:// address, or a cluster's, comma-separated"
+
+
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="python -m warren.supervisor.chaos.roles")
     roles = parser.add_subparsers(dest="role", required=True)
     producer = roles.add_parser("produce")
-    producer.add_argument("node", help="a node's data directory or tcp:// address")
+    producer.add_argument(
+        "node",
+        help=NODE_HELP,
+    )
     producer.add_argument("routing_key")
     producer.add_argument("name")
     producer.add_argument("ledger")
@@ -64,7 +71,10 @@ def main(argv: list[str]) -> None:
     stream_producer = roles.add_parser("produce-stream")
     stream_reader = roles.add_parser("read-stream")
     for role in (stream_producer, stream_reader):
-        role.add_argument("node", help="a node's data directory or tcp:// address")
+        role.add_argument(
+            "node",
+            help=NODE_HELP,
+        )
         role.add_argument("stream")
         role.add_argument("name", help="the producer id, or the consumer name")
         role.add_argument("ledger")
@@ -79,14 +89,8 @@ def main(argv: list[str]) -> None:
         format=f"%(asctime)s {args.role} {os.path.basename(args.ledger)}[%(process)d] "
         f"%(levelname)s %(message)s"
     )
-    from warren.queues.client import connect
-
     try:
-        connection = (
-            connect(args.node, connect_timeout_s=60)
-            if args.node.startswith("tcp://")
-            else connect(args.node)
-        )
+        connection = connect_node(args.node)
         print("ready", flush=True)
         if args.role == "produce":
             produce(

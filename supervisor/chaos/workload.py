@@ -39,6 +39,7 @@ __all__ = [
     "audit",
     "body_of",
     "checked_id",
+    "connect_node",
     "consume",
     "ledger_lines",
     "produce",
@@ -50,6 +51,21 @@ RETRY_S = 0.05
 # Publishes refused before anything was sent (a fanout publish that fails on its second
 # queue may be in the first): sending them again makes no duplicate.
 REFUSED = (Blocked, Unroutable)
+
+
+def connect_node(node: str, wait: float = 0.0) -> Connection:
+    """A connection to ``node``: a node's data directory, a listener's ``tcp://`` address
+    (its first answer waited for up to a minute: a node a fault has just restarted may
+    still be starting), or a cluster's ``tcp://`` addresses separated by commas (each
+    given the client's usual two seconds, so a paused node holds nobody up). ``wait``:
+    see ``warren.queues.client.connect``."""
+    from warren.queues.client import connect
+
+    if "," in node:
+        return connect(node.split(","), wait=wait)
+    if node.startswith("tcp://"):
+        return connect(node, connect_timeout_s=60, wait=wait)
+    return connect(node, wait=wait)
 
 
 def body_of(message_id: str, size: int | None = None) -> bytes:

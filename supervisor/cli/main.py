@@ -8,6 +8,7 @@
     warren chaos --data-dir DIR [--duration S] [--faults K,K] [--seed N] [--report DIR]
                                                            a node under faults and load,
                                                            then its invariants checked
+    warren chaos --cluster --data-dir DIR [--rounds N] ... the same for a cluster of three
     warren store inspect DIR                               what a store, stream or queue
                                                            directory holds
     warren queues | publish | consume | purge | delete     a running node's queues
@@ -145,6 +146,7 @@ _CONFIG_KEYS = {
         "name": "cluster",
         "etcd": "etcd",
         "peer": "peer",
+        "peer_listen": "peer_listen",
         "lease_ttl_s": "cluster_ttl_s",
         "min_insync": "min_insync",
     },
@@ -655,6 +657,8 @@ def _keys(args: argparse.Namespace) -> int:
 
 
 ENVELOPE_ROOM = 2**16  # what a chaos body leaves of a message for its properties
+SINGLE_NODE_FAULTS = "kill,stop,node,torn"  # warren chaos's faults by default
+PATTERNS = "queue *,stream *,msg_store_*"  # ... and the actors its kill and stop aim at
 _RANGE = re.compile(r"\s*(\S+?)\s*\.\.\s*(\S+)\s*")
 
 
@@ -687,9 +691,19 @@ def _chaos(args: argparse.Namespace) -> int:
     from warren.queues.message import MAX_MESSAGE_BYTES
 
     from ..chaos.broker_run import RUN_DIR, run_chaos
+    from ..chaos.cluster_run import CLUSTER_FAULTS, run_cluster_chaos
 
     duration = _positive_seconds(args.duration)
-    kinds = [k.strip() for k in args.faults.split(",") if k.strip()]
+    if args.cluster:
+        for flag in ("patterns", "store_gc"):
+            if getattr(args, flag) is not None:
+                raise UsageError(f"--{flag.replace('_', '-')} is for one node's run, not --cluster")
+    else:
+        for flag in ("rounds", "lease_ttl_s"):
+            if getattr(args, flag) is not None:
+                raise UsageError(f"--{flag.replace('_', '-')} goes with --cluster")
+    faults = args.faults or (",".join(CLUSTER_FAULTS) if args.cluster else SINGLE_NODE_FAULTS)
+    kinds = [k.strip() for k in faults.split(",") if k.strip()]
     sizes = parse_range(args.size, "--size", lambda v: parse_size(v, "--size"))
     if sizes[1] > MAX_MESSAGE_BYTES - ENVELOPE_ROOM:
         raise UsageError(
@@ -700,9 +714,26 @@ def _chaos(args: argparse.Namespace) -> int:
     for flag in ("producers", "consumers"):
         if getattr(args, flag) < 1:
             raise UsageError(f"--{flag} must be at least 1")
-    patterns = tuple(p.strip() for p in args.patterns.split(",") if p.strip())
+    patterns = tuple(p.strip() for p in (args.patterns or PATTERNS).split(",") if p.strip())
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**31)
     try:
+        if args.cluster:
+            if args.lease_ttl_s is not None and args.lease_ttl_s < 5:
+                raise UsageError("--lease-ttl-s: at least 5 seconds")
+            document = run_cluster_chaos(
+                args.data_dir,
+                duration_s=duration,
+                rounds=args.rounds,
+                kinds=kinds,
+                producers=args.producers,
+                consumers=args.consumers,
+                sizes=sizes,
+                seed=seed,
+                every_s=every,
+                ttl_s=args.lease_ttl_s or 5,
+                report_dir=args.report,
+            )
+            return EXIT_OK if document["ok"] else EXIT_INVARIANT_FAILED
         document = run_chaos(
             args.data_dir,
             duration_s=duration,
@@ -719,13 +750,15 @@ def _chaos(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     except KeyboardInterrupt:
-        print("warren: chaos interrupted: the node and the workload are stopped", file=sys.stderr)
+        print(
+            "warren: chaos interrupted: the node(s) and the workload are stopped", file=sys.stderr
+        )
         return EXIT_INTERRUPTED
     except (RuntimeError, TimeoutError, OSError) as exc:
         # The node would not start (or start again) on the data directory: nothing runs.
         print(
             f"warren: chaos stopped: {exc}; the logs are in "
-            f"{os.path.join(os.path.abspath(args.data_dir), RUN_DIR)}",
+            f"{os.path.join(os.path.abspath(args.data_dir), 'run' if args.cluster else RUN_DIR)}",
             file=sys.stderr,
         )
         return EXIT_START_FAILED
@@ -886,22 +919,49 @@ def build_parser() -> argparse.ArgumentParser:
             "default, a lazy and a fanout pair of queues, land seeded faults, then "
             "drain and check: every confirmed message consumed with its body, "
             "every duplicate flagged redelivered, no wrong bytes, the node healthy. "
-            f"Faults: {', '.join(FAULT_KINDS_HELP)}.",
+            f"Faults: {', '.join(FAULT_KINDS_HELP)}. With --cluster: three etcd members "
+            "and three nodes of one cluster under --data-dir (new or empty), links cut by "
+            "TCP proxies, the same workload through whichever node leads, and rounds of "
+            "the cluster's faults (each healed before the next): "
+            "kill-leader, pause-leader, leader-from-followers, leader-from-etcd, "
+            "cut-follower, kill-etcd-leader, damaged-tail; then the same checks, plus no "
+            "two leaders under one epoch, no leader outside the ISR, and the in-sync "
+            "copies' stream chunks identical.",
             78,
         ),
         epilog="exit codes:\n  0  every invariant held\n  1  an invariant failed (the "
         "report says which)\n  2  bad usage\n  4  the node did not start\n"
         "  130  interrupted",
     )
-    chaos.add_argument("--data-dir", required=True, help="the node's data directory")
+    chaos.add_argument(
+        "--data-dir",
+        required=True,
+        help="the node's data directory (with --cluster: where the cluster is made)",
+    )
+    chaos.add_argument(
+        "--cluster",
+        action="store_true",
+        help="run a cluster of three nodes on three etcd members under the cluster's faults",
+    )
     chaos.add_argument(
         "--duration", default="60", metavar="SECONDS", help="how long faults land (default 60)"
     )
     chaos.add_argument(
+        "--rounds",
+        type=int,
+        metavar="N",
+        help="--cluster: at most N rounds of every fault (default: until --duration)",
+    )
+    chaos.add_argument(
+        "--lease-ttl-s",
+        type=int,
+        metavar="SECONDS",
+        help="--cluster: the nodes' etcd lease (default 5, at least 5)",
+    )
+    chaos.add_argument(
         "--faults",
-        default="kill,stop,node,torn",
         metavar="KIND,KIND",
-        help="which faults (default kill,stop,node,torn)",
+        help=f"which faults (default {SINGLE_NODE_FAULTS}; with --cluster, all of its own)",
     )
     chaos.add_argument("--producers", type=int, default=4, help="default 4")
     chaos.add_argument("--consumers", type=int, default=2, help="default 2")
@@ -915,9 +975,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     chaos.add_argument(
         "--patterns",
-        default="queue *,stream *,msg_store_*",
         metavar="PATTERN,...",
-        help="which actors kill and stop aim at (default 'queue *,stream *,msg_store_*')",
+        help=f"which actors kill and stop aim at (default '{PATTERNS}')",
     )
     chaos.add_argument(
         "--every", default="1..3", metavar="FROM..TO", help="seconds between faults (default 1..3)"

@@ -1,0 +1,128 @@
+"""A TCP proxy that can cut a link as a network partition does: the harness of
+``warren chaos --cluster`` puts one in front of every node's peer port and every etcd
+member a node talks to, so that a link is cut and healed without root (no network
+namespace, no iptables).
+
+``TcpProxy(upstream)`` listens on a free loopback port (``address``) and forwards each
+connection it accepts to ``upstream`` (host, port), both ways, one thread a direction;
+the upstream may be set after the proxy is made (a connection before then is closed).
+``cut()`` stops forwarding: what either side sends is held (read from one socket and
+not written to the other, and then not read at all, so the kernel's buffers fill and
+the sender's writes block), new connections are accepted and held the same way, as a
+partition that drops packets silently holds a TCP connection: neither end is told.
+``heal()`` lets everything held through in order, as TCP's retransmissions do once the
+network is back: no byte is lost or reordered, so a framed protocol (ZeroMQ's, HTTP)
+carries on where it stood. ``close()`` closes the listener and every connection.
+
+Races: a direction's thread waits for the link to be whole between its read and its
+write, so a ``cut()`` that lands while a read is under way holds that read's bytes too;
+a connection to the upstream is made once the link is whole (a cut link does not reach
+the upstream either), and refused or closed upstream closes the client's side, as a
+peer that is down does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+
+__all__ = ["TcpProxy"]
+
+CHUNK_BYTES = 256 * 1024
+
+
+class TcpProxy:
+    """A proxy on ``127.0.0.1``'s free port in front of ``upstream``; see the module
+    docstring."""
+
+    def __init__(self, upstream: tuple[str, int] | None, name: str = "") -> None:
+        # None until set: a proxy's own port is taken first, so that the upstream's,
+        # found free afterwards, cannot be the one the kernel gives the proxy
+        self.upstream, self.name = upstream, name
+        self._whole = threading.Event()
+        self._whole.set()
+        self._closed = False
+        self._lock = threading.Lock()
+        self._sockets: set[socket.socket] = set()
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self.address = f"127.0.0.1:{self.port}"
+        threading.Thread(target=self._accept, name=f"proxy {name}", daemon=True).start()
+
+    @property
+    def cut_now(self) -> bool:
+        return not self._whole.is_set()
+
+    def cut(self) -> None:
+        self._whole.clear()
+
+    def heal(self) -> None:
+        self._whole.set()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            sockets, self._sockets = [self._listener, *self._sockets], set()
+        self._whole.set()  # so that every held thread runs to its closed socket
+        for sock in sockets:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+
+    def _keep(self, sock: socket.socket) -> bool:
+        with self._lock:
+            if self._closed:
+                sock.close()
+                return False
+            self._sockets.add(sock)
+            return True
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return  # closed
+            if self._keep(client):
+                threading.Thread(
+                    target=self._connect, args=(client,), name=f"proxy {self.name}", daemon=True
+                ).start()
+
+    def _connect(self, client: socket.socket) -> None:
+        self._whole.wait()
+        try:
+            if self.upstream is None:
+                raise ConnectionRefusedError("no upstream yet")
+            upstream = socket.create_connection(self.upstream, timeout=5)
+        except OSError:
+            self._drop(client)
+            return
+        upstream.settimeout(None)
+        if not self._keep(upstream):
+            self._drop(client)
+            return
+        for source, sink in ((client, upstream), (upstream, client)):
+            threading.Thread(
+                target=self._forward,
+                args=(source, sink),
+                name=f"proxy {self.name}",
+                daemon=True,
+            ).start()
+
+    def _forward(self, source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(CHUNK_BYTES):
+                self._whole.wait()
+                sink.sendall(data)
+        except OSError:
+            pass  # either end closed or reset: the other end is closed below
+        self._drop(source, sink)
+
+    def _drop(self, *sockets: socket.socket) -> None:
+        for sock in sockets:
+            with self._lock:
+                self._sockets.discard(sock)
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
