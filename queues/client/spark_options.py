@@ -132,10 +132,13 @@ class Target:
         else:
             check_known(options, WRITE_OPTIONS, error, "a write")
         endpoint = options.get("endpoint")
-        if not endpoint or not endpoint.startswith("tcp://"):
+        if not endpoint or not all(
+            part.strip().startswith("tcp://") for part in endpoint.split(",")
+        ):
             raise error(
                 "option endpoint is required: the node's listener, "
-                "tcp://host:port (warren node --listen ...)"
+                "tcp://host:port (warren node --listen ...), or a cluster's nodes, "
+                "tcp://host:port,tcp://host:port,..."
             )
         queue, stream, exchange = (
             options.get("queue"),
@@ -244,10 +247,13 @@ def _shipped(key_file: str) -> str | None:
 def node_connection(
     endpoint: str, key_file: str | None, key: str | None, error: type[Exception]
 ) -> Connection:
-    """A connection to the node at ``endpoint`` with the key of the options."""
+    """A connection to the node at ``endpoint`` (or, named by several addresses
+    separated by commas, to whichever node of that cluster leads) with the key of the
+    options."""
     from . import connect
 
-    return connect(endpoint, key=client_key(key_file, key, error))
+    nodes = [part.strip() for part in endpoint.split(",")]
+    return connect(nodes if len(nodes) > 1 else endpoint, key=client_key(key_file, key, error))
 
 
 def retryable(exc: Exception) -> bool:

@@ -357,3 +357,18 @@ def test_max_in_flight_is_checked_before_anything_is_sent(value):
 
     with pytest.raises(WarrenWriteError, match="option max_in_flight is the chunks a task"):
         Target.from_options({"endpoint": "tcp://127.0.0.1:1", "queue": "q", "max_in_flight": value})
+
+
+def test_an_endpoint_naming_a_clusters_nodes_writes_through_the_one_that_serves(spark, node):
+    # A cluster's nodes, separated by commas, as connect([...]) takes them: the first
+    # here is down (a lost leader's machine), and the write goes through the one serving.
+    from warren.queues.client.spark_options import Target
+
+    from .node_process import free_port
+
+    node.declare_queue("orders")
+    nodes = f"tcp://127.0.0.1:{free_port()},{node.listen_endpoint}"
+    write(rows(spark, 1000), nodes, queue="orders")
+    assert drain(node, "orders") == Counter({b"%d" % i: 1 for i in range(1000)})
+    with pytest.raises(WarrenWriteError, match="or a cluster's nodes, tcp://host:port,tcp://"):
+        Target.from_options({"endpoint": f"{node.listen_endpoint},10.0.0.1:5673", "queue": "q"})
