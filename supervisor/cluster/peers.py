@@ -36,7 +36,7 @@ Races it guards against:
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import zmq
@@ -180,6 +180,9 @@ class FollowerLink:
         self.known = False  # the follower's position is known (after a hello)
         self.needs_sync = True  # until a hello or a full sync says it is level
         self.last_error: str | None = None
+        # Whether the leader retired this link: a full sync under way sends no more of
+        # its batches (its successor's would be overwritten with older bytes).
+        self.stopped: Callable[[], bool] = lambda: False
 
     def _ask(self, header: dict[str, Any], actions: Sequence[FileAction] = ()) -> dict[str, Any]:
         frames = _frames({"cluster": self.cluster, **header}, actions)
@@ -287,6 +290,8 @@ class FollowerLink:
         batches = _sized(sync_actions(self.data_dir, manifest(self.data_dir), files))
         batch = next(batches, [])
         for following in batches:
+            if self.stopped():
+                raise PeerError(f"the link to {self.follower} was stopped mid-sync")
             header = {
                 "kind": "batch",
                 "epoch": epoch,
@@ -296,6 +301,8 @@ class FollowerLink:
             }
             self._acknowledged(self._ask(header, batch), identity)
             batch = following
+        if self.stopped():
+            raise PeerError(f"the link to {self.follower} was stopped mid-sync")
         header = {"kind": "batch", "epoch": epoch, "log": identity, "resync_to": position}
         acked = self._acknowledged(self._ask(header, batch), identity)
         self.needs_sync = identity != self.log.identity  # renewed meanwhile: again

@@ -81,6 +81,7 @@ class _Link(threading.Thread):
             shipping.context, peer, shipping.cluster, follower, self.log, shipping.data_dir
         )
         self.stopping = threading.Event()
+        self.link.stopped = self.stopping.is_set
         self.error: str | None = None
 
     def lagging(self) -> bool:
@@ -156,6 +157,7 @@ class Shipping:
         self.log: ActionLog | None = None
         self.replica_server: ReplicaServer | None = None
         self.links: dict[str, _Link] = {}
+        self.retired: list[_Link] = []  # links told to stop, not ended yet
         self.waiting: collections.deque[tuple[bytes, int, float]] = collections.deque()
         self.isr: tuple[str, ...] = ()
         self.nodes: dict[str, str] = {}
@@ -166,6 +168,7 @@ class Shipping:
             "refused": 0,
             "isr_changes": 0,
             "resyncs": 0,
+            "confirmed": 0,  # commits answered as held by the cluster
         }
         self._commands: queue.Queue[tuple[Callable[[], Any], list[Any], threading.Event]]
         self._commands = queue.Queue()
@@ -229,6 +232,7 @@ class Shipping:
             }
         return {
             "mode": self.mode,
+            "epoch": self.epoch,  # the leadership it ships under (None: it does not)
             "position": shipped.position if shipped else None,
             "committed": shipped.committed(isr) if shipped else None,
             "kept_bytes": shipped.kept_bytes if shipped else 0,
@@ -359,11 +363,15 @@ class Shipping:
         answer's timeout (``peers.ANSWER_TIMEOUT_S`` a question), and this thread, held
         that long, would hold the coordinator's actor (its ``follow`` waits for it) past
         its heartbeat. A link told to stop asks nothing more, and what it was asking
-        under an older leadership a follower refuses or ignores (its epoch, its log)."""
+        under an older leadership a follower refuses or ignores (its epoch, its log);
+        a full sync under way stops before its next batch, and no new link to that
+        follower starts until the retired one has ended (``retired``): two syncs of one
+        follower at a time would interleave their files' bytes."""
         links, self.links = list(self.links.values()), {}
         for link in links:
             link.stop()
-        for link in links if wait else ():
+        self.retired = [link for link in (*self.retired, *links) if link.is_alive()]
+        for link in self.retired if wait else ():
             link.join(timeout=10)
 
     def _leads_now(self) -> bool:
@@ -406,6 +414,8 @@ class Shipping:
     def _answer(self, identity: bytes, answer: dict[str, Any]) -> None:
         if "refused" in answer:
             self.counters["refused"] += 1
+        else:
+            self.counters["confirmed"] += 1  # a writer's sync returns: its confirms go
         try:
             self.commits.send_multipart([identity, _json(answer)], zmq.NOBLOCK)
         except zmq.ZMQError:
@@ -440,8 +450,10 @@ class Shipping:
         assert self.epoch is not None and self.log is not None, "a leader has its log"
         with self.lock:
             isr, nodes, wanted = self.isr, dict(self.nodes), self.wanted_isr
+        self.retired = [link for link in self.retired if link.is_alive()]
+        ending = {link.follower for link in self.retired}
         for name, peer in nodes.items():
-            if name != self.node and name not in self.links:
+            if name != self.node and name not in self.links and name not in ending:
                 self.links[name] = _Link(self, name, peer, self.epoch)
                 self.links[name].start()
         for name in [n for n in self.links if n not in nodes and n not in isr]:

@@ -121,6 +121,31 @@ def test_a_follower_the_log_left_behind_is_synced_whole_in_several_batches(wire,
     assert link.pump(epoch=2) == 11 and wire.same()
 
 
+def test_a_link_stopped_mid_sync_sends_none_of_its_later_batches(wire, monkeypatch):
+    # Retired (its leader stepped down, or leads again with a new log), a link must not
+    # go on writing a follower another link may be syncing meanwhile.
+    monkeypatch.setattr(peers, "SYNC_BATCH_BYTES", 1000)
+    for n in range(10):
+        wire.write(f"queues/q{n}/0.qi", os.urandom(700))
+    wire.log.acknowledge("n9", wire.log.position, wire.log.identity)
+    wire.log.release()  # n2 needs a full sync: ten batches
+    wire.follower()
+    link = wire.link()
+    sent = []
+    ask = link._ask
+
+    def counted(header, actions=()):
+        sent.append(header["kind"])
+        return ask(header, actions)
+
+    link._ask = counted
+    link.stopped = lambda: sent.count("batch") >= 2
+    with pytest.raises(PeerError, match="stopped mid-sync"):
+        link.pump(epoch=2)
+    assert sent == ["hello", "manifest", "batch", "batch"]
+    assert not wire.same()
+
+
 def test_a_batch_whose_ack_was_lost_is_not_applied_twice_and_the_link_moves_on(wire):
     wire.follower()
     link = wire.link()
@@ -270,6 +295,9 @@ class _CaughtUpLink:
 
     def join(self, timeout: float) -> None:
         pass
+
+    def is_alive(self) -> bool:
+        return False
 
 
 class _Leading:
