@@ -39,9 +39,13 @@ one handler call running too long): the heartbeat thread tells the event thread,
 kills it with SIGKILL, and that then counts as its crash. Heartbeats begin only once a
 child is ready: a long start is bounded by ``start_timeout_s`` alone. Time the
 supervisor's own process was held (the heartbeat thread woke more than ``HELD_S`` after
-it meant to: a SIGSTOP of the whole node, a suspended machine) counts against no child:
-each child's silence is shortened by it, so that a node resumed after a pause longer
-than the heartbeat timeout does not kill every actor it has.
+it meant to: a SIGSTOP of the whole node, a paused container, a machine too starved to
+run it) counts against no child running before it: each one's silence is shortened by
+it (never past now), so that a node resumed after a pause longer than the heartbeat
+timeout does not kill every actor it has; a child hung all along is found one timeout
+later than it would have been. (A suspended machine needs none of this: the monotonic
+clock heartbeats are timed by stands still meanwhile.) A hold that lands while the
+thread beats, rather than while it waits, is not seen.
 
 Nothing polls: an idle supervisor costs nothing between the moments something is due, so at
 rest the supervisors of a node with many queues (one each) cost it their pings and nothing
@@ -810,14 +814,16 @@ class Supervisor:
             self._hung_reported.pop(gone, None)
         return due
 
-    def _excuse_silence(self, held_s: float) -> None:
-        """(The heartbeat thread.) Every running child's silence is ``held_s`` shorter:
-        this process was held that long, and could neither ping nor hear it."""
+    def _excuse_silence(self, held_s: float, since: float, now: float) -> None:
+        """(The heartbeat thread.) The silence of every child running since before
+        ``since`` is ``held_s`` shorter (never past ``now``): this process was held
+        that long, and could neither ping nor hear it. A child started since (its
+        ``last_pong`` is its start) owes nothing to the pause."""
         with self._lock:
             children = list(self._beating)
         for child in children:
-            if child.state == "running":
-                child.last_pong += held_s
+            if child.state == "running" and child.last_pong <= since:
+                child.last_pong = min(child.last_pong + held_s, now)
 
     def _beat(self, child: _Child, now: float) -> float:
         """One child's heartbeat at ``now``: credit its ping's answer, send the next ping
@@ -948,15 +954,16 @@ class _Heartbeats:
                     return
                 watched = list(self._due)
             if now - planned > HELD_S:
-                # This thread, and so its process, was held (SIGSTOP, a suspended machine):
-                # the children were too, and time nobody could ping them is not theirs.
+                # This thread, and so its process, was held (a SIGSTOP of the node, a
+                # paused container, a starved machine): time nobody could ping the
+                # children in is not theirs.
                 log.warning(
-                    "heartbeats: this process was held %.1f s (stopped, or its machine "
-                    "suspended): its children's silence meanwhile is not held against them",
+                    "heartbeats: this process was held %.1f s (stopped, or starved of "
+                    "CPU): its children's silence meanwhile is not held against them",
                     now - planned,
                 )
                 for supervisor in watched:
-                    supervisor._excuse_silence(now - planned)
+                    supervisor._excuse_silence(now - planned, planned, now)
             with self._lock:
                 ready, self._changed = self._changed, set()
                 while schedule and schedule[0][0] <= now + COALESCE_S:
