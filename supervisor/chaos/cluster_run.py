@@ -30,17 +30,20 @@ epoch, the ISR holds all three, the leader serves) and a seeded pause has passed
   overwritten while another node takes over, then started again: it is synced whole
   and never leads while out of the ISR.
 
-Watched all run long (every ``WATCH_S``): no two nodes ever lead under one epoch, and no
-node leads while its own view of the ISR leaves it out. After the faults, producers stop,
-consumers drain the queues and the stream's reader reads to its end, the workload stops,
-the followers catch up, and then: the queue and stream audits of one node's run (every
-confirmed (producer, sequence) consumed or read, no stream offset with two bodies,
-duplicates only where a re-send was in doubt and flagged or dropped), and the ISR
-members' stream chunks compared: every chunk id two of them hold has the same CRC on
-both, none fails its CRC, and none is missing from one below the highest chunk the
-other holds (``replica_mismatches``). Each fault's ``recovery s`` is the longest time
-without a confirm from the moment it landed to the next fault's (what producers felt);
-its detail says when the first confirm not already in flight came.
+Watched all run long (every ``WATCH_S``): no leader deposed by a newer epoch commits
+anything more once it is seen deposed (``deposed_confirms``: the epoch fence failed),
+and no node leads while its own view of the ISR leaves it out. After the faults,
+producers stop, consumers drain the queues and the stream's reader reads to its end,
+the workload stops, the followers catch up, and then: the queue and stream audits of
+one node's run (every confirmed (producer, sequence) consumed or read, no stream offset
+with two bodies, duplicates only where a re-send was in doubt and flagged or dropped),
+and the stream's copies compared chunk by chunk (``replica_differences``: a copy
+missing or empty where the leader's holds chunks, a chunk two copies hold with two
+CRCs, one failing its CRC, or one missing from a copy below the last chunk it holds;
+the leader's chunks past a follower's last are a tail not shipped yet). Each fault's
+``recovery s`` is the longest time without a confirm from the moment it landed to the
+next fault's (the last one's: to the producers' stop): what producers felt; its detail
+says when the first confirm not already in flight came.
 
 Nothing is left behind: the nodes, the etcd members, the proxies and the workload are
 stopped when the run ends, fails or is interrupted, as in one node's run.
@@ -68,7 +71,12 @@ import psutil
 
 from warren.queues.broker.definitions import queue_directory
 from warren.queues.engine.stream_inspect import chunk_checksums
-from warren.queues.engine.stream_log import SEGMENT_SUFFIX, numbered_files, segment_file_name
+from warren.queues.engine.stream_log import (
+    FILE_HEADER_BYTES,
+    SEGMENT_SUFFIX,
+    numbered_files,
+    segment_file_name,
+)
 
 from ..cluster.local_etcd import LocalEtcd, free_ports
 from ..cluster.shipping import FOLLOWER_DEADLINE_S
@@ -251,26 +259,40 @@ class ClusterUnderTest:
 
 
 class Leaderships:
-    """What the nodes' views said of who leads, seen one after another: a node leading
-    under an epoch another node led under (``shared_epochs``), and a node leading while
-    its own view of the ISR leaves it out (``outside_isr``); each listed at most
-    ``LISTED_DIFFERENCES`` times."""
+    """What the nodes' views said of who leads, seen one after another: a node that went
+    on confirming under an epoch after a newer one was seen leading (``deposed_confirms``:
+    the fence failed; the commits it answered as held, counted where they stood when it
+    was first seen deposed, must not grow from there), and a node leading while its own view of the
+    ISR leaves it out (``outside_isr``); each listed at most ``LISTED_DIFFERENCES``
+    times."""
 
     def __init__(self) -> None:
-        self.leaders: dict[int, str] = {}  # epoch -> the node first seen leading under it
-        self.shared_epochs: list[str] = []
+        self.newest = -1  # the newest epoch seen leading
+        self.deposed: dict[tuple[str, int], int] = {}  # (node, epoch) -> commits answered
+        self.deposed_confirms: list[str] = []
         self.outside_isr: list[str] = []
 
     def see(self, name: str, view: dict) -> None:
         """Node ``name``'s view of its cluster (its status's ``cluster``)."""
         epoch, isr = view.get("epoch"), view.get("isr") or []
-        if view.get("role") != "leader" or not isinstance(epoch, int):
+        if view.get("role") == "leader" and isinstance(epoch, int):
+            self.newest = max(self.newest, epoch)
+            if isr and name not in isr and len(self.outside_isr) < LISTED_DIFFERENCES:
+                self.outside_isr.append(f"{name} led under epoch {epoch} outside its ISR {isr}")
+        shipping = view.get("replication") or {}
+        own = shipping.get("epoch")
+        committed = (shipping.get("counters") or {}).get("confirmed")
+        if shipping.get("mode") != "leader" or not isinstance(own, int):
             return
-        first = self.leaders.setdefault(epoch, name)
-        if first != name and len(self.shared_epochs) < LISTED_DIFFERENCES:
-            self.shared_epochs.append(f"{first} and {name} both led under epoch {epoch}")
-        if isr and name not in isr and len(self.outside_isr) < LISTED_DIFFERENCES:
-            self.outside_isr.append(f"{name} led under epoch {epoch} outside its ISR {isr}")
+        if own >= self.newest or not isinstance(committed, int):
+            return  # the newest leadership known, or no count of its commits
+        stood = self.deposed.setdefault((name, own), committed)
+        if committed > stood and len(self.deposed_confirms) < LISTED_DIFFERENCES:
+            self.deposed_confirms.append(
+                f"{name} confirmed {committed - stood} commits under epoch {own} "
+                f"after epoch {self.newest} led"
+            )
+            self.deposed[(name, own)] = committed
 
 
 class _Watch(threading.Thread):
@@ -306,7 +328,9 @@ def _damage_tail(data_dir: str, rng: random.Random) -> str:
         return "no stream segment to damage"
     path = os.path.join(directory, segment_file_name(segments[-1]))
     size = os.path.getsize(path)
-    damage = rng.randint(1, max(1, min(TAIL_DAMAGE_BYTES, size - 8)))
+    if size <= FILE_HEADER_BYTES:
+        return f"{os.path.basename(path)} holds no chunk to damage"
+    damage = rng.randint(1, min(TAIL_DAMAGE_BYTES, size - FILE_HEADER_BYTES))
     if rng.random() < 0.5:
         os.truncate(path, size - damage)
         return f"{os.path.basename(path)} cut by {damage} bytes"
@@ -500,6 +524,7 @@ def run_cluster_chaos(
     workload: ChaosWorkload | None = None
     watch: _Watch | None = None
     replica_mismatches: list[str] = []
+    producers_stopped = 0.0
     with harness_signals():
         cluster = ClusterUnderTest(os.path.join(root, "cluster"), ttl_s=ttl_s)
         try:
@@ -548,6 +573,7 @@ def run_cluster_chaos(
                 result.healthy_at_end = True
             except TimeoutError as exc:
                 result.problems.append(f"after the faults: {exc}")
+            producers_stopped = round(time.monotonic() - started, 3)
             workload.stop_producers()
             workload.drain()
             watch.done.set()
@@ -558,15 +584,18 @@ def run_cluster_chaos(
             result.restarts = sum(node.restarts() for node in cluster.nodes)
             result.node_starts = sum(node.starts for node in cluster.nodes)
         finally:
-            if watch is not None:
-                watch.done.set()
-            if workload is not None:
-                workload.close()
-            leader_dir = _leader_dir(cluster)
-            cluster.close()
+            leader_dir = cluster.nodes[0].data_dir
+            try:
+                if watch is not None:
+                    watch.done.set()
+                if workload is not None:
+                    workload.close()
+                leader_dir = _leader_dir(cluster)
+            finally:
+                cluster.close()
     assert workload is not None and watch is not None  # both made, or the run raised
     result.samples = watch.samples
-    ends = [e.at_s for e in result.events[1:]] + [result.samples[-1][0] if result.samples else 0]
+    ends = [e.at_s for e in result.events[1:]] + [producers_stopped]
     for event, until in zip(result.events, ends, strict=True):
         # one publish a producer, and a stream batch, may be in flight as a fault lands
         longest, first = _quiet_spells(
@@ -581,14 +610,14 @@ def run_cluster_chaos(
     invariants = {
         **with_stream(verdict.counts(), stream_verdict),
         "network_cut_by": "TCP proxies (no root needed)",
-        "two_leaders_one_epoch": watch.leaderships.shared_epochs,
+        "deposed_confirms": watch.leaderships.deposed_confirms,
         "leaders_outside_isr": watch.leaderships.outside_isr,
         "replica_mismatches": replica_mismatches,
     }
     ok = (
         verdict.ok
         and stream_verdict.ok
-        and not watch.leaderships.shared_epochs
+        and not watch.leaderships.deposed_confirms
         and not watch.leaderships.outside_isr
         and not replica_mismatches
     )
@@ -601,7 +630,10 @@ def run_cluster_chaos(
 
 def _leader_dir(cluster: ClusterUnderTest) -> str:
     """The data directory of the node that led last (n0's when none is known)."""
-    agreed = cluster.agreed(list(range(len(NODES))))
+    try:
+        agreed = cluster.agreed(list(range(len(NODES))))
+    except (KeyError, TypeError):  # a status of another shape: none is known
+        agreed = None
     return cluster.nodes[agreed[0] if agreed else 0].data_dir
 
 
@@ -616,38 +648,47 @@ def _compare_replicas(cluster: ClusterUnderTest, result: ChaosResult) -> list[st
             )
             return []
         time.sleep(WATCH_S)
-    return replica_differences(
-        {
-            name: chunk_checksums(queue_directory(node.data_dir, STREAM))
-            for name, node in zip(NODES, cluster.nodes, strict=True)
-        }
-    )
+    copies: dict[str, dict[int, int] | None] = {}
+    for name, node in zip(NODES, cluster.nodes, strict=True):
+        try:
+            copies[name] = chunk_checksums(queue_directory(node.data_dir, STREAM))
+        except FileNotFoundError:
+            copies[name] = None
+    return replica_differences(copies)
 
 
-def replica_differences(copies: dict[str, dict[int, int]]) -> list[str]:
+def replica_differences(copies: dict[str, dict[int, int] | None]) -> list[str]:
     """What differs between copies of one stream (by node: each chunk id's CRC, -1 for
-    a chunk failing it, as ``chunk_checksums`` gives): a chunk failing its CRC, a chunk
-    two copies hold with different CRCs, and a chunk one copy lacks between the first and
-    the last chunk both hold (retention's deletes and a tail not shipped yet are not
-    differences); in words, at most ``LISTED_DIFFERENCES``."""
+    a chunk failing it, as ``chunk_checksums`` gives; None where the stream's directory
+    is missing): a copy missing or empty while another holds chunks, a chunk failing its
+    CRC, a chunk two copies hold with different CRCs, and a chunk one copy lacks between
+    the first and the last chunk both hold (retention's deletes and a tail not shipped
+    yet are not differences); in words, at most ``LISTED_DIFFERENCES``."""
     found = []
-    for name, chunks in copies.items():
+    fullest = max(copies, key=lambda name: len(copies[name] or {}))
+    for name, held in copies.items():
+        if not held and copies[fullest]:
+            found.append(
+                f"{name} holds {'an empty' if held is not None else 'no'} copy of the "
+                f"stream ({fullest} holds {len(copies[fullest] or {})} chunks)"
+            )
+    present = {name: held for name, held in copies.items() if held}
+    for name, chunks in present.items():
         found += [f"{name}: chunk {c} fails its CRC" for c, crc in chunks.items() if crc == -1]
-    names = sorted(copies)
+    names = sorted(present)
     for at, a in enumerate(names):
         for b in names[at + 1 :]:
-            one, other = copies[a], copies[b]
+            one, other = present[a], present[b]
             for chunk in sorted(one.keys() & other.keys()):
                 if one[chunk] != other[chunk]:
                     found.append(
                         f"chunk {chunk}: CRC {one[chunk]:#x} on {a}, {other[chunk]:#x} on {b}"
                     )
-            if one and other:
-                low, high = max(min(one), min(other)), min(max(one), max(other))
-                for chunk in sorted(one.keys() ^ other.keys()):
-                    if low <= chunk <= high:
-                        found.append(
-                            f"chunk {chunk} on {a if chunk in one else b}, not on "
-                            f"{b if chunk in one else a}"
-                        )
+            low, high = max(min(one), min(other)), min(max(one), max(other))
+            for chunk in sorted(one.keys() ^ other.keys()):
+                if low <= chunk <= high:
+                    found.append(
+                        f"chunk {chunk} on {a if chunk in one else b}, not on "
+                        f"{b if chunk in one else a}"
+                    )
     return found[:LISTED_DIFFERENCES]

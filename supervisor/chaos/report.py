@@ -43,7 +43,8 @@ BROKEN_PROMISES = {
     "out_of_order": "{n} stream offsets read out of order within one attach",
     "stream_duplicates": "{n} stream messages held at two offsets though deduplicated",
     "unexplained_corrupt": "{n} stream chunks refused as damaged where no damage landed",
-    "two_leaders_one_epoch": "{n} times two nodes led under one epoch (the fence failed)",
+    "deposed_confirms": "{n} times a deposed leader committed after a newer one led "
+    "(the epoch fence failed)",
     "leaders_outside_isr": "{n} times a node led while out of the ISR",
     "replica_mismatches": "{n} differences between the in-sync copies of the stream",
     "invariant_failures": "the application's check failed ({n} findings, above)",

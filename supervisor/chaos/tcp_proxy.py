@@ -64,11 +64,13 @@ class TcpProxy:
         with self._lock:
             self._closed = True
             sockets, self._sockets = [self._listener, *self._sockets], set()
-        self._whole.set()  # so that every held thread runs to its closed socket
         for sock in sockets:
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
             sock.close()
+        # every held thread runs on, to its closed socket: nothing held is delivered, and
+        # a connection waiting for the link to heal reaches no upstream
+        self._whole.set()
 
     def _keep(self, sock: socket.socket) -> bool:
         with self._lock:
@@ -91,6 +93,9 @@ class TcpProxy:
 
     def _connect(self, client: socket.socket) -> None:
         self._whole.wait()
+        if self._closed:
+            self._drop(client)
+            return
         try:
             if self.upstream is None:
                 raise ConnectionRefusedError("no upstream yet")

@@ -925,7 +925,7 @@ def build_parser() -> argparse.ArgumentParser:
             "the cluster's faults (each healed before the next): "
             "kill-leader, pause-leader, leader-from-followers, leader-from-etcd, "
             "cut-follower, kill-etcd-leader, damaged-tail; then the same checks, plus no "
-            "two leaders under one epoch, no leader outside the ISR, and the in-sync "
+            "deposed leader committing, no leader outside the ISR, and the in-sync "
             "copies' stream chunks identical.",
             78,
         ),

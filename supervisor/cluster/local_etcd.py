@@ -96,8 +96,12 @@ class LocalEtcd:
         self.group = 0
         self.processes: list[subprocess.Popen[bytes]] = []
         self.logs: list[IO[bytes]] = []
-        for index in range(size):
-            self.processes.append(self._spawn(index))
+        try:
+            for index in range(size):
+                self.processes.append(self._spawn(index))
+        except BaseException:
+            self.stop()  # the members already started
+            raise
 
     def _spawn(self, index: int) -> subprocess.Popen[bytes]:
         log = open(self.root / f"{self.names[index]}.log", "ab")  # noqa: SIM115 (closed in stop)
@@ -159,14 +163,15 @@ class LocalEtcd:
         self.processes[index] = self._spawn(index)
 
     def stop(self) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.group, signal.SIGKILL)
+        if self.group:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.group, signal.SIGKILL)
         for process in self.processes:
             process.wait(timeout=30)
         for log in self.logs:
             log.close()
         deadline = time.monotonic() + 30
-        while _group_alive(self.group) and time.monotonic() < deadline:
+        while self.group and _group_alive(self.group) and time.monotonic() < deadline:
             time.sleep(POLL_S)
 
 

@@ -70,7 +70,7 @@ def test_one_round_of_every_cluster_fault_loses_nothing_confirmed(tmp_path):
     assert all(e["landed"] for e in report["events"]) and report["problems"] == []
     assert report["lost"] == 0 and report["unflagged_duplicates"] == 0
     assert report["offset_conflicts"] == [] and report["stream_duplicates"] == []
-    assert report["two_leaders_one_epoch"] == [] and report["leaders_outside_isr"] == []
+    assert report["deposed_confirms"] == [] and report["leaders_outside_isr"] == []
     assert report["replica_mismatches"] == [] and report["healthy"] is True
     # the workload went on through the faults, and each fault's pause in confirms is told
     assert report["confirmed"] > 100 and report["stream_confirmed"] > 20
@@ -251,6 +251,15 @@ def test_copies_of_a_stream_that_differ_are_named_chunk_by_chunk(tmp_path):
     # a follower behind by its tail is no difference: it was not shipped yet
     behind = dict(same, n2={c: crc for c, crc in same["n2"].items() if c < 20})
     assert replica_differences(behind) == []
+    # a copy missing, or empty, while the others hold the stream
+    assert replica_differences(dict(same, n2=None)) == [
+        f"n2 holds no copy of the stream (n0 holds {len(same['n0'])} chunks)"
+    ]
+    assert replica_differences(dict(same, n1={})) == [
+        f"n1 holds an empty copy of the stream (n0 holds {len(same['n0'])} chunks)"
+    ]
+    with pytest.raises(FileNotFoundError):
+        chunk_checksums(tmp_path / "never made")
     # one chunk's data flipped on n1: its CRC fails there
     segment = (
         tmp_path / "n1" / segment_file_name(numbered_files(str(tmp_path / "n1"), ".segment")[0])
@@ -269,14 +278,27 @@ def test_copies_of_a_stream_that_differ_are_named_chunk_by_chunk(tmp_path):
     assert any("not on n0" in d for d in replica_differences(holed))
 
 
-def test_two_nodes_leading_under_one_epoch_or_a_leader_outside_its_isr_is_named():
+def _leader(epoch: int, confirmed: int, isr=("n0", "n1", "n2")) -> dict:
+    """A leader's view of its cluster, having answered ``confirmed`` commits."""
+    return {
+        "role": "leader",
+        "epoch": epoch,
+        "isr": list(isr),
+        "replication": {"mode": "leader", "epoch": epoch, "counters": {"confirmed": confirmed}},
+    }
+
+
+def test_a_deposed_leader_that_commits_or_a_leader_outside_its_isr_is_named():
     seen = Leaderships()
-    seen.see("n0", {"role": "leader", "epoch": 7, "isr": ["n0", "n1", "n2"]})
+    seen.see("n0", _leader(7, 100))
+    seen.see("n0", _leader(7, 180))  # the leader commits: fine
     seen.see("n1", {"role": "follower", "epoch": 7, "isr": ["n0", "n1", "n2"]})
-    seen.see("n1", {"role": "leader", "epoch": 9, "isr": ["n1", "n2"]})
-    seen.see("n0", {"role": "leader", "epoch": 7, "isr": ["n0", "n1", "n2"]})  # paused, stale
-    assert seen.shared_epochs == [] and seen.outside_isr == []
-    seen.see("n2", {"role": "leader", "epoch": 9, "isr": ["n1", "n2"]})
-    seen.see("n0", {"role": "leader", "epoch": 12, "isr": ["n1", "n2"]})
-    assert seen.shared_epochs == ["n1 and n2 both led under epoch 9"]
-    assert seen.outside_isr == ["n0 led under epoch 12 outside its ISR ['n1', 'n2']"]
+    seen.see("n1", _leader(9, 181, isr=("n1", "n2")))  # n0 paused, n1 took over
+    # n0 resumed: its stale view still says it leads at 7, and it confirms nothing more
+    seen.see("n0", _leader(7, 190))
+    seen.see("n0", _leader(7, 190))
+    assert seen.deposed_confirms == [] and seen.outside_isr == []
+    seen.see("n0", _leader(7, 195))  # ... and then it moves: a confirm nobody fenced
+    seen.see("n2", _leader(12, 10, isr=("n0", "n1")))
+    assert seen.deposed_confirms == ["n0 confirmed 5 commits under epoch 7 after epoch 9 led"]
+    assert seen.outside_isr == ["n2 led under epoch 12 outside its ISR ['n0', 'n1']"]
