@@ -10,9 +10,14 @@ target], ...]}`` and each action's bytes as a frame of its own, in order. The an
 ``{"committed": N}`` (the coordinator's number of the last of them, on every in-sync
 replica) or ``{"refused": reason}``.
 
-Races it guards against: an answer that comes after its commit gave up (the timeout)
-must not be taken for the next commit's: a commit that timed out closes the socket, and
-the next one makes a new one.
+Races it guards against: an answer that comes after its commit gave up must not be taken
+for the next commit's: a commit that gave up closes the socket, and the next one makes a
+new one. A coordinator that dies with a commit in flight (killed, and restarted by the
+node's supervisor at the same address) never answers it: the socket's monitor sees the
+connection drop, and the commit is refused at once (in doubt: the writer fails its sync,
+as a disk's error) rather than after ``COMMIT_TIMEOUT_S``, which held the writer, and
+the node's stop, that long. A drop seen before a commit is sent is over (ZeroMQ has
+connected again): it refuses nothing.
 """
 
 from __future__ import annotations
@@ -58,29 +63,47 @@ class _Link:
     def __init__(self, endpoint: str) -> None:
         self.endpoint = endpoint
         self.socket: zmq.Socket[bytes] | None = None
+        self.monitor: zmq.Socket[bytes] | None = None
         self.pid = os.getpid()
 
     def __call__(self, actions: Sequence[RecordedAction]) -> None:
         if self.pid != os.getpid():  # forked: the parent's socket is not this process's
-            self.socket, self.pid = None, os.getpid()
-        socket = self.socket
-        if socket is None:
-            socket = self.socket = zmq.Context.instance().socket(zmq.DEALER)
-            socket.setsockopt(zmq.LINGER, 0)
-            socket.connect(self.endpoint)
+            self.socket, self.monitor, self.pid = None, None, os.getpid()
+        if self.socket is None or self.monitor is None:
+            self.socket = zmq.Context.instance().socket(zmq.DEALER)
+            self.socket.setsockopt(zmq.LINGER, 0)
+            self.monitor = self.socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+            self.socket.connect(self.endpoint)
+        socket, monitor = self.socket, self.monitor
+        while monitor.poll(0):  # a coordinator gone before this commit: reconnected since
+            monitor.recv_multipart()
         socket.send_multipart(commit_frames(actions), copy=False)
-        if not socket.poll(int(COMMIT_TIMEOUT_S * 1000)):
-            socket.close()
-            self.socket = None
-            raise ReplicationRefused(
-                errno.EIO,
-                f"the node's coordinator did not answer a commit within {COMMIT_TIMEOUT_S:g} s",
+        poller = zmq.Poller()
+        poller.register(socket, zmq.POLLIN)
+        poller.register(monitor, zmq.POLLIN)
+        ready = dict(poller.poll(int(COMMIT_TIMEOUT_S * 1000)))
+        if socket not in ready:
+            self._close()
+            why = (
+                "went away during a commit"
+                if monitor in ready
+                else f"did not answer a commit within {COMMIT_TIMEOUT_S:g} s"
             )
+            raise ReplicationRefused(errno.EIO, f"the node's coordinator {why}")
         answer = json.loads(socket.recv())
         if "committed" not in answer:
             raise ReplicationRefused(
                 errno.EIO, f"the cluster refused a commit: {answer.get('refused')}"
             )
+
+    def _close(self) -> None:
+        """Drop the socket: an answer that comes late is never taken for the next's."""
+        if self.socket is not None:
+            self.socket.disable_monitor()
+            self.socket.close()
+        if self.monitor is not None:
+            self.monitor.close()
+        self.socket = self.monitor = None
 
 
 def committer_to(endpoint: str) -> _Link:

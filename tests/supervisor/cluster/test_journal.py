@@ -112,3 +112,48 @@ def test_a_refused_commit_fails_the_sync_as_an_os_error_and_nothing_is_taken_bac
             write_atomically(tmp_path / "definitions.json", b"{}")
     finally:
         replicated_io.disable()
+
+
+def test_a_coordinator_that_dies_under_a_commit_refuses_it_at_once_and_the_next_goes_on(
+    tmp_path,
+):
+    # A commit the coordinator took and never answered (killed, and started again at the
+    # same address by the node's supervisor) held its writer for the whole commit
+    # timeout, two minutes, and the node's stop with it.
+    import threading
+    import time
+
+    import zmq
+
+    from warren.store.replication_link import committer_to, recorded_actions
+
+    endpoint = f"ipc://{tmp_path}/commits"
+    context = zmq.Context.instance()
+    link = committer_to(endpoint)
+    action = replicated_io.RecordedAction("write", "a", 0, b"x", "")
+
+    def coordinator(answer: bool) -> threading.Thread:
+        router = context.socket(zmq.ROUTER)
+        router.linger = 0
+        router.bind(endpoint)
+
+        def serve() -> None:
+            identity, *frames = router.recv_multipart()
+            assert recorded_actions(frames) == [action]
+            if answer:
+                router.send_multipart([identity, b'{"committed": 1}'])
+            router.close()  # answered, or dead with the commit in hand
+
+        thread = threading.Thread(target=serve)
+        thread.start()
+        return thread
+
+    dying = coordinator(answer=False)
+    started = time.monotonic()
+    with pytest.raises(ReplicationRefused, match="coordinator went away during a commit"):
+        link([action])
+    assert time.monotonic() - started < 30
+    dying.join()
+    again = coordinator(answer=True)  # its successor, at the same address
+    link([action])  # answered: committed
+    again.join()
