@@ -219,6 +219,11 @@ AMQP_NAME = "amqp"  # the AMQP 0-9-1 port's actor (Node(amqp=...))
 CLUSTER_SUP = "cluster_sup"  # the coordinator's supervisor (Node(cluster=...))
 COMMIT_SOCKET = "replication"  # in the runtime directory: where the node's writers commit
 LEADERSHIP_LOOK_S = 0.2  # how often a node in a cluster looks whether it leads
+# In a cluster, the supervisor of the node's data part (stores, queues, listeners, the
+# application's children): temporary under the root, so that when it gives up (its
+# restarts refused once the node no longer leads) the node follows on, and starts it
+# again once it leads.
+DATA_SUP = "data"
 REPLICATION_ALARM = "replication"  # a leader's ISR is short of min_insync nodes
 # What other processes may call on the node through its control socket (warren.connect).
 QUEUE_SUP_PREFIX = "queue_sup "  # each queue's own supervisor, under queue_sup
@@ -373,7 +378,7 @@ class Node:
         self._data_running = False  # the processes that write the data directory run
         self._data_starting = False  # they are being started (a leader's recovery)
         self._led_epoch: int | None = None  # the epoch they were started under
-        self._data_child_ids: list[str] = []
+        self._data_epoch: int | None = None  # the leadership the data part last started in
         if cluster_settings is None:
             self._open_definitions()
         self.failed = threading.Event()
@@ -1088,8 +1093,17 @@ class Node:
         assert self.root is not None, "__init__ starts the tree"
         return self.root
 
+    @property
+    def _data_tree(self) -> Supervisor:
+        """The supervisor of the stores, queues, listeners and the application's children:
+        the root, or in a cluster its temporary ``data`` child (KeyError while it does
+        not run: a follower)."""
+        if self.cluster is None:
+            return self._tree
+        return self._tree.child_supervisor(DATA_SUP)
+
     def _supervisor(self, child_id: str) -> Supervisor:
-        return self._tree.child_supervisor(child_id)
+        return self._data_tree.child_supervisor(child_id)
 
     @property
     def _definitions(self) -> Definitions:
@@ -1138,7 +1152,12 @@ class Node:
         with self._data_lock:
             if self._closing.is_set() or coordinator is None or not status:
                 return
-            if self._data_running and (
+            if self._data_running and not self._data_alive():
+                # its supervisor gave up (a restart refused: the node had stopped
+                # leading, or its disk): started again below while the node leads
+                log.warning("node %s: its data part gave up: stopping it", self.name)
+                self._stop_data(coordinator)
+            elif self._data_running and (
                 role != "leader" or epoch != self._led_epoch or shipping != "leader"
             ):
                 # deposed, led again at another epoch between two looks, or a coordinator
@@ -1175,19 +1194,19 @@ class Node:
 
     def _start_data(self) -> None:
         restarts = self._tree.restart_counts
-        if isinstance(restarts, _ResyncOnRestart):
-            restarts.new_leadership()
+        if isinstance(restarts, _ResyncOnRestart) and self._led_epoch != self._data_epoch:
+            restarts.new_leadership()  # else a start again within one leadership: resynced
+        self._data_epoch = self._led_epoch
         with self._definitions_lock:
             self._open_definitions()
-        children = self._data_children()
-        self._data_child_ids = [child.id for child in children]
-        for child in children:
-            self._tree.start_child(child)
+        self._tree.start_child(
+            SupervisorSpec(DATA_SUP, ROOT_FLAGS, self._data_children(), restart="temporary")
+        )
         self._data_started()
         self._with_room(self._write_node_file)
 
     def _data_started(self) -> None:
-        self._tree.follow_child_spec("queue_sup", self._queue_sup_spec)
+        self._data_tree.follow_child_spec("queue_sup", self._queue_sup_spec)
         listen, amqp = self._serves
         if listen:
             listener_ref = self._actor_node.whereis(LISTENER_NAME)
@@ -1199,14 +1218,18 @@ class Node:
             self.amqp_endpoint = amqp_ref.ask(AmqpStats())["endpoint"]
         self._data_running = True
 
+    def _data_alive(self) -> bool:
+        return any(
+            child["id"] == DATA_SUP and child["state"] == "running"
+            for child in self._tree.which_children()
+        )
+
     def _stop_data(self, coordinator: ActorRef) -> None:
         self._data_running = False
-        for child_id in reversed(self._data_child_ids):
-            try:
-                self._tree.terminate_child(child_id)
-            except Exception as exc:  # never started, or gone: nothing of it runs
-                log.debug("node %s: %s was not running: %s", self.name, child_id, exc)
-        self._data_child_ids = []
+        try:
+            self._tree.terminate_child(DATA_SUP)
+        except Exception as exc:  # never started, or gave up: nothing of it runs
+            log.debug("node %s: its data part was not running: %s", self.name, exc)
         with self._definitions_lock:
             if self._opened_definitions is not None:
                 self._opened_definitions.close()

@@ -164,6 +164,48 @@ def test_a_client_naming_every_node_follows_a_failover_and_loses_no_confirmed_me
             node.stop()
 
 
+def test_a_leaders_coordinator_killed_under_its_commits_leaves_the_node_up_and_loses_nothing(
+    etcd, tmp_path
+):
+    # The coordinator dies with commits in flight: a commit it took was never answered
+    # (its writer, and the node's stop, held two minutes), and the stores' restarts,
+    # refused by a coordinator that serves nobody until the node says which of its
+    # processes write, made the node's root supervisor give up: the node exited. Now the
+    # commit is refused at once, the data part alone gives up, and the node leads on.
+    nodes = start_nodes(etcd, tmp_path, "peer", ttl_s=5)
+    try:
+        wait_for(lambda: agreed_leader(nodes), timeout=60)
+        leader, _ = agreed_leader(nodes)
+        wait_for(lambda: all(cluster_status(n)["isr"] == ALL_THREE for n in nodes), timeout=60)
+        everyone = [node.endpoint for node in nodes]
+        killed = nodes[int(leader[-1])]
+        with connect(everyone, wait=60, recovery_timeout_s=120) as connection:
+            connection.declare_queue("orders")
+            for sequence in range(300):
+                if sequence in (50, 150):  # twice: the second under a new coordinator
+                    coordinator = titled(killed, "warren: coordinator")
+                    if coordinator is not None:
+                        coordinator.kill()
+                body = b"order %d" % sequence
+                while True:
+                    try:
+                        connection.publish("orders", body, producer_id="shop", sequence=sequence)
+                        break
+                    except Nacked:  # in doubt (its queue restarted): sent again, as apps do
+                        continue
+            got = []
+            while (delivery := connection.get("orders")) is not None:
+                got.append(delivery.body)
+                delivery.ack()
+        # each once: a re-sent one the queue had taken is dropped by its dedup state
+        assert got == [b"order %d" % sequence for sequence in range(300)]
+        assert all(node.process.poll() is None for node in nodes)  # no node gave up
+        wait_for(lambda: all(cluster_status(n)["isr"] == ALL_THREE for n in nodes), timeout=90)
+    finally:
+        for node in nodes:
+            node.stop()
+
+
 def test_stray_and_malformed_commits_are_refused_and_the_leader_goes_on(etcd, tmp_path):
     (node,) = start_nodes(etcd, tmp_path, "stray", count=1)
     try:
