@@ -37,6 +37,7 @@ from warren.supervisor.chaos.run import ChaosResult, NodeUnderTest, check_data_d
 from warren.supervisor.chaos.workload import body_of, produce
 
 from ...waiting import wait_for
+from .interrupting import interrupt_run
 
 ROOT = Path(__file__).resolve().parents[3]
 WARREN = [sys.executable, "-m", "warren.supervisor.cli"]
@@ -645,43 +646,9 @@ def test_a_stop_signal_in_a_child_before_its_exec_ends_it_as_the_signal_would(si
     ],
 )
 def test_an_interrupted_chaos_run_leaves_no_process_behind(tmp_path, signum, to_group):
-    harness = subprocess.Popen(
-        [
-            *WARREN,
-            "chaos",
-            "--data-dir",
-            str(tmp_path / "data"),
-            "--duration",
-            "60",
-            "--seed",
-            "1",
-            "--faults",
-            "kill",
-        ],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    family: list[psutil.Process] = []
-    try:
-        # Running: the node, its actors and the workload's producers and consumers.
-        wait_for(lambda: len(node_processes(harness.pid)) >= 12, timeout=60)
-        family = node_processes(harness.pid)
-        if to_group:
-            os.killpg(harness.pid, signum)
-        else:
-            harness.send_signal(signum)
-        out, err = harness.communicate(timeout=90)
-        assert harness.returncode == 130, out[-2000:] + err[-2000:]
-        assert "interrupted" in err
-        wait_for(lambda: not [p for p in family if is_alive(p)], timeout=10)
-    finally:
-        if harness.poll() is None:
-            harness.kill()
-            harness.communicate()
-        kill_processes([p for p in family if is_alive(p)])
+    options = ["--data-dir", str(tmp_path / "data"), "--duration", "60", "--seed", "1"]
+    # running: the node, its actors and the workload's producers and consumers
+    interrupt_run([*options, "--faults", "kill"], signum, to_group=to_group, running_at_least=12)
 
 
 def test_a_sigkilled_harness_takes_its_node_and_workload_along(tmp_path):
