@@ -27,7 +27,14 @@ import os
 import signal
 import sys
 
-__all__ = ["LIBC", "SPARE_TITLE", "die_with_parent", "drain_wake_pipe", "process_exists"]
+__all__ = [
+    "LIBC",
+    "SPARE_TITLE",
+    "die_with_parent",
+    "drain_wake_pipe",
+    "group_alive",
+    "process_exists",
+]
 
 SPARE_TITLE = "warren: spare"  # a spare child's title until its order makes it an actor
 
@@ -50,6 +57,15 @@ def drain_wake_pipe(fd: int) -> None:
             pass
     except BlockingIOError:
         pass  # drained
+
+
+def group_alive(group: int) -> bool:
+    """Whether process group ``group`` still has a process (a zombie counts)."""
+    try:
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def process_exists(pid: int) -> bool:

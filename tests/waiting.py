@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import psutil
 
-from warren.actors.process import SPARE_TITLE
+from warren.actors.process import SPARE_TITLE, group_alive  # noqa: F401 (the tests import it from here)
 
 
 def wait_for(condition: Callable[[], object], timeout: float = 20.0) -> None:
@@ -34,15 +34,6 @@ def all_threads_asleep(pid: int) -> bool:
         except FileNotFoundError:  # a thread that just ended
             continue
     return all(state == "S" for state in states)
-
-
-def group_alive(group: int) -> bool:
-    """Whether process group ``group`` still has a process (a zombie counts)."""
-    try:
-        os.killpg(group, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def descendant_titled(title: str) -> psutil.Process | None:

@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
-from warren.actors.process import die_with_parent
+from warren.actors.process import die_with_parent, group_alive
 
 from ..errors import EtcdUnavailable
 from .etcd import Etcd
@@ -171,16 +171,8 @@ class LocalEtcd:
         for log in self.logs:
             log.close()
         deadline = time.monotonic() + 30
-        while self.group and _group_alive(self.group) and time.monotonic() < deadline:
+        while self.group and group_alive(self.group) and time.monotonic() < deadline:
             time.sleep(POLL_S)
-
-
-def _group_alive(group: int) -> bool:
-    try:
-        os.killpg(group, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 @contextlib.contextmanager
