@@ -556,9 +556,9 @@ class WarrenDataSource(DataSource):
         return "warren"
 
     def schema(self) -> str:
-        from .spark_read import SCHEMA
+        from .spark_read import read_schema
 
-        return SCHEMA
+        return read_schema(self.options)
 
     def reader(self, schema: StructType) -> DataSourceReader:
         from .spark_read import Source, WarrenBatchReader

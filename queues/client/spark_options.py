@@ -71,6 +71,7 @@ WRITE_OPTIONS = (
 READ_OPTIONS = (
     "endpoint",
     "stream",
+    "streamPattern",
     "key_file",
     "key",
     "timeout_s",
@@ -86,6 +87,7 @@ READ_OPTIONS = (
     "minOffsetsPerTrigger",
     "maxTriggerDelay",
     "consumerName",
+    "includeHeaders",
 )
 
 
@@ -145,10 +147,15 @@ class Target:
             options.get("stream"),
             options.get("exchange"),
         )
-        if reading and (not stream or queue is not None or exchange is not None):
+        if reading and (
+            (not stream) == (not options.get("streamPattern"))
+            or queue is not None
+            or exchange is not None
+        ):
             raise error(
-                "a read names option stream (the stream's name), and no queue or exchange: "
-                "a queue's messages are consumed, not read"
+                "a read names option stream (a stream's name, or several separated by "
+                "commas) or option streamPattern (a regular expression), one of the two, and "
+                "no queue or exchange: a queue's messages are consumed, not read"
             )
         if not reading and [queue, stream, exchange].count(None) != 2:
             raise error("give exactly one of the options queue, stream and exchange")

@@ -1,44 +1,39 @@
 """Spark reading Warren streams: the reading half of the ``warren`` data source
 (``warren.queues.client.spark`` registers both halves under one name; the options
-both share are ``spark_options``'s).
+both share are ``spark_options``'s; the columns and how chunks become them,
+``spark_records``'s).
 
     spark.read.format("warren").option("endpoint", "tcp://broker:5673")
         .option("stream", "events").option("startingOffsets", "first").load()
-    spark.readStream.format("warren").option("endpoint", ...).option("stream", "events")
-        .option("maxRecordsPerTrigger", 100000).load()
+    spark.readStream.format("warren").option("endpoint", ...)
+        .option("streamPattern", "events-.*").option("maxRecordsPerTrigger", 100000).load()
 
-Columns (``SCHEMA``): ``offset`` (long), ``timestamp`` (when the stream wrote the record's
-chunk), ``body`` (binary), ``routing_key`` (the ``x-routing-key`` header, RabbitMQ's name
-for it in a stream: a stream keeps messages, not the key they were routed by),
-``headers`` (map of string to string: other values as text), ``message_id``, and
-``properties``, a struct of what the publisher set (null when it set none): its
-``message_id``, ``correlation_id``, ``content_type``, ``content_encoding``,
-``reply_to``, ``expiration`` (milliseconds, as text), ``timestamp``, ``priority``,
-``type``, ``app_id`` and ``user_id``. A message published over AMQP (the node's AMQP
-port) has them from its AMQP properties, its AMQP headers in ``headers`` and, without
-an ``x-routing-key`` header, the key it was published with in ``routing_key``; one of
-Warren's client, its message id and expiration (the client's own clock stamp is not a
-property its publisher set: the ``timestamp`` column is when the stream wrote it).
-
-Options: ``endpoint`` and ``stream`` (required), ``key_file`` or ``key`` (CURVE: see
+Options: ``endpoint`` and either ``stream`` (one stream, or several separated by commas)
+or ``streamPattern`` (a regular expression a stream's whole name matches, as Kafka's
+``subscribePattern``: a streaming query picks up streams declared after it started and
+reads them from their first offset); ``key_file`` or ``key`` (CURVE: see
 ``spark_options``), ``timeout_s`` (120: how long a node that is down is retried before
 the read fails, naming the offsets it was reading), ``startingOffsets`` ("first", "last":
-the last chunk, "latest": what is published from now on, an offset, or
-``timestamp:<epoch ms>``; "first" for a batch read, "latest" for a streaming one; or,
-as Kafka's, ``startingOffsetsByTimestamp`` with its strategy: ``_starting_by_timestamp``),
-``endingOffsets`` (batch only: "latest", the default, is everything committed when the
-read is planned; an offset, excluded; or ``timestamp:<ms>``), ``failOnDataLoss`` (true:
-offsets retention deleted before they were read fail the query naming them; false: they
-are skipped with a warning), ``partitionBytes`` (32 MiB: the size of one task's offset
-range; each task costs Spark tens of milliseconds of its own, so fewer, larger ranges
-read faster) with ``minPartitions`` (a hint: smaller ranges until there are that many),
-and, streaming, ``maxRecordsPerTrigger``, ``maxBytesPerTrigger``,
-``minOffsetsPerTrigger`` with ``maxTriggerDelay`` (``WarrenStreamReader._shaped``) and
-``consumerName`` (the name the query's progress is stored under on the node, so
-``warren streams`` shows its lag: "spark" unless given). Any other option is refused,
-case aside (``spark_options.check_known``). A ``startingOffsets`` below the first offset
-is data loss (``failOnDataLoss``); one past the stream's end is refused either way, never
-read from the first.
+the last chunk, "latest": what is published from now on, an offset (of one stream), or
+``timestamp:<epoch ms>``; "first" for a batch read, "latest" for a streaming one; or
+Kafka's JSON, a start for each stream named, ``{"events": 42, "audit": -2}``, -2 the first
+offset and -1 the latest; or ``startingOffsetsByTimestamp`` with its strategy:
+``_starting_by_timestamp``), ``endingOffsets`` (batch only: "latest", the default, is
+everything committed when the read is planned; an offset, excluded; ``timestamp:<ms>``;
+or the same JSON, -1 the latest), ``failOnDataLoss`` (true: offsets retention deleted
+before they were read, or a stream a pattern matched deleted, fail the query naming them;
+false: they are skipped with a warning), ``partitionBytes`` (32 MiB: the size of one
+task's offset range; each task costs Spark tens of milliseconds of its own, so fewer,
+larger ranges read faster) with ``minPartitions`` (a hint: smaller ranges until there
+are that many, in each stream), ``includeHeaders`` (``spark_records``), and, streaming,
+``maxRecordsPerTrigger``, ``maxBytesPerTrigger``, ``minOffsetsPerTrigger`` with
+``maxTriggerDelay`` (``WarrenStreamReader._shaped``: over all the streams read, shared
+between them as each has records waiting, as Kafka's) and ``consumerName`` (the name the
+query's progress is stored under in each stream, so ``warren streams`` shows its lag:
+"spark" unless given). Any other option is refused, case aside
+(``spark_options.check_known``). A ``startingOffsets`` below the first offset is data
+loss (``failOnDataLoss``); one past the stream's end is refused either way, never read
+from the first.
 
 Progress. Spark commits a micro-batch to the source (``commit``) only when it plans the
 next one, so a query's last micro-batch would never be stored; but it asks for the next
@@ -48,35 +43,35 @@ there, so a query that read everything shows lag 0; a micro-batch that failed is
 stored (Spark asks for no next one). Spark does not stop the reader when a query ends
 (its process is ended), so nothing can be left to a ``stop``.
 
-How it reads. The driver resolves the offsets with the stream's process (``StreamAttach``)
-and has it cut ``[start, end)`` into ranges on chunk boundaries (``StreamPlan``, from the
-index files: no record is read to plan). Each task connects from its executor and asks
-for its range's chunks as the segment files hold them (``StreamChunks``), checks each
-chunk's CRC and framing itself (``stream_log.check_chunk``, then the entries: bytes
-damaged anywhere between the disk and the task fail the task), and yields one Arrow batch
-per answer. A chunk whose records are all messages without properties (what Spark's
-writer and ``publish_many`` store) is never split into Python objects: numpy finds each
-body's place in the chunk's bytes, exactly (``_plain_spans``), and Arrow copies the bodies
-out in one call; any other chunk is decoded record by record (``decode``).
+How it reads. The driver resolves the offsets with each stream's process
+(``StreamAttach``) and has it cut ``[start, end)`` into ranges on chunk boundaries
+(``StreamPlan``, from the index files: no record is read to plan): each task reads one
+range of one stream, so a query of several streams reads them side by side. Each task
+connects from its executor and asks for its range's chunks as the segment files hold
+them (``StreamChunks``), and turns each answer into one Arrow batch
+(``spark_records.record_batch``, which checks every chunk).
 
-Offsets a streaming query keeps in its checkpoint are ``{"stream", "identity",
-"offset"}``: the next offset to read, and the stream's random identity, which changes when
-a stream is deleted and declared again under the same name (the query then fails rather
-than read another stream's offsets as its own). Exactly once: a micro-batch is a fixed
-offset range, read again whole if it is replayed, so with a sink that drops repeats
-(Warren's, with its producer ids) each record is counted once.
+Offsets a streaming query keeps in its checkpoint are, for each stream, the next offset
+to read and the stream's random identity, which changes when a stream is deleted and
+declared again under the same name (the query then fails rather than read another
+stream's offsets as its own): ``{"stream", "identity", "offset"}`` for a query of one
+stream named, ``{"streams": {name: {"identity", "offset"}}}`` for any other. Exactly
+once: a micro-batch is a fixed offset range of each stream, read again whole if it is
+replayed, so with a sink that drops repeats (Warren's, with its producer ids) each record
+is counted once.
 
 PySpark 4.0 to 4.3: ``latestOffset(start, limit)`` takes the read limit Spark passes from
 4.2 on (``maxRecordsPerTrigger`` is ``getDefaultReadLimit``); 4.0 and 4.1 call it with no
 argument, and then every trigger reads all that is committed. ``SupportsTriggerAvailableNow``
 (4.2+) pins the end at what is committed when the query starts, read in batches that keep
-to the limit.
+to the limit (a stream a pattern matches only later is left to the next query).
 
 Races: retention deleting a range between the plan and the task (the task sees
 ``OffsetOutOfRange`` and fails or skips, as ``failOnDataLoss`` says); the node or the
 stream restarting under a task (the same request is asked again, from a new connection,
 until ``timeout_s`` passes without progress); a stream deleted and declared again while a
-query runs (identity compared on every plan and every answer).
+query runs (identity compared on every plan and every answer); a stream a pattern
+matched deleted between the listing and the ask (``StreamGone``: as deleted after).
 """
 
 from __future__ import annotations
@@ -85,13 +80,13 @@ import dataclasses
 import json
 import logging
 import math
+import re
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
 
-from ..engine.stream_log import SIMPLE_ENTRY_HEADER_BYTES
 from ..errors import (
     InvalidArgument,
     NotFound,
@@ -99,7 +94,6 @@ from ..errors import (
     QueueRestarting,
     WarrenReadError,
 )
-from ..message import Message, decode, encode
 from ..protocol import (
     MAX_PLAN_BYTES,
     StreamAttach,
@@ -109,6 +103,7 @@ from ..protocol import (
     parse_interval,
 )
 from .spark_options import RETRY_PAUSE_S, Target, node_connection, retryable
+from .spark_records import record_batch, schema
 
 try:
     from pyspark.sql.streaming.datasource import (
@@ -133,31 +128,10 @@ if TYPE_CHECKING:
 
     from .connection import Connection
 
-__all__ = ["SCHEMA", "Source", "WarrenBatchReader", "WarrenStreamReader"]
+__all__ = ["Source", "WarrenBatchReader", "WarrenStreamReader", "read_schema"]
 
 log = logging.getLogger("warren.spark")
 
-# The properties struct's fields: a publisher's AMQP properties, by their AMQP names
-PROPERTY_FIELDS = (
-    ("message_id", "string"),
-    ("correlation_id", "string"),
-    ("content_type", "string"),
-    ("content_encoding", "string"),
-    ("reply_to", "string"),
-    ("expiration", "string"),
-    ("timestamp", "timestamp"),
-    ("priority", "int"),
-    ("type", "string"),
-    ("app_id", "string"),
-    ("user_id", "string"),
-)
-SCHEMA = (
-    "offset long, timestamp timestamp, body binary, routing_key string, "
-    "headers map<string,string>, message_id string, properties struct<"
-    + ", ".join(f"{name}: {kind}" for name, kind in PROPERTY_FIELDS)
-    + ">"
-)
-ROUTING_KEY_HEADER = "x-routing-key"
 DEFAULT_PARTITION_BYTES = 32 * 2**20
 ANSWER_BYTES = 2 * 2**20  # chunks one StreamChunks answer carries: one Arrow batch
 DEFAULT_CONSUMER_NAME = "spark"
@@ -166,7 +140,26 @@ DEFAULT_CONSUMER_NAME = "spark"
 # maxRecordsPerTrigger.
 DEFAULT_MAX_TRIGGER_DELAY_S = 15 * 60.0
 TRIGGER_OPTIONS = ("maxBytesPerTrigger", "minOffsetsPerTrigger", "maxTriggerDelay")
+# Kafka's JSON offsets: these two stand for the first offset and for the latest
+KAFKA_EARLIEST, KAFKA_LATEST = -2, -1
 T = TypeVar("T")
+Start = tuple[str, int]  # a StreamAttach's (start, value)
+
+
+class StreamGone(WarrenReadError):
+    """A stream the read names, or its pattern matched, is not declared (any more)."""
+
+
+def read_schema(options: Mapping[str, str]) -> str:
+    """The columns a read with ``options`` gives (``includeHeaders`` decides a type)."""
+    return schema(_flag(options, "includeHeaders", "false"))
+
+
+def _flag(options: Mapping[str, str], name: str, default: str) -> bool:
+    flag = str(options.get(name, default)).lower()
+    if flag not in ("true", "false"):
+        raise WarrenReadError(f"option {name} is true or false, not {flag!r}")
+    return flag == "true"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,12 +167,12 @@ class Source:
     """A read's options, checked on the driver (picklable: it travels to the executors)."""
 
     endpoint: str
-    stream: str
+    streams: tuple[str, ...]  # option stream's names; none with a pattern
     key_file: str | None
     key: str | None = dataclasses.field(repr=False)  # a client's secret
     timeout_s: float
-    starting: tuple[str, int]  # a StreamAttach (start, value)
-    ending: tuple[str, int] | None  # None: what is committed at planning
+    starting: Start  # where each stream starts, unless named in starts_by_stream
+    ending: Start | None  # None: what is committed at planning
     fail_on_data_loss: bool
     partition_bytes: int
     max_records_per_trigger: int | None
@@ -191,29 +184,52 @@ class Source:
     # startingOffsetsByTimestamp, None otherwise
     timestamp_strategy: str | None = None
     min_partitions: int | None = None  # a hint over partition_bytes (Kafka's minPartitions)
+    pattern: str | None = None  # option streamPattern
+    include_headers: bool = False
+    # Kafka's JSON: a start (or an end) for each stream it names
+    starts_by_stream: Mapping[str, Start] = dataclasses.field(default_factory=dict)
+    ends_by_stream: Mapping[str, Start] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def from_options(cls, options: Any, streaming: bool) -> Source:
         target = Target.from_options(dict(options), reading=True)
-        assert target.stream is not None, "a read names its stream"
-        starting = _offset_option(
+        pattern = options.get("streamPattern")
+        streams = _named_streams(target.stream)
+        if pattern is not None:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise WarrenReadError(
+                    f"option streamPattern is a regular expression, not {pattern!r} ({exc})"
+                ) from None
+        several = pattern is not None or len(streams) > 1
+        starting, starts_by_stream = _offsets_option(
             options.get("startingOffsets", "latest" if streaming else "first"),
             "startingOffsets",
             ("first", "last", "latest"),
+            several,
+            ("next", 0) if streaming else ("first", 0),
         )
-        by_timestamp, strategy = _starting_by_timestamp(options, target.stream)
+        by_timestamp, strategy = _starting_by_timestamp(options)
         if by_timestamp is not None:
-            starting = ("timestamp", by_timestamp)
-        ending = None
+            starts_by_stream = {name: ("timestamp", ms) for name, ms in by_timestamp.items()}
+        ending: Start | None = None
+        ends_by_stream: dict[str, Start] = {}
         if "endingOffsets" in options:
             if streaming:
                 raise WarrenReadError("endingOffsets is for a batch read (spark.read) only")
-            ending = _offset_option(options["endingOffsets"], "endingOffsets", ("latest",))
+            ending, ends_by_stream = _offsets_option(
+                options["endingOffsets"], "endingOffsets", ("latest",), several, ("next", 0)
+            )
             if ending[0] == "next":
                 ending = None
-        flag = options.get("failOnDataLoss", "true").lower()
-        if flag not in ("true", "false"):
-            raise WarrenReadError(f"option failOnDataLoss is true or false, not {flag!r}")
+        for name, given in (
+            ("startingOffsets", starts_by_stream),
+            ("endingOffsets", ends_by_stream),
+        ):
+            _check_named(given, streams, pattern, name)
+        if by_timestamp is not None:
+            _check_named(by_timestamp, streams, pattern, "startingOffsetsByTimestamp")
         partition_bytes = _positive_int(  # a task's range is one plan request's at most
             options.get("partitionBytes", DEFAULT_PARTITION_BYTES), "partitionBytes", MAX_PLAN_BYTES
         )
@@ -237,13 +253,13 @@ class Source:
             raise WarrenReadError(str(exc)) from None
         return cls(
             target.endpoint,
-            target.stream,
+            streams,
             target.key_file,
             target.key,
             target.timeout_s,
             starting,
             ending,
-            flag == "true",
+            _flag(options, "failOnDataLoss", "true"),
             partition_bytes,
             None if max_records is None else _positive_int(max_records, "maxRecordsPerTrigger"),
             options.get("consumerName", DEFAULT_CONSUMER_NAME),
@@ -256,27 +272,128 @@ class Source:
             None
             if options.get("minPartitions") is None
             else _positive_int(options["minPartitions"], "minPartitions"),
+            pattern,
+            _flag(options, "includeHeaders", "false"),
+            starts_by_stream,
+            ends_by_stream,
         )
 
+    @property
+    def one_stream(self) -> bool:
+        """One stream named: its checkpoint offsets keep their first shape."""
+        return self.pattern is None and len(self.streams) == 1
 
-def _offset_option(value: object, name: str, words: Sequence[str]) -> tuple[str, int]:
+    def described(self) -> str:
+        if self.pattern is not None:
+            return f"the streams matching {self.pattern!r}"
+        if self.one_stream:
+            return f"stream {self.streams[0]!r}"
+        return "streams " + ", ".join(repr(name) for name in self.streams)
+
+    def start_of(self, stream: str, discovered: bool = False) -> Start:
+        """Where the read of ``stream`` starts; a stream a pattern matched only after a
+        streaming query started starts at its first offset (Kafka's new partitions)."""
+        if discovered:
+            return ("first", 0)
+        return self.starts_by_stream.get(stream, self.starting)
+
+    def end_of(self, stream: str) -> Start | None:
+        return self.ends_by_stream.get(stream, self.ending)
+
+    def matches(self, stream: str) -> bool:
+        return self.pattern is not None and re.fullmatch(self.pattern, stream) is not None
+
+
+def _named_streams(option: str | None) -> tuple[str, ...]:
+    """Option stream's names: one, or several separated by commas."""
+    if option is None:
+        return ()
+    names = tuple(name.strip() for name in option.split(","))
+    if not all(names) or len(set(names)) != len(names):
+        raise WarrenReadError(
+            f"option stream is a stream's name, or several separated by commas, each once; "
+            f"got {option!r}"
+        )
+    return names
+
+
+def _check_named(
+    given: Mapping[str, Any], streams: Sequence[str], pattern: str | None, option: str
+) -> None:
+    """The streams an option's JSON names are streams the read reads."""
+    for name in given:
+        if name not in streams and (pattern is None or re.fullmatch(pattern, name) is None):
+            read = f"matching {pattern!r}" if pattern is not None else ", ".join(streams)
+            raise WarrenReadError(
+                f"option {option} names stream {name!r}, which this read does not read "
+                f"(it reads {read})"
+            )
+
+
+def _offsets_option(
+    value: object, name: str, words: Sequence[str], several: bool, default: Start
+) -> tuple[Start, dict[str, Start]]:
+    """Option startingOffsets or endingOffsets: a start for every stream (``default``
+    for those Kafka's JSON does not name), and those the JSON gives stream by stream
+    (-2 the first offset, -1 the latest)."""
     text = str(value).strip()
+    if text.startswith("{"):
+        return default, _offsets_json(text, name)
     if text in words:
-        return {"latest": ("next", 0)}.get(text, (text, 0))
+        return {"latest": ("next", 0)}.get(text, (text, 0)), {}
     if text.isdigit():
-        return "offset", int(text)
+        if several:
+            raise WarrenReadError(
+                f"option {name} {text} is an offset of one stream, and this read reads "
+                f'several: give each its own as JSON, {{"<stream>": {text}, ...}}'
+            )
+        return ("offset", int(text)), {}
     if text.startswith("timestamp:") and text[len("timestamp:") :].isdigit():
-        return "timestamp", int(text[len("timestamp:") :])
+        return ("timestamp", int(text[len("timestamp:") :])), {}
     raise WarrenReadError(
-        f"option {name} is {', '.join(repr(w) for w in words)}, an offset (an int >= 0) "
-        f"or 'timestamp:<epoch ms>'; got {text!r}"
+        f"option {name} is {', '.join(repr(w) for w in words)}, an offset (an int >= 0), "
+        f"'timestamp:<epoch ms>' or JSON naming each stream; got {text!r}"
     )
 
 
-def _starting_by_timestamp(options: Any, stream: str) -> tuple[int | None, str | None]:
+def _offsets_json(text: str, name: str) -> dict[str, Start]:
+    shape = (
+        f'option {name} as JSON gives each stream its offset: {{"<stream>": <offset>}} '
+        f"({KAFKA_EARLIEST}: the first, {KAFKA_LATEST}: the latest)"
+    )
+    try:
+        given = json.loads(text)
+    except ValueError:
+        raise WarrenReadError(f"{shape}; got {text!r}") from None
+    if not isinstance(given, dict) or not given:
+        raise WarrenReadError(f"{shape}; got {text!r}")
+    starts = {}
+    for stream, found in given.items():
+        value = _one_partition(found)
+        if (
+            type(value) is not int
+            or value < KAFKA_EARLIEST
+            or (value == KAFKA_EARLIEST and name == "endingOffsets")
+        ):
+            raise WarrenReadError(f"{shape}; got {text!r}")
+        starts[stream] = {KAFKA_EARLIEST: ("first", 0), KAFKA_LATEST: ("next", 0)}.get(
+            value, ("offset", value)
+        )
+    return starts
+
+
+def _one_partition(value: object) -> object:
+    """Kafka's value by partition, ``{"0": value}``: a stream is one partition."""
+    if isinstance(value, dict) and set(value) == {"0"}:
+        return value["0"]
+    return value
+
+
+def _starting_by_timestamp(options: Any) -> tuple[dict[str, int] | None, str | None]:
     """Option startingOffsetsByTimestamp, Kafka's JSON (``{"events": 1700000000000}``, or
-    ``{"events": {"0": ...}}``: a stream is one partition), as epoch ms, and its strategy
-    (startingOffsetsByTimestampStrategy, "error" unless given); (None, None) without it."""
+    ``{"events": {"0": ...}}``: a stream is one partition), as epoch ms by stream, and its
+    strategy (startingOffsetsByTimestampStrategy, "error" unless given); (None, None)
+    without it. A stream it does not name starts where startingOffsets' default says."""
     text = options.get("startingOffsetsByTimestamp")
     strategy = options.get("startingOffsetsByTimestampStrategy")
     if text is None:
@@ -296,31 +413,35 @@ def _starting_by_timestamp(options: Any, stream: str) -> tuple[int | None, str |
         raise WarrenReadError(
             f"option startingOffsetsByTimestampStrategy is error or latest, not {strategy!r}"
         )
-    shape = (
-        f'option startingOffsetsByTimestamp is JSON naming the stream read: {{"{stream}": '
-        f"<epoch ms>}}"
-    )
+    shape = 'option startingOffsetsByTimestamp is JSON naming each stream: {"<stream>": <epoch ms>}'
     try:
         given = json.loads(text)
     except ValueError:
         raise WarrenReadError(f"{shape}; got {text!r}") from None
-    if not isinstance(given, dict) or set(given) != {stream}:
+    if not isinstance(given, dict) or not given:
         raise WarrenReadError(f"{shape}; got {text!r}")
-    value = given[stream]
-    if isinstance(value, dict) and set(value) == {"0"}:  # Kafka's by partition: one here
-        value = value["0"]
-    if type(value) is not int or value < 0:
-        raise WarrenReadError(f"{shape}; got {text!r}")
-    return value, strategy
+    stamps = {}
+    for stream, found in given.items():
+        value = _one_partition(found)
+        if type(value) is not int or value < 0:
+            raise WarrenReadError(f"{shape}; got {text!r}")
+        stamps[stream] = value
+    return stamps, strategy
 
 
-def _started(source: Source, begun: dict[str, Any], where: str) -> dict[str, Any]:
-    """``begun``, where a read starts, unless startingOffsetsByTimestamp found no record
-    at or after its timestamp and its strategy is "error" ("latest": the end)."""
-    if source.timestamp_strategy == "error" and begun["offset"] >= begun["records_end"]:
+def _started(source: Source, stream: str, begun: dict[str, Any], where: str) -> dict[str, Any]:
+    """``begun``, where the read of ``stream`` starts, unless startingOffsetsByTimestamp
+    found no record at or after its timestamp and its strategy is "error" ("latest": the
+    end)."""
+    start = source.start_of(stream)
+    if (
+        source.timestamp_strategy == "error"
+        and start[0] == "timestamp"
+        and begun["offset"] >= begun["records_end"]
+    ):
         raise WarrenReadError(
-            f"{where}: stream {source.stream!r} has no record at or after timestamp "
-            f"{source.starting[1]} (startingOffsetsByTimestamp); set "
+            f"{where}: stream {stream!r} has no record at or after timestamp "
+            f"{start[1]} (startingOffsetsByTimestamp); set "
             f"startingOffsetsByTimestampStrategy=latest to start at its end instead"
         )
     return begun
@@ -338,11 +459,11 @@ def _positive_int(value: object, name: str, at_most: int | None = None) -> int:
 
 
 class OffsetRange(InputPartition):
-    """One task's offsets, ``[start, end)``, of the stream whose identity is given."""
+    """One task's offsets, ``[start, end)``, of the stream named whose identity is given."""
 
-    def __init__(self, start: int, end: int, identity: str) -> None:
-        super().__init__((start, end))
-        self.start, self.end, self.identity = start, end, identity
+    def __init__(self, stream: str, start: int, end: int, identity: str) -> None:
+        super().__init__((stream, start, end))
+        self.stream, self.start, self.end, self.identity = stream, start, end, identity
 
 
 class NodeSession:
@@ -354,10 +475,10 @@ class NodeSession:
         self.source = source
         self._connection: Connection | None = None
 
-    def ask(self, request: Any, where: str) -> Any:
-        return self.call(lambda connection: connection._request(self.source.stream, request), where)
+    def ask(self, stream: str, request: Any, where: str) -> Any:
+        return self.call(lambda connection: connection._request(stream, request), where, stream)
 
-    def call(self, action: Callable[[Connection], T], where: str) -> T:
+    def call(self, action: Callable[[Connection], T], where: str, stream: str = "") -> T:
         deadline = time.monotonic() + self.source.timeout_s
         pause = RETRY_PAUSE_S[0]
         while True:
@@ -372,8 +493,8 @@ class NodeSession:
                 return action(self._connection)
             except Exception as exc:
                 if isinstance(exc, NotFound) and not isinstance(exc, QueueRestarting):
-                    raise WarrenReadError(
-                        f"stream {self.source.stream!r} is not declared on {self.source.endpoint}"
+                    raise StreamGone(
+                        f"stream {stream!r} is not declared on {self.source.endpoint}"
                     ) from None
                 if not retryable(exc) or time.monotonic() + pause > deadline:
                     raise
@@ -382,32 +503,52 @@ class NodeSession:
                 time.sleep(pause)
                 pause = min(pause * 2, RETRY_PAUSE_S[1])
 
+    def streams(self, where: str) -> list[str]:
+        """The streams the read reads now: those named, or those its pattern matches."""
+        source = self.source
+        if source.pattern is None:
+            return list(source.streams)
+
+        def matching(connection: Connection) -> list[str]:
+            found = []
+            for name in connection.list_queues():
+                if not source.matches(name):
+                    continue
+                try:
+                    if connection.is_stream(name):
+                        found.append(name)
+                except NotFound:  # deleted since the listing
+                    continue
+            return sorted(found)
+
+        return self.call(matching, where)
+
     def close(self) -> None:
         if self._connection is not None:
             self._connection.close()
             self._connection = None
 
 
-def _attach(session: NodeSession, start: tuple[str, int], where: str) -> dict[str, Any]:
+def _attach(session: NodeSession, stream: str, start: Start, where: str) -> dict[str, Any]:
     source = session.source
 
     def attach(connection: Connection) -> dict[str, Any]:
-        if not connection.is_stream(source.stream):
+        if not connection.is_stream(stream):
             raise WarrenReadError(
-                f"{source.stream!r} is a classic queue, not a stream: Spark reads streams "
+                f"{stream!r} is a classic queue, not a stream: Spark reads streams "
                 f"(declare one with type='stream'); a queue's messages are consumed, not read"
             )
-        return connection._request(source.stream, StreamAttach(*start))
+        return connection._request(stream, StreamAttach(*start))
 
     try:
-        return session.call(attach, where)
+        return session.call(attach, where, stream)
     except OffsetOutOfRange as error:
         if start[0] != "offset":
             raise WarrenReadError(f"{where}: {error}") from None
-        first = session.ask(StreamAttach("first"), where)
+        first = session.ask(stream, StreamAttach("first"), where)
         if start[1] > first["committed"] + 1:  # not data loss: refused whatever the flag
             raise WarrenReadError(
-                f"{where}: offset {start[1]} is past the end of stream {source.stream!r} (it "
+                f"{where}: offset {start[1]} is past the end of stream {stream!r} (it "
                 f"holds offsets {first['first']} to {first['committed']}): start at 'latest' "
                 f"to read what is published from now on"
             ) from None
@@ -418,24 +559,25 @@ def _attach(session: NodeSession, start: tuple[str, int], where: str) -> dict[st
 
 
 def _plan(
-    session: NodeSession, start: int, end: int, identity: str, where: str
+    session: NodeSession, stream: str, start: int, end: int, identity: str, where: str
 ) -> list[OffsetRange]:
-    """``[start, end)`` as tasks; offsets retention deleted fail the read or are skipped."""
+    """``[start, end)`` of ``stream`` as tasks; offsets retention deleted fail the read or
+    are skipped."""
     source = session.source
     if start >= end:
         return []
     try:
-        answer = session.ask(StreamPlan(start, end, source.partition_bytes), where)
+        answer = session.ask(stream, StreamPlan(start, end, source.partition_bytes), where)
     except OffsetOutOfRange as error:
-        first = session.ask(StreamAttach("first"), where)
+        first = session.ask(stream, StreamAttach("first"), where)
         if start >= first["offset"]:  # past the stream's end (recovery cut it), not retention
             raise WarrenReadError(f"{where}: {error}") from None
         lost_to = min(first["offset"], end)
-        _data_lost(source, start, lost_to, f"{where}: {error}")
+        _data_lost(source, stream, start, lost_to, f"{where}: {error}")
         if lost_to >= end:
             return []
-        answer = session.ask(StreamPlan(lost_to, end, source.partition_bytes), where)
-    _check_identity(source, identity, answer["identity"], where)
+        answer = session.ask(stream, StreamPlan(lost_to, end, source.partition_bytes), where)
+    _check_identity(stream, identity, answer["identity"], where)
     ranges = answer["ranges"]
     target = source.partition_bytes
     # minPartitions: smaller ranges until there are enough (a hint, as Kafka's: chunks are
@@ -445,15 +587,15 @@ def _plan(
             break
         target //= 2  # at most some 30 asks, each a read of the index files alone
         try:
-            ranges = session.ask(StreamPlan(ranges[0][0], end, target), where)["ranges"]
+            ranges = session.ask(stream, StreamPlan(ranges[0][0], end, target), where)["ranges"]
         except OffsetOutOfRange:  # retention moved meanwhile: the ranges found stand
             break
-    return [OffsetRange(low, high, identity) for low, high in ranges]
+    return [OffsetRange(stream, low, high, identity) for low, high in ranges]
 
 
-def _data_lost(source: Source, start: int, end: int, why: str) -> None:
+def _data_lost(source: Source, stream: str, start: int, end: int, why: str) -> None:
     message = (
-        f"offsets {start} to {end - 1} of stream {source.stream!r} were deleted by "
+        f"offsets {start} to {end - 1} of stream {stream!r} were deleted by "
         f"retention before they were read ({why})"
     )
     if source.fail_on_data_loss:
@@ -461,10 +603,10 @@ def _data_lost(source: Source, start: int, end: int, why: str) -> None:
     log.warning("%s; skipped (failOnDataLoss=false)", message)
 
 
-def _check_identity(source: Source, expected: str, found: str, where: str) -> None:
+def _check_identity(stream: str, expected: str, found: str, where: str) -> None:
     if expected != found:
         raise WarrenReadError(
-            f"{where}: stream {source.stream!r} is not the one these offsets are of (it was "
+            f"{where}: stream {stream!r} is not the one these offsets are of (it was "
             f"deleted and declared again: identity {found}, the offsets' {expected}); start "
             f"the query again with a new checkpoint"
         )
@@ -472,301 +614,40 @@ def _check_identity(source: Source, expected: str, found: str, where: str) -> No
 
 def read_range(source: Source, partition: OffsetRange) -> Iterator[pyarrow.RecordBatch]:
     """A task: the records of ``partition``'s offsets as Arrow batches, every chunk's CRC
-    checked here."""
-    where = f"stream {source.stream!r}, offsets {partition.start} to {partition.end - 1}"
+    checked (``record_batch``)."""
+    stream = partition.stream
+    where = f"stream {stream!r}, offsets {partition.start} to {partition.end - 1}"
     session = NodeSession(source)
     offset = partition.start
     try:
         while offset < partition.end:
             try:
                 answer = session.ask(
-                    StreamChunks(offset, partition.end, ANSWER_BYTES), f"reading {where}"
+                    stream, StreamChunks(offset, partition.end, ANSWER_BYTES), f"reading {where}"
                 )
             except OffsetOutOfRange as error:
-                first = session.ask(StreamAttach("first"), where)["offset"]
-                _data_lost(source, offset, min(first, partition.end), str(error))
+                first = session.ask(stream, StreamAttach("first"), where)["offset"]
+                _data_lost(source, stream, offset, min(first, partition.end), str(error))
                 offset = first
                 continue
             except Exception as exc:
                 raise WarrenReadError(
                     f"{where}: offsets from {offset} were not read: {type(exc).__name__}: {exc}"
                 ) from None
-            _check_identity(source, partition.identity, answer["identity"], where)
+            _check_identity(stream, partition.identity, answer["identity"], where)
             if not answer["chunks"]:
                 raise WarrenReadError(
                     f"{where}: the stream answered no chunk at offset {offset} (committed: "
                     f"{answer['committed']})"
                 )
-            batch = record_batch(answer["chunks"], offset, partition.end, where)
+            batch = record_batch(
+                answer["chunks"], offset, partition.end, where, stream, source.include_headers
+            )
             if batch.num_rows:
                 yield batch
             offset = answer["next"]
     finally:
         session.close()
-
-
-def record_batch(chunks: Sequence[bytes], start: int, end: int, where: str) -> pyarrow.RecordBatch:
-    """The records of ``chunks`` (whole chunks as they travelled, each checked here: its
-    CRC, then its framing) whose offsets are in ``[start, end)``. A chunk whose records
-    are all messages without properties has its bodies found by numpy and gathered by
-    Arrow straight from its bytes (``_plain_spans``); any other is decoded record by
-    record."""
-    import numpy as np
-    import pyarrow as pa
-
-    from ..engine.stream_log import check_chunk, entry_bodies  # the format; no file opened
-
-    offsets: list[Any] = []  # numpy arrays, one a chunk
-    stamps: list[Any] = []
-    bodies: list[Any] = []  # Arrow arrays, one a chunk
-    properties: list[tuple[int, list | None]] = []  # (rows, [_Described] or None)
-    for raw in chunks:
-        header = check_chunk(raw, where)
-        first = header.chunk_id
-        low, high = max(0, start - first), min(header.record_count, end - first)
-        spans = _plain_spans(raw, header)
-        payloads = None
-        if spans is None:  # its framing is checked, read or not
-            data = raw[header.data_position : header.data_position + header.data_bytes]
-            payloads = entry_bodies(header, data, f"{where} (chunk {first})")
-        if low >= high:
-            continue
-        offsets.append(np.arange(first + low, first + high, dtype=np.int64))
-        stamps.append(np.full(high - low, header.timestamp_ms * 1000, dtype=np.int64))
-        if payloads is None:
-            assert spans is not None
-            bodies.append(_gather(raw, spans[0][low:high], spans[1][low:high]))
-            properties.append((high - low, None))
-        else:
-            chunk_bodies, chunk_properties = _decoded(payloads[low:high])
-            bodies.append(pa.array(chunk_bodies, pa.binary()))
-            properties.append((high - low, chunk_properties))
-    rows = sum(count for count, _ in properties)
-    columns = [
-        pa.array(np.concatenate(offsets) if offsets else [], pa.int64()),
-        pa.array(np.concatenate(stamps) if stamps else [], pa.int64()).cast(
-            pa.timestamp("us", tz="UTC")
-        ),
-        pa.concat_arrays([body.cast(pa.binary()) for body in bodies])
-        if bodies
-        else pa.array([], pa.binary()),
-    ]
-    types = [pa.string(), pa.map_(pa.string(), pa.string()), pa.string(), _properties_type()]
-    if all(found is None for _, found in properties):
-        columns += [pa.nulls(rows, kind) for kind in types]
-    else:
-        nothing = (None, None, None, None)
-        listed = [
-            values
-            for count, found in properties
-            for values in (found if found is not None else [nothing] * count)
-        ]
-        columns += [
-            pa.array([values[i] for values in listed], kind) for i, kind in enumerate(types)
-        ]
-    return pa.RecordBatch.from_arrays(
-        columns,
-        names=["offset", "timestamp", "body", "routing_key", "headers", "message_id", "properties"],
-    )
-
-
-def _properties_type() -> Any:
-    import pyarrow as pa
-
-    kinds = {"string": pa.string(), "int": pa.int32(), "timestamp": pa.timestamp("us", tz="UTC")}
-    return pa.struct([(name, kinds[kind]) for name, kind in PROPERTY_FIELDS])
-
-
-# A record's routing key, headers (name, value as text), message id and properties
-_Described = tuple[str | None, list[tuple[str, str | None]] | None, str | None, dict | None]
-
-
-def _decoded(payloads: list[bytes]) -> tuple[list[bytes], list[_Described]]:
-    """Each record's body and what describes it (``_Described``), record by record."""
-    bodies: list[bytes] = []
-    described: list[_Described] = []
-    for payload in payloads:
-        body = _plain_body(payload)
-        if body is not None:
-            bodies.append(body)
-            described.append((None, None, None, None))
-            continue
-        message = decode(payload)
-        bodies.append(message.body)
-        headers = dict(message.headers or {})
-        key: object = headers.get(ROUTING_KEY_HEADER)
-        properties: dict[str, Any] = {
-            "message_id": message.message_id,
-            "content_type": message.content_type,
-            "expiration": None if message.expiration_ms is None else str(message.expiration_ms),
-        }
-        if message.amqp is not None:
-            published = _amqp_published(message.amqp)
-            if published is not None:
-                amqp_key, amqp_properties, amqp_headers = published
-                key = amqp_key if key is None else key
-                properties.update(amqp_properties)
-                headers.update(amqp_headers)
-        described.append(
-            (
-                None if key is None else _text(key),
-                [(name, _text(value)) for name, value in headers.items()] if headers else None,
-                properties["message_id"],
-                properties if any(v is not None for v in properties.values()) else None,
-            )
-        )
-    return bodies, described
-
-
-def _amqp_published(amqp: bytes) -> tuple[str, dict[str, Any], dict[str, Any]] | None:
-    """The routing key, properties (``PROPERTY_FIELDS``'s, those set) and headers of a
-    message published over AMQP; None when its kept publish does not read."""
-    from ..amqp.frames import AmqpError, read_properties  # pamqp, only where needed
-    from ..amqp_envelope import split
-
-    parts = split(amqp)
-    if parts is None:
-        return None
-    _, routing_key, properties = parts
-    names = tuple(name for name, _ in PROPERTY_FIELDS) + ("headers",)
-    try:
-        found = read_properties(properties, names)
-    except AmqpError:
-        return None
-    headers = found.pop("headers") or {}
-    return (
-        routing_key[1:].decode("utf-8", "backslashreplace"),
-        {name: value for name, value in found.items() if value is not None},
-        headers,
-    )
-
-
-def _plain_spans(raw: bytes, header: Any) -> tuple[Any, Any] | None:
-    """Where each record's body starts and ends in ``raw`` (numpy arrays), when every
-    record of the chunk is one simple entry holding a message without properties (what
-    Spark's writer and ``publish_many`` send); None otherwise, and the chunk is decoded
-    record by record.
-
-    Exact, not a guess: the candidates are the bytes where a message without properties
-    starts (``_PLAIN_START``, then nil, nil, nil, a nil or uint64 timestamp, nil and a
-    bool); they are kept only when they chain as the framing does (the first entry at the
-    data's start, each entry ending where the next candidate's entry begins, the last at
-    the data's end, as many as the header's records), which only the real entries do,
-    and when each body's msgpack bin header gives the size its entry leaves for it. A
-    body that happens to hold such bytes breaks the chain, and the chunk is decoded."""
-    import numpy as np
-
-    count = header.record_count
-    if count == 0 or header.entry_count != count:  # sub-batches: decoded
-        return None
-    size = header.data_bytes
-    data = np.frombuffer(raw, np.uint8, size, header.data_position)
-    starts = np.flatnonzero(data == _PLAIN_START >> 32)
-    if len(starts) < count:
-        return None
-    # the data and zeros after it, seen as the big-endian u64 (and u32) at every byte: a
-    # read near the end sees zeros, which fail the checks below
-    padded = np.zeros(size + 32, np.uint8)
-    padded[:size] = data
-    words = np.ndarray((size + 25,), ">u8", padded, 0, (1,))
-    quads = np.ndarray((size + 29,), ">u4", padded, 0, (1,))
-    starts = starts[starts >= SIMPLE_ENTRY_HEADER_BYTES]
-    first = words[starts]
-    kept = first >> 24 == _PLAIN_START
-    starts, first = starts[kept], first[kept]
-    if len(starts) != count:
-        return None
-    stamped = (first >> 16 & 0xFF == _UINT64) & (first >> 8 & 0x80 == 0)  # below 2**63
-    if stamped.any():
-        stamped &= words[starts + 8] & 0xFFFF | 1 == _NIL << 8 | _TRUE
-    if not (stamped | (first & 0xFFFFFF | 1 == _NIL << 16 | _NIL << 8 | _TRUE)).all():
-        return None
-    ends = starts + quads[starts - SIMPLE_ENTRY_HEADER_BYTES].astype(np.int64)
-    if (
-        starts[0] != SIMPLE_ENTRY_HEADER_BYTES
-        or ends[-1] != size
-        or not np.array_equal(ends[:-1], starts[1:] - SIMPLE_ENTRY_HEADER_BYTES)
-    ):
-        return None
-    markers = starts + np.where(stamped, 16, 8)  # the body's bin header
-    head = words[markers]
-    kind = head >> 56
-    if (kind == 0xC4).all():  # bin 8, every one: the common case
-        sizes = (head >> 48 & 0xFF).astype(np.int64)
-        bodies = markers + 2
-    else:
-        width = np.where(kind == 0xC4, 1, np.where(kind == 0xC5, 2, np.where(kind == 0xC6, 4, 0)))
-        if not width.all():
-            return None
-        bits = (8 * width).astype(np.uint64)
-        sizes = (head >> (np.uint64(56) - bits) & (np.uint64(1) << bits) - np.uint64(1)).astype(
-            np.int64
-        )
-        bodies = markers + 1 + width
-    if not np.array_equal(bodies + sizes, ends):
-        return None
-    return bodies + header.data_position, ends + header.data_position
-
-
-def _gather(raw: bytes, starts: Any, ends: Any) -> pyarrow.Array:
-    """The bytes ``raw[starts[i]:ends[i]]`` of each i as one binary array: ``raw`` seen
-    as the array (gap, body, gap, body, ...) whose odd values Arrow copies out."""
-    import numpy as np
-    import pyarrow as pa
-
-    count = len(starts)
-    large = len(raw) >= 2**31
-    index = np.int64 if large else np.int32
-    bounds = np.zeros(2 * count + 1, index)
-    bounds[1::2] = starts
-    bounds[2::2] = ends
-    both = pa.Array.from_buffers(
-        pa.large_binary() if large else pa.binary(),
-        2 * count,
-        [None, pa.py_buffer(bounds), pa.py_buffer(raw)],
-    )
-    return both.take(pa.array(np.arange(1, 2 * count, 2, dtype=index)))
-
-
-# A message with a body and no property (what Spark's writer sends, persistent or not)
-# encodes as one of these 8 bytes, then msgpack's bin 8, 16 or 32 header and the body.
-_PLAIN_PREFIXES = frozenset(encode(Message(b"", persistent=p))[:8] for p in (True, False))
-_BIN_HEADER_BYTES = {0xC4: 2, 0xC5: 3, 0xC6: 5}
-# msgpack: an array of 8, the format version 1, then nil (message id), nil (headers),
-# nil (expiration): how a message without properties starts, stamped or not (5 bytes)
-_PLAIN_START = int.from_bytes(encode(Message(b"", timestamp_ms=0))[:5])
-_NIL, _TRUE, _UINT64 = 0xC0, 0xC3, 0xCF
-
-
-def _plain_body(payload: bytes) -> bytes | None:
-    """The body of a message with no property, read without unpacking it (a third of
-    ``decode``'s cost); None for any other message, or one whose length is wrong (which
-    ``decode`` then refuses)."""
-    if payload[:8] not in _PLAIN_PREFIXES or len(payload) < 10:
-        return None
-    header = _BIN_HEADER_BYTES.get(payload[8])
-    if header is None or int.from_bytes(payload[9 : 8 + header]) != len(payload) - 8 - header:
-        return None
-    return payload[8 + header :]
-
-
-def _text(value: object) -> str | None:
-    """A header value as the map<string,string> column holds it."""
-    if value is None or isinstance(value, str):
-        return value
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "backslashreplace")
-    if isinstance(value, (bool, int, float)):
-        return json.dumps(value)
-    return json.dumps(value, default=_json_default)
-
-
-def _json_default(value: object) -> str:
-    """What a header value JSON has no type for becomes in its text: bytes decoded, an
-    AMQP table's decimal or timestamp as Python writes it."""
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "backslashreplace")
-    return str(value)
 
 
 class WarrenBatchReader(DataSourceReader):
@@ -777,24 +658,33 @@ class WarrenBatchReader(DataSourceReader):
 
     def partitions(self) -> Sequence[InputPartition]:
         source = self.source
-        where = f"planning a read of stream {source.stream!r}"
+        where = f"planning a read of {source.described()}"
         session = NodeSession(source)
         try:
-            begun = _started(source, _attach(session, source.starting, where), where)
-            identity, end = begun["identity"], begun["records_end"]
-            if source.ending is not None:
-                if source.ending[0] == "offset" and source.ending[1] > begun["committed"] + 1:
-                    raise WarrenReadError(
-                        f"{where}: endingOffsets {source.ending[1]} is past the stream's "
-                        f"end (it holds offsets {begun['first']} to {begun['committed']})"
-                    )
-                end = _attach(session, source.ending, where)["offset"]
+            ranges: list[OffsetRange] = []
+            for stream in session.streams(where):
+                ranges += self._stream_ranges(session, stream, where)
             # Spark reads a batch with no partition as one partition of its own making:
             # an empty range stands for "nothing to read" instead
-            empty = [OffsetRange(begun["offset"], begun["offset"], identity)]
-            return _plan(session, begun["offset"], end, identity, where) or empty
+            return ranges or [OffsetRange("", 0, 0, "")]
         finally:
             session.close()
+
+    def _stream_ranges(self, session: NodeSession, stream: str, where: str) -> list[OffsetRange]:
+        source = self.source
+        begun = _started(
+            source, stream, _attach(session, stream, source.start_of(stream), where), where
+        )
+        identity, end = begun["identity"], begun["records_end"]
+        ending = source.end_of(stream)
+        if ending is not None and ending[0] != "next":
+            if ending[0] == "offset" and ending[1] > begun["committed"] + 1:
+                raise WarrenReadError(
+                    f"{where}: endingOffsets {ending[1]} is past the end of stream {stream!r} "
+                    f"(it holds offsets {begun['first']} to {begun['committed']})"
+                )
+            end = _attach(session, stream, ending, where)["offset"]
+        return _plan(session, stream, begun["offset"], end, identity, where)
 
     def read(self, partition: InputPartition) -> Iterator[pyarrow.RecordBatch]:
         assert isinstance(partition, OffsetRange)
@@ -807,87 +697,189 @@ class WarrenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, source: Source) -> None:
         self.source = source
         self._session = NodeSession(source)
-        self._available_now_end: int | None = None
-        self._identity: str | None = None
-        self._stored = 0  # the end whose offset before it is stored under consumerName
+        self._available_now_end: dict[str, int] | None = None
+        self._identities: dict[str, str] = {}  # each stream read: the identity it had
+        self._lost: set[str] = set()  # streams a pattern matched that were deleted
+        self._stored: dict[str, int] = {}  # each stream: the end stored under consumerName
         # when a micro-batch was last let through (Kafka's source: never, at a start, so
         # the first is not held back by minOffsetsPerTrigger)
         self._last_batch_at = -math.inf
 
-    def _offset(self, offset: int) -> dict[str, Any]:
-        assert self._identity is not None
-        return {"stream": self.source.stream, "identity": self._identity, "offset": offset}
+    def _offset(self, offsets: Mapping[str, int]) -> dict[str, Any]:
+        """Each stream's next offset as the checkpoint keeps it (the module docstring)."""
+        if self.source.one_stream:
+            (stream,) = self.source.streams
+            return {
+                "stream": stream,
+                "identity": self._identities[stream],
+                "offset": offsets[stream],
+            }
+        return {
+            "streams": {
+                stream: {"identity": self._identities[stream], "offset": offset}
+                for stream, offset in sorted(offsets.items())
+            }
+        }
 
-    def _latest(self) -> int:
-        answer = _attach(self._session, ("next", 0), f"reading stream {self.source.stream!r}")
-        if self._identity is None:
-            self._identity = answer["identity"]
-        else:
-            _check_identity(self.source, self._identity, answer["identity"], "the query")
-        return int(answer["records_end"])
+    def _offsets(self, offset: Any) -> dict[str, int]:
+        """A checkpointed offset as each stream's next offset, its identities checked
+        against the streams' (a stream a pattern matched that was deleted is left out,
+        or fails the query: ``failOnDataLoss``)."""
+        source = self.source
+        given: Any = None
+        if isinstance(offset, dict) and "streams" in offset:
+            given = offset["streams"]
+        elif isinstance(offset, dict) and "stream" in offset:
+            given = {offset["stream"]: offset}
+        if (
+            not isinstance(given, dict)
+            or not all(
+                isinstance(each, dict) and {"identity", "offset"} <= set(each)
+                for each in given.values()
+            )
+            or (source.pattern is None and set(given) != set(source.streams))
+            or not all(source.pattern is None or source.matches(name) for name in given)
+        ):
+            raise WarrenReadError(
+                f"the checkpoint's offset {offset!r} is not one of {source.described()}: a "
+                f"query's checkpoint belongs to the streams it read"
+            )
+        offsets = {}
+        for stream, each in given.items():
+            if stream not in self._identities:
+                self._latest()
+            if stream not in self._identities:
+                self._stream_lost(stream)
+                continue
+            _check_identity(stream, each["identity"], self._identities[stream], "the checkpoint")
+            offsets[stream] = int(each["offset"])
+        return offsets
+
+    def _latest(self) -> dict[str, int]:
+        """Each stream's end (the offset after its last committed record), the streams a
+        pattern matches listed again."""
+        where = f"reading {self.source.described()}"
+        ends = {}
+        for stream in self._session.streams(where):
+            try:
+                answer = _attach(self._session, stream, ("next", 0), where)
+            except StreamGone:
+                if self.source.pattern is None:
+                    raise
+                continue  # deleted since the listing
+            known = self._identities.setdefault(stream, answer["identity"])
+            _check_identity(stream, known, answer["identity"], "the query")
+            ends[stream] = int(answer["records_end"])
+        for stream in [name for name in self._identities if name not in ends]:
+            self._stream_lost(stream)
+        return ends
+
+    def _stream_lost(self, stream: str) -> None:
+        """A stream a pattern matched was deleted: data loss (``failOnDataLoss``)."""
+        message = f"stream {stream!r}, which this query read, was deleted"
+        if self.source.fail_on_data_loss:
+            raise WarrenReadError(f"{message}; set failOnDataLoss=false to go on without it")
+        if stream not in self._lost:
+            log.warning("%s; the query goes on without it (failOnDataLoss=false)", message)
+        self._lost.add(stream)
+        self._identities.pop(stream, None)
+
+    def _first(self, stream: str, where: str) -> int:
+        """Where a stream a pattern matched after the query started is read from."""
+        return int(self._session.ask(stream, StreamAttach("first"), where)["offset"])
 
     def initialOffset(self) -> dict[str, Any]:
-        where = f"starting a query on stream {self.source.stream!r}"
-        begun = _started(self.source, _attach(self._session, self.source.starting, where), where)
-        self._identity = begun["identity"]
-        return self._offset(begun["offset"])
+        source = self.source
+        where = f"starting a query on {source.described()}"
+        offsets = {}
+        for stream in self._session.streams(where):
+            try:
+                begun = _attach(self._session, stream, source.start_of(stream), where)
+            except StreamGone:
+                if source.pattern is None:
+                    raise
+                continue  # deleted since the listing
+            _started(source, stream, begun, where)
+            self._identities[stream] = begun["identity"]
+            offsets[stream] = int(begun["offset"])
+        return self._offset(offsets)
 
     def latestOffset(
         self, start: dict[str, Any] | None = None, limit: ReadLimit | None = None
     ) -> dict[str, Any]:
-        if start is not None:
-            self._take_identity(start)
-        end = self._latest()
-        if start is not None and self._stored < start["offset"] <= end:
-            # Spark asks for the next micro-batch once the last one is done: stored now,
-            # as the query may stop before it plans another (and commits this one)
-            self._store(int(start["offset"]))
+        starts = None if start is None else self._offsets(start)
+        ends = self._latest()
+        for stream, offset in (starts or {}).items():
+            if self._stored.get(stream, 0) < offset <= ends.get(stream, -1):
+                # Spark asks for the next micro-batch once the last one is done: stored
+                # now, as the query may stop before it plans another (and commits this one)
+                self._store(stream, offset)
         if self._available_now_end is not None:
-            end = min(end, self._available_now_end)
-        if start is not None:
-            end = max(self._shaped(int(start["offset"]), end, limit), start["offset"])
-        return self._offset(end)
+            pinned = self._available_now_end
+            ends = {
+                stream: min(end, pinned[stream]) for stream, end in ends.items() if stream in pinned
+            }
+        if starts is not None:
+            where = f"planning a micro-batch of {self.source.described()}"
+            froms = {
+                stream: starts[stream] if stream in starts else self._first(stream, where)
+                for stream in ends
+            }
+            shaped = self._shaped(froms, ends, limit)
+            ends = {stream: max(shaped[stream], froms[stream]) for stream in ends}
+        return self._offset(ends)
 
-    def _shaped(self, start: int, end: int, limit: ReadLimit | None) -> int:
-        """The end of the micro-batch from ``start`` with ``[start, end)`` available, as
-        maxRecordsPerTrigger, maxBytesPerTrigger (a soft maximum, as Delta's: the first
-        chunk boundary at or past it) and minOffsetsPerTrigger with maxTriggerDelay shape
-        it (``start``: none)."""
+    def _shaped(
+        self, starts: Mapping[str, int], ends: Mapping[str, int], limit: ReadLimit | None
+    ) -> dict[str, int]:
+        """Each stream's end of the micro-batch from ``starts`` with ``[start, end)`` of
+        each available, as maxRecordsPerTrigger, maxBytesPerTrigger (a soft maximum, as
+        Delta's: the first chunk boundary at or past it) and minOffsetsPerTrigger with
+        maxTriggerDelay shape it: over all the streams, the maxima shared between them as
+        each has records waiting (Kafka's)."""
         source = self.source
+        shaped = dict(ends)
         if limit is None or (
             isinstance(limit, ReadAllAvailable)
             and not isinstance(self.getDefaultReadLimit(), ReadAllAvailable)
         ):
-            return end  # PySpark 4.0/4.1, or a trigger that reads everything (once)
+            return shaped  # PySpark 4.0/4.1, or a trigger that reads everything (once)
+        waiting = {stream: max(0, end - starts[stream]) for stream, end in ends.items()}
         if source.min_offsets_per_trigger is not None and self._available_now_end is None:
             # as Kafka's: what is available against the minimum, before any maximum;
             # availableNow reads what there is, now
-            if end - start < source.min_offsets_per_trigger and (
+            if sum(waiting.values()) < source.min_offsets_per_trigger and (
                 time.monotonic() - self._last_batch_at < source.max_trigger_delay_s
             ):
-                return start
+                return {stream: starts[stream] for stream in ends}
             self._last_batch_at = time.monotonic()
         if source.max_records_per_trigger is not None:
-            end = min(end, start + source.max_records_per_trigger)
-        if source.max_bytes_per_trigger is not None and end > start:
-            end = self._bytes_end(start, end, source.max_bytes_per_trigger)
-        return end
+            shares = _shared(waiting, source.max_records_per_trigger)
+            shaped = {stream: starts[stream] + shares[stream] for stream in ends}
+            waiting = shares
+        if source.max_bytes_per_trigger is not None:
+            total = sum(waiting.values())
+            for stream, count in waiting.items():
+                if count:  # its part of the budget, as of the records: a chunk at least
+                    budget = max(1, source.max_bytes_per_trigger * count // total)
+                    shaped[stream] = self._bytes_end(stream, starts[stream], shaped[stream], budget)
+        return shaped
 
-    def _bytes_end(self, start: int, end: int, max_bytes: int) -> int:
-        """The end of the first range from ``start`` as the stream cuts ``[start, end)``
+    def _bytes_end(self, stream: str, start: int, end: int, max_bytes: int) -> int:
+        """The end of the first range from ``start`` as ``stream`` cuts ``[start, end)``
         on chunk boundaries into ranges of about ``max_bytes`` (each ends at the first
         boundary at or past it)."""
-        where = f"planning a micro-batch of stream {self.source.stream!r}"
+        where = f"planning a micro-batch of stream {stream!r}"
         try:
-            answer = self._session.ask(StreamPlan(start, end, max_bytes), where)
+            answer = self._session.ask(stream, StreamPlan(start, end, max_bytes), where)
         except OffsetOutOfRange:
             # Retention took the start (the micro-batch's plan fails the query or skips
             # them, as failOnDataLoss says): the bound counts from what the stream kept.
-            first = int(self._session.ask(StreamAttach("first"), where)["offset"])
+            first = self._first(stream, where)
             if first >= end:
                 return end
             try:
-                answer = self._session.ask(StreamPlan(first, end, max_bytes), where)
+                answer = self._session.ask(stream, StreamPlan(first, end, max_bytes), where)
             except OffsetOutOfRange:  # retention runs on: a micro-batch of one offset
                 return min(end, first + 1)
         ranges = answer["ranges"]
@@ -912,10 +904,13 @@ class WarrenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._available_now_end = self._latest()
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
-        identity = self._take_identity(start)
-        self._take_identity(end)
-        where = f"micro-batch of stream {self.source.stream!r}"
-        return _plan(self._session, start["offset"], end["offset"], identity, where)
+        starts, ends = self._offsets(start), self._offsets(end)
+        where = f"micro-batch of {self.source.described()}"
+        ranges: list[InputPartition] = []
+        for stream, stop in ends.items():
+            begin = starts[stream] if stream in starts else self._first(stream, where)
+            ranges += _plan(self._session, stream, begin, stop, self._identities[stream], where)
+        return ranges
 
     def read(self, partition: InputPartition) -> Iterator[pyarrow.RecordBatch]:
         assert isinstance(partition, OffsetRange)
@@ -923,32 +918,41 @@ class WarrenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def commit(self, end: dict[str, Any]) -> None:
         """The query processed every offset before ``end``: stored on the node under
-        ``consumerName``, where its lag shows (unless ``latestOffset`` stored it)."""
-        if end["offset"] > self._stored:
-            self._store(int(end["offset"]))
+        ``consumerName`` in each stream, where its lag shows (unless ``latestOffset``
+        stored it)."""
+        for stream, offset in self._offsets(end).items():
+            if offset > self._stored.get(stream, 0):
+                self._store(stream, offset)
 
-    def _store(self, end: int) -> None:
+    def _store(self, stream: str, end: int) -> None:
         if end > 0:
-            self._session.call(
-                lambda connection: connection.store_offset(
-                    self.source.stream, self.source.consumer_name, end - 1
-                ),
-                f"storing the offset of stream {self.source.stream!r}",
-            )
-        self._stored = end
+            try:
+                self._session.call(
+                    lambda connection: connection.store_offset(
+                        stream, self.source.consumer_name, end - 1
+                    ),
+                    f"storing the offset of stream {stream!r}",
+                    stream,
+                )
+            except StreamGone:
+                if self.source.pattern is None:
+                    raise
+                return  # a stream a pattern matched deleted: the next plan says so
+        self._stored[stream] = end
 
     def stop(self) -> None:
         self._session.close()
 
-    def _take_identity(self, offset: dict[str, Any]) -> str:
-        """The identity a checkpointed offset carries, checked against the stream's."""
-        if not isinstance(offset, dict) or offset.get("stream") != self.source.stream:
-            raise WarrenReadError(
-                f"the checkpoint's offset {offset!r} is not one of stream "
-                f"{self.source.stream!r}: a query's checkpoint belongs to the stream it read"
-            )
-        if self._identity is None:
-            self._latest()
-        assert self._identity is not None
-        _check_identity(self.source, offset["identity"], self._identity, "the checkpoint")
-        return str(offset["identity"])
+
+def _shared(waiting: Mapping[str, int], most: int) -> dict[str, int]:
+    """``most`` records shared between streams as each has records ``waiting`` (Kafka's
+    maxOffsetsPerTrigger): all of each when they fit; else each its part, rounded down,
+    the rest one each to those rounding lost most from."""
+    total = sum(waiting.values())
+    if total <= most:
+        return dict(waiting)
+    shares = {stream: most * count // total for stream, count in waiting.items()}
+    rest = most - sum(shares.values())
+    for stream in sorted(waiting, key=lambda name: (-(most * waiting[name] % total), name))[:rest]:
+        shares[stream] += 1
+    return shares

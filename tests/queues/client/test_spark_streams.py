@@ -27,8 +27,8 @@ from warren.queues.client.spark_read import (
     Source,
     WarrenStreamReader,
     read_range,
-    record_batch,
 )
+from warren.queues.client.spark_records import record_batch
 from warren.queues.engine.stream_log import (
     CHUNK_HEADER_BYTES,
     CHUNK_USER,
@@ -66,9 +66,11 @@ def publish(node, stream, count, first=0, **properties):
 
 
 def load(spark, node, **options):
+    """A batch read of "events" (``stream=None``: of none named, as with a pattern)."""
     reader = spark.read.format("warren").option("endpoint", node.listen_endpoint)
     for name, value in {"stream": "events", **options}.items():
-        reader = reader.option(name, str(value))
+        if value is not None:
+            reader = reader.option(name, str(value))
     return reader.load()
 
 
@@ -190,10 +192,107 @@ def test_starting_offsets_by_timestamp_reads_from_the_first_chunk_at_or_after_it
         startingOffsetsByTimestampStrategy="latest",
     )
     assert latest.count() == 0
-    with pytest.raises(Exception, match="JSON naming the stream read"):
+    with pytest.raises(Exception, match="names stream 'other', which this read does not"):
         load(spark, node, startingOffsetsByTimestamp=json.dumps({"other": middle_ms})).count()
     with pytest.raises(Exception, match="not both"):
         load(spark, node, startingOffsets="first", startingOffsetsByTimestamp=future).count()
+
+
+def test_a_read_of_several_streams_gives_each_record_once_with_its_stream(spark, node):
+    """Kafka's subscribe with several topics, and subscribePattern: a comma list or a
+    pattern, each stream's own offsets (Kafka's JSON), classic queues left out."""
+    connection = node.connect()
+    for name in ("events-eu", "events-us", "audit"):
+        connection.declare_queue(name, type="stream")
+    connection.declare_queue("events-queue")  # the pattern matches it: a queue, not read
+    publish(node, "events-eu", 300)
+    publish(node, "events-us", 200)
+    connection.publish("audit", b"typed", headers={"raw": b"\x00\xff", "n": 7, "text": "\u00e9"})
+
+    def read(**options):
+        frame = load(spark, node, **options).select("stream", "offset")
+        return sorted((row.stream, row.offset) for row in frame.collect())
+
+    eu, us = [("events-eu", i) for i in range(300)], [("events-us", i) for i in range(200)]
+    both = load(spark, node, stream="events-eu, events-us")
+    assert both.rdd.getNumPartitions() >= 2  # a stream's ranges are its own tasks
+    assert read(stream="events-eu, events-us") == eu + us
+    assert read(stream=None, streamPattern="events-.*") == eu + us
+    assert read(stream=None, streamPattern="nothing-.*") == []
+    ranged = json.dumps({"events-eu": 250, "events-us": -2})  # -2: the first offset
+    ending = json.dumps({"events-us": {"0": 20}})  # Kafka's by partition: one here
+    assert read(stream="events-eu,events-us", startingOffsets=ranged, endingOffsets=ending) == (
+        eu[250:] + us[:20]
+    )
+    with pytest.raises(Exception, match="an offset of one stream, and this read reads several"):
+        read(stream="events-eu,events-us", startingOffsets=5)
+    with pytest.raises(Exception, match="names stream 'audit', which this read does not read"):
+        read(stream=None, streamPattern="events-.*", startingOffsets=json.dumps({"audit": 0}))
+    with pytest.raises(Exception, match="one of the two"):
+        read(streamPattern="events-.*")  # and stream "events"
+    # includeHeaders: Kafka's lossless list, each value's bytes, in the order published
+    (typed,) = load(spark, node, stream="audit", includeHeaders="true").collect()
+    assert [(header.key, bytes(header.value)) for header in typed.headers] == [
+        ("raw", b"\x00\xff"),
+        ("n", b"7"),
+        ("text", "\u00e9".encode()),
+    ]
+    assert typed.stream == "audit"
+
+
+@pytest.mark.timeout(480)  # four queries in turn on a loaded machine
+def test_a_query_over_a_pattern_shares_its_limit_and_takes_up_streams_declared_later(
+    spark, node, tmp_path
+):
+    connection = node.connect()
+    for name in ("events-eu", "events-us"):
+        connection.declare_queue(name, type="stream")
+    publish(node, "events-eu", 900)
+    publish(node, "events-us", 300)
+    options = {"stream": None, "streamPattern": "events-.*", "consumerName": "counts"}
+    first_run: list = []
+    query = stream_query(
+        spark,
+        node,
+        tmp_path / "checkpoint",
+        first_run,
+        startingOffsets="first",
+        maxRecordsPerTrigger=400,
+        **options,
+    )
+    assert query.exception() is None
+    per_stream = [
+        {
+            name: sum(1 for stream, _ in read if stream == name)
+            for name in ("events-eu", "events-us")
+        }
+        for _, read in first_run
+    ]  # the limit shared as each stream has records waiting
+    assert per_stream == [{"events-eu": 300, "events-us": 100}] * 3
+    connection.declare_queue("events-apac", type="stream")  # read from its first offset
+    publish(node, "events-apac", 100)
+    publish(node, "events-eu", 100, first=900)
+    second_run: list = []
+    query = stream_query(spark, node, tmp_path / "checkpoint", second_run, **options)
+    assert query.exception() is None
+    read = [pair for _, batch in first_run + second_run for pair in batch]
+    every = load(spark, node, stream=None, streamPattern="events-.*").select("stream", "offset")
+    assert sorted(read) == sorted((row.stream, row.offset) for row in every.collect())
+    assert len(read) == 1400  # each once: none again, none skipped
+    for name in ("events-eu", "events-us", "events-apac"):  # progress stored in each
+        last = max(offset for stream, offset in read if stream == name)
+        assert connection.query_offset(name, "counts") == last
+    # a stream the pattern matched deleted: data loss, unless the query is told to go on
+    connection.delete_queue("events-us")
+    publish(node, "events-eu", 10, first=1000)
+    failed = stream_query(spark, node, tmp_path / "checkpoint", [], **options)
+    assert "stream 'events-us', which this query read, was deleted" in str(failed.exception())
+    third_run: list = []
+    query = stream_query(
+        spark, node, tmp_path / "checkpoint", third_run, failOnDataLoss="false", **options
+    )
+    assert query.exception() is None
+    assert [stream for _, batch in third_run for stream, _ in batch] == ["events-eu"] * 10
 
 
 def test_min_partitions_cuts_a_small_stream_into_at_least_that_many_tasks(spark, node):
@@ -250,7 +349,7 @@ def test_a_read_gives_each_record_as_decoding_it_alone_would(tmp_path):
             raws = list(iter(reader.read_raw_chunk, None))
     messages = [decode(record) for records in chunks for record in records]
     for start, end in [(0, len(messages)), (3, len(messages) - 1), (5, 9), (60, 61), (4, 4)]:
-        rows = record_batch(raws, start, end, "test").to_pylist()
+        rows = record_batch(raws, start, end, "test", "events").to_pylist()
         assert [row["offset"] for row in rows] == list(range(start, end))
         for row in rows:
             message = messages[row["offset"]]
@@ -260,6 +359,14 @@ def test_a_read_gives_each_record_as_decoding_it_alone_would(tmp_path):
                 assert row["routing_key"] == "eu"
             else:
                 assert row["headers"] is None and row["routing_key"] is None
+            assert row["stream"] == "events"
+        lossless = record_batch(raws, start, end, "test", "events", include_headers=True)
+        for row in lossless.to_pylist():
+            if messages[row["offset"]].headers:  # Kafka's shape, the order published
+                assert row["headers"] == [
+                    {"key": "x-routing-key", "value": b"eu"},
+                    {"key": "n", "value": b"7"},
+                ]
     records = [encode(Message(b"one")), encode(Message(b"two"))]
     short = pack_chunk(CHUNK_USER, encode_simple_entries(records), 3, 3, 0, 0, 0)
     with pytest.raises(StreamCorrupt, match=r"test \(chunk 0\): it says 3 records and holds 2"):
@@ -267,15 +374,22 @@ def test_a_read_gives_each_record_as_decoding_it_alone_would(tmp_path):
 
 
 def stream_query(spark, node, checkpoint, seen, **options):
-    """A streaming read of "events" with trigger(availableNow=True), recording each
-    micro-batch's offsets in ``seen``; waits for it to end and returns it."""
+    """A streaming read of "events" (``stream=None``: of none named) with
+    trigger(availableNow=True), recording each micro-batch's offsets in ``seen`` (with
+    their streams' names for a read of several); waits for it to end and returns it."""
+    several = options.get("stream", "events") is None or "," in options.get("stream", "")
 
     def keep(frame, batch_id):
-        seen.append((batch_id, sorted(row.offset for row in frame.select("offset").collect())))
+        if several:
+            rows = frame.select("stream", "offset").collect()
+            seen.append((batch_id, sorted((row.stream, row.offset) for row in rows)))
+        else:
+            seen.append((batch_id, sorted(row.offset for row in frame.select("offset").collect())))
 
     reader = spark.readStream.format("warren").option("endpoint", node.listen_endpoint)
     for name, value in {"stream": "events", **options}.items():
-        reader = reader.option(name, str(value))
+        if value is not None:
+            reader = reader.option(name, str(value))
     query = (
         reader.load()
         .writeStream.foreachBatch(keep)
@@ -328,12 +442,18 @@ def test_a_progress_listener_computes_the_lag_docs_spark_shows(spark, node, tmp_
 
     lags: list[tuple[str, int]] = []  # (query id, lag): other tests' queries' events may come
 
+    def next_offsets(text):
+        found = json.loads(text)  # one stream named, or any other read
+        by_stream = found["streams"] if "streams" in found else {found["stream"]: found}
+        return {stream: each["offset"] for stream, each in by_stream.items()}
+
     class WarrenLag(StreamingQueryListener):
         def onQueryProgress(self, event):
             for source in event.progress.sources:
                 latest, end = source.latestOffset, source.endOffset
                 if latest and end and '"identity"' in latest:
-                    lag = json.loads(latest)["offset"] - json.loads(end)["offset"]
+                    latest, end = next_offsets(latest), next_offsets(end)
+                    lag = sum(latest[name] - end[name] for name in end if name in latest)
                     lags.append((str(event.progress.id), lag))
 
         def onQueryStarted(self, event): ...
@@ -581,10 +701,31 @@ def test_every_trigger_option_shapes_a_micro_batch_unless_spark_asks_for_everyth
     reader = WarrenStreamReader(Source.from_options(options, streaming=True))
     limit = reader.getDefaultReadLimit()
     assert isinstance(limit, ReadMinRows)  # not ReadAllAvailable: a once trigger shows
-    assert reader._shaped(0, 30, limit) == 30  # the first after a start is never held
-    assert reader._shaped(30, 60, limit) == 30  # then under the minimum: held back
-    assert reader._shaped(30, 10_000, limit) == 80  # a backlog: the maximum, not held
-    assert reader._shaped(80, 90, ReadAllAvailable()) == 90  # trigger(once=True): all
+
+    def shaped(start, end, limit):
+        return reader._shaped({"events": start}, {"events": end}, limit)["events"]
+
+    assert shaped(0, 30, limit) == 30  # the first after a start is never held
+    assert shaped(30, 60, limit) == 30  # then under the minimum: held back
+    assert shaped(30, 10_000, limit) == 80  # a backlog: the maximum, not held
+    assert shaped(80, 90, ReadAllAvailable()) == 90  # trigger(once=True): all
+    # several streams: the minimum counts them all, the maximum is shared as each has
+    # records waiting (Kafka's), every record of the limit given to one
+    options |= {"stream": "a,b,c"}
+    reader = WarrenStreamReader(Source.from_options(options, streaming=True))
+    starts = {"a": 0, "b": 10, "c": 5}
+    assert reader._shaped(starts, {"a": 30, "b": 20, "c": 5}, limit) == {"a": 30, "b": 20, "c": 5}
+    assert reader._shaped(starts, {"a": 60, "b": 40, "c": 10}, limit) == starts  # 95 < 100
+    assert reader._shaped(starts, {"a": 100, "b": 110, "c": 55}, limit) == {
+        "a": 20,
+        "b": 30,
+        "c": 15,
+    }
+    assert reader._shaped(starts, {"a": 7, "b": 10, "c": 5_000}, limit) == {
+        "a": 0,  # 0.07 of a record: the rest goes to the one rounding lost most from
+        "b": 10,
+        "c": 55,
+    }
 
 
 def test_bad_options_and_targets_fail_with_what_is_wrong(spark, node):
@@ -597,7 +738,7 @@ def test_bad_options_and_targets_fail_with_what_is_wrong(spark, node):
         load(spark, node, stream="orders").count()
     with pytest.raises(Exception, match="option startingOffsets is"):
         load(spark, node, startingOffsets="yesterday").count()
-    with pytest.raises(Exception, match="endingOffsets 99 is past the stream's end"):
+    with pytest.raises(Exception, match="endingOffsets 99 is past the end of stream 'events'"):
         load(spark, node, endingOffsets=99).count()
     with pytest.raises(Exception, match="maxRecordsPerTrigger is for a streaming read"):
         load(spark, node, maxRecordsPerTrigger=10).count()
@@ -701,7 +842,7 @@ def test_a_node_that_stays_down_fails_the_task_naming_its_offsets(tmp_path):
     )
     started = time.monotonic()
     with pytest.raises(WarrenReadError, match="offsets 0 to 9.*offsets from 0 were not read"):
-        list(read_range(source, OffsetRange(0, 10, identity)))
+        list(read_range(source, OffsetRange("events", 0, 10, identity)))
     assert time.monotonic() - started < 30  # retried for timeout_s, then failed
 
 
