@@ -147,8 +147,9 @@ class Target:
             options.get("stream"),
             options.get("exchange"),
         )
+        given = {name.lower(): value for name, value in options.items()}
         if reading and (
-            (not stream) == (not options.get("streamPattern"))
+            (not stream) == (not given.get("streampattern"))
             or queue is not None
             or exchange is not None
         ):
@@ -161,7 +162,6 @@ class Target:
             raise error("give exactly one of the options queue, stream and exchange")
         if stream is not None:
             queue = stream
-        given = {name.lower(): value for name, value in options.items()}
         flags = {}
         for flag, default in (
             ("persistent", "true"),
