@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
 
-.PHONY: run test lint bench compat chaos chaos-cluster spark-stream clean
+.PHONY: run test lint bench compat chaos chaos-seeds chaos-cluster spark-stream clean
 
 $(PY):
 	@echo "make: creating the virtual environment $(VENV) with $(PYTHON)"
@@ -59,6 +59,18 @@ CHAOS_ARGS ?= --duration 300 --faults kill,stop,node,torn,flip,full,slow
 chaos: $(INSTALLED)
 	rm -rf build/chaos && mkdir -p build/chaos
 	$(PY) -m warren.supervisor.cli chaos --data-dir build/chaos/data --report build/chaos/report $(CHAOS_ARGS)
+
+# The seeds a chaos run once failed on, each run again for 30 s (each bug has a test of
+# its own in make test): after a change to the harness or to recovery. SEED:SIZES:GC.
+CHAOS_SEEDS ?= 376620024:1KiB..64KiB:compact 2144887954:1KiB..16KiB:combine
+chaos-seeds: $(INSTALLED)
+	rm -rf build/chaos-seeds
+	set -e; for entry in $(CHAOS_SEEDS); do \
+		set -- $$(echo "$$entry" | tr : ' '); mkdir -p build/chaos-seeds/$$1; \
+		$(PY) -m warren.supervisor.cli chaos --data-dir build/chaos-seeds/$$1/data \
+			--report build/chaos-seeds/$$1/report --duration 30 --seed $$1 --producers 2 \
+			--size $$2 --store-gc $$3; \
+	done
 
 # Eight minutes of the cluster's faults, round after round, on three etcd members and three
 # nodes made fresh under build/chaos-cluster (needs etcd: Debian's etcd-server).

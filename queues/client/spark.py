@@ -11,10 +11,12 @@ executors, and a node listening there (``warren node --listen ...``).
 
 Columns: ``body`` (binary or string, never null) and, optionally, ``routing_key``
 (string; with an exchange, each row's own), ``headers`` (a map of string to string,
-binary, number or boolean) and ``message_id`` (string). Any other column is refused
-before anything is sent (select the columns first), or left out with option
-``ignoreUnknownColumns``. Options: ``endpoint`` (required), ``queue``, ``stream`` or
-``exchange`` (exactly one; a stream takes each Arrow batch as one chunk),
+binary, number or boolean), ``message_id`` (string), and ``queue`` or ``stream``
+(string: each row's destination, as Kafka's topic column, where no option names one;
+an option overrides it). Any other column is refused before anything is sent (select
+the columns first), or left out with option ``ignoreUnknownColumns``. Options:
+``endpoint`` (required), ``queue``, ``stream`` or ``exchange`` (at most one, and one
+unless a column names each row's; a stream takes each Arrow batch as one chunk),
 ``routing_key`` (for an exchange, rows without their own), ``key_file`` (a CURVE key
 from ``warren keys``: a path on every executor, or a file shipped with ``addFile``) or
 ``key`` (its content, base64), ``persistent`` (true), ``mandatory`` (true: a row the
@@ -25,9 +27,11 @@ first one's confirm, so that it encodes the next while the node writes and syncs
 waits for each).
 
 Exactly once, per row. Each task is a producer, ``<job>/<partition>``, and a row's
-sequence is its index in the partition, so a retried task, a speculative copy, or a
-micro-batch replayed after a failure re-sends the same rows under the same sequences and
-the queues drop the repeats (``warren.queues.broker.dedup``). ``<job>`` is a random id made when
+sequence is its index in the partition (rows that name their own destinations: each
+destination a producer of the task's, counting the rows sent to it: ``_send_runs``), so
+a retried task, a speculative copy, or a micro-batch replayed after a failure re-sends
+the same rows under the same sequences and the queues drop the repeats
+(``warren.queues.broker.dedup``). ``<job>`` is a random id made when
 the write is planned, unless the ``producer`` option names the job: give one to make a
 re-run of a failed job (not only its retried tasks) add no duplicates. This relies on
 Spark's own contract for retried tasks: a partition yields the same rows in the same
@@ -35,7 +39,8 @@ order every time (a source that does not, such as an unordered shuffle of a
 non-deterministic input, must be sorted within partitions or checkpointed first).
 
 Encoding. A batch write's task gets Arrow batches. One whose only values are its bodies
-(every other column null throughout; a routing_key counts only for an exchange) is
+(every other column null throughout; a routing_key counts only for an exchange, a
+destination column only where no option overrides it) is
 encoded whole from its buffers (``encode_bodies``: one prefix shared by every message,
 the bodies' msgpack headers built by numpy, Arrow joining each to its body), so the only
 Python object made per row is the message's bytes; any other batch, and a streaming
@@ -88,7 +93,14 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import BinaryType, MapType, StringType, StructType
 
 from ..errors import WarrenWriteError
-from .spark_options import DEFAULT_TIMEOUT_S, RETRY_PAUSE_S, Target, node_connection, retryable
+from .spark_options import (
+    DEFAULT_TIMEOUT_S,
+    DESTINATION_COLUMNS,
+    RETRY_PAUSE_S,
+    Target,
+    node_connection,
+    retryable,
+)
 
 if TYPE_CHECKING:
     import pyarrow
@@ -107,6 +119,8 @@ COLUMNS = {
     "routing_key": (StringType,),
     "headers": (MapType,),
     "message_id": (StringType,),
+    "queue": (StringType,),  # each row's destination, unless an option names one
+    "stream": (StringType,),
 }
 BATCH_ROWS = 5000  # rows published (and confirmed) per chunk
 STREAM_BATCH_ROWS = 65_535  # into a stream, an Arrow batch as one chunk: at most this many
@@ -114,19 +128,25 @@ REDACTED_OPTIONS = "(?i)url|^key$"  # Spark's own (url), and a client's inline s
 Columns: TypeAlias = "dict[str, list] | pyarrow.RecordBatch"  # a chunk's rows, by column
 
 
-def check_schema(schema: StructType, ignore_unknown: bool = False) -> list[str]:
+def check_schema(
+    schema: StructType, ignore_unknown: bool = False, overridden: Iterable[str] = ()
+) -> list[str]:
     """The columns a write publishes, in order; ``WarrenWriteError`` for any other, unless
-    ``ignore_unknown`` (option ignoreUnknownColumns): then they are left out."""
+    ``ignore_unknown`` (option ignoreUnknownColumns): then they are left out. The
+    ``overridden`` ones (destination columns where an option names the destination) are
+    left out whatever they hold."""
     names = []
     for field in schema.fields:
+        if field.name in overridden:
+            continue
         allowed = COLUMNS.get(field.name)
         if allowed is None and ignore_unknown:
             continue
         if allowed is None:
             raise WarrenWriteError(
                 f"column {field.name!r} is not one Warren publishes; select body (binary or "
-                f"string) and any of routing_key, headers, message_id first, or set option "
-                f"ignoreUnknownColumns"
+                f"string) and any of routing_key, headers, message_id, queue or stream first, "
+                f"or set option ignoreUnknownColumns"
             )
         if not isinstance(field.dataType, allowed):
             raise WarrenWriteError(
@@ -259,7 +279,10 @@ def _send_runs(
     producer's sequences: so each set of queues a run is routed to has a producer of its
     own (the task's name and the set's digest) whose sequences count the rows sent to
     that set (``routed``, advanced here), as a recovering connection's own producers do.
-    A retried task routes its rows the same way, while the bindings stay as they were."""
+    A retried task routes its rows the same way, while the bindings stay as they were.
+    Rows naming their own queue or stream (``Target.destination_column``) are routed so
+    too, each destination a set of one (a stream column's names checked to be streams,
+    each once)."""
     confirms = []
     sequence = chunk.sequence
     for key, payloads in chunk.runs:
@@ -267,13 +290,18 @@ def _send_runs(
             continue
         exchange = target.exchange or ""
         run_producer, run_sequence = producer, sequence
+        queues: tuple[str, ...] = ()
         if exchange:
             with connection._lock:
                 queues = tuple(sorted(connection._route(exchange, key, target.mandatory)))
-            if queues:
-                digest = hashlib.blake2b("\0".join(queues).encode(), digest_size=8).hexdigest()
-                run_producer, run_sequence = f"{producer}@{digest}", routed.get(queues, 0)
-                routed[queues] = run_sequence + len(payloads)
+        elif target.destination_column is not None:  # the rows' own queue or stream
+            if target.destination_column == "stream" and (key,) not in routed:
+                _check_stream(connection, key, target.endpoint)
+            queues = (key,)
+        if queues:
+            digest = hashlib.blake2b("\0".join(queues).encode(), digest_size=8).hexdigest()
+            run_producer, run_sequence = f"{producer}@{digest}", routed.get(queues, 0)
+            routed[queues] = run_sequence + len(payloads)
         confirms.append(
             connection._send_runs(
                 key,
@@ -292,18 +320,23 @@ def _send_runs(
 def _encoded_runs(
     columns: Columns, target: Target, where: str, first: int
 ) -> list[tuple[str, list[bytes]]]:
-    """A chunk's rows as runs of (routing key, encoded messages), in row order;
+    """A chunk's rows as runs of (routing key, encoded messages), in row order (rows
+    naming their own destination: one run a destination, each its rows in their order);
     ``WarrenWriteError`` names the first row that cannot be published. An Arrow batch
-    whose only values are its bodies (every other column null) is encoded whole, its
-    messages sharing one prefix (``encode_bodies``); any other chunk row by row."""
+    whose only values are its bodies (every other column null, but a destination column)
+    is encoded whole, its messages sharing one prefix (``encode_bodies``); any other
+    chunk row by row."""
     from ..message import encode
 
     if target.ignore_unknown_columns:
         columns = _known_columns(columns)
+    destination = target.destination_column
     if not isinstance(columns, dict):
         names = columns.schema.names
-        # a queue's or a stream's messages take its name as their key, whatever the row's
-        ignored = ("body",) if target.exchange is not None else ("body", "routing_key")
+        # a queue's or a stream's messages take its name as their key, whatever the row's;
+        # a destination column is the runs' keys, or overridden by an option
+        ignored = ["body"] if target.exchange is not None else ["body", "routing_key"]
+        ignored += DESTINATION_COLUMNS
         if all(
             columns.column(i).null_count == columns.num_rows
             for i, name in enumerate(names)
@@ -316,14 +349,46 @@ def _encoded_runs(
                     f"{where}, row {first + index}: body is null; every row needs a binary "
                     f"or string body"
                 )
-            return [(_default_key(target), encode_bodies(body, target.persistent))]
+            if destination is None:
+                return [(_default_key(target), encode_bodies(body, target.persistent))]
+            destinations = columns.column(names.index(destination))
+            return _runs_by_destination(destinations, body, target, where, first)
         columns = {name: columns.column(i).to_pylist() for i, name in enumerate(names)}
     runs: list[tuple[str, list[bytes]]] = []
+    grouped: dict[str, list[bytes]] = {}
     for key, message in _messages(columns, target, where, first):
+        if destination is not None:
+            grouped.setdefault(key, []).append(encode(message))
+            continue
         if not runs or runs[-1][0] != key:
             runs.append((key, []))
         runs[-1][1].append(encode(message))
-    return runs
+    return list(grouped.items()) if destination is not None else runs
+
+
+def _runs_by_destination(
+    destinations: pyarrow.Array, bodies: pyarrow.Array, target: Target, where: str, first: int
+) -> list[tuple[str, list[bytes]]]:
+    """Bodies without properties grouped by the destination each row names, in the
+    order the destinations first appear, each group encoded whole (``encode_bodies``)."""
+    import pyarrow.compute as pc
+
+    missing = pc.or_kleene(pc.is_null(destinations), pc.equal(destinations, ""))
+    if pc.any(missing).as_py():
+        index = missing.to_pylist().index(True)
+        raise _no_destination(target, where, first + index, destinations[index].as_py())
+    return [
+        (name, encode_bodies(bodies.filter(pc.equal(destinations, name)), target.persistent))
+        for name in pc.unique(destinations).to_pylist()
+    ]
+
+
+def _no_destination(target: Target, where: str, row: int, value: str | None) -> WarrenWriteError:
+    column = target.destination_column
+    return WarrenWriteError(
+        f"{where}, row {row}: {column} is {'empty' if value == '' else 'null'}; every row "
+        f"names its {column} (or give option {column})"
+    )
 
 
 def _known_columns(columns: Columns) -> Columns:
@@ -393,8 +458,7 @@ _BIN_MARKERS = {1: 0xC4, 2: 0xC5, 4: 0xC6}  # msgpack's bin 8, 16 and 32, by siz
 
 def _default_key(target: Target) -> str:
     if target.exchange is None:
-        assert target.queue is not None, "Target.from_options takes a queue or an exchange"
-        return target.queue
+        return target.queue or ""  # none: each row names its own (destination_column)
     return target.routing_key
 
 
@@ -413,6 +477,7 @@ def _messages(
     ids = columns.get("message_id", nothing)
     persistent = target.persistent
     default_key = _default_key(target)
+    destinations = columns.get(target.destination_column or "", nothing)
     out = []
     for index, body in enumerate(bodies):
         if type(body) is not bytes:
@@ -430,12 +495,23 @@ def _messages(
         if isinstance(row_headers, list):  # Arrow gives a map as (key, value) pairs
             row_headers = dict(row_headers)
         key = (keys[index] or default_key) if target.exchange is not None else default_key
+        if target.destination_column is not None:
+            key = destinations[index]
+            if not key:
+                raise _no_destination(target, where, first + index, key)
         # No timestamp: a retried task must publish the same bytes (see
         # ``warren.queues.client.publishing.publish_stamp``).
         out.append(
             (key, Message(body, ids[index], row_headers or None, None, None, None, persistent))
         )
     return out
+
+
+def _chunk_rows(target: Target) -> int:
+    """Rows a chunk holds: into streams an Arrow batch, a stream's chunk; else BATCH_ROWS."""
+    if target.stream or target.destination_column == "stream":
+        return STREAM_BATCH_ROWS
+    return BATCH_ROWS
 
 
 def _arrow_chunks(batches: Iterator[Any], rows: int) -> Iterator[pyarrow.RecordBatch]:
@@ -483,7 +559,7 @@ class WarrenWriter(DataSourceArrowWriter):
         rows, retries = publish_columns(
             self.target,
             f"{self.job}/{partition}",
-            _arrow_chunks(iterator, STREAM_BATCH_ROWS if self.target.stream else BATCH_ROWS),
+            _arrow_chunks(iterator, _chunk_rows(self.target)),
             f"partition {partition} (attempt {attempt})",
         )
         return PartitionWritten(partition, attempt, rows, retries)
@@ -535,8 +611,10 @@ def _report(
         where = f"stream {target.stream!r}"
     elif target.queue:
         where = f"queue {target.queue!r}"
-    else:
+    elif target.exchange is not None:
         where = f"exchange {target.exchange!r}"
+    else:
+        where = f"the {target.destination_column} each row names"
     line = (
         f"warren: write {job} {what} {sum(m.rows for m in done):,} rows from "
         f"{len(done)} of {len(messages)} partitions into {where} (tasks run again: "
@@ -579,34 +657,46 @@ class WarrenDataSource(DataSource):
     def _plan(self, schema: StructType, overwrite: bool) -> tuple[Target, str]:
         if overwrite:
             raise WarrenWriteError('a queue cannot be overwritten: use mode("append")')
-        target = Target.from_options(dict(self.options))
-        check_schema(schema, target.ignore_unknown_columns)
+        target = Target.from_options(dict(self.options), columns=schema.names)
+        overridden = DESTINATION_COLUMNS if target.destination_column is None else ()
+        check_schema(schema, target.ignore_unknown_columns, overridden)
         if target.stream is not None:
-            _check_stream(target)
+            _check_stream_option(target)
         job = self.options.get("producer") or uuid.uuid4().hex
         return target, job
 
 
-def _check_stream(target: Target) -> None:
+def _check_stream_option(target: Target) -> None:
     """On the driver, before any task: the stream option names a stream."""
-    from ..errors import NotFound, QueueRestarting
+    from ..errors import QueueRestarting
 
     connection = node_connection(target.endpoint, target.key_file, target.key, WarrenWriteError)
     try:
-        if not connection.is_stream(target.stream or ""):
-            raise WarrenWriteError(
-                f"{target.stream!r} is a classic queue, not a stream: write into it with "
-                f"option queue, or declare a stream (type='stream')"
-            )
+        _check_stream(connection, target.stream or "", target.endpoint)
     except QueueRestarting:
         pass  # declared, and coming back: the tasks retry it as they retry a node away
-    except NotFound:
-        raise WarrenWriteError(
-            f"stream {target.stream!r} is not declared on {target.endpoint}: declare it first "
-            f"(warren declare queue {target.stream} --type stream)"
-        ) from None
     finally:
         connection.close()
+
+
+def _check_stream(connection: Connection, name: str, endpoint: str) -> None:
+    """``name`` is a stream's (an option's, or a row's stream column), or
+    ``WarrenWriteError`` says what it is; ``QueueRestarting`` when it is coming back."""
+    from ..errors import NotFound, QueueRestarting
+
+    try:
+        if not connection.is_stream(name):
+            raise WarrenWriteError(
+                f"{name!r} is a classic queue, not a stream: write into it with option queue "
+                f"(or a queue column), or declare a stream (type='stream')"
+            )
+    except QueueRestarting:
+        raise
+    except NotFound:
+        raise WarrenWriteError(
+            f"stream {name!r} is not declared on {endpoint}: declare it first "
+            f"(warren declare queue {name} --type stream)"
+        ) from None
 
 
 def register(spark: SparkSession) -> None:

@@ -37,6 +37,7 @@ __all__ = [
     "READ_OPTIONS",
     "RETRY_PAUSE_S",
     "WRITE_OPTIONS",
+    "DESTINATION_COLUMNS",
     "Target",
     "check_known",
     "client_key",
@@ -51,6 +52,9 @@ DEFAULT_TIMEOUT_S = 120.0
 DEFAULT_CHUNKS_IN_FLIGHT = 4
 MAX_CHUNKS_IN_FLIGHT = 64
 RETRY_PAUSE_S = (0.2, 5.0)  # between attempts: from, to
+# A write's columns that name each row's destination when no option names one (Kafka's
+# sink: its topic column); an option overrides them
+DESTINATION_COLUMNS = ("queue", "stream")
 WRITE_OPTIONS = (
     "endpoint",
     "queue",
@@ -123,10 +127,15 @@ class Target:
     key: str | None = dataclasses.field(default=None, repr=False)  # a key file's, base64
     ignore_unknown_columns: bool = False  # columns Warren does not publish are dropped
     max_in_flight: int = DEFAULT_CHUNKS_IN_FLIGHT  # chunks a task has sent unconfirmed
+    # "queue" or "stream": each row names its own, in that column (no option names one)
+    destination_column: str | None = None
 
     @classmethod
-    def from_options(cls, options: dict[str, str], reading: bool = False) -> Target:
-        """The options' target; ``WarrenReadError`` (reading) or ``WarrenWriteError``
+    def from_options(
+        cls, options: dict[str, str], reading: bool = False, columns: Sequence[str] = ()
+    ) -> Target:
+        """The options' target (a write's ``columns`` may name each row's:
+        ``DESTINATION_COLUMNS``); ``WarrenReadError`` (reading) or ``WarrenWriteError``
         naming the option that is wrong."""
         error = WarrenReadError if reading else WarrenWriteError
         if reading:
@@ -158,8 +167,20 @@ class Target:
                 "commas) or option streamPattern (a regular expression), one of the two, and "
                 "no queue or exchange: a queue's messages are consumed, not read"
             )
-        if not reading and [queue, stream, exchange].count(None) != 2:
-            raise error("give exactly one of the options queue, stream and exchange")
+        destination_column = None
+        if not reading and [queue, stream, exchange].count(None) == 3:
+            named = [name for name in DESTINATION_COLUMNS if name in columns]
+            if len(named) > 1:
+                raise error(
+                    "the rows have a queue and a stream column: keep the one naming each "
+                    "row's destination, or give option queue, stream or exchange"
+                )
+            destination_column = named[0] if named else None
+        if not reading and [queue, stream, exchange].count(None) != 2 and not destination_column:
+            raise error(
+                "give exactly one of the options queue, stream and exchange, or a queue or "
+                "stream column naming each row's"
+            )
         if stream is not None:
             queue = stream
         flags = {}
@@ -203,6 +224,7 @@ class Target:
             key,
             flags["ignoreUnknownColumns"] == "true",
             int(in_flight),
+            destination_column,
         )
 
 

@@ -91,6 +91,7 @@ from ..errors import (
     InvalidArgument,
     NotFound,
     OffsetOutOfRange,
+    QueueDown,
     QueueRestarting,
     WarrenReadError,
 )
@@ -193,7 +194,7 @@ class Source:
     @classmethod
     def from_options(cls, options: Any, streaming: bool) -> Source:
         target = Target.from_options(dict(options), reading=True)
-        pattern = options.get("streamPattern")
+        pattern = options.get("streamPattern") or None
         streams = _named_streams(target.stream)
         if pattern is not None:
             try:
@@ -210,8 +211,10 @@ class Source:
             several,
             ("next", 0) if streaming else ("first", 0),
         )
+        _check_named(starts_by_stream, streams, pattern, "startingOffsets")
         by_timestamp, strategy = _starting_by_timestamp(options)
         if by_timestamp is not None:
+            _check_named(by_timestamp, streams, pattern, "startingOffsetsByTimestamp")
             starts_by_stream = {name: ("timestamp", ms) for name, ms in by_timestamp.items()}
         ending: Start | None = None
         ends_by_stream: dict[str, Start] = {}
@@ -223,13 +226,7 @@ class Source:
             )
             if ending[0] == "next":
                 ending = None
-        for name, given in (
-            ("startingOffsets", starts_by_stream),
-            ("endingOffsets", ends_by_stream),
-        ):
-            _check_named(given, streams, pattern, name)
-        if by_timestamp is not None:
-            _check_named(by_timestamp, streams, pattern, "startingOffsetsByTimestamp")
+            _check_named(ends_by_stream, streams, pattern, "endingOffsets")
         partition_bytes = _positive_int(  # a task's range is one plan request's at most
             options.get("partitionBytes", DEFAULT_PARTITION_BYTES), "partitionBytes", MAX_PLAN_BYTES
         )
@@ -290,11 +287,9 @@ class Source:
             return f"stream {self.streams[0]!r}"
         return "streams " + ", ".join(repr(name) for name in self.streams)
 
-    def start_of(self, stream: str, discovered: bool = False) -> Start:
-        """Where the read of ``stream`` starts; a stream a pattern matched only after a
-        streaming query started starts at its first offset (Kafka's new partitions)."""
-        if discovered:
-            return ("first", 0)
+    def start_of(self, stream: str) -> Start:
+        """Where the read of ``stream`` starts (a stream a pattern matched only after a
+        streaming query started: at its first offset, ``WarrenStreamReader``)."""
         return self.starts_by_stream.get(stream, self.starting)
 
     def end_of(self, stream: str) -> Start | None:
@@ -517,8 +512,15 @@ class NodeSession:
                 try:
                     if connection.is_stream(name):
                         found.append(name)
+                except QueueRestarting:
+                    raise  # coming back: asked again (not left out, as lost)
                 except NotFound:  # deleted since the listing
                     continue
+                except QueueDown:
+                    raise WarrenReadError(
+                        f"queue {name!r}, which streamPattern {source.pattern!r} matches, is "
+                        f"down (it kept crashing): restart it, or narrow the pattern"
+                    ) from None
             return sorted(found)
 
         return self.call(matching, where)
@@ -630,6 +632,14 @@ def read_range(source: Source, partition: OffsetRange) -> Iterator[pyarrow.Recor
                 _data_lost(source, stream, offset, min(first, partition.end), str(error))
                 offset = first
                 continue
+            except StreamGone:
+                if source.pattern is None or source.fail_on_data_loss:
+                    raise WarrenReadError(
+                        f"{where}: stream {stream!r} was deleted before offsets from {offset} "
+                        f"were read"
+                    ) from None
+                log.warning("%s: the stream was deleted; skipped (failOnDataLoss=false)", where)
+                return
             except Exception as exc:
                 raise WarrenReadError(
                     f"{where}: offsets from {offset} were not read: {type(exc).__name__}: {exc}"
@@ -663,7 +673,12 @@ class WarrenBatchReader(DataSourceReader):
         try:
             ranges: list[OffsetRange] = []
             for stream in session.streams(where):
-                ranges += self._stream_ranges(session, stream, where)
+                try:
+                    ranges += self._stream_ranges(session, stream, where)
+                except StreamGone:
+                    if source.pattern is None:
+                        raise
+                    log.info("%s: stream %r was deleted since the listing", where, stream)
             # Spark reads a batch with no partition as one partition of its own making:
             # an empty range stands for "nothing to read" instead
             return ranges or [OffsetRange("", 0, 0, "")]
@@ -784,8 +799,9 @@ class WarrenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._lost.add(stream)
         self._identities.pop(stream, None)
 
-    def _first(self, stream: str, where: str) -> int:
-        """Where a stream a pattern matched after the query started is read from."""
+    def _first(self, stream: str) -> int:
+        """The first offset ``stream`` holds."""
+        where = f"finding the first offset of stream {stream!r}"
         return int(self._session.ask(stream, StreamAttach("first"), where)["offset"])
 
     def initialOffset(self) -> dict[str, Any]:
@@ -815,16 +831,28 @@ class WarrenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 # now, as the query may stop before it plans another (and commits this one)
                 self._store(stream, offset)
         if self._available_now_end is not None:
-            pinned = self._available_now_end
-            ends = {
-                stream: min(end, pinned[stream]) for stream, end in ends.items() if stream in pinned
-            }
+            # what was committed when the query started (a stream matched since: left
+            # to the next query, one in the checkpoint since: where it was)
+            pinned, kept = self._available_now_end, {}
+            for stream, end in ends.items():
+                if stream in pinned:
+                    kept[stream] = min(end, pinned[stream])
+                elif starts is not None and stream in starts:
+                    kept[stream] = starts[stream]
+            ends = kept
         if starts is not None:
-            where = f"planning a micro-batch of {self.source.described()}"
-            froms = {
-                stream: starts[stream] if stream in starts else self._first(stream, where)
-                for stream in ends
-            }
+            froms = {}
+            for stream in list(ends):
+                if stream in starts:
+                    froms[stream] = starts[stream]
+                    continue
+                # matched since the last micro-batch: this one ends it at its first
+                # offset, so the checkpoint holds where its read starts
+                try:
+                    froms[stream] = ends[stream] = self._first(stream)
+                except StreamGone:
+                    self._stream_lost(stream)
+                    del ends[stream]
             shaped = self._shaped(froms, ends, limit)
             ends = {stream: max(shaped[stream], froms[stream]) for stream in ends}
         return self._offset(ends)
@@ -875,7 +903,7 @@ class WarrenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         except OffsetOutOfRange:
             # Retention took the start (the micro-batch's plan fails the query or skips
             # them, as failOnDataLoss says): the bound counts from what the stream kept.
-            first = self._first(stream, where)
+            first = self._first(stream)
             if first >= end:
                 return end
             try:
@@ -908,8 +936,15 @@ class WarrenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         where = f"micro-batch of {self.source.described()}"
         ranges: list[InputPartition] = []
         for stream, stop in ends.items():
-            begin = starts[stream] if stream in starts else self._first(stream, where)
-            ranges += _plan(self._session, stream, begin, stop, self._identities[stream], where)
+            try:
+                # a stream absent from the start: matched since (PySpark 4.0 and 4.1 pass
+                # latestOffset no start, and its first micro-batch reads it from its first)
+                begin = starts[stream] if stream in starts else min(stop, self._first(stream))
+                ranges += _plan(self._session, stream, begin, stop, self._identities[stream], where)
+            except StreamGone:
+                if self.source.pattern is None:
+                    raise
+                self._stream_lost(stream)
         return ranges
 
     def read(self, partition: InputPartition) -> Iterator[pyarrow.RecordBatch]:
@@ -947,7 +982,7 @@ class WarrenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 def _shared(waiting: Mapping[str, int], most: int) -> dict[str, int]:
     """``most`` records shared between streams as each has records ``waiting`` (Kafka's
     maxOffsetsPerTrigger): all of each when they fit; else each its part, rounded down,
-    the rest one each to those rounding lost most from."""
+    the rest one each to those rounding lost most from, and one at least to each."""
     total = sum(waiting.values())
     if total <= most:
         return dict(waiting)
@@ -955,4 +990,6 @@ def _shared(waiting: Mapping[str, int], most: int) -> dict[str, int]:
     rest = most - sum(shares.values())
     for stream in sorted(waiting, key=lambda name: (-(most * waiting[name] % total), name))[:rest]:
         shares[stream] += 1
-    return shares
+    # as Kafka's: a stream with records waiting is never starved (the sum may pass
+    # ``most`` by the few streams so raised)
+    return {stream: max(share, min(waiting[stream], 1)) for stream, share in shares.items()}

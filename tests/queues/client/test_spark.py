@@ -167,6 +167,61 @@ def test_a_task_failing_its_first_attempt_and_a_repeated_write_add_no_duplicates
     assert drain(node, "orders") == Counter()  # every row was a repeat
 
 
+def test_rows_naming_their_own_queue_or_stream_arrive_there_once_each(spark, node):
+    """Kafka's topic column: a queue or stream column names each row's destination where
+    no option names one (an option overrides it); a retried task adds nothing twice, each
+    destination counting its own rows."""
+    from pyspark.sql.functions import expr
+
+    for region in ("eu", "us"):
+        node.declare_queue(f"orders-{region}")
+        node.declare_queue(f"events-{region}", type="stream")
+    node.declare_queue("orders-all")
+    region = expr("case when id % 3 = 0 then 'orders-us' else 'orders-eu' end").alias("queue")
+    frame = spark.range(40_000, numPartitions=4).select(body_failing_first_attempt(), region)
+    write(frame, node.listen_endpoint, producer="by-region")
+    us = Counter({b"%d" % i: 1 for i in range(0, 40_000, 3)})
+    assert drain(node, "orders-us") == us
+    assert drain(node, "orders-eu") == Counter({b"%d" % i: 1 for i in range(40_000) if i % 3})
+    write(frame.limit(30), node.listen_endpoint, queue="orders-all")  # the option overrides
+    overridden = rows(spark, 20).selectExpr("body", "1 as stream")  # of any type then
+    write(overridden, node.listen_endpoint, queue="orders-all")
+    assert sum(drain(node, "orders-all").values()) == 50
+    streams = rows(spark, 300).selectExpr(  # with properties: encoded row by row
+        "body",
+        "body as message_id",
+        "case when cast(body as int) % 2 = 0 then 'events-eu' else 'events-us' end as stream",
+    )
+    write(streams, node.listen_endpoint)
+    read = (
+        spark.read.format("warren")
+        .option("endpoint", node.listen_endpoint)
+        .option("stream", "events-eu,events-us")
+        .load()
+    )
+    assert Counter((row.stream, row.body, row.message_id) for row in read.collect()) == Counter(
+        {(f"events-{'us' if i % 2 else 'eu'}", b"%d" % i, str(i)): 1 for i in range(300)}
+    )
+    with pytest.raises(Exception, match=r"row 0: queue is null; every row names its queue"):
+        write(
+            rows(spark, 5).selectExpr("body", "cast(null as string) as queue"), node.listen_endpoint
+        )
+    with pytest.raises(Exception, match=r"row 2: stream is null; every row names its stream"):
+        write(
+            rows(spark, 5, partitions=1).selectExpr(
+                "body", "case when body = '2' then null else 'events-eu' end as stream"
+            ),
+            node.listen_endpoint,
+        )
+    with pytest.raises(Exception, match="'orders-eu' is a classic queue, not a stream"):
+        write(rows(spark, 5).selectExpr("body", "'orders-eu' as stream"), node.listen_endpoint)
+    with pytest.raises(Exception, match="the rows have a queue and a stream column"):
+        write(
+            rows(spark, 5).selectExpr("body", "'orders-eu' as queue", "'events-eu' as stream"),
+            node.listen_endpoint,
+        )
+
+
 def test_bad_rows_and_settings_fail_the_job_with_what_and_where(spark, node):
     node.declare_queue("orders")
     nulls = spark.range(10, numPartitions=1).selectExpr(

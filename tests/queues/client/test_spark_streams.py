@@ -722,9 +722,9 @@ def test_every_trigger_option_shapes_a_micro_batch_unless_spark_asks_for_everyth
         "c": 15,
     }
     assert reader._shaped(starts, {"a": 7, "b": 10, "c": 5_000}, limit) == {
-        "a": 0,  # 0.07 of a record: the rest goes to the one rounding lost most from
+        "a": 1,  # 0.07 of a record: never starved (Kafka's), past the limit by one
         "b": 10,
-        "c": 55,
+        "c": 55,  # the one rounding lost most from took the rest
     }
 
 
