@@ -170,11 +170,15 @@ class ConsumingCalls(ConnectionCore):
 
     @exclusive
     def _subscribe(self, queue: str, active: bool, prefetch: int = 0) -> None:
-        self._ref(queue).tell(
-            Subscribe(self.consumer_id, self._pid, active, prefetch), timeout=self.call_timeout_s
-        )
+        """A consumer starts (asked: once this returns the queue counts it, whichever
+        way the next call goes, as AMQP's consume-ok; a passive declare goes through the
+        node, not the queue's path) or stops (told)."""
+        subscribe = Subscribe(self.consumer_id, self._pid, active, prefetch)
         if active:
+            self._ask(queue, subscribe)
             self._subscribed.add(queue)
+        else:
+            self._ref(queue).tell(subscribe, timeout=self.call_timeout_s)
 
     @exclusive
     def _fetch(self, queue: str, count: int, ack: bool) -> list[Delivery]:
