@@ -356,25 +356,30 @@ def _offsets_json(text: str, name: str) -> dict[str, Start]:
         f'option {name} as JSON gives each stream its offset: {{"<stream>": <offset>}} '
         f"({KAFKA_EARLIEST}: the first, {KAFKA_LATEST}: the latest)"
     )
+    lowest = KAFKA_LATEST if name == "endingOffsets" else KAFKA_EARLIEST
+    words = {KAFKA_EARLIEST: ("first", 0), KAFKA_LATEST: ("next", 0)}
+    return {
+        stream: words.get(value, ("offset", value))
+        for stream, value in _json_by_stream(text, shape, lowest).items()
+    }
+
+
+def _json_by_stream(text: str, shape: str, lowest: int) -> dict[str, int]:
+    """Kafka's JSON of a value by stream (``{"events": 12}`` or by partition,
+    ``{"events": {"0": 12}}``), each an int >= ``lowest``; else ``shape`` says how."""
     try:
         given = json.loads(text)
     except ValueError:
         raise WarrenReadError(f"{shape}; got {text!r}") from None
     if not isinstance(given, dict) or not given:
         raise WarrenReadError(f"{shape}; got {text!r}")
-    starts = {}
+    values = {}
     for stream, found in given.items():
         value = _one_partition(found)
-        if (
-            type(value) is not int
-            or value < KAFKA_EARLIEST
-            or (value == KAFKA_EARLIEST and name == "endingOffsets")
-        ):
+        if not isinstance(value, int) or isinstance(value, bool) or value < lowest:
             raise WarrenReadError(f"{shape}; got {text!r}")
-        starts[stream] = {KAFKA_EARLIEST: ("first", 0), KAFKA_LATEST: ("next", 0)}.get(
-            value, ("offset", value)
-        )
-    return starts
+        values[stream] = value
+    return values
 
 
 def _one_partition(value: object) -> object:
@@ -409,19 +414,7 @@ def _starting_by_timestamp(options: Any) -> tuple[dict[str, int] | None, str | N
             f"option startingOffsetsByTimestampStrategy is error or latest, not {strategy!r}"
         )
     shape = 'option startingOffsetsByTimestamp is JSON naming each stream: {"<stream>": <epoch ms>}'
-    try:
-        given = json.loads(text)
-    except ValueError:
-        raise WarrenReadError(f"{shape}; got {text!r}") from None
-    if not isinstance(given, dict) or not given:
-        raise WarrenReadError(f"{shape}; got {text!r}")
-    stamps = {}
-    for stream, found in given.items():
-        value = _one_partition(found)
-        if type(value) is not int or value < 0:
-            raise WarrenReadError(f"{shape}; got {text!r}")
-        stamps[stream] = value
-    return stamps, strategy
+    return _json_by_stream(text, shape, 0), strategy
 
 
 def _started(source: Source, stream: str, begun: dict[str, Any], where: str) -> dict[str, Any]:
