@@ -282,6 +282,30 @@ def test_a_streamed_micro_batch_leaves_out_unknown_columns_with_the_option_too()
     assert [decode(payload).message_id for payload in runs[0][1]] == ["1", None]
 
 
+def test_rows_naming_their_destinations_are_grouped_alike_whole_or_row_by_row():
+    """An Arrow batch of bodies and a queue column is grouped by destination with Arrow
+    and encoded whole; the same rows as Python values, row by row: the same runs, the
+    same bytes, each destination's rows in their order."""
+    import pyarrow as pa
+
+    from warren.queues.client.spark import _encoded_runs
+    from warren.queues.client.spark_options import Target
+
+    target = Target.from_options({"endpoint": "tcp://127.0.0.1:1"}, columns=("body", "queue"))
+    bodies = [b"%d" % i for i in range(10)]
+    queues = ["b", "a", "b", "c", "a", "b", "b", "c", "a", "b"]
+    batch = pa.RecordBatch.from_arrays(
+        [pa.array(bodies), pa.array(queues)], names=["body", "queue"]
+    )
+    whole = _encoded_runs(batch, target, "partition 0", 0)
+    assert whole == _encoded_runs({"body": bodies, "queue": queues}, target, "partition 0", 0)
+    assert [(name, [decode(p).body for p in payloads]) for name, payloads in whole] == [
+        ("b", [b"0", b"2", b"5", b"6", b"9"]),
+        ("a", [b"1", b"4", b"8"]),
+        ("c", [b"3", b"7"]),
+    ]
+
+
 def test_a_node_killed_mid_job_loses_nothing_confirmed_and_the_job_completes(spark, tmp_path):
     data = tmp_path / "data"
     endpoint = with_free_port("tcp://127.0.0.1:*")
