@@ -997,9 +997,10 @@ def test_a_pipelining_publisher_hears_of_every_publish_when_its_queue_is_killed(
         one = frames.method_frame(1, commands.Basic.Publish(routing_key="rq")) + b"".join(
             frames.content_frames(1, b"\x10\x00\x02", b"x" * 100, 131072)
         )
-        sock.sendall(one * (publishes // 2))
         queue = descendant_titled("warren: queue rq")
         assert queue is not None
+        queue.suspend()  # it confirms none of the first half: all in flight at the kill
+        sock.sendall(one * (publishes // 2))
         queue.kill()
         sock.sendall(one * (publishes // 2))
         settled: dict[int, bool] = {}
