@@ -41,6 +41,7 @@ __all__ = [
     "UnknownDeliveryTag",
     "Unroutable",
     "UnsupportedOperation",
+    "StreamGone",
     "WarrenReadError",
     "WarrenWriteError",
     "local_error",
@@ -202,6 +203,10 @@ class WarrenWriteError(QueueError, RuntimeError):
 class WarrenReadError(QueueError, RuntimeError):
     """A Spark read of a stream that cannot go on; the message says which offsets or
     setting, and why."""
+
+
+class StreamGone(WarrenReadError):
+    """A stream a Spark read names, or its pattern matched, is not declared (any more)."""
 
 
 def local_error(type_name: str, message: str, remote_traceback: str = "") -> Exception:

@@ -93,6 +93,7 @@ from ..errors import (
     OffsetOutOfRange,
     QueueDown,
     QueueRestarting,
+    StreamGone,
     WarrenReadError,
 )
 from ..protocol import (
@@ -145,10 +146,6 @@ TRIGGER_OPTIONS = ("maxBytesPerTrigger", "minOffsetsPerTrigger", "maxTriggerDela
 KAFKA_EARLIEST, KAFKA_LATEST = -2, -1
 T = TypeVar("T")
 Start = tuple[str, int]  # a StreamAttach's (start, value)
-
-
-class StreamGone(WarrenReadError):
-    """A stream the read names, or its pattern matched, is not declared (any more)."""
 
 
 def read_schema(options: Mapping[str, str]) -> str:
