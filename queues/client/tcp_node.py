@@ -498,7 +498,10 @@ class RemoteQueue:
         except AskTimeout:
             self.node.forget(request_id)
             return not self.node.silent()  # busy or away: wait on, for a while
-        return alive and not self.node.replaced(boot)
+        # The boot first, whatever the answer: a listener that restarted says "not
+        # alive" too, and the transport must know it is gone, not a queue restarted.
+        replaced = self.node.replaced(boot)
+        return alive and not replaced
 
     def _note_consumer(self, message: Any) -> None:
         if isinstance(message, (Fetch, Subscribe)):

@@ -2,7 +2,11 @@
 that no node sends (another program on the node's control socket or its tcp address, a
 damaged frame) is ``NodeNotRunning`` naming what answered, never a stray ``ValueError``,
 ``KeyError`` or ``TypeError`` out of the client's plumbing. The fake node answers one
-probe and stops."""
+probe and stops.
+
+A listener that restarted while a queue was waited on answers the client's check of that
+queue "not alive" with its new boot: the connection must take its node as gone (and
+recover, sending again what was in doubt), not the queue as restarted (a nack)."""
 
 import json
 import os
@@ -19,6 +23,7 @@ from warren.actors import wire
 from warren.actors.codec import Decoder, Encoder
 from warren.queues.broker.listener import with_free_port
 from warren.queues.client.ipc_node import NODE_FILE
+from warren.queues.client.tcp_node import RemoteQueue, TcpNode
 from warren.queues.errors import NodeNotRunning, NodeStarting
 
 ANSWER_WAIT_MS = 60_000  # the client asks long before: the bound never decides
@@ -121,3 +126,33 @@ def test_a_listener_whose_probe_answer_is_no_listener_answer_is_no_node(kind, va
     assert f"the listener at {endpoint} answered with what no Warren listener sends" in str(
         refused.value
     )
+
+
+def test_a_queue_check_answered_by_a_restarted_listener_leaves_its_node_gone():
+    endpoint = with_free_port("tcp://127.0.0.1:*")
+    socket = zmq.Context.instance().socket(zmq.ROUTER)
+    socket.bind(endpoint)
+    encoder, decoder = Encoder(), Decoder()
+    boot = [b"before"]
+
+    def answer(socket: zmq.Socket) -> bool:
+        client, *frames = socket.recv_multipart(copy=False)
+        op, request_id, *_ = decoder.decode(frames)
+        if op == "alive":  # the node restarted: its queue is another incarnation
+            boot[0] = b"after"
+            value: object = [False, boot[0]]
+        elif op == "boot" and boot[0] == b"after":
+            return False  # the restarted node is busy recovering its queues
+        else:
+            value = boot[0] if op == "boot" else []
+        socket.send_multipart([client, *encoder.encode([wire.REPLY_OK, request_id, value])])
+        return False
+
+    with answering(socket, answer):
+        node = TcpNode(endpoint, connect_timeout_s=ANSWER_WAIT_MS / 1000)
+        try:
+            queue = RemoteQueue(node, "orders", incarnation=1)
+            assert not queue.alive(queue.ask_async("ping"))
+            assert node.gone(wait_s=0.5)
+        finally:
+            node.close()
