@@ -276,6 +276,22 @@ class LastSequence:
     producer: Producer
 
 
+MemberId = Annotated[str, Check(lambda v: 0 < len(v) <= 64, "1 to 64 characters")]
+
+
+@message
+@dataclass(frozen=True)
+class GroupBeat:
+    """A member of consumer group ``group`` on a stream is still there; ``release``: it
+    stepped down (its offset is stored); ``leave``: it goes. Answered with its turn:
+    ``warren.queues.broker.single_active``."""
+
+    group: TrackingName
+    member: MemberId
+    release: bool = False
+    leave: bool = False
+
+
 MAX_PLAN_BYTES = 2**31  # the largest range a StreamPlan or StreamChunks may ask for
 PlanBytes = Annotated[
     int, Check(lambda v: 0 < v <= MAX_PLAN_BYTES, f"an int in 1..{MAX_PLAN_BYTES}")
@@ -299,6 +315,7 @@ class StreamChunks:
 
 
 STREAM_MESSAGES = (
+    GroupBeat,
     StreamAttach,
     StreamRead,
     StoreOffset,
@@ -444,6 +461,10 @@ class QueueDefinition:
     max_age: float | None = None
     max_segment_size_bytes: int | None = None
     sync_policy: str | None = None
+    # a partition of a super stream: its name and index (set by the node's declare of the
+    # super stream, ``super_stream_partitions``; never an application's to give)
+    super_stream: str | None = None
+    partition: int | None = None
 
     def __post_init__(self) -> None:
         check_name(self.name)
@@ -476,6 +497,15 @@ class QueueDefinition:
                 )
         if self.type not in QUEUE_TYPES:
             raise InvalidArgument(f"type must be one of {QUEUE_TYPES}, got {self.type!r}")
+        if (self.super_stream is None) != (self.partition is None) or (
+            self.partition is not None
+            and (self.type != "stream" or type(self.partition) is not int or self.partition < 0)
+        ):
+            raise InvalidArgument(
+                f"queue {self.name!r}: a partition of a super stream is a stream with a "
+                f"super_stream name and a partition index >= 0, made by declaring the "
+                f"super stream (type='super-stream')"
+            )
         if self.type == "stream":
             self._check_stream()
             return
@@ -531,6 +561,37 @@ class QueueDefinition:
             raise InvalidArgument(
                 f"sync_policy must be one of {SYNC_POLICIES}, got {self.sync_policy!r}"
             )
+
+
+SUPER_STREAM_TYPE = "super-stream"  # declare_queue(name, type=...): partitioned streams
+MAX_PARTITIONS = 256  # partitions a super stream may have
+
+
+def super_stream_partitions(name: str, arguments: dict[str, Any]) -> list[QueueDefinition]:
+    """The partition streams ``name-0`` .. ``name-(N-1)`` of super stream ``name``
+    declared with ``arguments``: ``partitions=N`` and a stream's arguments, which every
+    partition takes (retention, segment size and sync policy are each partition's own).
+    ``InvalidArgument`` for a bad count or argument, before anything is made."""
+    arguments = dict(arguments)
+    arguments.pop("type", None)
+    partitions = arguments.pop("partitions", None)
+    if type(partitions) is not int or not 1 <= partitions <= MAX_PARTITIONS:
+        raise InvalidArgument(
+            f"a super stream takes partitions=N, an int in 1..{MAX_PARTITIONS}; got {partitions!r}"
+        )
+    if "super_stream" in arguments or "partition" in arguments:
+        raise InvalidArgument("a super stream names and numbers its partitions itself")
+    check_name(name, "super stream")
+    return [
+        QueueDefinition(
+            check_name(f"{name}-{index}", "super stream's partition"),
+            type="stream",
+            super_stream=name,
+            partition=index,
+            **arguments,
+        )
+        for index in range(partitions)
+    ]
 
 
 STREAM_ACTOR_PREFIX = "stream "  # a stream's actor name, and title: "warren: stream events"

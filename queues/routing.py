@@ -16,9 +16,21 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-__all__ = ["EXCHANGE_KINDS", "route", "topic_matches"]
+__all__ = [
+    "EXCHANGE_KINDS",
+    "PARTITION_SEED",
+    "SUPER_STREAM",
+    "murmur3_32",
+    "partition_of",
+    "route",
+    "topic_matches",
+]
 
-EXCHANGE_KINDS = ("direct", "fanout", "topic")
+EXCHANGE_KINDS = ("direct", "fanout", "topic")  # what an application declares
+SUPER_STREAM = "super-stream"  # the kind of a super stream's exchange, declared with it
+PARTITION_SEED = 104729  # the seed RabbitMQ's stream clients hash routing keys with
+_MASK = 0xFFFFFFFF
+_C1, _C2 = 0xCC9E2D51, 0x1B873593
 
 
 def route(kind: str, bindings: list[list[str]], routing_key: str) -> list[str]:
@@ -29,9 +41,43 @@ def route(kind: str, bindings: list[list[str]], routing_key: str) -> list[str]:
         matched = [queue for queue, key in bindings if key == routing_key]
     elif kind == "topic":
         matched = [queue for queue, key in bindings if topic_matches(key, routing_key)]
+    elif kind == SUPER_STREAM:
+        partition = str(partition_of(routing_key, len(bindings)))
+        matched = [queue for queue, key in bindings if key == partition]
     else:
         raise ValueError(f"exchange kind must be one of {EXCHANGE_KINDS}, got {kind!r}")
     return list(dict.fromkeys(matched))
+
+
+def partition_of(routing_key: str | bytes, partitions: int) -> int:
+    """The partition (0 .. ``partitions`` - 1) a super stream sends ``routing_key`` to."""
+    data = routing_key.encode() if isinstance(routing_key, str) else routing_key
+    return murmur3_32(data) % partitions if partitions else 0
+
+
+def murmur3_32(data: bytes, seed: int = PARTITION_SEED) -> int:
+    """MurmurHash3's x86 32-bit hash of ``data``, unsigned."""
+    hash_ = seed & _MASK
+    whole = len(data) & ~3
+    for start in range(0, whole, 4):
+        hash_ ^= _scrambled(int.from_bytes(data[start : start + 4], "little"))
+        hash_ = ((_rotl(hash_, 13) * 5) + 0xE6546B64) & _MASK
+    if len(data) > whole:
+        hash_ ^= _scrambled(int.from_bytes(data[whole:], "little"))
+    hash_ ^= len(data)
+    hash_ ^= hash_ >> 16
+    hash_ = (hash_ * 0x85EBCA6B) & _MASK
+    hash_ ^= hash_ >> 13
+    hash_ = (hash_ * 0xC2B2AE35) & _MASK
+    return hash_ ^ (hash_ >> 16)
+
+
+def _scrambled(block: int) -> int:
+    return (_rotl((block * _C1) & _MASK, 15) * _C2) & _MASK
+
+
+def _rotl(value: int, bits: int) -> int:
+    return ((value << bits) | (value >> (32 - bits))) & _MASK
 
 
 @lru_cache(maxsize=4096)

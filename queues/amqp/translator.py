@@ -73,6 +73,7 @@ from ..amqp_envelope import encode_short_string, envelope, split
 from ..client.connection import Confirm, Connection
 from ..client.consuming import IDLE_POLL_S, LATE_ANSWER_S, Consumer, Delivery
 from ..client.stream import StreamConsumer, StreamDelivery
+from ..client.super_stream import SuperStreamConsumer
 from ..errors import (
     AccessRefused,
     ConnectionClosed,
@@ -898,6 +899,7 @@ class Translator:
                     *frames.ids_of(method),
                 )
             consumer = connection.consume(method.queue, prefetch=prefetch)
+            assert not isinstance(consumer, SuperStreamConsumer)  # is_stream named a queue
             if method.exclusive:
                 exclusive.hold(method.queue, consumer)
         timeout = stats.get("consumer_timeout_ms")
@@ -933,6 +935,7 @@ class Translator:
             )
         offset = consume_offset(method.arguments or {})
         consumer = connection.consume(method.queue, prefetch=channel.prefetch, offset=offset)
+        assert not isinstance(consumer, SuperStreamConsumer)  # is_stream named a stream
         channel.consumers[tag] = (consumer, False)
         channel.credits[tag] = StreamCredit(channel.prefetch)
         self._answer(number, commands.Basic.ConsumeOk(tag), method.nowait)

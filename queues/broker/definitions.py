@@ -94,6 +94,12 @@ queue its routing key names, and exists always; ``direct``, ``fanout`` and ``top
 exchanges route by their bindings. Re-declaring a queue or an exchange with other
 arguments raises ``PreconditionFailed``; binding to an unknown queue or exchange raises
 ``NotFound``.
+
+Super streams: super stream ``name`` is a durable exchange of kind ``super-stream`` and
+its partition streams ``name-0`` .. bound to it with keys "0" .. (``add_super_stream``, all
+in one save: a crash leaves the whole or none of it). Its partitions are fixed: a
+declare with another count, or other stream arguments, is refused, as are binds,
+unbinds and deletes that would change its shape one piece at a time.
 """
 
 from __future__ import annotations
@@ -116,7 +122,7 @@ from ..durable_files import fsync_directory, write_atomically
 from ..engine.ref_counts import QUEUES_DIR
 from ..errors import InvalidArgument, NotFound, PreconditionFailed
 from ..protocol import QueueDefinition, check_name
-from ..routing import EXCHANGE_KINDS
+from ..routing import EXCHANGE_KINDS, SUPER_STREAM
 
 __all__ = [
     "DEFINITIONS_FILE",
@@ -269,8 +275,62 @@ class Definitions:
             self._unsaved.append({"remove_queue": name})
         return definition
 
+    def add_super_stream(self, name: str, partitions: list[QueueDefinition]) -> bool:
+        """Add super stream ``name`` with its ``partitions`` (``super_stream_partitions``):
+        True if new, False if it exists alike; ``PreconditionFailed`` if it exists with
+        another count or other arguments, or a name it needs is taken."""
+        existing = self.partitions(name)
+        if existing is not None:
+            if len(existing) != len(partitions):
+                raise PreconditionFailed(
+                    f"super stream {name!r} has {len(existing)} partitions, not "
+                    f"{len(partitions)}: a super stream's partitions are fixed when it is "
+                    f"declared (adding some would move keys to other partitions); declare "
+                    f"another super stream, or delete this one first"
+                )
+            for queue in partitions:
+                self.add_queue(queue)  # the same arguments, or PreconditionFailed
+            return False
+        if name in self.exchanges:
+            raise PreconditionFailed(
+                f"exchange {name!r} exists and is no super stream; a super stream's name is "
+                f"its exchange's: choose another name, or delete the exchange first"
+            )
+        taken = [queue.name for queue in partitions if queue.name in self.queues]
+        if name in self.queues or taken:
+            raise PreconditionFailed(
+                f"queue {(taken or [name])[0]!r} exists: super stream {name!r} needs the "
+                f"names {name!r} and {name}-0 .. {name}-{len(partitions) - 1}"
+            )
+        self.add_exchange(ExchangeDefinition(name, SUPER_STREAM))
+        for queue in partitions:
+            self.add_queue(queue)
+            self.bind(queue.name, name, str(queue.partition))
+        return True
+
+    def partitions(self, name: str) -> list[str] | None:
+        """The partition streams of super stream ``name``, in order; None if it is none."""
+        exchange = self.exchanges.get(name)
+        if exchange is None or exchange.kind != SUPER_STREAM:
+            return None
+        bound = sorted((int(key), queue) for e, queue, key in self.bindings if e == name)
+        return [queue for _, queue in bound]
+
+    def refuse_reshaping(self, queue: str | None, exchange: str | None, what: str) -> None:
+        """``PreconditionFailed`` when ``what`` (a bind, an unbind, a delete) would change
+        a super stream piece by piece: on its exchange or one of its partitions."""
+        definition = self.queues.get(queue) if queue is not None else None
+        owner = definition.super_stream if definition is not None else None
+        if owner is None and exchange is not None and self.partitions(exchange) is not None:
+            owner = exchange
+        if owner is not None:
+            raise PreconditionFailed(
+                f"{what} would change super stream {owner!r}, whose partitions are fixed; "
+                f"delete_queue({owner!r}) deletes it whole"
+            )
+
     def add_exchange(self, definition: ExchangeDefinition) -> bool:
-        if definition.kind not in EXCHANGE_KINDS:
+        if definition.kind not in (*EXCHANGE_KINDS, SUPER_STREAM):
             raise InvalidArgument(
                 f"exchange kind must be one of {EXCHANGE_KINDS}, got {definition.kind!r}"
             )

@@ -34,6 +34,9 @@ Messages accepted (``warren.queues.protocol``), and what each gets back:
                                       the next group commit; an offset past the committed
                                       one is refused (``OffsetOutOfRange`` to an ask; a
                                       tell is dropped and logged)
+    GroupBeat(group, member, ...)   → the member's turn in its consumer group: "active",
+                                      "standby" or "step-down" (single active consumer,
+                                      ``warren.queues.broker.single_active``)
     QueryOffset(name), LastSequence(producer)
                                     → the stored offset, the producer's last sequence
     QueueStats()                    → offsets, segments, bytes, the user records held
@@ -114,6 +117,7 @@ from ..protocol import (
     MAX_SEQUENCE,
     DeleteQueue,
     Fetch,
+    GroupBeat,
     LastSequence,
     Publish,
     Purge,
@@ -129,6 +133,7 @@ from ..protocol import (
     StreamRead,
     Subscribe,
 )
+from .single_active import ActiveConsumers
 
 __all__ = ["StreamActor", "tracking_id"]
 
@@ -210,6 +215,7 @@ class StreamActor(ProcessActor):
         self._deleted = False
         self._last_record = -1  # the offset of the last record appended (not tracking)
         self._last_committed_record = -1
+        self._groups = ActiveConsumers(definition.partition or 0)
         self.counters = {
             "published": 0,
             "confirmed": 0,
@@ -500,6 +506,9 @@ class StreamActor(ProcessActor):
         offset = self._stream.tracking().consumers.get(message.name)
         return None if offset == FORGOTTEN_OFFSET else offset
 
+    def _group_beat(self, message: GroupBeat) -> str:
+        return self._groups.beat(message.group, message.member, message.release, message.leave)
+
     def _last_sequence(self, message: LastSequence) -> int | None:
         return self._stream.tracking().producers.get(tracking_id(message.producer))
 
@@ -532,6 +541,9 @@ class StreamActor(ProcessActor):
                 for name, offset in sorted(offsets.items())
             },
             "producers": len(stream.tracking().producers),
+            "consumer_groups": self._groups.groups(),
+            "super_stream": self.definition.super_stream,
+            "partition": self.definition.partition,
             "segments": len(segments),
             "bytes": sum(info.size_bytes for info in segments),
             **self.counters,
@@ -558,6 +570,7 @@ class StreamActor(ProcessActor):
         StoreOffset: _store_offset,
         QueryOffset: _query_offset,
         LastSequence: _last_sequence,
+        GroupBeat: _group_beat,
         QueueStats: _stats,
         DeleteQueue: _delete,
     }

@@ -69,7 +69,14 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from ..protocol import Purge, QueueDefinition, QueueStats, server_named_queue
+from ..protocol import (
+    SUPER_STREAM_TYPE,
+    Purge,
+    QueueDefinition,
+    QueueStats,
+    server_named_queue,
+    super_stream_partitions,
+)
 from .connection_consuming import ConsumingCalls
 from .connection_core import exclusive
 from .connection_publishing import PublishingCalls
@@ -111,7 +118,9 @@ class Connection(PublishingCalls, ConsumingCalls):
         self._check_open()
         if name == "" and not passive:
             name = server_named_queue()
-        if not passive:
+        if not passive and arguments.get("type") == SUPER_STREAM_TYPE:
+            super_stream_partitions(name, arguments)
+        elif not passive:
             QueueDefinition(name, **arguments)
         answer = self._node.declare_queue(name, passive=passive, **arguments)
         if not passive:

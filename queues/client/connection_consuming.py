@@ -37,12 +37,14 @@ from ..protocol import (
     Subscribe,
     check_tracking_name,
 )
+from ..routing import SUPER_STREAM
 from .connection_core import NODE_ERRORS, ConnectionCore, exclusive
 from .consuming import SETTLE_BATCH, Consumer, Delivery, PendingSettles, check_timeout
 from .publishing import flusher, producer_bytes
 from .queue_refs import await_answer, is_stream_ref, process_gone
 from .recovery import NodeLost
 from .stream import StreamConsumer
+from .super_stream import SuperStreamConsumer
 
 ANSWER_SLICE_S = 0.05  # the longest a consumer's wait for a long poll holds the lock
 PROCESS_LOOKS_KEPT = 4096  # queue processes whose last look is remembered, at most
@@ -72,7 +74,7 @@ class ConsumingCalls(ConnectionCore):
         offset: object = None,
         name: str | None = None,
         **stream_options: Any,
-    ) -> Consumer | StreamConsumer:
+    ) -> Consumer | StreamConsumer | SuperStreamConsumer:
         """Iterate over ``queue``'s messages, at most ``prefetch`` unacked at a time. The
         iteration waits for the next message for ever, or, with ``inactivity_timeout``,
         ends (and the consumer is cancelled) once no message came for that many seconds:
@@ -83,11 +85,33 @@ class ConsumingCalls(ConnectionCore):
         from ``offset`` ("first", "last", "next" by default, an offset, a datetime, a
         ``Timestamp`` or an interval like "1h"), nothing taken away, no ack; ``name``
         makes it a named consumer, which stores its offset on the node (every
-        ``store_every`` records and ``store_interval_s`` seconds) and resumes after it."""
+        ``store_every`` records and ``store_interval_s`` seconds) and resumes after it;
+        ``single_active=True`` makes it one member of group ``name``, which reads only
+        while it is the group's active member.
+
+        A super stream is read over all its partitions (``SuperStreamConsumer``,
+        ``warren.queues.client.super_stream``), or one, by its stream's name; with
+        ``single_active`` its partitions are shared among the group's members."""
         if type(prefetch) is not int or prefetch < 1:
             raise InvalidArgument(f"prefetch must be an int >= 1, got {prefetch!r}")
         if inactivity_timeout is not None:
             check_timeout(inactivity_timeout, "inactivity_timeout")
+        partitions = self._partitions_if_none_is_named(queue)
+        if partitions is not None:
+            if name is not None:
+                check_tracking_name(name)
+            over_all = SuperStreamConsumer(
+                self,
+                queue,
+                partitions,
+                "next" if offset is None else offset,
+                name=name,
+                prefetch=prefetch,
+                inactivity_timeout=inactivity_timeout,
+                **stream_options,
+            )
+            self._consumers.update(over_all.consumers)
+            return over_all
         if self.is_stream(queue):
             if name is not None:
                 check_tracking_name(name)
@@ -114,6 +138,37 @@ class ConsumingCalls(ConnectionCore):
         return consumer
 
     # ------------------------------------------------------------------ streams
+
+    @exclusive
+    def partitions(self, super_stream: str) -> list[str]:
+        """The partition streams of ``super_stream``, in order (``name-0`` first);
+        ``NotFound`` if it is no super stream."""
+        partitions = self._partitions_if_none_is_named(super_stream)
+        if partitions is None:
+            raise errors.NotFound(
+                f"no super stream {super_stream!r} on this node (declare one with "
+                f"declare_queue({super_stream!r}, type='super-stream', partitions=N))"
+            )
+        return partitions
+
+    def _partitions_if_none_is_named(self, name: str) -> list[str] | None:
+        """The partitions of super stream ``name`` if no queue has that name (a queue's
+        name comes first, and costs no question to the node once its ref is known)."""
+        if name in self._refs:
+            return None
+        try:
+            self._ref(name)
+            return None
+        except errors.NotFound as exc:
+            if isinstance(exc, errors.QueueRestarting):
+                raise
+        try:
+            exchange = self._node.exchange(name)
+        except errors.NotFound:
+            return None
+        if exchange["kind"] != SUPER_STREAM:
+            return None
+        return [queue for queue, _ in sorted(exchange["bindings"], key=lambda b: int(b[1]))]
 
     @exclusive
     def store_offset(self, stream: str, name: str, offset: int) -> None:

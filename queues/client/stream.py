@@ -23,6 +23,14 @@ resumes after that offset; ``offset`` applies only while none is stored
 (``Connection.reset_offset`` forgets it). What it stores is at-least-once: a consumer
 killed between two stores reads again what it processed after the last one.
 
+A single active consumer (``single_active=True``, with a ``name``: its group) reads only
+while the stream's process says it is its group's active member
+(``warren.queues.broker.single_active``): it beats every ``MEMBER_BEAT_S``, from the call
+that asks for the next record; made active, it starts after the group's stored offset
+(``offset`` while none is); told to step down, it stores the offset of the last record
+it handed out, drops what it read ahead, and releases its turn. A consumer over a super
+stream shares one member id among its partitions (``warren.queues.client.super_stream``).
+
 Races: the stream's process restarting while a consumer waits (its long poll dies with
 it: asked again of the next incarnation; the files stay, so a local reader goes on where
 it was); retention deleting the segment a reader is in (it keeps its open file) or the
@@ -35,6 +43,7 @@ from __future__ import annotations
 import collections
 import datetime
 import os
+import secrets
 import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -45,6 +54,7 @@ from ..errors import InvalidArgument, Nacked, NotFound, OffsetOutOfRange, QueueR
 from ..message import Message, decode
 from ..protocol import (
     MAX_WAIT_MS,
+    GroupBeat,
     StoreOffset,
     StreamAttach,
     StreamRead,
@@ -63,6 +73,7 @@ STORE_INTERVAL_S = 5.0  # and seconds
 COMMIT_POLL_MS = 200  # a long poll's wait: how long the connection is held by one ask
 RESTART_WAIT_S = 60.0  # how long a reader waits for a restarting stream's successor
 RESTART_POLL_S = 0.05
+MEMBER_BEAT_S = 1.0  # how often a single active consumer beats (the stream drops it after 5 s)
 
 
 def stream_start(offset: object) -> tuple[str, int]:
@@ -127,9 +138,15 @@ class StreamConsumer:
         inactivity_timeout: float | None,
         store_every: int = STORE_EVERY,
         store_interval_s: float = STORE_INTERVAL_S,
+        single_active: bool = False,
+        member: str | None = None,
     ) -> None:
         if type(store_every) is not int or store_every < 1:
             raise InvalidArgument(f"store_every must be an int >= 1, got {store_every!r}")
+        if single_active and name is None:
+            raise InvalidArgument(
+                "a single active consumer needs a name: the group whose members take turns"
+            )
         self.connection = connection
         self.stream = stream
         self.name = name
@@ -142,16 +159,28 @@ class StreamConsumer:
         self._stored = -1  # the offset last stored for ``name``
         self._stored_at = time.monotonic()
         self._closed = False
-        start = stream_start(offset)
-        if name is not None:
-            stored = connection.query_offset(stream, name)
+        self._start = stream_start(offset)
+        self._reader: StreamReader | None = None
+        self._broken: OffsetOutOfRange | None = None  # why it cannot go on after a recovery
+        self.single_active = bool(single_active)
+        self._member = member or secrets.token_hex(8)
+        self._active = not self.single_active  # reads now
+        self._beat_due = 0.0
+        self._next = self._committed = 0
+        self._local = False
+        if not self.single_active:
+            self._open_after_stored(ref)
+        self._first = self._next  # where it started: where it starts again, read nothing
+
+    def _open_after_stored(self, ref: Any) -> None:
+        """Open the reader after the offset stored for its name, else at its start."""
+        start = self._start
+        if self.name is not None:
+            stored = self.connection.query_offset(self.stream, self.name)
             if stored is not None:
                 self._stored = stored
                 start = ("offset", stored + 1)
-        self._reader: StreamReader | None = None
-        self._broken: OffsetOutOfRange | None = None  # why it cannot go on after a recovery
-        self._open(ref, start, resuming=name is not None and self._stored >= 0)
-        self._first = self._next  # where it started: where it starts again, read nothing
+        self._open(ref, start, resuming=self.name is not None and self._stored >= 0)
 
     def _open(self, ref: Any, start: tuple[str, int], resuming: bool) -> None:
         attached = self._attach(start, resuming)
@@ -178,6 +207,9 @@ class StreamConsumer:
             self._reader.close()
             self._reader = None
         self._ready.clear()
+        if self.single_active:  # the new node's stream knows no member: take turns anew
+            self._active, self._beat_due = False, 0.0
+            return
         try:
             self._attach_again()
         except NotFound as exc:
@@ -242,6 +274,11 @@ class StreamConsumer:
             return None
         if self.name is not None and self._handed > self._stored:
             self._maybe_store(self._handed)
+        while self.single_active and not self._my_turn():
+            wait = MEMBER_BEAT_S if deadline is None else deadline - time.monotonic()
+            if wait <= 0 or self._closed:
+                return None
+            time.sleep(min(wait, max(0.0, self._beat_due - time.monotonic())))
         while not self._ready:
             left = None if deadline is None else deadline - time.monotonic()
             self._fill(left)
@@ -295,6 +332,56 @@ class StreamConsumer:
                     return {"records": [], "committed": self._committed, "next": offset}
                 time.sleep(RESTART_POLL_S)
 
+    @property
+    def buffered(self) -> int:
+        """Records read and not handed out yet (the next ``get`` takes one at once)."""
+        return len(self._ready)
+
+    def _my_turn(self) -> bool:
+        """Whether this single active consumer reads now: its group's turn, asked every
+        ``MEMBER_BEAT_S`` (see the module docstring)."""
+        now = time.monotonic()
+        if now < self._beat_due:
+            return self._active
+        self._beat_due = now + MEMBER_BEAT_S
+        turn = self._beat()
+        if turn == "active" and not self._active:
+            self._stored = -1
+            self._open_after_stored(self.connection._ref(self.stream))
+            self._handed, self._stored_at = -1, time.monotonic()
+            self._active = True
+        elif turn != "active" and self._active:
+            self._stop_reading()
+            if turn == "step-down":  # still its turn: hand it on with the offset
+                self._store_now()
+                self._beat(release=True)
+        return self._active
+
+    def _beat(self, release: bool = False, leave: bool = False) -> str:
+        assert self.name is not None
+        try:
+            return str(
+                self.connection._request(
+                    self.stream, GroupBeat(self.name, self._member, release, leave)
+                )
+            )
+        except (Nacked, QueueRestarting, ActorError):
+            return "standby"  # the stream is restarting: it knows no member yet
+
+    def _stop_reading(self) -> None:
+        self._active = False
+        self._ready.clear()
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
+
+    def _store_now(self) -> None:
+        """Store the offset of the last record handed out, answered (it is the group's
+        before the turn passes)."""
+        if self.name is not None and self._handed > self._stored:
+            self.connection._request(self.stream, StoreOffset(self.name, self._handed))
+            self._stored, self._stored_at = self._handed, time.monotonic()
+
     def _maybe_store(self, processed: int) -> None:
         due = processed - self._stored >= self.store_every or (
             time.monotonic() - self._stored_at >= self.store_interval_s
@@ -317,7 +404,12 @@ class StreamConsumer:
         if self._reader is not None:
             self._reader.close()
         processed = self._handed if processed_last else self._handed - 1
-        if self.name is not None and processed > self._stored:
+        if self.single_active:
+            if self._active:
+                self._handed = processed
+                self._store_now()
+            self._beat(leave=True)  # the next member takes over at once
+        elif self.name is not None and processed > self._stored:
             self._store(processed)
 
     def __enter__(self) -> StreamConsumer:

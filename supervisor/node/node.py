@@ -137,6 +137,7 @@ from warren.queues.engine.ref_counts import (
     node_ref_counts,
 )
 from warren.queues.errors import (
+    InvalidArgument,
     NodeStarting,
     NotFound,
     NotLeader,
@@ -147,11 +148,14 @@ from warren.queues.errors import (
 from warren.queues.protocol import (
     NODE_CALLS,
     STREAM_ACTOR_PREFIX,
+    SUPER_STREAM_TYPE,
     DeleteQueue,
     QueueDefinition,
     QueueStats,
     check_name,
+    super_stream_partitions,
 )
+from warren.queues.routing import EXCHANGE_KINDS
 from warren.store import replicated_io
 from warren.store.engine.message_store import DEFAULT_GC, FILE_SIZE_LIMIT_BYTES, GC_MODES
 from warren.store.gc_actor import GCActor
@@ -581,9 +585,19 @@ class Node:
         if passive:
             if arguments:
                 raise TypeError("a passive declare takes no queue arguments")
+            partitions = self._definitions.partitions(name)
+            if partitions is not None:
+                return self._super_stream_declared(name, partitions)
             if name not in self._definitions.queues:
                 raise NotFound(f"no queue {name!r} on this node (a passive declare creates none)")
             return self._declared(name)
+        if arguments.get("type") == SUPER_STREAM_TYPE:
+            return self._declare_super_stream(name, super_stream_partitions(name, arguments))
+        if "super_stream" in arguments or "partition" in arguments:
+            raise InvalidArgument(
+                "super_stream and partition are a super stream's partitions' own: declare "
+                "the super stream (type='super-stream', partitions=N) and it makes them"
+            )
         definition = QueueDefinition(check_name(name), **arguments)
         created_empty = False
         with self._definitions_lock:
@@ -621,6 +635,44 @@ class Node:
             return {"queue": name, "message_count": 0, "consumer_count": 0}
         return self._declared(name)
 
+    def _declare_super_stream(self, name: str, partitions: list[QueueDefinition]) -> dict:
+        """Declare super stream ``name`` with its partition streams (see Super streams in
+        ``warren.queues.broker.definitions``): saved at once, then each partition's
+        process started; one that does not start takes the whole declare back."""
+        with self._definitions_lock:
+            for partition in partitions:
+                if partition.name not in self._definitions.queues:
+                    self._definitions.finish_delete(partition.name)
+            if self._definitions.add_super_stream(name, partitions):
+                self._definitions_changed(f"super stream {name!r} was not declared")
+                queue_sup = self._supervisor("queue_sup")
+                started: list[str] = []
+                try:
+                    for partition in partitions:
+                        queue_sup.start_child(self._queue_spec(partition))
+                        started.append(QUEUE_SUP_PREFIX + partition.name)
+                except BaseException:
+                    for child in started:
+                        queue_sup.terminate_child(child)
+                    for partition in partitions:
+                        self._definitions.remove_queue(partition.name)
+                    self._definitions.remove_exchange(name)
+                    self._definitions_changed(f"super stream {name!r} stays declared")
+                    raise
+        return self._super_stream_declared(name, [p.name for p in partitions])
+
+    def _super_stream_declared(self, name: str, partitions: list[str]) -> dict:
+        """A super stream's declare-ok: its records and consumers over every partition
+        (None while one does not answer), and its partitions in order."""
+        answers = [self._declared(partition) for partition in partitions]
+        counts = {
+            count: None
+            if any(answer[count] is None for answer in answers)
+            else sum(answer[count] for answer in answers)
+            for count in ("message_count", "consumer_count")
+        }
+        return {"queue": name, **counts, "partitions": partitions}
+
     def _declared(self, name: str) -> dict:
         try:
             stats = self.queue(name).ask(QueueStats(declare=True), timeout=STATS_TIMEOUT_S)
@@ -637,7 +689,21 @@ class Node:
         it held. Done for good once its definition's removal is saved: its tombstone,
         written before that save, has the files removed at the next declare of the name
         or the next boot if a crash or the disk stops their removal (see Deletes in
-        ``warren.queues.broker.definitions``)."""
+        ``warren.queues.broker.definitions``). A super stream is deleted whole: its
+        partitions one by one, then its exchange (a delete cut short is made again)."""
+        with self._definitions_lock:
+            partitions = self._definitions.partitions(name)
+            if partitions is None:
+                self._definitions.refuse_reshaping(name, None, f"deleting queue {name!r}")
+        if partitions is None:
+            return self._delete_one(name)
+        count = sum(self._delete_one(partition) for partition in partitions)
+        with self._definitions_lock:
+            self._definitions.remove_exchange(name)
+            self._definitions_changed(f"super stream {name!r} lost its partitions, not its name")
+        return count
+
+    def _delete_one(self, name: str) -> int:
         undone = f"queue {name!r} was not deleted"
         with self._definitions_lock:
             if name not in self._definitions.queues:
@@ -700,6 +766,11 @@ class Node:
         ``alternate_exchange`` if it has one (it need not exist yet; ``ExchangeDefinition``)."""
         if alternate_exchange:
             check_name(alternate_exchange, "alternate exchange")
+        if kind not in EXCHANGE_KINDS:
+            raise InvalidArgument(
+                f"exchange kind must be one of {EXCHANGE_KINDS}, got {kind!r} (a super "
+                f"stream is declared with declare_queue(name, type='super-stream', ...))"
+            )
         definition = ExchangeDefinition(
             check_name(name, "exchange"),
             kind,
@@ -715,18 +786,25 @@ class Node:
     def bind_queue(self, queue: str, exchange: str, routing_key: str = "") -> None:
         """Route ``exchange``'s messages with ``routing_key`` to ``queue``."""
         with self._definitions_lock:
+            self._definitions.refuse_reshaping(
+                queue, exchange, f"binding {queue!r} to {exchange!r}"
+            )
             if self._definitions.bind(queue, exchange, routing_key):
                 self._definitions_changed(f"queue {queue!r} was not bound to {exchange!r}")
 
     def unbind_queue(self, queue: str, exchange: str, routing_key: str = "") -> None:
         """Stop routing ``exchange``'s messages with ``routing_key`` to ``queue``."""
         with self._definitions_lock:
+            self._definitions.refuse_reshaping(
+                queue, exchange, f"unbinding {queue!r} from {exchange!r}"
+            )
             if self._definitions.unbind(queue, exchange, routing_key):
                 self._definitions_changed(f"queue {queue!r} was not unbound from {exchange!r}")
 
     def delete_exchange(self, name: str) -> None:
         """Delete an exchange and its bindings; the queues it routed to stay."""
         with self._definitions_lock:
+            self._definitions.refuse_reshaping(None, name, f"deleting exchange {name!r}")
             self._definitions.remove_exchange(name)
             self._definitions_changed(f"exchange {name!r} was not deleted")
 

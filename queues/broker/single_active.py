@@ -1,0 +1,80 @@
+"""``ActiveConsumers``: which member of each named consumer group reads a stream now
+(RabbitMQ's single active consumer), kept by the stream's process.
+
+Protocol (``GroupBeat(group, member, release, leave)``, a member's ask every
+``MEMBER_BEAT_S``): the answer is the member's turn, ``"active"`` (read, and store the
+offset processed), ``"standby"`` (read nothing) or ``"step-down"`` (stop reading, store
+the offset processed, then beat with ``release``: only then does the next member become
+active, so two members never read the group's records at once while both beat). A member
+that ``leave``s is gone at once; one unheard of for ``MEMBER_LEASE_S`` (killed, or its
+node connection lost) is dropped, and if it was active the next member takes over.
+
+Which member is active: the members' ids sorted, and the one at this stream's partition
+index modulo their number (index 0 for a stream that is no super stream's partition).
+Every partition of a super stream sorts the same ids, so N consumers sharing a group
+share its partitions about evenly, and one that goes leaves its partitions to the others.
+
+Races: a member that stalls past its lease while active is dropped and another takes
+over; its next beat answers ``"standby"`` (not ``"step-down"``), so it stores no offset
+over the new member's. Membership lives in the stream's process: after its restart the
+members beat again, the first to do so under the rule becomes active, and whatever the
+last active member processed after its last stored offset is read again (at least once,
+as RabbitMQ's).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["MEMBER_BEAT_S", "MEMBER_LEASE_S", "ActiveConsumers"]
+
+MEMBER_BEAT_S = 1.0  # how often a member beats
+MEMBER_LEASE_S = 5.0  # how long a silent member is kept
+
+
+@dataclass
+class _Group:
+    seen: dict[str, float] = field(default_factory=dict)  # member -> last beat
+    active: str | None = None  # the member reading now (or stepping down)
+
+
+class ActiveConsumers:
+    """The consumer groups of one stream, whose partition index is ``partition``."""
+
+    def __init__(self, partition: int, clock: Callable[[], float] = time.monotonic) -> None:
+        self.partition = partition
+        self._clock = clock
+        self._groups: dict[str, _Group] = {}
+
+    def beat(self, group: str, member: str, release: bool, leave: bool) -> str:
+        """``member`` of ``group`` beats; its turn (see the module docstring)."""
+        now = self._clock()
+        state = self._groups.setdefault(group, _Group())
+        if leave:
+            state.seen.pop(member, None)
+        else:
+            state.seen[member] = now
+        for other, last in list(state.seen.items()):
+            if now - last > MEMBER_LEASE_S:
+                del state.seen[other]
+        if state.active not in state.seen or (release and state.active == member):
+            state.active = None
+        if not state.seen:
+            del self._groups[group]
+            return "standby"
+        wanted = sorted(state.seen)[self.partition % len(state.seen)]
+        if state.active is None:
+            state.active = wanted
+        if state.active != member:
+            return "standby"
+        return "active" if wanted == member else "step-down"
+
+    def groups(self) -> dict[str, dict[str, Any]]:
+        """Each group's members and its active one, for the stream's stats."""
+        return {
+            name: {"members": len(state.seen), "active": state.active}
+            for name, state in sorted(self._groups.items())
+        }
