@@ -101,6 +101,7 @@ from .spark_options import (
     node_connection,
     retryable,
 )
+from .spark_partitions import key_partitions, row_partition
 
 if TYPE_CHECKING:
     import pyarrow
@@ -294,7 +295,7 @@ def _send_runs(
         if exchange:
             with connection._lock:
                 queues = tuple(sorted(connection._route(exchange, key, target.mandatory)))
-        elif target.destination_column is not None:  # the rows' own queue or stream
+        elif target.destination_column is not None or target.partitions:  # a row's own
             if target.destination_column == "stream" and (key,) not in routed:
                 _check_stream(connection, key, target.endpoint)
             queues = (key,)
@@ -349,6 +350,8 @@ def _encoded_runs(
                     f"{where}, row {first + index}: body is null; every row needs a binary "
                     f"or string body"
                 )
+            if target.partitions:
+                return _runs_by_partition(columns, body, target)
             if destination is None:
                 return [(_default_key(target), encode_bodies(body, target.persistent))]
             destinations = columns.column(names.index(destination))
@@ -357,13 +360,39 @@ def _encoded_runs(
     runs: list[tuple[str, list[bytes]]] = []
     grouped: dict[str, list[bytes]] = {}
     for key, message in _messages(columns, target, where, first):
-        if destination is not None:
+        if destination is not None or target.partitions:
             grouped.setdefault(key, []).append(encode(message))
             continue
         if not runs or runs[-1][0] != key:
             runs.append((key, []))
         runs[-1][1].append(encode(message))
-    return list(grouped.items()) if destination is not None else runs
+    return list(grouped.items()) if destination is not None or target.partitions else runs
+
+
+def _runs_by_partition(
+    columns: pyarrow.RecordBatch, bodies: pyarrow.Array, target: Target
+) -> list[tuple[str, list[bytes]]]:
+    """Bodies without properties grouped by the super stream partition each row's
+    routing key hashes to (``warren.queues.client.spark_partitions``), in partition
+    order, each group encoded whole."""
+    import numpy as np
+    import pyarrow as pa
+
+    names = columns.schema.names
+    count = len(target.partitions)
+    if "routing_key" in names:
+        rows = key_partitions(
+            columns.column(names.index("routing_key")), count, target.keyless_partition
+        )
+    else:
+        rows = np.full(len(bodies), target.keyless_partition, dtype=np.int64)
+    return [
+        (
+            target.partitions[index],
+            encode_bodies(bodies.filter(pa.array(rows == index)), target.persistent),
+        )
+        for index in np.unique(rows).tolist()
+    ]
 
 
 def _runs_by_destination(
@@ -495,7 +524,10 @@ def _messages(
         if isinstance(row_headers, list):  # Arrow gives a map as (key, value) pairs
             row_headers = dict(row_headers)
         key = (keys[index] or default_key) if target.exchange is not None else default_key
-        if target.destination_column is not None:
+        if target.partitions:
+            partitions = target.partitions
+            key = partitions[row_partition(keys[index], len(partitions), target.keyless_partition)]
+        elif target.destination_column is not None:
             key = destinations[index]
             if not key:
                 raise _no_destination(target, where, first + index, key)
@@ -509,7 +541,7 @@ def _messages(
 
 def _chunk_rows(target: Target) -> int:
     """Rows a chunk holds: into streams an Arrow batch, a stream's chunk; else BATCH_ROWS."""
-    if target.stream or target.destination_column == "stream":
+    if target.stream or target.partitions or target.destination_column == "stream":
         return STREAM_BATCH_ROWS
     return BATCH_ROWS
 
@@ -548,6 +580,14 @@ def _task() -> tuple[int, int]:
     return context.partitionId(), context.attemptNumber()
 
 
+def _for_task(target: Target, partition: int) -> Target:
+    """The target as Spark partition ``partition``'s task writes it: into a super
+    stream, its rows without a routing key go to partition ``partition`` mod N."""
+    if not target.partitions:
+        return target
+    return dataclasses.replace(target, keyless_partition=partition % len(target.partitions))
+
+
 class WarrenWriter(DataSourceArrowWriter):
     """A batch write: runs ``write`` on the executors, ``commit``/``abort`` on the driver."""
 
@@ -557,7 +597,7 @@ class WarrenWriter(DataSourceArrowWriter):
     def write(self, iterator: Iterator[Any]) -> PartitionWritten:
         partition, attempt = _task()
         rows, retries = publish_columns(
-            self.target,
+            _for_task(self.target, partition),
             f"{self.job}/{partition}",
             _arrow_chunks(iterator, _chunk_rows(self.target)),
             f"partition {partition} (attempt {attempt})",
@@ -583,7 +623,7 @@ class WarrenStreamWriter(DataSourceStreamWriter):
         query = context.getLocalProperty("sql.streaming.queryId") or self.job
         partition, attempt = context.partitionId(), context.attemptNumber()
         rows, retries = publish_columns(
-            self.target,
+            _for_task(self.target, partition),
             f"{query}/{batch}/{partition}",
             _row_chunks(iterator),
             f"micro-batch {batch}, partition {partition} (attempt {attempt})",
@@ -607,7 +647,9 @@ def _report(
 ) -> None:
     done = [m for m in messages if isinstance(m, PartitionWritten)]
     retried = sorted(m.partition for m in done if m.attempt > 0)
-    if target.stream:
+    if target.super_stream:
+        where = f"super stream {target.super_stream!r}"
+    elif target.stream:
         where = f"stream {target.stream!r}"
     elif target.queue:
         where = f"queue {target.queue!r}"
@@ -662,6 +704,8 @@ class WarrenDataSource(DataSource):
         check_schema(schema, target.ignore_unknown_columns, overridden)
         if target.stream is not None:
             _check_stream_option(target)
+        if target.super_stream is not None:
+            target = dataclasses.replace(target, partitions=_super_stream_partitions(target))
         job = self.options.get("producer") or uuid.uuid4().hex
         return target, job
 
@@ -675,6 +719,24 @@ def _check_stream_option(target: Target) -> None:
         _check_stream(connection, target.stream or "", target.endpoint)
     except QueueRestarting:
         pass  # declared, and coming back: the tasks retry it as they retry a node away
+    finally:
+        connection.close()
+
+
+def _super_stream_partitions(target: Target) -> tuple[str, ...]:
+    """On the driver: the partitions of the super stream option superStream names (the
+    tasks route to them; a super stream's partitions never change)."""
+    from ..errors import NotFound
+
+    name = target.super_stream or ""
+    connection = node_connection(target.endpoint, target.key_file, target.key, WarrenWriteError)
+    try:
+        return tuple(connection.partitions(name))
+    except NotFound:
+        raise WarrenWriteError(
+            f"super stream {name!r} is not declared on {target.endpoint}: declare it first "
+            f"(warren declare queue {name} --type super-stream --partitions N)"
+        ) from None
     finally:
         connection.close()
 

@@ -59,6 +59,7 @@ WRITE_OPTIONS = (
     "endpoint",
     "queue",
     "stream",
+    "superStream",
     "exchange",
     "routing_key",
     "key_file",
@@ -76,6 +77,7 @@ READ_OPTIONS = (
     "endpoint",
     "stream",
     "streamPattern",
+    "superStream",
     "key_file",
     "key",
     "timeout_s",
@@ -129,6 +131,9 @@ class Target:
     max_in_flight: int = DEFAULT_CHUNKS_IN_FLIGHT  # chunks a task has sent unconfirmed
     # "queue" or "stream": each row names its own, in that column (no option names one)
     destination_column: str | None = None
+    super_stream: str | None = None  # option superStream: rows go to its partitions
+    partitions: tuple[str, ...] = ()  # its partition streams, looked up on the driver
+    keyless_partition: int = 0  # where a task sends its rows without a routing_key
 
     @classmethod
     def from_options(
@@ -157,18 +162,20 @@ class Target:
             options.get("exchange"),
         )
         given = {name.lower(): value for name, value in options.items()}
+        super_stream = given.get("superstream")
         if reading and (
-            (not stream) == (not given.get("streampattern"))
+            [bool(stream), bool(given.get("streampattern")), bool(super_stream)].count(True) != 1
             or queue is not None
             or exchange is not None
         ):
             raise error(
                 "a read names option stream (a stream's name, or several separated by "
-                "commas) or option streamPattern (a regular expression), one of the two, and "
-                "no queue or exchange: a queue's messages are consumed, not read"
+                "commas), option streamPattern (a regular expression) or option superStream "
+                "(a super stream's name), one of the three, and no queue or exchange: a "
+                "queue's messages are consumed, not read"
             )
         destination_column = None
-        if not reading and [queue, stream, exchange].count(None) == 3:
+        if not reading and [queue, stream, exchange, super_stream].count(None) == 4:
             named = [name for name in DESTINATION_COLUMNS if name in columns]
             if len(named) > 1:
                 raise error(
@@ -176,10 +183,11 @@ class Target:
                     "row's destination, or give option queue, stream or exchange"
                 )
             destination_column = named[0] if named else None
-        if not reading and [queue, stream, exchange].count(None) != 2 and not destination_column:
+        destinations = [queue, stream, exchange, super_stream]
+        if not reading and destinations.count(None) != 3 and not destination_column:
             raise error(
-                "give exactly one of the options queue, stream and exchange, or a queue or "
-                "stream column naming each row's"
+                "give exactly one of the options queue, stream, superStream and exchange, or "
+                "a queue or stream column naming each row's"
             )
         if stream is not None:
             queue = stream
@@ -225,6 +233,7 @@ class Target:
             flags["ignoreUnknownColumns"] == "true",
             int(in_flight),
             destination_column,
+            super_stream,
         )
 
 

@@ -182,16 +182,19 @@ class Source:
     # startingOffsetsByTimestamp, None otherwise
     timestamp_strategy: str | None = None
     min_partitions: int | None = None  # a hint over partition_bytes (Kafka's minPartitions)
-    pattern: str | None = None  # option streamPattern
+    pattern: str | None = None  # option streamPattern (or superStream's partitions')
     include_headers: bool = False
     # Kafka's JSON: a start (or an end) for each stream it names
     starts_by_stream: Mapping[str, Start] = dataclasses.field(default_factory=dict)
     ends_by_stream: Mapping[str, Start] = dataclasses.field(default_factory=dict)
+    super_stream: str | None = None  # option superStream: its partitions are read
 
     @classmethod
     def from_options(cls, options: Any, streaming: bool) -> Source:
         target = Target.from_options(dict(options), reading=True)
         pattern = options.get("streamPattern") or None
+        if target.super_stream is not None:  # its partitions, as a pattern names them
+            pattern = re.escape(target.super_stream) + "-[0-9]+"
         streams = _named_streams(target.stream)
         if pattern is not None:
             try:
@@ -270,6 +273,7 @@ class Source:
             _flag(options, "includeHeaders", "false"),
             starts_by_stream,
             ends_by_stream,
+            target.super_stream,
         )
 
     @property
@@ -278,6 +282,8 @@ class Source:
         return self.pattern is None and len(self.streams) == 1
 
     def described(self) -> str:
+        if self.super_stream is not None:
+            return f"super stream {self.super_stream!r}"
         if self.pattern is not None:
             return f"the streams matching {self.pattern!r}"
         if self.one_stream:
@@ -493,6 +499,9 @@ class NodeSession:
         source = self.source
         if source.pattern is None:
             return list(source.streams)
+        super_stream = source.super_stream
+        if super_stream is not None:  # its partitions, fixed when it was declared
+            return self.call(lambda c: c.partitions(super_stream), where, super_stream)
 
         def matching(connection: Connection) -> list[str]:
             found = []

@@ -227,3 +227,17 @@ def test_members_of_a_group_share_the_partitions_and_take_over_from_one_killed(n
         reading.join(timeout=60)
         member.cancel()
         connection.close()
+
+
+def test_a_spark_write_hashes_a_column_of_keys_as_the_client_hashes_each():
+    pyarrow = pytest.importorskip("pyarrow", reason="the spark extra (pyarrow) hashes columns")
+    from warren.queues.client.spark_partitions import SLICE_ROWS, key_partitions, row_partition
+
+    keys = [None, "", "a", "ab", "abc", "abcd", "abcde", "h\u00e9llo w\u00f6rld", "x" * 300]
+    keys += [f"customer-{n}" for n in range(SLICE_ROWS + 100)]  # more than one slice
+    column = pyarrow.array(keys)
+    for sliced in (column, column.slice(3, SLICE_ROWS)):
+        expected = [row_partition(key, 7, keyless=5) for key in sliced.to_pylist()]
+        assert key_partitions(sliced, 7, keyless=5).tolist() == expected
+    binary = pyarrow.array([key.encode() if key is not None else None for key in keys])
+    assert key_partitions(binary, 3, 0).tolist() == [row_partition(k, 3, 0) for k in keys]

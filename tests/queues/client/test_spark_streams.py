@@ -645,6 +645,57 @@ def test_writing_into_a_stream_with_a_failed_task_adds_no_duplicate(spark, node)
     assert bodies == list(range(10_000))
 
 
+def test_a_super_stream_written_by_key_through_a_failed_task_reads_back_by_partition(spark, node):
+    """Kafka's keyed topic: each row to the partition its routing_key hashes to (where
+    Warren's client and RabbitMQ's put that key), keyless rows to their task's, exactly
+    once through a failed task; read back as the partitions, one task each at least."""
+    from pyspark import TaskContext
+
+    from warren.queues.routing import partition_of
+
+    connection = node.connect()
+    connection.declare_queue("orders", type="super-stream", partitions=3)
+
+    def fail_first_attempt(value):
+        if value == 1_500 and TaskContext.get().attemptNumber() == 0:
+            raise RuntimeError("the first attempt of this task fails, on purpose")
+        return value
+
+    spark.udf.register("fail_first_attempt", fail_first_attempt, "long")
+    frame = spark.range(2_000, numPartitions=2).selectExpr(
+        "cast(fail_first_attempt(id) as string) as body",
+        "case when id % 10 = 0 then null else concat('customer-', id % 37) end as routing_key",
+        "case when id % 100 = 1 then concat('m-', id) end as message_id",  # the row path
+    )
+    writer = frame.write.format("warren").mode("append")
+    writer = writer.option("endpoint", node.listen_endpoint).option("superStream", "orders")
+    writer.option("producer", "loader").save()
+    writer.option("producer", "loader").save()  # the job run again: nothing twice
+    read = load(spark, node, stream=None, superStream="orders")
+    assert read.rdd.getNumPartitions() >= 3
+    rows = read.select("stream", "offset", "body", "message_id").collect()
+    assert sorted(int(row.body) for row in rows) == list(range(2_000))
+    for row in rows:
+        n = int(row.body)
+        task = 0 if n < 1_000 else 1  # spark.range's partitions
+        expected = task % 3 if n % 10 == 0 else partition_of(f"customer-{n % 37}", 3)
+        assert row.stream == f"orders-{expected}", (n, row.stream)
+        assert row.message_id == (f"m-{n}" if n % 100 == 1 else None)
+    partition_one = sorted((row.offset, int(row.body)) for row in rows if row.stream == "orders-1")
+    assert [offset for offset, _ in partition_one] == list(range(len(partition_one)))
+    for task_rows in (
+        [n for _, n in partition_one if n < 1_000],
+        [n for _, n in partition_one if n >= 1_000],
+    ):
+        assert task_rows == sorted(task_rows)  # a task's rows in their order
+    with pytest.raises(Exception, match="super stream 'nothing' is not declared"):
+        frame.write.format("warren").mode("append").option("endpoint", node.listen_endpoint).option(
+            "superStream", "nothing"
+        ).save()
+    with pytest.raises(Exception, match="one of the three"):
+        load(spark, node, superStream="orders").collect()  # and stream "events"
+
+
 def test_rows_with_and_without_properties_written_into_a_stream_read_back_as_written(spark, node):
     connection = node.connect()
     connection.declare_queue("events", type="stream")
