@@ -10,8 +10,12 @@ Each names its node with ``--data-dir D`` (on this machine) or ``--url tcp://HOS
                    --dead-letter-routing-key K --auto-delete --expires-ms N]
     warren declare queue NAME NODE --type stream [--max-length-bytes SIZE --max-age 7D
                    --max-segment-size SIZE --sync-policy fsync|flush]
+    warren declare queue NAME NODE --type super-stream --partitions N [a stream's options]
+                                                 streams NAME-0 .. NAME-(N-1) and exchange
+                                                 NAME, which routes by the key's hash
     warren streams NODE [--json]                 every stream: offsets, segments, bytes, and
-                                                 each named consumer's offset and lag
+                                                 each named consumer's offset and lag (and
+                                                 consumer group); each super stream's partitions
     warren declare exchange NAME NODE [--kind direct|fanout|topic --transient
                                      --alternate-exchange NAME]
     warren bind QUEUE EXCHANGE NODE [--routing-key K]
@@ -50,7 +54,13 @@ from warren.queues.client.greeting import nothing_listens
 from warren.queues.client.stream import StreamConsumer, StreamDelivery
 from warren.queues.errors import ConnectionClosed, MessageTooLarge, NodeNotRunning, QueueError
 from warren.queues.message import MAX_MESSAGE_BYTES
-from warren.queues.protocol import OVERFLOWS, QUEUE_TYPES, SYNC_POLICIES, interval_text
+from warren.queues.protocol import (
+    OVERFLOWS,
+    QUEUE_TYPES,
+    SUPER_STREAM_TYPE,
+    SYNC_POLICIES,
+    interval_text,
+)
 from warren.queues.routing import EXCHANGE_KINDS
 
 from ..errors import UsageError
@@ -172,8 +182,12 @@ def add_queue_commands(commands: argparse._SubParsersAction) -> None:
         "--expires-ms", type=int, help="go once unused this long (no consumer, get, declare)"
     )
     queue.add_argument(
-        "--type", choices=QUEUE_TYPES, default="classic", help="a classic queue or a stream"
+        "--type",
+        choices=(*QUEUE_TYPES, SUPER_STREAM_TYPE),
+        default="classic",
+        help="a classic queue, a stream, or a super stream of --partitions streams",
     )
+    queue.add_argument("--partitions", type=int, help="a super stream's partition streams")
     queue.add_argument("--max-length-bytes", help="a stream's retention by size: 10GB, 500MiB")
     queue.add_argument("--max-age", help="a stream's retention by age: 7D, 12h, 30m, 3600")
     queue.add_argument("--max-segment-size", help="a stream's segment files' size (500MB)")
@@ -306,11 +320,21 @@ def _declare_queue(connection: Connection, args: argparse.Namespace) -> int:
             "auto_delete": args.auto_delete,
             "expires_ms": args.expires_ms,
         }
-        if args.type == "stream":
-            arguments.update(type="stream", **stream_arguments)
+        if args.type in ("stream", SUPER_STREAM_TYPE):
+            arguments.update(type=args.type, **stream_arguments)
         else:  # passed on only when given, to be refused by name
             arguments.update({k: v for k, v in stream_arguments.items() if v is not None})
+        if args.type == SUPER_STREAM_TYPE or args.partitions is not None:
+            arguments["partitions"] = args.partitions  # refused by the queue types but one
         declared = connection.declare_queue(args.name, **arguments)
+    if args.type == SUPER_STREAM_TYPE:
+        partitions = connection.partitions(args.name)
+        print(
+            f"declared super stream {args.name}: {counted(len(partitions), 'partition')} "
+            f"({partitions[0]} .. {partitions[-1]}), "
+            f"{counted(declared.message_count or 0, 'record')}"
+        )
+        return EXIT_OK
     done = "queue" if args.passive else "declared queue"
     if declared.message_count is None or declared.consumer_count is None:
         print(f"{done} {args.name}: {connection.queue_state(args.name)}, no counts")
@@ -428,10 +452,25 @@ def format_streams(rows: list[dict]) -> str:
                 str(stats["committed_offset"]),
                 str(stats["segments"]),
                 abbreviated(stats["bytes"], "B"),
-                " ".join(f"{n}({abbreviated(c['lag'])})" for n, c in consumers.items()) or "-",
+                " ".join(
+                    [f"{n}({abbreviated(c['lag'])})" for n, c in consumers.items()]
+                    + [f"{n}[{g['members']}]" for n, g in stats.get("consumer_groups", {}).items()]
+                )
+                or "-",
             ]
         )
-    return format_table(_STREAM_COLUMNS, cells) if cells else "no streams"
+    if not cells:
+        return "no streams"
+    supers: dict[str, list[str]] = {}
+    for row in rows:
+        owner = (row.get("stats") or {}).get("super_stream")
+        if owner is not None:
+            supers.setdefault(owner, []).append(row["name"])
+    lines = [
+        f"super stream {name}: {counted(len(parts), 'partition')} ({', '.join(parts)})"
+        for name, parts in sorted(supers.items())
+    ]
+    return "\n".join([format_table(_STREAM_COLUMNS, cells), *lines])
 
 
 def _streams(connection: Connection, args: argparse.Namespace) -> int:

@@ -936,7 +936,8 @@ def _queue_document(queue: ActorFigures | None) -> dict[str, Any]:
 
 
 def _stream_document(stream: ActorFigures | None) -> dict[str, Any]:
-    """A stream's gauges and offsets, each named consumer's offset and lag, its counters."""
+    """A stream's gauges and offsets, each named consumer's offset and lag, the super
+    stream it is a partition of and its consumer groups, its counters."""
     document: dict[str, Any] = {
         _short(figure, "warren_stream_"): stream.own.get(figure.key) if stream else None
         for figure in (*STREAM_GAUGES, *STREAM_OFFSETS)
@@ -949,6 +950,8 @@ def _stream_document(stream: ActorFigures | None) -> dict[str, Any]:
         if stream
         else None
     )
+    for key in ("super_stream", "partition", "consumer_groups"):  # a super stream's part
+        document[key] = stream.own.get(key) if stream else None
     for figure in STREAM_COUNTERS:
         document[_short(figure, "warren_stream_", True)] = (
             stream.counters.get(figure.name) if stream else None

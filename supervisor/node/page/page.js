@@ -552,9 +552,18 @@ function drawQueues(queues) {
 }
 
 function streamConsumers(stream) {
-  return Object.entries(stream.consumer_offsets ?? {}).map(
-    ([name, c]) => `${name} (${count(c.lag)})`,
+  const groups = Object.entries(stream.consumer_groups ?? {}).map(
+    ([name, g]) => `${name} (group of ${counted(g.members, "member")})`,
   );
+  return Object.entries(stream.consumer_offsets ?? {})
+    .map(([name, c]) => `${name} (${count(c.lag)})`)
+    .concat(groups);
+}
+
+// "partition 2 of invoices" for a super stream's partition, else nothing
+function partitionOf(stream) {
+  if (stream.super_stream == null) return "";
+  return `partition ${stream.partition} of ${stream.super_stream}`;
 }
 
 function drawStreams(streams) {
@@ -563,7 +572,12 @@ function drawStreams(streams) {
     return el(
       "tr",
       { "data-stream": s.name },
-      cell(s.name, "name", queueLink(s.name)),
+      cell(
+        s.name,
+        "name",
+        queueLink(s.name),
+        partitionOf(s) ? el("span", { class: "muted" }, ` · ${partitionOf(s)}`) : null,
+      ),
       stateCell(s),
       numberCell(count(s.first_offset)),
       numberCell(count(s.committed_offset), "committed"),
@@ -794,6 +808,8 @@ function streamSections(s, now) {
     ["bytes", bytes(s.bytes)],
     ["producers", count(s.producers)],
     ["published", count(s.messages_published_total)],
+    ["super stream", partitionOf(s) || "–"],
+    ["consumer groups", streamConsumers({ consumer_groups: s.consumer_groups }).join(", ") || "–"],
   ]);
   const consumers = Object.entries(s.consumer_offsets ?? {}).map(([name, c]) =>
     el(

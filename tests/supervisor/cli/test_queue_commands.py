@@ -17,6 +17,7 @@ import pytest
 from warren import connect
 from warren.queues.errors import ConnectionClosed
 from warren.queues.message import MAX_MESSAGE_BYTES
+from warren.queues.routing import partition_of
 from warren.supervisor import Node
 
 from ...waiting import group_alive, wait_for
@@ -116,6 +117,36 @@ def test_a_shell_user_declares_binds_routes_and_undoes_it_all(node, data_dir):
     refused = warren("declare", "queue", "audit", "--data-dir", data_dir)  # other arguments
     assert refused.returncode == 2 and refused.stderr.count(b"\n") == 1
     assert b"exists with max_length=10" in refused.stderr
+
+
+def test_a_shell_user_declares_a_super_stream_publishes_by_key_and_sees_its_partitions(
+    node, data_dir
+):
+    def run(*arguments, stdin=None):
+        return warren(*arguments, "--data-dir", data_dir, stdin=stdin)
+
+    declared = run("declare", "queue", "invoices", "--type", "super-stream", "--partitions", "3")
+    assert declared.returncode == 0, declared.stderr
+    assert declared.stdout == (
+        b"declared super stream invoices: 3 partitions (invoices-0 .. invoices-2), 0 records\n"
+    )
+    for key in ("customer-1", "customer-2", "customer-1"):
+        assert run("publish", key, "--exchange", "invoices", stdin=b"x\n").returncode == 0
+    table = run("streams").stdout.decode()
+    assert table.splitlines()[-1] == (
+        "super stream invoices: 3 partitions (invoices-0, invoices-1, invoices-2)"
+    )
+    rows = {row["name"]: row["stats"] for row in json.loads(run("streams", "--json").stdout)}
+    assert [rows[f"invoices-{n}"]["partition"] for n in range(3)] == [0, 1, 2]
+    held = [rows[f"invoices-{n}"]["messages_ready"] for n in range(3)]
+    first, second = partition_of("customer-1", 3), partition_of("customer-2", 3)
+    assert held[first] == 2 + (first == second) and sum(held) == 3
+    again = run("declare", "queue", "invoices", "--type", "super-stream", "--partitions", "4")
+    assert again.returncode == 2 and b"has 3 partitions, not 4" in again.stderr
+    alone = run("declare", "queue", "solo", "--partitions", "4")
+    assert alone.returncode == 2 and b"partitions" in alone.stderr
+    assert run("delete", "invoices").returncode == 0
+    assert node.list_queues() == []
 
 
 def test_every_command_reaches_a_node_over_tcp_with_url(tmp_path):

@@ -248,8 +248,16 @@ def test_chromium_shows_a_declared_queue_with_its_count_and_a_streams_consumer_l
                     if record.offset == 3:
                         break  # billing stores offset 3 as it leaves: 6 records behind
         wait_for(lambda: b'"lag": 6' in fetch(node.http_endpoint + "/api/queues")[2])
+        node.declare_queue("invoices", type="super-stream", partitions=2)
+        with node.connect() as conn:  # a consumer group's member on both partitions
+            conn.consume("invoices", name="workers", single_active=True).get(timeout=1)
+        wait_for(
+            lambda: b'{"workers": {"members": 1' in fetch(node.http_endpoint + "/api/queues")[2]
+        )
 
         rows = rows_of(render(node.http_endpoint + "/", tmp_path, "--dump-dom"))
+        assert rows["invoices-1"][0] == "invoices-1 \u00b7 partition 1 of invoices"
+        assert rows["invoices-1"][-1] == "workers (group of 1 member)"
 
         name, state, ready, unacked = rows["orders"][:4]
         assert (name, state, ready, unacked) == ("orders", "running", str(published), "0")
