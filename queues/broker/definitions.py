@@ -247,7 +247,14 @@ class Definitions:
     # ------------------------------------------------------------------ changes
 
     def add_queue(self, definition: QueueDefinition) -> bool:
-        """True if the queue is new; PreconditionFailed if it exists otherwise."""
+        """True if the queue is new; PreconditionFailed if it exists otherwise, or if its
+        name is a super stream's (a consume or a delete of the name means the super
+        stream)."""
+        if self.partitions(definition.name) is not None:
+            raise PreconditionFailed(
+                f"{definition.name!r} is a super stream's name; a queue cannot take it "
+                f"(its partitions are {definition.name}-0 ...)"
+            )
         existing = self.queues.get(definition.name)
         if existing is not None:
             if existing != definition:
@@ -316,11 +323,19 @@ class Definitions:
         bound = sorted((int(key), queue) for e, queue, key in self.bindings if e == name)
         return [queue for _, queue in bound]
 
+    def left_partitions(self, name: str) -> list[str]:
+        """The partitions a delete of super stream ``name`` cut short left (its exchange
+        is gone, they are not), in order."""
+        left = [q for q in self.queues.values() if q.super_stream == name]
+        return [q.name for q in sorted(left, key=lambda q: q.partition or 0)]
+
     def refuse_reshaping(self, queue: str | None, exchange: str | None, what: str) -> None:
         """``PreconditionFailed`` when ``what`` (a bind, an unbind, a delete) would change
         a super stream piece by piece: on its exchange or one of its partitions."""
         definition = self.queues.get(queue) if queue is not None else None
         owner = definition.super_stream if definition is not None else None
+        if owner is not None and self.partitions(owner) is None:
+            owner = None  # left by a delete cut short: a stream of its own now
         if owner is None and exchange is not None and self.partitions(exchange) is not None:
             owner = exchange
         if owner is not None:

@@ -9,17 +9,20 @@ active, so two members never read the group's records at once while both beat). 
 that ``leave``s is gone at once; one unheard of for ``MEMBER_LEASE_S`` (killed, or its
 node connection lost) is dropped, and if it was active the next member takes over.
 
-Which member is active: the members' ids sorted, and the one at this stream's partition
-index modulo their number (index 0 for a stream that is no super stream's partition).
-Every partition of a super stream sorts the same ids, so N consumers sharing a group
-share its partitions about evenly, and one that goes leaves its partitions to the others.
+Which member is active: on a super stream's partition, the members' ids sorted, and the
+one at the partition's index modulo their number. Every partition sorts the same ids, so
+N consumers sharing a group share its partitions about evenly (one that joins takes its
+share over, each partition handed on as above), and one that goes leaves its partitions
+to the others. On a stream of its own (RabbitMQ's single active consumer) the active
+member stays while it is there, and the longest-standing member follows it.
 
 Races: a member that stalls past its lease while active is dropped and another takes
 over; its next beat answers ``"standby"`` (not ``"step-down"``), so it stores no offset
-over the new member's. Membership lives in the stream's process: after its restart the
-members beat again, the first to do so under the rule becomes active, and whatever the
-last active member processed after its last stored offset is read again (at least once,
-as RabbitMQ's).
+over the new member's. Membership lives in the stream's process: after its restart no
+member is made active for ``ELECTION_DELAY_S`` (longer than a beat), so the member that
+was active before hears "standby" and stops before another starts; then the rule picks
+one, and whatever the last active member processed after its last stored offset is read
+again (at least once, as RabbitMQ's).
 """
 
 from __future__ import annotations
@@ -29,10 +32,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["MEMBER_BEAT_S", "MEMBER_LEASE_S", "ActiveConsumers"]
+__all__ = ["ELECTION_DELAY_S", "MEMBER_BEAT_S", "MEMBER_LEASE_S", "ActiveConsumers"]
 
 MEMBER_BEAT_S = 1.0  # how often a member beats
 MEMBER_LEASE_S = 5.0  # how long a silent member is kept
+ELECTION_DELAY_S = 1.5 * MEMBER_BEAT_S  # after a start: every member beat once
 
 
 @dataclass
@@ -42,12 +46,14 @@ class _Group:
 
 
 class ActiveConsumers:
-    """The consumer groups of one stream, whose partition index is ``partition``."""
+    """The consumer groups of one stream, whose partition index is ``partition`` (None:
+    a stream that is no super stream's partition)."""
 
-    def __init__(self, partition: int, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, partition: int | None, clock: Callable[[], float] = time.monotonic) -> None:
         self.partition = partition
         self._clock = clock
         self._groups: dict[str, _Group] = {}
+        self._elect_from = clock() + ELECTION_DELAY_S
 
     def beat(self, group: str, member: str, release: bool, leave: bool) -> str:
         """``member`` of ``group`` beats; its turn (see the module docstring)."""
@@ -65,7 +71,12 @@ class ActiveConsumers:
         if not state.seen:
             del self._groups[group]
             return "standby"
-        wanted = sorted(state.seen)[self.partition % len(state.seen)]
+        if now < self._elect_from:
+            return "standby"
+        if self.partition is None:  # the one reading keeps on; else the longest there
+            wanted = state.active or next(iter(state.seen))
+        else:
+            wanted = sorted(state.seen)[self.partition % len(state.seen)]
         if state.active is None:
             state.active = wanted
         if state.active != member:

@@ -215,7 +215,7 @@ class StreamActor(ProcessActor):
         self._deleted = False
         self._last_record = -1  # the offset of the last record appended (not tracking)
         self._last_committed_record = -1
-        self._groups = ActiveConsumers(definition.partition or 0)
+        self._groups = ActiveConsumers(definition.partition)
         self.counters = {
             "published": 0,
             "confirmed": 0,

@@ -6,15 +6,17 @@ stream's exchange puts it), or, for a row without one, the task's own partition
 run again sends its rows where the first attempt did, and exactly once holds).
 
 ``key_partitions`` hashes a whole Arrow column at once with numpy, a few thousand rows
-at a time (each row's key laid out in 32-bit words, padded with zeros): the per-row
-``partition_of`` is the reference it is tested against.
+at a time (each row's key laid out in 32-bit words, padded with zeros to the slice's
+longest key; a key over ``LONG_KEY_BYTES`` is hashed alone, so one long key does not
+widen a whole slice): the per-row ``partition_of`` is the reference it is tested
+against.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ..routing import PARTITION_SEED, partition_of
+from ..routing import PARTITION_SEED, murmur3_32, partition_of
 
 if TYPE_CHECKING:
     import numpy
@@ -23,6 +25,7 @@ if TYPE_CHECKING:
 __all__ = ["key_partitions", "row_partition"]
 
 SLICE_ROWS = 16384  # rows hashed at a time (bounds the padded copy of their keys)
+LONG_KEY_BYTES = 256  # longer keys are hashed one by one
 
 
 def row_partition(key: str | bytes | None, partitions: int, keyless: int) -> int:
@@ -35,12 +38,19 @@ def key_partitions(keys: pyarrow.Array, partitions: int, keyless: int) -> numpy.
     a null key is ``keyless``'s row."""
     import numpy as np
     import pyarrow as pa
+    import pyarrow.compute as pc
 
     keys = keys.cast(pa.large_binary())
     out = np.empty(len(keys), dtype=np.int64)
     for start in range(0, len(keys), SLICE_ROWS):
         part = keys.slice(start, SLICE_ROWS)
-        hashes = _murmur3(part) % np.uint32(partitions)
+        too_long = pc.fill_null(pc.greater(pc.binary_length(part), LONG_KEY_BYTES), False)
+        long_rows = np.flatnonzero(too_long.to_numpy(zero_copy_only=False))
+        if len(long_rows):  # hashed alone, below: an empty key in their place here
+            part = pc.if_else(too_long, pa.scalar(b"", pa.large_binary()), part)
+        hashes = (_murmur3(part) % np.uint32(partitions)).astype(np.int64)
+        for row in long_rows.tolist():
+            hashes[row] = murmur3_32(keys[start + row].as_py()) % partitions
         nulls = part.is_null().to_numpy(zero_copy_only=False)
         out[start : start + len(part)] = np.where(nulls, keyless, hashes)
     return out
@@ -53,7 +63,9 @@ def _murmur3(keys: pyarrow.Array) -> Any:
     count = len(keys)
     buffers = keys.buffers()
     offsets = np.frombuffer(buffers[1], dtype=np.int64, count=count + 1, offset=keys.offset * 8)
-    data = np.frombuffer(buffers[2], dtype=np.uint8) if buffers[2] is not None else np.zeros(1)
+    data = np.frombuffer(buffers[2], dtype=np.uint8) if buffers[2] is not None else None
+    if data is None or not len(data):  # every key null or empty
+        data = np.zeros(1, dtype=np.uint8)
     starts, lengths = offsets[:-1], np.diff(offsets)
     words = int(lengths.max(initial=0)) // 4 + 1  # whole blocks, and the tail's
     columns = np.arange(words * 4)

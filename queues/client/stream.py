@@ -163,7 +163,7 @@ class StreamConsumer:
         self._reader: StreamReader | None = None
         self._broken: OffsetOutOfRange | None = None  # why it cannot go on after a recovery
         self.single_active = bool(single_active)
-        self._member = member or secrets.token_hex(8)
+        self.member = member or secrets.token_hex(8)  # its id in group ``name``
         self._active = not self.single_active  # reads now
         self._beat_due = 0.0
         self._next = self._committed = 0
@@ -272,21 +272,29 @@ class StreamConsumer:
             raise self._broken
         if self._closed:
             return None
-        if self.name is not None and self._handed > self._stored:
-            self._maybe_store(self._handed)
-        while self.single_active and not self._my_turn():
-            wait = MEMBER_BEAT_S if deadline is None else deadline - time.monotonic()
-            if wait <= 0 or self._closed:
-                return None
-            time.sleep(min(wait, max(0.0, self._beat_due - time.monotonic())))
-        while not self._ready:
+        stored = False  # the last record handed out counted as processed (stored if due)
+        while not self._closed:
+            # A single active consumer beats while it waits for records too: a member
+            # silent for its lease would be replaced while it still reads.
+            if self.single_active and not self._my_turn():
+                wait = MEMBER_BEAT_S if deadline is None else deadline - time.monotonic()
+                if wait <= 0:
+                    return None
+                time.sleep(min(wait, max(0.0, self._beat_due - time.monotonic())))
+                continue
+            if not stored:  # only once its turn is known: a member replaced stores nothing
+                stored = True
+                if self.name is not None and self._handed > self._stored:
+                    self._maybe_store(self._handed)
+            if self._ready:
+                break
             left = None if deadline is None else deadline - time.monotonic()
             self._fill(left)
-            if self._ready or self._closed:
+            if self._ready:
                 break
             if deadline is not None and time.monotonic() >= deadline:
                 return None
-        if not self._ready:
+        if not self._ready or self._closed:
             return None
         offset, timestamp_ms, payload = self._ready.popleft()
         self._handed = offset
@@ -337,6 +345,12 @@ class StreamConsumer:
         """Records read and not handed out yet (the next ``get`` takes one at once)."""
         return len(self._ready)
 
+    def beat_if_due(self) -> None:
+        """Keep a single active consumer's turn while records of other partitions are
+        handed out (``warren.queues.client.super_stream``)."""
+        if self.single_active and not self._closed:
+            self._my_turn()
+
     def _my_turn(self) -> bool:
         """Whether this single active consumer reads now: its group's turn, asked every
         ``MEMBER_BEAT_S`` (see the module docstring)."""
@@ -350,11 +364,13 @@ class StreamConsumer:
             self._open_after_stored(self.connection._ref(self.stream))
             self._handed, self._stored_at = -1, time.monotonic()
             self._active = True
+        elif turn == "step-down":  # still its turn: hand it on with the offset
+            if self._active:
+                self._stop_reading()
+                self._store_now()
+            self._beat(release=True)  # even if it stopped already (a recovery, a failure)
         elif turn != "active" and self._active:
             self._stop_reading()
-            if turn == "step-down":  # still its turn: hand it on with the offset
-                self._store_now()
-                self._beat(release=True)
         return self._active
 
     def _beat(self, release: bool = False, leave: bool = False) -> str:
@@ -362,7 +378,7 @@ class StreamConsumer:
         try:
             return str(
                 self.connection._request(
-                    self.stream, GroupBeat(self.name, self._member, release, leave)
+                    self.stream, GroupBeat(self.name, self.member, release, leave)
                 )
             )
         except (Nacked, QueueRestarting, ActorError):
@@ -405,7 +421,8 @@ class StreamConsumer:
             self._reader.close()
         processed = self._handed if processed_last else self._handed - 1
         if self.single_active:
-            if self._active:
+            # its turn asked first: a member replaced meanwhile stores nothing
+            if self._active and self._beat() != "standby":
                 self._handed = processed
                 self._store_now()
             self._beat(leave=True)  # the next member takes over at once

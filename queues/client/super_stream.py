@@ -102,6 +102,8 @@ class SuperStreamConsumer:
 
     def _next_within(self, deadline: float | None) -> StreamDelivery | None:
         count = len(self.consumers)
+        for consumer in self.consumers:  # every member's turn kept, not only the one read
+            consumer.beat_if_due()
         while not self._closed:
             for _ in range(count):
                 consumer = self.consumers[self._turn]

@@ -599,6 +599,12 @@ class Node:
                 "the super stream (type='super-stream', partitions=N) and it makes them"
             )
         definition = QueueDefinition(check_name(name), **arguments)
+        existing = self._definitions.queues.get(name)
+        if existing is not None and existing.super_stream is not None and definition.is_stream:
+            # a partition declared again as the stream it is (an AMQP client's habit)
+            definition = dataclasses.replace(
+                definition, super_stream=existing.super_stream, partition=existing.partition
+            )
         created_empty = False
         with self._definitions_lock:
             if self._deleted_itself(name):  # a new queue of the name, not the one gone
@@ -642,7 +648,13 @@ class Node:
         with self._definitions_lock:
             for partition in partitions:
                 if partition.name not in self._definitions.queues:
-                    self._definitions.finish_delete(partition.name)
+                    try:  # what a delete of this name left is not recovered, but removed
+                        self._definitions.finish_delete(partition.name)
+                    except OSError as exc:
+                        left = f"the files a delete of {partition.name!r} left in {self.data_dir}"
+                        raise _refused(
+                            exc, f"super stream {name!r} was not declared", f"remove {left}"
+                        ) from exc
             if self._definitions.add_super_stream(name, partitions):
                 self._definitions_changed(f"super stream {name!r} was not declared")
                 queue_sup = self._supervisor("queue_sup")
@@ -657,7 +669,10 @@ class Node:
                     for partition in partitions:
                         self._definitions.remove_queue(partition.name)
                     self._definitions.remove_exchange(name)
-                    self._definitions_changed(f"super stream {name!r} stays declared")
+                    try:
+                        self._definitions_changed(f"super stream {name!r} stays declared")
+                    except OSError as exc:  # its partitions start at the next boot
+                        log.error("node %s: %s", self.name, exc)
                     raise
         return self._super_stream_declared(name, [p.name for p in partitions])
 
@@ -690,18 +705,21 @@ class Node:
         written before that save, has the files removed at the next declare of the name
         or the next boot if a crash or the disk stops their removal (see Deletes in
         ``warren.queues.broker.definitions``). A super stream is deleted whole: its
-        partitions one by one, then its exchange (a delete cut short is made again)."""
+        exchange first (no publish routes by a count of partitions that is shrinking),
+        then its partitions one by one; a delete cut short is finished by the next
+        delete of the name."""
         with self._definitions_lock:
             partitions = self._definitions.partitions(name)
+            if partitions is not None:
+                self._definitions.remove_exchange(name)
+                self._definitions_changed(f"super stream {name!r} was not deleted")
+            elif name not in self._definitions.queues:
+                partitions = self._definitions.left_partitions(name) or None
             if partitions is None:
                 self._definitions.refuse_reshaping(name, None, f"deleting queue {name!r}")
         if partitions is None:
             return self._delete_one(name)
-        count = sum(self._delete_one(partition) for partition in partitions)
-        with self._definitions_lock:
-            self._definitions.remove_exchange(name)
-            self._definitions_changed(f"super stream {name!r} lost its partitions, not its name")
-        return count
+        return sum(self._delete_one(partition) for partition in partitions)
 
     def _delete_one(self, name: str) -> int:
         undone = f"queue {name!r} was not deleted"

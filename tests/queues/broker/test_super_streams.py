@@ -11,7 +11,11 @@ from collections import Counter
 import pytest
 
 from warren import connect
-from warren.queues.broker.single_active import MEMBER_LEASE_S, ActiveConsumers
+from warren.queues.broker.single_active import (
+    ELECTION_DELAY_S,
+    MEMBER_LEASE_S,
+    ActiveConsumers,
+)
 from warren.queues.errors import InvalidArgument, NotFound, PreconditionFailed
 from warren.queues.routing import murmur3_32, partition_of
 from warren.supervisor import Node
@@ -94,6 +98,9 @@ def test_a_super_stream_keeps_its_shape_and_refuses_to_change_it_piece_by_piece(
         connection.bind_queue("audit", "orders", "2")
     with pytest.raises(PreconditionFailed, match="super stream 'orders'"):
         connection.delete_exchange("orders")
+    with pytest.raises(PreconditionFailed, match="a super stream's name"):
+        connection.declare_queue("orders")  # a consume or a delete of it means the whole
+    connection.declare_queue("orders-1", type="stream")  # a partition, as the stream it is
     connection.declare_queue("taken-1")
     with pytest.raises(PreconditionFailed, match="'taken-1' exists"):
         connection.declare_queue("taken", type="super-stream", partitions=2)
@@ -135,6 +142,8 @@ def test_a_super_stream_survives_a_restart_and_is_deleted_whole(tmp_path):
 def test_the_active_member_is_spread_by_partition_and_handed_on_only_when_released():
     now = [0.0]
     partitions = [ActiveConsumers(index, clock=lambda: now[0]) for index in range(4)]
+    assert partitions[0].beat("billing", "b", False, False) == "standby"  # just started
+    now[0] = ELECTION_DELAY_S  # every member that was there has beaten since
 
     def turns(member: str, **flags: bool) -> list[str]:
         return [p.beat("billing", member, flags.get("release", False), False) for p in partitions]
@@ -241,3 +250,40 @@ def test_a_spark_write_hashes_a_column_of_keys_as_the_client_hashes_each():
         assert key_partitions(sliced, 7, keyless=5).tolist() == expected
     binary = pyarrow.array([key.encode() if key is not None else None for key in keys])
     assert key_partitions(binary, 3, 0).tolist() == [row_partition(k, 3, 0) for k in keys]
+    for nothing in ([None, None], ["", ""], []):  # no key bytes at all
+        assert key_partitions(pyarrow.array(nothing, pyarrow.string()), 3, 2).tolist() == [
+            row_partition(k, 3, 2) for k in nothing
+        ]
+    long_ones = ["k" * 100_000, None, "short", "\u00e9" * 5_000]  # hashed alone, not padded
+    assert key_partitions(pyarrow.array(long_ones), 5, 1).tolist() == [
+        row_partition(k, 5, 1) for k in long_ones
+    ]
+
+
+def test_an_active_member_waiting_for_records_keeps_its_turn_past_the_lease(node):
+    connection, other = connect(node.data_dir), connect(node.data_dir)
+    connection.declare_queue("tasks", type="stream")
+    first = connection.consume("tasks", offset="first", name="g", single_active=True)
+    assert first.get(timeout=2 * ELECTION_DELAY_S) is None  # made active meanwhile
+    second = other.consume("tasks", offset="first", name="g", single_active=True)
+    second.get(timeout=0.1)
+
+    def active() -> str:
+        return connection.queue_stats("tasks")["consumer_groups"]["g"]["active"]
+
+    assert active() == first.member
+    waiting = threading.Thread(target=first.get, args=(MEMBER_LEASE_S + 2,))
+    waiting.start()  # one wait longer than the lease, nothing published
+    while waiting.is_alive():
+        assert second.get(timeout=0.2) is None
+    assert active() == first.member  # it beat while it waited
+    connection.publish("tasks", b"one")
+    assert first.get(timeout=10).body == b"one"
+    assert second.get(timeout=1) is None
+    first.cancel()  # leaves: the other takes over after the stored offset
+    assert second.get(timeout=10) is None and active() == second.member
+    connection.publish("tasks", b"two")
+    assert second.get(timeout=10).body == b"two"
+    second.cancel()
+    connection.close()
+    other.close()
