@@ -3,10 +3,11 @@
     .venv/bin/python examples/spark_stream_pipeline.py [--events 1000000]
         [--per-trigger 100000] [--kill-after 3]
 
-A node listens on loopback. A batch Spark job writes ``--events`` order events into the
-stream ``orders`` (``write.format("warren").option("stream", ...)``: each Arrow batch one
-chunk, each task a deduplicating producer). A streaming query, in a driver process of
-its own, reads the stream (``readStream.format("warren")``, ``maxRecordsPerTrigger``),
+A node listens on loopback. A driver process of its own first runs a batch Spark job that
+writes ``--events`` order events into the stream ``orders``
+(``write.format("warren").option("stream", ...)``: each Arrow batch one chunk, each task a
+deduplicating producer), then, in the same Spark session, a streaming query that reads
+the stream (``readStream.format("warren")``, ``maxRecordsPerTrigger``),
 counts the events of each customer and minute in every micro-batch, and writes those
 counts into the durable queue ``customer-minutes`` through the same data source (its
 producer ``order-minutes/<batch>``, so a micro-batch run again adds nothing twice). The
@@ -35,6 +36,8 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from pyspark.sql import SparkSession  # noqa: E402
+
 from warren.queues.client.spark import local_session  # noqa: E402  (the path above only makes examples.* importable, for a node's forkserver; warren comes from the install)
 from warren.supervisor import Node  # noqa: E402
 
@@ -53,28 +56,27 @@ def minute_of(order_id: int) -> int:
     return order_id // EVENTS_PER_MINUTE
 
 
-def write_events(endpoint: str, events: int) -> float:
-    """The batch job: ``events`` order events into the stream; its duration."""
-    spark = local_session("warren-stream-loader", cores=2)
-    try:
-        frame = spark.range(events, numPartitions=4).selectExpr(
-            f"to_json(named_struct('order_id', id, 'customer', concat('C', "
-            f"lpad(cast(id * 7919 % {CUSTOMERS} as string), 3, '0')), 'minute', "
-            f"cast(floor(id / {EVENTS_PER_MINUTE}) as int), 'amount', "
-            f"round(5 + (id * 2654435761 % 100000) / 200.0, 2))) as body"
-        )
-        started = time.monotonic()
-        (
-            frame.write.format("warren")
-            .mode("append")
-            .option("endpoint", endpoint)
-            .option("stream", STREAM)
-            .option("producer", "orders-load")
-            .save()
-        )
-        return time.monotonic() - started
-    finally:
-        spark.stop()
+def write_events(spark: SparkSession, endpoint: str, events: int) -> None:
+    """The batch job: ``events`` order events into the stream."""
+    frame = spark.range(events, numPartitions=4).selectExpr(
+        f"to_json(named_struct('order_id', id, 'customer', concat('C', "
+        f"lpad(cast(id * 7919 % {CUSTOMERS} as string), 3, '0')), 'minute', "
+        f"cast(floor(id / {EVENTS_PER_MINUTE}) as int), 'amount', "
+        f"round(5 + (id * 2654435761 % 100000) / 200.0, 2))) as body"
+    )
+    started = time.monotonic()
+    (
+        frame.write.format("warren")
+        .mode("append")
+        .option("endpoint", endpoint)
+        .option("stream", STREAM)
+        .option("producer", "orders-load")
+        .save()
+    )
+    print(
+        f"wrote {events:,} events into stream {STREAM!r} in {time.monotonic() - started:.1f} s",
+        flush=True,
+    )
 
 
 def fail_one_first_attempt(batch_id: int):
@@ -98,9 +100,12 @@ def fail_one_first_attempt(batch_id: int):
     return pass_through
 
 
-def run_driver(endpoint: str, checkpoint: str, per_trigger: int) -> None:
-    """The streaming query, in this process, until the stream's end (availableNow)."""
+def run_driver(endpoint: str, checkpoint: str, per_trigger: int, load: int) -> None:
+    """The load of ``load`` events (none: the driver started again), then the streaming
+    query, in this process, until the stream's end (availableNow)."""
     spark = local_session("warren-stream-query", cores=2, max_failures=2)
+    if load:
+        write_events(spark, endpoint, load)
     spark.conf.set("spark.sql.shuffle.partitions", SHUFFLE_PARTITIONS)
     spark.conf.set("spark.sql.adaptive.coalescePartitions.enabled", "false")
     spark.sparkContext.setLogLevel("FATAL")  # the failing attempt is on purpose
@@ -146,10 +151,12 @@ def run_driver(endpoint: str, checkpoint: str, per_trigger: int) -> None:
     spark.stop()
 
 
-def start_driver(endpoint: str, checkpoint: str, per_trigger: int) -> subprocess.Popen:
+def start_driver(
+    endpoint: str, checkpoint: str, per_trigger: int, load: int = 0
+) -> subprocess.Popen:
     """The driver as a process group of its own, so one signal stops all of it."""
     return subprocess.Popen(
-        [sys.executable, __file__, "--driver", endpoint, checkpoint, str(per_trigger)],
+        [sys.executable, __file__, "--driver", endpoint, checkpoint, str(per_trigger), str(load)],
         start_new_session=True,
     )
 
@@ -199,11 +206,8 @@ def main() -> None:
         node.declare_queue(STREAM, type="stream")
         node.declare_queue(RESULTS)
         print(f"node on {work}, listening on {endpoint}", flush=True)
-        load_s = write_events(endpoint, args.events)
-        print(f"wrote {args.events:,} events into stream {STREAM!r} in {load_s:.1f} s", flush=True)
-
         started = time.monotonic()
-        driver = start_driver(endpoint, checkpoint, args.per_trigger)
+        driver = start_driver(endpoint, checkpoint, args.per_trigger, load=args.events)
         try:
             while committed_batches(checkpoint) < args.kill_after and driver.poll() is None:
                 time.sleep(0.05)
@@ -229,8 +233,9 @@ def main() -> None:
         total = sum(counted.values())
         lag = node.connect().queue_stats(STREAM)["consumer_offsets"].get(PRODUCER)
         print(
-            f"\nstreaming query: {batches} micro-batches of at most {args.per_trigger:,} "
-            f"events in {query_s:.1f} s, across the kill and the restart; the first attempt "
+            f"\nthe load and the streaming query: {batches} micro-batches of at most "
+            f"{args.per_trigger:,} events in {query_s:.1f} s, across the kill and the "
+            f"restart; the first attempt "
             f"of one task of micro-batch {FAILING_BATCH} failed and was run again"
         )
         print(f"{'events written':<28} {args.events:>10,}")
@@ -245,6 +250,6 @@ def main() -> None:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--driver"]:
-        run_driver(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+        run_driver(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))
     else:
         main()

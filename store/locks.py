@@ -19,10 +19,10 @@ LOCK_HOLDER_EXIT_S = 5.0
 _LOCK_RETRY_S = 0.02
 
 
-def lock_exclusive(fd: int, wait_s: float = LOCK_HOLDER_EXIT_S) -> bool:
+def lock_exclusive(fd: int, wait_s: float | None = None) -> bool:
     """Take an exclusive ``flock`` on ``fd``; False if another open file description held
-    it all of ``wait_s``."""
-    deadline = time.monotonic() + wait_s
+    it all of ``wait_s`` (``LOCK_HOLDER_EXIT_S`` by default)."""
+    deadline = time.monotonic() + (LOCK_HOLDER_EXIT_S if wait_s is None else wait_s)
     while True:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

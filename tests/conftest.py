@@ -156,6 +156,14 @@ def node(tmp_path):
 
 
 @pytest.fixture
+def held_lock_refused_at_once(monkeypatch):
+    """A directory lock held by another open file is refused after a tenth of a second,
+    not after the seconds a dying holder is given (``warren.store.locks``): for tests
+    whose holder is alive in the test's own process, and never lets go."""
+    monkeypatch.setattr("warren.store.locks.LOCK_HOLDER_EXIT_S", 0.1)
+
+
+@pytest.fixture
 def short_tmp_path():
     """A temporary directory with a short path, for tests whose nodes make their unix
     sockets under it (a socket path is limited to 107 bytes, and ``tmp_path`` under a

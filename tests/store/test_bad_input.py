@@ -83,7 +83,9 @@ def test_a_directory_that_is_not_writable_is_refused(tmp_path):
     assert os.listdir(directory) == []
 
 
-def test_a_second_store_on_the_same_directory_in_one_process_is_refused(open_store, store_dir):
+def test_a_second_store_on_the_same_directory_in_one_process_is_refused(
+    open_store, store_dir, held_lock_refused_at_once
+):
     store = open_store()
     store.write(msg_id(1), body(1))
     with pytest.raises(StoreLocked):

@@ -907,7 +907,7 @@ def test_the_stream_pipeline_example_counts_every_event_once_through_a_killed_dr
     """The example end to end at a small size: it exits non-zero on any loss or repeat."""
     example = Path(__file__).resolve().parents[3] / "examples" / "spark_stream_pipeline.py"
     run = subprocess.Popen(
-        [sys.executable, str(example), "--events", "12000", "--per-trigger", "4000"]
+        [sys.executable, str(example), "--events", "8000", "--per-trigger", "4000"]
         + ["--kill-after", "1"],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -934,5 +934,5 @@ def test_the_stream_pipeline_example_counts_every_event_once_through_a_killed_dr
         run.wait()
     assert run.returncode == 0, output[-3000:]
     assert "SIGKILLed the driver's process group after 1 micro-batches" in output
-    assert re.search(r"events counted\s+12,000", output)
+    assert re.search(r"events counted\s+8,000", output)
     assert re.search(r"duplicate result messages\s+0\n", output)

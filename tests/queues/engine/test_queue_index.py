@@ -227,7 +227,7 @@ def test_a_short_write_of_slots_raises_and_the_next_sync_writes_them(open_index,
     assert index.read(0, N) == [entry(0), entry(1), entry(2)]
 
 
-def test_a_second_index_on_the_same_directory_is_refused(open_index):
+def test_a_second_index_on_the_same_directory_is_refused(open_index, held_lock_refused_at_once):
     open_index()
     with pytest.raises(QueueLocked):
         open_index()

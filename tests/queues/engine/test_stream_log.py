@@ -232,7 +232,7 @@ def test_after_a_failed_flush_nothing_more_is_committed_until_the_stream_is_reop
         assert reopened.sync() == reopened.last_offset
 
 
-def test_a_second_writer_on_the_directory_is_refused(tmp_path):
+def test_a_second_writer_on_the_directory_is_refused(tmp_path, held_lock_refused_at_once):
     with StreamLog(tmp_path):
         with pytest.raises(StreamLocked):
             StreamLog(tmp_path)
