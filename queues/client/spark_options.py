@@ -85,6 +85,7 @@ READ_OPTIONS = (
     "startingOffsetsByTimestamp",
     "startingOffsetsByTimestampStrategy",
     "endingOffsets",
+    "endingOffsetsByTimestamp",
     "failOnDataLoss",
     "partitionBytes",
     "minPartitions",

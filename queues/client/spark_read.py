@@ -227,6 +227,19 @@ class Source:
             if ending[0] == "next":
                 ending = None
             _check_named(ends_by_stream, streams, pattern, "endingOffsets")
+        if "endingOffsetsByTimestamp" in options:
+            if streaming or "endingOffsets" in options:
+                raise WarrenReadError(
+                    "endingOffsetsByTimestamp is for a batch read (spark.read), in place of "
+                    "endingOffsets: each says where the read ends"
+                )
+            shape = (
+                'option endingOffsetsByTimestamp is JSON naming each stream: {"<stream>": '
+                "<epoch ms>}"
+            )
+            by_time = _json_by_stream(options["endingOffsetsByTimestamp"], shape, 0)
+            _check_named(by_time, streams, pattern, "endingOffsetsByTimestamp")
+            ends_by_stream = {name: ("timestamp", ms) for name, ms in by_time.items()}
         partition_bytes = _positive_int(  # a task's range is one plan request's at most
             options.get("partitionBytes", DEFAULT_PARTITION_BYTES), "partitionBytes", MAX_PLAN_BYTES
         )

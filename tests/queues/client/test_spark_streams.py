@@ -163,6 +163,12 @@ def test_a_batch_read_takes_offset_and_timestamp_ranges(spark, node):
     assert [o for o, _ in offsets_and_bodies(since)] == list(range(2000, 4000))
     until = load(spark, node, endingOffsets=f"timestamp:{middle_ms}")
     assert [o for o, _ in offsets_and_bodies(until)] == list(range(2000))
+    by_time = load(spark, node, endingOffsetsByTimestamp=json.dumps({"events": middle_ms}))
+    assert [o for o, _ in offsets_and_bodies(by_time)] == list(range(2000))  # Kafka's name
+    with pytest.raises(Exception, match="in place of endingOffsets"):
+        load(
+            spark, node, endingOffsets="latest", endingOffsetsByTimestamp='{"events": 0}'
+        ).collect()
     assert load(spark, node, startingOffsets="latest").count() == 0
     last_chunk = [o for o, _ in offsets_and_bodies(load(spark, node, startingOffsets="last"))]
     assert 0 < len(last_chunk) <= 1000
