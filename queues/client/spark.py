@@ -125,6 +125,9 @@ COLUMNS = {
 }
 BATCH_ROWS = 5000  # rows published (and confirmed) per chunk
 STREAM_BATCH_ROWS = 65_535  # into a stream, an Arrow batch as one chunk: at most this many
+# into a super stream, batches are joined until each partition's share is about this many
+# rows (Spark's own Arrow batch): a chunk per partition as large as a stream's chunk
+PARTITION_CHUNK_ROWS = 10_000
 REDACTED_OPTIONS = "(?i)url|^key$"  # Spark's own (url), and a client's inline secret key
 Columns: TypeAlias = "dict[str, list] | pyarrow.RecordBatch"  # a chunk's rows, by column
 
@@ -552,6 +555,23 @@ def _arrow_chunks(batches: Iterator[Any], rows: int) -> Iterator[pyarrow.RecordB
             yield batch.slice(start, rows)
 
 
+def _joined(batches: Iterator[Any], rows: int) -> Iterator[pyarrow.RecordBatch]:
+    """Consecutive Arrow batches joined into batches of at least ``rows`` (the last may
+    be short), the same way whenever a task is run again."""
+    import pyarrow as pa
+
+    pending: list[Any] = []
+    count = 0
+    for batch in batches:
+        pending.append(batch)
+        count += batch.num_rows
+        if count >= rows:
+            yield pending[0] if len(pending) == 1 else pa.concat_batches(pending)
+            pending, count = [], 0
+    if pending:
+        yield pending[0] if len(pending) == 1 else pa.concat_batches(pending)
+
+
 def _row_chunks(rows: Iterable[Any]) -> Iterator[dict[str, list]]:
     columns: dict[str, list] = {}
     count = 0
@@ -596,11 +616,12 @@ class WarrenWriter(DataSourceArrowWriter):
 
     def write(self, iterator: Iterator[Any]) -> PartitionWritten:
         partition, attempt = _task()
+        target = _for_task(self.target, partition)
+        chunks = _arrow_chunks(iterator, _chunk_rows(target))
+        if target.partitions:
+            chunks = _joined(chunks, PARTITION_CHUNK_ROWS * len(target.partitions))
         rows, retries = publish_columns(
-            _for_task(self.target, partition),
-            f"{self.job}/{partition}",
-            _arrow_chunks(iterator, _chunk_rows(self.target)),
-            f"partition {partition} (attempt {attempt})",
+            target, f"{self.job}/{partition}", chunks, f"partition {partition} (attempt {attempt})"
         )
         return PartitionWritten(partition, attempt, rows, retries)
 

@@ -240,7 +240,9 @@ def test_bad_rows_and_settings_fail_the_job_with_what_and_where(spark, node):
         write(spark.range(3).withColumnRenamed("id", "body"), node.listen_endpoint, queue="orders")
     with pytest.raises(Exception, match="column 'extra' is not one Warren publishes"):
         write(rows(spark, 3).selectExpr("body", "1 as extra"), node.listen_endpoint, queue="orders")
-    with pytest.raises(Exception, match="exactly one of the options queue, stream and exchange"):
+    with pytest.raises(
+        Exception, match="exactly one of the options queue, stream, superStream and exchange"
+    ):
         write(rows(spark, 3), node.listen_endpoint)
     with pytest.raises(Exception, match="no queue 'missing'"):
         write(rows(spark, 3), node.listen_endpoint, queue="missing")

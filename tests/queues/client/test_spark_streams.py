@@ -234,7 +234,7 @@ def test_a_read_of_several_streams_gives_each_record_once_with_its_stream(spark,
         read(stream="events-eu,events-us", startingOffsets=5)
     with pytest.raises(Exception, match="names stream 'audit', which this read does not read"):
         read(stream=None, streamPattern="events-.*", startingOffsets=json.dumps({"audit": 0}))
-    with pytest.raises(Exception, match="one of the two"):
+    with pytest.raises(Exception, match="one of the three"):
         read(streamPattern="events-.*")  # and stream "events"
     # includeHeaders: Kafka's lossless list, each value's bytes, in the order published
     (typed,) = load(spark, node, stream="audit", includeHeaders="true").collect()

@@ -250,12 +250,16 @@ def test_chromium_shows_a_declared_queue_with_its_count_and_a_streams_consumer_l
         wait_for(lambda: b'"lag": 6' in fetch(node.http_endpoint + "/api/queues")[2])
         node.declare_queue("invoices", type="super-stream", partitions=2)
         with node.connect() as conn:  # a consumer group's member on both partitions
-            conn.consume("invoices", name="workers", single_active=True).get(timeout=1)
-        wait_for(
-            lambda: b'{"workers": {"members": 1' in fetch(node.http_endpoint + "/api/queues")[2]
-        )
+            member = conn.consume("invoices", name="workers", single_active=True)
 
-        rows = rows_of(render(node.http_endpoint + "/", tmp_path, "--dump-dom"))
+            def grouped() -> bool:
+                member.get(timeout=0.2)  # it beats from its reads
+                queues = json.loads(fetch(node.http_endpoint + "/api/queues")[2])
+                return all(q.get("consumer_groups") for q in queues if q.get("super_stream"))
+
+            wait_for(grouped, timeout=60)
+            rows = rows_of(render(node.http_endpoint + "/", tmp_path, "--dump-dom"))
+            member.cancel()
         assert rows["invoices-1"][0] == "invoices-1 \u00b7 partition 1 of invoices"
         assert rows["invoices-1"][-1] == "workers (group of 1 member)"
 
