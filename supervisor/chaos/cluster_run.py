@@ -4,7 +4,7 @@ producer ids and sequences, consumers acking, a stream producer and reader) thro
 ``connect([...])`` to whichever node leads, and seeded rounds of the faults a cluster
 must outlive; then the same audits as one node's run, and the cluster's own checks.
 
-The network is cut with TCP proxies (``warren.supervisor.chaos.tcp_proxy``), which need
+The network is cut with TCP proxies (``warren.supervisor.cluster.tcp_proxy``), which need
 no root: each node's peer port is reached through a proxy (the node listens at
 ``--peer-listen`` and tells the cluster the proxy's address as its ``--peer``), and each
 node reaches each etcd member through a proxy of its own. Clients reach the nodes
@@ -80,13 +80,13 @@ from warren.queues.engine.stream_log import (
 
 from ..cluster.local_etcd import LocalEtcd, free_ports
 from ..cluster.shipping import FOLLOWER_DEADLINE_S
+from ..cluster.tcp_proxy import TcpProxy
 from ..node.node import query_status
 from .broker_run import STREAM, ChaosWorkload
 from .report import format_report, report_document, write_report
 from .result import SAMPLE_EVERY_S, ChaosResult, Event
 from .run import NodeUnderTest, harness_signals
 from .stream_workload import MAX_BATCH, with_stream
-from .tcp_proxy import TcpProxy
 
 __all__ = [
     "CLUSTER_FAULTS",

@@ -68,7 +68,7 @@ HEALTH_EVERY_S = 5.0  # how often each etcd member's health is read for the stat
 @dataclass(frozen=True)
 class CoordinatorStats:
     """ask → the node's view of its cluster: {"cluster", "node", "peer", "role", "epoch",
-    "leader", "leader_peer", "isr", "isr_epoch", "nodes", "lease_ttl_s", "etcd",
+    "leader", "leader_peer", "leader_amqp", "isr", "isr_epoch", "nodes", "lease_ttl_s", "etcd",
     "last_error", "refused", "elections_won", "revision", "steps"}, and the figures its series
     read: "leading" (0 or 1), "isr_members", "nodes_up", "etcd_healthy"; and
     "replication", its ``Shipping``'s status."""
@@ -141,6 +141,7 @@ def coordinator_spec(
             commit_endpoint,
             settings.min_insync,
             settings.listen_address,
+            settings.amqp,
         ),
         heartbeat_interval_s=interval,
         heartbeat_timeout_s=timeout,
@@ -169,8 +170,9 @@ class CoordinatorActor(GatewayActor):
         commit_endpoint: str,
         min_insync: int,
         peer_listen: str,
+        amqp: str | None = None,
     ) -> None:
-        self._settings = (cluster, node, node_id, peer, endpoints, ttl_s)
+        self._settings = (cluster, node, node_id, peer, endpoints, ttl_s, amqp)
         self._data = (data_dir, commit_endpoint, min_insync, peer_listen)
         self._coordination: _Coordination | None = None
 
@@ -178,8 +180,8 @@ class CoordinatorActor(GatewayActor):
         # The replica's own writes (a follower applying its leader's) are not the node's:
         # recorded, they would be committed to this very process.
         replicated_io.disable()
-        cluster, node, node_id, peer, endpoints, ttl_s = self._settings
-        election = Election(Etcd(endpoints), cluster, node, node_id, peer, ttl_s=ttl_s)
+        cluster, node, node_id, peer, endpoints, ttl_s, amqp = self._settings
+        election = Election(Etcd(endpoints), cluster, node, node_id, peer, ttl_s=ttl_s, amqp=amqp)
         shipping = Shipping(election, *self._data)
         self._coordination = _Coordination(election, shipping)
         shipping.start()
@@ -320,6 +322,7 @@ class _Coordination:
                 "epoch": view.epoch if view else None,
                 "leader": view.leader if view else None,
                 "leader_peer": view.leader_peer if view else None,
+                "leader_amqp": view.leader_amqp if view else None,
                 "isr": list(view.isr) if view else [],
                 "isr_epoch": view.isr_epoch if view else None,
                 "nodes": dict(view.nodes) if view else {},

@@ -3,7 +3,8 @@ agreed in etcd. Plain objects over ``Etcd`` (no actors, no threads): the coordin
 process drives an ``Election`` on its loop, and tests drive one directly.
 
 Keys, under ``/warren/<cluster>/``, each value a JSON object:
-- ``leader``: ``{"node", "id", "peer", "lease"}``, put only by a transaction that finds the
+- ``leader``: ``{"node", "id", "peer", "lease", "amqp"}`` (``amqp``: where its AMQP port
+  is reached, None without one), put only by a transaction that finds the
   key absent, bound to the winner's lease: it goes when that lease expires or is revoked.
   Its ``create_revision`` is the **epoch**: it grows with every election, every reader
   sees the same one, and it fences every later write of that leader.
@@ -105,6 +106,7 @@ class ClusterView:
     revision: int
     leader: str | None = None
     leader_peer: str | None = None
+    leader_amqp: str | None = None  # where the leader's AMQP port is reached, if it has one
     epoch: int | None = None  # the leader key's create_revision
     leader_lease: int | None = None  # the lease the leader key is bound to
     isr: tuple[str, ...] = ()
@@ -125,9 +127,11 @@ class Election:
         *,
         ttl_s: int = LEASE_TTL_S,
         clock: Callable[[], float] = time.monotonic,
+        amqp: str | None = None,
     ) -> None:
         self.etcd = etcd
         self.cluster, self.node, self.node_id, self.peer = cluster, node, node_id, peer
+        self.amqp = amqp  # where clients reach this node's AMQP port, host:port
         self.ttl_s = ttl_s
         self._clock = clock
         self.prefix = f"/warren/{cluster}/"
@@ -288,7 +292,13 @@ class Election:
             return False
         if self.epoch is not None:
             return self.leading()
-        me = {"node": self.node, "id": self.node_id, "peer": self.peer, "lease": self.lease}
+        me = {
+            "node": self.node,
+            "id": self.node_id,
+            "peer": self.peer,
+            "lease": self.lease,
+            "amqp": self.amqp,
+        }
         answer = self._txn(
             [self._absent("leader")],
             [self._put("leader", me, lease=self.lease), self._range("isr")],
@@ -364,6 +374,7 @@ class Election:
             revision=int(answer["header"]["revision"]),
             leader=leader.get("node") if leader else None,
             leader_peer=leader.get("peer") if leader else None,
+            leader_amqp=leader.get("amqp") if leader else None,
             epoch=int(leader_kv["create_revision"]) if leader_kv is not None else None,
             leader_lease=(int(leader_kv.get("lease", 0)) or None) if leader_kv else None,
             isr=tuple(isr["members"]) if isr else (),

@@ -33,6 +33,9 @@ class ClusterSettings:
     ttl_s: int = LEASE_TTL_S
     min_insync: int = MIN_INSYNC
     peer_listen: str | None = None  # where the replica server binds: peer when None
+    # where clients reach this node's AMQP port (host:port), told to the other nodes while
+    # it leads: their AMQP ports forward to it; None without a port (set by the node)
+    amqp: str | None = None
 
     @property
     def listen_address(self) -> str:

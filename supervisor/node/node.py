@@ -174,6 +174,7 @@ from ..cluster.coordinator import (
 )
 from ..cluster.election import LEASE_TTL_S
 from ..cluster.settings import MIN_INSYNC, ClusterSettings
+from ..cluster.tcp_proxy import TcpProxy
 from ..errors import InvalidSpec, NodeLocked, NotANodeDirectory, SupervisorError
 from ..specs import (
     HEARTBEAT_INTERVAL_S,
@@ -325,6 +326,17 @@ class Node:
             raise InvalidSpec(
                 "cluster", cluster, "etcd, peer and peer_listen go with a cluster's name"
             )
+        # In a cluster the AMQP port keeps one port for the node's life: while the node
+        # leads, its address is told to the others, whose AMQP ports forward to it.
+        self._amqp_forwarded_from: tuple[str, int] | None = None
+        if cluster_settings is not None and amqp_address is not None:
+            amqp_address = (amqp_address[0], free_port(*amqp_address))
+            cluster_settings = dataclasses.replace(
+                cluster_settings, amqp=amqp_reached_at(amqp_address, cluster_settings.peer)
+            )
+            self._amqp_forwarded_from = amqp_address
+        self._amqp_forwarder: TcpProxy | None = None
+        self._amqp_forwarding_to: str | None = None
         check_seconds("heartbeat_timeout_s", heartbeat_timeout_s, at_least=2)  # beats: 1 s
         self._heartbeat_timeout_s = float(heartbeat_timeout_s)
         self._heartbeat_interval_s = max(
@@ -1145,6 +1157,8 @@ class Node:
                 pass
             if self._http is not None:
                 self._http.close()
+            with self._data_lock:
+                self._forward_amqp_to(None)
             if self._commit_endpoint is not None and self.actors is not None:
                 # before the threads are joined: a leader's start may be waiting on a
                 # commit, which the cluster may hold until a follower comes
@@ -1270,6 +1284,7 @@ class Node:
                 answer = coordinator.ask(LeadData(), timeout=STATS_TIMEOUT_S * 15)
                 if not answer["leading"]:
                     return
+                self._forward_amqp_to(None)  # the port is the data part's own from now on
                 self._led_epoch = answer["epoch"]
                 log.info("node %s: leads at epoch %s: starting", self.name, self._led_epoch)
                 self._data_starting = True
@@ -1287,6 +1302,35 @@ class Node:
                 # one that took the directory for a start that never came (a LeadData
                 # answered too late): the directory is the replica's
                 coordinator.ask(FollowData(serve=True), timeout=STATS_TIMEOUT_S * 15)
+            if not self._data_running and not self._closing.is_set():
+                leader = status.get("leader")
+                self._forward_amqp_to(
+                    status.get("leader_amqp") if leader not in (None, self.name) else None
+                )
+
+    def _forward_amqp_to(self, leader_amqp: str | None) -> None:
+        """On a follower with an AMQP port: forward its AMQP clients to the leader's port
+        (``leader_amqp``, host:port), as LavinMQ's followers do, so a client of any node
+        reaches the leader; None: forward nothing (no leader known, or this node leads).
+        A new leader closes the connections forwarded to the old one: their clients
+        connect again, and reach the new leader. Under the data lock."""
+        if self._amqp_forwarded_from is None or leader_amqp == self._amqp_forwarding_to:
+            return
+        if self._amqp_forwarder is not None:
+            self._amqp_forwarder.close()
+            self._amqp_forwarder, self._amqp_forwarding_to = None, None
+        if leader_amqp is None:
+            return
+        host, _, port = leader_amqp.rpartition(":")
+        try:
+            self._amqp_forwarder = TcpProxy(
+                (host.strip("[]"), int(port)), "amqp", listen=self._amqp_forwarded_from
+            )
+        except OSError as exc:  # the port not free yet (the data part's, stopping): again
+            log.warning("node %s: cannot forward AMQP clients yet: %s", self.name, exc)
+            return
+        self._amqp_forwarding_to = leader_amqp
+        log.info("node %s: forwards its AMQP clients to the leader at %s", self.name, leader_amqp)
 
     def _start_data(self) -> None:
         restarts = self._tree.restart_counts
@@ -1708,3 +1752,13 @@ class _ResyncOnRestart(RestartCounts):
             coordinator.ask(Resync(), timeout=STATS_TIMEOUT_S * 15)
         except ActorError as exc:  # it restarts: its followers are synced whole anyway
             log.warning("node %s: its coordinator did not take a resync: %s", node.name, exc)
+
+
+def amqp_reached_at(address: tuple[str, int], peer: str) -> str:
+    """Where the nodes of a cluster reach a node's AMQP port bound at ``address``: its
+    host, or for a wildcard bind the host the node's peers reach it at (``peer``)."""
+    host, port = address
+    if host in ("", "0.0.0.0", "::"):
+        host = peer.removeprefix("tcp://").rpartition(":")[0]
+    host = host.strip("[]")
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

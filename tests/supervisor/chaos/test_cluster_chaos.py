@@ -18,7 +18,7 @@ import pytest
 from warren.queues.engine.stream_inspect import chunk_checksums
 from warren.queues.engine.stream_log import StreamLog, numbered_files, segment_file_name
 from warren.supervisor.chaos.cluster_run import CLUSTER_FAULTS, Leaderships, replica_differences
-from warren.supervisor.chaos.tcp_proxy import TcpProxy
+from warren.supervisor.cluster.tcp_proxy import TcpProxy
 
 from .interrupting import ROOT, WARREN, interrupt_run
 

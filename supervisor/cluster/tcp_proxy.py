@@ -1,11 +1,14 @@
 """A TCP proxy that can cut a link as a network partition does: the harness of
 ``warren chaos --cluster`` puts one in front of every node's peer port and every etcd
 member a node talks to, so that a link is cut and healed without root (no network
-namespace, no iptables).
+namespace, no iptables); and a follower's AMQP port is one in front of the leader's
+(``warren.supervisor.node.node``: clients of any node reach the leader, as LavinMQ's
+followers forward theirs).
 
-``TcpProxy(upstream)`` listens on a free loopback port (``address``) and forwards each
-connection it accepts to ``upstream`` (host, port), both ways, one thread a direction;
-the upstream may be set after the proxy is made (a connection before then is closed).
+``TcpProxy(upstream)`` listens on a free loopback port, or on ``listen`` (host, port),
+(``address``) and forwards each connection it accepts to ``upstream`` (host, port), both
+ways, one thread a direction; the upstream may be set after the proxy is made (a
+connection before then is closed).
 ``cut()`` stops forwarding: what either side sends is held (read from one socket and
 not written to the other, and then not read at all, so the kernel's buffers fill and
 the sender's writes block), new connections are accepted and held the same way, as a
@@ -33,10 +36,15 @@ CHUNK_BYTES = 256 * 1024
 
 
 class TcpProxy:
-    """A proxy on ``127.0.0.1``'s free port in front of ``upstream``; see the module
-    docstring."""
+    """A proxy on ``listen`` (``127.0.0.1``'s free port) in front of ``upstream``; see
+    the module docstring."""
 
-    def __init__(self, upstream: tuple[str, int] | None, name: str = "") -> None:
+    def __init__(
+        self,
+        upstream: tuple[str, int] | None,
+        name: str = "",
+        listen: tuple[str, int] = ("127.0.0.1", 0),
+    ) -> None:
         # None until set: a proxy's own port is taken first, so that the upstream's,
         # found free afterwards, cannot be the one the kernel gives the proxy
         self.upstream, self.name = upstream, name
@@ -45,9 +53,9 @@ class TcpProxy:
         self._closed = False
         self._lock = threading.Lock()
         self._sockets: set[socket.socket] = set()
-        self._listener = socket.create_server(("127.0.0.1", 0))
+        self._listener = socket.create_server(listen)  # OSError: the address is taken
         self.port = self._listener.getsockname()[1]
-        self.address = f"127.0.0.1:{self.port}"
+        self.address = f"{listen[0]}:{self.port}"
         threading.Thread(target=self._accept, name=f"proxy {name}", daemon=True).start()
 
     @property
