@@ -1157,14 +1157,15 @@ class Node:
                 pass
             if self._http is not None:
                 self._http.close()
-            with self._data_lock:
-                self._forward_amqp_to(None)
             if self._commit_endpoint is not None and self.actors is not None:
                 # before the threads are joined: a leader's start may be waiting on a
                 # commit, which the cluster may hold until a follower comes
                 self._refuse_commits()
             for thread in self._threads:
                 thread.join()
+            # the leadership thread has ended (a start it held the data lock for, waiting
+            # on a commit, was let go above): nothing forwards any more
+            self._forward_amqp_to(None)
             if self._status_socket is not None and not self._status_socket.closed:
                 self._status_socket.close()
             if self.root is not None:
