@@ -53,9 +53,12 @@ class TcpProxy:
         self._closed = False
         self._lock = threading.Lock()
         self._sockets: set[socket.socket] = set()
-        self._listener = socket.create_server(listen)  # OSError: the address is taken
+        family = socket.AF_INET6 if ":" in listen[0] else socket.AF_INET
+        # OSError: the address is taken
+        self._listener = socket.create_server(listen, family=family)
         self.port = self._listener.getsockname()[1]
-        self.address = f"{listen[0]}:{self.port}"
+        host = f"[{listen[0]}]" if family == socket.AF_INET6 else listen[0]
+        self.address = f"{host}:{self.port}"
         threading.Thread(target=self._accept, name=f"proxy {name}", daemon=True).start()
 
     @property
@@ -112,6 +115,11 @@ class TcpProxy:
             self._drop(client)
             return
         upstream.settimeout(None)
+        if upstream.getpeername()[:2] == self._listener.getsockname()[:2]:
+            self._drop(upstream, client)  # its own listener: it would forward to itself
+            return
+        for sock in (client, upstream):  # a peer gone without a word is noticed in time
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
         if not self._keep(upstream):
             self._drop(client)
             return

@@ -89,6 +89,7 @@ import dataclasses
 import errno
 import fcntl
 import functools
+import ipaddress
 import json
 import logging
 import os
@@ -336,7 +337,9 @@ class Node:
             )
             self._amqp_forwarded_from = amqp_address
         self._amqp_forwarder: TcpProxy | None = None
-        self._amqp_forwarding_to: str | None = None
+        # the leader's epoch and AMQP address it forwards to (a new epoch: new connections)
+        self._amqp_forwarding_to: tuple[int | None, str] | None = None
+        self._amqp_refused: str | None = None  # the last target refused, logged once
         check_seconds("heartbeat_timeout_s", heartbeat_timeout_s, at_least=2)  # beats: 1 s
         self._heartbeat_timeout_s = float(heartbeat_timeout_s)
         self._heartbeat_interval_s = max(
@@ -1304,33 +1307,44 @@ class Node:
                 # answered too late): the directory is the replica's
                 coordinator.ask(FollowData(serve=True), timeout=STATS_TIMEOUT_S * 15)
             if not self._data_running and not self._closing.is_set():
-                leader = status.get("leader")
-                self._forward_amqp_to(
-                    status.get("leader_amqp") if leader not in (None, self.name) else None
-                )
+                leader, leader_amqp = status.get("leader"), status.get("leader_amqp")
+                known = leader not in (None, self.name) and isinstance(leader_amqp, str)
+                self._forward_amqp_to((epoch, str(leader_amqp)) if known else None)
 
-    def _forward_amqp_to(self, leader_amqp: str | None) -> None:
+    def _forward_amqp_to(self, target: tuple[int | None, str] | None) -> None:
         """On a follower with an AMQP port: forward its AMQP clients to the leader's port
-        (``leader_amqp``, host:port), as LavinMQ's followers do, so a client of any node
-        reaches the leader; None: forward nothing (no leader known, or this node leads).
-        A new leader closes the connections forwarded to the old one: their clients
-        connect again, and reach the new leader. Under the data lock."""
-        if self._amqp_forwarded_from is None or leader_amqp == self._amqp_forwarding_to:
+        (``target``: the leader's epoch and host:port), as LavinMQ's followers do, so a
+        client of any node reaches the leader; None: forward nothing (no leader known,
+        or this node leads). Another leader or epoch closes the connections forwarded
+        so far: their clients connect again, and reach the leader of now. Refused: a
+        target that is this node's own port, and a leader reached on loopback from a
+        port bound elsewhere (its clients would reach the leader as loopback ones,
+        ``guest`` among them). Under the data lock, or once no thread looks."""
+        if self._amqp_forwarded_from is None or target == self._amqp_forwarding_to:
             return
         if self._amqp_forwarder is not None:
             self._amqp_forwarder.close()
             self._amqp_forwarder, self._amqp_forwarding_to = None, None
-        if leader_amqp is None:
+        if target is None:
             return
-        host, _, port = leader_amqp.rpartition(":")
+        leader_amqp = target[1]
         try:
-            self._amqp_forwarder = TcpProxy(
-                (host.strip("[]"), int(port)), "amqp", listen=self._amqp_forwarded_from
-            )
-        except OSError as exc:  # the port not free yet (the data part's, stopping): again
-            log.warning("node %s: cannot forward AMQP clients yet: %s", self.name, exc)
+            upstream = _host_and_port(leader_amqp)
+            own_host = self._amqp_forwarded_from[0]
+            if upstream == self._amqp_forwarded_from or (
+                _is_loopback(upstream[0]) and not _is_loopback(own_host)
+            ):
+                raise ValueError(
+                    f"the leader's AMQP port {leader_amqp} is this port, or reached on "
+                    f"loopback while this one listens on {own_host}"
+                )
+            self._amqp_forwarder = TcpProxy(upstream, "amqp", listen=self._amqp_forwarded_from)
+        except (OSError, ValueError) as exc:  # the port busy yet (the data part's): again
+            if self._amqp_refused != f"{leader_amqp}: {exc}":
+                self._amqp_refused = f"{leader_amqp}: {exc}"
+                log.warning("node %s: does not forward AMQP clients to %s", self.name, exc)
             return
-        self._amqp_forwarding_to = leader_amqp
+        self._amqp_forwarding_to, self._amqp_refused = target, None
         log.info("node %s: forwards its AMQP clients to the leader at %s", self.name, leader_amqp)
 
     def _start_data(self) -> None:
@@ -1755,11 +1769,30 @@ class _ResyncOnRestart(RestartCounts):
             log.warning("node %s: its coordinator did not take a resync: %s", node.name, exc)
 
 
-def amqp_reached_at(address: tuple[str, int], peer: str) -> str:
+def amqp_reached_at(address: tuple[str, int], peer: str) -> str | None:
     """Where the nodes of a cluster reach a node's AMQP port bound at ``address``: its
-    host, or for a wildcard bind the host the node's peers reach it at (``peer``)."""
+    host, or for a wildcard bind the host the node's peers reach it at (``peer``); None
+    for a port on loopback when the peers are not (no other machine reaches it)."""
     host, port = address
+    peer_host = peer.removeprefix("tcp://").rpartition(":")[0].strip("[]")
     if host in ("", "0.0.0.0", "::"):
-        host = peer.removeprefix("tcp://").rpartition(":")[0]
+        host = peer_host
     host = host.strip("[]")
+    if _is_loopback(host) and not _is_loopback(peer_host):
+        return None
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _host_and_port(address: str) -> tuple[str, int]:
+    """``host:port`` or ``[v6 host]:port`` as (host, port); ValueError for anything else."""
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"{address!r} is no host:port")
+    return host.strip("[]"), int(port)
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return host == "localhost"

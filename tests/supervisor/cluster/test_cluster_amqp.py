@@ -3,8 +3,14 @@ forwards its clients to the leader's (pika, unmodified), and once the leader's m
 is lost, the client connecting again to the same address reaches the new leader, which
 holds every message confirmed before."""
 
+import socket
+import threading
+
 import pika
 import pika.exceptions
+
+from warren.supervisor.cluster.tcp_proxy import TcpProxy
+from warren.supervisor.node.node import amqp_reached_at
 
 from ...queues.client.node_process import NodeProcess, free_port
 from ...waiting import wait_for
@@ -63,3 +69,22 @@ def test_an_amqp_client_of_a_follower_reaches_the_leader_and_follows_a_failover(
                 connection.close()
         for node in nodes:
             node.stop()
+
+
+def test_a_leader_tells_an_amqp_address_its_followers_reach_or_none():
+    assert amqp_reached_at(("127.0.0.1", 5672), "tcp://127.0.0.1:7000") == "127.0.0.1:5672"
+    assert amqp_reached_at(("0.0.0.0", 5672), "tcp://10.0.0.1:7000") == "10.0.0.1:5672"
+    assert amqp_reached_at(("::", 5672), "tcp://[fd00::1]:7000") == "[fd00::1]:5672"
+    # on loopback, while the peers are on other machines: no follower can reach it
+    assert amqp_reached_at(("127.0.0.1", 5672), "tcp://10.0.0.1:7000") is None
+
+
+def test_a_proxy_told_to_forward_to_itself_drops_the_client_instead_of_looping():
+    port = free_port()
+    proxy = TcpProxy(("127.0.0.1", port), "itself", listen=("127.0.0.1", port))
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as client:
+            assert client.recv(1) == b""  # closed: no chain of connections to itself
+        assert threading.active_count() < 20
+    finally:
+        proxy.close()
