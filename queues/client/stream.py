@@ -46,7 +46,7 @@ import os
 import secrets
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from warren.actors import ActorError, ActorRef
 
@@ -100,6 +100,31 @@ def stream_start(offset: object) -> tuple[str, int]:
         "offset is 'first', 'last', 'next', an offset (int >= 0), a datetime, a "
         f"Timestamp(epoch ms) or an interval like '1h' (that long ago); got {offset!r}"
     )
+
+
+class Reading(Protocol):
+    """A consumer of stream records that ``next_or_stop`` iterates over."""
+
+    inactivity_timeout: float | None
+    _closed: bool
+
+    def _next_within(self, deadline: float | None) -> StreamDelivery | None: ...
+    def cancel(self, processed_last: bool = True) -> None: ...
+
+
+def next_or_stop(consumer: Reading) -> StreamDelivery:
+    """A consumer's next record for its iteration, waiting at most its
+    ``inactivity_timeout``; once that passed with none, it is cancelled and the
+    iteration stops (``StopIteration``)."""
+    deadline = None
+    if consumer.inactivity_timeout is not None:
+        deadline = time.monotonic() + consumer.inactivity_timeout
+    delivery = consumer._next_within(deadline)
+    if delivery is None:
+        if not consumer._closed and consumer.inactivity_timeout is not None:
+            consumer.cancel()
+        raise StopIteration
+    return delivery
 
 
 class StreamDelivery:
@@ -252,15 +277,7 @@ class StreamConsumer:
         return self
 
     def __next__(self) -> StreamDelivery:
-        deadline = None
-        if self.inactivity_timeout is not None:
-            deadline = time.monotonic() + self.inactivity_timeout
-        delivery = self._next_within(deadline)
-        if delivery is None:
-            if not self._closed and self.inactivity_timeout is not None:
-                self.cancel()
-            raise StopIteration
-        return delivery
+        return next_or_stop(self)
 
     def get(self, timeout: float) -> StreamDelivery | None:
         """The next record, waiting up to ``timeout`` seconds (0: look once); None when

@@ -24,7 +24,7 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from .stream import StreamConsumer, StreamDelivery
+from .stream import StreamConsumer, StreamDelivery, next_or_stop
 
 if TYPE_CHECKING:
     from .connection_consuming import ConsumingCalls
@@ -85,15 +85,7 @@ class SuperStreamConsumer:
         return self
 
     def __next__(self) -> StreamDelivery:
-        deadline = None
-        if self.inactivity_timeout is not None:
-            deadline = time.monotonic() + self.inactivity_timeout
-        delivery = self._next_within(deadline)
-        if delivery is None:
-            if not self._closed and self.inactivity_timeout is not None:
-                self.cancel()
-            raise StopIteration
-        return delivery
+        return next_or_stop(self)
 
     def get(self, timeout: float) -> StreamDelivery | None:
         """The next record of any partition, waiting up to ``timeout`` seconds (0: look

@@ -624,14 +624,7 @@ class Node:
         with self._definitions_lock:
             if self._deleted_itself(name):  # a new queue of the name, not the one gone
                 self._forget_deleted_itself(name)
-            if name not in self._definitions.queues:
-                try:  # what a delete of this name left is not recovered, but removed
-                    self._definitions.finish_delete(name)
-                except OSError as exc:
-                    left = f"the files a delete of this name left in {self.data_dir}"
-                    raise _refused(
-                        exc, f"queue {name!r} was not declared", f"remove {left}"
-                    ) from exc
+            self._finish_delete_before(name, f"queue {name!r} was not declared")
             if self._definitions.add_queue(definition):
                 # Nothing on disk to recover: the queue starts empty, and its counts
                 # need no question to its process (a directory left without a
@@ -647,10 +640,7 @@ class Node:
                     self._supervisor("queue_sup").start_child(self._queue_spec(definition))
                 except BaseException:
                     self._definitions.remove_queue(name)
-                    try:
-                        self._definitions_changed(f"queue {name!r} stays declared")
-                    except OSError as exc:  # it is started at the next boot
-                        log.error("node %s: %s", self.name, exc)
+                    self._taken_back(f"queue {name!r} stays declared")
                     raise
         if created_empty:
             return {"queue": name, "message_count": 0, "consumer_count": 0}
@@ -662,14 +652,9 @@ class Node:
         process started; one that does not start takes the whole declare back."""
         with self._definitions_lock:
             for partition in partitions:
-                if partition.name not in self._definitions.queues:
-                    try:  # what a delete of this name left is not recovered, but removed
-                        self._definitions.finish_delete(partition.name)
-                    except OSError as exc:
-                        left = f"the files a delete of {partition.name!r} left in {self.data_dir}"
-                        raise _refused(
-                            exc, f"super stream {name!r} was not declared", f"remove {left}"
-                        ) from exc
+                self._finish_delete_before(
+                    partition.name, f"super stream {name!r} was not declared"
+                )
             if self._definitions.add_super_stream(name, partitions):
                 self._definitions_changed(f"super stream {name!r} was not declared")
                 queue_sup = self._supervisor("queue_sup")
@@ -684,12 +669,29 @@ class Node:
                     for partition in partitions:
                         self._definitions.remove_queue(partition.name)
                     self._definitions.remove_exchange(name)
-                    try:
-                        self._definitions_changed(f"super stream {name!r} stays declared")
-                    except OSError as exc:  # its partitions start at the next boot
-                        log.error("node %s: %s", self.name, exc)
+                    self._taken_back(f"super stream {name!r} stays declared")
                     raise
         return self._super_stream_declared(name, [p.name for p in partitions])
+
+    def _finish_delete_before(self, name: str, undone: str) -> None:
+        """Before queue ``name`` is declared (under the definitions lock): what a delete
+        of that name left is not recovered, but removed; an ``OSError`` beginning with
+        ``undone`` when the disk refuses."""
+        if name in self._definitions.queues:
+            return
+        try:
+            self._definitions.finish_delete(name)
+        except OSError as exc:
+            left = f"the files a delete of {name!r} left in {self.data_dir}"
+            raise _refused(exc, undone, f"remove {left}") from exc
+
+    def _taken_back(self, otherwise: str) -> None:
+        """Save a declare taken back (its process did not start); a failed save is
+        logged, ``otherwise`` saying what then stays (started at the next boot)."""
+        try:
+            self._definitions_changed(otherwise)
+        except OSError as exc:
+            log.error("node %s: %s", self.name, exc)
 
     def _super_stream_declared(self, name: str, partitions: list[str]) -> dict:
         """A super stream's declare-ok: its records and consumers over every partition
