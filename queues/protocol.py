@@ -112,6 +112,7 @@ from warren.actors import message
 from warren.actors.codec import Check
 
 from .errors import InvalidArgument
+from .routing import SUPER_STREAM
 
 SETTLE_ACTIONS = ("ack", "requeue", "reject")
 MAX_PRODUCER_BYTES = 1024  # a deduplicating producer's id
@@ -277,6 +278,8 @@ class LastSequence:
 
 
 MemberId = Annotated[str, Check(lambda v: 0 < len(v) <= 64, "1 to 64 characters")]
+MEMBER_BEAT_S = 1.0  # how often a member of a consumer group beats (GroupBeat)
+MEMBER_LEASE_S = 5.0  # how long its stream keeps a member unheard of
 
 
 @message
@@ -563,8 +566,21 @@ class QueueDefinition:
             )
 
 
-SUPER_STREAM_TYPE = "super-stream"  # declare_queue(name, type=...): partitioned streams
+SUPER_STREAM_TYPE = SUPER_STREAM  # declare_queue(name, type=...): partitioned streams
 MAX_PARTITIONS = 256  # partitions a super stream may have
+
+
+def declared_queue(name: str, arguments: dict[str, Any]) -> QueueDefinition:
+    """The queue an application's ``declare_queue(name, **arguments)`` makes; the arguments
+    only a super stream's declare takes or makes are ``InvalidArgument``, not a queue's."""
+    if "partitions" in arguments:
+        raise InvalidArgument("partitions is a super stream's: declare it with type='super-stream'")
+    if "super_stream" in arguments or "partition" in arguments:
+        raise InvalidArgument(
+            "super_stream and partition are a super stream's partitions' own: declare "
+            "the super stream (type='super-stream', partitions=N) and it makes them"
+        )
+    return QueueDefinition(name, **arguments)
 
 
 def super_stream_partitions(name: str, arguments: dict[str, Any]) -> list[QueueDefinition]:

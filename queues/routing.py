@@ -49,6 +49,7 @@ def route(kind: str, bindings: list[list[str]], routing_key: str) -> list[str]:
     return list(dict.fromkeys(matched))
 
 
+@lru_cache(maxsize=65536)  # a publisher's keys repeat: the hash is pure Python
 def partition_of(routing_key: str | bytes, partitions: int) -> int:
     """The partition (0 .. ``partitions`` - 1) a super stream sends ``routing_key`` to."""
     data = routing_key.encode() if isinstance(routing_key, str) else routing_key

@@ -32,10 +32,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..protocol import MEMBER_BEAT_S, MEMBER_LEASE_S
+
 __all__ = ["ELECTION_DELAY_S", "MEMBER_BEAT_S", "MEMBER_LEASE_S", "ActiveConsumers"]
 
-MEMBER_BEAT_S = 1.0  # how often a member beats
-MEMBER_LEASE_S = 5.0  # how long a silent member is kept
 ELECTION_DELAY_S = 1.5 * MEMBER_BEAT_S  # after a start: every member beat once
 
 
@@ -63,13 +63,10 @@ class ActiveConsumers:
             state.seen.pop(member, None)
         else:
             state.seen[member] = now
-        for other, last in list(state.seen.items()):
-            if now - last > MEMBER_LEASE_S:
-                del state.seen[other]
-        if state.active not in state.seen or (release and state.active == member):
+        self._expire(now)
+        if release and state.active == member:
             state.active = None
-        if not state.seen:
-            del self._groups[group]
+        if group not in self._groups:
             return "standby"
         if now < self._elect_from:
             return "standby"
@@ -83,8 +80,22 @@ class ActiveConsumers:
             return "standby"
         return "active" if wanted == member else "step-down"
 
+    def _expire(self, now: float) -> None:
+        """Drop the members unheard of for their lease (an active one leaves its turn
+        free), and the groups left without members."""
+        for name, state in list(self._groups.items()):
+            for other, last in list(state.seen.items()):
+                if now - last > MEMBER_LEASE_S:
+                    del state.seen[other]
+            if state.active not in state.seen:
+                state.active = None
+            if not state.seen:
+                del self._groups[name]
+
     def groups(self) -> dict[str, dict[str, Any]]:
-        """Each group's members and its active one, for the stream's stats."""
+        """Each group's members and its active one, for the stream's stats (the members
+        whose lease ran out are gone from it, whether or not another beat since)."""
+        self._expire(self._clock())
         return {
             name: {"members": len(state.seen), "active": state.active}
             for name, state in sorted(self._groups.items())

@@ -72,8 +72,8 @@ from typing import Any, NamedTuple
 from ..protocol import (
     SUPER_STREAM_TYPE,
     Purge,
-    QueueDefinition,
     QueueStats,
+    declared_queue,
     server_named_queue,
     super_stream_partitions,
 )
@@ -121,7 +121,7 @@ class Connection(PublishingCalls, ConsumingCalls):
         if not passive and arguments.get("type") == SUPER_STREAM_TYPE:
             super_stream_partitions(name, arguments)
         elif not passive:
-            QueueDefinition(name, **arguments)
+            declared_queue(name, arguments)
         answer = self._node.declare_queue(name, passive=passive, **arguments)
         if not passive:
             self._topology.queue_declared(name, arguments)

@@ -354,7 +354,7 @@ def _encoded_runs(
                     f"or string body"
                 )
             if target.partitions:
-                return _runs_by_partition(columns, body, target)
+                return _runs_by_partition(columns, body, target, where, first)
             if destination is None:
                 return [(_default_key(target), encode_bodies(body, target.persistent))]
             destinations = columns.column(names.index(destination))
@@ -373,29 +373,23 @@ def _encoded_runs(
 
 
 def _runs_by_partition(
-    columns: pyarrow.RecordBatch, bodies: pyarrow.Array, target: Target
+    columns: pyarrow.RecordBatch, bodies: pyarrow.Array, target: Target, where: str, first: int
 ) -> list[tuple[str, list[bytes]]]:
     """Bodies without properties grouped by the super stream partition each row's
-    routing key hashes to (``warren.queues.client.spark_partitions``), in partition
-    order, each group encoded whole."""
+    routing key hashes to (``warren.queues.client.spark_partitions``): each row's
+    partition is its destination."""
     import numpy as np
     import pyarrow as pa
 
     names = columns.schema.names
-    count = len(target.partitions)
+    keyless = target.keyless_partition
     if "routing_key" in names:
-        rows = key_partitions(
-            columns.column(names.index("routing_key")), count, target.keyless_partition
-        )
+        keys = columns.column(names.index("routing_key"))
+        rows = key_partitions(keys, len(target.partitions), keyless)
     else:
-        rows = np.full(len(bodies), target.keyless_partition, dtype=np.int64)
-    return [
-        (
-            target.partitions[index],
-            encode_bodies(bodies.filter(pa.array(rows == index)), target.persistent),
-        )
-        for index in np.unique(rows).tolist()
-    ]
+        rows = np.full(len(bodies), keyless, dtype=np.int64)
+    destinations = pa.array(target.partitions).take(pa.array(rows))
+    return _runs_by_destination(destinations, bodies, target, where, first)
 
 
 def _runs_by_destination(
@@ -618,8 +612,9 @@ class WarrenWriter(DataSourceArrowWriter):
         partition, attempt = _task()
         target = _for_task(self.target, partition)
         chunks = _arrow_chunks(iterator, _chunk_rows(target))
-        if target.partitions:
-            chunks = _joined(chunks, PARTITION_CHUNK_ROWS * len(target.partitions))
+        if target.partitions:  # at most a few stream chunks held at once
+            rows = min(PARTITION_CHUNK_ROWS * len(target.partitions), 4 * STREAM_BATCH_ROWS)
+            chunks = _joined(chunks, rows)
         rows, retries = publish_columns(
             target, f"{self.job}/{partition}", chunks, f"partition {partition} (attempt {attempt})"
         )

@@ -54,6 +54,7 @@ from ..errors import InvalidArgument, Nacked, NotFound, OffsetOutOfRange, QueueR
 from ..message import Message, decode
 from ..protocol import (
     MAX_WAIT_MS,
+    MEMBER_BEAT_S,
     GroupBeat,
     StoreOffset,
     StreamAttach,
@@ -73,7 +74,6 @@ STORE_INTERVAL_S = 5.0  # and seconds
 COMMIT_POLL_MS = 200  # a long poll's wait: how long the connection is held by one ask
 RESTART_WAIT_S = 60.0  # how long a reader waits for a restarting stream's successor
 RESTART_POLL_S = 0.05
-MEMBER_BEAT_S = 1.0  # how often a single active consumer beats (the stream drops it after 5 s)
 
 
 def stream_start(offset: object) -> tuple[str, int]:

@@ -73,6 +73,7 @@ class SuperStreamConsumer:
         except BaseException:
             self.cancel()
             raise
+        self.single_active = bool(self.consumers) and self.consumers[0].single_active
         self._turn = 0  # the partition read from now
         self._last: StreamConsumer | None = None  # the one that handed out the last record
         self._closed = False
@@ -94,8 +95,9 @@ class SuperStreamConsumer:
 
     def _next_within(self, deadline: float | None) -> StreamDelivery | None:
         count = len(self.consumers)
-        for consumer in self.consumers:  # every member's turn kept, not only the one read
-            consumer.beat_if_due()
+        if self.single_active:  # every member's turn kept, not only the one read
+            for consumer in self.consumers:
+                consumer.beat_if_due()
         while not self._closed:
             for _ in range(count):
                 consumer = self.consumers[self._turn]

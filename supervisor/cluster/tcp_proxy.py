@@ -53,6 +53,9 @@ class TcpProxy:
         self._closed = False
         self._lock = threading.Lock()
         self._sockets: set[socket.socket] = set()
+        # the local ends of its own upstream connections: one it accepts back (an upstream
+        # that is this very listener) is dropped, not forwarded once more
+        self._outgoing: set[tuple[str, int]] = set()
         family = socket.AF_INET6 if ":" in listen[0] else socket.AF_INET
         # OSError: the address is taken
         self._listener = socket.create_server(listen, family=family)
@@ -104,7 +107,7 @@ class TcpProxy:
 
     def _connect(self, client: socket.socket) -> None:
         self._whole.wait()
-        if self._closed:
+        if self._closed or self._looped(client):
             self._drop(client)
             return
         try:
@@ -115,6 +118,8 @@ class TcpProxy:
             self._drop(client)
             return
         upstream.settimeout(None)
+        with self._lock:
+            self._outgoing.add(upstream.getsockname()[:2])
         if upstream.getpeername()[:2] == self._listener.getsockname()[:2]:
             self._drop(upstream, client)  # its own listener: it would forward to itself
             return
@@ -140,10 +145,21 @@ class TcpProxy:
             pass  # either end closed or reset: the other end is closed below
         self._drop(source, sink)
 
+    def _looped(self, client: socket.socket) -> bool:
+        """Whether ``client`` is one of this proxy's own upstream connections."""
+        try:
+            peer = client.getpeername()[:2]
+        except OSError:
+            return True  # gone already
+        with self._lock:
+            return peer in self._outgoing
+
     def _drop(self, *sockets: socket.socket) -> None:
         for sock in sockets:
             with self._lock:
                 self._sockets.discard(sock)
+                with contextlib.suppress(OSError):
+                    self._outgoing.discard(sock.getsockname()[:2])
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
             sock.close()

@@ -89,7 +89,6 @@ import dataclasses
 import errno
 import fcntl
 import functools
-import ipaddress
 import json
 import logging
 import os
@@ -113,6 +112,7 @@ from warren.queues.amqp.server import (
     check_amqp_address,
     free_port,
 )
+from warren.queues.amqp.session import is_loopback
 from warren.queues.amqp.users import USERS_FILE
 from warren.queues.broker.definitions import (
     DEFINITIONS_FILE,
@@ -125,6 +125,7 @@ from warren.queues.broker.listener import (
     ListenerActor,
     ListenerStats,
     check_listen_address,
+    host_and_port,
     with_free_port,
 )
 from warren.queues.broker.queue_actor import STORES, QueueActor
@@ -154,6 +155,7 @@ from warren.queues.protocol import (
     QueueDefinition,
     QueueStats,
     check_name,
+    declared_queue,
     super_stream_partitions,
 )
 from warren.queues.routing import EXCHANGE_KINDS
@@ -608,12 +610,7 @@ class Node:
             return self._declared(name)
         if arguments.get("type") == SUPER_STREAM_TYPE:
             return self._declare_super_stream(name, super_stream_partitions(name, arguments))
-        if "super_stream" in arguments or "partition" in arguments:
-            raise InvalidArgument(
-                "super_stream and partition are a super stream's partitions' own: declare "
-                "the super stream (type='super-stream', partitions=N) and it makes them"
-            )
-        definition = QueueDefinition(check_name(name), **arguments)
+        definition = declared_queue(check_name(name), arguments)
         existing = self._definitions.queues.get(name)
         if existing is not None and existing.super_stream is not None and definition.is_stream:
             # a partition declared again as the stream it is (an AMQP client's habit)
@@ -1331,10 +1328,10 @@ class Node:
             return
         leader_amqp = target[1]
         try:
-            upstream = _host_and_port(leader_amqp)
+            upstream = host_and_port(leader_amqp, "a leader's AMQP address", "10.0.0.1:5672")
             own_host = self._amqp_forwarded_from[0]
             if upstream == self._amqp_forwarded_from or (
-                _is_loopback(upstream[0]) and not _is_loopback(own_host)
+                is_loopback(upstream[0]) and not is_loopback(own_host)
             ):
                 raise ValueError(
                     f"the leader's AMQP port {leader_amqp} is this port, or reached on "
@@ -1780,21 +1777,6 @@ def amqp_reached_at(address: tuple[str, int], peer: str) -> str | None:
     if host in ("", "0.0.0.0", "::"):
         host = peer_host
     host = host.strip("[]")
-    if _is_loopback(host) and not _is_loopback(peer_host):
+    if is_loopback(host) and not is_loopback(peer_host):
         return None
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-def _host_and_port(address: str) -> tuple[str, int]:
-    """``host:port`` or ``[v6 host]:port`` as (host, port); ValueError for anything else."""
-    host, _, port = address.rpartition(":")
-    if not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"{address!r} is no host:port")
-    return host.strip("[]"), int(port)
-
-
-def _is_loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return host == "localhost"
