@@ -70,8 +70,10 @@ def test_a_consumer_over_the_super_stream_reads_every_partition(node):
     bodies = [b"event %d" % n for n in range(400)]
     for body in bodies:
         connection.publish(body.decode(), body, exchange="events")
-    with connection.consume("events", offset="first", inactivity_timeout=2) as reader:
-        got = list(reader)
+    got = []
+    with connection.consume("events", offset="first") as reader:
+        while len(got) < len(bodies) and (delivery := reader.get(timeout=60)) is not None:
+            got.append(delivery)
     assert sorted(d.body for d in got) == sorted(bodies)
     by_partition: dict[str, list[int]] = {}
     for delivery in got:
@@ -186,13 +188,17 @@ def test_members_of_a_group_share_the_partitions_and_take_over_from_one_killed(n
         [sys.executable, "-c", CONSUMER, str(node.data_dir)], stdout=subprocess.PIPE, text=True
     )
     reading = threading.Thread(target=lambda: there.extend(iter(other.stdout.readline, "")))
-    reading.start()
+
+    def read_here() -> list[str]:
+        """What this member read so far (its reads, and so its beats, kept up)."""
+        while (delivery := member.get(timeout=0.1)) is not None:
+            here.append(delivery.body.decode())
+        return here
 
     def active_members(members: int = 2) -> dict[str, str]:
         """Each partition's active member where the group has ``members``, this member's
         reads (and so its beats) kept up meanwhile."""
-        while (delivery := member.get(timeout=0.1)) is not None:
-            here.append(delivery.body.decode())
+        read_here()
         groups = [connection.queue_stats(p)["consumer_groups"].get("workers") for p in partitions]
         return {
             p: g["active"]
@@ -206,6 +212,7 @@ def test_members_of_a_group_share_the_partitions_and_take_over_from_one_killed(n
         return {f"job {n}": partitions[partition_of(f"job-{n}", 4)] for n in jobs}
 
     try:
+        reading.start()
         wait_for(lambda: "ready\n" in there, timeout=60)
         # Both members beat; the partitions split two and two between them.
         wait_for(lambda: sorted(Counter(active_members().values()).values()) == [2, 2], timeout=60)
@@ -213,7 +220,7 @@ def test_members_of_a_group_share_the_partitions_and_take_over_from_one_killed(n
         mine = {p for p, m in actives.items() if m == member.member}
         routed = publish(range(40))
         expected_here = {job for job, p in routed.items() if p in mine}
-        wait_for(lambda: active_members() is not None and set(here) >= expected_here, timeout=60)
+        wait_for(lambda: set(read_here()) >= expected_here, timeout=60)
         assert set(here) == expected_here  # nothing of the other member's partitions
         wait_for(
             lambda: (
@@ -229,11 +236,12 @@ def test_members_of_a_group_share_the_partitions_and_take_over_from_one_killed(n
         )
         here.clear()
         routed = publish(range(40, 80))
-        wait_for(lambda: active_members() is not None and set(here) >= set(routed), timeout=60)
+        wait_for(lambda: set(read_here()) >= set(routed), timeout=60)
     finally:
         other.kill()
         other.wait()
-        reading.join(timeout=60)
+        if reading.is_alive():
+            reading.join(timeout=60)
         member.cancel()
         connection.close()
 
@@ -262,28 +270,40 @@ def test_a_spark_write_hashes_a_column_of_keys_as_the_client_hashes_each():
 
 def test_an_active_member_waiting_for_records_keeps_its_turn_past_the_lease(node):
     connection, other = connect(node.data_dir), connect(node.data_dir)
-    connection.declare_queue("tasks", type="stream")
-    first = connection.consume("tasks", offset="first", name="g", single_active=True)
-    assert first.get(timeout=2 * ELECTION_DELAY_S) is None  # made active meanwhile
-    second = other.consume("tasks", offset="first", name="g", single_active=True)
-    second.get(timeout=0.1)
+    try:
+        connection.declare_queue("tasks", type="stream")
+        first = connection.consume("tasks", offset="first", name="g", single_active=True)
 
-    def active() -> str:
-        return connection.queue_stats("tasks")["consumer_groups"]["g"]["active"]
+        def active() -> str | None:
+            group = connection.queue_stats("tasks")["consumer_groups"].get("g")
+            return group and group["active"]
 
-    assert active() == first.member
-    waiting = threading.Thread(target=first.get, args=(MEMBER_LEASE_S + 2,))
-    waiting.start()  # one wait longer than the lease, nothing published
-    while waiting.is_alive():
-        assert second.get(timeout=0.2) is None
-    assert active() == first.member  # it beat while it waited
-    connection.publish("tasks", b"one")
-    assert first.get(timeout=10).body == b"one"
-    assert second.get(timeout=1) is None
-    first.cancel()  # leaves: the other takes over after the stored offset
-    assert second.get(timeout=10) is None and active() == second.member
-    connection.publish("tasks", b"two")
-    assert second.get(timeout=10).body == b"two"
-    second.cancel()
-    connection.close()
-    other.close()
+        read_again = []  # what a member read that it should not have
+
+        def reads_nothing_until(member, consumer) -> bool:
+            """``consumer`` read nothing (its reads beat) until ``member`` is active."""
+            if (delivery := consumer.get(timeout=0.2)) is not None:
+                read_again.append(delivery.body)
+            return active() == member.member
+
+        wait_for(lambda: reads_nothing_until(first, first), timeout=60)  # made active
+        second = other.consume("tasks", offset="first", name="g", single_active=True)
+        second.get(timeout=0.1)
+        assert active() == first.member
+        waiting = threading.Thread(target=first.get, args=(MEMBER_LEASE_S + 2,))
+        waiting.start()  # one wait longer than the lease, nothing published
+        while waiting.is_alive():
+            assert second.get(timeout=0.2) is None
+        assert active() == first.member  # it beat while it waited
+        connection.publish("tasks", b"one")
+        assert first.get(timeout=10).body == b"one"
+        assert second.get(timeout=1) is None
+        first.cancel()  # leaves: the other takes over after the stored offset
+        wait_for(lambda: reads_nothing_until(second, second), timeout=60)
+        assert read_again == [] and active() == second.member
+        connection.publish("tasks", b"two")
+        assert second.get(timeout=10).body == b"two"
+        second.cancel()
+    finally:
+        connection.close()
+        other.close()

@@ -694,6 +694,19 @@ def test_a_super_stream_written_by_key_through_a_failed_task_reads_back_by_parti
         [n for _, n in partition_one if n >= 1_000],
     ):
         assert task_rows == sorted(task_rows)  # a task's rows in their order
+    # Rows of a body and a key alone go the columnar way: a column of keys hashed at
+    # once, batches joined, one chunk a partition; each lands where its key says too.
+    connection.declare_queue("ledger", type="super-stream", partitions=3)
+    plain = spark.range(30_000, numPartitions=2).selectExpr(
+        "cast(id as string) as body", "concat('customer-', id % 37) as routing_key"
+    )
+    plain.write.format("warren").mode("append").option("endpoint", node.listen_endpoint).option(
+        "superStream", "ledger"
+    ).save()
+    ledger = load(spark, node, stream=None, superStream="ledger").select("stream", "body")
+    placed = [(row.stream, int(row.body)) for row in ledger.collect()]
+    assert sorted(n for _, n in placed) == list(range(30_000))
+    assert all(p == f"ledger-{partition_of(f'customer-{n % 37}', 3)}" for p, n in placed)
     with pytest.raises(Exception, match="super stream 'nothing' is not declared"):
         frame.write.format("warren").mode("append").option("endpoint", node.listen_endpoint).option(
             "superStream", "nothing"
