@@ -90,7 +90,8 @@ PORT_DIRECTORY = "amqp"  # the port's own files, in the node's data directory
 class AmqpStats:
     """ask → {"endpoint", "connections", "output_waiting_bytes" (what clients have not
     read yet), "connections_opened", "connections_closed", "clients_failed",
-    "refused_for_descriptors"}."""
+    "refused_for_descriptors", "logins_refused_busy", "messages_published" (handed to
+    the node)}."""
 
 
 def check_amqp_address(
@@ -239,7 +240,9 @@ class _Gateway:
             "clients_failed": 0,
             "refused_for_descriptors": 0,
             "logins_refused_busy": 0,
+            "messages_published": 0,
         }
+        self._published_lock = threading.Lock()  # the clients' workers count publishes
         self.clients: dict[socket.socket, _Client] = {}
         self._listener = socket.create_server((host, port), family=_family(host), backlog=128)
         self._listener.setblocking(False)
@@ -489,13 +492,23 @@ class _Gateway:
             client.paused = False
 
         translator = Translator(
-            self._connect, post, self._topology, self._exclusive, self._exclusive_consumers
+            self._connect,
+            post,
+            self._topology,
+            self._exclusive,
+            self._exclusive_consumers,
+            self._count_published,
         )
         translator.session = client.session
         translator.on_drained = drained
         translator.outbox = lambda: len(client.pending)
         client.translator = translator
         return translator
+
+    def _count_published(self) -> None:
+        """One more message a client's worker handed to the node (on that worker)."""
+        with self._published_lock:
+            self.counters["messages_published"] += 1
 
     def _connect(self) -> Connection:
         return Connection(RemoteNode(self.data_dir), recover=False)
@@ -621,6 +634,8 @@ class _Gateway:
         client.sock.close()
         if client.translator is not None:
             client.translator.stop()
+            # the ones that ended need no join at close: only those still running stay
+            self._stopped = [t for t in self._stopped if t.running]
             self._stopped.append(client.translator)
 
 

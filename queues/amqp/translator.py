@@ -190,8 +190,10 @@ class Translator:
         topology: TopologyChanges,
         exclusive: ExclusiveQueues,
         exclusive_consumers: ExclusiveConsumers,
+        count_published: Callable[[], None],
     ) -> None:
         self._connect = connect
+        self._count_published = count_published
         self._post = post
         self._topology = topology
         self._exclusive = exclusive
@@ -1043,6 +1045,7 @@ class Translator:
             confirm = connection.publish_message(
                 sent.routing_key, message, exchange=sent.exchange, mandatory=True
             )
+            self._count_published()
         except QueueRestarting as exc:  # first: it is a NotFound, but the queue exists
             confirm = exc  # not taken: nacked, and the client publishes it again
         except (Unroutable, NotFound) as exc:

@@ -1017,16 +1017,16 @@ class Node:
                 figures[name] = None
         return figures
 
-    def _amqp_connections(self) -> int | None:
-        """How many AMQP clients are connected; None without an AMQP port, or while it
-        does not answer."""
+    def amqp_stats(self) -> dict[str, Any] | None:
+        """The AMQP port's figures (``AmqpStats``: its connections, what they published,
+        ...); None without an AMQP port, or while it does not answer."""
         if self.amqp_endpoint is None:
             return None
         ref = self._actor_node.whereis(AMQP_NAME)
         if ref is None:
             return None
         try:
-            return ref.ask(AmqpStats(), timeout=STATS_TIMEOUT_S)["connections"]
+            return ref.ask(AmqpStats(), timeout=STATS_TIMEOUT_S)
         except ActorError:
             return None
 
@@ -1083,6 +1083,7 @@ class Node:
                 "management_page": self.management_page,
                 "cluster_name": self.cluster,
             }
+        amqp = self.amqp_stats()
         return {
             "node": self.name,
             "pid": os.getpid(),
@@ -1095,7 +1096,7 @@ class Node:
             "management_page": self.management_page,
             "tree": self.root.status() if self.root else None,
             "stores": self.store_stats() if self.root else {},
-            "amqp_connections": self._amqp_connections(),
+            "amqp_connections": (amqp or {}).get("connections"),
             "cluster_name": self.cluster,
             "cluster": self.cluster_status(),
             "queues": (

@@ -523,6 +523,11 @@ AMQP_COUNTERS = (
         "logins_refused_busy",
         "AMQP logins refused because too many were being checked already",
     ),
+    Figure(
+        "warren_amqp_messages_published",
+        "messages_published",
+        "Messages AMQP clients published that the port handed to the node",
+    ),
 )
 CLUSTER_GAUGES = (
     Figure(

@@ -981,6 +981,12 @@ def _next_method(sock: socket.socket):
     raise AssertionError("no method within 10 s")
 
 
+def _published(node: Node) -> int:
+    stats = node.amqp_stats()
+    assert stats is not None, "the node has an AMQP port"
+    return stats["messages_published"]
+
+
 def test_a_pipelining_publisher_hears_of_every_publish_when_its_queue_is_killed(node):
     """20,000 confirm-mode publishes sent without waiting, the queue killed among them:
     each is acked or nacked soon after, none left waiting on the killed incarnation (they
@@ -1001,6 +1007,7 @@ def test_a_pipelining_publisher_hears_of_every_publish_when_its_queue_is_killed(
         assert queue is not None
         queue.suspend()  # it confirms none of the first half: all in flight at the kill
         sock.sendall(one * (publishes // 2))
+        wait_for(lambda: _published(node) > 0)  # the port handed some to the queue
         queue.kill()
         sock.sendall(one * (publishes // 2))
         settled: dict[int, bool] = {}
