@@ -337,7 +337,8 @@ class Timestamp(NamedTuple):
 
 
 OVERFLOWS = ("drop-head", "reject-publish")
-QUEUE_TYPES = ("classic", "stream")
+QUEUE_TYPES = ("classic", "stream", "quorum")
+DEAD_LETTER_STRATEGIES = ("at-most-once", "at-least-once")
 SYNC_POLICIES = ("fsync", "flush")
 STREAM_SEGMENT_BYTES = 500_000_000  # Osiris's default max_segment_size_bytes
 MAX_STREAM_SEGMENT_BYTES = 2**32 - 1  # an index record holds a chunk's position in 32 bits
@@ -354,6 +355,7 @@ CLASSIC_ARGUMENTS = {
     "consumer_timeout_ms": None,
 }
 STREAM_ARGUMENTS = ("max_length_bytes", "max_age", "max_segment_size_bytes", "sync_policy")
+QUORUM_ARGUMENTS = ("delivery_limit", "dead_letter_strategy", "single_active_consumer")
 _INTERVAL = re.compile(r"(\d+(?:\.\d+)?)(Y|M|D|h|m|s)")
 _INTERVAL_SECONDS = {"Y": 365 * 86400, "M": 30 * 86400, "D": 86400, "h": 3600, "m": 60, "s": 1}
 
@@ -444,6 +446,14 @@ class QueueDefinition:
     page cache, RabbitMQ's own stream policy: confirmed messages survive the process's
     death, not the machine's).
 
+    ``type="quorum"`` makes a quorum queue (``warren.queues.engine.quorum_queue``): always
+    durable, never lazy nor auto-delete (RabbitMQ refuses both), taking a classic queue's
+    other arguments and its own: ``delivery_limit`` (a message returned more often than
+    this is dead-lettered, or dropped without a dead-letter exchange; None: no limit),
+    ``dead_letter_strategy`` ("at-most-once", the default, or "at-least-once") and
+    ``single_active_consumer`` (one consumer at a time gets deliveries; the next in
+    line when it goes).
+
     The one statement of what a queue takes: ``Connection.declare_queue`` checks its
     arguments against it before sending, ``Node.declare_queue`` builds it, the definitions
     file stores it, and the queue's process is started with it whole."""
@@ -468,6 +478,9 @@ class QueueDefinition:
     # super stream, ``super_stream_partitions``; never an application's to give)
     super_stream: str | None = None
     partition: int | None = None
+    delivery_limit: int | None = None
+    dead_letter_strategy: str | None = None
+    single_active_consumer: bool = False
 
     def __post_init__(self) -> None:
         check_name(self.name)
@@ -512,6 +525,17 @@ class QueueDefinition:
         if self.type == "stream":
             self._check_stream()
             return
+        if self.type == "quorum":
+            self._check_quorum()
+        elif (
+            self.delivery_limit is not None
+            or self.dead_letter_strategy is not None
+            or (self.single_active_consumer)
+        ):
+            raise InvalidArgument(
+                f"{', '.join(QUORUM_ARGUMENTS)}: quorum queue arguments; declare the queue "
+                f"with type='quorum' to use them"
+            )
         given = [field for field in STREAM_ARGUMENTS if getattr(self, field) is not None]
         if given:
             raise InvalidArgument(
@@ -522,6 +546,30 @@ class QueueDefinition:
     @property
     def is_stream(self) -> bool:
         return self.type == "stream"
+
+    def _check_quorum(self) -> None:
+        refused = [
+            f"{flag}={getattr(self, flag)!r}"
+            for flag, refused in (("durable", False), ("lazy", True), ("auto_delete", True))
+            if getattr(self, flag) == refused
+        ]
+        if refused:
+            raise InvalidArgument(
+                f"a quorum queue takes no {', '.join(refused)}: it is always durable, keeps "
+                f"its log on disk and its bodies in RAM, and is never auto-delete (RabbitMQ "
+                f"refuses the same)"
+            )
+        limit = self.delivery_limit
+        if limit is not None and (type(limit) is not int or limit < 0):
+            raise InvalidArgument(f"delivery_limit must be None or an int >= 0, got {limit!r}")
+        if self.dead_letter_strategy is None:
+            object.__setattr__(self, "dead_letter_strategy", "at-most-once")
+        elif self.dead_letter_strategy not in DEAD_LETTER_STRATEGIES:
+            raise InvalidArgument(
+                f"dead_letter_strategy must be one of {DEAD_LETTER_STRATEGIES}, got "
+                f"{self.dead_letter_strategy!r}"
+            )
+        object.__setattr__(self, "single_active_consumer", bool(self.single_active_consumer))
 
     @property
     def deletes_itself(self) -> bool:
@@ -535,10 +583,15 @@ class QueueDefinition:
             for k, v in CLASSIC_ARGUMENTS.items()
             if getattr(self, k) != v
         ]
+        if self.delivery_limit is not None or self.dead_letter_strategy is not None:
+            given.append("delivery_limit/dead_letter_strategy")
+        if self.single_active_consumer:
+            given.append("single_active_consumer=True")
         if given:
             raise InvalidArgument(
-                f"a stream takes no {', '.join(given)}: those are classic-queue arguments "
-                f"(a stream keeps its messages by max_length_bytes and max_age)"
+                f"a stream takes no {', '.join(given)}: those are other queues' arguments "
+                f"(a stream keeps its messages by max_length_bytes and max_age; its single "
+                f"active consumer is the consumer's, StreamConsumer(single_active=True))"
             )
         if not self.durable:
             raise InvalidArgument("a stream is always durable; declare it without durable=False")

@@ -23,8 +23,9 @@ a queue dead-lettering never fails the publish or the timer that made it do so.
 
 Each dead letter settled is counted under its reason, RabbitMQ's: ``dead_lettered_expired``
 (a TTL), ``dead_lettered_rejected`` (a consumer's reject without requeue) and
-``dead_lettered_maxlen`` (dropped from the head by ``max_length``); RabbitMQ's fourth,
-``delivery_limit``, is its quorum queues' and has no Warren twin. A nacked one is counted
+``dead_lettered_maxlen`` (dropped from the head by ``max_length``) and
+``dead_lettered_delivery_limit`` (a quorum queue's message returned more often than its
+``delivery_limit``). A nacked one is counted
 once, in ``dead_letters_nacked``, whatever its reason.
 
 At most ``MAX_PENDING`` dead messages are in flight; beyond that ``room()`` is 0 and the
@@ -62,7 +63,12 @@ __all__ = ["REASONS", "DeadLetters"]
 log = logging.getLogger("warren.queues")
 
 MAX_PENDING = 1000
-REASONS = ("expired", "rejected", "maxlen")  # what ``send`` takes, as x-death names it
+REASONS = (
+    "expired",
+    "rejected",
+    "maxlen",
+    "delivery_limit",
+)  # what ``send`` takes, as x-death names it
 
 
 class DeadLetters:

@@ -169,6 +169,7 @@ from warren.actors import (
 from warren.store.client import StoreClient
 from warren.store.errors import StoreError
 
+from ..engine.quorum_queue import QuorumQueue
 from ..engine.variable_queue import (
     MessageInfo,
     VariableQueue,
@@ -210,6 +211,7 @@ EXPIRY_CHECK_S = 0.25  # how often expired messages at the head are dropped
 FULL_COLLECTION_EVERY_S = 60.0  # the most often a queue runs a full garbage collection
 STORE_PING_S = 1.0  # how long a stopping queue waits for its stores' answer
 STORES = ("msg_store_persistent", "msg_store_transient")  # the node's stores, by name
+Engine = VariableQueue | QuorumQueue  # a classic queue's, a quorum queue's
 
 
 class _StoreClientOptions(TypedDict):
@@ -279,7 +281,7 @@ class QueueActor(ProcessActor):
         self.queue_options = dict(queue_options or {})
         self.sync_interval_s = sync_interval_ms / 1000
         self.consumer_check_s = consumer_check_s
-        self.queue: VariableQueue | None = None
+        self.queue: Engine | None = None
         self._confirms: dict[int, _Batch] = {}  # seq id -> its batch
         self._producers: ProducerLog | None = None
         self._accepted: dict[bytes, int] = {}  # producer -> highest sequence taken
@@ -332,37 +334,7 @@ class QueueActor(ProcessActor):
     # ------------------------------------------------------------------ lifecycle
 
     def on_start(self) -> None:
-        # the stores' refs and their monitors in one round trip to the node, answered
-        # while the queue opens when it knows where the stores live (see Starting)
-        monitoring = None
-        if self.stores is None:
-            persistent, transient = self._monitored(self.monitor_named(list(STORES)))
-        else:
-            monitoring = self.monitor_named_async(list(STORES))
-            persistent, transient = self.stores
-        clients: list[StoreClient] = []
-
-        def client_of(store: ActorRef, ref: bytes) -> StoreClient:
-            # registered with both stores in one round trip: each answer is taken at
-            # its first use, the persistent store's at once, the transient one's below
-            clients.append(StoreClient(store, ref, register_now=False, **STORE_CLIENT_OPTIONS))
-            return clients[-1]
-
-        self.queue = VariableQueue(
-            self.directory,
-            durable=self.definition.durable,
-            lazy=self.definition.lazy,
-            persistent_store=functools.partial(client_of, persistent),
-            transient_store=functools.partial(client_of, transient),
-            shared_store_clean=None,  # as the persistent store answers the registration
-            **self.queue_options,
-        )
-        for client in clients:
-            client.registered()  # a store that does not answer fails the start, as before
-        if monitoring is not None:
-            persistent, transient = self._monitored(monitoring.get())
-            self._check_registered(clients, (persistent, transient))
-        self._stores = [persistent.pin(), transient.pin()]
+        self.queue = self._open_engine()
         self._producers = ProducerLog(self.directory)
         if self._producers.existed:
             self._recovered_ids = self.queue.msg_ids_from(self._producers.low_water)
@@ -394,6 +366,41 @@ class QueueActor(ProcessActor):
         head = self.queue.peek()  # with an expiry, the messages it recovered may expire
         self._may_expire = head is not None and head.expiry_ms > 0
         self._arm_expiry_tick()
+
+    def _open_engine(self) -> Engine:
+        """The queue's engine, recovered, with ``_stores`` the actors it works with."""
+        # the stores' refs and their monitors in one round trip to the node, answered
+        # while the queue opens when it knows where the stores live (see Starting)
+        monitoring = None
+        if self.stores is None:
+            persistent, transient = self._monitored(self.monitor_named(list(STORES)))
+        else:
+            monitoring = self.monitor_named_async(list(STORES))
+            persistent, transient = self.stores
+        clients: list[StoreClient] = []
+
+        def client_of(store: ActorRef, ref: bytes) -> StoreClient:
+            # registered with both stores in one round trip: each answer is taken at
+            # its first use, the persistent store's at once, the transient one's below
+            clients.append(StoreClient(store, ref, register_now=False, **STORE_CLIENT_OPTIONS))
+            return clients[-1]
+
+        queue = VariableQueue(
+            self.directory,
+            durable=self.definition.durable,
+            lazy=self.definition.lazy,
+            persistent_store=functools.partial(client_of, persistent),
+            transient_store=functools.partial(client_of, transient),
+            shared_store_clean=None,  # as the persistent store answers the registration
+            **self.queue_options,
+        )
+        for client in clients:
+            client.registered()  # a store that does not answer fails the start, as before
+        if monitoring is not None:
+            persistent, transient = self._monitored(monitoring.get())
+            self._check_registered(clients, (persistent, transient))
+        self._stores = [persistent.pin(), transient.pin()]
+        return queue
 
     def _monitored(self, found: list[ActorRef | None]) -> tuple[ActorRef, ActorRef]:
         """Both stores as ``monitor_named`` found them; a start fails without either."""
@@ -459,7 +466,7 @@ class QueueActor(ProcessActor):
     # message, timer or ``on_stop`` (a failed start ends the process without them).
 
     @property
-    def _engine(self) -> VariableQueue:
+    def _engine(self) -> Engine:
         assert self.queue is not None, "on_start sets the queue engine"
         return self.queue
 
@@ -524,7 +531,7 @@ class QueueActor(ProcessActor):
         if self._deleted:
             raise QueueClosed(f"queue {self.queue_name} was deleted")
         try:
-            answer = handler(self, message)
+            answer = getattr(self, handler)(message)
         except StoreError:
             self._stop_without_a_clean_close()
             raise
@@ -708,7 +715,13 @@ class QueueActor(ProcessActor):
             if message.action == "ack":
                 self.counters["acknowledged"] += len(tags)
         held.difference_update(tags)
+        if message.action != "ack":
+            self._returned()
         return foreign
+
+    def _returned(self) -> None:
+        """After deliveries went back to the queue: a classic queue has nothing to do (a
+        quorum queue's may have passed their delivery limit)."""
 
     def _rejected_payload(self, tag: int) -> bytes:
         payload = self._engine.pending_payload(tag)
@@ -728,6 +741,7 @@ class QueueActor(ProcessActor):
         if held:
             self._engine.requeue(sorted(held))
             self.counters["released"] += len(held)
+            self._returned()
             self._serve_parked()  # also when a timer found its process ended
         if self._subscribers.pop(message.consumer, 0):
             self._maybe_auto_delete()
@@ -871,16 +885,17 @@ class QueueActor(ProcessActor):
         self._no_clean_stop = True
         self.stop()
 
-    _handlers: ClassVar[dict[type, Callable[[QueueActor, Any], Any]]] = {
-        Publish: _publish,
-        Fetch: _fetch,
-        Settle: _settle,
-        Release: _release,
-        Subscribe: _subscribe,
-        Purge: _purge,
-        QueueStats: _stats,
-        DeleteQueue: _delete,
-        Down: _down,
+    # each message's handler, by name: a subclass's override handles it there
+    _handlers: ClassVar[dict[type, str]] = {
+        Publish: "_publish",
+        Fetch: "_fetch",
+        Settle: "_settle",
+        Release: "_release",
+        Subscribe: "_subscribe",
+        Purge: "_purge",
+        QueueStats: "_stats",
+        DeleteQueue: "_delete",
+        Down: "_down",
     }
 
     # ------------------------------------------------------------------ long polls

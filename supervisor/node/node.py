@@ -11,6 +11,8 @@ boots the tree of the design, with the children that exist so far::
     │   └── msg_store_gc
     ├── msg_store_persistent      <data_dir>/msg_store_persistent
     ├── msg_store_transient       <data_dir>/msg_store_transient, emptied at every start
+    ├── wal                       quorum queues' write-ahead log, <data_dir>/quorum/wal
+    │                             (``warren.queues.broker.wal_actor``)
     ├── queue_sup (one_for_one)   one child per declared queue or stream
     ├── app_sup (one_for_one)     the application's own children, ``Node(children=...)``
     └── listener                  with ``listen="tcp://127.0.0.1:5673"``: remote clients
@@ -101,7 +103,7 @@ from typing import Any
 
 import zmq
 
-from warren.actors import ActorError, ActorRef
+from warren.actors import ActorError, ActorRef, ProcessActor
 from warren.actors import Node as ActorNode
 from warren.actors.process import process_exists
 from warren.actors.runtime_dir import create_runtime_dir
@@ -129,7 +131,9 @@ from warren.queues.broker.listener import (
     with_free_port,
 )
 from warren.queues.broker.queue_actor import STORES, QueueActor
+from warren.queues.broker.quorum_actor import QuorumQueueActor
 from warren.queues.broker.stream_actor import StreamActor
+from warren.queues.broker.wal_actor import WAL_NAME, WalActor
 from warren.queues.client.connection import Connection
 from warren.queues.client.ipc_node import NODE_FILE, write_alarms
 from warren.queues.client.keys import NODE_PUBLIC_FILE
@@ -235,6 +239,11 @@ DATA_SUP = "data"
 REPLICATION_ALARM = "replication"  # a leader's ISR is short of min_insync nodes
 # What other processes may call on the node through its control socket (warren.connect).
 QUEUE_SUP_PREFIX = "queue_sup "  # each queue's own supervisor, under queue_sup
+QUEUE_ACTORS: dict[str, type[ProcessActor]] = {  # each type of queue's process
+    "classic": QueueActor,
+    "quorum": QuorumQueueActor,
+    "stream": StreamActor,
+}
 QUEUE_FLAGS = SupervisorFlags("one_for_one", intensity=3, period_s=60.0)
 QUEUE_PREFIX = "queue "  # a queue's actor name, and so its title: "warren: queue orders"
 # How the error of a change the disk refused ends: it did not happen; for a delete of a
@@ -532,6 +541,15 @@ class Node:
                         ),
                     ),
                     *stores,
+                    ChildSpec(
+                        WAL_NAME,
+                        WalActor,
+                        (self.data_dir,),
+                        shutdown_s=STORE_SHUTDOWN_S,
+                        start_timeout_s=STORE_START_TIMEOUT_S,
+                        heartbeat_interval_s=self._heartbeat_interval_s,
+                        heartbeat_timeout_s=self._heartbeat_timeout_s,
+                    ),
                     self._queue_sup_spec(),
                     SupervisorSpec("app_sup", SUB_FLAGS, children=tuple(children)),
                     *listener,
@@ -985,11 +1003,11 @@ class Node:
         exhausts that one (which, temporary, is not restarted), never queue_sup."""
         options: dict[str, Any] = {"data_dir": self.data_dir}
         stores = [self._actor_node.whereis(store) for store in STORES]
-        if not definition.is_stream and None not in stores:  # see QueueActor's Starting
+        if definition.type == "classic" and None not in stores:  # see QueueActor's Starting
             options["stores"] = tuple(store.unpin() for store in stores if store is not None)
         queue = ChildSpec(
             (STREAM_ACTOR_PREFIX if definition.is_stream else QUEUE_PREFIX) + definition.name,
-            StreamActor if definition.is_stream else QueueActor,
+            QUEUE_ACTORS[definition.type],
             (definition, queue_directory(self.data_dir, definition.name)),
             options,
             # a queue that deleted itself ends its process normally, for good

@@ -1,0 +1,167 @@
+"""``QuorumQueueActor``: one quorum queue as an OS process (``warren: queue <name>``), a
+``QueueActor`` whose engine is a ``QuorumQueue`` (``warren.queues.engine.quorum_queue``)
+logging through the node's WAL (``warren: wal``, ``warren.queues.broker.wal_actor``)
+instead of the message stores.
+
+It takes the messages a classic queue takes, with the same answers; what differs:
+
+- Starting: it monitors the WAL (not the stores), asks it for the entries it holds for
+  this queue that are not in its segments yet (``WalEntries``), and recovers from its
+  snapshot, its segments and those. A ``Down`` of the WAL stops it as a store's would;
+  the node's root restarts it after the WAL (rest_for_one).
+- Confirms: a sync hands the commands logged since the last to the WAL (``WalAppend``)
+  and waits for its group commit. A sync that fails (the WAL gone, its disk full) stops
+  the queue at once without a clean stop: the commands it had applied but not logged
+  were never confirmed, and a log must not go on past a gap.
+- Delivery limit: deliveries returned past the queue's ``delivery_limit`` are
+  dead-lettered with reason ``delivery_limit`` (or dropped without a dead-letter
+  exchange). Those the dead-letter exchange cannot take now stay out of the queue and are
+  tried again every ``EXPIRY_CHECK_S``. Both dead-letter strategies keep a message here
+  until the exchange's queues confirmed it (``at-most-once`` promises less than that).
+- Single active consumer: with ``single_active_consumer``, only the connection that
+  subscribed first among those consuming now gets deliveries (a ``Fetch`` of another
+  subscriber finds nothing, or is parked); when it stops or its process ends, the next
+  in the order they subscribed takes over, its parked fetches served at once. A
+  connection that only gets (``basic.get``, no subscription) is served as ever.
+- Deleting: the WAL is told to drop the queue's entries (``WalForget``), then its
+  directory goes.
+
+Races: a quorum queue restarted alone while its last entries are still in the WAL's file
+reads them back from the WAL, which writes what waits before it answers; one restarted
+with the WAL (the root's restart) finds them in its segments, as the WAL's start moved
+every file left into them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from warren.actors import ActorError, ActorRef
+
+from ..engine import ra_log
+from ..engine.quorum_queue import QuorumQueue
+from ..protocol import DeleteQueue, Fetch, Release, Subscribe
+from .queue_actor import EXPIRY_CHECK_S, Engine, QueueActor
+from .wal_actor import WAL_NAME, WalAppend, WalEntries, WalForget
+
+log = logging.getLogger("warren.queues")
+
+WAL_TIMEOUT_S = 60.0  # how long a sync waits for the WAL's group commit (a slow disk)
+
+
+class QuorumQueueActor(QueueActor):
+    """A quorum queue (the module docstring)."""
+
+    _wal: ActorRef | None = None
+    _owner = ""  # the queue's directory, relative to the node's data directory
+    _retry_armed = False
+
+    def _open_engine(self) -> Engine:
+        (wal,) = self.monitor_named([WAL_NAME])
+        if wal is None:
+            raise RuntimeError(f"queue {self.queue_name}: the node's WAL is not running")
+        if self.data_dir is None:
+            raise ValueError(f"quorum queue {self.queue_name}: it needs the node's data_dir")
+        self._wal = wal.pin()
+        self._stores = [self._wal]  # what a clean stop checks still answers
+        owner = os.path.relpath(self.directory, self.data_dir)
+        held = wal.ask(WalEntries(owner), timeout=WAL_TIMEOUT_S)
+
+        def append(records: list[bytes]) -> None:
+            wal.ask(WalAppend(owner, b"".join(records)), timeout=WAL_TIMEOUT_S)
+
+        self._owner = owner
+        return QuorumQueue(
+            self.directory,
+            append,
+            owner=owner.encode(),
+            wal_entries=[entry for _, entry in ra_log.unpack_records(held)],
+            delivery_limit=self.definition.delivery_limit,
+        )
+
+    @property
+    def _quorum(self) -> QuorumQueue:
+        queue = self._engine
+        assert isinstance(queue, QuorumQueue), "a quorum queue's engine"
+        return queue
+
+    def on_start(self) -> None:
+        super().on_start()
+        if not self._deleted:
+            self._returned()  # what it recovered past the limit
+
+    def _sync(self) -> None:
+        try:
+            super()._sync()
+        except (ActorError, OSError) as exc:
+            log.error(
+                "queue %s: the WAL did not take its log (%s); stopping to recover",
+                self.queue_name,
+                exc,
+            )
+            self._stop_without_a_clean_close()
+
+    # ------------------------------------------------------------------ delivery limit
+
+    def _returned(self) -> None:
+        queue = self._quorum
+        over = queue.take_over_limit()
+        if not over:
+            return
+        self.counters["delivery_limit_reached"] = self.counters.get(
+            "delivery_limit_reached", 0
+        ) + len(over)
+        if self._dead is None:
+            queue.ack(over)  # dropped, as RabbitMQ drops it without a dead-letter exchange
+            return
+        unsent = over
+        if self._dead.room() >= len(over):
+            payloads = [(tag, queue.pending_payload(tag) or b"") for tag in over]
+            unsent = self._dead.send(payloads, "delivery_limit")
+        if unsent:
+            queue.over_limit.extend(unsent)
+            if not self._retry_armed:
+                self._retry_armed = True
+                self.call_later(EXPIRY_CHECK_S, self._retry_over_limit)
+        self._arm_expiry_tick()  # the dead letters' confirms settle them here
+
+    def _retry_over_limit(self) -> None:
+        self._retry_armed = False
+        if not self._deleted:
+            self._returned()
+
+    # ------------------------------------------------------------------ single active consumer
+
+    def _active_consumer(self) -> bytes | None:
+        return next(iter(self._subscribers), None)
+
+    def _take(self, message: Fetch) -> list[Any]:
+        if (
+            self.definition.single_active_consumer
+            and message.consumer in self._subscribers
+            and message.consumer != self._active_consumer()
+        ):
+            return []  # waiting for its turn
+        return super()._take(message)
+
+    def _subscribe(self, message: Subscribe) -> None:
+        active = self._active_consumer()
+        super()._subscribe(message)
+        if self._active_consumer() != active:
+            self._serve_parked()  # the next in line takes over
+
+    def _release(self, message: Release) -> None:
+        active = self._active_consumer()
+        super()._release(message)
+        if self._active_consumer() != active:
+            self._serve_parked()
+
+    # ------------------------------------------------------------------ deleting
+
+    def _delete(self, message: DeleteQueue) -> int:
+        count = super()._delete(message)
+        if self._wal is not None:
+            self._wal.tell(WalForget(self._owner))
+        return count

@@ -1,0 +1,129 @@
+"""``WalActor``: the node's write-ahead log for every quorum queue, as an OS process
+(``warren: wal``), the only writer of the WAL files and of the queues' segment files
+(``warren.queues.engine.ra_log``).
+
+Supervised by the node's root after the stores and before ``queue_sup``: the root is
+rest_for_one, so a crash of the WAL restarts every queue after it, and each quorum queue
+recovers from its snapshot and log (what it handed the WAL and was not yet answered was
+never confirmed).
+
+Messages accepted, and what each gets back:
+
+    WalAppend(owner, records)   → None, once the records are fdatasync'd: ``records`` are
+                                  whole log records (``ra_log.pack_entry``) of the queue
+                                  whose directory, relative to the node's data directory,
+                                  is ``owner``. Appends that wait together share one
+                                  write and one fdatasync (a group commit, when the
+                                  mailbox is empty, or after ``max_pass_s`` of a pass)
+    WalEntries(owner)           → records: the queue's entries held in the WAL file
+                                  being written, not yet in its segments (a queue that
+                                  restarts alone reads its log from its segments, then
+                                  these)
+    WalForget(owner)            (tell) the queue was deleted: its entries are dropped
+    WalStats()                  → {"syncs", "bytes_written", "appends", "records_per_sync",
+                                  "files", "segment_writes"}
+
+A record batch that is not whole, correct records, or an owner that is not a queue's
+directory, raises ``UnhandledMessage`` before anything is written: one bad sender never
+corrupts the log every quorum queue shares.
+
+Rollover. Past ``WAL_MAX_BYTES`` the file is closed, every queue's entries in it go to
+that queue's segments (fdatasync'd), and only then is the file deleted. At its start the
+process does the same with every WAL file left, before it answers anything: a queue that
+starts after it finds its whole log in its segments.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from warren.actors import DeferredReply, ProcessActor, UnhandledMessage, message
+from warren.queues.engine import ra_log
+
+WAL_NAME = "wal"
+
+
+@message
+@dataclass(frozen=True)
+class WalAppend:
+    owner: str
+    records: bytes
+
+
+@message
+@dataclass(frozen=True)
+class WalEntries:
+    owner: str
+
+
+@message
+@dataclass(frozen=True)
+class WalForget:
+    owner: str
+
+
+@message
+@dataclass(frozen=True)
+class WalStats:
+    pass
+
+
+class WalActor(ProcessActor):
+    """The node's WAL (the module docstring); its files are ``ra_log.Wal``'s."""
+
+    def __init__(self, data_dir: str, max_bytes: int = ra_log.WAL_MAX_BYTES) -> None:
+        self.data_dir = data_dir
+        self.max_bytes = max_bytes
+        self._wal: ra_log.Wal | None = None
+        self._waiting: list[DeferredReply] = []  # the appends the next commit answers
+        self.counters = {"appends": 0}
+
+    def on_start(self) -> None:
+        self._wal = ra_log.Wal(self.data_dir, self.max_bytes)
+
+    def on_stop(self) -> None:
+        if self._wal is not None:
+            self._commit()
+            self._wal.close()
+
+    def on_receive(self, message: Any) -> Any:
+        wal = self._wal
+        assert wal is not None, "on_start opens the WAL"
+        try:
+            if isinstance(message, WalAppend):
+                wal.add(message.owner, message.records)
+                self._waiting.append(self.defer_reply())
+                self.counters["appends"] += 1
+                return None
+            if isinstance(message, WalEntries):
+                self._commit()  # what it asks for is durable before it is read back
+                return wal.entries(message.owner)
+            if isinstance(message, WalForget):
+                wal.forget(message.owner)
+                return None
+        except ValueError as exc:
+            raise UnhandledMessage(f"{type(message).__name__}: {exc}") from None
+        if isinstance(message, WalStats):
+            files = wal.files
+            return {
+                "syncs": files.syncs,
+                "bytes_written": files.bytes_written,
+                "files": len(files.files()),
+                "records_per_sync": wal.records_synced / max(1, files.syncs),
+                "segment_writes": wal.segment_writes,
+                **self.counters,
+            }
+        raise UnhandledMessage(f"the WAL does not handle {type(message).__name__}")
+
+    def on_idle(self) -> None:
+        self._commit()
+
+    def _commit(self) -> None:
+        """One write and one fdatasync for every append waiting, then their answers."""
+        if self._wal is None or not self._waiting:
+            return
+        waiting, self._waiting = self._waiting, []
+        self._wal.commit()
+        for reply in waiting:
+            reply.send(None)

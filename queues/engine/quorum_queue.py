@@ -1,0 +1,542 @@
+"""``QuorumQueue``: a quorum queue's state machine (rabbit_fifo's semantics) over its
+Raft-shaped log (``warren.queues.engine.ra_log``): the engine a quorum queue's process
+wraps, with the calls a classic queue's engine (``VariableQueue``) answers, so that the
+queue process's consumers, long polls, TTL, max-length and dead-lettering serve both.
+
+Commands. Each change is an entry of the log, under the next index, applied to the
+state as it is made and replayed the same way at a start:
+
+    E expiry_ms u64 | id length u16 | msg_id | payload     enqueue (its index is its tag)
+    D index...                                              delivered (checked out)
+    R delivered u8 | index...                               returned to the queue
+    S index...                                              settled (acked, or dropped)
+    P                                                       purge: every waiting message
+
+A message's ``delivery_count`` counts its deliveries that ended without an ack: a return
+that was delivered (``requeue``), and a consumer gone, which includes the queue process
+itself ending with the message out (a start returns every message it finds out, one
+more each). Past ``delivery_limit`` a returned message is not queued again: it stays out,
+in ``over_limit``, for the queue process to dead-letter or drop (settling it then). The
+waiting messages are served in index order, so a returned one goes before newer ones.
+
+Confirms. The entries made since the last ``sync`` go to the node's WAL in one call
+(``append``: it returns once they are fdatasync'd, with every other quorum queue's that
+came meanwhile); ``sync`` then returns the enqueues among them. Every message's body is
+kept in RAM (rabbit_fifo before its v2 did the same); its entry in the log is what
+survives.
+
+Snapshots. After a sync, once ``snapshot_interval`` entries (Ra's
+``raft_log_snapshot_interval``, 4096) were applied since the last snapshot, or the log
+kept holds more than ``max_entries`` (``raft_log_max_entries``, 32768), the state is
+written (``ra_log.write_snapshot``): the index it covers, and each live message's index,
+delivery count and whether it is out. Messages' bodies stay in the log, so a snapshot
+releases the segments below the oldest live message (``needs_from``); the one before is
+kept as a fallback (a snapshot that fails its check is passed over), so the segments
+deleted are those below what both need.
+
+Recovery (the constructor): the snapshot (or the one before it), then the entries from
+what it needs on: below the snapshot's index only the bodies of its live messages are
+taken, above it every entry is applied; then the entries the WAL's process holds for the
+queue that are not in segments yet (``wal_entries``). A gap in the indexes, a record that
+fails its check in a segment, stops the replay there, logged and counted.
+
+Races this module guards against (one thread of control; a queue process owns it):
+- a crash between a command and its sync: the command was never confirmed; a settle
+  lost that way delivers the message again (at least once), never loses it;
+- a tag settled or returned twice, or never delivered: ``UnknownDeliveryTag`` before
+  anything changes.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import math
+import os
+import struct
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from warren.store import replicated_io
+
+from ..errors import MessageTooLarge, QueueClosed, UnknownDeliveryTag
+from ..message import MAX_MESSAGE_BYTES
+from . import ra_log
+from .msg_status import Fetched, MessageInfo
+
+log = logging.getLogger(__name__)
+
+SNAPSHOT_INTERVAL = 4096  # Ra's raft_log_snapshot_interval
+MAX_ENTRIES = 32768  # Ra's raft_log_max_entries
+PREVIOUS_SNAPSHOT = ra_log.SNAPSHOT_FILE + ".previous"
+ENQUEUE = struct.Struct(">QH")  # after the kind byte: expiry_ms, msg_id length
+INDEXES = "Q"
+
+Append = Callable[[list[bytes]], None]
+
+
+@dataclass(slots=True)
+class _Message:
+    payload: bytes
+    expiry_ms: int
+    msg_id: bytes
+    delivery_count: int = 0
+    out: bool = False
+
+
+def _indexes(data: bytes) -> list[int]:
+    return list(struct.unpack(f">{len(data) // 8}{INDEXES}", data))
+
+
+def _pack_indexes(indexes: list[int]) -> bytes:
+    return struct.pack(f">{len(indexes)}{INDEXES}", *indexes)
+
+
+class QuorumQueue:
+    """One quorum queue's state and log (the module docstring)."""
+
+    def __init__(
+        self,
+        directory: str,
+        append: Append,
+        *,
+        owner: bytes = b"",
+        term: int = 1,
+        wal_entries: Iterable[ra_log.Entry] = (),
+        delivery_limit: int | None = None,
+        snapshot_interval: int = SNAPSHOT_INTERVAL,
+        max_entries: int = MAX_ENTRIES,
+        max_message_bytes: int = MAX_MESSAGE_BYTES,
+    ) -> None:
+        self.directory = directory
+        self._append = append
+        self.term = term
+        self.delivery_limit = delivery_limit
+        self.snapshot_interval = snapshot_interval
+        self.max_entries = max_entries
+        self.max_message_bytes = max_message_bytes
+        self._owner = owner or directory.encode()  # how the WAL's records name the queue
+        self._messages: dict[int, _Message] = {}
+        # a heap of the waiting messages' indexes, and some that are not any more (out,
+        # or gone): those are passed over when met at the top (``_head``)
+        self._ready: list[int] = []
+        self._out_count = 0
+        self._bytes = 0
+        self._unsent: list[bytes] = []
+        self._unsent_enqueues: list[int] = []
+        self.over_limit: list[int] = []
+        self.counters: dict[str, int] = {
+            "log_entries_replayed": 0,
+            "log_replay_stopped": 0,
+            "snapshots_written": 0,
+            "segments_deleted": 0,
+            "wal_appends": 0,
+        }
+        self._commit_latency_s = 0.0
+        self._closed = False
+        os.makedirs(directory, exist_ok=True)
+        self.next_seq_id = 1
+        self.snapshot_index = 0
+        self._snapshot_needs_from = 1  # what the snapshot on disk needs of the log
+        self._previous_needs_from = 1  # and the one before it
+        self._recover(list(wal_entries))
+        self.last_written = self.next_seq_id - 1
+        self._applied_at_snapshot = self.snapshot_index
+
+    # ------------------------------------------------------------------ recovery
+
+    def _recover(self, wal_entries: list[ra_log.Entry]) -> None:
+        snapshot, previous = self._snapshots()
+        live: dict[int, tuple[int, bool]] = {}
+        start = 1
+        if snapshot is not None:
+            self.snapshot_index = snapshot["index"]
+            live = {index: (count, bool(out)) for index, count, out in snapshot["messages"]}
+            start = snapshot["needs_from"]
+            self._snapshot_needs_from = start
+            self._previous_needs_from = previous["needs_from"] if previous else start
+        self.next_seq_id = self.snapshot_index + 1
+        expected = start
+        segments = ra_log.read_segments(self.directory, start)
+        replayed = 0
+        for source in (segments, iter(wal_entries)):
+            for entry in source:
+                if entry.index < expected:
+                    continue  # the WAL's copy of what a segment holds already
+                if entry.index != expected:
+                    self.counters["log_replay_stopped"] += 1
+                    log.error(
+                        "%s: the log jumps from index %d to %d; replay stops there",
+                        self.directory,
+                        expected - 1,
+                        entry.index,
+                    )
+                    break
+                expected += 1
+                if entry.index <= self.snapshot_index:
+                    if entry.index in live and entry.command[:1] == b"E":
+                        count, out = live[entry.index]
+                        message = self._enqueued(entry.index, entry.command)
+                        message.delivery_count = count
+                        self._mark_out(entry.index, out)
+                    continue
+                self._apply(entry.index, entry.command)
+                self.next_seq_id = entry.index + 1
+                replayed += 1
+        self.counters["log_entries_replayed"] = replayed
+        if snapshot is not None and expected <= self.snapshot_index:
+            self.counters["log_replay_stopped"] += 1
+            log.error(
+                "%s: the log ends at %d, below its snapshot's index %d",
+                self.directory,
+                expected - 1,
+                self.snapshot_index,
+            )
+        gone = sorted(index for index, m in self._messages.items() if m.out)
+        if gone:  # their consumers went with the process that delivered them
+            self._return(gone, delivered=True)
+
+    def _snapshots(self) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+        """The snapshot to start from, and the one before it (either may be None)."""
+        found = []
+        for name in (ra_log.SNAPSHOT_FILE, PREVIOUS_SNAPSHOT):
+            try:
+                found.append(ra_log.read_snapshot(os.path.join(self.directory, name)))
+            except ValueError as exc:
+                self.counters["snapshots_refused"] = self.counters.get("snapshots_refused", 0) + 1
+                log.error("%s; the snapshot before it is used", exc)
+                found.append(None)
+        snapshot, previous = found
+        if snapshot is None:
+            return previous, None
+        return snapshot, previous
+
+    def _apply(self, index: int, command: bytes) -> None:
+        kind, rest = command[:1], command[1:]
+        if kind == b"E":
+            self._enqueued(index, command)
+        elif kind == b"D":
+            for tag in _indexes(rest):
+                message = self._messages.get(tag)
+                if message is None:
+                    continue
+                if message.out:  # delivered again after a restart returned it
+                    message.delivery_count += 1
+                else:
+                    self._mark_out(tag, True)
+        elif kind == b"R":
+            tags = [t for t in _indexes(rest[1:]) if t in self._messages]
+            self._return(tags, delivered=bool(rest[0]))
+        elif kind == b"S":
+            self._forget([t for t in _indexes(rest) if t in self._messages])
+        elif kind == b"P":
+            self._forget(self._waiting())
+        else:
+            raise ValueError(f"{self.directory}: entry {index} holds an unknown command {kind!r}")
+
+    def _enqueued(self, index: int, command: bytes) -> _Message:
+        expiry_ms, id_length = ENQUEUE.unpack_from(command, 1)
+        body_at = 1 + ENQUEUE.size + id_length
+        message = _Message(command[body_at:], expiry_ms, command[1 + ENQUEUE.size : body_at])
+        self._messages[index] = message
+        self._bytes += len(message.payload)
+        heapq.heappush(self._ready, index)
+        return message
+
+    def _mark_out(self, index: int, out: bool) -> None:
+        message = self._messages[index]
+        if out and not message.out:
+            self._out_count += 1
+        elif not out and message.out:
+            self._out_count -= 1
+        message.out = out
+
+    def _return(self, tags: list[int], delivered: bool) -> None:
+        for tag in tags:
+            message = self._messages[tag]
+            message.delivery_count += delivered
+            if self.delivery_limit is not None and message.delivery_count > self.delivery_limit:
+                self._mark_out(tag, True)  # the queue process dead-letters or drops it
+                if tag not in self.over_limit:
+                    self.over_limit.append(tag)
+                continue
+            if message.out:
+                self._mark_out(tag, False)
+                heapq.heappush(self._ready, tag)
+
+    def _forget(self, tags: list[int]) -> None:
+        """Drop the messages (their entries in the heap are passed over when met)."""
+        for tag in tags:
+            message = self._messages.pop(tag)
+            self._bytes -= len(message.payload)
+            if message.out:
+                self._out_count -= 1
+
+    def _waiting(self) -> list[int]:
+        return sorted(index for index, m in self._messages.items() if not m.out)
+
+    def _head(self) -> int | None:
+        """The oldest waiting message's index, the heap's stale top entries dropped."""
+        ready, messages = self._ready, self._messages
+        while ready:
+            message = messages.get(ready[0])
+            if message is not None and not message.out:
+                return ready[0]
+            heapq.heappop(ready)
+        return None
+
+    # ------------------------------------------------------------------ commands
+
+    def _log(self, command: bytes) -> int:
+        index = self.next_seq_id
+        self.next_seq_id += 1
+        self._unsent.append(ra_log.pack_entry(index, self.term, command, self._owner))
+        return index
+
+    def publish_many(
+        self,
+        payloads: list[bytes],
+        *,
+        persistent: bool = True,
+        expiry_ms: int | None = None,
+        msg_ids: list[bytes] | None = None,
+        sync_follows: bool = False,
+    ) -> range:
+        """Enqueue a batch (every message of a quorum queue is persistent); their indexes.
+        A message over the maximum size refuses the whole batch before anything changes."""
+        self._check_open()
+        sizes = [len(payload) for payload in payloads]
+        if sizes and max(sizes) > self.max_message_bytes:
+            raise MessageTooLarge(
+                f"a message of the batch encodes to {max(sizes)} bytes, above this queue's "
+                f"maximum of {self.max_message_bytes}; nothing was published"
+            )
+        if msg_ids is not None and len(msg_ids) != len(payloads):
+            raise ValueError(f"{len(msg_ids)} msg_ids for {len(payloads)} messages")
+        first = self.next_seq_id
+        expiry = expiry_ms or 0
+        for number, payload in enumerate(payloads):
+            msg_id = msg_ids[number] if msg_ids is not None else b""
+            command = b"E" + ENQUEUE.pack(expiry, len(msg_id)) + msg_id + payload
+            index = self._log(command)
+            self._messages[index] = _Message(payload, expiry, msg_id)
+            self._bytes += len(payload)
+            heapq.heappush(self._ready, index)
+            self._unsent_enqueues.append(index)
+        return range(first, self.next_seq_id)
+
+    def sync(self, wait: bool = True) -> list[int]:
+        """Hand what was logged since the last call to the WAL (it returns once that is
+        fdatasync'd); the enqueues that became confirmed, each once. A snapshot follows
+        when one is due."""
+        self._check_open()
+        if not self._unsent:
+            return []
+        records, self._unsent = self._unsent, []
+        confirmed, self._unsent_enqueues = self._unsent_enqueues, []
+        began = time.monotonic()
+        self._append(records)
+        self._commit_latency_s = time.monotonic() - began
+        self.counters["wal_appends"] += 1
+        self.last_written = self.next_seq_id - 1
+        if self._snapshot_due():
+            self.snapshot()
+        return confirmed
+
+    def needs_sync(self) -> bool:
+        return bool(self._unsent)
+
+    def _snapshot_due(self) -> bool:
+        applied = self.last_written - self._applied_at_snapshot
+        return applied >= min(self.snapshot_interval, self.max_entries)
+
+    def snapshot(self) -> None:
+        """Write the state at the last index written, and delete the segments neither this
+        snapshot nor the one before needs (call after a sync: nothing unsent)."""
+        assert not self._unsent, "a snapshot covers only what the WAL holds"
+        index = self.last_written
+        needs_from = min(self._messages, default=index + 1)
+        state = {
+            "index": index,
+            "term": self.term,
+            "needs_from": needs_from,
+            "messages": [[i, m.delivery_count, int(m.out)] for i, m in self._messages.items()],
+        }
+        current = os.path.join(self.directory, ra_log.SNAPSHOT_FILE)
+        if os.path.exists(current):  # the fallback, should the new one be damaged
+            replicated_io.rename(current, os.path.join(self.directory, PREVIOUS_SNAPSHOT))
+            self._previous_needs_from = self._snapshot_needs_from
+        ra_log.write_snapshot(current, state)
+        self.counters["snapshots_written"] += 1
+        self.snapshot_index = index
+        self._applied_at_snapshot = index
+        self._snapshot_needs_from = needs_from
+        self.counters["segments_deleted"] += ra_log.delete_segments_below(
+            self.directory, min(self._previous_needs_from, needs_from)
+        )
+
+    # ------------------------------------------------------------------ fetching
+
+    def fetch_encoded(self, ack_required: bool = True, below: float = math.inf) -> Fetched | None:
+        """The oldest waiting message, still encoded; None when none waits below
+        ``below``. With ``ack_required`` it is out until ``ack`` or ``requeue``."""
+        self._check_open()
+        index = self._head()
+        if index is None or index >= below:
+            return None
+        heapq.heappop(self._ready)
+        message = self._messages[index]
+        if ack_required:
+            self._mark_out(index, True)
+            self._log(b"D" + _pack_indexes([index]))
+        else:
+            self._log(b"S" + _pack_indexes([index]))
+            self._forget([index])
+        return Fetched(index, message.payload, message.delivery_count, message.msg_id)
+
+    def peek(self) -> MessageInfo | None:
+        self._check_open()
+        index = self._head()
+        if index is None:
+            return None
+        message = self._messages[index]
+        return MessageInfo(index, message.expiry_ms, len(message.payload), True)
+
+    def _take_out(self, seq_ids: Iterable[int]) -> list[int]:
+        self._check_open()
+        tags = list(seq_ids)
+        if len(set(tags)) != len(tags):
+            raise UnknownDeliveryTag(f"seq ids repeated in one call: {tags}")
+        for tag in tags:
+            message = self._messages.get(tag)
+            if message is None or not message.out:
+                raise UnknownDeliveryTag(
+                    f"seq id {tag!r} awaits no ack: never fetched, or already acked or requeued"
+                )
+        return tags
+
+    def ack(self, seq_ids: Iterable[int]) -> None:
+        """Settle delivered messages for good."""
+        tags = self._take_out(seq_ids)
+        if not tags:
+            return
+        self._log(b"S" + _pack_indexes(tags))
+        for tag in tags:
+            if tag in self.over_limit:
+                self.over_limit.remove(tag)
+        self._forget(tags)
+
+    def requeue(self, seq_ids: Iterable[int], *, delivered: bool = True) -> None:
+        """Return delivered messages, in index order before newer ones; with ``delivered``
+        their delivery counts go up by one, and those past the delivery limit go to
+        ``over_limit`` instead."""
+        tags = sorted(self._take_out(seq_ids))
+        if not tags:
+            return
+        self._log(b"R" + bytes([delivered]) + _pack_indexes(tags))
+        self._return(tags, delivered)
+
+    def take_over_limit(self) -> list[int]:
+        """The messages past the delivery limit, out until settled (the caller's to
+        dead-letter or ack)."""
+        taken, self.over_limit = self.over_limit, []
+        return taken
+
+    def pending_payload(self, seq_id: int) -> bytes | None:
+        message = self._messages.get(seq_id)
+        if message is None or not message.out:
+            raise UnknownDeliveryTag(f"seq id {seq_id!r} awaits no ack")
+        return message.payload
+
+    def delivery_count(self, seq_id: int) -> int:
+        return self._messages[seq_id].delivery_count
+
+    def drop_while(self, predicate: Callable[[MessageInfo], bool]) -> MessageInfo | None:
+        """Drop waiting messages from the head while ``predicate`` holds; the first it
+        refused, or None when none waits."""
+        dropped: list[int] = []
+        while (info := self.peek()) is not None and predicate(info):
+            heapq.heappop(self._ready)
+            dropped.append(info.seq_id)
+        if dropped:
+            self._log(b"S" + _pack_indexes(dropped))
+            self._forget(dropped)
+        return self.peek()
+
+    def purge(self) -> int:
+        self._check_open()
+        waiting = self._waiting()
+        if waiting:
+            self._log(b"P")
+            self._forget(waiting)
+        return len(waiting)
+
+    def msg_ids_from(self, seq_id: int) -> set[bytes]:
+        return {m.msg_id for i, m in self._messages.items() if i >= seq_id and m.msg_id}
+
+    # ------------------------------------------------------------------ figures
+
+    def __len__(self) -> int:
+        return len(self._messages) - self._out_count
+
+    @property
+    def depth(self) -> int:
+        return len(self._messages)
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "len": len(self),
+            "depth": len(self._messages),
+            "ram_bytes": self._bytes,
+            "unconfirmed": len(self._unsent_enqueues),
+            "persistent": len(self._messages),
+            "mode": "quorum",
+            "rates": {},
+            "last_index": self.next_seq_id - 1,
+            "last_written_index": self.last_written,
+            "last_applied_index": self.next_seq_id - 1,
+            "snapshot_index": self.snapshot_index,
+            "commit_latency_s": self._commit_latency_s,
+            "delivery_limit": self.delivery_limit,
+        }
+
+    def set_ram_duration_target(self, seconds: float) -> None:
+        """Kept for the queue process's alarm handling: a quorum queue keeps its bodies in
+        RAM whatever the target (docs/quorum-queues.md)."""
+
+    def update_rates(self) -> None:
+        """A quorum queue keeps no ingress or egress rates."""
+
+    def resume_rates(self) -> None:
+        """A quorum queue keeps no ingress or egress rates."""
+
+    def rates_at_rest(self) -> bool:
+        return True
+
+    # ------------------------------------------------------------------ ending
+
+    def terminate(self) -> None:
+        """Clean stop (after a sync): a snapshot, so the next start replays little."""
+        if self._closed:
+            return
+        if not self._unsent and self.last_written > self.snapshot_index:
+            self.snapshot()
+        self._closed = True
+
+    def delete(self) -> None:
+        """Delete the queue: its log, its snapshots, its directory."""
+        self._check_open()
+        self._closed = True
+        replicated_io.remove_tree(self.directory, ignore_errors=True)
+
+    def abandon(self) -> None:
+        self._closed = True
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise QueueClosed(f"queue {self.directory!r} is closed")
+
+    def __repr__(self) -> str:
+        return f"QuorumQueue({self.directory!r}, len={len(self)}, depth={self.depth})"

@@ -1,0 +1,430 @@
+"""The files of quorum queues' log (seed 002 A4.3, Ra's log): one write-ahead log for the
+whole node, a queue's segment files, and its snapshot.
+
+Entries. Every command of a quorum queue is an entry of its log: an ``index`` (1, 2, ...
+per queue), a ``term`` (the cluster's epoch; 1 on a lone node) and a command
+(``warren.queues.engine.quorum_queue``). On disk an entry is a record::
+
+    crc32 u32 | length u32 | index u64 | term u64 | owner length u16 | owner | command
+
+big-endian; ``length`` counts what follows the first eight bytes, and the CRC covers the
+same bytes. ``owner`` is the queue's directory in the WAL, empty in a queue's own files.
+
+WAL (``WalFiles``). ``<quorum dir>/wal/<n:08d>.wal``: the one process that writes it
+(``warren: wal``) appends the records every quorum queue hands it, fdatasyncs once for all
+of them (group commit), and only then answers: an entry is durable once in the WAL. A
+file past ``WAL_MAX_BYTES`` is closed and a new one begun; the closed one's entries are
+written to the segment files of their queues (``write_segment_entries``), which are
+fdatasync'd before the WAL file is deleted. At its start the process reads every WAL
+file left (``read_wal``) into segments the same way before any quorum queue starts.
+
+Segments. ``<queue dir>/log/<first index:020d>.segment``, at most ``SEGMENT_ENTRIES``
+records each, in index order, written only by the WAL's process. A queue reads them
+(``read_segments``) when it starts, and deletes the files wholly below what it still
+needs once a snapshot covers them (``delete_segments_below``; never the newest, which the
+WAL's process may be appending to).
+
+Snapshot (``write_snapshot``, ``read_snapshot``). ``<queue dir>/snapshot``: the queue's
+state at an index, as JSON under a CRC, written to a temporary file, fdatasync'd and
+renamed over the last: a torn one is never read, an older one stays whole until then.
+
+Races guarded against:
+- a crash in the middle of a record (a torn tail) or a flipped bit: reading stops at the
+  first record whose length or CRC does not hold; what follows was never confirmed in
+  the WAL (a group commit confirms only what its fdatasync covered), and a segment's
+  torn tail is written again from the WAL, which is deleted only after the segments'
+  fdatasync;
+- a crash while a closed WAL file's entries go to segments: the file is still there at
+  the next start and written again; entries a segment has already (an index not above
+  its last) are skipped;
+- a queue deleted while its entries are in the WAL: a queue directory that is gone is
+  not made again (its entries are dropped).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import struct
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from isal.isal_zlib import crc32
+
+from warren.store import replicated_io
+
+log = logging.getLogger(__name__)
+
+HEADER = struct.Struct(">IIQQH")  # crc, length, index, term, owner length
+WAL_MAX_BYTES = 64 * 1024 * 1024  # a WAL file is closed past this (Ra's wal_max_size_bytes)
+SEGMENT_ENTRIES = 4096  # records per segment file (Ra's segment_max_entries)
+QUORUM_DIRECTORY = "quorum"  # in the node's data directory: the WAL's files under it
+WAL_DIRECTORY = "wal"
+OWNER = re.compile(r"queues/[A-Za-z0-9_.~-]+")  # a queue's directory (``definitions``)
+LOG_DIRECTORY = "log"
+SNAPSHOT_FILE = "snapshot"
+SNAPSHOT_CRC = struct.Struct(">I")
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    index: int
+    term: int
+    command: bytes
+
+
+def pack_entry(index: int, term: int, command: bytes, owner: bytes = b"") -> bytes:
+    """One record (the module docstring's layout)."""
+    body = HEADER.pack(0, 0, index, term, len(owner))[8:] + owner + command
+    return struct.pack(">II", crc32(body), len(body)) + body
+
+
+def unpack_records(data: bytes | memoryview) -> Iterator[tuple[bytes, Entry]]:
+    """(owner, entry) of each whole record of ``data``, in order, up to the first torn or
+    corrupt one."""
+    view, offset, end = memoryview(data), 0, len(data)
+    while offset + HEADER.size <= end:
+        crc, length, index, term, owner_length = HEADER.unpack_from(view, offset)
+        body_end = offset + 8 + length
+        if length < HEADER.size - 8 + owner_length or body_end > end:
+            return
+        if crc32(view[offset + 8 : body_end]) != crc:
+            return
+        owner_end = offset + HEADER.size + owner_length
+        yield (
+            bytes(view[offset + HEADER.size : owner_end]),
+            Entry(index, term, bytes(view[owner_end:body_end])),
+        )
+        offset = body_end
+
+
+def valid_length(data: bytes) -> int:
+    """How many leading bytes of ``data`` are whole, correct records."""
+    view, offset, end = memoryview(data), 0, len(data)
+    while offset + HEADER.size <= end:
+        crc, length, _, _, owner_length = HEADER.unpack_from(view, offset)
+        body_end = offset + 8 + length
+        if length < HEADER.size - 8 + owner_length or body_end > end:
+            break
+        if crc32(view[offset + 8 : body_end]) != crc:
+            break
+        offset = body_end
+    return offset
+
+
+def _fsync_directory(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        replicated_io.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# ---------------------------------------------------------------------- the WAL
+
+
+class WalFiles:
+    """The node's WAL files in ``directory``: the one being written and those before it."""
+
+    def __init__(self, directory: str, max_bytes: int = WAL_MAX_BYTES) -> None:
+        self.directory = directory
+        self.max_bytes = max_bytes
+        os.makedirs(directory, exist_ok=True)
+        self.left = self.files()  # what an earlier run left, oldest first
+        number = int(os.path.basename(self.left[-1])[:8]) + 1 if self.left else 1
+        self._fd = -1
+        self.size = 0
+        self._open(number)
+        self.syncs = 0
+        self.bytes_written = 0
+
+    def files(self) -> list[str]:
+        return sorted(
+            os.path.join(self.directory, name)
+            for name in os.listdir(self.directory)
+            if name.endswith(".wal") and name[:8].isdigit()
+        )
+
+    def _open(self, number: int) -> None:
+        self.path = os.path.join(self.directory, f"{number:08d}.wal")
+        self._fd = replicated_io.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self.size = 0
+        _fsync_directory(self.directory)
+
+    def append(self, records: list[bytes]) -> None:
+        written = replicated_io.write(self._fd, b"".join(records))
+        self.size += written
+        self.bytes_written += written
+
+    def sync(self) -> None:
+        replicated_io.fdatasync(self._fd)
+        self.syncs += 1
+
+    @property
+    def full(self) -> bool:
+        return self.size >= self.max_bytes
+
+    def roll(self) -> str:
+        """Close the file being written (synced) and begin the next; the closed one's path."""
+        closed = self.path
+        replicated_io.fdatasync(self._fd)
+        os.close(self._fd)
+        self._open(int(os.path.basename(closed)[:8]) + 1)
+        return closed
+
+    def remove(self, path: str) -> None:
+        replicated_io.unlink(path)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+class Wal:
+    """The node's WAL as its process runs it: the files, each queue's records in the file
+    being written (its memtable), and the move of a closed file's entries to segments.
+    ``owner`` is a queue's directory relative to ``data_dir``."""
+
+    def __init__(
+        self,
+        data_dir: str,
+        max_bytes: int = WAL_MAX_BYTES,
+        segment_entries: int = SEGMENT_ENTRIES,
+    ) -> None:
+        self.data_dir = data_dir
+        self.files = WalFiles(os.path.join(data_dir, QUORUM_DIRECTORY, WAL_DIRECTORY), max_bytes)
+        self.segments = SegmentWriter(segment_entries)
+        self._memtables: dict[str, list[bytes]] = {}
+        self._unwritten: list[bytes] = []
+        self.records_synced = 0
+        self.segment_writes = 0
+        for path in self.files.left:  # what a run before left: into segments first
+            for owner, entries in read_wal(path).items():
+                self._to_segments(owner, entries)
+            self.files.remove(path)
+
+    def add(self, owner: str, records: bytes) -> None:
+        """Take a queue's records for the next ``commit``; ``ValueError`` (nothing taken)
+        for an owner that is not a queue's directory or bytes that are not whole, correct
+        records."""
+        check_owner(owner)
+        if valid_length(records) != len(records):
+            raise ValueError(f"records of {owner}: not whole, correct records; none taken")
+        self._unwritten.append(records)
+        self._memtables.setdefault(owner, []).append(records)
+
+    def commit(self) -> int:
+        """Write what ``add`` took, fdatasync once; then, when the file is full, move its
+        entries to their queues' segments and delete it. How many batches it covered."""
+        unwritten, self._unwritten = self._unwritten, []
+        if not unwritten:
+            return 0
+        self.files.append(unwritten)
+        self.files.sync()
+        self.records_synced += len(unwritten)
+        if self.files.full:
+            closed = self.files.roll()
+            memtables, self._memtables = self._memtables, {}
+            for owner, blobs in memtables.items():
+                self._to_segments(
+                    owner, [entry for blob in blobs for _, entry in unpack_records(blob)]
+                )
+            self.files.remove(closed)
+        return len(unwritten)
+
+    def entries(self, owner: str) -> bytes:
+        """The queue's records in the file being written (call after a commit)."""
+        check_owner(owner)
+        return b"".join(self._memtables.get(owner, ()))
+
+    def forget(self, owner: str) -> None:
+        """The queue was deleted: its records here are dropped."""
+        check_owner(owner)
+        self._memtables.pop(owner, None)
+        self.segments.forget(os.path.join(self.data_dir, owner))
+
+    def _to_segments(self, owner: str, entries: list[Entry]) -> None:
+        try:
+            check_owner(owner)
+        except ValueError as exc:
+            log.error("WAL: %s; its entries are dropped", exc)
+            return
+        self.segment_writes += 1
+        self.segments.write(os.path.join(self.data_dir, owner), entries)
+
+    def close(self) -> None:
+        self.files.close()
+
+
+def check_owner(owner: str) -> None:
+    """``ValueError`` unless ``owner`` names a queue's directory (``queues/<one name>``)."""
+    if OWNER.fullmatch(owner) is None or owner.endswith(("/.", "/..")):
+        raise ValueError(f"{owner!r} is not a queue's directory")
+
+
+def read_wal(path: str) -> dict[str, list[Entry]]:
+    """Each queue's entries in a WAL file (by queue directory), in the order written."""
+    with open(path, "rb") as file:
+        data = file.read()
+    entries: dict[str, list[Entry]] = {}
+    for owner, entry in unpack_records(data):
+        entries.setdefault(owner.decode(), []).append(entry)
+    return entries
+
+
+# ---------------------------------------------------------------------- segments
+
+
+def segment_files(queue_directory: str) -> list[tuple[int, str]]:
+    """(first index, path) of each segment file of a queue, in index order."""
+    directory = os.path.join(queue_directory, LOG_DIRECTORY)
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return []
+    return sorted(
+        (int(name[:20]), os.path.join(directory, name))
+        for name in names
+        if name.endswith(".segment") and name[:20].isdigit()
+    )
+
+
+class _SegmentTail(NamedTuple):
+    path: str
+    records: int  # records in it
+    size: int  # bytes of whole records
+    last_index: int
+
+
+def _tail_of(queue_directory: str) -> _SegmentTail | None:
+    """The newest segment of a queue as it is on disk (a torn tail not counted)."""
+    files = segment_files(queue_directory)
+    if not files:
+        return None
+    first, path = files[-1]
+    with open(path, "rb") as file:
+        data = file.read()
+    size = valid_length(data)
+    entries = [entry for _, entry in unpack_records(data[:size])]
+    last = entries[-1].index if entries else first - 1
+    return _SegmentTail(path, len(entries), size, last)
+
+
+class SegmentWriter:
+    """Writes queues' entries to their segment files (the WAL's process alone does),
+    remembering each queue's newest segment between calls."""
+
+    def __init__(self, max_entries: int = SEGMENT_ENTRIES) -> None:
+        self.max_entries = max_entries
+        self._tails: dict[str, _SegmentTail | None] = {}
+
+    def last_index(self, queue_directory: str) -> int:
+        """The highest index a queue's segments hold (0: none)."""
+        if queue_directory not in self._tails:
+            self._tails[queue_directory] = _tail_of(queue_directory)
+        tail = self._tails[queue_directory]
+        return tail.last_index if tail is not None else 0
+
+    def forget(self, queue_directory: str) -> None:
+        self._tails.pop(queue_directory, None)
+
+    def write(self, queue_directory: str, entries: Iterable[Entry]) -> int:
+        """Append the entries above the segments' last index, fdatasync'd; how many went.
+        Nothing for a queue whose directory is gone (deleted meanwhile)."""
+        if not os.path.isdir(queue_directory):
+            self.forget(queue_directory)
+            return 0
+        last = self.last_index(queue_directory)
+        fresh = [entry for entry in entries if entry.index > last]
+        if not fresh:
+            return 0
+        log_directory = os.path.join(queue_directory, LOG_DIRECTORY)
+        os.makedirs(log_directory, exist_ok=True)
+        tail = self._tails[queue_directory]
+        written = 0
+        while written < len(fresh):
+            if tail is None or tail.records >= self.max_entries:
+                path = os.path.join(log_directory, f"{fresh[written].index:020d}.segment")
+                tail = _SegmentTail(path, 0, 0, fresh[written].index - 1)
+                fd = replicated_io.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                _fsync_directory(log_directory)
+            else:
+                fd = replicated_io.open(tail.path, os.O_WRONLY, 0o644)
+            try:
+                room = self.max_entries - tail.records
+                batch = fresh[written : written + room]
+                records = [pack_entry(e.index, e.term, e.command) for e in batch]
+                replicated_io.ftruncate(fd, tail.size)  # a torn tail goes
+                size = tail.size + replicated_io.pwrite(fd, b"".join(records), tail.size)
+                replicated_io.fdatasync(fd)
+            finally:
+                os.close(fd)
+            tail = _SegmentTail(tail.path, tail.records + len(batch), size, batch[-1].index)
+            written += len(batch)
+        self._tails[queue_directory] = tail
+        return written
+
+
+def read_segments(queue_directory: str, from_index: int = 1) -> Iterator[Entry]:
+    """A queue's entries from ``from_index`` on, in index order, as its segments hold them
+    (each file read up to its first torn or corrupt record)."""
+    files = segment_files(queue_directory)
+    for number, (_, path) in enumerate(files):
+        if number + 1 < len(files) and files[number + 1][0] <= from_index:
+            continue  # wholly below
+        with open(path, "rb") as file:
+            data = file.read()
+        for _, entry in unpack_records(data):
+            if entry.index >= from_index:
+                yield entry
+
+
+def delete_segments_below(queue_directory: str, index: int) -> int:
+    """Delete the segment files whose every entry is below ``index`` (never the newest);
+    how many went."""
+    files = segment_files(queue_directory)
+    deleted = 0
+    for (_, path), (next_first, _) in zip(files, files[1:], strict=False):
+        if next_first <= index:
+            replicated_io.unlink(path)
+            deleted += 1
+    return deleted
+
+
+# ---------------------------------------------------------------------- snapshots
+
+
+def write_snapshot(path: str, state: dict[str, Any]) -> None:
+    """Write ``state`` (JSON) as the snapshot at ``path``, durably, whole or not at all."""
+    body = json.dumps(state, separators=(",", ":")).encode()
+    temporary = path + ".tmp"
+    fd = replicated_io.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        replicated_io.write(fd, SNAPSHOT_CRC.pack(crc32(body)) + body)
+        replicated_io.fdatasync(fd)
+    finally:
+        os.close(fd)
+    replicated_io.rename(temporary, path)
+    _fsync_directory(os.path.dirname(path))
+
+
+def read_snapshot(path: str) -> dict[str, Any] | None:
+    """The snapshot at ``path``; None when there is none. ``ValueError`` for one that fails
+    its check (a snapshot is renamed into place whole: a bad one is damage, not a crash)."""
+    try:
+        with open(path, "rb") as file:
+            data = file.read()
+    except FileNotFoundError:
+        return None
+    if len(data) < SNAPSHOT_CRC.size:
+        raise ValueError(f"{path}: {len(data)} bytes, shorter than its CRC")
+    (crc,) = SNAPSHOT_CRC.unpack_from(data)
+    body = data[SNAPSHOT_CRC.size :]
+    if crc32(body) != crc:
+        raise ValueError(f"{path}: fails its CRC")
+    state: dict[str, Any] = json.loads(body)
+    return state

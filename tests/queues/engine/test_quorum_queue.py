@@ -1,0 +1,200 @@
+"""A quorum queue's engine over the node's WAL, in one process: what a crash at any point
+leaves, delivery counts through returns and restarts, the delivery limit, snapshots that
+release the log, and damaged files (a torn WAL tail, a flipped snapshot)."""
+
+import os
+
+import pytest
+
+from warren.queues.engine import ra_log
+from warren.queues.engine.quorum_queue import QuorumQueue
+from warren.queues.errors import UnknownDeliveryTag
+
+
+class Node:
+    """A data directory with its WAL, as the WAL's process runs it, and the quorum queues
+    opened on it; ``crash`` drops every object as a kill -9 would leave the files."""
+
+    def __init__(self, data_dir, **wal_options):
+        self.data_dir = str(data_dir)
+        self.wal_options = wal_options
+        self.wal = ra_log.Wal(self.data_dir, **wal_options)
+
+    def open(self, name, **options):
+        owner = f"queues/{name}"
+        directory = os.path.join(self.data_dir, owner)
+
+        def append(records):
+            self.wal.add(owner, b"".join(records))
+            self.wal.commit()
+
+        held = [entry for _, entry in ra_log.unpack_records(self.wal.entries(owner))]
+        return QuorumQueue(directory, append, owner=owner.encode(), wal_entries=held, **options)
+
+    def crash(self):
+        """The node's processes killed: the WAL's next start moves its files to segments."""
+        self.wal.close()
+        self.wal = ra_log.Wal(self.data_dir, **self.wal_options)
+
+
+def bodies(queue, ack=True):
+    out = []
+    while (fetched := queue.fetch_encoded(ack_required=ack)) is not None:
+        out.append(fetched.payload)
+    return out
+
+
+def test_a_sync_confirms_the_enqueues_and_a_crash_after_it_loses_none(tmp_path):
+    node = Node(tmp_path)
+    queue = node.open("orders")
+    tags = queue.publish_many([b"a", b"b", b"c"])
+    assert queue.sync() == list(tags)
+    queue.publish_many([b"never synced"])
+    queue.abandon()
+    node.crash()
+    again = node.open("orders")
+    assert bodies(again, ack=False) == [b"a", b"b", b"c"]
+
+
+def test_a_queue_restarted_alone_reads_what_only_the_wal_holds(tmp_path):
+    node = Node(tmp_path)
+    queue = node.open("orders")
+    queue.publish_many([b"%d" % n for n in range(10)])
+    queue.sync()
+    queue.abandon()  # the WAL's process lives on: nothing is in a segment yet
+    assert ra_log.segment_files(os.path.join(node.data_dir, "queues/orders")) == []
+    assert bodies(node.open("orders"), ack=False) == [b"%d" % n for n in range(10)]
+
+
+def test_delivery_counts_rise_with_returns_and_with_a_crash_that_left_them_out(tmp_path):
+    node = Node(tmp_path)
+    queue = node.open("orders")
+    queue.publish_many([b"poison", b"fine"])
+    first = queue.fetch_encoded()
+    queue.requeue([first.seq_id])
+    second = queue.fetch_encoded()
+    assert (second.seq_id, second.delivery_count) == (first.seq_id, 1)
+    queue.sync()
+    queue.abandon()
+    node.crash()
+    recovered = node.open("orders")
+    again = recovered.fetch_encoded()  # it was out when the queue died: one more
+    assert (again.payload, again.delivery_count) == (b"poison", 2)
+    recovered.sync()
+    recovered.abandon()
+    node.crash()
+    counts = {f.payload: f.delivery_count for f in iter(node.open("orders").fetch_encoded, None)}
+    assert counts == {b"poison": 3, b"fine": 0}  # never backwards across restarts
+
+
+def test_a_message_returned_past_its_delivery_limit_is_held_out_for_dead_lettering(tmp_path):
+    queue = Node(tmp_path).open("orders", delivery_limit=1)
+    (tag,) = queue.publish_many([b"poison"])
+    queue.publish_many([b"next"])
+    queue.requeue([queue.fetch_encoded().seq_id])
+    assert queue.take_over_limit() == []
+    queue.requeue([queue.fetch_encoded().seq_id])
+    assert queue.take_over_limit() == [tag]
+    assert queue.fetch_encoded().payload == b"next"  # the poison is not served again
+    assert queue.pending_payload(tag) == b"poison"
+    queue.ack([tag])  # what the queue process does once it is dead-lettered
+    assert queue.depth == 1
+
+
+def test_settling_a_tag_twice_or_one_never_delivered_changes_nothing(tmp_path):
+    queue = Node(tmp_path).open("orders")
+    queue.publish_many([b"a", b"b"])
+    fetched = queue.fetch_encoded()
+    queue.ack([fetched.seq_id])
+    for bad in ([fetched.seq_id], [2], [99]):
+        with pytest.raises(UnknownDeliveryTag):
+            queue.ack(bad)
+    assert len(queue) == 1
+
+
+def test_snapshots_release_the_log_below_the_oldest_live_message(tmp_path):
+    node = Node(tmp_path, max_bytes=4096, segment_entries=16)
+    queue = node.open("orders", snapshot_interval=64)
+    kept = queue.publish_many([b"kept"])
+    queue.sync()
+    for _ in range(20):
+        queue.publish_many([b"%d" % n for n in range(20)])
+        out = [fetched.seq_id for fetched in iter(queue.fetch_encoded, None)]
+        queue.ack([tag for tag in out if tag not in kept])
+        queue.requeue(kept, delivered=False)
+        queue.sync()
+    directory = os.path.join(node.data_dir, "queues/orders")
+    assert queue.counters["snapshots_written"] >= 5
+    segments = ra_log.segment_files(directory)
+    assert segments[0][0] <= kept[0]  # the live message pins its segment
+    queue.ack([queue.fetch_encoded().seq_id])
+    queue.publish_many([b"x"] * 100)
+    queue.sync()
+    queue.publish_many([b"y"] * 100)
+    queue.sync()
+    assert ra_log.segment_files(directory)[0][0] > kept[0]  # released once it went
+    queue.abandon()
+    node.crash()
+    assert bodies(node.open("orders"), ack=False) == [b"x"] * 100 + [b"y"] * 100
+
+
+def test_a_torn_wal_tail_loses_only_what_was_never_confirmed(tmp_path):
+    node = Node(tmp_path)
+    queue = node.open("orders")
+    queue.publish_many([b"confirmed %d" % n for n in range(5)])
+    queue.sync()
+    queue.abandon()
+    node.wal.close()
+    (path,) = node.wal.files.files()
+    with open(path, "ab") as wal:  # half a record, as a crash in the middle of a write
+        wal.write(ra_log.pack_entry(99, 1, b"Etorn", b"queues/orders")[:17])
+    node.wal = ra_log.Wal(node.data_dir)
+    assert bodies(node.open("orders"), ack=False) == [b"confirmed %d" % n for n in range(5)]
+
+
+def test_a_damaged_snapshot_is_passed_over_for_the_one_before(tmp_path):
+    node = Node(tmp_path, max_bytes=1024, segment_entries=8)
+    queue = node.open("orders", snapshot_interval=16)
+    for n in range(6):
+        queue.publish_many([b"%d-%d" % (n, i) for i in range(10)])
+        queue.sync()
+    assert queue.counters["snapshots_written"] >= 2
+    queue.abandon()
+    node.crash()
+    snapshot = os.path.join(node.data_dir, "queues/orders", ra_log.SNAPSHOT_FILE)
+    with open(snapshot, "r+b") as file:
+        file.seek(10)
+        byte = file.read(1)
+        file.seek(10)
+        file.write(bytes([byte[0] ^ 0x40]))
+    recovered = node.open("orders")
+    assert recovered.counters["snapshots_refused"] == 1
+    assert bodies(recovered, ack=False) == [b"%d-%d" % (n, i) for n in range(6) for i in range(10)]
+
+
+def test_purges_no_ack_fetches_and_expiries_replay_as_they_happened(tmp_path):
+    node = Node(tmp_path)
+    queue = node.open("orders")
+    queue.publish_many([b"purged 1", b"purged 2"])
+    queue.purge()
+    queue.publish_many([b"taken"])
+    assert queue.fetch_encoded(ack_required=False).payload == b"taken"
+    queue.publish_many([b"expired"], expiry_ms=1)
+    queue.publish_many([b"left"])
+    queue.drop_while(lambda info: 0 < info.expiry_ms)
+    queue.sync()
+    queue.abandon()
+    node.crash()
+    assert bodies(node.open("orders"), ack=False) == [b"left"]
+
+
+def test_the_wal_refuses_records_that_are_not_whole_or_not_a_queues(tmp_path):
+    wal = ra_log.Wal(str(tmp_path))
+    record = ra_log.pack_entry(1, 1, b"Ex", b"queues/orders")
+    for owner in ("queues/..", "../etc", "queues/a/b", "quorum/wal"):
+        with pytest.raises(ValueError, match="not a queue's directory"):
+            wal.add(owner, record)
+    for records in (record[:-1], record + b"\x00", record[:4] + b"\xff" + record[5:]):
+        with pytest.raises(ValueError, match="not whole"):
+            wal.add("queues/orders", records)
+    assert wal.commit() == 0
