@@ -133,6 +133,9 @@ QUEUE_ARGUMENTS = {
     "x-consumer-timeout": "consumer_timeout_ms",
     "x-max-age": "max_age",  # a stream's, as the two below
     "x-stream-max-segment-size-bytes": "max_segment_size_bytes",
+    "x-delivery-limit": "delivery_limit",  # a quorum queue's, as the two below
+    "x-dead-letter-strategy": "dead_letter_strategy",
+    "x-single-active-consumer": "single_active_consumer",
 }
 EXCHANGE_KINDS = ("direct", "fanout", "topic")
 # The methods whose queue "" is the channel's last declared one
@@ -1298,7 +1301,7 @@ def _queue_arguments(arguments: dict[str, Any], ids: tuple[int, int]) -> dict[st
     fields: dict[str, Any] = {}
     for key, value in arguments.items():
         if key == "x-queue-type":
-            if value not in ("classic", "stream"):
+            if value not in ("classic", "stream", "quorum"):
                 raise AmqpError(
                     frames.PRECONDITION_FAILED,
                     f"PRECONDITION_FAILED - invalid arg 'x-queue-type': '{value}'",

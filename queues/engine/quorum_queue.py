@@ -490,8 +490,12 @@ class QuorumQueue:
             "len": len(self),
             "depth": len(self._messages),
             "ram_bytes": self._bytes,
+            "disk_bytes": sum(
+                os.path.getsize(path) for _, path in ra_log.segment_files(self.directory)
+            ),
             "unconfirmed": len(self._unsent_enqueues),
             "persistent": len(self._messages),
+            "type": "quorum",
             "mode": "quorum",
             "rates": {},
             "last_index": self.next_seq_id - 1,

@@ -10,6 +10,9 @@ Each names its node with ``--data-dir D`` (on this machine) or ``--url tcp://HOS
                    --dead-letter-routing-key K --auto-delete --expires-ms N]
     warren declare queue NAME NODE --type stream [--max-length-bytes SIZE --max-age 7D
                    --max-segment-size SIZE --sync-policy fsync|flush]
+    warren declare queue NAME NODE --type quorum [a classic queue's options but --transient,
+                   --lazy, --auto-delete; --delivery-limit N --dead-letter-strategy
+                   at-most-once|at-least-once --single-active-consumer]
     warren declare queue NAME NODE --type super-stream --partitions N [a stream's options]
                                                  streams NAME-0 .. NAME-(N-1) and exchange
                                                  NAME, which routes by the key's hash
@@ -59,6 +62,7 @@ from warren.queues.protocol import (
     QUEUE_TYPES,
     SUPER_STREAM_TYPE,
     SYNC_POLICIES,
+    DEAD_LETTER_STRATEGIES,
     interval_text,
 )
 from warren.queues.routing import EXCHANGE_KINDS
@@ -123,6 +127,20 @@ def format_queues(rows: list[dict]) -> str:
             disk = abbreviated(stats["bytes"], "B")
             cells.append([row["name"], row["state"], records, "-", "stream", "-", disk, "-"])
             continue
+        if row.get("type") == "quorum":  # no variable-queue states, no rates
+            cells.append(
+                [
+                    row["name"],
+                    row["state"],
+                    abbreviated(stats["messages_ready"]),
+                    abbreviated(stats["messages_unacked"]),
+                    "quorum",
+                    abbreviated(stats["ram_bytes"], "B"),
+                    abbreviated(stats["disk_bytes"], "B"),
+                    "-",
+                ]
+            )
+            continue
         rates = stats["rates"]
         cells.append(
             [
@@ -185,7 +203,16 @@ def add_queue_commands(commands: argparse._SubParsersAction) -> None:
         "--type",
         choices=(*QUEUE_TYPES, SUPER_STREAM_TYPE),
         default="classic",
-        help="a classic queue, a stream, or a super stream of --partitions streams",
+        help="a classic queue, a quorum queue, a stream, or a super stream of --partitions streams",
+    )
+    queue.add_argument("--delivery-limit", type=int, help="a quorum queue's: returns before DLX")
+    queue.add_argument(
+        "--dead-letter-strategy",
+        choices=DEAD_LETTER_STRATEGIES,
+        help="a quorum queue's (at-most-once)",
+    )
+    queue.add_argument(
+        "--single-active-consumer", action="store_true", help="a quorum queue's: one at a time"
     )
     queue.add_argument("--partitions", type=int, help="a super stream's partition streams")
     queue.add_argument("--max-length-bytes", help="a stream's retention by size: 10GB, 500MiB")
@@ -320,6 +347,15 @@ def _declare_queue(connection: Connection, args: argparse.Namespace) -> int:
             "auto_delete": args.auto_delete,
             "expires_ms": args.expires_ms,
         }
+        quorum_arguments = {
+            "delivery_limit": args.delivery_limit,
+            "dead_letter_strategy": args.dead_letter_strategy,
+            "single_active_consumer": args.single_active_consumer or None,
+        }
+        # passed on only when given, to be refused by name by the other types
+        arguments.update({k: v for k, v in quorum_arguments.items() if v is not None})
+        if args.type == "quorum":
+            arguments["type"] = "quorum"
         if args.type in ("stream", SUPER_STREAM_TYPE):
             arguments.update(type=args.type, **stream_arguments)
         else:  # passed on only when given, to be refused by name

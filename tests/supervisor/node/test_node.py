@@ -54,6 +54,7 @@ def test_status_shows_the_tree_with_pids_restarts_memory_and_alarms(tmp_path):
             "gc_sup",
             "msg_store_persistent",
             "msg_store_transient",
+            "wal",
             "queue_sup",
             "app_sup",
         ]

@@ -1,0 +1,262 @@
+"""Quorum queues on a node: what a publisher was confirmed survives kill -9 of the queue's
+process, of the WAL's and of the whole node, and a stop by signal; delivery counts, the
+delivery limit with and without a dead-letter exchange, a single active consumer, the
+arguments refused, the same queue declared over AMQP and from the command line, and a
+stray message to the WAL that changes nothing."""
+
+import os
+import signal
+import subprocess
+
+import pika
+import psutil
+import pytest
+
+from warren import connect
+from warren.actors import RemoteError
+from warren.queues.errors import InvalidArgument
+from warren.queues.broker.wal_actor import WAL_NAME, WalAppend, WalStats
+from warren.supervisor import Node
+
+from ...waiting import wait_for
+from ..client.node_process import WARREN, NodeProcess
+from .test_broker import restarted
+
+
+def drain(connection, queue):
+    """Every message of ``queue``, taken (no acks)."""
+    out = []
+    while (delivery := connection.get(queue, ack=False)) is not None:
+        out.append(delivery)
+    return out
+
+
+def test_confirmed_messages_survive_kill_9_of_the_queue_the_wal_and_the_whole_node(tmp_path):
+    node = NodeProcess(tmp_path / "data")
+    try:
+        with connect(node.target("ipc")) as connection:
+            connection.declare_queue("orders", type="quorum")
+            connection.publish_many("orders", [b"a%d" % n for n in range(300)])
+            held = connection.get("orders")  # out when everything dies below
+            assert held.body == b"a0" and held.delivery_count == 0
+        old = node.queue_pid("orders")
+        os.kill(old, signal.SIGKILL)
+        wait_for(lambda: _pid_or_none(node, "orders") not in (None, old), timeout=60)
+        with connect(node.target("ipc")) as connection:
+            wait_for(lambda: connection.queue_state("orders") == "running", timeout=60)
+            connection.publish_many("orders", [b"b%d" % n for n in range(300)])
+        wal = _titled(node, f"warren: {WAL_NAME}")
+        os.kill(wal, signal.SIGKILL)  # the root restarts every queue after it
+        wait_for(lambda: _titled(node, f"warren: {WAL_NAME}") not in (None, wal), timeout=60)
+        with connect(node.target("ipc"), wait=60) as connection:
+            wait_for(lambda: connection.queue_state("orders") == "running", timeout=60)
+            connection.publish_many("orders", [b"c%d" % n for n in range(300)])
+        node.kill()
+        node.start()
+        with connect(node.target("ipc")) as connection:
+            got = drain(connection, "orders")
+        expected = [b"%s%d" % (p, n) for p in (b"a", b"b", b"c") for n in range(300)]
+        assert [d.body for d in got] == expected
+        assert got[0].redelivered and got[0].delivery_count >= 1  # its consumer went
+        assert not any(d.redelivered for d in got[1:])
+    finally:
+        node.stop()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_a_stop_signal_to_the_whole_group_keeps_the_queue_and_its_counts(tmp_path, signum):
+    node = NodeProcess(tmp_path / "data")
+    try:
+        with connect(node.target("ipc")) as connection:
+            connection.declare_queue("orders", type="quorum", delivery_limit=5)
+            connection.publish_many("orders", [b"%d" % n for n in range(100)])
+            connection.get("orders").nack(requeue=True)
+        node.stop_by(signum, to="group")
+        node.start()
+        with connect(node.target("ipc")) as connection:
+            got = drain(connection, "orders")
+            stats = connection.queue_stats("orders")
+        assert [d.body for d in got] == [b"%d" % n for n in range(100)]
+        assert got[0].delivery_count == 1
+        assert stats["type"] == "quorum" and stats["snapshot_index"] > 0  # a clean stop's
+    finally:
+        node.stop()
+
+
+def _titled(node, title):
+    for child in psutil.Process(node.process.pid).children(recursive=True):
+        try:
+            if child.cmdline()[:1] == [title]:
+                return child.pid
+        except psutil.Error:
+            continue
+    return None
+
+
+def _pid_or_none(node, queue):
+    return _titled(node, f"warren: queue {queue}")
+
+
+@pytest.fixture
+def node(tmp_path):
+    with Node(tmp_path / "data") as running:
+        yield running
+
+
+def test_a_message_returned_past_its_delivery_limit_is_dead_lettered(node):
+    node.declare_queue("poison", type="classic")
+    node.declare_queue(
+        "work",
+        type="quorum",
+        delivery_limit=1,
+        dead_letter_exchange="",
+        dead_letter_routing_key="poison",
+    )
+    connection = node.connect()
+    connection.publish("work", b"bad")
+    connection.publish("work", b"good")
+    for count in (0, 1):
+        delivery = connection.get("work")
+        assert (delivery.body, delivery.delivery_count) == (b"bad", count)
+        delivery.nack(requeue=True)
+    wait_for(lambda: connection.queue_stats("poison")["messages_ready"] == 1)
+    dead = connection.get("poison")
+    assert dead.body == b"bad"
+    assert dead.headers["x-death"][0]["reason"] == "delivery_limit"
+    assert dead.headers["x-death"][0]["queue"] == "work"
+    assert [d.body for d in drain(connection, "work")] == [b"good"]
+    wait_for(lambda: connection.queue_stats("work")["depth"] == 0)  # settled once confirmed
+
+
+def test_without_a_dead_letter_exchange_a_message_past_its_limit_is_dropped(node):
+    node.declare_queue("work", type="quorum", delivery_limit=0)
+    connection = node.connect()
+    connection.publish("work", b"bad")
+    connection.get("work").reject(requeue=True)
+    assert connection.get("work") is None
+    stats = connection.queue_stats("work")
+    assert stats["depth"] == 0 and stats["delivery_limit_reached"] == 1
+
+
+def test_with_a_single_active_consumer_the_next_takes_over_when_the_first_goes(node):
+    node.declare_queue("jobs", type="quorum", single_active_consumer=True)
+    first, second = node.connect(), node.connect()
+    active = first.consume("jobs", prefetch=10)
+    waiting = second.consume("jobs", prefetch=10)
+    wait_for(lambda: first.queue_stats("jobs")["consumers"] == 2)
+    first.publish_many("jobs", [b"%d" % n for n in range(5)])
+    got = [active.get(timeout=30) for _ in range(5)]
+    assert [d.body for d in got] == [b"%d" % n for n in range(5)]
+    assert waiting.get(timeout=0.5) is None  # not its turn
+    got[0].ack()
+    first.close()  # the four it held go back, to the next in line
+    taken = [waiting.get(timeout=30) for _ in range(4)]
+    assert [d.body for d in taken] == [b"%d" % n for n in range(1, 5)]
+    assert all(d.redelivered for d in taken)
+    second.close()
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        {"type": "quorum", "durable": False},
+        {"type": "quorum", "auto_delete": True},
+        {"type": "quorum", "lazy": True},
+        {"type": "quorum", "delivery_limit": -1},
+        {"type": "quorum", "dead_letter_strategy": "exactly-once"},
+        {"delivery_limit": 3},
+        {"type": "stream", "single_active_consumer": True},
+    ],
+)
+def test_arguments_a_quorum_queue_does_not_take_are_refused_before_anything_is_made(
+    node, arguments
+):
+    with pytest.raises(InvalidArgument):
+        node.connect().declare_queue("q", **arguments)
+    assert node.list_queues() == []
+
+
+def test_a_stray_or_malformed_message_to_the_wal_changes_nothing(node):
+    node.declare_queue("orders", type="quorum")
+    connection = node.connect()
+    connection.publish_many("orders", [b"before"] * 10)
+    wal = node.actors.whereis(WAL_NAME)
+    for bad in (
+        WalAppend("queues/orders", b"\x00" * 40),
+        WalAppend("../../etc", b""),
+        WalAppend("queues/..", b""),
+        "hello",
+    ):
+        with pytest.raises(RemoteError):
+            wal.ask(bad, timeout=30)
+    connection.publish_many("orders", [b"after"] * 10)
+    assert wal.ask(WalStats(), timeout=30)["syncs"] >= 2
+    assert [d.body for d in drain(connection, "orders")] == [b"before"] * 10 + [b"after"] * 10
+
+
+def test_pika_declares_a_quorum_queue_with_a_delivery_limit(tmp_path):
+    with Node(tmp_path / "data", amqp="127.0.0.1:0") as node:
+        host, port = node.amqp_endpoint.rsplit(":", 1)
+        client = pika.BlockingConnection(pika.ConnectionParameters(host, int(port)))
+        channel = client.channel()
+        channel.confirm_delivery()
+        channel.queue_declare(
+            "tasks",
+            durable=True,
+            arguments={"x-queue-type": "quorum", "x-delivery-limit": 2},
+        )
+        channel.basic_publish("", "tasks", b"task", pika.BasicProperties(delivery_mode=2))
+        method, _, body = channel.basic_get("tasks")
+        channel.basic_nack(method.delivery_tag, requeue=True)
+        method, _, body = channel.basic_get("tasks")
+        assert body == b"task" and method.redelivered
+        channel.basic_ack(method.delivery_tag)
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as refused:
+            client.channel().queue_declare(
+                "transient", durable=False, arguments={"x-queue-type": "quorum"}
+            )
+        assert refused.value.reply_code == 406
+        client.close()
+        stats = node.connect().queue_stats("tasks")
+        assert stats["type"] == "quorum" and stats["delivery_limit"] == 2
+
+
+def test_the_command_line_declares_and_lists_a_quorum_queue(node):
+    declared = subprocess.run(
+        [
+            *WARREN,
+            "declare",
+            "queue",
+            "jobs",
+            "--data-dir",
+            node.data_dir,
+            "--type",
+            "quorum",
+            "--delivery-limit",
+            "3",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert declared.returncode == 0, declared.stderr
+    listed = subprocess.run(
+        [*WARREN, "queues", "--data-dir", node.data_dir],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert listed.returncode == 0, listed.stderr
+    (row,) = [line for line in listed.stdout.splitlines() if line.startswith("jobs")]
+    assert "quorum" in row
+    assert node.connect().queue_stats("jobs")["delivery_limit"] == 3
+
+
+def test_a_queue_restarted_alone_keeps_what_only_the_wal_held(node):
+    node.declare_queue("orders", type="quorum")
+    connection = node.connect()
+    connection.publish_many("orders", [b"%d" % n for n in range(50)])
+    old = node.queue("orders").pid
+    os.kill(old, signal.SIGKILL)
+    wait_for(lambda: restarted(node, "orders", old), timeout=60)
+    assert [d.body for d in drain(node.connect(), "orders")] == [b"%d" % n for n in range(50)]
