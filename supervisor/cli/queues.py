@@ -58,11 +58,11 @@ from warren.queues.client.stream import StreamConsumer, StreamDelivery
 from warren.queues.errors import ConnectionClosed, MessageTooLarge, NodeNotRunning, QueueError
 from warren.queues.message import MAX_MESSAGE_BYTES
 from warren.queues.protocol import (
+    DEAD_LETTER_STRATEGIES,
     OVERFLOWS,
     QUEUE_TYPES,
     SUPER_STREAM_TYPE,
     SYNC_POLICIES,
-    DEAD_LETTER_STRATEGIES,
     interval_text,
 )
 from warren.queues.routing import EXCHANGE_KINDS

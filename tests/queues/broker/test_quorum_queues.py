@@ -14,8 +14,8 @@ import pytest
 
 from warren import connect
 from warren.actors import RemoteError
-from warren.queues.errors import InvalidArgument
 from warren.queues.broker.wal_actor import WAL_NAME, WalAppend, WalStats
+from warren.queues.errors import InvalidArgument
 from warren.supervisor import Node
 
 from ...waiting import wait_for
