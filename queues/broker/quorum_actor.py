@@ -9,10 +9,12 @@ It takes the messages a classic queue takes, with the same answers; what differs
   this queue that are not in its segments yet (``WalEntries``), and recovers from its
   snapshot, its segments and those. A ``Down`` of the WAL stops it as a store's would;
   the node's root restarts it after the WAL (rest_for_one).
-- Confirms: a sync hands the commands logged since the last to the WAL (``WalAppend``)
-  and waits for its group commit. A sync that fails (the WAL gone, its disk full) stops
-  the queue at once without a clean stop: the commands it had applied but not logged
-  were never confirmed, and a log must not go on past a gap.
+- Confirms: a sync hands the commands logged since the last to the WAL and, when they
+  hold enqueues, waits for its group commit (``WalAppend``); deliveries and settles
+  alone go without a wait (``WalWrite``), covered by the WAL's next commit. A sync
+  that fails (the WAL gone, its disk full) stops the queue at once without a clean
+  stop: the commands it had applied but not logged were never confirmed, and a log
+  must not go on past a gap.
 - Delivery limit: deliveries returned past the queue's ``delivery_limit`` are
   dead-lettered with reason ``delivery_limit`` (or dropped without a dead-letter
   exchange). Those the dead-letter exchange cannot take now stay out of the queue and are
@@ -44,7 +46,7 @@ from ..engine import ra_log
 from ..engine.quorum_queue import QuorumQueue
 from ..protocol import DeleteQueue, Fetch, Release, Subscribe
 from .queue_actor import EXPIRY_CHECK_S, Engine, QueueActor
-from .wal_actor import WAL_NAME, WalAppend, WalEntries, WalForget
+from .wal_actor import WAL_NAME, WalAppend, WalEntries, WalForget, WalWrite
 
 log = logging.getLogger("warren.queues")
 
@@ -69,8 +71,11 @@ class QuorumQueueActor(QueueActor):
         owner = os.path.relpath(self.directory, self.data_dir)
         held = wal.ask(WalEntries(owner), timeout=WAL_TIMEOUT_S)
 
-        def append(records: list[bytes]) -> None:
-            wal.ask(WalAppend(owner, b"".join(records)), timeout=WAL_TIMEOUT_S)
+        def append(records: list[bytes], durable: bool) -> None:
+            if durable:
+                wal.ask(WalAppend(owner, b"".join(records)), timeout=WAL_TIMEOUT_S)
+            else:
+                wal.tell(WalWrite(owner, b"".join(records)))
 
         self._owner = owner
         return QuorumQueue(

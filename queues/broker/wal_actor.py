@@ -15,6 +15,9 @@ Messages accepted, and what each gets back:
                                   is ``owner``. Appends that wait together share one
                                   write and one fdatasync (a group commit, when the
                                   mailbox is empty, or after ``max_pass_s`` of a pass)
+    WalWrite(owner, records)    (tell) the same, unanswered: written and fdatasync'd with
+                                  the next commit (what no one waits on: deliveries,
+                                  settles)
     WalEntries(owner)           → records: the queue's entries held in the WAL file
                                   being written, not yet in its segments (a queue that
                                   restarts alone reads its log from its segments, then
@@ -53,6 +56,13 @@ class WalAppend:
 
 @message
 @dataclass(frozen=True)
+class WalWrite:
+    owner: str
+    records: bytes
+
+
+@message
+@dataclass(frozen=True)
 class WalEntries:
     owner: str
 
@@ -77,7 +87,7 @@ class WalActor(ProcessActor):
         self.max_bytes = max_bytes
         self._wal: ra_log.Wal | None = None
         self._waiting: list[DeferredReply] = []  # the appends the next commit answers
-        self.counters = {"appends": 0}
+        self.counters = {"appends": 0, "writes": 0}
 
     def on_start(self) -> None:
         self._wal = ra_log.Wal(self.data_dir, self.max_bytes)
@@ -95,6 +105,10 @@ class WalActor(ProcessActor):
                 wal.add(message.owner, message.records)
                 self._waiting.append(self.defer_reply())
                 self.counters["appends"] += 1
+                return None
+            if isinstance(message, WalWrite):
+                wal.add(message.owner, message.records)
+                self.counters["writes"] += 1
                 return None
             if isinstance(message, WalEntries):
                 self._commit()  # what it asks for is durable before it is read back
@@ -120,8 +134,8 @@ class WalActor(ProcessActor):
         self._commit()
 
     def _commit(self) -> None:
-        """One write and one fdatasync for every append waiting, then their answers."""
-        if self._wal is None or not self._waiting:
+        """One write and one fdatasync for everything taken, then the answers."""
+        if self._wal is None:
             return
         waiting, self._waiting = self._waiting, []
         self._wal.commit()

@@ -20,10 +20,13 @@ in ``over_limit``, for the queue process to dead-letter or drop (settling it the
 waiting messages are served in index order, so a returned one goes before newer ones.
 
 Confirms. The entries made since the last ``sync`` go to the node's WAL in one call
-(``append``: it returns once they are fdatasync'd, with every other quorum queue's that
-came meanwhile); ``sync`` then returns the enqueues among them. Every message's body is
-kept in RAM (rabbit_fifo before its v2 did the same); its entry in the log is what
-survives.
+(``append``): when they hold an enqueue, or a snapshot is due, it returns once they are
+fdatasync'd (with every other quorum queue's that came meanwhile), and ``sync`` returns
+the enqueues among them; deliveries and settles alone are handed over without a wait
+(nothing waits on them: lost in a crash, a message is delivered again), and the next
+waited call covers them too. ``last_written`` is the last index known durable. Every
+message's body is kept in RAM (rabbit_fifo before its v2 did the same); its entry in
+the log is what survives.
 
 Snapshots. After a sync, once ``snapshot_interval`` entries (Ra's
 ``raft_log_snapshot_interval``, 4096) were applied since the last snapshot, or the log
@@ -74,7 +77,9 @@ PREVIOUS_SNAPSHOT = ra_log.SNAPSHOT_FILE + ".previous"
 ENQUEUE = struct.Struct(">QH")  # after the kind byte: expiry_ms, msg_id length
 INDEXES = "Q"
 
-Append = Callable[[list[bytes]], None]
+# hands records to the WAL; with True it returns once they (and every record handed before)
+# are fdatasync'd, with False at once
+Append = Callable[[list[bytes], bool], None]
 
 
 @dataclass(slots=True)
@@ -336,27 +341,37 @@ class QuorumQueue:
             return []
         records, self._unsent = self._unsent, []
         confirmed, self._unsent_enqueues = self._unsent_enqueues, []
-        began = time.monotonic()
-        self._append(records)
-        self._commit_latency_s = time.monotonic() - began
-        self.counters["wal_appends"] += 1
-        self.last_written = self.next_seq_id - 1
-        if self._snapshot_due():
+        durable = bool(confirmed) or self._snapshot_due(self.next_seq_id - 1)
+        try:
+            self._written(records, durable)
+        except BaseException:
+            self._closed = True  # a log must not go on past entries it may have lost
+            raise
+        if durable and self._snapshot_due(self.last_written):
             self.snapshot()
         return confirmed
+
+    def _written(self, records: list[bytes], durable: bool) -> None:
+        began = time.monotonic()
+        self._append(records, durable)
+        self.counters["wal_appends"] += 1
+        if durable:
+            self._commit_latency_s = time.monotonic() - began
+            self.last_written = self.next_seq_id - 1
 
     def needs_sync(self) -> bool:
         return bool(self._unsent)
 
-    def _snapshot_due(self) -> bool:
-        applied = self.last_written - self._applied_at_snapshot
+    def _snapshot_due(self, index: int) -> bool:
+        applied = index - self._applied_at_snapshot
         return applied >= min(self.snapshot_interval, self.max_entries)
 
     def snapshot(self) -> None:
-        """Write the state at the last index written, and delete the segments neither this
-        snapshot nor the one before needs (call after a sync: nothing unsent)."""
-        assert not self._unsent, "a snapshot covers only what the WAL holds"
+        """Write the state at the last index, and delete the segments neither this snapshot
+        nor the one before needs (call once every entry is durable: the state is the
+        state at that index, or a replay would apply some twice)."""
         index = self.last_written
+        assert not self._unsent and index == self.next_seq_id - 1, "every entry durable"
         needs_from = min(self._messages, default=index + 1)
         state = {
             "index": index,
@@ -525,8 +540,11 @@ class QuorumQueue:
         """Clean stop (after a sync): a snapshot, so the next start replays little."""
         if self._closed:
             return
-        if not self._unsent and self.last_written > self.snapshot_index:
-            self.snapshot()
+        if not self._unsent:
+            if self.last_written < self.next_seq_id - 1:  # settles handed over unwaited
+                self._written([], durable=True)
+            if self.last_written > self.snapshot_index:
+                self.snapshot()
         self._closed = True
 
     def delete(self) -> None:

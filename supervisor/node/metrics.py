@@ -86,6 +86,7 @@ from warren.actors import ActorError, ActorRef, AskTimeout, Future
 from warren.actors.figures import SlotReader
 from warren.queues.amqp.server import AmqpStats
 from warren.queues.broker.listener import ListenerStats
+from warren.queues.broker.wal_actor import WalStats
 from warren.queues.protocol import QueueStats
 from warren.store.latency import LATENCY_BUCKETS_S
 from warren.store.protocol import StoreStats
@@ -118,6 +119,7 @@ from .series import (
     QUEUE_STATE,
     QUEUE_STATES,
     QUEUES_DECLARED,
+    QUORUM_GAUGES,
     RESOURCE_GAUGES,
     START_SECONDS,
     STORE_COUNTERS,
@@ -133,6 +135,8 @@ from .series import (
     VARIABLE_QUEUE_FAMILY,
     VARIABLE_QUEUE_HELP,
     VARIABLE_QUEUE_STATES,
+    WAL_COUNTERS,
+    WAL_GAUGES,
     Figure,
     dead_lettered,
 )
@@ -225,6 +229,7 @@ class Snapshot:
     stores: dict[str, ActorFigures] = dataclasses.field(default_factory=dict)
     listener: ActorFigures | None = None
     amqp: ActorFigures | None = None  # the AMQP port
+    wal: ActorFigures | None = None  # quorum queues' write-ahead log
     cluster: ActorFigures | None = None  # the coordinator, in a cluster
 
 
@@ -234,6 +239,7 @@ QUESTIONS = {
     "store": StoreStats(),
     "listener": ListenerStats(),
     "amqp": AmqpStats(),
+    "wal": WalStats(),
     "coordinator": CoordinatorStats(),
 }
 
@@ -242,7 +248,7 @@ QUESTIONS = {
 class _Asked:
     ref: ActorRef
     figures: Future | None  # None: not asked (published, or its last request unanswered)
-    kind: str  # "queue", "stream", "store", "listener", "amqp", "coordinator" or "actor"
+    kind: str  # "queue", "stream", "store", "listener", "amqp", "wal", "coordinator" or "actor"
     published: tuple[int, list[Any]] | None = None  # (seq, answer) read from its file
 
 
@@ -267,6 +273,7 @@ class NodeFigures:
         stores: Iterable[str],
         listener: str,
         amqp: str,
+        wal: str,
         coordinator: str,
         budget_s: float = SCRAPE_BUDGET_S,
     ) -> None:
@@ -276,6 +283,7 @@ class NodeFigures:
         self._stores = frozenset(stores)
         self._listener = listener
         self._amqp = amqp
+        self._wal = wal
         self._coordinator = coordinator
         self.budget_s = budget_s
         self._ledger = CounterLedger()
@@ -325,6 +333,8 @@ class NodeFigures:
             return "store"
         if name == self._amqp:
             return "amqp"
+        if name == self._wal:
+            return "wal"
         if name == self._coordinator:
             return "coordinator"
         return "listener" if name == self._listener else "actor"
@@ -398,6 +408,8 @@ class NodeFigures:
                 snapshot.listener = figures
             elif request.kind == "amqp":
                 snapshot.amqp = figures
+            elif request.kind == "wal":
+                snapshot.wal = figures
             elif request.kind == "coordinator":
                 snapshot.cluster = figures
         self._forget_gone(declared, refs)
@@ -480,6 +492,7 @@ class NodeFigures:
             "store": STORE_COUNTERS,
             "listener": LISTENER_COUNTERS,
             "amqp": AMQP_COUNTERS,
+            "wal": WAL_COUNTERS,
             "coordinator": CLUSTER_COUNTERS,
         }.get(kind, ())
         readings += _values(own_counters, own)
@@ -596,6 +609,7 @@ def prometheus_families(snapshot: Snapshot, *, per_object: bool) -> list[Metric]
     for port, gauges, counters in (
         (snapshot.listener, LISTENER_GAUGES, LISTENER_COUNTERS),
         (snapshot.amqp, AMQP_GAUGES, AMQP_COUNTERS),
+        (snapshot.wal, WAL_GAUGES, WAL_COUNTERS),
         (snapshot.cluster, CLUSTER_GAUGES, CLUSTER_COUNTERS),
     ):
         if port is not None:
@@ -740,6 +754,9 @@ def _queue_families(snapshot: Snapshot, per_object: bool) -> list[Metric]:
         ]
     families.append(_gauge(states, [*labels, "state"], samples))
     families.append(_state_family(snapshot, per_object, "queue"))
+    if per_object:  # an index or a latency summed over queues means nothing
+        quorum = [(name, q) for name, q in queues if q.own.get("type") == "quorum"]
+        families += _gauges(QUORUM_GAUGES, quorum, "queue", per_object)
     families += _counters(QUEUE_COUNTERS, queues, "queue", per_object, snapshot.totals)
     if per_object:
         samples = [

@@ -486,6 +486,7 @@ class Node:
                         stores=STORES,
                         listener=LISTENER_NAME,
                         amqp=AMQP_NAME,
+                        wal=WAL_NAME,
                         coordinator=COORDINATOR_NAME,
                     ),
                 )

@@ -529,6 +529,45 @@ AMQP_COUNTERS = (
         "Messages AMQP clients published that the port handed to the node",
     ),
 )
+QUORUM_GAUGES = (  # a quorum queue's log (per queue only)
+    Figure(
+        "warren_quorum_queue_last_written_index",
+        "last_written_index",
+        "Index of the last log entry of the quorum queue known durable in the WAL",
+    ),
+    Figure(
+        "warren_quorum_queue_last_applied_index",
+        "last_applied_index",
+        "Index of the last log entry applied to the quorum queue's state",
+    ),
+    Figure(
+        "warren_quorum_queue_snapshot_index",
+        "snapshot_index",
+        "Index of the quorum queue's latest snapshot (the log below what it needs is gone)",
+    ),
+    Figure(
+        "warren_quorum_queue_commit_latency_seconds",
+        "commit_latency_s",
+        "How long the quorum queue's last waited hand-over to the WAL took (its group commit)",
+    ),
+)
+WAL_GAUGES = (
+    Figure("warren_wal_files", "files", "Files of quorum queues' write-ahead log on disk"),
+    Figure(
+        "warren_wal_records_per_sync",
+        "records_per_sync",
+        "Record batches (one per queue and pass) covered by one fdatasync of the WAL, on average",
+    ),
+)
+WAL_COUNTERS = (
+    Figure("warren_wal_syncs", "syncs", "fdatasyncs of quorum queues' write-ahead log"),
+    Figure("warren_wal_bytes_written", "bytes_written", "Bytes written to the WAL"),
+    Figure(
+        "warren_wal_segment_writes",
+        "segment_writes",
+        "A queue's entries moved from a closed WAL file to its segment files",
+    ),
+)
 CLUSTER_GAUGES = (
     Figure(
         "warren_cluster_leader",
@@ -666,6 +705,7 @@ def exported() -> dict[str, str]:
         *ACTOR_COUNTERS,
         *LISTENER_COUNTERS,
         *AMQP_COUNTERS,
+        *WAL_COUNTERS,
         *CLUSTER_COUNTERS,
         *NODE_COUNTERS,
         CPU_SECONDS,
@@ -679,6 +719,8 @@ def exported() -> dict[str, str]:
         *STORE_GAUGES,
         *LISTENER_GAUGES,
         *AMQP_GAUGES,
+        *QUORUM_GAUGES,
+        *WAL_GAUGES,
         *CLUSTER_GAUGES,
         *FOLLOWER_GAUGES,
         *RESOURCE_GAUGES,

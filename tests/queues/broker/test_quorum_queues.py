@@ -18,6 +18,7 @@ from warren.queues.broker.wal_actor import WAL_NAME, WalAppend, WalStats
 from warren.queues.errors import InvalidArgument
 from warren.supervisor import Node
 
+from ...supervisor.node.test_metrics import scrape
 from ...waiting import wait_for
 from ..client.node_process import WARREN, NodeProcess
 from .test_broker import restarted
@@ -260,3 +261,17 @@ def test_a_queue_restarted_alone_keeps_what_only_the_wal_held(node):
     os.kill(old, signal.SIGKILL)
     wait_for(lambda: restarted(node, "orders", old), timeout=60)
     assert [d.body for d in drain(node.connect(), "orders")] == [b"%d" % n for n in range(50)]
+
+
+def test_a_scrape_shows_each_quorum_queues_log_and_the_wals_syncs(tmp_path):
+    with Node(tmp_path / "data", http="127.0.0.1:0") as node:
+        node.declare_queue("orders", type="quorum")
+        node.declare_queue("plain")
+        connection = node.connect()
+        connection.publish_many("orders", [b"x"] * 10)
+        connection.get("orders", ack=False)
+        samples = scrape(node, "/metrics/per-object")
+        assert samples[("warren_quorum_queue_last_written_index", (("queue", "orders"),))] >= 10
+        assert ("warren_quorum_queue_snapshot_index", (("queue", "orders"),)) in samples
+        assert ("warren_quorum_queue_snapshot_index", (("queue", "plain"),)) not in samples
+        assert scrape(node)[("warren_wal_syncs_total", ())] >= 1

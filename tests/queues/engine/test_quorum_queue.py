@@ -24,9 +24,10 @@ class Node:
         owner = f"queues/{name}"
         directory = os.path.join(self.data_dir, owner)
 
-        def append(records):
+        def append(records, durable):
             self.wal.add(owner, b"".join(records))
-            self.wal.commit()
+            if durable:
+                self.wal.commit()
 
         held = [entry for _, entry in ra_log.unpack_records(self.wal.entries(owner))]
         return QuorumQueue(directory, append, owner=owner.encode(), wal_entries=held, **options)
@@ -80,7 +81,8 @@ def test_delivery_counts_rise_with_returns_and_with_a_crash_that_left_them_out(t
     recovered = node.open("orders")
     again = recovered.fetch_encoded()  # it was out when the queue died: one more
     assert (again.payload, again.delivery_count) == (b"poison", 2)
-    recovered.sync()
+    recovered.sync()  # a delivery alone: handed over unwaited
+    node.wal.commit()  # what the WAL's process does once its mailbox is empty
     recovered.abandon()
     node.crash()
     counts = {f.payload: f.delivery_count for f in iter(node.open("orders").fetch_encoded, None)}
@@ -198,3 +200,20 @@ def test_the_wal_refuses_records_that_are_not_whole_or_not_a_queues(tmp_path):
         with pytest.raises(ValueError, match="not whole"):
             wal.add("queues/orders", records)
     assert wal.commit() == 0
+
+
+def test_a_clean_stop_after_unwaited_settles_snapshots_each_of_them_once(tmp_path):
+    node = Node(tmp_path)
+    queue = node.open("orders")
+    queue.publish_many([b"acked", b"returned", b"kept"])
+    queue.sync()
+    queue.ack([queue.fetch_encoded().seq_id])
+    queue.requeue([queue.fetch_encoded().seq_id])
+    queue.sync()  # settles alone: handed over without a wait
+    queue.terminate()  # waits for them, then snapshots
+    node.crash()
+    again = node.open("orders")
+    assert [(f.payload, f.delivery_count) for f in iter(again.fetch_encoded, None)] == [
+        (b"returned", 1),
+        (b"kept", 0),
+    ]
