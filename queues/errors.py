@@ -16,6 +16,7 @@ __all__ = [
     "AmqpError",
     "Blocked",
     "ConnectionClosed",
+    "CorruptLog",
     "CorruptMessage",
     "InvalidArgument",
     "InvalidMessage",
@@ -80,6 +81,12 @@ class MessageTooLarge(QueueError, ValueError):
 
 class CorruptMessage(QueueError):
     """A stored message failed its size or CRC check; it is never delivered."""
+
+
+class CorruptLog(QueueError):
+    """A quorum queue's log has a gap or a damaged entry among what it must replay: the
+    queue does not start (going on would give new entries indexes the damaged log holds,
+    and lose them); its files are left as they are."""
 
 
 class UnknownDeliveryTag(QueueError, KeyError):

@@ -25,8 +25,9 @@ It takes the messages a classic queue takes, with the same answers; what differs
   subscriber finds nothing, or is parked); when it stops or its process ends, the next
   in the order they subscribed takes over, its parked fetches served at once. A
   connection that only gets (``basic.get``, no subscription) is served as ever.
-- Deleting: the WAL is told to drop the queue's entries (``WalForget``), then its
-  directory goes.
+- Deleting: the WAL drops the queue's entries and writes a tombstone, fdatasync'd
+  (``WalForget``), before its directory goes: a queue declared again under the name
+  never reads the old one's entries.
 
 Races: a quorum queue restarted alone while its last entries are still in the WAL's file
 reads them back from the WAL, which writes what waits before it answers; one restarted
@@ -36,6 +37,7 @@ every file left into them.
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 from typing import Any
@@ -66,8 +68,9 @@ class QuorumQueueActor(QueueActor):
             raise RuntimeError(f"queue {self.queue_name}: the node's WAL is not running")
         if self.data_dir is None:
             raise ValueError(f"quorum queue {self.queue_name}: it needs the node's data_dir")
-        self._wal = wal.pin()
-        self._stores = [self._wal]  # what a clean stop checks still answers
+        # pinned: never an incarnation after the one whose unwaited writes it may have lost
+        wal = self._wal = wal.pin()
+        self._stores = [wal]  # what a clean stop checks still answers
         owner = os.path.relpath(self.directory, self.data_dir)
         held = wal.ask(WalEntries(owner), timeout=WAL_TIMEOUT_S)
 
@@ -151,6 +154,25 @@ class QuorumQueueActor(QueueActor):
             return []  # waiting for its turn
         return super()._take(message)
 
+    def _serve_parked(self) -> None:
+        if not self.definition.single_active_consumer:
+            super()._serve_parked()
+            return
+        # a waiting subscriber's parked fetch stays parked, and is passed over: the
+        # active one's, behind it, is served now
+        active = self._active_consumer()
+        waiting = [
+            p
+            for p in self._parked
+            if p.fetch.consumer not in self._subscribers or p.fetch.consumer == active
+        ]
+        kept = [p for p in self._parked if p not in waiting]
+        self._parked = collections.deque(waiting)
+        try:
+            super()._serve_parked()
+        finally:
+            self._parked.extend(kept)
+
     def _subscribe(self, message: Subscribe) -> None:
         active = self._active_consumer()
         super()._subscribe(message)
@@ -166,7 +188,6 @@ class QuorumQueueActor(QueueActor):
     # ------------------------------------------------------------------ deleting
 
     def _delete(self, message: DeleteQueue) -> int:
-        count = super()._delete(message)
-        if self._wal is not None:
-            self._wal.tell(WalForget(self._owner))
-        return count
+        if self._wal is not None:  # its tombstone durable before its directory goes
+            self._wal.ask(WalForget(self._owner), timeout=WAL_TIMEOUT_S)
+        return super()._delete(message)

@@ -22,7 +22,9 @@ Messages accepted, and what each gets back:
                                   being written, not yet in its segments (a queue that
                                   restarts alone reads its log from its segments, then
                                   these)
-    WalForget(owner)            (tell) the queue was deleted: its entries are dropped
+    WalForget(owner)            → None: the queue is being deleted: its entries are
+                                  dropped, and a tombstone fdatasync'd first, so that a
+                                  queue declared again under its name never reads them
     WalStats()                  → {"syncs", "bytes_written", "appends", "records_per_sync",
                                   "files", "segment_writes"}
 
@@ -42,7 +44,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from warren.actors import DeferredReply, ProcessActor, UnhandledMessage, message
-from warren.queues.engine import ra_log
+
+from ..engine import ra_log
 
 WAL_NAME = "wal"
 
@@ -82,6 +85,9 @@ class WalStats:
 class WalActor(ProcessActor):
     """The node's WAL (the module docstring); its files are ``ra_log.Wal``'s."""
 
+    # a pass under a stream of unanswered writes still ends in a group commit this soon
+    max_pass_s = 0.005
+
     def __init__(self, data_dir: str, max_bytes: int = ra_log.WAL_MAX_BYTES) -> None:
         self.data_dir = data_dir
         self.max_bytes = max_bytes
@@ -99,7 +105,8 @@ class WalActor(ProcessActor):
 
     def on_receive(self, message: Any) -> Any:
         wal = self._wal
-        assert wal is not None, "on_start opens the WAL"
+        if wal is None:
+            raise RuntimeError("the WAL failed a commit and is stopping")
         try:
             if isinstance(message, WalAppend):
                 wal.add(message.owner, message.records)
@@ -115,6 +122,7 @@ class WalActor(ProcessActor):
                 return wal.entries(message.owner)
             if isinstance(message, WalForget):
                 wal.forget(message.owner)
+                self._commit()  # the tombstone durable before the queue's files go
                 return None
         except ValueError as exc:
             raise UnhandledMessage(f"{type(message).__name__}: {exc}") from None
@@ -134,10 +142,20 @@ class WalActor(ProcessActor):
         self._commit()
 
     def _commit(self) -> None:
-        """One write and one fdatasync for everything taken, then the answers."""
+        """One write and one fdatasync for everything taken, then the answers. A commit
+        that fails (a full disk, a failed fdatasync) ends the process at once: the file
+        may end in a torn record that would hide every later one, and the records it
+        took may not be on disk; the queues, restarted after it, recover from theirs."""
         if self._wal is None:
             return
         waiting, self._waiting = self._waiting, []
-        self._wal.commit()
+        try:
+            self._wal.commit()
+        except BaseException as exc:
+            for reply in waiting:
+                reply.fail(exc)
+            self._wal = None
+            self.stop(abnormal=True)
+            raise
         for reply in waiting:
             reply.send(None)

@@ -15,9 +15,10 @@ state as it is made and replayed the same way at a start:
 A message's ``delivery_count`` counts its deliveries that ended without an ack: a return
 that was delivered (``requeue``), and a consumer gone, which includes the queue process
 itself ending with the message out (a start returns every message it finds out, one
-more each). Past ``delivery_limit`` a returned message is not queued again: it stays out,
-in ``over_limit``, for the queue process to dead-letter or drop (settling it then). The
-waiting messages are served in index order, so a returned one goes before newer ones.
+more each, and logs that it did). Past ``delivery_limit`` a returned message is not
+queued again: it stays out, in ``over_limit``, for the queue process to dead-letter or
+drop (settling it then). The waiting messages are served in index order, so a returned
+one goes before newer ones.
 
 Confirms. The entries made since the last ``sync`` go to the node's WAL in one call
 (``append``): when they hold an enqueue, or a snapshot is due, it returns once they are
@@ -40,8 +41,10 @@ deleted are those below what both need.
 Recovery (the constructor): the snapshot (or the one before it), then the entries from
 what it needs on: below the snapshot's index only the bodies of its live messages are
 taken, above it every entry is applied; then the entries the WAL's process holds for the
-queue that are not in segments yet (``wal_entries``). A gap in the indexes, a record that
-fails its check in a segment, stops the replay there, logged and counted.
+queue that are not in segments yet (``wal_entries``). A gap in the indexes (a segment
+record that fails its check ends that file's reading), an entry that does not decode, or
+a log that ends below its snapshot raises ``CorruptLog``: the queue does not start, its
+files as they are (going on would reuse the damaged entries' indexes).
 
 Races this module guards against (one thread of control; a queue process owns it):
 - a crash between a command and its sync: the command was never confirmed; a settle
@@ -53,6 +56,7 @@ Races this module guards against (one thread of control; a queue process owns it
 from __future__ import annotations
 
 import heapq
+import itertools
 import logging
 import math
 import os
@@ -64,7 +68,7 @@ from typing import Any
 
 from warren.store import replicated_io
 
-from ..errors import MessageTooLarge, QueueClosed, UnknownDeliveryTag
+from ..errors import CorruptLog, MessageTooLarge, QueueClosed, UnknownDeliveryTag
 from ..message import MAX_MESSAGE_BYTES
 from . import ra_log
 from .msg_status import Fetched, MessageInfo
@@ -134,7 +138,6 @@ class QuorumQueue:
         self.over_limit: list[int] = []
         self.counters: dict[str, int] = {
             "log_entries_replayed": 0,
-            "log_replay_stopped": 0,
             "snapshots_written": 0,
             "segments_deleted": 0,
             "wal_appends": 0,
@@ -145,10 +148,14 @@ class QuorumQueue:
         self.next_seq_id = 1
         self.snapshot_index = 0
         self._snapshot_needs_from = 1  # what the snapshot on disk needs of the log
+        self._snapshot_damaged = False  # the newest failed its check (its fallback used)
         self._previous_needs_from = 1  # and the one before it
         self._recover(list(wal_entries))
         self.last_written = self.next_seq_id - 1
         self._applied_at_snapshot = self.snapshot_index
+        if self._unsent:  # the start's returns, durable before anything else
+            records, self._unsent = self._unsent, []
+            self._written(records, durable=True)
 
     # ------------------------------------------------------------------ recovery
 
@@ -164,22 +171,18 @@ class QuorumQueue:
             self._previous_needs_from = previous["needs_from"] if previous else start
         self.next_seq_id = self.snapshot_index + 1
         expected = start
-        segments = ra_log.read_segments(self.directory, start)
         replayed = 0
-        for source in (segments, iter(wal_entries)):
-            for entry in source:
-                if entry.index < expected:
-                    continue  # the WAL's copy of what a segment holds already
-                if entry.index != expected:
-                    self.counters["log_replay_stopped"] += 1
-                    log.error(
-                        "%s: the log jumps from index %d to %d; replay stops there",
-                        self.directory,
-                        expected - 1,
-                        entry.index,
-                    )
-                    break
-                expected += 1
+        entries = itertools.chain(ra_log.read_segments(self.directory, start), wal_entries)
+        for entry in entries:
+            if entry.index < expected:
+                continue  # the WAL's copy of what a segment holds already
+            if entry.index != expected:
+                raise CorruptLog(
+                    f"{self.directory}: the log jumps from index {expected - 1} to "
+                    f"{entry.index} (a damaged or missing segment)"
+                )
+            expected += 1
+            try:
                 if entry.index <= self.snapshot_index:
                     if entry.index in live and entry.command[:1] == b"E":
                         count, out = live[entry.index]
@@ -188,19 +191,21 @@ class QuorumQueue:
                         self._mark_out(entry.index, out)
                     continue
                 self._apply(entry.index, entry.command)
-                self.next_seq_id = entry.index + 1
-                replayed += 1
+            except (ValueError, struct.error, IndexError) as exc:
+                raise CorruptLog(f"{self.directory}: entry {entry.index}: {exc}") from None
+            self.next_seq_id = entry.index + 1
+            replayed += 1
         self.counters["log_entries_replayed"] = replayed
-        if snapshot is not None and expected <= self.snapshot_index:
-            self.counters["log_replay_stopped"] += 1
-            log.error(
-                "%s: the log ends at %d, below its snapshot's index %d",
-                self.directory,
-                expected - 1,
-                self.snapshot_index,
+        if expected <= self.snapshot_index:
+            raise CorruptLog(
+                f"{self.directory}: the log ends at {expected - 1}, below its snapshot's "
+                f"index {self.snapshot_index}"
             )
-        gone = sorted(index for index, m in self._messages.items() if m.out)
-        if gone:  # their consumers went with the process that delivered them
+        over = set(self.over_limit)
+        gone = sorted(i for i, m in self._messages.items() if m.out and i not in over)
+        if gone:  # their consumers went with the process that delivered them: logged, so
+            # that a purge or a snapshot after this start finds them where they are
+            self._log(b"R" + bytes([1]) + _pack_indexes(gone))
             self._return(gone, delivered=True)
 
     def _snapshots(self) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
@@ -211,6 +216,7 @@ class QuorumQueue:
                 found.append(ra_log.read_snapshot(os.path.join(self.directory, name)))
             except ValueError as exc:
                 self.counters["snapshots_refused"] = self.counters.get("snapshots_refused", 0) + 1
+                self._snapshot_damaged |= name == ra_log.SNAPSHOT_FILE
                 log.error("%s; the snapshot before it is used", exc)
                 found.append(None)
         snapshot, previous = found
@@ -232,10 +238,10 @@ class QuorumQueue:
                 else:
                     self._mark_out(tag, True)
         elif kind == b"R":
-            tags = [t for t in _indexes(rest[1:]) if t in self._messages]
+            tags = [t for t in dict.fromkeys(_indexes(rest[1:])) if t in self._messages]
             self._return(tags, delivered=bool(rest[0]))
         elif kind == b"S":
-            self._forget([t for t in _indexes(rest) if t in self._messages])
+            self._forget([t for t in dict.fromkeys(_indexes(rest)) if t in self._messages])
         elif kind == b"P":
             self._forget(self._waiting())
         else:
@@ -278,6 +284,9 @@ class QuorumQueue:
             self._bytes -= len(message.payload)
             if message.out:
                 self._out_count -= 1
+        if self.over_limit:
+            gone = set(tags)
+            self.over_limit = [tag for tag in self.over_limit if tag not in gone]
 
     def _waiting(self) -> list[int]:
         return sorted(index for index, m in self._messages.items() if not m.out)
@@ -380,7 +389,10 @@ class QuorumQueue:
             "messages": [[i, m.delivery_count, int(m.out)] for i, m in self._messages.items()],
         }
         current = os.path.join(self.directory, ra_log.SNAPSHOT_FILE)
-        if os.path.exists(current):  # the fallback, should the new one be damaged
+        if self._snapshot_damaged:  # never over the good fallback
+            replicated_io.unlink(current)
+            self._snapshot_damaged = False
+        elif os.path.exists(current):  # the fallback, should the new one be damaged
             replicated_io.rename(current, os.path.join(self.directory, PREVIOUS_SNAPSHOT))
             self._previous_needs_from = self._snapshot_needs_from
         ra_log.write_snapshot(current, state)
@@ -438,9 +450,6 @@ class QuorumQueue:
         if not tags:
             return
         self._log(b"S" + _pack_indexes(tags))
-        for tag in tags:
-            if tag in self.over_limit:
-                self.over_limit.remove(tag)
         self._forget(tags)
 
     def requeue(self, seq_ids: Iterable[int], *, delivered: bool = True) -> None:
@@ -474,10 +483,10 @@ class QuorumQueue:
         dropped: list[int] = []
         while (info := self.peek()) is not None and predicate(info):
             heapq.heappop(self._ready)
+            self._forget([info.seq_id])  # now: a second heap entry of it is then stale
             dropped.append(info.seq_id)
         if dropped:
             self._log(b"S" + _pack_indexes(dropped))
-            self._forget(dropped)
         return self.peek()
 
     def purge(self) -> int:

@@ -64,6 +64,7 @@ SEGMENT_ENTRIES = 4096  # records per segment file (Ra's segment_max_entries)
 QUORUM_DIRECTORY = "quorum"  # in the node's data directory: the WAL's files under it
 WAL_DIRECTORY = "wal"
 OWNER = re.compile(r"queues/[A-Za-z0-9_.~-]+")  # a queue's directory (``definitions``)
+TOMBSTONE = b"forget"  # with index 0: the queue's records before it are no more
 LOG_DIRECTORY = "log"
 SNAPSHOT_FILE = "snapshot"
 SNAPSHOT_CRC = struct.Struct(">I")
@@ -214,6 +215,9 @@ class Wal:
         check_owner(owner)
         if valid_length(records) != len(records):
             raise ValueError(f"records of {owner}: not whole, correct records; none taken")
+        named = owner.encode()
+        if any(own != named for own, _ in unpack_records(records)):
+            raise ValueError(f"records of {owner}: some name another queue; none taken")
         self._unwritten.append(records)
         self._memtables.setdefault(owner, []).append(records)
 
@@ -242,10 +246,14 @@ class Wal:
         return b"".join(self._memtables.get(owner, ()))
 
     def forget(self, owner: str) -> None:
-        """The queue was deleted: its records here are dropped."""
+        """The queue is being deleted: its records here are dropped, and a tombstone is
+        taken for the next ``commit``, once which a WAL file read again (``read_wal``)
+        holds none of them either: a queue declared again under the same name starts a
+        log of its own."""
         check_owner(owner)
         self._memtables.pop(owner, None)
         self.segments.forget(os.path.join(self.data_dir, owner))
+        self._unwritten.append(pack_entry(0, 0, TOMBSTONE, owner.encode()))
 
     def _to_segments(self, owner: str, entries: list[Entry]) -> None:
         try:
@@ -272,7 +280,11 @@ def read_wal(path: str) -> dict[str, list[Entry]]:
         data = file.read()
     entries: dict[str, list[Entry]] = {}
     for owner, entry in unpack_records(data):
-        entries.setdefault(owner.decode(), []).append(entry)
+        name = owner.decode(errors="replace")  # a bad name is refused where it is used
+        if entry.index == 0 and entry.command == TOMBSTONE:
+            entries.pop(name, None)  # the queue was deleted: what came before is not its
+            continue
+        entries.setdefault(name, []).append(entry)
     return entries
 
 
@@ -339,11 +351,25 @@ class SegmentWriter:
             self.forget(queue_directory)
             return 0
         last = self.last_index(queue_directory)
-        fresh = [entry for entry in entries if entry.index > last]
+        fresh: list[Entry] = []
+        for entry in entries:
+            if entry.index <= last:
+                continue  # a segment holds it already
+            if entry.index != last + len(fresh) + 1:
+                log.error(
+                    "%s: entry %d does not follow %d; it and what follows are not written",
+                    queue_directory,
+                    entry.index,
+                    last + len(fresh),
+                )
+                break
+            fresh.append(entry)
         if not fresh:
             return 0
         log_directory = os.path.join(queue_directory, LOG_DIRECTORY)
-        os.makedirs(log_directory, exist_ok=True)
+        if not os.path.isdir(log_directory):
+            os.makedirs(log_directory, exist_ok=True)
+            _fsync_directory(queue_directory)
         tail = self._tails[queue_directory]
         written = 0
         while written < len(fresh):

@@ -16,6 +16,7 @@ from warren import connect
 from warren.actors import RemoteError
 from warren.queues.broker.wal_actor import WAL_NAME, WalAppend, WalStats
 from warren.queues.errors import InvalidArgument
+from warren.queues.protocol import Fetch, Release, Subscribe
 from warren.supervisor import Node
 
 from ...supervisor.node.test_metrics import scrape
@@ -275,3 +276,19 @@ def test_a_scrape_shows_each_quorum_queues_log_and_the_wals_syncs(tmp_path):
         assert ("warren_quorum_queue_snapshot_index", (("queue", "orders"),)) in samples
         assert ("warren_quorum_queue_snapshot_index", (("queue", "plain"),)) not in samples
         assert scrape(node)[("warren_wal_syncs_total", ())] >= 1
+
+
+def test_a_waiting_consumers_parked_fetch_does_not_hold_back_the_active_ones(node):
+    node.declare_queue("jobs", type="quorum", single_active_consumer=True)
+    queue = node.queue("jobs")
+    active, waiting = b"active-consumer!", b"waiting-consumer"
+    for consumer in (active, waiting):
+        queue.ask(Subscribe(consumer, os.getpid(), True, 10), timeout=30)
+    waiting_fetch = queue.ask_async(Fetch(waiting, os.getpid(), 10, True, 60_000))
+    active_fetch = queue.ask_async(Fetch(active, os.getpid(), 10, True, 60_000))
+    node.connect().publish("jobs", b"job")
+    (delivered,) = active_fetch.get(timeout=30)  # not after the waiting one's minute
+    assert b"job" in delivered.payload
+    queue.tell(Release(waiting))
+    assert waiting_fetch.get(timeout=30) == []
+    queue.tell(Release(active))

@@ -8,7 +8,7 @@ import pytest
 
 from warren.queues.engine import ra_log
 from warren.queues.engine.quorum_queue import QuorumQueue
-from warren.queues.errors import UnknownDeliveryTag
+from warren.queues.errors import CorruptLog, UnknownDeliveryTag
 
 
 class Node:
@@ -217,3 +217,88 @@ def test_a_clean_stop_after_unwaited_settles_snapshots_each_of_them_once(tmp_pat
         (b"returned", 1),
         (b"kept", 0),
     ]
+
+
+def restarted(node, queue, **options):
+    """``queue`` ended as by kill -9 with the WAL's process alive, then opened again."""
+    queue.sync()
+    node.wal.commit()  # the WAL's group commit, as its process makes once idle
+    queue.abandon()
+    return node.open("orders", **options)
+
+
+def test_expiring_a_message_returned_before_a_restart_drops_it_once(tmp_path):
+    node = Node(tmp_path)
+    queue = node.open("orders")
+    queue.publish_many([b"expires"], expiry_ms=1)
+    queue.publish_many([b"stays"])
+    queue.requeue([queue.fetch_encoded().seq_id])  # its index twice in the heap, after
+    queue = restarted(node, queue)
+    queue.drop_while(lambda info: 0 < info.expiry_ms)
+    queue = restarted(node, queue)
+    assert bodies(queue, ack=False) == [b"stays"]
+
+
+def test_a_message_dropped_past_its_limit_is_not_asked_for_again_after_a_restart(tmp_path):
+    node = Node(tmp_path)
+    queue = node.open("orders", delivery_limit=0)
+    queue.publish_many([b"poison", b"fine"])
+    queue.requeue([queue.fetch_encoded().seq_id])
+    queue.ack(queue.take_over_limit())  # dropped: no dead-letter exchange
+    queue = restarted(node, queue, delivery_limit=0)
+    assert queue.take_over_limit() == []
+    assert bodies(queue, ack=False) == [b"fine"]
+
+
+def test_a_purge_after_a_restart_takes_what_that_restart_returned(tmp_path):
+    node = Node(tmp_path)
+    queue = node.open("orders")
+    queue.publish_many([b"was out", b"waiting"])
+    queue.fetch_encoded()
+    queue = restarted(node, queue)  # returns "was out"
+    assert queue.purge() == 2
+    queue = restarted(node, queue)
+    assert queue.depth == 0
+
+
+def test_a_queue_declared_again_under_a_deleted_ones_name_reads_only_its_own_log(tmp_path):
+    node = Node(tmp_path)
+    queue = node.open("orders")
+    queue.publish_many([b"old %d" % n for n in range(5)])
+    queue.sync()
+    node.wal.forget("queues/orders")
+    node.wal.commit()
+    queue.delete()
+    again = node.open("orders")
+    again.publish_many([b"new"])
+    again.sync()
+    again.abandon()
+    node.crash()  # the WAL file holds both queues' entries, under one name
+    assert bodies(node.open("orders"), ack=False) == [b"new"]
+
+
+def test_the_wal_refuses_records_that_name_another_queue(tmp_path):
+    wal = ra_log.Wal(str(tmp_path))
+    theirs = ra_log.pack_entry(1, 1, b"E" + b"\x00" * 10 + b"evil", b"queues/victim")
+    with pytest.raises(ValueError, match="name another queue"):
+        wal.add("queues/attacker", theirs)
+
+
+def test_a_damaged_segment_in_the_middle_of_the_log_stops_the_start_instead_of_losing(
+    tmp_path,
+):
+    node = Node(tmp_path, max_bytes=1024, segment_entries=8)
+    queue = node.open("orders")
+    for n in range(6):
+        queue.publish_many([b"%d-%d" % (n, i) for i in range(8)])
+        queue.sync()
+    queue.abandon()
+    node.crash()
+    first, path = ra_log.segment_files(os.path.join(node.data_dir, "queues/orders"))[0]
+    with open(path, "r+b") as segment:
+        segment.seek(40)
+        byte = segment.read(1)
+        segment.seek(40)
+        segment.write(bytes([byte[0] ^ 1]))
+    with pytest.raises(CorruptLog, match="jumps from index"):
+        node.open("orders")

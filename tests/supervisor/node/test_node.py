@@ -59,7 +59,7 @@ def test_status_shows_the_tree_with_pids_restarts_memory_and_alarms(tmp_path):
             "app_sup",
         ]
         assert tree["children"][0]["children"][0]["id"] == "msg_store_gc"
-        worker = tree["children"][4]["children"][0]
+        worker = tree["children"][5]["children"][0]
         assert worker["restarts"] == 1 and worker["rss_bytes"] > 0
         assert status["stores"]["msg_store_persistent"]["message_count"] == 0
         assert status["stores"]["msg_store_transient"]["transient"] is True
@@ -250,7 +250,7 @@ def test_status_says_starting_while_a_node_recovers_and_stale_pid_once_it_is_kil
 def test_a_node_process_killed_with_sigkill_leaves_no_actor_behind(node_process, tmp_path):
     node, pids = node_process(str(tmp_path / "data"))
     descendants = [psutil.Process(pid) for pid in pids[1:]]
-    assert len(descendants) == 6  # forkserver, GC, two stores, two application actors
+    assert len(descendants) == 7  # forkserver, GC, two stores, the WAL, two application actors
     node.send_signal(signal.SIGKILL)
     node.wait(timeout=30)
     wait_for(lambda: not any(map(is_alive, descendants)))

@@ -42,7 +42,7 @@ def test_a_signal_to_the_nodes_process_group_stops_it_in_order(node_process, tmp
     process, family = node_process(
         str(tmp_path / "data"), "--messages", str(MESSAGES), "--until-signalled"
     )
-    assert len(family) == 7  # node, forkserver, GC, two stores, two workers
+    assert len(family) == 8  # node, forkserver, GC, two stores, the WAL, two workers
     os.killpg(process.pid, signum)
     assert_stopped_cleanly(process, family, tmp_path / "data")
     assert process.stdout.read().strip() == signal.Signals(signum).name
