@@ -83,37 +83,42 @@ def pack_entry(index: int, term: int, command: bytes, owner: bytes = b"") -> byt
     return struct.pack(">II", crc32(body), len(body)) + body
 
 
+def _walk(view: memoryview) -> Iterator[tuple[int, int, int, int, int]]:
+    """(start, owner start, owner end, body end, index) of each whole, correct record of
+    ``view``, in order, up to the first torn or corrupt one."""
+    offset, end = 0, len(view)
+    while offset + HEADER.size <= end:
+        crc, length, index, _, owner_length = HEADER.unpack_from(view, offset)
+        body_end = offset + 8 + length
+        if length < HEADER.size - 8 + owner_length or body_end > end:
+            return
+        if crc32(view[offset + 8 : body_end]) != crc:
+            return
+        yield offset, offset + HEADER.size, offset + HEADER.size + owner_length, body_end, index
+        offset = body_end
+
+
 def unpack_records(data: bytes | memoryview) -> Iterator[tuple[bytes, Entry]]:
     """(owner, entry) of each whole record of ``data``, in order, up to the first torn or
     corrupt one."""
-    view, offset, end = memoryview(data), 0, len(data)
-    while offset + HEADER.size <= end:
-        crc, length, index, term, owner_length = HEADER.unpack_from(view, offset)
-        body_end = offset + 8 + length
-        if length < HEADER.size - 8 + owner_length or body_end > end:
-            return
-        if crc32(view[offset + 8 : body_end]) != crc:
-            return
-        owner_end = offset + HEADER.size + owner_length
+    view = memoryview(data)
+    for start, owner_start, owner_end, body_end, index in _walk(view):
+        term = HEADER.unpack_from(view, start)[3]
         yield (
-            bytes(view[offset + HEADER.size : owner_end]),
+            bytes(view[owner_start:owner_end]),
             Entry(index, term, bytes(view[owner_end:body_end])),
         )
-        offset = body_end
 
 
-def valid_length(data: bytes) -> int:
-    """How many leading bytes of ``data`` are whole, correct records."""
-    view, offset, end = memoryview(data), 0, len(data)
-    while offset + HEADER.size <= end:
-        crc, length, _, _, owner_length = HEADER.unpack_from(view, offset)
-        body_end = offset + 8 + length
-        if length < HEADER.size - 8 + owner_length or body_end > end:
+def valid_length(data: bytes, owner: bytes | None = None) -> int:
+    """How many leading bytes of ``data`` are whole, correct records (of ``owner`` only,
+    when given)."""
+    view, valid = memoryview(data), 0
+    for _, owner_start, owner_end, body_end, _ in _walk(view):
+        if owner is not None and view[owner_start:owner_end] != owner:
             break
-        if crc32(view[offset + 8 : body_end]) != crc:
-            break
-        offset = body_end
-    return offset
+        valid = body_end
+    return valid
 
 
 def _fsync_directory(path: str) -> None:
@@ -213,11 +218,10 @@ class Wal:
         for an owner that is not a queue's directory or bytes that are not whole, correct
         records."""
         check_owner(owner)
-        if valid_length(records) != len(records):
-            raise ValueError(f"records of {owner}: not whole, correct records; none taken")
-        named = owner.encode()
-        if any(own != named for own, _ in unpack_records(records)):
-            raise ValueError(f"records of {owner}: some name another queue; none taken")
+        if valid_length(records, owner.encode()) != len(records):
+            raise ValueError(
+                f"records of {owner}: not whole, correct records of that queue; none taken"
+            )
         self._unwritten.append(records)
         self._memtables.setdefault(owner, []).append(records)
 

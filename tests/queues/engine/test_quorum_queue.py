@@ -280,7 +280,7 @@ def test_a_queue_declared_again_under_a_deleted_ones_name_reads_only_its_own_log
 def test_the_wal_refuses_records_that_name_another_queue(tmp_path):
     wal = ra_log.Wal(str(tmp_path))
     theirs = ra_log.pack_entry(1, 1, b"E" + b"\x00" * 10 + b"evil", b"queues/victim")
-    with pytest.raises(ValueError, match="name another queue"):
+    with pytest.raises(ValueError, match="of that queue"):
         wal.add("queues/attacker", theirs)
 
 
