@@ -29,6 +29,7 @@ from typing import NamedTuple, Protocol
 
 from warren.store import Settlement
 
+from ..errors import MessageTooLarge
 from ..message import Message
 from .queue_index import Entry
 
@@ -236,3 +237,18 @@ def merge_in_order(queue: collections.deque, status: MsgStatus) -> None:
         insort(items, status, key=lambda s: s.seq_id)
         queue.clear()
         queue.extend(items)
+
+
+def checked_batch(payloads: list[bytes], msg_ids: list[bytes] | None, limit: int) -> list[int]:
+    """The sizes of a batch about to be published to a queue whose messages may encode to
+    ``limit`` bytes at most; ``MessageTooLarge`` (for one over it) or ``ValueError`` (ids
+    that do not match the bodies) before anything of it is taken."""
+    sizes = [len(payload) for payload in payloads]
+    if sizes and max(sizes) > limit:
+        raise MessageTooLarge(
+            f"a message of the batch encodes to {max(sizes)} bytes, above "
+            f"this queue's maximum of {limit}; nothing was published"
+        )
+    if msg_ids is not None and len(msg_ids) != len(payloads):
+        raise ValueError(f"{len(msg_ids)} msg_ids for {len(payloads)} messages")
+    return sizes

@@ -68,10 +68,10 @@ from typing import Any
 
 from warren.store import replicated_io
 
-from ..errors import CorruptLog, MessageTooLarge, QueueClosed, UnknownDeliveryTag
+from ..errors import CorruptLog, QueueClosed, UnknownDeliveryTag
 from ..message import MAX_MESSAGE_BYTES
 from . import ra_log
-from .msg_status import Fetched, MessageInfo
+from .msg_status import Fetched, MessageInfo, checked_batch
 
 log = logging.getLogger(__name__)
 
@@ -321,14 +321,7 @@ class QuorumQueue:
         """Enqueue a batch (every message of a quorum queue is persistent); their indexes.
         A message over the maximum size refuses the whole batch before anything changes."""
         self._check_open()
-        sizes = [len(payload) for payload in payloads]
-        if sizes and max(sizes) > self.max_message_bytes:
-            raise MessageTooLarge(
-                f"a message of the batch encodes to {max(sizes)} bytes, above this queue's "
-                f"maximum of {self.max_message_bytes}; nothing was published"
-            )
-        if msg_ids is not None and len(msg_ids) != len(payloads):
-            raise ValueError(f"{len(msg_ids)} msg_ids for {len(payloads)} messages")
+        checked_batch(payloads, msg_ids, self.max_message_bytes)
         first = self.next_seq_id
         expiry = expiry_ms or 0
         for number, payload in enumerate(payloads):

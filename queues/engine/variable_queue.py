@@ -98,6 +98,7 @@ from .msg_status import (
     MsgStatus,
     RamFigures,
     SharedStoreClient,
+    checked_batch,
     merge_in_order,
 )
 from .queue_index import (
@@ -387,16 +388,9 @@ class VariableQueue:
         its next call is ``sync``, has a batch of ``WRITE_AT_ONCE_BYTES`` or more written
         at once instead."""
         self._check_open()
-        limit, embed = self.max_message_bytes, self.embed_msgs_below
-        sizes = [len(payload) for payload in payloads]
-        if sizes and max(sizes) > limit:
-            raise MessageTooLarge(
-                f"a message of the batch encodes to {max(sizes)} bytes, above "
-                f"this queue's maximum of {limit}; nothing was published"
-            )
+        embed = self.embed_msgs_below
+        sizes = checked_batch(payloads, msg_ids, self.max_message_bytes)
         first = self.next_seq_id
-        if msg_ids is not None and len(msg_ids) != len(payloads):
-            raise ValueError(f"{len(msg_ids)} msg_ids for {len(payloads)} messages")
         if not payloads or not persistent or not self._batching or max(sizes) >= embed:
             for payload, msg_id in zip(payloads, msg_ids or repeat(None), strict=False):
                 self.publish_encoded(
