@@ -53,29 +53,55 @@ class NodeProcess:
         self.start()
 
     def start(self) -> None:
-        self.process = subprocess.Popen(
-            [
-                *WARREN,
-                "node",
-                "--data-dir",
-                str(self.data_dir),
-                "--listen",
-                self.endpoint,
-                *self.options,
-            ],
-            cwd=ROOT,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
+        self.data_dir.parent.mkdir(parents=True, exist_ok=True)
+        log = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            self.process = subprocess.Popen(
+                [
+                    *WARREN,
+                    "node",
+                    "--data-dir",
+                    str(self.data_dir),
+                    "--listen",
+                    self.endpoint,
+                    *self.options,
+                ],
+                cwd=ROOT,
+                stdout=subprocess.DEVNULL,
+                stderr=log,
+                start_new_session=True,
+            )
+        finally:
+            os.close(log)  # the node holds its own copy
         try:
             if not self.serves:
-                wait_for(lambda: answers_status(self.data_dir), timeout=60)
+                process = self.process
+                wait_for(lambda: process.poll() is not None or answers_status(self.data_dir), 60)
+                assert process.poll() is None, "the node exited"
             for transport in TRANSPORTS if self.serves else ():  # it serves, on both
                 connect(self.target(transport), wait=60, recover=False).close()
-        except BaseException:
+        except BaseException as exc:
+            exited = self.process.poll()
             self.stop()  # it does not serve: no test will stop it
-            raise
+            if not isinstance(exc, Exception):  # an interrupt stays one
+                raise
+            raise AssertionError(
+                f"the node on {self.data_dir} did not start "
+                f"({'still ran' if exited is None else f'exit status {exited}'}); "
+                f"the end of its log:\n{self.log_tail()}"
+            ) from exc
+
+    @property
+    def log_path(self) -> Path:
+        """Where the node's log (its stderr) goes, every start appended: beside its data
+        directory, so a test that lists that directory never meets it."""
+        return self.data_dir.with_name(f"{self.data_dir.name}.log")
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError as exc:
+            return f"(no log: {exc})"
 
     def kill(self) -> None:
         """SIGKILL every process of the node at once, and reap its main process."""
