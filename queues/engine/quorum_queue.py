@@ -41,10 +41,20 @@ deleted are those below what both need.
 Recovery (the constructor): the snapshot (or the one before it), then the entries from
 what it needs on: below the snapshot's index only the bodies of its live messages are
 taken, above it every entry is applied; then the entries the WAL's process holds for the
-queue that are not in segments yet (``wal_entries``). A gap in the indexes (a segment
-record that fails its check ends that file's reading), an entry that does not decode, or
-a log that ends below its snapshot raises ``CorruptLog``: the queue does not start, its
-files as they are (going on would reuse the damaged entries' indexes).
+queue that are not in segments yet (``wal_entries``). Damage (a segment whose reading
+stops at a record that fails its check, a gap in the indexes, a log that ends below its
+snapshot) loses only what it covers: the queue starts with the rest, counts the entries
+lost (``log_entries_lost``) and logs each; the indexes go on above the highest read, so
+none is used twice (the WAL's process begins a new segment past a gap). An entry whose
+check holds but that does not decode is no damage but a log this version cannot read:
+``CorruptLog``, the queue does not start and its files stay as they are.
+
+Redelivered. A delivery is handed to the WAL without a wait, so a crash may lose its
+record: a start that finds no ``CLEAN_MARKER`` (written by a clean stop, removed by the
+next start before it serves) or that met damage marks every message it recovered as
+maybe delivered, and such a message's next delivery says so (a delivery count of at least
+1; the delivery limit counts only the deliveries logged), as a classic queue's dirty
+recovery does. The mark is kept in snapshots.
 
 Races this module guards against (one thread of control; a queue process owns it):
 - a crash between a command and its sync: the command was never confirmed; a settle
@@ -68,6 +78,7 @@ from typing import Any
 
 from warren.store import replicated_io
 
+from ..durable_files import fsync_directory
 from ..errors import CorruptLog, QueueClosed, UnknownDeliveryTag
 from ..message import MAX_MESSAGE_BYTES
 from . import ra_log
@@ -78,6 +89,7 @@ log = logging.getLogger(__name__)
 SNAPSHOT_INTERVAL = 4096  # Ra's raft_log_snapshot_interval
 MAX_ENTRIES = 32768  # Ra's raft_log_max_entries
 PREVIOUS_SNAPSHOT = ra_log.SNAPSHOT_FILE + ".previous"
+CLEAN_MARKER = "clean"  # a queue stopped cleanly: every delivery it made is in its log
 ENQUEUE = struct.Struct(">QH")  # after the kind byte: expiry_ms, msg_id length
 INDEXES = "Q"
 
@@ -93,6 +105,9 @@ class _Message:
     msg_id: bytes
     delivery_count: int = 0
     out: bool = False
+    # a crash (or damage) may have lost the record of a delivery: its next one says
+    # "redelivered" (a delivery count of at least 1) whatever the count
+    maybe_delivered: bool = False
 
 
 def _indexes(data: bytes) -> list[int]:
@@ -138,6 +153,7 @@ class QuorumQueue:
         self.over_limit: list[int] = []
         self.counters: dict[str, int] = {
             "log_entries_replayed": 0,
+            "log_entries_lost": 0,
             "snapshots_written": 0,
             "segments_deleted": 0,
             "wal_appends": 0,
@@ -150,6 +166,7 @@ class QuorumQueue:
         self._snapshot_needs_from = 1  # what the snapshot on disk needs of the log
         self._snapshot_damaged = False  # the newest failed its check (its fallback used)
         self._previous_needs_from = 1  # and the one before it
+        self._damaged = False  # the start met a damaged file: something was lost
         self._recover(list(wal_entries))
         self.last_written = self.next_seq_id - 1
         self._applied_at_snapshot = self.snapshot_index
@@ -161,52 +178,82 @@ class QuorumQueue:
 
     def _recover(self, wal_entries: list[ra_log.Entry]) -> None:
         snapshot, previous = self._snapshots()
-        live: dict[int, tuple[int, bool]] = {}
+        live: dict[int, tuple[int, bool, bool]] = {}
         start = 1
         if snapshot is not None:
             self.snapshot_index = snapshot["index"]
-            live = {index: (count, bool(out)) for index, count, out in snapshot["messages"]}
+            live = {
+                index: (count, bool(out), bool(maybe and maybe[0]))
+                for index, count, out, *maybe in snapshot["messages"]
+            }
             start = snapshot["needs_from"]
             self._snapshot_needs_from = start
             self._previous_needs_from = previous["needs_from"] if previous else start
         self.next_seq_id = self.snapshot_index + 1
         expected = start
         replayed = 0
-        entries = itertools.chain(ra_log.read_segments(self.directory, start), wal_entries)
+        damaged_files: list[str] = []
+        entries = itertools.chain(
+            ra_log.read_segments(self.directory, start, damaged_files), wal_entries
+        )
         for entry in entries:
             if entry.index < expected:
                 continue  # the WAL's copy of what a segment holds already
             if entry.index != expected:
-                raise CorruptLog(
-                    f"{self.directory}: the log jumps from index {expected - 1} to "
-                    f"{entry.index} (a damaged or missing segment)"
-                )
-            expected += 1
+                self._lost(expected, entry.index - 1)
+            expected = entry.index + 1
             try:
                 if entry.index <= self.snapshot_index:
                     if entry.index in live and entry.command[:1] == b"E":
-                        count, out = live[entry.index]
+                        count, out, maybe = live[entry.index]
                         message = self._enqueued(entry.index, entry.command)
                         message.delivery_count = count
+                        message.maybe_delivered = maybe
                         self._mark_out(entry.index, out)
                     continue
                 self._apply(entry.index, entry.command)
             except (ValueError, struct.error, IndexError) as exc:
+                # the record's CRC holds: not damage, a log this version cannot read
                 raise CorruptLog(f"{self.directory}: entry {entry.index}: {exc}") from None
             self.next_seq_id = entry.index + 1
             replayed += 1
         self.counters["log_entries_replayed"] = replayed
         if expected <= self.snapshot_index:
-            raise CorruptLog(
-                f"{self.directory}: the log ends at {expected - 1}, below its snapshot's "
-                f"index {self.snapshot_index}"
-            )
+            self._lost(expected, self.snapshot_index)
+        missing = [i for i in live if i >= start and i not in self._messages]
+        if missing:  # their enqueues were in what was lost
+            log.error("%s: %d live messages' bodies are lost", self.directory, len(missing))
+        for path in damaged_files:
+            self._damaged = True
+            log.error("%s: damaged; what follows its last whole record is lost", path)
+        clean = self._was_stopped_cleanly()
+        if self._damaged or not clean:
+            # a delivery handed out without a wait may be lost with the crash (or the
+            # damage): each message here may have been delivered, so it says so
+            for message in self._messages.values():
+                message.maybe_delivered = True
         over = set(self.over_limit)
         gone = sorted(i for i, m in self._messages.items() if m.out and i not in over)
         if gone:  # their consumers went with the process that delivered them: logged, so
             # that a purge or a snapshot after this start finds them where they are
             self._log(b"R" + bytes([1]) + _pack_indexes(gone))
             self._return(gone, delivered=True)
+
+    def _lost(self, first: int, last: int) -> None:
+        """Entries ``first`` to ``last`` are not in the log (a damaged file)."""
+        self._damaged = True
+        self.counters["log_entries_lost"] += last - first + 1
+        log.error("%s: log entries %d to %d are lost (a damaged file)", self.directory, first, last)
+
+    def _was_stopped_cleanly(self) -> bool:
+        """Whether the last run stopped cleanly (its marker, removed here for good: from
+        now on a crash may lose a delivery handed out without a wait)."""
+        marker = os.path.join(self.directory, CLEAN_MARKER)
+        if not os.path.exists(marker):
+            return False
+        replicated_io.unlink(marker)
+        fsync_directory(self.directory)
+        return True
 
     def _snapshots(self) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
         """The snapshot to start from, and the one before it (either may be None)."""
@@ -379,7 +426,10 @@ class QuorumQueue:
             "index": index,
             "term": self.term,
             "needs_from": needs_from,
-            "messages": [[i, m.delivery_count, int(m.out)] for i, m in self._messages.items()],
+            "messages": [
+                [i, m.delivery_count, int(m.out), int(m.maybe_delivered)]
+                for i, m in self._messages.items()
+            ],
         }
         current = os.path.join(self.directory, ra_log.SNAPSHOT_FILE)
         if self._snapshot_damaged:  # never over the good fallback
@@ -414,7 +464,8 @@ class QuorumQueue:
         else:
             self._log(b"S" + _pack_indexes([index]))
             self._forget([index])
-        return Fetched(index, message.payload, message.delivery_count, message.msg_id)
+        count = max(message.delivery_count, int(message.maybe_delivered))
+        return Fetched(index, message.payload, count, message.msg_id)
 
     def peek(self) -> MessageInfo | None:
         self._check_open()
@@ -547,6 +598,9 @@ class QuorumQueue:
                 self._written([], durable=True)
             if self.last_written > self.snapshot_index:
                 self.snapshot()
+            marker = os.path.join(self.directory, CLEAN_MARKER)
+            os.close(replicated_io.open(marker, os.O_WRONLY | os.O_CREAT, 0o644))
+            fsync_directory(self.directory)
         self._closed = True
 
     def delete(self) -> None:

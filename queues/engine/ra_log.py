@@ -19,7 +19,8 @@ fdatasync'd before the WAL file is deleted. At its start the process reads every
 file left (``read_wal``) into segments the same way before any quorum queue starts.
 
 Segments. ``<queue dir>/log/<first index:020d>.segment``, at most ``SEGMENT_ENTRIES``
-records each, in index order, written only by the WAL's process. A queue reads them
+records each, in index order, written only by the WAL's process (entries that follow a
+gap, which damage left, begin a new file: a file's entries never skip). A queue reads them
 (``read_segments``) when it starts, and deletes the files wholly below what it still
 needs once a snapshot covers them (``delete_segments_below``; never the newest, which the
 WAL's process may be appending to).
@@ -55,6 +56,8 @@ from typing import Any, NamedTuple
 from isal.isal_zlib import crc32
 
 from warren.store import replicated_io
+
+from ..durable_files import fsync_directory
 
 log = logging.getLogger(__name__)
 
@@ -121,14 +124,6 @@ def valid_length(data: bytes, owner: bytes | None = None) -> int:
     return valid
 
 
-def _fsync_directory(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        replicated_io.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 # ---------------------------------------------------------------------- the WAL
 
 
@@ -158,7 +153,7 @@ class WalFiles:
         self.path = os.path.join(self.directory, f"{number:08d}.wal")
         self._fd = replicated_io.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         self.size = 0
-        _fsync_directory(self.directory)
+        fsync_directory(self.directory)
 
     def append(self, records: list[bytes]) -> None:
         written = replicated_io.write(self._fd, b"".join(records))
@@ -359,12 +354,12 @@ class SegmentWriter:
         for entry in entries:
             if entry.index <= last:
                 continue  # a segment holds it already
-            if entry.index != last + len(fresh) + 1:
+            if fresh and entry.index != fresh[-1].index + 1:
                 log.error(
                     "%s: entry %d does not follow %d; it and what follows are not written",
                     queue_directory,
                     entry.index,
-                    last + len(fresh),
+                    fresh[-1].index,
                 )
                 break
             fresh.append(entry)
@@ -373,15 +368,26 @@ class SegmentWriter:
         log_directory = os.path.join(queue_directory, LOG_DIRECTORY)
         if not os.path.isdir(log_directory):
             os.makedirs(log_directory, exist_ok=True)
-            _fsync_directory(queue_directory)
+            fsync_directory(queue_directory)
         tail = self._tails[queue_directory]
+        if fresh[0].index != last + 1:
+            # the queue went on past entries a damaged file lost: a segment of their own,
+            # so that the gap stays one (its start reads it as lost, never reused)
+            log.error(
+                "%s: entries %d to %d are lost (damaged); the log goes on at %d",
+                queue_directory,
+                last + 1,
+                fresh[0].index - 1,
+                fresh[0].index,
+            )
+            tail = None
         written = 0
         while written < len(fresh):
             if tail is None or tail.records >= self.max_entries:
                 path = os.path.join(log_directory, f"{fresh[written].index:020d}.segment")
                 tail = _SegmentTail(path, 0, 0, fresh[written].index - 1)
                 fd = replicated_io.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-                _fsync_directory(log_directory)
+                fsync_directory(log_directory)
             else:
                 fd = replicated_io.open(tail.path, os.O_WRONLY, 0o644)
             try:
@@ -399,18 +405,26 @@ class SegmentWriter:
         return written
 
 
-def read_segments(queue_directory: str, from_index: int = 1) -> Iterator[Entry]:
+def read_segments(
+    queue_directory: str, from_index: int = 1, damaged: list[str] | None = None
+) -> Iterator[Entry]:
     """A queue's entries from ``from_index`` on, in index order, as its segments hold them
-    (each file read up to its first torn or corrupt record)."""
+    (each file read up to its first torn or corrupt record; such a file's path goes to
+    ``damaged``)."""
     files = segment_files(queue_directory)
     for number, (_, path) in enumerate(files):
         if number + 1 < len(files) and files[number + 1][0] <= from_index:
             continue  # wholly below
         with open(path, "rb") as file:
             data = file.read()
-        for _, entry in unpack_records(data):
-            if entry.index >= from_index:
-                yield entry
+        view, read_to = memoryview(data), 0
+        for start, _, owner_end, body_end, index in _walk(view):
+            read_to = body_end
+            if index >= from_index:
+                term = HEADER.unpack_from(view, start)[3]
+                yield Entry(index, term, bytes(view[owner_end:body_end]))
+        if damaged is not None and read_to != len(data):
+            damaged.append(path)
 
 
 def delete_segments_below(queue_directory: str, index: int) -> int:
@@ -439,7 +453,7 @@ def write_snapshot(path: str, state: dict[str, Any]) -> None:
     finally:
         os.close(fd)
     replicated_io.rename(temporary, path)
-    _fsync_directory(os.path.dirname(path))
+    fsync_directory(os.path.dirname(path))
 
 
 def read_snapshot(path: str) -> dict[str, Any] | None:

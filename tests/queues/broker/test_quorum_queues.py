@@ -60,7 +60,9 @@ def test_confirmed_messages_survive_kill_9_of_the_queue_the_wal_and_the_whole_no
         expected = [b"%s%d" % (p, n) for p in (b"a", b"b", b"c") for n in range(300)]
         assert [d.body for d in got] == expected
         assert got[0].redelivered and got[0].delivery_count >= 1  # its consumer went
-        assert not any(d.redelivered for d in got[1:])
+        # a kill -9 may lose a delivery's record (handed over without a wait): every
+        # message recovered says it may have been delivered, as a classic queue's does
+        assert all(d.redelivered for d in got[1:])
     finally:
         node.stop()
 
