@@ -69,6 +69,8 @@ WAL_DIRECTORY = "wal"
 OWNER = re.compile(r"queues/[A-Za-z0-9_.~-]+")  # a queue's directory (``definitions``)
 TOMBSTONE = b"forget"  # with index 0: the queue's records before it are no more
 LOG_DIRECTORY = "log"
+WAL_SUFFIX = ".wal"
+SEGMENT_SUFFIX = ".segment"
 SNAPSHOT_FILE = "snapshot"
 SNAPSHOT_CRC = struct.Struct(">I")
 
@@ -113,6 +115,17 @@ def unpack_records(data: bytes | memoryview) -> Iterator[tuple[bytes, Entry]]:
         )
 
 
+def record_start(data: bytes, offset: int) -> int:
+    """Where the record that byte ``offset`` of ``data`` lies in begins (past the whole,
+    correct records: where they end)."""
+    start = 0
+    for record, _, _, body_end, _ in _walk(memoryview(data)):
+        start = record if offset < body_end else body_end
+        if offset < body_end:
+            break
+    return start
+
+
 def valid_length(data: bytes, owner: bytes | None = None) -> int:
     """How many leading bytes of ``data`` are whole, correct records (of ``owner`` only,
     when given)."""
@@ -146,11 +159,11 @@ class WalFiles:
         return sorted(
             os.path.join(self.directory, name)
             for name in os.listdir(self.directory)
-            if name.endswith(".wal") and name[:8].isdigit()
+            if name.endswith(WAL_SUFFIX) and name[:8].isdigit()
         )
 
     def _open(self, number: int) -> None:
-        self.path = os.path.join(self.directory, f"{number:08d}.wal")
+        self.path = os.path.join(self.directory, f"{number:08d}{WAL_SUFFIX}")
         self._fd = replicated_io.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         self.size = 0
         fsync_directory(self.directory)
@@ -300,7 +313,7 @@ def segment_files(queue_directory: str) -> list[tuple[int, str]]:
     return sorted(
         (int(name[:20]), os.path.join(directory, name))
         for name in names
-        if name.endswith(".segment") and name[:20].isdigit()
+        if name.endswith(SEGMENT_SUFFIX) and name[:20].isdigit()
     )
 
 
@@ -384,7 +397,8 @@ class SegmentWriter:
         written = 0
         while written < len(fresh):
             if tail is None or tail.records >= self.max_entries:
-                path = os.path.join(log_directory, f"{fresh[written].index:020d}.segment")
+                name = f"{fresh[written].index:020d}{SEGMENT_SUFFIX}"
+                path = os.path.join(log_directory, name)
                 tail = _SegmentTail(path, 0, 0, fresh[written].index - 1)
                 fd = replicated_io.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
                 fsync_directory(log_directory)

@@ -1,38 +1,42 @@
-"""Warren's own crash-recovery run (``warren chaos``): producers and consumers over tcp
-across a default, a lazy and a fanout-bound pair of queues and a stream while faults
-land, then the invariants.
+"""Warren's own crash-recovery run (``warren chaos``): producers and consumers over tcp across
+a default, a lazy, a fanout-bound pair and a quorum queue and a stream while faults land,
+then the invariants.
 
 The node listens on a loopback port the run picks; its queues are ``chaos.default``,
-``chaos.lazy`` (lazy mode) and ``chaos.fanout.1`` / ``chaos.fanout.2``, both bound to
-the fanout exchange ``chaos.fanout``, and the stream ``chaos.stream``, whose segments
-are small (``STREAM_SEGMENT_BYTES``) and whose retention by size
-(``STREAM_RETENTION_BYTES``) keeps a few of them, so that retention deletes segments all
-run long and races its reader. Producer ``i`` (a process of
-``warren.supervisor.chaos.workload``, ``pI``) publishes to the default queue, the lazy queue and
-the fanout exchange in turn (by ``i``), one persistent message at a time with confirms,
-under ``producer_id=pI`` and ``sequence=n``, so a publish re-sent after a fault is a
-repeat the queue drops. (``pI`` is prefixed by the run's own id, so a node's data
-directory can take run after run; body sizes are drawn from the seed, so a run repeated
-with its seed publishes the same bytes.) Consumers share the queues among themselves
-(every queue has one) and check each body against its id. A stream producer and a
+``chaos.lazy`` (lazy mode) and ``chaos.fanout.1`` / ``chaos.fanout.2``, both bound to the
+fanout exchange ``chaos.fanout``, the quorum queue ``chaos.quorum``, and the stream
+``chaos.stream``, whose segments are small (``STREAM_SEGMENT_BYTES``) and whose retention by
+size (``STREAM_RETENTION_BYTES``) keeps a few of them, so that retention deletes segments
+all run long and races its reader. Producer ``i`` (a process of
+``warren.supervisor.chaos.workload``, ``pI``) publishes to the default queue, the lazy
+queue, the fanout exchange and the quorum queue in turn (by ``i``), one persistent message
+at a time with confirms, under ``producer_id=pI`` and ``sequence=n``, so a publish re-sent
+after a fault is a repeat the queue drops. (``pI`` is prefixed by the run's own id, so a
+node's data directory can take run after run; body sizes are drawn from the seed, so a run
+repeated with its seed publishes the same bytes.) Consumers share the queues among
+themselves (every queue has one) and check each body against its id. A stream producer and a
 stream reader (``warren.supervisor.chaos.stream_workload``) publish to the stream with
 confirms and deduplication, and read it by offset as a named consumer.
 
 After the faults, producers stop, consumers drain the queues until they are empty, and
 ``warren.supervisor.chaos.workload.audit`` says what was ``lost``, ``unflagged`` (consumed
-again without the redelivered flag), ``misrouted`` or wrong. The stream's reader reads on
-until it has been idle ``STREAM_DRAIN_IDLE_S``; then, the node stopped, what the stream
-holds is read from its files, and ``warren.supervisor.chaos.stream_workload.audit_stream``
-says what of the stream was lost, and what retention deleted before the reader got there
+again without the redelivered flag), ``misrouted``, wrong, or delivered by the quorum queue
+with a lower delivery count than before (``backwards``). The stream's reader reads on until
+it has been idle ``STREAM_DRAIN_IDLE_S``; then, the node stopped, what the stream holds is
+read from its files, and ``warren.supervisor.chaos.stream_workload.audit_stream`` says what
+of the stream was lost, and what retention deleted before the reader got there
 (``trimmed``). Confirmed messages that a torn or flipped file destroyed are counted apart
-(``destroyed``): a store with one copy cannot give those back. Before it damages a file
-the harness tells ``note_damage`` where, and the damage excuses only what it can reach:
-a cut, the record it lands in and every one after it; a flipped bit, the record it lands
-in (one of two neighbours, where the bit falls between two bodies); a file's damaged
-header, the whole file. A queue's own files excuse that queue's messages; the shared
-store's, every queue's; a stream's segment or index, the messages of the chunks the
-damage lands in (a cut: and every chunk after it) and those chunks' offsets
-(``StreamDamage``). A workload process that dies during the run is a problem of the run.
+(``destroyed``): a store with one copy cannot give those back. Before it damages a file the
+harness tells ``note_damage`` where, and the damage excuses only what it can reach: a cut,
+the record it lands in and every one after it; a flipped bit, the record it lands in (one of
+two neighbours, where the bit falls between two bodies); a file's damaged header, the whole
+file. A queue's own files excuse that queue's messages; the shared store's, every queue's; a
+stream's segment or index, the messages of the chunks the damage lands in (a cut: and every
+chunk after it) and those chunks' offsets (``StreamDamage``); a quorum queue's WAL file
+(every quorum queue's) or log segment (its queue's), the record the damage lands in and
+every one after it in the file, and with them the delivery counts those records raised; its
+snapshot, nothing (the snapshot before it, or the log kept since, holds the same). A
+workload process that dies during the run is a problem of the run.
 """
 
 from __future__ import annotations
@@ -52,7 +56,16 @@ from warren.actors import ActorError
 from warren.queues.broker.dedup import message_ids
 from warren.queues.broker.definitions import queue_directory
 from warren.queues.broker.listener import with_free_port
+from warren.queues.broker.wal_actor import WAL_NAME
 from warren.queues.engine.queue_index import HEADER_BYTES, SLOT_BYTES, records_at
+from warren.queues.engine.ra_log import (
+    LOG_DIRECTORY,
+    QUORUM_DIRECTORY,
+    SNAPSHOT_FILE,
+    WAL_DIRECTORY,
+    record_start,
+)
+from warren.queues.engine.ref_counts import QUEUES_DIR
 from warren.queues.engine.segments import header_fields
 from warren.queues.engine.stream_log import INDEX_SUFFIX, SEGMENT_SUFFIX
 from warren.queues.errors import QueueError
@@ -96,13 +109,17 @@ __all__ = [
 
 DEFAULT_QUEUE, LAZY_QUEUE, EXCHANGE = "chaos.default", "chaos.lazy", "chaos.fanout"
 FANOUT_QUEUES = ("chaos.fanout.1", "chaos.fanout.2")
-QUEUES = (DEFAULT_QUEUE, LAZY_QUEUE, *FANOUT_QUEUES)
-# What producer i publishes to, by i modulo 3: (exchange, routing key, the queues it reaches)
+QUORUM_QUEUE = "chaos.quorum"
+QUEUES = (DEFAULT_QUEUE, LAZY_QUEUE, *FANOUT_QUEUES, QUORUM_QUEUE)
+# What producer i publishes to, by i modulo 4: (exchange, routing key, the queues it reaches)
 TARGETS = (
     ("", DEFAULT_QUEUE, (DEFAULT_QUEUE,)),
     ("", LAZY_QUEUE, (LAZY_QUEUE,)),
     (EXCHANGE, "", FANOUT_QUEUES),
+    ("", QUORUM_QUEUE, (QUORUM_QUEUE,)),
 )
+# Queues whose delivery counts survive every restart: one must never go backwards.
+COUNTED_QUEUES = (QUORUM_QUEUE,)
 STREAM = "chaos.stream"
 STREAM_SEGMENT_BYTES = 256 * 1024  # a segment file, at most (but for its first chunk)
 STREAM_RETENTION_BYTES = 4 * STREAM_SEGMENT_BYTES  # the stream's max_length_bytes
@@ -119,9 +136,9 @@ _ORDER = re.compile(rb'\{"order": "([0-9a-f]+p\d+-\d+)"')
 _MSG_ID_AT = 16  # where a queue index slot keeps the message id (16 bytes)
 # Process faults a pattern may take in a period: under the restart intensity of the node's
 # supervisors (3 in 60 s for the root and for each queue's), so a supervisor giving up is
-# the run's finding. A pattern naming queues only may take 3; any other 2, leaving the
-# root a restart for the rest.
-QUEUE_PATTERN_LIMIT, OTHER_PATTERN_LIMIT = (3, 60.0), (2, 60.0)
+# the run's finding. A pattern naming queues only may take 3; the others (the root's
+# children: the stores, the WAL) share 2, leaving the root a restart for the rest.
+QUEUE_PATTERN_LIMIT, OTHER_PATTERNS_LIMIT = (3, 60.0), (2, 60.0)
 
 
 def actor_names() -> list[str]:
@@ -129,6 +146,7 @@ def actor_names() -> list[str]:
     return [
         GC_NAME,
         *STORES,
+        WAL_NAME,
         LISTENER_NAME,
         *(QUEUE_PREFIX + q for q in QUEUES),
         STREAM_ACTOR_PREFIX + STREAM,
@@ -138,7 +156,7 @@ def actor_names() -> list[str]:
 def pattern_limits(patterns: tuple[str, ...]) -> dict[str, tuple[int, float]]:
     """Each pattern's limit; ValueError for a pattern that names none of the actors."""
     names = actor_names()
-    limits = {}
+    queues_only = {}
     for pattern in patterns:
         matched = [n for n in names if fnmatch.fnmatchcase(n, pattern)]
         if not matched:
@@ -146,12 +164,13 @@ def pattern_limits(patterns: tuple[str, ...]) -> dict[str, tuple[int, float]]:
                 f"the pattern {pattern!r} matches no process of the node; its "
                 f"processes are {', '.join(names)}"
             )
-        limits[pattern] = (
-            QUEUE_PATTERN_LIMIT
-            if all(n.startswith((QUEUE_PREFIX, STREAM_ACTOR_PREFIX)) for n in matched)
-            else OTHER_PATTERN_LIMIT
+        queues_only[pattern] = all(
+            n.startswith((QUEUE_PREFIX, STREAM_ACTOR_PREFIX)) for n in matched
         )
-    return limits
+    others = sum(1 for only in queues_only.values() if not only)
+    count, period_s = OTHER_PATTERNS_LIMIT
+    other = (max(1, count // max(1, others)), period_s)
+    return {p: QUEUE_PATTERN_LIMIT if only else other for p, only in queues_only.items()}
 
 
 class ChaosWorkload:
@@ -183,6 +202,8 @@ class ChaosWorkload:
         # Bodies in a damaged file, by queue (None: the shared store, every queue's).
         self._destroyed_ids: dict[str | None, set[str]] = {}
         self._destroyed_slots: dict[str, set[bytes]] = {}  # queue -> index entries
+        # Queues whose log a damaged file cut: their delivery counts may go back.
+        self._counts_damaged: set[str] = set()
         self.stream_damage = StreamDamage()
         self._stream_read_changed = (0, time.monotonic())  # reader lines, and since when
         os.makedirs(directory, exist_ok=True)
@@ -213,6 +234,7 @@ class ChaosWorkload:
         try:
             connection.declare_queue(DEFAULT_QUEUE)
             connection.declare_queue(LAZY_QUEUE, lazy=True)
+            connection.declare_queue(QUORUM_QUEUE, type="quorum")
             connection.declare_exchange(EXCHANGE, kind="fanout")
             for queue in FANOUT_QUEUES:
                 connection.declare_queue(queue)
@@ -323,6 +345,8 @@ class ChaosWorkload:
 
     def note_damage(self, path: str, kind: str, offset: int) -> None:
         """Before a torn or flipped fault: what it may destroy (see the module docstring)."""
+        if self._note_quorum_damage(path, offset):
+            return
         if path.endswith((SEGMENT_SUFFIX, INDEX_SUFFIX)):
             self.stream_damage.note(path, kind, offset)
             return
@@ -361,6 +385,31 @@ class ChaosWorkload:
         hit = max(0, bisect.bisect_right(starts, offset) - 1)
         reached = events if whole else events[hit:] if kind == "torn" else events[hit : hit + 2]
         self._destroyed_ids.setdefault(queue, set()).update(m for _, m in reached)
+
+    def _note_quorum_damage(self, path: str, offset: int) -> bool:
+        """A quorum queue's log file (a WAL file, a segment, a snapshot): reading one stops
+        at its first bad record, so a cut or a flipped bit takes the record it lands in and
+        every one after it in that file, and with them the delivery counts they raised
+        (a WAL file's: any quorum queue's). A snapshot takes nothing (its fallback, or the
+        log it kept, holds it all). False for any other file."""
+        *_, grandparent, parent, name = path.split(os.sep)
+        *_, queues, queue_dir, _ = os.path.dirname(path).split(os.sep)
+        if (grandparent, parent) == (QUORUM_DIRECTORY, WAL_DIRECTORY):
+            queue = None
+        elif (queues, parent) == (QUEUES_DIR, LOG_DIRECTORY):
+            queue = queue_dir
+        elif grandparent == QUEUES_DIR and name.startswith(SNAPSHOT_FILE):
+            return True
+        else:
+            return False
+        with open(path, "rb") as file:
+            data = file.read()
+        cut = data[record_start(data, offset) :]
+        self._destroyed_ids.setdefault(queue, set()).update(
+            m.group(1).decode() for m in _ORDER.finditer(cut)
+        )
+        self._counts_damaged.update(COUNTED_QUEUES if queue is None else (queue,))
+        return True
 
     def destroyed(self, queue: str, message_id: str) -> bool:
         """Whether a damaged file held ``message_id``'s body or ``queue``'s entry of it."""
@@ -455,6 +504,7 @@ class ChaosWorkload:
             [self.producer(i) for i in range(self.producers)],
             [self.ledger("consumer", j) for j in range(self.consumers)],
             self.destroyed,
+            counted=tuple(q for q in COUNTED_QUEUES if q not in self._counts_damaged),
         )
 
     def audit_stream(self, data_dir: str) -> StreamAudit:
@@ -477,7 +527,7 @@ def run_chaos(
     consumers: int,
     sizes: tuple[int, int],
     seed: int,
-    patterns: tuple[str, ...] = ("queue *", "stream *", "msg_store_*"),
+    patterns: tuple[str, ...] = ("queue *", "stream *", "msg_store_*", "wal"),
     every_s: tuple[float, float] = (1.0, 3.0),
     files: tuple[str, ...] = chaos.DAMAGEABLE,
     report_dir: str | None = None,

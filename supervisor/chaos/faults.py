@@ -19,7 +19,9 @@ so a run that failed can be repeated fault for fault. The faults:
   byte of its last page (``TORN_TAIL_BYTES``), as a crash in the middle of a write leaves
   it: the disk wrote the start of the write and not the rest. Of a stream, only its
   newest segment and that segment's index: a stream syncs a segment whole before it
-  starts the next, so no older one can end in an unfinished write;
+  starts the next, so no older one can end in an unfinished write (a quorum queue's
+  segments, appended by the WAL's process in index order, the same way). A quorum
+  queue's WAL files, segments and snapshot count as its files;
 - ``flip``: with the node stopped, flip one bit of one byte of such a file (any of a
   stream's);
 - ``full`` and ``slow``: the disk is full, or slow to sync, for a while
@@ -56,6 +58,13 @@ from dataclasses import dataclass
 import psutil
 
 from warren.actors.process import SPARE_TITLE
+from warren.queues.engine.ra_log import (
+    LOG_DIRECTORY,
+    QUORUM_DIRECTORY,
+    SNAPSHOT_FILE,
+    WAL_DIRECTORY,
+    WAL_SUFFIX,
+)
 from warren.queues.engine.stream_log import INDEX_SUFFIX, SEGMENT_SUFFIX, numbered_files
 
 from ..errors import FaultMissed
@@ -84,13 +93,16 @@ PROCESS_FAULTS = ("kill", "stop")  # these take a pattern
 DISK_FAULTS = ("full", "slow")  # these last a while, then end
 TITLE_PREFIX = "warren: "
 # The files a torn write or a flipped byte may hit: the shared stores' data files, the
-# queues' segment files (index slots, then the queue's own records), and the streams'
-# segments and indexes.
+# queues' segment files (index slots, then the queue's own records), the streams'
+# segments and indexes, and the quorum queues' WAL files, segments and snapshots.
 DAMAGEABLE = (
     "msg_store_persistent/*.rdq",
     "queues/*/*.qi",
     "queues/*/*" + SEGMENT_SUFFIX,
     "queues/*/*" + INDEX_SUFFIX,
+    f"{QUORUM_DIRECTORY}/{WAL_DIRECTORY}/*{WAL_SUFFIX}",
+    f"queues/*/{LOG_DIRECTORY}/*{SEGMENT_SUFFIX}",
+    f"queues/*/{SNAPSHOT_FILE}*",
 )
 TORN_TAIL_BYTES = 4096
 

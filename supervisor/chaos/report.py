@@ -38,6 +38,8 @@ BROKEN_PROMISES = {
     "it was routed to, or read from the stream)",
     "unflagged_duplicates": "{n} messages delivered twice without the redelivered flag",
     "misrouted": "{n} messages consumed from a queue they were not routed to",
+    "counts_backwards": "{n} messages of a quorum queue delivered again with a lower "
+    "delivery count than before",
     "wrong_bodies": "{n} bodies read with bytes their message never had",
     "offset_conflicts": "{n} stream offsets read with two different messages",
     "out_of_order": "{n} stream offsets read out of order within one attach",

@@ -7,11 +7,14 @@ each confirmed id goes to its ledger. A publish refused before anything was sent
 node's alarm held it past the timeout, no queue is bound) is sent again; any other that
 failed (no answer, a queue restarted before confirming, or between incarnations) is sent
 again and its id noted in the ledger's ``.resent`` file, since its first attempt may have
-reached a queue too. A consumer acks everything it gets and writes ``queue id redelivered`` lines.
+reached a queue too. A consumer acks everything it gets and writes ``queue id
+redelivered count`` lines (the delivery count the queue gave).
 ``audit`` compares the ledgers: a confirmed message never consumed from a queue it went
 to is lost; a message consumed twice from a queue must be flagged redelivered the second
 time, unless its producer sent it twice; a message consumed from a queue it was not
-routed to is misrouted; a body unlike its id's is wrong.
+routed to is misrouted; a body unlike its id's is wrong; in a queue whose delivery counts
+survive restarts (a quorum queue), a message delivered again with a lower count than
+before went backwards.
 
 Each role runs as a process of its own (``warren.supervisor.chaos.roles``).
 
@@ -167,7 +170,8 @@ def consume(
 ) -> None:
     """Ack every message of ``queues`` (one name, or several taken in turn); until
     stopped, or idle for ``stop_after_idle_s``. Each delivery is a ledger line, ``queue id
-    redelivered`` (or ``queue ? wrong`` for a damaged body), written before the ack."""
+    redelivered count`` (or ``queue ? wrong`` for a damaged body), written before the
+    ack."""
     queues = [queues] if isinstance(queues, str) else queues
     idle_since = time.monotonic()
     empty = 0  # queues found empty in a row: a round of them, a nap
@@ -190,7 +194,10 @@ def consume(
                 continue
             empty, idle_since = 0, time.monotonic()
             try:
-                line = f"{checked_id(delivery.body)} {int(delivery.redelivered)}"
+                line = (
+                    f"{checked_id(delivery.body)} {int(delivery.redelivered)} "
+                    f"{delivery.delivery_count}"
+                )
             except AssertionError:
                 line = "? wrong"
             consumed.write(f"{queue} {line}\n")
@@ -222,10 +229,13 @@ class Audit:
     destroyed: list[str] = field(default_factory=list)
     unflagged: list[str] = field(default_factory=list)
     misrouted: list[str] = field(default_factory=list)
+    backwards: list[str] = field(default_factory=list)  # delivery counts that went down
 
     @property
     def ok(self) -> bool:
-        return not (self.lost or self.unflagged or self.misrouted or self.wrong_bodies)
+        return not (
+            self.lost or self.unflagged or self.misrouted or self.wrong_bodies or self.backwards
+        )
 
     def counts(self) -> dict:
         """A report's figures, and the ids behind the failing ones."""
@@ -238,10 +248,12 @@ class Audit:
             "misrouted": len(self.misrouted),
             "wrong_bodies": self.wrong_bodies,
             "destroyed": len(self.destroyed),
+            "counts_backwards": len(self.backwards),
             "lost_ids": self.lost,
             "unflagged_ids": self.unflagged,
             "misrouted_ids": self.misrouted,
             "destroyed_ids": self.destroyed,
+            "backwards_ids": self.backwards,
         }
 
 
@@ -258,13 +270,16 @@ def audit(
     producers: list[Producer],
     consumer_ledgers: list[str],
     destroyed: Callable[[str, str], bool] | None = None,
+    counted: tuple[str, ...] = (),
 ) -> Audit:
     """What the ledgers say. A confirmed message that was not consumed from a queue it
     reached is lost, unless ``destroyed(queue, id)`` says damage on disk took it; a
     message consumed twice from a queue must be flagged redelivered the second time,
     unless its producer sent it twice (in doubt); a message of these producers consumed
-    from a queue it does not reach is misrouted. Messages of other producers (an
-    earlier run's, still in the queues) count as consumed and nothing else."""
+    from a queue it does not reach is misrouted; in the ``counted`` queues, a delivery
+    whose count is below an earlier one's of the same message went backwards. Messages of
+    other producers (an earlier run's, still in the queues) count as consumed and nothing
+    else."""
     routes = {producer.name: producer.queues for producer in producers}
     expected = {
         (queue, message_id)
@@ -275,9 +290,12 @@ def audit(
     resent = {m for producer in producers for m in ledger_lines(producer.ledger + ".resent")}
     result = Audit(confirmed=len(expected))
     seen: set[tuple[str, str]] = set()
+    # the highest delivery count a consumer saw of a pair (a ledger is in time order;
+    # two ledgers are not, so each is held to its own)
+    counts: dict[tuple[str, str, str], int] = {}
     for path in consumer_ledgers:
         for line in ledger_lines(path):
-            queue, message_id, redelivered = line.split()
+            queue, message_id, redelivered, *count = line.split()
             result.consumed += 1
             if message_id == "?":
                 result.wrong_bodies += 1
@@ -289,6 +307,11 @@ def audit(
                 if redelivered != "1" and message_id not in resent:
                     result.unflagged.append(f"{queue} {message_id}")
             seen.add(pair)
+            if queue in counted and count:
+                highest = counts.get((path, *pair), 0)
+                if int(count[0]) < highest:
+                    result.backwards.append(f"{queue} {message_id}")
+                counts[(path, *pair)] = max(int(count[0]), highest)
             reaches = routes.get(message_id.rsplit("-", 1)[0])
             if reaches is not None and queue not in reaches:
                 result.misrouted.append(f"{queue} {message_id}")

@@ -658,7 +658,7 @@ def _keys(args: argparse.Namespace) -> int:
 
 ENVELOPE_ROOM = 2**16  # what a chaos body leaves of a message for its properties
 SINGLE_NODE_FAULTS = "kill,stop,node,torn"  # warren chaos's faults by default
-PATTERNS = "queue *,stream *,msg_store_*"  # ... and the actors its kill and stop aim at
+PATTERNS = "queue *,stream *,msg_store_*,wal"  # ... and the actors its kill and stop aim at
 _RANGE = re.compile(r"\s*(\S+?)\s*\.\.\s*(\S+)\s*")
 
 
@@ -916,9 +916,10 @@ def build_parser() -> argparse.ArgumentParser:
         description=textwrap.fill(
             "Start a node on --data-dir (new, empty, or a stopped node's), run "
             "producers with confirms and consumers with acks over tcp across a "
-            "default, a lazy and a fanout pair of queues, land seeded faults, then "
+            "default, a lazy, a fanout pair and a quorum queue, land seeded faults, then "
             "drain and check: every confirmed message consumed with its body, "
-            "every duplicate flagged redelivered, no wrong bytes, the node healthy. "
+            "every duplicate flagged redelivered, no wrong bytes, no quorum delivery "
+            "count going back, the node healthy. "
             f"Faults: {', '.join(FAULT_KINDS_HELP)}. With --cluster: three etcd members "
             "and three nodes of one cluster under --data-dir (new or empty), links cut by "
             "TCP proxies, the same workload through whichever node leads, and rounds of "

@@ -20,6 +20,7 @@ import psutil
 import pytest
 
 from warren.queues.broker.dedup import message_ids
+from warren.queues.engine import ra_log
 from warren.queues.engine.queue_index import (
     HEADER_BYTES,
     SLOT_BYTES,
@@ -482,7 +483,7 @@ def test_warren_chaos_rides_through_every_kind_of_fault_and_reports_it(tmp_path)
         "--every",
         "1..2",
         "--producers",
-        "3",
+        "4",  # the fourth publishes to the quorum queue
         "--consumers",
         "2",
         "--size",
@@ -498,7 +499,7 @@ def test_warren_chaos_rides_through_every_kind_of_fault_and_reports_it(tmp_path)
     assert report["faults"] >= 5 and report["confirmed"] > 0  # a loaded machine confirms few
     assert report["lost"] == 0 and report["wrong_bodies"] == 0 and report["misrouted"] == 0
     assert report["unflagged_duplicates"] == 0 and report["healthy"] is True
-    assert report["problems"] == []
+    assert report["counts_backwards"] == 0 and report["problems"] == []
     # every confirmed message consumed, or destroyed by damage, or (of the stream) deleted
     # by retention before its reader got there
     assert report["consumed"] >= report["confirmed"] - report["destroyed"] - report["trimmed"]
@@ -686,6 +687,75 @@ def test_the_audit_names_lost_unflagged_misrouted_and_wrong_messages(tmp_path):
     assert audit.wrong_bodies == 1 and audit.confirmed == 6 and audit.consumed == 10
 
 
+def test_a_quorum_queue_delivery_count_that_goes_back_is_a_broken_promise(tmp_path):
+    workload = ChaosWorkload(
+        str(tmp_path), "tcp://127.0.0.1:1", producers=4, consumers=2, sizes=(1024, 2048)
+    )
+    p0, p3 = workload.producer(0).name, workload.producer(3).name  # default, quorum
+    _write(tmp_path / "producer0.ledger", [f"{p0}-0"])
+    _write(tmp_path / "producer3.ledger", [f"{p3}-{n}" for n in range(3)])
+    for n in (1, 2):
+        _write(tmp_path / f"producer{n}.ledger", [])
+    _write(
+        tmp_path / "consumer0.ledger",
+        [
+            f"chaos.default {p0}-0 0 3",
+            f"chaos.default {p0}-0 1 1",  # a classic queue's counts start again: fine
+            f"chaos.quorum {p3}-0 0 0",
+            f"chaos.quorum {p3}-0 1 2",
+            f"chaos.quorum {p3}-0 1 1",  # the queue forgot a delivery: a failure
+            f"chaos.quorum {p3}-1 0 0",
+            f"chaos.quorum {p3}-1 1 1",
+            f"chaos.quorum {p3}-2 0 4",
+        ],
+    )
+    # Another consumer's ledger is not in time order with the first's: held to its own.
+    _write(tmp_path / "consumer1.ledger", [f"chaos.quorum {p3}-2 1 1"])
+    audit = workload.audit()
+    assert audit.backwards == [f"chaos.quorum {p3}-0"] and not audit.ok
+    assert audit.counts()["counts_backwards"] == 1 and not audit.lost and not audit.unflagged
+
+
+def test_a_damaged_quorum_log_excuses_what_it_held_and_the_counts_it_raised(tmp_path):
+    workload = ChaosWorkload(
+        str(tmp_path), "tcp://127.0.0.1:1", producers=4, consumers=1, sizes=(100, 200)
+    )
+    p3 = workload.producer(3).name
+    _write(tmp_path / "producer3.ledger", [f"{p3}-{n}" for n in range(8)])
+    for n in range(3):
+        _write(tmp_path / f"producer{n}.ledger", [])
+    _write(
+        tmp_path / "consumer0.ledger",
+        [f"chaos.quorum {p3}-0 0 2", f"chaos.quorum {p3}-0 1 1"],  # went back: excused below
+    )
+    owner = b"queues/chaos.quorum"
+
+    def records(first: int, ids: range, directory: Path, name: str) -> tuple[Path, list[bytes]]:
+        directory.mkdir(parents=True, exist_ok=True)
+        packed = [
+            ra_log.pack_entry(first + i, 1, b"E" + body_of(f"{p3}-{n}", 150), owner)
+            for i, n in enumerate(ids)
+        ]
+        (directory / name).write_bytes(b"".join(packed))
+        return directory / name, packed
+
+    # A segment: a flip in the record of 2 takes 2 and 3, the rest of the file.
+    segment, packed = records(
+        1, range(1, 4), tmp_path / "queues" / "chaos.quorum" / "log", "1.segment"
+    )
+    workload.note_damage(str(segment), "flip", len(packed[0]) + 40)
+    # A WAL file: a cut at the end of the record of 5 takes 5 and 6, not 4.
+    wal, packed = records(4, range(4, 7), tmp_path / "quorum" / "wal", "00000001.wal")
+    workload.note_damage(str(wal), "torn", len(packed[0]) + len(packed[1]) - 1)
+    # The snapshot: the one before it, or the log it kept, holds what it held.
+    snapshot, _ = records(7, range(7, 8), tmp_path / "queues" / "chaos.quorum", "snapshot")
+    workload.note_damage(str(snapshot), "flip", 10)
+    audit = workload.audit()
+    assert audit.destroyed == [f"chaos.quorum {p3}-{n}" for n in (2, 3, 5, 6)]
+    assert audit.lost == [f"chaos.quorum {p3}-{n}" for n in (1, 4, 7)]
+    assert not audit.backwards
+
+
 class _StoppedMidPublish(BaseException):
     """What a producer's SIGTERM raises (``roles._Stop``): out of any publish."""
 
@@ -799,6 +869,12 @@ def test_fault_patterns_get_limits_under_their_supervisors_intensity():
         "queue *": (3, 60.0),
         "stream *": (3, 60.0),  # a stream has a supervisor of its own, as a queue does
         "msg_store_*": (2, 60.0),
+    }
+    # the stores and the WAL are the root's children: they share its spare restarts
+    assert pattern_limits(("queue chaos.quorum", "msg_store_*", "wal")) == {
+        "queue chaos.quorum": (3, 60.0),
+        "msg_store_*": (1, 60.0),
+        "wal": (1, 60.0),
     }
     with pytest.raises(ValueError, match="matches no process"):
         pattern_limits(("queue orders",))
