@@ -72,7 +72,7 @@ class QuorumQueueActor(QueueActor):
         wal = self._wal = wal.pin()
         self._stores = [wal]  # what a clean stop checks still answers
         owner = os.path.relpath(self.directory, self.data_dir)
-        held = wal.ask(WalEntries(owner), timeout=WAL_TIMEOUT_S)
+        term, held = wal.ask(WalEntries(owner), timeout=WAL_TIMEOUT_S)
 
         def append(records: list[bytes], durable: bool) -> None:
             if durable:
@@ -85,6 +85,7 @@ class QuorumQueueActor(QueueActor):
             self.directory,
             append,
             owner=owner.encode(),
+            term=term,
             wal_entries=[entry for _, entry in ra_log.unpack_records(held)],
             delivery_limit=self.definition.delivery_limit,
         )

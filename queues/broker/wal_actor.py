@@ -18,10 +18,12 @@ Messages accepted, and what each gets back:
     WalWrite(owner, records)    (tell) the same, unanswered: written and fdatasync'd with
                                   the next commit (what no one waits on: deliveries,
                                   settles)
-    WalEntries(owner)           → records: the queue's entries held in the WAL file
-                                  being written, not yet in its segments (a queue that
-                                  restarts alone reads its log from its segments, then
-                                  these)
+    WalEntries(owner)           → (term, records): the term the queue's new entries
+                                  carry (the cluster's epoch its node leads at, 1 on a
+                                  lone node), and the queue's entries held in the WAL
+                                  file being written, not yet in its segments (a queue
+                                  that restarts alone reads its log from its segments,
+                                  then these)
     WalForget(owner)            → None: the queue is being deleted: its entries are
                                   dropped, and a tombstone fdatasync'd first, so that a
                                   queue declared again under its name never reads them
@@ -88,9 +90,12 @@ class WalActor(ProcessActor):
     # a pass under a stream of unanswered writes still ends in a group commit this soon
     max_pass_s = 0.005
 
-    def __init__(self, data_dir: str, max_bytes: int = ra_log.WAL_MAX_BYTES) -> None:
+    def __init__(self, data_dir: str, max_bytes: int = ra_log.WAL_MAX_BYTES, term: int = 1) -> None:
+        if not isinstance(term, int) or term < 1:
+            raise ValueError(f"a term is a whole number from 1, not {term!r}")
         self.data_dir = data_dir
         self.max_bytes = max_bytes
+        self.term = term
         self._wal: ra_log.Wal | None = None
         self._waiting: list[DeferredReply] = []  # the appends the next commit answers
         self.counters = {"appends": 0, "writes": 0}
@@ -119,7 +124,7 @@ class WalActor(ProcessActor):
                 return None
             if isinstance(message, WalEntries):
                 self._commit()  # what it asks for is durable before it is read back
-                return wal.entries(message.owner)
+                return self.term, wal.entries(message.owner)
             if isinstance(message, WalForget):
                 wal.forget(message.owner)
                 self._commit()  # the tombstone durable before the queue's files go

@@ -49,6 +49,12 @@ none is used twice (the WAL's process begins a new segment past a gap). An entry
 check holds but that does not decode is no damage but a log this version cannot read:
 ``CorruptLog``, the queue does not start and its files stay as they are.
 
+Term. Every entry carries the term it was made in: the cluster's epoch where the node is
+in a cluster (the leadership its data part started under), 1 on a lone node. A start
+never goes below the highest term its snapshot and log hold (a node that led at epoch 7
+and starts again alone writes on at 7), so the terms along a log never go down, as
+Raft's do.
+
 Redelivered. A delivery is handed to the WAL without a wait, so a crash may lose its
 record: a start that finds no ``CLEAN_MARKER`` (written by a clean stop, removed by the
 next start before it serves) or that met damage marks every message it recovered as
@@ -136,7 +142,7 @@ class QuorumQueue:
     ) -> None:
         self.directory = directory
         self._append = append
-        self.term = term
+        self.term = term  # raised at recovery to the highest the log holds
         self.delivery_limit = delivery_limit
         self.snapshot_interval = snapshot_interval
         self.max_entries = max_entries
@@ -181,6 +187,7 @@ class QuorumQueue:
         live: dict[int, tuple[int, bool, bool]] = {}
         start = 1
         if snapshot is not None:
+            self.term = max(self.term, snapshot.get("term", 1))
             self.snapshot_index = snapshot["index"]
             live = {
                 index: (count, bool(out), bool(maybe and maybe[0]))
@@ -202,6 +209,7 @@ class QuorumQueue:
             if entry.index != expected:
                 self._lost(expected, entry.index - 1)
             expected = entry.index + 1
+            self.term = max(self.term, entry.term)
             try:
                 if entry.index <= self.snapshot_index:
                     if entry.index in live and entry.command[:1] == b"E":
@@ -570,6 +578,7 @@ class QuorumQueue:
             "last_written_index": self.last_written,
             "last_applied_index": self.next_seq_id - 1,
             "snapshot_index": self.snapshot_index,
+            "term": self.term,
             "commit_latency_s": self._commit_latency_s,
             "delivery_limit": self.delivery_limit,
         }

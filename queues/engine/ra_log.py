@@ -38,8 +38,11 @@ Races guarded against:
 - a crash while a closed WAL file's entries go to segments: the file is still there at
   the next start and written again; entries a segment has already (an index not above
   its last) are skipped;
-- a queue deleted while its entries are in the WAL: a queue directory that is gone is
-  not made again (its entries are dropped).
+- a queue deleted while its entries are in the WAL: its tombstone drops them (from the
+  memtable at once, from a WAL file read again up to it), so none is written to a
+  segment after the queue's directory went; the directory itself says nothing (a
+  cluster's follower gets no empty one, and an unsynced one may go with a crash), so
+  a queue's entries make it when it is missing.
 """
 
 from __future__ import annotations
@@ -358,10 +361,10 @@ class SegmentWriter:
 
     def write(self, queue_directory: str, entries: Iterable[Entry]) -> int:
         """Append the entries above the segments' last index, fdatasync'd; how many went.
-        Nothing for a queue whose directory is gone (deleted meanwhile)."""
-        if not os.path.isdir(queue_directory):
-            self.forget(queue_directory)
-            return 0
+        The queue's directory is made when it is missing: the log, not the directory,
+        says a queue lives (a cluster's follower gets no empty directory, and a crash may
+        lose one never synced), and a deleted queue's entries never come here (its
+        tombstone dropped them)."""
         last = self.last_index(queue_directory)
         fresh: list[Entry] = []
         for entry in entries:
@@ -380,8 +383,11 @@ class SegmentWriter:
             return 0
         log_directory = os.path.join(queue_directory, LOG_DIRECTORY)
         if not os.path.isdir(log_directory):
+            made = not os.path.isdir(queue_directory)
             os.makedirs(log_directory, exist_ok=True)
             fsync_directory(queue_directory)
+            if made:
+                fsync_directory(os.path.dirname(queue_directory))
         tail = self._tails[queue_directory]
         if fresh[0].index != last + 1:
             # the queue went on past entries a damaged file lost: a segment of their own,

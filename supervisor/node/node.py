@@ -546,6 +546,7 @@ class Node:
                         WAL_NAME,
                         WalActor,
                         (self.data_dir,),
+                        {"term": self._led_epoch or 1},  # a cluster's epoch: the log's term
                         shutdown_s=STORE_SHUTDOWN_S,
                         start_timeout_s=STORE_START_TIMEOUT_S,
                         heartbeat_interval_s=self._heartbeat_interval_s,

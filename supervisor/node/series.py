@@ -546,6 +546,11 @@ QUORUM_GAUGES = (  # a quorum queue's log (per queue only)
         "Index of the quorum queue's latest snapshot (the log below what it needs is gone)",
     ),
     Figure(
+        "warren_quorum_queue_term",
+        "term",
+        "Term of the quorum queue's new log entries: its node's cluster epoch, 1 alone",
+    ),
+    Figure(
         "warren_quorum_queue_commit_latency_seconds",
         "commit_latency_s",
         "How long the quorum queue's last waited hand-over to the WAL took (its group commit)",

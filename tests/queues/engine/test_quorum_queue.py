@@ -1,8 +1,10 @@
 """A quorum queue's engine over the node's WAL, in one process: what a crash at any point
 leaves, delivery counts through returns and restarts, the delivery limit, snapshots that
-release the log, and damaged files (a torn WAL tail, a flipped snapshot)."""
+release the log, damaged files (a torn WAL tail, a flipped snapshot), and a WAL file
+shipped to a follower without its queue's directory."""
 
 import os
+import shutil
 
 import pytest
 
@@ -302,6 +304,55 @@ def test_a_queue_declared_again_under_a_deleted_ones_name_reads_only_its_own_log
     again.abandon()
     node.crash()  # the WAL file holds both queues' entries, under one name
     assert bodies(node.open("orders"), ack=False) == [b"new"]
+
+
+def test_entries_carry_the_term_they_were_made_in_and_a_start_never_lowers_it(tmp_path):
+    node = Node(tmp_path)
+    queue = node.open("orders", term=7)  # a node leading at epoch 7
+    queue.publish_many([b"a", b"b"])
+    queue.sync()
+    queue.abandon()
+    node.crash()
+    alone = node.open("orders")  # the same files on a lone node: term 1 asked
+    assert alone.stats()["term"] == 7
+    alone.publish_many([b"c"])
+    alone.sync()
+    alone.abandon()
+    node.crash()
+    directory = os.path.join(node.data_dir, "queues/orders")
+    terms = [entry.term for entry in ra_log.read_segments(directory)]
+    assert terms == [7, 7, 7]
+    assert node.open("orders", term=9).stats()["term"] == 9  # a later leadership
+
+
+def shipped_wal(node, to):
+    """A node on a copy of ``node``'s WAL files alone, as a cluster's follower holds
+    them: no file of a queue that had none yet, so no directory of it either."""
+    wal_directory = os.path.join(node.data_dir, ra_log.QUORUM_DIRECTORY, ra_log.WAL_DIRECTORY)
+    copy = os.path.join(to, ra_log.QUORUM_DIRECTORY, ra_log.WAL_DIRECTORY)
+    shutil.copytree(wal_directory, copy)
+    return Node(to)
+
+
+def test_a_wal_file_without_its_queues_directory_gives_the_queue_its_whole_log(tmp_path):
+    leader = Node(tmp_path / "leader")
+    orders, gone = leader.open("orders"), leader.open("gone")
+    orders.publish_many([b"%d" % n for n in range(20)])
+    gone.publish_many([b"deleted with its queue"])
+    orders.requeue([orders.fetch_encoded().seq_id])
+    orders.sync()
+    gone.sync()
+    leader.wal.forget("queues/gone")
+    leader.wal.commit()
+    gone.delete()
+    orders.abandon()
+    follower = shipped_wal(leader, tmp_path / "follower")  # its WAL's start: segments
+    queues = tmp_path / "follower" / "queues"
+    assert sorted(os.listdir(queues)) == ["orders"]  # a deleted queue's stays gone
+    taken = follower.open("orders")
+    first = taken.fetch_encoded()
+    assert (first.payload, first.delivery_count) == (b"0", 1)
+    assert bodies(taken, ack=False) == [b"%d" % n for n in range(1, 20)]
 
 
 def test_the_wal_refuses_records_that_name_another_queue(tmp_path):

@@ -1,8 +1,9 @@
-"""Nodes of a cluster with clients on the leader: every message and stream record the
-leader confirmed is on the node that takes over when the leader's machine is lost
-(every process of it killed at once); the lost node, started again, is synced whole
-and rejoins the ISR holding the leader's files; a leader short of ``min_insync`` copies
-confirms nothing, and what it holds back is confirmed once a follower has caught up."""
+"""Nodes of a cluster with clients on the leader: every message (of a classic or a
+quorum queue) and stream record the leader confirmed is on the node that takes over when
+the leader's machine is lost (every process of it killed at once); the lost node,
+started again, is synced whole and rejoins the ISR holding the leader's files; a leader
+short of ``min_insync`` copies confirms nothing, and what it holds back is confirmed
+once a follower has caught up."""
 
 import contextlib
 import json
@@ -50,6 +51,7 @@ def test_every_confirmed_message_survives_the_loss_of_the_leaders_machine(etcd, 
         first = nodes[int(leader[-1])]
         orders = [b"order %d" % n for n in range(300)]
         events = [b"event %d" % n for n in range(100)]
+        tasks = [b"task %d" % n for n in range(50)]
         with connect(first.endpoint, wait=60, recover=False) as connection:
             connection.declare_queue("orders")
             connection.declare_queue("events", type="stream")
@@ -57,6 +59,15 @@ def test_every_confirmed_message_survives_the_loss_of_the_leaders_machine(etcd, 
                 connection.publish("orders", order)
             connection.publish_many("orders", orders[50:])  # commits of many
             connection.publish_many("events", events[:60], producer_id="feed", sequence=0)
+            # A quorum queue's WAL and segments are shipped as the stores' files are; the
+            # first task returned twice: its delivery count is in the log too, made durable
+            # by the confirmed publish after it.
+            connection.declare_queue("tasks", type="quorum")
+            connection.publish_many("tasks", tasks[:-1])
+            for _ in range(2):
+                connection.get("tasks").nack(requeue=True)
+            connection.publish("tasks", tasks[-1])
+            assert connection.queue_stats("tasks")["term"] == epoch  # the log's term
             # The stream's process killed and started again: what it wrote last may never
             # have been shipped, so the followers are synced whole before the next commit.
             stream = titled(first, "warren: stream events")
@@ -70,13 +81,21 @@ def test_every_confirmed_message_survives_the_loss_of_the_leaders_machine(etcd, 
         lose_machine(first)
         others = [node for node in nodes if node is not first]
         wait_for(lambda: (agreed := agreed_leader(others)) and agreed[1] > epoch, timeout=60)
-        second = nodes[int(agreed_leader(others)[0][-1])]
+        second_leader, second_epoch = agreed_leader(others)
+        second = nodes[int(second_leader[-1])]
         with connect(second.endpoint, wait=60, recover=False) as connection:
             got = []
             while (delivery := connection.get("orders")) is not None:
                 got.append(delivery.body)
                 delivery.ack()
             assert got == orders
+            deliveries = []
+            while (delivery := connection.get("tasks")) is not None:
+                deliveries.append(delivery)
+                delivery.ack()
+            assert [d.body for d in deliveries] == tasks
+            assert deliveries[0].delivery_count >= 2 and deliveries[0].redelivered
+            assert connection.queue_stats("tasks")["term"] == second_epoch
             reader = connection.consume("events", offset="first")
             assert [reader.get(timeout=30).body for _ in events] == events
             reader.cancel()
