@@ -7,7 +7,9 @@ setup     bind the data ROUTER and the control ROUTER (ROUTER_MANDATORY, ROUTER_
           bounded HWM and linger), build the actor, run ``on_start``, then tell the node
           READY (or FAILED, and exit ``EXIT_START_FAILED``). A caller's ``spawn`` returns
           on READY, so a ref is never handed out before its mailbox is bound.
-running   one poll over [control, data, wake pipe]. Each pass serves every waiting
+running   one poll over [control, data, wake pipe, the sockets the actor watches for an
+          answer it awaits (``when_readable``: its callback runs once, the socket then
+          unwatched)]. Each pass serves every waiting
           control message first (PING, STATS, FIGURES, STOP, and DOWN/EXIT from the
           node), then drains up to ``max_batch`` data messages (and about
           ``MAX_BATCH_BYTES``, and for at most the class's ``max_pass_s``): runs of
@@ -258,6 +260,10 @@ class ActorLoop:
         self._posted: collections.deque[Callable[[], None]] = collections.deque()
         self._timers: list[tuple[float, int, Callable[[], None]]] = []
         self._timer_ids = itertools.count()
+        self._poller = zmq.Poller()
+        # sockets of the actor's own (an answer it awaits) and what to run once each has
+        # something to read (``when_readable``)
+        self._readable: dict[zmq.Socket, Callable[[], None]] = {}
         self._current_ask: tuple[bytes, int] | None = None
         self._deferred: _Deferred | None = None
         self._delivered_since_idle = False
@@ -386,7 +392,7 @@ class ActorLoop:
     # -- running -------------------------------------------------------------------------
 
     def _serve(self) -> None:
-        poller = zmq.Poller()
+        poller = self._poller
         poller.register(self._control, zmq.POLLIN)
         poller.register(self._data, zmq.POLLIN)
         poller.register(self._wake_read, zmq.POLLIN)
@@ -424,6 +430,8 @@ class ActorLoop:
                 self._run_posted()
             if peers is not None and peers.events in events:
                 peers.read_events()
+            if self._readable:
+                busy |= self._run_readable(events)
             if data in events or self._injected or (peers is not None and peers.has_gone):
                 busy = True
                 if not self._touched:
@@ -442,6 +450,17 @@ class ActorLoop:
                     self._busy_at = now
                     if self._check_at is None:
                         self._check_at = now + _QUIET_S
+
+    def _run_readable(self, events: dict[Any, int]) -> bool:
+        """Run the callbacks of the watched sockets that have something to read; whether
+        one ran."""
+        ready = [socket for socket in self._readable if socket in events]
+        for socket in ready:
+            callback = self._readable.pop(socket)
+            self._poller.unregister(socket)
+            self._touch()
+            self._guard(callback)
+        return bool(ready)
 
     def _touch(self) -> None:
         """The actor is about to handle something that may change its figures: the
@@ -898,6 +917,11 @@ class ActorLoop:
             type(message).__name__,
             error,
         )
+
+    def when_readable(self, socket: zmq.Socket, callback: Callable[[], None]) -> None:
+        if socket not in self._readable:
+            self._poller.register(socket, zmq.POLLIN)
+        self._readable[socket] = callback
 
     def call_later(self, delay_s: float, callback: Callable[[], None]) -> None:
         heapq.heappush(self._timers, (time.monotonic() + delay_s, next(self._timer_ids), callback))

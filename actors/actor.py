@@ -56,6 +56,8 @@ from .errors import ActorError, UnhandledMessage
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    import zmq
+
     from .ref import ActorRef, Future
 
 
@@ -75,6 +77,8 @@ class ActorServices(Protocol):
     def call_later(self, delay_s: float, callback: Callable[[], None]) -> None: ...
 
     def call_soon_threadsafe(self, callback: Callable[[], None]) -> None: ...
+
+    def when_readable(self, socket: zmq.Socket, callback: Callable[[], None]) -> None: ...
 
     def stop(self, abnormal: bool = False) -> None: ...
 
@@ -192,6 +196,13 @@ class ProcessActor:
         from any thread of this process (at once when called on the actor's thread). A
         callback still waiting when the actor stops is not run."""
         self._require_services().call_soon_threadsafe(callback)
+
+    def when_readable(self, socket: zmq.Socket, callback: Callable[[], None]) -> None:
+        """Run ``callback`` once on the actor's thread when ``socket`` (one of this
+        process's, as ``Future.socket``: the answer to an ``ask_async``) has something to
+        read, rather than at a timer's guess; it stops watching the socket then. Another
+        call for the same socket replaces the callback."""
+        self._require_services().when_readable(socket, callback)
 
     def stop(self, abnormal: bool = False) -> None:
         """Stop this actor once the current batch is handled (``on_stop`` runs). With

@@ -331,3 +331,17 @@ class Watcher(Recorder):
 
 def pinned(ref: ActorRef) -> ActorRef:
     return ref.pin()
+
+
+class Relay(Recorder):
+    """Asks its peer without waiting and answers its own caller when the peer's answer
+    can be read (``when_readable``): no timer looks for it."""
+
+    def on_receive(self, message: Any) -> Any:
+        match message:
+            case ("relay", peer, question):
+                future = peer.ask_async(question)
+                reply = self.defer_reply()
+                self.when_readable(future.socket, lambda: reply.send(("relayed", future.get(1))))
+                return None
+        return super().on_receive(message)

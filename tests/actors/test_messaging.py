@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.actors.sample_actors import Point, Put, Recorder
+from tests.actors.sample_actors import Point, Put, Recorder, Relay
 from warren.actors import AskTimeout, Node, RemoteError
 
 
@@ -156,3 +156,18 @@ def test_a_curve_node_keeps_its_tcp_actors_from_other_processes(
     else:  # what curve=True prevents
         assert outsider.stdout.strip() == "answered"
         assert seen == ["from the node", "intruder"]
+
+
+def test_an_actor_answers_from_an_awaited_answer_as_it_comes_and_serves_meanwhile(
+    node: Node,
+) -> None:
+    relay = node.spawn(Relay, "relay")
+    peer = node.spawn(Recorder, "peer")
+    assert relay.ask(("relay", peer, "label"), timeout=10) == ["relayed", "peer"]
+    # the peer answers only when told to: the relay serves meanwhile, and is woken by it
+    never = node.spawn(Recorder, "never")
+    pending = relay.ask_async(("relay", never, ("defer",)))
+    assert relay.ask("label", timeout=10) == "relay"
+    assert not pending.arrived()
+    answered = relay.ask_async(("relay", peer, "later"))
+    assert answered.get(10) == ["relayed", "from another thread"]
