@@ -10,8 +10,10 @@ It takes the messages a classic queue takes, with the same answers; what differs
   snapshot, its segments and those. A ``Down`` of the WAL stops it as a store's would;
   the node's root restarts it after the WAL (rest_for_one).
 - Confirms: a sync hands the commands logged since the last to the WAL and, when they
-  hold enqueues, waits for its group commit (``WalAppend``); deliveries and settles
-  alone go without a wait (``WalWrite``), covered by the WAL's next commit. A sync
+  hold enqueues, asks for its group commit (``WalAppend``) without waiting: the queue
+  goes on, and the WAL's answer wakes it (the loop watches the socket it comes on) to
+  confirm the publishes it covered; deliveries and settles alone go unanswered
+  (``WalWrite``), covered by the WAL's next commit. A sync
   that fails (the WAL gone, its disk full) stops the queue at once without a clean
   stop: the commands it had applied but not logged were never confirmed, and a log
   must not go on past a gap.
@@ -42,7 +44,9 @@ import logging
 import os
 from typing import Any
 
-from warren.actors import ActorError, ActorRef
+import zmq
+
+from warren.actors import ActorError, ActorRef, Future
 
 from ..engine import ra_log
 from ..engine.quorum_queue import QuorumQueue
@@ -55,12 +59,26 @@ log = logging.getLogger("warren.queues")
 WAL_TIMEOUT_S = 60.0  # how long a sync waits for the WAL's group commit (a slow disk)
 
 
+class _WalCommit:
+    """The WAL's answer to an append: ``get`` waits for it at most ``WAL_TIMEOUT_S``."""
+
+    def __init__(self, future: Future) -> None:
+        self._future = future
+
+    def arrived(self) -> bool:
+        return self._future.arrived()
+
+    def get(self) -> object:
+        return self._future.get(WAL_TIMEOUT_S)
+
+
 class QuorumQueueActor(QueueActor):
     """A quorum queue (the module docstring)."""
 
     _wal: ActorRef | None = None
     _owner = ""  # the queue's directory, relative to the node's data directory
     _retry_armed = False
+    _wal_socket: zmq.Socket | None = None
 
     def _open_engine(self) -> Engine:
         (wal,) = self.monitor_named([WAL_NAME])
@@ -74,11 +92,14 @@ class QuorumQueueActor(QueueActor):
         owner = os.path.relpath(self.directory, self.data_dir)
         term, held = wal.ask(WalEntries(owner), timeout=WAL_TIMEOUT_S)
 
-        def append(records: list[bytes], durable: bool) -> None:
-            if durable:
-                wal.ask(WalAppend(owner, b"".join(records)), timeout=WAL_TIMEOUT_S)
-            else:
+        def append(records: list[bytes], durable: bool) -> _WalCommit | None:
+            if not durable:
                 wal.tell(WalWrite(owner, b"".join(records)))
+                return None
+            future = wal.ask_async(WalAppend(owner, b"".join(records)))
+            self._wal_socket = future.socket  # every answer of the WAL comes on it
+            self.when_readable(future.socket, self._wal_answered)
+            return _WalCommit(future)
 
         self._owner = owner
         return QuorumQueue(
@@ -100,6 +121,15 @@ class QuorumQueueActor(QueueActor):
         super().on_start()
         if not self._deleted:
             self._returned()  # what it recovered past the limit
+
+    def _wal_answered(self) -> None:
+        """The WAL answered an append: the publishes it made durable are confirmed now."""
+        if self._deleted or self._wal_socket is None:
+            return
+        self._sync()
+        self._serve_parked()  # what the producer log named is no longer held back
+        if self._quorum.awaiting_wal:
+            self.when_readable(self._wal_socket, self._wal_answered)
 
     def _sync(self) -> None:
         try:

@@ -21,22 +21,29 @@ drop (settling it then). The waiting messages are served in index order, so a re
 one goes before newer ones.
 
 Confirms. The entries made since the last ``sync`` go to the node's WAL in one call
-(``append``): when they hold an enqueue, or a snapshot is due, it returns once they are
-fdatasync'd (with every other quorum queue's that came meanwhile), and ``sync`` returns
-the enqueues among them; deliveries and settles alone are handed over without a wait
-(nothing waits on them: lost in a crash, a message is delivered again), and the next
-waited call covers them too. ``last_written`` is the last index known durable. Every
+(``append``): when they hold an enqueue, or a snapshot is due, to be made durable, and
+once the WAL answers that they are fdatasync'd (with every other quorum queue's that
+came meanwhile) a ``sync`` returns the enqueues among them: the queue takes more
+commands while the WAL syncs, as a classic queue goes on while its store does.
+Deliveries and settles alone are handed over without a wait (nothing waits on them:
+lost in a crash, a message is delivered again), and the next durable hand-over covers
+them too. ``last_written`` is the last index known durable. Every
 message's body is kept in RAM (rabbit_fifo before its v2 did the same); its entry in
 the log is what survives.
 
-Snapshots. After a sync, once ``snapshot_interval`` entries (Ra's
-``raft_log_snapshot_interval``, 4096) were applied since the last snapshot, or the log
-kept holds more than ``max_entries`` (``raft_log_max_entries``, 32768), the state is
-written (``ra_log.write_snapshot``): the index it covers, and each live message's index,
-delivery count and whether it is out. Messages' bodies stay in the log, so a snapshot
-releases the segments below the oldest live message (``needs_from``); the one before is
-kept as a fallback (a snapshot that fails its check is passed over), so the segments
-deleted are those below what both need.
+Snapshots. After a sync, once enough entries were applied since the last snapshot, the
+state is written (``ra_log.write_snapshot``): the index it covers, and each live
+message's index, delivery count, whether it is out and whether it may have been
+delivered, as packed columns (little-endian u64 indexes, u32 counts, u8 flags). Enough
+is ``snapshot_interval`` (Ra's ``raft_log_snapshot_interval``, 4096) or, as rabbit_fifo
+scales its release cursor, as many as the queue held at the last snapshot, never more
+than ``max_entries`` (``raft_log_max_entries``, 32768): a deep queue's snapshot costs a
+pass over every message, so it is taken less often as the queue grows.
+
+Messages' bodies stay in the log, so a snapshot releases the segments below the oldest
+live message (``needs_from``); the one before is kept as a fallback (a snapshot that
+fails its check is passed over), so the segments deleted are those below what both
+need.
 
 Recovery (the constructor): the snapshot (or the one before it), then the entries from
 what it needs on: below the snapshot's index only the bodies of its live messages are
@@ -71,16 +78,19 @@ Races this module guards against (one thread of control; a queue process owns it
 
 from __future__ import annotations
 
+import collections
 import heapq
 import itertools
 import logging
 import math
 import os
 import struct
+import sys
 import time
+from array import array
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from warren.store import replicated_io
 
@@ -98,10 +108,25 @@ PREVIOUS_SNAPSHOT = ra_log.SNAPSHOT_FILE + ".previous"
 CLEAN_MARKER = "clean"  # a queue stopped cleanly: every delivery it made is in its log
 ENQUEUE = struct.Struct(">QH")  # after the kind byte: expiry_ms, msg_id length
 INDEXES = "Q"
+OUT, MAYBE_DELIVERED = 1, 2  # a live message's flags in a snapshot
 
-# hands records to the WAL; with True it returns once they (and every record handed before)
-# are fdatasync'd, with False at once
-Append = Callable[[list[bytes], bool], None]
+# a snapshot as a start reads it: its header, and its columns (``_pack_live``)
+_Snapshot = tuple[dict[str, Any], memoryview]
+
+
+class Written(Protocol):
+    """Records handed to the WAL to be made durable: ``arrived`` says whether ``get``
+    would return at once; ``get`` returns once they (and every record handed before) are
+    fdatasync'd, or raises what the WAL failed with."""
+
+    def arrived(self) -> bool: ...
+
+    def get(self) -> object: ...
+
+
+# hands records to the WAL: with True to be made durable (what it returns says when), with
+# False without a wait (covered by a later durable hand-over)
+Append = Callable[[list[bytes], bool], Written | None]
 
 
 @dataclass(slots=True)
@@ -122,6 +147,36 @@ def _indexes(data: bytes) -> list[int]:
 
 def _pack_indexes(indexes: list[int]) -> bytes:
     return struct.pack(f">{len(indexes)}{INDEXES}", *indexes)
+
+
+def _little_endian(column: array) -> bytes:
+    if sys.byteorder != "little":
+        column.byteswap()
+    return column.tobytes()
+
+
+def _pack_live(messages: dict[int, _Message]) -> bytes:
+    """A snapshot's columns: every live message's index, delivery count and flags."""
+    held = messages.values()
+    indexes = array("Q", messages)
+    counts = array("I", [m.delivery_count for m in held])
+    flags = bytes([m.out | m.maybe_delivered << 1 for m in held])
+    return _little_endian(indexes) + _little_endian(counts) + flags
+
+
+def _unpack_live(columns: memoryview, count: int) -> dict[int, tuple[int, bool, bool]]:
+    """``_pack_live``'s columns of ``count`` messages: index → (count, out, maybe)."""
+    indexes, counts = array("Q"), array("I")
+    indexes.frombytes(columns[: count * 8])
+    counts.frombytes(columns[count * 8 : count * 12])
+    if sys.byteorder != "little":
+        indexes.byteswap()
+        counts.byteswap()
+    flags = columns[count * 12 :]
+    return {
+        index: (delivered, bool(flag & OUT), bool(flag & MAYBE_DELIVERED))
+        for index, delivered, flag in zip(indexes, counts, flags, strict=True)
+    }
 
 
 class QuorumQueue:
@@ -154,8 +209,18 @@ class QuorumQueue:
         self._ready: list[int] = []
         self._out_count = 0
         self._bytes = 0
-        self._unsent: list[bytes] = []
+        self._unsent: list[bytes] = []  # the records (in parts) not handed to the WAL
+        # deliveries and settles made since the last entry: logged as one D entry and one
+        # S entry before the next other entry or sync (a message delivered and settled in
+        # between is delivered before it is settled, as in the order they were made)
+        self._delivered: list[int] = []
+        self._settled: list[int] = []
         self._unsent_enqueues: list[int] = []
+        # handed to the WAL, not yet durable: what says when, the enqueues it confirms,
+        # the last index it holds, when it was handed over
+        self._in_flight: collections.deque[tuple[Written, list[int], int, float]] = (
+            collections.deque()
+        )
         self.over_limit: list[int] = []
         self.counters: dict[str, int] = {
             "log_entries_replayed": 0,
@@ -176,9 +241,11 @@ class QuorumQueue:
         self._recover(list(wal_entries))
         self.last_written = self.next_seq_id - 1
         self._applied_at_snapshot = self.snapshot_index
+        self._next_snapshot_after = self._scaled_interval()
         if self._unsent:  # the start's returns, durable before anything else
             records, self._unsent = self._unsent, []
-            self._written(records, durable=True)
+            self._hand_over(records, True, [])
+            self._settle(wait=True)
 
     # ------------------------------------------------------------------ recovery
 
@@ -187,15 +254,13 @@ class QuorumQueue:
         live: dict[int, tuple[int, bool, bool]] = {}
         start = 1
         if snapshot is not None:
-            self.term = max(self.term, snapshot.get("term", 1))
-            self.snapshot_index = snapshot["index"]
-            live = {
-                index: (count, bool(out), bool(maybe and maybe[0]))
-                for index, count, out, *maybe in snapshot["messages"]
-            }
-            start = snapshot["needs_from"]
+            header, columns = snapshot
+            live = _unpack_live(columns, header["live"])
+            self.term = max(self.term, header["term"])
+            self.snapshot_index = header["index"]
+            start = header["needs_from"]
             self._snapshot_needs_from = start
-            self._previous_needs_from = previous["needs_from"] if previous else start
+            self._previous_needs_from = previous[0]["needs_from"] if previous else start
         self.next_seq_id = self.snapshot_index + 1
         expected = start
         replayed = 0
@@ -263,12 +328,15 @@ class QuorumQueue:
         fsync_directory(self.directory)
         return True
 
-    def _snapshots(self) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    def _snapshots(self) -> tuple[_Snapshot | None, _Snapshot | None]:
         """The snapshot to start from, and the one before it (either may be None)."""
-        found = []
+        found: list[_Snapshot | None] = []
         for name in (ra_log.SNAPSHOT_FILE, PREVIOUS_SNAPSHOT):
             try:
-                found.append(ra_log.read_snapshot(os.path.join(self.directory, name)))
+                read = ra_log.read_snapshot(os.path.join(self.directory, name))
+                if read is not None and len(read[1]) != read[0].get("live", -1) * 13:
+                    raise ValueError(f"{name}: its columns do not hold its live messages")
+                found.append(read)
             except ValueError as exc:
                 self.counters["snapshots_refused"] = self.counters.get("snapshots_refused", 0) + 1
                 self._snapshot_damaged |= name == ra_log.SNAPSHOT_FILE
@@ -358,11 +426,25 @@ class QuorumQueue:
 
     # ------------------------------------------------------------------ commands
 
-    def _log(self, command: bytes) -> int:
+    def _log(self, *command: bytes) -> int:
+        """Log the command whose parts are ``command`` (after the deliveries and settles
+        made before it); its index."""
+        self._log_pending()
+        return self._append_entry(command)
+
+    def _append_entry(self, command: tuple[bytes, ...]) -> int:
         index = self.next_seq_id
         self.next_seq_id += 1
-        self._unsent.append(ra_log.pack_entry(index, self.term, command, self._owner))
+        self._unsent += ra_log.entry_parts(index, self.term, self._owner, command)
         return index
+
+    def _log_pending(self) -> None:
+        if self._delivered:
+            delivered, self._delivered = self._delivered, []
+            self._append_entry((b"D", _pack_indexes(delivered)))
+        if self._settled:
+            settled, self._settled = self._settled, []
+            self._append_entry((b"S", _pack_indexes(settled)))
 
     def publish_many(
         self,
@@ -377,12 +459,12 @@ class QuorumQueue:
         A message over the maximum size refuses the whole batch before anything changes."""
         self._check_open()
         checked_batch(payloads, msg_ids, self.max_message_bytes)
+        self._log_pending()
         first = self.next_seq_id
         expiry = expiry_ms or 0
         for number, payload in enumerate(payloads):
             msg_id = msg_ids[number] if msg_ids is not None else b""
-            command = b"E" + ENQUEUE.pack(expiry, len(msg_id)) + msg_id + payload
-            index = self._log(command)
+            index = self._append_entry((b"E", ENQUEUE.pack(expiry, len(msg_id)), msg_id, payload))
             self._messages[index] = _Message(payload, expiry, msg_id)
             self._bytes += len(payload)
             heapq.heappush(self._ready, index)
@@ -390,54 +472,82 @@ class QuorumQueue:
         return range(first, self.next_seq_id)
 
     def sync(self, wait: bool = True) -> list[int]:
-        """Hand what was logged since the last call to the WAL (it returns once that is
-        fdatasync'd); the enqueues that became confirmed, each once. A snapshot follows
-        when one is due."""
+        """Hand what was logged since the last call to the WAL; the enqueues that became
+        confirmed (fdatasync'd), each once: with ``wait`` every one handed over, without
+        it those the WAL has answered (a later call takes the rest). A snapshot follows
+        when one is due and everything logged is durable."""
         self._check_open()
-        if not self._unsent:
-            return []
-        records, self._unsent = self._unsent, []
-        confirmed, self._unsent_enqueues = self._unsent_enqueues, []
-        durable = bool(confirmed) or self._snapshot_due(self.next_seq_id - 1)
-        try:
-            self._written(records, durable)
-        except BaseException:
-            self._closed = True  # a log must not go on past entries it may have lost
-            raise
-        if durable and self._snapshot_due(self.last_written):
+        self._log_pending()
+        if self._unsent:
+            records, self._unsent = self._unsent, []
+            enqueues, self._unsent_enqueues = self._unsent_enqueues, []
+            durable = bool(enqueues) or self._snapshot_due(self.next_seq_id - 1)
+            self._hand_over(records, durable, enqueues)
+        confirmed = self._settle(wait)
+        if (
+            not self._in_flight
+            and self.last_written == self.next_seq_id - 1
+            and self._snapshot_due(self.last_written)
+        ):
             self.snapshot()
         return confirmed
 
-    def _written(self, records: list[bytes], durable: bool) -> None:
+    def _hand_over(self, records: list[bytes], durable: bool, enqueues: list[int]) -> None:
         began = time.monotonic()
-        self._append(records, durable)
+        try:
+            written = self._append(records, durable)
+        except BaseException:
+            self._closed = True  # a log must not go on past entries it may have lost
+            raise
         self.counters["wal_appends"] += 1
-        if durable:
+        if written is not None:
+            self._in_flight.append((written, enqueues, self.next_seq_id - 1, began))
+
+    def _settle(self, wait: bool) -> list[int]:
+        """The enqueues of the hand-overs the WAL made durable (all of them, waiting, with
+        ``wait``), oldest first."""
+        confirmed: list[int] = []
+        in_flight = self._in_flight
+        while in_flight and (wait or in_flight[0][0].arrived()):
+            written, enqueues, last, began = in_flight.popleft()
+            try:
+                written.get()
+            except BaseException:
+                self._closed = True
+                raise
+            self.last_written = last
             self._commit_latency_s = time.monotonic() - began
-            self.last_written = self.next_seq_id - 1
+            confirmed += enqueues
+        return confirmed
 
     def needs_sync(self) -> bool:
-        return bool(self._unsent)
+        """Whether commands wait to be handed to the WAL (what it has not answered yet is
+        ``awaiting_wal``: its answer, not a timer, is the time to look again)."""
+        return bool(self._unsent or self._delivered or self._settled)
+
+    @property
+    def awaiting_wal(self) -> bool:
+        return bool(self._in_flight)
 
     def _snapshot_due(self, index: int) -> bool:
-        applied = index - self._applied_at_snapshot
-        return applied >= min(self.snapshot_interval, self.max_entries)
+        return index - self._applied_at_snapshot >= self._next_snapshot_after
+
+    def _scaled_interval(self) -> int:
+        return min(max(self.snapshot_interval, len(self._messages)), self.max_entries)
 
     def snapshot(self) -> None:
         """Write the state at the last index, and delete the segments neither this snapshot
         nor the one before needs (call once every entry is durable: the state is the
         state at that index, or a replay would apply some twice)."""
         index = self.last_written
-        assert not self._unsent and index == self.next_seq_id - 1, "every entry durable"
+        assert not self.needs_sync() and not self._in_flight, "every entry durable"
+        assert index == self.next_seq_id - 1, "every entry durable"
         needs_from = min(self._messages, default=index + 1)
-        state = {
+        header = {
             "index": index,
             "term": self.term,
             "needs_from": needs_from,
-            "messages": [
-                [i, m.delivery_count, int(m.out), int(m.maybe_delivered)]
-                for i, m in self._messages.items()
-            ],
+            "live": len(self._messages),
         }
         current = os.path.join(self.directory, ra_log.SNAPSHOT_FILE)
         if self._snapshot_damaged:  # never over the good fallback
@@ -446,10 +556,11 @@ class QuorumQueue:
         elif os.path.exists(current):  # the fallback, should the new one be damaged
             replicated_io.rename(current, os.path.join(self.directory, PREVIOUS_SNAPSHOT))
             self._previous_needs_from = self._snapshot_needs_from
-        ra_log.write_snapshot(current, state)
+        ra_log.write_snapshot(current, header, _pack_live(self._messages))
         self.counters["snapshots_written"] += 1
         self.snapshot_index = index
         self._applied_at_snapshot = index
+        self._next_snapshot_after = self._scaled_interval()
         self._snapshot_needs_from = needs_from
         self.counters["segments_deleted"] += ra_log.delete_segments_below(
             self.directory, min(self._previous_needs_from, needs_from)
@@ -468,9 +579,9 @@ class QuorumQueue:
         message = self._messages[index]
         if ack_required:
             self._mark_out(index, True)
-            self._log(b"D" + _pack_indexes([index]))
+            self._delivered.append(index)
         else:
-            self._log(b"S" + _pack_indexes([index]))
+            self._settled.append(index)
             self._forget([index])
         count = max(message.delivery_count, int(message.maybe_delivered))
         return Fetched(index, message.payload, count, message.msg_id)
@@ -501,7 +612,7 @@ class QuorumQueue:
         tags = self._take_out(seq_ids)
         if not tags:
             return
-        self._log(b"S" + _pack_indexes(tags))
+        self._settled += tags
         self._forget(tags)
 
     def requeue(self, seq_ids: Iterable[int], *, delivered: bool = True) -> None:
@@ -537,8 +648,7 @@ class QuorumQueue:
             heapq.heappop(self._ready)
             self._forget([info.seq_id])  # now: a second heap entry of it is then stale
             dropped.append(info.seq_id)
-        if dropped:
-            self._log(b"S" + _pack_indexes(dropped))
+        self._settled += dropped
         return self.peek()
 
     def purge(self) -> int:
@@ -569,7 +679,8 @@ class QuorumQueue:
             "disk_bytes": sum(
                 os.path.getsize(path) for _, path in ra_log.segment_files(self.directory)
             ),
-            "unconfirmed": len(self._unsent_enqueues),
+            "unconfirmed": len(self._unsent_enqueues)
+            + sum(len(enqueues) for _, enqueues, _, _ in self._in_flight),
             "persistent": len(self._messages),
             "type": "quorum",
             "mode": "quorum",
@@ -602,9 +713,10 @@ class QuorumQueue:
         """Clean stop (after a sync): a snapshot, so the next start replays little."""
         if self._closed:
             return
-        if not self._unsent:
+        if not self.needs_sync() and not self._in_flight:
             if self.last_written < self.next_seq_id - 1:  # settles handed over unwaited
-                self._written([], durable=True)
+                self._hand_over([], True, [])
+                self._settle(wait=True)
             if self.last_written > self.snapshot_index:
                 self.snapshot()
             marker = os.path.join(self.directory, CLEAN_MARKER)

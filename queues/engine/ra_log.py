@@ -26,8 +26,14 @@ needs once a snapshot covers them (``delete_segments_below``; never the newest, 
 WAL's process may be appending to).
 
 Snapshot (``write_snapshot``, ``read_snapshot``). ``<queue dir>/snapshot``: the queue's
-state at an index, as JSON under a CRC, written to a temporary file, fdatasync'd and
-renamed over the last: a torn one is never read, an older one stays whole until then.
+state at an index, written to a temporary file, fdatasync'd and renamed over the last: a
+torn one is never read, an older one stays whole until then::
+
+    crc32 u32 | header length u32 | header (JSON) | columns
+
+big-endian; the CRC covers what follows it. The header holds the scalars, the columns the
+live messages' figures packed by the queue (``quorum_queue``): a snapshot of a deep queue
+is written often enough that a per-message JSON encoding was most of a queue's work.
 
 Races guarded against:
 - a crash in the middle of a record (a torn tail) or a flipped bit: reading stops at the
@@ -65,6 +71,8 @@ from ..durable_files import fsync_directory
 log = logging.getLogger(__name__)
 
 HEADER = struct.Struct(">IIQQH")  # crc, length, index, term, owner length
+FRAME = struct.Struct(">II")  # the header's first two: crc, length
+HEADER_TAIL = struct.Struct(">QQH")  # and the rest, where the CRC begins
 WAL_MAX_BYTES = 64 * 1024 * 1024  # a WAL file is closed past this (Ra's wal_max_size_bytes)
 SEGMENT_ENTRIES = 4096  # records per segment file (Ra's segment_max_entries)
 QUORUM_DIRECTORY = "quorum"  # in the node's data directory: the WAL's files under it
@@ -75,7 +83,7 @@ LOG_DIRECTORY = "log"
 WAL_SUFFIX = ".wal"
 SEGMENT_SUFFIX = ".segment"
 SNAPSHOT_FILE = "snapshot"
-SNAPSHOT_CRC = struct.Struct(">I")
+SNAPSHOT_WORD = struct.Struct(">I")  # a snapshot's CRC, and its header's length
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,8 +95,18 @@ class Entry:
 
 def pack_entry(index: int, term: int, command: bytes, owner: bytes = b"") -> bytes:
     """One record (the module docstring's layout)."""
-    body = HEADER.pack(0, 0, index, term, len(owner))[8:] + owner + command
-    return struct.pack(">II", crc32(body), len(body)) + body
+    frame, body = entry_parts(index, term, owner, (command,))
+    return frame + body
+
+
+def entry_parts(
+    index: int, term: int, owner: bytes, command: tuple[bytes, ...]
+) -> tuple[bytes, bytes]:
+    """One record of the command whose parts are ``command``, as its frame (CRC and
+    length) and the rest, which the frame's CRC covers: joined, they are the record
+    (one copy of a message's body fewer than ``pack_entry``)."""
+    body = b"".join((HEADER_TAIL.pack(index, term, len(owner)), owner, *command))
+    return FRAME.pack(crc32(body), len(body)), body
 
 
 def _walk(view: memoryview) -> Iterator[tuple[int, int, int, int, int]]:
@@ -462,13 +480,15 @@ def delete_segments_below(queue_directory: str, index: int) -> int:
 # ---------------------------------------------------------------------- snapshots
 
 
-def write_snapshot(path: str, state: dict[str, Any]) -> None:
-    """Write ``state`` (JSON) as the snapshot at ``path``, durably, whole or not at all."""
-    body = json.dumps(state, separators=(",", ":")).encode()
+def write_snapshot(path: str, header: dict[str, Any], columns: bytes = b"") -> None:
+    """Write ``header`` (JSON) and ``columns`` as the snapshot at ``path``, durably, whole
+    or not at all."""
+    encoded = json.dumps(header, separators=(",", ":")).encode()
+    body = SNAPSHOT_WORD.pack(len(encoded)) + encoded + columns
     temporary = path + ".tmp"
     fd = replicated_io.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        replicated_io.write(fd, SNAPSHOT_CRC.pack(crc32(body)) + body)
+        replicated_io.write(fd, SNAPSHOT_WORD.pack(crc32(body)) + body)
         replicated_io.fdatasync(fd)
     finally:
         os.close(fd)
@@ -476,19 +496,25 @@ def write_snapshot(path: str, state: dict[str, Any]) -> None:
     fsync_directory(os.path.dirname(path))
 
 
-def read_snapshot(path: str) -> dict[str, Any] | None:
-    """The snapshot at ``path``; None when there is none. ``ValueError`` for one that fails
-    its check (a snapshot is renamed into place whole: a bad one is damage, not a crash)."""
+def read_snapshot(path: str) -> tuple[dict[str, Any], memoryview] | None:
+    """The snapshot at ``path``: its header and its columns; None when there is none.
+    ``ValueError`` for one that fails its check (a snapshot is renamed into place whole: a
+    bad one is damage, not a crash)."""
     try:
         with open(path, "rb") as file:
             data = file.read()
     except FileNotFoundError:
         return None
-    if len(data) < SNAPSHOT_CRC.size:
+    if len(data) < SNAPSHOT_WORD.size:
         raise ValueError(f"{path}: {len(data)} bytes, shorter than its CRC")
-    (crc,) = SNAPSHOT_CRC.unpack_from(data)
-    body = data[SNAPSHOT_CRC.size :]
+    (crc,) = SNAPSHOT_WORD.unpack_from(data)
+    body = data[SNAPSHOT_WORD.size :]
     if crc32(body) != crc:
         raise ValueError(f"{path}: fails its CRC")
-    state: dict[str, Any] = json.loads(body)
-    return state
+    try:
+        (length,) = SNAPSHOT_WORD.unpack_from(body)
+        end = SNAPSHOT_WORD.size + length
+        header: dict[str, Any] = json.loads(body[SNAPSHOT_WORD.size : end])
+    except (ValueError, struct.error):
+        raise ValueError(f"{path}: its CRC holds but its header is not this version's") from None
+    return header, memoryview(body)[end:]

@@ -10,7 +10,7 @@ import pytest
 
 from warren.queues.engine import ra_log
 from warren.queues.engine.quorum_queue import QuorumQueue
-from warren.queues.errors import CorruptLog, UnknownDeliveryTag
+from warren.queues.errors import CorruptLog, QueueClosed, UnknownDeliveryTag
 
 
 class Node:
@@ -28,8 +28,10 @@ class Node:
 
         def append(records, durable):
             self.wal.add(owner, b"".join(records))
-            if durable:
-                self.wal.commit()
+            if not durable:
+                return None
+            self.wal.commit()  # as the WAL's process answers: once it is durable
+            return Committed()
 
         held = [entry for _, entry in ra_log.unpack_records(self.wal.entries(owner))]
         return QuorumQueue(directory, append, owner=owner.encode(), wal_entries=held, **options)
@@ -38,6 +40,16 @@ class Node:
         """The node's processes killed: the WAL's next start moves its files to segments."""
         self.wal.close()
         self.wal = ra_log.Wal(self.data_dir, **self.wal_options)
+
+
+class Committed:
+    """The WAL's answer, come."""
+
+    def arrived(self):
+        return True
+
+    def get(self):
+        return None
 
 
 def bodies(queue, ack=True):
@@ -57,6 +69,63 @@ def test_a_sync_confirms_the_enqueues_and_a_crash_after_it_loses_none(tmp_path):
     node.crash()
     again = node.open("orders")
     assert bodies(again, ack=False) == [b"a", b"b", b"c"]
+
+
+class HeldCommit:
+    """A WAL's answer that has not come: ``answer`` brings it (or its failure)."""
+
+    def __init__(self, wal):
+        self.wal = wal
+        self.error = None
+        self.done = False
+
+    def answer(self, error=None):
+        if error is None:
+            self.wal.commit()
+        self.error, self.done = error, True
+
+    def arrived(self):
+        return self.done
+
+    def get(self):
+        assert self.done, "a waited sync would block here"
+        if self.error is not None:
+            raise self.error
+
+
+def test_a_sync_without_a_wait_confirms_what_the_wal_answered_and_takes_more_meanwhile(tmp_path):
+    node = Node(tmp_path)
+    held = []
+    owner = "queues/orders"
+
+    def append(records, durable):
+        node.wal.add(owner, b"".join(records))
+        if durable:
+            held.append(HeldCommit(node.wal))
+            return held[-1]
+        return None
+
+    directory = os.path.join(node.data_dir, owner)
+    queue = QuorumQueue(directory, append, owner=owner.encode())
+    first = queue.publish_many([b"a", b"b"])
+    assert queue.sync(wait=False) == []  # handed over; the WAL has not answered
+    second = queue.publish_many([b"c"])
+    assert queue.sync(wait=False) == []
+    assert queue.awaiting_wal and queue.stats()["unconfirmed"] == 3
+    held[1].answer()  # answers come in order: the second does not confirm alone
+    assert queue.sync(wait=False) == []
+    held[0].answer()
+    assert queue.sync(wait=False) == list(first) + list(second)
+    assert not queue.awaiting_wal and queue.last_written == second[-1]
+    queue.publish_many([b"lost with the WAL"])
+    queue.sync(wait=False)
+    held[2].answer(OSError(28, "No space left on device"))
+    with pytest.raises(OSError):
+        queue.sync(wait=False)
+    with pytest.raises(QueueClosed):  # nothing goes on past a write it may have lost
+        queue.publish_many([b"after"])
+    node.crash()
+    assert bodies(node.open("orders"), ack=False) == [b"a", b"b", b"c"]
 
 
 def test_a_queue_restarted_alone_reads_what_only_the_wal_holds(tmp_path):
@@ -167,6 +236,26 @@ def test_snapshots_release_the_log_below_the_oldest_live_message(tmp_path):
     queue.abandon()
     node.crash()
     assert bodies(node.open("orders"), ack=False) == [b"x"] * 100 + [b"y"] * 100
+
+
+def test_a_growing_queue_is_snapshotted_less_often_and_starts_from_one_as_it_was(tmp_path):
+    node = Node(tmp_path, segment_entries=64)
+    queue = node.open("orders", snapshot_interval=16, max_entries=256)
+    for n in range(100):
+        queue.publish_many([b"%d-%d" % (n, i) for i in range(10)])
+        queue.sync()
+    # at 16, then at as many as the queue held (32, 64, 128), then every 256 entries
+    assert queue.counters["snapshots_written"] == 7
+    first, second, held = (queue.fetch_encoded().seq_id for _ in range(3))
+    queue.requeue([first, second])  # counted: 1 each
+    queue.sync()
+    queue.terminate()  # a snapshot with ``held`` out: back, counted, at the start
+    node.crash()
+    again = node.open("orders")
+    assert again.counters["log_entries_replayed"] == 0  # all from the snapshot
+    assert [again.delivery_count(tag) for tag in (first, second, held)] == [1, 1, 1]
+    assert again.delivery_count(held + 1) == 0
+    assert len(bodies(again, ack=False)) == 1000
 
 
 def test_a_torn_wal_tail_loses_only_what_was_never_confirmed(tmp_path):
