@@ -15,9 +15,11 @@ Messages accepted, and what each gets back:
                                   is ``owner``. Appends that wait together share one
                                   write and one fdatasync (a group commit, when the
                                   mailbox is empty, or after ``max_pass_s`` of a pass)
-    WalWrite(owner, records)    (tell) the same, unanswered: written and fdatasync'd with
-                                  the next commit (what no one waits on: deliveries,
-                                  settles)
+    WalWrite(owner, records)    (tell) the same, unanswered: written with the next
+                                  commit, and fdatasync'd with the next that an append
+                                  waits on, or ``UNWAITED_SYNC_S`` after it at the latest
+                                  (what no one waits on: deliveries, settles; a process
+                                  killed loses none of it, a machine lost some)
     WalEntries(owner)           → (term, records): the term the queue's new entries
                                   carry (the cluster's epoch its node leads at, 1 on a
                                   lone node), and the queue's entries held in the WAL
@@ -28,7 +30,8 @@ Messages accepted, and what each gets back:
                                   dropped, and a tombstone fdatasync'd first, so that a
                                   queue declared again under its name never reads them
     WalStats()                  → {"syncs", "bytes_written", "appends", "records_per_sync",
-                                  "files", "segment_writes"}
+                                  "files", "segment_writes", "unsynced" (batches written
+                                  since the last fdatasync)}
 
 A record batch that is not whole, correct records, or an owner that is not a queue's
 directory, raises ``UnhandledMessage`` before anything is written: one bad sender never
@@ -50,6 +53,9 @@ from warren.actors import DeferredReply, ProcessActor, UnhandledMessage, message
 from ..engine import ra_log
 
 WAL_NAME = "wal"
+# the longest records no one waits on stay written but not fdatasync'd (RabbitMQ's
+# msg_store_sync_interval is 200 ms too)
+UNWAITED_SYNC_S = 0.2
 
 
 @message
@@ -98,6 +104,7 @@ class WalActor(ProcessActor):
         self.term = term
         self._wal: ra_log.Wal | None = None
         self._waiting: list[DeferredReply] = []  # the appends the next commit answers
+        self._sync_armed = False
         self.counters = {"appends": 0, "writes": 0}
 
     def on_start(self) -> None:
@@ -138,24 +145,30 @@ class WalActor(ProcessActor):
                 "bytes_written": files.bytes_written,
                 "files": len(files.files()),
                 "records_per_sync": wal.records_synced / max(1, files.syncs),
+                "unsynced": wal.unsynced,
                 "segment_writes": wal.segment_writes,
                 **self.counters,
             }
         raise UnhandledMessage(f"the WAL does not handle {type(message).__name__}")
 
     def on_idle(self) -> None:
+        self._commit(sync=bool(self._waiting))
+
+    def _sync_unwaited(self) -> None:
+        self._sync_armed = False
         self._commit()
 
-    def _commit(self) -> None:
-        """One write and one fdatasync for everything taken, then the answers. A commit
-        that fails (a full disk, a failed fdatasync) ends the process at once: the file
-        may end in a torn record that would hide every later one, and the records it
-        took may not be on disk; the queues, restarted after it, recover from theirs."""
+    def _commit(self, sync: bool = True) -> None:
+        """One write for everything taken and, when an append waits (or ``sync``), one
+        fdatasync, then the answers. A commit that fails (a full disk, a failed
+        fdatasync) ends the process at once: the file may end in a torn record that would
+        hide every later one, and the records it took may not be on disk; the queues,
+        restarted after it, recover from theirs."""
         if self._wal is None:
             return
         waiting, self._waiting = self._waiting, []
         try:
-            self._wal.commit()
+            self._wal.commit(sync=sync or bool(waiting))
         except BaseException as exc:
             for reply in waiting:
                 reply.fail(exc)
@@ -164,3 +177,6 @@ class WalActor(ProcessActor):
             raise
         for reply in waiting:
             reply.send(None)
+        if self._wal.unsynced and not self._sync_armed:
+            self._sync_armed = True
+            self.call_later(UNWAITED_SYNC_S, self._sync_unwaited)

@@ -8,13 +8,16 @@ per queue), a ``term`` (the cluster's epoch; 1 on a lone node) and a command
     crc32 u32 | length u32 | index u64 | term u64 | owner length u16 | owner | command
 
 big-endian; ``length`` counts what follows the first eight bytes, and the CRC covers the
-same bytes. ``owner`` is the queue's directory in the WAL, empty in a queue's own files.
+same bytes. ``owner`` is the queue's directory, relative to the node's data directory
+(the WAL tells the queues' records apart by it); a segment holds the records as the WAL
+did, owner and all, so that moving them there is a copy (a queue's records in its own
+files may also have an empty owner).
 
 WAL (``WalFiles``). ``<quorum dir>/wal/<n:08d>.wal``: the one process that writes it
 (``warren: wal``) appends the records every quorum queue hands it, fdatasyncs once for all
 of them (group commit), and only then answers: an entry is durable once in the WAL. A
 file past ``WAL_MAX_BYTES`` is closed and a new one begun; the closed one's entries are
-written to the segment files of their queues (``write_segment_entries``), which are
+written to the segment files of their queues (``SegmentWriter``), which are
 fdatasync'd before the WAL file is deleted. At its start the process reads every WAL
 file left (``read_wal``) into segments the same way before any quorum queue starts.
 
@@ -109,16 +112,17 @@ def entry_parts(
     return FRAME.pack(crc32(body), len(body)), body
 
 
-def _walk(view: memoryview) -> Iterator[tuple[int, int, int, int, int]]:
+def _walk(view: memoryview, checked: bool = True) -> Iterator[tuple[int, int, int, int, int]]:
     """(start, owner start, owner end, body end, index) of each whole, correct record of
-    ``view``, in order, up to the first torn or corrupt one."""
+    ``view``, in order, up to the first torn or corrupt one (without ``checked``, of
+    records known correct: their CRCs are not computed again)."""
     offset, end = 0, len(view)
     while offset + HEADER.size <= end:
         crc, length, index, _, owner_length = HEADER.unpack_from(view, offset)
         body_end = offset + 8 + length
         if length < HEADER.size - 8 + owner_length or body_end > end:
             return
-        if crc32(view[offset + 8 : body_end]) != crc:
+        if checked and crc32(view[offset + 8 : body_end]) != crc:
             return
         yield offset, offset + HEADER.size, offset + HEADER.size + owner_length, body_end, index
         offset = body_end
@@ -134,6 +138,16 @@ def unpack_records(data: bytes | memoryview) -> Iterator[tuple[bytes, Entry]]:
             bytes(view[owner_start:owner_end]),
             Entry(index, term, bytes(view[owner_end:body_end])),
         )
+
+
+def split_records(
+    data: bytes | memoryview, checked: bool = True
+) -> Iterator[tuple[bytes, int, memoryview]]:
+    """(owner, index, the record whole) of each whole record of ``data``, in order, up
+    to the first torn or corrupt one (``checked``: as ``_walk``)."""
+    view = memoryview(data)
+    for start, owner_start, owner_end, body_end, index in _walk(view, checked):
+        yield bytes(view[owner_start:owner_end]), index, view[start:body_end]
 
 
 def record_start(data: bytes, offset: int) -> int:
@@ -235,11 +249,12 @@ class Wal:
         self.segments = SegmentWriter(segment_entries)
         self._memtables: dict[str, list[bytes]] = {}
         self._unwritten: list[bytes] = []
+        self.unsynced = 0  # batches written since the last fdatasync
         self.records_synced = 0
         self.segment_writes = 0
         for path in self.files.left:  # what a run before left: into segments first
-            for owner, entries in read_wal(path).items():
-                self._to_segments(owner, entries)
+            for owner, records in read_wal(path).items():
+                self._to_segments(owner, records)
             self.files.remove(path)
 
     def add(self, owner: str, records: bytes) -> None:
@@ -254,21 +269,31 @@ class Wal:
         self._unwritten.append(records)
         self._memtables.setdefault(owner, []).append(records)
 
-    def commit(self) -> int:
-        """Write what ``add`` took, fdatasync once; then, when the file is full, move its
-        entries to their queues' segments and delete it. How many batches it covered."""
+    def commit(self, sync: bool = True) -> int:
+        """Write what ``add`` took and, with ``sync``, fdatasync once (covering what
+        earlier commits without it wrote); then, when the file is full, move its entries
+        to their queues' segments and delete it. How many batches it wrote."""
         unwritten, self._unwritten = self._unwritten, []
-        if not unwritten:
-            return 0
-        self.files.append(unwritten)
-        self.files.sync()
-        self.records_synced += len(unwritten)
+        if unwritten:
+            self.files.append(unwritten)
+            self.unsynced += len(unwritten)
+        if sync and self.unsynced:
+            self.files.sync()
+            self.records_synced += self.unsynced
+            self.unsynced = 0
         if self.files.full:
-            closed = self.files.roll()
+            closed = self.files.roll()  # fdatasync'd
+            self.records_synced += self.unsynced
+            self.unsynced = 0
             memtables, self._memtables = self._memtables, {}
             for owner, blobs in memtables.items():
                 self._to_segments(
-                    owner, [entry for blob in blobs for _, entry in unpack_records(blob)]
+                    owner,
+                    [
+                        (index, record)
+                        for blob in blobs  # checked when taken
+                        for _, index, record in split_records(blob, checked=False)
+                    ],
                 )
             self.files.remove(closed)
         return len(unwritten)
@@ -288,14 +313,14 @@ class Wal:
         self.segments.forget(os.path.join(self.data_dir, owner))
         self._unwritten.append(pack_entry(0, 0, TOMBSTONE, owner.encode()))
 
-    def _to_segments(self, owner: str, entries: list[Entry]) -> None:
+    def _to_segments(self, owner: str, records: list[tuple[int, memoryview]]) -> None:
         try:
             check_owner(owner)
         except ValueError as exc:
             log.error("WAL: %s; its entries are dropped", exc)
             return
         self.segment_writes += 1
-        self.segments.write(os.path.join(self.data_dir, owner), entries)
+        self.segments.write(os.path.join(self.data_dir, owner), records)
 
     def close(self) -> None:
         self.files.close()
@@ -307,18 +332,19 @@ def check_owner(owner: str) -> None:
         raise ValueError(f"{owner!r} is not a queue's directory")
 
 
-def read_wal(path: str) -> dict[str, list[Entry]]:
-    """Each queue's entries in a WAL file (by queue directory), in the order written."""
+def read_wal(path: str) -> dict[str, list[tuple[int, memoryview]]]:
+    """Each queue's records in a WAL file (by queue directory), in the order written, with
+    their indexes."""
     with open(path, "rb") as file:
         data = file.read()
-    entries: dict[str, list[Entry]] = {}
-    for owner, entry in unpack_records(data):
+    records: dict[str, list[tuple[int, memoryview]]] = {}
+    for owner, index, record in split_records(data):
         name = owner.decode(errors="replace")  # a bad name is refused where it is used
-        if entry.index == 0 and entry.command == TOMBSTONE:
-            entries.pop(name, None)  # the queue was deleted: what came before is not its
+        if index == 0:  # a tombstone (an entry's index is 1 or more)
+            records.pop(name, None)  # the queue was deleted: what came before is not its
             continue
-        entries.setdefault(name, []).append(entry)
-    return entries
+        records.setdefault(name, []).append((index, record))
+    return records
 
 
 # ---------------------------------------------------------------------- segments
@@ -377,26 +403,27 @@ class SegmentWriter:
     def forget(self, queue_directory: str) -> None:
         self._tails.pop(queue_directory, None)
 
-    def write(self, queue_directory: str, entries: Iterable[Entry]) -> int:
-        """Append the entries above the segments' last index, fdatasync'd; how many went.
+    def write(self, queue_directory: str, records: Iterable[tuple[int, memoryview]]) -> int:
+        """Append the records (index, record as the WAL holds it) above the segments' last
+        index, fdatasync'd, copied as they are; how many went.
         The queue's directory is made when it is missing: the log, not the directory,
         says a queue lives (a cluster's follower gets no empty directory, and a crash may
         lose one never synced), and a deleted queue's entries never come here (its
         tombstone dropped them)."""
         last = self.last_index(queue_directory)
-        fresh: list[Entry] = []
-        for entry in entries:
-            if entry.index <= last:
+        fresh: list[tuple[int, memoryview]] = []
+        for index, record in records:
+            if index <= last:
                 continue  # a segment holds it already
-            if fresh and entry.index != fresh[-1].index + 1:
+            if fresh and index != fresh[-1][0] + 1:
                 log.error(
                     "%s: entry %d does not follow %d; it and what follows are not written",
                     queue_directory,
-                    entry.index,
-                    fresh[-1].index,
+                    index,
+                    fresh[-1][0],
                 )
                 break
-            fresh.append(entry)
+            fresh.append((index, record))
         if not fresh:
             return 0
         log_directory = os.path.join(queue_directory, LOG_DIRECTORY)
@@ -407,23 +434,23 @@ class SegmentWriter:
             if made:
                 fsync_directory(os.path.dirname(queue_directory))
         tail = self._tails[queue_directory]
-        if fresh[0].index != last + 1:
+        if fresh[0][0] != last + 1:
             # the queue went on past entries a damaged file lost: a segment of their own,
             # so that the gap stays one (its start reads it as lost, never reused)
             log.error(
                 "%s: entries %d to %d are lost (damaged); the log goes on at %d",
                 queue_directory,
                 last + 1,
-                fresh[0].index - 1,
-                fresh[0].index,
+                fresh[0][0] - 1,
+                fresh[0][0],
             )
             tail = None
         written = 0
         while written < len(fresh):
             if tail is None or tail.records >= self.max_entries:
-                name = f"{fresh[written].index:020d}{SEGMENT_SUFFIX}"
+                name = f"{fresh[written][0]:020d}{SEGMENT_SUFFIX}"
                 path = os.path.join(log_directory, name)
-                tail = _SegmentTail(path, 0, 0, fresh[written].index - 1)
+                tail = _SegmentTail(path, 0, 0, fresh[written][0] - 1)
                 fd = replicated_io.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
                 fsync_directory(log_directory)
             else:
@@ -431,13 +458,13 @@ class SegmentWriter:
             try:
                 room = self.max_entries - tail.records
                 batch = fresh[written : written + room]
-                records = [pack_entry(e.index, e.term, e.command) for e in batch]
                 replicated_io.ftruncate(fd, tail.size)  # a torn tail goes
-                size = tail.size + replicated_io.pwrite(fd, b"".join(records), tail.size)
+                joined = b"".join([record for _, record in batch])
+                size = tail.size + replicated_io.pwrite(fd, joined, tail.size)
                 replicated_io.fdatasync(fd)
             finally:
                 os.close(fd)
-            tail = _SegmentTail(tail.path, tail.records + len(batch), size, batch[-1].index)
+            tail = _SegmentTail(tail.path, tail.records + len(batch), size, batch[-1][0])
             written += len(batch)
         self._tails[queue_directory] = tail
         return written

@@ -6,6 +6,7 @@ stray message to the WAL that changes nothing."""
 
 import os
 import signal
+import struct
 import subprocess
 
 import pika
@@ -15,6 +16,7 @@ import pytest
 from warren import connect
 from warren.actors import RemoteError
 from warren.queues.broker.wal_actor import WAL_NAME, WalAppend, WalStats
+from warren.queues.engine import ra_log
 from warren.queues.errors import InvalidArgument
 from warren.queues.protocol import Fetch, Release, Subscribe
 from warren.supervisor import Node
@@ -264,6 +266,38 @@ def test_a_queue_restarted_alone_keeps_what_only_the_wal_held(node):
     os.kill(old, signal.SIGKILL)
     wait_for(lambda: restarted(node, "orders", old), timeout=60)
     assert [d.body for d in drain(node.connect(), "orders")] == [b"%d" % n for n in range(50)]
+
+
+def test_acks_no_one_waits_on_are_synced_soon_and_a_killed_wal_loses_none(node):
+    node.declare_queue("orders", type="quorum")
+    connection = node.connect()
+    connection.publish_many("orders", [b"%d" % n for n in range(20)])
+    wal = node.actors.whereis(WAL_NAME)
+    acked = [connection.get("orders") for _ in range(10)]
+    for delivery in acked:
+        delivery.ack()
+    # the settles reach the WAL's file at once, and are fdatasync'd without a publish
+    wal_dir = os.path.join(node.data_dir, ra_log.QUORUM_DIRECTORY, ra_log.WAL_DIRECTORY)
+    wait_for(lambda: len(settled_in(wal_dir, "queues/orders")) == 10, timeout=30)
+    wait_for(lambda: wal.ask(WalStats(), timeout=30)["unsynced"] == 0, timeout=30)
+    queue_pid = node.queue("orders").pid
+    os.kill(wal.pid, signal.SIGKILL)  # the queue restarts after it, from the log
+    wait_for(lambda: restarted(node, "orders", queue_pid), timeout=60)
+    remaining = [d.body for d in drain(node.connect(), "orders")]
+    assert remaining == [b"%d" % n for n in range(10, 20)]
+
+
+def settled_in(wal_dir, owner):
+    """The indexes the WAL's files hold settles of, for the queue ``owner``."""
+    settled = set()
+    for name in sorted(os.listdir(wal_dir)):
+        with open(os.path.join(wal_dir, name), "rb") as file:
+            records = ra_log.unpack_records(file.read())
+            for record_owner, entry in records:
+                if record_owner == owner.encode() and entry.command[:1] == b"S":
+                    body = entry.command[1:]
+                    settled.update(struct.unpack(f">{len(body) // 8}Q", body))
+    return settled
 
 
 def test_a_scrape_shows_each_quorum_queues_log_and_the_wals_syncs(tmp_path):

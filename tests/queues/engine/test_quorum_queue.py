@@ -523,3 +523,16 @@ def test_an_entry_that_holds_its_check_but_not_a_known_command_stops_the_start(t
     node.crash()
     with pytest.raises(CorruptLog, match="unknown command"):
         node.open("orders")
+
+
+def test_records_no_one_waits_on_are_written_at_once_and_synced_with_the_next_commit(tmp_path):
+    wal = ra_log.Wal(str(tmp_path))
+    owner = "queues/orders"
+    wal.add(owner, ra_log.pack_entry(1, 1, b"S" + bytes(8), owner.encode()))
+    wal.commit(sync=False)
+    assert (wal.files.syncs, wal.unsynced) == (0, 1)
+    assert [i for i, _ in ra_log.read_wal(wal.files.path)[owner]] == [1]  # in the file
+    wal.add(owner, ra_log.pack_entry(2, 1, b"S" + bytes(8), owner.encode()))
+    wal.commit()
+    assert (wal.files.syncs, wal.unsynced, wal.records_synced) == (1, 0, 2)
+    wal.close()
