@@ -213,6 +213,43 @@ PROPERTIES: tuple[tuple[str, str], ...] = (
     ("cluster_id", _SHORT),
 )
 _LAYOUTS = dict(PROPERTIES)
+_BIT = {name: 1 << (15 - index) for index, (name, _) in enumerate(PROPERTIES)}
+# The properties laid out before the headers (shortstrs both)
+_BEFORE_HEADERS = tuple(_BIT[name] for name in ("content_type", "content_encoding"))
+_I64 = struct.Struct(">q")
+
+
+def with_long_header(properties: bytes, name: bytes, value: int) -> bytes:
+    """``properties`` (a content header's flag word and values, as the publisher sent
+    them) with header ``name`` (an encoded shortstr) set to ``value``, a signed 64-bit
+    long: appended to the headers table (a value of that name the publisher sent is read
+    before it, so this one wins), or a table of it alone where there was none. The rest
+    is copied as it is, never decoded."""
+    (flags,) = _U16.unpack_from(properties)
+    entry = name + b"l" + _I64.pack(value)
+    position = 2
+    for bit in _BEFORE_HEADERS:  # skip the ones present
+        if flags & bit:
+            position += 1 + properties[position]
+    if flags & _BIT["headers"]:
+        (size,) = _U32.unpack_from(properties, position)
+        end = position + 4 + size
+        return (
+            properties[:position]
+            + _U32.pack(size + len(entry))
+            + properties[position + 4 : end]
+            + entry
+            + properties[end:]
+        )
+    return (
+        _U16.pack(flags | _BIT["headers"])
+        + properties[2:position]
+        + _U32.pack(len(entry))
+        + entry
+        + properties[position:]
+    )
+
+
 _UNUSED_FLAGS = 0b11  # bit 1 is no property; bit 0 says another flag word follows
 
 

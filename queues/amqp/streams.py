@@ -23,13 +23,12 @@ record acked after its consumer was cancelled gives credit to nothing (harmless)
 from __future__ import annotations
 
 import datetime
-import struct
 from typing import Any
 
 from ..amqp_envelope import encode_short_string
 from ..client.stream import StreamDelivery
 from ..errors import InvalidArgument
-from .frames import PROPERTIES
+from .frames import with_long_header
 
 __all__ = [
     "OFFSET_HEADER",
@@ -40,13 +39,7 @@ __all__ = [
 ]
 
 OFFSET_HEADER = "x-stream-offset"
-_BIT = {name: 1 << (15 - index) for index, (name, _) in enumerate(PROPERTIES)}
-# The properties laid out before the headers (shortstrs both)
-_BEFORE_HEADERS = tuple(_BIT[name] for name in ("content_type", "content_encoding"))
-_U16 = struct.Struct(">H")
-_U32 = struct.Struct(">I")
-_OFFSET_ENTRY = encode_short_string(OFFSET_HEADER) + b"l"  # then a signed 64-bit value
-_I64 = struct.Struct(">q")
+_OFFSET_ENTRY = encode_short_string(OFFSET_HEADER)
 
 
 def consume_offset(arguments: dict[str, Any]) -> object:
@@ -109,29 +102,5 @@ class HeldRecord:
 
 def with_offset_header(properties: bytes, offset: int) -> bytes:
     """``properties`` (a content header's flag word and values) with ``offset`` as the
-    ``x-stream-offset`` header: appended to the headers table (a value of that name the
-    publisher sent is read before it, so this one wins), or a table of it alone where
-    there was none."""
-    (flags,) = _U16.unpack_from(properties)
-    entry = _OFFSET_ENTRY + _I64.pack(offset)
-    position = 2
-    for bit in _BEFORE_HEADERS:  # skip the ones present
-        if flags & bit:
-            position += 1 + properties[position]
-    if flags & _BIT["headers"]:
-        (size,) = _U32.unpack_from(properties, position)
-        end = position + 4 + size
-        return (
-            properties[:position]
-            + _U32.pack(size + len(entry))
-            + properties[position + 4 : end]
-            + entry
-            + properties[end:]
-        )
-    return (
-        _U16.pack(flags | _BIT["headers"])
-        + properties[2:position]
-        + _U32.pack(len(entry))
-        + entry
-        + properties[position:]
-    )
+    ``x-stream-offset`` header (``frames.with_long_header``)."""
+    return with_long_header(properties, _OFFSET_ENTRY, offset)

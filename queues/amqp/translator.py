@@ -164,6 +164,8 @@ class _Channel:
     )
     # a stream consumer's credit, by consumer tag (a queue's counts its unacked itself)
     credits: dict[str, StreamCredit] = dataclasses.field(default_factory=dict)
+    # the consumers of quorum queues, whose redeliveries carry x-delivery-count
+    counting: set[str] = dataclasses.field(default_factory=set)
     prefetch: int = 0
     no_ack: set[int] = dataclasses.field(default_factory=set)  # tags settled once sent
     confirming: bool = False
@@ -635,6 +637,7 @@ class Translator:
             found = channel.consumers.pop(method.consumer_tag or "", None)
             channel.credits.pop(method.consumer_tag or "", None)
             channel.timeouts.pop(method.consumer_tag or "", None)
+            channel.counting.discard(method.consumer_tag or "")
             if found is not None:
                 self._exclusive_consumers.release(found[0])
                 found[0].cancel()
@@ -912,6 +915,10 @@ class Translator:
             channel.timeouts[tag] = timeout
         else:  # a tag used before, by a consumer the server cancelled
             channel.timeouts.pop(tag, None)
+        if stats.get("type") == "quorum":
+            channel.counting.add(tag)
+        else:
+            channel.counting.discard(tag)
         channel.consumers[tag] = (consumer, method.no_ack)
         self._answer(number, commands.Basic.ConsumeOk(tag), method.nowait)
 
@@ -962,6 +969,8 @@ class Translator:
         left = stats.get("messages_ready", 0)
         tag = next(channel.next_tag)
         exchange, routing_key, properties = _publish_of(delivery)
+        if stats.get("type") == "quorum":
+            properties = with_delivery_count(properties, delivery)
         channel.unacked[tag] = delivery
         timeout = stats.get("consumer_timeout_ms")
         if timeout and not method.no_ack:
@@ -1162,6 +1171,7 @@ class Translator:
             del channel.consumers[tag]
             channel.credits.pop(tag, None)
             channel.timeouts.pop(tag, None)
+            channel.counting.discard(tag)
             self._exclusive_consumers.release(consumer)
             self._cancelled(number, tag)
             return None
@@ -1180,6 +1190,8 @@ class Translator:
             properties = with_offset_header(properties, got.offset)
             delivery = HeldRecord(got, credit)
         else:
+            if tag in channel.counting:
+                properties = with_delivery_count(properties, got)
             delivery = got
         channel.unacked[delivery_tag] = delivery
         timeout = channel.timeouts.get(tag)
@@ -1234,6 +1246,17 @@ def _apply_prefetch(channel: _Channel, prefetch: int) -> None:
             assert isinstance(consumer, Consumer)
             consumer.set_prefetch(prefetch or UNLIMITED_PREFETCH)
     channel.prefetch = prefetch
+
+
+DELIVERY_COUNT_HEADER = encode_short_string("x-delivery-count")
+
+
+def with_delivery_count(properties: bytes, delivery: Delivery) -> bytes:
+    """A quorum queue's delivery's properties with RabbitMQ's ``x-delivery-count``: how
+    many of its deliveries ended without an ack, on a redelivery (none on the first)."""
+    if not delivery.delivery_count:
+        return properties
+    return frames.with_long_header(properties, DELIVERY_COUNT_HEADER, delivery.delivery_count)
 
 
 def _publish_of(delivery: Delivery | StreamDelivery) -> tuple[bytes, bytes, bytes]:

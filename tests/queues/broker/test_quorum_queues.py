@@ -200,7 +200,7 @@ def test_a_stray_or_malformed_message_to_the_wal_changes_nothing(node):
     assert [d.body for d in drain(connection, "orders")] == [b"before"] * 10 + [b"after"] * 10
 
 
-def test_pika_declares_a_quorum_queue_with_a_delivery_limit(tmp_path):
+def test_pika_declares_a_quorum_queue_with_a_delivery_limit_and_sees_delivery_counts(tmp_path):
     with Node(tmp_path / "data", amqp="127.0.0.1:0") as node:
         host, port = node.amqp_endpoint.rsplit(":", 1)
         client = pika.BlockingConnection(pika.ConnectionParameters(host, int(port)))
@@ -211,11 +211,25 @@ def test_pika_declares_a_quorum_queue_with_a_delivery_limit(tmp_path):
             durable=True,
             arguments={"x-queue-type": "quorum", "x-delivery-limit": 2},
         )
-        channel.basic_publish("", "tasks", b"task", pika.BasicProperties(delivery_mode=2))
-        method, _, body = channel.basic_get("tasks")
+        publisher_headers = pika.BasicProperties(delivery_mode=2, headers={"kept": "yes"})
+        channel.basic_publish("", "tasks", b"task", publisher_headers)
+        method, properties, body = channel.basic_get("tasks")
+        assert "x-delivery-count" not in (properties.headers or {})  # the first delivery
         channel.basic_nack(method.delivery_tag, requeue=True)
-        method, _, body = channel.basic_get("tasks")
+        method, properties, body = channel.basic_get("tasks")
         assert body == b"task" and method.redelivered
+        assert properties.headers == {"kept": "yes", "x-delivery-count": 1}
+        channel.basic_nack(method.delivery_tag, requeue=True)
+        method, properties, _ = next(channel.consume("tasks", inactivity_timeout=30))
+        assert properties.headers["x-delivery-count"] == 2  # a consumer's delivery too
+        channel.basic_ack(method.delivery_tag)
+        channel.cancel()
+        channel.queue_declare("plain", durable=True)  # a classic queue adds no count
+        channel.basic_publish("", "plain", b"x", pika.BasicProperties(delivery_mode=2))
+        method, _, _ = channel.basic_get("plain")
+        channel.basic_nack(method.delivery_tag, requeue=True)
+        method, properties, _ = channel.basic_get("plain")
+        assert method.redelivered and properties.headers is None
         channel.basic_ack(method.delivery_tag)
         with pytest.raises(pika.exceptions.ChannelClosedByBroker) as refused:
             client.channel().queue_declare(
