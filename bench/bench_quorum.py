@@ -22,6 +22,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -151,7 +152,8 @@ def recovery(root: str, count: int) -> tuple[float, int, int]:
         connection.close()
         family = [psutil.Process(node.pid), *psutil.Process(node.pid).children(recursive=True)]
         for process in family:
-            process.send_signal(signal.SIGKILL)
+            with contextlib.suppress(psutil.NoSuchProcess):  # one that ended meanwhile
+                process.send_signal(signal.SIGKILL)
         psutil.wait_procs(family, timeout=10)
     finally:
         node.kill()

@@ -27,14 +27,20 @@ came meanwhile) a ``sync`` returns the enqueues among them: the queue takes more
 commands while the WAL syncs, as a classic queue goes on while its store does.
 Deliveries and settles alone are handed over without a wait (nothing waits on them:
 lost in a crash, a message is delivered again), and the next durable hand-over covers
-them too. ``last_written`` is the last index known durable. Every
-message's body is kept in RAM (rabbit_fifo before its v2 did the same); its entry in
-the log is what survives.
+them too. ``last_written`` is the last index known durable.
+
+Bodies. A message published since the queue started keeps its body in RAM until it is
+settled; one a start took from its snapshot has its body in the log, read when it is
+first needed (a delivery, a dead letter) with every other body its segment holds
+(``_body``), as RabbitMQ 3.10's quorum queues read theirs from the log: a start does
+not read the bodies below its snapshot, so a deep queue starts in the time its
+snapshot takes to read. A body the log lost (a damaged segment) is found missing then:
+the message is settled, counted in ``log_entries_lost`` and logged (``_lose_body``).
 
 Snapshots. After a sync, once enough entries were applied since the last snapshot, the
 state is written (``ra_log.write_snapshot``): the index it covers, and each live
 message's index, delivery count, whether it is out and whether it may have been
-delivered, as packed columns (little-endian u64 indexes, u32 counts, u8 flags). Enough
+delivered, its expiry, body size and message id, as packed columns (``_pack_live``). Enough
 is ``snapshot_interval`` (Ra's ``raft_log_snapshot_interval``, 4096) or, as rabbit_fifo
 scales its release cursor, as many as the queue held at the last snapshot, never more
 than ``max_entries`` (``raft_log_max_entries``, 32768): a deep queue's snapshot costs a
@@ -45,12 +51,13 @@ live message (``needs_from``); the one before is kept as a fallback (a snapshot 
 fails its check is passed over), so the segments deleted are those below what both
 need.
 
-Recovery (the constructor): the snapshot (or the one before it), then the entries from
-what it needs on: below the snapshot's index only the bodies of its live messages are
-taken, above it every entry is applied; then the entries the WAL's process holds for the
-queue that are not in segments yet (``wal_entries``). Damage (a segment whose reading
-stops at a record that fails its check, a gap in the indexes, a log that ends below its
-snapshot) loses only what it covers: the queue starts with the rest, counts the entries
+Recovery (the constructor): the snapshot (or the one before it) gives the live messages,
+their bodies left in the log; the entries above its index are applied from the segments
+and then from what the WAL's process holds for the queue that is not in segments yet
+(``wal_entries``; bodies of live messages it holds below the index are taken from
+there). Damage (a segment whose reading stops at a record that fails its check, a gap
+in the indexes) loses only what it covers (below the snapshot: only bodies, found
+missing when read): the queue starts with the rest, counts the entries
 lost (``log_entries_lost``) and logs each; the indexes go on above the highest read, so
 none is used twice (the WAL's process begins a new segment past a gap). An entry whose
 check holds but that does not decode is no damage but a log this version cannot read:
@@ -110,9 +117,6 @@ ENQUEUE = struct.Struct(">QH")  # after the kind byte: expiry_ms, msg_id length
 INDEXES = "Q"
 OUT, MAYBE_DELIVERED = 1, 2  # a live message's flags in a snapshot
 
-# a snapshot as a start reads it: its header, and its columns (``_pack_live``)
-_Snapshot = tuple[dict[str, Any], memoryview]
-
 
 class Written(Protocol):
     """Records handed to the WAL to be made durable: ``arrived`` says whether ``get``
@@ -131,14 +135,26 @@ Append = Callable[[list[bytes], bool], Written | None]
 
 @dataclass(slots=True)
 class _Message:
-    payload: bytes
+    payload: bytes | None  # None: in the log, read when it is needed (``_body``)
     expiry_ms: int
     msg_id: bytes
+    size: int
     delivery_count: int = 0
     out: bool = False
     # a crash (or damage) may have lost the record of a delivery: its next one says
     # "redelivered" (a delivery count of at least 1) whatever the count
     maybe_delivered: bool = False
+
+
+# a snapshot as a start reads it: its header, and its live messages (``_unpack_live``)
+_Snapshot = tuple[dict[str, Any], dict[int, _Message]]
+
+
+def _decode_enqueue(command: bytes) -> tuple[int, bytes, bytes]:
+    """An enqueue's expiry, message id and body."""
+    expiry_ms, id_length = ENQUEUE.unpack_from(command, 1)
+    body_at = 1 + ENQUEUE.size + id_length
+    return expiry_ms, command[1 + ENQUEUE.size : body_at], command[body_at:]
 
 
 def _indexes(data: bytes) -> list[int]:
@@ -156,27 +172,58 @@ def _little_endian(column: array) -> bytes:
 
 
 def _pack_live(messages: dict[int, _Message]) -> bytes:
-    """A snapshot's columns: every live message's index, delivery count and flags."""
+    """A snapshot's columns: every live message's index, delivery count, flags, expiry,
+    body size and message id (the ids' lengths, then the ids): what a start needs of it
+    without reading its body from the log."""
     held = messages.values()
-    indexes = array("Q", messages)
-    counts = array("I", [m.delivery_count for m in held])
-    flags = bytes([m.out | m.maybe_delivered << 1 for m in held])
-    return _little_endian(indexes) + _little_endian(counts) + flags
+    ids = [m.msg_id for m in held]
+    return b"".join(
+        (
+            _little_endian(array("Q", messages)),
+            _little_endian(array("I", [m.delivery_count for m in held])),
+            bytes([m.out | m.maybe_delivered << 1 for m in held]),
+            _little_endian(array("Q", [m.expiry_ms for m in held])),
+            _little_endian(array("I", [m.size for m in held])),
+            _little_endian(array("H", [len(i) for i in ids])),
+            *ids,
+        )
+    )
 
 
-def _unpack_live(columns: memoryview, count: int) -> dict[int, tuple[int, bool, bool]]:
-    """``_pack_live``'s columns of ``count`` messages: index → (count, out, maybe)."""
-    indexes, counts = array("Q"), array("I")
-    indexes.frombytes(columns[: count * 8])
-    counts.frombytes(columns[count * 8 : count * 12])
+# a live message's bytes in a snapshot's columns, but for its id
+LIVE_BYTES = 8 + 4 + 1 + 8 + 4 + 2
+
+
+def _column(columns: memoryview, code: str, at: int, count: int) -> tuple[array, int]:
+    column = array(code)
+    end = at + count * column.itemsize
+    column.frombytes(columns[at:end])
     if sys.byteorder != "little":
-        indexes.byteswap()
-        counts.byteswap()
-    flags = columns[count * 12 :]
-    return {
-        index: (delivered, bool(flag & OUT), bool(flag & MAYBE_DELIVERED))
-        for index, delivered, flag in zip(indexes, counts, flags, strict=True)
-    }
+        column.byteswap()
+    return column, end
+
+
+def _unpack_live(columns: memoryview, count: int) -> dict[int, _Message]:
+    """``_pack_live``'s columns of ``count`` messages, as messages whose bodies are in
+    the log; ``ValueError`` for columns that do not hold them."""
+    indexes, at = _column(columns, "Q", 0, count)
+    counts, at = _column(columns, "I", at, count)
+    flags = columns[at : at + count]
+    expiries, at = _column(columns, "Q", at + count, count)
+    sizes, at = _column(columns, "I", at, count)
+    lengths, at = _column(columns, "H", at, count)
+    if len(columns) != at + sum(lengths):
+        raise ValueError(f"snapshot columns of {len(columns)} bytes for {count} messages")
+    live = {}
+    for index, delivered, flag, expiry, size, length in zip(
+        indexes, counts, flags, expiries, sizes, lengths, strict=True
+    ):
+        msg_id = bytes(columns[at : at + length])
+        at += length
+        live[index] = _Message(
+            None, expiry, msg_id, size, delivered, bool(flag & OUT), bool(flag & MAYBE_DELIVERED)
+        )
+    return live
 
 
 class QuorumQueue:
@@ -208,7 +255,7 @@ class QuorumQueue:
         # or gone): those are passed over when met at the top (``_head``)
         self._ready: list[int] = []
         self._out_count = 0
-        self._bytes = 0
+        self._ram_bytes = 0  # the bodies held in RAM (not those left in the log)
         self._unsent: list[bytes] = []  # the records (in parts) not handed to the WAL
         # deliveries and settles made since the last entry: logged as one D entry and one
         # S entry before the next other entry or sync (a message delivered and settled in
@@ -251,39 +298,34 @@ class QuorumQueue:
 
     def _recover(self, wal_entries: list[ra_log.Entry]) -> None:
         snapshot, previous = self._snapshots()
-        live: dict[int, tuple[int, bool, bool]] = {}
-        start = 1
         if snapshot is not None:
-            header, columns = snapshot
-            live = _unpack_live(columns, header["live"])
+            header, live = snapshot
             self.term = max(self.term, header["term"])
             self.snapshot_index = header["index"]
-            start = header["needs_from"]
-            self._snapshot_needs_from = start
-            self._previous_needs_from = previous[0]["needs_from"] if previous else start
+            self._snapshot_needs_from = header["needs_from"]
+            self._previous_needs_from = (
+                previous["needs_from"] if previous else self._snapshot_needs_from
+            )
+            self._messages = live  # their bodies stay in the log until needed
+            self._out_count = sum(m.out for m in live.values())
+            self._ready = sorted(i for i, m in live.items() if not m.out)  # a heap already
         self.next_seq_id = self.snapshot_index + 1
-        expected = start
+        expected = self.next_seq_id
         replayed = 0
         damaged_files: list[str] = []
         entries = itertools.chain(
-            ra_log.read_segments(self.directory, start, damaged_files), wal_entries
+            ra_log.read_segments(self.directory, expected, damaged_files), wal_entries
         )
         for entry in entries:
             if entry.index < expected:
+                if entry.index <= self.snapshot_index:  # the WAL holds it: its body is here
+                    self._take_body(entry)
                 continue  # the WAL's copy of what a segment holds already
             if entry.index != expected:
                 self._lost(expected, entry.index - 1)
             expected = entry.index + 1
             self.term = max(self.term, entry.term)
             try:
-                if entry.index <= self.snapshot_index:
-                    if entry.index in live and entry.command[:1] == b"E":
-                        count, out, maybe = live[entry.index]
-                        message = self._enqueued(entry.index, entry.command)
-                        message.delivery_count = count
-                        message.maybe_delivered = maybe
-                        self._mark_out(entry.index, out)
-                    continue
                 self._apply(entry.index, entry.command)
             except (ValueError, struct.error, IndexError) as exc:
                 # the record's CRC holds: not damage, a log this version cannot read
@@ -291,11 +333,6 @@ class QuorumQueue:
             self.next_seq_id = entry.index + 1
             replayed += 1
         self.counters["log_entries_replayed"] = replayed
-        if expected <= self.snapshot_index:
-            self._lost(expected, self.snapshot_index)
-        missing = [i for i in live if i >= start and i not in self._messages]
-        if missing:  # their enqueues were in what was lost
-            log.error("%s: %d live messages' bodies are lost", self.directory, len(missing))
         for path in damaged_files:
             self._damaged = True
             log.error("%s: damaged; what follows its last whole record is lost", path)
@@ -328,24 +365,27 @@ class QuorumQueue:
         fsync_directory(self.directory)
         return True
 
-    def _snapshots(self) -> tuple[_Snapshot | None, _Snapshot | None]:
-        """The snapshot to start from, and the one before it (either may be None)."""
-        found: list[_Snapshot | None] = []
+    def _snapshots(self) -> tuple[_Snapshot | None, dict[str, Any] | None]:
+        """The snapshot to start from (its header and live messages), and the header of
+        the one before it (either may be None)."""
+        chosen: _Snapshot | None = None
+        previous: dict[str, Any] | None = None
         for name in (ra_log.SNAPSHOT_FILE, PREVIOUS_SNAPSHOT):
+            path = os.path.join(self.directory, name)
             try:
-                read = ra_log.read_snapshot(os.path.join(self.directory, name))
-                if read is not None and len(read[1]) != read[0].get("live", -1) * 13:
-                    raise ValueError(f"{name}: its columns do not hold its live messages")
-                found.append(read)
-            except ValueError as exc:
+                read = ra_log.read_snapshot(path)
+                if read is None:
+                    continue
+                header, columns = read
+                if chosen is None:
+                    chosen = (header, _unpack_live(columns, header["live"]))
+                else:
+                    previous = header
+            except (ValueError, KeyError, TypeError) as exc:
                 self.counters["snapshots_refused"] = self.counters.get("snapshots_refused", 0) + 1
                 self._snapshot_damaged |= name == ra_log.SNAPSHOT_FILE
-                log.error("%s; the snapshot before it is used", exc)
-                found.append(None)
-        snapshot, previous = found
-        if snapshot is None:
-            return previous, None
-        return snapshot, previous
+                log.error("%s: %s; the snapshot before it is used", path, exc)
+        return chosen, previous
 
     def _apply(self, index: int, command: bytes) -> None:
         kind, rest = command[:1], command[1:]
@@ -371,13 +411,38 @@ class QuorumQueue:
             raise ValueError(f"{self.directory}: entry {index} holds an unknown command {kind!r}")
 
     def _enqueued(self, index: int, command: bytes) -> _Message:
-        expiry_ms, id_length = ENQUEUE.unpack_from(command, 1)
-        body_at = 1 + ENQUEUE.size + id_length
-        message = _Message(command[body_at:], expiry_ms, command[1 + ENQUEUE.size : body_at])
+        expiry_ms, msg_id, payload = _decode_enqueue(command)
+        message = _Message(payload, expiry_ms, msg_id, len(payload))
         self._messages[index] = message
-        self._bytes += len(message.payload)
+        self._ram_bytes += message.size
         heapq.heappush(self._ready, index)
         return message
+
+    def _take_body(self, entry: ra_log.Entry) -> None:
+        """Give a live message whose body is in the log the body ``entry`` holds."""
+        message = self._messages.get(entry.index)
+        if message is not None and message.payload is None and entry.command[:1] == b"E":
+            message.payload = _decode_enqueue(entry.command)[2]
+            self._ram_bytes += message.size
+
+    def _body(self, index: int) -> bytes | None:
+        """A live message's body: read from the segment that holds it when it is not in
+        RAM (with every other body there a live message lacks); None when damage lost
+        it (``_lose_body``)."""
+        message = self._messages[index]
+        if message.payload is None:
+            # the WAL's process may be appending to that file: a record cut short at its
+            # end is that, not damage (a body not found is, and the caller says so)
+            for entry in ra_log.read_segment_holding(self.directory, index):
+                self._take_body(entry)
+        return message.payload
+
+    def _lose_body(self, index: int) -> None:
+        """A message whose body the log no longer holds (a damaged segment): settled."""
+        self.counters["log_entries_lost"] += 1
+        log.error("%s: the body of message %d is lost (a damaged file)", self.directory, index)
+        self._settled.append(index)
+        self._forget([index])
 
     def _mark_out(self, index: int, out: bool) -> None:
         message = self._messages[index]
@@ -404,7 +469,8 @@ class QuorumQueue:
         """Drop the messages (their entries in the heap are passed over when met)."""
         for tag in tags:
             message = self._messages.pop(tag)
-            self._bytes -= len(message.payload)
+            if message.payload is not None:
+                self._ram_bytes -= message.size
             if message.out:
                 self._out_count -= 1
         if self.over_limit:
@@ -465,8 +531,8 @@ class QuorumQueue:
         for number, payload in enumerate(payloads):
             msg_id = msg_ids[number] if msg_ids is not None else b""
             index = self._append_entry((b"E", ENQUEUE.pack(expiry, len(msg_id)), msg_id, payload))
-            self._messages[index] = _Message(payload, expiry, msg_id)
-            self._bytes += len(payload)
+            self._messages[index] = _Message(payload, expiry, msg_id, len(payload))
+            self._ram_bytes += len(payload)
             heapq.heappush(self._ready, index)
             self._unsent_enqueues.append(index)
         return range(first, self.next_seq_id)
@@ -572,10 +638,15 @@ class QuorumQueue:
         """The oldest waiting message, still encoded; None when none waits below
         ``below``. With ``ack_required`` it is out until ``ack`` or ``requeue``."""
         self._check_open()
-        index = self._head()
-        if index is None or index >= below:
-            return None
-        heapq.heappop(self._ready)
+        while True:
+            index = self._head()
+            if index is None or index >= below:
+                return None
+            heapq.heappop(self._ready)
+            payload = self._body(index)
+            if payload is not None:
+                break
+            self._lose_body(index)
         message = self._messages[index]
         if ack_required:
             self._mark_out(index, True)
@@ -584,7 +655,7 @@ class QuorumQueue:
             self._settled.append(index)
             self._forget([index])
         count = max(message.delivery_count, int(message.maybe_delivered))
-        return Fetched(index, message.payload, count, message.msg_id)
+        return Fetched(index, payload, count, message.msg_id)
 
     def peek(self) -> MessageInfo | None:
         self._check_open()
@@ -592,7 +663,7 @@ class QuorumQueue:
         if index is None:
             return None
         message = self._messages[index]
-        return MessageInfo(index, message.expiry_ms, len(message.payload), True)
+        return MessageInfo(index, message.expiry_ms, message.size, True)
 
     def _take_out(self, seq_ids: Iterable[int]) -> list[int]:
         self._check_open()
@@ -635,7 +706,7 @@ class QuorumQueue:
         message = self._messages.get(seq_id)
         if message is None or not message.out:
             raise UnknownDeliveryTag(f"seq id {seq_id!r} awaits no ack")
-        return message.payload
+        return self._body(seq_id)
 
     def delivery_count(self, seq_id: int) -> int:
         return self._messages[seq_id].delivery_count
@@ -675,7 +746,7 @@ class QuorumQueue:
         return {
             "len": len(self),
             "depth": len(self._messages),
-            "ram_bytes": self._bytes,
+            "ram_bytes": self._ram_bytes,
             "disk_bytes": sum(
                 os.path.getsize(path) for _, path in ra_log.segment_files(self.directory)
             ),

@@ -480,16 +480,32 @@ def read_segments(
     for number, (_, path) in enumerate(files):
         if number + 1 < len(files) and files[number + 1][0] <= from_index:
             continue  # wholly below
-        with open(path, "rb") as file:
-            data = file.read()
-        view, read_to = memoryview(data), 0
-        for start, _, owner_end, body_end, index in _walk(view):
-            read_to = body_end
-            if index >= from_index:
-                term = HEADER.unpack_from(view, start)[3]
-                yield Entry(index, term, bytes(view[owner_end:body_end]))
-        if damaged is not None and read_to != len(data):
-            damaged.append(path)
+        yield from _read_segment(path, from_index, damaged)
+
+
+def read_segment_holding(
+    queue_directory: str, index: int, damaged: list[str] | None = None
+) -> Iterator[Entry]:
+    """The entries of the one segment file that would hold ``index`` (none when no file
+    does), as ``read_segments`` reads them."""
+    files = segment_files(queue_directory)
+    for (first, path), (after, _) in zip(files, [*files[1:], (index + 1, "")], strict=True):
+        if first <= index < after:
+            yield from _read_segment(path, first, damaged)
+            return
+
+
+def _read_segment(path: str, from_index: int, damaged: list[str] | None) -> Iterator[Entry]:
+    with open(path, "rb") as file:
+        data = file.read()
+    view, read_to = memoryview(data), 0
+    for start, _, owner_end, body_end, index in _walk(view):
+        read_to = body_end
+        if index >= from_index:
+            term = HEADER.unpack_from(view, start)[3]
+            yield Entry(index, term, bytes(view[owner_end:body_end]))
+    if damaged is not None and read_to != len(data):
+        damaged.append(path)
 
 
 def delete_segments_below(queue_directory: str, index: int) -> int:
