@@ -116,6 +116,7 @@ CLEAN_MARKER = "clean"  # a queue stopped cleanly: every delivery it made is in 
 ENQUEUE = struct.Struct(">QH")  # after the kind byte: expiry_ms, msg_id length
 INDEXES = "Q"
 OUT, MAYBE_DELIVERED = 1, 2  # a live message's flags in a snapshot
+BODY_BATCH = 256  # the most bodies one read from the log takes
 
 
 class Written(Protocol):
@@ -256,6 +257,9 @@ class QuorumQueue:
         self._ready: list[int] = []
         self._out_count = 0
         self._ram_bytes = 0  # the bodies held in RAM (not those left in the log)
+        # the segment bodies are being read from (``_read_bodies``): its bytes, where its
+        # records are, and its path and size
+        self._segment: tuple[bytes, dict[int, tuple[int, int, int]], tuple[str, int]] | None = None
         self._unsent: list[bytes] = []  # the records (in parts) not handed to the WAL
         # deliveries and settles made since the last entry: logged as one D entry and one
         # S entry before the next other entry or sync (a message delivered and settled in
@@ -427,15 +431,44 @@ class QuorumQueue:
 
     def _body(self, index: int) -> bytes | None:
         """A live message's body: read from the segment that holds it when it is not in
-        RAM (with every other body there a live message lacks); None when damage lost
-        it (``_lose_body``)."""
+        RAM (``_read_bodies``); None when damage lost it (``_lose_body``)."""
         message = self._messages[index]
         if message.payload is None:
-            # the WAL's process may be appending to that file: a record cut short at its
-            # end is that, not damage (a body not found is, and the caller says so)
-            for entry in ra_log.read_segment_holding(self.directory, index):
-                self._take_body(entry)
+            self._read_bodies(index)
         return message.payload
+
+    def _read_bodies(self, index: int) -> None:
+        """Take from the log the body of ``index`` and of the next messages after it in
+        its segment whose bodies are there, ``BODY_BATCH`` at most. The segment is read
+        once and kept while its bodies are taken in order (a consumer reads on from
+        where it was); each record taken is checked (a cut or flipped one is not taken:
+        the caller finds the body missing). The WAL's process may be appending to the
+        newest segment: a record cut short at its end is that, not damage; a segment
+        that does not hold ``index`` yet is read again once it has grown."""
+        cached = self._segment
+        if cached is None or index not in cached[1]:
+            path = ra_log.segment_holding(self.directory, index)
+            if path is None:
+                return
+            if cached is None or (path, os.path.getsize(path)) != cached[2]:
+                with open(path, "rb") as file:
+                    data = file.read()
+                cached = self._segment = (data, ra_log.segment_spans(data), (path, len(data)))
+        data, spans, _ = cached
+        taken = 0
+        at = index
+        while taken < BODY_BATCH and (span := spans.get(at)) is not None:
+            message = self._messages.get(at)
+            at += 1
+            if message is None or message.payload is not None:
+                continue
+            taken += 1
+            command = ra_log.checked_command(data, span)
+            if command is not None and command[:1] == b"E":
+                message.payload = _decode_enqueue(command)[2]
+                self._ram_bytes += message.size
+        if at not in spans:
+            self._segment = None  # read to its end: the next body is in another file
 
     def _lose_body(self, index: int) -> None:
         """A message whose body the log no longer holds (a damaged segment): settled."""

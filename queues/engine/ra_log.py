@@ -483,27 +483,56 @@ def read_segments(
         yield from _read_segment(path, from_index, damaged)
 
 
-def read_segment_holding(
-    queue_directory: str, index: int, damaged: list[str] | None = None
-) -> Iterator[Entry]:
-    """The entries of the one segment file that would hold ``index`` (none when no file
-    does), as ``read_segments`` reads them."""
+def segment_holding(queue_directory: str, index: int) -> str | None:
+    """The path of the segment file that would hold ``index`` (None when none does)."""
     files = segment_files(queue_directory)
     for (first, path), (after, _) in zip(files, [*files[1:], (index + 1, "")], strict=True):
         if first <= index < after:
-            yield from _read_segment(path, first, damaged)
-            return
+            return path
+    return None
+
+
+def segment_spans(data: bytes) -> dict[int, tuple[int, int, int]]:
+    """index → (record start, command start, record end) of each record of a segment
+    file read whole, found by their lengths alone, up to the first that is cut short or
+    whose index does not follow the one before: no CRC is computed here, but each
+    record's when it is taken (``checked_command``), so that a reader taking a few
+    records of a file pays for those."""
+    spans: dict[int, tuple[int, int, int]] = {}
+    previous = None
+    for start, _, owner_end, body_end, index in _walk(memoryview(data), checked=False):
+        if previous is not None and index != previous + 1:
+            break
+        spans[index] = (start, owner_end, body_end)
+        previous = index
+    return spans
+
+
+def checked_command(data: bytes, span: tuple[int, int, int]) -> bytes | None:
+    """The command of the record ``span`` (``segment_spans``) locates in ``data``; None
+    when the record fails its CRC."""
+    start, command_at, end = span
+    crc, _ = FRAME.unpack_from(data, start)
+    if crc32(memoryview(data)[start + FRAME.size : end]) != crc:
+        return None
+    return data[command_at:end]
 
 
 def _read_segment(path: str, from_index: int, damaged: list[str] | None) -> Iterator[Entry]:
+    """The file's entries from ``from_index`` on (the records below it are stepped over
+    by their lengths, their CRCs not computed), up to the first record cut short or
+    failing its CRC."""
     with open(path, "rb") as file:
         data = file.read()
     view, read_to = memoryview(data), 0
-    for start, _, owner_end, body_end, index in _walk(view):
-        read_to = body_end
+    for start, _, owner_end, body_end, index in _walk(view, checked=False):
         if index >= from_index:
+            crc, _ = FRAME.unpack_from(view, start)
+            if crc32(view[start + FRAME.size : body_end]) != crc:
+                break
             term = HEADER.unpack_from(view, start)[3]
             yield Entry(index, term, bytes(view[owner_end:body_end]))
+        read_to = body_end
     if damaged is not None and read_to != len(data):
         damaged.append(path)
 

@@ -277,6 +277,27 @@ def test_a_start_from_a_snapshot_reads_each_body_from_the_log_only_when_it_is_ne
     assert [first.payload] + bodies(again, ack=False) == sent
 
 
+def test_a_flipped_byte_in_a_body_below_the_snapshot_loses_that_message_alone(tmp_path):
+    node = Node(tmp_path, max_bytes=4096, segment_entries=1000)
+    queue = node.open("orders", snapshot_interval=16)
+    sent = [b"%04d" % n + b"." * 60 for n in range(600)]
+    for at in range(0, 600, 50):
+        queue.publish_many(sent[at : at + 50])
+        queue.sync()
+    queue.terminate()
+    node.crash()
+    ((_, segment),) = ra_log.segment_files(os.path.join(node.data_dir, "queues/orders"))
+    with open(segment, "rb") as file:
+        records = list(ra_log.split_records(file.read()))
+    (_, _, hit) = next(r for r in records if r[1] == 300)
+    at = sum(len(r[2]) for r in records if r[1] < 300)
+    flip(segment, at + len(hit) - 1)  # the last byte of message 300's body
+    again = node.open("orders")
+    got = bodies(again)  # read from the log in batches, past the damaged record
+    assert got == sent[:299] + sent[300:]
+    assert again.counters["log_entries_lost"] == 1
+
+
 def test_a_torn_wal_tail_loses_only_what_was_never_confirmed(tmp_path):
     node = Node(tmp_path)
     queue = node.open("orders")
