@@ -13,7 +13,7 @@
   queues against classic queues (target 2x: one WAL fdatasync for every queue that wrote,
   against one per queue), with the disk's flushes a second for both (the device's
   completed flush requests, ``/proc/diskstats``);
-- a node SIGKILLed (every process) with 200,000 × 1 KiB messages across 100 quorum
+- a node SIGKILLed (every process) with 1,000,000 × 1 KiB messages across 100 quorum
   queues: the time from the next ``Node(...)`` to a message fetched from every queue
   (target 2 s), with the snapshots the queues had written.
 
@@ -46,7 +46,7 @@ QUEUES = 100
 PRODUCERS = 4
 PER_QUEUE = 2_000
 BATCH = 20
-BACKLOG = 200_000
+BACKLOG = 1_000_000
 
 PRODUCER = """
 import sys, threading
