@@ -39,7 +39,7 @@ __all__ = [
 ]
 
 OFFSET_HEADER = "x-stream-offset"
-_OFFSET_ENTRY = encode_short_string(OFFSET_HEADER)
+_OFFSET_NAME = encode_short_string(OFFSET_HEADER)
 
 
 def consume_offset(arguments: dict[str, Any]) -> object:
@@ -103,4 +103,4 @@ class HeldRecord:
 def with_offset_header(properties: bytes, offset: int) -> bytes:
     """``properties`` (a content header's flag word and values) with ``offset`` as the
     ``x-stream-offset`` header (``frames.with_long_header``)."""
-    return with_long_header(properties, _OFFSET_ENTRY, offset)
+    return with_long_header(properties, _OFFSET_NAME, offset)

@@ -12,8 +12,9 @@ It takes the messages a classic queue takes, with the same answers; what differs
 - Confirms: a sync hands the commands logged since the last to the WAL and, when they
   hold enqueues, asks for its group commit (``WalAppend``) without waiting: the queue
   goes on, and the WAL's answer wakes it (the loop watches the socket it comes on) to
-  confirm the publishes it covered; deliveries and settles alone go unanswered
-  (``WalWrite``), covered by the WAL's next commit. A sync
+  confirm the publishes it covered; an append unanswered for ``WAL_TIMEOUT_S`` stops the
+  queue. Deliveries and settles alone go unanswered (``WalWrite``): the WAL writes them
+  at once and fdatasyncs them with its next waited commit (200 ms later at most). A sync
   that fails (the WAL gone, its disk full) stops the queue at once without a clean
   stop: the commands it had applied but not logged were never confirmed, and a log
   must not go on past a gap.
@@ -56,7 +57,7 @@ from .wal_actor import WAL_NAME, WalAppend, WalEntries, WalForget, WalWrite
 
 log = logging.getLogger("warren.queues")
 
-WAL_TIMEOUT_S = 60.0  # how long a sync waits for the WAL's group commit (a slow disk)
+WAL_TIMEOUT_S = 60.0  # how long an append waits for the WAL's group commit (a slow disk)
 
 
 class _WalCommit:
@@ -79,6 +80,7 @@ class QuorumQueueActor(QueueActor):
     _owner = ""  # the queue's directory, relative to the node's data directory
     _retry_armed = False
     _wal_socket: zmq.Socket | None = None
+    _watching_wal = False
 
     def _open_engine(self) -> Engine:
         (wal,) = self.monitor_named([WAL_NAME])
@@ -99,6 +101,9 @@ class QuorumQueueActor(QueueActor):
             future = wal.ask_async(WalAppend(owner, b"".join(records)))
             self._wal_socket = future.socket  # every answer of the WAL comes on it
             self.when_readable(future.socket, self._wal_answered)
+            if not self._watching_wal:
+                self._watching_wal = True
+                self.call_later(WAL_TIMEOUT_S, self._watch_wal)
             return _WalCommit(future)
 
         self._owner = owner
@@ -124,12 +129,35 @@ class QuorumQueueActor(QueueActor):
 
     def _wal_answered(self) -> None:
         """The WAL answered an append: the publishes it made durable are confirmed now."""
-        if self._deleted or self._wal_socket is None:
+        if self._deleted or self._no_clean_stop or self._wal_socket is None:
             return
         self._sync()
+        if self._no_clean_stop:
+            return  # the sync failed: the queue is stopping
         self._serve_parked()  # what the producer log named is no longer held back
         if self._quorum.awaiting_wal:
             self.when_readable(self._wal_socket, self._wal_answered)
+
+    def _watch_wal(self) -> None:
+        """Every ``WAL_TIMEOUT_S`` while appends are out: one out that long (a WAL alive
+        but stuck, a disk that no longer answers) stops the queue, as a waited append
+        that timed out would."""
+        self._watching_wal = False
+        if self._deleted or self._no_clean_stop:
+            return
+        waited = self._quorum.waited_for_wal_s()
+        if waited is None:
+            return
+        if waited >= WAL_TIMEOUT_S:
+            log.error(
+                "queue %s: the WAL has not answered an append for %.0f s; stopping to recover",
+                self.queue_name,
+                waited,
+            )
+            self._stop_without_a_clean_close()
+            return
+        self._watching_wal = True
+        self.call_later(WAL_TIMEOUT_S - waited, self._watch_wal)
 
     def _sync(self) -> None:
         try:
@@ -157,7 +185,13 @@ class QuorumQueueActor(QueueActor):
             return
         unsent = over
         if self._dead.room() >= len(over):
-            payloads = [(tag, queue.pending_payload(tag) or b"") for tag in over]
+            payloads = []
+            for tag in over:
+                payload = queue.pending_payload(tag)
+                if payload is None:
+                    queue.lose_body(tag)  # damage took it from the log: nothing to send
+                else:
+                    payloads.append((tag, payload))
             unsent = self._dead.send(payloads, "delivery_limit")
         if unsent:
             queue.over_limit.extend(unsent)

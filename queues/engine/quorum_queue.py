@@ -35,7 +35,7 @@ first needed (a delivery, a dead letter) with every other body its segment holds
 (``_body``), as RabbitMQ 3.10's quorum queues read theirs from the log: a start does
 not read the bodies below its snapshot, so a deep queue starts in the time its
 snapshot takes to read. A body the log lost (a damaged segment) is found missing then:
-the message is settled, counted in ``log_entries_lost`` and logged (``_lose_body``).
+the message is settled, counted in ``log_entries_lost`` and logged (``lose_body``).
 
 Snapshots. After a sync, once enough entries were applied since the last snapshot, the
 state is written (``ra_log.write_snapshot``): the index it covers, and each live
@@ -191,10 +191,6 @@ def _pack_live(messages: dict[int, _Message]) -> bytes:
     )
 
 
-# a live message's bytes in a snapshot's columns, but for its id
-LIVE_BYTES = 8 + 4 + 1 + 8 + 4 + 2
-
-
 def _column(columns: memoryview, code: str, at: int, count: int) -> tuple[array, int]:
     column = array(code)
     end = at + count * column.itemsize
@@ -202,6 +198,21 @@ def _column(columns: memoryview, code: str, at: int, count: int) -> tuple[array,
     if sys.byteorder != "little":
         column.byteswap()
     return column, end
+
+
+LEGACY_MESSAGES = "messages"  # an earlier version's snapshot: its messages in its header
+
+
+def _live_of(header: dict[str, Any], columns: memoryview) -> dict[int, _Message]:
+    """A snapshot's live messages: from its columns, or from an earlier version's header
+    (index, delivery count, out and maybe delivered of each; the rest is read with the
+    body)."""
+    if LEGACY_MESSAGES in header:
+        return {
+            index: _Message(None, 0, b"", 0, count, bool(out), bool(maybe and maybe[0]))
+            for index, count, out, *maybe in header[LEGACY_MESSAGES]
+        }
+    return _unpack_live(columns, header["live"])
 
 
 def _unpack_live(columns: memoryview, count: int) -> dict[int, _Message]:
@@ -302,6 +313,7 @@ class QuorumQueue:
 
     def _recover(self, wal_entries: list[ra_log.Entry]) -> None:
         snapshot, previous = self._snapshots()
+        start = 1
         if snapshot is not None:
             header, live = snapshot
             self.term = max(self.term, header["term"])
@@ -313,12 +325,15 @@ class QuorumQueue:
             self._messages = live  # their bodies stay in the log until needed
             self._out_count = sum(m.out for m in live.values())
             self._ready = sorted(i for i, m in live.items() if not m.out)  # a heap already
+            # an earlier version's snapshot holds no message's expiry, size or id: those
+            # are read with the bodies, from the oldest message it needs on
+            start = header["needs_from"] if LEGACY_MESSAGES in header else self.snapshot_index + 1
         self.next_seq_id = self.snapshot_index + 1
-        expected = self.next_seq_id
+        expected = start
         replayed = 0
         damaged_files: list[str] = []
         entries = itertools.chain(
-            ra_log.read_segments(self.directory, expected, damaged_files), wal_entries
+            ra_log.read_segments(self.directory, start, damaged_files), wal_entries
         )
         for entry in entries:
             if entry.index < expected:
@@ -329,6 +344,9 @@ class QuorumQueue:
                 self._lost(expected, entry.index - 1)
             expected = entry.index + 1
             self.term = max(self.term, entry.term)
+            if entry.index <= self.snapshot_index:
+                self._take_body(entry)
+                continue
             try:
                 self._apply(entry.index, entry.command)
             except (ValueError, struct.error, IndexError) as exc:
@@ -382,7 +400,7 @@ class QuorumQueue:
                     continue
                 header, columns = read
                 if chosen is None:
-                    chosen = (header, _unpack_live(columns, header["live"]))
+                    chosen = (header, _live_of(header, columns))
                 else:
                     previous = header
             except (ValueError, KeyError, TypeError) as exc:
@@ -426,12 +444,18 @@ class QuorumQueue:
         """Give a live message whose body is in the log the body ``entry`` holds."""
         message = self._messages.get(entry.index)
         if message is not None and message.payload is None and entry.command[:1] == b"E":
-            message.payload = _decode_enqueue(entry.command)[2]
-            self._ram_bytes += message.size
+            self._give_body(message, entry.command)
+
+    def _give_body(self, message: _Message, command: bytes) -> None:
+        """``message`` as its enqueue ``command`` says (its body, and the rest an earlier
+        version's snapshot did not hold)."""
+        message.expiry_ms, message.msg_id, message.payload = _decode_enqueue(command)
+        message.size = len(message.payload)
+        self._ram_bytes += message.size
 
     def _body(self, index: int) -> bytes | None:
         """A live message's body: read from the segment that holds it when it is not in
-        RAM (``_read_bodies``); None when damage lost it (``_lose_body``)."""
+        RAM (``_read_bodies``); None when damage lost it (``lose_body``)."""
         message = self._messages[index]
         if message.payload is None:
             self._read_bodies(index)
@@ -465,12 +489,11 @@ class QuorumQueue:
             taken += 1
             command = ra_log.checked_command(data, span)
             if command is not None and command[:1] == b"E":
-                message.payload = _decode_enqueue(command)[2]
-                self._ram_bytes += message.size
+                self._give_body(message, command)
         if at not in spans:
             self._segment = None  # read to its end: the next body is in another file
 
-    def _lose_body(self, index: int) -> None:
+    def lose_body(self, index: int) -> None:
         """A message whose body the log no longer holds (a damaged segment): settled."""
         self.counters["log_entries_lost"] += 1
         log.error("%s: the body of message %d is lost (a damaged file)", self.directory, index)
@@ -574,15 +597,17 @@ class QuorumQueue:
         """Hand what was logged since the last call to the WAL; the enqueues that became
         confirmed (fdatasync'd), each once: with ``wait`` every one handed over, without
         it those the WAL has answered (a later call takes the rest). A snapshot follows
-        when one is due and everything logged is durable."""
+        when one is due: then this call waits for everything it handed over, as a
+        snapshot is of a state whose every entry is durable (under a steady load
+        something is always out, and the snapshot would never come)."""
         self._check_open()
         self._log_pending()
+        due = self._snapshot_due(self.next_seq_id - 1)
         if self._unsent:
             records, self._unsent = self._unsent, []
             enqueues, self._unsent_enqueues = self._unsent_enqueues, []
-            durable = bool(enqueues) or self._snapshot_due(self.next_seq_id - 1)
-            self._hand_over(records, durable, enqueues)
-        confirmed = self._settle(wait)
+            self._hand_over(records, bool(enqueues) or due, enqueues)
+        confirmed = self._settle(wait or due)
         if (
             not self._in_flight
             and self.last_written == self.next_seq_id - 1
@@ -628,6 +653,12 @@ class QuorumQueue:
     def awaiting_wal(self) -> bool:
         return bool(self._in_flight)
 
+    def waited_for_wal_s(self) -> float | None:
+        """How long the oldest append the WAL has not answered has been out (None: none)."""
+        if not self._in_flight:
+            return None
+        return time.monotonic() - self._in_flight[0][3]
+
     def _snapshot_due(self, index: int) -> bool:
         return index - self._applied_at_snapshot >= self._next_snapshot_after
 
@@ -661,9 +692,12 @@ class QuorumQueue:
         self._applied_at_snapshot = index
         self._next_snapshot_after = self._scaled_interval()
         self._snapshot_needs_from = needs_from
-        self.counters["segments_deleted"] += ra_log.delete_segments_below(
+        deleted = ra_log.delete_segments_below(
             self.directory, min(self._previous_needs_from, needs_from)
         )
+        if deleted:
+            self._segment = None  # it may have been one of them
+        self.counters["segments_deleted"] += deleted
 
     # ------------------------------------------------------------------ fetching
 
@@ -679,7 +713,7 @@ class QuorumQueue:
             payload = self._body(index)
             if payload is not None:
                 break
-            self._lose_body(index)
+            self.lose_body(index)
         message = self._messages[index]
         if ack_required:
             self._mark_out(index, True)
@@ -761,6 +795,7 @@ class QuorumQueue:
         if waiting:
             self._log(b"P")
             self._forget(waiting)
+            self._segment = None  # none of its bodies is wanted now
         return len(waiting)
 
     def msg_ids_from(self, seq_id: int) -> set[bytes]:
@@ -799,8 +834,8 @@ class QuorumQueue:
         }
 
     def set_ram_duration_target(self, seconds: float) -> None:
-        """Kept for the queue process's alarm handling: a quorum queue keeps its bodies in
-        RAM whatever the target (docs/quorum-queues.md)."""
+        """Kept for the queue process's alarm handling: a quorum queue does not page its
+        bodies out whatever the target (docs/quorum-queues.md)."""
 
     def update_rates(self) -> None:
         """A quorum queue keeps no ingress or egress rates."""

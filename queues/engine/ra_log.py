@@ -527,11 +527,10 @@ def _read_segment(path: str, from_index: int, damaged: list[str] | None) -> Iter
     view, read_to = memoryview(data), 0
     for start, _, owner_end, body_end, index in _walk(view, checked=False):
         if index >= from_index:
-            crc, _ = FRAME.unpack_from(view, start)
-            if crc32(view[start + FRAME.size : body_end]) != crc:
+            command = checked_command(data, (start, owner_end, body_end))
+            if command is None:
                 break
-            term = HEADER.unpack_from(view, start)[3]
-            yield Entry(index, term, bytes(view[owner_end:body_end]))
+            yield Entry(index, HEADER.unpack_from(view, start)[3], command)
         read_to = body_end
     if damaged is not None and read_to != len(data):
         damaged.append(path)
@@ -583,6 +582,9 @@ def read_snapshot(path: str) -> tuple[dict[str, Any], memoryview] | None:
     body = data[SNAPSHOT_WORD.size :]
     if crc32(body) != crc:
         raise ValueError(f"{path}: fails its CRC")
+    if body[:1] == b"{":  # an earlier version's: JSON alone (a header is never 2 GiB)
+        legacy: dict[str, Any] = json.loads(body)
+        return legacy, memoryview(b"")
     try:
         (length,) = SNAPSHOT_WORD.unpack_from(body)
         end = SNAPSHOT_WORD.size + length

@@ -3,8 +3,11 @@ leaves, delivery counts through returns and restarts, the delivery limit, snapsh
 release the log, damaged files (a torn WAL tail, a flipped snapshot), and a WAL file
 shipped to a follower without its queue's directory."""
 
+import json
 import os
 import shutil
+import struct
+import zlib
 
 import pytest
 
@@ -93,6 +96,15 @@ class HeldCommit:
             raise self.error
 
 
+class WaitedCommit(HeldCommit):
+    """A WAL's answer that a waited sync waits for (and gets)."""
+
+    def get(self):
+        if not self.done:
+            self.answer()
+        return super().get()
+
+
 def test_a_sync_without_a_wait_confirms_what_the_wal_answered_and_takes_more_meanwhile(tmp_path):
     node = Node(tmp_path)
     held = []
@@ -112,11 +124,13 @@ def test_a_sync_without_a_wait_confirms_what_the_wal_answered_and_takes_more_mea
     second = queue.publish_many([b"c"])
     assert queue.sync(wait=False) == []
     assert queue.awaiting_wal and queue.stats()["unconfirmed"] == 3
+    assert queue.waited_for_wal_s() >= 0  # what the queue process's watchdog reads
     held[1].answer()  # answers come in order: the second does not confirm alone
     assert queue.sync(wait=False) == []
     held[0].answer()
     assert queue.sync(wait=False) == list(first) + list(second)
     assert not queue.awaiting_wal and queue.last_written == second[-1]
+    assert queue.waited_for_wal_s() is None
     queue.publish_many([b"lost with the WAL"])
     queue.sync(wait=False)
     held[2].answer(OSError(28, "No space left on device"))
@@ -126,6 +140,30 @@ def test_a_sync_without_a_wait_confirms_what_the_wal_answered_and_takes_more_mea
         queue.publish_many([b"after"])
     node.crash()
     assert bodies(node.open("orders"), ack=False) == [b"a", b"b", b"c"]
+
+
+def test_a_snapshot_comes_under_a_steady_load_that_always_has_an_append_out(tmp_path):
+    node = Node(tmp_path)
+    out = []
+    owner = "queues/orders"
+
+    def append(records, durable):
+        node.wal.add(owner, b"".join(records))
+        if not durable:
+            return None
+        out.append(WaitedCommit(node.wal))
+        return out[-1]
+
+    queue = QuorumQueue(
+        os.path.join(node.data_dir, owner), append, owner=owner.encode(), snapshot_interval=16
+    )
+    for n in range(10):
+        queue.publish_many([b"%d" % n] * 5)
+        queue.sync(wait=False)
+        if len(out) > 1:
+            out[-2].answer()  # the WAL answers one append late: one is always out
+    assert queue.counters["snapshots_written"] >= 2
+    assert all(commit.done for commit in out[:-1])
 
 
 def test_a_queue_restarted_alone_reads_what_only_the_wal_holds(tmp_path):
@@ -296,6 +334,29 @@ def test_a_flipped_byte_in_a_body_below_the_snapshot_loses_that_message_alone(tm
     got = bodies(again)  # read from the log in batches, past the damaged record
     assert got == sent[:299] + sent[300:]
     assert again.counters["log_entries_lost"] == 1
+
+
+def test_a_snapshot_an_earlier_version_wrote_is_read_with_its_bodies_from_the_log(tmp_path):
+    node = Node(tmp_path, segment_entries=16)
+    queue = node.open("orders", snapshot_interval=8)
+    queue.publish_many([b"gone"] + [b"kept %d" % n for n in range(20)], msg_ids=[b"a"] * 21)
+    queue.sync()
+    queue.ack([queue.fetch_encoded().seq_id])
+    returned = queue.fetch_encoded().seq_id
+    queue.requeue([returned])
+    queue.terminate()
+    node.crash()
+    directory = os.path.join(node.data_dir, "queues/orders")
+    live = [[i, int(i == returned), 0, 0] for i in range(2, 22)]
+    state = {"index": queue.snapshot_index, "term": 1, "needs_from": 2, "messages": live}
+    body = json.dumps(state).encode()  # as the version before columns wrote it
+    with open(os.path.join(directory, ra_log.SNAPSHOT_FILE), "wb") as file:
+        file.write(struct.pack(">I", zlib.crc32(body)) + body)
+    again = node.open("orders")
+    assert again.counters.get("snapshots_refused", 0) == 0
+    first = again.fetch_encoded()
+    assert (first.payload, first.delivery_count, first.msg_id) == (b"kept 0", 1, b"a")
+    assert bodies(again) == [b"kept %d" % n for n in range(1, 20)]
 
 
 def test_a_torn_wal_tail_loses_only_what_was_never_confirmed(tmp_path):
