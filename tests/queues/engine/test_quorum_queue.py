@@ -105,20 +105,26 @@ class WaitedCommit(HeldCommit):
         return super().get()
 
 
-def test_a_sync_without_a_wait_confirms_what_the_wal_answered_and_takes_more_meanwhile(tmp_path):
-    node = Node(tmp_path)
-    held = []
+def answered_later(node, answer_type, **options):
+    """Queue ``orders`` on ``node``'s WAL, whose durable appends get answers of
+    ``answer_type`` the test gives; the queue, and the list they are kept in."""
+    answers = []
     owner = "queues/orders"
 
     def append(records, durable):
         node.wal.add(owner, b"".join(records))
-        if durable:
-            held.append(HeldCommit(node.wal))
-            return held[-1]
-        return None
+        if not durable:
+            return None
+        answers.append(answer_type(node.wal))
+        return answers[-1]
 
     directory = os.path.join(node.data_dir, owner)
-    queue = QuorumQueue(directory, append, owner=owner.encode())
+    return QuorumQueue(directory, append, owner=owner.encode(), **options), answers
+
+
+def test_a_sync_without_a_wait_confirms_what_the_wal_answered_and_takes_more_meanwhile(tmp_path):
+    node = Node(tmp_path)
+    queue, held = answered_later(node, HeldCommit)
     first = queue.publish_many([b"a", b"b"])
     assert queue.sync(wait=False) == []  # handed over; the WAL has not answered
     second = queue.publish_many([b"c"])
@@ -144,19 +150,7 @@ def test_a_sync_without_a_wait_confirms_what_the_wal_answered_and_takes_more_mea
 
 def test_a_snapshot_comes_under_a_steady_load_that_always_has_an_append_out(tmp_path):
     node = Node(tmp_path)
-    out = []
-    owner = "queues/orders"
-
-    def append(records, durable):
-        node.wal.add(owner, b"".join(records))
-        if not durable:
-            return None
-        out.append(WaitedCommit(node.wal))
-        return out[-1]
-
-    queue = QuorumQueue(
-        os.path.join(node.data_dir, owner), append, owner=owner.encode(), snapshot_interval=16
-    )
+    queue, out = answered_later(node, WaitedCommit, snapshot_interval=16)
     for n in range(10):
         queue.publish_many([b"%d" % n] * 5)
         queue.sync(wait=False)
