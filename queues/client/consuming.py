@@ -222,7 +222,10 @@ class Consumer:
             if poll_ms is None:
                 left_ms = LONG_POLL_MS if deadline is None else (deadline - now) * 1000
                 poll_ms = max(0, min(LONG_POLL_MS, int(left_ms)))
-            self._ahead = self.connection._fetch_async(self.queue, room, poll_ms)
+            try:
+                self._ahead = self.connection._fetch_async(self.queue, room, poll_ms)
+            except QueueRestarting:
+                return  # between two incarnations: the next look asks the new one
             self._ahead_due = now + poll_ms / 1000 + LATE_ANSWER_S if poll_ms else now
 
     def _recovered(self) -> None:

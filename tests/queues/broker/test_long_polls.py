@@ -7,12 +7,14 @@ import contextlib
 import os
 import signal
 import threading
+import types
 
 import pytest
 
 from warren.actors import AskTimeout, RemoteError
 from warren.queues.client import consuming
 from warren.queues.client.consuming import LONG_POLL_MS
+from warren.queues.errors import QueueRestarting
 from warren.queues.protocol import Fetch, Release, Subscribe
 from warren.supervisor import Node
 
@@ -185,6 +187,38 @@ def test_a_consumer_waiting_on_a_queue_stopped_meanwhile_asks_its_next_incarnati
         wait_for(lambda: restarted(node, "orders", stopped.pid), timeout=60)
         node.connect().publish("orders", b"after the restart")
     assert got[0] is not None and got[0].body == b"after the restart"
+
+
+class RestartingQueue:
+    """A connection whose queue is between two incarnations for its first two fetches
+    (what a loaded machine shows a consumer whose queue restarts), then has a message."""
+
+    def __init__(self):
+        self.restarting = 2
+        self.delivery = types.SimpleNamespace(delivery_tag=1, body=b"after the restart")
+
+    def held(self, queue):
+        return 0
+
+    def _fetch_async(self, queue, room, poll_ms):
+        if self.restarting:
+            self.restarting -= 1
+            raise QueueRestarting(f"queue {queue!r} is restarting; try again in a moment")
+        return ("the new incarnation", "its answer")
+
+    def _answered(self, ahead, look):
+        return True
+
+    def _fetched(self, queue, asked):
+        return [self.delivery]
+
+
+def test_a_consumer_whose_queue_is_restarting_waits_for_it_within_its_timeout():
+    connection = RestartingQueue()
+    consumer = consuming.Consumer(connection, "orders", prefetch=10)
+    assert consumer.take() is None  # a look finds nothing yet, and raises nothing
+    assert consumer.get(timeout=30) is connection.delivery
+    assert connection.restarting == 0
 
 
 def test_deliveries_of_waiting_consumers_say_when_their_queues_took_them(node, monkeypatch):
