@@ -62,7 +62,9 @@ Races and bad input, each with its answer:
 - A message stamped with another incarnation (a pinned ref to a predecessor) is dropped
   and counted (``dropped_stale``).
 - A reply to a caller that has gone is refused by ROUTER_MANDATORY (EHOSTUNREACH) or
-  finds its pipe full (EAGAIN): counted as ``unroutable`` and logged, never blocking.
+  finds its pipe full (EAGAIN): counted as ``unroutable`` and logged, never blocking (a
+  caller gone is an everyday event, a client that ended or a process restarted with a
+  request out: logged at INFO; a full pipe, a caller that does not read, at WARNING).
 - A busy actor still answers heartbeats between passes because control is served first;
   a pass handles at most ``max_batch`` messages.
 - SIGTERM and SIGHUP only set the stop flag (the wake pipe, registered with
@@ -727,7 +729,12 @@ class ActorLoop:
                 raise
             self._touch()
             self.counters["unroutable"] += 1
-            logger.warning("%s: an answer could not be routed (%s)", self._order.name, exc.strerror)
+            logger.log(
+                wire.unroutable_log_level(exc.errno),
+                "%s: an answer could not be routed (%s)",
+                self._order.name,
+                exc.strerror,
+            )
 
     def _serve_control(self) -> None:
         incarnation = self._order.incarnation

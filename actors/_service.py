@@ -205,8 +205,11 @@ class NodeService:
                 [identity, *encoder.encode([kind, request_id, value])], zmq.NOBLOCK
             )
         except zmq.ZMQError as exc:
-            logger.warning(
-                "node %s: an answer could not be routed (%s)", self._node.name, exc.strerror
+            logger.log(
+                wire.unroutable_log_level(exc.errno),
+                "node %s: an answer could not be routed (%s)",
+                self._node.name,
+                exc.strerror,
             )
 
     def _answer(self, identity: bytes, kind: int, request_id: int, body: Any) -> Any:

@@ -23,6 +23,9 @@ frames of their own. The ROUTER side sees the DEALER's routing id as an extra fi
                     monitors the incarnation found: answered [ref | None, ...].
 """
 
+import errno
+import logging
+
 TELL = 1
 ASK = 2
 BATCH = 3
@@ -68,3 +71,10 @@ DEFAULT_ASK_TIMEOUT_S = 30.0
 # While a caller waits for a reply it re-checks, this often, whether the target is known
 # dead (seconds), so an ask to an actor that dies fails with ActorDeadError, not a timeout.
 DEATH_CHECK_INTERVAL_S = 0.1
+
+
+def unroutable_log_level(errno_value: int | None) -> int:
+    """How loud an answer that could not be sent is logged: INFO for a caller that has
+    gone (EHOSTUNREACH: a client that ended, a process restarted with a request out, an
+    everyday event), WARNING for one whose pipe is full (a caller that does not read)."""
+    return logging.INFO if errno_value == errno.EHOSTUNREACH else logging.WARNING

@@ -17,8 +17,6 @@ pytestmark = pytest.mark.slow
 EXPECTED_WARNINGS = (
     re.compile(r"queue \w+: msg_store_persistent went down \(killed by SIGKILL\); stopping"),
     re.compile(r"queue \w+: \d+ messages were still queued at stop"),
-    # a request in flight when its queue stopped: the restarted store answers a caller gone
-    re.compile(r"msg_store_\w+: an answer could not be routed \(Host unreachable\)"),
 )
 
 
