@@ -189,15 +189,19 @@ class StreamActor(ProcessActor):
         data_dir: str | None = None,
         max_segment_chunks: int = 256_000,
         retention_check_s: float | None = None,
+        epoch: int = 0,
     ) -> None:
         """``retention_check_s``: how often retention looks at the stream (by default a
-        tenth of ``max_age``, at least 0.1 s and at most ``RETENTION_CHECK_S``)."""
+        tenth of ``max_age``, at least 0.1 s and at most ``RETENTION_CHECK_S``);
+        ``epoch``: the cluster's epoch this node leads in (0 outside a cluster), written
+        into every chunk's header."""
         if not definition.is_stream:
             raise ValueError(f"queue {definition.name} is not a stream")
         self.definition = definition
         self.stream_name = definition.name
         self.directory = directory
         self.max_segment_chunks = max_segment_chunks
+        self.epoch = epoch
         if retention_check_s is None:
             retention_check_s = RETENTION_CHECK_S
             if definition.max_age is not None:
@@ -238,6 +242,7 @@ class StreamActor(ProcessActor):
             max_segment_size_bytes=definition.max_segment_size_bytes,
             max_segment_chunks=self.max_segment_chunks,
             sync=definition.sync_policy == "fsync",
+            epoch=self.epoch,
         )
         log.info(
             "stream %s: recovered offsets %d..%d in %.3f s",

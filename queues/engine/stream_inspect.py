@@ -40,6 +40,7 @@ class SegmentReport(NamedTuple):
     last_timestamp_ms: int | None
     bad_crc_chunks: list[int]  # chunk ids whose data fails its CRC
     unreadable_tail_bytes: int  # after the last whole chunk: torn, or not a chunk
+    epochs: list[int]  # the epochs its chunks were written in, each once, in order
 
 
 def inspect_stream(directory: str | os.PathLike[str]) -> list[SegmentReport]:
@@ -51,9 +52,12 @@ def inspect_stream(directory: str | os.PathLike[str]) -> list[SegmentReport]:
             user = tracking = records = 0
             stamps: list[int] = []
             bad: list[int] = []
+            epochs: list[int] = []
             end = FILE_HEADER_BYTES
             for header in walk_chunks(fd, size, first):
                 end = header.end
+                if not epochs or epochs[-1] != header.epoch:
+                    epochs.append(header.epoch)
                 stamps.append(header.timestamp_ms)
                 if header.chunk_type == CHUNK_USER:
                     user, records = user + 1, records + header.record_count
@@ -74,6 +78,7 @@ def inspect_stream(directory: str | os.PathLike[str]) -> list[SegmentReport]:
                 max(stamps) if stamps else None,
                 bad,
                 max(0, size - end),
+                epochs,
             )
         )
     return reports

@@ -554,6 +554,7 @@ _STREAM_INSPECT_COLUMNS = (
     Column("chunks", ">"),
     Column("tracking", ">"),
     Column("records", ">"),
+    Column("epochs", wrap=True, min_width=6),
     Column("written", wrap=True, min_width=12),
     Column("damage", wrap=True, min_width=15),
 )
@@ -580,6 +581,7 @@ def format_stream_inspection(directory: str) -> str:
                 f"{report.user_chunks:,}",
                 f"{report.tracking_chunks:,}",
                 f"{report.records:,}",
+                ", ".join(map(str, report.epochs)) or "-",
                 f"{when(report.first_timestamp_ms)} .. {when(report.last_timestamp_ms)} UTC",
                 ", ".join(damage) or "-",
             ]

@@ -1007,6 +1007,8 @@ class Node:
         stores = [self._actor_node.whereis(store) for store in STORES]
         if definition.type == "classic" and None not in stores:  # see QueueActor's Starting
             options["stores"] = tuple(store.unpin() for store in stores if store is not None)
+        if definition.is_stream and self._led_epoch is not None:
+            options["epoch"] = self._led_epoch  # in each chunk's header: Osiris's (epoch, offset)
         queue = ChildSpec(
             (STREAM_ACTOR_PREFIX if definition.is_stream else QUEUE_PREFIX) + definition.name,
             QUEUE_ACTORS[definition.type],

@@ -621,17 +621,22 @@ def test_the_cli_declares_lists_and_reads_a_stream(node):
 
 
 def test_store_inspect_reads_a_stream_directory(tmp_path):
+    """Each segment's chunks, records and the epochs (a cluster's leaderships) that
+    wrote them: here a writer of epoch 4, then one of epoch 7 after it."""
     directory = tmp_path / "events"
-    stream = StreamLog(directory, max_segment_size_bytes=4096)
-    for n in range(20):
-        stream.append([b"r%d" % n * 50])
-    stream.close()
+    for epoch, records in ((4, range(20)), (7, range(20, 22))):
+        stream = StreamLog(directory, max_segment_size_bytes=4096, epoch=epoch)
+        for n in records:
+            stream.append([b"r%d" % n * 50])
+        stream.close()
     shown = subprocess.run(
         [*WARREN, "store", "inspect", str(directory)], capture_output=True, text=True, timeout=60
     )
     assert shown.returncode == 0, shown.stderr
-    assert "stream" in shown.stdout
+    assert "stream" in shown.stdout and "epochs" in shown.stdout
     assert f"{len(numbered_files(str(directory), '.segment'))} segments" in shown.stdout
+    epochs = [e for segment in inspect_stream(directory) for e in segment.epochs]
+    assert epochs in ([4, 7], [4, 4, 7], [4, 7, 7])  # a segment may hold both
 
 
 def test_errors_are_the_same_classes_over_tcp_as_on_the_node(node):

@@ -13,6 +13,8 @@ import zmq
 
 from warren import connect
 from warren.errors import Nacked
+from warren.queues.broker.definitions import queue_directory
+from warren.queues.engine.stream_inspect import inspect_stream
 from warren.supervisor.cluster.replication import manifest
 from warren.supervisor.node.node import query_status
 
@@ -98,7 +100,19 @@ def test_every_confirmed_message_survives_the_loss_of_the_leaders_machine(etcd, 
             assert connection.queue_stats("tasks")["term"] == second_epoch
             reader = connection.consume("events", offset="first")
             assert [reader.get(timeout=30).body for _ in events] == events
+            connection.publish_many(
+                "events", [b"led by the second"], producer_id="feed", sequence=100
+            )
+            assert reader.get(timeout=30).body == b"led by the second"
             reader.cancel()
+        # Each chunk's header names the epoch of the leader that wrote it (Osiris's rule):
+        # the first leader's chunks, then the second's.
+        stream_files = queue_directory(str(second.data_dir), "events")
+        epochs = [e for segment in inspect_stream(stream_files) for e in segment.epochs]
+        assert [e for i, e in enumerate(epochs) if i == 0 or epochs[i - 1] != e] == [
+            epoch,
+            second_epoch,
+        ]
         # The lost node, back: its files are of an older epoch, so it is synced whole
         # from the new leader, then written into the ISR again.
         first.start()
