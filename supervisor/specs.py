@@ -10,6 +10,11 @@
 - ``intensity`` (int >= 0, default 1) restarts within ``period_s`` (seconds > 0, default
   5): one more and the supervisor stops all its children, in reverse order, and fails;
   its parent treats that as the failure of a child.
+- ``start_together`` (int >= 1, default 1): how many children the supervisor's start
+  has starting at one time. 1 is OTP's order, each child ready before the next starts;
+  more is for ``one_for_one`` children that do not depend on each other (a node's
+  queues, whose recoveries wait on the disk and on their own processes: RabbitMQ
+  recovers its queues side by side too). The children are still taken in order.
 
 ``ChildSpec(id, actor, args, kwargs, restart, shutdown_s, start_timeout_s,
 heartbeat_interval_s, heartbeat_timeout_s)``
@@ -78,10 +83,23 @@ class SupervisorFlags:
     strategy: str = "one_for_one"
     intensity: int = 1
     period_s: float = 5.0
+    start_together: int = 1
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
             raise InvalidSpec("strategy", self.strategy, f"expected one of {', '.join(STRATEGIES)}")
+        if (
+            isinstance(self.start_together, bool)
+            or not isinstance(self.start_together, int)
+            or self.start_together < 1
+        ):
+            raise InvalidSpec("start_together", self.start_together, "expected an int >= 1")
+        if self.start_together > 1 and self.strategy != "one_for_one":
+            raise InvalidSpec(
+                "start_together",
+                self.start_together,
+                f"expected 1 with {self.strategy}: only one_for_one children start side by side",
+            )
         if (
             isinstance(self.intensity, bool)
             or not isinstance(self.intensity, int)

@@ -16,8 +16,10 @@ would add a hop and a failure point without isolating anything.
 Lifecycle:
 
 - ``start()`` starts the children in order, each ready (``on_start`` done, recovery done)
-  before the next starts; a child that fails to start stops the ones already started, in
-  reverse, and ``start()`` raises ``SupervisorError``.
+  before the next starts (or ``start_together`` at a time, for independent
+  ``one_for_one`` children, on threads of a pool that ends with the start); a child that
+  fails to start stops the ones already started, in reverse, and ``start()`` raises
+  ``SupervisorError``.
 - ``stop()`` stops the children in reverse order: a stop request, SIGTERM after the
   child's ``shutdown_s``, SIGKILL after ``shutdown_s`` more (``"brutal_kill"``: SIGKILL at
   once). Nested supervisors stop their own children first. A child stopped by a signal
@@ -134,6 +136,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -280,14 +283,13 @@ class Supervisor:
             self._children, self._named, self._beating = [], {}, {}
         for spec in () if template_only else self.spec.children:
             self._add(_Child(spec, spec.id))
-        for child in list(self._children):
-            try:
-                self._start_child(child)
-            except SupervisorError:
-                self._stop_children(reversed(self._children))
-                with self._thread_lock:
-                    self._answer_queued()  # the exits of those stopped: nothing acts on them
-                raise
+        try:
+            self._start_children(list(self._children))
+        except SupervisorError:
+            self._stop_children(reversed(self._children))
+            with self._thread_lock:
+                self._answer_queued()  # the exits of those stopped: nothing acts on them
+            raise
         _HEARTBEATS.watch(self)  # before the thread may act: a failure there forgets it
         with self._thread_lock:
             self.state = "running"
@@ -516,7 +518,39 @@ class Supervisor:
 
     # ------------------------------------------------------------------ starting and stopping
 
-    def _start_child(self, child: _Child) -> None:
+    def _start_children(self, children: list[_Child]) -> None:
+        """Start ``children`` in order, ``start_together`` at a time (see the flags): a
+        failure starts no child not yet begun, and raises once the starts under way
+        have ended (each child then started or failed: the caller stops those started)."""
+        together = min(self.spec.flags.start_together, len(children))
+        if together <= 1:
+            for child in children:
+                self._start_child(child)
+            return
+        failures: list[SupervisorError] = []
+
+        def start(child: _Child) -> None:
+            if failures:
+                return
+            try:
+                self._start_child(child, note_busy=False)
+            except SupervisorError as exc:
+                failures.append(exc)
+
+        bound_s = sum(_start_bound_s(child.spec) for child in children)
+        self._busy = ("starting", f"{len(children)} children", time.monotonic(), bound_s)
+        try:
+            with ThreadPoolExecutor(together, thread_name_prefix=f"start {self.id}") as pool:
+                for done in [pool.submit(start, child) for child in children]:
+                    done.result()  # a bug's exception, raised here
+        finally:
+            self._busy = None
+        if failures:
+            raise failures[0]
+
+    def _start_child(self, child: _Child, note_busy: bool = True) -> None:
+        """Start one child; ``note_busy``: it is what the supervisor is busy with (a
+        start side by side with others is covered by the one note of them all)."""
         child.generation += 1
         generation = child.generation
         child.state = "starting"
@@ -526,7 +560,8 @@ class Supervisor:
                 if self._named.get(child.name) is child:  # a child, not one being added
                     self._note_heartbeats(child)
         spec = child.spec
-        self._busy = ("starting", child.name, time.monotonic(), _start_bound_s(spec))
+        if note_busy:
+            self._busy = ("starting", child.name, time.monotonic(), _start_bound_s(spec))
         try:
             if isinstance(spec, SupervisorSpec):
                 child.supervisor = Supervisor(
@@ -568,7 +603,8 @@ class Supervisor:
             child.state = "failed"
             raise SupervisorError(f"{self.id}: child {child.name} failed to start: {exc}") from exc
         finally:
-            self._busy = None
+            if note_busy:
+                self._busy = None
         now = time.monotonic()
         child.ready_at = child.last_pong = child.last_ping = now
         child.state = "running"

@@ -214,6 +214,11 @@ SIGNAL_LOOK_S = 0.5  # how often run_until_signalled looks for a stop signal's h
 STATS_TIMEOUT_S = 2.0
 ROOT_FLAGS = SupervisorFlags("rest_for_one", intensity=3, period_s=60.0)
 SUB_FLAGS = SupervisorFlags("one_for_one", intensity=10, period_s=60.0)
+# queue_sup: the queues recover side by side at a start (see SupervisorFlags)
+QUEUES_STARTED_TOGETHER = 8
+QUEUE_SUP_FLAGS = SupervisorFlags(
+    "one_for_one", intensity=10, period_s=60.0, start_together=QUEUES_STARTED_TOGETHER
+)
 STORE_START_TIMEOUT_S = 600.0
 # The stores, the GC and the queues do their disk work on their loop thread (an fsync, a
 # combine's copy): a slow disk must not make them look hung (seconds; ``Node``'s
@@ -996,7 +1001,7 @@ class Node:
         definitions = list(self._definitions.queues.values())
         return SupervisorSpec(
             "queue_sup",
-            SUB_FLAGS,
+            QUEUE_SUP_FLAGS,
             children=tuple(self._queue_spec(d) for d in definitions),
         )
 

@@ -84,6 +84,20 @@ class GatedStarter(Worker):
             time.sleep(0.02)
 
 
+class MeetsAtStart(Worker):
+    """Creates the file ``mine`` in on_start, then waits there until ``theirs`` exists:
+    two of them, each the other's ``theirs``, start only when they start side by side."""
+
+    def __init__(self, mine: str, theirs: str) -> None:
+        super().__init__()
+        self.mine, self.theirs = mine, theirs
+
+    def on_start(self) -> None:
+        open(self.mine, "w").close()
+        while not os.path.exists(self.theirs):
+            time.sleep(0.02)
+
+
 class SlowToStop(Worker):
     """Takes ``stop_s`` seconds in on_stop, then appends its name to ``journal``, like a
     store writing its recovery files (it answers no ping meanwhile); creates the file

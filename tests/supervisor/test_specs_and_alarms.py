@@ -36,6 +36,9 @@ class Worker(ProcessActor):
         ({"period_s": 0}, "period_s"),
         ({"period_s": math.nan}, "period_s"),
         ({"period_s": math.inf}, "period_s"),
+        ({"start_together": 0}, "start_together"),
+        ({"start_together": True}, "start_together"),
+        ({"start_together": 4, "strategy": "rest_for_one"}, "start_together"),
     ],
 )
 def test_invalid_supervisor_flags_are_rejected_naming_field_and_value(kwargs, field):

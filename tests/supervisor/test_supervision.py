@@ -14,7 +14,14 @@ from warren.supervisor import ChildSpec, Supervisor, SupervisorFlags, Supervisor
 from warren.supervisor.errors import SupervisorError
 
 from ..waiting import wait_for
-from .sample_actors import FailsToStart, GatedStarter, SlowStarter, SlowToStop, Worker
+from .sample_actors import (
+    FailsToStart,
+    GatedStarter,
+    MeetsAtStart,
+    SlowStarter,
+    SlowToStop,
+    Worker,
+)
 
 
 def pids(supervisor) -> dict[str, int]:
@@ -327,6 +334,44 @@ def test_a_brutal_kill_whose_exit_never_shows_ends_its_stop_within_the_bound_sho
 def test_a_child_that_cannot_start_fails_the_start_and_stops_its_elder_siblings(actor_node):
     spec = SupervisorSpec(
         "sup", children=(ChildSpec("fine", Worker), ChildSpec("broken", FailsToStart))
+    )
+    supervisor = Supervisor(actor_node, spec)
+    with pytest.raises(SupervisorError, match="broken failed to start"):
+        supervisor.start()
+    assert actor_node.actors() == []
+
+
+def test_children_started_together_recover_side_by_side_and_then_run_as_any(actor_node, tmp_path):
+    """Two children each of whose starts waits for the other's to have begun: started
+    in turn they never would; ``start_together`` starts them side by side (as a node
+    recovers its queues), after which each is supervised as usual."""
+    left, right = str(tmp_path / "left"), str(tmp_path / "right")
+    spec = SupervisorSpec(
+        "queues",
+        SupervisorFlags("one_for_one", intensity=5, start_together=2),
+        children=(
+            ChildSpec("left", MeetsAtStart, (left, right), start_timeout_s=60),
+            ChildSpec("right", MeetsAtStart, (right, left), start_timeout_s=60),
+            ChildSpec("after", Worker),
+        ),
+    )
+    with Supervisor(actor_node, spec) as supervisor:
+        assert all_running(supervisor) and supervisor.status()["busy"] is None
+        before = pids(supervisor)
+        os.kill(before["right"], signal.SIGKILL)
+        wait_for(lambda: all_running(supervisor) and pids(supervisor)["right"] != before["right"])
+        assert pids(supervisor)["left"] == before["left"]  # one_for_one: right alone
+
+
+def test_a_child_that_cannot_start_beside_others_fails_the_start_and_leaves_none(actor_node):
+    spec = SupervisorSpec(
+        "queues",
+        SupervisorFlags("one_for_one", start_together=3),
+        children=(
+            ChildSpec("fine", Worker),
+            ChildSpec("broken", FailsToStart),
+            *(ChildSpec(f"later {n}", Worker) for n in range(5)),
+        ),
     )
     supervisor = Supervisor(actor_node, spec)
     with pytest.raises(SupervisorError, match="broken failed to start"):
