@@ -30,12 +30,19 @@ lost in a crash, a message is delivered again), and the next durable hand-over c
 them too. ``last_written`` is the last index known durable.
 
 Bodies. A message published since the queue started keeps its body in RAM until it is
-settled; one a start took from its snapshot has its body in the log, read when it is
-first needed (a delivery, a dead letter) with every other body its segment holds
-(``_body``), as RabbitMQ 3.10's quorum queues read theirs from the log: a start does
-not read the bodies below its snapshot, so a deep queue starts in the time its
-snapshot takes to read. A body the log lost (a damaged segment) is found missing then:
-the message is settled, counted in ``log_entries_lost`` and logged (``lose_body``).
+settled, or until the queue holds more than ``ram_body_bytes`` of bodies: then those
+its segment files hold already are dropped from RAM (``_page_out``), the newest first
+and down to half the limit, stopping at the first one dropped before (the oldest, which
+a consumer takes next, stay); a body only the WAL holds stays until the WAL's rollover
+has written it to a segment. One a start took from its snapshot has its body in the log
+too. A body in the log is read when it is first needed (a delivery, a dead letter) with
+every other body its segment holds (``_body``), as RabbitMQ 3.10's quorum queues read
+theirs from the log: a start does not read the bodies below its snapshot, so a deep
+queue starts in the time its snapshot takes to read, and a deep queue holds its
+messages' places, not their bodies. A body the log lost (a damaged segment) is found
+missing then: the message is settled, counted in ``log_entries_lost`` and logged
+(``lose_body``). Invariant: a message's body is dropped from RAM only once a segment
+file holds its record (which the queue saw there), so ``_body`` always finds it.
 
 Snapshots. After a sync, once enough entries were applied since the last snapshot, the
 state is written (``ra_log.write_snapshot``): the index it covers, and each live
@@ -117,6 +124,7 @@ ENQUEUE = struct.Struct(">QH")  # after the kind byte: expiry_ms, msg_id length
 INDEXES = "Q"
 OUT, MAYBE_DELIVERED = 1, 2  # a live message's flags in a snapshot
 BODY_BATCH = 256  # the most bodies one read from the log takes
+RAM_BODY_BYTES = 32 * 2**20  # past this many bytes of bodies in RAM, those in segments go
 
 
 class Written(Protocol):
@@ -253,8 +261,10 @@ class QuorumQueue:
         snapshot_interval: int = SNAPSHOT_INTERVAL,
         max_entries: int = MAX_ENTRIES,
         max_message_bytes: int = MAX_MESSAGE_BYTES,
+        ram_body_bytes: int = RAM_BODY_BYTES,
     ) -> None:
         self.directory = directory
+        self.ram_body_bytes = ram_body_bytes
         self._append = append
         self.term = term  # raised at recovery to the highest the log holds
         self.delivery_limit = delivery_limit
@@ -268,9 +278,10 @@ class QuorumQueue:
         self._ready: list[int] = []
         self._out_count = 0
         self._ram_bytes = 0  # the bodies held in RAM (not those left in the log)
-        # the segment bodies are being read from (``_read_bodies``): its bytes, where its
-        # records are, and its path and size
-        self._segment: tuple[bytes, dict[int, tuple[int, int, int]], tuple[str, int]] | None = None
+        # the segment bodies are being read from (``_read_bodies``), kept while a
+        # consumer reads on through it
+        self._segment: ra_log.SegmentRecords | None = None
+        self._paged_at: tuple[str, int] | None = None  # the newest segment _page_out saw
         self._unsent: list[bytes] = []  # the records (in parts) not handed to the WAL
         # deliveries and settles made since the last entry: logged as one D entry and one
         # S entry before the next other entry or sync (a message delivered and settled in
@@ -290,6 +301,7 @@ class QuorumQueue:
             "snapshots_written": 0,
             "segments_deleted": 0,
             "wal_appends": 0,
+            "bodies_paged_out": 0,
         }
         self._commit_latency_s = 0.0
         self._closed = False
@@ -469,28 +481,25 @@ class QuorumQueue:
         the caller finds the body missing). The WAL's process may be appending to the
         newest segment: a record cut short at its end is that, not damage; a segment
         that does not hold ``index`` yet is read again once it has grown."""
-        cached = self._segment
-        if cached is None or index not in cached[1]:
+        records = self._segment
+        if records is None or records.span(index) is None:
             path = ra_log.segment_holding(self.directory, index)
             if path is None:
                 return
-            if cached is None or (path, os.path.getsize(path)) != cached[2]:
-                with open(path, "rb") as file:
-                    data = file.read()
-                cached = self._segment = (data, ra_log.segment_spans(data), (path, len(data)))
-        data, spans, _ = cached
+            if records is None or (path, os.path.getsize(path)) != records.key:
+                records = self._segment = ra_log.SegmentRecords(path)
         taken = 0
         at = index
-        while taken < BODY_BATCH and (span := spans.get(at)) is not None:
+        while taken < BODY_BATCH and records.span(at) is not None:
             message = self._messages.get(at)
             at += 1
             if message is None or message.payload is not None:
                 continue
             taken += 1
-            command = ra_log.checked_command(data, span)
+            command = records.command(at - 1)
             if command is not None and command[:1] == b"E":
                 self._give_body(message, command)
-        if at not in spans:
+        if records.span(at) is None:
             self._segment = None  # read to its end: the next body is in another file
 
     def lose_body(self, index: int) -> None:
@@ -614,7 +623,42 @@ class QuorumQueue:
             and self._snapshot_due(self.last_written)
         ):
             self.snapshot()
+        if self._ram_bytes > self.ram_body_bytes:
+            self._page_out()
         return confirmed
+
+    def _page_out(self) -> None:
+        """Drop from RAM the bodies the segments hold, the newest first, until half of
+        ``ram_body_bytes`` is left or a body dropped before is met (module docstring).
+        The newest segment is read only when it has changed since the last look: until
+        the WAL writes more to the segments, nothing more can go."""
+        files = ra_log.segment_files(self.directory)
+        if not files:
+            return
+        first, path = files[-1]
+        try:
+            seen = (path, os.path.getsize(path))
+        except FileNotFoundError:
+            return  # deleted since the listing: the next sync looks again
+        if seen == self._paged_at:
+            return
+        self._paged_at = seen
+        last = ra_log.SegmentRecords(path).last_index()
+        in_segments = first - 1 if last is None else last  # the highest index they hold
+        keep = self.ram_body_bytes // 2
+        dropped = 0
+        for index in reversed(self._messages):
+            if self._ram_bytes <= keep:
+                break
+            if index > in_segments:
+                continue  # only in the WAL yet
+            message = self._messages[index]
+            if message.payload is None:
+                break  # the bodies dropped before begin here: the oldest stay
+            message.payload = None
+            self._ram_bytes -= message.size
+            dropped += 1
+        self.counters["bodies_paged_out"] += dropped
 
     def _hand_over(self, records: list[bytes], durable: bool, enqueues: list[int]) -> None:
         began = time.monotonic()

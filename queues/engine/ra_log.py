@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import re
 import struct
@@ -112,11 +113,14 @@ def entry_parts(
     return FRAME.pack(crc32(body), len(body)), body
 
 
-def _walk(view: memoryview, checked: bool = True) -> Iterator[tuple[int, int, int, int, int]]:
+def _walk(
+    view: memoryview, checked: bool = True, offset: int = 0
+) -> Iterator[tuple[int, int, int, int, int]]:
     """(start, owner start, owner end, body end, index) of each whole, correct record of
-    ``view``, in order, up to the first torn or corrupt one (without ``checked``, of
-    records known correct: their CRCs are not computed again)."""
-    offset, end = 0, len(view)
+    ``view`` from ``offset`` (where one begins), in order, up to the first torn or
+    corrupt one (without ``checked``, of records known correct: their CRCs are not
+    computed again)."""
+    end = len(view)
     while offset + HEADER.size <= end:
         crc, length, index, _, owner_length = HEADER.unpack_from(view, offset)
         body_end = offset + 8 + length
@@ -492,25 +496,69 @@ def segment_holding(queue_directory: str, index: int) -> str | None:
     return None
 
 
-def segment_spans(data: bytes) -> dict[int, tuple[int, int, int]]:
-    """index → (record start, command start, record end) of each record of a segment
-    file read whole, found by their lengths alone, up to the first that is cut short or
-    whose index does not follow the one before: no CRC is computed here, but each
-    record's when it is taken (``checked_command``), so that a reader taking a few
-    records of a file pays for those."""
-    spans: dict[int, tuple[int, int, int]] = {}
-    previous = None
-    for start, _, owner_end, body_end, index in _walk(memoryview(data), checked=False):
-        if previous is not None and index != previous + 1:
-            break
-        spans[index] = (start, owner_end, body_end)
-        previous = index
-    return spans
+class SegmentRecords:
+    """The records of one segment file, for a reader that takes a few of them (a quorum
+    queue reading bodies back): the file is read from its start only as far as the
+    records asked for (``FIRST_READ_BYTES``, then twice as much each time, never past
+    its size when opened, ``key``'s), and walked by the records' lengths alone, up to
+    the first one cut short or whose index does not follow the one before. No CRC is
+    computed by the walk, but each record's when its command is taken (``command``), so
+    that a reader taking a few records of a 4 MiB file pays for those."""
+
+    FIRST_READ_BYTES = 512 * 1024
+
+    def __init__(self, path: str) -> None:
+        self.key = (path, os.path.getsize(path))  # a reader finds a grown file by it
+        self._data = b""
+        self._spans: dict[int, tuple[int, int, int]] = {}  # index -> start, command, end
+        self._walked_to = 0  # where the next record begins
+        self._last: int | None = None  # the last index walked
+        self._ended = False
+
+    def command(self, index: int) -> bytes | None:
+        """The command of record ``index``; None when the file does not hold it whole
+        and correct (not yet, or damaged)."""
+        span = self.span(index)
+        return None if span is None else _checked_command(self._data, span)
+
+    def span(self, index: int) -> tuple[int, int, int] | None:
+        """Where record ``index`` lies, walking on to it; None when the file lacks it."""
+        while not self._ended and (self._last is None or self._last < index):
+            self._walk_on(index)
+        return self._spans.get(index)
+
+    def last_index(self) -> int | None:
+        """The highest index the file holds (the whole file walked); None for none."""
+        while not self._ended:
+            self._walk_on(math.inf)
+        return self._last
+
+    def _walk_on(self, wanted: float) -> None:
+        for start, _, owner_end, body_end, index in _walk(
+            memoryview(self._data), False, self._walked_to
+        ):
+            if self._last is not None and index != self._last + 1:
+                self._ended = True
+                return
+            self._spans[index] = (start, owner_end, body_end)
+            self._last, self._walked_to = index, body_end
+            if index >= wanted:
+                return
+        # the walk stopped at the end of what was read, or at a record cut short
+        path, size = self.key
+        if len(self._data) >= size:
+            self._ended = True
+            return
+        with open(path, "rb") as file:
+            data = file.read(min(size, max(self.FIRST_READ_BYTES, 2 * len(self._data))))
+        if len(data) <= len(self._data):
+            self._ended = True  # cut since it was opened
+        self._data = data
 
 
-def checked_command(data: bytes, span: tuple[int, int, int]) -> bytes | None:
-    """The command of the record ``span`` (``segment_spans``) locates in ``data``; None
-    when the record fails its CRC."""
+def _checked_command(data: bytes, span: tuple[int, int, int]) -> bytes | None:
+    """The command of the record ``span`` (start, command start, end) locates in
+    ``data``; None when the record fails its CRC."""
     start, command_at, end = span
     crc, _ = FRAME.unpack_from(data, start)
     if crc32(memoryview(data)[start + FRAME.size : end]) != crc:
@@ -527,7 +575,7 @@ def _read_segment(path: str, from_index: int, damaged: list[str] | None) -> Iter
     view, read_to = memoryview(data), 0
     for start, _, owner_end, body_end, index in _walk(view, checked=False):
         if index >= from_index:
-            command = checked_command(data, (start, owner_end, body_end))
+            command = _checked_command(data, (start, owner_end, body_end))
             if command is None:
                 break
             yield Entry(index, HEADER.unpack_from(view, start)[3], command)

@@ -309,7 +309,69 @@ def test_a_start_from_a_snapshot_reads_each_body_from_the_log_only_when_it_is_ne
     assert [first.payload] + bodies(again, ack=False) == sent
 
 
-def test_a_flipped_byte_in_a_body_below_the_snapshot_loses_that_message_alone(tmp_path):
+def test_a_deep_queue_keeps_its_bodies_in_the_log_not_in_ram_and_serves_each_once(tmp_path):
+    """Past ``ram_body_bytes`` of bodies, those the segments hold leave RAM, the newest
+    first: the oldest, which a consumer takes next, stay; a body only the WAL holds
+    stays until the WAL's rollover wrote it to a segment. Each is read back when it is
+    needed, once, in order, and a requeued one too."""
+    node = Node(tmp_path, max_bytes=8192, segment_entries=64)
+    queue = node.open("orders", ram_body_bytes=5_000)
+    sent = [b"%04d" % n + b"." * 96 for n in range(1_000)]
+    for at in range(0, 1_000, 20):
+        queue.publish_many(sent[at : at + 20])
+        queue.sync()
+        # never above the limit by more than what the WAL alone holds (8 KiB a file)
+        assert queue.stats()["ram_bytes"] <= 5_000 + 8192 + 20 * 100
+    assert queue.counters["bodies_paged_out"] > 900
+    assert queue.stats()["ram_bytes"] < 20 * 1_000
+    head = [queue.fetch_encoded() for _ in range(3)]
+    assert [f.payload for f in head] == sent[:3]
+    queue.requeue([head[1].seq_id])
+    queue.ack([head[0].seq_id, head[2].seq_id])
+    assert bodies(queue, ack=False) == [sent[1], *sent[3:]]
+    queue.sync()
+    queue.terminate()
+    node.crash()
+    assert bodies(node.open("orders"), ack=False) == []  # each served once, and settled
+
+
+def test_a_body_only_the_wal_holds_stays_in_ram_until_a_segment_has_it(tmp_path):
+    node = Node(tmp_path, max_bytes=8192, segment_entries=1000)
+    queue = node.open("orders", ram_body_bytes=10_000)
+    sent = [b"%04d" % n + b"." * 96 for n in range(150)]
+    for at in range(0, 150, 10):  # the WAL rolls over once: the oldest go to a segment
+        queue.publish_many(sent[at : at + 10])
+        queue.sync()
+        if queue.counters["bodies_paged_out"]:
+            sent = sent[: at + 10]  # read at once, before a rollover writes the rest
+            break
+    paged = queue.counters["bodies_paged_out"]
+    assert 0 < paged < len(sent) and queue.stats()["ram_bytes"] == (len(sent) - paged) * 100
+    assert bodies(queue, ack=False) == sent  # those left in RAM, and those in the segment
+    assert queue.counters["log_entries_lost"] == 0
+
+
+def test_bodies_left_in_the_log_survive_a_crash_and_are_all_served(tmp_path):
+    node = Node(tmp_path, max_bytes=8192, segment_entries=64)
+    queue = node.open("orders", ram_body_bytes=5_000)
+    sent = [b"%04d" % n + b"." * 96 for n in range(600)]
+    for at in range(0, 600, 20):
+        queue.publish_many(sent[at : at + 20])
+        queue.sync()
+    assert queue.counters["bodies_paged_out"] > 0
+    queue.abandon()
+    node.crash()
+    assert bodies(node.open("orders"), ack=False) == sent
+
+
+@pytest.mark.parametrize("first_read", [None, 1000])
+def test_a_flipped_byte_in_a_body_below_the_snapshot_loses_that_message_alone(
+    tmp_path, monkeypatch, first_read
+):
+    """Bodies are read back from the segment's start as far as needed (with
+    ``first_read``: from a small first piece, records cut at its end read again whole)."""
+    if first_read is not None:
+        monkeypatch.setattr(ra_log.SegmentRecords, "FIRST_READ_BYTES", first_read)
     node = Node(tmp_path, max_bytes=4096, segment_entries=1000)
     queue = node.open("orders", snapshot_interval=16)
     sent = [b"%04d" % n + b"." * 60 for n in range(600)]
