@@ -878,8 +878,8 @@ class QuorumQueue:
         }
 
     def set_ram_duration_target(self, seconds: float) -> None:
-        """Kept for the queue process's alarm handling: a quorum queue does not page its
-        bodies out whatever the target (docs/quorum-queues.md)."""
+        """Kept for the queue process's alarm handling: a quorum queue's bodies leave
+        RAM by ``ram_body_bytes`` alone, whatever the target (docs/quorum-queues.md)."""
 
     def update_rates(self) -> None:
         """A quorum queue keeps no ingress or egress rates."""

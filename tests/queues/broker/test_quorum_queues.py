@@ -282,6 +282,26 @@ def test_a_queue_restarted_alone_keeps_what_only_the_wal_held(node):
     assert [d.body for d in drain(node.connect(), "orders")] == [b"%d" % n for n in range(50)]
 
 
+def test_a_deep_queue_holds_its_bodies_in_its_log_not_in_ram_and_serves_them_in_order(node):
+    """100 MiB published: once the WAL's rollover (at 64 MiB) has written them to the
+    queue's segments, their bodies leave the queue's RAM; all are served, in order."""
+    node.declare_queue("deep", type="quorum")
+    connection = node.connect()
+    body = b"." * 1020
+    for batch in range(100):
+        connection.publish_many("deep", [b"%04d" % batch + body] * 1_000)
+    stats = connection.queue_stats("deep")
+    assert stats["depth"] == 100_000
+    assert stats["ram_bytes"] < 64 * 2**20, stats["ram_bytes"]  # 100 MiB were published
+    consumer = connection.consume("deep", prefetch=1_000)
+    for batch in range(100):
+        got = [consumer.get(timeout=60) for _ in range(1_000)]
+        assert {d.body for d in got} == {b"%04d" % batch + body}
+        got[-1].ack(multiple=True)
+    consumer.cancel()
+    assert connection.queue_stats("deep")["depth"] == 0
+
+
 def test_acks_no_one_waits_on_are_synced_soon_and_a_killed_wal_loses_none(node):
     node.declare_queue("orders", type="quorum")
     connection = node.connect()
