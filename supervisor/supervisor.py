@@ -536,13 +536,18 @@ class Supervisor:
                 self._start_child(child, note_busy=False)
             except SupervisorError as exc:
                 failures.append(exc)
+            except Exception as exc:  # a bad argument (InvalidSpec): the same clean-up
+                failures.append(
+                    SupervisorError(f"{self.id}: child {child.name} failed to start: {exc}")
+                )
+                failures[-1].__cause__ = exc
 
         bound_s = sum(_start_bound_s(child.spec) for child in children)
         self._busy = ("starting", f"{len(children)} children", time.monotonic(), bound_s)
         try:
             with ThreadPoolExecutor(together, thread_name_prefix=f"start {self.id}") as pool:
                 for done in [pool.submit(start, child) for child in children]:
-                    done.result()  # a bug's exception, raised here
+                    done.result()
         finally:
             self._busy = None
         if failures:

@@ -643,7 +643,7 @@ class QuorumQueue:
         if seen == self._paged_at:
             return
         self._paged_at = seen
-        last = ra_log.SegmentRecords(path).last_index()
+        last = ra_log.last_whole_index(path)
         in_segments = first - 1 if last is None else last  # the highest index they hold
         keep = self.ram_body_bytes // 2
         dropped = 0

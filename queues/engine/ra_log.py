@@ -58,7 +58,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import re
 import struct
@@ -527,12 +526,6 @@ class SegmentRecords:
             self._walk_on(index)
         return self._spans.get(index)
 
-    def last_index(self) -> int | None:
-        """The highest index the file holds (the whole file walked); None for none."""
-        while not self._ended:
-            self._walk_on(math.inf)
-        return self._last
-
     def _walk_on(self, wanted: float) -> None:
         for start, _, owner_end, body_end, index in _walk(
             memoryview(self._data), False, self._walked_to
@@ -552,8 +545,31 @@ class SegmentRecords:
         with open(path, "rb") as file:
             data = file.read(min(size, max(self.FIRST_READ_BYTES, 2 * len(self._data))))
         if len(data) <= len(self._data):
-            self._ended = True  # cut since it was opened
+            self._ended = True  # cut since it was opened: what was read stays as read
+            return
         self._data = data
+
+
+def last_whole_index(path: str) -> int | None:
+    """The index of the last whole record of a segment file whose indexes follow each
+    other from its first, found by the records' headers alone (read one by one: a
+    segment of large bodies is never read whole); None when it holds none."""
+    last = None
+    with open(path, "rb") as file:
+        size = os.fstat(file.fileno()).st_size
+        offset = 0
+        while offset + HEADER.size <= size:
+            header = os.pread(file.fileno(), HEADER.size, offset)
+            if len(header) < HEADER.size:
+                break
+            _, length, index, _, owner_length = HEADER.unpack(header)
+            body_end = offset + 8 + length
+            if length < HEADER.size - 8 + owner_length or body_end > size:
+                break
+            if last is not None and index != last + 1:
+                break
+            last, offset = index, body_end
+    return last
 
 
 def _checked_command(data: bytes, span: tuple[int, int, int]) -> bytes | None:

@@ -379,6 +379,20 @@ def test_a_child_that_cannot_start_beside_others_fails_the_start_and_leaves_none
     assert actor_node.actors() == []
 
 
+def test_a_child_whose_name_is_taken_fails_a_start_beside_others_and_leaves_none(actor_node):
+    """A bad argument (here a name another actor holds) is no crash of the start: the
+    children started beside it are stopped, and the rest never start."""
+    holder = actor_node.spawn(Worker, name="taken")
+    spec = SupervisorSpec(
+        "queues",
+        SupervisorFlags("one_for_one", start_together=2),
+        children=tuple(ChildSpec(name, Worker) for name in ("fine", "taken", "a", "b", "c")),
+    )
+    with pytest.raises(SupervisorError, match="taken failed to start"):
+        Supervisor(actor_node, spec).start()
+    assert actor_node.actors() == [holder]
+
+
 def test_a_child_stopped_by_a_signal_is_killed_when_its_supervisor_stops_it(actor_node):
     # A queue SIGSTOPped just before a store crash makes the node restart its queues: the
     # queue's supervisor stops it, and a stopped process acts on no stop request. It must
