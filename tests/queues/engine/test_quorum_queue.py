@@ -315,7 +315,7 @@ def test_a_deep_queue_keeps_its_bodies_in_the_log_not_in_ram_and_serves_each_onc
     stays until the WAL's rollover wrote it to a segment. Each is read back when it is
     needed, once, in order, and a requeued one too."""
     node = Node(tmp_path, max_bytes=8192, segment_entries=64)
-    queue = node.open("orders", ram_body_bytes=5_000)
+    queue = node.open("orders", ram_body_bytes=5_000, page_out_look_s=0)
     sent = [b"%04d" % n + b"." * 96 for n in range(1_000)]
     for at in range(0, 1_000, 20):
         queue.publish_many(sent[at : at + 20])
@@ -337,7 +337,7 @@ def test_a_deep_queue_keeps_its_bodies_in_the_log_not_in_ram_and_serves_each_onc
 
 def test_a_body_only_the_wal_holds_stays_in_ram_until_a_segment_has_it(tmp_path):
     node = Node(tmp_path, max_bytes=8192, segment_entries=1000)
-    queue = node.open("orders", ram_body_bytes=10_000)
+    queue = node.open("orders", ram_body_bytes=10_000, page_out_look_s=0)
     sent = [b"%04d" % n + b"." * 96 for n in range(150)]
     for at in range(0, 150, 10):  # the WAL rolls over once: the oldest go to a segment
         queue.publish_many(sent[at : at + 10])
@@ -353,7 +353,7 @@ def test_a_body_only_the_wal_holds_stays_in_ram_until_a_segment_has_it(tmp_path)
 
 def test_bodies_left_in_the_log_survive_a_crash_and_are_all_served(tmp_path):
     node = Node(tmp_path, max_bytes=8192, segment_entries=64)
-    queue = node.open("orders", ram_body_bytes=5_000)
+    queue = node.open("orders", ram_body_bytes=5_000, page_out_look_s=0)
     sent = [b"%04d" % n + b"." * 96 for n in range(600)]
     for at in range(0, 600, 20):
         queue.publish_many(sent[at : at + 20])
