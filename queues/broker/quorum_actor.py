@@ -57,6 +57,7 @@ from .wal_actor import WAL_NAME, WalAppend, WalEntries, WalForget, WalWrite
 
 log = logging.getLogger("warren.queues")
 
+PAGE_OUT_LOOK_S = 0.1  # a queue past its RAM limit looks at its segments this often
 WAL_TIMEOUT_S = 60.0  # how long an append waits for the WAL's group commit (a slow disk)
 
 
@@ -81,6 +82,7 @@ class QuorumQueueActor(QueueActor):
     _retry_armed = False
     _wal_socket: zmq.Socket | None = None
     _watching_wal = False
+    _paging_out = False  # a page_out is due on a timer
 
     def _open_engine(self) -> Engine:
         (wal,) = self.monitor_named([WAL_NAME])
@@ -169,6 +171,23 @@ class QuorumQueueActor(QueueActor):
                 exc,
             )
             self._stop_without_a_clean_close()
+            return
+        if not self._paging_out and self._quorum.over_ram_limit():
+            self._paging_out = True
+            self.call_later(PAGE_OUT_LOOK_S, self._page_out)
+
+    def _page_out(self) -> None:
+        """While its bodies in RAM are past the limit, every ``PAGE_OUT_LOOK_S``: those a
+        segment holds leave RAM (also when nothing is published meanwhile: the WAL's
+        rollover, which another queue's writes may bring, puts more in the segments)."""
+        self._paging_out = False
+        if self._deleted or self._no_clean_stop:
+            return
+        queue = self._quorum
+        queue.page_out()
+        if queue.over_ram_limit():
+            self._paging_out = True
+            self.call_later(PAGE_OUT_LOOK_S, self._page_out)
 
     # ------------------------------------------------------------------ delivery limit
 

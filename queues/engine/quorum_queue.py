@@ -31,7 +31,8 @@ them too. ``last_written`` is the last index known durable.
 
 Bodies. A message published since the queue started keeps its body in RAM until it is
 settled, or until the queue holds more than ``ram_body_bytes`` of bodies: then those
-its segment files hold already are dropped from RAM (``_page_out``), the newest first
+its segment files hold already are dropped from RAM (``page_out``, which the queue's
+process calls while ``over_ram_limit``), the newest first
 and down to half the limit, stopping at the first one dropped before (the oldest, which
 a consumer takes next, stay); a body only the WAL holds stays until the WAL's rollover
 has written it to a segment. One a start took from its snapshot has its body in the log
@@ -125,7 +126,6 @@ INDEXES = "Q"
 OUT, MAYBE_DELIVERED = 1, 2  # a live message's flags in a snapshot
 BODY_BATCH = 256  # the most bodies one read from the log takes
 RAM_BODY_BYTES = 32 * 2**20  # past this many bytes of bodies in RAM, those in segments go
-PAGE_OUT_LOOK_S = 0.1  # how often, at most, a queue past it looks at its segments
 
 
 class Written(Protocol):
@@ -263,10 +263,9 @@ class QuorumQueue:
         max_entries: int = MAX_ENTRIES,
         max_message_bytes: int = MAX_MESSAGE_BYTES,
         ram_body_bytes: int = RAM_BODY_BYTES,
-        page_out_look_s: float = PAGE_OUT_LOOK_S,
     ) -> None:
         self.directory = directory
-        self.ram_body_bytes, self.page_out_look_s = ram_body_bytes, page_out_look_s
+        self.ram_body_bytes = ram_body_bytes
         self._append = append
         self.term = term  # raised at recovery to the highest the log holds
         self.delivery_limit = delivery_limit
@@ -283,8 +282,7 @@ class QuorumQueue:
         # the segment bodies are being read from (``_read_bodies``), kept while a
         # consumer reads on through it
         self._segment: ra_log.SegmentRecords | None = None
-        self._paged_at: tuple[str, int] | None = None  # the newest segment _page_out saw
-        self._next_page_out_look = 0.0  # monotonic: a look lists the log's directory
+        self._paged_at: tuple[str, int] | None = None  # the newest segment page_out saw
         self._unsent: list[bytes] = []  # the records (in parts) not handed to the WAL
         # deliveries and settles made since the last entry: logged as one D entry and one
         # S entry before the next other entry or sync (a message delivered and settled in
@@ -626,18 +624,19 @@ class QuorumQueue:
             and self._snapshot_due(self.last_written)
         ):
             self.snapshot()
-        if self._ram_bytes > self.ram_body_bytes and time.monotonic() >= self._next_page_out_look:
-            self._next_page_out_look = time.monotonic() + self.page_out_look_s
-            self._page_out()
         return confirmed
 
-    def _page_out(self) -> None:
+    def over_ram_limit(self) -> bool:
+        """Whether the bodies in RAM are past ``ram_body_bytes`` (``page_out`` is due)."""
+        return self._ram_bytes > self.ram_body_bytes
+
+    def page_out(self) -> None:
         """Drop from RAM the bodies the segments hold, the newest first, until half of
         ``ram_body_bytes`` is left or a body dropped before is met (module docstring).
-        A sync looks at most every ``PAGE_OUT_LOOK_S`` (a look lists the log's directory:
-        once a sync it cost a deep queue's process an eighth of its time), and the newest
-        segment is walked only when it has changed since the last look: until the WAL
-        writes more to the segments, nothing more can go."""
+        The queue's process calls it on a timer (a look lists the log's directory: at
+        every sync that cost a deep queue's process an eighth of its time), and the
+        newest segment is walked only when it has changed since the last look: until
+        the WAL writes more to the segments, nothing more can go."""
         files = ra_log.segment_files(self.directory)
         if not files:
             return

@@ -309,17 +309,24 @@ def test_a_start_from_a_snapshot_reads_each_body_from_the_log_only_when_it_is_ne
     assert [first.payload] + bodies(again, ack=False) == sent
 
 
+def sync_and_page_out(queue):
+    """A sync, then a page-out if one is due, as the queue's process does (on a timer)."""
+    queue.sync()
+    if queue.over_ram_limit():
+        queue.page_out()
+
+
 def test_a_deep_queue_keeps_its_bodies_in_the_log_not_in_ram_and_serves_each_once(tmp_path):
     """Past ``ram_body_bytes`` of bodies, those the segments hold leave RAM, the newest
     first: the oldest, which a consumer takes next, stay; a body only the WAL holds
     stays until the WAL's rollover wrote it to a segment. Each is read back when it is
     needed, once, in order, and a requeued one too."""
     node = Node(tmp_path, max_bytes=8192, segment_entries=64)
-    queue = node.open("orders", ram_body_bytes=5_000, page_out_look_s=0)
+    queue = node.open("orders", ram_body_bytes=5_000)
     sent = [b"%04d" % n + b"." * 96 for n in range(1_000)]
     for at in range(0, 1_000, 20):
         queue.publish_many(sent[at : at + 20])
-        queue.sync()
+        sync_and_page_out(queue)
         # never above the limit by more than what the WAL alone holds (8 KiB a file)
         assert queue.stats()["ram_bytes"] <= 5_000 + 8192 + 20 * 100
     assert queue.counters["bodies_paged_out"] > 900
@@ -337,11 +344,11 @@ def test_a_deep_queue_keeps_its_bodies_in_the_log_not_in_ram_and_serves_each_onc
 
 def test_a_body_only_the_wal_holds_stays_in_ram_until_a_segment_has_it(tmp_path):
     node = Node(tmp_path, max_bytes=8192, segment_entries=1000)
-    queue = node.open("orders", ram_body_bytes=10_000, page_out_look_s=0)
+    queue = node.open("orders", ram_body_bytes=10_000)
     sent = [b"%04d" % n + b"." * 96 for n in range(150)]
     for at in range(0, 150, 10):  # the WAL rolls over once: the oldest go to a segment
         queue.publish_many(sent[at : at + 10])
-        queue.sync()
+        sync_and_page_out(queue)
         if queue.counters["bodies_paged_out"]:
             sent = sent[: at + 10]  # read at once, before a rollover writes the rest
             break
@@ -353,11 +360,11 @@ def test_a_body_only_the_wal_holds_stays_in_ram_until_a_segment_has_it(tmp_path)
 
 def test_bodies_left_in_the_log_survive_a_crash_and_are_all_served(tmp_path):
     node = Node(tmp_path, max_bytes=8192, segment_entries=64)
-    queue = node.open("orders", ram_body_bytes=5_000, page_out_look_s=0)
+    queue = node.open("orders", ram_body_bytes=5_000)
     sent = [b"%04d" % n + b"." * 96 for n in range(600)]
     for at in range(0, 600, 20):
         queue.publish_many(sent[at : at + 20])
-        queue.sync()
+        sync_and_page_out(queue)
     assert queue.counters["bodies_paged_out"] > 0
     queue.abandon()
     node.crash()
