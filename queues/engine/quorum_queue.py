@@ -643,12 +643,12 @@ class QuorumQueue:
         first, path = files[-1]
         try:
             seen = (path, os.path.getsize(path))
+            if seen == self._paged_at:
+                return
+            last = ra_log.last_whole_index(path)
         except FileNotFoundError:
-            return  # deleted since the listing: the next sync looks again
-        if seen == self._paged_at:
-            return
+            return  # deleted since the listing: the next look finds the files as they are
         self._paged_at = seen
-        last = ra_log.last_whole_index(path)
         in_segments = first - 1 if last is None else last  # the highest index they hold
         keep = self.ram_body_bytes // 2
         dropped = 0
