@@ -316,19 +316,29 @@ def sync_and_page_out(queue):
         queue.page_out()
 
 
+def publish_deep(tmp_path, count):
+    """A queue allowed 5,000 B of bodies in RAM, on WAL files of 8 KiB and segments of
+    64 entries, given ``count`` bodies of 100 B in batches of 20: the node, the queue,
+    the bodies, and the most RAM its bodies took after a batch."""
+    node = Node(tmp_path, max_bytes=8192, segment_entries=64)
+    queue = node.open("orders", ram_body_bytes=5_000)
+    sent = [b"%04d" % n + b"." * 96 for n in range(count)]
+    most = 0
+    for at in range(0, count, 20):
+        queue.publish_many(sent[at : at + 20])
+        sync_and_page_out(queue)
+        most = max(most, queue.stats()["ram_bytes"])
+    return node, queue, sent, most
+
+
 def test_a_deep_queue_keeps_its_bodies_in_the_log_not_in_ram_and_serves_each_once(tmp_path):
     """Past ``ram_body_bytes`` of bodies, those the segments hold leave RAM, the newest
     first: the oldest, which a consumer takes next, stay; a body only the WAL holds
     stays until the WAL's rollover wrote it to a segment. Each is read back when it is
     needed, once, in order, and a requeued one too."""
-    node = Node(tmp_path, max_bytes=8192, segment_entries=64)
-    queue = node.open("orders", ram_body_bytes=5_000)
-    sent = [b"%04d" % n + b"." * 96 for n in range(1_000)]
-    for at in range(0, 1_000, 20):
-        queue.publish_many(sent[at : at + 20])
-        sync_and_page_out(queue)
-        # never above the limit by more than what the WAL alone holds (8 KiB a file)
-        assert queue.stats()["ram_bytes"] <= 5_000 + 8192 + 20 * 100
+    node, queue, sent, most = publish_deep(tmp_path, 1_000)
+    # never above the limit by more than what the WAL alone holds (8 KiB a file)
+    assert most <= 5_000 + 8192 + 20 * 100
     assert queue.counters["bodies_paged_out"] > 900
     assert queue.stats()["ram_bytes"] < 20 * 1_000
     head = [queue.fetch_encoded() for _ in range(3)]
@@ -359,12 +369,7 @@ def test_a_body_only_the_wal_holds_stays_in_ram_until_a_segment_has_it(tmp_path)
 
 
 def test_bodies_left_in_the_log_survive_a_crash_and_are_all_served(tmp_path):
-    node = Node(tmp_path, max_bytes=8192, segment_entries=64)
-    queue = node.open("orders", ram_body_bytes=5_000)
-    sent = [b"%04d" % n + b"." * 96 for n in range(600)]
-    for at in range(0, 600, 20):
-        queue.publish_many(sent[at : at + 20])
-        sync_and_page_out(queue)
+    node, queue, sent, _ = publish_deep(tmp_path, 600)
     assert queue.counters["bodies_paged_out"] > 0
     queue.abandon()
     node.crash()
