@@ -499,13 +499,12 @@ class QuorumQueue:
         at = index
         while taken < BODY_BATCH and records.span(at) is not None:
             message = self._messages.get(at)
+            if message is not None and message.payload is None:
+                taken += 1
+                command = records.command(at)
+                if command is not None and command[:1] == b"E":
+                    self._give_body(message, command)
             at += 1
-            if message is None or message.payload is not None:
-                continue
-            taken += 1
-            command = records.command(at - 1)
-            if command is not None and command[:1] == b"E":
-                self._give_body(message, command)
         if records.span(at) is None:
             self._segment = None  # read to its end: the next body is in another file
 
