@@ -210,10 +210,15 @@ class Settle:
 @message
 @dataclass(frozen=True)
 class Subscribe:
+    """A consumer of connection ``consumer`` starts (``active``, asked: the answer is
+    True when the queue has a single active consumer, whose turns go by ``serial``, the
+    number the connection gave that consumer) or stops (told)."""
+
     consumer: bytes
     pid: int
     active: bool
     prefetch: NonNegative = 0
+    serial: NonNegative = 0
 
 
 @message

@@ -746,7 +746,9 @@ class QueueActor(ProcessActor):
         if self._subscribers.pop(message.consumer, 0):
             self._maybe_auto_delete()
 
-    def _subscribe(self, message: Subscribe) -> None:
+    def _subscribe(self, message: Subscribe) -> bool:
+        """Count the consumer in (or out); whether turns go by consumer (a quorum queue's
+        single active consumer: ``QuorumQueueActor``)."""
         self._used_at = time.monotonic()
         if not message.active:  # answered, so that the consumer's cancel waits for none
             self._unpark(lambda entry: entry.fetch.consumer == message.consumer)
@@ -762,6 +764,7 @@ class QueueActor(ProcessActor):
             self._prefetch.pop(message.consumer, None)
             if self._subscribers.pop(message.consumer, None) is not None:
                 self._maybe_auto_delete()
+        return False
 
     def _maybe_auto_delete(self) -> None:
         """An auto-delete queue whose last consumer stopped deletes itself."""

@@ -23,11 +23,15 @@ It takes the messages a classic queue takes, with the same answers; what differs
   exchange). Those the dead-letter exchange cannot take now stay out of the queue and are
   tried again every ``EXPIRY_CHECK_S``. Both dead-letter strategies keep a message here
   until the exchange's queues confirmed it (``at-most-once`` promises less than that).
-- Single active consumer: with ``single_active_consumer``, only the connection that
-  subscribed first among those consuming now gets deliveries (a ``Fetch`` of another
-  subscriber finds nothing, or is parked); when it stops or its process ends, the next
-  in the order they subscribed takes over, its parked fetches served at once. A
-  connection that only gets (``basic.get``, no subscription) is served as ever.
+- Single active consumer: with ``single_active_consumer``, turns go by consumer, in the
+  order they subscribed (each ``Subscribe`` names its connection and the connection's
+  number for that consumer, ``serial``); only the connection of the first consumer
+  consuming now gets deliveries (a ``Fetch`` of another subscriber finds nothing, or is
+  parked), and the connection hands them to that consumer alone
+  (``warren.queues.client.consuming``). When it stops, or its connection's process ends,
+  the next consumer in order takes over (another connection's, or the same one's), its
+  parked fetches served at once. A connection that only gets (``basic.get``, no
+  subscription) is served as ever.
 - Deleting: the WAL drops the queue's entries and writes a tombstone, fdatasync'd
   (``WalForget``), before its directory goes: a queue declared again under the name
   never reads the old one's entries.
@@ -83,6 +87,9 @@ class QuorumQueueActor(QueueActor):
     _wal_socket: zmq.Socket | None = None
     _watching_wal = False
     _paging_out = False  # a page_out is due on a timer
+    # the consumers of a single-active-consumer queue, (connection, serial), in the order
+    # they subscribed: the first one's connection is served
+    _turns: list[tuple[bytes, int]]
 
     def _open_engine(self) -> Engine:
         (wal,) = self.monitor_named([WAL_NAME])
@@ -125,6 +132,7 @@ class QuorumQueueActor(QueueActor):
         return queue
 
     def on_start(self) -> None:
+        self._turns = []
         super().on_start()
         if not self._deleted:
             self._returned()  # what it recovered past the limit
@@ -227,7 +235,7 @@ class QuorumQueueActor(QueueActor):
     # ------------------------------------------------------------------ single active consumer
 
     def _active_consumer(self) -> bytes | None:
-        return next(iter(self._subscribers), None)
+        return self._turns[0][0] if self._turns else None
 
     def _take(self, message: Fetch) -> list[Any]:
         if (
@@ -257,17 +265,30 @@ class QuorumQueueActor(QueueActor):
         finally:
             self._parked.extend(kept)
 
-    def _subscribe(self, message: Subscribe) -> None:
+    def _subscribe(self, message: Subscribe) -> bool:
         active = self._active_consumer()
         super()._subscribe(message)
+        turn = (message.consumer, message.serial)
+        if message.active:
+            self._turns.append(turn)
+        elif turn in self._turns:
+            self._turns.remove(turn)
+        self._forget_turns()
         if self._active_consumer() != active:
             self._serve_parked()  # the next in line takes over
+        return self.definition.single_active_consumer
 
     def _release(self, message: Release) -> None:
         active = self._active_consumer()
         super()._release(message)
+        self._forget_turns()
         if self._active_consumer() != active:
             self._serve_parked()
+
+    def _forget_turns(self) -> None:
+        """Drop the turns of connections that consume no more (released, or every one of
+        their consumers stopped)."""
+        self._turns = [turn for turn in self._turns if turn[0] in self._subscribers]
 
     # ------------------------------------------------------------------ deleting
 

@@ -132,8 +132,9 @@ class ConsumingCalls(ConnectionCore):
                 f"queue {queue!r} is a classic queue: offset, name and "
                 f"{', '.join(stream_options) or 'the store options'} are for streams"
             )
-        self._subscribe(queue, True, prefetch)
         consumer = Consumer(self, queue, prefetch, inactivity_timeout)
+        if self._subscribe(queue, True, prefetch, consumer.serial):
+            self._turns.setdefault(queue, []).append(consumer)
         self._consumers.add(consumer)
         return consumer
 
@@ -224,16 +225,18 @@ class ConsumingCalls(ConnectionCore):
             self._forget(queue)
 
     @exclusive
-    def _subscribe(self, queue: str, active: bool, prefetch: int = 0) -> None:
-        """A consumer starts (asked: once this returns the queue counts it, whichever
-        way the next call goes, as AMQP's consume-ok; a passive declare goes through the
-        node, not the queue's path) or stops (told)."""
-        subscribe = Subscribe(self.consumer_id, self._pid, active, prefetch)
-        if active:
-            self._ask(queue, subscribe)
-            self._subscribed.add(queue)
-        else:
+    def _subscribe(self, queue: str, active: bool, prefetch: int = 0, serial: int = 0) -> bool:
+        """Consumer number ``serial`` starts (asked: once this returns the queue counts
+        it, whichever way the next call goes, as AMQP's consume-ok; a passive declare
+        goes through the node, not the queue's path) or stops (told). True when the
+        queue takes turns by consumer (a single active consumer)."""
+        subscribe = Subscribe(self.consumer_id, self._pid, active, prefetch, serial)
+        if not active:
             self._ref(queue).tell(subscribe, timeout=self.call_timeout_s)
+            return False
+        by_consumer = bool(self._ask(queue, subscribe))
+        self._subscribed.add(queue)
+        return by_consumer
 
     @exclusive
     def _fetch(self, queue: str, count: int, ack: bool) -> list[Delivery]:

@@ -27,6 +27,7 @@ them together with the declarations.
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 import os
 import threading
@@ -160,6 +161,10 @@ class ConnectionCore:
         self._auto_producers = AutoProducers()
         # the consumers to start again after a recovery (a cancelled one leaves itself)
         self._consumers: weakref.WeakSet[Consumer | StreamConsumer] = weakref.WeakSet()
+        # This connection's consumers of each single-active-consumer queue, in the order
+        # they started: when the queue serves this connection, only the first fetches.
+        self._turns: dict[str, list[Consumer]] = {}
+        self._consumer_serials = itertools.count(1)  # each consumer's number for its queue
         self.session = 0  # its sessions with a node: one more at each recovery
         self.max_in_flight = max_in_flight
         self.max_in_flight_bytes = max_in_flight_bytes
@@ -441,6 +446,16 @@ class ConnectionCore:
 
     def _consumer_done(self, consumer: Consumer | StreamConsumer) -> None:
         self._consumers.discard(consumer)
+        if isinstance(consumer, Consumer) and consumer in self._turns.get(consumer.queue, ()):
+            self._turns[consumer.queue].remove(consumer)
+            if not self._turns[consumer.queue]:
+                del self._turns[consumer.queue]
+
+    def _has_turn(self, consumer: Consumer) -> bool:
+        """Whether ``consumer`` may fetch: its queue has no single active consumer, or
+        it is the first of this connection's consumers of the queue."""
+        turns = self._turns.get(consumer.queue)
+        return not turns or turns[0] is consumer
 
     def interrupt(self) -> None:
         """End a publish that waits for the node's resource alarm to clear, now or later,

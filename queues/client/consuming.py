@@ -112,6 +112,7 @@ class Consumer:
         self._ahead: tuple[QueueRef, Any] | None = None  # the fetch sent ahead, unanswered
         self._ahead_due = math.inf  # when a long poll's answer is late (see LATE_ANSWER_S)
         self._closed = False
+        self.serial = next(connection._consumer_serials)  # its number, for its queue
         self.set_prefetch(prefetch)
 
     def set_prefetch(self, prefetch: int) -> None:
@@ -214,7 +215,10 @@ class Consumer:
 
     def _fetch_ahead(self, deadline: float | None, wait_ms: int | None) -> None:
         """Send the next fetch, when half the prefetch is free or nothing is at hand (see
-        ``_next_within``)."""
+        ``_next_within``). Nothing while another consumer of this connection has the
+        turn of a single-active-consumer queue: it waits as for room."""
+        if not self.connection._has_turn(self):
+            return
         room = self.prefetch - self.connection.held(self.queue)
         if room >= self._fetch_at or (room > 0 and not self._ready):
             now = time.monotonic()
@@ -234,7 +238,7 @@ class Consumer:
         self._ready.clear()
         self._ahead = None
         try:
-            self.connection._subscribe(self.queue, True, self.prefetch)
+            self.connection._subscribe(self.queue, True, self.prefetch, self.serial)
         except NotFound as exc:
             if isinstance(exc, QueueRestarting):
                 raise  # the node is still starting it: the recovery tries again
@@ -248,7 +252,7 @@ class Consumer:
             return
         self._closed = True
         self.connection._consumer_done(self)
-        self.connection._subscribe(self.queue, False)
+        self.connection._subscribe(self.queue, False, serial=self.serial)
         if self._ahead is not None:
             asked, self._ahead = self._ahead, None
             try:

@@ -4,6 +4,7 @@ consumer built on it hears of a publish without asking again and again, and lose
 nothing when it is cancelled or its queue is killed while it waits."""
 
 import contextlib
+import itertools
 import os
 import signal
 import threading
@@ -196,9 +197,13 @@ class RestartingQueue:
     def __init__(self):
         self.restarting = 2
         self.delivery = types.SimpleNamespace(delivery_tag=1, body=b"after the restart")
+        self._consumer_serials = itertools.count(1)
 
     def held(self, queue):
         return 0
+
+    def _has_turn(self, consumer):
+        return True
 
     def _fetch_async(self, queue, room, poll_ms):
         if self.restarting:

@@ -162,6 +162,81 @@ def test_with_a_single_active_consumer_the_next_takes_over_when_the_first_goes(n
     second.close()
 
 
+def test_a_single_active_consumers_turns_go_by_consumer_not_by_connection(node):
+    """RabbitMQ's order: two consumers of one connection are two places in line, and
+    another connection's consumer that came between them takes over before the second."""
+    node.declare_queue("jobs", type="quorum", single_active_consumer=True)
+    one, other = node.connect(), node.connect()
+    first = one.consume("jobs", prefetch=10)
+    second = other.consume("jobs", prefetch=10)
+    third = one.consume("jobs", prefetch=10)
+    one.publish("jobs", b"1")
+    assert third.get(timeout=0.5) is None  # its connection's turn, but not its own
+    taken = first.get(timeout=30)
+    assert taken.body == b"1"
+    taken.ack()
+    first.cancel()
+    one.publish("jobs", b"2")
+    taken = second.get(timeout=30)
+    assert taken.body == b"2"
+    taken.ack()
+    second.cancel()
+    one.publish("jobs", b"3")
+    taken = third.get(timeout=30)
+    assert taken.body == b"3" and not taken.redelivered
+    taken.ack()
+    one.close()
+    other.close()
+
+
+def test_pika_consumers_of_one_connection_take_turns_with_another_connections(tmp_path):
+    with Node(tmp_path / "data", amqp="127.0.0.1:0") as node:
+        host, port = node.amqp_endpoint.rsplit(":", 1)
+        parameters = pika.ConnectionParameters(host, int(port))
+        clients = [pika.BlockingConnection(parameters) for _ in range(2)]
+        got: dict[str, list[bytes]] = {"first": [], "second": [], "third": []}
+
+        def consumer(client, tag):
+            channel = client.channel()
+
+            def take(ch, method, properties, body):
+                got[tag].append(body)
+                ch.basic_ack(method.delivery_tag)
+
+            channel.basic_consume("jobs", take, consumer_tag=tag)
+            return channel
+
+        def pump_until(condition):
+            def pumped():
+                for client in clients:
+                    if client.is_open:
+                        client.process_data_events(time_limit=0.05)
+                return condition()
+
+            wait_for(pumped, timeout=30)
+
+        publisher = clients[0].channel()
+        publisher.confirm_delivery()
+        arguments = {"x-queue-type": "quorum", "x-single-active-consumer": True}
+        publisher.queue_declare("jobs", durable=True, arguments=arguments)
+        first = consumer(clients[0], "first")
+        consumer(clients[1], "second")
+        consumer(clients[0], "third")
+        for n in (1, 2):
+            publisher.basic_publish("", "jobs", b"%d" % n, pika.BasicProperties(delivery_mode=2))
+        pump_until(lambda: sum(map(len, got.values())) == 2)
+        assert got == {"first": [b"1", b"2"], "second": [], "third": []}
+        first.basic_cancel("first")
+        publisher.basic_publish("", "jobs", b"3", pika.BasicProperties(delivery_mode=2))
+        pump_until(lambda: sum(map(len, got.values())) == 3)
+        assert got["second"] == [b"3"]  # the next consumer, on the other connection
+        clients[1].close()
+        publisher.basic_publish("", "jobs", b"4", pika.BasicProperties(delivery_mode=2))
+        pump_until(lambda: sum(map(len, got.values())) == 4)
+        assert got["third"] == [b"4"]
+        clients[0].close()
+
+
 @pytest.mark.parametrize(
     "arguments",
     [
