@@ -60,7 +60,9 @@ Races and bad input, each with its answer:
   answer naming the type and what was wrong; a tell is dropped (from a batch, it alone).
   Nothing a peer sends raises out of here.
 - A message stamped with another incarnation (a pinned ref to a predecessor) is dropped
-  and counted (``dropped_stale``).
+  and counted (``dropped_stale``); an ask is answered ``NotDelivered`` at once, so the
+  asker knows nothing of it was applied (rather than waiting to find the incarnation
+  gone, the request in doubt).
 - A reply to a caller that has gone is refused by ROUTER_MANDATORY (EHOSTUNREACH) or
   finds its pipe full (EAGAIN): counted as ``unroutable`` and logged, never blocking (a
   caller gone is an everyday event, a client that ended or a process restarted with a
@@ -124,7 +126,14 @@ from ._node_client import NodeClient
 from ._runtime import runtime
 from .actor import ProcessActor
 from .codec import Decoder, Encoder, UnknownMessage, find_unknown
-from .errors import ActorDeadError, ActorError, CodecError, FrameTooLarge, UnhandledMessage
+from .errors import (
+    ActorDeadError,
+    ActorError,
+    CodecError,
+    FrameTooLarge,
+    NotDelivered,
+    UnhandledMessage,
+)
 from .exitcodes import (
     EXIT_CRASHED,
     EXIT_LINKED,
@@ -568,6 +577,8 @@ class ActorLoop:
                 continue
             if stamp and stamp != incarnation:
                 self.counters["dropped_stale"] += 1
+                if kind == ask and type(request_id) is int:
+                    self._refuse_stale(identity, request_id, stamp)
                 continue
             if self._decoder.saw_unknown:
                 body = self._drop_unknown(identity, kind, request_id, body)
@@ -680,6 +691,15 @@ class ActorLoop:
             self.unhandled(tells, exc)
         except Exception:
             self._crash()
+
+    def _refuse_stale(self, identity: bytes, request_id: int, stamp: int) -> None:
+        """Answer an ask a pinned ref sent to an incarnation before this one:
+        ``NotDelivered`` (nothing of it was taken; the asker may send it here again)."""
+        gone = NotDelivered(
+            f"{self._order.name}: incarnation {stamp} is gone and never had this request; "
+            f"incarnation {self._order.incarnation} took nothing of it"
+        )
+        self.reply(identity, wire.REPLY_ERROR, request_id, _describe(gone))
 
     def _answer(self, identity: bytes, request_id: int, message: Any) -> None:
         self.counters["asks"] += 1

@@ -45,7 +45,14 @@ import zmq.backend
 from . import messages as _registers_replies  # noqa: F401
 from . import wire
 from .codec import Decoder, Encoder
-from .errors import ActorDeadError, AskTimeout, FrameTooLarge, MailboxFull, remote_error
+from .errors import (
+    ActorDeadError,
+    AskTimeout,
+    FrameTooLarge,
+    MailboxFull,
+    NotDelivered,
+    remote_error,
+)
 
 if TYPE_CHECKING:
     from .ref import ActorRef
@@ -219,6 +226,8 @@ class Channel:
                 if kind == wire.REPLY_OK:
                     return value
                 type_name, text, remote_tb = value
+                if type_name == NotDelivered.__name__:  # the runtime's refusal, not the actor's
+                    raise NotDelivered(str(text))
                 raise remote_error(str(type_name), str(text), str(remote_tb))
             if target is not None and runtime.known_down(target):
                 with self.lock:

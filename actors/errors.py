@@ -29,6 +29,12 @@ class ActorDeadError(ActorError):
     """The target actor is known to have stopped (or stopped before it could answer)."""
 
 
+class NotDelivered(ActorDeadError):
+    """An ask sent through a pinned ref reached a newer incarnation of its actor, which
+    took nothing of it: the incarnation it named is gone and never had it, so the same
+    request sent again (to the newer one) is applied once."""
+
+
 class AskTimeout(ActorError, TimeoutError):
     """No reply arrived before the ask's deadline."""
 
@@ -106,6 +112,7 @@ _MIRRORED_OWN: dict[str, type[ActorError]] = {
         CodecError,
         MailboxFull,
         FrameTooLarge,
+        NotDelivered,
         SpawnError,
         UnhandledMessage,
     )

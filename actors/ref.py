@@ -9,7 +9,8 @@ Addressing an incarnation. By default a ref reaches whichever incarnation of the
 lives at its address: a supervisor that restarts an actor at the same address makes old
 refs work again (the DEALERs reconnect by themselves and the new process binds the same
 endpoints). ``ref.pin()`` returns a ref that names exactly this incarnation: the actor drops
-(and counts) what a pinned ref sends once a newer incarnation has taken the address, and
+(and counts) what a pinned ref sends once a newer incarnation has taken the address (an ask
+is answered ``NotDelivered``, an ``ActorDeadError`` saying that nothing of it was taken), and
 callers that know of the death get ``ActorDeadError`` at once. Store clients use pinned
 refs so that no request ever reaches a restarted store that recovered without them.
 

@@ -501,7 +501,7 @@ class PublishingCalls(ConnectionCore):
         connection's own producer of its queues (``AutoProducers``)."""
         while True:
             try:
-                publish.answers(timeout, self._queue_died)
+                publish.answers(timeout, self)
                 break
             except NODE_ERRORS as exc:
                 if not self._lost(exc):

@@ -22,10 +22,10 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from warren.actors import ActorDeadError, ActorError, RemoteError
+from warren.actors import ActorDeadError, ActorError, NotDelivered, RemoteError
 
 from ..errors import InvalidArgument, Nacked, QueueError, local_error
 from ..message import Message
@@ -60,6 +60,8 @@ __all__ = [
 log = logging.getLogger("warren.queues")
 
 PUBLISH_BATCH = 500  # messages per Publish from publish_many, to a queue
+# How many times a publish goes again to a queue's newer incarnation that never had it
+NOT_DELIVERED_RESENDS = 3
 # and to streams only: a Publish is one chunk of the stream, so a batch is kept whole up
 # to a quarter of the connection's window (four share it) and a chunk's limit
 STREAM_WINDOW_SHARE = 4
@@ -130,6 +132,7 @@ class OutgoingPublish:
     __slots__ = (
         "_answers",
         "_failed",
+        "_message",
         "_sent",
         "awaited",
         "bytes",
@@ -165,6 +168,7 @@ class OutgoingPublish:
         self.bytes = 0
         self.started = time.monotonic()
         self._sent: list[tuple[str, QueueRef, Any]] = []  # (queue, ref, future) per queue
+        self._message: Publish | None = None  # the frame sent, for a queue that must have it again
         self._failed: list[tuple[str, int | Nacked]] = []  # the queues it could not reach
         self._answers: list[tuple[str, int | Nacked]] | None = None  # per queue, once known
         self.lost: NodeLost | None = None  # the node went away while it was being sent
@@ -205,6 +209,7 @@ class OutgoingPublish:
             self.sequence,
             self.awaited,
         )
+        self._message = publish
         timeout = connection.call_timeout_s
         failed: list[tuple[str, int | Nacked]] = []
         for queue, channel in zip(self.queues, self.channels, strict=True):
@@ -242,12 +247,14 @@ class OutgoingPublish:
         self.send(connection)
 
     def answers(
-        self, timeout: float | None, on_restart: Callable[[str], NodeLost | None]
+        self, timeout: float | None, connection: ConnectionCore
     ) -> list[tuple[str, int | Nacked]]:
-        """Per queue, how many of the messages it took, or why it took none.
-        ``on_restart(queue)`` is told of a queue whose process went away before it
-        answered; it raises ``NodeLost`` when the whole node did (the publish is then
-        in doubt at every queue, to be sent again, not answered)."""
+        """Per queue, how many of the messages it took, or why it took none. A queue
+        whose process went away before it answered is in doubt (a ``Nacked``); one whose
+        newer incarnation (a restart, or a queue declared again under the name) got the
+        publish and took nothing of it (``NotDelivered``) has it sent there again. When
+        the whole node went away, ``NodeLost`` (the publish is in doubt at every queue, to
+        be sent again, not answered)."""
         if self._answers is not None:
             return self._answers
         if self.lost is not None:
@@ -255,15 +262,15 @@ class OutgoingPublish:
         deadline = None if timeout is None else time.monotonic() + timeout
         answers: list[tuple[str, int | Nacked]] = []
         for queue, ref, future in self._sent:
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
             try:
-                answers.append((queue, await_answer(ref, future, left)))
+                answer = self._answer_of(connection, queue, ref, future, _left(deadline))
+                answers.append((queue, answer))
             except TimeoutError:
                 raise TimeoutError(
                     f"no confirm from queue {queue!r} within {timeout} s; it may still come"
                 ) from None
             except ActorDeadError:
-                lost = on_restart(queue)
+                lost = connection._queue_died(queue)
                 if lost is not None:
                     raise lost from None
                 answers.append(
@@ -282,6 +289,38 @@ class OutgoingPublish:
                 answers.append((queue, refused))
         self._answers = answers = answers + self._failed
         return answers
+
+    def _answer_of(
+        self,
+        connection: ConnectionCore,
+        queue: str,
+        ref: QueueRef,
+        future: Any,
+        timeout: float | None,
+    ) -> Any:
+        """``queue``'s answer; sent again, at most ``NOT_DELIVERED_RESENDS`` times, to
+        the incarnation that answered ``NotDelivered`` (it never had it: no duplicate).
+        A ``Nacked`` when the queue cannot be sent it again (deleted since, say)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for _ in range(NOT_DELIVERED_RESENDS):
+            try:
+                return await_answer(ref, future, _left(deadline))
+            except NotDelivered:
+                lost = connection._queue_died(queue)  # the ref to the gone one forgotten
+                if lost is not None:
+                    raise lost from None
+            assert self._message is not None, "sent before answered"
+            channel = self.channels[self.queues.index(queue)]
+            try:
+                ref = connection._ref(queue)
+                future = ref.ask_async(
+                    self._message, connection.call_timeout_s, _same_mailbox(ref, channel)
+                )
+            except (ActorError, QueueError, OSError) as exc:
+                if connection._node_gone(exc):
+                    raise NodeLost(f"the node went away while publishing to {queue!r}") from None
+                return Nacked(f"queue {queue!r} could not be sent the publish again: {exc}")
+        return await_answer(ref, future, _left(deadline))
 
     @property
     def answered(self) -> bool:
@@ -305,6 +344,10 @@ class OutgoingPublish:
                     f"publish again later"
                 )
         return None
+
+
+def _left(deadline: float | None) -> float | None:
+    return None if deadline is None else max(0.0, deadline - time.monotonic())
 
 
 def new_message(

@@ -35,6 +35,7 @@ from warren.actors import (
     ActorDeadError,
     InvalidSpec,
     Node,
+    NotDelivered,
     SpawnError,
     _forkserver,
 )
@@ -185,6 +186,11 @@ def test_a_pinned_ref_to_an_old_incarnation_is_refused_and_its_messages_dropped(
     new.pin().tell("fresh")
     # the two senders' messages keep no order between them: the stale one may come last
     wait_for(lambda: new.stats(timeout=10)["dropped_stale"] == 1, timeout=30)
+    # An ask is answered at once that nothing of it was taken (not left to time out in
+    # doubt): the asker may send it again to the new incarnation.
+    with pytest.raises(NotDelivered, match="took nothing"):
+        sender.ask(("ask_other", pinned, ("nap", 0, "stale ask")), timeout=30)
+    assert new.stats(timeout=10)["dropped_stale"] == 2
     assert new.ask("seen", timeout=10) == ["fresh"]
 
 

@@ -1212,3 +1212,47 @@ def test_a_queue_that_deleted_itself_is_gone_at_once_and_its_name_declared_anew(
         node.declare_queue("replies", auto_delete=True, durable=False)
         connection.publish("replies", b"to the new one")
         assert connection.get("replies").body == b"to the new one"
+
+
+def test_a_publish_to_a_queue_declared_anew_or_restarted_since_reaches_the_one_there_now(
+    node, data_dir
+):
+    """A connection's ref to a queue names its incarnation; the one there now answers a
+    publish meant for an earlier one that it took nothing of it, and the connection
+    sends it there: confirmed once, as RabbitMQ routes by the name at each publish (an
+    aio-pika client's robust reconnect declares its auto-delete queue anew). The
+    publisher is a process of its own, which hears of neither change."""
+    node.declare_queue("replies")
+    code = (
+        "import sys; from warren import connect; c = connect(sys.argv[1]); "
+        "[c.publish('replies', line.strip().encode()) or print('confirmed', flush=True) "
+        "for line in sys.stdin]"
+    )
+    publisher = subprocess.Popen(
+        [sys.executable, "-c", code, str(data_dir)],
+        cwd=ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+
+        def publish(body: str) -> None:
+            assert publisher.stdin is not None and publisher.stdout is not None
+            publisher.stdin.write(body + "\n")
+            publisher.stdin.flush()
+            assert publisher.stdout.readline() == "confirmed\n"
+
+        publish("to the first")
+        other = node.connect()
+        other.delete_queue("replies")
+        other.declare_queue("replies")
+        publish("to the second")
+        old_pid = node.queue("replies").pid
+        os.kill(old_pid, signal.SIGKILL)
+        wait_for(lambda: restarted(node, "replies", old_pid), timeout=60)
+        publish("to its restart")
+        assert drained(other, "replies") == [b"to the second", b"to its restart"]
+    finally:
+        publisher.kill()
+        publisher.communicate(timeout=60)
