@@ -118,6 +118,9 @@ SETTLE_ACTIONS = ("ack", "requeue", "reject")
 MAX_PRODUCER_BYTES = 1024  # a deduplicating producer's id
 MAX_SEQUENCE = 2**63 - 1  # a producer's sequence numbers: a signed 64-bit int
 MAX_FETCH = 10_000  # messages one Fetch may take
+# The alarm a cluster's leader raises while its ISR holds fewer nodes than min_insync:
+# its commits wait, so a client nacks what it has in flight and holds new publishes.
+REPLICATION_ALARM = "replication"
 
 # Field types with the checks a queue applies on decode (warren.actors.codec); what one
 # field cannot say alone (one msg_id per payload, a producer with its sequence) the queue

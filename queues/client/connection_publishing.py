@@ -9,9 +9,10 @@ from its exchange's bindings (cached for ``ROUTES_TTL_S``). At most ``max_in_fli
 messages and ``max_in_flight_bytes`` are unconfirmed (``_make_room`` waits for the
 oldest confirms); while the node's memory or disk alarm is raised (``blocked``, read at
 most every ``ALARMS_READ_EVERY_S``) a publish waits, up to ``call_timeout_s``, then
-raises ``Blocked``. The frames, confirms and the flusher are
-``warren.queues.client.publishing``'s; the lock, the frame being filled and recovery
-are ``ConnectionCore``'s.
+raises ``Blocked``; while a cluster's leader raises its replication alarm (fewer in-sync
+copies than ``min_insync``) the publishes awaiting their confirms are nacked too. The
+frames, confirms and the flusher are ``warren.queues.client.publishing``'s; the lock,
+the frame being filled and recovery are ``ConnectionCore``'s.
 
 Races it guards against: a node that goes away while a publish waits for its confirm
 (``_answers_of`` recovers, which sends the publish again with its producer and
@@ -35,7 +36,7 @@ from typing import Any
 from .. import errors
 from ..errors import Nacked
 from ..message import MAX_MESSAGE_BYTES, Message, body_encoder, encode
-from ..protocol import MAX_ENTRIES_PER_CHUNK, QueueRef
+from ..protocol import MAX_ENTRIES_PER_CHUNK, REPLICATION_ALARM, QueueRef
 from ..routing import route
 from .connection_core import NODE_ERRORS, ConnectionCore, exclusive
 from .publishing import (
@@ -450,6 +451,11 @@ class PublishingCalls(ConnectionCore):
                     pass  # the node went away: the publishes' confirms say so, and recover
             self._alarms_read_at = now
         return bool(self._alarms)
+
+    def _short_of_copies(self) -> bool:
+        """True while the node (a cluster's leader) holds fewer in-sync copies than its
+        ``min_insync``: what it has not confirmed yet waits for a follower."""
+        return self.blocked and REPLICATION_ALARM in self._alarms
 
     def _wait_while_blocked(self) -> None:
         deadline = time.monotonic() + self.call_timeout_s

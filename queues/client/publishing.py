@@ -29,7 +29,7 @@ from warren.actors import ActorDeadError, ActorError, NotDelivered, RemoteError
 
 from ..errors import InvalidArgument, Nacked, QueueError, local_error
 from ..message import Message
-from ..protocol import MAX_PRODUCER_BYTES, MAX_SEQUENCE, Publish, QueueRef
+from ..protocol import MAX_PRODUCER_BYTES, MAX_SEQUENCE, REPLICATION_ALARM, Publish, QueueRef
 from .queue_refs import await_answer, sender
 from .recovery import NodeLost
 
@@ -62,6 +62,7 @@ log = logging.getLogger("warren.queues")
 PUBLISH_BATCH = 500  # messages per Publish from publish_many, to a queue
 # How many times a publish goes again to a queue's newer incarnation that never had it
 NOT_DELIVERED_RESENDS = 3
+UNREPLICATED_LOOK_S = 0.5  # how often a wait for a confirm looks at the node's alarms
 # and to streams only: a Publish is one chunk of the stream, so a batch is kept whole up
 # to a quarter of the connection's window (four share it) and a chunk's limit
 STREAM_WINDOW_SHARE = 4
@@ -247,7 +248,7 @@ class OutgoingPublish:
         self.send(connection)
 
     def answers(
-        self, timeout: float | None, connection: ConnectionCore
+        self, timeout: float | None, connection: PublishingCalls
     ) -> list[tuple[str, int | Nacked]]:
         """Per queue, how many of the messages it took, or why it took none. A queue
         whose process went away before it answered is in doubt (a ``Nacked``); one whose
@@ -262,9 +263,9 @@ class OutgoingPublish:
         deadline = None if timeout is None else time.monotonic() + timeout
         answers: list[tuple[str, int | Nacked]] = []
         for queue, ref, future in self._sent:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
             try:
-                answer = self._answer_of(connection, queue, ref, future, _left(deadline))
-                answers.append((queue, answer))
+                answers.append((queue, self._answer_of(connection, queue, ref, future, left)))
             except TimeoutError:
                 raise TimeoutError(
                     f"no confirm from queue {queue!r} within {timeout} s; it may still come"
@@ -292,7 +293,7 @@ class OutgoingPublish:
 
     def _answer_of(
         self,
-        connection: ConnectionCore,
+        connection: PublishingCalls,
         queue: str,
         ref: QueueRef,
         future: Any,
@@ -300,15 +301,33 @@ class OutgoingPublish:
     ) -> Any:
         """``queue``'s answer; sent again, at most ``NOT_DELIVERED_RESENDS`` times, to
         the incarnation that answered ``NotDelivered`` (it never had it: no duplicate).
-        A ``Nacked`` when the queue cannot be sent it again (deleted since, say)."""
+        A ``Nacked`` when the queue cannot be sent it again (deleted since, say), and
+        when the node's ``REPLICATION_ALARM`` is raised while the answer is awaited (a
+        cluster's leader short of in-sync copies: the commit waits until one catches
+        up, the publish is in doubt until then)."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        for _ in range(NOT_DELIVERED_RESENDS):
+        resends = 0
+        while True:
             try:
-                return await_answer(ref, future, _left(deadline))
+                return await_answer(ref, future, _left(deadline, UNREPLICATED_LOOK_S))
             except NotDelivered:
                 lost = connection._queue_died(queue)  # the ref to the gone one forgotten
                 if lost is not None:
                     raise lost from None
+                resends += 1
+                if resends > NOT_DELIVERED_RESENDS:
+                    raise
+            except TimeoutError:
+                if connection._short_of_copies():
+                    return Nacked(
+                        f"queue {queue!r}: the cluster's leader holds fewer in-sync copies "
+                        f"than min_insync, so this publish is not confirmed (it may be kept "
+                        f"once a follower catches up); publish it again once the node's "
+                        f"{REPLICATION_ALARM} alarm clears (a producer id drops the repeat)"
+                    )
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise
+                continue
             assert self._message is not None, "sent before answered"
             channel = self.channels[self.queues.index(queue)]
             try:
@@ -320,7 +339,6 @@ class OutgoingPublish:
                 if connection._node_gone(exc):
                     raise NodeLost(f"the node went away while publishing to {queue!r}") from None
                 return Nacked(f"queue {queue!r} could not be sent the publish again: {exc}")
-        return await_answer(ref, future, _left(deadline))
 
     @property
     def answered(self) -> bool:
@@ -346,8 +364,9 @@ class OutgoingPublish:
         return None
 
 
-def _left(deadline: float | None) -> float | None:
-    return None if deadline is None else max(0.0, deadline - time.monotonic())
+def _left(deadline: float | None, most: float) -> float:
+    """What is left until ``deadline`` (None: none), at most ``most`` seconds."""
+    return most if deadline is None else max(0.0, min(most, deadline - time.monotonic()))
 
 
 def new_message(

@@ -153,6 +153,7 @@ from warren.queues.errors import (
 )
 from warren.queues.protocol import (
     NODE_CALLS,
+    REPLICATION_ALARM,
     STREAM_ACTOR_PREFIX,
     SUPER_STREAM_TYPE,
     DeleteQueue,
@@ -241,7 +242,6 @@ LEADERSHIP_LOOK_S = 0.2  # how often a node in a cluster looks whether it leads
 # restarts refused once the node no longer leads) the node follows on, and starts it
 # again once it leads.
 DATA_SUP = "data"
-REPLICATION_ALARM = "replication"  # a leader's ISR is short of min_insync nodes
 # What other processes may call on the node through its control socket (warren.connect).
 QUEUE_SUP_PREFIX = "queue_sup "  # each queue's own supervisor, under queue_sup
 QUEUE_ACTORS: dict[str, type[ProcessActor]] = {  # each type of queue's process

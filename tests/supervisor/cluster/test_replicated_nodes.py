@@ -2,13 +2,14 @@
 quorum queue) and stream record the leader confirmed is on the node that takes over when
 the leader's machine is lost (every process of it killed at once); the lost node,
 started again, is synced whole and rejoins the ISR holding the leader's files; a leader
-short of ``min_insync`` copies confirms nothing, and what it holds back is confirmed
-once a follower has caught up."""
+short of ``min_insync`` copies confirms nothing: its clients' publishes in flight are
+nacked and the next ones held back until a follower has caught up."""
 
 import contextlib
 import json
 
 import psutil
+import pytest
 import zmq
 
 from warren import connect
@@ -124,7 +125,7 @@ def test_every_confirmed_message_survives_the_loss_of_the_leaders_machine(etcd, 
             node.stop()
 
 
-def test_a_leader_short_of_min_insync_copies_confirms_only_once_a_follower_caught_up(
+def test_a_leader_short_of_min_insync_copies_nacks_blocks_and_serves_again_once_caught_up(
     etcd, tmp_path
 ):
     first = cluster_node(etcd, tmp_path, "few", 0, ttl_s=5, min_insync=2)
@@ -146,21 +147,31 @@ def test_a_leader_short_of_min_insync_copies_confirms_only_once_a_follower_caugh
         assert json.loads(fetch(http + "/api/cluster")[2])["leader"] == "n0"
         with connect(first.endpoint, wait=60, recover=False) as connection:
             connection.declare_queue("orders")
-            connection.publish("orders", b"two copies")
+            connection.publish("orders", b"two copies", producer_id="shop", sequence=0)
             # The follower's machine lost: after its deadline the leader writes it out of
-            # the ISR, which leaves one copy, below min_insync: the next publish waits.
+            # the ISR, which leaves one copy, below min_insync: the publish in flight is
+            # nacked (never confirmed by one copy), and publishers are held back as by a
+            # full disk.
             lose_machine(second)
-            held = connection.publish_async("orders", b"held back")
-            wait_for(lambda: cluster_status(first)["isr"] == ["n0"], timeout=60)
-            # publishers are held back as by a full disk, and the publish waits
-            wait_for(lambda: "replication" in query_status(first.data_dir)["alarms"], 30)
-            wait_for(lambda: connection.blocked, timeout=30)
-            assert not held.done()
-            second.start()  # synced, written back into the ISR: the publish confirmed
-            held.result(timeout=60)  # released once the ISR write is done: seen next
-            wait_for(lambda: cluster_status(first)["isr"] == ["n0", "n1"], timeout=10)
+            held = connection.publish_async("orders", b"in doubt", producer_id="shop", sequence=1)
+            with pytest.raises(Nacked, match="fewer in-sync copies than min_insync"):
+                held.result(timeout=120)
+            assert cluster_status(first)["isr"] == ["n0"]
+            assert "replication" in query_status(first.data_dir)["alarms"]
+            assert connection.blocked
+            second.start()  # synced, written back into the ISR: publishers go on
+            wait_for(lambda: cluster_status(first)["isr"] == ["n0", "n1"], timeout=60)
             wait_for(lambda: not connection.blocked, timeout=30)
-            assert connection.queue_stats("orders")["messages_ready"] == 2
+            # sent again as a nacked publish is: kept once, whether the first was or not
+            connection.publish("orders", b"in doubt", producer_id="shop", sequence=1)
+            connection.publish("orders", b"after", producer_id="shop", sequence=2)
+            taken = [connection.get("orders", ack=False) for _ in range(3)]
+            assert [d.body for d in taken if d is not None] == [
+                b"two copies",
+                b"in doubt",
+                b"after",
+            ]
+            assert connection.get("orders") is None
     finally:
         for node in nodes:
             node.stop()
