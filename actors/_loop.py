@@ -48,9 +48,9 @@ running   one poll over [control, data, wake pipe, the sockets the actor watches
           actors that each woke every second spent a tenth of a core on nothing. What
           wakes an idle actor of a node is its supervisor's heartbeat.
 teardown  ``on_stop`` (clean stops) or nothing more (``on_failure`` ran at the crash); asks
-          still queued are answered with ActorDeadError and tells still queued are
-          counted as dropped; sockets close with a bounded linger, and the figures file
-          is removed.
+          still queued are answered with NotDelivered (an ActorDeadError: the actor
+          took nothing of them) and tells still queued are counted as dropped;
+          sockets close with a bounded linger, and the figures file is removed.
 
 Races and bad input, each with its answer:
 - A frame that does not decode or has the wrong shape, a registered message with the
@@ -127,7 +127,6 @@ from ._runtime import runtime
 from .actor import ProcessActor
 from .codec import Decoder, Encoder, UnknownMessage, find_unknown
 from .errors import (
-    ActorDeadError,
     ActorError,
     CodecError,
     FrameTooLarge,
@@ -894,7 +893,7 @@ class ActorLoop:
             except Exception:
                 logger.exception("%s: on_stop raised", self._order.name)
                 self._exit_code = EXIT_CRASHED
-        gone = ActorDeadError(f"{self._order.name} has stopped")
+        gone = NotDelivered(f"{self._order.name} stopped before it took this request")
         while True:
             try:
                 frames = self._receive(self._data)

@@ -58,7 +58,7 @@ from .publishing import (
     OutgoingPublish,
     flusher,
 )
-from .queue_refs import await_answer, is_stream_ref
+from .queue_refs import await_answer, is_stream_ref, known_gone
 from .recovery import (
     RECOVERY_INTERVAL_S,
     RECOVERY_TIMEOUT_S,
@@ -256,7 +256,7 @@ class ConnectionCore:
     def _ref(self, queue: str) -> QueueRef:
         self._check_open()
         ref = self._refs.get(queue)
-        if ref is None:
+        if ref is None or known_gone(ref):  # gone (another connection saw it): the one now
             # Pinned: what this connection sends reaches the incarnation it knows, or
             # nothing (its successor drops it), so a request the connection gives up as
             # lost cannot still be applied by the next incarnation behind its back.

@@ -29,8 +29,15 @@ from warren.actors import ActorDeadError, ActorError, NotDelivered, RemoteError
 
 from ..errors import InvalidArgument, Nacked, QueueError, local_error
 from ..message import Message
-from ..protocol import MAX_PRODUCER_BYTES, MAX_SEQUENCE, REPLICATION_ALARM, Publish, QueueRef
-from .queue_refs import await_answer, sender
+from ..protocol import (
+    MAX_PRODUCER_BYTES,
+    MAX_SEQUENCE,
+    REPLICATION_ALARM,
+    Publish,
+    QueueRef,
+    QueueStats,
+)
+from .queue_refs import RESTART_CHECK_S, await_answer, sender
 from .recovery import NodeLost
 
 if TYPE_CHECKING:
@@ -62,7 +69,6 @@ log = logging.getLogger("warren.queues")
 PUBLISH_BATCH = 500  # messages per Publish from publish_many, to a queue
 # How many times a publish goes again to a queue's newer incarnation that never had it
 NOT_DELIVERED_RESENDS = 3
-UNREPLICATED_LOOK_S = 0.5  # how often a wait for a confirm looks at the node's alarms
 # and to streams only: a Publish is one chunk of the stream, so a batch is kept whole up
 # to a quarter of the connection's window (four share it) and a chunk's limit
 STREAM_WINDOW_SHARE = 4
@@ -262,10 +268,10 @@ class OutgoingPublish:
             raise self.lost
         deadline = None if timeout is None else time.monotonic() + timeout
         answers: list[tuple[str, int | Nacked]] = []
-        for queue, ref, future in self._sent:
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        for index, (queue, _, _) in enumerate(self._sent):
+            left = _left(deadline)
             try:
-                answers.append((queue, self._answer_of(connection, queue, ref, future, left)))
+                answers.append((queue, self._answer_of(connection, index, left)))
             except TimeoutError:
                 raise TimeoutError(
                     f"no confirm from queue {queue!r} within {timeout} s; it may still come"
@@ -291,25 +297,35 @@ class OutgoingPublish:
         self._answers = answers = answers + self._failed
         return answers
 
-    def _answer_of(
-        self,
-        connection: PublishingCalls,
-        queue: str,
-        ref: QueueRef,
-        future: Any,
-        timeout: float | None,
-    ) -> Any:
-        """``queue``'s answer; sent again, at most ``NOT_DELIVERED_RESENDS`` times, to
-        the incarnation that answered ``NotDelivered`` (it never had it: no duplicate).
+    def _answer_of(self, connection: PublishingCalls, index: int, timeout: float | None) -> Any:
+        """The answer of the queue it was sent to ``index``-th; sent again, at most
+        ``NOT_DELIVERED_RESENDS`` times a call, to the incarnation that answered
+        ``NotDelivered`` (it never had it: no duplicate), and kept as sent there (a
+        later call, after this one timed out, waits for that answer).
         A ``Nacked`` when the queue cannot be sent it again (deleted since, say), and
         when the node's ``REPLICATION_ALARM`` is raised while the answer is awaited (a
         cluster's leader short of in-sync copies: the commit waits until one catches
         up, the publish is in doubt until then)."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        queue, ref, future = self._sent[index]
+        channel = self.channels[self.queues.index(queue)]
+
+        def unreplicated() -> None:
+            if connection._short_of_copies():
+                raise _Unreplicated
+
         resends = 0
         while True:
             try:
-                return await_answer(ref, future, _left(deadline, UNREPLICATED_LOOK_S))
+                try:
+                    return await_answer(ref, future, _left(deadline), unreplicated)
+                except NotDelivered:
+                    raise
+                except ActorDeadError:
+                    return _answered_before_a_probe(connection, ref, future, channel)
+                except TimeoutError:
+                    unreplicated()  # a look that did not wait (a poll) looks here
+                    raise
             except NotDelivered:
                 lost = connection._queue_died(queue)  # the ref to the gone one forgotten
                 if lost is not None:
@@ -317,24 +333,20 @@ class OutgoingPublish:
                 resends += 1
                 if resends > NOT_DELIVERED_RESENDS:
                     raise
-            except TimeoutError:
-                if connection._short_of_copies():
-                    return Nacked(
-                        f"queue {queue!r}: the cluster's leader holds fewer in-sync copies "
-                        f"than min_insync, so this publish is not confirmed (it may be kept "
-                        f"once a follower catches up); publish it again once the node's "
-                        f"{REPLICATION_ALARM} alarm clears (a producer id drops the repeat)"
-                    )
-                if deadline is not None and time.monotonic() >= deadline:
-                    raise
-                continue
+            except _Unreplicated:
+                return Nacked(
+                    f"queue {queue!r}: the cluster's leader holds fewer in-sync copies "
+                    f"than min_insync, so this publish is not confirmed (it may be kept "
+                    f"once a follower catches up); publish it again once the node's "
+                    f"{REPLICATION_ALARM} alarm clears (a producer id drops the repeat)"
+                )
             assert self._message is not None, "sent before answered"
-            channel = self.channels[self.queues.index(queue)]
             try:
                 ref = connection._ref(queue)
                 future = ref.ask_async(
                     self._message, connection.call_timeout_s, _same_mailbox(ref, channel)
                 )
+                self._sent[index] = (queue, ref, future)
             except (ActorError, QueueError, OSError) as exc:
                 if connection._node_gone(exc):
                     raise NodeLost(f"the node went away while publishing to {queue!r}") from None
@@ -364,9 +376,35 @@ class OutgoingPublish:
         return None
 
 
-def _left(deadline: float | None, most: float) -> float:
-    """What is left until ``deadline`` (None: none), at most ``most`` seconds."""
-    return most if deadline is None else max(0.0, min(most, deadline - time.monotonic()))
+def _answered_before_a_probe(
+    connection: PublishingCalls, ref: QueueRef, future: Any, channel: Any
+) -> Any:
+    """The answer to a publish (``future``, sent on ``channel``) to an incarnation found
+    gone: a probe sent on the same channel reaches what the publish reached, or the one
+    after it at that address, and is answered after it. Once the probe is answered, the
+    publish was too if anything took it up: the gone one's stop (``NotDelivered``), or
+    the one there now (``NotDelivered``: it drops what was meant for its predecessor).
+    ``ActorDeadError`` when it was not (the gone one took it: in doubt) or the probe
+    finds no one within ``RESTART_CHECK_S``."""
+    try:
+        probe = ref.ask_async(QueueStats(), connection.call_timeout_s, _same_mailbox(ref, channel))
+        probe.get(timeout=RESTART_CHECK_S)
+    except NotDelivered:
+        pass  # the one there now answered the probe, and before it the publish, if it came
+    except (ActorError, TimeoutError):
+        raise ActorDeadError(f"{ref.name} incarnation {ref.incarnation} is gone") from None
+    try:
+        return future.get(timeout=0)
+    except TimeoutError:
+        raise ActorDeadError(f"{ref.name} incarnation {ref.incarnation} is gone") from None
+
+
+class _Unreplicated(Exception):
+    """A wait for a confirm given up: the node's replication alarm is raised."""
+
+
+def _left(deadline: float | None) -> float | None:
+    return None if deadline is None else max(0.0, deadline - time.monotonic())
 
 
 def new_message(

@@ -19,6 +19,7 @@ from __future__ import annotations
 import collections
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from warren.actors import ActorDeadError, ActorError, ActorRef, AskTimeout
@@ -27,7 +28,14 @@ from warren.actors.process import process_exists
 from ..protocol import STREAM_ACTOR_PREFIX, QueueRef
 from .tcp_node import RemoteQueue
 
-__all__ = ["RESTART_CHECK_S", "await_answer", "is_stream_ref", "process_gone", "sender"]
+__all__ = [
+    "RESTART_CHECK_S",
+    "await_answer",
+    "is_stream_ref",
+    "known_gone",
+    "process_gone",
+    "sender",
+]
 
 RESTART_CHECK_S = 1.0  # how often a wait looks whether its queue restarted
 GONE_REMEMBERED = 1024  # incarnations known gone, kept to end other waits on them at once
@@ -36,14 +44,20 @@ _gone: collections.OrderedDict[tuple[str, int, int], None] = collections.Ordered
 _gone_lock = threading.Lock()
 
 
-def await_answer(ref: QueueRef, future: Any, timeout: float | None) -> Any:
+def await_answer(
+    ref: QueueRef,
+    future: Any,
+    timeout: float | None,
+    on_wait: Callable[[], None] | None = None,
+) -> Any:
     """``future``'s answer. A plain process cannot monitor the queue, so while it waits it
     looks, every ``RESTART_CHECK_S``, whether the incarnation ``ref`` names still lives:
     ``ActorDeadError`` once its process is gone or another incarnation answers at its
-    address (the request died with it); ``TimeoutError`` after ``timeout``."""
+    address (the request died with it); ``TimeoutError`` after ``timeout``. ``on_wait``
+    is called at each of those looks (it may raise, to give the wait up)."""
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
-        if _known_gone(ref):
+        if known_gone(ref):
             raise ActorDeadError(f"{ref.name} incarnation {ref.incarnation} is gone")
         wait = (
             RESTART_CHECK_S
@@ -59,6 +73,8 @@ def await_answer(ref: QueueRef, future: Any, timeout: float | None) -> Any:
                         f"{ref.name} incarnation {ref.incarnation} is gone"
                     ) from None
                 raise TimeoutError(f"{ref.name} did not answer within {timeout} s") from None
+            if on_wait is not None:
+                on_wait()
             if not _alive(ref, future):
                 _remember_gone(ref)
                 raise ActorDeadError(f"{ref.name} incarnation {ref.incarnation} is gone") from None
@@ -73,7 +89,8 @@ def process_gone(ref: ActorRef) -> bool:
     return True
 
 
-def _known_gone(ref: QueueRef) -> bool:
+def known_gone(ref: QueueRef) -> bool:
+    """Whether this process found the incarnation ``ref`` names gone."""
     if not isinstance(ref, ActorRef):
         return False  # behind a listener, whose node looks for itself
     with _gone_lock:

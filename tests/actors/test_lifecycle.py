@@ -143,12 +143,14 @@ def test_an_ask_to_a_stopped_actor_raises_actor_dead_error(node: Node) -> None:
         ref.ask("label", timeout=10)
 
 
-def test_asks_queued_when_an_actor_stops_are_answered_with_actor_dead_error(node: Node) -> None:
+def test_asks_queued_when_an_actor_stops_are_answered_not_delivered(node: Node) -> None:
+    """An ask still in the mailbox at the stop was never taken: NotDelivered (an
+    ActorDeadError) says so, and the asker may send it to the next incarnation."""
     ref = node.spawn(Recorder, max_batch=1)
     ref.tell(("sleep", 1.0))  # long enough for the stop request to arrive meanwhile
-    late = ref.ask_async("label")
+    late = ref.ask_async(("nap", 0, "never taken"))
     ref.request_stop(timeout=10)
-    with pytest.raises(ActorDeadError):
+    with pytest.raises(NotDelivered, match="stopped before it took"):
         late.get(timeout=10)
 
 
