@@ -3,7 +3,7 @@ suites (``make compat``; docs/amqp.md, "Compatibility, measured with the clients
 suites").
 
     python -m bench.compat --suites-dir DIR [--suites pika,kombu,...] [--against rabbitmq]
-                           [--test-timeout S] [--suite-timeout S]
+                           [--test-timeout S] [--suite-timeout S] [--keyword EXPR]
 
 This module owns the whole run: the clients' virtualenv (``build/compat/venv``, installed
 from ``bench/compat-requirements.txt`` and reinstalled when that file changes), how each
@@ -20,7 +20,9 @@ DIR is the folder of the six exported suites (``pika/``, ``kombu/``, ``py-amqp/`
 ``aio-pika-local-broker.py``); nothing is written into it (no caches, no bytecode). TLS
 tests are deselected: the port has no TLS. Exit status: 0 when every chosen suite ran to
 its end, 1 when one could not (its broker did not start or died, or its budget ran out),
-2 when DIR or an option is wrong.
+2 when DIR or an option is wrong. ``--keyword EXPR`` runs only the tests pytest's ``-k
+EXPR`` selects (with a suite's own ``-k``, both must match): one test again and again,
+to see whether it fails only sometimes.
 """
 
 from __future__ import annotations
@@ -416,6 +418,16 @@ def interrupt(process: subprocess.Popen) -> None:
         pass
 
 
+def selected(args: tuple[str, ...], keyword: str | None) -> list[str]:
+    """A suite's pytest arguments, narrowed to the tests ``keyword`` selects."""
+    if not keyword:
+        return list(args)
+    if "-k" not in args:
+        return [*args, "-k", keyword]
+    at = args.index("-k") + 1
+    return [*args[:at], f"({args[at]}) and ({keyword})", *args[at + 1 :]]
+
+
 def run_suite(
     suite: Suite, suites_dir: Path, broker: Broker, python: Path, out: Path, options
 ) -> Result:
@@ -425,7 +437,8 @@ def run_suite(
     xml.unlink(missing_ok=True)
     suite_dir = suites_dir / suite.name
     budget = options.suite_timeout or suite.budget_s
-    argv = [str(python), "-m", "pytest", *suite.args, "-p", "no:cacheprovider", "-rfE"]
+    argv = [str(python), "-m", "pytest", *selected(suite.args, options.keyword)]
+    argv += ["-p", "no:cacheprovider", "-rfE"]
     argv += ["--continue-on-collection-errors"]  # a module that cannot import fails alone
     argv += [f"--junitxml={xml}", f"--timeout={options.test_timeout:g}"]
     env = pytest_env(python, suite_dir, suite, out / "plugins")
@@ -613,6 +626,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--against", choices=["rabbitmq"], help="also run them on RabbitMQ")
     parser.add_argument("--test-timeout", type=float, default=TEST_TIMEOUT_S)
     parser.add_argument("--suite-timeout", type=float, help="each suite's budget, seconds")
+    parser.add_argument("--keyword", help="only the tests pytest's -k EXPR selects")
     return parser.parse_args(argv)
 
 

@@ -104,3 +104,16 @@ def test_the_brokers_are_compared_test_by_test_where_both_ran_a_suite():
         "  b: warren failed, rabbitmq passed",
         "      (540) tx",
     ]
+
+
+def test_a_keyword_narrows_every_suite_to_the_tests_it_selects_with_their_own_selection_kept():
+    def selection(name: str) -> list[str]:
+        return compat.selected(compat.SUITES[name].args, "test_expired")
+
+    celery = selection("celery")  # a suite without a selection of its own
+    assert celery[-2:] == ["-k", "test_expired"]
+    aio_pika = selection("aio-pika")  # one that deselects its TLS tests
+    at = aio_pika.index("-k")
+    assert aio_pika[at + 1] == "(not amqps) and (test_expired)"
+    assert aio_pika.count("-k") == 1
+    assert compat.selected(compat.SUITES["pika"].args, None) == list(compat.SUITES["pika"].args)
