@@ -319,6 +319,9 @@ class QuorumQueue:
         self._snapshot_damaged = False  # the newest failed its check (its fallback used)
         self._previous_needs_from = 1  # and the one before it
         self._damaged = False  # the start met a damaged file: something was lost
+        # messages flagged maybe delivered at the start, in no snapshot yet: a clean stop
+        # writes one even with no entry past the last (the flags are in no entry)
+        self._flags_unsaved = False
         self._recover(list(wal_entries))
         self.last_written = self.next_seq_id - 1
         self._applied_at_snapshot = self.snapshot_index
@@ -383,6 +386,7 @@ class QuorumQueue:
             # damage): each message here may have been delivered, so it says so
             for message in self._messages.values():
                 message.maybe_delivered = True
+            self._flags_unsaved = bool(self._messages)
         over = set(self.over_limit)
         gone = sorted(i for i, m in self._messages.items() if m.out and i not in over)
         if gone:  # their consumers went with the process that delivered them: logged, so
@@ -742,6 +746,7 @@ class QuorumQueue:
             self._previous_needs_from = self._snapshot_needs_from
         ra_log.write_snapshot(current, header, _pack_live(self._messages))
         self.counters["snapshots_written"] += 1
+        self._flags_unsaved = False
         self.snapshot_index = index
         self._applied_at_snapshot = index
         self._next_snapshot_after = self._scaled_interval()
@@ -910,7 +915,7 @@ class QuorumQueue:
             if self.last_written < self.next_seq_id - 1:  # settles handed over unwaited
                 self._hand_over([], True, [])
                 self._settle(wait=True)
-            if self.last_written > self.snapshot_index:
+            if self.last_written > self.snapshot_index or self._flags_unsaved:
                 self.snapshot()
             marker = os.path.join(self.directory, CLEAN_MARKER)
             os.close(replicated_io.open(marker, os.O_WRONLY | os.O_CREAT, 0o644))

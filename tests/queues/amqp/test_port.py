@@ -1036,7 +1036,9 @@ def test_a_pipelining_publisher_hears_of_every_publish_when_its_queue_is_killed(
 def test_an_exclusive_declare_does_not_take_over_a_queue_that_exists(node):
     first, second = _connect(node), _connect(node)
     first.channel().queue_declare("shared")
-    first.channel().basic_publish("", "shared", b"kept")
+    publisher = first.channel()
+    publisher.confirm_delivery()  # in the queue before it is counted below
+    publisher.basic_publish("", "shared", b"kept")
     with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
         second.channel().queue_declare("shared", exclusive=True)
     assert closed.value.reply_code == frames.RESOURCE_LOCKED

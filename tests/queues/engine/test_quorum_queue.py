@@ -219,6 +219,21 @@ def test_a_delivery_a_crash_lost_comes_back_flagged_and_a_clean_stop_flags_none(
     assert [f.delivery_count for f in iter(node.open("orders").fetch_encoded, None)] == [1, 1]
 
 
+def test_the_crash_flag_survives_a_clean_stop_that_had_nothing_new_to_log(tmp_path):
+    """A start after a crash flags every message as maybe delivered; a clean stop right
+    after it, with its log no further than its last snapshot, must keep the flags too."""
+    node = Node(tmp_path)
+    queue = node.open("orders")
+    queue.publish_many([b"a", b"b"])
+    queue.sync()
+    queue.snapshot()  # the snapshot covers the last entry
+    queue.abandon()
+    node.crash()
+    node.open("orders").terminate()  # flagged at its start, nothing new logged since
+    node.crash()
+    assert [f.delivery_count for f in iter(node.open("orders").fetch_encoded, None)] == [1, 1]
+
+
 def test_a_message_returned_past_its_delivery_limit_is_held_out_for_dead_lettering(tmp_path):
     queue = Node(tmp_path).open("orders", delivery_limit=1)
     (tag,) = queue.publish_many([b"poison"])
