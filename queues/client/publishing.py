@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from warren.actors import ActorDeadError, ActorError, NotDelivered, RemoteError
 
-from ..errors import InvalidArgument, Nacked, QueueError, QueueRestarting, local_error
+from ..errors import InvalidArgument, Nacked, QueueError, local_error
 from ..message import Message
 from ..protocol import (
     MAX_PRODUCER_BYTES,
@@ -322,7 +322,7 @@ class OutgoingPublish:
                 except NotDelivered:
                     raise
                 except ActorDeadError:
-                    return _answered_before_a_probe(connection, queue, ref, future, channel)
+                    return _answered_before_a_probe(connection, ref, future, channel)
                 except TimeoutError:
                     unreplicated()  # a look that did not wait (a poll) looks here
                     raise
@@ -377,48 +377,26 @@ class OutgoingPublish:
 
 
 def _answered_before_a_probe(
-    connection: PublishingCalls, queue: str, ref: QueueRef, future: Any, channel: Any
+    connection: PublishingCalls, ref: QueueRef, future: Any, channel: Any
 ) -> Any:
     """The answer to a publish (``future``, sent on ``channel``) to an incarnation found
     gone: a probe sent on the same channel reaches what the publish reached, or the one
     after it at that address, and is answered after it. Once the probe is answered, the
     publish was too if anything took it up: the gone one's stop (``NotDelivered``), or
     the one there now (``NotDelivered``: it drops what was meant for its predecessor).
-    The probe is waited for while the node names a newer incarnation of ``queue`` (or
-    one starting), up to ``call_timeout_s``: a busy machine's slow answer is no loss.
-    ``ActorDeadError`` when the publish was not answered (the gone one took it: in
-    doubt), or no newer incarnation is there to answer the probe."""
-    gone = ActorDeadError(f"{ref.name} incarnation {ref.incarnation} is gone")
-    deadline = time.monotonic() + connection.call_timeout_s
+    ``ActorDeadError`` when it was not (the gone one took it: in doubt) or the probe
+    finds no one within ``RESTART_CHECK_S``."""
     try:
         probe = ref.ask_async(QueueStats(), connection.call_timeout_s, _same_mailbox(ref, channel))
-        while True:
-            try:
-                probe.get(timeout=RESTART_CHECK_S)
-                break
-            except TimeoutError:
-                if time.monotonic() >= deadline or not _succeeded(connection, queue, ref):
-                    raise gone from None
+        probe.get(timeout=RESTART_CHECK_S)
     except NotDelivered:
         pass  # the one there now answered the probe, and before it the publish, if it came
-    except ActorError:
-        raise gone from None
+    except (ActorError, TimeoutError):
+        raise ActorDeadError(f"{ref.name} incarnation {ref.incarnation} is gone") from None
     try:
         return future.get(timeout=0)
     except TimeoutError:
         raise ActorDeadError(f"{ref.name} incarnation {ref.incarnation} is gone") from None
-
-
-def _succeeded(connection: PublishingCalls, queue: str, ref: QueueRef) -> bool:
-    """Whether the node names an incarnation of ``queue`` after the one ``ref`` names,
-    or is starting one (what waits for it at the address reaches it)."""
-    try:
-        now = connection._node.queue(queue)
-    except QueueRestarting:
-        return True
-    except (QueueError, ActorError, OSError):
-        return False
-    return now.incarnation != ref.incarnation
 
 
 class _Unreplicated(Exception):
